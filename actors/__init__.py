@@ -1,0 +1,1 @@
+"""The actor process runtime and the actor templates."""

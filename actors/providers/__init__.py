@@ -1,0 +1,1 @@
+"""Providers turn a run's context into the next plan."""

@@ -1,0 +1,501 @@
+"""Turning an OpenAI-compatible Chat Completions body into a corral plan.
+
+Everything here is pure: the agent parses the *committed* (redacted, bounded)
+response text, possibly after a restart, so parsing must depend on nothing but that
+text and the tool schemas.
+
+Two answer shapes are understood:
+
+* native function calling: ``choices[0].message.tool_calls[*].function`` with a
+  ``name`` and JSON ``arguments``; a plain text message is the final reply;
+* the text-JSON fallback for servers without tool calls: the message content is
+  ``{"actions": [{"tool": ..., "input": {...}}]}`` or ``{"final": "..."}``,
+  possibly inside a ```json fence.
+
+Every failure is a ``PlanError`` with a fixed ``RepairCategory`` so the agent can
+count repairs per category and send a bounded repair message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from corral.redact import redact_text
+
+# Relative: mypy cannot map the corral.actors package onto the actors/ folder.
+from .base import (
+    MAX_ACTIONS_PER_PLAN,
+    Plan,
+    PlanError,
+    RepairCategory,
+    ToolCall,
+    ToolSchema,
+)
+
+#: Repair messages go back to the model and into the ledger: keep them small.
+MAX_REPAIR_CHARS = 500
+_MAX_DETAIL_CHARS = 300
+
+_REASONING_TAGS = ("think", "thinking", "reasoning")
+_TAG_ALT = "|".join(_REASONING_TAGS)
+_CLOSED_BLOCK = re.compile(rf"<({_TAG_ALT})\b[^>]*>.*?</\1\s*>", re.I | re.S)
+# Left open at the start (the model ran out of tokens mid-thought, or the server
+# cut it): everything is reasoning, there is no answer in it.
+_UNTERMINATED_LEADING = re.compile(rf"^\s*<({_TAG_ALT})\b[^>]*>(?:(?!</\1\s*>).)*\Z", re.I | re.S)
+# Some servers put the opening tag in the prompt template, so only the close shows.
+_ORPHAN_CLOSE = re.compile(rf"^(?:(?!<(?:{_TAG_ALT})\b).)*?</(?:{_TAG_ALT})\s*>", re.I | re.S)
+_FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\r?\n?(.*?)```", re.S)
+
+# OpenAI restricts function names; corral tool names may use other characters.
+_WIRE_NAME_BAD = re.compile(r"[^A-Za-z0-9_-]")
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "boolean": (bool,),
+    "null": (type(None),),
+}
+
+
+def _fail(category: RepairCategory, detail: str) -> PlanError:
+    detail = redact_text(detail)
+    if len(detail) > _MAX_DETAIL_CHARS:
+        detail = detail[: _MAX_DETAIL_CHARS - 1] + "…"
+    return PlanError(category, detail)
+
+
+def _short(value: str, limit: int = 64) -> str:
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+# --- reasoning blocks -------------------------------------------------------------
+
+
+def strip_reasoning(text: str) -> str:
+    """Remove <think>/<thinking>/<reasoning> blocks, which are not part of the answer
+    and often contain half-formed JSON or tool names that would mislead the parser."""
+    text = _CLOSED_BLOCK.sub("", text)
+    text = _ORPHAN_CLOSE.sub("", text, count=1)
+    text = _UNTERMINATED_LEADING.sub("", text)
+    return text.strip()
+
+
+# --- tool names -------------------------------------------------------------------
+
+
+def wire_tool_name(name: str) -> str:
+    """The function name sent to the server for a corral tool."""
+    return _WIRE_NAME_BAD.sub("_", name)[:64]
+
+
+def tool_index(tools: Iterable[ToolSchema]) -> dict[str, ToolSchema]:
+    """Tools by corral name and by wire name; raises ValueError when two tools would
+    be indistinguishable on the wire, since the model could not tell them apart."""
+    index: dict[str, ToolSchema] = {}
+    wire_owner: dict[str, str] = {}
+    for tool in tools:
+        wire = wire_tool_name(tool.name)
+        if wire in wire_owner and wire_owner[wire] != tool.name:
+            raise ValueError(
+                f"tools {wire_owner[wire]!r} and {tool.name!r} share wire name {wire!r}"
+            )
+        wire_owner[wire] = tool.name
+        index[tool.name] = tool
+        index.setdefault(wire, tool)
+    return index
+
+
+# --- schema validation ------------------------------------------------------------
+
+
+def _type_matches(value: Any, expected: str) -> bool:
+    # bool is an int subclass in Python but never a JSON number.
+    if expected == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    types = _JSON_TYPES.get(expected)
+    return types is not None and isinstance(value, types)
+
+
+def _json_type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    for name, types in (("number", (float,)), *_JSON_TYPES.items()):
+        if isinstance(value, types):
+            return name
+    return type(value).__name__
+
+
+def _check_type(value: Any, schema: Mapping[str, Any], path: str) -> str | None:
+    expected = schema.get("type")
+    if expected is None:
+        return None
+    options = [expected] if isinstance(expected, str) else list(expected)
+    if any(_type_matches(value, option) for option in options):
+        return None
+    return f"{path}: expected {'|'.join(options)}, got {_json_type_name(value)}"
+
+
+def _check_object(value: dict[str, Any], schema: Mapping[str, Any], path: str) -> str | None:
+    properties: Mapping[str, Any] = schema.get("properties", {})
+    for name in schema.get("required", ()):
+        if name not in value:
+            return f"{path}: missing required property {name!r}"
+    extra = schema.get("additionalProperties", True)
+    for name, item in value.items():
+        if name in properties:
+            problem = validate(item, properties[name], f"{path}.{name}")
+        elif extra is False:
+            problem = f"{path}: unexpected property {_short(name)!r}"
+        elif isinstance(extra, Mapping):
+            problem = validate(item, extra, f"{path}.{name}")
+        else:
+            problem = None
+        if problem:
+            return problem
+    return None
+
+
+def _check_array(value: list[Any], schema: Mapping[str, Any], path: str) -> str | None:
+    items = schema.get("items")
+    if not isinstance(items, Mapping):
+        return None
+    for i, item in enumerate(value):
+        problem = validate(item, items, f"{path}[{i}]")
+        if problem:
+            return problem
+    return None
+
+
+def validate(value: Any, schema: Mapping[str, Any], path: str = "$") -> str | None:
+    """Check ``value`` against the JSON Schema subset corral tools use (type,
+    properties, required, additionalProperties, enum, items). Returns the first
+    problem, or None. Unknown keywords are ignored rather than rejected so a richer
+    schema still validates its core."""
+    problem = _check_type(value, schema, path)
+    if problem:
+        return problem
+    if "enum" in schema and value not in schema["enum"]:
+        allowed = ", ".join(json.dumps(v) for v in schema["enum"])
+        return f"{path}: {_short(json.dumps(value, default=str))} is not one of {allowed}"
+    if isinstance(value, dict):
+        return _check_object(value, schema, path)
+    if isinstance(value, list):
+        return _check_array(value, schema, path)
+    return None
+
+
+# --- building tool calls ----------------------------------------------------------
+
+
+def _resolve_tool(name: Any, index: Mapping[str, ToolSchema]) -> ToolSchema:
+    if not isinstance(name, str) or not name:
+        raise _fail(RepairCategory.SCHEMA_MISMATCH, "tool name must be a non-empty string")
+    tool = index.get(name)
+    if tool is None:
+        known = ", ".join(sorted({t.name for t in index.values()})) or "none"
+        raise _fail(RepairCategory.UNKNOWN_TOOL, f"no tool {_short(name)!r}; known: {known}")
+    return tool
+
+
+def _tool_call(tool: ToolSchema, arguments: Any) -> ToolCall:
+    if not isinstance(arguments, dict):
+        raise _fail(
+            RepairCategory.SCHEMA_MISMATCH,
+            f"input for {tool.name!r} must be a JSON object, got {_json_type_name(arguments)}",
+        )
+    problem = validate(arguments, tool.input_schema)
+    if problem:
+        raise _fail(RepairCategory.SCHEMA_MISMATCH, f"{tool.name}: {problem}")
+    return ToolCall(tool=tool.name, input=arguments)
+
+
+def _check_count(n: int) -> None:
+    if n > MAX_ACTIONS_PER_PLAN:
+        raise _fail(
+            RepairCategory.TOO_MANY_ACTIONS, f"{n} actions, at most {MAX_ACTIONS_PER_PLAN} per plan"
+        )
+
+
+def _decode_arguments(raw: Any, tool_name: str) -> Any:
+    # Some servers (Ollama) send arguments already decoded; others send "" for a
+    # tool without parameters.
+    if not isinstance(raw, str):
+        return {} if raw is None else raw
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise _fail(
+            RepairCategory.BAD_JSON, f"arguments for {_short(tool_name)!r}: {exc}"
+        ) from None
+
+
+def _native_call(entry: Any, index: Mapping[str, ToolSchema]) -> ToolCall:
+    function = entry.get("function") if isinstance(entry, dict) else None
+    if not isinstance(function, dict):
+        raise _fail(RepairCategory.SCHEMA_MISMATCH, "tool call without a function object")
+    tool = _resolve_tool(function.get("name"), index)
+    return _tool_call(tool, _decode_arguments(function.get("arguments"), tool.name))
+
+
+def _plan_from_tool_calls(calls: list[Any], index: Mapping[str, ToolSchema]) -> Plan:
+    _check_count(len(calls))
+    return Plan(actions=tuple(_native_call(entry, index) for entry in calls))
+
+
+def _plan_action(entry: Any, index: Mapping[str, ToolSchema]) -> ToolCall:
+    if not isinstance(entry, dict):
+        raise _fail(
+            RepairCategory.SCHEMA_MISMATCH, 'each action must be {"tool": ..., "input": {}}'
+        )
+    tool = _resolve_tool(entry.get("tool"), index)
+    return _tool_call(tool, entry.get("input", {}))
+
+
+def _plan_from_object(obj: dict[str, Any], index: Mapping[str, ToolSchema]) -> Plan:
+    if "actions" in obj and "final" in obj:
+        raise _fail(RepairCategory.SCHEMA_MISMATCH, 'give either "actions" or "final", not both')
+    if "final" in obj:
+        final = obj["final"]
+        if not isinstance(final, str):
+            raise _fail(RepairCategory.SCHEMA_MISMATCH, '"final" must be a string')
+        if not final.strip():
+            raise _fail(RepairCategory.EMPTY_PLAN, '"final" is empty')
+        return Plan(final_reply=final)
+    actions = obj.get("actions")
+    if not isinstance(actions, list):
+        raise _fail(RepairCategory.SCHEMA_MISMATCH, '"actions" must be a list')
+    if not actions:
+        raise _fail(RepairCategory.EMPTY_PLAN, '"actions" is empty')
+    _check_count(len(actions))
+    return Plan(actions=tuple(_plan_action(entry, index) for entry in actions))
+
+
+# --- message content --------------------------------------------------------------
+
+
+def _content_text(content: Any) -> str:
+    # Content may be a list of parts ({"type": "text", "text": ...}) on some servers.
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "")
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    raise _fail(RepairCategory.BAD_JSON, "message content is neither text nor a list of parts")
+
+
+def _json_candidate(text: str) -> str | None:
+    """The part of a text-JSON answer meant as the plan, or None when it is prose."""
+    fence = _FENCE.search(text)
+    if fence:
+        return fence.group(1).strip()
+    if "{" in text:
+        return text[text.index("{") :]
+    return None
+
+
+def _decode_object(candidate: str) -> Any:
+    # raw_decode tolerates prose after the object, which models often add.
+    try:
+        value, _end = json.JSONDecoder().raw_decode(candidate)
+    except json.JSONDecodeError as exc:
+        raise _fail(RepairCategory.BAD_JSON, f"plan is not valid JSON: {exc}") from None
+    return value
+
+
+def _is_leaked_call(value: Any) -> bool:
+    # Servers without a tool-call parser for the model pass the model's own
+    # {"name": ..., "arguments": ...} through as text.
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("name"), str)
+        and ("arguments" in value or "parameters" in value)
+    )
+
+
+def _plan_from_value(value: Any, index: Mapping[str, ToolSchema]) -> Plan | None:
+    if isinstance(value, dict) and ("actions" in value or "final" in value):
+        return _plan_from_object(value, index)
+    if _is_leaked_call(value):
+        tool = _resolve_tool(value["name"], index)
+        raw = value["arguments"] if "arguments" in value else value["parameters"]
+        return Plan(actions=(_tool_call(tool, _decode_arguments(raw, tool.name)),))
+    return None
+
+
+def _plan_from_json_text(text: str, index: Mapping[str, ToolSchema]) -> Plan:
+    candidate = _json_candidate(text)
+    if candidate is None:
+        raise _fail(RepairCategory.BAD_JSON, "expected a JSON object, got prose")
+    plan = _plan_from_value(_decode_object(candidate), index)
+    if plan is None:
+        raise _fail(RepairCategory.SCHEMA_MISMATCH, 'the JSON object needs "actions" or "final"')
+    return plan
+
+
+def _plan_from_reply_text(text: str, index: Mapping[str, ToolSchema]) -> Plan:
+    """With native tool calls, text is the final reply unless it is unmistakably a
+    JSON plan: a whole-text object (malformed means a failed attempt, so BAD_JSON)
+    or a fenced block that decodes to one (anything else fenced is just content)."""
+    if text.startswith("{") and text.endswith("}"):
+        plan = _plan_from_value(_decode_object(text), index)
+        return plan or Plan(final_reply=text)
+    fence = _FENCE.search(text)
+    if fence:
+        try:
+            value = json.loads(fence.group(1))
+        except json.JSONDecodeError:
+            value = None
+        plan = _plan_from_value(value, index)
+        if plan is not None:
+            return plan
+    return Plan(final_reply=text)
+
+
+def _plan_from_content(content: str, index: Mapping[str, ToolSchema], *, text_json: bool) -> Plan:
+    text = strip_reasoning(content)
+    if not text:
+        raise _fail(RepairCategory.EMPTY_PLAN, "no tool call and no reply text")
+    if text_json:
+        return _plan_from_json_text(text, index)
+    return _plan_from_reply_text(text, index)
+
+
+# --- the response envelope --------------------------------------------------------
+
+
+def _first_message(body_text: str) -> dict[str, Any]:
+    if not body_text.strip():
+        raise _fail(RepairCategory.BAD_JSON, "empty response body")
+    try:
+        body = json.loads(body_text)
+    except json.JSONDecodeError as exc:
+        raise _fail(RepairCategory.BAD_JSON, f"response body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise _fail(RepairCategory.BAD_JSON, "response body is not a JSON object")
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices:
+        error = body.get("error")
+        hint = f" (server error: {_short(str(error), 160)})" if error else ""
+        raise _fail(RepairCategory.BAD_JSON, f"response has no choices{hint}")
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise _fail(RepairCategory.BAD_JSON, "first choice has no message object")
+    return message
+
+
+def _tool_calls_of(message: Mapping[str, Any]) -> list[Any]:
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        return calls
+    # The pre-tools "function_call" shape, still emitted by some local servers.
+    legacy = message.get("function_call")
+    if isinstance(legacy, dict):
+        return [{"type": "function", "function": legacy}]
+    return []
+
+
+def parse_chat_completion(
+    body_text: str, tools: Iterable[ToolSchema], *, text_json: bool = False
+) -> Plan:
+    """Parse a Chat Completions response body into a plan; raises PlanError.
+
+    ``text_json`` is True when the request asked for the text-JSON fallback: then
+    the content must hold a JSON plan, whereas with native tool calls plain text is
+    the final reply. Tool calls, when present, win over any content.
+    """
+    index = tool_index(tools)
+    message = _first_message(body_text)
+    calls = _tool_calls_of(message)
+    if calls:
+        return _plan_from_tool_calls(calls, index)
+    return _plan_from_content(_content_text(message.get("content")), index, text_json=text_json)
+
+
+# --- repair -----------------------------------------------------------------------
+
+_REPAIR_TEXT: dict[RepairCategory, str] = {
+    RepairCategory.UNKNOWN_TOOL: (
+        "You called a tool that does not exist. Use only the listed tools."
+    ),
+    RepairCategory.BAD_JSON: "Your output was not valid JSON. Send well-formed JSON only.",
+    RepairCategory.SCHEMA_MISMATCH: (
+        "Your output did not match the expected shape or the tool's input schema. "
+        "Fix the fields and types."
+    ),
+    RepairCategory.TOO_MANY_ACTIONS: (
+        f"You asked for too many actions. Use at most {MAX_ACTIONS_PER_PLAN} per turn."
+    ),
+    RepairCategory.EMPTY_PLAN: "Your answer had no tool call and no final reply. Give one of them.",
+}
+
+
+def repair_message(category: RepairCategory, detail: str) -> dict[str, str]:
+    """A chat message asking the model to fix its last output; at most
+    MAX_REPAIR_CHARS of content, redacted, since the detail may quote model output."""
+    head = f"[corral repair: {category.value}] {_REPAIR_TEXT[category]} Problem: "
+    room = MAX_REPAIR_CHARS - len(head)
+    detail = " ".join(redact_text(detail).split())
+    if len(detail) > room:
+        detail = detail[: room - 1] + "…"
+    return {"role": "user", "content": head + detail}
+
+
+class RepairCounter:
+    """Repairs sent so far, per category.
+
+    The agent calls ``exhausted(max_repairs, category)`` when a parse fails: if True
+    the run fails, otherwise it calls ``record(category)`` and sends the repair. The
+    counts can be rebuilt from a run's history after a restart (``from_history``), so
+    a crash never grants a fresh repair budget.
+    """
+
+    def __init__(self, counts: Mapping[RepairCategory | str, int] | None = None) -> None:
+        self._counts: Counter[RepairCategory] = Counter()
+        for category, n in (counts or {}).items():
+            self._counts[RepairCategory(category)] += int(n)
+
+    @classmethod
+    def from_history(cls, history: Iterable[Mapping[str, Any]]) -> RepairCounter:
+        counter = cls()
+        for entry in history:
+            if entry.get("role") == "repair" and entry.get("category") is not None:
+                counter.record(RepairCategory(entry["category"]))
+        return counter
+
+    def record(self, category: RepairCategory) -> int:
+        self._counts[category] += 1
+        return self._counts[category]
+
+    def count(self, category: RepairCategory) -> int:
+        return self._counts[category]
+
+    @property
+    def total(self) -> int:
+        return sum(self._counts.values())
+
+    def exhausted(self, max_repairs: int, category: RepairCategory | None = None) -> bool:
+        """True when ``category`` (or, without one, any category) has used all of its
+        ``max_repairs`` repairs."""
+        if category is not None:
+            return self._counts[category] >= max_repairs
+        return any(n >= max_repairs for n in self._counts.values())
+
+    def as_dict(self) -> dict[str, int]:
+        return {category.value: n for category, n in sorted(self._counts.items()) if n}

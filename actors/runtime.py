@@ -1,0 +1,113 @@
+"""The actor process main: connect to the supervisor, say hello, run a template."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from corral import failpoints
+from corral.mailbox.channel import Channel, open_channel
+from corral.mailbox.envelope import Envelope, Kind
+
+log = logging.getLogger("corral.actor")
+
+SUPERVISOR = "supervisor"
+
+
+@dataclass
+class ActorContext:
+    actor_id: str
+    incarnation: int
+    template: str
+    channel: Channel
+    config: dict[str, Any]
+    #: Set when the supervisor asks this actor to stop (graceful shutdown).
+    shutdown: trio.Event
+
+    @property
+    def params(self) -> dict[str, Any]:
+        params: dict[str, Any] = self.config.get("params", {})
+        return params
+
+    async def call(self, method: str, timeout: float = 30.0, **params: Any) -> dict[str, Any]:
+        """Request to the supervisor; raises RemoteError/DeadlineExceeded."""
+        return await self.channel.request(SUPERVISOR, {"method": method, "params": params}, timeout)
+
+
+Template = Callable[[ActorContext], Awaitable[int]]
+
+
+def _templates() -> dict[str, Template]:
+    from corral.actors import echo
+
+    table: dict[str, Template] = {"echo": echo.run}
+    try:
+        from corral.actors import agent
+
+        table["agent"] = agent.run
+    except ImportError:  # pragma: no cover - agent is part of the package
+        pass
+    return table
+
+
+def actor_main(config: dict[str, Any], token: str) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {config['actor_id']} %(levelname)s %(message)s"
+    )
+    failpoints.configure(config.get("failpoints", ""), config.get("supervisor_pid"))
+    return trio.run(_actor, config, token)
+
+
+async def _actor(config: dict[str, Any], token: str) -> int:
+    template = _templates().get(config["template"])
+    if template is None:
+        log.error("unknown template %r", config["template"])
+        return 2
+    actor_id = config["actor_id"]
+    async with open_channel(
+        config["address"],
+        actor_id,
+        listen=False,
+        max_frame=config.get("max_frame", 1024 * 1024),
+        inbox_size=config.get("inbox_size", 256),
+        token=token,
+    ) as channel:
+        hello = Envelope(
+            Kind.HELLO,
+            actor_id,
+            SUPERVISOR,
+            {"actor_id": actor_id, "incarnation": config["incarnation"], "pid": os.getpid()},
+            token=token,
+        )
+        await channel.request_envelope(hello, timeout=30)
+        ctx = ActorContext(
+            actor_id, config["incarnation"], config["template"], channel, config, trio.Event()
+        )
+        code = 0
+        async with trio.open_nursery() as nursery:
+
+            async def run_template() -> None:
+                nonlocal code
+                code = await template(ctx)
+                nursery.cancel_scope.cancel()
+
+            async def watch_shutdown() -> None:
+                await ctx.shutdown.wait()
+                # Templates get a moment to finish their current step; the
+                # supervisor's shutdown timeout is the hard bound.
+                with trio.move_on_after(config.get("drain_s", 0.5)):
+                    await trio.sleep_forever()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(run_template)
+            nursery.start_soon(watch_shutdown)
+        return code
+
+
+def is_shutdown(envelope: Envelope) -> bool:
+    return envelope.kind is Kind.TELL and envelope.body.get("op") == "shutdown"

@@ -1,0 +1,4 @@
+from corral.cli import main
+import sys
+
+sys.exit(main())

@@ -1,0 +1,129 @@
+"""Named failpoints in crash windows, driven by ``CORRAL_FAILPOINTS``.
+
+Syntax: ``name=action[,name=action...]`` where action is one of ``kill`` (SIGKILL
+this process), ``kill-supervisor`` (SIGKILL the supervisor, from an actor),
+``raise``, ``sleep(MS)``, optionally suffixed ``@once`` so that it fires once per
+home directory (a marker file records that it fired, which lets a restarted process
+carry on past it).
+
+When the variable is unset ``hit()`` is one dict lookup on an empty dict.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_VAR = "CORRAL_FAILPOINTS"
+MARKER_DIR_ENV = "CORRAL_FAILPOINT_DIR"
+
+#: Every failpoint name in the code base, so specs with typos fail loudly and chaos
+#: can enumerate the schedule. Keep in sync with the ``hit()`` calls (a test checks).
+KNOWN: dict[str, str] = {
+    "action.after-prepared": "supervisor: action row prepared, reply not yet sent",
+    "action.after-executing": "supervisor: executing committed, agent not yet told",
+    "agent.before-effect": "agent: executing acknowledged, side effect not started",
+    "agent.after-effect": "agent: side effect done, terminal record not requested",
+    "action.after-terminal": "supervisor: terminal phase committed, receipt not yet written",
+    "action.after-receipt": "supervisor: receipt written, agent not yet told",
+    "plan.after-commit": "supervisor: plan committed, agent not yet told",
+    "finalize.after-prepared": "supervisor: finalization prepared, reply not appended",
+    "finalize.after-reply": "supervisor: reply appended, finalization not completed",
+    "join.after-delivery": "supervisor: join delivery written, parent not yet woken",
+    "claim.after-prepared": "supervisor: claim journal prepared, not committed",
+    "claim.after-commit": "supervisor: claims committed, observation not yet recorded",
+    "spawn.after-commit": "supervisor: isolated group committed, children not launched",
+    "delegate.after-commit": "supervisor: delegation committed, specialist not woken",
+    "provider.after-handoff": "agent: provider response committed, not yet parsed",
+    "session.after-launch": "session: process launched, running not yet recorded",
+}
+
+
+class FailpointError(RuntimeError):
+    """Raised by a failpoint whose action is ``raise``."""
+
+
+class FailpointSpecError(ValueError):
+    """A ``CORRAL_FAILPOINTS`` value that cannot be parsed."""
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # kill | kill-supervisor | raise | sleep
+    sleep_ms: int = 0
+    once: bool = False
+
+
+_ACTION = re.compile(r"^(kill|kill-supervisor|raise|sleep\((\d+)\))(@once)?$")
+
+
+def parse(spec: str) -> dict[str, Action]:
+    table: dict[str, Action] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, sep, action = part.partition("=")
+        if not sep:
+            raise FailpointSpecError(f"failpoint {part!r}: expected name=action")
+        if name not in KNOWN:
+            raise FailpointSpecError(f"unknown failpoint {name!r}; known: {', '.join(KNOWN)}")
+        match = _ACTION.match(action)
+        if not match:
+            raise FailpointSpecError(
+                f"failpoint {name}: bad action {action!r} (kill|kill-supervisor|raise|sleep(MS))"
+            )
+        kind = "sleep" if match.group(2) else match.group(1)
+        table[name] = Action(kind, int(match.group(2) or 0), bool(match.group(3)))
+    return table
+
+
+_table: dict[str, Action] = parse(os.environ.get(ENV_VAR, ""))
+_supervisor_pid: int | None = None
+
+
+def configure(spec: str, supervisor_pid: int | None = None) -> None:
+    """Reload the table (actors get the spec from their launch config, not the env)."""
+    global _table, _supervisor_pid
+    _table = parse(spec)
+    _supervisor_pid = supervisor_pid
+
+
+def active_spec() -> str:
+    return os.environ.get(ENV_VAR, "")
+
+
+def hit(name: str) -> None:
+    if not _table:
+        return
+    action = _table.get(name)
+    if action is None:
+        return
+    if action.once and not _claim_once(name):
+        return
+    if action.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action.kind == "kill-supervisor":
+        target = _supervisor_pid or os.getppid()
+        os.kill(target, signal.SIGKILL)
+        # PDEATHSIG follows; never run past the window meanwhile.
+        time.sleep(5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action.kind == "raise":
+        raise FailpointError(f"failpoint {name}")
+    elif action.kind == "sleep":
+        time.sleep(action.sleep_ms / 1000)
+
+
+def _claim_once(name: str) -> bool:
+    directory = os.environ.get(MARKER_DIR_ENV)
+    if not directory:
+        return True
+    path = Path(directory) / f"{name}.fired"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True

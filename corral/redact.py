@@ -1,0 +1,72 @@
+"""Redaction of sensitive values before anything is persisted or shown.
+
+One place decides what a secret looks like, so the ledger, the event stream, logs,
+receipts and reports all apply the same rules.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+REDACTED = "[redacted]"
+
+# Names of environment variables whose values are secrets wherever they appear.
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.I)
+
+_PATTERNS = [
+    re.compile(r"sk-[A-Za-z0-9_\-]{16,}"),  # OpenAI-style keys
+    re.compile(r"(?i)bearer\s+[A-Za-z0-9._\-]{12,}"),
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"),
+    re.compile(r"AKIA[0-9A-Z]{16}"),
+    re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}"),
+    re.compile(r"(?i)(api[_-]?key|secret|password|token)\s*[=:]\s*\S{6,}"),
+]
+
+_extra_values: set[str] = set()
+
+
+def register_secret(value: str) -> None:
+    """Mark an exact value (an API key, a boot token) as secret for this process."""
+    if value and len(value) >= 6:
+        _extra_values.add(value)
+
+
+def _env_secret_values(environ: Mapping[str, str]) -> Iterable[str]:
+    for name, value in environ.items():
+        if _SECRET_NAME.search(name) and len(value) >= 6:
+            yield value
+
+
+def redact_text(text: str) -> str:
+    for value in sorted({*_extra_values, *_env_secret_values(os.environ)}, key=len, reverse=True):
+        if value in text:
+            text = text.replace(value, REDACTED)
+    for pattern in _PATTERNS:
+        text = pattern.sub(REDACTED, text)
+    return text
+
+
+def redact(value: Any) -> Any:
+    """Redact strings anywhere inside a JSON-like value; keys named like secrets too."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, Mapping):
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            if isinstance(key, str) and _SECRET_NAME.search(key) and isinstance(item, str):
+                out[key] = REDACTED
+            else:
+                out[key] = redact(item)
+        return out
+    if isinstance(value, list | tuple):
+        return [redact(item) for item in value]
+    return value
+
+
+def summarize(text: str, limit: int = 200) -> str:
+    """A redacted, bounded one-line summary safe for receipts and events."""
+    flat = " ".join(redact_text(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

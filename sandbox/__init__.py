@@ -1,0 +1,1 @@
+"""Process launcher: prctl, rlimits, environment scrub, bubblewrap."""

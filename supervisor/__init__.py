@@ -1,0 +1,1 @@
+"""The root supervisor: supervision tree, ledger, action lifecycle, control API."""

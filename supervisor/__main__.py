@@ -1,0 +1,79 @@
+"""``python -m corral.supervisor``: the daemon process itself (``corral up`` starts it)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+import trio
+
+from corral.supervisor import home as homes
+from corral.supervisor.daemon import Supervisor
+from corral.supervisor.spec import SpecError, SwarmSpec, empty_spec, load_spec
+
+SPEC_SOURCE = "spec.source"
+
+
+def _load(home: Path, spec_arg: str | None) -> SwarmSpec:
+    """The given spec, or the one the previous boot ran (so a restart brings it back)."""
+    record = home / SPEC_SOURCE
+    if spec_arg:
+        path = Path(spec_arg).absolute()
+        spec = load_spec(path)
+        record.write_text(str(path))
+        record.chmod(0o600)
+        return spec
+    if record.exists():
+        return load_spec(Path(record.read_text().strip()))
+    return empty_spec()
+
+
+def _name_process() -> None:
+    import prctl
+
+    prctl.set_name("corral:sup")
+    prctl.set_proctitle("corral:supervisor")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m corral.supervisor")
+    parser.add_argument("--home", required=True)
+    parser.add_argument("--spec")
+    parser.add_argument("--ready-fd", type=int)
+    args = parser.parse_args(argv)
+    ready_fd = args.ready_fd
+
+    def fail(message: str, code: int) -> int:
+        print(f"corral: {message}", file=sys.stderr)
+        if ready_fd is not None:
+            os.write(ready_fd, f"error {message}\n".encode())
+            os.close(ready_fd)
+        return code
+
+    try:
+        home = homes.ensure_home(Path(args.home))
+        lock = homes.HomeLock(home)
+        lock.acquire()
+    except homes.HomeError as exc:
+        return fail(str(exc), 3)
+    try:
+        spec = _load(home, args.spec)
+    except SpecError as exc:
+        lock.release()
+        return fail(str(exc), 2)
+    _name_process()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
+    supervisor = Supervisor(home, spec, ready_fd=ready_fd)
+    try:
+        trio.run(supervisor.run)
+    finally:
+        supervisor.ledger.close()
+        lock.release()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""The supervisor daemon: boot, recovery, the tree, the control API, shutdown."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from corral import PROTOCOL_VERSION, failpoints
+from corral.mailbox.addresses import ipc_address, tcp_loopback_address
+from corral.mailbox.control import ControlError, ControlServer
+from corral.mailbox.envelope import Envelope
+from corral.redact import register_secret
+from corral.sandbox.launcher import make_launcher
+from corral.supervisor import home as homes
+from corral.supervisor.errors import SupervisorError
+from corral.supervisor.ledger import Ledger
+from corral.supervisor.spec import SwarmSpec
+from corral.supervisor.tree import ActorSlot, SupervisionTree
+
+log = logging.getLogger("corral.supervisor")
+
+ControlMethod = Callable[[dict[str, Any]], Awaitable[Any]]
+ActorMethod = Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class Supervisor:
+    def __init__(self, home: Path, spec: SwarmSpec, *, ready_fd: int | None = None) -> None:
+        self.home = home
+        self.spec = spec
+        self.ready_fd = ready_fd
+        self.token = secrets.token_hex(32)
+        register_secret(self.token)
+        self.boot_id = secrets.token_hex(8)
+        self.pid = os.getpid()
+        self.started = time.time()
+        self.ledger = Ledger(home / homes.LEDGER, synchronous=spec.supervisor.synchronous)
+        self.launcher = make_launcher(spec.supervisor.launch, self.token, home / "logs" / "forkserver.log")
+        self.tree = SupervisionTree(
+            home, self.ledger, self.launcher, spec.supervisor, self.token, self._on_actor_message,
+            supervisor_pid=self.pid, failpoint_spec=failpoints.active_spec(),
+        )
+        self.control_methods: dict[str, ControlMethod] = {}
+        self.actor_methods: dict[str, ActorMethod] = {}
+        self.busy_checks: list[Callable[[], list[str]]] = []
+        self._stop = trio.Event()
+        self.stop_reason = "shutdown"
+        self._events_changed = trio.Event()
+        self.ledger.on_commit(self._wake_event_waiters)
+        self.endpoint: homes.Endpoint | None = None
+        self._register_core()
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        seq = self.ledger.begin_boot(self.boot_id, self.pid, PROTOCOL_VERSION)
+        log.info("boot %s (#%d) on %s", self.boot_id, seq, self.home)
+        self._clear_stale_sockets()
+        for extension in _extensions():
+            extension(self)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_signals)
+            await nursery.start(self.launcher.run)
+            for group in self.spec.groups:
+                self.tree.declare_group(group)
+            for actor in self.spec.actors:
+                self.tree.declare_actor(actor)
+            await self._recover()
+            await nursery.start(self.tree.run)
+            address = await nursery.start(self._control_server().serve)
+            self.endpoint = homes.Endpoint(
+                protocol=PROTOCOL_VERSION, pid=self.pid, boot_id=self.boot_id, control=address,
+                token=self.token, heartbeat=time.time(), home=str(self.home),
+            )
+            homes.write_endpoint(self.home, self.endpoint)
+            nursery.start_soon(self._heartbeat)
+            self._signal_ready(f"ready {self.boot_id}")
+            await self._stop.wait()
+            log.info("shutting down: %s", self.stop_reason)
+            await self.tree.shutdown()
+            self.ledger.end_boot(self.stop_reason)
+            homes.remove_endpoint(self.home)
+            nursery.cancel_scope.cancel()
+
+    async def _recover(self) -> None:
+        """Recovery hooks registered by the run layer (finalizations, actions, runs)."""
+        for hook in self.recovery_hooks:
+            await hook()
+
+    def _signal_ready(self, line: str) -> None:
+        if self.ready_fd is not None:
+            try:
+                os.write(self.ready_fd, line.encode() + b"\n")
+            finally:
+                os.close(self.ready_fd)
+                self.ready_fd = None
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = reason
+        self._stop.set()
+
+    async def _watch_signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                self.request_stop(f"signal {signal.Signals(signum).name}")
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await trio.sleep(self.spec.supervisor.heartbeat_s)
+            if self.endpoint is not None:
+                self.endpoint = homes.heartbeat_endpoint(self.home, self.endpoint)
+
+    def _clear_stale_sockets(self) -> None:
+        for path in (self.home / "s").glob("*.ipc"):
+            path.unlink(missing_ok=True)
+
+    def _control_server(self) -> ControlServer:
+        if self.spec.supervisor.transport == "tcp":
+            address = tcp_loopback_address(0)
+        else:
+            address = ipc_address(self.home / "s" / "control.ipc")
+        return ControlServer(address, self.token, self._on_control, max_frame=self.spec.supervisor.max_frame)
+
+    # -- dispatch -----------------------------------------------------------------
+
+    async def _on_control(self, method: str, params: dict[str, Any]) -> Any:
+        handler = self.control_methods.get(method)
+        if handler is None:
+            raise ControlError("unknown-method", f"no control method {method!r}; try: {', '.join(sorted(self.control_methods))}")
+        try:
+            return await handler(params)
+        except SupervisorError as exc:
+            raise ControlError(exc.code, str(exc)) from None
+
+    async def _on_actor_message(self, slot: ActorSlot, envelope: Envelope) -> dict[str, Any] | None:
+        method = envelope.body.get("method")
+        if not isinstance(method, str):
+            if envelope.body.get("op") == "ping":
+                return {"pong": True}
+            raise SupervisorError("message has no method", "bad-request")
+        handler = self.actor_methods.get(method)
+        if handler is None:
+            raise SupervisorError(f"no actor method {method!r}", "unknown-method")
+        params = envelope.body.get("params", {})
+        if not isinstance(params, dict):
+            raise SupervisorError("params must be a map", "bad-request")
+        return await handler(slot, params)
+
+    def _wake_event_waiters(self) -> None:
+        self._events_changed.set()
+        self._events_changed = trio.Event()
+
+    # -- core control methods -----------------------------------------------------
+
+    def _register_core(self) -> None:
+        self.recovery_hooks: list[Callable[[], Awaitable[None]]] = []
+        self.status_sections: dict[str, Callable[[], Any]] = {}
+        self.control_methods.update(
+            ping=self._ping, status=self._status, snapshot=self._status, events=self._events,
+            shutdown_if_idle=self._shutdown_if_idle, down=self._down, kill_actor=self._kill_actor,
+            request_actor=self._request_actor,
+        )
+        self.actor_methods["ping"] = self._actor_ping
+
+    async def _ping(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"pong": True, "boot_id": self.boot_id, "pid": self.pid, "protocol": PROTOCOL_VERSION}
+
+    async def _actor_ping(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        return {"pong": True, "actor": slot.id}
+
+    def busy_reasons(self) -> list[str]:
+        reasons: list[str] = []
+        for check in self.busy_checks:
+            reasons.extend(check())
+        return reasons
+
+    async def _status(self, params: dict[str, Any]) -> dict[str, Any]:
+        boots = self.ledger.all("SELECT boot_id, seq, pid, started_at, ended_at, end_reason FROM boots ORDER BY seq")
+        return {
+            "home": str(self.home),
+            "boot_id": self.boot_id,
+            "pid": self.pid,
+            "uptime_s": round(time.time() - self.started, 3),
+            "spec": self.spec.name,
+            "launch": self.launcher.mode.value,
+            "boots": [dict(row) for row in boots],
+            "cursor": self.ledger.last_cursor(),
+            "busy": self.busy_reasons(),
+            **self.tree.snapshot(),
+            **{name: section() for name, section in self.status_sections.items()},
+        }
+
+    async def _events(self, params: dict[str, Any]) -> dict[str, Any]:
+        since = params.get("since", 0)
+        wait_ms = params.get("wait_ms", 0)
+        limit = params.get("limit", 500)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (since, wait_ms, limit)):
+            raise SupervisorError("since, wait_ms and limit must be non-negative integers", "bad-request")
+        events = self.ledger.events_since(since, min(limit, 5000))
+        if not events and wait_ms:
+            with trio.move_on_after(min(wait_ms, 30_000) / 1000):
+                await self._events_changed.wait()
+            events = self.ledger.events_since(since, min(limit, 5000))
+        cursor = events[-1]["cursor"] if events else since
+        return {"events": events, "cursor": cursor}
+
+    async def _shutdown_if_idle(self, params: dict[str, Any]) -> dict[str, Any]:
+        reasons = self.busy_reasons()
+        if reasons:
+            return {"status": "busy", "reasons": reasons}
+        self.request_stop("shutdown_if_idle")
+        return {"status": "stopping"}
+
+    async def _down(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.request_stop("down")
+        return {"status": "stopping"}
+
+    async def _request_actor(self, params: dict[str, Any]) -> dict[str, Any]:
+        return await _request_actor_impl(self, params)
+
+    async def _kill_actor(self, params: dict[str, Any]) -> dict[str, Any]:
+        actor_id = params.get("actor_id")
+        if not isinstance(actor_id, str) or actor_id not in self.tree.slots:
+            raise SupervisorError(f"no actor {actor_id!r}", "not-found")
+        await self.tree.kill_actor(actor_id)
+        return {"killed": actor_id}
+
+
+async def _request_actor_impl(sup: Supervisor, params: dict[str, Any]) -> dict[str, Any]:
+    actor_id = params.get("actor_id")
+    body = params.get("body", {})
+    timeout = params.get("timeout_s", 10)
+    if not isinstance(actor_id, str) or actor_id not in sup.tree.slots:
+        raise SupervisorError(f"no actor {actor_id!r}", "not-found")
+    if not isinstance(body, dict) or not isinstance(timeout, int | float):
+        raise SupervisorError("body must be a map and timeout_s a number", "bad-request")
+    return await sup.tree.request(actor_id, body, float(timeout))
+
+
+def _extensions() -> list[Callable[[Supervisor], None]]:
+    """Layers that add methods, recovery hooks and busy checks (runs, swarm, sessions)."""
+    found: list[Callable[[Supervisor], None]] = []
+    try:
+        from corral.supervisor import run_service
+
+        found.append(run_service.install)
+    except ImportError:
+        pass
+    return found

@@ -1,0 +1,32 @@
+"""Errors the supervisor answers with; ``code`` travels to the caller unchanged."""
+
+from __future__ import annotations
+
+
+class SupervisorError(RuntimeError):
+    code = "error"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class BadRequest(SupervisorError):
+    code = "bad-request"
+
+
+class NotFound(SupervisorError):
+    code = "not-found"
+
+
+class Conflict(SupervisorError):
+    code = "conflict"
+
+
+class Refused(SupervisorError):
+    code = "refused"

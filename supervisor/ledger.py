@@ -1,0 +1,181 @@
+"""The ledger: one SQLite file per home, WAL mode, the supervisor its only writer.
+
+Every change that protects a later step is one transaction committed (fsync'd with
+``synchronous=FULL``) before that step runs. State changes and the events that
+describe them commit together, so the event stream never disagrees with the state.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from corral.redact import redact
+from corral.supervisor.schema import MIGRATIONS
+
+
+class LedgerError(RuntimeError):
+    pass
+
+
+class Ledger:
+    def __init__(self, path: Path, *, synchronous: str = "full", readonly: bool = False) -> None:
+        self.path = path
+        uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+        self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA busy_timeout = 5000")
+        self.db.execute("PRAGMA foreign_keys = ON")
+        if not readonly:
+            path.chmod(0o600)
+            mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode != "wal":
+                raise LedgerError(f"ledger {path}: cannot enable WAL (got {mode})")
+            self.db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+            self._migrate()
+        self.boot_id = ""
+        self._in_tx = False
+        self._listeners: list[Callable[[], None]] = []
+        self.commits = 0
+
+    # -- schema -----------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        current = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if current > len(MIGRATIONS):
+            raise LedgerError(
+                f"ledger {self.path} has schema {current}, newer than this corral ({len(MIGRATIONS)})"
+            )
+        for version in range(current, len(MIGRATIONS)):
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _split_sql(MIGRATIONS[version]):
+                    self.db.execute(statement)
+                self.db.execute(f"PRAGMA user_version = {version + 1}")
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.db.execute("PRAGMA user_version").fetchone()[0])
+
+    # -- transactions -----------------------------------------------------------
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction; nested calls join the outer one."""
+        if self._in_tx:
+            yield self.db
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        self._in_tx = True
+        try:
+            yield self.db
+        except BaseException:
+            self._in_tx = False
+            self.db.execute("ROLLBACK")
+            raise
+        self._in_tx = False
+        self.db.execute("COMMIT")
+        self.commits += 1
+        for listener in self._listeners:
+            listener()
+
+    def on_commit(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def one(self, sql: str, *args: Any) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = self.db.execute(sql, args).fetchone()
+        return row
+
+    def all(self, sql: str, *args: Any) -> list[sqlite3.Row]:
+        return list(self.db.execute(sql, args).fetchall())
+
+    # -- events -----------------------------------------------------------------
+
+    def event(self, kind: str, subject: str, **data: Any) -> int:
+        """Append an event (inside the caller's transaction when there is one)."""
+        with self.tx() as db:
+            cursor = db.execute(
+                "INSERT INTO events (at, boot_id, kind, subject, data) VALUES (?, ?, ?, ?, ?)",
+                (time.time(), self.boot_id, kind, subject, dumps(redact(data))),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def events_since(self, cursor: int, limit: int = 500) -> list[dict[str, Any]]:
+        rows = self.all(
+            "SELECT cursor, at, boot_id, kind, subject, data FROM events"
+            " WHERE cursor > ? ORDER BY cursor LIMIT ?",
+            cursor,
+            limit,
+        )
+        return [
+            {
+                "cursor": row["cursor"],
+                "at": row["at"],
+                "boot_id": row["boot_id"],
+                "kind": row["kind"],
+                "subject": row["subject"],
+                "data": json.loads(row["data"]),
+            }
+            for row in rows
+        ]
+
+    def last_cursor(self) -> int:
+        row = self.one("SELECT MAX(cursor) AS c FROM events")
+        return int(row["c"] or 0) if row else 0
+
+    # -- boots ------------------------------------------------------------------
+
+    def begin_boot(self, boot_id: str, pid: int, protocol: int) -> int:
+        with self.tx() as db:
+            for row in db.execute("SELECT boot_id FROM boots WHERE ended_at IS NULL").fetchall():
+                db.execute(
+                    "UPDATE boots SET ended_at = ?, end_reason = 'crashed' WHERE boot_id = ?",
+                    (time.time(), row["boot_id"]),
+                )
+            seq = int(db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM boots").fetchone()[0])
+            db.execute(
+                "INSERT INTO boots (boot_id, seq, pid, protocol, started_at) VALUES (?, ?, ?, ?, ?)",
+                (boot_id, seq, pid, protocol, time.time()),
+            )
+            self.boot_id = boot_id
+            self.event("boot-started", boot_id, seq=seq, pid=pid)
+        return seq
+
+    def end_boot(self, reason: str) -> None:
+        with self.tx() as db:
+            db.execute(
+                "UPDATE boots SET ended_at = ?, end_reason = ? WHERE boot_id = ?",
+                (time.time(), reason, self.boot_id),
+            )
+            self.event("boot-ended", self.boot_id, reason=reason)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _split_sql(script: str) -> list[str]:
+    """Split a migration into statements, keeping trigger bodies whole."""
+    statements: list[str] = []
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip():
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        statements.append(buffer.strip())
+    return statements

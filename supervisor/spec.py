@@ -1,0 +1,231 @@
+"""The swarm spec: a TOML file declaring groups, actors and agents.
+
+Parsing is strict: an unknown key, a wrong type or an impossible value is a
+``SpecError`` naming the exact place, and nothing starts.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.mailbox.codec import DEFAULT_MAX_FRAME
+from corral.sandbox.launcher import LaunchMode
+from corral.supervisor.restart_policy import RestartType, Strategy
+
+ROOT_GROUP = "root"
+_ID = re.compile(r"^[a-z][a-z0-9_-]{0,47}$")
+
+
+class SpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    id: str
+    strategy: Strategy = Strategy.ONE_FOR_ONE
+    max_restarts: int = 3
+    period_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    id: str
+    template: str
+    group: str = ROOT_GROUP
+    restart: RestartType = RestartType.PERMANENT
+    shutdown_timeout_ms: int = 2000
+    backoff_base_ms: int = 20
+    backoff_max_ms: int = 2000
+    backoff_jitter: float = 0.2
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    transport: str = "ipc"
+    launch: LaunchMode = LaunchMode.FORKSERVER
+    max_frame: int = DEFAULT_MAX_FRAME
+    inbox_size: int = 256
+    synchronous: str = "full"
+    heartbeat_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class SwarmSpec:
+    name: str
+    supervisor: SupervisorSettings
+    groups: tuple[GroupSpec, ...]
+    actors: tuple[ActorSpec, ...]
+    raw: dict[str, Any] = field(default_factory=dict)
+    source: str = "<embedded>"
+
+    def group(self, group_id: str) -> GroupSpec:
+        for group in self.groups:
+            if group.id == group_id:
+                return group
+        raise KeyError(group_id)
+
+    def actor(self, actor_id: str) -> ActorSpec:
+        for actor in self.actors:
+            if actor.id == actor_id:
+                return actor
+        raise KeyError(actor_id)
+
+
+KNOWN_TEMPLATES = {"echo", "agent"}
+
+_TOP = {"name", "supervisor", "groups", "actors", "agents", "templates", "limits", "policy", "sandbox"}
+_SUPERVISOR = {"transport", "launch", "max_frame", "inbox_size", "synchronous", "heartbeat_s"}
+_GROUP = {"id", "strategy", "max_restarts", "period_s"}
+_ACTOR = {
+    "id", "template", "count", "group", "restart", "shutdown_timeout_ms",
+    "backoff_base_ms", "backoff_max_ms", "backoff_jitter", "params",
+}
+
+
+def _check_keys(where: str, table: dict[str, Any], allowed: set[str]) -> None:
+    for key in table:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise SpecError(f"{where}: unknown key {key!r}{hint}")
+
+
+def _get(where: str, table: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    if key not in table:
+        return default
+    value = table[key]
+    ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise SpecError(f"{where}.{key}: expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _enum(where: str, enum_type: Any, value: str) -> Any:
+    try:
+        return enum_type(value)
+    except ValueError:
+        choices = ", ".join(item.value for item in enum_type)
+        raise SpecError(f"{where}: {value!r} is not one of {choices}") from None
+
+
+def _check_id(where: str, value: str) -> str:
+    if not _ID.match(value):
+        raise SpecError(f"{where}: id {value!r} must match {_ID.pattern}")
+    return value
+
+
+def _positive(where: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise SpecError(f"{where}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
+    _check_keys("spec", data, _TOP)
+    name = _get("spec", data, "name", str, "swarm")
+
+    sup_table = _get("spec", data, "supervisor", dict, {})
+    _check_keys("supervisor", sup_table, _SUPERVISOR)
+    transport = _get("supervisor", sup_table, "transport", str, "ipc")
+    if transport not in ("ipc", "tcp"):
+        raise SpecError(f"supervisor.transport: {transport!r} is not ipc or tcp (loopback)")
+    synchronous = _get("supervisor", sup_table, "synchronous", str, "full")
+    if synchronous not in ("full", "normal"):
+        raise SpecError("supervisor.synchronous: must be 'full' or 'normal'")
+    settings = SupervisorSettings(
+        transport=transport,
+        launch=_enum("supervisor.launch", LaunchMode, _get("supervisor", sup_table, "launch", str, "forkserver")),
+        max_frame=_get("supervisor", sup_table, "max_frame", int, DEFAULT_MAX_FRAME),
+        inbox_size=_get("supervisor", sup_table, "inbox_size", int, 256),
+        synchronous=synchronous,
+        heartbeat_s=_get("supervisor", sup_table, "heartbeat_s", float, 2.0),
+    )
+    if not 1024 <= settings.max_frame <= 64 * 1024 * 1024:
+        raise SpecError("supervisor.max_frame: must be between 1 KiB and 64 MiB")
+    _positive("supervisor.inbox_size", settings.inbox_size)
+
+    groups: dict[str, GroupSpec] = {ROOT_GROUP: GroupSpec(ROOT_GROUP)}
+    for index, table in enumerate(_get("spec", data, "groups", list, [])):
+        where = f"groups[{index}]"
+        if not isinstance(table, dict):
+            raise SpecError(f"{where}: expected a table")
+        _check_keys(where, table, _GROUP)
+        if "id" not in table:
+            raise SpecError(f"{where}: missing id")
+        group = GroupSpec(
+            id=_check_id(f"{where}.id", _get(where, table, "id", str, "")),
+            strategy=_enum(f"{where}.strategy", Strategy, _get(where, table, "strategy", str, "one_for_one")),
+            max_restarts=_get(where, table, "max_restarts", int, 3),
+            period_s=_get(where, table, "period_s", float, 5.0),
+        )
+        _positive(f"{where}.max_restarts", group.max_restarts, allow_zero=True)
+        _positive(f"{where}.period_s", group.period_s)
+        if group.id in groups and group.id != ROOT_GROUP:
+            raise SpecError(f"{where}: duplicate group id {group.id!r}")
+        groups[group.id] = group
+
+    actors: list[ActorSpec] = []
+    seen: set[str] = set()
+    for index, table in enumerate(_get("spec", data, "actors", list, [])):
+        where = f"actors[{index}]"
+        if not isinstance(table, dict):
+            raise SpecError(f"{where}: expected a table")
+        _check_keys(where, table, _ACTOR)
+        for required in ("id", "template"):
+            if required not in table:
+                raise SpecError(f"{where}: missing {required}")
+        base_id = _check_id(f"{where}.id", _get(where, table, "id", str, ""))
+        template = _get(where, table, "template", str, "")
+        if template not in KNOWN_TEMPLATES:
+            raise SpecError(f"{where}.template: unknown template {template!r} ({', '.join(sorted(KNOWN_TEMPLATES))})")
+        count = _get(where, table, "count", int, 1)
+        if not 1 <= count <= 10_000:
+            raise SpecError(f"{where}.count: must be 1..10000, got {count}")
+        group_id = _get(where, table, "group", str, ROOT_GROUP)
+        if group_id not in groups:
+            raise SpecError(f"{where}.group: no group {group_id!r} is declared")
+        common = dict(
+            template=template,
+            group=group_id,
+            restart=_enum(f"{where}.restart", RestartType, _get(where, table, "restart", str, "permanent")),
+            shutdown_timeout_ms=_get(where, table, "shutdown_timeout_ms", int, 2000),
+            backoff_base_ms=_get(where, table, "backoff_base_ms", int, 20),
+            backoff_max_ms=_get(where, table, "backoff_max_ms", int, 2000),
+            backoff_jitter=_get(where, table, "backoff_jitter", float, 0.2),
+            params=_get(where, table, "params", dict, {}),
+        )
+        _positive(f"{where}.shutdown_timeout_ms", common["shutdown_timeout_ms"])
+        if not 0 <= common["backoff_jitter"] <= 1:
+            raise SpecError(f"{where}.backoff_jitter: must be within 0..1")
+        for n in range(1, count + 1):
+            actor_id = base_id if count == 1 else f"{base_id}-{n}"
+            if actor_id in seen:
+                raise SpecError(f"{where}: duplicate actor id {actor_id!r}")
+            seen.add(actor_id)
+            actors.append(ActorSpec(id=actor_id, **common))
+    return SwarmSpec(name, settings, tuple(groups.values()), tuple(actors), data, source)
+
+
+def load_spec(path: Path) -> SwarmSpec:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"cannot read spec {path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from None
+    spec = parse_spec(data, str(path))
+    return spec
+
+
+def empty_spec() -> SwarmSpec:
+    return parse_spec({})

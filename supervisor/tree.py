@@ -1,0 +1,478 @@
+"""The supervision tree at run time: launches actors, watches their pidfds, and
+applies restart types, strategies, intensity and backoff (decided in
+``restart_policy``) when one exits.
+
+Every incarnation of an actor is one task in the tree's nursery that owns the
+actor's socket, its channel reader, its message handler and its exit watcher.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import logging
+import random
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pynng
+import trio
+
+from corral.mailbox.addresses import ipc_address, tcp_loopback_address
+from corral.mailbox.channel import Channel, configure_socket
+from corral.mailbox.envelope import Envelope, Kind
+from corral.mailbox.errors import ChannelClosed, MailboxFull
+from corral.sandbox.launcher import ActorProcess, LaunchRequest, Launcher
+from corral.supervisor.actor_state import ActorState, check_transition
+from corral.supervisor.ledger import Ledger, dumps
+from corral.supervisor.restart_policy import (
+    Intensity,
+    backoff_delay,
+    plan_restart,
+    should_restart,
+)
+from corral.supervisor.spec import ActorSpec, GroupSpec, SupervisorSettings
+
+log = logging.getLogger("corral.tree")
+
+HELLO_TIMEOUT_S = 30.0
+SUPERVISOR = "supervisor"
+
+#: Handles a request or tell from an actor addressed to the supervisor; returns the
+#: reply body (requests) or None (tells).
+MessageHandler = Callable[["ActorSlot", Envelope], Awaitable[dict[str, Any] | None]]
+
+
+@dataclass
+class ActorSlot:
+    spec: ActorSpec
+    state: ActorState = ActorState.STOPPED
+    incarnation: int = 0
+    restarts: int = 0
+    process: ActorProcess | None = None
+    channel: Channel | None = None
+    ready: trio.Event = field(default_factory=trio.Event)
+    exited: trio.Event = field(default_factory=trio.Event)
+    last_exit: int | None = None
+    started_at: float = 0.0
+    ready_at: float = 0.0
+    dynamic: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    def move(self, new: ActorState) -> None:
+        self.state = check_transition(self.state, new)
+
+
+@dataclass
+class GroupRuntime:
+    spec: GroupSpec
+    intensity: Intensity
+    order: list[str] = field(default_factory=list)
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    status: str = "running"
+    reason: str | None = None
+
+
+class SupervisionTree:
+    def __init__(
+        self,
+        home: Path,
+        ledger: Ledger,
+        launcher: Launcher,
+        settings: SupervisorSettings,
+        token: str,
+        handler: MessageHandler,
+        *,
+        supervisor_pid: int,
+        failpoint_spec: str = "",
+    ) -> None:
+        self.home = home
+        self.ledger = ledger
+        self.launcher = launcher
+        self.settings = settings
+        self._token = token
+        self._handler = handler
+        self.supervisor_pid = supervisor_pid
+        self.failpoint_spec = failpoint_spec
+        self.slots: dict[str, ActorSlot] = {}
+        self.groups: dict[str, GroupRuntime] = {}
+        self._addresses = itertools.count(1)
+        self._nursery: trio.Nursery | None = None
+        self._rng = random.Random()
+        self._forwarded: dict[str, str] = {}
+        self.shutting_down = False
+        self.changed = trio.Event()
+
+    # -- declaration --------------------------------------------------------------
+
+    def declare_group(self, spec: GroupSpec) -> GroupRuntime:
+        group = GroupRuntime(spec, Intensity(spec.max_restarts, spec.period_s))
+        self.groups[spec.id] = group
+        with self.ledger.tx() as db:
+            db.execute(
+                "INSERT INTO groups (group_id, strategy, status, reason, boot_id, updated_at)"
+                " VALUES (?, ?, 'running', NULL, ?, ?) ON CONFLICT(group_id) DO UPDATE SET"
+                " strategy = excluded.strategy, status = 'running', reason = NULL,"
+                " boot_id = excluded.boot_id, updated_at = excluded.updated_at",
+                (spec.id, spec.strategy.value, self.ledger.boot_id, time.time()),
+            )
+        return group
+
+    def declare_actor(self, spec: ActorSpec, *, dynamic: bool = False) -> ActorSlot:
+        if spec.id in self.slots:
+            raise ValueError(f"actor {spec.id!r} already exists")
+        slot = ActorSlot(spec, dynamic=dynamic)
+        self.slots[spec.id] = slot
+        self.groups[spec.group].order.append(spec.id)
+        with self.ledger.tx() as db:
+            db.execute(
+                "INSERT INTO actors (actor_id, group_id, template, spec_json, status, restarts,"
+                " incarnation, boot_id, updated_at) VALUES (?, ?, ?, ?, 'stopped', 0, 0, ?, ?)"
+                " ON CONFLICT(actor_id) DO UPDATE SET group_id = excluded.group_id,"
+                " template = excluded.template, spec_json = excluded.spec_json,"
+                " status = 'stopped', restarts = 0, incarnation = 0, pid = NULL,"
+                " boot_id = excluded.boot_id, updated_at = excluded.updated_at",
+                (spec.id, spec.group, spec.template, dumps(_spec_json(spec)), self.ledger.boot_id, time.time()),
+            )
+        return slot
+
+    # -- running ------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for group in self.groups.values():
+                for actor_id in list(group.order):
+                    await self.start_actor(self.slots[actor_id])
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def start_actor(self, slot: ActorSlot) -> None:
+        assert self._nursery is not None, "tree is not running"
+        slot.move(ActorState.STARTING)
+        slot.incarnation += 1
+        slot.ready = trio.Event()
+        slot.exited = trio.Event()
+        slot.started_at = time.monotonic()
+        socket = pynng.Pair0()
+        configure_socket(socket, self.settings.max_frame)
+        try:
+            address = self._listen(socket)
+            config = {
+                "actor_id": slot.id,
+                "incarnation": slot.incarnation,
+                "template": slot.spec.template,
+                "address": address,
+                "params": slot.spec.params,
+                "home": str(self.home),
+                "max_frame": self.settings.max_frame,
+                "inbox_size": self.settings.inbox_size,
+                "supervisor_pid": self.supervisor_pid,
+                "failpoints": self.failpoint_spec,
+            }
+            env = {"CORRAL_FAILPOINT_DIR": str(self.home / "failpoints")}
+            process = await self.launcher.launch(
+                LaunchRequest(slot.id, config, self.home / "logs" / f"{slot.id}.log", env)
+            )
+        except BaseException:
+            socket.close()
+            raise
+        slot.process = process
+        slot.channel = Channel(
+            socket, SUPERVISOR, max_frame=self.settings.max_frame, inbox_size=self.settings.inbox_size
+        )
+        self._record(slot, pid=process.pid, event="actor-started")
+        self._nursery.start_soon(self._incarnation, slot, slot.incarnation, socket, slot.channel, process)
+
+    def _listen(self, socket: pynng.Socket) -> str:
+        if self.settings.transport == "tcp":
+            socket.listen(tcp_loopback_address(0))
+            port = socket.listeners[0].local_address.port
+            return tcp_loopback_address(port)
+        address = ipc_address(self.home / "s" / f"a{next(self._addresses)}.ipc")
+        socket.listen(address)
+        return address
+
+    async def _incarnation(
+        self, slot: ActorSlot, incarnation: int, socket: pynng.Socket, channel: Channel, process: ActorProcess
+    ) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(channel.run_reader)
+                nursery.start_soon(self._serve, slot, channel, process)
+                code = await process.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            socket.close()
+            process.close()
+        await self._on_exit(slot, incarnation, code)
+
+    async def _serve(self, slot: ActorSlot, channel: Channel, process: ActorProcess) -> None:
+        with trio.move_on_after(HELLO_TIMEOUT_S) as scope:
+            hello = await channel.inbox.receive()
+        if scope.cancelled_caught or not self._accept_hello(slot, hello):
+            log.warning("%s: no valid hello; killing it", slot.id)
+            process.kill_group()
+            return
+        await channel.send(Envelope(Kind.WELCOME, SUPERVISOR, slot.id, {"boot_id": self.ledger.boot_id}, corr_id=hello.msg_id))
+        slot.ready_at = time.monotonic()
+        slot.move(ActorState.RUNNING)
+        self._record(slot, pid=process.pid, event="actor-ready")
+        slot.ready.set()
+        async with trio.open_nursery() as nursery:
+            async for envelope in channel.inbox:
+                if envelope.kind is Kind.REQUEST:
+                    nursery.start_soon(self._dispatch, slot, channel, envelope)
+                else:
+                    await self._dispatch(slot, channel, envelope)
+
+    def _accept_hello(self, slot: ActorSlot, hello: Envelope) -> bool:
+        return (
+            hello.kind is Kind.HELLO
+            and hello.token is not None
+            and hmac.compare_digest(hello.token, self._token)
+            and hello.body.get("actor_id") == slot.id
+            and hello.body.get("incarnation") == slot.incarnation
+        )
+
+    async def _dispatch(self, slot: ActorSlot, channel: Channel, envelope: Envelope) -> None:
+        if envelope.kind in (Kind.REPLY, Kind.ERROR):
+            origin = self._forwarded.pop(envelope.corr_id or "", None)
+            if origin is not None:
+                await self._forward(origin, envelope)
+            return
+        if envelope.token is None or not hmac.compare_digest(envelope.token, self._token):
+            if envelope.kind is Kind.REQUEST:
+                await channel.reply_error(envelope, "bad-token", "wrong or missing token")
+            return
+        if envelope.recipient != SUPERVISOR:
+            await self._route(slot, channel, envelope)
+            return
+        try:
+            body = await self._handler(slot, envelope)
+        except Exception as exc:
+            code = getattr(exc, "code", "internal")
+            if not isinstance(code, str):
+                code = "internal"
+            if code == "internal":
+                log.exception("%s: handler failed", slot.id)
+            if envelope.kind is Kind.REQUEST:
+                await _safe(channel.reply_error(envelope, code, str(exc)))
+            return
+        if envelope.kind is Kind.REQUEST:
+            await _safe(channel.reply(envelope, body or {}))
+
+    async def _route(self, slot: ActorSlot, channel: Channel, envelope: Envelope) -> None:
+        target = self.slots.get(envelope.recipient)
+        if target is None or target.channel is None or target.state is not ActorState.RUNNING:
+            if envelope.kind is Kind.REQUEST:
+                await channel.reply_error(envelope, "no-such-actor", f"no running actor {envelope.recipient!r}")
+            return
+        if envelope.kind is Kind.REQUEST:
+            self._forwarded[envelope.msg_id] = slot.id
+        forwarded = Envelope(
+            envelope.kind, envelope.sender, envelope.recipient, envelope.body,
+            msg_id=envelope.msg_id, corr_id=envelope.corr_id, sent_at=envelope.sent_at,
+        )
+        try:
+            await target.channel.send(forwarded, timeout=5.0)
+        except (ChannelClosed, MailboxFull) as exc:
+            self._forwarded.pop(envelope.msg_id, None)
+            if envelope.kind is Kind.REQUEST:
+                await channel.reply_error(envelope, "undeliverable", str(exc))
+
+    async def _forward(self, origin_id: str, envelope: Envelope) -> None:
+        origin = self.slots.get(origin_id)
+        if origin is not None and origin.channel is not None:
+            await _safe(origin.channel.send(envelope, timeout=5.0))
+
+    # -- exits and restarts -------------------------------------------------------
+
+    async def _on_exit(self, slot: ActorSlot, incarnation: int, code: int) -> None:
+        if incarnation != slot.incarnation:
+            return
+        slot.last_exit = code
+        slot.channel = None
+        slot.process = None
+        group = self.groups[slot.spec.group]
+        if slot.state is ActorState.STOPPING or self.shutting_down or group.status != "running":
+            if slot.state is not ActorState.ESCALATED:
+                slot.move(ActorState.STOPPED)
+            self._record(slot, exit_code=code, event="actor-stopped")
+            slot.exited.set()
+            return
+        if not should_restart(slot.spec.restart, code):
+            slot.move(ActorState.STOPPED)
+            self._record(slot, exit_code=code, event="actor-exited", restart=False)
+            slot.exited.set()
+            self._changed()
+            return
+        slot.move(ActorState.RESTARTING)
+        self._record(slot, exit_code=code, event="actor-exited", restart=True)
+        slot.exited.set()
+        async with group.lock:
+            if slot.state is not ActorState.RESTARTING or group.status != "running":
+                return
+            if group.intensity.record(time.monotonic()):
+                await self._escalate(group, slot, code)
+                return
+            plan = plan_restart(group.spec.strategy, group.order, slot.id)
+            for sibling_id in plan.stop:
+                await self.stop_actor(self.slots[sibling_id], reason=f"{group.spec.strategy} restart")
+            delay = backoff_delay(
+                group.intensity.recent,
+                slot.spec.backoff_base_ms / 1000,
+                slot.spec.backoff_max_ms / 1000,
+                slot.spec.backoff_jitter,
+                self._rng,
+            )
+            if delay:
+                await trio.sleep(delay)
+            for actor_id in plan.start:
+                target = self.slots[actor_id]
+                if target.state in (ActorState.STOPPED, ActorState.RESTARTING):
+                    if target.state is ActorState.STOPPED:
+                        target.move(ActorState.RESTARTING)
+                    target.restarts += 1
+                    await self.start_actor(target)
+                    self._record(target, event="actor-restarted", trigger=slot.id, delay_ms=round(delay * 1000, 1))
+        self._changed()
+
+    async def _escalate(self, group: GroupRuntime, trigger: ActorSlot, code: int) -> None:
+        reason = (
+            f"restart intensity exceeded: more than {group.spec.max_restarts} restarts within"
+            f" {group.spec.period_s}s (last: {trigger.id} exited with {code})"
+        )
+        group.status = "escalated"
+        group.reason = reason
+        with self.ledger.tx() as db:
+            db.execute(
+                "UPDATE groups SET status = 'escalated', reason = ?, updated_at = ? WHERE group_id = ?",
+                (reason, time.time(), group.spec.id),
+            )
+            self.ledger.event("group-escalated", group.spec.id, reason=reason, trigger=trigger.id)
+        for actor_id in reversed(group.order):
+            await self.stop_actor(self.slots[actor_id], reason="group escalated")
+            target = self.slots[actor_id]
+            if target.state is not ActorState.ESCALATED:
+                target.state = ActorState.ESCALATED  # terminal for this boot, whatever it was
+            self._record(target, event="actor-escalated")
+        self._changed()
+
+    async def stop_actor(self, slot: ActorSlot, reason: str = "shutdown") -> None:
+        """Graceful stop by the actor's shutdown spec, then SIGKILL."""
+        if slot.state in (ActorState.STOPPED, ActorState.ESCALATED, ActorState.RESTARTING):
+            if slot.state is ActorState.RESTARTING:
+                slot.move(ActorState.STOPPED)
+            return
+        if slot.state is not ActorState.STOPPING:
+            slot.move(ActorState.STOPPING)
+        self._record(slot, event="actor-stopping", reason=reason)
+        channel, process, exited = slot.channel, slot.process, slot.exited
+        if channel is not None:
+            with trio.move_on_after(0.5):
+                await _safe(channel.tell(slot.id, {"op": "shutdown", "reason": reason}))
+        with trio.move_on_after(slot.spec.shutdown_timeout_ms / 1000):
+            await exited.wait()
+        if not exited.is_set() and process is not None:
+            self._record(slot, event="actor-killed", reason="shutdown timeout")
+            process.kill_group(signal.SIGKILL)
+            await exited.wait()
+
+    async def kill_actor(self, actor_id: str) -> None:
+        slot = self.slots[actor_id]
+        if slot.process is not None:
+            slot.process.send_signal(signal.SIGKILL)
+
+    async def shutdown(self) -> None:
+        self.shutting_down = True
+        for group in reversed(list(self.groups.values())):
+            for actor_id in reversed(group.order):
+                await self.stop_actor(self.slots[actor_id])
+
+    # -- dynamic actors and requests ---------------------------------------------
+
+    async def add_actor(self, spec: ActorSpec) -> ActorSlot:
+        slot = self.declare_actor(spec, dynamic=True)
+        await self.start_actor(slot)
+        return slot
+
+    async def request(self, actor_id: str, body: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+        slot = self.slots[actor_id]
+        await slot.ready.wait()
+        if slot.channel is None:
+            raise ChannelClosed(f"actor {actor_id} is not running")
+        return await slot.channel.request(actor_id, body, timeout)
+
+    async def tell(self, actor_id: str, body: dict[str, Any]) -> bool:
+        slot = self.slots.get(actor_id)
+        if slot is None or slot.channel is None or slot.state is not ActorState.RUNNING:
+            return False
+        try:
+            await slot.channel.tell(actor_id, body, timeout=5.0)
+        except (ChannelClosed, MailboxFull):
+            return False
+        return True
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "groups": [
+                {"id": g.spec.id, "strategy": g.spec.strategy.value, "status": g.status, "reason": g.reason,
+                 "actors": list(g.order)}
+                for g in self.groups.values()
+            ],
+            "actors": [
+                {"id": s.id, "group": s.spec.group, "template": s.spec.template, "status": s.state.value,
+                 "pid": s.process.pid if s.process else None, "restarts": s.restarts,
+                 "incarnation": s.incarnation, "last_exit": s.last_exit, "restart": s.spec.restart.value}
+                for s in self.slots.values()
+            ],
+        }
+
+    def live_actors(self) -> list[str]:
+        return [s.id for s in self.slots.values() if s.process is not None]
+
+    def _changed(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def _record(self, slot: ActorSlot, *, event: str, pid: int | None = None,
+                exit_code: int | None = None, **data: Any) -> None:
+        now = time.time()
+        with self.ledger.tx() as db:
+            db.execute(
+                "UPDATE actors SET status = ?, restarts = ?, incarnation = ?, pid = ?,"
+                " last_exit = COALESCE(?, last_exit), last_exit_at = CASE WHEN ? IS NULL"
+                " THEN last_exit_at ELSE ? END, updated_at = ? WHERE actor_id = ?",
+                (slot.state.value, slot.restarts, slot.incarnation,
+                 slot.process.pid if slot.process else None,
+                 exit_code, exit_code, now, now, slot.id),
+            )
+            extra = {"incarnation": slot.incarnation, **data}
+            if pid is not None:
+                extra["pid"] = pid
+            if exit_code is not None:
+                extra["exit_code"] = exit_code
+            self.ledger.event(event, slot.id, **extra)
+
+
+async def _safe(awaitable: Awaitable[Any]) -> None:
+    try:
+        await awaitable
+    except (ChannelClosed, MailboxFull, pynng.NNGException) as exc:
+        log.debug("send failed: %s", exc)
+
+
+def _spec_json(spec: ActorSpec) -> dict[str, Any]:
+    return {
+        "template": spec.template, "group": spec.group, "restart": spec.restart.value,
+        "shutdown_timeout_ms": spec.shutdown_timeout_ms, "backoff_base_ms": spec.backoff_base_ms,
+        "backoff_max_ms": spec.backoff_max_ms,
+    }
