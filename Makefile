@@ -21,7 +21,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check corral actors supervisor mailbox sandbox bench tests
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy corral/ actors/ supervisor/ mailbox/ sandbox/
+	./scripts/typecheck.sh
 
 test: lint typecheck
 	$(PY) -m pytest -q

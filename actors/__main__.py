@@ -7,7 +7,6 @@ import os
 import sys
 
 import msgpack
-
 from corral.sandbox import child_setup
 
 

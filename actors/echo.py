@@ -30,9 +30,7 @@ async def run(ctx: ActorContext) -> int:
             await ctx.channel.reply(envelope, {"exiting": True})
             return int(envelope.body.get("code", 0))
         if op == "stats":
-            await ctx.channel.reply(
-                envelope, {"requests": requests, "tells": tells, "pid": os.getpid()}
-            )
+            await ctx.channel.reply(envelope, {"requests": requests, "tells": tells, "pid": os.getpid()})
             continue
         await ctx.channel.reply(envelope, {"echo": envelope.body, "count": requests})
     return 0

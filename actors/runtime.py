@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-
-from corral import failpoints
 from corral.mailbox.channel import Channel, open_channel
 from corral.mailbox.envelope import Envelope, Kind
+
+from corral import failpoints
 
 log = logging.getLogger("corral.actor")
 
@@ -85,9 +85,7 @@ async def _actor(config: dict[str, Any], token: str) -> int:
             token=token,
         )
         await channel.request_envelope(hello, timeout=30)
-        ctx = ActorContext(
-            actor_id, config["incarnation"], config["template"], channel, config, trio.Event()
-        )
+        ctx = ActorContext(actor_id, config["incarnation"], config["template"], channel, config, trio.Event())
         code = 0
         async with trio.open_nursery() as nursery:
 

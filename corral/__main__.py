@@ -1,4 +1,5 @@
-from corral.cli import main
 import sys
+
+from corral.cli import main
 
 sys.exit(main())

@@ -194,11 +194,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(status)
         return 0
-    print(f"home {status['home']}  boot {status['boot_id']}  pid {status['pid']}  up {status['uptime_s']:.1f}s"
-          f"  launch {status['launch']}")
+    print(
+        f"home {status['home']}  boot {status['boot_id']}  pid {status['pid']}  up {status['uptime_s']:.1f}s"
+        f"  launch {status['launch']}"
+    )
     rows = [
-        [a["id"], a["group"], a["template"], a["status"], str(a["pid"] or "-"), str(a["restarts"]),
-         "-" if a["last_exit"] is None else str(a["last_exit"])]
+        [
+            a["id"],
+            a["group"],
+            a["template"],
+            a["status"],
+            str(a["pid"] or "-"),
+            str(a["restarts"]),
+            "-" if a["last_exit"] is None else str(a["last_exit"]),
+        ]
         for a in status["actors"]
     ]
     print_table(rows, ["ACTOR", "GROUP", "TEMPLATE", "STATUS", "PID", "RESTARTS", "LAST EXIT"])
@@ -239,7 +248,9 @@ def cmd_events(args: argparse.Namespace) -> int:
             else:
                 stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
                 data = " ".join(f"{k}={v}" for k, v in sorted(event["data"].items()))
-                print(f"{event['cursor']:>6} {stamp} {event['kind']:<22} {event['subject']} {data}", flush=True)
+                print(
+                    f"{event['cursor']:>6} {stamp} {event['kind']:<22} {event['subject']} {data}", flush=True
+                )
         cursor = reply["cursor"]
         if not args.follow:
             return 0

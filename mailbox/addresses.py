@@ -17,7 +17,7 @@ def ipc_address(path: Path) -> str:
     if len(text.encode()) > MAX_IPC_PATH:
         raise AddressError(
             f"socket path {text!r} is {len(text.encode())} bytes; ipc:// allows {MAX_IPC_PATH}."
-            " Use a shorter --home, or transport = \"tcp\" in the swarm spec."
+            ' Use a shorter --home, or transport = "tcp" in the swarm spec.'
         )
     return f"ipc://{text}"
 

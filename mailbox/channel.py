@@ -18,7 +18,6 @@ from typing import Any
 
 import pynng
 import trio
-
 from corral.mailbox.codec import DEFAULT_MAX_FRAME, decode, encode
 from corral.mailbox.envelope import Envelope, Kind
 from corral.mailbox.errors import (
@@ -87,9 +86,7 @@ class Channel:
     async def tell(self, recipient: str, body: dict[str, Any], timeout: float | None = None) -> None:
         await self.send(Envelope(Kind.TELL, self.name, recipient, body, token=self.token), timeout)
 
-    async def request(
-        self, recipient: str, body: dict[str, Any], timeout: float = 10.0
-    ) -> dict[str, Any]:
+    async def request(self, recipient: str, body: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
         envelope = Envelope(Kind.REQUEST, self.name, recipient, body, token=self.token)
         reply = await self.request_envelope(envelope, timeout)
         return reply.body

@@ -13,7 +13,6 @@ from typing import Any
 
 import pynng
 import trio
-
 from corral.mailbox.channel import configure_socket
 from corral.mailbox.codec import DEFAULT_MAX_FRAME, decode, encode
 from corral.mailbox.envelope import Envelope, Kind

@@ -19,11 +19,10 @@ import sys
 import traceback
 from typing import Any
 
-import msgpack
-import prctl
-
 # Pre-import what every actor needs, so children start warm.
 import corral.actors.runtime  # noqa: F401
+import msgpack
+import prctl
 from corral.sandbox import child_setup
 
 MAX_MESSAGE = 1024 * 1024
@@ -37,7 +36,9 @@ def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = 
         sock.send(data)
 
 
-def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any], init: dict[str, Any]) -> None:
+def _child(
+    sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any], init: dict[str, Any]
+) -> None:
     code = 1
     try:
         sock.close()
@@ -93,7 +94,9 @@ def serve(sock: socket.socket, supervisor_pid: int) -> None:
         _reap(sock)
 
 
-def _spawn(sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any], init: dict[str, Any]) -> None:
+def _spawn(
+    sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any], init: dict[str, Any]
+) -> None:
     try:
         pid = os.fork()
     except OSError as exc:

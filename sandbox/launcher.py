@@ -22,7 +22,6 @@ from typing import Any
 
 import msgpack
 import trio
-
 from corral.sandbox import child_setup
 
 MAX_MESSAGE = 1024 * 1024

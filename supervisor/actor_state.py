@@ -20,14 +20,21 @@ class IllegalTransition(RuntimeError):
 
 TRANSITIONS: dict[ActorState, frozenset[ActorState]] = {
     ActorState.STARTING: frozenset(
-        {ActorState.RUNNING, ActorState.STOPPING, ActorState.RESTARTING, ActorState.STOPPED, ActorState.ESCALATED}
+        {
+            ActorState.RUNNING,
+            ActorState.STOPPING,
+            ActorState.RESTARTING,
+            ActorState.STOPPED,
+            ActorState.ESCALATED,
+        }
     ),
     ActorState.RUNNING: frozenset(
         {ActorState.STOPPING, ActorState.RESTARTING, ActorState.STOPPED, ActorState.ESCALATED}
     ),
     ActorState.STOPPING: frozenset({ActorState.STOPPED, ActorState.ESCALATED}),
     ActorState.RESTARTING: frozenset({ActorState.STARTING, ActorState.STOPPED, ActorState.ESCALATED}),
-    ActorState.STOPPED: frozenset({ActorState.STARTING}),
+    # A sibling stopped for a one_for_all/rest_for_one restart comes back.
+    ActorState.STOPPED: frozenset({ActorState.STARTING, ActorState.RESTARTING}),
     ActorState.ESCALATED: frozenset({ActorState.STARTING}),
 }
 

@@ -12,18 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import trio
-
-from corral import PROTOCOL_VERSION, failpoints
 from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.control import ControlError, ControlServer
 from corral.mailbox.envelope import Envelope
-from corral.redact import register_secret
 from corral.sandbox.launcher import make_launcher
 from corral.supervisor import home as homes
 from corral.supervisor.errors import SupervisorError
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.spec import SwarmSpec
 from corral.supervisor.tree import ActorSlot, SupervisionTree
+
+from corral import PROTOCOL_VERSION, failpoints
+from corral.redact import register_secret
 
 log = logging.getLogger("corral.supervisor")
 
@@ -44,8 +44,14 @@ class Supervisor:
         self.ledger = Ledger(home / homes.LEDGER, synchronous=spec.supervisor.synchronous)
         self.launcher = make_launcher(spec.supervisor.launch, self.token, home / "logs" / "forkserver.log")
         self.tree = SupervisionTree(
-            home, self.ledger, self.launcher, spec.supervisor, self.token, self._on_actor_message,
-            supervisor_pid=self.pid, failpoint_spec=failpoints.active_spec(),
+            home,
+            self.ledger,
+            self.launcher,
+            spec.supervisor,
+            self.token,
+            self._on_actor_message,
+            supervisor_pid=self.pid,
+            failpoint_spec=failpoints.active_spec(),
         )
         self.control_methods: dict[str, ControlMethod] = {}
         self.actor_methods: dict[str, ActorMethod] = {}
@@ -76,11 +82,18 @@ class Supervisor:
             await nursery.start(self.tree.run)
             address = await nursery.start(self._control_server().serve)
             self.endpoint = homes.Endpoint(
-                protocol=PROTOCOL_VERSION, pid=self.pid, boot_id=self.boot_id, control=address,
-                token=self.token, heartbeat=time.time(), home=str(self.home),
+                protocol=PROTOCOL_VERSION,
+                pid=self.pid,
+                boot_id=self.boot_id,
+                control=address,
+                token=self.token,
+                heartbeat=time.time(),
+                home=str(self.home),
             )
             homes.write_endpoint(self.home, self.endpoint)
             nursery.start_soon(self._heartbeat)
+            for task in self.background:
+                nursery.start_soon(task)
             self._signal_ready(f"ready {self.boot_id}")
             await self._stop.wait()
             log.info("shutting down: %s", self.stop_reason)
@@ -133,7 +146,10 @@ class Supervisor:
     async def _on_control(self, method: str, params: dict[str, Any]) -> Any:
         handler = self.control_methods.get(method)
         if handler is None:
-            raise ControlError("unknown-method", f"no control method {method!r}; try: {', '.join(sorted(self.control_methods))}")
+            raise ControlError(
+                "unknown-method",
+                f"no control method {method!r}; try: {', '.join(sorted(self.control_methods))}",
+            )
         try:
             return await handler(params)
         except SupervisorError as exc:
@@ -161,10 +177,17 @@ class Supervisor:
 
     def _register_core(self) -> None:
         self.recovery_hooks: list[Callable[[], Awaitable[None]]] = []
+        self.background: list[Callable[[], Awaitable[None]]] = []
+        self.services: dict[str, Any] = {}
         self.status_sections: dict[str, Callable[[], Any]] = {}
         self.control_methods.update(
-            ping=self._ping, status=self._status, snapshot=self._status, events=self._events,
-            shutdown_if_idle=self._shutdown_if_idle, down=self._down, kill_actor=self._kill_actor,
+            ping=self._ping,
+            status=self._status,
+            snapshot=self._status,
+            events=self._events,
+            shutdown_if_idle=self._shutdown_if_idle,
+            down=self._down,
+            kill_actor=self._kill_actor,
             request_actor=self._request_actor,
         )
         self.actor_methods["ping"] = self._actor_ping
@@ -182,7 +205,9 @@ class Supervisor:
         return reasons
 
     async def _status(self, params: dict[str, Any]) -> dict[str, Any]:
-        boots = self.ledger.all("SELECT boot_id, seq, pid, started_at, ended_at, end_reason FROM boots ORDER BY seq")
+        boots = self.ledger.all(
+            "SELECT boot_id, seq, pid, started_at, ended_at, end_reason FROM boots ORDER BY seq"
+        )
         return {
             "home": str(self.home),
             "boot_id": self.boot_id,
@@ -201,7 +226,9 @@ class Supervisor:
         since = params.get("since", 0)
         wait_ms = params.get("wait_ms", 0)
         limit = params.get("limit", 500)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (since, wait_ms, limit)):
+        if not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (since, wait_ms, limit)
+        ):
             raise SupervisorError("since, wait_ms and limit must be non-negative integers", "bad-request")
         events = self.ledger.events_since(since, min(limit, 5000))
         if not events and wait_ms:
@@ -244,13 +271,19 @@ async def _request_actor_impl(sup: Supervisor, params: dict[str, Any]) -> dict[s
     return await sup.tree.request(actor_id, body, float(timeout))
 
 
-def _extensions() -> list[Callable[[Supervisor], None]]:
+def _extensions() -> list[Callable[[Supervisor], Any]]:
     """Layers that add methods, recovery hooks and busy checks (runs, swarm, sessions)."""
-    found: list[Callable[[Supervisor], None]] = []
-    try:
-        from corral.supervisor import run_service
+    from corral.supervisor import run_service
 
-        found.append(run_service.install)
-    except ImportError:
-        pass
+    found: list[Callable[[Supervisor], Any]] = [run_service.install]
+    import importlib
+
+    for name in ("corral.supervisor.swarm_service", "corral.supervisor.session_service"):
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        found.append(module.install)
     return found

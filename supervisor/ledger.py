@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from corral.redact import redact
 from corral.supervisor.schema import MIGRATIONS
+
+from corral.redact import redact
 
 
 class LedgerError(RuntimeError):
@@ -100,7 +101,7 @@ class Ledger:
 
     # -- events -----------------------------------------------------------------
 
-    def event(self, kind: str, subject: str, **data: Any) -> int:
+    def event(self, kind: str, subject: str, /, **data: Any) -> int:
         """Append an event (inside the caller's transaction when there is one)."""
         with self.tx() as db:
             cursor = db.execute(

@@ -75,9 +75,7 @@ class Intensity:
         return len(self._times)
 
 
-def backoff_delay(
-    attempt: int, base_s: float, cap_s: float, jitter: float, rng: random.Random
-) -> float:
+def backoff_delay(attempt: int, base_s: float, cap_s: float, jitter: float, rng: random.Random) -> float:
     """Delay before restart number ``attempt`` (1-based) within the current period.
 
     The first restart is immediate, as in OTP: a single crash should cost nothing.
@@ -86,5 +84,5 @@ def backoff_delay(
     """
     if attempt <= 1:
         return 0.0
-    raw = min(cap_s, base_s * (2 ** (attempt - 2)))
+    raw = min(cap_s, base_s * float(2 ** (attempt - 2)))
     return max(0.0, raw * (1.0 + jitter * (2 * rng.random() - 1)))

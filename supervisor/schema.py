@@ -53,3 +53,118 @@ MIGRATIONS: list[str] = [
         BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
     """,
 ]
+
+MIGRATIONS.append(
+    # 2: durable runs and actions
+    """
+    CREATE TABLE runs (
+        run_id          TEXT PRIMARY KEY,
+        agent_id        TEXT NOT NULL,
+        session_id      TEXT NOT NULL,
+        kind            TEXT NOT NULL,
+        parent_run_id   TEXT,
+        root_run_id     TEXT NOT NULL,
+        depth           INTEGER NOT NULL DEFAULT 0,
+        task            TEXT NOT NULL,
+        status          TEXT NOT NULL,
+        reason          TEXT,
+        loop_index      INTEGER NOT NULL DEFAULT 0,
+        provider        TEXT NOT NULL,
+        provider_config TEXT NOT NULL,
+        options         TEXT NOT NULL DEFAULT '{}',
+        repairs         TEXT NOT NULL DEFAULT '{}',
+        created_at      REAL NOT NULL,
+        updated_at      REAL NOT NULL,
+        started_at      REAL,
+        ended_at        REAL
+    );
+    CREATE INDEX runs_by_agent ON runs (agent_id, status, created_at);
+    CREATE TABLE plans (
+        run_id      TEXT NOT NULL,
+        loop_index  INTEGER NOT NULL,
+        plan        TEXT NOT NULL,
+        created_at  REAL NOT NULL,
+        PRIMARY KEY (run_id, loop_index)
+    );
+    CREATE TABLE provider_requests (
+        slot         TEXT PRIMARY KEY,
+        run_id       TEXT NOT NULL,
+        loop_index   INTEGER NOT NULL,
+        attempt      INTEGER NOT NULL,
+        status       TEXT NOT NULL,
+        error_kind   TEXT,
+        error        TEXT,
+        response     TEXT,
+        retry_at     REAL,
+        consumed     INTEGER NOT NULL DEFAULT 0,
+        boot_id      TEXT NOT NULL,
+        started_at   REAL NOT NULL,
+        finished_at  REAL
+    );
+    CREATE INDEX provider_requests_by_run ON provider_requests (run_id, loop_index, attempt);
+    CREATE TABLE actions (
+        action_id     TEXT PRIMARY KEY,
+        run_id        TEXT NOT NULL,
+        agent_id      TEXT NOT NULL,
+        loop_index    INTEGER NOT NULL,
+        action_index  INTEGER NOT NULL,
+        tool          TEXT NOT NULL,
+        input         TEXT NOT NULL,
+        fingerprint   TEXT NOT NULL,
+        phase         TEXT NOT NULL,
+        read_only     INTEGER NOT NULL,
+        policy        TEXT NOT NULL,
+        attempts      INTEGER NOT NULL DEFAULT 0,
+        result        TEXT,
+        error         TEXT,
+        reason        TEXT,
+        boot_id       TEXT NOT NULL,
+        created_at    REAL NOT NULL,
+        updated_at    REAL NOT NULL,
+        executing_at  REAL,
+        finished_at   REAL,
+        UNIQUE (run_id, loop_index, action_index)
+    );
+    CREATE TABLE receipts (
+        receipt_id      INTEGER PRIMARY KEY AUTOINCREMENT,
+        action_id       TEXT NOT NULL UNIQUE,
+        run_id          TEXT NOT NULL,
+        agent_id        TEXT NOT NULL,
+        fingerprint     TEXT NOT NULL,
+        tool            TEXT NOT NULL,
+        status          TEXT NOT NULL,
+        input_summary   TEXT NOT NULL,
+        result_summary  TEXT NOT NULL,
+        note            TEXT,
+        started_at      REAL,
+        finished_at     REAL,
+        created_at      REAL NOT NULL
+    );
+    CREATE TABLE observations (
+        run_id      TEXT NOT NULL,
+        seq         INTEGER NOT NULL,
+        source      TEXT NOT NULL UNIQUE,
+        loop_index  INTEGER NOT NULL,
+        data        TEXT NOT NULL,
+        created_at  REAL NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    );
+    CREATE TABLE finalizations (
+        run_id      TEXT PRIMARY KEY,
+        phase       TEXT NOT NULL,
+        reply       TEXT NOT NULL,
+        created_at  REAL NOT NULL,
+        updated_at  REAL NOT NULL
+    );
+    CREATE TABLE replies (
+        reply_id    INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id      TEXT NOT NULL UNIQUE,
+        text        TEXT NOT NULL,
+        created_at  REAL NOT NULL
+    );
+    CREATE TRIGGER receipts_append_only BEFORE DELETE ON receipts
+        BEGIN SELECT RAISE(ABORT, 'receipts are append-only'); END;
+    CREATE TRIGGER replies_append_only BEFORE DELETE ON replies
+        BEGIN SELECT RAISE(ABORT, 'replies are append-only'); END;
+    """
+)

@@ -56,6 +56,42 @@ class SupervisorSettings:
     heartbeat_s: float = 2.0
 
 
+POLICIES = ("auto", "confirm", "deny")
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    id: str
+    role: str  # root | specialist
+    provider: str  # scripted | openai
+    provider_config: dict[str, Any]
+    workspace: Path
+    write_scopes: tuple[str, ...]
+    policy: dict[str, str]
+    max_repairs: int = 2
+    max_provider_retries: int = 3
+    retry_base_s: float = 0.5
+    retry_cap_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    """An isolated-child template for agent.spawn_isolated."""
+
+    id: str
+    provider: str
+    provider_config: dict[str, Any]
+    policy: dict[str, str]
+
+
+@dataclass(frozen=True)
+class SwarmLimits:
+    max_children_per_call: int = 3
+    max_depth: int = 1
+    child_timeout_s: float = 120.0
+    max_repairs_per_delivery: int = 1
+
+
 @dataclass(frozen=True)
 class SwarmSpec:
     name: str
@@ -64,6 +100,24 @@ class SwarmSpec:
     actors: tuple[ActorSpec, ...]
     raw: dict[str, Any] = field(default_factory=dict)
     source: str = "<embedded>"
+    agents: tuple[AgentSpec, ...] = ()
+    templates: tuple[TemplateSpec, ...] = ()
+    policy: dict[str, str] = field(default_factory=dict)
+    limits: SwarmLimits = SwarmLimits()
+    project_root: Path = Path(".")
+    effects_file: Path | None = None
+
+    def agent(self, agent_id: str) -> AgentSpec:
+        for agent in self.agents:
+            if agent.id == agent_id:
+                return agent
+        raise KeyError(agent_id)
+
+    def template(self, template_id: str) -> TemplateSpec:
+        for template in self.templates:
+            if template.id == template_id:
+                return template
+        raise KeyError(template_id)
 
     def group(self, group_id: str) -> GroupSpec:
         for group in self.groups:
@@ -78,14 +132,28 @@ class SwarmSpec:
         raise KeyError(actor_id)
 
 
-KNOWN_TEMPLATES = {"echo", "agent"}
+KNOWN_TEMPLATES = {"echo", "agent", "child", "session"}
 
-_TOP = {"name", "supervisor", "groups", "actors", "agents", "templates", "limits", "policy", "sandbox"}
+_TOP = {"name", "supervisor", "groups", "actors", "agents", "templates", "limits", "policy", "sandbox",
+        "project", "chaos"}
+_AGENT = {"id", "role", "provider", "script", "steps", "openai", "workspace", "write_scopes", "policy",
+          "max_repairs", "max_provider_retries", "retry_base_s", "retry_cap_s", "restart", "group",
+          "shutdown_timeout_ms"}
+_TEMPLATE = {"id", "provider", "script", "steps", "openai", "policy"}
+_LIMITS = {"max_children_per_call", "max_depth", "child_timeout_s", "max_repairs_per_delivery"}
 _SUPERVISOR = {"transport", "launch", "max_frame", "inbox_size", "synchronous", "heartbeat_s"}
 _GROUP = {"id", "strategy", "max_restarts", "period_s"}
 _ACTOR = {
-    "id", "template", "count", "group", "restart", "shutdown_timeout_ms",
-    "backoff_base_ms", "backoff_max_ms", "backoff_jitter", "params",
+    "id",
+    "template",
+    "count",
+    "group",
+    "restart",
+    "shutdown_timeout_ms",
+    "backoff_base_ms",
+    "backoff_max_ms",
+    "backoff_jitter",
+    "params",
 }
 
 
@@ -142,7 +210,9 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         raise SpecError("supervisor.synchronous: must be 'full' or 'normal'")
     settings = SupervisorSettings(
         transport=transport,
-        launch=_enum("supervisor.launch", LaunchMode, _get("supervisor", sup_table, "launch", str, "forkserver")),
+        launch=_enum(
+            "supervisor.launch", LaunchMode, _get("supervisor", sup_table, "launch", str, "forkserver")
+        ),
         max_frame=_get("supervisor", sup_table, "max_frame", int, DEFAULT_MAX_FRAME),
         inbox_size=_get("supervisor", sup_table, "inbox_size", int, 256),
         synchronous=synchronous,
@@ -185,7 +255,9 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         base_id = _check_id(f"{where}.id", _get(where, table, "id", str, ""))
         template = _get(where, table, "template", str, "")
         if template not in KNOWN_TEMPLATES:
-            raise SpecError(f"{where}.template: unknown template {template!r} ({', '.join(sorted(KNOWN_TEMPLATES))})")
+            raise SpecError(
+                f"{where}.template: unknown template {template!r} ({', '.join(sorted(KNOWN_TEMPLATES))})"
+            )
         count = _get(where, table, "count", int, 1)
         if not 1 <= count <= 10_000:
             raise SpecError(f"{where}.count: must be 1..10000, got {count}")
@@ -211,7 +283,120 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
                 raise SpecError(f"{where}: duplicate actor id {actor_id!r}")
             seen.add(actor_id)
             actors.append(ActorSpec(id=actor_id, **common))
-    return SwarmSpec(name, settings, tuple(groups.values()), tuple(actors), data, source)
+    base = Path(source).parent if source != "<embedded>" else Path.cwd()
+    project_table = _get("spec", data, "project", dict, {})
+    _check_keys("project", project_table, {"root"})
+    project_root = (base / _get("project", project_table, "root", str, ".")).resolve()
+    chaos_table = _get("spec", data, "chaos", dict, {})
+    _check_keys("chaos", chaos_table, {"effects_file"})
+    effects = _get("chaos", chaos_table, "effects_file", str, "")
+    policy = _policy("policy", _get("spec", data, "policy", dict, {}))
+
+    agents: list[AgentSpec] = []
+    for index, table in enumerate(_get("spec", data, "agents", list, [])):
+        where = f"agents[{index}]"
+        if not isinstance(table, dict):
+            raise SpecError(f"{where}: expected a table")
+        _check_keys(where, table, _AGENT)
+        if "id" not in table:
+            raise SpecError(f"{where}: missing id")
+        agent_id = _check_id(f"{where}.id", _get(where, table, "id", str, ""))
+        if agent_id in seen:
+            raise SpecError(f"{where}: id {agent_id!r} is already used by an actor or agent")
+        seen.add(agent_id)
+        role = _get(where, table, "role", str, "root")
+        if role not in ("root", "specialist"):
+            raise SpecError(f"{where}.role: must be 'root' or 'specialist'")
+        provider, provider_config = _provider(where, table, base)
+        workspace = (project_root / _get(where, table, "workspace", str, ".")).resolve()
+        scopes = _get(where, table, "write_scopes", list, ["."])
+        if not all(isinstance(scope, str) for scope in scopes):
+            raise SpecError(f"{where}.write_scopes: must be a list of relative paths")
+        for scope in scopes:
+            if scope.startswith("/") or ".." in Path(scope).parts:
+                raise SpecError(f"{where}.write_scopes: {scope!r} must be relative without '..'")
+        agent = AgentSpec(
+            id=agent_id, role=role, provider=provider, provider_config=provider_config,
+            workspace=workspace, write_scopes=tuple(scopes),
+            policy=_policy(f"{where}.policy", _get(where, table, "policy", dict, {})),
+            max_repairs=_get(where, table, "max_repairs", int, 2),
+            max_provider_retries=_get(where, table, "max_provider_retries", int, 3),
+            retry_base_s=_get(where, table, "retry_base_s", float, 0.5),
+            retry_cap_s=_get(where, table, "retry_cap_s", float, 30.0),
+        )
+        agents.append(agent)
+        group_id = _get(where, table, "group", str, ROOT_GROUP)
+        if group_id not in groups:
+            raise SpecError(f"{where}.group: no group {group_id!r} is declared")
+        actors.append(ActorSpec(
+            id=agent_id, template="agent", group=group_id,
+            restart=_enum(f"{where}.restart", RestartType, _get(where, table, "restart", str, "permanent")),
+            shutdown_timeout_ms=_get(where, table, "shutdown_timeout_ms", int, 2000),
+            params={"agent_id": agent_id},
+        ))
+
+    templates: list[TemplateSpec] = []
+    for index, table in enumerate(_get("spec", data, "templates", list, [])):
+        where = f"templates[{index}]"
+        if not isinstance(table, dict):
+            raise SpecError(f"{where}: expected a table")
+        _check_keys(where, table, _TEMPLATE)
+        if "id" not in table:
+            raise SpecError(f"{where}: missing id")
+        provider, provider_config = _provider(where, table, base)
+        templates.append(TemplateSpec(
+            id=_check_id(f"{where}.id", _get(where, table, "id", str, "")), provider=provider,
+            provider_config=provider_config,
+            policy=_policy(f"{where}.policy", _get(where, table, "policy", dict, {})),
+        ))
+
+    limits_table = _get("spec", data, "limits", dict, {})
+    _check_keys("limits", limits_table, _LIMITS)
+    limits = SwarmLimits(
+        max_children_per_call=_get("limits", limits_table, "max_children_per_call", int, 3),
+        max_depth=_get("limits", limits_table, "max_depth", int, 1),
+        child_timeout_s=_get("limits", limits_table, "child_timeout_s", float, 120.0),
+        max_repairs_per_delivery=_get("limits", limits_table, "max_repairs_per_delivery", int, 1),
+    )
+    for key in ("max_children_per_call", "max_depth"):
+        _positive(f"limits.{key}", getattr(limits, key))
+    return SwarmSpec(
+        name, settings, tuple(groups.values()), tuple(actors), data, source, tuple(agents),
+        tuple(templates), policy, limits, project_root,
+        (base / effects).resolve() if effects else None,
+    )
+
+
+def _policy(where: str, table: dict[str, Any]) -> dict[str, str]:
+    for tool, mode in table.items():
+        if mode not in POLICIES:
+            raise SpecError(f"{where}.{tool}: policy must be one of {', '.join(POLICIES)}, got {mode!r}")
+    return dict(table)
+
+
+def _provider(where: str, table: dict[str, Any], base: Path) -> tuple[str, dict[str, Any]]:
+    from corral.actors.providers.scripted import ScriptError, load_script, parse_script_text
+
+    provider = _get(where, table, "provider", str, "scripted")
+    if provider == "scripted":
+        if "steps" in table:
+            script: dict[str, Any] = {"steps": _get(where, table, "steps", list, [])}
+            try:
+                parse_script_text(__import__("json").dumps(script), ".json")
+            except ScriptError as exc:
+                raise SpecError(f"{where}.steps: {exc}") from None
+        elif "script" in table:
+            try:
+                script = load_script(base / _get(where, table, "script", str, ""))
+            except ScriptError as exc:
+                raise SpecError(f"{where}.script: {exc}") from None
+        else:
+            raise SpecError(f"{where}: a scripted provider needs `script = FILE` or inline [[...steps]]")
+        return provider, {"script": script}
+    if provider == "openai":
+        config = _get(where, table, "openai", dict, {})
+        return provider, dict(config)
+    raise SpecError(f"{where}.provider: unknown provider {provider!r} (scripted, openai)")
 
 
 def load_spec(path: Path) -> SwarmSpec:

@@ -21,12 +21,11 @@ from typing import Any
 
 import pynng
 import trio
-
 from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.channel import Channel, configure_socket
 from corral.mailbox.envelope import Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull
-from corral.sandbox.launcher import ActorProcess, LaunchRequest, Launcher
+from corral.sandbox.launcher import ActorProcess, Launcher, LaunchRequest
 from corral.supervisor.actor_state import ActorState, check_transition
 from corral.supervisor.ledger import Ledger, dumps
 from corral.supervisor.restart_policy import (
@@ -139,7 +138,14 @@ class SupervisionTree:
                 " template = excluded.template, spec_json = excluded.spec_json,"
                 " status = 'stopped', restarts = 0, incarnation = 0, pid = NULL,"
                 " boot_id = excluded.boot_id, updated_at = excluded.updated_at",
-                (spec.id, spec.group, spec.template, dumps(_spec_json(spec)), self.ledger.boot_id, time.time()),
+                (
+                    spec.id,
+                    spec.group,
+                    spec.template,
+                    dumps(_spec_json(spec)),
+                    self.ledger.boot_id,
+                    time.time(),
+                ),
             )
         return slot
 
@@ -221,7 +227,11 @@ class SupervisionTree:
             log.warning("%s: no valid hello; killing it", slot.id)
             process.kill_group()
             return
-        await channel.send(Envelope(Kind.WELCOME, SUPERVISOR, slot.id, {"boot_id": self.ledger.boot_id}, corr_id=hello.msg_id))
+        await channel.send(
+            Envelope(
+                Kind.WELCOME, SUPERVISOR, slot.id, {"boot_id": self.ledger.boot_id}, corr_id=hello.msg_id
+            )
+        )
         slot.ready_at = time.monotonic()
         slot.move(ActorState.RUNNING)
         self._record(slot, pid=process.pid, event="actor-ready")
@@ -273,13 +283,20 @@ class SupervisionTree:
         target = self.slots.get(envelope.recipient)
         if target is None or target.channel is None or target.state is not ActorState.RUNNING:
             if envelope.kind is Kind.REQUEST:
-                await channel.reply_error(envelope, "no-such-actor", f"no running actor {envelope.recipient!r}")
+                await channel.reply_error(
+                    envelope, "no-such-actor", f"no running actor {envelope.recipient!r}"
+                )
             return
         if envelope.kind is Kind.REQUEST:
             self._forwarded[envelope.msg_id] = slot.id
         forwarded = Envelope(
-            envelope.kind, envelope.sender, envelope.recipient, envelope.body,
-            msg_id=envelope.msg_id, corr_id=envelope.corr_id, sent_at=envelope.sent_at,
+            envelope.kind,
+            envelope.sender,
+            envelope.recipient,
+            envelope.body,
+            msg_id=envelope.msg_id,
+            corr_id=envelope.corr_id,
+            sent_at=envelope.sent_at,
         )
         try:
             await target.channel.send(forwarded, timeout=5.0)
@@ -342,7 +359,9 @@ class SupervisionTree:
                         target.move(ActorState.RESTARTING)
                     target.restarts += 1
                     await self.start_actor(target)
-                    self._record(target, event="actor-restarted", trigger=slot.id, delay_ms=round(delay * 1000, 1))
+                    self._record(
+                        target, event="actor-restarted", trigger=slot.id, delay_ms=round(delay * 1000, 1)
+                    )
         self._changed()
 
     async def _escalate(self, group: GroupRuntime, trigger: ActorSlot, code: int) -> None:
@@ -424,14 +443,27 @@ class SupervisionTree:
     def snapshot(self) -> dict[str, Any]:
         return {
             "groups": [
-                {"id": g.spec.id, "strategy": g.spec.strategy.value, "status": g.status, "reason": g.reason,
-                 "actors": list(g.order)}
+                {
+                    "id": g.spec.id,
+                    "strategy": g.spec.strategy.value,
+                    "status": g.status,
+                    "reason": g.reason,
+                    "actors": list(g.order),
+                }
                 for g in self.groups.values()
             ],
             "actors": [
-                {"id": s.id, "group": s.spec.group, "template": s.spec.template, "status": s.state.value,
-                 "pid": s.process.pid if s.process else None, "restarts": s.restarts,
-                 "incarnation": s.incarnation, "last_exit": s.last_exit, "restart": s.spec.restart.value}
+                {
+                    "id": s.id,
+                    "group": s.spec.group,
+                    "template": s.spec.template,
+                    "status": s.state.value,
+                    "pid": s.process.pid if s.process else None,
+                    "restarts": s.restarts,
+                    "incarnation": s.incarnation,
+                    "last_exit": s.last_exit,
+                    "restart": s.spec.restart.value,
+                }
                 for s in self.slots.values()
             ],
         }
@@ -443,17 +475,32 @@ class SupervisionTree:
         self.changed.set()
         self.changed = trio.Event()
 
-    def _record(self, slot: ActorSlot, *, event: str, pid: int | None = None,
-                exit_code: int | None = None, **data: Any) -> None:
+    def _record(
+        self,
+        slot: ActorSlot,
+        *,
+        event: str,
+        pid: int | None = None,
+        exit_code: int | None = None,
+        **data: Any,
+    ) -> None:
         now = time.time()
         with self.ledger.tx() as db:
             db.execute(
                 "UPDATE actors SET status = ?, restarts = ?, incarnation = ?, pid = ?,"
                 " last_exit = COALESCE(?, last_exit), last_exit_at = CASE WHEN ? IS NULL"
                 " THEN last_exit_at ELSE ? END, updated_at = ? WHERE actor_id = ?",
-                (slot.state.value, slot.restarts, slot.incarnation,
-                 slot.process.pid if slot.process else None,
-                 exit_code, exit_code, now, now, slot.id),
+                (
+                    slot.state.value,
+                    slot.restarts,
+                    slot.incarnation,
+                    slot.process.pid if slot.process else None,
+                    exit_code,
+                    exit_code,
+                    now,
+                    now,
+                    slot.id,
+                ),
             )
             extra = {"incarnation": slot.incarnation, **data}
             if pid is not None:
@@ -472,7 +519,10 @@ async def _safe(awaitable: Awaitable[Any]) -> None:
 
 def _spec_json(spec: ActorSpec) -> dict[str, Any]:
     return {
-        "template": spec.template, "group": spec.group, "restart": spec.restart.value,
-        "shutdown_timeout_ms": spec.shutdown_timeout_ms, "backoff_base_ms": spec.backoff_base_ms,
+        "template": spec.template,
+        "group": spec.group,
+        "restart": spec.restart.value,
+        "shutdown_timeout_ms": spec.shutdown_timeout_ms,
+        "backoff_base_ms": spec.backoff_base_ms,
         "backoff_max_ms": spec.backoff_max_ms,
     }

@@ -27,9 +27,11 @@ def _corral_strays(before: set[int]) -> list[psutil.Process]:
             if proc.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             cmd = " ".join(proc.info["cmdline"] or [])
-            if proc.info["name"].startswith("corral:") or cmd.startswith("corral:"):
-                strays.append(proc)
-            elif proc.pid in _descendants():
+            if (
+                proc.info["name"].startswith("corral:")
+                or cmd.startswith("corral:")
+                or proc.pid in _descendants()
+            ):
                 strays.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

@@ -1,0 +1,183 @@
+"""The agent template: one lane, runs one run at a time, asks the ledger what's next.
+
+The agent holds no state a crash could lose. For every step it asks the supervisor
+(``run.next_step``, derived from committed rows), does that one thing, and reports
+it back; a side effect only starts after ``action.begin`` answered ``execute``,
+which the supervisor sends only once ``executing`` is on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from corral import failpoints
+from corral.actors.providers.base import (
+    ErrorKind,
+    PlanError,
+    Provider,
+    ProviderError,
+    ProviderRequest,
+    ProviderResponse,
+    ToolSchema,
+)
+from corral.actors.providers.registry import make_provider
+from corral.actors.runtime import ActorContext, is_shutdown
+from corral.actors.tools.base import Tool, ToolContext, ToolError, validate_input
+from corral.actors.tools.registry import all_tools
+from corral.mailbox.envelope import Kind
+from corral.mailbox.errors import RemoteError
+from corral.redact import summarize
+
+log = logging.getLogger("corral.agent")
+
+
+async def run(ctx: ActorContext) -> int:
+    wake = trio.Event()
+    woken = [wake]
+
+    async def listen() -> None:
+        async for envelope in ctx.channel.inbox:
+            if is_shutdown(envelope):
+                ctx.shutdown.set()
+                return
+            if envelope.kind is Kind.TELL and envelope.body.get("op") == "wake":
+                woken[0].set()
+            elif envelope.kind is Kind.REQUEST:
+                await ctx.channel.reply(envelope, {"agent": ctx.actor_id, "ok": True})
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(listen)
+        while not ctx.shutdown.is_set():
+            woken[0] = trio.Event()
+            claimed = (await ctx.call("run.claim"))["run"]
+            if claimed is None:
+                await woken[0].wait()
+                continue
+            await Lane(ctx, claimed).drive()
+        nursery.cancel_scope.cancel()
+    return 0
+
+
+class Lane:
+    """Drives one run until it ends or parks (which releases the lane)."""
+
+    def __init__(self, ctx: ActorContext, run: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.run = run
+        self.run_id: str = run["run_id"]
+        self.tools: dict[str, Tool] = all_tools()
+        allowed = run.get("allowed_tools")
+        if allowed is not None:
+            self.tools = {name: tool for name, tool in self.tools.items() if name in allowed}
+        self.schemas: tuple[ToolSchema, ...] = tuple(tool.schema for tool in self.tools.values())
+        self.provider: Provider | None = None
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        return await self.ctx.call(method, run_id=self.run_id, **params)
+
+    def get_provider(self) -> Provider:
+        if self.provider is None:
+            self.provider = make_provider(self.run["provider"], self.run["provider_config"])
+        return self.provider
+
+    async def drive(self) -> None:
+        while True:
+            step = await self.call("run.next_step")
+            do = step["do"]
+            if do in ("done", "park"):
+                return
+            try:
+                await getattr(self, "step_" + do)(step)
+            except RemoteError as exc:
+                # The supervisor refused a step (fail-closed replay, blocked final reply):
+                # the ledger now says what happens next; ask again unless the run is gone.
+                log.warning("%s: %s refused: %s", self.run_id, do, exc)
+                if exc.code in ("finalize-blocked",):
+                    return
+                if exc.code not in ("conflict", "refused"):
+                    raise
+
+    async def step_provider(self, step: dict[str, Any]) -> None:
+        loop = int(step["loop"])
+        try:
+            provider = self.get_provider()
+        except Exception as exc:
+            await self.call("run.fail", reason=f"provider cannot start: {exc}")
+            return
+        begun = await self.call("provider.begin", loop=loop)
+        request = ProviderRequest(
+            run_id=self.run_id, agent_id=self.ctx.actor_id, task=step["task"], loop_index=loop,
+            history=tuple(step["history"]), tools=self.schemas, slot=begun["slot"],
+        )
+        try:
+            response = await provider.complete(request)
+        except ProviderError as exc:
+            await self.call("provider.failed", slot=begun["slot"], kind=exc.kind.value, error=str(exc))
+            return
+        except Exception as exc:  # a provider bug is a failed lifecycle, never a hang
+            await self.call("provider.failed", slot=begun["slot"], kind=ErrorKind.FATAL.value,
+                            error=f"{type(exc).__name__}: {exc}")
+            return
+        await self.call("provider.handoff", slot=begun["slot"], text=response.text)
+        failpoints.hit("provider.after-handoff")
+
+    async def step_parse(self, step: dict[str, Any]) -> None:
+        provider = self.get_provider()
+        loop = int(step["loop"])
+        try:
+            plan = provider.parse(ProviderResponse(step["response"] or ""), self.schemas)
+        except PlanError as exc:
+            await self.call("plan.invalid", loop=loop, slot=step["slot"], category=exc.category.value,
+                            detail=exc.detail)
+            return
+        body = {"actions": [{"tool": call.tool, "input": call.input} for call in plan.actions],
+                "final": plan.final_reply}
+        await self.call("plan.commit", loop=loop, slot=step["slot"], plan=body)
+
+    async def step_prepare(self, step: dict[str, Any]) -> None:
+        await self.call("action.prepare", loop=step["loop"], index=step["index"], tool=step["tool"],
+                        input=step["input"])
+
+    async def step_execute(self, step: dict[str, Any]) -> None:
+        action_id = step["action_id"]
+        begun = await self.ctx.call("action.begin", action_id=action_id)
+        if begun["do"] != "execute":
+            return
+        failpoints.hit("agent.before-effect")
+        ok, output, summary, error = await self.execute(action_id, step["tool"], step["input"])
+        failpoints.hit("agent.after-effect")
+        await self.ctx.call("action.finish", action_id=action_id, ok=ok, output=output, summary=summary,
+                            error=error)
+
+    async def execute(self, action_id: str, tool_name: str, tool_input: dict[str, Any]
+                      ) -> tuple[bool, dict[str, Any], str, str | None]:
+        tool = self.tools.get(tool_name)
+        if tool is None:
+            return False, {}, f"{tool_name} is not available here", f"tool {tool_name!r} is not available"
+        context = ToolContext(
+            agent_id=self.ctx.actor_id, run_id=self.run_id, action_id=action_id,
+            workspace=Path(self.run.get("workspace") or "."), write_scopes=tuple(self.run.get("write_scopes", [])),
+            home=Path(self.run["home"]), call=self.ctx.call, is_child=self.run.get("kind") == "child",
+            effects_file=Path(self.run["effects_file"]) if self.run.get("effects_file") else None,
+        )
+        try:
+            validate_input(tool.schema, tool_input)
+            result = await tool.run(context, tool_input)
+        except ToolError as exc:
+            return False, {"error": str(exc), "code": exc.code}, f"refused: {summarize(str(exc), 120)}", str(exc)
+        except RemoteError as exc:
+            return False, {"error": exc.message, "code": exc.code}, f"refused: {summarize(exc.message, 120)}", \
+                exc.message
+        except OSError as exc:
+            return False, {"error": exc.strerror or str(exc)}, f"failed: {exc.strerror}", str(exc.strerror)
+        return result.ok, result.output, result.summary, None if result.ok else result.summary
+
+    async def step_finalize(self, step: dict[str, Any]) -> None:
+        if self.run.get("kind") != "root":
+            await self.call("run.child_result", reply=step["reply"])
+            return
+        await self.call("run.finalize", reply=step["reply"])

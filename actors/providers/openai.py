@@ -1,0 +1,470 @@
+"""A provider for any OpenAI-compatible Chat Completions endpoint.
+
+OpenAI, vLLM, Ollama, LM Studio and llama.cpp all speak ``POST
+{base_url}/chat/completions``. The provider makes exactly one physical HTTP request
+per ``complete`` call: a fresh client per call (so no pooled connection is reused
+behind our back), transport retries 0, no redirects followed. Retrying is the
+agent's job, as a new durable lifecycle.
+
+The API key comes from an environment variable or a file only readable by its
+owner; it is registered with ``corral.redact`` at load, travels only in the
+Authorization header and is never part of a response, its meta or an error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import ssl
+import stat
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import trio
+
+from corral.redact import redact_text, register_secret, summarize
+
+# Relative: mypy cannot map the corral.actors package onto the actors/ folder.
+from .base import (
+    MAX_ACTIONS_PER_PLAN,
+    ErrorKind,
+    Plan,
+    ProviderError,
+    ProviderRequest,
+    ProviderResponse,
+    RepairCategory,
+    ToolSchema,
+)
+from .plan_parse import parse_chat_completion, repair_message, tool_index, wire_tool_name
+
+DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024
+DEFAULT_TIMEOUT_S = 60.0
+#: One tool output must not crowd the model's context window (nor the request).
+MAX_OBSERVATION_CHARS = 8000
+# Shorter keys could not be redacted without mangling ordinary text.
+_MIN_KEY_CHARS = 6
+_MAX_KEY_FILE_BYTES = 4096
+
+MODE_NATIVE = "native"
+MODE_TEXT_JSON = "text-json"
+
+TEXT_JSON_INSTRUCTION = (
+    'Answer with ONLY a JSON object, no prose: {"actions":[{"tool": "<name>", "input": {...}}]} '
+    f'with 1 to {MAX_ACTIONS_PER_PLAN} actions, or {{"final": "<your reply>"}} when the task '
+    "is done."
+)
+
+
+class OpenAIConfigError(ProviderError):
+    """A configuration problem; no retry fixes it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorKind.FATAL, message)
+
+
+class OpenAIHTTPError(ProviderError):
+    """The server answered, but not with a usable response (status or size)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(ErrorKind.HTTP, message)
+        self.status = status
+
+
+# --- configuration ----------------------------------------------------------------
+
+
+def _normalize_base_url(value: str) -> str:
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise OpenAIConfigError(f"base_url must be an http(s) URL with a host, got {value!r}")
+    if parts.username or parts.password:
+        # Credentials in a URL end up in logs and argv; the key has its own channel.
+        raise OpenAIConfigError("base_url must not contain credentials; use api_key_env")
+    if parts.query or parts.fragment:
+        raise OpenAIConfigError("base_url must not have a query or fragment")
+    return value.strip().rstrip("/")
+
+
+def _require_number(name: str, value: Any, *, low: float, high: float, low_ok: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise OpenAIConfigError(f"{name} must be a number, got {value!r}")
+    if value > high or value < low or (value == low and not low_ok):
+        bounds = f"{'[' if low_ok else '('}{low:g}, {high:g}]"
+        raise OpenAIConfigError(f"{name} must be in {bounds}, got {value!r}")
+    return float(value)
+
+
+def _require_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise OpenAIConfigError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _require_str(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise OpenAIConfigError(f"{name} must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+@dataclass(frozen=True)
+class OpenAIConfig:
+    base_url: str
+    model: str
+    api_key_env: str = "OPENAI_API_KEY"
+    #: A file holding only the key, mode 0600 (or stricter). Wins over api_key_env.
+    api_key_file: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    #: False for servers without function calling: ask for a JSON plan in the text.
+    native_tools: bool = True
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        # Validating here, not only in from_mapping, keeps direct construction honest.
+        set_ = object.__setattr__
+        set_(self, "base_url", _normalize_base_url(_require_str("base_url", self.base_url)))
+        set_(self, "model", _require_str("model", self.model))
+        set_(self, "api_key_env", _require_str("api_key_env", self.api_key_env))
+        if self.api_key_file is not None:
+            set_(self, "api_key_file", _require_str("api_key_file", self.api_key_file))
+        timeout_s = _require_number("timeout_s", self.timeout_s, low=0, high=3600, low_ok=False)
+        set_(self, "timeout_s", timeout_s)
+        _require_int("max_response_bytes", self.max_response_bytes)
+        if not isinstance(self.native_tools, bool):
+            raise OpenAIConfigError(
+                f"native_tools must be true or false, got {self.native_tools!r}"
+            )
+        if self.temperature is not None:
+            temperature = _require_number(
+                "temperature", self.temperature, low=0, high=2, low_ok=True
+            )
+            set_(self, "temperature", temperature)
+        if self.max_tokens is not None:
+            _require_int("max_tokens", self.max_tokens)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> OpenAIConfig:
+        """Build a config from parsed TOML/JSON/CLI values, refusing unknown keys so
+        a typo (``timeout`` for ``timeout_s``) is an error, not a silent default."""
+        if not isinstance(data, Mapping):
+            raise OpenAIConfigError("provider config must be a table of settings")
+        if "api_key" in data:
+            raise OpenAIConfigError(
+                "api_key must not be in the config (it would be persisted); "
+                "set api_key_env to an environment variable or api_key_file to a 0600 file"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise OpenAIConfigError(
+                f"unknown openai provider setting(s): {', '.join(map(str, unknown))}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        for required in ("base_url", "model"):
+            if required not in data:
+                raise OpenAIConfigError(f"openai provider needs {required!r}")
+        return cls(**dict(data))
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.base_url}/chat/completions"
+
+
+# --- the API key ------------------------------------------------------------------
+
+
+def _read_key_file(path: Path) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise OpenAIConfigError(f"api_key_file {path} does not exist") from None
+    except OSError as exc:
+        raise OpenAIConfigError(f"api_key_file {path} cannot be opened: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        # fstat of the open file: no window for a swap between the check and the read.
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OpenAIConfigError(f"api_key_file {path} is not a regular file")
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077:
+            raise OpenAIConfigError(
+                f"api_key_file {path} has mode {mode:04o}; it must not be accessible to "
+                f"group or others (run: chmod 600 {path})"
+            )
+        raw = handle.read(_MAX_KEY_FILE_BYTES + 1)
+    if len(raw) > _MAX_KEY_FILE_BYTES:
+        raise OpenAIConfigError(f"api_key_file {path} is too large to hold just a key")
+    try:
+        return raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise OpenAIConfigError(f"api_key_file {path} is not UTF-8 text") from None
+
+
+def _check_key(key: str, source: str) -> None:
+    # Messages name the source, never the value.
+    if len(key) < _MIN_KEY_CHARS:
+        raise OpenAIConfigError(
+            f"API key from {source} is shorter than {_MIN_KEY_CHARS} characters and could not "
+            "be redacted reliably; for a server that needs no key, leave it unset"
+        )
+    if any(not ch.isprintable() or ch.isspace() for ch in key):
+        raise OpenAIConfigError(f"API key from {source} contains whitespace or control characters")
+
+
+def load_api_key(config: OpenAIConfig) -> str | None:
+    """The key, registered as a secret; None when no key is configured (local
+    servers usually need none). A configured but unusable file is an error."""
+    if config.api_key_file is not None:
+        path = Path(config.api_key_file).expanduser()
+        key, source = _read_key_file(path), f"api_key_file {path}"
+        if not key:
+            raise OpenAIConfigError(f"api_key_file {path} is empty")
+    else:
+        key, source = os.environ.get(config.api_key_env, "").strip(), f"${config.api_key_env}"
+        if not key:
+            return None
+    _check_key(key, source)
+    register_secret(key)
+    return key
+
+
+# --- the request ------------------------------------------------------------------
+
+
+def tool_spec(tool: ToolSchema) -> dict[str, Any]:
+    description = tool.description + (" (read-only)" if tool.read_only else "")
+    return {
+        "type": "function",
+        "function": {
+            "name": wire_tool_name(tool.name),
+            "description": description,
+            "parameters": tool.input_schema,
+        },
+    }
+
+
+def _tool_catalogue(tools: tuple[ToolSchema, ...]) -> str:
+    lines = []
+    for tool in tools:
+        schema = json.dumps(tool.input_schema, separators=(",", ":"), sort_keys=True)
+        lines.append(f"- {tool.name}: {tool.description}\n  input schema: {schema}")
+    return "\n".join(lines)
+
+
+def system_prompt(request: ProviderRequest, *, native_tools: bool) -> str:
+    intro = (
+        f"You are corral agent {request.agent_id}, one worker in a supervised swarm, "
+        "working on the user's task. Tool results come back as messages starting "
+        "with 'Observation'."
+    )
+    if native_tools:
+        if not request.tools:
+            return f"{intro} No tools are available: reply with your final answer."
+        return (
+            f"{intro} Call at most {MAX_ACTIONS_PER_PLAN} tools per turn. When the task is "
+            "done, reply with your final answer as plain text and call no tool."
+        )
+    if not request.tools:
+        return f'{intro} No tools are available. Answer with ONLY {{"final": "<your reply>"}}.'
+    return f"{intro}\nTools:\n{_tool_catalogue(request.tools)}\n{TEXT_JSON_INSTRUCTION}"
+
+
+def _bounded(text: str, limit: int) -> str:
+    text = redact_text(text)
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[… {len(text) - limit} more characters cut]"
+
+
+def _observation_message(entry: Mapping[str, Any]) -> dict[str, str]:
+    output = entry.get("output")
+    text = output if isinstance(output, str) else json.dumps(output, default=str)
+    head = (
+        f"Observation for action {entry.get('action_id', '?')} "
+        f"(tool {entry.get('tool', '?')}, status {entry.get('status', '?')}):"
+    )
+    return {"role": "user", "content": f"{head}\n{_bounded(text, MAX_OBSERVATION_CHARS)}"}
+
+
+def _repair_entry_message(entry: Mapping[str, Any]) -> dict[str, str]:
+    detail = str(entry.get("detail", ""))
+    try:
+        category = RepairCategory(str(entry.get("category")))
+    except ValueError:
+        return {"role": "user", "content": _bounded(f"Fix your previous output: {detail}", 500)}
+    return repair_message(category, detail)
+
+
+def history_messages(history: tuple[dict[str, Any], ...]) -> list[dict[str, str]]:
+    # Observations go in as user messages rather than role "tool": strict servers
+    # reject tool messages without the assistant tool_calls message (and its ids)
+    # before them, which the history does not keep.
+    return [
+        _repair_entry_message(entry)
+        if entry.get("role") == "repair"
+        else _observation_message(entry)
+        for entry in history
+    ]
+
+
+def build_chat_payload(config: OpenAIConfig, request: ProviderRequest) -> dict[str, Any]:
+    """The Chat Completions request body for one provider call."""
+    try:
+        tool_index(request.tools)
+    except ValueError as exc:
+        raise OpenAIConfigError(f"tools cannot be offered to the model: {exc}") from None
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": system_prompt(request, native_tools=config.native_tools)},
+        {"role": "user", "content": f"Task: {request.task}"},
+        *history_messages(request.history),
+    ]
+    payload: dict[str, Any] = {"model": config.model, "messages": messages, "stream": False}
+    if config.temperature is not None:
+        payload["temperature"] = config.temperature
+    if config.max_tokens is not None:
+        payload["max_tokens"] = config.max_tokens
+    if config.native_tools and request.tools:
+        payload["tools"] = [tool_spec(tool) for tool in request.tools]
+        payload["tool_choice"] = "auto"
+    return payload
+
+
+# --- the exchange -----------------------------------------------------------------
+
+
+def _transient(what: str, exc: BaseException) -> ProviderError:
+    detail = redact_text(str(exc)) or "no detail"
+    return ProviderError(ErrorKind.TRANSIENT, f"{what}: {type(exc).__name__}: {detail}")
+
+
+async def _read_bounded(response: httpx.Response, limit: int, endpoint: str) -> bytes:
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(response.status_code, endpoint, limit, f"declares {declared} bytes")
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        # A compressed body could expand far past the limit within a single chunk.
+        raise OpenAIHTTPError(
+            response.status_code, f"response from {endpoint} uses content-encoding {encoding!r}"
+        )
+    body = bytearray()
+    async for chunk in response.aiter_raw():
+        if len(body) + len(chunk) > limit:
+            raise _too_large(response.status_code, endpoint, limit, "body kept coming")
+        body += chunk
+    return bytes(body)
+
+
+def _too_large(status: int, endpoint: str, limit: int, why: str) -> OpenAIHTTPError:
+    return OpenAIHTTPError(
+        status,
+        f"response from {endpoint} exceeds max_response_bytes={limit} ({why}); not read further",
+    )
+
+
+class OpenAIProvider:
+    """The ``openai`` provider; see the module docstring for the guarantees."""
+
+    name: str = "openai"
+
+    def __init__(self, config: OpenAIConfig) -> None:
+        self.config = config
+        self._api_key = load_api_key(config)
+        self._seq = itertools.count(1)
+        self._ssl_context: ssl.SSLContext | None = None
+
+    def __repr__(self) -> str:
+        return f"OpenAIProvider(base_url={self.config.base_url!r}, model={self.config.model!r})"
+
+    @property
+    def mode(self) -> str:
+        return MODE_NATIVE if self.config.native_tools else MODE_TEXT_JSON
+
+    def _headers(self) -> dict[str, str]:
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "Accept-Encoding": "identity",
+            "User-Agent": "corral-openai-provider",
+        }
+        if self._api_key is not None:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._ssl_context is None:
+            # Loading the CA bundle is the slow part of a client; a context is not
+            # tied to an event loop, so one serves every call.
+            self._ssl_context = httpx.create_ssl_context(trust_env=False)
+        transport = httpx.AsyncHTTPTransport(
+            verify=self._ssl_context,
+            retries=0,
+            limits=httpx.Limits(max_keepalive_connections=0),
+            trust_env=False,
+        )
+        # trust_env off: proxy variables or ~/.netrc must not reroute the request or
+        # add credentials the config does not show.
+        return httpx.AsyncClient(
+            transport=transport,
+            timeout=httpx.Timeout(self.config.timeout_s),
+            follow_redirects=False,
+            trust_env=False,
+        )
+
+    async def _exchange(self, body: bytes) -> tuple[int, bytes]:
+        endpoint = self.config.endpoint
+        async with (
+            self._client() as client,
+            client.stream("POST", endpoint, content=body, headers=self._headers()) as response,
+        ):
+            data = await _read_bounded(response, self.config.max_response_bytes, endpoint)
+            return response.status_code, data
+
+    async def complete(self, request: ProviderRequest) -> ProviderResponse:
+        seq = next(self._seq)
+        body = json.dumps(build_chat_payload(self.config, request), ensure_ascii=False).encode()
+        started = time.monotonic()
+        timeout = self.config.timeout_s
+        endpoint = self.config.endpoint
+        try:
+            # httpx timeouts bound each read; this bounds the whole exchange, so a
+            # server trickling bytes cannot hold the run forever.
+            with trio.fail_after(timeout):
+                status, data = await self._exchange(body)
+        except trio.TooSlowError:
+            raise ProviderError(
+                ErrorKind.TRANSIENT, f"no complete response from {endpoint} within {timeout:g}s"
+            ) from None
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise OpenAIConfigError(f"cannot reach {endpoint}: {redact_text(str(exc))}") from None
+        except httpx.TimeoutException as exc:
+            raise _transient(f"timed out talking to {endpoint}", exc) from None
+        except httpx.TransportError as exc:
+            raise _transient(f"transport error talking to {endpoint}", exc) from None
+        text = redact_text(data.decode("utf-8", errors="replace"))
+        if not 200 <= status < 300:
+            raise OpenAIHTTPError(status, f"HTTP {status} from {endpoint}: {summarize(text)}")
+        meta = {
+            "status": status,
+            "elapsed_ms": round((time.monotonic() - started) * 1000),
+            "seq": seq,
+            "bytes": len(data),
+            "model": self.config.model,
+            "mode": self.mode,
+            "slot": request.slot,
+        }
+        return ProviderResponse(text=text, meta=meta)
+
+    def parse(self, response: ProviderResponse, tools: tuple[ToolSchema, ...]) -> Plan:
+        # The mode recorded with the response wins: after a restart with a changed
+        # config, a committed response must still be read the way it was asked for.
+        mode = response.meta.get("mode", self.mode)
+        return parse_chat_completion(response.text, tools, text_json=mode == MODE_TEXT_JSON)

@@ -1,0 +1,123 @@
+"""The scripted provider: a deterministic list of plans, one per loop step.
+
+Used by the demo, the tests, chaos and the benchmarks. A script is TOML or JSON::
+
+    [[steps]]
+    actions = [{ tool = "fs.write", input = { path = "a.md", content = "hi" } }]
+    [[steps]]
+    final = "done"
+
+A step may instead carry ``raw = "..."``: text returned verbatim, to test corrupt
+or truncated provider output. Steps can also be chosen by what the run has seen:
+``when_observed = "needs-repair"`` picks a step only if some observation contains
+that text (used by the demo to issue exactly one repair).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from corral.actors.providers.base import (
+    Plan,
+    PlanError,
+    ProviderRequest,
+    ProviderResponse,
+    RepairCategory,
+    ToolCall,
+    ToolSchema,
+)
+
+
+class ScriptError(ValueError):
+    pass
+
+
+def load_script(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScriptError(f"cannot read script {path}: {exc.strerror}") from None
+    return parse_script_text(text, path.suffix)
+
+
+def parse_script_text(text: str, suffix: str = ".toml") -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(text) if suffix == ".json" else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise ScriptError(f"script is not valid {suffix.lstrip('.') or 'toml'}: {exc}") from None
+    steps = data.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise ScriptError("script needs a non-empty [[steps]] list")
+    return data
+
+
+class ScriptedProvider:
+    name = "scripted"
+    #: Re-issuing a request has no effect anywhere, so an interrupted one may be retried.
+    idempotent_requests = True
+
+    def __init__(self, script: dict[str, Any]) -> None:
+        self.steps: list[dict[str, Any]] = list(script["steps"])
+
+    def _step_for(self, request: ProviderRequest) -> dict[str, Any] | None:
+        # Conditional steps are consumed by position like any other; a step whose
+        # condition does not hold is skipped, which keeps the script deterministic
+        # given the same observations.
+        seen = json.dumps(list(request.history))
+        index = 0
+        loop = 0
+        while index < len(self.steps):
+            step = self.steps[index]
+            condition = step.get("when_observed")
+            unless = step.get("unless_observed")
+            applies = (condition is None or condition in seen) and (unless is None or unless not in seen)
+            if applies:
+                if loop == request.loop_index:
+                    return step
+                loop += 1
+            index += 1
+        return None
+
+    async def complete(self, request: ProviderRequest) -> ProviderResponse:
+        step = self._step_for(request)
+        if step is None:
+            return ProviderResponse(json.dumps({"final": None, "exhausted": True}), {"scripted": True})
+        if "raw" in step:
+            return ProviderResponse(str(step["raw"]), {"scripted": True})
+        body = {k: v for k, v in step.items() if k in ("actions", "final")}
+        return ProviderResponse(json.dumps(body), {"scripted": True})
+
+    def parse(self, response: ProviderResponse, tools: tuple[ToolSchema, ...]) -> Plan:
+        return parse_plan_json(response.text, tools)
+
+
+def parse_plan_json(text: str, tools: tuple[ToolSchema, ...]) -> Plan:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise PlanError(RepairCategory.BAD_JSON, f"plan is not JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(data, dict):
+        raise PlanError(RepairCategory.BAD_JSON, "plan is not a JSON object")
+    if data.get("exhausted"):
+        raise PlanError(RepairCategory.EMPTY_PLAN, "the script has no step for this loop")
+    known = {tool.name for tool in tools}
+    final = data.get("final")
+    actions = data.get("actions") or []
+    if final is not None and not isinstance(final, str):
+        raise PlanError(RepairCategory.SCHEMA_MISMATCH, "final must be a string")
+    if not isinstance(actions, list):
+        raise PlanError(RepairCategory.SCHEMA_MISMATCH, "actions must be a list")
+    calls = []
+    for index, action in enumerate(actions):
+        if not isinstance(action, dict) or not isinstance(action.get("tool"), str):
+            raise PlanError(RepairCategory.SCHEMA_MISMATCH, f"action {index} needs a tool name")
+        if action["tool"] not in known:
+            raise PlanError(RepairCategory.UNKNOWN_TOOL, f"unknown tool {action['tool'][:60]!r}")
+        tool_input = action.get("input", {})
+        if not isinstance(tool_input, dict):
+            raise PlanError(RepairCategory.SCHEMA_MISMATCH, f"action {index}: input must be an object")
+        calls.append(ToolCall(action["tool"], tool_input))
+    return Plan(tuple(calls), final)

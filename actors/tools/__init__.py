@@ -1,0 +1,1 @@
+"""Tools an agent's actions run: fs.*, effect.record, agent.*, process.*."""

@@ -1,0 +1,78 @@
+"""The tool interface: a schema, a read-only flag, and an async run."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from corral.actors.providers.base import ToolSchema
+
+
+class ToolError(Exception):
+    """A refused or failed tool call; the message is shown to the model and people."""
+
+    def __init__(self, message: str, code: str = "tool-error") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class ToolContext:
+    agent_id: str
+    run_id: str
+    action_id: str
+    workspace: Path
+    write_scopes: tuple[str, ...]
+    home: Path
+    #: Asks the supervisor (tools like agent.spawn_isolated are ledger operations).
+    call: Callable[..., Awaitable[dict[str, Any]]]
+    is_child: bool = False
+    effects_file: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    ok: bool
+    #: What the model sees next (may hold file contents: it goes to the run context).
+    output: dict[str, Any]
+    #: One line for the receipt: no file contents, no secrets.
+    summary: str
+
+
+class Tool(Protocol):
+    schema: ToolSchema
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult: ...
+
+
+def schema(name: str, description: str, properties: dict[str, Any], required: list[str], *,
+           read_only: bool) -> ToolSchema:
+    return ToolSchema(
+        name=name,
+        description=description,
+        input_schema={"type": "object", "properties": properties, "required": required,
+                      "additionalProperties": False},
+        read_only=read_only,
+    )
+
+
+def validate_input(tool_schema: ToolSchema, tool_input: dict[str, Any]) -> None:
+    """A small structural check so a bad input fails before anything runs."""
+    spec = tool_schema.input_schema
+    props: dict[str, Any] = spec.get("properties", {})
+    for key in spec.get("required", []):
+        if key not in tool_input:
+            raise ToolError(f"{tool_schema.name}: missing required input {key!r}", "bad-input")
+    for key, value in tool_input.items():
+        if key not in props:
+            raise ToolError(f"{tool_schema.name}: unknown input {key!r}", "bad-input")
+        expected = props[key].get("type")
+        types = {"string": str, "integer": int, "boolean": bool, "object": dict, "array": list,
+                 "number": (int, float)}
+        if expected in types:
+            py_type = types[expected]
+            if not isinstance(value, py_type) or (expected in ("integer", "number") and isinstance(value, bool)):
+                raise ToolError(f"{tool_schema.name}: input {key!r} must be {expected}", "bad-input")

@@ -1,0 +1,42 @@
+"""effect.record: a test tool whose only side effect is one appended line.
+
+The line lands in a file outside the ledger, so tests and chaos count real
+executions independently of what the ledger claims.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
+
+
+class EffectRecord:
+    schema = schema("effect.record", "Record one externally visible side effect (for tests and chaos).",
+                    {"label": {"type": "string"}}, ["label"], read_only=False)
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        path = ctx.effects_file or ctx.home / "effects.log"
+        line = json.dumps({"action_id": ctx.action_id, "run_id": ctx.run_id, "agent": ctx.agent_id,
+                           "label": tool_input["label"][:200], "at": time.time(), "pid": os.getpid()})
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise ToolError(f"cannot open the effects file: {exc.strerror}") from None
+        try:
+            os.write(fd, (line + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return ToolResult(True, {"recorded": tool_input["label"][:200]}, f"recorded {tool_input['label'][:60]}")
+
+
+def read_effects(path: os.PathLike[str] | str) -> list[dict[str, Any]]:
+    try:
+        with open(path) as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+    except FileNotFoundError:
+        return []

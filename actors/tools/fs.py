@@ -1,0 +1,109 @@
+"""fs.read, fs.write, fs.patch, fs.list: confined to the workspace and write scopes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
+from corral.actors.tools.paths import check_write_scope, resolve_in_workspace
+
+MAX_READ = 64 * 1024
+MAX_WRITE = 512 * 1024
+MAX_LIST = 500
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class FsRead:
+    schema = schema("fs.read", "Read a text file of the workspace; returns content and sha256.",
+                    {"path": {"type": "string"}}, ["path"], read_only=True)
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        target = resolve_in_workspace(ctx.workspace, tool_input["path"])
+        if not target.is_file():
+            raise ToolError(f"no file {tool_input['path']!r}", "not-found")
+        data = target.read_bytes()
+        text = data[:MAX_READ].decode(errors="replace")
+        return ToolResult(True, {"path": tool_input["path"], "content": text, "sha256": _sha(data),
+                                 "truncated": len(data) > MAX_READ},
+                          f"read {tool_input['path']} ({len(data)} bytes)")
+
+
+class FsList:
+    schema = schema("fs.list", "List a directory of the workspace.", {"path": {"type": "string"}}, [],
+                    read_only=True)
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        raw = tool_input.get("path", ".")
+        target = ctx.workspace.resolve() if raw in (".", "") else resolve_in_workspace(ctx.workspace, raw)
+        if not target.is_dir():
+            raise ToolError(f"no directory {raw!r}", "not-found")
+        entries = []
+        for entry in sorted(target.iterdir())[:MAX_LIST]:
+            if entry.name == ".corral":
+                continue
+            entries.append(entry.name + ("/" if entry.is_dir() else ""))
+        return ToolResult(True, {"path": raw, "entries": entries}, f"listed {raw} ({len(entries)} entries)")
+
+
+def _write_confined(ctx: ToolContext, raw: str, data: bytes) -> None:
+    target = resolve_in_workspace(ctx.workspace, raw)
+    check_write_scope(ctx.workspace, target, ctx.write_scopes, raw)
+    if target.is_dir():
+        raise ToolError(f"{raw!r} is a directory", "bad-input")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # O_NOFOLLOW: a symlink swapped in after the check cannot redirect the write.
+    tmp = target.with_name(f".{target.name}.corral-tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, target)
+
+
+class FsWrite:
+    schema = schema("fs.write", "Create or replace a text file inside the write scopes.",
+                    {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"],
+                    read_only=False)
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        data = tool_input["content"].encode()
+        if len(data) > MAX_WRITE:
+            raise ToolError(f"content is {len(data)} bytes; the limit is {MAX_WRITE}", "bad-input")
+        _write_confined(ctx, tool_input["path"], data)
+        return ToolResult(True, {"path": tool_input["path"], "sha256": _sha(data), "bytes": len(data)},
+                          f"wrote {tool_input['path']} ({len(data)} bytes, sha256 {_sha(data)[:12]})")
+
+
+class FsPatch:
+    schema = schema(
+        "fs.patch",
+        "Replace one exact occurrence of old_text; expected_sha256 must match the file as last read.",
+        {"path": {"type": "string"}, "old_text": {"type": "string"}, "new_text": {"type": "string"},
+         "expected_sha256": {"type": "string"}},
+        ["path", "old_text", "new_text", "expected_sha256"],
+        read_only=False,
+    )
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        raw = tool_input["path"]
+        target = resolve_in_workspace(ctx.workspace, raw)
+        check_write_scope(ctx.workspace, target, ctx.write_scopes, raw)
+        if not target.is_file():
+            raise ToolError(f"no file {raw!r}", "not-found")
+        data = target.read_bytes()
+        if _sha(data) != tool_input["expected_sha256"]:
+            raise ToolError(f"{raw!r} changed since it was read (sha256 mismatch)", "stale")
+        text = data.decode()
+        count = text.count(tool_input["old_text"])
+        if count != 1:
+            raise ToolError(f"old_text occurs {count} times in {raw!r}; it must occur exactly once", "bad-input")
+        new = text.replace(tool_input["old_text"], tool_input["new_text"]).encode()
+        _write_confined(ctx, raw, new)
+        return ToolResult(True, {"path": raw, "sha256": _sha(new)},
+                          f"patched {raw} (sha256 {_sha(new)[:12]})")

@@ -1,0 +1,35 @@
+"""Which tools exist, and which an actor of a given kind may use."""
+
+from __future__ import annotations
+
+from corral.actors.providers.base import ToolSchema
+from corral.actors.tools.base import Tool
+from corral.actors.tools.effect import EffectRecord
+from corral.actors.tools.fs import FsList, FsPatch, FsRead, FsWrite
+
+_BUILTIN: list[Tool] = [FsRead(), FsWrite(), FsPatch(), FsList(), EffectRecord()]
+
+
+def all_tools() -> dict[str, Tool]:
+    tools = {tool.schema.name: tool for tool in _BUILTIN}
+    try:
+        from corral.actors.tools import swarm
+
+        tools.update({tool.schema.name: tool for tool in swarm.TOOLS})
+    except ImportError:
+        pass
+    try:
+        from corral.actors.tools import process
+
+        tools.update({tool.schema.name: tool for tool in process.TOOLS})
+    except ImportError:
+        pass
+    return tools
+
+
+def schemas(tools: dict[str, Tool]) -> tuple[ToolSchema, ...]:
+    return tuple(tool.schema for tool in tools.values())
+
+
+def read_only_tools() -> frozenset[str]:
+    return frozenset(name for name, tool in all_tools().items() if tool.schema.read_only)

@@ -1,0 +1,604 @@
+"""Measurement helpers, the workload registry and the figure/curve records.
+
+A *workload* measures something and returns named metrics::
+
+    from bench.harness import Context, Metrics, Stats, workload
+
+    @workload("pynng_reqrep", group="limits", budget_s=60, quick_budget_s=20)
+    def pynng_reqrep(ctx: Context) -> Metrics:
+        samples = [...]                       # one float per round trip, in µs
+        return {"rtt_64B": Stats.of(samples, "µs")}
+
+A workload may raise ``NotRun(reason)`` (the peer is missing, the API is not built
+yet, ...), skip single metrics with ``ctx.skip(metric, reason)``, and add notes with
+``ctx.note(text)``. It must stop by ``ctx.deadline`` (``ctx.remaining()`` seconds) and
+reap every process it starts; the runner checks with psutil afterwards and kills and
+reports whatever is left.
+
+A *figure* (see ``bench.figures``) is one row of the results: corral's value and each
+baseline's value, all looked up by ``Ref("workload.metric:stat")`` among the metrics of
+the same run, with the ratio to a chosen reference baseline and a target.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+GROUPS: tuple[str, ...] = ("limits", "corral", "peers")
+"""Workload groups, in the order they run (the heavy peers last)."""
+
+# --------------------------------------------------------------------------------------
+# statistics
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of ``samples`` (need not be sorted).
+
+    With fewer than 100 samples p99 is the maximum: the table shows ``n`` so that a
+    p99 over 5 repetitions is read for what it is.
+    """
+    if not samples:
+        raise ValueError("percentile of no samples")
+    ordered = sorted(samples)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A summary of repeated measurements of one quantity, in ``unit``."""
+
+    unit: str
+    n: int
+    median: float
+    p99: float
+    min: float
+    max: float
+    mean: float
+
+    @classmethod
+    def of(cls, samples: Iterable[float], unit: str) -> Stats:
+        values = [float(s) for s in samples]
+        if not values:
+            raise ValueError("Stats.of() needs at least one sample")
+        return cls(
+            unit=unit,
+            n=len(values),
+            median=statistics.median(values),
+            p99=percentile(values, 99),
+            min=min(values),
+            max=max(values),
+            mean=statistics.fmean(values),
+        )
+
+    @classmethod
+    def single(cls, value: float, unit: str) -> Stats:
+        return cls.of([value], unit)
+
+    def get(self, stat: str) -> float:
+        if stat in ("median", "p50"):
+            return self.median
+        if stat in ("p99", "min", "max", "mean"):
+            return float(getattr(self, stat))
+        raise KeyError(f"unknown statistic {stat!r} (median|p50|p99|min|max|mean)")
+
+    def scaled(self, factor: float, unit: str) -> Stats:
+        return Stats(
+            unit=unit,
+            n=self.n,
+            median=self.median * factor,
+            p99=self.p99 * factor,
+            min=self.min * factor,
+            max=self.max * factor,
+            mean=self.mean * factor,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "unit": self.unit,
+            "n": self.n,
+            "median": self.median,
+            "p99": self.p99,
+            "min": self.min,
+            "max": self.max,
+            "mean": self.mean,
+        }
+
+
+Value = Stats | float | int | bool
+"""What a workload reports for one metric: a Stats, or a plain number (one sample)."""
+
+Metrics = dict[str, Value]
+"""What a workload returns: metric name -> value."""
+
+_TIME_UNITS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+_SIZE_UNITS = {"B": 1.0, "KiB": 1024.0, "MiB": 1024.0**2, "GiB": 1024.0**3}
+
+
+def convert(value: float, from_unit: str, to_unit: str) -> float:
+    """Convert between time units or between size units; same unit is identity."""
+    if from_unit == to_unit:
+        return value
+    for table in (_TIME_UNITS, _SIZE_UNITS):
+        if from_unit in table and to_unit in table:
+            return value * table[from_unit] / table[to_unit]
+    raise ValueError(f"cannot convert {from_unit!r} to {to_unit!r}")
+
+
+# --------------------------------------------------------------------------------------
+# measuring
+
+
+class NotRun(Exception):
+    """Raised by a workload that cannot run here; the reason goes into the table."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class WorkloadTimeout(Exception):
+    """Raised when a workload passes its deadline (by ``Context.check`` or the alarm)."""
+
+
+@dataclass
+class Context:
+    """What a workload gets: the mode, a private short temp dir, and its deadline."""
+
+    name: str
+    quick: bool
+    tmp: Path
+    deadline: float
+    notes: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def reps(self, quick: int, full: int) -> int:
+        """The repetition count for this mode."""
+        return quick if self.quick else full
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline (never negative)."""
+        return max(0.0, self.deadline - time.monotonic())
+
+    def check(self, what: str = "") -> None:
+        """Raise WorkloadTimeout if the deadline has passed."""
+        if time.monotonic() > self.deadline:
+            raise WorkloadTimeout(f"deadline passed{': ' + what if what else ''}")
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def skip(self, metric: str, reason: str) -> None:
+        """Report one metric as not run (it shows as 'not run: reason')."""
+        self.skipped[metric] = reason
+
+
+def time_calls(
+    fn: Callable[[], object],
+    n: int,
+    *,
+    warmup: int = 0,
+    unit: str = "µs",
+    deadline: float | None = None,
+    min_samples: int = 1,
+) -> Stats:
+    """Time ``n`` calls of ``fn`` one by one (perf_counter_ns), after ``warmup`` calls.
+
+    Stops early (with at least ``min_samples``) when the monotonic ``deadline`` passes.
+    """
+    for _ in range(warmup):
+        fn()
+    factor = 1e-9 / _TIME_UNITS[unit]
+    samples: list[float] = []
+    clock = time.perf_counter_ns
+    for i in range(n):
+        t0 = clock()
+        fn()
+        samples.append((clock() - t0) * factor)
+        if deadline is not None and i + 1 >= min_samples and (i & 63) == 0 and (
+            time.monotonic() > deadline
+        ):
+            break
+    return Stats.of(samples, unit)
+
+
+def repeat(
+    fn: Callable[[], float],
+    repeats: int,
+    *,
+    unit: str,
+    warmup: int = 0,
+    deadline: float | None = None,
+) -> Stats:
+    """Call ``fn`` (which returns one sample, in ``unit``) ``repeats`` times.
+
+    Stops early, keeping at least one sample, when the monotonic ``deadline`` passes.
+    """
+    for _ in range(warmup):
+        fn()
+    samples: list[float] = []
+    for _ in range(repeats):
+        samples.append(float(fn()))
+        if deadline is not None and time.monotonic() > deadline:
+            break
+    return Stats.of(samples, unit)
+
+
+# --------------------------------------------------------------------------------------
+# the workload registry
+
+WorkloadFn = Callable[[Context], Metrics]
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    group: str
+    fn: WorkloadFn
+    budget_s: float
+    quick_budget_s: float
+    doc: str
+    order: int = 50
+
+    def budget(self, quick: bool) -> float:
+        return self.quick_budget_s if quick else self.budget_s
+
+
+WORKLOADS: dict[str, Workload] = {}
+
+
+def workload(
+    name: str,
+    group: str,
+    *,
+    budget_s: float = 120.0,
+    quick_budget_s: float | None = None,
+    order: int = 50,
+) -> Callable[[WorkloadFn], WorkloadFn]:
+    """Register ``fn(ctx: Context) -> Metrics`` as workload ``name`` in ``group``.
+
+    ``budget_s`` (and ``quick_budget_s`` under --quick) bound its wall time: the
+    workload should watch ``ctx.deadline``; past it (plus a grace) the runner raises
+    WorkloadTimeout in it and reports it as timed out. Groups run in GROUPS order,
+    and within a group by ``order`` then name.
+    """
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {GROUPS}, not {group!r}")
+
+    def register(fn: WorkloadFn) -> WorkloadFn:
+        if name in WORKLOADS and WORKLOADS[name].fn is not fn:
+            raise ValueError(f"workload {name!r} registered twice")
+        doc = (fn.__doc__ or "").strip().splitlines()
+        WORKLOADS[name] = Workload(
+            name=name,
+            group=group,
+            fn=fn,
+            budget_s=budget_s,
+            quick_budget_s=quick_budget_s if quick_budget_s is not None else budget_s,
+            doc=doc[0] if doc else "",
+            order=order,
+        )
+        return fn
+
+    return register
+
+
+# --------------------------------------------------------------------------------------
+# results of one run
+
+Status = Literal["ok", "not run", "failed", "timed out", "not selected"]
+
+
+@dataclass
+class WorkloadResult:
+    name: str
+    group: str
+    status: Status
+    reason: str | None = None
+    metrics: Metrics = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    leftovers: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "group": self.group,
+            "status": self.status,
+            "reason": self.reason,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "metrics": {k: value_to_json(v) for k, v in self.metrics.items()},
+            "skipped": {k: f"not run: {v}" for k, v in self.skipped.items()},
+            "notes": self.notes,
+            "leftovers": self.leftovers,
+        }
+
+
+def value_to_json(value: Value) -> Any:
+    return value.to_json() if isinstance(value, Stats) else value
+
+
+@dataclass(frozen=True)
+class Ref:
+    """``workload.metric[:stat]``: one number among the run's metrics."""
+
+    workload: str
+    metric: str
+    stat: str = "median"
+
+    @classmethod
+    def parse(cls, text: str) -> Ref:
+        head, _, stat = text.partition(":")
+        wl, dot, metric = head.partition(".")
+        if not dot or not wl or not metric:
+            raise ValueError(f"bad reference {text!r} (want workload.metric[:stat])")
+        return cls(wl, metric, stat or "median")
+
+    def __str__(self) -> str:
+        return f"{self.workload}.{self.metric}:{self.stat}"
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The outcome of resolving a Ref: a value (in the asked unit) or a reason."""
+
+    value: float | None
+    stats: Stats | None
+    reason: str | None
+    missing: bool = False
+    """The workload ran but never reported this metric (a curve leaves the point out)."""
+
+    @property
+    def display(self) -> float | str:
+        return self.value if self.value is not None else f"not run: {self.reason}"
+
+
+def resolve(results: Mapping[str, WorkloadResult], ref: Ref, unit: str) -> Lookup:
+    res = results.get(ref.workload)
+    if res is None:
+        return Lookup(None, None, f"no workload named {ref.workload!r}")
+    if res.status == "not selected":
+        return Lookup(None, None, "not selected (--only)")
+    if res.status != "ok":
+        return Lookup(None, None, res.reason or res.status)
+    if ref.metric in res.skipped:
+        return Lookup(None, None, res.skipped[ref.metric])
+    if ref.metric not in res.metrics:
+        return Lookup(None, None, f"{ref.workload} did not report {ref.metric!r}", True)
+    raw = res.metrics[ref.metric]
+    if isinstance(raw, Stats):
+        stats: Stats | None = raw
+        value = convert(raw.get(ref.stat), raw.unit, unit)
+        if raw.unit != unit:
+            stats = raw.scaled(convert(1.0, raw.unit, unit), unit)
+    else:
+        stats = None
+        value = float(raw)
+    return Lookup(value, stats, None)
+
+
+# --------------------------------------------------------------------------------------
+# figures and curves
+
+
+@dataclass(frozen=True)
+class Target:
+    """One condition on a figure, e.g. ``Target("ratio<=", 1.5)``.
+
+    kinds: ``ratio<=``/``ratio>=`` (corral / reference baseline), ``value<=``/``value>=``
+    (corral's own value, in the figure's unit), ``below`` (corral's value below the
+    baseline named ``label``).
+    """
+
+    kind: Literal["ratio<=", "ratio>=", "value<=", "value>=", "below"]
+    threshold: float = 0.0
+    label: str = ""
+    text: str = ""
+
+    def evaluate(
+        self, corral: float | None, ratio: float | None, baselines: Mapping[str, Lookup]
+    ) -> bool | None:
+        if corral is None:
+            return None
+        if self.kind == "ratio<=":
+            return None if ratio is None else ratio <= self.threshold
+        if self.kind == "ratio>=":
+            return None if ratio is None else ratio >= self.threshold
+        if self.kind == "value<=":
+            return corral <= self.threshold
+        if self.kind == "value>=":
+            return corral >= self.threshold
+        other = baselines.get(self.label)
+        if other is None or other.value is None:
+            return None
+        return corral < other.value
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """Declares one figure: where corral's value and each baseline's value come from.
+
+    ``baselines`` maps a label to a Ref text, or to a literal ``"not run: reason"``
+    for a peer that has no equivalent. ``reference`` lists labels in preference
+    order: the first one with a value is the ratio's denominator.
+    """
+
+    name: str
+    metric: str
+    unit: str
+    corral: str
+    baselines: Mapping[str, str]
+    reference: tuple[str, ...] = ()
+    targets: tuple[Target, ...] = ()
+    target_text: str = ""
+    higher_is_better: bool = False
+    note: str = ""
+
+    def refs(self) -> list[Ref]:
+        out = [Ref.parse(self.corral)]
+        out += [Ref.parse(r) for r in self.baselines.values() if not r.startswith("not run")]
+        return out
+
+
+@dataclass
+class Figure:
+    """One row of results: corral's value next to its baselines, with the ratio."""
+
+    name: str
+    metric: str
+    unit: str
+    corral: float | str
+    corral_stats: Stats | None
+    baselines: dict[str, float | str]
+    baseline_stats: dict[str, Stats]
+    reference: str | None
+    ratio: float | None
+    ratios: dict[str, float]
+    target: str
+    met: bool | None
+    higher_is_better: bool
+    note: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "metric": self.metric,
+            "unit": self.unit,
+            "corral": self.corral,
+            "corral_stats": self.corral_stats.to_json() if self.corral_stats else None,
+            "baselines": self.baselines,
+            "baseline_stats": {k: v.to_json() for k, v in self.baseline_stats.items()},
+            "reference": self.reference,
+            "ratio": self.ratio,
+            "ratios": self.ratios,
+            "target": self.target,
+            "met": self.met,
+            "higher_is_better": self.higher_is_better,
+            "note": self.note,
+        }
+
+
+FIGURES: dict[str, FigureSpec] = {}
+
+
+def figure(spec: FigureSpec) -> FigureSpec:
+    """Register a figure spec (names are unique)."""
+    if spec.name in FIGURES:
+        raise ValueError(f"figure {spec.name!r} declared twice")
+    for ref in spec.refs():  # fail fast on typos
+        _ = ref
+    if spec.reference and not set(spec.reference) <= set(spec.baselines):
+        raise ValueError(f"figure {spec.name!r}: reference not among its baselines")
+    FIGURES[spec.name] = spec
+    return spec
+
+
+def build_figure(spec: FigureSpec, results: Mapping[str, WorkloadResult]) -> Figure:
+    corral = resolve(results, Ref.parse(spec.corral), spec.unit)
+    lookups: dict[str, Lookup] = {}
+    for label, text in spec.baselines.items():
+        if text.startswith("not run"):
+            lookups[label] = Lookup(None, None, text.partition(":")[2].strip() or text)
+        else:
+            lookups[label] = resolve(results, Ref.parse(text), spec.unit)
+    reference = next((lb for lb in spec.reference if lookups[lb].value is not None), None)
+    if reference is None and spec.reference:
+        reference = spec.reference[0]
+    ratios: dict[str, float] = {}
+    if corral.value is not None:
+        for label, look in lookups.items():
+            if look.value:
+                ratios[label] = corral.value / look.value
+    ratio = ratios.get(reference) if reference else None
+    verdicts = [t.evaluate(corral.value, ratio, lookups) for t in spec.targets]
+    if not verdicts:
+        met: bool | None = None
+    elif any(v is False for v in verdicts):
+        met = False
+    elif all(v is True for v in verdicts):
+        met = True
+    else:
+        met = None
+    return Figure(
+        name=spec.name,
+        metric=spec.metric,
+        unit=spec.unit,
+        corral=corral.display,
+        corral_stats=corral.stats,
+        baselines={lb: look.display for lb, look in lookups.items()},
+        baseline_stats={lb: look.stats for lb, look in lookups.items() if look.stats},
+        reference=reference,
+        ratio=ratio,
+        ratios=ratios,
+        target=spec.target_text,
+        met=met,
+        higher_is_better=spec.higher_is_better,
+        note=spec.note,
+    )
+
+
+@dataclass(frozen=True)
+class CurveSpec:
+    """How a quantity grows with the number of actors: one series per system.
+
+    Each series is a Ref template with ``{n}``, e.g. ``"mp_start.forkserver_{n}"``.
+    """
+
+    name: str
+    title: str
+    unit: str
+    xs: tuple[int, ...]
+    series: Mapping[str, str]
+    log_y: bool = True
+
+    def refs(self) -> list[Ref]:
+        return [Ref.parse(t.format(n=n)) for t in self.series.values() for n in self.xs]
+
+
+@dataclass
+class Curve:
+    name: str
+    title: str
+    unit: str
+    xs: list[int]
+    series: dict[str, dict[int, float | str]]
+    log_y: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "unit": self.unit,
+            "xs": self.xs,
+            "series": {k: {str(n): v for n, v in pts.items()} for k, pts in self.series.items()},
+        }
+
+
+CURVES: dict[str, CurveSpec] = {}
+
+
+def curve(spec: CurveSpec) -> CurveSpec:
+    if spec.name in CURVES:
+        raise ValueError(f"curve {spec.name!r} declared twice")
+    CURVES[spec.name] = spec
+    return spec
+
+
+def build_curve(spec: CurveSpec, results: Mapping[str, WorkloadResult]) -> Curve:
+    series: dict[str, dict[int, float | str]] = {}
+    for label, template in spec.series.items():
+        points: dict[int, float | str] = {}
+        for n in spec.xs:
+            look = resolve(results, Ref.parse(template.format(n=n)), spec.unit)
+            if not look.missing:
+                points[n] = look.display
+        series[label] = points
+    return Curve(spec.name, spec.title, spec.unit, list(spec.xs), series, spec.log_y)

@@ -1,0 +1,217 @@
+"""Runs the selected workloads one by one, each bounded in time and cleaned up after."""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import importlib
+import importlib.metadata
+import os
+import pkgutil
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psutil
+
+from bench.harness import (
+    CURVES,
+    FIGURES,
+    GROUPS,
+    WORKLOADS,
+    Context,
+    Curve,
+    Figure,
+    NotRun,
+    Stats,
+    Workload,
+    WorkloadResult,
+    WorkloadTimeout,
+    build_curve,
+    build_figure,
+)
+from bench.procs import become_subreaper, descendants, kill_leftovers
+
+ALARM_GRACE_S = 15.0
+"""How long past its budget a workload may run before SIGALRM interrupts it."""
+HARD_GRACE_S = 90.0
+"""Past budget + this, faulthandler dumps stacks and exits: nothing may hang forever."""
+
+VERSIONED = (
+    "corral", "trio", "pynng", "msgpack", "psutil",
+    "ray", "pykka", "thespian", "matplotlib", "numpy",
+)
+
+
+def load_workloads() -> None:
+    """Import every baseline module, corral's workloads and the figure specs."""
+    from bench import baselines
+
+    for info in sorted(pkgutil.iter_modules(baselines.__path__), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"bench.baselines.{info.name}")
+    importlib.import_module("bench.corral_workloads")
+    importlib.import_module("bench.figures")
+
+
+def ordered(names: Iterable[str]) -> list[Workload]:
+    chosen = [WORKLOADS[n] for n in set(names)]
+    return sorted(chosen, key=lambda w: (GROUPS.index(w.group), w.order, w.name))
+
+
+def select(only: list[str] | None) -> list[str]:
+    """Workload names for ``--only``: workload, figure, curve or group names."""
+    if not only:
+        return list(WORKLOADS)
+    picked: set[str] = set()
+    for name in only:
+        if name in GROUPS:
+            picked |= {w.name for w in WORKLOADS.values() if w.group == name}
+        elif name in WORKLOADS:
+            picked.add(name)
+        elif name in FIGURES or name in CURVES:
+            spec_refs = FIGURES[name].refs() if name in FIGURES else CURVES[name].refs()
+            picked |= {r.workload for r in spec_refs if r.workload in WORKLOADS}
+        else:
+            raise KeyError(name)
+    return sorted(picked)
+
+
+def _package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or "unknown"
+
+
+def _filesystem(path: Path) -> str:
+    best = ""
+    fstype = "unknown"
+    for part in psutil.disk_partitions(all=True):
+        if str(path).startswith(part.mountpoint) and len(part.mountpoint) > len(best):
+            best, fstype = part.mountpoint, part.fstype
+    return f"{fstype} ({best})" if best else fstype
+
+
+def machine_info(tmp: Path) -> dict[str, Any]:
+    mem = psutil.virtual_memory()
+    return {
+        "cores": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "memory_gib": round(mem.total / 2**30, 1),
+        "memory_available_gib": round(mem.available / 2**30, 1),
+        "cpu_model": _cpu_model(),
+        "kernel": platform.release(),
+        "os": platform.platform(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "tmp_filesystem": _filesystem(tmp),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "versions": {name: _package_version(name) for name in VERSIONED},
+    }
+
+
+@dataclass
+class Run:
+    quick: bool
+    machine: dict[str, Any]
+    results: dict[str, WorkloadResult] = field(default_factory=dict)
+    figures: list[Figure] = field(default_factory=list)
+    curves: list[Curve] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    elapsed_s: float = 0.0
+    subreaper: bool = False
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    raise WorkloadTimeout("interrupted past its time budget")
+
+
+def run_workload(w: Workload, quick: bool, root: Path) -> WorkloadResult:
+    tmp = Path(tempfile.mkdtemp(prefix=f"{w.name[:10]}-", dir=root))
+    budget = w.budget(quick)
+    ctx = Context(name=w.name, quick=quick, tmp=tmp, deadline=time.monotonic() + budget)
+    before = set(descendants())
+    result = WorkloadResult(name=w.name, group=w.group, status="ok")
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, budget + ALARM_GRACE_S)
+    faulthandler.dump_traceback_later(budget + HARD_GRACE_S, exit=True)
+    t0 = time.monotonic()
+    try:
+        metrics = w.fn(ctx)
+        bad = [k for k, v in metrics.items() if not isinstance(v, Stats | int | float)]
+        if bad:
+            raise TypeError(f"metrics must be Stats or numbers: {bad}")
+        result.metrics = dict(metrics)
+    except NotRun as exc:
+        result.status, result.reason = "not run", exc.reason
+    except WorkloadTimeout as exc:
+        result.status, result.reason = "timed out", f"timed out after {budget:.0f}s ({exc})"
+    except Exception as exc:
+        result.status, result.reason = "failed", f"{type(exc).__name__}: {exc}"
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        faulthandler.cancel_dump_traceback_later()
+        result.elapsed_s = time.monotonic() - t0
+        result.leftovers = kill_leftovers(before)
+        shutil.rmtree(tmp, ignore_errors=True)
+    result.skipped = dict(ctx.skipped)
+    result.notes = list(ctx.notes)
+    if result.leftovers:
+        result.notes.append(f"killed {len(result.leftovers)} leftover process(es)")
+    return result
+
+
+def run(
+    only: list[str] | None,
+    quick: bool,
+    progress: Any = sys.stderr,
+) -> Run:
+    names = select(only)
+    root = Path(tempfile.mkdtemp(prefix="cb-", dir="/tmp"))
+    state = Run(quick=quick, machine=machine_info(root))
+    state.subreaper = become_subreaper()
+    started = time.monotonic()
+    try:
+        plan = ordered(names)
+        for index, w in enumerate(plan, 1):
+            print(f"[{index}/{len(plan)}] {w.group}/{w.name} ...", end=" ", file=progress,
+                  flush=True)
+            res = run_workload(w, quick, root)
+            state.results[w.name] = res
+            extra = f" ({res.reason})" if res.reason else ""
+            print(f"{res.status} in {res.elapsed_s:.1f}s{extra}", file=progress, flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    for name, w in WORKLOADS.items():
+        state.results.setdefault(name, WorkloadResult(name, w.group, "not selected"))
+    selected = set(names)
+    for spec in FIGURES.values():
+        if any(r.workload in selected for r in spec.refs()):
+            state.figures.append(build_figure(spec, state.results))
+    for cspec in CURVES.values():
+        if any(r.workload in selected for r in cspec.refs()):
+            state.curves.append(build_curve(cspec, state.results))
+    state.elapsed_s = time.monotonic() - started
+    state.machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    return state
+

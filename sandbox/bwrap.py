@@ -1,0 +1,291 @@
+"""The bubblewrap profile that commands and process sessions run under.
+
+The profile is pure data and :func:`build_bwrap_argv` is a pure function of it, so a
+reviewer can read the exact sandbox off a receipt and tests can assert it without
+running anything. Whether a launch is sandboxed at all is decided by
+:func:`resolve_launch_mode`, which fails closed: only an explicit
+``allow-unsandboxed`` in the swarm spec ever lets a command run without bubblewrap.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Host directories every sandbox sees read-only (when they exist on this host).
+SYSTEM_RO_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
+
+#: Files under the read-only system dirs that are masked with /dev/null: the sandbox
+#: runs as the invoking uid, and when that is root the owner bits alone would let it
+#: read the password hashes.
+MASKED_FILES: tuple[str, ...] = ("/etc/shadow", "/etc/gshadow")
+
+#: The private HOME inside the sandbox (a tmpfs, gone when the sandbox ends).
+SANDBOX_HOME = "/home/sandbox"
+SANDBOX_TMP = "/tmp"
+SANDBOX_HOSTNAME = "corral-sandbox"
+
+
+class SandboxError(RuntimeError):
+    """Base class; ``code`` is stable and machine-readable."""
+
+    code = "sandbox-error"
+
+
+class SandboxUnavailable(SandboxError):
+    """The spec requires the sandbox and bubblewrap is missing or does not work."""
+
+    code = "sandbox-unavailable"
+
+
+class SandboxProfileError(SandboxError, ValueError):
+    """A profile that would not isolate what it claims to (bad input, nothing launched)."""
+
+    code = "bad-sandbox-profile"
+
+
+class SandboxMode(enum.StrEnum):
+    """What the swarm spec allows."""
+
+    REQUIRED = "required"
+    ALLOW_UNSANDBOXED = "allow-unsandboxed"
+
+    @classmethod
+    def parse(cls, value: str) -> SandboxMode:
+        try:
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(m.value for m in cls)
+            raise SandboxProfileError(
+                f"unknown sandbox mode {value!r} (expected one of: {allowed})"
+            ) from None
+
+
+class LaunchMode(enum.StrEnum):
+    """How one launch actually ran; recorded on every receipt."""
+
+    SANDBOXED = "sandboxed"
+    UNSANDBOXED = "unsandboxed"
+
+
+@dataclass(frozen=True)
+class Rlimits:
+    """Resource limits applied inside the sandbox (soft and hard); None = inherit."""
+
+    cpu_s: int | None = None
+    address_space_bytes: int | None = None
+    open_files: int | None = None
+    processes: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_s", "address_space_bytes", "open_files", "processes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise SandboxProfileError(f"rlimit {name} must be a positive integer, got {value!r}")
+
+    def as_dict(self) -> dict[str, int]:
+        items = {
+            "cpu_s": self.cpu_s,
+            "address_space_bytes": self.address_space_bytes,
+            "open_files": self.open_files,
+            "processes": self.processes,
+        }
+        return {name: value for name, value in items.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class SandboxProfile:
+    """What one sandboxed launch may see and do.
+
+    ``project_root`` is bound at the same path (read-write unless ``rw`` is false),
+    each name in ``hide`` is covered by an empty read-only tmpfs, each name in
+    ``ro_subdirs`` is re-bound read-only. ``extra_ro`` are further host paths made
+    visible read-only (the launcher adds the interpreter that runs the trampoline).
+    """
+
+    project_root: Path
+    rw: bool = True
+    hide: tuple[str, ...] = (".corral",)
+    ro_subdirs: tuple[str, ...] = (".git",)
+    network: bool = False
+    rlimits: Rlimits | None = None
+    mode: SandboxMode = SandboxMode.REQUIRED
+    extra_ro: tuple[Path, ...] = field(default=())
+    bwrap: str | None = None
+
+    def __post_init__(self) -> None:
+        root = Path(self.project_root)
+        if not root.is_absolute():
+            raise SandboxProfileError(f"project root must be absolute: {root}")
+        # Resolving once here means every later check and bind uses the real path, so a
+        # symlinked root cannot point the sandbox somewhere the checks did not look.
+        resolved = root.resolve()
+        if not resolved.is_dir():
+            raise SandboxProfileError(f"project root is not a directory: {root}")
+        if resolved == Path("/"):
+            raise SandboxProfileError("project root must not be /")
+        object.__setattr__(self, "project_root", resolved)
+        for name in (*self.hide, *self.ro_subdirs):
+            if not name or "/" in name or name in (".", ".."):
+                raise SandboxProfileError(f"hidden/read-only entries are plain names: {name!r}")
+        extra = tuple(Path(p) for p in self.extra_ro)
+        for path in extra:
+            if not path.is_absolute():
+                raise SandboxProfileError(f"extra read-only path must be absolute: {path}")
+        object.__setattr__(self, "extra_ro", extra)
+
+    def with_extra_ro(self, paths: Sequence[Path]) -> SandboxProfile:
+        merged = tuple(dict.fromkeys((*self.extra_ro, *paths)))
+        return SandboxProfile(
+            project_root=self.project_root,
+            rw=self.rw,
+            hide=self.hide,
+            ro_subdirs=self.ro_subdirs,
+            network=self.network,
+            rlimits=self.rlimits,
+            mode=self.mode,
+            extra_ro=merged,
+            bwrap=self.bwrap,
+        )
+
+
+def find_bwrap(executable: str | None = None) -> str | None:
+    return shutil.which(executable or "bwrap")
+
+
+@functools.cache
+def _probe(path: str) -> bool:
+    # A binary that exists but cannot create namespaces (user namespaces disabled, a
+    # seccomp'd container) is as good as missing: find out once, with the same
+    # namespace flags every real launch uses.
+    try:
+        result = subprocess.run(
+            [path, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--", "true"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0
+
+
+def bwrap_available(executable: str | None = None) -> bool:
+    """True when bubblewrap is installed and can create the namespaces we need."""
+    path = find_bwrap(executable)
+    return path is not None and _probe(path)
+
+
+def resolve_launch_mode(
+    mode: SandboxMode | str, *, available: bool | None = None, executable: str | None = None
+) -> LaunchMode:
+    """Decide how to launch; raises :class:`SandboxUnavailable` rather than degrade.
+
+    ``available`` overrides the probe (for callers that already know, and tests).
+    """
+    parsed = mode if isinstance(mode, SandboxMode) else SandboxMode.parse(mode)
+    ok = bwrap_available(executable) if available is None else available
+    if ok:
+        return LaunchMode.SANDBOXED
+    if parsed is SandboxMode.ALLOW_UNSANDBOXED:
+        return LaunchMode.UNSANDBOXED
+    raise SandboxUnavailable(
+        "the swarm spec requires the sandbox and bubblewrap is not available "
+        "(install it: apt-get install -y bubblewrap; or set sandbox = "
+        '"allow-unsandboxed" in the spec to run commands without isolation)'
+    )
+
+
+def _is_under(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _checked_entry(root: Path, name: str) -> Path | None:
+    """The path of a hidden/read-only entry, or None when it does not exist."""
+    path = root / name
+    if path.is_symlink():
+        # A bind or tmpfs on a symlink lands on its target, possibly outside the
+        # project; refuse instead of protecting the wrong place.
+        raise SandboxProfileError(f"{path} is a symlink; refusing to sandbox around it")
+    if not path.exists():
+        # bwrap would create the mount point on the host through the rw project bind,
+        # leaving an empty directory in the user's tree.
+        return None
+    return path
+
+
+def build_bwrap_argv(
+    profile: SandboxProfile,
+    target_argv: Sequence[str],
+    cwd: Path,
+    *,
+    info_fd: int | None = None,
+) -> list[str]:
+    """The full bubblewrap command line (argv[0] is bwrap) that runs ``target_argv``.
+
+    Order matters to bwrap: later mounts cover earlier ones, so the tmpfs /tmp comes
+    before a project root under /tmp, and the read-only re-binds come last.
+    """
+    if not target_argv:
+        raise SandboxProfileError("empty target argv")
+    root = profile.project_root
+    cwd = Path(cwd).resolve()
+    if not _is_under(cwd, root):
+        raise SandboxProfileError(f"cwd {cwd} is outside the project root {root}")
+    executable = find_bwrap(profile.bwrap) or profile.bwrap or "bwrap"
+
+    argv = [executable, "--unshare-all"]
+    if profile.network:
+        argv.append("--share-net")
+    argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--hostname", SANDBOX_HOSTNAME]
+
+    for directory in SYSTEM_RO_DIRS:
+        path = Path(directory)
+        if path.is_symlink():
+            # Merged-/usr hosts: recreate the link rather than binding its target twice.
+            argv += ["--symlink", os.readlink(path), directory]
+        elif path.is_dir():
+            argv += ["--ro-bind", directory, directory]
+    for masked in MASKED_FILES:
+        if Path(masked).is_file():
+            argv += ["--ro-bind", "/dev/null", masked]
+
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--tmpfs", SANDBOX_TMP, "--tmpfs", SANDBOX_HOME]
+
+    argv += ["--bind" if profile.rw else "--ro-bind", str(root), str(root)]
+
+    system = tuple(Path(d) for d in SYSTEM_RO_DIRS)
+    for extra in profile.extra_ro:
+        real = extra.resolve()
+        if any(_is_under(real, s) for s in system if not s.is_symlink()):
+            continue
+        if real.exists():
+            # After the project bind, so a runtime inside the project is read-only too.
+            argv += ["--ro-bind", str(real), str(real)]
+
+    for name in profile.hide:
+        hidden = _checked_entry(root, name)
+        if hidden is not None:
+            argv += ["--tmpfs", str(hidden), "--remount-ro", str(hidden)]
+    for name in profile.ro_subdirs:
+        protected = _checked_entry(root, name)
+        if protected is not None:
+            argv += ["--ro-bind", str(protected), str(protected)]
+
+    argv += ["--setenv", "HOME", SANDBOX_HOME, "--setenv", "TMPDIR", SANDBOX_TMP]
+    argv += ["--chdir", str(cwd)]
+    if info_fd is not None:
+        argv += ["--info-fd", str(info_fd)]
+    argv.append("--")
+    argv += list(target_argv)
+    return argv

@@ -1,0 +1,86 @@
+"""The single final reply: a journal ``prepared -> reply-appended -> completed``.
+
+Each phase is its own commit, so a crash anywhere leaves a phase from which
+``finalize`` (called again by the agent, or by recovery) carries on; the replies
+table's UNIQUE run_id makes a second reply impossible even for a buggy caller.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from corral import failpoints
+from corral.redact import redact_text
+from corral.supervisor.errors import Refused
+from corral.supervisor.ledger import Ledger
+from corral.supervisor.run_state import RunStatus
+from corral.supervisor.run_store import get_run, set_run_status
+
+#: Extra blockers from the swarm and session layers: (ledger, run_id) -> reasons.
+BLOCKERS: list[Callable[[Ledger, str], list[str]]] = []
+
+
+def blockers(ledger: Ledger, run_id: str) -> list[str]:
+    reasons: list[str] = []
+    open_actions = ledger.all(
+        "SELECT action_id, phase FROM actions WHERE run_id = ? AND phase NOT IN ('ok', 'failed', 'denied')", run_id
+    )
+    for row in open_actions:
+        label = "unresolved reconciliation" if row["phase"] == "needs-reconciliation" else "pending action"
+        reasons.append(f"{label} {row['action_id']} ({row['phase']})")
+    unreceipted = ledger.all(
+        "SELECT a.action_id FROM actions a LEFT JOIN receipts r ON r.action_id = a.action_id"
+        " WHERE a.run_id = ? AND a.phase IN ('ok', 'failed', 'denied') AND r.action_id IS NULL", run_id
+    )
+    reasons.extend(f"action {row['action_id']} has no receipt yet" for row in unreceipted)
+    requests = ledger.all(
+        "SELECT slot, status FROM provider_requests WHERE run_id = ? AND"
+        " (status = 'started' OR status = 'needs-reconciliation')", run_id
+    )
+    reasons.extend(f"provider request {row['slot']} is {row['status']}" for row in requests)
+    for check in BLOCKERS:
+        reasons.extend(check(ledger, run_id))
+    return reasons
+
+
+def finalize(ledger: Ledger, run_id: str, reply: str) -> dict[str, str]:
+    run = get_run(ledger, run_id)
+    if run["kind"] != "root":
+        raise Refused(f"run {run_id} is a {run['kind']} run; only the root agent of a run writes the final reply")
+    row = ledger.one("SELECT phase FROM finalizations WHERE run_id = ?", run_id)
+    if row is None:
+        reasons = blockers(ledger, run_id)
+        if reasons:
+            raise Refused("final reply blocked: " + "; ".join(reasons), "finalize-blocked")
+        with ledger.tx() as db:
+            now = time.time()
+            db.execute(
+                "INSERT INTO finalizations (run_id, phase, reply, created_at, updated_at)"
+                " VALUES (?, 'prepared', ?, ?, ?)",
+                (run_id, redact_text(reply), now, now),
+            )
+            ledger.event("finalization-prepared", run_id)
+        failpoints.hit("finalize.after-prepared")
+    return resume_finalization(ledger, run_id)
+
+
+def resume_finalization(ledger: Ledger, run_id: str) -> dict[str, str]:
+    row = ledger.one("SELECT phase, reply FROM finalizations WHERE run_id = ?", run_id)
+    assert row is not None
+    if row["phase"] == "prepared":
+        with ledger.tx() as db:
+            if not db.execute("SELECT 1 FROM replies WHERE run_id = ?", (run_id,)).fetchone():
+                db.execute("INSERT INTO replies (run_id, text, created_at) VALUES (?, ?, ?)",
+                           (run_id, row["reply"], time.time()))
+            db.execute("UPDATE finalizations SET phase = 'reply-appended', updated_at = ? WHERE run_id = ?",
+                       (time.time(), run_id))
+            ledger.event("reply-appended", run_id)
+        failpoints.hit("finalize.after-reply")
+    with ledger.tx() as db:
+        current = db.execute("SELECT phase FROM finalizations WHERE run_id = ?", (run_id,)).fetchone()["phase"]
+        if current == "reply-appended":
+            db.execute("UPDATE finalizations SET phase = 'completed', updated_at = ? WHERE run_id = ?",
+                       (time.time(), run_id))
+            set_run_status(ledger, run_id, RunStatus.COMPLETED)
+    return {"status": "completed"}

@@ -1,0 +1,89 @@
+"""Recovery at supervisor start, in order: finalizations, pending actions, runs.
+
+Nothing whose side effect may have started is replayed: an ``executing``
+side-effecting action becomes ``needs-reconciliation`` and waits for a person.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from corral.supervisor import finalization
+from corral.supervisor.action_state import ActionPhase
+from corral.supervisor.ledger import Ledger
+from corral.supervisor.run_state import RunStatus
+from corral.supervisor.run_store import (
+    get_run,
+    mark_needs_reconciliation,
+    move_action,
+    set_run_status,
+    write_receipt,
+)
+
+#: Extra recovery steps from other layers (joins, claims, sessions), run in order after the core.
+STEPS: list[Callable[[Ledger, RecoveryReport], None]] = []
+
+
+@dataclass
+class RecoveryReport:
+    finalizations: int = 0
+    reconciliations: list[str] = field(default_factory=list)
+    rerun_read_only: int = 0
+    receipts_repaired: int = 0
+    provider_requests: int = 0
+    runs_resumed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def recover(ledger: Ledger, idempotent_provider: Callable[[str], bool]) -> RecoveryReport:
+    report = RecoveryReport()
+    for row in ledger.all("SELECT run_id FROM finalizations WHERE phase != 'completed'"):
+        finalization.resume_finalization(ledger, row["run_id"])
+        report.finalizations += 1
+
+    for row in ledger.all("SELECT action_id, read_only, tool FROM actions WHERE phase = 'executing'"):
+        if row["read_only"]:
+            report.rerun_read_only += 1  # next_step runs it again; nothing outside changed
+            continue
+        mark_needs_reconciliation(
+            ledger, row["action_id"],
+            "the supervisor stopped while it was executing; the side effect may or may not have happened",
+        )
+        report.reconciliations.append(row["action_id"])
+    for row in ledger.all(
+        "SELECT a.action_id FROM actions a LEFT JOIN receipts r ON r.action_id = a.action_id"
+        " WHERE a.phase IN ('ok', 'failed', 'denied') AND r.action_id IS NULL"
+    ):
+        write_receipt(ledger, row["action_id"])
+        report.receipts_repaired += 1
+    for row in ledger.all(
+        "SELECT a.action_id FROM actions a JOIN runs r ON r.run_id = a.run_id"
+        " WHERE a.phase IN ('prepared', 'approved', 'waiting-confirmation')"
+        " AND r.status IN ('completed', 'failed', 'cancelled')"
+    ):
+        move_action(ledger, row["action_id"], ActionPhase.FAILED, reason="its run ended", error="run ended")
+        write_receipt(ledger, row["action_id"])
+
+    for row in ledger.all("SELECT slot, run_id, provider FROM provider_requests p JOIN runs USING (run_id)"
+                          " WHERE p.status = 'started'"):
+        report.provider_requests += 1
+        if idempotent_provider(row["provider"]):
+            with ledger.tx() as db:
+                db.execute("UPDATE provider_requests SET status = 'failed', error_kind = 'interrupted',"
+                           " error = 'interrupted by a restart', retry_at = NULL WHERE slot = ?", (row["slot"],))
+                ledger.event("provider-request-interrupted", row["run_id"], slot=row["slot"])
+        else:
+            with ledger.tx() as db:
+                db.execute("UPDATE provider_requests SET status = 'needs-reconciliation' WHERE slot = ?",
+                           (row["slot"],))
+                ledger.event("provider-request-needs-reconciliation", row["run_id"], slot=row["slot"])
+                run = get_run(ledger, row["run_id"])
+                if run["status"] in (RunStatus.RUNNING, RunStatus.WAITING_FOR_PROVIDER_RETRY):
+                    set_run_status(ledger, row["run_id"], RunStatus.NEEDS_RECONCILIATION,
+                                   f"provider request {row['slot']} was in flight at a crash; not re-sent")
+            report.reconciliations.append(row["slot"])
+    for step in STEPS:
+        step(ledger, report)
+    report.runs_resumed = len(ledger.all("SELECT run_id FROM runs WHERE status IN ('running', 'pending')"))
+    return report

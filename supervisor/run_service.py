@@ -1,0 +1,393 @@
+"""The run layer on the supervisor: actor methods for agents, control methods for
+people, recovery at boot, retry timers, and wake-ups of agents whose runs can move.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from corral.actors.providers.registry import is_idempotent
+from corral.actors.tools.registry import all_tools
+from corral.redact import summarize
+from corral.supervisor import finalization, recovery, resolutions, run_store
+from corral.supervisor.errors import BadRequest, NotFound, Refused
+from corral.supervisor.run_state import TERMINAL, RunStatus
+from corral.supervisor.run_store import RunLimits
+from corral.supervisor.spec import AgentSpec
+from corral.supervisor.tree import ActorSlot
+
+if TYPE_CHECKING:
+    from corral.supervisor.daemon import Supervisor
+
+
+def _str(params: dict[str, Any], key: str, *, limit: int = 200) -> str:
+    value = params.get(key)
+    if not isinstance(value, str) or not value or len(value) > limit:
+        raise BadRequest(f"{key} must be a non-empty string of at most {limit} characters")
+    return value
+
+
+def _int(params: dict[str, Any], key: str) -> int:
+    value = params.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequest(f"{key} must be a non-negative integer")
+    return value
+
+
+class RunService:
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.ledger = sup.ledger
+        self.retry_changed = trio.Event()
+        self.recovery_report: recovery.RecoveryReport | None = None
+        self.tools = all_tools()
+
+    # -- helpers ------------------------------------------------------------------
+
+    def agent_spec(self, agent_id: str) -> AgentSpec:
+        try:
+            return self.sup.spec.agent(agent_id)
+        except KeyError:
+            raise NotFound(f"no agent {agent_id!r} in the swarm spec") from None
+
+    def limits_for(self, run: Any) -> RunLimits:
+        options = json.loads(run["options"])
+        limits = options.get("limits", {})
+        return RunLimits(**{k: v for k, v in limits.items() if k in RunLimits.__dataclass_fields__})
+
+    def owned_run(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
+        run = run_store.get_run(self.ledger, _str(params, "run_id"))
+        if run["agent_id"] != slot.spec.params.get("agent_id"):
+            raise Refused(f"run {run['run_id']} belongs to {run['agent_id']}, not to {slot.id}")
+        return run
+
+    def policy_for(self, run: Any, tool: str) -> str:
+        options = json.loads(run["options"])
+        run_policy: dict[str, str] = options.get("policy", {})
+        if tool in run_policy:
+            return run_policy[tool]
+        return self.sup.spec.policy.get(tool, "auto")
+
+    async def wake(self, agent_id: str) -> None:
+        slot = self.sup.tree.slots.get(agent_id)
+        if slot is not None:
+            await self.sup.tree.tell(agent_id, {"op": "wake"})
+
+    async def wake_run(self, run_id: str) -> None:
+        run = run_store.get_run(self.ledger, run_id)
+        await self.wake(run["agent_id"])
+
+    # -- actor methods --------------------------------------------------------------
+
+    async def claim(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        agent_id = slot.spec.params.get("agent_id", slot.id)
+        run = run_store.claim_run(self.ledger, agent_id)
+        if run is None:
+            return {"run": None}
+        options = json.loads(run["options"])
+        return {"run": {
+            "run_id": run["run_id"], "task": run["task"], "kind": run["kind"],
+            "provider": run["provider"], "provider_config": json.loads(run["provider_config"]),
+            "workspace": options.get("workspace"), "write_scopes": options.get("write_scopes", ["."]),
+            "effects_file": options.get("effects_file"), "home": str(self.sup.home),
+            "allowed_tools": options.get("allowed_tools"),
+        }}
+
+    async def next_step(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        step = run_store.next_step(self.ledger, run["run_id"])
+        if step["do"] == "provider":
+            step["history"] = run_store.history(self.ledger, run["run_id"])
+            step["task"] = run["task"]
+        return step
+
+    async def provider_begin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        return run_store.begin_provider_request(self.ledger, run["run_id"], _int(params, "loop"))
+
+    async def provider_handoff(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        text = params.get("text")
+        if not isinstance(text, str):
+            raise BadRequest("text must be a string")
+        run_store.provider_handoff(self.ledger, run["run_id"], _str(params, "slot"), text)
+        return {}
+
+    async def provider_failed(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        result = run_store.provider_failed(
+            self.ledger, run["run_id"], _str(params, "slot"), _str(params, "kind", limit=40),
+            str(params.get("error", ""))[:1000], self.limits_for(run),
+        )
+        self._retry_schedule_changed()
+        return result
+
+    async def plan_commit(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        plan = params.get("plan")
+        if not isinstance(plan, dict):
+            raise BadRequest("plan must be a map")
+        return {"plan": run_store.commit_plan(self.ledger, run["run_id"], _int(params, "loop"),
+                                              _str(params, "slot"), plan)}
+
+    async def plan_invalid(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        return run_store.plan_invalid(
+            self.ledger, run["run_id"], _int(params, "loop"), _str(params, "slot"),
+            _str(params, "category", limit=40), str(params.get("detail", ""))[:1000], self.limits_for(run),
+        )
+
+    async def action_prepare(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        tool_name = _str(params, "tool", limit=80)
+        tool_input = params.get("input")
+        if not isinstance(tool_input, dict):
+            raise BadRequest("input must be a map")
+        tool = self.tools.get(tool_name)
+        if tool is None:
+            raise BadRequest(f"unknown tool {tool_name!r}")
+        row = run_store.prepare_action(
+            self.ledger, run["run_id"], _int(params, "loop"), _int(params, "index"), tool_name, tool_input,
+            read_only=tool.schema.read_only, policy=self.policy_for(run, tool_name),
+        )
+        return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
+
+    async def action_begin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        action = run_store.get_action(self.ledger, _str(params, "action_id"))
+        self.owned_run(slot, {"run_id": action["run_id"]})
+        return run_store.begin_action(self.ledger, action["action_id"])
+
+    async def action_finish(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        action = run_store.get_action(self.ledger, _str(params, "action_id"))
+        self.owned_run(slot, {"run_id": action["run_id"]})
+        output = params.get("output", {})
+        if not isinstance(output, dict):
+            raise BadRequest("output must be a map")
+        run_store.finish_action(self.ledger, action["action_id"], bool(params.get("ok")), output,
+                                str(params.get("summary", "")), params.get("error"))
+        return {}
+
+    async def finalize(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        reply = params.get("reply")
+        if not isinstance(reply, str):
+            raise BadRequest("reply must be a string")
+        return finalization.finalize(self.ledger, run["run_id"], reply)
+
+    async def fail(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        if RunStatus(run["status"]) not in TERMINAL:
+            run_store.set_run_status(self.ledger, run["run_id"], RunStatus.FAILED,
+                                     summarize(str(params.get("reason", "failed")), 300))
+        return {}
+
+    # -- control methods --------------------------------------------------------------
+
+    async def create(self, params: dict[str, Any]) -> dict[str, Any]:
+        agent = self.agent_spec(_str(params, "agent_id", limit=64))
+        task = params.get("task")
+        if not isinstance(task, str):
+            raise BadRequest("task must be a string")
+        provider, provider_config = agent.provider, agent.provider_config
+        script = params.get("script")
+        if script is not None:
+            from corral.actors.providers.scripted import ScriptError, parse_script_text
+
+            if not isinstance(script, str):
+                raise BadRequest("script must be the text of a TOML or JSON script")
+            try:
+                parsed = parse_script_text(script, ".json" if script.lstrip().startswith("{") else ".toml")
+            except ScriptError as exc:
+                raise BadRequest(str(exc)) from None
+            provider, provider_config = "scripted", {"script": parsed}
+        run_id = run_store.create_run(
+            self.ledger, agent_id=agent.id, task=task, provider=provider, provider_config=provider_config,
+            options=self.agent_options(agent),
+        )
+        await self.wake(agent.id)
+        return {"run_id": run_id}
+
+    def agent_options(self, agent: AgentSpec) -> dict[str, Any]:
+        return {
+            "workspace": str(agent.workspace), "write_scopes": list(agent.write_scopes),
+            "policy": {**self.sup.spec.policy, **agent.policy},
+            "effects_file": str(self.sup.spec.effects_file) if self.sup.spec.effects_file else None,
+            "limits": {"max_repairs": agent.max_repairs, "max_provider_retries": agent.max_provider_retries,
+                       "retry_base_s": agent.retry_base_s, "retry_cap_s": agent.retry_cap_s},
+            "role": agent.role,
+        }
+
+    async def show(self, params: dict[str, Any]) -> dict[str, Any]:
+        run = run_store.get_run(self.ledger, _str(params, "run_id"))
+        run_id = run["run_id"]
+        data = {k: run[k] for k in run.keys() if k not in ("provider_config", "options")}
+        data["repairs"] = json.loads(run["repairs"])
+        actions = [
+            {k: row[k] for k in ("action_id", "loop_index", "action_index", "tool", "phase", "policy", "fingerprint",
+                                 "attempts", "reason", "error")}
+            for row in self.ledger.all("SELECT * FROM actions WHERE run_id = ? ORDER BY loop_index, action_index",
+                                       run_id)
+        ]
+        receipts = [dict(row) for row in self.ledger.all("SELECT * FROM receipts WHERE run_id = ? ORDER BY receipt_id",
+                                                         run_id)]
+        requests = [
+            {k: row[k] for k in ("slot", "attempt", "status", "error_kind", "error", "retry_at")}
+            for row in self.ledger.all("SELECT * FROM provider_requests WHERE run_id = ? ORDER BY rowid", run_id)
+        ]
+        reply = self.ledger.one("SELECT text, created_at FROM replies WHERE run_id = ?", run_id)
+        final = self.ledger.one("SELECT phase FROM finalizations WHERE run_id = ?", run_id)
+        extra = {name: section(run_id) for name, section in SHOW_SECTIONS.items()}
+        return {"run": data, "actions": actions, "receipts": receipts, "provider_requests": requests,
+                "final_reply": reply["text"] if reply else None,
+                "finalization": final["phase"] if final else None, **extra}
+
+    async def runs(self, params: dict[str, Any]) -> dict[str, Any]:
+        rows = self.ledger.all("SELECT run_id, agent_id, kind, status, reason, task, created_at FROM runs"
+                               " ORDER BY created_at DESC LIMIT 200")
+        return {"runs": [dict(row) for row in rows]}
+
+    async def pending(self, params: dict[str, Any]) -> dict[str, Any]:
+        waiting = self.ledger.all(
+            "SELECT action_id, run_id, agent_id, tool, phase, fingerprint, reason, input FROM actions"
+            " WHERE phase IN ('waiting-confirmation', 'needs-reconciliation') ORDER BY created_at"
+        )
+        requests = self.ledger.all(
+            "SELECT slot, run_id, status, error_kind FROM provider_requests WHERE status = 'needs-reconciliation'"
+        )
+        retries = self.ledger.all(
+            "SELECT r.run_id, p.slot, p.attempt, p.retry_at, p.error_kind FROM runs r JOIN provider_requests p"
+            " ON p.run_id = r.run_id WHERE r.status = 'waiting-for-provider-retry' AND p.status = 'failed'"
+            " AND p.retry_at IS NOT NULL ORDER BY p.retry_at"
+        )
+        return {
+            "actions": [
+                {**{k: row[k] for k in ("action_id", "run_id", "agent_id", "tool", "phase", "fingerprint", "reason")},
+                 "input_summary": run_store.input_summary(row["tool"], json.loads(row["input"]))}
+                for row in waiting
+            ],
+            "provider_requests": [dict(row) for row in requests],
+            "provider_retries": [dict(row) for row in retries],
+            "runs": [dict(row) for row in self.ledger.all(
+                "SELECT run_id, agent_id, status, reason FROM runs WHERE status IN"
+                " ('waiting-confirmation', 'needs-reconciliation', 'waiting-for-provider-retry', 'waiting-for-join')"
+            )],
+        }
+
+    async def continue_action(self, params: dict[str, Any]) -> dict[str, Any]:
+        fingerprint = params.get("fingerprint")
+        if fingerprint is not None and not isinstance(fingerprint, str):
+            raise BadRequest("fingerprint must be a string")
+        run_id = resolutions.continue_action(self.ledger, _str(params, "action_id"), _str(params, "decision"),
+                                             fingerprint)
+        await self.wake_run(run_id)
+        return {"run_id": run_id}
+
+    async def reconcile(self, params: dict[str, Any]) -> dict[str, Any]:
+        target = _str(params, "action_id", limit=300)
+        note = str(params.get("note", ""))[:1000]
+        if target.startswith("act-"):
+            run_id = resolutions.reconcile(self.ledger, target, _str(params, "outcome"), note)
+        else:
+            run_id = resolutions.reconcile_provider_request(self.ledger, target, note or "reconciled")
+        await self.wake_run(run_id)
+        return {"run_id": run_id}
+
+    async def resume(self, params: dict[str, Any]) -> dict[str, Any]:
+        run_id = _str(params, "run_id")
+        resolutions._reopen_run(self.ledger, run_id)
+        await self.wake_run(run_id)
+        return {"status": run_store.get_run(self.ledger, run_id)["status"]}
+
+    async def wake_pending(self, params: dict[str, Any]) -> dict[str, Any]:
+        agents = {row["agent_id"] for row in self.ledger.all(
+            "SELECT DISTINCT agent_id FROM runs WHERE status IN ('pending', 'running')")}
+        for agent_id in agents:
+            await self.wake(agent_id)
+        return {"woken": sorted(agents)}
+
+    async def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
+        run_id = _str(params, "run_id")
+        run = run_store.get_run(self.ledger, run_id)
+        if RunStatus(run["status"]) in TERMINAL:
+            raise Refused(f"run {run_id} already ended ({run['status']})")
+        for hook in CANCEL_HOOKS:
+            await hook(self, run_id)
+        run_store.set_run_status(self.ledger, run_id, RunStatus.CANCELLED, str(params.get("reason", "cancelled")))
+        return {"status": "cancelled"}
+
+    # -- busy, recovery, retries --------------------------------------------------------
+
+    def busy(self) -> list[str]:
+        rows = self.ledger.all("SELECT status, COUNT(*) AS n FROM runs WHERE status NOT IN"
+                               " ('completed', 'failed', 'cancelled') GROUP BY status")
+        return [f"{row['n']} run(s) {row['status']}" for row in rows]
+
+    async def recover(self) -> None:
+        self.recovery_report = recovery.recover(self.ledger, is_idempotent)
+        report = self.recovery_report
+        self.ledger.event("recovery-done", self.sup.boot_id, finalizations=report.finalizations,
+                          reconciliations=len(report.reconciliations), receipts=report.receipts_repaired,
+                          provider_requests=report.provider_requests, runs=report.runs_resumed)
+
+    def _retry_schedule_changed(self) -> None:
+        self.retry_changed.set()
+        self.retry_changed = trio.Event()
+
+    async def retry_timer(self) -> None:
+        """Wakes runs whose provider retry is due, never before the stored retry_at."""
+        while True:
+            due = run_store.due_retries(self.ledger)
+            now = trio.current_time()
+            wall = time.time()
+            earliest = min((at for _, at in due), default=math.inf)
+            if earliest <= wall:
+                for run_id, at in due:
+                    if at <= wall:
+                        run_store.set_run_status(self.ledger, run_id, RunStatus.RUNNING, "provider retry due")
+                        await self.wake_run(run_id)
+                continue
+            changed = self.retry_changed
+            with trio.move_on_at(now + (earliest - wall) if earliest != math.inf else math.inf):
+                await changed.wait()
+
+    def status_section(self) -> dict[str, Any]:
+        rows = self.ledger.all("SELECT status, COUNT(*) AS n FROM runs GROUP BY status")
+        report = self.recovery_report
+        return {"by_status": {row["status"]: row["n"] for row in rows},
+                "recovery": None if report is None else {
+                    "finalizations": report.finalizations, "reconciliations": report.reconciliations,
+                    "receipts_repaired": report.receipts_repaired}}
+
+
+#: Extra sections of `corral show` from other layers: name -> (run_id -> data).
+SHOW_SECTIONS: dict[str, Any] = {}
+#: Extra steps of a cancellation (tombstones to children...): async (service, run_id).
+CANCEL_HOOKS: list[Any] = []
+
+
+def install(sup: Supervisor) -> RunService:
+    service = RunService(sup)
+    sup.actor_methods.update({
+        "run.claim": service.claim, "run.next_step": service.next_step,
+        "provider.begin": service.provider_begin, "provider.handoff": service.provider_handoff,
+        "provider.failed": service.provider_failed, "plan.commit": service.plan_commit,
+        "plan.invalid": service.plan_invalid, "action.prepare": service.action_prepare,
+        "action.begin": service.action_begin, "action.finish": service.action_finish,
+        "run.finalize": service.finalize, "run.fail": service.fail,
+    })
+    sup.control_methods.update({
+        "run": service.create, "show": service.show, "runs": service.runs, "pending": service.pending,
+        "continue_action": service.continue_action, "reconcile": service.reconcile, "resume": service.resume,
+        "wake_pending": service.wake_pending, "cancel": service.cancel,
+    })
+    sup.busy_checks.append(service.busy)
+    sup.recovery_hooks.append(service.recover)
+    sup.background.append(service.retry_timer)
+    sup.status_sections["runs"] = service.status_section
+    sup.services["runs"] = service
+    return service

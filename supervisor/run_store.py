@@ -1,0 +1,534 @@
+"""Ledger operations of runs, plans, provider requests, actions and receipts.
+
+Everything the agent does next is derived from committed rows by ``next_step``;
+the agent keeps no state that a crash could lose. Every function here is one
+transaction (or a read) on the ledger: no processes, no network, so it is tested
+directly.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from corral import failpoints
+from corral.redact import redact, redact_text, summarize
+from corral.supervisor.action_state import (
+    TERMINAL as ACTION_TERMINAL,
+)
+from corral.supervisor.action_state import (
+    ActionPhase,
+    action_id,
+    canonical_json,
+    check_action_transition,
+    fingerprint,
+)
+from corral.supervisor.errors import BadRequest, Conflict, NotFound, Refused
+from corral.supervisor.ledger import Ledger, dumps
+from corral.supervisor.run_state import TERMINAL as RUN_TERMINAL
+from corral.supervisor.run_state import RunStatus, check_run_transition
+
+MAX_RESPONSE_CHARS = 256 * 1024
+MAX_RESULT_CHARS = 64 * 1024
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    max_repairs: int = 2
+    max_provider_retries: int = 3
+    retry_base_s: float = 0.5
+    retry_cap_s: float = 30.0
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _bounded(value: Any, limit: int = MAX_RESULT_CHARS) -> str:
+    text = dumps(redact(value))
+    if len(text) > limit:
+        text = dumps({"truncated": True, "preview": text[: limit - 200]})
+    return text
+
+
+# -- runs ----------------------------------------------------------------------------
+
+
+def create_run(
+    ledger: Ledger, *, agent_id: str, task: str, provider: str, provider_config: dict[str, Any],
+    kind: str = "root", parent_run_id: str | None = None, root_run_id: str | None = None,
+    depth: int = 0, options: dict[str, Any] | None = None, run_id: str | None = None,
+    session_id: str | None = None,
+) -> str:
+    if not task.strip():
+        raise BadRequest("task must not be empty")
+    if len(task) > 20_000:
+        raise BadRequest("task is longer than 20000 characters")
+    run_id = run_id or "run-" + secrets.token_hex(6)
+    now = _now()
+    with ledger.tx() as db:
+        db.execute(
+            "INSERT INTO runs (run_id, agent_id, session_id, kind, parent_run_id, root_run_id, depth, task,"
+            " status, provider, provider_config, options, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
+            (run_id, agent_id, session_id or "sess-" + secrets.token_hex(6), kind, parent_run_id,
+             root_run_id or run_id, depth, redact_text(task), provider, dumps(redact(provider_config)),
+             dumps(options or {}), now, now),
+        )
+        ledger.event("run-created", run_id, agent=agent_id, run_kind=kind, task=summarize(task, 120))
+    return run_id
+
+
+def get_run(ledger: Ledger, run_id: str) -> sqlite3.Row:
+    row = ledger.one("SELECT * FROM runs WHERE run_id = ?", run_id)
+    if row is None:
+        raise NotFound(f"no run {run_id!r}")
+    return row
+
+
+def set_run_status(ledger: Ledger, run_id: str, status: RunStatus, reason: str | None = None) -> bool:
+    """Move a run; a no-op (False) when it is already there. Illegal moves raise."""
+    with ledger.tx() as db:
+        row = get_run(ledger, run_id)
+        current = RunStatus(row["status"])
+        if current is status:
+            return False
+        check_run_transition(current, status)
+        now = _now()
+        db.execute(
+            "UPDATE runs SET status = ?, reason = ?, updated_at = ?,"
+            " started_at = COALESCE(started_at, CASE WHEN ? = 'running' THEN ? END),"
+            " ended_at = CASE WHEN ? IN ('completed', 'failed', 'cancelled') THEN ? ELSE ended_at END"
+            " WHERE run_id = ?",
+            (status.value, redact_text(reason) if reason else None, now, status.value, now,
+             status.value, now, run_id),
+        )
+        ledger.event("run-" + status.value, run_id, reason=reason or "", previous=current.value)
+    return True
+
+
+def claim_run(ledger: Ledger, agent_id: str) -> sqlite3.Row | None:
+    """The agent's lane: the oldest run it should work on now, moved to running."""
+    row = ledger.one(
+        "SELECT * FROM runs WHERE agent_id = ? AND status IN ('running', 'pending')"
+        " ORDER BY CASE status WHEN 'running' THEN 0 ELSE 1 END, created_at LIMIT 1",
+        agent_id,
+    )
+    if row is None:
+        return None
+    if row["status"] == RunStatus.PENDING:
+        set_run_status(ledger, row["run_id"], RunStatus.RUNNING)
+        row = get_run(ledger, row["run_id"])
+    return row
+
+
+def history(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
+    rows = ledger.all("SELECT data FROM observations WHERE run_id = ? ORDER BY seq", run_id)
+    return [json.loads(row["data"]) for row in rows]
+
+
+def add_observation(ledger: Ledger, run_id: str, source: str, loop_index: int, data: dict[str, Any]) -> bool:
+    """Append to the run's context once per source (an action id, a claim id...)."""
+    with ledger.tx() as db:
+        if db.execute("SELECT 1 FROM observations WHERE source = ?", (source,)).fetchone():
+            return False
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM observations WHERE run_id = ?",
+                         (run_id,)).fetchone()[0]
+        db.execute(
+            "INSERT INTO observations (run_id, seq, source, loop_index, data, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (run_id, seq, source, loop_index, _bounded(data), _now()),
+        )
+    return True
+
+
+# -- provider request lifecycles -------------------------------------------------------
+
+
+def _requests_for(ledger: Ledger, run_id: str, loop_index: int) -> list[sqlite3.Row]:
+    return ledger.all(
+        "SELECT rowid, * FROM provider_requests WHERE run_id = ? AND loop_index = ? ORDER BY rowid",
+        run_id, loop_index,
+    )
+
+
+def begin_provider_request(ledger: Ledger, run_id: str, loop_index: int) -> dict[str, Any]:
+    requests = _requests_for(ledger, run_id, loop_index)
+    latest = requests[-1] if requests else None
+    if latest is not None and latest["status"] == "started":
+        raise Conflict(f"request {latest['slot']} is already in flight")
+    if latest is not None and latest["status"] == "failed" and latest["retry_at"] and latest["retry_at"] > _now():
+        raise Refused(f"retry of {latest['slot']} is not due before {latest['retry_at']:.3f}")
+    slot, attempt = _next_request_slot(requests, run_id, loop_index)
+    with ledger.tx() as db:
+        db.execute(
+            "INSERT INTO provider_requests (slot, run_id, loop_index, attempt, status, boot_id, started_at)"
+            " VALUES (?, ?, ?, ?, 'started', ?, ?)",
+            (slot, run_id, loop_index, attempt, ledger.boot_id, _now()),
+        )
+        ledger.event("provider-request-started", run_id, slot=slot, attempt=attempt)
+    return {"slot": slot, "attempt": attempt}
+
+
+def _next_request_slot(requests: list[sqlite3.Row], run_id: str, loop_index: int) -> tuple[str, int]:
+    """``<run>:<loop>`` first; ``-transient-N`` after N transient failures; a repair
+    (an invalid plan sent back to the model) starts a new base ``:repair-K``."""
+    base = f"{run_id}:{loop_index}"
+    transient = 0
+    for request in requests:
+        if request["status"] == "completed" and request["consumed"] == 2:
+            base = f"{run_id}:{loop_index}:repair-{_repair_number(request['slot']) + 1}"
+            transient = 0
+        elif request["status"] == "failed":
+            transient = int(request["attempt"]) + 1
+    return (f"{base}-transient-{transient}" if transient else base), transient
+
+
+def _repair_number(slot: str) -> int:
+    marker = ":repair-"
+    if marker not in slot:
+        return 0
+    tail = slot.split(marker, 1)[1]
+    return int(tail.split("-", 1)[0])
+
+
+def provider_handoff(ledger: Ledger, run_id: str, slot: str, text: str) -> None:
+    """Commit a successful response before anyone parses or acts on it."""
+    with ledger.tx() as db:
+        row = db.execute("SELECT status FROM provider_requests WHERE slot = ? AND run_id = ?",
+                         (slot, run_id)).fetchone()
+        if row is None:
+            raise NotFound(f"no provider request {slot!r}")
+        if row["status"] != "started":
+            raise Conflict(f"provider request {slot} is {row['status']}, not started")
+        stored = redact_text(text[:MAX_RESPONSE_CHARS])
+        db.execute(
+            "UPDATE provider_requests SET status = 'completed', response = ?, finished_at = ? WHERE slot = ?",
+            (stored, _now(), slot),
+        )
+        ledger.event("provider-response-committed", run_id, slot=slot, chars=len(stored))
+
+
+def provider_failed(
+    ledger: Ledger, run_id: str, slot: str, kind: str, error: str, limits: RunLimits
+) -> dict[str, Any]:
+    """A failed lifecycle. Transient kinds schedule a durable retry; others fail the run."""
+    with ledger.tx() as db:
+        row = db.execute("SELECT * FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, run_id)).fetchone()
+        if row is None:
+            raise NotFound(f"no provider request {slot!r}")
+        if row["status"] != "started":
+            raise Conflict(f"provider request {slot} is {row['status']}, not started")
+        attempt = int(row["attempt"]) + 1
+        retry = kind == "transient" and attempt <= limits.max_provider_retries
+        retry_at = None
+        if retry:
+            retry_at = _now() + min(limits.retry_cap_s, limits.retry_base_s * 2 ** (attempt - 1))
+        db.execute(
+            "UPDATE provider_requests SET status = 'failed', error_kind = ?, error = ?, retry_at = ?,"
+            " finished_at = ? WHERE slot = ?",
+            (kind, summarize(error, 300), retry_at, _now(), slot),
+        )
+        ledger.event("provider-request-failed", run_id, slot=slot, kind=kind, error=summarize(error, 200),
+                     retry_at=retry_at or 0)
+        if retry:
+            set_run_status(ledger, run_id, RunStatus.WAITING_FOR_PROVIDER_RETRY,
+                           f"provider {kind} error; attempt {attempt} at {retry_at:.3f}")
+        else:
+            set_run_status(ledger, run_id, RunStatus.FAILED, f"provider failed ({kind}): {summarize(error, 200)}")
+    return {"retry": retry, "retry_at": retry_at, "attempt": attempt}
+
+
+def due_retries(ledger: Ledger) -> list[tuple[str, float]]:
+    """Runs parked for a provider retry, with the retry_at that the ledger keeps."""
+    rows = ledger.all(
+        "SELECT r.run_id, MAX(p.retry_at) AS retry_at FROM runs r JOIN provider_requests p ON p.run_id = r.run_id"
+        " WHERE r.status = 'waiting-for-provider-retry' AND p.status = 'failed' GROUP BY r.run_id"
+    )
+    return [(row["run_id"], float(row["retry_at"] or 0)) for row in rows]
+
+
+# -- plans -------------------------------------------------------------------------
+
+
+def commit_plan(ledger: Ledger, run_id: str, loop_index: int, slot: str, plan: dict[str, Any]) -> dict[str, Any]:
+    """Commit the parsed plan of a loop step (once). Returns the plan as stored."""
+    with ledger.tx() as db:
+        existing = db.execute("SELECT plan FROM plans WHERE run_id = ? AND loop_index = ?",
+                              (run_id, loop_index)).fetchone()
+        if existing is not None:
+            stored: dict[str, Any] = json.loads(existing["plan"])
+            return stored
+        text = dumps(redact(plan))
+        db.execute("INSERT INTO plans (run_id, loop_index, plan, created_at) VALUES (?, ?, ?, ?)",
+                   (run_id, loop_index, text, _now()))
+        db.execute("UPDATE provider_requests SET consumed = 1 WHERE slot = ?", (slot,))
+        ledger.event("plan-committed", run_id, loop=loop_index, actions=len(plan.get("actions", [])),
+                     final=plan.get("final") is not None)
+    failpoints.hit("plan.after-commit")
+    result: dict[str, Any] = json.loads(text)
+    return result
+
+
+def plan_invalid(
+    ledger: Ledger, run_id: str, loop_index: int, slot: str, category: str, detail: str, limits: RunLimits
+) -> dict[str, Any]:
+    """A response that did not parse: a bounded repair, or the run fails clearly."""
+    with ledger.tx() as db:
+        run = get_run(ledger, run_id)
+        repairs: dict[str, int] = json.loads(run["repairs"])
+        total = sum(repairs.values())
+        repairs[category] = repairs.get(category, 0) + 1
+        db.execute("UPDATE runs SET repairs = ? WHERE run_id = ?", (dumps(repairs), run_id))
+        db.execute("UPDATE provider_requests SET consumed = 2 WHERE slot = ?", (slot,))
+        ledger.event("plan-invalid", run_id, slot=slot, category=category, detail=summarize(detail, 200))
+        if total >= limits.max_repairs:
+            set_run_status(ledger, run_id, RunStatus.FAILED,
+                           f"invalid plan from the provider ({category}): {summarize(detail, 200)}")
+            return {"repair": False}
+        add_observation(ledger, run_id, f"repair:{slot}", loop_index,
+                        {"role": "repair", "category": category, "detail": summarize(detail, 300)})
+    return {"repair": True}
+
+
+def get_plan(ledger: Ledger, run_id: str, loop_index: int) -> dict[str, Any] | None:
+    row = ledger.one("SELECT plan FROM plans WHERE run_id = ? AND loop_index = ?", run_id, loop_index)
+    return None if row is None else dict(json.loads(row["plan"]))
+
+
+# -- actions -------------------------------------------------------------------------
+
+
+def prepare_action(
+    ledger: Ledger, run_id: str, loop_index: int, action_index: int, tool: str, tool_input: dict[str, Any],
+    *, read_only: bool, policy: str,
+) -> sqlite3.Row:
+    """Create the action as prepared, or return it unchanged on an idempotent replay."""
+    run = get_run(ledger, run_id)
+    the_id = action_id(run_id, loop_index, action_index)
+    the_fingerprint = fingerprint(tool, tool_input)
+    existing = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
+    if existing is not None:
+        if existing["fingerprint"] != the_fingerprint:
+            set_run_status(ledger, run_id, RunStatus.FAILED,
+                           f"action {the_id} replayed with a different fingerprint; failing closed")
+            raise Conflict(f"action {the_id} exists with a different fingerprint; failing closed")
+        return existing
+    now = _now()
+    with ledger.tx() as db:
+        db.execute(
+            "INSERT INTO actions (action_id, run_id, agent_id, loop_index, action_index, tool, input, fingerprint,"
+            " phase, read_only, policy, boot_id, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?, ?)",
+            (the_id, run_id, run["agent_id"], loop_index, action_index, tool, canonical_json(redact(tool_input)),
+             the_fingerprint, int(read_only), policy, ledger.boot_id, now, now),
+        )
+        ledger.event("action-prepared", the_id, run=run_id, tool=tool, policy=policy)
+    failpoints.hit("action.after-prepared")
+    row = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
+    assert row is not None
+    return row
+
+
+def get_action(ledger: Ledger, the_id: str) -> sqlite3.Row:
+    row = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
+    if row is None:
+        raise NotFound(f"no action {the_id!r}")
+    return row
+
+
+def move_action(ledger: Ledger, the_id: str, phase: ActionPhase, **fields: Any) -> None:
+    with ledger.tx() as db:
+        row = get_action(ledger, the_id)
+        check_action_transition(ActionPhase(row["phase"]), phase)
+        now = _now()
+        sets = ["phase = ?", "updated_at = ?"]
+        values: list[Any] = [phase.value, now]
+        if phase is ActionPhase.EXECUTING:
+            sets += ["executing_at = ?", "attempts = attempts + 1"]
+            values.append(now)
+        if phase in ACTION_TERMINAL or phase is ActionPhase.NEEDS_RECONCILIATION:
+            sets.append("finished_at = ?")
+            values.append(now)
+        for key, value in fields.items():
+            sets.append(f"{key} = ?")
+            values.append(value)
+        db.execute(f"UPDATE actions SET {', '.join(sets)} WHERE action_id = ?", (*values, the_id))
+        ledger.event("action-" + phase.value, the_id, run=row["run_id"], tool=row["tool"],
+                     reason=fields.get("reason") or "")
+
+
+def begin_action(ledger: Ledger, the_id: str) -> dict[str, Any]:
+    """Apply policy; commit ``executing`` before the agent may start the side effect."""
+    row = get_action(ledger, the_id)
+    phase = ActionPhase(row["phase"])
+    if phase is ActionPhase.PREPARED:
+        if row["policy"] == "deny":
+            move_action(ledger, the_id, ActionPhase.DENIED, reason="denied by policy", error="denied by policy")
+            write_receipt(ledger, the_id)
+            return {"do": "skip", "phase": "denied"}
+        if row["policy"] == "confirm":
+            with ledger.tx():
+                move_action(ledger, the_id, ActionPhase.WAITING_CONFIRMATION)
+                set_run_status(ledger, row["run_id"], RunStatus.WAITING_CONFIRMATION,
+                               f"action {the_id} ({row['tool']}) waits for approval")
+            return {"do": "park", "phase": "waiting-confirmation"}
+    if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED):
+        move_action(ledger, the_id, ActionPhase.EXECUTING)
+        failpoints.hit("action.after-executing")
+        return {"do": "execute", "phase": "executing"}
+    if phase is ActionPhase.EXECUTING:
+        if row["read_only"]:
+            # A read-only tool may run again: nothing outside changed the first time.
+            with ledger.tx() as db:
+                db.execute("UPDATE actions SET attempts = attempts + 1, updated_at = ? WHERE action_id = ?",
+                           (_now(), the_id))
+                ledger.event("action-rerun", the_id, run=row["run_id"], tool=row["tool"])
+            return {"do": "execute", "phase": "executing"}
+        mark_needs_reconciliation(ledger, the_id, "the agent lost track of an executing action; outcome unknown")
+        return {"do": "park", "phase": "needs-reconciliation"}
+    if phase is ActionPhase.WAITING_CONFIRMATION:
+        return {"do": "park", "phase": phase.value}
+    return {"do": "skip", "phase": phase.value}
+
+
+def mark_needs_reconciliation(ledger: Ledger, the_id: str, reason: str) -> None:
+    with ledger.tx():
+        row = get_action(ledger, the_id)
+        move_action(ledger, the_id, ActionPhase.NEEDS_RECONCILIATION, reason=reason)
+        run = get_run(ledger, row["run_id"])
+        if RunStatus(run["status"]) not in RUN_TERMINAL:
+            set_run_status(ledger, row["run_id"], RunStatus.NEEDS_RECONCILIATION,
+                           f"action {the_id} ({row['tool']}): {reason}")
+
+
+def finish_action(
+    ledger: Ledger, the_id: str, ok: bool, output: dict[str, Any], summary: str, error: str | None
+) -> None:
+    row = get_action(ledger, the_id)
+    phase = ActionPhase(row["phase"])
+    if phase in ACTION_TERMINAL:
+        return  # a repeated finish after a lost reply: the first one stands
+    if phase is not ActionPhase.EXECUTING:
+        raise Conflict(f"action {the_id} is {phase}, not executing")
+    move_action(
+        ledger, the_id, ActionPhase.OK if ok else ActionPhase.FAILED,
+        result=_bounded({"output": output, "summary": summarize(summary, 300)}),
+        error=summarize(error, 300) if error else None,
+    )
+    failpoints.hit("action.after-terminal")
+    write_receipt(ledger, the_id)
+    failpoints.hit("action.after-receipt")
+
+
+def write_receipt(ledger: Ledger, the_id: str, note: str | None = None) -> bool:
+    """Exactly one receipt per terminal action, with the observation in the same commit."""
+    with ledger.tx() as db:
+        row = get_action(ledger, the_id)
+        if db.execute("SELECT 1 FROM receipts WHERE action_id = ?", (the_id,)).fetchone():
+            return False
+        phase = ActionPhase(row["phase"])
+        if phase not in ACTION_TERMINAL:
+            raise Conflict(f"action {the_id} is {phase}; receipts are for terminal actions")
+        result = json.loads(row["result"]) if row["result"] else {}
+        result_summary = result.get("summary") or row["error"] or row["reason"] or phase.value
+        db.execute(
+            "INSERT INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
+            " result_summary, note, started_at, finished_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (the_id, row["run_id"], row["agent_id"], row["fingerprint"], row["tool"], phase.value,
+             input_summary(row["tool"], json.loads(row["input"])), summarize(result_summary, 200),
+             summarize(note, 200) if note else None, row["executing_at"], row["finished_at"], _now()),
+        )
+        ledger.event("receipt-written", the_id, run=row["run_id"], status=phase.value)
+        add_observation(ledger, row["run_id"], the_id, row["loop_index"], {
+            "action_id": the_id, "tool": row["tool"], "status": phase.value,
+            "output": result.get("output", {}), "error": row["error"] or "",
+        })
+    return True
+
+
+def input_summary(tool: str, tool_input: dict[str, Any]) -> str:
+    """Names and sizes, never contents: receipts must not carry file data or secrets."""
+    parts = []
+    for key, value in sorted(tool_input.items()):
+        if key in ("path", "label", "agent_id", "program", "cwd", "process_id", "template"):
+            parts.append(f"{key}={summarize(str(value), 80)}")
+        elif isinstance(value, str):
+            parts.append(f"{key}=<{len(value)} chars>")
+        elif isinstance(value, list):
+            parts.append(f"{key}=<{len(value)} items>")
+        else:
+            parts.append(f"{key}=<{type(value).__name__}>")
+    return summarize(f"{tool}(" + ", ".join(parts) + ")", 200)
+
+
+def actions_of(ledger: Ledger, run_id: str, loop_index: int) -> list[sqlite3.Row]:
+    return ledger.all("SELECT * FROM actions WHERE run_id = ? AND loop_index = ? ORDER BY action_index",
+                      run_id, loop_index)
+
+
+# -- the next step -----------------------------------------------------------------
+
+
+def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
+    """What the agent should do next, from committed state alone."""
+    run = get_run(ledger, run_id)
+    status = RunStatus(run["status"])
+    if status in RUN_TERMINAL:
+        return {"do": "done", "status": status.value}
+    if status is not RunStatus.RUNNING:
+        return {"do": "park", "status": status.value}
+    final = ledger.one("SELECT phase, reply FROM finalizations WHERE run_id = ?", run_id)
+    if final is not None:
+        return {"do": "finalize", "reply": final["reply"]}
+    loop = int(run["loop_index"])
+    plan = get_plan(ledger, run_id, loop)
+    if plan is None:
+        requests = _requests_for(ledger, run_id, loop)
+        latest = requests[-1] if requests else None
+        if latest is not None and latest["status"] == "completed" and latest["consumed"] == 0:
+            return {"do": "parse", "slot": latest["slot"], "response": latest["response"], "loop": loop}
+        if latest is not None and latest["status"] == "started":
+            return {"do": "park", "status": "provider-request-in-flight", "slot": latest["slot"]}
+        return {"do": "provider", "loop": loop}
+    if plan.get("final") is not None:
+        return {"do": "finalize", "reply": plan["final"]}
+    rows = {row["action_index"]: row for row in actions_of(ledger, run_id, loop)}
+    for index, call in enumerate(plan.get("actions", [])):
+        row = rows.get(index)
+        if row is None:
+            return {"do": "prepare", "loop": loop, "index": index, "tool": call["tool"], "input": call["input"]}
+        phase = ActionPhase(row["phase"])
+        if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED, ActionPhase.EXECUTING):
+            return {"do": "execute", "action_id": row["action_id"], "tool": row["tool"],
+                    "input": json.loads(row["input"]), "phase": phase.value}
+        if phase is ActionPhase.WAITING_CONFIRMATION:
+            set_run_status(ledger, run_id, RunStatus.WAITING_CONFIRMATION, f"action {row['action_id']} waits")
+            return {"do": "park", "status": RunStatus.WAITING_CONFIRMATION.value}
+        if phase is ActionPhase.NEEDS_RECONCILIATION:
+            set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION, f"action {row['action_id']} unresolved")
+            return {"do": "park", "status": RunStatus.NEEDS_RECONCILIATION.value}
+        write_receipt(ledger, row["action_id"])  # repairs a crash between terminal and receipt
+    blocked = _loop_blockers(ledger, run_id)
+    if blocked:
+        return blocked
+    with ledger.tx() as db:
+        db.execute("UPDATE runs SET loop_index = loop_index + 1, updated_at = ? WHERE run_id = ? AND loop_index = ?",
+                   (_now(), run_id, loop))
+        ledger.event("loop-advanced", run_id, loop=loop + 1)
+    return next_step(ledger, run_id)
+
+
+#: Hooks from the swarm layer that may hold a loop (e.g. a join to wait for).
+LOOP_BLOCKERS: list[Any] = []
+
+
+def _loop_blockers(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
+    for check in LOOP_BLOCKERS:
+        step: dict[str, Any] | None = check(ledger, run_id)
+        if step is not None:
+            return step
+    return None

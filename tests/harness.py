@@ -1,0 +1,167 @@
+"""A supervisor daemon under test: started through the real CLI, always reaped.
+
+Waiting is condition-based: ``wait_until`` re-reads status each time the event
+stream moves (a long-poll on the cursor), with a deadline only as a safety net.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+from corral.supervisor import home as homes
+
+from corral import client
+
+CORRAL = [sys.executable, "-m", "corral"]
+
+
+def cli(
+    home: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [*CORRAL, "--home", str(home), *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+class Daemon:
+    def __init__(self, home: Path, spec: Path | None = None, env: dict[str, str] | None = None) -> None:
+        self.home = home
+        self.spec = spec
+        self.env = env or {}
+        self.pids_seen: set[int] = set()
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def up(self, env: dict[str, str] | None = None, spec: bool = True) -> homes.Endpoint:
+        args = ["up"]
+        if self.spec is not None and spec:
+            args += ["--spec", str(self.spec)]
+        result = cli(self.home, *args, env={**self.env, **(env or {})})
+        if result.returncode != 0:
+            raise AssertionError(f"corral up failed ({result.returncode}): {result.stderr}{result.stdout}")
+        endpoint = homes.read_endpoint(self.home)
+        self.pids_seen.add(endpoint.pid)
+        return endpoint
+
+    @property
+    def endpoint(self) -> homes.Endpoint:
+        return homes.read_endpoint(self.home)
+
+    def call(self, method: str, timeout: float = 15, **params: Any) -> Any:
+        return client.call(self.home, method, timeout=timeout, **params)
+
+    def status(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.call("status")
+        return result
+
+    def actor(self, actor_id: str) -> dict[str, Any]:
+        for actor in self.status()["actors"]:
+            if actor["id"] == actor_id:
+                return dict(actor)
+        raise KeyError(actor_id)
+
+    def tree_pids(self) -> set[int]:
+        """The supervisor and every process below it."""
+        try:
+            sup = psutil.Process(homes.read_endpoint(self.home).pid)
+        except (homes.HomeError, psutil.NoSuchProcess):
+            return set()
+        return {sup.pid, *(p.pid for p in sup.children(recursive=True))}
+
+    def kill_supervisor(self) -> int:
+        pid = self.endpoint.pid
+        proc = psutil.Process(pid)
+        os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        return pid
+
+    def wait_until(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30, what: str = "condition"
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        cursor = 0
+        while True:
+            status = self.status()
+            if predicate(status):
+                return status
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(
+                    f"timed out waiting for {what}; last status: {json.dumps(status)[:2000]}"
+                )
+            reply = self.call(
+                "events",
+                timeout=remaining + 5,
+                since=max(cursor, status["cursor"]),
+                wait_ms=int(min(remaining, 5) * 1000),
+            )
+            cursor = reply["cursor"]
+
+    def events(self, since: int = 0) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = self.call("events", since=since, limit=5000)["events"]
+        return events
+
+    def shutdown(self) -> None:
+        """Teardown: graceful down if alive, then SIGKILL anything left."""
+        pids = self.tree_pids()
+        try:
+            endpoint = homes.read_endpoint(self.home)
+            client.call(self.home, "down", timeout=5)
+            psutil.Process(endpoint.pid).wait(timeout=20)
+        except (homes.HomeError, psutil.Error, Exception):
+            pass
+        procs = []
+        for pid in pids | self.pids_seen:
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                continue
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=5)
+
+
+@contextmanager
+def running(home: Path, spec_text: str | None = None, env: dict[str, str] | None = None) -> Iterator[Daemon]:
+    spec_path = None
+    if spec_text is not None:
+        home.parent.mkdir(parents=True, exist_ok=True)
+        spec_path = home.parent / f"{home.name}-spec.toml"
+        spec_path.write_text(spec_text)
+    daemon = Daemon(home, spec_path, env)
+    try:
+        daemon.up()
+        yield daemon
+    finally:
+        daemon.shutdown()
+
+
+def actor_running(actor_id: str, incarnation: int | None = None) -> Callable[[dict[str, Any]], bool]:
+    def check(status: dict[str, Any]) -> bool:
+        for actor in status["actors"]:
+            if actor["id"] == actor_id:
+                return actor["status"] == "running" and (
+                    incarnation is None or actor["incarnation"] == incarnation
+                )
+        return False
+
+    return check

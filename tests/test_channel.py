@@ -1,0 +1,85 @@
+"""Channels: request/reply correlation, deadlines, and backpressure with bounded memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+from corral.mailbox import DeadlineExceeded, Kind, MailboxFull
+from corral.mailbox.channel import open_channel
+
+
+async def test_requests_are_correlated_even_when_answered_out_of_order(short_tmp: Path) -> None:
+    address = f"ipc://{short_tmp}/c.ipc"
+    async with (
+        open_channel(address, "server", listen=True) as server,
+        open_channel(address, "client", listen=False) as client,
+    ):
+
+        async def serve() -> None:
+            held = []
+            async for envelope in server.inbox:
+                held.append(envelope)
+                if len(held) == 2:
+                    for request in reversed(held):
+                        await server.reply(request, {"n": request.body["n"]})
+                    return
+
+        results: dict[int, int] = {}
+
+        async def ask(n: int) -> None:
+            results[n] = (await client.request("server", {"n": n}, timeout=10))["n"]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve)
+            nursery.start_soon(ask, 1)
+            nursery.start_soon(ask, 2)
+        assert results == {1: 1, 2: 2}
+
+
+async def test_a_request_without_answer_hits_its_deadline(short_tmp: Path) -> None:
+    address = f"ipc://{short_tmp}/c.ipc"
+    async with (
+        open_channel(address, "server", listen=True),
+        open_channel(address, "client", listen=False) as client,
+    ):
+        with pytest.raises(DeadlineExceeded, match="no reply within"):
+            await client.request("server", {"method": "ignored"}, timeout=0.2)
+
+
+async def test_a_full_mailbox_pushes_back_on_the_sender(short_tmp: Path) -> None:
+    address = f"ipc://{short_tmp}/c.ipc"
+    async with (
+        open_channel(address, "server", listen=True, inbox_size=4) as server,
+        open_channel(address, "client", listen=False) as client,
+    ):
+        payload = {"blob": "x" * 65536}
+        sent = 0
+        with pytest.raises(MailboxFull):
+            for _ in range(10_000):
+                await client.tell("server", payload, timeout=0.5)
+                sent += 1
+        # Bounded: the sender got stuck long before 10k frames of 64 KiB.
+        assert sent < 200
+        # Draining the mailbox lets the sender go on.
+        received = 0
+        while received < sent:
+            envelope = await server.inbox.receive()
+            assert envelope.kind is Kind.TELL
+            received += 1
+        await client.tell("server", payload, timeout=5)
+
+
+async def test_garbage_on_a_channel_is_answered_and_the_channel_survives(short_tmp: Path) -> None:
+    address = f"ipc://{short_tmp}/c.ipc"
+    async with (
+        open_channel(address, "server", listen=True) as server,
+        open_channel(address, "client", listen=False) as client,
+    ):
+        await client.send_frame(b"\xc1\xc1 not msgpack")
+        error = await client.inbox.receive()
+        assert error.kind is Kind.ERROR and error.body["code"] == "malformed-frame"
+        assert server.bad_frames == 1
+        await client.tell("server", {"still": "works"})
+        assert (await server.inbox.receive()).body == {"still": "works"}
