@@ -125,6 +125,19 @@ def uss_mib(pids: Sequence[int]) -> float:
     return total / 2**20
 
 
+def stop_multiprocessing_helpers() -> None:
+    """Stop multiprocessing's fork server and resource tracker, if this process has
+    started them (they are long-lived helpers that would otherwise outlive the
+    workload that caused them)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    for module, attr in ((forkserver, "_forkserver"), (resource_tracker, "_resource_tracker")):
+        stop = getattr(getattr(module, attr, None), "_stop", None)
+        if callable(stop):
+            with contextlib.suppress(OSError, ChildProcessError):
+                stop()
+
+
 def free_tcp_port() -> int:
     """A free TCP port on 127.0.0.1 (for peers that insist on TCP)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

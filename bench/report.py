@@ -91,8 +91,11 @@ def render_machine(run: Run) -> str:
             f"corral bench ({mode} run, {run.elapsed_s:.0f} s)",
             f"machine: {m['cores']} cores ({m['usable_cores']} usable), "
             f"{m['memory_gib']} GiB, {m['cpu_model']}, Linux {m['kernel']}, {m['python']}",
-            f"load average: start {m['loadavg_at_start']}, end {m.get('loadavg_at_end')}; "
+            f"other load at start: {m['cpu_busy_pct_at_start']}% CPU busy; load average "
+            f"start {m['loadavg_at_start']}, end {m.get('loadavg_at_end')}; "
             f"/tmp on {m['tmp_filesystem']}",
+            f"processes left at the end: {len(run.final_leftovers)}"
+            + (f" (killed: {'; '.join(run.final_leftovers)})" if run.final_leftovers else ""),
             f"versions: {versions}",
         ]
     )
@@ -148,7 +151,7 @@ def render_figures(figures: Sequence[Figure]) -> str:
             )
         if fig.note:
             rows.append(f"  ({fig.note})")
-    header = ["figure / system", "p50|value", "p99", "n", "corral/x", "note"]
+    header = ["figure / system", "p50|value", "p99", "n", "corral/row", "note"]
     return table(header, rows, right={1, 2, 3, 4})
 
 
@@ -203,7 +206,7 @@ def render(run: Run) -> str:
         sections.append("== scaling curves ==\n" + render_curves(run.curves))
     if run.figures:
         sections.append(
-            "== figures: corral vs baselines, same run (corral/x = ratio to that row; "
+            "== figures: corral vs baselines, same run (corral/row = corral's value / that row's; "
             "* = reference) ==\n" + render_figures(run.figures)
         )
         sections.append("== summary ==\n" + render_summary(run.figures))
@@ -218,6 +221,7 @@ def to_json(run: Run, argv: Sequence[str], plot: str | None) -> dict[str, Any]:
         "started_at": run.started_at,
         "elapsed_s": round(run.elapsed_s, 1),
         "subreaper": run.subreaper,
+        "final_leftovers": run.final_leftovers,
         "machine": run.machine,
         "workloads": [r.to_json() for r in run.results.values()],
         "figures": [f.to_json() for f in run.figures],
@@ -257,6 +261,11 @@ def write_plot(path: Path, curves: Sequence[Curve], title: str) -> str:
                 continue
             style = "-o" if label == "corral" else "--."
             ax.plot(xs, ys, style, label=label, linewidth=2.2 if label == "corral" else 1.2)
+        missing = [lb for lb, pts in crv.series.items()
+                   if not any(isinstance(v, int | float) for v in pts.values())]
+        if missing:
+            ax.text(0.01, 0.01, "not run: " + ", ".join(missing), transform=ax.transAxes,
+                    fontsize=7, color="0.35", va="bottom")
         ax.set_xscale("log")
         if crv.log_y:
             ys_all = [float(v) for p in crv.series.values() for v in p.values()

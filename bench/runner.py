@@ -124,6 +124,7 @@ def machine_info(tmp: Path) -> dict[str, Any]:
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "tmp_filesystem": _filesystem(tmp),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "cpu_busy_pct_at_start": psutil.cpu_percent(interval=1.0),
         "versions": {name: _package_version(name) for name in VERSIONED},
     }
 
@@ -138,6 +139,7 @@ class Run:
     started_at: float = field(default_factory=time.time)
     elapsed_s: float = 0.0
     subreaper: bool = False
+    final_leftovers: list[str] = field(default_factory=list)
 
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
@@ -201,6 +203,7 @@ def run(
             extra = f" ({res.reason})" if res.reason else ""
             print(f"{res.status} in {res.elapsed_s:.1f}s{extra}", file=progress, flush=True)
     finally:
+        state.final_leftovers = kill_leftovers(set(), grace_s=1.0)
         shutil.rmtree(root, ignore_errors=True)
     for name, w in WORKLOADS.items():
         state.results.setdefault(name, WorkloadResult(name, w.group, "not selected"))

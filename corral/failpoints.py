@@ -2,6 +2,7 @@
 
 Syntax: ``name=action[,name=action...]`` where action is one of ``kill`` (SIGKILL
 this process), ``kill-supervisor`` (SIGKILL the supervisor, from an actor),
+``kill-caller`` (in the supervisor: SIGKILL the actor whose request is being handled),
 ``raise``, ``sleep(MS)``, optionally suffixed ``@once`` so that it fires once per
 home directory (a marker file records that it fired, which lets a restarted process
 carry on past it).
@@ -11,6 +12,7 @@ When the variable is unset ``hit()`` is one dict lookup on an empty dict.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import re
 import signal
@@ -58,7 +60,10 @@ class Action:
     once: bool = False
 
 
-_ACTION = re.compile(r"^(kill|kill-supervisor|raise|sleep\((\d+)\))(@once)?$")
+_ACTION = re.compile(r"^(kill|kill-supervisor|kill-caller|raise|sleep\((\d+)\))(@once)?$")
+
+#: The pid of the actor whose request the supervisor is handling (for kill-caller).
+caller_pid: contextvars.ContextVar[int | None] = contextvars.ContextVar("caller_pid", default=None)
 
 
 def parse(spec: str) -> dict[str, Action]:
@@ -72,7 +77,7 @@ def parse(spec: str) -> dict[str, Action]:
         match = _ACTION.match(action)
         if not match:
             raise FailpointSpecError(
-                f"failpoint {name}: bad action {action!r} (kill|kill-supervisor|raise|sleep(MS))"
+                f"failpoint {name}: bad action {action!r} (kill|kill-supervisor|kill-caller|raise|sleep(MS))"
             )
         kind = "sleep" if match.group(2) else match.group(1)
         table[name] = Action(kind, int(match.group(2) or 0), bool(match.group(3)))
@@ -110,6 +115,10 @@ def hit(name: str) -> None:
         # PDEATHSIG follows; never run past the window meanwhile.
         time.sleep(5)
         os.kill(os.getpid(), signal.SIGKILL)
+    elif action.kind == "kill-caller":
+        pid = caller_pid.get()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
     elif action.kind == "raise":
         raise FailpointError(f"failpoint {name}")
     elif action.kind == "sleep":

@@ -53,7 +53,7 @@ if TYPE_CHECKING or __name__ != "__main__":
     import psutil
     import trio
 
-    from corral.sandbox.bwrap import (
+    from .bwrap import (
         LaunchMode,
         SandboxProfile,
         build_bwrap_argv,
@@ -586,9 +586,9 @@ class LaunchedProcess:
         with trio.CancelScope(shield=True):
             self.kill_tree()
             confirmed = await self.wait_tree_dead()
-            if confirmed:
-                self.close()
-            return confirmed
+        if confirmed:
+            self.close()
+        return confirmed
 
     def close(self) -> None:
         """Release the pidfds (after the tree is dead)."""

@@ -36,6 +36,8 @@ class Supervisor:
         self.home = home
         self.spec = spec
         self.ready_fd = ready_fd
+        # @once failpoints remember that they fired here, across restarts of the home.
+        os.environ.setdefault(failpoints.MARKER_DIR_ENV, str(home / "failpoints"))
         self.token = secrets.token_hex(32)
         register_secret(self.token)
         self.boot_id = secrets.token_hex(8)

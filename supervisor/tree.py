@@ -21,6 +21,7 @@ from typing import Any
 
 import pynng
 import trio
+from corral import failpoints
 from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.channel import Channel, configure_socket
 from corral.mailbox.envelope import Envelope, Kind
@@ -265,6 +266,8 @@ class SupervisionTree:
         if envelope.recipient != SUPERVISOR:
             await self._route(slot, channel, envelope)
             return
+        if slot.process is not None:
+            failpoints.caller_pid.set(slot.process.pid)
         try:
             body = await self._handler(slot, envelope)
         except Exception as exc:

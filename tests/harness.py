@@ -165,3 +165,62 @@ def actor_running(actor_id: str, incarnation: int | None = None) -> Callable[[di
         return False
 
     return check
+
+
+def show(daemon: Daemon, run_id: str) -> dict[str, Any]:
+    result: dict[str, Any] = daemon.call("show", run_id=run_id)
+    return result
+
+
+def wait_run(daemon: Daemon, run_id: str, statuses: set[str], timeout: float = 60) -> dict[str, Any]:
+    """Wait (on event-stream changes) until the run reaches one of ``statuses``."""
+    deadline = time.monotonic() + timeout
+    cursor = 0
+    while True:
+        shown = show(daemon, run_id)
+        if shown["run"]["status"] in statuses:
+            return shown
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"run {run_id} stuck in {shown['run']['status']}: {json.dumps(shown)[:1500]}")
+        cursor = daemon.call("events", timeout=remaining + 5, since=cursor,
+                             wait_ms=int(min(remaining, 5) * 1000))["cursor"]
+
+
+def wait_supervisor_gone(daemon: Daemon, pid: int, timeout: float = 60) -> None:
+    try:
+        psutil.Process(pid).wait(timeout=timeout)
+    except psutil.NoSuchProcess:
+        pass
+
+
+def effects(path: Path) -> list[dict[str, Any]]:
+    from corral.actors.tools.effect import read_effects
+
+    return read_effects(path)
+
+
+def ledger_rows(home: Path, sql: str, *args: Any) -> list[dict[str, Any]]:
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{home / 'ledger.db'}?mode=ro", uri=True)
+    db.row_factory = sqlite3.Row
+    try:
+        return [dict(row) for row in db.execute(sql, args).fetchall()]
+    finally:
+        db.close()
+
+
+def agent_spec(workspace: str = "ws", steps: str = "", extra: str = "", agent: str = "writer",
+               policy: str = "") -> str:
+    return f"""
+[project]
+root = "{workspace}"
+[chaos]
+effects_file = "effects.log"
+{extra}
+[[agents]]
+id = "{agent}"
+{policy}
+{steps}
+"""

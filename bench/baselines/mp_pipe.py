@@ -10,6 +10,7 @@ from multiprocessing.process import BaseProcess
 
 from bench import _targets
 from bench.harness import Context, Metrics, repeat, time_calls, workload
+from bench.procs import stop_multiprocessing_helpers
 
 PAYLOADS = {"64B": 64, "4KiB": 4096}
 
@@ -71,5 +72,6 @@ def mp_pipe(ctx: Context) -> Metrics:
         )
     finally:
         _stop(proc, parent)
+        stop_multiprocessing_helpers()
     ctx.note("spawn context; send_bytes/recv_bytes (no pickling)")
     return out

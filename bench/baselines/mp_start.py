@@ -22,7 +22,7 @@ from multiprocessing.process import BaseProcess
 
 from bench import _targets
 from bench.harness import Context, Metrics, Stats, workload
-from bench.procs import uss_mib
+from bench.procs import stop_multiprocessing_helpers, uss_mib
 
 FORKSERVER_NS = (10, 50, 200, 1000)
 SPAWN_NS = (50, 200)
@@ -195,16 +195,6 @@ def _fanout_ms(mpctx: BaseContext, groups: int, width: int = 3) -> float:
         res_w.close()
 
 
-def _stop_forkserver() -> None:
-    from multiprocessing import forkserver
-
-    server = getattr(forkserver, "_forkserver", None)
-    stop = getattr(server, "_stop", None)
-    if callable(stop):
-        with contextlib.suppress(OSError, ChildProcessError):
-            stop()
-
-
 @workload("mp_start", group="limits", budget_s=420, quick_budget_s=45)
 def mp_start(ctx: Context) -> Metrics:
     """Bare process start to ready (forkserver 10..1000, spawn, exec), restart, fan-out."""
@@ -225,7 +215,7 @@ def mp_start(ctx: Context) -> Metrics:
             for _ in range(reps):
                 elapsed, per_proc = _start_group(fs, n, min(READY_TIMEOUT_S, ctx.remaining()))
                 times.append(elapsed)
-                out[f"uss_mib_{n}"] = per_proc
+                out[f"uss_mib_{n}"] = Stats.single(per_proc, "MiB")
                 if ctx.remaining() < ctx.reps(20, 120):
                     break
             out[f"forkserver_{n}"] = Stats.of(times, "s")
@@ -262,7 +252,7 @@ def mp_start(ctx: Context) -> Metrics:
                     break
             out[key] = Stats.of(samples, "ms")
     finally:
-        _stop_forkserver()
+        stop_multiprocessing_helpers()
     ctx.note("forkserver preloads bench._targets only; warmed before timing")
     ctx.note("exec = subprocess.Popen of `python -c` (site imported), ready = 1 byte on stdout")
     return out

@@ -90,7 +90,7 @@ def pykka_peer(ctx: Context) -> Metrics:
                     fut.get(timeout=ASK_TIMEOUT_S)
                 times.append(time.perf_counter() - t0)
                 if rep == 0:
-                    out[f"uss_mib_{n}"] = max(0, _uss() - before) / 2**20 / n
+                    out[f"uss_mib_{n}"] = Stats.single(max(0, _uss() - before) / 2**20 / n, "MiB")
                 for r in refs:
                     r.stop(timeout=ASK_TIMEOUT_S)
                 ctx.check(f"create {n}")

@@ -77,7 +77,7 @@ def ray_peer(ctx: Context) -> Metrics:
         logging_level=logging.ERROR,
         log_to_driver=False,
     )
-    out["init_s"] = time.perf_counter() - t0
+    out["init_s"] = Stats.single(time.perf_counter() - t0, "s")
     try:
         system_pids = [p for p in descendants() if p not in before]
         bad, wildcard = _network_check(system_pids)
@@ -149,7 +149,9 @@ def _measure(ctx: Context, ray: Any, mod: Any, system_pids: list[int]) -> Metric
         deadline=time.monotonic() + ctx.remaining() / 12,
     )
     destroy(actors, pids)
-    out["system_uss_mib"] = uss_mib([p for p in system_pids if psutil.pid_exists(p)])
+    out["system_uss_mib"] = Stats.single(
+        uss_mib([p for p in system_pids if psutil.pid_exists(p)]), "MiB"
+    )
     ctx.note(f"Ray's own processes at start: {len(system_pids)}")
 
     # creation of N actors to ready, and their idle USS
@@ -160,8 +162,8 @@ def _measure(ctx: Context, ray: Any, mod: Any, system_pids: list[int]) -> Metric
             ctx.skip("create_200", "skipped in --quick (takes minutes here)")
             ctx.skip("uss_mib_200", "skipped in --quick")
             continue
-        if n == 200 and isinstance(per, float):
-            need_gib = per * n * 1.5 / 1024 + 2
+        if n == 200 and isinstance(per, Stats):
+            need_gib = per.median * n * 1.5 / 1024 + 2
             avail_gib = psutil.virtual_memory().available / 2**30
             if avail_gib < need_gib:
                 reason = f"needs ~{need_gib:.0f} GiB, {avail_gib:.0f} GiB available"
@@ -176,7 +178,7 @@ def _measure(ctx: Context, ray: Any, mod: Any, system_pids: list[int]) -> Metric
             elapsed, actors, pids = create(n)
             times.append(elapsed)
             if rep == 0:
-                out[f"uss_mib_{n}"] = uss_mib(pids) / n
+                out[f"uss_mib_{n}"] = Stats.single(uss_mib(pids) / n, "MiB")
             destroy(actors, pids)
         if times:
             out[f"create_{n}"] = Stats.of(times, "s")

@@ -106,7 +106,7 @@ def thespian_peer(ctx: Context) -> Metrics:
                 times.append(time.perf_counter() - t0)
                 actor_pids += pids
                 if rep == 0:
-                    out[f"uss_mib_{n}"] = uss_mib(pids) / n
+                    out[f"uss_mib_{n}"] = Stats.single(uss_mib(pids) / n, "MiB")
                 destroy(addrs, pids)
                 if ctx.remaining() < 20:
                     break
