@@ -55,6 +55,8 @@ async def run(ctx: ActorContext) -> int:
             woken[0] = trio.Event()
             claimed = (await ctx.call("run.claim"))["run"]
             if claimed is None:
+                if ctx.params.get("exit_when_idle"):
+                    break  # an isolated child ends with its run
                 await woken[0].wait()
                 continue
             await Lane(ctx, claimed).drive()
@@ -69,10 +71,9 @@ class Lane:
         self.ctx = ctx
         self.run = run
         self.run_id: str = run["run_id"]
+        # Every tool stays parseable; the supervisor refuses the ones this run may not
+        # use (a child spawning, say) with a recorded, explained denial.
         self.tools: dict[str, Tool] = all_tools()
-        allowed = run.get("allowed_tools")
-        if allowed is not None:
-            self.tools = {name: tool for name, tool in self.tools.items() if name in allowed}
         self.schemas: tuple[ToolSchema, ...] = tuple(tool.schema for tool in self.tools.values())
         self.provider: Provider | None = None
 

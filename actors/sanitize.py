@@ -19,13 +19,15 @@ from pathlib import Path
 
 from corral.redact import redact_text
 
-# CSI (7-bit ESC [ and 8-bit U+009B): parameters, intermediates, one final byte.
-_CSI = r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+# CSI (7-bit ESC [ and 8-bit U+009B): parameters, intermediates, one final byte; cut
+# off by the end of the text, it is removed to the end.
+_CSI = r"(?:\x1b\[|\x9b)[0-?]*[ -/]*(?:[@-~]|$)"
 # OSC, DCS, SOS, PM, APC: a string up to BEL or ST (ESC \ or U+009C). An unterminated
 # string runs to the end of the text: hiding too much beats passing a control through.
 _STRING = r"(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c|$)"
-# Any other escape: optional intermediates and a final byte (ESC ( B, ESC 7, ESC c...).
-_ESC = r"\x1b[ -/]*[0-~]"
+# Any other escape: intermediates and a final byte (ESC ( B), or a final byte alone
+# (ESC 7, ESC c) that does not introduce one of the sequences above.
+_ESC = r"\x1b(?:[ -/]+(?:[0-~]|$)|[0-OQ-WYZ\\`-~])"
 # A lone trailing ESC, or ESC followed by something that is not a sequence.
 _LONE_ESC = r"\x1b"
 

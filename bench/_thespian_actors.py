@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from thespian.actors import Actor
+from thespian.actors import Actor  # type: ignore[import-untyped]
 
 
 class Echo(Actor):  # type: ignore[misc]

@@ -372,6 +372,10 @@ def _status_to_code(result: os.waitid_result) -> int:
     return 128 + result.si_status
 
 
+class _Gone(HandshakeError):
+    """A process we were about to pin had already exited and been reaped."""
+
+
 class LaunchedProcess:
     """The launched tree: the direct child (bwrap or the trampoline), the target's
     process group and, when sandboxed, the sandbox's pid 1.
@@ -410,14 +414,19 @@ class LaunchedProcess:
     # -- identification (launch_with_handshake fills these in) -------------------------
 
     def _attach_namespace_init(self, pid: int, pid_namespace: int | None) -> None:
-        self._ns_init_fd = self._pinned_pidfd(pid, self._popen.pid, "sandbox init")
         self.pid_namespace = pid_namespace
+        try:
+            self._ns_init_fd = self._pinned_pidfd(pid, self._popen.pid, "sandbox init")
+        except _Gone:
+            # Already exited and reaped by bwrap: its namespace is gone with it, and
+            # the report channel's EOF will say why.
+            self._ns_init_fd = None
 
     def _pinned_pidfd(self, pid: int, parent: int, what: str) -> int:
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
-            raise HandshakeError(f"{what} {pid} exited during the handshake") from None
+            raise _Gone(f"{what} {pid} exited during the handshake") from None
         try:
             # The pidfd pins the process; checking its parent after opening it proves
             # the number was not recycled between learning it and opening it.

@@ -42,8 +42,8 @@ def recover(ledger: Ledger, idempotent_provider: Callable[[str], bool]) -> Recov
         finalization.resume_finalization(ledger, row["run_id"])
         report.finalizations += 1
 
-    for row in ledger.all("SELECT action_id, read_only, tool FROM actions WHERE phase = 'executing'"):
-        if row["read_only"]:
+    for row in ledger.all("SELECT action_id, rerunnable, tool FROM actions WHERE phase = 'executing'"):
+        if row["rerunnable"]:
             report.rerun_read_only += 1  # next_step runs it again; nothing outside changed
             continue
         mark_needs_reconciliation(

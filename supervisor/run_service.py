@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from corral.actors.providers.registry import is_idempotent
-from corral.actors.tools.registry import all_tools
+from corral.actors.tools.registry import all_tools, rerunnable
 from corral.redact import summarize
 from corral.supervisor import finalization, recovery, resolutions, run_store
 from corral.supervisor.errors import BadRequest, NotFound, Refused
@@ -151,9 +151,13 @@ class RunService:
         tool = self.tools.get(tool_name)
         if tool is None:
             raise BadRequest(f"unknown tool {tool_name!r}")
+        policy = self.policy_for(run, tool_name)
+        allowed = json.loads(run["options"]).get("allowed_tools")
+        if allowed is not None and tool_name not in allowed:
+            policy = "deny"  # e.g. a child may not spawn or delegate: refused, recorded, never run
         row = run_store.prepare_action(
             self.ledger, run["run_id"], _int(params, "loop"), _int(params, "index"), tool_name, tool_input,
-            read_only=tool.schema.read_only, policy=self.policy_for(run, tool_name),
+            rerunnable=rerunnable(tool), policy=policy,
         )
         return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
 

@@ -108,6 +108,8 @@ def set_run_status(ledger: Ledger, run_id: str, status: RunStatus, reason: str |
              status.value, now, run_id),
         )
         ledger.event("run-" + status.value, run_id, reason=reason or "", previous=current.value)
+        for hook in STATUS_HOOKS:
+            hook(ledger, run_id, status, reason)
     return True
 
 
@@ -304,7 +306,7 @@ def get_plan(ledger: Ledger, run_id: str, loop_index: int) -> dict[str, Any] | N
 
 def prepare_action(
     ledger: Ledger, run_id: str, loop_index: int, action_index: int, tool: str, tool_input: dict[str, Any],
-    *, read_only: bool, policy: str,
+    *, rerunnable: bool, policy: str,
 ) -> sqlite3.Row:
     """Create the action as prepared, or return it unchanged on an idempotent replay."""
     run = get_run(ledger, run_id)
@@ -321,10 +323,10 @@ def prepare_action(
     with ledger.tx() as db:
         db.execute(
             "INSERT INTO actions (action_id, run_id, agent_id, loop_index, action_index, tool, input, fingerprint,"
-            " phase, read_only, policy, boot_id, created_at, updated_at)"
+            " phase, rerunnable, policy, boot_id, created_at, updated_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?, ?)",
             (the_id, run_id, run["agent_id"], loop_index, action_index, tool, canonical_json(redact(tool_input)),
-             the_fingerprint, int(read_only), policy, ledger.boot_id, now, now),
+             the_fingerprint, int(rerunnable), policy, ledger.boot_id, now, now),
         )
         ledger.event("action-prepared", the_id, run=run_id, tool=tool, policy=policy)
     failpoints.hit("action.after-prepared")
@@ -367,7 +369,11 @@ def begin_action(ledger: Ledger, the_id: str) -> dict[str, Any]:
     phase = ActionPhase(row["phase"])
     if phase is ActionPhase.PREPARED:
         if row["policy"] == "deny":
-            move_action(ledger, the_id, ActionPhase.DENIED, reason="denied by policy", error="denied by policy")
+            run = get_run(ledger, row["run_id"])
+            allowed = json.loads(run["options"]).get("allowed_tools")
+            why = (f"{row['tool']} is not allowed in a {run['kind']} run" if allowed is not None
+                   and row["tool"] not in allowed else f"{row['tool']} is denied by policy")
+            move_action(ledger, the_id, ActionPhase.DENIED, reason=why, error=why)
             write_receipt(ledger, the_id)
             return {"do": "skip", "phase": "denied"}
         if row["policy"] == "confirm":
@@ -381,8 +387,8 @@ def begin_action(ledger: Ledger, the_id: str) -> dict[str, Any]:
         failpoints.hit("action.after-executing")
         return {"do": "execute", "phase": "executing"}
     if phase is ActionPhase.EXECUTING:
-        if row["read_only"]:
-            # A read-only tool may run again: nothing outside changed the first time.
+        if row["rerunnable"]:
+            # Read-only tools, and ledger tools idempotent by action id, may run again.
             with ledger.tx() as db:
                 db.execute("UPDATE actions SET attempts = attempts + 1, updated_at = ? WHERE action_id = ?",
                            (_now(), the_id))
@@ -447,6 +453,8 @@ def write_receipt(ledger: Ledger, the_id: str, note: str | None = None) -> bool:
             "action_id": the_id, "tool": row["tool"], "status": phase.value,
             "output": result.get("output", {}), "error": row["error"] or "",
         })
+        for hook in RECEIPT_HOOKS:
+            hook(ledger, row)
     return True
 
 
@@ -524,6 +532,10 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
 
 #: Hooks from the swarm layer that may hold a loop (e.g. a join to wait for).
 LOOP_BLOCKERS: list[Any] = []
+#: Called inside the transaction of every run status change: (ledger, run_id, status, reason).
+STATUS_HOOKS: list[Any] = []
+#: Called inside the transaction that writes a receipt (and its observation): (ledger, action row).
+RECEIPT_HOOKS: list[Any] = []
 
 
 def _loop_blockers(ledger: Ledger, run_id: str) -> dict[str, Any] | None:

@@ -112,7 +112,7 @@ MIGRATIONS.append(
         input         TEXT NOT NULL,
         fingerprint   TEXT NOT NULL,
         phase         TEXT NOT NULL,
-        read_only     INTEGER NOT NULL,
+        rerunnable    INTEGER NOT NULL,
         policy        TEXT NOT NULL,
         attempts      INTEGER NOT NULL DEFAULT 0,
         result        TEXT,
@@ -166,5 +166,78 @@ MIGRATIONS.append(
         BEGIN SELECT RAISE(ABORT, 'receipts are append-only'); END;
     CREATE TRIGGER replies_append_only BEFORE DELETE ON replies
         BEGIN SELECT RAISE(ABORT, 'replies are append-only'); END;
+    """
+)
+
+MIGRATIONS.append(
+    # 3: swarm collaboration: isolated children, joins, claims, delegation
+    """
+    CREATE TABLE isolated_groups (
+        group_id          TEXT PRIMARY KEY,
+        parent_run_id     TEXT NOT NULL,
+        parent_action_id  TEXT NOT NULL UNIQUE,
+        join_mode         TEXT NOT NULL,
+        request_digest    TEXT NOT NULL,
+        status            TEXT NOT NULL,
+        created_at        REAL NOT NULL,
+        joined_at         REAL
+    );
+    CREATE TABLE children (
+        delegation_id        TEXT PRIMARY KEY,
+        group_id             TEXT NOT NULL,
+        idx                  INTEGER NOT NULL,
+        instance_id          TEXT NOT NULL UNIQUE,
+        template             TEXT NOT NULL,
+        task                 TEXT NOT NULL,
+        acceptance_criteria  TEXT NOT NULL,
+        expected_artifacts   TEXT NOT NULL,
+        write_scopes         TEXT NOT NULL,
+        run_id               TEXT NOT NULL UNIQUE,
+        status               TEXT NOT NULL,
+        result               TEXT,
+        created_at           REAL NOT NULL,
+        ended_at             REAL,
+        UNIQUE (group_id, idx)
+    );
+    CREATE TABLE delegations (
+        delegation_id        TEXT PRIMARY KEY,
+        parent_run_id        TEXT NOT NULL,
+        parent_action_id     TEXT NOT NULL UNIQUE,
+        target_agent         TEXT NOT NULL,
+        task                 TEXT NOT NULL,
+        acceptance_criteria  TEXT NOT NULL,
+        expected_artifacts   TEXT NOT NULL,
+        repair_of            TEXT UNIQUE,
+        run_id               TEXT NOT NULL UNIQUE,
+        status               TEXT NOT NULL,
+        result               TEXT,
+        created_at           REAL NOT NULL,
+        ended_at             REAL
+    );
+    CREATE TABLE deliveries (
+        delivery_id           TEXT PRIMARY KEY,
+        kind                  TEXT NOT NULL,
+        source_id             TEXT NOT NULL UNIQUE,
+        target                TEXT NOT NULL,
+        parent_run_id         TEXT NOT NULL,
+        status                TEXT NOT NULL,
+        claimed_by_action_id  TEXT,
+        claim_id              TEXT,
+        payload               TEXT NOT NULL,
+        created_at            REAL NOT NULL,
+        claimed_at            REAL
+    );
+    CREATE TABLE claim_journal (
+        claim_id       TEXT PRIMARY KEY,
+        parent_run_id  TEXT NOT NULL,
+        action_id      TEXT NOT NULL UNIQUE,
+        delivery_ids   TEXT NOT NULL,
+        phase          TEXT NOT NULL,
+        created_at     REAL NOT NULL,
+        updated_at     REAL NOT NULL
+    );
+    CREATE TRIGGER deliveries_claim_one_way BEFORE UPDATE OF status ON deliveries
+        WHEN OLD.status != 'dispatched'
+        BEGIN SELECT RAISE(ABORT, 'a delivery leaves dispatched once, one way'); END;
     """
 )

@@ -109,6 +109,8 @@ class SupervisionTree:
         self._forwarded: dict[str, str] = {}
         self.shutting_down = False
         self.changed = trio.Event()
+        #: Called with the group id after a group gave up (restart intensity exceeded).
+        self.on_escalated: list[Callable[[str], Awaitable[None]]] = []
 
     # -- declaration --------------------------------------------------------------
 
@@ -151,6 +153,10 @@ class SupervisionTree:
         return slot
 
     # -- running ------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._nursery is not None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -387,6 +393,8 @@ class SupervisionTree:
                 target.state = ActorState.ESCALATED  # terminal for this boot, whatever it was
             self._record(target, event="actor-escalated")
         self._changed()
+        for callback in self.on_escalated:
+            await callback(group.spec.id)
 
     async def stop_actor(self, slot: ActorSlot, reason: str = "shutdown") -> None:
         """Graceful stop by the actor's shutdown spec, then SIGKILL."""

@@ -10,12 +10,14 @@ Used by the demo, the tests, chaos and the benchmarks. A script is TOML or JSON:
 A step may instead carry ``raw = "..."``: text returned verbatim, to test corrupt
 or truncated provider output. Steps can also be chosen by what the run has seen:
 ``when_observed = "needs-repair"`` picks a step only if some observation contains
-that text (used by the demo to issue exactly one repair).
+that text (used by the demo to issue exactly one repair); ``when_task`` and
+``unless_task`` pick by the run's task text (a specialist's repair runs).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -73,7 +75,14 @@ class ScriptedProvider:
             step = self.steps[index]
             condition = step.get("when_observed")
             unless = step.get("unless_observed")
-            applies = (condition is None or condition in seen) and (unless is None or unless not in seen)
+            task_has = step.get("when_task")
+            task_lacks = step.get("unless_task")
+            applies = (
+                (condition is None or condition in seen)
+                and (unless is None or unless not in seen)
+                and (task_has is None or task_has in request.task)
+                and (task_lacks is None or task_lacks not in request.task)
+            )
             if applies:
                 if loop == request.loop_index:
                     return step
@@ -88,10 +97,51 @@ class ScriptedProvider:
         if "raw" in step:
             return ProviderResponse(str(step["raw"]), {"scripted": True})
         body = {k: v for k, v in step.items() if k in ("actions", "final")}
-        return ProviderResponse(json.dumps(body), {"scripted": True})
+        return ProviderResponse(json.dumps(_substitute(body, request)), {"scripted": True})
 
     def parse(self, response: ProviderResponse, tools: tuple[ToolSchema, ...]) -> Plan:
         return parse_plan_json(response.text, tools)
+
+
+_PLACEHOLDER = re.compile(r"\$\{([a-z0-9_-]+)[.:]([a-z0-9_]+)\}")
+
+
+def _substitute(value: Any, request: ProviderRequest) -> Any:
+    """Fill ``${artifact:N}`` (the N-th expected artifact named in the task) and
+    ``${STATUS.FIELD}`` (FIELD of the latest observed item whose status is STATUS),
+    so a static script can refer to ids that only exist at run time."""
+    if isinstance(value, dict):
+        return {key: _substitute(item, request) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_substitute(item, request) for item in value]
+    if not isinstance(value, str):
+        return value
+    return _PLACEHOLDER.sub(lambda match: _lookup(match.group(1), match.group(2), request), value)
+
+
+def _lookup(scope: str, key: str, request: ProviderRequest) -> str:
+    if scope == "artifact":
+        for line in request.task.splitlines():
+            if line.startswith("Expected artifacts: "):
+                names = [name.strip() for name in line.split(":", 1)[1].split(",")]
+                index = int(key)
+                return names[index] if index < len(names) else ""
+        return ""
+    found = ""
+
+    def walk(node: Any) -> None:
+        nonlocal found
+        if isinstance(node, dict):
+            if node.get("status") == scope and isinstance(node.get(key), str):
+                found = node[key]
+            for item in node.values():
+                walk(item)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(list(request.history))
+    return found
 
 
 def parse_plan_json(text: str, tools: tuple[ToolSchema, ...]) -> Plan:

@@ -31,5 +31,8 @@ def schemas(tools: dict[str, Tool]) -> tuple[ToolSchema, ...]:
     return tuple(tool.schema for tool in tools.values())
 
 
-def read_only_tools() -> frozenset[str]:
-    return frozenset(name for name, tool in all_tools().items() if tool.schema.read_only)
+def rerunnable(tool: Tool) -> bool:
+    """May recovery run this tool again? Read-only tools, and ledger tools whose only
+    effect is a supervisor transaction keyed by the action id (a replay returns the
+    first result), may; anything that touches the outside world may not."""
+    return tool.schema.read_only or bool(getattr(tool, "ledger_idempotent", False))

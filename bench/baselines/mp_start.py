@@ -133,7 +133,7 @@ def _restart_samples(mpctx: BaseContext, kills: int, deadline: float) -> list[fl
     stop_r, stop_w = mpctx.Pipe(duplex=False)
 
     def launch() -> BaseProcess:
-        proc = mpctx.Process(  # type: ignore[attr-defined]
+        proc: BaseProcess = mpctx.Process(  # type: ignore[attr-defined]
             target=_targets.ready_then_wait, args=(0, ready_w, stop_r), daemon=True
         )
         proc.start()

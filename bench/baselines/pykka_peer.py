@@ -28,7 +28,7 @@ def pykka_peer(ctx: Context) -> Metrics:
     except ImportError as exc:
         raise NotRun(f"pykka not installed ({exc}); pip install pykka") from exc
 
-    class Echo(pykka.ThreadingActor):  # type: ignore[misc]
+    class Echo(pykka.ThreadingActor):
         def __init__(self) -> None:
             super().__init__()
             self.count = 0
@@ -51,8 +51,12 @@ def pykka_peer(ctx: Context) -> Metrics:
         echo = Echo.start()
         for label, size in (("64B", 64), ("4KiB", 4096)):
             payload = os.urandom(size)
+
+            def ping(p: bytes = payload) -> None:
+                echo.ask(("ping", p), timeout=ASK_TIMEOUT_S)
+
             out[f"rtt_{label}"] = time_calls(
-                lambda p=payload: echo.ask(("ping", p), timeout=ASK_TIMEOUT_S),
+                ping,
                 ctx.reps(2_000, 10_000),
                 warmup=200,
                 unit="µs",
@@ -63,11 +67,11 @@ def pykka_peer(ctx: Context) -> Metrics:
         msg = ("tell", os.urandom(64))
 
         def one_way() -> float:
-            start = echo.ask(("count",), timeout=ASK_TIMEOUT_S)
+            start: int = echo.ask(("count",), block=True, timeout=ASK_TIMEOUT_S)
             t0 = time.perf_counter()
             for _ in range(count):
                 echo.tell(msg)
-            got = echo.ask(("count",), timeout=60)
+            got: int = echo.ask(("count",), block=True, timeout=60)
             if got - start != count:
                 raise RuntimeError("pykka lost messages")
             return count / (time.perf_counter() - t0)

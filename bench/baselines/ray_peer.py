@@ -122,8 +122,12 @@ def _measure(ctx: Context, ray: Any, mod: Any, system_pids: list[int]) -> Metric
     echo = actors[0]
     for label, size in (("64B", 64), ("4KiB", 4096)):
         payload = os.urandom(size)
+
+        def ping(p: bytes = payload) -> None:
+            get(echo.ping.remote(p))
+
         out[f"rtt_{label}"] = time_calls(
-            lambda p=payload: get(echo.ping.remote(p)),
+            ping,
             ctx.reps(300, 2_000),
             warmup=50,
             unit="µs",

@@ -25,7 +25,10 @@ def thespian_peer(ctx: Context) -> Metrics:
     """Thespian multiprocTCPBase: ask RTT, tell throughput, create N to ready, USS, fan-out."""
     os.environ["THESPIAN_BASE_IPADDR"] = "127.0.0.1"
     try:
-        from thespian.actors import ActorExitRequest, ActorSystem
+        from thespian.actors import (  # type: ignore[import-untyped]
+            ActorExitRequest,
+            ActorSystem,
+        )
 
         from bench import _thespian_actors
     except ImportError as exc:
@@ -64,8 +67,12 @@ def thespian_peer(ctx: Context) -> Metrics:
         echo = addrs[0]
         for label, size in (("64B", 64), ("4KiB", 4096)):
             payload = os.urandom(size)
+
+            def ping(p: bytes = payload) -> None:
+                ask(echo, ("ping", p))
+
             out[f"rtt_{label}"] = time_calls(
-                lambda p=payload: ask(echo, ("ping", p)),
+                ping,
                 ctx.reps(500, 3_000),
                 warmup=50,
                 unit="µs",
