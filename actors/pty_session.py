@@ -735,6 +735,8 @@ class PtySession:
         if not 0 <= wait_ms <= MAX_WAIT_MS:
             raise BadSessionInput(f"wait_ms must be within 0..{MAX_WAIT_MS}")
         offset = 0 if cursor is None else decode_cursor(cursor, self.process_id)
+        # Always a checkpoint, so a caller polling in a loop lets the pump run.
+        await trio.lowlevel.checkpoint()
         if offset > len(self._transcript):
             raise InvalidCursor("cursor is beyond the output")
         if offset < len(self._transcript) and self._transcript[offset] & 0xC0 == 0x80:
@@ -768,7 +770,7 @@ class PtySession:
             payload += b"\n"
         if len(payload) > MAX_STDIN_BYTES:
             raise BadSessionInput(f"stdin write larger than {MAX_STDIN_BYTES} bytes")
-        async with self._stdin_lock:
+        async with self._stdin_lock:  # also a checkpoint
             if eof:
                 veof = termios.tcgetattr(self._master)[6][termios.VEOF]
                 eof_char = veof if isinstance(veof, bytes) else bytes([veof])

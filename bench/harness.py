@@ -9,7 +9,8 @@ A *workload* measures something and returns named metrics::
         samples = [...]                       # one float per round trip, in µs
         return {"rtt_64B": Stats.of(samples, "µs")}
 
-A workload may raise ``NotRun(reason)`` (the peer is missing, the API is not built
+A workload may record metrics as it goes in ``ctx.metrics`` (kept if it then times
+out or fails), raise ``NotRun(reason)`` (the peer is missing, the API is not built
 yet, ...), skip single metrics with ``ctx.skip(metric, reason)``, and add notes with
 ``ctx.note(text)``. It must stop by ``ctx.deadline`` (``ctx.remaining()`` seconds) and
 reap every process it starts; the runner checks with psutil afterwards and kills and
@@ -157,6 +158,9 @@ class Context:
     deadline: float
     notes: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    metrics: Metrics = field(default_factory=dict)
+    """Metrics recorded so far. A workload that records here as it goes (and returns
+    this dict) keeps what it measured if it later times out or fails."""
 
     def reps(self, quick: int, full: int) -> int:
         """The repetition count for this mode."""
@@ -367,7 +371,7 @@ def resolve(results: Mapping[str, WorkloadResult], ref: Ref, unit: str) -> Looku
         return Lookup(None, None, f"no workload named {ref.workload!r}")
     if res.status == "not selected":
         return Lookup(None, None, "not selected (--only)")
-    if res.status != "ok":
+    if res.status != "ok" and ref.metric not in res.metrics:
         return Lookup(None, None, res.reason or res.status)
     if ref.metric in res.skipped:
         return Lookup(None, None, res.skipped[ref.metric])

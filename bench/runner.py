@@ -157,11 +157,11 @@ def run_workload(w: Workload, quick: bool, root: Path) -> WorkloadResult:
     faulthandler.dump_traceback_later(budget + HARD_GRACE_S, exit=True)
     t0 = time.monotonic()
     try:
-        metrics = w.fn(ctx)
-        bad = [k for k, v in metrics.items() if not isinstance(v, Stats | int | float)]
-        if bad:
-            raise TypeError(f"metrics must be Stats or numbers: {bad}")
-        result.metrics = dict(metrics)
+        # Anything a workload (or a peer's background thread) prints goes to stderr:
+        # stdout carries the report only.
+        with contextlib.redirect_stdout(sys.stderr):
+            returned = w.fn(ctx)
+        ctx.metrics.update(returned)
     except NotRun as exc:
         result.status, result.reason = "not run", exc.reason
     except WorkloadTimeout as exc:
@@ -176,8 +176,15 @@ def run_workload(w: Workload, quick: bool, root: Path) -> WorkloadResult:
         result.elapsed_s = time.monotonic() - t0
         result.leftovers = kill_leftovers(before)
         shutil.rmtree(tmp, ignore_errors=True)
+    if result.status != "not run":
+        bad = [k for k, v in ctx.metrics.items() if not isinstance(v, Stats | int | float)]
+        if bad and result.status == "ok":
+            result.status, result.reason = "failed", f"metrics must be Stats or numbers: {bad}"
+        result.metrics = {k: v for k, v in ctx.metrics.items() if k not in bad}
     result.skipped = dict(ctx.skipped)
     result.notes = list(ctx.notes)
+    if result.status in ("failed", "timed out") and result.metrics:
+        result.notes.append(f"kept {len(result.metrics)} metric(s) measured before it stopped")
     if result.leftovers:
         result.notes.append(f"killed {len(result.leftovers)} leftover process(es)")
     return result

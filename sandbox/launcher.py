@@ -201,7 +201,8 @@ class ForkServerLauncher:
         async with self._lock:
             await trio.lowlevel.wait_writable(self._sock)
             self._sock.send(msgpack.packb(message, use_bin_type=True))
-        with trio.fail_after(10):
+        # Generous: on a loaded 2-core machine a fork can queue behind other work.
+        with trio.fail_after(30):
             await done.wait()
         value = slot[0]
         if isinstance(value, Exception):

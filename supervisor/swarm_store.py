@@ -33,7 +33,7 @@ from corral.supervisor.swarm_state import (
     static_delegation_id,
 )
 
-CHILD_TOOLS = ["fs.read", "fs.write", "fs.patch", "fs.list", "effect.record"]
+CHILD_TOOLS = ["fs.read", "fs.write", "fs.patch", "fs.list", "effect.record", "effect.barrier"]
 SPECIALIST_TOOLS = CHILD_TOOLS
 
 

@@ -224,3 +224,26 @@ id = "{agent}"
 {policy}
 {steps}
 """
+
+
+def drive_to_end(daemon: Daemon, run_id: str, effects_path: Path, timeout: float = 90) -> tuple[dict[str, Any], int]:
+    """Wait for the run to end, reconciling unknown outcomes by evidence on the way.
+    Returns the final view and how many reconciliations it took."""
+    from corral.chaos.reconciler import decide, pending_reconciliations
+
+    deadline = time.monotonic() + timeout
+    reconciled = 0
+    cursor = 0
+    while True:
+        shown = show(daemon, run_id)
+        if shown["run"]["status"] in ("completed", "failed", "cancelled"):
+            return shown, reconciled
+        for action in pending_reconciliations(daemon.home / "ledger.db"):
+            outcome, note = decide(action, effects_path)
+            daemon.call("reconcile", action_id=action["action_id"], outcome=outcome, note=note)
+            reconciled += 1
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"run {run_id} stuck in {shown['run']['status']}: {json.dumps(shown)[:1500]}")
+        cursor = daemon.call("events", timeout=remaining + 5, since=cursor,
+                             wait_ms=int(min(remaining, 2) * 1000))["cursor"]

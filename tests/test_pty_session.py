@@ -90,6 +90,19 @@ async def read_all(s: PtySession) -> str:
         cursor = result.next_cursor
 
 
+async def find_descendant(name: str) -> psutil.Process:
+    """Wait for a descendant to show up under ``name`` (an exec is not instant)."""
+    with trio.fail_after(10):
+        while True:
+            for proc in psutil.Process().children(recursive=True):
+                try:
+                    if proc.name() == name:
+                        return proc
+                except psutil.NoSuchProcess:
+                    continue
+            await trio.sleep(0.01)
+
+
 # -- start, poll, cursors ---------------------------------------------------------------
 
 
@@ -295,7 +308,7 @@ async def test_grace_outlasts_the_leader(project: Path) -> None:
     async with session(project, ["sh", "-c", script]) as s:
         await s.start()
         await read_until(s, "child-up")
-        sleeper = next(p for p in psutil.Process().children(recursive=True) if p.name() == "sleep")
+        sleeper = await find_descendant("sleep")
         assert await s.terminate() is S.TERMINATED
         assert s.exit_code == 0  # the leader's own, graceful exit
     assert not sleeper.is_running() or sleeper.status() == psutil.STATUS_ZOMBIE

@@ -292,8 +292,11 @@ async def test_terminate_reaches_a_setsid_grandchild_that_ignores_sigterm(projec
         with trio.fail_after(10):
             while "grandchild-up" not in (await s.poll(None, wait_ms=200)).chunk:
                 pass
-        tree = psutil.Process().children(recursive=True)
-        sleepers = [p for p in tree if p.name() == "sleep"]
+        with trio.fail_after(10):
+            # "grandchild-up" comes just before its exec; wait for the exec itself.
+            while not (sleepers := [p for p in psutil.Process().children(recursive=True)
+                                    if _name(p) == "sleep"]):
+                await trio.sleep(0.01)
         assert len(sleepers) == 1
         sleeper = sleepers[0]
         assert s.ready_info is not None
@@ -301,6 +304,13 @@ async def test_terminate_reaches_a_setsid_grandchild_that_ignores_sigterm(projec
         assert os.getsid(sleeper.pid) == sleeper.pid != s.ready_info.pid
         assert await s.terminate() is SessionState.TERMINATED
     assert not sleeper.is_running()
+
+
+def _name(proc: psutil.Process) -> str:
+    try:
+        return proc.name()
+    except psutil.NoSuchProcess:
+        return ""
 
 
 @BOTH_MODES

@@ -40,3 +40,29 @@ def read_effects(path: os.PathLike[str] | str) -> list[dict[str, Any]]:
             return [json.loads(line) for line in handle if line.strip()]
     except FileNotFoundError:
         return []
+
+
+class EffectBarrier:
+    """Wait until ``parties`` actions reached the barrier ``name``; a test tool that
+    proves actors run in parallel (serialized ones could never all arrive)."""
+
+    schema = schema("effect.barrier", "Wait until N parties reach a named barrier (for tests).",
+                    {"name": {"type": "string"}, "parties": {"type": "integer"},
+                     "timeout_ms": {"type": "integer"}}, ["name", "parties"], read_only=False)
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        import trio
+
+        base = (ctx.effects_file or ctx.home / "effects.log").parent
+        name = "".join(ch for ch in tool_input["name"] if ch.isalnum() or ch in "-_")[:40] or "barrier"
+        directory = base / f"barrier-{name}"
+        directory.mkdir(exist_ok=True)
+        (directory / ctx.action_id).write_text(str(time.time()))
+        parties = int(tool_input["parties"])
+        deadline = trio.current_time() + tool_input.get("timeout_ms", 30_000) / 1000
+        while len(list(directory.iterdir())) < parties:
+            if trio.current_time() > deadline:
+                arrived = len(list(directory.iterdir()))
+                raise ToolError(f"barrier {name}: {arrived} of {parties} arrived before the timeout")
+            await trio.sleep(0.01)
+        return ToolResult(True, {"barrier": name, "parties": parties}, f"barrier {name} passed by {parties}")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from corral.actors.providers.base import ToolSchema
 from corral.actors.tools.base import Tool
-from corral.actors.tools.effect import EffectRecord
+from corral.actors.tools.effect import EffectBarrier, EffectRecord
 from corral.actors.tools.fs import FsList, FsPatch, FsRead, FsWrite
 
-_BUILTIN: list[Tool] = [FsRead(), FsWrite(), FsPatch(), FsList(), EffectRecord()]
+_BUILTIN: list[Tool] = [FsRead(), FsWrite(), FsPatch(), FsList(), EffectRecord(), EffectBarrier()]
 
 
 def all_tools() -> dict[str, Tool]:

@@ -27,7 +27,7 @@ def _stop(proc: BaseProcess, conn: Connection) -> None:
 def mp_pipe(ctx: Context) -> Metrics:
     """multiprocessing.Pipe round trip (64 B, 4 KiB; µs) and one-way throughput (64 B)."""
     spawn = mp.get_context("spawn")
-    out: Metrics = {}
+    out: Metrics = ctx.metrics
     n = ctx.reps(3_000, 20_000)
 
     parent, child = spawn.Pipe()

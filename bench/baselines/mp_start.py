@@ -198,7 +198,7 @@ def _fanout_ms(mpctx: BaseContext, groups: int, width: int = 3) -> float:
 @workload("mp_start", group="limits", budget_s=420, quick_budget_s=45)
 def mp_start(ctx: Context) -> Metrics:
     """Bare process start to ready (forkserver 10..1000, spawn, exec), restart, fan-out."""
-    out: Metrics = {}
+    out: Metrics = ctx.metrics
     fs = mp.get_context("forkserver")
     fs.set_forkserver_preload(["bench._targets"])
     spawn = mp.get_context("spawn")

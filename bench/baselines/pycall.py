@@ -32,7 +32,7 @@ def pycall(ctx: Context) -> Metrics:
         "dict_get_ns": ("d.get('agent.before-effect')", {"d": {}}),
         "environ_get_ns": ("e.get('CORRAL_FAILPOINTS')", {"e": os.environ}),
     }
-    out: Metrics = {}
+    out: Metrics = ctx.metrics
     for key, (stmt, env) in cases.items():
         timer = timeit.Timer(stmt, globals=env)
         per_op = [t / number * 1e9 for t in timer.repeat(rounds, number)]

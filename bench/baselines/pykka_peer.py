@@ -46,7 +46,7 @@ def pykka_peer(ctx: Context) -> Metrics:
                 return message[1]
             return True  # "ready"
 
-    out: Metrics = {}
+    out: Metrics = ctx.metrics
     try:
         echo = Echo.start()
         for label, size in (("64B", 64), ("4KiB", 4096)):

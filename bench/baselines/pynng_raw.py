@@ -21,7 +21,7 @@ def pynng_reqrep(ctx: Context) -> Metrics:
     """Req0/Rep0 round trip, synchronous pynng, 64 B and 4 KiB payloads (µs)."""
     n = ctx.reps(3_000, 20_000)
     addr = f"ipc://{ctx.tmp}/rr.ipc"
-    out: Metrics = {}
+    out: Metrics = ctx.metrics
     with Child("rep", addr), pynng.Req0(
         dial=addr, recv_timeout=TIMEOUT_MS, send_timeout=TIMEOUT_MS
     ) as req:
@@ -47,7 +47,7 @@ def pynng_reqrep_trio(ctx: Context) -> Metrics:
 
     n = ctx.reps(2_000, 10_000)
     addr = f"ipc://{ctx.tmp}/rrt.ipc"
-    out: Metrics = {}
+    out: Metrics = ctx.metrics
 
     async def measure() -> None:
         with pynng.Req0(dial=addr) as req:
@@ -83,7 +83,7 @@ def pynng_pushpull(ctx: Context) -> Metrics:
     count = ctx.reps(20_000, 50_000)
     rounds = ctx.reps(4, 12)
     payload = os.urandom(64)
-    out: Metrics = {}
+    out: Metrics = ctx.metrics
 
     addr = f"ipc://{ctx.tmp}/pp.ipc"
     with Child("pull", addr, str(count), "1") as child, pynng.Push0(

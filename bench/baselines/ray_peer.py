@@ -68,7 +68,7 @@ def ray_peer(ctx: Context) -> Metrics:
     from bench import _ray_actors
 
     before = set(descendants())
-    out: Metrics = {}
+    out: Metrics = ctx.metrics
     t0 = time.perf_counter()
     ray.init(
         num_cpus=2,
@@ -85,7 +85,7 @@ def ray_peer(ctx: Context) -> Metrics:
             raise NotRun(f"Ray used a non-loopback address ({', '.join(bad[:3])})")
         if wildcard:
             ctx.note(f"Ray listens on the wildcard address: {', '.join(sorted(set(wildcard)))}")
-        out.update(_measure(ctx, ray, _ray_actors, system_pids))
+        _measure(ctx, ray, _ray_actors, system_pids)
     finally:
         ray.shutdown()
         wait_gone([p for p in descendants() if p not in before], 20)
@@ -97,8 +97,9 @@ def ray_peer(ctx: Context) -> Metrics:
     return out
 
 
-def _measure(ctx: Context, ray: Any, mod: Any, system_pids: list[int]) -> Metrics:
-    out: Metrics = {}
+def _measure(ctx: Context, ray: Any, mod: Any, system_pids: list[int]) -> None:
+    """Record into ctx.metrics as it goes, so a timeout keeps what was measured."""
+    out: Metrics = ctx.metrics
     echo_cls = ray.remote(mod.Echo)
     ray_error = ray.exceptions.RayError
 
@@ -256,4 +257,3 @@ def _measure(ctx: Context, ray: Any, mod: Any, system_pids: list[int]) -> Metric
             return (time.perf_counter() - t0) * 1e3
 
         out[key] = repeat(fan_tasks, ctx.reps(5, 20), unit="ms", warmup=1)
-    return out

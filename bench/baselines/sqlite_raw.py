@@ -20,7 +20,7 @@ ACTIONS = 64
 @workload("sqlite_wal", group="limits", budget_s=90, quick_budget_s=15)
 def sqlite_wal(ctx: Context) -> Metrics:
     """Transitions/s: UPDATE a phase + INSERT an event per transition, committed (WAL)."""
-    out: Metrics = {}
+    out: Metrics = ctx.metrics
     round_s = 0.4 if ctx.quick else 1.0
     rounds = ctx.reps(3, 7)
     body = b"x" * 200

@@ -20,7 +20,7 @@ NULL_LOGGING = {
 }
 
 
-@workload("thespian", group="peers", budget_s=240, quick_budget_s=25, order=60)
+@workload("thespian", group="peers", budget_s=420, quick_budget_s=25, order=60)
 def thespian_peer(ctx: Context) -> Metrics:
     """Thespian multiprocTCPBase: ask RTT, tell throughput, create N to ready, USS, fan-out."""
     os.environ["THESPIAN_BASE_IPADDR"] = "127.0.0.1"
@@ -42,7 +42,7 @@ def thespian_peer(ctx: Context) -> Metrics:
         logDefs=NULL_LOGGING,
         transientUnique=True,
     )
-    out: Metrics = {}
+    out: Metrics = ctx.metrics
     actor_pids: list[int] = []
 
     def ask(addr: Any, msg: Any, timeout: float = ASK_TIMEOUT_S) -> Any:
@@ -103,7 +103,7 @@ def thespian_peer(ctx: Context) -> Metrics:
             if ctx.quick and n > 200:
                 ctx.skip(f"create_{n}", "skipped in --quick")
                 continue
-            if ctx.remaining() < (n / 50.0) * 3 + 10:
+            if ctx.remaining() < (n / 50.0) * (3 if n < 1000 else 12) + 10:
                 ctx.skip(f"create_{n}", "out of time budget")
                 continue
             times: list[float] = []

@@ -1,0 +1,1 @@
+"""Kill-and-restart chaos testing with an invariant report."""

@@ -1,0 +1,204 @@
+"""Invariants checked from persisted evidence only: the ledger (read-only) and the
+external effects file that ``effect.record`` appends to. Never process memory."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool = True
+    count: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def fail(self, message: str) -> None:
+        self.passed = False
+        if len(self.failures) < 20:
+            self.failures.append(message)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "count": self.count, "failures": self.failures}
+
+
+def _rows(db: sqlite3.Connection, sql: str, *args: Any) -> list[sqlite3.Row]:
+    return list(db.execute(sql, args).fetchall())
+
+
+def read_effects(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a torn last line from a kill mid-write is not an execution record
+    return out
+
+
+def check_all(ledger_path: Path, effects_path: Path, *, secrets: tuple[str, ...] = (),
+              scan_paths: tuple[Path, ...] = ()) -> list[Check]:
+    db = sqlite3.connect(f"file:{ledger_path}?mode=ro", uri=True)
+    db.row_factory = sqlite3.Row
+    try:
+        checks = [
+            _effects_at_most_once(db, read_effects(effects_path)),
+            _one_receipt_per_terminal_action(db),
+            _claims(db),
+            _one_final_reply(db),
+            _no_run_lost(db),
+            _no_duplicates(db),
+        ]
+    finally:
+        db.close()
+    if secrets:
+        checks.append(_no_secrets(secrets, (ledger_path, *_siblings(ledger_path), *scan_paths)))
+    return checks
+
+
+def _siblings(ledger_path: Path) -> list[Path]:
+    return [p for p in (Path(f"{ledger_path}-wal"), Path(f"{ledger_path}-shm")) if p.exists()]
+
+
+def _effects_at_most_once(db: sqlite3.Connection, effects: list[dict[str, Any]]) -> Check:
+    check = Check("side effect at most once, never before executing")
+    actions = {row["action_id"]: row for row in _rows(db, "SELECT * FROM actions")}
+    counts = Counter(e["action_id"] for e in effects)
+    check.count = len(effects)
+    for action_id, n in counts.items():
+        if n > 1:
+            check.fail(f"{action_id} executed {n} times")
+    for effect in effects:
+        action = actions.get(effect["action_id"])
+        if action is None:
+            check.fail(f"effect of {effect['action_id']} has no action in the ledger")
+            continue
+        if action["executing_at"] is None or effect["at"] < action["executing_at"]:
+            check.fail(f"{effect['action_id']}: side effect at {effect['at']:.6f} before executing was"
+                       f" committed ({action['executing_at']})")
+        if action["phase"] in ("prepared", "waiting-confirmation", "approved", "denied"):
+            check.fail(f"{effect['action_id']} ran but the ledger says {action['phase']}")
+    for action_id, action in actions.items():
+        if action["tool"] == "effect.record" and action["phase"] == "ok" and counts[action_id] != 1 \
+                and not (action["reason"] or "").startswith("reconciled"):
+            check.fail(f"{action_id} is ok in the ledger but ran {counts[action_id]} times")
+    return check
+
+
+def _one_receipt_per_terminal_action(db: sqlite3.Connection) -> Check:
+    check = Check("one receipt per terminal action")
+    receipts = Counter(row["action_id"] for row in _rows(db, "SELECT action_id FROM receipts"))
+    check.count = sum(receipts.values())
+    for action_id, n in receipts.items():
+        if n != 1:
+            check.fail(f"{action_id} has {n} receipts")
+    for row in _rows(db, "SELECT action_id, phase FROM actions"):
+        terminal = row["phase"] in ("ok", "failed", "denied")
+        if terminal and receipts[row["action_id"]] != 1:
+            check.fail(f"terminal action {row['action_id']} has {receipts[row['action_id']]} receipts")
+        if not terminal and receipts[row["action_id"]]:
+            check.fail(f"{row['phase']} action {row['action_id']} already has a receipt")
+    return check
+
+
+def _claims(db: sqlite3.Connection) -> Check:
+    check = Check("each delivery claimed at most once, observed before the reply")
+    journals = _rows(db, "SELECT * FROM claim_journal")
+    check.count = len(journals)
+    claimed_in: Counter[str] = Counter()
+    for journal in journals:
+        for delivery_id in json.loads(journal["delivery_ids"]):
+            if journal["phase"] != "prepared":
+                claimed_in[delivery_id] += 1
+    for delivery_id, n in claimed_in.items():
+        if n > 1:
+            check.fail(f"delivery {delivery_id} claimed by {n} claims")
+    for row in _rows(db, "SELECT * FROM deliveries WHERE status = 'claimed-by-parent'"):
+        if not row["claimed_by_action_id"]:
+            check.fail(f"delivery {row['delivery_id']} claimed without claimed_by_action_id")
+    for reply in _rows(db, "SELECT run_id, created_at FROM replies"):
+        for journal in _rows(db, "SELECT * FROM claim_journal WHERE parent_run_id = ?", reply["run_id"]):
+            if journal["phase"] != "observed" or journal["updated_at"] > reply["created_at"]:
+                check.fail(f"claim {journal['claim_id']} not observed before the reply of {reply['run_id']}")
+        open_deliveries = _rows(db, "SELECT delivery_id FROM deliveries WHERE parent_run_id = ?"
+                                " AND status = 'dispatched'", reply["run_id"])
+        for row in open_deliveries:
+            check.fail(f"{reply['run_id']} replied with delivery {row['delivery_id']} unclaimed")
+    return check
+
+
+def _one_final_reply(db: sqlite3.Connection) -> Check:
+    check = Check("exactly one final reply per completed root run")
+    replies = Counter(row["run_id"] for row in _rows(db, "SELECT run_id FROM replies"))
+    check.count = sum(replies.values())
+    for run in _rows(db, "SELECT run_id, status, kind FROM runs"):
+        n = replies[run["run_id"]]
+        if run["kind"] == "root" and run["status"] == "completed" and n != 1:
+            check.fail(f"completed run {run['run_id']} has {n} replies")
+        if run["status"] != "completed" and n:
+            check.fail(f"{run['status']} run {run['run_id']} has {n} replies")
+        if run["kind"] != "root" and n:
+            check.fail(f"{run['kind']} run {run['run_id']} wrote a final reply")
+    return check
+
+
+def _no_run_lost(db: sqlite3.Connection) -> Check:
+    check = Check("no run lost (ended, or parked with a reason)")
+    runs = _rows(db, "SELECT run_id, status, reason FROM runs")
+    check.count = len(runs)
+    for run in runs:
+        if run["status"] in ("completed", "cancelled"):
+            continue
+        if run["status"] in ("failed", "needs-reconciliation"):
+            if not run["reason"]:
+                check.fail(f"{run['status']} run {run['run_id']} has no reason")
+            continue
+        check.fail(f"run {run['run_id']} left {run['status']}")
+    return check
+
+
+def _no_duplicates(db: sqlite3.Connection) -> Check:
+    check = Check("no duplicate receipt, message, action or spawn")
+    events = _rows(db, "SELECT kind, subject FROM events")
+    check.count = len(events)
+    once = ("receipt-written", "reply-appended", "group-spawned", "delegated", "join-delivered",
+            "delegation-receipt", "claim-committed", "claim-observed", "plan-committed-dup")
+    counts = Counter((e["kind"], e["subject"]) for e in events if e["kind"] in once)
+    for (kind, subject), n in counts.items():
+        if n > 1:
+            check.fail(f"{kind} for {subject} recorded {n} times")
+    groups = Counter((row["parent_run_id"], row["request_digest"])
+                     for row in _rows(db, "SELECT parent_run_id, request_digest FROM isolated_groups"))
+    for (run_id, _digest), n in groups.items():
+        if n > 1:
+            check.fail(f"{run_id} spawned the same children {n} times")
+    observations = Counter(row["source"] for row in _rows(db, "SELECT source FROM observations"))
+    for source, n in observations.items():
+        if n > 1:
+            check.fail(f"observation {source} recorded {n} times")
+    return check
+
+
+def _no_secrets(secrets: tuple[str, ...], paths: tuple[Path, ...]) -> Check:
+    check = Check("no secret in ledger, events, logs or report")
+    for path in paths:
+        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+        for file in files:
+            try:
+                data = file.read_bytes()
+            except OSError:
+                continue
+            check.count += 1
+            for secret in secrets:
+                if secret.encode() in data:
+                    check.fail(f"secret {secret[:4]}… found in {file}")
+    return check

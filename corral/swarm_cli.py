@@ -1,0 +1,151 @@
+"""``corral demo``: the embedded swarm on the scripted provider, with a live view."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from corral import client
+from corral.cli import EXIT_FAILED, CliError, arguments, command, print_table
+from corral.supervisor import home as homes
+
+ROOT_AGENT = "project-supervisor"
+DEMO_TASK = "Prepare the launch plan: research, review, drafts and checks."
+
+
+def demo_spec_text() -> str:
+    return resources.files("corral").joinpath("defaults/demo.toml").read_text()
+
+
+def _demo_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", help="where to put the demo project and its home (default: a new temp dir)")
+    parser.add_argument("--keep", action="store_true", help="leave the supervisor running at the end")
+    parser.add_argument("--quiet", action="store_true", help="no live view, only the summary")
+    parser.add_argument("--provider", choices=["scripted", "openai"], default="scripted",
+                        help="scripted (default, no API key) or any OpenAI-compatible server")
+    parser.add_argument("--base-url", help="OpenAI-compatible base URL (with --provider openai)")
+    parser.add_argument("--model", help="model name (with --provider openai)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds before giving up")
+
+
+@command("demo", "run the embedded demo swarm end to end and print a summary")
+@arguments(_demo_args)
+def cmd_demo(args: argparse.Namespace) -> int:
+    base = Path(args.dir).absolute() if args.dir else Path(tempfile.mkdtemp(prefix="corral-demo-"))
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "project").mkdir(exist_ok=True)
+    spec_text = demo_spec_text()
+    if args.provider == "openai":
+        if not args.base_url or not args.model:
+            raise CliError("--provider openai needs --base-url and --model")
+        spec_text = _openai_demo(spec_text, args.base_url, args.model)
+    spec_path = base / "swarm.toml"
+    spec_path.write_text(spec_text)
+    home = base / ".corral"
+    if homes.is_locked(home):
+        raise CliError(f"a supervisor is already running on {home}; pick another --dir or `corral down`")
+    started = time.monotonic()
+    up = subprocess.run([sys.executable, "-m", "corral", "--home", str(home), "up", "--spec", str(spec_path)],
+                        capture_output=True, text=True, check=False)
+    if up.returncode != 0:
+        raise CliError(f"supervisor did not start: {up.stderr.strip()}")
+    print(f"corral demo: project {base / 'project'}")
+    try:
+        run_id = client.call(home, "run", agent_id=ROOT_AGENT, task=DEMO_TASK)["run_id"]
+        shown = _live_view(home, run_id, started, args.timeout, quiet=args.quiet)
+        _summary(home, shown, time.monotonic() - started)
+    finally:
+        if not args.keep:
+            subprocess.run([sys.executable, "-m", "corral", "--home", str(home), "down"], capture_output=True,
+                           check=False)
+    if not args.dir and not args.keep:
+        print(f"(the demo directory stays for inspection: {base}; remove it with rm -r)")
+    return 0 if shown["run"]["status"] == "completed" else EXIT_FAILED
+
+
+def _openai_demo(spec_text: str, base_url: str, model: str) -> str:
+    import re
+
+    block = f'provider = "openai"\n[agents.openai]\nbase_url = "{base_url}"\nmodel = "{model}"\n'
+    # Only the root agent thinks with the real model; specialists and children stay scripted.
+    return re.sub(r'(id = "project-supervisor"\nrole = "root"\nwrite_scopes = \["summary"\]\n)'
+                  r'(?s:.*?)(?=\n\[\[agents\]\]\nid = "researcher")', lambda m: m.group(1) + block, spec_text, 1)
+
+
+_SHOWN_KINDS = {
+    "run-running", "run-waiting-for-join", "run-waiting-confirmation", "run-completed", "run-failed",
+    "group-spawned", "delegated", "child-finished", "delegation-receipt", "join-delivered", "claim-committed",
+    "claim-observed", "reply-appended", "actor-ready", "actor-stopped", "actor-restarted", "action-executing",
+    "run-needs-reconciliation",
+}
+
+
+def _live_view(home: Path, run_id: str, started: float, timeout: float, *, quiet: bool) -> dict[str, Any]:
+    cursor = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        shown: dict[str, Any] = client.call(home, "show", run_id=run_id)
+        if shown["run"]["status"] in ("completed", "failed", "cancelled", "needs-reconciliation"):
+            if not quiet:
+                _print_events(home, cursor, started)
+            return shown
+        if time.monotonic() > deadline:
+            raise CliError(f"the demo run is still {shown['run']['status']} after {timeout}s")
+        reply = client.call(home, "events", timeout=10, since=cursor, wait_ms=2000)
+        if not quiet:
+            _print_events_list(reply["events"], started)
+        cursor = reply["cursor"]
+
+
+def _print_events(home: Path, cursor: int, started: float) -> None:
+    _print_events_list(client.call(home, "events", since=cursor, limit=5000)["events"], started)
+
+
+def _print_events_list(events: list[dict[str, Any]], started: float) -> None:
+    for event in events:
+        if event["kind"] not in _SHOWN_KINDS:
+            continue
+        data = event["data"]
+        detail = " ".join(f"{k}={v}" for k, v in sorted(data.items()) if k in (
+            "tool", "status", "target", "children", "group", "failed", "reason", "repair_of", "pid"
+        ) and v not in ("", None))
+        elapsed = max(0.0, event["at"] - (time.time() - (time.monotonic() - started)))
+        print(f"  [{elapsed:6.2f}s] {event['kind']:<24} {event['subject']:<30} {detail}"[:150], flush=True)
+
+
+def _summary(home: Path, shown: dict[str, Any], wall: float) -> None:
+    status = client.call(home, "status")
+    swarm = shown.get("swarm", {})
+    receipts = len(client.call(home, "show", run_id=shown["run"]["run_id"])["receipts"])
+    all_runs = client.call(home, "runs")["runs"]
+    print()
+    print("== corral demo summary ==")
+    rows = [[a["id"], a["template"], a["status"], str(a["restarts"])] for a in status["actors"]]
+    print_table(rows, ["ACTOR", "TEMPLATE", "STATUS", "RESTARTS"])
+    delegations = swarm.get("delegations", [])
+    repairs = sum(1 for d in delegations if d["repair_of"])
+    children = sum(len(g["children"]) for g in swarm.get("groups", []))
+    print()
+    print_table([
+        ["runs", str(len(all_runs))],
+        ["root actions", str(len(shown["actions"]))],
+        ["root receipts", str(receipts)],
+        ["isolated children", str(children)],
+        ["delegations (repairs)", f"{len(delegations)} ({repairs})"],
+        ["deliveries claimed", str(sum(1 for d in swarm.get("deliveries", []) if d["status"] == "claimed-by-parent"))],
+        ["claims observed", str(sum(1 for c in swarm.get("claims", []) if c["phase"] == "observed"))],
+        ["restarts", str(sum(a["restarts"] for a in status["actors"]))],
+        ["wall time", f"{wall:.2f}s"],
+    ], ["WHAT", "COUNT"])
+    print()
+    print(f"run {shown['run']['run_id']}: {shown['run']['status']}")
+    print(f"final reply: {shown['final_reply']}")
+    print(f"ledger: {home / homes.LEDGER}   (inspect: corral --home {home} show {shown['run']['run_id']})")
+
+

@@ -1,0 +1,368 @@
+"""Isolated children, joins, claims, delegation and their limits: the ledger rules
+directly, then real multi-process swarms (and SIGKILLs at the swarm failpoints)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.chaos.invariants import check_all
+from corral.supervisor import run_store, swarm_store
+from corral.supervisor.action_state import ActionPhase
+from corral.supervisor.errors import Refused
+from corral.supervisor.ledger import Ledger
+from corral.supervisor.spec import parse_spec
+from corral.supervisor.swarm_state import group_id_for
+from tests.harness import Daemon, drive_to_end, ledger_rows, wait_run, wait_supervisor_gone
+
+# -- the ledger rules, without processes ---------------------------------------------
+
+SPEC = parse_spec({
+    "templates": [{"id": "writer", "steps": [{"final": "x"}]}],
+    "agents": [{"id": "boss", "steps": [{"final": "x"}]},
+               {"id": "helper", "role": "specialist", "steps": [{"final": "x"}]}],
+})
+
+
+def child(scope: str, template: str = "writer") -> dict[str, Any]:
+    return {"template": template, "task": f"work in {scope}", "write_scopes": [scope],
+            "expected_artifacts": [f"{scope}/out.md"]}
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    ledger = Ledger(tmp_path / "l.db")
+    ledger.begin_boot("b", 1, 1)
+    return ledger
+
+
+def executing_action(ledger: Ledger, run_id: str, index: int, tool: str = "agent.spawn_isolated") -> str:
+    row = run_store.prepare_action(ledger, run_id, 0, index, tool, {"n": index}, rerunnable=True, policy="auto")
+    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING) if index == 0 else None
+    run_store.move_action(ledger, row["action_id"], ActionPhase.EXECUTING)
+    return str(row["action_id"])
+
+
+def root_run(ledger: Ledger) -> Any:
+    run_id = run_store.create_run(ledger, agent_id="boss", task="t", provider="scripted",
+                                  provider_config={}, options={"workspace": "/tmp"})
+    return run_store.get_run(ledger, run_id)
+
+
+def counts(ledger: Ledger) -> tuple[int, int, int]:
+    return tuple(ledger.one(f"SELECT COUNT(*) FROM {table}")[0]  # type: ignore[return-value]
+                 for table in ("isolated_groups", "children", "runs"))
+
+
+def test_spawn_derives_ids_from_the_parent_action_and_replays_idempotently(ledger: Ledger) -> None:
+    run = root_run(ledger)
+    action = executing_action(ledger, run["run_id"], 0)
+    first = swarm_store.spawn_group(ledger, SPEC, run, action, [child("a"), child("b")], "all")
+    assert first["group_id"] == group_id_for(action)
+    assert [c["instance_id"].startswith("child-") for c in first["children"]] == [True, True]
+    again = swarm_store.spawn_group(ledger, SPEC, run, action, [child("a"), child("b")], "all")
+    assert again == first
+    assert counts(ledger) == (1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("children", "message"),
+    [
+        ([child("a"), child("a/deeper")], "write scopes overlap"),
+        ([child("a"), child("b"), child("c"), child("d")], "limit is 3"),
+        ([child("a", template="nope")], "unknown template"),
+        ([{"template": "writer", "task": "x", "write_scopes": ["../up"]}], "'..'"),
+        ([{"template": "writer", "task": "x", "write_scopes": ["a"], "expected_artifacts": ["b/x"]}],
+         "outside its write scopes"),
+        ([], "non-empty"),
+    ],
+)
+def test_spawn_limits_are_checked_before_anything_is_created(ledger: Ledger, children: Any, message: str) -> None:
+    run = root_run(ledger)
+    action = executing_action(ledger, run["run_id"], 0)
+    before = counts(ledger)
+    with pytest.raises(Exception, match=message):
+        swarm_store.spawn_group(ledger, SPEC, run, action, children, "all")
+    assert counts(ledger) == before
+
+
+def test_a_child_may_not_spawn_and_depth_is_limited(ledger: Ledger) -> None:
+    run = root_run(ledger)
+    view = swarm_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a")], "all")
+    child_run = run_store.get_run(ledger, view["children"][0]["run_id"])
+    run_store.set_run_status(ledger, child_run["run_id"], run_store.RunStatus.RUNNING)
+    row = run_store.prepare_action(ledger, child_run["run_id"], 0, 0, "agent.spawn_isolated", {}, rerunnable=True,
+                                   policy="auto")
+    before = counts(ledger)
+    with pytest.raises(Refused, match="a child may not spawn"):
+        swarm_store.spawn_group(ledger, SPEC, run_store.get_run(ledger, child_run["run_id"]), row["action_id"],
+                                [child("z")], "all")
+    with pytest.raises(Refused, match="may not delegate"):
+        swarm_store.delegate(ledger, SPEC, run_store.get_run(ledger, child_run["run_id"]), row["action_id"],
+                             {"agent_id": "helper", "task": "x"})
+    assert counts(ledger) == before
+
+
+def test_a_repeated_spawn_with_a_new_action_id_is_refused(ledger: Ledger) -> None:
+    run = root_run(ledger)
+    swarm_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a")], "all")
+    before = counts(ledger)
+    with pytest.raises(Refused, match="duplicate spawn refused"):
+        swarm_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], 1), [child("a")], "all")
+    assert counts(ledger) == before
+
+
+def _join_one(ledger: Ledger, run: Any, scope: str, index: int) -> str:
+    view = swarm_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], index),
+                                   [child(scope)], "all")
+    delivery = swarm_store.finish_child(ledger, view["children"][0]["run_id"], "done", None)
+    assert delivery is not None
+    return delivery
+
+
+def test_a_delivery_is_claimed_once_and_a_second_claim_is_refused(ledger: Ledger) -> None:
+    run = root_run(ledger)
+    delivery = _join_one(ledger, run, "a", 0)
+    first = executing_action(ledger, run["run_id"], 1, "agent.run_status")
+    second = executing_action(ledger, run["run_id"], 2, "agent.run_status")
+    won = swarm_store.claim(ledger, run["run_id"], first, [delivery])
+    assert [d["delivery_id"] for d in won["claimed"]] == [delivery]
+    with pytest.raises(Refused, match="already claimed-by-parent"):
+        swarm_store.claim(ledger, run["run_id"], second, [delivery])
+    assert swarm_store.claim(ledger, run["run_id"], second, None)["claimed"] == []
+    row = ledger.one("SELECT status, claimed_by_action_id FROM deliveries WHERE delivery_id = ?", delivery)
+    assert tuple(row) == ("claimed-by-parent", first)
+    # A replay of the winning action returns the same claim, it does not claim again.
+    assert swarm_store.claim(ledger, run["run_id"], first, None) == won
+
+
+def test_claims_are_all_or_nothing(ledger: Ledger) -> None:
+    run = root_run(ledger)
+    d1 = _join_one(ledger, run, "a", 0)
+    d2 = _join_one(ledger, run, "b", 1)
+    swarm_store.claim(ledger, run["run_id"], executing_action(ledger, run["run_id"], 2, "agent.run_status"), [d2])
+    with pytest.raises(Refused):
+        swarm_store.claim(ledger, run["run_id"], executing_action(ledger, run["run_id"], 3, "agent.run_status"),
+                          [d1, d2])
+    assert ledger.one("SELECT status FROM deliveries WHERE delivery_id = ?", d1)[0] == "dispatched"
+
+
+def test_a_failed_child_still_counts_toward_the_join(ledger: Ledger) -> None:
+    run = root_run(ledger)
+    view = swarm_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], 0),
+                                   [child("a"), child("b")], "all")
+    first, second = (c["run_id"] for c in view["children"])
+    assert swarm_store.finish_child(ledger, first, None, "crashed past its restart intensity") is None
+    delivery = swarm_store.finish_child(ledger, second, "ok", None)
+    payload = json.loads(ledger.one("SELECT payload FROM deliveries WHERE delivery_id = ?", delivery)[0])
+    assert [r["status"] for r in payload["results"]] == ["failed", "failed"]  # the second broke its contract
+    assert "missing artifacts" in payload["results"][1]["error"]
+
+
+# -- real swarms ----------------------------------------------------------------------
+
+PARALLEL = """
+[project]
+root = "ws"
+[chaos]
+effects_file = "effects.log"
+
+[[templates]]
+id = "sync"
+  [[templates.steps]]
+  actions = [{ tool = "effect.barrier", input = { name = "three", parties = 3, timeout_ms = 20000 } },
+             { tool = "fs.write", input = { path = "${artifact:0}", content = "x" } }]
+  [[templates.steps]]
+  final = "synced"
+
+[[templates]]
+id = "broken"
+  [[templates.steps]]
+  raw = "{ not json"
+  [[templates.steps]]
+  raw = "{ not json"
+  [[templates.steps]]
+  raw = "{ not json"
+
+[[templates]]
+id = "sneaky"
+  [[templates.steps]]
+  actions = [{ tool = "agent.spawn_isolated", input = { children = [] } },
+             { tool = "fs.write", input = { path = "elsewhere/x.md", content = "x" } }]
+  [[templates.steps]]
+  final = "tried"
+
+[[agents]]
+id = "boss"
+  [[agents.steps]]
+  actions = [{ tool = "agent.spawn_isolated", input = { children = [
+      { template = "sync", task = "one", write_scopes = ["a"], expected_artifacts = ["a/out.md"] },
+      { template = "sync", task = "two", write_scopes = ["b"], expected_artifacts = ["b/out.md"] },
+      { template = "sync", task = "three", write_scopes = ["c"], expected_artifacts = ["c/out.md"] } ] } }]
+  [[agents.steps]]
+  actions = [{ tool = "agent.run_status", input = {} }, { tool = "agent.run_status", input = {} }]
+  [[agents.steps]]
+  final = "all three joined"
+
+[[agents]]
+id = "unlucky"
+  [[agents.steps]]
+  actions = [{ tool = "agent.spawn_isolated", input = { children = [
+      { template = "broken", task = "fail", write_scopes = ["f"], expected_artifacts = ["f/out.md"] },
+      { template = "sneaky", task = "sneak", write_scopes = ["s"], expected_artifacts = ["s/out.md"] } ] } }]
+  [[agents.steps]]
+  actions = [{ tool = "agent.run_status", input = {} }]
+  [[agents.steps]]
+  final = "joined despite failures"
+"""
+
+
+def _swarm(tmp: Path, spec_text: str) -> Daemon:
+    (tmp / "ws").mkdir(exist_ok=True)
+    spec = tmp / "spec.toml"
+    spec.write_text(spec_text)
+    return Daemon(tmp / "h", spec)
+
+
+def _all_invariants_pass(daemon: Daemon) -> None:
+    for check in check_all(daemon.home / "ledger.db", daemon.home.parent / "effects.log"):
+        assert check.passed, (check.name, check.failures)
+
+
+def test_three_children_run_in_parallel_join_once_and_the_parent_waits_without_provider_calls(
+        short_tmp: Path) -> None:
+    daemon = _swarm(short_tmp, PARALLEL)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="boss", task="fan out")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed", shown["run"]
+        children = ledger_rows(daemon.home, "SELECT started_at, ended_at FROM runs WHERE kind = 'child'")
+        assert len(children) == 3
+        assert max(c["started_at"] for c in children) < min(c["ended_at"] for c in children), "lifetimes overlap"
+        group = shown["swarm"]["groups"][0]
+        assert [c["result"]["status"] for c in group["children"]] == ["ok", "ok", "ok"]
+        assert all(c["result"]["artifacts"][0]["sha256"] for c in group["children"])
+        deliveries = shown["swarm"]["deliveries"]
+        assert [(d["kind"], d["status"]) for d in deliveries] == [("join", "claimed-by-parent")]
+        claims = shown["swarm"]["claims"]
+        assert len(claims) == 1 and claims[0]["phase"] == "observed"
+        run_status_actions = [a for a in shown["actions"] if a["tool"] == "agent.run_status"]
+        assert deliveries[0]["claimed_by_action_id"] == run_status_actions[0]["action_id"]
+        second_output = ledger_rows(daemon.home, "SELECT result FROM actions WHERE action_id = ?",
+                                    run_status_actions[1]["action_id"])[0]["result"]
+        assert json.loads(second_output)["output"]["claimed"] == [], "the second claim wins nothing"
+        # One provider request per loop: none while the parent was parked waiting for the join.
+        requests = ledger_rows(daemon.home, "SELECT slot FROM provider_requests WHERE run_id = ?", run_id)
+        assert [r["slot"] for r in requests] == [f"{run_id}:{n}" for n in range(3)]
+        events = ledger_rows(daemon.home, "SELECT cursor, kind, subject FROM events ORDER BY cursor")
+        parked = next(e["cursor"] for e in events if e["kind"] == "run-waiting-for-join" and e["subject"] == run_id)
+        resumed = next(e["cursor"] for e in events if e["kind"] == "run-running" and e["subject"] == run_id
+                       and e["cursor"] > parked)
+        assert not [e for e in events if parked < e["cursor"] < resumed and e["subject"] == run_id
+                    and e["kind"].startswith("provider")]
+        _all_invariants_pass(daemon)
+    finally:
+        daemon.shutdown()
+
+
+def test_failing_and_misbehaving_children_still_release_the_join(short_tmp: Path) -> None:
+    daemon = _swarm(short_tmp, PARALLEL)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="unlucky", task="fan out")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed"
+        results = [c["result"] for c in shown["swarm"]["groups"][0]["children"]]
+        assert [r["status"] for r in results] == ["failed", "failed"]
+        assert "invalid plan" in results[0]["error"]
+        sneaky_run = results[1]["run_id"]
+        sneaky = ledger_rows(daemon.home, "SELECT tool, phase, error FROM actions WHERE run_id = ?"
+                                          " ORDER BY action_index", sneaky_run)
+        assert sneaky[0]["phase"] == "denied" and "not allowed in a child run" in sneaky[0]["error"]
+        assert sneaky[1]["phase"] == "failed" and "outside this agent's write scopes" in sneaky[1]["error"]
+        assert len(ledger_rows(daemon.home, "SELECT * FROM isolated_groups")) == 1, "the child spawned nothing"
+        assert not (short_tmp / "ws" / "elsewhere").exists()
+        _all_invariants_pass(daemon)
+    finally:
+        daemon.shutdown()
+
+
+def _demo(tmp: Path) -> Daemon:
+    from corral.swarm_cli import demo_spec_text
+
+    (tmp / "project").mkdir()
+    spec = tmp / "swarm.toml"
+    spec.write_text(demo_spec_text())
+    return Daemon(tmp / "h", spec)
+
+
+SWARM_FAILPOINTS = ["spawn.after-commit", "delegate.after-commit", "join.after-delivery", "claim.after-prepared",
+                    "claim.after-commit", "finalize.after-prepared", "finalize.after-reply"]
+
+
+def _demo_outcome(daemon: Daemon, run_id: str) -> None:
+    shown, reconciled = drive_to_end(daemon, run_id, daemon.home.parent / "effects.log")
+    assert shown["run"]["status"] == "completed", shown["run"]
+    swarm = shown["swarm"]
+    assert len(swarm["groups"]) == 1 and len(swarm["groups"][0]["children"]) == 3
+    # An action reconciled as failed may cost the demo its repair path, never its invariants.
+    repairs = sum(1 for d in swarm["delegations"] if d["repair_of"])
+    assert repairs == 1 or reconciled
+    assert len(swarm["delegations"]) == 2 + repairs
+    assert Counter(d["status"] for d in swarm["deliveries"]) == {"claimed-by-parent": 3 + repairs}
+    assert all(c["phase"] == "observed" for c in swarm["claims"])
+    assert len(ledger_rows(daemon.home, "SELECT * FROM replies")) == 1
+    _all_invariants_pass(daemon)
+
+
+@pytest.mark.parametrize("failpoint", SWARM_FAILPOINTS)
+def test_supervisor_killed_at_swarm_failpoint(short_tmp: Path, failpoint: str) -> None:
+    daemon = _demo(short_tmp)
+    try:
+        first = daemon.up(env={"CORRAL_FAILPOINTS": f"{failpoint}=kill@once"})
+        run_id = daemon.call("run", agent_id="project-supervisor", task="launch")["run_id"]
+        wait_supervisor_gone(daemon, first.pid)
+        daemon.up()
+        _demo_outcome(daemon, run_id)
+    finally:
+        daemon.shutdown()
+
+
+@pytest.mark.parametrize("failpoint", SWARM_FAILPOINTS)
+def test_caller_killed_at_swarm_failpoint(short_tmp: Path, failpoint: str) -> None:
+    daemon = _demo(short_tmp)
+    try:
+        daemon.up(env={"CORRAL_FAILPOINTS": f"{failpoint}=kill-caller@once"})
+        run_id = daemon.call("run", agent_id="project-supervisor", task="launch")["run_id"]
+        _demo_outcome(daemon, run_id)
+        assert (daemon.home / "failpoints" / f"{failpoint}.fired").exists()
+        assert sum(a["restarts"] for a in daemon.status()["actors"]) >= 1
+    finally:
+        daemon.shutdown()
+
+
+def test_cancel_tombstones_live_children_and_stops_their_processes(short_tmp: Path) -> None:
+    spec = PARALLEL.replace("parties = 3", "parties = 4")  # the barrier never opens: children stay live
+    daemon = _swarm(short_tmp, spec)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="boss", task="fan out")["run_id"]
+        wait_run(daemon, run_id, {"waiting-for-join"})
+        daemon.wait_until(lambda s: sum(1 for a in s["actors"] if a["id"].startswith("child-")
+                                        and a["status"] == "running") == 3, what="children running")
+        from tests.harness import cli
+
+        assert cli(daemon.home, "cancel", run_id).returncode == 0
+        status = daemon.wait_until(lambda s: all(a["status"] == "stopped" for a in s["actors"]
+                                                 if a["id"].startswith("child-")), what="children stopped")
+        assert all(a["pid"] is None for a in status["actors"] if a["id"].startswith("child-"))
+        runs = ledger_rows(daemon.home, "SELECT status FROM runs WHERE kind = 'child'")
+        assert [r["status"] for r in runs] == ["cancelled"] * 3
+        assert ledger_rows(daemon.home, "SELECT * FROM replies") == []
+    finally:
+        daemon.shutdown()
