@@ -9,6 +9,7 @@ which the supervisor sends only once ``executing`` is on disk.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,11 @@ from corral.mailbox.errors import RemoteError
 from corral.redact import summarize
 
 log = logging.getLogger("corral.agent")
+
+
+
+def _unsafe_effect_order() -> bool:
+    return os.environ.get("CORRAL_TEST_UNSAFE_EFFECT_ORDER") == "1"
 
 
 async def run(ctx: ActorContext) -> int:
@@ -145,6 +151,9 @@ class Lane:
 
     async def step_execute(self, step: dict[str, Any]) -> None:
         action_id = step["action_id"]
+        if _unsafe_effect_order():
+            await self._execute_unsafely(step)
+            return
         begun = await self.ctx.call("action.begin", action_id=action_id)
         if begun["do"] != "execute":
             return
@@ -153,6 +162,16 @@ class Lane:
         failpoints.hit("agent.after-effect")
         await self.ctx.call("action.finish", action_id=action_id, ok=ok, output=output, summary=summary,
                             error=error)
+
+    async def _execute_unsafely(self, step: dict[str, Any]) -> None:
+        """The deliberately broken build: side effect first, ``executing`` after.
+        Exists so that chaos can prove its checker fails; never enabled otherwise."""
+        action_id = step["action_id"]
+        ok, output, summary, error = await self.execute(action_id, step["tool"], step["input"])
+        begun = await self.ctx.call("action.begin", action_id=action_id)
+        if begun["do"] == "execute":
+            await self.ctx.call("action.finish", action_id=action_id, ok=ok, output=output, summary=summary,
+                                error=error)
 
     async def execute(self, action_id: str, tool_name: str, tool_input: dict[str, Any]
                       ) -> tuple[bool, dict[str, Any], str, str | None]:

@@ -436,17 +436,21 @@ class PtySession:
 
     @asynccontextmanager
     async def _context(self) -> AsyncIterator[PtySession]:
+        body_error: BaseException | None = None
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            graceful = True
             try:
                 yield self
-            except BaseException:
-                graceful = False
-                raise
+            except BaseException as exc:
+                # Re-raised below, outside the nursery, so the caller gets its own
+                # exception back rather than wrapped in an ExceptionGroup.
+                body_error = exc
             finally:
                 with trio.CancelScope(shield=True):
-                    await self._shutdown(graceful)
+                    await self._shutdown(graceful=body_error is None)
+                nursery.cancel_scope.cancel()
+        if body_error is not None:
+            raise body_error
 
     async def __aenter__(self) -> PtySession:
         if self._ctx is not None:

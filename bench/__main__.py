@@ -15,23 +15,26 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description=(
-            "Measure corral's figures (RTT, throughput, spawn, restart, memory, "
-            "fan-out/join, durable transitions, scaling) next to the raw limits "
-            "(pynng, multiprocessing, SQLite) and the peers (Ray, Thespian, Pykka), "
-            "all in the same run. Prints the machine, every measurement (median, "
-            "p99, min, n), the scaling curves, the figures with their ratios and "
-            "targets, and a summary. Run it from the repository root."
-        ),
-        epilog=(
-            "--only takes workload, figure, curve or group names (limits, corral, "
-            "peers), comma-separated: a figure name runs corral's workload and every "
-            "baseline it is compared with. Examples: `python -m bench --quick`, "
-            "`python -m bench --only rtt_actor_supervisor --json /tmp/rtt.json`, "
-            "`python -m bench --only limits`. A peer that cannot run is listed as "
-            "'not run: reason'. --quick cuts repetitions and skips the 1,000-process "
-            "and 200-Ray-actor points (about 2 minutes on 2 cores)."
-        ),
+        description="""\
+Measure corral's figures (request RTT, one-way throughput, spawn to ready,
+restart latency, idle memory, fan-out/join, durable transitions, scaling to
+1,000 actors) next to the raw limits (pynng, multiprocessing, SQLite) and the
+peers (Ray, Thespian, Pykka), all in the same run. Prints the machine, every
+measurement (median, p99, min, n), the scaling curves, each figure with its
+baselines, ratios and target, and a summary. Run it from the repository root.""",
+        epilog="""\
+--only takes workload, figure, curve or group names (limits, corral, peers),
+comma-separated; a figure name runs corral's workload and every baseline it is
+compared with (see --list). A peer that cannot run shows as "not run: reason".
+--quick cuts repetitions and skips the 1,000-process and 200-Ray-actor points
+(about 1.5 minutes on 2 cores); the full run takes about 15 minutes, most of
+it Ray creating 200 actors and Thespian creating 1,000.
+
+examples:
+  python -m bench --quick
+  python -m bench --json bench/results/latest.json     # also writes latest.png
+  python -m bench --only rtt_actor_supervisor,spawn_200 --json /tmp/b.json
+  python -m bench --only limits""",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, fewer points")

@@ -17,7 +17,10 @@ Rules (the same as for the baselines):
   (ns/µs/ms/s) and size units (B/KiB/MiB), so Stats.of(samples, "ms") for a figure
   in µs is fine. Repeat enough for a median and p99: use ``ctx.reps(quick, full)``.
 - Stay within ``ctx.deadline`` (``ctx.remaining()`` s left); the runner interrupts a
-  workload past it with WorkloadTimeout and reports "timed out".
+  workload past it with WorkloadTimeout and reports "timed out". Record into
+  ``ctx.metrics`` as you go (and return it) to keep what was measured if that
+  happens. Under --quick the whole corral group should take ~40 s or less, so that
+  ``python -m bench --quick`` stays under 2 minutes on 2 cores.
 - Stop everything you start (``corral down``, then wait) in a ``finally``; the
   runner then kills and reports whatever is left (it is a subreaper, so detached
   daemons are seen too).

@@ -82,6 +82,7 @@ figure(
 def _spawn_baselines(n: int) -> dict[str, str]:
     out = {
         "bare forkserver": f"mp_start.forkserver_{n}",
+        "bare forkserver, lean": f"mp_start.forkserver_lean_{n}",
         "bare spawn": f"mp_start.spawn_{n}",
         "fork+exec python": f"mp_start.exec_{n}",
         "Ray actors": f"ray.create_{n}",
@@ -125,7 +126,8 @@ figure(
         corral="spawn_1000.ready_s",
         baselines=_spawn_baselines(1000),
         reference=("bare forkserver",),
-        note="the 1,000-live-actors target is checked by scaling_curve",
+        note="lean = without multiprocessing's O(N^2) per-start polling of live children; "
+        "the 1,000-live-actors target is checked by scaling_curve",
     )
 )
 figure(
@@ -262,6 +264,7 @@ curve(
         series={
             "corral": "scaling_curve.ready_s_{n}",
             "bare forkserver": "mp_start.forkserver_{n}",
+            "bare forkserver, lean": "mp_start.forkserver_lean_{n}",
             "bare spawn": "mp_start.spawn_{n}",
             "fork+exec python": "mp_start.exec_{n}",
             "Ray actors": "ray.create_{n}",

@@ -252,6 +252,11 @@ def write_plot(path: Path, curves: Sequence[Curve], title: str) -> str:
     ]
     if not drawable:
         return "not written: no curve has a measured point"
+    labels = list(dict.fromkeys(lb for c in drawable for lb in c.series))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = {"corral": "black"}
+    for lb in labels:
+        colors.setdefault(lb, palette[(len(colors) - 1) % len(palette)])
     fig, axes = plt.subplots(1, len(drawable), figsize=(5.2 * len(drawable), 4.2), squeeze=False)
     for ax, crv in zip(axes[0], drawable, strict=True):
         for label, points in crv.series.items():
@@ -260,7 +265,8 @@ def write_plot(path: Path, curves: Sequence[Curve], title: str) -> str:
             if not xs:
                 continue
             style = "-o" if label == "corral" else "--."
-            ax.plot(xs, ys, style, label=label, linewidth=2.2 if label == "corral" else 1.2)
+            ax.plot(xs, ys, style, label=label, color=colors[label],
+                    linewidth=2.2 if label == "corral" else 1.2)
         missing = [lb for lb, pts in crv.series.items()
                    if not any(isinstance(v, int | float) for v in pts.values())]
         if missing:

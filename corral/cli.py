@@ -12,11 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from corral import client
-from corral.mailbox.control import ControlError
+from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
+from corral.procs import wait_exit
 from corral.supervisor import home as homes
 from corral.supervisor.spec import SpecError, load_spec
 
@@ -63,7 +62,7 @@ def rpc(args: argparse.Namespace, method: str, timeout: float = 10.0, **params: 
         raise CliError(str(exc), EXIT_NOT_RUNNING) from None
     except ControlError as exc:
         raise CliError(f"{exc.code}: {exc.message}") from None
-    except DeadlineExceeded as exc:
+    except (DeadlineExceeded, SupervisorGone) as exc:
         raise CliError(str(exc)) from None
 
 
@@ -170,12 +169,8 @@ def cmd_down(args: argparse.Namespace) -> int:
         print(f"corral: no supervisor running on {home}")
         return 0
     rpc(args, "down")
-    try:
-        psutil.Process(endpoint.pid).wait(timeout=args.timeout)
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.TimeoutExpired:
-        raise CliError(f"supervisor pid {endpoint.pid} still running after {args.timeout}s") from None
+    if not wait_exit(endpoint.pid, args.timeout):
+        raise CliError(f"supervisor pid {endpoint.pid} still running after {args.timeout}s")
     print(f"corral: supervisor stopped (boot {endpoint.boot_id})")
     return 0
 

@@ -11,7 +11,7 @@ from corral.supervisor import home as homes
 
 def connect(home: Path, timeout: float = 10.0) -> ControlClient:
     endpoint = homes.read_endpoint(home)
-    return ControlClient(endpoint.control, endpoint.token, timeout=timeout)
+    return ControlClient(endpoint.control, endpoint.token, timeout=timeout, pid=endpoint.pid)
 
 
 def call(home: Path, method: str, timeout: float = 10.0, **params: Any) -> Any:

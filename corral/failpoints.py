@@ -45,6 +45,10 @@ KNOWN: dict[str, str] = {
 }
 
 
+#: Failpoints hit inside actor processes; all others are hit inside the supervisor.
+ACTOR_SIDE = frozenset(name for name in KNOWN if name.split(".")[0] in ("agent", "provider", "session"))
+
+
 class FailpointError(RuntimeError):
     """Raised by a failpoint whose action is ``raise``."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -105,14 +106,24 @@ def _err(code: str, message: str) -> dict[str, Any]:
     return {"code": code, "message": message}
 
 
-class ControlClient:
-    """Synchronous client for the CLI: one Req0 socket, a deadline per call."""
+class SupervisorGone(ConnectionError):
+    """The supervisor process exited while a call was waiting for its answer."""
 
-    def __init__(self, address: str, token: str, timeout: float = 10.0) -> None:
+
+class ControlClient:
+    """Synchronous client for the CLI: one Req0 socket, a deadline per call.
+
+    Each call races the nng exchange against a pidfd of the supervisor, so a
+    supervisor that dies mid-call is reported at once instead of after the
+    deadline (nng's Req socket would otherwise wait to resend to a new peer).
+    """
+
+    def __init__(self, address: str, token: str, timeout: float = 10.0, pid: int | None = None) -> None:
         self.address = address
         self._token = token
         self.timeout = timeout
-        self._socket = pynng.Req0(recv_timeout=int(timeout * 1000), send_timeout=int(timeout * 1000))
+        self.pid = pid
+        self._socket = pynng.Req0()
         self._socket.dial(address, block=True)
 
     def call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
@@ -128,16 +139,39 @@ class ControlClient:
 
     def call_raw(self, frame: bytes, timeout: float | None = None) -> Envelope:
         """Send any bytes (tests use this for garbage) and decode the answer."""
-        if timeout is not None:
-            self._socket.recv_timeout = int(timeout * 1000)
-        try:
-            self._socket.send(frame)
-            return decode(self._socket.recv())
-        except pynng.Timeout:
-            raise DeadlineExceeded(f"supervisor at {self.address} did not answer in time") from None
-        finally:
-            if timeout is not None:
-                self._socket.recv_timeout = int(self.timeout * 1000)
+        data: bytes = trio.run(self._exchange, frame, self.timeout if timeout is None else timeout)
+        return decode(data)
+
+    async def _exchange(self, frame: bytes, timeout: float) -> bytes:
+        answer: list[bytes] = []
+        async with trio.open_nursery() as nursery:
+
+            async def talk() -> None:
+                await self._socket.asend(frame)
+                answer.append(await self._socket.arecv())
+                nursery.cancel_scope.cancel()
+
+            async def watch() -> None:
+                if self.pid is None:
+                    return
+                try:
+                    fd = os.pidfd_open(self.pid)
+                except ProcessLookupError:
+                    raise SupervisorGone(f"the supervisor (pid {self.pid}) is gone") from None
+                try:
+                    await trio.lowlevel.wait_readable(fd)
+                finally:
+                    trio.lowlevel.notify_closing(fd)
+                    os.close(fd)
+                raise SupervisorGone(f"the supervisor (pid {self.pid}) exited before answering")
+
+            nursery.start_soon(talk)
+            nursery.start_soon(watch)
+            with trio.move_on_after(timeout) as scope:
+                await trio.sleep_forever()
+            if scope.cancelled_caught:
+                raise DeadlineExceeded(f"supervisor at {self.address} did not answer within {timeout}s")
+        return answer[0]
 
     def close(self) -> None:
         self._socket.close()

@@ -548,6 +548,12 @@ class LaunchedProcess:
                 proc.kill()  # psutil checks the create time: no recycled pid is hit
             except psutil.Error:
                 pass
+        if self._ns_init_fd is None:
+            # bwrap itself only when its pid 1 is unknown: left alive, it reaps pid 1
+            # and exits, instead of leaving a zombie for init.
+            self._kill_direct()
+
+    def _kill_direct(self) -> None:
         if self._popen.returncode is None:
             _pidfd_signal(self._pidfd, signal.SIGKILL)
 
@@ -588,6 +594,7 @@ class LaunchedProcess:
             # to run anything, or --die-with-parent is already taking pid 1 down.
             self._popen.wait()
             return True
+        self._kill_direct()
         return False
 
     async def abort(self) -> bool:

@@ -288,7 +288,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     _check_keys("project", project_table, {"root"})
     project_root = (base / _get("project", project_table, "root", str, ".")).resolve()
     chaos_table = _get("spec", data, "chaos", dict, {})
-    _check_keys("chaos", chaos_table, {"effects_file"})
+    _check_keys("chaos", chaos_table, {"effects_file", "root_agent", "task", "workspace_files"})
     effects = _get("chaos", chaos_table, "effects_file", str, "")
     policy = _policy("policy", _get("spec", data, "policy", dict, {}))
 

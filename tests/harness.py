@@ -21,6 +21,7 @@ import psutil
 from corral.supervisor import home as homes
 
 from corral import client
+from corral.procs import wait_exit
 
 CORRAL = [sys.executable, "-m", "corral"]
 
@@ -86,9 +87,8 @@ class Daemon:
 
     def kill_supervisor(self) -> int:
         pid = self.endpoint.pid
-        proc = psutil.Process(pid)
         os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        assert wait_exit(pid, 10)
         return pid
 
     def wait_until(
@@ -123,8 +123,8 @@ class Daemon:
         try:
             endpoint = homes.read_endpoint(self.home)
             client.call(self.home, "down", timeout=5)
-            psutil.Process(endpoint.pid).wait(timeout=20)
-        except (homes.HomeError, psutil.Error, Exception):
+            wait_exit(endpoint.pid, 20)
+        except Exception:
             pass
         procs = []
         for pid in pids | self.pids_seen:
@@ -137,7 +137,8 @@ class Daemon:
                 proc.kill()
             except psutil.NoSuchProcess:
                 pass
-        psutil.wait_procs(procs, timeout=5)
+        for proc in procs:
+            wait_exit(proc.pid, 5)
 
 
 @contextmanager
@@ -188,10 +189,7 @@ def wait_run(daemon: Daemon, run_id: str, statuses: set[str], timeout: float = 6
 
 
 def wait_supervisor_gone(daemon: Daemon, pid: int, timeout: float = 60) -> None:
-    try:
-        psutil.Process(pid).wait(timeout=timeout)
-    except psutil.NoSuchProcess:
-        pass
+    assert wait_exit(pid, timeout), f"supervisor {pid} still running after {timeout}s"
 
 
 def effects(path: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,355 @@
+"""The chaos runner: episodes of a scenario on fresh homes under a kill schedule.
+
+An episode starts a supervisor, starts the scenario's root run, kills processes
+with SIGKILL (at a named failpoint, or at seeded random instants), restarts what
+the restart policies say (the supervisor itself with ``corral up``), drives the run
+to its end (approving confirmations, reconciling by evidence), then checks the
+invariants from the ledger and the effects file and that no process is left.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from corral import client, failpoints
+from corral.procs import is_alive, wait_exit
+from corral.chaos.invariants import Check, check_all
+from corral.chaos.reconciler import decide, pending_reconciliations
+from corral.supervisor import home as homes
+from corral.supervisor.spec import load_spec
+
+TARGETS = ("supervisor", "agents", "children", "sessions")
+DECOYS = ("sk-decoyCHAOS0000000000000000secret", "decoy-token-5f1b7c0e9a")
+EPISODE_TIMEOUT_S = 90.0
+
+
+@dataclass
+class Kill:
+    episode: int
+    target: str  # supervisor | agents | children
+    point: str  # a failpoint name, or random@<ms>
+    victim: str
+    seed: int
+
+
+@dataclass
+class Episode:
+    index: int
+    seed: int
+    mode: str
+    failpoint: str | None
+    kills: list[Kill] = field(default_factory=list)
+    boots: int = 0
+    restarts: int = 0
+    reconciliations: int = 0
+    status: str = ""
+    checks: list[Check] = field(default_factory=list)
+    leftovers: list[int] = field(default_factory=list)
+    wall_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and not self.leftovers and all(c.passed for c in self.checks)
+
+
+@dataclass
+class Scenario:
+    name: str
+    spec_text: str
+    root_agent: str
+    task: str
+    spec_dir: Path | None = None
+
+
+def demo_scenario() -> Scenario:
+    from corral.swarm_cli import DEMO_TASK, ROOT_AGENT, demo_spec_text
+
+    return Scenario("demo", demo_spec_text(), ROOT_AGENT, DEMO_TASK)
+
+
+def file_scenario(path: Path) -> Scenario:
+    spec = load_spec(path)  # validates, with exact errors
+    chaos = spec.raw.get("chaos", {})
+    root = chaos.get("root_agent") or next((a.id for a in spec.agents if a.role == "root"), None)
+    if root is None:
+        raise ValueError(f"{path}: no root agent (set [chaos] root_agent)")
+    return Scenario(path.stem, path.read_text(), root, chaos.get("task", "chaos run"), path.parent)
+
+
+class Runner:
+    def __init__(self, scenario: Scenario, *, seed: int, targets: tuple[str, ...], workdir: Path | None = None,
+                 verbose: bool = True) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self.targets = targets
+        self.verbose = verbose
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="corral-chaos-"))
+        self.episodes: list[Episode] = []
+
+    # -- episodes ---------------------------------------------------------------------
+
+    def _prepare(self, index: int) -> tuple[Path, Path]:
+        base = self.workdir / f"e{index:03d}"
+        if base.exists():
+            shutil.rmtree(base)
+        (base / "project").mkdir(parents=True)
+        if self.scenario.spec_dir is not None:
+            for item in self.scenario.spec_dir.iterdir():
+                if item.suffix in (".toml", ".json") and item.is_file():
+                    shutil.copy(item, base / item.name)
+        spec = base / "swarm.toml"
+        spec.write_text(self.scenario.spec_text)
+        # Decoy secrets in files the agents can see; they must never reach the ledger.
+        (base / "project" / ".env").write_text(f"OPENAI_API_KEY={DECOYS[0]}\n")
+        return base, spec
+
+    def _env(self, failpoint_spec: str = "") -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
+        env["OPENAI_API_KEY"] = DECOYS[0]
+        env["CORRAL_DECOY_TOKEN"] = DECOYS[1]
+        if failpoint_spec:
+            env[failpoints.ENV_VAR] = failpoint_spec
+        return env
+
+    def _up(self, home: Path, spec: Path | None, env: dict[str, str]) -> int:
+        argv = [sys.executable, "-m", "corral", "--home", str(home), "up"]
+        if spec is not None:
+            argv += ["--spec", str(spec)]
+        result = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=60)
+        if result.returncode != 0:
+            raise RuntimeError(f"corral up failed: {result.stderr.strip()[:300]}")
+        return homes.read_endpoint(home).pid
+
+    def failpoint_episode(self, failpoint: str, target: str) -> Episode:
+        index = len(self.episodes)
+        episode = Episode(index, self.seed, "failpoints", failpoint)
+        actor_side = failpoint in failpoints.ACTOR_SIDE
+        if target == "supervisor":
+            action = "kill-supervisor" if actor_side else "kill"
+        else:
+            action = "kill" if actor_side else "kill-caller"
+        self._run_episode(episode, f"{failpoint}={action}@once", target, random_kills=0)
+        return episode
+
+    def random_episode(self, kills: int) -> Episode:
+        index = len(self.episodes)
+        episode = Episode(index, self.seed + index, "random", None)
+        self._run_episode(episode, "", None, random_kills=kills)
+        return episode
+
+    def _run_episode(self, episode: Episode, failpoint_spec: str, target: str | None, random_kills: int) -> None:
+        started = time.monotonic()
+        base, spec = self._prepare(episode.index)
+        home = base / ".corral"
+        seen_pids: set[int] = set()
+        try:
+            sup = self._up(home, spec, self._env(failpoint_spec))
+            episode.boots = 1
+            seen_pids.add(sup)
+            run_id = client.call(home, "run", agent_id=self.scenario.root_agent,
+                                 task=f"{self.scenario.task} (keep api_key={DECOYS[1]} out of every log)")["run_id"]
+            rng = random.Random(episode.seed)
+            pending_random = random_kills
+            deadline = time.monotonic() + EPISODE_TIMEOUT_S
+            while True:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"run {run_id} did not end within {EPISODE_TIMEOUT_S}s")
+                sup = self._ensure_up(home, sup, episode, failpoint_spec, target, seen_pids)
+                seen_pids |= self._live_pids(home)
+                if pending_random and rng.random() < 0.5:
+                    time.sleep(rng.uniform(0.0, 0.4))
+                    if self._random_kill(home, sup, rng, episode):
+                        pending_random -= 1
+                        continue
+                if self._drive(home, run_id, episode):
+                    break
+            episode.status = client.call(home, "show", run_id=run_id)["run"]["status"]
+            episode.restarts = sum(a["restarts"] for a in client.call(home, "status")["actors"])
+            self._down(home)
+        except Exception as exc:  # the episode failed to run: report it, never hide it
+            episode.error = f"{type(exc).__name__}: {exc}"
+            self._kill_everything(home, seen_pids)
+        seen_pids |= self._pids_from_ledger(home)
+        episode.leftovers = self._leftovers(seen_pids)
+        report_file = base / "episode.txt"
+        report_file.write_text(f"{episode}\n")
+        episode.checks = check_all(home / homes.LEDGER, base / "effects.log", secrets=DECOYS,
+                                   scan_paths=(home / "logs", report_file)) if (home / homes.LEDGER).exists() else []
+        episode.wall_s = time.monotonic() - started
+        self.episodes.append(episode)
+        if self.verbose:
+            verdict = "PASS" if episode.passed else "FAIL"
+            kills = ", ".join(f"{k.target}@{k.point}" for k in episode.kills) or "no kill reached"
+            print(f"  episode {episode.index:3d} {verdict} {episode.status or episode.error}  kills: {kills}"
+                  f"  ({episode.wall_s:.1f}s)", flush=True)
+
+    def _ensure_up(self, home: Path, sup: int, episode: Episode, failpoint_spec: str, target: str | None,
+                   seen: set[int]) -> int:
+        if is_alive(sup):
+            return sup
+        name = failpoint_spec.split("=")[0] if failpoint_spec else ""
+        if name and (home / "failpoints" / f"{name}.fired").exists() and target == "supervisor" and \
+                not any(k.point == name for k in episode.kills):
+            episode.kills.append(Kill(episode.index, "supervisor", name, "supervisor", episode.seed))
+        new = self._up(home, None, self._env())
+        episode.boots += 1
+        seen.add(new)
+        return new
+
+    def _drive(self, home: Path, run_id: str, episode: Episode) -> bool:
+        """One step towards the end: approve, reconcile, wait for events. True when done."""
+        try:
+            shown = client.call(home, "show", run_id=run_id)
+        except (homes.HomeError, Exception):
+            return False  # supervisor between boots
+        self._note_failpoint_kill(home, episode)
+        if shown["run"]["status"] in ("completed", "failed", "cancelled"):
+            return True
+        try:
+            pending = client.call(home, "pending")
+            for action in pending["actions"]:
+                if action["phase"] == "waiting-confirmation":
+                    client.call(home, "continue_action", action_id=action["action_id"], decision="approve",
+                                fingerprint=action["fingerprint"])
+            for action in pending_reconciliations(home / homes.LEDGER):
+                outcome, note = decide(action, home.parent / "effects.log")
+                client.call(home, "reconcile", action_id=action["action_id"], outcome=outcome, note=note)
+                episode.reconciliations += 1
+            for request in pending["provider_requests"]:
+                client.call(home, "reconcile", action_id=request["slot"], outcome="failed", note="chaos")
+                episode.reconciliations += 1
+            cursor = client.call(home, "status")["cursor"]
+            client.call(home, "events", timeout=10, since=cursor, wait_ms=300)
+        except Exception:
+            return False
+        return False
+
+    def _note_failpoint_kill(self, home: Path, episode: Episode) -> None:
+        if episode.failpoint is None or any(k.point == episode.failpoint for k in episode.kills):
+            return
+        if not (home / "failpoints" / f"{episode.failpoint}.fired").exists():
+            return
+        exited = [e for e in client.call(home, "events", since=0, limit=5000)["events"]
+                  if e["kind"] == "actor-exited" and e["data"].get("exit_code") == -signal.SIGKILL]
+        if exited:
+            victim = exited[0]["subject"]
+            kind = "children" if victim.startswith("child-") else "agents"
+            episode.kills.append(Kill(episode.index, kind, episode.failpoint, victim, episode.seed))
+
+    def _random_kill(self, home: Path, sup: int, rng: random.Random, episode: Episode) -> bool:
+        try:
+            actors = client.call(home, "status", timeout=5)["actors"]
+        except Exception:
+            return False
+        choices: list[tuple[str, str, int]] = []
+        if "supervisor" in self.targets:
+            choices.append(("supervisor", "supervisor", sup))
+        for actor in actors:
+            if actor["pid"] is None:
+                continue
+            kind = "children" if actor["id"].startswith("child-") else "agents"
+            if kind in self.targets:
+                choices.append((kind, actor["id"], actor["pid"]))
+        if not choices:
+            return False
+        kind, victim, pid = rng.choice(choices)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        point = f"random@{int((time.monotonic() % 1000) * 1000)}"
+        episode.kills.append(Kill(episode.index, kind, point, victim, episode.seed))
+        if kind == "supervisor":
+            wait_exit(pid, 10)
+        return True
+
+    # -- processes ------------------------------------------------------------------
+
+    def _live_pids(self, home: Path) -> set[int]:
+        try:
+            sup = psutil.Process(homes.read_endpoint(home).pid)
+            return {sup.pid, *(p.pid for p in sup.children(recursive=True))}
+        except Exception:
+            return set()
+
+    def _pids_from_ledger(self, home: Path) -> set[int]:
+        import sqlite3
+
+        path = home / homes.LEDGER
+        if not path.exists():
+            return set()
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = db.execute("SELECT data FROM events WHERE kind IN ('actor-started', 'boot-started')").fetchall()
+        finally:
+            db.close()
+        import json
+
+        return {json.loads(row[0]).get("pid") for row in rows if json.loads(row[0]).get("pid")}
+
+    def _down(self, home: Path) -> None:
+        subprocess.run([sys.executable, "-m", "corral", "--home", str(home), "down"], capture_output=True,
+                       check=False, timeout=60)
+
+    def _kill_everything(self, home: Path, pids: set[int]) -> None:
+        pids |= self._live_pids(home)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _leftovers(self, pids: set[int]) -> list[int]:
+        # PDEATHSIG is asynchronous: a short grace, then anything still running is an orphan.
+        return sorted(pid for pid in pids if not wait_exit(pid, 2))
+
+    # -- the report -------------------------------------------------------------------
+
+    def report(self, wall_s: float) -> dict[str, Any]:
+        kills = [k for e in self.episodes for k in e.kills]
+        by_target = Counter(k.target for k in kills)
+        by_point = Counter(k.point if not k.point.startswith("random@") else "random" for k in kills)
+        invariants: dict[str, dict[str, Any]] = {}
+        for episode in self.episodes:
+            for check in episode.checks:
+                entry = invariants.setdefault(check.name, {"passed": True, "count": 0, "failures": []})
+                entry["count"] += check.count
+                if not check.passed:
+                    entry["passed"] = False
+                    for failure in check.failures[:3]:
+                        entry["failures"].append({"episode": episode.index, "seed": episode.seed,
+                                                  "failpoint": episode.failpoint, "detail": failure})
+        leftovers = [p for e in self.episodes for p in e.leftovers]
+        invariants["no process left alive"] = {"passed": not leftovers, "count": len(leftovers),
+                                               "failures": [{"detail": f"pid {p} alive"} for p in leftovers]}
+        errors = [{"episode": e.index, "seed": e.seed, "failpoint": e.failpoint, "detail": e.error}
+                  for e in self.episodes if e.error]
+        invariants["every episode ran to its end"] = {"passed": not errors, "count": len(self.episodes),
+                                                      "failures": errors}
+        passed = all(entry["passed"] for entry in invariants.values())
+        return {
+            "scenario": self.scenario.name, "seed": self.seed, "targets": list(self.targets),
+            "episodes": len(self.episodes), "kills": len(kills), "kills_by_target": dict(by_target),
+            "kills_by_point": dict(sorted(by_point.items())),
+            "supervisor_restarts": sum(max(0, e.boots - 1) for e in self.episodes),
+            "actor_restarts": sum(e.restarts for e in self.episodes),
+            "recoveries": sum(max(0, e.boots - 1) for e in self.episodes),
+            "reconciliations": sum(e.reconciliations for e in self.episodes),
+            "runs": Counter(e.status or "error" for e in self.episodes),
+            "invariants": invariants, "passed": passed, "wall_s": round(wall_s, 2),
+            "workdir": str(self.workdir),
+        }

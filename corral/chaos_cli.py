@@ -1,0 +1,115 @@
+"""``corral chaos``: kill-and-restart chaos testing with an invariant report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from corral import failpoints
+from corral.chaos.runner import TARGETS, Runner, Scenario, demo_scenario, file_scenario
+from corral.cli import EXIT_FAILED, EXIT_USAGE, CliError, arguments, command, print_table
+
+
+def _chaos_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenario", default="demo", help="'demo' (default) or a swarm spec TOML with [chaos]")
+    parser.add_argument("--kills", type=int, default=20, help="total kills to reach (random/both modes)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the random schedule (default: random)")
+    parser.add_argument("--targets", default="supervisor,agents,children",
+                        help=f"comma-separated subset of {','.join(TARGETS)}")
+    parser.add_argument("--mode", choices=["failpoints", "random", "both"], default="both",
+                        help="every named failpoint once, seeded random instants, or both")
+    parser.add_argument("--failpoint", help="run only this failpoint (reproduce a failure)")
+    parser.add_argument("--json", dest="json_path", help="write the report as JSON here")
+    parser.add_argument("--keep", action="store_true", help="keep the episode directories")
+    parser.add_argument("--quiet", action="store_true", help="only the final table")
+
+
+def schedule(scenario: Scenario, targets: tuple[str, ...], only: str | None) -> list[tuple[str, str]]:
+    names = [only] if only else [n for n in failpoints.KNOWN if not n.startswith("session.")
+                                  or "session" in scenario.spec_text]
+    pairs = []
+    for name in names:
+        if "supervisor" in targets:
+            pairs.append((name, "supervisor"))
+        if "agents" in targets or "children" in targets:
+            pairs.append((name, "agents"))
+    return pairs
+
+
+@command("chaos", "kill processes of a swarm at every failpoint and at random, then check every invariant")
+@arguments(_chaos_args)
+def cmd_chaos(args: argparse.Namespace) -> int:
+    targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown or not targets:
+        raise CliError(f"unknown targets {unknown}; choose from {', '.join(TARGETS)}", EXIT_USAGE)
+    if args.failpoint and args.failpoint not in failpoints.KNOWN:
+        raise CliError(f"unknown failpoint {args.failpoint!r}; known: {', '.join(failpoints.KNOWN)}", EXIT_USAGE)
+    if args.kills < 0:
+        raise CliError("--kills must be >= 0", EXIT_USAGE)
+    try:
+        scenario = demo_scenario() if args.scenario == "demo" else file_scenario(Path(args.scenario))
+    except (OSError, ValueError) as exc:
+        raise CliError(f"bad scenario: {exc}", EXIT_USAGE) from None
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
+    runner = Runner(scenario, seed=seed, targets=targets, verbose=not args.quiet)
+    started = time.monotonic()
+    print(f"corral chaos: scenario {scenario.name}, seed {seed}, mode {args.mode}, targets {','.join(targets)}")
+    if args.mode in ("failpoints", "both") or args.failpoint:
+        for name, target in schedule(scenario, targets, args.failpoint):
+            runner.failpoint_episode(name, target)
+    if args.mode in ("random", "both") and not args.failpoint:
+        rng = random.Random(seed)
+        while sum(len(e.kills) for e in runner.episodes) < args.kills:
+            runner.random_episode(kills=rng.randint(1, 3))
+    report = runner.report(time.monotonic() - started)
+    report["mode"] = args.mode
+    report["requested_kills"] = args.kills
+    print_report(report)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
+        print(f"report: {args.json_path}")
+    if not args.keep and report["passed"]:
+        import shutil
+
+        shutil.rmtree(runner.workdir, ignore_errors=True)
+    else:
+        print(f"episodes kept in {runner.workdir}")
+    return 0 if report["passed"] else EXIT_FAILED
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print()
+    print(f"== corral chaos: {report['scenario']} seed {report['seed']} ==")
+    print_table([
+        ["episodes", str(report["episodes"])],
+        ["kills", str(report["kills"])],
+        *[[f"  kills: {t}", str(n)] for t, n in sorted(report["kills_by_target"].items())],
+        ["supervisor restarts (recoveries)", str(report["supervisor_restarts"])],
+        ["actor restarts", str(report["actor_restarts"])],
+        ["reconciliations", str(report["reconciliations"])],
+        ["runs", ", ".join(f"{k} {v}" for k, v in sorted(report["runs"].items()))],
+        ["wall time", f"{report['wall_s']:.1f}s"],
+    ], ["WHAT", "VALUE"])
+    print()
+    print_table([[point, str(n)] for point, n in report["kills_by_point"].items()], ["KILL POINT", "KILLS"])
+    print()
+    rows = [["PASS" if entry["passed"] else "FAIL", name, str(entry["count"])]
+            for name, entry in report["invariants"].items()]
+    print_table(rows, ["", "INVARIANT", "CHECKED"])
+    for name, entry in report["invariants"].items():
+        for failure in entry["failures"][:5]:
+            print(f"FAIL {name}: {failure.get('detail')}")
+            if "seed" in failure:
+                if failure.get("failpoint"):
+                    how = f"--mode failpoints --failpoint {failure['failpoint']}"
+                else:
+                    how = f"--mode {report.get('mode', 'random')} --kills {report.get('requested_kills', 1)}"
+                print(f"     reproduce: corral chaos --scenario {report['scenario']} --seed {report['seed']} {how}"
+                      f" --targets {','.join(report['targets'])}   (episode {failure['episode']})")
+    print()
+    print("ALL INVARIANTS PASS" if report["passed"] else "INVARIANTS FAILED")

@@ -1,0 +1,69 @@
+"""corral chaos: every failpoint once (bounded, in CI), the checker failing on a
+deliberately broken build, and the full 200-kill soak (slow, `make chaos`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from corral import failpoints
+from corral.chaos.runner import Runner, demo_scenario
+
+CHAOS = [sys.executable, "-m", "corral", "chaos"]
+
+
+def test_every_failpoint_once_keeps_every_invariant(short_tmp: Path) -> None:
+    """Bounded CI sample: each failpoint of the demo once, alternating supervisor and agent kills."""
+    runner = Runner(demo_scenario(), seed=11, targets=("supervisor", "agents"), workdir=short_tmp, verbose=False)
+    names = [name for name in failpoints.KNOWN if not name.startswith("session.")]
+    for index, name in enumerate(names):
+        runner.failpoint_episode(name, "supervisor" if index % 2 == 0 else "agents")
+    report = runner.report(0.0)
+    failed = {name: entry["failures"] for name, entry in report["invariants"].items() if not entry["passed"]}
+    assert failed == {}
+    reached = {k.point for e in runner.episodes for k in e.kills}
+    assert len(reached) >= len(names) - 2, f"failpoints never reached: {set(names) - reached}"
+    assert report["supervisor_restarts"] >= 1 and report["actor_restarts"] >= 1
+
+
+def test_a_build_that_commits_executing_after_the_effect_is_caught(short_tmp: Path) -> None:
+    env = {**os.environ, "CORRAL_TEST_UNSAFE_EFFECT_ORDER": "1"}
+    report_path = short_tmp / "report.json"
+    result = subprocess.run([*CHAOS, "--mode", "random", "--kills", "1", "--seed", "7", "--quiet",
+                             "--json", str(report_path)], capture_output=True, text=True, env=env, timeout=300,
+                            check=False)
+    assert result.returncode == 1, result.stdout[-2000:]
+    report = json.loads(report_path.read_text())
+    broken = report["invariants"]["side effect at most once, never before executing"]
+    assert broken["passed"] is False
+    assert "before executing was committed" in broken["failures"][0]["detail"]
+    assert "reproduce: corral chaos --scenario demo --seed 7 --mode random --kills 1" in result.stdout
+    others = [name for name, entry in report["invariants"].items() if not entry["passed"]]
+    assert others == ["side effect at most once, never before executing"]
+    import shutil
+
+    shutil.rmtree(report["workdir"], ignore_errors=True)
+
+
+@pytest.mark.parametrize("argv", [["--targets", "nobody"], ["--failpoint", "nope"], ["--kills", "-1"],
+                                  ["--scenario", "/nonexistent.toml"]])
+def test_bad_chaos_arguments_are_refused_clearly(argv: list[str]) -> None:
+    result = subprocess.run([*CHAOS, *argv], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert result.stderr.startswith("corral: ")
+
+
+@pytest.mark.slow
+def test_full_soak_200_kills_all_targets(short_tmp: Path) -> None:
+    report_path = short_tmp / "soak.json"
+    result = subprocess.run([*CHAOS, "--mode", "both", "--kills", "200", "--seed", "2026", "--quiet",
+                             "--json", str(report_path)], capture_output=True, text=True, timeout=3000, check=False)
+    report = json.loads(report_path.read_text())
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert report["kills"] >= 200
+    assert all(entry["passed"] for entry in report["invariants"].values())
