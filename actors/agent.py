@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import trio
-
-from corral import failpoints
 from corral.actors.providers.base import (
     ErrorKind,
     PlanError,
@@ -31,10 +29,11 @@ from corral.actors.tools.base import Tool, ToolContext, ToolError, validate_inpu
 from corral.actors.tools.registry import all_tools
 from corral.mailbox.envelope import Kind
 from corral.mailbox.errors import RemoteError
+
+from corral import failpoints
 from corral.redact import summarize
 
 log = logging.getLogger("corral.agent")
-
 
 
 def _unsafe_effect_order() -> bool:
@@ -117,8 +116,13 @@ class Lane:
             return
         begun = await self.call("provider.begin", loop=loop)
         request = ProviderRequest(
-            run_id=self.run_id, agent_id=self.ctx.actor_id, task=step["task"], loop_index=loop,
-            history=tuple(step["history"]), tools=self.schemas, slot=begun["slot"],
+            run_id=self.run_id,
+            agent_id=self.ctx.actor_id,
+            task=step["task"],
+            loop_index=loop,
+            history=tuple(step["history"]),
+            tools=self.schemas,
+            slot=begun["slot"],
         )
         try:
             response = await provider.complete(request)
@@ -126,8 +130,12 @@ class Lane:
             await self.call("provider.failed", slot=begun["slot"], kind=exc.kind.value, error=str(exc))
             return
         except Exception as exc:  # a provider bug is a failed lifecycle, never a hang
-            await self.call("provider.failed", slot=begun["slot"], kind=ErrorKind.FATAL.value,
-                            error=f"{type(exc).__name__}: {exc}")
+            await self.call(
+                "provider.failed",
+                slot=begun["slot"],
+                kind=ErrorKind.FATAL.value,
+                error=f"{type(exc).__name__}: {exc}",
+            )
             return
         await self.call("provider.handoff", slot=begun["slot"], text=response.text)
         failpoints.hit("provider.after-handoff")
@@ -138,16 +146,20 @@ class Lane:
         try:
             plan = provider.parse(ProviderResponse(step["response"] or ""), self.schemas)
         except PlanError as exc:
-            await self.call("plan.invalid", loop=loop, slot=step["slot"], category=exc.category.value,
-                            detail=exc.detail)
+            await self.call(
+                "plan.invalid", loop=loop, slot=step["slot"], category=exc.category.value, detail=exc.detail
+            )
             return
-        body = {"actions": [{"tool": call.tool, "input": call.input} for call in plan.actions],
-                "final": plan.final_reply}
+        body = {
+            "actions": [{"tool": call.tool, "input": call.input} for call in plan.actions],
+            "final": plan.final_reply,
+        }
         await self.call("plan.commit", loop=loop, slot=step["slot"], plan=body)
 
     async def step_prepare(self, step: dict[str, Any]) -> None:
-        await self.call("action.prepare", loop=step["loop"], index=step["index"], tool=step["tool"],
-                        input=step["input"])
+        await self.call(
+            "action.prepare", loop=step["loop"], index=step["index"], tool=step["tool"], input=step["input"]
+        )
 
     async def step_execute(self, step: dict[str, Any]) -> None:
         action_id = step["action_id"]
@@ -160,8 +172,7 @@ class Lane:
         failpoints.hit("agent.before-effect")
         ok, output, summary, error = await self.execute(action_id, step["tool"], step["input"])
         failpoints.hit("agent.after-effect")
-        await self.ctx.call("action.finish", action_id=action_id, ok=ok, output=output, summary=summary,
-                            error=error)
+        await self.ctx.call("action.finish", action_id=action_id, ok=ok, output=output, summary=summary, error=error)
 
     async def _execute_unsafely(self, step: dict[str, Any]) -> None:
         """The deliberately broken build: side effect first, ``executing`` after.
@@ -170,28 +181,44 @@ class Lane:
         ok, output, summary, error = await self.execute(action_id, step["tool"], step["input"])
         begun = await self.ctx.call("action.begin", action_id=action_id)
         if begun["do"] == "execute":
-            await self.ctx.call("action.finish", action_id=action_id, ok=ok, output=output, summary=summary,
-                                error=error)
+            await self.ctx.call(
+                "action.finish", action_id=action_id, ok=ok, output=output, summary=summary, error=error
+            )
 
-    async def execute(self, action_id: str, tool_name: str, tool_input: dict[str, Any]
-                      ) -> tuple[bool, dict[str, Any], str, str | None]:
+    async def execute(
+        self, action_id: str, tool_name: str, tool_input: dict[str, Any]
+    ) -> tuple[bool, dict[str, Any], str, str | None]:
         tool = self.tools.get(tool_name)
         if tool is None:
             return False, {}, f"{tool_name} is not available here", f"tool {tool_name!r} is not available"
         context = ToolContext(
-            agent_id=self.ctx.actor_id, run_id=self.run_id, action_id=action_id,
-            workspace=Path(self.run.get("workspace") or "."), write_scopes=tuple(self.run.get("write_scopes", [])),
-            home=Path(self.run["home"]), call=self.ctx.call, is_child=self.run.get("kind") == "child",
+            agent_id=self.ctx.actor_id,
+            run_id=self.run_id,
+            action_id=action_id,
+            workspace=Path(self.run.get("workspace") or "."),
+            write_scopes=tuple(self.run.get("write_scopes", [])),
+            home=Path(self.run["home"]),
+            call=self.ctx.call,
+            is_child=self.run.get("kind") == "child",
             effects_file=Path(self.run["effects_file"]) if self.run.get("effects_file") else None,
         )
         try:
             validate_input(tool.schema, tool_input)
             result = await tool.run(context, tool_input)
         except ToolError as exc:
-            return False, {"error": str(exc), "code": exc.code}, f"refused: {summarize(str(exc), 120)}", str(exc)
+            return (
+                False,
+                {"error": str(exc), "code": exc.code},
+                f"refused: {summarize(str(exc), 120)}",
+                str(exc),
+            )
         except RemoteError as exc:
-            return False, {"error": exc.message, "code": exc.code}, f"refused: {summarize(exc.message, 120)}", \
-                exc.message
+            return (
+                False,
+                {"error": exc.message, "code": exc.code},
+                f"refused: {summarize(exc.message, 120)}",
+                exc.message,
+            )
         except OSError as exc:
             return False, {"error": exc.strerror or str(exc)}, f"failed: {exc.strerror}", str(exc.strerror)
         return result.ok, result.output, result.summary, None if result.ok else result.summary

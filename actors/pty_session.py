@@ -430,6 +430,7 @@ class PtySession:
         self._pump_done = trio.Event()
         self._pump_eof = False
         self._lifecycle_done = trio.Event()
+        self._running = trio.Event()
         self._ctx: AbstractAsyncContextManager[PtySession] | None = None
 
     # -- context ----------------------------------------------------------------------
@@ -546,9 +547,10 @@ class PtySession:
         """
         if self._nursery is None:
             raise SessionError("start() needs `async with PtySession(...)` first")
-        await self._set_state(S.LAUNCHING)
+        check_transition(self._state, S.LAUNCHING)
         master = slave = -1
         try:
+            await self._set_state(S.LAUNCHING)
             mode = self._requested_mode or resolve_launch_mode(
                 self.profile.mode, executable=self.profile.bwrap
             )
@@ -580,15 +582,21 @@ class PtySession:
                 os.close(master)
             self._close_transcript()
             reaped = exc.tree_reaped if isinstance(exc, LaunchError) else True
-            with trio.CancelScope(shield=True):
-                await self._set_state(S.FAILED if reaped else S.NEEDS_RECONCILIATION)
+            if not is_terminal(self._state):
+                with trio.CancelScope(shield=True):
+                    await self._set_state(S.FAILED if reaped else S.NEEDS_RECONCILIATION)
             raise
         self._proc = proc
         self._master = master
         self._nursery.start_soon(self._pump)
         self._nursery.start_soon(_watch_exit, proc, self._stops_send.clone())
         self._nursery.start_soon(self._lifecycle, proc)
-        await self._set_state(S.RUNNING)
+        try:
+            await self._set_state(S.RUNNING)
+        finally:
+            # Only now may the lifecycle act (and its transitions follow RUNNING); if
+            # committing RUNNING failed, leaving the `async with` kills the process.
+            self._running.set()
 
     # -- output -----------------------------------------------------------------------
 
@@ -687,6 +695,7 @@ class PtySession:
 
     async def _lifecycle(self, proc: LaunchedProcess) -> None:
         try:
+            await self._running.wait()
             deadline = math.inf if self.timeout_s is None else trio.current_time() + self.timeout_s
             outcome, confirmed = await _run_to_end(
                 proc, self._stops_recv, deadline, self._grace_s, self._enter_terminating

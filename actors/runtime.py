@@ -56,9 +56,7 @@ def _templates() -> dict[str, Template]:
 
 
 def actor_main(config: dict[str, Any], token: str) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s {config['actor_id']} %(levelname)s %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {config['actor_id']} %(levelname)s %(message)s")
     failpoints.configure(config.get("failpoints", ""), config.get("supervisor_pid"))
     return trio.run(_actor, config, token)
 

@@ -91,8 +91,10 @@ def render_machine(run: Run) -> str:
             f"corral bench ({mode} run, {run.elapsed_s:.0f} s)",
             f"machine: {m['cores']} cores ({m['usable_cores']} usable), "
             f"{m['memory_gib']} GiB, {m['cpu_model']}, Linux {m['kernel']}, {m['python']}",
-            f"other load at start: {m['cpu_busy_pct_at_start']}% CPU busy; load average "
-            f"start {m['loadavg_at_start']}, end {m.get('loadavg_at_end')}; "
+            f"other load: {m['cpu_busy_pct_at_start']}% CPU busy at start, other processes "
+            f"used {m.get('other_cpu_s_during_run')} CPU-s ({m.get('other_cpu_pct_during_run')}%"
+            f" of the machine) during the run; load average start {m['loadavg_at_start']}, "
+            f"end {m.get('loadavg_at_end')}",
             f"/tmp on {m['tmp_filesystem']}",
             f"processes left at the end: {len(run.final_leftovers)}"
             + (f" (killed: {'; '.join(run.final_leftovers)})" if run.final_leftovers else ""),

@@ -142,6 +142,18 @@ class Run:
     final_leftovers: list[str] = field(default_factory=list)
 
 
+def _busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot."""
+    t = psutil.cpu_times()
+    return float(sum(t)) - float(t.idle) - float(getattr(t, "iowait", 0.0))
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds used by this process and every descendant it has reaped."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
     raise WorkloadTimeout("interrupted past its time budget")
 
@@ -200,6 +212,7 @@ def run(
     state = Run(quick=quick, machine=machine_info(root))
     state.subreaper = become_subreaper()
     started = time.monotonic()
+    busy0, own0 = _busy_cpu_s(), _own_cpu_s()
     try:
         plan = ordered(names)
         for index, w in enumerate(plan, 1):
@@ -223,5 +236,10 @@ def run(
             state.curves.append(build_curve(cspec, state.results))
     state.elapsed_s = time.monotonic() - started
     state.machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    # Noise indicator: CPU the rest of the machine used while we ran.
+    other = max(0.0, (_busy_cpu_s() - busy0) - (_own_cpu_s() - own0))
+    capacity = state.elapsed_s * (os.cpu_count() or 1)
+    state.machine["other_cpu_s_during_run"] = round(other, 1)
+    state.machine["other_cpu_pct_during_run"] = round(100 * other / max(capacity, 1e-9), 1)
     return state
 

@@ -18,10 +18,17 @@ def _chaos_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default="demo", help="'demo' (default) or a swarm spec TOML with [chaos]")
     parser.add_argument("--kills", type=int, default=20, help="total kills to reach (random/both modes)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the random schedule (default: random)")
-    parser.add_argument("--targets", default="supervisor,agents,children",
-                        help=f"comma-separated subset of {','.join(TARGETS)}")
-    parser.add_argument("--mode", choices=["failpoints", "random", "both"], default="both",
-                        help="every named failpoint once, seeded random instants, or both")
+    parser.add_argument(
+        "--targets",
+        default="supervisor,agents,children",
+        help=f"comma-separated subset of {','.join(TARGETS)}",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=["failpoints", "random", "both"],
+        default="both",
+        help="every named failpoint once, seeded random instants, or both",
+    )
     parser.add_argument("--failpoint", help="run only this failpoint (reproduce a failure)")
     parser.add_argument("--json", dest="json_path", help="write the report as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the episode directories")
@@ -29,8 +36,11 @@ def _chaos_args(parser: argparse.ArgumentParser) -> None:
 
 
 def schedule(scenario: Scenario, targets: tuple[str, ...], only: str | None) -> list[tuple[str, str]]:
-    names = [only] if only else [n for n in failpoints.KNOWN if not n.startswith("session.")
-                                  or "session" in scenario.spec_text]
+    names = (
+        [only]
+        if only
+        else [n for n in failpoints.KNOWN if not n.startswith("session.") or "session" in scenario.spec_text]
+    )
     pairs = []
     for name in names:
         if "supervisor" in targets:
@@ -85,21 +95,26 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 def print_report(report: dict[str, Any]) -> None:
     print()
     print(f"== corral chaos: {report['scenario']} seed {report['seed']} ==")
-    print_table([
-        ["episodes", str(report["episodes"])],
-        ["kills", str(report["kills"])],
-        *[[f"  kills: {t}", str(n)] for t, n in sorted(report["kills_by_target"].items())],
-        ["supervisor restarts (recoveries)", str(report["supervisor_restarts"])],
-        ["actor restarts", str(report["actor_restarts"])],
-        ["reconciliations", str(report["reconciliations"])],
-        ["runs", ", ".join(f"{k} {v}" for k, v in sorted(report["runs"].items()))],
-        ["wall time", f"{report['wall_s']:.1f}s"],
-    ], ["WHAT", "VALUE"])
+    print_table(
+        [
+            ["episodes", str(report["episodes"])],
+            ["kills", str(report["kills"])],
+            *[[f"  kills: {t}", str(n)] for t, n in sorted(report["kills_by_target"].items())],
+            ["supervisor restarts (recoveries)", str(report["supervisor_restarts"])],
+            ["actor restarts", str(report["actor_restarts"])],
+            ["reconciliations", str(report["reconciliations"])],
+            ["runs", ", ".join(f"{k} {v}" for k, v in sorted(report["runs"].items()))],
+            ["wall time", f"{report['wall_s']:.1f}s"],
+        ],
+        ["WHAT", "VALUE"],
+    )
     print()
     print_table([[point, str(n)] for point, n in report["kills_by_point"].items()], ["KILL POINT", "KILLS"])
     print()
-    rows = [["PASS" if entry["passed"] else "FAIL", name, str(entry["count"])]
-            for name, entry in report["invariants"].items()]
+    rows = [
+        ["PASS" if entry["passed"] else "FAIL", name, str(entry["count"])]
+        for name, entry in report["invariants"].items()
+    ]
     print_table(rows, ["", "INVARIANT", "CHECKED"])
     for name, entry in report["invariants"].items():
         for failure in entry["failures"][:5]:
@@ -109,7 +124,9 @@ def print_report(report: dict[str, Any]) -> None:
                     how = f"--mode failpoints --failpoint {failure['failpoint']}"
                 else:
                     how = f"--mode {report.get('mode', 'random')} --kills {report.get('requested_kills', 1)}"
-                print(f"     reproduce: corral chaos --scenario {report['scenario']} --seed {report['seed']} {how}"
-                      f" --targets {','.join(report['targets'])}   (episode {failure['episode']})")
+                print(
+                    f"     reproduce: corral chaos --scenario {report['scenario']} --seed {report['seed']} {how}"
+                    f" --targets {','.join(report['targets'])}   (episode {failure['episode']})"
+                )
     print()
     print("ALL INVARIANTS PASS" if report["passed"] else "INVARIANTS FAILED")

@@ -243,9 +243,7 @@ def cmd_events(args: argparse.Namespace) -> int:
             else:
                 stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
                 data = " ".join(f"{k}={v}" for k, v in sorted(event["data"].items()))
-                print(
-                    f"{event['cursor']:>6} {stamp} {event['kind']:<22} {event['subject']} {data}", flush=True
-                )
+                print(f"{event['cursor']:>6} {stamp} {event['kind']:<22} {event['subject']} {data}", flush=True)
         cursor = reply["cursor"]
         if not args.follow:
             return 0

@@ -103,8 +103,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(runs)
         return 0
-    print_table([[r["run_id"], r["agent_id"], r["kind"], r["status"], (r["reason"] or "")[:60]] for r in runs],
-                ["RUN", "AGENT", "KIND", "STATUS", "REASON"])
+    print_table(
+        [[r["run_id"], r["agent_id"], r["kind"], r["status"], (r["reason"] or "")[:60]] for r in runs],
+        ["RUN", "AGENT", "KIND", "STATUS", "REASON"],
+    )
     return 0
 
 
@@ -120,15 +122,16 @@ def cmd_pending(args: argparse.Namespace) -> int:
         return 0
     for action in pending["actions"]:
         verb = "approve/deny" if action["phase"] == "waiting-confirmation" else "reconcile"
-        print(f"{action['action_id']}  {action['phase']}  {action['input_summary']}  run {action['run_id']}"
-              f"  ({verb})")
+        print(f"{action['action_id']}  {action['phase']}  {action['input_summary']}  run {action['run_id']}  ({verb})")
         if action["reason"]:
             print(f"    {action['reason']}")
     for request in pending["provider_requests"]:
         print(f"{request['slot']}  provider request needs-reconciliation  run {request['run_id']}  (reconcile)")
     for retry in pending["provider_retries"]:
-        print(f"{retry['slot']}  waiting-for-provider-retry attempt {retry['attempt']}"
-              f" at {time.strftime('%H:%M:%S', time.localtime(retry['retry_at']))}  run {retry['run_id']}")
+        print(
+            f"{retry['slot']}  waiting-for-provider-retry attempt {retry['attempt']}"
+            f" at {time.strftime('%H:%M:%S', time.localtime(retry['retry_at']))}  run {retry['run_id']}"
+        )
     return 0
 
 
@@ -163,8 +166,7 @@ def cmd_deny(args: argparse.Namespace) -> int:
 
 def _reconcile_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action_id", metavar="ACTION_ID", help="an action id, or a provider request slot")
-    parser.add_argument("--as", dest="outcome", choices=["ok", "failed"], required=True,
-                        help="what really happened")
+    parser.add_argument("--as", dest="outcome", choices=["ok", "failed"], required=True, help="what really happened")
     parser.add_argument("--note", required=True, help="what you checked")
 
 

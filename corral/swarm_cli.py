@@ -27,8 +27,12 @@ def _demo_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", help="where to put the demo project and its home (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true", help="leave the supervisor running at the end")
     parser.add_argument("--quiet", action="store_true", help="no live view, only the summary")
-    parser.add_argument("--provider", choices=["scripted", "openai"], default="scripted",
-                        help="scripted (default, no API key) or any OpenAI-compatible server")
+    parser.add_argument(
+        "--provider",
+        choices=["scripted", "openai"],
+        default="scripted",
+        help="scripted (default, no API key) or any OpenAI-compatible server",
+    )
     parser.add_argument("--base-url", help="OpenAI-compatible base URL (with --provider openai)")
     parser.add_argument("--model", help="model name (with --provider openai)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before giving up")
@@ -51,8 +55,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if homes.is_locked(home):
         raise CliError(f"a supervisor is already running on {home}; pick another --dir or `corral down`")
     started = time.monotonic()
-    up = subprocess.run([sys.executable, "-m", "corral", "--home", str(home), "up", "--spec", str(spec_path)],
-                        capture_output=True, text=True, check=False)
+    up = subprocess.run(
+        [sys.executable, "-m", "corral", "--home", str(home), "up", "--spec", str(spec_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if up.returncode != 0:
         raise CliError(f"supervisor did not start: {up.stderr.strip()}")
     print(f"corral demo: project {base / 'project'}")
@@ -62,8 +70,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         _summary(home, shown, time.monotonic() - started)
     finally:
         if not args.keep:
-            subprocess.run([sys.executable, "-m", "corral", "--home", str(home), "down"], capture_output=True,
-                           check=False)
+            subprocess.run(
+                [sys.executable, "-m", "corral", "--home", str(home), "down"],
+                capture_output=True,
+                check=False,
+            )
     if not args.dir and not args.keep:
         print(f"(the demo directory stays for inspection: {base}; remove it with rm -r)")
     return 0 if shown["run"]["status"] == "completed" else EXIT_FAILED
@@ -74,14 +85,33 @@ def _openai_demo(spec_text: str, base_url: str, model: str) -> str:
 
     block = f'provider = "openai"\n[agents.openai]\nbase_url = "{base_url}"\nmodel = "{model}"\n'
     # Only the root agent thinks with the real model; specialists and children stay scripted.
-    return re.sub(r'(id = "project-supervisor"\nrole = "root"\nwrite_scopes = \["summary"\]\n)'
-                  r'(?s:.*?)(?=\n\[\[agents\]\]\nid = "researcher")', lambda m: m.group(1) + block, spec_text, 1)
+    return re.sub(
+        r'(id = "project-supervisor"\nrole = "root"\nwrite_scopes = \["summary"\]\n)'
+        r'(?s:.*?)(?=\n\[\[agents\]\]\nid = "researcher")',
+        lambda m: m.group(1) + block,
+        spec_text,
+        count=1,
+    )
 
 
 _SHOWN_KINDS = {
-    "run-running", "run-waiting-for-join", "run-waiting-confirmation", "run-completed", "run-failed",
-    "group-spawned", "delegated", "child-finished", "delegation-receipt", "join-delivered", "claim-committed",
-    "claim-observed", "reply-appended", "actor-ready", "actor-stopped", "actor-restarted", "action-executing",
+    "run-running",
+    "run-waiting-for-join",
+    "run-waiting-confirmation",
+    "run-completed",
+    "run-failed",
+    "group-spawned",
+    "delegated",
+    "child-finished",
+    "delegation-receipt",
+    "join-delivered",
+    "claim-committed",
+    "claim-observed",
+    "reply-appended",
+    "actor-ready",
+    "actor-stopped",
+    "actor-restarted",
+    "action-executing",
     "run-needs-reconciliation",
 }
 
@@ -112,9 +142,12 @@ def _print_events_list(events: list[dict[str, Any]], started: float) -> None:
         if event["kind"] not in _SHOWN_KINDS:
             continue
         data = event["data"]
-        detail = " ".join(f"{k}={v}" for k, v in sorted(data.items()) if k in (
-            "tool", "status", "target", "children", "group", "failed", "reason", "repair_of", "pid"
-        ) and v not in ("", None))
+        detail = " ".join(
+            f"{k}={v}"
+            for k, v in sorted(data.items())
+            if k in ("tool", "status", "target", "children", "group", "failed", "reason", "repair_of", "pid")
+            and v not in ("", None)
+        )
         elapsed = max(0.0, event["at"] - (time.time() - (time.monotonic() - started)))
         print(f"  [{elapsed:6.2f}s] {event['kind']:<24} {event['subject']:<30} {detail}"[:150], flush=True)
 
@@ -132,20 +165,24 @@ def _summary(home: Path, shown: dict[str, Any], wall: float) -> None:
     repairs = sum(1 for d in delegations if d["repair_of"])
     children = sum(len(g["children"]) for g in swarm.get("groups", []))
     print()
-    print_table([
-        ["runs", str(len(all_runs))],
-        ["root actions", str(len(shown["actions"]))],
-        ["root receipts", str(receipts)],
-        ["isolated children", str(children)],
-        ["delegations (repairs)", f"{len(delegations)} ({repairs})"],
-        ["deliveries claimed", str(sum(1 for d in swarm.get("deliveries", []) if d["status"] == "claimed-by-parent"))],
-        ["claims observed", str(sum(1 for c in swarm.get("claims", []) if c["phase"] == "observed"))],
-        ["restarts", str(sum(a["restarts"] for a in status["actors"]))],
-        ["wall time", f"{wall:.2f}s"],
-    ], ["WHAT", "COUNT"])
+    print_table(
+        [
+            ["runs", str(len(all_runs))],
+            ["root actions", str(len(shown["actions"]))],
+            ["root receipts", str(receipts)],
+            ["isolated children", str(children)],
+            ["delegations (repairs)", f"{len(delegations)} ({repairs})"],
+            [
+                "deliveries claimed",
+                str(sum(1 for d in swarm.get("deliveries", []) if d["status"] == "claimed-by-parent")),
+            ],
+            ["claims observed", str(sum(1 for c in swarm.get("claims", []) if c["phase"] == "observed"))],
+            ["restarts", str(sum(a["restarts"] for a in status["actors"]))],
+            ["wall time", f"{wall:.2f}s"],
+        ],
+        ["WHAT", "COUNT"],
+    )
     print()
     print(f"run {shown['run']['run_id']}: {shown['run']['status']}")
     print(f"final reply: {shown['final_reply']}")
     print(f"ledger: {home / homes.LEDGER}   (inspect: corral --home {home} show {shown['run']['run_id']})")
-
-

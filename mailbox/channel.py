@@ -100,8 +100,7 @@ class Channel:
                 await pending.done.wait()
             if scope.cancelled_caught:
                 raise DeadlineExceeded(
-                    f"{envelope.body.get('method', envelope.kind)} to {envelope.recipient}:"
-                    f" no reply within {timeout}s"
+                    f"{envelope.body.get('method', envelope.kind)} to {envelope.recipient}: no reply within {timeout}s"
                 )
         finally:
             self._pending.pop(envelope.msg_id, None)

@@ -127,9 +127,7 @@ class ControlClient:
         self._socket.dial(address, block=True)
 
     def call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
-        request = Envelope(
-            Kind.REQUEST, "cli", "supervisor", {"method": method, "params": params}, token=self._token
-        )
+        request = Envelope(Kind.REQUEST, "cli", "supervisor", {"method": method, "params": params}, token=self._token)
         reply = self.call_raw(encode(request), timeout)
         if reply.kind is Kind.ERROR:
             raise ControlError(str(reply.body.get("code")), str(reply.body.get("message")))

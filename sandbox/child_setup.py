@@ -10,9 +10,16 @@ from collections.abc import Mapping
 import prctl
 
 #: Variables an actor keeps; everything else (API keys included) is scrubbed.
-ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "CORRAL_FAILPOINT_DIR",
-                 # test-only: the deliberately broken build that chaos must catch
-                 "CORRAL_TEST_UNSAFE_EFFECT_ORDER")
+ENV_ALLOWLIST = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "PYTHONPATH",
+    "CORRAL_FAILPOINT_DIR",
+    # test-only: the deliberately broken build that chaos must catch
+    "CORRAL_TEST_UNSAFE_EFFECT_ORDER",
+)
 
 RLIMITS = {
     "cpu_s": resource.RLIMIT_CPU,

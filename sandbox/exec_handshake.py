@@ -56,7 +56,9 @@ if TYPE_CHECKING or __name__ != "__main__":
     from .bwrap import (
         LaunchMode,
         SandboxProfile,
+        SandboxUnavailable,
         build_bwrap_argv,
+        find_bwrap,
         resolve_launch_mode,
     )
 
@@ -766,6 +768,8 @@ async def launch_with_handshake(
     if not argv:
         raise LaunchError("empty argv")
     mode = launch_mode or resolve_launch_mode(profile.mode, executable=profile.bwrap)
+    if mode is LaunchMode.SANDBOXED and find_bwrap(profile.bwrap) is None:
+        raise SandboxUnavailable("sandboxed launch requested and bubblewrap is not installed")
     cwd = Path(cwd).resolve()
     root = profile.project_root
     if cwd != root and root not in cwd.parents:
@@ -802,17 +806,20 @@ async def launch_with_handshake(
         # Popen from this (the trio) thread, not trio.run_process: trio spawns from a
         # worker thread, and PDEATHSIG (bwrap --die-with-parent) fires when the
         # *thread* that forked exits, which trio's idle worker threads do.
-        popen = subprocess.Popen(
-            full,
-            stdin=subprocess.DEVNULL if stdin is None else stdin,
-            stdout=subprocess.DEVNULL if stdout is None else stdout,
-            stderr=subprocess.DEVNULL if stderr is None else stderr,
-            pass_fds=child_fds,
-            cwd=str(cwd),
-            env=child_env,
-            start_new_session=True,
-            close_fds=True,
-        )
+        try:
+            popen = subprocess.Popen(
+                full,
+                stdin=subprocess.DEVNULL if stdin is None else stdin,
+                stdout=subprocess.DEVNULL if stdout is None else stdout,
+                stderr=subprocess.DEVNULL if stderr is None else stderr,
+                pass_fds=child_fds,
+                cwd=str(cwd),
+                env=child_env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start {full[0]}: {exc.strerror}") from exc
     except BaseException:
         _close_quietly(*child_fds, *parent_fds)
         raise

@@ -36,9 +36,7 @@ def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = 
         sock.send(data)
 
 
-def _child(
-    sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any], init: dict[str, Any]
-) -> None:
+def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any], init: dict[str, Any]) -> None:
     code = 1
     try:
         sock.close()
@@ -94,9 +92,7 @@ def serve(sock: socket.socket, supervisor_pid: int) -> None:
         _reap(sock)
 
 
-def _spawn(
-    sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any], init: dict[str, Any]
-) -> None:
+def _spawn(sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any], init: dict[str, Any]) -> None:
     try:
         pid = os.fork()
     except OSError as exc:

@@ -207,9 +207,7 @@ class Supervisor:
         return reasons
 
     async def _status(self, params: dict[str, Any]) -> dict[str, Any]:
-        boots = self.ledger.all(
-            "SELECT boot_id, seq, pid, started_at, ended_at, end_reason FROM boots ORDER BY seq"
-        )
+        boots = self.ledger.all("SELECT boot_id, seq, pid, started_at, ended_at, end_reason FROM boots ORDER BY seq")
         return {
             "home": str(self.home),
             "boot_id": self.boot_id,
@@ -228,9 +226,7 @@ class Supervisor:
         since = params.get("since", 0)
         wait_ms = params.get("wait_ms", 0)
         limit = params.get("limit", 500)
-        if not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (since, wait_ms, limit)
-        ):
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (since, wait_ms, limit)):
             raise SupervisorError("since, wait_ms and limit must be non-negative integers", "bad-request")
         events = self.ledger.events_since(since, min(limit, 5000))
         if not events and wait_ms:

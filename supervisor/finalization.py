@@ -10,12 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from corral import failpoints
-from corral.redact import redact_text
 from corral.supervisor.errors import Refused
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.run_state import RunStatus
 from corral.supervisor.run_store import get_run, set_run_status
+
+from corral import failpoints
+from corral.redact import redact_text
 
 #: Extra blockers from the swarm and session layers: (ledger, run_id) -> reasons.
 BLOCKERS: list[Callable[[Ledger, str], list[str]]] = []
@@ -24,19 +25,22 @@ BLOCKERS: list[Callable[[Ledger, str], list[str]]] = []
 def blockers(ledger: Ledger, run_id: str) -> list[str]:
     reasons: list[str] = []
     open_actions = ledger.all(
-        "SELECT action_id, phase FROM actions WHERE run_id = ? AND phase NOT IN ('ok', 'failed', 'denied')", run_id
+        "SELECT action_id, phase FROM actions WHERE run_id = ? AND phase NOT IN ('ok', 'failed', 'denied')",
+        run_id,
     )
     for row in open_actions:
         label = "unresolved reconciliation" if row["phase"] == "needs-reconciliation" else "pending action"
         reasons.append(f"{label} {row['action_id']} ({row['phase']})")
     unreceipted = ledger.all(
         "SELECT a.action_id FROM actions a LEFT JOIN receipts r ON r.action_id = a.action_id"
-        " WHERE a.run_id = ? AND a.phase IN ('ok', 'failed', 'denied') AND r.action_id IS NULL", run_id
+        " WHERE a.run_id = ? AND a.phase IN ('ok', 'failed', 'denied') AND r.action_id IS NULL",
+        run_id,
     )
     reasons.extend(f"action {row['action_id']} has no receipt yet" for row in unreceipted)
     requests = ledger.all(
         "SELECT slot, status FROM provider_requests WHERE run_id = ? AND"
-        " (status = 'started' OR status = 'needs-reconciliation')", run_id
+        " (status = 'started' OR status = 'needs-reconciliation')",
+        run_id,
     )
     reasons.extend(f"provider request {row['slot']} is {row['status']}" for row in requests)
     for check in BLOCKERS:
@@ -71,16 +75,22 @@ def resume_finalization(ledger: Ledger, run_id: str) -> dict[str, str]:
     if row["phase"] == "prepared":
         with ledger.tx() as db:
             if not db.execute("SELECT 1 FROM replies WHERE run_id = ?", (run_id,)).fetchone():
-                db.execute("INSERT INTO replies (run_id, text, created_at) VALUES (?, ?, ?)",
-                           (run_id, row["reply"], time.time()))
-            db.execute("UPDATE finalizations SET phase = 'reply-appended', updated_at = ? WHERE run_id = ?",
-                       (time.time(), run_id))
+                db.execute(
+                    "INSERT INTO replies (run_id, text, created_at) VALUES (?, ?, ?)",
+                    (run_id, row["reply"], time.time()),
+                )
+            db.execute(
+                "UPDATE finalizations SET phase = 'reply-appended', updated_at = ? WHERE run_id = ?",
+                (time.time(), run_id),
+            )
             ledger.event("reply-appended", run_id)
         failpoints.hit("finalize.after-reply")
     with ledger.tx() as db:
         current = db.execute("SELECT phase FROM finalizations WHERE run_id = ?", (run_id,)).fetchone()["phase"]
         if current == "reply-appended":
-            db.execute("UPDATE finalizations SET phase = 'completed', updated_at = ? WHERE run_id = ?",
-                       (time.time(), run_id))
+            db.execute(
+                "UPDATE finalizations SET phase = 'completed', updated_at = ? WHERE run_id = ?",
+                (time.time(), run_id),
+            )
             set_run_status(ledger, run_id, RunStatus.COMPLETED)
     return {"status": "completed"}

@@ -143,13 +143,9 @@ def read_endpoint(home: Path) -> Endpoint:
     except TypeError:
         raise HomeError(f"endpoint file {path} has unexpected fields") from None
     if endpoint.protocol != PROTOCOL_VERSION:
-        raise HomeError(
-            f"supervisor on {home} speaks protocol {endpoint.protocol}, this corral {PROTOCOL_VERSION}"
-        )
+        raise HomeError(f"supervisor on {home} speaks protocol {endpoint.protocol}, this corral {PROTOCOL_VERSION}")
     if not psutil.pid_exists(endpoint.pid) or not is_locked(home):
-        raise NotRunning(
-            f"the supervisor of {home} (pid {endpoint.pid}) is gone; `corral up` starts a new boot"
-        )
+        raise NotRunning(f"the supervisor of {home} (pid {endpoint.pid}) is gone; `corral up` starts a new boot")
     return endpoint
 
 

@@ -49,9 +49,7 @@ class Ledger:
     def _migrate(self) -> None:
         current = self.db.execute("PRAGMA user_version").fetchone()[0]
         if current > len(MIGRATIONS):
-            raise LedgerError(
-                f"ledger {self.path} has schema {current}, newer than this corral ({len(MIGRATIONS)})"
-            )
+            raise LedgerError(f"ledger {self.path} has schema {current}, newer than this corral ({len(MIGRATIONS)})")
         for version in range(current, len(MIGRATIONS)):
             self.db.execute("BEGIN IMMEDIATE")
             try:
@@ -112,8 +110,7 @@ class Ledger:
 
     def events_since(self, cursor: int, limit: int = 500) -> list[dict[str, Any]]:
         rows = self.all(
-            "SELECT cursor, at, boot_id, kind, subject, data FROM events"
-            " WHERE cursor > ? ORDER BY cursor LIMIT ?",
+            "SELECT cursor, at, boot_id, kind, subject, data FROM events WHERE cursor > ? ORDER BY cursor LIMIT ?",
             cursor,
             limit,
         )

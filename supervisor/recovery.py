@@ -47,7 +47,8 @@ def recover(ledger: Ledger, idempotent_provider: Callable[[str], bool]) -> Recov
             report.rerun_read_only += 1  # next_step runs it again; nothing outside changed
             continue
         mark_needs_reconciliation(
-            ledger, row["action_id"],
+            ledger,
+            row["action_id"],
             "the supervisor stopped while it was executing; the side effect may or may not have happened",
         )
         report.reconciliations.append(row["action_id"])
@@ -65,23 +66,33 @@ def recover(ledger: Ledger, idempotent_provider: Callable[[str], bool]) -> Recov
         move_action(ledger, row["action_id"], ActionPhase.FAILED, reason="its run ended", error="run ended")
         write_receipt(ledger, row["action_id"])
 
-    for row in ledger.all("SELECT slot, run_id, provider FROM provider_requests p JOIN runs USING (run_id)"
-                          " WHERE p.status = 'started'"):
+    for row in ledger.all(
+        "SELECT slot, run_id, provider FROM provider_requests p JOIN runs USING (run_id) WHERE p.status = 'started'"
+    ):
         report.provider_requests += 1
         if idempotent_provider(row["provider"]):
             with ledger.tx() as db:
-                db.execute("UPDATE provider_requests SET status = 'failed', error_kind = 'interrupted',"
-                           " error = 'interrupted by a restart', retry_at = NULL WHERE slot = ?", (row["slot"],))
+                db.execute(
+                    "UPDATE provider_requests SET status = 'failed', error_kind = 'interrupted',"
+                    " error = 'interrupted by a restart', retry_at = NULL WHERE slot = ?",
+                    (row["slot"],),
+                )
                 ledger.event("provider-request-interrupted", row["run_id"], slot=row["slot"])
         else:
             with ledger.tx() as db:
-                db.execute("UPDATE provider_requests SET status = 'needs-reconciliation' WHERE slot = ?",
-                           (row["slot"],))
+                db.execute(
+                    "UPDATE provider_requests SET status = 'needs-reconciliation' WHERE slot = ?",
+                    (row["slot"],),
+                )
                 ledger.event("provider-request-needs-reconciliation", row["run_id"], slot=row["slot"])
                 run = get_run(ledger, row["run_id"])
                 if run["status"] in (RunStatus.RUNNING, RunStatus.WAITING_FOR_PROVIDER_RETRY):
-                    set_run_status(ledger, row["run_id"], RunStatus.NEEDS_RECONCILIATION,
-                                   f"provider request {row['slot']} was in flight at a crash; not re-sent")
+                    set_run_status(
+                        ledger,
+                        row["run_id"],
+                        RunStatus.NEEDS_RECONCILIATION,
+                        f"provider request {row['slot']} was in flight at a crash; not re-sent",
+                    )
             report.reconciliations.append(row["slot"])
     for step in STEPS:
         step(ledger, report)

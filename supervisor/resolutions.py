@@ -41,7 +41,10 @@ def reconcile(ledger: Ledger, action_id: str, outcome: str, note: str) -> str:
         raise Conflict(f"action {action_id} is {row['phase']}; only needs-reconciliation actions are reconciled")
     with ledger.tx():
         move_action(
-            ledger, action_id, ActionPhase(outcome), reason=f"reconciled by a person as {outcome}",
+            ledger,
+            action_id,
+            ActionPhase(outcome),
+            reason=f"reconciled by a person as {outcome}",
             error=None if outcome == "ok" else f"reconciled as failed: {note[:200]}",
         )
         write_receipt(ledger, action_id, note=note)
@@ -74,8 +77,11 @@ def reconcile_provider_request(ledger: Ledger, slot: str, note: str) -> str:
     if row["status"] != "needs-reconciliation":
         raise Conflict(f"provider request {slot} is {row['status']}")
     with ledger.tx() as db:
-        db.execute("UPDATE provider_requests SET status = 'failed', error_kind = 'reconciled', error = ?,"
-                   " retry_at = NULL WHERE slot = ?", (note[:200], slot))
+        db.execute(
+            "UPDATE provider_requests SET status = 'failed', error_kind = 'reconciled', error = ?,"
+            " retry_at = NULL WHERE slot = ?",
+            (note[:200], slot),
+        )
         ledger.event("provider-request-reconciled", row["run_id"], slot=slot)
         _reopen_run(ledger, row["run_id"])
     return str(row["run_id"])

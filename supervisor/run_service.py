@@ -10,16 +10,16 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import trio
-
 from corral.actors.providers.registry import is_idempotent
 from corral.actors.tools.registry import all_tools, rerunnable
-from corral.redact import summarize
 from corral.supervisor import finalization, recovery, resolutions, run_store
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.run_state import TERMINAL, RunStatus
 from corral.supervisor.run_store import RunLimits
 from corral.supervisor.spec import AgentSpec
 from corral.supervisor.tree import ActorSlot
+
+from corral.redact import summarize
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -90,13 +90,20 @@ class RunService:
         if run is None:
             return {"run": None}
         options = json.loads(run["options"])
-        return {"run": {
-            "run_id": run["run_id"], "task": run["task"], "kind": run["kind"],
-            "provider": run["provider"], "provider_config": json.loads(run["provider_config"]),
-            "workspace": options.get("workspace"), "write_scopes": options.get("write_scopes", ["."]),
-            "effects_file": options.get("effects_file"), "home": str(self.sup.home),
-            "allowed_tools": options.get("allowed_tools"),
-        }}
+        return {
+            "run": {
+                "run_id": run["run_id"],
+                "task": run["task"],
+                "kind": run["kind"],
+                "provider": run["provider"],
+                "provider_config": json.loads(run["provider_config"]),
+                "workspace": options.get("workspace"),
+                "write_scopes": options.get("write_scopes", ["."]),
+                "effects_file": options.get("effects_file"),
+                "home": str(self.sup.home),
+                "allowed_tools": options.get("allowed_tools"),
+            }
+        }
 
     async def next_step(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self.owned_run(slot, params)
@@ -121,8 +128,12 @@ class RunService:
     async def provider_failed(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self.owned_run(slot, params)
         result = run_store.provider_failed(
-            self.ledger, run["run_id"], _str(params, "slot"), _str(params, "kind", limit=40),
-            str(params.get("error", ""))[:1000], self.limits_for(run),
+            self.ledger,
+            run["run_id"],
+            _str(params, "slot"),
+            _str(params, "kind", limit=40),
+            str(params.get("error", ""))[:1000],
+            self.limits_for(run),
         )
         self._retry_schedule_changed()
         return result
@@ -132,14 +143,20 @@ class RunService:
         plan = params.get("plan")
         if not isinstance(plan, dict):
             raise BadRequest("plan must be a map")
-        return {"plan": run_store.commit_plan(self.ledger, run["run_id"], _int(params, "loop"),
-                                              _str(params, "slot"), plan)}
+        return {
+            "plan": run_store.commit_plan(self.ledger, run["run_id"], _int(params, "loop"), _str(params, "slot"), plan)
+        }
 
     async def plan_invalid(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self.owned_run(slot, params)
         return run_store.plan_invalid(
-            self.ledger, run["run_id"], _int(params, "loop"), _str(params, "slot"),
-            _str(params, "category", limit=40), str(params.get("detail", ""))[:1000], self.limits_for(run),
+            self.ledger,
+            run["run_id"],
+            _int(params, "loop"),
+            _str(params, "slot"),
+            _str(params, "category", limit=40),
+            str(params.get("detail", ""))[:1000],
+            self.limits_for(run),
         )
 
     async def action_prepare(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
@@ -156,8 +173,14 @@ class RunService:
         if allowed is not None and tool_name not in allowed:
             policy = "deny"  # e.g. a child may not spawn or delegate: refused, recorded, never run
         row = run_store.prepare_action(
-            self.ledger, run["run_id"], _int(params, "loop"), _int(params, "index"), tool_name, tool_input,
-            rerunnable=rerunnable(tool), policy=policy,
+            self.ledger,
+            run["run_id"],
+            _int(params, "loop"),
+            _int(params, "index"),
+            tool_name,
+            tool_input,
+            rerunnable=rerunnable(tool),
+            policy=policy,
         )
         return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
 
@@ -172,8 +195,14 @@ class RunService:
         output = params.get("output", {})
         if not isinstance(output, dict):
             raise BadRequest("output must be a map")
-        run_store.finish_action(self.ledger, action["action_id"], bool(params.get("ok")), output,
-                                str(params.get("summary", "")), params.get("error"))
+        run_store.finish_action(
+            self.ledger,
+            action["action_id"],
+            bool(params.get("ok")),
+            output,
+            str(params.get("summary", "")),
+            params.get("error"),
+        )
         return {}
 
     async def finalize(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
@@ -186,8 +215,12 @@ class RunService:
     async def fail(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self.owned_run(slot, params)
         if RunStatus(run["status"]) not in TERMINAL:
-            run_store.set_run_status(self.ledger, run["run_id"], RunStatus.FAILED,
-                                     summarize(str(params.get("reason", "failed")), 300))
+            run_store.set_run_status(
+                self.ledger,
+                run["run_id"],
+                RunStatus.FAILED,
+                summarize(str(params.get("reason", "failed")), 300),
+            )
         return {}
 
     # -- control methods --------------------------------------------------------------
@@ -210,7 +243,11 @@ class RunService:
                 raise BadRequest(str(exc)) from None
             provider, provider_config = "scripted", {"script": parsed}
         run_id = run_store.create_run(
-            self.ledger, agent_id=agent.id, task=task, provider=provider, provider_config=provider_config,
+            self.ledger,
+            agent_id=agent.id,
+            task=task,
+            provider=provider,
+            provider_config=provider_config,
             options=self.agent_options(agent),
         )
         await self.wake(agent.id)
@@ -218,27 +255,47 @@ class RunService:
 
     def agent_options(self, agent: AgentSpec) -> dict[str, Any]:
         return {
-            "workspace": str(agent.workspace), "write_scopes": list(agent.write_scopes),
+            "workspace": str(agent.workspace),
+            "write_scopes": list(agent.write_scopes),
             "policy": {**self.sup.spec.policy, **agent.policy},
             "effects_file": str(self.sup.spec.effects_file) if self.sup.spec.effects_file else None,
-            "limits": {"max_repairs": agent.max_repairs, "max_provider_retries": agent.max_provider_retries,
-                       "retry_base_s": agent.retry_base_s, "retry_cap_s": agent.retry_cap_s},
+            "limits": {
+                "max_repairs": agent.max_repairs,
+                "max_provider_retries": agent.max_provider_retries,
+                "retry_base_s": agent.retry_base_s,
+                "retry_cap_s": agent.retry_cap_s,
+            },
             "role": agent.role,
         }
 
     async def show(self, params: dict[str, Any]) -> dict[str, Any]:
         run = run_store.get_run(self.ledger, _str(params, "run_id"))
         run_id = run["run_id"]
-        data = {k: run[k] for k in run.keys() if k not in ("provider_config", "options")}
+        data = {k: run[k] for k in run.keys() if k not in ("provider_config", "options")}  # noqa: SIM118 - sqlite3.Row is not a dict
         data["repairs"] = json.loads(run["repairs"])
         actions = [
-            {k: row[k] for k in ("action_id", "loop_index", "action_index", "tool", "phase", "policy", "fingerprint",
-                                 "attempts", "reason", "error")}
-            for row in self.ledger.all("SELECT * FROM actions WHERE run_id = ? ORDER BY loop_index, action_index",
-                                       run_id)
+            {
+                k: row[k]
+                for k in (
+                    "action_id",
+                    "loop_index",
+                    "action_index",
+                    "tool",
+                    "phase",
+                    "policy",
+                    "fingerprint",
+                    "attempts",
+                    "reason",
+                    "error",
+                )
+            }
+            for row in self.ledger.all(
+                "SELECT * FROM actions WHERE run_id = ? ORDER BY loop_index, action_index", run_id
+            )
         ]
-        receipts = [dict(row) for row in self.ledger.all("SELECT * FROM receipts WHERE run_id = ? ORDER BY receipt_id",
-                                                         run_id)]
+        receipts = [
+            dict(row) for row in self.ledger.all("SELECT * FROM receipts WHERE run_id = ? ORDER BY receipt_id", run_id)
+        ]
         requests = [
             {k: row[k] for k in ("slot", "attempt", "status", "error_kind", "error", "retry_at")}
             for row in self.ledger.all("SELECT * FROM provider_requests WHERE run_id = ? ORDER BY rowid", run_id)
@@ -246,13 +303,21 @@ class RunService:
         reply = self.ledger.one("SELECT text, created_at FROM replies WHERE run_id = ?", run_id)
         final = self.ledger.one("SELECT phase FROM finalizations WHERE run_id = ?", run_id)
         extra = {name: section(run_id) for name, section in SHOW_SECTIONS.items()}
-        return {"run": data, "actions": actions, "receipts": receipts, "provider_requests": requests,
-                "final_reply": reply["text"] if reply else None,
-                "finalization": final["phase"] if final else None, **extra}
+        return {
+            "run": data,
+            "actions": actions,
+            "receipts": receipts,
+            "provider_requests": requests,
+            "final_reply": reply["text"] if reply else None,
+            "finalization": final["phase"] if final else None,
+            **extra,
+        }
 
     async def runs(self, params: dict[str, Any]) -> dict[str, Any]:
-        rows = self.ledger.all("SELECT run_id, agent_id, kind, status, reason, task, created_at FROM runs"
-                               " ORDER BY created_at DESC LIMIT 200")
+        rows = self.ledger.all(
+            "SELECT run_id, agent_id, kind, status, reason, task, created_at FROM runs"
+            " ORDER BY created_at DESC LIMIT 200"
+        )
         return {"runs": [dict(row) for row in rows]}
 
     async def pending(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -270,24 +335,32 @@ class RunService:
         )
         return {
             "actions": [
-                {**{k: row[k] for k in ("action_id", "run_id", "agent_id", "tool", "phase", "fingerprint", "reason")},
-                 "input_summary": run_store.input_summary(row["tool"], json.loads(row["input"]))}
+                {
+                    **{
+                        k: row[k] for k in ("action_id", "run_id", "agent_id", "tool", "phase", "fingerprint", "reason")
+                    },
+                    "input_summary": run_store.input_summary(row["tool"], json.loads(row["input"])),
+                }
                 for row in waiting
             ],
             "provider_requests": [dict(row) for row in requests],
             "provider_retries": [dict(row) for row in retries],
-            "runs": [dict(row) for row in self.ledger.all(
-                "SELECT run_id, agent_id, status, reason FROM runs WHERE status IN"
-                " ('waiting-confirmation', 'needs-reconciliation', 'waiting-for-provider-retry', 'waiting-for-join')"
-            )],
+            "runs": [
+                dict(row)
+                for row in self.ledger.all(
+                    "SELECT run_id, agent_id, status, reason FROM runs WHERE status IN ('waiting-confirmation',"
+                    " 'needs-reconciliation', 'waiting-for-provider-retry', 'waiting-for-join')"
+                )
+            ],
         }
 
     async def continue_action(self, params: dict[str, Any]) -> dict[str, Any]:
         fingerprint = params.get("fingerprint")
         if fingerprint is not None and not isinstance(fingerprint, str):
             raise BadRequest("fingerprint must be a string")
-        run_id = resolutions.continue_action(self.ledger, _str(params, "action_id"), _str(params, "decision"),
-                                             fingerprint)
+        run_id = resolutions.continue_action(
+            self.ledger, _str(params, "action_id"), _str(params, "decision"), fingerprint
+        )
         await self.wake_run(run_id)
         return {"run_id": run_id}
 
@@ -308,8 +381,10 @@ class RunService:
         return {"status": run_store.get_run(self.ledger, run_id)["status"]}
 
     async def wake_pending(self, params: dict[str, Any]) -> dict[str, Any]:
-        agents = {row["agent_id"] for row in self.ledger.all(
-            "SELECT DISTINCT agent_id FROM runs WHERE status IN ('pending', 'running')")}
+        agents = {
+            row["agent_id"]
+            for row in self.ledger.all("SELECT DISTINCT agent_id FROM runs WHERE status IN ('pending', 'running')")
+        }
         for agent_id in agents:
             await self.wake(agent_id)
         return {"woken": sorted(agents)}
@@ -327,16 +402,24 @@ class RunService:
     # -- busy, recovery, retries --------------------------------------------------------
 
     def busy(self) -> list[str]:
-        rows = self.ledger.all("SELECT status, COUNT(*) AS n FROM runs WHERE status NOT IN"
-                               " ('completed', 'failed', 'cancelled') GROUP BY status")
+        rows = self.ledger.all(
+            "SELECT status, COUNT(*) AS n FROM runs WHERE status NOT IN"
+            " ('completed', 'failed', 'cancelled') GROUP BY status"
+        )
         return [f"{row['n']} run(s) {row['status']}" for row in rows]
 
     async def recover(self) -> None:
         self.recovery_report = recovery.recover(self.ledger, is_idempotent)
         report = self.recovery_report
-        self.ledger.event("recovery-done", self.sup.boot_id, finalizations=report.finalizations,
-                          reconciliations=len(report.reconciliations), receipts=report.receipts_repaired,
-                          provider_requests=report.provider_requests, runs=report.runs_resumed)
+        self.ledger.event(
+            "recovery-done",
+            self.sup.boot_id,
+            finalizations=report.finalizations,
+            reconciliations=len(report.reconciliations),
+            receipts=report.receipts_repaired,
+            provider_requests=report.provider_requests,
+            runs=report.runs_resumed,
+        )
 
     def _retry_schedule_changed(self) -> None:
         self.retry_changed.set()
@@ -362,10 +445,16 @@ class RunService:
     def status_section(self) -> dict[str, Any]:
         rows = self.ledger.all("SELECT status, COUNT(*) AS n FROM runs GROUP BY status")
         report = self.recovery_report
-        return {"by_status": {row["status"]: row["n"] for row in rows},
-                "recovery": None if report is None else {
-                    "finalizations": report.finalizations, "reconciliations": report.reconciliations,
-                    "receipts_repaired": report.receipts_repaired}}
+        return {
+            "by_status": {row["status"]: row["n"] for row in rows},
+            "recovery": None
+            if report is None
+            else {
+                "finalizations": report.finalizations,
+                "reconciliations": report.reconciliations,
+                "receipts_repaired": report.receipts_repaired,
+            },
+        }
 
 
 #: Extra sections of `corral show` from other layers: name -> (run_id -> data).
@@ -376,19 +465,35 @@ CANCEL_HOOKS: list[Any] = []
 
 def install(sup: Supervisor) -> RunService:
     service = RunService(sup)
-    sup.actor_methods.update({
-        "run.claim": service.claim, "run.next_step": service.next_step,
-        "provider.begin": service.provider_begin, "provider.handoff": service.provider_handoff,
-        "provider.failed": service.provider_failed, "plan.commit": service.plan_commit,
-        "plan.invalid": service.plan_invalid, "action.prepare": service.action_prepare,
-        "action.begin": service.action_begin, "action.finish": service.action_finish,
-        "run.finalize": service.finalize, "run.fail": service.fail,
-    })
-    sup.control_methods.update({
-        "run": service.create, "show": service.show, "runs": service.runs, "pending": service.pending,
-        "continue_action": service.continue_action, "reconcile": service.reconcile, "resume": service.resume,
-        "wake_pending": service.wake_pending, "cancel": service.cancel,
-    })
+    sup.actor_methods.update(
+        {
+            "run.claim": service.claim,
+            "run.next_step": service.next_step,
+            "provider.begin": service.provider_begin,
+            "provider.handoff": service.provider_handoff,
+            "provider.failed": service.provider_failed,
+            "plan.commit": service.plan_commit,
+            "plan.invalid": service.plan_invalid,
+            "action.prepare": service.action_prepare,
+            "action.begin": service.action_begin,
+            "action.finish": service.action_finish,
+            "run.finalize": service.finalize,
+            "run.fail": service.fail,
+        }
+    )
+    sup.control_methods.update(
+        {
+            "run": service.create,
+            "show": service.show,
+            "runs": service.runs,
+            "pending": service.pending,
+            "continue_action": service.continue_action,
+            "reconcile": service.reconcile,
+            "resume": service.resume,
+            "wake_pending": service.wake_pending,
+            "cancel": service.cancel,
+        }
+    )
     sup.busy_checks.append(service.busy)
     sup.recovery_hooks.append(service.recover)
     sup.background.append(service.retry_timer)

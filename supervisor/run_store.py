@@ -15,8 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from corral import failpoints
-from corral.redact import redact, redact_text, summarize
 from corral.supervisor.action_state import (
     TERMINAL as ACTION_TERMINAL,
 )
@@ -31,6 +29,9 @@ from corral.supervisor.errors import BadRequest, Conflict, NotFound, Refused
 from corral.supervisor.ledger import Ledger, dumps
 from corral.supervisor.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.run_state import RunStatus, check_run_transition
+
+from corral import failpoints
+from corral.redact import redact, redact_text, summarize
 
 MAX_RESPONSE_CHARS = 256 * 1024
 MAX_RESULT_CHARS = 64 * 1024
@@ -59,9 +60,18 @@ def _bounded(value: Any, limit: int = MAX_RESULT_CHARS) -> str:
 
 
 def create_run(
-    ledger: Ledger, *, agent_id: str, task: str, provider: str, provider_config: dict[str, Any],
-    kind: str = "root", parent_run_id: str | None = None, root_run_id: str | None = None,
-    depth: int = 0, options: dict[str, Any] | None = None, run_id: str | None = None,
+    ledger: Ledger,
+    *,
+    agent_id: str,
+    task: str,
+    provider: str,
+    provider_config: dict[str, Any],
+    kind: str = "root",
+    parent_run_id: str | None = None,
+    root_run_id: str | None = None,
+    depth: int = 0,
+    options: dict[str, Any] | None = None,
+    run_id: str | None = None,
     session_id: str | None = None,
 ) -> str:
     if not task.strip():
@@ -75,9 +85,21 @@ def create_run(
             "INSERT INTO runs (run_id, agent_id, session_id, kind, parent_run_id, root_run_id, depth, task,"
             " status, provider, provider_config, options, created_at, updated_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
-            (run_id, agent_id, session_id or "sess-" + secrets.token_hex(6), kind, parent_run_id,
-             root_run_id or run_id, depth, redact_text(task), provider, dumps(redact(provider_config)),
-             dumps(options or {}), now, now),
+            (
+                run_id,
+                agent_id,
+                session_id or "sess-" + secrets.token_hex(6),
+                kind,
+                parent_run_id,
+                root_run_id or run_id,
+                depth,
+                redact_text(task),
+                provider,
+                dumps(redact(provider_config)),
+                dumps(options or {}),
+                now,
+                now,
+            ),
         )
         ledger.event("run-created", run_id, agent=agent_id, run_kind=kind, task=summarize(task, 120))
     return run_id
@@ -104,8 +126,16 @@ def set_run_status(ledger: Ledger, run_id: str, status: RunStatus, reason: str |
             " started_at = COALESCE(started_at, CASE WHEN ? = 'running' THEN ? END),"
             " ended_at = CASE WHEN ? IN ('completed', 'failed', 'cancelled') THEN ? ELSE ended_at END"
             " WHERE run_id = ?",
-            (status.value, redact_text(reason) if reason else None, now, status.value, now,
-             status.value, now, run_id),
+            (
+                status.value,
+                redact_text(reason) if reason else None,
+                now,
+                status.value,
+                now,
+                status.value,
+                now,
+                run_id,
+            ),
         )
         ledger.event("run-" + status.value, run_id, reason=reason or "", previous=current.value)
         for hook in STATUS_HOOKS:
@@ -138,8 +168,7 @@ def add_observation(ledger: Ledger, run_id: str, source: str, loop_index: int, d
     with ledger.tx() as db:
         if db.execute("SELECT 1 FROM observations WHERE source = ?", (source,)).fetchone():
             return False
-        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM observations WHERE run_id = ?",
-                         (run_id,)).fetchone()[0]
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM observations WHERE run_id = ?", (run_id,)).fetchone()[0]
         db.execute(
             "INSERT INTO observations (run_id, seq, source, loop_index, data, created_at) VALUES (?, ?, ?, ?, ?, ?)",
             (run_id, seq, source, loop_index, _bounded(data), _now()),
@@ -153,7 +182,8 @@ def add_observation(ledger: Ledger, run_id: str, source: str, loop_index: int, d
 def _requests_for(ledger: Ledger, run_id: str, loop_index: int) -> list[sqlite3.Row]:
     return ledger.all(
         "SELECT rowid, * FROM provider_requests WHERE run_id = ? AND loop_index = ? ORDER BY rowid",
-        run_id, loop_index,
+        run_id,
+        loop_index,
     )
 
 
@@ -200,8 +230,9 @@ def _repair_number(slot: str) -> int:
 def provider_handoff(ledger: Ledger, run_id: str, slot: str, text: str) -> None:
     """Commit a successful response before anyone parses or acts on it."""
     with ledger.tx() as db:
-        row = db.execute("SELECT status FROM provider_requests WHERE slot = ? AND run_id = ?",
-                         (slot, run_id)).fetchone()
+        row = db.execute(
+            "SELECT status FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, run_id)
+        ).fetchone()
         if row is None:
             raise NotFound(f"no provider request {slot!r}")
         if row["status"] != "started":
@@ -214,9 +245,7 @@ def provider_handoff(ledger: Ledger, run_id: str, slot: str, text: str) -> None:
         ledger.event("provider-response-committed", run_id, slot=slot, chars=len(stored))
 
 
-def provider_failed(
-    ledger: Ledger, run_id: str, slot: str, kind: str, error: str, limits: RunLimits
-) -> dict[str, Any]:
+def provider_failed(ledger: Ledger, run_id: str, slot: str, kind: str, error: str, limits: RunLimits) -> dict[str, Any]:
     """A failed lifecycle. Transient kinds schedule a durable retry; others fail the run."""
     with ledger.tx() as db:
         row = db.execute("SELECT * FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, run_id)).fetchone()
@@ -234,11 +263,21 @@ def provider_failed(
             " finished_at = ? WHERE slot = ?",
             (kind, summarize(error, 300), retry_at, _now(), slot),
         )
-        ledger.event("provider-request-failed", run_id, slot=slot, kind=kind, error=summarize(error, 200),
-                     retry_at=retry_at or 0)
+        ledger.event(
+            "provider-request-failed",
+            run_id,
+            slot=slot,
+            kind=kind,
+            error=summarize(error, 200),
+            retry_at=retry_at or 0,
+        )
         if retry:
-            set_run_status(ledger, run_id, RunStatus.WAITING_FOR_PROVIDER_RETRY,
-                           f"provider {kind} error; attempt {attempt} at {retry_at:.3f}")
+            set_run_status(
+                ledger,
+                run_id,
+                RunStatus.WAITING_FOR_PROVIDER_RETRY,
+                f"provider {kind} error; attempt {attempt} at {retry_at:.3f}",
+            )
         else:
             set_run_status(ledger, run_id, RunStatus.FAILED, f"provider failed ({kind}): {summarize(error, 200)}")
     return {"retry": retry, "retry_at": retry_at, "attempt": attempt}
@@ -259,17 +298,25 @@ def due_retries(ledger: Ledger) -> list[tuple[str, float]]:
 def commit_plan(ledger: Ledger, run_id: str, loop_index: int, slot: str, plan: dict[str, Any]) -> dict[str, Any]:
     """Commit the parsed plan of a loop step (once). Returns the plan as stored."""
     with ledger.tx() as db:
-        existing = db.execute("SELECT plan FROM plans WHERE run_id = ? AND loop_index = ?",
-                              (run_id, loop_index)).fetchone()
+        existing = db.execute(
+            "SELECT plan FROM plans WHERE run_id = ? AND loop_index = ?", (run_id, loop_index)
+        ).fetchone()
         if existing is not None:
             stored: dict[str, Any] = json.loads(existing["plan"])
             return stored
         text = dumps(redact(plan))
-        db.execute("INSERT INTO plans (run_id, loop_index, plan, created_at) VALUES (?, ?, ?, ?)",
-                   (run_id, loop_index, text, _now()))
+        db.execute(
+            "INSERT INTO plans (run_id, loop_index, plan, created_at) VALUES (?, ?, ?, ?)",
+            (run_id, loop_index, text, _now()),
+        )
         db.execute("UPDATE provider_requests SET consumed = 1 WHERE slot = ?", (slot,))
-        ledger.event("plan-committed", run_id, loop=loop_index, actions=len(plan.get("actions", [])),
-                     final=plan.get("final") is not None)
+        ledger.event(
+            "plan-committed",
+            run_id,
+            loop=loop_index,
+            actions=len(plan.get("actions", [])),
+            final=plan.get("final") is not None,
+        )
     failpoints.hit("plan.after-commit")
     result: dict[str, Any] = json.loads(text)
     return result
@@ -288,11 +335,20 @@ def plan_invalid(
         db.execute("UPDATE provider_requests SET consumed = 2 WHERE slot = ?", (slot,))
         ledger.event("plan-invalid", run_id, slot=slot, category=category, detail=summarize(detail, 200))
         if total >= limits.max_repairs:
-            set_run_status(ledger, run_id, RunStatus.FAILED,
-                           f"invalid plan from the provider ({category}): {summarize(detail, 200)}")
+            set_run_status(
+                ledger,
+                run_id,
+                RunStatus.FAILED,
+                f"invalid plan from the provider ({category}): {summarize(detail, 200)}",
+            )
             return {"repair": False}
-        add_observation(ledger, run_id, f"repair:{slot}", loop_index,
-                        {"role": "repair", "category": category, "detail": summarize(detail, 300)})
+        add_observation(
+            ledger,
+            run_id,
+            f"repair:{slot}",
+            loop_index,
+            {"role": "repair", "category": category, "detail": summarize(detail, 300)},
+        )
     return {"repair": True}
 
 
@@ -305,8 +361,15 @@ def get_plan(ledger: Ledger, run_id: str, loop_index: int) -> dict[str, Any] | N
 
 
 def prepare_action(
-    ledger: Ledger, run_id: str, loop_index: int, action_index: int, tool: str, tool_input: dict[str, Any],
-    *, rerunnable: bool, policy: str,
+    ledger: Ledger,
+    run_id: str,
+    loop_index: int,
+    action_index: int,
+    tool: str,
+    tool_input: dict[str, Any],
+    *,
+    rerunnable: bool,
+    policy: str,
 ) -> sqlite3.Row:
     """Create the action as prepared, or return it unchanged on an idempotent replay."""
     run = get_run(ledger, run_id)
@@ -315,8 +378,12 @@ def prepare_action(
     existing = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
     if existing is not None:
         if existing["fingerprint"] != the_fingerprint:
-            set_run_status(ledger, run_id, RunStatus.FAILED,
-                           f"action {the_id} replayed with a different fingerprint; failing closed")
+            set_run_status(
+                ledger,
+                run_id,
+                RunStatus.FAILED,
+                f"action {the_id} replayed with a different fingerprint; failing closed",
+            )
             raise Conflict(f"action {the_id} exists with a different fingerprint; failing closed")
         return existing
     now = _now()
@@ -325,8 +392,21 @@ def prepare_action(
             "INSERT INTO actions (action_id, run_id, agent_id, loop_index, action_index, tool, input, fingerprint,"
             " phase, rerunnable, policy, boot_id, created_at, updated_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?, ?)",
-            (the_id, run_id, run["agent_id"], loop_index, action_index, tool, canonical_json(redact(tool_input)),
-             the_fingerprint, int(rerunnable), policy, ledger.boot_id, now, now),
+            (
+                the_id,
+                run_id,
+                run["agent_id"],
+                loop_index,
+                action_index,
+                tool,
+                canonical_json(redact(tool_input)),
+                the_fingerprint,
+                int(rerunnable),
+                policy,
+                ledger.boot_id,
+                now,
+                now,
+            ),
         )
         ledger.event("action-prepared", the_id, run=run_id, tool=tool, policy=policy)
     failpoints.hit("action.after-prepared")
@@ -359,8 +439,13 @@ def move_action(ledger: Ledger, the_id: str, phase: ActionPhase, **fields: Any) 
             sets.append(f"{key} = ?")
             values.append(value)
         db.execute(f"UPDATE actions SET {', '.join(sets)} WHERE action_id = ?", (*values, the_id))
-        ledger.event("action-" + phase.value, the_id, run=row["run_id"], tool=row["tool"],
-                     reason=fields.get("reason") or "")
+        ledger.event(
+            "action-" + phase.value,
+            the_id,
+            run=row["run_id"],
+            tool=row["tool"],
+            reason=fields.get("reason") or "",
+        )
 
 
 def begin_action(ledger: Ledger, the_id: str) -> dict[str, Any]:
@@ -371,16 +456,23 @@ def begin_action(ledger: Ledger, the_id: str) -> dict[str, Any]:
         if row["policy"] == "deny":
             run = get_run(ledger, row["run_id"])
             allowed = json.loads(run["options"]).get("allowed_tools")
-            why = (f"{row['tool']} is not allowed in a {run['kind']} run" if allowed is not None
-                   and row["tool"] not in allowed else f"{row['tool']} is denied by policy")
+            why = (
+                f"{row['tool']} is not allowed in a {run['kind']} run"
+                if allowed is not None and row["tool"] not in allowed
+                else f"{row['tool']} is denied by policy"
+            )
             move_action(ledger, the_id, ActionPhase.DENIED, reason=why, error=why)
             write_receipt(ledger, the_id)
             return {"do": "skip", "phase": "denied"}
         if row["policy"] == "confirm":
             with ledger.tx():
                 move_action(ledger, the_id, ActionPhase.WAITING_CONFIRMATION)
-                set_run_status(ledger, row["run_id"], RunStatus.WAITING_CONFIRMATION,
-                               f"action {the_id} ({row['tool']}) waits for approval")
+                set_run_status(
+                    ledger,
+                    row["run_id"],
+                    RunStatus.WAITING_CONFIRMATION,
+                    f"action {the_id} ({row['tool']}) waits for approval",
+                )
             return {"do": "park", "phase": "waiting-confirmation"}
     if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED):
         move_action(ledger, the_id, ActionPhase.EXECUTING)
@@ -390,8 +482,10 @@ def begin_action(ledger: Ledger, the_id: str) -> dict[str, Any]:
         if row["rerunnable"]:
             # Read-only tools, and ledger tools idempotent by action id, may run again.
             with ledger.tx() as db:
-                db.execute("UPDATE actions SET attempts = attempts + 1, updated_at = ? WHERE action_id = ?",
-                           (_now(), the_id))
+                db.execute(
+                    "UPDATE actions SET attempts = attempts + 1, updated_at = ? WHERE action_id = ?",
+                    (_now(), the_id),
+                )
                 ledger.event("action-rerun", the_id, run=row["run_id"], tool=row["tool"])
             return {"do": "execute", "phase": "executing"}
         mark_needs_reconciliation(ledger, the_id, "the agent lost track of an executing action; outcome unknown")
@@ -407,8 +501,12 @@ def mark_needs_reconciliation(ledger: Ledger, the_id: str, reason: str) -> None:
         move_action(ledger, the_id, ActionPhase.NEEDS_RECONCILIATION, reason=reason)
         run = get_run(ledger, row["run_id"])
         if RunStatus(run["status"]) not in RUN_TERMINAL:
-            set_run_status(ledger, row["run_id"], RunStatus.NEEDS_RECONCILIATION,
-                           f"action {the_id} ({row['tool']}): {reason}")
+            set_run_status(
+                ledger,
+                row["run_id"],
+                RunStatus.NEEDS_RECONCILIATION,
+                f"action {the_id} ({row['tool']}): {reason}",
+            )
 
 
 def finish_action(
@@ -421,7 +519,9 @@ def finish_action(
     if phase is not ActionPhase.EXECUTING:
         raise Conflict(f"action {the_id} is {phase}, not executing")
     move_action(
-        ledger, the_id, ActionPhase.OK if ok else ActionPhase.FAILED,
+        ledger,
+        the_id,
+        ActionPhase.OK if ok else ActionPhase.FAILED,
         result=_bounded({"output": output, "summary": summarize(summary, 300)}),
         error=summarize(error, 300) if error else None,
     )
@@ -444,15 +544,35 @@ def write_receipt(ledger: Ledger, the_id: str, note: str | None = None) -> bool:
         db.execute(
             "INSERT INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
             " result_summary, note, started_at, finished_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (the_id, row["run_id"], row["agent_id"], row["fingerprint"], row["tool"], phase.value,
-             input_summary(row["tool"], json.loads(row["input"])), summarize(result_summary, 200),
-             summarize(note, 200) if note else None, row["executing_at"], row["finished_at"], _now()),
+            (
+                the_id,
+                row["run_id"],
+                row["agent_id"],
+                row["fingerprint"],
+                row["tool"],
+                phase.value,
+                input_summary(row["tool"], json.loads(row["input"])),
+                summarize(result_summary, 200),
+                summarize(note, 200) if note else None,
+                row["executing_at"],
+                row["finished_at"],
+                _now(),
+            ),
         )
         ledger.event("receipt-written", the_id, run=row["run_id"], status=phase.value)
-        add_observation(ledger, row["run_id"], the_id, row["loop_index"], {
-            "action_id": the_id, "tool": row["tool"], "status": phase.value,
-            "output": result.get("output", {}), "error": row["error"] or "",
-        })
+        add_observation(
+            ledger,
+            row["run_id"],
+            the_id,
+            row["loop_index"],
+            {
+                "action_id": the_id,
+                "tool": row["tool"],
+                "status": phase.value,
+                "output": result.get("output", {}),
+                "error": row["error"] or "",
+            },
+        )
         for hook in RECEIPT_HOOKS:
             hook(ledger, row)
     return True
@@ -474,8 +594,9 @@ def input_summary(tool: str, tool_input: dict[str, Any]) -> str:
 
 
 def actions_of(ledger: Ledger, run_id: str, loop_index: int) -> list[sqlite3.Row]:
-    return ledger.all("SELECT * FROM actions WHERE run_id = ? AND loop_index = ? ORDER BY action_index",
-                      run_id, loop_index)
+    return ledger.all(
+        "SELECT * FROM actions WHERE run_id = ? AND loop_index = ? ORDER BY action_index", run_id, loop_index
+    )
 
 
 # -- the next step -----------------------------------------------------------------
@@ -508,11 +629,22 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
     for index, call in enumerate(plan.get("actions", [])):
         row = rows.get(index)
         if row is None:
-            return {"do": "prepare", "loop": loop, "index": index, "tool": call["tool"], "input": call["input"]}
+            return {
+                "do": "prepare",
+                "loop": loop,
+                "index": index,
+                "tool": call["tool"],
+                "input": call["input"],
+            }
         phase = ActionPhase(row["phase"])
         if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED, ActionPhase.EXECUTING):
-            return {"do": "execute", "action_id": row["action_id"], "tool": row["tool"],
-                    "input": json.loads(row["input"]), "phase": phase.value}
+            return {
+                "do": "execute",
+                "action_id": row["action_id"],
+                "tool": row["tool"],
+                "input": json.loads(row["input"]),
+                "phase": phase.value,
+            }
         if phase is ActionPhase.WAITING_CONFIRMATION:
             set_run_status(ledger, run_id, RunStatus.WAITING_CONFIRMATION, f"action {row['action_id']} waits")
             return {"do": "park", "status": RunStatus.WAITING_CONFIRMATION.value}
@@ -524,8 +656,10 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
     if blocked:
         return blocked
     with ledger.tx() as db:
-        db.execute("UPDATE runs SET loop_index = loop_index + 1, updated_at = ? WHERE run_id = ? AND loop_index = ?",
-                   (_now(), run_id, loop))
+        db.execute(
+            "UPDATE runs SET loop_index = loop_index + 1, updated_at = ? WHERE run_id = ? AND loop_index = ?",
+            (_now(), run_id, loop),
+        )
         ledger.event("loop-advanced", run_id, loop=loop + 1)
     return next_step(ledger, run_id)
 

@@ -134,11 +134,37 @@ class SwarmSpec:
 
 KNOWN_TEMPLATES = {"echo", "agent", "child", "session"}
 
-_TOP = {"name", "supervisor", "groups", "actors", "agents", "templates", "limits", "policy", "sandbox",
-        "project", "chaos"}
-_AGENT = {"id", "role", "provider", "script", "steps", "openai", "workspace", "write_scopes", "policy",
-          "max_repairs", "max_provider_retries", "retry_base_s", "retry_cap_s", "restart", "group",
-          "shutdown_timeout_ms"}
+_TOP = {
+    "name",
+    "supervisor",
+    "groups",
+    "actors",
+    "agents",
+    "templates",
+    "limits",
+    "policy",
+    "sandbox",
+    "project",
+    "chaos",
+}
+_AGENT = {
+    "id",
+    "role",
+    "provider",
+    "script",
+    "steps",
+    "openai",
+    "workspace",
+    "write_scopes",
+    "policy",
+    "max_repairs",
+    "max_provider_retries",
+    "retry_base_s",
+    "retry_cap_s",
+    "restart",
+    "group",
+    "shutdown_timeout_ms",
+}
 _TEMPLATE = {"id", "provider", "script", "steps", "openai", "policy"}
 _LIMITS = {"max_children_per_call", "max_depth", "child_timeout_s", "max_repairs_per_delivery"}
 _SUPERVISOR = {"transport", "launch", "max_frame", "inbox_size", "synchronous", "heartbeat_s"}
@@ -210,9 +236,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         raise SpecError("supervisor.synchronous: must be 'full' or 'normal'")
     settings = SupervisorSettings(
         transport=transport,
-        launch=_enum(
-            "supervisor.launch", LaunchMode, _get("supervisor", sup_table, "launch", str, "forkserver")
-        ),
+        launch=_enum("supervisor.launch", LaunchMode, _get("supervisor", sup_table, "launch", str, "forkserver")),
         max_frame=_get("supervisor", sup_table, "max_frame", int, DEFAULT_MAX_FRAME),
         inbox_size=_get("supervisor", sup_table, "inbox_size", int, 256),
         synchronous=synchronous,
@@ -255,9 +279,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         base_id = _check_id(f"{where}.id", _get(where, table, "id", str, ""))
         template = _get(where, table, "template", str, "")
         if template not in KNOWN_TEMPLATES:
-            raise SpecError(
-                f"{where}.template: unknown template {template!r} ({', '.join(sorted(KNOWN_TEMPLATES))})"
-            )
+            raise SpecError(f"{where}.template: unknown template {template!r} ({', '.join(sorted(KNOWN_TEMPLATES))})")
         count = _get(where, table, "count", int, 1)
         if not 1 <= count <= 10_000:
             raise SpecError(f"{where}.count: must be 1..10000, got {count}")
@@ -316,8 +338,12 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
             if scope.startswith("/") or ".." in Path(scope).parts:
                 raise SpecError(f"{where}.write_scopes: {scope!r} must be relative without '..'")
         agent = AgentSpec(
-            id=agent_id, role=role, provider=provider, provider_config=provider_config,
-            workspace=workspace, write_scopes=tuple(scopes),
+            id=agent_id,
+            role=role,
+            provider=provider,
+            provider_config=provider_config,
+            workspace=workspace,
+            write_scopes=tuple(scopes),
             policy=_policy(f"{where}.policy", _get(where, table, "policy", dict, {})),
             max_repairs=_get(where, table, "max_repairs", int, 2),
             max_provider_retries=_get(where, table, "max_provider_retries", int, 3),
@@ -328,12 +354,16 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         group_id = _get(where, table, "group", str, ROOT_GROUP)
         if group_id not in groups:
             raise SpecError(f"{where}.group: no group {group_id!r} is declared")
-        actors.append(ActorSpec(
-            id=agent_id, template="agent", group=group_id,
-            restart=_enum(f"{where}.restart", RestartType, _get(where, table, "restart", str, "permanent")),
-            shutdown_timeout_ms=_get(where, table, "shutdown_timeout_ms", int, 2000),
-            params={"agent_id": agent_id},
-        ))
+        actors.append(
+            ActorSpec(
+                id=agent_id,
+                template="agent",
+                group=group_id,
+                restart=_enum(f"{where}.restart", RestartType, _get(where, table, "restart", str, "permanent")),
+                shutdown_timeout_ms=_get(where, table, "shutdown_timeout_ms", int, 2000),
+                params={"agent_id": agent_id},
+            )
+        )
 
     templates: list[TemplateSpec] = []
     for index, table in enumerate(_get("spec", data, "templates", list, [])):
@@ -344,11 +374,14 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         if "id" not in table:
             raise SpecError(f"{where}: missing id")
         provider, provider_config = _provider(where, table, base)
-        templates.append(TemplateSpec(
-            id=_check_id(f"{where}.id", _get(where, table, "id", str, "")), provider=provider,
-            provider_config=provider_config,
-            policy=_policy(f"{where}.policy", _get(where, table, "policy", dict, {})),
-        ))
+        templates.append(
+            TemplateSpec(
+                id=_check_id(f"{where}.id", _get(where, table, "id", str, "")),
+                provider=provider,
+                provider_config=provider_config,
+                policy=_policy(f"{where}.policy", _get(where, table, "policy", dict, {})),
+            )
+        )
 
     limits_table = _get("spec", data, "limits", dict, {})
     _check_keys("limits", limits_table, _LIMITS)
@@ -361,8 +394,17 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     for key in ("max_children_per_call", "max_depth"):
         _positive(f"limits.{key}", getattr(limits, key))
     return SwarmSpec(
-        name, settings, tuple(groups.values()), tuple(actors), data, source, tuple(agents),
-        tuple(templates), policy, limits, project_root,
+        name,
+        settings,
+        tuple(groups.values()),
+        tuple(actors),
+        data,
+        source,
+        tuple(agents),
+        tuple(templates),
+        policy,
+        limits,
+        project_root,
         (base / effects).resolve() if effects else None,
     )
 

@@ -9,7 +9,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import trio
-
 from corral.supervisor import finalization, recovery, run_store, swarm_store
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger import Ledger
@@ -61,8 +60,12 @@ class SwarmService:
         parks (lane released, no provider call) until the last of them delivers."""
         if swarm_store.open_work(ledger, run_id) == 0:
             return None
-        run_store.set_run_status(ledger, run_id, RunStatus.WAITING_FOR_JOIN,
-                                 f"{swarm_store.open_work(ledger, run_id)} group(s)/delegation(s) still running")
+        run_store.set_run_status(
+            ledger,
+            run_id,
+            RunStatus.WAITING_FOR_JOIN,
+            f"{swarm_store.open_work(ledger, run_id)} group(s)/delegation(s) still running",
+        )
         return {"do": "park", "status": RunStatus.WAITING_FOR_JOIN.value}
 
     def _after_delivery(self, delivery_id: str | None, child_run: Any) -> None:
@@ -89,8 +92,14 @@ class SwarmService:
 
     async def spawn(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self._parent(slot, params)
-        view = swarm_store.spawn_group(self.ledger, self.sup.spec, run, self._action_id(params, run),
-                                       params.get("children"), params.get("join_mode", "all"))
+        view = swarm_store.spawn_group(
+            self.ledger,
+            self.sup.spec,
+            run,
+            self._action_id(params, run),
+            params.get("children"),
+            params.get("join_mode", "all"),
+        )
         for child in view["children"]:
             await self.start_child(child["instance_id"])
         self._timeouts_changed.set()
@@ -101,8 +110,14 @@ class SwarmService:
             return
         group = GroupSpec(f"g-{instance_id}", Strategy.ONE_FOR_ONE, *CHILD_INTENSITY)
         self.sup.tree.declare_group(group)
-        spec = ActorSpec(id=instance_id, template="agent", group=group.id, restart=RestartType.TRANSIENT,
-                         shutdown_timeout_ms=2000, params={"agent_id": instance_id, "exit_when_idle": True})
+        spec = ActorSpec(
+            id=instance_id,
+            template="agent",
+            group=group.id,
+            restart=RestartType.TRANSIENT,
+            shutdown_timeout_ms=2000,
+            params={"agent_id": instance_id, "exit_when_idle": True},
+        )
         if self.sup.tree.running:
             await self.sup.tree.add_actor(spec)
         else:
@@ -110,8 +125,9 @@ class SwarmService:
 
     async def delegate(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self._parent(slot, params)
-        fields = {k: params.get(k) for k in ("agent_id", "task", "acceptance_criteria", "expected_artifacts",
-                                             "repair_of")}
+        fields = {
+            k: params.get(k) for k in ("agent_id", "task", "acceptance_criteria", "expected_artifacts", "repair_of")
+        }
         reply = swarm_store.delegate(self.ledger, self.sup.spec, run, self._action_id(params, run), fields)
         await self.sup.services["runs"].wake(reply["target"])
         return reply
@@ -156,8 +172,9 @@ class SwarmService:
             for child in swarm_store.children_to_run(self.ledger):
                 deadline = child["created_at"] + limit
                 if deadline <= now:
-                    run_store.set_run_status(self.ledger, child["run_id"], RunStatus.FAILED,
-                                             f"timed out after {limit}s")
+                    run_store.set_run_status(
+                        self.ledger, child["run_id"], RunStatus.FAILED, f"timed out after {limit}s"
+                    )
                 else:
                     earliest = min(earliest, deadline)
             changed = self._timeouts_changed = trio.Event()
@@ -170,8 +187,9 @@ class SwarmService:
         instance = group_id[2:]
         child = self.ledger.one("SELECT run_id, status FROM children WHERE instance_id = ?", instance)
         if child is not None and child["status"] != "terminal":
-            run_store.set_run_status(self.ledger, child["run_id"], RunStatus.FAILED,
-                                     "the child crashed past its restart intensity")
+            run_store.set_run_status(
+                self.ledger, child["run_id"], RunStatus.FAILED, "the child crashed past its restart intensity"
+            )
 
     # -- recovery -------------------------------------------------------------------
 
@@ -200,19 +218,43 @@ class SwarmService:
     def show_section(self, run_id: str) -> dict[str, Any]:
         groups = []
         for group in self.ledger.all("SELECT * FROM isolated_groups WHERE parent_run_id = ?", run_id):
-            children = self.ledger.all("SELECT delegation_id, instance_id, template, run_id, status, result"
-                                       " FROM children WHERE group_id = ? ORDER BY idx", group["group_id"])
-            groups.append({"group_id": group["group_id"], "status": group["status"],
-                           "children": [{**dict(c), "result": json.loads(c["result"]) if c["result"] else None}
-                                        for c in children]})
-        delegations = [{**dict(d), "result": json.loads(d["result"]) if d["result"] else None} for d in
-                       self.ledger.all("SELECT delegation_id, target_agent, repair_of, run_id, status, result"
-                                       " FROM delegations WHERE parent_run_id = ? ORDER BY created_at", run_id)]
-        deliveries = [dict(d) for d in self.ledger.all(
-            "SELECT delivery_id, kind, source_id, status, claimed_by_action_id, claim_id FROM deliveries"
-            " WHERE parent_run_id = ? ORDER BY created_at", run_id)]
-        claims = [dict(c) for c in self.ledger.all(
-            "SELECT claim_id, action_id, delivery_ids, phase FROM claim_journal WHERE parent_run_id = ?", run_id)]
+            children = self.ledger.all(
+                "SELECT delegation_id, instance_id, template, run_id, status, result"
+                " FROM children WHERE group_id = ? ORDER BY idx",
+                group["group_id"],
+            )
+            groups.append(
+                {
+                    "group_id": group["group_id"],
+                    "status": group["status"],
+                    "children": [
+                        {**dict(c), "result": json.loads(c["result"]) if c["result"] else None} for c in children
+                    ],
+                }
+            )
+        delegations = [
+            {**dict(d), "result": json.loads(d["result"]) if d["result"] else None}
+            for d in self.ledger.all(
+                "SELECT delegation_id, target_agent, repair_of, run_id, status, result"
+                " FROM delegations WHERE parent_run_id = ? ORDER BY created_at",
+                run_id,
+            )
+        ]
+        deliveries = [
+            dict(d)
+            for d in self.ledger.all(
+                "SELECT delivery_id, kind, source_id, status, claimed_by_action_id, claim_id FROM deliveries"
+                " WHERE parent_run_id = ? ORDER BY created_at",
+                run_id,
+            )
+        ]
+        claims = [
+            dict(c)
+            for c in self.ledger.all(
+                "SELECT claim_id, action_id, delivery_ids, phase FROM claim_journal WHERE parent_run_id = ?",
+                run_id,
+            )
+        ]
         return {"groups": groups, "delegations": delegations, "deliveries": deliveries, "claims": claims}
 
 
@@ -220,10 +262,14 @@ def install(sup: Supervisor) -> SwarmService:
     from corral.supervisor import run_service
 
     service = SwarmService(sup)
-    sup.actor_methods.update({
-        "swarm.spawn": service.spawn, "swarm.delegate": service.delegate, "swarm.claim": service.claim,
-        "run.child_result": service.child_result,
-    })
+    sup.actor_methods.update(
+        {
+            "swarm.spawn": service.spawn,
+            "swarm.delegate": service.delegate,
+            "swarm.claim": service.claim,
+            "run.child_result": service.child_result,
+        }
+    )
     run_store.STATUS_HOOKS.append(service.on_status)
     run_store.RECEIPT_HOOKS.append(service.on_receipt)
     run_store.LOOP_BLOCKERS.append(service.park_for_join)

@@ -21,7 +21,6 @@ from typing import Any
 
 import pynng
 import trio
-from corral import failpoints
 from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.channel import Channel, configure_socket
 from corral.mailbox.envelope import Envelope, Kind
@@ -36,6 +35,8 @@ from corral.supervisor.restart_policy import (
     should_restart,
 )
 from corral.supervisor.spec import ActorSpec, GroupSpec, SupervisorSettings
+
+from corral import failpoints
 
 log = logging.getLogger("corral.tree")
 
@@ -235,9 +236,7 @@ class SupervisionTree:
             process.kill_group()
             return
         await channel.send(
-            Envelope(
-                Kind.WELCOME, SUPERVISOR, slot.id, {"boot_id": self.ledger.boot_id}, corr_id=hello.msg_id
-            )
+            Envelope(Kind.WELCOME, SUPERVISOR, slot.id, {"boot_id": self.ledger.boot_id}, corr_id=hello.msg_id)
         )
         slot.ready_at = time.monotonic()
         slot.move(ActorState.RUNNING)
@@ -292,9 +291,7 @@ class SupervisionTree:
         target = self.slots.get(envelope.recipient)
         if target is None or target.channel is None or target.state is not ActorState.RUNNING:
             if envelope.kind is Kind.REQUEST:
-                await channel.reply_error(
-                    envelope, "no-such-actor", f"no running actor {envelope.recipient!r}"
-                )
+                await channel.reply_error(envelope, "no-such-actor", f"no running actor {envelope.recipient!r}")
             return
         if envelope.kind is Kind.REQUEST:
             self._forwarded[envelope.msg_id] = slot.id
@@ -368,9 +365,7 @@ class SupervisionTree:
                         target.move(ActorState.RESTARTING)
                     target.restarts += 1
                     await self.start_actor(target)
-                    self._record(
-                        target, event="actor-restarted", trigger=slot.id, delay_ms=round(delay * 1000, 1)
-                    )
+                    self._record(target, event="actor-restarted", trigger=slot.id, delay_ms=round(delay * 1000, 1))
         self._changed()
 
     async def _escalate(self, group: GroupRuntime, trigger: ActorSlot, code: int) -> None:

@@ -8,58 +8,74 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import prctl
 import psutil
 import pytest
 
+# Detached supervisors re-parent to the nearest subreaper. Making the test process
+# one keeps every process a test starts among its descendants (so leftovers are
+# visible) and lets it reap them (PID 1 in a container often does not).
+prctl.set_child_subreaper(1)
 
-def _descendants() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
 
-
-def _corral_strays(before: set[int]) -> list[psutil.Process]:
-    """Processes started during the test that are still alive: our children, and any
-    process that names itself corral:* (daemons detach, so they are not children)."""
-    strays = []
-    for proc in psutil.process_iter(["pid", "name", "cmdline", "status"]):
+def _reap_zombies() -> None:
+    while True:
         try:
-            if proc.pid in before or proc.pid == os.getpid():
-                continue
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            cmd = " ".join(proc.info["cmdline"] or [])
-            if (
-                proc.info["name"].startswith("corral:")
-                or cmd.startswith("corral:")
-                or proc.pid in _descendants()
-            ):
-                strays.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _live_descendants() -> list[psutil.Process]:
+    alive = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.NoSuchProcess:
             continue
-    return strays
+    return alive
+
+
+class OrphanCheck:
+    def __init__(self) -> None:
+        self.before = {p.pid for p in _live_descendants()}
+
+    def check(self) -> None:
+        strays = [p for p in _live_descendants() if p.pid not in self.before]
+        if strays:
+            # PDEATHSIG is asynchronous (milliseconds): a short grace, then anything
+            # still running is an orphan of this test.
+            _gone, alive = psutil.wait_procs(strays, timeout=1)
+            alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            for proc in alive:
+                proc.kill()
+            psutil.wait_procs(alive, timeout=3)
+            _reap_zombies()
+            if alive:
+                pytest.fail(f"test left processes behind: {', '.join(f'{p.pid} {p.name()}' for p in alive)}")
+        _reap_zombies()
 
 
 @pytest.fixture(autouse=True)
-def no_orphans() -> Iterator[None]:
-    before = {p.pid for p in psutil.process_iter()}
-    yield
-    strays = _corral_strays(before)
-    if strays:
-        # Gone within a grace period is fine (PDEATHSIG is asynchronous); only
-        # processes that survive it are orphans.
-        _gone, alive = psutil.wait_procs(strays, timeout=3)
-        for proc in alive:
-            proc.kill()
-        psutil.wait_procs(alive, timeout=3)
-        if alive:
-            names = ", ".join(f"{p.pid}" for p in alive)
-            pytest.fail(f"test left processes behind: {names}")
+def no_orphans() -> Iterator[OrphanCheck]:
+    checker = OrphanCheck()
+    yield checker
+    checker.check()
 
 
 @pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A short temporary directory: ipc:// socket paths must stay under 107 bytes."""
+def short_tmp(no_orphans: OrphanCheck) -> Iterator[Path]:
+    """A short temporary directory: ipc:// socket paths must stay under 107 bytes.
+    Leftover processes are checked before it is removed (removing a live home
+    would make its supervisor crash, hiding the leak)."""
     path = Path(tempfile.mkdtemp(prefix="crl-", dir="/tmp"))
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+            no_orphans.check()
+        finally:
+            shutil.rmtree(path, ignore_errors=True)

@@ -102,9 +102,7 @@ class Daemon:
                 return status
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AssertionError(
-                    f"timed out waiting for {what}; last status: {json.dumps(status)[:2000]}"
-                )
+                raise AssertionError(f"timed out waiting for {what}; last status: {json.dumps(status)[:2000]}")
             reply = self.call(
                 "events",
                 timeout=remaining + 5,
@@ -160,9 +158,7 @@ def actor_running(actor_id: str, incarnation: int | None = None) -> Callable[[di
     def check(status: dict[str, Any]) -> bool:
         for actor in status["actors"]:
             if actor["id"] == actor_id:
-                return actor["status"] == "running" and (
-                    incarnation is None or actor["incarnation"] == incarnation
-                )
+                return actor["status"] == "running" and (incarnation is None or actor["incarnation"] == incarnation)
         return False
 
     return check
@@ -184,8 +180,9 @@ def wait_run(daemon: Daemon, run_id: str, statuses: set[str], timeout: float = 6
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise AssertionError(f"run {run_id} stuck in {shown['run']['status']}: {json.dumps(shown)[:1500]}")
-        cursor = daemon.call("events", timeout=remaining + 5, since=cursor,
-                             wait_ms=int(min(remaining, 5) * 1000))["cursor"]
+        cursor = daemon.call("events", timeout=remaining + 5, since=cursor, wait_ms=int(min(remaining, 5) * 1000))[
+            "cursor"
+        ]
 
 
 def wait_supervisor_gone(daemon: Daemon, pid: int, timeout: float = 60) -> None:
@@ -209,8 +206,7 @@ def ledger_rows(home: Path, sql: str, *args: Any) -> list[dict[str, Any]]:
         db.close()
 
 
-def agent_spec(workspace: str = "ws", steps: str = "", extra: str = "", agent: str = "writer",
-               policy: str = "") -> str:
+def agent_spec(workspace: str = "ws", steps: str = "", extra: str = "", agent: str = "writer", policy: str = "") -> str:
     return f"""
 [project]
 root = "{workspace}"
@@ -243,5 +239,6 @@ def drive_to_end(daemon: Daemon, run_id: str, effects_path: Path, timeout: float
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise AssertionError(f"run {run_id} stuck in {shown['run']['status']}: {json.dumps(shown)[:1500]}")
-        cursor = daemon.call("events", timeout=remaining + 5, since=cursor,
-                             wait_ms=int(min(remaining, 2) * 1000))["cursor"]
+        cursor = daemon.call("events", timeout=remaining + 5, since=cursor, wait_ms=int(min(remaining, 2) * 1000))[
+            "cursor"
+        ]

@@ -34,9 +34,14 @@ def test_every_failpoint_once_keeps_every_invariant(short_tmp: Path) -> None:
 def test_a_build_that_commits_executing_after_the_effect_is_caught(short_tmp: Path) -> None:
     env = {**os.environ, "CORRAL_TEST_UNSAFE_EFFECT_ORDER": "1"}
     report_path = short_tmp / "report.json"
-    result = subprocess.run([*CHAOS, "--mode", "random", "--kills", "1", "--seed", "7", "--quiet",
-                             "--json", str(report_path)], capture_output=True, text=True, env=env, timeout=300,
-                            check=False)
+    result = subprocess.run(
+        [*CHAOS, "--mode", "random", "--kills", "1", "--seed", "7", "--quiet", "--json", str(report_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 1, result.stdout[-2000:]
     report = json.loads(report_path.read_text())
     broken = report["invariants"]["side effect at most once, never before executing"]
@@ -50,8 +55,15 @@ def test_a_build_that_commits_executing_after_the_effect_is_caught(short_tmp: Pa
     shutil.rmtree(report["workdir"], ignore_errors=True)
 
 
-@pytest.mark.parametrize("argv", [["--targets", "nobody"], ["--failpoint", "nope"], ["--kills", "-1"],
-                                  ["--scenario", "/nonexistent.toml"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--targets", "nobody"],
+        ["--failpoint", "nope"],
+        ["--kills", "-1"],
+        ["--scenario", "/nonexistent.toml"],
+    ],
+)
 def test_bad_chaos_arguments_are_refused_clearly(argv: list[str]) -> None:
     result = subprocess.run([*CHAOS, *argv], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2
@@ -61,8 +73,13 @@ def test_bad_chaos_arguments_are_refused_clearly(argv: list[str]) -> None:
 @pytest.mark.slow
 def test_full_soak_200_kills_all_targets(short_tmp: Path) -> None:
     report_path = short_tmp / "soak.json"
-    result = subprocess.run([*CHAOS, "--mode", "both", "--kills", "200", "--seed", "2026", "--quiet",
-                             "--json", str(report_path)], capture_output=True, text=True, timeout=3000, check=False)
+    result = subprocess.run(
+        [*CHAOS, "--mode", "both", "--kills", "200", "--seed", "2026", "--quiet", "--json", str(report_path)],
+        capture_output=True,
+        text=True,
+        timeout=3000,
+        check=False,
+    )
     report = json.loads(report_path.read_text())
     assert result.returncode == 0, result.stdout[-3000:]
     assert report["kills"] >= 200

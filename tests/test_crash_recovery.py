@@ -183,7 +183,9 @@ def test_deny_records_a_receipt_and_never_runs_the_tool(short_tmp: Path) -> None
         daemon.shutdown()
 
 
-def test_corrupt_and_truncated_plans_fail_the_run_clearly_and_the_supervisor_stays_up(short_tmp: Path) -> None:
+def test_corrupt_and_truncated_plans_fail_the_run_clearly_and_the_supervisor_stays_up(
+    short_tmp: Path,
+) -> None:
     (short_tmp / "ws").mkdir()
     steps = '[[agents.steps]]\nraw = "{\\"actions\\": [{\\"tool\\": \\"effect.rec"\n' * 3
     spec = short_tmp / "spec.toml"

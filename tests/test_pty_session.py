@@ -11,6 +11,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -56,9 +57,9 @@ def project(short_tmp: Path) -> Iterator[Path]:
 
 
 def session(project: Path, argv: list[str], mode: LaunchMode = LaunchMode.UNSANDBOXED,
-            **kwargs: object) -> PtySession:
+            **kwargs: Any) -> PtySession:
     return PtySession(argv, cwd=project, profile=SandboxProfile(project), launch_mode=mode,
-                      **kwargs)  # type: ignore[arg-type]
+                      **kwargs)
 
 
 async def read_until(s: PtySession, needle: str, cursor: str | None = None,
@@ -152,6 +153,7 @@ async def test_poll_waits_for_output(project: Path) -> None:
             nursery.start_soon(answer)
             text, _ = await read_until(s, "got-it", cursor)
         assert "got-it" in text
+        assert await s.wait() is S.EXITED
 
 
 async def test_cursors_are_checked(project: Path) -> None:
@@ -199,7 +201,8 @@ async def test_stdin_echo_and_receipt(project: Path, mode: LaunchMode) -> None:
             while (await s.poll(None, wait_ms=200)).chunk.count("hello") < 2:
                 pass
         assert (await s.poll(None)).chunk == "hello\nhello\n"
-        await s.terminate()
+        await s.write_stdin(eof=True)
+        assert await s.wait() is S.EXITED
 
 
 async def test_stdin_without_echo(project: Path) -> None:
@@ -231,7 +234,9 @@ async def test_oversized_stdin_is_refused(project: Path) -> None:
         await s.start()
         with pytest.raises(BadSessionInput):
             await s.write_stdin(b"x" * (64 * 1024 + 1))
-        await s.terminate()
+        await s.write_stdin(eof=True)
+        assert await s.wait() is S.EXITED
+        assert await read_all(s) == ""  # nothing of the refused write reached it
 
 
 # -- exits and terminations -------------------------------------------------------------
@@ -342,7 +347,8 @@ async def test_small_output_cap_is_exact(project: Path) -> None:
 
 @BOTH_MODES
 async def test_timeout(project: Path, mode: LaunchMode) -> None:
-    async with session(project, ["sh", "-c", "echo waiting; sleep 60"], mode, timeout_s=0.3) as s:
+    async with session(project, ["sh", "-c", "echo waiting; sleep 60"], mode, timeout_s=0.3,
+                       grace_s=0.2) as s:
         await s.start()
         assert await s.wait() is S.TIMED_OUT
         assert "waiting" in await read_all(s)
@@ -350,7 +356,7 @@ async def test_timeout(project: Path, mode: LaunchMode) -> None:
 
 
 async def test_leaving_the_block_terminates(project: Path) -> None:
-    async with session(project, ["sleep", "60"]) as s:
+    async with session(project, ["sleep", "60"], grace_s=0.2) as s:
         await s.start()
     assert s.state is S.TERMINATED
 
@@ -480,7 +486,8 @@ async def test_run_command_sanitizes(project: Path) -> None:
 
 async def test_run_command_timeout(project: Path) -> None:
     result = await run_command(["sh", "-c", "echo started; sleep 60"], project, 0.3,
-                               SandboxProfile(project), launch_mode=LaunchMode.UNSANDBOXED)
+                               SandboxProfile(project), launch_mode=LaunchMode.UNSANDBOXED,
+                               grace_s=0.2)
     assert result.state is S.TIMED_OUT
     assert result.stdout.head == ("started",)
     assert result.exit_code == 128 + 15

@@ -13,6 +13,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -560,6 +561,20 @@ def test_real_trampoline_executes_only_on_the_right_commit(project: Path, commit
     assert not counter.exists()
 
 
+def _dies(pid: int, timeout_s: float = 10) -> bool:
+    """Whether a process that is not our child ends (zombie counts: its reaper is
+    init, which may take its time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 HELPER = r"""
 import os, signal, subprocess, sys
 from corral.sandbox.exec_handshake import build_trampoline_argv
@@ -580,14 +595,36 @@ def test_real_trampoline_dies_with_its_parent_unexecuted(project: Path) -> None:
     assert out.returncode == -signal.SIGKILL, out.stderr
     pid_text, ready = out.stdout.decode().split(" ", 1)
     assert ready.strip() == "SANDBOX_READY n1"
-    try:
-        orphan = psutil.Process(int(pid_text))
-        # Not our child (it was the helper's), so watch it rather than wait for it.
-        _gone, alive = psutil.wait_procs([orphan], timeout=5)
-        assert alive == [] or orphan.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        pass
+    assert _dies(int(pid_text))
     assert not counter.exists()
+
+
+SESSION_ACTOR = r"""
+import os, signal, sys
+from pathlib import Path
+import trio
+from corral.sandbox.bwrap import LaunchMode, SandboxProfile
+from corral.sandbox.exec_handshake import launch_with_handshake
+
+async def main() -> None:
+    async def on_ready(info) -> None:
+        return None
+    root = Path.cwd()
+    proc = await launch_with_handshake(["sleep", "60"], cwd=root, profile=SandboxProfile(root),
+                                       on_ready=on_ready, launch_mode=LaunchMode(sys.argv[1]))
+    print(proc.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # the session actor dies without cleaning up
+
+trio.run(main)
+"""
+
+
+@BOTH_MODES
+def test_targets_die_with_the_session_actor(project: Path, mode: LaunchMode) -> None:
+    out = subprocess.run([sys.executable, "-c", SESSION_ACTOR, mode.value], cwd=project,
+                         capture_output=True, timeout=20, check=False)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    assert _dies(int(out.stdout))
 
 
 async def test_transcript_files_are_private(project: Path) -> None:

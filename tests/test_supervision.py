@@ -78,8 +78,7 @@ def test_rest_for_one_restarts_the_later_siblings_only(short_tmp: Path) -> None:
         os.kill(before["w-2"], signal.SIGKILL)
         after = daemon.wait_until(
             lambda s: (
-                all_running(s)
-                and {a["id"]: a["incarnation"] for a in s["actors"]} == {"w-1": 1, "w-2": 2, "w-3": 2}
+                all_running(s) and {a["id"]: a["incarnation"] for a in s["actors"]} == {"w-1": 1, "w-2": 2, "w-3": 2}
             ),
             what="w-2 and w-3 restarted",
         )
@@ -91,9 +90,7 @@ def test_transient_actor_exiting_zero_stays_down_but_a_crash_restarts(short_tmp:
     with running(short_tmp / "h", spec(restart="transient")) as daemon:
         daemon.wait_until(all_running)
         daemon.call("request_actor", actor_id="w-1", body={"op": "exit", "code": 0})
-        status = daemon.wait_until(
-            lambda s: daemon_actor(s, "w-1")["status"] == "stopped", what="w-1 stopped"
-        )
+        status = daemon.wait_until(lambda s: daemon_actor(s, "w-1")["status"] == "stopped", what="w-1 stopped")
         assert daemon_actor(status, "w-1")["restarts"] == 0
         assert daemon_actor(status, "w-1")["last_exit"] == 0
         daemon.call("request_actor", actor_id="w-2", body={"op": "exit", "code": 3})
@@ -178,9 +175,7 @@ def test_bad_frames_tokens_and_versions_get_clear_errors_and_the_supervisor_keep
         with ControlClient(endpoint.control, endpoint.token) as control:
             garbage = control.call_raw(b"\x00\xffnot msgpack at all")
             assert garbage.kind is Kind.ERROR and garbage.body["code"] == "malformed-frame"
-            big = Envelope(
-                Kind.REQUEST, "cli", "supervisor", {"method": "ping", "params": {}}, token=endpoint.token
-            )
+            big = Envelope(Kind.REQUEST, "cli", "supervisor", {"method": "ping", "params": {}}, token=endpoint.token)
             frame = encode(big)[:-1] + b""
             huge = msgpack.packb(
                 [

@@ -9,28 +9,36 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from corral.chaos.invariants import check_all
 from corral.supervisor import run_store, swarm_store
 from corral.supervisor.action_state import ActionPhase
 from corral.supervisor.errors import Refused
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.spec import parse_spec
 from corral.supervisor.swarm_state import group_id_for
+
+from corral.chaos.invariants import check_all
 from tests.harness import Daemon, drive_to_end, ledger_rows, wait_run, wait_supervisor_gone
 
 # -- the ledger rules, without processes ---------------------------------------------
 
-SPEC = parse_spec({
-    "templates": [{"id": "writer", "steps": [{"final": "x"}]}],
-    "agents": [{"id": "boss", "steps": [{"final": "x"}]},
-               {"id": "helper", "role": "specialist", "steps": [{"final": "x"}]}],
-})
+SPEC = parse_spec(
+    {
+        "templates": [{"id": "writer", "steps": [{"final": "x"}]}],
+        "agents": [
+            {"id": "boss", "steps": [{"final": "x"}]},
+            {"id": "helper", "role": "specialist", "steps": [{"final": "x"}]},
+        ],
+    }
+)
 
 
 def child(scope: str, template: str = "writer") -> dict[str, Any]:
-    return {"template": template, "task": f"work in {scope}", "write_scopes": [scope],
-            "expected_artifacts": [f"{scope}/out.md"]}
+    return {
+        "template": template,
+        "task": f"work in {scope}",
+        "write_scopes": [scope],
+        "expected_artifacts": [f"{scope}/out.md"],
+    }
 
 
 @pytest.fixture
@@ -48,14 +56,22 @@ def executing_action(ledger: Ledger, run_id: str, index: int, tool: str = "agent
 
 
 def root_run(ledger: Ledger) -> Any:
-    run_id = run_store.create_run(ledger, agent_id="boss", task="t", provider="scripted",
-                                  provider_config={}, options={"workspace": "/tmp"})
+    run_id = run_store.create_run(
+        ledger,
+        agent_id="boss",
+        task="t",
+        provider="scripted",
+        provider_config={},
+        options={"workspace": "/tmp"},
+    )
     return run_store.get_run(ledger, run_id)
 
 
 def counts(ledger: Ledger) -> tuple[int, int, int]:
-    return tuple(ledger.one(f"SELECT COUNT(*) FROM {table}")[0]  # type: ignore[return-value]
-                 for table in ("isolated_groups", "children", "runs"))
+    return tuple(
+        ledger.one(f"SELECT COUNT(*) FROM {table}")[0]  # type: ignore[return-value]
+        for table in ("isolated_groups", "children", "runs")
+    )
 
 
 def test_spawn_derives_ids_from_the_parent_action_and_replays_idempotently(ledger: Ledger) -> None:
@@ -76,8 +92,10 @@ def test_spawn_derives_ids_from_the_parent_action_and_replays_idempotently(ledge
         ([child("a"), child("b"), child("c"), child("d")], "limit is 3"),
         ([child("a", template="nope")], "unknown template"),
         ([{"template": "writer", "task": "x", "write_scopes": ["../up"]}], "'..'"),
-        ([{"template": "writer", "task": "x", "write_scopes": ["a"], "expected_artifacts": ["b/x"]}],
-         "outside its write scopes"),
+        (
+            [{"template": "writer", "task": "x", "write_scopes": ["a"], "expected_artifacts": ["b/x"]}],
+            "outside its write scopes",
+        ),
         ([], "non-empty"),
     ],
 )
@@ -95,15 +113,27 @@ def test_a_child_may_not_spawn_and_depth_is_limited(ledger: Ledger) -> None:
     view = swarm_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a")], "all")
     child_run = run_store.get_run(ledger, view["children"][0]["run_id"])
     run_store.set_run_status(ledger, child_run["run_id"], run_store.RunStatus.RUNNING)
-    row = run_store.prepare_action(ledger, child_run["run_id"], 0, 0, "agent.spawn_isolated", {}, rerunnable=True,
-                                   policy="auto")
+    row = run_store.prepare_action(
+        ledger, child_run["run_id"], 0, 0, "agent.spawn_isolated", {}, rerunnable=True, policy="auto"
+    )
     before = counts(ledger)
     with pytest.raises(Refused, match="a child may not spawn"):
-        swarm_store.spawn_group(ledger, SPEC, run_store.get_run(ledger, child_run["run_id"]), row["action_id"],
-                                [child("z")], "all")
+        swarm_store.spawn_group(
+            ledger,
+            SPEC,
+            run_store.get_run(ledger, child_run["run_id"]),
+            row["action_id"],
+            [child("z")],
+            "all",
+        )
     with pytest.raises(Refused, match="may not delegate"):
-        swarm_store.delegate(ledger, SPEC, run_store.get_run(ledger, child_run["run_id"]), row["action_id"],
-                             {"agent_id": "helper", "task": "x"})
+        swarm_store.delegate(
+            ledger,
+            SPEC,
+            run_store.get_run(ledger, child_run["run_id"]),
+            row["action_id"],
+            {"agent_id": "helper", "task": "x"},
+        )
     assert counts(ledger) == before
 
 
@@ -117,8 +147,9 @@ def test_a_repeated_spawn_with_a_new_action_id_is_refused(ledger: Ledger) -> Non
 
 
 def _join_one(ledger: Ledger, run: Any, scope: str, index: int) -> str:
-    view = swarm_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], index),
-                                   [child(scope)], "all")
+    view = swarm_store.spawn_group(
+        ledger, SPEC, run, executing_action(ledger, run["run_id"], index), [child(scope)], "all"
+    )
     delivery = swarm_store.finish_child(ledger, view["children"][0]["run_id"], "done", None)
     assert delivery is not None
     return delivery
@@ -146,15 +177,17 @@ def test_claims_are_all_or_nothing(ledger: Ledger) -> None:
     d2 = _join_one(ledger, run, "b", 1)
     swarm_store.claim(ledger, run["run_id"], executing_action(ledger, run["run_id"], 2, "agent.run_status"), [d2])
     with pytest.raises(Refused):
-        swarm_store.claim(ledger, run["run_id"], executing_action(ledger, run["run_id"], 3, "agent.run_status"),
-                          [d1, d2])
+        swarm_store.claim(
+            ledger, run["run_id"], executing_action(ledger, run["run_id"], 3, "agent.run_status"), [d1, d2]
+        )
     assert ledger.one("SELECT status FROM deliveries WHERE delivery_id = ?", d1)[0] == "dispatched"
 
 
 def test_a_failed_child_still_counts_toward_the_join(ledger: Ledger) -> None:
     run = root_run(ledger)
-    view = swarm_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], 0),
-                                   [child("a"), child("b")], "all")
+    view = swarm_store.spawn_group(
+        ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a"), child("b")], "all"
+    )
     first, second = (c["run_id"] for c in view["children"])
     assert swarm_store.finish_child(ledger, first, None, "crashed past its restart intensity") is None
     delivery = swarm_store.finish_child(ledger, second, "ok", None)
@@ -234,7 +267,8 @@ def _all_invariants_pass(daemon: Daemon) -> None:
 
 
 def test_three_children_run_in_parallel_join_once_and_the_parent_waits_without_provider_calls(
-        short_tmp: Path) -> None:
+    short_tmp: Path,
+) -> None:
     daemon = _swarm(short_tmp, PARALLEL)
     try:
         daemon.up()
@@ -253,18 +287,25 @@ def test_three_children_run_in_parallel_join_once_and_the_parent_waits_without_p
         assert len(claims) == 1 and claims[0]["phase"] == "observed"
         run_status_actions = [a for a in shown["actions"] if a["tool"] == "agent.run_status"]
         assert deliveries[0]["claimed_by_action_id"] == run_status_actions[0]["action_id"]
-        second_output = ledger_rows(daemon.home, "SELECT result FROM actions WHERE action_id = ?",
-                                    run_status_actions[1]["action_id"])[0]["result"]
+        second_output = ledger_rows(
+            daemon.home, "SELECT result FROM actions WHERE action_id = ?", run_status_actions[1]["action_id"]
+        )[0]["result"]
         assert json.loads(second_output)["output"]["claimed"] == [], "the second claim wins nothing"
         # One provider request per loop: none while the parent was parked waiting for the join.
         requests = ledger_rows(daemon.home, "SELECT slot FROM provider_requests WHERE run_id = ?", run_id)
         assert [r["slot"] for r in requests] == [f"{run_id}:{n}" for n in range(3)]
         events = ledger_rows(daemon.home, "SELECT cursor, kind, subject FROM events ORDER BY cursor")
         parked = next(e["cursor"] for e in events if e["kind"] == "run-waiting-for-join" and e["subject"] == run_id)
-        resumed = next(e["cursor"] for e in events if e["kind"] == "run-running" and e["subject"] == run_id
-                       and e["cursor"] > parked)
-        assert not [e for e in events if parked < e["cursor"] < resumed and e["subject"] == run_id
-                    and e["kind"].startswith("provider")]
+        resumed = next(
+            e["cursor"]
+            for e in events
+            if e["kind"] == "run-running" and e["subject"] == run_id and e["cursor"] > parked
+        )
+        assert not [
+            e
+            for e in events
+            if parked < e["cursor"] < resumed and e["subject"] == run_id and e["kind"].startswith("provider")
+        ]
         _all_invariants_pass(daemon)
     finally:
         daemon.shutdown()
@@ -281,8 +322,11 @@ def test_failing_and_misbehaving_children_still_release_the_join(short_tmp: Path
         assert [r["status"] for r in results] == ["failed", "failed"]
         assert "invalid plan" in results[0]["error"]
         sneaky_run = results[1]["run_id"]
-        sneaky = ledger_rows(daemon.home, "SELECT tool, phase, error FROM actions WHERE run_id = ?"
-                                          " ORDER BY action_index", sneaky_run)
+        sneaky = ledger_rows(
+            daemon.home,
+            "SELECT tool, phase, error FROM actions WHERE run_id = ? ORDER BY action_index",
+            sneaky_run,
+        )
         assert sneaky[0]["phase"] == "denied" and "not allowed in a child run" in sneaky[0]["error"]
         assert sneaky[1]["phase"] == "failed" and "outside this agent's write scopes" in sneaky[1]["error"]
         assert len(ledger_rows(daemon.home, "SELECT * FROM isolated_groups")) == 1, "the child spawned nothing"
@@ -301,8 +345,15 @@ def _demo(tmp: Path) -> Daemon:
     return Daemon(tmp / "h", spec)
 
 
-SWARM_FAILPOINTS = ["spawn.after-commit", "delegate.after-commit", "join.after-delivery", "claim.after-prepared",
-                    "claim.after-commit", "finalize.after-prepared", "finalize.after-reply"]
+SWARM_FAILPOINTS = [
+    "spawn.after-commit",
+    "delegate.after-commit",
+    "join.after-delivery",
+    "claim.after-prepared",
+    "claim.after-commit",
+    "finalize.after-prepared",
+    "finalize.after-reply",
+]
 
 
 def _demo_outcome(daemon: Daemon, run_id: str) -> None:
@@ -353,13 +404,17 @@ def test_cancel_tombstones_live_children_and_stops_their_processes(short_tmp: Pa
         daemon.up()
         run_id = daemon.call("run", agent_id="boss", task="fan out")["run_id"]
         wait_run(daemon, run_id, {"waiting-for-join"})
-        daemon.wait_until(lambda s: sum(1 for a in s["actors"] if a["id"].startswith("child-")
-                                        and a["status"] == "running") == 3, what="children running")
+        daemon.wait_until(
+            lambda s: sum(1 for a in s["actors"] if a["id"].startswith("child-") and a["status"] == "running") == 3,
+            what="children running",
+        )
         from tests.harness import cli
 
         assert cli(daemon.home, "cancel", run_id).returncode == 0
-        status = daemon.wait_until(lambda s: all(a["status"] == "stopped" for a in s["actors"]
-                                                 if a["id"].startswith("child-")), what="children stopped")
+        status = daemon.wait_until(
+            lambda s: all(a["status"] == "stopped" for a in s["actors"] if a["id"].startswith("child-")),
+            what="children stopped",
+        )
         assert all(a["pid"] is None for a in status["actors"] if a["id"].startswith("child-"))
         runs = ledger_rows(daemon.home, "SELECT status FROM runs WHERE kind = 'child'")
         assert [r["status"] for r in runs] == ["cancelled"] * 3

@@ -147,7 +147,7 @@ def _lookup(scope: str, key: str, request: ProviderRequest) -> str:
 def parse_plan_json(text: str, tools: tuple[ToolSchema, ...]) -> Plan:
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise PlanError(RepairCategory.BAD_JSON, f"plan is not JSON ({exc.msg} at {exc.pos})") from None
     if not isinstance(data, dict):
         raise PlanError(RepairCategory.BAD_JSON, "plan is not a JSON object")

@@ -48,13 +48,18 @@ class Tool(Protocol):
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult: ...
 
 
-def schema(name: str, description: str, properties: dict[str, Any], required: list[str], *,
-           read_only: bool) -> ToolSchema:
+def schema(
+    name: str, description: str, properties: dict[str, Any], required: list[str], *, read_only: bool
+) -> ToolSchema:
     return ToolSchema(
         name=name,
         description=description,
-        input_schema={"type": "object", "properties": properties, "required": required,
-                      "additionalProperties": False},
+        input_schema={
+            "type": "object",
+            "properties": properties,
+            "required": required,
+            "additionalProperties": False,
+        },
         read_only=read_only,
     )
 
@@ -70,8 +75,14 @@ def validate_input(tool_schema: ToolSchema, tool_input: dict[str, Any]) -> None:
         if key not in props:
             raise ToolError(f"{tool_schema.name}: unknown input {key!r}", "bad-input")
         expected = props[key].get("type")
-        types = {"string": str, "integer": int, "boolean": bool, "object": dict, "array": list,
-                 "number": (int, float)}
+        types: dict[str, type | tuple[type, ...]] = {
+            "string": str,
+            "integer": int,
+            "boolean": bool,
+            "object": dict,
+            "array": list,
+            "number": (int, float),
+        }
         if expected in types:
             py_type = types[expected]
             if not isinstance(value, py_type) or (expected in ("integer", "number") and isinstance(value, bool)):

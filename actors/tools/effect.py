@@ -15,13 +15,26 @@ from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
 
 
 class EffectRecord:
-    schema = schema("effect.record", "Record one externally visible side effect (for tests and chaos).",
-                    {"label": {"type": "string"}}, ["label"], read_only=False)
+    schema = schema(
+        "effect.record",
+        "Record one externally visible side effect (for tests and chaos).",
+        {"label": {"type": "string"}},
+        ["label"],
+        read_only=False,
+    )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         path = ctx.effects_file or ctx.home / "effects.log"
-        line = json.dumps({"action_id": ctx.action_id, "run_id": ctx.run_id, "agent": ctx.agent_id,
-                           "label": tool_input["label"][:200], "at": time.time(), "pid": os.getpid()})
+        line = json.dumps(
+            {
+                "action_id": ctx.action_id,
+                "run_id": ctx.run_id,
+                "agent": ctx.agent_id,
+                "label": tool_input["label"][:200],
+                "at": time.time(),
+                "pid": os.getpid(),
+            }
+        )
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         except OSError as exc:
@@ -46,9 +59,13 @@ class EffectBarrier:
     """Wait until ``parties`` actions reached the barrier ``name``; a test tool that
     proves actors run in parallel (serialized ones could never all arrive)."""
 
-    schema = schema("effect.barrier", "Wait until N parties reach a named barrier (for tests).",
-                    {"name": {"type": "string"}, "parties": {"type": "integer"},
-                     "timeout_ms": {"type": "integer"}}, ["name", "parties"], read_only=False)
+    schema = schema(
+        "effect.barrier",
+        "Wait until N parties reach a named barrier (for tests).",
+        {"name": {"type": "string"}, "parties": {"type": "integer"}, "timeout_ms": {"type": "integer"}},
+        ["name", "parties"],
+        read_only=False,
+    )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         import trio

@@ -19,8 +19,13 @@ def _sha(data: bytes) -> str:
 
 
 class FsRead:
-    schema = schema("fs.read", "Read a text file of the workspace; returns content and sha256.",
-                    {"path": {"type": "string"}}, ["path"], read_only=True)
+    schema = schema(
+        "fs.read",
+        "Read a text file of the workspace; returns content and sha256.",
+        {"path": {"type": "string"}},
+        ["path"],
+        read_only=True,
+    )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         target = resolve_in_workspace(ctx.workspace, tool_input["path"])
@@ -28,14 +33,20 @@ class FsRead:
             raise ToolError(f"no file {tool_input['path']!r}", "not-found")
         data = target.read_bytes()
         text = data[:MAX_READ].decode(errors="replace")
-        return ToolResult(True, {"path": tool_input["path"], "content": text, "sha256": _sha(data),
-                                 "truncated": len(data) > MAX_READ},
-                          f"read {tool_input['path']} ({len(data)} bytes)")
+        return ToolResult(
+            True,
+            {
+                "path": tool_input["path"],
+                "content": text,
+                "sha256": _sha(data),
+                "truncated": len(data) > MAX_READ,
+            },
+            f"read {tool_input['path']} ({len(data)} bytes)",
+        )
 
 
 class FsList:
-    schema = schema("fs.list", "List a directory of the workspace.", {"path": {"type": "string"}}, [],
-                    read_only=True)
+    schema = schema("fs.list", "List a directory of the workspace.", {"path": {"type": "string"}}, [], read_only=True)
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         raw = tool_input.get("path", ".")
@@ -67,25 +78,36 @@ def _write_confined(ctx: ToolContext, raw: str, data: bytes) -> None:
 
 
 class FsWrite:
-    schema = schema("fs.write", "Create or replace a text file inside the write scopes.",
-                    {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"],
-                    read_only=False)
+    schema = schema(
+        "fs.write",
+        "Create or replace a text file inside the write scopes.",
+        {"path": {"type": "string"}, "content": {"type": "string"}},
+        ["path", "content"],
+        read_only=False,
+    )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         data = tool_input["content"].encode()
         if len(data) > MAX_WRITE:
             raise ToolError(f"content is {len(data)} bytes; the limit is {MAX_WRITE}", "bad-input")
         _write_confined(ctx, tool_input["path"], data)
-        return ToolResult(True, {"path": tool_input["path"], "sha256": _sha(data), "bytes": len(data)},
-                          f"wrote {tool_input['path']} ({len(data)} bytes, sha256 {_sha(data)[:12]})")
+        return ToolResult(
+            True,
+            {"path": tool_input["path"], "sha256": _sha(data), "bytes": len(data)},
+            f"wrote {tool_input['path']} ({len(data)} bytes, sha256 {_sha(data)[:12]})",
+        )
 
 
 class FsPatch:
     schema = schema(
         "fs.patch",
         "Replace one exact occurrence of old_text; expected_sha256 must match the file as last read.",
-        {"path": {"type": "string"}, "old_text": {"type": "string"}, "new_text": {"type": "string"},
-         "expected_sha256": {"type": "string"}},
+        {
+            "path": {"type": "string"},
+            "old_text": {"type": "string"},
+            "new_text": {"type": "string"},
+            "expected_sha256": {"type": "string"},
+        },
         ["path", "old_text", "new_text", "expected_sha256"],
         read_only=False,
     )
@@ -105,5 +127,4 @@ class FsPatch:
             raise ToolError(f"old_text occurs {count} times in {raw!r}; it must occur exactly once", "bad-input")
         new = text.replace(tool_input["old_text"], tool_input["new_text"]).encode()
         _write_confined(ctx, raw, new)
-        return ToolResult(True, {"path": raw, "sha256": _sha(new)},
-                          f"patched {raw} (sha256 {_sha(new)[:12]})")
+        return ToolResult(True, {"path": raw, "sha256": _sha(new)}, f"patched {raw} (sha256 {_sha(new)[:12]})")

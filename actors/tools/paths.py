@@ -14,8 +14,19 @@ from pathlib import Path, PurePosixPath
 from corral.actors.tools.base import ToolError
 
 CONTROL_DIRS = (".corral",)
-SECRET_PATTERNS = (".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "id_ecdsa*", "*.p12",
-                   "credentials*", ".netrc", ".pgpass")
+SECRET_PATTERNS = (
+    ".env",
+    ".env.*",
+    "*.pem",
+    "*.key",
+    "id_rsa*",
+    "id_ed25519*",
+    "id_ecdsa*",
+    "*.p12",
+    "credentials*",
+    ".netrc",
+    ".pgpass",
+)
 
 
 def _refuse(message: str) -> ToolError:

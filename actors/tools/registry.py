@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 from corral.actors.providers.base import ToolSchema
 from corral.actors.tools.base import Tool
 from corral.actors.tools.effect import EffectBarrier, EffectRecord
@@ -12,18 +14,15 @@ _BUILTIN: list[Tool] = [FsRead(), FsWrite(), FsPatch(), FsList(), EffectRecord()
 
 def all_tools() -> dict[str, Tool]:
     tools = {tool.schema.name: tool for tool in _BUILTIN}
-    try:
-        from corral.actors.tools import swarm
-
-        tools.update({tool.schema.name: tool for tool in swarm.TOOLS})
-    except ImportError:
-        pass
-    try:
-        from corral.actors.tools import process
-
-        tools.update({tool.schema.name: tool for tool in process.TOOLS})
-    except ImportError:
-        pass
+    for name in ("corral.actors.tools.swarm", "corral.actors.tools.process"):
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        extra: list[Tool] = module.TOOLS
+        tools.update({tool.schema.name: tool for tool in extra})
     return tools
 
 

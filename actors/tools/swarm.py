@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from corral.actors.tools.base import ToolContext, ToolResult, schema
+from corral.actors.tools.base import Tool, ToolContext, ToolResult, schema
 
 _CHILD = {
     "type": "object",
     "properties": {
-        "template": {"type": "string"}, "task": {"type": "string"},
+        "template": {"type": "string"},
+        "task": {"type": "string"},
         "acceptance_criteria": {"type": "string"},
         "expected_artifacts": {"type": "array", "items": {"type": "string"}},
         "write_scopes": {"type": "array", "items": {"type": "string"}},
@@ -29,12 +30,18 @@ class SpawnIsolated:
         "agent.spawn_isolated",
         "Run isolated child agents in parallel; their results arrive as one join delivery.",
         {"children": {"type": "array", "items": _CHILD}, "join_mode": {"type": "string", "enum": ["all"]}},
-        ["children"], read_only=False,
+        ["children"],
+        read_only=False,
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        reply = await ctx.call("swarm.spawn", run_id=ctx.run_id, action_id=ctx.action_id,
-                               children=tool_input["children"], join_mode=tool_input.get("join_mode", "all"))
+        reply = await ctx.call(
+            "swarm.spawn",
+            run_id=ctx.run_id,
+            action_id=ctx.action_id,
+            children=tool_input["children"],
+            join_mode=tool_input.get("join_mode", "all"),
+        )
         names = ", ".join(child["instance_id"] for child in reply["children"])
         return ToolResult(True, reply, f"spawned group {reply['group_id']} ({names})")
 
@@ -44,10 +51,15 @@ class Delegate:
     schema = schema(
         "agent.delegate",
         "Give a task to a specialist agent; its receipt arrives as a delivery to claim.",
-        {"agent_id": {"type": "string"}, "task": {"type": "string"}, "acceptance_criteria": {"type": "string"},
-         "expected_artifacts": {"type": "array", "items": {"type": "string"}},
-         "repair_of": {"type": "string"}},
-        ["agent_id", "task"], read_only=False,
+        {
+            "agent_id": {"type": "string"},
+            "task": {"type": "string"},
+            "acceptance_criteria": {"type": "string"},
+            "expected_artifacts": {"type": "array", "items": {"type": "string"}},
+            "repair_of": {"type": "string"},
+        },
+        ["agent_id", "task"],
+        read_only=False,
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
@@ -60,15 +72,24 @@ class RunStatus:
     schema = schema(
         "agent.run_status",
         "Claim the join deliveries and receipts that are ready for this run (all-or-nothing).",
-        {"delivery_ids": {"type": "array", "items": {"type": "string"}}}, [], read_only=False,
+        {"delivery_ids": {"type": "array", "items": {"type": "string"}}},
+        [],
+        read_only=False,
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        reply = await ctx.call("swarm.claim", run_id=ctx.run_id, action_id=ctx.action_id,
-                               delivery_ids=tool_input.get("delivery_ids"))
+        reply = await ctx.call(
+            "swarm.claim",
+            run_id=ctx.run_id,
+            action_id=ctx.action_id,
+            delivery_ids=tool_input.get("delivery_ids"),
+        )
         kinds = [f"{d['kind']}:{d.get('status', 'joined')}" for d in reply["claimed"]]
-        return ToolResult(True, reply, f"claimed {len(reply['claimed'])} ({', '.join(kinds) or 'none'}),"
-                                       f" {reply['open']} still open")
+        return ToolResult(
+            True,
+            reply,
+            f"claimed {len(reply['claimed'])} ({', '.join(kinds) or 'none'}), {reply['open']} still open",
+        )
 
 
-TOOLS = [SpawnIsolated(), Delegate(), RunStatus()]
+TOOLS: list[Tool] = [SpawnIsolated(), Delegate(), RunStatus()]

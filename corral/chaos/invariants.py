@@ -45,8 +45,9 @@ def read_effects(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def check_all(ledger_path: Path, effects_path: Path, *, secrets: tuple[str, ...] = (),
-              scan_paths: tuple[Path, ...] = ()) -> list[Check]:
+def check_all(
+    ledger_path: Path, effects_path: Path, *, secrets: tuple[str, ...] = (), scan_paths: tuple[Path, ...] = ()
+) -> list[Check]:
     db = sqlite3.connect(f"file:{ledger_path}?mode=ro", uri=True)
     db.row_factory = sqlite3.Row
     try:
@@ -83,13 +84,19 @@ def _effects_at_most_once(db: sqlite3.Connection, effects: list[dict[str, Any]])
             check.fail(f"effect of {effect['action_id']} has no action in the ledger")
             continue
         if action["executing_at"] is None or effect["at"] < action["executing_at"]:
-            check.fail(f"{effect['action_id']}: side effect at {effect['at']:.6f} before executing was"
-                       f" committed ({action['executing_at']})")
+            check.fail(
+                f"{effect['action_id']}: side effect at {effect['at']:.6f} before executing was"
+                f" committed ({action['executing_at']})"
+            )
         if action["phase"] in ("prepared", "waiting-confirmation", "approved", "denied"):
             check.fail(f"{effect['action_id']} ran but the ledger says {action['phase']}")
     for action_id, action in actions.items():
-        if action["tool"] == "effect.record" and action["phase"] == "ok" and counts[action_id] != 1 \
-                and not (action["reason"] or "").startswith("reconciled"):
+        if (
+            action["tool"] == "effect.record"
+            and action["phase"] == "ok"
+            and counts[action_id] != 1
+            and not (action["reason"] or "").startswith("reconciled")
+        ):
             check.fail(f"{action_id} is ok in the ledger but ran {counts[action_id]} times")
     return check
 
@@ -129,8 +136,11 @@ def _claims(db: sqlite3.Connection) -> Check:
         for journal in _rows(db, "SELECT * FROM claim_journal WHERE parent_run_id = ?", reply["run_id"]):
             if journal["phase"] != "observed" or journal["updated_at"] > reply["created_at"]:
                 check.fail(f"claim {journal['claim_id']} not observed before the reply of {reply['run_id']}")
-        open_deliveries = _rows(db, "SELECT delivery_id FROM deliveries WHERE parent_run_id = ?"
-                                " AND status = 'dispatched'", reply["run_id"])
+        open_deliveries = _rows(
+            db,
+            "SELECT delivery_id FROM deliveries WHERE parent_run_id = ? AND status = 'dispatched'",
+            reply["run_id"],
+        )
         for row in open_deliveries:
             check.fail(f"{reply['run_id']} replied with delivery {row['delivery_id']} unclaimed")
     return check
@@ -170,14 +180,25 @@ def _no_duplicates(db: sqlite3.Connection) -> Check:
     check = Check("no duplicate receipt, message, action or spawn")
     events = _rows(db, "SELECT kind, subject FROM events")
     check.count = len(events)
-    once = ("receipt-written", "reply-appended", "group-spawned", "delegated", "join-delivered",
-            "delegation-receipt", "claim-committed", "claim-observed", "plan-committed-dup")
+    once = (
+        "receipt-written",
+        "reply-appended",
+        "group-spawned",
+        "delegated",
+        "join-delivered",
+        "delegation-receipt",
+        "claim-committed",
+        "claim-observed",
+        "plan-committed-dup",
+    )
     counts = Counter((e["kind"], e["subject"]) for e in events if e["kind"] in once)
     for (kind, subject), n in counts.items():
         if n > 1:
             check.fail(f"{kind} for {subject} recorded {n} times")
-    groups = Counter((row["parent_run_id"], row["request_digest"])
-                     for row in _rows(db, "SELECT parent_run_id, request_digest FROM isolated_groups"))
+    groups = Counter(
+        (row["parent_run_id"], row["request_digest"])
+        for row in _rows(db, "SELECT parent_run_id, request_digest FROM isolated_groups")
+    )
     for (run_id, _digest), n in groups.items():
         if n > 1:
             check.fail(f"{run_id} spawned the same children {n} times")

@@ -25,9 +25,9 @@ from typing import Any
 import psutil
 
 from corral import client, failpoints
-from corral.procs import is_alive, wait_exit
 from corral.chaos.invariants import Check, check_all
 from corral.chaos.reconciler import decide, pending_reconciliations
+from corral.procs import is_alive, wait_exit
 from corral.supervisor import home as homes
 from corral.supervisor.spec import load_spec
 
@@ -91,8 +91,15 @@ def file_scenario(path: Path) -> Scenario:
 
 
 class Runner:
-    def __init__(self, scenario: Scenario, *, seed: int, targets: tuple[str, ...], workdir: Path | None = None,
-                 verbose: bool = True) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        seed: int,
+        targets: tuple[str, ...],
+        workdir: Path | None = None,
+        verbose: bool = True,
+    ) -> None:
         self.scenario = scenario
         self.seed = seed
         self.targets = targets
@@ -160,8 +167,12 @@ class Runner:
             sup = self._up(home, spec, self._env(failpoint_spec))
             episode.boots = 1
             seen_pids.add(sup)
-            run_id = client.call(home, "run", agent_id=self.scenario.root_agent,
-                                 task=f"{self.scenario.task} (keep api_key={DECOYS[1]} out of every log)")["run_id"]
+            run_id = client.call(
+                home,
+                "run",
+                agent_id=self.scenario.root_agent,
+                task=f"{self.scenario.task} (keep api_key={DECOYS[1]} out of every log)",
+            )["run_id"]
             rng = random.Random(episode.seed)
             pending_random = random_kills
             deadline = time.monotonic() + EPISODE_TIMEOUT_S
@@ -187,23 +198,39 @@ class Runner:
         episode.leftovers = self._leftovers(seen_pids)
         report_file = base / "episode.txt"
         report_file.write_text(f"{episode}\n")
-        episode.checks = check_all(home / homes.LEDGER, base / "effects.log", secrets=DECOYS,
-                                   scan_paths=(home / "logs", report_file)) if (home / homes.LEDGER).exists() else []
+        episode.checks = (
+            check_all(
+                home / homes.LEDGER,
+                base / "effects.log",
+                secrets=DECOYS,
+                scan_paths=(home / "logs", report_file),
+            )
+            if (home / homes.LEDGER).exists()
+            else []
+        )
         episode.wall_s = time.monotonic() - started
         self.episodes.append(episode)
         if self.verbose:
             verdict = "PASS" if episode.passed else "FAIL"
             kills = ", ".join(f"{k.target}@{k.point}" for k in episode.kills) or "no kill reached"
-            print(f"  episode {episode.index:3d} {verdict} {episode.status or episode.error}  kills: {kills}"
-                  f"  ({episode.wall_s:.1f}s)", flush=True)
+            print(
+                f"  episode {episode.index:3d} {verdict} {episode.status or episode.error}  kills: {kills}"
+                f"  ({episode.wall_s:.1f}s)",
+                flush=True,
+            )
 
-    def _ensure_up(self, home: Path, sup: int, episode: Episode, failpoint_spec: str, target: str | None,
-                   seen: set[int]) -> int:
+    def _ensure_up(
+        self, home: Path, sup: int, episode: Episode, failpoint_spec: str, target: str | None, seen: set[int]
+    ) -> int:
         if is_alive(sup):
             return sup
         name = failpoint_spec.split("=")[0] if failpoint_spec else ""
-        if name and (home / "failpoints" / f"{name}.fired").exists() and target == "supervisor" and \
-                not any(k.point == name for k in episode.kills):
+        if (
+            name
+            and (home / "failpoints" / f"{name}.fired").exists()
+            and target == "supervisor"
+            and not any(k.point == name for k in episode.kills)
+        ):
             episode.kills.append(Kill(episode.index, "supervisor", name, "supervisor", episode.seed))
         new = self._up(home, None, self._env())
         episode.boots += 1
@@ -223,8 +250,13 @@ class Runner:
             pending = client.call(home, "pending")
             for action in pending["actions"]:
                 if action["phase"] == "waiting-confirmation":
-                    client.call(home, "continue_action", action_id=action["action_id"], decision="approve",
-                                fingerprint=action["fingerprint"])
+                    client.call(
+                        home,
+                        "continue_action",
+                        action_id=action["action_id"],
+                        decision="approve",
+                        fingerprint=action["fingerprint"],
+                    )
             for action in pending_reconciliations(home / homes.LEDGER):
                 outcome, note = decide(action, home.parent / "effects.log")
                 client.call(home, "reconcile", action_id=action["action_id"], outcome=outcome, note=note)
@@ -243,8 +275,11 @@ class Runner:
             return
         if not (home / "failpoints" / f"{episode.failpoint}.fired").exists():
             return
-        exited = [e for e in client.call(home, "events", since=0, limit=5000)["events"]
-                  if e["kind"] == "actor-exited" and e["data"].get("exit_code") == -signal.SIGKILL]
+        exited = [
+            e
+            for e in client.call(home, "events", since=0, limit=5000)["events"]
+            if e["kind"] == "actor-exited" and e["data"].get("exit_code") == -signal.SIGKILL
+        ]
         if exited:
             victim = exited[0]["subject"]
             kind = "children" if victim.startswith("child-") else "agents"
@@ -302,8 +337,12 @@ class Runner:
         return {json.loads(row[0]).get("pid") for row in rows if json.loads(row[0]).get("pid")}
 
     def _down(self, home: Path) -> None:
-        subprocess.run([sys.executable, "-m", "corral", "--home", str(home), "down"], capture_output=True,
-                       check=False, timeout=60)
+        subprocess.run(
+            [sys.executable, "-m", "corral", "--home", str(home), "down"],
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
 
     def _kill_everything(self, home: Path, pids: set[int]) -> None:
         pids |= self._live_pids(home)
@@ -331,25 +370,46 @@ class Runner:
                 if not check.passed:
                     entry["passed"] = False
                     for failure in check.failures[:3]:
-                        entry["failures"].append({"episode": episode.index, "seed": episode.seed,
-                                                  "failpoint": episode.failpoint, "detail": failure})
+                        entry["failures"].append(
+                            {
+                                "episode": episode.index,
+                                "seed": episode.seed,
+                                "failpoint": episode.failpoint,
+                                "detail": failure,
+                            }
+                        )
         leftovers = [p for e in self.episodes for p in e.leftovers]
-        invariants["no process left alive"] = {"passed": not leftovers, "count": len(leftovers),
-                                               "failures": [{"detail": f"pid {p} alive"} for p in leftovers]}
-        errors = [{"episode": e.index, "seed": e.seed, "failpoint": e.failpoint, "detail": e.error}
-                  for e in self.episodes if e.error]
-        invariants["every episode ran to its end"] = {"passed": not errors, "count": len(self.episodes),
-                                                      "failures": errors}
+        invariants["no process left alive"] = {
+            "passed": not leftovers,
+            "count": len(leftovers),
+            "failures": [{"detail": f"pid {p} alive"} for p in leftovers],
+        }
+        errors = [
+            {"episode": e.index, "seed": e.seed, "failpoint": e.failpoint, "detail": e.error}
+            for e in self.episodes
+            if e.error
+        ]
+        invariants["every episode ran to its end"] = {
+            "passed": not errors,
+            "count": len(self.episodes),
+            "failures": errors,
+        }
         passed = all(entry["passed"] for entry in invariants.values())
         return {
-            "scenario": self.scenario.name, "seed": self.seed, "targets": list(self.targets),
-            "episodes": len(self.episodes), "kills": len(kills), "kills_by_target": dict(by_target),
+            "scenario": self.scenario.name,
+            "seed": self.seed,
+            "targets": list(self.targets),
+            "episodes": len(self.episodes),
+            "kills": len(kills),
+            "kills_by_target": dict(by_target),
             "kills_by_point": dict(sorted(by_point.items())),
             "supervisor_restarts": sum(max(0, e.boots - 1) for e in self.episodes),
             "actor_restarts": sum(e.restarts for e in self.episodes),
             "recoveries": sum(max(0, e.boots - 1) for e in self.episodes),
             "reconciliations": sum(e.reconciliations for e in self.episodes),
             "runs": Counter(e.status or "error" for e in self.episodes),
-            "invariants": invariants, "passed": passed, "wall_s": round(wall_s, 2),
+            "invariants": invariants,
+            "passed": passed,
+            "wall_s": round(wall_s, 2),
             "workdir": str(self.workdir),
         }
