@@ -40,6 +40,9 @@ class Supervisor:
         os.environ.setdefault(failpoints.MARKER_DIR_ENV, str(home / "failpoints"))
         self.token = secrets.token_hex(32)
         register_secret(self.token)
+        for actor in spec.actors:
+            for name in actor.env_passthrough:
+                register_secret(os.environ.get(name, ""))
         self.boot_id = secrets.token_hex(8)
         self.pid = os.getpid()
         self.started = time.time()

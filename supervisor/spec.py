@@ -44,6 +44,9 @@ class ActorSpec:
     backoff_max_ms: int = 2000
     backoff_jitter: float = 0.2
     params: dict[str, Any] = field(default_factory=dict)
+    #: Environment variables this actor gets despite the scrub (an agent's API key
+    #: variable, declared by its provider config); nothing else passes.
+    env_passthrough: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -362,6 +365,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
                 restart=_enum(f"{where}.restart", RestartType, _get(where, table, "restart", str, "permanent")),
                 shutdown_timeout_ms=_get(where, table, "shutdown_timeout_ms", int, 2000),
                 params={"agent_id": agent_id},
+                env_passthrough=provider_env(provider, provider_config),
             )
         )
 
@@ -409,6 +413,13 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     )
 
 
+def provider_env(provider: str, config: dict[str, Any]) -> tuple[str, ...]:
+    if provider != "openai":
+        return ()
+    name = config.get("api_key_env", "OPENAI_API_KEY")
+    return (name,) if isinstance(name, str) and name else ()
+
+
 def _policy(where: str, table: dict[str, Any]) -> dict[str, str]:
     for tool, mode in table.items():
         if mode not in POLICIES:
@@ -436,7 +447,14 @@ def _provider(where: str, table: dict[str, Any], base: Path) -> tuple[str, dict[
             raise SpecError(f"{where}: a scripted provider needs `script = FILE` or inline [[...steps]]")
         return provider, {"script": script}
     if provider == "openai":
+        from corral.actors.providers.base import ProviderError
+        from corral.actors.providers.openai import OpenAIConfig
+
         config = _get(where, table, "openai", dict, {})
+        try:
+            OpenAIConfig.from_mapping(config)  # exact errors now, not at the first request
+        except (ProviderError, ValueError, TypeError) as exc:
+            raise SpecError(f"{where}.openai: {exc}") from None
         return provider, dict(config)
     raise SpecError(f"{where}.provider: unknown provider {provider!r} (scripted, openai)")
 

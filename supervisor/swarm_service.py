@@ -15,7 +15,7 @@ from corral.supervisor.ledger import Ledger
 from corral.supervisor.recovery import RecoveryReport
 from corral.supervisor.restart_policy import RestartType, Strategy
 from corral.supervisor.run_state import TERMINAL, RunStatus
-from corral.supervisor.spec import ActorSpec, GroupSpec
+from corral.supervisor.spec import ActorSpec, GroupSpec, provider_env
 from corral.supervisor.swarm_state import ClaimPhase
 from corral.supervisor.tree import ActorSlot
 
@@ -117,11 +117,20 @@ class SwarmService:
             restart=RestartType.TRANSIENT,
             shutdown_timeout_ms=2000,
             params={"agent_id": instance_id, "exit_when_idle": True},
+            env_passthrough=self._child_env(instance_id),
         )
         if self.sup.tree.running:
             await self.sup.tree.add_actor(spec)
         else:
             self.sup.tree.declare_actor(spec, dynamic=True)
+
+    def _child_env(self, instance_id: str) -> tuple[str, ...]:
+        row = self.ledger.one("SELECT template FROM children WHERE instance_id = ?", instance_id)
+        try:
+            template = self.sup.spec.template(row["template"]) if row else None
+        except KeyError:
+            return ()
+        return provider_env(template.provider, template.provider_config) if template else ()
 
     async def delegate(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self._parent(slot, params)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import itertools
 import logging
+import os
 import random
 import signal
 import time
@@ -192,6 +193,7 @@ class SupervisionTree:
                 "failpoints": self.failpoint_spec,
             }
             env = {"CORRAL_FAILPOINT_DIR": str(self.home / "failpoints")}
+            env.update({name: os.environ[name] for name in slot.spec.env_passthrough if name in os.environ})
             process = await self.launcher.launch(
                 LaunchRequest(slot.id, config, self.home / "logs" / f"{slot.id}.log", env)
             )

@@ -323,7 +323,8 @@ async def test_background_job_does_not_outlive_the_leader(project: Path) -> None
         await s.start()
         assert await s.wait() is S.EXITED
         assert s.exit_code == 3
-    assert [p for p in psutil.Process().children(recursive=True) if p.name() == "sleep"] == []
+    assert [p for p in psutil.Process().children(recursive=True)
+            if p.name() == "sleep" and p.status() != psutil.STATUS_ZOMBIE] == []
 
 
 @BOTH_MODES
