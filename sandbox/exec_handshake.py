@@ -501,7 +501,12 @@ class LaunchedProcess:
         try:
             result = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
-            return None
+            if not _pidfd_exited(self._pidfd):
+                return None
+            # Someone else (a waitpid(-1) reaper) took the status; Popen's own
+            # convention for that case is 0, and it is better than waiting forever.
+            rc = self._popen.poll()
+            return exit_code_of(rc if rc is not None else 0)
         return None if result is None else _status_to_code(result)
 
     def target_exited(self) -> bool:
@@ -551,8 +556,9 @@ class LaunchedProcess:
             except psutil.Error:
                 pass
         if self._ns_init_fd is None:
-            # bwrap itself only when its pid 1 is unknown: left alive, it reaps pid 1
-            # and exits, instead of leaving a zombie for init.
+            # The direct child: the target when unsandboxed. bwrap only when its pid 1
+            # is unknown; otherwise, left alive, it reaps pid 1 and exits by itself
+            # instead of leaving a zombie to whoever inherits it.
             self._kill_direct()
 
     def _kill_direct(self) -> None:
@@ -581,7 +587,8 @@ class LaunchedProcess:
         """Confirm nothing of the tree is left, then reap the direct child.
 
         False means something could not be confirmed dead within ``timeout_s``
-        (the direct child is then left unreaped so no number is freed early).
+        (the direct child is then SIGKILLed but not reaped, so no number is freed
+        while something of the tree may still use it).
         """
         with trio.move_on_after(timeout_s):
             await self.wait_exit()
