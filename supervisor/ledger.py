@@ -39,6 +39,7 @@ class Ledger:
                 raise LedgerError(f"ledger {path}: cannot enable WAL (got {mode})")
             self.db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
             self._migrate()
+        self.synchronous = synchronous
         self.boot_id = ""
         self._in_tx = False
         self._listeners: list[Callable[[], None]] = []
@@ -68,11 +69,30 @@ class Ledger:
     # -- transactions -----------------------------------------------------------
 
     @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
-        """One IMMEDIATE transaction; nested calls join the outer one."""
+    def tx(self, *, fsync: bool = True) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction; nested calls join the outer one.
+
+        ``fsync=False`` is for bookkeeping that guards no side effect (actor
+        lifecycle rows): in WAL mode such a commit survives any process crash and
+        only a power loss could drop it, and the next fsync'd commit (every action
+        step is one) makes it durable too. Everything else is fsync'd before the
+        step it protects.
+        """
         if self._in_tx:
             yield self.db
             return
+        relaxed = not fsync and self.synchronous == "full"
+        if relaxed:
+            self.db.execute("PRAGMA synchronous = NORMAL")
+        try:
+            with self._transaction() as db:
+                yield db
+        finally:
+            if relaxed:
+                self.db.execute("PRAGMA synchronous = FULL")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
         self.db.execute("BEGIN IMMEDIATE")
         self._in_tx = True
         try:

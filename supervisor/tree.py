@@ -163,9 +163,13 @@ class SupervisionTree:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            for group in self.groups.values():
-                for actor_id in list(group.order):
-                    await self.start_actor(self.slots[actor_id])
+            # Launch requests go out in declaration order (the launcher's lock is
+            # FIFO) but without waiting for each reply: the fork server forks one
+            # after another while the supervisor sets up the next socket.
+            async with trio.open_nursery() as starters:
+                for group in self.groups.values():
+                    for actor_id in list(group.order):
+                        starters.start_soon(self.start_actor, self.slots[actor_id])
             task_status.started()
             await trio.sleep_forever()
 
@@ -493,7 +497,7 @@ class SupervisionTree:
         **data: Any,
     ) -> None:
         now = time.time()
-        with self.ledger.tx() as db:
+        with self.ledger.tx(fsync=False) as db:
             db.execute(
                 "UPDATE actors SET status = ?, restarts = ?, incarnation = ?, pid = ?,"
                 " last_exit = COALESCE(?, last_exit), last_exit_at = CASE WHEN ? IS NULL"

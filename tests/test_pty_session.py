@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,12 @@ BOTH_MODES = pytest.mark.parametrize(
         pytest.param(LaunchMode.UNSANDBOXED, id="unsandboxed"),
     ],
 )
+
+
+@pytest.fixture(autouse=True)
+def private_tempdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Default command transcripts go to a per-test directory, not /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 @pytest.fixture

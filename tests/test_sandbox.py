@@ -13,6 +13,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,12 @@ BOTH_MODES = pytest.mark.parametrize(
         pytest.param(LaunchMode.UNSANDBOXED, id="unsandboxed"),
     ],
 )
+
+
+@pytest.fixture(autouse=True)
+def private_tempdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Default command transcripts go to a per-test directory, not /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 @pytest.fixture
@@ -311,7 +318,7 @@ async def test_terminate_reaches_a_setsid_grandchild_that_ignores_sigterm(projec
 
 def _name(proc: psutil.Process) -> str:
     try:
-        return proc.name()
+        return str(proc.name())
     except psutil.NoSuchProcess:
         return ""
 
