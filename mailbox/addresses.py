@@ -33,3 +33,9 @@ def check_local(address: str) -> str:
     if address.startswith("tcp://127.0.0.1:") or address.startswith("tcp://[::1]:"):
         return address
     raise AddressError(f"address {address!r} is neither ipc:// nor loopback tcp")
+
+
+def bound_tcp_address(listener: object) -> str:
+    """The real address of a listener bound to port 0. (pynng's ``TCPAddr.port``
+    is in network byte order; its ``str()`` is the usable host:port.)"""
+    return f"tcp://{getattr(listener, 'local_address')}"

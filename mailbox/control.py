@@ -14,6 +14,7 @@ from typing import Any
 
 import pynng
 import trio
+from corral.mailbox.addresses import bound_tcp_address
 from corral.mailbox.channel import configure_socket
 from corral.mailbox.codec import DEFAULT_MAX_FRAME, decode, encode
 from corral.mailbox.envelope import Envelope, Kind
@@ -51,8 +52,7 @@ class ControlServer:
             socket.listen(self.address)
             address = self.address
             if address.startswith("tcp://") and address.endswith(":0"):
-                port = socket.listeners[0].local_address.port
-                address = f"tcp://127.0.0.1:{port}"
+                address = bound_tcp_address(socket.listeners[0])
             async with trio.open_nursery() as nursery:
                 for _ in range(self.concurrency):
                     nursery.start_soon(self._worker, socket.new_context())

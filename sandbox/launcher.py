@@ -243,25 +243,33 @@ class ExecLauncher:
             "log_path": str(request.log_path),
             "rlimits": request.rlimits,
         }
-        log = open(request.log_path, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "corral.actors", "--boot-fd", str(read_fd)],
-                pass_fds=[read_fd],
-                env=child_setup.scrubbed_env(os.environ, request.env_extra),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-            )
-        finally:
-            log.close()
-            os.close(read_fd)
+        # Popen from the trio thread, never trio.lowlevel.open_process: trio spawns
+        # from a worker thread, and PDEATHSIG fires when *that thread* exits.
+        with open(request.log_path, "ab") as log:
+            try:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "corral.actors", "--boot-fd", str(read_fd)],
+                    pass_fds=[read_fd],
+                    env=child_setup.scrubbed_env(os.environ, request.env_extra),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                )
+            finally:
+                os.close(read_fd)
         with os.fdopen(write_fd, "wb") as pipe:
             pipe.write(msgpack.packb(boot, use_bin_type=True))
         proc = ActorProcess(process.pid, os.pidfd_open(process.pid))
 
+        reap_fd = os.pidfd_open(process.pid)  # trio allows one waiter per fd
+
         async def reap() -> None:
-            proc.set_exit_code(await process.wait())
+            try:
+                await trio.lowlevel.wait_readable(reap_fd)
+            finally:
+                trio.lowlevel.notify_closing(reap_fd)
+                os.close(reap_fd)
+            proc.set_exit_code(process.wait())
 
         self._nursery.start_soon(reap)
         return proc

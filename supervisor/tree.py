@@ -22,7 +22,7 @@ from typing import Any
 
 import pynng
 import trio
-from corral.mailbox.addresses import ipc_address, tcp_loopback_address
+from corral.mailbox.addresses import bound_tcp_address, ipc_address, tcp_loopback_address
 from corral.mailbox.channel import Channel, configure_socket
 from corral.mailbox.envelope import Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull
@@ -214,8 +214,7 @@ class SupervisionTree:
     def _listen(self, socket: pynng.Socket) -> str:
         if self.settings.transport == "tcp":
             socket.listen(tcp_loopback_address(0))
-            port = socket.listeners[0].local_address.port
-            return tcp_loopback_address(port)
+            return bound_tcp_address(socket.listeners[0])
         address = ipc_address(self.home / "s" / f"a{next(self._addresses)}.ipc")
         socket.listen(address)
         return address

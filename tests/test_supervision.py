@@ -267,3 +267,11 @@ def test_down_stops_actors_gracefully(short_tmp: Path) -> None:
         ledger.close()
     finally:
         daemon.shutdown()
+
+
+def test_tcp_loopback_transport(short_tmp: Path) -> None:
+    text = '[supervisor]\ntransport = "tcp"\n' + spec()
+    with running(short_tmp / "h", text) as daemon:
+        assert daemon.endpoint.control.startswith("tcp://127.0.0.1:")
+        daemon.wait_until(all_running)
+        assert daemon.call("request_actor", actor_id="w-1", body={"x": 1})["echo"] == {"x": 1}
