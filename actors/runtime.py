@@ -45,13 +45,16 @@ Template = Callable[[ActorContext], Awaitable[int]]
 def _templates() -> dict[str, Template]:
     from corral.actors import echo
 
-    table: dict[str, Template] = {"echo": echo.run}
-    try:
-        from corral.actors import agent
+    from corral.actors import agent
 
-        table["agent"] = agent.run
-    except ImportError:  # pragma: no cover - agent is part of the package
-        pass
+    table: dict[str, Template] = {"echo": echo.run, "agent": agent.run}
+    try:
+        from corral.actors import session
+
+        table["session"] = session.run
+    except ModuleNotFoundError as exc:
+        if exc.name != "corral.actors.session":
+            raise
     return table
 
 

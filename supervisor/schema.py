@@ -241,3 +241,36 @@ MIGRATIONS.append(
         BEGIN SELECT RAISE(ABORT, 'a delivery leaves dispatched once, one way'); END;
     """
 )
+
+MIGRATIONS.append(
+    # 4: process sessions
+    """
+    CREATE TABLE sessions (
+        process_id        TEXT PRIMARY KEY,
+        run_id            TEXT NOT NULL,
+        agent_id          TEXT NOT NULL,
+        start_action_id   TEXT NOT NULL UNIQUE,
+        actor_id          TEXT NOT NULL,
+        program           TEXT NOT NULL,
+        argv_summary      TEXT NOT NULL,
+        cwd               TEXT NOT NULL,
+        state             TEXT NOT NULL,
+        launch_mode       TEXT,
+        exit_code         INTEGER,
+        reason            TEXT,
+        output_bytes      INTEGER NOT NULL DEFAULT 0,
+        stdin_bytes       INTEGER NOT NULL DEFAULT 0,
+        boot_id           TEXT NOT NULL,
+        created_at        REAL NOT NULL,
+        updated_at        REAL NOT NULL
+    );
+    CREATE INDEX sessions_by_run ON sessions (run_id, state);
+    CREATE TABLE command_launches (
+        action_id     TEXT PRIMARY KEY,
+        launch_mode   TEXT NOT NULL,
+        exit_code     INTEGER,
+        transcript    TEXT,
+        created_at    REAL NOT NULL
+    );
+    """
+)

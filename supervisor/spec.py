@@ -88,6 +88,18 @@ class TemplateSpec:
 
 
 @dataclass(frozen=True)
+class SandboxSettings:
+    """How commands and process sessions are isolated (see corral.sandbox.bwrap)."""
+
+    mode: str = "required"  # required | allow-unsandboxed
+    network: bool = False
+    cpu_s: int | None = None
+    address_space_bytes: int | None = None
+    open_files: int | None = None
+    processes: int | None = None
+
+
+@dataclass(frozen=True)
 class SwarmLimits:
     max_children_per_call: int = 3
     max_depth: int = 1
@@ -109,6 +121,7 @@ class SwarmSpec:
     limits: SwarmLimits = SwarmLimits()
     project_root: Path = Path(".")
     effects_file: Path | None = None
+    sandbox: SandboxSettings = SandboxSettings()
 
     def agent(self, agent_id: str) -> AgentSpec:
         for agent in self.agents:
@@ -397,6 +410,19 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     )
     for key in ("max_children_per_call", "max_depth"):
         _positive(f"limits.{key}", getattr(limits, key))
+    sandbox_table = _get("spec", data, "sandbox", dict, {})
+    _check_keys("sandbox", sandbox_table, {"mode", "network", "cpu_s", "address_space_bytes", "open_files",
+                                           "processes"})
+    sandbox = SandboxSettings(
+        mode=_get("sandbox", sandbox_table, "mode", str, "required"),
+        network=_get("sandbox", sandbox_table, "network", bool, False),
+        cpu_s=_get("sandbox", sandbox_table, "cpu_s", int, None),
+        address_space_bytes=_get("sandbox", sandbox_table, "address_space_bytes", int, None),
+        open_files=_get("sandbox", sandbox_table, "open_files", int, None),
+        processes=_get("sandbox", sandbox_table, "processes", int, None),
+    )
+    if sandbox.mode not in ("required", "allow-unsandboxed"):
+        raise SpecError("sandbox.mode: must be 'required' or 'allow-unsandboxed'")
     return SwarmSpec(
         name,
         settings,
@@ -410,6 +436,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         limits,
         project_root,
         (base / effects).resolve() if effects else None,
+        sandbox,
     )
 
 
