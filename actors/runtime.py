@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -49,12 +50,12 @@ def _templates() -> dict[str, Template]:
 
     table: dict[str, Template] = {"echo": echo.run, "agent": agent.run}
     try:
-        from corral.actors import session
-
-        table["session"] = session.run
+        session = importlib.import_module("corral.actors.session")
     except ModuleNotFoundError as exc:
         if exc.name != "corral.actors.session":
             raise
+    else:
+        table["session"] = session.run
     return table
 
 

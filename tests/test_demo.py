@@ -1,0 +1,23 @@
+"""`corral demo` end to end through the CLI, as `make demo` runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_the_demo_swarm_runs_to_one_final_reply(short_tmp: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "corral", "demo", "--dir", str(short_tmp / "d")],
+                            capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert "status completed" in out or ": completed" in out
+    assert "delegations (repairs)  3 (1)" in out
+    assert "isolated children      3" in out
+    assert "claims observed        2" in out
+    assert "final reply: Launch plan ready" in out
+    project = short_tmp / "d" / "project"
+    for artifact in ("research/survey.md", "review/notes.md", "review/checklist.md", "draft/intro/intro.md",
+                     "draft/body/body.md", "checks/checks.md", "summary/launch.md"):
+        assert (project / artifact).is_file(), artifact
