@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -14,6 +13,7 @@ from corral.mailbox.channel import Channel, open_channel
 from corral.mailbox.envelope import Envelope, Kind
 
 from corral import failpoints
+from corral.optional import import_optional
 
 log = logging.getLogger("corral.actor")
 
@@ -49,12 +49,8 @@ def _templates() -> dict[str, Template]:
     from corral.actors import agent
 
     table: dict[str, Template] = {"echo": echo.run, "agent": agent.run}
-    try:
-        session = importlib.import_module("corral.actors.session")
-    except ModuleNotFoundError as exc:
-        if exc.name != "corral.actors.session":
-            raise
-    else:
+    session = import_optional("corral.actors.session")
+    if session is not None:
         table["session"] = session.run
     return table
 

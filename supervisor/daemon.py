@@ -277,14 +277,10 @@ def _extensions() -> list[Callable[[Supervisor], Any]]:
     from corral.supervisor import run_service
 
     found: list[Callable[[Supervisor], Any]] = [run_service.install]
-    import importlib
+    from corral.optional import import_optional
 
     for name in ("corral.supervisor.swarm_service", "corral.supervisor.session_service"):
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        found.append(module.install)
+        module = import_optional(name)
+        if module is not None:
+            found.append(module.install)
     return found

@@ -132,11 +132,15 @@ def test_agent_killed_at_failpoint(short_tmp: Path, failpoint: str) -> None:
         daemon.shutdown()
 
 
-def test_confirmation_survives_a_supervisor_restart_and_runs_once(short_tmp: Path) -> None:
-    (short_tmp / "ws").mkdir()
-    spec = short_tmp / "spec.toml"
+def _confirming(tmp: Path) -> Daemon:
+    (tmp / "ws").mkdir()
+    spec = tmp / "spec.toml"
     spec.write_text(agent_spec(steps=STEPS, policy='[agents.policy]\n"effect.record" = "confirm"'))
-    daemon = Daemon(short_tmp / "h", spec)
+    return Daemon(tmp / "h", spec)
+
+
+def test_confirmation_survives_a_supervisor_restart_and_runs_once(short_tmp: Path) -> None:
+    daemon = _confirming(short_tmp)
     try:
         daemon.up()
         run_id = daemon.call("run", agent_id="writer", task="confirm me")["run_id"]
@@ -166,10 +170,7 @@ def test_confirmation_survives_a_supervisor_restart_and_runs_once(short_tmp: Pat
 
 
 def test_deny_records_a_receipt_and_never_runs_the_tool(short_tmp: Path) -> None:
-    (short_tmp / "ws").mkdir()
-    spec = short_tmp / "spec.toml"
-    spec.write_text(agent_spec(steps=STEPS, policy='[agents.policy]\n"effect.record" = "confirm"'))
-    daemon = Daemon(short_tmp / "h", spec)
+    daemon = _confirming(short_tmp)
     try:
         daemon.up()
         run_id = daemon.call("run", agent_id="writer", task="deny me")["run_id"]

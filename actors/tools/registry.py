@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 
 from corral.actors.providers.base import ToolSchema
+from corral.optional import import_optional
 from corral.actors.tools.base import Tool
 from corral.actors.tools.effect import EffectBarrier, EffectRecord
 from corral.actors.tools.fs import FsList, FsPatch, FsRead, FsWrite
@@ -15,11 +15,8 @@ _BUILTIN: list[Tool] = [FsRead(), FsWrite(), FsPatch(), FsList(), EffectRecord()
 def all_tools() -> dict[str, Tool]:
     tools = {tool.schema.name: tool for tool in _BUILTIN}
     for name in ("corral.actors.tools.swarm", "corral.actors.tools.process"):
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
+        module = import_optional(name)
+        if module is None:
             continue
         extra: list[Tool] = module.TOOLS
         tools.update({tool.schema.name: tool for tool in extra})
