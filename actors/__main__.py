@@ -7,6 +7,7 @@ import os
 import sys
 
 import msgpack
+
 from corral.sandbox import child_setup
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import trio
+
+from corral import failpoints
 from corral.actors.providers.base import (
     ErrorKind,
     PlanError,
@@ -29,8 +31,6 @@ from corral.actors.tools.base import Tool, ToolContext, ToolError, validate_inpu
 from corral.actors.tools.registry import all_tools
 from corral.mailbox.envelope import Kind
 from corral.mailbox.errors import RemoteError
-
-from corral import failpoints
 from corral.redact import summarize
 
 log = logging.getLogger("corral.agent")
@@ -58,9 +58,10 @@ async def run(ctx: ActorContext) -> int:
         nursery.start_soon(listen)
         while not ctx.shutdown.is_set():
             woken[0] = trio.Event()
-            claimed = (await ctx.call("run.claim"))["run"]
+            answer = await ctx.call("run.claim")
+            claimed = answer["run"]
             if claimed is None:
-                if ctx.params.get("exit_when_idle"):
+                if ctx.params.get("exit_when_idle") and not answer.get("parked"):
                     break  # an isolated child ends with its run
                 await woken[0].wait()
                 continue
@@ -137,6 +138,7 @@ class Lane:
                 error=f"{type(exc).__name__}: {exc}",
             )
             return
+        failpoints.hit("provider.before-handoff")
         await self.call("provider.handoff", slot=begun["slot"], text=response.text)
         failpoints.hit("provider.after-handoff")
 

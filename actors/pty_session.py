@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import NamedTuple
 
 import trio
+
 from corral.sandbox.bwrap import SANDBOX_HOME, LaunchMode, SandboxProfile, resolve_launch_mode
 from corral.sandbox.exec_handshake import (
     LaunchedProcess,

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-from corral.mailbox.channel import Channel, open_channel
-from corral.mailbox.envelope import Envelope, Kind
 
 from corral import failpoints
+from corral.mailbox.channel import Channel, open_channel
+from corral.mailbox.envelope import Envelope, Kind
 from corral.optional import import_optional
 
 log = logging.getLogger("corral.actor")
@@ -44,9 +44,7 @@ Template = Callable[[ActorContext], Awaitable[int]]
 
 
 def _templates() -> dict[str, Template]:
-    from corral.actors import echo
-
-    from corral.actors import agent
+    from corral.actors import agent, echo
 
     table: dict[str, Template] = {"echo": echo.run, "agent": agent.run}
     session = import_optional("corral.actors.session")

@@ -38,4 +38,4 @@ def check_local(address: str) -> str:
 def bound_tcp_address(listener: object) -> str:
     """The real address of a listener bound to port 0. (pynng's ``TCPAddr.port``
     is in network byte order; its ``str()`` is the usable host:port.)"""
-    return f"tcp://{getattr(listener, 'local_address')}"
+    return f"tcp://{listener.local_address}"

@@ -18,6 +18,7 @@ from typing import Any
 
 import pynng
 import trio
+
 from corral.mailbox.codec import DEFAULT_MAX_FRAME, decode, encode
 from corral.mailbox.envelope import Envelope, Kind
 from corral.mailbox.errors import (

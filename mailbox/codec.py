@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
-from corral.mailbox.envelope import Envelope, Kind
-from corral.mailbox.errors import FrameTooLarge, MalformedFrame, UnknownKind, VersionMismatch
 
 from corral import PROTOCOL_VERSION
+from corral.mailbox.envelope import Envelope, Kind
+from corral.mailbox.errors import FrameTooLarge, MalformedFrame, UnknownKind, VersionMismatch
 
 DEFAULT_MAX_FRAME = 1024 * 1024
 

@@ -19,10 +19,11 @@ import sys
 import traceback
 from typing import Any
 
-# Pre-import what every actor needs, so children start warm.
-import corral.actors.runtime  # noqa: F401
 import msgpack
 import prctl
+
+# Pre-import what every actor needs, so children start warm.
+import corral.actors.runtime  # noqa: F401
 from corral.sandbox import child_setup
 
 MAX_MESSAGE = 1024 * 1024

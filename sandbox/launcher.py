@@ -22,6 +22,7 @@ from typing import Any
 
 import msgpack
 import trio
+
 from corral.sandbox import child_setup
 
 MAX_MESSAGE = 1024 * 1024

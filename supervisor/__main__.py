@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import trio
+
 from corral.supervisor import home as homes
 from corral.supervisor.daemon import Supervisor
 from corral.supervisor.spec import SpecError, SwarmSpec, empty_spec, load_spec

@@ -12,18 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import trio
+
+from corral import PROTOCOL_VERSION, failpoints
 from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.control import ControlError, ControlServer
 from corral.mailbox.envelope import Envelope
+from corral.redact import register_secret
 from corral.sandbox.launcher import make_launcher
 from corral.supervisor import home as homes
 from corral.supervisor.errors import SupervisorError
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.spec import SwarmSpec
 from corral.supervisor.tree import ActorSlot, SupervisionTree
-
-from corral import PROTOCOL_VERSION, failpoints
-from corral.redact import register_secret
 
 log = logging.getLogger("corral.supervisor")
 

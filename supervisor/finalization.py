@@ -10,13 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from corral import failpoints
+from corral.redact import redact_text
 from corral.supervisor.errors import Refused
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.run_state import RunStatus
 from corral.supervisor.run_store import get_run, set_run_status
-
-from corral import failpoints
-from corral.redact import redact_text
 
 #: Extra blockers from the swarm and session layers: (ledger, run_id) -> reasons.
 BLOCKERS: list[Callable[[Ledger, str], list[str]]] = []

@@ -15,9 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from corral.supervisor.schema import MIGRATIONS
-
 from corral.redact import redact
+from corral.supervisor.schema import MIGRATIONS
 
 
 class LedgerError(RuntimeError):

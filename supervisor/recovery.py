@@ -12,12 +12,10 @@ from dataclasses import dataclass, field
 from corral.supervisor import finalization
 from corral.supervisor.action_state import ActionPhase
 from corral.supervisor.ledger import Ledger
-from corral.supervisor.run_state import RunStatus
 from corral.supervisor.run_store import (
-    get_run,
+    interrupt_provider_request,
     mark_needs_reconciliation,
     move_action,
-    set_run_status,
     write_receipt,
 )
 
@@ -70,29 +68,7 @@ def recover(ledger: Ledger, idempotent_provider: Callable[[str], bool]) -> Recov
         "SELECT slot, run_id, provider FROM provider_requests p JOIN runs USING (run_id) WHERE p.status = 'started'"
     ):
         report.provider_requests += 1
-        if idempotent_provider(row["provider"]):
-            with ledger.tx() as db:
-                db.execute(
-                    "UPDATE provider_requests SET status = 'failed', error_kind = 'interrupted',"
-                    " error = 'interrupted by a restart', retry_at = NULL WHERE slot = ?",
-                    (row["slot"],),
-                )
-                ledger.event("provider-request-interrupted", row["run_id"], slot=row["slot"])
-        else:
-            with ledger.tx() as db:
-                db.execute(
-                    "UPDATE provider_requests SET status = 'needs-reconciliation' WHERE slot = ?",
-                    (row["slot"],),
-                )
-                ledger.event("provider-request-needs-reconciliation", row["run_id"], slot=row["slot"])
-                run = get_run(ledger, row["run_id"])
-                if run["status"] in (RunStatus.RUNNING, RunStatus.WAITING_FOR_PROVIDER_RETRY):
-                    set_run_status(
-                        ledger,
-                        row["run_id"],
-                        RunStatus.NEEDS_RECONCILIATION,
-                        f"provider request {row['slot']} was in flight at a crash; not re-sent",
-                    )
+        if not interrupt_provider_request(ledger, row["slot"], row["run_id"], idempotent_provider(row["provider"])):
             report.reconciliations.append(row["slot"])
     for step in STEPS:
         step(ledger, report)

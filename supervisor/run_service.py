@@ -10,16 +10,16 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import trio
+
 from corral.actors.providers.registry import is_idempotent
 from corral.actors.tools.registry import all_tools, rerunnable
+from corral.redact import summarize
 from corral.supervisor import finalization, recovery, resolutions, run_store
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.run_state import TERMINAL, RunStatus
 from corral.supervisor.run_store import RunLimits
 from corral.supervisor.spec import AgentSpec
 from corral.supervisor.tree import ActorSlot
-
-from corral.redact import summarize
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -88,7 +88,13 @@ class RunService:
         agent_id = slot.spec.params.get("agent_id", slot.id)
         run = run_store.claim_run(self.ledger, agent_id)
         if run is None:
-            return {"run": None}
+            # Parked runs (waiting for a person, a join, a retry) still belong to this
+            # agent: an isolated child must stay up for them, not exit as idle.
+            parked = self.ledger.one(
+                "SELECT COUNT(*) FROM runs WHERE agent_id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
+                agent_id,
+            )
+            return {"run": None, "parked": int(parked[0]) if parked else 0}
         options = json.loads(run["options"])
         return {
             "run": {
@@ -464,6 +470,7 @@ CANCEL_HOOKS: list[Any] = []
 
 
 def install(sup: Supervisor) -> RunService:
+    run_store.idempotent_provider = is_idempotent
     service = RunService(sup)
     sup.actor_methods.update(
         {

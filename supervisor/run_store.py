@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from corral import failpoints
+from corral.redact import redact, redact_text, summarize
 from corral.supervisor.action_state import (
     TERMINAL as ACTION_TERMINAL,
 )
@@ -29,9 +31,6 @@ from corral.supervisor.errors import BadRequest, Conflict, NotFound, Refused
 from corral.supervisor.ledger import Ledger, dumps
 from corral.supervisor.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.run_state import RunStatus, check_run_transition
-
-from corral import failpoints
-from corral.redact import redact, redact_text, summarize
 
 MAX_RESPONSE_CHARS = 256 * 1024
 MAX_RESULT_CHARS = 64 * 1024
@@ -281,6 +280,29 @@ def provider_failed(ledger: Ledger, run_id: str, slot: str, kind: str, error: st
         else:
             set_run_status(ledger, run_id, RunStatus.FAILED, f"provider failed ({kind}): {summarize(error, 200)}")
     return {"retry": retry, "retry_at": retry_at, "attempt": attempt}
+
+
+def interrupt_provider_request(ledger: Ledger, slot: str, run_id: str, idempotent: bool) -> bool:
+    """A request whose outcome was lost with its process. An idempotent provider's
+    request is failed and may be sent again (True); any other is parked as
+    needs-reconciliation and never re-sent silently (False)."""
+    with ledger.tx() as db:
+        if idempotent:
+            db.execute("UPDATE provider_requests SET status = 'failed', error_kind = 'interrupted',"
+                       " error = 'interrupted by a crash', retry_at = NULL WHERE slot = ?", (slot,))
+            ledger.event("provider-request-interrupted", run_id, slot=slot)
+            return True
+        db.execute("UPDATE provider_requests SET status = 'needs-reconciliation' WHERE slot = ?", (slot,))
+        ledger.event("provider-request-needs-reconciliation", run_id, slot=slot)
+        run = get_run(ledger, run_id)
+        if run["status"] in (RunStatus.RUNNING, RunStatus.WAITING_FOR_PROVIDER_RETRY):
+            set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION,
+                           f"provider request {slot} was in flight at a crash; not re-sent")
+    return False
+
+
+#: Whether a provider's requests may be re-sent after a crash (set by the run service).
+idempotent_provider: Any = lambda name: False  # noqa: E731
 
 
 def due_retries(ledger: Ledger) -> list[tuple[str, float]]:
@@ -620,8 +642,14 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
         latest = requests[-1] if requests else None
         if latest is not None and latest["status"] == "completed" and latest["consumed"] == 0:
             return {"do": "parse", "slot": latest["slot"], "response": latest["response"], "loop": loop}
-        if latest is not None and latest["status"] == "started":
-            return {"do": "park", "status": "provider-request-in-flight", "slot": latest["slot"]}
+        # The lane is serial: an agent asking for its next step while its own request
+        # is in flight lost that request (it crashed and restarted).
+        if (
+            latest is not None
+            and latest["status"] == "started"
+            and not interrupt_provider_request(ledger, latest["slot"], run_id, idempotent_provider(run["provider"]))
+        ):
+            return {"do": "park", "status": RunStatus.NEEDS_RECONCILIATION.value}
         return {"do": "provider", "loop": loop}
     if plan.get("final") is not None:
         return {"do": "finalize", "reply": plan["final"]}

@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import trio
+
 from corral.supervisor import finalization, recovery, run_store, swarm_store
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger import Ledger

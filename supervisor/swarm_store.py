@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from corral import failpoints
 from corral.actors.tools.base import ToolError
 from corral.actors.tools.paths import check_relative, resolve_in_workspace, scopes_overlap
+from corral.redact import redact, summarize
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.ledger import Ledger, dumps
 from corral.supervisor.run_state import TERMINAL, RunStatus
@@ -30,9 +32,6 @@ from corral.supervisor.swarm_state import (
     sha,
     static_delegation_id,
 )
-
-from corral import failpoints
-from corral.redact import redact, summarize
 
 CHILD_TOOLS = ["fs.read", "fs.write", "fs.patch", "fs.list", "effect.record", "effect.barrier"]
 SPECIALIST_TOOLS = CHILD_TOOLS

@@ -22,6 +22,8 @@ from typing import Any
 
 import pynng
 import trio
+
+from corral import failpoints
 from corral.mailbox.addresses import bound_tcp_address, ipc_address, tcp_loopback_address
 from corral.mailbox.channel import Channel, configure_socket
 from corral.mailbox.envelope import Envelope, Kind
@@ -36,8 +38,6 @@ from corral.supervisor.restart_policy import (
     should_restart,
 )
 from corral.supervisor.spec import ActorSpec, GroupSpec, SupervisorSettings
-
-from corral import failpoints
 
 log = logging.getLogger("corral.tree")
 

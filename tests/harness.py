@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from corral.supervisor import home as homes
 
 from corral import client
 from corral.procs import wait_exit
+from corral.supervisor import home as homes
 
 CORRAL = [sys.executable, "-m", "corral"]
 

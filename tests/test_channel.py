@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import trio
+
 from corral.mailbox import DeadlineExceeded, Kind, MailboxFull
 from corral.mailbox.channel import open_channel
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from corral.mailbox import DEFAULT_MAX_FRAME, Envelope, Kind, decode, encode
-from corral.mailbox.errors import FrameTooLarge, MalformedFrame, UnknownKind, VersionMismatch
 
 from corral import PROTOCOL_VERSION
+from corral.mailbox import DEFAULT_MAX_FRAME, Envelope, Kind, decode, encode
+from corral.mailbox.errors import FrameTooLarge, MalformedFrame, UnknownKind, VersionMismatch
 
 
 def _raw(**overrides: object) -> bytes:

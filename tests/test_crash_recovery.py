@@ -36,6 +36,7 @@ SUPERVISOR_KILLS = {
     "action.after-terminal": ("kill", "completed", 1),
     "action.after-receipt": ("kill", "completed", 1),
     "plan.after-commit": ("kill", "completed", 1),
+    "provider.before-handoff": ("kill-supervisor", "completed", 1),
     "provider.after-handoff": ("kill-supervisor", "completed", 1),
     "finalize.after-prepared": ("kill", "completed", 1),
     "finalize.after-reply": ("kill", "completed", 1),
@@ -50,6 +51,7 @@ AGENT_KILLS = {
     "action.after-terminal": ("kill-caller", "completed", 1),
     "action.after-receipt": ("kill-caller", "completed", 1),
     "plan.after-commit": ("kill-caller", "completed", 1),
+    "provider.before-handoff": ("kill", "completed", 1),  # scripted: safe to re-send
     "provider.after-handoff": ("kill", "completed", 1),
     "finalize.after-prepared": ("kill-caller", "completed", 1),
     "finalize.after-reply": ("kill-caller", "completed", 1),

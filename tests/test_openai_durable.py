@@ -7,8 +7,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fake_openai import Fault, FakeOpenAIServer, FaultProxy, Reply, completion, serve_in_thread
 
+from fake_openai import FakeOpenAIServer, Fault, FaultProxy, Reply, completion, serve_in_thread
 from tests.harness import Daemon, ledger_rows, wait_run, wait_supervisor_gone
 
 DECOY_KEY = "sk-decoyKEY0123456789abcdefghijkl"
@@ -170,3 +170,18 @@ def test_the_demo_runs_against_an_openai_compatible_server(short_tmp: Path) -> N
     assert (short_tmp / "demo" / "project" / "summary" / "plan.md").read_text() == "plan"
     assert len(server.requests) == 2
     assert DECOY_KEY.encode() not in (short_tmp / "demo" / ".corral" / "ledger.db").read_bytes()
+
+
+def test_an_agent_killed_between_response_and_handoff_never_resends(short_tmp: Path) -> None:
+    server = FakeOpenAIServer([Reply(body=completion("once"))])
+    with serve_in_thread(server) as url:
+        daemon = Daemon(short_tmp / "h", openai_spec(short_tmp, url), env={"OPENAI_API_KEY": DECOY_KEY})
+        try:
+            daemon.up(env={"CORRAL_FAILPOINTS": "provider.before-handoff=kill@once"})
+            run_id = daemon.call("run", agent_id="llm", task="answer")["run_id"]
+            shown = wait_run(daemon, run_id, {"needs-reconciliation", "completed", "failed"})
+            assert shown["run"]["status"] == "needs-reconciliation"
+            assert [r["status"] for r in shown["provider_requests"]] == ["needs-reconciliation"]
+            assert len(server.requests) == 1, "the lost response was not silently re-requested"
+        finally:
+            daemon.shutdown()

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import trio
+
 from corral.actors.providers.base import (
     MAX_ACTIONS_PER_PLAN,
     ErrorKind,

@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 import pytest
 import trio
+
 from corral.actors.pty_session import (
     OUTPUT_LIMIT_BYTES,
     TRANSITIONS,

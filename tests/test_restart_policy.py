@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from corral.supervisor.actor_state import ActorState, IllegalTransition, check_transition
 from corral.supervisor.restart_policy import (
     Intensity,

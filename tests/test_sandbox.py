@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 import trio
+
 from corral.actors.pty_session import PtySession, SessionState, run_command
 from corral.sandbox.bwrap import (
     LaunchMode,

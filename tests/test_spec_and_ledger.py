@@ -6,6 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.schema import MIGRATIONS
 from corral.supervisor.spec import SpecError, load_spec, parse_spec

@@ -10,11 +10,11 @@ from typing import Any
 import msgpack
 import psutil
 import pytest
+
+from corral import PROTOCOL_VERSION
 from corral.mailbox import Envelope, Kind, encode
 from corral.mailbox.control import ControlClient, ControlError
 from corral.supervisor import home as homes
-
-from corral import PROTOCOL_VERSION
 from tests.harness import Daemon, actor_running, cli, running
 
 GROUP_SPEC = """

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from corral.chaos.invariants import check_all
 from corral.supervisor import run_store, swarm_store
 from corral.supervisor.action_state import ActionPhase
 from corral.supervisor.errors import Refused
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.spec import parse_spec
 from corral.supervisor.swarm_state import group_id_for
-
-from corral.chaos.invariants import check_all
 from tests.harness import Daemon, drive_to_end, ledger_rows, wait_run, wait_supervisor_gone
 
 # -- the ledger rules, without processes ---------------------------------------------
@@ -393,6 +393,20 @@ def test_caller_killed_at_swarm_failpoint(short_tmp: Path, failpoint: str) -> No
         _demo_outcome(daemon, run_id)
         assert (daemon.home / "failpoints" / f"{failpoint}.fired").exists()
         assert sum(a["restarts"] for a in daemon.status()["actors"]) >= 1
+    finally:
+        daemon.shutdown()
+
+
+@pytest.mark.parametrize("failpoint", ["agent.before-effect", "agent.after-effect", "provider.before-handoff"])
+def test_an_agent_or_child_killed_mid_step_still_lets_the_swarm_finish(short_tmp: Path, failpoint: str) -> None:
+    """Whoever hits the point first (a specialist or an isolated child) dies there;
+    a child parked for reconciliation must stay up until it is resolved."""
+    daemon = _demo(short_tmp)
+    try:
+        daemon.up(env={"CORRAL_FAILPOINTS": f"{failpoint}=kill@once"})
+        run_id = daemon.call("run", agent_id="project-supervisor", task="launch")["run_id"]
+        _demo_outcome(daemon, run_id)
+        assert (daemon.home / "failpoints" / f"{failpoint}.fired").exists()
     finally:
         daemon.shutdown()
 
