@@ -32,6 +32,8 @@ from corral.mailbox.errors import (
 log = logging.getLogger(__name__)
 
 DEFAULT_INBOX = 256
+#: Body key of a batched tell (``Channel.tell_many``).
+BATCH = "__batch__"
 #: nng hard limit: frames between max_frame and this are read and answered with a
 #: typed error; beyond it nng drops the pipe, which bounds a hostile peer's memory.
 HARD_FRAME_FACTOR = 4
@@ -67,6 +69,8 @@ class Channel:
         self.frames_out = 0
         self.bad_frames = 0
         self.send_lock = trio.Lock()
+        self._send_fd: int | None = None
+        self._recv_fd: int | None = None
 
     async def send(self, envelope: Envelope, timeout: float | None = None) -> None:
         frame = encode(envelope, self.max_frame)
@@ -77,7 +81,7 @@ class Channel:
             raise ChannelClosed(f"channel {self.name} is closed")
         with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
             try:
-                await self.socket.asend(frame)
+                await self._send_nowait_or_wait(frame)
             except pynng.Closed:
                 raise ChannelClosed(f"channel {self.name} is closed") from None
             self.frames_out += 1
@@ -86,6 +90,11 @@ class Channel:
 
     async def tell(self, recipient: str, body: dict[str, Any], timeout: float | None = None) -> None:
         await self.send(Envelope(Kind.TELL, self.name, recipient, body, token=self.token), timeout)
+
+    async def tell_many(self, recipient: str, bodies: list[dict[str, Any]], timeout: float | None = None) -> None:
+        """Many one-way messages in one frame: the receiver's inbox sees them one by
+        one, in order. Amortizes the per-frame cost (syscalls, nng, envelope)."""
+        await self.send(Envelope(Kind.TELL, self.name, recipient, {BATCH: bodies}, token=self.token), timeout)
 
     async def request(self, recipient: str, body: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
         envelope = Envelope(Kind.REQUEST, self.name, recipient, body, token=self.token)
@@ -118,13 +127,47 @@ class Channel:
     async def reply_error(self, request: Envelope, code: str, message: str) -> None:
         await self.send(request.error(code, message, sender=self.name))
 
+    # nng's own aio completes on an nng thread and wakes trio through a cross-thread
+    # callback, which cost ~150 µs per round trip here. Its pollable fds let trio's
+    # epoll wait instead, and the non-blocking calls then never block: same latency
+    # as a synchronous socket, still cancellable. (Callers cancel the reader before
+    # closing the socket, which is what trio needs for an fd it waits on.)
+
+    async def _send_nowait_or_wait(self, frame: bytes) -> None:
+        try:
+            self.socket.send(frame, block=False)
+            return
+        except pynng.TryAgain:
+            pass
+        # Full: wait for room. trio allows one waiter per fd, so senders queue on
+        # the lock (FIFO, which also keeps their frames in order).
+        async with self.send_lock:
+            while True:
+                try:
+                    self.socket.send(frame, block=False)
+                    return
+                except pynng.TryAgain:
+                    if self._send_fd is None:
+                        self._send_fd = self.socket.send_fd
+                    await trio.lowlevel.wait_readable(self._send_fd)
+
+    async def _recv_nowait_or_wait(self) -> bytes:
+        while True:
+            try:
+                frame: bytes = self.socket.recv(block=False)
+                return frame
+            except pynng.TryAgain:
+                if self._recv_fd is None:
+                    self._recv_fd = self.socket.recv_fd
+                await trio.lowlevel.wait_readable(self._recv_fd)
+
     async def run_reader(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Read frames until the socket closes. Owned by the channel owner's nursery."""
         task_status.started()
         try:
             while True:
                 try:
-                    frame = await self.socket.arecv()
+                    frame = await self._recv_nowait_or_wait()
                 except pynng.Closed:
                     return
                 self.frames_in += 1
@@ -140,12 +183,26 @@ class Channel:
                     pending.reply = envelope
                     pending.done.set()
                     continue
+                if envelope.kind is Kind.TELL and BATCH in envelope.body:
+                    await self._unbatch(envelope)
+                    continue
                 await self._inbox_send.send(envelope)
         finally:
             self._closed = True
             for pending in self._pending.values():
                 pending.done.set()
             self._inbox_send.close()
+
+    async def _unbatch(self, envelope: Envelope) -> None:
+        bodies = envelope.body[BATCH]
+        if not isinstance(bodies, list) or not all(isinstance(b, dict) for b in bodies):
+            self.bad_frames += 1
+            return
+        for index, body in enumerate(bodies):
+            await self._inbox_send.send(Envelope(
+                Kind.TELL, envelope.sender, envelope.recipient, body, msg_id=f"{envelope.msg_id[:56]}.{index}",
+                sent_at=envelope.sent_at, token=envelope.token,
+            ))
 
     async def _send_frame_error(self, exc: FrameError) -> None:
         error = Envelope(Kind.ERROR, self.name, "?", {"code": exc.code, "message": str(exc)})

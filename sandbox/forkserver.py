@@ -44,6 +44,9 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any
         os.close(wake_r)
         os.close(wake_w)
         child_setup.reset_signals()
+        from corral.mailbox.envelope import reseed_msg_ids
+
+        reseed_msg_ids()
         child_setup.become_actor(request["actor_id"], init["forkserver_pid"], request["env"])
         child_setup.redirect_output(request["log_path"])
         child_setup.apply_rlimits(request.get("rlimits", {}))

@@ -196,9 +196,25 @@ class Supervisor:
             request_actor=self._request_actor,
         )
         self.actor_methods["ping"] = self._actor_ping
+        # A counter for one-way throughput measurements (bench/): tells are counted, not stored.
+        self.sink_count = 0
+        self.actor_methods["bench.sink"] = self._sink
+        self.actor_methods["bench.sink_count"] = self._sink_read
+        self.actor_methods["bench.sink_reset"] = self._sink_reset
 
     async def _ping(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"pong": True, "boot_id": self.boot_id, "pid": self.pid, "protocol": PROTOCOL_VERSION}
+
+    async def _sink(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        self.sink_count += 1
+        return {}
+
+    async def _sink_read(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        return {"count": self.sink_count}
+
+    async def _sink_reset(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        self.sink_count = 0
+        return {}
 
     async def _actor_ping(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         return {"pong": True, "actor": slot.id}

@@ -274,3 +274,15 @@ MIGRATIONS.append(
     );
     """
 )
+
+MIGRATIONS.append(
+    # 5: process sessions: a person's reconciliation verdict (needs-reconciliation is
+    # terminal in the session state machine, so the verdict is kept beside the state)
+    # and a machine-readable failure code (e.g. sandbox-unavailable).
+    """
+    ALTER TABLE sessions ADD COLUMN error_code TEXT;
+    ALTER TABLE sessions ADD COLUMN resolution TEXT;
+    ALTER TABLE sessions ADD COLUMN resolution_note TEXT;
+    ALTER TABLE sessions ADD COLUMN resolved_at REAL;
+    """
+)

@@ -18,6 +18,7 @@ from corral.supervisor.restart_policy import RestartType, Strategy
 from corral.supervisor.run_state import TERMINAL, RunStatus
 from corral.supervisor.spec import ActorSpec, GroupSpec, provider_env
 from corral.supervisor.swarm_state import ClaimPhase
+from corral.supervisor.actor_state import ActorState
 from corral.supervisor.tree import ActorSlot
 
 if TYPE_CHECKING:
@@ -107,7 +108,10 @@ class SwarmService:
         return view
 
     async def start_child(self, instance_id: str) -> None:
-        if instance_id in self.sup.tree.slots:
+        slot = self.sup.tree.slots.get(instance_id)
+        if slot is not None:
+            if slot.state is ActorState.STOPPED and self.sup.tree.running and self._child_run_open(instance_id):
+                await self.sup.tree.start_actor(slot)  # declared, never (or no longer) running
             return
         group = GroupSpec(f"g-{instance_id}", Strategy.ONE_FOR_ONE, *CHILD_INTENSITY)
         self.sup.tree.declare_group(group)
@@ -124,6 +128,11 @@ class SwarmService:
             await self.sup.tree.add_actor(spec)
         else:
             self.sup.tree.declare_actor(spec, dynamic=True)
+
+    def _child_run_open(self, instance_id: str) -> bool:
+        row = self.ledger.one("SELECT r.status FROM children c JOIN runs r ON r.run_id = c.run_id"
+                              " WHERE c.instance_id = ?", instance_id)
+        return row is not None and RunStatus(row["status"]) not in TERMINAL
 
     def _child_env(self, instance_id: str) -> tuple[str, ...]:
         row = self.ledger.one("SELECT template FROM children WHERE instance_id = ?", instance_id)

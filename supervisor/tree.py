@@ -247,12 +247,15 @@ class SupervisionTree:
         slot.move(ActorState.RUNNING)
         self._record(slot, pid=process.pid, event="actor-ready")
         slot.ready.set()
-        async with trio.open_nursery() as nursery:
-            async for envelope in channel.inbox:
-                if envelope.kind is Kind.REQUEST:
-                    nursery.start_soon(self._dispatch, slot, channel, envelope)
-                else:
-                    await self._dispatch(slot, channel, envelope)
+        assert self._nursery is not None
+        async for envelope in channel.inbox:
+            if envelope.kind is Kind.REQUEST:
+                # In the tree's nursery, not this incarnation's: work the supervisor
+                # does on an actor's behalf (a spawn, a claim) must not be cancelled
+                # halfway because that actor died; the reply is simply undeliverable.
+                self._nursery.start_soon(self._dispatch, slot, channel, envelope)
+            else:
+                await self._dispatch(slot, channel, envelope)
 
     def _accept_hello(self, slot: ActorSlot, hello: Envelope) -> bool:
         return (

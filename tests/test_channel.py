@@ -84,3 +84,24 @@ async def test_garbage_on_a_channel_is_answered_and_the_channel_survives(short_t
         assert server.bad_frames == 1
         await client.tell("server", {"still": "works"})
         assert (await server.inbox.receive()).body == {"still": "works"}
+
+
+async def test_many_tasks_sending_into_a_full_channel_all_get_through(short_tmp: Path) -> None:
+    address = f"ipc://{short_tmp}/c.ipc"
+    async with open_channel(address, "server", listen=True, inbox_size=2) as server, open_channel(
+        address, "client", listen=False
+    ) as client:
+        payload = {"blob": "x" * 65536}
+
+        async def sender(n: int) -> None:
+            for i in range(20):
+                await client.tell("server", {**payload, "n": n, "i": i}, timeout=30)
+
+        got = 0
+        async with trio.open_nursery() as nursery:
+            for n in range(8):
+                nursery.start_soon(sender, n)
+            while got < 160:
+                await server.inbox.receive()
+                got += 1
+        assert got == 160

@@ -1,0 +1,323 @@
+"""process.start/poll/stdin/terminate, command.exec and command.output_read.
+
+Process sessions live in session actors owned by the supervisor; these tools are
+thin requests to it (``session.*``), which checks that the calling run owns the
+process. ``command.exec`` runs a one-shot command right here in the agent's
+process, under the sandbox profile of the swarm spec, with its launch recorded
+(``command.launched``) before the program may start.
+
+None of the side-effecting tools is re-runnable: a start, a write to stdin, a
+terminate or a command that may have happened is never repeated by recovery.
+Receipts and outputs carry byte counts and digests of stdin, never its content.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from corral.actors.pty_session import (
+    BadSessionInput,
+    SessionError,
+    StreamCapture,
+    read_transcript_lines,
+    run_command,
+)
+from corral.actors.session import private_dirs, sandbox_profile
+from corral.actors.tools.base import Tool, ToolContext, ToolError, ToolResult, schema
+from corral.actors.tools.paths import resolve_in_workspace
+from corral.sandbox.bwrap import SandboxError
+from corral.sandbox.exec_handshake import LaunchError, ReadyInfo
+
+#: Request timeouts to the supervisor, above what it may take to answer.
+START_TIMEOUT_S = 45.0
+STDIN_TIMEOUT_S = 30.0
+TERMINATE_TIMEOUT_S = 40.0
+POLL_SLACK_S = 15.0
+DEFAULT_COMMAND_TIMEOUT_S = 120.0
+MAX_COMMAND_TIMEOUT_S = 3600.0
+HEAD_LINES = 20
+TAIL_LINES = 20
+#: Head and tail lines are cut to this, so a capture stays well inside a result.
+MAX_LINE_CHARS = 500
+DEFAULT_PAGE_LINES = 200
+MAX_PAGE_LINES = 1000
+#: A page of the transcript stops early rather than exceed this many characters.
+MAX_PAGE_CHARS = 32 * 1024
+_ACTION_ID = re.compile(r"^act-[0-9a-f]{24}$")
+
+_PROGRAM = {
+    "program": {"type": "string", "description": "executable (looked up on PATH inside the sandbox)"},
+    "args": {"type": "array", "items": {"type": "string"}},
+    "cwd": {"type": "string", "description": "directory relative to the workspace (default: its root)"},
+    "timeout_s": {"type": "number"},
+}
+
+
+def _argv(tool_input: dict[str, Any]) -> list[str]:
+    program = tool_input["program"]
+    args = tool_input.get("args", [])
+    if not program or not all(isinstance(a, str) for a in args):
+        raise ToolError("program must be non-empty and args a list of strings", "bad-input")
+    return [program, *args]
+
+
+def _cwd(ctx: ToolContext, tool_input: dict[str, Any]) -> tuple[str, Path]:
+    raw = tool_input.get("cwd") or "."
+    target = ctx.workspace.resolve() if raw in (".", "./") else resolve_in_workspace(ctx.workspace, raw)
+    if not target.is_dir():
+        raise ToolError(f"cwd {raw!r} is not a directory in the workspace", "bad-input")
+    return raw, target
+
+
+class ProcessStart:
+    schema = schema(
+        "process.start",
+        "Start a long-running program on a terminal (120x30) in the sandbox; returns a process_id and a cursor.",
+        _PROGRAM,
+        ["program"],
+        read_only=False,
+    )
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        argv = _argv(tool_input)
+        cwd, _target = _cwd(ctx, tool_input)
+        reply = await ctx.call(
+            "session.start",
+            timeout=START_TIMEOUT_S,
+            run_id=ctx.run_id,
+            action_id=ctx.action_id,
+            program=argv[0],
+            args=argv[1:],
+            cwd=cwd,
+            timeout_s=tool_input.get("timeout_s"),
+        )
+        status = reply["status"]
+        mode = reply.get("launch_mode") or "not launched"
+        if status in ("failed", "needs-reconciliation", "launching", "prepared"):
+            error = reply.get("error") or f"the process is {status}"
+            return ToolResult(False, reply, f"{reply['process_id']} {status} [{reply.get('code') or mode}]: {error}")
+        return ToolResult(True, reply, f"started {reply['process_id']} ({status}, launch={mode})")
+
+
+class ProcessPoll:
+    schema = schema(
+        "process.poll",
+        "Read a process's output from a cursor (the same cursor always gives the same text); "
+        "wait_ms waits for new output.",
+        {
+            "process_id": {"type": "string"},
+            "cursor": {"type": "string"},
+            "max_chars": {"type": "integer"},
+            "wait_ms": {"type": "integer"},
+        },
+        ["process_id"],
+        read_only=True,
+    )
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        wait_ms = tool_input.get("wait_ms", 0)
+        reply = await ctx.call(
+            "session.poll",
+            timeout=max(wait_ms, 0) / 1000 + POLL_SLACK_S,
+            run_id=ctx.run_id,
+            process_id=tool_input["process_id"],
+            cursor=tool_input.get("cursor"),
+            max_chars=tool_input.get("max_chars"),
+            wait_ms=wait_ms,
+        )
+        more = ", more available" if reply.get("more") else ""
+        return ToolResult(
+            True, reply, f"{len(reply['chunk'])} chars from {reply['process_id']} ({reply['status']}{more})"
+        )
+
+
+class ProcessStdin:
+    schema = schema(
+        "process.stdin",
+        "Type into a running process's terminal; eof sends end-of-file. Only byte counts and sha256 are kept.",
+        {
+            "process_id": {"type": "string"},
+            "data": {"type": "string"},
+            "append_newline": {"type": "boolean"},
+            "eof": {"type": "boolean"},
+        },
+        ["process_id"],
+        read_only=False,
+    )
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        reply = await ctx.call(
+            "session.stdin",
+            timeout=STDIN_TIMEOUT_S,
+            run_id=ctx.run_id,
+            process_id=tool_input["process_id"],
+            data=tool_input.get("data", ""),
+            append_newline=tool_input.get("append_newline", False),
+            eof=tool_input.get("eof", False),
+        )
+        eof = ", eof" if reply["eof"] else ""
+        summary = f"wrote {reply['bytes_written']} bytes to {reply['process_id']} (sha256 {reply['sha256'][:12]}{eof})"
+        if not reply["complete"]:
+            return ToolResult(False, reply, summary + ": incomplete, the process stopped reading")
+        return ToolResult(True, reply, summary)
+
+
+class ProcessTerminate:
+    schema = schema(
+        "process.terminate",
+        "Stop a process: SIGTERM to its group, 800 ms grace, then SIGKILL; returns its final state "
+        "and the output from cursor on.",
+        {"process_id": {"type": "string"}, "cursor": {"type": "string"}},
+        ["process_id"],
+        read_only=False,
+    )
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        reply = await ctx.call(
+            "session.terminate", timeout=TERMINATE_TIMEOUT_S, run_id=ctx.run_id, process_id=tool_input["process_id"]
+        )
+        tail = await ctx.call(
+            "session.poll",
+            timeout=POLL_SLACK_S,
+            run_id=ctx.run_id,
+            process_id=tool_input["process_id"],
+            cursor=tool_input.get("cursor"),
+        )
+        output = {**reply, "chunk": tail["chunk"], "next_cursor": tail["next_cursor"], "more": tail["more"]}
+        status = reply["status"]
+        code = reply.get("exit_code")
+        summary = f"{reply['process_id']} {status}" + (f" (exit {code})" if code is not None else "")
+        return ToolResult(status != "needs-reconciliation", output, summary)
+
+
+def _capture(stream: StreamCapture) -> dict[str, Any]:
+    return {
+        "head": list(stream.head),
+        "tail": list(stream.tail),
+        "total_lines": stream.total_lines,
+        "omitted_lines": stream.omitted_lines,
+        "total_bytes": stream.total_bytes,
+    }
+
+
+def command_transcript(ctx: ToolContext, action_id: str) -> Path:
+    """Where command.exec keeps a command's full sanitized transcript. Under the run's
+    own directory, so a run can only ever page its own commands."""
+    return ctx.home / "transcripts" / ctx.run_id / f"{action_id}.log"
+
+
+class CommandExec:
+    schema = schema(
+        "command.exec",
+        "Run one command to its end in the sandbox (stdin empty); returns the first and last lines of "
+        "stdout/stderr and an action id for command.output_read.",
+        _PROGRAM,
+        ["program"],
+        read_only=False,
+    )
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        argv = _argv(tool_input)
+        _raw, cwd = _cwd(ctx, tool_input)
+        timeout_s = tool_input.get("timeout_s", DEFAULT_COMMAND_TIMEOUT_S)
+        if not 0 < timeout_s <= MAX_COMMAND_TIMEOUT_S:
+            raise ToolError(f"timeout_s must be within (0, {MAX_COMMAND_TIMEOUT_S:.0f}]", "bad-input")
+        granted = await ctx.call("command.sandbox", run_id=ctx.run_id, action_id=ctx.action_id)
+        transcript = command_transcript(ctx, ctx.action_id)
+        private_dirs(transcript.parent)
+        if transcript.exists():
+            # Only a command that already started leaves one: never run it twice.
+            raise ToolError(f"action {ctx.action_id} already ran its command once", "conflict")
+
+        async def launched(info: ReadyInfo) -> None:
+            # Committed before COMMIT_EXEC: the launch mode is on the action first.
+            await ctx.call(
+                "command.launched", run_id=ctx.run_id, action_id=ctx.action_id, launch_mode=info.launch_mode.value
+            )
+
+        try:
+            profile = sandbox_profile(Path(granted["project_root"]), granted["sandbox"])
+            result = await run_command(
+                argv,
+                cwd,
+                float(timeout_s),
+                profile,
+                HEAD_LINES,
+                TAIL_LINES,
+                transcript_path=transcript,
+                on_ready=launched,
+                max_line_chars=MAX_LINE_CHARS,
+            )
+        except (SandboxError, LaunchError, SessionError) as exc:
+            # Fails closed: for every one of these the target never ran (or execve failed).
+            raise ToolError(str(exc), exc.code) from None
+        output = {
+            "action_id": ctx.action_id,
+            "status": result.state.value,
+            "exit_code": result.exit_code,
+            "launch_mode": result.launch_mode.value,
+            "stdout": _capture(result.stdout),
+            "stderr": _capture(result.stderr),
+            "transcript_lines": result.transcript_lines,
+        }
+        ok = result.state.value == "exited" and result.exit_code == 0
+        summary = (
+            f"{argv[0]} {result.state.value} (exit {result.exit_code}), {result.transcript_lines} lines"
+            f" [launch={result.launch_mode.value}]"
+        )
+        return ToolResult(ok, output, summary)
+
+
+class CommandOutputRead:
+    schema = schema(
+        "command.output_read",
+        "Page through the full sanitized transcript of an earlier command.exec of this run.",
+        {"action_id": {"type": "string"}, "start_line": {"type": "integer"}, "max_lines": {"type": "integer"}},
+        ["action_id"],
+        read_only=True,
+    )
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        action_id = tool_input["action_id"]
+        if not _ACTION_ID.match(action_id):
+            raise ToolError(f"{action_id[:60]!r} is not an action id", "bad-input")
+        start = tool_input.get("start_line", 1)
+        limit = tool_input.get("max_lines", DEFAULT_PAGE_LINES)
+        if not 1 <= limit <= MAX_PAGE_LINES:
+            raise ToolError(f"max_lines must be within 1..{MAX_PAGE_LINES}", "bad-input")
+        path = command_transcript(ctx, action_id)
+        if not path.is_file():
+            raise ToolError(f"no command transcript for action {action_id} in this run", "not-found")
+        try:
+            page = read_transcript_lines(path, start, limit)
+        except BadSessionInput as exc:
+            raise ToolError(str(exc), exc.code) from None
+        lines: list[str] = []
+        used = 0
+        for line in page.lines:
+            if lines and used + len(line) > MAX_PAGE_CHARS:
+                break
+            lines.append(line[:MAX_PAGE_CHARS])
+            used += len(line)
+        following = page.start_line + len(lines)
+        next_line = following if following <= page.total_lines else None
+        output = {
+            "action_id": action_id,
+            "lines": lines,
+            "start_line": page.start_line,
+            "next_line": next_line,
+            "total_lines": page.total_lines,
+        }
+        return ToolResult(True, output, f"lines {start}..{following - 1} of {page.total_lines} of {action_id}")
+
+
+TOOLS: list[Tool] = [
+    ProcessStart(),
+    ProcessPoll(),
+    ProcessStdin(),
+    ProcessTerminate(),
+    CommandExec(),
+    CommandOutputRead(),
+]
