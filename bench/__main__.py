@@ -50,6 +50,10 @@ examples:
         help="write the scaling plot here (default: next to --json)",
     )
     parser.add_argument("--no-plot", action="store_true", help="do not write the PNG plot")
+    parser.add_argument(
+        "--wait-quiet", metavar="SECONDS", type=float, default=0.0,
+        help="first wait up to SECONDS for the machine to be under 15%% CPU busy",
+    )
     parser.add_argument("--list", action="store_true", help="list workloads and figures, exit")
     args = parser.parse_args(argv)
 
@@ -78,7 +82,7 @@ examples:
         names = sorted({*WORKLOADS, *FIGURES, *CURVES, "limits", "corral", "peers"})
         parser.error(f"unknown name {exc.args[0]!r}; known: {', '.join(names)}")
 
-    run = runner.run(only, quick=args.quick)
+    run = runner.run(only, quick=args.quick, quiet_wait_s=args.wait_quiet)
 
     plot_note: str | None = None
     plot_path = args.plot or (args.json.with_suffix(".png") if args.json else None)

@@ -94,7 +94,9 @@ def render_machine(run: Run) -> str:
             f"other load: {m['cpu_busy_pct_at_start']}% CPU busy at start, other processes "
             f"used {m.get('other_cpu_s_during_run')} CPU-s ({m.get('other_cpu_pct_during_run')}%"
             f" of the machine) during the run; load average start {m['loadavg_at_start']}, "
-            f"end {m.get('loadavg_at_end')}",
+            f"end {m.get('loadavg_at_end')}"
+            + (f"; waited {m['waited_for_quiet_s']} s for a quiet machine first"
+               if m.get("waited_for_quiet_s") else ""),
             f"/tmp on {m['tmp_filesystem']}",
             f"processes left at the end: {len(run.final_leftovers)}"
             + (f" (killed: {'; '.join(run.final_leftovers)})" if run.final_leftovers else ""),

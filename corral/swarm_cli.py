@@ -134,7 +134,12 @@ def _live_view(home: Path, run_id: str, started: float, timeout: float, *, quiet
 
 
 def _print_events(home: Path, cursor: int, started: float) -> None:
-    _print_events_list(client.call(home, "events", since=cursor, limit=5000)["events"], started)
+    while True:
+        page = client.call(home, "events", since=cursor, limit=5000)
+        if not page["events"]:
+            return
+        _print_events_list(page["events"], started)
+        cursor = page["cursor"]
 
 
 def _print_events_list(events: list[dict[str, Any]], started: float) -> None:

@@ -125,6 +125,9 @@ class ControlClient:
         self.timeout = timeout
         self.pid = pid
         self._socket = pynng.Req0()
+        # Answers are capped by the server's frame limit; nng's own default (1 MiB)
+        # would silently drop the pipe on a maximal one instead.
+        configure_socket(self._socket, DEFAULT_MAX_FRAME)
         self._socket.dial(address, block=True)
 
     def call(self, method: str, timeout: float | None = None, **params: Any) -> Any:

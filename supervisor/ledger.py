@@ -127,23 +127,31 @@ class Ledger:
             )
             return int(cursor.lastrowid or 0)
 
-    def events_since(self, cursor: int, limit: int = 500) -> list[dict[str, Any]]:
+    def events_since(self, cursor: int, limit: int = 500, max_bytes: int = 256 * 1024) -> list[dict[str, Any]]:
+        """A page of events after ``cursor``: at most ``limit`` of them and about
+        ``max_bytes`` of data, so a reply always fits a frame; callers page on."""
         rows = self.all(
             "SELECT cursor, at, boot_id, kind, subject, data FROM events WHERE cursor > ? ORDER BY cursor LIMIT ?",
             cursor,
             limit,
         )
-        return [
-            {
-                "cursor": row["cursor"],
-                "at": row["at"],
-                "boot_id": row["boot_id"],
-                "kind": row["kind"],
-                "subject": row["subject"],
-                "data": json.loads(row["data"]),
-            }
-            for row in rows
-        ]
+        page: list[dict[str, Any]] = []
+        size = 0
+        for row in rows:
+            size += len(row["data"]) + len(row["subject"]) + 64
+            if page and size > max_bytes:
+                break
+            page.append(
+                {
+                    "cursor": row["cursor"],
+                    "at": row["at"],
+                    "boot_id": row["boot_id"],
+                    "kind": row["kind"],
+                    "subject": row["subject"],
+                    "data": json.loads(row["data"]),
+                }
+            )
+        return page
 
     def last_cursor(self) -> int:
         row = self.one("SELECT MAX(cursor) AS c FROM events")

@@ -112,8 +112,14 @@ class Daemon:
             cursor = reply["cursor"]
 
     def events(self, since: int = 0) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = self.call("events", since=since, limit=5000)["events"]
-        return events
+        """Every event after ``since``, page by page."""
+        events: list[dict[str, Any]] = []
+        while True:
+            page = self.call("events", since=since, limit=5000)
+            if not page["events"]:
+                return events
+            events.extend(page["events"])
+            since = page["cursor"]
 
     def shutdown(self) -> None:
         """Teardown: graceful down if alive, then SIGKILL anything left."""

@@ -413,3 +413,14 @@ class Runner:
             "wall_s": round(wall_s, 2),
             "workdir": str(self.workdir),
         }
+
+
+def _all_events(home: Path) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    since = 0
+    while True:
+        page = client.call(home, "events", since=since, limit=5000)
+        if not page["events"]:
+            return events
+        events.extend(page["events"])
+        since = page["cursor"]
