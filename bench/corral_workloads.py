@@ -32,128 +32,410 @@ Rules (the same as for the baselines):
 from __future__ import annotations
 
 import importlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
-from bench.harness import Context, Metrics, NotRun, workload
+import psutil
 
-# ---- CORRAL_AVAILABLE: is corral's supervisor API importable yet? -------------------
+from bench.harness import Context, Metrics, NotRun, Stats, workload
+
+# ---- CORRAL_AVAILABLE: is corral importable? ----------------------------------------
 try:
-    importlib.import_module("corral.supervisor.api")
-except ImportError:
+    importlib.import_module("corral.supervisor.daemon")
+except ImportError as exc:
     CORRAL_AVAILABLE = False
-    CORRAL_MISSING = "corral API not built yet"
-except Exception as exc:  # a syntax error in the API must not kill the benchmark
-    CORRAL_AVAILABLE = False
-    CORRAL_MISSING = f"corral API failed to import: {type(exc).__name__}: {exc}"
+    CORRAL_MISSING = f"corral failed to import: {exc}"
 else:
     CORRAL_AVAILABLE = True
     CORRAL_MISSING = ""
 # --------------------------------------------------------------------------------------
 
-NOT_WRITTEN = "corral workload not written yet (bench/corral_workloads.py)"
-
 
 def require_corral() -> None:
-    """Raise NotRun while corral's API is missing."""
+    """Raise NotRun while corral cannot be imported."""
     if not CORRAL_AVAILABLE:
         raise NotRun(CORRAL_MISSING)
 
 
-def _todo() -> Metrics:
+# -- running a supervisor for a workload -----------------------------------------------
+
+_homes = itertools.count(1)
+
+
+def _echo_spec(n: int, extra: str = "") -> str:
+    # Intensity far above what a benchmark causes: restarts are measured, not limited.
+    return f"""{extra}
+[[groups]]
+id = "bench"
+max_restarts = 100000
+period_s = 1
+[[actors]]
+id = "{'e-1' if n == 1 else 'e'}"
+template = "echo"
+count = {n}
+group = "bench"
+"""
+
+
+@contextmanager
+def supervisor(ctx: Context, spec_text: str) -> Iterator[Path]:
     require_corral()
-    raise NotRun(NOT_WRITTEN)
+    base = ctx.tmp / f"c{next(_homes)}"
+    (base / "ws").mkdir(parents=True)
+    spec = base / "swarm.toml"
+    spec.write_text(spec_text)
+    home = base / "h"
+    up = subprocess.run([sys.executable, "-m", "corral", "--home", str(home), "up", "--spec", str(spec),
+                         "--timeout", "120"], capture_output=True, text=True, check=False, timeout=180)
+    if up.returncode != 0:
+        raise NotRun(f"corral up failed: {up.stderr.strip()[:200]}")
+    try:
+        yield home
+    finally:
+        subprocess.run([sys.executable, "-m", "corral", "--home", str(home), "down", "--timeout", "60"],
+                       capture_output=True, check=False, timeout=120)
+
+
+def _call(home: Path, method: str, timeout: float = 60, **params: Any) -> Any:
+    from corral import client
+
+    return client.call(home, method, timeout=timeout, **params)
+
+
+def _ask(home: Path, actor: str, body: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
+    reply: dict[str, Any] = _call(home, "request_actor", timeout=timeout + 5, actor_id=actor, body=body,
+                                  timeout_s=timeout)
+    return reply
+
+
+def _events(home: Path) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    since = 0
+    while True:
+        page = _call(home, "events", since=since, limit=5000)
+        if not page["events"]:
+            return events
+        events.extend(page["events"])
+        since = page["cursor"]
+
+
+def _wait_all_ready(home: Path, n: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    cursor = 0
+    while True:
+        actors = _call(home, "status")["actors"]
+        if sum(1 for a in actors if a["status"] == "running") >= n:
+            return
+        if time.monotonic() > deadline:
+            raise NotRun(f"only part of {n} actors became ready within {timeout}s")
+        cursor = _call(home, "events", since=cursor, wait_ms=1000)["cursor"]
+
+
+def _launch_to_ready_s(home: Path) -> float:
+    """First actor-started to last actor-ready, from the supervisor's own clock."""
+    events = _events(home)
+    started = [e["at"] for e in events if e["kind"] == "actor-started"]
+    ready = [e["at"] for e in events if e["kind"] == "actor-ready"]
+    return max(ready) - min(started)
+
+
+def _uss_mib(home: Path) -> float:
+    pids = [a["pid"] for a in _call(home, "status")["actors"] if a["pid"]]
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_full_info().uss
+        except psutil.Error:
+            continue
+    return total / len(pids) / 2**20 if pids else 0.0
+
+
+# -- messaging -------------------------------------------------------------------------
+
+
+def _rtt(ctx: Context, target: str, actors: int) -> Metrics:
+    with supervisor(ctx, _echo_spec(actors)) as home:
+        _wait_all_ready(home, actors, 60)
+        n = ctx.reps(300, 3000)
+        _ask(home, "e-1", {"op": "bench_rtt", "target": target, "n": 100, "size": 64})  # warm-up
+        for size, key in ((64, "rtt_64B"), (4096, "rtt_4KiB")):
+            samples = _ask(home, "e-1", {"op": "bench_rtt", "target": target, "n": n, "size": size})["us"]
+            ctx.metrics[key] = Stats.of(samples, "µs")
+    ctx.note("timed inside the actor; actor<->actor goes through the supervisor's router (two hops)"
+             if target != "supervisor" else "timed inside the actor, one hop to the supervisor and back")
+    return ctx.metrics
 
 
 @workload("rtt_actor_supervisor", group="corral", budget_s=120, quick_budget_s=20)
 def rtt_actor_supervisor(ctx: Context) -> Metrics:
     """Request RTT actor<->supervisor. Return {"rtt_64B": Stats(µs), "rtt_4KiB": Stats(µs)}."""
-    return _todo()
+    return _rtt(ctx, "supervisor", 1)
 
 
 @workload("rtt_actor_actor", group="corral", budget_s=120, quick_budget_s=20)
 def rtt_actor_actor(ctx: Context) -> Metrics:
     """Request RTT actor<->actor through corral's routing.
     Return {"rtt_64B": Stats(µs), "rtt_4KiB": Stats(µs)}."""
-    return _todo()
+    return _rtt(ctx, "e-2", 2)
+
+
+def _throughput(ctx: Context, batch: int) -> Metrics:
+    with supervisor(ctx, _echo_spec(1)) as home:
+        _wait_all_ready(home, 1, 60)
+        n = ctx.reps(5000, 50000)
+        rates = []
+        for _ in range(ctx.reps(2, 5)):
+            result = _ask(home, "e-1", {"op": "bench_tells", "n": n, "batch": batch, "size": 64}, timeout=300)
+            rates.append(result["n"] / result["elapsed_s"])
+            ctx.check("throughput")
+        ctx.metrics["msgs_per_s"] = Stats.of(rates, "msgs/s")
+    ctx.note(f"actor -> supervisor tells, 64 B, {'batches of ' + str(batch) if batch > 1 else 'one per frame'},"
+             " counted by the supervisor")
+    return ctx.metrics
 
 
 @workload("oneway_throughput", group="corral", budget_s=90, quick_budget_s=15)
 def oneway_throughput(ctx: Context) -> Metrics:
     """One-way tells, 64 B, no batching. Return {"msgs_per_s": Stats(msgs/s)}."""
-    return _todo()
+    return _throughput(ctx, 1)
 
 
 @workload("oneway_throughput_batched", group="corral", budget_s=90, quick_budget_s=15)
 def oneway_throughput_batched(ctx: Context) -> Metrics:
     """One-way tells, 64 B, with corral's batching. Return {"msgs_per_s": Stats(msgs/s)}."""
-    return _todo()
+    return _throughput(ctx, 64)
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def _spawn(ctx: Context, n: int, reps: int) -> Metrics:
+    samples = []
+    for _ in range(reps):
+        with supervisor(ctx, _echo_spec(n)) as home:
+            _wait_all_ready(home, n, ctx.remaining())
+            samples.append(_launch_to_ready_s(home))
+        ctx.check(f"spawn {n}")
+    ctx.metrics["ready_s"] = Stats.of(samples, "s")
+    ctx.note("first launch to last hello, from the supervisor's event clock (fork server, pipelined)")
+    return ctx.metrics
 
 
 @workload("spawn_50", group="corral", budget_s=120, quick_budget_s=20)
 def spawn_50(ctx: Context) -> Metrics:
     """Start 50 echo actors until each answered ready. Return {"ready_s": Stats(s)}."""
-    return _todo()
+    return _spawn(ctx, 50, ctx.reps(1, 3))
 
 
 @workload("spawn_200", group="corral", budget_s=180, quick_budget_s=30)
 def spawn_200(ctx: Context) -> Metrics:
     """Start 200 echo actors until each answered ready. Return {"ready_s": Stats(s)}."""
-    return _todo()
+    return _spawn(ctx, 200, ctx.reps(1, 3))
 
 
 @workload("spawn_1000", group="corral", budget_s=300, quick_budget_s=5)
 def spawn_1000(ctx: Context) -> Metrics:
-    """Start 1,000 echo actors until each answered ready (skip under --quick with
+    """Start 1,000 echo actors until each answered ready (skipped under --quick:
     ctx.skip("ready_s", "skipped in --quick")). Return {"ready_s": Stats(s)}."""
-    return _todo()
+    if ctx.quick:
+        ctx.skip("ready_s", "skipped in --quick")
+        return ctx.metrics
+    return _spawn(ctx, 1000, 1)
 
 
 @workload("restart_latency", group="corral", budget_s=120, quick_budget_s=20)
 def restart_latency(ctx: Context) -> Metrics:
-    """SIGKILL an echo actor, time until its replacement answers (several kills).
+    """SIGKILL an echo actor; time until its replacement answers a request.
     Return {"restart_ms": Stats(ms)}."""
-    return _todo()
+    with supervisor(ctx, _echo_spec(1)) as home:
+        _wait_all_ready(home, 1, 60)
+        samples = []
+        for _ in range(ctx.reps(5, 30)):
+            pid = _ask(home, "e-1", {"op": "stats"})["pid"]
+            start = time.perf_counter()
+            os.kill(pid, signal.SIGKILL)
+            while True:
+                try:
+                    answer = _ask(home, "e-1", {"op": "stats"}, timeout=0.5)
+                except Exception:
+                    continue
+                if answer["pid"] != pid:
+                    break
+            samples.append((time.perf_counter() - start) * 1000)
+            ctx.check("restart")
+            # Past the intensity period, so each kill is an isolated first crash
+            # (restarted at once); repeated crashes back off by design.
+            time.sleep(1.1)
+        ctx.metrics["restart_ms"] = Stats.of(samples, "ms")
+    ctx.note("isolated crashes (1.1 s apart): kill, pidfd exit, fork, child boot, hello, first answer")
+    return ctx.metrics
 
 
 @workload("idle_uss_200", group="corral", budget_s=180, quick_budget_s=30)
 def idle_uss_200(ctx: Context) -> Metrics:
-    """USS of 200 idle echo actor processes (psutil memory_full_info) / 200.
+    """Memory per idle echo actor (USS via psutil) with 200 live.
     Return {"uss_mib": float(MiB)}."""
-    return _todo()
+    with supervisor(ctx, _echo_spec(200)) as home:
+        _wait_all_ready(home, 200, ctx.remaining())
+        ctx.metrics["uss_mib"] = _uss_mib(home)
+    return ctx.metrics
+
+
+# -- swarms ----------------------------------------------------------------------------
+
+
+def _fanout_spec(parents: int) -> str:
+    agents = "".join(f"""
+[[agents]]
+id = "p{i}"
+  [[agents.steps]]
+  actions = [{{ tool = "agent.spawn_isolated", input = {{ children = [
+    {{ template = "quick", task = "a", write_scopes = ["p{i}/a"] }},
+    {{ template = "quick", task = "b", write_scopes = ["p{i}/b"] }},
+    {{ template = "quick", task = "c", write_scopes = ["p{i}/c"] }} ] }} }}]
+  [[agents.steps]]
+  actions = [{{ tool = "agent.run_status", input = {{}} }}]
+  [[agents.steps]]
+  final = "joined"
+""" for i in range(parents))
+    return f"""
+[project]
+root = "ws"
+[supervisor]
+synchronous = "full"
+[[templates]]
+id = "quick"
+  [[templates.steps]]
+  final = "done"
+{agents}"""
+
+
+def _fanout(ctx: Context, parents: int, rounds: int) -> Metrics:
+    samples = []
+    rows_per_join = []
+    with supervisor(ctx, _fanout_spec(parents)) as home:
+        _wait_all_ready(home, parents, 60)
+        for _ in range(rounds):
+            runs = [_call(home, "run", agent_id=f"p{i}", task="fan out")["run_id"] for i in range(parents)]
+            deadline = time.monotonic() + ctx.remaining()
+            while any(_call(home, "show", run_id=r)["run"]["status"] not in ("completed", "failed") for r in runs):
+                if time.monotonic() > deadline:
+                    raise NotRun("fan-out runs did not finish in the budget")
+                time.sleep(0.02)
+            events = _events(home)
+            for run_id in runs:
+                shown = _call(home, "show", run_id=run_id)
+                group = shown["swarm"]["groups"][0]["group_id"]
+                spawned = next(e["at"] for e in events if e["kind"] == "group-spawned" and e["subject"] == group)
+                claim = shown["swarm"]["claims"][0]["claim_id"]
+                claimed = next(e["at"] for e in events if e["kind"] == "claim-committed" and e["subject"] == claim)
+                samples.append((claimed - spawned) * 1000)
+                rows_per_join.append(_rows_for_group(home, group))
+            ctx.check("fan-out")
+    ctx.metrics["join_ms"] = Stats.of(samples, "ms")
+    ctx.metrics["ledger_rows_per_join"] = float(sum(rows_per_join) / len(rows_per_join))
+    ctx.note("spawn committed to claim committed, 3 children each, synchronous=FULL")
+    return ctx.metrics
+
+
+def _rows_for_group(home: Path, group_id: str) -> int:
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{home / 'ledger.db'}?mode=ro", uri=True)
+    try:
+        children = [r[0] for r in db.execute("SELECT run_id FROM children WHERE group_id = ?", (group_id,))]
+        marks = ",".join("?" * len(children))
+        count = 1 + len(children)  # the group and its children
+        count += db.execute(f"SELECT COUNT(*) FROM runs WHERE run_id IN ({marks})", children).fetchone()[0]
+        count += db.execute("SELECT COUNT(*) FROM deliveries WHERE source_id = ?", (group_id,)).fetchone()[0]
+        count += db.execute(f"SELECT COUNT(*) FROM provider_requests WHERE run_id IN ({marks})",
+                            children).fetchone()[0]
+        count += db.execute(f"SELECT COUNT(*) FROM plans WHERE run_id IN ({marks})", children).fetchone()[0]
+        return int(count)
+    finally:
+        db.close()
 
 
 @workload("fanout_join_1x3", group="corral", budget_s=90, quick_budget_s=15)
 def fanout_join_1x3(ctx: Context) -> Metrics:
     """One parent spawns 3 isolated children and joins their results.
     Return {"join_ms": Stats(ms)}."""
-    return _todo()
+    return _fanout(ctx, 1, ctx.reps(2, 8))
 
 
 @workload("fanout_join_10x3", group="corral", budget_s=120, quick_budget_s=20)
 def fanout_join_10x3(ctx: Context) -> Metrics:
     """10 parents each spawn 3 isolated children, all joined.
     Return {"join_ms": Stats(ms)}."""
-    return _todo()
+    return _fanout(ctx, 10, ctx.reps(1, 2))
+
+
+def _transitions_spec(agents: int, steps: int) -> str:
+    step = '  [[agents.steps]]\n  actions = [' + ", ".join(
+        '{ tool = "fs.list", input = { path = "." } }' for _ in range(3)) + "]\n"
+    blocks = "".join(f'\n[[agents]]\nid = "a{i}"\n' + step * steps + '  [[agents.steps]]\n  final = "ok"\n'
+                     for i in range(agents))
+    return f'[project]\nroot = "ws"\n[supervisor]\nsynchronous = "full"\n{blocks}'
+
+
+def _transitions(ctx: Context, agents: int) -> Metrics:
+    steps = ctx.reps(5, 20)
+    rates = []
+    with supervisor(ctx, _transitions_spec(agents, steps)) as home:
+        _wait_all_ready(home, agents, 60)
+        for _ in range(ctx.reps(1, 3)):
+            start = time.perf_counter()
+            runs = [_call(home, "run", agent_id=f"a{i}", task="transitions")["run_id"] for i in range(agents)]
+            while any(_call(home, "show", run_id=r)["run"]["status"] not in ("completed", "failed") for r in runs):
+                time.sleep(0.01)
+            elapsed = time.perf_counter() - start
+            # prepared, executing and ok per action: each one an fsync'd commit before the next step
+            rates.append(agents * steps * 3 * 3 / elapsed)
+            ctx.check("transitions")
+    ctx.metrics["per_s"] = Stats.of(rates, "per s")
+    ctx.note("prepared -> executing -> ok per action through the real agent/supervisor loop, synchronous=FULL")
+    return ctx.metrics
 
 
 @workload("durable_transitions_1", group="corral", budget_s=90, quick_budget_s=15)
 def durable_transitions_1(ctx: Context) -> Metrics:
     """Ledger transitions committed per second by the supervisor for 1 actor.
     Return {"per_s": Stats(per s)}."""
-    return _todo()
+    return _transitions(ctx, 1)
 
 
 @workload("durable_transitions_8", group="corral", budget_s=90, quick_budget_s=15)
 def durable_transitions_8(ctx: Context) -> Metrics:
     """Ledger transitions per second with 8 actors asking at once.
     Return {"per_s": Stats(per s)}."""
-    return _todo()
+    return _transitions(ctx, 8)
 
 
 @workload("failpoint_check_cost", group="corral", budget_s=30, quick_budget_s=5)
 def failpoint_check_cost(ctx: Context) -> Metrics:
     """ns per ``corral.failpoints.hit(name)`` with CORRAL_FAILPOINTS unset.
     Return {"ns_per_check": Stats(ns)}."""
-    return _todo()
+    require_corral()
+    from corral import failpoints
+
+    failpoints.configure("")
+    n = 200_000
+    samples = []
+    for _ in range(ctx.reps(3, 15)):
+        start = time.perf_counter_ns()
+        for _ in range(n):
+            failpoints.hit("action.after-prepared")
+        samples.append((time.perf_counter_ns() - start) / n)
+    ctx.metrics["ns_per_check"] = Stats.of(samples, "ns")
+    return ctx.metrics
 
 
 @workload("scaling_curve", group="corral", budget_s=600, quick_budget_s=40)
@@ -161,4 +443,17 @@ def scaling_curve(ctx: Context) -> Metrics:
     """Grow to N = 10, 50, 200, 1000 live echo actors (1000 skipped under --quick).
     Return {"max_live": int, and for each N reached: "ready_s_{N}": Stats(s),
     "uss_mib_{N}": float(MiB), "rtt_us_{N}": Stats(µs) (actor<->supervisor, 64 B)}."""
-    return _todo()
+    sizes = (10, 50, 200) if ctx.quick else (10, 50, 200, 1000)
+    ctx.metrics["max_live"] = 0
+    for n in sizes:
+        if ctx.remaining() < 30:
+            ctx.skip(f"ready_s_{n}", "out of budget")
+            break
+        with supervisor(ctx, _echo_spec(n)) as home:
+            _wait_all_ready(home, n, ctx.remaining())
+            ctx.metrics[f"ready_s_{n}"] = Stats.single(_launch_to_ready_s(home), "s")
+            ctx.metrics[f"uss_mib_{n}"] = _uss_mib(home)
+            samples = _ask(home, "e-1", {"op": "bench_rtt", "target": "supervisor", "n": ctx.reps(200, 1000)})["us"]
+            ctx.metrics[f"rtt_us_{n}"] = Stats.of(samples, "µs")
+            ctx.metrics["max_live"] = n
+    return ctx.metrics
