@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from corral.supervisor import finalization, recovery, run_store, swarm_store
+from corral.supervisor.actor_state import ActorState
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.recovery import RecoveryReport
@@ -18,7 +19,6 @@ from corral.supervisor.restart_policy import RestartType, Strategy
 from corral.supervisor.run_state import TERMINAL, RunStatus
 from corral.supervisor.spec import ActorSpec, GroupSpec, provider_env
 from corral.supervisor.swarm_state import ClaimPhase
-from corral.supervisor.actor_state import ActorState
 from corral.supervisor.tree import ActorSlot
 
 if TYPE_CHECKING:
