@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 # sockaddr_un.sun_path is 108 bytes including the terminating NUL.
 MAX_IPC_PATH = 107
@@ -35,7 +36,7 @@ def check_local(address: str) -> str:
     raise AddressError(f"address {address!r} is neither ipc:// nor loopback tcp")
 
 
-def bound_tcp_address(listener: object) -> str:
+def bound_tcp_address(listener: Any) -> str:
     """The real address of a listener bound to port 0. (pynng's ``TCPAddr.port``
     is in network byte order; its ``str()`` is the usable host:port.)"""
     return f"tcp://{listener.local_address}"
