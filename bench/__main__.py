@@ -26,9 +26,10 @@ baselines, ratios and target, and a summary. Run it from the repository root."""
 --only takes workload, figure, curve or group names (limits, corral, peers),
 comma-separated; a figure name runs corral's workload and every baseline it is
 compared with (see --list). A peer that cannot run shows as "not run: reason".
---quick cuts repetitions and skips the 1,000-process and 200-Ray-actor points
-(about 1.5 minutes on 2 cores); the full run takes about 15 minutes, most of
-it Ray creating 200 actors and Thespian creating 1,000.
+--quick cuts repetitions and skips the 1,000-process and 50/200-Ray-actor
+points (the baselines take about a minute on an idle 2-core machine); the full
+run takes about 15 minutes, most of it Ray creating 200 actors and Thespian
+creating 1,000.
 
 examples:
   python -m bench --quick

@@ -144,7 +144,7 @@ def _launch_to_ready_s(home: Path) -> float:
     events = _events(home)
     started = [e["at"] for e in events if e["kind"] == "actor-started"]
     ready = [e["at"] for e in events if e["kind"] == "actor-ready"]
-    return max(ready) - min(started)
+    return float(max(ready) - min(started))
 
 
 def _uss_mib(home: Path) -> float:

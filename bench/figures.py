@@ -156,11 +156,12 @@ figure(
         baselines={
             "Ray actor @200": "ray.uss_mib_200",
             "Ray actor @50": "ray.uss_mib_50",
+            "Ray actor @10": "ray.uss_mib_10",
             "bare forkserver child @200": "mp_start.uss_mib_200",
             "Thespian actor @200": "thespian.uss_mib_200",
             "Pykka actor @200 (thread)": "pykka.uss_mib_200",
         },
-        reference=("Ray actor @200", "Ray actor @50"),
+        reference=("Ray actor @200", "Ray actor @50", "Ray actor @10"),
         targets=(Target("value<=", 10.0),),
         target_text="<= 10 MiB per actor",
     )

@@ -145,7 +145,9 @@ class Run:
 def _busy_cpu_s() -> float:
     """CPU seconds the whole machine has spent busy since boot."""
     t = psutil.cpu_times()
-    return float(sum(t)) - float(t.idle) - float(getattr(t, "iowait", 0.0))
+    idle = float(t.idle) + float(getattr(t, "iowait", 0.0))
+    guest = float(getattr(t, "guest", 0.0)) + float(getattr(t, "guest_nice", 0.0))  # in user
+    return float(sum(t)) - idle - guest
 
 
 def _own_cpu_s() -> float:

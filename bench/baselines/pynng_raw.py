@@ -80,7 +80,7 @@ def pynng_reqrep_trio(ctx: Context) -> Metrics:
 @workload("pynng_pushpull", group="limits", budget_s=90, quick_budget_s=20)
 def pynng_pushpull(ctx: Context) -> Metrics:
     """Push0/Pull0 one-way throughput, 64 B messages, unbatched and msgpack batches of 64."""
-    count = ctx.reps(20_000, 50_000)
+    count = ctx.reps(10_000, 50_000)
     rounds = ctx.reps(4, 12)
     payload = os.urandom(64)
     out: Metrics = ctx.metrics

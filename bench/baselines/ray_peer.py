@@ -162,10 +162,11 @@ def _measure(ctx: Context, ray: Any, mod: Any, system_pids: list[int]) -> None:
     # creation of N actors to ready, and their idle USS
     live = 0
     for n in CREATE_NS:
-        per = out.get("uss_mib_50")
-        if n == 200 and ctx.quick:
-            ctx.skip("create_200", "skipped in --quick (takes minutes here)")
-            ctx.skip("uss_mib_200", "skipped in --quick")
+        per = out.get("uss_mib_50") or out.get("uss_mib_10")
+        if n > 10 and ctx.quick:
+            why = "skipped in --quick (takes minutes here)" if n == 200 else "skipped in --quick"
+            ctx.skip(f"create_{n}", why)
+            ctx.skip(f"uss_mib_{n}", "skipped in --quick")
             continue
         if n == 200 and isinstance(per, Stats):
             need_gib = per.median * n * 1.5 / 1024 + 2

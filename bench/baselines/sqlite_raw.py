@@ -21,7 +21,7 @@ ACTIONS = 64
 def sqlite_wal(ctx: Context) -> Metrics:
     """Transitions/s: UPDATE a phase + INSERT an event per transition, committed (WAL)."""
     out: Metrics = ctx.metrics
-    round_s = 0.4 if ctx.quick else 1.0
+    round_s = 0.25 if ctx.quick else 1.0
     rounds = ctx.reps(3, 7)
     body = b"x" * 200
     configs = [(sync, batch) for sync in ("FULL", "NORMAL") for batch in (1, 8)]
