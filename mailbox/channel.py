@@ -82,7 +82,7 @@ class Channel:
         with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
             try:
                 await self._send_nowait_or_wait(frame)
-            except pynng.Closed:
+            except (pynng.Closed, trio.ClosedResourceError):
                 raise ChannelClosed(f"channel {self.name} is closed") from None
             self.frames_out += 1
         if scope.cancelled_caught:
@@ -213,7 +213,13 @@ class Channel:
                 pass
 
     def close(self) -> None:
+        """Close the socket, first telling trio about the nng fds it may be waiting
+        on: a task still sending (e.g. a reply to an actor that just died) then
+        gets ChannelClosed instead of waiting on a closed fd."""
         self._closed = True
+        for fd in (self._send_fd, self._recv_fd):
+            if fd is not None:
+                trio.lowlevel.notify_closing(fd)
         self.socket.close()
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import shlex
 import sqlite3
@@ -61,6 +62,8 @@ from corral.supervisor.tree import ActorSlot
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
+
+log = logging.getLogger("corral.sessions")
 
 S = SessionState
 LIVE_STATES = frozenset({S.PREPARED, S.LAUNCHING, S.RUNNING, S.TERMINATING})
@@ -644,7 +647,9 @@ class SessionService:
     def on_receipt(self, ledger: Ledger, action: Any) -> None:
         if action["tool"] != "command.exec" or not action["result"]:
             return
-        output = json.loads(action["result"]).get("output")
+        # Inside the receipt's transaction: a surprise here must not cost the receipt.
+        result = json.loads(action["result"])
+        output = result.get("output") if isinstance(result, dict) else None
         code = output.get("exit_code") if isinstance(output, dict) else None
         if isinstance(code, int) and not isinstance(code, bool):
             ledger.db.execute(
@@ -739,7 +744,12 @@ class SessionService:
         if slot is None:
             return
         await slot.exited.wait()
-        self._actor_gone(process_id, slot.last_exit)
+        try:
+            self._actor_gone(process_id, slot.last_exit)
+        except SupervisorError as exc:
+            # A lost race with the actor's own last report; never let it take the
+            # worker (and with it the supervisor) down.
+            log.warning("session %s: after its actor exited: %s", process_id, exc)
 
     async def worker(self) -> None:
         async with trio.open_nursery() as nursery:

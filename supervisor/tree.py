@@ -229,7 +229,7 @@ class SupervisionTree:
                 code = await process.wait()
                 nursery.cancel_scope.cancel()
         finally:
-            socket.close()
+            channel.close()
             process.close()
         await self._on_exit(slot, incarnation, code)
 
@@ -527,7 +527,7 @@ class SupervisionTree:
 async def _safe(awaitable: Awaitable[Any]) -> None:
     try:
         await awaitable
-    except (ChannelClosed, MailboxFull, pynng.NNGException) as exc:
+    except (ChannelClosed, MailboxFull, pynng.NNGException, trio.ClosedResourceError) as exc:
         log.debug("send failed: %s", exc)
 
 

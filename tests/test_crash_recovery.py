@@ -128,7 +128,13 @@ def test_agent_killed_at_failpoint(short_tmp: Path, failpoint: str) -> None:
         _finish(daemon, run_id, outcome, expected)
         assert (daemon.home / "failpoints" / f"{failpoint}.fired").exists()
         assert daemon.endpoint.boot_id == first.boot_id, "the supervisor itself never died"
-        writer = daemon.actor("writer")
+        # The supervisor may finish the step on its own before the restart lands.
+        status = daemon.wait_until(
+            lambda st: any(a["id"] == "writer" and a["restarts"] >= 1 and a["status"] == "running"
+                           for a in st["actors"]),
+            what="writer restarted",
+        )
+        writer = next(a for a in status["actors"] if a["id"] == "writer")
         assert writer["restarts"] == 1, "the agent was killed once and restarted once"
     finally:
         daemon.shutdown()
