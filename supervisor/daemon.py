@@ -17,6 +17,7 @@ from corral import PROTOCOL_VERSION, failpoints
 from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.control import ControlError, ControlServer
 from corral.mailbox.envelope import Envelope
+from corral.mailbox.errors import ChannelClosed
 from corral.redact import register_secret
 from corral.sandbox.launcher import make_launcher
 from corral.supervisor import home as homes
@@ -285,7 +286,10 @@ async def _request_actor_impl(sup: Supervisor, params: dict[str, Any]) -> dict[s
         raise SupervisorError(f"no actor {actor_id!r}", "not-found")
     if not isinstance(body, dict) or not isinstance(timeout, int | float):
         raise SupervisorError("body must be a map and timeout_s a number", "bad-request")
-    return await sup.tree.request(actor_id, body, float(timeout))
+    try:
+        return await sup.tree.request(actor_id, body, float(timeout))
+    except ChannelClosed:
+        raise SupervisorError(f"actor {actor_id} went away before answering", "actor-gone") from None
 
 
 def _extensions() -> list[Callable[[Supervisor], Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,9 @@ from corral.supervisor.tree import ActorSlot
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
+
+
+_RUN_ID = re.compile(r"^run-[a-z0-9-]{6,40}$")
 
 
 def _str(params: dict[str, Any], key: str, *, limit: int = 200) -> str:
@@ -248,6 +252,17 @@ class RunService:
             except ScriptError as exc:
                 raise BadRequest(str(exc)) from None
             provider, provider_config = "scripted", {"script": parsed}
+        run_id = params.get("run_id")
+        if run_id is not None:
+            # A caller-chosen id makes `run` idempotent: a client that lost the reply
+            # (the supervisor died right after committing) can ask again safely.
+            if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+                raise BadRequest("run_id must look like run-<6..40 of a-z, 0-9, ->")
+            existing = self.ledger.one("SELECT agent_id FROM runs WHERE run_id = ?", run_id)
+            if existing is not None:
+                if existing["agent_id"] != agent.id:
+                    raise BadRequest(f"run {run_id} exists for another agent")
+                return {"run_id": run_id, "existing": True}
         run_id = run_store.create_run(
             self.ledger,
             agent_id=agent.id,
@@ -255,6 +270,7 @@ class RunService:
             provider=provider,
             provider_config=provider_config,
             options=self.agent_options(agent),
+            run_id=run_id,
         )
         await self.wake(agent.id)
         return {"run_id": run_id}

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import psutil
 
 from corral import client
+from corral.mailbox.control import SupervisorGone
 from corral.procs import wait_exit
 from corral.supervisor import home as homes
 
@@ -65,6 +67,14 @@ class Daemon:
         return homes.read_endpoint(self.home)
 
     def call(self, method: str, timeout: float = 15, **params: Any) -> Any:
+        if method == "run" and "run_id" not in params:
+            # Our own id: if a failpoint kills the supervisor before its reply
+            # arrives, the run is still known (creation commits before any step).
+            params["run_id"] = "run-t" + uuid.uuid4().hex[:12]
+            try:
+                return client.call(self.home, method, timeout=timeout, **params)
+            except SupervisorGone:
+                return {"run_id": params["run_id"]}
         return client.call(self.home, method, timeout=timeout, **params)
 
     def status(self) -> dict[str, Any]:

@@ -136,6 +136,8 @@ actions = [
 [[agents.steps]]
 actions = [{call("process.start", 'trap "echo stopping; exit 0" TERM; echo waiting; while :; do sleep 0.05; done')}]
 [[agents.steps]]
+actions = [{{ tool = "process.poll", input = {{ process_id = {PID}, wait_ms = 20000 }} }}]
+[[agents.steps]]
 actions = [{{ tool = "process.terminate", input = {{ process_id = {PID}, cursor = "${{running.cursor}}" }} }}]
 [[agents.steps]]
 final = "done"
@@ -155,11 +157,18 @@ def test_start_stdin_poll_natural_exit_and_terminate(short_tmp: Path) -> None:
         assert first["exit_code"] == 3 and first["stdin_bytes"] == 7 and first["launch_mode"] == MODE
         poll_id = daemon.call("pending")["actions"][0]["action_id"]
         daemon.call("continue_action", action_id=poll_id, decision="approve")
+        # The second poll waits for the second process's first output, which comes
+        # after its TERM trap is set: the terminate cannot overtake the trap.
+        wait_run(daemon, run_id, {"waiting-confirmation"})
+        second_poll = daemon.call("pending")["actions"][0]["action_id"]
+        assert second_poll != poll_id
+        daemon.call("continue_action", action_id=second_poll, decision="approve")
         shown = wait_run(daemon, run_id, {"completed", "failed"})
         assert shown["run"]["status"] == "completed" and shown["final_reply"] == "done"
 
-        start_a, stdin, poll, start_b, term = outputs(shown, daemon)
-        assert [a["phase"] for a in (start_a, stdin, poll, start_b, term)] == ["ok"] * 5
+        start_a, stdin, poll, start_b, poll_b, term = outputs(shown, daemon)
+        assert [a["phase"] for a in (start_a, stdin, poll, start_b, poll_b, term)] == ["ok"] * 6
+        assert "waiting" in poll_b["output"]["chunk"] and poll_b["output"]["status"] == "running"
         assert start_a["output"]["status"] == "running" and start_a["output"]["launch_mode"] == MODE
         assert stdin["output"]["bytes_written"] == 7 and stdin["output"]["eof"] is True
         assert stdin["output"]["sha256"] == hashlib.sha256(b"hello\n\x04").hexdigest()
@@ -243,9 +252,12 @@ final = "poked"
         daemon.shutdown()
 
 
+# The poll returns once there is output; "ready" comes after the launch was counted.
 CRASH = f"""
 [[agents.steps]]
 actions = [{call("process.start", "echo launched >> launches.log; echo ready; exec sleep 120")}]
+[[agents.steps]]
+actions = [{{ tool = "process.poll", input = {{ process_id = {PID}, wait_ms = 20000 }} }}]
 [[agents.steps]]
 final = "done"
 """
@@ -262,6 +274,19 @@ def _targets() -> list[psutil.Process]:
     return found
 
 
+def _wait_old_tree_gone(timeout: float = 15) -> None:
+    """Every process the dead supervisor left (this test process is the subreaper of
+    all of them) has exited: only then is the launch count final."""
+    leftovers = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                leftovers.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    assert psutil.wait_procs(leftovers, timeout=timeout)[1] == []
+
+
 @pytest.mark.parametrize("when", ["running", "launch"])
 def test_supervisor_killed_with_a_session_only_reconciles(short_tmp: Path, when: str) -> None:
     daemon = _daemon(short_tmp, _spec(CRASH))
@@ -276,13 +301,14 @@ def test_supervisor_killed_with_a_session_only_reconciles(short_tmp: Path, when:
             first = daemon.up()
             run_id = daemon.call("run", agent_id="writer", task="crash while running")["run_id"]
             wait_for(daemon, lambda: held(daemon, run_id), "the session to run and the reply to wait")
+            assert "ready" in outputs(show(daemon, run_id), daemon)[1]["output"]["chunk"]
             assert launches.read_text().splitlines() == ["launched"]
             targets = _targets()
             assert len(targets) == 1
             daemon.kill_supervisor()
             # The process dies with the supervisor (PDEATHSIG through the session actor).
             assert psutil.wait_procs(targets, timeout=10)[1] == []
-        assert psutil.wait_procs(_targets(), timeout=10)[1] == []
+        _wait_old_tree_gone()
         count = len(launches.read_text().splitlines()) if launches.exists() else 0
         assert count == 1 if when == "running" else count <= 1
 
@@ -352,16 +378,20 @@ def test_command_exec_captures_head_and_tail_and_pages_the_transcript(short_tmp:
         assert "supersecretvalue123" not in json.dumps(out) and "[redacted]" in out["stdout"]["tail"][18]
         assert str(short_tmp) not in out["stdout"]["tail"][19]
 
-        assert page["phase"] == "ok"
-        assert page["output"]["lines"] == [f"line{i}" for i in range(50, 60)]
-        assert page["output"]["next_line"] == 60 and page["output"]["total_lines"] == 103
-        assert missing["phase"] == "failed" and "no command transcript" in missing["error"]
-
         action_id = out["action_id"]
         launch = ledger_rows(daemon.home, "SELECT * FROM command_launches WHERE action_id = ?", action_id)
         assert [(r["launch_mode"], r["exit_code"]) for r in launch] == [(MODE, 0)]
         transcript = Path(launch[0]["transcript"])
         assert transcript == daemon.home / "transcripts" / run_id / f"{action_id}.log"
+        # The transcript merges the two pipes in arrival order, so where "oops" lands
+        # among the stdout lines is up to the scheduler; within stdout, order holds.
+        lines = transcript.read_text().splitlines()
+        assert lines.count("oops") == 1
+        assert [line for line in lines if line != "oops"][:100] == [f"line{i}" for i in range(1, 101)]
+
+        assert page["phase"] == "ok" and page["output"]["lines"] == lines[49:59]
+        assert page["output"]["next_line"] == 60 and page["output"]["total_lines"] == 103
+        assert missing["phase"] == "failed" and "no command transcript" in missing["error"]
         assert stat.S_IMODE(transcript.stat().st_mode) == 0o600
         assert {stat.S_IMODE(p.stat().st_mode) for p in (transcript.parent, transcript.parent.parent)} == {0o700}
         assert "supersecretvalue123" not in transcript.read_text()

@@ -189,7 +189,9 @@ class ProcessTerminate:
         status = reply["status"]
         code = reply.get("exit_code")
         summary = f"{reply['process_id']} {status}" + (f" (exit {code})" if code is not None else "")
-        return ToolResult(status != "needs-reconciliation", output, summary)
+        # Only a confirmed end counts; a terminate that timed out leaves "terminating".
+        confirmed = status in ("exited", "terminated", "timed-out", "output-limit-exceeded", "failed")
+        return ToolResult(confirmed, output, summary)
 
 
 def _capture(stream: StreamCapture) -> dict[str, Any]:

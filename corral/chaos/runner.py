@@ -188,8 +188,16 @@ class Runner:
                         continue
                 if self._drive(home, run_id, episode):
                     break
-            episode.status = client.call(home, "show", run_id=run_id)["run"]["status"]
-            episode.restarts = sum(a["restarts"] for a in client.call(home, "status")["actors"])
+            # A kill that landed just as the run ended: bring the supervisor back and read again.
+            for attempt in range(3):
+                try:
+                    episode.status = client.call(home, "show", run_id=run_id)["run"]["status"]
+                    episode.restarts = sum(a["restarts"] for a in client.call(home, "status")["actors"])
+                    break
+                except Exception:
+                    if attempt == 2:
+                        raise
+                    sup = self._ensure_up(home, sup, episode, failpoint_spec, target, seen_pids)
             self._down(home)
         except Exception as exc:  # the episode failed to run: report it, never hide it
             episode.error = f"{type(exc).__name__}: {exc}"
