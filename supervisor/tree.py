@@ -244,9 +244,15 @@ class SupervisionTree:
             Envelope(Kind.WELCOME, SUPERVISOR, slot.id, {"boot_id": self.ledger.boot_id}, corr_id=hello.msg_id)
         )
         slot.ready_at = time.monotonic()
-        slot.move(ActorState.RUNNING)
-        self._record(slot, pid=process.pid, event="actor-ready")
-        slot.ready.set()
+        if slot.state is ActorState.STOPPING:
+            # Asked to stop while it was still starting: welcome it, then repeat the
+            # shutdown it may have missed; it never counts as running.
+            slot.ready.set()
+            await _safe(channel.tell(slot.id, {"op": "shutdown", "reason": "stopped while starting"}))
+        else:
+            slot.move(ActorState.RUNNING)
+            self._record(slot, pid=process.pid, event="actor-ready")
+            slot.ready.set()
         assert self._nursery is not None
         async for envelope in channel.inbox:
             if envelope.kind is Kind.REQUEST:
