@@ -117,14 +117,9 @@ def _ask(home: Path, actor: str, body: dict[str, Any], timeout: float = 120) -> 
 
 
 def _events(home: Path) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    since = 0
-    while True:
-        page = _call(home, "events", since=since, limit=5000)
-        if not page["events"]:
-            return events
-        events.extend(page["events"])
-        since = page["cursor"]
+    from corral import client
+
+    return client.all_events(home)
 
 
 def _wait_all_ready(home: Path, n: int, timeout: float) -> None:

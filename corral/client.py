@@ -17,3 +17,15 @@ def connect(home: Path, timeout: float = 10.0) -> ControlClient:
 def call(home: Path, method: str, timeout: float = 10.0, **params: Any) -> Any:
     with connect(home, timeout) as client:
         return client.call(method, **params)
+
+
+def all_events(home: Path, since: int = 0) -> list[dict[str, Any]]:
+    """Every event after ``since``. The supervisor answers in pages bounded by
+    count and bytes (so a reply always fits a frame); this follows the cursor."""
+    events: list[dict[str, Any]] = []
+    while True:
+        page = call(home, "events", since=since, limit=5000)
+        if not page["events"]:
+            return events
+        events.extend(page["events"])
+        since = page["cursor"]

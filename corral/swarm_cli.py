@@ -134,12 +134,7 @@ def _live_view(home: Path, run_id: str, started: float, timeout: float, *, quiet
 
 
 def _print_events(home: Path, cursor: int, started: float) -> None:
-    while True:
-        page = client.call(home, "events", since=cursor, limit=5000)
-        if not page["events"]:
-            return
-        _print_events_list(page["events"], started)
-        cursor = page["cursor"]
+    _print_events_list(client.all_events(home, cursor), started)
 
 
 def _print_events_list(events: list[dict[str, Any]], started: float) -> None:

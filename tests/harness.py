@@ -123,13 +123,7 @@ class Daemon:
 
     def events(self, since: int = 0) -> list[dict[str, Any]]:
         """Every event after ``since``, page by page."""
-        events: list[dict[str, Any]] = []
-        while True:
-            page = self.call("events", since=since, limit=5000)
-            if not page["events"]:
-                return events
-            events.extend(page["events"])
-            since = page["cursor"]
+        return client.all_events(self.home, since)
 
     def shutdown(self) -> None:
         """Teardown: graceful down if alive, then SIGKILL anything left."""

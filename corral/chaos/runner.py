@@ -285,7 +285,7 @@ class Runner:
             return
         exited = [
             e
-            for e in client.call(home, "events", since=0, limit=5000)["events"]
+            for e in client.all_events(home)
             if e["kind"] == "actor-exited" and e["data"].get("exit_code") == -signal.SIGKILL
         ]
         if exited:
@@ -422,13 +422,3 @@ class Runner:
             "workdir": str(self.workdir),
         }
 
-
-def _all_events(home: Path) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    since = 0
-    while True:
-        page = client.call(home, "events", since=since, limit=5000)
-        if not page["events"]:
-            return events
-        events.extend(page["events"])
-        since = page["cursor"]
