@@ -108,7 +108,7 @@ def _err(code: str, message: str) -> dict[str, Any]:
 
 
 class SupervisorGone(ConnectionError):
-    """The supervisor process exited while a call was waiting for its answer."""
+    """The supervisor is not there to answer: it exited mid-call, or nothing listens at its address."""
 
 
 class ControlClient:
@@ -128,7 +128,11 @@ class ControlClient:
         # Answers are capped by the server's frame limit; nng's own default (1 MiB)
         # would silently drop the pipe on a maximal one instead.
         configure_socket(self._socket, DEFAULT_MAX_FRAME)
-        self._socket.dial(address, block=True)
+        try:
+            self._socket.dial(address, block=True)
+        except pynng.NNGException as exc:
+            self._socket.close()
+            raise SupervisorGone(f"no supervisor answers at {address}: {exc}") from exc
 
     def call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
         request = Envelope(Kind.REQUEST, "cli", "supervisor", {"method": method, "params": params}, token=self._token)
@@ -145,12 +149,26 @@ class ControlClient:
         return decode(data)
 
     async def _exchange(self, frame: bytes, timeout: float) -> bytes:
+        try:
+            return await self._race(frame, timeout)
+        except BaseExceptionGroup as group:
+            # Callers catch SupervisorGone / DeadlineExceeded, not trio's group.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+
+    async def _race(self, frame: bytes, timeout: float) -> bytes:
         answer: list[bytes] = []
         async with trio.open_nursery() as nursery:
 
             async def talk() -> None:
-                await self._socket.asend(frame)
-                answer.append(await self._socket.arecv())
+                try:
+                    await self._socket.asend(frame)
+                    answer.append(await self._socket.arecv())
+                except pynng.NNGException as exc:
+                    # The pipe can drop (ECONNSHUT) a moment before the pidfd turns
+                    # readable; both mean the same thing to the caller.
+                    raise SupervisorGone(f"lost the connection to the supervisor: {exc}") from exc
                 nursery.cancel_scope.cancel()
 
             async def watch() -> None:

@@ -27,6 +27,7 @@ import psutil
 from corral import client, failpoints
 from corral.chaos.invariants import Check, check_all
 from corral.chaos.reconciler import decide, pending_reconciliations
+from corral.mailbox.control import SupervisorGone
 from corral.procs import is_alive, wait_exit
 from corral.supervisor import home as homes
 from corral.supervisor.spec import load_spec
@@ -167,12 +168,18 @@ class Runner:
             sup = self._up(home, spec, self._env(failpoint_spec))
             episode.boots = 1
             seen_pids.add(sup)
-            run_id = client.call(
-                home,
-                "run",
-                agent_id=self.scenario.root_agent,
-                task=f"{self.scenario.task} (keep api_key={DECOYS[1]} out of every log)",
-            )["run_id"]
+            # Our own run id makes the request idempotent: a kill that lands before
+            # the reply leaves a run we can still find, or none that we then create.
+            run_id = f"run-chaos-{episode.index:04d}-{episode.seed}"
+            task = f"{self.scenario.task} (keep api_key={DECOYS[1]} out of every log)"
+            for attempt in range(3):
+                try:
+                    client.call(home, "run", agent_id=self.scenario.root_agent, task=task, run_id=run_id)
+                    break
+                except SupervisorGone:
+                    if attempt == 2:
+                        raise
+                    sup = self._ensure_up(home, sup, episode, failpoint_spec, target, seen_pids)
             rng = random.Random(episode.seed)
             pending_random = random_kills
             deadline = time.monotonic() + EPISODE_TIMEOUT_S
@@ -249,9 +256,9 @@ class Runner:
         """One step towards the end: approve, reconcile, wait for events. True when done."""
         try:
             shown = client.call(home, "show", run_id=run_id)
-        except (homes.HomeError, Exception):
-            return False  # supervisor between boots
-        self._note_failpoint_kill(home, episode)
+            self._note_failpoint_kill(home, episode)
+        except Exception:
+            return False  # supervisor between boots, or killed while we asked
         if shown["run"]["status"] in ("completed", "failed", "cancelled"):
             return True
         try:
