@@ -100,11 +100,9 @@ class Lane:
             try:
                 await getattr(self, "step_" + do)(step)
             except RemoteError as exc:
-                # The supervisor refused a step (fail-closed replay, blocked final reply):
-                # the ledger now says what happens next; ask again unless the run is gone.
+                # The supervisor refused a step (a fail-closed replay, say): the ledger
+                # now says what happens next; ask again unless the run is gone.
                 log.warning("%s: %s refused: %s", self.run_id, do, exc)
-                if exc.code in ("finalize-blocked",):
-                    return
                 if exc.code not in ("conflict", "refused"):
                     raise
 

@@ -24,6 +24,7 @@ the same run, with the ratio to a chosen reference baseline and a target.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -233,6 +234,57 @@ def repeat(
         if deadline is not None and time.monotonic() > deadline:
             break
     return Stats.of(samples, unit)
+
+
+def measure_echo_peer(
+    ctx: Context,
+    peer: str,
+    *,
+    ping: Callable[[bytes], object],
+    tell: Callable[[object], object],
+    count: Callable[[float], int],
+    rtt_reps: int,
+    rtt_warmup: int,
+    rtt_share: float,
+    tells: int,
+    tell_reps: int,
+    tell_share: float,
+    tell_warmup: int = 0,
+) -> None:
+    """The same two figures for every in-process peer framework: request/reply RTT
+    (64 B and 4 KiB) and one-way tells confirmed by the echo's own count.
+
+    ``count(timeout)`` asks the echo how many tells it has seen; ``*_share`` is the
+    fraction (1/share) of the remaining budget each figure may use."""
+    out = ctx.metrics
+    for label, size in (("64B", 64), ("4KiB", 4096)):
+        payload = os.urandom(size)
+
+        def ping_once(p: bytes = payload) -> None:
+            ping(p)
+
+        out[f"rtt_{label}"] = time_calls(
+            ping_once,
+            rtt_reps,
+            warmup=rtt_warmup,
+            unit="µs",
+            deadline=time.monotonic() + ctx.remaining() / rtt_share,
+        )
+    message = ("tell", os.urandom(64))
+
+    def one_way() -> float:
+        start = count(10.0)
+        t0 = time.perf_counter()
+        for _ in range(tells):
+            tell(message)
+        got = count(60.0)
+        if got - start != tells:
+            raise RuntimeError(f"{peer} lost messages: {got - start} of {tells} arrived")
+        return tells / (time.perf_counter() - t0)
+
+    out["oneway_msgs_per_s"] = repeat(
+        one_way, tell_reps, unit="msgs/s", warmup=tell_warmup, deadline=time.monotonic() + ctx.remaining() / tell_share
+    )
 
 
 # --------------------------------------------------------------------------------------

@@ -168,7 +168,14 @@ def cmd_down(args: argparse.Namespace) -> int:
     except homes.NotRunning:
         print(f"corral: no supervisor running on {home}")
         return 0
-    rpc(args, "down")
+    try:
+        client.call(home, "down")
+    except SupervisorGone:
+        pass  # it went away before it could answer: the outcome we asked for
+    except ControlError as exc:
+        raise CliError(f"{exc.code}: {exc.message}") from None
+    except DeadlineExceeded as exc:
+        raise CliError(str(exc)) from None
     if not wait_exit(endpoint.pid, args.timeout):
         raise CliError(f"supervisor pid {endpoint.pid} still running after {args.timeout}s")
     print(f"corral: supervisor stopped (boot {endpoint.boot_id})")

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from corral import failpoints
 from corral.redact import redact_text
 from corral.supervisor.errors import Refused
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.run_state import RunStatus
-from corral.supervisor.run_store import get_run, set_run_status
+from corral.supervisor.run_store import RunLimits, final_blocked, get_run, set_run_status
 
 #: Extra blockers from the swarm and session layers: (ledger, run_id) -> reasons.
 BLOCKERS: list[Callable[[Ledger, str], list[str]]] = []
@@ -47,7 +48,7 @@ def blockers(ledger: Ledger, run_id: str) -> list[str]:
     return reasons
 
 
-def finalize(ledger: Ledger, run_id: str, reply: str) -> dict[str, str]:
+def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict[str, Any]:
     run = get_run(ledger, run_id)
     if run["kind"] != "root":
         raise Refused(f"run {run_id} is a {run['kind']} run; only the root agent of a run writes the final reply")
@@ -55,7 +56,7 @@ def finalize(ledger: Ledger, run_id: str, reply: str) -> dict[str, str]:
     if row is None:
         reasons = blockers(ledger, run_id)
         if reasons:
-            raise Refused("final reply blocked: " + "; ".join(reasons), "finalize-blocked")
+            return final_blocked(ledger, run_id, reasons, limits)
         with ledger.tx() as db:
             now = time.time()
             db.execute(

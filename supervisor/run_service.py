@@ -220,7 +220,7 @@ class RunService:
         reply = params.get("reply")
         if not isinstance(reply, str):
             raise BadRequest("reply must be a string")
-        return finalization.finalize(self.ledger, run["run_id"], reply)
+        return finalization.finalize(self.ledger, run["run_id"], reply, self.limits_for(run))
 
     async def fail(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self.owned_run(slot, params)

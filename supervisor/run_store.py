@@ -374,6 +374,42 @@ def plan_invalid(
     return {"repair": True}
 
 
+def final_blocked(ledger: Ledger, run_id: str, reasons: list[str], limits: RunLimits) -> dict[str, Any]:
+    """A final reply the ledger cannot accept yet (an unclaimed receipt, a live
+    session...). Retrying the same plan would spin, so the refusal goes back to the
+    provider as a repair on the next loop; past the repair budget the run fails."""
+    detail = summarize("; ".join(reasons), 300)
+    with ledger.tx() as db:
+        run = get_run(ledger, run_id)
+        loop = int(run["loop_index"])
+        repairs: dict[str, int] = json.loads(run["repairs"])
+        total = sum(repairs.values())
+        repairs["final-blocked"] = repairs.get("final-blocked", 0) + 1
+        db.execute("UPDATE runs SET repairs = ? WHERE run_id = ?", (dumps(repairs), run_id))
+        ledger.event("final-blocked", run_id, loop=loop, detail=detail)
+        if total >= limits.max_repairs:
+            set_run_status(ledger, run_id, RunStatus.FAILED, f"final reply blocked: {detail}")
+            return {"status": "failed", "reasons": reasons}
+        add_observation(
+            ledger,
+            run_id,
+            f"final-blocked:{run_id}:{loop}",
+            loop,
+            {
+                "role": "repair",
+                "category": "final-blocked",
+                "detail": f"your final reply was refused: {detail}. Resolve these first (claim deliveries with"
+                " agent.run_status, finish or terminate processes), then reply.",
+            },
+        )
+        db.execute(
+            "UPDATE runs SET loop_index = loop_index + 1, updated_at = ? WHERE run_id = ? AND loop_index = ?",
+            (_now(), run_id, loop),
+        )
+        ledger.event("loop-advanced", run_id, loop=loop + 1)
+    return {"status": "blocked", "reasons": reasons}
+
+
 def get_plan(ledger: Ledger, run_id: str, loop_index: int) -> dict[str, Any] | None:
     row = ledger.one("SELECT plan FROM plans WHERE run_id = ? AND loop_index = ?", run_id, loop_index)
     return None if row is None else dict(json.loads(row["plan"]))
@@ -652,7 +688,9 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
             return {"do": "park", "status": RunStatus.NEEDS_RECONCILIATION.value}
         return {"do": "provider", "loop": loop}
     if plan.get("final") is not None:
-        return {"do": "finalize", "reply": plan["final"]}
+        # Children or delegations still at work: wait for them (no provider call)
+        # rather than have the final reply refused for what is only a matter of time.
+        return _loop_blockers(ledger, run_id) or {"do": "finalize", "reply": plan["final"]}
     rows = {row["action_index"]: row for row in actions_of(ledger, run_id, loop)}
     for index, call in enumerate(plan.get("actions", [])):
         row = rows.get(index)

@@ -597,8 +597,7 @@ class SessionService:
         self, original: Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]
     ) -> Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]:
         """run.finalize, waiting a while for the run's sessions before the blocker
-        refuses it: no other blocker leaves a run running, so without this an agent
-        whose reply waits for a live session would retry in a tight loop."""
+        refuses it: a process about to exit should not cost the run a repair turn."""
 
         async def finalize(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
             run = self.sup.services["runs"].owned_run(slot, params)

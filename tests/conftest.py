@@ -79,3 +79,9 @@ def short_tmp(no_orphans: OrphanCheck) -> Iterator[Path]:
             no_orphans.check()
         finally:
             shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def private_tempdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Default command transcripts go to a per-test directory, not /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

@@ -326,6 +326,18 @@ async def _wait_for_eof(stream: trio.abc.ReceiveStream) -> None:
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 
 
+async def _read_or_refuse(stream: trio.SocketStream) -> _Request | None:
+    """The next request, or None once a bad one was answered or the client left."""
+    try:
+        return await read_request(stream)
+    except BadRequest as exc:
+        with contextlib.suppress(*_GONE):
+            await _send_simple(stream, exc.status, {"error": {"message": str(exc)}})
+    except _GONE:
+        pass
+    return None
+
+
 class _Servable(Protocol):
     async def serve(self, *, task_status: trio.TaskStatus[str] = ...) -> None: ...
 
@@ -418,14 +430,7 @@ class FakeOpenAIServer:
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         async with stream:
-            try:
-                request = await read_request(stream)
-            except BadRequest as exc:
-                with contextlib.suppress(*_GONE):
-                    await _send_simple(stream, exc.status, {"error": {"message": str(exc)}})
-                return
-            except _GONE:
-                return
+            request = await _read_or_refuse(stream)
             if request is None:
                 return
             record = self._record(request)
@@ -623,14 +628,7 @@ class FaultProxy:
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         async with stream:
-            try:
-                request = await read_request(stream)
-            except BadRequest as exc:
-                with contextlib.suppress(*_GONE):
-                    await _send_simple(stream, exc.status, {"error": {"message": str(exc)}})
-                return
-            except _GONE:
-                return
+            request = await _read_or_refuse(stream)
             if request is None:
                 return
             record, fault = self._record(request)

@@ -49,7 +49,9 @@ def test_a_build_that_commits_executing_after_the_effect_is_caught(short_tmp: Pa
     assert "before executing was committed" in broken["failures"][0]["detail"]
     assert "reproduce: corral chaos --scenario demo --seed 7 --mode random --kills 1" in result.stdout
     others = [name for name, entry in report["invariants"].items() if not entry["passed"]]
-    assert others == ["side effect at most once, never before executing"]
+    assert others == ["side effect at most once, never before executing"], {
+        name: report["invariants"][name]["failures"] for name in others
+    }
     import shutil
 
     shutil.rmtree(report["workdir"], ignore_errors=True)

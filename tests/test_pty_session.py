@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,27 +33,13 @@ from corral.actors.pty_session import (
     read_transcript_lines,
     run_command,
 )
-from corral.sandbox.bwrap import LaunchMode, SandboxProfile, bwrap_available
+from corral.sandbox.bwrap import LaunchMode, SandboxProfile
 from corral.sandbox.exec_handshake import ReadyInfo, TargetExecFailed
+from tests.launch_modes import BOTH_MODES
 
 S = SessionState
 
-needs_bwrap = pytest.mark.skipif(
-    not bwrap_available(), reason="bubblewrap missing or unable to create namespaces"
-)
-BOTH_MODES = pytest.mark.parametrize(
-    "mode",
-    [
-        pytest.param(LaunchMode.SANDBOXED, marks=needs_bwrap, id="sandboxed"),
-        pytest.param(LaunchMode.UNSANDBOXED, id="unsandboxed"),
-    ],
-)
-
-
-@pytest.fixture(autouse=True)
-def private_tempdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Default command transcripts go to a per-test directory, not /tmp."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+pytestmark = pytest.mark.usefixtures("private_tempdir")
 
 
 @pytest.fixture

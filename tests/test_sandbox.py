@@ -13,7 +13,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,23 +41,9 @@ from corral.sandbox.exec_handshake import (
     build_trampoline_argv,
     launch_with_handshake,
 )
+from tests.launch_modes import BOTH_MODES, needs_bwrap
 
-needs_bwrap = pytest.mark.skipif(
-    not bwrap_available(), reason="bubblewrap missing or unable to create namespaces"
-)
-BOTH_MODES = pytest.mark.parametrize(
-    "mode",
-    [
-        pytest.param(LaunchMode.SANDBOXED, marks=needs_bwrap, id="sandboxed"),
-        pytest.param(LaunchMode.UNSANDBOXED, id="unsandboxed"),
-    ],
-)
-
-
-@pytest.fixture(autouse=True)
-def private_tempdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Default command transcripts go to a per-test directory, not /tmp."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+pytestmark = pytest.mark.usefixtures("private_tempdir")
 
 
 @pytest.fixture

@@ -251,6 +251,36 @@ id = "unlucky"
   actions = [{ tool = "agent.run_status", input = {} }]
   [[agents.steps]]
   final = "joined despite failures"
+
+# Replies before claiming its join: the refusal comes back as a repair, then it claims.
+[[agents]]
+id = "hasty"
+  [[agents.steps]]
+  actions = [{ tool = "agent.spawn_isolated", input = { children = [
+      { template = "sync", task = "solo", write_scopes = ["h"], expected_artifacts = ["h/out.md"] } ] } }]
+  [[agents.steps]]
+  final = "done already?"
+  [[agents.steps]]
+  when_observed = "final reply was refused"
+  actions = [{ tool = "agent.run_status", input = {} }]
+  [[agents.steps]]
+  when_observed = "final reply was refused"
+  final = "done, after claiming"
+
+# Never claims: the repair budget runs out and the run fails with the reason.
+[[agents]]
+id = "stubborn"
+  [[agents.steps]]
+  actions = [{ tool = "agent.spawn_isolated", input = { children = [
+      { template = "sync", task = "solo", write_scopes = ["t"], expected_artifacts = ["t/out.md"] } ] } }]
+  [[agents.steps]]
+  final = "done"
+  [[agents.steps]]
+  final = "done, really"
+  [[agents.steps]]
+  final = "done, I insist"
+  [[agents.steps]]
+  final = "done, for the last time"
 """
 
 
@@ -306,6 +336,31 @@ def test_three_children_run_in_parallel_join_once_and_the_parent_waits_without_p
             for e in events
             if parked < e["cursor"] < resumed and e["subject"] == run_id and e["kind"].startswith("provider")
         ]
+        _all_invariants_pass(daemon)
+    finally:
+        daemon.shutdown()
+
+
+def test_a_final_reply_before_the_claim_is_refused_once_and_the_run_recovers(short_tmp: Path) -> None:
+    daemon = _swarm(short_tmp, PARALLEL.replace("parties = 3", "parties = 1"))
+    try:
+        daemon.up()
+        hasty = daemon.call("run", agent_id="hasty", task="reply too soon")["run_id"]
+        stubborn = daemon.call("run", agent_id="stubborn", task="never claim")["run_id"]
+        shown = wait_run(daemon, hasty, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed", shown["run"]
+        assert [d["status"] for d in shown["swarm"]["deliveries"]] == ["claimed-by-parent"]
+        replies = ledger_rows(daemon.home, "SELECT text FROM replies WHERE run_id = ?", hasty)
+        assert [r["text"] for r in replies] == ["done, after claiming"]
+        refusals = [e for e in daemon.events() if e["kind"] == "final-blocked" and e["subject"] == hasty]
+        assert len(refusals) == 1 and "unclaimed join delivery" in refusals[0]["data"]["detail"]
+
+        failed = wait_run(daemon, stubborn, {"completed", "failed"})["run"]
+        assert failed["status"] == "failed"
+        assert failed["reason"].startswith("final reply blocked: unclaimed join delivery")
+        # Bounded: max_repairs (2) refusals went back to the provider, the third failed the run.
+        assert len([e for e in daemon.events() if e["kind"] == "final-blocked" and e["subject"] == stubborn]) == 3
+        assert not ledger_rows(daemon.home, "SELECT 1 FROM replies WHERE run_id = ?", stubborn)
         _all_invariants_pass(daemon)
     finally:
         daemon.shutdown()

@@ -4,13 +4,12 @@ in-process messaging, not a like-for-like peer."""
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 import psutil
 
-from bench.harness import Context, Metrics, NotRun, Stats, repeat, time_calls, workload
+from bench.harness import Context, Metrics, NotRun, Stats, measure_echo_peer, repeat, workload
 
 CREATE_NS = (10, 50, 200, 1000)
 ASK_TIMEOUT_S = 10.0
@@ -49,36 +48,19 @@ def pykka_peer(ctx: Context) -> Metrics:
     out: Metrics = ctx.metrics
     try:
         echo = Echo.start()
-        for label, size in (("64B", 64), ("4KiB", 4096)):
-            payload = os.urandom(size)
-
-            def ping(p: bytes = payload) -> None:
-                echo.ask(("ping", p), timeout=ASK_TIMEOUT_S)
-
-            out[f"rtt_{label}"] = time_calls(
-                ping,
-                ctx.reps(2_000, 10_000),
-                warmup=200,
-                unit="µs",
-                deadline=time.monotonic() + ctx.remaining() / 6,
-            )
-
-        count = ctx.reps(20_000, 50_000)
-        msg = ("tell", os.urandom(64))
-
-        def one_way() -> float:
-            start: int = echo.ask(("count",), block=True, timeout=ASK_TIMEOUT_S)
-            t0 = time.perf_counter()
-            for _ in range(count):
-                echo.tell(msg)
-            got: int = echo.ask(("count",), block=True, timeout=60)
-            if got - start != count:
-                raise RuntimeError("pykka lost messages")
-            return count / (time.perf_counter() - t0)
-
-        out["oneway_msgs_per_s"] = repeat(
-            one_way, ctx.reps(3, 7), unit="msgs/s", warmup=1,
-            deadline=time.monotonic() + ctx.remaining() / 5,
+        measure_echo_peer(
+            ctx,
+            "pykka",
+            ping=lambda p: echo.ask(("ping", p), timeout=ASK_TIMEOUT_S),
+            tell=echo.tell,
+            count=lambda timeout: int(echo.ask(("count",), block=True, timeout=timeout)),
+            rtt_reps=ctx.reps(2_000, 10_000),
+            rtt_warmup=200,
+            rtt_share=6,
+            tells=ctx.reps(20_000, 50_000),
+            tell_reps=ctx.reps(3, 7),
+            tell_warmup=1,
+            tell_share=5,
         )
         echo.stop(timeout=ASK_TIMEOUT_S)
 

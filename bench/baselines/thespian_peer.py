@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from bench.harness import Context, Metrics, NotRun, Stats, repeat, time_calls, workload
+from bench.harness import Context, Metrics, NotRun, Stats, measure_echo_peer, repeat, workload
 from bench.procs import free_tcp_port, uss_mib, wait_gone
 
 CREATE_NS = (10, 50, 200, 1000)
@@ -65,36 +65,18 @@ def thespian_peer(ctx: Context) -> Metrics:
         addrs, pids = create(1)
         actor_pids += pids
         echo = addrs[0]
-        for label, size in (("64B", 64), ("4KiB", 4096)):
-            payload = os.urandom(size)
-
-            def ping(p: bytes = payload) -> None:
-                ask(echo, ("ping", p))
-
-            out[f"rtt_{label}"] = time_calls(
-                ping,
-                ctx.reps(500, 3_000),
-                warmup=50,
-                unit="µs",
-                deadline=time.monotonic() + ctx.remaining() / 8,
-            )
-
-        count = ctx.reps(1_000, 5_000)
-        msg = ("tell", os.urandom(64))
-
-        def one_way() -> float:
-            start = ask(echo, ("count",))
-            t0 = time.perf_counter()
-            for _ in range(count):
-                asys.tell(echo, msg)
-            got = ask(echo, ("count",), 60)
-            if got - start != count:
-                raise RuntimeError("thespian lost messages")
-            return count / (time.perf_counter() - t0)
-
-        out["oneway_msgs_per_s"] = repeat(
-            one_way, ctx.reps(2, 5), unit="msgs/s",
-            deadline=time.monotonic() + ctx.remaining() / 8,
+        measure_echo_peer(
+            ctx,
+            "thespian",
+            ping=lambda p: ask(echo, ("ping", p)),
+            tell=lambda message: asys.tell(echo, message),
+            count=lambda timeout: int(ask(echo, ("count",), timeout)),
+            rtt_reps=ctx.reps(500, 3_000),
+            rtt_warmup=50,
+            rtt_share=8,
+            tells=ctx.reps(1_000, 5_000),
+            tell_reps=ctx.reps(2, 5),
+            tell_share=8,
         )
         destroy(addrs, pids)
 
