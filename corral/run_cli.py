@@ -117,7 +117,7 @@ def cmd_pending(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(pending)
         return 0
-    if not any(pending[key] for key in ("actions", "provider_requests", "provider_retries")):
+    if not any(pending.get(key) for key in ("actions", "provider_requests", "provider_retries", "sessions")):
         print("nothing pending")
         return 0
     for action in pending["actions"]:
@@ -127,6 +127,10 @@ def cmd_pending(args: argparse.Namespace) -> int:
             print(f"    {action['reason']}")
     for request in pending["provider_requests"]:
         print(f"{request['slot']}  provider request needs-reconciliation  run {request['run_id']}  (reconcile)")
+    for session in pending.get("sessions", []):
+        print(f"{session['process_id']}  process session needs-reconciliation  run {session['run_id']}  (reconcile)")
+        if session["reason"]:
+            print(f"    {session['reason']}")
     for retry in pending["provider_retries"]:
         print(
             f"{retry['slot']}  waiting-for-provider-retry attempt {retry['attempt']}"
@@ -165,7 +169,9 @@ def cmd_deny(args: argparse.Namespace) -> int:
 
 
 def _reconcile_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action_id", metavar="ACTION_ID", help="an action id, or a provider request slot")
+    parser.add_argument(
+        "action_id", metavar="ACTION_ID", help="an action id, a provider request slot, or a process id (proc-...)"
+    )
     parser.add_argument("--as", dest="outcome", choices=["ok", "failed"], required=True, help="what really happened")
     parser.add_argument("--note", required=True, help="what you checked")
 

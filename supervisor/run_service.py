@@ -15,7 +15,7 @@ import trio
 from corral.actors.providers.registry import is_idempotent
 from corral.actors.tools.registry import all_tools, rerunnable
 from corral.redact import summarize
-from corral.supervisor import finalization, recovery, resolutions, run_store
+from corral.supervisor import finalization, recovery, resolutions, run_store, sealed_input
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.run_state import TERMINAL, RunStatus
 from corral.supervisor.run_store import RunLimits
@@ -153,8 +153,15 @@ class RunService:
         plan = params.get("plan")
         if not isinstance(plan, dict):
             raise BadRequest("plan must be a map")
+        loop = _int(params, "loop")
+        withheld = None
+        if run_store.get_plan(self.ledger, run["run_id"], loop) is None:  # a replay must not spool again
+            plan, sealed = sealed_input.seal_plan(sealed_input.spool_dir(self.sup.home), run["run_id"], loop, plan)
+            withheld = sealed_input.WITHHELD_RESPONSE if sealed else None
         return {
-            "plan": run_store.commit_plan(self.ledger, run["run_id"], _int(params, "loop"), _str(params, "slot"), plan)
+            "plan": run_store.commit_plan(
+                self.ledger, run["run_id"], loop, _str(params, "slot"), plan, withhold_response=withheld
+            )
         }
 
     async def plan_invalid(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
@@ -374,6 +381,7 @@ class RunService:
                     " 'needs-reconciliation', 'waiting-for-provider-retry', 'waiting-for-join')"
                 )
             ],
+            **{name: section() for name, section in PENDING_SECTIONS.items()},
         }
 
     async def continue_action(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -432,6 +440,7 @@ class RunService:
 
     async def recover(self) -> None:
         self.recovery_report = recovery.recover(self.ledger, is_idempotent)
+        sealed_input.sweep(sealed_input.spool_dir(self.sup.home), self.ledger)
         report = self.recovery_report
         self.ledger.event(
             "recovery-done",
@@ -481,6 +490,8 @@ class RunService:
 
 #: Extra sections of `corral show` from other layers: name -> (run_id -> data).
 SHOW_SECTIONS: dict[str, Any] = {}
+#: Extra sections of ``pending`` (name -> () -> rows), for layers that park runs too.
+PENDING_SECTIONS: dict[str, Any] = {}
 #: Extra steps of a cancellation (tombstones to children...): async (service, run_id).
 CANCEL_HOOKS: list[Any] = []
 

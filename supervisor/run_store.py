@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral import failpoints
+from corral.actors.tools.base import is_sealed
 from corral.redact import redact, redact_text, summarize
 from corral.supervisor.action_state import (
     TERMINAL as ACTION_TERMINAL,
@@ -317,8 +318,18 @@ def due_retries(ledger: Ledger) -> list[tuple[str, float]]:
 # -- plans -------------------------------------------------------------------------
 
 
-def commit_plan(ledger: Ledger, run_id: str, loop_index: int, slot: str, plan: dict[str, Any]) -> dict[str, Any]:
-    """Commit the parsed plan of a loop step (once). Returns the plan as stored."""
+def commit_plan(
+    ledger: Ledger,
+    run_id: str,
+    loop_index: int,
+    slot: str,
+    plan: dict[str, Any],
+    *,
+    withhold_response: str | None = None,
+) -> dict[str, Any]:
+    """Commit the parsed plan of a loop step (once). Returns the plan as stored.
+    ``withhold_response`` replaces the raw response in the same transaction (it
+    carried input that the plan now holds sealed)."""
     with ledger.tx() as db:
         existing = db.execute(
             "SELECT plan FROM plans WHERE run_id = ? AND loop_index = ?", (run_id, loop_index)
@@ -332,6 +343,8 @@ def commit_plan(ledger: Ledger, run_id: str, loop_index: int, slot: str, plan: d
             (run_id, loop_index, text, _now()),
         )
         db.execute("UPDATE provider_requests SET consumed = 1 WHERE slot = ?", (slot,))
+        if withhold_response is not None:
+            db.execute("UPDATE provider_requests SET response = ? WHERE slot = ?", (withhold_response, slot))
         ledger.event(
             "plan-committed",
             run_id,
@@ -644,6 +657,8 @@ def input_summary(tool: str, tool_input: dict[str, Any]) -> str:
             parts.append(f"{key}={summarize(str(value), 80)}")
         elif isinstance(value, str):
             parts.append(f"{key}=<{len(value)} chars>")
+        elif is_sealed(value):
+            parts.append(f"{key}=<sealed, {value['bytes']} bytes>")
         elif isinstance(value, list):
             parts.append(f"{key}=<{len(value)} items>")
         else:

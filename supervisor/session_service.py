@@ -44,12 +44,12 @@ from corral.actors.pty_session import (
     decode_cursor,
     encode_cursor,
 )
-from corral.actors.tools.base import ToolError
+from corral.actors.tools.base import ToolError, is_sealed
 from corral.actors.tools.paths import resolve_in_workspace
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
 from corral.redact import redact_text, summarize
 from corral.sandbox.bwrap import LaunchMode
-from corral.supervisor import finalization, recovery, resolutions, run_store
+from corral.supervisor import finalization, recovery, resolutions, run_store, sealed_input
 from corral.supervisor.actor_state import ActorState
 from corral.supervisor.errors import BadRequest, Conflict, NotFound, Refused, SupervisorError
 from corral.supervisor.ledger import Ledger
@@ -546,6 +546,16 @@ class SessionService:
     async def stdin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         row = self._owned_session(slot, params)
         data = params.get("data", "")
+        if is_sealed(data):
+            spool = sealed_input.spool_dir(self.sup.home)
+            sealed_by = self._stdin_action(row, params)
+            try:
+                data = sealed_input.unseal(spool, row["run_id"], sealed_by, "data", data)
+            except sealed_input.SealedInputError as exc:
+                raise Refused(str(exc), "sealed-input") from None
+            # From here the value lives in memory only; the action is never re-run,
+            # so whatever happens next, nothing will ask for it again.
+            sealed_input.discard(spool, row["run_id"], sealed_by)
         if not isinstance(data, str) or len(data.encode()) > MAX_STDIN_BYTES:
             raise BadRequest(f"data must be a string of at most {MAX_STDIN_BYTES} bytes")
         if row["state"] != S.RUNNING:
@@ -592,6 +602,16 @@ class SessionService:
         fresh = get_session(self.ledger, row["process_id"])
         assert fresh is not None
         return _session_view(fresh)
+
+    def _stdin_action(self, session: Any, params: dict[str, Any]) -> str:
+        """The executing process.stdin action of the session's run that sealed the data."""
+        the_id = params.get("action_id")
+        if not isinstance(the_id, str):
+            raise BadRequest("sealed stdin data needs the action_id that sealed it")
+        action = run_store.get_action(self.ledger, the_id)
+        if action["run_id"] != session["run_id"] or action["tool"] != "process.stdin" or action["phase"] != "executing":
+            raise BadRequest(f"action {the_id} is not an executing process.stdin action of this run")
+        return the_id
 
     def finalize_wrapper(
         self, original: Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -644,6 +664,10 @@ class SessionService:
         return {"launch_mode": mode.value}
 
     def on_receipt(self, ledger: Ledger, action: Any) -> None:
+        if action["tool"] in sealed_input.SEALED_FIELDS:
+            # Ended without reaching the terminal (refused, denied, failed early):
+            # its sealed input will never be read, so it goes now.
+            sealed_input.discard(sealed_input.spool_dir(self.sup.home), action["run_id"], action["action_id"])
         if action["tool"] != "command.exec" or not action["result"]:
             return
         # Inside the receipt's transaction: a surprise here must not cost the receipt.
@@ -798,6 +822,14 @@ class SessionService:
         )
         return [dict(row) for row in rows]
 
+    def pending_section(self) -> list[dict[str, Any]]:
+        """Sessions whose outcome a person must settle (``corral reconcile proc-…``)."""
+        rows = self.ledger.all(
+            "SELECT process_id, run_id, program, reason FROM sessions"
+            " WHERE state = 'needs-reconciliation' AND resolved_at IS NULL ORDER BY created_at"
+        )
+        return [dict(row) for row in rows]
+
     def status_section(self) -> dict[str, Any]:
         rows = self.ledger.all("SELECT state, COUNT(*) AS n FROM sessions GROUP BY state")
         live = self.ledger.all(f"SELECT process_id FROM sessions WHERE state IN ({_LIVE_SQL})")
@@ -831,5 +863,6 @@ def install(sup: Supervisor) -> SessionService:
     sup.status_sections["sessions"] = service.status_section
     run_service.SHOW_SECTIONS["sessions"] = service.show_section
     run_service.SHOW_SECTIONS["commands"] = service.commands_section
+    run_service.PENDING_SECTIONS["sessions"] = service.pending_section
     sup.services["sessions"] = service
     return service

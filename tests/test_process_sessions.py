@@ -106,12 +106,37 @@ def outputs(shown: dict[str, Any], daemon: Daemon) -> list[dict[str, Any]]:
     return [{**row, "output": json.loads(row["result"])["output"] if row["result"] else {}} for row in rows]
 
 
+#: Every ledger table that records what the model asked for or what happened. (The
+#: scripted provider's own script, which the test wrote, sits in runs.provider_config.)
+RECORDS = ("events", "sessions", "receipts", "plans", "actions", "provider_requests", "observations")
+
+
 def persisted_text(daemon: Daemon) -> str:
-    """The ledger surfaces that must never carry stdin content."""
-    parts = [
-        json.dumps(ledger_rows(daemon.home, f"SELECT * FROM {table}")) for table in ("events", "sessions", "receipts")
-    ]
-    return "\n".join(parts)
+    """The ledger surfaces that must never carry stdin content.
+
+    What a poll read is the process's own transcript (the terminal echoes what it is
+    sent, and a program may print it back): that output is what the agent asked to
+    see, so the result and the observation of each poll are left out.
+    """
+    polls = {
+        row["action_id"]
+        for row in ledger_rows(daemon.home, "SELECT action_id FROM actions WHERE tool = 'process.poll'")
+    }
+    kept: list[dict[str, Any]] = []
+    for table in RECORDS:
+        for row in ledger_rows(daemon.home, f"SELECT * FROM {table}"):
+            if table == "observations" and row["source"] in polls:
+                continue
+            if table == "actions" and row["action_id"] in polls:
+                row = {**row, "result": None}
+            kept.append(row)
+    return json.dumps(kept)
+
+
+def stdin_row(daemon: Daemon, run_id: str) -> dict[str, Any]:
+    rows = ledger_rows(daemon.home, "SELECT * FROM actions WHERE run_id = ? AND tool = 'process.stdin'", run_id)
+    assert len(rows) == 1
+    return rows[0]
 
 
 def call(tool: str, script: str, extra: str = "") -> str:
@@ -188,10 +213,15 @@ def test_start_stdin_poll_natural_exit_and_terminate(short_tmp: Path) -> None:
             "session-terminating",
             "session-terminated",
         ]
-        # stdin content stays out of the ledger's own records; byte count and digest only.
+        # stdin content stays out of the ledger: the plan, the action and the receipt
+        # hold its digest, the raw provider response was withheld at plan commit, and
+        # the private spool entry was used once and removed.
         assert "hello" not in persisted_text(daemon)
         receipts = {r["tool"]: r for r in shown["receipts"]}
-        assert "data=<5 chars>" in receipts["process.stdin"]["input_summary"]
+        assert "data=<sealed, 5 bytes>" in receipts["process.stdin"]["input_summary"]
+        sealed = json.loads(stdin_row(daemon, run_id)["input"])["data"]
+        assert sealed == {"sealed": hashlib.sha256(b"hello").hexdigest(), "bytes": 5}
+        assert list((daemon.home / "sealed").iterdir()) == []
         assert f"launch={MODE}" in receipts["process.start"]["result_summary"]
         # The run ended: its session actors are stopped (polls of an ended run are over).
         ids = {r["process_id"] for r in rows}
@@ -243,6 +273,9 @@ final = "poked"
         # Refused means untouched: still running, nothing written to it.
         row = sessions(daemon, run_id)[0]
         assert row["state"] == "running" and row["stdin_bytes"] == 0
+        # The refused write's sealed data went with its receipt, and never reached the ledger.
+        assert list((daemon.home / "sealed").iterdir()) == []
+        assert "intruder" not in persisted_text(daemon).replace("poke a foreign process", "")
 
         (short_tmp / "ws" / "release").touch()
         done = wait_run(daemon, run_id, {"completed", "failed"})
@@ -328,12 +361,15 @@ def test_supervisor_killed_with_a_session_only_reconciles(short_tmp: Path, when:
 
         shown = show(daemon, run_id)
         assert shown["run"]["status"] == "needs-reconciliation" and shown["final_reply"] is None
-        assert run_id in [r["run_id"] for r in daemon.call("pending")["runs"]]
+        pending = daemon.call("pending")
+        assert run_id in [r["run_id"] for r in pending["runs"]]
+        assert [(s["process_id"], s["run_id"]) for s in pending["sessions"]] == [(process_id, run_id)]
         busy = daemon.call("shutdown_if_idle")
         assert busy["status"] == "busy"
         assert "1 process session(s) needs-reconciliation" in busy["reasons"]
 
         daemon.call("reconcile", action_id=process_id, outcome="ok", note="the process died with the supervisor")
+        assert daemon.call("pending")["sessions"] == []
         for action in daemon.call("pending")["actions"]:
             # At launch the start action itself was still executing: also unknown.
             assert action["run_id"] == run_id and action["phase"] == "needs-reconciliation"

@@ -21,6 +21,9 @@ class ToolSchema:
     description: str
     input_schema: dict[str, Any]
     read_only: bool
+    #: Input fields kept out of the ledger: the supervisor spools them privately at
+    #: plan commit and the plan holds ``{"sealed": sha256, "bytes": n}`` instead.
+    sealed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,7 @@ class ProcessStdin:
         },
         ["process_id"],
         read_only=False,
+        sealed=("data",),
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
@@ -152,6 +153,7 @@ class ProcessStdin:
             "session.stdin",
             timeout=STDIN_TIMEOUT_S,
             run_id=ctx.run_id,
+            action_id=ctx.action_id,
             process_id=tool_input["process_id"],
             data=tool_input.get("data", ""),
             append_newline=tool_input.get("append_newline", False),
