@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,8 +53,54 @@ def test_a_build_that_commits_executing_after_the_effect_is_caught(short_tmp: Pa
     assert others == ["side effect at most once, never before executing"], {
         name: report["invariants"][name]["failures"] for name in others
     }
-    import shutil
+    shutil.rmtree(report["workdir"], ignore_errors=True)
 
+
+#: A swarm whose root drives one process session: start, stdin, poll, then one effect.
+SESSION_SCENARIO = """
+name = "terminal"
+[project]
+root = "project"
+[chaos]
+root_agent = "builder"
+task = "Run the build in a terminal"
+effects_file = "effects.log"
+[sandbox]
+mode = "allow-unsandboxed"
+[[agents]]
+id = "builder"
+role = "root"
+  [[agents.steps]]
+    [[agents.steps.actions]]
+    tool = "process.start"
+    input = { program = "sh", args = ["-c", "echo building; read x; sleep 1; echo built"], timeout_s = 30 }
+  [[agents.steps]]
+  actions = [
+    { tool = "process.stdin", input = { process_id = "${running.process_id}", data = "go", append_newline = true } },
+    { tool = "process.poll", input = { process_id = "${running.process_id}", wait_ms = 3000 } },
+  ]
+  [[agents.steps]]
+  actions = [{ tool = "effect.record", input = { label = "built" } }]
+  [[agents.steps]]
+  final = "built"
+"""
+
+
+def test_session_actors_are_a_chaos_target_of_their_own(short_tmp: Path) -> None:
+    scenario = short_tmp / "terminal.toml"
+    scenario.write_text(SESSION_SCENARIO)
+    report_path = short_tmp / "report.json"
+    argv = ["--scenario", str(scenario), "--targets", "sessions", "--mode", "random", "--kills", "3", "--seed", "3"]
+    result = subprocess.run(
+        [*CHAOS, *argv, "--quiet", "--json", str(report_path)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stdout[-2000:]
+    report = json.loads(report_path.read_text())
+    # Every kill hit a session actor (proc-...), never the agent that owns it.
+    assert report["kills_by_target"] == {"sessions": 3}
+    assert all(entry["passed"] for entry in report["invariants"].values())
+    # The supervisor, the fork server, the agent and the session actors were all checked.
+    assert report["invariants"]["no process left alive"]["count"] >= 3 * 4
     shutil.rmtree(report["workdir"], ignore_errors=True)
 
 

@@ -33,6 +33,15 @@ from corral.supervisor import home as homes
 from corral.supervisor.spec import load_spec
 
 TARGETS = ("supervisor", "agents", "children", "sessions")
+
+
+def target_kind(actor_id: str) -> str:
+    """Which ``--targets`` class an actor belongs to, by its id's prefix."""
+    if actor_id.startswith("child-"):
+        return "children"
+    if actor_id.startswith("proc-"):
+        return "sessions"
+    return "agents"
 DECOYS = ("sk-decoyCHAOS0000000000000000secret", "decoy-token-5f1b7c0e9a")
 EPISODE_TIMEOUT_S = 90.0
 
@@ -59,6 +68,8 @@ class Episode:
     status: str = ""
     checks: list[Check] = field(default_factory=list)
     leftovers: list[int] = field(default_factory=list)
+    #: How many distinct processes of the episode were checked for having exited.
+    processes_checked: int = 0
     wall_s: float = 0.0
     error: str | None = None
 
@@ -211,6 +222,7 @@ class Runner:
             self._kill_everything(home, seen_pids)
         seen_pids |= self._pids_from_ledger(home)
         episode.leftovers = self._leftovers(seen_pids)
+        episode.processes_checked = len(seen_pids)
         report_file = base / "episode.txt"
         report_file.write_text(f"{episode}\n")
         episode.checks = (
@@ -279,6 +291,12 @@ class Runner:
             for request in pending["provider_requests"]:
                 client.call(home, "reconcile", action_id=request["slot"], outcome="failed", note="chaos")
                 episode.reconciliations += 1
+            for session in pending.get("sessions", []):
+                # A session is reconciled only once its actor is gone, and the process
+                # tree dies with its actor: there is nothing left that could finish.
+                note = "process died with its actor"
+                client.call(home, "reconcile", action_id=session["process_id"], outcome="failed", note=note)
+                episode.reconciliations += 1
             cursor = client.call(home, "status")["cursor"]
             client.call(home, "events", timeout=10, since=cursor, wait_ms=300)
         except Exception:
@@ -297,8 +315,7 @@ class Runner:
         ]
         if exited:
             victim = exited[0]["subject"]
-            kind = "children" if victim.startswith("child-") else "agents"
-            episode.kills.append(Kill(episode.index, kind, episode.failpoint, victim, episode.seed))
+            episode.kills.append(Kill(episode.index, target_kind(victim), episode.failpoint, victim, episode.seed))
 
     def _random_kill(self, home: Path, sup: int, rng: random.Random, episode: Episode) -> bool:
         try:
@@ -311,7 +328,7 @@ class Runner:
         for actor in actors:
             if actor["pid"] is None:
                 continue
-            kind = "children" if actor["id"].startswith("child-") else "agents"
+            kind = target_kind(actor["id"])
             if kind in self.targets:
                 choices.append((kind, actor["id"], actor["pid"]))
         if not choices:
@@ -396,7 +413,7 @@ class Runner:
         leftovers = [p for e in self.episodes for p in e.leftovers]
         invariants["no process left alive"] = {
             "passed": not leftovers,
-            "count": len(leftovers),
+            "count": sum(e.processes_checked for e in self.episodes),
             "failures": [{"detail": f"pid {p} alive"} for p in leftovers],
         }
         errors = [
