@@ -11,6 +11,7 @@ reports out. It dies with the supervisor (PDEATHSIG), and its children die with 
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import selectors
 import signal
@@ -23,7 +24,7 @@ import msgpack
 import prctl
 
 # Pre-import what every actor needs, so children start warm.
-import corral.actors.runtime  # noqa: F401
+import corral.actors.runtime
 from corral.sandbox import child_setup
 
 MAX_MESSAGE = 1024 * 1024
@@ -68,6 +69,12 @@ def serve(sock: socket.socket, supervisor_pid: int) -> None:
         return
     prctl.set_name("corral:forksrv")
     prctl.set_proctitle("corral:forkserver")
+    # Before the init message, so the imports overlap the supervisor's own boot.
+    corral.actors.runtime.preload()
+    # Move everything imported so far out of the collector's reach: a child's first
+    # full collection would otherwise write to every object header and copy the
+    # shared pages into each actor (USS).
+    gc.freeze()
     init = msgpack.unpackb(sock.recv(MAX_MESSAGE), raw=False)
     init["forkserver_pid"] = os.getpid()
 
