@@ -16,7 +16,7 @@ from corral.cli import EXIT_FAILED, EXIT_USAGE, CliError, arguments, command, pr
 
 def _chaos_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default="demo", help="'demo' (default) or a swarm spec TOML with [chaos]")
-    parser.add_argument("--kills", type=int, default=20, help="total kills to reach (random/both modes)")
+    parser.add_argument("--kills", type=int, default=20, help="total kills (random/both modes): random episodes of 1-3 kills run until exactly N kills happened")
     parser.add_argument("--seed", type=int, default=None, help="seed of the random schedule (default: random)")
     parser.add_argument(
         "--targets",
@@ -74,8 +74,10 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             runner.failpoint_episode(name, target)
     if args.mode in ("random", "both") and not args.failpoint:
         rng = random.Random(seed)
-        while sum(len(e.kills) for e in runner.episodes) < args.kills:
-            runner.random_episode(kills=rng.randint(1, 3))
+        while (done := sum(len(e.kills) for e in runner.episodes)) < args.kills:
+            # The draw comes first so a seed schedules the same episodes whatever
+            # --kills is; only the last one is cut to land exactly on --kills.
+            runner.random_episode(kills=min(rng.randint(1, 3), args.kills - done))
     report = runner.report(time.monotonic() - started)
     report["mode"] = args.mode
     report["requested_kills"] = args.kills

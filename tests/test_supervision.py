@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -283,3 +285,28 @@ def test_tcp_loopback_transport(short_tmp: Path) -> None:
         assert daemon.endpoint.control.startswith("tcp://127.0.0.1:")
         daemon.wait_until(all_running)
         assert daemon.call("request_actor", actor_id="w-1", body={"x": 1})["echo"] == {"x": 1}
+
+
+def test_fork_server_preload_starts_no_thread_and_leaves_every_template_imported() -> None:
+    # The fork server forks after preloading; a thread started by any import would
+    # make every fork unsafe (a lock held by that thread stays held in the child).
+    probe = (
+        "import os, sys\n"
+        "import corral.actors.runtime as runtime\n"
+        "runtime.preload()\n"
+        "print(len(os.listdir('/proc/self/task')))\n"
+        "print(','.join(sorted(m for m in ('corral.actors.agent', 'corral.actors.echo',"
+        " 'corral.actors.session', 'corral.actors.providers.openai', 'corral.actors.tools.swarm',"
+        " 'corral.actors.tools.process') if m in sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    threads, modules = done.stdout.split()
+    assert threads == "1"
+    assert modules.split(",") == [
+        "corral.actors.agent",
+        "corral.actors.echo",
+        "corral.actors.providers.openai",
+        "corral.actors.session",
+        "corral.actors.tools.process",
+        "corral.actors.tools.swarm",
+    ]
