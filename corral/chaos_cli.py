@@ -16,7 +16,12 @@ from corral.cli import EXIT_FAILED, EXIT_USAGE, CliError, arguments, command, pr
 
 def _chaos_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default="demo", help="'demo' (default) or a swarm spec TOML with [chaos]")
-    parser.add_argument("--kills", type=int, default=20, help="total kills (random/both modes): random episodes of 1-3 kills run until exactly N kills happened")
+    parser.add_argument(
+        "--kills",
+        type=int,
+        default=20,
+        help="total kills (random/both modes): random episodes of 1-3 kills run until exactly N kills happened",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed of the random schedule (default: random)")
     parser.add_argument(
         "--targets",
