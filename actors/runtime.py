@@ -64,6 +64,23 @@ def preload() -> None:
     from corral.actors.tools.registry import all_tools
 
     all_tools()
+    # A child's first trio.run specializes trio's bytecode and fills its caches,
+    # which copies those pages into every child (~1 ms of CPU each, measured).
+    # Doing it here first leaves them warm and shared. trio.run starts no thread
+    # and restores the signal state it changed.
+    for _ in range(WARM_RUNS):
+        trio.run(_warm_trio)
+
+
+#: Enough runs for CPython's adaptive interpreter to specialize the hot paths.
+WARM_RUNS = 10
+
+
+async def _warm_trio() -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.sleep, 0)
+    with trio.move_on_after(0.001):
+        await trio.sleep_forever()
 
 
 def actor_main(config: dict[str, Any], token: str) -> int:
