@@ -53,6 +53,10 @@ def _templates() -> dict[str, Template]:
     return table
 
 
+#: Enough runs for CPython's adaptive interpreter to specialize the hot paths.
+WARM_RUNS = 10
+
+
 def preload() -> None:
     """Import everything an actor may need, once, in the fork server.
 
@@ -70,10 +74,6 @@ def preload() -> None:
     # and restores the signal state it changed.
     for _ in range(WARM_RUNS):
         trio.run(_warm_trio)
-
-
-#: Enough runs for CPython's adaptive interpreter to specialize the hot paths.
-WARM_RUNS = 10
 
 
 async def _warm_trio() -> None:

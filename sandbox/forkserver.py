@@ -23,7 +23,7 @@ from typing import Any
 import msgpack
 import prctl
 
-# Pre-import what every actor needs, so children start warm.
+# The actor runtime, imported once here; serve() preloads the rest before forking.
 import corral.actors.runtime
 from corral.sandbox import child_setup
 
