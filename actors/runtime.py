@@ -53,6 +53,20 @@ def _templates() -> dict[str, Template]:
     return table
 
 
+def lookup_template(name: str) -> Template:
+    """A built-in template by name, else a user ``module:Name`` reference (one
+    lookup for both). Raises KeyError for an unknown name, UserCodeError or
+    TypeError for a reference that does not resolve to a template."""
+    table = _templates()
+    if name in table:
+        return table[name]
+    from corral.actors import user_actor, user_code
+
+    if not user_code.is_reference(name):
+        raise KeyError(name)
+    return user_actor.as_template(name, user_code.load(name))
+
+
 #: Enough runs for CPython's adaptive interpreter to specialize the hot paths.
 WARM_RUNS = 10
 
@@ -90,10 +104,18 @@ def actor_main(config: dict[str, Any], token: str) -> int:
 
 
 async def _actor(config: dict[str, Any], token: str) -> int:
-    template = _templates().get(config["template"])
-    if template is None:
+    from corral.actors import user_actor
+    from corral.errors import UserCodeError
+
+    try:
+        template = lookup_template(config["template"])
+    except KeyError:
         log.error("unknown template %r", config["template"])
-        return 2
+        return user_actor.EXIT_UNKNOWN_TEMPLATE
+    except (UserCodeError, TypeError) as exc:
+        # Exits like a crash, so it counts against the group's restart intensity.
+        log.error("template %s cannot be loaded: %s", config["template"], exc)
+        return user_actor.EXIT_TEMPLATE_IMPORT
     actor_id = config["actor_id"]
     async with open_channel(
         config["address"],

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from corral import client
+from corral.client import Client
+from corral.client_start import SupervisorStartError, start_supervisor
+from corral.errors import RunTimeout
 from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
-from corral.procs import wait_exit
 from corral.supervisor import home as homes
 from corral.supervisor.spec import SpecError, load_spec
 
@@ -55,15 +55,29 @@ def home_of(args: argparse.Namespace) -> Path:
     return homes.resolve_home(args.home)
 
 
-def rpc(args: argparse.Namespace, method: str, timeout: float = 10.0, **params: Any) -> Any:
+@contextmanager
+def cli_errors() -> Iterator[None]:
+    """Client errors as CLI errors with their exit codes."""
     try:
-        return client.call(home_of(args), method, timeout=timeout, **params)
+        yield
     except homes.NotRunning as exc:
         raise CliError(str(exc), EXIT_NOT_RUNNING) from None
     except ControlError as exc:
         raise CliError(f"{exc.code}: {exc.message}") from None
-    except (DeadlineExceeded, SupervisorGone) as exc:
+    except (DeadlineExceeded, SupervisorGone, RunTimeout) as exc:
         raise CliError(str(exc)) from None
+
+
+@contextmanager
+def open_client(args: argparse.Namespace) -> Iterator[Client]:
+    """The commands are a thin layer on ``corral.Client``."""
+    with cli_errors(), Client.connect(home_of(args)) as connected:
+        yield connected
+
+
+def rpc(args: argparse.Namespace, method: str, timeout: float = 10.0, **params: Any) -> Any:
+    with open_client(args) as connected:
+        return connected.call(method, timeout=timeout, **params)
 
 
 def emit_json(value: Any) -> None:
@@ -94,65 +108,30 @@ def cmd_up(args: argparse.Namespace) -> int:
         homes.ensure_home(home)
     except homes.HomeError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    if args.spec:
-        try:
-            load_spec(Path(args.spec))  # fail before detaching, with the exact message
-        except SpecError as exc:
-            raise CliError(f"bad spec: {exc}", EXIT_USAGE) from None
-    argv = [sys.executable, "-m", "corral.supervisor", "--home", str(home)]
-    if args.spec:
-        argv += ["--spec", str(Path(args.spec).absolute())]
+    spec = Path(args.spec) if args.spec else None
     if args.foreground:
+        if spec is not None:
+            _check_spec(spec)
+        from corral.client_start import supervisor_argv
         from corral.supervisor.__main__ import main as daemon_main
 
-        return daemon_main(argv[3:])
-    if homes.is_locked(home):
-        raise CliError(f"a supervisor is already running on {home} (`corral status`)", EXIT_BUSY)
-    read_fd, write_fd = os.pipe()
-    log_path = home / "logs" / "supervisor.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [*argv, "--ready-fd", str(write_fd)],
-            pass_fds=[write_fd],
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-        )
-    os.close(write_fd)
-    line = _read_line(read_fd, args.timeout)
-    if line.startswith("ready "):
-        endpoint = homes.read_endpoint(home)
-        print(f"corral: supervisor up  pid={endpoint.pid}  boot={endpoint.boot_id}  home={home}")
-        return 0
-    if proc.poll() is None and not line:
-        proc.kill()
-    proc.wait()
-    if line.startswith("error "):
-        message = line[len("error ") :]
-        raise CliError(message, EXIT_BUSY if "owns" in message else EXIT_USAGE)
-    tail = log_path.read_text(errors="replace").splitlines()[-15:]
-    raise CliError("supervisor did not become ready:\n  " + "\n  ".join(tail))
+        return daemon_main(supervisor_argv(home, spec)[3:])
+    try:
+        start_supervisor(home, spec, args.timeout)
+    except SpecError as exc:
+        raise CliError(f"bad spec: {exc}", EXIT_USAGE) from None
+    except SupervisorStartError as exc:
+        raise CliError(str(exc), EXIT_BUSY if exc.busy else EXIT_USAGE) from None
+    endpoint = homes.read_endpoint(home)
+    print(f"corral: supervisor up  pid={endpoint.pid}  boot={endpoint.boot_id}  home={home}")
+    return 0
 
 
-def _read_line(fd: int, timeout: float) -> str:
-    import select
-
-    deadline = time.monotonic() + timeout
-    data = b""
-    with os.fdopen(fd, "rb", buffering=0) as pipe:
-        while b"\n" not in data:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            ready, _, _ = select.select([pipe], [], [], remaining)
-            if not ready:
-                break
-            chunk = pipe.read(4096)
-            if not chunk:
-                break
-            data += chunk
-    return data.decode(errors="replace").strip()
+def _check_spec(spec: Path) -> None:
+    try:
+        load_spec(spec)  # fail before starting, with the exact message
+    except SpecError as exc:
+        raise CliError(f"bad spec: {exc}", EXIT_USAGE) from None
 
 
 def _down_args(parser: argparse.ArgumentParser) -> None:
@@ -168,15 +147,9 @@ def cmd_down(args: argparse.Namespace) -> int:
     except homes.NotRunning:
         print(f"corral: no supervisor running on {home}")
         return 0
-    try:
-        client.call(home, "down")
-    except SupervisorGone:
-        pass  # it went away before it could answer: the outcome we asked for
-    except ControlError as exc:
-        raise CliError(f"{exc.code}: {exc.message}") from None
-    except DeadlineExceeded as exc:
-        raise CliError(str(exc)) from None
-    if not wait_exit(endpoint.pid, args.timeout):
+    with cli_errors(), Client.connect(home) as connected:
+        stopped = connected.down(args.timeout)
+    if not stopped:
         raise CliError(f"supervisor pid {endpoint.pid} still running after {args.timeout}s")
     print(f"corral: supervisor stopped (boot {endpoint.boot_id})")
     return 0
@@ -192,7 +165,8 @@ def _json_arg(parser: argparse.ArgumentParser) -> None:
 @command("status", "show the supervision tree, actors and what is open")
 @arguments(_json_arg)
 def cmd_status(args: argparse.Namespace) -> int:
-    status = rpc(args, "status")
+    with open_client(args) as connected:
+        status = connected.status()
     if args.json:
         emit_json(status)
         return 0
@@ -241,19 +215,15 @@ def _events_args(parser: argparse.ArgumentParser) -> None:
 def cmd_events(args: argparse.Namespace) -> int:
     if args.since < 0:
         raise CliError("--since must be >= 0", EXIT_USAGE)
-    cursor = args.since
-    while True:
-        reply = rpc(args, "events", timeout=40.0, since=cursor, wait_ms=25_000 if args.follow else 0)
-        for event in reply["events"]:
+    with open_client(args) as connected:
+        for event in connected.events(args.since, follow=args.follow):
             if args.json:
-                print(json.dumps(event, sort_keys=True), flush=True)
+                print(json.dumps(event.raw, sort_keys=True), flush=True)
             else:
-                stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
-                data = " ".join(f"{k}={v}" for k, v in sorted(event["data"].items()))
-                print(f"{event['cursor']:>6} {stamp} {event['kind']:<22} {event['subject']} {data}", flush=True)
-        cursor = reply["cursor"]
-        if not args.follow:
-            return 0
+                stamp = time.strftime("%H:%M:%S", time.localtime(event.at))
+                data = " ".join(f"{k}={v}" for k, v in sorted(event.data.items()))
+                print(f"{event.cursor:>6} {stamp} {event.kind:<22} {event.subject} {data}", flush=True)
+    return 0
 
 
 # -- entry -------------------------------------------------------------------------

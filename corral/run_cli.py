@@ -8,10 +8,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from corral.cli import EXIT_FAILED, EXIT_USAGE, CliError, arguments, command, emit_json, print_table, rpc
+from corral.cli import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    CliError,
+    arguments,
+    command,
+    emit_json,
+    open_client,
+    print_table,
+)
+from corral.client_types import DONE, PARKED
 
-WAIT_DONE = {"completed", "failed", "cancelled"}
-WAIT_PARKED = {"waiting-confirmation", "needs-reconciliation"}
+WAIT_DONE = set(DONE)
+WAIT_PARKED = set(PARKED)
 
 
 def _run_args(parser: argparse.ArgumentParser) -> None:
@@ -26,20 +36,21 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
 @command("run", "start a run of an agent on a task")
 @arguments(_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
-    params: dict[str, Any] = {"agent_id": args.agent, "task": args.task}
+    script = None
     if args.script:
         try:
-            params["script"] = Path(args.script).read_text()
+            script = Path(args.script).read_text()
         except OSError as exc:
             raise CliError(f"cannot read script {args.script}: {exc.strerror}", EXIT_USAGE) from None
-    run_id = rpc(args, "run", **params)["run_id"]
+    with open_client(args) as client:
+        result = client.run(args.agent, args.task, script=script, wait=args.wait, timeout=args.timeout)
     if not args.wait:
         if args.json:
-            emit_json({"run_id": run_id})
+            emit_json({"run_id": result.run_id})
         else:
-            print(run_id)
+            print(result.run_id)
         return 0
-    shown = wait_for_run(args, run_id, args.timeout)
+    shown = result.raw
     if args.json:
         emit_json(shown)
     else:
@@ -48,17 +59,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def wait_for_run(args: argparse.Namespace, run_id: str, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    cursor = 0
-    while True:
-        shown: dict[str, Any] = rpc(args, "show", run_id=run_id)
-        if shown["run"]["status"] in WAIT_DONE | WAIT_PARKED:
-            return shown
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise CliError(f"run {run_id} still {shown['run']['status']} after {timeout}s")
-        reply = rpc(args, "events", timeout=remaining + 5, since=cursor, wait_ms=int(min(remaining, 5) * 1000))
-        cursor = reply["cursor"]
+    with open_client(args) as client:
+        return client.wait(run_id, timeout=timeout).raw
 
 
 def print_run(shown: dict[str, Any]) -> None:
@@ -84,7 +86,8 @@ def _show_args(parser: argparse.ArgumentParser) -> None:
 @command("show", "show a run: actions, receipts, final reply")
 @arguments(_show_args)
 def cmd_show(args: argparse.Namespace) -> int:
-    shown = rpc(args, "show", run_id=args.run_id)
+    with open_client(args) as client:
+        shown = client.show(args.run_id).raw
     if args.json:
         emit_json(shown)
     else:
@@ -99,7 +102,8 @@ def _json_only(parser: argparse.ArgumentParser) -> None:
 @command("runs", "list recent runs")
 @arguments(_json_only)
 def cmd_runs(args: argparse.Namespace) -> int:
-    runs = rpc(args, "runs")["runs"]
+    with open_client(args) as client:
+        runs = client.runs()
     if args.json:
         emit_json(runs)
         return 0
@@ -113,7 +117,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
 @command("pending", "list what waits for a person: confirmations, reconciliations, retries")
 @arguments(_json_only)
 def cmd_pending(args: argparse.Namespace) -> int:
-    pending = rpc(args, "pending")
+    with open_client(args) as client:
+        pending = client.pending().raw
     if args.json:
         emit_json(pending)
         return 0
@@ -145,13 +150,11 @@ def _decision_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _decide(args: argparse.Namespace, decision: str) -> int:
-    fingerprint = args.fingerprint
-    if fingerprint is None:
-        waiting = {a["action_id"]: a for a in rpc(args, "pending")["actions"]}
-        if args.action_id not in waiting:
-            raise CliError(f"action {args.action_id} is not waiting for confirmation (see `corral pending`)")
-        fingerprint = waiting[args.action_id]["fingerprint"]
-    result = rpc(args, "continue_action", action_id=args.action_id, decision=decision, fingerprint=fingerprint)
+    with open_client(args) as client:
+        if decision == "approve":
+            result = client.approve(args.action_id, fingerprint=args.fingerprint)
+        else:
+            result = client.deny(args.action_id, fingerprint=args.fingerprint)
     print(f"{decision}d {args.action_id} (run {result['run_id']})")
     return 0
 
@@ -179,7 +182,8 @@ def _reconcile_args(parser: argparse.ArgumentParser) -> None:
 @command("reconcile", "resolve an action whose outcome is unknown")
 @arguments(_reconcile_args)
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    result = rpc(args, "reconcile", action_id=args.action_id, outcome=args.outcome, note=args.note)
+    with open_client(args) as client:
+        result = client.reconcile(args.action_id, args.outcome, args.note)
     print(f"reconciled {args.action_id} as {args.outcome} (run {result['run_id']})")
     return 0
 
@@ -191,7 +195,8 @@ def _run_id_arg(parser: argparse.ArgumentParser) -> None:
 @command("cancel", "cancel a run (and tombstone its live children)")
 @arguments(_run_id_arg)
 def cmd_cancel(args: argparse.Namespace) -> int:
-    rpc(args, "cancel", run_id=args.run_id)
+    with open_client(args) as client:
+        client.cancel(args.run_id)
     print(f"cancelled {args.run_id}")
     return 0
 
@@ -199,5 +204,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 @command("resume", "re-check a parked run and continue it if nothing blocks it")
 @arguments(_run_id_arg)
 def cmd_resume(args: argparse.Namespace) -> int:
-    print(json.dumps(rpc(args, "resume", run_id=args.run_id)))
+    with open_client(args) as client:
+        print(json.dumps(client.resume(args.run_id)))
     return 0

@@ -15,6 +15,7 @@ from typing import Any
 import pynng
 import trio
 
+from corral.errors import CorralError
 from corral.mailbox.addresses import bound_tcp_address
 from corral.mailbox.channel import configure_socket
 from corral.mailbox.codec import DEFAULT_MAX_FRAME, decode, encode
@@ -107,7 +108,7 @@ def _err(code: str, message: str) -> dict[str, Any]:
     return {"code": code, "message": message}
 
 
-class SupervisorGone(ConnectionError):
+class SupervisorGone(CorralError, ConnectionError):
     """The supervisor is not there to answer: it exited mid-call, or nothing listens at its address."""
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from corral.errors import CorralError
+
 
 class FrameError(ValueError):
     """A frame that cannot be accepted. ``code`` is stable and machine-readable."""
@@ -25,7 +27,7 @@ class VersionMismatch(FrameError):
     code = "protocol-version"
 
 
-class DeadlineExceeded(TimeoutError):
+class DeadlineExceeded(CorralError, TimeoutError):
     """A request got no reply before its deadline."""
 
 
@@ -37,7 +39,7 @@ class ChannelClosed(ConnectionError):
     """The peer went away."""
 
 
-class RemoteError(RuntimeError):
+class RemoteError(CorralError, RuntimeError):
     """The peer answered with an error envelope."""
 
     def __init__(self, code: str, message: str) -> None:

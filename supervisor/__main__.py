@@ -64,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         lock.release()
         return fail(str(exc), 2)
+    if spec.source != "<embedded>":
+        from corral.actors.user_code import add_import_path
+
+        # User templates and providers next to the spec import here and in every actor.
+        add_import_path(Path(spec.source).parent)
     _name_process()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
     supervisor = Supervisor(home, spec, ready_fd=ready_fd)

@@ -15,13 +15,14 @@ from typing import Any
 import psutil
 
 from corral import PROTOCOL_VERSION
+from corral.errors import CorralError
 
 ENDPOINT = "endpoint.json"
 LOCK = "supervisor.lock"
 LEDGER = "ledger.db"
 
 
-class HomeError(RuntimeError):
+class HomeError(CorralError, RuntimeError):
     """A home that cannot be used; the message says what to do."""
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corral.errors import CorralError
 from corral.mailbox.codec import DEFAULT_MAX_FRAME
 from corral.sandbox.launcher import LaunchMode
 from corral.supervisor.restart_policy import RestartType, Strategy
@@ -21,8 +22,8 @@ ROOT_GROUP = "root"
 _ID = re.compile(r"^[a-z][a-z0-9_-]{0,47}$")
 
 
-class SpecError(ValueError):
-    pass
+class SpecError(CorralError, ValueError):
+    """A spec that cannot run; the message names the exact place. Nothing started."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,7 @@ _AGENT = {
     "script",
     "steps",
     "openai",
+    "provider_config",
     "workspace",
     "write_scopes",
     "policy",
@@ -181,7 +183,7 @@ _AGENT = {
     "group",
     "shutdown_timeout_ms",
 }
-_TEMPLATE = {"id", "provider", "script", "steps", "openai", "policy"}
+_TEMPLATE = {"id", "provider", "script", "steps", "openai", "provider_config", "policy"}
 _LIMITS = {"max_children_per_call", "max_depth", "child_timeout_s", "max_repairs_per_delivery"}
 _SUPERVISOR = {"transport", "launch", "max_frame", "inbox_size", "synchronous", "heartbeat_s"}
 _GROUP = {"id", "strategy", "max_restarts", "period_s"}
@@ -295,7 +297,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         base_id = _check_id(f"{where}.id", _get(where, table, "id", str, ""))
         template = _get(where, table, "template", str, "")
         if template not in KNOWN_TEMPLATES:
-            raise SpecError(f"{where}.template: unknown template {template!r} ({', '.join(sorted(KNOWN_TEMPLATES))})")
+            _user_template(f"{where}.template", template)
         count = _get(where, table, "count", int, 1)
         if not 1 <= count <= 10_000:
             raise SpecError(f"{where}.count: must be 1..10000, got {count}")
@@ -440,10 +442,28 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     )
 
 
+def _user_template(where: str, template: str) -> None:
+    """A user template is a ``module:Name`` reference; only its form is checked here:
+    it is imported in its actor, where a failure counts against restart intensity."""
+    from corral.actors.user_code import check_syntax, is_reference
+    from corral.errors import UserCodeError
+
+    if not is_reference(template):
+        raise SpecError(
+            f"{where}: unknown template {template!r} ({', '.join(sorted(KNOWN_TEMPLATES))},"
+            " or a 'package.module:Name' reference)"
+        )
+    try:
+        check_syntax(template)
+    except UserCodeError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+
+
 def provider_env(provider: str, config: dict[str, Any]) -> tuple[str, ...]:
-    if provider != "openai":
+    if provider == "scripted":
         return ()
-    name = config.get("api_key_env", "OPENAI_API_KEY")
+    # openai reads OPENAI_API_KEY unless told otherwise; a user provider names its variable.
+    name = config.get("api_key_env", "OPENAI_API_KEY" if provider == "openai" else "")
     return (name,) if isinstance(name, str) and name else ()
 
 
@@ -483,7 +503,22 @@ def _provider(where: str, table: dict[str, Any], base: Path) -> tuple[str, dict[
         except (ProviderError, ValueError, TypeError) as exc:
             raise SpecError(f"{where}.openai: {exc}") from None
         return provider, dict(config)
-    raise SpecError(f"{where}.provider: unknown provider {provider!r} (scripted, openai)")
+    return provider, _user_provider(where, table, base, provider)
+
+
+def _user_provider(where: str, table: dict[str, Any], base: Path, provider: str) -> dict[str, Any]:
+    """A ``module:Name`` reference or an entry-point name, imported now so that a
+    broken one is a spec error at ``corral up`` and nothing starts."""
+    from corral.actors.providers.registry import resolve_factory
+    from corral.actors.user_code import import_path
+    from corral.errors import UserCodeError
+
+    try:
+        with import_path(base):
+            resolve_factory(provider)
+    except UserCodeError as exc:
+        raise SpecError(f"{where}.provider: {exc}") from None
+    return dict(_get(where, table, "provider_config", dict, {}))
 
 
 def load_spec(path: Path) -> SwarmSpec:

@@ -1,13 +1,67 @@
-"""Provider construction by name, for agents and for recovery decisions."""
+"""Provider construction by name, for agents and for recovery decisions.
+
+A provider is named in a spec by one of:
+
+* a built-in name: ``scripted``, ``openai``;
+* a ``module:Name`` reference to a user class or factory;
+* a name registered by an installed package in the ``corral.providers`` entry
+  point group (``[project.entry-points."corral.providers"] my-llm = "pkg.llm:MyProvider"``).
+
+The class (or any callable) is called with the agent's ``provider_config`` table and
+must return an object implementing ``corral.Provider``.
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import Any
 
 from corral.actors.providers.base import Provider
 from corral.actors.providers.scripted import ScriptedProvider
+from corral.actors.user_code import is_reference, load
+from corral.errors import UserCodeError
 
-PROVIDERS = ("scripted", "openai")
+BUILTIN_PROVIDERS = ("scripted", "openai")
+PROVIDERS = BUILTIN_PROVIDERS
+ENTRY_POINT_GROUP = "corral.providers"
+
+ProviderFactory = Callable[[dict[str, Any]], Provider]
+
+
+def installed_providers() -> dict[str, str]:
+    """Names registered by installed packages -> their ``module:Name`` value."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+@functools.cache
+def resolve_factory(name: str) -> ProviderFactory:
+    """The user class or factory behind a reference or an entry-point name."""
+    if is_reference(name):
+        target = load(name)
+    else:
+        matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        if not matches:
+            known = sorted({*BUILTIN_PROVIDERS, *installed_providers()})
+            raise UserCodeError(
+                f"unknown provider {name!r}: not built in, not a 'module:Name' reference, and no installed"
+                f" package registers it in the {ENTRY_POINT_GROUP!r} entry points (known: {', '.join(known)})"
+            )
+        try:
+            target = matches[0].load()
+        except Exception as exc:
+            raise UserCodeError(
+                f"provider {name!r} (entry point {matches[0].value!r}) cannot be loaded: {type(exc).__name__}: {exc}"
+            ) from exc
+    if not callable(target):
+        raise UserCodeError(f"provider {name!r} resolves to a {type(target).__name__}, not a class or factory")
+    if isinstance(target, type) and not all(callable(getattr(target, m, None)) for m in ("complete", "parse")):
+        raise UserCodeError(
+            f"provider {name!r}: class {target.__name__} needs complete() and parse() (corral.Provider)"
+        )
+    factory: ProviderFactory = target
+    return factory
 
 
 def make_provider(name: str, config: dict[str, Any]) -> Provider:
@@ -17,9 +71,21 @@ def make_provider(name: str, config: dict[str, Any]) -> Provider:
         from corral.actors.providers.openai import OpenAIConfig, OpenAIProvider
 
         return OpenAIProvider(OpenAIConfig.from_mapping(config))
-    raise ValueError(f"unknown provider {name!r}")
+    provider = resolve_factory(name)(dict(config))
+    for method in ("complete", "parse"):
+        if not callable(getattr(provider, method, None)):
+            raise TypeError(f"provider {name!r} built a {type(provider).__name__} without {method}()")
+    return provider
 
 
 def is_idempotent(name: str) -> bool:
-    """May an interrupted request be sent again? Only if sending has no effect."""
-    return name == "scripted"
+    """May an interrupted request be sent again? Only if sending has no effect.
+
+    A user provider says so with a class attribute ``idempotent_requests = True``;
+    the default is the safe answer (no: the request needs reconciliation)."""
+    if name in BUILTIN_PROVIDERS:
+        return name == "scripted"
+    try:
+        return getattr(resolve_factory(name), "idempotent_requests", False) is True
+    except UserCodeError:
+        return False

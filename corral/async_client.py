@@ -1,0 +1,174 @@
+"""``AsyncClient``: the Python client for trio programs (same methods as ``Client``,
+awaitable; ``events`` is an async iterator)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from corral.client import CREATE_ATTEMPTS, FOLLOW_WAIT_MS, PathLike, decision_fingerprint, new_run_id
+from corral.client_types import DONE, PARKED, Event, Pending, RunResult
+from corral.errors import RunTimeout
+from corral.mailbox.codec import decode, encode
+from corral.mailbox.control import ControlClient, ControlError, SupervisorGone
+from corral.mailbox.envelope import Envelope, Kind
+from corral.mailbox.errors import DeadlineExceeded
+from corral.supervisor import home as homes
+
+
+class _AsyncControl(ControlClient):
+    """The control client's exchange, awaited in the caller's trio loop."""
+
+    async def acall(self, method: str, timeout: float | None = None, **params: Any) -> Any:
+        request = Envelope(Kind.REQUEST, "cli", "supervisor", {"method": method, "params": params}, token=self._token)
+        reply = decode(await self._exchange(encode(request), self.timeout if timeout is None else timeout))
+        if reply.kind is Kind.ERROR:
+            raise ControlError(str(reply.body.get("code")), str(reply.body.get("message")))
+        if reply.corr_id != request.msg_id:
+            raise ControlError("bad-reply", "reply does not match the request id")
+        return reply.body.get("result")
+
+
+class AsyncClient:
+    """A trio connection to the supervisor of one home. Use ``async with``.
+
+    Calls are serialized on one socket (a lock), so several tasks may share a
+    client; for parallel long-polls open one client per task."""
+
+    def __init__(self, home: PathLike | None = None, *, timeout: float = 10.0) -> None:
+        self.home: Path = homes.resolve_home(home)
+        self.timeout = timeout
+        self._control: _AsyncControl | None = None
+        self._lock = trio.Lock()
+        homes.read_endpoint(self.home)
+
+    @classmethod
+    def connect(cls, home: PathLike | None = None, *, timeout: float = 10.0) -> AsyncClient:
+        return cls(home, timeout=timeout)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+
+    async def call(self, method: str, *, timeout: float | None = None, **params: Any) -> Any:
+        async with self._lock:
+            if self._control is None:
+                endpoint = homes.read_endpoint(self.home)
+                self._control = _AsyncControl(endpoint.control, endpoint.token, timeout=self.timeout, pid=endpoint.pid)
+            try:
+                return await self._control.acall(method, timeout, **params)
+            except (SupervisorGone, DeadlineExceeded):
+                self.close()
+                raise
+
+    async def ping(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self.call("ping")
+        return result
+
+    async def status(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self.call("status")
+        return result
+
+    async def ask(self, actor_id: str, message: dict[str, Any], *, timeout: float = 10.0) -> dict[str, Any]:
+        result: dict[str, Any] = await self.call(
+            "request_actor", timeout=timeout + 5, actor_id=actor_id, body=message, timeout_s=timeout
+        )
+        return result
+
+    async def run(
+        self,
+        agent: str,
+        task: str,
+        *,
+        wait: bool = True,
+        timeout: float = 300.0,
+        script: str | None = None,
+        run_id: str | None = None,
+    ) -> RunResult:
+        """See ``Client.run``."""
+        params: dict[str, Any] = {"agent_id": agent, "task": task, "run_id": run_id or new_run_id()}
+        if script is not None:
+            params["script"] = script
+        for attempt in range(1, CREATE_ATTEMPTS + 1):
+            try:
+                created = await self.call("run", **params)
+                break
+            except (SupervisorGone, DeadlineExceeded):
+                if attempt == CREATE_ATTEMPTS:
+                    raise
+                await trio.sleep(0.2 * attempt)
+        if wait:
+            return await self.wait(created["run_id"], timeout=timeout)
+        return await self.show(created["run_id"])
+
+    async def show(self, run_id: str) -> RunResult:
+        return RunResult.from_show(await self.call("show", run_id=run_id))
+
+    async def wait(self, run_id: str, *, timeout: float = 300.0, until_parked: bool = True) -> RunResult:
+        stop = DONE | PARKED if until_parked else DONE
+        deadline = trio.current_time() + timeout
+        cursor = 0
+        while True:
+            result = await self.show(run_id)
+            if result.status in stop:
+                return result
+            remaining = deadline - trio.current_time()
+            if remaining <= 0:
+                raise RunTimeout(run_id, result.status, timeout)
+            wait_s = min(remaining, 5.0)
+            reply = await self.call("events", timeout=wait_s + 5, since=cursor, wait_ms=int(wait_s * 1000))
+            cursor = reply["cursor"]
+
+    async def runs(self) -> list[dict[str, Any]]:
+        runs: list[dict[str, Any]] = (await self.call("runs"))["runs"]
+        return runs
+
+    async def cancel(self, run_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.call("cancel", run_id=run_id)
+        return result
+
+    async def resume(self, run_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.call("resume", run_id=run_id)
+        return result
+
+    async def pending(self) -> Pending:
+        return Pending.from_reply(await self.call("pending"))
+
+    async def approve(self, action_id: str, *, fingerprint: str | None = None) -> dict[str, Any]:
+        return await self._decide(action_id, "approve", fingerprint)
+
+    async def deny(self, action_id: str, *, fingerprint: str | None = None) -> dict[str, Any]:
+        return await self._decide(action_id, "deny", fingerprint)
+
+    async def _decide(self, action_id: str, decision: str, fingerprint: str | None) -> dict[str, Any]:
+        if fingerprint is None:
+            fingerprint = decision_fingerprint(await self.pending(), action_id)
+        result: dict[str, Any] = await self.call(
+            "continue_action", action_id=action_id, decision=decision, fingerprint=fingerprint
+        )
+        return result
+
+    async def reconcile(self, action_id: str, outcome: str, note: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.call("reconcile", action_id=action_id, outcome=outcome, note=note)
+        return result
+
+    async def events(self, since: int = 0, *, follow: bool = False) -> AsyncIterator[Event]:
+        cursor = since
+        while True:
+            wait_ms = FOLLOW_WAIT_MS if follow else 0
+            reply = await self.call("events", timeout=wait_ms / 1000 + 15, since=cursor, wait_ms=wait_ms)
+            for row in reply["events"]:
+                yield Event.from_row(row)
+            if not reply["events"] and not follow:
+                return
+            cursor = reply["cursor"]

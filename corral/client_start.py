@@ -1,0 +1,91 @@
+"""Starting a detached supervisor for a home and waiting until it is ready.
+
+``corral up`` and ``Client.start`` share this: the supervisor reports ``ready`` or
+``error <message>`` on a pipe, so a bad spec or a busy home is a clear error here
+instead of a silent timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from corral.errors import CorralError
+from corral.supervisor import home as homes
+from corral.supervisor.spec import load_spec
+
+
+class SupervisorStartError(CorralError):
+    """The supervisor did not become ready. ``busy`` is True when another supervisor
+    owns the home."""
+
+    def __init__(self, message: str, *, busy: bool = False) -> None:
+        super().__init__(message)
+        self.busy = busy
+
+
+def supervisor_argv(home: Path, spec: Path | None) -> list[str]:
+    argv = [sys.executable, "-m", "corral.supervisor", "--home", str(home)]
+    if spec is not None:
+        argv += ["--spec", str(spec.absolute())]
+    return argv
+
+
+def start_supervisor(home: Path, spec: Path | None, timeout: float = 30.0) -> subprocess.Popen[bytes]:
+    """Start a detached supervisor (its own session) and return once it is ready.
+
+    The spec is checked here first (``SpecError`` with the exact message, nothing
+    started). The returned process is the caller's child: reap it after it exits."""
+    homes.ensure_home(home)
+    if spec is not None:
+        load_spec(spec)
+    if homes.is_locked(home):
+        raise SupervisorStartError(f"a supervisor is already running on {home} (`corral status`)", busy=True)
+    read_fd, write_fd = os.pipe()
+    log_path = home / "logs" / "supervisor.log"
+    log_path.parent.mkdir(mode=0o700, exist_ok=True)
+    try:
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [*supervisor_argv(home, spec), "--ready-fd", str(write_fd)],
+                pass_fds=[write_fd],
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+    finally:
+        os.close(write_fd)
+    line = _read_line(read_fd, timeout)
+    if line.startswith("ready "):
+        return proc
+    if proc.poll() is None and not line:
+        proc.kill()
+    proc.wait()
+    if line.startswith("error "):
+        message = line[len("error ") :]
+        raise SupervisorStartError(message, busy="owns" in message)
+    tail = log_path.read_text(errors="replace").splitlines()[-15:]
+    raise SupervisorStartError("supervisor did not become ready:\n  " + "\n  ".join(tail))
+
+
+def _read_line(fd: int, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    data = b""
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        while b"\n" not in data:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready, _, _ = select.select([pipe], [], [], remaining)
+            if not ready:
+                break
+            chunk = pipe.read(4096)
+            if not chunk:
+                break
+            data += chunk
+    return data.decode(errors="replace").strip()
