@@ -1,0 +1,102 @@
+"""User actor templates (``module:Name``) supervised like the built-ins: real
+supervisors, real actor processes, SIGKILL, restart intensity."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import corral
+from corral.supervisor.spec import SpecError, parse_spec
+from tests.harness import actor_running, running
+from tests.userpkg import write_package
+
+
+def _actor(status: dict[str, Any], actor_id: str) -> dict[str, Any]:
+    return next(a for a in status["actors"] if a["id"] == actor_id)
+
+
+def _spec(template: str, *, group: str = "", actor_id: str = "counter", extra: str = "") -> str:
+    return f"""
+{group}
+[[actors]]
+id = "{actor_id}"
+template = "{template}"
+{extra}
+"""
+
+
+def test_a_user_actor_answers_and_restarts_fresh_after_sigkill(short_tmp: Path) -> None:
+    write_package(short_tmp)  # next to the spec: on the import path of every actor
+    spec = _spec("userpkg.actors:Counter", extra="params = { start = 10 }") + _spec(
+        "userpkg.actors:plain", actor_id="plain"
+    )
+    with running(short_tmp / "h", spec) as daemon:
+        daemon.wait_until(actor_running("counter"), what="counter running")
+        with corral.Client.connect(daemon.home) as client:
+            assert client.ask("counter", {"op": "add", "n": 5})["count"] == 15
+            first = client.ask("counter", {"op": "add", "n": 1})
+            assert first["count"] == 16 and first["incarnation"] == 1
+            assert client.ask("plain", {"x": 1}) == {"plain": True, "got": {"x": 1}}
+
+            os.kill(first["pid"], signal.SIGKILL)
+            status = daemon.wait_until(actor_running("counter", incarnation=2), what="counter restarted")
+            assert _actor(status, "counter")["restarts"] == 1
+            second = client.ask("counter", {"op": "add", "n": 0})
+            # A new process with fresh state from start(): the restart really happened.
+            assert second["pid"] != first["pid"]
+            assert (second["count"], second["incarnation"]) == (10, 2)
+
+
+def test_an_exception_in_handle_ask_answers_the_asker_then_crashes_the_actor(short_tmp: Path) -> None:
+    write_package(short_tmp)
+    with running(short_tmp / "h", _spec("userpkg.actors:Counter")) as daemon:
+        daemon.wait_until(actor_running("counter"), what="counter running")
+        with corral.Client.connect(daemon.home) as client:
+            with pytest.raises(corral.ControlError) as caught:
+                client.ask("counter", {"op": "crash"})
+            assert "ValueError: asked to crash" in caught.value.message
+            status = daemon.wait_until(actor_running("counter", incarnation=2), what="counter restarted")
+            assert _actor(status, "counter")["last_exit"] == 1
+
+
+@pytest.mark.parametrize(
+    ("template", "code", "logged"),
+    [
+        ("userpkg.broken:Thing", 3, "RuntimeError: boom at import"),
+        ("userpkg.actors:Missing", 3, "has no attribute 'Missing'"),
+        ("userpkg.actors:NOT_A_TEMPLATE", 3, "a template must be a subclass of corral.Actor"),
+        ("nosuchpkg.mod:Thing", 3, "no module named 'nosuchpkg'"),
+        ("userpkg.actors:FailsAtStart", 4, "RuntimeError: no database at start"),
+    ],
+)
+def test_a_template_that_cannot_load_or_start_counts_against_restart_intensity(
+    short_tmp: Path, template: str, code: int, logged: str
+) -> None:
+    write_package(short_tmp)
+    group = '[[groups]]\nid = "users"\nmax_restarts = 2\nperiod_s = 30'
+    spec = _spec(template, group=group, actor_id="bad", extra='group = "users"')
+    with running(short_tmp / "h", spec) as daemon:
+        status = daemon.wait_until(
+            lambda s: next(g for g in s["groups"] if g["id"] == "users")["status"] == "escalated",
+            what="group escalated",
+        )
+        group_row = next(g for g in status["groups"] if g["id"] == "users")
+        assert f"bad exited with {code}" in group_row["reason"]
+        assert _actor(status, "bad")["restarts"] == 2
+        log = (daemon.home / "logs" / "bad.log").read_text()
+        assert logged in log and template in log
+
+
+def test_spec_accepts_references_and_rejects_bad_templates_by_name() -> None:
+    spec = parse_spec({"actors": [{"id": "a", "template": "pkg.mod:Klass"}]})
+    assert spec.actor("a").template == "pkg.mod:Klass"
+    with pytest.raises(SpecError, match=r"actors\[0\]\.template: unknown template 'nope'.*'package.module:Name'"):
+        parse_spec({"actors": [{"id": "a", "template": "nope"}]})
+    for bad in ("pkg.mod:", ":Klass", "pkg..mod:K", "pkg.mod:K:L", "pkg mod:K"):
+        with pytest.raises(SpecError, match="is not a reference of the form"):
+            parse_spec({"actors": [{"id": "a", "template": bad}]})
