@@ -22,6 +22,10 @@ SUPERVISOR = "supervisor"
 
 @dataclass
 class ActorContext:
+    """What an actor process knows: its id and incarnation (1, 2, ... per restart),
+    its spec ``params``, its channel to the supervisor, and ``shutdown`` (set when
+    it is asked to stop)."""
+
     actor_id: str
     incarnation: int
     template: str

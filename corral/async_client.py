@@ -3,7 +3,9 @@ awaitable; ``events`` is an async iterator)."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from corral.mailbox.codec import decode, encode
 from corral.mailbox.control import ControlClient, ControlError, SupervisorGone
 from corral.mailbox.envelope import Envelope, Kind
 from corral.mailbox.errors import DeadlineExceeded
+from corral.procs import wait_exit
 from corral.supervisor import home as homes
 
 
@@ -43,11 +46,62 @@ class AsyncClient:
         self.timeout = timeout
         self._control: _AsyncControl | None = None
         self._lock = trio.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
         homes.read_endpoint(self.home)
 
     @classmethod
     def connect(cls, home: PathLike | None = None, *, timeout: float = 10.0) -> AsyncClient:
+        """Connect to the supervisor already running on ``home``."""
         return cls(home, timeout=timeout)
+
+    @classmethod
+    @asynccontextmanager
+    async def start(
+        cls,
+        spec: PathLike | None = None,
+        home: PathLike | None = None,
+        *,
+        timeout: float = 30.0,
+        stop_timeout: float = 30.0,
+    ) -> AsyncIterator[AsyncClient]:
+        """See ``Client.start``: a supervisor for the length of an ``async with``."""
+        from corral.client_start import start_supervisor
+
+        resolved = homes.resolve_home(home)
+        spec_path = Path(spec) if spec is not None else None
+        process = await trio.to_thread.run_sync(start_supervisor, resolved, spec_path, timeout)
+        try:
+            client = cls(resolved)
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        client._process = process
+        try:
+            yield client
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    await client.down(stop_timeout)
+                finally:
+                    client.close()
+
+    async def down(self, timeout: float = 30.0) -> bool:
+        """See ``Client.down``."""
+        try:
+            endpoint = homes.read_endpoint(self.home)
+        except homes.NotRunning:
+            return True
+        try:
+            await self.call("down")
+        except SupervisorGone:
+            pass
+        self.close()
+        stopped = await trio.to_thread.run_sync(wait_exit, endpoint.pid, timeout)
+        if self._process is not None and stopped:
+            await trio.to_thread.run_sync(self._process.wait)
+            self._process = None
+        return stopped
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -31,7 +31,7 @@ class HomeBusy(HomeError):
 
 
 class NotRunning(HomeError):
-    pass
+    """No supervisor runs on this home (start one with ``corral up`` or ``Client.start``)."""
 
 
 def resolve_home(arg: str | os.PathLike[str] | None) -> Path:

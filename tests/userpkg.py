@@ -48,9 +48,9 @@ async def plain(ctx) -> int:
 NOT_A_TEMPLATE = 42
 '''
 
-BROKEN = '''
+BROKEN = """
 raise RuntimeError("boom at import")
-'''
+"""
 
 PROVIDERS = '''
 import json

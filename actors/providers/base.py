@@ -17,6 +17,9 @@ MAX_ACTIONS_PER_PLAN = 3
 
 @dataclass(frozen=True)
 class ToolSchema:
+    """A tool as a provider sees it: name, description and input JSON Schema
+    (hand them to the model); ``read_only`` tools have no side effect."""
+
     name: str
     description: str
     input_schema: dict[str, Any]
@@ -28,6 +31,9 @@ class ToolSchema:
 
 @dataclass(frozen=True)
 class ProviderRequest:
+    """Everything a provider may use to plan the next step of a run. Deterministic
+    for a given ledger state: a replayed request is the same request."""
+
     run_id: str
     agent_id: str
     task: str
@@ -50,12 +56,17 @@ class ProviderResponse:
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One action of a plan: a tool name from ``request.tools`` and its input."""
+
     tool: str
     input: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Plan:
+    """The next step of a run: up to ``MAX_ACTIONS_PER_PLAN`` tool calls, or the
+    final reply (exactly one of the two)."""
+
     actions: tuple[ToolCall, ...] = ()
     final_reply: str | None = None
 
@@ -72,18 +83,25 @@ class Plan:
 
 
 class ErrorKind(enum.StrEnum):
+    """How a failed request is handled: only TRANSIENT is retried (durably)."""
+
     TRANSIENT = "transient"  # timeout, connection, transport: retry as a new lifecycle
     HTTP = "http"  # a definite answer from the server that is an error (4xx/5xx)
     FATAL = "fatal"  # configuration and anything else that no retry fixes
 
 
 class ProviderError(Exception):
+    """Raise from ``complete``: ``kind`` decides between a durable retry
+    (TRANSIENT, up to the agent's ``max_provider_retries``) and a failed run."""
+
     def __init__(self, kind: ErrorKind, message: str) -> None:
         super().__init__(message)
         self.kind = kind
 
 
 class RepairCategory(enum.StrEnum):
+    """Why a response did not parse into a plan; the run may ask the model to repair it."""
+
     UNKNOWN_TOOL = "unknown-tool"
     BAD_JSON = "bad-json"
     SCHEMA_MISMATCH = "schema-mismatch"
@@ -101,6 +119,28 @@ class PlanError(ValueError):
 
 
 class Provider(Protocol):
+    """What a model client implements to plan runs (``provider = "pkg.mod:MyProvider"``).
+
+    corral constructs it as ``MyProvider(config)`` with the agent's
+    ``provider_config`` table (a class or any factory callable works), once per run
+    lane, in the agent's process. corral owns the durable lifecycle around it:
+
+    * ``complete`` makes exactly one physical request and never retries on its
+      own. Raise ``ProviderError(ErrorKind.TRANSIENT, ...)`` for a timeout or a lost
+      connection: the run waits durably (``waiting-for-provider-retry``, surviving
+      restarts) and a new request follows after backoff. Any other exception fails
+      the run with its message.
+    * The response text is committed to the ledger before ``parse`` sees it, so a
+      crash after the answer replays it instead of asking again. ``parse`` must be
+      pure: it may run again on the same text after a restart.
+    * A request whose outcome was lost (the process died mid-call) is marked
+      ``needs-reconciliation`` unless the class sets ``idempotent_requests = True``
+      (re-sending has no effect anywhere), in which case it is simply re-sent.
+
+    Keep secrets out of ``provider_config`` (it is stored with the run): read them
+    from an environment variable named by ``api_key_env``, which the actor gets.
+    """
+
     name: str
 
     async def complete(self, request: ProviderRequest) -> ProviderResponse:

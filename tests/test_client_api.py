@@ -1,0 +1,174 @@
+"""``corral.Client`` and ``corral.AsyncClient`` against real supervisors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+import corral
+from corral.procs import is_alive
+from tests.harness import agent_spec, effects, ledger_rows
+
+STEPS = """
+[[agents.steps]]
+actions = [{ tool = "effect.record", input = { label = "e1" } }]
+[[agents.steps]]
+final = "done: ${ok.summary}"
+"""
+
+
+def _spec(tmp: Path, *, confirm: bool = False) -> Path:
+    (tmp / "ws").mkdir(exist_ok=True)
+    spec = tmp / "swarm.toml"
+    policy = '[agents.policy]\n"effect.record" = "confirm"' if confirm else ""
+    spec.write_text(agent_spec(steps=STEPS, policy=policy))
+    return spec
+
+
+def test_start_runs_waits_and_stops_the_supervisor_it_started(short_tmp: Path) -> None:
+    home = short_tmp / "h"
+    with corral.Client.start(spec=_spec(short_tmp), home=home) as client:
+        pid = client.ping()["pid"]
+        result = client.run("writer", "record once")
+        assert isinstance(result, corral.RunResult)
+        assert result.status == "completed" and result.ok and result.done
+        assert result.final_reply is not None and result.final_reply.startswith("done")
+        assert [(a.tool, a.phase) for a in result.actions] == [("effect.record", "ok")]
+        assert result.run_id.startswith("run-c")
+        kinds = [event.kind for event in client.events()]
+        assert "run-completed" in kinds
+        assert {a["id"] for a in client.status()["actors"]} == {"writer"}
+        assert [r["run_id"] for r in client.runs()] == [result.run_id]
+    assert not is_alive(pid), "the supervisor stops when the block ends"
+    assert not (home / "endpoint.json").exists()
+    assert len(effects(short_tmp / "effects.log")) == 1
+
+
+def test_a_retried_run_with_the_same_id_is_the_same_run(short_tmp: Path) -> None:
+    with corral.Client.start(spec=_spec(short_tmp), home=short_tmp / "h") as client:
+        first = client.run("writer", "once", wait=False, run_id="run-retry-0001")
+        again = client.run("writer", "once", wait=True, run_id="run-retry-0001")
+        assert first.run_id == again.run_id == "run-retry-0001"
+        assert again.status == "completed"
+        assert len(client.runs()) == 1
+    assert len(ledger_rows(short_tmp / "h", "SELECT run_id FROM runs")) == 1
+    assert len(effects(short_tmp / "effects.log")) == 1
+
+
+def test_pending_approve_deny_and_cancel(short_tmp: Path) -> None:
+    with corral.Client.start(spec=_spec(short_tmp, confirm=True), home=short_tmp / "h") as client:
+        parked = client.run("writer", "approve me")
+        assert parked.status == "waiting-confirmation" and parked.parked
+        pending = client.pending()
+        assert pending and [a["action_id"] for a in pending.actions] == [parked.actions[0].action_id]
+        with pytest.raises(corral.ControlError) as wrong:
+            client.approve(parked.actions[0].action_id, fingerprint="0" * 64)
+        assert "fingerprint" in wrong.value.message
+        client.approve(parked.actions[0].action_id)
+        assert client.wait(parked.run_id).status == "completed"
+        assert len(effects(short_tmp / "effects.log")) == 1
+        with pytest.raises(corral.ControlError, match="not waiting"):
+            client.approve(parked.actions[0].action_id)
+
+        denied = client.run("writer", "deny me")
+        client.deny(denied.actions[0].action_id)
+        done = client.wait(denied.run_id)
+        assert [r["status"] for r in done.raw["receipts"]] == ["denied"]
+        assert len(effects(short_tmp / "effects.log")) == 1
+
+        cancelled = client.run("writer", "cancel me")
+        assert cancelled.parked
+        with pytest.raises(corral.RunTimeout):
+            client.wait(cancelled.run_id, timeout=0.3, until_parked=False)
+        client.cancel(cancelled.run_id)
+        assert client.show(cancelled.run_id).status == "cancelled"
+        with pytest.raises(corral.RunFailed, match="cancelled"):
+            client.show(cancelled.run_id).check()
+
+
+def test_reconcile_resolves_a_lost_provider_response(short_tmp: Path) -> None:
+    from tests.userpkg import write_package
+
+    write_package(short_tmp)
+    spec = short_tmp / "swarm.toml"
+    (short_tmp / "ws").mkdir()
+    spec.write_text('[project]\nroot = "ws"\n[[agents]]\nid = "llm"\nprovider = "userpkg.llm:EchoLLM"\n')
+    import os
+
+    os.environ["CORRAL_FAILPOINTS"] = "provider.before-handoff=kill@once"
+    try:
+        starting = corral.Client.start(spec=spec, home=short_tmp / "h")
+        client = starting.__enter__()
+    finally:
+        del os.environ["CORRAL_FAILPOINTS"]
+    try:
+        result = client.run("llm", "lose it")
+        assert result.status == "needs-reconciliation"
+        slots = [r["slot"] for r in client.pending().provider_requests]
+        assert slots == [f"{result.run_id}:0"]
+        answer = client.reconcile(slots[0], "failed", "checked: no answer was used")
+        assert answer["run_id"] == result.run_id
+        assert not client.pending().provider_requests
+    finally:
+        starting.__exit__(None, None, None)
+
+
+def test_follow_yields_new_events_as_they_happen(short_tmp: Path) -> None:
+    with corral.Client.start(spec=_spec(short_tmp), home=short_tmp / "h") as client:
+        cursor = max((event.cursor for event in client.events()), default=0)
+        run = client.run("writer", "follow me", wait=False)
+        seen = []
+        with corral.Client.connect(short_tmp / "h") as watcher:
+            for event in watcher.events(cursor, follow=True):
+                seen.append(event)
+                if event.kind == "run-completed" and event.subject == run.run_id:
+                    break
+        assert all(event.cursor > cursor for event in seen)
+        assert [e.cursor for e in seen] == sorted(e.cursor for e in seen)
+
+
+def test_errors_are_corral_errors(short_tmp: Path) -> None:
+    with pytest.raises(corral.NotRunning) as gone:
+        corral.Client.connect(short_tmp / "nothing")
+    assert isinstance(gone.value, corral.CorralError)
+    bad = short_tmp / "bad.toml"
+    bad.write_text('[[actors]]\nid = "a"\ntemplate = "nope"\n')
+    with (
+        pytest.raises(corral.SpecError, match="unknown template 'nope'"),
+        corral.Client.start(spec=bad, home=short_tmp / "h2"),
+    ):
+        pass
+    assert not (short_tmp / "h2" / "endpoint.json").exists()
+    with corral.Client.start(spec=_spec(short_tmp), home=short_tmp / "h") as client:
+        with pytest.raises(corral.ControlError) as refused:
+            client.run("nobody", "x", wait=False)
+        assert isinstance(refused.value, corral.CorralError) and refused.value.code
+
+
+async def test_async_client_runs_follows_and_approves(short_tmp: Path) -> None:
+    home = short_tmp / "h"
+    async with corral.AsyncClient.start(spec=_spec(short_tmp, confirm=True), home=home) as started:
+        async with corral.AsyncClient.connect(home) as client:
+            assert (await client.ping())["pong"] is True
+            parked = await client.run("writer", "async approve")
+            assert parked.status == "waiting-confirmation"
+            pending = await client.pending()
+            await client.approve(pending.actions[0]["action_id"])
+            done = await client.wait(parked.run_id)
+            assert done.status == "completed" and done.final_reply is not None
+            history = [event async for event in client.events()]
+            assert "run-completed" in [event.kind for event in history]
+
+            async with corral.AsyncClient.connect(home) as watcher:
+                second = await client.run("writer", "async two", wait=False)
+                seen: list[str] = []
+                with trio.fail_after(60):  # a safety net, not a timing assertion
+                    async for event in watcher.events(history[-1].cursor, follow=True):
+                        seen.append(event.kind)
+                        if event.kind == "run-waiting-confirmation" and event.subject == second.run_id:
+                            break
+                assert "run-waiting-confirmation" in seen
+        pid = (await started.ping())["pid"]
+    assert not is_alive(pid)
