@@ -15,7 +15,7 @@ STEPS = """
 [[agents.steps]]
 actions = [{ tool = "effect.record", input = { label = "e1" } }]
 [[agents.steps]]
-final = "done: ${ok.summary}"
+final = "done: ${ok.action_id}"
 """
 
 
