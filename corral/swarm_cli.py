@@ -11,8 +11,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from corral import client
-from corral.cli import EXIT_FAILED, CliError, arguments, command, print_table
+from corral.cli import EXIT_FAILED, CliError, arguments, cli_errors, command, print_table
+from corral.client import Client
 from corral.supervisor import home as homes
 
 ROOT_AGENT = "project-supervisor"
@@ -65,9 +65,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(f"supervisor did not start: {up.stderr.strip()}")
     print(f"corral demo: project {base / 'project'}")
     try:
-        run_id = client.call(home, "run", agent_id=ROOT_AGENT, task=DEMO_TASK)["run_id"]
-        shown = _live_view(home, run_id, started, args.timeout, quiet=args.quiet)
-        _summary(home, shown, time.monotonic() - started)
+        with cli_errors(), Client.connect(home) as api:
+            run_id = api.run(ROOT_AGENT, DEMO_TASK, wait=False).run_id
+            shown = _live_view(api, run_id, started, args.timeout, quiet=args.quiet)
+            _summary(api, shown, time.monotonic() - started)
     finally:
         if not args.keep:
             subprocess.run(
@@ -116,25 +117,21 @@ _SHOWN_KINDS = {
 }
 
 
-def _live_view(home: Path, run_id: str, started: float, timeout: float, *, quiet: bool) -> dict[str, Any]:
+def _live_view(api: Client, run_id: str, started: float, timeout: float, *, quiet: bool) -> dict[str, Any]:
     cursor = 0
     deadline = time.monotonic() + timeout
     while True:
-        shown: dict[str, Any] = client.call(home, "show", run_id=run_id)
+        shown: dict[str, Any] = api.show(run_id).raw
         if shown["run"]["status"] in ("completed", "failed", "cancelled", "needs-reconciliation"):
             if not quiet:
-                _print_events(home, cursor, started)
+                _print_events_list([event.raw for event in api.events(cursor)], started)
             return shown
         if time.monotonic() > deadline:
             raise CliError(f"the demo run is still {shown['run']['status']} after {timeout}s")
-        reply = client.call(home, "events", timeout=10, since=cursor, wait_ms=2000)
+        reply = api.call("events", timeout=10, since=cursor, wait_ms=2000)
         if not quiet:
             _print_events_list(reply["events"], started)
         cursor = reply["cursor"]
-
-
-def _print_events(home: Path, cursor: int, started: float) -> None:
-    _print_events_list(client.all_events(home, cursor), started)
 
 
 def _print_events_list(events: list[dict[str, Any]], started: float) -> None:
@@ -152,11 +149,12 @@ def _print_events_list(events: list[dict[str, Any]], started: float) -> None:
         print(f"  [{elapsed:6.2f}s] {event['kind']:<24} {event['subject']:<30} {detail}"[:150], flush=True)
 
 
-def _summary(home: Path, shown: dict[str, Any], wall: float) -> None:
-    status = client.call(home, "status")
+def _summary(api: Client, shown: dict[str, Any], wall: float) -> None:
+    home = api.home
+    status = api.status()
     swarm = shown.get("swarm", {})
-    receipts = len(client.call(home, "show", run_id=shown["run"]["run_id"])["receipts"])
-    all_runs = client.call(home, "runs")["runs"]
+    receipts = len(api.show(shown["run"]["run_id"]).raw["receipts"])
+    all_runs = api.runs()
     print()
     print("== corral demo summary ==")
     rows = [[a["id"], a["template"], a["status"], str(a["restarts"])] for a in status["actors"]]
