@@ -478,6 +478,8 @@ def _provider(where: str, table: dict[str, Any], base: Path) -> tuple[str, dict[
     from corral.actors.providers.scripted import ScriptError, load_script, parse_script_text
 
     provider = _get(where, table, "provider", str, "scripted")
+    if provider in ("scripted", "openai") and "provider_config" in table:
+        raise SpecError(f"{where}.provider_config: only for user providers; {provider} is configured by its own keys")
     if provider == "scripted":
         if "steps" in table:
             script: dict[str, Any] = {"steps": _get(where, table, "steps", list, [])}

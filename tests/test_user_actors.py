@@ -30,10 +30,13 @@ template = "{template}"
 """
 
 
-def test_a_user_actor_answers_and_restarts_fresh_after_sigkill(short_tmp: Path) -> None:
+@pytest.mark.parametrize("launch", ["forkserver", "exec"])
+def test_a_user_actor_answers_and_restarts_fresh_after_sigkill(short_tmp: Path, launch: str) -> None:
     write_package(short_tmp)  # next to the spec: on the import path of every actor
-    spec = _spec("userpkg.actors:Counter", extra="params = { start = 10 }") + _spec(
-        "userpkg.actors:plain", actor_id="plain"
+    spec = (
+        f'[supervisor]\nlaunch = "{launch}"\n'
+        + _spec("userpkg.actors:Counter", extra="params = { start = 10 }")
+        + _spec("userpkg.actors:plain", actor_id="plain")
     )
     with running(short_tmp / "h", spec) as daemon:
         daemon.wait_until(actor_running("counter"), what="counter running")
@@ -90,6 +93,12 @@ def test_a_template_that_cannot_load_or_start_counts_against_restart_intensity(
         assert _actor(status, "bad")["restarts"] == 2
         log = (daemon.home / "logs" / "bad.log").read_text()
         assert logged in log and template in log
+
+
+def test_provider_config_belongs_to_user_providers_only() -> None:
+    agent = {"id": "w", "provider": "scripted", "steps": [{"final": "x"}], "provider_config": {"a": 1}}
+    with pytest.raises(SpecError, match=r"agents\[0\]\.provider_config: only for user providers"):
+        parse_spec({"agents": [agent]})
 
 
 def test_spec_accepts_references_and_rejects_bad_templates_by_name() -> None:
