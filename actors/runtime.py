@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from corral import failpoints
+from corral.errors import UserCodeError
 from corral.mailbox.channel import Channel, open_channel
 from corral.mailbox.envelope import Envelope, Kind
 from corral.optional import import_optional
@@ -18,6 +19,11 @@ from corral.optional import import_optional
 log = logging.getLogger("corral.actor")
 
 SUPERVISOR = "supervisor"
+
+#: Exit codes of an actor whose template could not run (see docs/extending.md).
+EXIT_UNKNOWN_TEMPLATE = 2
+EXIT_TEMPLATE_IMPORT = 3
+EXIT_TEMPLATE_START = 4
 
 
 @dataclass
@@ -108,18 +114,15 @@ def actor_main(config: dict[str, Any], token: str) -> int:
 
 
 async def _actor(config: dict[str, Any], token: str) -> int:
-    from corral.actors import user_actor
-    from corral.errors import UserCodeError
-
     try:
         template = lookup_template(config["template"])
     except KeyError:
         log.error("unknown template %r", config["template"])
-        return user_actor.EXIT_UNKNOWN_TEMPLATE
+        return EXIT_UNKNOWN_TEMPLATE
     except (UserCodeError, TypeError) as exc:
         # Exits like a crash, so it counts against the group's restart intensity.
         log.error("template %s cannot be loaded: %s", config["template"], exc)
-        return user_actor.EXIT_TEMPLATE_IMPORT
+        return EXIT_TEMPLATE_IMPORT
     actor_id = config["actor_id"]
     async with open_channel(
         config["address"],

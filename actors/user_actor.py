@@ -22,15 +22,11 @@ from typing import Any
 
 import trio
 
-from corral.actors.runtime import ActorContext, is_shutdown
+from corral.actors.runtime import EXIT_TEMPLATE_START, ActorContext, is_shutdown
 from corral.mailbox.envelope import Envelope, Kind
 
 log = logging.getLogger("corral.actor")
 
-#: Exit codes of an actor whose template could not run (see docs/extending.md).
-EXIT_UNKNOWN_TEMPLATE = 2
-EXIT_TEMPLATE_IMPORT = 3
-EXIT_TEMPLATE_START = 4
 #: Seconds ``stop`` may take when the actor is asked to shut down.
 STOP_GRACE_S = 1.0
 
@@ -90,7 +86,7 @@ def as_template(reference: str, target: Any) -> Template:
         function: Template = target
         return function
     raise TypeError(
-        f"{reference!r} is {type(target).__name__} {getattr(target, '__name__', '')!s}: a template must be a"
+        f"{reference!r} is a {type(target).__name__}, not a template: a template must be a"
         " subclass of corral.Actor or an `async def template(ctx) -> int` function"
     )
 
