@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from corral.client import CREATE_ATTEMPTS, FOLLOW_WAIT_MS, PathLike, decision_fingerprint, new_run_id
+from corral.client import CREATE_RETRY_PAUSE_S, FOLLOW_WAIT_MS, PathLike, decision_fingerprint, new_run_id
 from corral.client_types import DONE, PARKED, Event, Pending, RunResult
 from corral.errors import RunTimeout
 from corral.mailbox.codec import decode, encode
@@ -148,19 +148,21 @@ class AsyncClient:
         timeout: float = 300.0,
         script: str | None = None,
         run_id: str | None = None,
+        retry_s: float = 10.0,
     ) -> RunResult:
-        """See ``Client.run``."""
+        """See ``Client.run`` (same idempotent retry of the creation)."""
         params: dict[str, Any] = {"agent_id": agent, "task": task, "run_id": run_id or new_run_id()}
         if script is not None:
             params["script"] = script
-        for attempt in range(1, CREATE_ATTEMPTS + 1):
+        deadline = trio.current_time() + retry_s
+        while True:
             try:
                 created = await self.call("run", **params)
                 break
-            except (SupervisorGone, DeadlineExceeded):
-                if attempt == CREATE_ATTEMPTS:
+            except (SupervisorGone, DeadlineExceeded, homes.NotRunning):
+                if trio.current_time() >= deadline:
                     raise
-                await trio.sleep(0.2 * attempt)
+                await trio.sleep(CREATE_RETRY_PAUSE_S)
         if wait:
             return await self.wait(created["run_id"], timeout=timeout)
         return await self.show(created["run_id"])

@@ -28,8 +28,8 @@ from corral.supervisor import home as homes
 PathLike = str | Path
 #: How long one events long-poll waits on the supervisor side.
 FOLLOW_WAIT_MS = 25_000
-#: Attempts of ``run`` creation when the reply is lost (same run id each time).
-CREATE_ATTEMPTS = 3
+#: Seconds between attempts of ``run`` creation when the reply was lost.
+CREATE_RETRY_PAUSE_S = 0.2
 
 
 def connect(home: Path, timeout: float = 10.0) -> ControlClient:
@@ -158,7 +158,7 @@ class Client:
     def call(self, method: str, *, timeout: float | None = None, **params: Any) -> Any:
         """One control call (the escape hatch for methods without a helper)."""
         if self._control is None:
-            self._control = connect(self.home, self.timeout)
+            self._control = connect(self.home, self.timeout)  # re-reads the endpoint: a restart is found
         try:
             return self._control.call(method, timeout, **params)
         except (SupervisorGone, DeadlineExceeded):
@@ -196,23 +196,29 @@ class Client:
         timeout: float = 300.0,
         script: str | None = None,
         run_id: str | None = None,
+        retry_s: float = 10.0,
     ) -> RunResult:
         """Start a run of ``agent`` on ``task``. With ``wait`` (default) return once
         it ended or parked (raise ``RunTimeout`` after ``timeout`` seconds);
         otherwise return at once. ``script`` is a scripted-provider script (TOML or
-        JSON text) for this run. The run id is chosen here (or given), so a retry
-        after a lost reply returns the same run, never a second one."""
+        JSON text) for this run.
+
+        The run id is chosen here (or given) and sent with the request: when the
+        supervisor is gone or silent, the request is sent again for up to
+        ``retry_s`` seconds (a restarted supervisor included), and a retry whose
+        first attempt was committed returns that run, never a second one."""
         params: dict[str, Any] = {"agent_id": agent, "task": task, "run_id": run_id or new_run_id()}
         if script is not None:
             params["script"] = script
-        for attempt in range(1, CREATE_ATTEMPTS + 1):
+        deadline = time.monotonic() + retry_s
+        while True:
             try:
                 created = self.call("run", **params)
                 break
-            except (SupervisorGone, DeadlineExceeded):
-                if attempt == CREATE_ATTEMPTS:
+            except (SupervisorGone, DeadlineExceeded, homes.NotRunning):
+                if time.monotonic() >= deadline:
                     raise
-                time.sleep(0.2 * attempt)
+                time.sleep(CREATE_RETRY_PAUSE_S)
         return self.wait(created["run_id"], timeout=timeout) if wait else self.show(created["run_id"])
 
     def show(self, run_id: str) -> RunResult:

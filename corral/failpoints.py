@@ -40,6 +40,7 @@ KNOWN: dict[str, str] = {
     "claim.after-commit": "supervisor: claims committed, observation not yet recorded",
     "spawn.after-commit": "supervisor: isolated group committed, children not launched",
     "delegate.after-commit": "supervisor: delegation committed, specialist not woken",
+    "run.after-create": "supervisor: run committed, reply to the client not yet sent",
     "provider.before-handoff": "agent: provider response received, handoff not yet committed",
     "provider.after-handoff": "agent: provider response committed, not yet parsed",
     "session.after-launch": "session: process launched, running not yet recorded",

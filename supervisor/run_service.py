@@ -279,6 +279,9 @@ class RunService:
             options=self.agent_options(agent),
             run_id=run_id,
         )
+        from corral import failpoints
+
+        failpoints.hit("run.after-create")  # the reply is lost: a client retry must find this run
         await self.wake(agent.id)
         return {"run_id": run_id}
 

@@ -172,3 +172,41 @@ async def test_async_client_runs_follows_and_approves(short_tmp: Path) -> None:
                 assert "run-waiting-confirmation" in seen
         pid = (await started.ping())["pid"]
     assert not is_alive(pid)
+
+
+def test_a_run_whose_reply_was_lost_is_found_again_by_the_retry(short_tmp: Path) -> None:
+    # The supervisor commits the run, then is SIGKILLed before it can answer. The
+    # client keeps sending the same request (same client-chosen run id) until a
+    # restarted supervisor answers: one run, one side effect.
+    import threading
+
+    from corral.procs import wait_exit
+    from corral.supervisor import home as homes
+    from tests.harness import Daemon
+
+    daemon = Daemon(short_tmp / "h", _spec(short_tmp))
+    try:
+        first = daemon.up(env={"CORRAL_FAILPOINTS": "run.after-create=kill@once"})
+        problems: list[BaseException] = []
+
+        def restart_when_dead() -> None:
+            try:
+                assert wait_exit(first.pid, 60), "the failpoint did not kill the supervisor"
+                daemon.up()
+            except BaseException as exc:  # reported by the test thread below
+                problems.append(exc)
+
+        restarter = threading.Thread(target=restart_when_dead)
+        restarter.start()
+        try:
+            with corral.Client.connect(daemon.home) as client:
+                result = client.run("writer", "lost reply", run_id="run-lost-reply-1", retry_s=90, timeout=90)
+        finally:
+            restarter.join()
+        assert problems == []
+        assert homes.read_endpoint(daemon.home).pid != first.pid, "the answer came from the restarted supervisor"
+        assert (result.run_id, result.status) == ("run-lost-reply-1", "completed")
+        assert ledger_rows(daemon.home, "SELECT run_id FROM runs") == [{"run_id": "run-lost-reply-1"}]
+        assert len(effects(short_tmp / "effects.log")) == 1
+    finally:
+        daemon.shutdown()
