@@ -18,8 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from corral.client_types import DONE, PARKED, Event, Pending, RunResult
-from corral.errors import RunTimeout
+from corral.errors import CorralError, RunTimeout
 from corral.mailbox.control import ControlClient, ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
 from corral.procs import wait_exit
@@ -60,6 +62,14 @@ def new_run_id() -> str:
     return "run-c" + secrets.token_hex(12)
 
 
+def _refuse_inside_trio() -> None:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return  # not inside trio: the normal case
+    raise CorralError("corral.Client is synchronous and cannot run inside trio; use corral.AsyncClient there")
+
+
 def decision_fingerprint(pending: Pending, action_id: str) -> str:
     for action in pending.actions:
         if action["action_id"] == action_id and action["phase"] == "waiting-confirmation":
@@ -73,9 +83,13 @@ class Client:
     Errors: ``NotRunning`` (no supervisor on the home), ``SupervisorGone`` (it went
     away mid-call), ``ControlError`` (the supervisor refused: ``.code`` is stable),
     ``DeadlineExceeded`` (no answer in time); all are ``corral.CorralError``.
+
+    One client per thread. Inside a trio program use ``corral.AsyncClient``: each
+    call of this one runs its own short trio loop.
     """
 
     def __init__(self, home: PathLike | None = None, *, timeout: float = 10.0) -> None:
+        _refuse_inside_trio()
         self.home = homes.resolve_home(home)
         self.timeout = timeout
         self._control: ControlClient | None = None
@@ -107,6 +121,7 @@ class Client:
         not become ready; in both cases nothing keeps running."""
         from corral.client_start import start_supervisor
 
+        _refuse_inside_trio()
         resolved = homes.resolve_home(home)
         process = start_supervisor(resolved, Path(spec) if spec is not None else None, timeout)
         try:
@@ -157,6 +172,7 @@ class Client:
 
     def call(self, method: str, *, timeout: float | None = None, **params: Any) -> Any:
         """One control call (the escape hatch for methods without a helper)."""
+        _refuse_inside_trio()
         if self._control is None:
             self._control = connect(self.home, self.timeout)  # re-reads the endpoint: a restart is found
         try:

@@ -149,6 +149,8 @@ def test_errors_are_corral_errors(short_tmp: Path) -> None:
 
 async def test_async_client_runs_follows_and_approves(short_tmp: Path) -> None:
     home = short_tmp / "h"
+    with pytest.raises(corral.CorralError, match=r"use corral\.AsyncClient"):
+        corral.Client.start(spec=_spec(short_tmp), home=home).__enter__()
     async with corral.AsyncClient.start(spec=_spec(short_tmp, confirm=True), home=home) as started:
         async with corral.AsyncClient.connect(home) as client:
             assert (await client.ping())["pong"] is True
