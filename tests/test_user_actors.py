@@ -3,6 +3,7 @@ supervisors, real actor processes, SIGKILL, restart intensity."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -109,3 +110,20 @@ def test_spec_accepts_references_and_rejects_bad_templates_by_name() -> None:
     for bad in ("pkg.mod:", ":Klass", "pkg..mod:K", "pkg.mod:K:L", "pkg mod:K"):
         with pytest.raises(SpecError, match="is not a reference of the form"):
             parse_spec({"actors": [{"id": "a", "template": bad}]})
+
+
+def test_corral_ask_talks_to_a_user_actor_and_refuses_bad_input(short_tmp: Path) -> None:
+    from tests.harness import cli
+
+    write_package(short_tmp)
+    with running(short_tmp / "h", _spec("userpkg.actors:Counter", extra="params = { start = 1 }")) as daemon:
+        daemon.wait_until(actor_running("counter"), what="counter running")
+        ok = cli(daemon.home, "ask", "counter", '{"op": "add", "n": 2}')
+        assert ok.returncode == 0, ok.stderr
+        assert json.loads(ok.stdout)["count"] == 3
+        for bad, message in (("[1]", "must be a JSON object"), ("{op", "not JSON")):
+            refused = cli(daemon.home, "ask", "counter", bad)
+            assert refused.returncode == 2 and message in refused.stderr
+        missing = cli(daemon.home, "ask", "nobody", "{}")
+        assert missing.returncode == 1 and "not-found" in missing.stderr
+        assert json.loads(cli(daemon.home, "ask", "counter", "{}").stdout)["count"] == 3, "bad input changed nothing"

@@ -1,0 +1,31 @@
+"""CLI for actors: ``corral ask ACTOR MESSAGE`` (a request to any actor, user
+templates included)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from corral.cli import EXIT_USAGE, CliError, arguments, command, emit_json, open_client
+
+
+def _ask_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("actor_id", metavar="ACTOR", help="actor id (see `corral status`)")
+    parser.add_argument("message", metavar="MESSAGE", help='a JSON object, e.g. \'{"op": "add", "n": 2}\'')
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer")
+
+
+@command("ask", "send a request to an actor and print its reply (JSON)")
+@arguments(_ask_args)
+def cmd_ask(args: argparse.Namespace) -> int:
+    try:
+        message = json.loads(args.message)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"MESSAGE is not JSON: {exc.msg} at {exc.pos}", EXIT_USAGE) from None
+    if not isinstance(message, dict):
+        raise CliError("MESSAGE must be a JSON object", EXIT_USAGE)
+    if not 0 < args.timeout <= 3600:
+        raise CliError("--timeout must be within (0, 3600] seconds", EXIT_USAGE)
+    with open_client(args) as client:
+        emit_json(client.ask(args.actor_id, message, timeout=args.timeout))
+    return 0
