@@ -59,7 +59,7 @@ def _spec() -> str:
             ]
         }
     )
-    return f"""
+    return """
 [project]
 root = "ws"
 [[agents]]
