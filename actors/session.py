@@ -70,6 +70,7 @@ def sandbox_profile(project_root: Path, settings: Mapping[str, Any]) -> SandboxP
         network=bool(settings.get("network", False)),
         rlimits=limits if limits.as_dict() else None,
         mode=SandboxMode.parse(str(settings.get("mode", SandboxMode.REQUIRED.value))),
+        masked=tuple(Path(str(path)) for path in settings.get("masked", ())),
     )
 
 

@@ -18,13 +18,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: Host directories every sandbox sees read-only (when they exist on this host).
-SYSTEM_RO_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
+from corral.sandbox.control_paths import ControlPathError, sandbox_entries
 
-#: Files under the read-only system dirs that are masked with /dev/null: the sandbox
-#: runs as the invoking uid, and when that is root the owner bits alone would let it
-#: read the password hashes.
-MASKED_FILES: tuple[str, ...] = ("/etc/shadow", "/etc/gshadow")
+#: Host directories every sandbox sees read-only (when they exist on this host).
+SYSTEM_RO_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
+
+#: The only entries of /etc a sandbox sees (read-only): what programs need to run,
+#: resolve names and verify TLS. An allow list, not a deny list: the sandbox runs as
+#: the invoking uid, and when that is root the owner bits alone would let it read
+#: password hashes and their backups (shadow-, gshadow-), sudoers, ssh host keys...
+ETC_ALLOW: tuple[str, ...] = (
+    "passwd", "group", "hosts", "hostname", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf",
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "ssl", "ca-certificates",
+    "ca-certificates.conf", "pki", "alternatives", "os-release", "debian_version", "lsb-release", "mime.types",
+    "protocols", "services", "networks", "shells", "bash.bashrc", "profile", "profile.d", "environment",
+    "inputrc", "terminfo", "locale.alias", "locale.conf", "default", "magic", "magic.mime", "gitconfig",
+    "python3", "mtab",
+)  # fmt: skip
 
 #: The private HOME inside the sandbox (a tmpfs, gone when the sandbox ends).
 SANDBOX_HOME = "/home/sandbox"
@@ -113,6 +123,9 @@ class SandboxProfile:
     rw: bool = True
     hide: tuple[str, ...] = (".corral",)
     ro_subdirs: tuple[str, ...] = (".git",)
+    #: Absolute directories never visible inside, whatever their name or place: corral's
+    #: home (the ledger, the endpoint file with its token, the sockets, the logs).
+    masked: tuple[Path, ...] = ()
     network: bool = False
     rlimits: Rlimits | None = None
     mode: SandboxMode = SandboxMode.REQUIRED
@@ -139,6 +152,11 @@ class SandboxProfile:
             if not path.is_absolute():
                 raise SandboxProfileError(f"extra read-only path must be absolute: {path}")
         object.__setattr__(self, "extra_ro", extra)
+        masked = tuple(Path(p) for p in self.masked)
+        for path in masked:
+            if not path.is_absolute():
+                raise SandboxProfileError(f"masked path must be absolute: {path}")
+        object.__setattr__(self, "masked", masked)
 
     def with_extra_ro(self, paths: Sequence[Path]) -> SandboxProfile:
         merged = tuple(dict.fromkeys((*self.extra_ro, *paths)))
@@ -152,6 +170,7 @@ class SandboxProfile:
             mode=self.mode,
             extra_ro=merged,
             bwrap=self.bwrap,
+            masked=self.masked,
         )
 
 
@@ -255,9 +274,13 @@ def build_bwrap_argv(
             argv += ["--symlink", os.readlink(path), directory]
         elif path.is_dir():
             argv += ["--ro-bind", directory, directory]
-    for masked in MASKED_FILES:
-        if Path(masked).is_file():
-            argv += ["--ro-bind", "/dev/null", masked]
+    argv += ["--dir", "/etc"]
+    for name in ETC_ALLOW:
+        entry = Path("/etc") / name
+        if entry.is_symlink():
+            argv += ["--symlink", os.readlink(entry), str(entry)]
+        elif entry.exists():
+            argv += ["--ro-bind", str(entry), str(entry)]
 
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--tmpfs", SANDBOX_TMP, "--tmpfs", SANDBOX_HOME]
@@ -281,6 +304,7 @@ def build_bwrap_argv(
         protected = _checked_entry(root, name)
         if protected is not None:
             argv += ["--ro-bind", str(protected), str(protected)]
+    argv += _control_mounts(profile)
 
     argv += ["--setenv", "HOME", SANDBOX_HOME, "--setenv", "TMPDIR", SANDBOX_TMP]
     argv += ["--chdir", str(cwd)]
@@ -288,4 +312,31 @@ def build_bwrap_argv(
         argv += ["--info-fd", str(info_fd)]
     argv.append("--")
     argv += list(target_argv)
+    return argv
+
+
+def _control_mounts(profile: SandboxProfile) -> list[str]:
+    """The one deny list (corral.sandbox.control_paths) at any depth of the project,
+    then the masked directories (the home), wherever they lie under it."""
+    root = profile.project_root
+    try:
+        read_only, hidden, secrets = sandbox_entries(root)
+    except ControlPathError as exc:
+        raise SandboxProfileError(str(exc)) from None
+    argv: list[str] = []
+    for path in hidden:
+        argv += ["--tmpfs", str(path), "--remount-ro", str(path)]
+    for path in read_only:
+        argv += ["--ro-bind", str(path), str(path)]
+    for path in secrets:
+        # The data never gets in: a redactor matching output could not win against
+        # `base64 .env` or `rev .env`.
+        if path.is_dir():
+            argv += ["--tmpfs", str(path), "--remount-ro", str(path)]
+        else:
+            argv += ["--ro-bind", "/dev/null", str(path)]
+    for masked in profile.masked:
+        real = masked.resolve()
+        if _is_under(real, root) and real.is_dir():
+            argv += ["--tmpfs", str(real), "--remount-ro", str(real)]
     return argv

@@ -8,14 +8,16 @@ import json
 import math
 import re
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from corral.actors.providers.registry import is_idempotent
 from corral.actors.tools.registry import all_tools, rerunnable
-from corral.redact import summarize
+from corral.redact import redact, redact_text, summarize
 from corral.supervisor import finalization, recovery, resolutions, run_store, sealed_input
+from corral.supervisor.action_state import action_id, canonical_json
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.run_state import TERMINAL, RunStatus
 from corral.supervisor.run_store import RunLimits
@@ -100,13 +102,18 @@ class RunService:
             )
             return {"run": None, "parked": int(parked[0]) if parked else 0}
         options = json.loads(run["options"])
+        try:
+            provider_config = self._provider_config(run, options)
+        except sealed_input.SealedInputError as exc:
+            run_store.set_run_status(self.ledger, run["run_id"], RunStatus.FAILED, f"cannot start: {exc}")
+            return {"run": None, "parked": 0}
         return {
             "run": {
                 "run_id": run["run_id"],
                 "task": run["task"],
                 "kind": run["kind"],
                 "provider": run["provider"],
-                "provider_config": json.loads(run["provider_config"]),
+                "provider_config": provider_config,
                 "workspace": options.get("workspace"),
                 "write_scopes": options.get("write_scopes", ["."]),
                 "effects_file": options.get("effects_file"),
@@ -121,7 +128,51 @@ class RunService:
         if step["do"] == "provider":
             step["history"] = run_store.history(self.ledger, run["run_id"])
             step["task"] = run["task"]
+        try:
+            self._with_raw_copies(run["run_id"], step)
+        except sealed_input.SealedInputError as exc:
+            # Acting on the redacted copy would corrupt what the tool writes: fail closed.
+            run_store.set_run_status(self.ledger, run["run_id"], RunStatus.FAILED, f"cannot continue: {exc}")
+            return {"do": "done", "status": RunStatus.FAILED.value}
         return step
+
+    # -- raw copies: the ledger shows redacted data; tools act on the real thing ----------
+
+    def _provider_config(self, run: Any, options: dict[str, Any]) -> dict[str, Any]:
+        digest = options.get("provider_config_raw_sha256")
+        if not digest:
+            config: dict[str, Any] = json.loads(run["provider_config"])
+            return config
+        name = sealed_input.raw_name(run["run_id"], "provider-config", "config")
+        raw: dict[str, Any] = json.loads(sealed_input.load(self.spool, name, digest))
+        return raw
+
+    @property
+    def spool(self) -> Path:
+        return sealed_input.spool_dir(self.sup.home)
+
+    def _with_raw_copies(self, run_id: str, step: dict[str, Any]) -> None:
+        """Replace the redacted copies in a step with the raw ones the agent acts on."""
+        do = step["do"]
+        if do == "parse" and step.get("raw_sha256"):
+            name = sealed_input.raw_name(run_id, "response", step["slot"])
+            step["response"] = sealed_input.load(self.spool, name, step["raw_sha256"]).decode()
+        elif do == "prepare" and step.get("plan_raw_sha256"):
+            name = sealed_input.raw_name(run_id, "plan", str(step["loop"]))
+            raw_plan = json.loads(sealed_input.load(self.spool, name, step["plan_raw_sha256"]))
+            step["input"] = raw_plan["actions"][step["index"]]["input"]
+        elif do == "execute" and step.get("raw_sha256"):
+            name = sealed_input.raw_name(run_id, "input", step["action_id"])
+            step["input"] = json.loads(sealed_input.load(self.spool, name, step["raw_sha256"]))
+        step.pop("plan_raw_sha256", None)
+        step.pop("raw_sha256", None)
+
+    def keep_raw(self, run_id: str, kind: str, key: str, raw: Any, shown: Any) -> str | None:
+        """A raw copy when redaction changed what is stored; its digest, else None."""
+        if raw == shown:
+            return None
+        data = raw.encode() if isinstance(raw, str) else canonical_json(raw).encode()
+        return sealed_input.keep(self.spool, sealed_input.raw_name(run_id, kind, key), data)
 
     async def provider_begin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self.owned_run(slot, params)
@@ -132,7 +183,10 @@ class RunService:
         text = params.get("text")
         if not isinstance(text, str):
             raise BadRequest("text must be a string")
-        run_store.provider_handoff(self.ledger, run["run_id"], _str(params, "slot"), text)
+        slot_name = _str(params, "slot")
+        text = text[: run_store.MAX_RESPONSE_CHARS]
+        raw_sha = self.keep_raw(run["run_id"], "response", slot_name, text, redact_text(text))
+        run_store.provider_handoff(self.ledger, run["run_id"], slot_name, text, raw_sha256=raw_sha)
         return {}
 
     async def provider_failed(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
@@ -154,15 +208,18 @@ class RunService:
         if not isinstance(plan, dict):
             raise BadRequest("plan must be a map")
         loop = _int(params, "loop")
-        withheld = None
+        slot_name = _str(params, "slot")
+        withheld = raw_sha = None
         if run_store.get_plan(self.ledger, run["run_id"], loop) is None:  # a replay must not spool again
-            plan, sealed = sealed_input.seal_plan(sealed_input.spool_dir(self.sup.home), run["run_id"], loop, plan)
+            plan, sealed = sealed_input.seal_plan(self.spool, run["run_id"], loop, plan)
             withheld = sealed_input.WITHHELD_RESPONSE if sealed else None
-        return {
-            "plan": run_store.commit_plan(
-                self.ledger, run["run_id"], loop, _str(params, "slot"), plan, withhold_response=withheld
-            )
-        }
+            raw_sha = self.keep_raw(run["run_id"], "plan", str(loop), plan, redact(plan))
+        stored = run_store.commit_plan(
+            self.ledger, run["run_id"], loop, slot_name, plan, withhold_response=withheld, raw_sha256=raw_sha
+        )
+        # The plan is durable: the raw response (which may hold sealed input) is not needed.
+        sealed_input.drop(self.spool, sealed_input.raw_name(run["run_id"], "response", slot_name))
+        return {"plan": stored}
 
     async def plan_invalid(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self.owned_run(slot, params)
@@ -189,17 +246,25 @@ class RunService:
         allowed = json.loads(run["options"]).get("allowed_tools")
         if allowed is not None and tool_name not in allowed:
             policy = "deny"  # e.g. a child may not spawn or delegate: refused, recorded, never run
+        loop, index = _int(params, "loop"), _int(params, "index")
         row = run_store.prepare_action(
             self.ledger,
             run["run_id"],
-            _int(params, "loop"),
-            _int(params, "index"),
+            loop,
+            index,
             tool_name,
             tool_input,
             rerunnable=rerunnable(tool),
             policy=policy,
+            raw_sha256=self.keep_raw_input(run["run_id"], loop, index, tool_input),
         )
         return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
+
+    def keep_raw_input(self, run_id: str, loop: int, index: int, tool_input: dict[str, Any]) -> str | None:
+        """Every tool (built-in, user, MCP) prepares through this: the input as the tool
+        will get it, kept privately when the ledger's copy is redacted."""
+        the_id = action_id(run_id, loop, index)
+        return self.keep_raw(run_id, "input", the_id, tool_input, redact(tool_input))
 
     async def action_begin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         action = run_store.get_action(self.ledger, _str(params, "action_id"))
@@ -220,6 +285,8 @@ class RunService:
             str(params.get("summary", "")),
             params.get("error"),
         )
+        # Terminal and committed: nothing will act on this input again.
+        sealed_input.drop(self.spool, sealed_input.raw_name(action["run_id"], "input", action["action_id"]))
         return {}
 
     async def finalize(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
@@ -502,6 +569,7 @@ CANCEL_HOOKS: list[Any] = []
 def install(sup: Supervisor) -> RunService:
     run_store.idempotent_provider = is_idempotent
     service = RunService(sup)
+    run_store.keep_raw_copy = service.keep_raw
     sup.actor_methods.update(
         {
             "run.claim": service.claim,

@@ -79,6 +79,12 @@ def create_run(
     if len(task) > 20_000:
         raise BadRequest("task is longer than 20000 characters")
     run_id = run_id or "run-" + secrets.token_hex(6)
+    options = dict(options or {})
+    # A scripted provider's script is data the tools act on: the row shows it
+    # redacted, and the agent gets the raw copy (see supervisor/sealed_input.py).
+    raw_sha = keep_raw_copy(run_id, "provider-config", "config", provider_config, redact(provider_config))
+    if raw_sha is not None:
+        options["provider_config_raw_sha256"] = raw_sha
     now = _now()
     with ledger.tx() as db:
         db.execute(
@@ -96,13 +102,22 @@ def create_run(
                 redact_text(task),
                 provider,
                 dumps(redact(provider_config)),
-                dumps(options or {}),
+                dumps(options),
                 now,
                 now,
             ),
         )
         ledger.event("run-created", run_id, agent=agent_id, run_kind=kind, task=summarize(task, 120))
     return run_id
+
+
+def _no_raw_copies(run_id: str, kind: str, key: str, raw: Any, shown: Any) -> str | None:
+    return None
+
+
+#: Keeps a raw copy where redaction changed what the ledger stores; returns its
+#: digest (set by the run service, which owns the private spool).
+keep_raw_copy: Any = _no_raw_copies
 
 
 def get_run(ledger: Ledger, run_id: str) -> sqlite3.Row:
@@ -227,8 +242,9 @@ def _repair_number(slot: str) -> int:
     return int(tail.split("-", 1)[0])
 
 
-def provider_handoff(ledger: Ledger, run_id: str, slot: str, text: str) -> None:
-    """Commit a successful response before anyone parses or acts on it."""
+def provider_handoff(ledger: Ledger, run_id: str, slot: str, text: str, raw_sha256: str | None = None) -> None:
+    """Commit a successful response before anyone parses or acts on it. The ledger
+    keeps it redacted; ``raw_sha256`` names the raw copy in the private spool."""
     with ledger.tx() as db:
         row = db.execute(
             "SELECT status FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, run_id)
@@ -239,8 +255,9 @@ def provider_handoff(ledger: Ledger, run_id: str, slot: str, text: str) -> None:
             raise Conflict(f"provider request {slot} is {row['status']}, not started")
         stored = redact_text(text[:MAX_RESPONSE_CHARS])
         db.execute(
-            "UPDATE provider_requests SET status = 'completed', response = ?, finished_at = ? WHERE slot = ?",
-            (stored, _now(), slot),
+            "UPDATE provider_requests SET status = 'completed', response = ?, raw_sha256 = ?, finished_at = ?"
+            " WHERE slot = ?",
+            (stored, raw_sha256, _now(), slot),
         )
         ledger.event("provider-response-committed", run_id, slot=slot, chars=len(stored))
 
@@ -326,8 +343,10 @@ def commit_plan(
     plan: dict[str, Any],
     *,
     withhold_response: str | None = None,
+    raw_sha256: str | None = None,
 ) -> dict[str, Any]:
-    """Commit the parsed plan of a loop step (once). Returns the plan as stored.
+    """Commit the parsed plan of a loop step (once). Returns the plan as stored
+    (redacted; ``raw_sha256`` names the raw copy in the private spool).
     ``withhold_response`` replaces the raw response in the same transaction (it
     carried input that the plan now holds sealed)."""
     with ledger.tx() as db:
@@ -339,8 +358,8 @@ def commit_plan(
             return stored
         text = dumps(redact(plan))
         db.execute(
-            "INSERT INTO plans (run_id, loop_index, plan, created_at) VALUES (?, ?, ?, ?)",
-            (run_id, loop_index, text, _now()),
+            "INSERT INTO plans (run_id, loop_index, plan, raw_sha256, created_at) VALUES (?, ?, ?, ?, ?)",
+            (run_id, loop_index, text, raw_sha256, _now()),
         )
         db.execute("UPDATE provider_requests SET consumed = 1 WHERE slot = ?", (slot,))
         if withhold_response is not None:
@@ -423,6 +442,11 @@ def final_blocked(ledger: Ledger, run_id: str, reasons: list[str], limits: RunLi
     return {"status": "blocked", "reasons": reasons}
 
 
+def _plan_raw_sha256(ledger: Ledger, run_id: str, loop_index: int) -> str | None:
+    row = ledger.one("SELECT raw_sha256 FROM plans WHERE run_id = ? AND loop_index = ?", run_id, loop_index)
+    return None if row is None else row["raw_sha256"]
+
+
 def get_plan(ledger: Ledger, run_id: str, loop_index: int) -> dict[str, Any] | None:
     row = ledger.one("SELECT plan FROM plans WHERE run_id = ? AND loop_index = ?", run_id, loop_index)
     return None if row is None else dict(json.loads(row["plan"]))
@@ -441,8 +465,11 @@ def prepare_action(
     *,
     rerunnable: bool,
     policy: str,
+    raw_sha256: str | None = None,
 ) -> sqlite3.Row:
-    """Create the action as prepared, or return it unchanged on an idempotent replay."""
+    """Create the action as prepared, or return it unchanged on an idempotent replay.
+    ``tool_input`` is what the tool will act on: the fingerprint covers it, the row
+    keeps it redacted, and ``raw_sha256`` names its raw copy when the two differ."""
     run = get_run(ledger, run_id)
     the_id = action_id(run_id, loop_index, action_index)
     the_fingerprint = fingerprint(tool, tool_input)
@@ -461,8 +488,8 @@ def prepare_action(
     with ledger.tx() as db:
         db.execute(
             "INSERT INTO actions (action_id, run_id, agent_id, loop_index, action_index, tool, input, fingerprint,"
-            " phase, rerunnable, policy, boot_id, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?, ?)",
+            " phase, rerunnable, policy, raw_sha256, boot_id, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?, ?, ?)",
             (
                 the_id,
                 run_id,
@@ -474,6 +501,7 @@ def prepare_action(
                 the_fingerprint,
                 int(rerunnable),
                 policy,
+                raw_sha256,
                 ledger.boot_id,
                 now,
                 now,
@@ -692,7 +720,13 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
         requests = _requests_for(ledger, run_id, loop)
         latest = requests[-1] if requests else None
         if latest is not None and latest["status"] == "completed" and latest["consumed"] == 0:
-            return {"do": "parse", "slot": latest["slot"], "response": latest["response"], "loop": loop}
+            return {
+                "do": "parse",
+                "slot": latest["slot"],
+                "response": latest["response"],
+                "raw_sha256": latest["raw_sha256"],
+                "loop": loop,
+            }
         # The lane is serial: an agent asking for its next step while its own request
         # is in flight lost that request (it crashed and restarted).
         if (
@@ -716,6 +750,7 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
                 "index": index,
                 "tool": call["tool"],
                 "input": call["input"],
+                "plan_raw_sha256": _plan_raw_sha256(ledger, run_id, loop),
             }
         phase = ActionPhase(row["phase"])
         if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED, ActionPhase.EXECUTING):
@@ -724,6 +759,7 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
                 "action_id": row["action_id"],
                 "tool": row["tool"],
                 "input": json.loads(row["input"]),
+                "raw_sha256": row["raw_sha256"],
                 "phase": phase.value,
             }
         if phase is ActionPhase.WAITING_CONFIRMATION:

@@ -286,3 +286,15 @@ MIGRATIONS.append(
     ALTER TABLE sessions ADD COLUMN resolved_at REAL;
     """
 )
+
+
+MIGRATIONS.append(
+    # 6: raw copies (supervisor/sealed_input.py): where redaction changed a response,
+    # a plan or an action input, the row keeps the redacted copy and the sha256 of
+    # the raw one, which waits in the private spool for the agent.
+    """
+    ALTER TABLE provider_requests ADD COLUMN raw_sha256 TEXT;
+    ALTER TABLE plans ADD COLUMN raw_sha256 TEXT;
+    ALTER TABLE actions ADD COLUMN raw_sha256 TEXT;
+    """
+)

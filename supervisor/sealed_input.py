@@ -1,4 +1,17 @@
-"""Sealed tool inputs: what an agent types into a process never reaches the ledger.
+"""The private spool: what a tool acts on, kept out of the ledger.
+
+Two kinds of entries, one mechanism (0700 directory in the home, 0600 fsync'd
+files, durable before the ledger row that names them commits, swept at boot once
+their run is over):
+
+- **Raw copies.** Redaction applies to what is stored and shown, never to what a
+  tool acts on: ``token = get_token()`` must reach the disk as written. When
+  redaction changes a provider response, a plan or an action input, the ledger
+  keeps the redacted copy (for display) and the SHA-256 of the raw one, and the raw
+  bytes wait here for the agent (``keep`` / ``load``, checked against the digest).
+- **Sealed fields**, below: input that never reaches the ledger even redacted.
+
+Sealed tool inputs: what an agent types into a process never reaches the ledger.
 
 ``process.stdin`` data may be a password or a token the model was handed. The plan
 and the action row must still be durable and fingerprinted, so at plan commit the
@@ -35,7 +48,35 @@ WITHHELD_RESPONSE = "[withheld: this response carried sealed tool input; the com
 
 
 class SealedInputError(Exception):
-    """A sealed value that is missing or does not match its digest."""
+    """A sealed value or raw copy that is missing or does not match its digest."""
+
+
+def raw_name(run_id: str, kind: str, key: str) -> str:
+    """``<run>.raw-<kind>.<key>``: run-scoped, so the boot sweep keeps it until the
+    run is over (a re-runnable action may need its raw input after a crash)."""
+    return f"{run_id}.raw-{kind}.{hashlib.sha256(key.encode()).hexdigest()[:24]}"
+
+
+def keep(spool: Path, name: str, data: bytes) -> str:
+    """Store a raw copy durably; returns its sha256 (what the ledger row records)."""
+    _write_private(spool / name, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def load(spool: Path, name: str, digest: str) -> bytes:
+    """A raw copy, checked against the digest its ledger row recorded."""
+    try:
+        data = (spool / name).read_bytes()
+    except FileNotFoundError:
+        raise SealedInputError(f"the private copy {name} is missing") from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise SealedInputError(f"the private copy {name} does not match its digest")
+    return data
+
+
+def drop(spool: Path, name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (spool / name).unlink()
 
 
 def spool_dir(home: Path) -> Path:

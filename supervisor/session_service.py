@@ -102,8 +102,10 @@ def transcript_path(home: Path, run_id: str, name: str) -> Path:
     return home / "transcripts" / run_id / f"{name}.log"
 
 
-def sandbox_settings(settings: SandboxSettings) -> dict[str, Any]:
+def sandbox_settings(settings: SandboxSettings, home: Path | None = None) -> dict[str, Any]:
     return {
+        # The home is never visible inside, whatever its name or place.
+        "masked": [str(home)] if home is not None else [],
         "mode": settings.mode,
         "network": settings.network,
         "cpu_s": settings.cpu_s,
@@ -442,7 +444,7 @@ class SessionService:
                     "cwd": str(cwd),
                     "timeout_s": timeout_s,
                     "project_root": str(workspace),
-                    "sandbox": sandbox_settings(self.sup.spec.sandbox),
+                    "sandbox": sandbox_settings(self.sup.spec.sandbox, self.sup.home),
                     "transcript": str(transcript_path(self.sup.home, run["run_id"], process_id)),
                 },
             )
@@ -635,7 +637,8 @@ class SessionService:
     async def command_sandbox(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self.sup.services["runs"].owned_run(slot, params)
         self._executing_action(run, params, "command.exec")
-        return {"project_root": str(self._workspace(run)), "sandbox": sandbox_settings(self.sup.spec.sandbox)}
+        settings = sandbox_settings(self.sup.spec.sandbox, self.sup.home)
+        return {"project_root": str(self._workspace(run)), "sandbox": settings}
 
     async def command_launched(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         """The durable launch record of a command, committed before COMMIT_EXEC."""

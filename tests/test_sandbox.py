@@ -97,7 +97,9 @@ def test_profile_argv_isolates_everything(project: Path) -> None:
     ro = _pairs(options, "--ro-bind")
     assert (str(project / ".git"), str(project / ".git")) in ro
     assert ("/usr", "/usr") in ro
-    assert any(dest == "/etc" for _src, dest in ro)
+    # /etc is an allow list of entries, never the whole directory.
+    assert ("/etc/passwd", "/etc/passwd") in ro
+    assert not any(dest in ("/etc", "/etc/shadow", "/etc/shadow-") for _src, dest in ro)
     tmpfs = [options[i + 1] for i, a in enumerate(options) if a == "--tmpfs"]
     assert str(project / ".corral") in tmpfs
     assert "/tmp" in tmpfs and "/home/sandbox" in tmpfs
@@ -263,7 +265,7 @@ async def test_setsid_grandchild_stays_inside_the_sandbox(project: Path, outside
     assert out["pidns"] == f"pid:[{result.ready_info.pid_namespace}]"
     assert out["sid-is-self"] == "True"  # it really left the target's session
     assert out["read-outside"].startswith("DENIED")
-    assert out["shadow"] in ("empty", "DENIED PermissionError")  # masked by /dev/null
+    assert out["shadow"] == "DENIED FileNotFoundError"  # /etc is an allow list: no shadow at all
     assert out["write-git"].startswith("DENIED")
     assert out["create-git"].startswith("DENIED")
     assert out["write-corral"].startswith("DENIED")

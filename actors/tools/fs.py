@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
-from corral.actors.tools.paths import check_write_scope, resolve_in_workspace
+from corral.actors.tools.paths import CONTROL_NAMES, check_write_scope, resolve_in_workspace
 
 MAX_READ = 64 * 1024
 MAX_WRITE = 512 * 1024
@@ -28,7 +29,7 @@ class FsRead:
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        target = resolve_in_workspace(ctx.workspace, tool_input["path"])
+        target = _confined(ctx, tool_input["path"])
         if not target.is_file():
             raise ToolError(f"no file {tool_input['path']!r}", "not-found")
         data = target.read_bytes()
@@ -50,31 +51,66 @@ class FsList:
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         raw = tool_input.get("path", ".")
-        target = ctx.workspace.resolve() if raw in (".", "") else resolve_in_workspace(ctx.workspace, raw)
+        target = ctx.workspace.resolve() if raw in (".", "") else _confined(ctx, raw)
         if not target.is_dir():
             raise ToolError(f"no directory {raw!r}", "not-found")
+        home = ctx.home.resolve()
         entries = []
         for entry in sorted(target.iterdir())[:MAX_LIST]:
-            if entry.name == ".corral":
+            if entry.name in CONTROL_NAMES or entry == home:
                 continue
             entries.append(entry.name + ("/" if entry.is_dir() else ""))
         return ToolResult(True, {"path": raw, "entries": entries}, f"listed {raw} ({len(entries)} entries)")
 
 
+def _confined(ctx: ToolContext, raw: str) -> Path:
+    return resolve_in_workspace(ctx.workspace, raw, forbidden=(ctx.home,))
+
+
+def _open_parent(root: Path, parent: PurePosixPath, raw: str) -> int:
+    """An fd of ``root/parent``, walked one directory at a time with O_NOFOLLOW
+    (creating what is missing), so no symlink swapped in after the path check can
+    take the write elsewhere: not out of the workspace, not into ``.git``."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    fd = os.open(root, flags)
+    try:
+        for part in parent.parts:
+            try:
+                child = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                child = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
+            except (NotADirectoryError, OSError) as exc:
+                why = f"{raw!r}: {part!r} is not a plain directory ({exc.strerror})"
+                raise ToolError(why, "path-refused") from None
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _write_confined(ctx: ToolContext, raw: str, data: bytes) -> None:
-    target = resolve_in_workspace(ctx.workspace, raw)
+    target = _confined(ctx, raw)
     check_write_scope(ctx.workspace, target, ctx.write_scopes, raw)
     if target.is_dir():
         raise ToolError(f"{raw!r} is a directory", "bad-input")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # O_NOFOLLOW: a symlink swapped in after the check cannot redirect the write.
-    tmp = target.with_name(f".{target.name}.corral-tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
+    root = ctx.workspace.resolve()
+    inside = PurePosixPath(target.relative_to(root))
+    parent_fd = _open_parent(root, inside.parent, raw)
+    try:
+        tmp = f".{inside.name}.corral-tmp"
+        # O_NOFOLLOW: a symlink planted as the temp name cannot redirect the write.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=parent_fd)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, inside.name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+        os.fsync(parent_fd)
+    finally:
+        os.close(parent_fd)
 
 
 class FsWrite:
@@ -114,7 +150,7 @@ class FsPatch:
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         raw = tool_input["path"]
-        target = resolve_in_workspace(ctx.workspace, raw)
+        target = _confined(ctx, raw)
         check_write_scope(ctx.workspace, target, ctx.write_scopes, raw)
         if not target.is_file():
             raise ToolError(f"no file {raw!r}", "not-found")

@@ -1,32 +1,37 @@
 """Confinement of agent-supplied paths to a workspace and its write scopes.
 
-A path from an actor is relative, has no ``..``, does not reach the control
-directory or secrets, and still lies inside the workspace once every symlink is
-resolved. Each rule fails with its own clear message, before anything is touched.
+A path from an actor is relative, has no ``..``, does not reach a control path
+(corral's home and control directory, ``.git`` at any depth, secrets: the one list
+in corral.sandbox.control_paths), and still lies inside the workspace once every
+symlink is resolved. Each rule fails with its own clear message, before anything
+is touched. Writes then walk the resolved parent directory by directory with
+O_NOFOLLOW (actors/tools/fs.py), so a symlink swapped in after the check cannot
+redirect them.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 from corral.actors.tools.base import ToolError
-
-CONTROL_DIRS = (".corral",)
-SECRET_PATTERNS = (
-    ".env",
-    ".env.*",
-    "*.pem",
-    "*.key",
-    "id_rsa*",
-    "id_ed25519*",
-    "id_ecdsa*",
-    "*.p12",
-    "credentials*",
-    ".netrc",
-    ".pgpass",
+from corral.sandbox.control_paths import (
+    CONTROL_NAMES,
+    SECRET_PATTERNS,
+    ControlPathError,
+    check_not_control,
+    check_outside,
 )
+
+__all__ = [
+    "CONTROL_NAMES",
+    "SECRET_PATTERNS",
+    "check_relative",
+    "check_write_scope",
+    "resolve_in_workspace",
+    "scopes_overlap",
+]
 
 
 def _refuse(message: str) -> ToolError:
@@ -43,24 +48,29 @@ def check_relative(raw: str) -> PurePosixPath:
         raise _refuse(f"path {raw!r} must be relative to the workspace")
     if ".." in path.parts:
         raise _refuse(f"path {raw!r} may not contain '..'")
-    for part in path.parts:
-        if part in CONTROL_DIRS:
-            raise _refuse(f"path {raw!r} reaches the control directory {part}/")
-        if any(fnmatch.fnmatch(part, pattern) for pattern in SECRET_PATTERNS):
-            raise _refuse(f"path {raw!r} names a secrets file")
+    try:
+        check_not_control(path, raw)
+    except ControlPathError as exc:
+        raise _refuse(str(exc)) from None
     return path
 
 
-def resolve_in_workspace(workspace: Path, raw: str) -> Path:
+def resolve_in_workspace(workspace: Path, raw: str, *, forbidden: Iterable[Path] = ()) -> Path:
+    """The resolved target of ``raw`` inside ``workspace``. ``forbidden`` are further
+    directories no tool may reach (the home, wherever it lies)."""
     relative = check_relative(raw)
     root = workspace.resolve()
     target = (root / relative).resolve()
     if target != root and root not in target.parents:
         raise _refuse(f"path {raw!r} escapes the workspace through a symlink")
-    # A symlink inside may still point at the control directory or a secret.
+    # A symlink inside may still point at a control path or a secret.
     inside = target.relative_to(root)
-    if str(inside) != ".":
-        check_relative(str(inside))
+    try:
+        if str(inside) != ".":
+            check_not_control(inside, raw)
+        check_outside(target, forbidden, raw, workspace=root)
+    except ControlPathError as exc:
+        raise _refuse(str(exc)) from None
     return target
 
 

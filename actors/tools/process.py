@@ -65,7 +65,10 @@ def _argv(tool_input: dict[str, Any]) -> list[str]:
 
 def _cwd(ctx: ToolContext, tool_input: dict[str, Any]) -> tuple[str, Path]:
     raw = tool_input.get("cwd") or "."
-    target = ctx.workspace.resolve() if raw in (".", "./") else resolve_in_workspace(ctx.workspace, raw)
+    if raw in (".", "./"):
+        target = ctx.workspace.resolve()
+    else:
+        target = resolve_in_workspace(ctx.workspace, raw, forbidden=(ctx.home,))
     if not target.is_dir():
         raise ToolError(f"cwd {raw!r} is not a directory in the workspace", "bad-input")
     return raw, target

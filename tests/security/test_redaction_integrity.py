@@ -1,0 +1,124 @@
+"""Issue 14, item 6: redaction applies to what is stored and shown, never to what a
+tool acts on. Files full of secret-looking lines reach the disk byte for byte,
+including after a SIGKILL between the plan and the write; the ledger holds none of
+the secret values."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from corral import failpoints
+from corral.procs import wait_exit
+from tests.harness import ledger_rows, running, wait_run
+
+PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAxRedactMe0123456789\n-----END RSA PRIVATE KEY-----"
+SECRETS = {
+    "openai": "sk-proj-AbCdEf0123456789ghIJklMNop",
+    "github": "ghp_" + "Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4J3i2",
+    "aws": "AKIAABCDEFGHIJKLMNOP",
+    "password": "hunter2hunter2",
+    "bearer": "eyJhbGciOiJIUzI1NiJ9.payload.signature",
+}
+CONTENT = "\n".join(
+    [
+        "import os",
+        "token = get_token()",
+        "api_key = os.environ['API_KEY']",
+        f"OPENAI = '{SECRETS['openai']}'",
+        f"GITHUB_TOKEN={SECRETS['github']}",
+        f"aws_access_key_id = {SECRETS['aws']}",
+        f"password: {SECRETS['password']}",
+        f"headers = {{'Authorization': 'Bearer {SECRETS['bearer']}'}}",
+        PEM,
+        "",
+    ]
+)
+NEW_LINE = "secret = load_secret_from_vault()"
+
+
+def _spec() -> str:
+    write = json.dumps({"path": "src/settings.py", "content": CONTENT})
+    patch = json.dumps(
+        {
+            "path": "src/settings.py",
+            "old_text": "token = get_token()",
+            "new_text": NEW_LINE,
+            "expected_sha256": hashlib.sha256(CONTENT.encode()).hexdigest(),
+        }
+    )
+    steps = json.dumps(
+        {
+            "steps": [
+                {"actions": [{"tool": "fs.write", "input": json.loads(write)}]},
+                {"actions": [{"tool": "fs.patch", "input": json.loads(patch)}]},
+                {"final": "configured"},
+            ]
+        }
+    )
+    return """
+[project]
+root = "ws"
+[[agents]]
+id = "writer"
+provider = "scripted"
+script = "script.json"
+""", steps
+
+
+def _ledger_bytes(home: Path) -> bytes:
+    return b"".join(path.read_bytes() for path in home.glob("ledger.db*"))
+
+
+def _persisted(home: Path) -> bytes:
+    """Everything corral persisted, except the private spool (0600 raw copies)."""
+    return b"".join(
+        path.read_bytes() for path in home.rglob("*") if path.is_file() and "sealed" not in path.parts
+    )
+
+
+@pytest.mark.parametrize(
+    "failpoint",
+    # Each kill lands where the raw copy must be found again: the response committed
+    # but not parsed, the plan committed, the action prepared.
+    ["", "provider.after-handoff=kill@once", "plan.after-commit=kill@once", "action.after-prepared=kill@once"],
+)
+def test_files_full_of_secret_looking_lines_reach_the_disk_byte_for_byte(short_tmp: Path, failpoint: str) -> None:
+    spec, script = _spec()
+    (short_tmp / "ws").mkdir()
+    (short_tmp / "script.json").write_text(script)
+    env = {"CORRAL_FAILPOINTS": failpoint} if failpoint else {}
+    with running(short_tmp / "home", spec, env=env) as daemon:
+        run_id = daemon.call("run", agent_id="writer", task="write the settings")["run_id"]
+        if failpoint and failpoint.split("=")[0] not in failpoints.ACTOR_SIDE:
+            # A supervisor-side failpoint kills the supervisor: restart it as a person would.
+            assert wait_exit(daemon.endpoint.pid, 60)
+            daemon.up()
+        shown = wait_run(daemon, run_id, {"completed", "failed", "needs-reconciliation"}, timeout=90)
+        assert shown["run"]["status"] == "completed", shown["run"]
+        expected = CONTENT.replace("token = get_token()", NEW_LINE).encode()
+        on_disk = (short_tmp / "ws" / "src" / "settings.py").read_bytes()
+        assert on_disk == expected, json.dumps(shown["receipts"])[:3000]
+        receipts = ledger_rows(daemon.home, "SELECT tool, status FROM receipts ORDER BY receipt_id")
+        assert [(r["tool"], r["status"]) for r in receipts][-2:] == [("fs.write", "ok"), ("fs.patch", "ok")]
+        # The checksum the ledger reports is the checksum of the real file.
+        patched = ledger_rows(daemon.home, "SELECT result FROM actions WHERE tool = 'fs.patch' AND phase = 'ok'")
+        assert json.loads(patched[0]["result"])["output"]["sha256"] == hashlib.sha256(expected).hexdigest()
+        daemon.shutdown()
+    persisted = _persisted(short_tmp / "home")
+    for name, value in SECRETS.items():
+        assert value.encode() not in persisted, name
+    assert b"MIIEowIBAAKCAQEAxRedactMe" not in persisted
+    # Once the run is over, the raw copies are gone too.
+    spool = short_tmp / "home" / "sealed"
+    assert not spool.exists() or not any(spool.iterdir()) or _swept_on_next_boot(short_tmp)
+
+
+def _swept_on_next_boot(base: Path) -> bool:
+    spec, _ = _spec()
+    with running(base / "home", spec) as daemon:
+        spool = daemon.home / "sealed"
+        return not any(spool.iterdir())

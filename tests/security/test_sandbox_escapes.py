@@ -1,0 +1,241 @@
+"""Issue 14, sandbox escapes: one deny list of control paths for the file tools and
+the sandbox; the home never visible inside; secret files bound empty; /etc an allow
+list. Real files, real bubblewrap, a real supervisor where the escape was end to end."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from corral.actors.tools.base import ToolContext, ToolError
+from corral.actors.tools.fs import FsList, FsPatch, FsRead, FsWrite, _open_parent
+from corral.sandbox.bwrap import SandboxProfile, build_bwrap_argv
+from corral.sandbox.control_paths import CONTROL_NAMES, sandbox_entries
+from tests.harness import ledger_rows, running, wait_run
+from tests.launch_modes import needs_bwrap
+
+GIT_CONFIG = "[core]\n\trepositoryformatversion = 0\n"
+
+
+@pytest.fixture
+def repo(short_tmp: Path) -> Path:
+    root = short_tmp / "proj"
+    for git_dir in (root / ".git", root / "vendor" / "lib" / ".git"):
+        (git_dir / "hooks").mkdir(parents=True)
+        (git_dir / "config").write_text(GIT_CONFIG)
+    (root / "wt").mkdir()
+    (root / "wt" / ".git").write_text("gitdir: ../.git/worktrees/wt\n")  # a worktree's .git is a file
+    (root / "src").mkdir()
+    (root / "src" / "main.py").write_text("print('hi')\n")
+    return root
+
+
+def _ctx(root: Path, home: Path | None = None) -> ToolContext:
+    async def call(*_: Any, **__: Any) -> dict[str, Any]:
+        return {}
+
+    return ToolContext(
+        agent_id="a",
+        run_id="r",
+        action_id="act-1",
+        workspace=root,
+        write_scopes=(".",),
+        home=home or root.parent / "home",
+        call=call,
+    )
+
+
+def _run_tool(tool: Any, ctx: ToolContext, tool_input: dict[str, Any]) -> Any:
+    async def go() -> Any:
+        return await tool.run(ctx, tool_input)
+
+    return trio.run(go)
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ".git/config",
+        ".git/hooks/pre-commit",
+        "vendor/lib/.git/config",
+        "wt/.git",
+        "src/../.git/config",
+        ".git",
+    ],
+)
+def test_file_tools_refuse_git_at_any_depth(repo: Path, path: str) -> None:
+    before = _tree(repo)
+    ctx = _ctx(repo)
+    for tool, tool_input in (
+        (FsWrite(), {"path": path, "content": "[core]\n\tfsmonitor = touch /tmp/pwned\n"}),
+        (FsRead(), {"path": path}),
+        (FsPatch(), {"path": path, "old_text": "a", "new_text": "b", "expected_sha256": "0" * 64}),
+    ):
+        with pytest.raises(ToolError) as caught:
+            _run_tool(tool, ctx, tool_input)
+        assert caught.value.code == "path-refused", (tool, path)
+    assert _tree(repo) == before
+
+
+def test_file_tools_refuse_git_through_symlinks(repo: Path) -> None:
+    (repo / "innocent").symlink_to(".git")
+    (repo / "hook.sh").symlink_to(".git/hooks/pre-commit")
+    (repo / "src" / "deep").symlink_to("../vendor/lib/.git")
+    before = _tree(repo)
+    ctx = _ctx(repo)
+    for path in ("innocent/config", "hook.sh", "src/deep/config", "innocent/hooks/post-checkout"):
+        with pytest.raises(ToolError, match=r"control directory \.git"):
+            _run_tool(FsWrite(), ctx, {"path": path, "content": "#!/bin/sh\ntouch /tmp/pwned\n"})
+    assert _tree(repo) == before
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()
+
+
+def test_a_write_never_follows_a_symlink_planted_in_its_parents(repo: Path) -> None:
+    """The path check and the write are separate moments: the write walks the parent
+    directories with O_NOFOLLOW, so a directory swapped for a symlink is refused."""
+    (repo / "docs").symlink_to(".git")
+    with pytest.raises(ToolError, match="not a plain directory"):
+        os.close(_open_parent(repo, Path("docs"), "docs/config"))  # type: ignore[arg-type]
+    assert (repo / ".git" / "config").read_text() == GIT_CONFIG
+
+
+def test_an_ordinary_write_still_works_and_list_hides_control_entries(repo: Path) -> None:
+    ctx = _ctx(repo)
+    _run_tool(FsWrite(), ctx, {"path": "new/dir/file.txt", "content": "fine\n"})
+    assert (repo / "new" / "dir" / "file.txt").read_text() == "fine\n"
+    listed = _run_tool(FsList(), ctx, {"path": "."}).output["entries"]
+    assert ".git/" not in listed and "src/" in listed and "new/" in listed
+    assert not any(name.rstrip("/") in CONTROL_NAMES for name in listed)
+
+
+def test_the_home_inside_the_workspace_is_a_control_path_for_file_tools(repo: Path) -> None:
+    home = repo / "state"
+    home.mkdir()
+    (home / "endpoint.json").write_text('{"token": "secret-token"}')
+    ctx = _ctx(repo, home=home)
+    for tool, tool_input in (
+        (FsRead(), {"path": "state/endpoint.json"}),
+        (FsWrite(), {"path": "state/endpoint.json", "content": "{}"}),
+        (FsList(), {"path": "state"}),
+    ):
+        with pytest.raises(ToolError, match="home directory"):
+            _run_tool(tool, ctx, tool_input)
+    assert "state/" not in _run_tool(FsList(), ctx, {"path": "."}).output["entries"]
+
+
+def test_the_sandbox_walk_finds_control_entries_and_secrets_at_any_depth(repo: Path) -> None:
+    (repo / ".env").write_text("API_TOKEN=x\n")
+    (repo / "svc" / "conf").mkdir(parents=True)
+    (repo / "svc" / "conf" / ".env.production").write_text("DB_PASSWORD=y\n")
+    (repo / "svc" / "id_rsa").write_text("key\n")
+    (repo / "svc" / "nested").mkdir()
+    (repo / "svc" / "nested" / ".corral").mkdir()
+    (repo / "alias.env").write_text("not a secret name\n")
+    (repo / "svc" / ".env.local").symlink_to("../alias.env")  # masked at its target
+    read_only, hidden, secrets = sandbox_entries(repo)
+    rel = lambda paths: {str(p.relative_to(repo)) for p in paths}  # noqa: E731
+    assert rel(read_only) == {".git", "vendor/lib/.git", "wt/.git"}
+    assert rel(hidden) == {"svc/nested/.corral"}
+    assert rel(secrets) == {".env", "svc/conf/.env.production", "svc/id_rsa", "alias.env"}
+
+
+def _sandboxed(profile: SandboxProfile, script: str) -> subprocess.CompletedProcess[str]:
+    argv = build_bwrap_argv(profile, ["sh", "-c", script], profile.project_root)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+@needs_bwrap
+def test_inside_bubblewrap_git_is_read_only_secrets_are_empty_and_the_home_is_gone(repo: Path) -> None:
+    secret = "sk-live-DO-NOT-LEAK-4f9a8b7c6d5e"
+    (repo / ".env").write_text(f"OPENAI_API_KEY={secret}\n")
+    (repo / "vendor" / ".env.local").write_text(f"TOKEN={secret}\n")
+    home = repo / "state"
+    home.mkdir()
+    (home / "endpoint.json").write_text(json.dumps({"token": secret}))
+    profile = SandboxProfile(project_root=repo, masked=(home,))
+    result = _sandboxed(
+        profile,
+        "cat .env | base64; rev .env; cat vendor/.env.local; ls state; cat state/endpoint.json;"
+        " echo x >> vendor/lib/.git/config; echo x >> .git/config; echo x >> wt/.git;"
+        " echo ok > src/written.txt; cat src/main.py",
+    )
+    everything = result.stdout + result.stderr
+    for form in (secret, base64.b64encode(secret.encode()).decode()[:20], secret[::-1]):
+        assert form not in everything
+    assert "print('hi')" in result.stdout  # the project itself is there
+    assert (repo / "src" / "written.txt").read_text() == "ok\n"  # and writable
+    assert (repo / ".git" / "config").read_text() == GIT_CONFIG
+    assert (repo / "vendor" / "lib" / ".git" / "config").read_text() == GIT_CONFIG
+    assert (repo / "wt" / ".git").read_text() == "gitdir: ../.git/worktrees/wt\n"
+    assert (home / "endpoint.json").read_text() == json.dumps({"token": secret})  # untouched on the host
+
+
+@needs_bwrap
+def test_etc_is_an_allow_list(repo: Path) -> None:
+    profile = SandboxProfile(project_root=repo)
+    probes = ["/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/ssh"]
+    result = _sandboxed(profile, "; ".join(f"test -e {p} && echo PRESENT {p}" for p in probes) + "; cat /etc/passwd")
+    assert "PRESENT" not in result.stdout, result.stdout
+    assert "root:" in result.stdout  # what programs need is still there
+    resolv = _sandboxed(profile, "test -e /etc/hosts && echo hosts-ok")
+    assert "hosts-ok" in resolv.stdout
+
+
+SPEC = """
+[project]
+root = "."
+[sandbox]
+mode = "required"
+[[agents]]
+id = "writer"
+[[agents.steps]]
+actions = [{{ tool = "command.exec", input = {{ program = "sh", args = ["-c", {script}] }} }}]
+[[agents.steps]]
+final = "done"
+"""
+
+
+@needs_bwrap
+def test_a_sandboxed_command_cannot_take_the_token_from_a_home_inside_the_project(short_tmp: Path) -> None:
+    """The escape of the issue, end to end: --home <project>/state; the command reads
+    endpoint.json, .env in disguise, and tries .git/config."""
+    ws = short_tmp / "ws"
+    ws.mkdir()
+    secret = "ghp_" + "S3cr3tT0k3nV4lu3" * 3
+    (ws / ".env").write_text(f"GITHUB_TOKEN={secret}\n")
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    config_before = (ws / ".git" / "config").read_text()
+    # The redactor would hide the token in output; what matters is that the script
+    # itself cannot read it (the attack used it inside the sandbox).
+    script = (
+        "test -e state/endpoint.json && echo ENDPOINT-VISIBLE; test -s .env && echo ENV-HAS-DATA;"
+        " cat .env | base64; rev .env;"
+        " printf '[core]\\n\\tfsmonitor = touch /tmp/corral-pwned\\n' >> .git/config; echo done"
+    )
+    home = ws / "state"
+    with running(home, SPEC.format(script=json.dumps(script))) as daemon:
+        token = daemon.endpoint.token
+        run_id = daemon.call("run", agent_id="writer", task="try to escape")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed"
+        rows = ledger_rows(daemon.home, "SELECT result FROM actions WHERE tool = 'command.exec'")
+        output = json.dumps(rows)
+        assert "done" in output  # the command ran, sandboxed
+        assert "ENDPOINT-VISIBLE" not in output and "ENV-HAS-DATA" not in output
+        assert token not in output
+        daemon.shutdown()
+    assert (ws / ".git" / "config").read_text() == config_before
+    persisted = b"".join(p.read_bytes() for p in home.rglob("*") if p.is_file())
+    for form in (secret, base64.b64encode(f"GITHUB_TOKEN={secret}\n".encode()).decode()[:24], secret[::-1]):
+        assert form.encode() not in persisted
