@@ -27,6 +27,7 @@ from typing import Any
 
 import trio
 
+from corral import failpoints
 from corral.actors.runtime import ActorContext, is_shutdown
 from corral.mailbox.envelope import Envelope, Kind
 from corral.redact import redact_text, register_secret, summarize
@@ -249,13 +250,23 @@ async def _hold_session(server: dict[str, Any], task_status: Any = trio.TASK_STA
         await trio.sleep_forever()
 
 
+class _InFlight:
+    """Calls under way: a busy session answers its calls, so it is not pinged."""
+
+    count = 0
+
+
 async def _watch_liveness(session: Any, interval: float) -> None:
     """A server that died between calls is noticed by a ping, not by the next
-    unlucky call: the actor then exits and is restarted per policy."""
+    unlucky call: the actor then exits and is restarted per policy. While calls
+    are in flight their own outcome tells (a ping queued behind a huge result
+    would time out for no fault of the server)."""
     while True:
         await trio.sleep(interval)
+        if _InFlight.count:
+            continue
         try:
-            with trio.fail_after(max(10.0, interval * 5)):
+            with trio.fail_after(max(30.0, interval * 5)):
                 await session.send_ping()
         except Exception as exc:
             raise _SessionBroken(f"the server stopped answering pings ({type(exc).__name__}: {exc})") from None
@@ -299,7 +310,13 @@ async def _serve(ctx: ActorContext, session: Any) -> int:
 async def _call(ctx: ActorContext, session: Any, envelope: Envelope, broken: trio.Event) -> None:
     body = envelope.body
     timeout = float(body.get("timeout_s", 60.0))
-    meta = {"corral/idempotency_key": str(body.get("idempotency_key", ""))} if body.get("idempotency_key") else None
+    # The action id lets a server (and a person reconciling) tie an effect to its
+    # action; an idempotent tool also gets its key, the same on every attempt.
+    meta: dict[str, Any] = {"corral/action_id": str(body.get("action_id", ""))}
+    if body.get("idempotency_key"):
+        meta["corral/idempotency_key"] = str(body["idempotency_key"])
+    failpoints.hit("mcp.before-call")
+    _InFlight.count += 1
     try:
         with trio.fail_after(timeout):
             result = await session.call_tool(str(body["tool"]), dict(body.get("arguments") or {}), meta=meta)
@@ -310,13 +327,17 @@ async def _call(ctx: ActorContext, session: Any, envelope: Envelope, broken: tri
         # A JSON-RPC error answer is the server's word on this call; anything else
         # (a dead pipe, a malformed stream) means the session cannot be trusted.
         from mcp.shared.exceptions import MCPError
+        from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
-        if isinstance(exc, MCPError):
+        if isinstance(exc, MCPError) and exc.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
             await ctx.channel.reply_error(envelope, "mcp-error", summarize(str(exc), 500))
             return
         await ctx.channel.reply_error(envelope, "mcp-session-broken", summarize(f"{type(exc).__name__}: {exc}", 500))
         broken.set()
         return
+    finally:
+        _InFlight.count -= 1
+    failpoints.hit("mcp.after-call")
     answer = _bounded_result(result_payload(result), body.get("sidecar"))
     if not answer["ok"]:
         await ctx.channel.reply_error(envelope, answer["code"], answer["error"])

@@ -141,12 +141,16 @@ class McpService:
             raise BadRequest(f"actor {slot.id} does not own MCP server {server!r}")
         return state
 
-    async def _wait_ready(self, server: str, deadline: float) -> list[CatalogTool] | None:
+    async def _wait_ready(self, server: str, deadline: float, after: int = -1) -> list[CatalogTool] | None:
+        """The live catalog once the server is ready (reported by an incarnation
+        newer than ``after``: a retry must not go to the actor that just failed)."""
         state = self.servers[server]
         while True:
             tools = self.live_tools(server)
-            if tools is not None or trio.current_time() >= deadline:
+            if tools is not None and state.incarnation > after:
                 return tools
+            if trio.current_time() >= deadline:
+                return None
             slot = self._slot(server)
             if slot is not None and slot.state in (ActorState.ESCALATED, ActorState.STOPPED):
                 return None
@@ -264,18 +268,23 @@ class McpService:
         state = self.servers[tool.server]
         rerunnable = tool.effect in ("read", "idempotent")
         attempts = 2 if rerunnable else 1
+        failed_incarnation = -1
         for attempt in range(attempts):
-            live = await self._wait_ready(tool.server, trio.current_time() + state.spec.startup_timeout_s)
+            live = await self._wait_ready(
+                tool.server, trio.current_time() + state.spec.startup_timeout_s, after=failed_incarnation
+            )
             why = drift(tool, live)
             if why is not None:
                 # Nothing was sent: a clean failure, whatever the effect.
                 return {"ok": False, "code": "mcp-unavailable" if live is None else "mcp-catalog-changed", "error": why}
             state.calls += 1
+            incarnation = state.incarnation
             try:
                 answer = await self.sup.tree.request(
                     state.spec.actor_id,
                     {
                         "op": "call",
+                        "action_id": action["action_id"],
                         "tool": tool.name,
                         "arguments": arguments,
                         "timeout_s": state.spec.call_timeout_s,
@@ -296,6 +305,7 @@ class McpService:
                 return answer
             if not rerunnable:
                 return self._unknown_outcome(action, tool, unknown)
+            failed_incarnation = incarnation
             log.warning("mcp %s: attempt %d of a %s tool failed: %s", tool.full_name, attempt + 1, tool.effect, unknown)
         return {"ok": False, "code": "mcp-failed", "error": unknown}
 
