@@ -16,6 +16,8 @@ actor died mid-call, the call timed out), the action becomes
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -70,6 +72,7 @@ class McpService:
         self.sup = sup
         self.ledger = sup.ledger
         self.servers: dict[str, ServerState] = {spec.id: ServerState(spec) for spec in sup.spec.mcp_servers}
+        self._pin_cache: dict[str, dict[str, list[CatalogTool]]] = {}
 
     # -- server state ---------------------------------------------------------------
 
@@ -166,7 +169,7 @@ class McpService:
 
     async def run_catalog(self, run_id: str) -> list[CatalogTool]:
         """Every MCP tool this run may see, pinning each server's catalog once."""
-        pins = pinned(self.ledger, run_id)
+        pins = dict(self._pins(run_id))
         deadline = trio.current_time() + CLAIM_WAIT_S
         out: list[CatalogTool] = []
         for server in self.servers:
@@ -175,6 +178,7 @@ class McpService:
                 if live is None:
                     continue  # a server that is down now is simply absent from this run
                 pins[server] = pin(self.ledger, run_id, server, live)
+                self._pin_cache[run_id] = pins
             out.extend(pins[server])
         return out
 
@@ -192,11 +196,21 @@ class McpService:
 
         return claim_with_catalog
 
+    def _pins(self, run_id: str) -> dict[str, list[CatalogTool]]:
+        """A run's pins; cached, since a pin never changes once written."""
+        pins = self._pin_cache.get(run_id)
+        if pins is None:
+            pins = pinned(self.ledger, run_id)
+            if len(self._pin_cache) >= 256:
+                self._pin_cache.pop(next(iter(self._pin_cache)))
+            self._pin_cache[run_id] = pins
+        return pins
+
     def _pinned_tool(self, run_id: str, full_name: str) -> CatalogTool:
         parts = split_tool_name(full_name)
         if parts is None or parts[0] not in self.servers:
             raise NotFound(f"no MCP server for tool {full_name!r}")
-        for tool in pinned(self.ledger, run_id).get(parts[0], []):
+        for tool in self._pins(run_id).get(parts[0], []):
             if tool.name == parts[1]:
                 return tool
         raise NotFound(f"{full_name} is not in this run's MCP catalog")
@@ -411,14 +425,22 @@ class McpService:
         return {"run_id": run_id, "action_id": row["action_id"], **answer}
 
 
+@functools.lru_cache(maxsize=1024)
+def _validator(schema_json: str) -> Any:
+    """A checked validator per distinct schema (checking a schema costs more than using it)."""
+    schema = json.loads(schema_json)
+    validator_type = jsonschema.validators.validator_for(schema)
+    validator_type.check_schema(schema)
+    return validator_type(schema)
+
+
 def validation_error(name: str, schema: dict[str, Any], value: dict[str, Any]) -> str | None:
     """One validation path for MCP arguments: JSON Schema, errors naming the field."""
     try:
-        validator_type = jsonschema.validators.validator_for(schema)
-        validator_type.check_schema(schema)
+        validator = _validator(json.dumps(schema, sort_keys=True))
     except jsonschema.SchemaError as exc:
         return f"{name}: the server's input schema is invalid ({summarize(exc.message, 120)})"
-    errors = sorted(validator_type(schema).iter_errors(value), key=lambda error: list(error.absolute_path))
+    errors = sorted(validator.iter_errors(value), key=lambda error: list(error.absolute_path))
     if not errors:
         return None
     first = errors[0]
