@@ -28,6 +28,7 @@ from corral.actors.providers.base import (
 from corral.actors.providers.registry import make_provider
 from corral.actors.runtime import ActorContext, is_shutdown
 from corral.actors.tools.base import Tool, ToolContext, ToolError, validate_input
+from corral.actors.tools.mcp import mcp_tools
 from corral.actors.tools.registry import all_tools
 from corral.mailbox.envelope import Kind
 from corral.mailbox.errors import RemoteError
@@ -80,6 +81,7 @@ class Lane:
         # Every tool stays parseable; the supervisor refuses the ones this run may not
         # use (a child spawning, say) with a recorded, explained denial.
         self.tools: dict[str, Tool] = all_tools()
+        self.tools.update(mcp_tools(run.get("mcp_tools")))
         self.schemas: tuple[ToolSchema, ...] = tuple(tool.schema for tool in self.tools.values())
         self.provider: Provider | None = None
 

@@ -60,6 +60,9 @@ def _templates() -> dict[str, Template]:
     session = import_optional("corral.actors.session")
     if session is not None:
         table["session"] = session.run
+    mcp_actor = import_optional("corral.actors.mcp_actor")
+    if mcp_actor is not None:
+        table["mcp"] = mcp_actor.run
     return table
 
 

@@ -452,3 +452,81 @@ def scaling_curve(ctx: Context) -> Metrics:
             ctx.metrics[f"rtt_us_{n}"] = Stats.of(samples, "µs")
             ctx.metrics["max_live"] = n
     return ctx.metrics
+
+
+# -- MCP (issue 25) --------------------------------------------------------------------
+
+
+def _mcp_spec(steps: int) -> str:
+    def agent(agent_id: str, tool: str, args: str) -> str:
+        step = f'  [[agents.steps]]\n  actions = [{{ tool = "{tool}", input = {args} }}]\n'
+        return f'\n[[agents]]\nid = "{agent_id}"\n' + step * steps + '  [[agents.steps]]\n  final = "ok"\n'
+
+    return (
+        '[project]\nroot = "ws"\n'
+        '[[mcp_servers]]\nid = "time"\ncommand = ["python", "-m", "mcp_server_time"]\napproval = "auto"\n'
+        + agent("via-mcp", "mcp.time.get_current_time", '{ timezone = "UTC" }')
+        + agent("builtin", "fs.list", '{ path = "." }')
+    )
+
+
+def _per_call_ms(home: Path, agent: str, steps: int) -> float:
+    start = time.perf_counter()
+    run_id = _call(home, "run", agent_id=agent, task="mcp overhead")["run_id"]
+    while (status := _call(home, "show", run_id=run_id)["run"]["status"]) not in ("completed", "failed"):
+        time.sleep(0.005)
+    if status != "completed":
+        raise RuntimeError(f"{agent} run {run_id} {status}")
+    return (time.perf_counter() - start) * 1000 / steps
+
+
+def _direct_sdk_ms(calls: int) -> float:
+    import trio
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    async def measure() -> float:
+        params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_server_time"])
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            await session.call_tool("get_current_time", {"timezone": "UTC"})  # warm
+            start = time.perf_counter()
+            for _ in range(calls):
+                await session.call_tool("get_current_time", {"timezone": "UTC"})
+            return (time.perf_counter() - start) * 1000 / calls
+
+    result: float = trio.run(measure)
+    return result
+
+
+@workload("mcp_call_overhead", group="corral", budget_s=120, quick_budget_s=40)
+def mcp_call_overhead(ctx: Context) -> Metrics:
+    """What corral adds to an MCP call: a durable ``mcp.time.get_current_time`` per call
+    through the agent loop, minus the same loop around a built-in ``fs.list`` (the
+    durable action itself), minus the same call made directly with the SDK client.
+    Return {"overhead_ms": Stats(ms), "mcp_loop_ms": Stats(ms), "builtin_loop_ms": Stats(ms),
+    "direct_sdk_ms": Stats(ms)}."""
+    try:
+        import mcp  # noqa: F401
+        import mcp_server_time  # noqa: F401
+    except ImportError as exc:
+        raise NotRun(f"the mcp SDK or mcp-server-time is not installed: {exc}") from None
+    steps = ctx.reps(5, 20)
+    via_mcp, builtin, direct, overhead = [], [], [], []
+    with supervisor(ctx, _mcp_spec(steps)) as home:
+        _wait_all_ready(home, 3, 60)
+        deadline = time.monotonic() + 30
+        while _call(home, "mcp.list")["servers"][0]["status"] != "ready" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(ctx.reps(2, 5)):
+            via_mcp.append(_per_call_ms(home, "via-mcp", steps + 1))
+            builtin.append(_per_call_ms(home, "builtin", steps + 1))
+            direct.append(_direct_sdk_ms(steps))
+            overhead.append(via_mcp[-1] - builtin[-1] - direct[-1])
+            ctx.check("mcp")
+    ctx.metrics["overhead_ms"] = Stats.of(overhead, "ms")
+    ctx.metrics["mcp_loop_ms"] = Stats.of(via_mcp, "ms")
+    ctx.metrics["builtin_loop_ms"] = Stats.of(builtin, "ms")
+    ctx.metrics["direct_sdk_ms"] = Stats.of(direct, "ms")
+    ctx.note("per loop step (provider turn, plan, prepare, executing, result, receipt), synchronous=FULL")
+    return ctx.metrics

@@ -298,3 +298,18 @@ curve(
         series={"corral": "scaling_curve.rtt_us_{n}"},
     )
 )
+figure(
+    FigureSpec(
+        name="mcp_call_overhead",
+        metric="what corral adds to one MCP tool call (loop step minus a built-in step minus the direct SDK call)",
+        unit="ms",
+        corral="mcp_call_overhead.overhead_ms",
+        baselines={
+            "direct SDK call (same run)": "mcp_call_overhead.direct_sdk_ms",
+            "durable loop step, built-in fs.list": "mcp_call_overhead.builtin_loop_ms",
+            "durable loop step, MCP call": "mcp_call_overhead.mcp_loop_ms",
+        },
+        targets=(Target("value<=", 2.0),),
+        target_text="<= 2 ms",
+    )
+)

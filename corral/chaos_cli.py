@@ -44,7 +44,7 @@ def schedule(scenario: Scenario, targets: tuple[str, ...], only: str | None) -> 
     names = (
         [only]
         if only
-        else [n for n in failpoints.KNOWN if not n.startswith("session.") or "session" in scenario.spec_text]
+        else [n for n in failpoints.KNOWN if _applies(n, scenario.spec_text)]
     )
     pairs = []
     for name in names:
@@ -137,3 +137,13 @@ def print_report(report: dict[str, Any]) -> None:
                 )
     print()
     print("ALL INVARIANTS PASS" if report["passed"] else "INVARIANTS FAILED")
+
+
+def _applies(failpoint: str, spec_text: str) -> bool:
+    """Session and MCP failpoints only fire in scenarios that have sessions or MCP servers."""
+    layer = failpoint.split(".")[0]
+    if layer == "session":
+        return "session" in spec_text
+    if layer == "mcp":
+        return "mcp_servers" in spec_text
+    return True

@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _load_extra_commands() -> None:
     import importlib
 
-    for module in ("corral.run_cli", "corral.swarm_cli", "corral.chaos_cli", "corral.actor_cli"):
+    for module in ("corral.run_cli", "corral.swarm_cli", "corral.chaos_cli", "corral.actor_cli", "corral.mcp_cli"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

@@ -44,11 +44,13 @@ KNOWN: dict[str, str] = {
     "provider.before-handoff": "agent: provider response received, handoff not yet committed",
     "provider.after-handoff": "agent: provider response committed, not yet parsed",
     "session.after-launch": "session: process launched, running not yet recorded",
+    "mcp.before-call": "mcp actor: call received (executing committed), request not yet sent to the server",
+    "mcp.after-call": "mcp actor: the server answered, the result not yet relayed",
 }
 
 
 #: Failpoints hit inside actor processes; all others are hit inside the supervisor.
-ACTOR_SIDE = frozenset(name for name in KNOWN if name.split(".")[0] in ("agent", "provider", "session"))
+ACTOR_SIDE = frozenset(name for name in KNOWN if name.split(".")[0] in ("agent", "provider", "session", "mcp"))
 
 
 class FailpointError(RuntimeError):

@@ -299,7 +299,8 @@ def _extensions() -> list[Callable[[Supervisor], Any]]:
     found: list[Callable[[Supervisor], Any]] = [run_service.install]
     from corral.optional import import_optional
 
-    for name in ("corral.supervisor.swarm_service", "corral.supervisor.session_service"):
+    layers = ("corral.supervisor.swarm_service", "corral.supervisor.session_service", "corral.supervisor.mcp_service")
+    for name in layers:
         module = import_optional(name)
         if module is not None:
             found.append(module.install)

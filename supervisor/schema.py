@@ -298,3 +298,18 @@ MIGRATIONS.append(
     ALTER TABLE actions ADD COLUMN raw_sha256 TEXT;
     """
 )
+
+MIGRATIONS.append(
+    # 7: MCP catalogs pinned per run (supervisor/mcp_catalog.py): a tool whose schema
+    # changed since the pin fails closed.
+    """
+    CREATE TABLE mcp_pins (
+        run_id      TEXT NOT NULL,
+        server      TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        tools       TEXT NOT NULL,
+        pinned_at   REAL NOT NULL,
+        PRIMARY KEY (run_id, server)
+    );
+    """
+)

@@ -16,6 +16,7 @@ from typing import Any
 from corral.errors import CorralError
 from corral.mailbox.codec import DEFAULT_MAX_FRAME
 from corral.sandbox.launcher import LaunchMode
+from corral.supervisor.mcp_spec import McpServerSpec, McpSpecError, parse_servers
 from corral.supervisor.restart_policy import RestartType, Strategy
 
 ROOT_GROUP = "root"
@@ -123,6 +124,7 @@ class SwarmSpec:
     project_root: Path = Path(".")
     effects_file: Path | None = None
     sandbox: SandboxSettings = SandboxSettings()
+    mcp_servers: tuple[McpServerSpec, ...] = ()
 
     def agent(self, agent_id: str) -> AgentSpec:
         for agent in self.agents:
@@ -149,7 +151,7 @@ class SwarmSpec:
         raise KeyError(actor_id)
 
 
-KNOWN_TEMPLATES = {"echo", "agent", "child", "session"}
+KNOWN_TEMPLATES = {"echo", "agent", "child", "session", "mcp"}
 
 _TOP = {
     "name",
@@ -163,6 +165,7 @@ _TOP = {
     "sandbox",
     "project",
     "chaos",
+    "mcp_servers",
 }
 _AGENT = {
     "id",
@@ -425,6 +428,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     )
     if sandbox.mode not in ("required", "allow-unsandboxed"):
         raise SpecError("sandbox.mode: must be 'required' or 'allow-unsandboxed'")
+    mcp_servers = _mcp_servers(data, project_root, groups, actors, seen)
     return SwarmSpec(
         name,
         settings,
@@ -439,6 +443,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         project_root,
         (base / effects).resolve() if effects else None,
         sandbox,
+        mcp_servers,
     )
 
 
@@ -457,6 +462,39 @@ def _user_template(where: str, template: str) -> None:
         check_syntax(template)
     except UserCodeError as exc:
         raise SpecError(f"{where}: {exc}") from None
+
+def _mcp_servers(
+    data: dict[str, Any],
+    project_root: Path,
+    groups: dict[str, GroupSpec],
+    actors: list[ActorSpec],
+    seen: set[str],
+) -> tuple[McpServerSpec, ...]:
+    """Each MCP server is an actor of its own group (see supervisor/mcp_spec.py)."""
+    try:
+        servers = parse_servers(data.get("mcp_servers", []), project_root)
+    except McpSpecError as exc:
+        raise SpecError(str(exc)) from None
+    for server in servers:
+        if server.actor_id in seen:
+            raise SpecError(f"mcp_servers: actor id {server.actor_id!r} is already used")
+        seen.add(server.actor_id)
+        # One group per server: a flapping server exhausts its own intensity only.
+        groups[server.actor_id] = GroupSpec(server.actor_id, Strategy.ONE_FOR_ONE, server.max_restarts, server.period_s)
+        actors.append(
+            ActorSpec(
+                id=server.actor_id,
+                template="mcp",
+                group=server.actor_id,
+                restart=RestartType.PERMANENT,
+                shutdown_timeout_ms=5000,
+                backoff_base_ms=200,
+                backoff_max_ms=5000,
+                params=server.actor_params(),
+                env_passthrough=server.env_names,
+            )
+        )
+    return servers
 
 
 def provider_env(provider: str, config: dict[str, Any]) -> tuple[str, ...]:

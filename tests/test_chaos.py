@@ -21,7 +21,7 @@ CHAOS = [sys.executable, "-m", "corral", "chaos"]
 def test_every_failpoint_once_keeps_every_invariant(short_tmp: Path) -> None:
     """Bounded CI sample: each failpoint of the demo once, alternating supervisor and agent kills."""
     runner = Runner(demo_scenario(), seed=11, targets=("supervisor", "agents"), workdir=short_tmp, verbose=False)
-    names = [name for name in failpoints.KNOWN if not name.startswith("session.")]
+    names = [name for name in failpoints.KNOWN if not name.startswith(("session.", "mcp."))]
     for index, name in enumerate(names):
         runner.failpoint_episode(name, "supervisor" if index % 2 == 0 else "agents")
     report = runner.report(0.0)
@@ -133,3 +133,54 @@ def test_full_soak_200_kills_all_targets(short_tmp: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:]
     assert report["kills"] == 200
     assert all(entry["passed"] for entry in report["invariants"].values())
+
+
+#: A swarm whose root calls an MCP server's external, read and idempotent tools.
+#: The lab server records each execution in the chaos effects file with the
+#: action id from the call's _meta, so the invariants count MCP side effects too.
+MCP_SCENARIO = f"""
+name = "mcp"
+[project]
+root = "project"
+[chaos]
+root_agent = "caller"
+task = "Use the lab's tools"
+effects_file = "effects.log"
+[[mcp_servers]]
+id = "lab"
+command = ["python", "{Path(__file__).parent / 'mcp_servers' / 'lab_server.py'}"]
+env = {{ LAB_EFFECTS = "../effects.log" }}
+approval = "auto"
+[[agents]]
+id = "caller"
+role = "root"
+  [[agents.steps]]
+  actions = [{{ tool = "mcp.lab.send", input = {{ to = "ops" }} }}]
+  [[agents.steps]]
+  actions = [
+    {{ tool = "mcp.lab.peek", input = {{ item = "a" }} }},
+    {{ tool = "mcp.lab.put", input = {{ item = "b", value = "c" }} }},
+  ]
+  [[agents.steps]]
+  final = "called"
+"""
+
+
+def test_the_chaos_failpoint_suite_covers_mcp_calls(short_tmp: Path) -> None:
+    from corral.chaos.runner import file_scenario
+
+    spec = short_tmp / "mcp.toml"
+    spec.write_text(MCP_SCENARIO)
+    runner = Runner(
+        file_scenario(spec), seed=5, targets=("supervisor", "agents"), workdir=short_tmp / "w", verbose=False
+    )
+    names = [name for name in failpoints.KNOWN if name.startswith("mcp.")]
+    assert names == ["mcp.before-call", "mcp.after-call"]
+    for name in names:
+        for target in ("supervisor", "agents"):
+            runner.failpoint_episode(name, target)
+    report = runner.report(0.0)
+    failed = {name: entry["failures"] for name, entry in report["invariants"].items() if not entry["passed"]}
+    assert failed == {}
+    assert {k.point for e in runner.episodes for k in e.kills} == set(names)
+    assert report["invariants"]["side effect at most once, never before executing"]["count"] >= 4

@@ -33,7 +33,9 @@ def decide(action: dict[str, Any], effects_path: Path) -> tuple[str, str]:
     tool = action["tool"]
     tool_input = json.loads(action["input"])
     workspace = Path(json.loads(action["options"]).get("workspace") or ".")
-    if tool == "effect.record":
+    if tool == "effect.record" or tool.startswith("mcp."):
+        # MCP servers under chaos record their effects with the action id from the
+        # call's _meta, in the same file and format as effect.record.
         seen = any(e["action_id"] == action["action_id"] for e in read_effects(effects_path))
         return ("ok", "effect line present") if seen else ("failed", "no effect line")
     if tool == "fs.write":

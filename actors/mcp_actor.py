@@ -1,0 +1,345 @@
+"""The ``mcp`` template: one actor owns one MCP client session.
+
+The actor starts (or connects to) its server with the official ``mcp`` SDK,
+reports the server's tool catalog and instructions to the supervisor
+(``mcp.ready``), then serves ``call`` requests relayed by the supervisor. It holds
+no durable state: the action lifecycle around every call lives in the ledger.
+
+A stdio server is this actor's child and dies with it: the SDK stops it on a clean
+exit, and ``setpriv --pdeathsig KILL`` (or a tiny prctl shim) kills it when the
+actor itself is SIGKILLed. A session that breaks (the server crashed, the
+connection dropped) ends the actor with a non-zero code, so the supervisor
+restarts it per its policy and counts it against the restart intensity.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from corral import failpoints
+from corral.actors.runtime import ActorContext, is_shutdown
+from corral.mailbox.envelope import Envelope, Kind
+from corral.redact import redact_text, register_secret, summarize
+
+log = logging.getLogger("corral.mcp")
+
+#: Results up to this size travel inline; larger ones go to a sidecar file.
+INLINE_RESULT_BYTES = 32 * 1024
+#: Results past this size are refused: a server that floods is a faulty server.
+MAX_RESULT_BYTES = 8 * 1024 * 1024
+EXIT_SESSION_BROKEN = 3
+EXIT_START_FAILED = 4
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
+
+
+class McpStartError(Exception):
+    """The server could not be started, connected to or initialized."""
+
+
+def expand_env(template: str, environ: dict[str, str] | os._Environ[str]) -> str:
+    """``${NAME}`` from the environment; a missing variable is an error, not ''."""
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise McpStartError(f"environment variable {name} (named in the spec) is not set")
+        value = environ[name]
+        register_secret(value)
+        return value
+
+    return _VAR.sub(sub, template)
+
+
+def _deathsig_prefix() -> list[str]:
+    """A prefix that makes the server die with this actor, even on SIGKILL."""
+    setpriv = shutil.which("setpriv")
+    if setpriv:
+        return [setpriv, "--pdeathsig", "KILL", "--"]
+    shim = "import os, sys, prctl; prctl.set_pdeathsig(9); os.execvp(sys.argv[1], sys.argv[1:])"
+    return [sys.executable, "-c", shim]
+
+
+def server_argv(command: list[str]) -> list[str]:
+    """``python``/``python3`` mean the interpreter corral runs on (where the user's
+    MCP packages are installed), not whatever PATH finds first."""
+    program, *args = command
+    if program in ("python", "python3"):
+        program = sys.executable
+    return [*_deathsig_prefix(), program, *args]
+
+
+@asynccontextmanager
+async def open_session(server: dict[str, Any]) -> AsyncIterator[Any]:
+    """The initialized ``ClientSession`` of one server spec (stdio or HTTP)."""
+    from mcp import ClientSession
+
+    async with AsyncExitStack() as stack:
+        if server.get("url"):
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            headers = {name: expand_env(value, os.environ) for name, value in server.get("headers", {}).items()}
+            http = await stack.enter_async_context(
+                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
+            )
+            read, write = await stack.enter_async_context(streamable_http_client(server["url"], http_client=http))
+        else:
+            from mcp.client.stdio import StdioServerParameters, stdio_client
+
+            argv = server_argv(list(server["command"]))
+            env = {name: expand_env(value, os.environ) for name, value in server.get("env", {}).items()}
+            params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=server.get("cwd"))
+            errlog = await stack.enter_async_context(_server_log(server.get("log")))
+            read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
+        session = await stack.enter_async_context(ClientSession(read, write))
+        yield session
+
+
+@asynccontextmanager
+async def _server_log(log_path: str | None) -> AsyncIterator[Any]:
+    """The server's stderr goes to a private log of the home, never to the ledger."""
+    path = Path(log_path or os.devnull)
+    if str(path) != os.devnull:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    handle = open(path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 (closed below)
+    try:
+        yield handle
+    finally:
+        handle.close()
+
+
+def tool_entry(tool: Any) -> dict[str, Any]:
+    """The parts of an MCP tool the catalog keeps (all plain JSON)."""
+    annotations = tool.annotations
+    return {
+        "name": tool.name,
+        "description": (tool.description or "")[:2000],
+        "input_schema": tool.input_schema if isinstance(tool.input_schema, dict) else {"type": "object"},
+        "annotations": {
+            "read_only": getattr(annotations, "read_only_hint", None),
+            "idempotent": getattr(annotations, "idempotent_hint", None),
+            "destructive": getattr(annotations, "destructive_hint", None),
+        },
+    }
+
+
+async def list_all_tools(session: Any) -> list[dict[str, Any]]:
+    tools: list[dict[str, Any]] = []
+    cursor = None
+    for _ in range(100):  # a server that pages forever is cut off
+        if cursor:
+            from mcp import types
+
+            page = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor))
+        else:
+            page = await session.list_tools()
+        tools.extend(tool_entry(tool) for tool in page.tools)
+        cursor = getattr(page, "next_cursor", None)
+        if not cursor:
+            break
+    return tools
+
+
+def result_payload(result: Any) -> dict[str, Any]:
+    """An MCP CallToolResult as plain JSON: text joined, structured content kept."""
+    texts: list[str] = []
+    other: list[dict[str, Any]] = []
+    for item in result.content or []:
+        if getattr(item, "type", None) == "text":
+            texts.append(item.text)
+        else:
+            other.append({"type": getattr(item, "type", "unknown")})
+    return {
+        "is_error": bool(result.is_error),
+        "text": "\n".join(texts),
+        "structured": result.structured_content,
+        "other_content": other,
+    }
+
+
+def _bounded_result(payload: dict[str, Any], sidecar: str | None) -> dict[str, Any]:
+    data = json.dumps(payload, ensure_ascii=False).encode()
+    if len(data) > MAX_RESULT_BYTES:
+        return {
+            "ok": False,
+            "code": "result-too-large",
+            "error": f"the server's result is {len(data)} bytes; the limit is {MAX_RESULT_BYTES}",
+        }
+    if len(data) <= INLINE_RESULT_BYTES or sidecar is None:
+        return {"ok": True, "result": payload, "bytes": len(data)}
+    path = Path(sidecar)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    preview = payload["text"][:2000]
+    return {
+        "ok": True,
+        "result": {"is_error": payload["is_error"], "text": preview, "structured": None, "other_content": []},
+        "sidecar": str(path),
+        "bytes": len(data),
+        "truncated": True,
+    }
+
+
+async def run(ctx: ActorContext) -> int:
+    server: dict[str, Any] = {**ctx.params["server"]}
+    server_id = str(server["id"])
+    server["log"] = str(Path(ctx.config["home"]) / "logs" / f"mcp-{server_id}.server.log")
+    startup_timeout = float(server.get("startup_timeout_s", 20.0))
+    started = False
+    try:
+        async with trio.open_nursery() as nursery:
+            with trio.fail_after(startup_timeout):
+                session = await nursery.start(_hold_session, server)
+                init = session.initialize_result
+                tools = await list_all_tools(session)
+            await ctx.call(
+                "mcp.ready",
+                server=server_id,
+                tools=tools,
+                instructions=redact_text((getattr(init, "instructions", None) or "")[:8000]),
+                server_info={
+                    "name": str(getattr(getattr(init, "server_info", None), "name", "") or ""),
+                    "version": str(getattr(getattr(init, "server_info", None), "version", "") or ""),
+                },
+            )
+            started = True
+            nursery.start_soon(_watch_liveness, session, float(server.get("ping_interval_s", 2.0)))
+            code = await _serve(ctx, session)
+            nursery.cancel_scope.cancel()
+            return code
+    except BaseException as exc:  # classified: cancellation re-raised, the rest is an exit code
+        cause = _first_cause(exc)
+        if isinstance(cause, trio.Cancelled | KeyboardInterrupt | SystemExit):
+            raise
+        if isinstance(cause, trio.TooSlowError) and not started:
+            message = f"did not start within {startup_timeout:g} s"
+        else:
+            message = f"{type(cause).__name__}: {cause}"
+        await _report_failure(ctx, server_id, message if started else f"failed to start: {message}")
+        return EXIT_SESSION_BROKEN if started else EXIT_START_FAILED
+
+
+class _SessionBroken(Exception):
+    pass
+
+
+def _first_cause(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (trio nurseries wrap what they raise)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def _hold_session(server: dict[str, Any], task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async with open_session(server) as session:
+        await session.initialize()
+        task_status.started(session)
+        await trio.sleep_forever()
+
+
+class _InFlight:
+    """Calls under way: a busy session answers its calls, so it is not pinged."""
+
+    count = 0
+
+
+async def _watch_liveness(session: Any, interval: float) -> None:
+    """A server that died between calls is noticed by a ping, not by the next
+    unlucky call: the actor then exits and is restarted per policy. While calls
+    are in flight their own outcome tells (a ping queued behind a huge result
+    would time out for no fault of the server)."""
+    while True:
+        await trio.sleep(interval)
+        if _InFlight.count:
+            continue
+        try:
+            with trio.fail_after(max(30.0, interval * 5)):
+                await session.send_ping()
+        except Exception as exc:
+            raise _SessionBroken(f"the server stopped answering pings ({type(exc).__name__}: {exc})") from None
+
+
+async def _report_failure(ctx: ActorContext, server_id: str, message: str) -> None:
+    log.error("mcp server %s: %s", server_id, summarize(message, 300))
+    with trio.move_on_after(5):
+        try:
+            await ctx.call("mcp.failed", server=server_id, error=summarize(message, 500))
+        except Exception:  # the supervisor may be gone too; the exit code still tells
+            pass
+
+
+async def _serve(ctx: ActorContext, session: Any) -> int:
+    broken = trio.Event()
+    async with trio.open_nursery() as nursery:
+
+        async def watch_broken() -> None:
+            await broken.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch_broken)
+        async for envelope in ctx.channel.inbox:
+            if is_shutdown(envelope):
+                ctx.shutdown.set()
+                nursery.cancel_scope.cancel()
+                return 0
+            if envelope.kind is not Kind.REQUEST:
+                continue
+            if envelope.body.get("op") == "call":
+                nursery.start_soon(_call, ctx, session, envelope, broken)
+            else:
+                await ctx.channel.reply_error(envelope, "bad-request", f"unknown op {envelope.body.get('op')!r}")
+        nursery.cancel_scope.cancel()
+    if broken.is_set():
+        raise _SessionBroken("a call found the session broken")
+    return 0
+
+
+async def _call(ctx: ActorContext, session: Any, envelope: Envelope, broken: trio.Event) -> None:
+    body = envelope.body
+    timeout = float(body.get("timeout_s", 60.0))
+    # The action id lets a server (and a person reconciling) tie an effect to its
+    # action; an idempotent tool also gets its key, the same on every attempt.
+    meta: dict[str, Any] = {"corral/action_id": str(body.get("action_id", ""))}
+    if body.get("idempotency_key"):
+        meta["corral/idempotency_key"] = str(body["idempotency_key"])
+    failpoints.hit("mcp.before-call")
+    _InFlight.count += 1
+    try:
+        with trio.fail_after(timeout):
+            result = await session.call_tool(str(body["tool"]), dict(body.get("arguments") or {}), meta=meta)
+    except trio.TooSlowError:
+        await ctx.channel.reply_error(envelope, "mcp-timeout", f"no result within {timeout:g} s")
+        return
+    except Exception as exc:
+        # A JSON-RPC error answer is the server's word on this call; anything else
+        # (a dead pipe, a malformed stream) means the session cannot be trusted.
+        from mcp.shared.exceptions import MCPError
+        from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
+        if isinstance(exc, MCPError) and exc.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+            await ctx.channel.reply_error(envelope, "mcp-error", summarize(str(exc), 500))
+            return
+        await ctx.channel.reply_error(envelope, "mcp-session-broken", summarize(f"{type(exc).__name__}: {exc}", 500))
+        broken.set()
+        return
+    finally:
+        _InFlight.count -= 1
+    failpoints.hit("mcp.after-call")
+    answer = _bounded_result(result_payload(result), body.get("sidecar"))
+    if not answer["ok"]:
+        await ctx.channel.reply_error(envelope, answer["code"], answer["error"])
+        return
+    await ctx.channel.reply(envelope, answer)

@@ -1,0 +1,60 @@
+"""``mcp.<server>.<tool>``: MCP tools in the agent's catalog.
+
+The run's claim carries the MCP tools this run pinned (see
+supervisor/mcp_catalog.py). Each becomes one entry of the agent's tool table with
+the server's own input schema, so a provider sees it like any other tool. Running
+it is one request to the supervisor (``mcp.call``), made only after ``executing``
+is committed; the supervisor relays it to the server's actor and decides what an
+unknown outcome means for the action.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral.actors.providers.base import ToolSchema
+from corral.actors.tools.base import ToolContext, ToolError, ToolResult
+from corral.redact import summarize
+
+#: Above the server's call timeout and the relay's own slack.
+CALL_TIMEOUT_SLACK_S = 15.0
+
+
+class McpTool:
+    def __init__(self, entry: dict[str, Any], call_timeout_s: float = 60.0) -> None:
+        self.entry = entry
+        self.effect: str = entry["effect"]
+        self.call_timeout_s = call_timeout_s
+        self.schema = ToolSchema(
+            name=entry["full_name"],
+            description=entry.get("description") or f"{entry['name']} (MCP server {entry['server']})",
+            input_schema=entry["input_schema"],
+            read_only=self.effect == "read",
+        )
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        answer = await ctx.call(
+            "mcp.call",
+            timeout=self.call_timeout_s + CALL_TIMEOUT_SLACK_S,
+            action_id=ctx.action_id,
+            arguments=tool_input,
+        )
+        if not answer.get("ok"):
+            raise ToolError(str(answer.get("error", "the MCP call failed")), str(answer.get("code", "mcp-failed")))
+        result: dict[str, Any] = answer["result"]
+        output: dict[str, Any] = {"text": result.get("text", "")}
+        if result.get("structured") is not None:
+            output["structured"] = result["structured"]
+        if answer.get("sidecar"):
+            output["sidecar"] = answer["sidecar"]
+            output["bytes"] = answer.get("bytes")
+            output["truncated"] = True
+        name = self.schema.name
+        if result.get("is_error"):
+            # The server's own word that the call failed: a failed action with its message.
+            return ToolResult(False, output, f"{name} failed: {summarize(result.get('text', ''), 150)}")
+        return ToolResult(True, output, f"{name}: {summarize(result.get('text', ''), 120) or 'ok'}")
+
+
+def mcp_tools(entries: list[dict[str, Any]] | None) -> dict[str, McpTool]:
+    return {entry["full_name"]: McpTool(entry) for entry in entries or []}
