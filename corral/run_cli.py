@@ -38,10 +38,12 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     script = None
     if args.script:
+        from corral.supervisor.bounded_files import FileReadError, read_text_bounded
+
         try:
-            script = Path(args.script).read_text()
-        except OSError as exc:
-            raise CliError(f"cannot read script {args.script}: {exc.strerror}", EXIT_USAGE) from None
+            script = read_text_bounded(Path(args.script), "script")
+        except FileReadError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
     with open_client(args) as client:
         result = client.run(args.agent, args.task, script=script, wait=args.wait, timeout=args.timeout)
     if not args.wait:

@@ -23,6 +23,7 @@ from corral.sandbox.launcher import make_launcher
 from corral.supervisor import home as homes
 from corral.supervisor.errors import SupervisorError
 from corral.supervisor.ledger import Ledger
+from corral.supervisor.params import param_int, param_seconds
 from corral.supervisor.spec import SwarmSpec
 from corral.supervisor.tree import ActorSlot, SupervisionTree
 
@@ -243,11 +244,9 @@ class Supervisor:
         }
 
     async def _events(self, params: dict[str, Any]) -> dict[str, Any]:
-        since = params.get("since", 0)
-        wait_ms = params.get("wait_ms", 0)
-        limit = params.get("limit", 500)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (since, wait_ms, limit)):
-            raise SupervisorError("since, wait_ms and limit must be non-negative integers", "bad-request")
+        since = param_int(params, "since", 0)
+        wait_ms = param_int(params, "wait_ms", 0, high=3_600_000)
+        limit = param_int(params, "limit", 500, high=1_000_000)
         events = self.ledger.events_since(since, min(limit, 5000))
         if not events and wait_ms:
             with trio.move_on_after(min(wait_ms, 30_000) / 1000):
@@ -281,11 +280,11 @@ class Supervisor:
 async def _request_actor_impl(sup: Supervisor, params: dict[str, Any]) -> dict[str, Any]:
     actor_id = params.get("actor_id")
     body = params.get("body", {})
-    timeout = params.get("timeout_s", 10)
+    timeout = param_seconds(params, "timeout_s", 10.0, low=0.001, high=3600.0)
     if not isinstance(actor_id, str) or actor_id not in sup.tree.slots:
         raise SupervisorError(f"no actor {actor_id!r}", "not-found")
-    if not isinstance(body, dict) or not isinstance(timeout, int | float):
-        raise SupervisorError("body must be a map and timeout_s a number", "bad-request")
+    if not isinstance(body, dict):
+        raise SupervisorError("body must be a map", "bad-request")
     try:
         return await sup.tree.request(actor_id, body, float(timeout))
     except ChannelClosed:

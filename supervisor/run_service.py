@@ -19,6 +19,7 @@ from corral.redact import redact, redact_text, summarize
 from corral.supervisor import finalization, recovery, resolutions, run_store, sealed_input
 from corral.supervisor.action_state import action_id, canonical_json
 from corral.supervisor.errors import BadRequest, NotFound, Refused
+from corral.supervisor.params import param_int, param_str
 from corral.supervisor.run_state import TERMINAL, RunStatus
 from corral.supervisor.run_store import RunLimits
 from corral.supervisor.spec import AgentSpec
@@ -32,17 +33,11 @@ _RUN_ID = re.compile(r"^run-[a-z0-9-]{6,40}$")
 
 
 def _str(params: dict[str, Any], key: str, *, limit: int = 200) -> str:
-    value = params.get(key)
-    if not isinstance(value, str) or not value or len(value) > limit:
-        raise BadRequest(f"{key} must be a non-empty string of at most {limit} characters")
-    return value
+    return param_str(params, key, limit=limit)
 
 
 def _int(params: dict[str, Any], key: str) -> int:
-    value = params.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise BadRequest(f"{key} must be a non-negative integer")
-    return value
+    return param_int(params, key)
 
 
 class RunService:

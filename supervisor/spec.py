@@ -7,6 +7,8 @@ Parsing is strict: an unknown key, a wrong type or an impossible value is a
 from __future__ import annotations
 
 import difflib
+import fnmatch
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from typing import Any
 from corral.errors import CorralError
 from corral.mailbox.codec import DEFAULT_MAX_FRAME
 from corral.sandbox.launcher import LaunchMode
+from corral.supervisor.bounded_files import FileReadError, read_text_bounded
 from corral.supervisor.mcp_spec import McpServerSpec, McpSpecError, parse_servers
 from corral.supervisor.restart_policy import RestartType, Strategy
 
@@ -212,6 +215,40 @@ def _check_keys(where: str, table: dict[str, Any], allowed: set[str]) -> None:
             raise SpecError(f"{where}: unknown key {key!r}{hint}")
 
 
+_MIB = 1024 * 1024
+#: Every numeric value of a spec and its inclusive range, in one place. The key is
+#: ``section.field``; an array's entries share their section (``agents[2].max_repairs``
+#: is checked against ``agents.max_repairs``).
+RANGES: dict[str, tuple[float, float]] = {
+    "supervisor.max_frame": (1024, 64 * _MIB),
+    "supervisor.inbox_size": (1, 100_000),
+    "supervisor.heartbeat_s": (0.05, 3600),
+    "groups.max_restarts": (0, 1_000_000),
+    "groups.period_s": (0.001, 86_400),
+    "actors.count": (1, 10_000),
+    "actors.shutdown_timeout_ms": (1, 3_600_000),
+    "actors.backoff_base_ms": (0, 3_600_000),
+    "actors.backoff_max_ms": (0, 3_600_000),
+    "actors.backoff_jitter": (0, 1),
+    "agents.max_repairs": (0, 100),
+    "agents.max_provider_retries": (0, 100),
+    "agents.retry_base_s": (0.001, 3600),
+    "agents.retry_cap_s": (0.001, 86_400),
+    "agents.shutdown_timeout_ms": (1, 3_600_000),
+    "limits.max_children_per_call": (1, 64),
+    "limits.max_depth": (1, 16),
+    "limits.child_timeout_s": (0.1, 7 * 86_400),
+    "limits.max_repairs_per_delivery": (0, 100),
+    "sandbox.cpu_s": (1, 7 * 86_400),
+    "sandbox.address_space_bytes": (16 * _MIB, 1024**4),
+    "sandbox.open_files": (16, 1_048_576),
+    "sandbox.processes": (1, 1_000_000),
+}
+#: No string in a spec may exceed this (a 50 MB name once broke every `status`).
+MAX_STRING_CHARS = 256 * 1024
+MAX_NAME_CHARS = 128
+
+
 def _get(where: str, table: dict[str, Any], key: str, kind: type, default: Any) -> Any:
     if key not in table:
         return default
@@ -221,7 +258,26 @@ def _get(where: str, table: dict[str, Any], key: str, kind: type, default: Any) 
         ok, value = True, float(value)
     if not ok:
         raise SpecError(f"{where}.{key}: expected {kind.__name__}, got {type(value).__name__}")
+    if kind in (int, float):
+        bounds = RANGES.get(f"{where.split('[')[0]}.{key}")
+        if not math.isfinite(value) or (bounds is not None and not bounds[0] <= value <= bounds[1]):
+            low, high = bounds if bounds is not None else (-math.inf, math.inf)
+            raise SpecError(f"{where}.{key}: must be a finite number between {low:g} and {high:g}, got {value}")
     return value
+
+
+def _check_values(node: Any, where: str = "spec") -> None:
+    """NaN and infinity nowhere; no string past MAX_STRING_CHARS, wherever it is."""
+    if isinstance(node, float) and not math.isfinite(node):
+        raise SpecError(f"{where}: NaN and infinity are not accepted")
+    if isinstance(node, str) and len(node) > MAX_STRING_CHARS:
+        raise SpecError(f"{where}: a string of {len(node)} characters; the limit is {MAX_STRING_CHARS}")
+    if isinstance(node, dict):
+        for key, item in node.items():
+            _check_values(item, f"{where}.{key}")
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            _check_values(item, f"{where}[{index}]")
 
 
 def _enum(where: str, enum_type: Any, value: str) -> Any:
@@ -238,14 +294,12 @@ def _check_id(where: str, value: str) -> str:
     return value
 
 
-def _positive(where: str, value: float, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise SpecError(f"{where}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-
-
 def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     _check_keys("spec", data, _TOP)
+    _check_values(data)
     name = _get("spec", data, "name", str, "swarm")
+    if not 0 < len(name) <= MAX_NAME_CHARS or not name.isprintable():
+        raise SpecError(f"spec.name: must be 1..{MAX_NAME_CHARS} printable characters")
 
     sup_table = _get("spec", data, "supervisor", dict, {})
     _check_keys("supervisor", sup_table, _SUPERVISOR)
@@ -263,9 +317,6 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         synchronous=synchronous,
         heartbeat_s=_get("supervisor", sup_table, "heartbeat_s", float, 2.0),
     )
-    if not 1024 <= settings.max_frame <= 64 * 1024 * 1024:
-        raise SpecError("supervisor.max_frame: must be between 1 KiB and 64 MiB")
-    _positive("supervisor.inbox_size", settings.inbox_size)
 
     groups: dict[str, GroupSpec] = {ROOT_GROUP: GroupSpec(ROOT_GROUP)}
     for index, table in enumerate(_get("spec", data, "groups", list, [])):
@@ -281,8 +332,6 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
             max_restarts=_get(where, table, "max_restarts", int, 3),
             period_s=_get(where, table, "period_s", float, 5.0),
         )
-        _positive(f"{where}.max_restarts", group.max_restarts, allow_zero=True)
-        _positive(f"{where}.period_s", group.period_s)
         if group.id in groups and group.id != ROOT_GROUP:
             raise SpecError(f"{where}: duplicate group id {group.id!r}")
         groups[group.id] = group
@@ -302,8 +351,6 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         if template not in KNOWN_TEMPLATES:
             _user_template(f"{where}.template", template)
         count = _get(where, table, "count", int, 1)
-        if not 1 <= count <= 10_000:
-            raise SpecError(f"{where}.count: must be 1..10000, got {count}")
         group_id = _get(where, table, "group", str, ROOT_GROUP)
         if group_id not in groups:
             raise SpecError(f"{where}.group: no group {group_id!r} is declared")
@@ -317,9 +364,6 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
             backoff_jitter=_get(where, table, "backoff_jitter", float, 0.2),
             params=_get(where, table, "params", dict, {}),
         )
-        _positive(f"{where}.shutdown_timeout_ms", common["shutdown_timeout_ms"])
-        if not 0 <= common["backoff_jitter"] <= 1:
-            raise SpecError(f"{where}.backoff_jitter: must be within 0..1")
         for n in range(1, count + 1):
             actor_id = base_id if count == 1 else f"{base_id}-{n}"
             if actor_id in seen:
@@ -352,6 +396,9 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
             raise SpecError(f"{where}.role: must be 'root' or 'specialist'")
         provider, provider_config = _provider(where, table, base)
         workspace = (project_root / _get(where, table, "workspace", str, ".")).resolve()
+        if workspace != project_root and project_root not in workspace.parents:
+            raise SpecError(f"{where}.workspace: {workspace} is outside the project root {project_root}")
+        _check_project_root(project_root)
         scopes = _get(where, table, "write_scopes", list, ["."])
         if not all(isinstance(scope, str) for scope in scopes):
             raise SpecError(f"{where}.write_scopes: must be a list of relative paths")
@@ -413,8 +460,6 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         child_timeout_s=_get("limits", limits_table, "child_timeout_s", float, 120.0),
         max_repairs_per_delivery=_get("limits", limits_table, "max_repairs_per_delivery", int, 1),
     )
-    for key in ("max_children_per_call", "max_depth"):
-        _positive(f"limits.{key}", getattr(limits, key))
     sandbox_table = _get("spec", data, "sandbox", dict, {})
     _check_keys("sandbox", sandbox_table, {"mode", "network", "cpu_s", "address_space_bytes", "open_files",
                                            "processes"})
@@ -429,6 +474,11 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     if sandbox.mode not in ("required", "allow-unsandboxed"):
         raise SpecError("sandbox.mode: must be 'required' or 'allow-unsandboxed'")
     mcp_servers = _mcp_servers(data, project_root, groups, actors, seen)
+    # Keys are checked once the whole catalog is known (MCP servers come last).
+    policy_tables = [("policy", policy)]
+    policy_tables += [(f"agents[{i}].policy", agent.policy) for i, agent in enumerate(agents)]
+    policy_tables += [(f"templates[{i}].policy", template.policy) for i, template in enumerate(templates)]
+    _check_policy_keys(policy_tables, {server.id for server in mcp_servers})
     return SwarmSpec(
         name,
         settings,
@@ -497,6 +547,25 @@ def _mcp_servers(
     return servers
 
 
+#: A project root may not be one of these, nor lie inside the first group.
+_SYSTEM_TREES = ("/etc", "/proc", "/sys", "/dev", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/usr")
+_SYSTEM_DIRS = ("/", "/var", "/opt", "/srv", "/run", "/home", "/tmp", "/mnt", "/media")
+
+
+def _check_project_root(root: Path) -> None:
+    """Agents read and write under the project root: never the whole machine, the
+    user's home directory or a system directory (after symlinks are resolved)."""
+    real = root.resolve()
+    home = Path.home().resolve()
+    if str(real) in _SYSTEM_DIRS or real == home:
+        raise SpecError(f"project.root: {real} is {'your home directory' if real == home else 'a system directory'};"
+                        " give the project's own directory")
+    for tree in _SYSTEM_TREES:
+        top = Path(tree).resolve()
+        if real == top or top in real.parents:
+            raise SpecError(f"project.root: {real} lies in the system directory {tree}")
+
+
 def provider_env(provider: str, config: dict[str, Any]) -> tuple[str, ...]:
     if provider == "scripted":
         return ()
@@ -510,6 +579,29 @@ def _policy(where: str, table: dict[str, Any]) -> dict[str, str]:
         if mode not in POLICIES:
             raise SpecError(f"{where}.{tool}: policy must be one of {', '.join(POLICIES)}, got {mode!r}")
     return dict(table)
+
+
+def known_tool_names() -> list[str]:
+    """Every tool name a policy key may name: the one tool catalog."""
+    from corral.actors.tools.registry import all_tools
+
+    return sorted(all_tools())
+
+
+def _check_policy_keys(tables: list[tuple[str, dict[str, str]]], mcp_ids: set[str]) -> None:
+    """A misspelled key must not fail open: every key names a known tool, a glob that
+    matches one, or a tool of a declared MCP server (``mcp.<server>.<tool or glob>``)."""
+    known = known_tool_names()
+    for where, table in tables:
+        for key in table:
+            server = key[4:].partition(".")[0] if key.startswith("mcp.") else None
+            if key in known or (server in mcp_ids and key.count(".") >= 2):
+                continue
+            if any(ch in key for ch in "*?[") and any(fnmatch.fnmatchcase(name, key) for name in known):
+                continue
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
+            raise SpecError(f"{where}.{key}: no tool {key!r}{hint}")
 
 
 def _provider(where: str, table: dict[str, Any], base: Path) -> tuple[str, dict[str, Any]]:
@@ -563,9 +655,9 @@ def _user_provider(where: str, table: dict[str, Any], base: Path, provider: str)
 
 def load_spec(path: Path) -> SwarmSpec:
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError(f"cannot read spec {path}: {exc.strerror}") from None
+        text = read_text_bounded(path, "spec")
+    except FileReadError as exc:
+        raise SpecError(str(exc)) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

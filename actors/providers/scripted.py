@@ -38,10 +38,12 @@ class ScriptError(ValueError):
 
 
 def load_script(path: Path) -> dict[str, Any]:
+    from corral.supervisor.bounded_files import FileReadError, read_text_bounded
+
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScriptError(f"cannot read script {path}: {exc.strerror}") from None
+        text = read_text_bounded(path, "script")
+    except FileReadError as exc:
+        raise ScriptError(str(exc)) from None
     return parse_script_text(text, path.suffix)
 
 
