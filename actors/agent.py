@@ -36,6 +36,10 @@ from corral.redact import summarize
 
 log = logging.getLogger("corral.agent")
 
+#: The supervisor's answer while its disk is full; the agent waits and asks again.
+STORAGE_FULL = "disk-full"
+STORAGE_RETRY_S = 1.0
+
 
 def _unsafe_effect_order() -> bool:
     return os.environ.get("CORRAL_TEST_UNSAFE_EFFECT_ORDER") == "1"
@@ -59,7 +63,13 @@ async def run(ctx: ActorContext) -> int:
         nursery.start_soon(listen)
         while not ctx.shutdown.is_set():
             woken[0] = trio.Event()
-            answer = await ctx.call("run.claim")
+            try:
+                answer = await ctx.call("run.claim")
+            except RemoteError as exc:
+                if exc.code != STORAGE_FULL:
+                    raise
+                await trio.sleep(STORAGE_RETRY_S)
+                continue
             claimed = answer["run"]
             if claimed is None:
                 if ctx.params.get("exit_when_idle") and not answer.get("parked"):
@@ -95,13 +105,20 @@ class Lane:
 
     async def drive(self) -> None:
         while True:
-            step = await self.call("run.next_step")
-            do = step["do"]
-            if do in ("done", "park"):
-                return
+            do = "next_step"
             try:
+                step = await self.call("run.next_step")
+                do = step["do"]
+                if do in ("done", "park"):
+                    return
                 await getattr(self, "step_" + do)(step)
             except RemoteError as exc:
+                if exc.code == STORAGE_FULL:
+                    # Nothing was committed and the step was not taken: wait for the
+                    # disk (the supervisor stays up, read-only) and ask again.
+                    log.warning("%s: %s postponed: %s", self.run_id, do, exc.message)
+                    await trio.sleep(STORAGE_RETRY_S)
+                    continue
                 # The supervisor refused a step (a fail-closed replay, say): the ledger
                 # now says what happens next; ask again unless the run is gone.
                 log.warning("%s: %s refused: %s", self.run_id, do, exc)

@@ -250,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _load_extra_commands() -> None:
     import importlib
 
-    for module in ("corral.run_cli", "corral.swarm_cli", "corral.chaos_cli", "corral.actor_cli", "corral.mcp_cli"):
+    commands = ("run_cli", "swarm_cli", "chaos_cli", "actor_cli", "mcp_cli", "doctor")
+    for module in (f"corral.{name}" for name in commands):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

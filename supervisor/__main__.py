@@ -12,6 +12,7 @@ import trio
 
 from corral.supervisor import home as homes
 from corral.supervisor.daemon import Supervisor
+from corral.supervisor.ledger import LedgerError
 from corral.supervisor.spec import SpecError, SwarmSpec, empty_spec, load_spec
 
 SPEC_SOURCE = "spec.source"
@@ -71,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         add_import_path(Path(spec.source).parent)
     _name_process()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
-    supervisor = Supervisor(home, spec, ready_fd=ready_fd)
+    try:
+        supervisor = Supervisor(home, spec, ready_fd=ready_fd, lock=lock)
+    except LedgerError as exc:
+        lock.release()
+        return fail(str(exc), 4)
     try:
         trio.run(supervisor.run)
     finally:

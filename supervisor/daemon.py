@@ -34,8 +34,13 @@ ActorMethod = Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 class Supervisor:
-    def __init__(self, home: Path, spec: SwarmSpec, *, ready_fd: int | None = None) -> None:
+    def __init__(
+        self, home: Path, spec: SwarmSpec, *, ready_fd: int | None = None, lock: homes.HomeLock | None = None
+    ) -> None:
         self.home = home
+        self.lock = lock
+        #: Why writes to the home fail right now (a full disk), or "".
+        self.degraded = ""
         self.spec = spec
         self.ready_fd = ready_fd
         # @once failpoints remember that they fired here, across restarts of the home.
@@ -48,7 +53,7 @@ class Supervisor:
         self.boot_id = secrets.token_hex(8)
         self.pid = os.getpid()
         self.started = time.time()
-        self.ledger = Ledger(home / homes.LEDGER, synchronous=spec.supervisor.synchronous)
+        self.ledger = Ledger(home / homes.LEDGER, synchronous=spec.supervisor.synchronous, check=True)
         self.launcher = make_launcher(spec.supervisor.launch, self.token, home / "logs" / "forkserver.log")
         self.tree = SupervisionTree(
             home,
@@ -132,10 +137,46 @@ class Supervisor:
                 self.request_stop(f"signal {signal.Signals(signum).name}")
 
     async def _heartbeat(self) -> None:
+        """The endpoint's heartbeat, the home lock, and a full disk: a failed write
+        degrades the supervisor to read-only (new work is refused with a clear error,
+        actors keep running) until a write succeeds again."""
         while True:
             await trio.sleep(self.spec.supervisor.heartbeat_s)
+            if self.lock is not None and not self.lock.still_held():
+                log.error("the home %s was removed or replaced under this supervisor; stopping", self.home)
+                self.request_stop("lost the home lock")
+                return
             if self.endpoint is not None:
-                self.endpoint = homes.heartbeat_endpoint(self.home, self.endpoint)
+                try:
+                    self.endpoint = homes.heartbeat_endpoint(self.home, self.endpoint)
+                except OSError as exc:
+                    self._degrade(f"cannot write {homes.ENDPOINT}: {exc.strerror}")
+                    continue
+            if self.ledger.full_since is not None:
+                self._probe_storage()
+            elif self.degraded:
+                self._recovered()
+
+    def _degrade(self, why: str) -> None:
+        if not self.degraded:
+            log.error("storage failing, running read-only until it recovers: %s", why)
+        self.degraded = why
+
+    def _probe_storage(self) -> None:
+        """One small commit: when it succeeds the disk has room again."""
+        try:
+            with self.ledger.tx():
+                self.ledger.event("storage-recovered", self.boot_id)
+        except SupervisorError as exc:
+            self._degrade(str(exc))
+            return
+        self._recovered()
+
+    def _recovered(self) -> None:
+        log.info("storage recovered; resuming")
+        self.degraded = ""
+        for hook in self.recovered_hooks:
+            hook()
 
     def _clear_stale_sockets(self) -> None:
         for path in (self.home / "s").glob("*.ipc"):
@@ -184,6 +225,8 @@ class Supervisor:
 
     def _register_core(self) -> None:
         self.recovery_hooks: list[Callable[[], Awaitable[None]]] = []
+        #: Called when storage works again after a full disk (e.g. wake parked agents).
+        self.recovered_hooks: list[Callable[[], None]] = []
         self.background: list[Callable[[], Awaitable[None]]] = []
         self.services: dict[str, Any] = {}
         self.status_sections: dict[str, Callable[[], Any]] = {}
@@ -239,6 +282,8 @@ class Supervisor:
             "boots": [dict(row) for row in boots],
             "cursor": self.ledger.last_cursor(),
             "busy": self.busy_reasons(),
+            "degraded": self.degraded or (f"ledger writes failing since {self.ledger.full_since:.0f}"
+                                          if self.ledger.full_since is not None else ""),
             **self.tree.snapshot(),
             **{name: section() for name, section in self.status_sections.items()},
         }

@@ -30,3 +30,10 @@ class Conflict(SupervisorError):
 
 class Refused(SupervisorError):
     code = "refused"
+
+
+class StorageFull(SupervisorError):
+    """The ledger's disk is full (or failing): nothing was committed, no step was
+    taken. The supervisor keeps running read-only and resumes by itself."""
+
+    code = "disk-full"

@@ -72,40 +72,63 @@ class Endpoint:
 
 
 class HomeLock:
-    """flock on a file in the home: released by the kernel when the holder dies."""
+    """flock on the home directory itself: released by the kernel when the holder
+    dies, and (unlike a lock file) impossible to unlink from under a live holder.
+    ``supervisor.lock`` only tells who holds it."""
 
     def __init__(self, home: Path) -> None:
+        self.home = home
         self.path = home / LOCK
         self._fd: int | None = None
+        self._inode: tuple[int, int] | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
             raise HomeBusy(
-                f"another supervisor (pid {holder}) owns {self.path.parent}; "
+                f"another supervisor (pid {_holder(self.path)}) owns {self.home}; "
                 "use `corral status` to inspect it or `corral down` to stop it"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        os.fsync(fd)
-        self._fd = fd
+        info = os.fstat(fd)
+        self._fd, self._inode = fd, (info.st_dev, info.st_ino)
+        tmp = self.home / f".{LOCK}.{os.getpid()}"
+        with open(tmp, "w") as handle:
+            handle.write(str(os.getpid()))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.path)
+
+    def still_held(self) -> bool:
+        """False once the home this lock was taken on is no longer at its path
+        (removed or replaced): the holder must stop writing."""
+        try:
+            info = os.stat(self.home)
+        except OSError:
+            return False
+        return (info.st_dev, info.st_ino) == self._inode
 
     def release(self) -> None:
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
             os.close(self._fd)
             self._fd = None
 
 
+def _holder(path: Path) -> str:
+    try:
+        return path.read_text().strip()[:16] or "?"
+    except OSError:
+        return "?"
+
+
 def is_locked(home: Path) -> bool:
-    path = home / LOCK
-    if not path.exists():
+    try:
+        fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
         return False
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:

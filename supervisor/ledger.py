@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.redact import redact
+from corral.supervisor.errors import StorageFull
 from corral.supervisor.schema import MIGRATIONS
 
 
@@ -23,26 +24,81 @@ class LedgerError(RuntimeError):
     pass
 
 
+#: SQLite result codes that mean the storage, not the statement, failed.
+_SQLITE_FULL, _SQLITE_IOERR = 13, 10
+
+
+def _storage_failure(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    return code in (_SQLITE_FULL, _SQLITE_IOERR) or "disk is full" in str(exc)
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+_WHAT_TO_DO = (
+    "corral will not replace it (that would lose its history): restore it from a backup,"
+    " or move it away to start an empty ledger; `corral doctor` checks a home"
+)
+
+
+def check_ledger_file(path: Path) -> None:
+    """Refuse a ledger file that exists but is not a usable SQLite database: empty,
+    truncated below its header, or with a foreign header. A missing file is fine
+    (a new home)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    if size == 0:
+        raise LedgerError(f"ledger {path} is empty (0 bytes); {_WHAT_TO_DO}")
+    with open(path, "rb") as handle:
+        header = handle.read(len(SQLITE_HEADER))
+    if header != SQLITE_HEADER:
+        raise LedgerError(f"ledger {path} is not an SQLite database (damaged header); {_WHAT_TO_DO}")
+
+
+def integrity_problems(db: sqlite3.Connection, limit: int = 5) -> list[str]:
+    """``PRAGMA quick_check``: an empty list when the database is sound."""
+    rows = [str(row[0]) for row in db.execute(f"PRAGMA quick_check({int(limit)})").fetchall()]
+    return [] if rows == ["ok"] else rows
+
+
 class Ledger:
-    def __init__(self, path: Path, *, synchronous: str = "full", readonly: bool = False) -> None:
+    def __init__(
+        self, path: Path, *, synchronous: str = "full", readonly: bool = False, check: bool = False
+    ) -> None:
         self.path = path
+        if check:
+            check_ledger_file(path)
         uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
         self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA busy_timeout = 5000")
-        self.db.execute("PRAGMA foreign_keys = ON")
-        if not readonly:
-            path.chmod(0o600)
-            mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if mode != "wal":
-                raise LedgerError(f"ledger {path}: cannot enable WAL (got {mode})")
-            self.db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-            self._migrate()
+        try:
+            self.db.execute("PRAGMA busy_timeout = 5000")
+            self.db.execute("PRAGMA foreign_keys = ON")
+            if check:
+                problems = integrity_problems(self.db)
+                if problems:
+                    raise LedgerError(f"ledger {path} is damaged ({'; '.join(problems)[:300]}); {_WHAT_TO_DO}")
+            if not readonly:
+                path.chmod(0o600)
+                mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if mode != "wal":
+                    raise LedgerError(f"ledger {path}: cannot enable WAL (got {mode})")
+                self.db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+                self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise LedgerError(f"ledger {path} cannot be opened ({exc}); {_WHAT_TO_DO}") from None
+        except LedgerError:
+            self.db.close()
+            raise
         self.synchronous = synchronous
         self.boot_id = ""
         self._in_tx = False
         self._listeners: list[Callable[[], None]] = []
         self.commits = 0
+        #: Since when commits fail for lack of space (None: they do not).
+        self.full_since: float | None = None
 
     # -- schema -----------------------------------------------------------------
 
@@ -92,19 +148,43 @@ class Ledger:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self.db.execute("BEGIN IMMEDIATE")
-        self._in_tx = True
         try:
-            yield self.db
-        except BaseException:
+            self.db.execute("BEGIN IMMEDIATE")
+            self._in_tx = True
+            try:
+                yield self.db
+            except BaseException:
+                self._in_tx = False
+                self._rollback()
+                raise
             self._in_tx = False
-            self.db.execute("ROLLBACK")
+            try:
+                self.db.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+        except sqlite3.OperationalError as exc:
+            if _storage_failure(exc):
+                self._storage_failed(exc)
             raise
-        self._in_tx = False
-        self.db.execute("COMMIT")
         self.commits += 1
+        if self.full_since is not None:
+            self.full_since = None
         for listener in self._listeners:
             listener()
+
+    def _rollback(self) -> None:
+        # After SQLITE_FULL, SQLite may already have rolled the transaction back.
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")
+
+    def _storage_failed(self, exc: sqlite3.OperationalError) -> None:
+        if self.full_since is None:
+            self.full_since = time.time()
+        raise StorageFull(
+            f"the ledger's disk is full or failing ({exc}); nothing was committed. Free space on"
+            f" {self.path.parent} and corral resumes by itself"
+        ) from None
 
     def on_commit(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)

@@ -30,6 +30,7 @@ from corral.mailbox.envelope import Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull
 from corral.sandbox.launcher import ActorProcess, Launcher, LaunchRequest
 from corral.supervisor.actor_state import ActorState, check_transition
+from corral.supervisor.errors import StorageFull
 from corral.supervisor.ledger import Ledger, dumps
 from corral.supervisor.restart_policy import (
     Intensity,
@@ -503,6 +504,16 @@ class SupervisionTree:
         pid: int | None = None,
         exit_code: int | None = None,
         **data: Any,
+    ) -> None:
+        try:
+            self._write_record(slot, event, pid, exit_code, data)
+        except StorageFull as exc:
+            # Bookkeeping only (it guards no side effect): supervision goes on, and
+            # the next record after the disk has room brings the row up to date.
+            log.warning("%s: %s not recorded: %s", slot.id, event, exc)
+
+    def _write_record(
+        self, slot: ActorSlot, event: str, pid: int | None, exit_code: int | None, data: dict[str, Any]
     ) -> None:
         now = time.time()
         with self.ledger.tx(fsync=False) as db:
