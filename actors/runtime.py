@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -13,7 +14,8 @@ import trio
 from corral import failpoints
 from corral.errors import UserCodeError
 from corral.mailbox.channel import Channel, open_channel
-from corral.mailbox.envelope import Envelope, Kind
+from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
+from corral.mailbox.errors import ChannelClosed, MailboxFull
 from corral.optional import import_optional
 
 log = logging.getLogger("corral.actor")
@@ -162,7 +164,18 @@ async def _actor(config: dict[str, Any], token: str) -> int:
 
             nursery.start_soon(run_template)
             nursery.start_soon(watch_shutdown)
+            if config.get("heartbeat_s"):
+                nursery.start_soon(_heartbeat, channel, float(config["heartbeat_s"]))
         return code
+
+
+async def _heartbeat(channel: Channel, interval: float) -> None:
+    """Proof of life for the supervisor's stall watchdog. A separate task: an actor
+    busy in a long tool call still beats; a stopped (SIGSTOP) or wedged one does not."""
+    while True:
+        await trio.sleep(interval)
+        with contextlib.suppress(ChannelClosed, MailboxFull, trio.TooSlowError):
+            await channel.tell(SUPERVISOR, {"op": HEARTBEAT}, timeout=interval)
 
 
 def is_shutdown(envelope: Envelope) -> bool:

@@ -39,13 +39,20 @@ class ControlServer:
         handler: Handler,
         *,
         max_frame: int = DEFAULT_MAX_FRAME,
-        concurrency: int = 16,
+        idle_workers: int = 8,
+        max_workers: int = 1024,
     ) -> None:
         self.address = address
         self._token = token
         self._handler = handler
         self.max_frame = max_frame
-        self.concurrency = concurrency
+        #: An elastic pool: ``idle_workers`` contexts always wait for a request, so a
+        #: request that takes long (an events long poll, a run waiting for its
+        #: supervisor work) never starves pings and run creation; up to ``max_workers``.
+        self.idle_workers = idle_workers
+        self.max_workers = max_workers
+        self.workers = 0
+        self.idle = 0
         self.rejected = 0
 
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
@@ -56,22 +63,36 @@ class ControlServer:
             if address.startswith("tcp://") and address.endswith(":0"):
                 address = bound_tcp_address(socket.listeners[0])
             async with trio.open_nursery() as nursery:
-                for _ in range(self.concurrency):
-                    nursery.start_soon(self._worker, socket.new_context())
+                for _ in range(self.idle_workers):
+                    self._spawn(nursery, socket)
                 task_status.started(address)
 
-    async def _worker(self, context: pynng.Context) -> None:
-        with context:
-            while True:
-                try:
-                    frame = await context.arecv()
-                except pynng.Closed:
-                    return
-                reply = await self._answer(frame)
-                try:
-                    await context.asend(reply)
-                except pynng.NNGException as exc:
-                    log.debug("control reply not delivered: %s", exc)
+    def _spawn(self, nursery: trio.Nursery, socket: pynng.Rep0) -> None:
+        self.workers += 1
+        nursery.start_soon(self._worker, nursery, socket, socket.new_context())
+
+    async def _worker(self, nursery: trio.Nursery, socket: pynng.Rep0, context: pynng.Context) -> None:
+        try:
+            with context:
+                while True:
+                    self.idle += 1
+                    try:
+                        frame = await context.arecv()
+                    except pynng.Closed:
+                        return
+                    finally:
+                        self.idle -= 1
+                    if self.idle < self.idle_workers and self.workers < self.max_workers:
+                        self._spawn(nursery, socket)
+                    reply = await self._answer(frame)
+                    try:
+                        await context.asend(reply)
+                    except pynng.NNGException as exc:
+                        log.debug("control reply not delivered: %s", exc)
+                    if self.idle >= self.idle_workers:
+                        return  # surplus after a burst: the pool shrinks back
+        finally:
+            self.workers -= 1
 
     async def _answer(self, frame: bytes) -> bytes:
         try:

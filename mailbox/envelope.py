@@ -60,3 +60,8 @@ class Envelope:
             {"code": code, "message": message},
             corr_id=self.msg_id,
         )
+
+
+#: The body op of an actor's heartbeat tell: proof of life for the supervisor's
+#: stall watchdog, consumed by the tree and never dispatched.
+HEARTBEAT = "heartbeat"

@@ -46,6 +46,12 @@ class LaunchRequest:
     rlimits: dict[str, int] = field(default_factory=dict)
 
 
+#: How long a dead actor's exit code may take to arrive from its parent.
+EXIT_CODE_GRACE_S = 0.5
+#: The exit code of an actor that is gone but whose code was not reported in time.
+UNKNOWN_EXIT = -255
+
+
 class ActorProcess:
     """A launched actor: its pid, a pidfd for race-free signals and exit detection."""
 
@@ -62,10 +68,16 @@ class ActorProcess:
         self._code_known.set()
 
     async def wait(self) -> int:
-        """Wait for exit: the pidfd turns readable when the process is gone."""
+        """Wait for exit: the pidfd turns readable when the process is gone. The exit
+        code comes from the process's parent (the fork server) or its reaper; when
+        that report is late (a stopped fork server), the death is not: it is
+        returned as UNKNOWN_EXIT after a short grace."""
         if not self._closed:
             await trio.lowlevel.wait_readable(self.pidfd)
-        await self._code_known.wait()
+        with trio.move_on_after(EXIT_CODE_GRACE_S):
+            await self._code_known.wait()
+        if self.exit_code is None:
+            self.set_exit_code(UNKNOWN_EXIT)
         assert self.exit_code is not None
         return self.exit_code
 

@@ -62,6 +62,9 @@ class SupervisorSettings:
     inbox_size: int = 256
     synchronous: str = "full"
     heartbeat_s: float = 2.0
+    #: An actor silent this long (no heartbeat, no message) is stalled: it is killed
+    #: and restarted per its policy. Reported as stalled from half of it.
+    stall_timeout_s: float = 30.0
 
 
 POLICIES = ("auto", "confirm", "deny")
@@ -191,7 +194,7 @@ _AGENT = {
 }
 _TEMPLATE = {"id", "provider", "script", "steps", "openai", "provider_config", "policy"}
 _LIMITS = {"max_children_per_call", "max_depth", "child_timeout_s", "max_repairs_per_delivery"}
-_SUPERVISOR = {"transport", "launch", "max_frame", "inbox_size", "synchronous", "heartbeat_s"}
+_SUPERVISOR = {"transport", "launch", "max_frame", "inbox_size", "synchronous", "heartbeat_s", "stall_timeout_s"}
 _GROUP = {"id", "strategy", "max_restarts", "period_s"}
 _ACTOR = {
     "id",
@@ -223,6 +226,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "supervisor.max_frame": (1024, 64 * _MIB),
     "supervisor.inbox_size": (1, 100_000),
     "supervisor.heartbeat_s": (0.05, 3600),
+    "supervisor.stall_timeout_s": (0.5, 86_400),
     "groups.max_restarts": (0, 1_000_000),
     "groups.period_s": (0.001, 86_400),
     "actors.count": (1, 10_000),
@@ -316,6 +320,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         inbox_size=_get("supervisor", sup_table, "inbox_size", int, 256),
         synchronous=synchronous,
         heartbeat_s=_get("supervisor", sup_table, "heartbeat_s", float, 2.0),
+        stall_timeout_s=_get("supervisor", sup_table, "stall_timeout_s", float, 30.0),
     )
 
     groups: dict[str, GroupSpec] = {ROOT_GROUP: GroupSpec(ROOT_GROUP)}

@@ -26,7 +26,7 @@ import trio
 from corral import failpoints
 from corral.mailbox.addresses import bound_tcp_address, ipc_address, tcp_loopback_address
 from corral.mailbox.channel import Channel, configure_socket
-from corral.mailbox.envelope import Envelope, Kind
+from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull
 from corral.sandbox.launcher import ActorProcess, Launcher, LaunchRequest
 from corral.supervisor.actor_state import ActorState, check_transition
@@ -64,6 +64,10 @@ class ActorSlot:
     started_at: float = 0.0
     ready_at: float = 0.0
     dynamic: bool = False
+    #: trio time of the last message (a heartbeat included) from this incarnation.
+    last_seen: float = 0.0
+    #: Since when (trio time) it has been silent past half the stall timeout, or 0.
+    stalled_since: float = 0.0
 
     @property
     def id(self) -> str:
@@ -172,7 +176,31 @@ class SupervisionTree:
                     for actor_id in list(group.order):
                         starters.start_soon(self.start_actor, self.slots[actor_id])
             task_status.started()
-            await trio.sleep_forever()
+            await self._watch_stalls()
+
+    def heartbeat_interval(self) -> float:
+        return min(1.0, self.settings.stall_timeout_s / 5)
+
+    async def _watch_stalls(self) -> None:
+        """Liveness beyond the pidfd: a process that is alive but silent (SIGSTOPped,
+        wedged in a loop that never yields) is reported, then killed and restarted
+        per its policy, counting against the restart intensity."""
+        timeout = self.settings.stall_timeout_s
+        while True:
+            await trio.sleep(min(1.0, timeout / 4))
+            now = trio.current_time()
+            for slot in list(self.slots.values()):
+                if slot.state is not ActorState.RUNNING or slot.process is None or not slot.last_seen:
+                    continue
+                silent = now - slot.last_seen
+                if silent > timeout / 2 and not slot.stalled_since:
+                    slot.stalled_since = slot.last_seen
+                    self._record(slot, event="actor-stalled", silent_s=round(silent, 1))
+                if silent > timeout:
+                    log.error("%s: silent for %.1f s (stall timeout %.1f s); killing it", slot.id, silent, timeout)
+                    self._record(slot, event="actor-stall-killed", silent_s=round(silent, 1))
+                    slot.last_seen = now  # one kill per stall; the exit handling takes over
+                    slot.process.kill_group(signal.SIGKILL)
 
     async def start_actor(self, slot: ActorSlot) -> None:
         assert self._nursery is not None, "tree is not running"
@@ -196,6 +224,7 @@ class SupervisionTree:
                 "inbox_size": self.settings.inbox_size,
                 "supervisor_pid": self.supervisor_pid,
                 "failpoints": self.failpoint_spec,
+                "heartbeat_s": self.heartbeat_interval(),
             }
             env = {"CORRAL_FAILPOINT_DIR": str(self.home / "failpoints")}
             env.update({name: os.environ[name] for name in slot.spec.env_passthrough if name in os.environ})
@@ -255,7 +284,14 @@ class SupervisionTree:
             self._record(slot, pid=process.pid, event="actor-ready")
             slot.ready.set()
         assert self._nursery is not None
+        slot.last_seen = trio.current_time()
         async for envelope in channel.inbox:
+            slot.last_seen = trio.current_time()
+            if slot.stalled_since:
+                slot.stalled_since = 0.0
+                self._record(slot, event="actor-unstalled")
+            if envelope.kind is Kind.TELL and envelope.body.get("op") == HEARTBEAT:
+                continue
             if envelope.kind is Kind.REQUEST:
                 # In the tree's nursery, not this incarnation's: work the supervisor
                 # does on an actor's behalf (a spawn, a claim) must not be cancelled
@@ -484,6 +520,7 @@ class SupervisionTree:
                     "incarnation": s.incarnation,
                     "last_exit": s.last_exit,
                     "restart": s.spec.restart.value,
+                    "stalled_s": round(trio.current_time() - s.stalled_since, 1) if s.stalled_since else None,
                 }
                 for s in self.slots.values()
             ],
