@@ -8,6 +8,7 @@ which the supervisor sends only once ``executing`` is on disk.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 from pathlib import Path
@@ -92,6 +93,12 @@ class Lane:
         # use (a child spawning, say) with a recorded, explained denial.
         self.tools: dict[str, Tool] = all_tools()
         self.tools.update(mcp_tools(run.get("mcp_tools")))
+        globs = run.get("tool_globs")
+        if globs is not None:
+            # Only the agent's allow list is offered; the supervisor refuses the rest.
+            self.tools = {
+                name: tool for name, tool in self.tools.items() if any(fnmatch.fnmatchcase(name, g) for g in globs)
+            }
         self.schemas: tuple[ToolSchema, ...] = tuple(tool.schema for tool in self.tools.values())
         self.provider: Provider | None = None
 
@@ -220,6 +227,7 @@ class Lane:
             call=self.ctx.call,
             is_child=self.run.get("kind") == "child",
             effects_file=Path(self.run["effects_file"]) if self.run.get("effects_file") else None,
+            idempotency_key=action_id,
         )
         try:
             validate_input(tool.schema, tool_input)

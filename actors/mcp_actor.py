@@ -14,7 +14,6 @@ restarts it per its policy and counts it against the restart intensity.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -29,15 +28,12 @@ import trio
 
 from corral import failpoints
 from corral.actors.runtime import ActorContext, is_shutdown
+from corral.actors.tools.sidecar import ResultTooLarge, bounded
 from corral.mailbox.envelope import Envelope, Kind
 from corral.redact import redact_text, register_secret, summarize
 
 log = logging.getLogger("corral.mcp")
 
-#: Results up to this size travel inline; larger ones go to a sidecar file.
-INLINE_RESULT_BYTES = 32 * 1024
-#: Results past this size are refused: a server that floods is a faulty server.
-MAX_RESULT_BYTES = 8 * 1024 * 1024
 EXIT_SESSION_BROKEN = 3
 EXIT_START_FAILED = 4
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
@@ -169,28 +165,16 @@ def result_payload(result: Any) -> dict[str, Any]:
 
 
 def _bounded_result(payload: dict[str, Any], sidecar: str | None) -> dict[str, Any]:
-    data = json.dumps(payload, ensure_ascii=False).encode()
-    if len(data) > MAX_RESULT_BYTES:
-        return {
-            "ok": False,
-            "code": "result-too-large",
-            "error": f"the server's result is {len(data)} bytes; the limit is {MAX_RESULT_BYTES}",
-        }
-    if len(data) <= INLINE_RESULT_BYTES or sidecar is None:
-        return {"ok": True, "result": payload, "bytes": len(data)}
-    path = Path(sidecar)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    preview = payload["text"][:2000]
-    return {
-        "ok": True,
-        "result": {"is_error": payload["is_error"], "text": preview, "structured": None, "other_content": []},
-        "sidecar": str(path),
-        "bytes": len(data),
-        "truncated": True,
-    }
+    """The relay's answer: the result inline, or a sidecar reference with a preview
+    (the one helper user tools use too), or a refusal past the hard cap."""
+    try:
+        shown = bounded(payload, Path(sidecar) if sidecar else None, preview=payload["text"])
+    except ResultTooLarge as exc:
+        return {"ok": False, "code": ResultTooLarge.code, "error": f"the server's answer: {exc}"}
+    if "sidecar" not in shown:
+        return {"ok": True, "result": payload}
+    preview = {"is_error": payload["is_error"], "text": shown["preview"], "structured": None, "other_content": []}
+    return {"ok": True, "result": preview, "sidecar": shown["sidecar"], "bytes": shown["bytes"], "truncated": True}
 
 
 async def run(ctx: ActorContext) -> int:

@@ -93,6 +93,9 @@ def preload() -> None:
     templates, tools and providers cost ~75 ms per child otherwise (measured), which
     was most of a restart. Nothing imported here may start a thread (fork safety)."""
     _templates()
+    from corral.actors.user_code import import_tool_modules_from_env
+
+    import_tool_modules_from_env()  # the user's @corral.tool modules, as the spec names them
     from corral.actors.providers import openai  # noqa: F401
     from corral.actors.tools.registry import all_tools
 
@@ -113,6 +116,9 @@ async def _warm_trio() -> None:
 
 
 def actor_main(config: dict[str, Any], token: str) -> int:
+    from corral.actors.user_code import import_tool_modules_from_env
+
+    import_tool_modules_from_env()  # a no-op after the fork server's preload
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {config['actor_id']} %(levelname)s %(message)s")
     failpoints.configure(config.get("failpoints", ""), config.get("supervisor_pid"))
     return trio.run(_actor, config, token)

@@ -100,3 +100,51 @@ class import_path:
     def __exit__(self, *exc: object) -> None:
         if self.added and self.entry in sys.path:
             sys.path.remove(self.entry)
+
+
+#: The environment variable carrying the tool modules to import in every process
+#: (the supervisor sets it from the spec; the fork server and actors read it).
+TOOL_MODULES_ENV = "CORRAL_TOOL_MODULES"
+
+
+def import_tool_module(entry: str) -> None:
+    """Import one ``[tools] modules`` entry: a dotted module name, or a ``.py`` file
+    path (absolute by now). Raises UserCodeError naming it and the exception."""
+    import hashlib
+    import importlib.util
+
+    try:
+        if entry.endswith(".py"):
+            path = Path(entry)
+            module_name = "corral_user_tools_" + hashlib.sha256(str(path).encode()).hexdigest()[:16]
+            if module_name in sys.modules:
+                return
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {path}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[module_name]
+                raise
+        else:
+            importlib.import_module(entry)
+    except Exception as exc:
+        raise UserCodeError(f"tools module {entry!r} failed to import: {type(exc).__name__}: {exc}") from None
+
+
+def tool_entry_points() -> list[str]:
+    """Tool modules that pip-installed packages register in the ``corral.tools`` group."""
+    from importlib.metadata import entry_points
+
+    return [point.value for point in entry_points(group="corral.tools")]
+
+
+def import_tool_modules_from_env() -> None:
+    """In the fork server and every actor: the same tool modules as the supervisor."""
+    import json
+
+    for entry in json.loads(os.environ.get(TOOL_MODULES_ENV) or "[]"):
+        import_tool_module(str(entry))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import trio
 
+from corral.actors.user_code import TOOL_MODULES_ENV
 from corral.supervisor import home as homes
 from corral.supervisor.daemon import Supervisor
 from corral.supervisor.ledger import LedgerError
@@ -65,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         lock.release()
         return fail(str(exc), 2)
+    # The fork server and every actor import the same tool modules as the spec did here.
+    os.environ[TOOL_MODULES_ENV] = json.dumps(list(spec.tool_modules))
     if spec.source != "<embedded>":
         from corral.actors.user_code import add_import_path
 

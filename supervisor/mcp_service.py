@@ -16,16 +16,14 @@ actor died mid-call, the call timed out), the action becomes
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import trio
 
+from corral.actors.tools.validation import validation_error
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
 from corral.redact import summarize
 from corral.supervisor import run_store
@@ -254,12 +252,12 @@ class McpService:
             policy=policy,
             raw_sha256=run_service.keep_raw_input(run["run_id"], loop, index, tool_input),
         )
-        if problem is not None and row["phase"] == ActionPhase.PREPARED:
+        if not run_service.tool_allowed(run, name):
+            row = run_service.refuse_prepared(row, ActionPhase.DENIED, f"{name} is not in this agent's tools list")
+        elif problem is not None:
             # Invalid arguments: the action fails before it is executing, so the
             # server is never called; the model sees why in the observation.
-            run_store.move_action(self.ledger, row["action_id"], ActionPhase.FAILED, error=problem, reason=problem)
-            run_store.write_receipt(self.ledger, row["action_id"])
-            row = run_store.get_action(self.ledger, row["action_id"])
+            row = run_service.refuse_prepared(row, ActionPhase.FAILED, problem)
         return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
 
     # -- calls -------------------------------------------------------------------------
@@ -432,30 +430,6 @@ class McpService:
                 self.ledger, run_id, RunStatus.COMPLETED if ok else RunStatus.FAILED, summary
             )
         return {"run_id": run_id, "action_id": row["action_id"], **answer}
-
-
-@functools.lru_cache(maxsize=1024)
-def _validator(schema_json: str) -> Any:
-    """A checked validator per distinct schema (checking a schema costs more than using it)."""
-    schema = json.loads(schema_json)
-    validator_type = jsonschema.validators.validator_for(schema)
-    validator_type.check_schema(schema)
-    return validator_type(schema)
-
-
-def validation_error(name: str, schema: dict[str, Any], value: dict[str, Any]) -> str | None:
-    """One validation path for MCP arguments: JSON Schema, errors naming the field."""
-    try:
-        validator = _validator(json.dumps(schema, sort_keys=True))
-    except jsonschema.SchemaError as exc:
-        return f"{name}: the server's input schema is invalid ({summarize(exc.message, 120)})"
-    errors = sorted(validator.iter_errors(value), key=lambda error: list(error.absolute_path))
-    if not errors:
-        return None
-    first = errors[0]
-    where = ".".join(str(part) for part in first.absolute_path) or "(arguments)"
-    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{name}: invalid argument {where}: {summarize(first.message, 200)}{more}"
 
 
 def install(sup: Supervisor) -> McpService:

@@ -4,6 +4,7 @@ people, recovery at boot, retry timers, and wake-ups of agents whose runs can mo
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import re
@@ -15,9 +16,10 @@ import trio
 
 from corral.actors.providers.registry import is_idempotent
 from corral.actors.tools.registry import all_tools, rerunnable
+from corral.actors.tools.validation import validation_error
 from corral.redact import redact, redact_text, summarize
 from corral.supervisor import finalization, recovery, resolutions, run_store, sealed_input
-from corral.supervisor.action_state import action_id, canonical_json
+from corral.supervisor.action_state import ActionPhase, action_id, canonical_json
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.params import param_int, param_str
 from corral.supervisor.run_state import TERMINAL, RunStatus
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
 
 
+#: Which policy wins when several globs match one tool.
+POLICY_STRICTNESS = ("auto", "confirm", "deny")
 _RUN_ID = re.compile(r"^run-[a-z0-9-]{6,40}$")
 
 
@@ -68,11 +72,31 @@ class RunService:
         return run
 
     def policy_for(self, run: Any, tool: str) -> str:
+        """The run's policy for a tool: an exact key first, then the strictest glob
+        that matches (deny over confirm over auto), then the spec's, then auto."""
         options = json.loads(run["options"])
-        run_policy: dict[str, str] = options.get("policy", {})
-        if tool in run_policy:
-            return run_policy[tool]
-        return self.sup.spec.policy.get(tool, "auto")
+        for table in (options.get("policy", {}), self.sup.spec.policy):
+            if tool in table:
+                return str(table[tool])
+            matches = [mode for key, mode in table.items() if fnmatch.fnmatchcase(tool, key)]
+            if matches:
+                return max(matches, key=POLICY_STRICTNESS.index)
+        return "auto"
+
+    @staticmethod
+    def tool_allowed(run: Any, tool: str) -> bool:
+        """The agent's ``tools`` allow list (globs); no list: every tool."""
+        globs = json.loads(run["options"]).get("tool_globs")
+        return globs is None or any(fnmatch.fnmatchcase(tool, pattern) for pattern in globs)
+
+    def refuse_prepared(self, row: Any, phase: ActionPhase, why: str) -> Any:
+        """An action refused at prepare (invalid arguments, not allowed): terminal
+        before it is ever executing, with a receipt and the reason the model sees."""
+        if row["phase"] != ActionPhase.PREPARED:
+            return row
+        run_store.move_action(self.ledger, row["action_id"], phase, error=why, reason=why)
+        run_store.write_receipt(self.ledger, row["action_id"])
+        return run_store.get_action(self.ledger, row["action_id"])
 
     async def wake(self, agent_id: str) -> None:
         slot = self.sup.tree.slots.get(agent_id)
@@ -114,6 +138,7 @@ class RunService:
                 "effects_file": options.get("effects_file"),
                 "home": str(self.sup.home),
                 "allowed_tools": options.get("allowed_tools"),
+                "tool_globs": options.get("tool_globs"),
             }
         }
 
@@ -241,6 +266,7 @@ class RunService:
         allowed = json.loads(run["options"]).get("allowed_tools")
         if allowed is not None and tool_name not in allowed:
             policy = "deny"  # e.g. a child may not spawn or delegate: refused, recorded, never run
+        problem = validation_error(tool_name, tool.schema.input_schema, tool_input, sealed=tool.schema.sealed)
         loop, index = _int(params, "loop"), _int(params, "index")
         row = run_store.prepare_action(
             self.ledger,
@@ -253,6 +279,12 @@ class RunService:
             policy=policy,
             raw_sha256=self.keep_raw_input(run["run_id"], loop, index, tool_input),
         )
+        if not self.tool_allowed(run, tool_name):
+            row = self.refuse_prepared(row, ActionPhase.DENIED, f"{tool_name} is not in this agent's tools list")
+        elif problem is not None:
+            # Invalid arguments never reach the tool: the action fails before it is
+            # executing, and the model sees which field was wrong.
+            row = self.refuse_prepared(row, ActionPhase.FAILED, problem)
         return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
 
     def keep_raw_input(self, run_id: str, loop: int, index: int, tool_input: dict[str, Any]) -> str | None:
@@ -352,6 +384,7 @@ class RunService:
             "workspace": str(agent.workspace),
             "write_scopes": list(agent.write_scopes),
             "policy": {**self.sup.spec.policy, **agent.policy},
+            "tool_globs": list(agent.tools) if agent.tools is not None else None,
             "effects_file": str(self.sup.spec.effects_file) if self.sup.spec.effects_file else None,
             "limits": {
                 "max_repairs": agent.max_repairs,

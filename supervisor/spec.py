@@ -83,6 +83,8 @@ class AgentSpec:
     max_provider_retries: int = 3
     retry_base_s: float = 0.5
     retry_cap_s: float = 30.0
+    #: Globs of the tools this agent may use and is offered; None: every tool.
+    tools: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,9 @@ class SwarmSpec:
     effects_file: Path | None = None
     sandbox: SandboxSettings = SandboxSettings()
     mcp_servers: tuple[McpServerSpec, ...] = ()
+    #: ``[tools] modules``, resolved (file paths absolute), plus the ``corral.tools``
+    #: entry points: imported here, in the fork server and in every actor.
+    tool_modules: tuple[str, ...] = ()
 
     def agent(self, agent_id: str) -> AgentSpec:
         for agent in self.agents:
@@ -172,6 +177,7 @@ _TOP = {
     "project",
     "chaos",
     "mcp_servers",
+    "tools",
 }
 _AGENT = {
     "id",
@@ -191,6 +197,7 @@ _AGENT = {
     "restart",
     "group",
     "shutdown_timeout_ms",
+    "tools",
 }
 _TEMPLATE = {"id", "provider", "script", "steps", "openai", "provider_config", "policy"}
 _LIMITS = {"max_children_per_call", "max_depth", "child_timeout_s", "max_repairs_per_delivery"}
@@ -383,6 +390,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     _check_keys("chaos", chaos_table, {"effects_file", "root_agent", "task", "workspace_files"})
     effects = _get("chaos", chaos_table, "effects_file", str, "")
     policy = _policy("policy", _get("spec", data, "policy", dict, {}))
+    tool_modules = _tool_modules(_get("spec", data, "tools", dict, {}), base)
 
     agents: list[AgentSpec] = []
     for index, table in enumerate(_get("spec", data, "agents", list, [])):
@@ -422,6 +430,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
             max_provider_retries=_get(where, table, "max_provider_retries", int, 3),
             retry_base_s=_get(where, table, "retry_base_s", float, 0.5),
             retry_cap_s=_get(where, table, "retry_cap_s", float, 30.0),
+            tools=_tool_globs(where, table),
         )
         agents.append(agent)
         group_id = _get(where, table, "group", str, ROOT_GROUP)
@@ -499,6 +508,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         (base / effects).resolve() if effects else None,
         sandbox,
         mcp_servers,
+        tool_modules,
     )
 
 
@@ -584,6 +594,34 @@ def _policy(where: str, table: dict[str, Any]) -> dict[str, str]:
         if mode not in POLICIES:
             raise SpecError(f"{where}.{tool}: policy must be one of {', '.join(POLICIES)}, got {mode!r}")
     return dict(table)
+
+
+def _tool_modules(table: dict[str, Any], base: Path) -> tuple[str, ...]:
+    """Import the user's tool modules now: a module that fails to import is a spec
+    error naming it, and nothing starts."""
+    from corral.actors.user_code import import_tool_module, tool_entry_points
+    from corral.errors import UserCodeError
+
+    _check_keys("tools", table, {"modules"})
+    entries = _get("tools", table, "modules", list, [])
+    if not all(isinstance(entry, str) and 0 < len(entry) <= 4096 for entry in entries):
+        raise SpecError("tools.modules: must be a list of module names or .py file paths")
+    resolved = [str((base / entry).resolve()) if entry.endswith(".py") else entry for entry in entries]
+    for entry in [*resolved, *tool_entry_points()]:
+        try:
+            import_tool_module(entry)
+        except UserCodeError as exc:
+            raise SpecError(f"tools.modules: {exc}") from None
+    return tuple(dict.fromkeys([*resolved, *tool_entry_points()]))
+
+
+def _tool_globs(where: str, table: dict[str, Any]) -> tuple[str, ...] | None:
+    if "tools" not in table:
+        return None
+    globs = _get(where, table, "tools", list, [])
+    if not all(isinstance(glob, str) and 0 < len(glob) <= 200 for glob in globs):
+        raise SpecError(f"{where}.tools: must be a list of tool names or globs (e.g. \"fs.*\", \"mcp.git.*\")")
+    return tuple(globs)
 
 
 def known_tool_names() -> list[str]:

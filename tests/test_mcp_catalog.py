@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from corral.actors.tools.validation import validation_error
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.mcp_catalog import build_catalog, catalog_fingerprint, drift, pin, pinned
-from corral.supervisor.mcp_service import validation_error
 from corral.supervisor.mcp_spec import McpSpecError, parse_server, split_tool_name
 from corral.supervisor.spec import SpecError, parse_spec
 

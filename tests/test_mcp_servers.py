@@ -265,7 +265,7 @@ def test_a_hanging_call_times_out_and_its_outcome_is_unknown(project: Path) -> N
 def test_large_results_go_to_a_sidecar_and_floods_are_refused(project: Path) -> None:
     effects = project / "lab.log"
     steps = [
-        {"actions": [("mcp.lab.big", {"kilobytes": 100}), ("mcp.lab.flood", {"megabytes": 20})]},
+        {"actions": [("mcp.lab.big", {"kilobytes": 100}), ("mcp.lab.flood", {"megabytes": 9})]},
         {"actions": [("mcp.lab.fail_politely", {})]},
         {"final": "done"},
     ]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,8 +12,6 @@ import pytest
 import corral
 
 HEAVY = ("trio", "pynng", "pydantic", "msgpack", "psutil", "sqlite3", "jsonschema")
-#: Written by the `tools` branch (issue #15 items 2-3); resolvable once merged.
-FROM_TOOLS_BRANCH = {"tool": "corral.actors.tools.declare"}
 
 
 def _run(code: str) -> str:
@@ -42,8 +39,6 @@ def test_import_time_is_measured_as_a_fact() -> None:
 
 def test_every_public_name_resolves_without_cycles() -> None:
     for name in corral.__all__:
-        if name in FROM_TOOLS_BRANCH and importlib.util.find_spec(FROM_TOOLS_BRANCH[name]) is None:
-            continue
         # Each in a fresh interpreter, so an import cycle reachable from one name shows.
         out = _run(f"import corral; value = corral.{name}; print(type(value).__name__)")
         assert out.strip(), name
@@ -80,8 +75,6 @@ def test_every_error_a_user_catches_is_a_corral_error() -> None:
 def test_public_classes_and_functions_are_documented() -> None:
     for name in corral.__all__:
         if name.startswith("__") or name == "PROTOCOL_VERSION":
-            continue
-        if name in FROM_TOOLS_BRANCH and importlib.util.find_spec(FROM_TOOLS_BRANCH[name]) is None:
             continue
         value = getattr(corral, name)
         assert (value.__doc__ or "").strip(), f"corral.{name} has no docstring"

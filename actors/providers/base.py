@@ -27,6 +27,13 @@ class ToolSchema:
     #: Input fields kept out of the ledger: the supervisor spools them privately at
     #: plan commit and the plan holds ``{"sealed": sha256, "bytes": n}`` instead.
     sealed: tuple[str, ...] = ()
+    #: The tool's contract with recovery: "read", "idempotent" or "external" (may it
+    #: run again after a crash?). Empty: derived from ``read_only``.
+    effect: str = ""
+
+    @property
+    def effect_class(self) -> str:
+        return self.effect or ("read" if self.read_only else "external")
 
 
 @dataclass(frozen=True)

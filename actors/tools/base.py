@@ -31,6 +31,9 @@ class ToolContext:
     is_child: bool = False
     effects_file: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The same on every attempt of one action (it is the action id): pass it to an
+    #: API as its idempotency key, so an idempotent tool that runs again is harmless.
+    idempotency_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,27 +80,10 @@ def is_sealed(value: Any) -> bool:
 
 
 def validate_input(tool_schema: ToolSchema, tool_input: dict[str, Any]) -> None:
-    """A small structural check so a bad input fails before anything runs."""
-    spec = tool_schema.input_schema
-    props: dict[str, Any] = spec.get("properties", {})
-    for key in spec.get("required", []):
-        if key not in tool_input:
-            raise ToolError(f"{tool_schema.name}: missing required input {key!r}", "bad-input")
-    for key, value in tool_input.items():
-        if key not in props:
-            raise ToolError(f"{tool_schema.name}: unknown input {key!r}", "bad-input")
-        expected = props[key].get("type")
-        if key in tool_schema.sealed and is_sealed(value):
-            continue  # the supervisor holds the value; it checks it against the digest
-        types: dict[str, type | tuple[type, ...]] = {
-            "string": str,
-            "integer": int,
-            "boolean": bool,
-            "object": dict,
-            "array": list,
-            "number": (int, float),
-        }
-        if expected in types:
-            py_type = types[expected]
-            if not isinstance(value, py_type) or (expected in ("integer", "number") and isinstance(value, bool)):
-                raise ToolError(f"{tool_schema.name}: input {key!r} must be {expected}", "bad-input")
+    """The one validation path (JSON Schema, corral.actors.tools.validation): a bad
+    input fails before anything runs, with an error naming the field."""
+    from corral.actors.tools.validation import validation_error
+
+    problem = validation_error(tool_schema.name, tool_schema.input_schema, tool_input, sealed=tool_schema.sealed)
+    if problem is not None:
+        raise ToolError(problem, "bad-input")

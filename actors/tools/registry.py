@@ -11,7 +11,7 @@ from corral.optional import import_optional
 _BUILTIN: list[Tool] = [FsRead(), FsWrite(), FsPatch(), FsList(), EffectRecord(), EffectBarrier()]
 
 
-def all_tools() -> dict[str, Tool]:
+def builtin_tools() -> dict[str, Tool]:
     tools = {tool.schema.name: tool for tool in _BUILTIN}
     for name in ("corral.actors.tools.swarm", "corral.actors.tools.process"):
         module = import_optional(name)
@@ -22,12 +22,22 @@ def all_tools() -> dict[str, Tool]:
     return tools
 
 
+def all_tools() -> dict[str, Tool]:
+    """The one catalog: built-ins, then the user's ``@corral.tool`` functions from the
+    imported tool modules (MCP tools join per run, from the servers' catalogs)."""
+    from corral.actors.tools.declare import USER_TOOLS
+
+    tools = builtin_tools()
+    tools.update({name: tool for name, tool in USER_TOOLS.items() if name not in tools})
+    return tools
+
+
 def schemas(tools: dict[str, Tool]) -> tuple[ToolSchema, ...]:
     return tuple(tool.schema for tool in tools.values())
 
 
 def rerunnable(tool: Tool) -> bool:
-    """May recovery run this tool again? Read-only tools, and ledger tools whose only
-    effect is a supervisor transaction keyed by the action id (a replay returns the
-    first result), may; anything that touches the outside world may not."""
-    return tool.schema.read_only or bool(getattr(tool, "ledger_idempotent", False))
+    """May recovery run this tool again? Its effect class decides: read and idempotent
+    tools may (an idempotent one with the same key), and so may ledger tools whose
+    only effect is a supervisor transaction keyed by the action id; external ones never."""
+    return tool.schema.effect_class in ("read", "idempotent") or bool(getattr(tool, "ledger_idempotent", False))

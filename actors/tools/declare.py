@@ -1,0 +1,161 @@
+"""``@corral.tool``: a typed Python function becomes a durable tool.
+
+The input JSON Schema comes from the signature (pydantic), the description from
+the docstring, and the effect class tells recovery what it may do after a crash:
+
+- ``"read"``: no side effect; may run again.
+- ``"idempotent"``: may run again with the same ``ctx.idempotency_key`` (the action
+  id, the same on every attempt): pass it to the API you call.
+- ``"external"`` (the default): never runs twice. A crash after ``executing`` is
+  committed and before the result is recorded leaves the action
+  ``needs-reconciliation`` for a person.
+
+Arguments are validated before the action is prepared (bad ones never reach the
+function), an exception is a failed action carrying its redacted message, and
+``timeout_s`` is enforced. A sync function runs in a worker thread; a timed-out sync
+function cannot be killed, so its thread is abandoned (the action fails) and
+finishes on its own: give blocking calls their own timeouts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast
+
+from corral.actors.providers.base import ToolSchema
+from corral.actors.tools.base import ToolContext, ToolError, ToolResult
+from corral.actors.tools.sidecar import ResultTooLarge, bounded, sidecar_path
+from corral.redact import summarize
+
+Effect = Literal["read", "idempotent", "external"]
+EFFECTS: tuple[str, ...] = ("read", "idempotent", "external")
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789._-")
+#: Tools registered by ``@tool`` in this process (imported user modules).
+USER_TOOLS: dict[str, UserTool] = {}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ToolDeclarationError(TypeError):
+    """A ``@tool`` that cannot be a tool (a clear message at import time)."""
+
+
+@dataclass
+class UserTool:
+    """A declared tool: the one Tool protocol (schema + run) around a function."""
+
+    schema: ToolSchema
+    effect: str
+    func: Callable[..., Any]
+    timeout_s: float
+    model: Any  # a pydantic model class of the arguments
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        import pydantic
+        import trio
+
+        try:
+            arguments = self.model.model_validate(tool_input)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "(arguments)"
+            raise ToolError(f"{self.schema.name}: invalid argument {where}: {first['msg']}", "bad-input") from None
+        kwargs = {name: getattr(arguments, name) for name in type(arguments).model_fields}
+        try:
+            with trio.fail_after(self.timeout_s):
+                if inspect.iscoroutinefunction(self.func):
+                    value = await self.func(ctx, **kwargs)
+                else:
+                    value = await trio.to_thread.run_sync(
+                        lambda: self.func(ctx, **kwargs), abandon_on_cancel=True
+                    )
+        except trio.TooSlowError:
+            raise ToolError(f"{self.schema.name} did not finish within {self.timeout_s:g} s", "timeout") from None
+        except ToolError:
+            raise
+        except Exception as exc:  # the user's bug or refusal is a failed action, not a dead agent
+            raise ToolError(f"{self.schema.name} raised {type(exc).__name__}: {summarize(str(exc), 300)}") from None
+        output = value if isinstance(value, dict) else {"result": value}
+        try:
+            json.dumps(output, default=str)
+            path = sidecar_path(ctx.home, ctx.run_id, ctx.action_id, "tool")
+            shown = bounded(output, path, preview=summarize(json.dumps(output, default=str), 2000))
+        except ResultTooLarge as exc:
+            raise ToolError(f"{self.schema.name}: {exc}", ResultTooLarge.code) from None
+        except (TypeError, ValueError) as exc:
+            raise ToolError(f"{self.schema.name} returned a value that is not JSON: {exc}") from None
+        return ToolResult(True, shown, f"{self.schema.name}: {summarize(json.dumps(output, default=str), 120)}")
+
+
+def _arguments_model(name: str, func: Callable[..., Any]) -> Any:
+    """A pydantic model of the parameters after ``ctx``: their types and defaults."""
+    import pydantic
+
+    signature = inspect.signature(func)
+    params = list(signature.parameters.values())
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        raise ToolDeclarationError(f"tool {name}: the first parameter must be the ToolContext (ctx)")
+    hints = inspect.get_annotations(func, eval_str=True)
+    fields: dict[str, Any] = {}
+    for param in params[1:]:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ToolDeclarationError(f"tool {name}: *args and **kwargs cannot be described to a model")
+        if param.name not in hints:
+            raise ToolDeclarationError(f"tool {name}: parameter {param.name!r} needs a type annotation")
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (hints[param.name], default)
+    config = pydantic.ConfigDict(extra="forbid")
+    return pydantic.create_model(f"{name.replace('.', '_')}_arguments", __config__=config, **fields)
+
+
+def tool(
+    func: F | None = None,
+    *,
+    name: str | None = None,
+    effect: Effect = "external",
+    timeout_s: float = 60.0,
+    description: str | None = None,
+) -> Any:
+    """Declare a typed function ``f(ctx: ToolContext, ...)`` as a corral tool.
+
+    ``name`` defaults to the function's name; ``effect`` is the tool's contract with
+    recovery (``"read"``, ``"idempotent"`` or ``"external"``, the safe default);
+    ``timeout_s`` bounds each call; the docstring (or ``description``) tells the
+    model what the tool does. Usable as ``@tool`` or ``@tool(...)``.
+    """
+
+    def declare(target: F) -> F:
+        tool_name = name or target.__name__
+        if not tool_name or not set(tool_name) <= _NAME_CHARS or len(tool_name) > 64:
+            raise ToolDeclarationError(f"tool name {tool_name!r}: use 1-64 of a-z, 0-9, '.', '_', '-'")
+        if tool_name.startswith("mcp."):
+            raise ToolDeclarationError(f"tool name {tool_name!r}: 'mcp.' names belong to MCP servers")
+        if effect not in EFFECTS:
+            raise ToolDeclarationError(f"tool {tool_name}: effect must be one of {', '.join(EFFECTS)}")
+        if not 0 < timeout_s <= 24 * 3600:
+            raise ToolDeclarationError(f"tool {tool_name}: timeout_s must be within (0, 86400]")
+        model = _arguments_model(tool_name, target)
+        schema = model.model_json_schema()
+        schema.pop("title", None)
+        text = description or inspect.getdoc(target) or tool_name
+        USER_TOOLS[tool_name] = UserTool(
+            schema=ToolSchema(
+                name=tool_name,
+                description=text[:2000],
+                input_schema=schema,
+                read_only=effect == "read",
+                effect=effect,
+            ),
+            effect=effect,
+            func=target,
+            timeout_s=float(timeout_s),
+            model=model,
+        )
+        return target
+
+    if func is not None:
+        return declare(func)
+    return cast(Callable[[F], F], declare)
