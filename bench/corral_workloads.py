@@ -530,3 +530,55 @@ def mcp_call_overhead(ctx: Context) -> Metrics:
     ctx.metrics["direct_sdk_ms"] = Stats.of(direct, "ms")
     ctx.note("per loop step (provider turn, plan, prepare, executing, result, receipt), synchronous=FULL")
     return ctx.metrics
+
+
+# -- user tools (issue 15) ---------------------------------------------------------------
+
+_USER_READ_TOOL = '''
+import hashlib
+
+import corral
+
+
+@corral.tool(effect="read", name="bench.read")
+def read(ctx: corral.ToolContext, path: str) -> dict:
+    """Read a file of the workspace (what fs.read does, as a user tool)."""
+    data = (ctx.workspace / path).read_bytes()
+    return {"path": path, "content": data.decode(), "sha256": hashlib.sha256(data).hexdigest()}
+'''
+
+
+def _user_tool_spec(steps: int, module: Path) -> str:
+    def agent(agent_id: str, tool: str) -> str:
+        step = f'  [[agents.steps]]\n  actions = [{{ tool = "{tool}", input = {{ path = "data.txt" }} }}]\n'
+        return f'\n[[agents]]\nid = "{agent_id}"\n' + step * steps + '  [[agents.steps]]\n  final = "ok"\n'
+
+    return (
+        f'[project]\nroot = "ws"\n[tools]\nmodules = ["{module}"]\n'
+        + agent("user-tool", "bench.read")
+        + agent("builtin", "fs.read")
+    )
+
+
+@workload("user_tool_overhead", group="corral", budget_s=120, quick_budget_s=30)
+def user_tool_overhead(ctx: Context) -> Metrics:
+    """A user read tool (@corral.tool) through the agent loop against the built-in
+    fs.read in the same run: what the user-tool mechanism adds per call.
+    Return {"overhead_ms": Stats(ms), "user_loop_ms": Stats(ms), "builtin_loop_ms": Stats(ms)}."""
+    steps = ctx.reps(5, 20)
+    module = ctx.tmp / "bench_user_tools.py"
+    module.write_text(_USER_READ_TOOL)
+    user, builtin, overhead = [], [], []
+    with supervisor(ctx, _user_tool_spec(steps, module)) as home:
+        (home.parent / "ws" / "data.txt").write_text("x" * 4096)
+        _wait_all_ready(home, 2, 60)
+        for _ in range(ctx.reps(2, 5)):
+            user.append(_per_call_ms(home, "user-tool", steps + 1))
+            builtin.append(_per_call_ms(home, "builtin", steps + 1))
+            overhead.append(user[-1] - builtin[-1])
+            ctx.check("user tools")
+    ctx.metrics["overhead_ms"] = Stats.of(overhead, "ms")
+    ctx.metrics["user_loop_ms"] = Stats.of(user, "ms")
+    ctx.metrics["builtin_loop_ms"] = Stats.of(builtin, "ms")
+    ctx.note("per loop step (provider turn, plan, prepare, executing, result, receipt), synchronous=FULL")
+    return ctx.metrics

@@ -313,3 +313,17 @@ figure(
         target_text="<= 2 ms",
     )
 )
+figure(
+    FigureSpec(
+        name="user_tool_overhead",
+        metric="a user read tool (@corral.tool) per loop step, minus the built-in fs.read in the same run",
+        unit="ms",
+        corral="user_tool_overhead.overhead_ms",
+        baselines={
+            "durable loop step, built-in fs.read": "user_tool_overhead.builtin_loop_ms",
+            "durable loop step, user tool": "user_tool_overhead.user_loop_ms",
+        },
+        targets=(Target("value<=", 1.0),),
+        target_text="<= 1 ms",
+    )
+)

@@ -27,6 +27,8 @@ class Action:
     loop_index: int
     policy: str
     fingerprint: str = ""
+    #: Why it failed or was refused (redacted), when it did.
+    error: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -38,6 +40,7 @@ class Action:
             loop_index=int(row.get("loop_index") or 0),
             policy=str(row.get("policy") or ""),
             fingerprint=str(row.get("fingerprint") or ""),
+            error=str(row.get("error") or ""),
             raw=dict(row),
         )
 

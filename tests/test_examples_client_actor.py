@@ -1,4 +1,4 @@
-"""Every example runs for real: ``examples/python_api.py`` and ``examples/custom_actor``."""
+"""Every example runs for real: python_api.py, custom_actor/ and custom_tools/."""
 
 from __future__ import annotations
 
@@ -36,3 +36,12 @@ def test_custom_actor_example_survives_a_sigkill(short_tmp: Path) -> None:
     assert "(incarnation 1)" in result.stdout and "total 6 from pid" in result.stdout
     assert "restarts: 1" in result.stdout
     assert (short_tmp / "actor" / "total.txt").read_text() == "6"
+
+
+def test_custom_tools_example_validates_and_orders_once(short_tmp: Path) -> None:
+    result = _example("custom_tools/run.py", short_tmp / "tools")
+    assert result.returncode == 0, result.stderr
+    assert ": completed" in result.stdout.splitlines()[0]
+    assert "invalid argument quantity" in result.stdout
+    orders = (short_tmp / "tools" / "project" / "orders.jsonl").read_text().splitlines()
+    assert len(orders) == 1 and '"quantity": 12' in orders[0]
