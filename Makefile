@@ -18,13 +18,14 @@ demo: $(STAMP)
 	$(VENV)/bin/corral demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check corral actors supervisor mailbox sandbox bench tests
+	$(VENV)/bin/ruff check corral actors supervisor mailbox sandbox bench tests examples
 
 typecheck: $(STAMP)
 	./scripts/typecheck.sh
 
+# Two workers on two cores: most tests wait on real processes, not on the CPU.
 test: lint typecheck
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 bench: $(VENV)/.bench
 	$(PY) -m bench --json bench/results/latest.json

@@ -16,7 +16,6 @@ from typing import Any
 
 import trio
 
-from corral import failpoints
 from corral.actors.providers.base import (
     ErrorKind,
     PlanError,
@@ -31,9 +30,10 @@ from corral.actors.runtime import ActorContext, is_shutdown
 from corral.actors.tools.base import Tool, ToolContext, ToolError, validate_input
 from corral.actors.tools.mcp import mcp_tools
 from corral.actors.tools.registry import all_tools
+from corral.core import failpoints
+from corral.core.redact import summarize
 from corral.mailbox.envelope import Kind
 from corral.mailbox.errors import RemoteError
-from corral.redact import summarize
 
 log = logging.getLogger("corral.agent")
 

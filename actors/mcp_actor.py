@@ -26,11 +26,11 @@ from typing import Any
 
 import trio
 
-from corral import failpoints
 from corral.actors.runtime import ActorContext, is_shutdown
 from corral.actors.tools.sidecar import ResultTooLarge, bounded
+from corral.core import failpoints
+from corral.core.redact import redact_text, register_secret, summarize
 from corral.mailbox.envelope import Envelope, Kind
-from corral.redact import redact_text, register_secret, summarize
 
 log = logging.getLogger("corral.mcp")
 

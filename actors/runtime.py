@@ -11,12 +11,12 @@ from typing import Any
 
 import trio
 
-from corral import failpoints
-from corral.errors import UserCodeError
+from corral.core import failpoints
+from corral.core.errors import UserCodeError
+from corral.core.optional import import_optional
 from corral.mailbox.channel import Channel, open_channel
 from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull
-from corral.optional import import_optional
 
 log = logging.getLogger("corral.actor")
 

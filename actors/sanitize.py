@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from corral.redact import redact_text
+from corral.core.redact import redact_text
 
 # CSI (7-bit ESC [ and 8-bit U+009B): parameters, intermediates, one final byte; cut
 # off by the end of the text, it is removed to the end.

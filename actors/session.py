@@ -29,7 +29,6 @@ from typing import Any
 
 import trio
 
-from corral import failpoints
 from corral.actors.pty_session import (
     BadSessionInput,
     PtySession,
@@ -40,8 +39,9 @@ from corral.actors.pty_session import (
     is_terminal,
 )
 from corral.actors.runtime import ActorContext, is_shutdown
+from corral.core import failpoints
+from corral.core.redact import summarize
 from corral.mailbox.envelope import Envelope, Kind
-from corral.redact import summarize
 from corral.sandbox.bwrap import Rlimits, SandboxError, SandboxMode, SandboxProfile
 from corral.sandbox.exec_handshake import ReadyInfo
 

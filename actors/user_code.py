@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from corral.errors import UserCodeError
+from corral.core.errors import UserCodeError
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 REFERENCE = re.compile(rf"^{_NAME}(\.{_NAME})*:{_NAME}(\.{_NAME})*$")

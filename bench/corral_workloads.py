@@ -416,10 +416,10 @@ def durable_transitions_8(ctx: Context) -> Metrics:
 
 @workload("failpoint_check_cost", group="corral", budget_s=30, quick_budget_s=5)
 def failpoint_check_cost(ctx: Context) -> Metrics:
-    """ns per ``corral.failpoints.hit(name)`` with CORRAL_FAILPOINTS unset.
+    """ns per ``corral.core.failpoints.hit(name)`` with CORRAL_FAILPOINTS unset.
     Return {"ns_per_check": Stats(ns)}."""
     require_corral()
-    from corral import failpoints
+    from corral.core import failpoints
 
     failpoints.configure("")
     n = 200_000

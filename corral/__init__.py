@@ -55,10 +55,10 @@ _EXPORTS: dict[str, str] = {
     "Event": "corral.client_types",
     "Pending": "corral.client_types",
     # errors
-    "CorralError": "corral.errors",
-    "UserCodeError": "corral.errors",
-    "RunFailed": "corral.errors",
-    "RunTimeout": "corral.errors",
+    "CorralError": "corral.core.errors",
+    "UserCodeError": "corral.core.errors",
+    "RunFailed": "corral.core.errors",
+    "RunTimeout": "corral.core.errors",
     "SpecError": "corral.supervisor.spec",
     "NotRunning": "corral.supervisor.home",
     "SupervisorGone": "corral.mailbox.control",
@@ -124,7 +124,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
     from corral.client import Client
     from corral.client_start import SupervisorStartError
     from corral.client_types import Action, Event, Pending, RunResult
-    from corral.errors import CorralError, RunFailed, RunTimeout, UserCodeError
+    from corral.core.errors import CorralError, RunFailed, RunTimeout, UserCodeError
     from corral.mailbox.control import ControlError, SupervisorGone
     from corral.mailbox.errors import DeadlineExceeded
     from corral.supervisor.home import NotRunning

@@ -1,5 +1,5 @@
 import sys
 
-from corral.cli import main
+from corral.cli.main import main
 
 sys.exit(main())

@@ -13,12 +13,12 @@ import trio
 
 from corral.client import CREATE_RETRY_PAUSE_S, FOLLOW_WAIT_MS, PathLike, decision_fingerprint, new_run_id
 from corral.client_types import DONE, PARKED, Event, Pending, RunResult
-from corral.errors import RunTimeout
+from corral.core.errors import RunTimeout
+from corral.core.procs import wait_exit
 from corral.mailbox.codec import decode, encode
 from corral.mailbox.control import ControlClient, ControlError, SupervisorGone
 from corral.mailbox.envelope import Envelope, Kind
 from corral.mailbox.errors import DeadlineExceeded
-from corral.procs import wait_exit
 from corral.supervisor import home as homes
 
 

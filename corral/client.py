@@ -21,10 +21,10 @@ from typing import Any
 import trio
 
 from corral.client_types import DONE, PARKED, Event, Pending, RunResult
-from corral.errors import CorralError, RunTimeout
+from corral.core.errors import CorralError, RunTimeout
+from corral.core.procs import wait_exit
 from corral.mailbox.control import ControlClient, ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
-from corral.procs import wait_exit
 from corral.supervisor import home as homes
 
 PathLike = str | Path

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from corral.errors import CorralError
+from corral.core.errors import CorralError
 from corral.supervisor import home as homes
 from corral.supervisor.spec import load_spec
 

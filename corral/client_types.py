@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.errors import RunFailed
+from corral.core.errors import RunFailed
 
 #: A run in one of these states will not move again by itself.
 DONE = frozenset({"completed", "failed", "cancelled"})

@@ -15,7 +15,7 @@ from typing import Any
 import pynng
 import trio
 
-from corral.errors import CorralError
+from corral.core.errors import CorralError
 from corral.mailbox.addresses import bound_tcp_address
 from corral.mailbox.channel import configure_socket
 from corral.mailbox.codec import DEFAULT_MAX_FRAME, decode, encode

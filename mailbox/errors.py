@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from corral.errors import CorralError
+from corral.core.errors import CorralError
 
 
 class FrameError(ValueError):

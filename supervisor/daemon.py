@@ -14,11 +14,11 @@ from typing import Any
 import trio
 
 from corral import PROTOCOL_VERSION, failpoints
+from corral.core.redact import register_secret
 from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.control import ControlError, ControlServer
 from corral.mailbox.envelope import Envelope
 from corral.mailbox.errors import ChannelClosed
-from corral.redact import register_secret
 from corral.sandbox.launcher import make_launcher
 from corral.supervisor import home as homes
 from corral.supervisor.errors import SupervisorError
@@ -341,7 +341,7 @@ def _extensions() -> list[Callable[[Supervisor], Any]]:
     from corral.supervisor import run_service
 
     found: list[Callable[[Supervisor], Any]] = [run_service.install]
-    from corral.optional import import_optional
+    from corral.core.optional import import_optional
 
     layers = ("corral.supervisor.swarm_service", "corral.supervisor.session_service", "corral.supervisor.mcp_service")
     for name in layers:

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from corral import failpoints
-from corral.redact import redact_text
+from corral.core import failpoints
+from corral.core.redact import redact_text
 from corral.supervisor.errors import Refused
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.run_state import RunStatus

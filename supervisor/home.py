@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 
 from corral import PROTOCOL_VERSION
-from corral.errors import CorralError
+from corral.core.errors import CorralError
 
 ENDPOINT = "endpoint.json"
 LOCK = "supervisor.lock"

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from corral.redact import redact
+from corral.core.redact import redact
 from corral.supervisor.errors import StorageFull
 from corral.supervisor.schema import MIGRATIONS
 

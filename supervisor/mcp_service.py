@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from corral.actors.tools.validation import validation_error
+from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
-from corral.redact import summarize
 from corral.supervisor import run_store
 from corral.supervisor.action_state import ActionPhase
 from corral.supervisor.actor_state import ActorState

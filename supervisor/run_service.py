@@ -17,7 +17,7 @@ import trio
 from corral.actors.providers.registry import is_idempotent
 from corral.actors.tools.registry import all_tools, rerunnable
 from corral.actors.tools.validation import validation_error
-from corral.redact import redact, redact_text, summarize
+from corral.core.redact import redact, redact_text, summarize
 from corral.supervisor import finalization, recovery, resolutions, run_store, sealed_input
 from corral.supervisor.action_state import ActionPhase, action_id, canonical_json
 from corral.supervisor.errors import BadRequest, NotFound, Refused
@@ -373,7 +373,7 @@ class RunService:
             options=self.agent_options(agent),
             run_id=run_id,
         )
-        from corral import failpoints
+        from corral.core import failpoints
 
         failpoints.hit("run.after-create")  # the reply is lost: a client retry must find this run
         await self.wake(agent.id)

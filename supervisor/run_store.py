@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from corral import failpoints
 from corral.actors.tools.base import is_sealed
-from corral.redact import redact, redact_text, summarize
+from corral.core import failpoints
+from corral.core.redact import redact, redact_text, summarize
 from corral.supervisor.action_state import (
     TERMINAL as ACTION_TERMINAL,
 )

@@ -46,8 +46,8 @@ from corral.actors.pty_session import (
 )
 from corral.actors.tools.base import ToolError, is_sealed
 from corral.actors.tools.paths import resolve_in_workspace
+from corral.core.redact import redact_text, summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
-from corral.redact import redact_text, summarize
 from corral.sandbox.bwrap import LaunchMode
 from corral.supervisor import finalization, recovery, resolutions, run_store, sealed_input
 from corral.supervisor.actor_state import ActorState

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corral.errors import CorralError
+from corral.core.errors import CorralError
 from corral.mailbox.codec import DEFAULT_MAX_FRAME
 from corral.sandbox.launcher import LaunchMode
 from corral.supervisor.bounded_files import FileReadError, read_text_bounded
@@ -516,7 +516,7 @@ def _user_template(where: str, template: str) -> None:
     """A user template is a ``module:Name`` reference; only its form is checked here:
     it is imported in its actor, where a failure counts against restart intensity."""
     from corral.actors.user_code import check_syntax, is_reference
-    from corral.errors import UserCodeError
+    from corral.core.errors import UserCodeError
 
     if not is_reference(template):
         raise SpecError(
@@ -600,7 +600,7 @@ def _tool_modules(table: dict[str, Any], base: Path) -> tuple[str, ...]:
     """Import the user's tool modules now: a module that fails to import is a spec
     error naming it, and nothing starts."""
     from corral.actors.user_code import import_tool_module, tool_entry_points
-    from corral.errors import UserCodeError
+    from corral.core.errors import UserCodeError
 
     _check_keys("tools", table, {"modules"})
     entries = _get("tools", table, "modules", list, [])
@@ -686,7 +686,7 @@ def _user_provider(where: str, table: dict[str, Any], base: Path, provider: str)
     broken one is a spec error at ``corral up`` and nothing starts."""
     from corral.actors.providers.registry import resolve_factory
     from corral.actors.user_code import import_path
-    from corral.errors import UserCodeError
+    from corral.core.errors import UserCodeError
 
     try:
         with import_path(base):

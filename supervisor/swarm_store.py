@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from corral import failpoints
 from corral.actors.tools.base import ToolError
 from corral.actors.tools.paths import check_relative, resolve_in_workspace, scopes_overlap
-from corral.redact import redact, summarize
+from corral.core import failpoints
+from corral.core.redact import redact, summarize
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.ledger import Ledger, dumps
 from corral.supervisor.run_state import TERMINAL, RunStatus

@@ -23,7 +23,7 @@ from typing import Any
 import pynng
 import trio
 
-from corral import failpoints
+from corral.core import failpoints
 from corral.mailbox.addresses import bound_tcp_address, ipc_address, tcp_loopback_address
 from corral.mailbox.channel import Channel, configure_socket
 from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind

@@ -21,8 +21,8 @@ from typing import Any
 import psutil
 
 from corral import client
+from corral.core.procs import wait_exit
 from corral.mailbox.control import SupervisorGone
-from corral.procs import wait_exit
 from corral.supervisor import home as homes
 
 CORRAL = [sys.executable, "-m", "corral"]

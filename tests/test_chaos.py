@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from corral import failpoints
 from corral.chaos.runner import Runner, demo_scenario
+from corral.core import failpoints
 
 CHAOS = [sys.executable, "-m", "corral", "chaos"]
 

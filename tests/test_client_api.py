@@ -8,7 +8,7 @@ import pytest
 import trio
 
 import corral
-from corral.procs import is_alive
+from corral.core.procs import is_alive
 from tests.harness import agent_spec, effects, ledger_rows
 
 STEPS = """
@@ -182,7 +182,7 @@ def test_a_run_whose_reply_was_lost_is_found_again_by_the_retry(short_tmp: Path)
     # restarted supervisor answers: one run, one side effect.
     import threading
 
-    from corral.procs import wait_exit
+    from corral.core.procs import wait_exit
     from corral.supervisor import home as homes
     from tests.harness import Daemon
 

@@ -363,7 +363,7 @@ def test_sigkill_of_the_supervisor_after_executing_never_resends(project: Path) 
         _wait_server(daemon, "lab", "ready")
         run_id = _run(daemon)
         pid = daemon.endpoint.pid
-        from corral.procs import wait_exit
+        from corral.core.procs import wait_exit
 
         assert wait_exit(pid, 60)
         daemon.up()

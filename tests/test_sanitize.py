@@ -6,7 +6,7 @@ import pytest
 
 from corral.actors.pty_session import IncrementalSanitizer
 from corral.actors.sanitize import redact_paths, sanitize_output, strip_controls
-from corral.redact import REDACTED
+from corral.core.redact import REDACTED
 
 ROOTS = {"<project>": "/srv/proj", "<home>": "/home/alice"}
 

@@ -392,7 +392,7 @@ def test_failing_and_misbehaving_children_still_release_the_join(short_tmp: Path
 
 
 def _demo(tmp: Path) -> Daemon:
-    from corral.swarm_cli import demo_spec_text
+    from corral.cli.swarm import demo_spec_text
 
     (tmp / "project").mkdir()
     spec = tmp / "swarm.toml"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from corral import failpoints
+from corral.core import failpoints
 from tests.harness import cli, ledger_rows, running, wait_run
 
 TOOLS = '''

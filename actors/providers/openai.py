@@ -7,7 +7,7 @@ behind our back), transport retries 0, no redirects followed. Retrying is the
 agent's job, as a new durable lifecycle.
 
 The API key comes from an environment variable or a file only readable by its
-owner; it is registered with ``corral.redact`` at load, travels only in the
+owner; it is registered with ``corral.core.redact`` at load, travels only in the
 Authorization header and is never part of a response, its meta or an error.
 """
 
@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 
-from corral.redact import redact_text, register_secret, summarize
+from corral.core.redact import redact_text, register_secret, summarize
 
 # Relative: mypy cannot map the corral.actors package onto the actors/ folder.
 from .base import (

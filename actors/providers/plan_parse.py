@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from corral.redact import redact_text
+from corral.core.redact import redact_text
 
 # Relative: mypy cannot map the corral.actors package onto the actors/ folder.
 from .base import (

@@ -21,7 +21,7 @@ from typing import Any
 from corral.actors.providers.base import Provider
 from corral.actors.providers.scripted import ScriptedProvider
 from corral.actors.user_code import is_reference, load
-from corral.errors import UserCodeError
+from corral.core.errors import UserCodeError
 
 BUILTIN_PROVIDERS = ("scripted", "openai")
 PROVIDERS = BUILTIN_PROVIDERS

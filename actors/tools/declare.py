@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar, cast
 from corral.actors.providers.base import ToolSchema
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult
 from corral.actors.tools.sidecar import ResultTooLarge, bounded, sidecar_path
-from corral.redact import summarize
+from corral.core.redact import summarize
 
 Effect = Literal["read", "idempotent", "external"]
 EFFECTS: tuple[str, ...] = ("read", "idempotent", "external")

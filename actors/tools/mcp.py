@@ -14,7 +14,7 @@ from typing import Any
 
 from corral.actors.providers.base import ToolSchema
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult
-from corral.redact import summarize
+from corral.core.redact import summarize
 
 #: Above the server's call timeout and the relay's own slack.
 CALL_TIMEOUT_SLACK_S = 15.0

@@ -6,7 +6,7 @@ from corral.actors.providers.base import ToolSchema
 from corral.actors.tools.base import Tool
 from corral.actors.tools.effect import EffectBarrier, EffectRecord
 from corral.actors.tools.fs import FsList, FsPatch, FsRead, FsWrite
-from corral.optional import import_optional
+from corral.core.optional import import_optional
 
 _BUILTIN: list[Tool] = [FsRead(), FsWrite(), FsPatch(), FsList(), EffectRecord(), EffectBarrier()]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import jsonschema
 
-from corral.redact import summarize
+from corral.core.redact import summarize
 
 
 @functools.lru_cache(maxsize=1024)

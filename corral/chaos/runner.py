@@ -24,11 +24,12 @@ from typing import Any
 
 import psutil
 
-from corral import client, failpoints
+from corral import client
 from corral.chaos.invariants import Check, check_all
 from corral.chaos.reconciler import decide, pending_reconciliations
+from corral.core import failpoints
+from corral.core.procs import is_alive, wait_exit
 from corral.mailbox.control import SupervisorGone
-from corral.procs import is_alive, wait_exit
 from corral.supervisor import home as homes
 from corral.supervisor.spec import load_spec
 
@@ -88,7 +89,7 @@ class Scenario:
 
 
 def demo_scenario() -> Scenario:
-    from corral.swarm_cli import DEMO_TASK, ROOT_AGENT, demo_spec_text
+    from corral.cli.swarm import DEMO_TASK, ROOT_AGENT, demo_spec_text
 
     return Scenario("demo", demo_spec_text(), ROOT_AGENT, DEMO_TASK)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.procs import wait_exit
+from corral.core.procs import wait_exit
 from corral.supervisor import home as homes
 from tests.harness import Daemon, cli, running, wait_run
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from corral import failpoints
-from corral.procs import wait_exit
+from corral.core import failpoints
+from corral.core.procs import wait_exit
 from tests.harness import ledger_rows, running, wait_run
 
 PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAxRedactMe0123456789\n-----END RSA PRIVATE KEY-----"

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.cli import EXIT_FAILED, arguments, command, emit_json, home_of
+from corral.cli.main import EXIT_FAILED, arguments, command, emit_json, home_of
 from corral.supervisor import home as homes
 from corral.supervisor.ledger import LedgerError, check_ledger_file, integrity_problems
 from corral.supervisor.schema import MIGRATIONS

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from corral.cli import EXIT_FAILED, EXIT_USAGE, CliError, arguments, command, emit_json, print_table, rpc
+from corral.cli.main import EXIT_FAILED, EXIT_USAGE, CliError, arguments, command, emit_json, print_table, rpc
 
 
 def _mcp_args(parser: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from corral.client import Client
 from corral.client_start import SupervisorStartError, start_supervisor
-from corral.errors import RunTimeout
+from corral.core.errors import RunTimeout
 from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
 from corral.supervisor import home as homes
@@ -250,8 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _load_extra_commands() -> None:
     import importlib
 
-    commands = ("run_cli", "swarm_cli", "chaos_cli", "actor_cli", "mcp_cli", "doctor")
-    for module in (f"corral.{name}" for name in commands):
+    commands = ("run", "swarm", "chaos", "actor", "mcp", "doctor")
+    for module in (f"corral.cli.{name}" for name in commands):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

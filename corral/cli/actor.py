@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from corral.cli import EXIT_USAGE, CliError, arguments, command, emit_json, open_client
+from corral.cli.main import EXIT_USAGE, CliError, arguments, command, emit_json, open_client
 
 
 def _ask_args(parser: argparse.ArgumentParser) -> None:

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from corral import failpoints
 from corral.chaos.runner import TARGETS, Runner, Scenario, demo_scenario, file_scenario
-from corral.cli import EXIT_FAILED, EXIT_USAGE, CliError, arguments, command, print_table
+from corral.cli.main import EXIT_FAILED, EXIT_USAGE, CliError, arguments, command, print_table
+from corral.core import failpoints
 
 
 def _chaos_args(parser: argparse.ArgumentParser) -> None:

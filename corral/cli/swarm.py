@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from corral.cli import EXIT_FAILED, CliError, arguments, cli_errors, command, print_table
+from corral.cli.main import EXIT_FAILED, CliError, arguments, cli_errors, command, print_table
 from corral.client import Client
 from corral.supervisor import home as homes
 

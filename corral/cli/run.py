@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from corral.cli import (
+from corral.cli.main import (
     EXIT_FAILED,
     EXIT_USAGE,
     CliError,
