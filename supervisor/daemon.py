@@ -13,7 +13,8 @@ from typing import Any
 
 import trio
 
-from corral import PROTOCOL_VERSION, failpoints
+from corral import PROTOCOL_VERSION
+from corral.core import failpoints
 from corral.core.redact import register_secret
 from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.control import ControlError, ControlServer

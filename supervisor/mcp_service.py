@@ -32,6 +32,8 @@ from corral.supervisor.actor_state import ActorState
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.mcp_catalog import CatalogTool, build_catalog, catalog_fingerprint, drift, pin, pinned
 from corral.supervisor.mcp_spec import McpServerSpec, split_tool_name
+from corral.supervisor.params import param_int
+from corral.supervisor.run_service import POLICY_STRICTNESS
 from corral.supervisor.run_state import RunStatus
 from corral.supervisor.tree import ActorSlot
 
@@ -228,37 +230,30 @@ class McpService:
         tool_input = params.get("input")
         if not isinstance(tool_input, dict):
             raise BadRequest("input must be a map")
-        loop, index = params.get("loop"), params.get("index")
-        if not isinstance(loop, int) or not isinstance(index, int):
-            raise BadRequest("loop and index must be integers")
+        loop, index = param_int(params, "loop"), param_int(params, "index")
         problem: str | None = None
         try:
             tool = self._pinned_tool(run["run_id"], name)
         except NotFound as exc:
             tool, problem = None, str(exc)
         policy = run_service.policy_for(run, name) if tool is not None else "deny"
-        if tool is not None and policy == "auto":
-            policy = tool.policy  # the server's approval rule, unless the agent's policy is stricter
+        if tool is not None:
+            # The server's approval rule and the agent's policy: the stricter wins.
+            policy = max(policy, tool.policy, key=POLICY_STRICTNESS.index)
         if tool is not None and problem is None:
             problem = validation_error(name, tool.input_schema, tool_input)
-        row = run_store.prepare_action(
-            self.ledger,
-            run["run_id"],
-            loop,
-            index,
-            name,
-            tool_input,
-            rerunnable=tool is not None and tool.effect in ("read", "idempotent"),
-            policy=policy,
-            raw_sha256=run_service.keep_raw_input(run["run_id"], loop, index, tool_input),
+        return dict(
+            run_service.prepare_checked(
+                run,
+                loop,
+                index,
+                name,
+                tool_input,
+                rerunnable=tool is not None and tool.effect in ("read", "idempotent"),
+                policy=policy,
+                problem=problem,
+            )
         )
-        if not run_service.tool_allowed(run, name):
-            row = run_service.refuse_prepared(row, ActionPhase.DENIED, f"{name} is not in this agent's tools list")
-        elif problem is not None:
-            # Invalid arguments: the action fails before it is executing, so the
-            # server is never called; the model sees why in the observation.
-            row = run_service.refuse_prepared(row, ActionPhase.FAILED, problem)
-        return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
 
     # -- calls -------------------------------------------------------------------------
 

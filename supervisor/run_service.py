@@ -268,6 +268,26 @@ class RunService:
             policy = "deny"  # e.g. a child may not spawn or delegate: refused, recorded, never run
         problem = validation_error(tool_name, tool.schema.input_schema, tool_input, sealed=tool.schema.sealed)
         loop, index = _int(params, "loop"), _int(params, "index")
+        return self.prepare_checked(
+            run, loop, index, tool_name, tool_input, rerunnable=rerunnable(tool), policy=policy, problem=problem
+        )
+
+    def prepare_checked(
+        self,
+        run: Any,
+        loop: int,
+        index: int,
+        tool_name: str,
+        tool_input: dict[str, Any],
+        *,
+        rerunnable: bool,
+        policy: str,
+        problem: str | None,
+    ) -> dict[str, Any]:
+        """The one way every tool (built-in, user, MCP) becomes a prepared action: the
+        raw input kept privately, then refused at once when the agent may not use the
+        tool or the arguments are invalid (never executing, so never run; the model
+        sees why in the observation)."""
         row = run_store.prepare_action(
             self.ledger,
             run["run_id"],
@@ -275,15 +295,13 @@ class RunService:
             index,
             tool_name,
             tool_input,
-            rerunnable=rerunnable(tool),
+            rerunnable=rerunnable,
             policy=policy,
             raw_sha256=self.keep_raw_input(run["run_id"], loop, index, tool_input),
         )
         if not self.tool_allowed(run, tool_name):
             row = self.refuse_prepared(row, ActionPhase.DENIED, f"{tool_name} is not in this agent's tools list")
         elif problem is not None:
-            # Invalid arguments never reach the tool: the action fails before it is
-            # executing, and the model sees which field was wrong.
             row = self.refuse_prepared(row, ActionPhase.FAILED, problem)
         return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
 
