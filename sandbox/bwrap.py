@@ -31,10 +31,14 @@ ETC_ALLOW: tuple[str, ...] = (
     "passwd", "group", "hosts", "hostname", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf",
     "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "ssl", "ca-certificates",
     "ca-certificates.conf", "pki", "alternatives", "os-release", "debian_version", "lsb-release", "mime.types",
-    "protocols", "services", "networks", "shells", "bash.bashrc", "profile", "profile.d", "environment",
+    "protocols", "services", "networks", "shells", "bash.bashrc", "profile", "profile.d",
     "inputrc", "terminfo", "locale.alias", "locale.conf", "default", "magic", "magic.mime", "gitconfig",
     "python3", "mtab",
 )  # fmt: skip
+
+#: Inside allowed /etc directories, entries emptied again: TLS private keys (a
+#: root sandbox could read them through the bind of /etc/ssl).
+ETC_EMPTIED: tuple[str, ...] = ("/etc/ssl/private", "/etc/pki/tls/private")
 
 #: The private HOME inside the sandbox (a tmpfs, gone when the sandbox ends).
 SANDBOX_HOME = "/home/sandbox"
@@ -281,6 +285,10 @@ def build_bwrap_argv(
             argv += ["--symlink", os.readlink(entry), str(entry)]
         elif entry.exists():
             argv += ["--ro-bind", str(entry), str(entry)]
+    for private in ETC_EMPTIED:
+        path = Path(private)
+        if path.is_dir() and not path.is_symlink():
+            argv += ["--tmpfs", private]
 
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--tmpfs", SANDBOX_TMP, "--tmpfs", SANDBOX_HOME]

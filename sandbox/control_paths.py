@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
@@ -47,14 +49,25 @@ class ControlPathError(ValueError):
     """A path that reaches a control path; the message names the rule."""
 
 
+#: All secret patterns as one regex: the sandbox tests every name of a project tree
+#: on each launch, and one match per name is much cheaper than one per pattern.
+_SECRET_RE = re.compile("|".join(fnmatch.translate(pattern) for pattern in SECRET_PATTERNS))
+
+
+def is_control_name(name: str) -> bool:
+    # Case-insensitive: on a case-insensitive file system (macOS, a mounted FAT or
+    # NTFS volume) `.GIT/config` *is* `.git/config`; refusing `.GIT` on Linux costs nothing.
+    return name.lower() in CONTROL_NAMES
+
+
 def is_secret_name(name: str) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in SECRET_PATTERNS)
+    return _SECRET_RE.match(name.lower()) is not None
 
 
 def refusal(parts: Iterable[str]) -> str | None:
     """Why a relative path (its parts) is a control path, or None."""
     for part in parts:
-        if part in CONTROL_NAMES:
+        if is_control_name(part):
             return f"reaches the control directory {part}/"
         if is_secret_name(part):
             return "names a secrets file"
@@ -93,6 +106,8 @@ def sandbox_entries(root: Path) -> tuple[list[Path], list[Path], list[Path]]:
     read_only: list[Path] = []
     hidden: list[Path] = []
     secrets: list[Path] = []
+    others: list[Path] = []
+    secret_inodes: set[tuple[int, int]] = set()
     seen = 0
     for directory, dirs, files in _walk(root):
         seen += len(dirs) + len(files)
@@ -106,9 +121,9 @@ def sandbox_entries(root: Path) -> tuple[list[Path], list[Path], list[Path]]:
             path = directory / name
             if path.is_symlink():
                 continue
-            if name == ".git":
+            if name.lower() == ".git":
                 read_only.append(path)
-            elif name in CONTROL_NAMES:
+            elif is_control_name(name):
                 hidden.append(path)
             elif is_secret_name(name):
                 secrets.append(path)
@@ -119,13 +134,32 @@ def sandbox_entries(root: Path) -> tuple[list[Path], list[Path], list[Path]]:
             path = directory / name
             if path.is_symlink():
                 # A secret-named link is masked at its target, when that is in reach.
-                if is_secret_name(name) or name in CONTROL_NAMES:
+                if is_secret_name(name) or is_control_name(name):
                     target = path.resolve()
                     if target.is_file() and (target == root or root in target.parents):
                         secrets.append(target)
                 continue
-            if name in CONTROL_NAMES:
+            if is_control_name(name):
                 read_only.append(path)
             elif is_secret_name(name):
                 secrets.append(path)
+                info = _lstat(path)
+                if info is not None and stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                    secret_inodes.add((info.st_dev, info.st_ino))
+            else:
+                others.append(path)
+    if secret_inodes:
+        # A hard link to a secret under a harmless name (`innocent.txt`) is the same
+        # bytes: mask it too. Rare, so the stat of every file is paid only then.
+        for path in others:
+            info = _lstat(path)
+            if info is not None and (info.st_dev, info.st_ino) in secret_inodes:
+                secrets.append(path)
     return read_only, hidden, secrets
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return path.lstat()
+    except OSError:
+        return None

@@ -8,7 +8,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
-from corral.actors.tools.paths import CONTROL_NAMES, check_write_scope, resolve_in_workspace
+from corral.actors.tools.paths import check_write_scope, resolve_in_workspace
+from corral.sandbox.control_paths import is_control_name
 
 MAX_READ = 64 * 1024
 MAX_WRITE = 512 * 1024
@@ -57,7 +58,7 @@ class FsList:
         home = ctx.home.resolve()
         entries = []
         for entry in sorted(target.iterdir())[:MAX_LIST]:
-            if entry.name in CONTROL_NAMES or entry == home:
+            if is_control_name(entry.name) or entry == home:
                 continue
             entries.append(entry.name + ("/" if entry.is_dir() else ""))
         return ToolResult(True, {"path": raw, "entries": entries}, f"listed {raw} ({len(entries)} entries)")

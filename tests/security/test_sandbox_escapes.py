@@ -239,3 +239,46 @@ def test_a_sandboxed_command_cannot_take_the_token_from_a_home_inside_the_projec
     persisted = b"".join(p.read_bytes() for p in home.rglob("*") if p.is_file())
     for form in (secret, base64.b64encode(f"GITHUB_TOKEN={secret}\n".encode()).decode()[:24], secret[::-1]):
         assert form.encode() not in persisted
+
+
+# -- closed after the first pass: case, hard links, TLS private keys ---------------------
+
+
+@pytest.mark.parametrize("path", [".GIT/config", "vendor/lib/.Git/hooks/pre-commit", ".Corral/x", ".ENV"])
+def test_control_and_secret_names_are_refused_in_any_case(repo: Path, path: str) -> None:
+    # On a case-insensitive file system `.GIT/config` is `.git/config`.
+    before = _tree(repo)
+    with pytest.raises(ToolError) as err:
+        _run_tool(FsWrite(), _ctx(repo), {"path": path, "content": "[core]\n\tfsmonitor = touch /tmp/x\n"})
+    assert err.value.code == "path-refused"
+    assert _tree(repo) == before
+
+
+def test_a_hard_link_to_a_secret_is_masked_under_its_other_name(repo: Path) -> None:
+    (repo / ".env").write_text("GREETING=plain\n")
+    os.link(repo / ".env", repo / "src" / "innocent.txt")
+    (repo / "src" / "other.txt").write_text("GREETING=plain\n")  # same bytes, not the same file
+    _, _, secrets = sandbox_entries(repo)
+    assert {str(p.relative_to(repo)) for p in secrets} == {".env", "src/innocent.txt"}
+
+
+@needs_bwrap
+def test_inside_bubblewrap_a_hard_linked_secret_reads_empty(repo: Path) -> None:
+    value = "zq8Vx7731hardlinkmarker"
+    (repo / ".env").write_text(f"GREETING={value}\n")
+    os.link(repo / ".env", repo / "src" / "innocent.txt")
+    script = "xxd -p src/innocent.txt; od -c src/innocent.txt; cat src/main.py"
+    result = _sandboxed(SandboxProfile(project_root=repo), script)
+    assert "print('hi')" in result.stdout
+    everything = result.stdout + result.stderr
+    assert value not in everything and value.encode().hex() not in everything.replace("\n", "")
+    assert (repo / "src" / "innocent.txt").read_text() == f"GREETING={value}\n"  # the host file is untouched
+
+
+def test_tls_private_keys_stay_out_of_the_etc_allow_list(repo: Path) -> None:
+    argv = build_bwrap_argv(SandboxProfile(project_root=repo), ["true"], repo)
+    assert "/etc/environment" not in argv  # may hold proxy credentials
+    if Path("/etc/ssl/private").is_dir():
+        ssl = argv.index("/etc/ssl")
+        emptied = next(i for i, a in enumerate(argv) if a == "--tmpfs" and argv[i + 1] == "/etc/ssl/private")
+        assert emptied > ssl  # after the bind of /etc/ssl, or it would be covered by it
