@@ -120,6 +120,11 @@ def sandbox_entries(root: Path) -> tuple[list[Path], list[Path], list[Path]]:
         for name in dirs:
             path = directory / name
             if path.is_symlink():
+                # `.git -> gitdata`: the control directory is its target; protect that
+                # (binding over the link itself would land there anyway).
+                target = path.resolve()
+                if is_control_name(name) and target.is_dir() and (target == root or root in target.parents):
+                    (read_only if name.lower() == ".git" else hidden).append(target)
                 continue
             if name.lower() == ".git":
                 read_only.append(path)

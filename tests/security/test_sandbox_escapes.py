@@ -282,3 +282,14 @@ def test_tls_private_keys_stay_out_of_the_etc_allow_list(repo: Path) -> None:
         ssl = argv.index("/etc/ssl")
         emptied = next(i for i, a in enumerate(argv) if a == "--tmpfs" and argv[i + 1] == "/etc/ssl/private")
         assert emptied > ssl  # after the bind of /etc/ssl, or it would be covered by it
+
+
+@needs_bwrap
+def test_a_git_directory_behind_a_symlink_is_read_only_too(repo: Path) -> None:
+    (repo / "gitdata").mkdir()
+    (repo / "gitdata" / "config").write_text(GIT_CONFIG)
+    (repo / "sub").mkdir()
+    (repo / "sub" / ".git").symlink_to("../gitdata")
+    result = _sandboxed(SandboxProfile(project_root=repo), "echo x >> sub/.git/config; echo x >> gitdata/config")
+    assert "Read-only file system" in result.stderr
+    assert (repo / "gitdata" / "config").read_text() == GIT_CONFIG
