@@ -148,6 +148,7 @@ class Lane:
             history=tuple(step["history"]),
             tools=self.schemas,
             slot=begun["slot"],
+            tool_notes=tuple(sorted((self.run.get("mcp_instructions") or {}).items())),
         )
         try:
             response = await provider.complete(request)

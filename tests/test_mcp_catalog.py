@@ -159,3 +159,16 @@ def test_tool_names_split_only_when_well_formed() -> None:
     assert split_tool_name("mcp.git.a.b") == ("git", "a.b")
     for name in ("fs.read", "mcp.", "mcp.git", "mcp..x", "mcp.git."):
         assert split_tool_name(name) is None
+
+
+def test_server_instructions_reach_the_model_as_bounded_notes() -> None:
+    from corral.actors.providers.base import ProviderRequest
+    from corral.actors.providers.openai import system_prompt
+
+    request = ProviderRequest(
+        run_id="r", agent_id="a", task="t", loop_index=0, history=(), tools=(),
+        tool_notes=(("git", "Use repo_path '.' for this project. " + "x" * 5000),),
+    )
+    prompt = system_prompt(request, native_tools=True)
+    assert "Notes from the tool server 'git': Use repo_path" in prompt
+    assert len(prompt) < 3000

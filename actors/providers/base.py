@@ -51,6 +51,9 @@ class ProviderRequest:
     tools: tuple[ToolSchema, ...]
     #: Lifecycle slot (``<run>:<loop>`` or ``<base>-transient-N``), for logging only.
     slot: str = ""
+    #: What the tool servers (MCP) say about their tools, by server: context for the
+    #: model, not instructions from the user.
+    tool_notes: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -265,6 +265,9 @@ def system_prompt(request: ProviderRequest, *, native_tools: bool) -> str:
         "working on the user's task. Tool results come back as messages starting "
         "with 'Observation'."
     )
+    for server, notes in request.tool_notes:
+        # The servers' own description of their tools (MCP instructions), bounded.
+        intro += f"\nNotes from the tool server {server!r}: {_bounded(notes, 2000)}"
     if native_tools:
         if not request.tools:
             return f"{intro} No tools are available: reply with your final answer."
