@@ -180,7 +180,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             a["id"],
             a["group"],
             a["template"],
-            a["status"],
+            a["status"] if a.get("stalled_s") is None else f"{a['status']} (stalled {a['stalled_s']:.0f}s)",
             str(a["pid"] or "-"),
             str(a["restarts"]),
             "-" if a["last_exit"] is None else str(a["last_exit"]),
@@ -191,6 +191,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     for group in status["groups"]:
         if group["status"] != "running":
             print(f"group {group['id']}: {group['status']} — {group['reason']}")
+    for server in status.get("mcp", []):
+        detail = f"{server['tools']} tools, catalog {server['fingerprint'] or '-'}"
+        print(f"mcp {server['id']}: {server['status']}, {detail}" + (f" — {server['error']}" if server["error"] else ""))
+    if status.get("degraded"):
+        print(f"DEGRADED (read-only, new work refused): {status['degraded']}")
     if status.get("busy"):
         print("open: " + "; ".join(status["busy"]))
     return 0
