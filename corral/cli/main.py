@@ -193,7 +193,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"group {group['id']}: {group['status']} — {group['reason']}")
     for server in status.get("mcp", []):
         detail = f"{server['tools']} tools, catalog {server['fingerprint'] or '-'}"
-        print(f"mcp {server['id']}: {server['status']}, {detail}" + (f" — {server['error']}" if server["error"] else ""))
+        error = f" — {server['error']}" if server["error"] else ""
+        print(f"mcp {server['id']}: {server['status']}, {detail}{error}")
     if status.get("degraded"):
         print(f"DEGRADED (read-only, new work refused): {status['degraded']}")
     if status.get("busy"):
