@@ -447,9 +447,13 @@ def test_caller_killed_at_swarm_failpoint(short_tmp: Path, failpoint: str) -> No
         run_id = daemon.call("run", agent_id="project-supervisor", task="launch")["run_id"]
         _demo_outcome(daemon, run_id)
         assert (daemon.home / "failpoints" / f"{failpoint}.fired").exists()
-        killed = [e for e in daemon.events() if e["kind"] in ("actor-exited", "actor-stopped")
-                  and e["data"].get("exit_code") == -9]
-        assert killed, "the caller really was SIGKILLed"
+        # The run may end before the supervisor has reaped the killed caller: wait for
+        # the exit event rather than reading the stream once.
+        daemon.wait_until(
+            lambda _: any(e["kind"] in ("actor-exited", "actor-stopped") and e["data"].get("exit_code") == -9
+                          for e in daemon.events()),
+            what="the caller really was SIGKILLed",
+        )
     finally:
         daemon.shutdown()
 

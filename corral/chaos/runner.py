@@ -129,7 +129,7 @@ class Runner:
         (base / "project").mkdir(parents=True)
         if self.scenario.spec_dir is not None:
             for item in self.scenario.spec_dir.iterdir():
-                if item.suffix in (".toml", ".json") and item.is_file():
+                if item.suffix in (".toml", ".json", ".py") and item.is_file():  # .py: [tools] modules
                     shutil.copy(item, base / item.name)
         spec = base / "swarm.toml"
         spec.write_text(self.scenario.spec_text)
