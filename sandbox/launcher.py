@@ -37,6 +37,35 @@ class LaunchError(RuntimeError):
     pass
 
 
+#: Generous: on a loaded 2-core machine a fork can queue behind other work.
+LAUNCH_TIMEOUT_S = 30.0
+#: How long an exited actor's reaper gets to report the exit code before the
+#: supervisor stops waiting for it (a stopped fork server never would).
+EXIT_CODE_GRACE_S = 0.5
+#: How long to wait for the report of a reaper that did reap the actor.
+REAPED_REPORT_S = 10.0
+#: The exit code of an actor that died while nobody could tell how (never 0, so
+#: a transient actor is restarted: a clean exit was not proven).
+EXIT_UNKNOWN = -255
+
+
+def _zombie_exit_code(pid: int) -> int | None:
+    """The exit status of an unreaped child of another process, from /proc;
+    None once it is reaped (the pid may then belong to someone else)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # fields[0] is the state (field 3 of proc(5)); exit_code is field 52.
+    if fields[:1] != [b"Z"] or len(fields) < 50:
+        return None
+    try:
+        return os.waitstatus_to_exitcode(int(fields[49]))
+    except ValueError:
+        return EXIT_UNKNOWN
+
+
 @dataclass
 class LaunchRequest:
     actor_id: str
@@ -44,12 +73,6 @@ class LaunchRequest:
     log_path: Path
     env_extra: dict[str, str] = field(default_factory=dict)
     rlimits: dict[str, int] = field(default_factory=dict)
-
-
-#: How long a dead actor's exit code may take to arrive from its parent.
-EXIT_CODE_GRACE_S = 0.5
-#: The exit code of an actor that is gone but whose code was not reported in time.
-UNKNOWN_EXIT = -255
 
 
 class ActorProcess:
@@ -68,17 +91,25 @@ class ActorProcess:
         self._code_known.set()
 
     async def wait(self) -> int:
-        """Wait for exit: the pidfd turns readable when the process is gone. The exit
-        code comes from the process's parent (the fork server) or its reaper; when
-        that report is late (a stopped fork server), the death is not: it is
-        returned as UNKNOWN_EXIT after a short grace."""
+        """Wait for exit: the pidfd turns readable when the process is gone.
+
+        The exit code normally comes from whoever reaps the child (the fork
+        server). A death must not go unnoticed while that reaper is stopped or
+        busy, so after a short grace the code is read from the zombie's
+        ``/proc/<pid>/stat`` (it cannot be reused while unreaped), else reported
+        as ``EXIT_UNKNOWN``."""
         if not self._closed:
             await trio.lowlevel.wait_readable(self.pidfd)
         with trio.move_on_after(EXIT_CODE_GRACE_S):
             await self._code_known.wait()
         if self.exit_code is None:
-            self.set_exit_code(UNKNOWN_EXIT)
-        assert self.exit_code is not None
+            code = _zombie_exit_code(self.pid)
+            if code is None:
+                # Already reaped: the reaper has the code and its report is on the way.
+                with trio.move_on_after(REAPED_REPORT_S):
+                    await self._code_known.wait()
+            if self.exit_code is None:
+                self.exit_code = EXIT_UNKNOWN if code is None else code
         return self.exit_code
 
     def send_signal(self, sig: int) -> None:
@@ -190,6 +221,11 @@ class ForkServerLauncher:
         waiter = self._pending.pop(spawn_id, None)
         if waiter is None:
             if isinstance(value, tuple):
+                # A spawn its requester gave up on: it must not run unsupervised.
+                try:
+                    signal.pidfd_send_signal(value[1], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
                 os.close(value[1])
             return
         waiter[1].append(value)
@@ -214,9 +250,12 @@ class ForkServerLauncher:
         async with self._lock:
             await trio.lowlevel.wait_writable(self._sock)
             self._sock.send(msgpack.packb(message, use_bin_type=True))
-        # Generous: on a loaded 2-core machine a fork can queue behind other work.
-        with trio.fail_after(30):
+        with trio.move_on_after(LAUNCH_TIMEOUT_S):
             await done.wait()
+        if not done.is_set():
+            # Forget it: if the fork server forks it later, _resolve kills it.
+            self._pending.pop(spawn_id, None)
+            raise LaunchError(f"the fork server did not start {request.actor_id} within {LAUNCH_TIMEOUT_S:.0f}s")
         value = slot[0]
         if isinstance(value, Exception):
             raise value
