@@ -23,7 +23,8 @@ _PATTERNS = [
     re.compile(r"AKIA[0-9A-Z]{16}"),
     re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}"),
     # Stop at quotes and brackets so that redacting inside JSON text keeps it JSON.
-    re.compile(r"(?i)(api[_-]?key|secret|password|token)\s*[=:]\s*[^\s\"',}\]]{6,}"),
+    # A quoted value (``api_key = "..."``, also escaped inside JSON text) counts too.
+    re.compile(r"(?i)(api[_-]?key|secret|password|token)\s*[=:]\s*(?:\\?[\"'])?[^\s\"',}\]\\]{6,}"),
 ]
 
 _extra_values: set[str] = set()

@@ -22,6 +22,7 @@ SECRETS = {
     "aws": "AKIAABCDEFGHIJKLMNOP",
     "password": "hunter2hunter2",
     "bearer": "eyJhbGciOiJIUzI1NiJ9.payload.signature",
+    "quoted": "q1w2e3r4t5y6u7i8",
 }
 CONTENT = "\n".join(
     [
@@ -32,6 +33,7 @@ CONTENT = "\n".join(
         f"GITHUB_TOKEN={SECRETS['github']}",
         f"aws_access_key_id = {SECRETS['aws']}",
         f"password: {SECRETS['password']}",
+        f'api_key = "{SECRETS["quoted"]}"',
         f"headers = {{'Authorization': 'Bearer {SECRETS['bearer']}'}}",
         PEM,
         "",
