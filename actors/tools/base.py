@@ -54,21 +54,20 @@ class Tool(Protocol):
 def schema(
     name: str,
     description: str,
-    properties: dict[str, Any],
-    required: list[str],
+    params: Any,
     *,
     read_only: bool,
     sealed: tuple[str, ...] = (),
 ) -> ToolSchema:
+    """The catalog entry of a built-in tool. Its input schema comes from ``params``,
+    a TypedDict of the arguments (``NotRequired`` for optional ones), exactly as a
+    ``@corral.tool`` function's comes from its signature: one mechanism."""
+    from corral.actors.tools.typed_schema import json_schema_of
+
     return ToolSchema(
         name=name,
         description=description,
-        input_schema={
-            "type": "object",
-            "properties": properties,
-            "required": required,
-            "additionalProperties": False,
-        },
+        input_schema=json_schema_of(params),
         read_only=read_only,
         sealed=sealed,
     )

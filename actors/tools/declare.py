@@ -28,6 +28,7 @@ from typing import Any, Literal, TypeVar, cast
 from corral.actors.providers.base import ToolSchema
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult
 from corral.actors.tools.sidecar import ResultTooLarge, bounded, sidecar_path
+from corral.actors.tools.typed_schema import normal_form
 from corral.core.redact import summarize
 
 Effect = Literal["read", "idempotent", "external"]
@@ -138,8 +139,7 @@ def tool(
         if not 0 < timeout_s <= 24 * 3600:
             raise ToolDeclarationError(f"tool {tool_name}: timeout_s must be within (0, 86400]")
         model = _arguments_model(tool_name, target)
-        schema = model.model_json_schema()
-        schema.pop("title", None)
+        schema = normal_form(model.model_json_schema())
         text = description or inspect.getdoc(target) or tool_name
         USER_TOOLS[tool_name] = UserTool(
             schema=ToolSchema(

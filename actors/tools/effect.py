@@ -9,17 +9,28 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import Any, NotRequired
+
+from typing_extensions import TypedDict
 
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
+
+
+class RecordArgs(TypedDict):
+    label: str
+
+
+class BarrierArgs(TypedDict):
+    name: str
+    parties: int
+    timeout_ms: NotRequired[int]
 
 
 class EffectRecord:
     schema = schema(
         "effect.record",
         "Record one externally visible side effect (for tests and chaos).",
-        {"label": {"type": "string"}},
-        ["label"],
+        RecordArgs,
         read_only=False,
     )
 
@@ -62,8 +73,7 @@ class EffectBarrier:
     schema = schema(
         "effect.barrier",
         "Wait until N parties reach a named barrier (for tests).",
-        {"name": {"type": "string"}, "parties": {"type": "integer"}, "timeout_ms": {"type": "integer"}},
-        ["name", "parties"],
+        BarrierArgs,
         read_only=False,
     )
 

@@ -5,11 +5,34 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NotRequired
+
+from typing_extensions import TypedDict
 
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
 from corral.actors.tools.paths import check_write_scope, resolve_in_workspace
 from corral.sandbox.control_paths import is_control_name
+
+
+class PathArgs(TypedDict):
+    path: str
+
+
+class ListArgs(TypedDict):
+    path: NotRequired[str]
+
+
+class WriteArgs(TypedDict):
+    path: str
+    content: str
+
+
+class PatchArgs(TypedDict):
+    path: str
+    old_text: str
+    new_text: str
+    expected_sha256: str
+
 
 MAX_READ = 64 * 1024
 MAX_WRITE = 512 * 1024
@@ -24,8 +47,7 @@ class FsRead:
     schema = schema(
         "fs.read",
         "Read a text file of the workspace; returns content and sha256.",
-        {"path": {"type": "string"}},
-        ["path"],
+        PathArgs,
         read_only=True,
     )
 
@@ -48,7 +70,7 @@ class FsRead:
 
 
 class FsList:
-    schema = schema("fs.list", "List a directory of the workspace.", {"path": {"type": "string"}}, [], read_only=True)
+    schema = schema("fs.list", "List a directory of the workspace.", ListArgs, read_only=True)
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         raw = tool_input.get("path", ".")
@@ -118,8 +140,7 @@ class FsWrite:
     schema = schema(
         "fs.write",
         "Create or replace a text file inside the write scopes.",
-        {"path": {"type": "string"}, "content": {"type": "string"}},
-        ["path", "content"],
+        WriteArgs,
         read_only=False,
     )
 
@@ -139,13 +160,7 @@ class FsPatch:
     schema = schema(
         "fs.patch",
         "Replace one exact occurrence of old_text; expected_sha256 must match the file as last read.",
-        {
-            "path": {"type": "string"},
-            "old_text": {"type": "string"},
-            "new_text": {"type": "string"},
-            "expected_sha256": {"type": "string"},
-        },
-        ["path", "old_text", "new_text", "expected_sha256"],
+        PatchArgs,
         read_only=False,
     )
 

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, NotRequired
+
+from pydantic import Field
+from typing_extensions import TypedDict
 
 from corral.actors.pty_session import (
     BadSessionInput,
@@ -47,12 +50,36 @@ MAX_PAGE_LINES = 1000
 MAX_PAGE_CHARS = 32 * 1024
 _ACTION_ID = re.compile(r"^act-[0-9a-f]{24}$")
 
-_PROGRAM = {
-    "program": {"type": "string", "description": "executable (looked up on PATH inside the sandbox)"},
-    "args": {"type": "array", "items": {"type": "string"}},
-    "cwd": {"type": "string", "description": "directory relative to the workspace (default: its root)"},
-    "timeout_s": {"type": "number"},
-}
+class ProgramArgs(TypedDict):
+    program: Annotated[str, Field(description="executable (looked up on PATH inside the sandbox)")]
+    args: NotRequired[list[str]]
+    cwd: NotRequired[Annotated[str, Field(description="directory relative to the workspace (default: its root)")]]
+    timeout_s: NotRequired[float]
+
+
+class PollArgs(TypedDict):
+    process_id: str
+    cursor: NotRequired[str]
+    max_chars: NotRequired[int]
+    wait_ms: NotRequired[int]
+
+
+class StdinArgs(TypedDict):
+    process_id: str
+    data: NotRequired[str]
+    append_newline: NotRequired[bool]
+    eof: NotRequired[bool]
+
+
+class TerminateArgs(TypedDict):
+    process_id: str
+    cursor: NotRequired[str]
+
+
+class OutputReadArgs(TypedDict):
+    action_id: str
+    start_line: NotRequired[int]
+    max_lines: NotRequired[int]
 
 
 def _argv(tool_input: dict[str, Any]) -> list[str]:
@@ -78,8 +105,7 @@ class ProcessStart:
     schema = schema(
         "process.start",
         "Start a long-running program on a terminal (120x30) in the sandbox; returns a process_id and a cursor.",
-        _PROGRAM,
-        ["program"],
+        ProgramArgs,
         read_only=False,
     )
 
@@ -109,13 +135,7 @@ class ProcessPoll:
         "process.poll",
         "Read a process's output from a cursor (the same cursor always gives the same text); "
         "wait_ms waits for new output.",
-        {
-            "process_id": {"type": "string"},
-            "cursor": {"type": "string"},
-            "max_chars": {"type": "integer"},
-            "wait_ms": {"type": "integer"},
-        },
-        ["process_id"],
+        PollArgs,
         read_only=True,
     )
 
@@ -140,13 +160,7 @@ class ProcessStdin:
     schema = schema(
         "process.stdin",
         "Type into a running process's terminal; eof sends end-of-file. Only byte counts and sha256 are kept.",
-        {
-            "process_id": {"type": "string"},
-            "data": {"type": "string"},
-            "append_newline": {"type": "boolean"},
-            "eof": {"type": "boolean"},
-        },
-        ["process_id"],
+        StdinArgs,
         read_only=False,
         sealed=("data",),
     )
@@ -174,8 +188,7 @@ class ProcessTerminate:
         "process.terminate",
         "Stop a process: SIGTERM to its group, 800 ms grace, then SIGKILL; returns its final state "
         "and the output from cursor on.",
-        {"process_id": {"type": "string"}, "cursor": {"type": "string"}},
-        ["process_id"],
+        TerminateArgs,
         read_only=False,
     )
 
@@ -220,8 +233,7 @@ class CommandExec:
         "command.exec",
         "Run one command to its end in the sandbox (stdin empty); returns the first and last lines of "
         "stdout/stderr and an action id for command.output_read.",
-        _PROGRAM,
-        ["program"],
+        ProgramArgs,
         read_only=False,
     )
 
@@ -281,8 +293,7 @@ class CommandOutputRead:
     schema = schema(
         "command.output_read",
         "Page through the full sanitized transcript of an earlier command.exec of this run.",
-        {"action_id": {"type": "string"}, "start_line": {"type": "integer"}, "max_lines": {"type": "integer"}},
-        ["action_id"],
+        OutputReadArgs,
         read_only=True,
     )
 

@@ -6,22 +6,36 @@ returns the first result: recovery may run them again (``ledger_idempotent``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, NotRequired
+
+from typing_extensions import TypedDict
 
 from corral.actors.tools.base import Tool, ToolContext, ToolResult, schema
 
-_CHILD = {
-    "type": "object",
-    "properties": {
-        "template": {"type": "string"},
-        "task": {"type": "string"},
-        "acceptance_criteria": {"type": "string"},
-        "expected_artifacts": {"type": "array", "items": {"type": "string"}},
-        "write_scopes": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["template", "task", "write_scopes"],
-    "additionalProperties": False,
-}
+
+class ChildArgs(TypedDict):
+    template: str
+    task: str
+    acceptance_criteria: NotRequired[str]
+    expected_artifacts: NotRequired[list[str]]
+    write_scopes: list[str]
+
+
+class SpawnArgs(TypedDict):
+    children: list[ChildArgs]
+    join_mode: NotRequired[Literal["all"]]
+
+
+class DelegateArgs(TypedDict):
+    agent_id: str
+    task: str
+    acceptance_criteria: NotRequired[str]
+    expected_artifacts: NotRequired[list[str]]
+    repair_of: NotRequired[str]
+
+
+class RunStatusArgs(TypedDict):
+    delivery_ids: NotRequired[list[str]]
 
 
 class SpawnIsolated:
@@ -29,8 +43,7 @@ class SpawnIsolated:
     schema = schema(
         "agent.spawn_isolated",
         "Run isolated child agents in parallel; their results arrive as one join delivery.",
-        {"children": {"type": "array", "items": _CHILD}, "join_mode": {"type": "string", "enum": ["all"]}},
-        ["children"],
+        SpawnArgs,
         read_only=False,
     )
 
@@ -51,14 +64,7 @@ class Delegate:
     schema = schema(
         "agent.delegate",
         "Give a task to a specialist agent; its receipt arrives as a delivery to claim.",
-        {
-            "agent_id": {"type": "string"},
-            "task": {"type": "string"},
-            "acceptance_criteria": {"type": "string"},
-            "expected_artifacts": {"type": "array", "items": {"type": "string"}},
-            "repair_of": {"type": "string"},
-        },
-        ["agent_id", "task"],
+        DelegateArgs,
         read_only=False,
     )
 
@@ -72,8 +78,7 @@ class RunStatus:
     schema = schema(
         "agent.run_status",
         "Claim the join deliveries and receipts that are ready for this run (all-or-nothing).",
-        {"delivery_ids": {"type": "array", "items": {"type": "string"}}},
-        [],
+        RunStatusArgs,
         read_only=False,
     )
 
