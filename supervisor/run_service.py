@@ -542,7 +542,10 @@ class RunService:
             raise Refused(f"run {run_id} already ended ({run['status']})")
         for hook in CANCEL_HOOKS:
             await hook(self, run_id)
-        run_store.set_run_status(self.ledger, run_id, RunStatus.CANCELLED, str(params.get("reason", "cancelled")))
+        reason = summarize(str(params.get("reason", "cancelled")), 300)
+        with self.ledger.tx():
+            run_store.deny_unstarted_actions(self.ledger, run_id, f"run cancelled: {reason}")
+            run_store.set_run_status(self.ledger, run_id, RunStatus.CANCELLED, reason)
         return {"status": "cancelled"}
 
     # -- busy, recovery, retries --------------------------------------------------------

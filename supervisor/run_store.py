@@ -514,6 +514,24 @@ def prepare_action(
     return row
 
 
+def deny_unstarted_actions(ledger: Ledger, run_id: str, reason: str) -> int:
+    """A cancelled run's actions that never started (prepared, waiting for approval,
+    approved) are denied with a receipt, so nothing waits on a person for them.
+    Executing and unresolved ones keep their state: their outcome is not known."""
+    rows = ledger.all(
+        "SELECT action_id, phase FROM actions WHERE run_id = ?"
+        " AND phase IN ('prepared', 'waiting-confirmation', 'approved')",
+        run_id,
+    )
+    with ledger.tx():
+        for row in rows:
+            # An approved action may only fail (the table has no approved -> denied).
+            ending = ActionPhase.FAILED if row["phase"] == ActionPhase.APPROVED else ActionPhase.DENIED
+            move_action(ledger, row["action_id"], ending, reason=reason, error=reason)
+            write_receipt(ledger, row["action_id"])
+    return len(rows)
+
+
 def get_action(ledger: Ledger, the_id: str) -> sqlite3.Row:
     row = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
     if row is None:

@@ -83,9 +83,15 @@ def test_pending_approve_deny_and_cancel(short_tmp: Path) -> None:
         with pytest.raises(corral.RunTimeout):
             client.wait(cancelled.run_id, timeout=0.3, until_parked=False)
         client.cancel(cancelled.run_id)
-        assert client.show(cancelled.run_id).status == "cancelled"
+        shown = client.show(cancelled.run_id)
+        assert shown.status == "cancelled"
         with pytest.raises(corral.RunFailed, match="cancelled"):
-            client.show(cancelled.run_id).check()
+            shown.check()
+        # Its action never started: denied with a receipt, no longer waiting for a person.
+        assert [a.phase for a in shown.actions] == ["denied"]
+        assert [r["status"] for r in shown.raw["receipts"]] == ["denied"]
+        assert cancelled.run_id not in [a["run_id"] for a in client.pending().actions]
+        assert len(effects(short_tmp / "effects.log")) == 1
 
 
 def test_reconcile_resolves_a_lost_provider_response(short_tmp: Path) -> None:
