@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from corral.mailbox.control import ControlError
 from corral.supervisor import spec as spec_module
 from corral.supervisor.run_store import MAX_TASK_CHARS
 from corral.supervisor.spec import RANGES, SpecError, load_spec, parse_spec
-from corral.mailbox.control import ControlError
 from tests.harness import cli, running
 
 CORRAL = [sys.executable, "-m", "corral"]
@@ -152,7 +152,7 @@ def test_a_workspace_lies_inside_a_sane_project_root(tmp_path: Path, root: str, 
 @pytest.mark.parametrize("root", ["/", "/etc", "/usr/share", "/libx32", "/var", "~"])
 def test_an_explicit_project_root_is_checked_without_any_agent(tmp_path: Path, root: str) -> None:
     root = str(Path.home()) if root == "~" else root
-    with pytest.raises(SpecError, match="project.root"):
+    with pytest.raises(SpecError, match=r"^project\.root: "):
         parse_spec({"project": {"root": root}}, str(tmp_path / "s.toml"))
 
 
