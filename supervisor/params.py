@@ -23,9 +23,22 @@ def param_str(params: dict[str, Any], key: str, *, limit: int = 200) -> str:
     return value
 
 
+def param_text(params: dict[str, Any], key: str, default: str | None = "", *, limit: int = 1000) -> str:
+    """A string that may be empty (a task, a reason, a note), never longer than limit:
+    whatever is stored is shown again, and a reply must still fit in one frame."""
+    value = params.get(key, default)
+    if value is None:
+        value = default
+    if not isinstance(value, str) or len(value) > limit:
+        raise BadRequest(f"{key} must be a string of at most {limit} characters")
+    return value
+
+
 def param_int(params: dict[str, Any], key: str, default: int | None = None, *, low: int = 0,
               high: int = MAX_INT) -> int:
-    value = params.get(key, default)
+    value = params.get(key)
+    if value is None:
+        value = default
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise BadRequest(f"{key} must be an integer between {low} and {high}")
     return value
@@ -33,7 +46,9 @@ def param_int(params: dict[str, Any], key: str, default: int | None = None, *, l
 
 def param_seconds(params: dict[str, Any], key: str, default: float, *, low: float = 0.0,
                   high: float = 24 * 3600.0) -> float:
-    value = params.get(key, default)
+    value = params.get(key)
+    if value is None:
+        value = default
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise BadRequest(f"{key} must be a finite number of seconds")
     if not low <= value <= high:

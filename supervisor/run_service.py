@@ -21,7 +21,7 @@ from corral.core.redact import redact, redact_text, summarize
 from corral.supervisor import finalization, recovery, resolutions, run_store, sealed_input
 from corral.supervisor.action_state import ActionPhase, action_id, canonical_json
 from corral.supervisor.errors import BadRequest, NotFound, Refused
-from corral.supervisor.params import param_int, param_str
+from corral.supervisor.params import param_int, param_str, param_text
 from corral.supervisor.run_state import TERMINAL, RunStatus
 from corral.supervisor.run_store import RunLimits
 from corral.supervisor.spec import AgentSpec
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 #: Which policy wins when several globs match one tool.
 POLICY_STRICTNESS = ("auto", "confirm", "deny")
+#: What ``runs`` lists of each run's task and reason; ``show`` gives the whole text.
+LIST_TEXT_CHARS = 300
 _RUN_ID = re.compile(r"^run-[a-z0-9-]{6,40}$")
 
 
@@ -356,9 +358,7 @@ class RunService:
 
     async def create(self, params: dict[str, Any]) -> dict[str, Any]:
         agent = self.agent_spec(_str(params, "agent_id", limit=64))
-        task = params.get("task")
-        if not isinstance(task, str):
-            raise BadRequest("task must be a string")
+        task = param_text(params, "task", None, limit=run_store.MAX_TASK_CHARS)
         provider, provider_config = agent.provider, agent.provider_config
         script = params.get("script")
         if script is not None:
@@ -460,8 +460,10 @@ class RunService:
 
     async def runs(self, params: dict[str, Any]) -> dict[str, Any]:
         rows = self.ledger.all(
-            "SELECT run_id, agent_id, kind, status, reason, task, created_at FROM runs"
-            " ORDER BY created_at DESC LIMIT 200"
+            "SELECT run_id, agent_id, kind, status, substr(reason, 1, ?) AS reason, substr(task, 1, ?) AS task,"
+            " created_at FROM runs ORDER BY created_at DESC LIMIT 200",
+            LIST_TEXT_CHARS,
+            LIST_TEXT_CHARS,
         )
         return {"runs": [dict(row) for row in rows]}
 
@@ -502,8 +504,8 @@ class RunService:
 
     async def continue_action(self, params: dict[str, Any]) -> dict[str, Any]:
         fingerprint = params.get("fingerprint")
-        if fingerprint is not None and not isinstance(fingerprint, str):
-            raise BadRequest("fingerprint must be a string")
+        if fingerprint is not None:
+            fingerprint = param_text(params, "fingerprint", limit=200)
         run_id = resolutions.continue_action(
             self.ledger, _str(params, "action_id"), _str(params, "decision"), fingerprint
         )
@@ -537,12 +539,12 @@ class RunService:
 
     async def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
         run_id = _str(params, "run_id")
+        reason = param_text(params, "reason", "cancelled", limit=1000) or "cancelled"
         run = run_store.get_run(self.ledger, run_id)
         if RunStatus(run["status"]) in TERMINAL:
             raise Refused(f"run {run_id} already ended ({run['status']})")
         for hook in CANCEL_HOOKS:
             await hook(self, run_id)
-        reason = summarize(str(params.get("reason", "cancelled")), 300)
         with self.ledger.tx():
             run_store.deny_unstarted_actions(self.ledger, run_id, f"run cancelled: {reason}")
             run_store.set_run_status(self.ledger, run_id, RunStatus.CANCELLED, reason)

@@ -59,6 +59,10 @@ def _bounded(value: Any, limit: int = MAX_RESULT_CHARS) -> str:
 # -- runs ----------------------------------------------------------------------------
 
 
+#: A task is stored and shown again (show, runs); bounded so replies fit a frame.
+MAX_TASK_CHARS = 20_000
+
+
 def create_run(
     ledger: Ledger,
     *,
@@ -76,8 +80,8 @@ def create_run(
 ) -> str:
     if not task.strip():
         raise BadRequest("task must not be empty")
-    if len(task) > 20_000:
-        raise BadRequest("task is longer than 20000 characters")
+    if len(task) > MAX_TASK_CHARS:
+        raise BadRequest(f"task is longer than {MAX_TASK_CHARS} characters")
     run_id = run_id or "run-" + secrets.token_hex(6)
     options = dict(options or {})
     # A scripted provider's script is data the tools act on: the row shows it

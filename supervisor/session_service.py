@@ -53,6 +53,7 @@ from corral.supervisor import finalization, recovery, resolutions, run_store, se
 from corral.supervisor.actor_state import ActorState
 from corral.supervisor.errors import BadRequest, Conflict, NotFound, Refused, SupervisorError
 from corral.supervisor.ledger import Ledger
+from corral.supervisor.params import param_int, param_seconds, param_str
 from corral.supervisor.recovery import RecoveryReport
 from corral.supervisor.restart_policy import RestartType, Strategy
 from corral.supervisor.run_state import TERMINAL as RUN_TERMINAL
@@ -119,19 +120,11 @@ def sandbox_settings(settings: SandboxSettings, home: Path | None = None) -> dic
 
 
 def _str(params: dict[str, Any], key: str, *, limit: int = 200) -> str:
-    value = params.get(key)
-    if not isinstance(value, str) or not value or len(value) > limit:
-        raise BadRequest(f"{key} must be a non-empty string of at most {limit} characters")
-    return value
+    return param_str(params, key, limit=limit)
 
 
 def _int(params: dict[str, Any], key: str, low: int, high: int, default: int) -> int:
-    value = params.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise BadRequest(f"{key} must be an integer within {low}..{high}")
-    return value
+    return param_int(params, key, default, low=low, high=high)
 
 
 def _argv(params: dict[str, Any]) -> list[str]:
@@ -148,17 +141,7 @@ def _argv(params: dict[str, Any]) -> list[str]:
 
 
 def _timeout(params: dict[str, Any], default: float) -> float:
-    value = params.get("timeout_s")
-    if value is None:
-        return default
-    if (
-        not isinstance(value, int | float)
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or not 0 < value <= MAX_TIMEOUT_S
-    ):
-        raise BadRequest(f"timeout_s must be a number within (0, {MAX_TIMEOUT_S:.0f}]")
-    return float(value)
+    return param_seconds(params, "timeout_s", default, low=0.001, high=MAX_TIMEOUT_S)
 
 
 def _cwd(workspace: Path, params: dict[str, Any]) -> tuple[str, Path]:

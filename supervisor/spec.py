@@ -386,6 +386,8 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     project_table = _get("spec", data, "project", dict, {})
     _check_keys("project", project_table, {"root"})
     project_root = (base / _get("project", project_table, "root", str, ".")).resolve()
+    if "root" in project_table:
+        _check_project_root(project_root)  # a root given explicitly is checked even without agents
     chaos_table = _get("spec", data, "chaos", dict, {})
     _check_keys("chaos", chaos_table, {"effects_file", "root_agent", "task", "workspace_files"})
     effects = _get("chaos", chaos_table, "effects_file", str, "")
@@ -488,6 +490,8 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     if sandbox.mode not in ("required", "allow-unsandboxed"):
         raise SpecError("sandbox.mode: must be 'required' or 'allow-unsandboxed'")
     mcp_servers = _mcp_servers(data, project_root, groups, actors, seen)
+    if any(server.command for server in mcp_servers):
+        _check_project_root(project_root)  # a stdio server's working directory lies under it
     # Keys are checked once the whole catalog is known (MCP servers come last).
     policy_tables = [("policy", policy)]
     policy_tables += [(f"agents[{i}].policy", agent.policy) for i, agent in enumerate(agents)]
@@ -563,7 +567,9 @@ def _mcp_servers(
 
 
 #: A project root may not be one of these, nor lie inside the first group.
-_SYSTEM_TREES = ("/etc", "/proc", "/sys", "/dev", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/usr")
+_SYSTEM_TREES = (
+    "/etc", "/proc", "/sys", "/dev", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr",
+)
 _SYSTEM_DIRS = ("/", "/var", "/opt", "/srv", "/run", "/home", "/tmp", "/mnt", "/media")
 
 
@@ -575,6 +581,8 @@ def _check_project_root(root: Path) -> None:
     if str(real) in _SYSTEM_DIRS or real == home:
         raise SpecError(f"project.root: {real} is {'your home directory' if real == home else 'a system directory'};"
                         " give the project's own directory")
+    if real in home.parents:
+        raise SpecError(f"project.root: {real} contains your home directory {home}; give the project's own directory")
     for tree in _SYSTEM_TREES:
         top = Path(tree).resolve()
         if real == top or top in real.parents:

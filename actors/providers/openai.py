@@ -183,7 +183,8 @@ class OpenAIConfig:
 
 def _read_key_file(path: Path) -> str:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO must be refused below, not wait here for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise OpenAIConfigError(f"api_key_file {path} does not exist") from None
     except OSError as exc:

@@ -31,6 +31,7 @@ from corral.core import failpoints
 from corral.core.procs import is_alive, wait_exit
 from corral.mailbox.control import SupervisorGone
 from corral.supervisor import home as homes
+from corral.supervisor.bounded_files import read_text_bounded
 from corral.supervisor.spec import load_spec
 
 TARGETS = ("supervisor", "agents", "children", "sessions")
@@ -100,7 +101,7 @@ def file_scenario(path: Path) -> Scenario:
     root = chaos.get("root_agent") or next((a.id for a in spec.agents if a.role == "root"), None)
     if root is None:
         raise ValueError(f"{path}: no root agent (set [chaos] root_agent)")
-    return Scenario(path.stem, path.read_text(), root, chaos.get("task", "chaos run"), path.parent)
+    return Scenario(path.stem, read_text_bounded(path, "spec"), root, chaos.get("task", "chaos run"), path.parent)
 
 
 class Runner:

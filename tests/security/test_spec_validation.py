@@ -4,15 +4,20 @@ tools; bounded, regular, UTF-8 spec files; control parameters in range; quiet pi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from corral.supervisor.spec import SpecError, load_spec, parse_spec
+from corral.mailbox.control import ControlError
+from corral.supervisor import spec as spec_module
+from corral.supervisor.run_store import MAX_TASK_CHARS
+from corral.supervisor.spec import RANGES, SpecError, load_spec, parse_spec
 from tests.harness import cli, running
 
 CORRAL = [sys.executable, "-m", "corral"]
@@ -71,6 +76,61 @@ def test_a_good_spec_with_every_number_at_a_bound_still_loads(tmp_path: Path) ->
     assert spec.supervisor.heartbeat_s == 0.05 and spec.agent("a").max_repairs == 0
 
 
+#: Which spec section fills each dataclass (its numeric fields are checked there).
+_SECTIONS = {
+    spec_module.SupervisorSettings: "supervisor",
+    spec_module.GroupSpec: "groups",
+    spec_module.ActorSpec: "actors",
+    spec_module.AgentSpec: "agents",
+    spec_module.SwarmLimits: "limits",
+    spec_module.SandboxSettings: "sandbox",
+}
+
+
+def _numeric_fields(cls: type) -> list[str]:
+    hints = typing.get_type_hints(cls)
+    return [
+        f.name
+        for f in dataclasses.fields(cls)
+        if set(typing.get_args(hints[f.name]) or (hints[f.name],)) - {type(None)} <= {int, float}
+    ]
+
+
+def test_every_numeric_field_of_every_spec_dataclass_has_a_range() -> None:
+    """A new numeric field without a range would accept 0, -1 and 10**20 silently."""
+    numeric = {cls: _numeric_fields(cls) for cls in _SECTIONS}
+    assert numeric[spec_module.SupervisorSettings], "the field scan found nothing: it is broken"
+    missing = [f"{_SECTIONS[cls]}.{name}" for cls, names in numeric.items() for name in names
+               if f"{_SECTIONS[cls]}.{name}" not in RANGES]
+    assert missing == []
+    every_dataclass = {
+        obj for obj in vars(spec_module).values()
+        if dataclasses.is_dataclass(obj) and isinstance(obj, type) and obj.__module__ == spec_module.__name__
+    }
+    unmapped = [cls.__name__ for cls in every_dataclass - set(_SECTIONS) if _numeric_fields(cls)]
+    assert unmapped == []
+
+
+@pytest.mark.parametrize("key", sorted(RANGES))
+@pytest.mark.parametrize("bad", ["below", "above", "nan", "inf"])
+def test_each_ranged_value_is_refused_out_of_range_naming_the_field(key: str, bad: str) -> None:
+    section, name = key.split(".")
+    low, high = RANGES[key]
+    value = {"below": low - 1, "above": high * 10 + 1, "nan": float("nan"), "inf": float("inf")}[bad]
+    if bad in ("below", "above") and float(low).is_integer() and float(high).is_integer():
+        value = int(value)
+    table: dict[str, Any] = {name: value}
+    data: dict[str, Any]
+    if section in ("groups", "actors", "agents"):
+        base = {"groups": {"id": "g"}, "actors": {"id": "e", "template": "echo"}, "agents": _agent()}[section]
+        data, where = {section: [{**base, **table}]}, f"{section}[0].{name}"
+    else:
+        data, where = {section: table}, f"{section}.{name}"
+    with pytest.raises(SpecError) as caught:
+        parse_spec(data)
+    assert where in str(caught.value), str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("root", "workspace", "message"),
     [
@@ -87,6 +147,13 @@ def test_a_workspace_lies_inside_a_sane_project_root(tmp_path: Path, root: str, 
     root = str(Path.home()) if root == "~" else root
     with pytest.raises(SpecError, match=message):
         parse_spec({"project": {"root": root}, "agents": [_agent(workspace=workspace)]}, str(tmp_path / "s.toml"))
+
+
+@pytest.mark.parametrize("root", ["/", "/etc", "/usr/share", "/libx32", "/var", "~"])
+def test_an_explicit_project_root_is_checked_without_any_agent(tmp_path: Path, root: str) -> None:
+    root = str(Path.home()) if root == "~" else root
+    with pytest.raises(SpecError, match=r"^project\.root: "):
+        parse_spec({"project": {"root": root}}, str(tmp_path / "s.toml"))
 
 
 def test_a_symlinked_workspace_is_judged_where_it_points(tmp_path: Path) -> None:
@@ -156,8 +223,6 @@ def test_bad_specs_at_corral_up_are_clear_errors_not_tracebacks(short_tmp: Path)
 
 def test_control_parameters_out_of_range_are_bad_requests(short_tmp: Path) -> None:
     with running(short_tmp / "home", '[[actors]]\nid = "echo"\ntemplate = "echo"\n') as daemon:
-        from corral.mailbox.control import ControlError
-
         for method, params in (
             ("events", {"since": 2**64 - 1}),
             ("events", {"wait_ms": -1}),
@@ -165,10 +230,14 @@ def test_control_parameters_out_of_range_are_bad_requests(short_tmp: Path) -> No
             ("request_actor", {"actor_id": "echo", "body": {}, "timeout_s": float("nan")}),
             ("request_actor", {"actor_id": "echo", "body": {}, "timeout_s": float("inf")}),
             ("show", {"run_id": "x" * 5000}),
+            ("cancel", {"run_id": "run-nothere", "reason": 3}),
+            ("continue_action", {"action_id": "act-x", "decision": "approve", "fingerprint": "f" * 5000}),
         ):
             with pytest.raises(ControlError) as caught:
                 daemon.call(method, **params)
             assert caught.value.code in ("bad-request", "not-found"), (method, caught.value)
+            if method in ("events", "request_actor", "cancel", "continue_action"):
+                assert caught.value.code == "bad-request", (method, caught.value)
         assert daemon.call("ping")["pong"] is True  # and the supervisor is fine
 
 
@@ -184,3 +253,32 @@ def test_a_closed_pipe_is_not_a_traceback(short_tmp: Path) -> None:
         )
         assert pipeline.stdout.strip()
         assert "BrokenPipe" not in pipeline.stderr and "Traceback" not in pipeline.stderr
+
+
+def test_long_tasks_and_reasons_do_not_break_the_run_list(short_tmp: Path) -> None:
+    """Like the 50 MB name: stored text is shown again, and `runs` must still fit a frame."""
+    spec = '[[agents]]\nid = "a"\nsteps = [{ final = "done" }]\n'
+    with running(short_tmp / "home", spec) as daemon:
+        for _ in range(60):  # 60 x 20,000 characters would be past the 1 MiB frame if listed whole
+            daemon.call("run", agent_id="a", task="t" * MAX_TASK_CHARS)
+        listed = daemon.call("runs")["runs"]
+        assert len(listed) == 60 and all(len(run["task"]) == 300 for run in listed)
+        shown = daemon.call("show", run_id=listed[0]["run_id"])
+        assert len(shown["run"]["task"]) == MAX_TASK_CHARS  # show gives the whole task
+        result = cli(daemon.home, "runs")
+        assert result.returncode == 0 and "Traceback" not in result.stderr
+        for task in ("t" * (MAX_TASK_CHARS + 1), 7):
+            with pytest.raises(ControlError) as caught:
+                daemon.call("run", agent_id="a", task=task)
+            assert caught.value.code == "bad-request" and "task" in caught.value.message
+        assert len(daemon.call("runs")["runs"]) == 60  # and no run was created
+
+
+def test_an_api_key_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "key"
+    os.mkfifo(fifo, 0o600)
+    from corral.actors.providers.openai import OpenAIConfig, OpenAIConfigError, load_api_key
+
+    config = OpenAIConfig.from_mapping({"base_url": "http://127.0.0.1:9", "model": "m", "api_key_file": str(fifo)})
+    with pytest.raises(OpenAIConfigError, match="not a regular file"):
+        load_api_key(config)
