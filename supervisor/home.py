@@ -84,9 +84,7 @@ class HomeLock:
 
     def acquire(self) -> None:
         fd = os.open(self.home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _take(fd):
             os.close(fd)
             raise HomeBusy(
                 f"another supervisor (pid {_holder(self.path)}) owns {self.home}; "
@@ -115,6 +113,18 @@ class HomeLock:
                 self.path.unlink()
             os.close(self._fd)
             self._fd = None
+
+
+def _take(fd: int, attempts: int = 50) -> bool:
+    """The exclusive lock, allowing for ``is_locked`` probes: they hold a shared lock
+    for microseconds, which must not read as another supervisor."""
+    for _ in range(attempts):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(0.01)
+    return False
 
 
 def _holder(path: Path) -> str:

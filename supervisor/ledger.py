@@ -8,6 +8,7 @@ describe them commit together, so the event stream never disagrees with the stat
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from corral.core import failpoints
 from corral.core.redact import redact
 from corral.supervisor.errors import StorageFull
 from corral.supervisor.schema import MIGRATIONS
@@ -56,6 +58,38 @@ def check_ledger_file(path: Path) -> None:
         raise LedgerError(f"ledger {path} is not an SQLite database (damaged header); {_WHAT_TO_DO}")
 
 
+def _create(path: Path) -> None:
+    """A new ledger is built beside its final name and renamed into place once it
+    holds its schema: a crash during creation leaves no half-made ``ledger.db``, so
+    an empty ``ledger.db`` always means damage (and is refused, never replaced)."""
+    staging = path.with_name(path.name + ".new")
+    for leftover in (staging, staging.with_name(staging.name + "-wal"), staging.with_name(staging.name + "-shm")):
+        leftover.unlink(missing_ok=True)
+    db = sqlite3.connect(staging, isolation_level=None)
+    try:
+        staging.chmod(0o600)
+        for version, migration in enumerate(MIGRATIONS):
+            db.execute("BEGIN IMMEDIATE")
+            for statement in _split_sql(migration):
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {version + 1}")
+            db.execute("COMMIT")
+    finally:
+        db.close()
+    failpoints.hit("ledger.after-staging")
+    fd = os.open(staging, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(staging, path)
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
 def integrity_problems(db: sqlite3.Connection, limit: int = 5) -> list[str]:
     """``PRAGMA quick_check``: an empty list when the database is sound."""
     rows = [str(row[0]) for row in db.execute(f"PRAGMA quick_check({int(limit)})").fetchall()]
@@ -69,6 +103,8 @@ class Ledger:
         self.path = path
         if check:
             check_ledger_file(path)
+        if not readonly and not path.exists():
+            _create(path)
         uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
         self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row

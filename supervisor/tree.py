@@ -138,8 +138,7 @@ class SupervisionTree:
         if spec.id in self.slots:
             raise ValueError(f"actor {spec.id!r} already exists")
         slot = ActorSlot(spec, dynamic=dynamic)
-        self.slots[spec.id] = slot
-        self.groups[spec.group].order.append(spec.id)
+        # The row first: on a full disk the caller gets disk-full and no half-declared slot.
         with self.ledger.tx() as db:
             db.execute(
                 "INSERT INTO actors (actor_id, group_id, template, spec_json, status, restarts,"
@@ -157,6 +156,8 @@ class SupervisionTree:
                     time.time(),
                 ),
             )
+        self.slots[spec.id] = slot
+        self.groups[spec.group].order.append(spec.id)
         return slot
 
     # -- running ------------------------------------------------------------------
@@ -437,12 +438,16 @@ class SupervisionTree:
         )
         group.status = "escalated"
         group.reason = reason
-        with self.ledger.tx() as db:
-            db.execute(
-                "UPDATE groups SET status = 'escalated', reason = ?, updated_at = ? WHERE group_id = ?",
-                (reason, time.time(), group.spec.id),
-            )
-            self.ledger.event("group-escalated", group.spec.id, reason=reason, trigger=trigger.id)
+        try:
+            with self.ledger.tx() as db:
+                db.execute(
+                    "UPDATE groups SET status = 'escalated', reason = ?, updated_at = ? WHERE group_id = ?",
+                    (reason, time.time(), group.spec.id),
+                )
+                self.ledger.event("group-escalated", group.spec.id, reason=reason, trigger=trigger.id)
+        except StorageFull as exc:
+            # The escalation happens all the same; only its record waits for space.
+            log.warning("group %s escalated, not recorded: %s", group.spec.id, exc)
         for actor_id in reversed(group.order):
             await self.stop_actor(self.slots[actor_id], reason="group escalated")
             target = self.slots[actor_id]

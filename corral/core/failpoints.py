@@ -44,6 +44,7 @@ KNOWN: dict[str, str] = {
     "provider.before-handoff": "agent: provider response received, handoff not yet committed",
     "provider.after-handoff": "agent: provider response committed, not yet parsed",
     "session.after-launch": "session: process launched, running not yet recorded",
+    "ledger.after-staging": "supervisor: a new ledger is built beside its name, not yet renamed into place",
     "mcp.before-call": "mcp actor: call received (executing committed), request not yet sent to the server",
     "mcp.after-call": "mcp actor: the server answered, the result not yet relayed",
 }

@@ -212,3 +212,16 @@ def test_a_full_disk_leaves_the_supervisor_up_read_only_until_space_returns(shor
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_a_crash_while_the_ledger_is_created_leaves_no_empty_ledger(short_tmp: Path) -> None:
+    """A new ledger is built beside its name and renamed into place: a supervisor
+    killed in between leaves no ledger.db at all (never an empty one, which would be
+    refused as damage), and the next `corral up` simply starts."""
+    home = short_tmp / "home"
+    killed = cli(home, "up", env={"CORRAL_FAILPOINTS": "ledger.after-staging=kill"})
+    assert killed.returncode != 0
+    assert not (home / homes.LEDGER).exists() and (home / (homes.LEDGER + ".new")).exists()
+    with running(home, ECHO) as daemon:
+        assert daemon.call("ping")["pong"] is True
+    assert not (home / (homes.LEDGER + ".new")).exists()
