@@ -159,12 +159,12 @@ def cmd_down(args: argparse.Namespace) -> int:
 # -- status / ping / events ----------------------------------------------------------
 
 
-def _json_arg(parser: argparse.ArgumentParser) -> None:
+def json_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 @command("status", "show the supervision tree, actors and what is open")
-@arguments(_json_arg)
+@arguments(json_arg)
 def cmd_status(args: argparse.Namespace) -> int:
     with open_client(args) as connected:
         status = connected.status()
@@ -214,7 +214,7 @@ def cmd_ping(args: argparse.Namespace) -> int:
 def _events_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--since", type=int, default=0, help="cursor to start after (default: 0)")
     parser.add_argument("--follow", action="store_true", help="keep waiting for new events")
-    _json_arg(parser)
+    json_arg(parser)
 
 
 @command("events", "print the event stream (cursor-based; --follow to keep watching)")

@@ -15,6 +15,7 @@ from corral.cli.main import (
     arguments,
     command,
     emit_json,
+    json_arg,
     open_client,
     print_table,
 )
@@ -97,12 +98,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _json_only(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true")
-
 
 @command("runs", "list recent runs")
-@arguments(_json_only)
+@arguments(json_arg)
 def cmd_runs(args: argparse.Namespace) -> int:
     with open_client(args) as client:
         runs = client.runs()
@@ -117,7 +115,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 @command("pending", "list what waits for a person: confirmations, reconciliations, retries")
-@arguments(_json_only)
+@arguments(json_arg)
 def cmd_pending(args: argparse.Namespace) -> int:
     with open_client(args) as client:
         pending = client.pending().raw
