@@ -44,6 +44,8 @@ log = logging.getLogger("corral.mcp")
 
 #: A run's first claim waits this long at most for servers still starting.
 CLAIM_WAIT_S = 15.0
+#: How often a wait for a server re-reads its actor's state (restarts send no report).
+SLOT_POLL_S = 0.05
 #: Above the call timeout: time for the actor to answer that it timed out.
 RELAY_SLACK_S = 5.0
 
@@ -157,13 +159,10 @@ class McpService:
             slot = self._slot(server)
             if slot is not None and slot.state in (ActorState.ESCALATED, ActorState.STOPPED):
                 return None
-            with trio.move_on_at(deadline):
+            # A report wakes this at once; a restart changes the slot without one,
+            # so look again after a short while either way.
+            with trio.move_on_at(min(deadline, trio.current_time() + SLOT_POLL_S)):
                 await state.changed.wait()
-            # a restart changes the slot without a report: look again soon
-            await trio.sleep(0)
-            if not state.changed.is_set() and trio.current_time() < deadline:
-                with trio.move_on_after(0.05):
-                    await trio.sleep_forever()
 
     # -- a run's catalog ---------------------------------------------------------------
 

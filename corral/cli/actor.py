@@ -4,9 +4,8 @@ templates included)."""
 from __future__ import annotations
 
 import argparse
-import json
 
-from corral.cli.main import EXIT_USAGE, CliError, arguments, command, emit_json, open_client
+from corral.cli.main import EXIT_USAGE, CliError, arguments, command, emit_json, json_object_arg, open_client
 
 
 def _ask_args(parser: argparse.ArgumentParser) -> None:
@@ -18,12 +17,7 @@ def _ask_args(parser: argparse.ArgumentParser) -> None:
 @command("ask", "send a request to an actor and print its reply (JSON)")
 @arguments(_ask_args)
 def cmd_ask(args: argparse.Namespace) -> int:
-    try:
-        message = json.loads(args.message)
-    except json.JSONDecodeError as exc:
-        raise CliError(f"MESSAGE is not JSON: {exc.msg} at {exc.pos}", EXIT_USAGE) from None
-    if not isinstance(message, dict):
-        raise CliError("MESSAGE must be a JSON object", EXIT_USAGE)
+    message = json_object_arg(args.message, "MESSAGE")
     if not 0 < args.timeout <= 3600:
         raise CliError("--timeout must be within (0, 3600] seconds", EXIT_USAGE)
     with open_client(args) as client:

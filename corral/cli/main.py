@@ -81,6 +81,17 @@ def rpc(args: argparse.Namespace, method: str, timeout: float = 10.0, **params: 
         return connected.call(method, timeout=timeout, **params)
 
 
+def json_object_arg(text: str, what: str) -> dict[str, Any]:
+    """A command-line argument that must be a JSON object (a usage error otherwise)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{what} is not JSON: {exc.msg} at {exc.pos}", EXIT_USAGE) from None
+    if not isinstance(value, dict):
+        raise CliError(f"{what} must be a JSON object", EXIT_USAGE)
+    return value
+
+
 def emit_json(value: Any) -> None:
     json.dump(value, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")

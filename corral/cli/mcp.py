@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from corral.cli.main import EXIT_FAILED, EXIT_USAGE, CliError, arguments, command, emit_json, print_table, rpc
+from corral.cli.main import EXIT_FAILED, arguments, command, emit_json, json_object_arg, print_table, rpc
 
 
 def _mcp_args(parser: argparse.ArgumentParser) -> None:
@@ -64,12 +63,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _call(args: argparse.Namespace) -> int:
-    try:
-        arguments_value = json.loads(args.args)
-    except json.JSONDecodeError as exc:
-        raise CliError(f"--args is not JSON: {exc}", EXIT_USAGE) from None
-    if not isinstance(arguments_value, dict):
-        raise CliError("--args must be a JSON object", EXIT_USAGE)
+    arguments_value = json_object_arg(args.args, "--args")
     reply: dict[str, Any] = rpc(
         args,
         "mcp.call",
