@@ -413,7 +413,6 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         workspace = (project_root / _get(where, table, "workspace", str, ".")).resolve()
         if workspace != project_root and project_root not in workspace.parents:
             raise SpecError(f"{where}.workspace: {workspace} is outside the project root {project_root}")
-        _check_project_root(project_root)
         scopes = _get(where, table, "write_scopes", list, ["."])
         if not all(isinstance(scope, str) for scope in scopes):
             raise SpecError(f"{where}.write_scopes: must be a list of relative paths")
@@ -490,8 +489,10 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     if sandbox.mode not in ("required", "allow-unsandboxed"):
         raise SpecError("sandbox.mode: must be 'required' or 'allow-unsandboxed'")
     mcp_servers = _mcp_servers(data, project_root, groups, actors, seen)
-    if any(server.command for server in mcp_servers):
-        _check_project_root(project_root)  # a stdio server's working directory lies under it
+    if "root" not in project_table and (agents or any(server.command for server in mcp_servers)):
+        # An implicit root matters once something works in it: agents, or a stdio
+        # server (its working directory lies under it). An explicit one was checked above.
+        _check_project_root(project_root)
     # Keys are checked once the whole catalog is known (MCP servers come last).
     policy_tables = [("policy", policy)]
     policy_tables += [(f"agents[{i}].policy", agent.policy) for i, agent in enumerate(agents)]
