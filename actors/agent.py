@@ -8,6 +8,8 @@ which the supervisor sends only once ``executing`` is on disk.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import fnmatch
 import logging
 import os
@@ -82,6 +84,25 @@ async def run(ctx: ActorContext) -> int:
     return 0
 
 
+def with_known_ids(schema: ToolSchema, known: dict[str, list[str]]) -> ToolSchema:
+    """``schema`` with the string fields that name a spec id turned into enums
+    (``"agent.delegate/agent_id"``: the specialists). Only what is offered changes:
+    the supervisor validates against the tool's own schema."""
+    changed = copy.deepcopy(schema.input_schema)
+    for where, ids in known.items():
+        tool, _, path = where.partition("/")
+        if tool != schema.name or not ids:
+            continue
+        node: Any = changed
+        for part in path.split("/"):
+            node = node.get("properties", {}).get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict) and node.get("type") == "array":
+                node = node.get("items")
+        if isinstance(node, dict) and node.get("type") == "string":
+            node["enum"] = list(ids)
+    return schema if changed == schema.input_schema else dataclasses.replace(schema, input_schema=changed)
+
+
 class Lane:
     """Drives one run until it ends or parks (which releases the lane)."""
 
@@ -89,8 +110,6 @@ class Lane:
         self.ctx = ctx
         self.run = run
         self.run_id: str = run["run_id"]
-        # Every tool stays parseable; the supervisor refuses the ones this run may not
-        # use (a child spawning, say) with a recorded, explained denial.
         self.tools: dict[str, Tool] = all_tools()
         self.tools.update(mcp_tools(run.get("mcp_tools")))
         globs = run.get("tool_globs")
@@ -99,7 +118,16 @@ class Lane:
             self.tools = {
                 name: tool for name, tool in self.tools.items() if any(fnmatch.fnmatchcase(name, g) for g in globs)
             }
+        # Every remaining tool stays parseable, so a call outside the run's tool set
+        # (a child spawning, say) gets a recorded, explained denial; but the model is
+        # only offered what the run may use.
         self.schemas: tuple[ToolSchema, ...] = tuple(tool.schema for tool in self.tools.values())
+        allowed = run.get("allowed_tools")
+        self.offered = tuple(
+            with_known_ids(schema, run.get("known_ids") or {})
+            for schema in self.schemas
+            if allowed is None or schema.name in allowed
+        )
         self.provider: Provider | None = None
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
@@ -146,7 +174,7 @@ class Lane:
             task=step["task"],
             loop_index=loop,
             history=tuple(step["history"]),
-            tools=self.schemas,
+            tools=self.offered,
             slot=begun["slot"],
             tool_notes=tuple(sorted((self.run.get("mcp_instructions") or {}).items())),
         )

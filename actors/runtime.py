@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -54,6 +55,15 @@ class ActorContext:
 
 Template = Callable[[ActorContext], Awaitable[int]]
 
+#: The context of the actor this process runs, for code that is handed no context:
+#: a provider asking a model actor (``local``) goes through the supervisor with it.
+_current: contextvars.ContextVar[ActorContext] = contextvars.ContextVar("corral_actor")
+
+
+def current_actor() -> ActorContext:
+    """This process's actor; LookupError outside an actor."""
+    return _current.get()
+
 
 def _templates() -> dict[str, Template]:
     from corral.actors import agent, echo
@@ -62,6 +72,9 @@ def _templates() -> dict[str, Template]:
     session = import_optional("corral.actors.session")
     if session is not None:
         table["session"] = session.run
+    from corral.actors import model_actor
+
+    table["model"] = model_actor.run
     mcp_actor = import_optional("corral.actors.mcp_actor")
     if mcp_actor is not None:
         table["mcp"] = mcp_actor.run
@@ -152,6 +165,7 @@ async def _actor(config: dict[str, Any], token: str) -> int:
         )
         await channel.request_envelope(hello, timeout=30)
         ctx = ActorContext(actor_id, config["incarnation"], config["template"], channel, config, trio.Event())
+        _current.set(ctx)  # tasks started below inherit it
         code = 0
         async with trio.open_nursery() as nursery:
 

@@ -60,6 +60,7 @@ def load_workloads() -> None:
         if not info.name.startswith("_"):
             importlib.import_module(f"bench.baselines.{info.name}")
     importlib.import_module("bench.corral_workloads")
+    importlib.import_module("bench.model_workloads")
     importlib.import_module("bench.figures")
 
 

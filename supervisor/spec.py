@@ -20,6 +20,7 @@ from corral.mailbox.codec import DEFAULT_MAX_FRAME
 from corral.sandbox.launcher import LaunchMode
 from corral.supervisor.bounded_files import FileReadError, read_text_bounded
 from corral.supervisor.mcp_spec import McpServerSpec, McpSpecError, parse_servers
+from corral.supervisor.model_spec import LocalModelSpec, ModelRegistry, ModelSpecError
 from corral.supervisor.restart_policy import RestartType, Strategy
 
 ROOT_GROUP = "root"
@@ -95,6 +96,8 @@ class TemplateSpec:
     provider: str
     provider_config: dict[str, Any]
     policy: dict[str, str]
+    #: Globs of the tools a child of this template may use and is offered; None: every child tool.
+    tools: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,8 @@ class SwarmSpec:
     effects_file: Path | None = None
     sandbox: SandboxSettings = SandboxSettings()
     mcp_servers: tuple[McpServerSpec, ...] = ()
+    #: Local GGUF models, one ``model`` actor each (see supervisor/model_spec.py).
+    models: tuple[LocalModelSpec, ...] = ()
     #: ``[tools] modules``, resolved (file paths absolute), plus the ``corral.tools``
     #: entry points: imported here, in the fork server and in every actor.
     tool_modules: tuple[str, ...] = ()
@@ -162,7 +167,7 @@ class SwarmSpec:
         raise KeyError(actor_id)
 
 
-KNOWN_TEMPLATES = {"echo", "agent", "child", "session", "mcp"}
+KNOWN_TEMPLATES = {"echo", "agent", "child", "session", "mcp", "model"}
 
 _TOP = {
     "name",
@@ -177,6 +182,7 @@ _TOP = {
     "project",
     "chaos",
     "mcp_servers",
+    "models",
     "tools",
 }
 _AGENT = {
@@ -186,6 +192,7 @@ _AGENT = {
     "script",
     "steps",
     "openai",
+    "local",
     "provider_config",
     "workspace",
     "write_scopes",
@@ -199,7 +206,7 @@ _AGENT = {
     "shutdown_timeout_ms",
     "tools",
 }
-_TEMPLATE = {"id", "provider", "script", "steps", "openai", "provider_config", "policy"}
+_TEMPLATE = {"id", "provider", "script", "steps", "openai", "local", "provider_config", "policy", "tools"}
 _LIMITS = {"max_children_per_call", "max_depth", "child_timeout_s", "max_repairs_per_delivery"}
 _SUPERVISOR = {"transport", "launch", "max_frame", "inbox_size", "synchronous", "heartbeat_s", "stall_timeout_s"}
 _GROUP = {"id", "strategy", "max_restarts", "period_s"}
@@ -393,6 +400,10 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     effects = _get("chaos", chaos_table, "effects_file", str, "")
     policy = _policy("policy", _get("spec", data, "policy", dict, {}))
     tool_modules = _tool_modules(_get("spec", data, "tools", dict, {}), base)
+    try:
+        models = ModelRegistry.parse(data.get("models", []), base)
+    except ModelSpecError as exc:
+        raise SpecError(str(exc)) from None
 
     agents: list[AgentSpec] = []
     for index, table in enumerate(_get("spec", data, "agents", list, [])):
@@ -409,7 +420,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         role = _get(where, table, "role", str, "root")
         if role not in ("root", "specialist"):
             raise SpecError(f"{where}.role: must be 'root' or 'specialist'")
-        provider, provider_config = _provider(where, table, base)
+        provider, provider_config = _provider(where, table, base, models)
         workspace = (project_root / _get(where, table, "workspace", str, ".")).resolve()
         if workspace != project_root and project_root not in workspace.parents:
             raise SpecError(f"{where}.workspace: {workspace} is outside the project root {project_root}")
@@ -457,13 +468,14 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         _check_keys(where, table, _TEMPLATE)
         if "id" not in table:
             raise SpecError(f"{where}: missing id")
-        provider, provider_config = _provider(where, table, base)
+        provider, provider_config = _provider(where, table, base, models)
         templates.append(
             TemplateSpec(
                 id=_check_id(f"{where}.id", _get(where, table, "id", str, "")),
                 provider=provider,
                 provider_config=provider_config,
                 policy=_policy(f"{where}.policy", _get(where, table, "policy", dict, {})),
+                tools=_tool_globs(where, table),
             )
         )
 
@@ -489,6 +501,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     if sandbox.mode not in ("required", "allow-unsandboxed"):
         raise SpecError("sandbox.mode: must be 'required' or 'allow-unsandboxed'")
     mcp_servers = _mcp_servers(data, project_root, groups, actors, seen)
+    _model_actors(models, groups, actors, seen)
     if "root" not in project_table and (agents or any(server.command for server in mcp_servers)):
         # An implicit root matters once something works in it: agents, or a stdio
         # server (its working directory lies under it). An explicit one was checked above.
@@ -513,6 +526,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         (base / effects).resolve() if effects else None,
         sandbox,
         mcp_servers,
+        models.all(),
         tool_modules,
     )
 
@@ -591,7 +605,7 @@ def _check_project_root(root: Path) -> None:
 
 
 def provider_env(provider: str, config: dict[str, Any]) -> tuple[str, ...]:
-    if provider == "scripted":
+    if provider in ("scripted", "local"):
         return ()
     # openai reads OPENAI_API_KEY unless told otherwise; a user provider names its variable.
     name = config.get("api_key_env", "OPENAI_API_KEY" if provider == "openai" else "")
@@ -656,11 +670,11 @@ def _check_policy_keys(tables: list[tuple[str, dict[str, str]]], mcp_ids: set[st
             raise SpecError(f"{where}.{key}: no tool {key!r}{hint}")
 
 
-def _provider(where: str, table: dict[str, Any], base: Path) -> tuple[str, dict[str, Any]]:
+def _provider(where: str, table: dict[str, Any], base: Path, models: ModelRegistry) -> tuple[str, dict[str, Any]]:
     from corral.actors.providers.scripted import ScriptError, load_script, parse_script_text
 
     provider = _get(where, table, "provider", str, "scripted")
-    if provider in ("scripted", "openai") and "provider_config" in table:
+    if provider in ("scripted", "openai", "local") and "provider_config" in table:
         raise SpecError(f"{where}.provider_config: only for user providers; {provider} is configured by its own keys")
     if provider == "scripted":
         if "steps" in table:
@@ -687,7 +701,48 @@ def _provider(where: str, table: dict[str, Any], base: Path) -> tuple[str, dict[
         except (ProviderError, ValueError, TypeError) as exc:
             raise SpecError(f"{where}.openai: {exc}") from None
         return provider, dict(config)
+    if provider == "local":
+        return provider, _local_provider(where, table, models)
     return provider, _user_provider(where, table, base, provider)
+
+
+def _local_provider(where: str, table: dict[str, Any], models: ModelRegistry) -> dict[str, Any]:
+    """``[agents.local]``, checked now; its ``model`` is bound to a model actor's id
+    (a missing or non-GGUF file stops ``corral up`` here)."""
+    from corral.actors.providers.base import ProviderError
+    from corral.actors.providers.local import LocalConfig
+
+    config = dict(_get(where, table, "local", dict, {}))
+    try:
+        LocalConfig.from_mapping(config)
+        config["model"] = models.bind(f"{where}.local", str(config.get("model", LocalConfig.model)))
+    except (ProviderError, ModelSpecError, ValueError, TypeError) as exc:
+        raise SpecError(f"{where}.local: {exc}" if not str(exc).startswith(where) else str(exc)) from None
+    return config
+
+
+def _model_actors(
+    models: ModelRegistry, groups: dict[str, GroupSpec], actors: list[ActorSpec], seen: set[str]
+) -> None:
+    """One ``model`` actor per model, each in a group of its own: a model that
+    cannot load exhausts its own restart intensity, not the agents'."""
+    for model in models.all():
+        if model.actor_id in seen:
+            raise SpecError(f"models: actor id {model.actor_id!r} is already used")
+        seen.add(model.actor_id)
+        groups[model.actor_id] = GroupSpec(model.actor_id, Strategy.ONE_FOR_ONE, model.max_restarts, model.period_s)
+        actors.append(
+            ActorSpec(
+                id=model.actor_id,
+                template="model",
+                group=model.actor_id,
+                restart=RestartType.PERMANENT,
+                shutdown_timeout_ms=5000,
+                backoff_base_ms=200,
+                backoff_max_ms=5000,
+                params=model.actor_params(),
+            )
+        )
 
 
 def _user_provider(where: str, table: dict[str, Any], base: Path, provider: str) -> dict[str, Any]:

@@ -144,8 +144,11 @@ class SwarmService:
 
     async def delegate(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self._parent(slot, params)
+        # An optional field left out is absent, not None (None would fail its check).
         fields = {
-            k: params.get(k) for k in ("agent_id", "task", "acceptance_criteria", "expected_artifacts", "repair_of")
+            k: params[k]
+            for k in ("agent_id", "task", "acceptance_criteria", "expected_artifacts", "repair_of")
+            if params.get(k) is not None
         }
         reply = swarm_store.delegate(self.ledger, self.sup.spec, run, self._action_id(params, run), fields)
         await self.sup.services["runs"].wake(reply["target"])

@@ -160,6 +160,7 @@ def spawn_group(
                     "workspace": options.get("workspace"),
                     "write_scopes": scopes,
                     "allowed_tools": CHILD_TOOLS,
+                    "tool_globs": list(template_spec.tools) if template_spec.tools is not None else None,
                     "policy": {**spec.policy, **template_spec.policy},
                     "effects_file": options.get("effects_file"),
                     "limits": options.get("limits", {}),
@@ -399,6 +400,8 @@ def delegate(
         "workspace": str(target_spec.workspace),
         "write_scopes": list(target_spec.write_scopes),
         "allowed_tools": SPECIALIST_TOOLS,
+        # The specialist's own allow list holds for delegated work too.
+        "tool_globs": list(target_spec.tools) if target_spec.tools is not None else None,
         "policy": {**spec.policy, **target_spec.policy},
         "effects_file": json.loads(parent_run["options"]).get("effects_file"),
         "limits": {"max_repairs": target_spec.max_repairs},

@@ -288,14 +288,14 @@ def _bounded(text: str, limit: int) -> str:
     return text[:limit] + f"\n[… {len(text) - limit} more characters cut]"
 
 
-def _observation_message(entry: Mapping[str, Any]) -> dict[str, str]:
+def _observation_message(entry: Mapping[str, Any], limit: int = MAX_OBSERVATION_CHARS) -> dict[str, str]:
     output = entry.get("output")
     text = output if isinstance(output, str) else json.dumps(output, default=str)
     head = (
         f"Observation for action {entry.get('action_id', '?')} "
         f"(tool {entry.get('tool', '?')}, status {entry.get('status', '?')}):"
     )
-    return {"role": "user", "content": f"{head}\n{_bounded(text, MAX_OBSERVATION_CHARS)}"}
+    return {"role": "user", "content": f"{head}\n{_bounded(text, limit)}"}
 
 
 def _repair_entry_message(entry: Mapping[str, Any]) -> dict[str, str]:
@@ -307,14 +307,16 @@ def _repair_entry_message(entry: Mapping[str, Any]) -> dict[str, str]:
     return repair_message(category, detail)
 
 
-def history_messages(history: tuple[dict[str, Any], ...]) -> list[dict[str, str]]:
+def history_messages(
+    history: tuple[dict[str, Any], ...], observation_chars: int = MAX_OBSERVATION_CHARS
+) -> list[dict[str, str]]:
     # Observations go in as user messages rather than role "tool": strict servers
     # reject tool messages without the assistant tool_calls message (and its ids)
     # before them, which the history does not keep.
     return [
         _repair_entry_message(entry)
         if entry.get("role") == "repair"
-        else _observation_message(entry)
+        else _observation_message(entry, observation_chars)
         for entry in history
     ]
 

@@ -2,7 +2,7 @@
 
 A provider is named in a spec by one of:
 
-* a built-in name: ``scripted``, ``openai``;
+* a built-in name: ``scripted``, ``openai``, ``local`` (a GGUF model actor);
 * a ``module:Name`` reference to a user class or factory;
 * a name registered by an installed package in the ``corral.providers`` entry
   point group (``[project.entry-points."corral.providers"] my-llm = "pkg.llm:MyProvider"``).
@@ -23,7 +23,7 @@ from corral.actors.providers.scripted import ScriptedProvider
 from corral.actors.user_code import is_reference, load
 from corral.core.errors import UserCodeError
 
-BUILTIN_PROVIDERS = ("scripted", "openai")
+BUILTIN_PROVIDERS = ("scripted", "openai", "local")
 PROVIDERS = BUILTIN_PROVIDERS
 ENTRY_POINT_GROUP = "corral.providers"
 
@@ -71,6 +71,10 @@ def make_provider(name: str, config: dict[str, Any]) -> Provider:
         from corral.actors.providers.openai import OpenAIConfig, OpenAIProvider
 
         return OpenAIProvider(OpenAIConfig.from_mapping(config))
+    if name == "local":
+        from corral.actors.providers.local import LocalConfig, LocalProvider
+
+        return LocalProvider(LocalConfig.from_mapping(config))
     provider = resolve_factory(name)(dict(config))
     for method in ("complete", "parse"):
         if not callable(getattr(provider, method, None)):
@@ -84,7 +88,7 @@ def is_idempotent(name: str) -> bool:
     A user provider says so with a class attribute ``idempotent_requests = True``;
     the default is the safe answer (no: the request needs reconciliation)."""
     if name in BUILTIN_PROVIDERS:
-        return name == "scripted"
+        return name in ("scripted", "local")
     try:
         return getattr(resolve_factory(name), "idempotent_requests", False) is True
     except UserCodeError:

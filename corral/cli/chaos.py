@@ -140,10 +140,13 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def _applies(failpoint: str, spec_text: str) -> bool:
-    """Session and MCP failpoints only fire in scenarios that have sessions or MCP servers."""
+    """Session, MCP and model failpoints only fire in scenarios that have sessions,
+    MCP servers or local models."""
     layer = failpoint.split(".")[0]
     if layer == "session":
         return "session" in spec_text
     if layer == "mcp":
         return "mcp_servers" in spec_text
+    if layer == "model":
+        return '"local"' in spec_text
     return True

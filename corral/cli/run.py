@@ -77,6 +77,11 @@ def print_run(shown: dict[str, Any]) -> None:
         print_table(rows, ["ACTION", "LOOP", "TOOL", "PHASE", "POLICY"])
     for receipt in shown["receipts"]:
         print(f"  receipt {receipt['action_id']} {receipt['status']}: {receipt['result_summary']}")
+    usage = shown.get("usage") or {}
+    if usage.get("requests"):
+        tokens = f"{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens"
+        model = f", model time {usage['model_ms'] / 1000:.2f}s" if usage.get("model_ms") else ""
+        print(f"  provider: {usage['requests']} answers, {usage['format_repairs']} format repairs, {tokens}{model}")
     if shown.get("final_reply") is not None:
         print(f"final reply: {shown['final_reply']}")
 

@@ -1,4 +1,5 @@
-"""``corral demo``: the embedded swarm on the scripted provider, with a live view."""
+"""``corral demo``: the embedded swarm (scripted, an OpenAI-compatible server, or a
+real local model), with a live view and a summary."""
 
 from __future__ import annotations
 
@@ -17,10 +18,14 @@ from corral.supervisor import home as homes
 
 ROOT_AGENT = "project-supervisor"
 DEMO_TASK = "Prepare the launch plan: research, review, drafts and checks."
+#: A model of 135M parameters needs the steps spelled out.
+LOCAL_DEMO_TASK = (
+    "Delegate two tasks. To agent researcher: write research/survey.md. To agent reviewer: write review/notes.md."
+)
 
 
-def demo_spec_text() -> str:
-    return resources.files("corral").joinpath("defaults/demo.toml").read_text()
+def demo_spec_text(name: str = "demo.toml") -> str:
+    return resources.files("corral").joinpath(f"defaults/{name}").read_text()
 
 
 def _demo_args(parser: argparse.ArgumentParser) -> None:
@@ -29,13 +34,14 @@ def _demo_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no live view, only the summary")
     parser.add_argument(
         "--provider",
-        choices=["scripted", "openai"],
+        choices=["scripted", "openai", "local"],
         default="scripted",
-        help="scripted (default, no API key) or any OpenAI-compatible server",
+        help="scripted (default, no API key), any OpenAI-compatible server, or local: every agent on"
+        " SmolLM2-135M on the CPU (needs the local extra: make demo-local)",
     )
     parser.add_argument("--base-url", help="OpenAI-compatible base URL (with --provider openai)")
-    parser.add_argument("--model", help="model name (with --provider openai)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds before giving up")
+    parser.add_argument("--model", help="model name (with --provider openai); 'local' alone means --provider local")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds before giving up (120; local: 600)")
 
 
 @command("demo", "run the embedded demo swarm end to end and print a summary")
@@ -44,7 +50,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     base = Path(args.dir).absolute() if args.dir else Path(tempfile.mkdtemp(prefix="corral-demo-"))
     base.mkdir(parents=True, exist_ok=True)
     (base / "project").mkdir(exist_ok=True)
-    spec_text = demo_spec_text()
+    local = args.provider == "local" or (args.provider == "scripted" and args.model == "local")
+    spec_text = demo_spec_text("demo_local.toml" if local else "demo.toml")
+    task = LOCAL_DEMO_TASK if local else DEMO_TASK
+    timeout = args.timeout if args.timeout is not None else (600.0 if local else 120.0)
     if args.provider == "openai":
         if not args.base_url or not args.model:
             raise CliError("--provider openai needs --base-url and --model")
@@ -66,9 +75,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"corral demo: project {base / 'project'}")
     try:
         with cli_errors(), Client.connect(home) as api:
-            run_id = api.run(ROOT_AGENT, DEMO_TASK, wait=False).run_id
-            shown = _live_view(api, run_id, started, args.timeout, quiet=args.quiet)
+            run_id = api.run(ROOT_AGENT, task, wait=False).run_id
+            shown = _live_view(api, run_id, started, timeout, quiet=args.quiet)
             _summary(api, shown, time.monotonic() - started)
+            if local:
+                _model_summary(api, shown)
     finally:
         if not args.keep:
             subprocess.run(
@@ -114,6 +125,8 @@ _SHOWN_KINDS = {
     "actor-restarted",
     "action-executing",
     "run-needs-reconciliation",
+    "model-ready",
+    "model-failed",
 }
 
 
@@ -142,7 +155,7 @@ def _print_events_list(events: list[dict[str, Any]], started: float) -> None:
         detail = " ".join(
             f"{k}={v}"
             for k, v in sorted(data.items())
-            if k in ("tool", "status", "target", "children", "group", "failed", "reason", "repair_of", "pid")
+            if k in ("tool", "status", "target", "children", "group", "failed", "reason", "repair_of", "pid", "load_s")
             and v not in ("", None)
         )
         elapsed = max(0.0, event["at"] - (time.time() - (time.monotonic() - started)))
@@ -184,3 +197,37 @@ def _summary(api: Client, shown: dict[str, Any], wall: float) -> None:
     print(f"run {shown['run']['run_id']}: {shown['run']['status']}")
     print(f"final reply: {shown['final_reply']}")
     print(f"ledger: {home / homes.LEDGER}   (inspect: corral --home {home} show {shown['run']['run_id']})")
+
+
+def _model_summary(api: Client, shown: dict[str, Any]) -> None:
+    """What the real model did, summed over every run of the demo, beside the wall
+    time of the root run: the share of it the model was not generating is corral
+    (ledger, messages, tools, processes), since one model serves every agent."""
+    totals = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "model_ms": 0.0, "format_repairs": 0}
+    for run in api.runs():
+        usage = api.show(run["run_id"]).raw.get("usage", {})
+        for key in totals:
+            totals[key] += usage.get(key, 0)
+    run = shown["run"]
+    wall_s = max(1e-9, float(run["updated_at"]) - float(run["created_at"]))
+    model_s = totals["model_ms"] / 1000
+    print()
+    print_table(
+        [
+            ["model requests", str(totals["requests"])],
+            ["format repairs", str(totals["format_repairs"])],
+            ["prompt / completion tokens", f"{totals['prompt_tokens']} / {totals['completion_tokens']}"],
+            ["tokens/s (completion / model time)", f"{totals['completion_tokens'] / max(model_s, 1e-9):.1f}"],
+            [
+                "tokens/s (prompt + completion)",
+                f"{(totals['prompt_tokens'] + totals['completion_tokens']) / max(model_s, 1e-9):.1f}",
+            ],
+            ["model time", f"{model_s:.2f}s"],
+            ["root run wall time", f"{wall_s:.2f}s"],
+            [
+                "not generating (corral, tools)",
+                f"{max(0.0, wall_s - model_s):.2f}s ({max(0.0, 1 - model_s / wall_s):.1%})",
+            ],
+        ],
+        ["MODEL (SmolLM2-135M, CPU)", "VALUE"],
+    )

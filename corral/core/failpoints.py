@@ -47,11 +47,12 @@ KNOWN: dict[str, str] = {
     "ledger.after-staging": "supervisor: a new ledger is built beside its name, not yet renamed into place",
     "mcp.before-call": "mcp actor: call received (executing committed), request not yet sent to the server",
     "mcp.after-call": "mcp actor: the server answered, the result not yet relayed",
+    "model.mid-generation": "model actor: a generation is under way (third token sampled), no answer sent",
 }
 
 
 #: Failpoints hit inside actor processes; all others are hit inside the supervisor.
-ACTOR_SIDE = frozenset(name for name in KNOWN if name.split(".")[0] in ("agent", "provider", "session", "mcp"))
+ACTOR_SIDE = frozenset(name for name in KNOWN if name.split(".")[0] in ("agent", "provider", "session", "mcp", "model"))
 
 
 class FailpointError(RuntimeError):

@@ -1,0 +1,157 @@
+"""The ``model`` template: one actor loads one GGUF model and serves generations.
+
+Every agent whose provider is ``local`` and names this model sends its requests
+here (relayed by the supervisor, which also waits for this actor after a restart).
+llama.cpp contexts are not reentrant, so requests queue on a fair lock and run
+one at a time in a worker thread; the trio side stays free to answer heartbeats,
+and a request's queueing and generation time are measured separately.
+
+The actor holds no durable state: a generation is not an effect, and a request
+lost with this process (killed mid-generation) is re-sent by the agent's durable
+provider lifecycle as a transient failure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import trio
+
+from corral.actors.runtime import ActorContext, is_shutdown
+from corral.core import failpoints
+from corral.core.redact import summarize
+from corral.mailbox.envelope import Envelope, Kind
+
+log = logging.getLogger("corral.model")
+
+EXIT_LOAD_FAILED = 4
+#: The failpoint fires at this sampled token: well inside a generation.
+MID_GENERATION_TOKEN = 3
+
+
+class GenerationError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class LoadedModel:
+    """One llama.cpp model; ``generate`` blocks (call it from a worker thread)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from llama_cpp import Llama
+
+        started = time.monotonic()
+        # Any: llama_cpp's message TypedDicts would only be cast to here.
+        self.llama: Any = Llama(
+            model_path=spec["path"],
+            n_threads=int(spec["n_threads"]),
+            n_ctx=int(spec["n_ctx"]),
+            n_batch=512,
+            seed=0,
+            verbose=False,
+        )
+        self.n_ctx = int(spec["n_ctx"])
+        self.model_id = str(spec["id"])
+        self.load_s = time.monotonic() - started
+
+    def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+        from llama_cpp import LlamaGrammar  # type: ignore[attr-defined]
+
+        grammar = LlamaGrammar.from_json_schema(json.dumps(request["schema"]), verbose=False)
+        started = time.monotonic()
+        first: list[float] = []
+
+        def watch_tokens(_tokens: Any, scores: Any) -> Any:
+            # Called once per sampled token: the first call is the time to first
+            # token, and a crash window inside generation for the kill tests.
+            first.append(time.monotonic())
+            if len(first) == MID_GENERATION_TOKEN:
+                failpoints.hit("model.mid-generation")
+            return scores
+
+        try:
+            body: Any = self.llama.create_chat_completion(
+                messages=request["messages"],
+                grammar=grammar,
+                max_tokens=int(request["max_tokens"]),
+                temperature=float(request["temperature"]),
+                repeat_penalty=float(request["repeat_penalty"]),
+                seed=int(request["seed"]),
+                logits_processor=[watch_tokens],
+            )
+        except ValueError as exc:
+            if "context window" in str(exc) or "exceed" in str(exc):
+                raise GenerationError(
+                    "context-full", f"the conversation no longer fits the model's context (n_ctx {self.n_ctx}): {exc}"
+                ) from None
+            raise GenerationError("model-error", summarize(str(exc), 300)) from None
+        finished = time.monotonic()
+        usage = body.get("usage") or {}
+        completion_tokens = int(usage.get("completion_tokens", 0))
+        model_s = finished - started
+        decode_s = finished - first[0] if first else model_s
+        # A Chat Completions body, with llama.cpp server's "timings" for the time the
+        # model took; it is committed as the response, so the ledger keeps both.
+        return {
+            "id": body.get("id", ""),
+            "object": "chat.completion",
+            "model": self.model_id,
+            "choices": body.get("choices", []),
+            "usage": {"prompt_tokens": int(usage.get("prompt_tokens", 0)), "completion_tokens": completion_tokens},
+            "timings": {
+                "model_ms": round(model_s * 1000, 3),
+                "ttft_ms": round(((first[0] if first else finished) - started) * 1000, 3),
+                "tokens_per_s": round(completion_tokens / decode_s, 2) if decode_s > 0 else 0.0,
+            },
+        }
+
+
+async def run(ctx: ActorContext) -> int:
+    spec: dict[str, Any] = ctx.params["model"]
+    model_id = str(spec["id"])
+    try:
+        model = await trio.to_thread.run_sync(LoadedModel, spec)
+    except Exception as exc:  # an import or load failure: reported, then a crash exit
+        message = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, ImportError):
+            message = "llama-cpp-python is not installed; install the local extra (make demo-local)"
+        log.error("model %s cannot load: %s", model_id, summarize(message, 300))
+        with trio.move_on_after(5):
+            try:
+                await ctx.call("model.failed", model=model_id, error=summarize(message, 500))
+            except Exception:  # the supervisor may be gone too; the exit code still tells
+                pass
+        return EXIT_LOAD_FAILED
+    await ctx.call("model.ready", model=model_id, load_s=round(model.load_s, 3), n_ctx=model.n_ctx)
+    log.info("model %s loaded in %.2f s", model_id, model.load_s)
+    turn = trio.Lock()  # fair: requests are served in arrival order
+    async with trio.open_nursery() as nursery:
+        async for envelope in ctx.channel.inbox:
+            if is_shutdown(envelope):
+                ctx.shutdown.set()
+                break
+            if envelope.kind is not Kind.REQUEST:
+                continue
+            if envelope.body.get("op") == "generate":
+                nursery.start_soon(_generate, ctx, model, turn, envelope)
+            else:
+                await ctx.channel.reply_error(envelope, "bad-request", f"unknown op {envelope.body.get('op')!r}")
+        nursery.cancel_scope.cancel()
+    return 0
+
+
+async def _generate(ctx: ActorContext, model: LoadedModel, turn: trio.Lock, envelope: Envelope) -> None:
+    arrived = time.monotonic()
+    async with turn:
+        queued_ms = round((time.monotonic() - arrived) * 1000, 3)
+        try:
+            answer = await trio.to_thread.run_sync(model.generate, envelope.body)
+        except GenerationError as exc:
+            await ctx.channel.reply_error(envelope, exc.code, str(exc))
+            return
+    answer["timings"]["queue_ms"] = queued_ms
+    await ctx.channel.reply(envelope, answer)

@@ -1,0 +1,213 @@
+"""The ``local`` provider: plans from a GGUF model served by a ``model`` actor.
+
+The model itself lives in one supervised process per model (actors/model_actor.py),
+shared by every agent that names it: it is loaded once, and requests queue there.
+This provider builds the request (messages, and a JSON Schema made from the
+agent's tool catalog that llama.cpp turns into a grammar, so every answer parses
+into a valid plan), and sends it through the supervisor, which relays it to the
+model's actor and waits for that actor to be ready after a restart.
+
+A local request has no effect outside corral, so an interrupted one is simply sent
+again (``idempotent_requests``): a model actor killed mid-generation costs one
+durable, transient retry of the lifecycle, never an action.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from corral.actors.providers.base import (
+    ErrorKind,
+    Plan,
+    ProviderError,
+    ProviderRequest,
+    ProviderResponse,
+    ToolSchema,
+)
+from corral.actors.providers.local_schema import DEFAULT_MAX_STRING, max_tokens_for, plan_schema
+from corral.actors.providers.openai import history_messages
+from corral.actors.providers.plan_parse import parse_chat_completion
+from corral.core.redact import redact_text
+from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
+
+#: Answers of the supervisor that a later attempt may not get (the model actor is
+#: restarting, busy past its deadline, or died mid-generation).
+TRANSIENT_CODES = frozenset({"model-unavailable", "model-timeout", "model-failed", "disk-full"})
+TOOL_CHOICES = ("auto", "required")
+#: A small context fills fast: each observation is cut to this many characters.
+OBSERVATION_CHARS = 1500
+DESCRIPTION_CHARS = 160
+
+
+class LocalConfigError(ProviderError):
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorKind.FATAL, message)
+
+
+def _int_in(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise LocalConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    """``[agents.local]``: which model, and how to ask it."""
+
+    #: A ``[[models]]`` id, a packaged model name or a .gguf path; the spec binds it
+    #: to the id of the model actor that serves it.
+    model: str = "smollm2"
+    temperature: float = 0.0
+    #: Above 1 discourages repetition, but also penalises copying the task (a path, say).
+    repeat_penalty: float = 1.0
+    seed: int = 0
+    #: Bound on every string the model writes inside a tool input.
+    max_string: int = DEFAULT_MAX_STRING
+    #: Bound on the final reply.
+    max_reply: int = 200
+    #: After this many tool results the grammar only allows the final reply, so a
+    #: run always ends.
+    max_tool_calls: int = 8
+    #: ``required``: the grammar allows only tool calls until ``max_tool_calls``.
+    tool_choice: str = "auto"
+    #: Offer a tool's optional input fields too (a small model tends to fill them
+    #: with noise, so only the required ones are offered by default).
+    optional_fields: bool = False
+    #: Seconds for one generation, queueing included.
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise LocalConfigError(f"model must be a name or a path, got {self.model!r}")
+        _int_in("seed", self.seed, 0, 2**31 - 1)
+        _int_in("max_string", self.max_string, 1, 10_000)
+        _int_in("max_reply", self.max_reply, 1, 20_000)
+        _int_in("max_tool_calls", self.max_tool_calls, 0, 1000)
+        if not isinstance(self.optional_fields, bool):
+            raise LocalConfigError(f"optional_fields must be true or false, got {self.optional_fields!r}")
+        if self.tool_choice not in TOOL_CHOICES:
+            raise LocalConfigError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)}, got {self.tool_choice!r}")
+        for name, value, low, high in (
+            ("temperature", self.temperature, 0.0, 2.0),
+            ("repeat_penalty", self.repeat_penalty, 0.5, 2.0),
+            ("timeout_s", self.timeout_s, 0.1, 86_400.0),
+        ):
+            ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+            if not ok or not low <= value <= high:
+                raise LocalConfigError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> LocalConfig:
+        if not isinstance(data, Mapping):
+            raise LocalConfigError("the local provider's settings must be a table ([agents.local])")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise LocalConfigError(
+                f"unknown setting(s) {', '.join(map(str, unknown))}; known: {', '.join(sorted(known))}"
+            )
+        return cls(**dict(data))
+
+
+def tool_results(request: ProviderRequest) -> int:
+    return sum(1 for entry in request.history if entry.get("role") != "repair")
+
+
+def _blocked_final_tools(request: ProviderRequest) -> tuple[ToolSchema, ...]:
+    """After the supervisor refused a final reply, the tools its refusal names
+    (``agent.run_status`` to claim deliveries, say): the next answer must use one."""
+    last = request.history[-1] if request.history else {}
+    if last.get("role") != "repair" or last.get("category") != "final-blocked":
+        return ()
+    detail = str(last.get("detail", ""))
+    return tuple(tool for tool in request.tools if tool.name in detail)
+
+
+def answer_schema(config: LocalConfig, request: ProviderRequest) -> dict[str, Any]:
+    """The grammar of this turn: the catalog's calls and/or the final reply."""
+    tools = _blocked_final_tools(request)
+    final = not tools
+    if not tools:
+        tools = request.tools if tool_results(request) < config.max_tool_calls else ()
+        final = not tools or config.tool_choice == "auto"
+    return plan_schema(
+        tools,
+        max_string=config.max_string,
+        max_reply=config.max_reply,
+        allow_final=final,
+        optional=config.optional_fields,
+    )
+
+
+def _shape(tool: ToolSchema) -> str:
+    """The required fields of a tool's input, as a small model reads them best:
+    ``{"path": string, "content": string}``."""
+    properties = tool.input_schema.get("properties") or {}
+    required = [name for name in tool.input_schema.get("required") or [] if name in properties]
+    fields = ", ".join(f'"{name}": {properties[name].get("type", "value")}' for name in required)
+    return "{" + fields + "}"
+
+
+def system_prompt(request: ProviderRequest, schema: dict[str, Any]) -> str:
+    lines = [f"You are corral agent {request.agent_id}. Reply with one JSON object."]
+    for server, notes in request.tool_notes:
+        lines.append(f"Notes from the tool server {server}: {redact_text(notes)[:600]}")
+    offered = "actions" in json.dumps(schema)
+    if offered:
+        lines.append('To use a tool: {"actions": [{"tool": "<name>", "input": {...}}]}. Tools:')
+        lines += [f"- {tool.name} {_shape(tool)}: {tool.description[:DESCRIPTION_CHARS]}" for tool in request.tools]
+    if '"final"' in json.dumps(schema):
+        lines.append('When the task is done: {"final": "<your reply to the user>"}.')
+    return "\n".join(lines)
+
+
+def chat_messages(request: ProviderRequest, schema: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": system_prompt(request, schema)},
+        {"role": "user", "content": f"Task: {request.task}"},
+        *history_messages(request.history, OBSERVATION_CHARS),
+    ]
+
+
+class LocalProvider:
+    name = "local"
+    #: Generation has no effect outside corral: an interrupted request is re-sent.
+    idempotent_requests = True
+
+    def __init__(self, config: LocalConfig) -> None:
+        self.config = config
+
+    async def complete(self, request: ProviderRequest) -> ProviderResponse:
+        from corral.actors.runtime import current_actor
+
+        schema = answer_schema(self.config, request)
+        try:
+            answer = await current_actor().call(
+                "model.generate",
+                timeout=self.config.timeout_s + 30.0,
+                model=self.config.model,
+                messages=chat_messages(request, schema),
+                schema=schema,
+                max_tokens=max_tokens_for(schema),
+                temperature=float(self.config.temperature),
+                repeat_penalty=float(self.config.repeat_penalty),
+                seed=self.config.seed,
+                timeout_s=float(self.config.timeout_s),
+                slot=request.slot,
+            )
+        except RemoteError as exc:
+            kind = ErrorKind.TRANSIENT if exc.code in TRANSIENT_CODES else ErrorKind.FATAL
+            raise ProviderError(kind, f"local model {self.config.model}: {exc.code}: {exc.message}") from None
+        except (ChannelClosed, DeadlineExceeded, MailboxFull) as exc:
+            raise ProviderError(ErrorKind.TRANSIENT, f"local model {self.config.model}: {type(exc).__name__}") from None
+        text = redact_text(json.dumps(answer, ensure_ascii=False))
+        return ProviderResponse(text=text, meta=answer.get("timings", {}))
+
+    def parse(self, response: ProviderResponse, tools: tuple[ToolSchema, ...]) -> Plan:
+        # The grammar makes this text-JSON always; the shared parser (and its repair
+        # path) still judges it, so a model or build that ignores grammars is caught.
+        return parse_chat_completion(response.text, tools, text_json=True)

@@ -1,0 +1,162 @@
+"""The JSON Schema that constrains a local model's answer to a valid plan.
+
+llama.cpp turns a JSON Schema into a GBNF grammar and samples only tokens the
+grammar allows, so a schema built from the agent's tool catalogue makes every
+answer parse: ``{"actions": [{"tool": <one of the names>, "input": <that tool's
+input schema>}]}`` or ``{"final": "<reply>"}``. Strings get a ``maxLength`` (a
+small model otherwise rambles inside a path until ``max_tokens`` cuts the JSON),
+and ``max_tokens`` is sized from the same bounds, so the grammar can always close.
+
+Pure functions only: the provider and the tests use them without llama.cpp.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, ToolSchema
+
+#: Default bound on a string the model writes inside a tool input.
+DEFAULT_MAX_STRING = 120
+#: Bound on the final reply.
+DEFAULT_MAX_REPLY = 400
+#: Allowance per bounded value for quotes, keys and punctuation, in tokens.
+_TOKENS_PER_FIELD = 12
+#: A token holds at least one character of a bounded string (worst case).
+_TOKENS_PER_CHAR = 1.0
+
+
+def _bounded(schema: Any, max_string: int, optional: bool = False) -> Any:
+    """A copy of ``schema`` in which every string has a maxLength and every array
+    a maxItems, so the grammar (and the answer) is finite. Unless ``optional``,
+    optional properties are left out: a small model fills them with noise."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {
+        key: _bounded(value, max_string, optional) if isinstance(value, dict) else value
+        for key, value in schema.items()
+    }
+    if "properties" in out and isinstance(out["properties"], dict):
+        required = set(out.get("required") or ())
+        out["properties"] = {
+            name: _bounded(sub, max_string, optional)
+            for name, sub in out["properties"].items()
+            if optional or name in required
+        }
+    if isinstance(out.get("items"), dict):
+        out["items"] = _bounded(out["items"], max_string, optional)
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(out.get(key), list):
+            out[key] = [_bounded(sub, max_string, optional) for sub in out[key]]
+    kind = out.get("type")
+    if kind == "string" and "enum" not in out and "const" not in out:
+        out["maxLength"] = min(int(out.get("maxLength", max_string)), max_string)
+        # An empty name or path is never what a tool wants, and a small model's
+        # favourite way to fill a field it does not understand.
+        out["minLength"] = max(int(out.get("minLength", 1)), 1)
+    if kind == "array":
+        out["maxItems"] = min(int(out.get("maxItems", 8)), 8)
+    if kind == "object" and "additionalProperties" not in out:
+        # Free-form keys would let the model invent fields the tool rejects.
+        out["additionalProperties"] = False
+    return out
+
+
+def inline_refs(schema: dict[str, Any], depth: int = 8) -> dict[str, Any]:
+    """A copy with local ``$ref``s (``#/$defs/X``, ``#/definitions/X``) replaced by
+    their targets: a tool's schema is embedded in a larger one, where its refs would
+    point nowhere. Past ``depth`` (a recursive type) a ref becomes any value."""
+    defs = {**(schema.get("definitions") or {}), **(schema.get("$defs") or {})}
+
+    def walk(node: Any, level: int) -> Any:
+        if isinstance(node, list):
+            return [walk(item, level) for item in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith(("#/$defs/", "#/definitions/")):
+            target = defs.get(ref.rsplit("/", 1)[1])
+            return walk(copy.deepcopy(target), level + 1) if target is not None and level < depth else {}
+        return {key: walk(value, level) for key, value in node.items() if key not in ("$defs", "definitions")}
+
+    result: dict[str, Any] = walk(copy.deepcopy(schema), 0)
+    return result
+
+
+def action_schema(tool: ToolSchema, max_string: int = DEFAULT_MAX_STRING, optional: bool = False) -> dict[str, Any]:
+    input_schema = _bounded(inline_refs(tool.input_schema), max_string, optional)
+    if not input_schema:
+        input_schema = {"type": "object", "properties": {}, "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"tool": {"const": tool.name}, "input": input_schema},
+        "required": ["tool", "input"],
+        "additionalProperties": False,
+    }
+
+
+def plan_schema(
+    tools: tuple[ToolSchema, ...],
+    *,
+    max_string: int = DEFAULT_MAX_STRING,
+    max_reply: int = DEFAULT_MAX_REPLY,
+    max_actions: int = 1,
+    allow_final: bool = True,
+    optional: bool = False,
+) -> dict[str, Any]:
+    """The schema of one answer: some tool calls (from ``tools``) and/or the final
+    reply. With no tools the final reply is the only answer."""
+    final = {
+        "type": "object",
+        "properties": {"final": {"type": "string", "minLength": 1, "maxLength": max_reply}},
+        "required": ["final"],
+        "additionalProperties": False,
+    }
+    if not tools:
+        return final
+    actions = {
+        "type": "object",
+        "properties": {
+            "actions": {
+                "type": "array",
+                "items": {"anyOf": [action_schema(tool, max_string, optional) for tool in tools]},
+                "minItems": 1,
+                "maxItems": min(max_actions, MAX_ACTIONS_PER_PLAN),
+            }
+        },
+        "required": ["actions"],
+        "additionalProperties": False,
+    }
+    return {"anyOf": [actions, final]} if allow_final else actions
+
+
+def _count_budget(schema: Any) -> tuple[int, int]:
+    """(characters of bounded strings, number of fields) in the largest answer."""
+    if not isinstance(schema, dict):
+        return 0, 0
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list):
+            options = [_count_budget(sub) for sub in schema[key]]
+            return max(options, default=(0, 0), key=lambda pair: pair[0] * 2 + pair[1] * _TOKENS_PER_FIELD)
+    kind = schema.get("type")
+    if kind == "string":
+        return int(schema.get("maxLength", DEFAULT_MAX_STRING)), 1
+    if kind == "array":
+        chars, fields = _count_budget(schema.get("items", {}))
+        n = int(schema.get("maxItems", 1))
+        return chars * n, fields * n + 1
+    if kind == "object" or "properties" in schema:
+        chars, fields = 0, 1
+        for sub in (schema.get("properties") or {}).values():
+            sub_chars, sub_fields = _count_budget(sub)
+            chars, fields = chars + sub_chars, fields + sub_fields
+        return chars, fields
+    return 0, 1
+
+
+def max_tokens_for(schema: dict[str, Any]) -> int:
+    """Enough tokens for the largest answer the schema allows, so the grammar can
+    always reach its closing brace before the budget runs out."""
+    chars, fields = _count_budget(schema)
+    return int(chars * _TOKENS_PER_CHAR) + fields * _TOKENS_PER_FIELD + 16
