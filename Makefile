@@ -36,7 +36,7 @@ typecheck: $(STAMP)
 	./scripts/typecheck.sh
 
 # Two workers on two cores: most tests wait on real processes, not on the CPU.
-test: lint typecheck $(LOCAL)
+test: $(LOCAL) lint typecheck
 	$(PY) -m pytest -q -n 2
 
 bench: $(VENV)/.bench $(LOCAL)

@@ -29,7 +29,7 @@ from corral.actors.providers.base import (
 )
 from corral.actors.providers.registry import make_provider
 from corral.actors.runtime import ActorContext, is_shutdown
-from corral.actors.tools.base import Tool, ToolContext, ToolError, validate_input
+from corral.actors.tools.base import ActionParked, Tool, ToolContext, ToolError, validate_input
 from corral.actors.tools.mcp import mcp_tools
 from corral.actors.tools.registry import all_tools
 from corral.core import failpoints
@@ -225,7 +225,10 @@ class Lane:
         if begun["do"] != "execute":
             return
         failpoints.hit("agent.before-effect")
-        ok, output, summary, error = await self.execute(action_id, step["tool"], step["input"])
+        try:
+            ok, output, summary, error = await self.execute(action_id, step["tool"], step["input"])
+        except ActionParked:
+            return  # the supervisor finishes this action (an answer); the run is parked
         failpoints.hit("agent.after-effect")
         await self.ctx.call("action.finish", action_id=action_id, ok=ok, output=output, summary=summary, error=error)
 

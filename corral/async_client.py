@@ -218,6 +218,27 @@ class AsyncClient:
         result: dict[str, Any] = await self.call("reconcile", action_id=action_id, outcome=outcome, note=note)
         return result
 
+    async def steer(self, run_id: str, text: str) -> dict[str, Any]:
+        """See ``Client.steer``."""
+        result: dict[str, Any] = await self.call("steer", run_id=run_id, text=text)
+        return result
+
+    async def answer(self, run_id: str, text: str) -> dict[str, Any]:
+        """See ``Client.answer``."""
+        result: dict[str, Any] = await self.call("answer", run_id=run_id, text=text)
+        return result
+
+    async def conversation(self, agent_id: str) -> str:
+        return str((await self.call("conversation.new", agent_id=agent_id))["conversation_id"])
+
+    async def send(self, conversation_id: str, text: str) -> dict[str, Any]:
+        """See ``Client.send``."""
+        result: dict[str, Any] = await self.call("conversation.send", conversation_id=conversation_id, text=text)
+        return result
+
+    async def fork(self, conversation_id: str) -> str:
+        return str((await self.call("conversation.fork", conversation_id=conversation_id))["conversation_id"])
+
     async def events(self, since: int = 0, *, follow: bool = False) -> AsyncIterator[Event]:
         cursor = since
         while True:

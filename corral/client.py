@@ -297,6 +297,33 @@ class Client:
         result: dict[str, Any] = self.call("reconcile", action_id=action_id, outcome=outcome, note=note)
         return result
 
+    # -- interactive runs -----------------------------------------------------------------
+
+    def steer(self, run_id: str, text: str) -> dict[str, Any]:
+        """Add an instruction to a live run. It is committed before this returns and
+        applied once, at the run's next safe boundary (a stale plan is discarded)."""
+        result: dict[str, Any] = self.call("steer", run_id=run_id, text=text)
+        return result
+
+    def answer(self, run_id: str, text: str) -> dict[str, Any]:
+        """Answer the run's open question (``user.input_request``); once only."""
+        result: dict[str, Any] = self.call("answer", run_id=run_id, text=text)
+        return result
+
+    def conversation(self, agent_id: str) -> str:
+        """A new conversation (chat session) with an agent; returns its id."""
+        return str(self.call("conversation.new", agent_id=agent_id)["conversation_id"])
+
+    def send(self, conversation_id: str, text: str) -> dict[str, Any]:
+        """One chat line: answers the open question, steers the live run, or starts
+        the next turn. ``as`` in the reply says which."""
+        result: dict[str, Any] = self.call("conversation.send", conversation_id=conversation_id, text=text)
+        return result
+
+    def fork(self, conversation_id: str) -> str:
+        """A new conversation holding this one's turns as persisted now."""
+        return str(self.call("conversation.fork", conversation_id=conversation_id)["conversation_id"])
+
     # -- events ---------------------------------------------------------------------------
 
     def events(self, since: int = 0, *, follow: bool = False) -> Iterator[Event]:

@@ -13,8 +13,8 @@ from corral.core.errors import RunFailed
 
 #: A run in one of these states will not move again by itself.
 DONE = frozenset({"completed", "failed", "cancelled"})
-#: A run in one of these states waits for a person (approve/deny, reconcile).
-PARKED = frozenset({"waiting-confirmation", "needs-reconciliation"})
+#: A run in one of these states waits for a person (approve/deny, reconcile, answer).
+PARKED = frozenset({"waiting-confirmation", "needs-reconciliation", "needs-input"})
 
 
 @dataclass(frozen=True)

@@ -349,6 +349,7 @@ def _extensions() -> list[Callable[[Supervisor], Any]]:
         "corral.supervisor.session_service",
         "corral.supervisor.mcp_service",
         "corral.supervisor.model_service",
+        "corral.supervisor.interactive_service",
     )
     for name in layers:
         module = import_optional(name)

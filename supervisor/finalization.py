@@ -13,13 +13,16 @@ from typing import Any
 
 from corral.core import failpoints
 from corral.core.redact import redact_text
-from corral.supervisor.errors import Refused
+from corral.supervisor.errors import Conflict, Refused
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.run_state import RunStatus
 from corral.supervisor.run_store import RunLimits, final_blocked, get_run, set_run_status
 
 #: Extra blockers from the swarm and session layers: (ledger, run_id) -> reasons.
 BLOCKERS: list[Callable[[Ledger, str], list[str]]] = []
+#: Checks that make the agent plan again instead of writing its final reply now
+#: (a steer arrived after the reply was planned): (ledger, run_id) -> reason or None.
+PREPARE_GUARDS: list[Callable[[Ledger, str], str | None]] = []
 
 
 def blockers(ledger: Ledger, run_id: str) -> list[str]:
@@ -54,6 +57,12 @@ def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict
         raise Refused(f"run {run_id} is a {run['kind']} run; only the root agent of a run writes the final reply")
     row = ledger.one("SELECT phase FROM finalizations WHERE run_id = ?", run_id)
     if row is None:
+        for guard in PREPARE_GUARDS:
+            why = guard(ledger, run_id)
+            if why:
+                # Not a repair: the agent asks for its next step, and the guard's
+                # cause (a steer) is applied there.
+                raise Conflict(why)
         reasons = blockers(ledger, run_id)
         if reasons:
             return final_blocked(ledger, run_id, reasons, limits)

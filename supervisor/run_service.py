@@ -396,6 +396,7 @@ class RunService:
             provider_config=provider_config,
             options=self.agent_options(agent),
             run_id=run_id,
+            conversation_id=params.get("conversation_id") if isinstance(params.get("conversation_id"), str) else None,
         )
         from corral.core import failpoints
 

@@ -17,6 +17,8 @@ class RunStatus(enum.StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     NEEDS_RECONCILIATION = "needs-reconciliation"
+    #: A question to the user (``user.input_request``) waits for its answer.
+    NEEDS_INPUT = "needs-input"
 
 
 TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
@@ -27,6 +29,7 @@ PARKED = frozenset(
         RunStatus.WAITING_FOR_JOIN,
         RunStatus.WAITING_FOR_PROVIDER_RETRY,
         RunStatus.NEEDS_RECONCILIATION,
+        RunStatus.NEEDS_INPUT,
     }
 )
 
@@ -40,10 +43,12 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
             RunStatus.WAITING_FOR_JOIN,
             RunStatus.WAITING_FOR_PROVIDER_RETRY,
             RunStatus.NEEDS_RECONCILIATION,
+            RunStatus.NEEDS_INPUT,
             RunStatus.COMPLETED,
             *_ENDINGS,
         }
     ),
+    RunStatus.NEEDS_INPUT: frozenset({RunStatus.RUNNING, *_ENDINGS}),
     RunStatus.WAITING_CONFIRMATION: frozenset({RunStatus.RUNNING, RunStatus.NEEDS_RECONCILIATION, *_ENDINGS}),
     RunStatus.WAITING_FOR_JOIN: frozenset({RunStatus.RUNNING, *_ENDINGS}),
     RunStatus.WAITING_FOR_PROVIDER_RETRY: frozenset({RunStatus.RUNNING, RunStatus.NEEDS_RECONCILIATION, *_ENDINGS}),

@@ -77,6 +77,7 @@ def create_run(
     options: dict[str, Any] | None = None,
     run_id: str | None = None,
     session_id: str | None = None,
+    conversation_id: str | None = None,
 ) -> str:
     if not task.strip():
         raise BadRequest("task must not be empty")
@@ -93,8 +94,8 @@ def create_run(
     with ledger.tx() as db:
         db.execute(
             "INSERT INTO runs (run_id, agent_id, session_id, kind, parent_run_id, root_run_id, depth, task,"
-            " status, provider, provider_config, options, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
+            " status, provider, provider_config, options, created_at, updated_at, conversation_id)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?)",
             (
                 run_id,
                 agent_id,
@@ -109,6 +110,7 @@ def create_run(
                 dumps(options),
                 now,
                 now,
+                conversation_id,
             ),
         )
         ledger.event("run-created", run_id, agent=agent_id, run_kind=kind, task=summarize(task, 120))
@@ -736,6 +738,9 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
     final = ledger.one("SELECT phase, reply FROM finalizations WHERE run_id = ?", run_id)
     if final is not None:
         return {"do": "finalize", "reply": final["reply"]}
+    for hook in BOUNDARY_HOOKS:
+        hook(ledger, run_id)  # e.g. a user's steer, applied at this safe boundary
+    run = get_run(ledger, run_id)
     loop = int(run["loop_index"])
     plan = get_plan(ledger, run_id, loop)
     if plan is None:
@@ -803,6 +808,9 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
     return next_step(ledger, run_id)
 
 
+#: Called at the top of every step of a running run, before the plan is read:
+#: (ledger, run_id). A hook may change the loop (a steer discards a stale plan).
+BOUNDARY_HOOKS: list[Any] = []
 #: Hooks from the swarm layer that may hold a loop (e.g. a join to wait for).
 LOOP_BLOCKERS: list[Any] = []
 #: Called inside the transaction of every run status change: (ledger, run_id, status, reason).

@@ -313,3 +313,38 @@ MIGRATIONS.append(
     );
     """
 )
+
+MIGRATIONS.append(
+    # 8: interactive runs (supervisor/interactive.py): steers applied once at a safe
+    # boundary, questions to the user answered once, and conversations (chat
+    # sessions) whose runs share one history, forkable.
+    """
+    CREATE TABLE steers (
+        steer_id     TEXT PRIMARY KEY,
+        run_id       TEXT NOT NULL,
+        text         TEXT NOT NULL,
+        created_at   REAL NOT NULL,
+        applied_loop INTEGER,
+        applied_at   REAL
+    );
+    CREATE INDEX steers_pending ON steers (run_id, applied_at);
+    CREATE TABLE input_requests (
+        action_id    TEXT PRIMARY KEY,
+        run_id       TEXT NOT NULL,
+        question     TEXT NOT NULL,
+        options      TEXT NOT NULL,
+        created_at   REAL NOT NULL,
+        answer       TEXT,
+        answered_at  REAL
+    );
+    CREATE TABLE conversations (
+        conversation_id TEXT PRIMARY KEY,
+        agent_id        TEXT NOT NULL,
+        forked_from     TEXT,
+        fork_turns      INTEGER NOT NULL DEFAULT 0,
+        created_at      REAL NOT NULL
+    );
+    ALTER TABLE runs ADD COLUMN conversation_id TEXT;
+    CREATE INDEX runs_by_conversation ON runs (conversation_id, created_at);
+    """
+)

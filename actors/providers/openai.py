@@ -313,12 +313,17 @@ def history_messages(
     # Observations go in as user messages rather than role "tool": strict servers
     # reject tool messages without the assistant tool_calls message (and its ids)
     # before them, which the history does not keep.
-    return [
-        _repair_entry_message(entry)
-        if entry.get("role") == "repair"
-        else _observation_message(entry, observation_chars)
-        for entry in history
-    ]
+    messages = []
+    for entry in history:
+        if entry.get("role") == "repair":
+            messages.append(_repair_entry_message(entry))
+        elif entry.get("role") == "user":
+            # A steer: the user's own words, mid-run; the plan made before it is gone.
+            text = _bounded(str(entry.get("text", "")), MAX_OBSERVATION_CHARS)
+            messages.append({"role": "user", "content": f"New instruction from the user (it takes priority): {text}"})
+        else:
+            messages.append(_observation_message(entry, observation_chars))
+    return messages
 
 
 def build_chat_payload(config: OpenAIConfig, request: ProviderRequest) -> dict[str, Any]:

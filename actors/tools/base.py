@@ -10,6 +10,11 @@ from typing import Any, Protocol
 from corral.actors.providers.base import ToolSchema
 
 
+class ActionParked(Exception):
+    """Raised by a tool whose action the supervisor finishes later (a question to the
+    user): the agent reports no outcome and releases the lane."""
+
+
 class ToolError(Exception):
     """A refused or failed tool call; the message is shown to the model and people."""
 

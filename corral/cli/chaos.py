@@ -149,4 +149,6 @@ def _applies(failpoint: str, spec_text: str) -> bool:
         return "mcp_servers" in spec_text
     if layer == "model":
         return '"local"' in spec_text
-    return True
+    if layer == "input":
+        return "user.input_request" in spec_text
+    return layer != "steer"  # chaos sends no steers

@@ -79,9 +79,10 @@ def print_run(shown: dict[str, Any]) -> None:
         print(f"  receipt {receipt['action_id']} {receipt['status']}: {receipt['result_summary']}")
     usage = shown.get("usage") or {}
     if usage.get("requests"):
-        tokens = f"{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens"
+        tokens = f", {usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens"
+        tokens = tokens if usage["prompt_tokens"] or usage["completion_tokens"] else ""
         model = f", model time {usage['model_ms'] / 1000:.2f}s" if usage.get("model_ms") else ""
-        print(f"  provider: {usage['requests']} answers, {usage['format_repairs']} format repairs, {tokens}{model}")
+        print(f"  provider: {usage['requests']} answers, {usage['format_repairs']} format repairs{tokens}{model}")
     if shown.get("final_reply") is not None:
         print(f"final reply: {shown['final_reply']}")
 
@@ -127,7 +128,9 @@ def cmd_pending(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(pending)
         return 0
-    if not any(pending.get(key) for key in ("actions", "provider_requests", "provider_retries", "sessions")):
+    if not any(
+        pending.get(key) for key in ("actions", "provider_requests", "provider_retries", "sessions", "questions")
+    ):
         print("nothing pending")
         return 0
     for action in pending["actions"]:
@@ -135,6 +138,9 @@ def cmd_pending(args: argparse.Namespace) -> int:
         print(f"{action['action_id']}  {action['phase']}  {action['input_summary']}  run {action['run_id']}  ({verb})")
         if action["reason"]:
             print(f"    {action['reason']}")
+    for question in pending.get("questions", []):
+        options = f"  options: {', '.join(question['options'])}" if question["options"] else ""
+        print(f"{question['run_id']}  needs-input  asks: {question['question'][:200]}{options}  (answer)")
     for request in pending["provider_requests"]:
         print(f"{request['slot']}  provider request needs-reconciliation  run {request['run_id']}  (reconcile)")
     for session in pending.get("sessions", []):
@@ -211,4 +217,51 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     with open_client(args) as client:
         print(json.dumps(client.resume(args.run_id)))
+    return 0
+
+
+def _text_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_id", metavar="RUN")
+    parser.add_argument("text", metavar="TEXT")
+    json_arg(parser)
+
+
+@command("steer", "add an instruction to a live run (applied once, at its next safe boundary)")
+@arguments(_text_args)
+def cmd_steer(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        result = client.steer(args.run_id, args.text)
+    if args.json:
+        emit_json(result)
+    else:
+        print(f"steer {result['steer_id']} recorded for run {result['run_id']} ({result['status']})")
+    return 0
+
+
+@command("answer", "answer a run's question (user.input_request); once only")
+@arguments(_text_args)
+def cmd_answer(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        result = client.answer(args.run_id, args.text)
+    if args.json:
+        emit_json(result)
+    else:
+        print(f"answered run {result['run_id']} (action {result['action_id']})")
+    return 0
+
+
+def _fork_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("conversation_id", metavar="CONVERSATION", help="a chat session id (conv-...)")
+    json_arg(parser)
+
+
+@command("fork", "start a new chat session holding a session's turns as persisted now")
+@arguments(_fork_args)
+def cmd_fork(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        result = client.call("conversation.fork", conversation_id=args.conversation_id)
+    if args.json:
+        emit_json(result)
+    else:
+        print(f"{result['conversation_id']} (forked from {result['forked_from']} with {result['turns']} turns)")
     return 0

@@ -3,7 +3,9 @@
 Syntax: ``name=action[,name=action...]`` where action is one of ``kill`` (SIGKILL
 this process), ``kill-supervisor`` (SIGKILL the supervisor, from an actor),
 ``kill-caller`` (in the supervisor: SIGKILL the actor whose request is being handled),
-``raise``, ``sleep(MS)``, optionally suffixed ``@once`` so that it fires once per
+``raise``, ``sleep(MS)``, ``block`` (wait until the file ``<marker dir>/<name>.release``
+exists: a test holds a process inside a window, does something, then releases
+it; at most two minutes), optionally suffixed ``@once`` so that it fires once per
 home directory (a marker file records that it fired, which lets a restarted process
 carry on past it).
 
@@ -48,6 +50,10 @@ KNOWN: dict[str, str] = {
     "mcp.before-call": "mcp actor: call received (executing committed), request not yet sent to the server",
     "mcp.after-call": "mcp actor: the server answered, the result not yet relayed",
     "model.mid-generation": "model actor: a generation is under way (third token sampled), no answer sent",
+    "steer.after-record": "supervisor: a steer is committed, the client not yet answered",
+    "steer.after-apply": "supervisor: a steer is applied (history, stale plan discarded), the agent not yet told",
+    "input.after-ask": "supervisor: a question is committed and its run parked, the agent not yet told",
+    "input.after-answer": "supervisor: an answer is committed and its action finished, the client not yet answered",
 }
 
 
@@ -70,7 +76,9 @@ class Action:
     once: bool = False
 
 
-_ACTION = re.compile(r"^(kill|kill-supervisor|kill-caller|raise|sleep\((\d+)\))(@once)?$")
+_ACTION = re.compile(r"^(kill|kill-supervisor|kill-caller|raise|block|sleep\((\d+)\))(@once)?$")
+#: The longest a ``block`` failpoint holds its process.
+BLOCK_MAX_S = 120.0
 
 #: The pid of the actor whose request the supervisor is handling (for kill-caller).
 caller_pid: contextvars.ContextVar[int | None] = contextvars.ContextVar("caller_pid", default=None)
@@ -87,7 +95,7 @@ def parse(spec: str) -> dict[str, Action]:
         match = _ACTION.match(action)
         if not match:
             raise FailpointSpecError(
-                f"failpoint {name}: bad action {action!r} (kill|kill-supervisor|kill-caller|raise|sleep(MS))"
+                f"failpoint {name}: bad action {action!r} (kill|kill-supervisor|kill-caller|raise|block|sleep(MS))"
             )
         kind = "sleep" if match.group(2) else match.group(1)
         table[name] = Action(kind, int(match.group(2) or 0), bool(match.group(3)))
@@ -133,6 +141,20 @@ def hit(name: str) -> None:
         raise FailpointError(f"failpoint {name}")
     elif action.kind == "sleep":
         time.sleep(action.sleep_ms / 1000)
+    elif action.kind == "block":
+        _block(name)
+
+
+def release_path(name: str, directory: str | Path | None = None) -> Path:
+    """The file whose creation releases a ``block`` failpoint."""
+    return Path(directory or os.environ.get(MARKER_DIR_ENV) or ".") / f"{name}.release"
+
+
+def _block(name: str) -> None:
+    release = release_path(name)
+    deadline = time.monotonic() + BLOCK_MAX_S
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _claim_once(name: str) -> bool:
