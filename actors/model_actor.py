@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from corral.actors.providers.reply_stream import FinalReplyDecoder, ReplyDeltas
 from corral.actors.runtime import ActorContext, is_shutdown
 from corral.core import failpoints
 from corral.core.redact import summarize
@@ -58,17 +59,28 @@ class LoadedModel:
         self.model_id = str(spec["id"])
         self.load_s = time.monotonic() - started
 
-    def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+    def generate(self, request: dict[str, Any], on_text: Any = None) -> dict[str, Any]:
+        """``on_text(str)``, if given, receives the answer's text as it is sampled
+        (from this worker thread)."""
+        import codecs
+
         from llama_cpp import LlamaGrammar  # type: ignore[attr-defined]
 
         grammar = LlamaGrammar.from_json_schema(json.dumps(request["schema"]), verbose=False)
         started = time.monotonic()
         first: list[float] = []
+        prompt_length: list[int] = []
+        text = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-        def watch_tokens(_tokens: Any, scores: Any) -> Any:
+        def watch_tokens(tokens: Any, scores: Any) -> Any:
             # Called once per sampled token: the first call is the time to first
             # token, and a crash window inside generation for the kill tests.
             first.append(time.monotonic())
+            if not prompt_length:
+                prompt_length.append(len(tokens))
+            elif on_text is not None and len(tokens) > prompt_length[0]:
+                # The token sampled at the previous call is now the last input.
+                on_text(text.decode(self.llama.detokenize([int(tokens[-1])])))
             if len(first) == MID_GENERATION_TOKEN:
                 failpoints.hit("model.mid-generation")
             return scores
@@ -146,12 +158,28 @@ async def run(ctx: ActorContext) -> int:
 
 async def _generate(ctx: ActorContext, model: LoadedModel, turn: trio.Lock, envelope: Envelope) -> None:
     arrived = time.monotonic()
+    stream = envelope.body.get("stream")
+    on_text = None
+    deltas: ReplyDeltas | None = None
+    if isinstance(stream, dict):
+        # Only a final reply's text streams (the decoder drops a plan of tool calls).
+        deltas = ReplyDeltas(ctx.call, str(stream.get("run_id", "")), str(stream.get("slot", "")))
+        decoder = FinalReplyDecoder()
+
+        def on_text(piece: str) -> None:
+            visible = decoder.feed(piece)
+            if visible:
+                trio.from_thread.run(deltas.add, visible)
+                failpoints.hit("model.mid-reply")
+
     async with turn:
         queued_ms = round((time.monotonic() - arrived) * 1000, 3)
         try:
-            answer = await trio.to_thread.run_sync(model.generate, envelope.body)
+            answer = await trio.to_thread.run_sync(model.generate, envelope.body, on_text)
         except GenerationError as exc:
             await ctx.channel.reply_error(envelope, exc.code, str(exc))
             return
+    if deltas is not None:
+        await deltas.flush()
     answer["timings"]["queue_ms"] = queued_ms
     await ctx.channel.reply(envelope, answer)

@@ -7,8 +7,10 @@ the final reply.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
+from corral.core.redact import redact_text
 from corral.supervisor import finalization, interactive, run_store
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.params import param_text
@@ -23,10 +25,17 @@ def _run_id(params: dict[str, Any]) -> str:
     return param_text(params, "run_id", None, limit=300)
 
 
+#: Templates that may put a run's final-reply text on the event stream.
+STREAMING_TEMPLATES = ("agent", "child", "model")
+MAX_DELTA_CHARS = 8000
+
+
 class InteractiveService:
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
         self.ledger = sup.ledger
+        #: run -> the provider slot whose reply text was streamed last.
+        self.streaming: dict[str, str] = {}
 
     @property
     def runs(self) -> Any:
@@ -51,6 +60,35 @@ class InteractiveService:
         if not isinstance(action_id, str):
             raise BadRequest("action_id must be a string")
         return interactive.ask(self.ledger, run, action_id, params.get("question"), params.get("options"))
+
+    async def reply_delta(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """Final-reply text as it is generated, onto the event stream. A lifecycle
+        that starts over (a retry after a cut or a kill) is marked, so a reader
+        drops what it showed instead of seeing the text twice."""
+        if slot.spec.template not in STREAMING_TEMPLATES:
+            raise BadRequest(f"actor {slot.id} does not stream replies")
+        run_id = _run_id(params)
+        run = run_store.get_run(self.ledger, run_id)
+        if slot.spec.template != "model" and run["agent_id"] != slot.spec.params.get("agent_id", slot.id):
+            raise BadRequest(f"run {run_id} is not driven by {slot.id}")
+        provider_slot = param_text(params, "slot", None, limit=300)
+        text = params.get("text")
+        seq = params.get("seq")
+        if not isinstance(text, str) or len(text) > MAX_DELTA_CHARS or not isinstance(seq, int):
+            raise BadRequest(f"text must be a string of at most {MAX_DELTA_CHARS} characters, seq an integer")
+        previous = self.streaming.get(run_id)
+        if previous is None:
+            last = self.ledger.one(
+                "SELECT data FROM events WHERE kind = 'reply-delta' AND subject = ? ORDER BY cursor DESC LIMIT 1",
+                run_id,
+            )
+            previous = json.loads(last["data"]).get("slot") if last is not None else None
+        with self.ledger.tx(fsync=False):
+            if previous is not None and previous != provider_slot:
+                self.ledger.event("reply-stream-restart", run_id, previous=previous, slot=provider_slot)
+            self.ledger.event("reply-delta", run_id, slot=provider_slot, seq=seq, text=redact_text(text))
+        self.streaming[run_id] = provider_slot
+        return {}
 
     # -- conversations ---------------------------------------------------------------
 
@@ -106,7 +144,8 @@ class InteractiveService:
 
     def show_section(self, run_id: str) -> dict[str, Any]:
         steers = self.ledger.all(
-            "SELECT steer_id, text, created_at, applied_loop, applied_at FROM steers WHERE run_id = ? ORDER BY created_at",
+            "SELECT steer_id, text, created_at, applied_loop, applied_at FROM steers WHERE run_id = ?"
+            " ORDER BY created_at",
             run_id,
         )
         questions = self.ledger.all(
@@ -141,6 +180,7 @@ def install(sup: Supervisor) -> InteractiveService:
         }
     )
     sup.actor_methods["input.request"] = service.ask
+    sup.actor_methods["reply.delta"] = service.reply_delta
     run_store.BOUNDARY_HOOKS.append(interactive.apply_steers)
     run_store.STATUS_HOOKS.append(_close_questions)
     finalization.PREPARE_GUARDS.append(interactive.steer_blocks_final)

@@ -155,6 +155,9 @@ class ModelService:
             "repeat_penalty": float(penalty),
             "seed": int(seed),
         }
+        stream = params.get("stream")
+        if isinstance(stream, dict) and isinstance(stream.get("run_id"), str) and isinstance(stream.get("slot"), str):
+            body["stream"] = {"run_id": stream["run_id"][:200], "slot": stream["slot"][:300]}
         return self.models[model], body, float(timeout)
 
     async def generate(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:

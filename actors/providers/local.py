@@ -198,6 +198,9 @@ class LocalProvider:
                 seed=self.config.seed,
                 timeout_s=float(self.config.timeout_s),
                 slot=request.slot,
+                # The model actor streams the final reply's text (only that) to the
+                # event stream as it is generated.
+                stream={"run_id": request.run_id, "slot": request.slot},
             )
         except RemoteError as exc:
             kind = ErrorKind.TRANSIENT if exc.code in TRANSIENT_CODES else ErrorKind.FATAL

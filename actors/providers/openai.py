@@ -42,7 +42,9 @@ from .base import (
     RepairCategory,
     ToolSchema,
 )
+from .openai_stream import StreamCut, read_stream
 from .plan_parse import parse_chat_completion, repair_message, tool_index, wire_tool_name
+from .reply_stream import FinalReplyDecoder, ReplyDeltas
 
 DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024
 DEFAULT_TIMEOUT_S = 60.0
@@ -126,6 +128,9 @@ class OpenAIConfig:
     native_tools: bool = True
     temperature: float | None = None
     max_tokens: int | None = None
+    #: Ask for server-sent events: a final reply's text then streams to the event
+    #: stream as it is generated (tool calls and plans never do).
+    stream: bool = False
 
     def __post_init__(self) -> None:
         # Validating here, not only in from_mapping, keeps direct construction honest.
@@ -138,10 +143,9 @@ class OpenAIConfig:
         timeout_s = _require_number("timeout_s", self.timeout_s, low=0, high=3600, low_ok=False)
         set_(self, "timeout_s", timeout_s)
         _require_int("max_response_bytes", self.max_response_bytes)
-        if not isinstance(self.native_tools, bool):
-            raise OpenAIConfigError(
-                f"native_tools must be true or false, got {self.native_tools!r}"
-            )
+        for flag in ("native_tools", "stream"):
+            if not isinstance(getattr(self, flag), bool):
+                raise OpenAIConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if self.temperature is not None:
             temperature = _require_number(
                 "temperature", self.temperature, low=0, high=2, low_ok=True
@@ -337,7 +341,9 @@ def build_chat_payload(config: OpenAIConfig, request: ProviderRequest) -> dict[s
         {"role": "user", "content": f"Task: {request.task}"},
         *history_messages(request.history),
     ]
-    payload: dict[str, Any] = {"model": config.model, "messages": messages, "stream": False}
+    payload: dict[str, Any] = {"model": config.model, "messages": messages, "stream": config.stream}
+    if config.stream:
+        payload["stream_options"] = {"include_usage": True}
     if config.temperature is not None:
         payload["temperature"] = config.temperature
     if config.max_tokens is not None:
@@ -430,14 +436,44 @@ class OpenAIProvider:
             trust_env=False,
         )
 
-    async def _exchange(self, body: bytes) -> tuple[int, bytes]:
+    async def _exchange(self, body: bytes, deltas: ReplyDeltas | None = None) -> tuple[int, bytes]:
         endpoint = self.config.endpoint
+        limit = self.config.max_response_bytes
         async with (
             self._client() as client,
             client.stream("POST", endpoint, content=body, headers=self._headers()) as response,
         ):
-            data = await _read_bounded(response, self.config.max_response_bytes, endpoint)
+            streamed = "text/event-stream" in response.headers.get("content-type", "")
+            if not (self.config.stream and streamed and 200 <= response.status_code < 300):
+                return response.status_code, await _read_bounded(response, limit, endpoint)
+            on_content = self._reply_view(deltas)
+            data = await read_stream(
+                response, limit, on_content, lambda why: _too_large(response.status_code, endpoint, limit, why)
+            )
             return response.status_code, data
+
+    def _reply_view(self, deltas: ReplyDeltas | None) -> Any:
+        """What of the streamed content is the user-visible final reply: in text-JSON
+        mode the ``"final"`` string; with native tools the content, which is the
+        reply when no tool is called."""
+        decoder = None if self.config.native_tools else FinalReplyDecoder()
+
+        async def on_content(piece: str) -> None:
+            if deltas is not None:
+                await deltas.add(decoder.feed(piece) if decoder is not None else piece)
+
+        return on_content
+
+    def _deltas(self, request: ProviderRequest) -> ReplyDeltas | None:
+        if not self.config.stream:
+            return None
+        from corral.actors.runtime import current_actor
+
+        try:
+            actor = current_actor()
+        except LookupError:  # driven outside an actor (tests, tools): nothing to stream to
+            return None
+        return ReplyDeltas(actor.call, request.run_id, request.slot)
 
     async def complete(self, request: ProviderRequest) -> ProviderResponse:
         seq = next(self._seq)
@@ -448,8 +484,15 @@ class OpenAIProvider:
         try:
             # httpx timeouts bound each read; this bounds the whole exchange, so a
             # server trickling bytes cannot hold the run forever.
-            with trio.fail_after(timeout):
-                status, data = await self._exchange(body)
+            deltas = self._deltas(request)
+            try:
+                with trio.fail_after(timeout):
+                    status, data = await self._exchange(body, deltas)
+            finally:
+                if deltas is not None:
+                    await deltas.flush()
+        except StreamCut as exc:
+            raise ProviderError(ErrorKind.TRANSIENT, f"{endpoint}: {exc}") from None
         except trio.TooSlowError:
             raise ProviderError(
                 ErrorKind.TRANSIENT, f"no complete response from {endpoint} within {timeout:g}s"

@@ -50,6 +50,7 @@ KNOWN: dict[str, str] = {
     "mcp.before-call": "mcp actor: call received (executing committed), request not yet sent to the server",
     "mcp.after-call": "mcp actor: the server answered, the result not yet relayed",
     "model.mid-generation": "model actor: a generation is under way (third token sampled), no answer sent",
+    "model.mid-reply": "model actor: words of a final reply are on the event stream, the rest not yet generated",
     "steer.after-record": "supervisor: a steer is committed, the client not yet answered",
     "steer.after-apply": "supervisor: a steer is applied (history, stale plan discarded), the agent not yet told",
     "input.after-ask": "supervisor: a question is committed and its run parked, the agent not yet told",

@@ -1,0 +1,100 @@
+"""Streaming the user-visible final reply, and nothing else.
+
+A provider that streams its answer feeds the raw content text to a
+``FinalReplyDecoder``, which yields only the text of a final reply: in JSON mode
+(a grammar-shaped or text-JSON answer) the characters of the ``"final"`` string,
+decoded as they arrive; a plan of tool calls yields nothing. ``ReplyDeltas``
+batches that text to the supervisor (``reply.delta``), which puts it on the event
+stream. The stream is a view: the finalization journal stays the one source of
+the final text, and a lifecycle that starts over is marked on the stream instead
+of repeating text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import trio
+
+_FINAL_PREFIX = re.compile(r'\s*\{\s*"final"\s*:\s*"')
+_COMPACT_PREFIX = '{"final":"'
+#: How long deltas are gathered before one message to the supervisor.
+FLUSH_S = 0.05
+MAX_DELTA_CHARS = 4000
+
+
+class FinalReplyDecoder:
+    """Incremental decoder of the ``"final"`` string of a JSON answer."""
+
+    def __init__(self) -> None:
+        self.raw = ""
+        self.state = "prefix"  # prefix | inside | done | off
+        self.pos = 0
+
+    def feed(self, chunk: str) -> str:
+        self.raw += chunk
+        if self.state == "prefix":
+            match = _FINAL_PREFIX.match(self.raw)
+            if match:
+                self.state, self.pos = "inside", match.end()
+            elif not _COMPACT_PREFIX.startswith(re.sub(r"\s+", "", self.raw)):
+                self.state = "off"  # a plan of tool calls, or anything else: never streamed
+        if self.state != "inside":
+            return ""
+        out: list[str] = []
+        raw = self.raw
+        while self.pos < len(raw):
+            char = raw[self.pos]
+            if char == '"':
+                self.state = "done"
+                break
+            if char != "\\":
+                out.append(char)
+                self.pos += 1
+                continue
+            width = 6 if raw[self.pos + 1 : self.pos + 2] == "u" else 2
+            if self.pos + width > len(raw):
+                break  # an escape cut in half: wait for the rest
+            try:
+                out.append(json.loads(f'"{raw[self.pos:self.pos + width]}"'))
+            except ValueError:
+                out.append(raw[self.pos : self.pos + width])
+            self.pos += width
+        return "".join(out)
+
+
+class ReplyDeltas:
+    """Batches final-reply text of one provider lifecycle to the supervisor."""
+
+    def __init__(self, call: Any, run_id: str, slot: str) -> None:
+        self.call = call
+        self.run_id = run_id
+        self.slot = slot
+        self.seq = 0
+        self.buffer: list[str] = []
+        self.last_flush = time.monotonic()
+
+    async def add(self, text: str) -> None:
+        if not text:
+            return
+        self.buffer.append(text)
+        # The first words go out at once (time to first word), then in batches.
+        due = self.seq == 0 or time.monotonic() - self.last_flush >= FLUSH_S
+        if due or sum(map(len, self.buffer)) >= MAX_DELTA_CHARS:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self.buffer:
+            return
+        text, self.buffer = "".join(self.buffer), []
+        self.last_flush = time.monotonic()
+        self.seq += 1
+        # The stream is a view: a delta lost with a dying supervisor is not an error.
+        with trio.move_on_after(5):
+            try:
+                await self.call("reply.delta", run_id=self.run_id, slot=self.slot, seq=self.seq, text=text)
+            except Exception:  # never fail a generation for its view
+                pass

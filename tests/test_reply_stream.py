@@ -1,0 +1,145 @@
+"""Streamed final replies (issue 17): only the final reply's text streams; a cut or a
+kill mid-stream shows a restart marker, and the finalization journal keeps the one
+final text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from corral.actors.providers.openai_stream import StreamAssembler
+from corral.actors.providers.reply_stream import FinalReplyDecoder
+from fake_openai import FakeOpenAIServer, Reply, serve_in_thread
+from tests.harness import Daemon, ledger_rows, running, wait_run
+
+# -- pure ---------------------------------------------------------------------------------
+
+
+def test_the_decoder_yields_only_the_final_string_even_split_mid_escape() -> None:
+    text = '{ "final": "caf\\u00e9 \\"ok\\"\\nbye" }'
+    decoder = FinalReplyDecoder()
+    out = "".join(decoder.feed(char) for char in text)
+    assert out == 'café "ok"\nbye'
+    assert decoder.state == "done"
+    plan = FinalReplyDecoder()
+    assert "".join(plan.feed(c) for c in '{"actions": [{"tool": "fs.read", "input": {"final": "x"}}]}') == ""
+    assert plan.state == "off"
+
+
+def _sse(*chunks: dict[str, Any], done: bool = True) -> bytes:
+    lines = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks]
+    if done:
+        lines.append("data: [DONE]\n\n")
+    return "".join(lines).encode()
+
+
+def _delta(content: str | None = None, **extra: Any) -> dict[str, Any]:
+    delta: dict[str, Any] = {"content": content} if content is not None else {}
+    delta.update(extra)
+    return {"id": "chatcmpl-s", "model": "fake-model", "choices": [{"index": 0, "delta": delta}]}
+
+
+def test_the_assembler_rebuilds_one_body_from_chunks() -> None:
+    assembler = StreamAssembler()
+    call = {"index": 0, "id": "call_1", "function": {"name": "fs_read", "arguments": '{"pa'}}
+    more = {"index": 0, "function": {"arguments": 'th": "a.md"}'}}
+    data = _sse(
+        _delta("Let me look."),
+        _delta(tool_calls=[call]),
+        _delta(tool_calls=[more]),
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}], "usage": {"completion_tokens": 7}},
+    )
+    pieces = [piece for i in range(0, len(data), 5) for piece in assembler.feed(data[i : i + 5])]
+    assert "".join(pieces) == "Let me look."
+    assert assembler.done
+    body = assembler.body()
+    message = body["choices"][0]["message"]
+    assert message["tool_calls"][0]["function"] == {"name": "fs_read", "arguments": '{"path": "a.md"}'}
+    assert body["choices"][0]["finish_reason"] == "tool_calls" and body["usage"] == {"completion_tokens": 7}
+
+
+# -- a real swarm ------------------------------------------------------------------------------
+
+
+def _stream_events(daemon: Daemon, run_id: str) -> list[dict[str, Any]]:
+    return [e for e in daemon.events() if e["subject"] == run_id and e["kind"].startswith("reply-")]
+
+
+def _shown_text(events: list[dict[str, Any]]) -> str:
+    """What a reader following the stream shows: a restart marker clears it."""
+    text = ""
+    for event in events:
+        if event["kind"] == "reply-stream-restart":
+            text = ""
+        elif event["kind"] == "reply-delta":
+            text += event["data"]["text"]
+    return text
+
+
+def test_an_sse_stream_cut_mid_reply_is_retried_with_a_restart_marker(short_tmp: Path) -> None:
+    sse = {"content_type": "text/event-stream", "content_length": False}
+    cut = Reply(body=_sse(_delta("Hello"), _delta(" wor"), done=False), **sse)  # type: ignore[arg-type]
+    stop = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    whole = Reply(body=_sse(_delta("Hello"), _delta(" world."), stop), **sse)  # type: ignore[arg-type]
+    server = FakeOpenAIServer([cut, whole])
+    (short_tmp / "ws").mkdir()
+    spec = """
+[project]
+root = "ws"
+[[agents]]
+id = "llm"
+provider = "openai"
+retry_base_s = 0.05
+[agents.openai]
+base_url = "{url}"
+model = "fake-model"
+timeout_s = 5
+stream = true
+"""
+    with serve_in_thread(server) as url, running(
+        short_tmp / "home", spec.replace("{url}", url), env={"OPENAI_API_KEY": "sk-test"}
+    ) as daemon:
+        run_id = daemon.call("run", agent_id="llm", task="greet")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed" and shown["final_reply"] == "Hello world."
+        assert [r["status"] for r in shown["provider_requests"]] == ["failed", "completed"]
+        events = _stream_events(daemon, run_id)
+        kinds = [e["kind"] for e in events]
+        assert "reply-stream-restart" in kinds, kinds
+        first_slot = events[0]["data"]["slot"]
+        before = "".join(e["data"]["text"] for e in events if e["data"].get("slot") == first_slot)
+        assert before == "Hello wor"
+        assert _shown_text(events) == "Hello world."
+        assert len(ledger_rows(daemon.home, "SELECT * FROM replies WHERE run_id = ?", run_id)) == 1
+        # The stream is a view: the committed response is an ordinary body.
+        (row,) = ledger_rows(daemon.home, "SELECT response FROM provider_requests WHERE status = 'completed'")
+        assert json.loads(row["response"])["choices"][0]["message"]["content"] == "Hello world."
+
+
+LOCAL = """
+name = "stream"
+[project]
+root = "ws"
+[[agents]]
+id = "a"
+provider = "local"
+tools = []
+"""
+
+
+def test_a_model_killed_mid_reply_restarts_the_stream_and_keeps_one_final_text(short_tmp: Path) -> None:
+    (short_tmp / "ws").mkdir()
+    env = {"CORRAL_FAILPOINTS": "model.mid-reply=kill@once"}
+    with running(short_tmp / "home", LOCAL, env=env) as daemon:
+        run_id = daemon.call("run", agent_id="a", task="Say hello in one short sentence.")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"}, timeout=240)
+        assert shown["run"]["status"] == "completed"
+        assert (daemon.home / "failpoints" / "model.mid-reply.fired").exists()
+        events = _stream_events(daemon, run_id)
+        assert [e["kind"] for e in events].count("reply-stream-restart") == 1
+        final = shown["final_reply"]
+        shown_text = _shown_text(events)
+        # The last token (the closing quote's) is not streamed; all before it is, once.
+        assert shown_text and final.startswith(shown_text) and len(final) - len(shown_text) <= 8
+        assert len(ledger_rows(daemon.home, "SELECT * FROM replies WHERE run_id = ?", run_id)) == 1
