@@ -1,0 +1,305 @@
+"""``corral chat [AGENT]``: a live conversation with an agent of a running swarm.
+
+Every line goes to one conversation (``conversation.send``): it answers the live
+run's open question, else steers the live run, else starts the next turn, a run
+that sees the earlier turns. A follower thread prints what happens as it happens:
+tool starts and finishes, approvals (answer ``y`` or ``n``), questions, and the
+final reply as it streams. If the supervisor restarts, the chat reconnects and
+carries on with the same conversation and history, all of which is in the ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from corral.cli.main import CliError, arguments, command, home_of
+from corral.client import Client
+from corral.core.errors import CorralError
+
+HELP = """commands:
+  /help            this help
+  /agents          the swarm's agents
+  /status          the live run of this conversation
+  /history         the turns so far
+  /steer TEXT      add an instruction to the live run
+  /approve, /deny  decide the action waiting for approval (or answer y / n)
+  /quit            leave (the conversation stays: corral chat --session ID)
+anything else: answers the open question, steers the live run, or starts the next turn"""
+
+#: Events the chat shows, and how.
+_SHOWN = {
+    "action-executing",
+    "action-ok",
+    "action-failed",
+    "action-denied",
+    "run-waiting-confirmation",
+    "run-needs-input",
+    "run-completed",
+    "run-failed",
+    "run-cancelled",
+    "reply-delta",
+    "reply-stream-restart",
+    "steer-applied",
+}
+RECONNECT_S = 0.5
+
+
+def _chat_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("agent", nargs="?", default="project-supervisor", help="the agent (default: %(default)s)")
+    parser.add_argument("--session", help="continue this conversation (conv-...) instead of starting one")
+    parser.add_argument("--list", action="store_true", help="list the conversations and exit")
+    parser.add_argument("--json", action="store_true", help="one JSON object per turn event, for scripts")
+
+
+class Chat:
+    def __init__(self, client: Client, conversation_id: str, *, as_json: bool) -> None:
+        self.client = client
+        self.conversation_id = conversation_id
+        self.as_json = as_json
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.streaming: dict[str, bool] = {}
+
+    # -- output -----------------------------------------------------------------------
+
+    def out(self, kind: str, text: str = "", **data: Any) -> None:
+        with self.lock:
+            if self.as_json:
+                print(json.dumps({"event": kind, "text": text, **data}, default=str), flush=True)
+            elif kind == "delta":
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            elif text:
+                print(text, flush=True)
+
+    # -- the follower ------------------------------------------------------------------
+
+    def my_runs(self) -> set[str]:
+        shown = self.client.call("conversation.show", conversation_id=self.conversation_id)
+        return {turn["run_id"] for turn in shown["turns"] if turn.get("run_id")}
+
+    def follow(self, cursor: int) -> None:
+        """Print this conversation's events until told to stop; reconnect when the
+        supervisor goes away (its events are in the ledger: nothing is missed)."""
+        gone = False
+        while not self.stop.is_set():
+            try:
+                reply = self.client.call("events", timeout=20, since=cursor, wait_ms=1000)
+                runs = self.my_runs()
+            except CorralError:
+                if not gone:
+                    self.out("reconnecting", "[the supervisor is gone; reconnecting...]")
+                    gone = True
+                self.client.close()
+                self.stop.wait(RECONNECT_S)
+                continue
+            if gone:
+                self.out("reconnected", "[reconnected]")
+                gone = False
+            for event in reply["events"]:
+                if event["kind"] in _SHOWN and (event["subject"] in runs or event["data"].get("run") in runs):
+                    self.show_event(event)
+            cursor = reply["cursor"]
+
+    def show_event(self, event: dict[str, Any]) -> None:
+        kind, data, subject = event["kind"], event["data"], event["subject"]
+        if kind == "reply-delta":
+            if not self.streaming.get(subject):
+                self.out("reply-start", "agent> ", run=subject) if not self.as_json else None
+                self.streaming[subject] = True
+            self.out("delta", data["text"], run=subject)
+        elif kind == "reply-stream-restart":
+            self.out("stream-restart", "\n[the reply restarts]", run=subject)
+            self.streaming[subject] = False
+        elif kind == "action-executing":
+            self.out("tool-start", f"  > {data.get('tool', '?')}  ({subject})", action=subject, tool=data.get("tool"))
+        elif kind in ("action-ok", "action-failed", "action-denied"):
+            self.out("tool-end", f"  < {kind[7:]}  ({subject})", action=subject, outcome=kind[7:])
+        elif kind == "steer-applied":
+            self.out("steer-applied", f"  [steer applied: {data.get('steer')}]", run=subject)
+        elif kind == "run-waiting-confirmation":
+            self.show_approval(subject)
+        elif kind == "run-needs-input":
+            self.show_question(subject)
+        elif kind.startswith("run-"):
+            self.show_end(subject, kind[4:])
+
+    def show_approval(self, run_id: str) -> None:
+        for action in self.client.pending().raw["actions"]:
+            if action["run_id"] == run_id and action["phase"] == "waiting-confirmation":
+                self.out(
+                    "approval",
+                    f"  ? approve {action['input_summary']}  [y/n]",
+                    action=action["action_id"],
+                    summary=action["input_summary"],
+                )
+
+    def show_question(self, run_id: str) -> None:
+        for question in self.client.pending().raw.get("questions", []):
+            if question["run_id"] == run_id:
+                options = f"  ({' / '.join(question['options'])})" if question["options"] else ""
+                self.out("question", f"agent asks> {question['question']}{options}", question=question["question"],
+                         options=question["options"])
+
+    def show_end(self, run_id: str, status: str) -> None:
+        shown = self.client.show(run_id).raw
+        if self.streaming.pop(run_id, False):
+            self.out("delta", "\n", run=run_id) if not self.as_json else None
+        if shown.get("final_reply") is not None:
+            # The journal's text, the one final reply (the stream was a view of it).
+            self.out("final", f"agent> {shown['final_reply']}", run=run_id, status=status)
+        else:
+            self.out("end", f"[run {status}: {shown['run'].get('reason') or ''}]", run=run_id, status=status)
+
+    # -- input ---------------------------------------------------------------------------
+
+    def live_run(self) -> dict[str, Any] | None:
+        live: dict[str, Any] | None = self.client.call("conversation.show", conversation_id=self.conversation_id)[
+            "live_run"
+        ]
+        return live
+
+    def handle(self, line: str) -> bool:
+        """One input line; False to quit."""
+        text = line.strip()
+        if not text:
+            return True
+        if text in ("/quit", "/exit"):
+            return False
+        if text == "/help":
+            self.out("help", HELP)
+        elif text == "/agents":
+            agents = [a for a in self.client.status()["actors"] if a["template"] == "agent"]
+            self.out("agents", "\n".join(f"  {a['id']}  {a['status']}" for a in agents), agents=agents)
+        elif text == "/status":
+            live = self.live_run()
+            self.out("status", f"  live run: {live['run_id']} {live['status']}" if live else "  no live run", live=live)
+        elif text == "/history":
+            turns = self.client.call("conversation.show", conversation_id=self.conversation_id)["turns"]
+            lines = [f"  you> {t['task'].split('User: ')[-1][:300]}\n  agent> {t['reply'] or '(' + t['status'] + ')'}"
+                     for t in turns]
+            self.out("history", "\n".join(lines) or "  (no turns yet)", turns=turns)
+        elif text.startswith("/steer "):
+            live = self.live_run()
+            if live is None:
+                self.out("error", "  no live run to steer; just type to start the next turn")
+            else:
+                result = self.client.steer(live["run_id"], text[7:])
+                self.out("steer", f"  [steer {result['steer_id']} recorded]", **result)
+        elif text in ("y", "n", "/approve", "/deny"):
+            self.decide(text in ("y", "/approve"))
+        elif text.startswith("/"):
+            self.out("error", f"  unknown command {text.split()[0]}; /help lists them")
+        else:
+            sent = self.client.send(self.conversation_id, text)
+            if sent["as"] == "steer":
+                self.out("steer", f"  [steer {sent['steer_id']} recorded for the live run]", **sent)
+            elif sent["as"] == "answer":
+                self.out("answer", "  [answer recorded]", **sent)
+            else:
+                self.out("turn", "", run=sent["run_id"])
+        return True
+
+    def decide(self, approve: bool) -> None:
+        live = self.live_run()
+        waiting = [
+            a for a in self.client.pending().raw["actions"]
+            if live is not None and a["run_id"] == live["run_id"] and a["phase"] == "waiting-confirmation"
+        ]
+        if not waiting:
+            self.out("error", "  nothing waits for approval")
+            return
+        action_id = waiting[0]["action_id"]
+        if approve:
+            self.client.approve(action_id)
+        else:
+            self.client.deny(action_id)
+        self.out("decision", f"  [{'approved' if approve else 'denied'} {action_id}]", action=action_id)
+
+
+def _read_lines(chat: Chat) -> bool:
+    """Lines until /quit (False) or the end of input (True)."""
+    prompt = "" if chat.as_json or not sys.stdin.isatty() else "you> "
+    while True:
+        try:
+            line = input(prompt)
+        except EOFError:
+            return True
+        for attempt in range(40):  # a restarting supervisor: wait for it, do not drop the line
+            try:
+                if not chat.handle(line):
+                    return False
+                break
+            except CorralError as exc:
+                code = getattr(exc, "code", "")
+                if code and code not in ("not-running",):
+                    chat.out("error", f"  {code}: {getattr(exc, 'message', exc)}")
+                    break
+                chat.client.close()
+                time.sleep(RECONNECT_S if attempt else 0)
+
+
+#: Statuses in which a run waits for the person at the keyboard.
+_WAITS_FOR_YOU = ("needs-input", "waiting-confirmation", "needs-reconciliation")
+
+
+def _settle(chat: Chat, timeout: float = 600.0) -> None:
+    """Input ended (a script's last line): wait until the live run ends or waits
+    for a person, so its events are shown before the chat exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            live = chat.live_run()
+        except CorralError:
+            chat.client.close()
+            time.sleep(RECONNECT_S)
+            continue
+        if live is None or live["status"] in _WAITS_FOR_YOU:
+            break
+        chat.client.call("events", timeout=10, since=int(chat.client.status()["cursor"]), wait_ms=500)
+    time.sleep(0.5)  # the follower's last poll
+
+
+@command("chat", "talk to an agent of the running swarm: a live conversation (/help inside)")
+@arguments(_chat_args)
+def cmd_chat(args: argparse.Namespace) -> int:
+    client = Client.connect(home_of(args))
+    try:
+        if args.list:
+            for row in client.call("conversation.list")["conversations"]:
+                fork = f"  (fork of {row['forked_from']})" if row["forked_from"] else ""
+                print(f"{row['conversation_id']}  {row['agent_id']}{fork}")
+            return 0
+        if args.session:
+            conversation_id = client.call("conversation.show", conversation_id=args.session)["conversation"][
+                "conversation_id"
+            ]
+        else:
+            conversation_id = client.conversation(args.agent)
+        cursor = int(client.status()["cursor"])
+        chat = Chat(client, conversation_id, as_json=args.json)
+        chat.out("session", f"corral chat: session {conversation_id} with {args.agent}  (/help, /quit)",
+                 conversation_id=conversation_id)
+        follower_client = Client.connect(client.home)
+        follower = Chat(follower_client, conversation_id, as_json=args.json)
+        follower.lock = chat.lock
+        thread = threading.Thread(target=follower.follow, args=(cursor,), daemon=True)
+        thread.start()
+        try:
+            if _read_lines(chat):
+                _settle(chat)
+        finally:
+            # Let the follower print what is already in flight for the last line.
+            follower.stop.set()
+            thread.join(timeout=3)
+            follower_client.close()
+        return 0
+    except CorralError as exc:
+        raise CliError(f"{getattr(exc, 'code', 'error')}: {getattr(exc, 'message', exc)}") from None
+    finally:
+        client.close()
