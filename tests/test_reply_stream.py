@@ -8,8 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from corral.actors.providers.openai_stream import StreamAssembler
 from corral.actors.providers.reply_stream import FinalReplyDecoder
+from corral.core.procs import wait_exit
 from fake_openai import FakeOpenAIServer, Reply, serve_in_thread
 from tests.harness import Daemon, ledger_rows, running, wait_run
 
@@ -128,11 +131,17 @@ tools = []
 """
 
 
-def test_a_model_killed_mid_reply_restarts_the_stream_and_keeps_one_final_text(short_tmp: Path) -> None:
+@pytest.mark.parametrize("victim", ["model", "supervisor"])
+def test_a_kill_mid_reply_restarts_the_stream_and_keeps_one_final_text(short_tmp: Path, victim: str) -> None:
     (short_tmp / "ws").mkdir()
-    env = {"CORRAL_FAILPOINTS": "model.mid-reply=kill@once"}
+    action = "kill" if victim == "model" else "kill-supervisor"
+    env = {"CORRAL_FAILPOINTS": f"model.mid-reply={action}@once"}
     with running(short_tmp / "home", LOCAL, env=env) as daemon:
+        pid = daemon.endpoint.pid
         run_id = daemon.call("run", agent_id="a", task="Say hello in one short sentence.")["run_id"]
+        if victim == "supervisor":
+            assert wait_exit(pid, 60)
+            daemon.up()
         shown = wait_run(daemon, run_id, {"completed", "failed"}, timeout=240)
         assert shown["run"]["status"] == "completed"
         assert (daemon.home / "failpoints" / "model.mid-reply.fired").exists()
