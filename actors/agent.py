@@ -129,9 +129,19 @@ class Lane:
             if allowed is None or schema.name in allowed
         )
         self.provider: Provider | None = None
+        #: The next step, when the last step's reply carried it (no extra round trip).
+        self.next: dict[str, Any] | None = None
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         return await self.ctx.call(method, run_id=self.run_id, **params)
+
+    async def step_call(self, method: str, **params: Any) -> dict[str, Any]:
+        """A step whose reply also carries the next step (see supervisor/step_piggyback.py)."""
+        if _unsafe_effect_order():
+            return await self.call(method, **params)  # the broken build keeps its own order
+        answer = await self.call(method, want_next=True, **params)
+        self.next = answer.get("next")
+        return answer
 
     def get_provider(self) -> Provider:
         if self.provider is None:
@@ -142,7 +152,9 @@ class Lane:
         while True:
             do = "next_step"
             try:
-                step = await self.call("run.next_step")
+                step, self.next = self.next, None
+                if step is None:
+                    step = await self.call("run.next_step")
                 do = step["do"]
                 if do in ("done", "park"):
                     return
@@ -167,7 +179,7 @@ class Lane:
         except Exception as exc:
             await self.call("run.fail", reason=f"provider cannot start: {exc}")
             return
-        begun = await self.call("provider.begin", loop=loop)
+        begun = step.get("begun") or await self.call("provider.begin", loop=loop)
         request = ProviderRequest(
             run_id=self.run_id,
             agent_id=self.ctx.actor_id,
@@ -192,7 +204,7 @@ class Lane:
             )
             return
         failpoints.hit("provider.before-handoff")
-        await self.call("provider.handoff", slot=begun["slot"], text=response.text)
+        await self.step_call("provider.handoff", slot=begun["slot"], text=response.text)
         failpoints.hit("provider.after-handoff")
 
     async def step_parse(self, step: dict[str, Any]) -> None:
@@ -201,7 +213,7 @@ class Lane:
         try:
             plan = provider.parse(ProviderResponse(step["response"] or ""), self.schemas)
         except PlanError as exc:
-            await self.call(
+            await self.step_call(
                 "plan.invalid", loop=loop, slot=step["slot"], category=exc.category.value, detail=exc.detail
             )
             return
@@ -209,10 +221,10 @@ class Lane:
             "actions": [{"tool": call.tool, "input": call.input} for call in plan.actions],
             "final": plan.final_reply,
         }
-        await self.call("plan.commit", loop=loop, slot=step["slot"], plan=body)
+        await self.step_call("plan.commit", loop=loop, slot=step["slot"], plan=body)
 
     async def step_prepare(self, step: dict[str, Any]) -> None:
-        await self.call(
+        await self.step_call(
             "action.prepare", loop=step["loop"], index=step["index"], tool=step["tool"], input=step["input"]
         )
 
@@ -221,16 +233,18 @@ class Lane:
         if _unsafe_effect_order():
             await self._execute_unsafely(step)
             return
-        begun = await self.ctx.call("action.begin", action_id=action_id)
-        if begun["do"] != "execute":
-            return
+        if not step.get("begun"):  # else ``executing`` was committed with the last reply
+            begun = await self.step_call("action.begin", action_id=action_id)
+            if begun["do"] != "execute":
+                return
+            self.next = None
         failpoints.hit("agent.before-effect")
         try:
             ok, output, summary, error = await self.execute(action_id, step["tool"], step["input"])
         except ActionParked:
             return  # the supervisor finishes this action (an answer); the run is parked
         failpoints.hit("agent.after-effect")
-        await self.ctx.call("action.finish", action_id=action_id, ok=ok, output=output, summary=summary, error=error)
+        await self.step_call("action.finish", action_id=action_id, ok=ok, output=output, summary=summary, error=error)
 
     async def _execute_unsafely(self, step: dict[str, Any]) -> None:
         """The deliberately broken build: side effect first, ``executing`` after.

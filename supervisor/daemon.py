@@ -23,6 +23,7 @@ from corral.mailbox.errors import ChannelClosed
 from corral.sandbox.launcher import make_launcher
 from corral.supervisor import home as homes
 from corral.supervisor.errors import SupervisorError
+from corral.supervisor.group_commit import GroupCommit
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.params import param_int, param_seconds
 from corral.supervisor.spec import SwarmSpec
@@ -54,7 +55,10 @@ class Supervisor:
         self.boot_id = secrets.token_hex(8)
         self.pid = os.getpid()
         self.started = time.time()
-        self.ledger = Ledger(home / homes.LEDGER, synchronous=spec.supervisor.synchronous, check=True)
+        self.ledger = Ledger(
+            home / homes.LEDGER, synchronous=spec.supervisor.synchronous, check=True, group_commit=True
+        )
+        self.group_commit = GroupCommit(self.ledger)
         self.launcher = make_launcher(spec.supervisor.launch, self.token, home / "logs" / "forkserver.log")
         self.tree = SupervisionTree(
             home,
@@ -84,6 +88,9 @@ class Supervisor:
         self._clear_stale_sockets()
         for extension in _extensions():
             extension(self)
+        from corral.supervisor import step_piggyback
+
+        step_piggyback.install(self)  # last: over every layer's own wrappers
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_signals)
             await nursery.start(self.launcher.run)
@@ -200,9 +207,12 @@ class Supervisor:
                 f"no control method {method!r}; try: {', '.join(sorted(self.control_methods))}",
             )
         try:
-            return await handler(params)
+            result = await handler(params)
         except SupervisorError as exc:
+            await self.group_commit.barrier()  # a refusal may follow a commit
             raise ControlError(exc.code, str(exc)) from None
+        await self.group_commit.barrier()  # nothing is acknowledged before it is durable
+        return result
 
     async def _on_actor_message(self, slot: ActorSlot, envelope: Envelope) -> dict[str, Any] | None:
         method = envelope.body.get("method")
@@ -216,7 +226,15 @@ class Supervisor:
         params = envelope.body.get("params", {})
         if not isinstance(params, dict):
             raise SupervisorError("params must be a map", "bad-request")
-        return await handler(slot, params)
+        try:
+            result = await handler(slot, params)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self.group_commit.barrier()  # a refusal may follow a commit
+            raise
+        # No reply (``executing``, above all) leaves before its commit is durable.
+        await self.group_commit.barrier()
+        return result
 
     def _wake_event_waiters(self) -> None:
         self._events_changed.set()
@@ -282,6 +300,13 @@ class Supervisor:
             "launch": self.launcher.mode.value,
             "boots": [dict(row) for row in boots],
             "cursor": self.ledger.last_cursor(),
+            # Group commit at work: commits, and the fsyncs that made them durable.
+            "ledger": {
+                "commits": self.ledger.commits,
+                "syncs": self.group_commit.syncs,
+                "synced_commits": self.group_commit.batched_commits,
+                "group_commit": self.ledger.group_commit,
+            },
             "busy": self.busy_reasons(),
             "degraded": self.degraded or (f"ledger writes failing since {self.ledger.full_since:.0f}"
                                           if self.ledger.full_since is not None else ""),

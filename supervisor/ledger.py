@@ -98,9 +98,20 @@ def integrity_problems(db: sqlite3.Connection, limit: int = 5) -> list[str]:
 
 class Ledger:
     def __init__(
-        self, path: Path, *, synchronous: str = "full", readonly: bool = False, check: bool = False
+        self,
+        path: Path,
+        *,
+        synchronous: str = "full",
+        readonly: bool = False,
+        check: bool = False,
+        group_commit: bool = False,
     ) -> None:
         self.path = path
+        #: With group commit, SQLite appends to the WAL without an fsync per commit
+        #: and ``sync()`` (called in batches before any reply leaves: see
+        #: supervisor/group_commit.py) makes every commit so far durable at once.
+        self.group_commit = group_commit and synchronous == "full"
+        sqlite_sync = "normal" if self.group_commit else synchronous
         if check:
             check_ledger_file(path)
         if not readonly and not path.exists():
@@ -120,7 +131,7 @@ class Ledger:
                 mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if mode != "wal":
                     raise LedgerError(f"ledger {path}: cannot enable WAL (got {mode})")
-                self.db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+                self.db.execute(f"PRAGMA synchronous = {sqlite_sync.upper()}")
                 self._migrate()
         except sqlite3.DatabaseError as exc:
             self.db.close()
@@ -129,6 +140,10 @@ class Ledger:
             self.db.close()
             raise
         self.synchronous = synchronous
+        self.sqlite_sync = sqlite_sync
+        #: Commits that must be durable before a reply leaves, and how many are.
+        self.durable_commits = 0
+        self.synced_commits = 0
         self.boot_id = ""
         self._in_tx = False
         self._listeners: list[Callable[[], None]] = []
@@ -172,12 +187,14 @@ class Ledger:
         if self._in_tx:
             yield self.db
             return
-        relaxed = not fsync and self.synchronous == "full"
+        relaxed = not fsync and self.sqlite_sync == "full"
         if relaxed:
             self.db.execute("PRAGMA synchronous = NORMAL")
         try:
             with self._transaction() as db:
                 yield db
+            if fsync and self.group_commit:
+                self.durable_commits = self.commits
         finally:
             if relaxed:
                 self.db.execute("PRAGMA synchronous = FULL")
@@ -221,6 +238,28 @@ class Ledger:
             f"the ledger's disk is full or failing ({exc}); nothing was committed. Free space on"
             f" {self.path.parent} and corral resumes by itself"
         ) from None
+
+    @property
+    def unsynced(self) -> bool:
+        """Commits that must be durable before a reply leaves are not yet synced."""
+        return self.durable_commits > self.synced_commits
+
+    def sync(self) -> int:
+        """fsync the WAL: every commit so far becomes durable (what ``synchronous =
+        FULL`` does at each commit, once for a whole batch). Safe from a worker
+        thread: it touches the file, not the connection. Returns the commit count
+        it covers."""
+        covered = self.commits
+        wal = self.path.with_name(self.path.name + "-wal")
+        try:
+            fd = os.open(wal, os.O_RDONLY)
+        except FileNotFoundError:
+            return covered  # nothing appended since the last checkpoint truncated it
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return covered
 
     def on_commit(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)

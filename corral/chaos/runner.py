@@ -9,6 +9,7 @@ invariants from the ledger and the effects file and that no process is left.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -153,7 +154,12 @@ class Runner:
         result = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=60)
         if result.returncode != 0:
             raise RuntimeError(f"corral up failed: {result.stderr.strip()[:300]}")
-        return homes.read_endpoint(home).pid
+        try:
+            return homes.read_endpoint(home).pid
+        except homes.NotRunning:
+            # Killed at a failpoint right after it came up (its first group commit):
+            # the dead pid lets the episode's loop notice, record and restart it.
+            return int(json.loads((home / homes.ENDPOINT).read_text())["pid"])
 
     def failpoint_episode(self, failpoint: str, target: str) -> Episode:
         index = len(self.episodes)
@@ -189,7 +195,7 @@ class Runner:
                 try:
                     client.call(home, "run", agent_id=self.scenario.root_agent, task=task, run_id=run_id)
                     break
-                except SupervisorGone:
+                except (SupervisorGone, homes.NotRunning):  # killed mid-call, or before it
                     if attempt == 2:
                         raise
                     sup = self._ensure_up(home, sup, episode, failpoint_spec, target, seen_pids)

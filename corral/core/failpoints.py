@@ -47,6 +47,8 @@ KNOWN: dict[str, str] = {
     "provider.after-handoff": "agent: provider response committed, not yet parsed",
     "session.after-launch": "session: process launched, running not yet recorded",
     "ledger.after-staging": "supervisor: a new ledger is built beside its name, not yet renamed into place",
+    "ledger.before-sync": "supervisor: a batch of commits is in the WAL, its fsync not yet done, no reply sent",
+    "ledger.after-sync": "supervisor: a batch of commits is fsync'd, the replies waiting on it not yet sent",
     "mcp.before-call": "mcp actor: call received (executing committed), request not yet sent to the server",
     "mcp.after-call": "mcp actor: the server answered, the result not yet relayed",
     "model.mid-generation": "model actor: a generation is under way (third token sampled), no answer sent",

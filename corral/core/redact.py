@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -42,8 +43,26 @@ def _env_secret_values(environ: Mapping[str, str]) -> Iterable[str]:
             yield value
 
 
+#: The exact secret values, longest first, and what they were computed from. The
+#: environment is walked again when its size or the registered secrets change, and
+#: at least once a second, not on every call: that walk was a tenth of the
+#: supervisor's time on the durable path.
+_known: tuple[tuple[int, int], float, tuple[str, ...]] = ((-1, -1), 0.0, ())
+REFRESH_S = 1.0
+
+
+def _secret_values() -> tuple[str, ...]:
+    global _known
+    key = (len(os.environ), len(_extra_values))
+    now = time.monotonic()
+    if _known[0] != key or now - _known[1] > REFRESH_S:
+        values = sorted({*_extra_values, *_env_secret_values(os.environ)}, key=len, reverse=True)
+        _known = (key, now, tuple(values))
+    return _known[2]
+
+
 def redact_text(text: str) -> str:
-    for value in sorted({*_extra_values, *_env_secret_values(os.environ)}, key=len, reverse=True):
+    for value in _secret_values():
         if value in text:
             text = text.replace(value, REDACTED)
     for pattern in _PATTERNS:

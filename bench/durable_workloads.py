@@ -1,0 +1,213 @@
+"""``durable_actions``: durable read actions per second, corral beside its peers.
+
+corral: scripted agents (no think time) whose every plan is three ``fs.list``
+actions, through the whole durable loop (provider lifecycle, plan, prepared,
+executing, ok, receipt), at 1, 8 and 64 agents. In the same run:
+
+* the bare-SQLite limit on this disk (one fsync'd transaction per transition);
+* DBOS Transact on SQLite: ``@DBOS.step`` calls per second (each step a directory
+  listing) in 50-step workflows, from 1 and 8 threads;
+* LangGraph with ``SqliteSaver``: checkpointed steps per second (each a directory
+  listing), from 1 and 8 threads.
+
+The peers run in their own processes (their defaults, their own SQLite files).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.corral_workloads import _call, _wait_all_ready, supervisor
+from bench.harness import Context, Metrics, NotRun, Stats, workload
+
+AGENT_COUNTS = (1, 8, 64)
+PER_PLAN = 3
+#: What one action costs in ledger transitions: prepared, executing, ok.
+TRANSITIONS_PER_ACTION = 3
+
+DBOS_SCRIPT = r"""
+import json, os, sys, threading, time
+from dbos import DBOS
+path, listing, threads, steps, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+DBOS(config={"name": "bench", "system_database_url": f"sqlite:///{path}", "run_admin_server": False})
+
+@DBOS.step()
+def list_dir() -> int:
+    return len(os.listdir(listing))
+
+@DBOS.workflow()
+def workflow(n: int) -> int:
+    return sum(list_dir() for _ in range(n))
+
+DBOS.launch()
+workflow(2)
+rates = []
+for _ in range(rounds):
+    start = time.perf_counter()
+    workers = [threading.Thread(target=workflow, args=(steps,)) for _ in range(threads)]
+    for w in workers: w.start()
+    for w in workers: w.join()
+    rates.append(threads * steps / (time.perf_counter() - start))
+DBOS.destroy()
+print(json.dumps(rates))
+"""
+
+LANGGRAPH_SCRIPT = r"""
+import json, os, sqlite3, sys, threading, time
+from typing import TypedDict
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+path, listing, threads, steps, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+
+class State(TypedDict):
+    i: int
+    n: int
+
+def step(state: State) -> dict:
+    os.listdir(listing)
+    return {"i": state["i"] + 1}
+
+graph = StateGraph(State)
+graph.add_node("step", step)
+graph.add_edge(START, "step")
+graph.add_conditional_edges("step", lambda s: END if s["i"] >= steps else "step")
+conn = sqlite3.connect(path, check_same_thread=False)
+app = graph.compile(checkpointer=SqliteSaver(conn))
+counter = [0]
+
+def run() -> None:
+    counter[0] += 1
+    config = {"configurable": {"thread_id": f"t{counter[0]}-{threading.get_ident()}"}, "recursion_limit": steps + 10}
+    app.invoke({"i": 0, "n": steps}, config)
+
+run()
+rates = []
+for _ in range(rounds):
+    start = time.perf_counter()
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for w in workers: w.start()
+    for w in workers: w.join()
+    rates.append(threads * steps / (time.perf_counter() - start))
+print(json.dumps(rates))
+"""
+
+
+def _spec(agents: int, loops: int) -> str:
+    step = "  [[agents.steps]]\n  actions = [" + ", ".join(
+        '{ tool = "fs.list", input = { path = "." } }' for _ in range(PER_PLAN)
+    ) + "]\n"
+    blocks = "".join(
+        f'\n[[agents]]\nid = "a{i}"\n' + step * loops + '  [[agents.steps]]\n  final = "ok"\n' for i in range(agents)
+    )
+    return f'[project]\nroot = "ws"\n[supervisor]\nsynchronous = "full"\n{blocks}'
+
+
+def _corral_rate(home: Path, agents: int, loops: int) -> float:
+    start = time.perf_counter()
+    run_ids = {_call(home, "run", agent_id=f"a{i}", task="durable")["run_id"] for i in range(agents)}
+    cursor = 0
+    while True:
+        # Waiting on the event stream, not polling: the bench takes no CPU meanwhile.
+        status = {r["run_id"]: r["status"] for r in _call(home, "runs")["runs"] if r["run_id"] in run_ids}
+        if any(value in ("failed", "cancelled", "needs-reconciliation") for value in status.values()):
+            raise RuntimeError(f"a run ended badly: {status}")
+        if sum(value == "completed" for value in status.values()) == len(run_ids):
+            break
+        cursor = _call(home, "events", since=cursor, wait_ms=2000)["cursor"]
+    return agents * loops * PER_PLAN / (time.perf_counter() - start)
+
+
+def _sqlite_limit(ctx: Context) -> float:
+    """One fsync'd (synchronous=FULL) transaction per transition: UPDATE + INSERT."""
+    conn = sqlite3.connect(ctx.tmp / "limit.sqlite3", isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.executescript(
+            "CREATE TABLE a (id TEXT PRIMARY KEY, phase TEXT); CREATE TABLE e (k INTEGER PRIMARY KEY, b BLOB);"
+            "INSERT INTO a VALUES ('x', 'prepared');"
+        )
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < 1.0:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE a SET phase = ? WHERE id = 'x'", (str(done),))
+            conn.execute("INSERT INTO e (b) VALUES (?)", (b"x" * 200,))
+            conn.execute("COMMIT")
+            done += 1
+        return done / (time.perf_counter() - start)
+    finally:
+        conn.close()
+
+
+def _peer(ctx: Context, name: str, script: str, module: str, threads: int, steps: int, rounds: int) -> list[float]:
+    try:
+        __import__(module)
+    except ImportError as exc:
+        raise NotRun(f"{module} is not installed (the bench extra): {exc}") from None
+    path = ctx.tmp / f"{name}-{threads}.sqlite3"
+    listing = ctx.tmp / "listing"
+    listing.mkdir(exist_ok=True)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(path), str(listing), str(threads), str(steps), str(rounds)],
+        capture_output=True,
+        text=True,
+        timeout=max(30.0, ctx.remaining()),
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{name}: {result.stderr.strip()[-400:]}")
+    rates: list[float] = json.loads(result.stdout.strip().splitlines()[-1])
+    return rates
+
+
+@workload("durable_actions", group="corral", budget_s=600, quick_budget_s=150)
+def durable_actions(ctx: Context) -> Metrics:
+    """Durable read actions/s through the full loop at 1, 8 and 64 agents, beside the
+    bare-SQLite limit, DBOS steps/s and LangGraph checkpointed steps/s (1 and 8
+    threads), same run. Return {"actions_per_s_{n}", "transitions_per_s_{n}",
+    "sqlite_limit_per_s", "dbos_steps_per_s_{1,8}", "langgraph_steps_per_s_{1,8}"}."""
+    rounds = ctx.reps(1, 3)
+    limit = _sqlite_limit(ctx)
+    ctx.metrics["sqlite_limit_per_s"] = Stats.single(limit, "per s")
+    counts = AGENT_COUNTS if not ctx.quick else (1, 8)
+    for agents in counts:
+        loops = max(2, ctx.reps(8, 20) // max(1, agents // 8))
+        rates = []
+        with supervisor(ctx, _spec(agents, loops)) as home:
+            _wait_all_ready(home, agents, 120)
+            for _ in range(rounds):
+                ctx.check(f"durable_actions n={agents}")
+                rates.append(_corral_rate(home, agents, loops))
+        ctx.metrics[f"actions_per_s_{agents}"] = Stats.of(rates, "actions/s")
+        ctx.metrics[f"transitions_per_s_{agents}"] = Stats.of(
+            [rate * TRANSITIONS_PER_ACTION for rate in rates], "per s"
+        )
+    for threads in (1, 8):
+        for name, script, module in (
+            ("dbos", DBOS_SCRIPT, "dbos"),
+            ("langgraph", LANGGRAPH_SCRIPT, "langgraph.checkpoint.sqlite"),
+        ):
+            try:
+                rates = _peer(ctx, name, script, module, threads, 50, rounds)
+            except (NotRun, RuntimeError, subprocess.TimeoutExpired) as exc:
+                ctx.skip(f"{name}_steps_per_s_{threads}", str(exc)[:200])
+                continue
+            ctx.metrics[f"{name}_steps_per_s_{threads}"] = Stats.of(rates, "steps/s")
+    ctx.note(f"corral: {PER_PLAN} fs.list actions per plan, scripted provider, synchronous=full (group commit)")
+    ctx.note("transitions: prepared, executing, ok per action; SQLite limit: one fsync'd transaction each")
+    ctx.note("peers: their defaults on SQLite, in their own process; each step lists a directory")
+    return ctx.metrics
+
+
+def ratios(metrics: dict[str, Any]) -> dict[str, float]:
+    """The share of the SQLite limit each corral figure reaches."""
+    limit = metrics["sqlite_limit_per_s"]["median"]
+    return {
+        key: metrics[key]["median"] / limit for key in metrics if key.startswith("transitions_per_s_") and limit > 0
+    }
