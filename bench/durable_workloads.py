@@ -184,7 +184,7 @@ def durable_actions(ctx: Context) -> Metrics:
             for _ in range(rounds):
                 ctx.check(f"durable_actions n={agents}")
                 rates.append(_corral_rate(home, agents, loops))
-        ctx.metrics[f"actions_per_s_{agents}"] = Stats.of(rates, "actions/s")
+        ctx.metrics[f"actions_per_s_{agents}"] = Stats.of(rates, "per s")
         ctx.metrics[f"transitions_per_s_{agents}"] = Stats.of(
             [rate * TRANSITIONS_PER_ACTION for rate in rates], "per s"
         )
@@ -198,7 +198,7 @@ def durable_actions(ctx: Context) -> Metrics:
             except (NotRun, RuntimeError, subprocess.TimeoutExpired) as exc:
                 ctx.skip(f"{name}_steps_per_s_{threads}", str(exc)[:200])
                 continue
-            ctx.metrics[f"{name}_steps_per_s_{threads}"] = Stats.of(rates, "steps/s")
+            ctx.metrics[f"{name}_steps_per_s_{threads}"] = Stats.of(rates, "per s")
     ctx.note(f"corral: {PER_PLAN} fs.list actions per plan, scripted provider, synchronous=full (group commit)")
     ctx.note("transitions: prepared, executing, ok per action; SQLite limit: one fsync'd transaction each")
     ctx.note("peers: their defaults on SQLite, in their own process; each step lists a directory")
