@@ -21,16 +21,17 @@ import shutil
 import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from corral.actors.runtime import ActorContext, is_shutdown
+from corral.actors.runtime import ActorContext, serve_requests
 from corral.actors.tools.sidecar import ResultTooLarge, bounded
 from corral.core import failpoints
 from corral.core.redact import redact_text, register_secret, summarize
-from corral.mailbox.envelope import Envelope, Kind
+from corral.mailbox.envelope import Envelope
 
 log = logging.getLogger("corral.mcp")
 
@@ -274,17 +275,10 @@ async def _serve(ctx: ActorContext, session: Any) -> int:
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(watch_broken)
-        async for envelope in ctx.channel.inbox:
-            if is_shutdown(envelope):
-                ctx.shutdown.set()
-                nursery.cancel_scope.cancel()
-                return 0
-            if envelope.kind is not Kind.REQUEST:
-                continue
-            if envelope.body.get("op") == "call":
-                nursery.start_soon(_call, ctx, session, envelope, broken)
-            else:
-                await ctx.channel.reply_error(envelope, "bad-request", f"unknown op {envelope.body.get('op')!r}")
+        await serve_requests(ctx, nursery, "call", partial(_call, ctx, session, broken=broken))
+        if ctx.shutdown.is_set():
+            nursery.cancel_scope.cancel()
+            return 0
         nursery.cancel_scope.cancel()
     if broken.is_set():
         raise _SessionBroken("a call found the session broken")

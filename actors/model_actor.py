@@ -16,15 +16,16 @@ from __future__ import annotations
 import json
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import trio
 
 from corral.actors.providers.reply_stream import FinalReplyDecoder, ReplyDeltas
-from corral.actors.runtime import ActorContext, is_shutdown
+from corral.actors.runtime import ActorContext, serve_requests
 from corral.core import failpoints
 from corral.core.redact import summarize
-from corral.mailbox.envelope import Envelope, Kind
+from corral.mailbox.envelope import Envelope
 
 log = logging.getLogger("corral.model")
 
@@ -142,16 +143,7 @@ async def run(ctx: ActorContext) -> int:
     log.info("model %s loaded in %.2f s", model_id, model.load_s)
     turn = trio.Lock()  # fair: requests are served in arrival order
     async with trio.open_nursery() as nursery:
-        async for envelope in ctx.channel.inbox:
-            if is_shutdown(envelope):
-                ctx.shutdown.set()
-                break
-            if envelope.kind is not Kind.REQUEST:
-                continue
-            if envelope.body.get("op") == "generate":
-                nursery.start_soon(_generate, ctx, model, turn, envelope)
-            else:
-                await ctx.channel.reply_error(envelope, "bad-request", f"unknown op {envelope.body.get('op')!r}")
+        await serve_requests(ctx, nursery, "generate", partial(_generate, ctx, model, turn))
         nursery.cancel_scope.cancel()
     return 0
 

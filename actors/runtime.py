@@ -198,5 +198,23 @@ async def _heartbeat(channel: Channel, interval: float) -> None:
             await channel.tell(SUPERVISOR, {"op": HEARTBEAT}, timeout=interval)
 
 
+async def serve_requests(
+    ctx: ActorContext, nursery: trio.Nursery, op: str, handle: Callable[[Envelope], Awaitable[None]]
+) -> None:
+    """A service actor's inbox: each ``op`` request handled in its own task of
+    ``nursery``, any other op answered ``bad-request``; returns at shutdown (which
+    it records in ``ctx.shutdown``) or when the channel closes."""
+    async for envelope in ctx.channel.inbox:
+        if is_shutdown(envelope):
+            ctx.shutdown.set()
+            return
+        if envelope.kind is not Kind.REQUEST:
+            continue
+        if envelope.body.get("op") == op:
+            nursery.start_soon(handle, envelope)
+        else:
+            await ctx.channel.reply_error(envelope, "bad-request", f"unknown op {envelope.body.get('op')!r}")
+
+
 def is_shutdown(envelope: Envelope) -> bool:
     return envelope.kind is Kind.TELL and envelope.body.get("op") == "shutdown"

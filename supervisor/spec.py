@@ -313,6 +313,7 @@ def _check_id(where: str, value: str) -> str:
 
 
 def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
+    from corral.supervisor.spec_providers import provider_settings  # it imports this module
     _check_keys("spec", data, _TOP)
     _check_values(data)
     name = _get("spec", data, "name", str, "swarm")
@@ -420,7 +421,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         role = _get(where, table, "role", str, "root")
         if role not in ("root", "specialist"):
             raise SpecError(f"{where}.role: must be 'root' or 'specialist'")
-        provider, provider_config = _provider(where, table, base, models)
+        provider, provider_config = provider_settings(where, table, base, models)
         workspace = (project_root / _get(where, table, "workspace", str, ".")).resolve()
         if workspace != project_root and project_root not in workspace.parents:
             raise SpecError(f"{where}.workspace: {workspace} is outside the project root {project_root}")
@@ -468,7 +469,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         _check_keys(where, table, _TEMPLATE)
         if "id" not in table:
             raise SpecError(f"{where}: missing id")
-        provider, provider_config = _provider(where, table, base, models)
+        provider, provider_config = provider_settings(where, table, base, models)
         templates.append(
             TemplateSpec(
                 id=_check_id(f"{where}.id", _get(where, table, "id", str, "")),
@@ -564,20 +565,8 @@ def _mcp_servers(
             raise SpecError(f"mcp_servers: actor id {server.actor_id!r} is already used")
         seen.add(server.actor_id)
         # One group per server: a flapping server exhausts its own intensity only.
-        groups[server.actor_id] = GroupSpec(server.actor_id, Strategy.ONE_FOR_ONE, server.max_restarts, server.period_s)
-        actors.append(
-            ActorSpec(
-                id=server.actor_id,
-                template="mcp",
-                group=server.actor_id,
-                restart=RestartType.PERMANENT,
-                shutdown_timeout_ms=5000,
-                backoff_base_ms=200,
-                backoff_max_ms=5000,
-                params=server.actor_params(),
-                env_passthrough=server.env_names,
-            )
-        )
+        _service_actor(groups, actors, server.actor_id, "mcp", server.max_restarts, server.period_s,
+                       server.actor_params(), server.env_names)
     return servers
 
 
@@ -670,57 +659,6 @@ def _check_policy_keys(tables: list[tuple[str, dict[str, str]]], mcp_ids: set[st
             raise SpecError(f"{where}.{key}: no tool {key!r}{hint}")
 
 
-def _provider(where: str, table: dict[str, Any], base: Path, models: ModelRegistry) -> tuple[str, dict[str, Any]]:
-    from corral.actors.providers.scripted import ScriptError, load_script, parse_script_text
-
-    provider = _get(where, table, "provider", str, "scripted")
-    if provider in ("scripted", "openai", "local") and "provider_config" in table:
-        raise SpecError(f"{where}.provider_config: only for user providers; {provider} is configured by its own keys")
-    if provider == "scripted":
-        if "steps" in table:
-            script: dict[str, Any] = {"steps": _get(where, table, "steps", list, [])}
-            try:
-                parse_script_text(__import__("json").dumps(script), ".json")
-            except ScriptError as exc:
-                raise SpecError(f"{where}.steps: {exc}") from None
-        elif "script" in table:
-            try:
-                script = load_script(base / _get(where, table, "script", str, ""))
-            except ScriptError as exc:
-                raise SpecError(f"{where}.script: {exc}") from None
-        else:
-            raise SpecError(f"{where}: a scripted provider needs `script = FILE` or inline [[...steps]]")
-        return provider, {"script": script}
-    if provider == "openai":
-        from corral.actors.providers.base import ProviderError
-        from corral.actors.providers.openai import OpenAIConfig
-
-        config = _get(where, table, "openai", dict, {})
-        try:
-            OpenAIConfig.from_mapping(config)  # exact errors now, not at the first request
-        except (ProviderError, ValueError, TypeError) as exc:
-            raise SpecError(f"{where}.openai: {exc}") from None
-        return provider, dict(config)
-    if provider == "local":
-        return provider, _local_provider(where, table, models)
-    return provider, _user_provider(where, table, base, provider)
-
-
-def _local_provider(where: str, table: dict[str, Any], models: ModelRegistry) -> dict[str, Any]:
-    """``[agents.local]``, checked now; its ``model`` is bound to a model actor's id
-    (a missing or non-GGUF file stops ``corral up`` here)."""
-    from corral.actors.providers.base import ProviderError
-    from corral.actors.providers.local import LocalConfig
-
-    config = dict(_get(where, table, "local", dict, {}))
-    try:
-        LocalConfig.from_mapping(config)
-        config["model"] = models.bind(f"{where}.local", str(config.get("model", LocalConfig.model)))
-    except (ProviderError, ModelSpecError, ValueError, TypeError) as exc:
-        raise SpecError(f"{where}.local: {exc}" if not str(exc).startswith(where) else str(exc)) from None
-    return config
-
-
 def _model_actors(
     models: ModelRegistry, groups: dict[str, GroupSpec], actors: list[ActorSpec], seen: set[str]
 ) -> None:
@@ -730,34 +668,35 @@ def _model_actors(
         if model.actor_id in seen:
             raise SpecError(f"models: actor id {model.actor_id!r} is already used")
         seen.add(model.actor_id)
-        groups[model.actor_id] = GroupSpec(model.actor_id, Strategy.ONE_FOR_ONE, model.max_restarts, model.period_s)
-        actors.append(
-            ActorSpec(
-                id=model.actor_id,
-                template="model",
-                group=model.actor_id,
-                restart=RestartType.PERMANENT,
-                shutdown_timeout_ms=5000,
-                backoff_base_ms=200,
-                backoff_max_ms=5000,
-                params=model.actor_params(),
-            )
+        _service_actor(groups, actors, model.actor_id, "model", model.max_restarts, model.period_s,
+                       model.actor_params())
+
+
+def _service_actor(
+    groups: dict[str, GroupSpec],
+    actors: list[ActorSpec],
+    actor_id: str,
+    template: str,
+    max_restarts: int,
+    period_s: float,
+    params: dict[str, Any],
+    env_passthrough: tuple[str, ...] = (),
+) -> None:
+    """A service actor (an MCP server, a model) in a one_for_one group of its own."""
+    groups[actor_id] = GroupSpec(actor_id, Strategy.ONE_FOR_ONE, max_restarts, period_s)
+    actors.append(
+        ActorSpec(
+            id=actor_id,
+            template=template,
+            group=actor_id,
+            restart=RestartType.PERMANENT,
+            shutdown_timeout_ms=5000,
+            backoff_base_ms=200,
+            backoff_max_ms=5000,
+            params=params,
+            env_passthrough=env_passthrough,
         )
-
-
-def _user_provider(where: str, table: dict[str, Any], base: Path, provider: str) -> dict[str, Any]:
-    """A ``module:Name`` reference or an entry-point name, imported now so that a
-    broken one is a spec error at ``corral up`` and nothing starts."""
-    from corral.actors.providers.registry import resolve_factory
-    from corral.actors.user_code import import_path
-    from corral.core.errors import UserCodeError
-
-    try:
-        with import_path(base):
-            resolve_factory(provider)
-    except UserCodeError as exc:
-        raise SpecError(f"{where}.provider: {exc}") from None
-    return dict(_get(where, table, "provider_config", dict, {}))
+    )
 
 
 def load_spec(path: Path) -> SwarmSpec:
