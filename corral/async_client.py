@@ -149,11 +149,14 @@ class AsyncClient:
         script: str | None = None,
         run_id: str | None = None,
         retry_s: float = 10.0,
+        intent: dict[str, Any] | None = None,
     ) -> RunResult:
         """See ``Client.run`` (same idempotent retry of the creation)."""
         params: dict[str, Any] = {"agent_id": agent, "task": task, "run_id": run_id or new_run_id()}
         if script is not None:
             params["script"] = script
+        if intent is not None:
+            params["intent"] = intent
         deadline = trio.current_time() + retry_s
         while True:
             try:

@@ -213,11 +213,14 @@ class Client:
         script: str | None = None,
         run_id: str | None = None,
         retry_s: float = 10.0,
+        intent: dict[str, Any] | None = None,
     ) -> RunResult:
         """Start a run of ``agent`` on ``task``. With ``wait`` (default) return once
         it ended or parked (raise ``RunTimeout`` after ``timeout`` seconds);
         otherwise return at once. ``script`` is a scripted-provider script (TOML or
-        JSON text) for this run.
+        JSON text) for this run. ``intent`` binds the run to an intent contract (an
+        envelope or a bare TaskContractLite; see docs/intent.md): an invalid one
+        leaves the run unbound, with the reason in ``show()``.
 
         The run id is chosen here (or given) and sent with the request: when the
         supervisor is gone or silent, the request is sent again for up to
@@ -226,6 +229,8 @@ class Client:
         params: dict[str, Any] = {"agent_id": agent, "task": task, "run_id": run_id or new_run_id()}
         if script is not None:
             params["script"] = script
+        if intent is not None:
+            params["intent"] = intent
         deadline = time.monotonic() + retry_s
         while True:
             try:

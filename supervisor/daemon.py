@@ -375,6 +375,7 @@ def _extensions() -> list[Callable[[Supervisor], Any]]:
         "corral.supervisor.mcp_service",
         "corral.supervisor.model_service",
         "corral.supervisor.interactive_service",
+        "corral.supervisor.intent_service",
     )
     for name in layers:
         module = import_optional(name)

@@ -20,6 +20,9 @@ from corral.supervisor.run_store import RunLimits, final_blocked, get_run, set_r
 
 #: Extra blockers from the swarm and session layers: (ledger, run_id) -> reasons.
 BLOCKERS: list[Callable[[Ledger, str], list[str]]] = []
+#: Given the blockers of a final reply: a reason to park the run in needs-input
+#: (e.g. completion evidence still missing after some attempts), else None.
+PARKERS: list[Callable[[Ledger, str, list[str]], str | None]] = []
 #: Checks that make the agent plan again instead of writing its final reply now
 #: (a steer arrived after the reply was planned): (ledger, run_id) -> reason or None.
 PREPARE_GUARDS: list[Callable[[Ledger, str], str | None]] = []
@@ -65,6 +68,12 @@ def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict
                 raise Conflict(why)
         reasons = blockers(ledger, run_id)
         if reasons:
+            for park in PARKERS:
+                why = park(ledger, run_id, reasons)
+                if why:
+                    # Retrying will not help: a person has to act (pending shows why).
+                    set_run_status(ledger, run_id, RunStatus.NEEDS_INPUT, why)
+                    return {"status": RunStatus.NEEDS_INPUT.value, "reasons": reasons}
             return final_blocked(ledger, run_id, reasons, limits)
         with ledger.tx() as db:
             now = time.time()

@@ -77,6 +77,10 @@ def record_steer(ledger: Ledger, run_id: str, text: Any) -> dict[str, Any]:
             (steer_id, run_id, redact_text(instruction), _now()),
         )
         ledger.event("steer-recorded", run_id, steer=steer_id)
+        if status is RunStatus.NEEDS_INPUT and open_question(ledger, run_id) is None:
+            # Parked for a person without a question (completion evidence missing):
+            # the steer is that person's word, so the run moves again.
+            run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "steered")
     failpoints.hit("steer.after-record")
     return {"steer_id": steer_id, "run_id": run_id, "status": status.value}
 

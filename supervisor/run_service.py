@@ -296,6 +296,14 @@ class RunService:
         raw input kept privately, then refused at once when the agent may not use the
         tool or the arguments are invalid (never executing, so never run; the model
         sees why in the observation)."""
+        blocked = None
+        for guard in ACTION_GUARDS:
+            # The user's intent contract (supervisor/intent_service.py): stricter only.
+            verdict, why = guard(run, action_id(run["run_id"], loop, index), tool_name, tool_input)
+            if verdict == "ask":
+                policy = max(policy, "confirm", key=POLICY_STRICTNESS.index)
+            elif verdict == "block":
+                blocked = why
         row = run_store.prepare_action(
             self.ledger,
             run["run_id"],
@@ -307,7 +315,9 @@ class RunService:
             policy=policy,
             raw_sha256=self.keep_raw_input(run["run_id"], loop, index, tool_input),
         )
-        if not self.tool_allowed(run, tool_name):
+        if blocked is not None:
+            row = self.refuse_prepared(row, ActionPhase.DENIED, blocked)
+        elif not self.tool_allowed(run, tool_name):
             row = self.refuse_prepared(row, ActionPhase.DENIED, f"{tool_name} is not in this agent's tools list")
         elif problem is not None:
             row = self.refuse_prepared(row, ActionPhase.FAILED, problem)
@@ -394,7 +404,7 @@ class RunService:
             task=task,
             provider=provider,
             provider_config=provider_config,
-            options=self.agent_options(agent),
+            options={**self.agent_options(agent), **self.bind_intent(params.get("intent"))},
             run_id=run_id,
             conversation_id=params.get("conversation_id") if isinstance(params.get("conversation_id"), str) else None,
         )
@@ -403,6 +413,11 @@ class RunService:
         failpoints.hit("run.after-create")  # the reply is lost: a client retry must find this run
         await self.wake(agent.id)
         return {"run_id": run_id}
+
+    def bind_intent(self, intent: Any) -> dict[str, Any]:
+        """The run's intent binding, kept with its options (bound, or unbound and why)."""
+        service = self.sup.services.get("intent")
+        return {} if intent is None or service is None else {"intent": service.bind(intent)}
 
     def agent_options(self, agent: AgentSpec) -> dict[str, Any]:
         return {
@@ -503,7 +518,7 @@ class RunService:
                 dict(row)
                 for row in self.ledger.all(
                     "SELECT run_id, agent_id, status, reason FROM runs WHERE status IN ('waiting-confirmation',"
-                    " 'needs-reconciliation', 'waiting-for-provider-retry', 'waiting-for-join')"
+                    " 'needs-reconciliation', 'waiting-for-provider-retry', 'waiting-for-join', 'needs-input')"
                 )
             ],
             **{name: section() for name, section in PENDING_SECTIONS.items()},
@@ -618,6 +633,9 @@ class RunService:
 
 #: Extra sections of `corral show` from other layers: name -> (run_id -> data).
 SHOW_SECTIONS: dict[str, Any] = {}
+#: Checks of every proposed action before it is prepared: (run, action_id, tool,
+#: input) -> ("continue" | "ask" | "block", reason). Each may only tighten.
+ACTION_GUARDS: list[Any] = []
 #: Extra sections of ``pending`` (name -> () -> rows), for layers that park runs too.
 PENDING_SECTIONS: dict[str, Any] = {}
 #: Extra steps of a cancellation (tombstones to children...): async (service, run_id).

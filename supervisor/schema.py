@@ -348,3 +348,35 @@ MIGRATIONS.append(
     CREATE INDEX runs_by_conversation ON runs (conversation_id, created_at);
     """
 )
+
+MIGRATIONS.append(
+    # 9: intent contracts (supervisor/intent_contract.py): versions kept once, the
+    # guard's decision receipts, and contract updates applied at a safe boundary.
+    """
+    CREATE TABLE intent_contracts (
+        contract_ref     TEXT NOT NULL,
+        contract_version INTEGER NOT NULL,
+        snapshot_sha256  TEXT NOT NULL,
+        projection       TEXT NOT NULL,
+        source           TEXT NOT NULL,
+        created_at       REAL NOT NULL,
+        PRIMARY KEY (contract_ref, contract_version)
+    );
+    CREATE TABLE intent_receipts (
+        receipt_id  TEXT PRIMARY KEY,
+        run_id      TEXT NOT NULL,
+        event_ref   TEXT NOT NULL,
+        data        TEXT NOT NULL,
+        created_at  REAL NOT NULL
+    );
+    CREATE INDEX intent_receipts_by_run ON intent_receipts (run_id, created_at);
+    CREATE TABLE intent_updates (
+        update_id        TEXT PRIMARY KEY,
+        run_id           TEXT NOT NULL,
+        contract_ref     TEXT NOT NULL,
+        contract_version INTEGER NOT NULL,
+        created_at       REAL NOT NULL,
+        applied_at       REAL
+    );
+    """
+)

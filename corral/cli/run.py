@@ -29,6 +29,7 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent", required=True, help="agent id from the swarm spec")
     parser.add_argument("--task", required=True, help="what the agent should do")
     parser.add_argument("--script", help="scripted-provider script (TOML/JSON) for this run")
+    parser.add_argument("--intent", help="bind the run to an intent contract (JSON file; see docs/intent.md)")
     parser.add_argument("--wait", action="store_true", help="wait until the run ends or parks")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to --wait at most")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -45,8 +46,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             script = read_text_bounded(Path(args.script), "script")
         except FileReadError as exc:
             raise CliError(str(exc), EXIT_USAGE) from None
+    intent = read_contract(args.intent) if args.intent else None
     with open_client(args) as client:
-        result = client.run(args.agent, args.task, script=script, wait=args.wait, timeout=args.timeout)
+        result = client.run(
+            args.agent, args.task, script=script, wait=args.wait, timeout=args.timeout, intent=intent
+        )
     if not args.wait:
         if args.json:
             emit_json({"run_id": result.run_id})
@@ -59,6 +63,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print_run(shown)
     return 0 if shown["run"]["status"] == "completed" else EXIT_FAILED
+
+
+def read_contract(path: str) -> Any:
+    """A contract file as JSON, strictly (duplicate keys, bad Unicode: a usage error)."""
+    from corral.supervisor.bounded_files import FileReadError, read_text_bounded
+    from corral.supervisor.intent_contract import ContractError, parse_json_strict
+
+    try:
+        return parse_json_strict(read_text_bounded(Path(path), "intent contract"))
+    except (FileReadError, ContractError) as exc:
+        raise CliError(f"intent contract {path}: {exc}", EXIT_USAGE) from None
 
 
 def wait_for_run(args: argparse.Namespace, run_id: str, timeout: float) -> dict[str, Any]:
@@ -77,6 +92,12 @@ def print_run(shown: dict[str, Any]) -> None:
         print_table(rows, ["ACTION", "LOOP", "TOOL", "PHASE", "POLICY"])
     for receipt in shown["receipts"]:
         print(f"  receipt {receipt['action_id']} {receipt['status']}: {receipt['result_summary']}")
+    intent = shown.get("intent") or {}
+    if intent.get("status") == "bound":
+        print(f"  intent: bound to {intent['contract_ref']} v{intent['contract_version']}"
+              f" ({intent['receipts']} decision receipts)")
+    elif intent.get("status") == "unbound":
+        print(f"  intent: unbound ({intent.get('reason', '')}); the guard is advisory")
     usage = shown.get("usage") or {}
     if usage.get("requests"):
         tokens = f", {usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens"
@@ -130,7 +151,7 @@ def cmd_pending(args: argparse.Namespace) -> int:
         return 0
     if not any(
         pending.get(key) for key in ("actions", "provider_requests", "provider_retries", "sessions", "questions")
-    ):
+    ) and not any(run["status"] == "needs-input" for run in pending.get("runs", [])):
         print("nothing pending")
         return 0
     for action in pending["actions"]:
@@ -138,6 +159,10 @@ def cmd_pending(args: argparse.Namespace) -> int:
         print(f"{action['action_id']}  {action['phase']}  {action['input_summary']}  run {action['run_id']}  ({verb})")
         if action["reason"]:
             print(f"    {action['reason']}")
+    asked = {question["run_id"] for question in pending.get("questions", [])}
+    for run in pending.get("runs", []):
+        if run["status"] == "needs-input" and run["run_id"] not in asked:
+            print(f"{run['run_id']}  needs-input  {run['reason'] or ''}")
     for question in pending.get("questions", []):
         options = f"  options: {', '.join(question['options'])}" if question["options"] else ""
         print(f"{question['run_id']}  needs-input  asks: {question['question'][:200]}{options}  (answer)")
@@ -264,4 +289,36 @@ def cmd_fork(args: argparse.Namespace) -> int:
         emit_json(result)
     else:
         print(f"{result['conversation_id']} (forked from {result['forked_from']} with {result['turns']} turns)")
+    return 0
+
+
+def _intent_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("what", choices=["receipts", "snapshot", "update"], help="what to do")
+    parser.add_argument("run_id", metavar="RUN")
+    parser.add_argument("--file", help="with update: the new contract (a higher version)")
+    json_arg(parser)
+
+
+@command("intent", "a run's intent contract: decision receipts, continuity snapshot, update (docs/intent.md)")
+@arguments(_intent_args)
+def cmd_intent(args: argparse.Namespace) -> int:
+    if args.what == "update" and not args.file:
+        raise CliError("intent update needs --file CONTRACT", EXIT_USAGE)
+    with open_client(args) as client:
+        if args.what == "receipts":
+            result = client.call("intent.receipts", run_id=args.run_id)
+        elif args.what == "snapshot":
+            result = client.call("intent.snapshot", run_id=args.run_id)
+        else:
+            result = client.call("intent.update", run_id=args.run_id, contract=read_contract(args.file))
+    if args.json or args.what == "snapshot":
+        emit_json(result)
+    elif args.what == "receipts":
+        for receipt in result["receipts"]:
+            print(f"{receipt['event_ref']}  {receipt['decision']:<8} {receipt['authority']:<18}"
+                  f" {','.join(receipt['reason_codes'])}  {','.join(receipt['rule_ids'])}")
+        if not result["receipts"]:
+            print(f"no decision receipts (intent: {result['intent'].get('status', 'none')})")
+    else:
+        print(f"run {result['run_id']}: {result['contract_ref']} v{result['contract_version']} binds at its next step")
     return 0
