@@ -180,7 +180,7 @@ def test_a_full_disk_leaves_the_supervisor_up_read_only_until_space_returns(shor
         daemon = Daemon(home)
         actors_before = {a["id"]: a["pid"] for a in daemon.status()["actors"]}
         filler = Path(f"/proc/{proc.pid}/root") / str(mount).lstrip("/") / "filler"
-        with open(filler, "wb") as handle:
+        with open(filler, "wb", buffering=0) as handle:  # unbuffered: nothing left to flush at close
             try:
                 while True:
                     handle.write(b"\0" * 65536)
