@@ -8,7 +8,9 @@ commit. When that next step is an action to execute, ``executing`` is committed
 here first (``begun``: the agent starts the effect without asking again); when it
 is a provider turn, the request lifecycle is begun here. Every reply still leaves
 only after the group commit made it durable, so no effect starts before its
-``executing`` record is on disk: the same order, four round trips per loop.
+``executing`` record is on disk: the same order. The next action of a plan is
+also prepared here (through the same ``action.prepare`` method), so a read action
+costs one round trip: its result, whose reply carries the next one, begun.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from corral.supervisor import run_store
+from corral.supervisor.errors import SupervisorError
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -42,6 +45,17 @@ def wrap(sup: Supervisor, method: str, handler: ActorMethod) -> ActorMethod:
 async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str) -> dict[str, Any]:
     runs = sup.services["runs"]
     step: dict[str, Any] = await runs.next_step(slot, {"run_id": run_id})
+    if step["do"] == "prepare":
+        # The next action of a committed plan: prepared here, through the same
+        # method (and checks) as when the agent asks, one round trip fewer.
+        try:
+            await sup.actor_methods["action.prepare"](
+                slot,
+                {k: step[k] for k in ("loop", "index", "tool", "input")} | {"run_id": run_id, "want_next": False},
+            )
+        except SupervisorError:
+            return step  # the agent asks itself and gets the refusal as the answer to its own step
+        step = await runs.next_step(slot, {"run_id": run_id})
     if step["do"] == "execute" and step.get("phase") in ("prepared", "approved") and _rerunnable(sup, step):
         begun = run_store.begin_action(sup.ledger, step["action_id"])
         if begun["do"] != "execute":
