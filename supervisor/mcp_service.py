@@ -33,6 +33,7 @@ from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.mcp_catalog import CatalogTool, build_catalog, catalog_fingerprint, drift, pin, pinned
 from corral.supervisor.mcp_spec import McpServerSpec, split_tool_name
 from corral.supervisor.params import param_int
+from corral.supervisor.readiness import ReportedReadiness
 from corral.supervisor.run_service import POLICY_STRICTNESS
 from corral.supervisor.run_state import RunStatus
 from corral.supervisor.tree import ActorSlot
@@ -44,8 +45,6 @@ log = logging.getLogger("corral.mcp")
 
 #: A run's first claim waits this long at most for servers still starting.
 CLAIM_WAIT_S = 15.0
-#: How often a wait for a server re-reads its actor's state (restarts send no report).
-SLOT_POLL_S = 0.05
 #: Above the call timeout: time for the actor to answer that it timed out.
 RELAY_SLACK_S = 5.0
 
@@ -53,7 +52,7 @@ ActorMethod = Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 @dataclass
-class ServerState:
+class ServerState(ReportedReadiness):
     spec: McpServerSpec
     tools: list[CatalogTool] | None = None
     fingerprint: str = ""
@@ -85,10 +84,7 @@ class McpService:
     def live_tools(self, server: str) -> list[CatalogTool] | None:
         """The catalog of a server whose current incarnation reported it, else None."""
         state = self.servers.get(server)
-        slot = self._slot(server)
-        if state is None or slot is None or slot.state is not ActorState.RUNNING:
-            return None
-        return state.tools if state.incarnation == slot.incarnation else None
+        return state.tools if state is not None and state.ready_in(self._slot(server)) else None
 
     def server_status(self, server: str) -> str:
         state = self.servers[server]
@@ -98,10 +94,6 @@ class McpService:
         if slot is None or slot.state in (ActorState.ESCALATED, ActorState.STOPPED):
             return "failed" if state.error else "stopped"
         return "starting" if not state.error else "restarting"
-
-    def _notify(self, state: ServerState) -> None:
-        state.changed.set()
-        state.changed = trio.Event()
 
     async def ready(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         state = self._own_server(slot, params)
@@ -127,7 +119,7 @@ class McpService:
                 skipped=len(skipped),
             )
         log.info("mcp server %s ready: %d tools, catalog %s", state.spec.id, len(tools), fingerprint[:12])
-        self._notify(state)
+        state.notify()
         return {"tools": len(tools), "fingerprint": fingerprint}
 
     async def failed(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +128,7 @@ class McpService:
         state.failures += 1
         with self.ledger.tx(fsync=False):
             self.ledger.event("mcp-server-failed", state.spec.id, error=state.error)
-        self._notify(state)
+        state.notify()
         return {}
 
     def _own_server(self, slot: ActorSlot, params: dict[str, Any]) -> ServerState:
@@ -147,22 +139,9 @@ class McpService:
         return state
 
     async def _wait_ready(self, server: str, deadline: float, after: int = -1) -> list[CatalogTool] | None:
-        """The live catalog once the server is ready (reported by an incarnation
-        newer than ``after``: a retry must not go to the actor that just failed)."""
-        state = self.servers[server]
-        while True:
-            tools = self.live_tools(server)
-            if tools is not None and state.incarnation > after:
-                return tools
-            if trio.current_time() >= deadline:
-                return None
-            slot = self._slot(server)
-            if slot is not None and slot.state in (ActorState.ESCALATED, ActorState.STOPPED):
-                return None
-            # A report wakes this at once; a restart changes the slot without one,
-            # so look again after a short while either way.
-            with trio.move_on_at(min(deadline, trio.current_time() + SLOT_POLL_S)):
-                await state.changed.wait()
+        """The live catalog once the server is ready (see ReportedReadiness.wait_ready)."""
+        ready = await self.servers[server].wait_ready(lambda: self._slot(server), deadline, after)
+        return self.live_tools(server) if ready else None
 
     # -- a run's catalog ---------------------------------------------------------------
 

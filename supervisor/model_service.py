@@ -23,6 +23,7 @@ from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, 
 from corral.supervisor.actor_state import ActorState
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.model_spec import LocalModelSpec
+from corral.supervisor.readiness import ReportedReadiness
 from corral.supervisor.tree import ActorSlot
 
 if TYPE_CHECKING:
@@ -30,8 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("corral.model")
 
-#: How often a wait for a model re-reads its actor's state (a restart sends no report).
-SLOT_POLL_S = 0.05
 #: Bounds on what an agent may ask for: a request is JSON of messages and a schema.
 MAX_MESSAGES = 400
 MAX_REQUEST_CHARS = 1_000_000
@@ -43,7 +42,7 @@ AGENT_TEMPLATES = ("agent", "child")
 
 
 @dataclass
-class ModelState:
+class ModelState(ReportedReadiness):
     spec: LocalModelSpec
     incarnation: int = -1
     load_s: float = 0.0
@@ -63,8 +62,7 @@ class ModelService:
         return self.sup.tree.slots.get(self.models[model].spec.actor_id)
 
     def is_ready(self, model: str) -> bool:
-        state, slot = self.models[model], self._slot(model)
-        return slot is not None and slot.state is ActorState.RUNNING and state.incarnation == slot.incarnation
+        return self.models[model].ready_in(self._slot(model))
 
     def status_of(self, model: str) -> str:
         slot = self._slot(model)
@@ -73,10 +71,6 @@ class ModelService:
         if slot is None or slot.state in (ActorState.ESCALATED, ActorState.STOPPED):
             return "failed" if self.models[model].error else "stopped"
         return "loading" if slot.restarts == 0 else "restarting"
-
-    def _notify(self, state: ModelState) -> None:
-        state.changed.set()
-        state.changed = trio.Event()
 
     def _own_model(self, slot: ActorSlot, params: dict[str, Any]) -> ModelState:
         model = params.get("model")
@@ -94,7 +88,7 @@ class ModelService:
         with self.sup.ledger.tx(fsync=False):
             self.sup.ledger.event("model-ready", state.spec.id, load_s=state.load_s, incarnation=slot.incarnation)
         log.info("model %s ready (loaded in %.2f s)", state.spec.id, state.load_s)
-        self._notify(state)
+        state.notify()
         return {}
 
     async def failed(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
@@ -103,22 +97,8 @@ class ModelService:
         state.failures += 1
         with self.sup.ledger.tx(fsync=False):
             self.sup.ledger.event("model-failed", state.spec.id, error=state.error)
-        self._notify(state)
+        state.notify()
         return {}
-
-    async def _wait_ready(self, model: str, deadline: float) -> bool:
-        state = self.models[model]
-        while not self.is_ready(model):
-            slot = self._slot(model)
-            if trio.current_time() >= deadline or slot is None or slot.state in (
-                ActorState.ESCALATED,
-                ActorState.STOPPED,
-            ):
-                return False
-            # A report wakes this at once; a restart changes the slot without one.
-            with trio.move_on_at(min(deadline, trio.current_time() + SLOT_POLL_S)):
-                await state.changed.wait()
-        return True
 
     def _checked_request(self, params: dict[str, Any]) -> tuple[ModelState, dict[str, Any], float]:
         model = params.get("model")
@@ -166,7 +146,7 @@ class ModelService:
             raise BadRequest(f"actor {slot.id} ({slot.spec.template}) does not run a provider")
         state, body, timeout = self._checked_request(params)
         model = state.spec.id
-        if not await self._wait_ready(model, trio.current_time() + state.spec.startup_timeout_s):
+        if not await state.wait_ready(lambda: self._slot(model), trio.current_time() + state.spec.startup_timeout_s):
             why = state.error or f"not ready within {state.spec.startup_timeout_s:g} s"
             raise SupervisorError(f"model {model} is {self.status_of(model)}: {why}", "model-unavailable")
         state.requests += 1
