@@ -88,11 +88,11 @@ def with_known_ids(schema: ToolSchema, known: dict[str, list[str]]) -> ToolSchem
     """``schema`` with the string fields that name a spec id turned into enums
     (``"agent.delegate/agent_id"``: the specialists). Only what is offered changes:
     the supervisor validates against the tool's own schema."""
+    mine = {where.partition("/")[2]: ids for where, ids in known.items() if where.startswith(schema.name + "/") and ids}
+    if not mine:
+        return schema  # most tools name no spec id: nothing to copy
     changed = copy.deepcopy(schema.input_schema)
-    for where, ids in known.items():
-        tool, _, path = where.partition("/")
-        if tool != schema.name or not ids:
-            continue
+    for path, ids in mine.items():
         node: Any = changed
         for part in path.split("/"):
             node = node.get("properties", {}).get(part) if isinstance(node, dict) else None

@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from corral.actors.runtime import ActorContext, serve_requests
+from corral.actors.runtime import ActorContext, report_best_effort, serve_requests
 from corral.actors.tools.sidecar import ResultTooLarge, bounded
 from corral.core import failpoints
 from corral.core.redact import redact_text, register_secret, summarize
@@ -259,11 +259,7 @@ async def _watch_liveness(session: Any, interval: float) -> None:
 
 async def _report_failure(ctx: ActorContext, server_id: str, message: str) -> None:
     log.error("mcp server %s: %s", server_id, summarize(message, 300))
-    with trio.move_on_after(5):
-        try:
-            await ctx.call("mcp.failed", server=server_id, error=summarize(message, 500))
-        except Exception:  # the supervisor may be gone too; the exit code still tells
-            pass
+    await report_best_effort(ctx.call, "mcp.failed", server=server_id, error=summarize(message, 500))
 
 
 async def _serve(ctx: ActorContext, session: Any) -> int:

@@ -212,8 +212,8 @@ def answer(ledger: Ledger, run_id: str, text: Any) -> dict[str, Any]:
         if changed != 1:
             raise SupervisorError(f"the question of run {run_id} was already answered", "conflict")
         output = {"question": question["question"], "answer": redact_text(reply)}
+        # Terminal with its receipt (and so the observation) in this transaction.
         run_store.finish_action(ledger, action_id, True, output, f"answered: {redact_text(reply)[:100]}", None)
-        run_store.write_receipt(ledger, action_id)
         if RunStatus(run["status"]) is RunStatus.NEEDS_INPUT:
             run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "answered")
         ledger.event("input-answered", run_id, action=action_id)

@@ -17,8 +17,6 @@ import re
 import time
 from typing import Any
 
-import trio
-
 _FINAL_PREFIX = re.compile(r'\s*\{\s*"final"\s*:\s*"')
 _COMPACT_PREFIX = '{"final":"'
 #: How long deltas are gathered before one message to the supervisor.
@@ -93,8 +91,6 @@ class ReplyDeltas:
         self.last_flush = time.monotonic()
         self.seq += 1
         # The stream is a view: a delta lost with a dying supervisor is not an error.
-        with trio.move_on_after(5):
-            try:
-                await self.call("reply.delta", run_id=self.run_id, slot=self.slot, seq=self.seq, text=text)
-            except Exception:  # never fail a generation for its view
-                pass
+        from corral.actors.runtime import report_best_effort
+
+        await report_best_effort(self.call, "reply.delta", run_id=self.run_id, slot=self.slot, seq=self.seq, text=text)

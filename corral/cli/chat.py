@@ -110,7 +110,8 @@ class Chat:
         kind, data, subject = event["kind"], event["data"], event["subject"]
         if kind == "reply-delta":
             if not self.streaming.get(subject):
-                self.out("reply-start", "agent> ", run=subject) if not self.as_json else None
+                if not self.as_json:  # the prompt before streamed text, in a terminal only
+                    self.out("delta", "agent> ", run=subject)
                 self.streaming[subject] = True
             self.out("delta", data["text"], run=subject)
         elif kind == "reply-stream-restart":
@@ -148,8 +149,8 @@ class Chat:
 
     def show_end(self, run_id: str, status: str) -> None:
         shown = self.client.show(run_id).raw
-        if self.streaming.pop(run_id, False):
-            self.out("delta", "\n", run=run_id) if not self.as_json else None
+        if self.streaming.pop(run_id, False) and not self.as_json:
+            self.out("delta", "\n", run=run_id)  # end the streamed line
         if shown.get("final_reply") is not None:
             # The journal's text, the one final reply (the stream was a view of it).
             self.out("final", f"agent> {shown['final_reply']}", run=run_id, status=status)
