@@ -19,6 +19,7 @@ from typing import Any
 import trio
 
 from corral.actors.providers.base import (
+    MAX_RESPONSE_CHARS,
     ErrorKind,
     PlanError,
     Provider,
@@ -204,24 +205,33 @@ class Lane:
             )
             return
         failpoints.hit("provider.before-handoff")
-        await self.step_call("provider.handoff", slot=begun["slot"], text=response.text)
+        # The plan travels with the response it was parsed from (one round trip);
+        # the supervisor commits the response first, then the plan.
+        carried = {} if _unsafe_effect_order() else self.parsed(provider, response.text[:MAX_RESPONSE_CHARS])
+        await self.step_call("provider.handoff", slot=begun["slot"], text=response.text, **carried)
         failpoints.hit("provider.after-handoff")
 
-    async def step_parse(self, step: dict[str, Any]) -> None:
-        provider = self.get_provider()
-        loop = int(step["loop"])
+    def parsed(self, provider: Provider, text: str) -> dict[str, Any]:
+        """``{"plan": ...}`` or ``{"plan_invalid": {category, detail}}``."""
         try:
-            plan = provider.parse(ProviderResponse(step["response"] or ""), self.schemas)
+            plan = provider.parse(ProviderResponse(text), self.schemas)
         except PlanError as exc:
-            await self.step_call(
-                "plan.invalid", loop=loop, slot=step["slot"], category=exc.category.value, detail=exc.detail
-            )
-            return
-        body = {
-            "actions": [{"tool": call.tool, "input": call.input} for call in plan.actions],
-            "final": plan.final_reply,
+            return {"plan_invalid": {"category": exc.category.value, "detail": exc.detail}}
+        return {
+            "plan": {
+                "actions": [{"tool": call.tool, "input": call.input} for call in plan.actions],
+                "final": plan.final_reply,
+            }
         }
-        await self.step_call("plan.commit", loop=loop, slot=step["slot"], plan=body)
+
+    async def step_parse(self, step: dict[str, Any]) -> None:
+        """A response handed off without its plan (or before a crash): parse it now."""
+        loop = int(step["loop"])
+        carried = self.parsed(self.get_provider(), step["response"] or "")
+        if "plan" in carried:
+            await self.step_call("plan.commit", loop=loop, slot=step["slot"], plan=carried["plan"])
+        else:
+            await self.step_call("plan.invalid", loop=loop, slot=step["slot"], **carried["plan_invalid"])
 
     async def step_prepare(self, step: dict[str, Any]) -> None:
         await self.step_call(
@@ -238,13 +248,22 @@ class Lane:
             if begun["do"] != "execute":
                 return
             self.next = None
-        failpoints.hit("agent.before-effect")
-        try:
-            ok, output, summary, error = await self.execute(action_id, step["tool"], step["input"])
-        except ActionParked:
-            return  # the supervisor finishes this action (an answer); the run is parked
-        failpoints.hit("agent.after-effect")
-        await self.step_call("action.finish", action_id=action_id, ok=ok, output=output, summary=summary, error=error)
+        batch = [{"action_id": action_id, "tool": step["tool"], "input": step["input"]}, *step.get("batch", ())]
+        results = []
+        for action in batch:  # a read batch runs in plan order; see supervisor/step_piggyback.py
+            failpoints.hit("agent.before-effect")
+            try:
+                ok, output, summary, error = await self.execute(action["action_id"], action["tool"], action["input"])
+            except ActionParked:
+                return  # the supervisor finishes this action (an answer); the run is parked
+            failpoints.hit("agent.after-effect")
+            results.append(
+                {"action_id": action["action_id"], "ok": ok, "output": output, "summary": summary, "error": error}
+            )
+        if len(results) == 1:
+            await self.step_call("action.finish", **results[0])
+        else:
+            await self.step_call("action.finish_batch", results=results)
 
     async def _execute_unsafely(self, step: dict[str, Any]) -> None:
         """The deliberately broken build: side effect first, ``executing`` after.

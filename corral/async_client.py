@@ -11,8 +11,8 @@ from typing import Any
 
 import trio
 
-from corral.client import CREATE_RETRY_PAUSE_S, FOLLOW_WAIT_MS, PathLike, decision_fingerprint, new_run_id
-from corral.client_types import DONE, PARKED, Event, Pending, RunResult
+from corral.client import CREATE_RETRY_PAUSE_S, FOLLOW_WAIT_MS, WAIT_SLICE_S, PathLike, decision_fingerprint, new_run_id
+from corral.client_types import Event, Pending, RunResult
 from corral.core.errors import RunTimeout
 from corral.core.procs import wait_exit
 from corral.mailbox.codec import decode, encode
@@ -174,19 +174,19 @@ class AsyncClient:
         return RunResult.from_show(await self.call("show", run_id=run_id))
 
     async def wait(self, run_id: str, *, timeout: float = 300.0, until_parked: bool = True) -> RunResult:
-        stop = DONE | PARKED if until_parked else DONE
+        until = "settled" if until_parked else "done"
         deadline = trio.current_time() + timeout
-        cursor = 0
         while True:
-            result = await self.show(run_id)
-            if result.status in stop:
-                return result
-            remaining = deadline - trio.current_time()
-            if remaining <= 0:
-                raise RunTimeout(run_id, result.status, timeout)
-            wait_s = min(remaining, 5.0)
-            reply = await self.call("events", timeout=wait_s + 5, since=cursor, wait_ms=int(wait_s * 1000))
-            cursor = reply["cursor"]
+            # One blocking call that the supervisor answers when the run gets there:
+            # no show per event, so waiting costs the run nothing.
+            wait_s = max(0.0, min(deadline - trio.current_time(), WAIT_SLICE_S))
+            reply = await self.call(
+                "wait", timeout=wait_s + 10, run_ids=[run_id], until=until, wait_ms=int(wait_s * 1000)
+            )
+            if reply["reached"]:
+                return await self.show(run_id)
+            if trio.current_time() >= deadline:
+                raise RunTimeout(run_id, reply["runs"][run_id], timeout)
 
     async def runs(self) -> list[dict[str, Any]]:
         runs: list[dict[str, Any]] = (await self.call("runs"))["runs"]

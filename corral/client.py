@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from corral.client_types import DONE, PARKED, Event, Pending, RunResult
+from corral.client_types import Event, Pending, RunResult
 from corral.core.errors import CorralError, RunTimeout
 from corral.core.procs import wait_exit
 from corral.mailbox.control import ControlClient, ControlError, SupervisorGone
@@ -30,6 +30,8 @@ from corral.supervisor import home as homes
 PathLike = str | Path
 #: How long one events long-poll waits on the supervisor side.
 FOLLOW_WAIT_MS = 25_000
+#: How long one ``wait`` call blocks in the supervisor before the client asks again.
+WAIT_SLICE_S = 20.0
 #: Seconds between attempts of ``run`` creation when the reply was lost.
 CREATE_RETRY_PAUSE_S = 0.2
 
@@ -247,19 +249,17 @@ class Client:
 
     def wait(self, run_id: str, *, timeout: float = 300.0, until_parked: bool = True) -> RunResult:
         """Block until the run is done (or parked, unless ``until_parked=False``)."""
-        stop = DONE | PARKED if until_parked else DONE
+        until = "settled" if until_parked else "done"
         deadline = time.monotonic() + timeout
-        cursor = 0
         while True:
-            result = self.show(run_id)
-            if result.status in stop:
-                return result
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RunTimeout(run_id, result.status, timeout)
-            wait_s = min(remaining, 5.0)
-            reply = self.call("events", timeout=wait_s + 5, since=cursor, wait_ms=int(wait_s * 1000))
-            cursor = reply["cursor"]
+            # One blocking call that the supervisor answers when the run gets there:
+            # no show per event, so waiting costs the run nothing.
+            wait_s = max(0.0, min(deadline - time.monotonic(), WAIT_SLICE_S))
+            reply = self.call("wait", timeout=wait_s + 10, run_ids=[run_id], until=until, wait_ms=int(wait_s * 1000))
+            if reply["reached"]:
+                return self.show(run_id)
+            if time.monotonic() >= deadline:
+                raise RunTimeout(run_id, reply["runs"][run_id], timeout)
 
     def runs(self) -> list[dict[str, Any]]:
         runs: list[dict[str, Any]] = self.call("runs")["runs"]

@@ -236,6 +236,10 @@ class Supervisor:
         await self.group_commit.barrier()
         return result
 
+    async def next_commit(self) -> None:
+        """Return after the ledger's next commit (what a waiter re-reads on)."""
+        await self._events_changed.wait()
+
     def _wake_event_waiters(self) -> None:
         self._events_changed.set()
         self._events_changed = trio.Event()

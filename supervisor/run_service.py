@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, MAX_RESPONSE_CHARS
 from corral.actors.providers.registry import is_idempotent
 from corral.actors.tools.registry import all_tools, rerunnable
 from corral.actors.tools.validation import validation_error
@@ -22,7 +23,7 @@ from corral.supervisor import finalization, recovery, resolutions, run_store, se
 from corral.supervisor.action_state import ActionPhase, action_id, canonical_json
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.params import param_int, param_str, param_text
-from corral.supervisor.run_state import TERMINAL, RunStatus
+from corral.supervisor.run_state import NEEDS_PERSON, TERMINAL, RunStatus
 from corral.supervisor.run_store import RunLimits
 from corral.supervisor.spec import AgentSpec
 from corral.supervisor.tree import ActorSlot
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 POLICY_STRICTNESS = ("auto", "confirm", "deny")
 #: What ``runs`` lists of each run's task and reason; ``show`` gives the whole text.
 LIST_TEXT_CHARS = 300
+#: How many runs one ``wait`` call may name.
+WAIT_MAX_RUNS = 1000
 _RUN_ID = re.compile(r"^run-[a-z0-9-]{6,40}$")
 
 
@@ -53,6 +56,7 @@ class RunService:
         self.retry_changed = trio.Event()
         self.recovery_report: recovery.RecoveryReport | None = None
         self.tools = all_tools()
+        self._spool: Path | None = None
 
     # -- helpers ------------------------------------------------------------------
 
@@ -66,6 +70,14 @@ class RunService:
         options = json.loads(run["options"])
         limits = options.get("limits", {})
         return RunLimits(**{k: v for k, v in limits.items() if k in RunLimits.__dataclass_fields__})
+
+    def check_owner(self, slot: ActorSlot, run_id: str) -> None:
+        """``owned_run`` without reading the whole row (the hot step methods)."""
+        row = self.ledger.one("SELECT agent_id FROM runs WHERE run_id = ?", run_id)
+        if row is None:
+            raise NotFound(f"no run {run_id!r}")
+        if row["agent_id"] != slot.spec.params.get("agent_id"):
+            raise Refused(f"run {run_id} belongs to {row['agent_id']}, not to {slot.id}")
 
     def owned_run(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
         run = run_store.get_run(self.ledger, _str(params, "run_id"))
@@ -151,16 +163,17 @@ class RunService:
         }
 
     async def next_step(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self.owned_run(slot, params)
-        step = run_store.next_step(self.ledger, run["run_id"])
+        run_id = _str(params, "run_id")
+        self.check_owner(slot, run_id)
+        step = run_store.next_step(self.ledger, run_id)
         if step["do"] == "provider":
-            step["history"] = run_store.history(self.ledger, run["run_id"])
-            step["task"] = run["task"]
+            step["history"] = run_store.history(self.ledger, run_id)
+            step["task"] = run_store.get_run(self.ledger, run_id)["task"]
         try:
-            self._with_raw_copies(run["run_id"], step)
+            self._with_raw_copies(run_id, step)
         except sealed_input.SealedInputError as exc:
             # Acting on the redacted copy would corrupt what the tool writes: fail closed.
-            run_store.set_run_status(self.ledger, run["run_id"], RunStatus.FAILED, f"cannot continue: {exc}")
+            run_store.set_run_status(self.ledger, run_id, RunStatus.FAILED, f"cannot continue: {exc}")
             return {"do": "done", "status": RunStatus.FAILED.value}
         return step
 
@@ -177,7 +190,9 @@ class RunService:
 
     @property
     def spool(self) -> Path:
-        return sealed_input.spool_dir(self.sup.home)
+        if self._spool is None:
+            self._spool = sealed_input.spool_dir(self.sup.home)  # made once, not per step
+        return self._spool
 
     def _with_raw_copies(self, run_id: str, step: dict[str, Any]) -> None:
         """Replace the redacted copies in a step with the raw ones the agent acts on."""
@@ -212,7 +227,7 @@ class RunService:
         if not isinstance(text, str):
             raise BadRequest("text must be a string")
         slot_name = _str(params, "slot")
-        text = text[: run_store.MAX_RESPONSE_CHARS]
+        text = text[:MAX_RESPONSE_CHARS]
         raw_sha = self.keep_raw(run["run_id"], "response", slot_name, text, redact_text(text))
         run_store.provider_handoff(self.ledger, run["run_id"], slot_name, text, raw_sha256=raw_sha)
         return {}
@@ -331,12 +346,50 @@ class RunService:
 
     async def action_begin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         action = run_store.get_action(self.ledger, _str(params, "action_id"))
-        self.owned_run(slot, {"run_id": action["run_id"]})
+        self.check_owner(slot, action["run_id"])
         return run_store.begin_action(self.ledger, action["action_id"])
+
+    def planned_call(self, run_id: str, loop: int, index: int) -> dict[str, Any] | None:
+        """Action ``index`` of loop ``loop``'s committed plan, as a ``prepare`` step
+        with the raw input; None past the plan's end or when nothing is planned."""
+        plan = run_store.get_plan(self.ledger, run_id, loop)
+        calls = (plan or {}).get("actions") or []
+        if plan is None or plan.get("final") is not None or not 0 <= index < len(calls):
+            return None
+        step = {
+            "do": "prepare",
+            "loop": loop,
+            "index": index,
+            "tool": calls[index]["tool"],
+            "input": calls[index]["input"],
+            "plan_raw_sha256": run_store.plan_raw_sha256(self.ledger, run_id, loop),
+        }
+        self._with_raw_copies(run_id, step)
+        return step
+
+    async def action_finish_batch(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """The results of a read batch (supervisor/step_piggyback.py), in order, each
+        finished exactly as ``action.finish`` finishes one; all are checked first."""
+        results = params.get("results")
+        if not isinstance(results, list) or not 1 <= len(results) <= MAX_ACTIONS_PER_PLAN:
+            raise BadRequest(f"results must be a list of 1 to {MAX_ACTIONS_PER_PLAN} action results")
+        if not all(isinstance(result, dict) for result in results):
+            raise BadRequest("each result must be a map")
+        run_id = _str(params, "run_id")
+        for result in results:
+            action = run_store.get_action(self.ledger, _str(result, "action_id"))
+            if action["run_id"] != run_id:
+                raise BadRequest(f"action {action['action_id']} is not in run {run_id}")
+            if not isinstance(result.get("output", {}), dict):
+                raise BadRequest("output must be a map")
+        self.check_owner(slot, run_id)
+        for result in results:
+            await self.action_finish(slot, result)
+        return {}
 
     async def action_finish(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         action = run_store.get_action(self.ledger, _str(params, "action_id"))
-        self.owned_run(slot, {"run_id": action["run_id"]})
+        self.check_owner(slot, action["run_id"])
         output = params.get("output", {})
         if not isinstance(output, dict):
             raise BadRequest("output must be a map")
@@ -348,8 +401,9 @@ class RunService:
             str(params.get("summary", "")),
             params.get("error"),
         )
-        # Terminal and committed: nothing will act on this input again.
-        sealed_input.drop(self.spool, sealed_input.raw_name(action["run_id"], "input", action["action_id"]))
+        if action["raw_sha256"]:
+            # Terminal and committed: nothing will act on this raw input again.
+            sealed_input.drop(self.spool, sealed_input.raw_name(action["run_id"], "input", action["action_id"]))
         return {}
 
     async def finalize(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
@@ -488,6 +542,38 @@ class RunService:
             LIST_TEXT_CHARS,
         )
         return {"runs": [dict(row) for row in rows]}
+
+    async def wait(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Block until every run in ``run_ids`` is done (``until="done"``) or done or
+        waiting for a person (``"settled"``, the default), or ``wait_ms`` passed.
+        It wakes on commits, in the supervisor: a client waits with one call and no
+        ``show`` per event, so waiting takes no CPU from the runs it waits for."""
+        run_ids = params.get("run_ids")
+        if not isinstance(run_ids, list) or not 1 <= len(run_ids) <= WAIT_MAX_RUNS:
+            raise BadRequest(f"run_ids must be a list of 1 to {WAIT_MAX_RUNS} run ids")
+        if not all(isinstance(run_id, str) and _RUN_ID.match(run_id) for run_id in run_ids):
+            raise BadRequest("run_ids holds something that is not a run id")
+        until = params.get("until", "settled")
+        if until not in ("done", "settled"):
+            raise BadRequest("until must be 'done' or 'settled'")
+        stop = TERMINAL if until == "done" else TERMINAL | NEEDS_PERSON
+        wait_ms = param_int(params, "wait_ms", 0, high=3_600_000)
+        wanted = sorted(set(run_ids))
+        marks = ",".join("?" * len(wanted))
+
+        def statuses() -> dict[str, str]:
+            rows = self.ledger.all(f"SELECT run_id, status FROM runs WHERE run_id IN ({marks})", *wanted)
+            return {row["run_id"]: row["status"] for row in rows}
+
+        found = statuses()
+        missing = [run_id for run_id in wanted if run_id not in found]
+        if missing:
+            raise NotFound(f"no run {missing[0]!r}")
+        with trio.move_on_after(min(wait_ms, 30_000) / 1000):
+            while not all(status in stop for status in found.values()):
+                await self.sup.next_commit()
+                found = statuses()
+        return {"runs": found, "reached": all(status in stop for status in found.values())}
 
     async def pending(self, params: dict[str, Any]) -> dict[str, Any]:
         waiting = self.ledger.all(
@@ -658,6 +744,7 @@ def install(sup: Supervisor) -> RunService:
             "action.prepare": service.action_prepare,
             "action.begin": service.action_begin,
             "action.finish": service.action_finish,
+            "action.finish_batch": service.action_finish_batch,
             "run.finalize": service.finalize,
             "run.fail": service.fail,
         }
@@ -667,6 +754,7 @@ def install(sup: Supervisor) -> RunService:
             "run": service.create,
             "show": service.show,
             "runs": service.runs,
+            "wait": service.wait,
             "pending": service.pending,
             "continue_action": service.continue_action,
             "reconcile": service.reconcile,

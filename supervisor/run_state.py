@@ -33,6 +33,9 @@ PARKED = frozenset(
     }
 )
 
+#: Statuses that wait for a person (approve/deny, reconcile, answer): ``wait`` stops there.
+NEEDS_PERSON = frozenset({RunStatus.WAITING_CONFIRMATION, RunStatus.NEEDS_RECONCILIATION, RunStatus.NEEDS_INPUT})
+
 _ENDINGS = {RunStatus.FAILED, RunStatus.CANCELLED}
 
 TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from corral.actors.providers.base import MAX_RESPONSE_CHARS
 from corral.actors.tools.base import is_sealed
 from corral.core import failpoints
 from corral.core.redact import redact, redact_text, summarize
@@ -33,7 +34,6 @@ from corral.supervisor.ledger import Ledger, dumps
 from corral.supervisor.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.run_state import RunStatus, check_run_transition
 
-MAX_RESPONSE_CHARS = 256 * 1024
 MAX_RESULT_CHARS = 64 * 1024
 
 
@@ -448,7 +448,7 @@ def final_blocked(ledger: Ledger, run_id: str, reasons: list[str], limits: RunLi
     return {"status": "blocked", "reasons": reasons}
 
 
-def _plan_raw_sha256(ledger: Ledger, run_id: str, loop_index: int) -> str | None:
+def plan_raw_sha256(ledger: Ledger, run_id: str, loop_index: int) -> str | None:
     row = ledger.one("SELECT raw_sha256 FROM plans WHERE run_id = ? AND loop_index = ?", run_id, loop_index)
     return None if row is None else row["raw_sha256"]
 
@@ -738,9 +738,11 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
     final = ledger.one("SELECT phase, reply FROM finalizations WHERE run_id = ?", run_id)
     if final is not None:
         return {"do": "finalize", "reply": final["reply"]}
+    commits = ledger.commits
     for hook in BOUNDARY_HOOKS:
         hook(ledger, run_id)  # e.g. a user's steer, applied at this safe boundary
-    run = get_run(ledger, run_id)
+    if ledger.commits != commits:
+        run = get_run(ledger, run_id)  # a hook moved the run (a steer opens a loop)
     loop = int(run["loop_index"])
     plan = get_plan(ledger, run_id, loop)
     if plan is None:
@@ -767,7 +769,16 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
         # Children or delegations still at work: wait for them (no provider call)
         # rather than have the final reply refused for what is only a matter of time.
         return _loop_blockers(ledger, run_id) or {"do": "finalize", "reply": plan["final"]}
-    rows = {row["action_index"]: row for row in actions_of(ledger, run_id, loop)}
+    rows = {
+        row["action_index"]: row
+        for row in ledger.all(
+            "SELECT a.*, r.action_id IS NOT NULL AS has_receipt FROM actions a"
+            " LEFT JOIN receipts r ON r.action_id = a.action_id"
+            " WHERE a.run_id = ? AND a.loop_index = ? ORDER BY a.action_index",
+            run_id,
+            loop,
+        )
+    }
     for index, call in enumerate(plan.get("actions", [])):
         row = rows.get(index)
         if row is None:
@@ -777,7 +788,7 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
                 "index": index,
                 "tool": call["tool"],
                 "input": call["input"],
-                "plan_raw_sha256": _plan_raw_sha256(ledger, run_id, loop),
+                "plan_raw_sha256": plan_raw_sha256(ledger, run_id, loop),
             }
         phase = ActionPhase(row["phase"])
         if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED, ActionPhase.EXECUTING):
@@ -795,7 +806,8 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
         if phase is ActionPhase.NEEDS_RECONCILIATION:
             set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION, f"action {row['action_id']} unresolved")
             return {"do": "park", "status": RunStatus.NEEDS_RECONCILIATION.value}
-        write_receipt(ledger, row["action_id"])  # repairs a crash between terminal and receipt
+        if not row["has_receipt"]:
+            write_receipt(ledger, row["action_id"])  # repairs a crash between terminal and receipt
     blocked = _loop_blockers(ledger, run_id)
     if blocked:
         return blocked

@@ -1,4 +1,5 @@
-"""Fewer round trips per action: a step's reply carries the run's next step.
+"""Fewer round trips per action: a step's reply carries the run's next step, and
+a step's params may carry the step that follows it.
 
 An agent used to ask ``run.next_step`` after every step, and ``action.begin`` and
 ``provider.begin`` before the effect and the request: about twelve round trips
@@ -8,9 +9,25 @@ commit. When that next step is an action to execute, ``executing`` is committed
 here first (``begun``: the agent starts the effect without asking again); when it
 is a provider turn, the request lifecycle is begun here. Every reply still leaves
 only after the group commit made it durable, so no effect starts before its
-``executing`` record is on disk: the same order. The next action of a plan is
-also prepared here (through the same ``action.prepare`` method), so a read action
-costs one round trip: its result, whose reply carries the next one, begun.
+``executing`` record is on disk: the same order.
+
+Three more cuts, each through the same methods and checks as the long way:
+
+- The next action of a plan is prepared here (``action.prepare``).
+- **Read batches.** When the action to run is a read (``effect_class == "read"``:
+  no side effect, recovery may run it again) and the actions after it in the plan
+  are reads the policy auto-approves, they are prepared and begun together and go
+  to the agent as one ``batch``; the agent runs them in order and reports them in
+  one ``action.finish_batch``. Each keeps its own identity and lifecycle. A kill
+  mid-batch leaves them ``executing`` and rerunnable: recovery runs them again,
+  exactly as it would one at a time.
+- **Handoff with its plan.** The agent parses the provider's response itself and
+  sends the plan (or the parse failure) with ``provider.handoff``; the handoff
+  commits first, then the plan through ``plan.commit`` (or ``plan.invalid``). A
+  crash between the two leaves a response to parse, as before.
+
+So a loop of three reads costs two round trips: the handoff (its reply carries the
+batch, begun) and the batch's results (whose reply carries the next provider turn).
 """
 
 from __future__ import annotations
@@ -28,18 +45,50 @@ if TYPE_CHECKING:
 ActorMethod = Callable[["ActorSlot", dict[str, Any]], Awaitable[dict[str, Any]]]
 
 #: Steps after which the agent asks for its next step at once.
-PIGGYBACKED = ("provider.handoff", "plan.commit", "plan.invalid", "action.prepare", "action.begin", "action.finish")
+PIGGYBACKED = (
+    "provider.handoff",
+    "plan.commit",
+    "plan.invalid",
+    "action.prepare",
+    "action.begin",
+    "action.finish",
+    "action.finish_batch",
+)
 
 
 def wrap(sup: Supervisor, method: str, handler: ActorMethod) -> ActorMethod:
     async def with_next(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         answer = await handler(slot, params)
         run_id = params.get("run_id")
+        if method == "provider.handoff" and isinstance(run_id, str):
+            await _commit_carried_plan(sup, slot, run_id, params)
         if params.get("want_next") is True and isinstance(run_id, str):
             answer = {**answer, "next": await next_step_begun(sup, slot, run_id)}
         return answer
 
     return with_next
+
+
+async def _commit_carried_plan(sup: Supervisor, slot: ActorSlot, run_id: str, params: dict[str, Any]) -> None:
+    """The plan the agent parsed from the response it just handed off: committed
+    through ``plan.commit`` / ``plan.invalid`` once the ledger says that response
+    is the one to parse (else the agent is told the step the ledger wants)."""
+    carried = {key: params[key] for key in ("plan", "plan_invalid") if key in params}
+    if not carried:
+        return
+    step = run_store.next_step(sup.ledger, run_id)
+    if step["do"] != "parse" or step["slot"] != params.get("slot"):
+        return
+    common = {"run_id": run_id, "loop": step["loop"], "slot": step["slot"], "want_next": False}
+    if "plan" in carried:
+        await sup.actor_methods["plan.commit"](slot, common | {"plan": carried["plan"]})
+    else:
+        invalid = carried["plan_invalid"]
+        if not isinstance(invalid, dict):
+            return  # the agent parses again when asked, and reports it the long way
+        await sup.actor_methods["plan.invalid"](
+            slot, common | {"category": invalid.get("category"), "detail": invalid.get("detail", "")}
+        )
 
 
 async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str) -> dict[str, Any]:
@@ -48,12 +97,7 @@ async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str) -> dict
     if step["do"] == "prepare":
         # The next action of a committed plan: prepared here, through the same
         # method (and checks) as when the agent asks, one round trip fewer.
-        try:
-            await sup.actor_methods["action.prepare"](
-                slot,
-                {k: step[k] for k in ("loop", "index", "tool", "input")} | {"run_id": run_id, "want_next": False},
-            )
-        except SupervisorError:
+        if not await _prepare(sup, slot, run_id, step):
             return step  # the agent asks itself and gets the refusal as the answer to its own step
         step = await runs.next_step(slot, {"run_id": run_id})
     if step["do"] == "execute" and step.get("phase") in ("prepared", "approved") and _rerunnable(sup, step):
@@ -63,9 +107,52 @@ async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str) -> dict
             step = await runs.next_step(slot, {"run_id": run_id})
         else:
             step["begun"] = True
+            if _is_read(sup, step["tool"]):
+                following = await _begin_following_reads(sup, slot, run_id, step["action_id"])
+                if following:
+                    step["batch"] = following
     elif step["do"] == "provider":
         step["begun"] = run_store.begin_provider_request(sup.ledger, run_id, int(step["loop"]))
     return step
+
+
+async def _prepare(sup: Supervisor, slot: ActorSlot, run_id: str, step: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        return await sup.actor_methods["action.prepare"](
+            slot,
+            {k: step[k] for k in ("loop", "index", "tool", "input")} | {"run_id": run_id, "want_next": False},
+        )
+    except SupervisorError:
+        return None
+
+
+async def _begin_following_reads(sup: Supervisor, slot: ActorSlot, run_id: str, first: str) -> list[dict[str, Any]]:
+    """The reads that follow ``first`` in its plan, prepared and begun, in order,
+    up to the first action that is not a read the policy auto-approves (that one
+    and the rest go the ordinary way, after the batch)."""
+    runs = sup.services["runs"]
+    row = run_store.get_action(sup.ledger, first)
+    loop, index = int(row["loop_index"]), int(row["action_index"]) + 1
+    batch: list[dict[str, Any]] = []
+    while True:
+        call = runs.planned_call(run_id, loop, index)
+        if call is None or not _is_read(sup, call["tool"]):
+            return batch
+        prepared = await _prepare(sup, slot, run_id, call)
+        if prepared is None or prepared["phase"] != "prepared":
+            return batch
+        action = run_store.get_action(sup.ledger, prepared["action_id"])
+        if action["policy"] != "auto" or not action["rerunnable"]:
+            return batch
+        if run_store.begin_action(sup.ledger, prepared["action_id"])["do"] != "execute":
+            return batch
+        batch.append({"action_id": prepared["action_id"], "tool": call["tool"], "input": call["input"]})
+        index += 1
+
+
+def _is_read(sup: Supervisor, tool_name: str) -> bool:
+    tool = sup.services["runs"].tools.get(tool_name)
+    return tool is not None and tool.schema.effect_class == "read"
 
 
 def _rerunnable(sup: Supervisor, step: dict[str, Any]) -> bool:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 MAX_ACTIONS_PER_PLAN = 3
+#: A provider response past this many characters is cut (the ledger keeps no more).
+MAX_RESPONSE_CHARS = 256 * 1024
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,131 @@
+"""Fewer round trips per action (supervisor/step_piggyback.py) without a weaker
+proof: read batches keep one lifecycle per action, a kill mid-batch re-runs the
+reads and nothing else, and ``wait`` answers from the supervisor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.mailbox.control import ControlError
+from tests.harness import Daemon, agent_spec, effects, ledger_rows, wait_run
+
+READS_THEN_EFFECT = """
+[[agents.steps]]
+actions = [{ tool = "fs.list", input = { path = "." } }, { tool = "fs.list", input = { path = "." } },
+           { tool = "effect.record", input = { label = "after the reads" } }]
+[[agents.steps]]
+final = "done"
+"""
+
+TWO_READS = """
+[[agents.steps]]
+actions = [{ tool = "fs.list", input = { path = "." } }, { tool = "fs.list", input = { path = "." } }]
+[[agents.steps]]
+final = "done"
+"""
+
+
+def _daemon(tmp: Path, steps: str) -> Daemon:
+    (tmp / "ws").mkdir()
+    spec = tmp / "spec.toml"
+    spec.write_text(agent_spec(steps=steps))
+    return Daemon(tmp / "h", spec)
+
+
+def _actions(daemon: Daemon, run_id: str) -> list[dict[str, object]]:
+    return ledger_rows(
+        daemon.home,
+        "SELECT action_id, tool, phase, attempts, executing_at, finished_at FROM actions"
+        " WHERE run_id = ? ORDER BY action_index",
+        run_id,
+    )
+
+
+def test_consecutive_reads_begin_together_and_an_external_action_waits_its_turn(short_tmp: Path) -> None:
+    daemon = _daemon(short_tmp, READS_THEN_EFFECT)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="writer", task="two reads, then an effect")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed"
+        first, second, external = _actions(daemon, run_id)
+        # One batch: the second read was executing before the first had finished.
+        assert second["executing_at"] < first["finished_at"]
+        # The external action began only after both reads were done and recorded.
+        assert external["executing_at"] > second["finished_at"]
+        assert [a["phase"] for a in (first, second, external)] == ["ok", "ok", "ok"]
+        receipts = ledger_rows(daemon.home, "SELECT action_id FROM receipts WHERE run_id = ?", run_id)
+        assert sorted(r["action_id"] for r in receipts) == sorted(
+            str(a["action_id"]) for a in (first, second, external)
+        )
+        observations = ledger_rows(daemon.home, "SELECT source FROM observations WHERE run_id = ?", run_id)
+        assert len(observations) == 3 == len({o["source"] for o in observations})
+        assert len(effects(short_tmp / "effects.log")) == 1
+    finally:
+        daemon.shutdown()
+
+
+def test_an_agent_killed_mid_batch_runs_the_reads_again_and_records_each_once(short_tmp: Path) -> None:
+    daemon = _daemon(short_tmp, TWO_READS)
+    try:
+        # The agent dies after the batch's first read ran, before any result was sent.
+        daemon.up(env={"CORRAL_FAILPOINTS": "agent.after-effect=kill@once"})
+        run_id = daemon.call("run", agent_id="writer", task="two reads")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed", "needs-reconciliation"})
+        assert shown["run"]["status"] == "completed", shown["run"]
+        assert (daemon.home / "failpoints" / "agent.after-effect.fired").exists()
+        actions = _actions(daemon, run_id)
+        # Both reads were begun by the batch and both ran again after the restart:
+        # recovery may re-run a read; it never guesses at an external effect.
+        assert [(a["phase"], a["attempts"]) for a in actions] == [("ok", 2), ("ok", 2)]
+        events = ledger_rows(
+            daemon.home, "SELECT subject FROM events WHERE kind = 'receipt-written' ORDER BY cursor"
+        )
+        assert sorted(e["subject"] for e in events) == sorted(str(a["action_id"]) for a in actions)
+        assert shown["final_reply"] == "done"
+    finally:
+        daemon.shutdown()
+
+
+def test_wait_answers_when_runs_settle_and_refuses_bad_input(short_tmp: Path) -> None:
+    daemon = _daemon(short_tmp, TWO_READS)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="writer", task="wait for me")["run_id"]
+        reply = daemon.call("wait", timeout=40, run_ids=[run_id], until="done", wait_ms=30_000)
+        assert reply == {"runs": {run_id: "completed"}, "reached": True}
+        # Already there: answered at once, whatever wait_ms says.
+        assert daemon.call("wait", run_ids=[run_id], wait_ms=0)["reached"] is True
+        before = daemon.call("status")["cursor"]
+        for params, message in (
+            ({"run_ids": run_id}, "list of 1 to"),
+            ({"run_ids": []}, "list of 1 to"),
+            ({"run_ids": ["../etc"]}, "not a run id"),
+            ({"run_ids": [run_id], "until": "soon"}, "until must be"),
+            ({"run_ids": [run_id], "wait_ms": -1}, "wait_ms"),
+            ({"run_ids": ["run-000000000000"]}, "no run"),
+        ):
+            with pytest.raises(ControlError, match=message):
+                daemon.call("wait", **params)
+        assert daemon.call("status")["cursor"] == before, "a refused wait changes nothing"
+    finally:
+        daemon.shutdown()
+
+
+def test_wait_returns_unreached_when_its_time_is_up(short_tmp: Path) -> None:
+    (short_tmp / "ws").mkdir()
+    spec = short_tmp / "spec.toml"
+    spec.write_text(agent_spec(steps=READS_THEN_EFFECT, policy='[agents.policy]\n"effect.record" = "confirm"'))
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="writer", task="park")["run_id"]
+        settled = daemon.call("wait", timeout=40, run_ids=[run_id], wait_ms=30_000)
+        assert settled == {"runs": {run_id: "waiting-confirmation"}, "reached": True}
+        # Waiting for a person is not done: the same run, until="done", times out.
+        reply = daemon.call("wait", run_ids=[run_id], until="done", wait_ms=200)
+        assert reply == {"runs": {run_id: "waiting-confirmation"}, "reached": False}
+    finally:
+        daemon.shutdown()
