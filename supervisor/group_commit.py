@@ -8,15 +8,24 @@ commit meanwhile wait for the next one, which covers all of them. No reply leave
 before the fsync that covers its commit, so "``executing`` is committed before the
 effect starts" holds exactly as with ``synchronous = FULL`` per commit; only the
 number of fsyncs drops, and the supervisor keeps serving other actors while the
-disk works. With one caller the batch is one commit and nothing is delayed.
+disk works. With one caller the batch is one commit and nothing is delayed. On a
+disk whose fsync is quicker than a thread hop (half a millisecond, smoothed), the
+fsync runs on the event loop: a slow fsync moves the next ones to a thread.
 """
 
 from __future__ import annotations
+
+import time
 
 import trio
 
 from corral.core import failpoints
 from corral.supervisor.ledger import Ledger
+
+#: An fsync faster than this (smoothed) runs on the event loop itself; a slower
+#: one in a worker thread, so the supervisor keeps serving actors meanwhile.
+INLINE_SYNC_S = 0.0005
+SYNC_SMOOTHING = 0.2
 
 
 class GroupCommit:
@@ -26,6 +35,8 @@ class GroupCommit:
         #: fsyncs done, and the durable commits they covered (their ratio is the batch size).
         self.syncs = 0
         self.batched_commits = 0
+        #: How long an fsync takes here lately (smoothed): it picks inline or a thread.
+        self.recent_sync_s = 0.0
 
     async def barrier(self) -> None:
         """Return once every durable commit made before this call is on disk."""
@@ -38,7 +49,15 @@ class GroupCommit:
                 return  # the fsync this caller waited behind covered its commit
             failpoints.hit("ledger.before-sync")
             before = ledger.synced_commits
-            covered = await trio.to_thread.run_sync(ledger.sync)
+            started = time.perf_counter()
+            if self.recent_sync_s < INLINE_SYNC_S:
+                # A fast disk: the fsync costs less than the hop to a worker thread
+                # and back (measured: 1 agent 650 against 530 actions/s).
+                covered = ledger.sync()
+            else:
+                covered = await trio.to_thread.run_sync(ledger.sync)
+            took = time.perf_counter() - started
+            self.recent_sync_s += (took - self.recent_sync_s) * SYNC_SMOOTHING
             ledger.synced_commits = max(before, covered)
             self.syncs += 1
             self.batched_commits += ledger.synced_commits - before

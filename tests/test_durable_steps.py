@@ -129,3 +129,49 @@ def test_wait_returns_unreached_when_its_time_is_up(short_tmp: Path) -> None:
         assert reply == {"runs": {run_id: "waiting-confirmation"}, "reached": False}
     finally:
         daemon.shutdown()
+
+
+@pytest.mark.parametrize("disk", ["fast", "slow"])
+async def test_group_commit_makes_every_commit_durable_before_its_barrier_returns(
+    tmp_path: Path, disk: str
+) -> None:
+    import trio
+
+    from corral.supervisor.group_commit import INLINE_SYNC_S, GroupCommit
+    from corral.supervisor.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "l.db", synchronous="full", group_commit=True)
+    commits = GroupCommit(ledger)
+    if disk == "slow":
+        commits.recent_sync_s = 1.0  # as after a slow fsync: the next ones go to a thread
+    synced: list[tuple[int, int]] = []
+
+    async def writer(n: int) -> None:
+        ledger.event("test", f"w{n}")
+        mine = ledger.durable_commits
+        await commits.barrier()
+        synced.append((mine, ledger.synced_commits))
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for n in range(8):
+                nursery.start_soon(writer, n)
+        assert len(synced) == 8
+        # No barrier returned before an fsync covered the commit its writer made.
+        assert all(synced_count >= mine for mine, synced_count in synced)
+        assert ledger.synced_commits == ledger.durable_commits == ledger.commits
+        assert commits.batched_commits == 8
+        if disk == "slow":
+            # The writers that committed while the first fsync ran shared the next one.
+            assert commits.syncs < 8
+            assert commits.recent_sync_s < 1.0, "a fast fsync moves the next ones back inline"
+        else:
+            assert commits.recent_sync_s < INLINE_SYNC_S * 100
+        syncs = commits.syncs
+        await commits.barrier()  # nothing new: no fsync
+        assert commits.syncs == syncs
+        ledger.event("test", "one more")
+        await commits.barrier()
+        assert commits.syncs == syncs + 1 and ledger.synced_commits == ledger.commits
+    finally:
+        ledger.close()

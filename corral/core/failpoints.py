@@ -44,7 +44,7 @@ KNOWN: dict[str, str] = {
     "delegate.after-commit": "supervisor: delegation committed, specialist not woken",
     "run.after-create": "supervisor: run committed, reply to the client not yet sent",
     "provider.before-handoff": "agent: provider response received, handoff not yet committed",
-    "provider.after-handoff": "agent: provider response committed, not yet parsed",
+    "provider.after-handoff": "agent: provider response committed (with the plan parsed from it), reply not yet read",
     "session.after-launch": "session: process launched, running not yet recorded",
     "ledger.after-staging": "supervisor: a new ledger is built beside its name, not yet renamed into place",
     "ledger.before-sync": "supervisor: a batch of commits is in the WAL, its fsync not yet done, no reply sent",
