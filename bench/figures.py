@@ -361,3 +361,28 @@ figure(
         target_text=">= 1,000/s for 1 agent, >= 3,000/s at 64 agents, ahead of DBOS and LangGraph",
     )
 )
+figure(
+    FigureSpec(
+        name="ui_tree_1000",
+        metric="corral ui: the actor tree of 1,000 live actors rendered in Chromium (to load)",
+        unit="s",
+        corral="ui_dashboard.tree_1000_rendered_s",
+        baselines={
+            "served (one HTTP GET)": "ui_dashboard.tree_1000_served_s",
+            "served, USS not cached yet": "ui_dashboard.tree_1000_served_cold_s",
+        },
+        targets=(Target("value<=", 1.0),),
+        target_text="served and rendered in under 1 s",
+    )
+)
+figure(
+    FigureSpec(
+        name="ui_stream",
+        metric="corral ui: live stream events/s received under a 5,000 events/s load",
+        unit="per s",
+        corral="ui_dashboard.stream_events_per_s",
+        baselines={"the load, as committed": "ui_dashboard.stream_emitted_per_s"},
+        targets=(Target("value>=", 4500.0),),
+        target_text="keeps up with 5,000 events/s, no gap in the cursors (stream_gaps = 0)",
+    )
+)

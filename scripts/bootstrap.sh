@@ -9,18 +9,23 @@ EXTRAS=${1:-dev}
 need_pkgs=()
 [ -f /usr/include/sys/capability.h ] || need_pkgs+=(libcap-dev)
 command -v bwrap >/dev/null 2>&1 || need_pkgs+=(bubblewrap)
+# The dashboard's browser tests drive Debian's chromium (playwright, no download).
+if [[ ",${EXTRAS}," == *",dev,"* ]] && [ ! -x /usr/bin/chromium ]; then
+    need_pkgs+=(chromium)
+fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "bootstrap: installing system packages: ${need_pkgs[*]}"
         apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
     elif [[ " ${need_pkgs[*]} " == *" libcap-dev "* ]]; then
         echo "bootstrap: python-prctl needs the libcap headers (sys/capability.h)." >&2
         echo "  install them as root:  apt-get install -y libcap-dev   (Fedora: dnf install libcap-devel)" >&2
         echo "  optional, for the command sandbox:  apt-get install -y bubblewrap" >&2
         exit 1
     else
-        echo "bootstrap: bubblewrap is missing; sandboxed commands will fail closed (apt-get install -y bubblewrap)" >&2
+        echo "bootstrap: missing ${need_pkgs[*]} (as root: apt-get install -y ${need_pkgs[*]}); without bubblewrap" \
+             "sandboxed commands fail closed, without chromium the dashboard's browser tests fail" >&2
     fi
 fi
 

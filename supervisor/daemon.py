@@ -269,6 +269,7 @@ class Supervisor:
         self.actor_methods["bench.sink"] = self._sink
         self.actor_methods["bench.sink_count"] = self._sink_read
         self.actor_methods["bench.sink_reset"] = self._sink_reset
+        self.control_methods["bench.emit_events"] = self._emit_events
 
     async def _ping(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"pong": True, "boot_id": self.boot_id, "pid": self.pid, "protocol": PROTOCOL_VERSION}
@@ -283,6 +284,25 @@ class Supervisor:
     async def _sink_reset(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         self.sink_count = 0
         return {}
+
+    async def _emit_events(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Load for the dashboard's live-stream bench: ``n`` events of kind
+        ``bench-load`` at ``rate`` per second, committed every 5 ms (never fsync'd:
+        they guard nothing). Answers when the last one is committed."""
+        n = param_int(params, "n", 1000, low=1, high=1_000_000)
+        rate = param_int(params, "rate", 5000, low=1, high=1_000_000)
+        start = trio.current_time()
+        done, first, last = 0, 0, 0
+        while done < n:
+            due = min(n, int((trio.current_time() - start) * rate) + 1)
+            if due > done:
+                with self.ledger.tx(fsync=False):
+                    for index in range(done, due):
+                        last = self.ledger.event("bench-load", "bench", i=index)
+                        first = first or last
+                done = due
+            await trio.sleep(0.005)
+        return {"emitted": n, "first": first, "last": last, "elapsed_s": round(trio.current_time() - start, 3)}
 
     async def _actor_ping(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         return {"pong": True, "actor": slot.id}

@@ -75,6 +75,8 @@ class Episode:
     processes_checked: int = 0
     wall_s: float = 0.0
     error: str | None = None
+    #: The actors' lifetimes with kills and restarts (SVG), when the runner keeps them.
+    timeline_svg: str = field(default="", repr=False)
 
     @property
     def passed(self) -> bool:
@@ -114,8 +116,11 @@ class Runner:
         targets: tuple[str, ...],
         workdir: Path | None = None,
         verbose: bool = True,
+        timelines: bool = False,
     ) -> None:
         self.scenario = scenario
+        #: Keep each episode's timeline picture (for ``corral chaos --report``).
+        self.timelines = timelines
         self.seed = seed
         self.targets = targets
         self.verbose = verbose
@@ -247,6 +252,8 @@ class Runner:
             if (home / homes.LEDGER).exists()
             else []
         )
+        if self.timelines and (home / homes.LEDGER).exists():
+            episode.timeline_svg = episode_timeline(home / homes.LEDGER, f"episode {episode.index}")
         episode.wall_s = time.monotonic() - started
         self.episodes.append(episode)
         if self.verbose:
@@ -458,3 +465,25 @@ class Runner:
             "workdir": str(self.workdir),
         }
 
+
+def episode_timeline(ledger_path: Path, title: str) -> str:
+    """The episode's timeline picture, from its ledger's events (read-only)."""
+    import sqlite3
+
+    from corral.ui import timeline
+
+    db = sqlite3.connect(f"file:{ledger_path}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT cursor, at, boot_id, kind, subject, data FROM events ORDER BY cursor").fetchall()
+    finally:
+        db.close()
+    events = [
+        {"cursor": row[0], "at": row[1], "boot_id": row[2], "kind": row[3], "subject": row[4],
+         "data": json.loads(row[5]) if row[5] else {}}
+        for row in rows
+    ]
+    picture = timeline.lanes(events)
+    counts = timeline.summary(picture)
+    return timeline.svg(
+        picture, title=f"{title}: {counts['kills']} kills, {counts['restarts']} restarts, {counts['boots']} boots"
+    )

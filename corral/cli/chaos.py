@@ -36,6 +36,11 @@ def _chaos_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--failpoint", help="run only this failpoint (reproduce a failure)")
     parser.add_argument("--json", dest="json_path", help="write the report as JSON here")
+    parser.add_argument(
+        "--report",
+        dest="html_path",
+        help="write each episode's timeline (actor lifetimes, kills, restarts) as one standalone HTML/SVG file",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the episode directories")
     parser.add_argument("--quiet", action="store_true", help="only the final table")
 
@@ -71,7 +76,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         raise CliError(f"bad scenario: {exc}", EXIT_USAGE) from None
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
-    runner = Runner(scenario, seed=seed, targets=targets, verbose=not args.quiet)
+    runner = Runner(scenario, seed=seed, targets=targets, verbose=not args.quiet, timelines=bool(args.html_path))
     started = time.monotonic()
     print(f"corral chaos: scenario {scenario.name}, seed {seed}, mode {args.mode}, targets {','.join(targets)}")
     if args.mode in ("failpoints", "both") or args.failpoint:
@@ -90,6 +95,20 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
         print(f"report: {args.json_path}")
+    if args.html_path:
+        from corral.ui.pages import standalone_report
+
+        verdict = "passed" if report["passed"] else "FAILED"
+        Path(args.html_path).write_text(
+            standalone_report(
+                f"corral chaos, seed {seed}: {len(runner.episodes)} episodes, {verdict}",
+                [
+                    (f"episode {e.index} ({e.failpoint or e.mode}): {'PASS' if e.passed else 'FAIL'}", e.timeline_svg)
+                    for e in runner.episodes
+                ],
+            )
+        )
+        print(f"timeline: {args.html_path}")
     if not args.keep and report["passed"]:
         import shutil
 

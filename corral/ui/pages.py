@@ -1,0 +1,249 @@
+"""The dashboard's pages as HTML strings: pure functions of what the supervisor's
+control methods return (``status``, ``runs``, ``show``, ``pending``). Every value
+is escaped; nothing here reads anything or writes anything.
+"""
+
+from __future__ import annotations
+
+import time
+from html import escape
+from typing import Any
+from urllib.parse import quote
+
+from corral.ui.assets import CSS, SCRIPT
+
+NAV = (("/", "Actors"), ("/runs", "Runs"), ("/pending", "Pending"), ("/timeline", "Timeline"))
+
+
+def layout(title: str, body: str, *, csrf: str, cursor: int, path: str) -> str:
+    links = "".join(
+        f'<a href="{href}"{" class=here" if href == path else ""}>{name}</a>' for href, name in NAV
+    )
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>{escape(title)} · corral</title>"
+        f'<meta name="csrf" content="{escape(csrf)}"><meta name="cursor" content="{cursor}">'
+        f"<style>{CSS}</style></head><body>"
+        f'<header><b>corral</b><nav>{links}</nav><span id="live" class="live">connecting…</span></header>'
+        f'<main id="main">{body}</main>'
+        '<aside><h3>Live events</h3><ol id="events"></ol></aside>'
+        f"<script>{SCRIPT}</script></body></html>"
+    )
+
+
+def _table(headers: tuple[str, ...], rows: list[list[str]], css: str = "") -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
+    return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _mib(value: int | None) -> str:
+    return "—" if value is None else f"{value / 2**20:.1f} MiB"
+
+
+def _state(value: str) -> str:
+    return f'<span class="state {escape(value)}">{escape(value)}</span>'
+
+
+def _run_link(run_id: str) -> str:
+    return f'<a href="/runs/{quote(run_id)}">{escape(run_id)}</a>'
+
+
+def tree(status: dict[str, Any], uss: dict[int, int]) -> str:
+    """Groups (strategy, status) and their actors: pid, state, restarts, USS."""
+    actors = {actor["id"]: actor for actor in status.get("actors", [])}
+    sections = []
+    for group in status.get("groups", []):
+        rows = []
+        for actor_id in group["actors"]:
+            actor = actors.get(actor_id)
+            if actor is None:
+                continue
+            pid = actor.get("pid")
+            rows.append(
+                [
+                    f'<span class="actor" data-actor="{escape(actor_id)}">{escape(actor_id)}</span>',
+                    escape(str(actor.get("template", ""))),
+                    escape(str(pid or "—")),
+                    _state(str(actor.get("status", ""))),
+                    str(int(actor.get("restarts", 0))),
+                    _mib(uss.get(pid) if pid else None),
+                ]
+            )
+        sections.append(
+            f'<section class="group"><h3>{escape(group["id"])} <small>{escape(group["strategy"])} · '
+            f'{_state(str(group.get("status", "")))}</small></h3>'
+            + _table(("actor", "template", "pid", "state", "restarts", "USS"), rows)
+            + "</section>"
+        )
+    ledger = status.get("ledger", {})
+    head = (
+        f'<p class="meta">supervisor pid {escape(str(status.get("pid")))} · boot {escape(str(status.get("boot_id")))}'
+        f" · up {float(status.get('uptime_s', 0)):.0f} s · {len(actors)} actors ·"
+        f" ledger {int(ledger.get('commits', 0))} commits, {int(ledger.get('syncs', 0))} fsyncs</p>"
+    )
+    return f"<h2>Actor tree</h2>{head}{''.join(sections) or '<p>No actors.</p>'}"
+
+
+def runs(items: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            _run_link(run["run_id"]),
+            escape(run["agent_id"]),
+            escape(run.get("kind", "")),
+            _state(run["status"]),
+            escape(run.get("task") or ""),
+            time.strftime("%H:%M:%S", time.localtime(float(run.get("created_at") or 0))),
+        ]
+        for run in items
+    ]
+    return "<h2>Runs</h2>" + (_table(("run", "agent", "kind", "status", "task", "created"), rows) if rows
+                              else "<p>No runs yet.</p>")
+
+
+def run(shown: dict[str, Any]) -> str:
+    """One run: status, final reply, its action timeline with lifecycle states,
+    receipts, provider turns, children, claims and deliveries."""
+    info = shown["run"]
+    actions = [
+        [
+            escape(a["action_id"]),
+            str(a["loop_index"]),
+            escape(a["tool"]),
+            _state(a["phase"]),
+            escape(a.get("policy") or ""),
+            str(a.get("attempts", 0)),
+            escape(a.get("reason") or a.get("error") or ""),
+        ]
+        for a in shown.get("actions", [])
+    ]
+    receipts = [
+        [escape(r["action_id"]), escape(r["tool"]), _state(r["status"]), escape(r.get("input_summary") or ""),
+         escape(r.get("result_summary") or "")]
+        for r in shown.get("receipts", [])
+    ]
+    turns = [
+        [escape(p["slot"]), str(p.get("attempt", "")), _state(p["status"]), escape(p.get("error") or "")]
+        for p in shown.get("provider_requests", [])
+    ]
+    swarm = shown.get("swarm") or {}
+    kids = [
+        [_run_link(c["run_id"]) if c.get("run_id") else "—", escape(f"child {c.get('template')}"),
+         escape(group["group_id"]), _state(c["status"])]
+        for group in swarm.get("groups", [])
+        for c in group.get("children", [])
+    ] + [
+        [_run_link(d["run_id"]) if d.get("run_id") else "—", escape(f"delegated to {d.get('target_agent')}"),
+         escape(d["delegation_id"]), _state(d["status"])]
+        for d in swarm.get("delegations", [])
+    ]
+    deliveries = [
+        [escape(d["delivery_id"]), escape(d["kind"]), escape(d.get("source_id") or ""), _state(d["status"]),
+         escape(d.get("claimed_by_action_id") or "")]
+        for d in swarm.get("deliveries", [])
+    ]
+    claims = [
+        [escape(c["claim_id"]), escape(c.get("action_id") or ""), escape(str(c.get("delivery_ids") or "")),
+         _state(c["phase"])]
+        for c in swarm.get("claims", [])
+    ]
+    final = shown.get("final_reply")
+    parts = [
+        f'<h2>Run {escape(info["run_id"])} {_state(info["status"])}</h2>',
+        f'<p class="meta">agent {escape(info["agent_id"])} · {escape(info.get("kind", ""))} · loop'
+        f' {escape(str(info.get("loop_index", 0)))}{" · " + escape(info["reason"]) if info.get("reason") else ""}</p>',
+        f'<p class="task"><b>Task</b> {escape(info.get("task") or "")}</p>',
+        f'<div class="final" id="final-reply"><b>Final reply</b> {escape(final) if final else "<i>not yet</i>"}</div>',
+        "<h3>Actions</h3>",
+        _table(("action", "loop", "tool", "phase", "policy", "attempts", "reason"), actions) if actions
+        else "<p>No actions.</p>",
+        "<h3>Receipts</h3>",
+        _table(("action", "tool", "status", "input", "result"), receipts) if receipts else "<p>None.</p>",
+        "<h3>Provider turns</h3>",
+        _table(("slot", "attempt", "status", "error"), turns) if turns else "<p>None.</p>",
+        "<h3>Children and delegations</h3>",
+        _table(("run", "what", "group / delegation", "status"), kids) if kids else "<p>None.</p>",
+        "<h3>Deliveries</h3>",
+        _table(("delivery", "kind", "source", "status", "claimed by"), deliveries) if deliveries else "<p>None.</p>",
+        "<h3>Claims</h3>",
+        _table(("claim", "action", "deliveries", "phase"), claims) if claims else "<p>None.</p>",
+    ]
+    for name in ("intent", "interactive", "usage"):
+        section = shown.get(name)
+        if section:
+            parts.append(f"<h3>{escape(name.capitalize())}</h3><pre>{escape(_plain(section))}</pre>")
+    return "".join(parts)
+
+
+def _plain(value: Any) -> str:
+    import json
+
+    return json.dumps(value, indent=1, sort_keys=True, default=str)[:4000]
+
+
+def pending(waiting: dict[str, Any]) -> str:
+    """What waits for a person, each with its buttons (POSTs with the CSRF token)."""
+    rows = []
+    for action in waiting.get("actions", []):
+        action_id = escape(action["action_id"])
+        fingerprint = escape(action.get("fingerprint") or "")
+        if action["phase"] == "waiting-confirmation":
+            buttons = (
+                f'<button data-post="/api/approve" data-action="{action_id}" data-fingerprint="{fingerprint}">'
+                "Approve</button>"
+                f'<button data-post="/api/deny" data-action="{action_id}" data-fingerprint="{fingerprint}">'
+                "Deny</button>"
+            )
+        else:
+            buttons = (
+                f'<button data-post="/api/reconcile" data-action="{action_id}" data-outcome="ok">It happened</button>'
+                f'<button data-post="/api/reconcile" data-action="{action_id}" data-outcome="failed">'
+                "It did not</button>"
+            )
+        rows.append([action_id, _run_link(action["run_id"]), escape(action["tool"]), _state(action["phase"]),
+                     escape(action.get("reason") or ""), buttons])
+    parts = ["<h2>Pending</h2>"]
+    parts.append(_table(("action", "run", "tool", "phase", "why", ""), rows, "pending") if rows
+                 else "<p>No action waits for a person.</p>")
+    questions = waiting.get("questions") or []
+    if questions:
+        qrows = [
+            [_run_link(q["run_id"]), escape(q.get("question") or ""),
+             f'<input name="answer" data-run="{escape(q["run_id"])}" placeholder="your answer">'
+             f'<button data-post="/api/answer" data-run="{escape(q["run_id"])}">Answer</button>']
+            for q in questions
+        ]
+        parts.append("<h3>Questions</h3>" + _table(("run", "question", ""), qrows))
+    for name in ("provider_requests", "sessions"):
+        items = waiting.get(name) or []
+        if items:
+            parts.append(f"<h3>{escape(name.replace('_', ' ').capitalize())}</h3><pre>{escape(_plain(items))}</pre>")
+    return "".join(parts)
+
+
+def timeline(picture: str, counts: dict[str, int]) -> str:
+    return (
+        "<h2>Timeline</h2>"
+        f'<p class="meta">{counts["boots"]} supervisor boots · {counts["lanes"] - 1} actors ·'
+        f' {counts["kills"]} kills · {counts["restarts"]} restarts</p>'
+        '<p class="legend"><span class="key running"></span>running <span class="key exited"></span>exited'
+        ' <span class="key stopped"></span>stopped <span class="key killed"></span>killed'
+        ' <span class="key supervisor-gone"></span>gone with its supervisor'
+        ' <span style="color:#dc2626">✕</span> kill <span style="color:#16a34a">○</span> restart</p>'
+        f'<div class="picture">{picture}</div>'
+    )
+
+
+def standalone_report(title: str, pictures: list[tuple[str, str]]) -> str:
+    """``corral chaos --report``: the same timeline per episode, one HTML file,
+    no script and no external reference."""
+    body = "".join(f"<section><h2>{escape(name)}</h2>{picture}</section>" for name, picture in pictures)
+    return (
+        f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{escape(title)}</title>"
+        f'<style>{CSS}</style></head><body class="report"><main><h1>{escape(title)}</h1>'
+        '<p class="legend"><span class="key running"></span>running <span class="key exited"></span>exited'
+        ' <span class="key stopped"></span>stopped <span class="key killed"></span>killed'
+        ' <span class="key supervisor-gone"></span>gone with its supervisor'
+        ' <span style="color:#dc2626">✕</span> kill <span style="color:#16a34a">○</span> restart</p>'
+        f"{body}</main></body></html>"
+    )

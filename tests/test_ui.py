@@ -1,0 +1,229 @@
+"""``corral ui``: the timeline model, the server's guards (token, CSRF, no writes
+through GET), the resumable live stream, a real approval clicked in headless
+Chromium, and ``corral chaos --report``."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.ui import timeline
+from tests.harness import CORRAL, Daemon, agent_spec, cli, effects, wait_run
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "ui"
+CHROMIUM = "/usr/bin/chromium"
+
+STEPS = """
+[[agents.steps]]
+actions = [{ tool = "fs.list", input = { path = "." } }, { tool = "effect.record", input = { label = "e1" } }]
+[[agents.steps]]
+final = "done"
+"""
+
+
+def _event(cursor: int, at: float, boot: str, kind: str, subject: str, **data: Any) -> dict[str, Any]:
+    return {"cursor": cursor, "at": at, "boot_id": boot, "kind": kind, "subject": subject, "data": data}
+
+
+def test_timeline_draws_lifetimes_kills_restarts_and_supervisor_deaths() -> None:
+    events = [
+        _event(1, 0.0, "b1", "boot-started", "b1"),
+        _event(2, 0.1, "b1", "actor-started", "writer", pid=10),
+        _event(3, 1.0, "b1", "actor-exited", "writer", exit_code=-9, restart=True),
+        _event(4, 1.1, "b1", "actor-restarted", "writer", trigger="writer"),
+        _event(5, 1.2, "b1", "actor-started", "writer", pid=11),
+        _event(6, 1.3, "b1", "actor-started", "helper", pid=12),
+        _event(7, 1.5, "b1", "actor-exited", "helper", exit_code=0, restart=False),
+        # No boot-ended: the first supervisor was killed; its actors went with it.
+        _event(8, 3.0, "b2", "boot-started", "b2"),
+        _event(9, 3.1, "b2", "actor-started", "writer", pid=20),
+        _event(10, 4.0, "b2", "boot-ended", "b2", reason="down"),
+    ]
+    picture = timeline.lanes(events)
+    names = [lane.name for lane in picture.lanes]
+    assert names == ["supervisor", "helper", "writer"]
+    supervisor, helper, writer = picture.lanes
+    assert [(s.start, s.end, s.ending) for s in supervisor.segments] == [(0.0, 1.5, "killed"), (3.0, 4.0, "stopped")]
+    assert [(s.pid, s.ending) for s in writer.segments] == [(10, "killed"), (11, "supervisor-gone"), (20, "stopped")]
+    assert [(s.pid, s.ending) for s in helper.segments] == [(12, "exited")]
+    assert (writer.kills, writer.restarts, supervisor.kills, helper.kills) == (1, 1, 1, 0)
+    assert timeline.summary(picture) == {"lanes": 3, "kills": 2, "restarts": 1, "boots": 2}
+    drawn = timeline.svg(picture, title="t <&>")
+    assert drawn.count('class="mark kill"') == 2 and drawn.count('class="mark restart"') == 1
+    assert drawn.count("<rect ") == 6
+    assert "t &lt;&amp;&gt;" in drawn and "<script" not in drawn
+
+
+@pytest.fixture
+def swarm(short_tmp: Path) -> Iterator[Daemon]:
+    (short_tmp / "ws").mkdir()
+    spec = short_tmp / "spec.toml"
+    spec.write_text(agent_spec(steps=STEPS, policy='[agents.policy]\n"effect.record" = "confirm"'))
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up()
+        yield daemon
+    finally:
+        daemon.shutdown()
+
+
+@pytest.fixture
+def dashboard(swarm: Daemon) -> Iterator[dict[str, Any]]:
+    process = subprocess.Popen(
+        [*CORRAL, "--home", str(swarm.home), "ui", "--port", "0", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line, f"corral ui did not start: {process.stderr.read() if process.stderr else ''}"
+        yield json.loads(line)
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+    assert process.returncode == 0, "Ctrl-C (SIGTERM) stops the dashboard cleanly"
+    assert not (swarm.home / "ui.json").exists(), "the endpoint file goes with the server"
+
+
+def _request(info: dict[str, Any], method: str, path: str, body: bytes | None = None,
+             headers: dict[str, str] | None = None) -> tuple[int, str, dict[str, str]]:
+    conn = http.client.HTTPConnection("127.0.0.1", info["port"], timeout=20)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        reply = conn.getresponse()
+        return reply.status, reply.read().decode(), {k.lower(): v for k, v in reply.getheaders()}
+    finally:
+        conn.close()
+
+
+def _sse(info: dict[str, Any], path: str, count: int, headers: dict[str, str] | None = None) -> list[int]:
+    """The ids of the first ``count`` ledger events the stream sends."""
+    conn = http.client.HTTPConnection("127.0.0.1", info["port"], timeout=20)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        reply = conn.getresponse()
+        assert reply.status == 200 and reply.getheader("content-type", "").startswith("text/event-stream")
+        ids: list[int] = []
+        while len(ids) < count:
+            line = reply.fp.readline().decode()
+            assert line, "the stream ended early"
+            if line.startswith("id: "):
+                ids.append(int(line[4:]))
+        return ids
+    finally:
+        conn.close()
+
+
+def test_the_server_wants_its_token_and_csrf_and_never_writes_through_get(
+    swarm: Daemon, dashboard: dict[str, Any]
+) -> None:
+    info = dashboard
+    token = info["token"]
+    assert (swarm.home / "ui.json").stat().st_mode & 0o777 == 0o600
+    assert info["url"] == f"http://127.0.0.1:{info['port']}/?token={token}"
+    run_id = swarm.call("run", agent_id="writer", task="approve me")["run_id"]
+    wait_run(swarm, run_id, {"waiting-confirmation"})
+    for path in ("/", "/runs", "/pending", f"/runs/{run_id}", "/timeline", "/api/stream", "/?token=wrong"):
+        assert _request(info, "GET", path)[0] == 401, path
+    status, page, headers = _request(info, "GET", f"/?token={token}")
+    assert status == 200 and "writer" in page and "Actor tree" in page
+    assert "httponly" in headers["set-cookie"].lower() and "samesite=strict" in headers["set-cookie"].lower()
+    assert "http://" not in page.replace(info["url"], "") and "https://" not in page, "no asset from elsewhere"
+    csrf = re.search(r'name="csrf" content="([^"]+)"', page)
+    assert csrf is not None
+    auth = {"Authorization": f"Bearer {token}"}
+    status, page, _ = _request(info, "GET", f"/runs/{run_id}", headers=auth)
+    assert status == 200 and "waiting-confirmation" in page and "fs.list" in page
+    assert _request(info, "GET", "/runs/run-000000000000", headers=auth)[0] == 404
+    action_id = swarm.call("pending")["actions"][0]["action_id"]
+    good = {**auth, "Content-Type": "application/json", "X-CSRF-Token": csrf.group(1)}
+    body = json.dumps({"action": action_id}).encode()
+    assert _request(info, "GET", f"/api/approve?action={action_id}", headers=auth)[0] == 405
+    assert _request(info, "POST", "/api/approve", body, {**good, "X-CSRF-Token": "nope"})[0] == 403
+    assert _request(info, "POST", "/api/approve", body, {**good, "Origin": "http://evil.example"})[0] == 403
+    assert _request(info, "POST", "/api/approve", body, {**good, "Content-Type": "text/plain"})[0] == 415
+    for bad in (b"[1]", b"{not json", json.dumps({"action": "../x"}).encode(),
+                json.dumps({"action": action_id, "fingerprint": "zz"}).encode()):
+        assert _request(info, "POST", "/api/approve", bad, good)[0] == 400, bad
+    assert _request(info, "POST", "/api/reconcile", json.dumps({"action": action_id, "outcome": "maybe"}).encode(),
+                    good)[0] == 400
+    # A refusal from the ledger (wrong fingerprint) is a 409 with its reason.
+    wrong = json.dumps({"action": action_id, "fingerprint": "0" * 64}).encode()
+    status, text, _ = _request(info, "POST", "/api/approve", wrong, good)
+    assert status == 409 and "fingerprint" in text
+    assert [a["action_id"] for a in swarm.call("pending")["actions"]] == [action_id], "nothing changed"
+    assert effects(swarm.home.parent / "effects.log") == []
+    status, text, _ = _request(info, "POST", "/api/approve", body, good)
+    assert status == 200, text
+    shown = wait_run(swarm, run_id, {"completed", "failed"})
+    assert shown["run"]["status"] == "completed" and len(effects(swarm.home.parent / "effects.log")) == 1
+
+
+def test_the_live_stream_resumes_after_a_reconnect_without_a_gap(swarm: Daemon, dashboard: dict[str, Any]) -> None:
+    run_id = swarm.call("run", agent_id="writer", task="make events")["run_id"]
+    wait_run(swarm, run_id, {"waiting-confirmation"})
+    auth = {"Authorization": f"Bearer {dashboard['token']}"}
+    last = int(swarm.call("status")["cursor"])
+    assert last > 10
+    first = _sse(dashboard, "/api/stream?since=0", last - 3, auth)
+    assert first == list(range(1, last - 2)), "every event, in order, from the start"
+    # A browser reconnects with the last id it saw: the stream goes on right after it.
+    resumed = _sse(dashboard, "/api/stream?since=0", 3, {**auth, "Last-Event-ID": str(first[-1])})
+    assert resumed == [last - 2, last - 1, last]
+    assert _request(dashboard, "GET", "/api/stream?since=-4", headers=auth)[0] == 400
+    assert _request(dashboard, "GET", "/api/stream?since=x", headers=auth)[0] == 400
+
+
+def test_approve_by_clicking_in_chromium_and_watch_the_run_finish(swarm: Daemon, dashboard: dict[str, Any]) -> None:
+    playwright = pytest.importorskip("playwright.sync_api", reason="the dev extra installs playwright")
+    assert Path(CHROMIUM).exists(), "Debian's chromium is needed (scripts/bootstrap.sh installs it)"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    run_id = swarm.call("run", agent_id="writer", task="approve me in the browser")["run_id"]
+    wait_run(swarm, run_id, {"waiting-confirmation"})
+    with playwright.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 720})
+            page.goto(dashboard["url"])
+            page.wait_for_selector("#live.on", timeout=15_000)  # the live stream is connected
+            assert page.locator('[data-actor="writer"]').count() == 1
+            page.screenshot(path=str(ARTIFACTS / "tree.png"))
+            page.click("header >> text=Pending")
+            page.click("button:has-text('Approve')")
+            # The page updates itself from the live stream: no reload here.
+            page.wait_for_selector("text=No action waits for a person", timeout=20_000)
+            page.goto(f"http://127.0.0.1:{dashboard['port']}/runs/{run_id}")
+            page.wait_for_selector("#final-reply:has-text('done')", timeout=20_000)
+            assert "completed" in page.inner_text("h2")
+            page.screenshot(path=str(ARTIFACTS / "run.png"), full_page=True)
+            page.goto(f"http://127.0.0.1:{dashboard['port']}/timeline")
+            assert page.locator("svg.timeline rect.life").count() >= 2
+            page.screenshot(path=str(ARTIFACTS / "timeline.png"))
+            # The cookie is the page's; without it (a fresh context) the server says 401.
+            stranger = browser.new_context().new_page()
+            assert stranger.goto(f"http://127.0.0.1:{dashboard['port']}/pending").status == 401
+        finally:
+            browser.close()
+    assert len(effects(swarm.home.parent / "effects.log")) == 1
+    assert (ARTIFACTS / "run.png").stat().st_size > 10_000
+
+
+def test_chaos_report_draws_each_episode_with_its_kills(short_tmp: Path) -> None:
+    out = short_tmp / "chaos.html"
+    result = cli(short_tmp / "unused", "chaos", "--mode", "failpoints", "--failpoint", "action.after-executing",
+                 "--targets", "supervisor", "--report", str(out), "--quiet", timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    html = out.read_text()
+    assert html.count("<svg") == 1 and "episode 0 (action.after-executing): PASS" in html
+    assert 'class="mark kill"' in html, "the supervisor's kill is marked"
+    assert "<script" not in html and "https://" not in html
+    assert re.search(r"1 kills, \d+ restarts, 2 boots", html)
