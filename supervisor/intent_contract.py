@@ -18,7 +18,6 @@ enforced with ``jsonschema``. Pure functions, except ``store``/``latest``.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -26,11 +25,12 @@ from importlib import resources
 from typing import Any
 
 import jsonschema
-import rfc8785
 from referencing import Registry, Resource
 
+from corral.core import strict_json
+
 SCHEMAS = ("task-contract-lite", "envelope", "continuity-snapshot", "decision-receipt")
-MAX_SAFE_INTEGER = 2**53 - 1
+MAX_SAFE_INTEGER = strict_json.MAX_SAFE_INTEGER
 
 
 class ContractError(ValueError):
@@ -82,40 +82,23 @@ def validate(name: str, value: Any) -> None:
 
 def _check_numbers(value: Any, where: str = "$") -> None:
     """JSON numbers are safe integers only (no floats, nothing past 2^53 - 1)."""
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return
-    if isinstance(value, float) or (isinstance(value, int) and abs(value) > MAX_SAFE_INTEGER):
-        raise ContractError("unsafe-number", f"{where}: {value!r} is not a safe integer")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_numbers(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_numbers(item, f"{where}[{index}]")
+    try:
+        strict_json.check_numbers(value, where)
+    except strict_json.StrictJsonError as exc:
+        raise ContractError(exc.code, exc.message) from None
 
 
 def canonical_sha256(projection: dict[str, Any]) -> str:
     _check_numbers(projection)
-    return hashlib.sha256(rfc8785.dumps(projection)).hexdigest()
+    return strict_json.sha256(projection)
 
 
 def parse_json_strict(text: str) -> Any:
     """Contract text with duplicate keys, invalid Unicode or non-finite numbers refused."""
-
-    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        keys = [key for key, _ in pairs]
-        if len(keys) != len(set(keys)):
-            twice = sorted({key for key in keys if keys.count(key) > 1})
-            raise ContractError("duplicate-key", f"duplicate key(s) {', '.join(twice)}")
-        return dict(pairs)
-
-    def no_constant(name: str) -> Any:
-        raise ContractError("unsafe-number", f"{name} is not a JSON number")
-
     try:
-        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constant)
-    except (UnicodeError, json.JSONDecodeError) as exc:
-        raise ContractError("bad-json", f"not valid JSON: {exc}") from None
+        return strict_json.loads(text)
+    except strict_json.StrictJsonError as exc:
+        raise ContractError("bad-json" if exc.code == "invalid-unicode" else exc.code, exc.message) from None
 
 
 def parse(value: Any) -> Contract:

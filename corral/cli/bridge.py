@@ -1,0 +1,64 @@
+"""``corral bridge``: the agent-task bridge daemon (see docs/bridge.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+from corral.cli.main import EXIT_USAGE, CliError, arguments, command
+
+
+def _bridge_args(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bridge_command", required=True)
+    serve = sub.add_parser("serve", help="serve JSON-RPC 2.0 over HTTP on POST /rpc")
+    serve.add_argument("--db", required=True, help="the bridge's SQLite database (created if missing)")
+    serve.add_argument("--listen", default="127.0.0.1:8471", help="HOST:PORT (default 127.0.0.1:8471; port 0: any)")
+    serve.add_argument("--principals", required=True,
+                       help='registration file: {"principals": {"NAME": {"token": "..."}}} (keep it 0600)')
+    serve.add_argument("--json", action="store_true", help="print the endpoint as one JSON line once listening")
+    sub.add_parser("methods", help="list the methods: parameters, idempotency, CAS, lease")
+
+
+@command("bridge", "the agent-task bridge: a JSON-RPC service for handing tasks between agent clients")
+@arguments(_bridge_args)
+def cmd_bridge(args: argparse.Namespace) -> int:
+    from corral.bridge import server
+
+    if args.bridge_command == "methods":
+        print(server.describe())
+        return 0
+    host, _, port_text = args.listen.rpartition(":")
+    if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise CliError(f"--listen must be HOST:PORT, not {args.listen!r}", EXIT_USAGE)
+    try:
+        principals = server.load_principals(Path(args.principals))
+    except server.RegistrationError as exc:
+        raise CliError(f"bad --principals: {exc}", EXIT_USAGE) from None
+    try:
+        sock = server.listen(host, int(port_text))
+    except OSError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    import trio
+
+    bridge = server.Bridge(Path(args.db), principals)
+    port = sock.getsockname()[1]
+    info = {"url": f"http://{host}:{port}", "port": port, "db": str(args.db), "principals": sorted(principals.values())}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve, bridge, sock)
+            print(json.dumps(info) if args.json else f"corral bridge: {info['url']}/rpc  db {args.db}", flush=True)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(main)
+    finally:
+        bridge.close()
+    print("corral bridge: stopped", file=sys.stderr)
+    return 0
