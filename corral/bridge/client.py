@@ -38,6 +38,7 @@ class Client:
         self.token = token
         self.timeout = timeout
         self._ids = itertools.count(1)
+        self._conn: http.client.HTTPConnection | None = None
 
     @staticmethod
     def new_key() -> str:
@@ -56,15 +57,28 @@ class Client:
         return result
 
     def post(self, message: Any, raw: bytes | None = None) -> Any:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-        try:
-            body = raw if raw is not None else json.dumps(message).encode()
-            conn.request("POST", "/rpc", body=body, headers={"Authorization": f"Bearer {self.token}",
-                                                             "Content-Type": "application/json"})
-            reply = conn.getresponse()
-            text = reply.read()
+        """One exchange on the kept-alive connection; a connection the server closed
+        meanwhile is opened again once (safe: a mutating call carries its key)."""
+        body = raw if raw is not None else json.dumps(message).encode()
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        for attempt in (1, 2):
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            try:
+                self._conn.request("POST", "/rpc", body=body, headers=headers)
+                reply = self._conn.getresponse()
+                text = reply.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.close()
+                if attempt == 2:
+                    raise
+                continue
             if reply.status != 200:
                 raise BridgeCallError(reply.status, "http", text.decode(errors="replace")[:300], {})
             return json.loads(text)
-        finally:
-            conn.close()
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
