@@ -75,6 +75,9 @@ def _templates() -> dict[str, Template]:
     from corral.actors import model_actor
 
     table["model"] = model_actor.run
+    bridge_worker = import_optional("corral.actors.bridge_worker")
+    if bridge_worker is not None:
+        table["bridge_worker"] = bridge_worker.run
     mcp_actor = import_optional("corral.actors.mcp_actor")
     if mcp_actor is not None:
         table["mcp"] = mcp_actor.run

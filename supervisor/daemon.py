@@ -400,6 +400,7 @@ def _extensions() -> list[Callable[[Supervisor], Any]]:
         "corral.supervisor.model_service",
         "corral.supervisor.interactive_service",
         "corral.supervisor.intent_service",
+        "corral.supervisor.bridge_service",
     )
     for name in layers:
         module = import_optional(name)

@@ -380,3 +380,28 @@ MIGRATIONS.append(
     );
     """
 )
+
+MIGRATIONS.append(
+    # 10: jobs taken from an agent-task bridge (supervisor/bridge_service.py): each
+    # phase is committed before the bridge call it leads to, with the idempotency
+    # key and the exact parameters, so a retry after a crash is the same call.
+    """
+    CREATE TABLE bridge_jobs (
+        job_id          TEXT PRIMARY KEY,
+        task_id         TEXT NOT NULL,
+        title           TEXT NOT NULL,
+        phase           TEXT NOT NULL,
+        revision        INTEGER NOT NULL DEFAULT 0,
+        binding_id      TEXT,
+        assignment_id   TEXT,
+        bridge_run_id   TEXT,
+        run_id          TEXT,
+        reply           TEXT,
+        submission_id   TEXT,
+        reason          TEXT,
+        created_at      REAL NOT NULL,
+        updated_at      REAL NOT NULL
+    );
+    CREATE INDEX bridge_jobs_by_phase ON bridge_jobs (phase, created_at);
+    """
+)

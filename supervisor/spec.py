@@ -18,6 +18,7 @@ from typing import Any
 from corral.core.errors import CorralError
 from corral.mailbox.codec import DEFAULT_MAX_FRAME
 from corral.sandbox.launcher import LaunchMode
+from corral.supervisor import bridge_spec
 from corral.supervisor.bounded_files import FileReadError, read_text_bounded
 from corral.supervisor.mcp_spec import McpServerSpec, McpSpecError, parse_servers
 from corral.supervisor.model_spec import LocalModelSpec, ModelRegistry, ModelSpecError
@@ -141,6 +142,8 @@ class SwarmSpec:
     #: ``[tools] modules``, resolved (file paths absolute), plus the ``corral.tools``
     #: entry points: imported here, in the fork server and in every actor.
     tool_modules: tuple[str, ...] = ()
+    #: ``[bridge]``: work for an agent-task bridge (supervisor/bridge_spec.py).
+    bridge: bridge_spec.BridgeSpec | None = None
 
     def agent(self, agent_id: str) -> AgentSpec:
         for agent in self.agents:
@@ -167,7 +170,7 @@ class SwarmSpec:
         raise KeyError(actor_id)
 
 
-KNOWN_TEMPLATES = {"echo", "agent", "child", "session", "mcp", "model"}
+KNOWN_TEMPLATES = {"echo", "agent", "child", "session", "mcp", "model", "bridge_worker"}
 
 _TOP = {
     "name",
@@ -184,6 +187,7 @@ _TOP = {
     "mcp_servers",
     "models",
     "tools",
+    "bridge",
 }
 _AGENT = {
     "id",
@@ -503,6 +507,17 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         raise SpecError("sandbox.mode: must be 'required' or 'allow-unsandboxed'")
     mcp_servers = _mcp_servers(data, project_root, groups, actors, seen)
     _model_actors(models, groups, actors, seen)
+    bridge = None
+    if "bridge" in data:
+        try:
+            bridge = bridge_spec.parse(data["bridge"], {agent.id for agent in agents})
+        except bridge_spec.BridgeSpecError as exc:
+            raise SpecError(str(exc)) from None
+        if bridge_spec.ACTOR_ID in seen:
+            raise SpecError(f"bridge: actor id {bridge_spec.ACTOR_ID!r} is already used")
+        seen.add(bridge_spec.ACTOR_ID)
+        _service_actor(groups, actors, bridge_spec.ACTOR_ID, "bridge_worker", 10, 60.0, bridge.actor_params(),
+                       env_passthrough=(bridge.token_env,))
     if "root" not in project_table and (agents or any(server.command for server in mcp_servers)):
         # An implicit root matters once something works in it: agents, or a stdio
         # server (its working directory lies under it). An explicit one was checked above.
@@ -529,6 +544,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         mcp_servers,
         models.all(),
         tool_modules,
+        bridge,
     )
 
 

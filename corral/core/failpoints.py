@@ -59,6 +59,7 @@ KNOWN: dict[str, str] = {
     "input.after-answer": "supervisor: an answer is committed and its action finished, the client not yet answered",
     "bridge.before-commit": "bridge: a command's facts, receipt and audit are written, not committed",
     "bridge.after-commit": "bridge: a command is committed, its reply not yet sent",
+    "bridge.after-submit-sent": "bridge worker: the submit was answered, the job not yet marked submitted",
 }
 
 
