@@ -367,6 +367,14 @@ def test_v12_a_re_claim_by_the_other_agent_after_release(bridge: Bridge) -> None
     assert [t["task_id"] for t in b.call("task.discover")["tasks"]] == [q]
     _claim_and_start(b, q)
     assert _task(owner, q)["revision"] > released["revision"]
+    # The re-claim does not widen a child's candidates: B, now Q's holder, creates C
+    # for X alone; neither A (allowed on Q) nor B itself may claim C.
+    revision = _task(owner, q)["revision"]
+    child = b.call("task.createChild", parent_id=q, expected_revision=revision, title="C", publish=True,
+                   grants=[{"principal": "X", "permissions": ["claim"]}])["task"]["task_id"]
+    assert child not in [t["task_id"] for t in a.call("task.discover")["tasks"]]
+    assert child not in [t["task_id"] for t in b.call("task.discover")["tasks"]]
+    assert [t["task_id"] for t in bridge.client("X").call("task.discover")["tasks"]] == [child]
 
 
 def test_v13_leases_are_capped_by_the_grant_and_the_binding(bridge: Bridge) -> None:
@@ -529,3 +537,100 @@ def test_python_and_node_compute_the_same_request_digests() -> None:
     assert json.loads(result.stdout) == python
     assert python[0] != python[1] and python[4] == strict_json.sha256({"method": "task.create",
                                                                        "params": {"title": "t"}})
+
+
+def test_v19_renew_moves_the_deadline_and_adds_one_revision(bridge: Bridge) -> None:
+    owner, a = bridge.client("owner"), bridge.client("A")
+    task_id = _published(owner, ("A", ["claim", "read"]))
+    assignment_id, _, revision = _claim_and_start(a, task_id, lease_ms=5000)
+    before = a.call("assignment.get", assignment_id=assignment_id)["assignment"]["lease_deadline"]
+    renewed = a.call("assignment.renew", task_id=task_id, expected_revision=revision, assignment_id=assignment_id,
+                     lease_ms=60_000)
+    assert renewed["revision"] == revision + 1 and renewed["assignment"]["lease_deadline"] > before
+
+
+def test_v20_only_the_holder_may_release_report_or_submit(bridge: Bridge) -> None:
+    owner, a, b = bridge.client("owner"), bridge.client("A"), bridge.client("B")
+    task_id = _published(owner, ("A", ["claim", "read"]), ("B", ["claim", "read"]))
+    assignment_id, run_id, revision = _claim_and_start(a, task_id)
+    _refused("forbidden", lambda: b.call("assignment.release", task_id=task_id, expected_revision=revision,
+                                         assignment_id=assignment_id, reason="not mine"))
+    _refused("forbidden", lambda: b.call("run.submit", task_id=task_id, expected_revision=revision, run_id=run_id,
+                                         result={"summary": "stolen"}))
+    assert _task(owner, task_id)["revision"] == revision
+
+
+def test_v21_an_assignment_has_exactly_one_run(bridge: Bridge) -> None:
+    owner, a = bridge.client("owner"), bridge.client("A")
+    task_id = _published(owner, ("A", ["claim", "read"]))
+    assignment_id, _, revision = _claim_and_start(a, task_id)
+    _refused("invalid-state", lambda: a.call("run.start", task_id=task_id, expected_revision=revision,
+                                             assignment_id=assignment_id))
+
+
+def test_v22_a_claim_needs_a_claim_grant_and_an_open_task(bridge: Bridge) -> None:
+    owner, a, x = bridge.client("owner"), bridge.client("A"), bridge.client("X")
+    draft = owner.call("task.create", title="not yet")["task"]["task_id"]
+    owner.call("grant.create", task_id=draft, expected_revision=1, principal="A", permissions=["claim"])
+    binding = a.call("binding.enable")["binding"]["binding_id"]
+    _refused("invalid-state", lambda: a.call("assignment.claim", task_id=draft, expected_revision=2,
+                                             binding_id=binding))
+    task_id = _published(owner, ("X", ["read"]))
+    x_binding = x.call("binding.enable")["binding"]["binding_id"]
+    _refused("forbidden", lambda: x.call("assignment.claim", task_id=task_id,
+                                         expected_revision=_task(x, task_id)["revision"], binding_id=x_binding))
+    _refused("forbidden", lambda: a.call("assignment.claim", task_id=task_id,
+                                         expected_revision=_task(owner, task_id)["revision"], binding_id=x_binding))
+
+
+def test_v23_nothing_reports_into_a_submitted_run(bridge: Bridge) -> None:
+    owner, a = bridge.client("owner"), bridge.client("A")
+    task_id = _published(owner, ("A", ["claim", "read"]))
+    _, run_id, revision = _claim_and_start(a, task_id)
+    submitted = a.call("run.submit", task_id=task_id, expected_revision=revision, run_id=run_id,
+                       result={"summary": "done"})
+    _refused("invalid-state", lambda: a.call("run.report", task_id=task_id, expected_revision=submitted["revision"],
+                                             run_id=run_id, body={"after": "submit"}))
+
+
+def test_v24_only_the_owner_or_issuer_cancels_and_a_cancel_ends_the_assignment(bridge: Bridge) -> None:
+    owner, a = bridge.client("owner"), bridge.client("A")
+    task_id = _published(owner, ("A", ["claim", "read"]))
+    assignment_id, run_id, revision = _claim_and_start(a, task_id)
+    _refused("forbidden", lambda: a.call("task.cancel", task_id=task_id, expected_revision=revision, reason="no"))
+    owner.call("task.cancel", task_id=task_id, expected_revision=revision, reason="not needed any more")
+    assert _task(owner, task_id)["status"] == "cancelled"
+    assert a.call("assignment.get", assignment_id=assignment_id)["assignment"]["status"] == "cancelled"
+    assert a.call("run.get", run_id=run_id)["run"]["status"] == "ended"
+
+
+def test_v25_a_publish_happens_once(bridge: Bridge) -> None:
+    owner = bridge.client("owner")
+    task_id = owner.call("task.create", title="draft")["task"]["task_id"]
+    owner.call("task.publish", task_id=task_id, expected_revision=1)
+    _refused("invalid-state", lambda: owner.call("task.publish", task_id=task_id, expected_revision=2))
+
+
+def test_v26_the_audit_log_keeps_the_action_request_id_and_reason(bridge: Bridge) -> None:
+    owner = bridge.client("owner")
+    task_id = owner.call("task.create", title="audited", publish=True)["task"]["task_id"]
+    _refused("revision-conflict", lambda: owner.call("task.cancel", task_id=task_id, expected_revision=7,
+                                                     reason="wrong view"))
+    owner.call("task.cancel", task_id=task_id, expected_revision=1, reason="done with it")
+    rows = owner.call("audit.read")["audit"]
+    assert [(r["method"], r["outcome"]) for r in rows] == [
+        ("task.create", "ok"), ("task.cancel", "revision-conflict"), ("task.cancel", "ok")]
+    assert rows[2]["reason"] == "done with it" and "revision 1" in rows[1]["reason"]
+    assert len({r["request_id"] for r in rows}) == 3
+    assert bridge.client("A").call("audit.read")["audit"] == [], "each principal reads its own audit"
+
+
+def test_v27_events_after_the_snapshot_continue_from_its_cursor(bridge: Bridge) -> None:
+    owner = bridge.client("owner")
+    first = owner.call("task.create", title="before")["task"]["task_id"]
+    snapshot = owner.call("snapshot.get")
+    second = owner.call("task.create", title="after")["task"]["task_id"]
+    owner.call("task.publish", task_id=first, expected_revision=1)
+    later = owner.call("events.read", cursor=snapshot["cursor"])["events"]
+    assert [(e["task_id"], e["kind"]) for e in later] == [(second, "task.created"), (first, "task.published")]
+    assert [t["task"]["task_id"] for t in snapshot["tasks"]] == [first]

@@ -45,6 +45,9 @@ def task_publish(call: Call, params: dict[str, Any]) -> dict[str, Any]:
     task = task_row(call, params["task_id"])
     require_manager(call, task)
     access.check_revision(task, params)
+    if task["status"] != TaskStatus.DRAFT:
+        raise BridgeError("invalid-state", f"task {task['task_id']} is {task['status']}, not a draft",
+                          status=task["status"])
     access.bump(call, task, "task.published", TaskStatus.OPEN)
     return task_id_view(call, task["task_id"])
 

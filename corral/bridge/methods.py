@@ -72,6 +72,105 @@ def _params(
 _TASK_FIELDS = {"title": {"type": "string", "minLength": 1, "maxLength": 200}}
 _TASK_OPTIONS = {"body": _BODY, "lease_ms": _LEASE, "decider": _PRINCIPAL, "publish": {"type": "boolean"}}
 
+# -- results ---------------------------------------------------------------------------
+
+_TIME = {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}T\\d{2}:\\d{2}:\\d{2}\\.\\d{3}Z$"}
+_INT = {"type": "integer", "minimum": 0, "maximum": 9007199254740991}
+_OPT_STR = {"type": ["string", "null"]}
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+_TASK = _object({
+    "task_id": _ID, "owner": _PRINCIPAL, "issuer": _PRINCIPAL, "decider": _PRINCIPAL, "title": {"type": "string"},
+    "body": {"type": "object"}, "status": {"enum": ["draft", "open", "assigned", "running", "submitted", "accepted",
+                                                   "cancelled"]},
+    "revision": _REV, "parent_id": _OPT_STR, "lease_ms": _INT, "created_at": _TIME, "updated_at": _TIME,
+})
+_ASSIGNMENT = _object({
+    "assignment_id": _ID, "task_id": _ID, "principal": _PRINCIPAL, "binding_id": _ID,
+    "status": {"enum": ["active", "completed", "released", "expired", "revoked", "cancelled"]},
+    "lease_deadline": _TIME, "lease_expired": {"type": "boolean"}, "created_at": _TIME,
+})
+_RUN = _object({
+    "run_id": _ID, "assignment_id": _ID, "task_id": _ID, "status": {"enum": ["running", "completed", "ended"]},
+    "reports": {"type": "array", "items": _object({"seq": _INT, "body": {"type": "object"}, "at": _TIME})},
+    "created_at": _TIME,
+})
+_DECISION = _object({"decision_id": _ID, "decider": _PRINCIPAL, "verdict": {"enum": ["accept", "reject"]},
+                     "reason": {"type": "string"}, "at": _TIME})
+_SUBMISSION = _object({
+    "submission_id": _ID, "run_id": _ID, "assignment_id": _ID, "task_id": _ID, "result": {"type": "object"},
+    "at": _TIME, "decision": {"anyOf": [_DECISION, {"type": "null"}]},
+})
+_GRANT_VIEW = _object({"grant_id": _ID, "task_id": _ID, "principal": _PRINCIPAL, "permissions": _PERMISSIONS,
+                       "lease_cap_ms": {"type": ["integer", "null"]}, "status": {"enum": ["active", "revoked"]},
+                       "auth_epoch": _INT})
+_BINDING = _object({"binding_id": _ID, "principal": _PRINCIPAL, "status": {"enum": ["enabled", "disabled"]},
+                    "lease_cap_ms": {"type": ["integer", "null"]}, "created_at": _TIME})
+_EVENT = _object({"seq": _INT, "at": _TIME, "task_id": _ID, "kind": {"type": "string"}, "revision": _REV,
+                  "principal": _PRINCIPAL, "request_id": {"type": "string"}, "data": {"type": "object"}})
+_TASK_FACTS = _object({"task": _TASK, "assignments": {"type": "array", "items": _ASSIGNMENT},
+                       "runs": {"type": "array", "items": _RUN},
+                       "submissions": {"type": "array", "items": _SUBMISSION},
+                       "grants": {"type": "array", "items": _GRANT_VIEW},
+                       "children": {"type": "array", "items": _ID}})
+_ONE_TASK = _object({"task": _TASK})
+
+RESULTS: dict[str, dict[str, Any]] = {
+    "bridge.info": _object({"protocol": {"const": "bridge-m1-1"}, "methods": {"type": "array"}, "at": _TIME}),
+    "principal.whoami": _object({"principal": _PRINCIPAL, "auth_epoch": _INT, "at": _TIME}),
+    "task.create": _ONE_TASK,
+    "task.publish": _ONE_TASK,
+    "task.cancel": _ONE_TASK,
+    "task.createChild": _ONE_TASK,
+    "task.get": _object({"task": _TASK, "assignments": {"type": "array", "items": _ASSIGNMENT},
+                         "submissions": {"type": "array", "items": _SUBMISSION},
+                         "children": {"type": "array", "items": _ID}}),
+    "task.discover": _object({"tasks": {"type": "array", "items": _TASK}}),
+    "grant.create": _object({"grant": _GRANT_VIEW, "revision": _REV}),
+    "grant.revoke": _object({"grant_id": _ID, "auth_epoch": _INT, "revision": _REV}),
+    "grant.list": _object({"grants": {"type": "array", "items": _GRANT_VIEW}}),
+    "binding.enable": _object({"binding": _BINDING, "auth_epoch": _INT}),
+    "binding.disable": _object({"binding_id": _ID, "ended_assignments": {"type": "array", "items": _ID},
+                                "auth_epoch": _INT}),
+    "binding.list": _object({"bindings": {"type": "array", "items": _BINDING}}),
+    "assignment.claim": _object({"assignment": _ASSIGNMENT, "revision": _REV}),
+    "assignment.renew": _object({"assignment": _ASSIGNMENT, "revision": _REV}),
+    "assignment.release": _object({"assignment_id": _ID, "revision": _REV}),
+    "assignment.get": _object({"assignment": _ASSIGNMENT}),
+    "run.start": _object({"run": _RUN, "revision": _REV}),
+    "run.report": _object({"run_id": _ID, "seq": _INT, "revision": _REV}),
+    "run.submit": _object({"submission": _SUBMISSION, "revision": _REV}),
+    "run.get": _object({"run": _RUN}),
+    "submission.get": _object({"submission": _SUBMISSION}),
+    "decision.make": _object({"decision_id": _ID, "verdict": {"enum": ["accept", "reject"]}, "revision": _REV}),
+    "snapshot.get": _object({"watermark": _INT, "cursor": _INT, "auth_epoch": _INT,
+                             "tasks": {"type": "array", "items": _TASK_FACTS}, "at": _TIME}),
+    "events.open": _object({"cursor": _INT, "watermark": _INT}),
+    "events.read": _object({"events": {"type": "array", "items": _EVENT}, "cursor": _INT, "more": {"type": "boolean"}}),
+    "audit.read": _object({"audit": {"type": "array", "items": _object({
+        "seq": _INT, "at": _TIME, "method": {"type": "string"}, "request_id": {"type": "string"},
+        "outcome": {"type": "string"}, "reason": {"type": "string"}})}}),
+}
+
+#: Every error, for every method: a JSON-RPC error object whose ``data.reason`` names
+#: the protocol's error (model.ERROR_CODES); a conflict carries ``current_revision``.
+ERROR = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "code": {"type": "integer"},
+        "message": {"type": "string"},
+        "data": {"type": "object", "properties": {"reason": {"type": "string"},
+                                                  "current_revision": _REV, "status": {"type": "string"}}},
+    },
+    "required": ["code", "message"],
+}
+
+
 _TABLE: list[tuple[str, Any, dict[str, Any], bool, bool, bool, str]] = [
     # name, command, params, mutating, cas, lease-bound, summary
     ("bridge.info", history.bridge_info, _params({}, mutating=False), False, False, False,
@@ -155,6 +254,7 @@ _TABLE: list[tuple[str, Any, dict[str, Any], bool, bool, bool, str]] = [
 ]
 
 METHODS: dict[str, Method] = {
-    name: Method(name, run, params, mutating, cas, lease, summary)
+    name: Method(name, run, params, mutating, cas, lease, summary,
+                 {"$schema": "https://json-schema.org/draft/2020-12/schema", **RESULTS[name]})
     for name, run, params, mutating, cas, lease, summary in _TABLE
 }

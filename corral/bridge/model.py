@@ -35,6 +35,7 @@ ERROR_CODES = {
     "capacity": -32013,
     "lease-expired": -32014,
     "invalid-params": -32602,
+    "internal": -32603,
 }
 
 

@@ -151,6 +151,7 @@ class Method:
     cas: bool = False  # compares expected_revision
     lease_bound: bool = False  # needs a live assignment
     summary: str = ""
+    result: dict[str, Any] | None = None  # the result's JSON Schema, checked before a reply
 
 
 class Store:
@@ -165,6 +166,9 @@ class Store:
         self.db.executescript(SCHEMA)
         self._validators = {
             name: jsonschema.Draft202012Validator(method.params) for name, method in methods.items()
+        }
+        self._results = {
+            name: jsonschema.Draft202012Validator(method.result) for name, method in methods.items() if method.result
         }
 
     def close(self) -> None:
@@ -196,8 +200,19 @@ class Store:
             raise BridgeError("invalid-params", exc.message) from None
         if not method.mutating:
             with self._tx("DEFERRED") as db:  # one consistent read
-                return method.run(Call(principal, method_name, request_id, now_ms(), db), params)
+                return self._checked(method, method.run(Call(principal, method_name, request_id, now_ms(), db),
+                                                        params))
         return self._mutate(principal, method, params, request_id)
+
+    def _checked(self, method: Method, result: dict[str, Any]) -> dict[str, Any]:
+        """A result that breaks its own schema is a bug: nothing of it commits."""
+        validator = self._results.get(method.name)
+        if validator is not None:
+            problem = next(iter(validator.iter_errors(result)), None)
+            if problem is not None:
+                where = "/".join(str(part) for part in problem.path) or "result"
+                raise BridgeError("internal", f"{method.name} produced an invalid result at {where}: {problem.message}")
+        return result
 
     def _mutate(self, principal: str, method: Method, params: dict[str, Any], request_id: str) -> dict[str, Any]:
         key = str(params["idempotency_key"])
@@ -217,7 +232,7 @@ class Store:
                 count = call.one("SELECT COUNT(*) AS n FROM receipts")
                 if count is not None and int(count["n"]) >= LIMITS["receipts"]:
                     raise BridgeError("capacity", "the receipt store is full (M1 deletes no key)")
-                result = method.run(call, params)
+                result = self._checked(method, method.run(call, params))
                 db.execute(
                     "INSERT INTO receipts (principal, key, method, digest, result, at) VALUES (?, ?, ?, ?, ?, ?)",
                     (principal, key, method.name, digest, json.dumps(result, sort_keys=True), call.now),

@@ -19,7 +19,9 @@ def _bridge_args(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--principals", required=True,
                        help='registration file: {"principals": {"NAME": {"token": "..."}}} (keep it 0600)')
     serve.add_argument("--json", action="store_true", help="print the endpoint as one JSON line once listening")
-    sub.add_parser("methods", help="list the methods: parameters, idempotency, CAS, lease")
+    methods = sub.add_parser("methods", help="list the methods: parameters, idempotency, CAS, lease")
+    methods.add_argument("--json", action="store_true",
+                         help="every method's JSON Schemas (draft 2020-12): params, result, error")
 
 
 @command("bridge", "the agent-task bridge: a JSON-RPC service for handing tasks between agent clients")
@@ -28,7 +30,14 @@ def cmd_bridge(args: argparse.Namespace) -> int:
     from corral.bridge import server
 
     if args.bridge_command == "methods":
-        print(server.describe())
+        if args.json:
+            from corral.bridge.methods import ERROR, METHODS
+
+            print(json.dumps({name: {"params": m.params, "result": m.result, "error": ERROR, "mutating": m.mutating,
+                                     "cas": m.cas, "lease_bound": m.lease_bound, "summary": m.summary}
+                              for name, m in sorted(METHODS.items())}, indent=1, sort_keys=True))
+        else:
+            print(server.describe())
         return 0
     host, _, port_text = args.listen.rpartition(":")
     if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
