@@ -634,3 +634,15 @@ def test_v27_events_after_the_snapshot_continue_from_its_cursor(bridge: Bridge) 
     later = owner.call("events.read", cursor=snapshot["cursor"])["events"]
     assert [(e["task_id"], e["kind"]) for e in later] == [(second, "task.created"), (first, "task.published")]
     assert [t["task"]["task_id"] for t in snapshot["tasks"]] == [first]
+
+
+def test_docs_list_every_method_and_every_v_vector() -> None:
+    from corral.bridge.methods import METHODS
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "bridge.md").read_text()
+    assert all(f"| `{name}` |" in doc for name in METHODS)
+    names = {line.split("_")[1] for line in Path(__file__).read_text().splitlines()
+             if line.startswith("def test_v")}
+    listed = {f"v{int(n):02d}" for n in range(1, 28)}
+    assert {f"| {v.upper()} |" for v in listed} <= {line[:7] for line in doc.splitlines()}
+    assert len(names) >= 25
