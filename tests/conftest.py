@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import prctl
 import psutil
@@ -85,3 +86,16 @@ def short_tmp(no_orphans: OrphanCheck) -> Iterator[Path]:
 def private_tempdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Default command transcripts go to a per-test directory, not /tmp."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
+@pytest.fixture
+def bridge(short_tmp: Path) -> Iterator[Any]:
+    """A running task bridge (tests/bridge_harness.py), stopped after the test."""
+    from tests.bridge_harness import Bridge
+
+    daemon = Bridge(short_tmp)
+    daemon.start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()

@@ -5,14 +5,13 @@ when its worker is SIGKILLed between sending the submit and recording it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.bridge_harness import Bridge
 from tests.harness import Daemon, ledger_rows
-from tests.test_bridge import Bridge
 
 SPEC = """
 [project]
@@ -30,16 +29,6 @@ actions = [{{ tool = "fs.list", input = {{ path = "." }} }}]
 [[agents.steps]]
 final = "notes written by corral"
 """
-
-
-@pytest.fixture
-def bridge(short_tmp: Path) -> Iterator[Bridge]:
-    daemon = Bridge(short_tmp)
-    daemon.start()
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
 
 
 def _swarm(tmp: Path, bridge: Bridge) -> Daemon:

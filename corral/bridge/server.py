@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -130,32 +129,6 @@ def _error(request_id: Any, code: int, message: str, **data: Any) -> dict[str, A
     if data:
         error["data"] = data
     return {"jsonrpc": "2.0", "id": request_id, "error": error}
-
-
-def listen(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock
-
-
-async def serve(bridge: Bridge, sock: socket.socket, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    from hypercorn.config import Config
-    from hypercorn.trio import serve as hypercorn_serve
-
-    config = Config()
-    config.bind = [f"fd://{sock.fileno()}"]
-    config.accesslog = None
-    config.errorlog = None
-    config.graceful_timeout = 1.0
-    task_status.started(sock.getsockname()[1])
-    await hypercorn_serve(bridge.app(), config, mode="asgi")  # type: ignore[arg-type]
 
 
 def describe() -> str:

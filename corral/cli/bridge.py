@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from pathlib import Path
 
@@ -46,27 +45,21 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         principals = server.load_principals(Path(args.principals))
     except server.RegistrationError as exc:
         raise CliError(f"bad --principals: {exc}", EXIT_USAGE) from None
+    from corral.core import http_service
+
     try:
-        sock = server.listen(host, int(port_text))
+        sock = http_service.listen(host, int(port_text))
     except OSError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    import trio
-
     bridge = server.Bridge(Path(args.db), principals)
     port = sock.getsockname()[1]
     info = {"url": f"http://{host}:{port}", "port": port, "db": str(args.db), "principals": sorted(principals.values())}
 
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.serve, bridge, sock)
-            print(json.dumps(info) if args.json else f"corral bridge: {info['url']}/rpc  db {args.db}", flush=True)
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    break
+    def announce() -> None:
+        print(json.dumps(info) if args.json else f"corral bridge: {info['url']}/rpc  db {args.db}", flush=True)
 
     try:
-        trio.run(main)
+        http_service.run_until_signal(bridge.app(), sock, announce)
     finally:
         bridge.close()
     print("corral bridge: stopped", file=sys.stderr)

@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import sys
 
 from corral.cli.main import EXIT_NOT_RUNNING, EXIT_USAGE, CliError, arguments, command, home_of
@@ -35,36 +34,30 @@ def cmd_ui(args: argparse.Namespace) -> int:
             f"no supervisor is running on {home}: {exc} (start one with `corral up`)", EXIT_NOT_RUNNING
         ) from None
     try:
-        import trio
-
+        from corral.core import http_service
         from corral.ui import server
     except ImportError as exc:
         raise CliError(f"the dashboard needs starlette and hypercorn (pip install 'corral[ui]'): {exc}") from None
     try:
-        sock = server.listen(args.port)
+        sock = http_service.listen("127.0.0.1", args.port)
     except OSError as exc:
         raise CliError(f"{exc}; choose another with --port (0: any free port)", EXIT_USAGE) from None
     dashboard = server.Dashboard(home)
     port = sock.getsockname()[1]
+    dashboard.origin = f"http://127.0.0.1:{port}"
     info = {"url": f"http://127.0.0.1:{port}/?token={dashboard.token}", "port": port, "token": dashboard.token,
             "pid": os.getpid()}
     endpoint = server.write_endpoint(home, info)
 
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.serve, dashboard, sock)
-            if args.json:
-                print(json.dumps(info), flush=True)
-            else:
-                print(f"corral ui: {info['url']}\n  (the token is also in {endpoint}, mode 0600; Ctrl-C stops)",
-                      flush=True)
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    break
+    def announce() -> None:
+        if args.json:
+            print(json.dumps(info), flush=True)
+        else:
+            print(f"corral ui: {info['url']}\n  (the token is also in {endpoint}, mode 0600; Ctrl-C stops)",
+                  flush=True)
 
     try:
-        trio.run(main)
+        http_service.run_until_signal(dashboard.app(), sock, announce)
     finally:
         with contextlib.suppress(OSError):
             sock.close()  # hypercorn closes the fd it served on; this is for an early exit

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import secrets
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from html import escape
@@ -289,20 +288,6 @@ def _fingerprint(body: dict[str, Any]) -> str | None:
 # -- serving --------------------------------------------------------------------
 
 
-def listen(port: int) -> socket.socket:
-    """A listening socket on 127.0.0.1 (``port`` 0: any free one)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(("127.0.0.1", port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock
-
-
 def write_endpoint(home: Path, info: dict[str, Any]) -> Path:
     """``<home>/ui.json``, 0600 from its first byte (it holds the token)."""
     path = home / ENDPOINT_FILE
@@ -312,18 +297,3 @@ def write_endpoint(home: Path, info: dict[str, Any]) -> Path:
         json.dump(info, out)
     os.replace(partial, path)
     return path
-
-
-async def serve(dashboard: Dashboard, sock: socket.socket, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    from hypercorn.config import Config
-    from hypercorn.trio import serve as hypercorn_serve
-
-    port = sock.getsockname()[1]
-    dashboard.origin = f"http://127.0.0.1:{port}"
-    config = Config()
-    config.bind = [f"fd://{sock.fileno()}"]
-    config.accesslog = None
-    config.errorlog = None
-    config.graceful_timeout = 1.0
-    task_status.started(port)
-    await hypercorn_serve(dashboard.app(), config, mode="asgi")  # type: ignore[arg-type]
