@@ -401,6 +401,7 @@ def _extensions() -> list[Callable[[Supervisor], Any]]:
         "corral.supervisor.interactive_service",
         "corral.supervisor.intent_service",
         "corral.supervisor.bridge_service",
+        "corral.supervisor.plan_service",
     )
     for name in layers:
         module = import_optional(name)

@@ -405,3 +405,23 @@ MIGRATIONS.append(
     CREATE INDEX bridge_jobs_by_phase ON bridge_jobs (phase, created_at);
     """
 )
+
+MIGRATIONS.append(
+    # 11: a run's durable plan (supervisor/plan_store.py) and its updates, once each
+    # per action id.
+    """
+    CREATE TABLE run_plans (
+        run_id     TEXT PRIMARY KEY,
+        revision   INTEGER NOT NULL,
+        steps      TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE plan_updates (
+        action_id  TEXT PRIMARY KEY,
+        run_id     TEXT NOT NULL,
+        revision   INTEGER NOT NULL,
+        result     TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    """
+)

@@ -21,7 +21,7 @@ CHAOS = [sys.executable, "-m", "corral", "chaos"]
 def test_every_failpoint_once_keeps_every_invariant(short_tmp: Path) -> None:
     """Bounded CI sample: each failpoint of the demo once, alternating supervisor and agent kills."""
     runner = Runner(demo_scenario(), seed=11, targets=("supervisor", "agents"), workdir=short_tmp, verbose=False)
-    layers = ("session.", "mcp.", "model.", "steer.", "input.", "bridge.")
+    layers = ("session.", "mcp.", "model.", "steer.", "input.", "bridge.", "durable-plan.")
     names = [name for name in failpoints.KNOWN if not name.startswith(layers)]
     for index, name in enumerate(names):
         runner.failpoint_episode(name, "supervisor" if index % 2 == 0 else "agents")
