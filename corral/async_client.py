@@ -142,7 +142,7 @@ class AsyncClient:
     async def run(
         self,
         agent: str,
-        task: str,
+        task: str = "",
         *,
         wait: bool = True,
         timeout: float = 300.0,
@@ -150,6 +150,7 @@ class AsyncClient:
         run_id: str | None = None,
         retry_s: float = 10.0,
         intent: dict[str, Any] | None = None,
+        goal: str | None = None,
     ) -> RunResult:
         """See ``Client.run`` (same idempotent retry of the creation)."""
         params: dict[str, Any] = {"agent_id": agent, "task": task, "run_id": run_id or new_run_id()}
@@ -157,6 +158,8 @@ class AsyncClient:
             params["script"] = script
         if intent is not None:
             params["intent"] = intent
+        if goal is not None:
+            params["goal"] = goal  # the first task too, when no task is given
         deadline = trio.current_time() + retry_s
         while True:
             try:

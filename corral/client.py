@@ -208,7 +208,7 @@ class Client:
     def run(
         self,
         agent: str,
-        task: str,
+        task: str = "",
         *,
         wait: bool = True,
         timeout: float = 300.0,
@@ -216,13 +216,16 @@ class Client:
         run_id: str | None = None,
         retry_s: float = 10.0,
         intent: dict[str, Any] | None = None,
+        goal: str | None = None,
     ) -> RunResult:
         """Start a run of ``agent`` on ``task``. With ``wait`` (default) return once
         it ended or parked (raise ``RunTimeout`` after ``timeout`` seconds);
         otherwise return at once. ``script`` is a scripted-provider script (TOML or
         JSON text) for this run. ``intent`` binds the run to an intent contract (an
         envelope or a bare TaskContractLite; see docs/intent.md): an invalid one
-        leaves the run unbound, with the reason in ``show()``.
+        leaves the run unbound, with the reason in ``show()``. ``goal`` binds the
+        run to a goal (docs/long-tasks.md): the first task when ``task`` is empty,
+        and the standard its completion is judged against.
 
         The run id is chosen here (or given) and sent with the request: when the
         supervisor is gone or silent, the request is sent again for up to
@@ -233,6 +236,8 @@ class Client:
             params["script"] = script
         if intent is not None:
             params["intent"] = intent
+        if goal is not None:
+            params["goal"] = goal  # the first task too, when no task is given
         deadline = time.monotonic() + retry_s
         while True:
             try:

@@ -402,6 +402,7 @@ def _extensions() -> list[Callable[[Supervisor], Any]]:
         "corral.supervisor.intent_service",
         "corral.supervisor.bridge_service",
         "corral.supervisor.plan_service",
+        "corral.supervisor.goal_service",
     )
     for name in layers:
         module = import_optional(name)

@@ -428,6 +428,11 @@ class RunService:
 
     async def create(self, params: dict[str, Any]) -> dict[str, Any]:
         agent = self.agent_spec(_str(params, "agent_id", limit=64))
+        goal = params.get("goal")
+        if goal is not None and (not isinstance(goal, str) or not goal.strip() or len(goal) > 4000):
+            raise BadRequest("goal must be 1 to 4000 characters")
+        if goal is not None and not params.get("task"):
+            params = {**params, "task": goal}  # the goal is the first task, and its standard
         task = param_text(params, "task", None, limit=run_store.MAX_TASK_CHARS)
         provider, provider_config = agent.provider, agent.provider_config
         script = params.get("script")
@@ -458,7 +463,8 @@ class RunService:
             task=task,
             provider=provider,
             provider_config=provider_config,
-            options={**self.agent_options(agent), **self.bind_intent(params.get("intent"))},
+            options={**self.agent_options(agent), **self.bind_intent(params.get("intent")),
+                     **({"goal": {"text": goal.strip()}} if goal is not None else {})},
             run_id=run_id,
             conversation_id=params.get("conversation_id") if isinstance(params.get("conversation_id"), str) else None,
         )

@@ -425,3 +425,18 @@ MIGRATIONS.append(
     );
     """
 )
+
+MIGRATIONS.append(
+    # 12: goal mode (supervisor/goal_store.py): the model's verdicts on its goal,
+    # once each per action id.
+    """
+    CREATE TABLE goal_verdicts (
+        action_id  TEXT PRIMARY KEY,
+        run_id     TEXT NOT NULL,
+        met        INTEGER NOT NULL,
+        evidence   TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX goal_verdicts_by_run ON goal_verdicts (run_id, created_at);
+    """
+)

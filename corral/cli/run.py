@@ -27,7 +27,9 @@ WAIT_PARKED = set(PARKED)
 
 def _run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent", required=True, help="agent id from the swarm spec")
-    parser.add_argument("--task", required=True, help="what the agent should do")
+    parser.add_argument("--task", default="", help="what the agent should do (with --goal: the goal, if left out)")
+    parser.add_argument("--goal", help="bind the run to a goal: it ends only on a verdict that the goal is met"
+                        " (docs/long-tasks.md)")
     parser.add_argument("--script", help="scripted-provider script (TOML/JSON) for this run")
     parser.add_argument("--intent", help="bind the run to an intent contract (JSON file; see docs/intent.md)")
     parser.add_argument("--wait", action="store_true", help="wait until the run ends or parks")
@@ -47,9 +49,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         except FileReadError as exc:
             raise CliError(str(exc), EXIT_USAGE) from None
     intent = read_contract(args.intent) if args.intent else None
+    if not args.task and not args.goal:
+        raise CliError("give --task, or --goal (a goal is also the first task)", EXIT_USAGE)
     with open_client(args) as client:
         result = client.run(
-            args.agent, args.task, script=script, wait=args.wait, timeout=args.timeout, intent=intent
+            args.agent, args.task, script=script, wait=args.wait, timeout=args.timeout, intent=intent,
+            goal=args.goal,
         )
     if not args.wait:
         if args.json:
@@ -321,4 +326,35 @@ def cmd_intent(args: argparse.Namespace) -> int:
             print(f"no decision receipts (intent: {result['intent'].get('status', 'none')})")
     else:
         print(f"run {result['run_id']}: {result['contract_ref']} v{result['contract_version']} binds at its next step")
+    return 0
+
+
+def _goal_args(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="goal_command", required=True)
+    status = sub.add_parser("status", help="the goal, its refinements, the plan and the verdicts of a run")
+    status.add_argument("run_id")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+@command("goal", "goal mode: the status of a run's goal (corral run --goal starts one)")
+@arguments(_goal_args)
+def cmd_goal(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        shown: dict[str, Any] = client.call("goal.status", run_id=args.run_id)
+    if args.json:
+        emit_json(shown)
+        return 0
+    print(f"run {shown['run_id']} ({shown['status']})")
+    print(f"  goal: {shown['goal'] if shown['goal'] is not None else '(none: not a goal run)'}")
+    for refinement in shown["refinements"]:
+        print(f"  refined by the user: {refinement['text']}")
+    plan = shown["plan"]
+    if plan["steps"]:
+        print(f"  plan, revision {plan['revision']}:")
+        for step in plan["steps"]:
+            print(f"    [{step['status']}] {step['id']}: {step['text']}")
+    for verdict in shown["verdicts"]:
+        print(f"  verdict: {'met' if verdict['met'] else 'not met'} - {verdict['evidence']}")
+    for blocker in shown["blockers"]:
+        print(f"  still blocks the final reply: {blocker}")
     return 0

@@ -1,0 +1,47 @@
+"""Goal mode on the supervisor (supervisor/goal_store.py): ``goal.verdict`` for the
+agent's tool, the completion gate, ``goal.status`` for people."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from corral.supervisor import finalization, goal_store, run_store
+from corral.supervisor.errors import BadRequest, NotFound
+from corral.supervisor.params import param_str
+
+if TYPE_CHECKING:
+    from corral.supervisor.daemon import Supervisor
+    from corral.supervisor.tree import ActorSlot
+
+
+def install(sup: Supervisor) -> None:
+    from corral.supervisor import run_service
+
+    runs = sup.services["runs"]
+
+    async def verdict(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run_id = param_str(params, "run_id", limit=64)
+        runs.check_owner(slot, run_id)
+        action = run_store.get_action(sup.ledger, param_str(params, "action_id", limit=64))
+        if action["run_id"] != run_id or action["tool"] != "goal.verdict":
+            raise BadRequest(f"action {action['action_id']} is not a goal.verdict of run {run_id}")
+        if goal_store.goal_of(sup.ledger, run_id) is None:
+            raise BadRequest(f"run {run_id} has no goal (start it with corral run --goal)")
+        met, evidence = params.get("met"), params.get("evidence")
+        if not isinstance(met, bool):
+            raise BadRequest("met must be true or false")
+        if not isinstance(evidence, str) or not evidence.strip() or len(evidence) > goal_store.MAX_EVIDENCE_CHARS:
+            raise BadRequest(f"evidence must be 1 to {goal_store.MAX_EVIDENCE_CHARS} characters")
+        return goal_store.record_verdict(sup.ledger, run_id, action["action_id"], met, evidence.strip())
+
+    async def status(params: dict[str, Any]) -> dict[str, Any]:
+        run_id = param_str(params, "run_id", limit=64)
+        if sup.ledger.one("SELECT 1 FROM runs WHERE run_id = ?", run_id) is None:
+            raise NotFound(f"no run {run_id!r}")
+        return goal_store.status(sup.ledger, run_id)
+
+    sup.actor_methods["goal.verdict"] = verdict
+    sup.control_methods["goal.status"] = status
+    finalization.BLOCKERS.append(goal_store.blockers)
+    run_service.SHOW_SECTIONS["goal"] = lambda run_id: {"goal": goal_store.goal_of(sup.ledger, run_id),
+                                                        "verdicts": goal_store.verdicts(sup.ledger, run_id)}
