@@ -40,6 +40,12 @@ from corral.mailbox.errors import RemoteError
 
 log = logging.getLogger("corral.agent")
 
+#: What a model is asked when its older turns are folded into a summary.
+SUMMARY_TASK = (
+    "Summarise the conversation so far for yourself, to continue the same task: what was done, what was"
+    " found (names, numbers, paths), what is still open. Reply with the summary as your final reply."
+)
+
 #: The supervisor's answer while its disk is full; the agent waits and asks again.
 STORAGE_FULL = "disk-full"
 STORAGE_RETRY_S = 1.0
@@ -223,6 +229,37 @@ class Lane:
                 "final": plan.final_reply,
             }
         }
+
+    async def step_compact(self, step: dict[str, Any]) -> None:
+        """The run's older turns passed the agent's token limit: a summary of them
+        (supervisor/compaction.py), recorded once per covered range. Writing it has
+        no side effect, so a kill here only means asking again."""
+        summary = await self.summarize(step)
+        failpoints.hit("context.mid-compaction")
+        await self.step_call("context.compacted", to_seq=step["to_seq"], summary=summary)
+
+    async def summarize(self, step: dict[str, Any]) -> str:
+        """The model writes it: through its provider's ``summarize`` when it has one,
+        else an ordinary request whose final reply is the summary. The runtime's
+        own digest stands in only when the model gives none."""
+        from corral.supervisor.compaction import digest
+
+        entries = tuple(step["entries"])
+        provider = self.get_provider()
+        own = getattr(provider, "summarize", None)
+        try:
+            if own is not None:
+                text = str(await own(entries))
+            else:
+                request = ProviderRequest(
+                    run_id=self.run_id, agent_id=self.ctx.actor_id, task=SUMMARY_TASK, loop_index=int(step["loop"]),
+                    history=entries, tools=(), slot=f"{self.run_id}:compact:{step['to_seq']}", tool_notes=(),
+                )
+                text = provider.parse(await provider.complete(request), ()).final_reply or ""
+        except (ProviderError, PlanError) as exc:
+            log.warning("%s: the model wrote no summary (%s); the runtime's digest stands in", self.run_id, exc)
+            text = ""
+        return (text.strip() or digest(list(entries)))[:8000]
 
     async def step_parse(self, step: dict[str, Any]) -> None:
         """A response handed off without its plan (or before a crash): parse it now."""

@@ -403,6 +403,7 @@ def _extensions() -> list[Callable[[Supervisor], Any]]:
         "corral.supervisor.bridge_service",
         "corral.supervisor.plan_service",
         "corral.supervisor.goal_service",
+        "corral.supervisor.compaction_service",
     )
     for name in layers:
         module = import_optional(name)

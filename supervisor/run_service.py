@@ -169,6 +169,8 @@ class RunService:
         if step["do"] == "provider":
             step["history"] = run_store.history(self.ledger, run_id)
             step["task"] = run_store.get_run(self.ledger, run_id)["task"]
+            for shape in PROVIDER_STEP_HOOKS:
+                step = shape(self.ledger, run_id, step)  # e.g. compaction: the view, or compact first
         try:
             self._with_raw_copies(run_id, step)
         except sealed_input.SealedInputError as exc:
@@ -493,6 +495,12 @@ class RunService:
                 "retry_cap_s": agent.retry_cap_s,
             },
             "role": agent.role,
+            "context": {
+                "window": agent.context_window,
+                "auto_compact": agent.auto_compact_token_limit or (
+                    agent.context_window * 3 // 4 if agent.context_window else None),
+                "tool_output": agent.tool_output_token_limit,
+            },
         }
 
     async def show(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -730,6 +738,8 @@ SHOW_SECTIONS: dict[str, Any] = {}
 ACTION_GUARDS: list[Any] = []
 #: Extra sections of ``pending`` (name -> () -> rows), for layers that park runs too.
 PENDING_SECTIONS: dict[str, Any] = {}
+#: Shape a provider step before the agent gets it: (ledger, run_id, step) -> step.
+PROVIDER_STEP_HOOKS: list[Any] = []
 #: Extra steps of a cancellation (tombstones to children...): async (service, run_id).
 CANCEL_HOOKS: list[Any] = []
 

@@ -440,3 +440,25 @@ MIGRATIONS.append(
     CREATE INDEX goal_verdicts_by_run ON goal_verdicts (run_id, created_at);
     """
 )
+
+MIGRATIONS.append(
+    # 13: context compaction (supervisor/compaction.py): model-written summaries
+    # of a run's older observations, each with the range it covers, and the
+    # compactions people asked for (corral compact).
+    """
+    CREATE TABLE compactions (
+        run_id        TEXT NOT NULL,
+        from_seq      INTEGER NOT NULL,
+        to_seq        INTEGER NOT NULL,
+        summary       TEXT NOT NULL,
+        tokens_before INTEGER NOT NULL,
+        tokens_after  INTEGER NOT NULL,
+        created_at    REAL NOT NULL,
+        PRIMARY KEY (run_id, to_seq)
+    );
+    CREATE TABLE compaction_requests (
+        run_id     TEXT PRIMARY KEY,
+        created_at REAL NOT NULL
+    );
+    """
+)

@@ -87,6 +87,10 @@ class AgentSpec:
     retry_cap_s: float = 30.0
     #: Globs of the tools this agent may use and is offered; None: every tool.
     tools: tuple[str, ...] | None = None
+    #: Token budget of the model's context (supervisor/compaction.py); None: no compaction.
+    context_window: int | None = None
+    auto_compact_token_limit: int | None = None
+    tool_output_token_limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,9 @@ _AGENT = {
     "write_scopes",
     "policy",
     "max_repairs",
+    "context_window",
+    "auto_compact_token_limit",
+    "tool_output_token_limit",
     "max_provider_retries",
     "retry_base_s",
     "retry_cap_s",
@@ -253,6 +260,9 @@ RANGES: dict[str, tuple[float, float]] = {
     "actors.backoff_max_ms": (0, 3_600_000),
     "actors.backoff_jitter": (0, 1),
     "agents.max_repairs": (0, 100),
+    "agents.context_window": (256, 10_000_000),
+    "agents.auto_compact_token_limit": (64, 10_000_000),
+    "agents.tool_output_token_limit": (16, 10_000_000),
     "agents.max_provider_retries": (0, 100),
     "agents.retry_base_s": (0.001, 3600),
     "agents.retry_cap_s": (0.001, 86_400),
@@ -444,6 +454,9 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
             write_scopes=tuple(scopes),
             policy=_policy(f"{where}.policy", _get(where, table, "policy", dict, {})),
             max_repairs=_get(where, table, "max_repairs", int, 2),
+            context_window=_get(where, table, "context_window", int, None),
+            auto_compact_token_limit=_get(where, table, "auto_compact_token_limit", int, None),
+            tool_output_token_limit=_get(where, table, "tool_output_token_limit", int, None),
             max_provider_retries=_get(where, table, "max_provider_retries", int, 3),
             retry_base_s=_get(where, table, "retry_base_s", float, 0.5),
             retry_cap_s=_get(where, table, "retry_cap_s", float, 30.0),

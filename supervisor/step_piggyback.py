@@ -53,6 +53,7 @@ PIGGYBACKED = (
     "action.begin",
     "action.finish",
     "action.finish_batch",
+    "context.compacted",
 )
 
 

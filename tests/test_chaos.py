@@ -21,7 +21,7 @@ CHAOS = [sys.executable, "-m", "corral", "chaos"]
 def test_every_failpoint_once_keeps_every_invariant(short_tmp: Path) -> None:
     """Bounded CI sample: each failpoint of the demo once, alternating supervisor and agent kills."""
     runner = Runner(demo_scenario(), seed=11, targets=("supervisor", "agents"), workdir=short_tmp, verbose=False)
-    layers = ("session.", "mcp.", "model.", "steer.", "input.", "bridge.", "durable-plan.")
+    layers = ("session.", "mcp.", "model.", "steer.", "input.", "bridge.", "durable-plan.", "context.")
     names = [name for name in failpoints.KNOWN if not name.startswith(layers)]
     for index, name in enumerate(names):
         runner.failpoint_episode(name, "supervisor" if index % 2 == 0 else "agents")
@@ -48,7 +48,10 @@ def test_a_build_that_commits_executing_after_the_effect_is_caught(short_tmp: Pa
     report = json.loads(report_path.read_text())
     broken = report["invariants"]["side effect at most once, never before executing"]
     assert broken["passed"] is False
-    assert "before executing was committed" in broken["failures"][0]["detail"]
+    # Which symptom the seeded kill meets first depends on where it lands: the effect
+    # logged before its executing row, or the same effect run twice after the kill.
+    details = [failure["detail"] for failure in broken["failures"]]
+    assert any("before executing was committed" in d or "executed 2 times" in d for d in details), details
     assert "reproduce: corral chaos --scenario demo --seed 7 --mode random --kills 1" in result.stdout
     others = [name for name, entry in report["invariants"].items() if not entry["passed"]]
     assert others == ["side effect at most once, never before executing"], {

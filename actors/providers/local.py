@@ -114,7 +114,7 @@ class LocalConfig:
 
 
 def tool_results(request: ProviderRequest) -> int:
-    return sum(1 for entry in request.history if entry.get("role") not in ("repair", "user"))
+    return sum(1 for entry in request.history if entry.get("role") not in ("repair", "user", "summary"))
 
 
 def _blocked_final_tools(request: ProviderRequest) -> tuple[ToolSchema, ...]:

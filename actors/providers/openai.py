@@ -321,6 +321,10 @@ def history_messages(
     for entry in history:
         if entry.get("role") == "repair":
             messages.append(_repair_entry_message(entry))
+        elif entry.get("role") == "summary":
+            # Older turns, folded into a summary the model wrote (compaction).
+            text = _bounded(str(entry.get("text", "")), MAX_OBSERVATION_CHARS)
+            messages.append({"role": "user", "content": f"Summary of the earlier part of this task: {text}"})
         elif entry.get("role") == "user":
             # A steer: the user's own words, mid-run; the plan made before it is gone.
             text = _bounded(str(entry.get("text", "")), MAX_OBSERVATION_CHARS)

@@ -104,6 +104,12 @@ class ScriptedProvider:
     def parse(self, response: ProviderResponse, tools: tuple[ToolSchema, ...]) -> Plan:
         return parse_plan_json(response.text, tools)
 
+    async def summarize(self, entries: tuple[dict[str, Any], ...]) -> str:
+        """A deterministic summary (a script has no model to write one)."""
+        from corral.supervisor.compaction import digest
+
+        return f"[scripted summary of {len(entries)} earlier entries] " + digest(list(entries), 600)
+
 
 _PLACEHOLDER = re.compile(r"\$\{([a-z0-9_-]+)[.:]([a-z0-9_]+)\}")
 

@@ -170,6 +170,8 @@ def _applies(failpoint: str, spec_text: str) -> bool:
         return '"local"' in spec_text
     if layer == "input":
         return "user.input_request" in spec_text
+    if layer == "context":
+        return "auto_compact_token_limit" in spec_text
     if layer == "durable-plan":
         return "plan.update" in spec_text
     if layer == "bridge":

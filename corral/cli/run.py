@@ -358,3 +358,20 @@ def cmd_goal(args: argparse.Namespace) -> int:
     for blocker in shown["blockers"]:
         print(f"  still blocks the final reply: {blocker}")
     return 0
+
+
+def _compact_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_id")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+@command("compact", "fold a run's older turns into a summary before its next provider turn (docs/long-tasks.md)")
+@arguments(_compact_args)
+def cmd_compact(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        reply: dict[str, Any] = client.call("compact", run_id=args.run_id)
+    if args.json:
+        emit_json(reply)
+    else:
+        print(f"{reply['run_id']}: compaction requested; {reply['note']}")
+    return 0

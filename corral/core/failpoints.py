@@ -58,6 +58,8 @@ KNOWN: dict[str, str] = {
     "input.after-ask": "supervisor: a question is committed and its run parked, the agent not yet told",
     "input.after-answer": "supervisor: an answer is committed and its action finished, the client not yet answered",
     "durable-plan.after-update": "supervisor: an update of the run's durable plan is committed, the agent not yet told",
+    "context.mid-compaction": "agent: a summary of older turns is written, not yet recorded",
+    "context.after-compact": "supervisor: a compaction is committed, the agent not yet told",
     "bridge.before-commit": "bridge: a command's facts, receipt and audit are written, not committed",
     "bridge.after-commit": "bridge: a command is committed, its reply not yet sent",
     "bridge.after-submit-sent": "bridge worker: the submit was answered, the job not yet marked submitted",

@@ -1,0 +1,91 @@
+"""Token-aware context compaction (seed 004 V1.21): what the model sees of a long
+run, kept under the agent's token limits, while the ledger keeps everything.
+
+Pure functions over a run's observations (``(seq, entry)``, oldest first) and its
+latest compaction (a summary covering ``seq <= to_seq``):
+
+* ``view``: the summary, then the later observations, each tool output over
+  ``tool_output_token_limit`` cut, with where the full output is;
+* ``plan``: when the view passes ``auto_compact_token_limit``, what to summarise:
+  everything but the newest ``KEEP_RECENT`` observations (and the older summary).
+
+A summary is never a source of truth: the goal, the plan, permissions and side
+effects are read from the ledger, not from it. Tokens are counted with a
+documented estimate (``estimate_tokens``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+#: The estimate: one token per 4 characters of the entry's JSON (English text and
+#: JSON average 3.5-4.5 characters per token with the usual BPE vocabularies).
+CHARS_PER_TOKEN = 4
+#: The newest observations are never summarised: the model acts on them next.
+KEEP_RECENT = 2
+
+
+def estimate_tokens(value: Any) -> int:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return math.ceil(len(text) / CHARS_PER_TOKEN) + 1
+
+
+def cut(entry: dict[str, Any], limit: int | None) -> dict[str, Any]:
+    """A tool observation whose output passes ``limit`` tokens, cut, with a pointer."""
+    if not limit or "output" not in entry:
+        return entry
+    tokens = estimate_tokens(entry["output"])
+    if tokens <= limit:
+        return entry
+    text = entry["output"] if isinstance(entry["output"], str) else json.dumps(entry["output"], sort_keys=True)
+    where = entry.get("action_id", "?")
+    return {**entry, "output": text[: limit * CHARS_PER_TOKEN]
+            + f" ... [cut: {tokens} tokens; the full output stays in the ledger: corral show, action {where}]"}
+
+
+def view(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, Any] | None,
+         tool_output_limit: int | None) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = []
+    after = 0
+    if compaction is not None:
+        after = int(compaction["to_seq"])
+        entries.append({"role": "summary", "text": compaction["summary"],
+                        "covers": [int(compaction["from_seq"]), after]})
+    entries.extend(cut(entry, tool_output_limit) for seq, entry in observations if seq > after)
+    return entries
+
+
+def plan(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, Any] | None,
+         limits: dict[str, Any], *, requested: bool = False) -> dict[str, Any] | None:
+    """What to compact now (None: nothing): the view passes the limit (or a person
+    asked), and more than ``KEEP_RECENT`` observations follow the last summary."""
+    seen = view(observations, compaction, limits.get("tool_output"))
+    tokens = sum(estimate_tokens(entry) for entry in seen)
+    limit = limits.get("auto_compact")
+    if not requested and (not limit or tokens <= limit):
+        return None
+    after = int(compaction["to_seq"]) if compaction is not None else 0
+    tail = [seq for seq, _ in observations if seq > after]
+    if len(tail) <= KEEP_RECENT:
+        return None  # nothing old enough to fold in
+    to_seq = tail[-KEEP_RECENT - 1]
+    covered = [entry for entry in seen if entry.get("role") == "summary"]
+    covered += [cut(entry, limits.get("tool_output")) for seq, entry in observations if after < seq <= to_seq]
+    return {"from_seq": 1, "to_seq": to_seq, "entries": covered, "tokens_before": tokens}
+
+
+def digest(entries: list[dict[str, Any]], limit_chars: int = 2000) -> str:
+    """The runtime's own summary, for providers that cannot write one: what ran and
+    how it ended, oldest first."""
+    parts = []
+    for entry in entries:
+        if entry.get("role") == "summary":
+            parts.append(str(entry.get("text", "")))
+        elif entry.get("role") in ("repair", "user"):
+            parts.append(f"{entry['role']}: {str(entry.get('detail') or entry.get('text') or '')[:80]}")
+        else:
+            parts.append(f"{entry.get('tool', '?')} {entry.get('status', '?')}")
+    text = "; ".join(parts)
+    return text if len(text) <= limit_chars else text[: limit_chars - 3] + "..."

@@ -1,0 +1,109 @@
+"""Compaction on the supervisor (supervisor/compaction.py): the provider step sees
+the compacted view; past the limit the agent is asked to compact first
+(``do: compact``); ``context.compacted`` records a summary once per covered range;
+``corral compact RUN`` asks for one now."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from corral.core import failpoints
+from corral.supervisor import compaction
+from corral.supervisor.errors import BadRequest, NotFound
+from corral.supervisor.ledger import Ledger
+from corral.supervisor.params import param_int, param_str
+
+if TYPE_CHECKING:
+    from corral.supervisor.daemon import Supervisor
+    from corral.supervisor.tree import ActorSlot
+
+MAX_SUMMARY_CHARS = 8000
+
+
+def _observations(ledger: Ledger, run_id: str) -> list[tuple[int, dict[str, Any]]]:
+    rows = ledger.all("SELECT seq, data FROM observations WHERE run_id = ? ORDER BY seq", run_id)
+    return [(int(row["seq"]), json.loads(row["data"])) for row in rows]
+
+
+def latest(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
+    row = ledger.one("SELECT * FROM compactions WHERE run_id = ? ORDER BY to_seq DESC LIMIT 1", run_id)
+    return dict(row) if row is not None else None
+
+
+def _limits(ledger: Ledger, run_id: str) -> dict[str, Any]:
+    row = ledger.one("SELECT options FROM runs WHERE run_id = ?", run_id)
+    context = json.loads(row["options"]).get("context") if row is not None else None
+    return context if isinstance(context, dict) else {}
+
+
+def shape_provider_step(ledger: Ledger, run_id: str, step: dict[str, Any]) -> dict[str, Any]:
+    """The provider's view of the run, or first a compaction when it is too long."""
+    limits = _limits(ledger, run_id)
+    requested = ledger.one("SELECT 1 FROM compaction_requests WHERE run_id = ?", run_id) is not None
+    if not limits.get("auto_compact") and not limits.get("tool_output") and not requested:
+        return step  # this agent has no token budget: the full history, as before
+    observations = _observations(ledger, run_id)
+    previous = latest(ledger, run_id)
+    todo = compaction.plan(observations, previous, limits, requested=requested)
+    if todo is not None:
+        return {"do": "compact", "loop": step["loop"], **todo}
+    return {**step, "history": compaction.view(observations, previous, limits.get("tool_output"))}
+
+
+def install(sup: Supervisor) -> None:
+    from corral.supervisor import run_service
+
+    runs = sup.services["runs"]
+
+    async def compacted(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run_id = param_str(params, "run_id", limit=64)
+        runs.check_owner(slot, run_id)
+        to_seq = param_int(params, "to_seq", low=1)
+        summary = params.get("summary")
+        if not isinstance(summary, str) or not summary.strip() or len(summary) > MAX_SUMMARY_CHARS:
+            raise BadRequest(f"summary must be 1 to {MAX_SUMMARY_CHARS} characters")
+        ledger = sup.ledger
+        if ledger.one("SELECT 1 FROM compactions WHERE run_id = ? AND to_seq = ?", run_id, to_seq) is None:
+            previous = latest(ledger, run_id)
+            if previous is not None and to_seq <= int(previous["to_seq"]):
+                raise BadRequest(f"observations up to {previous['to_seq']} are already compacted")
+            if ledger.one("SELECT 1 FROM observations WHERE run_id = ? AND seq = ?", run_id, to_seq) is None:
+                raise BadRequest(f"run {run_id} has no observation {to_seq}")
+            observations = _observations(ledger, run_id)
+            before = sum(compaction.estimate_tokens(e) for e in compaction.view(observations, previous, None))
+            entry = {"from_seq": 1, "to_seq": to_seq, "summary": summary.strip()}
+            after = sum(compaction.estimate_tokens(e) for e in compaction.view(observations, entry, None))
+            with ledger.tx() as db:
+                db.execute(
+                    "INSERT INTO compactions (run_id, from_seq, to_seq, summary, tokens_before, tokens_after,"
+                    " created_at) VALUES (?, 1, ?, ?, ?, ?, ?)",
+                    (run_id, to_seq, summary.strip(), before, after, time.time()),
+                )
+                db.execute("DELETE FROM compaction_requests WHERE run_id = ?", (run_id,))
+                ledger.event("context-compacted", run_id, from_seq=1, to_seq=to_seq, tokens_before=before,
+                             tokens_after=after)
+            failpoints.hit("context.after-compact")
+        return {"to_seq": to_seq}
+
+    async def request(params: dict[str, Any]) -> dict[str, Any]:
+        run_id = param_str(params, "run_id", limit=64)
+        if sup.ledger.one("SELECT 1 FROM runs WHERE run_id = ?", run_id) is None:
+            raise NotFound(f"no run {run_id!r}")
+        with sup.ledger.tx() as db:
+            db.execute("INSERT OR IGNORE INTO compaction_requests (run_id, created_at) VALUES (?, ?)",
+                       (run_id, time.time()))
+            sup.ledger.event("compaction-requested", run_id)
+        return {"run_id": run_id, "requested": True,
+                "note": "the run compacts before its next provider turn (if it has older turns to fold)"}
+
+    sup.actor_methods["context.compacted"] = compacted
+    sup.control_methods["compact"] = request
+    run_service.PROVIDER_STEP_HOOKS.append(shape_provider_step)
+    run_service.SHOW_SECTIONS["context"] = lambda run_id: {
+        "compactions": [
+            {k: row[k] for k in ("from_seq", "to_seq", "tokens_before", "tokens_after", "created_at")}
+            for row in sup.ledger.all("SELECT * FROM compactions WHERE run_id = ? ORDER BY to_seq", run_id)
+        ]
+    }

@@ -1,0 +1,119 @@
+"""Token-aware compaction (seed 004 V1.21): a long run folds its older turns into
+summaries under a small token limit and still finishes with its plan complete;
+the ledger keeps every raw observation; kills mid-compaction lose and duplicate
+nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from corral.supervisor import compaction
+from tests.harness import Daemon, agent_spec, ledger_rows, wait_run, wait_supervisor_gone
+
+LOOPS = 52
+LIMITS = "auto_compact_token_limit = 400\ntool_output_token_limit = 60"
+_PLAN = '{ id = "survey", text = "list the workspace" }, { id = "wrap", text = "report" }'
+_DONE = '{ id = "survey", status = "done" }, { id = "wrap", status = "done" }'
+STEPS = (
+    f'[[agents.steps]]\nactions = [{{ tool = "plan.update", input = {{ steps = [{_PLAN}] }} }}]\n'
+    + '[[agents.steps]]\nactions = [{ tool = "fs.list", input = { path = "." } }]\n' * LOOPS
+    + f'[[agents.steps]]\nactions = [{{ tool = "plan.update", input = {{ steps = [{_DONE}] }} }}]\n'
+    + '[[agents.steps]]\nfinal = "long task done"\n'
+)
+
+
+def test_the_view_keeps_recent_turns_cuts_big_outputs_and_plans_a_summary() -> None:
+    observations = [(n, {"action_id": f"act-{n}", "tool": "fs.read", "status": "ok", "output": "x" * 400})
+                    for n in range(1, 7)]
+    cut = compaction.view(observations, None, 20)
+    assert all(len(entry["output"]) < 200 and "[cut: 101 tokens" in entry["output"] for entry in cut)
+    assert observations[0][1]["output"] == "x" * 400, "the ledger's copy is untouched"
+    assert compaction.plan(observations, None, {"auto_compact": 10_000}) is None
+    todo = compaction.plan(observations, None, {"auto_compact": 100, "tool_output": 20})
+    assert todo is not None and todo["to_seq"] == 4 and len(todo["entries"]) == 4, "the newest 2 stay as they are"
+    folded = {"from_seq": 1, "to_seq": todo["to_seq"], "summary": "earlier: six reads"}
+    after = compaction.view(observations, folded, 20)
+    assert after[0] == {"role": "summary", "text": "earlier: six reads", "covers": [1, 4]} and len(after) == 3
+    assert compaction.plan(observations, folded, {"auto_compact": 10}) is None, "two recent turns are kept"
+    assert compaction.plan(observations, None, {}, requested=True) is not None
+
+
+def _daemon(tmp: Path) -> Daemon:
+    (tmp / "ws").mkdir()
+    spec = tmp / "spec.toml"
+    spec.write_text(agent_spec(steps=STEPS, policy=LIMITS))
+    return Daemon(tmp / "h", spec)
+
+
+def _check(daemon: Daemon, run_id: str) -> None:
+    shown = wait_run(daemon, run_id, {"completed", "failed"}, timeout=120)
+    assert shown["run"]["status"] == "completed" and shown["final_reply"] == "long task done"
+    assert [s["status"] for s in shown["plan"]["steps"]] == ["done", "done"]
+    events = [json.loads(e["data"]) for e in ledger_rows(
+        daemon.home, "SELECT data FROM events WHERE kind = 'context-compacted' AND subject = ? ORDER BY cursor",
+        run_id)]
+    rows = ledger_rows(daemon.home, "SELECT to_seq FROM compactions WHERE run_id = ? ORDER BY to_seq", run_id)
+    assert len(events) >= 3, "a 50-step task under a 400-token limit compacts several times"
+    assert [e["to_seq"] for e in events] == [r["to_seq"] for r in rows], "each range once, none twice"
+    assert all(e["tokens_after"] < e["tokens_before"] for e in events)
+    assert [e["to_seq"] for e in events] == sorted({e["to_seq"] for e in events})
+    observations = ledger_rows(daemon.home, "SELECT source FROM observations WHERE run_id = ?", run_id)
+    assert len(observations) >= LOOPS + 2, "the raw conversation stays in the ledger"
+    assert shown["context"]["compactions"][-1]["to_seq"] == rows[-1]["to_seq"]
+
+
+def test_a_fifty_step_task_compacts_several_times_and_finishes_its_plan(short_tmp: Path) -> None:
+    daemon = _daemon(short_tmp)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="writer", task="a long task")["run_id"]
+        _check(daemon, run_id)
+    finally:
+        daemon.shutdown()
+
+
+@pytest.mark.parametrize(("failpoint", "action"), [("context.after-compact", "kill"),
+                                                   ("context.mid-compaction", "kill")])
+def test_a_kill_during_a_compaction_loses_and_duplicates_nothing(short_tmp: Path, failpoint: str,
+                                                                 action: str) -> None:
+    daemon = _daemon(short_tmp)
+    try:
+        first = daemon.up(env={"CORRAL_FAILPOINTS": f"{failpoint}={action}@once"})
+        run_id = daemon.call("run", agent_id="writer", task="a long task")["run_id"]
+        if failpoint.startswith("context.after"):
+            wait_supervisor_gone(daemon, first.pid)
+            daemon.up()
+        _check(daemon, run_id)
+        assert (daemon.home / "failpoints" / f"{failpoint}.fired").exists()
+    finally:
+        daemon.shutdown()
+
+
+def test_corral_compact_asks_for_a_compaction_now(short_tmp: Path) -> None:
+    (short_tmp / "ws").mkdir()
+    spec = short_tmp / "spec.toml"
+    steps = '[[agents.steps]]\nactions = [{ tool = "fs.list", input = { path = "." } }]\n' * 4
+    spec.write_text(agent_spec(steps=steps + '[[agents.steps]]\nfinal = "ok"\n'))
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up()
+        with pytest.raises(Exception, match="no run"):
+            daemon.call("compact", run_id="run-nosuchrun00")
+        script = {"steps": [{"actions": [{"tool": "fs.list", "input": {"path": "."}}]}] * 4 + [
+            {"actions": [{"tool": "user.input_request", "input": {"question": "go on?"}}]}, {"final": "ok"}]}
+        run_id = daemon.call("run", agent_id="writer", task="short", script=json.dumps(script))["run_id"]
+        wait_run(daemon, run_id, {"needs-input"})
+        from tests.harness import cli
+
+        asked = cli(daemon.home, "compact", run_id, "--json")
+        assert asked.returncode == 0 and json.loads(asked.stdout)["requested"] is True, asked.stderr
+        daemon.call("answer", run_id=run_id, text="yes")
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed"
+        assert len(shown["context"]["compactions"]) == 1, "no limit configured: only the asked-for compaction"
+        assert ledger_rows(daemon.home, "SELECT * FROM compaction_requests") == []
+    finally:
+        daemon.shutdown()
