@@ -271,7 +271,7 @@ async def _serve(ctx: ActorContext, session: Any) -> int:
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(watch_broken)
-        await serve_requests(ctx, nursery, "call", partial(_call, ctx, session, broken=broken))
+        await serve_requests(ctx, nursery, {"call": partial(_call, ctx, session, broken=broken)})
         if ctx.shutdown.is_set():
             nursery.cancel_scope.cancel()
             return 0

@@ -60,6 +60,9 @@ class LoadedModel:
         self.model_id = str(spec["id"])
         self.load_s = time.monotonic() - started
 
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return [len(self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=False)) for text in texts]
+
     def generate(self, request: dict[str, Any], on_text: Any = None) -> dict[str, Any]:
         """``on_text(str)``, if given, receives the answer's text as it is sampled
         (from this worker thread)."""
@@ -139,9 +142,21 @@ async def run(ctx: ActorContext) -> int:
     log.info("model %s loaded in %.2f s", model_id, model.load_s)
     turn = trio.Lock()  # fair: requests are served in arrival order
     async with trio.open_nursery() as nursery:
-        await serve_requests(ctx, nursery, "generate", partial(_generate, ctx, model, turn))
+        await serve_requests(ctx, nursery, {"generate": partial(_generate, ctx, model, turn),
+                                            "count_tokens": partial(_count_tokens, ctx, model)})
         nursery.cancel_scope.cancel()
     return 0
+
+
+async def _count_tokens(ctx: ActorContext, model: LoadedModel, envelope: Envelope) -> None:
+    """Token counts by the model's own tokenizer (context compaction asks): the
+    vocabulary only, so it need not wait for a generation in progress."""
+    texts = envelope.body.get("texts")
+    if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
+        await ctx.channel.reply_error(envelope, "bad-request", "texts must be a list of strings")
+        return
+    counts = await trio.to_thread.run_sync(model.count_tokens, texts)
+    await ctx.channel.reply(envelope, {"counts": counts})
 
 
 async def _generate(ctx: ActorContext, model: LoadedModel, turn: trio.Lock, envelope: Envelope) -> None:

@@ -214,18 +214,19 @@ async def report_best_effort(
 
 
 async def serve_requests(
-    ctx: ActorContext, nursery: trio.Nursery, op: str, handle: Callable[[Envelope], Awaitable[None]]
+    ctx: ActorContext, nursery: trio.Nursery, handlers: dict[str, Callable[[Envelope], Awaitable[None]]]
 ) -> None:
-    """A service actor's inbox: each ``op`` request handled in its own task of
-    ``nursery``, any other op answered ``bad-request``; returns at shutdown (which
-    it records in ``ctx.shutdown``) or when the channel closes."""
+    """A service actor's inbox: each request whose ``op`` has a handler runs in its
+    own task of ``nursery``, any other op is answered ``bad-request``; returns at
+    shutdown (which it records in ``ctx.shutdown``) or when the channel closes."""
     async for envelope in ctx.channel.inbox:
         if is_shutdown(envelope):
             ctx.shutdown.set()
             return
         if envelope.kind is not Kind.REQUEST:
             continue
-        if envelope.body.get("op") == op:
+        handle = handlers.get(str(envelope.body.get("op")))
+        if handle is not None:
             nursery.start_soon(handle, envelope)
         else:
             await ctx.channel.reply_error(envelope, "bad-request", f"unknown op {envelope.body.get('op')!r}")

@@ -10,14 +10,16 @@ latest compaction (a summary covering ``seq <= to_seq``):
   everything but the newest ``KEEP_RECENT`` observations (and the older summary).
 
 A summary is never a source of truth: the goal, the plan, permissions and side
-effects are read from the ledger, not from it. Tokens are counted with a
-documented estimate (``estimate_tokens``).
+effects are read from the ledger, not from it. Tokens are counted with the
+model's own tokenizer when corral runs it (a local GGUF), else with a documented
+estimate (``estimate_tokens``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 #: The estimate: one token per 4 characters of the entry's JSON (English text and
@@ -27,16 +29,22 @@ CHARS_PER_TOKEN = 4
 KEEP_RECENT = 2
 
 
+Count = Callable[[Any], int]
+
+
+def text_of(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+
+
 def estimate_tokens(value: Any) -> int:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    return math.ceil(len(text) / CHARS_PER_TOKEN) + 1
+    return math.ceil(len(text_of(value)) / CHARS_PER_TOKEN) + 1
 
 
-def cut(entry: dict[str, Any], limit: int | None) -> dict[str, Any]:
+def cut(entry: dict[str, Any], limit: int | None, count: Count = estimate_tokens) -> dict[str, Any]:
     """A tool observation whose output passes ``limit`` tokens, cut, with a pointer."""
     if not limit or "output" not in entry:
         return entry
-    tokens = estimate_tokens(entry["output"])
+    tokens = count(entry["output"])
     if tokens <= limit:
         return entry
     text = entry["output"] if isinstance(entry["output"], str) else json.dumps(entry["output"], sort_keys=True)
@@ -46,23 +54,24 @@ def cut(entry: dict[str, Any], limit: int | None) -> dict[str, Any]:
 
 
 def view(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, Any] | None,
-         tool_output_limit: int | None) -> list[dict[str, Any]]:
+         tool_output_limit: int | None, count: Count = estimate_tokens) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = []
     after = 0
     if compaction is not None:
         after = int(compaction["to_seq"])
         entries.append({"role": "summary", "text": compaction["summary"],
                         "covers": [int(compaction["from_seq"]), after]})
-    entries.extend(cut(entry, tool_output_limit) for seq, entry in observations if seq > after)
+    entries.extend(cut(entry, tool_output_limit, count) for seq, entry in observations if seq > after)
     return entries
 
 
 def plan(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, Any] | None,
-         limits: dict[str, Any], *, requested: bool = False) -> dict[str, Any] | None:
+         limits: dict[str, Any], *, requested: bool = False, count: Count = estimate_tokens) -> dict[str, Any] | None:
     """What to compact now (None: nothing): the view passes the limit (or a person
-    asked), and more than ``KEEP_RECENT`` observations follow the last summary."""
-    seen = view(observations, compaction, limits.get("tool_output"))
-    tokens = sum(estimate_tokens(entry) for entry in seen)
+    asked), and more than ``KEEP_RECENT`` observations follow the last summary.
+    ``count`` is the model's own tokenizer when it has one, else the estimate."""
+    seen = view(observations, compaction, limits.get("tool_output"), count)
+    tokens = sum(count(entry) for entry in seen)
     limit = limits.get("auto_compact")
     if not requested and (not limit or tokens <= limit):
         return None
@@ -72,7 +81,8 @@ def plan(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, A
         return None  # nothing old enough to fold in
     to_seq = tail[-KEEP_RECENT - 1]
     covered = [entry for entry in seen if entry.get("role") == "summary"]
-    covered += [cut(entry, limits.get("tool_output")) for seq, entry in observations if after < seq <= to_seq]
+    covered += [cut(entry, limits.get("tool_output"), count) for seq, entry in observations
+                if after < seq <= to_seq]
     return {"from_seq": 1, "to_seq": to_seq, "entries": covered, "tokens_before": tokens}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from corral.core import failpoints
@@ -38,18 +39,49 @@ def _limits(ledger: Ledger, run_id: str) -> dict[str, Any]:
     return context if isinstance(context, dict) else {}
 
 
-def shape_provider_step(ledger: Ledger, run_id: str, step: dict[str, Any]) -> dict[str, Any]:
+async def shape_provider_step(sup: Supervisor, run_id: str, step: dict[str, Any]) -> dict[str, Any]:
     """The provider's view of the run, or first a compaction when it is too long."""
+    ledger = sup.ledger
     limits = _limits(ledger, run_id)
     requested = ledger.one("SELECT 1 FROM compaction_requests WHERE run_id = ?", run_id) is not None
     if not limits.get("auto_compact") and not limits.get("tool_output") and not requested:
         return step  # this agent has no token budget: the full history, as before
     observations = _observations(ledger, run_id)
     previous = latest(ledger, run_id)
-    todo = compaction.plan(observations, previous, limits, requested=requested)
+    count = await _counter(sup, run_id, observations, previous)
+    todo = compaction.plan(observations, previous, limits, requested=requested, count=count)
     if todo is not None:
         return {"do": "compact", "loop": step["loop"], **todo}
-    return {**step, "history": compaction.view(observations, previous, limits.get("tool_output"))}
+    return {**step, "history": compaction.view(observations, previous, limits.get("tool_output"), count)}
+
+
+async def _counter(sup: Supervisor, run_id: str, observations: list[tuple[int, dict[str, Any]]],
+                   previous: dict[str, Any] | None) -> compaction.Count:
+    """The model's own token counts for a local GGUF (one request to its actor for
+    every text the view may count), else the estimate."""
+    row = sup.ledger.one("SELECT provider, provider_config FROM runs WHERE run_id = ?", run_id)
+    models = sup.services.get("models")
+    if row is None or row["provider"] != "local" or models is None:
+        return compaction.estimate_tokens
+    model = json.loads(row["provider_config"]).get("model")
+    texts: list[str] = []
+    for _, entry in observations:
+        texts.append(compaction.text_of(entry))
+        if "output" in entry:
+            texts.append(compaction.text_of(entry["output"]))
+    if previous is not None:
+        texts.append(compaction.text_of({"role": "summary", "text": previous["summary"],
+                                         "covers": [int(previous["from_seq"]), int(previous["to_seq"])]}))
+    counts = await models.count_tokens(str(model), texts) if isinstance(model, str) else None
+    if counts is None:
+        return compaction.estimate_tokens
+    known = dict(zip(texts, counts, strict=True))
+
+    def count(value: Any) -> int:
+        text = compaction.text_of(value)
+        return known[text] if text in known else compaction.estimate_tokens(value)
+
+    return count
 
 
 def install(sup: Supervisor) -> None:
@@ -100,7 +132,7 @@ def install(sup: Supervisor) -> None:
 
     sup.actor_methods["context.compacted"] = compacted
     sup.control_methods["compact"] = request
-    run_service.PROVIDER_STEP_HOOKS.append(shape_provider_step)
+    run_service.PROVIDER_STEP_HOOKS.append(partial(shape_provider_step, sup))
     run_service.SHOW_SECTIONS["context"] = lambda run_id: {
         "compactions": [
             {k: row[k] for k in ("from_seq", "to_seq", "tokens_before", "tokens_after", "created_at")}

@@ -50,6 +50,8 @@ class ModelState(ReportedReadiness):
     readies: int = 0
     requests: int = 0
     failures: int = 0
+    #: Token-count requests (context compaction) answered by the model's tokenizer.
+    token_counts: int = 0
     changed: trio.Event = field(default_factory=trio.Event)
 
 
@@ -166,6 +168,34 @@ class ModelService:
                 f"the model's actor went away mid-generation ({type(exc).__name__})", "model-unavailable"
             ) from None
 
+    async def count_tokens(self, model: str, texts: list[str]) -> list[int] | None:
+        """Counts by the model's own tokenizer, or None when its actor is not ready
+        (the caller falls back to the documented estimate)."""
+        state = self.models.get(model)
+        if state is None or not self.is_ready(model) or len(texts) > MAX_COUNT_TEXTS:
+            return None
+        try:
+            reply = await self.sup.tree.request(state.spec.actor_id, {"op": "count_tokens", "texts": texts}, 30.0)
+        except (RemoteError, DeadlineExceeded, ChannelClosed, MailboxFull, KeyError):
+            return None
+        counts = reply.get("counts")
+        if not isinstance(counts, list) or len(counts) != len(texts):
+            return None
+        state.token_counts += 1
+        return [int(n) for n in counts]
+
+    async def count_tokens_control(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``model.count_tokens``: what compaction counts with, for a person to check."""
+        model, texts = params.get("model"), params.get("texts")
+        if not isinstance(model, str) or model not in self.models:
+            raise NotFound(f"no local model {model!r}")
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts) or len(texts) > MAX_COUNT_TEXTS:
+            raise BadRequest(f"texts must be a list of at most {MAX_COUNT_TEXTS} strings")
+        counts = await self.count_tokens(model, texts)
+        if counts is None:
+            raise SupervisorError(f"model {model} is {self.status_of(model)}", "model-unavailable")
+        return {"counts": counts}
+
     # -- views ----------------------------------------------------------------------
 
     def status_section(self) -> list[dict[str, Any]]:
@@ -180,6 +210,7 @@ class ModelService:
                     "file": state.spec.path,
                     "load_s": state.load_s,
                     "requests": state.requests,
+                    "token_counts": state.token_counts,
                     "restarts": slot.restarts if slot is not None else 0,
                     "error": state.error,
                 }
@@ -217,6 +248,10 @@ def usage_of_run(ledger: Any, run_id: str) -> dict[str, Any]:
     return usage
 
 
+#: At most this many texts per count request.
+MAX_COUNT_TEXTS = 2000
+
+
 def install(sup: Supervisor) -> ModelService:
     service = ModelService(sup)
     from corral.supervisor import run_service
@@ -227,5 +262,6 @@ def install(sup: Supervisor) -> ModelService:
             {"model.ready": service.ready, "model.failed": service.failed, "model.generate": service.generate}
         )
         sup.status_sections["models"] = service.status_section
+        sup.control_methods["model.count_tokens"] = service.count_tokens_control
     sup.services["models"] = service
     return service

@@ -170,7 +170,7 @@ class RunService:
             step["history"] = run_store.history(self.ledger, run_id)
             step["task"] = run_store.get_run(self.ledger, run_id)["task"]
             for shape in PROVIDER_STEP_HOOKS:
-                step = shape(self.ledger, run_id, step)  # e.g. compaction: the view, or compact first
+                step = await shape(run_id, step)  # e.g. compaction: the view, or compact first
         try:
             self._with_raw_copies(run_id, step)
         except sealed_input.SealedInputError as exc:
@@ -738,7 +738,7 @@ SHOW_SECTIONS: dict[str, Any] = {}
 ACTION_GUARDS: list[Any] = []
 #: Extra sections of ``pending`` (name -> () -> rows), for layers that park runs too.
 PENDING_SECTIONS: dict[str, Any] = {}
-#: Shape a provider step before the agent gets it: (ledger, run_id, step) -> step.
+#: Shape a provider step before the agent gets it: async (run_id, step) -> step.
 PROVIDER_STEP_HOOKS: list[Any] = []
 #: Extra steps of a cancellation (tombstones to children...): async (service, run_id).
 CANCEL_HOOKS: list[Any] = []

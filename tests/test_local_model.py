@@ -217,15 +217,26 @@ def _assert_one_call_one_reply(daemon: Daemon, shown: dict[str, Any], tmp: Path)
 
 
 def test_a_real_model_plans_one_tool_call_and_one_final_reply(short_tmp: Path) -> None:
-    spec = _local_spec(short_tmp, AGENT.format(id="a", model="smollm2"))
+    # A token budget too: the second turn's view is counted by the model's tokenizer.
+    agent = AGENT.format(id="a", model="smollm2").replace('provider = "local"\n',
+                                                          'provider = "local"\nauto_compact_token_limit = 4000\n')
+    spec = _local_spec(short_tmp, agent)
     with running(short_tmp / "home", spec) as daemon:
         shown = _one_tool_run(daemon)
         _assert_one_call_one_reply(daemon, shown, short_tmp)
         model = _model_status(daemon)
         assert model["status"] == "ready" and model["restarts"] == 0 and model["requests"] == 2
+        assert model["token_counts"] >= 1, "the second turn's view was counted by the tokenizer"
         shown_text = cli(daemon.home, "show", shown["run"]["run_id"])
         assert shown_text.returncode == 0
         assert "provider: 2 answers, 0 format repairs" in shown_text.stdout
+        # Compaction counts a local model's tokens with its own tokenizer.
+        from corral.supervisor.compaction import estimate_tokens
+
+        texts = ["hello world", "x" * 400, json.dumps({"tool": "fs.list", "output": {"entries": ["a", "b"]}})]
+        counts = daemon.call("model.count_tokens", model=model["id"], texts=texts)["counts"]
+        assert len(counts) == 3 and all(n > 0 for n in counts) and counts[0] <= 3
+        assert counts != [estimate_tokens(text) for text in texts], "the tokenizer, not the estimate"
 
 
 def test_sigkill_of_the_model_mid_generation_is_a_durable_retry(short_tmp: Path) -> None:
