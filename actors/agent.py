@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from corral.actors import project_context
 from corral.actors.providers.base import (
     MAX_RESPONSE_CHARS,
     ErrorKind,
@@ -136,6 +137,9 @@ class Lane:
             if allowed is None or schema.name in allowed
         )
         self.provider: Provider | None = None
+        # The repository's instructions, references and skills, read once per claim
+        # of the run, from inside its workspace only.
+        self.project = project_context.load(Path(run.get("workspace") or ".")).prompt()
         #: The next step, when the last step's reply carried it (no extra round trip).
         self.next: dict[str, Any] | None = None
 
@@ -196,6 +200,7 @@ class Lane:
             tools=self.offered,
             slot=begun["slot"],
             tool_notes=tuple(sorted((self.run.get("mcp_instructions") or {}).items())),
+            project_context=self.project,
         )
         try:
             response = await provider.complete(request)

@@ -70,8 +70,11 @@ class EchoLLM:
         self.prefix = config.get("prefix", "echo")
         self.fail_first = int(config.get("fail_first", 0))
         self.calls_file = Path(config["calls_file"]) if "calls_file" in config else None
+        self.context_file = Path(config["context_file"]) if "context_file" in config else None
 
     async def complete(self, request):
+        if self.context_file is not None:  # what the agent gave its provider of the repository
+            self.context_file.write_text(request.project_context)
         calls = 0
         if self.calls_file is not None:
             calls = int(self.calls_file.read_text()) if self.calls_file.exists() else 0

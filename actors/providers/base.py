@@ -56,6 +56,9 @@ class ProviderRequest:
     #: What the tool servers (MCP) say about their tools, by server: context for the
     #: model, not instructions from the user.
     tool_notes: tuple[tuple[str, str], ...] = ()
+    #: The repository's start-up context (actors/project_context.py): AGENTS.md
+    #: instructions, reference excerpts, the skills' names. Empty: none.
+    project_context: str = ""
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,9 @@ def system_prompt(request: ProviderRequest, schema: dict[str, Any]) -> str:
     lines = [f"You are corral agent {request.agent_id}. Reply with one JSON object."]
     for server, notes in request.tool_notes:
         lines.append(f"Notes from the tool server {server}: {redact_text(notes)[:600]}")
+    if request.project_context:
+        # A small model's context is small: the project's block, bounded harder.
+        lines.append(redact_text(request.project_context)[:2000])
     offered = "actions" in json.dumps(schema)
     if offered:
         lines.append('To use a tool: {"actions": [{"tool": "<name>", "input": {...}}]}. Tools:')

@@ -273,6 +273,8 @@ def system_prompt(request: ProviderRequest, *, native_tools: bool) -> str:
     for server, notes in request.tool_notes:
         # The servers' own description of their tools (MCP instructions), bounded.
         intro += f"\nNotes from the tool server {server!r}: {_bounded(notes, 2000)}"
+    if request.project_context:
+        intro += f"\n\n{_bounded(request.project_context, 24_000)}\n"
     if native_tools:
         if not request.tools:
             return f"{intro} No tools are available: reply with your final answer."
