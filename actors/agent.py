@@ -291,6 +291,9 @@ class Lane:
                 return
             self.next = None
         batch = [{"action_id": action_id, "tool": step["tool"], "input": step["input"]}, *step.get("batch", ())]
+        if step.get("parallel"):
+            await self.execute_parallel(batch)
+            return
         results = []
         for action in batch:  # a read batch runs in plan order; see supervisor/step_piggyback.py
             failpoints.hit("agent.before-effect")
@@ -306,6 +309,21 @@ class Lane:
             await self.step_call("action.finish", **results[0])
         else:
             await self.step_call("action.finish_batch", results=results)
+
+    async def execute_parallel(self, batch: list[dict[str, Any]]) -> None:
+        """A batch of allow-listed reads, run at once; each result is committed as
+        soon as its read ends (the next step is asked for afterwards)."""
+
+        async def one(action: dict[str, Any]) -> None:
+            failpoints.hit("agent.before-effect")
+            ok, output, summary, error = await self.execute(action["action_id"], action["tool"], action["input"])
+            failpoints.hit("agent.after-effect")
+            await self.call("action.finish", action_id=action["action_id"], ok=ok, output=output, summary=summary,
+                            error=error)
+
+        async with trio.open_nursery() as nursery:
+            for action in batch:
+                nursery.start_soon(one, action)
 
     async def _execute_unsafely(self, step: dict[str, Any]) -> None:
         """The deliberately broken build: side effect first, ``executing`` after.

@@ -495,6 +495,7 @@ class RunService:
                 "retry_cap_s": agent.retry_cap_s,
             },
             "role": agent.role,
+            "parallel_reads": list(agent.parallel_reads),
             "context": {
                 "window": agent.context_window,
                 "auto_compact": agent.auto_compact_token_limit or (

@@ -91,6 +91,9 @@ class AgentSpec:
     context_window: int | None = None
     auto_compact_token_limit: int | None = None
     tool_output_token_limit: int | None = None
+    #: Read tools whose consecutive auto-approved calls may run in parallel (an
+    #: exact allow list; supervisor/step_piggyback.py). Empty: reads run in order.
+    parallel_reads: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,7 @@ _AGENT = {
     "context_window",
     "auto_compact_token_limit",
     "tool_output_token_limit",
+    "parallel_reads",
     "max_provider_retries",
     "retry_base_s",
     "retry_cap_s",
@@ -457,6 +461,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
             context_window=_get(where, table, "context_window", int, None),
             auto_compact_token_limit=_get(where, table, "auto_compact_token_limit", int, None),
             tool_output_token_limit=_get(where, table, "tool_output_token_limit", int, None),
+            parallel_reads=_parallel_reads(where, table),
             max_provider_retries=_get(where, table, "max_provider_retries", int, 3),
             retry_base_s=_get(where, table, "retry_base_s", float, 0.5),
             retry_cap_s=_get(where, table, "retry_cap_s", float, 30.0),
@@ -663,6 +668,19 @@ def _tool_globs(where: str, table: dict[str, Any]) -> tuple[str, ...] | None:
     if not all(isinstance(glob, str) and 0 < len(glob) <= 200 for glob in globs):
         raise SpecError(f"{where}.tools: must be a list of tool names or globs (e.g. \"fs.*\", \"mcp.git.*\")")
     return tuple(globs)
+
+
+def _parallel_reads(where: str, table: dict[str, Any]) -> tuple[str, ...]:
+    """Exact names of read-only tools (no globs: the list is strict)."""
+    from corral.actors.tools.registry import all_tools
+
+    names = _get(where, table, "parallel_reads", list, [])
+    tools = all_tools()
+    for name in names:
+        tool = tools.get(name) if isinstance(name, str) else None
+        if tool is None or tool.schema.effect_class != "read":
+            raise SpecError(f"{where}.parallel_reads: {name!r} is not a read-only tool (only reads run in parallel)")
+    return tuple(names)
 
 
 def known_tool_names() -> list[str]:

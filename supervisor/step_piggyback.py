@@ -20,7 +20,10 @@ Three more cuts, each through the same methods and checks as the long way:
   to the agent as one ``batch``; the agent runs them in order and reports them in
   one ``action.finish_batch``. Each keeps its own identity and lifecycle. A kill
   mid-batch leaves them ``executing`` and rerunnable: recovery runs them again,
-  exactly as it would one at a time.
+  exactly as it would one at a time. When every read of the batch is on the
+  agent's ``parallel_reads`` allow list, they run at once instead (``parallel``),
+  each reported by its own ``action.finish`` as it ends, so a kill re-runs only
+  the reads whose result was not committed yet.
 - **Handoff with its plan.** The agent parses the provider's response itself and
   sends the plan (or the parse failure) with ``provider.handoff``; the handoff
   commits first, then the plan through ``plan.commit`` (or ``plan.invalid``). A
@@ -32,6 +35,7 @@ batch, begun) and the batch's results (whose reply carries the next provider tur
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +116,10 @@ async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str) -> dict
                 following = await _begin_following_reads(sup, slot, run_id, step["action_id"])
                 if following:
                     step["batch"] = following
+                    allowed = set(_run_options(sup, run_id).get("parallel_reads") or ())
+                    # Every read of the batch on the agent's strict allow list: they
+                    # run at once, each reported as it ends (a kill re-runs only the rest).
+                    step["parallel"] = {step["tool"], *(entry["tool"] for entry in following)} <= allowed
     elif step["do"] == "provider":
         step["begun"] = run_store.begin_provider_request(sup.ledger, run_id, int(step["loop"]))
     return step
@@ -149,6 +157,12 @@ async def _begin_following_reads(sup: Supervisor, slot: ActorSlot, run_id: str, 
             return batch
         batch.append({"action_id": prepared["action_id"], "tool": call["tool"], "input": call["input"]})
         index += 1
+
+
+def _run_options(sup: Supervisor, run_id: str) -> dict[str, Any]:
+    row = sup.ledger.one("SELECT options FROM runs WHERE run_id = ?", run_id)
+    options: dict[str, Any] = json.loads(row["options"]) if row is not None else {}
+    return options
 
 
 def _is_read(sup: Supervisor, tool_name: str) -> bool:

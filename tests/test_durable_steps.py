@@ -175,3 +175,54 @@ async def test_group_commit_makes_every_commit_durable_before_its_barrier_return
         assert commits.syncs == syncs + 1 and ledger.synced_commits == ledger.commits
     finally:
         ledger.close()
+
+
+PARALLEL = """
+[[agents.steps]]
+actions = [{ tool = "fs.read", input = { path = "a.txt" } }, { tool = "fs.list", input = { path = "." } },
+           { tool = "fs.read", input = { path = "b.txt" } }]
+[[agents.steps]]
+final = "read"
+"""
+
+
+def _parallel_daemon(tmp: Path, allow: str) -> Daemon:
+    (tmp / "ws").mkdir()
+    (tmp / "ws" / "a.txt").write_text("alpha")
+    (tmp / "ws" / "b.txt").write_text("beta")
+    spec = tmp / "spec.toml"
+    spec.write_text(agent_spec(steps=PARALLEL, policy=f"parallel_reads = {allow}"))
+    return Daemon(tmp / "h", spec)
+
+
+def test_allow_listed_parallel_reads_commit_once_each_and_a_kill_reruns_only_the_uncommitted(short_tmp: Path) -> None:
+    daemon = _parallel_daemon(short_tmp, '["fs.read", "fs.list"]')
+    try:
+        # The supervisor kills the agent right after the first read's result commits.
+        daemon.up(env={"CORRAL_FAILPOINTS": "action.after-terminal=kill-caller@once"})
+        run_id = daemon.call("run", agent_id="writer", task="three reads at once")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed"
+        assert (daemon.home / "failpoints" / "action.after-terminal.fired").exists()
+        actions = _actions(daemon, run_id)
+        assert [a["phase"] for a in actions] == ["ok", "ok", "ok"]
+        attempts = sorted(int(str(a["attempts"])) for a in actions)
+        assert attempts[0] == 1 and attempts[-1] <= 2, "a committed read is never run again"
+        receipts = ledger_rows(daemon.home, "SELECT action_id FROM receipts WHERE run_id = ?", run_id)
+        assert len(receipts) == 3 == len({r["action_id"] for r in receipts})
+        outputs = [o["data"] for o in ledger_rows(daemon.home, "SELECT data FROM observations WHERE run_id = ?"
+                                                  " ORDER BY seq", run_id)]
+        assert any("alpha" in o for o in outputs) and any("beta" in o for o in outputs)
+    finally:
+        daemon.shutdown()
+
+
+def test_parallel_reads_is_a_strict_list_of_read_tools(short_tmp: Path) -> None:
+    from corral.supervisor.spec import SpecError, load_spec
+
+    (short_tmp / "ws").mkdir()
+    spec = short_tmp / "spec.toml"
+    for allow in ('["fs.write"]', '["fs.*"]', '["effect.record"]'):
+        spec.write_text(agent_spec(steps=PARALLEL, policy=f"parallel_reads = {allow}"))
+        with pytest.raises(SpecError, match="not a read-only tool"):
+            load_spec(spec)
