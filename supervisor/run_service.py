@@ -87,7 +87,8 @@ class RunService:
 
     def policy_for(self, run: Any, tool: str) -> str:
         """The run's policy for a tool: an exact key first, then the strictest glob
-        that matches (deny over confirm over auto), then the spec's, then auto."""
+        that matches (deny over confirm over auto), then the spec's, then the tool's
+        own default (auto unless it says otherwise)."""
         options = json.loads(run["options"])
         for table in (options.get("policy", {}), self.sup.spec.policy):
             if tool in table:
@@ -95,7 +96,8 @@ class RunService:
             matches = [mode for key, mode in table.items() if fnmatch.fnmatchcase(tool, key)]
             if matches:
                 return max(matches, key=POLICY_STRICTNESS.index)
-        return "auto"
+        # A tool may ask for a person by default (project.git_commit): the spec can say otherwise.
+        return str(getattr(self.tools.get(tool), "default_policy", "auto"))
 
     @staticmethod
     def tool_allowed(run: Any, tool: str) -> bool:

@@ -63,6 +63,7 @@ def schema(
     *,
     read_only: bool,
     sealed: tuple[str, ...] = (),
+    effect: str = "",
 ) -> ToolSchema:
     """The catalog entry of a built-in tool. Its input schema comes from ``params``,
     a TypedDict of the arguments (``NotRequired`` for optional ones), exactly as a
@@ -75,6 +76,7 @@ def schema(
         input_schema=json_schema_of(params),
         read_only=read_only,
         sealed=sealed,
+        effect=effect,
     )
 
 

@@ -52,7 +52,7 @@ class FsRead:
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        target = _confined(ctx, tool_input["path"])
+        target = confined(ctx, tool_input["path"])
         if not target.is_file():
             raise ToolError(f"no file {tool_input['path']!r}", "not-found")
         data = target.read_bytes()
@@ -74,7 +74,7 @@ class FsList:
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         raw = tool_input.get("path", ".")
-        target = ctx.workspace.resolve() if raw in (".", "") else _confined(ctx, raw)
+        target = ctx.workspace.resolve() if raw in (".", "") else confined(ctx, raw)
         if not target.is_dir():
             raise ToolError(f"no directory {raw!r}", "not-found")
         home = ctx.home.resolve()
@@ -86,7 +86,7 @@ class FsList:
         return ToolResult(True, {"path": raw, "entries": entries}, f"listed {raw} ({len(entries)} entries)")
 
 
-def _confined(ctx: ToolContext, raw: str) -> Path:
+def confined(ctx: ToolContext, raw: str) -> Path:
     return resolve_in_workspace(ctx.workspace, raw, forbidden=(ctx.home,))
 
 
@@ -115,7 +115,18 @@ def _open_parent(root: Path, parent: PurePosixPath, raw: str) -> int:
 
 
 def _write_confined(ctx: ToolContext, raw: str, data: bytes) -> None:
-    target = _confined(ctx, raw)
+    commit_staged([stage_write(ctx, raw, data)])
+
+
+#: A file written next to its target, fsync'd, not yet renamed: (parent fd, temp name, final name).
+Staged = tuple[int, str, str]
+
+
+def stage_write(ctx: ToolContext, raw: str, data: bytes) -> Staged:
+    """Check ``raw`` (workspace, write scopes, no symlink on the way) and write
+    ``data`` beside it; ``commit_staged`` renames it into place. Several staged
+    files make an all-or-nothing changeset (project.changeset)."""
+    target = confined(ctx, raw)
     check_write_scope(ctx.workspace, target, ctx.write_scopes, raw)
     if target.is_dir():
         raise ToolError(f"{raw!r} is a directory", "bad-input")
@@ -130,9 +141,28 @@ def _write_confined(ctx: ToolContext, raw: str, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, inside.name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
-        os.fsync(parent_fd)
+    except BaseException:
+        os.close(parent_fd)
+        raise
+    return parent_fd, tmp, inside.name
+
+
+def commit_staged(staged: list[Staged]) -> None:
+    try:
+        for parent_fd, tmp, name in staged:
+            os.replace(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+            os.fsync(parent_fd)
     finally:
+        for parent_fd, _, _ in staged:
+            os.close(parent_fd)
+
+
+def discard_staged(staged: list[Staged]) -> None:
+    for parent_fd, tmp, _ in staged:
+        try:
+            os.unlink(tmp, dir_fd=parent_fd)
+        except OSError:
+            pass
         os.close(parent_fd)
 
 
@@ -166,7 +196,7 @@ class FsPatch:
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         raw = tool_input["path"]
-        target = _confined(ctx, raw)
+        target = confined(ctx, raw)
         check_write_scope(ctx.workspace, target, ctx.write_scopes, raw)
         if not target.is_file():
             raise ToolError(f"no file {raw!r}", "not-found")

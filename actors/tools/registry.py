@@ -14,7 +14,7 @@ _BUILTIN: list[Tool] = [FsRead(), FsWrite(), FsPatch(), FsList(), EffectRecord()
 def builtin_tools() -> dict[str, Tool]:
     tools = {tool.schema.name: tool for tool in _BUILTIN}
     for name in ("corral.actors.tools.swarm", "corral.actors.tools.process", "corral.actors.tools.user_input",
-                 "corral.actors.tools.plan", "corral.actors.tools.goal"):
+                 "corral.actors.tools.plan", "corral.actors.tools.goal", "corral.actors.tools.project"):
         module = import_optional(name)
         if module is None:
             continue

@@ -1,0 +1,108 @@
+"""Changesets and git (seed 004 V1.3, V1.4, V1.12): atomic multi-file changes with
+a review, git reads, and a commit of exactly the reviewed content after approval."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.actors.tools.base import ToolContext, ToolError
+from corral.actors.tools.project import Changeset, GitCommit, GitDiff, GitStatus
+from tests.harness import Daemon, agent_spec, wait_run
+
+
+async def _no_call(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    raise AssertionError("these tools need no supervisor")
+
+
+def _ctx(ws: Path, scopes: tuple[str, ...] = (".",)) -> ToolContext:
+    return ToolContext(agent_id="writer", run_id="run-test00", action_id="act-1", workspace=ws, write_scopes=scopes,
+                       home=ws.parent / "home", call=_no_call)
+
+
+def _git(ws: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=ws, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def _repo(tmp: Path) -> Path:
+    ws = tmp / "ws"
+    ws.mkdir()
+    (ws / "README.md").write_text("old\n")
+    _git(ws, "init", "-q", "-b", "main")
+    _git(ws, "add", "README.md")
+    _git(ws, "commit", "-q", "-m", "start")
+    return ws
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+async def test_a_changeset_is_all_or_nothing_and_returns_its_review(tmp_path: Path) -> None:
+    ws = _repo(tmp_path)
+    changes = [{"path": "README.md", "content": "new\n", "expected_sha256": sha("old\n")},
+               {"path": "docs/guide.md", "content": "guide\n"}]
+    refused = [*changes, {"path": "src/app.py", "content": "x"}]
+    with pytest.raises(ToolError, match="write scope"):
+        await Changeset().run(_ctx(ws, ("README.md", "docs")), {"changes": refused})
+    assert (ws / "README.md").read_text() == "old\n" and not (ws / "docs").exists(), "nothing was written"
+    with pytest.raises(ToolError, match="changed since you read it"):
+        await Changeset().run(_ctx(ws), {"changes": [{**changes[0], "expected_sha256": sha("other")}]})
+    result = await Changeset().run(_ctx(ws, ("README.md", "docs")), {"changes": changes})
+    review = result.output["files"]
+    assert [(f["path"], f["sha256_before"], f["sha256_after"]) for f in review] == [
+        ("README.md", sha("old\n"), sha("new\n")), ("docs/guide.md", None, sha("guide\n"))]
+    assert "-old\n+new" in review[0]["diff"]
+    again = await Changeset().run(_ctx(ws), {"changes": changes})  # idempotent: the same state
+    assert again.ok and (ws / "README.md").read_text() == "new\n"
+    for bad in ("../x", "/etc/passwd", ".git/config"):
+        with pytest.raises(ToolError):
+            await Changeset().run(_ctx(ws), {"changes": [{"path": bad, "content": "x"}]})
+
+
+async def test_git_reads_and_a_commit_of_exactly_the_reviewed_content(tmp_path: Path) -> None:
+    ws = _repo(tmp_path)
+    hook = ws / ".git" / "hooks" / "pre-commit"
+    hook.write_text(f"#!/bin/sh\ntouch {tmp_path}/hook-ran\n")
+    hook.chmod(0o755)
+    await Changeset().run(_ctx(ws), {"changes": [{"path": "README.md", "content": "new\n"}]})
+    status = await GitStatus().run(_ctx(ws), {})
+    assert " M README.md" in status.output["status"]
+    diff = await GitDiff().run(_ctx(ws), {})
+    assert "+new" in diff.output["diff"]
+    with pytest.raises(ToolError, match="not the reviewed content"):
+        await GitCommit().run(_ctx(ws), {"message": "m", "files": [{"path": "README.md", "sha256": sha("old\n")}]})
+    assert _git(ws, "rev-list", "--count", "HEAD").strip() == "1", "no commit"
+    done = await GitCommit().run(_ctx(ws), {"message": "Update the readme",
+                                            "files": [{"path": "README.md", "sha256": sha("new\n")}]})
+    assert _git(ws, "log", "-1", "--format=%s %ae").strip() == "Update the readme writer@corral.invalid"
+    assert done.output["commit"] == _git(ws, "rev-parse", "HEAD").strip()
+    assert not (tmp_path / "hook-ran").exists(), "the repository's hooks never run"
+
+
+def test_a_commit_waits_for_approval_by_default(short_tmp: Path) -> None:
+    ws = _repo(short_tmp)
+    reviewed = f'{{ path = "README.md", sha256 = "{sha("old" + chr(10))}" }}'
+    steps = f"""
+[[agents.steps]]
+actions = [{{ tool = "project.git_commit", input = {{ message = "m", files = [{reviewed}] }} }}]
+[[agents.steps]]
+final = "committed"
+"""
+    spec = short_tmp / "spec.toml"
+    spec.write_text(agent_spec(workspace=str(ws), steps=steps))
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="writer", task="commit")["run_id"]
+        shown = wait_run(daemon, run_id, {"waiting-confirmation", "completed", "failed"})
+        assert shown["run"]["status"] == "waiting-confirmation"
+        assert [a["policy"] for a in shown["actions"]] == ["confirm"]
+        assert _git(ws, "rev-list", "--count", "HEAD").strip() == "1", "nothing committed before approval"
+    finally:
+        daemon.shutdown()
