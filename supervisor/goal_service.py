@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from corral.supervisor import finalization, goal_store, run_store
+from corral.supervisor import finalization, goal_store
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.params import param_str
 
@@ -20,11 +20,7 @@ def install(sup: Supervisor) -> None:
     runs = sup.services["runs"]
 
     async def verdict(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run_id = param_str(params, "run_id", limit=64)
-        runs.check_owner(slot, run_id)
-        action = run_store.get_action(sup.ledger, param_str(params, "action_id", limit=64))
-        if action["run_id"] != run_id or action["tool"] != "goal.verdict":
-            raise BadRequest(f"action {action['action_id']} is not a goal.verdict of run {run_id}")
+        run_id, action = runs.ledger_tool_action(slot, params, "goal.verdict")
         if goal_store.goal_of(sup.ledger, run_id) is None:
             raise BadRequest(f"run {run_id} has no goal (start it with corral run --goal)")
         met, evidence = params.get("met"), params.get("evidence")

@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from corral.core import failpoints
-from corral.supervisor import finalization, plan_store, run_store
+from corral.supervisor import finalization, plan_store
 from corral.supervisor.errors import BadRequest
-from corral.supervisor.params import param_str
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -21,11 +20,7 @@ def install(sup: Supervisor) -> None:
     runs = sup.services["runs"]
 
     async def update(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run_id = param_str(params, "run_id", limit=64)
-        runs.check_owner(slot, run_id)
-        action = run_store.get_action(sup.ledger, param_str(params, "action_id", limit=64))
-        if action["run_id"] != run_id or action["tool"] != "plan.update":
-            raise BadRequest(f"action {action['action_id']} is not a plan.update of run {run_id}")
+        run_id, action = runs.ledger_tool_action(slot, params, "plan.update")
         steps = params.get("steps")
         if not isinstance(steps, list) or not steps:
             raise BadRequest("steps must be a non-empty list")

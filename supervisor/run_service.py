@@ -79,6 +79,16 @@ class RunService:
         if row["agent_id"] != slot.spec.params.get("agent_id"):
             raise Refused(f"run {run_id} belongs to {row['agent_id']}, not to {slot.id}")
 
+    def ledger_tool_action(self, slot: ActorSlot, params: dict[str, Any], tool: str) -> tuple[str, Any]:
+        """The run and the action a ledger tool (``plan.update``, ``goal.verdict``)
+        acts for: the caller's run, and an action of that tool in it."""
+        run_id = _str(params, "run_id", limit=64)
+        self.check_owner(slot, run_id)
+        action = run_store.get_action(self.ledger, _str(params, "action_id", limit=64))
+        if action["run_id"] != run_id or action["tool"] != tool:
+            raise BadRequest(f"action {action['action_id']} is not a {tool} of run {run_id}")
+        return run_id, action
+
     def owned_run(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
         run = run_store.get_run(self.ledger, _str(params, "run_id"))
         if run["agent_id"] != slot.spec.params.get("agent_id"):

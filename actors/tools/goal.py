@@ -10,8 +10,7 @@ from typing import Any
 
 from typing_extensions import TypedDict
 
-from corral.actors.tools.base import Tool, ToolContext, ToolError, ToolResult, schema
-from corral.mailbox.errors import RemoteError
+from corral.actors.tools.base import Tool, ToolContext, ToolResult, ledger_call, schema
 
 
 class VerdictArgs(TypedDict):
@@ -30,13 +29,8 @@ class GoalVerdict:
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        try:
-            verdict = await ctx.call("goal.verdict", run_id=ctx.run_id, action_id=ctx.action_id,
-                                     met=tool_input["met"], evidence=tool_input["evidence"])
-        except RemoteError as exc:
-            if exc.code == "bad-request":
-                raise ToolError(exc.message, "verdict-refused") from None
-            raise
+        verdict = await ledger_call(ctx, "goal.verdict", "verdict-refused", met=tool_input["met"],
+                                    evidence=tool_input["evidence"])
         return ToolResult(True, verdict, "goal met" if verdict["met"] else "goal not met yet")
 
 

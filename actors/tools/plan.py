@@ -11,8 +11,7 @@ from typing import Any, Literal, NotRequired
 
 from typing_extensions import TypedDict
 
-from corral.actors.tools.base import Tool, ToolContext, ToolError, ToolResult, schema
-from corral.mailbox.errors import RemoteError
+from corral.actors.tools.base import Tool, ToolContext, ToolResult, ledger_call, schema
 
 
 class PlanStep(TypedDict):
@@ -37,13 +36,7 @@ class PlanUpdate:
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        try:
-            plan = await ctx.call("plan.update", run_id=ctx.run_id, action_id=ctx.action_id,
-                                  steps=tool_input["steps"])
-        except RemoteError as exc:
-            if exc.code == "bad-request":
-                raise ToolError(exc.message, "plan-refused") from None
-            raise
+        plan = await ledger_call(ctx, "plan.update", "plan-refused", steps=tool_input["steps"])
         open_steps = plan["unfinished"]
         return ToolResult(True, plan, f"plan revision {plan['revision']}: {len(plan['steps'])} steps,"
                                       f" {len(open_steps)} unfinished")
