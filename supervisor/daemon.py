@@ -404,6 +404,7 @@ def _extensions() -> list[Callable[[Supervisor], Any]]:
         "corral.supervisor.plan_service",
         "corral.supervisor.goal_service",
         "corral.supervisor.compaction_service",
+        "corral.supervisor.collaboration_service",
     )
     for name in layers:
         module = import_optional(name)

@@ -267,6 +267,13 @@ class RunService:
         loop = _int(params, "loop")
         slot_name = _str(params, "slot")
         withheld = raw_sha = None
+        if run_store.get_plan(self.ledger, run["run_id"], loop) is None:
+            for guard in PLAN_GUARDS:
+                why = guard(run, loop, plan)  # e.g. the collaboration policy's first wave
+                if why:
+                    refused = run_store.plan_invalid(self.ledger, run["run_id"], loop, slot_name,
+                                                     "collaboration-policy", why, self.limits_for(run))
+                    return {"refused": why, **refused}
         if run_store.get_plan(self.ledger, run["run_id"], loop) is None:  # a replay must not spool again
             plan, sealed = sealed_input.seal_plan(self.spool, run["run_id"], loop, plan)
             withheld = sealed_input.WITHHELD_RESPONSE if sealed else None
@@ -749,6 +756,9 @@ SHOW_SECTIONS: dict[str, Any] = {}
 #: Checks of every proposed action before it is prepared: (run, action_id, tool,
 #: input) -> ("continue" | "ask" | "block", reason). Each may only tighten.
 ACTION_GUARDS: list[Any] = []
+#: Checks of a plan before it commits: (run, loop, plan) -> a reason to refuse it
+#: (a repair the model sees), or None.
+PLAN_GUARDS: list[Any] = []
 #: Extra sections of ``pending`` (name -> () -> rows), for layers that park runs too.
 PENDING_SECTIONS: dict[str, Any] = {}
 #: Shape a provider step before the agent gets it: async (run_id, step) -> step.

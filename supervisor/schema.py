@@ -462,3 +462,17 @@ MIGRATIONS.append(
     );
     """
 )
+
+MIGRATIONS.append(
+    # 14: the collaboration policy a root run is bound to by its first valid wave
+    # (supervisor/collaboration_service.py): a snapshot, its digest, and when.
+    """
+    CREATE TABLE collaboration_bindings (
+        run_id     TEXT PRIMARY KEY,
+        policy     TEXT NOT NULL,
+        digest     TEXT NOT NULL,
+        loop_index INTEGER NOT NULL,
+        bound_at   REAL NOT NULL
+    );
+    """
+)
