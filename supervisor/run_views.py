@@ -57,6 +57,9 @@ class RunViews:
                     "attempts",
                     "reason",
                     "error",
+                    "created_at",
+                    "executing_at",
+                    "finished_at",
                 )
             }
             for row in self.ledger.all(

@@ -166,6 +166,9 @@ def test_the_server_wants_its_token_and_csrf_and_never_writes_through_get(
     assert status == 200, text
     shown = wait_run(swarm, run_id, {"completed", "failed"})
     assert shown["run"]["status"] == "completed" and len(effects(swarm.home.parent / "effects.log")) == 1
+    status, page, _ = _request(info, "GET", f"/runs/{run_id}", headers=auth)
+    # The action timeline: each executed action a bar, coloured by how it ended.
+    assert status == 200 and page.count('class="action ok"') == 2 and '<svg class="actions"' in page
 
 
 def test_the_live_stream_resumes_after_a_reconnect_without_a_gap(swarm: Daemon, dashboard: dict[str, Any]) -> None:

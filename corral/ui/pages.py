@@ -155,6 +155,7 @@ def run(shown: dict[str, Any]) -> str:
         f'<p class="task"><b>Task</b> {escape(info.get("task") or "")}</p>',
         f'<div class="final" id="final-reply"><b>Final reply</b> {escape(final) if final else "<i>not yet</i>"}</div>',
         "<h3>Actions</h3>",
+        action_timeline(shown.get("actions", [])),
         _table(("action", "loop", "tool", "phase", "policy", "attempts", "reason"), actions) if actions
         else "<p>No actions.</p>",
         "<h3>Receipts</h3>",
@@ -172,6 +173,45 @@ def run(shown: dict[str, Any]) -> str:
         section = shown.get(name)
         if section:
             parts.append(f"<h3>{escape(name.capitalize())}</h3><pre>{escape(_plain(section))}</pre>")
+    return "".join(parts)
+
+
+PHASE_COLORS = {"ok": "#22c55e", "failed": "#ef4444", "denied": "#94a3b8", "needs-reconciliation": "#f59e0b"}
+
+
+def action_timeline(actions: list[dict[str, Any]], width: int = 760) -> str:
+    """Each action as a bar: prepared (grey) until it began executing, then running
+    (blue) until it ended, coloured by how it ended. Empty when nothing is timed."""
+    timed = [a for a in actions if a.get("created_at")]
+    if not timed:
+        return ""
+    start = min(float(a["created_at"]) for a in timed)
+    end = max(float(a.get("finished_at") or a.get("executing_at") or a["created_at"]) for a in timed)
+    span = max(end - start, 1e-3)
+    label_w, row_h = 230, 18
+
+    def x(at: float) -> float:
+        return label_w + (at - start) / span * (width - label_w - 10)
+
+    parts = [f'<svg class="actions" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+             f'height="{12 + row_h * len(timed)}" font-family="sans-serif" font-size="11">']
+    for row, action in enumerate(timed):
+        y = 4 + row * row_h
+        created = float(action["created_at"])
+        began = float(action["executing_at"]) if action.get("executing_at") else None
+        ended = float(action["finished_at"]) if action.get("finished_at") else None
+        label = f"{action['tool']} ({action['phase']})"
+        parts.append(f'<text x="2" y="{y + 10}">{escape(label[:36])}</text>')
+        waited_to = began if began is not None else (ended if ended is not None else end)
+        parts.append(f'<rect x="{x(created):.1f}" y="{y}" width="{max(x(waited_to) - x(created), 1.5):.1f}" '
+                     f'height="12" fill="#cbd5e1"><title>prepared</title></rect>')
+        if began is not None:
+            color = PHASE_COLORS.get(str(action["phase"]), "#3b82f6")
+            finish = ended if ended is not None else end
+            parts.append(f'<rect class="action {escape(str(action["phase"]))}" x="{x(began):.1f}" y="{y}" '
+                         f'width="{max(x(finish) - x(began), 1.5):.1f}" height="12" fill="{color}">'
+                         f'<title>{escape(label)}: {finish - began:.3f} s executing</title></rect>')
+    parts.append("</svg>")
     return "".join(parts)
 
 
