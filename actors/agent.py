@@ -28,6 +28,7 @@ from corral.actors.providers.base import (
     ProviderRequest,
     ProviderResponse,
     ToolSchema,
+    history_digest,
 )
 from corral.actors.providers.registry import make_provider
 from corral.actors.runtime import ActorContext, is_shutdown
@@ -137,9 +138,10 @@ class Lane:
             if allowed is None or schema.name in allowed
         )
         self.provider: Provider | None = None
-        # The repository's instructions, references and skills, read once per claim
-        # of the run, from inside its workspace only.
-        self.project = project_context.load(Path(run.get("workspace") or ".")).prompt()
+        #: The repository's instructions, references and skills (read from inside the
+        #: workspace only, at the lane's first provider turn: a lane that only runs
+        #: actions never walks the tree).
+        self.project: str | None = None
         #: The next step, when the last step's reply carried it (no extra round trip).
         self.next: dict[str, Any] | None = None
 
@@ -153,6 +155,11 @@ class Lane:
         answer = await self.call(method, want_next=True, **params)
         self.next = answer.get("next")
         return answer
+
+    def project_context(self) -> str:
+        if self.project is None:
+            self.project = project_context.load(Path(self.run.get("workspace") or ".")).prompt()
+        return self.project
 
     def get_provider(self) -> Provider:
         if self.provider is None:
@@ -200,7 +207,7 @@ class Lane:
             tools=self.offered,
             slot=begun["slot"],
             tool_notes=tuple(sorted((self.run.get("mcp_instructions") or {}).items())),
-            project_context=self.project,
+            project_context=self.project_context(),
         )
         try:
             response = await provider.complete(request)
@@ -247,8 +254,6 @@ class Lane:
         """The model writes it: through its provider's ``summarize`` when it has one,
         else an ordinary request whose final reply is the summary. The runtime's
         own digest stands in only when the model gives none."""
-        from corral.supervisor.compaction import digest
-
         entries = tuple(step["entries"])
         provider = self.get_provider()
         own = getattr(provider, "summarize", None)
@@ -264,7 +269,7 @@ class Lane:
         except (ProviderError, PlanError) as exc:
             log.warning("%s: the model wrote no summary (%s); the runtime's digest stands in", self.run_id, exc)
             text = ""
-        return (text.strip() or digest(list(entries)))[:8000]
+        return (text.strip() or history_digest(list(entries)))[:8000]
 
     async def step_parse(self, step: dict[str, Any]) -> None:
         """A response handed off without its plan (or before a crash): parse it now."""

@@ -84,18 +84,3 @@ def plan(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, A
     covered += [cut(entry, limits.get("tool_output"), count) for seq, entry in observations
                 if after < seq <= to_seq]
     return {"from_seq": 1, "to_seq": to_seq, "entries": covered, "tokens_before": tokens}
-
-
-def digest(entries: list[dict[str, Any]], limit_chars: int = 2000) -> str:
-    """The runtime's own summary, for providers that cannot write one: what ran and
-    how it ended, oldest first."""
-    parts = []
-    for entry in entries:
-        if entry.get("role") == "summary":
-            parts.append(str(entry.get("text", "")))
-        elif entry.get("role") in ("repair", "user"):
-            parts.append(f"{entry['role']}: {str(entry.get('detail') or entry.get('text') or '')[:80]}")
-        else:
-            parts.append(f"{entry.get('tool', '?')} {entry.get('status', '?')}")
-    text = "; ".join(parts)
-    return text if len(text) <= limit_chars else text[: limit_chars - 3] + "..."

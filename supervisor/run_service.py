@@ -7,7 +7,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +35,6 @@ if TYPE_CHECKING:
 
 #: Which policy wins when several globs match one tool.
 POLICY_STRICTNESS = ("auto", "confirm", "deny")
-_RUN_ID = re.compile(r"^run-[a-z0-9-]{6,40}$")
 
 
 def _str(params: dict[str, Any], key: str, *, limit: int = 200) -> str:
@@ -177,10 +175,11 @@ class RunService:
         self.check_owner(slot, run_id)
         step = run_store.next_step(self.ledger, run_id)
         if step["do"] == "provider":
-            step["history"] = run_store.history(self.ledger, run_id)
             step["task"] = run_store.get_run(self.ledger, run_id)["task"]
             for shape in PROVIDER_STEP_HOOKS:
-                step = await shape(run_id, step)  # e.g. compaction: the view, or compact first
+                step = await shape(run_id, step)  # e.g. compaction: its view, or compact first
+            if step["do"] == "provider" and "history" not in step:
+                step["history"] = run_store.history(self.ledger, run_id)  # no hook shaped it: all of it
         try:
             self._with_raw_copies(run_id, step)
         except sealed_input.SealedInputError as exc:
@@ -469,7 +468,7 @@ class RunService:
         if run_id is not None:
             # A caller-chosen id makes `run` idempotent: a client that lost the reply
             # (the supervisor died right after committing) can ask again safely.
-            if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+            if not isinstance(run_id, str) or not run_store.RUN_ID.match(run_id):
                 raise BadRequest("run_id must look like run-<6..40 of a-z, 0-9, ->")
             existing = self.ledger.one("SELECT agent_id FROM runs WHERE run_id = ?", run_id)
             if existing is not None:
@@ -634,7 +633,8 @@ ACTION_GUARDS: list[Any] = []
 #: Checks of a plan before it commits: (run, loop, plan) -> a reason to refuse it
 #: (a repair the model sees), or None.
 PLAN_GUARDS: list[Any] = []
-#: Shape a provider step before the agent gets it: async (run_id, step) -> step.
+#: Shape a provider step before the agent gets it: async (run_id, step) -> step. A
+#: hook that sets ``history`` gives the model that view; otherwise it sees all of it.
 PROVIDER_STEP_HOOKS: list[Any] = []
 #: Extra steps of a cancellation (tombstones to children...): async (service, run_id).
 CANCEL_HOOKS: list[Any] = []

@@ -9,6 +9,7 @@ directly.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import sqlite3
 import time
@@ -35,6 +36,8 @@ from corral.supervisor.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.run_state import RunStatus, check_run_transition
 
 MAX_RESULT_CHARS = 64 * 1024
+#: What a run id looks like ("run-" and what create_run or a client chose).
+RUN_ID = re.compile(r"^run-[a-z0-9-]{6,40}$")
 
 
 @dataclass(frozen=True)

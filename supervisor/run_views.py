@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -22,15 +21,10 @@ if TYPE_CHECKING:
 LIST_TEXT_CHARS = 300
 #: How many runs one ``wait`` call may name.
 WAIT_MAX_RUNS = 1000
-_RUN_ID = re.compile(r"^run-[a-z0-9-]{6,40}$")
 #: Extra sections of `corral show` from other layers: name -> (run_id -> data).
 SHOW_SECTIONS: dict[str, Any] = {}
 #: Extra sections of ``pending`` (name -> () -> rows), for layers that park runs too.
 PENDING_SECTIONS: dict[str, Any] = {}
-
-
-def _str(params: dict[str, Any], key: str, *, limit: int = 200) -> str:
-    return param_str(params, key, limit=limit)
 
 
 class RunViews:
@@ -39,7 +33,7 @@ class RunViews:
         self.ledger = sup.ledger
 
     async def show(self, params: dict[str, Any]) -> dict[str, Any]:
-        run = run_store.get_run(self.ledger, _str(params, "run_id"))
+        run = run_store.get_run(self.ledger, param_str(params, "run_id"))
         run_id = run["run_id"]
         data = {k: run[k] for k in run.keys() if k not in ("provider_config", "options")}  # noqa: SIM118 - sqlite3.Row is not a dict
         data["repairs"] = json.loads(run["repairs"])
@@ -103,7 +97,7 @@ class RunViews:
         run_ids = params.get("run_ids")
         if not isinstance(run_ids, list) or not 1 <= len(run_ids) <= WAIT_MAX_RUNS:
             raise BadRequest(f"run_ids must be a list of 1 to {WAIT_MAX_RUNS} run ids")
-        if not all(isinstance(run_id, str) and _RUN_ID.match(run_id) for run_id in run_ids):
+        if not all(isinstance(run_id, str) and run_store.RUN_ID.match(run_id) for run_id in run_ids):
             raise BadRequest("run_ids holds something that is not a run id")
         until = params.get("until", "settled")
         if until not in ("done", "settled"):

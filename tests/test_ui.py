@@ -106,7 +106,12 @@ def _request(info: dict[str, Any], method: str, path: str, body: bytes | None = 
 
 
 def _sse(info: dict[str, Any], path: str, count: int, headers: dict[str, str] | None = None) -> list[int]:
-    """The ids of the first ``count`` ledger events the stream sends."""
+    """The ids of the first ``count`` ledger events the stream sends. Bounded: the
+    stream's keep-alives would hold a socket timeout off forever, so a missing event
+    fails the test (and its fixtures reap the daemons) instead of hanging it."""
+    import time
+
+    deadline = time.monotonic() + 30
     conn = http.client.HTTPConnection("127.0.0.1", info["port"], timeout=20)
     try:
         conn.request("GET", path, headers=headers or {})
@@ -114,6 +119,7 @@ def _sse(info: dict[str, Any], path: str, count: int, headers: dict[str, str] | 
         assert reply.status == 200 and reply.getheader("content-type", "").startswith("text/event-stream")
         ids: list[int] = []
         while len(ids) < count:
+            assert time.monotonic() < deadline, f"only {len(ids)} of {count} events within 30 s: {ids}"
             line = reply.fp.readline().decode()
             assert line, "the stream ended early"
             if line.startswith("id: "):

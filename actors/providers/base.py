@@ -165,3 +165,18 @@ class Provider(Protocol):
     def parse(self, response: ProviderResponse, tools: tuple[ToolSchema, ...]) -> Plan:
         """Turn a committed response into a plan. Raises PlanError."""
         ...
+
+
+def history_digest(entries: list[dict[str, Any]], limit_chars: int = 2000) -> str:
+    """The runtime's own summary of history entries (context compaction), for
+    providers that cannot write one: what ran and how it ended, oldest first."""
+    parts = []
+    for entry in entries:
+        if entry.get("role") == "summary":
+            parts.append(str(entry.get("text", "")))
+        elif entry.get("role") in ("repair", "user"):
+            parts.append(f"{entry['role']}: {str(entry.get('detail') or entry.get('text') or '')[:80]}")
+        else:
+            parts.append(f"{entry.get('tool', '?')} {entry.get('status', '?')}")
+    text = "; ".join(parts)
+    return text if len(text) <= limit_chars else text[: limit_chars - 3] + "..."

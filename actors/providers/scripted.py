@@ -30,6 +30,7 @@ from corral.actors.providers.base import (
     RepairCategory,
     ToolCall,
     ToolSchema,
+    history_digest,
 )
 
 
@@ -106,9 +107,7 @@ class ScriptedProvider:
 
     async def summarize(self, entries: tuple[dict[str, Any], ...]) -> str:
         """A deterministic summary (a script has no model to write one)."""
-        from corral.supervisor.compaction import digest
-
-        return f"[scripted summary of {len(entries)} earlier entries] " + digest(list(entries), 600)
+        return f"[scripted summary of {len(entries)} earlier entries] " + history_digest(list(entries), 600)
 
 
 _PLACEHOLDER = re.compile(r"\$\{([a-z0-9_-]+)[.:]([a-z0-9_]+)\}")

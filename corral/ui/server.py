@@ -39,6 +39,7 @@ from corral.client_types import RunResult
 from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
 from corral.supervisor import home as homes
+from corral.supervisor.run_store import RUN_ID
 from corral.ui import pages, timeline
 
 ENDPOINT_FILE = "ui.json"
@@ -51,7 +52,6 @@ USS_TTL_S = 5.0
 #: The timeline reads at most this many events (the newest).
 TIMELINE_EVENTS = 50_000
 _ACTION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,120}$")
-_RUN_ID = re.compile(r"^run-[a-z0-9-]{6,40}$")
 _FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -161,7 +161,7 @@ class Dashboard:
 
     async def run_page(self, request: Request) -> tuple[str, str]:
         run_id = request.path_params["run_id"]
-        if not _RUN_ID.match(run_id):
+        if not RUN_ID.match(run_id):
             raise ControlError("not-found", f"no run {run_id!r}")
         shown: RunResult = await self.client.show(run_id)
         return f"Run {run_id}", pages.run(shown.raw)
@@ -201,7 +201,7 @@ class Dashboard:
             self._uss[pid] = (now, uss)
             found[pid] = uss
         for gone in set(self._uss) - set(pids):
-            del self._uss[gone]
+            self._uss.pop(gone, None)  # two pages may read at once (worker threads)
         return found
 
     # -- the live stream ----------------------------------------------------------
@@ -262,7 +262,7 @@ class Dashboard:
 
     async def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         run_id, text = body.get("run"), body.get("text")
-        if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        if not isinstance(run_id, str) or not RUN_ID.match(run_id):
             raise BadInput("run must be a run id")
         if not isinstance(text, str) or not 1 <= len(text) <= 4000:
             raise BadInput("text must be 1 to 4000 characters")
