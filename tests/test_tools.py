@@ -96,3 +96,23 @@ async def test_effect_record_appends_exactly_one_line_per_call(tmp_path: Path) -
     lines = read_effects(tmp_path / "fx.log")
     assert [line["label"] for line in lines] == ["one", "two"]
     assert all(line["action_id"] == "act-1" for line in lines)
+
+
+async def test_a_parent_directory_made_meanwhile_by_another_writer_is_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two isolated children writing draft/intro/... and draft/body/... at once: one
+    of them finds ``draft`` missing, and the other makes it before its mkdir."""
+    import os
+
+    real_mkdir = os.mkdir
+
+    def raced(path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real_mkdir(path, mode, dir_fd=dir_fd)  # the other writer, first
+        raise FileExistsError(17, "File exists")
+
+    monkeypatch.setattr(os, "mkdir", raced)
+    context = ctx(tmp_path)
+    result = await FsWrite().run(context, {"path": "draft/intro/intro.md", "content": "# Draft\n"})
+    assert result.ok
+    assert (context.workspace / "draft" / "intro" / "intro.md").read_text() == "# Draft\n"

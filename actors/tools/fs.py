@@ -101,7 +101,10 @@ def _open_parent(root: Path, parent: PurePosixPath, raw: str) -> int:
             try:
                 child = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
             except FileNotFoundError:
-                os.mkdir(part, 0o755, dir_fd=fd)
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass  # another writer (a sibling child, say) made it meanwhile: open it, checked
                 child = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
             except (NotADirectoryError, OSError) as exc:
                 why = f"{raw!r}: {part!r} is not a plain directory ({exc.strerror})"
