@@ -401,3 +401,24 @@ figure(
         target_text="(no target: the ratio to the disk's limit)",
     )
 )
+figure(
+    FigureSpec(
+        name="durable_actions_postgres",
+        metric="durable read actions per second on a shared PostgreSQL ledger, 64 agents on one node",
+        unit="per s",
+        corral="durable_actions_postgres.actions_per_s_pg1_64",
+        baselines={
+            "SQLite ledger, 64 agents (same run)": "durable_actions_postgres.actions_per_s_sqlite_64",
+            "PostgreSQL, two nodes, 32 agents each": "durable_actions_postgres.actions_per_s_pg2_64",
+            "PostgreSQL, 1 agent": "durable_actions_postgres.actions_per_s_pg1_1",
+            "SQLite, 1 agent": "durable_actions_postgres.actions_per_s_sqlite_1",
+            "PostgreSQL, 8 agents": "durable_actions_postgres.actions_per_s_pg1_8",
+            "PostgreSQL, two nodes, 4 agents each": "durable_actions_postgres.actions_per_s_pg2_8",
+            "SQLite, 8 agents": "durable_actions_postgres.actions_per_s_sqlite_8",
+            "bare PostgreSQL, 1 synchronous commit per transition": "durable_actions_postgres.postgres_limit_per_s",
+        },
+        reference=("SQLite ledger, 64 agents (same run)",),
+        higher_is_better=True,
+        target_text="(no target: beside SQLite and the server's own limit, same run)",
+    )
+)

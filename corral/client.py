@@ -115,9 +115,14 @@ class Client:
         *,
         timeout: float = 30.0,
         stop_timeout: float = 30.0,
+        ledger: str | None = None,
+        node: str | None = None,
     ) -> Iterator[Client]:
         """Start a supervisor for ``home`` with ``spec``, yield a client, and stop the
         supervisor on exit (gracefully, by its actors' shutdown specs).
+
+        ``ledger`` (``postgresql://...``) makes it a node of a swarm that shares
+        that database, with ``node`` as its id (default: from the host and home).
 
         Raises ``SpecError`` for a bad spec and ``SupervisorStartError`` if it did
         not become ready; in both cases nothing keeps running."""
@@ -125,7 +130,9 @@ class Client:
 
         _refuse_inside_trio()
         resolved = homes.resolve_home(home)
-        process = start_supervisor(resolved, Path(spec) if spec is not None else None, timeout)
+        process = start_supervisor(
+            resolved, Path(spec) if spec is not None else None, timeout, ledger=ledger, node=node
+        )
         try:
             client = cls(resolved)
         except BaseException:

@@ -28,21 +28,47 @@ class SupervisorStartError(CorralError):
         self.busy = busy
 
 
-def supervisor_argv(home: Path, spec: Path | None) -> list[str]:
+def supervisor_argv(home: Path, spec: Path | None, node: str | None = None) -> list[str]:
     argv = [sys.executable, "-m", "corral.supervisor", "--home", str(home)]
     if spec is not None:
         argv += ["--spec", str(spec.absolute())]
+    if node is not None:
+        argv += ["--node", node]
     return argv
 
 
-def start_supervisor(home: Path, spec: Path | None, timeout: float = 30.0) -> subprocess.Popen[bytes]:
+def ledger_env(ledger: str | None) -> dict[str, str]:
+    """The ledger URL travels in the environment (argv is visible to every user)."""
+    env = dict(os.environ)
+    if ledger is not None:
+        from corral.supervisor.ledger_spec import URL_ENV, check_url
+
+        env[URL_ENV] = check_url(ledger)
+    return env
+
+
+def start_supervisor(
+    home: Path,
+    spec: Path | None,
+    timeout: float = 30.0,
+    *,
+    ledger: str | None = None,
+    node: str | None = None,
+) -> subprocess.Popen[bytes]:
     """Start a detached supervisor (its own session) and return once it is ready.
 
     The spec is checked here first (``SpecError`` with the exact message, nothing
-    started). The returned process is the caller's child: reap it after it exits."""
+    started). The returned process is the caller's child: reap it after it exits.
+    ``ledger`` (a postgresql:// URL) and ``node`` place it in a shared ledger
+    (supervisor/ledger_spec.py); the home remembers both."""
     homes.ensure_home(home)
     if spec is not None:
         load_spec(spec)
+    env = ledger_env(ledger)
+    if node is not None:
+        from corral.supervisor.ledger_spec import check_node
+
+        check_node(node)
     if homes.is_locked(home):
         raise SupervisorStartError(f"a supervisor is already running on {home} (`corral status`)", busy=True)
     read_fd, write_fd = os.pipe()
@@ -51,8 +77,9 @@ def start_supervisor(home: Path, spec: Path | None, timeout: float = 30.0) -> su
     try:
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [*supervisor_argv(home, spec), "--ready-fd", str(write_fd)],
+                [*supervisor_argv(home, spec, node), "--ready-fd", str(write_fd)],
                 pass_fds=[write_fd],
+                env=env,
                 start_new_session=True,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -13,6 +13,11 @@ command -v bwrap >/dev/null 2>&1 || need_pkgs+=(bubblewrap)
 if [[ ",${EXTRAS}," == *",dev,"* ]] && [ ! -x /usr/bin/chromium ]; then
     need_pkgs+=(chromium)
 fi
+# The shared-ledger tests start their own PostgreSQL server (initdb + postgres).
+if [[ ",${EXTRAS}," == *",dev,"* ]] && ! command -v initdb >/dev/null 2>&1 \
+        && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    need_pkgs+=(postgresql)
+fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "bootstrap: installing system packages: ${need_pkgs[*]}"
@@ -25,7 +30,8 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
         exit 1
     else
         echo "bootstrap: missing ${need_pkgs[*]} (as root: apt-get install -y ${need_pkgs[*]}); without bubblewrap" \
-             "sandboxed commands fail closed, without chromium the dashboard's browser tests fail" >&2
+             "sandboxed commands fail closed, without chromium the dashboard's browser tests fail," \
+             "without postgresql the shared-ledger tests fail" >&2
     fi
 fi
 

@@ -12,7 +12,9 @@ from pathlib import Path
 import trio
 
 from corral.actors.user_code import TOOL_MODULES_ENV
+from corral.core.errors import CorralError
 from corral.supervisor import home as homes
+from corral.supervisor import ledger_spec
 from corral.supervisor.daemon import Supervisor
 from corral.supervisor.ledger import LedgerError
 from corral.supervisor.spec import SpecError, SwarmSpec, empty_spec, load_spec
@@ -34,6 +36,22 @@ def _load(home: Path, spec_arg: str | None) -> SwarmSpec:
     return empty_spec()
 
 
+def _placement(home: Path, spec: SwarmSpec, args: argparse.Namespace) -> ledger_spec.Placement:
+    if args.adopt:
+        url = ledger_spec.check_url(os.environ.get(ledger_spec.URL_ENV))
+        if args.epoch is None or not args.node:
+            raise ledger_spec.LedgerSpecError("--adopt needs --node and --epoch")
+        return ledger_spec.Placement(url, args.node, args.lease_s, adopt=args.adopt, epoch=args.epoch)
+    placement = ledger_spec.resolve(home, spec.ledger, cli_url=None, cli_node=args.node)
+    if placement.url:
+        from urllib.parse import urlsplit
+
+        from corral.core.redact import register_secret
+
+        register_secret(urlsplit(placement.url).password or "")
+    return placement
+
+
 def _name_process() -> None:
     import prctl
 
@@ -46,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--home", required=True)
     parser.add_argument("--spec")
     parser.add_argument("--ready-fd", type=int)
+    # The ledger URL comes in $CORRAL_LEDGER_URL (never argv: ps shows argv to all).
+    parser.add_argument("--node", help="this node's id (a PostgreSQL ledger)")
+    parser.add_argument("--adopt", help="run an adopted partition (started by a node, not by hand)")
+    parser.add_argument("--epoch", type=int, help="the fencing epoch the adopting node took")
+    parser.add_argument("--lease-s", type=float, default=ledger_spec.DEFAULT_LEASE_S)
     args = parser.parse_args(argv)
     ready_fd = args.ready_fd
 
@@ -64,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc), 3)
     try:
         spec = _load(home, args.spec)
-    except SpecError as exc:
+        placement = _placement(home, spec, args)
+    except (SpecError, ledger_spec.LedgerSpecError) as exc:
         lock.release()
         return fail(str(exc), 2)
     # The fork server and every actor import the same tool modules as the spec did here.
@@ -77,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     _name_process()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
     try:
-        supervisor = Supervisor(home, spec, ready_fd=ready_fd, lock=lock)
-    except LedgerError as exc:
+        supervisor = Supervisor(home, spec, ready_fd=ready_fd, lock=lock, placement=placement)
+    except (LedgerError, CorralError) as exc:
         lock.release()
         return fail(str(exc), 4)
     try:

@@ -22,9 +22,11 @@ from corral.mailbox.envelope import Envelope
 from corral.mailbox.errors import ChannelClosed
 from corral.sandbox.launcher import make_launcher
 from corral.supervisor import home as homes
+from corral.supervisor import node_service
 from corral.supervisor.errors import SupervisorError
 from corral.supervisor.group_commit import GroupCommit
 from corral.supervisor.ledger import Ledger
+from corral.supervisor.ledger_spec import Placement
 from corral.supervisor.params import param_int, param_seconds
 from corral.supervisor.spec import SwarmSpec
 from corral.supervisor.tree import ActorSlot, SupervisionTree
@@ -37,7 +39,13 @@ ActorMethod = Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 class Supervisor:
     def __init__(
-        self, home: Path, spec: SwarmSpec, *, ready_fd: int | None = None, lock: homes.HomeLock | None = None
+        self,
+        home: Path,
+        spec: SwarmSpec,
+        *,
+        ready_fd: int | None = None,
+        lock: homes.HomeLock | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.home = home
         self.lock = lock
@@ -55,8 +63,14 @@ class Supervisor:
         self.boot_id = secrets.token_hex(8)
         self.pid = os.getpid()
         self.started = time.time()
-        self.ledger = Ledger(
-            home / homes.LEDGER, synchronous=spec.supervisor.synchronous, check=True, group_commit=True
+        self.ledger: Ledger
+        #: With a PostgreSQL ledger: this node, its partition and its lease (else None).
+        self.node: node_service.NodeState | None
+        self.ledger, self.node = node_service.open_ledger(
+            home,
+            placement or Placement(None),
+            synchronous=spec.supervisor.synchronous,
+            spec_path=spec.source if spec.source != "<embedded>" else None,
         )
         self.group_commit = GroupCommit(self.ledger)
         self.launcher = make_launcher(spec.supervisor.launch, self.token, home / "logs" / "forkserver.log")
@@ -118,6 +132,8 @@ class Supervisor:
             await self._stop.wait()
             log.info("shutting down: %s", self.stop_reason)
             await self.tree.shutdown()
+            for hook in self.shutdown_hooks:
+                await hook()
             self.ledger.end_boot(self.stop_reason)
             homes.remove_endpoint(self.home)
             nursery.cancel_scope.cancel()
@@ -251,6 +267,8 @@ class Supervisor:
         #: Called when storage works again after a full disk (e.g. wake parked agents).
         self.recovered_hooks: list[Callable[[], None]] = []
         self.background: list[Callable[[], Awaitable[None]]] = []
+        #: Run after the actors stopped, before the boot ends (e.g. a node leaves its cluster).
+        self.shutdown_hooks: list[Callable[[], Awaitable[None]]] = []
         self.services: dict[str, Any] = {}
         self.status_sections: dict[str, Callable[[], Any]] = {}
         self.control_methods.update(
@@ -390,7 +408,7 @@ def _extensions() -> list[Callable[[Supervisor], Any]]:
     """Layers that add methods, recovery hooks and busy checks (runs, swarm, sessions)."""
     from corral.supervisor import run_service
 
-    found: list[Callable[[Supervisor], Any]] = [run_service.install]
+    found: list[Callable[[Supervisor], Any]] = [node_service.install, run_service.install]
     from corral.core.optional import import_optional
 
     layers = (

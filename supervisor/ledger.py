@@ -1,4 +1,4 @@
-"""The ledger: one SQLite file per home, WAL mode, the supervisor its only writer.
+"""The ledger: the port every store writes through, and its embedded SQLite backend.
 
 Every change that protects a later step is one transaction committed (fsync'd with
 ``synchronous=FULL``) before that step runs. State changes and the events that
@@ -12,7 +12,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ def _create(path: Path) -> None:
         staging.chmod(0o600)
         for version, migration in enumerate(MIGRATIONS):
             db.execute("BEGIN IMMEDIATE")
-            for statement in _split_sql(migration):
+            for statement in split_sql(migration):
                 db.execute(statement)
             db.execute(f"PRAGMA user_version = {version + 1}")
             db.execute("COMMIT")
@@ -97,53 +97,29 @@ def integrity_problems(db: sqlite3.Connection, limit: int = 5) -> list[str]:
 
 
 class Ledger:
-    def __init__(
-        self,
-        path: Path,
-        *,
-        synchronous: str = "full",
-        readonly: bool = False,
-        check: bool = False,
-        group_commit: bool = False,
-    ) -> None:
-        self.path = path
-        #: With group commit, SQLite appends to the WAL without an fsync per commit
-        #: and ``sync()`` (called in batches before any reply leaves: see
-        #: supervisor/group_commit.py) makes every commit so far durable at once.
-        self.group_commit = group_commit and synchronous == "full"
-        sqlite_sync = "normal" if self.group_commit else synchronous
-        if check:
-            check_ledger_file(path)
-        if not readonly and not path.exists():
-            _create(path)
-        uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
-        self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-        self.db.row_factory = sqlite3.Row
-        try:
-            self.db.execute("PRAGMA busy_timeout = 5000")
-            self.db.execute("PRAGMA foreign_keys = ON")
-            if check:
-                problems = integrity_problems(self.db)
-                if problems:
-                    raise LedgerError(f"ledger {path} is damaged ({'; '.join(problems)[:300]}); {_WHAT_TO_DO}")
-            if not readonly:
-                path.chmod(0o600)
-                mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-                if mode != "wal":
-                    raise LedgerError(f"ledger {path}: cannot enable WAL (got {mode})")
-                self.db.execute(f"PRAGMA synchronous = {sqlite_sync.upper()}")
-                self._migrate()
-        except sqlite3.DatabaseError as exc:
-            self.db.close()
-            raise LedgerError(f"ledger {path} cannot be opened ({exc}); {_WHAT_TO_DO}") from None
-        except LedgerError:
-            self.db.close()
-            raise
-        self.synchronous = synchronous
-        self.sqlite_sync = sqlite_sync
-        #: Commits that must be durable before a reply leaves, and how many are.
-        self.durable_commits = 0
-        self.synced_commits = 0
+    """The ledger port: what every store and service uses, whatever the backend.
+
+    Transactions (``tx``, nested calls join the outer one), reads (``one``, ``all``),
+    the event log and its cursor (``event``, ``events_since``, ``last_cursor``), boots
+    (``begin_boot``, ``end_boot``: the restart that recovery scans follow), and the
+    durability hooks group commit uses (``unsynced``, ``sync``). Stores speak SQL in
+    SQLite's dialect; a backend translates it (supervisor/sql_dialect.py). Rows
+    behave like ``sqlite3.Row``: by index, by name, ``keys()``.
+
+    Backends: ``SqliteLedger`` (the embedded default, one file per home) and
+    ``PostgresLedger`` (supervisor/ledger_pg.py: several supervisors share one
+    database, each in its own partition, every write fenced by its lease epoch).
+    """
+
+    #: Where this ledger lives, for messages ("ledger /x/ledger.db", "postgresql ...").
+    where: str = "ledger"
+    #: Commits that must be durable before a reply leaves, and how many are.
+    durable_commits = 0
+    synced_commits = 0
+    group_commit = False
+    db: Any
+
+    def __init__(self) -> None:
         self.boot_id = ""
         self._in_tx = False
         self._listeners: list[Callable[[], None]] = []
@@ -151,92 +127,68 @@ class Ledger:
         #: Since when commits fail for lack of space (None: they do not).
         self.full_since: float | None = None
 
-    # -- schema -----------------------------------------------------------------
+    # -- what a backend provides ------------------------------------------------
 
-    def _migrate(self) -> None:
-        current = self.db.execute("PRAGMA user_version").fetchone()[0]
-        if current > len(MIGRATIONS):
-            raise LedgerError(f"ledger {self.path} has schema {current}, newer than this corral ({len(MIGRATIONS)})")
-        for version in range(current, len(MIGRATIONS)):
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in _split_sql(MIGRATIONS[version]):
-                    self.db.execute(statement)
-                self.db.execute(f"PRAGMA user_version = {version + 1}")
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
+    def _transaction(self, *, fsync: bool) -> AbstractContextManager[Any]:
+        """BEGIN, yield the connection, COMMIT (ROLLBACK on an error); ``fsync=False``
+        may relax durability for that one commit."""
+        raise NotImplementedError
+
+    def one(self, sql: str, *args: Any) -> sqlite3.Row | None:
+        raise NotImplementedError
+
+    def all(self, sql: str, *args: Any) -> list[sqlite3.Row]:
+        raise NotImplementedError
+
+    def _append_event(self, db: Any, row: tuple[Any, ...]) -> int:
+        raise NotImplementedError
 
     @property
     def schema_version(self) -> int:
-        return int(self.db.execute("PRAGMA user_version").fetchone()[0])
+        raise NotImplementedError
+
+    def sync(self) -> int:
+        """Make every commit so far durable; returns the commit count it covers."""
+        return self.commits
+
+    def close(self) -> None:
+        raise NotImplementedError
 
     # -- transactions -----------------------------------------------------------
 
     @contextmanager
-    def tx(self, *, fsync: bool = True) -> Iterator[sqlite3.Connection]:
-        """One IMMEDIATE transaction; nested calls join the outer one.
+    def tx(self, *, fsync: bool = True) -> Iterator[Any]:
+        """One write transaction; nested calls join the outer one.
 
         ``fsync=False`` is for bookkeeping that guards no side effect (actor
-        lifecycle rows): in WAL mode such a commit survives any process crash and
-        only a power loss could drop it, and the next fsync'd commit (every action
-        step is one) makes it durable too. Everything else is fsync'd before the
-        step it protects.
+        lifecycle rows): such a commit survives any process crash and only a power
+        loss could drop it, and the next fsync'd commit (every action step is one)
+        makes it durable too. Everything else is durable before the step it
+        protects.
         """
         if self._in_tx:
             yield self.db
             return
-        relaxed = not fsync and self.sqlite_sync == "full"
-        if relaxed:
-            self.db.execute("PRAGMA synchronous = NORMAL")
-        try:
-            with self._transaction() as db:
-                yield db
-            if fsync and self.group_commit:
-                self.durable_commits = self.commits
-        finally:
-            if relaxed:
-                self.db.execute("PRAGMA synchronous = FULL")
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        try:
-            self.db.execute("BEGIN IMMEDIATE")
+        with self._transaction(fsync=fsync) as db:
             self._in_tx = True
             try:
-                yield self.db
-            except BaseException:
+                yield db
+            finally:
                 self._in_tx = False
-                self._rollback()
-                raise
-            self._in_tx = False
-            try:
-                self.db.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
-        except sqlite3.OperationalError as exc:
-            if _storage_failure(exc):
-                self._storage_failed(exc)
-            raise
         self.commits += 1
+        if fsync and self.group_commit:
+            self.durable_commits = self.commits
         if self.full_since is not None:
             self.full_since = None
         for listener in self._listeners:
             listener()
 
-    def _rollback(self) -> None:
-        # After SQLITE_FULL, SQLite may already have rolled the transaction back.
-        if self.db.in_transaction:
-            self.db.execute("ROLLBACK")
-
-    def _storage_failed(self, exc: sqlite3.OperationalError) -> None:
+    def _storage_failed(self, exc: Exception) -> None:
         if self.full_since is None:
             self.full_since = time.time()
         raise StorageFull(
             f"the ledger's disk is full or failing ({exc}); nothing was committed. Free space on"
-            f" {self.path.parent} and corral resumes by itself"
+            f" {self.where} and corral resumes by itself"
         ) from None
 
     @property
@@ -244,43 +196,15 @@ class Ledger:
         """Commits that must be durable before a reply leaves are not yet synced."""
         return self.durable_commits > self.synced_commits
 
-    def sync(self) -> int:
-        """fsync the WAL: every commit so far becomes durable (what ``synchronous =
-        FULL`` does at each commit, once for a whole batch). Safe from a worker
-        thread: it touches the file, not the connection. Returns the commit count
-        it covers."""
-        covered = self.commits
-        wal = self.path.with_name(self.path.name + "-wal")
-        try:
-            fd = os.open(wal, os.O_RDONLY)
-        except FileNotFoundError:
-            return covered  # nothing appended since the last checkpoint truncated it
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return covered
-
     def on_commit(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
-
-    def one(self, sql: str, *args: Any) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = self.db.execute(sql, args).fetchone()
-        return row
-
-    def all(self, sql: str, *args: Any) -> list[sqlite3.Row]:
-        return list(self.db.execute(sql, args).fetchall())
 
     # -- events -----------------------------------------------------------------
 
     def event(self, kind: str, subject: str, /, **data: Any) -> int:
         """Append an event (inside the caller's transaction when there is one)."""
         with self.tx() as db:
-            cursor = db.execute(
-                "INSERT INTO events (at, boot_id, kind, subject, data) VALUES (?, ?, ?, ?, ?)",
-                (time.time(), self.boot_id, kind, subject, dumps(redact(data))),
-            )
-            return int(cursor.lastrowid or 0)
+            return self._append_event(db, (time.time(), self.boot_id, kind, subject, dumps(redact(data))))
 
     def events_since(self, cursor: int, limit: int = 500, max_bytes: int = 256 * 1024) -> list[dict[str, Any]]:
         """A page of events after ``cursor``: at most ``limit`` of them and about
@@ -338,6 +262,139 @@ class Ledger:
             )
             self.event("boot-ended", self.boot_id, reason=reason)
 
+
+class SqliteLedger(Ledger):
+    """The embedded default: one SQLite file per home, WAL mode."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        synchronous: str = "full",
+        readonly: bool = False,
+        check: bool = False,
+        group_commit: bool = False,
+    ) -> None:
+        super().__init__()
+        self.path = path
+        self.where = f"ledger {path}"
+        #: With group commit, SQLite appends to the WAL without an fsync per commit
+        #: and ``sync()`` (called in batches before any reply leaves: see
+        #: supervisor/group_commit.py) makes every commit so far durable at once.
+        self.group_commit = group_commit and synchronous == "full"
+        sqlite_sync = "normal" if self.group_commit else synchronous
+        if check:
+            check_ledger_file(path)
+        if not readonly and not path.exists():
+            _create(path)
+        uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+        self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        try:
+            self.db.execute("PRAGMA busy_timeout = 5000")
+            self.db.execute("PRAGMA foreign_keys = ON")
+            if check:
+                problems = integrity_problems(self.db)
+                if problems:
+                    raise LedgerError(f"ledger {path} is damaged ({'; '.join(problems)[:300]}); {_WHAT_TO_DO}")
+            if not readonly:
+                path.chmod(0o600)
+                mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if mode != "wal":
+                    raise LedgerError(f"ledger {path}: cannot enable WAL (got {mode})")
+                self.db.execute(f"PRAGMA synchronous = {sqlite_sync.upper()}")
+                self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise LedgerError(f"ledger {path} cannot be opened ({exc}); {_WHAT_TO_DO}") from None
+        except LedgerError:
+            self.db.close()
+            raise
+        self.synchronous = synchronous
+        self.sqlite_sync = sqlite_sync
+
+    # -- schema -----------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        current = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if current > len(MIGRATIONS):
+            raise LedgerError(f"ledger {self.path} has schema {current}, newer than this corral ({len(MIGRATIONS)})")
+        for version in range(current, len(MIGRATIONS)):
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in split_sql(MIGRATIONS[version]):
+                    self.db.execute(statement)
+                self.db.execute(f"PRAGMA user_version = {version + 1}")
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.db.execute("PRAGMA user_version").fetchone()[0])
+
+    # -- transactions -----------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self, *, fsync: bool) -> Iterator[sqlite3.Connection]:
+        relaxed = not fsync and self.sqlite_sync == "full"
+        if relaxed:
+            self.db.execute("PRAGMA synchronous = NORMAL")
+        try:
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self.db
+                except BaseException:
+                    self._rollback()
+                    raise
+                try:
+                    self.db.execute("COMMIT")
+                except BaseException:
+                    self._rollback()
+                    raise
+            except sqlite3.OperationalError as exc:
+                if _storage_failure(exc):
+                    self._storage_failed(exc)
+                raise
+        finally:
+            if relaxed:
+                self.db.execute("PRAGMA synchronous = FULL")
+
+    def _rollback(self) -> None:
+        # After SQLITE_FULL, SQLite may already have rolled the transaction back.
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")
+
+    def sync(self) -> int:
+        """fsync the WAL: every commit so far becomes durable (what ``synchronous =
+        FULL`` does at each commit, once for a whole batch). Safe from a worker
+        thread: it touches the file, not the connection. Returns the commit count
+        it covers."""
+        covered = self.commits
+        wal = self.path.with_name(self.path.name + "-wal")
+        try:
+            fd = os.open(wal, os.O_RDONLY)
+        except FileNotFoundError:
+            return covered  # nothing appended since the last checkpoint truncated it
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return covered
+
+    def one(self, sql: str, *args: Any) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = self.db.execute(sql, args).fetchone()
+        return row
+
+    def all(self, sql: str, *args: Any) -> list[sqlite3.Row]:
+        return list(self.db.execute(sql, args).fetchall())
+
+    def _append_event(self, db: Any, row: tuple[Any, ...]) -> int:
+        cursor = db.execute("INSERT INTO events (at, boot_id, kind, subject, data) VALUES (?, ?, ?, ?, ?)", row)
+        return int(cursor.lastrowid or 0)
+
     def close(self) -> None:
         self.db.close()
 
@@ -346,7 +403,7 @@ def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def _split_sql(script: str) -> list[str]:
+def split_sql(script: str) -> list[str]:
     """Split a migration into statements, keeping trigger bodies whole."""
     statements: list[str] = []
     buffer = ""

@@ -18,7 +18,7 @@ from typing import Any
 from corral.core.errors import CorralError
 from corral.mailbox.codec import DEFAULT_MAX_FRAME
 from corral.sandbox.launcher import LaunchMode
-from corral.supervisor import bridge_spec
+from corral.supervisor import bridge_spec, ledger_spec
 from corral.supervisor.bounded_files import FileReadError, read_text_bounded
 from corral.supervisor.mcp_spec import McpServerSpec, McpSpecError, parse_servers
 from corral.supervisor.model_spec import LocalModelSpec, ModelRegistry, ModelSpecError
@@ -151,6 +151,8 @@ class SwarmSpec:
     tool_modules: tuple[str, ...] = ()
     #: ``[bridge]``: work for an agent-task bridge (supervisor/bridge_spec.py).
     bridge: bridge_spec.BridgeSpec | None = None
+    #: ``[ledger]``: a PostgreSQL ledger shared by several nodes (supervisor/ledger_spec.py).
+    ledger: ledger_spec.LedgerSpec | None = None
 
     def agent(self, agent_id: str) -> AgentSpec:
         for agent in self.agents:
@@ -195,6 +197,7 @@ _TOP = {
     "models",
     "tools",
     "bridge",
+    "ledger",
 }
 _AGENT = {
     "id",
@@ -536,6 +539,12 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         seen.add(bridge_spec.ACTOR_ID)
         _service_actor(groups, actors, bridge_spec.ACTOR_ID, "bridge_worker", 10, 60.0, bridge.actor_params(),
                        env_passthrough=(bridge.token_env,))
+    ledger = None
+    if "ledger" in data:
+        try:
+            ledger = ledger_spec.parse(data["ledger"])
+        except ledger_spec.LedgerSpecError as exc:
+            raise SpecError(str(exc)) from None
     if "root" not in project_table and (agents or any(server.command for server in mcp_servers)):
         # An implicit root matters once something works in it: agents, or a stdio
         # server (its working directory lies under it). An explicit one was checked above.
@@ -563,6 +572,7 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
         models.all(),
         tool_modules,
         bridge,
+        ledger,
     )
 
 

@@ -13,6 +13,8 @@ import prctl
 import psutil
 import pytest
 
+from tests.processes import SERVICE_PIDS, live_descendants
+
 # Detached supervisors re-parent to the nearest subreaper. Making the test process
 # one keeps every process a test starts among its descendants (so leftovers are
 # visible) and lets it reap them (PID 1 in a container often does not).
@@ -29,23 +31,12 @@ def _reap_zombies() -> None:
             return
 
 
-def _live_descendants() -> list[psutil.Process]:
-    alive = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(proc)
-        except psutil.NoSuchProcess:
-            continue
-    return alive
-
-
 class OrphanCheck:
     def __init__(self) -> None:
-        self.before = {p.pid for p in _live_descendants()}
+        self.before = {p.pid for p in live_descendants()}
 
     def check(self) -> None:
-        strays = [p for p in _live_descendants() if p.pid not in self.before]
+        strays = [p for p in live_descendants() if p.pid not in self.before]
         if strays:
             # PDEATHSIG is asynchronous (milliseconds): a short grace, then anything
             # still running is an orphan of this test.
@@ -99,3 +90,64 @@ def bridge(short_tmp: Path) -> Iterator[Any]:
         yield daemon
     finally:
         daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """One PostgreSQL server per test worker (corral/core/pg_local.py), on a Unix
+    socket; every test that uses it gets its own database (``pg_url``)."""
+    from corral.core.pg_local import LocalPostgres
+
+    root = Path(tempfile.mkdtemp(prefix="crl-pg-", dir="/tmp"))
+    server = LocalPostgres(root)
+    server.start()
+    assert server.pid is not None
+    SERVICE_PIDS.add(server.pid)
+    try:
+        yield server
+    finally:
+        server.stop()
+        SERVICE_PIDS.discard(server.pid or -1)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_url(postgres_server: Any, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty database on the worker's PostgreSQL server."""
+    import re
+    import secrets
+
+    name = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40] + "_" + secrets.token_hex(3)
+    url: str = postgres_server.create_database(name)
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_backend(request: pytest.FixtureRequest) -> str:
+    """Parametrises a test over both ledger backends (the same suite for each)."""
+    backend: str = request.param
+    return backend
+
+
+@pytest.fixture
+def open_ledger(ledger_backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """``open_ledger()`` opens a fresh ledger on the backend under test; every
+    ledger it opened is closed after the test."""
+    from corral.supervisor.ledger import SqliteLedger
+
+    opened: list[Any] = []
+    url = request.getfixturevalue("pg_url") if ledger_backend == "postgresql" else ""
+
+    def make(partition: str = "node-a", **options: Any) -> Any:
+        if ledger_backend == "sqlite":
+            ledger = SqliteLedger(tmp_path / f"{partition}.db", **options)
+        else:
+            from corral.supervisor.ledger_pg import PostgresLedger
+
+            ledger = PostgresLedger(url, partition, **options)
+        opened.append(ledger)
+        return ledger
+
+    yield make
+    for ledger in opened:
+        ledger.close()

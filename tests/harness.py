@@ -206,14 +206,14 @@ def effects(path: Path) -> list[dict[str, Any]]:
 
 
 def ledger_rows(home: Path, sql: str, *args: Any) -> list[dict[str, Any]]:
-    import sqlite3
+    """Rows of the ledger a home writes to: its SQLite file or its PostgreSQL partition."""
+    from corral.supervisor.ledger_spec import open_for_reading
 
-    db = sqlite3.connect(f"file:{home / 'ledger.db'}?mode=ro", uri=True)
-    db.row_factory = sqlite3.Row
+    ledger = open_for_reading(home)
     try:
-        return [dict(row) for row in db.execute(sql, args).fetchall()]
+        return [dict(row) for row in ledger.all(sql, *args)]
     finally:
-        db.close()
+        ledger.close()
 
 
 def agent_spec(workspace: str = "ws", steps: str = "", extra: str = "", agent: str = "writer", policy: str = "") -> str:
@@ -234,6 +234,7 @@ def drive_to_end(daemon: Daemon, run_id: str, effects_path: Path, timeout: float
     """Wait for the run to end, reconciling unknown outcomes by evidence on the way.
     Returns the final view and how many reconciliations it took."""
     from corral.chaos.reconciler import decide, pending_reconciliations
+    from corral.supervisor.ledger_spec import open_for_reading
 
     deadline = time.monotonic() + timeout
     reconciled = 0
@@ -242,7 +243,12 @@ def drive_to_end(daemon: Daemon, run_id: str, effects_path: Path, timeout: float
         shown = show(daemon, run_id)
         if shown["run"]["status"] in ("completed", "failed", "cancelled"):
             return shown, reconciled
-        for action in pending_reconciliations(daemon.home / "ledger.db"):
+        ledger = open_for_reading(daemon.home)
+        try:
+            pending = pending_reconciliations(ledger)
+        finally:
+            ledger.close()
+        for action in pending:
             outcome, note = decide(action, effects_path)
             daemon.call("reconcile", action_id=action["action_id"], outcome=outcome, note=note)
             reconciled += 1

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.supervisor.ledger_spec import URL_ENV
 from tests.harness import (
     Daemon,
     agent_spec,
@@ -58,11 +59,11 @@ AGENT_KILLS = {
 }
 
 
-def _setup(tmp: Path) -> Daemon:
+def _setup(tmp: Path, env: dict[str, str] | None = None) -> Daemon:
     (tmp / "ws").mkdir()
     spec = tmp / "spec.toml"
     spec.write_text(agent_spec(steps=STEPS))
-    return Daemon(tmp / "h", spec)
+    return Daemon(tmp / "h", spec, env)
 
 
 def _check_no_duplicates(daemon: Daemon, run_id: str) -> None:
@@ -103,15 +104,20 @@ def _finish(daemon: Daemon, run_id: str, outcome: str, expected_effects: int) ->
 
 
 @pytest.mark.parametrize("failpoint", sorted(SUPERVISOR_KILLS))
-def test_supervisor_killed_at_failpoint(short_tmp: Path, failpoint: str) -> None:
+def test_supervisor_killed_at_failpoint(
+    short_tmp: Path, failpoint: str, ledger_backend: str, request: pytest.FixtureRequest
+) -> None:
+    """On each ledger backend: the restart finds the ledger (the home remembers a
+    PostgreSQL one) and recovers from it the same way."""
     action, outcome, expected = SUPERVISOR_KILLS[failpoint]
-    daemon = _setup(short_tmp)
+    env = {URL_ENV: request.getfixturevalue("pg_url")} if ledger_backend == "postgresql" else None
+    daemon = _setup(short_tmp, env)
     try:
         first = daemon.up(env={"CORRAL_FAILPOINTS": f"{failpoint}={action}@once"})
         run_id = daemon.call("run", agent_id="writer", task="record one effect")["run_id"]
         wait_supervisor_gone(daemon, first.pid)
         assert (daemon.home / "failpoints" / f"{failpoint}.fired").exists()
-        second = daemon.up()
+        second = daemon.up(env={URL_ENV: ""} if env else None)  # the home remembers its ledger
         assert second.boot_id != first.boot_id
         _finish(daemon, run_id, outcome, expected)
     finally:

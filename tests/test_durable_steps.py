@@ -138,9 +138,9 @@ async def test_group_commit_makes_every_commit_durable_before_its_barrier_return
     import trio
 
     from corral.supervisor.group_commit import INLINE_SYNC_S, GroupCommit
-    from corral.supervisor.ledger import Ledger
+    from corral.supervisor.ledger import SqliteLedger
 
-    ledger = Ledger(tmp_path / "l.db", synchronous="full", group_commit=True)
+    ledger = SqliteLedger(tmp_path / "l.db", synchronous="full", group_commit=True)
     commits = GroupCommit(ledger)
     if disk == "slow":
         commits.recent_sync_s = 1.0  # as after a slow fsync: the next ones go to a thread

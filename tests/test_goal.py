@@ -85,9 +85,9 @@ def test_a_steer_after_the_last_verdict_asks_for_a_new_one(tmp_path: Path) -> No
     import time
 
     from corral.supervisor import goal_store, run_store
-    from corral.supervisor.ledger import Ledger
+    from corral.supervisor.ledger import SqliteLedger
 
-    ledger = Ledger(tmp_path / "l.db")
+    ledger = SqliteLedger(tmp_path / "l.db")
     try:
         run_id = run_store.create_run(ledger, agent_id="writer", task="g", provider="scripted",
                                       provider_config={"script": {"steps": []}},

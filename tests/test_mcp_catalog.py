@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from corral.actors.tools.validation import validation_error
-from corral.supervisor.ledger import Ledger
+from corral.supervisor.ledger import SqliteLedger
 from corral.supervisor.mcp_catalog import build_catalog, catalog_fingerprint, drift, pin, pinned
 from corral.supervisor.mcp_spec import McpSpecError, parse_server, split_tool_name
 from corral.supervisor.spec import SpecError, parse_spec
@@ -87,7 +87,7 @@ def test_fingerprints_are_canonical_and_move_with_the_schema() -> None:
 
 
 def test_a_run_pins_the_first_catalog_it_sees(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "ledger.db")
+    ledger = SqliteLedger(tmp_path / "ledger.db")
     ledger.boot_id = "boot"
     server = parse_server("s", {"id": "x", "command": ["x"]})
     first, _ = build_catalog(server, [_tool("a", label="string")])

@@ -310,14 +310,9 @@ def _targets() -> list[psutil.Process]:
 def _wait_old_tree_gone(timeout: float = 15) -> None:
     """Every process the dead supervisor left (this test process is the subreaper of
     all of them) has exited: only then is the launch count final."""
-    leftovers = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                leftovers.append(proc)
-        except psutil.NoSuchProcess:
-            continue
-    assert psutil.wait_procs(leftovers, timeout=timeout)[1] == []
+    from tests.processes import live_descendants  # not the worker's PostgreSQL server
+
+    assert psutil.wait_procs(live_descendants(), timeout=timeout)[1] == []
 
 
 @pytest.mark.parametrize("when", ["running", "launch"])

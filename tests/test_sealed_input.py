@@ -12,7 +12,7 @@ from corral.actors.tools.base import ToolError, validate_input
 from corral.actors.tools.process import ProcessStdin
 from corral.supervisor import run_store, sealed_input
 from corral.supervisor.action_state import ActionPhase, action_id
-from corral.supervisor.ledger import Ledger
+from corral.supervisor.ledger import SqliteLedger
 
 PLAN = {
     "actions": [
@@ -62,7 +62,7 @@ def test_a_tampered_or_used_entry_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_boot_sweep_keeps_only_entries_an_action_will_still_read(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "l.db")
+    ledger = SqliteLedger(tmp_path / "l.db")
     ledger.begin_boot("b", 1, 1)
     spool = sealed_input.spool_dir(tmp_path)
     run_id = run_store.create_run(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.supervisor.ledger import Ledger
+from corral.supervisor.ledger import SqliteLedger
 from corral.supervisor.schema import MIGRATIONS
 from corral.supervisor.spec import SpecError, load_spec, parse_spec
 
@@ -54,12 +54,12 @@ def test_unreadable_and_non_toml_spec_files(tmp_path: Path) -> None:
 
 
 def test_ledger_migrates_to_latest_in_wal_mode_and_reopens(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "l.db")
+    ledger = SqliteLedger(tmp_path / "l.db")
     assert ledger.schema_version == len(MIGRATIONS)
     assert ledger.one("PRAGMA journal_mode")[0] == "wal"
     ledger.begin_boot("b1", 1, 1)
     ledger.close()
-    again = Ledger(tmp_path / "l.db")
+    again = SqliteLedger(tmp_path / "l.db")
     assert again.schema_version == len(MIGRATIONS)
     assert again.one("SELECT COUNT(*) FROM boots")[0] == 1
     again.close()
@@ -70,11 +70,11 @@ def test_ledger_refuses_a_newer_schema(tmp_path: Path) -> None:
     db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 5}")
     db.close()
     with pytest.raises(RuntimeError, match="newer than this corral"):
-        Ledger(tmp_path / "l.db")
+        SqliteLedger(tmp_path / "l.db")
 
 
 def test_events_have_monotonic_cursors_and_are_append_only(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "l.db")
+    ledger = SqliteLedger(tmp_path / "l.db")
     ledger.begin_boot("b1", 1, 1)
     first = ledger.event("a", "x", n=1)
     second = ledger.event("b", "x", n=2)
@@ -88,7 +88,7 @@ def test_events_have_monotonic_cursors_and_are_append_only(tmp_path: Path) -> No
 
 
 def test_a_failed_transaction_leaves_nothing(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "l.db")
+    ledger = SqliteLedger(tmp_path / "l.db")
     ledger.begin_boot("b1", 1, 1)
     before = ledger.last_cursor()
     with pytest.raises(ZeroDivisionError), ledger.tx():
@@ -99,7 +99,7 @@ def test_a_failed_transaction_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_event_data_is_redacted(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "l.db")
+    ledger = SqliteLedger(tmp_path / "l.db")
     ledger.begin_boot("b1", 1, 1)
     ledger.event("leak", "x", note="key sk-abcdefghijklmnopqrstuvwxyz123456", api_key="hunter22222")
     text = (tmp_path / "l.db").read_bytes() + (tmp_path / "l.db-wal").read_bytes()

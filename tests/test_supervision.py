@@ -268,9 +268,9 @@ def test_down_stops_actors_gracefully(short_tmp: Path) -> None:
         result = cli(daemon.home, "down")
         assert result.returncode == 0, result.stderr
         psutil.wait_procs(procs, timeout=10)
-        from corral.supervisor.ledger import Ledger
+        from corral.supervisor.ledger import SqliteLedger
 
-        ledger = Ledger(daemon.home / "ledger.db", readonly=True)
+        ledger = SqliteLedger(daemon.home / "ledger.db", readonly=True)
         rows = ledger.all("SELECT status, last_exit FROM actors")
         assert {tuple(r) for r in rows} == {("stopped", 0)}
         assert ledger.one("SELECT end_reason FROM boots")[0] == "down"

@@ -42,8 +42,9 @@ def child(scope: str, template: str = "writer") -> dict[str, Any]:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    ledger = Ledger(tmp_path / "l.db")
+def ledger(open_ledger: Any) -> Ledger:
+    """The swarm's join, claim and delivery rules, on each ledger backend."""
+    ledger: Ledger = open_ledger()
     ledger.begin_boot("b", 1, 1)
     return ledger
 

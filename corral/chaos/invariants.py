@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corral.supervisor.ledger import Ledger
+
 
 @dataclass
 class Check:
@@ -46,24 +48,36 @@ def read_effects(path: Path) -> list[dict[str, Any]]:
 
 
 def check_all(
-    ledger_path: Path, effects_path: Path, *, secrets: tuple[str, ...] = (), scan_paths: tuple[Path, ...] = ()
+    ledger_path: Path | Ledger,
+    effects_path: Path,
+    *,
+    secrets: tuple[str, ...] = (),
+    scan_paths: tuple[Path, ...] = (),
 ) -> list[Check]:
+    """``ledger_path``: an SQLite ledger file, or an open ledger of any backend (a
+    PostgreSQL partition); the caller closes what it opened."""
+    if isinstance(ledger_path, Ledger):
+        return _checks(ledger_path.db, effects_path)
     db = sqlite3.connect(f"file:{ledger_path}?mode=ro", uri=True)
     db.row_factory = sqlite3.Row
     try:
-        checks = [
-            _effects_at_most_once(db, read_effects(effects_path)),
-            _one_receipt_per_terminal_action(db),
-            _claims(db),
-            _one_final_reply(db),
-            _no_run_lost(db),
-            _no_duplicates(db),
-        ]
+        checks = _checks(db, effects_path)
     finally:
         db.close()
     if secrets:
         checks.append(_no_secrets(secrets, (ledger_path, *_siblings(ledger_path), *scan_paths)))
     return checks
+
+
+def _checks(db: Any, effects_path: Path) -> list[Check]:
+    return [
+        _effects_at_most_once(db, read_effects(effects_path)),
+        _one_receipt_per_terminal_action(db),
+        _claims(db),
+        _one_final_reply(db),
+        _no_run_lost(db),
+        _no_duplicates(db),
+    ]
 
 
 def _siblings(ledger_path: Path) -> list[Path]:

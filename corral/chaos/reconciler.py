@@ -14,17 +14,22 @@ from pathlib import Path
 from typing import Any
 
 from corral.chaos.invariants import read_effects
+from corral.supervisor.ledger import Ledger
+
+_PENDING = (
+    "SELECT a.action_id, a.tool, a.input, r.options FROM actions a JOIN runs r ON r.run_id = a.run_id"
+    " WHERE a.phase = 'needs-reconciliation'"
+)
 
 
-def pending_reconciliations(ledger_path: Path) -> list[dict[str, Any]]:
+def pending_reconciliations(ledger_path: Path | Ledger) -> list[dict[str, Any]]:
+    """From an SQLite ledger file, or an open ledger of any backend."""
+    if isinstance(ledger_path, Ledger):
+        return [dict(row) for row in ledger_path.all(_PENDING)]
     db = sqlite3.connect(f"file:{ledger_path}?mode=ro", uri=True)
     db.row_factory = sqlite3.Row
     try:
-        rows = db.execute(
-            "SELECT a.action_id, a.tool, a.input, r.options FROM actions a JOIN runs r ON r.run_id = a.run_id"
-            " WHERE a.phase = 'needs-reconciliation'"
-        ).fetchall()
-        return [dict(row) for row in rows]
+        return [dict(row) for row in db.execute(_PENDING).fetchall()]
     finally:
         db.close()
 

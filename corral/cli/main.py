@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from corral.client import Client
-from corral.client_start import SupervisorStartError, start_supervisor
+from corral.client_start import SupervisorStartError, ledger_env, start_supervisor
 from corral.core.errors import RunTimeout
 from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
 from corral.supervisor import home as homes
+from corral.supervisor.ledger_spec import LedgerSpecError
 from corral.supervisor.spec import SpecError, load_spec
 
 EXIT_USAGE = 2
@@ -110,6 +111,13 @@ def _up_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", help="swarm spec (TOML); default: the one the last boot ran")
     parser.add_argument("--foreground", action="store_true", help="run in this terminal, do not detach")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for readiness")
+    parser.add_argument(
+        "--ledger",
+        metavar="URL",
+        help="a shared PostgreSQL ledger (postgresql://USER@HOST/DB): this supervisor becomes a node of the"
+        " swarm on it; default: [ledger] url in the spec, then what this home used last, then its SQLite file",
+    )
+    parser.add_argument("--node", help="this node's id (default: [ledger] node, else from the host name and home)")
 
 
 @command("up", "start the supervisor for a home (detached into its own session)")
@@ -127,11 +135,15 @@ def cmd_up(args: argparse.Namespace) -> int:
         from corral.client_start import supervisor_argv
         from corral.supervisor.__main__ import main as daemon_main
 
-        return daemon_main(supervisor_argv(home, spec)[3:])
+        if args.ledger:
+            os.environ.update(ledger_env(args.ledger))
+        return daemon_main(supervisor_argv(home, spec, args.node)[3:])
     try:
-        start_supervisor(home, spec, args.timeout)
+        start_supervisor(home, spec, args.timeout, ledger=args.ledger, node=args.node)
     except SpecError as exc:
         raise CliError(f"bad spec: {exc}", EXIT_USAGE) from None
+    except LedgerSpecError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
     except SupervisorStartError as exc:
         raise CliError(str(exc), EXIT_BUSY if exc.busy else EXIT_USAGE) from None
     endpoint = homes.read_endpoint(home)
@@ -206,11 +218,31 @@ def cmd_status(args: argparse.Namespace) -> int:
         detail = f"{server['tools']} tools, catalog {server['fingerprint'] or '-'}"
         error = f" — {server['error']}" if server["error"] else ""
         print(f"mcp {server['id']}: {server['status']}, {detail}{error}")
+    if status.get("cluster"):
+        _print_cluster(status["cluster"])
     if status.get("degraded"):
         print(f"DEGRADED (read-only, new work refused): {status['degraded']}")
     if status.get("busy"):
         print("open: " + "; ".join(status["busy"]))
     return 0
+
+
+def _print_cluster(cluster: dict[str, Any]) -> None:
+    """Every node of a shared ledger, and who holds which partition."""
+    print(f"\nnode {cluster['node']}  partition {cluster['partition']} (epoch {cluster['epoch']})  {cluster['ledger']}")
+
+    def lease(left: float | None) -> str:
+        return "-" if left is None else (f"{left:.1f}s left" if left >= 0 else f"expired {-left:.1f}s ago")
+
+    print_table(
+        [[n["node_id"], n["host"], str(n["pid"]), n["status"], lease(n["lease_left_s"])] for n in cluster["nodes"]],
+        ["NODE", "HOST", "PID", "STATUS", "HEARTBEAT LEASE"],
+    )
+    print_table(
+        [[p["name"], p["holder"], str(p["epoch"]), p["adopted_from"] or "-", lease(p["lease_left_s"])]
+         for p in cluster["partitions"]],
+        ["PARTITION", "HELD BY", "EPOCH", "ADOPTED FROM", "LEASE"],
+    )
 
 
 @command("ping", "check that the supervisor answers")

@@ -1,0 +1,201 @@
+"""Several supervisors (nodes) sharing one PostgreSQL ledger, on a real server.
+
+Each node is its own process group with its own home, as on separate hosts; the
+demo swarm's project directory and effects file stand for shared storage. Nodes
+are killed (SIGKILL) and paused (SIGSTOP past their lease) for real.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.chaos.invariants import check_all
+from corral.core.procs import wait_exit
+from corral.supervisor import home as homes
+from corral.supervisor.ledger_pg import PostgresLedger
+from corral.supervisor.ledger_spec import URL_ENV
+from tests.harness import Daemon, agent_spec, cli, drive_to_end, effects, ledger_rows
+
+LEASE_S = 1.5
+
+
+@pytest.fixture
+def cluster(short_tmp: Path, pg_url: str) -> Iterator[dict[str, Any]]:
+    """Two nodes' daemons (not started), the demo spec with a short lease, and the
+    ledger URL; every node and adoption is shut down and reaped afterwards."""
+    from corral.cli.swarm import demo_spec_text
+
+    (short_tmp / "project").mkdir()
+    spec = short_tmp / "swarm.toml"
+    spec.write_text(demo_spec_text() + f"\n[ledger]\nlease_s = {LEASE_S}\n")
+    env = {URL_ENV: pg_url}
+    nodes = {name: Daemon(short_tmp / name, spec, env) for name in ("a", "b")}
+    extra: list[Daemon] = []
+    try:
+        yield {"nodes": nodes, "url": pg_url, "tmp": short_tmp, "extra": extra, "env": env}
+    finally:
+        for daemon in [*extra, *nodes.values()]:
+            daemon.shutdown()
+
+
+def _up(daemon: Daemon, node: str, env: dict[str, str] | None = None) -> int:
+    daemon.env = {**daemon.env, **(env or {})}
+    result = cli(daemon.home, "up", "--spec", str(daemon.spec), "--node", node, env=daemon.env)
+    assert result.returncode == 0, result.stderr + result.stdout
+    endpoint = homes.read_endpoint(daemon.home)
+    daemon.pids_seen.add(endpoint.pid)
+    return endpoint.pid
+
+
+def _wait_for(what: str, check: Any, timeout: float = 60) -> Any:
+    """Polls a condition that lives in another process group (a file, a lease)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _adopted(cluster: dict[str, Any], adopter: Daemon, partition: str) -> Daemon:
+    """The supervisor the adopting node started for ``partition``, once it is ready."""
+    home = adopter.home / "adopted" / partition
+
+    def ready() -> bool:
+        try:
+            homes.read_endpoint(home)
+        except homes.HomeError:
+            return False
+        return True
+
+    _wait_for(f"node b to adopt {partition}", ready)
+    daemon = Daemon(home, None, cluster["env"])
+    daemon.pids_seen.add(homes.read_endpoint(home).pid)
+    cluster["extra"].append(daemon)
+    return daemon
+
+
+def _invariants(url: str, partition: str, effects: Path) -> None:
+    ledger = PostgresLedger(url, partition, readonly=True)
+    try:
+        for check in check_all(ledger, effects):
+            assert check.passed, (check.name, check.failures)
+    finally:
+        ledger.close()
+
+
+def test_a_killed_node_is_adopted_and_its_run_finishes_once(cluster: dict[str, Any]) -> None:
+    a, b = cluster["nodes"]["a"], cluster["nodes"]["b"]
+    a_pid = _up(a, "node-a", {"CORRAL_FAILPOINTS": "action.after-executing=block@once"})
+    _up(b, "node-b")
+    assert a.status()["cluster"]["partition"] == "node-a"
+    run_id = a.call("run", agent_id="project-supervisor", task="launch")["run_id"]
+    # A holds executing committed, the agent not yet told: then the whole node dies.
+    _wait_for("node a inside its failpoint", (a.home / "failpoints" / "action.after-executing.fired").exists)
+    os.killpg(a_pid, signal.SIGKILL)
+    assert wait_exit(a_pid, 10)
+
+    adopted = _adopted(cluster, b, "node-a")
+    shown, _reconciled = drive_to_end(adopted, run_id, cluster["tmp"] / "effects.log")
+    assert shown["run"]["status"] == "completed", shown["run"]
+    assert len(ledger_rows(adopted.home, "SELECT * FROM replies WHERE run_id = ?", run_id)) == 1
+    _invariants(cluster["url"], "node-a", cluster["tmp"] / "effects.log")
+
+    view = b.status()["cluster"]
+    partitions = {row["name"]: row for row in view["partitions"]}
+    assert partitions["node-a"]["holder"] == "node-b"
+    assert partitions["node-a"]["adopted_from"] == "node-a"
+    assert partitions["node-a"]["epoch"] == 2, "the takeover moved the fencing token on"
+    assert {row["node_id"] for row in view["nodes"]} == {"node-a", "node-b"}
+    kinds = {event["kind"] for event in adopted.events()}
+    assert "partition-adopted" in kinds
+    assert any(event["kind"] == "partition-adopting" for event in b.events())
+    # Node b's own stream tells what happened to every node of the cluster.
+    _wait_for("b's stream to tell the cluster's changes", lambda: {
+        ("cluster-node-up", "node-a"), ("cluster-node-lost", "node-a"), ("cluster-partition-held", "node-a")
+    } <= {(event["kind"], event["subject"]) for event in b.events()})
+    held = [e["data"] for e in b.events() if e["kind"] == "cluster-partition-held" and e["subject"] == "node-a"]
+    assert held[-1] == {"holder": "node-b", "epoch": 2}
+
+    # Node a comes back: its old partition stays with b, it writes to a new one.
+    a.env.pop("CORRAL_FAILPOINTS")
+    _up(a, "node-a")
+    assert a.status()["cluster"]["partition"] == "node-a-2"
+    second = a.call("run", agent_id="project-supervisor", task="launch again")["run_id"]
+    shown, _ = drive_to_end(a, second, cluster["tmp"] / "effects.log")
+    assert shown["run"]["status"] == "completed"
+
+
+ONE_EFFECT = agent_spec(
+    workspace="project",
+    steps="""
+[[agents.steps]]
+actions = [{ tool = "effect.record", input = { label = "e1" } }]
+[[agents.steps]]
+final = "done"
+""",
+    extra=f"[ledger]\nlease_s = {LEASE_S}",
+)
+
+
+def test_a_paused_node_past_its_lease_is_fenced_when_it_wakes(cluster: dict[str, Any]) -> None:
+    a, b = cluster["nodes"]["a"], cluster["nodes"]["b"]
+    assert a.spec is not None
+    a.spec = b.spec = a.spec.with_name("one-effect.toml")
+    a.spec.write_text(ONE_EFFECT)
+    a_pid = _up(a, "node-a", {"CORRAL_FAILPOINTS": "agent.after-effect=block@once"})
+    _up(b, "node-b")
+    a_boot = a.status()["boot_id"]
+    run_id = a.call("run", agent_id="writer", task="record one effect")["run_id"]
+    # An agent of node a has done a side effect and not yet reported it; then the
+    # node's supervisor stops (a long GC pause, a partition) well past its lease.
+    _wait_for("an agent of node a after its effect", (a.home / "failpoints" / "agent.after-effect.fired").exists)
+    os.kill(a_pid, signal.SIGSTOP)
+    try:
+        adopted = _adopted(cluster, b, "node-a")
+        unknown = _wait_for(
+            "the adoption's recovery",
+            lambda: ledger_rows(adopted.home, "SELECT action_id FROM actions WHERE phase = 'needs-reconciliation'"),
+        )
+    finally:
+        os.kill(a_pid, signal.SIGCONT)
+    # Node a wakes; its agent reports the effect. Nothing of it may land.
+    (a.home / "failpoints" / "agent.after-effect.release").touch()
+    assert wait_exit(a_pid, 30), "a fenced node stops"
+    log = (a.home / "logs" / "supervisor.log").read_text()
+    assert "fenced, stopping at once" in log
+    late = ledger_rows(adopted.home, "SELECT kind FROM events WHERE boot_id = ? AND kind != 'boot-started'"
+                       " AND cursor > (SELECT MIN(cursor) FROM events WHERE kind = 'partition-adopted')", a_boot)
+    assert late == [], f"the fenced node wrote after the takeover: {late}"
+    for row in unknown:
+        phase = ledger_rows(adopted.home, "SELECT phase FROM actions WHERE action_id = ?", row["action_id"])
+        assert phase == [{"phase": "needs-reconciliation"}], "the old holder's report was refused"
+
+    shown, reconciled = drive_to_end(adopted, run_id, cluster["tmp"] / "effects.log")
+    assert shown["run"]["status"] == "completed", shown["run"]
+    assert reconciled == 1, "the effect's outcome was unknown: reconciled, never replayed"
+    lines = [line for line in effects(cluster["tmp"] / "effects.log") if line["run_id"] == run_id]
+    assert len(lines) == 1, "the side effect happened exactly once across both nodes"
+    _invariants(cluster["url"], "node-a", cluster["tmp"] / "effects.log")
+
+
+def test_bad_ledger_settings_are_refused_and_start_nothing(short_tmp: Path, pg_url: str) -> None:
+    home = short_tmp / "h"
+    for args, message in [
+        (["--ledger", "mysql://x/y"], "must be postgresql://"),
+        (["--ledger", pg_url, "--node", "Bad Node"], "node id"),
+        (["--ledger", "postgresql://nobody@127.0.0.1:1/none"], "cannot reach the PostgreSQL ledger"),
+    ]:
+        result = cli(home, "up", *args)
+        assert result.returncode != 0
+        assert message in result.stderr + result.stdout, result.stderr + result.stdout
+        with pytest.raises(homes.NotRunning):
+            homes.read_endpoint(home)
