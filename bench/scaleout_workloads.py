@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.corral_workloads import _wait_all_ready
+from bench.corral_workloads import _call, _wait_all_ready
 from bench.durable_workloads import PER_PLAN, TRANSITIONS_PER_ACTION, _corral_rate, _spec
 from bench.harness import Context, Metrics, NotRun, Stats, workload
 
@@ -115,6 +115,21 @@ def _record(ctx: Context, key: str, rates: list[float]) -> None:
     ctx.metrics[f"transitions_per_s_{key}"] = Stats.of([r * TRANSITIONS_PER_ACTION for r in rates], "per s")
 
 
+def _measured(ctx: Context, key: str, home: Path, agents: int, loops: int, rounds: int) -> None:
+    """The rates, and what each action cost the ledger (from the node's counters)."""
+    before = _call(home, "status")["ledger"]
+    _record(ctx, key, [_corral_rate(home, agents, loops) for _ in range(rounds)])
+    after = _call(home, "status")["ledger"]
+    actions = agents * loops * PER_PLAN * rounds
+    ctx.metrics[f"commits_per_action_{key}"] = Stats.single((after["commits"] - before["commits"]) / actions, "tx")
+    if "round_trips" in after:
+        trips = (after["round_trips"] - before["round_trips"]) / actions
+        ctx.metrics[f"round_trips_per_action_{key}"] = Stats.single(trips, "statements")
+        hits = after["cache_hits"] - before["cache_hits"]
+        looked = hits + after["cache_misses"] - before["cache_misses"]
+        ctx.metrics[f"read_cache_hit_pct_{key}"] = Stats.single(100.0 * hits / max(1, looked), "%")
+
+
 @workload("durable_actions_postgres", group="corral", budget_s=900, quick_budget_s=240)
 def durable_actions_postgres(ctx: Context) -> Metrics:
     """Durable read actions/s at 1, 8 and 64 agents: SQLite, PostgreSQL with one
@@ -131,12 +146,12 @@ def durable_actions_postgres(ctx: Context) -> Metrics:
             ctx.check(f"sqlite n={agents}")
             with _node(ctx, f"sqlite-{agents}", spec, None) as home:
                 _wait_all_ready(home, agents, 120)
-                _record(ctx, f"sqlite_{agents}", [_corral_rate(home, agents, loops) for _ in range(rounds)])
+                _measured(ctx, f"sqlite_{agents}", home, agents, loops, rounds)
             ctx.check(f"postgres 1 node n={agents}")
             url = server.create_database(f"one_{agents}")
             with _node(ctx, f"pg1-{agents}", spec, url) as home:
                 _wait_all_ready(home, agents, 120)
-                _record(ctx, f"pg1_{agents}", [_corral_rate(home, agents, loops) for _ in range(rounds)])
+                _measured(ctx, f"pg1_{agents}", home, agents, loops, rounds)
             if agents < 2:
                 continue
             ctx.check(f"postgres 2 nodes n={agents}")

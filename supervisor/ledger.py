@@ -113,6 +113,7 @@ class Ledger:
 
     #: Where this ledger lives, for messages ("ledger /x/ledger.db", "postgresql ...").
     where: str = "ledger"
+    backend: str = "sqlite"
     #: Commits that must be durable before a reply leaves, and how many are.
     durable_commits = 0
     synced_commits = 0

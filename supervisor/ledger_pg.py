@@ -194,6 +194,8 @@ class _Connection:
         self.conn = conn
         self.in_transaction = False
         self.cache = cache
+        #: Statements sent to the server (what the bench divides by actions).
+        self.round_trips = 0
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         args = tuple(params)
@@ -214,6 +216,7 @@ class _Connection:
                 cache.clear()
         cursor = self.conn.cursor()
         cursor.execute(to_postgres(sql), args or None)
+        self.round_trips += 1
         if cache is not None and kind == "read":
             rows = cursor.fetchall()
             cache.put(table, sql, args, rows)
@@ -222,6 +225,8 @@ class _Connection:
 
 
 class PostgresLedger(Ledger):
+    backend = "postgresql"
+
     """One partition of a shared PostgreSQL database.
 
     ``epoch`` is the fencing token this supervisor holds (None: no writes are
@@ -321,6 +326,7 @@ class PostgresLedger(Ledger):
                     opening.append(self._fence_sql)
                 cursor = self.raw.cursor()
                 cursor.execute("; ".join(opening))
+                self.db.round_trips += 2  # this, and the COMMIT
                 self.db.in_transaction = True
                 try:
                     if self.epoch is not None:
@@ -371,6 +377,11 @@ class PostgresLedger(Ledger):
         if row is None or int(row[1]) != self.epoch:
             holder = f"node {row[0]} at epoch {row[1]}" if row else "nobody"
             self.fence(f"partition {self.partition} is now held by {holder} (this supervisor had epoch {self.epoch})")
+
+    def counters(self) -> dict[str, int]:
+        cache = self.cache
+        return {"round_trips": self.db.round_trips, "cache_hits": cache.hits if cache else 0,
+                "cache_misses": cache.misses if cache else 0}
 
     def fence(self, why: str) -> None:
         """Refuse every later write, tell the daemon once, raise."""

@@ -141,18 +141,18 @@ def remember(home: Path, placement: Placement, partition: str) -> None:
 
 def open_for_reading(home: Path) -> Any:
     """The ledger a home writes to, opened to read (tools, tests, chaos): its SQLite
-    file, or its partition of the PostgreSQL ledger it remembers. An adopted
-    partition's home remembers nothing; ``$CORRAL_LEDGER_URL`` then names the
-    database and the home's name the partition."""
+    file, or its partition of the PostgreSQL ledger it remembers (the URL from
+    ``$CORRAL_LEDGER_URL`` when the home could not keep it: it has a password)."""
     from corral.supervisor.home import LEDGER
     from corral.supervisor.ledger import SqliteLedger
     from corral.supervisor.ledger_pg import PostgresLedger
 
     remembered = remembered_placement(home)
+    if not remembered.get("shown_url"):
+        return SqliteLedger(home / LEDGER, readonly=True)
     url = remembered.get("url") or os.environ.get(URL_ENV)
-    partition = remembered.get("partition")
-    if url and not partition and home.parent.name == "adopted":
-        partition = home.name
-    if url and partition:
-        return PostgresLedger(url, partition, readonly=True)
-    return SqliteLedger(home / LEDGER, readonly=True)
+    if not url:
+        raise LedgerSpecError(
+            f"{home} writes to the PostgreSQL ledger {remembered['shown_url']}: set {URL_ENV} (with its password)"
+        )
+    return PostgresLedger(url, str(remembered.get("partition")), readonly=True)

@@ -7,6 +7,7 @@ are killed (SIGKILL) and paused (SIGSTOP past their lease) for real.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -132,6 +133,9 @@ def test_a_killed_node_is_adopted_and_its_run_finishes_once(cluster: dict[str, A
     second = a.call("run", agent_id="project-supervisor", task="launch again")["run_id"]
     shown, _ = drive_to_end(a, second, cluster["tmp"] / "effects.log")
     assert shown["run"]["status"] == "completed"
+    doctor = json.loads(cli(a.home, "doctor", "--json", env=a.env).stdout)
+    ledger = next(f for f in doctor["findings"] if f["check"] == "ledger")
+    assert ledger["level"] == "ok" and "partition node-a-2" in ledger["detail"], ledger
 
 
 ONE_EFFECT = agent_spec(

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from corral.cli.main import EXIT_FAILED, arguments, command, emit_json, home_of
+from corral.core.errors import CorralError
 from corral.supervisor import home as homes
 from corral.supervisor.ledger import LedgerError, check_ledger_file, integrity_problems
+from corral.supervisor.ledger_spec import LedgerSpecError, open_for_reading, remembered_placement
 from corral.supervisor.schema import MIGRATIONS
 
 #: Below this much free space on the home's filesystem, writes are at risk.
@@ -48,8 +50,39 @@ def check_home(home: Path) -> list[Finding]:
     found.append(_endpoint(home, running))
     found.append(_sockets(home, running))
     found.append(_space(home))
-    found.extend(_ledger(home / homes.LEDGER))
+    if remembered_placement(home).get("shown_url"):
+        found.append(_postgres_ledger(home))
+    else:
+        found.extend(_ledger(home / homes.LEDGER))
     return found
+
+
+def _postgres_ledger(home: Path) -> Finding:
+    """The home's partition of a shared PostgreSQL ledger: reachable, its schema,
+    and who holds its lease."""
+    remembered = remembered_placement(home)
+    shown, partition = remembered.get("shown_url"), remembered.get("partition")
+    try:
+        ledger = open_for_reading(home)
+    except LedgerSpecError as exc:
+        return Finding("error", "ledger", str(exc), "pass --ledger URL to corral up, or set PGPASSWORD")
+    except (CorralError, LedgerError) as exc:  # unreachable, refused, no such partition
+        return Finding("error", "ledger", str(exc), "check that the database is up and the URL is right")
+    try:
+        version = ledger.schema_version
+        hold = ledger.one(
+            "SELECT holder, epoch, extract(epoch FROM lease_until - clock_timestamp()) AS left_s"
+            " FROM corral_cluster.partitions WHERE name = ?",
+            partition,
+        )
+    finally:
+        ledger.close()
+    if version > len(MIGRATIONS):
+        return Finding("error", "ledger", f"schema {version} is newer than this corral ({len(MIGRATIONS)})",
+                       "upgrade corral")
+    held = (f"held by node {hold['holder']} at epoch {hold['epoch']}, lease {float(hold['left_s']):.1f}s"
+            if hold else "not held")
+    return Finding("ok", "ledger", f"{shown} partition {partition}: schema {version} of {len(MIGRATIONS)}, {held}")
 
 
 def _permissions(home: Path) -> Finding:
