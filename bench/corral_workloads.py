@@ -86,7 +86,9 @@ group = "bench"
 
 
 @contextmanager
-def supervisor(ctx: Context, spec_text: str) -> Iterator[Path]:
+def supervisor(ctx: Context, spec_text: str, up_args: tuple[str, ...] = ()) -> Iterator[Path]:
+    """A supervisor on ``spec_text`` in a new home (``up_args``: more ``corral up``
+    flags, e.g. a shared ledger), stopped afterwards."""
     require_corral()
     base = ctx.tmp / f"c{next(_homes)}"
     (base / "ws").mkdir(parents=True)
@@ -94,7 +96,7 @@ def supervisor(ctx: Context, spec_text: str) -> Iterator[Path]:
     spec.write_text(spec_text)
     home = base / "h"
     up = subprocess.run([sys.executable, "-m", "corral", "--home", str(home), "up", "--spec", str(spec),
-                         "--timeout", "120"], capture_output=True, text=True, check=False, timeout=180)
+                         "--timeout", "120", *up_args], capture_output=True, text=True, check=False, timeout=180)
     if up.returncode != 0:
         raise NotRun(f"corral up failed: {up.stderr.strip()[:200]}")
     try:

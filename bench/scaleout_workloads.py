@@ -18,15 +18,13 @@ nodes, so the two-node figure shows contention, not a second host's capacity.
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.corral_workloads import _call, _wait_all_ready
+from bench.corral_workloads import _call, _wait_all_ready, supervisor
 from bench.durable_workloads import PER_PLAN, TRANSITIONS_PER_ACTION, _corral_rate, _spec
 from bench.harness import Context, Metrics, NotRun, Stats, workload
 
@@ -52,24 +50,8 @@ def _postgres(ctx: Context) -> Iterator[Any]:
         server.stop()
 
 
-@contextlib.contextmanager
-def _node(ctx: Context, name: str, spec_text: str, url: str | None) -> Iterator[Path]:
-    base = ctx.tmp / name
-    (base / "ws").mkdir(parents=True, exist_ok=True)
-    spec = base / "swarm.toml"
-    spec.write_text(spec_text)
-    home = base / "h"
-    args = [sys.executable, "-m", "corral", "--home", str(home), "up", "--spec", str(spec), "--timeout", "120"]
-    if url:
-        args += ["--ledger", url, "--node", name]
-    up = subprocess.run(args, capture_output=True, text=True, check=False, timeout=180)
-    if up.returncode != 0:
-        raise NotRun(f"corral up failed: {up.stderr.strip()[:300]}")
-    try:
-        yield home
-    finally:
-        subprocess.run([sys.executable, "-m", "corral", "--home", str(home), "down", "--timeout", "60"],
-                       capture_output=True, check=False, timeout=120)
+def _node(ctx: Context, name: str, spec_text: str, url: str | None) -> contextlib.AbstractContextManager[Path]:
+    return supervisor(ctx, spec_text, ("--ledger", url, "--node", name) if url else ())
 
 
 def _postgres_limit(url: str) -> float:

@@ -29,10 +29,15 @@ from corral.supervisor.schema import MIGRATIONS
 from corral.supervisor.sql_dialect import REFUSE_FUNCTION, statement_to_postgres, to_postgres
 
 CLUSTER_SCHEMA = "corral_cluster"
+#: What the fence raises when a writer's epoch is stale (a class of our own).
+FENCE_SQLSTATE = "CF001"
 PARTITION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
 
-CLUSTER_DDL = f"""
-CREATE SCHEMA IF NOT EXISTS {CLUSTER_SCHEMA};
+CLUSTER_DDL = [
+    f"""
+CREATE SCHEMA IF NOT EXISTS {CLUSTER_SCHEMA}
+""",
+    f"""
 CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.nodes (
     node_id      TEXT PRIMARY KEY,
     host         TEXT NOT NULL,
@@ -42,7 +47,9 @@ CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.nodes (
     heartbeat_at TIMESTAMPTZ NOT NULL,
     lease_until  TIMESTAMPTZ NOT NULL,
     status       TEXT NOT NULL
-);
+)
+""",
+    f"""
 CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.partitions (
     name         TEXT PRIMARY KEY,
     schema_name  TEXT NOT NULL UNIQUE,
@@ -53,8 +60,23 @@ CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.partitions (
     created_at   TIMESTAMPTZ NOT NULL,
     adopted_from TEXT,
     adopted_at   TIMESTAMPTZ
-);
-"""
+)
+""",
+    f"""
+CREATE OR REPLACE FUNCTION {CLUSTER_SCHEMA}.fence(wanted TEXT, mine BIGINT) RETURNS void AS $fence$
+DECLARE
+    held BIGINT;
+    held_by TEXT;
+BEGIN
+    SELECT epoch, holder INTO held, held_by FROM {CLUSTER_SCHEMA}.partitions WHERE name = wanted FOR SHARE;
+    IF held IS DISTINCT FROM mine THEN
+        RAISE EXCEPTION 'corral-fenced: partition % is now held by node % at epoch % (this writer had epoch %)',
+            wanted, coalesce(held_by, 'nobody'), held, mine USING ERRCODE = '{FENCE_SQLSTATE}';
+    END IF;
+END
+$fence$ LANGUAGE plpgsql
+""",
+]
 
 
 class Fenced(SupervisorError):
@@ -185,16 +207,57 @@ class _Fetched:
         return iter(self.fetchall())
 
 
+class _Deferred:
+    """A write sent later, with whatever reads or commits next (one round trip)."""
+
+    def __init__(self, connection: _Connection) -> None:
+        self._connection = connection
+        self.rowcount_known: int | None = None
+
+    @property
+    def rowcount(self) -> int:
+        if self.rowcount_known is None:
+            self._connection.flush()
+        assert self.rowcount_known is not None
+        return self.rowcount_known
+
+    def fetchone(self) -> None:
+        return None
+
+    def fetchall(self) -> list[Any]:
+        return []
+
+
+def _settle(cursor: Any, pending: list[tuple[str, _Deferred | None]]) -> None:
+    """Give each sent statement its row count; the cursor ends on what follows."""
+    for _text, handle in pending:
+        if handle is not None:
+            handle.rowcount_known = cursor.rowcount
+        cursor.nextset()
+
+
 class _Connection:
     """What a store's ``db.execute(sql, params)`` talks to: SQLite's dialect in,
-    PostgreSQL out, one cursor per statement. With ``cache`` (the writer's own
-    ledger only), single-table reads are served from supervisor/read_cache.py."""
+    PostgreSQL out.
 
-    def __init__(self, conn: Any, cache: ReadCache | None = None) -> None:
+    Two things save round trips, which cost nothing with SQLite and most of the
+    time with a server. With ``cache`` (the writer's own ledger only), repeated
+    single-table reads are answered from supervisor/read_cache.py. Inside a
+    transaction, a write whose result nobody reads yet is *deferred*: it travels
+    with the next statement that needs an answer (a read, a ``RETURNING``, the
+    ``COMMIT``), in one multi-statement round trip, in order. A deferred write
+    that fails makes that round trip fail, and the transaction rolls back as if
+    it had failed alone.
+    """
+
+    def __init__(self, conn: Any, cache: ReadCache | None = None, *, defer_writes: bool = False) -> None:
         self.conn = conn
         self.in_transaction = False
         self.cache = cache
-        #: Statements sent to the server (what the bench divides by actions).
+        self.defer_writes = defer_writes
+        #: Statements not sent yet, each with its handle (None: the transaction's opening).
+        self.pending: list[tuple[str, _Deferred | None]] = []
+        #: Round trips to the server (what the bench divides by actions).
         self.round_trips = 0
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
@@ -214,25 +277,56 @@ class _Connection:
                 cache.wrote(table)
             elif kind == "other":
                 cache.clear()
-        cursor = self.conn.cursor()
-        cursor.execute(to_postgres(sql), args or None)
-        self.round_trips += 1
+        statement = to_postgres(sql)
+        if self.defer_writes and self.in_transaction and kind == "write" and "RETURNING" not in sql.upper():
+            handle = _Deferred(self)
+            self.pending.append((self._literal(statement, args), handle))
+            return handle
+        cursor = self.send(statement, args)
         if cache is not None and kind == "read":
             rows = cursor.fetchall()
             cache.put(table, sql, args, rows)
             return _Fetched(rows)
         return cursor
 
+    def _literal(self, statement: str, args: tuple[Any, ...]) -> str:
+        text: str = self.conn.cursor().mogrify(statement, args or None)
+        return text
+
+    def send(self, statement: str, args: tuple[Any, ...] = ()) -> Any:
+        """One round trip: the deferred writes, then this statement; the cursor
+        is left on this statement's result."""
+        cursor = self.conn.cursor()
+        self.round_trips += 1
+        if not self.pending:
+            cursor.execute(statement, args or None)
+            return cursor
+        pending, self.pending = self.pending, []
+        cursor.execute("; ".join([*(text for text, _ in pending), self._literal(statement, args)]))
+        _settle(cursor, pending)
+        return cursor
+
+    def flush(self) -> None:
+        if self.pending:
+            pending, self.pending = self.pending, []
+            cursor = self.conn.cursor()
+            self.round_trips += 1
+            cursor.execute("; ".join(text for text, _ in pending))
+            _settle(cursor, pending)
+
+    def discard(self) -> None:
+        self.pending = []
+
 
 class PostgresLedger(Ledger):
-    backend = "postgresql"
-
     """One partition of a shared PostgreSQL database.
 
     ``epoch`` is the fencing token this supervisor holds (None: no writes are
     fenced, for tools that only read or that set a partition up). ``on_fenced``
     is called once, before ``Fenced`` is raised, so the daemon can stop.
     """
+
+    backend = "postgresql"
 
     def __init__(
         self,
@@ -262,7 +356,11 @@ class PostgresLedger(Ledger):
         self.raw = _connect(url)
         #: The fenced writer alone may cache its reads: nobody else writes its partition.
         self.cache = ReadCache() if epoch is not None and not readonly else None
-        self.db = _Connection(self.raw, self.cache)
+        self.db = _Connection(self.raw, self.cache, defer_writes=self.cache is not None)
+        #: Event cursors taken from the sequence in blocks: an event's INSERT then
+        #: needs no answer and is deferred like any write. One writer commits in
+        #: order, so cursors still grow in commit order.
+        self._cursors: list[int] = []
         try:
             if not readonly:
                 ensure_cluster(self.raw)
@@ -318,35 +416,38 @@ class PostgresLedger(Ledger):
             raise Fenced(self.fenced)
         with self._lock:
             try:
-                # One round trip: BEGIN, the commit mode and the fence check.
-                opening = ["BEGIN"]
-                if not fsync or self.group_commit:
-                    opening.append("SET LOCAL synchronous_commit = off")
-                if self.epoch is not None:
-                    opening.append(self._fence_sql)
-                cursor = self.raw.cursor()
-                cursor.execute("; ".join(opening))
-                self.db.round_trips += 2  # this, and the COMMIT
+                # Nothing is sent yet: BEGIN, the commit mode and the fence check
+                # travel with the transaction's first statement that needs an
+                # answer, or with its COMMIT. The fence raises inside the server,
+                # so a fenced batch stops before its COMMIT, whatever follows it.
                 self.db.in_transaction = True
+                self.db.pending = [("BEGIN", None)]
+                if not fsync or self.group_commit:
+                    self.db.pending.append(("SET LOCAL synchronous_commit = off", None))
+                if self.epoch is not None:
+                    self.db.pending.append((self._fence_sql, None))
                 try:
-                    if self.epoch is not None:
-                        while cursor.nextset():
-                            pass  # the fence row is the last result
-                        self._check_fence(cursor.fetchone())
                     yield self.db
+                    if self.db.pending[:1] == [("BEGIN", None)] and not any(h for _, h in self.db.pending):
+                        self.db.discard()  # nothing was written: no round trip at all
+                    else:
+                        self.db.send("COMMIT")
+                except psycopg.Error as exc:
+                    self._rollback()
+                    if getattr(exc, "sqlstate", None) == FENCE_SQLSTATE:
+                        self.fence(str(exc.diag.message_primary or exc).removeprefix("corral-fenced: "))
+                    raise
                 except BaseException:
                     self._rollback()
                     raise
-                try:
-                    self.raw.execute("COMMIT")
-                finally:
-                    self.db.in_transaction = False
+                self.db.in_transaction = False
             except psycopg.errors.DiskFull as exc:
                 self._rollback()
                 self._storage_failed(exc)
 
     def _rollback(self) -> None:
         self.db.in_transaction = False
+        self.db.discard()
         if self.cache is not None:
             self.cache.clear()  # it may hold rows this transaction wrote
         try:
@@ -368,15 +469,11 @@ class PostgresLedger(Ledger):
 
     @property
     def _fence_sql(self) -> str:
-        # The partition name is checked by schema_of (letters, digits, - and _ only).
-        return f"SELECT holder, epoch FROM {CLUSTER_SCHEMA}.partitions WHERE name = '{self.partition}' FOR SHARE"
-
-    def _check_fence(self, row: Any) -> None:
-        """The row lock (FOR SHARE) holds until this transaction ends: a takeover,
-        which updates the row, waits for it, and this one sees no takeover."""
-        if row is None or int(row[1]) != self.epoch:
-            holder = f"node {row[0]} at epoch {row[1]}" if row else "nobody"
-            self.fence(f"partition {self.partition} is now held by {holder} (this supervisor had epoch {self.epoch})")
+        """The row lock (FOR SHARE, in the function) holds until this transaction
+        ends: a takeover, which updates the row, waits for it, and this one sees no
+        takeover. The partition name is checked by schema_of (letters, digits, -
+        and _ only)."""
+        return f"SELECT {CLUSTER_SCHEMA}.fence('{self.partition}', {int(self.epoch or 0)})"
 
     def counters(self) -> dict[str, int]:
         cache = self.cache
@@ -401,10 +498,21 @@ class PostgresLedger(Ledger):
             return list(self.db.execute(sql, args).fetchall())
 
     def _append_event(self, db: Any, row: tuple[Any, ...]) -> int:
-        cursor = db.execute(
-            "INSERT INTO events (at, boot_id, kind, subject, data) VALUES (?, ?, ?, ?, ?) RETURNING cursor", row
-        )
-        return int(cursor.fetchone()[0])
+        if not self.db.defer_writes:
+            cursor = db.execute(
+                "INSERT INTO events (at, boot_id, kind, subject, data) VALUES (?, ?, ?, ?, ?) RETURNING cursor", row
+            )
+            return int(cursor.fetchone()[0])
+        if not self._cursors:
+            self._cursors = [
+                int(r[0]) for r in self.db.send(
+                    "SELECT nextval(pg_get_serial_sequence('events', 'cursor')) FROM generate_series(1, 64)"
+                ).fetchall()
+            ]
+        cursor_id = self._cursors.pop(0)
+        db.execute("INSERT INTO events (cursor, at, boot_id, kind, subject, data) VALUES (?, ?, ?, ?, ?, ?)",
+                   (cursor_id, *row))
+        return cursor_id
 
     def close(self) -> None:
         if self._sync_conn is not None:
@@ -415,9 +523,8 @@ class PostgresLedger(Ledger):
 def ensure_cluster(conn: Any) -> None:
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('corral_cluster'))")
-        for statement in CLUSTER_DDL.split(";"):
-            if statement.strip():
-                conn.execute(statement)
+        for statement in CLUSTER_DDL:
+            conn.execute(statement)
 
 
 def connect_cluster(url: str) -> Any:

@@ -142,9 +142,17 @@ def open_ledger(ledger_backend: str, tmp_path: Path, request: pytest.FixtureRequ
         if ledger_backend == "sqlite":
             ledger = SqliteLedger(tmp_path / f"{partition}.db", **options)
         else:
-            from corral.supervisor.ledger_pg import PostgresLedger
+            # As a node opens it: the partition held under a lease, so every write
+            # is fenced, single-table reads are cached and writes deferred.
+            from corral.supervisor import cluster
+            from corral.supervisor.ledger_pg import PostgresLedger, connect_cluster
 
-            ledger = PostgresLedger(url, partition, **options)
+            conn = connect_cluster(url)
+            try:
+                hold = cluster.acquire_own(conn, partition, None, 300.0, None)
+            finally:
+                conn.close()
+            ledger = PostgresLedger(url, hold.partition, epoch=hold.epoch, **options)
         opened.append(ledger)
         return ledger
 

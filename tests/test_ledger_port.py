@@ -216,6 +216,7 @@ def test_a_takeover_waits_for_the_holders_open_transaction(pg_url: str) -> None:
         taken: list[Any] = []
         with ledger.tx():
             cursor = ledger.event("inside", "x")
+            ledger.db.flush()  # the opening (with its fence) and the write reach the server
             thread = threading.Thread(target=lambda: taken.append(cluster.adopt(other, hold.partition, "node-b", 30)))
             thread.start()
             while not conn.execute(
@@ -228,6 +229,29 @@ def test_a_takeover_waits_for_the_holders_open_transaction(pg_url: str) -> None:
     finally:
         ledger.close()
         other.close()
+        conn.close()
+
+
+def test_a_takeover_before_a_deferred_write_is_sent_refuses_its_commit(pg_url: str) -> None:
+    """Writes wait in the client until something needs an answer: a takeover in
+    between is found by the fence, in the same round trip as the COMMIT, and the
+    transaction commits nothing."""
+    from corral.supervisor import cluster
+    from corral.supervisor.ledger_pg import Fenced, PostgresLedger
+
+    conn, hold = _held_partition(pg_url)
+    ledger = PostgresLedger(pg_url, hold.partition, epoch=hold.epoch)
+    try:
+        ledger.begin_boot("b1", 1, 1)
+        before = ledger.last_cursor()
+        with pytest.raises(Fenced, match="held by node node-b"), ledger.tx():
+            ledger.event("deferred", "x")
+            assert ledger.db.pending, "the write has not been sent"
+            _expire(conn, hold.partition)
+            assert cluster.adopt(conn, hold.partition, "node-b", 30.0) is not None
+        assert ledger.last_cursor() == before
+    finally:
+        ledger.close()
         conn.close()
 
 
