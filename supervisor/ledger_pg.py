@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 from corral.core.errors import CorralError
 from corral.supervisor.errors import SupervisorError
 from corral.supervisor.ledger import Ledger, LedgerError, split_sql
-from corral.supervisor.read_cache import ReadCache, classify
+from corral.supervisor.read_cache import ReadCache
 from corral.supervisor.schema import MIGRATIONS
 from corral.supervisor.sql_dialect import REFUSE_FUNCTION, statement_to_postgres, to_postgres
 
@@ -185,28 +185,6 @@ def _connect(url: str) -> Any:
     return conn
 
 
-class _Fetched:
-    """Rows already read (from the read cache), as a cursor offers them."""
-
-    def __init__(self, rows: list[Any]) -> None:
-        self._rows = rows
-        self._next = 0
-        self.rowcount = len(rows)
-
-    def fetchone(self) -> Any:
-        if self._next >= len(self._rows):
-            return None
-        self._next += 1
-        return self._rows[self._next - 1]
-
-    def fetchall(self) -> list[Any]:
-        rest, self._next = self._rows[self._next :], len(self._rows)
-        return rest
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.fetchall())
-
-
 class _Deferred:
     """A write sent later, with whatever reads or commits next (one round trip)."""
 
@@ -263,31 +241,17 @@ class _Connection:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         args = tuple(params)
         cache = self.cache
-        kind, table = classify(sql) if cache is not None else ("other", "")
-        if cache is not None:
-            if kind == "read":
-                try:
-                    rows = cache.get(sql, args)
-                except TypeError:  # an unhashable parameter: read it
-                    kind = "uncached"
-                else:
-                    if rows is not None:
-                        return _Fetched(rows)
-            elif kind == "write":
-                cache.wrote(table)
-            elif kind == "other":
-                cache.clear()
+        if cache is None:
+            return self.send(to_postgres(sql), args)
+        kind, table, hit = cache.before(sql, args)
+        if hit is not None:
+            return hit
         statement = to_postgres(sql)
         if self.defer_writes and self.in_transaction and kind == "write" and "RETURNING" not in sql.upper():
             handle = _Deferred(self)
             self.pending.append((self._literal(statement, args), handle))
             return handle
-        cursor = self.send(statement, args)
-        if cache is not None and kind == "read":
-            rows = cursor.fetchall()
-            cache.put(table, sql, args, rows)
-            return _Fetched(rows)
-        return cursor
+        return cache.after(kind, table, sql, args, self.send(statement, args))
 
     def _literal(self, statement: str, args: tuple[Any, ...]) -> str:
         text: str = self.conn.cursor().mogrify(statement, args or None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -34,6 +35,28 @@ def classify(sql: str) -> tuple[str, str]:
     if _DDL.match(sql) or not read:
         return "other", ""
     return "uncached", ""
+
+
+class FetchedRows:
+    """Rows already read (from the cache), as a cursor offers them."""
+
+    def __init__(self, rows: list[Any]) -> None:
+        self._rows = rows
+        self._next = 0
+        self.rowcount = len(rows)
+
+    def fetchone(self) -> Any:
+        if self._next >= len(self._rows):
+            return None
+        self._next += 1
+        return self._rows[self._next - 1]
+
+    def fetchall(self) -> list[Any]:
+        rest, self._next = self._rows[self._next :], len(self._rows)
+        return rest
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.fetchall())
 
 
 class ReadCache:
@@ -69,3 +92,28 @@ class ReadCache:
     def clear(self) -> None:
         self._rows.clear()
         self._by_table.clear()
+
+    def before(self, sql: str, args: tuple[Any, ...]) -> tuple[str, str, FetchedRows | None]:
+        """Before a statement runs: its kind and table, and the answer when the
+        cache has it. A write drops what was read of its table; anything else
+        that is not a plain read (DDL, PRAGMA) drops everything."""
+        kind, table = classify(sql)
+        if kind == "read":
+            try:
+                rows = self.get(sql, args)
+            except TypeError:  # an unhashable parameter: read it
+                return "uncached", table, None
+            return kind, table, FetchedRows(rows) if rows is not None else None
+        if kind == "write":
+            self.wrote(table)
+        elif kind == "other":
+            self.clear()
+        return kind, table, None
+
+    def after(self, kind: str, table: str, sql: str, args: tuple[Any, ...], cursor: Any) -> Any:
+        """After it ran: a read's rows are remembered (and served as fetched)."""
+        if kind != "read":
+            return cursor
+        rows = list(cursor.fetchall())
+        self.put(table, sql, args, rows)
+        return FetchedRows(rows)
