@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from corral.core import failpoints
 from corral.supervisor import cluster
 from corral.supervisor.ledger import Ledger, SqliteLedger
 from corral.supervisor.ledger_pg import PostgresLedger, connect_cluster, redact_url
@@ -192,7 +193,9 @@ def _start_adopted(sup: Supervisor, state: NodeState, hold: cluster.Hold) -> Non
     if spec_path:
         argv += ["--spec", spec_path]
     (sup.home / "logs").mkdir(mode=0o700, exist_ok=True)
-    env = {**os.environ, URL_ENV: state.placement.url or ""}
+    # A fresh supervisor: not the failpoints a test armed in this node's own process.
+    env = {k: v for k, v in os.environ.items() if k not in (failpoints.ENV_VAR, failpoints.MARKER_DIR_ENV)}
+    env[URL_ENV] = state.placement.url or ""
     with open(sup.home / "logs" / f"adopted-{hold.partition}.log", "ab") as out:
         process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,

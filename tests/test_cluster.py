@@ -84,13 +84,25 @@ def _adopted(cluster: dict[str, Any], adopter: Daemon, partition: str) -> Daemon
     return daemon
 
 
-def _invariants(url: str, partition: str, effects: Path) -> None:
-    ledger = PostgresLedger(url, partition, readonly=True)
-    try:
-        for check in check_all(ledger, effects):
-            assert check.passed, (check.name, check.failures)
-    finally:
-        ledger.close()
+def _invariants(url: str, partitions: list[str], effects_path: Path) -> None:
+    """The chaos invariants in each partition, over the effects of its own runs
+    (the effects file is shared); every effect belongs to a run of one of them."""
+    import json as json_module
+
+    lines = effects(effects_path)
+    claimed: set[str] = set()
+    for partition in partitions:
+        ledger = PostgresLedger(url, partition, readonly=True)
+        try:
+            runs = {row["run_id"] for row in ledger.all("SELECT run_id FROM runs")}
+            own = effects_path.with_name(f"effects-{partition}.log")
+            own.write_text("".join(json_module.dumps(line) + "\n" for line in lines if line["run_id"] in runs))
+            for check in check_all(ledger, own):
+                assert check.passed, (partition, check.name, check.failures)
+            claimed |= runs
+        finally:
+            ledger.close()
+    assert {line["run_id"] for line in lines} <= claimed, "an effect of no run at all"
 
 
 def test_a_killed_node_is_adopted_and_its_run_finishes_once(cluster: dict[str, Any]) -> None:
@@ -108,7 +120,7 @@ def test_a_killed_node_is_adopted_and_its_run_finishes_once(cluster: dict[str, A
     shown, _reconciled = drive_to_end(adopted, run_id, cluster["tmp"] / "effects.log")
     assert shown["run"]["status"] == "completed", shown["run"]
     assert len(ledger_rows(adopted.home, "SELECT * FROM replies WHERE run_id = ?", run_id)) == 1
-    _invariants(cluster["url"], "node-a", cluster["tmp"] / "effects.log")
+    _invariants(cluster["url"], ["node-a"], cluster["tmp"] / "effects.log")
 
     view = b.status()["cluster"]
     partitions = {row["name"]: row for row in view["partitions"]}
@@ -188,7 +200,48 @@ def test_a_paused_node_past_its_lease_is_fenced_when_it_wakes(cluster: dict[str,
     assert reconciled == 1, "the effect's outcome was unknown: reconciled, never replayed"
     lines = [line for line in effects(cluster["tmp"] / "effects.log") if line["run_id"] == run_id]
     assert len(lines) == 1, "the side effect happened exactly once across both nodes"
-    _invariants(cluster["url"], "node-a", cluster["tmp"] / "effects.log")
+    _invariants(cluster["url"], ["node-a"], cluster["tmp"] / "effects.log")
+
+
+def test_adoptions_chain_when_the_adopter_dies_too(cluster: dict[str, Any]) -> None:
+    """Node a dies mid-action and b adopts its partition; then b dies mid-action
+    too, with a's partition in its hands. Node a comes back and adopts both.
+    Each run finishes once, each effect happened once, in both partitions."""
+    a, b = cluster["nodes"]["a"], cluster["nodes"]["b"]
+    assert a.spec is not None
+    a.spec = b.spec = a.spec.with_name("one-effect.toml")
+    a.spec.write_text(ONE_EFFECT)
+    a_pid = _up(a, "node-a", {"CORRAL_FAILPOINTS": "action.after-executing=block@once"})
+    b_pid = _up(b, "node-b", {"CORRAL_FAILPOINTS": "agent.after-effect=block@once"})
+    run_a = a.call("run", agent_id="writer", task="effect on a")["run_id"]
+    _wait_for("node a inside its failpoint", (a.home / "failpoints" / "action.after-executing.fired").exists)
+    os.killpg(a_pid, signal.SIGKILL)
+    assert wait_exit(a_pid, 10)
+    adopted_by_b = _adopted(cluster, b, "node-a")
+    # The adoption parks a's run (its effect's outcome is unknown); nobody settles it.
+    _wait_for("the adoption's recovery", lambda: ledger_rows(
+        adopted_by_b.home, "SELECT 1 FROM runs WHERE run_id = ? AND status = 'needs-reconciliation'", run_a))
+    run_b = b.call("run", agent_id="writer", task="effect on b")["run_id"]
+    _wait_for("an agent of node b after its effect", (b.home / "failpoints" / "agent.after-effect.fired").exists)
+    adopted_pid = homes.read_endpoint(adopted_by_b.home).pid
+    os.killpg(b_pid, signal.SIGKILL)  # b, and with it the supervisor it ran for a's partition
+    assert wait_exit(b_pid, 10) and wait_exit(adopted_pid, 10)
+
+    a.env.pop("CORRAL_FAILPOINTS")
+    _up(a, "node-a")
+    assert a.status()["cluster"]["partition"] == "node-a-2"
+    effects_log = cluster["tmp"] / "effects.log"
+    for partition, run_id in (("node-a", run_a), ("node-b", run_b)):
+        adopted = _adopted(cluster, a, partition)
+        shown, reconciled = drive_to_end(adopted, run_id, effects_log)
+        assert shown["run"]["status"] == "completed", shown["run"]
+        assert reconciled == 1
+        assert len([e for e in effects(effects_log) if e["run_id"] == run_id]) <= 1
+    _invariants(cluster["url"], ["node-a", "node-b"], effects_log)
+    partitions = {row["name"]: row for row in a.status()["cluster"]["partitions"]}
+    assert partitions["node-a"]["holder"] == partitions["node-b"]["holder"] == "node-a"
+    assert partitions["node-a"]["epoch"] == 3, "taken over twice"
+    assert partitions["node-b"]["epoch"] == 2
 
 
 def test_bad_ledger_settings_are_refused_and_start_nothing(short_tmp: Path, pg_url: str) -> None:
