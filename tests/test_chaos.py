@@ -33,6 +33,25 @@ def test_every_failpoint_once_keeps_every_invariant(short_tmp: Path) -> None:
     assert report["supervisor_restarts"] >= 1 and report["actor_restarts"] >= 1
 
 
+def test_the_failpoint_suite_holds_on_a_postgresql_ledger(short_tmp: Path, pg_url: str) -> None:
+    """The same episodes on a shared PostgreSQL ledger (each home a node with its
+    own partition): the core failpoints, then seeded random kills; every
+    invariant, the secrets scan over every row of each partition included."""
+    runner = Runner(demo_scenario(), seed=5, targets=("supervisor", "agents"), workdir=short_tmp, verbose=False,
+                    ledger_url=pg_url)
+    names = ["action.after-prepared", "action.after-executing", "agent.before-effect", "agent.after-effect",
+             "action.after-terminal", "claim.after-commit", "finalize.after-prepared", "ledger.before-sync"]
+    for index, name in enumerate(names):
+        runner.failpoint_episode(name, "supervisor" if index % 2 == 0 else "agents")
+    runner.random_episode(kills=2)
+    report = runner.report(0.0)
+    failed = {name: entry["failures"] for name, entry in report["invariants"].items() if not entry["passed"]}
+    assert failed == {}
+    assert "no secret in ledger, events, logs or report" in report["invariants"]
+    assert all(e.checks for e in runner.episodes), "every episode was checked from its partition"
+    assert report["supervisor_restarts"] >= 1
+
+
 def test_a_build_that_commits_executing_after_the_effect_is_caught(short_tmp: Path) -> None:
     env = {**os.environ, "CORRAL_TEST_UNSAFE_EFFECT_ORDER": "1"}
     report_path = short_tmp / "report.json"
@@ -115,6 +134,7 @@ def test_session_actors_are_a_chaos_target_of_their_own(short_tmp: Path) -> None
         ["--failpoint", "nope"],
         ["--kills", "-1"],
         ["--scenario", "/nonexistent.toml"],
+        ["--ledger", "mysql://x/y"],
     ],
 )
 def test_bad_chaos_arguments_are_refused_clearly(argv: list[str]) -> None:

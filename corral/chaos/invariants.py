@@ -65,7 +65,7 @@ def check_all(
     finally:
         db.close()
     if secrets:
-        checks.append(_no_secrets(secrets, (ledger_path, *_siblings(ledger_path), *scan_paths)))
+        checks.append(no_secrets(secrets, (ledger_path, *_siblings(ledger_path), *scan_paths)))
     return checks
 
 
@@ -223,7 +223,7 @@ def _no_duplicates(db: sqlite3.Connection) -> Check:
     return check
 
 
-def _no_secrets(secrets: tuple[str, ...], paths: tuple[Path, ...]) -> Check:
+def no_secrets(secrets: tuple[str, ...], paths: tuple[Path, ...]) -> Check:
     check = Check("no secret in ledger, events, logs or report")
     for path in paths:
         files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]

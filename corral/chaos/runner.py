@@ -9,6 +9,7 @@ invariants from the ledger and the effects file and that no process is left.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,13 +28,15 @@ from typing import Any
 import psutil
 
 from corral import client
-from corral.chaos.invariants import Check, check_all
+from corral.chaos.invariants import Check, check_all, no_secrets
 from corral.chaos.reconciler import decide, pending_reconciliations
 from corral.core import failpoints
 from corral.core.procs import is_alive, wait_exit
 from corral.mailbox.control import SupervisorGone
 from corral.supervisor import home as homes
 from corral.supervisor.bounded_files import read_text_bounded
+from corral.supervisor.ledger import Ledger, SqliteLedger
+from corral.supervisor.ledger_spec import LEDGER_FILE, URL_ENV, open_for_reading
 from corral.supervisor.spec import load_spec
 
 TARGETS = ("supervisor", "agents", "children", "sessions")
@@ -107,6 +111,15 @@ def file_scenario(path: Path) -> Scenario:
     return Scenario(path.stem, read_text_bounded(path, "spec"), root, chaos.get("task", "chaos run"), path.parent)
 
 
+@contextlib.contextmanager
+def _reading(home: Path) -> Iterator[Ledger]:
+    ledger = open_for_reading(home)
+    try:
+        yield ledger
+    finally:
+        ledger.close()
+
+
 class Runner:
     def __init__(
         self,
@@ -117,8 +130,11 @@ class Runner:
         workdir: Path | None = None,
         verbose: bool = True,
         timelines: bool = False,
+        ledger_url: str | None = None,
     ) -> None:
         self.scenario = scenario
+        #: A shared PostgreSQL ledger: each episode's home is a node with its own partition.
+        self.ledger_url = ledger_url
         #: Keep each episode's timeline picture (for ``corral chaos --report``).
         self.timelines = timelines
         self.seed = seed
@@ -150,6 +166,8 @@ class Runner:
         env["CORRAL_DECOY_TOKEN"] = DECOYS[1]
         if failpoint_spec:
             env[failpoints.ENV_VAR] = failpoint_spec
+        if self.ledger_url:
+            env[URL_ENV] = self.ledger_url
         return env
 
     def _up(self, home: Path, spec: Path | None, env: dict[str, str]) -> int:
@@ -242,18 +260,10 @@ class Runner:
         episode.processes_checked = len(seen_pids)
         report_file = base / "episode.txt"
         report_file.write_text(f"{episode}\n")
-        episode.checks = (
-            check_all(
-                home / homes.LEDGER,
-                base / "effects.log",
-                secrets=DECOYS,
-                scan_paths=(home / "logs", report_file),
-            )
-            if (home / homes.LEDGER).exists()
-            else []
-        )
-        if self.timelines and (home / homes.LEDGER).exists():
-            episode.timeline_svg = episode_timeline(home / homes.LEDGER, f"episode {episode.index}")
+        episode.checks = self._checks(home, base, report_file)
+        if self.timelines and self._has_ledger(home):
+            with _reading(home) as ledger:
+                episode.timeline_svg = episode_timeline(ledger, f"episode {episode.index}")
         episode.wall_s = time.monotonic() - started
         self.episodes.append(episode)
         if self.verbose:
@@ -303,7 +313,9 @@ class Runner:
                         decision="approve",
                         fingerprint=action["fingerprint"],
                     )
-            for action in pending_reconciliations(home / homes.LEDGER):
+            with _reading(home) as ledger:
+                unknown = pending_reconciliations(ledger)
+            for action in unknown:
                 outcome, note = decide(action, home.parent / "effects.log")
                 client.call(home, "reconcile", action_id=action["action_id"], outcome=outcome, note=note)
                 episode.reconciliations += 1
@@ -372,19 +384,32 @@ class Runner:
         except Exception:
             return set()
 
+    def _has_ledger(self, home: Path) -> bool:
+        return (home / homes.LEDGER).exists() or (home / LEDGER_FILE).exists()
+
+    def _checks(self, home: Path, base: Path, report_file: Path) -> list[Check]:
+        """The invariants from the episode's ledger, whichever backend it is on; the
+        secrets scan reads the ledger file, or the partition's every row."""
+        if not self._has_ledger(home):
+            return []
+        if (home / homes.LEDGER).exists():
+            return check_all(home / homes.LEDGER, base / "effects.log", secrets=DECOYS,
+                             scan_paths=(home / "logs", report_file))
+        dump = base / "ledger-rows.txt"
+        with _reading(home) as ledger:
+            checks = check_all(ledger, base / "effects.log")
+            tables = [row[0] for row in ledger.all(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")]
+            dump.write_text("\n".join(repr(tuple(row)) for table in tables
+                                       for row in ledger.all(f"SELECT * FROM {table}")))
+        checks.append(no_secrets(DECOYS, (dump, home / "logs", report_file)))
+        return checks
+
     def _pids_from_ledger(self, home: Path) -> set[int]:
-        import sqlite3
-
-        path = home / homes.LEDGER
-        if not path.exists():
+        if not self._has_ledger(home):
             return set()
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            rows = db.execute("SELECT data FROM events WHERE kind IN ('actor-started', 'boot-started')").fetchall()
-        finally:
-            db.close()
-        import json
-
+        with _reading(home) as ledger:
+            rows = ledger.all("SELECT data FROM events WHERE kind IN ('actor-started', 'boot-started')")
         return {json.loads(row[0]).get("pid") for row in rows if json.loads(row[0]).get("pid")}
 
     def _down(self, home: Path) -> None:
@@ -466,17 +491,16 @@ class Runner:
         }
 
 
-def episode_timeline(ledger_path: Path, title: str) -> str:
+def episode_timeline(ledger: Path | Ledger, title: str) -> str:
     """The episode's timeline picture, from its ledger's events (read-only)."""
-    import sqlite3
-
     from corral.ui import timeline
 
-    db = sqlite3.connect(f"file:{ledger_path}?mode=ro", uri=True)
-    try:
-        rows = db.execute("SELECT cursor, at, boot_id, kind, subject, data FROM events ORDER BY cursor").fetchall()
-    finally:
-        db.close()
+    if isinstance(ledger, Ledger):
+        rows = [tuple(row) for row in ledger.all("SELECT cursor, at, boot_id, kind, subject, data FROM events"
+                                                 " ORDER BY cursor")]
+    else:
+        with contextlib.closing(SqliteLedger(ledger, readonly=True)) as opened:
+            return episode_timeline(opened, title)
     events = [
         {"cursor": row[0], "at": row[1], "boot_id": row[2], "kind": row[3], "subject": row[4],
          "data": json.loads(row[5]) if row[5] else {}}

@@ -43,6 +43,11 @@ def _chaos_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--keep", action="store_true", help="keep the episode directories")
     parser.add_argument("--quiet", action="store_true", help="only the final table")
+    parser.add_argument(
+        "--ledger",
+        metavar="URL",
+        help="run every episode on this shared PostgreSQL ledger (postgresql://...), each home a node of its own",
+    )
 
 
 def schedule(scenario: Scenario, targets: tuple[str, ...], only: str | None) -> list[tuple[str, str]]:
@@ -76,7 +81,15 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         raise CliError(f"bad scenario: {exc}", EXIT_USAGE) from None
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
-    runner = Runner(scenario, seed=seed, targets=targets, verbose=not args.quiet, timelines=bool(args.html_path))
+    if args.ledger:
+        from corral.supervisor.ledger_spec import LedgerSpecError, check_url
+
+        try:
+            check_url(args.ledger)
+        except LedgerSpecError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+    runner = Runner(scenario, seed=seed, targets=targets, verbose=not args.quiet, timelines=bool(args.html_path),
+                    ledger_url=args.ledger)
     started = time.monotonic()
     print(f"corral chaos: scenario {scenario.name}, seed {seed}, mode {args.mode}, targets {','.join(targets)}")
     if args.mode in ("failpoints", "both") or args.failpoint:
