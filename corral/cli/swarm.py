@@ -196,7 +196,9 @@ def _summary(api: Client, shown: dict[str, Any], wall: float) -> None:
     print()
     print(f"run {shown['run']['run_id']}: {shown['run']['status']}")
     print(f"final reply: {shown['final_reply']}")
-    print(f"ledger: {home / homes.LEDGER}   (inspect: corral --home {home} show {shown['run']['run_id']})")
+    cluster = status.get("cluster")
+    where = f"{cluster['ledger']} partition {cluster['partition']}" if cluster else str(home / homes.LEDGER)
+    print(f"ledger: {where}   (inspect: corral --home {home} show {shown['run']['run_id']})")
 
 
 def _model_summary(api: Client, shown: dict[str, Any]) -> None:
