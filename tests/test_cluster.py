@@ -244,6 +244,46 @@ def test_adoptions_chain_when_the_adopter_dies_too(cluster: dict[str, Any]) -> N
     assert partitions["node-b"]["epoch"] == 2
 
 
+def test_the_ledger_password_is_kept_out_of_the_home_the_logs_and_the_ledger(
+    short_tmp: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URL with a password (the test server trusts local users, so any password
+    works): it reaches the supervisor, and nothing corral writes holds it. A
+    restart without it is refused rather than moved to an empty SQLite ledger."""
+    password = "Pg-s3cret-Passw0rd-7731"
+    with_password = pg_url.replace("postgresql:///", f"postgresql://postgres:{password}@/", 1)
+    (short_tmp / "ws").mkdir()
+    spec = short_tmp / "spec.toml"
+    spec.write_text(ONE_EFFECT)
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        result = cli(daemon.home, "up", "--spec", str(spec), "--ledger", with_password, "--node", "secretive")
+        assert result.returncode == 0, result.stderr
+        daemon.pids_seen.add(homes.read_endpoint(daemon.home).pid)
+        run_id = daemon.call("run", agent_id="writer", task="record one effect")["run_id"]
+        monkeypatch.setenv(URL_ENV, with_password)  # how this test reads the ledger, as a user would
+        shown, _ = drive_to_end(daemon, run_id, short_tmp / "effects.log")
+        assert shown["run"]["status"] == "completed"
+        status = cli(daemon.home, "status", "--json")
+        assert "postgres:***@" in status.stdout and password not in status.stdout
+        ledger = PostgresLedger(pg_url, "secretive", readonly=True)
+        try:
+            tables = [row[0] for row in ledger.all(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")]
+            rows = "".join(repr(tuple(row)) for table in tables for row in ledger.all(f"SELECT * FROM {table}"))
+        finally:
+            ledger.close()
+        assert "boot-started" in rows and password not in rows
+        daemon.shutdown()
+        for path in daemon.home.rglob("*"):
+            if path.is_file() and not path.name.endswith(".ipc"):
+                assert password.encode() not in path.read_bytes(), path
+        again = cli(daemon.home, "up", env={URL_ENV: ""})
+        assert again.returncode != 0 and "password is not stored" in again.stderr + again.stdout
+    finally:
+        daemon.shutdown()
+
+
 def test_bad_ledger_settings_are_refused_and_start_nothing(short_tmp: Path, pg_url: str) -> None:
     home = short_tmp / "h"
     for args, message in [

@@ -92,9 +92,12 @@ def test_insert_or_ignore_json_fields_and_insertion_order(open_ledger: Any) -> N
         "allow",
     )
     assert len(rows) == 1 and '"n": 0' in rows[0]["data"], "the second insert was ignored"
-    slots = [run_store.begin_provider_request(ledger, run_id, 0)["slot"] for _ in range(1)]
+    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING)
+    first = run_store.begin_provider_request(ledger, run_id, 0)["slot"]
+    run_store.provider_failed(ledger, run_id, first, "transient", "try again", run_store.RunLimits(retry_base_s=0.0))
+    second = run_store.begin_provider_request(ledger, run_id, 0)["slot"]
     listed = ledger.all("SELECT rowid, * FROM provider_requests WHERE run_id = ? ORDER BY rowid", run_id)
-    assert [row["slot"] for row in listed] == slots
+    assert [row["slot"] for row in listed] == [first, second], "rows come back in insertion order"
 
 
 def test_a_run_and_its_action_lifecycle(open_ledger: Any) -> None:
