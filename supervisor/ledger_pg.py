@@ -439,6 +439,13 @@ class PostgresLedger(Ledger):
         and _ only)."""
         return f"SELECT {CLUSTER_SCHEMA}.fence('{self.partition}', {int(self.epoch or 0)})"
 
+    def rows_as_text(self) -> str:
+        """Every row of the partition, as text: what a scan for secrets reads
+        (with SQLite it reads the file)."""
+        tables = [row[0] for row in self.all(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")]
+        return "\n".join(repr(tuple(row)) for table in tables for row in self.all(f"SELECT * FROM {table}"))
+
     def counters(self) -> dict[str, int]:
         cache = self.cache
         return {"round_trips": self.db.round_trips, "cache_hits": cache.hits if cache else 0,

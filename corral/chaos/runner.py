@@ -36,6 +36,7 @@ from corral.mailbox.control import SupervisorGone
 from corral.supervisor import home as homes
 from corral.supervisor.bounded_files import read_text_bounded
 from corral.supervisor.ledger import Ledger, SqliteLedger
+from corral.supervisor.ledger_pg import PostgresLedger
 from corral.supervisor.ledger_spec import LEDGER_FILE, URL_ENV, open_for_reading
 from corral.supervisor.spec import load_spec
 
@@ -397,11 +398,9 @@ class Runner:
                              scan_paths=(home / "logs", report_file))
         dump = base / "ledger-rows.txt"
         with _reading(home) as ledger:
+            assert isinstance(ledger, PostgresLedger)
             checks = check_all(ledger, base / "effects.log")
-            tables = [row[0] for row in ledger.all(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")]
-            dump.write_text("\n".join(repr(tuple(row)) for table in tables
-                                       for row in ledger.all(f"SELECT * FROM {table}")))
+            dump.write_text(ledger.rows_as_text())
         checks.append(no_secrets(DECOYS, (dump, home / "logs", report_file)))
         return checks
 
