@@ -41,7 +41,9 @@ def _placement(home: Path, spec: SwarmSpec, args: argparse.Namespace) -> ledger_
         url = ledger_spec.check_url(os.environ.get(ledger_spec.URL_ENV))
         if args.epoch is None or not args.node:
             raise ledger_spec.LedgerSpecError("--adopt needs --node and --epoch")
-        return ledger_spec.Placement(url, args.node, args.lease_s, adopt=args.adopt, epoch=args.epoch)
+        return ledger_spec.Placement(
+            url, args.node, args.lease_s, args.retire_idle_s, adopt=args.adopt, epoch=args.epoch
+        )
     placement = ledger_spec.resolve(home, spec.ledger, cli_url=None, cli_node=args.node)
     if placement.url:
         from urllib.parse import urlsplit
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adopt", help="run an adopted partition (started by a node, not by hand)")
     parser.add_argument("--epoch", type=int, help="the fencing epoch the adopting node took")
     parser.add_argument("--lease-s", type=float, default=ledger_spec.DEFAULT_LEASE_S)
+    parser.add_argument("--retire-idle-s", type=float, default=ledger_spec.DEFAULT_RETIRE_IDLE_S)
     args = parser.parse_args(argv)
     ready_fd = args.ready_fd
 

@@ -47,9 +47,11 @@ def acquire_own(conn: Any, node_id: str, spec_path: str | None, lease_s: float, 
     """The partition a node writes its new runs to: the one it used last (``last``)
     if nobody else holds it, else its node id, else the next free generation.
 
-    A restart of the same node takes its own partition back at once (the home lock
-    on its host says the previous process is gone); a partition another node holds
-    (it adopted it while this node was down) is left to that node.
+    A restart of the same node takes back at once what it holds (the home lock on
+    its host says the previous process is gone, and its adoptions died with it:
+    PDEATHSIG). A partition another node
+    adopted is taken back once that node let it go (its lease expired: it retired
+    the partition, or died); while that node holds it, it is left to it.
     """
     names = ([last] if last else []) + [node_id] + [f"{node_id}-{n}" for n in range(2, MAX_GENERATIONS + 1)]
     for name in dict.fromkeys(names):
@@ -64,10 +66,11 @@ def acquire_own(conn: Any, node_id: str, spec_path: str | None, lease_s: float, 
             if row is None:
                 row = conn.execute(
                     f"UPDATE {_C}.partitions SET holder = %s, epoch = epoch + 1, spec_path = COALESCE(%s, spec_path),"
-                    " lease_until = clock_timestamp() + make_interval(secs => %s)"
-                    " WHERE name = %s AND holder = %s AND (adopted_from IS NULL OR lease_until < clock_timestamp())"
+                    " lease_until = clock_timestamp() + make_interval(secs => %s),"
+                    " adopted_from = CASE WHEN holder = %s THEN adopted_from ELSE holder END"
+                    " WHERE name = %s AND (holder = %s OR lease_until < clock_timestamp())"
                     " RETURNING epoch",
-                    (node_id, spec_path, lease_s, name, node_id),
+                    (node_id, spec_path, lease_s, node_id, name, node_id),
                 ).fetchone()
         if row is not None:
             return Hold(name, int(row[0]))
@@ -84,25 +87,23 @@ def renew(conn: Any, hold: Hold, node_id: str, lease_s: float) -> bool:
     return row is not None
 
 
+def has_unfinished_runs(conn: Any, schema: str) -> bool:
+    """A run not yet completed, failed or cancelled (parked ones count)."""
+    terminal = tuple(str(status) for status in TERMINAL)
+    placeholders = ", ".join(["%s"] * len(terminal))
+    try:
+        row = conn.execute(f"SELECT 1 FROM {schema}.runs WHERE status NOT IN ({placeholders}) LIMIT 1", terminal)
+        return row.fetchone() is not None
+    except Exception:  # a partition whose schema is not made yet holds nothing
+        return False
+
+
 def adoptable(conn: Any, node_id: str) -> list[str]:
     """Partitions whose lease expired and that still hold unfinished runs."""
     rows = conn.execute(
         f"SELECT name, schema_name FROM {_C}.partitions WHERE lease_until < clock_timestamp() ORDER BY name"
     ).fetchall()
-    terminal = tuple(str(status) for status in TERMINAL)
-    found = []
-    for name, schema in rows:
-        placeholders = ", ".join(["%s"] * len(terminal))
-        try:
-            live = conn.execute(
-                f"SELECT 1 FROM {schema}.runs WHERE status NOT IN ({placeholders}) LIMIT 1", terminal
-            ).fetchone()
-        except Exception:
-            conn.rollback()
-            continue
-        if live is not None:
-            found.append(str(name))
-    return found
+    return [str(name) for name, schema in rows if has_unfinished_runs(conn, schema)]
 
 
 def adopt(conn: Any, name: str, node_id: str, lease_s: float) -> Hold | None:

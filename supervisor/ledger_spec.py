@@ -6,6 +6,7 @@ node it is.
 url = "postgresql://corral@db.internal/corral"   # default: the home's SQLite file
 node = "host-a"          # this supervisor's node id; default: from the host and home
 lease_s = 10.0           # a node that misses its heartbeat this long is adopted
+retire_idle_s = 60.0     # an adopted partition with no unfinished run this long is let go
 ```
 
 A password in ``url`` works but is better kept out of files: libpq reads
@@ -30,6 +31,7 @@ from corral.supervisor.ledger_pg import PARTITION_NAME, is_postgres_url, redact_
 LEDGER_FILE = "ledger.json"
 URL_ENV = "CORRAL_LEDGER_URL"
 DEFAULT_LEASE_S = 10.0
+DEFAULT_RETIRE_IDLE_S = 60.0
 
 
 class LedgerSpecError(ValueError):
@@ -41,14 +43,15 @@ class LedgerSpec:
     url: str | None = None
     node: str | None = None
     lease_s: float = DEFAULT_LEASE_S
+    retire_idle_s: float = DEFAULT_RETIRE_IDLE_S
 
 
 def parse(table: Any) -> LedgerSpec:
     if not isinstance(table, dict):
         raise LedgerSpecError("ledger: must be a table")
-    unknown = set(table) - {"url", "node", "lease_s"}
+    unknown = set(table) - {"url", "node", "lease_s", "retire_idle_s"}
     if unknown:
-        raise LedgerSpecError(f"ledger: unknown keys {sorted(unknown)} (known: url, node, lease_s)")
+        raise LedgerSpecError(f"ledger: unknown keys {sorted(unknown)} (known: url, node, lease_s, retire_idle_s)")
     url = table.get("url")
     if url is not None:
         check_url(url)
@@ -58,7 +61,10 @@ def parse(table: Any) -> LedgerSpec:
     lease_s = table.get("lease_s", DEFAULT_LEASE_S)
     if not isinstance(lease_s, (int, float)) or isinstance(lease_s, bool) or not 0.5 <= lease_s <= 3600:
         raise LedgerSpecError("ledger.lease_s: must be a number of seconds from 0.5 to 3600")
-    return LedgerSpec(url, node, float(lease_s))
+    retire = table.get("retire_idle_s", DEFAULT_RETIRE_IDLE_S)
+    if not isinstance(retire, (int, float)) or isinstance(retire, bool) or not 0.5 <= retire <= 86_400:
+        raise LedgerSpecError("ledger.retire_idle_s: must be a number of seconds from 0.5 to 86400")
+    return LedgerSpec(url, node, float(lease_s), float(retire))
 
 
 def check_url(url: Any) -> str:
@@ -93,6 +99,7 @@ class Placement:
     url: str | None
     node: str = ""
     lease_s: float = DEFAULT_LEASE_S
+    retire_idle_s: float = DEFAULT_RETIRE_IDLE_S
     last_partition: str | None = None
     adopt: str | None = None
     epoch: int | None = None
@@ -116,7 +123,7 @@ def resolve(home: Path, spec: LedgerSpec | None, *, cli_url: str | None, cli_nod
     node = cli_node or spec.node or remembered.get("node") or default_node(home)
     check_node(node)
     last = remembered.get("partition") if remembered.get("node") == node else None
-    return Placement(url, node, spec.lease_s, last_partition=last)
+    return Placement(url, node, spec.lease_s, spec.retire_idle_s, last_partition=last)
 
 
 def remembered_placement(home: Path) -> dict[str, Any]:

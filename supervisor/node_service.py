@@ -30,7 +30,7 @@ import trio
 from corral.core import failpoints
 from corral.supervisor import cluster
 from corral.supervisor.ledger import Ledger, SqliteLedger
-from corral.supervisor.ledger_pg import PostgresLedger, connect_cluster, redact_url
+from corral.supervisor.ledger_pg import PostgresLedger, connect_cluster, redact_url, schema_of
 from corral.supervisor.ledger_spec import URL_ENV, Placement, remember
 
 if TYPE_CHECKING:
@@ -56,6 +56,8 @@ class NodeState:
     retry_after: dict[str, float] = field(default_factory=dict)
     #: The cluster as this node last saw it, so its event stream tells every change.
     seen: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    #: An adopted partition: since when it holds no unfinished run (None: it does).
+    idle_since: float | None = None
 
     @property
     def primary(self) -> bool:
@@ -127,6 +129,12 @@ async def _lease_loop(sup: Supervisor, state: NodeState) -> None:
         if not renewed:
             assert isinstance(sup.ledger, PostgresLedger)
             sup.ledger.fence(f"the lease on partition {state.hold.partition} was taken over")
+        if _retiring(state):
+            # Its runs are over: stop, and let the lease run out, so that the node
+            # it came from can take its partition back.
+            sup.ledger.event("partition-retired", state.hold.partition, node=state.placement.node)
+            sup.request_stop(f"adopted partition {state.hold.partition} has no unfinished run")
+            return
         if changes:
             with sup.ledger.tx(fsync=False):  # they guard nothing: what the cluster tables say
                 for kind, subject, data in changes:
@@ -145,7 +153,11 @@ def _tick(state: NodeState) -> tuple[bool, list[str], list[Change]]:
     """In a worker thread: the database may be slow or away, the event loop is not."""
     placement = state.placement
     renewed = cluster.renew(state.conn, state.hold, placement.node, placement.lease_s)
-    if not renewed or not state.primary:
+    if not renewed:
+        return renewed, [], []
+    if not state.primary:
+        busy = cluster.has_unfinished_runs(state.conn, schema_of(state.hold.partition))
+        state.idle_since = None if busy else (state.idle_since or time.monotonic())
         return renewed, [], []
     cluster.heartbeat_node(state.conn, placement.node, str(state.home), os.getpid(), placement.lease_s)
     changes = _changes(state, cluster.view(state.conn))
@@ -156,6 +168,12 @@ def _tick(state: NodeState) -> tuple[bool, list[str], list[Change]]:
         if name != state.hold.partition and name not in state.adopted and state.retry_after.get(name, 0) <= now
     ]
     return renewed, expired, changes
+
+
+def _retiring(state: NodeState) -> bool:
+    """An adopted partition idle for ``retire_idle_s`` is let go."""
+    idle = state.idle_since
+    return not state.primary and idle is not None and time.monotonic() - idle >= state.placement.retire_idle_s
 
 
 def _changes(state: NodeState, view: dict[str, Any]) -> list[Change]:
@@ -189,7 +207,8 @@ def _start_adopted(sup: Supervisor, state: NodeState, hold: cluster.Hold) -> Non
     home = sup.home / ADOPTED_DIR / hold.partition
     spec_path = cluster.spec_path_of(state.conn, hold.partition)
     argv = [sys.executable, "-m", "corral.supervisor", "--home", str(home), "--node", state.placement.node,
-            "--adopt", hold.partition, "--epoch", str(hold.epoch), "--lease-s", str(state.placement.lease_s)]
+            "--adopt", hold.partition, "--epoch", str(hold.epoch), "--lease-s", str(state.placement.lease_s),
+            "--retire-idle-s", str(state.placement.retire_idle_s)]
     if spec_path:
         argv += ["--spec", spec_path]
     (sup.home / "logs").mkdir(mode=0o700, exist_ok=True)
@@ -213,7 +232,10 @@ def _reap(state: NodeState) -> None:
             continue
         del state.adopted[name]
         state.retry_after[name] = time.monotonic() + ADOPT_RETRY_S
-        log.error("the supervisor of adopted partition %s exited (%s)", name, code)
+        if code == 0:
+            log.info("adopted partition %s retired: its runs are over", name)
+        else:
+            log.error("the supervisor of adopted partition %s exited (%s)", name, code)
 
 
 async def _leave(state: NodeState) -> None:

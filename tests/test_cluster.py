@@ -150,16 +150,20 @@ def test_a_killed_node_is_adopted_and_its_run_finishes_once(cluster: dict[str, A
     assert ledger["level"] == "ok" and "partition node-a-2" in ledger["detail"], ledger
 
 
-ONE_EFFECT = agent_spec(
-    workspace="project",
-    steps="""
+def _one_effect(ledger: str = "") -> str:
+    return agent_spec(
+        workspace="project",
+        steps="""
 [[agents.steps]]
 actions = [{ tool = "effect.record", input = { label = "e1" } }]
 [[agents.steps]]
 final = "done"
 """,
-    extra=f"[ledger]\nlease_s = {LEASE_S}",
-)
+        extra=f"[ledger]\nlease_s = {LEASE_S}\n{ledger}",
+    )
+
+
+ONE_EFFECT = _one_effect()
 
 
 def test_a_paused_node_past_its_lease_is_fenced_when_it_wakes(cluster: dict[str, Any]) -> None:
@@ -205,8 +209,9 @@ def test_a_paused_node_past_its_lease_is_fenced_when_it_wakes(cluster: dict[str,
 
 def test_adoptions_chain_when_the_adopter_dies_too(cluster: dict[str, Any]) -> None:
     """Node a dies mid-action and b adopts its partition; then b dies mid-action
-    too, with a's partition in its hands. Node a comes back and adopts both.
-    Each run finishes once, each effect happened once, in both partitions."""
+    too, with a's partition in its hands. Node a comes back: it takes its own
+    partition back and adopts b's. Each run finishes once, each effect happened
+    once, in both partitions."""
     a, b = cluster["nodes"]["a"], cluster["nodes"]["b"]
     assert a.spec is not None
     a.spec = b.spec = a.spec.with_name("one-effect.toml")
@@ -229,11 +234,11 @@ def test_adoptions_chain_when_the_adopter_dies_too(cluster: dict[str, Any]) -> N
 
     a.env.pop("CORRAL_FAILPOINTS")
     _up(a, "node-a")
-    assert a.status()["cluster"]["partition"] == "node-a-2"
+    # b let node-a go (it died): a takes its own partition back, and adopts b's.
+    assert a.status()["cluster"]["partition"] == "node-a"
     effects_log = cluster["tmp"] / "effects.log"
-    for partition, run_id in (("node-a", run_a), ("node-b", run_b)):
-        adopted = _adopted(cluster, a, partition)
-        shown, reconciled = drive_to_end(adopted, run_id, effects_log)
+    for serving, run_id in ((a, run_a), (_adopted(cluster, a, "node-b"), run_b)):
+        shown, reconciled = drive_to_end(serving, run_id, effects_log)
         assert shown["run"]["status"] == "completed", shown["run"]
         assert reconciled == 1
         assert len([e for e in effects(effects_log) if e["run_id"] == run_id]) <= 1
@@ -242,6 +247,39 @@ def test_adoptions_chain_when_the_adopter_dies_too(cluster: dict[str, Any]) -> N
     assert partitions["node-a"]["holder"] == partitions["node-b"]["holder"] == "node-a"
     assert partitions["node-a"]["epoch"] == 3, "taken over twice"
     assert partitions["node-b"]["epoch"] == 2
+
+
+def test_an_adoption_retires_when_its_runs_are_over_and_the_node_takes_its_partition_back(
+    cluster: dict[str, Any],
+) -> None:
+    a, b = cluster["nodes"]["a"], cluster["nodes"]["b"]
+    assert a.spec is not None
+    a.spec = b.spec = a.spec.with_name("one-effect.toml")
+    a.spec.write_text(_one_effect("retire_idle_s = 1.0"))
+    a_pid = _up(a, "node-a", {"CORRAL_FAILPOINTS": "action.after-executing=block@once"})
+    _up(b, "node-b")
+    run_id = a.call("run", agent_id="writer", task="record one effect")["run_id"]
+    _wait_for("node a inside its failpoint", (a.home / "failpoints" / "action.after-executing.fired").exists)
+    os.killpg(a_pid, signal.SIGKILL)
+    assert wait_exit(a_pid, 10)
+    adopted = _adopted(cluster, b, "node-a")
+    adopted_pid = homes.read_endpoint(adopted.home).pid
+    shown, _ = drive_to_end(adopted, run_id, cluster["tmp"] / "effects.log")
+    assert shown["run"]["status"] == "completed"
+    # No unfinished run is left: the adoption stops by itself, its lease runs out.
+    assert wait_exit(adopted_pid, 30), "an idle adoption retires"
+    kinds = [row["kind"] for row in ledger_rows(adopted.home, "SELECT kind FROM events ORDER BY cursor")]
+    assert "partition-retired" in kinds
+    a.env.pop("CORRAL_FAILPOINTS")
+    _wait_for("the retired lease to run out", lambda: any(
+        row["name"] == "node-a" and row["lease_left_s"] < 0 for row in b.status()["cluster"]["partitions"]))
+    _up(a, "node-a")
+    assert a.status()["cluster"]["partition"] == "node-a", "its own partition, back"
+    held = {row["name"]: row for row in a.status()["cluster"]["partitions"]}["node-a"]
+    assert (held["holder"], held["epoch"], held["adopted_from"]) == ("node-a", 3, "node-b")
+    again = a.call("run", agent_id="writer", task="once more")["run_id"]
+    assert drive_to_end(a, again, cluster["tmp"] / "effects.log")[0]["run"]["status"] == "completed"
+    _invariants(cluster["url"], ["node-a"], cluster["tmp"] / "effects.log")
 
 
 def test_the_ledger_password_is_kept_out_of_the_home_the_logs_and_the_ledger(

@@ -37,6 +37,12 @@ def test_a_full_spec_parses_and_expands_counts() -> None:
         ({"groups": [{"id": "g", "max_restarts": "3"}]}, "expected int"),
         ({"supervisor": {"transport": "udp"}}, "transport"),
         ({"surprise": 1}, "unknown key 'surprise'"),
+        ({"agents": [{"id": "w", "steps": [{"final": "x", "when_observd": "a"}]}]}, r"unknown keys \['when_observd'\]"),
+        ({"ledger": {"url": "mysql://x/y"}}, "must be postgresql://"),
+        ({"ledger": {"node": "Not A Node"}}, "node id"),
+        ({"ledger": {"lease_s": 0}}, "lease_s"),
+        ({"ledger": {"retire_idle_s": "soon"}}, "retire_idle_s"),
+        ({"ledger": {"url": "postgresql://h/db", "replicas": 2}}, r"unknown keys \['replicas'\]"),
     ],
 )
 def test_bad_specs_name_the_exact_problem(data: dict[str, object], message: str) -> None:

@@ -48,6 +48,11 @@ def load_script(path: Path) -> dict[str, Any]:
     return parse_script_text(text, path.suffix)
 
 
+#: What a scripted step may say: its plan (``actions``, ``final``, or ``raw`` text),
+#: and when it applies.
+STEP_KEYS = frozenset({"actions", "final", "raw", "when_observed", "unless_observed", "when_task", "unless_task"})
+
+
 def parse_script_text(text: str, suffix: str = ".toml") -> dict[str, Any]:
     try:
         data: dict[str, Any] = json.loads(text) if suffix == ".json" else tomllib.loads(text)
@@ -56,6 +61,13 @@ def parse_script_text(text: str, suffix: str = ".toml") -> dict[str, Any]:
     steps = data.get("steps")
     if not isinstance(steps, list) or not steps:
         raise ScriptError("script needs a non-empty [[steps]] list")
+    for index, step in enumerate(steps):
+        if not isinstance(step, dict):
+            raise ScriptError(f"steps[{index}]: must be a table")
+        unknown = set(step) - STEP_KEYS
+        if unknown:
+            # A misspelled condition would otherwise make the step apply always.
+            raise ScriptError(f"steps[{index}]: unknown keys {sorted(unknown)} (known: {', '.join(sorted(STEP_KEYS))})")
     return data
 
 
