@@ -31,6 +31,13 @@ def _reap_zombies() -> None:
             return
 
 
+def _name(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline()) or proc.name()
+    except psutil.Error:
+        return "(gone)"
+
+
 class OrphanCheck:
     def __init__(self) -> None:
         self.before = {p.pid for p in live_descendants()}
@@ -38,16 +45,18 @@ class OrphanCheck:
     def check(self) -> None:
         strays = [p for p in live_descendants() if p.pid not in self.before]
         if strays:
-            # PDEATHSIG is asynchronous (milliseconds): a short grace, then anything
-            # still running is an orphan of this test.
-            _gone, alive = psutil.wait_procs(strays, timeout=1)
+            # PDEATHSIG is asynchronous (milliseconds, longer on a loaded machine):
+            # a grace (it ends as soon as they are gone), then anything still
+            # running is an orphan of this test.
+            _gone, alive = psutil.wait_procs(strays, timeout=3)
             alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            names = [f"{p.pid} {_name(p)}" for p in alive]  # before they are killed and reaped
             for proc in alive:
                 proc.kill()
             psutil.wait_procs(alive, timeout=3)
             _reap_zombies()
             if alive:
-                pytest.fail(f"test left processes behind: {', '.join(f'{p.pid} {p.name()}' for p in alive)}")
+                pytest.fail(f"test left processes behind: {', '.join(names)}")
         _reap_zombies()
 
 

@@ -84,6 +84,18 @@ def _adopted(cluster: dict[str, Any], adopter: Daemon, partition: str) -> Daemon
     return daemon
 
 
+def _lease_left(url: str, partition: str) -> float:
+    """Seconds left on a partition's lease, by the database's clock (negative: expired)."""
+    from corral.supervisor import cluster
+    from corral.supervisor.ledger_pg import connect_cluster
+
+    conn = connect_cluster(url)
+    try:
+        return float(next(row["lease_left_s"] for row in cluster.view(conn)["partitions"] if row["name"] == partition))
+    finally:
+        conn.close()
+
+
 def _invariants(url: str, partitions: list[str], effects_path: Path) -> None:
     """The chaos invariants in each partition, over the effects of its own runs
     (the effects file is shared); every effect belongs to a run of one of them."""
@@ -233,6 +245,7 @@ def test_adoptions_chain_when_the_adopter_dies_too(cluster: dict[str, Any]) -> N
     assert wait_exit(b_pid, 10) and wait_exit(adopted_pid, 10)
 
     a.env.pop("CORRAL_FAILPOINTS")
+    _wait_for("the lease b held on node-a to run out", lambda: _lease_left(cluster["url"], "node-a") < 0)
     _up(a, "node-a")
     # b let node-a go (it died): a takes its own partition back, and adopts b's.
     assert a.status()["cluster"]["partition"] == "node-a"
