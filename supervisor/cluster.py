@@ -98,7 +98,7 @@ def has_unfinished_runs(conn: Any, schema: str) -> bool:
         return False
 
 
-def adoptable(conn: Any, node_id: str) -> list[str]:
+def adoptable(conn: Any) -> list[str]:
     """Partitions whose lease expired and that still hold unfinished runs."""
     rows = conn.execute(
         f"SELECT name, schema_name FROM {_C}.partitions WHERE lease_until < clock_timestamp() ORDER BY name"

@@ -26,7 +26,6 @@ from corral.supervisor import node_service
 from corral.supervisor.errors import SupervisorError
 from corral.supervisor.group_commit import GroupCommit
 from corral.supervisor.ledger import Ledger
-from corral.supervisor.ledger_pg import PostgresLedger
 from corral.supervisor.ledger_spec import Placement
 from corral.supervisor.params import param_int, param_seconds
 from corral.supervisor.spec import SwarmSpec
@@ -346,7 +345,7 @@ class Supervisor:
             # Group commit at work: commits, and the fsyncs that made them durable.
             "ledger": {
                 "backend": self.ledger.backend,
-                **(self.ledger.counters() if isinstance(self.ledger, PostgresLedger) else {}),
+                **self.ledger.counters(),
                 "commits": self.ledger.commits,
                 "syncs": self.group_commit.syncs,
                 "synced_commits": self.group_commit.batched_commits,

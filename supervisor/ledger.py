@@ -152,6 +152,10 @@ class Ledger:
         """Make every commit so far durable; returns the commit count it covers."""
         return self.commits
 
+    def counters(self) -> dict[str, int]:
+        """What the backend counts beyond commits (status shows it); none here."""
+        return {}
+
     def close(self) -> None:
         raise NotImplementedError
 

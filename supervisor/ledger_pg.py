@@ -260,23 +260,25 @@ class _Connection:
     def send(self, statement: str, args: tuple[Any, ...] = ()) -> Any:
         """One round trip: the deferred writes, then this statement; the cursor
         is left on this statement's result."""
+        if self.pending:
+            return self._send_pending(self._literal(statement, args))
         cursor = self.conn.cursor()
         self.round_trips += 1
-        if not self.pending:
-            cursor.execute(statement, args or None)
-            return cursor
-        pending, self.pending = self.pending, []
-        cursor.execute("; ".join([*(text for text, _ in pending), self._literal(statement, args)]))
-        _settle(cursor, pending)
+        cursor.execute(statement, args or None)
         return cursor
 
     def flush(self) -> None:
         if self.pending:
-            pending, self.pending = self.pending, []
-            cursor = self.conn.cursor()
-            self.round_trips += 1
-            cursor.execute("; ".join(text for text, _ in pending))
-            _settle(cursor, pending)
+            self._send_pending(None)
+
+    def _send_pending(self, last: str | None) -> Any:
+        """The deferred statements (and ``last``) in one round trip, in order."""
+        pending, self.pending = self.pending, []
+        cursor = self.conn.cursor()
+        self.round_trips += 1
+        cursor.execute("; ".join([*(text for text, _ in pending), *([last] if last else [])]))
+        _settle(cursor, pending)
+        return cursor
 
     def discard(self) -> None:
         self.pending = []
@@ -315,7 +317,6 @@ class PostgresLedger(Ledger):
         self.epoch = epoch
         self.on_fenced = on_fenced
         self.fenced = ""
-        self.readonly = readonly
         self._lock = threading.RLock()  # one connection: the trio thread and group commit's
         self.raw = _connect(url)
         #: The fenced writer alone may cache its reads: nobody else writes its partition.
@@ -379,35 +380,33 @@ class PostgresLedger(Ledger):
         if self.fenced:
             raise Fenced(self.fenced)
         with self._lock:
+            # Nothing is sent yet: BEGIN, the commit mode and the fence check
+            # travel with the transaction's first statement that needs an
+            # answer, or with its COMMIT. The fence raises inside the server,
+            # so a fenced batch stops before its COMMIT, whatever follows it.
+            self.db.in_transaction = True
+            self.db.pending = [("BEGIN", None)]
+            if not fsync or self.group_commit:
+                self.db.pending.append(("SET LOCAL synchronous_commit = off", None))
+            if self.epoch is not None:
+                self.db.pending.append((self._fence_sql, None))
             try:
-                # Nothing is sent yet: BEGIN, the commit mode and the fence check
-                # travel with the transaction's first statement that needs an
-                # answer, or with its COMMIT. The fence raises inside the server,
-                # so a fenced batch stops before its COMMIT, whatever follows it.
-                self.db.in_transaction = True
-                self.db.pending = [("BEGIN", None)]
-                if not fsync or self.group_commit:
-                    self.db.pending.append(("SET LOCAL synchronous_commit = off", None))
-                if self.epoch is not None:
-                    self.db.pending.append((self._fence_sql, None))
-                try:
-                    yield self.db
-                    if self.db.pending[:1] == [("BEGIN", None)] and not any(h for _, h in self.db.pending):
-                        self.db.discard()  # nothing was written: no round trip at all
-                    else:
-                        self.db.send("COMMIT")
-                except psycopg.Error as exc:
-                    self._rollback()
-                    if getattr(exc, "sqlstate", None) == FENCE_SQLSTATE:
-                        self.fence(str(exc.diag.message_primary or exc).removeprefix("corral-fenced: "))
-                    raise
-                except BaseException:
-                    self._rollback()
-                    raise
-                self.db.in_transaction = False
-            except psycopg.errors.DiskFull as exc:
+                yield self.db
+                if self.db.pending[:1] == [("BEGIN", None)] and not any(h for _, h in self.db.pending):
+                    self.db.discard()  # nothing was written: no round trip at all
+                else:
+                    self.db.send("COMMIT")
+            except psycopg.Error as exc:
                 self._rollback()
-                self._storage_failed(exc)
+                if getattr(exc, "sqlstate", None) == FENCE_SQLSTATE:
+                    self.fence(str(exc.diag.message_primary or exc).removeprefix("corral-fenced: "))
+                if isinstance(exc, psycopg.errors.DiskFull):
+                    self._storage_failed(exc)
+                raise
+            except BaseException:
+                self._rollback()
+                raise
+            self.db.in_transaction = False
 
     def _rollback(self) -> None:
         self.db.in_transaction = False
@@ -447,6 +446,7 @@ class PostgresLedger(Ledger):
         return "\n".join(repr(tuple(row)) for table in tables for row in self.all(f"SELECT * FROM {table}"))
 
     def counters(self) -> dict[str, int]:
+        """Round trips to the server and read-cache hits, for status and the bench."""
         cache = self.cache
         return {"round_trips": self.db.round_trips, "cache_hits": cache.hits if cache else 0,
                 "cache_misses": cache.misses if cache else 0}

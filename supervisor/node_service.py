@@ -164,7 +164,7 @@ def _tick(state: NodeState) -> tuple[bool, list[str], list[Change]]:
     now = time.monotonic()
     expired = [
         name
-        for name in cluster.adoptable(state.conn, placement.node)
+        for name in cluster.adoptable(state.conn)
         if name != state.hold.partition and name not in state.adopted and state.retry_after.get(name, 0) <= now
     ]
     return renewed, expired, changes

@@ -6,6 +6,7 @@ stream moves (a long-poll on the cursor), with a deadline only as a safety net.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -209,11 +210,8 @@ def ledger_rows(home: Path, sql: str, *args: Any) -> list[dict[str, Any]]:
     """Rows of the ledger a home writes to: its SQLite file or its PostgreSQL partition."""
     from corral.supervisor.ledger_spec import open_for_reading
 
-    ledger = open_for_reading(home)
-    try:
+    with contextlib.closing(open_for_reading(home)) as ledger:
         return [dict(row) for row in ledger.all(sql, *args)]
-    finally:
-        ledger.close()
 
 
 def agent_spec(workspace: str = "ws", steps: str = "", extra: str = "", agent: str = "writer", policy: str = "") -> str:
@@ -243,11 +241,8 @@ def drive_to_end(daemon: Daemon, run_id: str, effects_path: Path, timeout: float
         shown = show(daemon, run_id)
         if shown["run"]["status"] in ("completed", "failed", "cancelled"):
             return shown, reconciled
-        ledger = open_for_reading(daemon.home)
-        try:
+        with contextlib.closing(open_for_reading(daemon.home)) as ledger:
             pending = pending_reconciliations(ledger)
-        finally:
-            ledger.close()
         for action in pending:
             outcome, note = decide(action, effects_path)
             daemon.call("reconcile", action_id=action["action_id"], outcome=outcome, note=note)

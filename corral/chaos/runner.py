@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,13 +111,9 @@ def file_scenario(path: Path) -> Scenario:
     return Scenario(path.stem, read_text_bounded(path, "spec"), root, chaos.get("task", "chaos run"), path.parent)
 
 
-@contextlib.contextmanager
-def _reading(home: Path) -> Iterator[Ledger]:
-    ledger = open_for_reading(home)
-    try:
-        yield ledger
-    finally:
-        ledger.close()
+def _reading(home: Path) -> contextlib.closing[Ledger]:
+    """The episode's ledger, whichever backend, closed when the block ends."""
+    return contextlib.closing(open_for_reading(home))
 
 
 class Runner:

@@ -50,17 +50,17 @@ def check_home(home: Path) -> list[Finding]:
     found.append(_endpoint(home, running))
     found.append(_sockets(home, running))
     found.append(_space(home))
-    if remembered_placement(home).get("shown_url"):
-        found.append(_postgres_ledger(home))
+    remembered = remembered_placement(home)
+    if remembered.get("shown_url"):
+        found.append(_postgres_ledger(home, remembered))
     else:
         found.extend(_ledger(home / homes.LEDGER))
     return found
 
 
-def _postgres_ledger(home: Path) -> Finding:
+def _postgres_ledger(home: Path, remembered: dict[str, Any]) -> Finding:
     """The home's partition of a shared PostgreSQL ledger: reachable, its schema,
     and who holds its lease."""
-    remembered = remembered_placement(home)
     shown, partition = remembered.get("shown_url"), remembered.get("partition")
     try:
         ledger = open_for_reading(home)
