@@ -243,9 +243,7 @@ def assignment_claim(call: Call, params: dict[str, Any]) -> dict[str, Any]:
         (assignment_id, task["task_id"], call.principal, binding["binding_id"], grant["grant_id"], deadline, call.now),
     )
     revision = access.bump(call, task, "assignment.claimed", TaskStatus.ASSIGNED, assignment_id=assignment_id)
-    row = call.one("SELECT * FROM assignments WHERE assignment_id = ?", assignment_id)
-    assert row is not None
-    return {"assignment": access.assignment_view(row, call.now), "revision": revision}
+    return _assignment_reply(call, assignment_id, revision)
 
 
 def assignment_renew(call: Call, params: dict[str, Any]) -> dict[str, Any]:
@@ -259,7 +257,12 @@ def assignment_renew(call: Call, params: dict[str, Any]) -> dict[str, Any]:
     call.db.execute("UPDATE assignments SET lease_deadline = ? WHERE assignment_id = ?",
                     (deadline, assignment["assignment_id"]))
     revision = access.bump(call, task, "assignment.renewed", assignment_id=assignment["assignment_id"])
-    row = call.one("SELECT * FROM assignments WHERE assignment_id = ?", assignment["assignment_id"])
+    return _assignment_reply(call, assignment["assignment_id"], revision)
+
+
+def _assignment_reply(call: Call, assignment_id: str, revision: int) -> dict[str, Any]:
+    """The assignment as the command left it, with the task's new revision."""
+    row = call.one("SELECT * FROM assignments WHERE assignment_id = ?", assignment_id)
     assert row is not None
     return {"assignment": access.assignment_view(row, call.now), "revision": revision}
 
