@@ -361,8 +361,8 @@ def test_sigkill_of_the_supervisor_after_executing_never_resends(project: Path) 
     spec = _spec(_lab(effects=effects), steps)
     with running(project / "home", spec, env=env) as daemon:
         _wait_server(daemon, "lab", "ready")
+        pid = daemon.endpoint.pid  # before the run: the failpoint may kill it at once
         run_id = _run(daemon)
-        pid = daemon.endpoint.pid
         from corral.core.procs import wait_exit
 
         assert wait_exit(pid, 60)

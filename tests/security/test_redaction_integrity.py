@@ -94,10 +94,12 @@ def test_files_full_of_secret_looking_lines_reach_the_disk_byte_for_byte(short_t
     (short_tmp / "script.json").write_text(script)
     env = {"CORRAL_FAILPOINTS": failpoint} if failpoint else {}
     with running(short_tmp / "home", spec, env=env) as daemon:
+        # Read before the run: the failpoint may kill the supervisor before `run` returns.
+        pid = daemon.endpoint.pid
         run_id = daemon.call("run", agent_id="writer", task="write the settings")["run_id"]
         if failpoint and failpoint.split("=")[0] not in failpoints.ACTOR_SIDE:
             # A supervisor-side failpoint kills the supervisor: restart it as a person would.
-            assert wait_exit(daemon.endpoint.pid, 60)
+            assert wait_exit(pid, 60)
             daemon.up()
         shown = wait_run(daemon, run_id, {"completed", "failed", "needs-reconciliation"}, timeout=90)
         assert shown["run"]["status"] == "completed", shown["run"]
