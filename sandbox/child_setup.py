@@ -9,6 +9,8 @@ from collections.abc import Mapping
 
 import prctl
 
+from corral.core.process_name import name_process
+
 #: Variables an actor keeps; everything else (API keys included) is scrubbed.
 ENV_ALLOWLIST = (
     "PATH",
@@ -46,8 +48,7 @@ def become_actor(actor_id: str, expected_parent: int, env: Mapping[str, str]) ->
     if os.getppid() != expected_parent:
         os._exit(70)
     name = f"corral:{actor_id}"
-    prctl.set_name(name[:15])
-    prctl.set_proctitle(name)
+    name_process(name)
     os.environ.clear()
     os.environ.update(env)
 

@@ -25,6 +25,7 @@ import prctl
 
 # The actor runtime, imported once here; serve() preloads the rest before forking.
 import corral.actors.runtime
+from corral.core.process_name import name_process
 from corral.sandbox import child_setup
 
 MAX_MESSAGE = 1024 * 1024
@@ -67,8 +68,7 @@ def serve(sock: socket.socket, supervisor_pid: int) -> None:
     prctl.set_pdeathsig(signal.SIGKILL)
     if os.getppid() != supervisor_pid:
         return
-    prctl.set_name("corral:forksrv")
-    prctl.set_proctitle("corral:forkserver")
+    name_process("corral:forkserver", "corral:forksrv")
     # Before the init message, so the imports overlap the supervisor's own boot.
     corral.actors.runtime.preload()
     # Move everything imported so far out of the collector's reach: a child's first

@@ -55,10 +55,9 @@ def _placement(home: Path, spec: SwarmSpec, args: argparse.Namespace) -> ledger_
 
 
 def _name_process() -> None:
-    import prctl
+    from corral.core.process_name import name_process
 
-    prctl.set_name("corral:sup")
-    prctl.set_proctitle("corral:supervisor")
+    name_process("corral:supervisor", "corral:sup")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             os.close(ready_fd)
         return code
 
+    _name_process()  # first: the title is set in place of argv, before the environment changes
     try:
         home = homes.ensure_home(Path(args.home))
         lock = homes.HomeLock(home)
@@ -101,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
 
         # User templates and providers next to the spec import here and in every actor.
         add_import_path(Path(spec.source).parent)
-    _name_process()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
     try:
         supervisor = Supervisor(home, spec, ready_fd=ready_fd, lock=lock, placement=placement)

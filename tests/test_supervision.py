@@ -64,6 +64,32 @@ def test_one_for_one_restarts_only_the_killed_actor(short_tmp: Path) -> None:
         assert "actor-exited" in kinds and "actor-restarted" in kinds
 
 
+def test_a_supervisor_started_with_pythonpath_set_runs_and_names_its_processes(short_tmp: Path) -> None:
+    # python-prctl's set_proctitle crashed (SIGSEGV) a supervisor whose environment
+    # began with PYTHONPATH, as a shell's `PYTHONPATH=... corral up` makes it:
+    # `corral up` then failed with an empty log.
+    extra = short_tmp / "extra"
+    extra.mkdir()
+    spec_path = short_tmp / "spec.toml"
+    spec_path.write_text(spec())
+    daemon = Daemon(short_tmp / "h", spec_path)
+    env = {"PYTHONPATH": str(extra), **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}}
+    try:
+        up = subprocess.run(
+            [sys.executable, "-m", "corral", "--home", str(daemon.home), "up", "--spec", str(spec_path)],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert up.returncode == 0, up.stderr
+        daemon.pids_seen.add(daemon.endpoint.pid)
+        status = daemon.wait_until(all_running, what="all running")
+        supervisor = psutil.Process(daemon.endpoint.pid)
+        assert supervisor.cmdline()[0] == "corral:supervisor" and supervisor.name() == "corral:sup"
+        for actor in status["actors"]:
+            assert psutil.Process(actor["pid"]).cmdline()[0] == f"corral:{actor['id']}"
+    finally:
+        daemon.shutdown()
+
+
 def test_one_for_all_restarts_every_sibling(short_tmp: Path) -> None:
     with running(short_tmp / "h", spec("one_for_all")) as daemon:
         before = pids(daemon.wait_until(all_running))
