@@ -144,6 +144,9 @@ class Lane:
         self.project: str | None = None
         #: The next step, when the last step's reply carried it (no extra round trip).
         self.next: dict[str, Any] | None = None
+        #: The run's observations as far as provider steps sent them: each turn
+        #: brings only the new ones (``history_from`` says where they start).
+        self.history: list[dict[str, Any]] = []
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         return await self.ctx.call(method, run_id=self.run_id, **params)
@@ -152,7 +155,7 @@ class Lane:
         """A step whose reply also carries the next step (see supervisor/step_piggyback.py)."""
         if _unsafe_effect_order():
             return await self.call(method, **params)  # the broken build keeps its own order
-        answer = await self.call(method, want_next=True, **params)
+        answer = await self.call(method, want_next=True, history_have=len(self.history), **params)
         self.next = answer.get("next")
         return answer
 
@@ -172,7 +175,7 @@ class Lane:
             try:
                 step, self.next = self.next, None
                 if step is None:
-                    step = await self.call("run.next_step")
+                    step = await self.call("run.next_step", history_have=len(self.history))
                 do = step["do"]
                 if do in ("done", "park"):
                     return
@@ -203,7 +206,7 @@ class Lane:
             agent_id=self.ctx.actor_id,
             task=step["task"],
             loop_index=loop,
-            history=tuple(step["history"]),
+            history=self.provider_history(step),
             tools=self.offered,
             slot=begun["slot"],
             tool_notes=tuple(sorted((self.run.get("mcp_instructions") or {}).items())),
@@ -228,6 +231,19 @@ class Lane:
         carried = {} if _unsafe_effect_order() else self.parsed(provider, response.text[:MAX_RESPONSE_CHARS])
         await self.step_call("provider.handoff", slot=begun["slot"], text=response.text, **carried)
         failpoints.hit("provider.after-handoff")
+
+    def provider_history(self, step: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+        """What the model sees: a shaped view (compaction) as sent, else the run's
+        observations, of which the step carries only those past ``history_from``."""
+        if "history_from" not in step:
+            return tuple(step["history"])
+        start = int(step["history_from"])
+        if start != len(self.history):
+            # Cannot happen while the supervisor answers what this lane asked; refuse
+            # to show the model a history with a hole in it.
+            raise RuntimeError(f"history starts at {start}, this lane holds {len(self.history)}")
+        self.history.extend(step["history"])
+        return tuple(self.history)
 
     def parsed(self, provider: Provider, text: str) -> dict[str, Any]:
         """``{"plan": ...}`` or ``{"plan_invalid": {category, detail}}``."""

@@ -41,6 +41,14 @@ def _str(params: dict[str, Any], key: str, *, limit: int = 200) -> str:
     return param_str(params, key, limit=limit)
 
 
+def _history_have(params: dict[str, Any]) -> int:
+    """How many of the run's observations the agent holds already (0: send them all)."""
+    have = params.get("history_have", 0)
+    if not isinstance(have, int) or isinstance(have, bool) or not 0 <= have <= 10**9:
+        raise BadRequest("history_have must be a count of observations")
+    return have
+
+
 def _int(params: dict[str, Any], key: str) -> int:
     return param_int(params, key)
 
@@ -179,7 +187,12 @@ class RunService:
             for shape in PROVIDER_STEP_HOOKS:
                 step = await shape(run_id, step)  # e.g. compaction: its view, or compact first
             if step["do"] == "provider" and "history" not in step:
-                step["history"] = run_store.history(self.ledger, run_id)  # no hook shaped it: all of it
+                # No hook shaped it: all of it, of which the agent already holds the
+                # first ``history_have`` (it keeps what earlier turns sent, so a long
+                # run does not resend and re-decode its whole history every turn).
+                have = _history_have(params)
+                step["history"] = run_store.history(self.ledger, run_id, after=have)
+                step["history_from"] = have
         try:
             self._with_raw_copies(run_id, step)
         except sealed_input.SealedInputError as exc:

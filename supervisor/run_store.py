@@ -182,8 +182,10 @@ def claim_run(ledger: Ledger, agent_id: str) -> sqlite3.Row | None:
     return row
 
 
-def history(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
-    rows = ledger.all("SELECT data FROM observations WHERE run_id = ? ORDER BY seq", run_id)
+def history(ledger: Ledger, run_id: str, after: int = 0) -> list[dict[str, Any]]:
+    """The run's observations in order; ``after``: only those past the first ``after``
+    (observations are only ever appended, numbered 1, 2, ... per run)."""
+    rows = ledger.all("SELECT data FROM observations WHERE run_id = ? AND seq > ? ORDER BY seq", run_id, after)
     return [json.loads(row["data"]) for row in rows]
 
 

@@ -68,7 +68,7 @@ def wrap(sup: Supervisor, method: str, handler: ActorMethod) -> ActorMethod:
         if method == "provider.handoff" and isinstance(run_id, str):
             await _commit_carried_plan(sup, slot, run_id, params)
         if params.get("want_next") is True and isinstance(run_id, str):
-            answer = {**answer, "next": await next_step_begun(sup, slot, run_id)}
+            answer = {**answer, "next": await next_step_begun(sup, slot, run_id, params.get("history_have", 0))}
         return answer
 
     return with_next
@@ -96,20 +96,21 @@ async def _commit_carried_plan(sup: Supervisor, slot: ActorSlot, run_id: str, pa
         )
 
 
-async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str) -> dict[str, Any]:
+async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str, history_have: Any = 0) -> dict[str, Any]:
     runs = sup.services["runs"]
-    step: dict[str, Any] = await runs.next_step(slot, {"run_id": run_id})
+    asked = {"run_id": run_id, "history_have": history_have}
+    step: dict[str, Any] = await runs.next_step(slot, asked)
     if step["do"] == "prepare":
         # The next action of a committed plan: prepared here, through the same
         # method (and checks) as when the agent asks, one round trip fewer.
         if not await _prepare(sup, slot, run_id, step):
             return step  # the agent asks itself and gets the refusal as the answer to its own step
-        step = await runs.next_step(slot, {"run_id": run_id})
+        step = await runs.next_step(slot, asked)
     if step["do"] == "execute" and step.get("phase") in ("prepared", "approved") and _rerunnable(sup, step):
         begun = run_store.begin_action(sup.ledger, step["action_id"])
         if begun["do"] != "execute":
             # Denied, or parked for approval: the ledger now says what comes next.
-            step = await runs.next_step(slot, {"run_id": run_id})
+            step = await runs.next_step(slot, asked)
         else:
             step["begun"] = True
             if _is_read(sup, step["tool"]):

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from corral.actors.agent import Lane
 from corral.mailbox.control import ControlError
+from corral.supervisor.errors import BadRequest
+from corral.supervisor.run_service import _history_have
 from tests.harness import Daemon, agent_spec, effects, ledger_rows, wait_run
 
 READS_THEN_EFFECT = """
@@ -24,6 +27,23 @@ TWO_READS = """
 actions = [{ tool = "fs.list", input = { path = "." } }, { tool = "fs.list", input = { path = "." } }]
 [[agents.steps]]
 final = "done"
+"""
+
+
+#: Four turns; the last decides on an observation of the first, which the step
+#: of that turn does not carry (it carries only what is new since the third).
+REMEMBERS_THE_FIRST_TURN = """
+[[agents.steps]]
+actions = [{ tool = "effect.record", input = { label = "alpha" } }]
+[[agents.steps]]
+actions = [{ tool = "fs.list", input = { path = "." } }]
+[[agents.steps]]
+actions = [{ tool = "fs.list", input = { path = "." } }]
+[[agents.steps]]
+when_observed = "alpha"
+final = "saw alpha"
+[[agents.steps]]
+final = "lost alpha"
 """
 
 
@@ -226,3 +246,35 @@ def test_parallel_reads_is_a_strict_list_of_read_tools(short_tmp: Path) -> None:
         spec.write_text(agent_spec(steps=PARALLEL, policy=f"parallel_reads = {allow}"))
         with pytest.raises(SpecError, match="not a read-only tool"):
             load_spec(spec)
+
+
+def test_each_turn_sends_only_new_observations_and_the_model_still_sees_them_all(short_tmp: Path) -> None:
+    daemon = _daemon(short_tmp, REMEMBERS_THE_FIRST_TURN)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="writer", task="remember")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed", shown["run"]
+        assert shown["final_reply"] == "saw alpha"
+    finally:
+        daemon.shutdown()
+
+
+def test_a_lane_adds_each_turns_new_observations_and_refuses_a_gap() -> None:
+    lane = Lane.__new__(Lane)  # only its history: no actor context needed
+    lane.history = []
+    first, second, third = {"n": 1}, {"n": 2}, {"n": 3}
+    assert lane.provider_history({"history": [first], "history_from": 0}) == (first,)
+    assert lane.provider_history({"history": [second, third], "history_from": 1}) == (first, second, third)
+    # A shaped view (compaction) is shown as sent and leaves the lane's copy alone.
+    assert lane.provider_history({"history": [{"summary": "s"}]}) == ({"summary": "s"},)
+    with pytest.raises(RuntimeError, match="starts at 1"):
+        lane.provider_history({"history": [third], "history_from": 1})
+    assert lane.history == [first, second, third]
+
+
+@pytest.mark.parametrize("have", [-1, "2", True, 1.5, 10**10])
+def test_a_bad_history_count_is_refused(have: object) -> None:
+    with pytest.raises(BadRequest, match="history_have"):
+        _history_have({"history_have": have})
+    assert _history_have({}) == 0 and _history_have({"history_have": 7}) == 7

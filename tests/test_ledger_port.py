@@ -121,6 +121,18 @@ def test_a_run_and_its_action_lifecycle(open_ledger: Any) -> None:
     assert run_store.get_action(ledger, action_id)["phase"] == ActionPhase.EXECUTING
 
 
+def test_history_is_the_observations_in_order_and_its_tail_past_a_count(open_ledger: Any) -> None:
+    ledger = open_ledger()
+    ledger.begin_boot("b1", 1, 1)
+    run_id = _new_run(ledger)
+    for n in range(5):
+        assert run_store.add_observation(ledger, run_id, f"src-{n}", n, {"n": n})
+    assert not run_store.add_observation(ledger, run_id, "src-1", 9, {"n": 99})  # once per source
+    assert [entry["n"] for entry in run_store.history(ledger, run_id)] == [0, 1, 2, 3, 4]
+    assert [entry["n"] for entry in run_store.history(ledger, run_id, after=3)] == [3, 4]
+    assert run_store.history(ledger, run_id, after=5) == []
+
+
 def test_recovery_marks_an_unknown_outcome_and_never_replays_it(open_ledger: Any) -> None:
     """A restart (a new boot on the same ledger) scans what the last one left:
     a side effect that was executing becomes needs-reconciliation."""
