@@ -360,6 +360,7 @@ class RunService:
             rerunnable=rerunnable,
             policy=policy,
             raw_sha256=self.keep_raw_input(run["run_id"], loop, index, tool_input),
+            run=run,
         )
         if blocked is not None:
             row = self.refuse_prepared(row, ActionPhase.DENIED, blocked)
@@ -407,35 +408,44 @@ class RunService:
         if not all(isinstance(result, dict) for result in results):
             raise BadRequest("each result must be a map")
         run_id = _str(params, "run_id")
+        ids = [_str(result, "action_id") for result in results]
+        if len(set(ids)) != len(ids):
+            raise BadRequest("results name an action more than once")
+        actions = []
         for result in results:
             action = run_store.get_action(self.ledger, _str(result, "action_id"))
             if action["run_id"] != run_id:
                 raise BadRequest(f"action {action['action_id']} is not in run {run_id}")
             if not isinstance(result.get("output", {}), dict):
                 raise BadRequest("output must be a map")
+            actions.append(action)
         self.check_owner(slot, run_id)
-        for result in results:
-            await self.action_finish(slot, result)
+        for action, result in zip(actions, results, strict=True):
+            # Read just above, with no await since: nothing else moved it.
+            self._finish(action, result)
         return {}
 
     async def action_finish(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         action = run_store.get_action(self.ledger, _str(params, "action_id"))
         self.check_owner(slot, action["run_id"])
-        output = params.get("output", {})
-        if not isinstance(output, dict):
+        if not isinstance(params.get("output", {}), dict):
             raise BadRequest("output must be a map")
+        self._finish(action, params)
+        return {}
+
+    def _finish(self, action: Any, params: dict[str, Any]) -> None:
         run_store.finish_action(
             self.ledger,
             action["action_id"],
             bool(params.get("ok")),
-            output,
+            params.get("output", {}),
             str(params.get("summary", "")),
             params.get("error"),
+            current=action,
         )
         if action["raw_sha256"]:
             # Terminal and committed: nothing will act on this raw input again.
             sealed_input.drop(self.spool, sealed_input.raw_name(action["run_id"], "input", action["action_id"]))
-        return {}
 
     async def finalize(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self.owned_run(slot, params)

@@ -477,11 +477,14 @@ def prepare_action(
     rerunnable: bool,
     policy: str,
     raw_sha256: str | None = None,
+    run: Any = None,
 ) -> sqlite3.Row:
     """Create the action as prepared, or return it unchanged on an idempotent replay.
     ``tool_input`` is what the tool will act on: the fingerprint covers it, the row
-    keeps it redacted, and ``raw_sha256`` names its raw copy when the two differ."""
-    run = get_run(ledger, run_id)
+    keeps it redacted, and ``raw_sha256`` names its raw copy when the two differ.
+    ``run``: the run's row when the caller has it (its agent is all this reads)."""
+    if run is None:
+        run = get_run(ledger, run_id)
     the_id = action_id(run_id, loop_index, action_index)
     the_fingerprint = fingerprint(tool, tool_input)
     existing = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
@@ -550,9 +553,11 @@ def get_action(ledger: Ledger, the_id: str) -> sqlite3.Row:
     return row
 
 
-def move_action(ledger: Ledger, the_id: str, phase: ActionPhase, **fields: Any) -> None:
+def move_action(ledger: Ledger, the_id: str, phase: ActionPhase, *, current: Any = None, **fields: Any) -> None:
+    """Move an action along its one transition table. ``current``: its row, read by
+    the caller in the same synchronous step (no await since), so not read again."""
     with ledger.tx() as db:
-        row = get_action(ledger, the_id)
+        row = current if current is not None else get_action(ledger, the_id)
         check_action_transition(ActionPhase(row["phase"]), phase)
         now = _now()
         sets = ["phase = ?", "updated_at = ?"]
@@ -576,9 +581,10 @@ def move_action(ledger: Ledger, the_id: str, phase: ActionPhase, **fields: Any) 
         )
 
 
-def begin_action(ledger: Ledger, the_id: str) -> dict[str, Any]:
-    """Apply policy; commit ``executing`` before the agent may start the side effect."""
-    row = get_action(ledger, the_id)
+def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> dict[str, Any]:
+    """Apply policy; commit ``executing`` before the agent may start the side effect.
+    ``current``: the action's row, read by the caller with no await since."""
+    row = current if current is not None else get_action(ledger, the_id)
     phase = ActionPhase(row["phase"])
     if phase is ActionPhase.PREPARED:
         if row["policy"] == "deny":
@@ -603,7 +609,7 @@ def begin_action(ledger: Ledger, the_id: str) -> dict[str, Any]:
                 )
             return {"do": "park", "phase": "waiting-confirmation"}
     if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED):
-        move_action(ledger, the_id, ActionPhase.EXECUTING)
+        move_action(ledger, the_id, ActionPhase.EXECUTING, current=row)
         failpoints.hit("action.after-executing")
         return {"do": "execute", "phase": "executing"}
     if phase is ActionPhase.EXECUTING:
@@ -638,9 +644,16 @@ def mark_needs_reconciliation(ledger: Ledger, the_id: str, reason: str) -> None:
 
 
 def finish_action(
-    ledger: Ledger, the_id: str, ok: bool, output: dict[str, Any], summary: str, error: str | None
+    ledger: Ledger,
+    the_id: str,
+    ok: bool,
+    output: dict[str, Any],
+    summary: str,
+    error: str | None,
+    *,
+    current: Any = None,
 ) -> None:
-    row = get_action(ledger, the_id)
+    row = current if current is not None else get_action(ledger, the_id)
     phase = ActionPhase(row["phase"])
     if phase in ACTION_TERMINAL:
         return  # a repeated finish after a lost reply: the first one stands
@@ -650,6 +663,7 @@ def finish_action(
         ledger,
         the_id,
         ActionPhase.OK if ok else ActionPhase.FAILED,
+        current=row,
         result=_bounded({"output": output, "summary": summarize(summary, 300)}),
         error=summarize(error, 300) if error else None,
     )

@@ -103,18 +103,25 @@ async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str, history
     if step["do"] == "prepare":
         # The next action of a committed plan: prepared here, through the same
         # method (and checks) as when the agent asks, one round trip fewer.
-        if not await _prepare(sup, slot, run_id, step):
+        prepared = await _prepare(sup, slot, run_id, step)
+        if not prepared:
             return step  # the agent asks itself and gets the refusal as the answer to its own step
-        step = await runs.next_step(slot, asked)
-    if step["do"] == "execute" and step.get("phase") in ("prepared", "approved") and _rerunnable(sup, step):
-        begun = run_store.begin_action(sup.ledger, step["action_id"])
+        if prepared["phase"] == "prepared":
+            # What the ledger would now say: execute it, on the raw input just prepared.
+            step = {"do": "execute", "action_id": prepared["action_id"], "tool": step["tool"],
+                    "input": step["input"], "phase": "prepared"}
+        else:
+            step = await runs.next_step(slot, asked)
+    row = _rerunnable_action(sup, step) if step["do"] == "execute" else None
+    if row is not None and step.get("phase") in ("prepared", "approved"):
+        begun = run_store.begin_action(sup.ledger, step["action_id"], current=row)
         if begun["do"] != "execute":
             # Denied, or parked for approval: the ledger now says what comes next.
             step = await runs.next_step(slot, asked)
         else:
             step["begun"] = True
             if _is_read(sup, step["tool"]):
-                following = await _begin_following_reads(sup, slot, run_id, step["action_id"])
+                following = await _begin_following_reads(sup, slot, run_id, row)
                 if following:
                     step["batch"] = following
                     allowed = set(_run_options(sup, run_id).get("parallel_reads") or ())
@@ -136,12 +143,11 @@ async def _prepare(sup: Supervisor, slot: ActorSlot, run_id: str, step: dict[str
         return None
 
 
-async def _begin_following_reads(sup: Supervisor, slot: ActorSlot, run_id: str, first: str) -> list[dict[str, Any]]:
-    """The reads that follow ``first`` in its plan, prepared and begun, in order,
+async def _begin_following_reads(sup: Supervisor, slot: ActorSlot, run_id: str, row: Any) -> list[dict[str, Any]]:
+    """The reads that follow action ``row`` in its plan, prepared and begun, in order,
     up to the first action that is not a read the policy auto-approves (that one
     and the rest go the ordinary way, after the batch)."""
     runs = sup.services["runs"]
-    row = run_store.get_action(sup.ledger, first)
     loop, index = int(row["loop_index"]), int(row["action_index"]) + 1
     batch: list[dict[str, Any]] = []
     while True:
@@ -154,7 +160,7 @@ async def _begin_following_reads(sup: Supervisor, slot: ActorSlot, run_id: str, 
         action = run_store.get_action(sup.ledger, prepared["action_id"])
         if action["policy"] != "auto" or not action["rerunnable"]:
             return batch
-        if run_store.begin_action(sup.ledger, prepared["action_id"])["do"] != "execute":
+        if run_store.begin_action(sup.ledger, prepared["action_id"], current=action)["do"] != "execute":
             return batch
         batch.append({"action_id": prepared["action_id"], "tool": call["tool"], "input": call["input"]})
         index += 1
@@ -171,13 +177,14 @@ def _is_read(sup: Supervisor, tool_name: str) -> bool:
     return tool is not None and tool.schema.effect_class == "read"
 
 
-def _rerunnable(sup: Supervisor, step: dict[str, Any]) -> bool:
-    """Only an action that recovery may run again is begun for the agent: if the
-    agent died before it read the reply, the action is simply run again. An
-    external one is begun by the agent itself (``action.begin``), as it is about to
-    act, so a dead agent never leaves an ``executing`` record nobody acted on."""
-    row = sup.ledger.one("SELECT rerunnable FROM actions WHERE action_id = ?", step["action_id"])
-    return row is not None and bool(row["rerunnable"])
+def _rerunnable_action(sup: Supervisor, step: dict[str, Any]) -> Any:
+    """The action's row when recovery may run it again, else None. Only such an
+    action is begun for the agent: if the agent died before it read the reply, the
+    action is simply run again. An external one is begun by the agent itself
+    (``action.begin``), as it is about to act, so a dead agent never leaves an
+    ``executing`` record nobody acted on."""
+    row = sup.ledger.one("SELECT * FROM actions WHERE action_id = ?", step["action_id"])
+    return row if row is not None and row["rerunnable"] else None
 
 
 def install(sup: Supervisor) -> None:

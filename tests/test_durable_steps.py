@@ -4,14 +4,18 @@ reads and nothing else, and ``wait`` answers from the supervisor."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from corral.actors.agent import Lane
 from corral.mailbox.control import ControlError
+from corral.supervisor import run_store
 from corral.supervisor.errors import BadRequest
-from corral.supervisor.run_service import _history_have
+from corral.supervisor.ledger import SqliteLedger
+from corral.supervisor.run_service import RunService, _history_have
 from tests.harness import Daemon, agent_spec, effects, ledger_rows, wait_run
 
 READS_THEN_EFFECT = """
@@ -278,3 +282,30 @@ def test_a_bad_history_count_is_refused(have: object) -> None:
     with pytest.raises(BadRequest, match="history_have"):
         _history_have({"history_have": have})
     assert _history_have({}) == 0 and _history_have({"history_have": 7}) == 7
+
+
+async def test_a_batch_naming_an_action_twice_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    ledger.begin_boot("b1", 1, 1)
+    service = RunService(SimpleNamespace(ledger=ledger))  # type: ignore[arg-type]
+    slot = SimpleNamespace(id="writer", spec=SimpleNamespace(params={"agent_id": "writer"}))
+    run_id = run_store.create_run(ledger, agent_id="writer", task="t", provider="scripted",
+                                  provider_config={"script": {"steps": []}})
+    ids = []
+    for index in range(2):
+        row = run_store.prepare_action(ledger, run_id, 0, index, "fs.list", {"path": "."}, rerunnable=True,
+                                       policy="auto")
+        run_store.begin_action(ledger, row["action_id"])
+        ids.append(row["action_id"])
+    cursor = ledger.last_cursor()
+    twice = [{"action_id": ids[0], "ok": True, "output": {"n": n}} for n in (1, 2)]
+    with pytest.raises(BadRequest, match="more than once"):
+        await service.action_finish_batch(slot, {"run_id": run_id, "results": twice})  # type: ignore[arg-type]
+    assert ledger.last_cursor() == cursor
+    both = [{"action_id": the_id, "ok": True, "output": {"n": n}} for n, the_id in enumerate(ids)]
+    await service.action_finish_batch(slot, {"run_id": run_id, "results": both})  # type: ignore[arg-type]
+    rows = ledger.all("SELECT a.phase, a.result, r.status FROM actions a JOIN receipts r USING (action_id)"
+                      " ORDER BY a.action_index")
+    assert [(row["phase"], json.loads(row["result"])["output"], row["status"]) for row in rows] == [
+        ("ok", {"n": 0}, "ok"), ("ok", {"n": 1}, "ok")]
+    ledger.close()

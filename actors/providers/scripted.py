@@ -78,12 +78,14 @@ class ScriptedProvider:
 
     def __init__(self, script: dict[str, Any]) -> None:
         self.steps: list[dict[str, Any]] = list(script["steps"])
+        self.reads_history = any("when_observed" in step or "unless_observed" in step for step in self.steps)
 
     def _step_for(self, request: ProviderRequest) -> dict[str, Any] | None:
         # Conditional steps are consumed by position like any other; a step whose
         # condition does not hold is skipped, which keeps the script deterministic
         # given the same observations.
-        seen = json.dumps(list(request.history))
+        # Only conditions read the history, whose text grows every turn.
+        seen = json.dumps(list(request.history)) if self.reads_history else ""
         index = 0
         loop = 0
         while index < len(self.steps):
