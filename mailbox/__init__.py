@@ -1,4 +1,4 @@
-"""Envelopes, the msgpack codec, nng transports and request/reply."""
+"""Envelopes, the msgpack codec, actor links (Unix sockets), the nng control protocol and request/reply."""
 
 from corral.mailbox.codec import DEFAULT_MAX_FRAME, decode, encode
 from corral.mailbox.envelope import Envelope, Kind

@@ -1,24 +1,25 @@
-"""A bidirectional message channel over one nng Pair0 socket.
+"""A bidirectional message channel over one link (mailbox/link.py): length-prefixed
+msgpack frames on a Unix socket, or loopback TCP.
 
-Request/reply is built here (not with nng Req/Rep) because both ends of an actor link
-make requests: the reader task matches replies to waiting requests by ``corr_id``
-and puts everything else into a bounded inbox. When the inbox is full the reader
-stops reading, nng's buffers fill, and the peer's sends block: backpressure end to
-end with bounded memory.
+Request/reply is built here because both ends of an actor link make requests: the
+reader task matches replies to waiting requests by ``corr_id`` and puts everything
+else into a bounded inbox. When the inbox is full the reader stops reading, the
+socket's buffers fill, and the peer's sends block: backpressure end to end with
+bounded memory.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import pynng
 import trio
 
+from corral.mailbox import link as links
 from corral.mailbox.codec import DEFAULT_MAX_FRAME, decode, encode
 from corral.mailbox.envelope import Envelope, Kind
 from corral.mailbox.errors import (
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 DEFAULT_INBOX = 256
 #: Body key of a batched tell (``Channel.tell_many``).
 BATCH = "__batch__"
-#: nng hard limit: frames between max_frame and this are read and answered with a
-#: typed error; beyond it nng drops the pipe, which bounds a hostile peer's memory.
+#: Hard limit of a frame, in multiples of max_frame: frames between max_frame and
+#: this are read and answered with a typed error; a peer announcing more is cut off,
+#: which bounds a hostile peer's memory.
 HARD_FRAME_FACTOR = 4
 
 
@@ -51,42 +53,59 @@ class _Pending:
 class Channel:
     def __init__(
         self,
-        socket: pynng.Socket,
         name: str,
         *,
         max_frame: int = DEFAULT_MAX_FRAME,
         inbox_size: int = DEFAULT_INBOX,
         token: str | None = None,
     ) -> None:
-        self.socket = socket
         self.name = name
         self.max_frame = max_frame
         self.token = token
+        self._link: links.Link | None = None
+        #: Set once the link is attached, or the channel closed without one.
+        self._linked = trio.Event()
         self._pending: dict[str, _Pending] = {}
         self._inbox_send, self.inbox = trio.open_memory_channel[Envelope](inbox_size)
         self._closed = False
         self.frames_in = 0
         self.frames_out = 0
         self.bad_frames = 0
-        self.send_lock = trio.Lock()
-        self._send_fd: int | None = None
-        self._recv_fd: int | None = None
+
+    @property
+    def hard_limit(self) -> int:
+        return self.max_frame * HARD_FRAME_FACTOR
+
+    def attach(self, link: links.Link) -> None:
+        if self._closed:
+            link.close()
+            return
+        self._link = link
+        self._linked.set()
 
     async def send(self, envelope: Envelope, timeout: float | None = None) -> None:
         frame = encode(envelope, self.max_frame)
         await self.send_frame(frame, timeout)
 
     async def send_frame(self, frame: bytes, timeout: float | None = None) -> None:
-        if self._closed:
+        limit = math.inf if timeout is None else timeout
+        link = self._link
+        if link is None and not self._closed:
+            # Sent before the peer connected (a listener's first moments): wait for it.
+            with trio.move_on_after(limit):
+                await self._linked.wait()
+            link = self._link
+            if link is None and not self._closed:
+                raise MailboxFull(f"{self.name}: no peer connected within {timeout}s")
+        if self._closed or link is None:
             raise ChannelClosed(f"channel {self.name} is closed")
-        with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
-            try:
-                await self._send_nowait_or_wait(frame)
-            except (pynng.Closed, trio.ClosedResourceError):
-                raise ChannelClosed(f"channel {self.name} is closed") from None
-            self.frames_out += 1
-        if scope.cancelled_caught:
-            raise MailboxFull(f"{self.name}: peer mailbox stayed full for {timeout}s")
+        try:
+            await link.send(frame, limit)
+        except MailboxFull:
+            raise MailboxFull(f"{self.name}: peer mailbox stayed full for {timeout}s") from None
+        except ChannelClosed:
+            raise ChannelClosed(f"channel {self.name} is closed") from None
+        self.frames_out += 1
 
     async def tell(self, recipient: str, body: dict[str, Any], timeout: float | None = None) -> None:
         await self.send(Envelope(Kind.TELL, self.name, recipient, body, token=self.token), timeout)
@@ -127,71 +146,61 @@ class Channel:
     async def reply_error(self, request: Envelope, code: str, message: str) -> None:
         await self.send(request.error(code, message, sender=self.name))
 
-    # nng's own aio completes on an nng thread and wakes trio through a cross-thread
-    # callback, which cost ~150 µs per round trip here. Its pollable fds let trio's
-    # epoll wait instead, and the non-blocking calls then never block: same latency
-    # as a synchronous socket, still cancellable. (Callers cancel the reader before
-    # closing the socket, which is what trio needs for an fd it waits on.)
-
-    async def _send_nowait_or_wait(self, frame: bytes) -> None:
-        try:
-            self.socket.send(frame, block=False)
-            return
-        except pynng.TryAgain:
-            pass
-        # Full: wait for room. trio allows one waiter per fd, so senders queue on
-        # the lock (FIFO, which also keeps their frames in order).
-        async with self.send_lock:
-            while True:
-                try:
-                    self.socket.send(frame, block=False)
-                    return
-                except pynng.TryAgain:
-                    if self._send_fd is None:
-                        self._send_fd = self.socket.send_fd
-                    await trio.lowlevel.wait_readable(self._send_fd)
-
-    async def _recv_nowait_or_wait(self) -> bytes:
-        while True:
-            try:
-                frame: bytes = self.socket.recv(block=False)
-                return frame
-            except pynng.TryAgain:
-                if self._recv_fd is None:
-                    self._recv_fd = self.socket.recv_fd
-                await trio.lowlevel.wait_readable(self._recv_fd)
-
-    async def run_reader(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Read frames until the socket closes. Owned by the channel owner's nursery."""
+    async def run_reader(
+        self,
+        connect: Callable[[], Awaitable[links.Link | None]] | None = None,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Read frames until the link closes (first waiting for ``connect``: a
+        listener's peer). Owned by the channel owner's nursery."""
         task_status.started()
         try:
-            while True:
-                try:
-                    frame = await self._recv_nowait_or_wait()
-                except pynng.Closed:
-                    return
-                self.frames_in += 1
-                try:
-                    envelope = decode(frame, self.max_frame)
-                except FrameError as exc:
-                    self.bad_frames += 1
-                    log.warning("%s: rejected frame: %s", self.name, exc)
-                    await self._send_frame_error(exc)
-                    continue
-                if envelope.kind in _ANSWERS and envelope.corr_id in self._pending:
-                    pending = self._pending[envelope.corr_id]
-                    pending.reply = envelope
-                    pending.done.set()
-                    continue
-                if envelope.kind is Kind.TELL and BATCH in envelope.body:
-                    await self._unbatch(envelope)
-                    continue
-                await self._inbox_send.send(envelope)
+            if connect is not None:
+                link = await connect()
+                if link is None:
+                    return  # the peer never came
+                self.attach(link)
+            await self._linked.wait()
+            if self._link is None or self._closed:
+                return
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._link.run_writer)
+                await self._read(self._link)
+                nursery.cancel_scope.cancel()
         finally:
             self._closed = True
+            self._linked.set()
             for pending in self._pending.values():
                 pending.done.set()
             self._inbox_send.close()
+
+    async def _read(self, link: links.Link) -> None:
+        while True:
+            try:
+                frame = await link.receive()
+            except links.FrameOverflow as exc:
+                log.warning("%s: dropping the link: %s", self.name, exc)
+                return
+            if frame is None:
+                return
+            self.frames_in += 1
+            try:
+                envelope = decode(frame, self.max_frame)
+            except FrameError as exc:
+                self.bad_frames += 1
+                log.warning("%s: rejected frame: %s", self.name, exc)
+                await self._send_frame_error(exc)
+                continue
+            if envelope.kind in _ANSWERS and envelope.corr_id in self._pending:
+                pending = self._pending[envelope.corr_id]
+                pending.reply = envelope
+                pending.done.set()
+                continue
+            if envelope.kind is Kind.TELL and BATCH in envelope.body:
+                await self._unbatch(envelope)
+                continue
+            await self._inbox_send.send(envelope)
 
     async def _unbatch(self, envelope: Envelope) -> None:
         bodies = envelope.body[BATCH]
@@ -206,25 +215,18 @@ class Channel:
 
     async def _send_frame_error(self, exc: FrameError) -> None:
         error = Envelope(Kind.ERROR, self.name, "?", {"code": exc.code, "message": str(exc)})
-        with trio.move_on_after(1.0):
-            try:
-                await self.send(error)
-            except (ChannelClosed, pynng.NNGException):
-                pass
+        try:
+            await self.send(error, timeout=1.0)
+        except (ChannelClosed, MailboxFull):
+            pass
 
     def close(self) -> None:
-        """Close the socket, first telling trio about the nng fds it may be waiting
-        on: a task still sending (e.g. a reply to an actor that just died) then
-        gets ChannelClosed instead of waiting on a closed fd."""
+        """Close the link: a task still sending (e.g. a reply to an actor that just
+        died) or receiving gets ChannelClosed instead of waiting on a closed socket."""
         self._closed = True
-        for fd in (self._send_fd, self._recv_fd):
-            if fd is not None:
-                trio.lowlevel.notify_closing(fd)
-        self.socket.close()
-
-
-def configure_socket(socket: pynng.Socket, max_frame: int) -> None:
-    socket.recv_max_size = max_frame * HARD_FRAME_FACTOR
+        self._linked.set()
+        if self._link is not None:
+            self._link.close()
 
 
 @asynccontextmanager
@@ -237,20 +239,24 @@ async def open_channel(
     inbox_size: int = DEFAULT_INBOX,
     token: str | None = None,
 ) -> AsyncIterator[Channel]:
-    """A channel with its reader running in a nursery owned by this context."""
-    socket = pynng.Pair0()
-    configure_socket(socket, max_frame)
+    """A channel with its reader running in a nursery owned by this context. The
+    listening end is usable at once: what it sends waits for its peer."""
+    channel = Channel(name, max_frame=max_frame, inbox_size=inbox_size, token=token)
+    connect: Callable[[], Awaitable[links.Link | None]] | None = None
+    listener = None
     try:
         if listen:
-            socket.listen(address)
+            listener = links.Listener(address, channel.hard_limit)
+            connect = listener.accept
         else:
-            socket.dial(address, block=True)
-        channel = Channel(socket, name, max_frame=max_frame, inbox_size=inbox_size, token=token)
+            channel.attach(await links.dial(address, channel.hard_limit))
         async with trio.open_nursery() as nursery:
-            await nursery.start(channel.run_reader)
+            await nursery.start(channel.run_reader, connect)
             try:
                 yield channel
             finally:
                 nursery.cancel_scope.cancel()
     finally:
-        socket.close()
+        channel.close()
+        if listener is not None:
+            listener.close()

@@ -17,7 +17,7 @@ import trio
 
 from corral.core.errors import CorralError
 from corral.mailbox.addresses import bound_tcp_address
-from corral.mailbox.channel import configure_socket
+from corral.mailbox.channel import HARD_FRAME_FACTOR
 from corral.mailbox.codec import DEFAULT_MAX_FRAME, decode, encode
 from corral.mailbox.envelope import Envelope, Kind
 from corral.mailbox.errors import DeadlineExceeded, FrameError, FrameTooLarge, RemoteError
@@ -25,6 +25,11 @@ from corral.mailbox.errors import DeadlineExceeded, FrameError, FrameTooLarge, R
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def configure_socket(socket: pynng.Socket, max_frame: int) -> None:
+    """nng drops a frame past the hard limit (and its pipe), which bounds a hostile peer's memory."""
+    socket.recv_max_size = max_frame * HARD_FRAME_FACTOR
 
 
 class ControlError(RemoteError):

@@ -669,6 +669,7 @@ def install(sup: Supervisor) -> RunService:
     run_store.idempotent_provider = is_idempotent
     service = RunService(sup)
     views = RunViews(sup)
+    run_store.STATUS_HOOKS.append(views.on_status)
     run_store.keep_raw_copy = service.keep_raw
     sup.actor_methods.update(
         {

@@ -31,6 +31,12 @@ class RunViews:
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
         self.ledger = sup.ledger
+        #: Run status changes so far (a status hook counts them): ``wait`` re-reads
+        #: its runs only after a commit that moved some run, not after every commit.
+        self.status_moves = 0
+
+    def on_status(self, ledger: Any, run_id: str, status: Any, reason: str | None) -> None:
+        self.status_moves += 1
 
     async def show(self, params: dict[str, Any]) -> dict[str, Any]:
         run = run_store.get_run(self.ledger, param_str(params, "run_id"))
@@ -111,6 +117,7 @@ class RunViews:
             rows = self.ledger.all(f"SELECT run_id, status FROM runs WHERE run_id IN ({marks})", *wanted)
             return {row["run_id"]: row["status"] for row in rows}
 
+        seen = self.status_moves
         found = statuses()
         missing = [run_id for run_id in wanted if run_id not in found]
         if missing:
@@ -118,7 +125,9 @@ class RunViews:
         with trio.move_on_after(min(wait_ms, 30_000) / 1000):
             while not all(status in stop for status in found.values()):
                 await self.sup.next_commit()
-                found = statuses()
+                if self.status_moves != seen:
+                    seen = self.status_moves
+                    found = statuses()
         return {"runs": found, "reached": all(status in stop for status in found.values())}
 
     async def pending(self, params: dict[str, Any]) -> dict[str, Any]:

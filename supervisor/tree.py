@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pynng
 import trio
 
 from corral.core import failpoints
-from corral.mailbox.addresses import bound_tcp_address, ipc_address, tcp_loopback_address
-from corral.mailbox.channel import Channel, configure_socket
+from corral.mailbox import link as links
+from corral.mailbox.addresses import ipc_address, tcp_loopback_address
+from corral.mailbox.channel import Channel
 from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull
 from corral.sandbox.launcher import EXIT_UNKNOWN, ActorProcess, Launcher, LaunchError, LaunchRequest
@@ -213,10 +213,10 @@ class SupervisionTree:
         slot.ready = trio.Event()
         slot.exited = trio.Event()
         slot.started_at = time.monotonic()
-        socket = pynng.Pair0()
-        configure_socket(socket, self.settings.max_frame)
+        channel = Channel(SUPERVISOR, max_frame=self.settings.max_frame, inbox_size=self.settings.inbox_size)
+        listener = links.Listener(self._address(), channel.hard_limit)
         try:
-            address = self._listen(socket)
+            address = listener.address
             config = {
                 "actor_id": slot.id,
                 "incarnation": slot.incarnation,
@@ -238,47 +238,56 @@ class SupervisionTree:
         except LaunchError as exc:
             # A start that fails (a fork server stopped past the launch timeout) counts
             # as a crash of that incarnation: policy, intensity and backoff decide next.
-            socket.close()
+            listener.close()
             log.warning("%s: launch failed: %s", slot.id, exc)
             self._record(slot, event="actor-launch-failed", error=str(exc))
             self._nursery.start_soon(self._on_exit, slot, slot.incarnation, EXIT_UNKNOWN)
             return
         except BaseException:
-            socket.close()
+            listener.close()
             raise
         slot.process = process
-        slot.channel = Channel(
-            socket, SUPERVISOR, max_frame=self.settings.max_frame, inbox_size=self.settings.inbox_size
-        )
+        slot.channel = channel
         self._record(slot, pid=process.pid, event="actor-started")
-        self._nursery.start_soon(self._incarnation, slot, slot.incarnation, socket, slot.channel, process)
+        self._nursery.start_soon(self._incarnation, slot, slot.incarnation, listener, channel, process)
 
-    def _listen(self, socket: pynng.Socket) -> str:
+    def _address(self) -> str:
         if self.settings.transport == "tcp":
-            socket.listen(tcp_loopback_address(0))
-            return bound_tcp_address(socket.listeners[0])
-        address = ipc_address(self.home / "s" / f"a{next(self._addresses)}.ipc")
-        socket.listen(address)
-        return address
+            return tcp_loopback_address(0)
+        return ipc_address(self.home / "s" / f"a{next(self._addresses)}.ipc")
 
     async def _incarnation(
-        self, slot: ActorSlot, incarnation: int, socket: pynng.Socket, channel: Channel, process: ActorProcess
+        self, slot: ActorSlot, incarnation: int, listener: links.Listener, channel: Channel, process: ActorProcess
     ) -> None:
+        async def accept() -> links.Link | None:
+            # The actor dials in once; one that never does is killed by _serve.
+            with trio.move_on_after(HELLO_TIMEOUT_S):
+                try:
+                    return await listener.accept()
+                except OSError as exc:
+                    log.warning("%s: its link failed to connect: %s", slot.id, exc)
+            return None
+
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(channel.run_reader)
+                nursery.start_soon(channel.run_reader, accept)
                 nursery.start_soon(self._serve, slot, channel, process)
                 code = await process.wait()
                 nursery.cancel_scope.cancel()
         finally:
+            listener.close()
             channel.close()
             process.close()
         await self._on_exit(slot, incarnation, code)
 
     async def _serve(self, slot: ActorSlot, channel: Channel, process: ActorProcess) -> None:
-        with trio.move_on_after(HELLO_TIMEOUT_S) as scope:
-            hello = await channel.inbox.receive()
-        if scope.cancelled_caught or not self._accept_hello(slot, hello):
+        hello: Envelope | None = None
+        with trio.move_on_after(HELLO_TIMEOUT_S):
+            try:
+                hello = await channel.inbox.receive()
+            except trio.EndOfChannel:
+                pass  # the link never came up, or closed before a word
+        if hello is None or not self._accept_hello(slot, hello):
             log.warning("%s: no valid hello; killing it", slot.id)
             process.kill_group()
             return
@@ -597,7 +606,7 @@ class SupervisionTree:
 async def _safe(awaitable: Awaitable[Any]) -> None:
     try:
         await awaitable
-    except (ChannelClosed, MailboxFull, pynng.NNGException, trio.ClosedResourceError) as exc:
+    except (ChannelClosed, MailboxFull, trio.ClosedResourceError) as exc:
         log.debug("send failed: %s", exc)
 
 
