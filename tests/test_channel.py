@@ -8,6 +8,7 @@ import pytest
 import trio
 
 from corral.mailbox import DeadlineExceeded, Kind, MailboxFull
+from corral.mailbox import link as links
 from corral.mailbox.channel import open_channel
 
 
@@ -105,3 +106,71 @@ async def test_many_tasks_sending_into_a_full_channel_all_get_through(short_tmp:
                 await server.inbox.receive()
                 got += 1
         assert got == 160
+
+
+async def test_big_frames_arrive_whole_and_in_order_with_small_ones_queued_behind(short_tmp: Path) -> None:
+    # Far past the socket's buffers: the writer task finishes each one while later
+    # sends wait their turn, so nothing interleaves.
+    address = f"ipc://{short_tmp}/c.ipc"
+    async with (
+        open_channel(address, "server", listen=True) as server,
+        open_channel(address, "client", listen=False) as client,
+    ):
+        sizes = [900_000, 10, 700_000, 10, 10]
+
+        async def send_all() -> None:
+            for n, size in enumerate(sizes):
+                await client.tell("server", {"n": n, "blob": "x" * size}, timeout=10)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_all)
+            got = [await server.inbox.receive() for _ in sizes]
+        assert [(e.body["n"], len(e.body["blob"])) for e in got] == list(enumerate(sizes))
+
+
+async def test_a_frame_past_max_is_answered_and_one_past_the_hard_limit_cuts_the_link(short_tmp: Path) -> None:
+    address = f"ipc://{short_tmp}/c.ipc"
+    async with (
+        open_channel(address, "server", listen=True, max_frame=1000) as server,
+        open_channel(address, "client", listen=False, max_frame=100_000) as client,
+    ):
+        await client.tell("server", {"blob": "x" * 2000})  # over 1000, under the 4000 hard limit
+        error = await client.inbox.receive()
+        assert error.kind is Kind.ERROR and error.body["code"] == "frame-too-large"
+        await client.tell("server", {"small": 1})
+        assert (await server.inbox.receive()).body == {"small": 1}
+        # A header announcing 5000 bytes: the server drops the link without reading it.
+        await client.send_frame(b"\0" * 5000)
+        with pytest.raises(trio.EndOfChannel):
+            await server.inbox.receive()
+        assert server.frames_in == 2
+
+
+async def test_a_listener_takes_one_peer_and_removes_its_socket_file(short_tmp: Path) -> None:
+    path = short_tmp / "one.ipc"
+    listener = links.Listener(f"ipc://{path}", 1 << 20)
+    first = await links.dial(listener.address, 1 << 20)
+    accepted = await listener.accept()
+    assert not path.exists()
+    with pytest.raises((ConnectionError, FileNotFoundError)):
+        await links.dial(listener.address, 1 << 20)
+    for link in (first, accepted):
+        link.close()
+
+
+async def test_a_link_over_loopback_tcp_carries_frames_both_ways() -> None:
+    listener = links.Listener("tcp://127.0.0.1:0", 1 << 20)
+    assert listener.address.startswith("tcp://127.0.0.1:") and not listener.address.endswith(":0")
+    client = await links.dial(listener.address, 1 << 20)
+    server = await listener.accept()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.run_writer)
+        nursery.start_soon(server.run_writer)
+        await client.send(b"ping", 5)
+        assert await server.receive() == b"ping"
+        await server.send(b"pong", 5)
+        assert await client.receive() == b"pong"
+        client.close()
+        assert await server.receive() is None  # the peer went away: end of the link
+        server.close()
+        nursery.cancel_scope.cancel()
