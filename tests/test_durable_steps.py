@@ -201,6 +201,37 @@ async def test_group_commit_makes_every_commit_durable_before_its_barrier_return
         ledger.close()
 
 
+async def test_a_busy_event_loop_does_not_make_a_fast_disk_look_slow(tmp_path: Path) -> None:
+    import time
+
+    import trio
+
+    from corral.supervisor.group_commit import INLINE_SYNC_S, GroupCommit
+
+    ledger = SqliteLedger(tmp_path / "l.db", synchronous="full", group_commit=True)
+    ledger.sync = lambda: ledger.commits  # type: ignore[method-assign]  # a disk that syncs at once
+    commits = GroupCommit(ledger)
+    commits.recent_sync_s = 2 * INLINE_SYNC_S  # as after a slow fsync: the next ones go to a thread
+
+    async def hog() -> None:
+        while not commits._syncing.locked():  # the fsync is under way in its thread
+            await trio.lowlevel.checkpoint()
+        time.sleep(0.02)  # and the loop is busy while the thread finishes
+
+    try:
+        for _ in range(10):
+            if commits.recent_sync_s < INLINE_SYNC_S:
+                break
+            ledger.event("test", "x")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(commits.barrier)
+                nursery.start_soon(hog)
+        # Timed around the await, each fsync looked 20 ms long and stayed in a thread.
+        assert commits.recent_sync_s < INLINE_SYNC_S
+    finally:
+        ledger.close()
+
+
 PARALLEL = """
 [[agents.steps]]
 actions = [{ tool = "fs.read", input = { path = "a.txt" } }, { tool = "fs.list", input = { path = "." } },
