@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import socket
 import struct
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -54,6 +55,15 @@ def _stream_socket(sock: socket.socket) -> socket.socket:
     if sock.family != socket.AF_UNIX:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+async def _ready(wait: Callable[[socket.socket], Awaitable[None]], sock: socket.socket) -> bool:
+    """Wait until ``sock`` is ready; False when the link was closed meanwhile."""
+    try:
+        await wait(sock)
+    except trio.ClosedResourceError:
+        return False
+    return True
 
 
 class Link:
@@ -103,9 +113,7 @@ class Link:
                 try:
                     sent = self.sock.send(data)
                 except BlockingIOError:
-                    try:
-                        await trio.lowlevel.wait_writable(self.sock)
-                    except trio.ClosedResourceError:
+                    if not await _ready(trio.lowlevel.wait_writable, self.sock):
                         return
                     continue
                 except OSError:
@@ -130,9 +138,7 @@ class Link:
             try:
                 data = self.sock.recv(RECEIVE_CHUNK)
             except BlockingIOError:
-                try:
-                    await trio.lowlevel.wait_readable(self.sock)
-                except trio.ClosedResourceError:
+                if not await _ready(trio.lowlevel.wait_readable, self.sock):
                     return None
                 continue
             except OSError:

@@ -16,7 +16,7 @@ from corral.supervisor import run_store
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger import SqliteLedger
 from corral.supervisor.run_service import RunService, _history_have
-from tests.harness import Daemon, agent_spec, effects, ledger_rows, wait_run
+from tests.harness import Daemon, agent_spec, effects, ledger_rows, running, wait_run
 
 READS_THEN_EFFECT = """
 [[agents.steps]]
@@ -284,15 +284,12 @@ def test_parallel_reads_is_a_strict_list_of_read_tools(short_tmp: Path) -> None:
 
 
 def test_each_turn_sends_only_new_observations_and_the_model_still_sees_them_all(short_tmp: Path) -> None:
-    daemon = _daemon(short_tmp, REMEMBERS_THE_FIRST_TURN)
-    try:
-        daemon.up()
+    (short_tmp / "ws").mkdir()
+    with running(short_tmp / "h", agent_spec(steps=REMEMBERS_THE_FIRST_TURN)) as daemon:
         run_id = daemon.call("run", agent_id="writer", task="remember")["run_id"]
         shown = wait_run(daemon, run_id, {"completed", "failed"})
-        assert shown["run"]["status"] == "completed", shown["run"]
-        assert shown["final_reply"] == "saw alpha"
-    finally:
-        daemon.shutdown()
+    assert shown["run"]["status"] == "completed", shown["run"]
+    assert shown["final_reply"] == "saw alpha"
 
 
 def test_a_lane_adds_each_turns_new_observations_and_refuses_a_gap() -> None:
