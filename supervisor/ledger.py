@@ -96,6 +96,21 @@ def integrity_problems(db: sqlite3.Connection, limit: int = 5) -> list[str]:
     return [] if rows == ["ok"] else rows
 
 
+class _Joined:
+    """A nested transaction: it joins the open one (its commit or rollback decides)."""
+
+    __slots__ = ("db",)
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+
+    def __enter__(self) -> Any:
+        return self.db
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 class Ledger:
     """The ledger port: what every store and service uses, whatever the backend.
 
@@ -161,8 +176,7 @@ class Ledger:
 
     # -- transactions -----------------------------------------------------------
 
-    @contextmanager
-    def tx(self, *, fsync: bool = True) -> Iterator[Any]:
+    def tx(self, *, fsync: bool = True) -> AbstractContextManager[Any]:
         """One write transaction; nested calls join the outer one.
 
         ``fsync=False`` is for bookkeeping that guards no side effect (actor
@@ -171,9 +185,12 @@ class Ledger:
         makes it durable too. Everything else is durable before the step it
         protects.
         """
-        if self._in_tx:
-            yield self.db
-            return
+        # A joined (nested) transaction is the common case on the hot path: a plain
+        # object, not a generator-based context manager per call.
+        return _Joined(self.db) if self._in_tx else self._outer_tx(fsync)
+
+    @contextmanager
+    def _outer_tx(self, fsync: bool) -> Iterator[Any]:
         with self._transaction(fsync=fsync) as db:
             self._in_tx = True
             try:
