@@ -71,6 +71,7 @@ class Link:
         self.sock = _stream_socket(sock)
         self.hard_limit = hard_limit
         self._buffer = bytearray()
+        self._start = 0  # where the next frame begins in _buffer
         self._out_send, self._out_receive = trio.open_memory_channel[memoryview](QUEUE_FRAMES)
         #: Frames handed to the writer and not yet fully written: a send may write
         #: directly only when this is 0, so frames never overtake each other.
@@ -83,7 +84,9 @@ class Link:
         data = memoryview(HEADER.pack(len(frame)) + frame)
         if self._queued == 0:
             try:
-                sent = self.sock.send(data)
+                # MSG_NOSIGNAL: actors run with SIGPIPE at its default, and a peer that
+                # went away must be a ChannelClosed, not a death by signal.
+                sent = self.sock.send(data, socket.MSG_NOSIGNAL)
             except BlockingIOError:
                 sent = 0
             except OSError as exc:
@@ -111,7 +114,7 @@ class Link:
         async for data in self._out_receive:
             while data:
                 try:
-                    sent = self.sock.send(data)
+                    sent = self.sock.send(data, socket.MSG_NOSIGNAL)
                 except BlockingIOError:
                     if not await _ready(trio.lowlevel.wait_writable, self.sock):
                         return
@@ -126,15 +129,19 @@ class Link:
         """The next whole frame, or None once the peer closed the link."""
         buffer = self._buffer
         while True:
-            if len(buffer) >= HEADER.size:
-                (size,) = HEADER.unpack_from(buffer)
+            start = self._start
+            if len(buffer) - start >= HEADER.size:
+                (size,) = HEADER.unpack_from(buffer, start)
                 if size > self.hard_limit:
                     raise FrameOverflow(f"peer announced a {size}-byte frame (limit {self.hard_limit})")
-                end = HEADER.size + size
+                end = start + HEADER.size + size
                 if len(buffer) >= end:
-                    frame = bytes(buffer[HEADER.size : end])
-                    del buffer[:end]
-                    return frame
+                    self._start = end
+                    return bytes(buffer[start + HEADER.size : end])
+            # Drop what was read once per refill, not once per frame (many small
+            # frames in one chunk would move the rest of it each time).
+            del buffer[:start]
+            self._start = 0
             try:
                 data = self.sock.recv(RECEIVE_CHUNK)
             except BlockingIOError:

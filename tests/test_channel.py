@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,3 +176,25 @@ async def test_a_link_over_loopback_tcp_carries_frames_both_ways() -> None:
         assert await server.receive() is None  # the peer went away: end of the link
         server.close()
         nursery.cancel_scope.cancel()
+
+
+def test_sending_to_a_peer_that_went_away_is_an_error_not_a_sigpipe() -> None:
+    # Actors run with SIGPIPE at its default disposition (sandbox/child_setup.py).
+    script = """
+import signal, socket, trio
+from corral.mailbox import link as links
+from corral.mailbox.errors import ChannelClosed
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+mine, theirs = socket.socketpair()
+theirs.close()
+async def main():
+    link = links.Link(mine, 1 << 20)
+    try:
+        await link.send(b"x" * 10, 5)
+        await link.send(b"x" * 10, 5)
+    except ChannelClosed:
+        print("closed")
+trio.run(main)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert (result.returncode, result.stdout.strip()) == (0, "closed"), result.stderr
