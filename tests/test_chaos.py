@@ -208,3 +208,25 @@ def test_the_chaos_failpoint_suite_covers_mcp_calls(short_tmp: Path) -> None:
     assert failed == {}
     assert {k.point for e in runner.episodes for k in e.kills} == set(names)
     assert report["invariants"]["side effect at most once, never before executing"]["count"] >= 4
+
+
+def test_kill_caller_with_no_caller_stays_armed_for_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A join delivery written by a timer or a control call has no actor to kill: the
+    # window stays armed, so the chaos suite reaches it on the next actor's request.
+    monkeypatch.setenv(failpoints.MARKER_DIR_ENV, str(tmp_path))
+    failpoints.configure("join.after-delivery=kill-caller@once")
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        failpoints.hit("join.after-delivery")
+        assert not (tmp_path / "join.after-delivery.fired").exists() and victim.poll() is None
+        token = failpoints.caller_pid.set(victim.pid)
+        try:
+            failpoints.hit("join.after-delivery")
+        finally:
+            failpoints.caller_pid.reset(token)
+        assert victim.wait(timeout=10) == -9
+        assert (tmp_path / "join.after-delivery.fired").exists()
+    finally:
+        failpoints.configure("")
+        victim.kill()
+        victim.wait()

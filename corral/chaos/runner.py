@@ -166,14 +166,18 @@ class Runner:
             env[URL_ENV] = self.ledger_url
         return env
 
-    def _up(self, home: Path, spec: Path | None, env: dict[str, str]) -> int:
+    def _up(self, home: Path, spec: Path | None, env: dict[str, str], episode: Episode | None = None) -> int:
         argv = [sys.executable, "-m", "corral", "--home", str(home), "up"]
         if spec is not None:
             argv += ["--spec", str(spec)]
         result = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=60)
-        if result.returncode != 0 and any((home / "failpoints").glob("*.fired")):
-            # Killed at a failpoint while it started (building its ledger, say): the
+        fired = sorted(path.name.removesuffix(".fired") for path in (home / "failpoints").glob("*.fired"))
+        if result.returncode != 0 and fired:
+            # Killed at a failpoint while it started (building its ledger, or its first
+            # group commit for an actor that was quicker than the ready line): the
             # failpoint fired once, so this start goes through, and recovers.
+            if episode is not None and episode.failpoint in fired:
+                episode.kills.append(Kill(episode.index, "supervisor", episode.failpoint, "supervisor", episode.seed))
             result = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=60)
         if result.returncode != 0:
             raise RuntimeError(f"corral up failed: {result.stderr.strip()[:300]}")
@@ -207,7 +211,7 @@ class Runner:
         home = base / ".corral"
         seen_pids: set[int] = set()
         try:
-            sup = self._up(home, spec, self._env(failpoint_spec))
+            sup = self._up(home, spec, self._env(failpoint_spec), episode if target == "supervisor" else None)
             episode.boots = 1
             seen_pids.add(sup)
             # Our own run id makes the request idempotent: a kill that lands before
@@ -335,10 +339,12 @@ class Runner:
             return
         if not (home / "failpoints" / f"{episode.failpoint}.fired").exists():
             return
+        # A victim the supervisor was already stopping (its run had ended) is recorded
+        # as stopped, not exited: killed all the same.
         exited = [
             e
             for e in client.all_events(home)
-            if e["kind"] == "actor-exited" and e["data"].get("exit_code") == -signal.SIGKILL
+            if e["kind"] in ("actor-exited", "actor-stopped") and e["data"].get("exit_code") == -signal.SIGKILL
         ]
         if exited:
             victim = exited[0]["subject"]

@@ -132,6 +132,8 @@ def hit(name: str) -> None:
     action = _table.get(name)
     if action is None:
         return
+    if action.kind == "kill-caller" and caller_pid.get() is None:
+        return  # no actor's request in hand (a control call, a timer): stay armed for one
     if action.once and not _claim_once(name):
         return
     if action.kind == "kill":
