@@ -43,10 +43,7 @@ def _str(params: dict[str, Any], key: str, *, limit: int = 200) -> str:
 
 def _history_have(params: dict[str, Any]) -> int:
     """How many of the run's observations the agent holds already (0: send them all)."""
-    have = params.get("history_have", 0)
-    if not isinstance(have, int) or isinstance(have, bool) or not 0 <= have <= 10**9:
-        raise BadRequest("history_have must be a count of observations")
-    return have
+    return param_int(params, "history_have", 0, high=10**9)
 
 
 def _int(params: dict[str, Any], key: str) -> int:
@@ -412,8 +409,8 @@ class RunService:
         if len(set(ids)) != len(ids):
             raise BadRequest("results name an action more than once")
         actions = []
-        for result in results:
-            action = run_store.get_action(self.ledger, _str(result, "action_id"))
+        for the_id, result in zip(ids, results, strict=True):
+            action = run_store.get_action(self.ledger, the_id)
             if action["run_id"] != run_id:
                 raise BadRequest(f"action {action['action_id']} is not in run {run_id}")
             if not isinstance(result.get("output", {}), dict):

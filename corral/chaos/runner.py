@@ -171,7 +171,7 @@ class Runner:
         if spec is not None:
             argv += ["--spec", str(spec)]
         result = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=60)
-        fired = sorted(path.name.removesuffix(".fired") for path in (home / "failpoints").glob("*.fired"))
+        fired = {path.name.removesuffix(".fired") for path in (home / "failpoints").glob("*.fired")}
         if result.returncode != 0 and fired:
             # Killed at a failpoint while it started (building its ledger, or its first
             # group commit for an actor that was quicker than the ready line): the
