@@ -11,6 +11,7 @@ import json
 import os
 import sqlite3
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -36,6 +37,8 @@ def _storage_failure(exc: sqlite3.OperationalError) -> bool:
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
+#: Committed plans a ledger keeps in memory (the runs being stepped need a few).
+PLAN_CACHE_SIZE = 1024
 _WHAT_TO_DO = (
     "corral will not replace it (that would lose its history): restore it from a backup,"
     " or move it away to start an empty ledger; `corral doctor` checks a home"
@@ -139,6 +142,11 @@ class Ledger:
         self.boot_id = ""
         self._in_tx = False
         self._listeners: list[Callable[[], None]] = []
+        #: What waits for the open transaction's commit (dropped if it rolls back).
+        self._after_commit: list[Callable[[], None]] = []
+        #: Committed plans by (run, loop): a plan is written once and never changed,
+        #: so a committed one may be kept (see ``committed_plan``).
+        self._plans: OrderedDict[tuple[str, int], tuple[str, str | None]] = OrderedDict()
         self.commits = 0
         #: Since when commits fail for lack of space (None: they do not).
         self.full_since: float | None = None
@@ -191,12 +199,19 @@ class Ledger:
 
     @contextmanager
     def _outer_tx(self, fsync: bool) -> Iterator[Any]:
-        with self._transaction(fsync=fsync) as db:
-            self._in_tx = True
-            try:
-                yield db
-            finally:
-                self._in_tx = False
+        try:
+            with self._transaction(fsync=fsync) as db:
+                self._in_tx = True
+                try:
+                    yield db
+                finally:
+                    self._in_tx = False
+        except BaseException:
+            # Rolled back: what waited for this commit never happens, and a plan read
+            # inside it may be one that was never committed.
+            self._after_commit.clear()
+            self._plans.clear()
+            raise
         self.commits += 1
         if fsync and self.group_commit:
             self.durable_commits = self.commits
@@ -204,6 +219,36 @@ class Ledger:
             self.full_since = None
         for listener in self._listeners:
             listener()
+        if self._after_commit:
+            waiting, self._after_commit = self._after_commit, []
+            for then in waiting:
+                then()
+
+    def after_commit(self, then: Callable[[], None]) -> None:
+        """Run ``then`` once what was written so far is committed: at once outside a
+        transaction, after the outer commit inside one (never, if it rolls back).
+        Failpoints named "after X" and the removal of what X made unnecessary use it,
+        so they keep their meaning when X joins a larger transaction."""
+        if self._in_tx:
+            self._after_commit.append(then)
+        else:
+            then()
+
+    def committed_plan(self, run_id: str, loop_index: int) -> tuple[str, str | None] | None:
+        """Loop ``loop_index``'s plan (its JSON and its raw copy's digest), or None.
+        Every step reads it; it is read from the database once."""
+        key = (run_id, loop_index)
+        cached = self._plans.get(key)
+        if cached is not None:
+            return cached
+        row = self.one("SELECT plan, raw_sha256 FROM plans WHERE run_id = ? AND loop_index = ?", run_id, loop_index)
+        if row is None:
+            return None
+        plan = (str(row["plan"]), row["raw_sha256"])
+        self._plans[key] = plan
+        if len(self._plans) > PLAN_CACHE_SIZE:
+            self._plans.popitem(last=False)
+        return plan
 
     def _storage_failed(self, exc: Exception) -> None:
         if self.full_since is None:

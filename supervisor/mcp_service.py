@@ -193,16 +193,15 @@ class McpService:
                 return tool
         raise NotFound(f"{full_name} is not in this run's MCP catalog")
 
-    def wrap_prepare(self, prepare: ActorMethod) -> ActorMethod:
-        async def prepare_mcp(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-            name = params.get("tool")
-            if not isinstance(name, str) or split_tool_name(name) is None:
-                return await prepare(slot, params)
-            return self._prepare(slot, params, name)
+    def prepare(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
+        """A prepare route (RunService.prepare_call): an MCP tool's action, checked
+        against the run's pinned catalog; None for any other tool."""
+        name = params.get("tool")
+        if not isinstance(name, str) or split_tool_name(name) is None:
+            return None
+        return self._prepare(slot, params, name)
 
-        return prepare_mcp
-
-    def _prepare(self, slot: ActorSlot, params: dict[str, Any], name: str) -> dict[str, Any]:
+    def _prepare(self, slot: ActorSlot, params: dict[str, Any], name: str) -> Any:
         run_service = self.sup.services["runs"]
         run = run_service.owned_run(slot, params)
         tool_input = params.get("input")
@@ -220,17 +219,15 @@ class McpService:
             policy = max(policy, tool.policy, key=POLICY_STRICTNESS.index)
         if tool is not None and problem is None:
             problem = validation_error(name, tool.input_schema, tool_input)
-        return dict(
-            run_service.prepare_checked(
-                run,
-                loop,
-                index,
-                name,
-                tool_input,
-                rerunnable=tool is not None and tool.effect in ("read", "idempotent"),
-                policy=policy,
-                problem=problem,
-            )
+        return run_service.prepare_checked(
+            run,
+            loop,
+            index,
+            name,
+            tool_input,
+            rerunnable=tool is not None and tool.effect in ("read", "idempotent"),
+            policy=policy,
+            problem=problem,
         )
 
     # -- calls -------------------------------------------------------------------------
@@ -412,7 +409,7 @@ def install(sup: Supervisor) -> McpService:
         return service
     sup.actor_methods.update({"mcp.ready": service.ready, "mcp.failed": service.failed, "mcp.call": service.call})
     sup.actor_methods["run.claim"] = service.wrap_claim(sup.actor_methods["run.claim"])
-    sup.actor_methods["action.prepare"] = service.wrap_prepare(sup.actor_methods["action.prepare"])
+    sup.services["runs"].prepare_routes.append(service.prepare)
     sup.control_methods["mcp.call"] = service.debug_call
     sup.status_sections["mcp"] = service.status_section
     from corral.supervisor import run_service

@@ -8,6 +8,8 @@ import fnmatch
 import json
 import math
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +60,9 @@ class RunService:
         self.recovery_report: recovery.RecoveryReport | None = None
         self.tools = all_tools()
         self._spool: Path | None = None
+        #: Who prepares a tool corral's registry does not hold (an MCP server's):
+        #: (slot, params) -> the action's row, or None when the tool is not theirs.
+        self.prepare_routes: list[Callable[[ActorSlot, dict[str, Any]], Any]] = []
 
     # -- helpers ------------------------------------------------------------------
 
@@ -305,6 +310,17 @@ class RunService:
         )
 
     async def action_prepare(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        row = self.prepare_call(slot, params)
+        return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
+
+    def prepare_call(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
+        """``action.prepare``, synchronous (the next step prepares through it inside
+        its own transaction): the first of ``prepare_routes`` that takes the tool
+        (an MCP server's), else corral's tool registry. Returns the action's row."""
+        for route in self.prepare_routes:
+            row = route(slot, params)
+            if row is not None:
+                return row
         run = self.owned_run(slot, params)
         tool_name = _str(params, "tool", limit=80)
         tool_input = params.get("input")
@@ -334,7 +350,7 @@ class RunService:
         rerunnable: bool,
         policy: str,
         problem: str | None,
-    ) -> dict[str, Any]:
+    ) -> Any:
         """The one way every tool (built-in, user, MCP) becomes a prepared action: the
         raw input kept privately, then refused at once when the agent may not use the
         tool or the arguments are invalid (never executing, so never run; the model
@@ -347,6 +363,7 @@ class RunService:
                 policy = max(policy, "confirm", key=POLICY_STRICTNESS.index)
             elif verdict == "block":
                 blocked = why
+        shown = redact(tool_input)  # what the ledger keeps, computed once
         row = run_store.prepare_action(
             self.ledger,
             run["run_id"],
@@ -356,8 +373,9 @@ class RunService:
             tool_input,
             rerunnable=rerunnable,
             policy=policy,
-            raw_sha256=self.keep_raw_input(run["run_id"], loop, index, tool_input),
+            raw_sha256=self.keep_raw_input(run["run_id"], loop, index, tool_input, shown),
             run=run,
+            shown_input=shown,
         )
         if blocked is not None:
             row = self.refuse_prepared(row, ActionPhase.DENIED, blocked)
@@ -365,13 +383,15 @@ class RunService:
             row = self.refuse_prepared(row, ActionPhase.DENIED, f"{tool_name} is not in this agent's tools list")
         elif problem is not None:
             row = self.refuse_prepared(row, ActionPhase.FAILED, problem)
-        return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
+        return row
 
-    def keep_raw_input(self, run_id: str, loop: int, index: int, tool_input: dict[str, Any]) -> str | None:
+    def keep_raw_input(
+        self, run_id: str, loop: int, index: int, tool_input: dict[str, Any], shown: Any = None
+    ) -> str | None:
         """Every tool (built-in, user, MCP) prepares through this: the input as the tool
-        will get it, kept privately when the ledger's copy is redacted."""
+        will get it, kept privately when the ledger's copy (``shown``) is redacted."""
         the_id = action_id(run_id, loop, index)
-        return self.keep_raw(run_id, "input", the_id, tool_input, redact(tool_input))
+        return self.keep_raw(run_id, "input", the_id, tool_input, redact(tool_input) if shown is None else shown)
 
     async def action_begin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         action = run_store.get_action(self.ledger, _str(params, "action_id"))
@@ -417,9 +437,10 @@ class RunService:
                 raise BadRequest("output must be a map")
             actions.append(action)
         self.check_owner(slot, run_id)
-        for action, result in zip(actions, results, strict=True):
-            # Read just above, with no await since: nothing else moved it.
-            self._finish(action, result)
+        with self.ledger.tx():  # the whole batch in one commit
+            for action, result in zip(actions, results, strict=True):
+                # Read just above, with no await since: nothing else moved it.
+                self._finish(action, result)
         return {}
 
     async def action_finish(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
@@ -441,8 +462,9 @@ class RunService:
             current=action,
         )
         if action["raw_sha256"]:
-            # Terminal and committed: nothing will act on this raw input again.
-            sealed_input.drop(self.spool, sealed_input.raw_name(action["run_id"], "input", action["action_id"]))
+            # Once terminal is committed, nothing will act on this raw input again.
+            name = sealed_input.raw_name(action["run_id"], "input", action["action_id"])
+            self.ledger.after_commit(partial(sealed_input.drop, self.spool, name))
 
     async def finalize(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self.owned_run(slot, params)

@@ -14,6 +14,7 @@ import secrets
 import sqlite3
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from corral.actors.providers.base import MAX_RESPONSE_CHARS
@@ -454,16 +455,23 @@ def final_blocked(ledger: Ledger, run_id: str, reasons: list[str], limits: RunLi
 
 
 def plan_raw_sha256(ledger: Ledger, run_id: str, loop_index: int) -> str | None:
-    row = ledger.one("SELECT raw_sha256 FROM plans WHERE run_id = ? AND loop_index = ?", run_id, loop_index)
-    return None if row is None else row["raw_sha256"]
+    committed = ledger.committed_plan(run_id, loop_index)
+    return None if committed is None else committed[1]
 
 
 def get_plan(ledger: Ledger, run_id: str, loop_index: int) -> dict[str, Any] | None:
-    row = ledger.one("SELECT plan FROM plans WHERE run_id = ? AND loop_index = ?", run_id, loop_index)
-    return None if row is None else dict(json.loads(row["plan"]))
+    committed = ledger.committed_plan(run_id, loop_index)
+    return None if committed is None else dict(json.loads(committed[0]))
 
 
 # -- actions -------------------------------------------------------------------------
+
+# Each fires once its step is committed, also when the step joined a larger
+# transaction (a batch of reads is prepared, begun and finished in one commit each).
+_AFTER_PREPARED = partial(failpoints.hit, "action.after-prepared")
+_AFTER_EXECUTING = partial(failpoints.hit, "action.after-executing")
+_AFTER_TERMINAL = partial(failpoints.hit, "action.after-terminal")
+_AFTER_RECEIPT = partial(failpoints.hit, "action.after-receipt")
 
 
 def prepare_action(
@@ -478,11 +486,13 @@ def prepare_action(
     policy: str,
     raw_sha256: str | None = None,
     run: Any = None,
+    shown_input: Any = None,
 ) -> sqlite3.Row:
     """Create the action as prepared, or return it unchanged on an idempotent replay.
     ``tool_input`` is what the tool will act on: the fingerprint covers it, the row
     keeps it redacted, and ``raw_sha256`` names its raw copy when the two differ.
-    ``run``: the run's row when the caller has it (its agent is all this reads)."""
+    ``run``: the run's row when the caller has it (its agent is all this reads);
+    ``shown_input``: ``redact(tool_input)`` when the caller computed it already."""
     if run is None:
         run = get_run(ledger, run_id)
     the_id = action_id(run_id, loop_index, action_index)
@@ -511,7 +521,7 @@ def prepare_action(
                 loop_index,
                 action_index,
                 tool,
-                canonical_json(redact(tool_input)),
+                canonical_json(redact(tool_input) if shown_input is None else shown_input),
                 the_fingerprint,
                 int(rerunnable),
                 policy,
@@ -522,8 +532,8 @@ def prepare_action(
             ),
         )
         ledger.event("action-prepared", the_id, run=run_id, tool=tool, policy=policy)
-    failpoints.hit("action.after-prepared")
-    row = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
+        row = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
+    ledger.after_commit(_AFTER_PREPARED)
     assert row is not None
     return row
 
@@ -610,7 +620,7 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> dict[st
             return {"do": "park", "phase": "waiting-confirmation"}
     if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED):
         move_action(ledger, the_id, ActionPhase.EXECUTING, current=row)
-        failpoints.hit("action.after-executing")
+        ledger.after_commit(_AFTER_EXECUTING)
         return {"do": "execute", "phase": "executing"}
     if phase is ActionPhase.EXECUTING:
         if row["rerunnable"]:
@@ -659,17 +669,20 @@ def finish_action(
         return  # a repeated finish after a lost reply: the first one stands
     if phase is not ActionPhase.EXECUTING:
         raise Conflict(f"action {the_id} is {phase}, not executing")
-    move_action(
-        ledger,
-        the_id,
-        ActionPhase.OK if ok else ActionPhase.FAILED,
-        current=row,
-        result=_bounded({"output": output, "summary": summarize(summary, 300)}),
-        error=summarize(error, 300) if error else None,
-    )
-    failpoints.hit("action.after-terminal")
-    write_receipt(ledger, the_id)
-    failpoints.hit("action.after-receipt")
+    # The outcome and its receipt (with the observation) in one commit: a crash
+    # cannot leave a terminal action without its receipt.
+    with ledger.tx():
+        move_action(
+            ledger,
+            the_id,
+            ActionPhase.OK if ok else ActionPhase.FAILED,
+            current=row,
+            result=_bounded({"output": output, "summary": summarize(summary, 300)}),
+            error=summarize(error, 300) if error else None,
+        )
+        write_receipt(ledger, the_id)
+    ledger.after_commit(_AFTER_TERMINAL)
+    ledger.after_commit(_AFTER_RECEIPT)
 
 
 def write_receipt(ledger: Ledger, the_id: str, note: str | None = None) -> bool:
@@ -746,22 +759,25 @@ def actions_of(ledger: Ledger, run_id: str, loop_index: int) -> list[sqlite3.Row
 # -- the next step -----------------------------------------------------------------
 
 
-def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
-    """What the agent should do next, from committed state alone."""
+def next_step(ledger: Ledger, run_id: str, *, boundary: bool = True) -> dict[str, Any]:
+    """What the agent should do next, from committed state alone. ``boundary=False``:
+    the same call again, just after it advanced the loop (nothing else ran since,
+    so the finalization and the boundary hooks are not checked twice)."""
     run = get_run(ledger, run_id)
     status = RunStatus(run["status"])
     if status in RUN_TERMINAL:
         return {"do": "done", "status": status.value}
     if status is not RunStatus.RUNNING:
         return {"do": "park", "status": status.value}
-    final = ledger.one("SELECT phase, reply FROM finalizations WHERE run_id = ?", run_id)
-    if final is not None:
-        return {"do": "finalize", "reply": final["reply"]}
-    commits = ledger.commits
-    for hook in BOUNDARY_HOOKS:
-        hook(ledger, run_id)  # e.g. a user's steer, applied at this safe boundary
-    if ledger.commits != commits:
-        run = get_run(ledger, run_id)  # a hook moved the run (a steer opens a loop)
+    if boundary:
+        final = ledger.one("SELECT phase, reply FROM finalizations WHERE run_id = ?", run_id)
+        if final is not None:
+            return {"do": "finalize", "reply": final["reply"]}
+        commits = ledger.commits
+        for hook in BOUNDARY_HOOKS:
+            hook(ledger, run_id)  # e.g. a user's steer, applied at this safe boundary
+        if ledger.commits != commits:
+            run = get_run(ledger, run_id)  # a hook moved the run (a steer opens a loop)
     loop = int(run["loop_index"])
     plan = get_plan(ledger, run_id, loop)
     if plan is None:
@@ -836,7 +852,7 @@ def next_step(ledger: Ledger, run_id: str) -> dict[str, Any]:
             (_now(), run_id, loop),
         )
         ledger.event("loop-advanced", run_id, loop=loop + 1)
-    return next_step(ledger, run_id)
+    return next_step(ledger, run_id, boundary=False)
 
 
 #: Called at the top of every step of a running run, before the plan is read:

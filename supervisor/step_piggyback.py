@@ -100,50 +100,65 @@ async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str, history
     runs = sup.services["runs"]
     asked = {"run_id": run_id, "history_have": history_have}
     step: dict[str, Any] = await runs.next_step(slot, asked)
+    if step["do"] == "provider":
+        step["begun"] = run_store.begin_provider_request(sup.ledger, run_id, int(step["loop"]))
+        return step
+    if step["do"] not in ("prepare", "execute"):
+        return step
+    with sup.ledger.tx():
+        # The action, and the reads that follow it in the plan: prepared and begun
+        # in one commit (the reply leaves only once it is durable).
+        begun = _prepare_and_begin(sup, slot, run_id, step)
+    return begun if begun is not None else await runs.next_step(slot, asked)
+
+
+def _prepare_and_begin(sup: Supervisor, slot: ActorSlot, run_id: str, step: dict[str, Any]) -> dict[str, Any] | None:
+    """The step with its action prepared (when it was to be) and begun (when recovery
+    may run it again); None when that changed what the ledger says comes next (a
+    refusal, a denial, a wait for approval)."""
     if step["do"] == "prepare":
         # The next action of a committed plan: prepared here, through the same
         # method (and checks) as when the agent asks, one round trip fewer.
-        prepared = await _prepare(sup, slot, run_id, step)
-        if not prepared:
+        row = _prepare(sup, slot, run_id, step)
+        if row is None:
             return step  # the agent asks itself and gets the refusal as the answer to its own step
-        if prepared["phase"] == "prepared":
-            # What the ledger would now say: execute it, on the raw input just prepared.
-            step = {"do": "execute", "action_id": prepared["action_id"], "tool": step["tool"],
-                    "input": step["input"], "phase": "prepared"}
-        else:
-            step = await runs.next_step(slot, asked)
-    row = _rerunnable_action(sup, step) if step["do"] == "execute" else None
-    if row is not None and step.get("phase") in ("prepared", "approved"):
-        begun = run_store.begin_action(sup.ledger, step["action_id"], current=row)
-        if begun["do"] != "execute":
-            # Denied, or parked for approval: the ledger now says what comes next.
-            step = await runs.next_step(slot, asked)
-        else:
-            step["begun"] = True
-            if _is_read(sup, step["tool"]):
-                following = await _begin_following_reads(sup, slot, run_id, row)
-                if following:
-                    step["batch"] = following
-                    allowed = set(_run_options(sup, run_id).get("parallel_reads") or ())
-                    # Every read of the batch on the agent's strict allow list: they
-                    # run at once, each reported as it ends (a kill re-runs only the rest).
-                    step["parallel"] = {step["tool"], *(entry["tool"] for entry in following)} <= allowed
-    elif step["do"] == "provider":
-        step["begun"] = run_store.begin_provider_request(sup.ledger, run_id, int(step["loop"]))
+        if row["phase"] != "prepared":
+            return None
+        # What the ledger would now say: execute it, on the raw input just prepared.
+        step = {"do": "execute", "action_id": row["action_id"], "tool": step["tool"],
+                "input": step["input"], "phase": "prepared"}
+    else:
+        row = sup.ledger.one("SELECT * FROM actions WHERE action_id = ?", step["action_id"])
+    # Only an action recovery may run again is begun for the agent: if the agent died
+    # before it read the reply, the action is simply run again. An external one is
+    # begun by the agent itself (``action.begin``), as it is about to act, so a dead
+    # agent never leaves an ``executing`` record nobody acted on.
+    if row is None or not row["rerunnable"] or step.get("phase") not in ("prepared", "approved"):
+        return step
+    if run_store.begin_action(sup.ledger, step["action_id"], current=row)["do"] != "execute":
+        return None  # denied, or parked for approval
+    step["begun"] = True
+    if _is_read(sup, step["tool"]):
+        following = _begin_following_reads(sup, slot, run_id, row)
+        if following:
+            step["batch"] = following
+            allowed = set(_run_options(sup, run_id).get("parallel_reads") or ())
+            # Every read of the batch on the agent's strict allow list: they
+            # run at once, each reported as it ends (a kill re-runs only the rest).
+            step["parallel"] = {step["tool"], *(entry["tool"] for entry in following)} <= allowed
     return step
 
 
-async def _prepare(sup: Supervisor, slot: ActorSlot, run_id: str, step: dict[str, Any]) -> dict[str, Any] | None:
+def _prepare(sup: Supervisor, slot: ActorSlot, run_id: str, step: dict[str, Any]) -> Any:
     try:
-        return await sup.actor_methods["action.prepare"](
-            slot,
-            {k: step[k] for k in ("loop", "index", "tool", "input")} | {"run_id": run_id, "want_next": False},
+        return sup.services["runs"].prepare_call(
+            slot, {k: step[k] for k in ("loop", "index", "tool", "input")} | {"run_id": run_id}
         )
     except SupervisorError:
         return None
 
 
-async def _begin_following_reads(sup: Supervisor, slot: ActorSlot, run_id: str, row: Any) -> list[dict[str, Any]]:
+def _begin_following_reads(sup: Supervisor, slot: ActorSlot, run_id: str, row: Any) -> list[dict[str, Any]]:
     """The reads that follow action ``row`` in its plan, prepared and begun, in order,
     up to the first action that is not a read the policy auto-approves (that one
     and the rest go the ordinary way, after the batch)."""
@@ -154,15 +169,12 @@ async def _begin_following_reads(sup: Supervisor, slot: ActorSlot, run_id: str, 
         call = runs.planned_call(run_id, loop, index)
         if call is None or not _is_read(sup, call["tool"]):
             return batch
-        prepared = await _prepare(sup, slot, run_id, call)
-        if prepared is None or prepared["phase"] != "prepared":
+        action = _prepare(sup, slot, run_id, call)
+        if action is None or action["phase"] != "prepared" or action["policy"] != "auto" or not action["rerunnable"]:
             return batch
-        action = run_store.get_action(sup.ledger, prepared["action_id"])
-        if action["policy"] != "auto" or not action["rerunnable"]:
+        if run_store.begin_action(sup.ledger, action["action_id"], current=action)["do"] != "execute":
             return batch
-        if run_store.begin_action(sup.ledger, prepared["action_id"], current=action)["do"] != "execute":
-            return batch
-        batch.append({"action_id": prepared["action_id"], "tool": call["tool"], "input": call["input"]})
+        batch.append({"action_id": action["action_id"], "tool": call["tool"], "input": call["input"]})
         index += 1
 
 
@@ -175,16 +187,6 @@ def _run_options(sup: Supervisor, run_id: str) -> dict[str, Any]:
 def _is_read(sup: Supervisor, tool_name: str) -> bool:
     tool = sup.services["runs"].tools.get(tool_name)
     return tool is not None and tool.schema.effect_class == "read"
-
-
-def _rerunnable_action(sup: Supervisor, step: dict[str, Any]) -> Any:
-    """The action's row when recovery may run it again, else None. Only such an
-    action is begun for the agent: if the agent died before it read the reply, the
-    action is simply run again. An external one is begun by the agent itself
-    (``action.begin``), as it is about to act, so a dead agent never leaves an
-    ``executing`` record nobody acted on."""
-    row = sup.ledger.one("SELECT * FROM actions WHERE action_id = ?", step["action_id"])
-    return row if row is not None and row["rerunnable"] else None
 
 
 def install(sup: Supervisor) -> None:

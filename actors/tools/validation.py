@@ -25,6 +25,22 @@ def _validator(schema_json: str) -> Any:
     return validator_type(schema)
 
 
+#: The validator of a schema object a tool holds, by identity (the schema object is
+#: kept with it, so its id is not reused): no serialisation of the schema per call.
+_by_identity: dict[int, tuple[dict[str, Any], Any]] = {}
+
+
+def _validator_of(schema: dict[str, Any]) -> Any:
+    known = _by_identity.get(id(schema))
+    if known is not None and known[0] is schema:
+        return known[1]
+    validator = _validator(json.dumps(schema, sort_keys=True))
+    if len(_by_identity) >= 1024:
+        _by_identity.clear()
+    _by_identity[id(schema)] = (schema, validator)
+    return validator
+
+
 def validation_error(
     name: str, schema: dict[str, Any], value: dict[str, Any], *, sealed: tuple[str, ...] = ()
 ) -> str | None:
@@ -34,7 +50,7 @@ def validation_error(
     if sealed:
         value = {key: ("" if key in sealed and _is_sealed(item) else item) for key, item in value.items()}
     try:
-        validator = _validator(json.dumps(schema, sort_keys=True))
+        validator = _validator_of(schema)
     except jsonschema.SchemaError as exc:
         return f"{name}: the tool's input schema is invalid ({summarize(exc.message, 120)})"
     errors = sorted(validator.iter_errors(value), key=lambda error: list(error.absolute_path))

@@ -32,7 +32,7 @@ KNOWN: dict[str, str] = {
     "action.after-executing": "supervisor: executing committed, agent not yet told",
     "agent.before-effect": "agent: executing acknowledged, side effect not started",
     "agent.after-effect": "agent: side effect done, terminal record not requested",
-    "action.after-terminal": "supervisor: terminal phase committed, receipt not yet written",
+    "action.after-terminal": "supervisor: terminal phase committed (its receipt in the same commit)",
     "action.after-receipt": "supervisor: receipt written, agent not yet told",
     "plan.after-commit": "supervisor: plan committed, agent not yet told",
     "finalize.after-prepared": "supervisor: finalization prepared, reply not appended",

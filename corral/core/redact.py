@@ -96,6 +96,13 @@ def redact(value: Any) -> Any:
 
 
 def _redact(value: Any, values: tuple[str, ...]) -> Any:
+    kind = type(value)
+    # The exact types first: almost everything the ledger writes is made of these,
+    # and an ABC check (Mapping) costs several times more.
+    if kind is str:
+        return _redact_text(value, values)
+    if kind is int or kind is float or kind is bool or value is None:
+        return value
     if isinstance(value, str):
         return _redact_text(value, values)
     if isinstance(value, Mapping):
