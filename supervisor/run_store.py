@@ -193,14 +193,13 @@ def history(ledger: Ledger, run_id: str, after: int = 0) -> list[dict[str, Any]]
 def add_observation(ledger: Ledger, run_id: str, source: str, loop_index: int, data: dict[str, Any]) -> bool:
     """Append to the run's context once per source (an action id, a claim id...)."""
     with ledger.tx() as db:
-        if db.execute("SELECT 1 FROM observations WHERE source = ?", (source,)).fetchone():
-            return False
-        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM observations WHERE run_id = ?", (run_id,)).fetchone()[0]
-        db.execute(
-            "INSERT INTO observations (run_id, seq, source, loop_index, data, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (run_id, seq, source, loop_index, _bounded(data), _now()),
-        )
-    return True
+        # One statement: the next number, and nothing when the source has one already.
+        added = db.execute(
+            "INSERT OR IGNORE INTO observations (run_id, seq, source, loop_index, data, created_at)"
+            " SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ? FROM observations WHERE run_id = ?",
+            (run_id, source, loop_index, _bounded(data), _now(), run_id),
+        ).rowcount
+    return bool(added)
 
 
 # -- provider request lifecycles -------------------------------------------------------
@@ -497,22 +496,11 @@ def prepare_action(
         run = get_run(ledger, run_id)
     the_id = action_id(run_id, loop_index, action_index)
     the_fingerprint = fingerprint(tool, tool_input)
-    existing = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
-    if existing is not None:
-        if existing["fingerprint"] != the_fingerprint:
-            set_run_status(
-                ledger,
-                run_id,
-                RunStatus.FAILED,
-                f"action {the_id} replayed with a different fingerprint; failing closed",
-            )
-            raise Conflict(f"action {the_id} exists with a different fingerprint; failing closed")
-        return existing
     now = _now()
     with ledger.tx() as db:
-        db.execute(
-            "INSERT INTO actions (action_id, run_id, agent_id, loop_index, action_index, tool, input, fingerprint,"
-            " phase, rerunnable, policy, raw_sha256, boot_id, created_at, updated_at)"
+        created = db.execute(
+            "INSERT OR IGNORE INTO actions (action_id, run_id, agent_id, loop_index, action_index, tool, input,"
+            " fingerprint, phase, rerunnable, policy, raw_sha256, boot_id, created_at, updated_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?, ?, ?)",
             (
                 the_id,
@@ -530,11 +518,24 @@ def prepare_action(
                 now,
                 now,
             ),
-        )
-        ledger.event("action-prepared", the_id, run=run_id, tool=tool, policy=policy)
+        ).rowcount
+        if created:
+            ledger.event("action-prepared", the_id, run=run_id, tool=tool, policy=policy)
         row = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
-    ledger.after_commit(_AFTER_PREPARED)
     assert row is not None
+    if not created:
+        # An idempotent replay returns the action unchanged; a different call under
+        # the same identity fails the run closed.
+        if row["fingerprint"] != the_fingerprint:
+            set_run_status(
+                ledger,
+                run_id,
+                RunStatus.FAILED,
+                f"action {the_id} replayed with a different fingerprint; failing closed",
+            )
+            raise Conflict(f"action {the_id} exists with a different fingerprint; failing closed")
+        return row
+    ledger.after_commit(_AFTER_PREPARED)
     return row
 
 
@@ -563,25 +564,26 @@ def get_action(ledger: Ledger, the_id: str) -> sqlite3.Row:
     return row
 
 
-def move_action(ledger: Ledger, the_id: str, phase: ActionPhase, *, current: Any = None, **fields: Any) -> None:
+def move_action(
+    ledger: Ledger, the_id: str, phase: ActionPhase, *, current: Any = None, **fields: Any
+) -> dict[str, Any]:
     """Move an action along its one transition table. ``current``: its row, read by
-    the caller in the same synchronous step (no await since), so not read again."""
+    the caller in the same synchronous step (no await since), so not read again.
+    Returns the columns it set (``attempts`` aside)."""
     with ledger.tx() as db:
         row = current if current is not None else get_action(ledger, the_id)
         check_action_transition(ActionPhase(row["phase"]), phase)
         now = _now()
-        sets = ["phase = ?", "updated_at = ?"]
-        values: list[Any] = [phase.value, now]
+        written: dict[str, Any] = {"phase": phase.value, "updated_at": now}
         if phase is ActionPhase.EXECUTING:
-            sets += ["executing_at = ?", "attempts = attempts + 1"]
-            values.append(now)
+            written["executing_at"] = now
         if phase in ACTION_TERMINAL or phase is ActionPhase.NEEDS_RECONCILIATION:
-            sets.append("finished_at = ?")
-            values.append(now)
-        for key, value in fields.items():
-            sets.append(f"{key} = ?")
-            values.append(value)
-        db.execute(f"UPDATE actions SET {', '.join(sets)} WHERE action_id = ?", (*values, the_id))
+            written["finished_at"] = now
+        written.update(fields)
+        sets = [f"{key} = ?" for key in written]
+        if phase is ActionPhase.EXECUTING:
+            sets.append("attempts = attempts + 1")
+        db.execute(f"UPDATE actions SET {', '.join(sets)} WHERE action_id = ?", (*written.values(), the_id))
         ledger.event(
             "action-" + phase.value,
             the_id,
@@ -589,6 +591,7 @@ def move_action(ledger: Ledger, the_id: str, phase: ActionPhase, *, current: Any
             tool=row["tool"],
             reason=fields.get("reason") or "",
         )
+    return written
 
 
 def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> dict[str, Any]:
@@ -672,7 +675,7 @@ def finish_action(
     # The outcome and its receipt (with the observation) in one commit: a crash
     # cannot leave a terminal action without its receipt.
     with ledger.tx():
-        move_action(
+        written = move_action(
             ledger,
             the_id,
             ActionPhase.OK if ok else ActionPhase.FAILED,
@@ -680,24 +683,23 @@ def finish_action(
             result=_bounded({"output": output, "summary": summarize(summary, 300)}),
             error=summarize(error, 300) if error else None,
         )
-        write_receipt(ledger, the_id)
+        write_receipt(ledger, the_id, current={**dict(row), **written})
     ledger.after_commit(_AFTER_TERMINAL)
     ledger.after_commit(_AFTER_RECEIPT)
 
 
-def write_receipt(ledger: Ledger, the_id: str, note: str | None = None) -> bool:
-    """Exactly one receipt per terminal action, with the observation in the same commit."""
+def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, current: Any = None) -> bool:
+    """Exactly one receipt per terminal action, with the observation in the same commit.
+    ``current``: the action as it now is, when the caller just wrote it."""
     with ledger.tx() as db:
-        row = get_action(ledger, the_id)
-        if db.execute("SELECT 1 FROM receipts WHERE action_id = ?", (the_id,)).fetchone():
-            return False
+        row = current if current is not None else get_action(ledger, the_id)
         phase = ActionPhase(row["phase"])
         if phase not in ACTION_TERMINAL:
             raise Conflict(f"action {the_id} is {phase}; receipts are for terminal actions")
         result = json.loads(row["result"]) if row["result"] else {}
         result_summary = result.get("summary") or row["error"] or row["reason"] or phase.value
-        db.execute(
-            "INSERT INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
+        if not db.execute(
+            "INSERT OR IGNORE INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
             " result_summary, note, started_at, finished_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 the_id,
@@ -713,7 +715,8 @@ def write_receipt(ledger: Ledger, the_id: str, note: str | None = None) -> bool:
                 row["finished_at"],
                 _now(),
             ),
-        )
+        ).rowcount:
+            return False  # it has its receipt already
         ledger.event("receipt-written", the_id, run=row["run_id"], status=phase.value)
         add_observation(
             ledger,

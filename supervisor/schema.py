@@ -476,3 +476,19 @@ MIGRATIONS.append(
     );
     """
 )
+
+MIGRATIONS.append(
+    # 15: indexes for what the steps of a run ask about that run (supervisor/
+    # run_store.py next_step: its open children and delegations, its pending
+    # intent updates; a parent's deliveries and claims; a run's open questions).
+    # Without them each such step scanned the table whole, so a swarm's steps
+    # slowed down as its history grew.
+    """
+    CREATE INDEX isolated_groups_by_parent ON isolated_groups (parent_run_id, status);
+    CREATE INDEX delegations_by_parent ON delegations (parent_run_id, status);
+    CREATE INDEX intent_updates_pending ON intent_updates (run_id, applied_at, contract_version);
+    CREATE INDEX deliveries_by_parent ON deliveries (parent_run_id, status);
+    CREATE INDEX claim_journal_by_parent ON claim_journal (parent_run_id, phase);
+    CREATE INDEX input_requests_by_run ON input_requests (run_id);
+    """
+)
