@@ -331,7 +331,9 @@ async def test_a_batch_naming_an_action_twice_is_refused_and_changes_nothing(tmp
         await service.action_finish_batch(slot, {"run_id": run_id, "results": twice})  # type: ignore[arg-type]
     assert ledger.last_cursor() == cursor
     both = [{"action_id": the_id, "ok": True, "output": {"n": n}} for n, the_id in enumerate(ids)]
+    commits = ledger.commits
     await service.action_finish_batch(slot, {"run_id": run_id, "results": both})  # type: ignore[arg-type]
+    assert ledger.commits == commits + 1, "a batch's outcomes, receipts and observations: one commit"
     rows = ledger.all("SELECT a.phase, a.result, r.status FROM actions a JOIN receipts r USING (action_id)"
                       " ORDER BY a.action_index")
     assert [(row["phase"], json.loads(row["result"])["output"], row["status"]) for row in rows] == [

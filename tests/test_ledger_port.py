@@ -10,6 +10,7 @@ import pytest
 
 from corral.supervisor import recovery, run_store
 from corral.supervisor.action_state import ActionPhase
+from corral.supervisor.errors import Conflict
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.run_state import RunStatus
 from corral.supervisor.schema import MIGRATIONS
@@ -76,6 +77,42 @@ def test_a_failed_transaction_leaves_nothing_and_nested_ones_join(open_ledger: A
     assert seen == [commits + 1], "one commit, one notification, for a nested pair"
 
 
+def test_what_waits_for_a_commit_runs_after_it_and_never_after_a_rollback(open_ledger: Any) -> None:
+    ledger = open_ledger()
+    ledger.begin_boot("b1", 1, 1)
+    seen: list[tuple[str, int]] = []
+    ledger.after_commit(lambda: seen.append(("outside", ledger.commits)))
+    assert seen == [("outside", ledger.commits)], "outside a transaction: at once"
+    commits = ledger.commits
+    with ledger.tx():
+        ledger.event("a", "x")
+        with ledger.tx():
+            ledger.after_commit(lambda: seen.append(("joined", ledger.commits)))
+        assert len(seen) == 1, "not before the outer commit"
+    assert seen[1] == ("joined", commits + 1)
+    with pytest.raises(ZeroDivisionError), ledger.tx():
+        ledger.after_commit(lambda: seen.append(("rolled back", ledger.commits)))
+        _ = 1 / 0
+    with ledger.tx():
+        pass
+    assert [what for what, _ in seen] == ["outside", "joined"], "a rollback drops what waited for it"
+
+
+def test_a_plan_read_inside_a_rolled_back_transaction_is_not_remembered(open_ledger: Any) -> None:
+    ledger = open_ledger()
+    run_id = _new_run(ledger)
+    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING)
+    slot = run_store.begin_provider_request(ledger, run_id, 0)["slot"]
+    with pytest.raises(ZeroDivisionError), ledger.tx():
+        run_store.commit_plan(ledger, run_id, 0, slot, {"final": "never committed"})
+        assert run_store.get_plan(ledger, run_id, 0) == {"final": "never committed"}
+        _ = 1 / 0
+    assert run_store.get_plan(ledger, run_id, 0) is None
+    run_store.commit_plan(ledger, run_id, 0, slot, {"final": "ok"})
+    assert run_store.get_plan(ledger, run_id, 0) == {"final": "ok"}
+    assert run_store.get_plan(ledger, run_id, 0) == {"final": "ok"}, "read again: the same plan"
+
+
 def test_insert_or_ignore_json_fields_and_insertion_order(open_ledger: Any) -> None:
     ledger = open_ledger()
     run_id = _new_run(ledger)
@@ -119,6 +156,17 @@ def test_a_run_and_its_action_lifecycle(open_ledger: Any) -> None:
     with pytest.raises(Exception):  # noqa: B017 - each backend names its own error
         run_store.move_action(ledger, action_id, ActionPhase.PREPARED)
     assert run_store.get_action(ledger, action_id)["phase"] == ActionPhase.EXECUTING
+    commits = ledger.commits
+    run_store.finish_action(ledger, action_id, True, {"bytes": 1}, "wrote a", None)
+    assert ledger.commits == commits + 1, "the outcome, its receipt and its observation: one commit"
+    run_store.finish_action(ledger, action_id, True, {"bytes": 1}, "wrote a", None)  # a lost reply, repeated
+    receipts = ledger.all("SELECT status FROM receipts WHERE action_id = ?", action_id)
+    assert [row["status"] for row in receipts] == ["ok"]
+    assert [entry["action_id"] for entry in run_store.history(ledger, run_id)] == [action_id]
+    with pytest.raises(Conflict):
+        run_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "b"}, rerunnable=False, policy="auto")
+    assert run_store.get_run(ledger, run_id)["status"] == RunStatus.FAILED, "a different call: failed closed"
+    assert run_store.get_action(ledger, action_id)["phase"] == ActionPhase.OK
 
 
 def test_history_is_the_observations_in_order_and_its_tail_past_a_count(open_ledger: Any) -> None:

@@ -71,6 +71,26 @@ def test_ledger_migrates_to_latest_in_wal_mode_and_reopens(tmp_path: Path) -> No
     again.close()
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT COUNT(*) FROM isolated_groups WHERE parent_run_id = 'r' AND status = 'open'",
+        "SELECT COUNT(*) FROM delegations WHERE parent_run_id = 'r' AND status != 'terminal'",
+        "SELECT * FROM intent_updates WHERE run_id = 'r' AND applied_at IS NULL ORDER BY contract_version",
+        "SELECT delivery_id FROM deliveries WHERE parent_run_id = 'r' AND status = 'dispatched'",
+        "SELECT claim_id, phase FROM claim_journal WHERE parent_run_id = 'r' AND phase != 'observed'",
+        "SELECT action_id FROM input_requests WHERE run_id = 'r' AND answer IS NULL",
+        "SELECT a.*, r.action_id IS NOT NULL AS has_receipt FROM actions a LEFT JOIN receipts r"
+        " ON r.action_id = a.action_id WHERE a.run_id = 'r' AND a.loop_index = 1 ORDER BY a.action_index",
+    ],
+)
+def test_what_a_step_asks_about_its_run_is_found_by_index_not_by_scan(tmp_path: Path, sql: str) -> None:
+    ledger = SqliteLedger(tmp_path / "l.db")
+    plan = [str(row[3]) for row in ledger.all("EXPLAIN QUERY PLAN " + sql)]
+    ledger.close()
+    assert plan and not any(step.startswith("SCAN") for step in plan), plan
+
+
 def test_ledger_refuses_a_newer_schema(tmp_path: Path) -> None:
     db = sqlite3.connect(tmp_path / "l.db")
     db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 5}")
