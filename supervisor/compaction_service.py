@@ -10,7 +10,6 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from corral.core import failpoints
 from corral.supervisor import compaction
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger import Ledger
@@ -116,7 +115,7 @@ def install(sup: Supervisor) -> None:
                 db.execute("DELETE FROM compaction_requests WHERE run_id = ?", (run_id,))
                 ledger.event("context-compacted", run_id, from_seq=1, to_seq=to_seq, tokens_before=before,
                              tokens_after=after)
-            failpoints.hit("context.after-compact")
+            ledger.failpoint("context.after-compact")
         return {"to_seq": to_seq}
 
     async def request(params: dict[str, Any]) -> dict[str, Any]:

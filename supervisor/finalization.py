@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from corral.core import failpoints
 from corral.core.redact import redact_text
 from corral.supervisor.errors import Conflict, Refused
 from corral.supervisor.ledger import Ledger
@@ -83,7 +82,7 @@ def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict
                 (run_id, redact_text(reply), now, now),
             )
             ledger.event("finalization-prepared", run_id)
-        failpoints.hit("finalize.after-prepared")
+        ledger.failpoint("finalize.after-prepared")
     return resume_finalization(ledger, run_id)
 
 
@@ -102,7 +101,7 @@ def resume_finalization(ledger: Ledger, run_id: str) -> dict[str, str]:
                 (time.time(), run_id),
             )
             ledger.event("reply-appended", run_id)
-        failpoints.hit("finalize.after-reply")
+        ledger.failpoint("finalize.after-reply")
     with ledger.tx() as db:
         current = db.execute("SELECT phase FROM finalizations WHERE run_id = ?", (run_id,)).fetchone()["phase"]
         if current == "reply-appended":

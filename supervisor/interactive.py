@@ -25,7 +25,6 @@ import secrets
 import time
 from typing import Any
 
-from corral.core import failpoints
 from corral.core.redact import redact_text
 from corral.supervisor import run_store
 from corral.supervisor.action_state import ActionPhase
@@ -81,7 +80,7 @@ def record_steer(ledger: Ledger, run_id: str, text: Any) -> dict[str, Any]:
             # Parked for a person without a question (completion evidence missing):
             # the steer is that person's word, so the run moves again.
             run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "steered")
-    failpoints.hit("steer.after-record")
+    ledger.failpoint("steer.after-record")
     return {"steer_id": steer_id, "run_id": run_id, "status": status.value}
 
 
@@ -142,7 +141,7 @@ def apply_steers(ledger: Ledger, run_id: str) -> int:
             (_now(), run_id, loop),
         )
         ledger.event("loop-advanced", run_id, loop=loop + 1, reason="steer")
-    failpoints.hit("steer.after-apply")
+    ledger.failpoint("steer.after-apply")
     return len(steers)
 
 
@@ -179,7 +178,7 @@ def ask(ledger: Ledger, run: Any, action_id: str, question: Any, options: Any) -
         )
         run_store.set_run_status(ledger, run["run_id"], RunStatus.NEEDS_INPUT, f"asks: {redact_text(text)[:200]}")
         ledger.event("input-requested", run["run_id"], action=action_id)
-    failpoints.hit("input.after-ask")
+    ledger.failpoint("input.after-ask")
     return {"parked": True, "question": text}
 
 
@@ -217,7 +216,7 @@ def answer(ledger: Ledger, run_id: str, text: Any) -> dict[str, Any]:
         if RunStatus(run["status"]) is RunStatus.NEEDS_INPUT:
             run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "answered")
         ledger.event("input-answered", run_id, action=action_id)
-    failpoints.hit("input.after-answer")
+    ledger.failpoint("input.after-answer")
     return {"run_id": run_id, "action_id": action_id, "agent_id": run["agent_id"]}
 
 

@@ -14,6 +14,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +234,13 @@ class Ledger:
             self._after_commit.append(then)
         else:
             then()
+
+    def failpoint(self, name: str) -> None:
+        """The failpoint ``name`` of a step this ledger commits ("after X"): hit once
+        X is committed, also when X joined a larger transaction (a read batch, a
+        child's finish that delivers its join), so that it kills in the window its
+        name says and not before the commit."""
+        self.after_commit(partial(failpoints.hit, name))
 
     def committed_plan(self, run_id: str, loop_index: int) -> tuple[str, str | None] | None:
         """Loop ``loop_index``'s plan (its JSON and its raw copy's digest), or None.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from corral.core import failpoints
 from corral.supervisor import finalization, plan_store
 from corral.supervisor.errors import BadRequest
 
@@ -25,7 +24,7 @@ def install(sup: Supervisor) -> None:
         if not isinstance(steps, list) or not steps:
             raise BadRequest("steps must be a non-empty list")
         result = plan_store.apply(sup.ledger, run_id, action["action_id"], steps)
-        failpoints.hit("durable-plan.after-update")
+        sup.ledger.failpoint("durable-plan.after-update")
         return result
 
     sup.actor_methods["plan.update"] = update

@@ -14,12 +14,10 @@ import secrets
 import sqlite3
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from corral.actors.providers.base import MAX_RESPONSE_CHARS
 from corral.actors.tools.base import is_sealed
-from corral.core import failpoints
 from corral.core.redact import redact, redact_text, summarize
 from corral.supervisor.action_state import (
     TERMINAL as ACTION_TERMINAL,
@@ -382,7 +380,7 @@ def commit_plan(
             actions=len(plan.get("actions", [])),
             final=plan.get("final") is not None,
         )
-    failpoints.hit("plan.after-commit")
+    ledger.failpoint("plan.after-commit")
     result: dict[str, Any] = json.loads(text)
     return result
 
@@ -465,13 +463,6 @@ def get_plan(ledger: Ledger, run_id: str, loop_index: int) -> dict[str, Any] | N
 
 # -- actions -------------------------------------------------------------------------
 
-# Each fires once its step is committed, also when the step joined a larger
-# transaction (a batch of reads is prepared, begun and finished in one commit each).
-_AFTER_PREPARED = partial(failpoints.hit, "action.after-prepared")
-_AFTER_EXECUTING = partial(failpoints.hit, "action.after-executing")
-_AFTER_TERMINAL = partial(failpoints.hit, "action.after-terminal")
-_AFTER_RECEIPT = partial(failpoints.hit, "action.after-receipt")
-
 
 def prepare_action(
     ledger: Ledger,
@@ -535,7 +526,7 @@ def prepare_action(
             )
             raise Conflict(f"action {the_id} exists with a different fingerprint; failing closed")
         return row
-    ledger.after_commit(_AFTER_PREPARED)
+    ledger.failpoint("action.after-prepared")
     return row
 
 
@@ -623,7 +614,7 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> dict[st
             return {"do": "park", "phase": "waiting-confirmation"}
     if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED):
         move_action(ledger, the_id, ActionPhase.EXECUTING, current=row)
-        ledger.after_commit(_AFTER_EXECUTING)
+        ledger.failpoint("action.after-executing")
         return {"do": "execute", "phase": "executing"}
     if phase is ActionPhase.EXECUTING:
         if row["rerunnable"]:
@@ -684,8 +675,8 @@ def finish_action(
             error=summarize(error, 300) if error else None,
         )
         write_receipt(ledger, the_id, current={**dict(row), **written})
-    ledger.after_commit(_AFTER_TERMINAL)
-    ledger.after_commit(_AFTER_RECEIPT)
+    ledger.failpoint("action.after-terminal")
+    ledger.failpoint("action.after-receipt")
 
 
 def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, current: Any = None) -> bool:

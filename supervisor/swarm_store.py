@@ -14,7 +14,6 @@ from typing import Any
 
 from corral.actors.tools.base import ToolError
 from corral.actors.tools.paths import check_relative, resolve_in_workspace, scopes_overlap
-from corral.core import failpoints
 from corral.core.redact import redact, summarize
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.ledger import Ledger, dumps
@@ -186,7 +185,7 @@ def spawn_group(
                 ),
             )
         ledger.event("group-spawned", group_id, parent_run=parent_run["run_id"], children=len(parsed))
-    failpoints.hit("spawn.after-commit")
+    ledger.failpoint("spawn.after-commit")
     return _group_view(ledger, group_id)
 
 
@@ -325,7 +324,9 @@ def _maybe_join(ledger: Ledger, group_id: str) -> str | None:
             parent_run=group["parent_run_id"],
             failed=sum(1 for r in results if r["status"] != "ok"),
         )
-    failpoints.hit("join.after-delivery")
+    # This runs inside the child's own finishing transaction (even inside a run
+    # status change): the failpoint waits for the commit.
+    ledger.failpoint("join.after-delivery")
     return delivery_id
 
 
@@ -445,7 +446,7 @@ def delegate(
             target=target,
             repair_of=repair_of or "",
         )
-    failpoints.hit("delegate.after-commit")
+    ledger.failpoint("delegate.after-commit")
     return {"delegation_id": delegation_id, "run_id": run_id, "target": target}
 
 
@@ -529,12 +530,12 @@ def claim(ledger: Ledger, parent_run_id: str, action_id: str, delivery_ids: list
                 (claim_id, parent_run_id, action_id, dumps(targets), _now(), _now()),
             )
             ledger.event("claim-prepared", claim_id, action=action_id, deliveries=len(targets))
-        failpoints.hit("claim.after-prepared")
+        ledger.failpoint("claim.after-prepared")
         journal = ledger.one("SELECT * FROM claim_journal WHERE action_id = ?", action_id)
         assert journal is not None
     if journal["phase"] == ClaimPhase.PREPARED:
         commit_claim(ledger, journal["claim_id"])
-        failpoints.hit("claim.after-commit")
+        ledger.failpoint("claim.after-commit")
     return claimed_view(ledger, journal["claim_id"])
 
 

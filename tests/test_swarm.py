@@ -434,6 +434,10 @@ def test_supervisor_killed_at_swarm_failpoint(short_tmp: Path, failpoint: str) -
         first = daemon.up(env={"CORRAL_FAILPOINTS": f"{failpoint}=kill@once"})
         run_id = daemon.call("run", agent_id="project-supervisor", task="launch")["run_id"]
         wait_supervisor_gone(daemon, first.pid)
+        if failpoint == "join.after-delivery":
+            # Killed in the window the name says: the delivery committed, nobody woken yet.
+            joins = ledger_rows(daemon.home, "SELECT status FROM deliveries WHERE kind = 'join'")
+            assert [row["status"] for row in joins] == ["dispatched"], joins
         daemon.up()
         _demo_outcome(daemon, run_id)
     finally:
