@@ -1,269 +1,271 @@
-"""Intent contracts (issue 20): validation, identity and versions, the guard and
-its decision receipts, completion evidence, updates, and the canonical hash
-computed alike by Python and Node."""
+"""Intent contracts (issues 20 and 35), live: the seed's document binds a run, the
+guard decides in the reference guard's rule language and writes its receipts,
+versions never go backwards, a contract that cannot bind leaves the run unbound
+and advisory whatever the fault, completion evidence is what the runtime ran
+(exit status included), and the continuity snapshot holds verified facts only.
+The pure rules are pinned by tests/test_intent_conformance.py."""
 
 from __future__ import annotations
 
 import copy
 import json
 import shutil
-import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from corral.supervisor.intent_contract import ContractError, canonical_sha256, parse, parse_json_strict, validate
-from corral.supervisor.intent_guard import classify
+from corral.sandbox.bwrap import bwrap_available
+from corral.supervisor.intent_contract import canonical_sha256, validate
+from corral.supervisor.intent_guard import requirement_ref, sha16
 from tests.harness import Daemon, cli, ledger_rows, running, wait_run
+from tests.intent.schemas import upstream_errors
 
 PROJECTION: dict[str, Any] = {
     "objective": "Write the launch page",
     "primary_object": "docs/launch.md",
     "delivery_surface": ["docs"],
-    "scope": {"include": ["docs/"], "exclude": ["docs/private/"]},
-    "must_and_must_not": {"must": ["keep the tone"], "must_not": ["exec"]},
-    "authorization": {"allowed": ["fs.*"], "requires_user": ["effect.record"], "forbidden": ["agent.*"]},
+    "scope": {"include": ["path:docs/**"], "exclude": []},
+    "must_and_must_not": {"must": ["keep the tone"],
+                          "must_not": ["command-prefix:git push", "Do not publish anything"]},
+    "authorization": {"allowed": ["action:write"], "requires_user": ["tool:effect.record"],
+                      "forbidden": ["action:install_local"]},
     "completion_evidence": [{"requirement": "the page exists", "acceptable_sources": ["file"]}],
 }
 
 
-def envelope(projection: dict[str, Any] = PROJECTION, version: int = 1, **extra: Any) -> dict[str, Any]:
+def document(projection: dict[str, Any] = PROJECTION, version: int = 1,
+             ref: str = "intent:launch-page") -> dict[str, Any]:
+    """A contract as seed 000 sends it."""
     return {
-        "schema_version": "1.0",
-        "contract_ref": "launch-page",
-        "contract_version": version,
-        "source": "user-intent-plugin",
-        "source_message_refs": ["msg-1"],
-        "snapshot_sha256": canonical_sha256(projection),
-        "updated_at": "2026-12-04T10:00:00.123Z",
+        "envelope": {
+            "schema_version": "1.0",
+            "contract_ref": ref,
+            "contract_version": version,
+            "source": "user-intent-plugin",
+            "source_message_refs": ["msg:1"],
+            "snapshot_sha256": canonical_sha256(projection),
+            "updated_at": "2026-12-04T10:00:00Z",  # no milliseconds: still a date-time
+        },
         "projection": projection,
-        **extra,
     }
 
 
-# -- the contract (pure) ---------------------------------------------------------------------
-
-
-def test_both_forms_parse_and_a_bare_contract_gets_a_content_identity() -> None:
-    bound = parse(envelope())
-    assert (bound.contract_ref, bound.contract_version) == ("launch-page", 1)
-    bare = parse(copy.deepcopy(PROJECTION))
-    assert bare.contract_ref == f"tcl-{canonical_sha256(PROJECTION)[:16]}" and bare.contract_version == 1
-    lite = envelope(source="task-contract-lite")
-    lite["task_contract_lite"] = lite.pop("projection")
-    assert parse(lite).snapshot_sha256 == bound.snapshot_sha256
-
-
-@pytest.mark.parametrize(
-    ("mutate", "code"),
-    [
-        (lambda e: e["projection"].__setitem__("colour", "blue"), "schema"),
-        (lambda e: e["projection"].__setitem__("delivery_surface", []), "schema"),
-        (lambda e: e["projection"].__setitem__("delivery_surface", ["a", "a"]), "schema"),
-        (lambda e: e["projection"]["completion_evidence"][0].__setitem__("acceptable_sources", ["vibes"]), "schema"),
-        (lambda e: e.__setitem__("snapshot_sha256", "0" * 64), "hash-mismatch"),
-        (lambda e: e.__setitem__("updated_at", "2026-12-04T10:00:00Z"), "schema"),
-        (lambda e: e.__setitem__("contract_version", 0), "schema"),
-        (lambda e: e["projection"].__setitem__("objective", 1.5), "unsafe-number"),
-        (lambda e: e.__setitem__("contract_version", 2**53), "unsafe-number"),
-    ],
-)
-def test_a_contract_that_breaks_a_rule_is_refused_with_the_rule(mutate: Any, code: str) -> None:
-    value = copy.deepcopy(envelope())
-    mutate(value)
-    with pytest.raises(ContractError) as caught:
-        parse(value)
-    assert caught.value.code == code
-
-
-def test_strict_json_refuses_duplicate_keys() -> None:
-    with pytest.raises(ContractError, match="duplicate key"):
-        parse_json_strict('{"objective": "a", "objective": "b"}')
-
-
-def test_the_guard_classifies_by_class_scope_and_authorization() -> None:
-    def decide(tool: str, **tool_input: Any) -> str:
-        return classify(PROJECTION, tool, tool_input).decision
-
-    assert decide("fs.write", path="docs/launch.md", content="x") == "continue"
-    assert decide("fs.write", path="src/app.py", content="x") == "block"
-    assert decide("fs.read", path="src/app.py") == "continue"  # a read is not a write out of scope
-    assert decide("fs.read", path="docs/private/notes.md") == "block"  # excluded for every access
-    assert decide("command.exec", argv=["ls"]) == "block"  # must_not: exec
-    assert decide("agent.delegate", agent_id="x", task="y") == "block"  # forbidden
-    assert decide("effect.record", label="x") == "ask"
-    reasons = classify(PROJECTION, "fs.write", {"path": "src/x", "content": ""})
-    assert reasons.reason_codes == ("out-of-scope",) and reasons.rule_ids == ("scope.include",)
-
-
-VECTORS: list[Any] = [
-    {"b": 1, "a": [3, 2, 1], "c": {"z": True, "y": None}},
-    {"é": "naïve café", "emoji": "\U0001f600", "esc": "line\nbreak \"quoted\" \\ /", "ctl": "\u0001"},
-    {"edge": 9007199254740991, "neg": -9007199254740991, "zero": 0},
-    {"nest": [[{"b": [1, {"d": 4, "c": 3}]}], [], {}]},
-    {"\u00e9": 1, "e\u0301": 2, "\U0001d11e": 3, "z": 4, "A": 5},
-    {"text": "\u2028\u2029 tab\t end", "empty": ""},
-]
-
-NODE_JCS = r"""
-const crypto = require("crypto");
-function jcs(v) {
-  if (v === null || typeof v !== "object") return JSON.stringify(v);
-  if (Array.isArray(v)) return "[" + v.map(jcs).join(",") + "]";
-  const keys = Object.keys(v).sort();
-  return "{" + keys.map(k => JSON.stringify(k) + ":" + jcs(v[k])).join(",") + "}";
-}
-const vectors = JSON.parse(require("fs").readFileSync(0, "utf8"));
-console.log(JSON.stringify(vectors.map(v => crypto.createHash("sha256").update(jcs(v), "utf8").digest("hex"))));
-"""
-
-
-def test_python_and_node_compute_the_same_canonical_hashes() -> None:
-    node = shutil.which("node")
-    assert node is not None, "Node is needed for the cross-language check (apt-get install nodejs)"
-    result = subprocess.run(
-        [node, "-e", NODE_JCS], input=json.dumps(VECTORS), capture_output=True, text=True, check=True, timeout=30
-    )
-    assert json.loads(result.stdout) == [canonical_sha256(vector) for vector in VECTORS]
-
-
-def test_the_wire_schemas_check_receipts_and_snapshots() -> None:
-    with pytest.raises(ContractError):
-        validate("decision-receipt", {"receipt_id": "r", "extra": 1})
-    with pytest.raises(ContractError):
-        validate("continuity-snapshot", {"schema_version": "1.0"})
-
-
-# -- in a swarm ---------------------------------------------------------------------------------
-
-SPEC = """
+SANDBOX = "" if bwrap_available() else '[sandbox]\nmode = "allow-unsandboxed"\n'
+SPEC = f"""
 name = "intent"
 [project]
 root = "ws"
+{SANDBOX}
 [chaos]
 effects_file = "effects.log"
 [[agents]]
 id = "writer"
   [[agents.steps]]
-  actions = [{ tool = "fs.write", input = { path = "src/app.md", content = "out of scope" } }]
-  [[agents.steps]]
-  actions = [{ tool = "effect.record", input = { label = "publish" } }]
-  [[agents.steps]]
-  final = "done, trust me"
-  [[agents.steps]]
-  actions = [{ tool = "fs.write", input = { path = "docs/launch.md", content = "# Launch" } }]
-  [[agents.steps]]
-  final = "done, with the page"
+  final = "each run brings its own script"
 """
 
 
-def _contract_file(tmp: Path, value: Any) -> str:
-    path = tmp / f"contract-{len(list(tmp.glob('contract-*')))}.json"
-    path.write_text(json.dumps(value))
-    return str(path)
+def _project(top: Path) -> None:
+    (top / "ws" / "docs").mkdir(parents=True)
 
 
-def _start(daemon: Daemon, tmp: Path, value: Any) -> str:
-    contract = _contract_file(tmp, value)
-    result = cli(daemon.home, "run", "--agent", "writer", "--task", "launch page", "--intent", contract)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    """One supervisor for the tests that do not restart it (starting one is most of a test's time)."""
+    top = Path(tempfile.mkdtemp(prefix="crl-", dir="/tmp"))
+    try:
+        _project(top)
+        with running(top / "home", SPEC) as running_daemon:
+            yield running_daemon
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
-def _receipts(daemon: Daemon, run_id: str) -> list[dict[str, Any]]:
-    result = cli(daemon.home, "intent", "receipts", run_id, "--json")
-    assert result.returncode == 0, result.stderr
-    receipts: list[dict[str, Any]] = json.loads(result.stdout)["receipts"]
-    return receipts
+@pytest.fixture
+def own_daemon(short_tmp: Path) -> Iterator[Daemon]:
+    """A supervisor of the test's own, which it may kill and restart."""
+    _project(short_tmp)
+    with running(short_tmp / "home", SPEC) as running_daemon:
+        yield running_daemon
 
 
-def test_a_bound_run_is_guarded_asks_the_user_and_finishes_only_with_evidence(short_tmp: Path) -> None:
-    (short_tmp / "ws").mkdir()
-    with running(short_tmp / "home", SPEC) as daemon:
-        run_id = _start(daemon, short_tmp, envelope())
-        shown = wait_run(daemon, run_id, {"waiting-confirmation", "completed", "failed"})
-        assert shown["run"]["status"] == "waiting-confirmation"
-        denied = shown["actions"][0]
-        assert denied["tool"] == "fs.write" and denied["phase"] == "denied"
-        assert "outside the intent contract's scope" in denied["error"]
-        assert not (short_tmp / "ws" / "src" / "app.md").exists()
-        # A SIGKILL of the supervisor keeps the binding and every receipt.
-        before = _receipts(daemon, run_id)
-        daemon.kill_supervisor()
-        daemon.up()
-        assert _receipts(daemon, run_id) == before
-        assert cli(daemon.home, "approve", shown["actions"][1]["action_id"]).returncode == 0
-        shown = wait_run(daemon, run_id, {"completed", "failed", "needs-input"})
-        assert shown["run"]["status"] == "completed", shown["run"]
-        assert shown["final_reply"] == "done, with the page"  # "trust me" was refused: no evidence yet
-        receipts = _receipts(daemon, run_id)
-        decisions = [(r["decision"], r["authority"], r["reason_codes"][0]) for r in receipts]
-        assert decisions == [
-            ("block", "deterministic_rule", "out-of-scope"),
-            ("ask", "deterministic_rule", "requires-user"),
-            ("continue", "user", "user-approved"),
-            ("continue", "deterministic_rule", "allowed"),
-        ]
-        for receipt in receipts:
-            validate("decision-receipt", receipt)
-        snapshot = json.loads(cli(daemon.home, "intent", "snapshot", run_id, "--json").stdout)
-        validate("continuity-snapshot", snapshot)
-        page = next(a for a in shown["actions"] if a["tool"] == "fs.write" and a["phase"] == "ok")
-        assert snapshot["open_commitments"] == [] and snapshot["evidence_refs"] == [page["action_id"]]
-        assert "bound to launch-page v1" in cli(daemon.home, "show", run_id).stdout
+def ws(daemon: Daemon) -> Path:
+    return daemon.home.parent / "ws"
 
 
-FINAL_ONLY = """
-name = "evidence"
-[project]
-root = "ws"
-[[agents]]
-id = "writer"
-  [[agents.steps]]
-  final = "done"
-  [[agents.steps]]
-  final = "really done"
-"""
+def act(tool: str, **tool_input: Any) -> dict[str, Any]:
+    return {"tool": tool, "input": tool_input}
 
 
-def test_missing_evidence_parks_the_run_and_an_update_rebinds_it(short_tmp: Path) -> None:
-    (short_tmp / "ws").mkdir()
-    with running(short_tmp / "home", FINAL_ONLY) as daemon:
-        run_id = _start(daemon, short_tmp, envelope())
-        shown = wait_run(daemon, run_id, {"needs-input", "completed", "failed"})
-        assert shown["run"]["status"] == "needs-input"
-        assert shown["final_reply"] is None
-        assert "completion evidence missing" in cli(daemon.home, "pending").stdout
-        same = cli(daemon.home, "intent", "update", run_id, "--file", _contract_file(short_tmp, envelope()))
-        assert same.returncode != 0 and "not above the bound v1" in same.stderr
-        changed = copy.deepcopy(PROJECTION)
-        changed["objective"] = "something else"
-        collision = envelope(changed)
-        clash = cli(daemon.home, "intent", "update", run_id, "--file", _contract_file(short_tmp, collision))
-        assert clash.returncode != 0
-        v2 = envelope(changed, version=2)
-        assert cli(daemon.home, "intent", "update", run_id, "--file", _contract_file(short_tmp, v2)).returncode == 0
-        wait_run(daemon, run_id, {"needs-input", "completed", "failed"})
-        rebound = [e for e in daemon.events() if e["kind"] == "intent-rebound" and e["subject"] == run_id]
-        assert rebound and rebound[0]["data"]["version"] == 2
-        back = cli(daemon.home, "intent", "update", run_id, "--file", _contract_file(short_tmp, envelope(version=1)))
-        assert back.returncode != 0
+def script(*steps: Any) -> str:
+    """Steps: a list of actions, or a final reply (a string)."""
+    return json.dumps({"steps": [{"final": s} if isinstance(s, str) else {"actions": s} for s in steps]})
 
 
-def test_a_tampered_or_invalid_contract_leaves_the_run_unbound_and_working(short_tmp: Path) -> None:
-    (short_tmp / "ws").mkdir()
-    with running(short_tmp / "home", FINAL_ONLY) as daemon:
-        tampered = envelope()
-        tampered["snapshot_sha256"] = "f" * 64
-        extra = copy.deepcopy(PROJECTION)
-        extra["colour"] = "blue"
-        for value, code in ((tampered, "hash-mismatch"), (extra, "schema")):
-            run_id = _start(daemon, short_tmp, value)
-            shown = wait_run(daemon, run_id, {"completed", "failed", "needs-input"})
-            assert shown["run"]["status"] == "completed" and shown["final_reply"] == "done"
-            assert shown["intent"]["status"] == "unbound" and shown["intent"]["reason"].startswith(code)
-            assert _receipts(daemon, run_id) == []
-        assert ledger_rows(daemon.home, "SELECT * FROM intent_contracts") == []
-        bad = cli(daemon.home, "run", "--agent", "writer", "--task", "t", "--intent", "/nonexistent.json")
-        assert bad.returncode == 2
+def start(daemon: Daemon, steps: str, contract: Any) -> str:
+    run_id: str = daemon.call("run", agent_id="writer", task="launch page", script=steps, intent=contract)["run_id"]
+    return run_id
+
+
+def receipts(daemon: Daemon, run_id: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = daemon.call("intent.receipts", run_id=run_id)["receipts"]
+    for receipt in found:
+        validate("decision-receipt", receipt)
+        assert upstream_errors("decision-receipt", receipt) == [], receipt
+    return found
+
+
+def actions_of(daemon: Daemon, run_id: str) -> list[dict[str, Any]]:
+    return ledger_rows(daemon.home, "SELECT action_id, tool, phase FROM actions WHERE run_id = ?"
+                       " ORDER BY loop_index, action_index", run_id)
+
+
+def test_a_bound_run_is_judged_in_the_reference_guards_terms(own_daemon: Daemon) -> None:
+    daemon = own_daemon
+    run_id = start(daemon, script(
+        [act("command.exec", program="pip", args=["install", "requests"])],
+        [act("effect.record", label="publish")],
+        [act("fs.write", path="docs/launch.md", content="# Launch\n")],
+        [act("command.exec", program="rm", args=["-f", "docs/nothing.md"])],
+        "the page is written",
+    ), document())
+    shown = wait_run(daemon, run_id, {"waiting-confirmation", "completed", "failed"})
+    assert shown["run"]["status"] == "waiting-confirmation"
+    # A SIGKILL of the supervisor keeps the binding and every receipt.
+    before = receipts(daemon, run_id)
+    daemon.kill_supervisor()
+    daemon.up()
+    assert receipts(daemon, run_id) == before
+    asked = actions_of(daemon, run_id)[1]
+    assert cli(daemon.home, "approve", asked["action_id"]).returncode == 0
+    shown = wait_run(daemon, run_id, {"completed", "failed", "needs-input"})
+    assert shown["run"]["status"] == "completed", shown["run"]
+    assert (ws(daemon) / "docs" / "launch.md").read_bytes() == b"# Launch\n"
+    found = receipts(daemon, run_id)
+    assert [(r["decision"], r["authority"], r["reason_codes"], r["rule_ids"]) for r in found] == [
+        ("block", "deterministic_rule", ["explicit_contract_conflict"], [f"forbidden:{sha16('action:install_local')}"]),
+        ("ask", "deterministic_rule", ["explicit_user_authorization_required"],
+         [f"requires_user:{sha16('tool:effect.record')}"]),
+        ("continue", "user", ["user_approved"], [f"requires_user:{sha16('tool:effect.record')}"]),
+        ("continue", "deterministic_rule", ["explicit_contract_allowance", "path_in_scope"], []),
+        ("remind", "semantic_candidate", ["semantic_constraint_candidate", "no_deterministic_match", "path_in_scope"],
+         []),
+    ]
+    assert {(r["schema_version"], r["contract_ref"], r["contract_version"]) for r in found} == {
+        ("1.0", "intent:launch-page", 1)}
+    phases = [a["phase"] for a in actions_of(daemon, run_id)]
+    assert phases == ["denied", "ok", "ok", "ok"]  # the reminder is advice: the command ran
+    shown_text = cli(daemon.home, "show", run_id).stdout
+    assert "bound to intent:launch-page v1 (5 decision receipts)" in shown_text
+    # The contract comes back out as the seed sends it.
+    emitted = json.loads(cli(daemon.home, "intent", "contract", run_id).stdout)
+    assert emitted == document()
+
+
+def test_completion_evidence_is_what_the_runtime_ran_with_its_exit_status(daemon: Daemon) -> None:
+    assert shutil.which("node"), "node is needed: the test runs `node --test` as the suite (apt-get install nodejs)"
+    (ws(daemon) / "fails.test.mjs").write_text("import t from 'node:test'; t('x', () => { throw new Error('no'); });\n")
+    (ws(daemon) / "passes.test.mjs").write_text("import t from 'node:test'; t('x', () => {});\n")
+    projection = copy.deepcopy(PROJECTION)
+    projection.update(scope={"include": ["workspace"], "exclude": []},
+                      must_and_must_not={"must": [], "must_not": []},
+                      authorization={"allowed": [], "requires_user": [], "forbidden": []},
+                      completion_evidence=[{"requirement": "the suite passes", "acceptable_sources": ["test"]}])
+    run_id = start(daemon, script(
+        [act("command.exec", program="node", args=["--test", "passes.test.mjs"])],
+        [act("command.exec", program="node", args=["--test", "fails.test.mjs"])],
+        "the tests pass",  # refused: the latest run of the suite failed
+        [act("command.exec", program="node", args=["--test", "--test-reporter=dot", "passes.test.mjs"])],
+        "the tests pass now",
+    ), document(projection, ref="intent:tests"))
+    shown = wait_run(daemon, run_id, {"completed", "failed", "needs-input"})
+    assert shown["run"]["status"] == "completed", shown["run"]
+    assert shown["final_reply"] == "the tests pass now"
+    ran = actions_of(daemon, run_id)
+    assert [a["phase"] for a in ran] == ["ok", "failed", "ok"]
+    snapshot = daemon.call("intent.snapshot", run_id=run_id)
+    validate("continuity-snapshot", snapshot)
+    assert upstream_errors("continuity-snapshot", snapshot) == []
+    assert (snapshot["phase"], snapshot["open_commitments"], snapshot["evidence_refs"]) == (
+        "delivered", [], [ran[2]["action_id"]])
+
+
+FINAL_ONLY = script("done", "really done")
+
+
+def test_versions_never_go_backwards_whatever_the_path(daemon: Daemon) -> None:
+    changed = copy.deepcopy(PROJECTION)
+    changed["objective"] = "Write the launch page, in French"
+    v2 = document(changed, version=2, ref="intent:upd")
+    run_id = start(daemon, FINAL_ONLY, v2)
+    shown = wait_run(daemon, run_id, {"needs-input", "completed", "failed"})
+    assert shown["run"]["status"] == "needs-input" and shown["intent"]["contract_version"] == 2
+    # The open commitment is the unmet requirement's stable id; nothing is verified yet.
+    snapshot = daemon.call("intent.snapshot", run_id=run_id)
+    assert upstream_errors("continuity-snapshot", snapshot) == []
+    requirement = PROJECTION["completion_evidence"][0]["requirement"]
+    assert (snapshot["phase"], snapshot["open_commitments"]) == ("unknown", [requirement_ref(0, requirement)])
+
+    def update(contract: Any) -> Any:
+        path = ws(daemon).parent / f"update-{len(list(ws(daemon).parent.glob('update-*')))}.json"
+        path.write_text(json.dumps(contract))
+        return cli(daemon.home, "intent", "update", run_id, "--file", str(path))
+
+    assert update(document(ref="intent:other")).returncode == 0  # a hop to another ref
+    back = update(document(ref="intent:upd"))  # and back to upd v1, below v2
+    assert back.returncode != 0 and "version-backwards" in back.stderr
+    # A new run cannot bind v1 either, while v2 exists: it starts unbound, and says why.
+    late = start(daemon, FINAL_ONLY, document(ref="intent:upd"))
+    late_shown = wait_run(daemon, late, {"completed", "failed", "needs-input"})
+    assert late_shown["intent"]["status"] == "unbound"
+    assert late_shown["intent"]["reason"].startswith("version-backwards")
+    # v2 again (the same projection) binds.
+    again = start(daemon, FINAL_ONLY, v2)
+    assert wait_run(daemon, again, {"needs-input", "completed", "failed"})["intent"]["status"] == "bound"
+    rows = ledger_rows(daemon.home, "SELECT contract_version FROM intent_contracts WHERE contract_ref = 'intent:upd'")
+    assert [row["contract_version"] for row in rows] == [2]
+
+
+RISKY = script([act("effect.record", label="publish")], "done")
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ('{"objective": "a", "objective": "b"}', "duplicate-key"),
+        (json.dumps(document()).replace('"contract_version": 1', '"contract_version": 9007199254740993'),
+         "unsafe-number"),
+        (json.dumps(document()).replace(canonical_sha256(PROJECTION), "f" * 64), "hash-mismatch"),
+        (json.dumps({**document()["envelope"], "source": "task-contract-lite", "task_contract_lite": PROJECTION}),
+         "fallback-envelope"),
+        ("{not json", "bad-json"),
+    ],
+    ids=["duplicate-key", "unsafe-integer", "tampered", "fallback-envelope", "not-json"],
+)
+def test_a_contract_that_cannot_bind_leaves_the_run_unbound_and_advisory(daemon: Daemon, text: str,
+                                                                          code: str) -> None:
+    contract = ws(daemon).parent / f"contract-{code}.json"
+    contract.write_text(text)
+    steps = ws(daemon).parent / "risky.json"
+    steps.write_text(RISKY)
+    started = cli(daemon.home, "run", "--agent", "writer", "--task", "t", "--intent", str(contract),
+                  "--script", str(steps))
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+    shown = wait_run(daemon, run_id, {"completed", "failed", "needs-input"})
+    assert shown["run"]["status"] == "completed" and shown["final_reply"] == "done"
+    assert shown["intent"]["status"] == "unbound" and shown["intent"]["reason"].startswith(code)
+    assert f"intent: unbound ({code}" in cli(daemon.home, "show", run_id).stdout
+    # The risky action ran, with an advisory reminder on record.
+    (receipt,) = receipts(daemon, run_id)
+    assert (receipt["decision"], receipt["contract_ref"], receipt["reason_codes"], receipt["coverage"]) == (
+        "remind", "unbound", ["contract_unbound", "high_risk_action_uncovered"], "partial")
+    assert [a["phase"] for a in actions_of(daemon, run_id)] == ["ok"]
+
+
+def test_a_missing_contract_file_is_a_usage_error(daemon: Daemon) -> None:
+    bad = cli(daemon.home, "run", "--agent", "writer", "--task", "t", "--intent", "/nonexistent.json")
+    assert bad.returncode == 2 and "intent contract" in bad.stderr

@@ -70,14 +70,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if shown["run"]["status"] == "completed" else EXIT_FAILED
 
 
-def read_contract(path: str) -> Any:
-    """A contract file as JSON, strictly (duplicate keys, bad Unicode: a usage error)."""
+def read_contract(path: str) -> str:
+    """A contract file's text, read within the size limit (a missing or unreadable
+    file is a usage error). The supervisor parses it: a contract that cannot bind
+    (a duplicate key, a bad hash, an unsafe number, ...) starts the run unbound and
+    advisory, with the reason in ``corral show``, whatever the fault."""
     from corral.supervisor.bounded_files import FileReadError, read_text_bounded
-    from corral.supervisor.intent_contract import ContractError, parse_json_strict
 
     try:
-        return parse_json_strict(read_text_bounded(Path(path), "intent contract"))
-    except (FileReadError, ContractError) as exc:
+        return read_text_bounded(Path(path), "intent contract")
+    except FileReadError as exc:
         raise CliError(f"intent contract {path}: {exc}", EXIT_USAGE) from None
 
 
@@ -99,10 +101,12 @@ def print_run(shown: dict[str, Any]) -> None:
         print(f"  receipt {receipt['action_id']} {receipt['status']}: {receipt['result_summary']}")
     intent = shown.get("intent") or {}
     if intent.get("status") == "bound":
+        inherited = f", inherited from {intent['inherited_from']}" if intent.get("inherited_from") else ""
         print(f"  intent: bound to {intent['contract_ref']} v{intent['contract_version']}"
-              f" ({intent['receipts']} decision receipts)")
+              f" ({intent['receipts']} decision receipts{inherited})")
     elif intent.get("status") == "unbound":
-        print(f"  intent: unbound ({intent.get('reason', '')}); the guard is advisory")
+        print(f"  intent: unbound ({intent.get('reason', '')}); the guard is advisory"
+              f" ({intent.get('receipts', 0)} decision receipts)")
     usage = shown.get("usage") or {}
     if usage.get("requests"):
         tokens = f", {usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens"
@@ -298,13 +302,14 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
 
 def _intent_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("what", choices=["receipts", "snapshot", "update"], help="what to do")
+    parser.add_argument("what", choices=["receipts", "snapshot", "contract", "update"], help="what to do")
     parser.add_argument("run_id", metavar="RUN")
     parser.add_argument("--file", help="with update: the new contract (a higher version)")
     json_arg(parser)
 
 
-@command("intent", "a run's intent contract: decision receipts, continuity snapshot, update (docs/intent.md)")
+@command("intent", "a run's intent contract: decision receipts, continuity snapshot, the contract, update"
+         " (docs/intent.md)")
 @arguments(_intent_args)
 def cmd_intent(args: argparse.Namespace) -> int:
     if args.what == "update" and not args.file:
@@ -314,9 +319,13 @@ def cmd_intent(args: argparse.Namespace) -> int:
             result = client.call("intent.receipts", run_id=args.run_id)
         elif args.what == "snapshot":
             result = client.call("intent.snapshot", run_id=args.run_id)
+        elif args.what == "contract":
+            result = client.call("intent.contract", run_id=args.run_id)
         else:
             result = client.call("intent.update", run_id=args.run_id, contract=read_contract(args.file))
-    if args.json or args.what == "snapshot":
+    if args.what == "contract" and not args.json:
+        emit_json(result["contract"])
+    elif args.json or args.what == "snapshot":
         emit_json(result)
     elif args.what == "receipts":
         for receipt in result["receipts"]:

@@ -1,0 +1,1 @@
+"""Conformance fixtures for the intent layer: vectors, upstream's schemas, the seed's examples, Node programs."""
