@@ -16,58 +16,53 @@ the token reaches that actor's environment only, never the ledger.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
+from pydantic import Field, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic.dataclasses import dataclass
+
+from corral.supervisor.spec_base import SECTION, SpecError, problem
+
 ACTOR_ID = "bridge-worker"
-_ENV = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 
 
-class BridgeSpecError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class BridgeSpec:
-    url: str
-    token_env: str
-    agent: str
-    titles: tuple[str, ...]
-    lease_ms: int
-    poll_s: float
+    """``[bridge]``: work for an agent-task bridge (docs/bridge.md). One ``bridge_worker``
+    actor (``bridge-worker``, a one_for_one group of its own) claims tasks, runs each
+    as a run of ``agent`` and submits its final reply; the token reaches that
+    actor's environment only, never the ledger."""
+
+    url: StrictStr = Field(description="The bridge (`corral bridge serve`), as `http://HOST:PORT`.")
+    token_env: Annotated[StrictStr, Field(pattern=r"^[A-Z_][A-Z0-9_]{0,63}$")] = Field(
+        default="CORRAL_BRIDGE_TOKEN", description="The environment variable holding the bearer token.")
+    agent: StrictStr = Field(description="The agent of this spec that runs each claimed task.")
+    titles: tuple[Annotated[StrictStr, Field(min_length=1)], ...] = Field(
+        default=("*",), min_length=1, description="Which tasks to claim: globs on their title.")
+    lease_ms: StrictInt = Field(
+        default=60_000, ge=1000, le=86_400_000,
+        description="The lease asked for with each claim, in ms; renewed every third of it while the run lives.")
+    poll_s: StrictFloat = Field(default=2.0, ge=0.05, le=3600, description="Seconds between looks for work.")
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, url: str) -> str:
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError:  # a port out of range
+            port = None
+        if parts.scheme != "http" or not parts.hostname or not port:
+            raise problem(f"must be http://HOST:PORT, not {url!r}")
+        return url
 
     def actor_params(self) -> dict[str, Any]:
         return {"url": self.url, "token_env": self.token_env, "agent": self.agent, "titles": list(self.titles),
                 "lease_ms": self.lease_ms, "poll_s": self.poll_s}
 
 
-def parse(table: Any, agent_ids: set[str]) -> BridgeSpec:
-    if not isinstance(table, dict):
-        raise BridgeSpecError("bridge: must be a table")
-    unknown = set(table) - {"url", "token_env", "agent", "titles", "lease_ms", "poll_s"}
-    if unknown:
-        raise BridgeSpecError(f"bridge: unknown keys {sorted(unknown)}")
-    url = table.get("url")
-    if not isinstance(url, str):
-        raise BridgeSpecError(f"bridge.url: must be http://HOST:PORT, not {url!r}")
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname or not parts.port:
-        raise BridgeSpecError(f"bridge.url: must be http://HOST:PORT, not {url!r}")
-    token_env = table.get("token_env", "CORRAL_BRIDGE_TOKEN")
-    if not isinstance(token_env, str) or not _ENV.match(token_env):
-        raise BridgeSpecError("bridge.token_env: must be an environment variable name (A-Z, 0-9, _)")
-    agent = table.get("agent")
-    if agent not in agent_ids:
-        raise BridgeSpecError(f"bridge.agent: {agent!r} is not an agent of this spec (known: {sorted(agent_ids)})")
-    titles = table.get("titles", ["*"])
-    if not isinstance(titles, list) or not titles or not all(isinstance(t, str) and t for t in titles):
-        raise BridgeSpecError("bridge.titles: must be a non-empty list of title globs")
-    lease_ms = table.get("lease_ms", 60_000)
-    if not isinstance(lease_ms, int) or isinstance(lease_ms, bool) or not 1000 <= lease_ms <= 86_400_000:
-        raise BridgeSpecError("bridge.lease_ms: must be an integer from 1000 to 86400000")
-    poll_s = table.get("poll_s", 2.0)
-    if not isinstance(poll_s, (int, float)) or isinstance(poll_s, bool) or not 0.05 <= poll_s <= 3600:
-        raise BridgeSpecError("bridge.poll_s: must be a number of seconds from 0.05 to 3600")
-    return BridgeSpec(url, token_env, str(agent), tuple(titles), lease_ms, float(poll_s))
+def check_agent(bridge: BridgeSpec, agent_ids: set[str]) -> None:
+    """The bridge's agent must be one of the spec's."""
+    if bridge.agent not in agent_ids:
+        raise SpecError(f"bridge.agent: {bridge.agent!r} is not an agent of this spec (known: {sorted(agent_ids)})")

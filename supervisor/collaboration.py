@@ -14,10 +14,14 @@ a binding record); later edits of the file do not change it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict
+from typing import Annotated, Any
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr
+from pydantic.dataclasses import dataclass
 
 from corral.core import strict_json
+from corral.supervisor.spec_base import SECTION, Reader, SpecError
 
 POLICY_FILE = ".corral/collaboration-policy.json"
 #: What a root may still do after it delegated, under orchestratorOnlyAfterDelegation.
@@ -27,20 +31,26 @@ ORCHESTRATION_TOOLS = frozenset({
 })
 COLLABORATION_TOOLS = frozenset({"agent.delegate", "agent.spawn_isolated"})
 
+#: The old name, still caught by the collaboration service.
+PolicyError = SpecError
 
-class PolicyError(ValueError):
-    pass
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class Policy:
-    """The file's own key names, as they are written there."""
+    """``.corral/collaboration-policy.json``: what a root agent owes its team before it
+    works alone. The file's own key names, as they are written there."""
 
-    requiredInitialWave: bool = False
-    minStaticDelegates: int = 0
-    requiredStaticAgentIds: tuple[str, ...] = ()
-    minIsolatedChildren: int = 0
-    orchestratorOnlyAfterDelegation: bool = False
+    requiredInitialWave: StrictBool = Field(
+        default=False, description="A root run's first plan must be a collaboration wave (delegations or children).")
+    minStaticDelegates: StrictInt = Field(
+        default=0, ge=0, le=64, description="`agent.delegate` calls the first wave must hold at least.")
+    requiredStaticAgentIds: tuple[Annotated[StrictStr, Field(min_length=1, max_length=64)], ...] = Field(
+        default=(), description="Specialists the first wave must delegate to.")
+    minIsolatedChildren: StrictInt = Field(
+        default=0, ge=0, le=64, description="Isolated children the first wave must spawn at least.")
+    orchestratorOnlyAfterDelegation: StrictBool = Field(
+        default=False, description="Once the root delegated, it only orchestrates: it delegates, spawns children,"
+        " checks runs, updates its plan or goal, asks the user and reads.")
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -52,28 +62,15 @@ class Policy:
         return strict_json.sha256(self.as_json())
 
 
+_READER = Reader(Policy)
+
+
 def parse(text: str) -> Policy:
     try:
         data = strict_json.loads(text)
     except strict_json.StrictJsonError as exc:
         raise PolicyError(f"not valid JSON: {exc.message}") from None
-    if not isinstance(data, dict):
-        raise PolicyError("the policy is a JSON object")
-    known = set(Policy.__dataclass_fields__)
-    unknown = set(data) - known
-    if unknown:
-        raise PolicyError(f"unknown keys {sorted(unknown)} (known: {sorted(known)})")
-    for key in ("requiredInitialWave", "orchestratorOnlyAfterDelegation"):
-        if key in data and not isinstance(data[key], bool):
-            raise PolicyError(f"{key} must be true or false")
-    for key in ("minStaticDelegates", "minIsolatedChildren"):
-        value = data.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 64:
-            raise PolicyError(f"{key} must be an integer from 0 to 64")
-    ids = data.get("requiredStaticAgentIds", [])
-    if not isinstance(ids, list) or not all(isinstance(i, str) and 0 < len(i) <= 64 for i in ids):
-        raise PolicyError("requiredStaticAgentIds must be a list of agent ids")
-    return Policy(**{**data, "requiredStaticAgentIds": tuple(ids)})
+    return _READER.read(data)
 
 
 def from_snapshot(data: dict[str, Any]) -> Policy:

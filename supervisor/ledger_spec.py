@@ -24,9 +24,12 @@ import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral.supervisor.ledger_pg import PARTITION_NAME, is_postgres_url, redact_url
+
+if TYPE_CHECKING:  # the section is a pydantic model, and every `corral` command imports this module
+    from corral.supervisor.spec_models import LedgerSpec
 
 LEDGER_FILE = "ledger.json"
 URL_ENV = "CORRAL_LEDGER_URL"
@@ -35,52 +38,30 @@ DEFAULT_RETIRE_IDLE_S = 60.0
 
 
 class LedgerSpecError(ValueError):
-    pass
+    """Where the ledger is cannot be settled (a URL or node id from the command line or
+    the environment, a home that needs its password again); the spec's own
+    ``[ledger]`` table (``LedgerSpec``, supervisor/spec_models.py) is checked as every
+    section is, with a SpecError."""
 
 
-@dataclass(frozen=True)
-class LedgerSpec:
-    url: str | None = None
-    node: str | None = None
-    lease_s: float = DEFAULT_LEASE_S
-    retire_idle_s: float = DEFAULT_RETIRE_IDLE_S
+def url_problem(url: Any) -> str:
+    shown = redact_url(url) if isinstance(url, str) else url
+    return f"must be postgresql://USER@HOST/DB (the default ledger is the home's SQLite file), not {shown!r}"
 
 
-def parse(table: Any) -> LedgerSpec:
-    if not isinstance(table, dict):
-        raise LedgerSpecError("ledger: must be a table")
-    unknown = set(table) - {"url", "node", "lease_s", "retire_idle_s"}
-    if unknown:
-        raise LedgerSpecError(f"ledger: unknown keys {sorted(unknown)} (known: url, node, lease_s, retire_idle_s)")
-    url = table.get("url")
-    if url is not None:
-        check_url(url)
-    node = table.get("node")
-    if node is not None:
-        check_node(node)
-    lease_s = table.get("lease_s", DEFAULT_LEASE_S)
-    if not isinstance(lease_s, (int, float)) or isinstance(lease_s, bool) or not 0.5 <= lease_s <= 3600:
-        raise LedgerSpecError("ledger.lease_s: must be a number of seconds from 0.5 to 3600")
-    retire = table.get("retire_idle_s", DEFAULT_RETIRE_IDLE_S)
-    if not isinstance(retire, (int, float)) or isinstance(retire, bool) or not 0.5 <= retire <= 86_400:
-        raise LedgerSpecError("ledger.retire_idle_s: must be a number of seconds from 0.5 to 86400")
-    return LedgerSpec(url, node, float(lease_s), float(retire))
+def node_problem(node: Any) -> str:
+    return f"node id {node!r}: use 1-48 lowercase letters, digits, '-' or '_', starting with a letter or digit"
 
 
 def check_url(url: Any) -> str:
     if not isinstance(url, str) or not is_postgres_url(url):
-        raise LedgerSpecError(
-            f"ledger url: must be postgresql://USER@HOST/DB (the default ledger is the home's SQLite file),"
-            f" not {redact_url(url) if isinstance(url, str) else url!r}"
-        )
+        raise LedgerSpecError(f"ledger url: {url_problem(url)}")
     return url
 
 
 def check_node(node: Any) -> str:
     if not isinstance(node, str) or not PARTITION_NAME.match(node):
-        raise LedgerSpecError(
-            f"node id {node!r}: use 1-48 lowercase letters, digits, '-' or '_', starting with a letter or digit"
-        )
+        raise LedgerSpecError(node_problem(node))
     return node
 
 
@@ -108,6 +89,8 @@ class Placement:
 def resolve(home: Path, spec: LedgerSpec | None, *, cli_url: str | None, cli_node: str | None) -> Placement:
     """The command line, then ``$CORRAL_LEDGER_URL``, then the spec, then what the
     home used last; none of them: SQLite."""
+    from corral.supervisor.spec_models import LedgerSpec
+
     remembered = remembered_placement(home)
     spec = spec or LedgerSpec()
     url = cli_url or os.environ.get(URL_ENV) or spec.url or remembered.get("url")

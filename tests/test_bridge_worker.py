@@ -100,7 +100,7 @@ def test_a_bad_bridge_table_stops_corral_up_with_its_place(short_tmp: Path) -> N
         ('url = "http://127.0.0.1:9"\nagent = "nobody"', "bridge.agent"),
         ('url = "http://127.0.0.1:9"\nagent = "writer"\ntoken_env = "lower"', "bridge.token_env"),
         ('url = "http://127.0.0.1:9"\nagent = "writer"\ntitles = []', "bridge.titles"),
-        ('url = "http://127.0.0.1:9"\nagent = "writer"\nsurprise = 1', "unknown keys"),
+        ('url = "http://127.0.0.1:9"\nagent = "writer"\nsurprise = 1', "bridge: unknown key 'surprise'"),
     ):
         spec = short_tmp / "s.toml"
         agent = '[[agents]]\nid = "writer"\n[[agents.steps]]\nfinal = "x"\n'

@@ -169,7 +169,7 @@ def test_a_bad_model_file_stops_corral_up_with_its_place(
 def test_models_tables_are_checked(tmp_path: Path) -> None:
     for extra, message in (
         ('[[models]]\nid = "m"\nthreads = 2', "unknown key 'threads'; did you mean 'n_threads'"),
-        ('[[models]]\nid = "m"\nn_ctx = 10', r"models\[0\]\.n_ctx: must be between"),
+        ('[[models]]\nid = "m"\nn_ctx = 10', r"models\[0\]\.n_ctx: must be a finite number between"),
         ('[[models]]\nid = "m"\npath = "nope.gguf"', r"models\[0\]\.path: model file .* does not exist"),
     ):
         with pytest.raises(SpecError, match=message):

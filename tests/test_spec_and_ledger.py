@@ -42,7 +42,7 @@ def test_a_full_spec_parses_and_expands_counts() -> None:
         ({"ledger": {"node": "Not A Node"}}, "node id"),
         ({"ledger": {"lease_s": 0}}, "lease_s"),
         ({"ledger": {"retire_idle_s": "soon"}}, "retire_idle_s"),
-        ({"ledger": {"url": "postgresql://h/db", "replicas": 2}}, r"unknown keys \['replicas'\]"),
+        ({"ledger": {"url": "postgresql://h/db", "replicas": 2}}, "ledger: unknown key 'replicas'"),
     ],
 )
 def test_bad_specs_name_the_exact_problem(data: dict[str, object], message: str) -> None:

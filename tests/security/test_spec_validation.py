@@ -4,20 +4,22 @@ tools; bounded, regular, UTF-8 spec files; control parameters in range; quiet pi
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
+import math
 import os
 import subprocess
 import sys
-import typing
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import pytest
 
 from corral.mailbox.control import ControlError
-from corral.supervisor import spec as spec_module
 from corral.supervisor.run_store import MAX_TASK_CHARS
-from corral.supervisor.spec import RANGES, SpecError, load_spec, parse_spec
+from corral.supervisor.spec import SpecError, load_spec, parse_spec
+from corral.supervisor.spec_base import bare, bounds
+from corral.supervisor.spec_models import SpecFile
 from tests.harness import cli, running
 
 CORRAL = [sys.executable, "-m", "corral"]
@@ -60,6 +62,56 @@ def test_bad_numbers_and_strings_are_refused_naming_the_field(data: dict[str, An
     assert str(caught.value).startswith(field), str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"agents": [_agent(), _agent(id="b", max_repairs=-5)]},
+         "agents[1].max_repairs: must be a finite number between 0 and 100, got -5"),
+        ({"actors": [{"id": "e", "template": "echo", "restrat": "permanent"}]},
+         "actors[0]: unknown key 'restrat'; did you mean 'restart'?"),
+        ({"supervisor": {"heartbeat_s": float("nan")}},
+         "spec.supervisor.heartbeat_s: NaN and infinity are not accepted"),
+        ({"groups": [{"id": "g", "max_restarts": "3"}]}, "groups[0].max_restarts: expected int, got str"),
+        ({"groups": [{"id": "g", "strategy": "one_for_some"}]},
+         "groups[0].strategy: 'one_for_some' is not one of one_for_one, one_for_all, rest_for_one"),
+        ({"groups": [{"strategy": "one_for_all"}]}, "groups[0]: missing id"),
+        ({"mcp_servers": [{"id": "x", "command": ["a"], "comand": ["a"]}]},
+         "mcp_servers[0]: unknown key 'comand'; did you mean 'command'?"),
+        ({"mcp_servers": [{"id": "x", "command": ["a"], "period_s": 0}]},
+         "mcp_servers[0].period_s: must be a finite number between 0.1 and 86400, got 0"),
+        ({"models": [{"id": "m", "n_treads": 2}]}, "models[0]: unknown key 'n_treads'; did you mean 'n_threads'?"),
+        ({"models": [{"id": "m", "n_ctx": 10}]},
+         "models[0].n_ctx: must be a finite number between 256 and 1048576, got 10"),
+        ({"ledger": {"lease": 3}}, "ledger: unknown key 'lease'; did you mean 'lease_s'?"),
+        ({"ledger": {"lease_s": 0}}, "ledger.lease_s: must be a finite number between 0.5 and 3600, got 0"),
+        ({"bridge": {"url": "http://127.0.0.1:9", "agent": "a", "poll": 1}},
+         "bridge: unknown key 'poll'; did you mean 'poll_s'?"),
+        ({"bridge": {"url": "http://127.0.0.1:9", "agent": "a", "lease_ms": 5}},
+         "bridge.lease_ms: must be a finite number between 1000 and 86400000, got 5"),
+    ],
+)
+def test_every_section_words_its_errors_the_same_way(data: dict[str, Any], message: str) -> None:
+    """One formatter for every section (issue 33): MCP servers, models, the ledger and
+    the bridge said "must be between", "unknown keys [...]" or nothing close before."""
+    with pytest.raises(SpecError) as caught:
+        parse_spec(data)
+    assert str(caught.value) == message
+
+
+def test_the_collaboration_policy_file_is_read_the_same_way() -> None:
+    from corral.supervisor import collaboration
+
+    for text, message in (
+        ('{"minStaticDelegates": 65}', "minStaticDelegates: must be a finite number between 0 and 64, got 65"),
+        ('{"minStaticDelegate": 1}', "unknown key 'minStaticDelegate'; did you mean 'minStaticDelegates'?"),
+        ('{"requiredInitialWave": "yes"}', "requiredInitialWave: expected bool, got str"),
+    ):
+        with pytest.raises(SpecError) as caught:
+            collaboration.parse(text)
+        assert str(caught.value) == message
+    assert collaboration.PolicyError is SpecError  # the one error type, under the name its service catches
+
+
 def test_a_good_spec_with_every_number_at_a_bound_still_loads(tmp_path: Path) -> None:
     (tmp_path / "ws").mkdir()
     spec = parse_spec(
@@ -76,39 +128,56 @@ def test_a_good_spec_with_every_number_at_a_bound_still_loads(tmp_path: Path) ->
     assert spec.supervisor.heartbeat_s == 0.05 and spec.agent("a").max_repairs == 0
 
 
-#: Which spec section fills each dataclass (its numeric fields are checked there).
-_SECTIONS = {
-    spec_module.SupervisorSettings: "supervisor",
-    spec_module.GroupSpec: "groups",
-    spec_module.ActorSpec: "actors",
-    spec_module.AgentSpec: "agents",
-    spec_module.SwarmLimits: "limits",
-    spec_module.SandboxSettings: "sandbox",
-}
+#: Every module that declares spec sections (pydantic dataclasses).
+_SECTION_MODULES = ("spec_models", "mcp_spec", "model_spec", "bridge_spec", "collaboration")
 
 
-def _numeric_fields(cls: type) -> list[str]:
-    hints = typing.get_type_hints(cls)
-    return [
-        f.name
-        for f in dataclasses.fields(cls)
-        if set(typing.get_args(hints[f.name]) or (hints[f.name],)) - {type(None)} <= {int, float}
-    ]
+def _numeric(kind: type) -> list[str]:
+    fields = getattr(kind, "__pydantic_fields__", {})
+    return [name for name, info in fields.items() if bare(info.annotation) in (int, float)]
 
 
-def test_every_numeric_field_of_every_spec_dataclass_has_a_range() -> None:
-    """A new numeric field without a range would accept 0, -1 and 10**20 silently."""
-    numeric = {cls: _numeric_fields(cls) for cls in _SECTIONS}
-    assert numeric[spec_module.SupervisorSettings], "the field scan found nothing: it is broken"
-    missing = [f"{_SECTIONS[cls]}.{name}" for cls, names in numeric.items() for name in names
-               if f"{_SECTIONS[cls]}.{name}" not in RANGES]
-    assert missing == []
-    every_dataclass = {
-        obj for obj in vars(spec_module).values()
-        if dataclasses.is_dataclass(obj) and isinstance(obj, type) and obj.__module__ == spec_module.__name__
+def test_every_numeric_field_of_every_section_has_a_range() -> None:
+    """A new numeric field without ``Field(ge=..., le=...)`` would accept 0, -1 and 10**20 silently."""
+    modules = [importlib.import_module(f"corral.supervisor.{name}") for name in _SECTION_MODULES]
+    sections = {
+        obj for module in modules for obj in vars(module).values()
+        if isinstance(obj, type) and hasattr(obj, "__pydantic_fields__")
     }
-    unmapped = [cls.__name__ for cls in every_dataclass - set(_SECTIONS) if _numeric_fields(cls)]
-    assert unmapped == []
+    numeric = [(kind, name) for kind in sections for name in _numeric(kind)]
+    assert len(numeric) > 40, "the field scan found too little: it is broken"
+    unbounded = [f"{kind.__name__}.{name}" for kind, name in numeric
+                 if not all(map(math.isfinite, bounds(kind.__pydantic_fields__[name])))]
+    assert unbounded == []
+
+
+def _sections(kind: Any, place: str = "") -> Iterator[tuple[str, type[Any]]]:
+    """Every section under ``kind`` with its place in a spec file (``agents``, ``mcp_servers.tools``)."""
+    fields = getattr(kind, "__pydantic_fields__", {})
+    if fields:
+        yield place, kind
+    for name, info in fields.items():
+        inner = bare(info.annotation)
+        while get_origin(inner) in (list, tuple, dict):
+            inner = bare(get_args(inner)[-1 if get_origin(inner) is dict else 0])
+        yield from _sections(inner, f"{place}.{name}" if place else name)
+
+
+#: Every ranged key a spec file can hold, as ``section.key``, read from the models.
+RANGES = {
+    f"{place}.{name}": bounds(kind.__pydantic_fields__[name])
+    for place, kind in _sections(SpecFile) if place for name in _numeric(kind)
+}
+#: A valid entry of each array section, and the keys a table section needs.
+_ENTRY = {"groups": {"id": "g"}, "actors": {"id": "e", "template": "echo"}, "agents": _agent(),
+          "mcp_servers": {"id": "m", "command": ["x"]}, "models": {"id": "m"}}
+_TABLE = {"bridge": {"url": "http://127.0.0.1:9", "agent": "a"}}
+
+
+def test_the_probe_below_covers_every_section() -> None:
+    sections = {key.split(".")[0] for key in RANGES}
+    assert {"supervisor", "groups", "actors", "agents", "limits", "sandbox", "mcp_servers", "models", "bridge",
+            "ledger"} <= sections
 
 
 @pytest.mark.parametrize("key", sorted(RANGES))
@@ -121,11 +190,10 @@ def test_each_ranged_value_is_refused_out_of_range_naming_the_field(key: str, ba
         value = int(value)
     table: dict[str, Any] = {name: value}
     data: dict[str, Any]
-    if section in ("groups", "actors", "agents"):
-        base = {"groups": {"id": "g"}, "actors": {"id": "e", "template": "echo"}, "agents": _agent()}[section]
-        data, where = {section: [{**base, **table}]}, f"{section}[0].{name}"
+    if section in _ENTRY:
+        data, where = {section: [{**_ENTRY[section], **table}]}, f"{section}[0].{name}"
     else:
-        data, where = {section: table}, f"{section}.{name}"
+        data, where = {section: {**_TABLE.get(section, {}), **table}}, f"{section}.{name}"
     with pytest.raises(SpecError) as caught:
         parse_spec(data)
     assert where in str(caught.value), str(caught.value)
@@ -257,7 +325,8 @@ def test_a_closed_pipe_is_not_a_traceback(short_tmp: Path) -> None:
 
 def test_long_tasks_and_reasons_do_not_break_the_run_list(short_tmp: Path) -> None:
     """Like the 50 MB name: stored text is shown again, and `runs` must still fit a frame."""
-    spec = '[[agents]]\nid = "a"\nsteps = [{ final = "done" }]\n'
+    # The project apart from the home (`corral up` refuses a home inside it, issue 32).
+    spec = '[project]\nroot = "ws"\n[[agents]]\nid = "a"\nsteps = [{ final = "done" }]\n'
     with running(short_tmp / "home", spec) as daemon:
         for _ in range(60):  # 60 x 20,000 characters would be past the 1 MiB frame if listed whole
             daemon.call("run", agent_id="a", task="t" * MAX_TASK_CHARS)
