@@ -13,7 +13,8 @@ Bring your own code:
 * ``corral.Provider`` is the protocol a user model client implements
   (``provider = "my_pkg.llm:MyProvider"``).
 
-Drive a swarm: ``corral.Client`` (synchronous) and ``corral.AsyncClient`` (trio).
+Drive a swarm: ``corral.Client`` (synchronous) and ``corral.AsyncClient`` (asyncio or
+trio).
 Every error raised at you is a ``corral.CorralError``.
 """
 

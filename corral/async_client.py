@@ -1,57 +1,92 @@
-"""``AsyncClient``: the Python client for trio programs (same methods as ``Client``,
-awaitable; ``events`` is an async iterator)."""
+"""``AsyncClient``: the Python client, and the one body of every client method.
+
+It runs under asyncio and under trio (anyio, down to the control exchange in
+``corral/mailbox/control.py``), so it fits FastAPI, LangGraph or Pydantic AI as
+well as a trio program. ``corral.Client`` is the same methods run to completion,
+one short trio loop per call (``corral/client.py``): nothing is written twice.
+
+    async with corral.AsyncClient.start(spec="swarm.toml", home=".corral") as client:
+        result = await client.run("writer", "Draft the release notes")
+        async for event in client.events():
+            print(event.kind, event.subject)
+"""
 
 from __future__ import annotations
 
+import functools
+import secrets
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import trio
+import anyio
+import anyio.to_thread
 
-from corral.client import CREATE_RETRY_PAUSE_S, FOLLOW_WAIT_MS, WAIT_SLICE_S, PathLike, decision_fingerprint, new_run_id
 from corral.client_types import Event, Pending, RunResult
 from corral.core.errors import RunTimeout
 from corral.core.procs import wait_exit
-from corral.mailbox.codec import decode, encode
 from corral.mailbox.control import ControlClient, ControlError, SupervisorGone
-from corral.mailbox.envelope import Envelope, Kind
 from corral.mailbox.errors import DeadlineExceeded
 from corral.supervisor import home as homes
 
+PathLike = str | Path
+#: How long one events long-poll waits on the supervisor side.
+FOLLOW_WAIT_MS = 25_000
+#: How long one ``wait`` call blocks in the supervisor before the client asks again.
+WAIT_SLICE_S = 20.0
+#: Seconds between attempts of ``run`` creation when the reply was lost.
+CREATE_RETRY_PAUSE_S = 0.2
 
-class _AsyncControl(ControlClient):
-    """The control client's exchange, awaited in the caller's trio loop."""
 
-    async def acall(self, method: str, timeout: float | None = None, **params: Any) -> Any:
-        request = Envelope(Kind.REQUEST, "cli", "supervisor", {"method": method, "params": params}, token=self._token)
-        reply = decode(await self._exchange(encode(request), self.timeout if timeout is None else timeout))
-        if reply.kind is Kind.ERROR:
-            raise ControlError(str(reply.body.get("code")), str(reply.body.get("message")))
-        if reply.corr_id != request.msg_id:
-            raise ControlError("bad-reply", "reply does not match the request id")
-        return reply.body.get("result")
+def connect(home: Path, timeout: float = 10.0) -> ControlClient:
+    """A control connection to the supervisor that runs on ``home`` now (the
+    endpoint is read each time: a restarted supervisor has a new address and token)."""
+    endpoint = homes.read_endpoint(home)
+    return ControlClient(endpoint.control, endpoint.token, timeout=timeout, pid=endpoint.pid)
+
+
+def new_run_id() -> str:
+    """A client-chosen run id: sent with the create request, it makes a retried
+    ``run`` return the run created by a lost first attempt instead of a second one."""
+    return "run-c" + secrets.token_hex(12)
+
+
+def decision_fingerprint(pending: Pending, action_id: str) -> str:
+    for action in pending.actions:
+        if action["action_id"] == action_id and action["phase"] == "waiting-confirmation":
+            return str(action["fingerprint"])
+    raise ControlError("not-waiting", f"action {action_id} is not waiting for confirmation (see pending())")
 
 
 class AsyncClient:
-    """A trio connection to the supervisor of one home. Use ``async with``.
+    """A connection to the supervisor of one home, for asyncio and trio programs.
 
-    Calls are serialized on one socket (a lock), so several tasks may share a
-    client; for parallel long-polls open one client per task."""
+    Errors: ``NotRunning`` (no supervisor on the home), ``SupervisorGone`` (it went
+    away mid-call; the next call reconnects to a restarted one), ``ControlError``
+    (the supervisor refused: ``.code`` is stable), ``DeadlineExceeded`` (no answer
+    in time); all are ``corral.CorralError``.
+
+    Use ``async with``. Calls are serialized on one socket (a lock), so several
+    tasks may share a client; for parallel long-polls open one client per task.
+    One client belongs to one event loop.
+    """
 
     def __init__(self, home: PathLike | None = None, *, timeout: float = 10.0) -> None:
         self.home: Path = homes.resolve_home(home)
         self.timeout = timeout
-        self._control: _AsyncControl | None = None
-        self._lock = trio.Lock()
+        self._control: ControlClient | None = None
+        self._lock = anyio.Lock()  # bound to the loop of its first use
         self._process: subprocess.Popen[bytes] | None = None
-        homes.read_endpoint(self.home)
+        homes.read_endpoint(self.home)  # fail now, with NotRunning, if nothing runs there
+
+    # -- lifecycle -------------------------------------------------------------------
 
     @classmethod
     def connect(cls, home: PathLike | None = None, *, timeout: float = 10.0) -> AsyncClient:
-        """Connect to the supervisor already running on ``home``."""
+        """Connect to the supervisor already running on ``home`` (default: $CORRAL_HOME
+        or ./.corral)."""
         return cls(home, timeout=timeout)
 
     @classmethod
@@ -63,13 +98,42 @@ class AsyncClient:
         *,
         timeout: float = 30.0,
         stop_timeout: float = 30.0,
+        ledger: str | None = None,
+        node: str | None = None,
     ) -> AsyncIterator[AsyncClient]:
-        """See ``Client.start``: a supervisor for the length of an ``async with``."""
+        """Start a supervisor for ``home`` with ``spec``, yield a client, and stop the
+        supervisor on exit (gracefully, by its actors' shutdown specs).
+
+        ``ledger`` (``postgresql://...``) makes it a node of a swarm that shares
+        that database, with ``node`` as its id (default: from the host and home).
+
+        Raises ``SpecError`` for a bad spec and ``SupervisorStartError`` if it did
+        not become ready; in both cases nothing keeps running."""
+        client = await cls._launch(spec, home, timeout=timeout, ledger=ledger, node=node)
+        try:
+            yield client
+        finally:
+            with anyio.CancelScope(shield=True):  # a cancelled caller still stops what it started
+                await client._stop(stop_timeout)
+
+    @classmethod
+    async def _launch(
+        cls,
+        spec: PathLike | None,
+        home: PathLike | None,
+        *,
+        timeout: float,
+        ledger: str | None,
+        node: str | None,
+    ) -> AsyncClient:
+        """What ``start`` does before its block: a ready supervisor and a client that
+        owns its process (``_stop`` stops and reaps it)."""
         from corral.client_start import start_supervisor
 
         resolved = homes.resolve_home(home)
         spec_path = Path(spec) if spec is not None else None
-        process = await trio.to_thread.run_sync(start_supervisor, resolved, spec_path, timeout)
+        starting = functools.partial(start_supervisor, resolved, spec_path, timeout, ledger=ledger, node=node)
+        process = await anyio.to_thread.run_sync(starting)
         try:
             client = cls(resolved)
         except BaseException:
@@ -77,17 +141,18 @@ class AsyncClient:
             process.wait()
             raise
         client._process = process
+        return client
+
+    async def _stop(self, timeout: float) -> None:
+        """What ``start`` does after its block: ``down``, then ``close``."""
         try:
-            yield client
+            await self.down(timeout)
         finally:
-            with trio.CancelScope(shield=True):
-                try:
-                    await client.down(stop_timeout)
-                finally:
-                    client.close()
+            self.close()
 
     async def down(self, timeout: float = 30.0) -> bool:
-        """See ``Client.down``."""
+        """Stop the supervisor gracefully; True once it has exited (False: still up
+        after ``timeout``). Stopping one that is not running is not an error."""
         try:
             endpoint = homes.read_endpoint(self.home)
         except homes.NotRunning:
@@ -95,13 +160,18 @@ class AsyncClient:
         try:
             await self.call("down")
         except SupervisorGone:
-            pass
+            pass  # gone before it answered: the outcome asked for
         self.close()
-        stopped = await trio.to_thread.run_sync(wait_exit, endpoint.pid, timeout)
+        stopped = await anyio.to_thread.run_sync(wait_exit, endpoint.pid, timeout)
         if self._process is not None and stopped:
-            await trio.to_thread.run_sync(self._process.wait)
+            await anyio.to_thread.run_sync(self._process.wait)
             self._process = None
         return stopped
+
+    def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -109,35 +179,40 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
-        if self._control is not None:
-            self._control.close()
-            self._control = None
+    # -- the wire ----------------------------------------------------------------------
 
-    async def call(self, method: str, *, timeout: float | None = None, **params: Any) -> Any:
+    async def call(self, /, method: str, *, timeout: float | None = None, **params: Any) -> Any:
+        """One control call (the escape hatch for methods without a helper)."""
         async with self._lock:
             if self._control is None:
-                endpoint = homes.read_endpoint(self.home)
-                self._control = _AsyncControl(endpoint.control, endpoint.token, timeout=self.timeout, pid=endpoint.pid)
+                self._control = connect(self.home, self.timeout)  # re-reads the endpoint: a restart is found
             try:
                 return await self._control.acall(method, timeout, **params)
             except (SupervisorGone, DeadlineExceeded):
+                # The socket may hold a half-finished exchange: start clean next time
+                # (a restarted supervisor also has a new address and token).
                 self.close()
                 raise
+
+    # -- supervisor ---------------------------------------------------------------------
 
     async def ping(self) -> dict[str, Any]:
         result: dict[str, Any] = await self.call("ping")
         return result
 
     async def status(self) -> dict[str, Any]:
+        """The supervision tree: actors, groups, boots and what is still open."""
         result: dict[str, Any] = await self.call("status")
         return result
 
     async def ask(self, actor_id: str, message: dict[str, Any], *, timeout: float = 10.0) -> dict[str, Any]:
+        """Send a request to an actor (a user template's ``handle_ask``) and return its reply."""
         result: dict[str, Any] = await self.call(
             "request_actor", timeout=timeout + 5, actor_id=actor_id, body=message, timeout_s=timeout
         )
         return result
+
+    # -- runs ----------------------------------------------------------------------------
 
     async def run(
         self,
@@ -149,10 +224,23 @@ class AsyncClient:
         script: str | None = None,
         run_id: str | None = None,
         retry_s: float = 10.0,
-        intent: dict[str, Any] | None = None,
+        intent: dict[str, Any] | str | None = None,
         goal: str | None = None,
     ) -> RunResult:
-        """See ``Client.run`` (same idempotent retry of the creation)."""
+        """Start a run of ``agent`` on ``task``. With ``wait`` (default) return once
+        it ended or parked (raise ``RunTimeout`` after ``timeout`` seconds);
+        otherwise return at once. ``script`` is a scripted-provider script (TOML or
+        JSON text) for this run. ``intent`` binds the run to an intent contract (a
+        ``{envelope, projection}`` document or a bare TaskContractLite, as a map or
+        as its JSON text; see docs/intent.md): an invalid one leaves the run
+        unbound and advisory, with the reason in ``show()``. ``goal`` binds the
+        run to a goal (docs/long-tasks.md): the first task when ``task`` is empty,
+        and the standard its completion is judged against.
+
+        The run id is chosen here (or given) and sent with the request: when the
+        supervisor is gone or silent, the request is sent again for up to
+        ``retry_s`` seconds (a restarted supervisor included), and a retry whose
+        first attempt was committed returns that run, never a second one."""
         params: dict[str, Any] = {"agent_id": agent, "task": task, "run_id": run_id or new_run_id()}
         if script is not None:
             params["script"] = script
@@ -160,15 +248,15 @@ class AsyncClient:
             params["intent"] = intent
         if goal is not None:
             params["goal"] = goal  # the first task too, when no task is given
-        deadline = trio.current_time() + retry_s
+        deadline = anyio.current_time() + retry_s
         while True:
             try:
                 created = await self.call("run", **params)
                 break
             except (SupervisorGone, DeadlineExceeded, homes.NotRunning):
-                if trio.current_time() >= deadline:
+                if anyio.current_time() >= deadline:
                     raise
-                await trio.sleep(CREATE_RETRY_PAUSE_S)
+                await anyio.sleep(CREATE_RETRY_PAUSE_S)
         if wait:
             return await self.wait(created["run_id"], timeout=timeout)
         return await self.show(created["run_id"])
@@ -177,18 +265,19 @@ class AsyncClient:
         return RunResult.from_show(await self.call("show", run_id=run_id))
 
     async def wait(self, run_id: str, *, timeout: float = 300.0, until_parked: bool = True) -> RunResult:
+        """Block until the run is done (or parked, unless ``until_parked=False``)."""
         until = "settled" if until_parked else "done"
-        deadline = trio.current_time() + timeout
+        deadline = anyio.current_time() + timeout
         while True:
             # One blocking call that the supervisor answers when the run gets there:
             # no show per event, so waiting costs the run nothing.
-            wait_s = max(0.0, min(deadline - trio.current_time(), WAIT_SLICE_S))
+            wait_s = max(0.0, min(deadline - anyio.current_time(), WAIT_SLICE_S))
             reply = await self.call(
                 "wait", timeout=wait_s + 10, run_ids=[run_id], until=until, wait_ms=int(wait_s * 1000)
             )
             if reply["reached"]:
                 return await self.show(run_id)
-            if trio.current_time() >= deadline:
+            if anyio.current_time() >= deadline:
                 raise RunTimeout(run_id, reply["runs"][run_id], timeout)
 
     async def runs(self) -> list[dict[str, Any]]:
@@ -196,6 +285,7 @@ class AsyncClient:
         return runs
 
     async def cancel(self, run_id: str) -> dict[str, Any]:
+        """Cancel a run (its live isolated children get tombstones)."""
         result: dict[str, Any] = await self.call("cancel", run_id=run_id)
         return result
 
@@ -203,10 +293,15 @@ class AsyncClient:
         result: dict[str, Any] = await self.call("resume", run_id=run_id)
         return result
 
+    # -- people in the loop -------------------------------------------------------------
+
     async def pending(self) -> Pending:
+        """Actions waiting for approve/deny or reconcile, and scheduled provider retries."""
         return Pending.from_reply(await self.call("pending"))
 
     async def approve(self, action_id: str, *, fingerprint: str | None = None) -> dict[str, Any]:
+        """Let a waiting action run. The fingerprint (default: the one ``pending()``
+        shows) makes sure you approve what you saw."""
         return await self._decide(action_id, "approve", fingerprint)
 
     async def deny(self, action_id: str, *, fingerprint: str | None = None) -> dict[str, Any]:
@@ -221,37 +316,55 @@ class AsyncClient:
         return result
 
     async def reconcile(self, action_id: str, outcome: str, note: str) -> dict[str, Any]:
+        """Say what really happened to an action (or provider request slot, or process
+        session) whose outcome was unknown: ``outcome`` is ``"ok"`` or ``"failed"``."""
         result: dict[str, Any] = await self.call("reconcile", action_id=action_id, outcome=outcome, note=note)
         return result
 
+    # -- interactive runs -----------------------------------------------------------------
+
     async def steer(self, run_id: str, text: str) -> dict[str, Any]:
-        """See ``Client.steer``."""
+        """Add an instruction to a live run. It is committed before this returns and
+        applied once, at the run's next safe boundary (a stale plan is discarded)."""
         result: dict[str, Any] = await self.call("steer", run_id=run_id, text=text)
         return result
 
     async def answer(self, run_id: str, text: str) -> dict[str, Any]:
-        """See ``Client.answer``."""
+        """Answer the run's open question (``user.input_request``); once only."""
         result: dict[str, Any] = await self.call("answer", run_id=run_id, text=text)
         return result
 
     async def conversation(self, agent_id: str) -> str:
+        """A new conversation (chat session) with an agent; returns its id."""
         return str((await self.call("conversation.new", agent_id=agent_id))["conversation_id"])
 
     async def send(self, conversation_id: str, text: str) -> dict[str, Any]:
-        """See ``Client.send``."""
+        """One chat line: answers the open question, steers the live run, or starts
+        the next turn. ``as`` in the reply says which."""
         result: dict[str, Any] = await self.call("conversation.send", conversation_id=conversation_id, text=text)
         return result
 
     async def fork(self, conversation_id: str) -> str:
+        """A new conversation holding this one's turns as persisted now."""
         return str((await self.call("conversation.fork", conversation_id=conversation_id))["conversation_id"])
 
+    # -- events ---------------------------------------------------------------------------
+
     async def events(self, since: int = 0, *, follow: bool = False) -> AsyncIterator[Event]:
-        cursor = since
-        while True:
-            wait_ms = FOLLOW_WAIT_MS if follow else 0
-            reply = await self.call("events", timeout=wait_ms / 1000 + 15, since=cursor, wait_ms=wait_ms)
-            for row in reply["events"]:
-                yield Event.from_row(row)
-            if not reply["events"] and not follow:
-                return
-            cursor = reply["cursor"]
+        """Events after cursor ``since``; with ``follow`` keep waiting for new ones
+        (an endless iterator: break out of it)."""
+        cursor: int | None = since
+        while cursor is not None:
+            page, cursor = await self._events_page(cursor, follow=follow)
+            for event in page:
+                yield event
+
+    async def _events_page(self, since: int, *, follow: bool = False) -> tuple[list[Event], int | None]:
+        """One page of ``events``: the events after ``since`` and the cursor to ask
+        from next, or None once the stream has ended (``follow`` never ends it)."""
+        wait_ms = FOLLOW_WAIT_MS if follow else 0
+        reply = await self.call("events", timeout=wait_ms / 1000 + 15, since=since, wait_ms=wait_ms)
+        page = [Event.from_row(row) for row in reply["events"]]
+        if not page and not follow:
+            return page, None
+        return page, reply["cursor"]

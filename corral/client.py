@@ -1,47 +1,41 @@
-"""The Python client: drive a supervisor from Python over the control protocol.
+"""``Client``: the synchronous face of ``AsyncClient``.
 
-``Client`` (synchronous) and ``AsyncClient`` (trio, in ``corral.async_client``)
-speak the same control protocol as the CLI; the CLI is a thin layer on ``Client``.
+Every method is ``AsyncClient``'s (same name, parameters, return type and
+docstring), run to completion in a short trio loop per call: one body, in
+``corral/async_client.py``, and nothing here can drift from it. The CLI is a thin
+layer on ``Client``.
 
     with corral.Client.start(spec="swarm.toml", home=".corral") as client:
         result = client.run("writer", "Draft the release notes")
         print(result.status, result.final_reply)
+
+A loop per call (as this client always ran), not a background thread holding
+one: a client has no thread to stop and never keeps the interpreter from exiting
+when it is not closed. trio, because ``trio.run`` keeps no state between calls
+and also runs in a thread where an asyncio loop is running (``asyncio.run``
+refuses there).
 """
 
 from __future__ import annotations
 
-import secrets
-import subprocess
-import time
-from collections.abc import Iterator
+import functools
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import trio
 
-from corral.client_types import Event, Pending, RunResult
-from corral.core.errors import CorralError, RunTimeout
-from corral.core.procs import wait_exit
-from corral.mailbox.control import ControlClient, ControlError, SupervisorGone
-from corral.mailbox.errors import DeadlineExceeded
-from corral.supervisor import home as homes
+from corral.async_client import AsyncClient, PathLike, connect
+from corral.client_types import Event
+from corral.core.errors import CorralError
 
-PathLike = str | Path
-#: How long one events long-poll waits on the supervisor side.
-FOLLOW_WAIT_MS = 25_000
-#: How long one ``wait`` call blocks in the supervisor before the client asks again.
-WAIT_SLICE_S = 20.0
-#: Seconds between attempts of ``run`` creation when the reply was lost.
-CREATE_RETRY_PAUSE_S = 0.2
-
-
-def connect(home: Path, timeout: float = 10.0) -> ControlClient:
-    endpoint = homes.read_endpoint(home)
-    return ControlClient(endpoint.control, endpoint.token, timeout=timeout, pid=endpoint.pid)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def call(home: Path, method: str, timeout: float = 10.0, **params: Any) -> Any:
+    """One control call to the supervisor of ``home``, on a connection of its own."""
     with connect(home, timeout) as client:
         return client.call(method, **params)
 
@@ -58,12 +52,6 @@ def all_events(home: Path, since: int = 0) -> list[dict[str, Any]]:
         since = page["cursor"]
 
 
-def new_run_id() -> str:
-    """A client-chosen run id: sent with the create request, it makes a retried
-    ``run`` return the run created by a lost first attempt instead of a second one."""
-    return "run-c" + secrets.token_hex(12)
-
-
 def _refuse_inside_trio() -> None:
     try:
         trio.lowlevel.current_task()
@@ -72,31 +60,52 @@ def _refuse_inside_trio() -> None:
     raise CorralError("corral.Client is synchronous and cannot run inside trio; use corral.AsyncClient there")
 
 
-def decision_fingerprint(pending: Pending, action_id: str) -> str:
-    for action in pending.actions:
-        if action["action_id"] == action_id and action["phase"] == "waiting-confirmation":
-            return str(action["fingerprint"])
-    raise ControlError("not-waiting", f"action {action_id} is not waiting for confirmation (see pending())")
+def _block_on(function: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+    _refuse_inside_trio()
+    return trio.run(functools.partial(function, *args, **kwargs))
+
+
+def _blocking(method: Callable[Concatenate[AsyncClient, P], Awaitable[T]]) -> Callable[Concatenate[Client, P], T]:
+    """``method`` of the client's ``AsyncClient``, run to completion."""
+
+    @functools.wraps(method)
+    def blocking(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return _block_on(method, self._async, *args, **kwargs)
+
+    blocking.__qualname__ = f"Client.{method.__name__}"  # help(Client) lists it as its own
+    return blocking
 
 
 class Client:
     """A synchronous connection to the supervisor of one home.
 
     Errors: ``NotRunning`` (no supervisor on the home), ``SupervisorGone`` (it went
-    away mid-call), ``ControlError`` (the supervisor refused: ``.code`` is stable),
-    ``DeadlineExceeded`` (no answer in time); all are ``corral.CorralError``.
+    away mid-call; the next call reconnects to a restarted one), ``ControlError``
+    (the supervisor refused: ``.code`` is stable), ``DeadlineExceeded`` (no answer
+    in time); all are ``corral.CorralError``.
 
     One client per thread. Inside a trio program use ``corral.AsyncClient``: each
-    call of this one runs its own short trio loop.
+    call of this one runs its own short trio loop. The methods are
+    ``AsyncClient``'s; ``events`` is an iterator here.
     """
 
     def __init__(self, home: PathLike | None = None, *, timeout: float = 10.0) -> None:
         _refuse_inside_trio()
-        self.home = homes.resolve_home(home)
-        self.timeout = timeout
-        self._control: ControlClient | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        homes.read_endpoint(self.home)  # fail now, with NotRunning, if nothing runs there
+        self._async = AsyncClient(home, timeout=timeout)
+
+    @classmethod
+    def _over(cls, client: AsyncClient) -> Client:
+        facade = cls.__new__(cls)
+        facade._async = client
+        return facade
+
+    @property
+    def home(self) -> Path:
+        return self._async.home
+
+    @property
+    def timeout(self) -> float:
+        return self._async.timeout
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -119,57 +128,17 @@ class Client:
         node: str | None = None,
     ) -> Iterator[Client]:
         """Start a supervisor for ``home`` with ``spec``, yield a client, and stop the
-        supervisor on exit (gracefully, by its actors' shutdown specs).
-
-        ``ledger`` (``postgresql://...``) makes it a node of a swarm that shares
-        that database, with ``node`` as its id (default: from the host and home).
-
-        Raises ``SpecError`` for a bad spec and ``SupervisorStartError`` if it did
-        not become ready; in both cases nothing keeps running."""
-        from corral.client_start import start_supervisor
-
-        _refuse_inside_trio()
-        resolved = homes.resolve_home(home)
-        process = start_supervisor(
-            resolved, Path(spec) if spec is not None else None, timeout, ledger=ledger, node=node
-        )
+        supervisor on exit (see ``AsyncClient.start``)."""
+        launched = _block_on(AsyncClient._launch, spec, home, timeout=timeout, ledger=ledger, node=node)
         try:
-            client = cls(resolved)
-        except BaseException:
-            process.kill()
-            process.wait()
-            raise
-        client._process = process
-        try:
-            yield client
+            yield cls._over(launched)
         finally:
-            try:
-                client.down(stop_timeout)
-            finally:
-                client.close()
+            _block_on(launched._stop, stop_timeout)
 
-    def down(self, timeout: float = 30.0) -> bool:
-        """Stop the supervisor gracefully; True once it has exited (False: still up
-        after ``timeout``). Stopping one that is not running is not an error."""
-        try:
-            endpoint = homes.read_endpoint(self.home)
-        except homes.NotRunning:
-            return True
-        try:
-            self.call("down")
-        except SupervisorGone:
-            pass  # gone before it answered: the outcome asked for
-        self.close()
-        stopped = wait_exit(endpoint.pid, timeout)
-        if self._process is not None and stopped:
-            self._process.wait()
-            self._process = None
-        return stopped
+    down = _blocking(AsyncClient.down)
 
     def close(self) -> None:
-        if self._control is not None:
-            self._control.close()
-            self._control = None
+        self._async.close()
 
     def __enter__(self) -> Client:
         return self
@@ -177,181 +146,33 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- the wire ----------------------------------------------------------------------
+    # -- the methods, one body each in AsyncClient ------------------------------------------
 
-    def call(self, method: str, *, timeout: float | None = None, **params: Any) -> Any:
-        """One control call (the escape hatch for methods without a helper)."""
-        _refuse_inside_trio()
-        if self._control is None:
-            self._control = connect(self.home, self.timeout)  # re-reads the endpoint: a restart is found
-        try:
-            return self._control.call(method, timeout, **params)
-        except (SupervisorGone, DeadlineExceeded):
-            # The socket may hold a half-finished exchange: start clean next time
-            # (a restarted supervisor also has a new address and token).
-            self.close()
-            raise
-
-    # -- supervisor ---------------------------------------------------------------------
-
-    def ping(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.call("ping")
-        return result
-
-    def status(self) -> dict[str, Any]:
-        """The supervision tree: actors, groups, boots and what is still open."""
-        result: dict[str, Any] = self.call("status")
-        return result
-
-    def ask(self, actor_id: str, message: dict[str, Any], *, timeout: float = 10.0) -> dict[str, Any]:
-        """Send a request to an actor (a user template's ``handle_ask``) and return its reply."""
-        result: dict[str, Any] = self.call(
-            "request_actor", timeout=timeout + 5, actor_id=actor_id, body=message, timeout_s=timeout
-        )
-        return result
-
-    # -- runs ----------------------------------------------------------------------------
-
-    def run(
-        self,
-        agent: str,
-        task: str = "",
-        *,
-        wait: bool = True,
-        timeout: float = 300.0,
-        script: str | None = None,
-        run_id: str | None = None,
-        retry_s: float = 10.0,
-        intent: dict[str, Any] | None = None,
-        goal: str | None = None,
-    ) -> RunResult:
-        """Start a run of ``agent`` on ``task``. With ``wait`` (default) return once
-        it ended or parked (raise ``RunTimeout`` after ``timeout`` seconds);
-        otherwise return at once. ``script`` is a scripted-provider script (TOML or
-        JSON text) for this run. ``intent`` binds the run to an intent contract (an
-        envelope or a bare TaskContractLite; see docs/intent.md): an invalid one
-        leaves the run unbound, with the reason in ``show()``. ``goal`` binds the
-        run to a goal (docs/long-tasks.md): the first task when ``task`` is empty,
-        and the standard its completion is judged against.
-
-        The run id is chosen here (or given) and sent with the request: when the
-        supervisor is gone or silent, the request is sent again for up to
-        ``retry_s`` seconds (a restarted supervisor included), and a retry whose
-        first attempt was committed returns that run, never a second one."""
-        params: dict[str, Any] = {"agent_id": agent, "task": task, "run_id": run_id or new_run_id()}
-        if script is not None:
-            params["script"] = script
-        if intent is not None:
-            params["intent"] = intent
-        if goal is not None:
-            params["goal"] = goal  # the first task too, when no task is given
-        deadline = time.monotonic() + retry_s
-        while True:
-            try:
-                created = self.call("run", **params)
-                break
-            except (SupervisorGone, DeadlineExceeded, homes.NotRunning):
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(CREATE_RETRY_PAUSE_S)
-        return self.wait(created["run_id"], timeout=timeout) if wait else self.show(created["run_id"])
-
-    def show(self, run_id: str) -> RunResult:
-        return RunResult.from_show(self.call("show", run_id=run_id))
-
-    def wait(self, run_id: str, *, timeout: float = 300.0, until_parked: bool = True) -> RunResult:
-        """Block until the run is done (or parked, unless ``until_parked=False``)."""
-        until = "settled" if until_parked else "done"
-        deadline = time.monotonic() + timeout
-        while True:
-            # One blocking call that the supervisor answers when the run gets there:
-            # no show per event, so waiting costs the run nothing.
-            wait_s = max(0.0, min(deadline - time.monotonic(), WAIT_SLICE_S))
-            reply = self.call("wait", timeout=wait_s + 10, run_ids=[run_id], until=until, wait_ms=int(wait_s * 1000))
-            if reply["reached"]:
-                return self.show(run_id)
-            if time.monotonic() >= deadline:
-                raise RunTimeout(run_id, reply["runs"][run_id], timeout)
-
-    def runs(self) -> list[dict[str, Any]]:
-        runs: list[dict[str, Any]] = self.call("runs")["runs"]
-        return runs
-
-    def cancel(self, run_id: str) -> dict[str, Any]:
-        """Cancel a run (its live isolated children get tombstones)."""
-        result: dict[str, Any] = self.call("cancel", run_id=run_id)
-        return result
-
-    def resume(self, run_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.call("resume", run_id=run_id)
-        return result
-
-    # -- people in the loop -------------------------------------------------------------
-
-    def pending(self) -> Pending:
-        """Actions waiting for approve/deny or reconcile, and scheduled provider retries."""
-        return Pending.from_reply(self.call("pending"))
-
-    def approve(self, action_id: str, *, fingerprint: str | None = None) -> dict[str, Any]:
-        """Let a waiting action run. The fingerprint (default: the one ``pending()``
-        shows) makes sure you approve what you saw."""
-        return self._decide(action_id, "approve", fingerprint)
-
-    def deny(self, action_id: str, *, fingerprint: str | None = None) -> dict[str, Any]:
-        return self._decide(action_id, "deny", fingerprint)
-
-    def _decide(self, action_id: str, decision: str, fingerprint: str | None) -> dict[str, Any]:
-        if fingerprint is None:
-            fingerprint = decision_fingerprint(self.pending(), action_id)
-        result: dict[str, Any] = self.call(
-            "continue_action", action_id=action_id, decision=decision, fingerprint=fingerprint
-        )
-        return result
-
-    def reconcile(self, action_id: str, outcome: str, note: str) -> dict[str, Any]:
-        """Say what really happened to an action (or provider request slot, or process
-        session) whose outcome was unknown: ``outcome`` is ``"ok"`` or ``"failed"``."""
-        result: dict[str, Any] = self.call("reconcile", action_id=action_id, outcome=outcome, note=note)
-        return result
-
-    # -- interactive runs -----------------------------------------------------------------
-
-    def steer(self, run_id: str, text: str) -> dict[str, Any]:
-        """Add an instruction to a live run. It is committed before this returns and
-        applied once, at the run's next safe boundary (a stale plan is discarded)."""
-        result: dict[str, Any] = self.call("steer", run_id=run_id, text=text)
-        return result
-
-    def answer(self, run_id: str, text: str) -> dict[str, Any]:
-        """Answer the run's open question (``user.input_request``); once only."""
-        result: dict[str, Any] = self.call("answer", run_id=run_id, text=text)
-        return result
-
-    def conversation(self, agent_id: str) -> str:
-        """A new conversation (chat session) with an agent; returns its id."""
-        return str(self.call("conversation.new", agent_id=agent_id)["conversation_id"])
-
-    def send(self, conversation_id: str, text: str) -> dict[str, Any]:
-        """One chat line: answers the open question, steers the live run, or starts
-        the next turn. ``as`` in the reply says which."""
-        result: dict[str, Any] = self.call("conversation.send", conversation_id=conversation_id, text=text)
-        return result
-
-    def fork(self, conversation_id: str) -> str:
-        """A new conversation holding this one's turns as persisted now."""
-        return str(self.call("conversation.fork", conversation_id=conversation_id)["conversation_id"])
-
-    # -- events ---------------------------------------------------------------------------
+    call = _blocking(AsyncClient.call)
+    ping = _blocking(AsyncClient.ping)
+    status = _blocking(AsyncClient.status)
+    ask = _blocking(AsyncClient.ask)
+    run = _blocking(AsyncClient.run)
+    show = _blocking(AsyncClient.show)
+    wait = _blocking(AsyncClient.wait)
+    runs = _blocking(AsyncClient.runs)
+    cancel = _blocking(AsyncClient.cancel)
+    resume = _blocking(AsyncClient.resume)
+    pending = _blocking(AsyncClient.pending)
+    approve = _blocking(AsyncClient.approve)
+    deny = _blocking(AsyncClient.deny)
+    reconcile = _blocking(AsyncClient.reconcile)
+    steer = _blocking(AsyncClient.steer)
+    answer = _blocking(AsyncClient.answer)
+    conversation = _blocking(AsyncClient.conversation)
+    send = _blocking(AsyncClient.send)
+    fork = _blocking(AsyncClient.fork)
 
     def events(self, since: int = 0, *, follow: bool = False) -> Iterator[Event]:
         """Events after cursor ``since``; with ``follow`` keep waiting for new ones
-        (an endless iterator: break out of it)."""
-        cursor = since
-        while True:
-            wait_ms = FOLLOW_WAIT_MS if follow else 0
-            reply = self.call("events", timeout=wait_ms / 1000 + 15, since=cursor, wait_ms=wait_ms)
-            for row in reply["events"]:
-                yield Event.from_row(row)
-            if not reply["events"] and not follow:
-                return
-            cursor = reply["cursor"]
+        (an endless iterator: break out of it). One loop per page: a generator
+        cannot outlive the loop it was started in."""
+        cursor: int | None = since
+        while cursor is not None:
+            page, cursor = _block_on(self._async._events_page, cursor, follow=follow)
+            yield from page

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,24 @@ def test_errors_are_corral_errors(short_tmp: Path) -> None:
         with pytest.raises(corral.ControlError) as refused:
             client.run("nobody", "x", wait=False)
         assert isinstance(refused.value, corral.CorralError) and refused.value.code
+
+
+def test_client_and_async_client_have_the_same_methods_and_parameters() -> None:
+    # Client is AsyncClient run to completion: a parameter one of them lacks (as
+    # ledger= and node= were missing from AsyncClient.start) is drift.
+    def surface(cls: type) -> dict[str, list[tuple[str, object, object]]]:
+        methods = {name: getattr(cls, name) for name in dir(cls) if not name.startswith("_")}
+        return {
+            name: [(p.name, p.kind, p.default) for p in inspect.signature(method).parameters.values()]
+            for name, method in methods.items()
+            if callable(method)
+        }
+
+    sync, asynchronous = surface(corral.Client), surface(corral.AsyncClient)
+    assert sorted(sync) == sorted(asynchronous)
+    assert {"start", "connect", "run", "wait", "events", "call", "down"} <= set(sync)
+    for name in sync:
+        assert sync[name] == asynchronous[name], name
 
 
 async def test_async_client_runs_follows_and_approves(short_tmp: Path) -> None:
