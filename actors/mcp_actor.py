@@ -27,6 +27,7 @@ from typing import Any
 
 import trio
 
+from corral.actors import recordable
 from corral.actors.runtime import ActorContext, report_best_effort, serve_requests
 from corral.actors.tools.sidecar import ResultTooLarge, bounded
 from corral.core import failpoints
@@ -312,7 +313,16 @@ async def _call(ctx: ActorContext, session: Any, envelope: Envelope, broken: tri
     finally:
         _InFlight.count -= 1
     failpoints.hit("mcp.after-call")
-    answer = _bounded_result(result_payload(result), body.get("sidecar"))
+    payload = result_payload(result)
+    try:
+        # A server's JSON can still hold what the wire cannot carry (a lone surrogate,
+        # nesting past msgpack's limit): the server answered, with a result that
+        # fails the call (as one too large does), never this actor.
+        recordable.check(payload, "the server's result")
+    except recordable.NotRecordable as exc:
+        await ctx.channel.reply_error(envelope, "mcp-error", summarize(f"unusable result: {exc}", 500))
+        return
+    answer = _bounded_result(payload, body.get("sidecar"))
     if not answer["ok"]:
         await ctx.channel.reply_error(envelope, answer["code"], answer["error"])
         return

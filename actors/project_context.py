@@ -11,7 +11,8 @@
   references that body points to. A skill is knowledge, not a tool or a permission.
 
 Nothing outside the workspace is read: no user home, no app data, and no symlink
-that leads out. Sizes and counts are bounded.
+that leads out; nothing inside a control directory (``.git`` or ``.corral`` in any
+spelling). No git runs here. Sizes and counts are bounded.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from corral.sandbox.control_paths import is_control_name
 
 MAX_INSTRUCTION_FILES = 20
 MAX_INSTRUCTION_CHARS = 8000
@@ -107,7 +110,9 @@ def load(workspace: Path) -> ProjectContext:
             break
         here = Path(directory)
         depth = len(here.relative_to(root).parts)
-        subdirs[:] = sorted(d for d in subdirs if d not in SKIP_DIRS and depth < MAX_DEPTH)
+        # Control directories in any spelling (`.GIT`, `.Corral`): what a command may
+        # have planted there is no instruction of the project.
+        subdirs[:] = sorted(d for d in subdirs if d not in SKIP_DIRS and not is_control_name(d) and depth < MAX_DEPTH)
         if "AGENTS.md" in files and len(instructions) < MAX_INSTRUCTION_FILES:
             text = _read(here / "AGENTS.md", root, MAX_INSTRUCTION_CHARS)
             if text is not None:

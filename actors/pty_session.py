@@ -54,6 +54,7 @@ from corral.sandbox.exec_handshake import (
     default_env,
     launch_with_handshake,
 )
+from corral.sandbox.tree_guard import GuardReport
 
 from .sanitize import Roots, default_roots, sanitize_output
 
@@ -702,6 +703,8 @@ class PtySession:
                 proc, self._stops_recv, deadline, self._grace_s, self._enter_terminating
             )
             drained = await self._drain()
+            if proc.guard_report is not None and not proc.guard_report.clean:
+                self._append(f"\r\n[corral] {proc.guard_report.notice()}\r\n")
             self.exit_code = proc.returncode
             if self._cap_hit:
                 outcome = S.OUTPUT_LIMIT_EXCEEDED
@@ -878,6 +881,8 @@ class CommandResult:
     transcript_path: Path
     transcript_lines: int
     ready_info: ReadyInfo | None
+    #: Git control entries the command left and the sandbox's check removed (tree_guard).
+    guard: GuardReport | None = None
 
 
 class _LineCapture:
@@ -1084,6 +1089,7 @@ async def run_command(
         transcript_path=transcript_path,
         transcript_lines=transcript_lines,
         ready_info=ready[0] if ready else None,
+        guard=proc.guard_report,
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from corral.actors import recordable
 from corral.actors.runtime import EXIT_TEMPLATE_START, ActorContext, is_shutdown
 from corral.mailbox.envelope import Envelope, Kind
 
@@ -29,6 +30,8 @@ log = logging.getLogger("corral.actor")
 
 #: Seconds ``stop`` may take when the actor is asked to shut down.
 STOP_GRACE_S = 1.0
+#: Room an envelope needs beside the reply it carries.
+REPLY_SLACK_BYTES = 4096
 
 
 class Actor:
@@ -60,7 +63,9 @@ class Actor:
         """Called once before the first message. Raising here counts as a crash."""
 
     async def handle_ask(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Answer a request (``Client.ask(actor_id, message)``). Must return a map."""
+        """Answer a request (``Client.ask(actor_id, message)``). Must return a map of
+        JSON values; one that cannot be sent (a set, a datetime, a cycle, too large)
+        is answered with a ``bad-reply`` error instead, and the actor lives on."""
         raise NotImplementedError(f"{type(self).__name__} does not answer requests")
 
     async def handle_tell(self, message: dict[str, Any]) -> None:
@@ -122,6 +127,19 @@ async def _dispatch(actor: Actor, ctx: ActorContext, envelope: Envelope) -> None
         if not isinstance(answer, dict):
             raise TypeError(f"handle_ask returned {type(answer).__name__}, not a dict")
     except Exception as exc:
-        await ctx.channel.reply_error(envelope, "actor-error", f"{type(exc).__name__}: {exc}")
+        await ctx.channel.reply_error(envelope, "actor-error", recordable.text(f"{type(exc).__name__}: {exc}"))
         raise
+    try:
+        recordable.check_bounded(answer, _reply_budget(ctx), "the reply")
+    except recordable.NotRecordable as exc:
+        # A value the wire cannot carry is this answer's fault, not the actor's
+        # state: the asker gets a clear error and the actor keeps serving.
+        log.warning("%s: %s", ctx.actor_id, exc)
+        await ctx.channel.reply_error(envelope, "bad-reply", f"handle_ask returned a reply that cannot be sent: {exc}")
+        return
     await ctx.channel.reply(envelope, answer)
+
+
+def _reply_budget(ctx: ActorContext) -> int:
+    """What a reply's body may take: the frame limit, less room for the envelope."""
+    return max(1024, int(ctx.config.get("max_frame", 1024 * 1024)) - REPLY_SLACK_BYTES)

@@ -389,7 +389,7 @@ figure(
 figure(
     FigureSpec(
         name="bridge_handoffs",
-        metric="task bridge: claim -> start -> submit cycles per second, 8 concurrent clients",
+        metric="task bridge: discover -> claim -> start -> submit cycles per second, 8 concurrent clients",
         unit="per s",
         corral="bridge_handoffs.cycles_per_s_8",
         baselines={

@@ -61,9 +61,9 @@ def start_supervisor(
     started). The returned process is the caller's child: reap it after it exits.
     ``ledger`` (a postgresql:// URL) and ``node`` place it in a shared ledger
     (supervisor/ledger_spec.py); the home remembers both."""
-    homes.ensure_home(home)
     if spec is not None:
-        load_spec(spec)
+        load_spec(spec)  # before the home: a bad spec leaves nothing behind
+    homes.ensure_home(home)
     env = ledger_env(ledger)
     if node is not None:
         from corral.supervisor.ledger_spec import check_node

@@ -6,12 +6,14 @@ The server side answers every frame it receives, garbage included, with an envel
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 import pynng
 import trio
 
@@ -25,6 +27,12 @@ from corral.mailbox.errors import DeadlineExceeded, FrameError, FrameTooLarge, R
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+#: Whether a request (method, params) waits: it goes to the long-poll pool.
+LongPollCheck = Callable[[str, dict[str, Any]], bool]
+
+#: Long polls held at once by default: past the 900 a swarm's followers were seen to
+#: hold; each costs an nng context and a task, not a worker.
+DEFAULT_MAX_LONG_POLLS = 1024
 
 
 def configure_socket(socket: pynng.Socket, max_frame: int) -> None:
@@ -37,6 +45,17 @@ class ControlError(RemoteError):
 
 
 class ControlServer:
+    """The supervisor's Rep socket, with two pools.
+
+    Quick requests are answered by an elastic pool of workers: ``idle_workers``
+    contexts always wait for a request, up to ``max_workers``. A request that
+    waits (``is_long_poll``: an events long poll, a run wait, a session poll) is
+    handed, with its context, to a pool of its own, at most ``max_long_polls`` at
+    once; past that it is refused at once with ``too-many-long-polls``. The worker
+    that received it takes a fresh context, so no number of waiting requests from
+    anyone holding the token leaves ``status`` or ``ping`` without a worker.
+    """
+
     def __init__(
         self,
         address: str,
@@ -46,24 +65,40 @@ class ControlServer:
         max_frame: int = DEFAULT_MAX_FRAME,
         idle_workers: int = 8,
         max_workers: int = 1024,
+        is_long_poll: LongPollCheck | None = None,
+        max_long_polls: int = DEFAULT_MAX_LONG_POLLS,
+        listen_at: str | None = None,
     ) -> None:
+        #: What clients dial; ``listen_at`` (default: the same) is what nng binds.
         self.address = address
+        self.listen_at = listen_at or address
         self._token = token
         self._handler = handler
         self.max_frame = max_frame
-        #: An elastic pool: ``idle_workers`` contexts always wait for a request, so a
-        #: request that takes long (an events long poll, a run waiting for its
-        #: supervisor work) never starves pings and run creation; up to ``max_workers``.
         self.idle_workers = idle_workers
         self.max_workers = max_workers
         self.workers = 0
         self.idle = 0
         self.rejected = 0
+        self._is_long_poll = is_long_poll or _never
+        self.max_long_polls = max_long_polls
+        self.long_polls = 0
+        self.long_polls_refused = 0
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "workers": self.workers,
+            "idle_workers": self.idle,
+            "long_polls": self.long_polls,
+            "max_long_polls": self.max_long_polls,
+            "long_polls_refused": self.long_polls_refused,
+            "rejected": self.rejected,
+        }
 
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         with pynng.Rep0() as socket:
             configure_socket(socket, self.max_frame)
-            socket.listen(self.address)
+            socket.listen(self.listen_at)
             address = self.address
             if address.startswith("tcp://") and address.endswith(":0"):
                 address = bound_tcp_address(socket.listeners[0])
@@ -74,32 +109,59 @@ class ControlServer:
 
     def _spawn(self, nursery: trio.Nursery, socket: pynng.Rep0) -> None:
         self.workers += 1
-        nursery.start_soon(self._worker, nursery, socket, socket.new_context())
+        nursery.start_soon(self._worker, nursery, socket)
 
-    async def _worker(self, nursery: trio.Nursery, socket: pynng.Rep0, context: pynng.Context) -> None:
+    async def _worker(self, nursery: trio.Nursery, socket: pynng.Rep0) -> None:
+        context: pynng.Context | None = None
         try:
-            with context:
-                while True:
-                    self.idle += 1
-                    try:
-                        frame = await context.arecv()
-                    except pynng.Closed:
-                        return
-                    finally:
-                        self.idle -= 1
-                    if self.idle < self.idle_workers and self.workers < self.max_workers:
-                        self._spawn(nursery, socket)
-                    reply = await self._answer(frame)
-                    try:
-                        await context.asend(reply)
-                    except pynng.NNGException as exc:
-                        log.debug("control reply not delivered: %s", exc)
-                    if self.idle >= self.idle_workers:
-                        return  # surplus after a burst: the pool shrinks back
+            while True:
+                if context is None:
+                    context = socket.new_context()
+                self.idle += 1
+                try:
+                    frame = await context.arecv()
+                except pynng.Closed:
+                    return
+                finally:
+                    self.idle -= 1
+                if self.idle < self.idle_workers and self.workers < self.max_workers:
+                    self._spawn(nursery, socket)
+                request = self._admit(frame)
+                if isinstance(request, bytes):
+                    reply = request
+                elif self._is_long_poll(*_method_params(request)):
+                    if self.long_polls < self.max_long_polls:
+                        self.long_polls += 1
+                        nursery.start_soon(self._long_poll, context, request)
+                        context = None  # the long poll answers on it; this worker goes on
+                        continue
+                    self.long_polls_refused += 1
+                    reply = encode(request.error("too-many-long-polls", self._refusal()))
+                else:
+                    reply = await self._dispatch(request)
+                await _send(context, reply)
+                if self.idle >= self.idle_workers:
+                    return  # surplus after a burst: the pool shrinks back
         finally:
             self.workers -= 1
+            if context is not None:
+                context.close()
 
-    async def _answer(self, frame: bytes) -> bytes:
+    async def _long_poll(self, context: pynng.Context, request: Envelope) -> None:
+        try:
+            with context:
+                await _send(context, await self._dispatch(request))
+        finally:
+            self.long_polls -= 1
+
+    def _refusal(self) -> str:
+        return (
+            f"{self.long_polls} long polls are already waiting on this supervisor (its limit); "
+            "wait for one to end, poll from fewer clients, or raise supervisor.max_long_polls in the spec"
+        )
+
+    def _admit(self, frame: bytes) -> Envelope | bytes:
+        """The request, or the encoded refusal of a frame that is not a valid one."""
         try:
             request = decode(frame, self.max_frame)
         except FrameError as exc:
@@ -111,11 +173,13 @@ class ControlServer:
         if request.token is None or not hmac.compare_digest(request.token, self._token):
             self.rejected += 1
             return encode(request.error("bad-token", "wrong or missing token for this supervisor"))
-        method = request.body.get("method")
-        params = request.body.get("params", {})
-        if not isinstance(method, str) or not isinstance(params, dict):
+        if not isinstance(request.body.get("method"), str) or not isinstance(request.body.get("params", {}), dict):
             self.rejected += 1
             return encode(request.error("bad-request", "body needs method: str and params: map"))
+        return request
+
+    async def _dispatch(self, request: Envelope) -> bytes:
+        method, params = _method_params(request)
         try:
             result = await self._handler(method, params)
         except ControlError as exc:
@@ -130,6 +194,22 @@ class ControlServer:
             return encode(request.error(exc.code, str(exc)))
 
 
+def _method_params(request: Envelope) -> tuple[str, dict[str, Any]]:
+    """Of a request ``_admit`` let through (method: str, params: map)."""
+    return str(request.body["method"]), dict(request.body.get("params", {}))
+
+
+def _never(method: str, params: dict[str, Any]) -> bool:
+    return False
+
+
+async def _send(context: pynng.Context, reply: bytes) -> None:
+    try:
+        await context.asend(reply)
+    except pynng.NNGException as exc:
+        log.debug("control reply not delivered: %s", exc)
+
+
 def _err(code: str, message: str) -> dict[str, Any]:
     return {"code": code, "message": message}
 
@@ -139,11 +219,13 @@ class SupervisorGone(CorralError, ConnectionError):
 
 
 class ControlClient:
-    """Synchronous client for the CLI: one Req0 socket, a deadline per call.
+    """The client end of the control API: one Req0 socket, a deadline per call.
 
-    Each call races the nng exchange against a pidfd of the supervisor, so a
-    supervisor that dies mid-call is reported at once instead of after the
-    deadline (nng's Req socket would otherwise wait to resend to a new peer).
+    ``acall`` is the exchange, awaited under asyncio or trio (anyio); ``call`` runs
+    it in a short trio loop for synchronous callers (the CLI). Each call races the
+    nng exchange against a pidfd of the supervisor, so a supervisor that dies
+    mid-call is reported at once instead of after the deadline (nng's Req socket
+    would otherwise wait to resend to a new peer).
     """
 
     def __init__(self, address: str, token: str, timeout: float = 10.0, pid: int | None = None) -> None:
@@ -157,13 +239,19 @@ class ControlClient:
         configure_socket(self._socket, DEFAULT_MAX_FRAME)
         try:
             self._socket.dial(address, block=True)
+            # Readable when a send can go (a pipe is up) / a reply is there.
+            self._send_fd: int = self._socket.send_fd
+            self._recv_fd: int = self._socket.recv_fd
         except pynng.NNGException as exc:
             self._socket.close()
             raise SupervisorGone(f"no supervisor answers at {address}: {exc}") from exc
 
     def call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
+        return trio.run(functools.partial(self.acall, method, timeout, **params))
+
+    async def acall(self, method: str, timeout: float | None = None, **params: Any) -> Any:
         request = Envelope(Kind.REQUEST, "cli", "supervisor", {"method": method, "params": params}, token=self._token)
-        reply = self.call_raw(encode(request), timeout)
+        reply = decode(await self._exchange(encode(request), self.timeout if timeout is None else timeout))
         if reply.kind is Kind.ERROR:
             raise ControlError(str(reply.body.get("code")), str(reply.body.get("message")))
         if reply.corr_id != request.msg_id:
@@ -179,48 +267,63 @@ class ControlClient:
         try:
             return await self._race(frame, timeout)
         except BaseExceptionGroup as group:
-            # Callers catch SupervisorGone / DeadlineExceeded, not trio's group.
+            # Callers catch SupervisorGone / DeadlineExceeded, not a task group's group.
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from None
             raise
 
     async def _race(self, frame: bytes, timeout: float) -> bytes:
-        answer: list[bytes] = []
-        async with trio.open_nursery() as nursery:
-
-            async def talk() -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._watch)  # its SupervisorGone cancels the exchange
+            with anyio.move_on_after(timeout) as deadline:
                 try:
-                    await self._socket.asend(frame)
-                    answer.append(await self._socket.arecv())
+                    answer = await self._talk(frame)
                 except pynng.NNGException as exc:
-                    # The pipe can drop (ECONNSHUT) a moment before the pidfd turns
-                    # readable; both mean the same thing to the caller.
                     raise SupervisorGone(f"lost the connection to the supervisor: {exc}") from exc
-                nursery.cancel_scope.cancel()
-
-            async def watch() -> None:
-                if self.pid is None:
-                    return
-                try:
-                    fd = os.pidfd_open(self.pid)
-                except ProcessLookupError:
-                    raise SupervisorGone(f"the supervisor (pid {self.pid}) is gone") from None
-                try:
-                    await trio.lowlevel.wait_readable(fd)
-                finally:
-                    trio.lowlevel.notify_closing(fd)
-                    os.close(fd)
-                raise SupervisorGone(f"the supervisor (pid {self.pid}) exited before answering")
-
-            nursery.start_soon(talk)
-            nursery.start_soon(watch)
-            with trio.move_on_after(timeout) as scope:
-                await trio.sleep_forever()
-            if scope.cancelled_caught:
+                group.cancel_scope.cancel()  # answered: stop watching
+            if deadline.cancelled_caught:
                 raise DeadlineExceeded(f"supervisor at {self.address} did not answer within {timeout}s")
-        return answer[0]
+        return answer
+
+    async def _talk(self, frame: bytes) -> bytes:
+        """Send and receive with nng's non-blocking calls, woken by its pollable
+        descriptors through anyio: a cancelled wait leaves nothing half done under
+        either loop. (pynng's own awaitables, on asyncio, end a cancellation with a
+        bare CancelledError that anyio's deadlines do not recognise as theirs.) A
+        request cut short is superseded by the next one: a Req socket drops the
+        late reply to an abandoned request."""
+        while True:
+            try:
+                self._socket.send(frame, block=False)
+                break
+            except pynng.TryAgain:  # no pipe to the supervisor yet (or any more)
+                await anyio.wait_readable(self._send_fd)
+        while True:
+            await anyio.wait_readable(self._recv_fd)
+            try:
+                answer: bytes = self._socket.recv(block=False)
+                return answer
+            except pynng.TryAgain:
+                continue
+
+    async def _watch(self) -> None:
+        """Raise ``SupervisorGone`` once the supervisor's process has exited."""
+        if self.pid is None:
+            return
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            raise SupervisorGone(f"the supervisor (pid {self.pid}) is gone") from None
+        try:
+            await anyio.wait_readable(fd)
+        finally:
+            anyio.notify_closing(fd)
+            os.close(fd)
+        raise SupervisorGone(f"the supervisor (pid {self.pid}) exited before answering")
 
     def close(self) -> None:
+        """Not while a call of another task or thread is in flight: that call would
+        wait out its deadline (or the supervisor's exit) instead of failing at once."""
         self._socket.close()
 
     def __enter__(self) -> ControlClient:

@@ -18,6 +18,7 @@ When the writer's queue stays full (the peer stopped reading) a send gives up wi
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -177,6 +178,8 @@ class Listener:
             else:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(where)  # a literal path or loopback address: nothing to resolve
+            # The socket file this listener made, by identity: close() removes only it.
+            self._made = _identity(self._path) if self._path is not None else None
             sock.listen(1)
             sock.setblocking(False)
         except BaseException:
@@ -207,8 +210,17 @@ class Listener:
         self._closed = True
         trio.lowlevel.notify_closing(self.sock)
         self.sock.close()
-        if self._path is not None:
+        # Not another's file at the same name (a new home made at this path).
+        if self._path is not None and self._made is not None and _identity(self._path) == self._made:
             self._path.unlink(missing_ok=True)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
 
 
 async def dial(address: str, hard_limit: int) -> Link:

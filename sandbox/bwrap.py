@@ -9,16 +9,18 @@ running anything. Whether a launch is sandboxed at all is decided by
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.sandbox.control_paths import ControlPathError, sandbox_entries
+from corral.sandbox.control_paths import ControlPathError, SandboxEntries, sandbox_entries
 
 #: Host directories every sandbox sees read-only (when they exist on this host).
 SYSTEM_RO_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
@@ -128,13 +130,30 @@ class SandboxProfile:
     hide: tuple[str, ...] = (".corral",)
     ro_subdirs: tuple[str, ...] = (".git",)
     #: Absolute directories never visible inside, whatever their name or place: corral's
-    #: home (the ledger, the endpoint file with its token, the sockets, the logs).
+    #: home (the ledger, the endpoint file with its token, the sockets, the logs),
+    #: in the project or in any other tree the sandbox sees (the virtualenv, /usr...).
     masked: tuple[Path, ...] = ()
+    #: Absolute paths in the project re-bound read-only, beyond the deny list: the git
+    #: control entries at launch and every other name (hard link) of a file in one
+    #: (sandbox/tree_guard.py; the launch handshake fills this in).
+    read_only: tuple[Path, ...] = ()
+    #: When set, the project root is bound read-only and only these absolute paths in
+    #: it are bound read-write over it (an intent contract's path scope,
+    #: supervisor/intent_scope.py); the read-only binds and masks still cover them.
+    writable: tuple[Path, ...] | None = None
     network: bool = False
     rlimits: Rlimits | None = None
     mode: SandboxMode = SandboxMode.REQUIRED
     extra_ro: tuple[Path, ...] = field(default=())
     bwrap: str | None = None
+    #: A directory of the launcher's own that the sandbox never sees, for what the
+    #: launcher keeps about a launch while its command runs (the tree guard's record:
+    #: sandbox/guard_record.py). None: see private_dir.
+    state_dir: Path | None = None
+    #: The deny list's entries of the project (control_paths.sandbox_entries), when the
+    #: launcher already walked it: the launch handshake walks the tree once for these
+    #: and the tree guard's snapshot. None: build_bwrap_argv walks the project itself.
+    entries: SandboxEntries | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         root = Path(self.project_root)
@@ -161,21 +180,49 @@ class SandboxProfile:
             if not path.is_absolute():
                 raise SandboxProfileError(f"masked path must be absolute: {path}")
         object.__setattr__(self, "masked", masked)
+        read_only = tuple(Path(p) for p in self.read_only)
+        for path in read_only:
+            if not path.is_absolute():
+                raise SandboxProfileError(f"read-only path must be absolute: {path}")
+        object.__setattr__(self, "read_only", read_only)
+        if self.state_dir is not None:
+            if not Path(self.state_dir).is_absolute():
+                raise SandboxProfileError(f"state directory must be absolute: {self.state_dir}")
+            object.__setattr__(self, "state_dir", Path(self.state_dir))
+
+    def private_dir(self) -> Path | None:
+        """Where the launcher may keep what the command inside must never see or
+        change: ``state_dir``, else the first masked directory that is the caller's own
+        and private (mode 0700): corral's home, which the supervisor masks first
+        (supervisor/session_service.py) and keeps 0700 (supervisor/home.py). None when
+        there is no such place. Whether it is really hidden inside: hidden_inside."""
+        if self.state_dir is not None:
+            return self.state_dir
+        for path in self.masked:
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) == 0o700:
+                return path.resolve()
+        return None
+
+    def hidden_inside(self, path: Path) -> bool:
+        """Whether the sandbox can never see ``path``: it lies in a masked directory,
+        or in no tree the sandbox binds (judged after resolving symlinks)."""
+        real = path.resolve()
+        if any(_is_under(real, masked.resolve()) for masked in self.masked if masked.resolve().is_dir()):
+            return True
+        return not any(_is_under(real, tree) for tree in _visible_trees(self))
+
+    def with_entries(self, entries: SandboxEntries) -> SandboxProfile:
+        return dataclasses.replace(self, entries=entries)
 
     def with_extra_ro(self, paths: Sequence[Path]) -> SandboxProfile:
-        merged = tuple(dict.fromkeys((*self.extra_ro, *paths)))
-        return SandboxProfile(
-            project_root=self.project_root,
-            rw=self.rw,
-            hide=self.hide,
-            ro_subdirs=self.ro_subdirs,
-            network=self.network,
-            rlimits=self.rlimits,
-            mode=self.mode,
-            extra_ro=merged,
-            bwrap=self.bwrap,
-            masked=self.masked,
-        )
+        return dataclasses.replace(self, extra_ro=tuple(dict.fromkeys((*self.extra_ro, *paths))))
+
+    def with_read_only(self, paths: Sequence[Path]) -> SandboxProfile:
+        return dataclasses.replace(self, read_only=tuple(dict.fromkeys((*self.read_only, *paths))))
 
 
 def find_bwrap(executable: str | None = None) -> str | None:
@@ -293,7 +340,8 @@ def build_bwrap_argv(
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--tmpfs", SANDBOX_TMP, "--tmpfs", SANDBOX_HOME]
 
-    argv += ["--bind" if profile.rw else "--ro-bind", str(root), str(root)]
+    argv += ["--bind" if profile.rw and profile.writable is None else "--ro-bind", str(root), str(root)]
+    argv += _writable_binds(profile)
 
     system = tuple(Path(d) for d in SYSTEM_RO_DIRS)
     for extra in profile.extra_ro:
@@ -303,6 +351,7 @@ def build_bwrap_argv(
         if real.exists():
             # After the project bind, so a runtime inside the project is read-only too.
             argv += ["--ro-bind", str(real), str(real)]
+    argv += _read_only_binds(profile)
 
     for name in profile.hide:
         hidden = _checked_entry(root, name)
@@ -323,12 +372,50 @@ def build_bwrap_argv(
     return argv
 
 
+def _writable_binds(profile: SandboxProfile) -> list[str]:
+    """The scope's paths, read-write over the read-only root (before every read-only
+    bind and mask, which still cover them). A symlink, a path gone or one outside the
+    project is left read-only: fail closed."""
+    root = profile.project_root
+    argv: list[str] = []
+    for path in profile.writable or ():
+        if path.is_symlink() or not path.exists() or not _is_under(path.resolve(), root):
+            continue
+        argv += ["--bind", str(path), str(path)]
+    return argv
+
+
+def _read_only_binds(profile: SandboxProfile) -> list[str]:
+    """Before the deny list's mounts, so a secret or hidden entry inside one of these
+    is still masked over it."""
+    root = profile.project_root
+    argv: list[str] = []
+    for path in profile.read_only:
+        # A symlink (swapped in since the walk) would bind its target; a path gone or
+        # outside the project has nothing to protect in it.
+        if path.is_symlink() or not path.exists() or not _is_under(path.resolve(), root):
+            continue
+        argv += ["--ro-bind", str(path), str(path)]
+    return argv
+
+
+def _visible_trees(profile: SandboxProfile) -> list[Path]:
+    """The host trees bound into the sandbox, resolved: where a home could be seen."""
+    trees = [profile.project_root]
+    for directory in (*SYSTEM_RO_DIRS, *(f"/etc/{name}" for name in ETC_ALLOW)):
+        path = Path(directory)
+        if path.exists():
+            trees.append(path.resolve())
+    trees += [extra.resolve() for extra in profile.extra_ro]
+    return trees
+
+
 def _control_mounts(profile: SandboxProfile) -> list[str]:
     """The one deny list (corral.sandbox.control_paths) at any depth of the project,
-    then the masked directories (the home), wherever they lie under it."""
+    then the masked directories (the home), wherever the sandbox would see them."""
     root = profile.project_root
     try:
-        read_only, hidden, secrets = sandbox_entries(root)
+        read_only, hidden, secrets = profile.entries if profile.entries is not None else sandbox_entries(root)
     except ControlPathError as exc:
         raise SandboxProfileError(str(exc)) from None
     argv: list[str] = []
@@ -343,8 +430,14 @@ def _control_mounts(profile: SandboxProfile) -> list[str]:
             argv += ["--tmpfs", str(path), "--remount-ro", str(path)]
         else:
             argv += ["--ro-bind", "/dev/null", str(path)]
+    visible = _visible_trees(profile)
     for masked in profile.masked:
         real = masked.resolve()
-        if _is_under(real, root) and real.is_dir():
+        # Wherever it lies in a tree the sandbox sees (the project, the virtualenv, the
+        # corral package, /usr/local/share...): an empty read-only tmpfs over it. Last,
+        # so it covers every bind of its tree.
+        if real.is_dir() and any(_is_under(real, tree) for tree in visible):
             argv += ["--tmpfs", str(real), "--remount-ro", str(real)]
+        elif real.is_file() and _is_under(real, root):
+            argv += ["--ro-bind", "/dev/null", str(real)]  # a masked file (a scope's exclusion): bound empty
     return argv

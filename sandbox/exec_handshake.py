@@ -10,6 +10,7 @@ down and then waits. The *parent side*, :func:`launch_with_handshake`, drives it
                                              NO_NEW_PRIVS, drop all caps, rlimits
     rep pipe  :                       <---   SANDBOX_READY <n>   (or SANDBOX_FAILED)
     await on_ready(info)   (the caller commits its durable launch record here)
+    (sandboxed) the tree guard's snapshot, fsync'd (sandbox/guard_record.py)
     ctl pipe  : COMMIT_EXEC <n>       --->   verify, mark rep close-on-exec
     rep pipe  :                       <---   EXEC_ATTEMPT
                                              execve(target)
@@ -28,8 +29,10 @@ PDEATHSIG fires; either way the trampoline exits without executing anything.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
+import functools
 import hmac
 import json
 import os
@@ -56,11 +59,15 @@ if TYPE_CHECKING or __name__ != "__main__":
     from .bwrap import (
         LaunchMode,
         SandboxProfile,
+        SandboxProfileError,
         SandboxUnavailable,
         build_bwrap_argv,
         find_bwrap,
         resolve_launch_mode,
     )
+    from .control_paths import ControlPathError, SandboxEntries, sandbox_entries
+    from .guard_record import GuardRecord, guard_dir, process_identity, recover
+    from .tree_guard import GuardReport, Snapshot, snapshot
 
 #: This file; the trampoline is ``python -I -B <TRAMPOLINE_PATH>`` (equivalent to
 #: ``python -m corral.sandbox.exec_handshake`` but without importing the package,
@@ -412,6 +419,15 @@ class LaunchedProcess:
         self._exit_code: int | None = None
         self.exec_established = False
         self._closed = False
+        #: The project's git control entries at launch (sandboxed launches only), and
+        #: what the check after the tree's death removed: see sandbox/tree_guard.py.
+        self.guard: Snapshot | None = None
+        self.guard_report: GuardReport | None = None
+        #: The snapshot on disk while the command runs (sandbox/guard_record.py): if
+        #: this process dies first, the next launch runs the check.
+        self._guard_record: GuardRecord | None = None
+        self._commit_sent = False
+        self._guard_final = False
 
     # -- identification (launch_with_handshake fills these in) -------------------------
 
@@ -465,6 +481,13 @@ class LaunchedProcess:
         if pgid != pid:
             raise HandshakeError("trampoline does not lead its own process group")
         self.pid, self.pgid = pid, pgid
+
+    def _sandbox_pids(self) -> list[int]:
+        """The sandbox's pid 1 and the target, as host pids (those known)."""
+        pids = [self.pid] if self.pid is not None else []
+        if self._ns_init_fd is not None:
+            pids.insert(0, self._pid_of(self._ns_init_fd))
+        return pids
 
     @staticmethod
     def _pid_of(pidfd: int) -> int:
@@ -602,9 +625,24 @@ class LaunchedProcess:
             # else: bwrap died before reporting its pid 1, so it never got far enough
             # to run anything, or --die-with-parent is already taking pid 1 down.
             self._popen.wait()
+            await self._check_tree(final=True)
             return True
         self._kill_direct()
+        await self._check_tree(final=False)
         return False
+
+    async def _check_tree(self, *, final: bool) -> None:
+        """What the target may have left: git control entries it created or changed
+        are removed (``guard_report`` says which). Once the tree is confirmed dead the
+        check is final; before that (a tree that would not die) it is done anyway,
+        and again at the next confirmation."""
+        if self.guard is None or not self._commit_sent or self._guard_final:
+            return
+        report = await trio.to_thread.run_sync(self.guard.enforce)
+        self.guard_report = report if self.guard_report is None else self.guard_report.merged(report)
+        self._guard_final = final
+        if final and self._guard_record is not None:
+            await trio.to_thread.run_sync(self._guard_record.finish)
 
     async def abort(self) -> bool:
         """Kill and reap the whole tree; True when confirmed. Safe to call repeatedly."""
@@ -620,6 +658,11 @@ class LaunchedProcess:
         if self._closed:
             return
         self._closed = True
+        if self._guard_record is not None:
+            if self._commit_sent:
+                self._guard_record.release()  # finished already, unless the check never became final
+            else:
+                self._guard_record.finish()  # the target never ran: nothing to check
         fds = {self._pidfd, self._ns_init_fd, self._target_fd}
         for fd in fds:
             if fd is not None:
@@ -734,6 +777,41 @@ def build_trampoline_argv(
     return argv
 
 
+def _records_dir(profile: SandboxProfile) -> Path | None:
+    """Where this launch's snapshot is kept while its command runs: in the launcher's
+    private directory (corral's home), which the sandbox must never see. None when
+    the profile names none (a bare SandboxProfile: the check then runs only in
+    this process)."""
+    private = profile.private_dir()
+    if private is None:
+        return None
+    if not profile.hidden_inside(private):
+        raise SandboxProfileError(f"the launcher's state directory {private} would be visible inside the sandbox")
+    try:
+        return guard_dir(private)
+    except OSError as exc:
+        raise LaunchError(f"cannot use {private} for the sandbox's records: {exc.strerror or exc}") from None
+
+
+def _prepare_guard(root: Path, profile: SandboxProfile) -> tuple[Snapshot, SandboxEntries, Path | None]:
+    """Before a sandboxed launch (off the trio thread): the check of every earlier
+    launch whose launcher died (it must run before this snapshot, or what it would
+    remove would count as existing), then one walk of the project for both the
+    snapshot and the sandbox's deny list; and where the snapshot is kept."""
+    records = _records_dir(profile)
+    if records is not None:
+        try:
+            recover(records)
+        except OSError as exc:
+            raise LaunchError(f"cannot check the sandbox's records in {records}: {exc.strerror or exc}") from None
+    guard = snapshot(root, profile.masked, scan=True)
+    entries = sandbox_entries(root, guard.scan)
+    # The scan lists every file of the project: not kept for the command's lifetime.
+    # What the check takes is moved to the home's quarantine (sandbox/guard_removal.py).
+    home = records.parent if records is not None else None
+    return dataclasses.replace(guard, scan=None, home=home), entries, records
+
+
 def _close_quietly(*fds: int) -> None:
     for fd in fds:
         try:
@@ -802,9 +880,24 @@ async def launch_with_handshake(
             rlimits=rlimits,
             trampoline=trampoline,
         )
+        guard: Snapshot | None = None
+        records: Path | None = None
         if mode is LaunchMode.SANDBOXED:
+            # The project's git control entries now: read-only inside (with every other
+            # name of their files), and what is new after the command is removed. The
+            # walks run off the trio thread.
             sandbox = profile.with_extra_ro(trampoline_runtime_paths())
-            full = build_bwrap_argv(sandbox, tramp, cwd, info_fd=info_w)
+            try:
+                taken, entries, records = await trio.to_thread.run_sync(_prepare_guard, root, sandbox)
+            except ControlPathError as exc:
+                raise SandboxProfileError(str(exc)) from None
+            except OSError as exc:
+                raise LaunchError(f"cannot walk the project {root}: {exc.strerror or exc}") from None
+            guard = taken
+            sandbox = sandbox.with_read_only(taken.protect).with_entries(entries)
+            full = await trio.to_thread.run_sync(
+                functools.partial(build_bwrap_argv, sandbox, tramp, cwd, info_fd=info_w)
+            )
         else:
             full = tramp
         child_env = dict(env) if env is not None else default_env(
@@ -834,6 +927,7 @@ async def launch_with_handshake(
     _close_quietly(*child_fds)
 
     proc = LaunchedProcess(popen, mode, argv, cwd)
+    proc.guard = guard
     rep = _LineReader(rep_r)
     ctl_open = True
     try:
@@ -880,6 +974,17 @@ async def launch_with_handshake(
             raise HandshakeError("report channel closed before COMMIT_EXEC")
         if state == "data":
             raise HandshakeError("unexpected message before COMMIT_EXEC")
+        if guard is not None and records is not None:
+            # Durable before the target may run: if this process dies while it runs,
+            # the next launch runs the check after it (sandbox/guard_record.py).
+            processes = [proc.direct_pid, *proc._sandbox_pids()]
+            identities = [found for pid in processes if (found := process_identity(pid)) is not None]
+            try:
+                proc._guard_record = await trio.to_thread.run_sync(GuardRecord.write, records, guard, identities)
+            except OSError as exc:
+                raise LaunchError(f"cannot record the project's snapshot in {records}: {exc.strerror or exc}") from None
+        # From here on the target may run: the tree is checked after it ends.
+        proc._commit_sent = True
         try:
             _write_line(ctl_w, f"{MSG_COMMIT} {nonce}")
         except BrokenPipeError:

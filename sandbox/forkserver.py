@@ -6,6 +6,10 @@ so fork is safe) costs a few ms. The supervisor talks to it over a SOCK_SEQPACKE
 pair: spawn requests in, ``spawned`` (with a pidfd passed by SCM_RIGHTS, opened
 before the child can be reaped, so pid reuse cannot fool anyone) and ``exited``
 reports out. It dies with the supervisor (PDEATHSIG), and its children die with it.
+
+It is watched like an actor: ``ready`` once it serves, then a ``pong`` for every
+``ping``. One that stops answering (stopped, wedged) is killed and replaced by the
+supervisor (sandbox/launcher.py, supervisor/tree.py).
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ def serve(sock: socket.socket, supervisor_pid: int) -> None:
     gc.freeze()
     init = msgpack.unpackb(sock.recv(MAX_MESSAGE), raw=False)
     init["forkserver_pid"] = os.getpid()
+    _send(sock, {"op": "ready"})
 
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -99,6 +104,9 @@ def serve(sock: socket.socket, supervisor_pid: int) -> None:
             request = msgpack.unpackb(data, raw=False)
             if request.get("op") == "exit":
                 return
+            if request.get("op") == "ping":
+                _answer(sock, {"op": "pong"})
+                continue
             _spawn(sock, wake_r, wake_w, request, init)
         _reap(sock)
 
@@ -116,6 +124,15 @@ def _spawn(sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any
         _send(sock, {"op": "spawned", "spawn_id": request["spawn_id"], "pid": pid}, [pidfd])
     finally:
         os.close(pidfd)
+
+
+def _answer(sock: socket.socket, message: dict[str, Any]) -> None:
+    """A reply the supervisor may no longer read (it is replacing this process)."""
+    try:
+        _send(sock, message)
+    except OSError as exc:
+        if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.EAGAIN):
+            raise
 
 
 def _drain(fd: int) -> None:

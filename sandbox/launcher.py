@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import logging
 import os
 import signal
 import socket
@@ -26,6 +27,8 @@ import trio
 from corral.sandbox import child_setup
 
 MAX_MESSAGE = 1024 * 1024
+
+_log = logging.getLogger("corral.launcher")
 
 
 class LaunchMode(enum.StrEnum):
@@ -47,6 +50,9 @@ REAPED_REPORT_S = 10.0
 #: The exit code of an actor that died while nobody could tell how (never 0, so
 #: a transient actor is restarted: a clean exit was not proven).
 EXIT_UNKNOWN = -255
+#: The exit code of an actor that died because its fork server was replaced (it
+#: dies with it): not the actor's own crash, so its group does not count it.
+EXIT_FORKSERVER_LOST = -254
 
 
 def _zombie_exit_code(pid: int) -> int | None:
@@ -136,89 +142,196 @@ class ActorProcess:
             os.close(self.pidfd)
 
 
+class _Lost:
+    """The answer to a spawn whose fork server went away first: try the next one."""
+
+
+_LOST = _Lost()
+
+
+class _ForkServer:
+    """One fork server process, its socket, and what it owes the supervisor."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
+        self.proc = proc
+        self.sock = sock
+        self.pending: dict[int, tuple[trio.Event, list[Any]]] = {}
+        self.by_pid: dict[int, ActorProcess] = {}
+        self.early_exits: dict[int, int] = {}
+        self.started = trio.current_time()
+        #: Whether it said it serves (imports done, init taken).
+        self.ready = False
+        #: trio time of the last word from it (a pong, a report).
+        self.last_answer = self.started
+        self.gone = trio.Event()
+
+
 class ForkServerLauncher:
+    """Forks actors from a fork server, and replaces the fork server when it dies or
+    stops answering (``replace``: the supervision tree watches it like an actor).
+    Its actors die with it (PDEATHSIG); they are reported with
+    ``EXIT_FORKSERVER_LOST`` and started again from the new one."""
+
     mode = LaunchMode.FORKSERVER
 
     def __init__(self, token: str, log_path: Path) -> None:
         self._token = token
         self._log_path = log_path
-        self._sock: socket.socket | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
         self._spawn_ids = itertools.count(1)
-        self._pending: dict[int, tuple[trio.Event, list[Any]]] = {}
-        self._by_pid: dict[int, ActorProcess] = {}
-        self._early_exits: dict[int, int] = {}
         self._lock = trio.Lock()
-        self.forkserver_pid: int | None = None
+        self._server: _ForkServer | None = None
+        #: Set while a fork server serves; a fresh one while it is being replaced.
+        self._serving = trio.Event()
+        self._scope: trio.CancelScope | None = None
+        self._replace_reason = ""
+        #: Why new actors cannot start right now (the tree sets it), or "".
+        self.degraded = ""
+        #: Fork servers started after the first.
+        self.replacements = 0
+
+    @property
+    def forkserver_pid(self) -> int | None:
+        return self._server.proc.pid if self._server is not None else None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start the fork server and pump its reports until cancelled."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        log = open(self._log_path, "ab")  # noqa: SIM115 - owned by the fork server
-        try:
-            # Popen from the trio thread: PDEATHSIG follows the thread that forked,
-            # and this thread lives as long as the supervisor.
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "corral.sandbox.forkserver", str(theirs.fileno()), str(os.getpid())],
-                pass_fds=[theirs.fileno()],
-                env=child_setup.scrubbed_env(os.environ),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-            )
-            theirs.close()
-            self.forkserver_pid = self._proc.pid
-            ours.send(msgpack.packb({"token": self._token}, use_bin_type=True))
-            ours.setblocking(False)
-            self._sock = ours
-            task_status.started()
-            await self._pump(ours)
-        finally:
-            log.close()
-            with trio.CancelScope(shield=True):
-                await self._stop_forkserver(ours)
+        """Start the fork server and pump its reports until cancelled; one that
+        exits, or is replaced, is followed by a new one."""
+        first = True
+        failures = 0
+        while True:
+            server = self._start()
+            self._server = server
+            self._replace_reason = ""
+            why = ""
+            try:
+                with trio.CancelScope() as scope:
+                    self._scope = scope
+                    if first:
+                        task_status.started()
+                        first = False
+                    why = await self._pump(server)
+                why = self._replace_reason or why
+            finally:
+                self._scope = None
+                self._server = None
+                self._serving = trio.Event()
+                with trio.CancelScope(shield=True):
+                    await self._retire(server)
+            self.replacements += 1
+            _log.error("the fork server (pid %d) %s; starting a new one", server.proc.pid, why)
+            # A fork server that dies as it starts is not restarted in a tight loop.
+            failures = failures + 1 if trio.current_time() - server.started < LAUNCH_TIMEOUT_S else 0
+            await trio.sleep(min(5.0, 0.1 * (2 ** min(failures, 6))) if failures > 1 else 0)
 
-    async def _stop_forkserver(self, sock: socket.socket) -> None:
+    def _start(self) -> _ForkServer:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with open(self._log_path, "ab") as log:
+            try:
+                # Popen from the trio thread: PDEATHSIG follows the thread that forked,
+                # and this thread lives as long as the supervisor.
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "corral.sandbox.forkserver", str(theirs.fileno()), str(os.getpid())],
+                    pass_fds=[theirs.fileno()],
+                    env=child_setup.scrubbed_env(os.environ),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                )
+            finally:
+                theirs.close()
+        ours.send(msgpack.packb({"token": self._token}, use_bin_type=True))
+        ours.setblocking(False)
+        server = _ForkServer(proc, ours)
+        self._serving.set()
+        return server
+
+    def replace(self, reason: str) -> None:
+        """Stop the current fork server (it does not answer) and start a new one."""
+        if self._scope is not None and not self._replace_reason:
+            self._replace_reason = reason
+            self._scope.cancel()
+
+    def probe(self) -> None:
+        """Ask the fork server for a sign of life; its ``pong`` moves ``silence``."""
+        server = self._server
+        if server is None:
+            return
         try:
-            sock.send(msgpack.packb({"op": "exit"}))
+            server.sock.send(msgpack.packb({"op": "ping"}))
+        except OSError:
+            pass  # a full socket is a fork server that does not read: its silence tells
+
+    def silence(self) -> float | None:
+        """Seconds since the fork server last answered; None while one is starting
+        (its imports may take a while), unless that start took past the launch timeout."""
+        server = self._server
+        if server is None:
+            return None
+        now = trio.current_time()
+        if not server.ready:
+            late = now - server.started - LAUNCH_TIMEOUT_S
+            return late if late > 0 else None
+        return now - server.last_answer
+
+    async def _retire(self, server: _ForkServer) -> None:
+        """Stop a fork server (ask, then SIGKILL) and reap it. Its actors die with
+        it: their exits are reported as lost with it, and spawns still waiting on it
+        go to the next one."""
+        for proc in list(server.by_pid.values()):
+            proc.set_exit_code(EXIT_FORKSERVER_LOST)
+        server.by_pid.clear()
+        for done, answer in server.pending.values():
+            answer.append(_LOST)
+            done.set()
+        server.pending.clear()
+        server.gone.set()
+        try:
+            server.sock.send(msgpack.packb({"op": "exit"}))
         except OSError:
             pass
-        trio.lowlevel.notify_closing(sock)
-        sock.close()
-        if self._proc is not None:
+        trio.lowlevel.notify_closing(server.sock)
+        server.sock.close()
+        if not self._replace_reason:
             with trio.move_on_after(2):
-                while self._proc.poll() is None:
+                while server.proc.poll() is None:
                     await trio.sleep(0.01)
-            if self._proc.poll() is None:
-                self._proc.kill()
-                self._proc.wait()
+        if server.proc.poll() is None:
+            server.proc.kill()  # SIGKILL ends a stopped process too
+            server.proc.wait()
 
-    async def _pump(self, sock: socket.socket) -> None:
+    async def _pump(self, server: _ForkServer) -> str:
+        """Its reports, until it closes its end; returns why it stopped."""
+        sock = server.sock
         while True:
             await trio.lowlevel.wait_readable(sock)
             try:
                 data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 4)
             except BlockingIOError:
                 continue
+            except OSError as exc:
+                return f"broke its socket ({exc.strerror})"
             if not data:
-                raise LaunchError("the fork server exited")
+                return "exited"
+            server.last_answer = trio.current_time()
             message = msgpack.unpackb(data, raw=False)
             op = message.get("op")
-            if op == "spawned":
-                self._resolve(message["spawn_id"], (message["pid"], fds[0]))
+            if op == "ready":
+                server.ready = True
+            elif op == "spawned":
+                self._resolve(server, message["spawn_id"], (message["pid"], fds[0]))
             elif op == "spawn-failed":
-                self._resolve(message["spawn_id"], LaunchError(message["error"]))
+                self._resolve(server, message["spawn_id"], LaunchError(message["error"]))
             elif op == "exited":
-                proc = self._by_pid.pop(message["pid"], None)
+                proc = server.by_pid.pop(message["pid"], None)
                 if proc is None:
-                    self._early_exits[message["pid"]] = message["code"]
+                    server.early_exits[message["pid"]] = message["code"]
                 else:
                     proc.set_exit_code(message["code"])
             for fd in fds[1:] if op == "spawned" else fds:
                 os.close(fd)
 
-    def _resolve(self, spawn_id: int, value: Any) -> None:
-        waiter = self._pending.pop(spawn_id, None)
+    def _resolve(self, server: _ForkServer, spawn_id: int, value: Any) -> None:
+        waiter = server.pending.pop(spawn_id, None)
         if waiter is None:
             if isinstance(value, tuple):
                 # A spawn its requester gave up on: it must not run unsupervised.
@@ -232,51 +345,82 @@ class ForkServerLauncher:
         waiter[0].set()
 
     async def launch(self, request: LaunchRequest) -> ActorProcess:
-        if self._sock is None:
-            raise LaunchError("fork server is not running")
-        spawn_id = next(self._spawn_ids)
-        done = trio.Event()
-        slot: list[Any] = []
-        self._pending[spawn_id] = (done, slot)
         message = {
             "op": "spawn",
-            "spawn_id": spawn_id,
             "actor_id": request.actor_id,
             "config": request.config,
             "env": child_setup.scrubbed_env(os.environ, request.env_extra),
             "log_path": str(request.log_path),
             "rlimits": request.rlimits,
         }
-        async with self._lock:
-            await trio.lowlevel.wait_writable(self._sock)
-            self._sock.send(msgpack.packb(message, use_bin_type=True))
+        server: _ForkServer | None = None
+        spawn_id = 0
+        value: Any = _LOST
         with trio.move_on_after(LAUNCH_TIMEOUT_S):
-            await done.wait()
-        if not done.is_set():
-            # Forget it: if the fork server forks it later, _resolve kills it.
-            self._pending.pop(spawn_id, None)
+            while value is _LOST:
+                await self._serving.wait()
+                server = self._server
+                if server is None:
+                    await trio.sleep(0)  # between two fork servers
+                    continue
+                spawn_id = next(self._spawn_ids)
+                value = await self._spawn_on(server, spawn_id, message)
+                if value is _LOST:
+                    await server.gone.wait()  # then ask the one that follows it
+        if value is _LOST or server is None:
+            if server is not None:
+                # Forget it: if the fork server forks it later, _resolve kills it.
+                server.pending.pop(spawn_id, None)
             raise LaunchError(f"the fork server did not start {request.actor_id} within {LAUNCH_TIMEOUT_S:.0f}s")
-        value = slot[0]
         if isinstance(value, Exception):
             raise value
         pid, pidfd = value
         proc = ActorProcess(pid, pidfd)
-        if pid in self._early_exits:
-            proc.set_exit_code(self._early_exits.pop(pid))
+        if pid in server.early_exits:
+            proc.set_exit_code(server.early_exits.pop(pid))
+        elif server.gone.is_set():
+            proc.set_exit_code(EXIT_FORKSERVER_LOST)  # forked just before its fork server went
         else:
-            self._by_pid[pid] = proc
+            server.by_pid[pid] = proc
         return proc
+
+    async def _spawn_on(self, server: _ForkServer, spawn_id: int, message: dict[str, Any]) -> Any:
+        done = trio.Event()
+        answer: list[Any] = []
+        server.pending[spawn_id] = (done, answer)
+        try:
+            async with self._lock:
+                await trio.lowlevel.wait_writable(server.sock)
+                server.sock.send(msgpack.packb({**message, "spawn_id": spawn_id}, use_bin_type=True))
+        except (OSError, trio.ClosedResourceError):
+            server.pending.pop(spawn_id, None)
+            return _LOST  # it went away under the request
+        await done.wait()
+        return answer[0]
 
 
 class ExecLauncher:
     """``python -m corral.actors``: a fresh interpreter per actor."""
 
     mode = LaunchMode.EXEC
+    #: No fork server here: nothing to watch, replace or report.
+    degraded = ""
+    replacements = 0
+    forkserver_pid: int | None = None
 
     def __init__(self, token: str, log_path: Path) -> None:
         self._token = token
         self._log_path = log_path
         self._nursery: trio.Nursery | None = None
+
+    def probe(self) -> None:
+        pass
+
+    def silence(self) -> float | None:
+        return None
+
+    def replace(self, reason: str) -> None:
+        pass
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -16,6 +15,7 @@ import psutil
 
 from corral import PROTOCOL_VERSION
 from corral.core.errors import CorralError
+from corral.supervisor.home_files import HomeFiles
 
 ENDPOINT = "endpoint.json"
 LOCK = "supervisor.lock"
@@ -81,6 +81,8 @@ class HomeLock:
         self.path = home / LOCK
         self._fd: int | None = None
         self._inode: tuple[int, int] | None = None
+        #: Writes and removals through the locked directory itself (home_files.py).
+        self.files: HomeFiles | None = None
 
     def acquire(self) -> None:
         fd = os.open(self.home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -92,11 +94,8 @@ class HomeLock:
             ) from None
         info = os.fstat(fd)
         self._fd, self._inode = fd, (info.st_dev, info.st_ino)
-        tmp = self.home / f".{LOCK}.{os.getpid()}"
-        with open(tmp, "w") as handle:
-            handle.write(str(os.getpid()))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, self.path)
+        self.files = HomeFiles(fd)
+        self.files.write(LOCK, str(os.getpid()).encode())
 
     def still_held(self) -> bool:
         """False once the home this lock was taken on is no longer at its path
@@ -109,8 +108,10 @@ class HomeLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+            if self.files is not None:
+                # Only the lock file this supervisor wrote, in the home it locked: a new
+                # home at the same path belongs to another supervisor.
+                self.files.remove(LOCK)
             os.close(self._fd)
             self._fd = None
 
@@ -148,17 +149,14 @@ def is_locked(home: Path) -> bool:
     return False
 
 
-def write_endpoint(home: Path, endpoint: Endpoint) -> None:
-    tmp = home / f".{ENDPOINT}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(asdict(endpoint), handle)
-    os.replace(tmp, home / ENDPOINT)
+def write_endpoint(files: HomeFiles, endpoint: Endpoint) -> None:
+    """Through the supervisor's own home directory (never a new home at its path)."""
+    files.write(ENDPOINT, json.dumps(asdict(endpoint)).encode())
 
 
-def remove_endpoint(home: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        (home / ENDPOINT).unlink()
+def remove_endpoint(files: HomeFiles) -> None:
+    """Only the endpoint this supervisor wrote."""
+    files.remove(ENDPOINT)
 
 
 def read_endpoint(home: Path) -> Endpoint:
@@ -183,7 +181,7 @@ def read_endpoint(home: Path) -> Endpoint:
     return endpoint
 
 
-def heartbeat_endpoint(home: Path, endpoint: Endpoint) -> Endpoint:
+def heartbeat_endpoint(files: HomeFiles, endpoint: Endpoint) -> Endpoint:
     fresh = Endpoint(**{**asdict(endpoint), "heartbeat": time.time()})
-    write_endpoint(home, fresh)
+    write_endpoint(files, fresh)
     return fresh

@@ -8,13 +8,23 @@ transaction first locks that row ``FOR SHARE`` and checks the epoch: a node that
 another node has fenced (by taking the partition over, which bumps the epoch
 ``FOR UPDATE``) cannot commit anything more, however late it wakes up. The row
 lock orders the two: a write either commits before the takeover, which then
-sees it, or finds the new epoch and rolls back.
+sees it, or finds the new epoch and rolls back. A node's writes also need its
+lease to be live: one that lapsed (its renewals failed) is renewed first, or the
+node finds itself fenced.
+
+The database may go away (a restart, a terminated backend, refused connections)
+and come back: see supervisor/ledger_link.py. Every write transaction of a node
+also sets a commit marker (``corral_meta.commit_seq``), so that after a lost
+connection the ledger can tell whether a COMMIT whose answer never came landed,
+and whether commits it was told of were lost.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
@@ -24,13 +34,30 @@ from urllib.parse import urlsplit, urlunsplit
 from corral.core.errors import CorralError
 from corral.supervisor.errors import SupervisorError
 from corral.supervisor.ledger import Ledger, LedgerError, split_sql
+from corral.supervisor.ledger_link import Backoff, LedgerUnavailable, connection_lost
 from corral.supervisor.read_cache import ReadCache
 from corral.supervisor.schema import MIGRATIONS
 from corral.supervisor.sql_dialect import REFUSE_FUNCTION, statement_to_postgres, to_postgres
 
+log = logging.getLogger("corral.ledger")
+
 CLUSTER_SCHEMA = "corral_cluster"
 #: What the fence raises when a writer's epoch is stale (a class of our own).
 FENCE_SQLSTATE = "CF001"
+#: What it raises when the writer's lease lapsed (nobody took it over yet).
+LAPSED_SQLSTATE = "CF002"
+#: A COMMIT whose answer was lost: how long the writer tries to learn, there and
+#: then, whether it landed (a restart is back within this), before it leaves the
+#: question to the reconnection.
+IN_DOUBT_WAIT_S = 3.0
+#: A reconnection attempt gives up after this (it runs in a worker thread).
+RECONNECT_TIMEOUT_S = 5
+#: A holder renews its lease; ``renew`` in supervisor/cluster.py and a writer whose
+#: lease is about to lapse use it (the row must still be this holder's epoch).
+RENEW_SQL = (
+    f"UPDATE {CLUSTER_SCHEMA}.partitions SET lease_until = clock_timestamp() + make_interval(secs => %s)"
+    " WHERE name = %s AND epoch = %s AND holder = %s RETURNING epoch"
+)
 PARTITION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
 
 CLUSTER_DDL = [
@@ -62,6 +89,16 @@ CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.partitions (
     adopted_at   TIMESTAMPTZ
 )
 """,
+    # The node whose partition this is asks for it back (supervisor/cluster.py). Only
+    # when missing: ALTER TABLE locks the table against every node's writes.
+    f"""
+DO $wanted$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = '{CLUSTER_SCHEMA}'
+                   AND table_name = 'partitions' AND column_name = 'wanted_by') THEN
+        ALTER TABLE {CLUSTER_SCHEMA}.partitions ADD COLUMN wanted_by TEXT;
+    END IF;
+END $wanted$
+""",
     f"""
 CREATE OR REPLACE FUNCTION {CLUSTER_SCHEMA}.fence(wanted TEXT, mine BIGINT) RETURNS void AS $fence$
 DECLARE
@@ -72,6 +109,28 @@ BEGIN
     IF held IS DISTINCT FROM mine THEN
         RAISE EXCEPTION 'corral-fenced: partition % is now held by node % at epoch % (this writer had epoch %)',
             wanted, coalesce(held_by, 'nobody'), held, mine USING ERRCODE = '{FENCE_SQLSTATE}';
+    END IF;
+END
+$fence$ LANGUAGE plpgsql
+""",
+    # A node's writer: its epoch, and a live lease. A lapsed lease is renewed before
+    # the next write (the writer learns it here), or the writer finds it fenced.
+    f"""
+CREATE OR REPLACE FUNCTION {CLUSTER_SCHEMA}.fence_lease(wanted TEXT, mine BIGINT) RETURNS void AS $fence$
+DECLARE
+    held BIGINT;
+    held_by TEXT;
+    live BOOLEAN;
+BEGIN
+    SELECT epoch, holder, lease_until >= clock_timestamp() INTO held, held_by, live
+        FROM {CLUSTER_SCHEMA}.partitions WHERE name = wanted FOR SHARE;
+    IF held IS DISTINCT FROM mine THEN
+        RAISE EXCEPTION 'corral-fenced: partition % is now held by node % at epoch % (this writer had epoch %)',
+            wanted, coalesce(held_by, 'nobody'), held, mine USING ERRCODE = '{FENCE_SQLSTATE}';
+    END IF;
+    IF NOT live THEN
+        RAISE EXCEPTION 'corral-lease-lapsed: the lease on partition % lapsed', wanted
+            USING ERRCODE = '{LAPSED_SQLSTATE}';
     END IF;
 END
 $fence$ LANGUAGE plpgsql
@@ -150,7 +209,9 @@ def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], _Row]:
     return lambda values: cls(values)
 
 
-def _connect(url: str) -> Any:
+def _connect(url: str, application: str = "corral", timeout: int = 10) -> Any:
+    """A connection in autocommit mode; ``application`` names it in
+    ``pg_stat_activity`` (which node and what for: an operator can tell them apart)."""
     try:
         import psycopg
         from psycopg.adapt import Dumper, Loader
@@ -176,7 +237,8 @@ def _connect(url: str) -> Any:
         # Client-side binding: values travel as literals, so PostgreSQL types them
         # from their context as SQLite does ("? IS NULL", a str compared with a number).
         conn = psycopg.connect(
-            url, autocommit=True, row_factory=_row_factory, connect_timeout=10, cursor_factory=psycopg.ClientCursor
+            url, autocommit=True, row_factory=_row_factory, connect_timeout=timeout,
+            cursor_factory=psycopg.ClientCursor, application_name=application[:63],
         )
     except psycopg.Error as exc:
         raise PostgresUnavailable(f"cannot reach the PostgreSQL ledger at {redact_url(url)}: {exc}") from None
@@ -290,6 +352,8 @@ class PostgresLedger(Ledger):
     ``epoch`` is the fencing token this supervisor holds (None: no writes are
     fenced, for tools that only read or that set a partition up). ``on_fenced``
     is called once, before ``Fenced`` is raised, so the daemon can stop.
+    ``holder`` and ``lease_s`` (a node's writer): its writes need a live lease,
+    which it renews itself when its node's renewals fell behind.
     """
 
     backend = "postgresql"
@@ -303,6 +367,9 @@ class PostgresLedger(Ledger):
         readonly: bool = False,
         on_fenced: Callable[[str], None] | None = None,
         group_commit: bool = False,
+        holder: str | None = None,
+        lease_s: float | None = None,
+        lease_from: float | None = None,
     ) -> None:
         super().__init__()
         #: Group commit, as with SQLite: transactions commit without waiting for
@@ -317,8 +384,30 @@ class PostgresLedger(Ledger):
         self.epoch = epoch
         self.on_fenced = on_fenced
         self.fenced = ""
+        self.holder = holder if epoch is not None and lease_s else None
+        self.lease_s = lease_s
+        #: Until when (this host's monotonic clock) the lease surely holds: the
+        #: time a renewal was sent, plus the lease. Conservative: the database
+        #: set the lease's end later than that, by its own clock.
+        self._lease_valid_until = (lease_from + lease_s) if lease_from is not None and lease_s else 0.0
+        #: Since when (wall clock) the connection is lost, and why (None: it is not).
+        self.lost_since: float | None = None
+        self.lost_why = ""
+        #: Called (from any thread) when the connection is found lost: wake the reconnection.
+        self.on_lost: Callable[[], None] | None = None
+        #: Called when the ledger lacks commits this writer was told of (a server
+        #: crash lost them): its memory is ahead of its ledger, it must stop.
+        self.on_diverged: Callable[[str], None] | None = None
+        #: The commit marker of a COMMIT whose answer was lost (None: no such commit).
+        self.in_doubt: int | None = None
+        #: The last commit marker this writer set (and was told was committed).
+        self._seq = 0
+        #: Give the lease up on close (an adoption that retired or handed its partition back).
+        self.release_on_close = False
+        self._application = f"corral-{'reader' if readonly else 'ledger'}:{partition}"
         self._lock = threading.RLock()  # one connection: the trio thread and group commit's
-        self.raw = _connect(url)
+        self._reconnecting = threading.Lock()
+        self.raw = _connect(url, self._application)
         #: The fenced writer alone may cache its reads: nobody else writes its partition.
         self.cache = ReadCache() if epoch is not None and not readonly else None
         self.db = _Connection(self.raw, self.cache, defer_writes=self.cache is not None)
@@ -330,6 +419,7 @@ class PostgresLedger(Ledger):
             if not readonly:
                 ensure_cluster(self.raw)
                 self._migrate()
+                self._seq = self._marker(self.raw)
             elif not self._schema_exists():
                 raise LedgerError(f"{self.where}: no such partition")
             self.raw.execute(f"SET search_path TO {self.schema}, public")
@@ -358,6 +448,7 @@ class PostgresLedger(Ledger):
             self.raw.execute(REFUSE_FUNCTION)
             self.raw.execute("CREATE TABLE IF NOT EXISTS corral_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)")
             self.raw.execute("INSERT INTO corral_meta VALUES ('schema_version', 0) ON CONFLICT DO NOTHING")
+            self.raw.execute("INSERT INTO corral_meta VALUES ('commit_seq', 0) ON CONFLICT DO NOTHING")
             current = int(self.raw.execute("SELECT value FROM corral_meta WHERE key = 'schema_version'").fetchone()[0])
             if current > len(MIGRATIONS):
                 raise LedgerError(f"{self.where} has schema {current}, newer than this corral ({len(MIGRATIONS)})")
@@ -366,10 +457,148 @@ class PostgresLedger(Ledger):
                     self.raw.execute(statement_to_postgres(statement))
             self.raw.execute("UPDATE corral_meta SET value = %s WHERE key = 'schema_version'", (len(MIGRATIONS),))
 
+    def _marker(self, conn: Any) -> int:
+        row = conn.execute(f"SELECT value FROM {self.schema}.corral_meta WHERE key = 'commit_seq'").fetchone()
+        return int(row[0]) if row else 0
+
     @property
     def schema_version(self) -> int:
         row = self.one("SELECT value FROM corral_meta WHERE key = 'schema_version'")
         return int(row[0]) if row else 0
+
+    # -- the connection -----------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        """The connection is up (transactions may run)."""
+        return self.lost_since is None
+
+    def _unavailable(self) -> LedgerUnavailable:
+        since = time.strftime("%H:%M:%S", time.localtime(self.lost_since or time.time()))
+        return LedgerUnavailable(
+            f"{self.where} is unreachable since {since} ({self.lost_why}); nothing was committed."
+            " corral reconnects by itself, and actors' requests wait for it"
+        )
+
+    def _lose(self, exc: BaseException) -> None:
+        """The connection is gone: refuse every transaction until ``reconnect``."""
+        if self.lost_since is not None:
+            return
+        self.lost_why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        self.lost_since = time.time()
+        if self.full_since is None:
+            self.full_since = self.lost_since  # status says degraded until a commit lands again
+        log.error("%s: connection lost (%s); reconnecting", self.where, self.lost_why)
+        try:
+            self.raw.close()
+        except Exception:
+            pass
+        if self.on_lost is not None:
+            self.on_lost()
+
+    def _failed(self, exc: BaseException) -> None:
+        """A statement failed outside the transaction machinery (a read): a lost
+        connection becomes ``LedgerUnavailable``; anything else stays as it is."""
+        if connection_lost(exc, self.raw):
+            self._lose(exc)
+            raise self._unavailable() from None
+
+    def reconnect(self) -> bool:
+        """A new connection for a ledger that lost its own (from a worker thread, or
+        from the writer settling a COMMIT of unknown outcome): the fence checked
+        and the lease renewed on it, the unknown commit settled, before any
+        transaction runs. False: the server is still away."""
+        import psycopg
+
+        with self._reconnecting:
+            if self.lost_since is None:
+                return True
+            try:
+                conn = _connect(self.url, self._application, timeout=RECONNECT_TIMEOUT_S)
+            except PostgresUnavailable as exc:
+                self.lost_why = str(exc)[:200]
+                return False
+            try:
+                conn.execute(f"SET search_path TO {self.schema}, public")
+                if self.epoch is not None:
+                    self._check_fence(conn)
+                    self._settle(self._marker(conn))
+            except psycopg.Error as exc:
+                conn.close()
+                self.lost_why = (str(exc).strip().splitlines() or ["?"])[0][:200]
+                return False
+            except BaseException:
+                conn.close()
+                raise
+            self.raw = self.db.conn = conn
+            self.lost_since = None
+            self.lost_why = ""
+            log.warning("%s: connection restored", self.where)
+            return True
+
+    def _check_fence(self, conn: Any) -> None:
+        """On a new connection: the partition is still this writer's (else it is
+        fenced and stops), and its lease is renewed (it may have lapsed meanwhile)."""
+        row = conn.execute(
+            f"SELECT epoch, holder FROM {CLUSTER_SCHEMA}.partitions WHERE name = %s", (self.partition,)
+        ).fetchone()
+        if row is None or int(row[0]) != self.epoch:
+            conn.close()
+            held, by = (row[0], row[1]) if row else (None, "nobody")
+            self.fence(f"partition {self.partition} is now held by node {by} at epoch {held}"
+                       f" (this writer had epoch {self.epoch})")
+        if self.holder is not None and self.lease_s is not None:
+            sent = time.monotonic()
+            if conn.execute(RENEW_SQL, (self.lease_s, self.partition, self.epoch, self.holder)).fetchone() is None:
+                conn.close()
+                self.fence(f"the lease on partition {self.partition} was taken over")
+            self.lease_renewed(sent)
+
+    def _settle(self, marker: int) -> None:
+        """What the ledger holds against what this writer was told: a COMMIT whose
+        answer was lost landed if the marker reached it; a marker behind the
+        last commit this writer was told of means commits were lost."""
+        if self.in_doubt is not None:
+            landed = marker >= self.in_doubt
+            log.warning("%s: the commit whose answer was lost %s", self.where,
+                        "had landed" if landed else "had not landed: nothing of it was written")
+            if landed:
+                self._seq = self.in_doubt
+            self.in_doubt = None
+        if marker < self._seq:
+            self._diverged(f"it holds commit {marker}, and this writer was told of commit {self._seq}")
+        self._seq = marker
+
+    def _diverged(self, why: str) -> None:
+        message = f"{self.where} lost commits ({why}); the supervisor must restart from what it holds"
+        if self.on_diverged is not None:
+            self.on_diverged(message)
+        raise LedgerError(message)
+
+    def lease_renewed(self, sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` (monotonic) succeeded (any thread)."""
+        if self.lease_s is not None:
+            self._lease_valid_until = max(self._lease_valid_until, sent_at + self.lease_s)
+
+    def _guard_lease(self) -> None:
+        """Before a write: a lease that may lapse before this write lands (the
+        node's renewals fell a whole interval behind, or it lapsed) is renewed
+        first; a lease taken over fences this writer."""
+        import psycopg
+
+        if self.holder is None or self.lease_s is None:
+            return
+        if time.monotonic() < self._lease_valid_until - self.lease_s / 3:
+            return
+        sent = time.monotonic()
+        try:
+            row = self.raw.execute(RENEW_SQL, (self.lease_s, self.partition, self.epoch, self.holder)).fetchone()
+        except psycopg.Error as exc:
+            self._failed(exc)
+            raise
+        if row is None:
+            self.fence(f"the lease on partition {self.partition} was taken over")
+        self.lease_renewed(sent)
 
     # -- transactions -----------------------------------------------------------
 
@@ -379,7 +608,10 @@ class PostgresLedger(Ledger):
 
         if self.fenced:
             raise Fenced(self.fenced)
+        if self.lost_since is not None:
+            raise self._unavailable()
         with self._lock:
+            self._guard_lease()
             # Nothing is sent yet: BEGIN, the commit mode and the fence check
             # travel with the transaction's first statement that needs an
             # answer, or with its COMMIT. The fence raises inside the server,
@@ -390,23 +622,58 @@ class PostgresLedger(Ledger):
                 self.db.pending.append(("SET LOCAL synchronous_commit = off", None))
             if self.epoch is not None:
                 self.db.pending.append((self._fence_sql, None))
+            marker: int | None = None
             try:
                 yield self.db
                 if self.db.pending[:1] == [("BEGIN", None)] and not any(h for _, h in self.db.pending):
                     self.db.discard()  # nothing was written: no round trip at all
                 else:
+                    if self.epoch is not None:
+                        marker = self._seq + 1
+                        self.db.pending.append(
+                            (f"UPDATE corral_meta SET value = {marker} WHERE key = 'commit_seq'", None)
+                        )
                     self.db.send("COMMIT")
+                    if marker is not None:
+                        self._seq = marker
             except psycopg.Error as exc:
                 self._rollback()
-                if getattr(exc, "sqlstate", None) == FENCE_SQLSTATE:
+                state = getattr(exc, "sqlstate", None)
+                if state == FENCE_SQLSTATE:
                     self.fence(str(exc.diag.message_primary or exc).removeprefix("corral-fenced: "))
+                if state == LAPSED_SQLSTATE:
+                    self._lease_valid_until = 0.0  # the next write renews it first
+                    raise LedgerUnavailable(
+                        f"{self.where}: this node's lease lapsed; nothing was committed. It is renewed"
+                        " before the next write (or the node finds itself fenced and stops)"
+                    ) from None
                 if isinstance(exc, psycopg.errors.DiskFull):
                     self._storage_failed(exc)
-                raise
+                if not connection_lost(exc, self.raw):
+                    raise
+                self._lose(exc)
+                if marker is None or not self._landed(marker):
+                    raise self._unavailable() from None
+                # It landed: as if the COMMIT's answer had come.
+                log.warning("%s: a commit whose answer was lost had landed", self.where)
             except BaseException:
                 self._rollback()
                 raise
             self.db.in_transaction = False
+
+    def _landed(self, marker: int) -> bool:
+        """The COMMIT carrying ``marker`` was sent and its answer lost: reconnect
+        now (a restart is back within ``IN_DOUBT_WAIT_S``) and read the marker.
+        Past that, the question waits for the reconnection, and the transaction
+        counts as not committed (its request is held and asked again)."""
+        self.in_doubt = marker
+        backoff = Backoff()
+        deadline = time.monotonic() + IN_DOUBT_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(backoff.next_delay())
+            if self.reconnect():
+                return self._seq >= marker
+        return False
 
     def _rollback(self) -> None:
         self.db.in_transaction = False
@@ -421,13 +688,34 @@ class PostgresLedger(Ledger):
     def sync(self) -> int:
         """Wait until every commit so far is flushed: one synchronously committed
         write on a second connection (the WAL is one sequence, so its flush covers
-        every earlier commit). The ledger's own connection stays free meanwhile."""
-        covered = self.commits
-        if self._sync_conn is None:
-            self._sync_conn = _connect(self.url)
-            self._sync_conn.execute(f"SET search_path TO {self.schema}, public")
-            self._sync_conn.execute("INSERT INTO corral_meta VALUES ('syncs', 0) ON CONFLICT DO NOTHING")
-        self._sync_conn.execute("UPDATE corral_meta SET value = value + 1 WHERE key = 'syncs'")
+        every earlier commit). The ledger's own connection stays free meanwhile.
+        On a new connection (the first, or after a lost one) the commit marker is
+        read too: the server must still hold every commit this writer was told of."""
+        import psycopg
+
+        covered, seq = self.commits, self._seq
+        conn = self._sync_conn
+        try:
+            fresh = conn is None
+            if conn is None:
+                conn = _connect(self.url, f"corral-sync:{self.partition}", timeout=RECONNECT_TIMEOUT_S)
+                self._sync_conn = conn
+                conn.execute(f"SET search_path TO {self.schema}, public")
+                conn.execute("INSERT INTO corral_meta VALUES ('syncs', 0) ON CONFLICT DO NOTHING")
+            conn.execute("UPDATE corral_meta SET value = value + 1 WHERE key = 'syncs'")
+            if fresh and self.epoch is not None and self._marker(conn) < seq:
+                self._diverged(f"it holds commit {self._marker(conn)}, and this writer was told of commit {seq}")
+        except PostgresUnavailable as exc:
+            raise LedgerUnavailable(f"{self.where}: group commit cannot reach the server ({exc})") from None
+        except psycopg.Error as exc:
+            self._sync_conn = None
+            try:
+                conn.close()
+            except Exception:
+                pass
+            if not connection_lost(exc, conn):
+                raise
+            raise LedgerUnavailable(f"{self.where}: group commit lost its connection ({exc})") from None
         return covered
 
     @property
@@ -435,8 +723,9 @@ class PostgresLedger(Ledger):
         """The row lock (FOR SHARE, in the function) holds until this transaction
         ends: a takeover, which updates the row, waits for it, and this one sees no
         takeover. The partition name is checked by schema_of (letters, digits, -
-        and _ only)."""
-        return f"SELECT {CLUSTER_SCHEMA}.fence('{self.partition}', {int(self.epoch or 0)})"
+        and _ only). A node's writer also needs its lease live (``fence_lease``)."""
+        function = "fence_lease" if self.holder is not None else "fence"
+        return f"SELECT {CLUSTER_SCHEMA}.{function}('{self.partition}', {int(self.epoch or 0)})"
 
     def rows_as_text(self) -> str:
         """Every row of the partition, as text: what a scan for secrets reads
@@ -460,13 +749,28 @@ class PostgresLedger(Ledger):
         raise Fenced(f"fenced: {why}; nothing was written")
 
     def one(self, sql: str, *args: Any) -> Any:
+        import psycopg
+
+        if self.lost_since is not None:
+            raise self._unavailable()
         with self._lock:
-            row = self.db.execute(sql, args).fetchone()
-        return row
+            try:
+                return self.db.execute(sql, args).fetchone()
+            except psycopg.Error as exc:
+                self._failed(exc)
+                raise
 
     def all(self, sql: str, *args: Any) -> list[Any]:
+        import psycopg
+
+        if self.lost_since is not None:
+            raise self._unavailable()
         with self._lock:
-            return list(self.db.execute(sql, args).fetchall())
+            try:
+                return list(self.db.execute(sql, args).fetchall())
+            except psycopg.Error as exc:
+                self._failed(exc)
+                raise
 
     def _append_event(self, db: Any, row: tuple[Any, ...]) -> int:
         if not self.db.defer_writes:
@@ -485,7 +789,23 @@ class PostgresLedger(Ledger):
                    (cursor_id, *row))
         return cursor_id
 
+    def release(self) -> None:
+        """Give the lease up now: the partition is free at once, not when its lease
+        runs out (an adoption that retired, or handed the partition back)."""
+        if self.holder is None or self.lost_since is not None:
+            return
+        try:
+            self.raw.execute(
+                f"UPDATE {CLUSTER_SCHEMA}.partitions SET lease_until = clock_timestamp()"
+                " WHERE name = %s AND epoch = %s AND holder = %s",
+                (self.partition, self.epoch, self.holder),
+            )
+        except Exception as exc:  # it runs out by itself
+            log.warning("%s: could not release the lease (%s)", self.where, exc)
+
     def close(self) -> None:
+        if self.release_on_close:
+            self.release()
         if self._sync_conn is not None:
             self._sync_conn.close()
         self.raw.close()
@@ -498,8 +818,8 @@ def ensure_cluster(conn: Any) -> None:
             conn.execute(statement)
 
 
-def connect_cluster(url: str) -> Any:
+def connect_cluster(url: str, node: str = "", timeout: int = 10) -> Any:
     """A connection for the cluster tables alone (nodes, partitions)."""
-    conn = _connect(url)
+    conn = _connect(url, f"corral-cluster:{node}" if node else "corral-cluster", timeout)
     ensure_cluster(conn)
     return conn

@@ -492,3 +492,20 @@ MIGRATIONS.append(
     CREATE INDEX input_requests_by_run ON input_requests (run_id);
     """
 )
+
+MIGRATIONS.append(
+    # 16: crashes of an agent while it ran an action (supervisor/poison.py): one row
+    # per crashed incarnation, so that an action that keeps crashing its agent is
+    # stopped as poison (and `corral show` says why), across restarts and boots.
+    """
+    CREATE TABLE action_crashes (
+        action_id   TEXT NOT NULL,
+        actor_id    TEXT NOT NULL,
+        boot_id     TEXT NOT NULL,
+        incarnation INTEGER NOT NULL,
+        exit_code   INTEGER NOT NULL,
+        at          REAL NOT NULL,
+        PRIMARY KEY (action_id, boot_id, actor_id, incarnation)
+    );
+    """
+)

@@ -28,7 +28,7 @@ import math
 import shlex
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +49,7 @@ from corral.actors.tools.paths import resolve_in_workspace
 from corral.core.redact import redact_text, summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
 from corral.sandbox.bwrap import LaunchMode
-from corral.supervisor import finalization, recovery, resolutions, run_store, sealed_input
+from corral.supervisor import resolutions, run_store, sealed_input
 from corral.supervisor.actor_state import ActorState
 from corral.supervisor.errors import BadRequest, Conflict, NotFound, Refused, SupervisorError
 from corral.supervisor.ledger import Ledger
@@ -373,7 +373,7 @@ class SessionService:
     # -- ownership ------------------------------------------------------------------
 
     def _owned_session(self, slot: ActorSlot, params: dict[str, Any]) -> sqlite3.Row:
-        run = self.sup.services["runs"].owned_run(slot, params)
+        run = self.sup.runs.owned_run(slot, params)
         process_id = _str(params, "process_id", limit=64)
         row = get_session(self.ledger, process_id)
         # One answer for "unknown" and "someone else's": no probing for live ids.
@@ -407,7 +407,7 @@ class SessionService:
     # -- agent-facing methods --------------------------------------------------------
 
     async def start(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self.sup.services["runs"].owned_run(slot, params)
+        run = self.sup.runs.owned_run(slot, params)
         if RunStatus(run["status"]) in RUN_TERMINAL:
             raise Refused(f"run {run['run_id']} already ended ({run['status']})")
         action = self._executing_action(run, params, "process.start")
@@ -427,7 +427,7 @@ class SessionService:
                     "cwd": str(cwd),
                     "timeout_s": timeout_s,
                     "project_root": str(workspace),
-                    "sandbox": sandbox_settings(self.sup.spec.sandbox, self.sup.home),
+                    "sandbox": self._run_sandbox(run),
                     "transcript": str(transcript_path(self.sup.home, run["run_id"], process_id)),
                 },
             )
@@ -598,34 +598,31 @@ class SessionService:
             raise BadRequest(f"action {the_id} is not an executing process.stdin action of this run")
         return the_id
 
-    def finalize_wrapper(
-        self, original: Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]
-    ) -> Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]:
-        """run.finalize, waiting a while for the run's sessions before the blocker
-        refuses it: a process about to exit should not cost the run a repair turn."""
-
-        async def finalize(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-            run = self.sup.services["runs"].owned_run(slot, params)
-            run_id = run["run_id"]
-            started = self.ledger.one("SELECT 1 FROM finalizations WHERE run_id = ?", run_id)
-            if run["kind"] == "root" and started is None and blockers(self.ledger, run_id):
-                self.ledger.event("finalize-held", run_id, reasons=blockers(self.ledger, run_id))
-                await self._wait_until(lambda: not blockers(self.ledger, run_id), trio.current_time() + FINALIZE_HOLD_S)
-            return await original(slot, params)
-
-        return finalize
+    async def hold_finalize(self, run: Any) -> None:
+        """Before run.finalize judges its blockers: wait a while for the run's
+        sessions, so a process about to exit does not cost the run a repair turn."""
+        run_id = run["run_id"]
+        started = self.ledger.one("SELECT 1 FROM finalizations WHERE run_id = ?", run_id)
+        if run["kind"] == "root" and started is None and blockers(self.ledger, run_id):
+            self.ledger.event("finalize-held", run_id, reasons=blockers(self.ledger, run_id))
+            await self._wait_until(lambda: not blockers(self.ledger, run_id), trio.current_time() + FINALIZE_HOLD_S)
 
     # -- command.exec bookkeeping (the command itself runs in the agent) ---------------
 
     async def command_sandbox(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self.sup.services["runs"].owned_run(slot, params)
+        run = self.sup.runs.owned_run(slot, params)
         self._executing_action(run, params, "command.exec")
+        return {"project_root": str(self._workspace(run)), "sandbox": self._run_sandbox(run)}
+
+    def _run_sandbox(self, run: Any) -> dict[str, Any]:
+        """The spec's sandbox, narrowed by the run's intent contract (its path scope:
+        supervisor/intent_service.py) when it has one."""
         settings = sandbox_settings(self.sup.spec.sandbox, self.sup.home)
-        return {"project_root": str(self._workspace(run)), "sandbox": settings}
+        return self.sup.intent.scoped_sandbox(run, settings)
 
     async def command_launched(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         """The durable launch record of a command, committed before COMMIT_EXEC."""
-        run = self.sup.services["runs"].owned_run(slot, params)
+        run = self.sup.runs.owned_run(slot, params)
         if RunStatus(run["status"]) in RUN_TERMINAL:
             raise Refused(f"run {run['run_id']} already ended; not launching")
         action = self._executing_action(run, params, "command.exec")
@@ -771,25 +768,17 @@ class SessionService:
                         # Each in its own task: a two-phase terminate takes a second.
                         nursery.start_soon(self.sup.tree.stop_actor, slot, "run ended")
                 elif op == "wake":
-                    await self.sup.services["runs"].wake(target)
+                    await self.sup.runs.wake(target)
 
-    def reconcile_wrapper(
-        self, original: Callable[[dict[str, Any]], Awaitable[Any]]
-    ) -> Callable[[dict[str, Any]], Awaitable[Any]]:
-        """``reconcile`` with a process id resolves a session; anything else is as before."""
-
-        async def reconcile(params: dict[str, Any]) -> Any:
-            target = params.get("action_id")
-            if not (isinstance(target, str) and target.startswith("proc-")):
-                return await original(params)
-            run_id = resolve_session(
-                self.ledger, target, _str(params, "outcome", limit=20), str(params.get("note", ""))[:1000]
-            )
-            self._notify()
-            await self.sup.services["runs"].wake_run(run_id)
-            return {"run_id": run_id}
-
-        return reconcile
+    async def reconcile(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``reconcile`` of a process id (``proc-…``): resolves its session."""
+        run_id = resolve_session(
+            self.ledger, _str(params, "action_id", limit=300), _str(params, "outcome", limit=20),
+            str(params.get("note", ""))[:1000],
+        )
+        self._notify()
+        await self.sup.runs.wake_run(run_id)
+        return {"run_id": run_id}
 
     def show_section(self, run_id: str) -> list[dict[str, Any]]:
         rows = self.ledger.all(
@@ -823,8 +812,6 @@ class SessionService:
 
 
 def install(sup: Supervisor) -> SessionService:
-    from corral.supervisor import run_service
-
     service = SessionService(sup)
     sup.actor_methods.update(
         {
@@ -838,17 +825,17 @@ def install(sup: Supervisor) -> SessionService:
             "session.state": service.state,
         }
     )
-    sup.actor_methods["run.finalize"] = service.finalize_wrapper(sup.actor_methods["run.finalize"])
-    sup.control_methods["reconcile"] = service.reconcile_wrapper(sup.control_methods["reconcile"])
-    run_store.STATUS_HOOKS.append(service.on_status)
-    run_store.RECEIPT_HOOKS.append(service.on_receipt)
-    finalization.BLOCKERS.append(blockers)
-    recovery.STEPS.append(recover)
+    hooks = sup.hooks
+    hooks.finalize_holds.append(service.hold_finalize)
+    hooks.reconcilers["proc-"] = service.reconcile
+    hooks.on_status.append(service.on_status)
+    hooks.on_receipt.append(service.on_receipt)
+    hooks.finalize_blockers.append(blockers)
+    hooks.recovery_steps.append(recover)
     sup.busy_checks.append(lambda: busy_reasons(sup.ledger))
     sup.background.append(service.worker)
     sup.status_sections["sessions"] = service.status_section
-    run_service.SHOW_SECTIONS["sessions"] = service.show_section
-    run_service.SHOW_SECTIONS["commands"] = service.commands_section
-    run_service.PENDING_SECTIONS["sessions"] = service.pending_section
-    sup.services["sessions"] = service
+    hooks.show_sections["sessions"] = service.show_section
+    hooks.show_sections["commands"] = service.commands_section
+    hooks.pending_sections["sessions"] = service.pending_section
     return service

@@ -28,10 +28,18 @@ from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.channel import Channel
 from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull
-from corral.sandbox.launcher import EXIT_UNKNOWN, ActorProcess, Launcher, LaunchError, LaunchRequest
+from corral.sandbox.launcher import (
+    EXIT_FORKSERVER_LOST,
+    EXIT_UNKNOWN,
+    ActorProcess,
+    Launcher,
+    LaunchError,
+    LaunchRequest,
+)
 from corral.supervisor.actor_state import ActorState, check_transition
 from corral.supervisor.errors import StorageFull
 from corral.supervisor.ledger import Ledger, dumps
+from corral.supervisor.ledger_link import run_held
 from corral.supervisor.restart_policy import (
     Intensity,
     backoff_delay,
@@ -118,6 +126,10 @@ class SupervisionTree:
         self.changed = trio.Event()
         #: Called with the group id after a group gave up (restart intensity exceeded).
         self.on_escalated: list[Callable[[str], Awaitable[None]]] = []
+        #: Called when an incarnation ended, before any restart: (slot, exit code,
+        #: crashed), crashed meaning it was not asked to stop and did not die with
+        #: its fork server (e.g. charge the crash to the actions it was running).
+        self.on_exit: list[Callable[[ActorSlot, int, bool], None]] = []
 
     # -- declaration --------------------------------------------------------------
 
@@ -193,6 +205,7 @@ class SupervisionTree:
         while True:
             await trio.sleep(min(1.0, timeout / 4))
             now = trio.current_time()
+            self._watch_forkserver(timeout)
             for slot in list(self.slots.values()):
                 if slot.state is not ActorState.RUNNING or slot.process is None or not slot.last_seen:
                     continue
@@ -205,6 +218,40 @@ class SupervisionTree:
                     self._record(slot, event="actor-stall-killed", silent_s=round(silent, 1))
                     slot.last_seen = now  # one kill per stall; the exit handling takes over
                     slot.process.kill_group(signal.SIGKILL)
+
+    def _watch_forkserver(self, timeout: float) -> None:
+        """The fork server, like an actor: asked for a sign of life at every tick;
+        silent past half the stall timeout, reported (``corral status`` says
+        degraded: no actor can start); past the timeout, killed and replaced (its
+        actors die with it and start again from the new one)."""
+        launcher = self.launcher
+        launcher.probe()
+        silent = launcher.silence()
+        if silent is None:
+            return  # one is starting: degraded stays as it was until it answers
+        pid = launcher.forkserver_pid
+        if silent > timeout / 2 and not launcher.degraded:
+            launcher.degraded = (
+                f"the fork server (pid {pid}) has not answered for {silent:.1f} s: no actor can start;"
+                f" it is replaced after {timeout:g} s of silence"
+            )
+            log.error("%s", launcher.degraded)
+            self._event("forkserver-stalled", "forkserver", pid=pid, silent_s=round(silent, 1))
+        if silent > timeout:
+            self._event("forkserver-stall-killed", "forkserver", pid=pid, silent_s=round(silent, 1))
+            launcher.replace(f"was silent for {silent:.1f} s (stall timeout {timeout:g} s)")
+        elif silent <= timeout / 2 and launcher.degraded:
+            log.info("the fork server (pid %s) answers again", pid)
+            launcher.degraded = ""
+            self._event("forkserver-recovered", "forkserver", pid=pid, replacements=launcher.replacements)
+
+    def _event(self, kind: str, subject: str, **data: Any) -> None:
+        """An event that guards nothing (a full disk only loses it)."""
+        try:
+            with self.ledger.tx(fsync=False):
+                self.ledger.event(kind, subject, **data)
+        except StorageFull as exc:
+            log.warning("%s not recorded: %s", kind, exc)
 
     async def start_actor(self, slot: ActorSlot) -> None:
         assert self._nursery is not None, "tree is not running"
@@ -346,7 +393,12 @@ class SupervisionTree:
         if slot.process is not None:
             failpoints.caller_pid.set(slot.process.pid)
         try:
-            body = await self._handler(slot, envelope)
+            if envelope.kind is Kind.REQUEST:
+                # A request that found the ledger unreachable committed nothing: it
+                # waits for the ledger and runs again; its reply is held, not failed.
+                body = await run_held(lambda: self._handler(slot, envelope), self.ledger)
+            else:
+                body = await self._handler(slot, envelope)
         except Exception as exc:
             code = getattr(exc, "code", "internal")
             if not isinstance(code, str):
@@ -397,7 +449,12 @@ class SupervisionTree:
         slot.channel = None
         slot.process = None
         group = self.groups[slot.spec.group]
-        if slot.state is ActorState.STOPPING or self.shutting_down or group.status != "running":
+        asked_to_stop = slot.state is ActorState.STOPPING or self.shutting_down or group.status != "running"
+        # Dying with its fork server (replaced: it stopped answering) is no crash of its own.
+        collateral = code == EXIT_FORKSERVER_LOST
+        for hook in self.on_exit:
+            hook(slot, code, not asked_to_stop and not collateral)
+        if asked_to_stop:
             if slot.state is not ActorState.ESCALATED:
                 slot.move(ActorState.STOPPED)
             self._record(slot, exit_code=code, event="actor-stopped")
@@ -415,7 +472,7 @@ class SupervisionTree:
         async with group.lock:
             if slot.state is not ActorState.RESTARTING or group.status != "running":
                 return
-            if group.intensity.record(time.monotonic()):
+            if not collateral and group.intensity.record(time.monotonic()):
                 await self._escalate(group, slot, code)
                 return
             plan = plan_restart(group.spec.strategy, group.order, slot.id)

@@ -3,6 +3,7 @@ handoff across SIGKILL, no key anywhere it must not be, and bad servers."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import psutil
@@ -14,7 +15,9 @@ from tests.harness import Daemon, ledger_rows, wait_run, wait_supervisor_gone
 DECOY_KEY = "sk-decoyKEY0123456789abcdefghijkl"
 
 
-def openai_spec(tmp: Path, url: str, *, retry_base_s: float = 3.0, max_repairs: int = 1) -> Path:
+def openai_spec(
+    tmp: Path, url: str, *, retry_base_s: float = 3.0, retry_cap_s: float = 30.0, max_repairs: int = 1
+) -> Path:
     (tmp / "ws").mkdir(exist_ok=True)
     spec = tmp / "spec.toml"
     spec.write_text(f"""
@@ -24,6 +27,7 @@ root = "ws"
 id = "llm"
 provider = "openai"
 retry_base_s = {retry_base_s}
+retry_cap_s = {retry_cap_s}
 max_repairs = {max_repairs}
 [agents.openai]
 base_url = "{url}"
@@ -52,25 +56,31 @@ def test_supervisor_killed_during_backoff_keeps_attempt_and_retry_at(short_tmp: 
     with serve_in_thread(server) as upstream:
         proxy = FaultProxy(upstream, {1: Fault.drop()})
         with serve_in_thread(proxy) as url:
-            daemon = Daemon(short_tmp / "h", openai_spec(short_tmp, url), env={"OPENAI_API_KEY": DECOY_KEY})
+            # retry_at is an hour away: it never fires by itself during the test, so the
+            # SIGKILL and the restart race no timer; `resume` wakes the retry.
+            spec = openai_spec(short_tmp, url, retry_base_s=3600, retry_cap_s=86_400)
+            daemon = Daemon(short_tmp / "h", spec, env={"OPENAI_API_KEY": DECOY_KEY})
             try:
                 daemon.up()
                 run_id = daemon.call("run", agent_id="llm", task="say done")["run_id"]
                 wait_run(daemon, run_id, {"waiting-for-provider-retry"})
                 before = daemon.call("pending")["provider_retries"]
                 assert [r["slot"] for r in before] == [f"{run_id}:0"]
-                retry_at = before[0]["retry_at"]
+                assert before[0]["retry_at"] > time.time() + 3000
                 _no_key_in_argv(daemon)
                 daemon.kill_supervisor()
                 daemon.up()
                 after = daemon.call("pending")["provider_retries"]
                 assert after == before, "a restart never resets attempt or retry_at"
+                assert len(proxy.requests) == 1, "never sent before retry_at, across the restart"
+                woken_at = time.time()
+                daemon.call("resume", run_id=run_id)  # the explicit wake: the retry is due now
                 shown = wait_run(daemon, run_id, {"completed", "failed"})
                 assert shown["run"]["status"] == "completed"
                 assert shown["final_reply"] == "all done"
                 records = proxy.requests
                 assert len(records) == 2
-                assert records[1].arrived_wall >= retry_at, "never sent before retry_at"
+                assert records[1].arrived_wall >= woken_at, "sent once woken, not before"
                 assert len(server.requests) == 1, "the dropped request never reached the server"
                 assert [(r["slot"], r["attempt"], r["status"]) for r in shown["provider_requests"]] == [
                     (f"{run_id}:0", 0, "failed"),

@@ -236,3 +236,71 @@ def test_chaos_report_draws_each_episode_with_its_kills(short_tmp: Path) -> None
     assert 'class="mark kill"' in html, "the supervisor's kill is marked"
     assert "<script" not in html and "https://" not in html
     assert re.search(r"1 kills, \d+ restarts, 2 boots", html)
+
+
+# -- issue 32, cases 20 to 22: bad input is a 4xx, never a 500 or unbounded memory --------
+
+
+def _csrf_headers(info: dict[str, Any]) -> dict[str, str]:
+    status, page, _ = _request(info, "GET", f"/?token={info['token']}")
+    csrf = re.search(r'name="csrf" content="([^"]+)"', page)
+    assert status == 200 and csrf is not None
+    return {"Authorization": f"Bearer {info['token']}", "Content-Type": "application/json",
+            "X-CSRF-Token": csrf.group(1)}
+
+
+def test_an_answer_nested_100000_deep_is_a_400(swarm: Daemon, dashboard: dict[str, Any]) -> None:
+    good = _csrf_headers(dashboard)
+    for deep in (b'{"run": "run-000000000000", "text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                 b'{"run": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_000 + b"}"):
+        status, text, _ = _request(dashboard, "POST", "/api/answer", deep, good)
+        assert status == 400 and "nested" in text, (status, text[:300])
+    status, text, _ = _request(dashboard, "POST", "/api/answer", json.dumps({"run": "x", "text": "y"}).encode(), good)
+    assert status == 400 and "run id" in text, "and the dashboard answers on"
+
+
+def test_the_dashboard_refuses_a_200_mb_chunked_body_while_it_streams(
+    swarm: Daemon, dashboard: dict[str, Any]
+) -> None:
+    import psutil
+
+    from tests.security.test_bad_input import MB, stream_post
+
+    good = _csrf_headers(dashboard)
+    ui = psutil.Process(dashboard["pid"])
+    before = ui.memory_info().rss
+    status, body, sent = stream_post(dashboard["port"], "/api/answer", good, 200 * MB)
+    grown = ui.memory_info().rss - before
+    assert grown < 50 * MB, f"the dashboard grew by {grown // MB} MB"
+    assert status == 413 and sent < 50 * MB, f"refused while the body streamed, not after {sent // MB} MB: {body!r}"
+    conn = http.client.HTTPConnection("127.0.0.1", dashboard["port"], timeout=20)
+    try:
+        conn.putrequest("POST", "/api/answer")
+        for name, value in {**good, "Content-Length": str(200 * MB)}.items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        assert conn.getresponse().status == 413, "a declared length past the cap: refused before the body"
+    finally:
+        conn.close()
+
+
+def _stream_status(info: dict[str, Any], path: str, headers: dict[str, str]) -> tuple[int, str]:
+    """The status of a stream request, and its body unless it is a stream (which
+    never ends: reading it would wait forever)."""
+    conn = http.client.HTTPConnection("127.0.0.1", info["port"], timeout=20)
+    try:
+        conn.request("GET", path, headers=headers)
+        reply = conn.getresponse()
+        streaming = reply.getheader("content-type", "").startswith("text/event-stream")
+        return reply.status, "(a stream)" if streaming else reply.read().decode()
+    finally:
+        conn.close()
+
+
+def test_a_bad_last_event_id_is_a_400_not_a_cut_stream(swarm: Daemon, dashboard: dict[str, Any]) -> None:
+    auth = {"Authorization": f"Bearer {dashboard['token']}"}
+    utf8_digit = "\u0663".encode().decode("latin-1")  # a header is latin-1 on the wire
+    for cursor in (str(10**30), str(2**64), str(2**53), "-1", "abc", "+5", "7 8", "1_0", utf8_digit):
+        status, text = _stream_status(dashboard, "/api/stream", {**auth, "Last-Event-ID": cursor})
+        assert status == 400 and "cursor" in text, (cursor, status, text[:200])
+    assert _stream_status(dashboard, f"/api/stream?since={10**30}", auth)[0] == 400

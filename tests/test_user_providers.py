@@ -4,16 +4,17 @@ SIGKILL, and no silent re-send of a request whose outcome was lost."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 import corral
-from tests.harness import Daemon, cli, ledger_rows, wait_run
+from tests.harness import Daemon, cli, ledger_rows, show, wait_run
 from tests.userpkg import write_entry_point, write_package
 
 
-def _spec(base: Path, provider: str, config: str = "", retry_base_s: float = 0.05) -> Path:
+def _spec(base: Path, provider: str, config: str = "", retry_base_s: float = 0.05, retry_cap_s: float = 30.0) -> Path:
     (base / "ws").mkdir(exist_ok=True)
     spec = base / "swarm.toml"
     spec.write_text(f"""
@@ -23,6 +24,7 @@ root = "ws"
 id = "llm"
 provider = "{provider}"
 retry_base_s = {retry_base_s}
+retry_cap_s = {retry_cap_s}
 provider_config = {{ {config} }}
 """)
     return spec
@@ -41,7 +43,10 @@ def test_a_reference_provider_next_to_the_spec_answers_a_run(short_tmp: Path) ->
 def test_transient_errors_get_the_durable_retry_across_a_supervisor_sigkill(short_tmp: Path) -> None:
     write_package(short_tmp)
     calls = short_tmp / "calls"  # outside the ledger: how often complete() really ran
-    spec = _spec(short_tmp, "userpkg.llm:EchoLLM", f'fail_first = 2, calls_file = "{calls}"', retry_base_s=1.5)
+    # Every retry_at is an hour away: no retry fires by itself while the test runs, so
+    # the SIGKILL and the restart never race a timer; `resume` wakes each retry.
+    config = f'fail_first = 2, calls_file = "{calls}"'
+    spec = _spec(short_tmp, "userpkg.llm:EchoLLM", config, retry_base_s=3600, retry_cap_s=86_400)
     daemon = Daemon(short_tmp / "h", spec)
     try:
         daemon.up()
@@ -49,9 +54,17 @@ def test_transient_errors_get_the_durable_retry_across_a_supervisor_sigkill(shor
         wait_run(daemon, run_id, {"waiting-for-provider-retry"})
         before = daemon.call("pending")["provider_retries"]
         assert [(r["slot"], r["attempt"]) for r in before] == [(f"{run_id}:0", 0)]
+        assert before[0]["retry_at"] > time.time() + 3000
         daemon.kill_supervisor()
         daemon.up()
         assert daemon.call("pending")["provider_retries"] == before, "a restart never resets attempt or retry_at"
+        assert show(daemon, run_id)["run"]["status"] == "waiting-for-provider-retry"
+        assert calls.read_text() == "1", "no retry before its retry_at, across the restart"
+
+        daemon.call("resume", run_id=run_id)  # the explicit wake: this retry is due now
+        wait_run(daemon, run_id, {"waiting-for-provider-retry"})  # its second transient failure
+        assert calls.read_text() == "2"
+        daemon.call("resume", run_id=run_id)
         shown = wait_run(daemon, run_id, {"completed", "failed"}, timeout=90)
         assert shown["run"]["status"] == "completed"
         assert shown["final_reply"] == "echo: flaky"

@@ -85,6 +85,28 @@ def is_sealed(value: Any) -> bool:
     return isinstance(value, dict) and set(value) == {"sealed", "bytes"}
 
 
+#: What one tool result may take on the wire: it travels in one ``action.finish``
+#: frame (1 MiB by default) beside the envelope; larger results go to a sidecar.
+MAX_RESULT_WIRE_BYTES = 768 * 1024
+
+
+def checked_result(name: str, result: Any, limit: int = MAX_RESULT_WIRE_BYTES) -> ToolResult:
+    """The tool boundary's last check, for every kind of tool: ``result`` is a
+    ToolResult whose output can be sent and recorded, else a ToolError saying what
+    is wrong (a failed action), never an exception from inside the send."""
+    from corral.actors import recordable
+
+    if not isinstance(result, ToolResult):
+        raise ToolError(f"{name} returned a {type(result).__name__}, not a ToolResult", "bad-result")
+    if not isinstance(result.output, dict):
+        raise ToolError(f"{name} returned an output of type {type(result.output).__name__}, not a map", "bad-result")
+    try:
+        recordable.check_bounded(result.output, limit, "result")
+    except recordable.NotRecordable as exc:
+        raise ToolError(f"{name} returned a value that cannot be recorded: {exc}", "bad-result") from None
+    return ToolResult(bool(result.ok), result.output, recordable.text(str(result.summary)))
+
+
 def validate_input(tool_schema: ToolSchema, tool_input: dict[str, Any]) -> None:
     """The one validation path (JSON Schema, corral.actors.tools.validation): a bad
     input fails before anything runs, with an error naming the field."""

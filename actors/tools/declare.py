@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
+from corral.actors import recordable
 from corral.actors.providers.base import ToolSchema
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult
 from corral.actors.tools.sidecar import ResultTooLarge, bounded, sidecar_path
@@ -81,14 +82,18 @@ class UserTool:
             raise ToolError(f"{self.schema.name} raised {type(exc).__name__}: {summarize(str(exc), 300)}") from None
         output = value if isinstance(value, dict) else {"result": value}
         try:
-            json.dumps(output, default=str)
+            # Before anything is written: a set, a datetime or a cycle is the tool's
+            # error, not something to stringify into a sidecar or crash the send.
+            recordable.check(value, "result")
+            text = json.dumps(output)
             path = sidecar_path(ctx.home, ctx.run_id, ctx.action_id, "tool")
-            shown = bounded(output, path, preview=summarize(json.dumps(output, default=str), 2000))
+            shown = bounded(output, path, preview=summarize(text, 2000))
         except ResultTooLarge as exc:
             raise ToolError(f"{self.schema.name}: {exc}", ResultTooLarge.code) from None
-        except (TypeError, ValueError) as exc:
-            raise ToolError(f"{self.schema.name} returned a value that is not JSON: {exc}") from None
-        return ToolResult(True, shown, f"{self.schema.name}: {summarize(json.dumps(output, default=str), 120)}")
+        except recordable.NotRecordable as exc:
+            message = f"{self.schema.name} returned a value that cannot be recorded: {exc}"
+            raise ToolError(message, "bad-result") from None
+        return ToolResult(True, shown, f"{self.schema.name}: {summarize(text, 120)}")
 
 
 def _arguments_model(name: str, func: Callable[..., Any]) -> Any:

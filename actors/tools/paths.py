@@ -4,9 +4,10 @@ A path from an actor is relative, has no ``..``, does not reach a control path
 (corral's home and control directory, ``.git`` at any depth, secrets: the one list
 in corral.sandbox.control_paths), and still lies inside the workspace once every
 symlink is resolved. Each rule fails with its own clear message, before anything
-is touched. Writes then walk the resolved parent directory by directory with
-O_NOFOLLOW (actors/tools/fs.py), so a symlink swapped in after the check cannot
-redirect them.
+is touched. What only the tree on disk can tell (a gitdir a ``.git`` file names, a
+repository shape, another name of the same inode) is judged by the staging and the
+reads of actors/tools/staging.py, which also walk the resolved parent directory by
+directory with O_NOFOLLOW, so a symlink swapped in after the check cannot redirect them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from corral.sandbox.control_paths import (
     ControlPathError,
     check_not_control,
     check_outside,
+    is_secret_path,
 )
 
 __all__ = [
@@ -68,6 +70,10 @@ def resolve_in_workspace(workspace: Path, raw: str, *, forbidden: Iterable[Path]
     try:
         if str(inside) != ".":
             check_not_control(inside, raw)
+            # A pattern with a slash may reach above the workspace root: a workspace
+            # that is ~/.docker holds the secret `config.json`.
+            if is_secret_path(target.parts):
+                raise ControlPathError(f"path {raw!r} names a secrets file")
         check_outside(target, forbidden, raw, workspace=root)
     except ControlPathError as exc:
         raise _refuse(str(exc)) from None

@@ -286,6 +286,12 @@ class CommandExec:
             f"{argv[0]} {result.state.value} (exit {result.exit_code}), {result.transcript_lines} lines"
             f" [launch={result.launch_mode.value}]"
         )
+        if result.guard is not None and not result.guard.clean:
+            # What the command did to git's control entries was undone: it did not
+            # do what it was asked, and the model must hear why.
+            output["control_entries"] = result.guard.as_dict()
+            ok = False
+            summary += f"; {result.guard.notice()}"
         return ToolResult(ok, output, summary)
 
 

@@ -14,14 +14,14 @@
   worktrees. Inside the command sandbox ``.git`` is mounted read-only, so
   ``command.exec`` cannot get round it (sandbox/bwrap.py).
 
-Git runs with a fixed argv, no hooks, no fsmonitor, and no user or system config.
+Git runs with a fixed argv and never runs a program the repository names (hooks,
+fsmonitor, drivers, filters, pager...), nor shows a secret file: see host_git.py.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
-import os
 import subprocess
 from pathlib import Path
 from typing import Any, NotRequired
@@ -31,17 +31,19 @@ from typing_extensions import TypedDict
 
 from corral.actors.tools import fs
 from corral.actors.tools.base import Tool, ToolContext, ToolError, ToolResult, schema
+from corral.actors.tools.host_git import (
+    HostGit,
+    HostGitError,
+    SecretPaths,
+    exclusions,
+    status_lines,
+    status_names,
+)
 from corral.actors.tools.paths import check_write_scope
 
 MAX_FILES = 50
 MAX_FILE_BYTES = 1 << 20
 MAX_DIFF_CHARS = 60_000
-GIT_TIMEOUT_S = 30
-#: Settings that stop git from running anything of the repository's or the user's.
-_GIT = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "commit.gpgsign=false",
-        "-c", "core.pager=cat"]
-_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0",
-            "HOME": "/nonexistent", "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
 
 
 def sha256(data: bytes) -> str:
@@ -51,6 +53,19 @@ def sha256(data: bytes) -> str:
 def _target(ctx: ToolContext, relative: str) -> Path:
     """The one path check of the file tools (workspace, home, control paths)."""
     return fs.confined(ctx, relative)
+
+
+def _old_content(ctx: ToolContext, relative: str) -> bytes:
+    """The file's bytes as fs.read reads them (no symlink followed at any level, not a
+    secret or control file under another name), or b"" when there is no file. The
+    hash of these bytes is shown and compared with the caller's: read through a hard
+    link to `.env`, it would confirm a guess of the secret."""
+    try:
+        return fs.read_confined(ctx, relative)
+    except ToolError as exc:
+        if exc.code == "not-found":
+            return b""
+        raise
 
 
 class Change(TypedDict):
@@ -83,7 +98,7 @@ class Changeset:
             new = change["content"].encode()
             if len(new) > MAX_FILE_BYTES:
                 raise ToolError(f"{change['path']}: over {MAX_FILE_BYTES} bytes", "too-big")
-            old = path.read_bytes() if path.is_file() else b""
+            old = _old_content(ctx, change["path"])
             expected = change.get("expected_sha256")
             if expected and sha256(old) != expected and sha256(old) != sha256(new):
                 raise ToolError(f"{change['path']}: its content changed since you read it (sha256 {sha256(old)})",
@@ -121,10 +136,21 @@ def _apply(ctx: ToolContext, writes: list[tuple[str, bytes]]) -> None:
     fs.commit_staged(staged)
 
 
-def _git(ctx: ToolContext, *args: str) -> subprocess.CompletedProcess[str]:
-    root = ctx.workspace.resolve()
-    return subprocess.run([*_GIT, *args], cwd=root, env=_GIT_ENV, capture_output=True, text=True,
-                          timeout=GIT_TIMEOUT_S, check=False)
+def _git(ctx: ToolContext, *args: str, literal_paths: bool = False) -> subprocess.CompletedProcess[str]:
+    try:
+        return HostGit(ctx.workspace).run(*args, literal_paths=literal_paths)
+    except HostGitError as exc:
+        raise ToolError(str(exc), "git-failed") from None
+
+
+def _secrets(ctx: ToolContext) -> SecretPaths:
+    return SecretPaths(ctx.workspace, (ctx.home,))
+
+
+def _checked(done: subprocess.CompletedProcess[str], what: str) -> str:
+    if done.returncode != 0:
+        raise ToolError(done.stderr.strip()[:300] or f"git {what} failed", "git-failed")
+    return done.stdout
 
 
 class NoArgs(TypedDict):
@@ -140,10 +166,15 @@ class GitStatus:
                     read_only=True)
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        done = await trio.to_thread.run_sync(lambda: _git(ctx, "status", "--porcelain=v1", "--branch"))
-        if done.returncode != 0:
-            raise ToolError(done.stderr.strip()[:300] or "git status failed", "git-failed")
-        return ToolResult(True, {"status": done.stdout[:MAX_DIFF_CHARS]}, "git status")
+        def status() -> str:
+            raw = _checked(_git(ctx, "status", "--porcelain=v1", "-z", "--branch", "--no-renames",
+                                "--ignore-submodules=all"), "status")
+            names = status_names(raw)
+            hidden = _secrets(ctx).hidden(names)
+            return status_lines(raw, {name: name in hidden for name in names})
+
+        text = await trio.to_thread.run_sync(status)
+        return ToolResult(True, {"status": text[:MAX_DIFF_CHARS]}, "git status")
 
 
 class GitDiff:
@@ -151,11 +182,21 @@ class GitDiff:
                     read_only=True)
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        args = ["diff", "--no-ext-diff", "--no-color"] + (["--cached"] if tool_input.get("staged") else [])
-        done = await trio.to_thread.run_sync(lambda: _git(ctx, *args))
-        if done.returncode != 0:
-            raise ToolError(done.stderr.strip()[:300] or "git diff failed", "git-failed")
-        return ToolResult(True, {"diff": done.stdout[:MAX_DIFF_CHARS]}, f"git diff ({len(done.stdout)} chars)")
+        staged = ["--cached"] if tool_input.get("staged") else []
+        common = ["--no-ext-diff", "--no-textconv", "--no-color", "--no-renames", "--ignore-submodules=all", *staged]
+
+        def diff() -> str:
+            # The changed names first, then the diff without the secret ones: their
+            # content never reaches the output.
+            names = [n for n in _checked(_git(ctx, "diff", "--name-only", "-z", *common), "diff").split("\0") if n]
+            try:
+                excluded = exclusions(_secrets(ctx).hidden(names))
+            except HostGitError as exc:
+                raise ToolError(str(exc), "git-failed") from None
+            return _checked(_git(ctx, "diff", *common, "--", ".", *excluded), "diff")
+
+        text = await trio.to_thread.run_sync(diff)
+        return ToolResult(True, {"diff": text[:MAX_DIFF_CHARS]}, f"git diff ({len(text)} chars)")
 
 
 class Reviewed(TypedDict):
@@ -189,17 +230,18 @@ class GitCommit:
         paths = []
         for entry in files:
             path = _target(ctx, entry["path"])
-            current = sha256(path.read_bytes()) if path.is_file() else None
+            current = sha256(_old_content(ctx, entry["path"])) if path.is_file() else None
             if current != entry["sha256"]:
                 raise ToolError(f"{entry['path']} is not the reviewed content (sha256 {current})", "not-reviewed")
             paths.append(path.relative_to(ctx.workspace.resolve()).as_posix())
 
         def commit() -> subprocess.CompletedProcess[str]:
-            added = _git(ctx, "add", "--", *paths)
+            # Literal pathspecs: a file named `*.py` is that file, not every Python file.
+            added = _git(ctx, "add", "--", *paths, literal_paths=True)
             if added.returncode != 0:
                 return added
             return _git(ctx, "-c", "user.name=corral agent", "-c", f"user.email={ctx.agent_id}@corral.invalid",
-                        "commit", "--no-verify", "-m", message, "--", *paths)
+                        "commit", "--no-verify", "-m", message, "--", *paths, literal_paths=True)
 
         done = await trio.to_thread.run_sync(commit)
         if done.returncode != 0:

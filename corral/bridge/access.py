@@ -99,8 +99,11 @@ def live_assignment(call: Call, task: sqlite3.Row, assignment_id: str) -> sqlite
     return row
 
 
-def end_assignment(call: Call, assignment: sqlite3.Row, status: AssignmentStatus, reason: str) -> None:
-    """End an active assignment and its run; the task opens again (one revision)."""
+def end_assignment(call: Call, assignment: sqlite3.Row, status: AssignmentStatus, reason: str, *,
+                   kind: str | None = None, **data: Any) -> int:
+    """End an active assignment and its run; the task opens again. One revision and
+    one event (``kind``, by default ``assignment.<status>``, with ``data``): the
+    command that ends it adds nothing more. Returns the task's new revision."""
     check(ASSIGNMENT_TRANSITIONS, AssignmentStatus(assignment["status"]), status)  # type: ignore[arg-type]
     call.db.execute(
         "UPDATE assignments SET status = ?, ended_at = ? WHERE assignment_id = ?",
@@ -110,12 +113,11 @@ def end_assignment(call: Call, assignment: sqlite3.Row, status: AssignmentStatus
     if run is not None and run["status"] == RunStatus.RUNNING:
         check(RUN_TRANSITIONS, RunStatus.RUNNING, RunStatus.ENDED)  # type: ignore[arg-type]
         call.db.execute("UPDATE runs SET status = 'ended', ended_at = ? WHERE run_id = ?", (call.now, run["run_id"]))
-    task = call.one("SELECT * FROM tasks WHERE task_id = ?", assignment["task_id"])
-    if task is not None:
-        ending = TaskStatus.CANCELLED if status is AssignmentStatus.CANCELLED else TaskStatus.OPEN
-        bump(call, task, f"assignment.{status.value}", ending if TaskStatus(task["status"]) in (
-            TaskStatus.ASSIGNED, TaskStatus.RUNNING) else None,
-            assignment_id=assignment["assignment_id"], reason=reason)
+    task = task_row(call, assignment["task_id"])
+    ending = TaskStatus.CANCELLED if status is AssignmentStatus.CANCELLED else TaskStatus.OPEN
+    return bump(call, task, kind or f"assignment.{status.value}", ending if TaskStatus(task["status"]) in (
+        TaskStatus.ASSIGNED, TaskStatus.RUNNING) else None,
+        **data, assignment_id=assignment["assignment_id"], reason=reason)
 
 
 def expire(call: Call, assignment_id: str) -> None:

@@ -16,8 +16,7 @@ from corral.bridge.store import LIMITS, Call, LeaseExpired
 
 
 def _insert_task(call: Call, params: dict[str, Any], owner: str, parent_id: str | None) -> str:
-    count = call.one("SELECT COUNT(*) AS n FROM tasks")
-    if count is not None and int(count["n"]) >= LIMITS["tasks"]:
+    if call.count("tasks") >= LIMITS["tasks"]:
         raise BridgeError("capacity", f"the bridge holds its limit of {LIMITS['tasks']} tasks (M1 deletes none)")
     task_id = new_id("task")
     status = TaskStatus.OPEN if params.get("publish") else TaskStatus.DRAFT
@@ -81,16 +80,19 @@ def task_get(call: Call, params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: The live tasks the caller holds an active grant on: walked from the live tasks
+#: (index tasks_by_status), not from every grant the caller ever had.
+DISCOVER_SQL = (
+    "SELECT DISTINCT t.* FROM tasks t JOIN grants g ON g.task_id = t.task_id"
+    " WHERE g.principal = ? AND g.status = 'active' AND t.status IN ('open', 'assigned', 'running')"
+    " ORDER BY t.created_at LIMIT ?"
+)
+
+
 def task_discover(call: Call, params: dict[str, Any]) -> dict[str, Any]:
     """Open tasks the caller may claim, and claimed ones whose lease has passed
     (a claim materialises that expiry and answers ``stale``; claim again)."""
-    rows = call.all(
-        "SELECT DISTINCT t.* FROM tasks t JOIN grants g ON g.task_id = t.task_id"
-        " WHERE g.principal = ? AND g.status = 'active' AND t.status IN ('open', 'assigned', 'running')"
-        " ORDER BY t.created_at LIMIT ?",
-        call.principal,
-        int(params.get("limit", 100)),
-    )
+    rows = call.all(DISCOVER_SQL, call.principal, int(params.get("limit", 100)))
     found = []
     for row in rows:
         if not access.allowed(call, row, "claim"):
@@ -166,11 +168,14 @@ def grant_revoke(call: Call, params: dict[str, Any]) -> dict[str, Any]:
     call.db.execute(
         "UPDATE grants SET status = 'revoked', revoked_at = ? WHERE grant_id = ?", (call.now, grant["grant_id"])
     )
-    revision = access.bump(call, task, "grant.revoked", grant_id=grant["grant_id"], reason=params["reason"])
     active = call.one("SELECT * FROM assignments WHERE grant_id = ? AND status = 'active'", grant["grant_id"])
     if active is not None:
-        access.end_assignment(call, active, AssignmentStatus.REVOKED, "its claim grant was revoked")
-        revision += 1
+        # One transaction, one revision: the revocation and the assignment it ends
+        # are one fact (one event), as a cancel that ends an assignment is.
+        revision = access.end_assignment(call, active, AssignmentStatus.REVOKED, params["reason"],
+                                         kind="grant.revoked", grant_id=grant["grant_id"])
+    else:
+        revision = access.bump(call, task, "grant.revoked", grant_id=grant["grant_id"], reason=params["reason"])
     return {"grant_id": grant["grant_id"], "auth_epoch": epoch, "revision": revision}
 
 

@@ -13,7 +13,9 @@ from corral.bridge.store import Method
 _ID = {"type": "string", "pattern": "^[a-z]{2,8}-[0-9a-f]{16}$"}
 _KEY = {"type": "string", "minLength": 8, "maxLength": 128, "pattern": "^[A-Za-z0-9_.:-]+$"}
 _REV = {"type": "integer", "minimum": 1}
-_PRINCIPAL = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
+#: A principal's name, in requests and in the registration file alike.
+PRINCIPAL_PATTERN = "^[A-Za-z0-9_.-]{1,64}$"
+_PRINCIPAL = {"type": "string", "pattern": PRINCIPAL_PATTERN}
 _REASON = {"type": "string", "minLength": 1, "maxLength": 500}
 _LEASE = {"type": "integer", "minimum": 1000, "maximum": 86_400_000}
 _EXTENSIONS = {

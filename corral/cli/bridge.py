@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -27,6 +28,7 @@ def _bridge_args(parser: argparse.ArgumentParser) -> None:
 @arguments(_bridge_args)
 def cmd_bridge(args: argparse.Namespace) -> int:
     from corral.bridge import server
+    from corral.bridge.store import SchemaError
 
     if args.bridge_command == "methods":
         if args.json:
@@ -51,7 +53,11 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         sock = http_service.listen(host, int(port_text))
     except OSError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    bridge = server.Bridge(Path(args.db), principals)
+    try:
+        bridge = server.Bridge(Path(args.db), principals)
+    except (SchemaError, sqlite3.Error) as exc:
+        sock.close()
+        raise CliError(f"bad --db {args.db}: {exc}", EXIT_USAGE) from None
     port = sock.getsockname()[1]
     info = {"url": f"http://{host}:{port}", "port": port, "db": str(args.db), "principals": sorted(principals.values())}
 

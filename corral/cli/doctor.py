@@ -53,6 +53,7 @@ def check_home(home: Path) -> list[Finding]:
     remembered = remembered_placement(home)
     if remembered.get("shown_url"):
         found.append(_postgres_ledger(home, remembered))
+        found.extend(_adoptions(home))
     else:
         found.extend(_ledger(home / homes.LEDGER))
     return found
@@ -83,6 +84,30 @@ def _postgres_ledger(home: Path, remembered: dict[str, Any]) -> Finding:
     held = (f"held by node {hold['holder']} at epoch {hold['epoch']}, lease {float(hold['left_s']):.1f}s"
             if hold else "not held")
     return Finding("ok", "ledger", f"{shown} partition {partition}: schema {version} of {len(MIGRATIONS)}, {held}")
+
+
+def _adoptions(home: Path) -> list[Finding]:
+    """Partitions of the cluster whose node is gone, with runs to finish, that this
+    corral must not adopt: their schema is newer (a rolling upgrade half done)."""
+    from corral.supervisor import cluster
+
+    try:
+        ledger = open_for_reading(home)
+    except (LedgerSpecError, CorralError, LedgerError):
+        return []  # the ledger finding says why
+    try:
+        _free, refused = cluster.adoptable(ledger.raw)
+    finally:
+        ledger.close()
+    if not refused:
+        return [Finding("ok", "adoption", "every partition waiting for adoption has a schema this corral knows")]
+    return [
+        Finding("error", "adoption",
+                f"partition {refusal.partition} (held by {refusal.holder}, lease expired) has runs to finish and"
+                f" schema {refusal.schema}, newer than this corral's ({refusal.supported}): no node of this"
+                " corral adopts it", refusal.advice)
+        for refusal in refused
+    ]
 
 
 def _permissions(home: Path) -> Finding:

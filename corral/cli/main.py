@@ -18,6 +18,7 @@ from corral.core.errors import RunTimeout
 from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
 from corral.supervisor import home as homes
+from corral.supervisor.home_placement import check_placement, project_root_of
 from corral.supervisor.ledger_spec import LedgerSpecError
 from corral.supervisor.spec import SpecError, load_spec
 
@@ -124,14 +125,16 @@ def _up_args(parser: argparse.ArgumentParser) -> None:
 @arguments(_up_args)
 def cmd_up(args: argparse.Namespace) -> int:
     home = home_of(args)
+    spec = Path(args.spec) if args.spec else None
+    if spec is not None:
+        _check_spec(spec)  # before the home: a bad spec leaves nothing behind
     try:
+        # Before anything is created: a home inside the project (or around it) is refused.
+        check_placement(home, project_root_of(spec, home))
         homes.ensure_home(home)
     except homes.HomeError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    spec = Path(args.spec) if args.spec else None
     if args.foreground:
-        if spec is not None:
-            _check_spec(spec)
         from corral.client_start import supervisor_argv
         from corral.supervisor.__main__ import main as daemon_main
 
@@ -221,7 +224,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if status.get("cluster"):
         _print_cluster(status["cluster"])
     if status.get("degraded"):
-        print(f"DEGRADED (read-only, new work refused): {status['degraded']}")
+        # The reason says what is degraded: a failing ledger (read-only, new work
+        # refused), a lost database connection, a stalled fork server (spawns wait).
+        print(f"DEGRADED: {status['degraded']}")
     if status.get("busy"):
         print("open: " + "; ".join(status["busy"]))
     return 0
@@ -243,6 +248,9 @@ def _print_cluster(cluster: dict[str, Any]) -> None:
          for p in cluster["partitions"]],
         ["PARTITION", "HELD BY", "EPOCH", "ADOPTED FROM", "LEASE"],
     )
+    for refused in cluster.get("adoption_refused") or []:
+        print(f"NOT ADOPTED: partition {refused['partition']} has schema {refused['schema']}, newer than this"
+              f" corral's ({refused['supported']}): {refused['advice']}")
 
 
 @command("ping", "check that the supervisor answers")

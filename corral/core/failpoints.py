@@ -3,11 +3,14 @@
 Syntax: ``name=action[,name=action...]`` where action is one of ``kill`` (SIGKILL
 this process), ``kill-supervisor`` (SIGKILL the supervisor, from an actor),
 ``kill-caller`` (in the supervisor: SIGKILL the actor whose request is being handled),
-``raise``, ``sleep(MS)``, ``block`` (wait until the file ``<marker dir>/<name>.release``
-exists: a test holds a process inside a window, does something, then releases
-it; at most two minutes), optionally suffixed ``@once`` so that it fires once per
-home directory (a marker file records that it fired, which lets a restarted process
-carry on past it).
+``raise``, ``disk-full`` (raise the error SQLite gives on a full disk,
+``sqlite3.OperationalError: database or disk is full``: inside a ledger transaction
+the commit is refused exactly as a full disk refuses it), ``sleep(MS)``, ``block``
+(wait until the file ``<marker dir>/<name>.release`` exists: a test holds a process
+inside a window, does something, then releases it; at most two minutes), optionally
+suffixed ``@once`` so that it fires once per home directory (a marker file records
+that it fired, which lets a restarted process carry on past it), or ``@N`` so that
+it fires the first N times.
 
 When the variable is unset ``hit()`` is one dict lookup on an empty dict.
 """
@@ -18,6 +21,7 @@ import contextvars
 import os
 import re
 import signal
+import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +36,7 @@ KNOWN: dict[str, str] = {
     "action.after-executing": "supervisor: executing committed, agent not yet told",
     "agent.before-effect": "agent: executing acknowledged, side effect not started",
     "agent.after-effect": "agent: side effect done, terminal record not requested",
+    "action.before-terminal": "supervisor: an action's outcome is in hand, its terminal phase not yet committed",
     "action.after-terminal": "supervisor: terminal phase committed (its receipt in the same commit)",
     "action.after-receipt": "supervisor: receipt written, agent not yet told",
     "plan.after-commit": "supervisor: plan committed, agent not yet told",
@@ -80,12 +85,16 @@ class FailpointSpecError(ValueError):
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # kill | kill-supervisor | raise | sleep
+    kind: str  # kill | kill-supervisor | kill-caller | raise | disk-full | block | sleep
     sleep_ms: int = 0
     once: bool = False
+    #: With ``@N``: fires the first N times per home directory (0: every time).
+    times: int = 0
 
 
-_ACTION = re.compile(r"^(kill|kill-supervisor|kill-caller|raise|block|sleep\((\d+)\))(@once)?$")
+_ACTION = re.compile(
+    r"^(kill|kill-supervisor|kill-caller|raise|disk-full|block|sleep\((\d+)\))(@once|@([1-9]\d{0,5}))?$"
+)
 #: The longest a ``block`` failpoint holds its process.
 BLOCK_MAX_S = 120.0
 
@@ -104,10 +113,12 @@ def parse(spec: str) -> dict[str, Action]:
         match = _ACTION.match(action)
         if not match:
             raise FailpointSpecError(
-                f"failpoint {name}: bad action {action!r} (kill|kill-supervisor|kill-caller|raise|block|sleep(MS))"
+                f"failpoint {name}: bad action {action!r}"
+                " (kill|kill-supervisor|kill-caller|raise|disk-full|block|sleep(MS), then @once or @N)"
             )
         kind = "sleep" if match.group(2) else match.group(1)
-        table[name] = Action(kind, int(match.group(2) or 0), bool(match.group(3)))
+        times = 1 if match.group(3) == "@once" else int(match.group(4) or 0)
+        table[name] = Action(kind, int(match.group(2) or 0), times == 1, times)
     return table
 
 
@@ -134,7 +145,7 @@ def hit(name: str) -> None:
         return
     if action.kind == "kill-caller" and caller_pid.get() is None:
         return  # no actor's request in hand (a control call, a timer): stay armed for one
-    if action.once and not _claim_once(name):
+    if action.times and not _claim(name, action.times):
         return
     if action.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -150,6 +161,8 @@ def hit(name: str) -> None:
             os.kill(pid, signal.SIGKILL)
     elif action.kind == "raise":
         raise FailpointError(f"failpoint {name}")
+    elif action.kind == "disk-full":
+        raise sqlite3.OperationalError("database or disk is full")
     elif action.kind == "sleep":
         time.sleep(action.sleep_ms / 1000)
     elif action.kind == "block":
@@ -168,14 +181,18 @@ def _block(name: str) -> None:
         time.sleep(0.01)
 
 
-def _claim_once(name: str) -> bool:
+def _claim(name: str, times: int) -> bool:
+    """One of the first ``times`` firings of ``name`` in this home: a marker file
+    per firing (``<name>.fired``, then ``<name>.fired.2`` ...), created exclusively."""
     directory = os.environ.get(MARKER_DIR_ENV)
     if not directory:
         return True
-    path = Path(directory) / f"{name}.fired"
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    except FileExistsError:
-        return False
-    os.close(fd)
-    return True
+    for index in range(1, times + 1):
+        path = Path(directory) / (f"{name}.fired" if index == 1 else f"{name}.fired.{index}")
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return True
+    return False

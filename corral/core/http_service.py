@@ -1,5 +1,6 @@
 """Serving an ASGI app (the dashboard, the task bridge): a listening socket on a
-chosen address, hypercorn under trio on it, until SIGINT or SIGTERM."""
+chosen address, hypercorn under trio on it, until SIGINT or SIGTERM; and reading
+a request's body within a cap."""
 
 from __future__ import annotations
 
@@ -9,6 +10,44 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the body is over {limit} bytes")
+        self.limit = limit
+
+
+class BadBody(Exception):
+    """A body that cannot be read: a malformed Content-Length, a client gone mid-way."""
+
+
+async def read_body(request: Any, limit: int) -> bytes:
+    """A starlette request's body, at most ``limit`` bytes, refused while streaming.
+
+    A declared Content-Length past the cap is refused before a byte is read; a
+    chunked body is refused as soon as it passes the cap, and what was read is
+    dropped. Nothing past the cap is read or kept: hypercorn's receive queue is
+    bounded, so an unread body waits in the socket, not in memory."""
+    from starlette.requests import ClientDisconnect
+
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not (declared.isascii() and declared.isdigit()) or len(declared) > 19:
+            raise BadBody(f"Content-Length {declared[:40]!r} is not a byte count")
+        if int(declared) > limit:
+            raise BodyTooLarge(limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise BadBody("the client went away before the body ended") from None
+    return b"".join(chunks)
 
 
 def listen(host: str, port: int) -> socket.socket:

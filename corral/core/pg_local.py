@@ -66,6 +66,7 @@ class LocalPostgres:
         self.durable = durable
         self.process: subprocess.Popen[bytes] | None = None
         self._user: str | None = None
+        self._settings: list[str] = []
 
     @property
     def socket_dir(self) -> Path:
@@ -98,20 +99,42 @@ class LocalPostgres:
             )
         if done.returncode != 0:
             raise LocalPostgresError(f"initdb failed: {log.read_text()[-600:]}")
-        settings = [
+        self._settings = [
             "listen_addresses=", f"unix_socket_directories={self.socket_dir}", "max_connections=200",
             "shared_buffers=128MB", "autovacuum=off", "max_parallel_workers_per_gather=0",
         ]
         if not self.durable:
-            settings += ["fsync=off", "full_page_writes=off", "synchronous_commit=off"]
-        args = [str(bindir / "postgres"), "-D", str(self.data)]
-        for setting in settings:
+            self._settings += ["fsync=off", "full_page_writes=off", "synchronous_commit=off"]
+        self.launch(timeout)
+
+    def launch(self, timeout: float = 60.0) -> None:
+        """Start the server on the cluster ``start`` made (again, after ``shut_down``)."""
+        args = [str(find_bindir() / "postgres"), "-D", str(self.data)]
+        for setting in self._settings:
             args += ["-c", setting]
-        self.process = subprocess.Popen(  # type: ignore[call-overload]
-            args, stdout=subprocess.DEVNULL, stderr=open(self.root / "server.log", "wb"),  # noqa: SIM115
-            start_new_session=True, **who,
-        )
+        with open(self.root / "server.log", "ab") as log:
+            self.process = subprocess.Popen(  # type: ignore[call-overload]
+                args, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, **self._as_server_user(),
+            )
         self._wait_ready(timeout)
+
+    def shut_down(self) -> None:
+        """A fast shutdown (``pg_ctl stop -m fast``), keeping the cluster: every
+        client is disconnected, and new connections are refused until ``launch``."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def restart(self, timeout: float = 60.0) -> None:
+        """``pg_ctl restart -m fast``: down and up again at once."""
+        self.shut_down()
+        self.launch(timeout)
 
     def _wait_ready(self, timeout: float) -> None:
         import psycopg
@@ -142,14 +165,6 @@ class LocalPostgres:
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT), then SIGKILL of the whole group if it hangs."""
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        self.shut_down()
         if self.owned:
             shutil.rmtree(self.root, ignore_errors=True)

@@ -11,7 +11,11 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from corral.core import secret_rules
+from corral.core.secret_rules import Anchor, Rule
 
 REDACTED = "[redacted]"
 #: Shorter values are not treated as secrets, and every pattern matches more.
@@ -20,20 +24,54 @@ MIN_SECRET_CHARS = 6
 # Names of environment variables whose values are secrets wherever they appear.
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.I)
 
-_PATTERNS = [
-    re.compile(r"sk-[A-Za-z0-9_\-]{16,}"),  # OpenAI-style keys
-    re.compile(r"(?i:bearer\s+[A-Za-z0-9._\-]{12,})"),
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"),
-    re.compile(r"AKIA[0-9A-Z]{16}"),
-    re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}"),
-    # Stop at quotes and brackets so that redacting inside JSON text keeps it JSON.
-    # A quoted value (``api_key = "..."``, also escaped inside JSON text) counts too.
-    re.compile(r"(?i:(api[_-]?key|secret|password|token)\s*[=:]\s*(?:\\?[\"'])?[^\s\"',}\]\\]{6,})"),
-]
 
-#: Whether any pattern can match: one search instead of a substitution per
-#: pattern, on the ledger's every write (most strings are ids and names).
-_ANY_PATTERN = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in _PATTERNS))
+
+@dataclass(frozen=True)
+class _Family:
+    """Rules that share their gate (the keyword plugin's dozen regexes do)."""
+
+    gate: frozenset[str] | None
+    rules: tuple[Rule, ...]
+
+
+def _families(rules: list[Rule]) -> tuple[_Family, ...]:
+    """Rules grouped by gate, each needle replaced by a shorter one inside it that
+    another gate looks for anyway (``begin rsa private key`` -> ``private``): a
+    gate may open a little more often, but each text is searched for fewer needles
+    (a text's search for needles was half of redaction's time)."""
+    needles = {needle for rule in rules for needle in rule.gate or ()}
+
+    def shared(needle: str) -> str:
+        inside = [other for other in needles if len(other) >= 3 and other != needle and other in needle]
+        return min(inside, key=len) if inside else needle
+
+    grouped: dict[frozenset[str] | None, list[Rule]] = {}
+    for rule in rules:
+        gate = None if rule.gate is None else frozenset(shared(needle) for needle in rule.gate)
+        grouped.setdefault(gate, []).append(rule)
+    return tuple(_Family(gate, tuple(members)) for gate, members in grouped.items())
+
+
+@dataclass(frozen=True)
+class _Plan:
+    families: tuple[_Family, ...]
+    #: Every gate's needles once: most texts hold few, and then few regexes run at all.
+    needles: tuple[str, ...]
+
+
+@functools.cache
+def _plan() -> _Plan:
+    """Built on first use, once per process: importing detect-secrets and reading its
+    patterns costs ~0.1 s, which a CLI command that never redacts should not pay.
+    The fork server builds it before forking (``prepare``), so actors share it."""
+    # corral's own first: a whole PEM block is one span, whatever a plugin finds inside.
+    families = _families([*secret_rules.corral_rules(), *secret_rules.plugin_rules()])
+    return _Plan(families, tuple(sorted({needle for family in families for needle in family.gate or ()})))
+
+
+def prepare() -> None:
+    """Build the pattern set now (a process about to fork its children calls this)."""
+    _plan()
 
 _extra_values: set[str] = set()
 
@@ -78,10 +116,145 @@ def _redact_text(text: str, values: tuple[str, ...]) -> str:
     for value in values:
         if value in text:
             text = text.replace(value, REDACTED)
-    if _ANY_PATTERN.search(text):
-        for pattern in _PATTERNS:
-            text = pattern.sub(REDACTED, text)
-    return text
+    spans = _secret_spans(_json_view(text))
+    if not spans:
+        return text
+    parts, last = [], 0
+    for start, end in spans:
+        start, end = _whole_escapes(text, start, end)
+        parts += [text[last:start], REDACTED]
+        last = end
+    return "".join([*parts, text[last:]])
+
+
+def _json_view(text: str) -> str:
+    """``text`` as the patterns should see it when it is JSON text (a model's reply,
+    a transcript): an escaped quote or line break (``\\"``, ``\\n``) reads as the
+    quote or the line break, its backslash as a space. Same length, so a span
+    found in the view is the same span of the text."""
+    if "\\" not in text:
+        return text
+    return text.replace('\\"', ' "').replace("\\n", " \n").replace("\\r", " \r").replace("\\t", " \t")
+
+
+def _whole_escapes(text: str, start: int, end: int) -> tuple[int, int]:
+    """A span that splits no escape sequence: redacting ``\\n``'s ``n`` alone would
+    leave a backslash escaping ``[`` (invalid JSON)."""
+    while start > 0 and _escaping(text, start - 1):
+        start -= 1
+    while end > start and _escaping(text, end - 1):
+        end -= 1
+    return start, end
+
+
+def _escaping(text: str, at: int) -> bool:
+    """Whether the backslash at ``at`` escapes the next character (an odd run)."""
+    run = 0
+    while at - run >= 0 and text[at - run] == "\\":
+        run += 1
+    return run % 2 == 1
+
+
+def _secret_spans(text: str) -> list[tuple[int, int]]:
+    """Every rule's secrets in ``text``, merged where they overlap, in order."""
+    plan = _plan()
+    found = _Finder(text)
+    held = {needle for needle in plan.needles if needle in found.lowered}
+    spans: list[tuple[int, int]] = []
+    for family in plan.families:
+        if family.gate is not None and family.gate.isdisjoint(held):
+            continue
+        for rule in family.rules:
+            _find(rule, found, spans)
+    if len(spans) <= 1:
+        return spans
+    spans.sort()
+    merged = [spans[0]]
+    for start, end in spans[1:]:
+        if start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _find(rule: Rule, found: _Finder, spans: list[tuple[int, int]]) -> None:
+    text = found.text
+    if rule.starts is not None:
+        # Only where a match can start, on that line (a multi-line rule: to the end).
+        for pos in found.positions(rule.starts):
+            start, end = (0, len(text)) if rule.multiline else found.line_of(pos)
+            match = rule.pattern.match(found.slice(start, end), pos - start)
+            if match is not None:
+                _add(spans, rule, match, start)
+    elif rule.line_safe or rule.multiline:
+        for match in rule.pattern.finditer(text):  # one search finds what each line's would
+            _add(spans, rule, match, 0)
+    else:
+        for start, end in found.lines_with(rule.anchors):
+            for match in rule.pattern.finditer(found.slice(start, end)):
+                _add(spans, rule, match, start)
+
+
+def _add(spans: list[tuple[int, int]], rule: Rule, match: re.Match[str], offset: int) -> None:
+    span = secret_rules.secret_span(rule, match)
+    if span is not None:
+        spans.append((span[0] + offset, span[1] + offset))
+
+
+class _Finder:
+    """Where a text holds anchors, each looked for once (``str.find``, a C loop),
+    and its lines (detect-secrets' patterns are written for one line at a time)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        lowered = text.lower()
+        if len(lowered) != len(text):
+            lowered = text.replace("\u0130", "i").lower()  # the one longer lower-case form
+        self.lowered = lowered
+        self._positions: dict[Anchor, list[int]] = {}
+        self._first_at: dict[Anchor, int] = {}
+        self._slices: dict[tuple[int, int], str] = {}
+
+    def _first(self, anchor: Anchor) -> int:
+        at = self._first_at.get(anchor)
+        if at is None:
+            needle, exact = anchor
+            at = self._first_at[anchor] = (self.text if exact else self.lowered).find(needle)
+        return at
+
+    def positions(self, anchors: frozenset[Anchor]) -> list[int]:
+        found: set[int] = set()
+        for anchor in anchors:
+            known = self._positions.get(anchor)
+            if known is None:
+                needle, exact = anchor
+                haystack = self.text if exact else self.lowered
+                known = []
+                at = self._first(anchor)
+                while at >= 0:
+                    known.append(at)
+                    at = haystack.find(needle, at + 1)
+                self._positions[anchor] = known
+            found.update(known)
+        return sorted(found)
+
+    def line_of(self, pos: int) -> tuple[int, int]:
+        end = self.text.find("\n", pos)
+        return self.text.rfind("\n", 0, pos) + 1, len(self.text) if end < 0 else end
+
+    def lines_with(self, anchors: frozenset[Anchor] | None) -> list[tuple[int, int]]:
+        if anchors is None:
+            starts = [0, *(at + 1 for at, char in enumerate(self.text) if char == "\n")]
+            return sorted({self.line_of(start) for start in starts})
+        return sorted({self.line_of(pos) for pos in self.positions(anchors)})
+
+    def slice(self, start: int, end: int) -> str:
+        key = (start, end)
+        line = self._slices.get(key)
+        if line is None:
+            line = self._slices[key] = self.text[start:end]
+        return line
 
 
 @functools.lru_cache(maxsize=4096)

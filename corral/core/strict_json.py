@@ -1,7 +1,9 @@
 """Strict JSON, one path for every wire format that hashes what it receives
 (intent contracts, the task bridge): duplicate keys, invalid Unicode (lone
 surrogates), non-finite numbers, floats and integers past 2^53 - 1 are refused,
-and the canonical form is RFC 8785 (JCS), hashed with SHA-256."""
+and so is nesting deeper than MAX_DEPTH (found before parsing: the parser, the
+schema checks and the canonical form all recurse once per level). The canonical
+form is RFC 8785 (JCS), hashed with SHA-256."""
 
 from __future__ import annotations
 
@@ -11,11 +13,15 @@ from typing import Any
 
 import rfc8785
 
+from corral.core import nesting
+
 MAX_SAFE_INTEGER = 2**53 - 1
+#: Arrays and objects nest at most this deep (far past any real request).
+MAX_DEPTH = 64
 
 
 class StrictJsonError(ValueError):
-    """``code``: "bad-json", "duplicate-key", "invalid-unicode" or "unsafe-number"."""
+    """``code``: "bad-json", "too-deep", "duplicate-key", "invalid-unicode" or "unsafe-number"."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -35,9 +41,14 @@ def loads(text: str | bytes) -> Any:
         raise StrictJsonError("unsafe-number", f"{name} is not a JSON number")
 
     try:
+        nesting.check_json(text, MAX_DEPTH)
         if isinstance(text, bytes):
             text = text.decode("utf-8")
         value = json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constant)
+    except nesting.TooDeep as exc:
+        raise StrictJsonError("too-deep", f"not accepted: {exc}") from None
+    except RecursionError:  # the scan above should make this unreachable
+        raise StrictJsonError("too-deep", "not accepted: nested too deeply") from None
     except UnicodeError as exc:
         raise StrictJsonError("invalid-unicode", f"not UTF-8: {exc}") from None
     except json.JSONDecodeError as exc:

@@ -12,7 +12,10 @@ Security, for a page that can approve side effects:
   it: 401. The token is random per server, printed once, and kept in the 0600
   endpoint file ``<home>/ui.json``;
 * nothing writes through GET; every POST needs the page's CSRF token in the
-  ``X-CSRF-Token`` header, a JSON body, and no foreign ``Origin``.
+  ``X-CSRF-Token`` header, a JSON body, and no foreign ``Origin``;
+* bad input is a 4xx, never a 500: a body is at most 1 MiB (refused while it
+  streams in) and nests at most 32 levels (checked before parsing); a stream
+  cursor is a decimal integer from 0 to 2^53 - 1.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from starlette.routing import Route
 
 from corral.async_client import AsyncClient
 from corral.client_types import RunResult
+from corral.core import http_service, nesting
 from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
 from corral.supervisor import home as homes
@@ -51,6 +55,12 @@ STREAM_WAIT_MS = 10_000
 USS_TTL_S = 5.0
 #: The timeline reads at most this many events (the newest).
 TIMELINE_EVENTS = 50_000
+#: A POST body: its size and how deep it may nest (the bodies are flat objects).
+MAX_BODY = 1 << 20
+MAX_DEPTH = 32
+#: A stream cursor: a ledger event's number (decimal, at most 2^53 - 1).
+_CURSOR = re.compile(r"^[0-9]{1,16}$")
+MAX_CURSOR = 2**53 - 1
 _ACTION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,120}$")
 _FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
 
@@ -137,12 +147,21 @@ class Dashboard:
             if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
                 return JSONResponse({"error": "send a JSON body"}, 415)
             try:
-                body = json.loads(await request.body())
+                raw = await http_service.read_body(request, MAX_BODY)
+            except http_service.BodyTooLarge as exc:
+                return JSONResponse({"error": str(exc)}, 413)
+            except http_service.BadBody as exc:
+                return JSONResponse({"error": str(exc)}, 400)
+            try:
+                nesting.check_json(raw, MAX_DEPTH)
+                body = json.loads(raw)
                 if not isinstance(body, dict):
                     raise BadInput("the body must be a JSON object")
                 return JSONResponse(await act(body))
-            except (ValueError, BadInput) as exc:
+            except (ValueError, BadInput) as exc:  # nesting.TooDeep is a ValueError
                 return JSONResponse({"error": str(exc)}, 400)
+            except RecursionError:  # the depth check above should make this unreachable
+                return JSONResponse({"error": "the body nests too deeply"}, 400)
             except ControlError as exc:
                 return JSONResponse({"error": exc.message, "code": exc.code}, 409)
 
@@ -210,12 +229,12 @@ class Dashboard:
         """Server-sent events from the ledger's event stream. Each carries its
         cursor as its id, so a browser that reconnects (``Last-Event-ID``) resumes
         right after the last event it got: nothing is skipped, nothing repeated."""
-        try:
-            since = int(request.headers.get("last-event-id") or request.query_params.get("since") or 0)
-        except ValueError:
-            return JSONResponse({"error": "since must be an integer cursor"}, 400)
-        if since < 0:
-            return JSONResponse({"error": "since must be >= 0"}, 400)
+        # Checked before the response starts: past that point a bad cursor can only
+        # cut the stream (a cursor past 2^64 did, in the ledger's encoder).
+        offered = request.headers.get("last-event-id") or request.query_params.get("since") or "0"
+        if not _CURSOR.match(offered) or int(offered) > MAX_CURSOR:
+            return JSONResponse({"error": f"since (Last-Event-ID) must be a cursor from 0 to {MAX_CURSOR}"}, 400)
+        since = int(offered)
         # One connection per stream: a long-poll must not hold the pages' client.
         reader = AsyncClient.connect(self.home, timeout=STREAM_WAIT_MS / 1000 + 10)
 

@@ -126,3 +126,74 @@ def _swept_on_next_boot(base: Path) -> bool:
     with running(base / "home", spec) as daemon:
         spool = daemon.home / "sealed"
         return not any(spool.iterdir())
+
+
+# -- issue 32, case 10: AWS secret keys and credentials in URLs --------------------------
+
+#: Each value, the line it comes in, and the bytes that must not reach the ledger
+#: (for ``pw`` the credential pair: two letters alone are everywhere).
+LEAKS = {
+    "aws_secret_access_key = Zq8uV3kP2mX9tR4wY7bN1cL6hJ5gF0dS2aQ8eT3y": b"Zq8uV3kP2mX9tR4wY7bN1cL6hJ5gF0dS2aQ8eT3y",
+    "AWS_SECRET_ACCESS_KEY=Kc4nR7vT1pW8yB2mX5zQ9sD3fG6hJ0lA4eU7iO1r": b"Kc4nR7vT1pW8yB2mX5zQ9sD3fG6hJ0lA4eU7iO1r",
+    "git clone https://bob:s3cretP4ss@git.example.com/team/app.git": b"s3cretP4ss",
+    "psql postgres://admin:Adm1nPw0rd77@db/app": b"Adm1nPw0rd77",
+    "DATABASE_URL=postgresql://u:pw@h/db": b"u:pw@h",
+}
+LEAKY_STEPS = """
+[[agents.steps]]
+actions = [{ tool = "fs.read", input = { path = "notes/deploy.md" } }]
+[[agents.steps]]
+final = "read the deploy notes"
+"""
+
+
+def test_aws_keys_and_url_credentials_are_redacted_by_the_maintained_patterns() -> None:
+    from corral.core.redact import REDACTED, redact_text
+
+    for line, secret in LEAKS.items():
+        shown = redact_text(line)
+        assert secret.decode() not in shown and REDACTED in shown, shown
+    # What is not secret stays: the user, the host, the variable's name.
+    assert redact_text("https://bob:s3cretP4ss@git.example.com/x") == f"https://bob:{REDACTED}@git.example.com/x"
+    assert redact_text("AWS_SECRET_ACCESS_KEY=Kc4nR7vT1pW8yB2mX5zQ9sD3fG6hJ0lA4eU7iO1r\nnext") == (
+        f"AWS_SECRET_ACCESS_KEY={REDACTED}\nnext"
+    )
+
+
+def test_every_detect_secrets_pattern_plugin_is_applied() -> None:
+    """The pattern set is detect-secrets' own: every regex plugin it ships (but the
+    public-IP one) gives rules, read from the installed package."""
+    from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+    from detect_secrets.plugins.base import RegexBasedDetector
+
+    from corral.core import secret_rules
+
+    expected = {plugin.__name__ for plugin in get_mapping_from_secret_type_to_class().values()
+                if issubclass(plugin, RegexBasedDetector)} - {"IPPublicDetector"}
+    sources = {rule.source for rule in secret_rules.plugin_rules()}
+    assert expected <= sources and "KeywordDetector" in sources
+    assert {"AWSKeyDetector", "BasicAuthDetector", "PrivateKeyDetector", "GitHubTokenDetector", "SlackDetector",
+            "StripeDetector"} <= sources
+
+
+def test_a_tool_output_with_aws_keys_and_url_credentials_leaves_none_in_the_ledger(short_tmp: Path) -> None:
+    """A live run reads a file full of them; the ledger's bytes on disk (the database
+    and its WAL) hold none, and the file itself is read whole (the model sees it)."""
+    from tests.harness import agent_spec
+
+    notes = short_tmp / "ws" / "notes"
+    notes.mkdir(parents=True)
+    (notes / "deploy.md").write_text("# deploy\n" + "\n".join(LEAKS) + "\n")
+    with running(short_tmp / "home", agent_spec(steps=LEAKY_STEPS)) as daemon:
+        run_id = daemon.call("run", agent_id="writer", task="read the deploy notes")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed", shown["run"]
+        results = ledger_rows(daemon.home, "SELECT result FROM actions WHERE run_id = ? AND tool = 'fs.read'", run_id)
+        stored = results[0]["result"]
+        assert len(results) == 1 and "[redacted]" in stored and "postgres://admin:" in stored
+        ledger = _ledger_bytes(daemon.home)  # while it runs: the WAL holds the newest pages
+        daemon.shutdown()
+    ledger += _ledger_bytes(short_tmp / "home")
+    assert ledger, "the ledger is on disk"
+    for line, secret in LEAKS.items():
+        assert secret not in ledger, line

@@ -208,8 +208,9 @@ final = "done"
 
 @needs_bwrap
 def test_a_sandboxed_command_cannot_take_the_token_from_a_home_inside_the_project(short_tmp: Path) -> None:
-    """The escape of the issue, end to end: --home <project>/state; the command reads
-    endpoint.json, .env in disguise, and tries .git/config."""
+    """The escape of the issue, end to end: the home in the project (now only as its
+    control directory <project>/.corral: `corral up` refuses any other place in it,
+    issue 32); the command reads endpoint.json, .env in disguise, and tries .git/config."""
     ws = short_tmp / "ws"
     ws.mkdir()
     secret = "ghp_" + "S3cr3tT0k3nV4lu3" * 3
@@ -219,11 +220,11 @@ def test_a_sandboxed_command_cannot_take_the_token_from_a_home_inside_the_projec
     # The redactor would hide the token in output; what matters is that the script
     # itself cannot read it (the attack used it inside the sandbox).
     script = (
-        "test -e state/endpoint.json && echo ENDPOINT-VISIBLE; test -s .env && echo ENV-HAS-DATA;"
+        "test -e .corral/endpoint.json && echo ENDPOINT-VISIBLE; test -s .env && echo ENV-HAS-DATA;"
         " cat .env | base64; rev .env;"
         " printf '[core]\\n\\tfsmonitor = touch /tmp/corral-pwned\\n' >> .git/config; echo done"
     )
-    home = ws / "state"
+    home = ws / ".corral"
     with running(home, SPEC.format(script=json.dumps(script))) as daemon:
         token = daemon.endpoint.token
         run_id = daemon.call("run", agent_id="writer", task="try to escape")["run_id"]
