@@ -13,12 +13,14 @@ import dataclasses
 import fnmatch
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 
-from corral.actors import project_context
+from corral.actors import project_context, recordable
+from corral.actors.inflight import InFlight
 from corral.actors.providers.base import (
     MAX_RESPONSE_CHARS,
     ErrorKind,
@@ -27,18 +29,30 @@ from corral.actors.providers.base import (
     ProviderError,
     ProviderRequest,
     ProviderResponse,
+    RepairCategory,
     ToolSchema,
     history_digest,
 )
 from corral.actors.providers.registry import make_provider
 from corral.actors.runtime import ActorContext, is_shutdown
-from corral.actors.tools.base import ActionParked, Tool, ToolContext, ToolError, validate_input
+from corral.actors.tools.base import ActionParked, Tool, ToolContext, ToolError, checked_result, validate_input
 from corral.actors.tools.mcp import mcp_tools
 from corral.actors.tools.registry import all_tools
 from corral.core import failpoints
 from corral.core.redact import summarize
 from corral.mailbox.envelope import Kind
-from corral.mailbox.errors import RemoteError
+from corral.mailbox.errors import DeadlineExceeded, RemoteError
+from corral.mailbox.steps import (
+    Begin,
+    CompactStep,
+    Do,
+    ExecuteStep,
+    FinalizeStep,
+    ParseStep,
+    PrepareStep,
+    ProviderStep,
+    Step,
+)
 
 log = logging.getLogger("corral.agent")
 
@@ -51,6 +65,12 @@ SUMMARY_TASK = (
 #: The supervisor's answer while its disk is full; the agent waits and asks again.
 STORAGE_FULL = "disk-full"
 STORAGE_RETRY_S = 1.0
+#: An outcome the ledger refused (a full disk) is kept and reported again, after
+#: these delays (doubling up to the cap), until the ledger takes it.
+FINISH_RETRY_BASE_S = 0.2
+FINISH_RETRY_CAP_S = 10.0
+#: Room an envelope needs beside the values it carries (ids, token, field names).
+WIRE_SLACK_BYTES = 64 * 1024
 
 
 def _unsafe_effect_order() -> bool:
@@ -60,6 +80,7 @@ def _unsafe_effect_order() -> bool:
 async def run(ctx: ActorContext) -> int:
     wake = trio.Event()
     woken = [wake]
+    inflight = InFlight(Path(ctx.config["home"]), ctx.actor_id) if ctx.config.get("home") else None
 
     async def listen() -> None:
         async for envelope in ctx.channel.inbox:
@@ -88,7 +109,7 @@ async def run(ctx: ActorContext) -> int:
                     break  # an isolated child ends with its run
                 await woken[0].wait()
                 continue
-            await Lane(ctx, claimed).drive()
+            await Lane(ctx, claimed, inflight).drive()
         nursery.cancel_scope.cancel()
     return 0
 
@@ -115,9 +136,13 @@ def with_known_ids(schema: ToolSchema, known: dict[str, list[str]]) -> ToolSchem
 class Lane:
     """Drives one run until it ends or parks (which releases the lane)."""
 
-    def __init__(self, ctx: ActorContext, run: dict[str, Any]) -> None:
+    def __init__(self, ctx: ActorContext, run: dict[str, Any], inflight: InFlight | None = None) -> None:
         self.ctx = ctx
         self.run = run
+        #: Which actions run right now, for the supervisor to charge a crash to.
+        self.inflight = inflight
+        #: What the values of one message may take on the wire.
+        self.budget = max(16 * 1024, int(ctx.config.get("max_frame", 1024 * 1024)) - WIRE_SLACK_BYTES)
         self.run_id: str = run["run_id"]
         self.tools: dict[str, Tool] = all_tools()
         self.tools.update(mcp_tools(run.get("mcp_tools")))
@@ -143,7 +168,7 @@ class Lane:
         #: actions never walks the tree).
         self.project: str | None = None
         #: The next step, when the last step's reply carried it (no extra round trip).
-        self.next: dict[str, Any] | None = None
+        self.next: Step | None = None
         #: The run's observations as far as provider steps sent them: each turn
         #: brings only the new ones (``history_from`` says where they start).
         self.history: list[dict[str, Any]] = []
@@ -156,7 +181,7 @@ class Lane:
         if _unsafe_effect_order():
             return await self.call(method, **params)  # the broken build keeps its own order
         answer = await self.call(method, want_next=True, history_have=len(self.history), **params)
-        self.next = answer.get("next")
+        self.next = cast("Step | None", answer.get("next"))
         return answer
 
     def project_context(self) -> str:
@@ -169,17 +194,29 @@ class Lane:
             self.provider = make_provider(self.run["provider"], self.run["provider_config"])
         return self.provider
 
+    def handlers(self) -> dict[Do, Callable[[Any], Awaitable[None]]]:
+        """What the lane does for each kind of step (``done`` and ``park`` end it)."""
+        return {
+            Do.PROVIDER: self.step_provider,
+            Do.PARSE: self.step_parse,
+            Do.PREPARE: self.step_prepare,
+            Do.EXECUTE: self.step_execute,
+            Do.COMPACT: self.step_compact,
+            Do.FINALIZE: self.step_finalize,
+        }
+
     async def drive(self) -> None:
+        handlers = self.handlers()
         while True:
             do = "next_step"
             try:
                 step, self.next = self.next, None
                 if step is None:
-                    step = await self.call("run.next_step", history_have=len(self.history))
-                do = step["do"]
-                if do in ("done", "park"):
+                    step = cast(Step, await self.call("run.next_step", history_have=len(self.history)))
+                do = Do(step["do"])
+                if do in (Do.DONE, Do.PARK):
                     return
-                await getattr(self, "step_" + do)(step)
+                await handlers[do](step)
             except RemoteError as exc:
                 if exc.code == STORAGE_FULL:
                     # Nothing was committed and the step was not taken: wait for the
@@ -193,12 +230,12 @@ class Lane:
                 if exc.code not in ("conflict", "refused"):
                     raise
 
-    async def step_provider(self, step: dict[str, Any]) -> None:
+    async def step_provider(self, step: ProviderStep) -> None:
         loop = int(step["loop"])
         try:
             provider = self.get_provider()
         except Exception as exc:
-            await self.call("run.fail", reason=f"provider cannot start: {exc}")
+            await self.call("run.fail", reason=recordable.text(f"provider cannot start: {exc}"))
             return
         begun = step.get("begun") or await self.call("provider.begin", loop=loop)
         request = ProviderRequest(
@@ -215,24 +252,33 @@ class Lane:
         try:
             response = await provider.complete(request)
         except ProviderError as exc:
-            await self.call("provider.failed", slot=begun["slot"], kind=exc.kind.value, error=str(exc))
+            await self.call("provider.failed", slot=begun["slot"], kind=exc.kind.value, error=recordable.text(str(exc)))
             return
         except Exception as exc:  # a provider bug is a failed lifecycle, never a hang
             await self.call(
                 "provider.failed",
                 slot=begun["slot"],
                 kind=ErrorKind.FATAL.value,
-                error=f"{type(exc).__name__}: {exc}",
+                error=recordable.text(f"{type(exc).__name__}: {exc}"),
             )
             return
+        problem = self.unsendable_response(response)
+        if problem is not None:
+            # Refused here, before the handoff: sent, it would crash this agent on
+            # every attempt (the same request, the same answer).
+            await self.call("provider.failed", slot=begun["slot"], kind=ErrorKind.FATAL.value, error=problem)
+            return
         failpoints.hit("provider.before-handoff")
+        text = response.text[:MAX_RESPONSE_CHARS]
         # The plan travels with the response it was parsed from (one round trip);
         # the supervisor commits the response first, then the plan.
-        carried = {} if _unsafe_effect_order() else self.parsed(provider, response.text[:MAX_RESPONSE_CHARS])
-        await self.step_call("provider.handoff", slot=begun["slot"], text=response.text, **carried)
+        carried = {} if _unsafe_effect_order() else self.parsed(provider, text)
+        if carried and recordable.encoded_size([text, carried]) > self.budget:
+            carried = {}  # too much for one message: the plan follows in its own (step_parse)
+        await self.step_call("provider.handoff", slot=begun["slot"], text=text, **carried)
         failpoints.hit("provider.after-handoff")
 
-    def provider_history(self, step: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    def provider_history(self, step: ProviderStep) -> tuple[dict[str, Any], ...]:
         """What the model sees: a shaped view (compaction) as sent, else the run's
         observations, of which the step carries only those past ``history_from``."""
         if "history_from" not in step:
@@ -245,20 +291,41 @@ class Lane:
         self.history.extend(step["history"])
         return tuple(self.history)
 
+    def unsendable_response(self, response: Any) -> str | None:
+        """Why a provider's response cannot be handed off (not a response, text that
+        is not a string or not valid Unicode, too large for a message), or None."""
+        if not isinstance(response, ProviderResponse):
+            return f"the provider returned a {type(response).__name__}, not a ProviderResponse"
+        text: object = response.text  # a user provider's, whatever its annotation says
+        if not isinstance(text, str):
+            return f"the provider's response text is a {type(text).__name__}, not a string"
+        try:
+            recordable.check_bounded(text[:MAX_RESPONSE_CHARS], self.budget, "the response text")
+        except recordable.NotRecordable as exc:
+            return f"the provider returned a response that cannot be recorded: {exc}"
+        return None
+
     def parsed(self, provider: Provider, text: str) -> dict[str, Any]:
-        """``{"plan": ...}`` or ``{"plan_invalid": {category, detail}}``."""
+        """``{"plan": ...}`` or ``{"plan_invalid": {category, detail}}``: a plan that
+        cannot be sent and recorded, or a ``parse`` that fails in an unforeseen way,
+        is an invalid plan (the model may repair it, within the run's repairs)."""
         try:
             plan = provider.parse(ProviderResponse(text), self.schemas)
-        except PlanError as exc:
-            return {"plan_invalid": {"category": exc.category.value, "detail": exc.detail}}
-        return {
-            "plan": {
+            carried = {
                 "actions": [{"tool": call.tool, "input": call.input} for call in plan.actions],
                 "final": plan.final_reply,
             }
-        }
+            recordable.check_bounded(carried, self.budget, "the plan")
+        except PlanError as exc:
+            return {"plan_invalid": {"category": exc.category.value, "detail": exc.detail}}
+        except recordable.NotRecordable as exc:
+            return {"plan_invalid": {"category": RepairCategory.SCHEMA_MISMATCH.value, "detail": str(exc)}}
+        except Exception as exc:  # the provider's bug: an invalid plan, never a crashed agent
+            detail = f"the provider's parse raised {type(exc).__name__}: {summarize(str(exc), 300)}"
+            return {"plan_invalid": {"category": RepairCategory.SCHEMA_MISMATCH.value, "detail": detail}}
+        return {"plan": carried}
 
-    async def step_compact(self, step: dict[str, Any]) -> None:
+    async def step_compact(self, step: CompactStep) -> None:
         """The run's older turns passed the agent's token limit: a summary of them
         (supervisor/compaction.py), recorded once per covered range. Writing it has
         no side effect, so a kill here only means asking again."""
@@ -266,7 +333,7 @@ class Lane:
         failpoints.hit("context.mid-compaction")
         await self.step_call("context.compacted", to_seq=step["to_seq"], summary=summary)
 
-    async def summarize(self, step: dict[str, Any]) -> str:
+    async def summarize(self, step: CompactStep) -> str:
         """The model writes it: through its provider's ``summarize`` when it has one,
         else an ordinary request whose final reply is the summary. The runtime's
         own digest stands in only when the model gives none."""
@@ -285,9 +352,14 @@ class Lane:
         except (ProviderError, PlanError) as exc:
             log.warning("%s: the model wrote no summary (%s); the runtime's digest stands in", self.run_id, exc)
             text = ""
+        try:
+            recordable.check(text, "the summary")
+        except recordable.NotRecordable as exc:
+            log.warning("%s: %s; the runtime's digest stands in", self.run_id, exc)
+            text = ""
         return (text.strip() or history_digest(list(entries)))[:8000]
 
-    async def step_parse(self, step: dict[str, Any]) -> None:
+    async def step_parse(self, step: ParseStep) -> None:
         """A response handed off without its plan (or before a crash): parse it now."""
         loop = int(step["loop"])
         carried = self.parsed(self.get_provider(), step["response"] or "")
@@ -296,19 +368,19 @@ class Lane:
         else:
             await self.step_call("plan.invalid", loop=loop, slot=step["slot"], **carried["plan_invalid"])
 
-    async def step_prepare(self, step: dict[str, Any]) -> None:
+    async def step_prepare(self, step: PrepareStep) -> None:
         await self.step_call(
             "action.prepare", loop=step["loop"], index=step["index"], tool=step["tool"], input=step["input"]
         )
 
-    async def step_execute(self, step: dict[str, Any]) -> None:
+    async def step_execute(self, step: ExecuteStep) -> None:
         action_id = step["action_id"]
         if _unsafe_effect_order():
             await self._execute_unsafely(step)
             return
         if not step.get("begun"):  # else ``executing`` was committed with the last reply
             begun = await self.step_call("action.begin", action_id=action_id)
-            if begun["do"] != "execute":
+            if begun["begin"] != Begin.EXECUTE:
                 return
             self.next = None
         batch = [{"action_id": action_id, "tool": step["tool"], "input": step["input"]}, *step.get("batch", ())]
@@ -326,10 +398,44 @@ class Lane:
             results.append(
                 {"action_id": action["action_id"], "ok": ok, "output": output, "summary": summary, "error": error}
             )
+        await self.finish(results)
+
+    async def finish(self, results: list[dict[str, Any]]) -> None:
+        """Report the outcomes of a batch, in one message when they fit in one."""
         if len(results) == 1:
-            await self.step_call("action.finish", **results[0])
+            await self.report("action.finish", results[0], piggyback=True)
+        elif recordable.encoded_size(results) <= self.budget:
+            await self.report("action.finish_batch", {"results": results}, piggyback=True)
         else:
-            await self.step_call("action.finish_batch", results=results)
+            # Each result fits a message (checked at the tool boundary), all of them
+            # together do not: one by one, in plan order, the last with the next step.
+            for result in results[:-1]:
+                await self.report("action.finish", result, piggyback=False)
+            await self.report("action.finish", results[-1], piggyback=True)
+
+    async def report(self, method: str, params: dict[str, Any], *, piggyback: bool) -> None:
+        """Send an outcome until the ledger takes it. The side effect happened (or
+        was tried): dropping its outcome would leave the action unknown
+        (``needs-reconciliation``) for want of disk space. Sending it again is
+        harmless: a finish of an action already finished changes nothing."""
+        delay = FINISH_RETRY_BASE_S
+        while True:
+            try:
+                if piggyback:
+                    await self.step_call(method, **params)
+                else:
+                    await self.call(method, **params)
+                return
+            except RemoteError as exc:
+                if exc.code != STORAGE_FULL:
+                    raise
+                why = exc.message
+            except DeadlineExceeded as exc:  # no answer: it may have been recorded, or not
+                why = str(exc)
+            log.warning("%s: %s not recorded (%s); kept, sent again in %.1f s", self.run_id, method,
+                        summarize(why, 200), delay)
+            await trio.sleep(delay)
+            delay = min(FINISH_RETRY_CAP_S, delay * 2)
 
     async def execute_parallel(self, batch: list[dict[str, Any]]) -> None:
         """A batch of allow-listed reads, run at once; each result is committed as
@@ -339,20 +445,20 @@ class Lane:
             failpoints.hit("agent.before-effect")
             ok, output, summary, error = await self.execute(action["action_id"], action["tool"], action["input"])
             failpoints.hit("agent.after-effect")
-            await self.call("action.finish", action_id=action["action_id"], ok=ok, output=output, summary=summary,
-                            error=error)
+            result = {"action_id": action["action_id"], "ok": ok, "output": output, "summary": summary, "error": error}
+            await self.report("action.finish", result, piggyback=False)
 
         async with trio.open_nursery() as nursery:
             for action in batch:
                 nursery.start_soon(one, action)
 
-    async def _execute_unsafely(self, step: dict[str, Any]) -> None:
+    async def _execute_unsafely(self, step: ExecuteStep) -> None:
         """The deliberately broken build: side effect first, ``executing`` after.
         Exists so that chaos can prove its checker fails; never enabled otherwise."""
         action_id = step["action_id"]
         ok, output, summary, error = await self.execute(action_id, step["tool"], step["input"])
         begun = await self.ctx.call("action.begin", action_id=action_id)
-        if begun["do"] == "execute":
+        if begun["begin"] == Begin.EXECUTE:
             await self.ctx.call(
                 "action.finish", action_id=action_id, ok=ok, output=output, summary=summary, error=error
             )
@@ -375,16 +481,16 @@ class Lane:
             effects_file=Path(self.run["effects_file"]) if self.run.get("effects_file") else None,
             idempotency_key=action_id,
         )
+        if self.inflight is not None:
+            self.inflight.add(action_id)
         try:
             validate_input(tool.schema, tool_input)
-            result = await tool.run(context, tool_input)
+            # One check for every kind of tool (built-in, user, MCP): what the tool
+            # returned can be sent and recorded, or the action fails saying why.
+            result = checked_result(tool.schema.name, await tool.run(context, tool_input), self.budget)
         except ToolError as exc:
-            return (
-                False,
-                {"error": str(exc), "code": exc.code},
-                f"refused: {summarize(str(exc), 120)}",
-                str(exc),
-            )
+            message = recordable.text(str(exc))  # a user's exception text may not be valid Unicode
+            return False, {"error": message, "code": exc.code}, f"refused: {summarize(message, 120)}", message
         except RemoteError as exc:
             return (
                 False,
@@ -393,10 +499,19 @@ class Lane:
                 exc.message,
             )
         except OSError as exc:
-            return False, {"error": exc.strerror or str(exc)}, f"failed: {exc.strerror}", str(exc.strerror)
+            reason = recordable.text(exc.strerror or str(exc))
+            return False, {"error": reason}, f"failed: {reason}", reason
+        except ActionParked:
+            raise
+        except Exception as exc:  # a tool's bug is a failed action, never a crashed agent
+            message = recordable.text(f"{tool_name} raised {type(exc).__name__}: {summarize(str(exc), 300)}")
+            return False, {"error": message, "code": "tool-error"}, f"failed: {summarize(message, 120)}", message
+        finally:
+            if self.inflight is not None:
+                self.inflight.remove(action_id)
         return result.ok, result.output, result.summary, None if result.ok else result.summary
 
-    async def step_finalize(self, step: dict[str, Any]) -> None:
+    async def step_finalize(self, step: FinalizeStep) -> None:
         if self.run.get("kind") != "root":
             await self.call("run.child_result", reply=step["reply"])
             return

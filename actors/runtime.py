@@ -14,7 +14,6 @@ import trio
 
 from corral.core import failpoints
 from corral.core.errors import UserCodeError
-from corral.core.optional import import_optional
 from corral.mailbox.channel import Channel, open_channel
 from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull
@@ -66,22 +65,17 @@ def current_actor() -> ActorContext:
 
 
 def _templates() -> dict[str, Template]:
-    from corral.actors import agent, echo
+    # Imported here, not at the top: each template module imports this one.
+    from corral.actors import agent, bridge_worker, echo, mcp_actor, model_actor, session
 
-    table: dict[str, Template] = {"echo": echo.run, "agent": agent.run}
-    session = import_optional("corral.actors.session")
-    if session is not None:
-        table["session"] = session.run
-    from corral.actors import model_actor
-
-    table["model"] = model_actor.run
-    bridge_worker = import_optional("corral.actors.bridge_worker")
-    if bridge_worker is not None:
-        table["bridge_worker"] = bridge_worker.run
-    mcp_actor = import_optional("corral.actors.mcp_actor")
-    if mcp_actor is not None:
-        table["mcp"] = mcp_actor.run
-    return table
+    return {
+        "echo": echo.run,
+        "agent": agent.run,
+        "session": session.run,
+        "model": model_actor.run,
+        "bridge_worker": bridge_worker.run,
+        "mcp": mcp_actor.run,
+    }
 
 
 def lookup_template(name: str) -> Template:
@@ -114,8 +108,10 @@ def preload() -> None:
     import_tool_modules_from_env()  # the user's @corral.tool modules, as the spec names them
     from corral.actors.providers import openai  # noqa: F401
     from corral.actors.tools.registry import all_tools
+    from corral.core import redact
 
     all_tools()
+    redact.prepare()  # detect-secrets' patterns, read once here rather than in each child
     # A child's first trio.run specializes trio's bytecode and fills its caches,
     # which copies those pages into every child (~1 ms of CPU each, measured).
     # Doing it here first leaves them warm and shared. trio.run starts no thread

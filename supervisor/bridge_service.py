@@ -119,7 +119,7 @@ class BridgeService:
         so a repeated step finds the same run)."""
         bridge = self.sup.spec.bridge
         assert bridge is not None
-        created = await self.sup.control_methods["run"](
+        created = await self.sup.runs.create(
             {"agent_id": bridge.agent, "task": job["title"], "run_id": "run-" + job["job_id"][4:]}
         )
         return str(created["run_id"])
@@ -160,7 +160,7 @@ def _text(params: dict[str, Any], name: str, limit: int) -> str:
     return value
 
 
-def install(sup: Supervisor) -> BridgeService | None:
+def install(sup: Supervisor) -> BridgeService:
     service = BridgeService(sup)
     sup.actor_methods.update(
         {

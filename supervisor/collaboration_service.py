@@ -134,11 +134,9 @@ class CollaborationService:
 
 
 def install(sup: Supervisor) -> CollaborationService:
-    from corral.supervisor import run_service
-
     service = CollaborationService(sup)
-    run_service.PLAN_GUARDS.append(service.plan_guard)
-    run_service.ACTION_GUARDS.append(service.action_guard)
+    sup.hooks.plan_guards.append(service.plan_guard)
+    sup.hooks.action_guards.append(service.action_guard)
     sup.control_methods["collaboration.show"] = service.show
     sup.control_methods["collaboration.set"] = service.set_policy
     return service

@@ -10,7 +10,8 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from corral.supervisor import compaction
+from corral.mailbox.steps import CompactStep, Do, ProviderStep
+from corral.supervisor import compaction, step_piggyback
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.params import param_int, param_str
@@ -38,7 +39,7 @@ def _limits(ledger: Ledger, run_id: str) -> dict[str, Any]:
     return context if isinstance(context, dict) else {}
 
 
-async def shape_provider_step(sup: Supervisor, run_id: str, step: dict[str, Any]) -> dict[str, Any]:
+async def shape_provider_step(sup: Supervisor, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
     """The provider's view of the run, or first a compaction when it is too long."""
     ledger = sup.ledger
     limits = _limits(ledger, run_id)
@@ -50,7 +51,8 @@ async def shape_provider_step(sup: Supervisor, run_id: str, step: dict[str, Any]
     count = await _counter(sup, run_id, observations, previous)
     todo = compaction.plan(observations, previous, limits, requested=requested, count=count)
     if todo is not None:
-        return {"do": "compact", "loop": step["loop"], **todo}
+        return {"do": Do.COMPACT, "loop": step["loop"], "from_seq": todo["from_seq"], "to_seq": todo["to_seq"],
+                "entries": todo["entries"], "tokens_before": todo["tokens_before"]}
     return {**step, "history": compaction.view(observations, previous, limits.get("tool_output"), count)}
 
 
@@ -59,8 +61,8 @@ async def _counter(sup: Supervisor, run_id: str, observations: list[tuple[int, d
     """The model's own token counts for a local GGUF (one request to its actor for
     every text the view may count), else the estimate."""
     row = sup.ledger.one("SELECT provider, provider_config FROM runs WHERE run_id = ?", run_id)
-    models = sup.services.get("models")
-    if row is None or row["provider"] != "local" or models is None:
+    models = sup.models
+    if row is None or row["provider"] != "local":
         return compaction.estimate_tokens
     model = json.loads(row["provider_config"]).get("model")
     texts: list[str] = []
@@ -84,9 +86,7 @@ async def _counter(sup: Supervisor, run_id: str, observations: list[tuple[int, d
 
 
 def install(sup: Supervisor) -> None:
-    from corral.supervisor import run_service
-
-    runs = sup.services["runs"]
+    runs = sup.runs
 
     async def compacted(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run_id = param_str(params, "run_id", limit=64)
@@ -129,10 +129,10 @@ def install(sup: Supervisor) -> None:
         return {"run_id": run_id, "requested": True,
                 "note": "the run compacts before its next provider turn (if it has older turns to fold)"}
 
-    sup.actor_methods["context.compacted"] = compacted
+    sup.actor_methods["context.compacted"] = step_piggyback.with_next(sup, "context.compacted", compacted)
     sup.control_methods["compact"] = request
-    run_service.PROVIDER_STEP_HOOKS.append(partial(shape_provider_step, sup))
-    run_service.SHOW_SECTIONS["context"] = lambda run_id: {
+    sup.hooks.provider_shapers.append(partial(shape_provider_step, sup))
+    sup.hooks.show_sections["context"] = lambda run_id: {
         "compactions": [
             {k: row[k] for k in ("from_seq", "to_seq", "tokens_before", "tokens_after", "created_at")}
             for row in sup.ledger.all("SELECT * FROM compactions WHERE run_id = ? ORDER BY to_seq", run_id)

@@ -7,7 +7,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +20,52 @@ from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.control import ControlError, ControlServer
 from corral.mailbox.envelope import Envelope
 from corral.mailbox.errors import ChannelClosed
+from corral.sandbox.guard_record import recover_home
 from corral.sandbox.launcher import make_launcher
+from corral.supervisor import (
+    bridge_service,
+    collaboration_service,
+    compaction_service,
+    goal_service,
+    intent_service,
+    interactive_service,
+    mcp_service,
+    model_service,
+    node_service,
+    plan_service,
+    run_service,
+    session_service,
+    swarm_service,
+)
 from corral.supervisor import home as homes
-from corral.supervisor import node_service
-from corral.supervisor.errors import SupervisorError
+from corral.supervisor.bridge_service import BridgeService
+from corral.supervisor.collaboration_service import CollaborationService
+from corral.supervisor.errors import StorageFull, SupervisorError
 from corral.supervisor.group_commit import GroupCommit
+from corral.supervisor.home_files import HomeFiles, open_home
+from corral.supervisor.intent_service import IntentService
+from corral.supervisor.interactive_service import InteractiveService
 from corral.supervisor.ledger import Ledger
+from corral.supervisor.ledger_link import CONTROL_HOLD_S, run_held
 from corral.supervisor.ledger_spec import Placement
+from corral.supervisor.mcp_service import McpService
+from corral.supervisor.model_service import ModelService
 from corral.supervisor.params import param_int, param_seconds
+from corral.supervisor.run_hooks import RunHooks
+from corral.supervisor.run_service import RunService
+from corral.supervisor.run_views import RunViews
+from corral.supervisor.session_service import SessionService
 from corral.supervisor.spec import SwarmSpec
+from corral.supervisor.swarm_service import SwarmService
 from corral.supervisor.tree import ActorSlot, SupervisionTree
 
 log = logging.getLogger("corral.supervisor")
 
+CONTROL_SOCKET = "control.ipc"
+
 ControlMethod = Callable[[dict[str, Any]], Awaitable[Any]]
-ActorMethod = Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]
+#: An actor method answers a map: a plain one, or a typed one (a step, mailbox/steps.py).
+ActorMethod = Callable[[ActorSlot, dict[str, Any]], Awaitable[Mapping[str, object]]]
 
 
 class Supervisor:
@@ -49,6 +80,9 @@ class Supervisor:
     ) -> None:
         self.home = home
         self.lock = lock
+        #: Every file this supervisor writes or removes in its home goes through the
+        #: directory it locked: a new home at the same path is never touched.
+        self.files = lock.files if lock is not None and lock.files is not None else HomeFiles(open_home(home))
         #: Why writes to the home fail right now (a full disk), or "".
         self.degraded = ""
         self.spec = spec
@@ -72,6 +106,10 @@ class Supervisor:
             synchronous=spec.supervisor.synchronous,
             spec_path=spec.source if spec.source != "<embedded>" else None,
         )
+        #: The run layer's extension points (supervisor/run_hooks.py): this
+        #: supervisor's own, filled once by ``_assemble``; its ledger fires them.
+        self.hooks = RunHooks()
+        self.ledger.hooks = self.hooks
         self.group_commit = GroupCommit(self.ledger)
         self.launcher = make_launcher(spec.supervisor.launch, self.token, home / "logs" / "forkserver.log")
         self.tree = SupervisionTree(
@@ -85,6 +123,7 @@ class Supervisor:
             failpoint_spec=failpoints.active_spec(),
         )
         self.control_methods: dict[str, ControlMethod] = {}
+        self.control: ControlServer | None = None
         self.actor_methods: dict[str, ActorMethod] = {}
         self.busy_checks: list[Callable[[], list[str]]] = []
         self._stop = trio.Event()
@@ -92,6 +131,17 @@ class Supervisor:
         self._events_changed = trio.Event()
         self.ledger.on_commit(self._wake_event_waiters)
         self.endpoint: homes.Endpoint | None = None
+        # The services, built by ``_assemble`` at boot, each once, in its order.
+        self.runs: RunService
+        self.views: RunViews
+        self.swarm: SwarmService
+        self.sessions: SessionService
+        self.mcp: McpService
+        self.models: ModelService
+        self.interactive: InteractiveService
+        self.intent: IntentService
+        self.bridge: BridgeService
+        self.collaboration: CollaborationService
         self._register_core()
 
     # -- lifecycle ----------------------------------------------------------------
@@ -100,11 +150,7 @@ class Supervisor:
         seq = self.ledger.begin_boot(self.boot_id, self.pid, PROTOCOL_VERSION)
         log.info("boot %s (#%d) on %s", self.boot_id, seq, self.home)
         self._clear_stale_sockets()
-        for extension in _extensions():
-            extension(self)
-        from corral.supervisor import step_piggyback
-
-        step_piggyback.install(self)  # last: over every layer's own wrappers
+        self._assemble()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_signals)
             await nursery.start(self.launcher.run)
@@ -113,6 +159,8 @@ class Supervisor:
             for actor in self.spec.actors:
                 self.tree.declare_actor(actor)
             await self._recover()
+            # Before any actor starts: the check after a sandboxed command whose launcher died.
+            await trio.to_thread.run_sync(recover_home, self.home)
             await nursery.start(self.tree.run)
             address = await nursery.start(self._control_server().serve)
             self.endpoint = homes.Endpoint(
@@ -124,7 +172,7 @@ class Supervisor:
                 heartbeat=time.time(),
                 home=str(self.home),
             )
-            homes.write_endpoint(self.home, self.endpoint)
+            homes.write_endpoint(self.files, self.endpoint)
             nursery.start_soon(self._heartbeat)
             for task in self.background:
                 nursery.start_soon(task)
@@ -135,8 +183,27 @@ class Supervisor:
             for hook in self.shutdown_hooks:
                 await hook()
             self.ledger.end_boot(self.stop_reason)
-            homes.remove_endpoint(self.home)
+            homes.remove_endpoint(self.files)
             nursery.cancel_scope.cancel()
+
+    def _assemble(self) -> None:
+        """Every service, in this order: a service may use those built before it,
+        and each feature's hooks run in the order the features are added here
+        (status hooks, finalization blockers, action guards, ``show`` sections)."""
+        node_service.install(self)  # a cluster node: its lease, before any run moves
+        self.runs, self.views = run_service.install(self)
+        node_service.install_views(self)  # ``show`` of a run in another partition
+        self.swarm = swarm_service.install(self)
+        self.sessions = session_service.install(self)
+        self.mcp = mcp_service.install(self)
+        self.models = model_service.install(self)
+        self.interactive = interactive_service.install(self)
+        self.intent = intent_service.install(self)
+        self.bridge = bridge_service.install(self)
+        plan_service.install(self)
+        goal_service.install(self)
+        compaction_service.install(self)
+        self.collaboration = collaboration_service.install(self)
 
     async def _recover(self) -> None:
         """Recovery hooks registered by the run layer (finalizations, actions, runs)."""
@@ -172,7 +239,7 @@ class Supervisor:
                 return
             if self.endpoint is not None:
                 try:
-                    self.endpoint = homes.heartbeat_endpoint(self.home, self.endpoint)
+                    self.endpoint = homes.heartbeat_endpoint(self.files, self.endpoint)
                 except OSError as exc:
                     self._degrade(f"cannot write {homes.ENDPOINT}: {exc.strerror}")
                     continue
@@ -203,15 +270,28 @@ class Supervisor:
             hook()
 
     def _clear_stale_sockets(self) -> None:
-        for path in (self.home / "s").glob("*.ipc"):
-            path.unlink(missing_ok=True)
+        self.files.remove_stale("s", ".ipc")
 
     def _control_server(self) -> ControlServer:
         if self.spec.supervisor.transport == "tcp":
-            address = tcp_loopback_address(0)
+            address = listen_at = tcp_loopback_address(0)
         else:
-            address = ipc_address(self.home / "s" / "control.ipc")
-        return ControlServer(address, self.token, self._on_control, max_frame=self.spec.supervisor.max_frame)
+            # Clients dial the path; nng listens (and, closing, unlinks) through this
+            # home's descriptor, so a supervisor on its way out never unlinks the
+            # socket of a new supervisor on a new home at the same path.
+            address = ipc_address(self.home / "s" / CONTROL_SOCKET)
+            via_fd = self.files.path_of(f"s/{CONTROL_SOCKET}")
+            listen_at = ipc_address(Path(via_fd)) if via_fd is not None else address
+        self.control = ControlServer(
+            address,
+            self.token,
+            self._on_control,
+            max_frame=self.spec.supervisor.max_frame,
+            is_long_poll=is_long_poll,
+            max_long_polls=self.spec.supervisor.max_long_polls,
+            listen_at=listen_at,
+        )
+        return self.control
 
     # -- dispatch -----------------------------------------------------------------
 
@@ -223,7 +303,9 @@ class Supervisor:
                 f"no control method {method!r}; try: {', '.join(sorted(self.control_methods))}",
             )
         try:
-            result = await handler(params)
+            # A call that found the ledger unreachable committed nothing: it waits a
+            # moment for the ledger to be back (a database restart), then runs again.
+            result = await run_held(lambda: handler(params), self.ledger, CONTROL_HOLD_S)
         except SupervisorError as exc:
             await self.group_commit.barrier()  # a refusal may follow a commit
             raise ControlError(exc.code, str(exc)) from None
@@ -243,7 +325,7 @@ class Supervisor:
         if not isinstance(params, dict):
             raise SupervisorError("params must be a map", "bad-request")
         try:
-            result = await handler(slot, params)
+            result = dict(await handler(slot, params))
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self.group_commit.barrier()  # a refusal may follow a commit
@@ -269,7 +351,6 @@ class Supervisor:
         self.background: list[Callable[[], Awaitable[None]]] = []
         #: Run after the actors stopped, before the boot ends (e.g. a node leaves its cluster).
         self.shutdown_hooks: list[Callable[[], Awaitable[None]]] = []
-        self.services: dict[str, Any] = {}
         self.status_sections: dict[str, Callable[[], Any]] = {}
         self.control_methods.update(
             ping=self._ping,
@@ -332,7 +413,8 @@ class Supervisor:
         return reasons
 
     async def _status(self, params: dict[str, Any]) -> dict[str, Any]:
-        boots = self.ledger.all("SELECT boot_id, seq, pid, started_at, ended_at, end_reason FROM boots ORDER BY seq")
+        boots = self._unless_unreachable(lambda: self.ledger.all(
+            "SELECT boot_id, seq, pid, started_at, ended_at, end_reason FROM boots ORDER BY seq"), [])
         return {
             "home": str(self.home),
             "boot_id": self.boot_id,
@@ -341,7 +423,7 @@ class Supervisor:
             "spec": self.spec.name,
             "launch": self.launcher.mode.value,
             "boots": [dict(row) for row in boots],
-            "cursor": self.ledger.last_cursor(),
+            "cursor": self._unless_unreachable(self.ledger.last_cursor, None),
             # Group commit at work: commits, and the fsyncs that made them durable.
             "ledger": {
                 "backend": self.ledger.backend,
@@ -351,12 +433,24 @@ class Supervisor:
                 "synced_commits": self.group_commit.batched_commits,
                 "group_commit": self.ledger.group_commit,
             },
-            "busy": self.busy_reasons(),
+            "busy": self._unless_unreachable(self.busy_reasons, []),
             "degraded": self.degraded or (f"ledger writes failing since {self.ledger.full_since:.0f}"
-                                          if self.ledger.full_since is not None else ""),
+                                          if self.ledger.full_since is not None else "") or self.launcher.degraded,
+            "forkserver": {"pid": self.launcher.forkserver_pid, "replacements": self.launcher.replacements},
+            # The control API's own pools: long polls held and refused.
+            "control": self.control.counters() if self.control is not None else {},
             **self.tree.snapshot(),
-            **{name: section() for name, section in self.status_sections.items()},
+            **{name: self._unless_unreachable(section, None) for name, section in self.status_sections.items()},
         }
+
+    def _unless_unreachable(self, read: Callable[[], Any], instead: Any) -> Any:
+        """What status reads of the ledger: while the ledger cannot be reached (a
+        PostgreSQL server away), status still answers, and says degraded."""
+        try:
+            return read()
+        except StorageFull as exc:
+            self._degrade(str(exc))
+            return instead
 
     async def _events(self, params: dict[str, Any]) -> dict[str, Any]:
         since = param_int(params, "since", 0)
@@ -392,6 +486,27 @@ class Supervisor:
         return {"killed": actor_id}
 
 
+#: Methods that answer at once whatever their params: never long polls, so they
+#: always get a worker.
+QUICK_METHODS = frozenset({"ping", "status", "snapshot"})
+#: Methods that wait by nature: for an actor's answer, up to their ``timeout_s``.
+WAITING_METHODS = frozenset({"request_actor"})
+
+
+def is_long_poll(method: str, params: dict[str, Any]) -> bool:
+    """A request that may wait goes to the control server's long-poll pool: it asks
+    to wait (a positive ``wait_ms`` or ``wait_s``, the protocol's one way to ask:
+    events, wait, session polls, bridge job waits) or waits by nature."""
+    if method in QUICK_METHODS:
+        return False
+    if method in WAITING_METHODS:
+        return True
+    return any(
+        isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        for value in (params.get("wait_ms"), params.get("wait_s"))
+    )
+
+
 async def _request_actor_impl(sup: Supervisor, params: dict[str, Any]) -> dict[str, Any]:
     actor_id = params.get("actor_id")
     body = params.get("body", {})
@@ -405,29 +520,3 @@ async def _request_actor_impl(sup: Supervisor, params: dict[str, Any]) -> dict[s
     except ChannelClosed:
         raise SupervisorError(f"actor {actor_id} went away before answering", "actor-gone") from None
 
-
-def _extensions() -> list[Callable[[Supervisor], Any]]:
-    """Layers that add methods, recovery hooks and busy checks (runs, swarm, sessions)."""
-    from corral.supervisor import run_service
-
-    found: list[Callable[[Supervisor], Any]] = [node_service.install, run_service.install]
-    from corral.core.optional import import_optional
-
-    layers = (
-        "corral.supervisor.swarm_service",
-        "corral.supervisor.session_service",
-        "corral.supervisor.mcp_service",
-        "corral.supervisor.model_service",
-        "corral.supervisor.interactive_service",
-        "corral.supervisor.intent_service",
-        "corral.supervisor.bridge_service",
-        "corral.supervisor.plan_service",
-        "corral.supervisor.goal_service",
-        "corral.supervisor.compaction_service",
-        "corral.supervisor.collaboration_service",
-    )
-    for name in layers:
-        module = import_optional(name)
-        if module is not None:
-            found.append(module.install)
-    return found

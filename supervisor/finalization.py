@@ -8,7 +8,6 @@ table's UNIQUE run_id makes a second reply impossible even for a buggy caller.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from corral.core.redact import redact_text
@@ -17,17 +16,10 @@ from corral.supervisor.ledger import Ledger
 from corral.supervisor.run_state import RunStatus
 from corral.supervisor.run_store import RunLimits, final_blocked, get_run, set_run_status
 
-#: Extra blockers from the swarm and session layers: (ledger, run_id) -> reasons.
-BLOCKERS: list[Callable[[Ledger, str], list[str]]] = []
-#: Given the blockers of a final reply: a reason to park the run in needs-input
-#: (e.g. completion evidence still missing after some attempts), else None.
-PARKERS: list[Callable[[Ledger, str, list[str]], str | None]] = []
-#: Checks that make the agent plan again instead of writing its final reply now
-#: (a steer arrived after the reply was planned): (ledger, run_id) -> reason or None.
-PREPARE_GUARDS: list[Callable[[Ledger, str], str | None]] = []
-
 
 def blockers(ledger: Ledger, run_id: str) -> list[str]:
+    """Why the run may not finalize now: its own open work, then each feature's
+    (``finalize_blockers``: children, sessions, the durable plan, a goal, evidence)."""
     reasons: list[str] = []
     open_actions = ledger.all(
         "SELECT action_id, phase FROM actions WHERE run_id = ? AND phase NOT IN ('ok', 'failed', 'denied')",
@@ -48,18 +40,22 @@ def blockers(ledger: Ledger, run_id: str) -> list[str]:
         run_id,
     )
     reasons.extend(f"provider request {row['slot']} is {row['status']}" for row in requests)
-    for check in BLOCKERS:
+    for check in ledger.hooks.finalize_blockers:
         reasons.extend(check(ledger, run_id))
     return reasons
 
 
 def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict[str, Any]:
+    """``run.finalize`` after its checks (supervisor/run_service.py ``finalize``):
+    a child may not; a guard may send the agent back to plan (``final_guards``: a
+    steer); the blockers refuse it as a repair, or park the run for a person
+    (``finalize_parkers``); else the journal is prepared and carried to the end."""
     run = get_run(ledger, run_id)
     if run["kind"] != "root":
         raise Refused(f"run {run_id} is a {run['kind']} run; only the root agent of a run writes the final reply")
     row = ledger.one("SELECT phase FROM finalizations WHERE run_id = ?", run_id)
     if row is None:
-        for guard in PREPARE_GUARDS:
+        for guard in ledger.hooks.final_guards:
             why = guard(ledger, run_id)
             if why:
                 # Not a repair: the agent asks for its next step, and the guard's
@@ -67,7 +63,7 @@ def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict
                 raise Conflict(why)
         reasons = blockers(ledger, run_id)
         if reasons:
-            for park in PARKERS:
+            for park in ledger.hooks.finalize_parkers:
                 why = park(ledger, run_id, reasons)
                 if why:
                     # Retrying will not help: a person has to act (pending shows why).

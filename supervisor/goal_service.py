@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from corral.supervisor import finalization, goal_store
+from corral.supervisor import goal_store
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.params import param_str
 
@@ -15,9 +15,7 @@ if TYPE_CHECKING:
 
 
 def install(sup: Supervisor) -> None:
-    from corral.supervisor import run_service
-
-    runs = sup.services["runs"]
+    runs = sup.runs
 
     async def verdict(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run_id, action = runs.ledger_tool_action(slot, params, "goal.verdict")
@@ -38,6 +36,6 @@ def install(sup: Supervisor) -> None:
 
     sup.actor_methods["goal.verdict"] = verdict
     sup.control_methods["goal.status"] = status
-    finalization.BLOCKERS.append(goal_store.blockers)
-    run_service.SHOW_SECTIONS["goal"] = lambda run_id: {"goal": goal_store.goal_of(sup.ledger, run_id),
+    sup.hooks.finalize_blockers.append(goal_store.blockers)
+    sup.hooks.show_sections["goal"] = lambda run_id: {"goal": goal_store.goal_of(sup.ledger, run_id),
                                                         "verdicts": goal_store.verdicts(sup.ledger, run_id)}

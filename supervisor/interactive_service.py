@@ -11,7 +11,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from corral.core.redact import redact_text
-from corral.supervisor import finalization, interactive, run_store
+from corral.supervisor import interactive, run_store
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.params import param_text
 from corral.supervisor.run_state import TERMINAL, RunStatus
@@ -39,7 +39,7 @@ class InteractiveService:
 
     @property
     def runs(self) -> Any:
-        return self.sup.services["runs"]
+        return self.sup.runs
 
     async def steer(self, params: dict[str, Any]) -> dict[str, Any]:
         """``corral steer RUN TEXT``: recorded (committed) before the answer."""
@@ -181,12 +181,10 @@ def install(sup: Supervisor) -> InteractiveService:
     )
     sup.actor_methods["input.request"] = service.ask
     sup.actor_methods["reply.delta"] = service.reply_delta
-    run_store.BOUNDARY_HOOKS.append(interactive.apply_steers)
-    run_store.STATUS_HOOKS.append(_close_questions)
-    finalization.PREPARE_GUARDS.append(interactive.steer_blocks_final)
-    from corral.supervisor import run_service
-
-    run_service.SHOW_SECTIONS["interactive"] = service.show_section
-    run_service.PENDING_SECTIONS["questions"] = lambda: interactive.pending_questions(sup.ledger)
-    sup.services["interactive"] = service
+    hooks = sup.hooks
+    hooks.boundary.append(interactive.apply_steers)
+    hooks.on_status.append(_close_questions)
+    hooks.final_guards.append(interactive.steer_blocks_final)
+    hooks.show_sections["interactive"] = service.show_section
+    hooks.pending_sections["questions"] = lambda: interactive.pending_questions(sup.ledger)
     return service

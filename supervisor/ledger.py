@@ -21,6 +21,7 @@ from typing import Any
 from corral.core import failpoints
 from corral.core.redact import redact
 from corral.supervisor.errors import StorageFull
+from corral.supervisor.run_hooks import RunHooks
 from corral.supervisor.schema import MIGRATIONS
 
 
@@ -151,6 +152,9 @@ class Ledger:
         self.commits = 0
         #: Since when commits fail for lack of space (None: they do not).
         self.full_since: float | None = None
+        #: The run layer's extension points of the supervisor that owns this ledger
+        #: (supervisor/run_hooks.py): the run store fires them inside its transactions.
+        self.hooks = RunHooks()
 
     # -- what a backend provides ------------------------------------------------
 

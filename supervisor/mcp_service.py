@@ -17,7 +17,6 @@ actor died mid-call, the call timed out), the action becomes
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +46,6 @@ log = logging.getLogger("corral.mcp")
 CLAIM_WAIT_S = 15.0
 #: Above the call timeout: time for the actor to answer that it timed out.
 RELAY_SLACK_S = 5.0
-
-ActorMethod = Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 @dataclass
@@ -160,19 +157,14 @@ class McpService:
             out.extend(pins[server])
         return out
 
-    def wrap_claim(self, claim: ActorMethod) -> ActorMethod:
-        async def claim_with_catalog(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-            answer = await claim(slot, params)
-            run = answer.get("run")
-            if run is not None and self.servers:
-                tools = await self.run_catalog(run["run_id"])
-                run["mcp_tools"] = [tool.as_dict() for tool in tools]
-                run["mcp_instructions"] = {
-                    server: state.instructions for server, state in self.servers.items() if state.instructions
-                }
-            return answer
-
-        return claim_with_catalog
+    async def add_catalog(self, run: dict[str, Any]) -> None:
+        """A run an agent just claimed: the MCP tools (pinned) and instructions it gets."""
+        if self.servers:
+            tools = await self.run_catalog(run["run_id"])
+            run["mcp_tools"] = [tool.as_dict() for tool in tools]
+            run["mcp_instructions"] = {
+                server: state.instructions for server, state in self.servers.items() if state.instructions
+            }
 
     def _pins(self, run_id: str) -> dict[str, list[CatalogTool]]:
         """A run's pins; cached, since a pin never changes once written."""
@@ -202,7 +194,7 @@ class McpService:
         return self._prepare(slot, params, name)
 
     def _prepare(self, slot: ActorSlot, params: dict[str, Any], name: str) -> Any:
-        run_service = self.sup.services["runs"]
+        run_service = self.sup.runs
         run = run_service.owned_run(slot, params)
         tool_input = params.get("input")
         if not isinstance(tool_input, dict):
@@ -238,7 +230,7 @@ class McpService:
         if not isinstance(action_id, str):
             raise BadRequest("action_id must be a string")
         action = run_store.get_action(self.ledger, action_id)
-        self.sup.services["runs"].owned_run(slot, {"run_id": action["run_id"]})
+        self.sup.runs.owned_run(slot, {"run_id": action["run_id"]})
         if action["phase"] != ActionPhase.EXECUTING:
             raise SupervisorError(f"action {action_id} is {action['phase']}, not executing", "conflict")
         arguments = params.get("arguments")
@@ -386,7 +378,7 @@ class McpService:
             arguments,
             rerunnable=tool.effect != "external",
             policy="auto",
-            raw_sha256=self.sup.services["runs"].keep_raw_input(run_id, 0, 0, arguments),
+            raw_sha256=self.sup.runs.keep_raw_input(run_id, 0, 0, arguments),
         )
         note = "approved at the CLI (--approve)" if tool.policy == "confirm" else ""
         run_store.move_action(self.ledger, row["action_id"], ActionPhase.EXECUTING, reason=note)
@@ -408,12 +400,9 @@ def install(sup: Supervisor) -> McpService:
     if not service.servers:
         return service
     sup.actor_methods.update({"mcp.ready": service.ready, "mcp.failed": service.failed, "mcp.call": service.call})
-    sup.actor_methods["run.claim"] = service.wrap_claim(sup.actor_methods["run.claim"])
-    sup.services["runs"].prepare_routes.append(service.prepare)
+    sup.hooks.on_claim.append(service.add_catalog)
+    sup.hooks.prepare_routes.append(service.prepare)
     sup.control_methods["mcp.call"] = service.debug_call
     sup.status_sections["mcp"] = service.status_section
-    from corral.supervisor import run_service
-
-    run_service.SHOW_SECTIONS["mcp"] = service.show_section
-    sup.services["mcp"] = service
+    sup.hooks.show_sections["mcp"] = service.show_section
     return service

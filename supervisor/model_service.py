@@ -254,14 +254,11 @@ MAX_COUNT_TEXTS = 2000
 
 def install(sup: Supervisor) -> ModelService:
     service = ModelService(sup)
-    from corral.supervisor import run_service
-
-    run_service.SHOW_SECTIONS["usage"] = lambda run_id: usage_of_run(sup.ledger, run_id)
+    sup.hooks.show_sections["usage"] = lambda run_id: usage_of_run(sup.ledger, run_id)
     if service.models:
         sup.actor_methods.update(
             {"model.ready": service.ready, "model.failed": service.failed, "model.generate": service.generate}
         )
         sup.status_sections["models"] = service.status_section
         sup.control_methods["model.count_tokens"] = service.count_tokens_control
-    sup.services["models"] = service
     return service

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from corral.supervisor import finalization, plan_store
+from corral.supervisor import plan_store
 from corral.supervisor.errors import BadRequest
 
 if TYPE_CHECKING:
@@ -14,9 +14,7 @@ if TYPE_CHECKING:
 
 
 def install(sup: Supervisor) -> None:
-    from corral.supervisor import run_service
-
-    runs = sup.services["runs"]
+    runs = sup.runs
 
     async def update(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run_id, action = runs.ledger_tool_action(slot, params, "plan.update")
@@ -28,5 +26,5 @@ def install(sup: Supervisor) -> None:
         return result
 
     sup.actor_methods["plan.update"] = update
-    finalization.BLOCKERS.append(plan_store.blockers)
-    run_service.SHOW_SECTIONS["plan"] = lambda run_id: plan_store.current(sup.ledger, run_id)
+    sup.hooks.finalize_blockers.append(plan_store.blockers)
+    sup.hooks.show_sections["plan"] = lambda run_id: plan_store.current(sup.ledger, run_id)

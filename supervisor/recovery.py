@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from corral.supervisor import finalization
+from corral.supervisor import finalization, poison
 from corral.supervisor.action_state import ActionPhase
 from corral.supervisor.ledger import Ledger
 from corral.supervisor.run_store import (
@@ -19,27 +19,33 @@ from corral.supervisor.run_store import (
     write_receipt,
 )
 
-#: Extra recovery steps from other layers (joins, claims, sessions), run in order after the core.
-STEPS: list[Callable[[Ledger, RecoveryReport], None]] = []
-
 
 @dataclass
 class RecoveryReport:
     finalizations: int = 0
     reconciliations: list[str] = field(default_factory=list)
     rerun_read_only: int = 0
+    #: Actions not run again because they crashed their agent too often.
+    poisoned: list[str] = field(default_factory=list)
     receipts_repaired: int = 0
     provider_requests: int = 0
     runs_resumed: int = 0
     notes: list[str] = field(default_factory=list)
 
 
-def recover(ledger: Ledger, idempotent_provider: Callable[[str], bool]) -> RecoveryReport:
+def recover(
+    ledger: Ledger, idempotent_provider: Callable[[str], bool], is_read: Callable[[str], bool] = lambda _: False
+) -> RecoveryReport:
+    """``is_read``: whether a tool is a read (a poison read fails; other poison
+    actions wait for a person)."""
     report = RecoveryReport()
     for row in ledger.all("SELECT run_id FROM finalizations WHERE phase != 'completed'"):
         finalization.resume_finalization(ledger, row["run_id"])
         report.finalizations += 1
 
+    # Before the re-runs below: an action that crashed its agent too often is not
+    # re-run at boot either (else every `corral up` would start the crash loop again).
+    report.poisoned = poison.stop_at_boot(ledger, is_read)
     for row in ledger.all("SELECT action_id, rerunnable, tool FROM actions WHERE phase = 'executing'"):
         if row["rerunnable"]:
             report.rerun_read_only += 1  # next_step runs it again; nothing outside changed
@@ -70,7 +76,7 @@ def recover(ledger: Ledger, idempotent_provider: Callable[[str], bool]) -> Recov
         report.provider_requests += 1
         if not interrupt_provider_request(ledger, row["slot"], row["run_id"], idempotent_provider(row["provider"])):
             report.reconciliations.append(row["slot"])
-    for step in STEPS:
+    for step in ledger.hooks.recovery_steps:  # joins, claims, sessions: after the core
         step(ledger, report)
     report.runs_resumed = len(ledger.all("SELECT run_id FROM runs WHERE status IN ('running', 'pending')"))
     return report

@@ -6,34 +6,37 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import math
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from corral.actors import inflight
 from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, MAX_RESPONSE_CHARS
 from corral.actors.providers.registry import is_idempotent
 from corral.actors.tools.registry import all_tools, rerunnable
 from corral.actors.tools.validation import validation_error
+from corral.core import failpoints
 from corral.core.redact import redact, redact_text, summarize
-from corral.supervisor import finalization, recovery, resolutions, run_store, sealed_input
+from corral.mailbox.steps import Begun, Do, PrepareStep, Step
+from corral.supervisor import finalization, poison, recovery, resolutions, run_store, sealed_input, step_piggyback
 from corral.supervisor.action_state import ActionPhase, action_id, canonical_json
-from corral.supervisor.errors import BadRequest, NotFound, Refused
+from corral.supervisor.errors import BadRequest, NotFound, Refused, SupervisorError
 from corral.supervisor.params import param_int, param_str, param_text
 from corral.supervisor.run_state import TERMINAL, RunStatus
 from corral.supervisor.run_store import RunLimits
-from corral.supervisor.run_views import PENDING_SECTIONS as PENDING_SECTIONS
-from corral.supervisor.run_views import SHOW_SECTIONS as SHOW_SECTIONS
+from corral.supervisor.run_views import RunViews
 from corral.supervisor.spec import AgentSpec
 from corral.supervisor.tree import ActorSlot
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
 
+log = logging.getLogger("corral.runs")
 
 #: Which policy wins when several globs match one tool.
 POLICY_STRICTNESS = ("auto", "confirm", "deny")
@@ -56,13 +59,11 @@ class RunService:
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
         self.ledger = sup.ledger
+        self.hooks = sup.ledger.hooks
         self.retry_changed = trio.Event()
         self.recovery_report: recovery.RecoveryReport | None = None
         self.tools = all_tools()
         self._spool: Path | None = None
-        #: Who prepares a tool corral's registry does not hold (an MCP server's):
-        #: (slot, params) -> the action's row, or None when the tool is not theirs.
-        self.prepare_routes: list[Callable[[ActorSlot, dict[str, Any]], Any]] = []
 
     # -- helpers ------------------------------------------------------------------
 
@@ -158,8 +159,7 @@ class RunService:
         except sealed_input.SealedInputError as exc:
             run_store.set_run_status(self.ledger, run["run_id"], RunStatus.FAILED, f"cannot start: {exc}")
             return {"run": None, "parked": 0}
-        return {
-            "run": {
+        claimed = {
                 "run_id": run["run_id"],
                 "task": run["task"],
                 "kind": run["kind"],
@@ -177,30 +177,35 @@ class RunService:
                     "agent.delegate/agent_id": [a.id for a in self.sup.spec.agents if a.role == "specialist"],
                     "agent.spawn_isolated/children/template": [t.id for t in self.sup.spec.templates],
                 },
-            }
         }
+        for hook in self.hooks.on_claim:
+            await hook(claimed)  # e.g. the MCP tools this run may call
+        return {"run": claimed}
 
-    async def next_step(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def next_step(self, slot: ActorSlot, params: dict[str, Any]) -> Step:
         run_id = _str(params, "run_id")
         self.check_owner(slot, run_id)
         step = run_store.next_step(self.ledger, run_id)
-        if step["do"] == "provider":
+        if step["do"] is Do.PROVIDER:
             step["task"] = run_store.get_run(self.ledger, run_id)["task"]
-            for shape in PROVIDER_STEP_HOOKS:
-                step = await shape(run_id, step)  # e.g. compaction: its view, or compact first
-            if step["do"] == "provider" and "history" not in step:
+            shaped: Step = step
+            for shape in self.hooks.provider_shapers:
+                if shaped["do"] is Do.PROVIDER:
+                    shaped = await shape(run_id, shaped)  # e.g. compaction: its view, or compact first
+            if shaped["do"] is Do.PROVIDER and "history" not in shaped:
                 # No hook shaped it: all of it, of which the agent already holds the
                 # first ``history_have`` (it keeps what earlier turns sent, so a long
                 # run does not resend and re-decode its whole history every turn).
                 have = _history_have(params)
-                step["history"] = run_store.history(self.ledger, run_id, after=have)
-                step["history_from"] = have
+                shaped["history"] = run_store.history(self.ledger, run_id, after=have)
+                shaped["history_from"] = have
+            step = shaped
         try:
             self._with_raw_copies(run_id, step)
         except sealed_input.SealedInputError as exc:
             # Acting on the redacted copy would corrupt what the tool writes: fail closed.
             run_store.set_run_status(self.ledger, run_id, RunStatus.FAILED, f"cannot continue: {exc}")
-            return {"do": "done", "status": RunStatus.FAILED.value}
+            return {"do": Do.DONE, "status": RunStatus.FAILED.value}
         return step
 
     # -- raw copies: the ledger shows redacted data; tools act on the real thing ----------
@@ -220,21 +225,24 @@ class RunService:
             self._spool = sealed_input.spool_dir(self.sup.home)  # made once, not per step
         return self._spool
 
-    def _with_raw_copies(self, run_id: str, step: dict[str, Any]) -> None:
+    def _with_raw_copies(self, run_id: str, step: Step) -> None:
         """Replace the redacted copies in a step with the raw ones the agent acts on."""
-        do = step["do"]
-        if do == "parse" and step.get("raw_sha256"):
-            name = sealed_input.raw_name(run_id, "response", step["slot"])
-            step["response"] = sealed_input.load(self.spool, name, step["raw_sha256"]).decode()
-        elif do == "prepare" and step.get("plan_raw_sha256"):
-            name = sealed_input.raw_name(run_id, "plan", str(step["loop"]))
-            raw_plan = json.loads(sealed_input.load(self.spool, name, step["plan_raw_sha256"]))
-            step["input"] = raw_plan["actions"][step["index"]]["input"]
-        elif do == "execute" and step.get("raw_sha256"):
-            name = sealed_input.raw_name(run_id, "input", step["action_id"])
-            step["input"] = json.loads(sealed_input.load(self.spool, name, step["raw_sha256"]))
-        step.pop("plan_raw_sha256", None)
-        step.pop("raw_sha256", None)
+        if step["do"] is Do.PARSE:
+            digest = step.pop("raw_sha256", None)
+            if digest:
+                name = sealed_input.raw_name(run_id, "response", step["slot"])
+                step["response"] = sealed_input.load(self.spool, name, digest).decode()
+        elif step["do"] is Do.PREPARE:
+            digest = step.pop("plan_raw_sha256", None)
+            if digest:
+                name = sealed_input.raw_name(run_id, "plan", str(step["loop"]))
+                raw_plan = json.loads(sealed_input.load(self.spool, name, digest))
+                step["input"] = raw_plan["actions"][step["index"]]["input"]
+        elif step["do"] is Do.EXECUTE:
+            digest = step.pop("raw_sha256", None)
+            if digest:
+                name = sealed_input.raw_name(run_id, "input", step["action_id"])
+                step["input"] = json.loads(sealed_input.load(self.spool, name, digest))
 
     def keep_raw(self, run_id: str, kind: str, key: str, raw: Any, shown: Any) -> str | None:
         """A raw copy when redaction changed what is stored; its digest, else None."""
@@ -280,7 +288,7 @@ class RunService:
         slot_name = _str(params, "slot")
         withheld = raw_sha = None
         if run_store.get_plan(self.ledger, run["run_id"], loop) is None:
-            for guard in PLAN_GUARDS:
+            for guard in self.hooks.plan_guards:
                 why = guard(run, loop, plan)  # e.g. the collaboration policy's first wave
                 if why:
                     refused = run_store.plan_invalid(self.ledger, run["run_id"], loop, slot_name,
@@ -315,9 +323,9 @@ class RunService:
 
     def prepare_call(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
         """``action.prepare``, synchronous (the next step prepares through it inside
-        its own transaction): the first of ``prepare_routes`` that takes the tool
+        its own transaction): the first of the ``prepare_routes`` that takes the tool
         (an MCP server's), else corral's tool registry. Returns the action's row."""
-        for route in self.prepare_routes:
+        for route in self.hooks.prepare_routes:
             row = route(slot, params)
             if row is not None:
                 return row
@@ -356,7 +364,7 @@ class RunService:
         tool or the arguments are invalid (never executing, so never run; the model
         sees why in the observation)."""
         blocked = None
-        for guard in ACTION_GUARDS:
+        for guard in self.hooks.action_guards:
             # The user's intent contract (supervisor/intent_service.py): stricter only.
             verdict, why = guard(run, action_id(run["run_id"], loop, index), tool_name, tool_input)
             if verdict == "ask":
@@ -393,20 +401,20 @@ class RunService:
         the_id = action_id(run_id, loop, index)
         return self.keep_raw(run_id, "input", the_id, tool_input, redact(tool_input) if shown is None else shown)
 
-    async def action_begin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def action_begin(self, slot: ActorSlot, params: dict[str, Any]) -> Begun:
         action = run_store.get_action(self.ledger, _str(params, "action_id"))
         self.check_owner(slot, action["run_id"])
         return run_store.begin_action(self.ledger, action["action_id"])
 
-    def planned_call(self, run_id: str, loop: int, index: int) -> dict[str, Any] | None:
+    def planned_call(self, run_id: str, loop: int, index: int) -> PrepareStep | None:
         """Action ``index`` of loop ``loop``'s committed plan, as a ``prepare`` step
         with the raw input; None past the plan's end or when nothing is planned."""
         plan = run_store.get_plan(self.ledger, run_id, loop)
         calls = (plan or {}).get("actions") or []
         if plan is None or plan.get("final") is not None or not 0 <= index < len(calls):
             return None
-        step = {
-            "do": "prepare",
+        step: PrepareStep = {
+            "do": Do.PREPARE,
             "loop": loop,
             "index": index,
             "tool": calls[index]["tool"],
@@ -452,22 +460,31 @@ class RunService:
         return {}
 
     def _finish(self, action: Any, params: dict[str, Any]) -> None:
-        run_store.finish_action(
-            self.ledger,
-            action["action_id"],
-            bool(params.get("ok")),
-            params.get("output", {}),
-            str(params.get("summary", "")),
-            params.get("error"),
-            current=action,
-        )
+        with self.ledger.tx():
+            # Where a full disk refuses an outcome (tests: ``disk-full@N``); the agent
+            # keeps it and sends it again.
+            failpoints.hit("action.before-terminal")
+            run_store.finish_action(
+                self.ledger,
+                action["action_id"],
+                bool(params.get("ok")),
+                params.get("output", {}),
+                str(params.get("summary", "")),
+                params.get("error"),
+                current=action,
+            )
         if action["raw_sha256"]:
             # Once terminal is committed, nothing will act on this raw input again.
             name = sealed_input.raw_name(action["run_id"], "input", action["action_id"])
             self.ledger.after_commit(partial(sealed_input.drop, self.spool, name))
 
     async def finalize(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """``run.finalize``: the owner's run; a hold (``finalize_holds``: its sessions
+        about to exit should not cost a repair turn); then supervisor/finalization.py
+        (guards, blockers, parkers, the journal)."""
         run = self.owned_run(slot, params)
+        for hold in self.hooks.finalize_holds:
+            await hold(run)
         reply = params.get("reply")
         if not isinstance(reply, str):
             raise BadRequest("reply must be a string")
@@ -536,8 +553,7 @@ class RunService:
 
     def bind_intent(self, intent: Any) -> dict[str, Any]:
         """The run's intent binding, kept with its options (bound, or unbound and why)."""
-        service = self.sup.services.get("intent")
-        return {} if intent is None or service is None else {"intent": service.bind(intent)}
+        return {} if intent is None else {"intent": self.sup.intent.bind(intent)}
 
     def agent_options(self, agent: AgentSpec) -> dict[str, Any]:
         return {
@@ -570,10 +586,15 @@ class RunService:
             self.ledger, _str(params, "action_id"), _str(params, "decision"), fingerprint
         )
         await self.wake_run(run_id)
+        for hook in self.hooks.on_decision:
+            hook(params)  # e.g. the user's own intent receipt for this action
         return {"run_id": run_id}
 
     async def reconcile(self, params: dict[str, Any]) -> dict[str, Any]:
         target = _str(params, "action_id", limit=300)
+        for prefix, reconcile_other in self.hooks.reconcilers.items():
+            if target.startswith(prefix):
+                return await reconcile_other(params)  # e.g. a process session (proc-…)
         note = str(params.get("note", ""))[:1000]
         if target.startswith("act-"):
             run_id = resolutions.reconcile(self.ledger, target, _str(params, "outcome"), note)
@@ -584,6 +605,9 @@ class RunService:
 
     async def resume(self, params: dict[str, Any]) -> dict[str, Any]:
         run_id = _str(params, "run_id")
+        # A run parked for a provider retry is woken now (the explicit wake an
+        # operator, or a test, uses instead of waiting for retry_at).
+        run_store.retry_provider_now(self.ledger, run_id)
         resolutions._reopen_run(self.ledger, run_id)
         await self.wake_run(run_id)
         return {"status": run_store.get_run(self.ledger, run_id)["status"]}
@@ -603,8 +627,6 @@ class RunService:
         run = run_store.get_run(self.ledger, run_id)
         if RunStatus(run["status"]) in TERMINAL:
             raise Refused(f"run {run_id} already ended ({run['status']})")
-        for hook in CANCEL_HOOKS:
-            await hook(self, run_id)
         with self.ledger.tx():
             run_store.deny_unstarted_actions(self.ledger, run_id, f"run cancelled: {reason}")
             run_store.set_run_status(self.ledger, run_id, RunStatus.CANCELLED, reason)
@@ -619,8 +641,38 @@ class RunService:
         )
         return [f"{row['n']} run(s) {row['status']}" for row in rows]
 
+    def is_read(self, tool: str) -> bool:
+        found = self.tools.get(tool)
+        return found is not None and found.schema.effect_class == "read"
+
+    def on_actor_exit(self, slot: ActorSlot, code: int, crashed: bool) -> None:
+        """An agent died: a crash is charged to the actions it had in flight, and
+        those that keep crashing it are stopped as poison (supervisor/poison.py)."""
+        in_flight = inflight.take(self.sup.home, slot.id)
+        if not crashed or not in_flight:
+            return
+        try:
+            stopped = poison.charge(
+                self.ledger,
+                in_flight,
+                agent_id=str(slot.spec.params.get("agent_id", slot.id)),
+                actor_id=slot.id,
+                incarnation=slot.incarnation,
+                exit_code=code,
+                is_read=self.is_read,
+            )
+        except SupervisorError as exc:  # a full disk: this crash goes uncounted, the next one counts
+            log.warning("%s: its crash (exit %s) was not charged to %s: %s", slot.id, code, in_flight, exc)
+            return
+        except Exception:  # bookkeeping: it must never stop the tree from restarting the agent
+            log.exception("%s: its crash (exit %s) was not charged to %s", slot.id, code, in_flight)
+            return
+        if stopped:
+            log.error("%s: %s crashed it too often; not run again", slot.id, ", ".join(stopped))
+
     async def recover(self) -> None:
-        self.recovery_report = recovery.recover(self.ledger, is_idempotent)
+        inflight.reset(self.sup.home)  # what earlier boots' actors had in flight is no crash of theirs
+        self.recovery_report = recovery.recover(self.ledger, is_idempotent, self.is_read)
         sealed_input.sweep(sealed_input.spool_dir(self.sup.home), self.ledger)
         report = self.recovery_report
         self.ledger.event(
@@ -629,6 +681,7 @@ class RunService:
             finalizations=report.finalizations,
             reconciliations=len(report.reconciliations),
             receipts=report.receipts_repaired,
+            poisoned=len(report.poisoned),
             provider_requests=report.provider_requests,
             runs=report.runs_resumed,
         )
@@ -669,40 +722,31 @@ class RunService:
         }
 
 
-#: Checks of every proposed action before it is prepared: (run, action_id, tool,
-#: input) -> ("continue" | "ask" | "block", reason). Each may only tighten.
-ACTION_GUARDS: list[Any] = []
-#: Checks of a plan before it commits: (run, loop, plan) -> a reason to refuse it
-#: (a repair the model sees), or None.
-PLAN_GUARDS: list[Any] = []
-#: Shape a provider step before the agent gets it: async (run_id, step) -> step. A
-#: hook that sets ``history`` gives the model that view; otherwise it sees all of it.
-PROVIDER_STEP_HOOKS: list[Any] = []
-#: Extra steps of a cancellation (tombstones to children...): async (service, run_id).
-CANCEL_HOOKS: list[Any] = []
-
-
-def install(sup: Supervisor) -> RunService:
-    from corral.supervisor.run_views import RunViews
-
-    run_store.idempotent_provider = is_idempotent
+def install(sup: Supervisor) -> tuple[RunService, RunViews]:
+    """The run layer: its actor and control methods, hooks and background tasks.
+    The step methods' replies carry the next step (supervisor/step_piggyback.py)."""
     service = RunService(sup)
     views = RunViews(sup)
-    run_store.STATUS_HOOKS.append(views.on_status)
-    run_store.keep_raw_copy = service.keep_raw
+    hooks = sup.hooks
+    hooks.idempotent_provider = is_idempotent
+    hooks.keep_raw_copy = service.keep_raw
+    hooks.on_status.append(views.on_status)
+    hooks.show_sections["crashes"] = partial(poison.show_section, sup.ledger)
+    sup.tree.on_exit.append(service.on_actor_exit)
+    step = partial(step_piggyback.with_next, sup)
     sup.actor_methods.update(
         {
             "run.claim": service.claim,
             "run.next_step": service.next_step,
             "provider.begin": service.provider_begin,
-            "provider.handoff": service.provider_handoff,
+            "provider.handoff": step("provider.handoff", service.provider_handoff),
             "provider.failed": service.provider_failed,
-            "plan.commit": service.plan_commit,
-            "plan.invalid": service.plan_invalid,
-            "action.prepare": service.action_prepare,
-            "action.begin": service.action_begin,
-            "action.finish": service.action_finish,
-            "action.finish_batch": service.action_finish_batch,
+            "plan.commit": step("plan.commit", service.plan_commit),
+            "plan.invalid": step("plan.invalid", service.plan_invalid),
+            "action.prepare": step("action.prepare", service.action_prepare),
+            "action.begin": step("action.begin", service.action_begin),
+            "action.finish": step("action.finish", service.action_finish),
+            "action.finish_batch": step("action.finish_batch", service.action_finish_batch),
             "run.finalize": service.finalize,
             "run.fail": service.fail,
         }
@@ -725,5 +769,4 @@ def install(sup: Supervisor) -> RunService:
     sup.recovery_hooks.append(service.recover)
     sup.background.append(service.retry_timer)
     sup.status_sections["runs"] = service.status_section
-    sup.services["runs"] = service
-    return service
+    return service, views

@@ -19,6 +19,7 @@ from typing import Any
 from corral.actors.providers.base import MAX_RESPONSE_CHARS
 from corral.actors.tools.base import is_sealed
 from corral.core.redact import redact, redact_text, summarize
+from corral.mailbox.steps import Begin, Begun, Do, ParkStep, Step
 from corral.supervisor.action_state import (
     TERMINAL as ACTION_TERMINAL,
 )
@@ -89,7 +90,7 @@ def create_run(
     options = dict(options or {})
     # A scripted provider's script is data the tools act on: the row shows it
     # redacted, and the agent gets the raw copy (see supervisor/sealed_input.py).
-    raw_sha = keep_raw_copy(run_id, "provider-config", "config", provider_config, redact(provider_config))
+    raw_sha = ledger.hooks.keep_raw_copy(run_id, "provider-config", "config", provider_config, redact(provider_config))
     if raw_sha is not None:
         options["provider_config_raw_sha256"] = raw_sha
     now = _now()
@@ -117,15 +118,6 @@ def create_run(
         )
         ledger.event("run-created", run_id, agent=agent_id, run_kind=kind, task=summarize(task, 120))
     return run_id
-
-
-def _no_raw_copies(run_id: str, kind: str, key: str, raw: Any, shown: Any) -> str | None:
-    return None
-
-
-#: Keeps a raw copy where redaction changed what the ledger stores; returns its
-#: digest (set by the run service, which owns the private spool).
-keep_raw_copy: Any = _no_raw_copies
 
 
 def get_run(ledger: Ledger, run_id: str) -> sqlite3.Row:
@@ -161,7 +153,7 @@ def set_run_status(ledger: Ledger, run_id: str, status: RunStatus, reason: str |
             ),
         )
         ledger.event("run-" + status.value, run_id, reason=reason or "", previous=current.value)
-        for hook in STATUS_HOOKS:
+        for hook in ledger.hooks.on_status:
             hook(ledger, run_id, status, reason)
     return True
 
@@ -328,8 +320,22 @@ def interrupt_provider_request(ledger: Ledger, slot: str, run_id: str, idempoten
     return False
 
 
-#: Whether a provider's requests may be re-sent after a crash (set by the run service).
-idempotent_provider: Any = lambda name: False  # noqa: E731
+def retry_provider_now(ledger: Ledger, run_id: str) -> bool:
+    """An explicit wake of a run parked for a provider retry (``corral resume``): its
+    retry is due now rather than at the stored ``retry_at``. False (nothing changes)
+    when the run does not wait for one. Attempts still count against
+    ``max_provider_retries``."""
+    with ledger.tx() as db:
+        if RunStatus(get_run(ledger, run_id)["status"]) is not RunStatus.WAITING_FOR_PROVIDER_RETRY:
+            return False
+        now = _now()
+        db.execute(
+            "UPDATE provider_requests SET retry_at = ? WHERE run_id = ? AND status = 'failed' AND retry_at > ?",
+            (now, run_id, now),
+        )
+        ledger.event("provider-retry-woken", run_id)
+        set_run_status(ledger, run_id, RunStatus.RUNNING, "provider retry woken by resume")
+    return True
 
 
 def due_retries(ledger: Ledger) -> list[tuple[str, float]]:
@@ -585,7 +591,7 @@ def move_action(
     return written
 
 
-def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> dict[str, Any]:
+def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> Begun:
     """Apply policy; commit ``executing`` before the agent may start the side effect.
     ``current``: the action's row, read by the caller with no await since."""
     row = current if current is not None else get_action(ledger, the_id)
@@ -601,7 +607,7 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> dict[st
             )
             move_action(ledger, the_id, ActionPhase.DENIED, reason=why, error=why)
             write_receipt(ledger, the_id)
-            return {"do": "skip", "phase": "denied"}
+            return {"begin": Begin.SKIP, "phase": "denied"}
         if row["policy"] == "confirm":
             with ledger.tx():
                 move_action(ledger, the_id, ActionPhase.WAITING_CONFIRMATION)
@@ -611,11 +617,11 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> dict[st
                     RunStatus.WAITING_CONFIRMATION,
                     f"action {the_id} ({row['tool']}) waits for approval",
                 )
-            return {"do": "park", "phase": "waiting-confirmation"}
+            return {"begin": Begin.PARK, "phase": "waiting-confirmation"}
     if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED):
         move_action(ledger, the_id, ActionPhase.EXECUTING, current=row)
         ledger.failpoint("action.after-executing")
-        return {"do": "execute", "phase": "executing"}
+        return {"begin": Begin.EXECUTE, "phase": "executing"}
     if phase is ActionPhase.EXECUTING:
         if row["rerunnable"]:
             # Read-only tools, and ledger tools idempotent by action id, may run again.
@@ -625,12 +631,12 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> dict[st
                     (_now(), the_id),
                 )
                 ledger.event("action-rerun", the_id, run=row["run_id"], tool=row["tool"])
-            return {"do": "execute", "phase": "executing"}
+            return {"begin": Begin.EXECUTE, "phase": "executing"}
         mark_needs_reconciliation(ledger, the_id, "the agent lost track of an executing action; outcome unknown")
-        return {"do": "park", "phase": "needs-reconciliation"}
+        return {"begin": Begin.PARK, "phase": "needs-reconciliation"}
     if phase is ActionPhase.WAITING_CONFIRMATION:
-        return {"do": "park", "phase": phase.value}
-    return {"do": "skip", "phase": phase.value}
+        return {"begin": Begin.PARK, "phase": phase.value}
+    return {"begin": Begin.SKIP, "phase": phase.value}
 
 
 def mark_needs_reconciliation(ledger: Ledger, the_id: str, reason: str) -> None:
@@ -722,7 +728,7 @@ def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, curre
                 "error": row["error"] or "",
             },
         )
-        for hook in RECEIPT_HOOKS:
+        for hook in ledger.hooks.on_receipt:
             hook(ledger, row)
     return True
 
@@ -753,22 +759,22 @@ def actions_of(ledger: Ledger, run_id: str, loop_index: int) -> list[sqlite3.Row
 # -- the next step -----------------------------------------------------------------
 
 
-def next_step(ledger: Ledger, run_id: str, *, boundary: bool = True) -> dict[str, Any]:
+def next_step(ledger: Ledger, run_id: str, *, boundary: bool = True) -> Step:
     """What the agent should do next, from committed state alone. ``boundary=False``:
     the same call again, just after it advanced the loop (nothing else ran since,
     so the finalization and the boundary hooks are not checked twice)."""
     run = get_run(ledger, run_id)
     status = RunStatus(run["status"])
     if status in RUN_TERMINAL:
-        return {"do": "done", "status": status.value}
+        return {"do": Do.DONE, "status": status.value}
     if status is not RunStatus.RUNNING:
-        return {"do": "park", "status": status.value}
+        return {"do": Do.PARK, "status": status.value}
     if boundary:
         final = ledger.one("SELECT phase, reply FROM finalizations WHERE run_id = ?", run_id)
         if final is not None:
-            return {"do": "finalize", "reply": final["reply"]}
+            return {"do": Do.FINALIZE, "reply": final["reply"]}
         commits = ledger.commits
-        for hook in BOUNDARY_HOOKS:
+        for hook in ledger.hooks.boundary:
             hook(ledger, run_id)  # e.g. a user's steer, applied at this safe boundary
         if ledger.commits != commits:
             run = get_run(ledger, run_id)  # a hook moved the run (a steer opens a loop)
@@ -779,7 +785,7 @@ def next_step(ledger: Ledger, run_id: str, *, boundary: bool = True) -> dict[str
         latest = requests[-1] if requests else None
         if latest is not None and latest["status"] == "completed" and latest["consumed"] == 0:
             return {
-                "do": "parse",
+                "do": Do.PARSE,
                 "slot": latest["slot"],
                 "response": latest["response"],
                 "raw_sha256": latest["raw_sha256"],
@@ -790,14 +796,16 @@ def next_step(ledger: Ledger, run_id: str, *, boundary: bool = True) -> dict[str
         if (
             latest is not None
             and latest["status"] == "started"
-            and not interrupt_provider_request(ledger, latest["slot"], run_id, idempotent_provider(run["provider"]))
+            and not interrupt_provider_request(
+                ledger, latest["slot"], run_id, ledger.hooks.idempotent_provider(run["provider"])
+            )
         ):
-            return {"do": "park", "status": RunStatus.NEEDS_RECONCILIATION.value}
-        return {"do": "provider", "loop": loop}
+            return {"do": Do.PARK, "status": RunStatus.NEEDS_RECONCILIATION.value}
+        return {"do": Do.PROVIDER, "loop": loop}
     if plan.get("final") is not None:
         # Children or delegations still at work: wait for them (no provider call)
         # rather than have the final reply refused for what is only a matter of time.
-        return _loop_blockers(ledger, run_id) or {"do": "finalize", "reply": plan["final"]}
+        return _loop_blockers(ledger, run_id) or {"do": Do.FINALIZE, "reply": plan["final"]}
     rows = {
         row["action_index"]: row
         for row in ledger.all(
@@ -812,7 +820,7 @@ def next_step(ledger: Ledger, run_id: str, *, boundary: bool = True) -> dict[str
         row = rows.get(index)
         if row is None:
             return {
-                "do": "prepare",
+                "do": Do.PREPARE,
                 "loop": loop,
                 "index": index,
                 "tool": call["tool"],
@@ -822,7 +830,7 @@ def next_step(ledger: Ledger, run_id: str, *, boundary: bool = True) -> dict[str
         phase = ActionPhase(row["phase"])
         if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED, ActionPhase.EXECUTING):
             return {
-                "do": "execute",
+                "do": Do.EXECUTE,
                 "action_id": row["action_id"],
                 "tool": row["tool"],
                 "input": json.loads(row["input"]),
@@ -831,10 +839,10 @@ def next_step(ledger: Ledger, run_id: str, *, boundary: bool = True) -> dict[str
             }
         if phase is ActionPhase.WAITING_CONFIRMATION:
             set_run_status(ledger, run_id, RunStatus.WAITING_CONFIRMATION, f"action {row['action_id']} waits")
-            return {"do": "park", "status": RunStatus.WAITING_CONFIRMATION.value}
+            return {"do": Do.PARK, "status": RunStatus.WAITING_CONFIRMATION.value}
         if phase is ActionPhase.NEEDS_RECONCILIATION:
             set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION, f"action {row['action_id']} unresolved")
-            return {"do": "park", "status": RunStatus.NEEDS_RECONCILIATION.value}
+            return {"do": Do.PARK, "status": RunStatus.NEEDS_RECONCILIATION.value}
         if not row["has_receipt"]:
             write_receipt(ledger, row["action_id"])  # repairs a crash between terminal and receipt
     blocked = _loop_blockers(ledger, run_id)
@@ -849,20 +857,10 @@ def next_step(ledger: Ledger, run_id: str, *, boundary: bool = True) -> dict[str
     return next_step(ledger, run_id, boundary=False)
 
 
-#: Called at the top of every step of a running run, before the plan is read:
-#: (ledger, run_id). A hook may change the loop (a steer discards a stale plan).
-BOUNDARY_HOOKS: list[Any] = []
-#: Hooks from the swarm layer that may hold a loop (e.g. a join to wait for).
-LOOP_BLOCKERS: list[Any] = []
-#: Called inside the transaction of every run status change: (ledger, run_id, status, reason).
-STATUS_HOOKS: list[Any] = []
-#: Called inside the transaction that writes a receipt (and its observation): (ledger, action row).
-RECEIPT_HOOKS: list[Any] = []
-
-
-def _loop_blockers(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
-    for check in LOOP_BLOCKERS:
-        step: dict[str, Any] | None = check(ledger, run_id)
+def _loop_blockers(ledger: Ledger, run_id: str) -> ParkStep | None:
+    """A join to wait for, say (supervisor/run_hooks.py ``loop_blockers``)."""
+    for check in ledger.hooks.loop_blockers:
+        step = check(ledger, run_id)
         if step is not None:
             return step
     return None

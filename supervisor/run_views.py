@@ -1,6 +1,6 @@
 """What people read of runs (control methods): ``show``, ``runs``, ``wait`` and
-``pending``. Read-only; the layers add their sections (``SHOW_SECTIONS``,
-``PENDING_SECTIONS``)."""
+``pending``. Read-only; the features add their sections (supervisor/run_hooks.py
+``show_sections``, ``pending_sections``)."""
 
 from __future__ import annotations
 
@@ -21,19 +21,18 @@ if TYPE_CHECKING:
 LIST_TEXT_CHARS = 300
 #: How many runs one ``wait`` call may name.
 WAIT_MAX_RUNS = 1000
-#: Extra sections of `corral show` from other layers: name -> (run_id -> data).
-SHOW_SECTIONS: dict[str, Any] = {}
-#: Extra sections of ``pending`` (name -> () -> rows), for layers that park runs too.
-PENDING_SECTIONS: dict[str, Any] = {}
 
 
 class RunViews:
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
         self.ledger = sup.ledger
+        self.hooks = sup.ledger.hooks
         #: Run status changes so far (a status hook counts them): ``wait`` re-reads
         #: its runs only after a commit that moved some run, not after every commit.
         self.status_moves = 0
+        #: ``show`` adds the features' sections (``show_sections``).
+        self.sections = True
 
     def on_status(self, ledger: Any, run_id: str, status: Any, reason: str | None) -> None:
         self.status_moves += 1
@@ -75,7 +74,9 @@ class RunViews:
         ]
         reply = self.ledger.one("SELECT text, created_at FROM replies WHERE run_id = ?", run_id)
         final = self.ledger.one("SELECT phase FROM finalizations WHERE run_id = ?", run_id)
-        extra = {name: section(run_id) for name, section in SHOW_SECTIONS.items()}
+        # The layers' sections read this supervisor's partition: not for a run of another
+        # one (a node shows it read-only, supervisor/node_service.py).
+        extra = {name: section(run_id) for name, section in self.hooks.show_sections.items()} if self.sections else {}
         return {
             "run": data,
             "actions": actions,
@@ -162,6 +163,6 @@ class RunViews:
                     " 'needs-reconciliation', 'waiting-for-provider-retry', 'waiting-for-join', 'needs-input')"
                 )
             ],
-            **{name: section() for name, section in PENDING_SECTIONS.items()},
+            **{name: section() for name, section in self.hooks.pending_sections.items()},
         }
 

@@ -39,6 +39,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from corral.mailbox.steps import BatchEntry, Begin, Do, ExecuteStep, PrepareStep, Step
 from corral.supervisor import run_store
 from corral.supervisor.errors import SupervisorError
 
@@ -46,24 +47,16 @@ if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
     from corral.supervisor.tree import ActorSlot
 
-ActorMethod = Callable[["ActorSlot", dict[str, Any]], Awaitable[dict[str, Any]]]
+def with_next(
+    sup: Supervisor, method: str, handler: Callable[[ActorSlot, dict[str, Any]], Awaitable[Any]]
+) -> Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]:
+    """A step method whose reply carries the next step when the agent asks for it
+    (``want_next``); registered so by the run layer (provider.handoff, plan.commit,
+    plan.invalid, action.prepare/begin/finish/finish_batch) and by compaction
+    (context.compacted)."""
 
-#: Steps after which the agent asks for its next step at once.
-PIGGYBACKED = (
-    "provider.handoff",
-    "plan.commit",
-    "plan.invalid",
-    "action.prepare",
-    "action.begin",
-    "action.finish",
-    "action.finish_batch",
-    "context.compacted",
-)
-
-
-def wrap(sup: Supervisor, method: str, handler: ActorMethod) -> ActorMethod:
-    async def with_next(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        answer = await handler(slot, params)
+    async def step_method(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = await handler(slot, params)
         run_id = params.get("run_id")
         if method == "provider.handoff" and isinstance(run_id, str):
             await _commit_carried_plan(sup, slot, run_id, params)
@@ -71,7 +64,7 @@ def wrap(sup: Supervisor, method: str, handler: ActorMethod) -> ActorMethod:
             answer = {**answer, "next": await next_step_begun(sup, slot, run_id, params.get("history_have", 0))}
         return answer
 
-    return with_next
+    return step_method
 
 
 async def _commit_carried_plan(sup: Supervisor, slot: ActorSlot, run_id: str, params: dict[str, Any]) -> None:
@@ -82,28 +75,28 @@ async def _commit_carried_plan(sup: Supervisor, slot: ActorSlot, run_id: str, pa
     if not carried:
         return
     step = run_store.next_step(sup.ledger, run_id)
-    if step["do"] != "parse" or step["slot"] != params.get("slot"):
+    if step["do"] is not Do.PARSE or step["slot"] != params.get("slot"):
         return
     common = {"run_id": run_id, "loop": step["loop"], "slot": step["slot"], "want_next": False}
     if "plan" in carried:
-        await sup.actor_methods["plan.commit"](slot, common | {"plan": carried["plan"]})
+        await sup.runs.plan_commit(slot, common | {"plan": carried["plan"]})
     else:
         invalid = carried["plan_invalid"]
         if not isinstance(invalid, dict):
             return  # the agent parses again when asked, and reports it the long way
-        await sup.actor_methods["plan.invalid"](
+        await sup.runs.plan_invalid(
             slot, common | {"category": invalid.get("category"), "detail": invalid.get("detail", "")}
         )
 
 
-async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str, history_have: Any = 0) -> dict[str, Any]:
-    runs = sup.services["runs"]
+async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str, history_have: Any = 0) -> Step:
+    runs = sup.runs
     asked = {"run_id": run_id, "history_have": history_have}
-    step: dict[str, Any] = await runs.next_step(slot, asked)
-    if step["do"] == "provider":
+    step = await runs.next_step(slot, asked)
+    if step["do"] is Do.PROVIDER:
         step["begun"] = run_store.begin_provider_request(sup.ledger, run_id, int(step["loop"]))
         return step
-    if step["do"] not in ("prepare", "execute"):
+    if step["do"] is not Do.PREPARE and step["do"] is not Do.EXECUTE:
         return step
     with sup.ledger.tx():
         # The action, and the reads that follow it in the plan: prepared and begun
@@ -112,11 +105,13 @@ async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str, history
     return begun if begun is not None else await runs.next_step(slot, asked)
 
 
-def _prepare_and_begin(sup: Supervisor, slot: ActorSlot, run_id: str, step: dict[str, Any]) -> dict[str, Any] | None:
+def _prepare_and_begin(
+    sup: Supervisor, slot: ActorSlot, run_id: str, step: PrepareStep | ExecuteStep
+) -> PrepareStep | ExecuteStep | None:
     """The step with its action prepared (when it was to be) and begun (when recovery
     may run it again); None when that changed what the ledger says comes next (a
     refusal, a denial, a wait for approval)."""
-    if step["do"] == "prepare":
+    if step["do"] is Do.PREPARE:
         # The next action of a committed plan: prepared here, through the same
         # method (and checks) as when the agent asks, one round trip fewer.
         row = _prepare(sup, slot, run_id, step)
@@ -125,7 +120,7 @@ def _prepare_and_begin(sup: Supervisor, slot: ActorSlot, run_id: str, step: dict
         if row["phase"] != "prepared":
             return None
         # What the ledger would now say: execute it, on the raw input just prepared.
-        step = {"do": "execute", "action_id": row["action_id"], "tool": step["tool"],
+        step = {"do": Do.EXECUTE, "action_id": row["action_id"], "tool": step["tool"],
                 "input": step["input"], "phase": "prepared"}
     else:
         row = sup.ledger.one("SELECT * FROM actions WHERE action_id = ?", step["action_id"])
@@ -135,7 +130,7 @@ def _prepare_and_begin(sup: Supervisor, slot: ActorSlot, run_id: str, step: dict
     # agent never leaves an ``executing`` record nobody acted on.
     if row is None or not row["rerunnable"] or step.get("phase") not in ("prepared", "approved"):
         return step
-    if run_store.begin_action(sup.ledger, step["action_id"], current=row)["do"] != "execute":
+    if run_store.begin_action(sup.ledger, step["action_id"], current=row)["begin"] is not Begin.EXECUTE:
         return None  # denied, or parked for approval
     step["begun"] = True
     if _is_read(sup, step["tool"]):
@@ -149,22 +144,23 @@ def _prepare_and_begin(sup: Supervisor, slot: ActorSlot, run_id: str, step: dict
     return step
 
 
-def _prepare(sup: Supervisor, slot: ActorSlot, run_id: str, step: dict[str, Any]) -> Any:
+def _prepare(sup: Supervisor, slot: ActorSlot, run_id: str, step: PrepareStep) -> Any:
     try:
-        return sup.services["runs"].prepare_call(
-            slot, {k: step[k] for k in ("loop", "index", "tool", "input")} | {"run_id": run_id}
+        return sup.runs.prepare_call(
+            slot, {"loop": step["loop"], "index": step["index"], "tool": step["tool"], "input": step["input"],
+                   "run_id": run_id}
         )
     except SupervisorError:
         return None
 
 
-def _begin_following_reads(sup: Supervisor, slot: ActorSlot, run_id: str, row: Any) -> list[dict[str, Any]]:
+def _begin_following_reads(sup: Supervisor, slot: ActorSlot, run_id: str, row: Any) -> list[BatchEntry]:
     """The reads that follow action ``row`` in its plan, prepared and begun, in order,
     up to the first action that is not a read the policy auto-approves (that one
     and the rest go the ordinary way, after the batch)."""
-    runs = sup.services["runs"]
+    runs = sup.runs
     loop, index = int(row["loop_index"]), int(row["action_index"]) + 1
-    batch: list[dict[str, Any]] = []
+    batch: list[BatchEntry] = []
     while True:
         call = runs.planned_call(run_id, loop, index)
         if call is None or not _is_read(sup, call["tool"]):
@@ -172,7 +168,7 @@ def _begin_following_reads(sup: Supervisor, slot: ActorSlot, run_id: str, row: A
         action = _prepare(sup, slot, run_id, call)
         if action is None or action["phase"] != "prepared" or action["policy"] != "auto" or not action["rerunnable"]:
             return batch
-        if run_store.begin_action(sup.ledger, action["action_id"], current=action)["do"] != "execute":
+        if run_store.begin_action(sup.ledger, action["action_id"], current=action)["begin"] is not Begin.EXECUTE:
             return batch
         batch.append({"action_id": action["action_id"], "tool": call["tool"], "input": call["input"]})
         index += 1
@@ -185,12 +181,6 @@ def _run_options(sup: Supervisor, run_id: str) -> dict[str, Any]:
 
 
 def _is_read(sup: Supervisor, tool_name: str) -> bool:
-    tool = sup.services["runs"].tools.get(tool_name)
+    tool = sup.runs.tools.get(tool_name)
     return tool is not None and tool.schema.effect_class == "read"
 
-
-def install(sup: Supervisor) -> None:
-    """Wrap the step methods as the last layer, over every other layer's wrappers."""
-    for method in PIGGYBACKED:
-        if method in sup.actor_methods:
-            sup.actor_methods[method] = wrap(sup, method, sup.actor_methods[method])

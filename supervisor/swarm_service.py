@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from corral.supervisor import finalization, recovery, run_store, swarm_store
+from corral.mailbox.steps import Do, ParkStep
+from corral.supervisor import finalization, run_store, swarm_store
 from corral.supervisor.actor_state import ActorState
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger import Ledger
@@ -57,7 +58,7 @@ class SwarmService:
         if action["tool"] == "agent.run_status":
             swarm_store.observe_claim(ledger, action["action_id"])
 
-    def park_for_join(self, ledger: Ledger, run_id: str) -> dict[str, Any] | None:
+    def park_for_join(self, ledger: Ledger, run_id: str) -> ParkStep | None:
         """A parent whose loop is done but whose children or delegations still run
         parks (lane released, no provider call) until the last of them delivers."""
         if swarm_store.open_work(ledger, run_id) == 0:
@@ -68,7 +69,7 @@ class SwarmService:
             RunStatus.WAITING_FOR_JOIN,
             f"{swarm_store.open_work(ledger, run_id)} group(s)/delegation(s) still running",
         )
-        return {"do": "park", "status": RunStatus.WAITING_FOR_JOIN.value}
+        return {"do": Do.PARK, "status": RunStatus.WAITING_FOR_JOIN.value}
 
     def _after_delivery(self, delivery_id: str | None, child_run: Any) -> None:
         if delivery_id is None or child_run["parent_run_id"] is None:
@@ -81,7 +82,7 @@ class SwarmService:
     # -- actor methods --------------------------------------------------------------
 
     def _parent(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
-        return self.sup.services["runs"].owned_run(slot, params)
+        return self.sup.runs.owned_run(slot, params)
 
     def _action_id(self, params: dict[str, Any], run: Any) -> str:
         action_id = params.get("action_id")
@@ -151,7 +152,7 @@ class SwarmService:
             if params.get(k) is not None
         }
         reply = swarm_store.delegate(self.ledger, self.sup.spec, run, self._action_id(params, run), fields)
-        await self.sup.services["runs"].wake(reply["target"])
+        await self.sup.runs.wake(reply["target"])
         return reply
 
     async def claim(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
@@ -183,7 +184,7 @@ class SwarmService:
             if op == "stop" and target in self.sup.tree.slots:
                 await self.sup.tree.stop_actor(self.sup.tree.slots[target], reason="run ended")
             elif op == "wake":
-                await self.sup.services["runs"].wake(target)
+                await self.sup.runs.wake(target)
 
     async def watchdog(self) -> None:
         """Children that run past child_timeout_s yield a failed result."""
@@ -281,8 +282,6 @@ class SwarmService:
 
 
 def install(sup: Supervisor) -> SwarmService:
-    from corral.supervisor import run_service
-
     service = SwarmService(sup)
     sup.actor_methods.update(
         {
@@ -292,14 +291,14 @@ def install(sup: Supervisor) -> SwarmService:
             "run.child_result": service.child_result,
         }
     )
-    run_store.STATUS_HOOKS.append(service.on_status)
-    run_store.RECEIPT_HOOKS.append(service.on_receipt)
-    run_store.LOOP_BLOCKERS.append(service.park_for_join)
-    finalization.BLOCKERS.append(swarm_store.blockers)
-    recovery.STEPS.append(service.recover)
+    hooks = sup.hooks
+    hooks.on_status.append(service.on_status)
+    hooks.on_receipt.append(service.on_receipt)
+    hooks.loop_blockers.append(service.park_for_join)
+    hooks.finalize_blockers.append(swarm_store.blockers)
+    hooks.recovery_steps.append(service.recover)
     sup.recovery_hooks.append(service.restart_children)
     sup.background.extend([service.worker, service.watchdog])
     sup.tree.on_escalated.append(service.on_escalated)
-    run_service.SHOW_SECTIONS["swarm"] = service.show_section
-    sup.services["swarm"] = service
+    hooks.show_sections["swarm"] = service.show_section
     return service
