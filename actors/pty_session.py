@@ -46,14 +46,8 @@ from typing import NamedTuple
 import trio
 
 from corral.sandbox.bwrap import SANDBOX_HOME, LaunchMode, SandboxProfile, resolve_launch_mode
-from corral.sandbox.exec_handshake import (
-    LaunchedProcess,
-    LaunchError,
-    OnReady,
-    ReadyInfo,
-    default_env,
-    launch_with_handshake,
-)
+from corral.sandbox.exec_handshake import OnReady, ReadyInfo, default_env, launch_with_handshake
+from corral.sandbox.launched_process import LaunchedProcess, LaunchError
 from corral.sandbox.tree_guard import GuardReport
 
 from .sanitize import Roots, default_roots, sanitize_output

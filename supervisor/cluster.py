@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from corral.supervisor.ledger_pg import CLUSTER_SCHEMA, RENEW_SQL, schema_of
+from corral.supervisor.ledger_pg_cluster import CLUSTER_SCHEMA, RENEW_SQL, schema_of
 from corral.supervisor.run_state import TERMINAL
 from corral.supervisor.schema import MIGRATIONS
 

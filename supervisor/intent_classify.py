@@ -6,11 +6,8 @@ upstream: ``read``, ``write_workspace``, ``install_local``, ``network``,
 ``publish``, ``external_side_effect``, ``delete``, ``destructive`` and
 ``unknown``; corral adds ``delegate`` for work handed to another run.
 
-A command line is split into segments at ``;``, ``|``, ``&``, ``&&``, ``||`` and
-newlines (quotes and backslash escapes respected, ``2>&1`` is a redirection).
-In each segment the real program is found behind variable assignments and the
-wrappers that run their argument (``sudo``, ``env`` with ``-S``, ``command``,
-``nohup``, ``nice``, ``timeout``, ``exec``, ``time``), shell wrappers
+A command line is split into segments, and in each the real program is found
+behind assignments and wrappers (supervisor/intent_shell.py); shell wrappers
 (``sh -c``, ``bash -xec``, ``pwsh -Command``, ``cmd /c``) are looked into, and
 the first matching family wins: install, dependency removal, publish, external,
 delete, write, git, read, network. Other tools are tagged by name. Upstream's
@@ -27,13 +24,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: ECMAScript WhiteSpace and LineTerminator: what ``String.prototype.trim`` and
-#: ``/\s/`` mean, so corral trims and splits exactly as the reference guard does.
-JS_SPACE = frozenset(
-    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
-    "\u2028\u2029\u202f\u205f\u3000\ufeff"
+from corral.supervisor.intent_shell import (
+    executable_name,
+    first_operand,
+    js_trim,
+    option_value,
+    split_segments,
+    subcommand,
+    tokenize,
+    unwrap,
+    wrapped,
 )
-_JS_SPACE_TEXT = "".join(sorted(JS_SPACE))
 
 HIGH_RISK = frozenset({"delete", "destructive", "install_local", "publish", "external_side_effect"})
 #: What cannot be undone by the workspace alone (upstream 0.2.2: writes included).
@@ -50,10 +51,6 @@ READ = frozenset({"read"})
 UNKNOWN = frozenset({"unknown"})
 
 
-def js_trim(text: str) -> str:
-    return text.strip(_JS_SPACE_TEXT)
-
-
 @dataclass(frozen=True)
 class Action:
     tool: str
@@ -68,260 +65,6 @@ class Action:
     @property
     def reversible(self) -> bool:
         return not any(tag in IRREVERSIBLE for tag in self.tags)
-
-
-# -- lexing ----------------------------------------------------------------------------------
-
-
-def split_segments(command: str) -> list[str]:
-    """Top-level segments, each as written (quotes kept)."""
-    segments: list[str] = []
-    current: list[str] = []
-    quote: str | None = None
-
-    def push() -> None:
-        text = js_trim("".join(current))
-        if text:
-            segments.append(text)
-        current.clear()
-
-    index, size = 0, len(command)
-    while index < size:
-        char = command[index]
-        following = command[index + 1:index + 2]
-        if quote == "'":
-            quote = None if char == "'" else quote
-        elif char == "\\" and following:
-            current += [char, following]  # an escaped character separates nothing
-            index += 2
-            continue
-        elif quote == '"':
-            quote = None if char == '"' else quote
-        elif char in "'\"":
-            quote = char
-        elif char in "\n;|&":
-            redirect = char == "&" and ((current and current[-1] in "<>") or following == ">")
-            if not redirect and not (char == "|" and current and current[-1] == ">"):
-                push()
-                index += 2 if char in "|&" and following == char else 1
-                continue
-        current.append(char)
-        index += 1
-    push()
-    return segments
-
-
-def tokenize(segment: str) -> list[str]:
-    """Words with quotes removed and backslash escapes applied (a backslash before
-    anything but a space, a quote, a backslash or an operator is kept, so a
-    Windows path survives)."""
-    tokens: list[str] = []
-    current: list[str] = []
-    quote: str | None = None
-    index, size = 0, len(segment)
-    while index < size:
-        char = segment[index]
-        following = segment[index + 1:index + 2]
-        if quote == "'":
-            if char == "'":
-                quote = None
-            else:
-                current.append(char)
-        elif quote == '"':
-            if char == "\\" and following and following in '"\\$`':
-                current.append(following)
-                index += 1
-            elif char == '"':
-                quote = None
-            else:
-                current.append(char)
-        elif char == "\\" and following and (following in JS_SPACE or following in "'\"\\;&|<>"):
-            current.append(following)
-            index += 1
-        elif char in "'\"":
-            quote = char
-        elif char in JS_SPACE:
-            if current:
-                tokens.append("".join(current))
-                current.clear()
-        else:
-            current.append(char)
-        index += 1
-    if current:
-        tokens.append("".join(current))
-    return tokens
-
-
-def executable_name(token: str | None) -> str:
-    name = (token or "").replace("\\", "/").split("/")[-1].lower()
-    return re.sub(r"\.(exe|cmd|bat|ps1)\Z", "", name)
-
-
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
-
-
-def _drop_assignments(tokens: list[str]) -> None:
-    while tokens and _ASSIGNMENT.match(tokens[0]):
-        tokens.pop(0)
-
-
-def _drop_options(tokens: list[str], valued: frozenset[str], *, fold_case: bool = True) -> str | None:
-    """Drop a wrapper's options (and their values) from the front; returns the value
-    of ``-S``/``--split-string`` when that was one of them (env's command string)."""
-    split: str | None = None
-    while tokens:
-        token = tokens[0]
-        if token == "--":
-            tokens.pop(0)
-            break
-        if not token.startswith("-") or token == "-":
-            break
-        name, _, value = (token.lower() if fold_case else token).partition("=")
-        tokens.pop(0)
-        takes = name in valued and not value
-        joined = len(name) == 2 and len(token) > 2 and "=" not in token  # -n5, -ufoo
-        if name in ("-s", "--split-string"):
-            if value or joined:
-                split = token.partition("=")[2] if value else token[2:]
-            elif tokens:
-                split = tokens.pop(0)
-            continue
-        if takes and not joined and tokens:
-            tokens.pop(0)
-    return split
-
-
-_SUDO_VALUED = frozenset({"-C", "-D", "-g", "-h", "-p", "-R", "-r", "-T", "-t", "-U", "-u", "--chdir", "--chroot",
-                          "--close-from", "--command-timeout", "--group", "--host", "--other-user", "--prompt",
-                          "--role", "--type", "--user"})
-_ENV_VALUED = frozenset({"-a", "-c", "-s", "-u", "--argv0", "--chdir", "--split-string", "--unset"})
-_NICE_VALUED = frozenset({"-n", "--adjustment"})
-_TIMEOUT_VALUED = frozenset({"-k", "-s", "--kill-after", "--signal"})
-_EXEC_VALUED = frozenset({"-a"})
-_TIME_VALUED = frozenset({"-f", "-o", "--format", "--output"})
-
-
-def _unwrap(tokens: list[str]) -> list[str] | None:
-    """The tokens from the real program on, or None when the segment only looks a
-    program up (``command -v``) or asks a wrapper for help."""
-    _drop_assignments(tokens)
-    for _ in range(64):
-        if not tokens:
-            return tokens
-        exe = executable_name(tokens[0])
-        if tokens[0] == "&":
-            tokens.pop(0)
-        elif exe == "command":
-            tokens.pop(0)
-            if tokens and tokens[0] in ("-v", "-V"):
-                return None
-            _drop_options(tokens, frozenset())
-        elif exe == "nohup":
-            tokens.pop(0)
-            _drop_options(tokens, frozenset())
-        elif exe == "sudo":
-            tokens.pop(0)
-            _drop_options(tokens, _SUDO_VALUED, fold_case=False)
-        elif exe == "env":
-            tokens.pop(0)
-            while tokens and (tokens[0].startswith("-") or _ASSIGNMENT.match(tokens[0])):
-                _drop_assignments(tokens)
-                split = _drop_options(tokens, _ENV_VALUED) if tokens and tokens[0].startswith("-") else None
-                if split is not None:
-                    tokens[:0] = tokenize(split)
-                    break
-        elif exe == "nice":
-            tokens.pop(0)
-            if tokens and re.fullmatch(r"-\d+", tokens[0]):
-                tokens.pop(0)
-            _drop_options(tokens, _NICE_VALUED)
-        elif exe == "timeout":
-            tokens.pop(0)
-            if tokens and tokens[0] in ("--help", "--version"):
-                return None
-            _drop_options(tokens, _TIMEOUT_VALUED)
-            if tokens:
-                tokens.pop(0)  # the duration
-        elif exe == "exec":
-            tokens.pop(0)
-            _drop_options(tokens, _EXEC_VALUED)
-        elif exe == "time":
-            tokens.pop(0)
-            _drop_options(tokens, _TIME_VALUED)
-        else:
-            return tokens
-        _drop_assignments(tokens)
-    return tokens
-
-
-_SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh"})
-
-
-def _wrapped(tokens: Sequence[str]) -> tuple[bool, str | None]:
-    """(is a shell, the script it is told to run): ``sh -c SCRIPT``, ``bash -xec
-    SCRIPT``, ``pwsh -Command ...``, ``cmd /c ...``. A shell given a script file
-    runs what no one can see: (True, None)."""
-    exe = executable_name(tokens[0]) if tokens else ""
-    args = list(tokens[1:])
-    if exe in _SHELLS:
-        command_flag = False
-        index = 0
-        while index < len(args):
-            arg = args[index]
-            if arg == "--":
-                index += 1
-                break
-            if arg in ("-o", "+o"):
-                index += 2
-                continue
-            if not arg.startswith(("-", "+")) or arg in ("-", "+"):
-                break
-            if arg.startswith("-") and not arg.startswith("--") and "c" in arg[1:]:
-                command_flag = True
-            index += 1
-        if index < len(args):
-            return True, args[index] if command_flag else None
-        return True, None
-    lower = [arg.lower() for arg in args]
-    markers = {"pwsh": ("-c", "-command"), "powershell": ("-c", "-command"), "cmd": ("/c", "/k")}.get(exe)
-    if markers is None:
-        return False, None
-    marker = next((i for i, arg in enumerate(lower) if arg in markers), -1)
-    if marker >= 0 and marker + 1 < len(args) and args[marker + 1]:
-        return True, " ".join(args[marker + 1:])
-    return True, None
-
-
-def _first_operand(args: Sequence[str], valued: frozenset[str] = frozenset()) -> tuple[str, int] | None:
-    """The first argument that is not an option (skipping the values of ``valued``), lowercased."""
-    index = 0
-    while index < len(args):
-        value = args[index].lower()
-        if value == "--":
-            return (args[index + 1].lower(), index + 1) if index + 1 < len(args) and args[index + 1] else None
-        if not value.startswith("-") or value == "-":
-            return value, index
-        if "=" not in value and value in valued:
-            index += 1
-        index += 1
-    return None
-
-
-def _subcommand(args: Sequence[str], valued: frozenset[str] = frozenset()) -> tuple[str | None, list[str]]:
-    found = _first_operand(args, valued)
-    return (found[0], list(args[found[1] + 1:])) if found else (None, [])
-
-
-def _option_value(args: Sequence[str], names: Sequence[str]) -> str | None:
-    for index, token in enumerate(args):
-        if token in names:
-            return args[index + 1] if index + 1 < len(args) else None
-        for name in names:
-            if token.startswith(name + "="):
-                return token[len(name) + 1:]
-            if len(name) == 2 and token.startswith(name) and len(token) > 2:
-                return token[2:]
-    return None
 
 
 # -- the families ----------------------------------------------------------------------------
@@ -397,12 +140,12 @@ _TWO_WORD = {"yarn": ("global",), "dotnet": ("tool", "add", "remove"), "uv": ("p
 def _manager_verb(exe: str, tokens: Sequence[str]) -> str | None:
     """A package manager's verb (two words joined by '-' where it takes two)."""
     args = list(tokens[1:])
-    found = _first_operand(args, _VALUED_BY_MANAGER.get(exe, _SYSTEM_VALUED))
+    found = first_operand(args, _VALUED_BY_MANAGER.get(exe, _SYSTEM_VALUED))
     if found is None:
         return "" if exe == "pipenv" else None
     verb, rest = found[0], args[found[1] + 1:]
     if verb in _TWO_WORD.get(exe, ()):
-        second = _first_operand(rest, _PIP_VALUED)
+        second = first_operand(rest, _PIP_VALUED)
         if verb == "audit":
             return "audit-fix" if "fix" in [a.lower() for a in rest] or "--fix" in [a.lower() for a in rest] else verb
         return f"{verb}-{second[0]}" if second else verb
@@ -421,7 +164,7 @@ def _python_pip(tokens: Sequence[str]) -> str | None:
     at = args.index("-m")
     if args[at + 1:at + 2] != ["pip"]:
         return None
-    found = _first_operand(args[at + 2:], _PIP_VALUED)
+    found = first_operand(args[at + 2:], _PIP_VALUED)
     return found[0] if found else ""
 
 
@@ -430,7 +173,7 @@ def _package_family(tokens: Sequence[str]) -> frozenset[str] | None:
     lower = [token.lower() for token in tokens[1:]]
     pip_verb = _python_pip(tokens)
     if pip_verb is None and re.fullmatch(r"pip(?:3(?:\.\d+)?)?", exe):
-        found = _first_operand(lower, _PIP_VALUED)
+        found = first_operand(lower, _PIP_VALUED)
         pip_verb = found[0] if found else ""
     if pip_verb is not None:
         if pip_verb in ("install", "download", "wheel"):
@@ -489,7 +232,7 @@ def _method_tags(method: str | None, body: bool) -> frozenset[str] | None:
 def _http_family(exe: str, tokens: Sequence[str]) -> frozenset[str] | None:
     args = list(tokens[1:])
     if exe == "curl":
-        method = _option_value(args, ("-X", "--request"))
+        method = option_value(args, ("-X", "--request"))
         if "-G" in args or "--get" in args:
             return _method_tags(method, False)
         body = any(arg.split("=", 1)[0] in ("-d", "--data", "--data-raw", "--data-binary", "--data-urlencode",
@@ -500,13 +243,13 @@ def _http_family(exe: str, tokens: Sequence[str]) -> frozenset[str] | None:
         return _method_tags(method, body)
     if exe == "wget":
         lower = [arg.lower() for arg in args]
-        method = _option_value(lower, ("--method",))
+        method = option_value(lower, ("--method",))
         body = any(arg.split("=", 1)[0] in ("--post-data", "--post-file", "--body-data", "--body-file")
                    for arg in lower)
         return _method_tags(method or ("post" if body and method is None else None), body)
     if exe in ("invoke-webrequest", "invoke-restmethod", "iwr", "irm"):
         lower = [arg.lower() for arg in args]
-        method = _option_value(lower, ("-method",))
+        method = option_value(lower, ("-method",))
         body = any(arg in ("-body", "-infile", "-form") for arg in lower)
         return _method_tags(method, body)
     return None
@@ -514,8 +257,8 @@ def _http_family(exe: str, tokens: Sequence[str]) -> frozenset[str] | None:
 
 def _git_family(args: Sequence[str]) -> frozenset[str]:
     lower = [arg.lower() for arg in args]
-    verb, rest = _subcommand(lower, _GIT_VALUED)
-    nested, _ = _subcommand(rest)
+    verb, rest = subcommand(lower, _GIT_VALUED)
+    nested, _ = subcommand(rest)
     if verb == "push":
         deletes = "--delete" in rest or "-d" in rest or any(arg.startswith(":") and len(arg) > 1 for arg in rest)
         return PUBLISH | DELETE if deletes else PUBLISH
@@ -533,7 +276,7 @@ def _git_family(args: Sequence[str]) -> frozenset[str]:
                    "--contains", "--no-contains", "--merged", "--no-merged", "--points-at", "--format", "--sort",
                    "--column", "--no-column"}
         options = {arg.split("=", 1)[0] for arg in rest if arg.startswith("-")}
-        return READ if not rest or options & listing or (not _first_operand(rest) and not options) else WRITE
+        return READ if not rest or options & listing or (not first_operand(rest) and not options) else WRITE
     if verb == "stash":
         return READ if nested in ("list", "show") else WRITE
     if verb == "worktree":
@@ -602,14 +345,14 @@ def _redirects_output(segment: str) -> bool:
 
 
 def _segment_tags(segment: str, depth: int = 0) -> frozenset[str]:
-    unwrapped = _unwrap(tokenize(segment))
+    unwrapped = unwrap(tokenize(segment))
     if unwrapped is None:
         return READ  # `command -v npm`: a lookup, nothing runs
     tokens = unwrapped
     exe = executable_name(tokens[0]) if tokens else ""
     if not exe:
         return frozenset()
-    shell, script = _wrapped(tokens)
+    shell, script = wrapped(tokens)
     if shell:
         if script is None or depth >= MAX_DEPTH:
             return UNKNOWN  # a script file, or a wrapper too deep to follow
@@ -620,20 +363,20 @@ def _segment_tags(segment: str, depth: int = 0) -> frozenset[str]:
         return family
     args = [token.lower() for token in tokens[1:]]
     if exe == "git":
-        verb = _subcommand(args, _GIT_VALUED)[0]
+        verb = subcommand(args, _GIT_VALUED)[0]
         if verb == "push":
             return _git_family(tokens[1:])
-    if exe == "npm" and _subcommand(args, _NPM_VALUED)[0] in ("publish", "unpublish", "deprecate"):
+    if exe == "npm" and subcommand(args, _NPM_VALUED)[0] in ("publish", "unpublish", "deprecate"):
         return PUBLISH
     if exe == "gh":
-        noun, rest = _subcommand(args, _GH_VALUED)
-        verb = _subcommand(rest, _GH_VALUED)[0] if noun in _GH_NOUNS else None
+        noun, rest = subcommand(args, _GH_VALUED)
+        verb = subcommand(rest, _GH_VALUED)[0] if noun in _GH_NOUNS else None
         if noun in ("repo", "release", "pr", "issue", "gist") and verb in ("create", "edit", "delete"):
             return PUBLISH | DELETE if verb == "delete" else PUBLISH
         if noun in _GH_EXTERNAL and verb in _GH_EXTERNAL[noun]:
             return EXTERNAL | DELETE if verb in ("delete", "delete-asset") else EXTERNAL
         if noun == "api":
-            method = _option_value(rest, ("-x", "--method"))
+            method = option_value(rest, ("-x", "--method"))
             body = any(value == option or value.startswith(option + "=")
                        or (option == "-f" and value.startswith("-f") and len(value) > 2)
                        for value in rest for option in ("-f", "--field", "--input", "--raw-field"))

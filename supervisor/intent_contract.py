@@ -36,8 +36,8 @@ import rfc8785
 from referencing import Registry, Resource
 
 from corral.core import strict_json
-from corral.supervisor.intent_classify import js_trim
 from corral.supervisor.intent_scope import ScopeError, scope_of
+from corral.supervisor.intent_shell import js_trim
 
 SCHEMAS = ("task-contract-lite", "contract-envelope", "provider-contract", "continuity-snapshot",
            "decision-receipt")

@@ -31,8 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from corral.supervisor.intent_classify import JS_SPACE, Action, js_trim
+from corral.supervisor.intent_classify import Action
 from corral.supervisor.intent_scope import PathVerdict
+from corral.supervisor.intent_shell import JS_SPACE, js_trim
 
 _LINE_END = "\n\r\u2028\u2029"
 _STRUCTURED = re.compile(rf"(action|tool|command-prefix):([^{_LINE_END}]+)", re.IGNORECASE | re.ASCII)

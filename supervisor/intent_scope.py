@@ -29,7 +29,8 @@ from typing import Any
 
 from corral.actors.tools.base import ToolError
 from corral.actors.tools.paths import resolve_in_workspace
-from corral.supervisor.intent_classify import CORRAL_TAGS, js_trim
+from corral.supervisor.intent_classify import CORRAL_TAGS
+from corral.supervisor.intent_shell import js_trim
 
 PREFIX = "path:"
 _WILDCARDS = frozenset("*?[]{}")

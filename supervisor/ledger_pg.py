@@ -17,125 +17,44 @@ and come back: see supervisor/ledger_link.py. Every write transaction of a node
 also sets a commit marker (``corral_meta.commit_seq``), so that after a lost
 connection the ledger can tell whether a COMMIT whose answer never came landed,
 and whether commits it was told of were lost.
+
+The wire (connecting, rows, deferred writes) is supervisor/ledger_pg_wire.py; the
+cluster tables and the fence functions are supervisor/ledger_pg_cluster.py.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import lru_cache
-from typing import Any, ClassVar
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any
 
-from corral.core.errors import CorralError
 from corral.supervisor.errors import SupervisorError
 from corral.supervisor.ledger import Ledger, LedgerError, split_sql
 from corral.supervisor.ledger_link import Backoff, LedgerUnavailable, connection_lost
+from corral.supervisor.ledger_pg_cluster import (
+    CLUSTER_SCHEMA,
+    FENCE_SQLSTATE,
+    LAPSED_SQLSTATE,
+    RENEW_SQL,
+    ensure_cluster,
+    schema_of,
+)
+from corral.supervisor.ledger_pg_wire import Connection, PostgresUnavailable, connect, redact_url
 from corral.supervisor.read_cache import ReadCache
 from corral.supervisor.schema import MIGRATIONS
-from corral.supervisor.sql_dialect import REFUSE_FUNCTION, statement_to_postgres, to_postgres
+from corral.supervisor.sql_dialect import REFUSE_FUNCTION, statement_to_postgres
 
 log = logging.getLogger("corral.ledger")
 
-CLUSTER_SCHEMA = "corral_cluster"
-#: What the fence raises when a writer's epoch is stale (a class of our own).
-FENCE_SQLSTATE = "CF001"
-#: What it raises when the writer's lease lapsed (nobody took it over yet).
-LAPSED_SQLSTATE = "CF002"
 #: A COMMIT whose answer was lost: how long the writer tries to learn, there and
 #: then, whether it landed (a restart is back within this), before it leaves the
 #: question to the reconnection.
 IN_DOUBT_WAIT_S = 3.0
 #: A reconnection attempt gives up after this (it runs in a worker thread).
 RECONNECT_TIMEOUT_S = 5
-#: A holder renews its lease; ``renew`` in supervisor/cluster.py and a writer whose
-#: lease is about to lapse use it (the row must still be this holder's epoch).
-RENEW_SQL = (
-    f"UPDATE {CLUSTER_SCHEMA}.partitions SET lease_until = clock_timestamp() + make_interval(secs => %s)"
-    " WHERE name = %s AND epoch = %s AND holder = %s RETURNING epoch"
-)
-PARTITION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
-
-CLUSTER_DDL = [
-    f"""
-CREATE SCHEMA IF NOT EXISTS {CLUSTER_SCHEMA}
-""",
-    f"""
-CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.nodes (
-    node_id      TEXT PRIMARY KEY,
-    host         TEXT NOT NULL,
-    pid          BIGINT NOT NULL,
-    home         TEXT NOT NULL,
-    started_at   TIMESTAMPTZ NOT NULL,
-    heartbeat_at TIMESTAMPTZ NOT NULL,
-    lease_until  TIMESTAMPTZ NOT NULL,
-    status       TEXT NOT NULL
-)
-""",
-    f"""
-CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.partitions (
-    name         TEXT PRIMARY KEY,
-    schema_name  TEXT NOT NULL UNIQUE,
-    holder       TEXT NOT NULL,
-    epoch        BIGINT NOT NULL,
-    lease_until  TIMESTAMPTZ NOT NULL,
-    spec_path    TEXT,
-    created_at   TIMESTAMPTZ NOT NULL,
-    adopted_from TEXT,
-    adopted_at   TIMESTAMPTZ
-)
-""",
-    # The node whose partition this is asks for it back (supervisor/cluster.py). Only
-    # when missing: ALTER TABLE locks the table against every node's writes.
-    f"""
-DO $wanted$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = '{CLUSTER_SCHEMA}'
-                   AND table_name = 'partitions' AND column_name = 'wanted_by') THEN
-        ALTER TABLE {CLUSTER_SCHEMA}.partitions ADD COLUMN wanted_by TEXT;
-    END IF;
-END $wanted$
-""",
-    f"""
-CREATE OR REPLACE FUNCTION {CLUSTER_SCHEMA}.fence(wanted TEXT, mine BIGINT) RETURNS void AS $fence$
-DECLARE
-    held BIGINT;
-    held_by TEXT;
-BEGIN
-    SELECT epoch, holder INTO held, held_by FROM {CLUSTER_SCHEMA}.partitions WHERE name = wanted FOR SHARE;
-    IF held IS DISTINCT FROM mine THEN
-        RAISE EXCEPTION 'corral-fenced: partition % is now held by node % at epoch % (this writer had epoch %)',
-            wanted, coalesce(held_by, 'nobody'), held, mine USING ERRCODE = '{FENCE_SQLSTATE}';
-    END IF;
-END
-$fence$ LANGUAGE plpgsql
-""",
-    # A node's writer: its epoch, and a live lease. A lapsed lease is renewed before
-    # the next write (the writer learns it here), or the writer finds it fenced.
-    f"""
-CREATE OR REPLACE FUNCTION {CLUSTER_SCHEMA}.fence_lease(wanted TEXT, mine BIGINT) RETURNS void AS $fence$
-DECLARE
-    held BIGINT;
-    held_by TEXT;
-    live BOOLEAN;
-BEGIN
-    SELECT epoch, holder, lease_until >= clock_timestamp() INTO held, held_by, live
-        FROM {CLUSTER_SCHEMA}.partitions WHERE name = wanted FOR SHARE;
-    IF held IS DISTINCT FROM mine THEN
-        RAISE EXCEPTION 'corral-fenced: partition % is now held by node % at epoch % (this writer had epoch %)',
-            wanted, coalesce(held_by, 'nobody'), held, mine USING ERRCODE = '{FENCE_SQLSTATE}';
-    END IF;
-    IF NOT live THEN
-        RAISE EXCEPTION 'corral-lease-lapsed: the lease on partition % lapsed', wanted
-            USING ERRCODE = '{LAPSED_SQLSTATE}';
-    END IF;
-END
-$fence$ LANGUAGE plpgsql
-""",
-]
 
 
 class Fenced(SupervisorError):
@@ -143,207 +62,6 @@ class Fenced(SupervisorError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, "fenced")
-
-
-class PostgresUnavailable(CorralError, RuntimeError):
-    pass
-
-
-def redact_url(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = (parts.username or "") + ":***"
-    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[1]}"))
-
-
-def is_postgres_url(target: str) -> bool:
-    return target.startswith(("postgresql://", "postgres://"))
-
-
-def schema_of(partition: str) -> str:
-    if not PARTITION_NAME.match(partition):
-        raise LedgerError(
-            f"partition/node name {partition!r}: use 1-48 lowercase letters, digits, '-' or '_',"
-            " starting with a letter or digit"
-        )
-    return "corral_p_" + partition.replace("-", "_")
-
-
-# -- rows that behave like sqlite3.Row ------------------------------------------------
-
-
-class _Row(tuple[Any, ...]):
-    """By index, by name and ``keys()``, as sqlite3.Row: the stores use all three."""
-
-    _names: tuple[str, ...] = ()
-    _index: ClassVar[dict[str, int]] = {}
-
-    def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, str):
-            try:
-                return tuple.__getitem__(self, self._index[key])
-            except KeyError:
-                raise IndexError(f"no such column: {key}") from None
-        return tuple.__getitem__(self, key)
-
-    def keys(self) -> list[str]:
-        return list(self._names)
-
-
-@lru_cache(maxsize=1024)
-def _row_class(names: tuple[str, ...]) -> type[_Row]:
-    index: dict[str, int] = {}
-    for position, name in enumerate(names):
-        index.setdefault(name, position)  # the first of duplicate names, as SQLite
-    return type("Row", (_Row,), {"_names": names, "_index": index, "__slots__": ()})
-
-
-def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], _Row]:
-    description = cursor.description
-    if description is None:
-        return lambda values: _Row(values)
-    cls = _row_class(tuple(column.name for column in description))
-    return lambda values: cls(values)
-
-
-def _connect(url: str, application: str = "corral", timeout: int = 10) -> Any:
-    """A connection in autocommit mode; ``application`` names it in
-    ``pg_stat_activity`` (which node and what for: an operator can tell them apart)."""
-    try:
-        import psycopg
-        from psycopg.adapt import Dumper, Loader
-    except ImportError:
-        raise PostgresUnavailable(
-            "the PostgreSQL ledger needs psycopg 3: pip install 'corral[postgres]'"
-        ) from None
-
-    class BoolAsInteger(Dumper):
-        # SQLite stores booleans as 0/1 and the stores compare them so.
-        oid = psycopg.adapters.types["int8"].oid
-
-        def dump(self, obj: Any) -> bytes:
-            return b"1" if obj else b"0"
-
-    class NumericAsNumber(Loader):
-        # SUM/AVG give numeric: SQLite gives int or float, and JSON wants those.
-        def load(self, data: Any) -> Any:
-            text = bytes(data).decode()
-            return int(text) if text.lstrip("-").isdigit() else float(text)
-
-    try:
-        # Client-side binding: values travel as literals, so PostgreSQL types them
-        # from their context as SQLite does ("? IS NULL", a str compared with a number).
-        conn = psycopg.connect(
-            url, autocommit=True, row_factory=_row_factory, connect_timeout=timeout,
-            cursor_factory=psycopg.ClientCursor, application_name=application[:63],
-        )
-    except psycopg.Error as exc:
-        raise PostgresUnavailable(f"cannot reach the PostgreSQL ledger at {redact_url(url)}: {exc}") from None
-    conn.adapters.register_dumper(bool, BoolAsInteger)
-    conn.adapters.register_loader("numeric", NumericAsNumber)
-    return conn
-
-
-class _Deferred:
-    """A write sent later, with whatever reads or commits next (one round trip)."""
-
-    def __init__(self, connection: _Connection) -> None:
-        self._connection = connection
-        self.rowcount_known: int | None = None
-
-    @property
-    def rowcount(self) -> int:
-        if self.rowcount_known is None:
-            self._connection.flush()
-        assert self.rowcount_known is not None
-        return self.rowcount_known
-
-    def fetchone(self) -> None:
-        return None
-
-    def fetchall(self) -> list[Any]:
-        return []
-
-
-def _settle(cursor: Any, pending: list[tuple[str, _Deferred | None]]) -> None:
-    """Give each sent statement its row count; the cursor ends on what follows."""
-    for _text, handle in pending:
-        if handle is not None:
-            handle.rowcount_known = cursor.rowcount
-        cursor.nextset()
-
-
-class _Connection:
-    """What a store's ``db.execute(sql, params)`` talks to: SQLite's dialect in,
-    PostgreSQL out.
-
-    Two things save round trips, which cost nothing with SQLite and most of the
-    time with a server. With ``cache`` (the writer's own ledger only), repeated
-    single-table reads are answered from supervisor/read_cache.py. Inside a
-    transaction, a write whose result nobody reads yet is *deferred*: it travels
-    with the next statement that needs an answer (a read, a ``RETURNING``, the
-    ``COMMIT``), in one multi-statement round trip, in order. A deferred write
-    that fails makes that round trip fail, and the transaction rolls back as if
-    it had failed alone.
-    """
-
-    def __init__(self, conn: Any, cache: ReadCache | None = None, *, defer_writes: bool = False) -> None:
-        self.conn = conn
-        self.in_transaction = False
-        self.cache = cache
-        self.defer_writes = defer_writes
-        #: Statements not sent yet, each with its handle (None: the transaction's opening).
-        self.pending: list[tuple[str, _Deferred | None]] = []
-        #: Round trips to the server (what the bench divides by actions).
-        self.round_trips = 0
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        args = tuple(params)
-        cache = self.cache
-        if cache is None:
-            return self.send(to_postgres(sql), args)
-        kind, table, hit = cache.before(sql, args)
-        if hit is not None:
-            return hit
-        statement = to_postgres(sql)
-        if self.defer_writes and self.in_transaction and kind == "write" and "RETURNING" not in sql.upper():
-            handle = _Deferred(self)
-            self.pending.append((self._literal(statement, args), handle))
-            return handle
-        return cache.after(kind, table, sql, args, self.send(statement, args))
-
-    def _literal(self, statement: str, args: tuple[Any, ...]) -> str:
-        text: str = self.conn.cursor().mogrify(statement, args or None)
-        return text
-
-    def send(self, statement: str, args: tuple[Any, ...] = ()) -> Any:
-        """One round trip: the deferred writes, then this statement; the cursor
-        is left on this statement's result."""
-        if self.pending:
-            return self._send_pending(self._literal(statement, args))
-        cursor = self.conn.cursor()
-        self.round_trips += 1
-        cursor.execute(statement, args or None)
-        return cursor
-
-    def flush(self) -> None:
-        if self.pending:
-            self._send_pending(None)
-
-    def _send_pending(self, last: str | None) -> Any:
-        """The deferred statements (and ``last``) in one round trip, in order."""
-        pending, self.pending = self.pending, []
-        cursor = self.conn.cursor()
-        self.round_trips += 1
-        cursor.execute("; ".join([*(text for text, _ in pending), *([last] if last else [])]))
-        _settle(cursor, pending)
-        return cursor
-
-    def discard(self) -> None:
-        self.pending = []
 
 
 class PostgresLedger(Ledger):
@@ -407,10 +125,10 @@ class PostgresLedger(Ledger):
         self._application = f"corral-{'reader' if readonly else 'ledger'}:{partition}"
         self._lock = threading.RLock()  # one connection: the trio thread and group commit's
         self._reconnecting = threading.Lock()
-        self.raw = _connect(url, self._application)
+        self.raw = connect(url, self._application)
         #: The fenced writer alone may cache its reads: nobody else writes its partition.
         self.cache = ReadCache() if epoch is not None and not readonly else None
-        self.db = _Connection(self.raw, self.cache, defer_writes=self.cache is not None)
+        self.db = Connection(self.raw, self.cache, defer_writes=self.cache is not None)
         #: Event cursors taken from the sequence in blocks: an event's INSERT then
         #: needs no answer and is deferred like any write. One writer commits in
         #: order, so cursors still grow in commit order.
@@ -514,7 +232,7 @@ class PostgresLedger(Ledger):
             if self.lost_since is None:
                 return True
             try:
-                conn = _connect(self.url, self._application, timeout=RECONNECT_TIMEOUT_S)
+                conn = connect(self.url, self._application, timeout=RECONNECT_TIMEOUT_S)
             except PostgresUnavailable as exc:
                 self.lost_why = str(exc)[:200]
                 return False
@@ -603,7 +321,7 @@ class PostgresLedger(Ledger):
     # -- transactions -----------------------------------------------------------
 
     @contextmanager
-    def _transaction(self, *, fsync: bool) -> Iterator[_Connection]:
+    def _transaction(self, *, fsync: bool) -> Iterator[Connection]:
         import psycopg
 
         if self.fenced:
@@ -698,7 +416,7 @@ class PostgresLedger(Ledger):
         try:
             fresh = conn is None
             if conn is None:
-                conn = _connect(self.url, f"corral-sync:{self.partition}", timeout=RECONNECT_TIMEOUT_S)
+                conn = connect(self.url, f"corral-sync:{self.partition}", timeout=RECONNECT_TIMEOUT_S)
                 self._sync_conn = conn
                 conn.execute(f"SET search_path TO {self.schema}, public")
                 conn.execute("INSERT INTO corral_meta VALUES ('syncs', 0) ON CONFLICT DO NOTHING")
@@ -809,17 +527,3 @@ class PostgresLedger(Ledger):
         if self._sync_conn is not None:
             self._sync_conn.close()
         self.raw.close()
-
-
-def ensure_cluster(conn: Any) -> None:
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('corral_cluster'))")
-        for statement in CLUSTER_DDL:
-            conn.execute(statement)
-
-
-def connect_cluster(url: str, node: str = "", timeout: int = 10) -> Any:
-    """A connection for the cluster tables alone (nodes, partitions)."""
-    conn = _connect(url, f"corral-cluster:{node}" if node else "corral-cluster", timeout)
-    ensure_cluster(conn)
-    return conn

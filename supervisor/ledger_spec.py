@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corral.supervisor.ledger_pg import PARTITION_NAME, is_postgres_url, redact_url
+from corral.supervisor.ledger_pg_cluster import PARTITION_NAME, is_postgres_url
+from corral.supervisor.ledger_pg_wire import redact_url
 
 if TYPE_CHECKING:  # the section is a pydantic model, and every `corral` command imports this module
     from corral.supervisor.spec_models import LedgerSpec

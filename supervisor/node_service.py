@@ -39,13 +39,9 @@ from corral.supervisor import cluster
 from corral.supervisor.errors import NotFound, StorageFull
 from corral.supervisor.ledger import Ledger, SqliteLedger
 from corral.supervisor.ledger_link import Wakeup, connection_lost, keep_connected
-from corral.supervisor.ledger_pg import (
-    PostgresLedger,
-    PostgresUnavailable,
-    connect_cluster,
-    redact_url,
-    schema_of,
-)
+from corral.supervisor.ledger_pg import PostgresLedger
+from corral.supervisor.ledger_pg_cluster import connect_cluster, schema_of
+from corral.supervisor.ledger_pg_wire import PostgresUnavailable, redact_url
 from corral.supervisor.ledger_spec import URL_ENV, Placement, remember
 
 if TYPE_CHECKING:

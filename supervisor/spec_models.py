@@ -24,7 +24,7 @@ from corral.mailbox.codec import DEFAULT_MAX_FRAME
 from corral.mailbox.control import DEFAULT_MAX_LONG_POLLS
 from corral.sandbox.launcher import LaunchMode
 from corral.supervisor.bridge_spec import BridgeSpec
-from corral.supervisor.ledger_pg import PARTITION_NAME, is_postgres_url
+from corral.supervisor.ledger_pg_cluster import PARTITION_NAME, is_postgres_url
 from corral.supervisor.ledger_spec import DEFAULT_LEASE_S, DEFAULT_RETIRE_IDLE_S, node_problem, url_problem
 from corral.supervisor.mcp_spec import McpServerSpec
 from corral.supervisor.model_spec import LocalModelSpec

@@ -154,7 +154,8 @@ def open_ledger(ledger_backend: str, tmp_path: Path, request: pytest.FixtureRequ
             # As a node opens it: the partition held under a lease, so every write
             # is fenced, single-table reads are cached and writes deferred.
             from corral.supervisor import cluster
-            from corral.supervisor.ledger_pg import PostgresLedger, connect_cluster
+            from corral.supervisor.ledger_pg import PostgresLedger
+            from corral.supervisor.ledger_pg_cluster import connect_cluster
 
             conn = connect_cluster(url)
             try:

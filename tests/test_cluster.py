@@ -87,7 +87,7 @@ def _adopted(cluster: dict[str, Any], adopter: Daemon, partition: str) -> Daemon
 def _lease_left(url: str, partition: str) -> float:
     """Seconds left on a partition's lease, by the database's clock (negative: expired)."""
     from corral.supervisor import cluster
-    from corral.supervisor.ledger_pg import connect_cluster
+    from corral.supervisor.ledger_pg_cluster import connect_cluster
 
     conn = connect_cluster(url)
     try:

@@ -226,7 +226,7 @@ def test_delivery_claims_move_one_way(open_ledger: Any) -> None:
 
 def _held_partition(url: str, node: str = "node-a") -> Any:
     from corral.supervisor import cluster
-    from corral.supervisor.ledger_pg import connect_cluster
+    from corral.supervisor.ledger_pg_cluster import connect_cluster
 
     conn = connect_cluster(url)
     return conn, cluster.acquire_own(conn, node, None, 30.0, None)
@@ -268,7 +268,8 @@ def test_a_takeover_waits_for_the_holders_open_transaction(pg_url: str) -> None:
     import threading
 
     from corral.supervisor import cluster
-    from corral.supervisor.ledger_pg import PostgresLedger, connect_cluster
+    from corral.supervisor.ledger_pg import PostgresLedger
+    from corral.supervisor.ledger_pg_cluster import connect_cluster
 
     conn, hold = _held_partition(pg_url)
     ledger = PostgresLedger(pg_url, hold.partition, epoch=hold.epoch)

@@ -292,7 +292,8 @@ def test_a_writer_whose_lease_lapsed_renews_before_it_writes_or_stops_if_fenced(
     nothing more is written."""
     from corral.supervisor import cluster
     from corral.supervisor.ledger_link import LedgerUnavailable
-    from corral.supervisor.ledger_pg import Fenced, PostgresLedger, connect_cluster
+    from corral.supervisor.ledger_pg import Fenced, PostgresLedger
+    from corral.supervisor.ledger_pg_cluster import connect_cluster
 
     url = env["url"]
     conn = connect_cluster(url)
@@ -352,7 +353,8 @@ def test_a_commit_whose_answer_was_lost_is_checked_never_replayed(env: dict[str,
     either again."""
     from corral.supervisor import cluster
     from corral.supervisor.ledger_link import LedgerUnavailable
-    from corral.supervisor.ledger_pg import PostgresLedger, connect_cluster
+    from corral.supervisor.ledger_pg import PostgresLedger
+    from corral.supervisor.ledger_pg_cluster import connect_cluster
 
     url = env["url"]
     database = url.split("/")[3].split("?")[0]

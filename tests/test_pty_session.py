@@ -34,7 +34,8 @@ from corral.actors.pty_session import (
     run_command,
 )
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile
-from corral.sandbox.exec_handshake import ReadyInfo, TargetExecFailed
+from corral.sandbox.exec_handshake import ReadyInfo
+from corral.sandbox.launched_process import TargetExecFailed
 from tests.launch_modes import BOTH_MODES
 
 S = SessionState

@@ -33,14 +33,9 @@ from corral.sandbox.bwrap import (
     bwrap_available,
     resolve_launch_mode,
 )
-from corral.sandbox.exec_handshake import (
-    EXIT_NO_COMMIT,
-    HandshakeError,
-    ReadyInfo,
-    TargetExecFailed,
-    build_trampoline_argv,
-    launch_with_handshake,
-)
+from corral.sandbox.exec_handshake import ReadyInfo, build_trampoline_argv, launch_with_handshake
+from corral.sandbox.launched_process import HandshakeError, TargetExecFailed
+from corral.sandbox.trampoline import EXIT_NO_COMMIT
 from tests.launch_modes import BOTH_MODES, needs_bwrap
 
 pytestmark = pytest.mark.usefixtures("private_tempdir")

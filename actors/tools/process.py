@@ -31,7 +31,8 @@ from corral.actors.session import private_dirs, sandbox_profile
 from corral.actors.tools.base import Tool, ToolContext, ToolError, ToolResult, schema
 from corral.actors.tools.paths import resolve_in_workspace
 from corral.sandbox.bwrap import SandboxError
-from corral.sandbox.exec_handshake import LaunchError, ReadyInfo
+from corral.sandbox.exec_handshake import ReadyInfo
+from corral.sandbox.launched_process import LaunchError
 
 #: Request timeouts to the supervisor, above what it may take to answer.
 START_TIMEOUT_S = 45.0

@@ -18,7 +18,7 @@ import pytest
 
 from corral.actors.pty_session import run_command
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile
-from corral.sandbox.exec_handshake import TRAMPOLINE_PATH
+from corral.sandbox.trampoline import TRAMPOLINE_PATH
 from corral.supervisor.home import HomeError
 from corral.supervisor.home_placement import check_placement
 from tests.harness import CORRAL, cli
