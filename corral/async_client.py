@@ -184,15 +184,27 @@ class AsyncClient:
     async def call(self, /, method: str, *, timeout: float | None = None, **params: Any) -> Any:
         """One control call (the escape hatch for methods without a helper)."""
         async with self._lock:
-            if self._control is None:
-                self._control = connect(self.home, self.timeout)  # re-reads the endpoint: a restart is found
-            try:
-                return await self._control.acall(method, timeout, **params)
-            except (SupervisorGone, DeadlineExceeded):
-                # The socket may hold a half-finished exchange: start clean next time
-                # (a restarted supervisor also has a new address and token).
-                self.close()
-                raise
+            for attempt in range(2):
+                if self._control is None:
+                    self._control = connect(self.home, self.timeout)  # re-reads the endpoint: a restart is found
+                try:
+                    return await self._control.acall(method, timeout, **params)
+                except (SupervisorGone, DeadlineExceeded):
+                    # The socket may hold a half-finished exchange: start clean next time
+                    # (a restarted supervisor also has a new address and token).
+                    self.close()
+                    raise
+                except ControlError as exc:
+                    if exc.code != "bad-token":
+                        raise
+                    # A restarted supervisor listens on the same path before it writes
+                    # its endpoint file: a connection made in between holds the old
+                    # token. The request was refused before anything ran, so it is
+                    # sent once more on a connection made from the endpoint as it is now.
+                    self.close()
+                    if attempt == 1:
+                        raise
+            raise AssertionError("unreachable: the second attempt returns or raises")
 
     # -- supervisor ---------------------------------------------------------------------
 

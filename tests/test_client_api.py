@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import trio
 
 import corral
 from corral.core.procs import is_alive
-from tests.harness import agent_spec, effects, ledger_rows
+from tests.harness import agent_spec, effects, ledger_rows, running
 
 STEPS = """
 [[agents.steps]]
@@ -237,3 +238,24 @@ def test_a_run_whose_reply_was_lost_is_found_again_by_the_retry(short_tmp: Path)
         assert len(effects(short_tmp / "effects.log")) == 1
     finally:
         daemon.shutdown()
+
+
+def test_a_connection_made_with_a_stale_token_is_not_kept(short_tmp: Path) -> None:
+    """A restarted supervisor listens before it writes its endpoint file: a client
+    that connects in between holds the old token. It must not keep that connection
+    (the chat kept answering 'bad-token' after a restart): once the file is current,
+    the same client works. The stale file is made by hand, and the heartbeat that
+    rewrites the file is an hour away, so nothing races the test."""
+    with running(short_tmp / "h", "[supervisor]\nheartbeat_s = 3600.0\n") as daemon:
+        endpoint_file = daemon.home / "endpoint.json"
+        current = endpoint_file.read_text()
+        endpoint_file.write_text(json.dumps({**json.loads(current), "token": "0" * 64}))
+        client = corral.Client(daemon.home)
+        try:
+            with pytest.raises(corral.ControlError) as refused:
+                client.status()
+            assert refused.value.code == "bad-token"
+            endpoint_file.write_text(current)
+            assert client.status()["boot_id"] == daemon.status()["boot_id"]
+        finally:
+            client.close()
