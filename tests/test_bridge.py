@@ -1,6 +1,9 @@
 """The agent-task bridge, black-box against the running daemon: the H01 handoff
 across independent clients, and the V-vectors (fault and race cases), each named
-with the invariant it checks (docs/bridge.md)."""
+with the invariant it checks (docs/bridge.md).
+
+Past 600 lines: one file per seed document keeps the V-vectors in the seed's
+order; the seed 002 conformance cases of this round joined them here."""
 
 from __future__ import annotations
 
