@@ -144,18 +144,13 @@ def validate(name: str, value: Any) -> None:
 def _check_numbers(value: Any, where: str = "$") -> None:
     """Integers past 2^53 - 1 cannot be hashed alike by every language (a JSON parser
     in JavaScript rounds them), and NaN/Infinity are not JSON: both are refused."""
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return
-    if isinstance(value, int) and abs(value) > MAX_SAFE_INTEGER:
-        raise ContractError("unsafe-number", f"{where}: {value} is past 2^53 - 1")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ContractError("unsafe-number", f"{where}: {value} is not a finite number")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_numbers(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_numbers(item, f"{where}[{index}]")
+    for leaf, path in strict_json.leaves(value, where):
+        if isinstance(leaf, bool):
+            continue
+        if isinstance(leaf, int) and abs(leaf) > MAX_SAFE_INTEGER:
+            raise ContractError("unsafe-number", f"{path}: {leaf} is past 2^53 - 1")
+        if isinstance(leaf, float) and not math.isfinite(leaf):
+            raise ContractError("unsafe-number", f"{path}: {leaf} is not a finite number")
 
 
 def canonical(value: Any) -> bytes:
@@ -188,15 +183,9 @@ def parse_json_strict(text: str | bytes) -> Any:
 
 def _readiness(value: Any, where: str = "$") -> None:
     """Every string trimmed non-empty where the wire says non-empty, no placeholder left."""
-    if isinstance(value, str):
-        if js_trim(value) in PLACEHOLDERS:
-            raise ContractError("placeholder", f"{where} is still the template's placeholder text")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _readiness(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _readiness(item, f"{where}[{index}]")
+    for leaf, path in strict_json.leaves(value, where):
+        if isinstance(leaf, str) and js_trim(leaf) in PLACEHOLDERS:
+            raise ContractError("placeholder", f"{path} is still the template's placeholder text")
 
 
 def _blank_strings(value: Any, where: str) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import rfc8785
@@ -71,6 +72,19 @@ def check_unicode(value: Any, where: str = "$") -> None:
     elif isinstance(value, list):
         for index, item in enumerate(value):
             check_unicode(item, f"{where}[{index}]")
+
+
+def leaves(value: Any, where: str = "$") -> Iterator[tuple[Any, str]]:
+    """Every value of a JSON document that is not a map or a list, with its path
+    (``$.a[0].b``): one walk for the checks that judge leaves alone."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from leaves(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from leaves(item, f"{where}[{index}]")
+    else:
+        yield value, where
 
 
 def check_numbers(value: Any, where: str = "$") -> None:
