@@ -177,7 +177,7 @@ class Lane:
         return await self.ctx.call(method, run_id=self.run_id, **params)
 
     async def step_call(self, method: str, **params: Any) -> dict[str, Any]:
-        """A step whose reply also carries the next step (see supervisor/step_piggyback.py)."""
+        """A step whose reply also carries the next step (see supervisor/runs/step_piggyback.py)."""
         if _unsafe_effect_order():
             return await self.call(method, **params)  # the broken build keeps its own order
         answer = await self.call(method, want_next=True, history_have=len(self.history), **params)
@@ -327,7 +327,7 @@ class Lane:
 
     async def step_compact(self, step: CompactStep) -> None:
         """The run's older turns passed the agent's token limit: a summary of them
-        (supervisor/compaction.py), recorded once per covered range. Writing it has
+        (supervisor/longtask/compaction.py), recorded once per covered range. Writing it has
         no side effect, so a kill here only means asking again."""
         summary = await self.summarize(step)
         failpoints.hit("context.mid-compaction")
@@ -388,7 +388,7 @@ class Lane:
             await self.execute_parallel(batch)
             return
         results = []
-        for action in batch:  # a read batch runs in plan order; see supervisor/step_piggyback.py
+        for action in batch:  # a read batch runs in plan order; see supervisor/runs/step_piggyback.py
             failpoints.hit("agent.before-effect")
             try:
                 ok, output, summary, error = await self.execute(action["action_id"], action["tool"], action["input"])

@@ -1,7 +1,7 @@
 """The ``bridge_worker`` template: a corral swarm working for an agent-task bridge.
 
 It discovers tasks it may claim, and for each one drives a job through the
-ledger (supervisor/bridge_service.py): claim, start, an ordinary durable corral
+ledger (supervisor/bridge/bridge_service.py): claim, start, an ordinary durable corral
 run of ``[bridge] agent``, lease renewals while that run lives, and the run's
 final reply submitted as the task's Submission.
 

@@ -2,7 +2,7 @@
 that the supervisor reads when the agent dies unexpectedly.
 
 The supervisor charges such a crash to exactly these actions (see
-supervisor/poison.py: an action that keeps crashing its agent is stopped as
+supervisor/runs/poison.py: an action that keeps crashing its agent is stopped as
 poison), not to the other actions of a read batch, which are ``executing`` in the
 ledger from the start but may not have run yet, nor to finished ones.
 

@@ -71,7 +71,7 @@ def sandbox_profile(project_root: Path, settings: Mapping[str, Any]) -> SandboxP
         rlimits=limits if limits.as_dict() else None,
         mode=SandboxMode.parse(str(settings.get("mode", SandboxMode.REQUIRED.value))),
         masked=tuple(Path(str(path)) for path in settings.get("masked", ())),
-        # An intent contract's path scope (supervisor/intent_service.py): the only writable binds.
+        # An intent contract's path scope (supervisor/intent/intent_service.py): the only writable binds.
         writable=None if settings.get("writable") is None else tuple(Path(str(p)) for p in settings["writable"]),
     )
 

@@ -124,7 +124,7 @@ def real_model_swarm(ctx: Context) -> Metrics:
         from llama_cpp import Llama
     except ImportError as exc:
         raise NotRun(f"llama-cpp-python is not installed (make demo-local installs it): {exc}") from None
-    from corral.supervisor.model_spec import packaged_model_file
+    from corral.supervisor.models.model_spec import packaged_model_file
 
     llama = Llama(model_path=str(packaged_model_file("smollm2")), n_threads=2, n_ctx=2048, n_batch=512, seed=0,
                   verbose=False)

@@ -60,8 +60,8 @@ _EXPORTS: dict[str, str] = {
     "UserCodeError": "corral.core.errors",
     "RunFailed": "corral.core.errors",
     "RunTimeout": "corral.core.errors",
-    "SpecError": "corral.supervisor.spec",
-    "NotRunning": "corral.supervisor.home",
+    "SpecError": "corral.supervisor.spec.swarm_spec",
+    "NotRunning": "corral.supervisor.home.home_dir",
     "SupervisorGone": "corral.mailbox.control",
     "ControlError": "corral.mailbox.control",
     "DeadlineExceeded": "corral.mailbox.errors",
@@ -128,8 +128,8 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
     from corral.core.errors import CorralError, RunFailed, RunTimeout, UserCodeError
     from corral.mailbox.control import ControlError, SupervisorGone
     from corral.mailbox.errors import DeadlineExceeded
-    from corral.supervisor.home import NotRunning
-    from corral.supervisor.spec import SpecError
+    from corral.supervisor.home.home_dir import NotRunning
+    from corral.supervisor.spec.swarm_spec import SpecError
 
 
 def __getattr__(name: str) -> Any:

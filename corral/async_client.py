@@ -29,7 +29,7 @@ from corral.core.errors import RunTimeout
 from corral.core.procs import wait_exit
 from corral.mailbox.control import ControlClient, ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
-from corral.supervisor import home as homes
+from corral.supervisor.home import home_dir as homes
 
 PathLike = str | Path
 #: How long one events long-poll waits on the supervisor side.

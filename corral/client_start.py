@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from corral.core.errors import CorralError
-from corral.supervisor import home as homes
-from corral.supervisor.spec import load_spec
+from corral.supervisor.home import home_dir as homes
+from corral.supervisor.spec.swarm_spec import load_spec
 
 
 class SupervisorStartError(CorralError):
@@ -41,7 +41,7 @@ def ledger_env(ledger: str | None) -> dict[str, str]:
     """The ledger URL travels in the environment (argv is visible to every user)."""
     env = dict(os.environ)
     if ledger is not None:
-        from corral.supervisor.ledger_spec import URL_ENV, check_url
+        from corral.supervisor.ledger.ledger_spec import URL_ENV, check_url
 
         env[URL_ENV] = check_url(ledger)
     return env
@@ -60,13 +60,13 @@ def start_supervisor(
     The spec is checked here first (``SpecError`` with the exact message, nothing
     started). The returned process is the caller's child: reap it after it exits.
     ``ledger`` (a postgresql:// URL) and ``node`` place it in a shared ledger
-    (supervisor/ledger_spec.py); the home remembers both."""
+    (supervisor/ledger/ledger_spec.py); the home remembers both."""
     if spec is not None:
         load_spec(spec)  # before the home: a bad spec leaves nothing behind
     homes.ensure_home(home)
     env = ledger_env(ledger)
     if node is not None:
-        from corral.supervisor.ledger_spec import check_node
+        from corral.supervisor.ledger.ledger_spec import check_node
 
         check_node(node)
     if homes.is_locked(home):

@@ -139,7 +139,7 @@ class SandboxProfile:
     read_only: tuple[Path, ...] = ()
     #: When set, the project root is bound read-only and only these absolute paths in
     #: it are bound read-write over it (an intent contract's path scope,
-    #: supervisor/intent_scope.py); the read-only binds and masks still cover them.
+    #: supervisor/intent/intent_scope.py); the read-only binds and masks still cover them.
     writable: tuple[Path, ...] | None = None
     network: bool = False
     rlimits: Rlimits | None = None
@@ -194,7 +194,7 @@ class SandboxProfile:
         """Where the launcher may keep what the command inside must never see or
         change: ``state_dir``, else the first masked directory that is the caller's own
         and private (mode 0700): corral's home, which the supervisor masks first
-        (supervisor/session_service.py) and keeps 0700 (supervisor/home.py). None when
+        (supervisor/sessions/session_service.py) and keeps 0700 (supervisor/home/home_dir.py). None when
         there is no such place. Whether it is really hidden inside: hidden_inside."""
         if self.state_dir is not None:
             return self.state_dir

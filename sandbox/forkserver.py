@@ -9,7 +9,7 @@ reports out. It dies with the supervisor (PDEATHSIG), and its children die with 
 
 It is watched like an actor: ``ready`` once it serves, then a ``pong`` for every
 ``ping``. One that stops answering (stopped, wedged) is killed and replaced by the
-supervisor (sandbox/launcher.py, supervisor/tree.py).
+supervisor (sandbox/launcher.py, supervisor/tree/supervision_tree.py).
 """
 
 from __future__ import annotations

@@ -13,11 +13,11 @@ import trio
 
 from corral.actors.user_code import TOOL_MODULES_ENV
 from corral.core.errors import CorralError
-from corral.supervisor import home as homes
-from corral.supervisor import ledger_spec
 from corral.supervisor.daemon import Supervisor
-from corral.supervisor.ledger import LedgerError
-from corral.supervisor.spec import SpecError, SwarmSpec, empty_spec, load_spec
+from corral.supervisor.home import home_dir as homes
+from corral.supervisor.ledger import ledger_spec
+from corral.supervisor.ledger.port import LedgerError
+from corral.supervisor.spec.swarm_spec import SpecError, SwarmSpec, empty_spec, load_spec
 
 SPEC_SOURCE = "spec.source"
 

@@ -22,42 +22,38 @@ from corral.mailbox.envelope import Envelope
 from corral.mailbox.errors import ChannelClosed
 from corral.sandbox.guard_record import recover_home
 from corral.sandbox.launcher import make_launcher
-from corral.supervisor import (
-    bridge_service,
-    collaboration_service,
-    compaction_service,
-    goal_service,
-    intent_service,
-    interactive_service,
-    mcp_service,
-    model_service,
-    node_service,
-    plan_service,
-    run_service,
-    session_service,
-    swarm_service,
-)
-from corral.supervisor import home as homes
-from corral.supervisor.bridge_service import BridgeService
-from corral.supervisor.collaboration_service import CollaborationService
+from corral.supervisor.bridge import bridge_service
+from corral.supervisor.bridge.bridge_service import BridgeService
+from corral.supervisor.cluster import node_service
+from corral.supervisor.context import collaboration_service
+from corral.supervisor.context.collaboration_service import CollaborationService
 from corral.supervisor.errors import StorageFull, SupervisorError
-from corral.supervisor.group_commit import GroupCommit
-from corral.supervisor.home_files import HomeFiles, open_home
-from corral.supervisor.intent_service import IntentService
-from corral.supervisor.interactive_service import InteractiveService
-from corral.supervisor.ledger import Ledger
-from corral.supervisor.ledger_link import CONTROL_HOLD_S, run_held
-from corral.supervisor.ledger_spec import Placement
-from corral.supervisor.mcp_service import McpService
-from corral.supervisor.model_service import ModelService
+from corral.supervisor.home import home_dir as homes
+from corral.supervisor.home.home_files import HomeFiles, open_home
+from corral.supervisor.intent import intent_service
+from corral.supervisor.intent.intent_service import IntentService
+from corral.supervisor.interactive import interactive_service
+from corral.supervisor.interactive.interactive_service import InteractiveService
+from corral.supervisor.ledger.group_commit import GroupCommit
+from corral.supervisor.ledger.ledger_link import CONTROL_HOLD_S, run_held
+from corral.supervisor.ledger.ledger_spec import Placement
+from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.longtask import compaction_service, goal_service, plan_service
+from corral.supervisor.mcp import mcp_service
+from corral.supervisor.mcp.mcp_service import McpService
+from corral.supervisor.models import model_service
+from corral.supervisor.models.model_service import ModelService
 from corral.supervisor.params import param_int, param_seconds
-from corral.supervisor.run_hooks import RunHooks
-from corral.supervisor.run_service import RunService
-from corral.supervisor.run_views import RunViews
-from corral.supervisor.session_service import SessionService
-from corral.supervisor.spec import SwarmSpec
-from corral.supervisor.swarm_service import SwarmService
-from corral.supervisor.tree import ActorSlot, SupervisionTree
+from corral.supervisor.runs import run_service
+from corral.supervisor.runs.run_hooks import RunHooks
+from corral.supervisor.runs.run_service import RunService
+from corral.supervisor.runs.run_views import RunViews
+from corral.supervisor.sessions import session_service
+from corral.supervisor.sessions.session_service import SessionService
+from corral.supervisor.spec.swarm_spec import SwarmSpec
+from corral.supervisor.swarm import swarm_service
+from corral.supervisor.swarm.swarm_service import SwarmService
+from corral.supervisor.tree.supervision_tree import ActorSlot, SupervisionTree
 
 log = logging.getLogger("corral.supervisor")
 
@@ -106,7 +102,7 @@ class Supervisor:
             synchronous=spec.supervisor.synchronous,
             spec_path=spec.source if spec.source != "<embedded>" else None,
         )
-        #: The run layer's extension points (supervisor/run_hooks.py): this
+        #: The run layer's extension points (supervisor/runs/run_hooks.py): this
         #: supervisor's own, filled once by ``_assemble``; its ledger fires them.
         self.hooks = RunHooks()
         self.ledger.hooks = self.hooks

@@ -142,7 +142,7 @@ def ledger_backend(request: pytest.FixtureRequest) -> str:
 def open_ledger(ledger_backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     """``open_ledger()`` opens a fresh ledger on the backend under test; every
     ledger it opened is closed after the test."""
-    from corral.supervisor.ledger import SqliteLedger
+    from corral.supervisor.ledger.port import SqliteLedger
 
     opened: list[Any] = []
     url = request.getfixturevalue("pg_url") if ledger_backend == "postgresql" else ""
@@ -153,9 +153,9 @@ def open_ledger(ledger_backend: str, tmp_path: Path, request: pytest.FixtureRequ
         else:
             # As a node opens it: the partition held under a lease, so every write
             # is fenced, single-table reads are cached and writes deferred.
-            from corral.supervisor import cluster
-            from corral.supervisor.ledger_pg import PostgresLedger
-            from corral.supervisor.ledger_pg_cluster import connect_cluster
+            from corral.supervisor.cluster import cluster_tables as cluster
+            from corral.supervisor.ledger.ledger_pg import PostgresLedger
+            from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster
 
             conn = connect_cluster(url)
             try:

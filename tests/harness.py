@@ -24,7 +24,7 @@ import psutil
 from corral import client
 from corral.core.procs import wait_exit
 from corral.mailbox.control import SupervisorGone
-from corral.supervisor import home as homes
+from corral.supervisor.home import home_dir as homes
 
 CORRAL = [sys.executable, "-m", "corral"]
 
@@ -208,7 +208,7 @@ def effects(path: Path) -> list[dict[str, Any]]:
 
 def ledger_rows(home: Path, sql: str, *args: Any) -> list[dict[str, Any]]:
     """Rows of the ledger a home writes to: its SQLite file or its PostgreSQL partition."""
-    from corral.supervisor.ledger_spec import open_for_reading
+    from corral.supervisor.ledger.ledger_spec import open_for_reading
 
     with contextlib.closing(open_for_reading(home)) as ledger:
         return [dict(row) for row in ledger.all(sql, *args)]
@@ -232,7 +232,7 @@ def drive_to_end(daemon: Daemon, run_id: str, effects_path: Path, timeout: float
     """Wait for the run to end, reconciling unknown outcomes by evidence on the way.
     Returns the final view and how many reconciliations it took."""
     from corral.chaos.reconciler import decide, pending_reconciliations
-    from corral.supervisor.ledger_spec import open_for_reading
+    from corral.supervisor.ledger.ledger_spec import open_for_reading
 
     deadline = time.monotonic() + timeout
     reconciled = 0

@@ -92,7 +92,7 @@ def test_a_worker_killed_after_sending_the_submit_never_submits_twice(short_tmp:
 
 
 def test_a_bad_bridge_table_stops_corral_up_with_its_place(short_tmp: Path) -> None:
-    from corral.supervisor.spec import SpecError, load_spec
+    from corral.supervisor.spec.swarm_spec import SpecError, load_spec
 
     (short_tmp / "ws").mkdir()
     for table, message in (

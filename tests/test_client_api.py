@@ -209,7 +209,7 @@ def test_a_run_whose_reply_was_lost_is_found_again_by_the_retry(short_tmp: Path)
     import threading
 
     from corral.core.procs import wait_exit
-    from corral.supervisor import home as homes
+    from corral.supervisor.home import home_dir as homes
     from tests.harness import Daemon
 
     daemon = Daemon(short_tmp / "h", _spec(short_tmp))

@@ -19,9 +19,9 @@ import pytest
 
 from corral.chaos.invariants import check_all
 from corral.core.procs import wait_exit
-from corral.supervisor import home as homes
-from corral.supervisor.ledger_pg import PostgresLedger
-from corral.supervisor.ledger_spec import URL_ENV
+from corral.supervisor.home import home_dir as homes
+from corral.supervisor.ledger.ledger_pg import PostgresLedger
+from corral.supervisor.ledger.ledger_spec import URL_ENV
 from tests.harness import Daemon, agent_spec, cli, drive_to_end, effects, ledger_rows
 
 LEASE_S = 1.5
@@ -86,8 +86,8 @@ def _adopted(cluster: dict[str, Any], adopter: Daemon, partition: str) -> Daemon
 
 def _lease_left(url: str, partition: str) -> float:
     """Seconds left on a partition's lease, by the database's clock (negative: expired)."""
-    from corral.supervisor import cluster
-    from corral.supervisor.ledger_pg_cluster import connect_cluster
+    from corral.supervisor.cluster import cluster_tables as cluster
+    from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster
 
     conn = connect_cluster(url)
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.supervisor import collaboration
+from corral.supervisor.context import collaboration
 from tests.harness import Daemon, cli, ledger_rows, wait_run
 
 DEMO = Path(__file__).resolve().parent.parent / "corral" / "defaults" / "demo.toml"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.supervisor import compaction
+from corral.supervisor.longtask import compaction
 from tests.harness import Daemon, agent_spec, ledger_rows, wait_run, wait_supervisor_gone
 
 LOOPS = 52

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.supervisor.ledger_spec import URL_ENV
+from corral.supervisor.ledger.ledger_spec import URL_ENV
 from tests.harness import (
     Daemon,
     agent_spec,

@@ -1,4 +1,4 @@
-"""Fewer round trips per action (supervisor/step_piggyback.py) without a weaker
+"""Fewer round trips per action (supervisor/runs/step_piggyback.py) without a weaker
 proof: read batches keep one lifecycle per action, a kill mid-batch re-runs the
 reads and nothing else, and ``wait`` answers from the supervisor."""
 
@@ -12,10 +12,10 @@ import pytest
 
 from corral.actors.agent import Lane
 from corral.mailbox.control import ControlError
-from corral.supervisor import run_store
 from corral.supervisor.errors import BadRequest
-from corral.supervisor.ledger import SqliteLedger
-from corral.supervisor.run_service import RunService, _history_have
+from corral.supervisor.ledger.port import SqliteLedger
+from corral.supervisor.runs import run_store
+from corral.supervisor.runs.run_service import RunService, _history_have
 from tests.harness import Daemon, agent_spec, effects, ledger_rows, running, wait_run
 
 READS_THEN_EFFECT = """
@@ -161,8 +161,8 @@ async def test_group_commit_makes_every_commit_durable_before_its_barrier_return
 ) -> None:
     import trio
 
-    from corral.supervisor.group_commit import INLINE_SYNC_S, GroupCommit
-    from corral.supervisor.ledger import SqliteLedger
+    from corral.supervisor.ledger.group_commit import INLINE_SYNC_S, GroupCommit
+    from corral.supervisor.ledger.port import SqliteLedger
 
     ledger = SqliteLedger(tmp_path / "l.db", synchronous="full", group_commit=True)
     commits = GroupCommit(ledger)
@@ -206,7 +206,7 @@ async def test_a_busy_event_loop_does_not_make_a_fast_disk_look_slow(tmp_path: P
 
     import trio
 
-    from corral.supervisor.group_commit import INLINE_SYNC_S, GroupCommit
+    from corral.supervisor.ledger.group_commit import INLINE_SYNC_S, GroupCommit
 
     ledger = SqliteLedger(tmp_path / "l.db", synchronous="full", group_commit=True)
     ledger.sync = lambda: ledger.commits  # type: ignore[method-assign]  # a disk that syncs at once
@@ -273,7 +273,7 @@ def test_allow_listed_parallel_reads_commit_once_each_and_a_kill_reruns_only_the
 
 
 def test_parallel_reads_is_a_strict_list_of_read_tools(short_tmp: Path) -> None:
-    from corral.supervisor.spec import SpecError, load_spec
+    from corral.supervisor.spec.swarm_spec import SpecError, load_spec
 
     (short_tmp / "ws").mkdir()
     spec = short_tmp / "spec.toml"

@@ -84,8 +84,9 @@ def test_without_a_goal_a_verdict_is_refused_and_the_first_final_reply_stands(sh
 def test_a_steer_after_the_last_verdict_asks_for_a_new_one(tmp_path: Path) -> None:
     import time
 
-    from corral.supervisor import goal_store, run_store
-    from corral.supervisor.ledger import SqliteLedger
+    from corral.supervisor.ledger.port import SqliteLedger
+    from corral.supervisor.longtask import goal_store
+    from corral.supervisor.runs import run_store
 
     ledger = SqliteLedger(tmp_path / "l.db")
     try:

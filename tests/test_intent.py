@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from corral.sandbox.bwrap import bwrap_available
-from corral.supervisor.intent_contract import canonical_sha256, validate
-from corral.supervisor.intent_guard import requirement_ref, sha16
+from corral.supervisor.intent.intent_contract import canonical_sha256, validate
+from corral.supervisor.intent.intent_guard import requirement_ref, sha16
 from tests.harness import Daemon, cli, ledger_rows, running, wait_run
 from tests.intent.schemas import upstream_errors
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from corral.supervisor.intent_classify import host_action
-from corral.supervisor.intent_contract import ContractError, canonical_sha256, parse, validate
-from corral.supervisor.intent_guard import decide, with_paths
-from corral.supervisor.intent_scope import judge_action, scope_of
+from corral.supervisor.intent.intent_classify import host_action
+from corral.supervisor.intent.intent_contract import ContractError, canonical_sha256, parse, validate
+from corral.supervisor.intent.intent_guard import decide, with_paths
+from corral.supervisor.intent.intent_scope import judge_action, scope_of
 from tests.harness import cli, running, wait_run
 from tests.intent.schemas import upstream_errors
 

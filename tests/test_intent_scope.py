@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from corral.sandbox.bwrap import bwrap_available
-from corral.supervisor.intent_contract import canonical_sha256, validate
+from corral.supervisor.intent.intent_contract import canonical_sha256, validate
 from tests.harness import Daemon, ledger_rows, running, wait_run
 from tests.intent.schemas import upstream_errors
 

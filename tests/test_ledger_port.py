@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from corral.supervisor import recovery, run_store
-from corral.supervisor.action_state import ActionPhase
 from corral.supervisor.errors import Conflict
-from corral.supervisor.ledger import Ledger
-from corral.supervisor.run_state import RunStatus
-from corral.supervisor.schema import MIGRATIONS
+from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.ledger.schema import MIGRATIONS
+from corral.supervisor.runs import recovery, run_store
+from corral.supervisor.runs.action_state import ActionPhase
+from corral.supervisor.runs.run_state import RunStatus
 
 
 def _new_run(ledger: Ledger, task: str = "t") -> str:
@@ -225,8 +225,8 @@ def test_delivery_claims_move_one_way(open_ledger: Any) -> None:
 
 
 def _held_partition(url: str, node: str = "node-a") -> Any:
-    from corral.supervisor import cluster
-    from corral.supervisor.ledger_pg_cluster import connect_cluster
+    from corral.supervisor.cluster import cluster_tables as cluster
+    from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster
 
     conn = connect_cluster(url)
     return conn, cluster.acquire_own(conn, node, None, 30.0, None)
@@ -238,8 +238,8 @@ def _expire(conn: Any, partition: str) -> None:
 
 
 def test_a_fenced_writer_commits_nothing_more(pg_url: str) -> None:
-    from corral.supervisor import cluster
-    from corral.supervisor.ledger_pg import Fenced, PostgresLedger
+    from corral.supervisor.cluster import cluster_tables as cluster
+    from corral.supervisor.ledger.ledger_pg import Fenced, PostgresLedger
 
     conn, hold = _held_partition(pg_url)
     fenced: list[str] = []
@@ -267,9 +267,9 @@ def test_a_takeover_waits_for_the_holders_open_transaction(pg_url: str) -> None:
     an open one, so that write lands before the new epoch, never after it."""
     import threading
 
-    from corral.supervisor import cluster
-    from corral.supervisor.ledger_pg import PostgresLedger
-    from corral.supervisor.ledger_pg_cluster import connect_cluster
+    from corral.supervisor.cluster import cluster_tables as cluster
+    from corral.supervisor.ledger.ledger_pg import PostgresLedger
+    from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster
 
     conn, hold = _held_partition(pg_url)
     ledger = PostgresLedger(pg_url, hold.partition, epoch=hold.epoch)
@@ -300,8 +300,8 @@ def test_a_takeover_before_a_deferred_write_is_sent_refuses_its_commit(pg_url: s
     """Writes wait in the client until something needs an answer: a takeover in
     between is found by the fence, in the same round trip as the COMMIT, and the
     transaction commits nothing."""
-    from corral.supervisor import cluster
-    from corral.supervisor.ledger_pg import Fenced, PostgresLedger
+    from corral.supervisor.cluster import cluster_tables as cluster
+    from corral.supervisor.ledger.ledger_pg import Fenced, PostgresLedger
 
     conn, hold = _held_partition(pg_url)
     ledger = PostgresLedger(pg_url, hold.partition, epoch=hold.epoch)
@@ -320,7 +320,7 @@ def test_a_takeover_before_a_deferred_write_is_sent_refuses_its_commit(pg_url: s
 
 
 def test_the_writers_read_cache_sees_its_own_writes_and_forgets_a_rollback(pg_url: str) -> None:
-    from corral.supervisor.ledger_pg import PostgresLedger
+    from corral.supervisor.ledger.ledger_pg import PostgresLedger
 
     conn, hold = _held_partition(pg_url)
     ledger = PostgresLedger(pg_url, hold.partition, epoch=hold.epoch)
@@ -356,6 +356,6 @@ def test_the_writers_read_cache_sees_its_own_writes_and_forgets_a_rollback(pg_ur
     ],
 )
 def test_which_statements_the_read_cache_may_answer(sql: str, expected: tuple[str, str]) -> None:
-    from corral.supervisor.read_cache import classify
+    from corral.supervisor.ledger.read_cache import classify
 
     assert classify(sql) == expected

@@ -16,8 +16,8 @@ from corral.actors.providers.base import ProviderRequest, ToolSchema
 from corral.actors.providers.local import LocalConfig, LocalConfigError, answer_schema, chat_messages
 from corral.actors.providers.local_schema import inline_refs, max_tokens_for, plan_schema
 from corral.actors.tools.registry import all_tools
-from corral.supervisor.model_spec import packaged_model_file
-from corral.supervisor.spec import SpecError, SwarmSpec, load_spec
+from corral.supervisor.models.model_spec import packaged_model_file
+from corral.supervisor.spec.swarm_spec import SpecError, SwarmSpec, load_spec
 from tests.harness import Daemon, cli, ledger_rows, running, wait_run
 
 WRITE = all_tools()["fs.write"].schema
@@ -231,7 +231,7 @@ def test_a_real_model_plans_one_tool_call_and_one_final_reply(short_tmp: Path) -
         assert shown_text.returncode == 0
         assert "provider: 2 answers, 0 format repairs" in shown_text.stdout
         # Compaction counts a local model's tokens with its own tokenizer.
-        from corral.supervisor.compaction import estimate_tokens
+        from corral.supervisor.longtask.compaction import estimate_tokens
 
         texts = ["hello world", "x" * 400, json.dumps({"tool": "fs.list", "output": {"entries": ["a", "b"]}})]
         counts = daemon.call("model.count_tokens", model=model["id"], texts=texts)["counts"]

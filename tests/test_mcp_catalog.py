@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from corral.actors.tools.validation import validation_error
-from corral.supervisor.ledger import SqliteLedger
-from corral.supervisor.mcp_catalog import build_catalog, catalog_fingerprint, drift, pin, pinned
-from corral.supervisor.mcp_spec import McpSpecError, parse_server, split_tool_name
-from corral.supervisor.spec import SpecError, parse_spec
+from corral.supervisor.ledger.port import SqliteLedger
+from corral.supervisor.mcp.mcp_catalog import build_catalog, catalog_fingerprint, drift, pin, pinned
+from corral.supervisor.mcp.mcp_spec import McpSpecError, parse_server, split_tool_name
+from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
 
 
 def _tool(name: str, read_only: bool | None = None, idempotent: bool | None = None, **props: str) -> dict[str, Any]:

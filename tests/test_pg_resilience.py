@@ -28,9 +28,9 @@ import pytest
 from corral.chaos.invariants import check_all
 from corral.core.pg_local import LocalPostgres
 from corral.core.procs import wait_exit
-from corral.supervisor import home as homes
-from corral.supervisor.ledger_spec import URL_ENV
-from corral.supervisor.schema import MIGRATIONS
+from corral.supervisor.home import home_dir as homes
+from corral.supervisor.ledger.ledger_spec import URL_ENV
+from corral.supervisor.ledger.schema import MIGRATIONS
 from tests.harness import Daemon, agent_spec, cli, drive_to_end, effects, ledger_rows
 from tests.processes import SERVICE_PIDS
 
@@ -185,7 +185,7 @@ def _finished_once(daemon: Daemon, env: dict[str, Any], run_id: str) -> None:
 
 
 def _reader(daemon: Daemon) -> Any:
-    from corral.supervisor.ledger_spec import open_for_reading
+    from corral.supervisor.ledger.ledger_spec import open_for_reading
 
     return open_for_reading(daemon.home)
 
@@ -290,10 +290,10 @@ def test_a_writer_whose_lease_lapsed_renews_before_it_writes_or_stops_if_fenced(
     the partition: the write lands); the server refuses a write whose lease lapsed
     behind the writer's back; and once another node took the partition over,
     nothing more is written."""
-    from corral.supervisor import cluster
-    from corral.supervisor.ledger_link import LedgerUnavailable
-    from corral.supervisor.ledger_pg import Fenced, PostgresLedger
-    from corral.supervisor.ledger_pg_cluster import connect_cluster
+    from corral.supervisor.cluster import cluster_tables as cluster
+    from corral.supervisor.ledger.ledger_link import LedgerUnavailable
+    from corral.supervisor.ledger.ledger_pg import Fenced, PostgresLedger
+    from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster
 
     url = env["url"]
     conn = connect_cluster(url)
@@ -351,10 +351,10 @@ def test_a_commit_whose_answer_was_lost_is_checked_never_replayed(env: dict[str,
     The other did not: its connection was already gone. The ledger reads its
     commit marker on a new connection and tells them apart; it never sends
     either again."""
-    from corral.supervisor import cluster
-    from corral.supervisor.ledger_link import LedgerUnavailable
-    from corral.supervisor.ledger_pg import PostgresLedger
-    from corral.supervisor.ledger_pg_cluster import connect_cluster
+    from corral.supervisor.cluster import cluster_tables as cluster
+    from corral.supervisor.ledger.ledger_link import LedgerUnavailable
+    from corral.supervisor.ledger.ledger_pg import PostgresLedger
+    from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster
 
     url = env["url"]
     database = url.split("/")[3].split("?")[0]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.supervisor.plan_store import PlanRefused, merge
+from corral.supervisor.longtask.plan_store import PlanRefused, merge
 from tests.harness import Daemon, agent_spec, ledger_rows, wait_run, wait_supervisor_gone
 
 PLAN = '{ id = "survey", text = "read the notes" }, { id = "draft", text = "write the draft" }, ' \

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from corral.supervisor.actor_state import ActorState, IllegalTransition, check_transition
-from corral.supervisor.restart_policy import (
+from corral.supervisor.tree.actor_state import ActorState, IllegalTransition, check_transition
+from corral.supervisor.tree.restart_policy import (
     Intensity,
     RestartType,
     Strategy,

@@ -10,9 +10,9 @@ import pytest
 
 from corral.actors.tools.base import ToolError, validate_input
 from corral.actors.tools.process import ProcessStdin
-from corral.supervisor import run_store, sealed_input
-from corral.supervisor.action_state import ActionPhase, action_id
-from corral.supervisor.ledger import SqliteLedger
+from corral.supervisor.ledger.port import SqliteLedger
+from corral.supervisor.runs import run_store, sealed_input
+from corral.supervisor.runs.action_state import ActionPhase, action_id
 
 PLAN = {
     "actions": [

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from corral.supervisor.ledger import SqliteLedger
-from corral.supervisor.schema import MIGRATIONS
-from corral.supervisor.spec import SpecError, load_spec, parse_spec
+from corral.supervisor.ledger.port import SqliteLedger
+from corral.supervisor.ledger.schema import MIGRATIONS
+from corral.supervisor.spec.swarm_spec import SpecError, load_spec, parse_spec
 
 
 def test_a_full_spec_parses_and_expands_counts() -> None:

@@ -11,19 +11,19 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from corral.supervisor.spec import load_spec
+from corral.supervisor.spec.swarm_spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "spec.md"
 
 
 def test_docs_spec_md_is_what_the_generator_writes() -> None:
-    result = subprocess.run([sys.executable, "-m", "corral.supervisor.spec_doc"], cwd=ROOT, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "corral.supervisor.spec.spec_doc"], cwd=ROOT, capture_output=True,
                             text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert "| `heartbeat_s` | number | `2.0` | 0.05 to 3600 |" in result.stdout, "the generator lost the ranges"
     assert PAGE.read_text() == result.stdout, (
-        "docs/spec.md is stale: run `python -m corral.supervisor.spec_doc > docs/spec.md`")
+        "docs/spec.md is stale: run `python -m corral.supervisor.spec.spec_doc > docs/spec.md`")
 
 
 def test_the_pages_example_is_a_spec_that_loads(tmp_path: Path) -> None:

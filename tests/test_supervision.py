@@ -17,7 +17,7 @@ import pytest
 from corral import PROTOCOL_VERSION
 from corral.mailbox import Envelope, Kind, encode
 from corral.mailbox.control import ControlClient, ControlError
-from corral.supervisor import home as homes
+from corral.supervisor.home import home_dir as homes
 from tests.harness import Daemon, actor_running, cli, running
 
 GROUP_SPEC = """
@@ -304,7 +304,7 @@ def test_down_stops_actors_gracefully(short_tmp: Path) -> None:
         result = cli(daemon.home, "down")
         assert result.returncode == 0, result.stderr
         psutil.wait_procs(procs, timeout=10)
-        from corral.supervisor.ledger import SqliteLedger
+        from corral.supervisor.ledger.port import SqliteLedger
 
         ledger = SqliteLedger(daemon.home / "ledger.db", readonly=True)
         rows = ledger.all("SELECT status, last_exit FROM actors")

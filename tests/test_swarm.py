@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from corral.chaos.invariants import check_all
-from corral.supervisor import run_store, swarm_store
-from corral.supervisor.action_state import ActionPhase
 from corral.supervisor.errors import Refused
-from corral.supervisor.ledger import Ledger
-from corral.supervisor.spec import parse_spec
-from corral.supervisor.swarm_state import group_id_for
+from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs import run_store
+from corral.supervisor.runs.action_state import ActionPhase
+from corral.supervisor.spec.swarm_spec import parse_spec
+from corral.supervisor.swarm import swarm_store
+from corral.supervisor.swarm.swarm_state import group_id_for
 from tests.harness import Daemon, drive_to_end, ledger_rows, wait_run, wait_supervisor_gone
 
 # -- the ledger rules, without processes ---------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import corral
-from corral.supervisor.spec import SpecError, parse_spec
+from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
 from tests.harness import actor_running, running
 from tests.userpkg import write_package
 

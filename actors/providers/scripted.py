@@ -39,7 +39,7 @@ class ScriptError(ValueError):
 
 
 def load_script(path: Path) -> dict[str, Any]:
-    from corral.supervisor.bounded_files import FileReadError, read_text_bounded
+    from corral.supervisor.spec.bounded_files import FileReadError, read_text_bounded
 
     try:
         text = read_text_bounded(path, "script")

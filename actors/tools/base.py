@@ -81,7 +81,7 @@ def schema(
 
 
 def is_sealed(value: Any) -> bool:
-    """A sealed input field as the ledger holds it (see supervisor/sealed_input.py)."""
+    """A sealed input field as the ledger holds it (see supervisor/runs/sealed_input.py)."""
     return isinstance(value, dict) and set(value) == {"sealed", "bytes"}
 
 

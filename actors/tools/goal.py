@@ -1,4 +1,4 @@
-"""``goal.verdict``: the model judges its goal, with evidence (supervisor/goal_store.py).
+"""``goal.verdict``: the model judges its goal, with evidence (supervisor/longtask/goal_store.py).
 
 A goal run finishes only after a verdict that says *met*. The verdict is a ledger
 transaction keyed by the action id: a replay after a crash records nothing twice.

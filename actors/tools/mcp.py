@@ -1,7 +1,7 @@
 """``mcp.<server>.<tool>``: MCP tools in the agent's catalog.
 
 The run's claim carries the MCP tools this run pinned (see
-supervisor/mcp_catalog.py). Each becomes one entry of the agent's tool table with
+supervisor/mcp/mcp_catalog.py). Each becomes one entry of the agent's tool table with
 the server's own input schema, so a provider sees it like any other tool. Running
 it is one request to the supervisor (``mcp.call``), made only after ``executing``
 is committed; the supervisor relays it to the server's actor and decides what an

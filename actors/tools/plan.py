@@ -1,4 +1,4 @@
-"""``plan.update``: the model keeps its plan in the ledger (supervisor/plan_store.py).
+"""``plan.update``: the model keeps its plan in the ledger (supervisor/longtask/plan_store.py).
 
 Its only effect is a supervisor transaction keyed by the action id, so recovery
 may run it again and gets the same revision. The observation is the whole plan

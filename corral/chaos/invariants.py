@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corral.supervisor.ledger import Ledger
+from corral.supervisor.ledger.port import Ledger
 
 
 @dataclass

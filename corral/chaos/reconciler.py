@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.chaos.invariants import read_effects
-from corral.supervisor.ledger import Ledger
+from corral.supervisor.ledger.port import Ledger
 
 _PENDING = (
     "SELECT a.action_id, a.tool, a.input, r.options FROM actions a JOIN runs r ON r.run_id = a.run_id"

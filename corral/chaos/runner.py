@@ -32,12 +32,12 @@ from corral.chaos.reconciler import decide, pending_reconciliations
 from corral.core import failpoints
 from corral.core.procs import is_alive, wait_exit
 from corral.mailbox.control import SupervisorGone
-from corral.supervisor import home as homes
-from corral.supervisor.bounded_files import read_text_bounded
-from corral.supervisor.ledger import Ledger, SqliteLedger
-from corral.supervisor.ledger_pg import PostgresLedger
-from corral.supervisor.ledger_spec import LEDGER_FILE, URL_ENV, open_for_reading
-from corral.supervisor.spec import load_spec
+from corral.supervisor.home import home_dir as homes
+from corral.supervisor.ledger.ledger_pg import PostgresLedger
+from corral.supervisor.ledger.ledger_spec import LEDGER_FILE, URL_ENV, open_for_reading
+from corral.supervisor.ledger.port import Ledger, SqliteLedger
+from corral.supervisor.spec.bounded_files import read_text_bounded
+from corral.supervisor.spec.swarm_spec import load_spec
 
 TARGETS = ("supervisor", "agents", "children", "sessions")
 

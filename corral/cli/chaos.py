@@ -82,7 +82,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         raise CliError(f"bad scenario: {exc}", EXIT_USAGE) from None
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
     if args.ledger:
-        from corral.supervisor.ledger_spec import LedgerSpecError, check_url
+        from corral.supervisor.ledger.ledger_spec import LedgerSpecError, check_url
 
         try:
             check_url(args.ledger)

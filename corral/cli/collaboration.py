@@ -26,7 +26,7 @@ def _collaboration_args(parser: argparse.ArgumentParser) -> None:
 @arguments(_collaboration_args)
 def cmd_collaboration(args: argparse.Namespace) -> int:
     if args.collaboration_command == "set":
-        from corral.supervisor.bounded_files import FileReadError, read_text_bounded
+        from corral.supervisor.spec.bounded_files import FileReadError, read_text_bounded
 
         try:
             text = read_text_bounded(Path(args.file), "collaboration policy")

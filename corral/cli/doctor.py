@@ -18,10 +18,10 @@ from typing import Any
 
 from corral.cli.main import EXIT_FAILED, arguments, command, emit_json, home_of
 from corral.core.errors import CorralError
-from corral.supervisor import home as homes
-from corral.supervisor.ledger import LedgerError, check_ledger_file, integrity_problems
-from corral.supervisor.ledger_spec import LedgerSpecError, open_for_reading, remembered_placement
-from corral.supervisor.schema import MIGRATIONS
+from corral.supervisor.home import home_dir as homes
+from corral.supervisor.ledger.ledger_spec import LedgerSpecError, open_for_reading, remembered_placement
+from corral.supervisor.ledger.port import LedgerError, check_ledger_file, integrity_problems
+from corral.supervisor.ledger.schema import MIGRATIONS
 
 #: Below this much free space on the home's filesystem, writes are at risk.
 LOW_SPACE_BYTES = 64 * 1024 * 1024
@@ -89,7 +89,7 @@ def _postgres_ledger(home: Path, remembered: dict[str, Any]) -> Finding:
 def _adoptions(home: Path) -> list[Finding]:
     """Partitions of the cluster whose node is gone, with runs to finish, that this
     corral must not adopt: their schema is newer (a rolling upgrade half done)."""
-    from corral.supervisor import cluster
+    from corral.supervisor.cluster import cluster_tables as cluster
 
     try:
         ledger = open_for_reading(home)

@@ -17,10 +17,10 @@ from corral.client_start import SupervisorStartError, ledger_env, start_supervis
 from corral.core.errors import RunTimeout
 from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
-from corral.supervisor import home as homes
-from corral.supervisor.home_placement import check_placement, project_root_of
-from corral.supervisor.ledger_spec import LedgerSpecError
-from corral.supervisor.spec import SpecError, load_spec
+from corral.supervisor.home import home_dir as homes
+from corral.supervisor.home.home_placement import check_placement, project_root_of
+from corral.supervisor.ledger.ledger_spec import LedgerSpecError
+from corral.supervisor.spec.swarm_spec import SpecError, load_spec
 
 EXIT_USAGE = 2
 EXIT_BUSY = 3

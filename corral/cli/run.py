@@ -42,7 +42,7 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     script = None
     if args.script:
-        from corral.supervisor.bounded_files import FileReadError, read_text_bounded
+        from corral.supervisor.spec.bounded_files import FileReadError, read_text_bounded
 
         try:
             script = read_text_bounded(Path(args.script), "script")
@@ -75,7 +75,7 @@ def read_contract(path: str) -> str:
     file is a usage error). The supervisor parses it: a contract that cannot bind
     (a duplicate key, a bad hash, an unsafe number, ...) starts the run unbound and
     advisory, with the reason in ``corral show``, whatever the fault."""
-    from corral.supervisor.bounded_files import FileReadError, read_text_bounded
+    from corral.supervisor.spec.bounded_files import FileReadError, read_text_bounded
 
     try:
         return read_text_bounded(Path(path), "intent contract")

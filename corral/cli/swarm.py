@@ -14,7 +14,7 @@ from typing import Any
 
 from corral.cli.main import EXIT_FAILED, CliError, arguments, cli_errors, command, print_table
 from corral.client import Client
-from corral.supervisor import home as homes
+from corral.supervisor.home import home_dir as homes
 
 ROOT_AGENT = "project-supervisor"
 DEMO_TASK = "Prepare the launch plan: research, review, drafts and checks."

@@ -9,7 +9,7 @@ import os
 import sys
 
 from corral.cli.main import EXIT_NOT_RUNNING, EXIT_USAGE, CliError, arguments, command, home_of
-from corral.supervisor import home as homes
+from corral.supervisor.home import home_dir as homes
 
 DEFAULT_PORT = 8470
 

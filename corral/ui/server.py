@@ -42,8 +42,8 @@ from corral.client_types import RunResult
 from corral.core import http_service, nesting
 from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
-from corral.supervisor import home as homes
-from corral.supervisor.run_store import RUN_ID
+from corral.supervisor.home import home_dir as homes
+from corral.supervisor.runs.run_store import RUN_ID
 from corral.ui import pages, timeline
 
 ENDPOINT_FILE = "ui.json"

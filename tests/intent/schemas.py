@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 from referencing import Registry, Resource
 
-from corral.supervisor.intent_contract import is_date_time
+from corral.supervisor.intent.intent_contract import is_date_time
 
 UPSTREAM = Path(__file__).resolve().parent / "upstream"
 _BASE = "https://upstream.invalid/spec/"

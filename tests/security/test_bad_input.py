@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from corral.supervisor.spec import SpecError, load_spec
+from corral.supervisor.spec.swarm_spec import SpecError, load_spec
 from tests.bridge_harness import Bridge
 
 CORRAL = [sys.executable, "-m", "corral"]

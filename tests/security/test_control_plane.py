@@ -24,7 +24,7 @@ from corral.core.procs import wait_exit
 from corral.mailbox.codec import decode, encode
 from corral.mailbox.control import ControlError, configure_socket
 from corral.mailbox.envelope import Envelope, Kind
-from corral.supervisor import home as homes
+from corral.supervisor.home import home_dir as homes
 from tests.harness import Daemon, cli, running
 
 ECHO = '[[actors]]\nid = "echo"\ntemplate = "echo"\n'

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from corral.core.procs import wait_exit
-from corral.supervisor import home as homes
+from corral.supervisor.home import home_dir as homes
 from tests.harness import Daemon, cli, running, wait_run
 
 ECHO = '[[actors]]\nid = "echo"\ntemplate = "echo"\n'

@@ -195,7 +195,7 @@ async def test_command_exec_reports_what_it_refused(world: dict[str, Path], shor
 
     async def call(method: str, **params: Any) -> dict[str, Any]:
         if method == "command.sandbox":
-            # As the supervisor answers: its home masked first (supervisor/session_service.py).
+            # As the supervisor answers: its home masked first (supervisor/sessions/session_service.py).
             return {"project_root": str(root), "sandbox": {"mode": "required", "masked": [str(home)]}}
         return {}
 

@@ -19,8 +19,8 @@ import pytest
 from corral.actors.pty_session import run_command
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile
 from corral.sandbox.trampoline import TRAMPOLINE_PATH
-from corral.supervisor.home import HomeError
-from corral.supervisor.home_placement import check_placement
+from corral.supervisor.home.home_dir import HomeError
+from corral.supervisor.home.home_placement import check_placement
 from tests.harness import CORRAL, cli
 from tests.launch_modes import needs_bwrap
 

@@ -16,10 +16,10 @@ from typing import Any, get_args, get_origin
 import pytest
 
 from corral.mailbox.control import ControlError
-from corral.supervisor.run_store import MAX_TASK_CHARS
-from corral.supervisor.spec import SpecError, load_spec, parse_spec
-from corral.supervisor.spec_base import bare, bounds
-from corral.supervisor.spec_models import SpecFile
+from corral.supervisor.runs.run_store import MAX_TASK_CHARS
+from corral.supervisor.spec.spec_base import bare, bounds
+from corral.supervisor.spec.spec_models import SpecFile
+from corral.supervisor.spec.swarm_spec import SpecError, load_spec, parse_spec
 from tests.harness import cli, running
 
 CORRAL = [sys.executable, "-m", "corral"]
@@ -99,7 +99,7 @@ def test_every_section_words_its_errors_the_same_way(data: dict[str, Any], messa
 
 
 def test_the_collaboration_policy_file_is_read_the_same_way() -> None:
-    from corral.supervisor import collaboration
+    from corral.supervisor.context import collaboration
 
     for text, message in (
         ('{"minStaticDelegates": 65}', "minStaticDelegates: must be a finite number between 0 and 64, got 65"),

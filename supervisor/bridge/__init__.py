@@ -1,0 +1,1 @@
+"""Work taken from an agent-task bridge: the spec section and the service."""

@@ -1,0 +1,176 @@
+"""Jobs taken from an agent-task bridge (``[bridge]``, actors/bridge_worker.py).
+
+A job's phase is committed before the bridge call it leads to, with what that
+call will send (the revision it names, the reply it submits): the durable action
+lifecycle applied to the bridge's commands, whose idempotency keys make a
+re-sent call safe. One transition table; an illegal move is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from corral.supervisor.errors import BadRequest, NotFound, Refused
+from corral.supervisor.params import param_int, param_seconds, param_str
+from corral.supervisor.runs.run_state import TERMINAL
+
+if TYPE_CHECKING:
+    from corral.supervisor.daemon import Supervisor
+    from corral.supervisor.tree.supervision_tree import ActorSlot
+
+log = logging.getLogger("corral.bridge")
+
+PHASES: dict[str, frozenset[str]] = {
+    "claiming": frozenset({"claimed", "lost"}),
+    "claimed": frozenset({"starting", "lost"}),
+    "starting": frozenset({"running", "lost"}),
+    "running": frozenset({"running", "submitting", "releasing", "lost"}),  # running -> running: a renewal
+    "submitting": frozenset({"submitted", "lost"}),
+    "releasing": frozenset({"released", "lost"}),
+    "submitted": frozenset(),
+    "released": frozenset(),
+    "lost": frozenset(),
+}
+FINISHED = frozenset(phase for phase, onward in PHASES.items() if not onward)
+#: What a phase change may record, and how long each may be.
+FACTS = {"assignment_id": 40, "binding_id": 40, "bridge_run_id": 40, "submission_id": 40, "reply": 20_000,
+         "reason": 500}
+
+
+class BridgeService:
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.ledger = sup.ledger
+
+    def _check_worker(self, slot: ActorSlot) -> None:
+        if slot.spec.template != "bridge_worker":
+            raise Refused("only the bridge worker may drive bridge jobs")
+
+    def _job(self, job_id: str) -> dict[str, Any]:
+        row = self.ledger.one("SELECT * FROM bridge_jobs WHERE job_id = ?", job_id)
+        if row is None:
+            raise NotFound(f"no bridge job {job_id!r}")
+        return dict(row)
+
+    async def jobs(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        self._check_worker(slot)
+        marks = ",".join("?" * len(FINISHED))
+        rows = self.ledger.all(
+            f"SELECT * FROM bridge_jobs WHERE phase NOT IN ({marks}) ORDER BY created_at", *sorted(FINISHED)
+        )
+        return {"jobs": [dict(row) for row in rows]}
+
+    async def job_open(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """A job for a task the worker is about to claim (its unfinished one, if any)."""
+        self._check_worker(slot)
+        task_id = param_str(params, "task_id", limit=40)
+        title = param_str(params, "title", limit=200)
+        revision = param_int(params, "revision", low=1, high=2**53 - 1)
+        marks = ",".join("?" * len(FINISHED))
+        row = self.ledger.one(
+            f"SELECT * FROM bridge_jobs WHERE task_id = ? AND phase NOT IN ({marks})", task_id, *sorted(FINISHED)
+        )
+        if row is not None:
+            return {"job": dict(row)}
+        job_id = "job-" + secrets.token_hex(8)
+        now = time.time()
+        with self.ledger.tx() as db:
+            db.execute(
+                "INSERT INTO bridge_jobs (job_id, task_id, title, phase, revision, created_at, updated_at)"
+                " VALUES (?, ?, ?, 'claiming', ?, ?, ?)",
+                (job_id, task_id, title, revision, now, now),
+            )
+            self.ledger.event("bridge-job-claiming", job_id, task=task_id)
+        return {"job": self._job(job_id)}
+
+    async def job_advance(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        self._check_worker(slot)
+        job = self._job(param_str(params, "job_id", limit=40))
+        phase = param_str(params, "phase", limit=20)
+        if phase not in PHASES[job["phase"]]:
+            raise BadRequest(f"bridge job {job['job_id']} cannot go from {job['phase']} to {phase!r}")
+        sets: dict[str, Any] = {}
+        for name, limit in FACTS.items():
+            if name in params:
+                sets[name] = param_str(params, name, limit=limit) if name != "reply" else _text(params, name, limit)
+        if "revision" in params:
+            sets["revision"] = param_int(params, "revision", low=1, high=2**53 - 1)
+        if phase == "running" and job["phase"] == "starting":
+            sets["run_id"] = await self._start_run(job)
+        assignments = ", ".join(f"{name} = ?" for name in sets)
+        with self.ledger.tx() as db:
+            db.execute(
+                f"UPDATE bridge_jobs SET phase = ?, updated_at = ?{', ' + assignments if sets else ''}"
+                " WHERE job_id = ?",
+                (phase, time.time(), *sets.values(), job["job_id"]),
+            )
+            if phase != job["phase"]:
+                self.ledger.event(f"bridge-job-{phase}", job["job_id"], task=job["task_id"],
+                                  reason=str(sets.get("reason", "")))
+        return {"job": self._job(job["job_id"])}
+
+    async def _start_run(self, job: dict[str, Any]) -> str:
+        """The task as an ordinary durable corral run (its id follows from the job,
+        so a repeated step finds the same run)."""
+        bridge = self.sup.spec.bridge
+        assert bridge is not None
+        created = await self.sup.runs.create(
+            {"agent_id": bridge.agent, "task": job["title"], "run_id": "run-" + job["job_id"][4:]}
+        )
+        return str(created["run_id"])
+
+    async def run_status(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """The job's corral run: done or not, waiting up to ``wait_s`` for it to end."""
+        self._check_worker(slot)
+        job = self._job(param_str(params, "job_id", limit=40))
+        wait_s = param_seconds(params, "wait_s", 0.0, low=0.0, high=600.0)
+        with trio.move_on_after(wait_s):
+            while True:
+                row = self.ledger.one("SELECT status FROM runs WHERE run_id = ?", job["run_id"])
+                if row is None or row["status"] in TERMINAL:
+                    break
+                await self.sup.next_commit()
+        row = self.ledger.one("SELECT status FROM runs WHERE run_id = ?", job["run_id"])
+        reply = self.ledger.one("SELECT text FROM replies WHERE run_id = ?", job["run_id"])
+        status = row["status"] if row is not None else "missing"
+        return {"done": status in TERMINAL or row is None, "status": status,
+                "final_reply": reply["text"] if reply else None}
+
+    async def report(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        self._check_worker(slot)
+        problem = _text(params, "problem", 500)
+        log.warning("bridge worker: %s", problem)
+        self.ledger.event("bridge-problem", slot.id, problem=problem)
+        return {}
+
+    def status_section(self) -> dict[str, Any]:
+        rows = self.ledger.all("SELECT phase, COUNT(*) AS n FROM bridge_jobs GROUP BY phase")
+        return {row["phase"]: int(row["n"]) for row in rows}
+
+
+def _text(params: dict[str, Any], name: str, limit: int) -> str:
+    value = params.get(name)
+    if not isinstance(value, str) or len(value) > limit:
+        raise BadRequest(f"{name} must be a string of at most {limit} characters")
+    return value
+
+
+def install(sup: Supervisor) -> BridgeService:
+    service = BridgeService(sup)
+    sup.actor_methods.update(
+        {
+            "bridge.jobs": service.jobs,
+            "bridge.job_open": service.job_open,
+            "bridge.job_advance": service.job_advance,
+            "bridge.run_status": service.run_status,
+            "bridge.report": service.report,
+        }
+    )
+    if sup.spec.bridge is not None:
+        sup.status_sections["bridge"] = service.status_section
+    return service

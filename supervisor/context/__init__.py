@@ -1,0 +1,1 @@
+"""Project context and collaboration: the collaboration policy and its service."""

@@ -1,0 +1,1 @@
+"""Intent contracts and the execution guard: contracts, scope, classification, decisions, receipts."""

@@ -1,0 +1,216 @@
+"""Path scopes: corral's extension of an intent contract's ``scope``.
+
+An entry of ``scope.include`` or ``scope.exclude`` is a path rule only when it is
+written ``path:<relative path>`` (optionally ending in ``/**``, which means the
+same: the entry and everything beneath it). Any other entry (``workspace``,
+``the docs``) is a plain-language note, as the reference guard reads every
+entry, and is never taken for a directory. A malformed path rule (absolute,
+``..``, ``.`` or empty segments, a backslash, a wildcard anywhere but the final
+``/**``) makes the contract invalid, so a rule is never read as something it
+does not say.
+
+A path an action names is judged after the file tools' own resolution
+(actors/tools/paths.py: relative, no ``..``, no control path, every symlink
+resolved, still inside the workspace); a path the file tools refuse is refused
+here too. Rules are resolved the same way and compared with the resolved path
+component by component, never as strings. ``exclude`` covers every access;
+``include`` (when it has path rules) covers writes. Commands are confined by the
+OS instead: ``sandbox_paths`` gives the sandbox the resolved include paths as
+its only writable binds and the resolved exclude paths as masks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from corral.actors.tools.base import ToolError
+from corral.actors.tools.paths import resolve_in_workspace
+from corral.supervisor.intent.intent_classify import CORRAL_TAGS
+from corral.supervisor.intent.intent_shell import js_trim
+
+PREFIX = "path:"
+_WILDCARDS = frozenset("*?[]{}")
+
+#: Tools whose paths are judged: (the input keys holding them, whether they write).
+READS = frozenset({"fs.read", "fs.list"})
+WRITES = frozenset({"fs.write", "fs.patch", "project.changeset", "project.git_commit"})
+COMMANDS = frozenset({"command.exec", "process.start"})
+
+
+class ScopeError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class PathRule:
+    bucket: str  # "scope.include" or "scope.exclude"
+    raw: str
+    relative: PurePosixPath  # PurePosixPath(".") is the whole workspace
+
+    @property
+    def rule_id(self) -> str:
+        return f"{self.bucket}:{hashlib.sha256(self.raw.encode()).hexdigest()[:16]}"
+
+
+@dataclass(frozen=True)
+class Scope:
+    include: tuple[PathRule, ...] = ()
+    exclude: tuple[PathRule, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        return bool(self.include or self.exclude)
+
+
+def parse_rule(entry: str) -> PurePosixPath | None:
+    """The path of a ``path:`` entry, None for a plain-language entry; ScopeError
+    when the entry says ``path:`` but is not one unambiguous relative path."""
+    text = js_trim(entry)
+    if not text.lower().startswith(PREFIX):
+        return None
+    body = text[len(PREFIX):]
+    if body in ("**", "."):
+        return PurePosixPath(".")
+    body = body.removesuffix("/**")
+    problem = None
+    if not body:
+        problem = "names no path"
+    elif body.startswith("/") or body.startswith("~"):
+        problem = "must be relative to the workspace"
+    elif "\\" in body or "\x00" in body:
+        problem = "may not hold a backslash or NUL"
+    elif any(char in _WILDCARDS for char in body):
+        problem = "may not hold a wildcard (only a final /** is allowed, meaning the whole subtree)"
+    elif any(part in ("", ".", "..") for part in body.split("/")):
+        problem = "must be normalised (no empty, '.' or '..' segments, no trailing '/')"
+    if problem:
+        raise ScopeError(f"path rule {text!r} {problem}")
+    return PurePosixPath(body)
+
+
+def scope_of(projection: dict[str, Any]) -> Scope:
+    """The path rules of a projection (ScopeError on a malformed one)."""
+    scope = projection.get("scope") or {}
+
+    def rules(bucket: str) -> tuple[PathRule, ...]:
+        found = []
+        for index, entry in enumerate(scope.get(bucket) or []):
+            try:
+                relative = parse_rule(str(entry))
+            except ScopeError as exc:
+                raise ScopeError(f"scope.{bucket}[{index}]: {exc}") from None
+            if relative is not None:
+                found.append(PathRule(f"scope.{bucket}", js_trim(str(entry)), relative))
+        return tuple(found)
+
+    return Scope(rules("include"), rules("exclude"))
+
+
+@dataclass(frozen=True)
+class PathVerdict:
+    raw: str
+    #: Relative to the workspace, as resolved ("" when the path was refused).
+    resolved: str
+    #: path_in_scope | path_excluded | path_outside_scope | path_refused
+    code: str
+    rule: PathRule | None = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.code == "path_in_scope"
+
+
+def _resolved_rule(root: Path, rule: PathRule) -> Path:
+    try:
+        return (root / rule.relative).resolve()
+    except (OSError, RuntimeError):  # a symlink loop: the rule means its own spelling
+        return root / rule.relative
+
+
+def _covers(rule_target: Path, target: Path) -> bool:
+    return target == rule_target or rule_target in target.parents
+
+
+def judge_path(scope: Scope, workspace: Path, home: Path, raw: str, *, write: bool) -> PathVerdict:
+    try:
+        target = resolve_in_workspace(workspace, raw, forbidden=(home,))
+    except ToolError as exc:
+        return PathVerdict(raw, "", "path_refused", None, str(exc))
+    except (OSError, RuntimeError) as exc:  # a symlink loop, a path too long to resolve
+        return PathVerdict(raw, "", "path_refused", None, f"path {raw!r} cannot be resolved: {exc}")
+    root = workspace.resolve()
+    shown = target.relative_to(root).as_posix()
+    for rule in scope.exclude:
+        if _covers(_resolved_rule(root, rule), target):
+            return PathVerdict(raw, shown, "path_excluded", rule,
+                               f"{raw!r} resolves to {shown!r}, which the contract excludes ({rule.raw})")
+    if write and scope.include and not any(_covers(_resolved_rule(root, rule), target) for rule in scope.include):
+        wanted = ", ".join(rule.raw for rule in scope.include)
+        return PathVerdict(raw, shown, "path_outside_scope", None,
+                           f"{raw!r} resolves to {shown!r}, outside the contract's scope ({wanted})")
+    return PathVerdict(raw, shown, "path_in_scope")
+
+
+def _strings(values: Iterable[Any], key: str) -> list[str]:
+    return [str(value[key]) for value in values if isinstance(value, dict) and isinstance(value.get(key), str)]
+
+
+def action_paths(tool: str, tool_input: dict[str, Any]) -> list[tuple[str, bool]] | None:
+    """(path, is a write) for every path a tool will touch; [] for a tool that
+    touches none; None for a tool whose paths cannot be known beforehand."""
+    if tool in READS:
+        raw = tool_input.get("path", ".")
+        return [(raw if isinstance(raw, str) and raw else ".", False)]
+    if tool in ("fs.write", "fs.patch"):
+        raw = tool_input.get("path")
+        return [(raw, True)] if isinstance(raw, str) else []
+    if tool == "project.changeset":
+        changes = tool_input.get("changes")
+        return [(path, True) for path in _strings(changes if isinstance(changes, list) else [], "path")]
+    if tool == "project.git_commit":
+        files = tool_input.get("files")
+        return [(path, True) for path in _strings(files if isinstance(files, list) else [], "path")]
+    if tool in COMMANDS:
+        # The working directory only: what the command then touches, the sandbox confines.
+        cwd = tool_input.get("cwd")
+        return [(cwd if isinstance(cwd, str) and cwd else ".", False)]
+    if tool in CORRAL_TAGS:
+        return []
+    return None
+
+
+def judge_action(scope: Scope, workspace: Path, home: Path, tool: str,
+                 tool_input: dict[str, Any]) -> list[PathVerdict] | None:
+    """The verdict on every path of an action, or None when a scoped contract
+    cannot judge it (a tool whose paths are not known, a diff that may show
+    excluded files): such an action is blocked."""
+    paths = action_paths(tool, tool_input)
+    if paths is None or (tool == "project.git_diff" and scope.exclude):
+        return None if scope.active else []
+    return [judge_path(scope, workspace, home, raw, write=write) for raw, write in paths]
+
+
+def sandbox_paths(scope: Scope, workspace: Path) -> tuple[list[str] | None, list[str]]:
+    """(writable, masked) for a command's sandbox: the resolved include paths that
+    exist inside the workspace (None: no include path rule, the workspace stays
+    writable) and the resolved exclude paths that exist inside it."""
+    root = workspace.resolve()
+
+    def existing(rules: tuple[PathRule, ...]) -> list[str]:
+        found = []
+        for rule in rules:
+            target = _resolved_rule(root, rule)
+            try:
+                present = target.exists()
+            except OSError:  # unreadable: the sandboxed command cannot reach it either
+                present = False
+            if present and (target == root or root in target.parents):
+                found.append(str(target))
+        return sorted(set(found))
+
+    return (existing(scope.include) if scope.include else None), existing(scope.exclude)

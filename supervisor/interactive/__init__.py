@@ -1,0 +1,1 @@
+"""Interactive runs: steers, questions to the user, conversations and forks."""

@@ -1,0 +1,529 @@
+"""The PostgreSQL ledger: several supervisors (nodes) share one database.
+
+Each node writes its runs into its own *partition*, a PostgreSQL schema holding
+the same tables as an SQLite home, so every store's SQL runs unchanged
+(supervisor/ledger/sql_dialect.py translates it). A partition is held under a lease
+with a fencing token, its epoch, in ``corral_cluster.partitions``. Every write
+transaction first locks that row ``FOR SHARE`` and checks the epoch: a node that
+another node has fenced (by taking the partition over, which bumps the epoch
+``FOR UPDATE``) cannot commit anything more, however late it wakes up. The row
+lock orders the two: a write either commits before the takeover, which then
+sees it, or finds the new epoch and rolls back. A node's writes also need its
+lease to be live: one that lapsed (its renewals failed) is renewed first, or the
+node finds itself fenced.
+
+The database may go away (a restart, a terminated backend, refused connections)
+and come back: see supervisor/ledger/ledger_link.py. Every write transaction of a node
+also sets a commit marker (``corral_meta.commit_seq``), so that after a lost
+connection the ledger can tell whether a COMMIT whose answer never came landed,
+and whether commits it was told of were lost.
+
+The wire (connecting, rows, deferred writes) is supervisor/ledger/ledger_pg_wire.py; the
+cluster tables and the fence functions are supervisor/ledger/ledger_pg_cluster.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from corral.supervisor.errors import SupervisorError
+from corral.supervisor.ledger.ledger_link import Backoff, LedgerUnavailable, connection_lost
+from corral.supervisor.ledger.ledger_pg_cluster import (
+    CLUSTER_SCHEMA,
+    FENCE_SQLSTATE,
+    LAPSED_SQLSTATE,
+    RENEW_SQL,
+    ensure_cluster,
+    schema_of,
+)
+from corral.supervisor.ledger.ledger_pg_wire import Connection, PostgresUnavailable, connect, redact_url
+from corral.supervisor.ledger.port import Ledger, LedgerError, split_sql
+from corral.supervisor.ledger.read_cache import ReadCache
+from corral.supervisor.ledger.schema import MIGRATIONS
+from corral.supervisor.ledger.sql_dialect import REFUSE_FUNCTION, statement_to_postgres
+
+log = logging.getLogger("corral.ledger")
+
+#: A COMMIT whose answer was lost: how long the writer tries to learn, there and
+#: then, whether it landed (a restart is back within this), before it leaves the
+#: question to the reconnection.
+IN_DOUBT_WAIT_S = 3.0
+#: A reconnection attempt gives up after this (it runs in a worker thread).
+RECONNECT_TIMEOUT_S = 5
+
+
+class Fenced(SupervisorError):
+    """This supervisor's lease on its partition was taken over: it must stop writing."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "fenced")
+
+
+class PostgresLedger(Ledger):
+    """One partition of a shared PostgreSQL database.
+
+    ``epoch`` is the fencing token this supervisor holds (None: no writes are
+    fenced, for tools that only read or that set a partition up). ``on_fenced``
+    is called once, before ``Fenced`` is raised, so the daemon can stop.
+    ``holder`` and ``lease_s`` (a node's writer): its writes need a live lease,
+    which it renews itself when its node's renewals fell behind.
+    """
+
+    backend = "postgresql"
+
+    def __init__(
+        self,
+        url: str,
+        partition: str,
+        *,
+        epoch: int | None = None,
+        readonly: bool = False,
+        on_fenced: Callable[[str], None] | None = None,
+        group_commit: bool = False,
+        holder: str | None = None,
+        lease_s: float | None = None,
+        lease_from: float | None = None,
+    ) -> None:
+        super().__init__()
+        #: Group commit, as with SQLite: transactions commit without waiting for
+        #: the WAL flush, and ``sync`` (before any reply leaves) waits for one
+        #: flush that covers all of them.
+        self.group_commit = group_commit
+        self._sync_conn: Any = None
+        self.url = url
+        self.partition = partition
+        self.schema = schema_of(partition)
+        self.where = f"postgresql ledger {redact_url(url)} partition {partition}"
+        self.epoch = epoch
+        self.on_fenced = on_fenced
+        self.fenced = ""
+        self.holder = holder if epoch is not None and lease_s else None
+        self.lease_s = lease_s
+        #: Until when (this host's monotonic clock) the lease surely holds: the
+        #: time a renewal was sent, plus the lease. Conservative: the database
+        #: set the lease's end later than that, by its own clock.
+        self._lease_valid_until = (lease_from + lease_s) if lease_from is not None and lease_s else 0.0
+        #: Since when (wall clock) the connection is lost, and why (None: it is not).
+        self.lost_since: float | None = None
+        self.lost_why = ""
+        #: Called (from any thread) when the connection is found lost: wake the reconnection.
+        self.on_lost: Callable[[], None] | None = None
+        #: Called when the ledger lacks commits this writer was told of (a server
+        #: crash lost them): its memory is ahead of its ledger, it must stop.
+        self.on_diverged: Callable[[str], None] | None = None
+        #: The commit marker of a COMMIT whose answer was lost (None: no such commit).
+        self.in_doubt: int | None = None
+        #: The last commit marker this writer set (and was told was committed).
+        self._seq = 0
+        #: Give the lease up on close (an adoption that retired or handed its partition back).
+        self.release_on_close = False
+        self._application = f"corral-{'reader' if readonly else 'ledger'}:{partition}"
+        self._lock = threading.RLock()  # one connection: the trio thread and group commit's
+        self._reconnecting = threading.Lock()
+        self.raw = connect(url, self._application)
+        #: The fenced writer alone may cache its reads: nobody else writes its partition.
+        self.cache = ReadCache() if epoch is not None and not readonly else None
+        self.db = Connection(self.raw, self.cache, defer_writes=self.cache is not None)
+        #: Event cursors taken from the sequence in blocks: an event's INSERT then
+        #: needs no answer and is deferred like any write. One writer commits in
+        #: order, so cursors still grow in commit order.
+        self._cursors: list[int] = []
+        try:
+            if not readonly:
+                ensure_cluster(self.raw)
+                self._migrate()
+                self._seq = self._marker(self.raw)
+            elif not self._schema_exists():
+                raise LedgerError(f"{self.where}: no such partition")
+            self.raw.execute(f"SET search_path TO {self.schema}, public")
+        except LedgerError:
+            self.raw.close()
+            raise
+        except Exception as exc:
+            self.raw.close()
+            raise LedgerError(f"{self.where} cannot be opened ({exc})") from None
+
+    def _schema_exists(self) -> bool:
+        row = self.raw.execute(
+            "SELECT 1 FROM information_schema.schemata WHERE schema_name = %s", (self.schema,)
+        ).fetchone()
+        return row is not None
+
+    # -- schema -----------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        """Every migration once per partition, under an advisory lock (two nodes
+        may create the cluster at the same moment)."""
+        with self.raw.transaction():
+            self.raw.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.schema,))
+            self.raw.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
+            self.raw.execute(f"SET LOCAL search_path TO {self.schema}, public")
+            self.raw.execute(REFUSE_FUNCTION)
+            self.raw.execute("CREATE TABLE IF NOT EXISTS corral_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)")
+            self.raw.execute("INSERT INTO corral_meta VALUES ('schema_version', 0) ON CONFLICT DO NOTHING")
+            self.raw.execute("INSERT INTO corral_meta VALUES ('commit_seq', 0) ON CONFLICT DO NOTHING")
+            current = int(self.raw.execute("SELECT value FROM corral_meta WHERE key = 'schema_version'").fetchone()[0])
+            if current > len(MIGRATIONS):
+                raise LedgerError(f"{self.where} has schema {current}, newer than this corral ({len(MIGRATIONS)})")
+            for version in range(current, len(MIGRATIONS)):
+                for statement in split_sql(MIGRATIONS[version]):
+                    self.raw.execute(statement_to_postgres(statement))
+            self.raw.execute("UPDATE corral_meta SET value = %s WHERE key = 'schema_version'", (len(MIGRATIONS),))
+
+    def _marker(self, conn: Any) -> int:
+        row = conn.execute(f"SELECT value FROM {self.schema}.corral_meta WHERE key = 'commit_seq'").fetchone()
+        return int(row[0]) if row else 0
+
+    @property
+    def schema_version(self) -> int:
+        row = self.one("SELECT value FROM corral_meta WHERE key = 'schema_version'")
+        return int(row[0]) if row else 0
+
+    # -- the connection -----------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        """The connection is up (transactions may run)."""
+        return self.lost_since is None
+
+    def _unavailable(self) -> LedgerUnavailable:
+        since = time.strftime("%H:%M:%S", time.localtime(self.lost_since or time.time()))
+        return LedgerUnavailable(
+            f"{self.where} is unreachable since {since} ({self.lost_why}); nothing was committed."
+            " corral reconnects by itself, and actors' requests wait for it"
+        )
+
+    def _lose(self, exc: BaseException) -> None:
+        """The connection is gone: refuse every transaction until ``reconnect``."""
+        if self.lost_since is not None:
+            return
+        self.lost_why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        self.lost_since = time.time()
+        if self.full_since is None:
+            self.full_since = self.lost_since  # status says degraded until a commit lands again
+        log.error("%s: connection lost (%s); reconnecting", self.where, self.lost_why)
+        try:
+            self.raw.close()
+        except Exception:
+            pass
+        if self.on_lost is not None:
+            self.on_lost()
+
+    def _failed(self, exc: BaseException) -> None:
+        """A statement failed outside the transaction machinery (a read): a lost
+        connection becomes ``LedgerUnavailable``; anything else stays as it is."""
+        if connection_lost(exc, self.raw):
+            self._lose(exc)
+            raise self._unavailable() from None
+
+    def reconnect(self) -> bool:
+        """A new connection for a ledger that lost its own (from a worker thread, or
+        from the writer settling a COMMIT of unknown outcome): the fence checked
+        and the lease renewed on it, the unknown commit settled, before any
+        transaction runs. False: the server is still away."""
+        import psycopg
+
+        with self._reconnecting:
+            if self.lost_since is None:
+                return True
+            try:
+                conn = connect(self.url, self._application, timeout=RECONNECT_TIMEOUT_S)
+            except PostgresUnavailable as exc:
+                self.lost_why = str(exc)[:200]
+                return False
+            try:
+                conn.execute(f"SET search_path TO {self.schema}, public")
+                if self.epoch is not None:
+                    self._check_fence(conn)
+                    self._settle(self._marker(conn))
+            except psycopg.Error as exc:
+                conn.close()
+                self.lost_why = (str(exc).strip().splitlines() or ["?"])[0][:200]
+                return False
+            except BaseException:
+                conn.close()
+                raise
+            self.raw = self.db.conn = conn
+            self.lost_since = None
+            self.lost_why = ""
+            log.warning("%s: connection restored", self.where)
+            return True
+
+    def _check_fence(self, conn: Any) -> None:
+        """On a new connection: the partition is still this writer's (else it is
+        fenced and stops), and its lease is renewed (it may have lapsed meanwhile)."""
+        row = conn.execute(
+            f"SELECT epoch, holder FROM {CLUSTER_SCHEMA}.partitions WHERE name = %s", (self.partition,)
+        ).fetchone()
+        if row is None or int(row[0]) != self.epoch:
+            conn.close()
+            held, by = (row[0], row[1]) if row else (None, "nobody")
+            self.fence(f"partition {self.partition} is now held by node {by} at epoch {held}"
+                       f" (this writer had epoch {self.epoch})")
+        if self.holder is not None and self.lease_s is not None:
+            sent = time.monotonic()
+            if conn.execute(RENEW_SQL, (self.lease_s, self.partition, self.epoch, self.holder)).fetchone() is None:
+                conn.close()
+                self.fence(f"the lease on partition {self.partition} was taken over")
+            self.lease_renewed(sent)
+
+    def _settle(self, marker: int) -> None:
+        """What the ledger holds against what this writer was told: a COMMIT whose
+        answer was lost landed if the marker reached it; a marker behind the
+        last commit this writer was told of means commits were lost."""
+        if self.in_doubt is not None:
+            landed = marker >= self.in_doubt
+            log.warning("%s: the commit whose answer was lost %s", self.where,
+                        "had landed" if landed else "had not landed: nothing of it was written")
+            if landed:
+                self._seq = self.in_doubt
+            self.in_doubt = None
+        if marker < self._seq:
+            self._diverged(f"it holds commit {marker}, and this writer was told of commit {self._seq}")
+        self._seq = marker
+
+    def _diverged(self, why: str) -> None:
+        message = f"{self.where} lost commits ({why}); the supervisor must restart from what it holds"
+        if self.on_diverged is not None:
+            self.on_diverged(message)
+        raise LedgerError(message)
+
+    def lease_renewed(self, sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` (monotonic) succeeded (any thread)."""
+        if self.lease_s is not None:
+            self._lease_valid_until = max(self._lease_valid_until, sent_at + self.lease_s)
+
+    def _guard_lease(self) -> None:
+        """Before a write: a lease that may lapse before this write lands (the
+        node's renewals fell a whole interval behind, or it lapsed) is renewed
+        first; a lease taken over fences this writer."""
+        import psycopg
+
+        if self.holder is None or self.lease_s is None:
+            return
+        if time.monotonic() < self._lease_valid_until - self.lease_s / 3:
+            return
+        sent = time.monotonic()
+        try:
+            row = self.raw.execute(RENEW_SQL, (self.lease_s, self.partition, self.epoch, self.holder)).fetchone()
+        except psycopg.Error as exc:
+            self._failed(exc)
+            raise
+        if row is None:
+            self.fence(f"the lease on partition {self.partition} was taken over")
+        self.lease_renewed(sent)
+
+    # -- transactions -----------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self, *, fsync: bool) -> Iterator[Connection]:
+        import psycopg
+
+        if self.fenced:
+            raise Fenced(self.fenced)
+        if self.lost_since is not None:
+            raise self._unavailable()
+        with self._lock:
+            self._guard_lease()
+            # Nothing is sent yet: BEGIN, the commit mode and the fence check
+            # travel with the transaction's first statement that needs an
+            # answer, or with its COMMIT. The fence raises inside the server,
+            # so a fenced batch stops before its COMMIT, whatever follows it.
+            self.db.in_transaction = True
+            self.db.pending = [("BEGIN", None)]
+            if not fsync or self.group_commit:
+                self.db.pending.append(("SET LOCAL synchronous_commit = off", None))
+            if self.epoch is not None:
+                self.db.pending.append((self._fence_sql, None))
+            marker: int | None = None
+            try:
+                yield self.db
+                if self.db.pending[:1] == [("BEGIN", None)] and not any(h for _, h in self.db.pending):
+                    self.db.discard()  # nothing was written: no round trip at all
+                else:
+                    if self.epoch is not None:
+                        marker = self._seq + 1
+                        self.db.pending.append(
+                            (f"UPDATE corral_meta SET value = {marker} WHERE key = 'commit_seq'", None)
+                        )
+                    self.db.send("COMMIT")
+                    if marker is not None:
+                        self._seq = marker
+            except psycopg.Error as exc:
+                self._rollback()
+                state = getattr(exc, "sqlstate", None)
+                if state == FENCE_SQLSTATE:
+                    self.fence(str(exc.diag.message_primary or exc).removeprefix("corral-fenced: "))
+                if state == LAPSED_SQLSTATE:
+                    self._lease_valid_until = 0.0  # the next write renews it first
+                    raise LedgerUnavailable(
+                        f"{self.where}: this node's lease lapsed; nothing was committed. It is renewed"
+                        " before the next write (or the node finds itself fenced and stops)"
+                    ) from None
+                if isinstance(exc, psycopg.errors.DiskFull):
+                    self._storage_failed(exc)
+                if not connection_lost(exc, self.raw):
+                    raise
+                self._lose(exc)
+                if marker is None or not self._landed(marker):
+                    raise self._unavailable() from None
+                # It landed: as if the COMMIT's answer had come.
+                log.warning("%s: a commit whose answer was lost had landed", self.where)
+            except BaseException:
+                self._rollback()
+                raise
+            self.db.in_transaction = False
+
+    def _landed(self, marker: int) -> bool:
+        """The COMMIT carrying ``marker`` was sent and its answer lost: reconnect
+        now (a restart is back within ``IN_DOUBT_WAIT_S``) and read the marker.
+        Past that, the question waits for the reconnection, and the transaction
+        counts as not committed (its request is held and asked again)."""
+        self.in_doubt = marker
+        backoff = Backoff()
+        deadline = time.monotonic() + IN_DOUBT_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(backoff.next_delay())
+            if self.reconnect():
+                return self._seq >= marker
+        return False
+
+    def _rollback(self) -> None:
+        self.db.in_transaction = False
+        self.db.discard()
+        if self.cache is not None:
+            self.cache.clear()  # it may hold rows this transaction wrote
+        try:
+            self.raw.execute("ROLLBACK")
+        except Exception:
+            pass
+
+    def sync(self) -> int:
+        """Wait until every commit so far is flushed: one synchronously committed
+        write on a second connection (the WAL is one sequence, so its flush covers
+        every earlier commit). The ledger's own connection stays free meanwhile.
+        On a new connection (the first, or after a lost one) the commit marker is
+        read too: the server must still hold every commit this writer was told of."""
+        import psycopg
+
+        covered, seq = self.commits, self._seq
+        conn = self._sync_conn
+        try:
+            fresh = conn is None
+            if conn is None:
+                conn = connect(self.url, f"corral-sync:{self.partition}", timeout=RECONNECT_TIMEOUT_S)
+                self._sync_conn = conn
+                conn.execute(f"SET search_path TO {self.schema}, public")
+                conn.execute("INSERT INTO corral_meta VALUES ('syncs', 0) ON CONFLICT DO NOTHING")
+            conn.execute("UPDATE corral_meta SET value = value + 1 WHERE key = 'syncs'")
+            if fresh and self.epoch is not None and self._marker(conn) < seq:
+                self._diverged(f"it holds commit {self._marker(conn)}, and this writer was told of commit {seq}")
+        except PostgresUnavailable as exc:
+            raise LedgerUnavailable(f"{self.where}: group commit cannot reach the server ({exc})") from None
+        except psycopg.Error as exc:
+            self._sync_conn = None
+            try:
+                conn.close()
+            except Exception:
+                pass
+            if not connection_lost(exc, conn):
+                raise
+            raise LedgerUnavailable(f"{self.where}: group commit lost its connection ({exc})") from None
+        return covered
+
+    @property
+    def _fence_sql(self) -> str:
+        """The row lock (FOR SHARE, in the function) holds until this transaction
+        ends: a takeover, which updates the row, waits for it, and this one sees no
+        takeover. The partition name is checked by schema_of (letters, digits, -
+        and _ only). A node's writer also needs its lease live (``fence_lease``)."""
+        function = "fence_lease" if self.holder is not None else "fence"
+        return f"SELECT {CLUSTER_SCHEMA}.{function}('{self.partition}', {int(self.epoch or 0)})"
+
+    def rows_as_text(self) -> str:
+        """Every row of the partition, as text: what a scan for secrets reads
+        (with SQLite it reads the file)."""
+        tables = [row[0] for row in self.all(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")]
+        return "\n".join(repr(tuple(row)) for table in tables for row in self.all(f"SELECT * FROM {table}"))
+
+    def counters(self) -> dict[str, int]:
+        """Round trips to the server and read-cache hits, for status and the bench."""
+        cache = self.cache
+        return {"round_trips": self.db.round_trips, "cache_hits": cache.hits if cache else 0,
+                "cache_misses": cache.misses if cache else 0}
+
+    def fence(self, why: str) -> None:
+        """Refuse every later write, tell the daemon once, raise."""
+        first = not self.fenced
+        self.fenced = why
+        if first and self.on_fenced is not None:
+            self.on_fenced(why)
+        raise Fenced(f"fenced: {why}; nothing was written")
+
+    def one(self, sql: str, *args: Any) -> Any:
+        import psycopg
+
+        if self.lost_since is not None:
+            raise self._unavailable()
+        with self._lock:
+            try:
+                return self.db.execute(sql, args).fetchone()
+            except psycopg.Error as exc:
+                self._failed(exc)
+                raise
+
+    def all(self, sql: str, *args: Any) -> list[Any]:
+        import psycopg
+
+        if self.lost_since is not None:
+            raise self._unavailable()
+        with self._lock:
+            try:
+                return list(self.db.execute(sql, args).fetchall())
+            except psycopg.Error as exc:
+                self._failed(exc)
+                raise
+
+    def _append_event(self, db: Any, row: tuple[Any, ...]) -> int:
+        if not self.db.defer_writes:
+            cursor = db.execute(
+                "INSERT INTO events (at, boot_id, kind, subject, data) VALUES (?, ?, ?, ?, ?) RETURNING cursor", row
+            )
+            return int(cursor.fetchone()[0])
+        if not self._cursors:
+            self._cursors = [
+                int(r[0]) for r in self.db.send(
+                    "SELECT nextval(pg_get_serial_sequence('events', 'cursor')) FROM generate_series(1, 64)"
+                ).fetchall()
+            ]
+        cursor_id = self._cursors.pop(0)
+        db.execute("INSERT INTO events (cursor, at, boot_id, kind, subject, data) VALUES (?, ?, ?, ?, ?, ?)",
+                   (cursor_id, *row))
+        return cursor_id
+
+    def release(self) -> None:
+        """Give the lease up now: the partition is free at once, not when its lease
+        runs out (an adoption that retired, or handed the partition back)."""
+        if self.holder is None or self.lost_since is not None:
+            return
+        try:
+            self.raw.execute(
+                f"UPDATE {CLUSTER_SCHEMA}.partitions SET lease_until = clock_timestamp()"
+                " WHERE name = %s AND epoch = %s AND holder = %s",
+                (self.partition, self.epoch, self.holder),
+            )
+        except Exception as exc:  # it runs out by itself
+            log.warning("%s: could not release the lease (%s)", self.where, exc)
+
+    def close(self) -> None:
+        if self.release_on_close:
+            self.release()
+        if self._sync_conn is not None:
+            self._sync_conn.close()
+        self.raw.close()

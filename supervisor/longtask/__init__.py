@@ -1,0 +1,1 @@
+"""Long tasks: the durable plan, goal mode and token-aware context compaction."""

@@ -1,0 +1,1 @@
+"""MCP servers as supervised tool sources: the spec section, catalogs and pins, the calls."""

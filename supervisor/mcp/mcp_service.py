@@ -1,0 +1,408 @@
+"""The MCP layer on the supervisor: server actors' catalogs, runs' pins, and calls.
+
+Each ``[[mcp_servers]]`` entry is an ``mcp`` actor (see actors/mcp_actor.py),
+supervised like any other. When it has initialized its session it reports the
+server's tools (``mcp.ready``); this service turns them into catalog entries
+(``mcp.<server>.<tool>``, effect, policy, fingerprint).
+
+A call is an ordinary durable action. ``action.prepare`` validates the arguments
+against the pinned input schema (invalid arguments fail the action before it is
+executing: the server is never called); policy applies as for every tool; and
+``mcp.call`` (from the agent, once ``executing`` is committed) relays the request
+to the server's actor. When the outcome of an external call cannot be known (the
+actor died mid-call, the call timed out), the action becomes
+``needs-reconciliation`` right here: it is never sent again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from corral.actors.tools.validation import validation_error
+from corral.core.redact import summarize
+from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
+from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
+from corral.supervisor.mcp.mcp_catalog import CatalogTool, build_catalog, catalog_fingerprint, drift, pin, pinned
+from corral.supervisor.mcp.mcp_spec import McpServerSpec, split_tool_name
+from corral.supervisor.params import param_int
+from corral.supervisor.runs import run_store
+from corral.supervisor.runs.action_state import ActionPhase
+from corral.supervisor.runs.run_service import POLICY_STRICTNESS
+from corral.supervisor.runs.run_state import RunStatus
+from corral.supervisor.tree.actor_state import ActorState
+from corral.supervisor.tree.readiness import ReportedReadiness
+from corral.supervisor.tree.supervision_tree import ActorSlot
+
+if TYPE_CHECKING:
+    from corral.supervisor.daemon import Supervisor
+
+log = logging.getLogger("corral.mcp")
+
+#: A run's first claim waits this long at most for servers still starting.
+CLAIM_WAIT_S = 15.0
+#: Above the call timeout: time for the actor to answer that it timed out.
+RELAY_SLACK_S = 5.0
+
+
+@dataclass
+class ServerState(ReportedReadiness):
+    spec: McpServerSpec
+    tools: list[CatalogTool] | None = None
+    fingerprint: str = ""
+    instructions: str = ""
+    server_info: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+    skipped: list[str] = field(default_factory=list)
+    #: The actor incarnation that reported the catalog: a restart must report again.
+    incarnation: int = -1
+    readies: int = 0
+    failures: int = 0
+    calls: int = 0
+    changed: trio.Event = field(default_factory=trio.Event)
+
+
+class McpService:
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.ledger = sup.ledger
+        self.servers: dict[str, ServerState] = {spec.id: ServerState(spec) for spec in sup.spec.mcp_servers}
+        self._pin_cache: dict[str, dict[str, list[CatalogTool]]] = {}
+
+    # -- server state ---------------------------------------------------------------
+
+    def _slot(self, server: str) -> ActorSlot | None:
+        state = self.servers.get(server)
+        return None if state is None else self.sup.tree.slots.get(state.spec.actor_id)
+
+    def live_tools(self, server: str) -> list[CatalogTool] | None:
+        """The catalog of a server whose current incarnation reported it, else None."""
+        state = self.servers.get(server)
+        return state.tools if state is not None and state.ready_in(self._slot(server)) else None
+
+    def server_status(self, server: str) -> str:
+        state = self.servers[server]
+        slot = self._slot(server)
+        if self.live_tools(server) is not None:
+            return "ready"
+        if slot is None or slot.state in (ActorState.ESCALATED, ActorState.STOPPED):
+            return "failed" if state.error else "stopped"
+        return "starting" if not state.error else "restarting"
+
+    async def ready(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        state = self._own_server(slot, params)
+        offered = params.get("tools")
+        if not isinstance(offered, list):
+            raise BadRequest("tools must be a list")
+        tools, skipped = build_catalog(state.spec, [item for item in offered if isinstance(item, dict)])
+        fingerprint = catalog_fingerprint(tools)
+        changed = bool(state.fingerprint) and fingerprint != state.fingerprint
+        state.tools, state.fingerprint, state.skipped = tools, fingerprint, skipped
+        state.instructions = str(params.get("instructions", ""))[:8000]
+        info = params.get("server_info")
+        state.server_info = {k: str(v)[:200] for k, v in info.items()} if isinstance(info, dict) else {}
+        state.incarnation, state.error = slot.incarnation, ""
+        state.readies += 1
+        with self.ledger.tx(fsync=False):
+            self.ledger.event(
+                "mcp-server-ready",
+                state.spec.id,
+                fingerprint=fingerprint,
+                tools=len(tools),
+                changed=changed,
+                skipped=len(skipped),
+            )
+        log.info("mcp server %s ready: %d tools, catalog %s", state.spec.id, len(tools), fingerprint[:12])
+        state.notify()
+        return {"tools": len(tools), "fingerprint": fingerprint}
+
+    async def failed(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        state = self._own_server(slot, params)
+        state.error = summarize(str(params.get("error", "failed")), 500)
+        state.failures += 1
+        with self.ledger.tx(fsync=False):
+            self.ledger.event("mcp-server-failed", state.spec.id, error=state.error)
+        state.notify()
+        return {}
+
+    def _own_server(self, slot: ActorSlot, params: dict[str, Any]) -> ServerState:
+        server = params.get("server")
+        state = self.servers.get(server) if isinstance(server, str) else None
+        if state is None or state.spec.actor_id != slot.id:
+            raise BadRequest(f"actor {slot.id} does not own MCP server {server!r}")
+        return state
+
+    async def _wait_ready(self, server: str, deadline: float, after: int = -1) -> list[CatalogTool] | None:
+        """The live catalog once the server is ready (see ReportedReadiness.wait_ready)."""
+        ready = await self.servers[server].wait_ready(lambda: self._slot(server), deadline, after)
+        return self.live_tools(server) if ready else None
+
+    # -- a run's catalog ---------------------------------------------------------------
+
+    async def run_catalog(self, run_id: str) -> list[CatalogTool]:
+        """Every MCP tool this run may see, pinning each server's catalog once."""
+        pins = dict(self._pins(run_id))
+        deadline = trio.current_time() + CLAIM_WAIT_S
+        out: list[CatalogTool] = []
+        for server in self.servers:
+            if server not in pins:
+                live = await self._wait_ready(server, deadline)
+                if live is None:
+                    continue  # a server that is down now is simply absent from this run
+                pins[server] = pin(self.ledger, run_id, server, live)
+                self._pin_cache[run_id] = pins
+            out.extend(pins[server])
+        return out
+
+    async def add_catalog(self, run: dict[str, Any]) -> None:
+        """A run an agent just claimed: the MCP tools (pinned) and instructions it gets."""
+        if self.servers:
+            tools = await self.run_catalog(run["run_id"])
+            run["mcp_tools"] = [tool.as_dict() for tool in tools]
+            run["mcp_instructions"] = {
+                server: state.instructions for server, state in self.servers.items() if state.instructions
+            }
+
+    def _pins(self, run_id: str) -> dict[str, list[CatalogTool]]:
+        """A run's pins; cached, since a pin never changes once written."""
+        pins = self._pin_cache.get(run_id)
+        if pins is None:
+            pins = pinned(self.ledger, run_id)
+            if len(self._pin_cache) >= 256:
+                self._pin_cache.pop(next(iter(self._pin_cache)))
+            self._pin_cache[run_id] = pins
+        return pins
+
+    def _pinned_tool(self, run_id: str, full_name: str) -> CatalogTool:
+        parts = split_tool_name(full_name)
+        if parts is None or parts[0] not in self.servers:
+            raise NotFound(f"no MCP server for tool {full_name!r}")
+        for tool in self._pins(run_id).get(parts[0], []):
+            if tool.name == parts[1]:
+                return tool
+        raise NotFound(f"{full_name} is not in this run's MCP catalog")
+
+    def prepare(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
+        """A prepare route (RunService.prepare_call): an MCP tool's action, checked
+        against the run's pinned catalog; None for any other tool."""
+        name = params.get("tool")
+        if not isinstance(name, str) or split_tool_name(name) is None:
+            return None
+        return self._prepare(slot, params, name)
+
+    def _prepare(self, slot: ActorSlot, params: dict[str, Any], name: str) -> Any:
+        run_service = self.sup.runs
+        run = run_service.owned_run(slot, params)
+        tool_input = params.get("input")
+        if not isinstance(tool_input, dict):
+            raise BadRequest("input must be a map")
+        loop, index = param_int(params, "loop"), param_int(params, "index")
+        problem: str | None = None
+        try:
+            tool = self._pinned_tool(run["run_id"], name)
+        except NotFound as exc:
+            tool, problem = None, str(exc)
+        policy = run_service.policy_for(run, name) if tool is not None else "deny"
+        if tool is not None:
+            # The server's approval rule and the agent's policy: the stricter wins.
+            policy = max(policy, tool.policy, key=POLICY_STRICTNESS.index)
+        if tool is not None and problem is None:
+            problem = validation_error(name, tool.input_schema, tool_input)
+        return run_service.prepare_checked(
+            run,
+            loop,
+            index,
+            name,
+            tool_input,
+            rerunnable=tool is not None and tool.effect in ("read", "idempotent"),
+            policy=policy,
+            problem=problem,
+        )
+
+    # -- calls -------------------------------------------------------------------------
+
+    async def call(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """From the agent, after ``executing`` is committed: relay one tools/call."""
+        action_id = params.get("action_id")
+        if not isinstance(action_id, str):
+            raise BadRequest("action_id must be a string")
+        action = run_store.get_action(self.ledger, action_id)
+        self.sup.runs.owned_run(slot, {"run_id": action["run_id"]})
+        if action["phase"] != ActionPhase.EXECUTING:
+            raise SupervisorError(f"action {action_id} is {action['phase']}, not executing", "conflict")
+        arguments = params.get("arguments")
+        if not isinstance(arguments, dict):
+            raise BadRequest("arguments must be a map")
+        return await self.relay(action, arguments)
+
+    async def relay(self, action: Any, arguments: dict[str, Any]) -> dict[str, Any]:
+        tool = self._pinned_tool(action["run_id"], action["tool"])
+        state = self.servers[tool.server]
+        rerunnable = tool.effect in ("read", "idempotent")
+        attempts = 2 if rerunnable else 1
+        failed_incarnation = -1
+        for attempt in range(attempts):
+            live = await self._wait_ready(
+                tool.server, trio.current_time() + state.spec.startup_timeout_s, after=failed_incarnation
+            )
+            why = drift(tool, live)
+            if why is not None:
+                # Nothing was sent: a clean failure, whatever the effect.
+                return {"ok": False, "code": "mcp-unavailable" if live is None else "mcp-catalog-changed", "error": why}
+            state.calls += 1
+            incarnation = state.incarnation
+            try:
+                answer = await self.sup.tree.request(
+                    state.spec.actor_id,
+                    {
+                        "op": "call",
+                        "action_id": action["action_id"],
+                        "tool": tool.name,
+                        "arguments": arguments,
+                        "timeout_s": state.spec.call_timeout_s,
+                        "idempotency_key": action["action_id"] if tool.effect == "idempotent" else "",
+                        "sidecar": str(
+                            self.sup.home / "transcripts" / action["run_id"] / f"{action['action_id']}.mcp.json"
+                        ),
+                    },
+                    state.spec.call_timeout_s + RELAY_SLACK_S,
+                )
+            except RemoteError as exc:
+                if exc.code in ("mcp-error", "result-too-large", "bad-request"):
+                    return {"ok": False, "code": exc.code, "error": exc.message}
+                unknown = f"{exc.code}: {exc.message}"
+            except (ChannelClosed, DeadlineExceeded, MailboxFull, KeyError) as exc:
+                unknown = f"the MCP server's actor went away mid-call ({type(exc).__name__})"
+            else:
+                return answer
+            if not rerunnable:
+                return self._unknown_outcome(action, tool, unknown)
+            failed_incarnation = incarnation
+            log.warning("mcp %s: attempt %d of a %s tool failed: %s", tool.full_name, attempt + 1, tool.effect, unknown)
+        return {"ok": False, "code": "mcp-failed", "error": unknown}
+
+    def _unknown_outcome(self, action: Any, tool: CatalogTool, why: str) -> dict[str, Any]:
+        """An external call whose outcome cannot be proven is never sent again."""
+        reason = f"{tool.full_name}: {summarize(why, 200)}; the outcome is unknown"
+        with self.ledger.tx():
+            run_store.move_action(self.ledger, action["action_id"], ActionPhase.NEEDS_RECONCILIATION, reason=reason)
+            run_store.set_run_status(
+                self.ledger, action["run_id"], RunStatus.NEEDS_RECONCILIATION, reason
+            )
+        return {"ok": False, "code": "outcome-unknown", "error": reason}
+
+    # -- control ------------------------------------------------------------------------
+
+    async def list_servers(self, params: dict[str, Any]) -> dict[str, Any]:
+        servers = []
+        for server_id, state in self.servers.items():
+            slot = self._slot(server_id)
+            servers.append(
+                {
+                    "id": server_id,
+                    "transport": "http" if state.spec.url else "stdio",
+                    "status": self.server_status(server_id),
+                    "actor": state.spec.actor_id,
+                    "restarts": slot.restarts if slot is not None else 0,
+                    "fingerprint": state.fingerprint,
+                    "server_info": state.server_info,
+                    "error": state.error,
+                    "calls": state.calls,
+                    "skipped": state.skipped,
+                    "tools": [tool.as_dict() for tool in state.tools or []],
+                }
+            )
+        return {"servers": servers}
+
+    def status_section(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": server_id,
+                "status": self.server_status(server_id),
+                "tools": len(state.tools or []),
+                "fingerprint": state.fingerprint[:16],
+                "error": state.error,
+            }
+            for server_id, state in self.servers.items()
+        ]
+
+    def show_section(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self.ledger.all("SELECT server, fingerprint, pinned_at FROM mcp_pins WHERE run_id = ?", run_id)
+        return [dict(row) for row in rows]
+
+    async def debug_call(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``corral mcp call``: one call as a run of its own, through policy and the ledger."""
+        server, tool_name = params.get("server"), params.get("tool")
+        arguments = params.get("arguments", {})
+        if not isinstance(server, str) or server not in self.servers:
+            raise NotFound(f"no MCP server {server!r}; try: {', '.join(sorted(self.servers)) or 'none is declared'}")
+        if not isinstance(tool_name, str) or not isinstance(arguments, dict):
+            raise BadRequest("tool must be a string and arguments a map")
+        approve = params.get("approve") is True
+        live = await self._wait_ready(server, trio.current_time() + self.servers[server].spec.startup_timeout_s)
+        if live is None:
+            raise SupervisorError(f"MCP server {server!r} is not ready: {self.servers[server].error}", "unavailable")
+        full = f"mcp.{server}.{tool_name}"
+        tool = next((item for item in live if item.name == tool_name), None)
+        if tool is None:
+            raise NotFound(f"{full} is not offered (or not allowed); try: corral mcp list")
+        problem = validation_error(full, tool.input_schema, arguments)
+        if problem is not None:
+            raise BadRequest(problem)
+        if tool.policy == "deny":
+            raise SupervisorError(f"{full} is denied by the spec's approval rule", "refused")
+        if tool.policy == "confirm" and not approve:
+            raise SupervisorError(
+                f"{full} needs approval (effect {tool.effect}); repeat with --approve to approve it yourself",
+                "needs-approval",
+            )
+        run_id = run_store.create_run(
+            self.ledger,
+            agent_id="cli",
+            task=f"corral mcp call {full}",
+            provider="none",
+            provider_config={},
+            kind="cli",
+        )
+        run_store.set_run_status(self.ledger, run_id, RunStatus.RUNNING)
+        pin(self.ledger, run_id, server, live)
+        row = run_store.prepare_action(
+            self.ledger,
+            run_id,
+            0,
+            0,
+            full,
+            arguments,
+            rerunnable=tool.effect != "external",
+            policy="auto",
+            raw_sha256=self.sup.runs.keep_raw_input(run_id, 0, 0, arguments),
+        )
+        note = "approved at the CLI (--approve)" if tool.policy == "confirm" else ""
+        run_store.move_action(self.ledger, row["action_id"], ActionPhase.EXECUTING, reason=note)
+        action = run_store.get_action(self.ledger, row["action_id"])
+        answer = await self.relay(action, arguments)
+        if answer.get("code") != "outcome-unknown":
+            ok = bool(answer.get("ok")) and not answer.get("result", {}).get("is_error")
+            summary = f"{full}: {'ok' if ok else 'failed'}"
+            run_store.finish_action(self.ledger, row["action_id"], ok, answer, summary, None if ok else summary)
+            run_store.set_run_status(
+                self.ledger, run_id, RunStatus.COMPLETED if ok else RunStatus.FAILED, summary
+            )
+        return {"run_id": run_id, "action_id": row["action_id"], **answer}
+
+
+def install(sup: Supervisor) -> McpService:
+    service = McpService(sup)
+    sup.control_methods["mcp.list"] = service.list_servers
+    if not service.servers:
+        return service
+    sup.actor_methods.update({"mcp.ready": service.ready, "mcp.failed": service.failed, "mcp.call": service.call})
+    sup.hooks.on_claim.append(service.add_catalog)
+    sup.hooks.prepare_routes.append(service.prepare)
+    sup.control_methods["mcp.call"] = service.debug_call
+    sup.status_sections["mcp"] = service.status_section
+    sup.hooks.show_sections["mcp"] = service.show_section
+    return service

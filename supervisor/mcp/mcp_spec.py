@@ -1,0 +1,188 @@
+"""``[[mcp_servers]]`` in a swarm spec: MCP servers as supervised tool sources.
+
+Parsing is as strict as the rest of the spec (supervisor/spec/spec_base.py): an
+unknown key, a wrong type or an impossible value is a ``SpecError`` naming the
+place. Secrets never sit in the spec: headers and env values name environment
+variables (``${NAME}``), which only the server's actor expands, so the ledger and
+the logs see the template alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import Field, StrictFloat, StrictInt, StrictStr, field_validator, model_validator
+from pydantic.dataclasses import dataclass
+
+from corral.supervisor.spec.spec_base import SECTION, Reader, SpecError, problem
+from corral.supervisor.tree.restart_policy import RestartType
+
+EFFECTS = ("read", "idempotent", "external")
+APPROVALS = ("auto", "confirm", "writes", "deny")
+Effect = Literal["read", "idempotent", "external"]
+Approval = Literal["auto", "confirm", "writes", "deny"]
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
+_Entry = Annotated[StrictStr, Field(min_length=1, max_length=4096)]
+_Strings = Annotated[tuple[_Entry, ...], Field(max_length=256)]
+_Table = dict[Annotated[StrictStr, Field(max_length=256)], Annotated[StrictStr, Field(max_length=8192)]]
+
+#: The old name, still caught by callers.
+McpSpecError = SpecError
+
+
+@dataclass(frozen=True, kw_only=True, config=SECTION)
+class McpToolSettings:
+    """``[mcp_servers.tools.<tool>]``: one tool's settings, over its server's."""
+
+    effect: Effect | None = Field(default=None, description="This tool's effect class, over the server's `effect`.")
+    approval: Approval | None = Field(default=None, description="This tool's approval, over the server's `approval`.")
+
+
+@dataclass(frozen=True, kw_only=True, config=SECTION)
+class McpServerSpec:
+    """``[[mcp_servers]]``: an MCP server whose tools agents may call as
+    ``mcp.<id>.<tool>``; one actor (``mcp-<id>``) in a group of its own (docs/mcp.md)."""
+
+    id: Annotated[StrictStr, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")] = Field(
+        description="The server's id: its tools are `mcp.<id>.<tool>`.")
+    command: _Strings = Field(default=(), description="A stdio server: the program and its arguments (or give `url`).")
+    url: StrictStr | None = Field(
+        default=None, max_length=2048, description="A Streamable HTTP server: its http(s) URL (or give `command`).")
+    cwd: StrictStr | None = Field(
+        default=None, max_length=4096, description="A stdio server's working directory, relative to the project root.")
+    env: _Table = Field(
+        default_factory=dict, description="A stdio server's environment; `${NAME}` in a value is the variable"
+        " NAME, expanded in the server's actor only (the spec and the ledger keep the template).")
+    headers: _Table = Field(
+        default_factory=dict, description="HTTP headers of a url server, with `${NAME}` expanded as in `env`.")
+    allow: _Strings = Field(default=("*",), description="Globs of the server's tools that are offered.")
+    deny: _Strings = Field(default=(), description="Globs of its tools that are never offered, over `allow`.")
+    #: None: the spec is silent, so the tool's annotations decide (then external).
+    effect: Effect | None = Field(
+        default=None, description="The effect class of its tools; unset: each tool's annotations decide (read-only,"
+        " idempotent), else `external`.")
+    approval: Approval = Field(
+        default="writes",
+        description="`writes`: reads and idempotent tools run, others ask; or `auto`, `confirm`, `deny`"
+        " for all of them.")
+    startup_timeout_s: StrictFloat = Field(
+        default=20.0, ge=0.5, le=600,
+        description="Seconds to start and list its tools.")
+    call_timeout_s: StrictFloat = Field(default=60.0, ge=0.1, le=3600, description="Seconds for one tool call.")
+    tools: dict[StrictStr, McpToolSettings] = Field(
+        default_factory=dict, description="Per-tool settings, by the tool's name on the server.")
+    restart: RestartType = Field(
+        default=RestartType.PERMANENT, description="Accepted, not read: a server's actor is always restarted.")
+    max_restarts: StrictInt = Field(
+        default=5, ge=0, le=1000,
+        description="Restarts of its actor allowed within `period_s`.")
+    period_s: StrictFloat = Field(default=30.0, ge=0.1, le=86_400, description="The window of `max_restarts`.")
+
+    @field_validator("command")
+    @classmethod
+    def _a_program(cls, command: tuple[str, ...]) -> tuple[str, ...]:
+        if not command:
+            raise problem("must name a program")
+        return command
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, url: str | None) -> str | None:
+        parsed = urlparse(url or "")
+        if url is not None and (parsed.scheme not in ("http", "https") or not parsed.hostname):
+            raise problem(f"{url!r} is not an http(s) URL")
+        return url
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerSpec:
+        if bool(self.command) == (self.url is not None):
+            raise problem("give exactly one of command (stdio) or url (Streamable HTTP)")
+        return self
+
+    @property
+    def actor_id(self) -> str:
+        return f"mcp-{self.id}"
+
+    @property
+    def env_names(self) -> tuple[str, ...]:
+        """Environment variables the server's actor may see despite the scrub."""
+        names: set[str] = set()
+        for value in (*self.env.values(), *self.headers.values()):
+            names.update(_VAR.findall(value))
+        return tuple(sorted(names))
+
+    def exposes(self, tool: str) -> bool:
+        allowed = any(fnmatch.fnmatchcase(tool, pattern) for pattern in self.allow)
+        return allowed and not any(fnmatch.fnmatchcase(tool, pattern) for pattern in self.deny)
+
+    def effect_of(self, tool: str, annotations: dict[str, Any]) -> str:
+        """Per-tool spec, then the server's spec, then the tool's own hints."""
+        override = self.tools.get(tool)
+        if override is not None and override.effect is not None:
+            return override.effect
+        if self.effect is not None:
+            return self.effect
+        if annotations.get("read_only"):
+            return "read"
+        if annotations.get("idempotent") and not annotations.get("destructive"):
+            return "idempotent"
+        return "external"
+
+    def policy_of(self, tool: str, effect: str) -> str:
+        """corral's policy (auto | confirm | deny) for one tool of this server."""
+        override = self.tools.get(tool)
+        approval = override.approval if override is not None and override.approval else self.approval
+        if approval == "writes":
+            return "auto" if effect in ("read", "idempotent") else "confirm"
+        return approval
+
+    def actor_params(self) -> dict[str, Any]:
+        """What the actor needs: templates only, never an expanded secret."""
+        return {
+            "server": {
+                "id": self.id,
+                "command": list(self.command),
+                "url": self.url,
+                "cwd": self.cwd,
+                "env": dict(self.env),
+                "headers": dict(self.headers),
+                "startup_timeout_s": self.startup_timeout_s,
+            }
+        }
+
+
+_READER = Reader(McpServerSpec)
+
+
+def parse_server(where: str, table: Any) -> McpServerSpec:
+    """One ``[[mcp_servers]]`` table read alone, its places named from ``where``."""
+    return _READER.read(table, root=where)
+
+
+def resolve_servers(servers: list[McpServerSpec], project_root: Path) -> tuple[McpServerSpec, ...]:
+    """Ids unique; a stdio server's working directory resolved under the project root."""
+    seen: set[str] = set()
+    resolved: list[McpServerSpec] = []
+    for index, server in enumerate(servers):
+        if server.id in seen:
+            raise SpecError(f"mcp_servers[{index}].id: duplicate server id {server.id!r}")
+        seen.add(server.id)
+        if server.command:
+            server = dataclasses.replace(server, cwd=str((project_root / (server.cwd or ".")).resolve()))
+        resolved.append(server)
+    return tuple(resolved)
+
+
+def split_tool_name(name: str) -> tuple[str, str] | None:
+    """``mcp.<server>.<tool>`` -> (server, tool); None for any other name."""
+    if not name.startswith("mcp."):
+        return None
+    server, sep, tool = name[4:].partition(".")
+    if not sep or not server or not tool:
+        return None
+    return server, tool

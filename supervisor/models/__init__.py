@@ -1,0 +1,1 @@
+"""Local GGUF models as supervised actors: the spec section and the generation relay."""

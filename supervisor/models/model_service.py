@@ -1,0 +1,264 @@
+"""Local models on the supervisor: model actors' readiness, and the generation relay.
+
+Each model of the spec (supervisor/models/model_spec.py) is a ``model`` actor of its own
+group, supervised like any other: it restarts per its policy and dies with the
+supervisor. Once loaded it reports ``model.ready``. An agent's ``local`` provider
+asks for a generation with ``model.generate``; this service waits until the
+model's current incarnation is ready (a restart is waited out, up to the model's
+startup timeout) and relays the request. A generation has no effect outside
+corral, so every failure here is an answer the provider can retry durably.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from corral.core.redact import summarize
+from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
+from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
+from corral.supervisor.models.model_spec import LocalModelSpec
+from corral.supervisor.tree.actor_state import ActorState
+from corral.supervisor.tree.readiness import ReportedReadiness
+from corral.supervisor.tree.supervision_tree import ActorSlot
+
+if TYPE_CHECKING:
+    from corral.supervisor.daemon import Supervisor
+
+log = logging.getLogger("corral.model")
+
+#: Bounds on what an agent may ask for: a request is JSON of messages and a schema.
+MAX_MESSAGES = 400
+MAX_REQUEST_CHARS = 1_000_000
+MAX_TOKENS = 32_768
+#: The actor's own deadline is the request's; this is time for its answer to arrive.
+RELAY_SLACK_S = 5.0
+#: Templates whose actors run providers.
+AGENT_TEMPLATES = ("agent", "child")
+
+
+@dataclass
+class ModelState(ReportedReadiness):
+    spec: LocalModelSpec
+    incarnation: int = -1
+    load_s: float = 0.0
+    error: str = ""
+    readies: int = 0
+    requests: int = 0
+    failures: int = 0
+    #: Token-count requests (context compaction) answered by the model's tokenizer.
+    token_counts: int = 0
+    changed: trio.Event = field(default_factory=trio.Event)
+
+
+class ModelService:
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.models: dict[str, ModelState] = {spec.id: ModelState(spec) for spec in sup.spec.models}
+
+    def _slot(self, model: str) -> ActorSlot | None:
+        return self.sup.tree.slots.get(self.models[model].spec.actor_id)
+
+    def is_ready(self, model: str) -> bool:
+        return self.models[model].ready_in(self._slot(model))
+
+    def status_of(self, model: str) -> str:
+        slot = self._slot(model)
+        if self.is_ready(model):
+            return "ready"
+        if slot is None or slot.state in (ActorState.ESCALATED, ActorState.STOPPED):
+            return "failed" if self.models[model].error else "stopped"
+        return "loading" if slot.restarts == 0 else "restarting"
+
+    def _own_model(self, slot: ActorSlot, params: dict[str, Any]) -> ModelState:
+        model = params.get("model")
+        state = self.models.get(model) if isinstance(model, str) else None
+        if state is None or state.spec.actor_id != slot.id:
+            raise BadRequest(f"actor {slot.id} does not serve model {model!r}")
+        return state
+
+    async def ready(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        state = self._own_model(slot, params)
+        load_s = params.get("load_s")
+        state.load_s = float(load_s) if isinstance(load_s, int | float) else 0.0
+        state.incarnation, state.error = slot.incarnation, ""
+        state.readies += 1
+        with self.sup.ledger.tx(fsync=False):
+            self.sup.ledger.event("model-ready", state.spec.id, load_s=state.load_s, incarnation=slot.incarnation)
+        log.info("model %s ready (loaded in %.2f s)", state.spec.id, state.load_s)
+        state.notify()
+        return {}
+
+    async def failed(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        state = self._own_model(slot, params)
+        state.error = summarize(str(params.get("error", "failed")), 500)
+        state.failures += 1
+        with self.sup.ledger.tx(fsync=False):
+            self.sup.ledger.event("model-failed", state.spec.id, error=state.error)
+        state.notify()
+        return {}
+
+    def _checked_request(self, params: dict[str, Any]) -> tuple[ModelState, dict[str, Any], float]:
+        model = params.get("model")
+        if not isinstance(model, str) or model not in self.models:
+            known = ", ".join(sorted(self.models)) or "none is declared"
+            raise NotFound(f"no local model {model!r} (models: {known})")
+        messages, schema = params.get("messages"), params.get("schema")
+        if not isinstance(messages, list) or not 0 < len(messages) <= MAX_MESSAGES:
+            raise BadRequest(f"messages must be a list of 1 to {MAX_MESSAGES} chat messages")
+        if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
+            raise BadRequest("each message must be a map with a string content")
+        if not isinstance(schema, dict):
+            raise BadRequest("schema must be a JSON Schema object")
+        if len(json.dumps(messages)) + len(json.dumps(schema)) > MAX_REQUEST_CHARS:
+            raise BadRequest(f"the request is over {MAX_REQUEST_CHARS} characters")
+        max_tokens, seed = params.get("max_tokens", 0), params.get("seed", 0)
+        temperature, timeout = params.get("temperature", 0.0), params.get("timeout_s", 300.0)
+        penalty = params.get("repeat_penalty", 1.0)
+        for name, value, low, high in (
+            ("max_tokens", max_tokens, 1, MAX_TOKENS),
+            ("seed", seed, 0, 2**31 - 1),
+            ("temperature", temperature, 0, 2),
+            ("repeat_penalty", penalty, 0.5, 2),
+            ("timeout_s", timeout, 0.1, 86_400),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+                raise BadRequest(f"{name} must be a number in [{low}, {high}], got {value!r}")
+        body = {
+            "op": "generate",
+            "messages": [{"role": str(m.get("role", "user")), "content": m["content"]} for m in messages],
+            "schema": schema,
+            "max_tokens": int(max_tokens or 0),
+            "temperature": float(temperature),
+            "repeat_penalty": float(penalty),
+            "seed": int(seed),
+        }
+        stream = params.get("stream")
+        if isinstance(stream, dict) and isinstance(stream.get("run_id"), str) and isinstance(stream.get("slot"), str):
+            body["stream"] = {"run_id": stream["run_id"][:200], "slot": stream["slot"][:300]}
+        return self.models[model], body, float(timeout)
+
+    async def generate(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """From an agent's ``local`` provider: one generation, relayed to the model."""
+        if slot.spec.template not in AGENT_TEMPLATES:
+            raise BadRequest(f"actor {slot.id} ({slot.spec.template}) does not run a provider")
+        state, body, timeout = self._checked_request(params)
+        model = state.spec.id
+        if not await state.wait_ready(lambda: self._slot(model), trio.current_time() + state.spec.startup_timeout_s):
+            why = state.error or f"not ready within {state.spec.startup_timeout_s:g} s"
+            raise SupervisorError(f"model {model} is {self.status_of(model)}: {why}", "model-unavailable")
+        state.requests += 1
+        try:
+            return await self.sup.tree.request(state.spec.actor_id, body, timeout + RELAY_SLACK_S)
+        except RemoteError as exc:
+            if exc.code == "context-full":
+                raise SupervisorError(exc.message, "context-full") from None
+            raise SupervisorError(f"{exc.code}: {exc.message}", "model-failed") from None
+        except DeadlineExceeded:
+            raise SupervisorError(f"no answer within {timeout:g} s", "model-timeout") from None
+        except (ChannelClosed, MailboxFull, KeyError) as exc:
+            # The actor died mid-generation (or is restarting): nothing happened that
+            # a new request would repeat.
+            state.failures += 1
+            raise SupervisorError(
+                f"the model's actor went away mid-generation ({type(exc).__name__})", "model-unavailable"
+            ) from None
+
+    async def count_tokens(self, model: str, texts: list[str]) -> list[int] | None:
+        """Counts by the model's own tokenizer, or None when its actor is not ready
+        (the caller falls back to the documented estimate)."""
+        state = self.models.get(model)
+        if state is None or not self.is_ready(model) or len(texts) > MAX_COUNT_TEXTS:
+            return None
+        try:
+            reply = await self.sup.tree.request(state.spec.actor_id, {"op": "count_tokens", "texts": texts}, 30.0)
+        except (RemoteError, DeadlineExceeded, ChannelClosed, MailboxFull, KeyError):
+            return None
+        counts = reply.get("counts")
+        if not isinstance(counts, list) or len(counts) != len(texts):
+            return None
+        state.token_counts += 1
+        return [int(n) for n in counts]
+
+    async def count_tokens_control(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``model.count_tokens``: what compaction counts with, for a person to check."""
+        model, texts = params.get("model"), params.get("texts")
+        if not isinstance(model, str) or model not in self.models:
+            raise NotFound(f"no local model {model!r}")
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts) or len(texts) > MAX_COUNT_TEXTS:
+            raise BadRequest(f"texts must be a list of at most {MAX_COUNT_TEXTS} strings")
+        counts = await self.count_tokens(model, texts)
+        if counts is None:
+            raise SupervisorError(f"model {model} is {self.status_of(model)}", "model-unavailable")
+        return {"counts": counts}
+
+    # -- views ----------------------------------------------------------------------
+
+    def status_section(self) -> list[dict[str, Any]]:
+        out = []
+        for model, state in self.models.items():
+            slot = self._slot(model)
+            out.append(
+                {
+                    "id": model,
+                    "status": self.status_of(model),
+                    "actor": state.spec.actor_id,
+                    "file": state.spec.path,
+                    "load_s": state.load_s,
+                    "requests": state.requests,
+                    "token_counts": state.token_counts,
+                    "restarts": slot.restarts if slot is not None else 0,
+                    "error": state.error,
+                }
+            )
+        return out
+
+
+def usage_of_run(ledger: Any, run_id: str) -> dict[str, Any]:
+    """Tokens and model time of a run's answered provider requests, from the
+    committed responses (any Chat Completions body with ``usage`` counts), and its
+    format repairs (answers that did not parse into a plan)."""
+    from corral.actors.providers.base import RepairCategory
+
+    usage: dict[str, Any] = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "model_ms": 0.0}
+    for row in ledger.all(
+        "SELECT response FROM provider_requests WHERE run_id = ? AND response IS NOT NULL", run_id
+    ):
+        usage["requests"] += 1
+        try:
+            body = json.loads(row["response"])
+        except ValueError:
+            continue
+        counts = body.get("usage") if isinstance(body, dict) else None
+        if isinstance(counts, dict):
+            for key in ("prompt_tokens", "completion_tokens"):
+                value = counts.get(key)
+                usage[key] += value if isinstance(value, int) else 0
+        timings = body.get("timings") if isinstance(body, dict) else None
+        if isinstance(timings, dict) and isinstance(timings.get("model_ms"), int | float):
+            usage["model_ms"] = round(usage["model_ms"] + timings["model_ms"], 3)
+    run = ledger.one("SELECT repairs FROM runs WHERE run_id = ?", run_id)
+    repairs: dict[str, int] = json.loads(run["repairs"]) if run is not None else {}
+    formats = {category.value for category in RepairCategory}
+    usage["format_repairs"] = sum(n for category, n in repairs.items() if category in formats)
+    return usage
+
+
+#: At most this many texts per count request.
+MAX_COUNT_TEXTS = 2000
+
+
+def install(sup: Supervisor) -> ModelService:
+    service = ModelService(sup)
+    sup.hooks.show_sections["usage"] = lambda run_id: usage_of_run(sup.ledger, run_id)
+    if service.models:
+        sup.actor_methods.update(
+            {"model.ready": service.ready, "model.failed": service.failed, "model.generate": service.generate}
+        )
+        sup.status_sections["models"] = service.status_section
+        sup.control_methods["model.count_tokens"] = service.count_tokens_control
+    return service

@@ -1,0 +1,168 @@
+"""What people read of runs (control methods): ``show``, ``runs``, ``wait`` and
+``pending``. Read-only; the features add their sections (supervisor/runs/run_hooks.py
+``show_sections``, ``pending_sections``)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from corral.supervisor.errors import BadRequest, NotFound
+from corral.supervisor.params import param_int, param_str
+from corral.supervisor.runs import run_store
+from corral.supervisor.runs.run_state import NEEDS_PERSON, TERMINAL
+
+if TYPE_CHECKING:
+    from corral.supervisor.daemon import Supervisor
+
+#: What ``runs`` lists of each run's task and reason; ``show`` gives the whole text.
+LIST_TEXT_CHARS = 300
+#: How many runs one ``wait`` call may name.
+WAIT_MAX_RUNS = 1000
+
+
+class RunViews:
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.ledger = sup.ledger
+        self.hooks = sup.ledger.hooks
+        #: Run status changes so far (a status hook counts them): ``wait`` re-reads
+        #: its runs only after a commit that moved some run, not after every commit.
+        self.status_moves = 0
+        #: ``show`` adds the features' sections (``show_sections``).
+        self.sections = True
+
+    def on_status(self, ledger: Any, run_id: str, status: Any, reason: str | None) -> None:
+        self.status_moves += 1
+
+    async def show(self, params: dict[str, Any]) -> dict[str, Any]:
+        run = run_store.get_run(self.ledger, param_str(params, "run_id"))
+        run_id = run["run_id"]
+        data = {k: run[k] for k in run.keys() if k not in ("provider_config", "options")}  # noqa: SIM118 - sqlite3.Row is not a dict
+        data["repairs"] = json.loads(run["repairs"])
+        actions = [
+            {
+                k: row[k]
+                for k in (
+                    "action_id",
+                    "loop_index",
+                    "action_index",
+                    "tool",
+                    "phase",
+                    "policy",
+                    "fingerprint",
+                    "attempts",
+                    "reason",
+                    "error",
+                    "created_at",
+                    "executing_at",
+                    "finished_at",
+                )
+            }
+            for row in self.ledger.all(
+                "SELECT * FROM actions WHERE run_id = ? ORDER BY loop_index, action_index", run_id
+            )
+        ]
+        receipts = [
+            dict(row) for row in self.ledger.all("SELECT * FROM receipts WHERE run_id = ? ORDER BY receipt_id", run_id)
+        ]
+        requests = [
+            {k: row[k] for k in ("slot", "attempt", "status", "error_kind", "error", "retry_at")}
+            for row in self.ledger.all("SELECT * FROM provider_requests WHERE run_id = ? ORDER BY rowid", run_id)
+        ]
+        reply = self.ledger.one("SELECT text, created_at FROM replies WHERE run_id = ?", run_id)
+        final = self.ledger.one("SELECT phase FROM finalizations WHERE run_id = ?", run_id)
+        # The layers' sections read this supervisor's partition: not for a run of another
+        # one (a node shows it read-only, supervisor/cluster/node_service.py).
+        extra = {name: section(run_id) for name, section in self.hooks.show_sections.items()} if self.sections else {}
+        return {
+            "run": data,
+            "actions": actions,
+            "receipts": receipts,
+            "provider_requests": requests,
+            "final_reply": reply["text"] if reply else None,
+            "finalization": final["phase"] if final else None,
+            **extra,
+        }
+
+    async def runs(self, params: dict[str, Any]) -> dict[str, Any]:
+        rows = self.ledger.all(
+            "SELECT run_id, agent_id, kind, status, substr(reason, 1, ?) AS reason, substr(task, 1, ?) AS task,"
+            " created_at FROM runs ORDER BY created_at DESC LIMIT 200",
+            LIST_TEXT_CHARS,
+            LIST_TEXT_CHARS,
+        )
+        return {"runs": [dict(row) for row in rows]}
+
+    async def wait(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Block until every run in ``run_ids`` is done (``until="done"``) or done or
+        waiting for a person (``"settled"``, the default), or ``wait_ms`` passed.
+        It wakes on commits, in the supervisor: a client waits with one call and no
+        ``show`` per event, so waiting takes no CPU from the runs it waits for."""
+        run_ids = params.get("run_ids")
+        if not isinstance(run_ids, list) or not 1 <= len(run_ids) <= WAIT_MAX_RUNS:
+            raise BadRequest(f"run_ids must be a list of 1 to {WAIT_MAX_RUNS} run ids")
+        if not all(isinstance(run_id, str) and run_store.RUN_ID.match(run_id) for run_id in run_ids):
+            raise BadRequest("run_ids holds something that is not a run id")
+        until = params.get("until", "settled")
+        if until not in ("done", "settled"):
+            raise BadRequest("until must be 'done' or 'settled'")
+        stop = TERMINAL if until == "done" else TERMINAL | NEEDS_PERSON
+        wait_ms = param_int(params, "wait_ms", 0, high=3_600_000)
+        wanted = sorted(set(run_ids))
+        marks = ",".join("?" * len(wanted))
+
+        def statuses() -> dict[str, str]:
+            rows = self.ledger.all(f"SELECT run_id, status FROM runs WHERE run_id IN ({marks})", *wanted)
+            return {row["run_id"]: row["status"] for row in rows}
+
+        seen = self.status_moves
+        found = statuses()
+        missing = [run_id for run_id in wanted if run_id not in found]
+        if missing:
+            raise NotFound(f"no run {missing[0]!r}")
+        with trio.move_on_after(min(wait_ms, 30_000) / 1000):
+            while not all(status in stop for status in found.values()):
+                await self.sup.next_commit()
+                if self.status_moves != seen:
+                    seen = self.status_moves
+                    found = statuses()
+        return {"runs": found, "reached": all(status in stop for status in found.values())}
+
+    async def pending(self, params: dict[str, Any]) -> dict[str, Any]:
+        waiting = self.ledger.all(
+            "SELECT action_id, run_id, agent_id, tool, phase, fingerprint, reason, input FROM actions"
+            " WHERE phase IN ('waiting-confirmation', 'needs-reconciliation') ORDER BY created_at"
+        )
+        requests = self.ledger.all(
+            "SELECT slot, run_id, status, error_kind FROM provider_requests WHERE status = 'needs-reconciliation'"
+        )
+        retries = self.ledger.all(
+            "SELECT r.run_id, p.slot, p.attempt, p.retry_at, p.error_kind FROM runs r JOIN provider_requests p"
+            " ON p.run_id = r.run_id WHERE r.status = 'waiting-for-provider-retry' AND p.status = 'failed'"
+            " AND p.retry_at IS NOT NULL ORDER BY p.retry_at"
+        )
+        return {
+            "actions": [
+                {
+                    **{
+                        k: row[k] for k in ("action_id", "run_id", "agent_id", "tool", "phase", "fingerprint", "reason")
+                    },
+                    "input_summary": run_store.input_summary(row["tool"], json.loads(row["input"])),
+                }
+                for row in waiting
+            ],
+            "provider_requests": [dict(row) for row in requests],
+            "provider_retries": [dict(row) for row in retries],
+            "runs": [
+                dict(row)
+                for row in self.ledger.all(
+                    "SELECT run_id, agent_id, status, reason FROM runs WHERE status IN ('waiting-confirmation',"
+                    " 'needs-reconciliation', 'waiting-for-provider-retry', 'waiting-for-join', 'needs-input')"
+                )
+            ],
+            **{name: section() for name, section in self.hooks.pending_sections.items()},
+        }
+

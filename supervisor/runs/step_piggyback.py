@@ -1,0 +1,186 @@
+"""Fewer round trips per action: a step's reply carries the run's next step, and
+a step's params may carry the step that follows it.
+
+An agent used to ask ``run.next_step`` after every step, and ``action.begin`` and
+``provider.begin`` before the effect and the request: about twelve round trips
+per loop of one action. With ``want_next`` in a step's params, the reply holds
+``next``: the step the agent would have asked for, computed after the step's own
+commit. When that next step is an action to execute, ``executing`` is committed
+here first (``begun``: the agent starts the effect without asking again); when it
+is a provider turn, the request lifecycle is begun here. Every reply still leaves
+only after the group commit made it durable, so no effect starts before its
+``executing`` record is on disk: the same order.
+
+Three more cuts, each through the same methods and checks as the long way:
+
+- The next action of a plan is prepared here (``action.prepare``).
+- **Read batches.** When the action to run is a read (``effect_class == "read"``:
+  no side effect, recovery may run it again) and the actions after it in the plan
+  are reads the policy auto-approves, they are prepared and begun together and go
+  to the agent as one ``batch``; the agent runs them in order and reports them in
+  one ``action.finish_batch``. Each keeps its own identity and lifecycle. A kill
+  mid-batch leaves them ``executing`` and rerunnable: recovery runs them again,
+  exactly as it would one at a time. When every read of the batch is on the
+  agent's ``parallel_reads`` allow list, they run at once instead (``parallel``),
+  each reported by its own ``action.finish`` as it ends, so a kill re-runs only
+  the reads whose result was not committed yet.
+- **Handoff with its plan.** The agent parses the provider's response itself and
+  sends the plan (or the parse failure) with ``provider.handoff``; the handoff
+  commits first, then the plan through ``plan.commit`` (or ``plan.invalid``). A
+  crash between the two leaves a response to parse, as before.
+
+So a loop of three reads costs two round trips: the handoff (its reply carries the
+batch, begun) and the batch's results (whose reply carries the next provider turn).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from corral.mailbox.steps import BatchEntry, Begin, Do, ExecuteStep, PrepareStep, Step
+from corral.supervisor.errors import SupervisorError
+from corral.supervisor.runs import run_store
+
+if TYPE_CHECKING:
+    from corral.supervisor.daemon import Supervisor
+    from corral.supervisor.tree.supervision_tree import ActorSlot
+
+def with_next(
+    sup: Supervisor, method: str, handler: Callable[[ActorSlot, dict[str, Any]], Awaitable[Any]]
+) -> Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]:
+    """A step method whose reply carries the next step when the agent asks for it
+    (``want_next``); registered so by the run layer (provider.handoff, plan.commit,
+    plan.invalid, action.prepare/begin/finish/finish_batch) and by compaction
+    (context.compacted)."""
+
+    async def step_method(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = await handler(slot, params)
+        run_id = params.get("run_id")
+        if method == "provider.handoff" and isinstance(run_id, str):
+            await _commit_carried_plan(sup, slot, run_id, params)
+        if params.get("want_next") is True and isinstance(run_id, str):
+            answer = {**answer, "next": await next_step_begun(sup, slot, run_id, params.get("history_have", 0))}
+        return answer
+
+    return step_method
+
+
+async def _commit_carried_plan(sup: Supervisor, slot: ActorSlot, run_id: str, params: dict[str, Any]) -> None:
+    """The plan the agent parsed from the response it just handed off: committed
+    through ``plan.commit`` / ``plan.invalid`` once the ledger says that response
+    is the one to parse (else the agent is told the step the ledger wants)."""
+    carried = {key: params[key] for key in ("plan", "plan_invalid") if key in params}
+    if not carried:
+        return
+    step = run_store.next_step(sup.ledger, run_id)
+    if step["do"] is not Do.PARSE or step["slot"] != params.get("slot"):
+        return
+    common = {"run_id": run_id, "loop": step["loop"], "slot": step["slot"], "want_next": False}
+    if "plan" in carried:
+        await sup.runs.plan_commit(slot, common | {"plan": carried["plan"]})
+    else:
+        invalid = carried["plan_invalid"]
+        if not isinstance(invalid, dict):
+            return  # the agent parses again when asked, and reports it the long way
+        await sup.runs.plan_invalid(
+            slot, common | {"category": invalid.get("category"), "detail": invalid.get("detail", "")}
+        )
+
+
+async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str, history_have: Any = 0) -> Step:
+    runs = sup.runs
+    asked = {"run_id": run_id, "history_have": history_have}
+    step = await runs.next_step(slot, asked)
+    if step["do"] is Do.PROVIDER:
+        step["begun"] = run_store.begin_provider_request(sup.ledger, run_id, int(step["loop"]))
+        return step
+    if step["do"] is not Do.PREPARE and step["do"] is not Do.EXECUTE:
+        return step
+    with sup.ledger.tx():
+        # The action, and the reads that follow it in the plan: prepared and begun
+        # in one commit (the reply leaves only once it is durable).
+        begun = _prepare_and_begin(sup, slot, run_id, step)
+    return begun if begun is not None else await runs.next_step(slot, asked)
+
+
+def _prepare_and_begin(
+    sup: Supervisor, slot: ActorSlot, run_id: str, step: PrepareStep | ExecuteStep
+) -> PrepareStep | ExecuteStep | None:
+    """The step with its action prepared (when it was to be) and begun (when recovery
+    may run it again); None when that changed what the ledger says comes next (a
+    refusal, a denial, a wait for approval)."""
+    if step["do"] is Do.PREPARE:
+        # The next action of a committed plan: prepared here, through the same
+        # method (and checks) as when the agent asks, one round trip fewer.
+        row = _prepare(sup, slot, run_id, step)
+        if row is None:
+            return step  # the agent asks itself and gets the refusal as the answer to its own step
+        if row["phase"] != "prepared":
+            return None
+        # What the ledger would now say: execute it, on the raw input just prepared.
+        step = {"do": Do.EXECUTE, "action_id": row["action_id"], "tool": step["tool"],
+                "input": step["input"], "phase": "prepared"}
+    else:
+        row = sup.ledger.one("SELECT * FROM actions WHERE action_id = ?", step["action_id"])
+    # Only an action recovery may run again is begun for the agent: if the agent died
+    # before it read the reply, the action is simply run again. An external one is
+    # begun by the agent itself (``action.begin``), as it is about to act, so a dead
+    # agent never leaves an ``executing`` record nobody acted on.
+    if row is None or not row["rerunnable"] or step.get("phase") not in ("prepared", "approved"):
+        return step
+    if run_store.begin_action(sup.ledger, step["action_id"], current=row)["begin"] is not Begin.EXECUTE:
+        return None  # denied, or parked for approval
+    step["begun"] = True
+    if _is_read(sup, step["tool"]):
+        following = _begin_following_reads(sup, slot, run_id, row)
+        if following:
+            step["batch"] = following
+            allowed = set(_run_options(sup, run_id).get("parallel_reads") or ())
+            # Every read of the batch on the agent's strict allow list: they
+            # run at once, each reported as it ends (a kill re-runs only the rest).
+            step["parallel"] = {step["tool"], *(entry["tool"] for entry in following)} <= allowed
+    return step
+
+
+def _prepare(sup: Supervisor, slot: ActorSlot, run_id: str, step: PrepareStep) -> Any:
+    try:
+        return sup.runs.prepare_call(
+            slot, {"loop": step["loop"], "index": step["index"], "tool": step["tool"], "input": step["input"],
+                   "run_id": run_id}
+        )
+    except SupervisorError:
+        return None
+
+
+def _begin_following_reads(sup: Supervisor, slot: ActorSlot, run_id: str, row: Any) -> list[BatchEntry]:
+    """The reads that follow action ``row`` in its plan, prepared and begun, in order,
+    up to the first action that is not a read the policy auto-approves (that one
+    and the rest go the ordinary way, after the batch)."""
+    runs = sup.runs
+    loop, index = int(row["loop_index"]), int(row["action_index"]) + 1
+    batch: list[BatchEntry] = []
+    while True:
+        call = runs.planned_call(run_id, loop, index)
+        if call is None or not _is_read(sup, call["tool"]):
+            return batch
+        action = _prepare(sup, slot, run_id, call)
+        if action is None or action["phase"] != "prepared" or action["policy"] != "auto" or not action["rerunnable"]:
+            return batch
+        if run_store.begin_action(sup.ledger, action["action_id"], current=action)["begin"] is not Begin.EXECUTE:
+            return batch
+        batch.append({"action_id": action["action_id"], "tool": call["tool"], "input": call["input"]})
+        index += 1
+
+
+def _run_options(sup: Supervisor, run_id: str) -> dict[str, Any]:
+    row = sup.ledger.one("SELECT options FROM runs WHERE run_id = ?", run_id)
+    options: dict[str, Any] = json.loads(row["options"]) if row is not None else {}
+    return options
+
+
+def _is_read(sup: Supervisor, tool_name: str) -> bool:
+    tool = sup.runs.tools.get(tool_name)
+    return tool is not None and tool.schema.effect_class == "read"
+

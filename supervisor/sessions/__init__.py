@@ -1,0 +1,1 @@
+"""Process sessions (PTY and pipes) as supervised actors with durable transcripts."""

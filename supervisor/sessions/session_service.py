@@ -1,0 +1,841 @@
+"""The process-session layer on the supervisor: session actors, their durable
+records, ownership, recovery, and what sessions add to finalization and shutdown.
+
+A session is one row in ``sessions`` whose ``state`` follows the engine's
+:data:`corral.actors.pty_session.TRANSITIONS` table, one ledger event per change.
+The opaque process id is derived from the start action (one session per start
+action, however often the request is repeated) and bound to that action's run and
+agent: only that run may poll, write to or terminate it.
+
+The session actor commits each step before it takes it (``launching`` before any
+spawn, the launch record before COMMIT_EXEC, the terminal state only after the tree
+is confirmed dead). What cannot be confirmed ends as ``needs-reconciliation``:
+a session actor that exits while its session is unfinished, and at boot every
+unfinished session of an older boot. Recovery never relaunches, never reconnects
+to a pid and never signals one: no pid is stored at all. The processes of a dead
+supervisor died with it (PDEATHSIG through the session actor).
+
+stdin content passes through this process in memory only; the ledger keeps byte
+counts and sha256 digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import shlex
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from corral.actors.pty_session import (
+    MAX_STDIN_BYTES,
+    TERMINAL_STATES,
+    IllegalTransition,
+    InvalidCursor,
+    SessionState,
+    check_transition,
+    decode_cursor,
+    encode_cursor,
+)
+from corral.actors.tools.base import ToolError, is_sealed
+from corral.actors.tools.paths import resolve_in_workspace
+from corral.core.redact import redact_text, summarize
+from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
+from corral.sandbox.bwrap import LaunchMode
+from corral.supervisor.errors import BadRequest, Conflict, NotFound, Refused, SupervisorError
+from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.params import param_int, param_seconds, param_str
+from corral.supervisor.runs import resolutions, run_store, sealed_input
+from corral.supervisor.runs.recovery import RecoveryReport
+from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
+from corral.supervisor.runs.run_state import RunStatus
+from corral.supervisor.spec.swarm_spec import ActorSpec, GroupSpec, SandboxSettings
+from corral.supervisor.tree.actor_state import ActorState
+from corral.supervisor.tree.restart_policy import RestartType, Strategy
+from corral.supervisor.tree.supervision_tree import ActorSlot
+
+if TYPE_CHECKING:
+    from corral.supervisor.daemon import Supervisor
+
+log = logging.getLogger("corral.sessions")
+
+S = SessionState
+LIVE_STATES = frozenset({S.PREPARED, S.LAUNCHING, S.RUNNING, S.TERMINATING})
+_LIVE_SQL = ", ".join(f"'{state.value}'" for state in sorted(LIVE_STATES))
+_TERMINAL_SQL = ", ".join(f"'{state.value}'" for state in sorted(TERMINAL_STATES))
+
+#: session.start answers once the session runs (or failed); the handshake itself
+#: gives up after 10 s, so this only bounds a session actor that never reports.
+START_WAIT_S = 30.0
+#: A final reply blocked only by sessions waits this long inside run.finalize
+#: before it is refused, so an agent retrying its finalization long-polls instead
+#: of spinning (below the agent's 30 s request timeout).
+FINALIZE_HOLD_S = 10.0
+POLL_SLACK_S = 10.0
+STDIN_TIMEOUT_S = 15.0
+#: Two-phase terminate: 0.8 s grace, up to 5 s to reap, 2 s to drain, and margin.
+TERMINATE_TIMEOUT_S = 20.0
+SESSION_SHUTDOWN_MS = 12_000
+DEFAULT_SESSION_TIMEOUT_S = 600.0
+MAX_TIMEOUT_S = 24 * 3600.0
+DEFAULT_POLL_CHARS = 8192
+#: A poll chunk must fit in one frame (1 MiB) even as 4-byte UTF-8.
+MAX_POLL_CHARS = 32 * 1024
+MAX_POLL_WAIT_MS = 30_000
+MAX_ARGS = 256
+MAX_ARGV_BYTES = 64 * 1024
+
+
+def process_id_for(action_id: str) -> str:
+    """One opaque process id per start action: a replayed start finds its session."""
+    return "proc-" + hashlib.sha256(action_id.encode()).hexdigest()[:20]
+
+
+def transcript_path(home: Path, run_id: str, name: str) -> Path:
+    """The private transcript of a session or command (home is 0700, files 0600)."""
+    return home / "transcripts" / run_id / f"{name}.log"
+
+
+def sandbox_settings(settings: SandboxSettings, home: Path | None = None) -> dict[str, Any]:
+    return {
+        # The home is never visible inside, whatever its name or place.
+        "masked": [str(home)] if home is not None else [],
+        "mode": settings.mode,
+        "network": settings.network,
+        "cpu_s": settings.cpu_s,
+        "address_space_bytes": settings.address_space_bytes,
+        "open_files": settings.open_files,
+        "processes": settings.processes,
+    }
+
+
+# -- parameter checks ------------------------------------------------------------------
+
+
+def _str(params: dict[str, Any], key: str, *, limit: int = 200) -> str:
+    return param_str(params, key, limit=limit)
+
+
+def _int(params: dict[str, Any], key: str, low: int, high: int, default: int) -> int:
+    return param_int(params, key, default, low=low, high=high)
+
+
+def _argv(params: dict[str, Any]) -> list[str]:
+    program = _str(params, "program", limit=4096)
+    args = params.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise BadRequest("args must be a list of strings")
+    if len(args) > MAX_ARGS:
+        raise BadRequest(f"at most {MAX_ARGS} arguments")
+    argv = [program, *args]
+    if any("\0" in a for a in argv) or sum(len(a.encode()) for a in argv) > MAX_ARGV_BYTES:
+        raise BadRequest(f"arguments must not contain NUL and stay under {MAX_ARGV_BYTES} bytes")
+    return argv
+
+
+def _timeout(params: dict[str, Any], default: float) -> float:
+    return param_seconds(params, "timeout_s", default, low=0.001, high=MAX_TIMEOUT_S)
+
+
+def _cwd(workspace: Path, params: dict[str, Any]) -> tuple[str, Path]:
+    raw = params.get("cwd") or "."
+    if not isinstance(raw, str):
+        raise BadRequest("cwd must be a string")
+    try:
+        # The tool checked it in the agent already; the supervisor does not trust that.
+        target = workspace if raw in (".", "./") else resolve_in_workspace(workspace, raw)
+    except ToolError as exc:
+        raise Refused(str(exc), exc.code) from None
+    if not target.is_dir():
+        raise BadRequest(f"cwd {raw!r} is not a directory in the workspace")
+    return raw, target
+
+
+# -- ledger operations (sync; usable from hooks, recovery and blockers) ----------------
+
+
+def get_session(ledger: Ledger, process_id: str) -> sqlite3.Row | None:
+    return ledger.one("SELECT * FROM sessions WHERE process_id = ?", process_id)
+
+
+def move_session(
+    ledger: Ledger,
+    process_id: str,
+    new: SessionState,
+    *,
+    reason: str | None = None,
+    code: str | None = None,
+    exit_code: int | None = None,
+    output_bytes: int | None = None,
+) -> sqlite3.Row:
+    """One transition by the engine's table, with its event, in one transaction.
+
+    A session that becomes ``needs-reconciliation`` parks its running run, like an
+    action with an unknown outcome: it waits for a person, not for the agent.
+    """
+    with ledger.tx() as db:
+        row = get_session(ledger, process_id)
+        if row is None:
+            raise NotFound(f"no process session {process_id!r}")
+        old = SessionState(row["state"])
+        try:
+            check_transition(old, new)
+        except IllegalTransition as exc:
+            raise Conflict(f"process {process_id}: {exc}") from None
+        now = time.time()
+        db.execute(
+            "UPDATE sessions SET state = ?, reason = COALESCE(?, reason), error_code = COALESCE(?, error_code),"
+            " exit_code = COALESCE(?, exit_code), output_bytes = COALESCE(?, output_bytes), updated_at = ?"
+            " WHERE process_id = ?",
+            (
+                new.value,
+                summarize(reason, 300) if reason else None,
+                code,
+                exit_code,
+                output_bytes,
+                now,
+                process_id,
+            ),
+        )
+        ledger.event(
+            "session-" + new.value,
+            process_id,
+            run=row["run_id"],
+            previous=old.value,
+            exit_code=exit_code,
+            reason=summarize(reason, 300) if reason else "",
+            code=code or "",
+        )
+        if new is S.NEEDS_RECONCILIATION:
+            run = run_store.get_run(ledger, row["run_id"])
+            if run["status"] == RunStatus.RUNNING:
+                run_store.set_run_status(
+                    ledger,
+                    row["run_id"],
+                    RunStatus.NEEDS_RECONCILIATION,
+                    f"process session {process_id} needs reconciliation: {reason or 'outcome unknown'}",
+                )
+        updated = get_session(ledger, process_id)
+        assert updated is not None
+    return updated
+
+
+def blockers(ledger: Ledger, run_id: str) -> list[str]:
+    """Sessions that keep a run from writing its final reply."""
+    rows = ledger.all(
+        f"SELECT process_id, state FROM sessions WHERE run_id = ? AND (state IN ({_LIVE_SQL})"
+        " OR (state = 'needs-reconciliation' AND resolved_at IS NULL)) ORDER BY created_at",
+        run_id,
+    )
+    return [
+        f"{'unresolved reconciliation of' if row['state'] == S.NEEDS_RECONCILIATION else 'live'}"
+        f" process session {row['process_id']} ({row['state']})"
+        for row in rows
+    ]
+
+
+def busy_reasons(ledger: Ledger) -> list[str]:
+    rows = ledger.all(
+        f"SELECT state, COUNT(*) AS n FROM sessions WHERE state IN ({_LIVE_SQL})"
+        " OR (state = 'needs-reconciliation' AND resolved_at IS NULL) GROUP BY state ORDER BY state"
+    )
+    return [f"{row['n']} process session(s) {row['state']}" for row in rows]
+
+
+def recover(ledger: Ledger, report: RecoveryReport) -> None:
+    """Unfinished sessions of older boots: reconciliation only.
+
+    Their processes died with the old supervisor; nothing is relaunched, reconnected
+    or signalled. A session still ``prepared`` was provably never launched (the
+    actor commits ``launching`` before it spawns anything), so it simply failed.
+    """
+    rows = ledger.all(
+        f"SELECT process_id, state, boot_id FROM sessions WHERE boot_id != ? AND state IN ({_LIVE_SQL})",
+        ledger.boot_id,
+    )
+    for row in rows:
+        if row["state"] == S.PREPARED:
+            move_session(
+                ledger,
+                row["process_id"],
+                S.FAILED,
+                reason="never launched: the supervisor stopped before the launch",
+                code="supervisor-restarted",
+            )
+            report.notes.append(f"session {row['process_id']}: never launched, failed")
+            continue
+        move_session(
+            ledger,
+            row["process_id"],
+            S.NEEDS_RECONCILIATION,
+            reason=(
+                f"the supervisor (boot {row['boot_id']}) stopped while this session was {row['state']};"
+                " its process tree died with it and is not relaunched, reconnected or signalled"
+            ),
+            code="supervisor-restarted",
+        )
+        report.reconciliations.append(row["process_id"])
+
+
+def resolve_session(ledger: Ledger, process_id: str, outcome: str, note: str) -> str:
+    """A person's verdict on a session that needs reconciliation; returns its run id."""
+    if outcome not in ("ok", "failed"):
+        raise BadRequest("outcome must be 'ok' or 'failed'")
+    if not note.strip():
+        raise BadRequest("a reconciliation needs a note saying what was checked")
+    with ledger.tx() as db:
+        row = get_session(ledger, process_id)
+        if row is None:
+            raise NotFound(f"no process session {process_id!r}")
+        if row["state"] != S.NEEDS_RECONCILIATION:
+            raise Conflict(f"process {process_id} is {row['state']}; only needs-reconciliation sessions are reconciled")
+        if row["resolved_at"] is not None:
+            raise Conflict(f"process {process_id} was already reconciled as {row['resolution']}")
+        db.execute(
+            "UPDATE sessions SET resolution = ?, resolution_note = ?, resolved_at = ?, updated_at = ?"
+            " WHERE process_id = ?",
+            (outcome, redact_text(note[:1000]), time.time(), time.time(), process_id),
+        )
+        ledger.event("session-reconciled", process_id, run=row["run_id"], outcome=outcome, note=summarize(note, 200))
+        run_id = str(row["run_id"])
+        unresolved = db.execute(
+            "SELECT COUNT(*) FROM sessions WHERE run_id = ? AND state = 'needs-reconciliation' AND resolved_at IS NULL",
+            (run_id,),
+        ).fetchone()[0]
+        if unresolved == 0:
+            # Same rule as actions: the run goes back to running once nothing it waits
+            # for a person on is open (_reopen_run checks actions and provider requests).
+            resolutions._reopen_run(ledger, run_id)
+    return run_id
+
+
+def _session_view(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "process_id": row["process_id"],
+        "status": row["state"],
+        "launch_mode": row["launch_mode"],
+        "exit_code": row["exit_code"],
+        "cursor": encode_cursor(row["process_id"], 0),
+        "error": row["reason"] if row["state"] in (S.FAILED, S.NEEDS_RECONCILIATION) else None,
+        "code": row["error_code"],
+    }
+
+
+def _poll_transcript(path: Path, process_id: str, cursor: str | None, max_chars: int) -> tuple[str, str, bool]:
+    """A poll answered from the private transcript once the actor is gone. The
+    actor appended exactly the bytes its cursors count, so a cursor names the same
+    chunk here as it did live."""
+    try:
+        offset = 0 if cursor is None else decode_cursor(cursor, process_id)
+    except InvalidCursor as exc:
+        raise SupervisorError(str(exc), exc.code) from None
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    if offset > len(data) or (offset < len(data) and data[offset] & 0xC0 == 0x80):
+        raise SupervisorError("cursor is beyond the output or not on a character boundary", InvalidCursor.code)
+    text = data[offset : offset + 4 * max_chars].decode("utf-8", errors="ignore")[:max_chars]
+    end = offset + len(text.encode())
+    return text, encode_cursor(process_id, end), end < len(data)
+
+
+class SessionService:
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.ledger = sup.ledger
+        self._changed = trio.Event()
+        # Ledger hooks run inside transactions (sync); process work they imply is
+        # queued here and done by one background task, as in the swarm layer.
+        self._send, self._receive = trio.open_memory_channel[tuple[str, str]](math.inf)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _wait_until(self, done: Callable[[], bool], deadline: float) -> bool:
+        while True:
+            changed = self._changed
+            if done():
+                return True
+            if trio.current_time() >= deadline:
+                return False
+            with trio.move_on_at(deadline):
+                await changed.wait()
+
+    # -- ownership ------------------------------------------------------------------
+
+    def _owned_session(self, slot: ActorSlot, params: dict[str, Any]) -> sqlite3.Row:
+        run = self.sup.runs.owned_run(slot, params)
+        process_id = _str(params, "process_id", limit=64)
+        row = get_session(self.ledger, process_id)
+        # One answer for "unknown" and "someone else's": no probing for live ids.
+        if row is None or row["run_id"] != run["run_id"] or row["agent_id"] != run["agent_id"]:
+            raise Refused(
+                f"process {process_id} is not a process session of run {run['run_id']};"
+                " only the run that started a process may poll, write to or terminate it"
+            )
+        return row
+
+    def _actor_session(self, slot: ActorSlot, params: dict[str, Any]) -> sqlite3.Row:
+        process_id = _str(params, "process_id", limit=64)
+        row = get_session(self.ledger, process_id)
+        if row is None or row["actor_id"] != slot.id:
+            raise Refused(f"actor {slot.id} does not own process session {process_id}")
+        return row
+
+    def _executing_action(self, run: Any, params: dict[str, Any], tool: str) -> sqlite3.Row:
+        action = run_store.get_action(self.ledger, _str(params, "action_id"))
+        if action["run_id"] != run["run_id"] or action["phase"] != "executing" or action["tool"] != tool:
+            raise BadRequest(f"action {action['action_id']} is not an executing {tool} action of this run")
+        return action
+
+    @staticmethod
+    def _workspace(run: Any) -> Path:
+        workspace = json.loads(run["options"]).get("workspace")
+        if not isinstance(workspace, str):
+            raise BadRequest(f"run {run['run_id']} has no workspace")
+        return Path(workspace).resolve()
+
+    # -- agent-facing methods --------------------------------------------------------
+
+    async def start(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.sup.runs.owned_run(slot, params)
+        if RunStatus(run["status"]) in RUN_TERMINAL:
+            raise Refused(f"run {run['run_id']} already ended ({run['status']})")
+        action = self._executing_action(run, params, "process.start")
+        argv = _argv(params)
+        workspace = self._workspace(run)
+        cwd_raw, cwd = _cwd(workspace, params)
+        timeout_s = _timeout(params, DEFAULT_SESSION_TIMEOUT_S)
+        process_id = process_id_for(action["action_id"])
+        if get_session(self.ledger, process_id) is None:
+            self._insert(process_id, run, action["action_id"], argv, cwd_raw)
+            await self._launch_actor(
+                process_id,
+                {
+                    "process_id": process_id,
+                    "run_id": run["run_id"],
+                    "argv": argv,
+                    "cwd": str(cwd),
+                    "timeout_s": timeout_s,
+                    "project_root": str(workspace),
+                    "sandbox": self._run_sandbox(run),
+                    "transcript": str(transcript_path(self.sup.home, run["run_id"], process_id)),
+                },
+            )
+        # else: the same start action asked again (a lost reply): report, never relaunch.
+        await self._wait_until(
+            lambda: self._state(process_id) not in (S.PREPARED, S.LAUNCHING),
+            trio.current_time() + START_WAIT_S,
+        )
+        row = get_session(self.ledger, process_id)
+        assert row is not None
+        return _session_view(row)
+
+    def _insert(self, process_id: str, run: Any, action_id: str, argv: list[str], cwd: str) -> None:
+        now = time.time()
+        with self.ledger.tx() as db:
+            db.execute(
+                "INSERT INTO sessions (process_id, run_id, agent_id, start_action_id, actor_id, program,"
+                " argv_summary, cwd, state, boot_id, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?)",
+                (
+                    process_id,
+                    run["run_id"],
+                    run["agent_id"],
+                    action_id,
+                    process_id,
+                    summarize(argv[0], 200),
+                    summarize(shlex.join(argv), 300),
+                    cwd,
+                    self.ledger.boot_id,
+                    now,
+                    now,
+                ),
+            )
+            self.ledger.event("session-prepared", process_id, run=run["run_id"], action=action_id)
+
+    async def _launch_actor(self, process_id: str, params: dict[str, Any]) -> None:
+        group = GroupSpec(f"g-{process_id}", Strategy.ONE_FOR_ONE, 0, 1.0)
+        self.sup.tree.declare_group(group)
+        spec = ActorSpec(
+            id=process_id,
+            template="session",
+            group=group.id,
+            restart=RestartType.TEMPORARY,
+            shutdown_timeout_ms=SESSION_SHUTDOWN_MS,
+            params=params,
+        )
+        try:
+            await self.sup.tree.add_actor(spec)
+        except Exception as exc:
+            move_session(
+                self.ledger,
+                process_id,
+                S.FAILED,
+                reason=f"the session actor could not be started: {exc}",
+                code="launch-failed",
+            )
+            self._notify()
+            return
+        self._send.send_nowait(("watch", process_id))
+
+    def _state(self, process_id: str) -> SessionState:
+        row = get_session(self.ledger, process_id)
+        assert row is not None
+        return SessionState(row["state"])
+
+    async def _ask(self, row: sqlite3.Row, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """A request to the session's actor, or None when it is not there to answer."""
+        slot = self.sup.tree.slots.get(row["actor_id"])
+        if slot is None or slot.state is not ActorState.RUNNING or slot.channel is None:
+            return None
+        try:
+            return await self.sup.tree.request(row["actor_id"], body, timeout)
+        except RemoteError as exc:
+            raise SupervisorError(exc.message, exc.code) from None
+        except (ChannelClosed, MailboxFull, DeadlineExceeded):
+            return None
+
+    async def poll(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        row = self._owned_session(slot, params)
+        cursor = params.get("cursor")
+        if cursor is not None and (not isinstance(cursor, str) or len(cursor) > 200):
+            raise BadRequest("cursor must be a cursor string returned by an earlier call")
+        max_chars = _int(params, "max_chars", 1, MAX_POLL_CHARS, DEFAULT_POLL_CHARS)
+        wait_ms = _int(params, "wait_ms", 0, MAX_POLL_WAIT_MS, 0)
+        body = {"op": "poll", "cursor": cursor, "max_chars": max_chars, "wait_ms": wait_ms}
+        reply = await self._ask(row, body, wait_ms / 1000 + POLL_SLACK_S)
+        if reply is None:
+            fresh = get_session(self.ledger, row["process_id"]) or row
+            path = transcript_path(self.sup.home, row["run_id"], row["process_id"])
+            chunk, next_cursor, more = _poll_transcript(path, row["process_id"], cursor, max_chars)
+            reply = {
+                "chunk": chunk,
+                "next_cursor": next_cursor,
+                "status": fresh["state"],
+                "exit_code": fresh["exit_code"],
+                "more": more,
+                "live": False,
+            }
+        return {"process_id": row["process_id"], **reply}
+
+    async def stdin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        row = self._owned_session(slot, params)
+        data = params.get("data", "")
+        if is_sealed(data):
+            spool = sealed_input.spool_dir(self.sup.home)
+            sealed_by = self._stdin_action(row, params)
+            try:
+                data = sealed_input.unseal(spool, row["run_id"], sealed_by, "data", data)
+            except sealed_input.SealedInputError as exc:
+                raise Refused(str(exc), "sealed-input") from None
+            # From here the value lives in memory only; the action is never re-run,
+            # so whatever happens next, nothing will ask for it again.
+            sealed_input.discard(spool, row["run_id"], sealed_by)
+        if not isinstance(data, str) or len(data.encode()) > MAX_STDIN_BYTES:
+            raise BadRequest(f"data must be a string of at most {MAX_STDIN_BYTES} bytes")
+        if row["state"] != S.RUNNING:
+            raise Refused(f"process {row['process_id']} is {row['state']}, not running", "process-not-running")
+        body = {
+            "op": "stdin",
+            "data": data,
+            "append_newline": bool(params.get("append_newline")),
+            "eof": bool(params.get("eof")),
+        }
+        reply = await self._ask(row, body, STDIN_TIMEOUT_S)
+        if reply is None:
+            raise Refused(f"process {row['process_id']} cannot be reached any more", "process-not-running")
+        written = int(reply.get("bytes_written", 0))
+        digest = str(reply.get("sha256", ""))
+        with self.ledger.tx() as db:
+            db.execute(
+                "UPDATE sessions SET stdin_bytes = stdin_bytes + ?, updated_at = ? WHERE process_id = ?",
+                (written, time.time(), row["process_id"]),
+            )
+            self.ledger.event(
+                "session-stdin",
+                row["process_id"],
+                run=row["run_id"],
+                bytes=written,
+                sha256=digest,
+                eof=bool(reply.get("eof")),
+                complete=bool(reply.get("complete")),
+            )
+        return {
+            "process_id": row["process_id"],
+            "bytes_written": written,
+            "sha256": digest,
+            "eof": bool(reply.get("eof")),
+            "complete": bool(reply.get("complete")),
+            "status": str(reply.get("status", row["state"])),
+        }
+
+    async def terminate(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        row = self._owned_session(slot, params)
+        if SessionState(row["state"]) not in TERMINAL_STATES:
+            # The actor answers once the terminal state is on disk (or could not be).
+            await self._ask(row, {"op": "terminate"}, TERMINATE_TIMEOUT_S)
+        fresh = get_session(self.ledger, row["process_id"])
+        assert fresh is not None
+        return _session_view(fresh)
+
+    def _stdin_action(self, session: Any, params: dict[str, Any]) -> str:
+        """The executing process.stdin action of the session's run that sealed the data."""
+        the_id = params.get("action_id")
+        if not isinstance(the_id, str):
+            raise BadRequest("sealed stdin data needs the action_id that sealed it")
+        action = run_store.get_action(self.ledger, the_id)
+        if action["run_id"] != session["run_id"] or action["tool"] != "process.stdin" or action["phase"] != "executing":
+            raise BadRequest(f"action {the_id} is not an executing process.stdin action of this run")
+        return the_id
+
+    async def hold_finalize(self, run: Any) -> None:
+        """Before run.finalize judges its blockers: wait a while for the run's
+        sessions, so a process about to exit does not cost the run a repair turn."""
+        run_id = run["run_id"]
+        started = self.ledger.one("SELECT 1 FROM finalizations WHERE run_id = ?", run_id)
+        if run["kind"] == "root" and started is None and blockers(self.ledger, run_id):
+            self.ledger.event("finalize-held", run_id, reasons=blockers(self.ledger, run_id))
+            await self._wait_until(lambda: not blockers(self.ledger, run_id), trio.current_time() + FINALIZE_HOLD_S)
+
+    # -- command.exec bookkeeping (the command itself runs in the agent) ---------------
+
+    async def command_sandbox(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.sup.runs.owned_run(slot, params)
+        self._executing_action(run, params, "command.exec")
+        return {"project_root": str(self._workspace(run)), "sandbox": self._run_sandbox(run)}
+
+    def _run_sandbox(self, run: Any) -> dict[str, Any]:
+        """The spec's sandbox, narrowed by the run's intent contract (its path scope:
+        supervisor/intent/intent_service.py) when it has one."""
+        settings = sandbox_settings(self.sup.spec.sandbox, self.sup.home)
+        return self.sup.intent.scoped_sandbox(run, settings)
+
+    async def command_launched(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """The durable launch record of a command, committed before COMMIT_EXEC."""
+        run = self.sup.runs.owned_run(slot, params)
+        if RunStatus(run["status"]) in RUN_TERMINAL:
+            raise Refused(f"run {run['run_id']} already ended; not launching")
+        action = self._executing_action(run, params, "command.exec")
+        try:
+            mode = LaunchMode(_str(params, "launch_mode", limit=40))
+        except ValueError:
+            raise BadRequest("launch_mode must be 'sandboxed' or 'unsandboxed'") from None
+        with self.ledger.tx() as db:
+            if db.execute("SELECT 1 FROM command_launches WHERE action_id = ?", (action["action_id"],)).fetchone():
+                # A second launch for one action would run the command twice.
+                raise Conflict(f"action {action['action_id']} already launched its command once")
+            db.execute(
+                "INSERT INTO command_launches (action_id, launch_mode, transcript, created_at) VALUES (?, ?, ?, ?)",
+                (
+                    action["action_id"],
+                    mode.value,
+                    str(transcript_path(self.sup.home, run["run_id"], action["action_id"])),
+                    time.time(),
+                ),
+            )
+            self.ledger.event("command-launched", action["action_id"], run=run["run_id"], launch_mode=mode.value)
+        return {"launch_mode": mode.value}
+
+    def on_receipt(self, ledger: Ledger, action: Any) -> None:
+        if action["tool"] in sealed_input.SEALED_FIELDS:
+            # Ended without reaching the terminal (refused, denied, failed early):
+            # its sealed input will never be read, so it goes now.
+            sealed_input.discard(sealed_input.spool_dir(self.sup.home), action["run_id"], action["action_id"])
+        if action["tool"] != "command.exec" or not action["result"]:
+            return
+        # Inside the receipt's transaction: a surprise here must not cost the receipt.
+        result = json.loads(action["result"])
+        output = result.get("output") if isinstance(result, dict) else None
+        code = output.get("exit_code") if isinstance(output, dict) else None
+        if isinstance(code, int) and not isinstance(code, bool):
+            ledger.db.execute(
+                "UPDATE command_launches SET exit_code = ? WHERE action_id = ?", (code, action["action_id"])
+            )
+
+    # -- session-actor methods -------------------------------------------------------
+
+    async def launched(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """The launch record: committed while the trampoline waits for COMMIT_EXEC."""
+        row = self._actor_session(slot, params)
+        if row["state"] != S.LAUNCHING:
+            raise Conflict(f"process {row['process_id']} is {row['state']}, not launching; not committing a launch")
+        run = run_store.get_run(self.ledger, row["run_id"])
+        if RunStatus(run["status"]) in RUN_TERMINAL:
+            raise Refused(f"run {run['run_id']} already ended; not launching")
+        try:
+            mode = LaunchMode(_str(params, "launch_mode", limit=40))
+        except ValueError:
+            raise BadRequest("launch_mode must be 'sandboxed' or 'unsandboxed'") from None
+        with self.ledger.tx() as db:
+            db.execute(
+                "UPDATE sessions SET launch_mode = ?, updated_at = ? WHERE process_id = ?",
+                (mode.value, time.time(), row["process_id"]),
+            )
+            self.ledger.event("session-launched", row["process_id"], run=row["run_id"], launch_mode=mode.value)
+        self._notify()
+        return {}
+
+    async def state(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        row = self._actor_session(slot, params)
+        try:
+            new = SessionState(_str(params, "state", limit=40))
+        except ValueError:
+            raise BadRequest("state must be a session state") from None
+        if row["state"] == new:
+            return {"state": new.value}  # a repeated report after a lost reply
+        exit_code = params.get("exit_code")
+        output_bytes = params.get("output_bytes")
+        reason = params.get("reason")
+        code = params.get("code")
+        move_session(
+            self.ledger,
+            row["process_id"],
+            new,
+            reason=str(reason)[:1000] if reason else None,
+            code=str(code)[:60] if code else None,
+            exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None,
+            output_bytes=output_bytes if isinstance(output_bytes, int) and not isinstance(output_bytes, bool) else None,
+        )
+        self._notify()
+        if new in TERMINAL_STATES:
+            # The run's final reply may be unblocked now.
+            self._send.send_nowait(("wake", row["agent_id"]))
+        return {"state": new.value}
+
+    # -- hooks, background, control ----------------------------------------------------
+
+    def on_status(self, ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
+        if status not in RUN_TERMINAL:
+            return
+        for row in ledger.all("SELECT actor_id FROM sessions WHERE run_id = ?", run_id):
+            self._send.send_nowait(("stop", row["actor_id"]))
+
+    def _actor_gone(self, process_id: str, exit_code: int | None) -> None:
+        row = get_session(self.ledger, process_id)
+        if row is None or SessionState(row["state"]) not in LIVE_STATES:
+            return
+        if row["state"] == S.PREPARED:
+            move_session(
+                self.ledger,
+                process_id,
+                S.FAILED,
+                reason=f"the session actor exited ({exit_code}) before launching",
+                code="session-actor-exited",
+            )
+        else:
+            move_session(
+                self.ledger,
+                process_id,
+                S.NEEDS_RECONCILIATION,
+                reason=(
+                    f"the session actor exited ({exit_code}) while the session was {row['state']};"
+                    " the end of its process tree was not confirmed"
+                ),
+                code="session-actor-exited",
+            )
+        self._notify()
+
+    async def _watch(self, process_id: str) -> None:
+        slot = self.sup.tree.slots.get(process_id)
+        if slot is None:
+            return
+        await slot.exited.wait()
+        try:
+            self._actor_gone(process_id, slot.last_exit)
+        except SupervisorError as exc:
+            # A lost race with the actor's own last report; never let it take the
+            # worker (and with it the supervisor) down.
+            log.warning("session %s: after its actor exited: %s", process_id, exc)
+
+    async def worker(self) -> None:
+        async with trio.open_nursery() as nursery:
+            async for op, target in self._receive:
+                if op == "watch":
+                    nursery.start_soon(self._watch, target)
+                elif op == "stop":
+                    slot = self.sup.tree.slots.get(target)
+                    if slot is not None:
+                        # Each in its own task: a two-phase terminate takes a second.
+                        nursery.start_soon(self.sup.tree.stop_actor, slot, "run ended")
+                elif op == "wake":
+                    await self.sup.runs.wake(target)
+
+    async def reconcile(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``reconcile`` of a process id (``proc-…``): resolves its session."""
+        run_id = resolve_session(
+            self.ledger, _str(params, "action_id", limit=300), _str(params, "outcome", limit=20),
+            str(params.get("note", ""))[:1000],
+        )
+        self._notify()
+        await self.sup.runs.wake_run(run_id)
+        return {"run_id": run_id}
+
+    def show_section(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self.ledger.all(
+            "SELECT process_id, start_action_id, program, argv_summary, cwd, state, launch_mode, exit_code, reason,"
+            " error_code, output_bytes, stdin_bytes, resolution, resolved_at, created_at, updated_at"
+            " FROM sessions WHERE run_id = ? ORDER BY created_at",
+            run_id,
+        )
+        return [dict(row) for row in rows]
+
+    def commands_section(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self.ledger.all(
+            "SELECT c.action_id, c.launch_mode, c.exit_code, c.created_at FROM command_launches c"
+            " JOIN actions a ON a.action_id = c.action_id WHERE a.run_id = ? ORDER BY c.created_at",
+            run_id,
+        )
+        return [dict(row) for row in rows]
+
+    def pending_section(self) -> list[dict[str, Any]]:
+        """Sessions whose outcome a person must settle (``corral reconcile proc-…``)."""
+        rows = self.ledger.all(
+            "SELECT process_id, run_id, program, reason FROM sessions"
+            " WHERE state = 'needs-reconciliation' AND resolved_at IS NULL ORDER BY created_at"
+        )
+        return [dict(row) for row in rows]
+
+    def status_section(self) -> dict[str, Any]:
+        rows = self.ledger.all("SELECT state, COUNT(*) AS n FROM sessions GROUP BY state")
+        live = self.ledger.all(f"SELECT process_id FROM sessions WHERE state IN ({_LIVE_SQL})")
+        return {"by_state": {row["state"]: row["n"] for row in rows}, "live": [row["process_id"] for row in live]}
+
+
+def install(sup: Supervisor) -> SessionService:
+    service = SessionService(sup)
+    sup.actor_methods.update(
+        {
+            "session.start": service.start,
+            "session.poll": service.poll,
+            "session.stdin": service.stdin,
+            "session.terminate": service.terminate,
+            "command.sandbox": service.command_sandbox,
+            "command.launched": service.command_launched,
+            "session.launched": service.launched,
+            "session.state": service.state,
+        }
+    )
+    hooks = sup.hooks
+    hooks.finalize_holds.append(service.hold_finalize)
+    hooks.reconcilers["proc-"] = service.reconcile
+    hooks.on_status.append(service.on_status)
+    hooks.on_receipt.append(service.on_receipt)
+    hooks.finalize_blockers.append(blockers)
+    hooks.recovery_steps.append(recover)
+    sup.busy_checks.append(lambda: busy_reasons(sup.ledger))
+    sup.background.append(service.worker)
+    sup.status_sections["sessions"] = service.status_section
+    hooks.show_sections["sessions"] = service.show_section
+    hooks.show_sections["commands"] = service.commands_section
+    hooks.pending_sections["sessions"] = service.pending_section
+    return service

@@ -1,0 +1,1 @@
+"""The swarm spec: pydantic models, one validation pass, one SpecError, the generated reference."""

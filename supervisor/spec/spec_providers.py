@@ -1,0 +1,79 @@
+"""The provider part of a spec: ``provider = ...`` and its settings, checked at
+``corral up`` (a broken script, config, model file or user provider stops it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from corral.supervisor.models.model_spec import ModelRegistry
+from corral.supervisor.spec.spec_base import SpecError
+from corral.supervisor.spec.spec_models import ProviderKeys
+
+
+def provider_settings(where: str, table: ProviderKeys, base: Path, models: ModelRegistry) -> dict[str, Any]:
+    """The provider's settings table, as the run will get it."""
+    from corral.actors.providers.scripted import ScriptError, load_script, parse_script_text
+
+    provider = table.provider
+    if provider in ("scripted", "openai", "local") and table.provider_config is not None:
+        raise SpecError(f"{where}.provider_config: only for user providers; {provider} is configured by its own keys")
+    if provider == "scripted":
+        if table.steps is not None:
+            script: dict[str, Any] = {"steps": table.steps}
+            try:
+                parse_script_text(json.dumps(script), ".json")
+            except ScriptError as exc:
+                raise SpecError(f"{where}.steps: {exc}") from None
+        elif table.script is not None:
+            try:
+                script = load_script(base / table.script)
+            except ScriptError as exc:
+                raise SpecError(f"{where}.script: {exc}") from None
+        else:
+            raise SpecError(f"{where}: a scripted provider needs `script = FILE` or inline [[...steps]]")
+        return {"script": script}
+    if provider == "openai":
+        from corral.actors.providers.base import ProviderError
+        from corral.actors.providers.openai import OpenAIConfig
+
+        config = table.openai or {}
+        try:
+            OpenAIConfig.from_mapping(config)  # exact errors now, not at the first request
+        except (ProviderError, ValueError, TypeError) as exc:
+            raise SpecError(f"{where}.openai: {exc}") from None
+        return dict(config)
+    if provider == "local":
+        return _local_provider(where, table.local or {}, models)
+    return _user_provider(where, table.provider_config or {}, base, provider)
+
+
+def _local_provider(where: str, table: dict[str, Any], models: ModelRegistry) -> dict[str, Any]:
+    """``[agents.local]``, checked now; its ``model`` is bound to a model actor's id
+    (a missing or non-GGUF file stops ``corral up`` here)."""
+    from corral.actors.providers.base import ProviderError
+    from corral.actors.providers.local import LocalConfig
+
+    config = dict(table)
+    try:
+        LocalConfig.from_mapping(config)
+        config["model"] = models.bind(f"{where}.local", str(config.get("model", LocalConfig.model)))
+    except (ProviderError, ValueError, TypeError) as exc:  # SpecError is a ValueError
+        raise SpecError(f"{where}.local: {exc}" if not str(exc).startswith(where) else str(exc)) from None
+    return config
+
+
+def _user_provider(where: str, config: dict[str, Any], base: Path, provider: str) -> dict[str, Any]:
+    """A ``module:Name`` reference or an entry-point name, imported now so that a
+    broken one is a spec error at ``corral up`` and nothing starts."""
+    from corral.actors.providers.registry import resolve_factory
+    from corral.actors.user_code import import_path
+    from corral.core.errors import UserCodeError
+
+    try:
+        with import_path(base):
+            resolve_factory(provider)
+    except UserCodeError as exc:
+        raise SpecError(f"{where}.provider: {exc}") from None
+    return dict(config)

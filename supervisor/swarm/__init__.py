@@ -1,0 +1,1 @@
+"""The swarm: isolated children, join barriers, delegation and delivery claims."""

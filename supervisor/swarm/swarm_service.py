@@ -1,0 +1,305 @@
+"""The swarm layer on the supervisor: child actors, joins, delegation, claims,
+tombstones, child timeouts, and the blockers they add to finalization."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from corral.mailbox.steps import Do, ParkStep
+from corral.supervisor.errors import BadRequest
+from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs import finalization, run_store
+from corral.supervisor.runs.recovery import RecoveryReport
+from corral.supervisor.runs.run_state import TERMINAL, RunStatus
+from corral.supervisor.spec.swarm_spec import ActorSpec, GroupSpec, provider_env
+from corral.supervisor.swarm import swarm_store
+from corral.supervisor.swarm.swarm_state import ClaimPhase
+from corral.supervisor.tree.actor_state import ActorState
+from corral.supervisor.tree.restart_policy import RestartType, Strategy
+from corral.supervisor.tree.supervision_tree import ActorSlot
+
+if TYPE_CHECKING:
+    from corral.supervisor.daemon import Supervisor
+
+CHILD_INTENSITY = (2, 30.0)
+
+
+class SwarmService:
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.ledger = sup.ledger
+        # Ledger hooks run inside transactions (sync); what must happen to processes
+        # afterwards is queued here and done by one background task.
+        self._send, self._receive = trio.open_memory_channel[tuple[str, str]](math.inf)
+        self._timeouts_changed = trio.Event()
+
+    # -- hooks inside ledger transactions ---------------------------------------------
+
+    def on_status(self, ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
+        if status not in TERMINAL:
+            return
+        run = run_store.get_run(ledger, run_id)
+        if run["kind"] == "root":
+            for instance in swarm_store.tombstone(ledger, run_id, reason or status.value):
+                self._send.send_nowait(("stop", instance))
+            return
+        if run["kind"] == "child":
+            if status is not RunStatus.COMPLETED:
+                self._after_delivery(swarm_store.finish_child(ledger, run_id, None, reason or status.value), run)
+            self._send.send_nowait(("stop", run["agent_id"]))
+        elif run["kind"] == "delegation" and status is not RunStatus.COMPLETED:
+            self._after_delivery(swarm_store.finish_delegation(ledger, run_id, None, reason or status.value), run)
+
+    def on_receipt(self, ledger: Ledger, action: Any) -> None:
+        if action["tool"] == "agent.run_status":
+            swarm_store.observe_claim(ledger, action["action_id"])
+
+    def park_for_join(self, ledger: Ledger, run_id: str) -> ParkStep | None:
+        """A parent whose loop is done but whose children or delegations still run
+        parks (lane released, no provider call) until the last of them delivers."""
+        if swarm_store.open_work(ledger, run_id) == 0:
+            return None
+        run_store.set_run_status(
+            ledger,
+            run_id,
+            RunStatus.WAITING_FOR_JOIN,
+            f"{swarm_store.open_work(ledger, run_id)} group(s)/delegation(s) still running",
+        )
+        return {"do": Do.PARK, "status": RunStatus.WAITING_FOR_JOIN.value}
+
+    def _after_delivery(self, delivery_id: str | None, child_run: Any) -> None:
+        if delivery_id is None or child_run["parent_run_id"] is None:
+            return
+        parent = run_store.get_run(self.ledger, child_run["parent_run_id"])
+        if parent["status"] == RunStatus.WAITING_FOR_JOIN and swarm_store.open_work(self.ledger, parent["run_id"]) == 0:
+            run_store.set_run_status(self.ledger, parent["run_id"], RunStatus.RUNNING, "joined")
+            self._send.send_nowait(("wake", parent["agent_id"]))
+
+    # -- actor methods --------------------------------------------------------------
+
+    def _parent(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
+        return self.sup.runs.owned_run(slot, params)
+
+    def _action_id(self, params: dict[str, Any], run: Any) -> str:
+        action_id = params.get("action_id")
+        if not isinstance(action_id, str):
+            raise BadRequest("action_id must be a string")
+        action = run_store.get_action(self.ledger, action_id)
+        if action["run_id"] != run["run_id"] or action["phase"] != "executing":
+            raise BadRequest(f"action {action_id} is not an executing action of this run")
+        return action_id
+
+    async def spawn(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self._parent(slot, params)
+        view = swarm_store.spawn_group(
+            self.ledger,
+            self.sup.spec,
+            run,
+            self._action_id(params, run),
+            params.get("children"),
+            params.get("join_mode", "all"),
+        )
+        for child in view["children"]:
+            await self.start_child(child["instance_id"])
+        self._timeouts_changed.set()
+        return view
+
+    async def start_child(self, instance_id: str) -> None:
+        slot = self.sup.tree.slots.get(instance_id)
+        if slot is not None:
+            if slot.state is ActorState.STOPPED and self.sup.tree.running and self._child_run_open(instance_id):
+                await self.sup.tree.start_actor(slot)  # declared, never (or no longer) running
+            return
+        group = GroupSpec(f"g-{instance_id}", Strategy.ONE_FOR_ONE, *CHILD_INTENSITY)
+        self.sup.tree.declare_group(group)
+        spec = ActorSpec(
+            id=instance_id,
+            template="agent",
+            group=group.id,
+            restart=RestartType.TRANSIENT,
+            shutdown_timeout_ms=2000,
+            params={"agent_id": instance_id, "exit_when_idle": True},
+            env_passthrough=self._child_env(instance_id),
+        )
+        if self.sup.tree.running:
+            await self.sup.tree.add_actor(spec)
+        else:
+            self.sup.tree.declare_actor(spec, dynamic=True)
+
+    def _child_run_open(self, instance_id: str) -> bool:
+        row = self.ledger.one("SELECT r.status FROM children c JOIN runs r ON r.run_id = c.run_id"
+                              " WHERE c.instance_id = ?", instance_id)
+        return row is not None and RunStatus(row["status"]) not in TERMINAL
+
+    def _child_env(self, instance_id: str) -> tuple[str, ...]:
+        row = self.ledger.one("SELECT template FROM children WHERE instance_id = ?", instance_id)
+        try:
+            template = self.sup.spec.template(row["template"]) if row else None
+        except KeyError:
+            return ()
+        return provider_env(template.provider, template.provider_config) if template else ()
+
+    async def delegate(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self._parent(slot, params)
+        # An optional field left out is absent, not None (None would fail its check).
+        fields = {
+            k: params[k]
+            for k in ("agent_id", "task", "acceptance_criteria", "expected_artifacts", "repair_of")
+            if params.get(k) is not None
+        }
+        reply = swarm_store.delegate(self.ledger, self.sup.spec, run, self._action_id(params, run), fields)
+        await self.sup.runs.wake(reply["target"])
+        return reply
+
+    async def claim(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self._parent(slot, params)
+        ids = params.get("delivery_ids")
+        if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)):
+            raise BadRequest("delivery_ids must be a list of strings")
+        return swarm_store.claim(self.ledger, run["run_id"], self._action_id(params, run), ids)
+
+    async def child_result(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self._parent(slot, params)
+        reply = params.get("reply")
+        summary = reply if isinstance(reply, str) else ""
+        blockers = finalization.blockers(self.ledger, run["run_id"])
+        error = ("ended with open work: " + "; ".join(blockers)) if blockers else None
+        if run["kind"] == "child":
+            delivery = swarm_store.finish_child(self.ledger, run["run_id"], summary, error)
+        elif run["kind"] == "delegation":
+            delivery = swarm_store.finish_delegation(self.ledger, run["run_id"], summary, error)
+        else:
+            raise BadRequest("a root run writes a final reply, not a child result")
+        self._after_delivery(delivery, run)
+        return {"delivery_id": delivery}
+
+    # -- background: stops, wakes, timeouts, escalations ------------------------------
+
+    async def worker(self) -> None:
+        async for op, target in self._receive:
+            if op == "stop" and target in self.sup.tree.slots:
+                await self.sup.tree.stop_actor(self.sup.tree.slots[target], reason="run ended")
+            elif op == "wake":
+                await self.sup.runs.wake(target)
+
+    async def watchdog(self) -> None:
+        """Children that run past child_timeout_s yield a failed result."""
+        limit = self.sup.spec.limits.child_timeout_s
+        while True:
+            now = time.time()
+            earliest = math.inf
+            for child in swarm_store.children_to_run(self.ledger):
+                deadline = child["created_at"] + limit
+                if deadline <= now:
+                    run_store.set_run_status(
+                        self.ledger, child["run_id"], RunStatus.FAILED, f"timed out after {limit}s"
+                    )
+                else:
+                    earliest = min(earliest, deadline)
+            changed = self._timeouts_changed = trio.Event()
+            with trio.move_on_after(max(0.0, earliest - time.time()) if earliest != math.inf else math.inf):
+                await changed.wait()
+
+    async def on_escalated(self, group_id: str) -> None:
+        if not group_id.startswith("g-child-"):
+            return
+        instance = group_id[2:]
+        child = self.ledger.one("SELECT run_id, status FROM children WHERE instance_id = ?", instance)
+        if child is not None and child["status"] != "terminal":
+            run_store.set_run_status(
+                self.ledger, child["run_id"], RunStatus.FAILED, "the child crashed past its restart intensity"
+            )
+
+    # -- recovery -------------------------------------------------------------------
+
+    def recover(self, ledger: Ledger, report: RecoveryReport) -> None:
+        for row in ledger.all("SELECT claim_id FROM claim_journal WHERE phase = ?", ClaimPhase.PREPARED.value):
+            try:
+                swarm_store.commit_claim(ledger, row["claim_id"])
+            except Exception as exc:  # a lost race: the claim stays prepared and is refused on replay
+                report.notes.append(f"claim {row['claim_id']}: {exc}")
+        for row in ledger.all(
+            "SELECT c.run_id, r.status, r.reason FROM children c JOIN runs r ON r.run_id = c.run_id"
+            " WHERE c.status != 'terminal' AND r.status IN ('failed', 'cancelled')"
+        ):
+            swarm_store.finish_child(ledger, row["run_id"], None, row["reason"] or row["status"])
+        for row in ledger.all(
+            "SELECT run_id FROM runs WHERE status = 'waiting-for-join' AND run_id NOT IN"
+            " (SELECT parent_run_id FROM isolated_groups WHERE status = 'open')"
+            " AND run_id NOT IN (SELECT parent_run_id FROM delegations WHERE status != 'terminal')"
+        ):
+            run_store.set_run_status(ledger, row["run_id"], RunStatus.RUNNING, "joined during recovery")
+
+    async def restart_children(self) -> None:
+        for child in swarm_store.children_to_run(self.ledger):
+            await self.start_child(child["instance_id"])
+
+    def show_section(self, run_id: str) -> dict[str, Any]:
+        groups = []
+        for group in self.ledger.all("SELECT * FROM isolated_groups WHERE parent_run_id = ?", run_id):
+            children = self.ledger.all(
+                "SELECT delegation_id, instance_id, template, run_id, status, result"
+                " FROM children WHERE group_id = ? ORDER BY idx",
+                group["group_id"],
+            )
+            groups.append(
+                {
+                    "group_id": group["group_id"],
+                    "status": group["status"],
+                    "children": [
+                        {**dict(c), "result": json.loads(c["result"]) if c["result"] else None} for c in children
+                    ],
+                }
+            )
+        delegations = [
+            {**dict(d), "result": json.loads(d["result"]) if d["result"] else None}
+            for d in self.ledger.all(
+                "SELECT delegation_id, target_agent, repair_of, run_id, status, result"
+                " FROM delegations WHERE parent_run_id = ? ORDER BY created_at",
+                run_id,
+            )
+        ]
+        deliveries = [
+            dict(d)
+            for d in self.ledger.all(
+                "SELECT delivery_id, kind, source_id, status, claimed_by_action_id, claim_id FROM deliveries"
+                " WHERE parent_run_id = ? ORDER BY created_at",
+                run_id,
+            )
+        ]
+        claims = [
+            dict(c)
+            for c in self.ledger.all(
+                "SELECT claim_id, action_id, delivery_ids, phase FROM claim_journal WHERE parent_run_id = ?",
+                run_id,
+            )
+        ]
+        return {"groups": groups, "delegations": delegations, "deliveries": deliveries, "claims": claims}
+
+
+def install(sup: Supervisor) -> SwarmService:
+    service = SwarmService(sup)
+    sup.actor_methods.update(
+        {
+            "swarm.spawn": service.spawn,
+            "swarm.delegate": service.delegate,
+            "swarm.claim": service.claim,
+            "run.child_result": service.child_result,
+        }
+    )
+    hooks = sup.hooks
+    hooks.on_status.append(service.on_status)
+    hooks.on_receipt.append(service.on_receipt)
+    hooks.loop_blockers.append(service.park_for_join)
+    hooks.finalize_blockers.append(swarm_store.blockers)
+    hooks.recovery_steps.append(service.recover)
+    sup.recovery_hooks.append(service.restart_children)
+    sup.background.extend([service.worker, service.watchdog])
+    sup.tree.on_escalated.append(service.on_escalated)
+    hooks.show_sections["swarm"] = service.show_section
+    return service

@@ -1,0 +1,1 @@
+"""The supervision tree: actor slots, their state machine, restart decisions and readiness."""
