@@ -12,7 +12,6 @@ import copy
 import dataclasses
 import fnmatch
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
@@ -71,16 +70,15 @@ FINISH_RETRY_BASE_S = 0.2
 FINISH_RETRY_CAP_S = 10.0
 #: Room an envelope needs beside the values it carries (ids, token, field names).
 WIRE_SLACK_BYTES = 64 * 1024
-
-
-def _unsafe_effect_order() -> bool:
-    return os.environ.get("CORRAL_TEST_UNSAFE_EFFECT_ORDER") == "1"
+#: The broken build that runs a side effect before committing ``executing``, armed
+#: only through the failpoint spec (chaos proves its checker catches it).
+_EFFECT_FIRST = "agent.effect-before-executing"
 
 
 async def run(ctx: ActorContext) -> int:
     wake = trio.Event()
     woken = [wake]
-    inflight = InFlight(Path(ctx.config["home"]), ctx.actor_id) if ctx.config.get("home") else None
+    inflight = InFlight(Path(ctx.config["home"]), ctx.actor_id)
 
     async def listen() -> None:
         async for envelope in ctx.channel.inbox:
@@ -142,7 +140,7 @@ class Lane:
         #: Which actions run right now, for the supervisor to charge a crash to.
         self.inflight = inflight
         #: What the values of one message may take on the wire.
-        self.budget = max(16 * 1024, int(ctx.config.get("max_frame", 1024 * 1024)) - WIRE_SLACK_BYTES)
+        self.budget = max(16 * 1024, ctx.config["max_frame"] - WIRE_SLACK_BYTES)
         self.run_id: str = run["run_id"]
         self.tools: dict[str, Tool] = all_tools()
         self.tools.update(mcp_tools(run.get("mcp_tools")))
@@ -178,7 +176,7 @@ class Lane:
 
     async def step_call(self, method: str, **params: Any) -> dict[str, Any]:
         """A step whose reply also carries the next step (see supervisor/runs/step_piggyback.py)."""
-        if _unsafe_effect_order():
+        if failpoints.armed(_EFFECT_FIRST):
             return await self.call(method, **params)  # the broken build keeps its own order
         answer = await self.call(method, want_next=True, history_have=len(self.history), **params)
         self.next = cast("Step | None", answer.get("next"))
@@ -272,7 +270,7 @@ class Lane:
         text = response.text[:MAX_RESPONSE_CHARS]
         # The plan travels with the response it was parsed from (one round trip);
         # the supervisor commits the response first, then the plan.
-        carried = {} if _unsafe_effect_order() else self.parsed(provider, text)
+        carried = {} if failpoints.armed(_EFFECT_FIRST) else self.parsed(provider, text)
         if carried and recordable.encoded_size([text, carried]) > self.budget:
             carried = {}  # too much for one message: the plan follows in its own (step_parse)
         await self.step_call("provider.handoff", slot=begun["slot"], text=text, **carried)
@@ -375,7 +373,7 @@ class Lane:
 
     async def step_execute(self, step: ExecuteStep) -> None:
         action_id = step["action_id"]
-        if _unsafe_effect_order():
+        if failpoints.armed(_EFFECT_FIRST):
             await self._execute_unsafely(step)
             return
         if not step.get("begun"):  # else ``executing`` was committed with the last reply
@@ -454,7 +452,8 @@ class Lane:
 
     async def _execute_unsafely(self, step: ExecuteStep) -> None:
         """The deliberately broken build: side effect first, ``executing`` after.
-        Exists so that chaos can prove its checker fails; never enabled otherwise."""
+        Exists so that chaos can prove its checker fails; runs only when the broken
+        build ``agent.effect-before-executing`` is armed (corral/core/failpoints.py)."""
         action_id = step["action_id"]
         ok, output, summary, error = await self.execute(action_id, step["tool"], step["input"])
         begun = await self.ctx.call("action.begin", action_id=action_id)

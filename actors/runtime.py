@@ -14,6 +14,7 @@ import trio
 
 from corral.core import failpoints
 from corral.core.errors import UserCodeError
+from corral.mailbox.actor_config import ActorConfig
 from corral.mailbox.channel import Channel, open_channel
 from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull
@@ -27,25 +28,28 @@ EXIT_UNKNOWN_TEMPLATE = 2
 EXIT_TEMPLATE_IMPORT = 3
 EXIT_TEMPLATE_START = 4
 
+#: Once asked to stop, a template gets this long to finish its current step before
+#: it is cancelled; the supervisor's shutdown timeout stays the hard bound.
+DRAIN_S = 0.5
+
 
 @dataclass
 class ActorContext:
     """What an actor process knows: its id and incarnation (1, 2, ... per restart),
-    its spec ``params``, its channel to the supervisor, and ``shutdown`` (set when
-    it is asked to stop)."""
+    its spec ``params``, its channel to the supervisor, its boot ``config``
+    (mailbox/actor_config.py), and ``shutdown`` (set when it is asked to stop)."""
 
     actor_id: str
     incarnation: int
     template: str
     channel: Channel
-    config: dict[str, Any]
+    config: ActorConfig
     #: Set when the supervisor asks this actor to stop (graceful shutdown).
     shutdown: trio.Event
 
     @property
     def params(self) -> dict[str, Any]:
-        params: dict[str, Any] = self.config.get("params", {})
-        return params
+        return self.config["params"]
 
     async def call(self, method: str, timeout: float = 30.0, **params: Any) -> dict[str, Any]:
         """Request to the supervisor; raises RemoteError/DeadlineExceeded."""
@@ -127,16 +131,16 @@ async def _warm_trio() -> None:
         await trio.sleep_forever()
 
 
-def actor_main(config: dict[str, Any], token: str) -> int:
+def actor_main(config: ActorConfig, token: str) -> int:
     from corral.actors.user_code import import_tool_modules_from_env
 
     import_tool_modules_from_env()  # a no-op after the fork server's preload
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {config['actor_id']} %(levelname)s %(message)s")
-    failpoints.configure(config.get("failpoints", ""), config.get("supervisor_pid"))
+    failpoints.configure(config["failpoints"], config["supervisor_pid"])
     return trio.run(_actor, config, token)
 
 
-async def _actor(config: dict[str, Any], token: str) -> int:
+async def _actor(config: ActorConfig, token: str) -> int:
     try:
         template = lookup_template(config["template"])
     except KeyError:
@@ -151,8 +155,8 @@ async def _actor(config: dict[str, Any], token: str) -> int:
         config["address"],
         actor_id,
         listen=False,
-        max_frame=config.get("max_frame", 1024 * 1024),
-        inbox_size=config.get("inbox_size", 256),
+        max_frame=config["max_frame"],
+        inbox_size=config["inbox_size"],
         token=token,
     ) as channel:
         hello = Envelope(
@@ -175,16 +179,14 @@ async def _actor(config: dict[str, Any], token: str) -> int:
 
             async def watch_shutdown() -> None:
                 await ctx.shutdown.wait()
-                # Templates get a moment to finish their current step; the
-                # supervisor's shutdown timeout is the hard bound.
-                with trio.move_on_after(config.get("drain_s", 0.5)):
+                with trio.move_on_after(DRAIN_S):
                     await trio.sleep_forever()
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(run_template)
             nursery.start_soon(watch_shutdown)
-            if config.get("heartbeat_s"):
-                nursery.start_soon(_heartbeat, channel, float(config["heartbeat_s"]))
+            if config["heartbeat_interval_s"]:
+                nursery.start_soon(_heartbeat, channel, config["heartbeat_interval_s"])
         return code
 
 

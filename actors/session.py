@@ -29,18 +29,12 @@ from typing import Any
 
 import trio
 
-from corral.actors.pty_session import (
-    BadSessionInput,
-    PtySession,
-    SessionError,
-    SessionState,
-    StateChange,
-    decode_cursor,
-    is_terminal,
-)
+from corral.actors.pty_session import PtySession, StateChange
 from corral.actors.runtime import ActorContext, is_shutdown
+from corral.actors.session_state import BadSessionInput, SessionError, SessionState, decode_cursor, is_terminal
 from corral.core import failpoints
 from corral.core.redact import summarize
+from corral.core.transitions import IllegalTransition
 from corral.mailbox.envelope import Envelope, Kind
 from corral.sandbox.bwrap import Rlimits, SandboxError, SandboxMode, SandboxProfile
 from corral.sandbox.exec_handshake import ReadyInfo
@@ -247,7 +241,7 @@ async def _answer(ctx: ActorContext, session: PtySession, reporter: _Reporter, e
             reply = {"status": state.value, "exit_code": session.exit_code}
         else:
             raise BadSessionInput(f"unknown session request {str(op)[:40]!r}")
-    except SessionError as exc:
+    except (SessionError, IllegalTransition) as exc:
         await _reply_error(ctx, envelope, exc.code, str(exc))
         return
     except OSError as exc:

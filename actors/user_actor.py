@@ -142,4 +142,4 @@ async def _dispatch(actor: Actor, ctx: ActorContext, envelope: Envelope) -> None
 
 def _reply_budget(ctx: ActorContext) -> int:
     """What a reply's body may take: the frame limit, less room for the envelope."""
-    return max(1024, int(ctx.config.get("max_frame", 1024 * 1024)) - REPLY_SLACK_BYTES)
+    return max(1024, ctx.config["max_frame"] - REPLY_SLACK_BYTES)

@@ -70,9 +70,11 @@ def require_corral() -> None:
 _homes = itertools.count(1)
 
 
-def _echo_spec(n: int, extra: str = "") -> str:
+def _echo_spec(n: int) -> str:
     # Intensity far above what a benchmark causes: restarts are measured, not limited.
-    return f"""{extra}
+    # The probes: the supervisor's sink for one-way tells, the ledger event emitter.
+    return f"""[supervisor]
+probes = true
 [[groups]]
 id = "bench"
 max_restarts = 100000

@@ -2,7 +2,7 @@
 
 ``run.next_step`` (and the ``next`` a step's reply carries) answers one ``Step``:
 what the agent does next, derived by the supervisor from committed ledger rows
-alone (supervisor/runs/run_store.py ``next_step``). ``action.begin`` answers a
+alone (supervisor/runs/next_step.py). ``action.begin`` answers a
 ``Begun``: whether the agent may start the side effect, in its own vocabulary
 (``Begin``), never confused with a step.
 

@@ -21,8 +21,6 @@ ENV_ALLOWLIST = (
     "CORRAL_FAILPOINT_DIR",
     # The spec's [tools] modules (names and paths, no secrets): every actor imports them.
     "CORRAL_TOOL_MODULES",
-    # test-only: the deliberately broken build that chaos must catch
-    "CORRAL_TEST_UNSAFE_EFFECT_ORDER",
 )
 
 RLIMITS = {

@@ -22,6 +22,7 @@ from corral.mailbox.envelope import Envelope
 from corral.mailbox.errors import ChannelClosed
 from corral.sandbox.guard_record import recover_home
 from corral.sandbox.launcher import make_launcher
+from corral.supervisor import probes
 from corral.supervisor.bridge import bridge_service
 from corral.supervisor.bridge.bridge_service import BridgeService
 from corral.supervisor.cluster import node_service
@@ -187,8 +188,7 @@ class Supervisor:
         and each feature's hooks run in the order the features are added here
         (status hooks, finalization blockers, action guards, ``show`` sections)."""
         node_service.install(self)  # a cluster node: its lease, before any run moves
-        self.runs, self.views = run_service.install(self)
-        node_service.install_views(self)  # ``show`` of a run in another partition
+        self.runs, self.views = run_service.install(self, node_service.partition_reader(self.node))
         self.swarm = swarm_service.install(self)
         self.sessions = session_service.install(self)
         self.mcp = mcp_service.install(self)
@@ -200,6 +200,8 @@ class Supervisor:
         goal_service.install(self)
         compaction_service.install(self)
         self.collaboration = collaboration_service.install(self)
+        if self.spec.supervisor.probes:
+            probes.install(self)
 
     async def _recover(self) -> None:
         """Recovery hooks registered by the run layer (finalizations, actions, runs)."""
@@ -313,13 +315,13 @@ class Supervisor:
         if not isinstance(method, str):
             if envelope.body.get("op") == "ping":
                 return {"pong": True}
-            raise SupervisorError("message has no method", "bad-request")
+            raise SupervisorError("message has no method", code="bad-request")
         handler = self.actor_methods.get(method)
         if handler is None:
-            raise SupervisorError(f"no actor method {method!r}", "unknown-method")
+            raise SupervisorError(f"no actor method {method!r}", code="unknown-method")
         params = envelope.body.get("params", {})
         if not isinstance(params, dict):
-            raise SupervisorError("params must be a map", "bad-request")
+            raise SupervisorError("params must be a map", code="bad-request")
         try:
             result = dict(await handler(slot, params))
         except BaseException:
@@ -359,45 +361,9 @@ class Supervisor:
             request_actor=self._request_actor,
         )
         self.actor_methods["ping"] = self._actor_ping
-        # A counter for one-way throughput measurements (bench/): tells are counted, not stored.
-        self.sink_count = 0
-        self.actor_methods["bench.sink"] = self._sink
-        self.actor_methods["bench.sink_count"] = self._sink_read
-        self.actor_methods["bench.sink_reset"] = self._sink_reset
-        self.control_methods["bench.emit_events"] = self._emit_events
 
     async def _ping(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"pong": True, "boot_id": self.boot_id, "pid": self.pid, "protocol": PROTOCOL_VERSION}
-
-    async def _sink(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        self.sink_count += 1
-        return {}
-
-    async def _sink_read(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        return {"count": self.sink_count}
-
-    async def _sink_reset(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        self.sink_count = 0
-        return {}
-
-    async def _emit_events(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Load for the dashboard's live-stream bench: ``n`` events of kind
-        ``bench-load`` at ``rate`` per second, committed every 5 ms (never fsync'd:
-        they guard nothing). Answers when the last one is committed."""
-        n = param_int(params, "n", 1000, low=1, high=1_000_000)
-        rate = param_int(params, "rate", 5000, low=1, high=1_000_000)
-        start = trio.current_time()
-        done, first, last = 0, 0, 0
-        while done < n:
-            due = min(n, int((trio.current_time() - start) * rate) + 1)
-            if due > done:
-                with self.ledger.tx(fsync=False):
-                    for index in range(done, due):
-                        last = self.ledger.event("bench-load", "bench", i=index)
-                        first = first or last
-                done = due
-            await trio.sleep(0.005)
-        return {"emitted": n, "first": first, "last": last, "elapsed_s": round(trio.current_time() - start, 3)}
 
     async def _actor_ping(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         return {"pong": True, "actor": slot.id}
@@ -477,7 +443,7 @@ class Supervisor:
     async def _kill_actor(self, params: dict[str, Any]) -> dict[str, Any]:
         actor_id = params.get("actor_id")
         if not isinstance(actor_id, str) or actor_id not in self.tree.slots:
-            raise SupervisorError(f"no actor {actor_id!r}", "not-found")
+            raise SupervisorError(f"no actor {actor_id!r}", code="not-found")
         await self.tree.kill_actor(actor_id)
         return {"killed": actor_id}
 
@@ -508,11 +474,11 @@ async def _request_actor_impl(sup: Supervisor, params: dict[str, Any]) -> dict[s
     body = params.get("body", {})
     timeout = param_seconds(params, "timeout_s", 10.0, low=0.001, high=3600.0)
     if not isinstance(actor_id, str) or actor_id not in sup.tree.slots:
-        raise SupervisorError(f"no actor {actor_id!r}", "not-found")
+        raise SupervisorError(f"no actor {actor_id!r}", code="not-found")
     if not isinstance(body, dict):
-        raise SupervisorError("body must be a map", "bad-request")
+        raise SupervisorError("body must be a map", code="bad-request")
     try:
         return await sup.tree.request(actor_id, body, float(timeout))
     except ChannelClosed:
-        raise SupervisorError(f"actor {actor_id} went away before answering", "actor-gone") from None
+        raise SupervisorError(f"actor {actor_id} went away before answering", code="actor-gone") from None
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 
 class SupervisorError(RuntimeError):
+    """What the supervisor answers a caller with: a message, and a ``code`` named by
+    keyword (the wire's error envelope, ``RemoteError``, is built ``(code, message)``;
+    a keyword keeps the two orders from being confused)."""
+
     code = "error"
 
     def __init__(self, message: str, code: str | None = None) -> None:

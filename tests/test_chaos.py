@@ -53,7 +53,8 @@ def test_the_failpoint_suite_holds_on_a_postgresql_ledger(short_tmp: Path, pg_ur
 
 
 def test_a_build_that_commits_executing_after_the_effect_is_caught(short_tmp: Path) -> None:
-    env = {**os.environ, "CORRAL_TEST_UNSAFE_EFFECT_ORDER": "1"}
+    # The broken build is armed like a failpoint; chaos keeps it armed in every episode.
+    env = {**os.environ, failpoints.ENV_VAR: "agent.effect-before-executing=on"}
     report_path = short_tmp / "report.json"
     result = subprocess.run(
         [*CHAOS, "--mode", "random", "--kills", "1", "--seed", "7", "--quiet", "--json", str(report_path)],

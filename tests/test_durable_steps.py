@@ -14,8 +14,9 @@ from corral.actors.agent import Lane
 from corral.mailbox.control import ControlError
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import SqliteLedger
-from corral.supervisor.runs import run_store
-from corral.supervisor.runs.run_service import RunService, _history_have
+from corral.supervisor.runs import action_store, run_store
+from corral.supervisor.runs.run_actor_methods import _history_have
+from corral.supervisor.runs.run_service import RunService
 from tests.harness import Daemon, agent_spec, effects, ledger_rows, running, wait_run
 
 READS_THEN_EFFECT = """
@@ -315,15 +316,15 @@ def test_a_bad_history_count_is_refused(have: object) -> None:
 async def test_a_batch_naming_an_action_twice_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     ledger = SqliteLedger(tmp_path / "ledger.db")
     ledger.begin_boot("b1", 1, 1)
-    service = RunService(SimpleNamespace(ledger=ledger))  # type: ignore[arg-type]
+    service = RunService(ledger, ledger.hooks, spec=None, home=tmp_path, tree=None, boot_id="b1")  # type: ignore[arg-type]
     slot = SimpleNamespace(id="writer", spec=SimpleNamespace(params={"agent_id": "writer"}))
     run_id = run_store.create_run(ledger, agent_id="writer", task="t", provider="scripted",
                                   provider_config={"script": {"steps": []}})
     ids = []
     for index in range(2):
-        row = run_store.prepare_action(ledger, run_id, 0, index, "fs.list", {"path": "."}, rerunnable=True,
+        row = action_store.prepare_action(ledger, run_id, 0, index, "fs.list", {"path": "."}, rerunnable=True,
                                        policy="auto")
-        run_store.begin_action(ledger, row["action_id"])
+        action_store.begin_action(ledger, row["action_id"])
         ids.append(row["action_id"])
     cursor = ledger.last_cursor()
     twice = [{"action_id": ids[0], "ok": True, "output": {"n": n}} for n in (1, 2)]

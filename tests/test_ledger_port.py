@@ -11,7 +11,7 @@ import pytest
 from corral.supervisor.errors import Conflict
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.ledger.schema import MIGRATIONS
-from corral.supervisor.runs import recovery, run_store
+from corral.supervisor.runs import action_store, loop_plan_store, provider_store, recovery, run_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.run_state import RunStatus
 
@@ -102,15 +102,15 @@ def test_a_plan_read_inside_a_rolled_back_transaction_is_not_remembered(open_led
     ledger = open_ledger()
     run_id = _new_run(ledger)
     run_store.set_run_status(ledger, run_id, RunStatus.RUNNING)
-    slot = run_store.begin_provider_request(ledger, run_id, 0)["slot"]
+    slot = provider_store.begin_provider_request(ledger, run_id, 0)["slot"]
     with pytest.raises(ZeroDivisionError), ledger.tx():
-        run_store.commit_plan(ledger, run_id, 0, slot, {"final": "never committed"})
-        assert run_store.get_plan(ledger, run_id, 0) == {"final": "never committed"}
+        loop_plan_store.commit_plan(ledger, run_id, 0, slot, {"final": "never committed"})
+        assert loop_plan_store.get_plan(ledger, run_id, 0) == {"final": "never committed"}
         _ = 1 / 0
-    assert run_store.get_plan(ledger, run_id, 0) is None
-    run_store.commit_plan(ledger, run_id, 0, slot, {"final": "ok"})
-    assert run_store.get_plan(ledger, run_id, 0) == {"final": "ok"}
-    assert run_store.get_plan(ledger, run_id, 0) == {"final": "ok"}, "read again: the same plan"
+    assert loop_plan_store.get_plan(ledger, run_id, 0) is None
+    loop_plan_store.commit_plan(ledger, run_id, 0, slot, {"final": "ok"})
+    assert loop_plan_store.get_plan(ledger, run_id, 0) == {"final": "ok"}
+    assert loop_plan_store.get_plan(ledger, run_id, 0) == {"final": "ok"}, "read again: the same plan"
 
 
 def test_insert_or_ignore_json_fields_and_insertion_order(open_ledger: Any) -> None:
@@ -130,9 +130,10 @@ def test_insert_or_ignore_json_fields_and_insertion_order(open_ledger: Any) -> N
     )
     assert len(rows) == 1 and '"n": 0' in rows[0]["data"], "the second insert was ignored"
     run_store.set_run_status(ledger, run_id, RunStatus.RUNNING)
-    first = run_store.begin_provider_request(ledger, run_id, 0)["slot"]
-    run_store.provider_failed(ledger, run_id, first, "transient", "try again", run_store.RunLimits(retry_base_s=0.0))
-    second = run_store.begin_provider_request(ledger, run_id, 0)["slot"]
+    first = provider_store.begin_provider_request(ledger, run_id, 0)["slot"]
+    provider_store.provider_failed(ledger, run_id, first, "transient", "try again",
+                                   run_store.RunLimits(retry_base_s=0.0))
+    second = provider_store.begin_provider_request(ledger, run_id, 0)["slot"]
     listed = ledger.all("SELECT rowid, * FROM provider_requests WHERE run_id = ? ORDER BY rowid", run_id)
     assert [row["slot"] for row in listed] == [first, second], "rows come back in insertion order"
 
@@ -146,27 +147,28 @@ def test_a_run_and_its_action_lifecycle(open_ledger: Any) -> None:
     assert claimed["status"] == RunStatus.RUNNING
     assert run_store.claim_run(ledger, "reviewer") is None, "another agent's lane is empty"
     assert run_store.get_run(ledger, run_id)["status"] == RunStatus.RUNNING
-    row = run_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, rerunnable=False, policy="auto")
+    row = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, rerunnable=False, policy="auto")
     action_id = row["action_id"]
-    assert run_store.get_action(ledger, action_id)["phase"] == ActionPhase.PREPARED
-    again = run_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, rerunnable=False, policy="auto")
+    assert action_store.get_action(ledger, action_id)["phase"] == ActionPhase.PREPARED
+    again = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, rerunnable=False,
+                                        policy="auto")
     assert again["action_id"] == action_id, "preparing is idempotent by position"
-    begun = run_store.begin_action(ledger, action_id)
+    begun = action_store.begin_action(ledger, action_id)
     assert begun["phase"] == ActionPhase.EXECUTING
     with pytest.raises(Exception):  # noqa: B017 - each backend names its own error
-        run_store.move_action(ledger, action_id, ActionPhase.PREPARED)
-    assert run_store.get_action(ledger, action_id)["phase"] == ActionPhase.EXECUTING
+        action_store.move_action(ledger, action_id, ActionPhase.PREPARED)
+    assert action_store.get_action(ledger, action_id)["phase"] == ActionPhase.EXECUTING
     commits = ledger.commits
-    run_store.finish_action(ledger, action_id, True, {"bytes": 1}, "wrote a", None)
+    action_store.finish_action(ledger, action_id, True, {"bytes": 1}, "wrote a", None)
     assert ledger.commits == commits + 1, "the outcome, its receipt and its observation: one commit"
-    run_store.finish_action(ledger, action_id, True, {"bytes": 1}, "wrote a", None)  # a lost reply, repeated
+    action_store.finish_action(ledger, action_id, True, {"bytes": 1}, "wrote a", None)  # a lost reply, repeated
     receipts = ledger.all("SELECT status FROM receipts WHERE action_id = ?", action_id)
     assert [row["status"] for row in receipts] == ["ok"]
     assert [entry["action_id"] for entry in run_store.history(ledger, run_id)] == [action_id]
     with pytest.raises(Conflict):
-        run_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "b"}, rerunnable=False, policy="auto")
+        action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "b"}, rerunnable=False, policy="auto")
     assert run_store.get_run(ledger, run_id)["status"] == RunStatus.FAILED, "a different call: failed closed"
-    assert run_store.get_action(ledger, action_id)["phase"] == ActionPhase.OK
+    assert action_store.get_action(ledger, action_id)["phase"] == ActionPhase.OK
 
 
 def test_history_is_the_observations_in_order_and_its_tail_past_a_count(open_ledger: Any) -> None:
@@ -188,12 +190,12 @@ def test_recovery_marks_an_unknown_outcome_and_never_replays_it(open_ledger: Any
     ledger.begin_boot("b1", 1, 1)
     run_id = _new_run(ledger)
     run_store.set_run_status(ledger, run_id, RunStatus.RUNNING)
-    effect = run_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, rerunnable=False,
+    effect = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, rerunnable=False,
                                       policy="auto")["action_id"]
-    read = run_store.prepare_action(ledger, run_id, 0, 1, "fs.read", {"path": "a"}, rerunnable=True,
+    read = action_store.prepare_action(ledger, run_id, 0, 1, "fs.read", {"path": "a"}, rerunnable=True,
                                     policy="auto")["action_id"]
-    run_store.begin_action(ledger, effect)
-    run_store.begin_action(ledger, read)
+    action_store.begin_action(ledger, effect)
+    action_store.begin_action(ledger, read)
     after_crash = open_ledger()
     after_crash.begin_boot("b2", 2, 1)
     boots = after_crash.all("SELECT boot_id, end_reason FROM boots ORDER BY seq")
@@ -201,7 +203,7 @@ def test_recovery_marks_an_unknown_outcome_and_never_replays_it(open_ledger: Any
     report = recovery.recover(after_crash, lambda provider: True)
     assert report.reconciliations == [effect]
     assert report.rerun_read_only == 1, "a read may run again: recovery leaves it to the next step"
-    assert run_store.get_action(after_crash, effect)["phase"] == ActionPhase.NEEDS_RECONCILIATION
+    assert action_store.get_action(after_crash, effect)["phase"] == ActionPhase.NEEDS_RECONCILIATION
     second = recovery.recover(after_crash, lambda provider: True)
     assert second.reconciliations == [], "recovery is idempotent"
 

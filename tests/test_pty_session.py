@@ -17,22 +17,19 @@ import psutil
 import pytest
 import trio
 
-from corral.actors.pty_session import (
-    OUTPUT_LIMIT_BYTES,
+from corral.actors.one_shot_command import read_transcript_lines, run_command
+from corral.actors.pty_session import OUTPUT_LIMIT_BYTES, PtySession, StateChange
+from corral.actors.session_state import (
     TRANSITIONS,
     BadSessionInput,
-    IllegalTransition,
     InvalidCursor,
-    PtySession,
     SessionNotRunning,
     SessionState,
-    StateChange,
     check_transition,
     decode_cursor,
     encode_cursor,
-    read_transcript_lines,
-    run_command,
 )
+from corral.core.transitions import IllegalTransition
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile
 from corral.sandbox.exec_handshake import ReadyInfo
 from corral.sandbox.launched_process import TargetExecFailed

@@ -78,3 +78,19 @@ def test_public_classes_and_functions_are_documented() -> None:
             continue
         value = getattr(corral, name)
         assert (value.__doc__ or "").strip(), f"corral.{name} has no docstring"
+
+
+def test_the_ground_every_layer_imports_never_loads_the_public_roof() -> None:
+    """corral.core sits inside the package whose __init__ is the public API. Importing
+    it runs that __init__, which is lazy: so a core module may load only corral.core
+    itself, never the client, the CLI or any layer above it."""
+    code = (
+        "import importlib, json, pkgutil, sys, corral.core as core\n"
+        "out = {}\n"
+        "for info in pkgutil.iter_modules(core.__path__, 'corral.core.'):\n"
+        "    importlib.import_module(info.name)\n"
+        "out = sorted(m for m in sys.modules if m.startswith('corral') and m != 'corral'"
+        " and not m.startswith('corral.core'))\n"
+        "print(json.dumps(out))\n"
+    )
+    assert json.loads(_run(code)) == []

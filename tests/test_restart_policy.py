@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from corral.supervisor.tree.actor_state import ActorState, IllegalTransition, check_transition
+from corral.core.transitions import IllegalTransition
+from corral.supervisor.tree.actor_state import ActorState, check_transition
 from corral.supervisor.tree.restart_policy import (
     Intensity,
     RestartType,

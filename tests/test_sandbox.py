@@ -21,7 +21,9 @@ import psutil
 import pytest
 import trio
 
-from corral.actors.pty_session import PtySession, SessionState, run_command
+from corral.actors.one_shot_command import run_command
+from corral.actors.pty_session import PtySession
+from corral.actors.session_state import SessionState
 from corral.sandbox.bwrap import (
     LaunchMode,
     Rlimits,

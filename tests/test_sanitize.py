@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.actors.pty_session import IncrementalSanitizer
+from corral.actors.incremental_sanitize import IncrementalSanitizer
 from corral.actors.sanitize import redact_paths, sanitize_output, strip_controls
 from corral.core.redact import REDACTED
 

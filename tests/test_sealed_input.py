@@ -11,7 +11,7 @@ import pytest
 from corral.actors.tools.base import ToolError, validate_input
 from corral.actors.tools.process import ProcessStdin
 from corral.supervisor.ledger.port import SqliteLedger
-from corral.supervisor.runs import run_store, sealed_input
+from corral.supervisor.runs import action_store, run_store, sealed_input
 from corral.supervisor.runs.action_state import ActionPhase, action_id
 
 PLAN = {
@@ -70,11 +70,11 @@ def test_the_boot_sweep_keeps_only_entries_an_action_will_still_read(tmp_path: P
     )
     waiting_plan = {"actions": [PLAN["actions"][1]] * 2, "final": None}
     sealed, _ = sealed_input.seal_plan(spool, run_id, 0, waiting_plan)
-    started = run_store.prepare_action(
+    started = action_store.prepare_action(
         ledger, run_id, 0, 0, "process.stdin", sealed["actions"][0]["input"], rerunnable=False, policy="auto"
     )
     run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING)
-    run_store.move_action(ledger, started["action_id"], ActionPhase.EXECUTING)
+    action_store.move_action(ledger, started["action_id"], ActionPhase.EXECUTING)
     sealed_input.seal_plan(spool, "run-gone0000", 0, PLAN)  # a run the ledger never saw
     # Action 0 started (it will never be re-run), action 1 is not prepared yet: only it stays.
     assert sealed_input.sweep(spool, ledger) == 2

@@ -13,10 +13,10 @@ import pytest
 from corral.chaos.invariants import check_all
 from corral.supervisor.errors import Refused
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.runs import run_store
+from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.spec.swarm_spec import parse_spec
-from corral.supervisor.swarm import swarm_store
+from corral.supervisor.swarm import children_store, claim_store, delegation_store
 from corral.supervisor.swarm.swarm_state import group_id_for
 from tests.harness import Daemon, drive_to_end, ledger_rows, wait_run, wait_supervisor_gone
 
@@ -51,9 +51,9 @@ def ledger(open_ledger: Any) -> Ledger:
 
 
 def executing_action(ledger: Ledger, run_id: str, index: int, tool: str = "agent.spawn_isolated") -> str:
-    row = run_store.prepare_action(ledger, run_id, 0, index, tool, {"n": index}, rerunnable=True, policy="auto")
+    row = action_store.prepare_action(ledger, run_id, 0, index, tool, {"n": index}, rerunnable=True, policy="auto")
     run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING) if index == 0 else None
-    run_store.move_action(ledger, row["action_id"], ActionPhase.EXECUTING)
+    action_store.move_action(ledger, row["action_id"], ActionPhase.EXECUTING)
     return str(row["action_id"])
 
 
@@ -79,10 +79,10 @@ def counts(ledger: Ledger) -> tuple[int, int, int]:
 def test_spawn_derives_ids_from_the_parent_action_and_replays_idempotently(ledger: Ledger) -> None:
     run = root_run(ledger)
     action = executing_action(ledger, run["run_id"], 0)
-    first = swarm_store.spawn_group(ledger, SPEC, run, action, [child("a"), child("b")], "all")
+    first = children_store.spawn_group(ledger, SPEC, run, action, [child("a"), child("b")], "all")
     assert first["group_id"] == group_id_for(action)
     assert [c["instance_id"].startswith("child-") for c in first["children"]] == [True, True]
-    again = swarm_store.spawn_group(ledger, SPEC, run, action, [child("a"), child("b")], "all")
+    again = children_store.spawn_group(ledger, SPEC, run, action, [child("a"), child("b")], "all")
     assert again == first
     assert counts(ledger) == (1, 2, 3)
 
@@ -106,21 +106,23 @@ def test_spawn_limits_are_checked_before_anything_is_created(ledger: Ledger, chi
     action = executing_action(ledger, run["run_id"], 0)
     before = counts(ledger)
     with pytest.raises(Exception, match=message):
-        swarm_store.spawn_group(ledger, SPEC, run, action, children, "all")
+        children_store.spawn_group(ledger, SPEC, run, action, children, "all")
     assert counts(ledger) == before
 
 
 def test_a_child_may_not_spawn_and_depth_is_limited(ledger: Ledger) -> None:
     run = root_run(ledger)
-    view = swarm_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a")], "all")
+    view = children_store.spawn_group(
+        ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a")], "all"
+    )
     child_run = run_store.get_run(ledger, view["children"][0]["run_id"])
     run_store.set_run_status(ledger, child_run["run_id"], run_store.RunStatus.RUNNING)
-    row = run_store.prepare_action(
+    row = action_store.prepare_action(
         ledger, child_run["run_id"], 0, 0, "agent.spawn_isolated", {}, rerunnable=True, policy="auto"
     )
     before = counts(ledger)
     with pytest.raises(Refused, match="a child may not spawn"):
-        swarm_store.spawn_group(
+        children_store.spawn_group(
             ledger,
             SPEC,
             run_store.get_run(ledger, child_run["run_id"]),
@@ -129,7 +131,7 @@ def test_a_child_may_not_spawn_and_depth_is_limited(ledger: Ledger) -> None:
             "all",
         )
     with pytest.raises(Refused, match="may not delegate"):
-        swarm_store.delegate(
+        delegation_store.delegate(
             ledger,
             SPEC,
             run_store.get_run(ledger, child_run["run_id"]),
@@ -141,18 +143,18 @@ def test_a_child_may_not_spawn_and_depth_is_limited(ledger: Ledger) -> None:
 
 def test_a_repeated_spawn_with_a_new_action_id_is_refused(ledger: Ledger) -> None:
     run = root_run(ledger)
-    swarm_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a")], "all")
+    children_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a")], "all")
     before = counts(ledger)
     with pytest.raises(Refused, match="duplicate spawn refused"):
-        swarm_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], 1), [child("a")], "all")
+        children_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], 1), [child("a")], "all")
     assert counts(ledger) == before
 
 
 def _join_one(ledger: Ledger, run: Any, scope: str, index: int) -> str:
-    view = swarm_store.spawn_group(
+    view = children_store.spawn_group(
         ledger, SPEC, run, executing_action(ledger, run["run_id"], index), [child(scope)], "all"
     )
-    delivery = swarm_store.finish_child(ledger, view["children"][0]["run_id"], "done", None)
+    delivery = children_store.finish_child(ledger, view["children"][0]["run_id"], "done", None)
     assert delivery is not None
     return delivery
 
@@ -162,24 +164,24 @@ def test_a_delivery_is_claimed_once_and_a_second_claim_is_refused(ledger: Ledger
     delivery = _join_one(ledger, run, "a", 0)
     first = executing_action(ledger, run["run_id"], 1, "agent.run_status")
     second = executing_action(ledger, run["run_id"], 2, "agent.run_status")
-    won = swarm_store.claim(ledger, run["run_id"], first, [delivery])
+    won = claim_store.claim(ledger, run["run_id"], first, [delivery])
     assert [d["delivery_id"] for d in won["claimed"]] == [delivery]
     with pytest.raises(Refused, match="already claimed-by-parent"):
-        swarm_store.claim(ledger, run["run_id"], second, [delivery])
-    assert swarm_store.claim(ledger, run["run_id"], second, None)["claimed"] == []
+        claim_store.claim(ledger, run["run_id"], second, [delivery])
+    assert claim_store.claim(ledger, run["run_id"], second, None)["claimed"] == []
     row = ledger.one("SELECT status, claimed_by_action_id FROM deliveries WHERE delivery_id = ?", delivery)
     assert tuple(row) == ("claimed-by-parent", first)
     # A replay of the winning action returns the same claim, it does not claim again.
-    assert swarm_store.claim(ledger, run["run_id"], first, None) == won
+    assert claim_store.claim(ledger, run["run_id"], first, None) == won
 
 
 def test_claims_are_all_or_nothing(ledger: Ledger) -> None:
     run = root_run(ledger)
     d1 = _join_one(ledger, run, "a", 0)
     d2 = _join_one(ledger, run, "b", 1)
-    swarm_store.claim(ledger, run["run_id"], executing_action(ledger, run["run_id"], 2, "agent.run_status"), [d2])
+    claim_store.claim(ledger, run["run_id"], executing_action(ledger, run["run_id"], 2, "agent.run_status"), [d2])
     with pytest.raises(Refused):
-        swarm_store.claim(
+        claim_store.claim(
             ledger, run["run_id"], executing_action(ledger, run["run_id"], 3, "agent.run_status"), [d1, d2]
         )
     assert ledger.one("SELECT status FROM deliveries WHERE delivery_id = ?", d1)[0] == "dispatched"
@@ -187,12 +189,12 @@ def test_claims_are_all_or_nothing(ledger: Ledger) -> None:
 
 def test_a_failed_child_still_counts_toward_the_join(ledger: Ledger) -> None:
     run = root_run(ledger)
-    view = swarm_store.spawn_group(
+    view = children_store.spawn_group(
         ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a"), child("b")], "all"
     )
     first, second = (c["run_id"] for c in view["children"])
-    assert swarm_store.finish_child(ledger, first, None, "crashed past its restart intensity") is None
-    delivery = swarm_store.finish_child(ledger, second, "ok", None)
+    assert children_store.finish_child(ledger, first, None, "crashed past its restart intensity") is None
+    delivery = children_store.finish_child(ledger, second, "ok", None)
     payload = json.loads(ledger.one("SELECT payload FROM deliveries WHERE delivery_id = ?", delivery)[0])
     assert [r["status"] for r in payload["results"]] == ["failed", "failed"]  # the second broke its contract
     assert "missing artifacts" in payload["results"][1]["error"]

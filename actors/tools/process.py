@@ -20,14 +20,9 @@ from typing import Annotated, Any, NotRequired
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from corral.actors.pty_session import (
-    BadSessionInput,
-    SessionError,
-    StreamCapture,
-    read_transcript_lines,
-    run_command,
-)
+from corral.actors.one_shot_command import StreamCapture, read_transcript_lines, run_command
 from corral.actors.session import private_dirs, sandbox_profile
+from corral.actors.session_state import BadSessionInput, SessionError
 from corral.actors.tools.base import Tool, ToolContext, ToolError, ToolResult, schema
 from corral.actors.tools.paths import resolve_in_workspace
 from corral.sandbox.bwrap import SandboxError

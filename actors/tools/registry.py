@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 from corral.actors.providers.base import ToolSchema
+from corral.actors.tools import goal, plan, process, project, swarm, user_input
 from corral.actors.tools.base import Tool
 from corral.actors.tools.effect import EffectBarrier, EffectRecord
 from corral.actors.tools.fs import FsList, FsPatch, FsRead, FsWrite
-from corral.core.optional import import_optional
 
 _BUILTIN: list[Tool] = [FsRead(), FsWrite(), FsPatch(), FsList(), EffectRecord(), EffectBarrier()]
+
+#: The built-in tool families beside the files and effects above, in catalog order:
+#: the swarm's, process sessions and commands, questions to a person, the durable
+#: plan, the goal verdict, and the project's changeset and git tools.
+_FAMILIES: tuple[list[Tool], ...] = (
+    swarm.TOOLS, process.TOOLS, user_input.TOOLS, plan.TOOLS, goal.TOOLS, project.TOOLS,
+)
 
 
 def builtin_tools() -> dict[str, Tool]:
     tools = {tool.schema.name: tool for tool in _BUILTIN}
-    for name in ("corral.actors.tools.swarm", "corral.actors.tools.process", "corral.actors.tools.user_input",
-                 "corral.actors.tools.plan", "corral.actors.tools.goal", "corral.actors.tools.project"):
-        module = import_optional(name)
-        if module is None:
-            continue
-        extra: list[Tool] = module.TOOLS
-        tools.update({tool.schema.name: tool for tool in extra})
+    for family in _FAMILIES:
+        tools.update({tool.schema.name: tool for tool in family})
     return tools
 
 

@@ -158,6 +158,7 @@ class Runner:
 
     def _env(self, failpoint_spec: str = "") -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
+        failpoint_spec = failpoints.with_broken_builds(failpoint_spec)
         env["OPENAI_API_KEY"] = DECOYS[0]
         env["CORRAL_DECOY_TOKEN"] = DECOYS[1]
         if failpoint_spec:

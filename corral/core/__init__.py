@@ -1,2 +1,3 @@
-"""The ground every layer of corral stands on: failpoints, redaction, optional
-imports, process helpers and the base error. Nothing here imports a layer above."""
+"""The ground every layer of corral stands on: failpoints, redaction, process
+helpers, the base error and the one illegal-transition error. Nothing here imports a
+layer above."""

@@ -12,6 +12,10 @@ suffixed ``@once`` so that it fires once per home directory (a marker file recor
 that it fired, which lets a restarted process carry on past it), or ``@N`` so that
 it fires the first N times.
 
+A broken build (:data:`BROKEN_BUILDS`) is armed the same way with the action ``on``
+(``agent.effect-before-executing=on``): the code asks :func:`armed` and takes a
+deliberately wrong path, so that a test can show the checker it exists for fails.
+
 When the variable is unset ``hit()`` is one dict lookup on an empty dict.
 """
 
@@ -71,6 +75,15 @@ KNOWN: dict[str, str] = {
 }
 
 
+#: Deliberately broken builds, armed with the action ``on`` and asked with
+#: :func:`armed`. Each exists only to prove that a checker catches what it breaks.
+#: None is a crash window, so chaos never schedules one; an armed one travels with
+#: the failpoint spec, from the supervisor's environment to its actors' launch config.
+BROKEN_BUILDS: dict[str, str] = {
+    "agent.effect-before-executing": "agent: the side effect runs first, executing is committed after it",
+}
+
+
 #: Failpoints hit inside actor processes; all others are hit inside the supervisor.
 ACTOR_SIDE = frozenset(name for name in KNOWN if name.split(".")[0] in ("agent", "provider", "session", "mcp", "model"))
 
@@ -85,7 +98,7 @@ class FailpointSpecError(ValueError):
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # kill | kill-supervisor | kill-caller | raise | disk-full | block | sleep
+    kind: str  # kill | kill-supervisor | kill-caller | raise | disk-full | block | sleep | on (a broken build)
     sleep_ms: int = 0
     once: bool = False
     #: With ``@N``: fires the first N times per home directory (0: every time).
@@ -108,8 +121,13 @@ def parse(spec: str) -> dict[str, Action]:
         name, sep, action = part.partition("=")
         if not sep:
             raise FailpointSpecError(f"failpoint {part!r}: expected name=action")
+        if name in BROKEN_BUILDS:
+            if action != "on":
+                raise FailpointSpecError(f"broken build {name}: bad action {action!r} (on)")
+            table[name] = Action("on")
+            continue
         if name not in KNOWN:
-            raise FailpointSpecError(f"unknown failpoint {name!r}; known: {', '.join(KNOWN)}")
+            raise FailpointSpecError(f"unknown failpoint {name!r}; known: {', '.join([*KNOWN, *BROKEN_BUILDS])}")
         match = _ACTION.match(action)
         if not match:
             raise FailpointSpecError(
@@ -135,6 +153,21 @@ def configure(spec: str, supervisor_pid: int | None = None) -> None:
 
 def active_spec() -> str:
     return os.environ.get(ENV_VAR, "")
+
+
+def armed(name: str) -> bool:
+    """Whether the broken build ``name`` is switched on in this process."""
+    action = _table.get(name)
+    return action is not None and action.kind == "on"
+
+
+def with_broken_builds(spec: str) -> str:
+    """``spec`` and the broken builds armed in this process's environment: chaos
+    gives each episode its own failpoints, and a broken build armed for a whole
+    chaos run stays armed in every one of them."""
+    parts = [part.strip() for part in active_spec().split(",")]
+    kept = [part for part in parts if part.partition("=")[0] in BROKEN_BUILDS]
+    return ",".join(filter(None, [*kept, spec]))
 
 
 def hit(name: str) -> None:

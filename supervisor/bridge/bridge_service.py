@@ -11,12 +11,16 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from corral.supervisor.bridge.bridge_spec import BridgeSpec
 from corral.supervisor.errors import BadRequest, NotFound, Refused
+from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_int, param_seconds, param_str
+from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL
 
 if TYPE_CHECKING:
@@ -43,9 +47,20 @@ FACTS = {"assignment_id": 40, "binding_id": 40, "bridge_run_id": 40, "submission
 
 
 class BridgeService:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.ledger = sup.ledger
+    def __init__(
+        self,
+        ledger: Ledger,
+        runs: RunService,
+        next_commit: Callable[[], Awaitable[None]],
+        bridge: BridgeSpec | None,
+    ) -> None:
+        self.ledger = ledger
+        #: Starts a job's corral run.
+        self.runs = runs
+        #: Returns after the ledger's next commit: what a wait for a run's end re-reads on.
+        self.next_commit = next_commit
+        #: ``[bridge]`` of the spec (None: no bridge is configured).
+        self.bridge = bridge
 
     def _check_worker(self, slot: ActorSlot) -> None:
         if slot.spec.template != "bridge_worker":
@@ -117,9 +132,9 @@ class BridgeService:
     async def _start_run(self, job: dict[str, Any]) -> str:
         """The task as an ordinary durable corral run (its id follows from the job,
         so a repeated step finds the same run)."""
-        bridge = self.sup.spec.bridge
+        bridge = self.bridge
         assert bridge is not None
-        created = await self.sup.runs.create(
+        created = await self.runs.create(
             {"agent_id": bridge.agent, "task": job["title"], "run_id": "run-" + job["job_id"][4:]}
         )
         return str(created["run_id"])
@@ -134,7 +149,7 @@ class BridgeService:
                 row = self.ledger.one("SELECT status FROM runs WHERE run_id = ?", job["run_id"])
                 if row is None or row["status"] in TERMINAL:
                     break
-                await self.sup.next_commit()
+                await self.next_commit()
         row = self.ledger.one("SELECT status FROM runs WHERE run_id = ?", job["run_id"])
         reply = self.ledger.one("SELECT text FROM replies WHERE run_id = ?", job["run_id"])
         status = row["status"] if row is not None else "missing"
@@ -161,7 +176,7 @@ def _text(params: dict[str, Any], name: str, limit: int) -> str:
 
 
 def install(sup: Supervisor) -> BridgeService:
-    service = BridgeService(sup)
+    service = BridgeService(sup.ledger, sup.runs, sup.next_commit, sup.spec.bridge)
     sup.actor_methods.update(
         {
             "bridge.jobs": service.jobs,

@@ -36,13 +36,15 @@ import trio
 
 from corral.core import failpoints
 from corral.supervisor.cluster import cluster_tables as cluster
-from corral.supervisor.errors import NotFound, StorageFull
+from corral.supervisor.errors import StorageFull
 from corral.supervisor.ledger.ledger_link import Wakeup, connection_lost, keep_connected
 from corral.supervisor.ledger.ledger_pg import PostgresLedger
 from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster, schema_of
 from corral.supervisor.ledger.ledger_pg_wire import PostgresUnavailable, redact_url
 from corral.supervisor.ledger.ledger_spec import URL_ENV, Placement, remember
 from corral.supervisor.ledger.port import Ledger, SqliteLedger
+from corral.supervisor.runs.run_store import get_run
+from corral.supervisor.runs.run_views import show_record
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -142,45 +144,34 @@ def install(sup: Supervisor) -> None:
     sup.shutdown_hooks.append(lambda: _leave(state))
 
 
-def install_views(sup: Supervisor) -> None:
-    """``show`` answers for a run of any partition of the cluster (one a node
-    adopted, one retired, one its node left behind), read-only: no run becomes
-    readable only with SQL. Installed after the run layer, whose ``show`` it extends."""
-    state = sup.node
-    if state is None or "show" not in sup.control_methods:
-        return
-    serve = sup.control_methods["show"]
+class PartitionReader:
+    """``show`` for a run of any partition of the cluster (one a node adopted, one
+    retired, one its node left behind), read-only: no run becomes readable only
+    with SQL. The run layer asks it for a run its own partition does not hold
+    (supervisor/runs/run_views.py ``ShowElsewhere``)."""
 
-    async def show(params: dict[str, Any]) -> Any:
+    def __init__(self, state: NodeState) -> None:
+        self.state = state
+
+    async def show(self, run_id: str) -> dict[str, Any] | None:
+        state = self.state
+        if state.conn is None or state.placement.url is None:
+            return None
+        name = cluster.partition_of_run(state.conn, run_id, state.hold.partition)
+        if name is None:
+            return None
+        other = PostgresLedger(state.placement.url, name, readonly=True)
         try:
-            return await serve(params)
-        except NotFound:
-            shown = await _show_elsewhere(sup, state, params)
-            if shown is None:
-                raise
-            return shown
-
-    sup.control_methods["show"] = show
+            # The features' sections read this supervisor's partition: not shown here.
+            shown = show_record(other, get_run(other, run_id))
+        finally:
+            other.close()
+        return {**shown, "partition": name}
 
 
-async def _show_elsewhere(sup: Supervisor, state: NodeState, params: dict[str, Any]) -> dict[str, Any] | None:
-    from corral.supervisor.runs.run_views import RunViews
-
-    run_id = params.get("run_id")
-    if not isinstance(run_id, str) or state.conn is None or state.placement.url is None:
-        return None
-    name = cluster.partition_of_run(state.conn, run_id, state.hold.partition)
-    if name is None:
-        return None
-    other = PostgresLedger(state.placement.url, name, readonly=True)
-    try:
-        views = RunViews(sup)
-        views.ledger = other
-        views.sections = False
-        shown = await views.show(params)
-    finally:
-        other.close()
-    return {**shown, "partition": name}
+def partition_reader(state: NodeState | None) -> PartitionReader | None:
+    """Where ``show`` finds the runs of the cluster's other partitions (None: no cluster)."""
+    return None if state is None else PartitionReader(state)
 
 
 def _status(state: NodeState, ledger: PostgresLedger) -> dict[str, Any]:

@@ -30,10 +30,10 @@ if TYPE_CHECKING:
 
 
 class CollaborationService:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.ledger: Ledger = sup.ledger
-        self.path = Path(sup.spec.project_root) / collaboration.POLICY_FILE
+    def __init__(self, ledger: Ledger, project_root: Path) -> None:
+        self.ledger = ledger
+        #: The project's policy file, read live until a run binds its snapshot.
+        self.path = Path(project_root) / collaboration.POLICY_FILE
 
     def live(self) -> Policy:
         try:
@@ -134,7 +134,7 @@ class CollaborationService:
 
 
 def install(sup: Supervisor) -> CollaborationService:
-    service = CollaborationService(sup)
+    service = CollaborationService(sup.ledger, sup.spec.project_root)
     sup.hooks.plan_guards.append(service.plan_guard)
     sup.hooks.action_guards.append(service.action_guard)
     sup.control_methods["collaboration.show"] = service.show

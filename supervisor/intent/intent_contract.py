@@ -29,7 +29,7 @@ import re
 import time
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import rfc8785
@@ -38,6 +38,9 @@ from referencing import Registry, Resource
 from corral.core import strict_json
 from corral.supervisor.intent.intent_scope import ScopeError, scope_of
 from corral.supervisor.intent.intent_shell import js_trim
+
+if TYPE_CHECKING:
+    from corral.supervisor.ledger.port import Ledger
 
 SCHEMAS = ("task-contract-lite", "contract-envelope", "provider-contract", "continuity-snapshot",
            "decision-receipt")
@@ -260,7 +263,7 @@ def parse(value: Any) -> Contract:
 # -- the ledger -------------------------------------------------------------------------------
 
 
-def store(ledger: Any, contract: Contract) -> None:
+def store(ledger: Ledger, contract: Contract) -> None:
     """Keep a contract version once, in one transaction. The same projection again
     is accepted; other content at a stored version is a collision; any version
     below the ref's newest is refused, even one stored earlier: a ref's versions
@@ -299,12 +302,12 @@ def store(ledger: Any, contract: Contract) -> None:
         )
 
 
-def latest(ledger: Any, contract_ref: str) -> int | None:
+def latest(ledger: Ledger, contract_ref: str) -> int | None:
     row = ledger.one("SELECT MAX(contract_version) AS v FROM intent_contracts WHERE contract_ref = ?", contract_ref)
     return int(row["v"]) if row is not None and row["v"] is not None else None
 
 
-def load_contract(ledger: Any, binding: dict[str, Any]) -> Contract | None:
+def load_contract(ledger: Ledger, binding: dict[str, Any]) -> Contract | None:
     """The stored contract a binding names, else None."""
     if binding.get("status") != "bound":
         return None
@@ -332,7 +335,7 @@ def load_contract(ledger: Any, binding: dict[str, Any]) -> Contract | None:
                     source, envelope)
 
 
-def load(ledger: Any, binding: dict[str, Any]) -> dict[str, Any] | None:
+def load(ledger: Ledger, binding: dict[str, Any]) -> dict[str, Any] | None:
     """The projection of a bound run's contract, else None."""
     contract = load_contract(ledger, binding)
     return contract.projection if contract is not None else None

@@ -40,8 +40,10 @@ from corral.supervisor.intent.intent_guard import (
     with_paths,
 )
 from corral.supervisor.intent.intent_scope import judge_action, sandbox_paths, scope_of
+from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_text
 from corral.supervisor.runs import run_store
+from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 
 if TYPE_CHECKING:
@@ -57,9 +59,12 @@ VERDICTS = {"block": "block", "ask": "ask", "continue": "continue", "remind": "c
 
 
 class IntentService:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.ledger = sup.ledger
+    def __init__(self, ledger: Ledger, runs: RunService, home: Path) -> None:
+        self.ledger = ledger
+        #: Wakes a run an update rebinds.
+        self.runs = runs
+        #: The supervisor's home: path scopes never reach into it.
+        self.home = home
 
     # -- binding ------------------------------------------------------------------------
 
@@ -136,7 +141,7 @@ class IntentService:
             return decision
         scope = scope_of(projection)
         workspace = Path(json.loads(run["options"]).get("workspace") or ".")
-        decision = with_paths(decision, judge_action(scope, workspace, self.sup.home, tool, tool_input), action)
+        decision = with_paths(decision, judge_action(scope, workspace, self.home, tool, tool_input), action)
         if decision.decision != "block" and tool in COMMAND_TOOLS and scope.active and not self.sandbox_works():
             return Decision(
                 "block", "deterministic_rule", "high", ("scope_unenforceable",), (), "user", action.reversible,
@@ -245,13 +250,13 @@ class IntentService:
         missing, used = missing_evidence(projection, self.evidence_records(run_id))
         return projection, missing, used
 
-    def evidence_blockers(self, ledger: Any, run_id: str) -> list[str]:
+    def evidence_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
         projection, missing, _ = self.evidence(run_id)
         if projection is None or not missing:
             return []
         return [f"{EVIDENCE_PREFIX}: {requirement}" for _, requirement in missing]
 
-    def evidence_park(self, ledger: Any, run_id: str, reasons: list[str]) -> str | None:
+    def evidence_park(self, ledger: Ledger, run_id: str, reasons: list[str]) -> str | None:
         if not any(reason.startswith(EVIDENCE_PREFIX) for reason in reasons):
             return None
         run = run_store.get_run(ledger, run_id)
@@ -293,13 +298,13 @@ class IntentService:
             )
             if RunStatus(run["status"]) is RunStatus.NEEDS_INPUT and not self._open_question(run["run_id"]):
                 run_store.set_run_status(self.ledger, run["run_id"], RunStatus.RUNNING, "intent updated")
-        await self.sup.runs.wake_run(run["run_id"])
+        await self.runs.wake_run(run["run_id"])
         return {"update_id": update_id, "run_id": run["run_id"], **contract.binding()}
 
     def _open_question(self, run_id: str) -> bool:
         return self.ledger.one("SELECT 1 FROM input_requests WHERE run_id = ? AND answer IS NULL", run_id) is not None
 
-    def apply_updates(self, ledger: Any, run_id: str) -> None:
+    def apply_updates(self, ledger: Ledger, run_id: str) -> None:
         """At a step boundary: the newest pending update becomes the binding."""
         pending = ledger.all(
             "SELECT * FROM intent_updates WHERE run_id = ? AND applied_at IS NULL ORDER BY created_at",
@@ -315,6 +320,8 @@ class IntentService:
             newest["contract_ref"],
             newest["contract_version"],
         )
+        # ``update`` stores the contract before it records the update that names it.
+        assert row is not None, f"intent update {newest['update_id']} names a contract never stored"
         options["intent"] = {
             "status": "bound",
             "contract_ref": newest["contract_ref"],
@@ -405,8 +412,9 @@ class IntentService:
 
 
 def install(sup: Supervisor) -> IntentService:
-    service = IntentService(sup)
+    service = IntentService(sup.ledger, sup.runs, sup.home)
     hooks = sup.hooks
+    hooks.bind_intent = service.bind  # the run layer binds new runs through it
     hooks.action_guards.append(service.guard)
     hooks.show_sections["intent"] = service.show_section
     hooks.finalize_blockers.append(service.evidence_blockers)

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 from corral.core.redact import redact_text
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.interactive import interactive_store as interactive
+from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_text
 from corral.supervisor.runs import run_store
+from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.tree.supervision_tree import ActorSlot
 
@@ -32,15 +34,12 @@ MAX_DELTA_CHARS = 8000
 
 
 class InteractiveService:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.ledger = sup.ledger
+    def __init__(self, ledger: Ledger, runs: RunService) -> None:
+        self.ledger = ledger
+        #: Wakes the agents a steer or an answer concerns; starts a chat's next turn.
+        self.runs = runs
         #: run -> the provider slot whose reply text was streamed last.
         self.streaming: dict[str, str] = {}
-
-    @property
-    def runs(self) -> Any:
-        return self.sup.runs
 
     async def steer(self, params: dict[str, Any]) -> dict[str, Any]:
         """``corral steer RUN TEXT``: recorded (committed) before the answer."""
@@ -162,13 +161,13 @@ class InteractiveService:
         }
 
 
-def _close_questions(ledger: Any, run_id: str, status: RunStatus, reason: str | None) -> None:
+def _close_questions(ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
     if status in TERMINAL:
         interactive.close_questions(ledger, run_id, status, reason)
 
 
 def install(sup: Supervisor) -> InteractiveService:
-    service = InteractiveService(sup)
+    service = InteractiveService(sup.ledger, sup.runs)
     sup.control_methods.update(
         {
             "steer": service.steer,
@@ -187,5 +186,6 @@ def install(sup: Supervisor) -> InteractiveService:
     hooks.on_status.append(_close_questions)
     hooks.final_guards.append(interactive.steer_blocks_final)
     hooks.show_sections["interactive"] = service.show_section
-    hooks.pending_sections["questions"] = lambda: interactive.pending_questions(sup.ledger)
+    ledger = sup.ledger
+    hooks.pending_sections["questions"] = lambda: interactive.pending_questions(ledger)
     return service

@@ -28,7 +28,7 @@ from typing import Any
 from corral.core.redact import redact_text
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.runs import run_store
+from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 
@@ -105,7 +105,7 @@ def apply_steers(ledger: Ledger, run_id: str) -> int:
         return 0
     run = run_store.get_run(ledger, run_id)
     loop = int(run["loop_index"])
-    actions = run_store.actions_of(ledger, run_id, loop)
+    actions = action_store.actions_of(ledger, run_id, loop)
     if any(row["phase"] in (ActionPhase.EXECUTING, ActionPhase.NEEDS_RECONCILIATION) for row in actions):
         return 0
     requests = ledger.all(
@@ -121,8 +121,8 @@ def apply_steers(ledger: Ledger, run_id: str) -> int:
             if row["phase"] in (ActionPhase.PREPARED, ActionPhase.APPROVED):
                 ending = ActionPhase.FAILED if row["phase"] == ActionPhase.APPROVED else ActionPhase.DENIED
                 why = "superseded by the user's steer before it started"
-                run_store.move_action(ledger, row["action_id"], ending, reason=why, error=why)
-                run_store.write_receipt(ledger, row["action_id"])
+                action_store.move_action(ledger, row["action_id"], ending, reason=why, error=why)
+                action_store.write_receipt(ledger, row["action_id"])
         for steer in steers:
             run_store.add_observation(
                 ledger,
@@ -161,9 +161,9 @@ def ask(ledger: Ledger, run: Any, action_id: str, question: Any, options: Any) -
     existing = ledger.one("SELECT * FROM input_requests WHERE action_id = ?", action_id)
     if existing is not None:
         return {"parked": existing["answer"] is None, "question": existing["question"]}
-    action = run_store.get_action(ledger, action_id)
+    action = action_store.get_action(ledger, action_id)
     if action["run_id"] != run["run_id"] or action["phase"] != ActionPhase.EXECUTING:
-        raise SupervisorError(f"action {action_id} is not an executing action of run {run['run_id']}", "conflict")
+        raise SupervisorError(f"action {action_id} is not an executing action of run {run['run_id']}", code="conflict")
     text = _text(question, "question", MAX_QUESTION_CHARS)
     if options is None:
         options = []
@@ -196,9 +196,9 @@ def answer(ledger: Ledger, run_id: str, text: Any) -> dict[str, Any]:
     if question is None:
         answered = ledger.one("SELECT 1 FROM input_requests WHERE run_id = ? AND answer IS NOT NULL", run_id)
         why = "its question was already answered" if answered else "it asked no question"
-        raise SupervisorError(f"run {run_id} ({run['status']}) takes no answer: {why}", "conflict")
+        raise SupervisorError(f"run {run_id} ({run['status']}) takes no answer: {why}", code="conflict")
     if RunStatus(run["status"]) in TERMINAL:
-        raise SupervisorError(f"run {run_id} is {run['status']} and takes no answer; start a new run", "conflict")
+        raise SupervisorError(f"run {run_id} is {run['status']} and takes no answer; start a new run", code="conflict")
     options = json.loads(question["options"])
     if options and reply not in options:
         raise BadRequest(f"the answer must be one of: {', '.join(options)}")
@@ -209,10 +209,10 @@ def answer(ledger: Ledger, run_id: str, text: Any) -> dict[str, Any]:
             (redact_text(reply), _now(), action_id),
         ).rowcount
         if changed != 1:
-            raise SupervisorError(f"the question of run {run_id} was already answered", "conflict")
+            raise SupervisorError(f"the question of run {run_id} was already answered", code="conflict")
         output = {"question": question["question"], "answer": redact_text(reply)}
         # Terminal with its receipt (and so the observation) in this transaction.
-        run_store.finish_action(ledger, action_id, True, output, f"answered: {redact_text(reply)[:100]}", None)
+        action_store.finish_action(ledger, action_id, True, output, f"answered: {redact_text(reply)[:100]}", None)
         if RunStatus(run["status"]) is RunStatus.NEEDS_INPUT:
             run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "answered")
         ledger.event("input-answered", run_id, action=action_id)
@@ -226,11 +226,11 @@ def close_questions(ledger: Ledger, run_id: str, status: RunStatus, reason: str 
     if status not in TERMINAL:
         return
     for row in ledger.all("SELECT action_id FROM input_requests WHERE run_id = ? AND answer IS NULL", run_id):
-        action = run_store.get_action(ledger, row["action_id"])
+        action = action_store.get_action(ledger, row["action_id"])
         if action["phase"] == ActionPhase.EXECUTING:
             why = f"the run ended ({status.value}) before the question was answered"
-            run_store.move_action(ledger, row["action_id"], ActionPhase.FAILED, reason=why, error=why)
-            run_store.write_receipt(ledger, row["action_id"])
+            action_store.move_action(ledger, row["action_id"], ActionPhase.FAILED, reason=why, error=why)
+            action_store.write_receipt(ledger, row["action_id"])
 
 
 def pending_questions(ledger: Ledger) -> list[dict[str, Any]]:

@@ -479,7 +479,7 @@ MIGRATIONS.append(
 
 MIGRATIONS.append(
     # 15: indexes for what the steps of a run ask about that run (supervisor/
-    # run_store.py next_step: its open children and delegations, its pending
+    # runs/next_step.py: its open children and delegations, its pending
     # intent updates; a parent's deliveries and claims; a run's open questions).
     # Without them each such step scanned the table whole, so a swarm's steps
     # slowed down as its history grew.

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import json
 import time
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from corral.mailbox.steps import CompactStep, Do, ProviderStep
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import compaction
+from corral.supervisor.models.model_service import ModelService
 from corral.supervisor.params import param_int, param_str
-from corral.supervisor.runs import step_piggyback
+from corral.supervisor.runs.run_service import RunService
+from corral.supervisor.runs.step_piggyback import StepPiggyback
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -40,63 +41,66 @@ def _limits(ledger: Ledger, run_id: str) -> dict[str, Any]:
     return context if isinstance(context, dict) else {}
 
 
-async def shape_provider_step(sup: Supervisor, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
-    """The provider's view of the run, or first a compaction when it is too long."""
-    ledger = sup.ledger
-    limits = _limits(ledger, run_id)
-    requested = ledger.one("SELECT 1 FROM compaction_requests WHERE run_id = ?", run_id) is not None
-    if not limits.get("auto_compact") and not limits.get("tool_output") and not requested:
-        return step  # this agent has no token budget: the full history, as before
-    observations = _observations(ledger, run_id)
-    previous = latest(ledger, run_id)
-    count = await _counter(sup, run_id, observations, previous)
-    todo = compaction.plan(observations, previous, limits, requested=requested, count=count)
-    if todo is not None:
-        return {"do": Do.COMPACT, "loop": step["loop"], "from_seq": todo["from_seq"], "to_seq": todo["to_seq"],
-                "entries": todo["entries"], "tokens_before": todo["tokens_before"]}
-    return {**step, "history": compaction.view(observations, previous, limits.get("tool_output"), count)}
+class CompactionService:
+    def __init__(self, ledger: Ledger, runs: RunService, models: ModelService) -> None:
+        self.ledger = ledger
+        #: Checks that a compaction comes from the run's own agent.
+        self.runs = runs
+        #: A local model's own tokenizer, for the counts a view is cut by.
+        self.models = models
 
+    async def shape_provider_step(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
+        """The provider's view of the run, or first a compaction when it is too long."""
+        ledger = self.ledger
+        limits = _limits(ledger, run_id)
+        requested = ledger.one("SELECT 1 FROM compaction_requests WHERE run_id = ?", run_id) is not None
+        if not limits.get("auto_compact") and not limits.get("tool_output") and not requested:
+            return step  # this agent has no token budget: the full history, as before
+        observations = _observations(ledger, run_id)
+        previous = latest(ledger, run_id)
+        count = await self._counter(run_id, observations, previous)
+        todo = compaction.plan(observations, previous, limits, requested=requested, count=count)
+        if todo is not None:
+            return {"do": Do.COMPACT, "loop": step["loop"], "from_seq": todo["from_seq"], "to_seq": todo["to_seq"],
+                    "entries": todo["entries"], "tokens_before": todo["tokens_before"]}
+        return {**step, "history": compaction.view(observations, previous, limits.get("tool_output"), count)}
 
-async def _counter(sup: Supervisor, run_id: str, observations: list[tuple[int, dict[str, Any]]],
-                   previous: dict[str, Any] | None) -> compaction.Count:
-    """The model's own token counts for a local GGUF (one request to its actor for
-    every text the view may count), else the estimate."""
-    row = sup.ledger.one("SELECT provider, provider_config FROM runs WHERE run_id = ?", run_id)
-    models = sup.models
-    if row is None or row["provider"] != "local":
-        return compaction.estimate_tokens
-    model = json.loads(row["provider_config"]).get("model")
-    texts: list[str] = []
-    for _, entry in observations:
-        texts.append(compaction.text_of(entry))
-        if "output" in entry:
-            texts.append(compaction.text_of(entry["output"]))
-    if previous is not None:
-        texts.append(compaction.text_of({"role": "summary", "text": previous["summary"],
-                                         "covers": [int(previous["from_seq"]), int(previous["to_seq"])]}))
-    counts = await models.count_tokens(str(model), texts) if isinstance(model, str) else None
-    if counts is None:
-        return compaction.estimate_tokens
-    known = dict(zip(texts, counts, strict=True))
+    async def _counter(self, run_id: str, observations: list[tuple[int, dict[str, Any]]],
+                       previous: dict[str, Any] | None) -> compaction.Count:
+        """The model's own token counts for a local GGUF (one request to its actor for
+        every text the view may count), else the estimate."""
+        row = self.ledger.one("SELECT provider, provider_config FROM runs WHERE run_id = ?", run_id)
+        if row is None or row["provider"] != "local":
+            return compaction.estimate_tokens
+        model = json.loads(row["provider_config"]).get("model")
+        texts: list[str] = []
+        for _, entry in observations:
+            texts.append(compaction.text_of(entry))
+            if "output" in entry:
+                texts.append(compaction.text_of(entry["output"]))
+        if previous is not None:
+            texts.append(compaction.text_of({"role": "summary", "text": previous["summary"],
+                                             "covers": [int(previous["from_seq"]), int(previous["to_seq"])]}))
+        counts = await self.models.count_tokens(str(model), texts) if isinstance(model, str) else None
+        if counts is None:
+            return compaction.estimate_tokens
+        known = dict(zip(texts, counts, strict=True))
 
-    def count(value: Any) -> int:
-        text = compaction.text_of(value)
-        return known[text] if text in known else compaction.estimate_tokens(value)
+        def count(value: Any) -> int:
+            text = compaction.text_of(value)
+            return known[text] if text in known else compaction.estimate_tokens(value)
 
-    return count
+        return count
 
-
-def install(sup: Supervisor) -> None:
-    runs = sup.runs
-
-    async def compacted(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def compacted(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """``context.compacted``: the agent's summary of a run's older turns, once per covered range."""
         run_id = param_str(params, "run_id", limit=64)
-        runs.check_owner(slot, run_id)
+        self.runs.check_owner(slot, run_id)
         to_seq = param_int(params, "to_seq", low=1)
         summary = params.get("summary")
         if not isinstance(summary, str) or not summary.strip() or len(summary) > MAX_SUMMARY_CHARS:
             raise BadRequest(f"summary must be 1 to {MAX_SUMMARY_CHARS} characters")
-        ledger = sup.ledger
+        ledger = self.ledger
         if ledger.one("SELECT 1 FROM compactions WHERE run_id = ? AND to_seq = ?", run_id, to_seq) is None:
             previous = latest(ledger, run_id)
             if previous is not None and to_seq <= int(previous["to_seq"]):
@@ -119,23 +123,31 @@ def install(sup: Supervisor) -> None:
             ledger.failpoint("context.after-compact")
         return {"to_seq": to_seq}
 
-    async def request(params: dict[str, Any]) -> dict[str, Any]:
+    async def request(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``corral compact RUN``: the run compacts before its next provider turn."""
         run_id = param_str(params, "run_id", limit=64)
-        if sup.ledger.one("SELECT 1 FROM runs WHERE run_id = ?", run_id) is None:
+        if self.ledger.one("SELECT 1 FROM runs WHERE run_id = ?", run_id) is None:
             raise NotFound(f"no run {run_id!r}")
-        with sup.ledger.tx() as db:
+        with self.ledger.tx() as db:
             db.execute("INSERT OR IGNORE INTO compaction_requests (run_id, created_at) VALUES (?, ?)",
                        (run_id, time.time()))
-            sup.ledger.event("compaction-requested", run_id)
+            self.ledger.event("compaction-requested", run_id)
         return {"run_id": run_id, "requested": True,
                 "note": "the run compacts before its next provider turn (if it has older turns to fold)"}
 
-    sup.actor_methods["context.compacted"] = step_piggyback.with_next(sup, "context.compacted", compacted)
-    sup.control_methods["compact"] = request
-    sup.hooks.provider_shapers.append(partial(shape_provider_step, sup))
-    sup.hooks.show_sections["context"] = lambda run_id: {
-        "compactions": [
-            {k: row[k] for k in ("from_seq", "to_seq", "tokens_before", "tokens_after", "created_at")}
-            for row in sup.ledger.all("SELECT * FROM compactions WHERE run_id = ? ORDER BY to_seq", run_id)
-        ]
-    }
+    def show_section(self, run_id: str) -> dict[str, Any]:
+        return {
+            "compactions": [
+                {k: row[k] for k in ("from_seq", "to_seq", "tokens_before", "tokens_after", "created_at")}
+                for row in self.ledger.all("SELECT * FROM compactions WHERE run_id = ? ORDER BY to_seq", run_id)
+            ]
+        }
+
+
+def install(sup: Supervisor) -> CompactionService:
+    service = CompactionService(sup.ledger, sup.runs, sup.models)
+    sup.actor_methods["context.compacted"] = StepPiggyback(sup.ledger, sup.runs).with_next(service.compacted)
+    sup.control_methods["compact"] = service.request
+    sup.hooks.provider_shapers.append(service.shape_provider_step)
+    sup.hooks.show_sections["context"] = service.show_section
+    return service

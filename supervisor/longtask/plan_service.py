@@ -6,25 +6,37 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from corral.supervisor.errors import BadRequest
+from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import plan_store
+from corral.supervisor.runs.run_service import RunService
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
     from corral.supervisor.tree.supervision_tree import ActorSlot
 
 
-def install(sup: Supervisor) -> None:
-    runs = sup.runs
+class PlanService:
+    def __init__(self, ledger: Ledger, runs: RunService) -> None:
+        self.ledger = ledger
+        #: Finds the run and the ``plan.update`` action an update is for.
+        self.runs = runs
 
-    async def update(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run_id, action = runs.ledger_tool_action(slot, params, "plan.update")
+    async def update(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run_id, action = self.runs.ledger_tool_action(slot, params, "plan.update")
         steps = params.get("steps")
         if not isinstance(steps, list) or not steps:
             raise BadRequest("steps must be a non-empty list")
-        result = plan_store.apply(sup.ledger, run_id, action["action_id"], steps)
-        sup.ledger.failpoint("durable-plan.after-update")
+        result = plan_store.apply(self.ledger, run_id, action["action_id"], steps)
+        self.ledger.failpoint("durable-plan.after-update")
         return result
 
-    sup.actor_methods["plan.update"] = update
+    def show_section(self, run_id: str) -> dict[str, Any]:
+        return plan_store.current(self.ledger, run_id)
+
+
+def install(sup: Supervisor) -> PlanService:
+    service = PlanService(sup.ledger, sup.runs)
+    sup.actor_methods["plan.update"] = service.update
     sup.hooks.finalize_blockers.append(plan_store.blockers)
-    sup.hooks.show_sections["plan"] = lambda run_id: plan_store.current(sup.ledger, run_id)
+    sup.hooks.show_sections["plan"] = service.show_section
+    return service

@@ -17,7 +17,9 @@ actor died mid-call, the call timed out), the action becomes
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -26,16 +28,18 @@ from corral.actors.tools.validation import validation_error
 from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
+from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.mcp.mcp_catalog import CatalogTool, build_catalog, catalog_fingerprint, drift, pin, pinned
 from corral.supervisor.mcp.mcp_spec import McpServerSpec, split_tool_name
 from corral.supervisor.params import param_int
-from corral.supervisor.runs import run_store
+from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
-from corral.supervisor.runs.run_service import POLICY_STRICTNESS
+from corral.supervisor.runs.run_core import POLICY_STRICTNESS
+from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.tree.actor_state import ActorState
 from corral.supervisor.tree.readiness import ReportedReadiness
-from corral.supervisor.tree.supervision_tree import ActorSlot
+from corral.supervisor.tree.supervision_tree import ActorSlot, SupervisionTree
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -66,17 +70,29 @@ class ServerState(ReportedReadiness):
 
 
 class McpService:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.ledger = sup.ledger
-        self.servers: dict[str, ServerState] = {spec.id: ServerState(spec) for spec in sup.spec.mcp_servers}
+    def __init__(
+        self,
+        ledger: Ledger,
+        tree: SupervisionTree,
+        runs: RunService,
+        home: Path,
+        servers: Iterable[McpServerSpec],
+    ) -> None:
+        self.ledger = ledger
+        #: The server actors: their slots, and the relay of a call to one.
+        self.tree = tree
+        #: Owner checks, policy and the prepare of an MCP tool's action.
+        self.runs = runs
+        #: Where a call's sidecar (the full result) goes: ``transcripts/RUN/``.
+        self.home = home
+        self.servers: dict[str, ServerState] = {spec.id: ServerState(spec) for spec in servers}
         self._pin_cache: dict[str, dict[str, list[CatalogTool]]] = {}
 
     # -- server state ---------------------------------------------------------------
 
     def _slot(self, server: str) -> ActorSlot | None:
         state = self.servers.get(server)
-        return None if state is None else self.sup.tree.slots.get(state.spec.actor_id)
+        return None if state is None else self.tree.slots.get(state.spec.actor_id)
 
     def live_tools(self, server: str) -> list[CatalogTool] | None:
         """The catalog of a server whose current incarnation reported it, else None."""
@@ -194,7 +210,7 @@ class McpService:
         return self._prepare(slot, params, name)
 
     def _prepare(self, slot: ActorSlot, params: dict[str, Any], name: str) -> Any:
-        run_service = self.sup.runs
+        run_service = self.runs
         run = run_service.owned_run(slot, params)
         tool_input = params.get("input")
         if not isinstance(tool_input, dict):
@@ -229,8 +245,8 @@ class McpService:
         action_id = params.get("action_id")
         if not isinstance(action_id, str):
             raise BadRequest("action_id must be a string")
-        action = run_store.get_action(self.ledger, action_id)
-        self.sup.runs.owned_run(slot, {"run_id": action["run_id"]})
+        action = action_store.get_action(self.ledger, action_id)
+        self.runs.owned_run(slot, {"run_id": action["run_id"]})
         if action["phase"] != ActionPhase.EXECUTING:
             raise SupervisorError(f"action {action_id} is {action['phase']}, not executing", "conflict")
         arguments = params.get("arguments")
@@ -255,7 +271,7 @@ class McpService:
             state.calls += 1
             incarnation = state.incarnation
             try:
-                answer = await self.sup.tree.request(
+                answer = await self.tree.request(
                     state.spec.actor_id,
                     {
                         "op": "call",
@@ -265,7 +281,7 @@ class McpService:
                         "timeout_s": state.spec.call_timeout_s,
                         "idempotency_key": action["action_id"] if tool.effect == "idempotent" else "",
                         "sidecar": str(
-                            self.sup.home / "transcripts" / action["run_id"] / f"{action['action_id']}.mcp.json"
+                            self.home / "transcripts" / action["run_id"] / f"{action['action_id']}.mcp.json"
                         ),
                     },
                     state.spec.call_timeout_s + RELAY_SLACK_S,
@@ -288,7 +304,7 @@ class McpService:
         """An external call whose outcome cannot be proven is never sent again."""
         reason = f"{tool.full_name}: {summarize(why, 200)}; the outcome is unknown"
         with self.ledger.tx():
-            run_store.move_action(self.ledger, action["action_id"], ActionPhase.NEEDS_RECONCILIATION, reason=reason)
+            action_store.move_action(self.ledger, action["action_id"], ActionPhase.NEEDS_RECONCILIATION, reason=reason)
             run_store.set_run_status(
                 self.ledger, action["run_id"], RunStatus.NEEDS_RECONCILIATION, reason
             )
@@ -369,7 +385,7 @@ class McpService:
         )
         run_store.set_run_status(self.ledger, run_id, RunStatus.RUNNING)
         pin(self.ledger, run_id, server, live)
-        row = run_store.prepare_action(
+        row = action_store.prepare_action(
             self.ledger,
             run_id,
             0,
@@ -378,16 +394,16 @@ class McpService:
             arguments,
             rerunnable=tool.effect != "external",
             policy="auto",
-            raw_sha256=self.sup.runs.keep_raw_input(run_id, 0, 0, arguments),
+            raw_sha256=self.runs.keep_raw_input(run_id, 0, 0, arguments),
         )
         note = "approved at the CLI (--approve)" if tool.policy == "confirm" else ""
-        run_store.move_action(self.ledger, row["action_id"], ActionPhase.EXECUTING, reason=note)
-        action = run_store.get_action(self.ledger, row["action_id"])
+        action_store.move_action(self.ledger, row["action_id"], ActionPhase.EXECUTING, reason=note)
+        action = action_store.get_action(self.ledger, row["action_id"])
         answer = await self.relay(action, arguments)
         if answer.get("code") != "outcome-unknown":
             ok = bool(answer.get("ok")) and not answer.get("result", {}).get("is_error")
             summary = f"{full}: {'ok' if ok else 'failed'}"
-            run_store.finish_action(self.ledger, row["action_id"], ok, answer, summary, None if ok else summary)
+            action_store.finish_action(self.ledger, row["action_id"], ok, answer, summary, None if ok else summary)
             run_store.set_run_status(
                 self.ledger, run_id, RunStatus.COMPLETED if ok else RunStatus.FAILED, summary
             )
@@ -395,7 +411,7 @@ class McpService:
 
 
 def install(sup: Supervisor) -> McpService:
-    service = McpService(sup)
+    service = McpService(sup.ledger, sup.tree, sup.runs, sup.home, sup.spec.mcp_servers)
     sup.control_methods["mcp.list"] = service.list_servers
     if not service.servers:
         return service

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,10 +22,11 @@ import trio
 from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
+from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.models.model_spec import LocalModelSpec
 from corral.supervisor.tree.actor_state import ActorState
 from corral.supervisor.tree.readiness import ReportedReadiness
-from corral.supervisor.tree.supervision_tree import ActorSlot
+from corral.supervisor.tree.supervision_tree import ActorSlot, SupervisionTree
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -56,12 +58,14 @@ class ModelState(ReportedReadiness):
 
 
 class ModelService:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.models: dict[str, ModelState] = {spec.id: ModelState(spec) for spec in sup.spec.models}
+    def __init__(self, ledger: Ledger, tree: SupervisionTree, models: Iterable[LocalModelSpec]) -> None:
+        self.ledger = ledger
+        #: The model actors: their slots, and the relay of a request to one.
+        self.tree = tree
+        self.models: dict[str, ModelState] = {spec.id: ModelState(spec) for spec in models}
 
     def _slot(self, model: str) -> ActorSlot | None:
-        return self.sup.tree.slots.get(self.models[model].spec.actor_id)
+        return self.tree.slots.get(self.models[model].spec.actor_id)
 
     def is_ready(self, model: str) -> bool:
         return self.models[model].ready_in(self._slot(model))
@@ -87,8 +91,8 @@ class ModelService:
         state.load_s = float(load_s) if isinstance(load_s, int | float) else 0.0
         state.incarnation, state.error = slot.incarnation, ""
         state.readies += 1
-        with self.sup.ledger.tx(fsync=False):
-            self.sup.ledger.event("model-ready", state.spec.id, load_s=state.load_s, incarnation=slot.incarnation)
+        with self.ledger.tx(fsync=False):
+            self.ledger.event("model-ready", state.spec.id, load_s=state.load_s, incarnation=slot.incarnation)
         log.info("model %s ready (loaded in %.2f s)", state.spec.id, state.load_s)
         state.notify()
         return {}
@@ -97,8 +101,8 @@ class ModelService:
         state = self._own_model(slot, params)
         state.error = summarize(str(params.get("error", "failed")), 500)
         state.failures += 1
-        with self.sup.ledger.tx(fsync=False):
-            self.sup.ledger.event("model-failed", state.spec.id, error=state.error)
+        with self.ledger.tx(fsync=False):
+            self.ledger.event("model-failed", state.spec.id, error=state.error)
         state.notify()
         return {}
 
@@ -153,7 +157,7 @@ class ModelService:
             raise SupervisorError(f"model {model} is {self.status_of(model)}: {why}", "model-unavailable")
         state.requests += 1
         try:
-            return await self.sup.tree.request(state.spec.actor_id, body, timeout + RELAY_SLACK_S)
+            return await self.tree.request(state.spec.actor_id, body, timeout + RELAY_SLACK_S)
         except RemoteError as exc:
             if exc.code == "context-full":
                 raise SupervisorError(exc.message, "context-full") from None
@@ -175,7 +179,7 @@ class ModelService:
         if state is None or not self.is_ready(model) or len(texts) > MAX_COUNT_TEXTS:
             return None
         try:
-            reply = await self.sup.tree.request(state.spec.actor_id, {"op": "count_tokens", "texts": texts}, 30.0)
+            reply = await self.tree.request(state.spec.actor_id, {"op": "count_tokens", "texts": texts}, 30.0)
         except (RemoteError, DeadlineExceeded, ChannelClosed, MailboxFull, KeyError):
             return None
         counts = reply.get("counts")
@@ -218,7 +222,7 @@ class ModelService:
         return out
 
 
-def usage_of_run(ledger: Any, run_id: str) -> dict[str, Any]:
+def usage_of_run(ledger: Ledger, run_id: str) -> dict[str, Any]:
     """Tokens and model time of a run's answered provider requests, from the
     committed responses (any Chat Completions body with ``usage`` counts), and its
     format repairs (answers that did not parse into a plan)."""
@@ -253,8 +257,9 @@ MAX_COUNT_TEXTS = 2000
 
 
 def install(sup: Supervisor) -> ModelService:
-    service = ModelService(sup)
-    sup.hooks.show_sections["usage"] = lambda run_id: usage_of_run(sup.ledger, run_id)
+    service = ModelService(sup.ledger, sup.tree, sup.spec.models)
+    ledger = sup.ledger
+    sup.hooks.show_sections["usage"] = lambda run_id: usage_of_run(ledger, run_id)
     if service.models:
         sup.actor_methods.update(
             {"model.ready": service.ready, "model.failed": service.failed, "model.generate": service.generate}

@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from corral.supervisor.tree.actor_state import IllegalTransition
+from corral.core.transitions import IllegalTransition
 
 
 class ActionPhase(enum.StrEnum):

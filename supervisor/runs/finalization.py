@@ -13,8 +13,9 @@ from typing import Any
 from corral.core.redact import redact_text
 from corral.supervisor.errors import Conflict, Refused
 from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs.loop_plan_store import final_blocked
 from corral.supervisor.runs.run_state import RunStatus
-from corral.supervisor.runs.run_store import RunLimits, final_blocked, get_run, set_run_status
+from corral.supervisor.runs.run_store import RunLimits, get_run, set_run_status
 
 
 def blockers(ledger: Ledger, run_id: str) -> list[str]:
@@ -46,7 +47,7 @@ def blockers(ledger: Ledger, run_id: str) -> list[str]:
 
 
 def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict[str, Any]:
-    """``run.finalize`` after its checks (supervisor/runs/run_service.py ``finalize``):
+    """``run.finalize`` after its checks (supervisor/runs/run_actor_methods.py ``finalize``):
     a child may not; a guard may send the agent back to plan (``final_guards``: a
     steer); the blockers refuse it as a repair, or park the run for a person
     (``finalize_parkers``); else the journal is prepared and carried to the end."""

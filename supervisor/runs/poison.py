@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.runs import run_store
+from corral.supervisor.runs import action_store
 from corral.supervisor.runs.action_state import ActionPhase
 
 log = logging.getLogger("corral.poison")
@@ -84,11 +84,11 @@ def stop(ledger: Ledger, row: Any, crashes: list[int], is_read: Callable[[str], 
     with ledger.tx():
         ledger.event("action-poisoned", row["action_id"], run=row["run_id"], tool=row["tool"], crashes=len(crashes))
         if is_read(row["tool"]):
-            run_store.move_action(ledger, row["action_id"], ActionPhase.FAILED, current=row, error=why, reason=why)
-            run_store.write_receipt(ledger, row["action_id"])
+            action_store.move_action(ledger, row["action_id"], ActionPhase.FAILED, current=row, error=why, reason=why)
+            action_store.write_receipt(ledger, row["action_id"])
         else:
             # Its effect may have happened, once or more: a person decides.
-            run_store.mark_needs_reconciliation(ledger, row["action_id"], why)
+            action_store.mark_needs_reconciliation(ledger, row["action_id"], why)
 
 
 def stop_at_boot(ledger: Ledger, is_read: Callable[[str], bool]) -> list[str]:

@@ -12,12 +12,8 @@ from dataclasses import dataclass, field
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import finalization, poison
 from corral.supervisor.runs.action_state import ActionPhase
-from corral.supervisor.runs.run_store import (
-    interrupt_provider_request,
-    mark_needs_reconciliation,
-    move_action,
-    write_receipt,
-)
+from corral.supervisor.runs.action_store import mark_needs_reconciliation, move_action, write_receipt
+from corral.supervisor.runs.provider_store import interrupt_provider_request
 
 
 @dataclass

@@ -7,8 +7,9 @@ import hmac
 from corral.supervisor.errors import BadRequest, Conflict
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.action_state import ActionPhase
+from corral.supervisor.runs.action_store import get_action, move_action, write_receipt
 from corral.supervisor.runs.run_state import RunStatus
-from corral.supervisor.runs.run_store import get_action, get_run, move_action, set_run_status, write_receipt
+from corral.supervisor.runs.run_store import get_run, set_run_status
 
 
 def continue_action(ledger: Ledger, action_id: str, decision: str, expected_fingerprint: str | None) -> str:

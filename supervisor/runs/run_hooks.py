@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from corral.supervisor.errors import BadRequest
+
 if TYPE_CHECKING:
     from corral.mailbox.steps import CompactStep, ParkStep, ProviderStep
     from corral.supervisor.ledger.port import Ledger
@@ -60,6 +62,9 @@ ShowSection = Callable[[str], Any]
 PendingSection = Callable[[], Any]
 #: Keeps a raw copy where redaction changed what the ledger stores; its digest, or None.
 RawCopier = Callable[[str, str, str, Any, Any], "str | None"]
+#: A new run's intent contract (the document, or its JSON text) -> its binding, kept
+#: with the run's options (bound, or unbound and why).
+IntentBinder = Callable[[Any], dict[str, Any]]
 
 
 def _no_raw_copies(run_id: str, kind: str, key: str, raw: Any, shown: Any) -> str | None:
@@ -68,6 +73,10 @@ def _no_raw_copies(run_id: str, kind: str, key: str, raw: Any, shown: Any) -> st
 
 def _never_idempotent(provider: str) -> bool:
     return False
+
+
+def _no_intent_binding(intent: Any) -> dict[str, Any]:
+    raise BadRequest("this supervisor binds no intent contracts")
 
 
 @dataclass
@@ -94,3 +103,5 @@ class RunHooks:
     keep_raw_copy: RawCopier = _no_raw_copies
     #: Whether a provider's requests may be re-sent after a crash.
     idempotent_provider: Callable[[str], bool] = _never_idempotent
+    #: Set by the intent service (built after the run layer, which starts runs with it).
+    bind_intent: IntentBinder = _no_intent_binding

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from corral.supervisor.tree.actor_state import IllegalTransition
+from corral.core.transitions import IllegalTransition
 
 
 class RunStatus(enum.StrEnum):

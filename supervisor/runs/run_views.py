@@ -1,21 +1,22 @@
 """What people read of runs (control methods): ``show``, ``runs``, ``wait`` and
 ``pending``. Read-only; the features add their sections (supervisor/runs/run_hooks.py
-``show_sections``, ``pending_sections``)."""
+``show_sections``, ``pending_sections``), and a cluster node shows a run of another
+partition (``ShowElsewhere``, supervisor/cluster/node_service.py)."""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import trio
 
 from corral.supervisor.errors import BadRequest, NotFound
+from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_int, param_str
-from corral.supervisor.runs import run_store
+from corral.supervisor.runs import action_store, run_store
+from corral.supervisor.runs.run_hooks import RunHooks
 from corral.supervisor.runs.run_state import NEEDS_PERSON, TERMINAL
-
-if TYPE_CHECKING:
-    from corral.supervisor.daemon import Supervisor
 
 #: What ``runs`` lists of each run's task and reason; ``show`` gives the whole text.
 LIST_TEXT_CHARS = 300
@@ -23,68 +24,94 @@ LIST_TEXT_CHARS = 300
 WAIT_MAX_RUNS = 1000
 
 
+class ShowElsewhere(Protocol):
+    """Where ``show`` looks for a run its own ledger does not hold."""
+
+    async def show(self, run_id: str) -> dict[str, Any] | None:
+        """The run as ``show_record`` shows it (and where it is), or None: not there either."""
+        ...
+
+
+def show_record(ledger: Ledger, run: Any) -> dict[str, Any]:
+    """What ``show`` tells of a run (its row ``run``) from ``ledger`` alone: its
+    actions, receipts, provider requests and final reply, without the features'
+    sections (they read this supervisor's own partition)."""
+    run_id = run["run_id"]
+    data = {k: run[k] for k in run.keys() if k not in ("provider_config", "options")}  # noqa: SIM118 - sqlite3.Row is not a dict
+    data["repairs"] = json.loads(run["repairs"])
+    actions = [
+        {
+            k: row[k]
+            for k in (
+                "action_id",
+                "loop_index",
+                "action_index",
+                "tool",
+                "phase",
+                "policy",
+                "fingerprint",
+                "attempts",
+                "reason",
+                "error",
+                "created_at",
+                "executing_at",
+                "finished_at",
+            )
+        }
+        for row in ledger.all("SELECT * FROM actions WHERE run_id = ? ORDER BY loop_index, action_index", run_id)
+    ]
+    receipts = [dict(row) for row in ledger.all("SELECT * FROM receipts WHERE run_id = ? ORDER BY receipt_id", run_id)]
+    requests = [
+        {k: row[k] for k in ("slot", "attempt", "status", "error_kind", "error", "retry_at")}
+        for row in ledger.all("SELECT * FROM provider_requests WHERE run_id = ? ORDER BY rowid", run_id)
+    ]
+    reply = ledger.one("SELECT text, created_at FROM replies WHERE run_id = ?", run_id)
+    final = ledger.one("SELECT phase FROM finalizations WHERE run_id = ?", run_id)
+    return {
+        "run": data,
+        "actions": actions,
+        "receipts": receipts,
+        "provider_requests": requests,
+        "final_reply": reply["text"] if reply else None,
+        "finalization": final["phase"] if final else None,
+    }
+
+
 class RunViews:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.ledger = sup.ledger
-        self.hooks = sup.ledger.hooks
+    def __init__(
+        self,
+        ledger: Ledger,
+        hooks: RunHooks,
+        next_commit: Callable[[], Awaitable[None]],
+        elsewhere: ShowElsewhere | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.hooks = hooks
+        #: Returns after the ledger's next commit (``wait`` re-reads then).
+        self.next_commit = next_commit
+        #: Where ``show`` looks for a run this ledger does not hold (None: nowhere).
+        self.elsewhere = elsewhere
         #: Run status changes so far (a status hook counts them): ``wait`` re-reads
         #: its runs only after a commit that moved some run, not after every commit.
         self.status_moves = 0
-        #: ``show`` adds the features' sections (``show_sections``).
-        self.sections = True
 
     def on_status(self, ledger: Any, run_id: str, status: Any, reason: str | None) -> None:
         self.status_moves += 1
 
     async def show(self, params: dict[str, Any]) -> dict[str, Any]:
-        run = run_store.get_run(self.ledger, param_str(params, "run_id"))
-        run_id = run["run_id"]
-        data = {k: run[k] for k in run.keys() if k not in ("provider_config", "options")}  # noqa: SIM118 - sqlite3.Row is not a dict
-        data["repairs"] = json.loads(run["repairs"])
-        actions = [
-            {
-                k: row[k]
-                for k in (
-                    "action_id",
-                    "loop_index",
-                    "action_index",
-                    "tool",
-                    "phase",
-                    "policy",
-                    "fingerprint",
-                    "attempts",
-                    "reason",
-                    "error",
-                    "created_at",
-                    "executing_at",
-                    "finished_at",
-                )
-            }
-            for row in self.ledger.all(
-                "SELECT * FROM actions WHERE run_id = ? ORDER BY loop_index, action_index", run_id
-            )
-        ]
-        receipts = [
-            dict(row) for row in self.ledger.all("SELECT * FROM receipts WHERE run_id = ? ORDER BY receipt_id", run_id)
-        ]
-        requests = [
-            {k: row[k] for k in ("slot", "attempt", "status", "error_kind", "error", "retry_at")}
-            for row in self.ledger.all("SELECT * FROM provider_requests WHERE run_id = ? ORDER BY rowid", run_id)
-        ]
-        reply = self.ledger.one("SELECT text, created_at FROM replies WHERE run_id = ?", run_id)
-        final = self.ledger.one("SELECT phase FROM finalizations WHERE run_id = ?", run_id)
-        # The layers' sections read this supervisor's partition: not for a run of another
-        # one (a node shows it read-only, supervisor/cluster/node_service.py).
-        extra = {name: section(run_id) for name, section in self.hooks.show_sections.items()} if self.sections else {}
+        run_id = param_str(params, "run_id")
+        try:
+            run = run_store.get_run(self.ledger, run_id)
+        except NotFound:
+            # Not in this ledger: a run of another partition is shown read-only, so
+            # no run becomes readable only with SQL.
+            shown = await self.elsewhere.show(run_id) if self.elsewhere is not None else None
+            if shown is None:
+                raise
+            return shown
         return {
-            "run": data,
-            "actions": actions,
-            "receipts": receipts,
-            "provider_requests": requests,
-            "final_reply": reply["text"] if reply else None,
-            "finalization": final["phase"] if final else None,
-            **extra,
+            **show_record(self.ledger, run),
+            **{name: section(run_id) for name, section in self.hooks.show_sections.items()},
         }
 
     async def runs(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +152,7 @@ class RunViews:
             raise NotFound(f"no run {missing[0]!r}")
         with trio.move_on_after(min(wait_ms, 30_000) / 1000):
             while not all(status in stop for status in found.values()):
-                await self.sup.next_commit()
+                await self.next_commit()
                 if self.status_moves != seen:
                     seen = self.status_moves
                     found = statuses()
@@ -150,7 +177,7 @@ class RunViews:
                     **{
                         k: row[k] for k in ("action_id", "run_id", "agent_id", "tool", "phase", "fingerprint", "reason")
                     },
-                    "input_summary": run_store.input_summary(row["tool"], json.loads(row["input"])),
+                    "input_summary": action_store.input_summary(row["tool"], json.loads(row["input"])),
                 }
                 for row in waiting
             ],

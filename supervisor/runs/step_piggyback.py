@@ -41,146 +41,151 @@ from typing import TYPE_CHECKING, Any
 
 from corral.mailbox.steps import BatchEntry, Begin, Do, ExecuteStep, PrepareStep, Step
 from corral.supervisor.errors import SupervisorError
-from corral.supervisor.runs import run_store
+from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs import action_store, provider_store
+from corral.supervisor.runs.next_step import next_step
 
 if TYPE_CHECKING:
-    from corral.supervisor.daemon import Supervisor
+    from corral.supervisor.runs.run_service import RunService
     from corral.supervisor.tree.supervision_tree import ActorSlot
 
-def with_next(
-    sup: Supervisor, method: str, handler: Callable[[ActorSlot, dict[str, Any]], Awaitable[Any]]
-) -> Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]:
-    """A step method whose reply carries the next step when the agent asks for it
-    (``want_next``); registered so by the run layer (provider.handoff, plan.commit,
-    plan.invalid, action.prepare/begin/finish/finish_batch) and by compaction
-    (context.compacted)."""
-
-    async def step_method(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        answer: dict[str, Any] = await handler(slot, params)
-        run_id = params.get("run_id")
-        if method == "provider.handoff" and isinstance(run_id, str):
-            await _commit_carried_plan(sup, slot, run_id, params)
-        if params.get("want_next") is True and isinstance(run_id, str):
-            answer = {**answer, "next": await next_step_begun(sup, slot, run_id, params.get("history_have", 0))}
-        return answer
-
-    return step_method
+#: A step method: (the calling agent's slot, params) -> its answer.
+StepMethod = Callable[["ActorSlot", dict[str, Any]], Awaitable[Any]]
 
 
-async def _commit_carried_plan(sup: Supervisor, slot: ActorSlot, run_id: str, params: dict[str, Any]) -> None:
-    """The plan the agent parsed from the response it just handed off: committed
-    through ``plan.commit`` / ``plan.invalid`` once the ledger says that response
-    is the one to parse (else the agent is told the step the ledger wants)."""
-    carried = {key: params[key] for key in ("plan", "plan_invalid") if key in params}
-    if not carried:
-        return
-    step = run_store.next_step(sup.ledger, run_id)
-    if step["do"] is not Do.PARSE or step["slot"] != params.get("slot"):
-        return
-    common = {"run_id": run_id, "loop": step["loop"], "slot": step["slot"], "want_next": False}
-    if "plan" in carried:
-        await sup.runs.plan_commit(slot, common | {"plan": carried["plan"]})
-    else:
-        invalid = carried["plan_invalid"]
-        if not isinstance(invalid, dict):
-            return  # the agent parses again when asked, and reports it the long way
-        await sup.runs.plan_invalid(
-            slot, common | {"category": invalid.get("category"), "detail": invalid.get("detail", "")}
-        )
+class StepPiggyback:
+    """The next step carried in a step method's reply, through ``runs``' own methods."""
 
+    def __init__(self, ledger: Ledger, runs: RunService) -> None:
+        self.ledger = ledger
+        self.runs = runs
 
-async def next_step_begun(sup: Supervisor, slot: ActorSlot, run_id: str, history_have: Any = 0) -> Step:
-    runs = sup.runs
-    asked = {"run_id": run_id, "history_have": history_have}
-    step = await runs.next_step(slot, asked)
-    if step["do"] is Do.PROVIDER:
-        step["begun"] = run_store.begin_provider_request(sup.ledger, run_id, int(step["loop"]))
+    def with_next(
+        self, handler: StepMethod, *, carries_plan: bool = False
+    ) -> Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]:
+        """A step method whose reply carries the next step when the agent asks for it
+        (``want_next``); registered so by the run layer (provider.handoff, plan.commit,
+        plan.invalid, action.prepare/begin/finish/finish_batch) and by compaction
+        (context.compacted). ``carries_plan``: the method is ``provider.handoff``,
+        whose params may carry the plan the agent parsed from the response."""
+
+        async def step_method(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+            answer: dict[str, Any] = await handler(slot, params)
+            run_id = params.get("run_id")
+            if carries_plan and isinstance(run_id, str):
+                await self._commit_carried_plan(slot, run_id, params)
+            if params.get("want_next") is True and isinstance(run_id, str):
+                answer = {**answer, "next": await self.next_step_begun(slot, run_id, params.get("history_have", 0))}
+            return answer
+
+        return step_method
+
+    async def _commit_carried_plan(self, slot: ActorSlot, run_id: str, params: dict[str, Any]) -> None:
+        """The plan the agent parsed from the response it just handed off: committed
+        through ``plan.commit`` / ``plan.invalid`` once the ledger says that response
+        is the one to parse (else the agent is told the step the ledger wants)."""
+        carried = {key: params[key] for key in ("plan", "plan_invalid") if key in params}
+        if not carried:
+            return
+        step = next_step(self.ledger, run_id)
+        if step["do"] is not Do.PARSE or step["slot"] != params.get("slot"):
+            return
+        common = {"run_id": run_id, "loop": step["loop"], "slot": step["slot"], "want_next": False}
+        if "plan" in carried:
+            await self.runs.plan_commit(slot, common | {"plan": carried["plan"]})
+        else:
+            invalid = carried["plan_invalid"]
+            if not isinstance(invalid, dict):
+                return  # the agent parses again when asked, and reports it the long way
+            await self.runs.plan_invalid(
+                slot, common | {"category": invalid.get("category"), "detail": invalid.get("detail", "")}
+            )
+
+    async def next_step_begun(self, slot: ActorSlot, run_id: str, history_have: Any = 0) -> Step:
+        runs = self.runs
+        asked = {"run_id": run_id, "history_have": history_have}
+        step = await runs.next_step(slot, asked)
+        if step["do"] is Do.PROVIDER:
+            step["begun"] = provider_store.begin_provider_request(self.ledger, run_id, int(step["loop"]))
+            return step
+        if step["do"] is not Do.PREPARE and step["do"] is not Do.EXECUTE:
+            return step
+        with self.ledger.tx():
+            # The action, and the reads that follow it in the plan: prepared and begun
+            # in one commit (the reply leaves only once it is durable).
+            begun = self._prepare_and_begin(slot, run_id, step)
+        return begun if begun is not None else await runs.next_step(slot, asked)
+
+    def _prepare_and_begin(
+        self, slot: ActorSlot, run_id: str, step: PrepareStep | ExecuteStep
+    ) -> PrepareStep | ExecuteStep | None:
+        """The step with its action prepared (when it was to be) and begun (when recovery
+        may run it again); None when that changed what the ledger says comes next (a
+        refusal, a denial, a wait for approval)."""
+        if step["do"] is Do.PREPARE:
+            # The next action of a committed plan: prepared here, through the same
+            # method (and checks) as when the agent asks, one round trip fewer.
+            row = self._prepare(slot, run_id, step)
+            if row is None:
+                return step  # the agent asks itself and gets the refusal as the answer to its own step
+            if row["phase"] != "prepared":
+                return None
+            # What the ledger would now say: execute it, on the raw input just prepared.
+            step = {"do": Do.EXECUTE, "action_id": row["action_id"], "tool": step["tool"],
+                    "input": step["input"], "phase": "prepared"}
+        else:
+            row = self.ledger.one("SELECT * FROM actions WHERE action_id = ?", step["action_id"])
+        # Only an action recovery may run again is begun for the agent: if the agent died
+        # before it read the reply, the action is simply run again. An external one is
+        # begun by the agent itself (``action.begin``), as it is about to act, so a dead
+        # agent never leaves an ``executing`` record nobody acted on.
+        if row is None or not row["rerunnable"] or step.get("phase") not in ("prepared", "approved"):
+            return step
+        if action_store.begin_action(self.ledger, step["action_id"], current=row)["begin"] is not Begin.EXECUTE:
+            return None  # denied, or parked for approval
+        step["begun"] = True
+        if self.runs.is_read(step["tool"]):
+            following = self._begin_following_reads(slot, run_id, row)
+            if following:
+                step["batch"] = following
+                allowed = set(self._run_options(run_id).get("parallel_reads") or ())
+                # Every read of the batch on the agent's strict allow list: they
+                # run at once, each reported as it ends (a kill re-runs only the rest).
+                step["parallel"] = {step["tool"], *(entry["tool"] for entry in following)} <= allowed
         return step
-    if step["do"] is not Do.PREPARE and step["do"] is not Do.EXECUTE:
-        return step
-    with sup.ledger.tx():
-        # The action, and the reads that follow it in the plan: prepared and begun
-        # in one commit (the reply leaves only once it is durable).
-        begun = _prepare_and_begin(sup, slot, run_id, step)
-    return begun if begun is not None else await runs.next_step(slot, asked)
 
-
-def _prepare_and_begin(
-    sup: Supervisor, slot: ActorSlot, run_id: str, step: PrepareStep | ExecuteStep
-) -> PrepareStep | ExecuteStep | None:
-    """The step with its action prepared (when it was to be) and begun (when recovery
-    may run it again); None when that changed what the ledger says comes next (a
-    refusal, a denial, a wait for approval)."""
-    if step["do"] is Do.PREPARE:
-        # The next action of a committed plan: prepared here, through the same
-        # method (and checks) as when the agent asks, one round trip fewer.
-        row = _prepare(sup, slot, run_id, step)
-        if row is None:
-            return step  # the agent asks itself and gets the refusal as the answer to its own step
-        if row["phase"] != "prepared":
+    def _prepare(self, slot: ActorSlot, run_id: str, step: PrepareStep) -> Any:
+        try:
+            return self.runs.prepare_call(
+                slot, {"loop": step["loop"], "index": step["index"], "tool": step["tool"], "input": step["input"],
+                       "run_id": run_id}
+            )
+        except SupervisorError:
             return None
-        # What the ledger would now say: execute it, on the raw input just prepared.
-        step = {"do": Do.EXECUTE, "action_id": row["action_id"], "tool": step["tool"],
-                "input": step["input"], "phase": "prepared"}
-    else:
-        row = sup.ledger.one("SELECT * FROM actions WHERE action_id = ?", step["action_id"])
-    # Only an action recovery may run again is begun for the agent: if the agent died
-    # before it read the reply, the action is simply run again. An external one is
-    # begun by the agent itself (``action.begin``), as it is about to act, so a dead
-    # agent never leaves an ``executing`` record nobody acted on.
-    if row is None or not row["rerunnable"] or step.get("phase") not in ("prepared", "approved"):
-        return step
-    if run_store.begin_action(sup.ledger, step["action_id"], current=row)["begin"] is not Begin.EXECUTE:
-        return None  # denied, or parked for approval
-    step["begun"] = True
-    if _is_read(sup, step["tool"]):
-        following = _begin_following_reads(sup, slot, run_id, row)
-        if following:
-            step["batch"] = following
-            allowed = set(_run_options(sup, run_id).get("parallel_reads") or ())
-            # Every read of the batch on the agent's strict allow list: they
-            # run at once, each reported as it ends (a kill re-runs only the rest).
-            step["parallel"] = {step["tool"], *(entry["tool"] for entry in following)} <= allowed
-    return step
 
+    def _begin_following_reads(self, slot: ActorSlot, run_id: str, row: Any) -> list[BatchEntry]:
+        """The reads that follow action ``row`` in its plan, prepared and begun, in order,
+        up to the first action that is not a read the policy auto-approves (that one
+        and the rest go the ordinary way, after the batch)."""
+        runs = self.runs
+        loop, index = int(row["loop_index"]), int(row["action_index"]) + 1
+        batch: list[BatchEntry] = []
+        while True:
+            call = runs.planned_call(run_id, loop, index)
+            if call is None or not runs.is_read(call["tool"]):
+                return batch
+            action = self._prepare(slot, run_id, call)
+            if action is None or action["phase"] != "prepared":
+                return batch
+            if action["policy"] != "auto" or not action["rerunnable"]:
+                return batch
+            begun = action_store.begin_action(self.ledger, action["action_id"], current=action)
+            if begun["begin"] is not Begin.EXECUTE:
+                return batch
+            batch.append({"action_id": action["action_id"], "tool": call["tool"], "input": call["input"]})
+            index += 1
 
-def _prepare(sup: Supervisor, slot: ActorSlot, run_id: str, step: PrepareStep) -> Any:
-    try:
-        return sup.runs.prepare_call(
-            slot, {"loop": step["loop"], "index": step["index"], "tool": step["tool"], "input": step["input"],
-                   "run_id": run_id}
-        )
-    except SupervisorError:
-        return None
-
-
-def _begin_following_reads(sup: Supervisor, slot: ActorSlot, run_id: str, row: Any) -> list[BatchEntry]:
-    """The reads that follow action ``row`` in its plan, prepared and begun, in order,
-    up to the first action that is not a read the policy auto-approves (that one
-    and the rest go the ordinary way, after the batch)."""
-    runs = sup.runs
-    loop, index = int(row["loop_index"]), int(row["action_index"]) + 1
-    batch: list[BatchEntry] = []
-    while True:
-        call = runs.planned_call(run_id, loop, index)
-        if call is None or not _is_read(sup, call["tool"]):
-            return batch
-        action = _prepare(sup, slot, run_id, call)
-        if action is None or action["phase"] != "prepared" or action["policy"] != "auto" or not action["rerunnable"]:
-            return batch
-        if run_store.begin_action(sup.ledger, action["action_id"], current=action)["begin"] is not Begin.EXECUTE:
-            return batch
-        batch.append({"action_id": action["action_id"], "tool": call["tool"], "input": call["input"]})
-        index += 1
-
-
-def _run_options(sup: Supervisor, run_id: str) -> dict[str, Any]:
-    row = sup.ledger.one("SELECT options FROM runs WHERE run_id = ?", run_id)
-    options: dict[str, Any] = json.loads(row["options"]) if row is not None else {}
-    return options
-
-
-def _is_read(sup: Supervisor, tool_name: str) -> bool:
-    tool = sup.runs.tools.get(tool_name)
-    return tool is not None and tool.schema.effect_class == "read"
-
+    def _run_options(self, run_id: str) -> dict[str, Any]:
+        row = self.ledger.one("SELECT options FROM runs WHERE run_id = ?", run_id)
+        options: dict[str, Any] = json.loads(row["options"]) if row is not None else {}
+        return options

@@ -1,8 +1,9 @@
-"""The process-session layer on the supervisor: session actors, their durable
-records, ownership, recovery, and what sessions add to finalization and shutdown.
+"""The process-session layer on the supervisor: session actors, ownership, and
+what sessions add to finalization, recovery and shutdown. Their durable records
+are supervisor/sessions/session_store.py.
 
 A session is one row in ``sessions`` whose ``state`` follows the engine's
-:data:`corral.actors.pty_session.TRANSITIONS` table, one ledger event per change.
+:data:`corral.actors.session_state.TRANSITIONS` table, one ledger event per change.
 The opaque process id is derived from the start action (one session per start
 action, however often the request is repeated) and bound to that action's run and
 agent: only that run may poll, write to or terminate it.
@@ -21,45 +22,33 @@ counts and sha256 digests.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-import shlex
 import sqlite3
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from corral.actors.pty_session import (
-    MAX_STDIN_BYTES,
-    TERMINAL_STATES,
-    IllegalTransition,
-    InvalidCursor,
-    SessionState,
-    check_transition,
-    decode_cursor,
-    encode_cursor,
-)
+from corral.actors.session_state import MAX_STDIN_BYTES, TERMINAL_STATES, SessionState
 from corral.actors.tools.base import ToolError, is_sealed
 from corral.actors.tools.paths import resolve_in_workspace
-from corral.core.redact import redact_text, summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
 from corral.sandbox.bwrap import LaunchMode
-from corral.supervisor.errors import BadRequest, Conflict, NotFound, Refused, SupervisorError
+from corral.supervisor.errors import BadRequest, Conflict, Refused, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_int, param_seconds, param_str
-from corral.supervisor.runs import resolutions, run_store, sealed_input
-from corral.supervisor.runs.recovery import RecoveryReport
+from corral.supervisor.runs import action_store, run_store, sealed_input
+from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.runs.run_state import RunStatus
+from corral.supervisor.sessions import session_store
 from corral.supervisor.spec.swarm_spec import ActorSpec, GroupSpec, SandboxSettings
 from corral.supervisor.tree.actor_state import ActorState
 from corral.supervisor.tree.restart_policy import RestartType, Strategy
-from corral.supervisor.tree.supervision_tree import ActorSlot
+from corral.supervisor.tree.supervision_tree import ActorSlot, SupervisionTree
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -67,9 +56,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("corral.sessions")
 
 S = SessionState
-LIVE_STATES = frozenset({S.PREPARED, S.LAUNCHING, S.RUNNING, S.TERMINATING})
-_LIVE_SQL = ", ".join(f"'{state.value}'" for state in sorted(LIVE_STATES))
-_TERMINAL_SQL = ", ".join(f"'{state.value}'" for state in sorted(TERMINAL_STATES))
+#: The sandbox of a run's session or command, narrowed by its intent contract:
+#: (run, the spec's sandbox settings) -> the settings it runs under.
+SandboxScope = Callable[[Any, dict[str, Any]], dict[str, Any]]
 
 #: session.start answers once the session runs (or failed); the handshake itself
 #: gives up after 10 s, so this only bounds a session actor that never reports.
@@ -91,16 +80,6 @@ MAX_POLL_CHARS = 32 * 1024
 MAX_POLL_WAIT_MS = 30_000
 MAX_ARGS = 256
 MAX_ARGV_BYTES = 64 * 1024
-
-
-def process_id_for(action_id: str) -> str:
-    """One opaque process id per start action: a replayed start finds its session."""
-    return "proc-" + hashlib.sha256(action_id.encode()).hexdigest()[:20]
-
-
-def transcript_path(home: Path, run_id: str, name: str) -> Path:
-    """The private transcript of a session or command (home is 0700, files 0600)."""
-    return home / "transcripts" / run_id / f"{name}.log"
 
 
 def sandbox_settings(settings: SandboxSettings, home: Path | None = None) -> dict[str, Any]:
@@ -152,205 +131,37 @@ def _cwd(workspace: Path, params: dict[str, Any]) -> tuple[str, Path]:
         # The tool checked it in the agent already; the supervisor does not trust that.
         target = workspace if raw in (".", "./") else resolve_in_workspace(workspace, raw)
     except ToolError as exc:
-        raise Refused(str(exc), exc.code) from None
+        raise Refused(str(exc), code=exc.code) from None
     if not target.is_dir():
         raise BadRequest(f"cwd {raw!r} is not a directory in the workspace")
     return raw, target
 
 
-# -- ledger operations (sync; usable from hooks, recovery and blockers) ----------------
-
-
-def get_session(ledger: Ledger, process_id: str) -> sqlite3.Row | None:
-    return ledger.one("SELECT * FROM sessions WHERE process_id = ?", process_id)
-
-
-def move_session(
-    ledger: Ledger,
-    process_id: str,
-    new: SessionState,
-    *,
-    reason: str | None = None,
-    code: str | None = None,
-    exit_code: int | None = None,
-    output_bytes: int | None = None,
-) -> sqlite3.Row:
-    """One transition by the engine's table, with its event, in one transaction.
-
-    A session that becomes ``needs-reconciliation`` parks its running run, like an
-    action with an unknown outcome: it waits for a person, not for the agent.
-    """
-    with ledger.tx() as db:
-        row = get_session(ledger, process_id)
-        if row is None:
-            raise NotFound(f"no process session {process_id!r}")
-        old = SessionState(row["state"])
-        try:
-            check_transition(old, new)
-        except IllegalTransition as exc:
-            raise Conflict(f"process {process_id}: {exc}") from None
-        now = time.time()
-        db.execute(
-            "UPDATE sessions SET state = ?, reason = COALESCE(?, reason), error_code = COALESCE(?, error_code),"
-            " exit_code = COALESCE(?, exit_code), output_bytes = COALESCE(?, output_bytes), updated_at = ?"
-            " WHERE process_id = ?",
-            (
-                new.value,
-                summarize(reason, 300) if reason else None,
-                code,
-                exit_code,
-                output_bytes,
-                now,
-                process_id,
-            ),
-        )
-        ledger.event(
-            "session-" + new.value,
-            process_id,
-            run=row["run_id"],
-            previous=old.value,
-            exit_code=exit_code,
-            reason=summarize(reason, 300) if reason else "",
-            code=code or "",
-        )
-        if new is S.NEEDS_RECONCILIATION:
-            run = run_store.get_run(ledger, row["run_id"])
-            if run["status"] == RunStatus.RUNNING:
-                run_store.set_run_status(
-                    ledger,
-                    row["run_id"],
-                    RunStatus.NEEDS_RECONCILIATION,
-                    f"process session {process_id} needs reconciliation: {reason or 'outcome unknown'}",
-                )
-        updated = get_session(ledger, process_id)
-        assert updated is not None
-    return updated
-
-
-def blockers(ledger: Ledger, run_id: str) -> list[str]:
-    """Sessions that keep a run from writing its final reply."""
-    rows = ledger.all(
-        f"SELECT process_id, state FROM sessions WHERE run_id = ? AND (state IN ({_LIVE_SQL})"
-        " OR (state = 'needs-reconciliation' AND resolved_at IS NULL)) ORDER BY created_at",
-        run_id,
-    )
-    return [
-        f"{'unresolved reconciliation of' if row['state'] == S.NEEDS_RECONCILIATION else 'live'}"
-        f" process session {row['process_id']} ({row['state']})"
-        for row in rows
-    ]
-
-
-def busy_reasons(ledger: Ledger) -> list[str]:
-    rows = ledger.all(
-        f"SELECT state, COUNT(*) AS n FROM sessions WHERE state IN ({_LIVE_SQL})"
-        " OR (state = 'needs-reconciliation' AND resolved_at IS NULL) GROUP BY state ORDER BY state"
-    )
-    return [f"{row['n']} process session(s) {row['state']}" for row in rows]
-
-
-def recover(ledger: Ledger, report: RecoveryReport) -> None:
-    """Unfinished sessions of older boots: reconciliation only.
-
-    Their processes died with the old supervisor; nothing is relaunched, reconnected
-    or signalled. A session still ``prepared`` was provably never launched (the
-    actor commits ``launching`` before it spawns anything), so it simply failed.
-    """
-    rows = ledger.all(
-        f"SELECT process_id, state, boot_id FROM sessions WHERE boot_id != ? AND state IN ({_LIVE_SQL})",
-        ledger.boot_id,
-    )
-    for row in rows:
-        if row["state"] == S.PREPARED:
-            move_session(
-                ledger,
-                row["process_id"],
-                S.FAILED,
-                reason="never launched: the supervisor stopped before the launch",
-                code="supervisor-restarted",
-            )
-            report.notes.append(f"session {row['process_id']}: never launched, failed")
-            continue
-        move_session(
-            ledger,
-            row["process_id"],
-            S.NEEDS_RECONCILIATION,
-            reason=(
-                f"the supervisor (boot {row['boot_id']}) stopped while this session was {row['state']};"
-                " its process tree died with it and is not relaunched, reconnected or signalled"
-            ),
-            code="supervisor-restarted",
-        )
-        report.reconciliations.append(row["process_id"])
-
-
-def resolve_session(ledger: Ledger, process_id: str, outcome: str, note: str) -> str:
-    """A person's verdict on a session that needs reconciliation; returns its run id."""
-    if outcome not in ("ok", "failed"):
-        raise BadRequest("outcome must be 'ok' or 'failed'")
-    if not note.strip():
-        raise BadRequest("a reconciliation needs a note saying what was checked")
-    with ledger.tx() as db:
-        row = get_session(ledger, process_id)
-        if row is None:
-            raise NotFound(f"no process session {process_id!r}")
-        if row["state"] != S.NEEDS_RECONCILIATION:
-            raise Conflict(f"process {process_id} is {row['state']}; only needs-reconciliation sessions are reconciled")
-        if row["resolved_at"] is not None:
-            raise Conflict(f"process {process_id} was already reconciled as {row['resolution']}")
-        db.execute(
-            "UPDATE sessions SET resolution = ?, resolution_note = ?, resolved_at = ?, updated_at = ?"
-            " WHERE process_id = ?",
-            (outcome, redact_text(note[:1000]), time.time(), time.time(), process_id),
-        )
-        ledger.event("session-reconciled", process_id, run=row["run_id"], outcome=outcome, note=summarize(note, 200))
-        run_id = str(row["run_id"])
-        unresolved = db.execute(
-            "SELECT COUNT(*) FROM sessions WHERE run_id = ? AND state = 'needs-reconciliation' AND resolved_at IS NULL",
-            (run_id,),
-        ).fetchone()[0]
-        if unresolved == 0:
-            # Same rule as actions: the run goes back to running once nothing it waits
-            # for a person on is open (_reopen_run checks actions and provider requests).
-            resolutions._reopen_run(ledger, run_id)
-    return run_id
-
-
-def _session_view(row: sqlite3.Row) -> dict[str, Any]:
-    return {
-        "process_id": row["process_id"],
-        "status": row["state"],
-        "launch_mode": row["launch_mode"],
-        "exit_code": row["exit_code"],
-        "cursor": encode_cursor(row["process_id"], 0),
-        "error": row["reason"] if row["state"] in (S.FAILED, S.NEEDS_RECONCILIATION) else None,
-        "code": row["error_code"],
-    }
-
-
-def _poll_transcript(path: Path, process_id: str, cursor: str | None, max_chars: int) -> tuple[str, str, bool]:
-    """A poll answered from the private transcript once the actor is gone. The
-    actor appended exactly the bytes its cursors count, so a cursor names the same
-    chunk here as it did live."""
-    try:
-        offset = 0 if cursor is None else decode_cursor(cursor, process_id)
-    except InvalidCursor as exc:
-        raise SupervisorError(str(exc), exc.code) from None
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        data = b""
-    if offset > len(data) or (offset < len(data) and data[offset] & 0xC0 == 0x80):
-        raise SupervisorError("cursor is beyond the output or not on a character boundary", InvalidCursor.code)
-    text = data[offset : offset + 4 * max_chars].decode("utf-8", errors="ignore")[:max_chars]
-    end = offset + len(text.encode())
-    return text, encode_cursor(process_id, end), end < len(data)
+# -- the service -----------------------------------------------------------------------
 
 
 class SessionService:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.ledger = sup.ledger
+    def __init__(
+        self,
+        ledger: Ledger,
+        tree: SupervisionTree,
+        runs: RunService,
+        home: Path,
+        sandbox: SandboxSettings,
+        scope_sandbox: SandboxScope,
+    ) -> None:
+        self.ledger = ledger
+        #: The session actors: started, asked (poll, stdin, terminate), watched, stopped.
+        self.tree = tree
+        #: Which run a caller owns, and waking an agent whose final reply may proceed.
+        self.runs = runs
+        #: The supervisor's home: transcripts and sealed input live there, and no
+        #: sandbox ever sees it.
+        self.home = home
+        #: The spec's sandbox, the base of every session's and command's sandbox.
+        self.sandbox = sandbox
+        #: Narrows that sandbox by the run's intent contract, when it has one.
+        self.scope_sandbox = scope_sandbox
         self._changed = trio.Event()
         # Ledger hooks run inside transactions (sync); process work they imply is
         # queued here and done by one background task, as in the swarm layer.
@@ -373,9 +184,9 @@ class SessionService:
     # -- ownership ------------------------------------------------------------------
 
     def _owned_session(self, slot: ActorSlot, params: dict[str, Any]) -> sqlite3.Row:
-        run = self.sup.runs.owned_run(slot, params)
+        run = self.runs.owned_run(slot, params)
         process_id = _str(params, "process_id", limit=64)
-        row = get_session(self.ledger, process_id)
+        row = session_store.get_session(self.ledger, process_id)
         # One answer for "unknown" and "someone else's": no probing for live ids.
         if row is None or row["run_id"] != run["run_id"] or row["agent_id"] != run["agent_id"]:
             raise Refused(
@@ -386,13 +197,13 @@ class SessionService:
 
     def _actor_session(self, slot: ActorSlot, params: dict[str, Any]) -> sqlite3.Row:
         process_id = _str(params, "process_id", limit=64)
-        row = get_session(self.ledger, process_id)
+        row = session_store.get_session(self.ledger, process_id)
         if row is None or row["actor_id"] != slot.id:
             raise Refused(f"actor {slot.id} does not own process session {process_id}")
         return row
 
     def _executing_action(self, run: Any, params: dict[str, Any], tool: str) -> sqlite3.Row:
-        action = run_store.get_action(self.ledger, _str(params, "action_id"))
+        action = action_store.get_action(self.ledger, _str(params, "action_id"))
         if action["run_id"] != run["run_id"] or action["phase"] != "executing" or action["tool"] != tool:
             raise BadRequest(f"action {action['action_id']} is not an executing {tool} action of this run")
         return action
@@ -407,7 +218,7 @@ class SessionService:
     # -- agent-facing methods --------------------------------------------------------
 
     async def start(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self.sup.runs.owned_run(slot, params)
+        run = self.runs.owned_run(slot, params)
         if RunStatus(run["status"]) in RUN_TERMINAL:
             raise Refused(f"run {run['run_id']} already ended ({run['status']})")
         action = self._executing_action(run, params, "process.start")
@@ -415,9 +226,9 @@ class SessionService:
         workspace = self._workspace(run)
         cwd_raw, cwd = _cwd(workspace, params)
         timeout_s = _timeout(params, DEFAULT_SESSION_TIMEOUT_S)
-        process_id = process_id_for(action["action_id"])
-        if get_session(self.ledger, process_id) is None:
-            self._insert(process_id, run, action["action_id"], argv, cwd_raw)
+        process_id = session_store.process_id_for(action["action_id"])
+        if session_store.get_session(self.ledger, process_id) is None:
+            session_store.insert_session(self.ledger, process_id, run, action["action_id"], argv, cwd_raw)
             await self._launch_actor(
                 process_id,
                 {
@@ -428,7 +239,7 @@ class SessionService:
                     "timeout_s": timeout_s,
                     "project_root": str(workspace),
                     "sandbox": self._run_sandbox(run),
-                    "transcript": str(transcript_path(self.sup.home, run["run_id"], process_id)),
+                    "transcript": str(session_store.transcript_path(self.home, run["run_id"], process_id)),
                 },
             )
         # else: the same start action asked again (a lost reply): report, never relaunch.
@@ -436,36 +247,13 @@ class SessionService:
             lambda: self._state(process_id) not in (S.PREPARED, S.LAUNCHING),
             trio.current_time() + START_WAIT_S,
         )
-        row = get_session(self.ledger, process_id)
+        row = session_store.get_session(self.ledger, process_id)
         assert row is not None
-        return _session_view(row)
-
-    def _insert(self, process_id: str, run: Any, action_id: str, argv: list[str], cwd: str) -> None:
-        now = time.time()
-        with self.ledger.tx() as db:
-            db.execute(
-                "INSERT INTO sessions (process_id, run_id, agent_id, start_action_id, actor_id, program,"
-                " argv_summary, cwd, state, boot_id, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?)",
-                (
-                    process_id,
-                    run["run_id"],
-                    run["agent_id"],
-                    action_id,
-                    process_id,
-                    summarize(argv[0], 200),
-                    summarize(shlex.join(argv), 300),
-                    cwd,
-                    self.ledger.boot_id,
-                    now,
-                    now,
-                ),
-            )
-            self.ledger.event("session-prepared", process_id, run=run["run_id"], action=action_id)
+        return session_store.session_view(row)
 
     async def _launch_actor(self, process_id: str, params: dict[str, Any]) -> None:
         group = GroupSpec(f"g-{process_id}", Strategy.ONE_FOR_ONE, 0, 1.0)
-        self.sup.tree.declare_group(group)
+        self.tree.declare_group(group)
         spec = ActorSpec(
             id=process_id,
             template="session",
@@ -475,9 +263,9 @@ class SessionService:
             params=params,
         )
         try:
-            await self.sup.tree.add_actor(spec)
+            await self.tree.add_actor(spec)
         except Exception as exc:
-            move_session(
+            session_store.move_session(
                 self.ledger,
                 process_id,
                 S.FAILED,
@@ -489,19 +277,19 @@ class SessionService:
         self._send.send_nowait(("watch", process_id))
 
     def _state(self, process_id: str) -> SessionState:
-        row = get_session(self.ledger, process_id)
+        row = session_store.get_session(self.ledger, process_id)
         assert row is not None
         return SessionState(row["state"])
 
     async def _ask(self, row: sqlite3.Row, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
         """A request to the session's actor, or None when it is not there to answer."""
-        slot = self.sup.tree.slots.get(row["actor_id"])
+        slot = self.tree.slots.get(row["actor_id"])
         if slot is None or slot.state is not ActorState.RUNNING or slot.channel is None:
             return None
         try:
-            return await self.sup.tree.request(row["actor_id"], body, timeout)
+            return await self.tree.request(row["actor_id"], body, timeout)
         except RemoteError as exc:
-            raise SupervisorError(exc.message, exc.code) from None
+            raise SupervisorError(exc.message, code=exc.code) from None
         except (ChannelClosed, MailboxFull, DeadlineExceeded):
             return None
 
@@ -515,9 +303,9 @@ class SessionService:
         body = {"op": "poll", "cursor": cursor, "max_chars": max_chars, "wait_ms": wait_ms}
         reply = await self._ask(row, body, wait_ms / 1000 + POLL_SLACK_S)
         if reply is None:
-            fresh = get_session(self.ledger, row["process_id"]) or row
-            path = transcript_path(self.sup.home, row["run_id"], row["process_id"])
-            chunk, next_cursor, more = _poll_transcript(path, row["process_id"], cursor, max_chars)
+            fresh = session_store.get_session(self.ledger, row["process_id"]) or row
+            path = session_store.transcript_path(self.home, row["run_id"], row["process_id"])
+            chunk, next_cursor, more = session_store.poll_transcript(path, row["process_id"], cursor, max_chars)
             reply = {
                 "chunk": chunk,
                 "next_cursor": next_cursor,
@@ -532,19 +320,19 @@ class SessionService:
         row = self._owned_session(slot, params)
         data = params.get("data", "")
         if is_sealed(data):
-            spool = sealed_input.spool_dir(self.sup.home)
+            spool = sealed_input.spool_dir(self.home)
             sealed_by = self._stdin_action(row, params)
             try:
                 data = sealed_input.unseal(spool, row["run_id"], sealed_by, "data", data)
             except sealed_input.SealedInputError as exc:
-                raise Refused(str(exc), "sealed-input") from None
+                raise Refused(str(exc), code="sealed-input") from None
             # From here the value lives in memory only; the action is never re-run,
             # so whatever happens next, nothing will ask for it again.
             sealed_input.discard(spool, row["run_id"], sealed_by)
         if not isinstance(data, str) or len(data.encode()) > MAX_STDIN_BYTES:
             raise BadRequest(f"data must be a string of at most {MAX_STDIN_BYTES} bytes")
         if row["state"] != S.RUNNING:
-            raise Refused(f"process {row['process_id']} is {row['state']}, not running", "process-not-running")
+            raise Refused(f"process {row['process_id']} is {row['state']}, not running", code="process-not-running")
         body = {
             "op": "stdin",
             "data": data,
@@ -553,29 +341,17 @@ class SessionService:
         }
         reply = await self._ask(row, body, STDIN_TIMEOUT_S)
         if reply is None:
-            raise Refused(f"process {row['process_id']} cannot be reached any more", "process-not-running")
+            raise Refused(f"process {row['process_id']} cannot be reached any more", code="process-not-running")
         written = int(reply.get("bytes_written", 0))
         digest = str(reply.get("sha256", ""))
-        with self.ledger.tx() as db:
-            db.execute(
-                "UPDATE sessions SET stdin_bytes = stdin_bytes + ?, updated_at = ? WHERE process_id = ?",
-                (written, time.time(), row["process_id"]),
-            )
-            self.ledger.event(
-                "session-stdin",
-                row["process_id"],
-                run=row["run_id"],
-                bytes=written,
-                sha256=digest,
-                eof=bool(reply.get("eof")),
-                complete=bool(reply.get("complete")),
-            )
+        eof, complete = bool(reply.get("eof")), bool(reply.get("complete"))
+        session_store.record_stdin(self.ledger, row, written, digest, eof=eof, complete=complete)
         return {
             "process_id": row["process_id"],
             "bytes_written": written,
             "sha256": digest,
-            "eof": bool(reply.get("eof")),
-            "complete": bool(reply.get("complete")),
+            "eof": eof,
+            "complete": complete,
             "status": str(reply.get("status", row["state"])),
         }
 
@@ -584,16 +360,16 @@ class SessionService:
         if SessionState(row["state"]) not in TERMINAL_STATES:
             # The actor answers once the terminal state is on disk (or could not be).
             await self._ask(row, {"op": "terminate"}, TERMINATE_TIMEOUT_S)
-        fresh = get_session(self.ledger, row["process_id"])
+        fresh = session_store.get_session(self.ledger, row["process_id"])
         assert fresh is not None
-        return _session_view(fresh)
+        return session_store.session_view(fresh)
 
     def _stdin_action(self, session: Any, params: dict[str, Any]) -> str:
         """The executing process.stdin action of the session's run that sealed the data."""
         the_id = params.get("action_id")
         if not isinstance(the_id, str):
             raise BadRequest("sealed stdin data needs the action_id that sealed it")
-        action = run_store.get_action(self.ledger, the_id)
+        action = action_store.get_action(self.ledger, the_id)
         if action["run_id"] != session["run_id"] or action["tool"] != "process.stdin" or action["phase"] != "executing":
             raise BadRequest(f"action {the_id} is not an executing process.stdin action of this run")
         return the_id
@@ -603,26 +379,26 @@ class SessionService:
         sessions, so a process about to exit does not cost the run a repair turn."""
         run_id = run["run_id"]
         started = self.ledger.one("SELECT 1 FROM finalizations WHERE run_id = ?", run_id)
-        if run["kind"] == "root" and started is None and blockers(self.ledger, run_id):
-            self.ledger.event("finalize-held", run_id, reasons=blockers(self.ledger, run_id))
-            await self._wait_until(lambda: not blockers(self.ledger, run_id), trio.current_time() + FINALIZE_HOLD_S)
+        if run["kind"] == "root" and started is None and session_store.blockers(self.ledger, run_id):
+            self.ledger.event("finalize-held", run_id, reasons=session_store.blockers(self.ledger, run_id))
+            deadline = trio.current_time() + FINALIZE_HOLD_S
+            await self._wait_until(lambda: not session_store.blockers(self.ledger, run_id), deadline)
 
     # -- command.exec bookkeeping (the command itself runs in the agent) ---------------
 
     async def command_sandbox(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self.sup.runs.owned_run(slot, params)
+        run = self.runs.owned_run(slot, params)
         self._executing_action(run, params, "command.exec")
         return {"project_root": str(self._workspace(run)), "sandbox": self._run_sandbox(run)}
 
     def _run_sandbox(self, run: Any) -> dict[str, Any]:
         """The spec's sandbox, narrowed by the run's intent contract (its path scope:
         supervisor/intent/intent_service.py) when it has one."""
-        settings = sandbox_settings(self.sup.spec.sandbox, self.sup.home)
-        return self.sup.intent.scoped_sandbox(run, settings)
+        return self.scope_sandbox(run, sandbox_settings(self.sandbox, self.home))
 
     async def command_launched(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         """The durable launch record of a command, committed before COMMIT_EXEC."""
-        run = self.sup.runs.owned_run(slot, params)
+        run = self.runs.owned_run(slot, params)
         if RunStatus(run["status"]) in RUN_TERMINAL:
             raise Refused(f"run {run['run_id']} already ended; not launching")
         action = self._executing_action(run, params, "command.exec")
@@ -630,27 +406,15 @@ class SessionService:
             mode = LaunchMode(_str(params, "launch_mode", limit=40))
         except ValueError:
             raise BadRequest("launch_mode must be 'sandboxed' or 'unsandboxed'") from None
-        with self.ledger.tx() as db:
-            if db.execute("SELECT 1 FROM command_launches WHERE action_id = ?", (action["action_id"],)).fetchone():
-                # A second launch for one action would run the command twice.
-                raise Conflict(f"action {action['action_id']} already launched its command once")
-            db.execute(
-                "INSERT INTO command_launches (action_id, launch_mode, transcript, created_at) VALUES (?, ?, ?, ?)",
-                (
-                    action["action_id"],
-                    mode.value,
-                    str(transcript_path(self.sup.home, run["run_id"], action["action_id"])),
-                    time.time(),
-                ),
-            )
-            self.ledger.event("command-launched", action["action_id"], run=run["run_id"], launch_mode=mode.value)
+        transcript = session_store.transcript_path(self.home, run["run_id"], action["action_id"])
+        session_store.record_command_launch(self.ledger, run["run_id"], action["action_id"], mode, transcript)
         return {"launch_mode": mode.value}
 
     def on_receipt(self, ledger: Ledger, action: Any) -> None:
         if action["tool"] in sealed_input.SEALED_FIELDS:
             # Ended without reaching the terminal (refused, denied, failed early):
             # its sealed input will never be read, so it goes now.
-            sealed_input.discard(sealed_input.spool_dir(self.sup.home), action["run_id"], action["action_id"])
+            sealed_input.discard(sealed_input.spool_dir(self.home), action["run_id"], action["action_id"])
         if action["tool"] != "command.exec" or not action["result"]:
             return
         # Inside the receipt's transaction: a surprise here must not cost the receipt.
@@ -658,9 +422,7 @@ class SessionService:
         output = result.get("output") if isinstance(result, dict) else None
         code = output.get("exit_code") if isinstance(output, dict) else None
         if isinstance(code, int) and not isinstance(code, bool):
-            ledger.db.execute(
-                "UPDATE command_launches SET exit_code = ? WHERE action_id = ?", (code, action["action_id"])
-            )
+            session_store.record_command_exit(ledger, action["action_id"], code)
 
     # -- session-actor methods -------------------------------------------------------
 
@@ -676,12 +438,7 @@ class SessionService:
             mode = LaunchMode(_str(params, "launch_mode", limit=40))
         except ValueError:
             raise BadRequest("launch_mode must be 'sandboxed' or 'unsandboxed'") from None
-        with self.ledger.tx() as db:
-            db.execute(
-                "UPDATE sessions SET launch_mode = ?, updated_at = ? WHERE process_id = ?",
-                (mode.value, time.time(), row["process_id"]),
-            )
-            self.ledger.event("session-launched", row["process_id"], run=row["run_id"], launch_mode=mode.value)
+        session_store.record_launch(self.ledger, row, mode)
         self._notify()
         return {}
 
@@ -697,7 +454,7 @@ class SessionService:
         output_bytes = params.get("output_bytes")
         reason = params.get("reason")
         code = params.get("code")
-        move_session(
+        session_store.move_session(
             self.ledger,
             row["process_id"],
             new,
@@ -721,11 +478,11 @@ class SessionService:
             self._send.send_nowait(("stop", row["actor_id"]))
 
     def _actor_gone(self, process_id: str, exit_code: int | None) -> None:
-        row = get_session(self.ledger, process_id)
-        if row is None or SessionState(row["state"]) not in LIVE_STATES:
+        row = session_store.get_session(self.ledger, process_id)
+        if row is None or SessionState(row["state"]) not in session_store.LIVE_STATES:
             return
         if row["state"] == S.PREPARED:
-            move_session(
+            session_store.move_session(
                 self.ledger,
                 process_id,
                 S.FAILED,
@@ -733,7 +490,7 @@ class SessionService:
                 code="session-actor-exited",
             )
         else:
-            move_session(
+            session_store.move_session(
                 self.ledger,
                 process_id,
                 S.NEEDS_RECONCILIATION,
@@ -746,7 +503,7 @@ class SessionService:
         self._notify()
 
     async def _watch(self, process_id: str) -> None:
-        slot = self.sup.tree.slots.get(process_id)
+        slot = self.tree.slots.get(process_id)
         if slot is None:
             return
         await slot.exited.wait()
@@ -763,56 +520,31 @@ class SessionService:
                 if op == "watch":
                     nursery.start_soon(self._watch, target)
                 elif op == "stop":
-                    slot = self.sup.tree.slots.get(target)
+                    slot = self.tree.slots.get(target)
                     if slot is not None:
                         # Each in its own task: a two-phase terminate takes a second.
-                        nursery.start_soon(self.sup.tree.stop_actor, slot, "run ended")
+                        nursery.start_soon(self.tree.stop_actor, slot, "run ended")
                 elif op == "wake":
-                    await self.sup.runs.wake(target)
+                    await self.runs.wake(target)
 
     async def reconcile(self, params: dict[str, Any]) -> dict[str, Any]:
         """``reconcile`` of a process id (``proc-…``): resolves its session."""
-        run_id = resolve_session(
+        run_id = session_store.resolve_session(
             self.ledger, _str(params, "action_id", limit=300), _str(params, "outcome", limit=20),
             str(params.get("note", ""))[:1000],
         )
         self._notify()
-        await self.sup.runs.wake_run(run_id)
+        await self.runs.wake_run(run_id)
         return {"run_id": run_id}
-
-    def show_section(self, run_id: str) -> list[dict[str, Any]]:
-        rows = self.ledger.all(
-            "SELECT process_id, start_action_id, program, argv_summary, cwd, state, launch_mode, exit_code, reason,"
-            " error_code, output_bytes, stdin_bytes, resolution, resolved_at, created_at, updated_at"
-            " FROM sessions WHERE run_id = ? ORDER BY created_at",
-            run_id,
-        )
-        return [dict(row) for row in rows]
-
-    def commands_section(self, run_id: str) -> list[dict[str, Any]]:
-        rows = self.ledger.all(
-            "SELECT c.action_id, c.launch_mode, c.exit_code, c.created_at FROM command_launches c"
-            " JOIN actions a ON a.action_id = c.action_id WHERE a.run_id = ? ORDER BY c.created_at",
-            run_id,
-        )
-        return [dict(row) for row in rows]
-
-    def pending_section(self) -> list[dict[str, Any]]:
-        """Sessions whose outcome a person must settle (``corral reconcile proc-…``)."""
-        rows = self.ledger.all(
-            "SELECT process_id, run_id, program, reason FROM sessions"
-            " WHERE state = 'needs-reconciliation' AND resolved_at IS NULL ORDER BY created_at"
-        )
-        return [dict(row) for row in rows]
-
-    def status_section(self) -> dict[str, Any]:
-        rows = self.ledger.all("SELECT state, COUNT(*) AS n FROM sessions GROUP BY state")
-        live = self.ledger.all(f"SELECT process_id FROM sessions WHERE state IN ({_LIVE_SQL})")
-        return {"by_state": {row["state"]: row["n"] for row in rows}, "live": [row["process_id"] for row in live]}
 
 
 def install(sup: Supervisor) -> SessionService:
-    service = SessionService(sup)
+    # The intent service is built after this one (its hooks run after these), so
+    # the sandbox scope finds it when a session or command first asks.
+    def scope_sandbox(run: Any, settings: dict[str, Any]) -> dict[str, Any]:
+        return sup.intent.scoped_sandbox(run, settings)
+
+    service = SessionService(sup.ledger, sup.tree, sup.runs, sup.home, sup.spec.sandbox, scope_sandbox)
     sup.actor_methods.update(
         {
             "session.start": service.start,
@@ -825,17 +557,18 @@ def install(sup: Supervisor) -> SessionService:
             "session.state": service.state,
         }
     )
+    ledger = sup.ledger
     hooks = sup.hooks
     hooks.finalize_holds.append(service.hold_finalize)
     hooks.reconcilers["proc-"] = service.reconcile
     hooks.on_status.append(service.on_status)
     hooks.on_receipt.append(service.on_receipt)
-    hooks.finalize_blockers.append(blockers)
-    hooks.recovery_steps.append(recover)
-    sup.busy_checks.append(lambda: busy_reasons(sup.ledger))
+    hooks.finalize_blockers.append(session_store.blockers)
+    hooks.recovery_steps.append(session_store.recover)
+    sup.busy_checks.append(lambda: session_store.busy_reasons(ledger))
     sup.background.append(service.worker)
-    sup.status_sections["sessions"] = service.status_section
-    hooks.show_sections["sessions"] = service.show_section
-    hooks.show_sections["commands"] = service.commands_section
-    hooks.pending_sections["sessions"] = service.pending_section
+    sup.status_sections["sessions"] = lambda: session_store.session_counts(ledger)
+    hooks.show_sections["sessions"] = lambda run_id: session_store.run_sessions(ledger, run_id)
+    hooks.show_sections["commands"] = lambda run_id: session_store.run_commands(ledger, run_id)
+    hooks.pending_sections["sessions"] = lambda: session_store.unresolved_sessions(ledger)
     return service

@@ -84,6 +84,10 @@ class SupervisorSettings:
         default=DEFAULT_MAX_LONG_POLLS, ge=1, le=100_000,
         description="Control requests that wait (`events`, `wait`, a session poll...) held at once; past it they"
         " are refused at once, and `status` and `ping` still answer.")
+    probes: StrictBool = Field(
+        default=False,
+        description="Register the load probes that bench/ drives: `bench.sink` (one-way tells counted, not stored)"
+        " and `bench.emit_events` (ledger events at a set rate). Off, those methods do not exist.")
 
 
 @dataclass(frozen=True, config=SECTION)

@@ -1,5 +1,8 @@
 """The swarm layer on the supervisor: child actors, joins, delegation, claims,
-tombstones, child timeouts, and the blockers they add to finalization."""
+tombstones, child timeouts, and the blockers they add to finalization.
+
+Its ledger rules are children_store.py (spawn, results, joins), delegation_store.py,
+claim_store.py and parent_work.py (open work, blockers, the tombstone)."""
 
 from __future__ import annotations
 
@@ -13,15 +16,16 @@ import trio
 from corral.mailbox.steps import Do, ParkStep
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.runs import finalization, run_store
+from corral.supervisor.runs import action_store, finalization, run_store
 from corral.supervisor.runs.recovery import RecoveryReport
+from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
-from corral.supervisor.spec.swarm_spec import ActorSpec, GroupSpec, provider_env
-from corral.supervisor.swarm import swarm_store
+from corral.supervisor.spec.swarm_spec import ActorSpec, GroupSpec, SwarmSpec, provider_env
+from corral.supervisor.swarm import children_store, claim_store, delegation_store, parent_work
 from corral.supervisor.swarm.swarm_state import ClaimPhase
 from corral.supervisor.tree.actor_state import ActorState
 from corral.supervisor.tree.restart_policy import RestartType, Strategy
-from corral.supervisor.tree.supervision_tree import ActorSlot
+from corral.supervisor.tree.supervision_tree import ActorSlot, SupervisionTree
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -30,9 +34,14 @@ CHILD_INTENSITY = (2, 30.0)
 
 
 class SwarmService:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.ledger = sup.ledger
+    def __init__(self, ledger: Ledger, tree: SupervisionTree, runs: RunService, spec: SwarmSpec) -> None:
+        self.ledger = ledger
+        #: The child actors: declared, started, stopped when their run ends.
+        self.tree = tree
+        #: Which run a caller owns, and waking the agent a delivery or delegation concerns.
+        self.runs = runs
+        #: The templates, specialists, policy and limits that spawns and delegations obey.
+        self.spec = spec
         # Ledger hooks run inside transactions (sync); what must happen to processes
         # afterwards is queued here and done by one background task.
         self._send, self._receive = trio.open_memory_channel[tuple[str, str]](math.inf)
@@ -45,30 +54,30 @@ class SwarmService:
             return
         run = run_store.get_run(ledger, run_id)
         if run["kind"] == "root":
-            for instance in swarm_store.tombstone(ledger, run_id, reason or status.value):
+            for instance in parent_work.tombstone(ledger, run_id, reason or status.value):
                 self._send.send_nowait(("stop", instance))
             return
         if run["kind"] == "child":
             if status is not RunStatus.COMPLETED:
-                self._after_delivery(swarm_store.finish_child(ledger, run_id, None, reason or status.value), run)
+                self._after_delivery(children_store.finish_child(ledger, run_id, None, reason or status.value), run)
             self._send.send_nowait(("stop", run["agent_id"]))
         elif run["kind"] == "delegation" and status is not RunStatus.COMPLETED:
-            self._after_delivery(swarm_store.finish_delegation(ledger, run_id, None, reason or status.value), run)
+            self._after_delivery(delegation_store.finish_delegation(ledger, run_id, None, reason or status.value), run)
 
     def on_receipt(self, ledger: Ledger, action: Any) -> None:
         if action["tool"] == "agent.run_status":
-            swarm_store.observe_claim(ledger, action["action_id"])
+            claim_store.observe_claim(ledger, action["action_id"])
 
     def park_for_join(self, ledger: Ledger, run_id: str) -> ParkStep | None:
         """A parent whose loop is done but whose children or delegations still run
         parks (lane released, no provider call) until the last of them delivers."""
-        if swarm_store.open_work(ledger, run_id) == 0:
+        if parent_work.open_work(ledger, run_id) == 0:
             return None
         run_store.set_run_status(
             ledger,
             run_id,
             RunStatus.WAITING_FOR_JOIN,
-            f"{swarm_store.open_work(ledger, run_id)} group(s)/delegation(s) still running",
+            f"{parent_work.open_work(ledger, run_id)} group(s)/delegation(s) still running",
         )
         return {"do": Do.PARK, "status": RunStatus.WAITING_FOR_JOIN.value}
 
@@ -76,29 +85,29 @@ class SwarmService:
         if delivery_id is None or child_run["parent_run_id"] is None:
             return
         parent = run_store.get_run(self.ledger, child_run["parent_run_id"])
-        if parent["status"] == RunStatus.WAITING_FOR_JOIN and swarm_store.open_work(self.ledger, parent["run_id"]) == 0:
+        if parent["status"] == RunStatus.WAITING_FOR_JOIN and parent_work.open_work(self.ledger, parent["run_id"]) == 0:
             run_store.set_run_status(self.ledger, parent["run_id"], RunStatus.RUNNING, "joined")
             self._send.send_nowait(("wake", parent["agent_id"]))
 
     # -- actor methods --------------------------------------------------------------
 
     def _parent(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
-        return self.sup.runs.owned_run(slot, params)
+        return self.runs.owned_run(slot, params)
 
     def _action_id(self, params: dict[str, Any], run: Any) -> str:
         action_id = params.get("action_id")
         if not isinstance(action_id, str):
             raise BadRequest("action_id must be a string")
-        action = run_store.get_action(self.ledger, action_id)
+        action = action_store.get_action(self.ledger, action_id)
         if action["run_id"] != run["run_id"] or action["phase"] != "executing":
             raise BadRequest(f"action {action_id} is not an executing action of this run")
         return action_id
 
     async def spawn(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self._parent(slot, params)
-        view = swarm_store.spawn_group(
+        view = children_store.spawn_group(
             self.ledger,
-            self.sup.spec,
+            self.spec,
             run,
             self._action_id(params, run),
             params.get("children"),
@@ -110,13 +119,13 @@ class SwarmService:
         return view
 
     async def start_child(self, instance_id: str) -> None:
-        slot = self.sup.tree.slots.get(instance_id)
+        slot = self.tree.slots.get(instance_id)
         if slot is not None:
-            if slot.state is ActorState.STOPPED and self.sup.tree.running and self._child_run_open(instance_id):
-                await self.sup.tree.start_actor(slot)  # declared, never (or no longer) running
+            if slot.state is ActorState.STOPPED and self.tree.running and self._child_run_open(instance_id):
+                await self.tree.start_actor(slot)  # declared, never (or no longer) running
             return
         group = GroupSpec(f"g-{instance_id}", Strategy.ONE_FOR_ONE, *CHILD_INTENSITY)
-        self.sup.tree.declare_group(group)
+        self.tree.declare_group(group)
         spec = ActorSpec(
             id=instance_id,
             template="agent",
@@ -126,10 +135,10 @@ class SwarmService:
             params={"agent_id": instance_id, "exit_when_idle": True},
             env_passthrough=self._child_env(instance_id),
         )
-        if self.sup.tree.running:
-            await self.sup.tree.add_actor(spec)
+        if self.tree.running:
+            await self.tree.add_actor(spec)
         else:
-            self.sup.tree.declare_actor(spec, dynamic=True)
+            self.tree.declare_actor(spec, dynamic=True)
 
     def _child_run_open(self, instance_id: str) -> bool:
         row = self.ledger.one("SELECT r.status FROM children c JOIN runs r ON r.run_id = c.run_id"
@@ -139,7 +148,7 @@ class SwarmService:
     def _child_env(self, instance_id: str) -> tuple[str, ...]:
         row = self.ledger.one("SELECT template FROM children WHERE instance_id = ?", instance_id)
         try:
-            template = self.sup.spec.template(row["template"]) if row else None
+            template = self.spec.template(row["template"]) if row else None
         except KeyError:
             return ()
         return provider_env(template.provider, template.provider_config) if template else ()
@@ -152,8 +161,8 @@ class SwarmService:
             for k in ("agent_id", "task", "acceptance_criteria", "expected_artifacts", "repair_of")
             if params.get(k) is not None
         }
-        reply = swarm_store.delegate(self.ledger, self.sup.spec, run, self._action_id(params, run), fields)
-        await self.sup.runs.wake(reply["target"])
+        reply = delegation_store.delegate(self.ledger, self.spec, run, self._action_id(params, run), fields)
+        await self.runs.wake(reply["target"])
         return reply
 
     async def claim(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
@@ -161,7 +170,7 @@ class SwarmService:
         ids = params.get("delivery_ids")
         if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)):
             raise BadRequest("delivery_ids must be a list of strings")
-        return swarm_store.claim(self.ledger, run["run_id"], self._action_id(params, run), ids)
+        return claim_store.claim(self.ledger, run["run_id"], self._action_id(params, run), ids)
 
     async def child_result(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self._parent(slot, params)
@@ -170,9 +179,9 @@ class SwarmService:
         blockers = finalization.blockers(self.ledger, run["run_id"])
         error = ("ended with open work: " + "; ".join(blockers)) if blockers else None
         if run["kind"] == "child":
-            delivery = swarm_store.finish_child(self.ledger, run["run_id"], summary, error)
+            delivery = children_store.finish_child(self.ledger, run["run_id"], summary, error)
         elif run["kind"] == "delegation":
-            delivery = swarm_store.finish_delegation(self.ledger, run["run_id"], summary, error)
+            delivery = delegation_store.finish_delegation(self.ledger, run["run_id"], summary, error)
         else:
             raise BadRequest("a root run writes a final reply, not a child result")
         self._after_delivery(delivery, run)
@@ -182,18 +191,18 @@ class SwarmService:
 
     async def worker(self) -> None:
         async for op, target in self._receive:
-            if op == "stop" and target in self.sup.tree.slots:
-                await self.sup.tree.stop_actor(self.sup.tree.slots[target], reason="run ended")
+            if op == "stop" and target in self.tree.slots:
+                await self.tree.stop_actor(self.tree.slots[target], reason="run ended")
             elif op == "wake":
-                await self.sup.runs.wake(target)
+                await self.runs.wake(target)
 
     async def watchdog(self) -> None:
         """Children that run past child_timeout_s yield a failed result."""
-        limit = self.sup.spec.limits.child_timeout_s
+        limit = self.spec.limits.child_timeout_s
         while True:
             now = time.time()
             earliest = math.inf
-            for child in swarm_store.children_to_run(self.ledger):
+            for child in children_store.children_to_run(self.ledger):
                 deadline = child["created_at"] + limit
                 if deadline <= now:
                     run_store.set_run_status(
@@ -220,14 +229,14 @@ class SwarmService:
     def recover(self, ledger: Ledger, report: RecoveryReport) -> None:
         for row in ledger.all("SELECT claim_id FROM claim_journal WHERE phase = ?", ClaimPhase.PREPARED.value):
             try:
-                swarm_store.commit_claim(ledger, row["claim_id"])
+                claim_store.commit_claim(ledger, row["claim_id"])
             except Exception as exc:  # a lost race: the claim stays prepared and is refused on replay
                 report.notes.append(f"claim {row['claim_id']}: {exc}")
         for row in ledger.all(
             "SELECT c.run_id, r.status, r.reason FROM children c JOIN runs r ON r.run_id = c.run_id"
             " WHERE c.status != 'terminal' AND r.status IN ('failed', 'cancelled')"
         ):
-            swarm_store.finish_child(ledger, row["run_id"], None, row["reason"] or row["status"])
+            children_store.finish_child(ledger, row["run_id"], None, row["reason"] or row["status"])
         for row in ledger.all(
             "SELECT run_id FROM runs WHERE status = 'waiting-for-join' AND run_id NOT IN"
             " (SELECT parent_run_id FROM isolated_groups WHERE status = 'open')"
@@ -236,7 +245,7 @@ class SwarmService:
             run_store.set_run_status(ledger, row["run_id"], RunStatus.RUNNING, "joined during recovery")
 
     async def restart_children(self) -> None:
-        for child in swarm_store.children_to_run(self.ledger):
+        for child in children_store.children_to_run(self.ledger):
             await self.start_child(child["instance_id"])
 
     def show_section(self, run_id: str) -> dict[str, Any]:
@@ -283,7 +292,7 @@ class SwarmService:
 
 
 def install(sup: Supervisor) -> SwarmService:
-    service = SwarmService(sup)
+    service = SwarmService(sup.ledger, sup.tree, sup.runs, sup.spec)
     sup.actor_methods.update(
         {
             "swarm.spawn": service.spawn,
@@ -296,7 +305,7 @@ def install(sup: Supervisor) -> SwarmService:
     hooks.on_status.append(service.on_status)
     hooks.on_receipt.append(service.on_receipt)
     hooks.loop_blockers.append(service.park_for_join)
-    hooks.finalize_blockers.append(swarm_store.blockers)
+    hooks.finalize_blockers.append(parent_work.blockers)
     hooks.recovery_steps.append(service.recover)
     sup.recovery_hooks.append(service.restart_children)
     sup.background.extend([service.worker, service.watchdog])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 
-from corral.supervisor.tree.actor_state import IllegalTransition
+from corral.core.transitions import IllegalTransition
 
 
 class DeliveryStatus(enum.StrEnum):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from corral.core.transitions import IllegalTransition
+
 
 class ActorState(enum.StrEnum):
     STARTING = "starting"  # launched, no hello yet
@@ -12,10 +14,6 @@ class ActorState(enum.StrEnum):
     RESTARTING = "restarting"  # exited; a restart is scheduled (backoff)
     STOPPED = "stopped"  # exited and stays down (shutdown, temporary, transient exit 0)
     ESCALATED = "escalated"  # its group exceeded restart intensity and gave up
-
-
-class IllegalTransition(RuntimeError):
-    pass
 
 
 TRANSITIONS: dict[ActorState, frozenset[ActorState]] = {

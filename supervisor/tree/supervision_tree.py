@@ -5,14 +5,12 @@ applies restart types, strategies, intensity and backoff (decided in
 Every incarnation of an actor is one task in the tree's nursery that owns the
 actor's socket, its channel reader, its message handler and its exit watcher.
 
-Past 600 lines: the launch-and-watch half and the request dispatch half (with
-its hold while the ledger is away) are two jobs; the split waits for issue 33's
-regrouping of supervisor/, which moves this file anyway.
+The messages of a running actor (its hello, requests to the supervisor, routing
+between actors) are supervisor/tree/actor_messages.py.
 """
 
 from __future__ import annotations
 
-import hmac
 import itertools
 import logging
 import os
@@ -26,12 +24,11 @@ from typing import Any
 
 import trio
 
-from corral.core import failpoints
 from corral.mailbox import link as links
+from corral.mailbox.actor_config import ActorConfig
 from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.channel import Channel
 from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
-from corral.mailbox.errors import ChannelClosed, MailboxFull
 from corral.sandbox.launcher import (
     EXIT_FORKSERVER_LOST,
     EXIT_UNKNOWN,
@@ -41,9 +38,9 @@ from corral.sandbox.launcher import (
     LaunchRequest,
 )
 from corral.supervisor.errors import StorageFull
-from corral.supervisor.ledger.ledger_link import run_held
 from corral.supervisor.ledger.port import Ledger, dumps
 from corral.supervisor.spec.swarm_spec import ActorSpec, GroupSpec, SupervisorSettings
+from corral.supervisor.tree.actor_messages import SUPERVISOR, ActorMessages, MessageHandler, send_or_drop
 from corral.supervisor.tree.actor_state import ActorState, check_transition
 from corral.supervisor.tree.restart_policy import (
     Intensity,
@@ -55,11 +52,6 @@ from corral.supervisor.tree.restart_policy import (
 log = logging.getLogger("corral.tree")
 
 HELLO_TIMEOUT_S = 30.0
-SUPERVISOR = "supervisor"
-
-#: Handles a request or tell from an actor addressed to the supervisor; returns the
-#: reply body (requests) or None (tells).
-MessageHandler = Callable[["ActorSlot", Envelope], Awaitable[dict[str, Any] | None]]
 
 
 @dataclass
@@ -116,16 +108,15 @@ class SupervisionTree:
         self.ledger = ledger
         self.launcher = launcher
         self.settings = settings
-        self._token = token
-        self._handler = handler
         self.supervisor_pid = supervisor_pid
         self.failpoint_spec = failpoint_spec
         self.slots: dict[str, ActorSlot] = {}
+        #: What running actors say to the supervisor and to each other.
+        self.messages = ActorMessages(self.slots, ledger, token, handler)
         self.groups: dict[str, GroupRuntime] = {}
         self._addresses = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self._rng = random.Random()
-        self._forwarded: dict[str, str] = {}
         self.shutting_down = False
         self.changed = trio.Event()
         #: Called with the group id after a group gave up (restart intensity exceeded).
@@ -268,7 +259,7 @@ class SupervisionTree:
         listener = links.Listener(self._address(), channel.hard_limit)
         try:
             address = listener.address
-            config = {
+            config: ActorConfig = {
                 "actor_id": slot.id,
                 "incarnation": slot.incarnation,
                 "template": slot.spec.template,
@@ -279,12 +270,13 @@ class SupervisionTree:
                 "inbox_size": self.settings.inbox_size,
                 "supervisor_pid": self.supervisor_pid,
                 "failpoints": self.failpoint_spec,
-                "heartbeat_s": self.heartbeat_interval(),
+                "heartbeat_interval_s": self.heartbeat_interval(),
             }
             env = {"CORRAL_FAILPOINT_DIR": str(self.home / "failpoints")}
             env.update({name: os.environ[name] for name in slot.spec.env_passthrough if name in os.environ})
             process = await self.launcher.launch(
-                LaunchRequest(slot.id, config, self.home / "logs" / f"{slot.id}.log", env)
+                # The launcher carries the config unread, as a plain map.
+                LaunchRequest(slot.id, dict(config), self.home / "logs" / f"{slot.id}.log", env)
             )
         except LaunchError as exc:
             # A start that fails (a fork server stopped past the launch timeout) counts
@@ -338,7 +330,7 @@ class SupervisionTree:
                 hello = await channel.inbox.receive()
             except trio.EndOfChannel:
                 pass  # the link never came up, or closed before a word
-        if hello is None or not self._accept_hello(slot, hello):
+        if hello is None or not self.messages.accept_hello(slot, hello):
             log.warning("%s: no valid hello; killing it", slot.id)
             process.kill_group()
             return
@@ -350,7 +342,7 @@ class SupervisionTree:
             # Asked to stop while it was still starting: welcome it, then repeat the
             # shutdown it may have missed; it never counts as running.
             slot.ready.set()
-            await _safe(channel.tell(slot.id, {"op": "shutdown", "reason": "stopped while starting"}))
+            await send_or_drop(channel.tell(slot.id, {"op": "shutdown", "reason": "stopped while starting"}))
         else:
             slot.move(ActorState.RUNNING)
             self._record(slot, pid=process.pid, event="actor-ready")
@@ -368,81 +360,9 @@ class SupervisionTree:
                 # In the tree's nursery, not this incarnation's: work the supervisor
                 # does on an actor's behalf (a spawn, a claim) must not be cancelled
                 # halfway because that actor died; the reply is simply undeliverable.
-                self._nursery.start_soon(self._dispatch, slot, channel, envelope)
+                self._nursery.start_soon(self.messages.dispatch, slot, channel, envelope)
             else:
-                await self._dispatch(slot, channel, envelope)
-
-    def _accept_hello(self, slot: ActorSlot, hello: Envelope) -> bool:
-        return (
-            hello.kind is Kind.HELLO
-            and hello.token is not None
-            and hmac.compare_digest(hello.token, self._token)
-            and hello.body.get("actor_id") == slot.id
-            and hello.body.get("incarnation") == slot.incarnation
-        )
-
-    async def _dispatch(self, slot: ActorSlot, channel: Channel, envelope: Envelope) -> None:
-        if envelope.kind in (Kind.REPLY, Kind.ERROR):
-            origin = self._forwarded.pop(envelope.corr_id or "", None)
-            if origin is not None:
-                await self._forward(origin, envelope)
-            return
-        if envelope.token is None or not hmac.compare_digest(envelope.token, self._token):
-            if envelope.kind is Kind.REQUEST:
-                await channel.reply_error(envelope, "bad-token", "wrong or missing token")
-            return
-        if envelope.recipient != SUPERVISOR:
-            await self._route(slot, channel, envelope)
-            return
-        if slot.process is not None:
-            failpoints.caller_pid.set(slot.process.pid)
-        try:
-            if envelope.kind is Kind.REQUEST:
-                # A request that found the ledger unreachable committed nothing: it
-                # waits for the ledger and runs again; its reply is held, not failed.
-                body = await run_held(lambda: self._handler(slot, envelope), self.ledger)
-            else:
-                body = await self._handler(slot, envelope)
-        except Exception as exc:
-            code = getattr(exc, "code", "internal")
-            if not isinstance(code, str):
-                code = "internal"
-            if code == "internal":
-                log.exception("%s: handler failed", slot.id)
-            if envelope.kind is Kind.REQUEST:
-                await _safe(channel.reply_error(envelope, code, str(exc)))
-            return
-        if envelope.kind is Kind.REQUEST:
-            await _safe(channel.reply(envelope, body or {}))
-
-    async def _route(self, slot: ActorSlot, channel: Channel, envelope: Envelope) -> None:
-        target = self.slots.get(envelope.recipient)
-        if target is None or target.channel is None or target.state is not ActorState.RUNNING:
-            if envelope.kind is Kind.REQUEST:
-                await channel.reply_error(envelope, "no-such-actor", f"no running actor {envelope.recipient!r}")
-            return
-        if envelope.kind is Kind.REQUEST:
-            self._forwarded[envelope.msg_id] = slot.id
-        forwarded = Envelope(
-            envelope.kind,
-            envelope.sender,
-            envelope.recipient,
-            envelope.body,
-            msg_id=envelope.msg_id,
-            corr_id=envelope.corr_id,
-            sent_at=envelope.sent_at,
-        )
-        try:
-            await target.channel.send(forwarded, timeout=5.0)
-        except (ChannelClosed, MailboxFull) as exc:
-            self._forwarded.pop(envelope.msg_id, None)
-            if envelope.kind is Kind.REQUEST:
-                await channel.reply_error(envelope, "undeliverable", str(exc))
-
-    async def _forward(self, origin_id: str, envelope: Envelope) -> None:
-        origin = self.slots.get(origin_id)
-        if origin is not None and origin.channel is not None:
-            await _safe(origin.channel.send(envelope, timeout=5.0))
+                await self.messages.dispatch(slot, channel, envelope)
 
     # -- exits and restarts -------------------------------------------------------
 
@@ -540,7 +460,7 @@ class SupervisionTree:
         channel, process, exited = slot.channel, slot.process, slot.exited
         if channel is not None:
             with trio.move_on_after(0.5):
-                await _safe(channel.tell(slot.id, {"op": "shutdown", "reason": reason}))
+                await send_or_drop(channel.tell(slot.id, {"op": "shutdown", "reason": reason}))
         with trio.move_on_after(slot.spec.shutdown_timeout_ms / 1000):
             await exited.wait()
         if not exited.is_set() and process is not None:
@@ -559,7 +479,7 @@ class SupervisionTree:
             for actor_id in reversed(group.order):
                 await self.stop_actor(self.slots[actor_id])
 
-    # -- dynamic actors and requests ---------------------------------------------
+    # -- dynamic actors, and the supervisor's requests ----------------------------
 
     async def add_actor(self, spec: ActorSpec) -> ActorSlot:
         slot = self.declare_actor(spec, dynamic=True)
@@ -567,21 +487,12 @@ class SupervisionTree:
         return slot
 
     async def request(self, actor_id: str, body: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-        slot = self.slots[actor_id]
-        await slot.ready.wait()
-        if slot.channel is None:
-            raise ChannelClosed(f"actor {actor_id} is not running")
-        return await slot.channel.request(actor_id, body, timeout)
+        """A request from the supervisor to a running actor (ChannelClosed when it is not)."""
+        return await self.messages.request(actor_id, body, timeout)
 
     async def tell(self, actor_id: str, body: dict[str, Any]) -> bool:
-        slot = self.slots.get(actor_id)
-        if slot is None or slot.channel is None or slot.state is not ActorState.RUNNING:
-            return False
-        try:
-            await slot.channel.tell(actor_id, body, timeout=5.0)
-        except (ChannelClosed, MailboxFull):
-            return False
-        return True
+        """A tell to a running actor; False when it could not be delivered."""
+        return await self.messages.tell(actor_id, body)
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -662,13 +573,6 @@ class SupervisionTree:
             if exit_code is not None:
                 extra["exit_code"] = exit_code
             self.ledger.event(event, slot.id, **extra)
-
-
-async def _safe(awaitable: Awaitable[Any]) -> None:
-    try:
-        await awaitable
-    except (ChannelClosed, MailboxFull, trio.ClosedResourceError) as exc:
-        log.debug("send failed: %s", exc)
 
 
 def _spec_json(spec: ActorSpec) -> dict[str, Any]:

@@ -191,13 +191,13 @@ def _hold_polls_past_the_pool(daemon: Daemon, count: int, pool: int) -> None:
 
 
 def test_long_polls_past_a_small_pool_are_refused_clearly_and_status_answers(short_tmp: Path) -> None:
-    with running(short_tmp / "home", "[supervisor]\nmax_long_polls = 32\n") as daemon:
+    with running(short_tmp / "home", "[supervisor]\nmax_long_polls = 32\nprobes = true\n") as daemon:
         _hold_polls_past_the_pool(daemon, 40, 32)
 
 
 def test_1100_long_polls_from_one_holder_do_not_starve_status(short_tmp: Path) -> None:
     """The issue's load against the default pool (past the old 1,024-worker cap)."""
-    with running(short_tmp / "home") as daemon:
+    with running(short_tmp / "home", "[supervisor]\nprobes = true\n") as daemon:
         assert daemon.status()["control"]["max_long_polls"] == 1024
         _hold_polls_past_the_pool(daemon, 1100, 1024)
 
@@ -212,7 +212,7 @@ def test_the_long_poll_pool_is_a_checked_spec_setting(short_tmp: Path) -> None:
 
 @pytest.mark.parametrize("method", ["ping", "status"])
 def test_ping_and_status_never_count_as_long_polls(short_tmp: Path, method: str) -> None:
-    with running(short_tmp / "home", "[supervisor]\nmax_long_polls = 1\n") as daemon:
+    with running(short_tmp / "home", "[supervisor]\nmax_long_polls = 1\nprobes = true\n") as daemon:
         cursor = daemon.status()["cursor"]
         with LongPolls(daemon.home, 1, since=cursor) as polls:
             _until("the one poll held", lambda: daemon.status()["control"]["long_polls"] == 1)
@@ -223,3 +223,10 @@ def test_ping_and_status_never_count_as_long_polls(short_tmp: Path, method: str)
             assert refused.value.code == "too-many-long-polls"
             daemon.call("bench.emit_events", n=1)
         assert polls.answered == 1
+
+
+def test_the_load_probes_exist_only_when_a_spec_asks_for_them(short_tmp: Path) -> None:
+    with running(short_tmp / "home") as daemon:
+        with pytest.raises(ControlError) as refused:
+            daemon.call("bench.emit_events", n=1)
+        assert refused.value.code == "unknown-method"

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 import trio
 
-from corral.actors.pty_session import CommandResult, PtySession, SessionState, run_command
+from corral.actors.one_shot_command import CommandResult, run_command
+from corral.actors.pty_session import PtySession
+from corral.actors.session_state import SessionState
 from corral.actors.tools.base import ToolContext, ToolError
 from corral.actors.tools.process import CommandExec
 from corral.actors.tools.project import GitCommit, GitDiff, GitStatus

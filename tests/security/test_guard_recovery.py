@@ -22,7 +22,8 @@ import psutil
 import pytest
 import trio
 
-from corral.actors.pty_session import PtySession, run_command
+from corral.actors.one_shot_command import run_command
+from corral.actors.pty_session import PtySession
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile, SandboxProfileError, build_bwrap_argv
 from corral.sandbox.control_paths import sandbox_entries, scan_controls
 from corral.sandbox.guard_record import GUARD_DIR
@@ -43,7 +44,7 @@ from pathlib import Path
 
 import trio
 
-from corral.actors.pty_session import run_command
+from corral.actors.one_shot_command import run_command
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile
 
 root, home, script = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.actors.pty_session import run_command
+from corral.actors.one_shot_command import run_command
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile
 from corral.sandbox.trampoline import TRAMPOLINE_PATH
 from corral.supervisor.home.home_dir import HomeError

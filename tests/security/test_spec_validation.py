@@ -129,7 +129,9 @@ def test_a_good_spec_with_every_number_at_a_bound_still_loads(tmp_path: Path) ->
 
 
 #: Every module that declares spec sections (pydantic dataclasses).
-_SECTION_MODULES = ("spec_models", "mcp_spec", "model_spec", "bridge_spec", "collaboration")
+_SECTION_MODULES = (
+    "spec.spec_models", "mcp.mcp_spec", "models.model_spec", "bridge.bridge_spec", "context.collaboration",
+)
 
 
 def _numeric(kind: type) -> list[str]:

@@ -1,0 +1,64 @@
+"""Load probes for bench/: a sink that counts one-way tells and an event emitter.
+
+They exist only when a spec asks for them (``[supervisor] probes = true``): a
+production supervisor carries no method whose only use is to be measured.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from corral.supervisor.params import param_int
+
+if TYPE_CHECKING:
+    from corral.supervisor.daemon import Supervisor
+    from corral.supervisor.ledger.port import Ledger
+    from corral.supervisor.tree.supervision_tree import ActorSlot
+
+
+class LoadProbes:
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        #: Tells counted, never stored: the mailbox's cost, not the ledger's.
+        self.sink_count = 0
+
+    async def sink(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        self.sink_count += 1
+        return {}
+
+    async def sink_read(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        return {"count": self.sink_count}
+
+    async def sink_reset(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        self.sink_count = 0
+        return {}
+
+    async def emit_events(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Load for the dashboard's live-stream bench: ``n`` events of kind
+        ``bench-load`` at ``rate`` per second, committed every 5 ms (never fsync'd:
+        they guard nothing). Answers when the last one is committed."""
+        n = param_int(params, "n", 1000, low=1, high=1_000_000)
+        rate = param_int(params, "rate", 5000, low=1, high=1_000_000)
+        start = trio.current_time()
+        done, first, last = 0, 0, 0
+        while done < n:
+            due = min(n, int((trio.current_time() - start) * rate) + 1)
+            if due > done:
+                with self.ledger.tx(fsync=False):
+                    for index in range(done, due):
+                        last = self.ledger.event("bench-load", "bench", i=index)
+                        first = first or last
+                done = due
+            await trio.sleep(0.005)
+        return {"emitted": n, "first": first, "last": last, "elapsed_s": round(trio.current_time() - start, 3)}
+
+
+def install(sup: Supervisor) -> LoadProbes:
+    probes = LoadProbes(sup.ledger)
+    sup.actor_methods["bench.sink"] = probes.sink
+    sup.actor_methods["bench.sink_count"] = probes.sink_read
+    sup.actor_methods["bench.sink_reset"] = probes.sink_reset
+    sup.control_methods["bench.emit_events"] = probes.emit_events
+    return probes

@@ -1,0 +1,323 @@
+"""Ledger operations of a run's actions and their receipts: an action prepared
+(idempotently, by its fingerprint), begun under its policy, moved along its one
+transition table, finished, and its one receipt written with the observation the
+model sees, in the same commit.
+
+Every function here is one transaction (or a read) on the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Any
+
+from corral.actors.tools.base import is_sealed
+from corral.core.redact import redact, summarize
+from corral.mailbox.steps import Begin, Begun
+from corral.supervisor.errors import Conflict, NotFound
+from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs.action_state import (
+    TERMINAL as ACTION_TERMINAL,
+)
+from corral.supervisor.runs.action_state import (
+    ActionPhase,
+    action_id,
+    canonical_json,
+    check_action_transition,
+    fingerprint,
+)
+from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
+from corral.supervisor.runs.run_state import RunStatus
+from corral.supervisor.runs.run_store import add_observation, bounded_json, get_run, set_run_status
+
+
+def _now() -> float:
+    return time.time()
+
+
+def prepare_action(
+    ledger: Ledger,
+    run_id: str,
+    loop_index: int,
+    action_index: int,
+    tool: str,
+    tool_input: dict[str, Any],
+    *,
+    rerunnable: bool,
+    policy: str,
+    raw_sha256: str | None = None,
+    run: Any = None,
+    shown_input: Any = None,
+) -> sqlite3.Row:
+    """Create the action as prepared, or return it unchanged on an idempotent replay.
+    ``tool_input`` is what the tool will act on: the fingerprint covers it, the row
+    keeps it redacted, and ``raw_sha256`` names its raw copy when the two differ.
+    ``run``: the run's row when the caller has it (its agent is all this reads);
+    ``shown_input``: ``redact(tool_input)`` when the caller computed it already."""
+    if run is None:
+        run = get_run(ledger, run_id)
+    the_id = action_id(run_id, loop_index, action_index)
+    the_fingerprint = fingerprint(tool, tool_input)
+    now = _now()
+    with ledger.tx() as db:
+        created = db.execute(
+            "INSERT OR IGNORE INTO actions (action_id, run_id, agent_id, loop_index, action_index, tool, input,"
+            " fingerprint, phase, rerunnable, policy, raw_sha256, boot_id, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?, ?, ?)",
+            (
+                the_id,
+                run_id,
+                run["agent_id"],
+                loop_index,
+                action_index,
+                tool,
+                canonical_json(redact(tool_input) if shown_input is None else shown_input),
+                the_fingerprint,
+                int(rerunnable),
+                policy,
+                raw_sha256,
+                ledger.boot_id,
+                now,
+                now,
+            ),
+        ).rowcount
+        if created:
+            ledger.event("action-prepared", the_id, run=run_id, tool=tool, policy=policy)
+        row = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
+    assert row is not None
+    if not created:
+        # An idempotent replay returns the action unchanged; a different call under
+        # the same identity fails the run closed.
+        if row["fingerprint"] != the_fingerprint:
+            set_run_status(
+                ledger,
+                run_id,
+                RunStatus.FAILED,
+                f"action {the_id} replayed with a different fingerprint; failing closed",
+            )
+            raise Conflict(f"action {the_id} exists with a different fingerprint; failing closed")
+        return row
+    ledger.failpoint("action.after-prepared")
+    return row
+
+
+def deny_unstarted_actions(ledger: Ledger, run_id: str, reason: str) -> int:
+    """A cancelled run's actions that never started (prepared, waiting for approval,
+    approved) are denied with a receipt, so nothing waits on a person for them.
+    Executing and unresolved ones keep their state: their outcome is not known."""
+    rows = ledger.all(
+        "SELECT action_id, phase FROM actions WHERE run_id = ?"
+        " AND phase IN ('prepared', 'waiting-confirmation', 'approved')",
+        run_id,
+    )
+    with ledger.tx():
+        for row in rows:
+            # An approved action may only fail (the table has no approved -> denied).
+            ending = ActionPhase.FAILED if row["phase"] == ActionPhase.APPROVED else ActionPhase.DENIED
+            move_action(ledger, row["action_id"], ending, reason=reason, error=reason)
+            write_receipt(ledger, row["action_id"])
+    return len(rows)
+
+
+def get_action(ledger: Ledger, the_id: str) -> sqlite3.Row:
+    row = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
+    if row is None:
+        raise NotFound(f"no action {the_id!r}")
+    return row
+
+
+def move_action(
+    ledger: Ledger, the_id: str, phase: ActionPhase, *, current: Any = None, **fields: Any
+) -> dict[str, Any]:
+    """Move an action along its one transition table. ``current``: its row, read by
+    the caller in the same synchronous step (no await since), so not read again.
+    Returns the columns it set (``attempts`` aside)."""
+    with ledger.tx() as db:
+        row = current if current is not None else get_action(ledger, the_id)
+        check_action_transition(ActionPhase(row["phase"]), phase)
+        now = _now()
+        written: dict[str, Any] = {"phase": phase.value, "updated_at": now}
+        if phase is ActionPhase.EXECUTING:
+            written["executing_at"] = now
+        if phase in ACTION_TERMINAL or phase is ActionPhase.NEEDS_RECONCILIATION:
+            written["finished_at"] = now
+        written.update(fields)
+        sets = [f"{key} = ?" for key in written]
+        if phase is ActionPhase.EXECUTING:
+            sets.append("attempts = attempts + 1")
+        db.execute(f"UPDATE actions SET {', '.join(sets)} WHERE action_id = ?", (*written.values(), the_id))
+        ledger.event(
+            "action-" + phase.value,
+            the_id,
+            run=row["run_id"],
+            tool=row["tool"],
+            reason=fields.get("reason") or "",
+        )
+    return written
+
+
+def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> Begun:
+    """Apply policy; commit ``executing`` before the agent may start the side effect.
+    ``current``: the action's row, read by the caller with no await since."""
+    row = current if current is not None else get_action(ledger, the_id)
+    phase = ActionPhase(row["phase"])
+    if phase is ActionPhase.PREPARED:
+        if row["policy"] == "deny":
+            run = get_run(ledger, row["run_id"])
+            allowed = json.loads(run["options"]).get("allowed_tools")
+            why = (
+                f"{row['tool']} is not allowed in a {run['kind']} run"
+                if allowed is not None and row["tool"] not in allowed
+                else f"{row['tool']} is denied by policy"
+            )
+            move_action(ledger, the_id, ActionPhase.DENIED, reason=why, error=why)
+            write_receipt(ledger, the_id)
+            return {"begin": Begin.SKIP, "phase": "denied"}
+        if row["policy"] == "confirm":
+            with ledger.tx():
+                move_action(ledger, the_id, ActionPhase.WAITING_CONFIRMATION)
+                set_run_status(
+                    ledger,
+                    row["run_id"],
+                    RunStatus.WAITING_CONFIRMATION,
+                    f"action {the_id} ({row['tool']}) waits for approval",
+                )
+            return {"begin": Begin.PARK, "phase": "waiting-confirmation"}
+    if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED):
+        move_action(ledger, the_id, ActionPhase.EXECUTING, current=row)
+        ledger.failpoint("action.after-executing")
+        return {"begin": Begin.EXECUTE, "phase": "executing"}
+    if phase is ActionPhase.EXECUTING:
+        if row["rerunnable"]:
+            # Read-only tools, and ledger tools idempotent by action id, may run again.
+            with ledger.tx() as db:
+                db.execute(
+                    "UPDATE actions SET attempts = attempts + 1, updated_at = ? WHERE action_id = ?",
+                    (_now(), the_id),
+                )
+                ledger.event("action-rerun", the_id, run=row["run_id"], tool=row["tool"])
+            return {"begin": Begin.EXECUTE, "phase": "executing"}
+        mark_needs_reconciliation(ledger, the_id, "the agent lost track of an executing action; outcome unknown")
+        return {"begin": Begin.PARK, "phase": "needs-reconciliation"}
+    if phase is ActionPhase.WAITING_CONFIRMATION:
+        return {"begin": Begin.PARK, "phase": phase.value}
+    return {"begin": Begin.SKIP, "phase": phase.value}
+
+
+def mark_needs_reconciliation(ledger: Ledger, the_id: str, reason: str) -> None:
+    with ledger.tx():
+        row = get_action(ledger, the_id)
+        move_action(ledger, the_id, ActionPhase.NEEDS_RECONCILIATION, reason=reason)
+        run = get_run(ledger, row["run_id"])
+        if RunStatus(run["status"]) not in RUN_TERMINAL:
+            set_run_status(
+                ledger,
+                row["run_id"],
+                RunStatus.NEEDS_RECONCILIATION,
+                f"action {the_id} ({row['tool']}): {reason}",
+            )
+
+
+def finish_action(
+    ledger: Ledger,
+    the_id: str,
+    ok: bool,
+    output: dict[str, Any],
+    summary: str,
+    error: str | None,
+    *,
+    current: Any = None,
+) -> None:
+    row = current if current is not None else get_action(ledger, the_id)
+    phase = ActionPhase(row["phase"])
+    if phase in ACTION_TERMINAL:
+        return  # a repeated finish after a lost reply: the first one stands
+    if phase is not ActionPhase.EXECUTING:
+        raise Conflict(f"action {the_id} is {phase}, not executing")
+    # The outcome and its receipt (with the observation) in one commit: a crash
+    # cannot leave a terminal action without its receipt.
+    with ledger.tx():
+        written = move_action(
+            ledger,
+            the_id,
+            ActionPhase.OK if ok else ActionPhase.FAILED,
+            current=row,
+            result=bounded_json({"output": output, "summary": summarize(summary, 300)}),
+            error=summarize(error, 300) if error else None,
+        )
+        write_receipt(ledger, the_id, current={**dict(row), **written})
+    ledger.failpoint("action.after-terminal")
+    ledger.failpoint("action.after-receipt")
+
+
+def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, current: Any = None) -> bool:
+    """Exactly one receipt per terminal action, with the observation in the same commit.
+    ``current``: the action as it now is, when the caller just wrote it."""
+    with ledger.tx() as db:
+        row = current if current is not None else get_action(ledger, the_id)
+        phase = ActionPhase(row["phase"])
+        if phase not in ACTION_TERMINAL:
+            raise Conflict(f"action {the_id} is {phase}; receipts are for terminal actions")
+        result = json.loads(row["result"]) if row["result"] else {}
+        result_summary = result.get("summary") or row["error"] or row["reason"] or phase.value
+        if not db.execute(
+            "INSERT OR IGNORE INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
+            " result_summary, note, started_at, finished_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                the_id,
+                row["run_id"],
+                row["agent_id"],
+                row["fingerprint"],
+                row["tool"],
+                phase.value,
+                input_summary(row["tool"], json.loads(row["input"])),
+                summarize(result_summary, 200),
+                summarize(note, 200) if note else None,
+                row["executing_at"],
+                row["finished_at"],
+                _now(),
+            ),
+        ).rowcount:
+            return False  # it has its receipt already
+        ledger.event("receipt-written", the_id, run=row["run_id"], status=phase.value)
+        add_observation(
+            ledger,
+            row["run_id"],
+            the_id,
+            row["loop_index"],
+            {
+                "action_id": the_id,
+                "tool": row["tool"],
+                "status": phase.value,
+                "output": result.get("output", {}),
+                "error": row["error"] or "",
+            },
+        )
+        for hook in ledger.hooks.on_receipt:
+            hook(ledger, row)
+    return True
+
+
+def input_summary(tool: str, tool_input: dict[str, Any]) -> str:
+    """Names and sizes, never contents: receipts must not carry file data or secrets."""
+    parts = []
+    for key, value in sorted(tool_input.items()):
+        if key in ("path", "label", "agent_id", "program", "cwd", "process_id", "template"):
+            parts.append(f"{key}={summarize(str(value), 80)}")
+        elif isinstance(value, str):
+            parts.append(f"{key}=<{len(value)} chars>")
+        elif is_sealed(value):
+            parts.append(f"{key}=<sealed, {value['bytes']} bytes>")
+        elif isinstance(value, list):
+            parts.append(f"{key}=<{len(value)} items>")
+        else:
+            parts.append(f"{key}=<{type(value).__name__}>")
+    return summarize(f"{tool}(" + ", ".join(parts) + ")", 200)
+
+
+def actions_of(ledger: Ledger, run_id: str, loop_index: int) -> list[sqlite3.Row]:
+    return ledger.all(
+        "SELECT * FROM actions WHERE run_id = ? AND loop_index = ? ORDER BY action_index", run_id, loop_index
+    )

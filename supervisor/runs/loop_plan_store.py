@@ -1,0 +1,139 @@
+"""Ledger operations of a run's loop plans: the plan parsed from each loop's
+provider response (committed once), a response that did not parse (a bounded
+repair), and a final reply the ledger cannot accept yet (a repair too).
+
+A run's durable step list (``plan.update``) is another thing: supervisor/longtask/plan_store.py.
+Every function here is one transaction (or a read) on the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from corral.core.redact import redact, summarize
+from corral.supervisor.ledger.port import Ledger, dumps
+from corral.supervisor.runs.run_state import RunStatus
+from corral.supervisor.runs.run_store import RunLimits, add_observation, get_run, set_run_status
+
+
+def _now() -> float:
+    return time.time()
+
+
+def commit_plan(
+    ledger: Ledger,
+    run_id: str,
+    loop_index: int,
+    slot: str,
+    plan: dict[str, Any],
+    *,
+    withhold_response: str | None = None,
+    raw_sha256: str | None = None,
+) -> dict[str, Any]:
+    """Commit the parsed plan of a loop step (once). Returns the plan as stored
+    (redacted; ``raw_sha256`` names the raw copy in the private spool).
+    ``withhold_response`` replaces the raw response in the same transaction (it
+    carried input that the plan now holds sealed)."""
+    with ledger.tx() as db:
+        existing = db.execute(
+            "SELECT plan FROM plans WHERE run_id = ? AND loop_index = ?", (run_id, loop_index)
+        ).fetchone()
+        if existing is not None:
+            stored: dict[str, Any] = json.loads(existing["plan"])
+            return stored
+        text = dumps(redact(plan))
+        db.execute(
+            "INSERT INTO plans (run_id, loop_index, plan, raw_sha256, created_at) VALUES (?, ?, ?, ?, ?)",
+            (run_id, loop_index, text, raw_sha256, _now()),
+        )
+        db.execute("UPDATE provider_requests SET consumed = 1 WHERE slot = ?", (slot,))
+        if withhold_response is not None:
+            db.execute("UPDATE provider_requests SET response = ? WHERE slot = ?", (withhold_response, slot))
+        ledger.event(
+            "plan-committed",
+            run_id,
+            loop=loop_index,
+            actions=len(plan.get("actions", [])),
+            final=plan.get("final") is not None,
+        )
+    ledger.failpoint("plan.after-commit")
+    result: dict[str, Any] = json.loads(text)
+    return result
+
+
+def plan_invalid(
+    ledger: Ledger, run_id: str, loop_index: int, slot: str, category: str, detail: str, limits: RunLimits
+) -> dict[str, Any]:
+    """A response that did not parse: a bounded repair, or the run fails clearly."""
+    with ledger.tx() as db:
+        run = get_run(ledger, run_id)
+        repairs: dict[str, int] = json.loads(run["repairs"])
+        total = sum(repairs.values())
+        repairs[category] = repairs.get(category, 0) + 1
+        db.execute("UPDATE runs SET repairs = ? WHERE run_id = ?", (dumps(repairs), run_id))
+        db.execute("UPDATE provider_requests SET consumed = 2 WHERE slot = ?", (slot,))
+        ledger.event("plan-invalid", run_id, slot=slot, category=category, detail=summarize(detail, 200))
+        if total >= limits.max_repairs:
+            set_run_status(
+                ledger,
+                run_id,
+                RunStatus.FAILED,
+                f"invalid plan from the provider ({category}): {summarize(detail, 200)}",
+            )
+            return {"repair": False}
+        add_observation(
+            ledger,
+            run_id,
+            f"repair:{slot}",
+            loop_index,
+            {"role": "repair", "category": category, "detail": summarize(detail, 300)},
+        )
+    return {"repair": True}
+
+
+def final_blocked(ledger: Ledger, run_id: str, reasons: list[str], limits: RunLimits) -> dict[str, Any]:
+    """A final reply the ledger cannot accept yet (an unclaimed receipt, a live
+    session...). Retrying the same plan would spin, so the refusal goes back to the
+    provider as a repair on the next loop; past the repair budget the run fails."""
+    detail = summarize("; ".join(reasons), 300)
+    with ledger.tx() as db:
+        run = get_run(ledger, run_id)
+        loop = int(run["loop_index"])
+        repairs: dict[str, int] = json.loads(run["repairs"])
+        total = sum(repairs.values())
+        repairs["final-blocked"] = repairs.get("final-blocked", 0) + 1
+        db.execute("UPDATE runs SET repairs = ? WHERE run_id = ?", (dumps(repairs), run_id))
+        ledger.event("final-blocked", run_id, loop=loop, detail=detail)
+        if total >= limits.max_repairs:
+            set_run_status(ledger, run_id, RunStatus.FAILED, f"final reply blocked: {detail}")
+            return {"status": "failed", "reasons": reasons}
+        add_observation(
+            ledger,
+            run_id,
+            f"final-blocked:{run_id}:{loop}",
+            loop,
+            {
+                "role": "repair",
+                "category": "final-blocked",
+                "detail": f"your final reply was refused: {detail}. Resolve these first (claim deliveries with"
+                " agent.run_status, finish or terminate processes), then reply.",
+            },
+        )
+        db.execute(
+            "UPDATE runs SET loop_index = loop_index + 1, updated_at = ? WHERE run_id = ? AND loop_index = ?",
+            (_now(), run_id, loop),
+        )
+        ledger.event("loop-advanced", run_id, loop=loop + 1)
+    return {"status": "blocked", "reasons": reasons}
+
+
+def plan_raw_sha256(ledger: Ledger, run_id: str, loop_index: int) -> str | None:
+    committed = ledger.committed_plan(run_id, loop_index)
+    return None if committed is None else committed[1]
+
+
+def get_plan(ledger: Ledger, run_id: str, loop_index: int) -> dict[str, Any] | None:
+    committed = ledger.committed_plan(run_id, loop_index)
+    return None if committed is None else dict(json.loads(committed[0]))

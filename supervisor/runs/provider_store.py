@@ -1,0 +1,175 @@
+"""Ledger operations of a run's provider requests: each request's lifecycle
+(started, completed with its response, failed with a durable retry, or parked as
+needs-reconciliation when a crash lost its outcome), and its slot name.
+
+Every function here is one transaction (or a read) on the ledger.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any
+
+from corral.actors.providers.base import MAX_RESPONSE_CHARS
+from corral.core.redact import redact_text, summarize
+from corral.supervisor.errors import Conflict, NotFound, Refused
+from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs.run_state import RunStatus
+from corral.supervisor.runs.run_store import RunLimits, get_run, set_run_status
+
+
+def _now() -> float:
+    return time.time()
+
+
+def requests_for(ledger: Ledger, run_id: str, loop_index: int) -> list[sqlite3.Row]:
+    return ledger.all(
+        "SELECT rowid, * FROM provider_requests WHERE run_id = ? AND loop_index = ? ORDER BY rowid",
+        run_id,
+        loop_index,
+    )
+
+
+def begin_provider_request(ledger: Ledger, run_id: str, loop_index: int) -> dict[str, Any]:
+    requests = requests_for(ledger, run_id, loop_index)
+    latest = requests[-1] if requests else None
+    if latest is not None and latest["status"] == "started":
+        raise Conflict(f"request {latest['slot']} is already in flight")
+    if latest is not None and latest["status"] == "failed" and latest["retry_at"] and latest["retry_at"] > _now():
+        raise Refused(f"retry of {latest['slot']} is not due before {latest['retry_at']:.3f}")
+    slot, attempt = _next_request_slot(requests, run_id, loop_index)
+    with ledger.tx() as db:
+        db.execute(
+            "INSERT INTO provider_requests (slot, run_id, loop_index, attempt, status, boot_id, started_at)"
+            " VALUES (?, ?, ?, ?, 'started', ?, ?)",
+            (slot, run_id, loop_index, attempt, ledger.boot_id, _now()),
+        )
+        ledger.event("provider-request-started", run_id, slot=slot, attempt=attempt)
+    return {"slot": slot, "attempt": attempt}
+
+
+def _next_request_slot(requests: list[sqlite3.Row], run_id: str, loop_index: int) -> tuple[str, int]:
+    """``<run>:<loop>`` first; ``-transient-N`` after N transient failures; a repair
+    (an invalid plan sent back to the model) starts a new base ``:repair-K``."""
+    base = f"{run_id}:{loop_index}"
+    transient = 0
+    for request in requests:
+        if request["status"] == "completed" and request["consumed"] == 2:
+            base = f"{run_id}:{loop_index}:repair-{_repair_number(request['slot']) + 1}"
+            transient = 0
+        elif request["status"] == "failed":
+            transient = int(request["attempt"]) + 1
+    return (f"{base}-transient-{transient}" if transient else base), transient
+
+
+def _repair_number(slot: str) -> int:
+    marker = ":repair-"
+    if marker not in slot:
+        return 0
+    tail = slot.split(marker, 1)[1]
+    return int(tail.split("-", 1)[0])
+
+
+def provider_handoff(ledger: Ledger, run_id: str, slot: str, text: str, raw_sha256: str | None = None) -> None:
+    """Commit a successful response before anyone parses or acts on it. The ledger
+    keeps it redacted; ``raw_sha256`` names the raw copy in the private spool."""
+    with ledger.tx() as db:
+        row = db.execute(
+            "SELECT status FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, run_id)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"no provider request {slot!r}")
+        if row["status"] != "started":
+            raise Conflict(f"provider request {slot} is {row['status']}, not started")
+        stored = redact_text(text[:MAX_RESPONSE_CHARS])
+        db.execute(
+            "UPDATE provider_requests SET status = 'completed', response = ?, raw_sha256 = ?, finished_at = ?"
+            " WHERE slot = ?",
+            (stored, raw_sha256, _now(), slot),
+        )
+        ledger.event("provider-response-committed", run_id, slot=slot, chars=len(stored))
+
+
+def provider_failed(ledger: Ledger, run_id: str, slot: str, kind: str, error: str, limits: RunLimits) -> dict[str, Any]:
+    """A failed lifecycle. Transient kinds schedule a durable retry; others fail the run."""
+    with ledger.tx() as db:
+        row = db.execute("SELECT * FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, run_id)).fetchone()
+        if row is None:
+            raise NotFound(f"no provider request {slot!r}")
+        if row["status"] != "started":
+            raise Conflict(f"provider request {slot} is {row['status']}, not started")
+        attempt = int(row["attempt"]) + 1
+        retry = kind == "transient" and attempt <= limits.max_provider_retries
+        retry_at = None
+        if retry:
+            retry_at = _now() + min(limits.retry_cap_s, limits.retry_base_s * 2 ** (attempt - 1))
+        db.execute(
+            "UPDATE provider_requests SET status = 'failed', error_kind = ?, error = ?, retry_at = ?,"
+            " finished_at = ? WHERE slot = ?",
+            (kind, summarize(error, 300), retry_at, _now(), slot),
+        )
+        ledger.event(
+            "provider-request-failed",
+            run_id,
+            slot=slot,
+            kind=kind,
+            error=summarize(error, 200),
+            retry_at=retry_at or 0,
+        )
+        if retry:
+            set_run_status(
+                ledger,
+                run_id,
+                RunStatus.WAITING_FOR_PROVIDER_RETRY,
+                f"provider {kind} error; attempt {attempt} at {retry_at:.3f}",
+            )
+        else:
+            set_run_status(ledger, run_id, RunStatus.FAILED, f"provider failed ({kind}): {summarize(error, 200)}")
+    return {"retry": retry, "retry_at": retry_at, "attempt": attempt}
+
+
+def interrupt_provider_request(ledger: Ledger, slot: str, run_id: str, idempotent: bool) -> bool:
+    """A request whose outcome was lost with its process. An idempotent provider's
+    request is failed and may be sent again (True); any other is parked as
+    needs-reconciliation and never re-sent silently (False)."""
+    with ledger.tx() as db:
+        if idempotent:
+            db.execute("UPDATE provider_requests SET status = 'failed', error_kind = 'interrupted',"
+                       " error = 'interrupted by a crash', retry_at = NULL WHERE slot = ?", (slot,))
+            ledger.event("provider-request-interrupted", run_id, slot=slot)
+            return True
+        db.execute("UPDATE provider_requests SET status = 'needs-reconciliation' WHERE slot = ?", (slot,))
+        ledger.event("provider-request-needs-reconciliation", run_id, slot=slot)
+        run = get_run(ledger, run_id)
+        if run["status"] in (RunStatus.RUNNING, RunStatus.WAITING_FOR_PROVIDER_RETRY):
+            set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION,
+                           f"provider request {slot} was in flight at a crash; not re-sent")
+    return False
+
+
+def retry_provider_now(ledger: Ledger, run_id: str) -> bool:
+    """An explicit wake of a run parked for a provider retry (``corral resume``): its
+    retry is due now rather than at the stored ``retry_at``. False (nothing changes)
+    when the run does not wait for one. Attempts still count against
+    ``max_provider_retries``."""
+    with ledger.tx() as db:
+        if RunStatus(get_run(ledger, run_id)["status"]) is not RunStatus.WAITING_FOR_PROVIDER_RETRY:
+            return False
+        now = _now()
+        db.execute(
+            "UPDATE provider_requests SET retry_at = ? WHERE run_id = ? AND status = 'failed' AND retry_at > ?",
+            (now, run_id, now),
+        )
+        ledger.event("provider-retry-woken", run_id)
+        set_run_status(ledger, run_id, RunStatus.RUNNING, "provider retry woken by resume")
+    return True
+
+
+def due_retries(ledger: Ledger) -> list[tuple[str, float]]:
+    """Runs parked for a provider retry, with the retry_at that the ledger keeps."""
+    rows = ledger.all(
+        "SELECT r.run_id, MAX(p.retry_at) AS retry_at FROM runs r JOIN provider_requests p ON p.run_id = r.run_id"
+        " WHERE r.status = 'waiting-for-provider-retry' AND p.status = 'failed' GROUP BY r.run_id"
+    )
+    return [(row["run_id"], float(row["retry_at"] or 0)) for row in rows]

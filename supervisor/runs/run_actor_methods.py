@@ -1,0 +1,344 @@
+"""The run layer's actor methods: what an agent calls to claim a run, learn its
+next step, hand off a provider response, commit a plan, and prepare, begin and
+finish actions, then finalize or fail its run.
+
+Each checks that the run belongs to the calling agent, then moves the ledger
+through the stores (run_store.py, provider_store.py, loop_plan_store.py,
+action_store.py); the next step is read off the ledger (next_step.py).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from typing import Any
+
+from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, MAX_RESPONSE_CHARS
+from corral.actors.tools.registry import rerunnable
+from corral.actors.tools.validation import validation_error
+from corral.core import failpoints
+from corral.core.redact import redact, redact_text, summarize
+from corral.mailbox.steps import Begun, Do, PrepareStep, Step
+from corral.supervisor.errors import BadRequest
+from corral.supervisor.params import param_int
+from corral.supervisor.runs import action_store, finalization, loop_plan_store, provider_store, run_store, sealed_input
+from corral.supervisor.runs.action_state import ActionPhase, action_id
+from corral.supervisor.runs.next_step import next_step
+from corral.supervisor.runs.run_core import POLICY_STRICTNESS, RunCore, _int, _str
+from corral.supervisor.runs.run_state import TERMINAL, RunStatus
+from corral.supervisor.tree.supervision_tree import ActorSlot
+
+
+def _history_have(params: dict[str, Any]) -> int:
+    """How many of the run's observations the agent holds already (0: send them all)."""
+    return param_int(params, "history_have", 0, high=10**9)
+
+
+class RunActorMethods(RunCore):
+    async def claim(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        agent_id = slot.spec.params.get("agent_id", slot.id)
+        run = run_store.claim_run(self.ledger, agent_id)
+        if run is None:
+            # Parked runs (waiting for a person, a join, a retry) still belong to this
+            # agent: an isolated child must stay up for them, not exit as idle.
+            parked = self.ledger.one(
+                "SELECT COUNT(*) FROM runs WHERE agent_id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
+                agent_id,
+            )
+            return {"run": None, "parked": int(parked[0]) if parked else 0}
+        options = json.loads(run["options"])
+        try:
+            provider_config = self._provider_config(run, options)
+        except sealed_input.SealedInputError as exc:
+            run_store.set_run_status(self.ledger, run["run_id"], RunStatus.FAILED, f"cannot start: {exc}")
+            return {"run": None, "parked": 0}
+        claimed = {
+                "run_id": run["run_id"],
+                "task": run["task"],
+                "kind": run["kind"],
+                "provider": run["provider"],
+                "provider_config": provider_config,
+                "workspace": options.get("workspace"),
+                "write_scopes": options.get("write_scopes", ["."]),
+                "effects_file": options.get("effects_file"),
+                "home": str(self.home),
+                "allowed_tools": options.get("allowed_tools"),
+                "tool_globs": options.get("tool_globs"),
+                # The ids a delegation or a spawn may name: offered to the model as
+                # enums, so even a small one cannot invent an agent.
+                "known_ids": {
+                    "agent.delegate/agent_id": [a.id for a in self.spec.agents if a.role == "specialist"],
+                    "agent.spawn_isolated/children/template": [t.id for t in self.spec.templates],
+                },
+        }
+        for hook in self.hooks.on_claim:
+            await hook(claimed)  # e.g. the MCP tools this run may call
+        return {"run": claimed}
+
+    async def next_step(self, slot: ActorSlot, params: dict[str, Any]) -> Step:
+        run_id = _str(params, "run_id")
+        self.check_owner(slot, run_id)
+        step = next_step(self.ledger, run_id)
+        if step["do"] is Do.PROVIDER:
+            step["task"] = run_store.get_run(self.ledger, run_id)["task"]
+            shaped: Step = step
+            for shape in self.hooks.provider_shapers:
+                if shaped["do"] is Do.PROVIDER:
+                    shaped = await shape(run_id, shaped)  # e.g. compaction: its view, or compact first
+            if shaped["do"] is Do.PROVIDER and "history" not in shaped:
+                # No hook shaped it: all of it, of which the agent already holds the
+                # first ``history_have`` (it keeps what earlier turns sent, so a long
+                # run does not resend and re-decode its whole history every turn).
+                have = _history_have(params)
+                shaped["history"] = run_store.history(self.ledger, run_id, after=have)
+                shaped["history_from"] = have
+            step = shaped
+        try:
+            self._with_raw_copies(run_id, step)
+        except sealed_input.SealedInputError as exc:
+            # Acting on the redacted copy would corrupt what the tool writes: fail closed.
+            run_store.set_run_status(self.ledger, run_id, RunStatus.FAILED, f"cannot continue: {exc}")
+            return {"do": Do.DONE, "status": RunStatus.FAILED.value}
+        return step
+
+    async def provider_begin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        return provider_store.begin_provider_request(self.ledger, run["run_id"], _int(params, "loop"))
+
+    async def provider_handoff(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        text = params.get("text")
+        if not isinstance(text, str):
+            raise BadRequest("text must be a string")
+        slot_name = _str(params, "slot")
+        text = text[:MAX_RESPONSE_CHARS]
+        raw_sha = self.keep_raw(run["run_id"], "response", slot_name, text, redact_text(text))
+        provider_store.provider_handoff(self.ledger, run["run_id"], slot_name, text, raw_sha256=raw_sha)
+        return {}
+
+    async def provider_failed(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        result = provider_store.provider_failed(
+            self.ledger,
+            run["run_id"],
+            _str(params, "slot"),
+            _str(params, "kind", limit=40),
+            str(params.get("error", ""))[:1000],
+            self.limits_for(run),
+        )
+        self._retry_schedule_changed()
+        return result
+
+    async def plan_commit(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        plan = params.get("plan")
+        if not isinstance(plan, dict):
+            raise BadRequest("plan must be a map")
+        loop = _int(params, "loop")
+        slot_name = _str(params, "slot")
+        withheld = raw_sha = None
+        if loop_plan_store.get_plan(self.ledger, run["run_id"], loop) is None:
+            for guard in self.hooks.plan_guards:
+                why = guard(run, loop, plan)  # e.g. the collaboration policy's first wave
+                if why:
+                    refused = loop_plan_store.plan_invalid(self.ledger, run["run_id"], loop, slot_name,
+                                                           "collaboration-policy", why, self.limits_for(run))
+                    return {"refused": why, **refused}
+        if loop_plan_store.get_plan(self.ledger, run["run_id"], loop) is None:  # a replay must not spool again
+            plan, sealed = sealed_input.seal_plan(self.spool, run["run_id"], loop, plan)
+            withheld = sealed_input.WITHHELD_RESPONSE if sealed else None
+            raw_sha = self.keep_raw(run["run_id"], "plan", str(loop), plan, redact(plan))
+        stored = loop_plan_store.commit_plan(
+            self.ledger, run["run_id"], loop, slot_name, plan, withhold_response=withheld, raw_sha256=raw_sha
+        )
+        # The plan is durable: the raw response (which may hold sealed input) is not needed.
+        sealed_input.drop(self.spool, sealed_input.raw_name(run["run_id"], "response", slot_name))
+        return {"plan": stored}
+
+    async def plan_invalid(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        return loop_plan_store.plan_invalid(
+            self.ledger,
+            run["run_id"],
+            _int(params, "loop"),
+            _str(params, "slot"),
+            _str(params, "category", limit=40),
+            str(params.get("detail", ""))[:1000],
+            self.limits_for(run),
+        )
+
+    async def action_prepare(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        row = self.prepare_call(slot, params)
+        return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
+
+    def prepare_call(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
+        """``action.prepare``, synchronous (the next step prepares through it inside
+        its own transaction): the first of the ``prepare_routes`` that takes the tool
+        (an MCP server's), else corral's tool registry. Returns the action's row."""
+        for route in self.hooks.prepare_routes:
+            row = route(slot, params)
+            if row is not None:
+                return row
+        run = self.owned_run(slot, params)
+        tool_name = _str(params, "tool", limit=80)
+        tool_input = params.get("input")
+        if not isinstance(tool_input, dict):
+            raise BadRequest("input must be a map")
+        tool = self.tools.get(tool_name)
+        if tool is None:
+            raise BadRequest(f"unknown tool {tool_name!r}")
+        policy = self.policy_for(run, tool_name)
+        allowed = json.loads(run["options"]).get("allowed_tools")
+        if allowed is not None and tool_name not in allowed:
+            policy = "deny"  # e.g. a child may not spawn or delegate: refused, recorded, never run
+        problem = validation_error(tool_name, tool.schema.input_schema, tool_input, sealed=tool.schema.sealed)
+        loop, index = _int(params, "loop"), _int(params, "index")
+        return self.prepare_checked(
+            run, loop, index, tool_name, tool_input, rerunnable=rerunnable(tool), policy=policy, problem=problem
+        )
+
+    def prepare_checked(
+        self,
+        run: Any,
+        loop: int,
+        index: int,
+        tool_name: str,
+        tool_input: dict[str, Any],
+        *,
+        rerunnable: bool,
+        policy: str,
+        problem: str | None,
+    ) -> Any:
+        """The one way every tool (built-in, user, MCP) becomes a prepared action: the
+        raw input kept privately, then refused at once when the agent may not use the
+        tool or the arguments are invalid (never executing, so never run; the model
+        sees why in the observation)."""
+        blocked = None
+        for guard in self.hooks.action_guards:
+            # The user's intent contract (supervisor/intent/intent_service.py): stricter only.
+            verdict, why = guard(run, action_id(run["run_id"], loop, index), tool_name, tool_input)
+            if verdict == "ask":
+                policy = max(policy, "confirm", key=POLICY_STRICTNESS.index)
+            elif verdict == "block":
+                blocked = why
+        shown = redact(tool_input)  # what the ledger keeps, computed once
+        row = action_store.prepare_action(
+            self.ledger,
+            run["run_id"],
+            loop,
+            index,
+            tool_name,
+            tool_input,
+            rerunnable=rerunnable,
+            policy=policy,
+            raw_sha256=self.keep_raw_input(run["run_id"], loop, index, tool_input, shown),
+            run=run,
+            shown_input=shown,
+        )
+        if blocked is not None:
+            row = self.refuse_prepared(row, ActionPhase.DENIED, blocked)
+        elif not self.tool_allowed(run, tool_name):
+            row = self.refuse_prepared(row, ActionPhase.DENIED, f"{tool_name} is not in this agent's tools list")
+        elif problem is not None:
+            row = self.refuse_prepared(row, ActionPhase.FAILED, problem)
+        return row
+
+    async def action_begin(self, slot: ActorSlot, params: dict[str, Any]) -> Begun:
+        action = action_store.get_action(self.ledger, _str(params, "action_id"))
+        self.check_owner(slot, action["run_id"])
+        return action_store.begin_action(self.ledger, action["action_id"])
+
+    def planned_call(self, run_id: str, loop: int, index: int) -> PrepareStep | None:
+        """Action ``index`` of loop ``loop``'s committed plan, as a ``prepare`` step
+        with the raw input; None past the plan's end or when nothing is planned."""
+        plan = loop_plan_store.get_plan(self.ledger, run_id, loop)
+        calls = (plan or {}).get("actions") or []
+        if plan is None or plan.get("final") is not None or not 0 <= index < len(calls):
+            return None
+        step: PrepareStep = {
+            "do": Do.PREPARE,
+            "loop": loop,
+            "index": index,
+            "tool": calls[index]["tool"],
+            "input": calls[index]["input"],
+            "plan_raw_sha256": loop_plan_store.plan_raw_sha256(self.ledger, run_id, loop),
+        }
+        self._with_raw_copies(run_id, step)
+        return step
+
+    async def action_finish_batch(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """The results of a read batch (supervisor/runs/step_piggyback.py), in order, each
+        finished exactly as ``action.finish`` finishes one; all are checked first."""
+        results = params.get("results")
+        if not isinstance(results, list) or not 1 <= len(results) <= MAX_ACTIONS_PER_PLAN:
+            raise BadRequest(f"results must be a list of 1 to {MAX_ACTIONS_PER_PLAN} action results")
+        if not all(isinstance(result, dict) for result in results):
+            raise BadRequest("each result must be a map")
+        run_id = _str(params, "run_id")
+        ids = [_str(result, "action_id") for result in results]
+        if len(set(ids)) != len(ids):
+            raise BadRequest("results name an action more than once")
+        actions = []
+        for the_id, result in zip(ids, results, strict=True):
+            action = action_store.get_action(self.ledger, the_id)
+            if action["run_id"] != run_id:
+                raise BadRequest(f"action {action['action_id']} is not in run {run_id}")
+            if not isinstance(result.get("output", {}), dict):
+                raise BadRequest("output must be a map")
+            actions.append(action)
+        self.check_owner(slot, run_id)
+        with self.ledger.tx():  # the whole batch in one commit
+            for action, result in zip(actions, results, strict=True):
+                # Read just above, with no await since: nothing else moved it.
+                self._finish(action, result)
+        return {}
+
+    async def action_finish(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        action = action_store.get_action(self.ledger, _str(params, "action_id"))
+        self.check_owner(slot, action["run_id"])
+        if not isinstance(params.get("output", {}), dict):
+            raise BadRequest("output must be a map")
+        self._finish(action, params)
+        return {}
+
+    def _finish(self, action: Any, params: dict[str, Any]) -> None:
+        with self.ledger.tx():
+            # Where a full disk refuses an outcome (tests: ``disk-full@N``); the agent
+            # keeps it and sends it again.
+            failpoints.hit("action.before-terminal")
+            action_store.finish_action(
+                self.ledger,
+                action["action_id"],
+                bool(params.get("ok")),
+                params.get("output", {}),
+                str(params.get("summary", "")),
+                params.get("error"),
+                current=action,
+            )
+        if action["raw_sha256"]:
+            # Once terminal is committed, nothing will act on this raw input again.
+            name = sealed_input.raw_name(action["run_id"], "input", action["action_id"])
+            self.ledger.after_commit(partial(sealed_input.drop, self.spool, name))
+
+    async def finalize(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """``run.finalize``: the owner's run; a hold (``finalize_holds``: its sessions
+        about to exit should not cost a repair turn); then supervisor/runs/finalization.py
+        (guards, blockers, parkers, the journal)."""
+        run = self.owned_run(slot, params)
+        for hold in self.hooks.finalize_holds:
+            await hold(run)
+        reply = params.get("reply")
+        if not isinstance(reply, str):
+            raise BadRequest("reply must be a string")
+        return finalization.finalize(self.ledger, run["run_id"], reply, self.limits_for(run))
+
+    async def fail(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run = self.owned_run(slot, params)
+        if RunStatus(run["status"]) not in TERMINAL:
+            run_store.set_run_status(
+                self.ledger,
+                run["run_id"],
+                RunStatus.FAILED,
+                summarize(str(params.get("reason", "failed")), 300),
+            )
+        return {}

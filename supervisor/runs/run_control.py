@@ -1,0 +1,146 @@
+"""The run layer's control methods: what people (and the client) call to start a
+run, approve or deny an action, reconcile an unknown outcome, resume, wake and
+cancel. What they read of runs is run_views.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral.supervisor.errors import BadRequest, Refused
+from corral.supervisor.params import param_text
+from corral.supervisor.runs import action_store, provider_store, resolutions, run_store
+from corral.supervisor.runs.run_core import RunCore, _str
+from corral.supervisor.runs.run_state import TERMINAL, RunStatus
+from corral.supervisor.spec.swarm_spec import AgentSpec
+
+
+class RunControlMethods(RunCore):
+    async def create(self, params: dict[str, Any]) -> dict[str, Any]:
+        agent = self.agent_spec(_str(params, "agent_id", limit=64))
+        goal = params.get("goal")
+        if goal is not None and (not isinstance(goal, str) or not goal.strip() or len(goal) > 4000):
+            raise BadRequest("goal must be 1 to 4000 characters")
+        if goal is not None and not params.get("task"):
+            params = {**params, "task": goal}  # the goal is the first task, and its standard
+        task = param_text(params, "task", None, limit=run_store.MAX_TASK_CHARS)
+        provider, provider_config = agent.provider, agent.provider_config
+        script = params.get("script")
+        if script is not None:
+            from corral.actors.providers.scripted import ScriptError, parse_script_text
+
+            if not isinstance(script, str):
+                raise BadRequest("script must be the text of a TOML or JSON script")
+            try:
+                parsed = parse_script_text(script, ".json" if script.lstrip().startswith("{") else ".toml")
+            except ScriptError as exc:
+                raise BadRequest(str(exc)) from None
+            provider, provider_config = "scripted", {"script": parsed}
+        run_id = params.get("run_id")
+        if run_id is not None:
+            # A caller-chosen id makes `run` idempotent: a client that lost the reply
+            # (the supervisor died right after committing) can ask again safely.
+            if not isinstance(run_id, str) or not run_store.RUN_ID.match(run_id):
+                raise BadRequest("run_id must look like run-<6..40 of a-z, 0-9, ->")
+            existing = self.ledger.one("SELECT agent_id FROM runs WHERE run_id = ?", run_id)
+            if existing is not None:
+                if existing["agent_id"] != agent.id:
+                    raise BadRequest(f"run {run_id} exists for another agent")
+                return {"run_id": run_id, "existing": True}
+        run_id = run_store.create_run(
+            self.ledger,
+            agent_id=agent.id,
+            task=task,
+            provider=provider,
+            provider_config=provider_config,
+            options={**self.agent_options(agent), **self.bind_intent(params.get("intent")),
+                     **({"goal": {"text": goal.strip()}} if goal is not None else {})},
+            run_id=run_id,
+            conversation_id=params.get("conversation_id") if isinstance(params.get("conversation_id"), str) else None,
+        )
+        from corral.core import failpoints
+
+        failpoints.hit("run.after-create")  # the reply is lost: a client retry must find this run
+        await self.wake(agent.id)
+        return {"run_id": run_id}
+
+    def bind_intent(self, intent: Any) -> dict[str, Any]:
+        """The run's intent binding, kept with its options (bound, or unbound and why)."""
+        return {} if intent is None else {"intent": self.hooks.bind_intent(intent)}
+
+    def agent_options(self, agent: AgentSpec) -> dict[str, Any]:
+        return {
+            "workspace": str(agent.workspace),
+            "write_scopes": list(agent.write_scopes),
+            "policy": {**self.spec.policy, **agent.policy},
+            "tool_globs": list(agent.tools) if agent.tools is not None else None,
+            "effects_file": str(self.spec.effects_file) if self.spec.effects_file else None,
+            "limits": {
+                "max_repairs": agent.max_repairs,
+                "max_provider_retries": agent.max_provider_retries,
+                "retry_base_s": agent.retry_base_s,
+                "retry_cap_s": agent.retry_cap_s,
+            },
+            "role": agent.role,
+            "parallel_reads": list(agent.parallel_reads),
+            "context": {
+                "window": agent.context_window,
+                "auto_compact": agent.auto_compact_token_limit or (
+                    agent.context_window * 3 // 4 if agent.context_window else None),
+                "tool_output": agent.tool_output_token_limit,
+            },
+        }
+
+    async def continue_action(self, params: dict[str, Any]) -> dict[str, Any]:
+        fingerprint = params.get("fingerprint")
+        if fingerprint is not None:
+            fingerprint = param_text(params, "fingerprint", limit=200)
+        run_id = resolutions.continue_action(
+            self.ledger, _str(params, "action_id"), _str(params, "decision"), fingerprint
+        )
+        await self.wake_run(run_id)
+        for hook in self.hooks.on_decision:
+            hook(params)  # e.g. the user's own intent receipt for this action
+        return {"run_id": run_id}
+
+    async def reconcile(self, params: dict[str, Any]) -> dict[str, Any]:
+        target = _str(params, "action_id", limit=300)
+        for prefix, reconcile_other in self.hooks.reconcilers.items():
+            if target.startswith(prefix):
+                return await reconcile_other(params)  # e.g. a process session (proc-…)
+        note = str(params.get("note", ""))[:1000]
+        if target.startswith("act-"):
+            run_id = resolutions.reconcile(self.ledger, target, _str(params, "outcome"), note)
+        else:
+            run_id = resolutions.reconcile_provider_request(self.ledger, target, note or "reconciled")
+        await self.wake_run(run_id)
+        return {"run_id": run_id}
+
+    async def resume(self, params: dict[str, Any]) -> dict[str, Any]:
+        run_id = _str(params, "run_id")
+        # A run parked for a provider retry is woken now (the explicit wake an
+        # operator, or a test, uses instead of waiting for retry_at).
+        provider_store.retry_provider_now(self.ledger, run_id)
+        resolutions._reopen_run(self.ledger, run_id)
+        await self.wake_run(run_id)
+        return {"status": run_store.get_run(self.ledger, run_id)["status"]}
+
+    async def wake_pending(self, params: dict[str, Any]) -> dict[str, Any]:
+        agents = {
+            row["agent_id"]
+            for row in self.ledger.all("SELECT DISTINCT agent_id FROM runs WHERE status IN ('pending', 'running')")
+        }
+        for agent_id in agents:
+            await self.wake(agent_id)
+        return {"woken": sorted(agents)}
+
+    async def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
+        run_id = _str(params, "run_id")
+        reason = param_text(params, "reason", "cancelled", limit=1000) or "cancelled"
+        run = run_store.get_run(self.ledger, run_id)
+        if RunStatus(run["status"]) in TERMINAL:
+            raise Refused(f"run {run_id} already ended ({run['status']})")
+        with self.ledger.tx():
+            action_store.deny_unstarted_actions(self.ledger, run_id, f"run cancelled: {reason}")
+            run_store.set_run_status(self.ledger, run_id, RunStatus.CANCELLED, reason)
+        return {"status": "cancelled"}

@@ -1,0 +1,202 @@
+"""What the run layer's methods share: its collaborators (the ledger, the hooks,
+the spec, the home, the tree), the checks that a run belongs to the calling
+agent, the tool policy, the wake-ups of agents, and the raw copies (the ledger
+shows redacted data; tools act on the real thing).
+
+RunService (run_service.py) is this and its three kinds of methods: the agents'
+(run_actor_methods.py), the people's (run_control.py), and the boot's and the
+timers' (run_upkeep.py).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from corral.actors.tools.registry import all_tools
+from corral.core.redact import redact
+from corral.mailbox.steps import Do, Step
+from corral.supervisor.errors import BadRequest, NotFound, Refused
+from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.params import param_int, param_str
+from corral.supervisor.runs import action_store, run_store, sealed_input
+from corral.supervisor.runs.action_state import ActionPhase, action_id, canonical_json
+from corral.supervisor.runs.recovery import RecoveryReport
+from corral.supervisor.runs.run_hooks import RunHooks
+from corral.supervisor.runs.run_store import RunLimits
+from corral.supervisor.spec.swarm_spec import AgentSpec, SwarmSpec
+from corral.supervisor.tree.supervision_tree import ActorSlot, SupervisionTree
+
+#: Which policy wins when several globs match one tool.
+POLICY_STRICTNESS = ("auto", "confirm", "deny")
+
+
+def _str(params: dict[str, Any], key: str, *, limit: int = 200) -> str:
+    return param_str(params, key, limit=limit)
+
+
+def _int(params: dict[str, Any], key: str) -> int:
+    return param_int(params, key)
+
+
+class RunCore:
+    def __init__(
+        self,
+        ledger: Ledger,
+        hooks: RunHooks,
+        *,
+        spec: SwarmSpec,
+        home: Path,
+        tree: SupervisionTree,
+        boot_id: str,
+    ) -> None:
+        self.ledger = ledger
+        self.hooks = hooks
+        self.spec = spec
+        self.home = home
+        self.tree = tree
+        self.boot_id = boot_id
+        #: Set when a provider retry was scheduled (the retry timer, run_upkeep.py, waits on it).
+        self.retry_changed = trio.Event()
+        #: What recovery did at this boot (``status`` shows it).
+        self.recovery_report: RecoveryReport | None = None
+        self.tools = all_tools()
+        self._spool: Path | None = None
+
+    # -- helpers ------------------------------------------------------------------
+
+    def agent_spec(self, agent_id: str) -> AgentSpec:
+        try:
+            return self.spec.agent(agent_id)
+        except KeyError:
+            raise NotFound(f"no agent {agent_id!r} in the swarm spec") from None
+
+    def limits_for(self, run: Any) -> RunLimits:
+        options = json.loads(run["options"])
+        limits = options.get("limits", {})
+        return RunLimits(**{k: v for k, v in limits.items() if k in RunLimits.__dataclass_fields__})
+
+    def check_owner(self, slot: ActorSlot, run_id: str) -> None:
+        """``owned_run`` without reading the whole row (the hot step methods)."""
+        row = self.ledger.one("SELECT agent_id FROM runs WHERE run_id = ?", run_id)
+        if row is None:
+            raise NotFound(f"no run {run_id!r}")
+        if row["agent_id"] != slot.spec.params.get("agent_id"):
+            raise Refused(f"run {run_id} belongs to {row['agent_id']}, not to {slot.id}")
+
+    def ledger_tool_action(self, slot: ActorSlot, params: dict[str, Any], tool: str) -> tuple[str, Any]:
+        """The run and the action a ledger tool (``plan.update``, ``goal.verdict``)
+        acts for: the caller's run, and an action of that tool in it."""
+        run_id = _str(params, "run_id", limit=64)
+        self.check_owner(slot, run_id)
+        action = action_store.get_action(self.ledger, _str(params, "action_id", limit=64))
+        if action["run_id"] != run_id or action["tool"] != tool:
+            raise BadRequest(f"action {action['action_id']} is not a {tool} of run {run_id}")
+        return run_id, action
+
+    def owned_run(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
+        run = run_store.get_run(self.ledger, _str(params, "run_id"))
+        if run["agent_id"] != slot.spec.params.get("agent_id"):
+            raise Refused(f"run {run['run_id']} belongs to {run['agent_id']}, not to {slot.id}")
+        return run
+
+    def policy_for(self, run: Any, tool: str) -> str:
+        """The run's policy for a tool: an exact key first, then the strictest glob
+        that matches (deny over confirm over auto), then the spec's, then the tool's
+        own default (auto unless it says otherwise)."""
+        options = json.loads(run["options"])
+        for table in (options.get("policy", {}), self.spec.policy):
+            if tool in table:
+                return str(table[tool])
+            matches = [mode for key, mode in table.items() if fnmatch.fnmatchcase(tool, key)]
+            if matches:
+                return max(matches, key=POLICY_STRICTNESS.index)
+        # A tool may ask for a person by default (project.git_commit): the spec can say otherwise.
+        return str(getattr(self.tools.get(tool), "default_policy", "auto"))
+
+    @staticmethod
+    def tool_allowed(run: Any, tool: str) -> bool:
+        """The agent's ``tools`` allow list (globs); no list: every tool."""
+        globs = json.loads(run["options"]).get("tool_globs")
+        return globs is None or any(fnmatch.fnmatchcase(tool, pattern) for pattern in globs)
+
+    def refuse_prepared(self, row: Any, phase: ActionPhase, why: str) -> Any:
+        """An action refused at prepare (invalid arguments, not allowed): terminal
+        before it is ever executing, with a receipt and the reason the model sees."""
+        if row["phase"] != ActionPhase.PREPARED:
+            return row
+        action_store.move_action(self.ledger, row["action_id"], phase, error=why, reason=why)
+        action_store.write_receipt(self.ledger, row["action_id"])
+        return action_store.get_action(self.ledger, row["action_id"])
+
+    async def wake(self, agent_id: str) -> None:
+        slot = self.tree.slots.get(agent_id)
+        if slot is not None:
+            await self.tree.tell(agent_id, {"op": "wake"})
+
+    async def wake_run(self, run_id: str) -> None:
+        run = run_store.get_run(self.ledger, run_id)
+        await self.wake(run["agent_id"])
+
+    def is_read(self, tool: str) -> bool:
+        found = self.tools.get(tool)
+        return found is not None and found.schema.effect_class == "read"
+
+    def _retry_schedule_changed(self) -> None:
+        self.retry_changed.set()
+        self.retry_changed = trio.Event()
+
+    # -- raw copies: the ledger shows redacted data; tools act on the real thing ----------
+
+    def _provider_config(self, run: Any, options: dict[str, Any]) -> dict[str, Any]:
+        digest = options.get("provider_config_raw_sha256")
+        if not digest:
+            config: dict[str, Any] = json.loads(run["provider_config"])
+            return config
+        name = sealed_input.raw_name(run["run_id"], "provider-config", "config")
+        raw: dict[str, Any] = json.loads(sealed_input.load(self.spool, name, digest))
+        return raw
+
+    @property
+    def spool(self) -> Path:
+        if self._spool is None:
+            self._spool = sealed_input.spool_dir(self.home)  # made once, not per step
+        return self._spool
+
+    def _with_raw_copies(self, run_id: str, step: Step) -> None:
+        """Replace the redacted copies in a step with the raw ones the agent acts on."""
+        if step["do"] is Do.PARSE:
+            digest = step.pop("raw_sha256", None)
+            if digest:
+                name = sealed_input.raw_name(run_id, "response", step["slot"])
+                step["response"] = sealed_input.load(self.spool, name, digest).decode()
+        elif step["do"] is Do.PREPARE:
+            digest = step.pop("plan_raw_sha256", None)
+            if digest:
+                name = sealed_input.raw_name(run_id, "plan", str(step["loop"]))
+                raw_plan = json.loads(sealed_input.load(self.spool, name, digest))
+                step["input"] = raw_plan["actions"][step["index"]]["input"]
+        elif step["do"] is Do.EXECUTE:
+            digest = step.pop("raw_sha256", None)
+            if digest:
+                name = sealed_input.raw_name(run_id, "input", step["action_id"])
+                step["input"] = json.loads(sealed_input.load(self.spool, name, digest))
+
+    def keep_raw(self, run_id: str, kind: str, key: str, raw: Any, shown: Any) -> str | None:
+        """A raw copy when redaction changed what is stored; its digest, else None."""
+        if raw == shown:
+            return None
+        data = raw.encode() if isinstance(raw, str) else canonical_json(raw).encode()
+        return sealed_input.keep(self.spool, sealed_input.raw_name(run_id, kind, key), data)
+
+    def keep_raw_input(
+        self, run_id: str, loop: int, index: int, tool_input: dict[str, Any], shown: Any = None
+    ) -> str | None:
+        """Every tool (built-in, user, MCP) prepares through this: the input as the tool
+        will get it, kept privately when the ledger's copy (``shown``) is redacted."""
+        the_id = action_id(run_id, loop, index)
+        return self.keep_raw(run_id, "input", the_id, tool_input, redact(tool_input) if shown is None else shown)

@@ -1,0 +1,349 @@
+"""The ledger side of process sessions and commands: each function is one read or
+one transaction over ``sessions`` and ``command_launches``, synchronous, so the
+service, the run layer's hooks (inside their transactions), recovery and the
+finalization blockers all use the same rules.
+
+A session's ``state`` follows the engine's :data:`corral.actors.session_state.TRANSITIONS`
+table, one ledger event per change (:func:`move_session`). No pid is ever stored;
+stdin is kept as byte counts and sha256 digests only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from corral.actors.session_state import (
+    InvalidCursor,
+    SessionState,
+    check_transition,
+    decode_cursor,
+    encode_cursor,
+)
+from corral.core.redact import redact_text, summarize
+from corral.core.transitions import IllegalTransition
+from corral.sandbox.bwrap import LaunchMode
+from corral.supervisor.errors import BadRequest, Conflict, NotFound, SupervisorError
+from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs import resolutions, run_store
+from corral.supervisor.runs.recovery import RecoveryReport
+from corral.supervisor.runs.run_state import RunStatus
+
+S = SessionState
+LIVE_STATES = frozenset({S.PREPARED, S.LAUNCHING, S.RUNNING, S.TERMINATING})
+_LIVE_SQL = ", ".join(f"'{state.value}'" for state in sorted(LIVE_STATES))
+
+
+def process_id_for(action_id: str) -> str:
+    """One opaque process id per start action: a replayed start finds its session."""
+    return "proc-" + hashlib.sha256(action_id.encode()).hexdigest()[:20]
+
+
+def transcript_path(home: Path, run_id: str, name: str) -> Path:
+    """The private transcript of a session or command (home is 0700, files 0600)."""
+    return home / "transcripts" / run_id / f"{name}.log"
+
+
+# -- sessions -------------------------------------------------------------------------
+
+
+def get_session(ledger: Ledger, process_id: str) -> sqlite3.Row | None:
+    return ledger.one("SELECT * FROM sessions WHERE process_id = ?", process_id)
+
+
+def insert_session(ledger: Ledger, process_id: str, run: Any, action_id: str, argv: list[str], cwd: str) -> None:
+    """A new session, ``prepared``: committed before its actor is started."""
+    now = time.time()
+    with ledger.tx() as db:
+        db.execute(
+            "INSERT INTO sessions (process_id, run_id, agent_id, start_action_id, actor_id, program,"
+            " argv_summary, cwd, state, boot_id, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?)",
+            (
+                process_id,
+                run["run_id"],
+                run["agent_id"],
+                action_id,
+                process_id,
+                summarize(argv[0], 200),
+                summarize(shlex.join(argv), 300),
+                cwd,
+                ledger.boot_id,
+                now,
+                now,
+            ),
+        )
+        ledger.event("session-prepared", process_id, run=run["run_id"], action=action_id)
+
+
+def move_session(
+    ledger: Ledger,
+    process_id: str,
+    new: SessionState,
+    *,
+    reason: str | None = None,
+    code: str | None = None,
+    exit_code: int | None = None,
+    output_bytes: int | None = None,
+) -> sqlite3.Row:
+    """One transition by the engine's table, with its event, in one transaction.
+
+    A session that becomes ``needs-reconciliation`` parks its running run, like an
+    action with an unknown outcome: it waits for a person, not for the agent.
+    """
+    with ledger.tx() as db:
+        row = get_session(ledger, process_id)
+        if row is None:
+            raise NotFound(f"no process session {process_id!r}")
+        old = SessionState(row["state"])
+        try:
+            check_transition(old, new)
+        except IllegalTransition as exc:
+            raise Conflict(f"process {process_id}: {exc}") from None
+        now = time.time()
+        db.execute(
+            "UPDATE sessions SET state = ?, reason = COALESCE(?, reason), error_code = COALESCE(?, error_code),"
+            " exit_code = COALESCE(?, exit_code), output_bytes = COALESCE(?, output_bytes), updated_at = ?"
+            " WHERE process_id = ?",
+            (
+                new.value,
+                summarize(reason, 300) if reason else None,
+                code,
+                exit_code,
+                output_bytes,
+                now,
+                process_id,
+            ),
+        )
+        ledger.event(
+            "session-" + new.value,
+            process_id,
+            run=row["run_id"],
+            previous=old.value,
+            exit_code=exit_code,
+            reason=summarize(reason, 300) if reason else "",
+            code=code or "",
+        )
+        if new is S.NEEDS_RECONCILIATION:
+            run = run_store.get_run(ledger, row["run_id"])
+            if run["status"] == RunStatus.RUNNING:
+                run_store.set_run_status(
+                    ledger,
+                    row["run_id"],
+                    RunStatus.NEEDS_RECONCILIATION,
+                    f"process session {process_id} needs reconciliation: {reason or 'outcome unknown'}",
+                )
+        updated = get_session(ledger, process_id)
+        assert updated is not None
+    return updated
+
+
+def record_launch(ledger: Ledger, row: sqlite3.Row, mode: LaunchMode) -> None:
+    """A session's launch record: committed while the trampoline waits for COMMIT_EXEC."""
+    with ledger.tx() as db:
+        db.execute(
+            "UPDATE sessions SET launch_mode = ?, updated_at = ? WHERE process_id = ?",
+            (mode.value, time.time(), row["process_id"]),
+        )
+        ledger.event("session-launched", row["process_id"], run=row["run_id"], launch_mode=mode.value)
+
+
+def record_stdin(ledger: Ledger, row: sqlite3.Row, written: int, digest: str, *, eof: bool, complete: bool) -> None:
+    """What was written to a session's stdin: its size and digest, never its content."""
+    with ledger.tx() as db:
+        db.execute(
+            "UPDATE sessions SET stdin_bytes = stdin_bytes + ?, updated_at = ? WHERE process_id = ?",
+            (written, time.time(), row["process_id"]),
+        )
+        ledger.event(
+            "session-stdin",
+            row["process_id"],
+            run=row["run_id"],
+            bytes=written,
+            sha256=digest,
+            eof=eof,
+            complete=complete,
+        )
+
+
+def blockers(ledger: Ledger, run_id: str) -> list[str]:
+    """Sessions that keep a run from writing its final reply."""
+    rows = ledger.all(
+        f"SELECT process_id, state FROM sessions WHERE run_id = ? AND (state IN ({_LIVE_SQL})"
+        " OR (state = 'needs-reconciliation' AND resolved_at IS NULL)) ORDER BY created_at",
+        run_id,
+    )
+    return [
+        f"{'unresolved reconciliation of' if row['state'] == S.NEEDS_RECONCILIATION else 'live'}"
+        f" process session {row['process_id']} ({row['state']})"
+        for row in rows
+    ]
+
+
+def busy_reasons(ledger: Ledger) -> list[str]:
+    rows = ledger.all(
+        f"SELECT state, COUNT(*) AS n FROM sessions WHERE state IN ({_LIVE_SQL})"
+        " OR (state = 'needs-reconciliation' AND resolved_at IS NULL) GROUP BY state ORDER BY state"
+    )
+    return [f"{row['n']} process session(s) {row['state']}" for row in rows]
+
+
+def recover(ledger: Ledger, report: RecoveryReport) -> None:
+    """Unfinished sessions of older boots: reconciliation only.
+
+    Their processes died with the old supervisor; nothing is relaunched, reconnected
+    or signalled. A session still ``prepared`` was provably never launched (the
+    actor commits ``launching`` before it spawns anything), so it simply failed.
+    """
+    rows = ledger.all(
+        f"SELECT process_id, state, boot_id FROM sessions WHERE boot_id != ? AND state IN ({_LIVE_SQL})",
+        ledger.boot_id,
+    )
+    for row in rows:
+        if row["state"] == S.PREPARED:
+            move_session(
+                ledger,
+                row["process_id"],
+                S.FAILED,
+                reason="never launched: the supervisor stopped before the launch",
+                code="supervisor-restarted",
+            )
+            report.notes.append(f"session {row['process_id']}: never launched, failed")
+            continue
+        move_session(
+            ledger,
+            row["process_id"],
+            S.NEEDS_RECONCILIATION,
+            reason=(
+                f"the supervisor (boot {row['boot_id']}) stopped while this session was {row['state']};"
+                " its process tree died with it and is not relaunched, reconnected or signalled"
+            ),
+            code="supervisor-restarted",
+        )
+        report.reconciliations.append(row["process_id"])
+
+
+def resolve_session(ledger: Ledger, process_id: str, outcome: str, note: str) -> str:
+    """A person's verdict on a session that needs reconciliation; returns its run id."""
+    if outcome not in ("ok", "failed"):
+        raise BadRequest("outcome must be 'ok' or 'failed'")
+    if not note.strip():
+        raise BadRequest("a reconciliation needs a note saying what was checked")
+    with ledger.tx() as db:
+        row = get_session(ledger, process_id)
+        if row is None:
+            raise NotFound(f"no process session {process_id!r}")
+        if row["state"] != S.NEEDS_RECONCILIATION:
+            raise Conflict(f"process {process_id} is {row['state']}; only needs-reconciliation sessions are reconciled")
+        if row["resolved_at"] is not None:
+            raise Conflict(f"process {process_id} was already reconciled as {row['resolution']}")
+        db.execute(
+            "UPDATE sessions SET resolution = ?, resolution_note = ?, resolved_at = ?, updated_at = ?"
+            " WHERE process_id = ?",
+            (outcome, redact_text(note[:1000]), time.time(), time.time(), process_id),
+        )
+        ledger.event("session-reconciled", process_id, run=row["run_id"], outcome=outcome, note=summarize(note, 200))
+        run_id = str(row["run_id"])
+        unresolved = db.execute(
+            "SELECT COUNT(*) FROM sessions WHERE run_id = ? AND state = 'needs-reconciliation' AND resolved_at IS NULL",
+            (run_id,),
+        ).fetchone()[0]
+        if unresolved == 0:
+            # Same rule as actions: the run goes back to running once nothing it waits
+            # for a person on is open (_reopen_run checks actions and provider requests).
+            resolutions._reopen_run(ledger, run_id)
+    return run_id
+
+
+def session_view(row: sqlite3.Row) -> dict[str, Any]:
+    """What the agent is answered about its session."""
+    return {
+        "process_id": row["process_id"],
+        "status": row["state"],
+        "launch_mode": row["launch_mode"],
+        "exit_code": row["exit_code"],
+        "cursor": encode_cursor(row["process_id"], 0),
+        "error": row["reason"] if row["state"] in (S.FAILED, S.NEEDS_RECONCILIATION) else None,
+        "code": row["error_code"],
+    }
+
+
+def poll_transcript(path: Path, process_id: str, cursor: str | None, max_chars: int) -> tuple[str, str, bool]:
+    """A poll answered from the private transcript once the actor is gone. The
+    actor appended exactly the bytes its cursors count, so a cursor names the same
+    chunk here as it did live."""
+    try:
+        offset = 0 if cursor is None else decode_cursor(cursor, process_id)
+    except InvalidCursor as exc:
+        raise SupervisorError(str(exc), code=exc.code) from None
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    if offset > len(data) or (offset < len(data) and data[offset] & 0xC0 == 0x80):
+        raise SupervisorError("cursor is beyond the output or not on a character boundary", code=InvalidCursor.code)
+    text = data[offset : offset + 4 * max_chars].decode("utf-8", errors="ignore")[:max_chars]
+    end = offset + len(text.encode())
+    return text, encode_cursor(process_id, end), end < len(data)
+
+
+# -- commands (command.exec runs in the agent; its launch record is kept here) ---------
+
+
+def record_command_launch(ledger: Ledger, run_id: str, action_id: str, mode: LaunchMode, transcript: Path) -> None:
+    """The durable launch record of a command, committed before COMMIT_EXEC."""
+    with ledger.tx() as db:
+        if db.execute("SELECT 1 FROM command_launches WHERE action_id = ?", (action_id,)).fetchone():
+            # A second launch for one action would run the command twice.
+            raise Conflict(f"action {action_id} already launched its command once")
+        db.execute(
+            "INSERT INTO command_launches (action_id, launch_mode, transcript, created_at) VALUES (?, ?, ?, ?)",
+            (action_id, mode.value, str(transcript), time.time()),
+        )
+        ledger.event("command-launched", action_id, run=run_id, launch_mode=mode.value)
+
+
+def record_command_exit(ledger: Ledger, action_id: str, exit_code: int) -> None:
+    """Inside the receipt's transaction: the command's exit code, from its result."""
+    ledger.db.execute("UPDATE command_launches SET exit_code = ? WHERE action_id = ?", (exit_code, action_id))
+
+
+# -- what ``show``, ``pending`` and ``status`` read ------------------------------------
+
+
+def run_sessions(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
+    rows = ledger.all(
+        "SELECT process_id, start_action_id, program, argv_summary, cwd, state, launch_mode, exit_code, reason,"
+        " error_code, output_bytes, stdin_bytes, resolution, resolved_at, created_at, updated_at"
+        " FROM sessions WHERE run_id = ? ORDER BY created_at",
+        run_id,
+    )
+    return [dict(row) for row in rows]
+
+
+def run_commands(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
+    rows = ledger.all(
+        "SELECT c.action_id, c.launch_mode, c.exit_code, c.created_at FROM command_launches c"
+        " JOIN actions a ON a.action_id = c.action_id WHERE a.run_id = ? ORDER BY c.created_at",
+        run_id,
+    )
+    return [dict(row) for row in rows]
+
+
+def unresolved_sessions(ledger: Ledger) -> list[dict[str, Any]]:
+    """Sessions whose outcome a person must settle (``corral reconcile proc-…``)."""
+    rows = ledger.all(
+        "SELECT process_id, run_id, program, reason FROM sessions"
+        " WHERE state = 'needs-reconciliation' AND resolved_at IS NULL ORDER BY created_at"
+    )
+    return [dict(row) for row in rows]
+
+
+def session_counts(ledger: Ledger) -> dict[str, Any]:
+    rows = ledger.all("SELECT state, COUNT(*) AS n FROM sessions GROUP BY state")
+    live = ledger.all(f"SELECT process_id FROM sessions WHERE state IN ({_LIVE_SQL})")
+    return {"by_state": {row["state"]: row["n"] for row in rows}, "live": [row["process_id"] for row in live]}

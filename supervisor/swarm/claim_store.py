@@ -1,0 +1,105 @@
+"""Claims in the ledger: a parent run takes its ready deliveries (joins and
+delegation receipts), all or nothing, in a stable order, through a journal
+(prepared, committed, observed) that recovery can finish.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from corral.supervisor.errors import BadRequest, Refused
+from corral.supervisor.ledger.port import Ledger, dumps
+from corral.supervisor.swarm.parent_work import open_work
+from corral.supervisor.swarm.swarm_state import ClaimPhase, DeliveryStatus, check_claim, check_delivery, sha
+
+
+def claim(ledger: Ledger, parent_run_id: str, action_id: str, delivery_ids: list[str] | None) -> dict[str, Any]:
+    """Claim ready deliveries for the parent, all-or-nothing in a stable order."""
+    journal = ledger.one("SELECT * FROM claim_journal WHERE action_id = ?", action_id)
+    if journal is None:
+        if delivery_ids is None:
+            rows = ledger.all(
+                "SELECT delivery_id FROM deliveries WHERE parent_run_id = ? AND status = 'dispatched'"
+                " ORDER BY created_at, delivery_id",
+                parent_run_id,
+            )
+            targets = [row["delivery_id"] for row in rows]
+        else:
+            targets = sorted(set(delivery_ids))
+            for delivery_id in targets:
+                row = ledger.one("SELECT * FROM deliveries WHERE delivery_id = ?", delivery_id)
+                if row is None or row["parent_run_id"] != parent_run_id:
+                    raise BadRequest(f"no delivery {delivery_id!r} for this run")
+                if row["status"] != DeliveryStatus.DISPATCHED:
+                    raise Refused(
+                        f"delivery {delivery_id} is already {row['status']} (by {row['claimed_by_action_id']})",
+                        code="already-claimed",
+                    )
+        if not targets:
+            return {"claim_id": None, "claimed": [], "open": open_work(ledger, parent_run_id)}
+        claim_id = "clm-" + sha(action_id)[:20]
+        with ledger.tx() as db:
+            db.execute(
+                "INSERT INTO claim_journal (claim_id, parent_run_id, action_id, delivery_ids, phase, created_at,"
+                " updated_at) VALUES (?, ?, ?, ?, 'prepared', ?, ?)",
+                (claim_id, parent_run_id, action_id, dumps(targets), time.time(), time.time()),
+            )
+            ledger.event("claim-prepared", claim_id, action=action_id, deliveries=len(targets))
+        ledger.failpoint("claim.after-prepared")
+        journal = ledger.one("SELECT * FROM claim_journal WHERE action_id = ?", action_id)
+        assert journal is not None
+    if journal["phase"] == ClaimPhase.PREPARED:
+        commit_claim(ledger, journal["claim_id"])
+        ledger.failpoint("claim.after-commit")
+    return claimed_view(ledger, journal["claim_id"])
+
+
+def commit_claim(ledger: Ledger, claim_id: str) -> None:
+    with ledger.tx() as db:
+        journal = db.execute("SELECT * FROM claim_journal WHERE claim_id = ?", (claim_id,)).fetchone()
+        check_claim(ClaimPhase(journal["phase"]), ClaimPhase.COMMITTED)
+        for delivery_id in json.loads(journal["delivery_ids"]):
+            row = db.execute("SELECT * FROM deliveries WHERE delivery_id = ?", (delivery_id,)).fetchone()
+            if row["status"] != DeliveryStatus.DISPATCHED:
+                # All or nothing: one lost race aborts the whole claim (rollback).
+                raise Refused(
+                    f"delivery {delivery_id} was claimed by {row['claimed_by_action_id']}", code="already-claimed"
+                )
+            check_delivery(DeliveryStatus(row["status"]), DeliveryStatus.CLAIMED)
+            db.execute(
+                "UPDATE deliveries SET status = 'claimed-by-parent', claimed_by_action_id = ?, claim_id = ?,"
+                " claimed_at = ? WHERE delivery_id = ?",
+                (journal["action_id"], claim_id, time.time(), delivery_id),
+            )
+        db.execute(
+            "UPDATE claim_journal SET phase = 'committed', updated_at = ? WHERE claim_id = ?",
+            (time.time(), claim_id),
+        )
+        ledger.event("claim-committed", claim_id, action=journal["action_id"])
+
+
+def claimed_view(ledger: Ledger, claim_id: str) -> dict[str, Any]:
+    journal = ledger.one("SELECT * FROM claim_journal WHERE claim_id = ?", claim_id)
+    assert journal is not None
+    ids = json.loads(journal["delivery_ids"])
+    rows = {
+        row["delivery_id"]: row
+        for row in ledger.all(f"SELECT * FROM deliveries WHERE delivery_id IN ({','.join('?' * len(ids))})", *ids)
+    }
+    claimed = [{"delivery_id": i, "kind": rows[i]["kind"], **json.loads(rows[i]["payload"])} for i in ids]
+    return {"claim_id": claim_id, "claimed": claimed, "open": open_work(ledger, journal["parent_run_id"])}
+
+
+def observe_claim(ledger: Ledger, action_id: str) -> None:
+    """The claim's observation reached the parent's context (its receipt was written)."""
+    with ledger.tx() as db:
+        journal = db.execute("SELECT * FROM claim_journal WHERE action_id = ?", (action_id,)).fetchone()
+        if journal is None or journal["phase"] != ClaimPhase.COMMITTED:
+            return
+        db.execute(
+            "UPDATE claim_journal SET phase = 'observed', updated_at = ? WHERE claim_id = ?",
+            (time.time(), journal["claim_id"]),
+        )
+        ledger.event("claim-observed", journal["claim_id"], action=action_id)
