@@ -10,7 +10,7 @@ class SupervisorError(RuntimeError):
 
     code = "error"
 
-    def __init__(self, message: str, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
         if code is not None:
             self.code = code

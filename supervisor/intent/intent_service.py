@@ -272,7 +272,7 @@ class IntentService:
     async def update(self, params: dict[str, Any]) -> dict[str, Any]:
         run = run_store.get_run(self.ledger, param_text(params, "run_id", None, limit=300))
         if RunStatus(run["status"]) in TERMINAL:
-            raise SupervisorError(f"run {run['run_id']} is {run['status']}; nothing to rebind", "conflict")
+            raise SupervisorError(f"run {run['run_id']} is {run['status']}; nothing to rebind", code="conflict")
         try:
             contract = intent_contract.parse(params.get("contract"))
         except ContractError as exc:
@@ -283,12 +283,12 @@ class IntentService:
         ):
             raise SupervisorError(
                 f"version {contract.contract_version} is not above the bound v{current['contract_version']}",
-                "conflict",
+                code="conflict",
             )
         try:
             intent_contract.store(self.ledger, contract)
         except ContractError as exc:
-            raise SupervisorError(f"{exc.code}: {exc}", "conflict") from None
+            raise SupervisorError(f"{exc.code}: {exc}", code="conflict") from None
         update_id = f"iu-{secrets.token_hex(8)}"
         with self.ledger.tx() as db:
             db.execute(
@@ -356,7 +356,7 @@ class IntentService:
         contract = intent_contract.load_contract(self.ledger, binding) if binding else None
         if contract is None:
             raise SupervisorError(f"run {run['run_id']} is not bound to a contract"
-                                  f" ({binding.get('reason', 'none given')})", "conflict")
+                                  f" ({binding.get('reason', 'none given')})", code="conflict")
         return {"run_id": run["run_id"], "inherited_from": owner if owner != run["run_id"] else None,
                 "contract": contract.document()}
 
@@ -366,7 +366,7 @@ class IntentService:
         binding = self.binding(run)
         if binding.get("status") != "bound":
             raise SupervisorError(f"run {run['run_id']} is not bound to a contract ({binding.get('reason', 'none')})",
-                                  "conflict")
+                                  code="conflict")
         _, missing, used = self.evidence(run["run_id"])
         questions = self.ledger.all(
             "SELECT action_id FROM input_requests WHERE run_id = ? AND answer IS NULL ORDER BY created_at",

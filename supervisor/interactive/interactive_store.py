@@ -63,11 +63,11 @@ def record_steer(ledger: Ledger, run_id: str, text: Any) -> dict[str, Any]:
         raise SupervisorError(
             f"run {run_id} is {status.value}; a steer only reaches a live run."
             f" Start a new run instead: corral run --agent {run['agent_id']} --task TEXT",
-            "conflict",
+            code="conflict",
         )
     if ledger.one("SELECT 1 FROM finalizations WHERE run_id = ?", run_id) is not None:
         raise SupervisorError(
-            f"run {run_id} is writing its final reply; start a new run instead", "conflict"
+            f"run {run_id} is writing its final reply; start a new run instead", code="conflict"
         )
     steer_id = f"str-{secrets.token_hex(8)}"
     with ledger.tx() as db:

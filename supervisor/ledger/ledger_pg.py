@@ -61,7 +61,7 @@ class Fenced(SupervisorError):
     """This supervisor's lease on its partition was taken over: it must stop writing."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, "fenced")
+        super().__init__(message, code="fenced")
 
 
 class PostgresLedger(Ledger):

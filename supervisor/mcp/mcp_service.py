@@ -248,7 +248,7 @@ class McpService:
         action = action_store.get_action(self.ledger, action_id)
         self.runs.owned_run(slot, {"run_id": action["run_id"]})
         if action["phase"] != ActionPhase.EXECUTING:
-            raise SupervisorError(f"action {action_id} is {action['phase']}, not executing", "conflict")
+            raise SupervisorError(f"action {action_id} is {action['phase']}, not executing", code="conflict")
         arguments = params.get("arguments")
         if not isinstance(arguments, dict):
             raise BadRequest("arguments must be a map")
@@ -360,7 +360,8 @@ class McpService:
         approve = params.get("approve") is True
         live = await self._wait_ready(server, trio.current_time() + self.servers[server].spec.startup_timeout_s)
         if live is None:
-            raise SupervisorError(f"MCP server {server!r} is not ready: {self.servers[server].error}", "unavailable")
+            raise SupervisorError(
+                f"MCP server {server!r} is not ready: {self.servers[server].error}", code="unavailable")
         full = f"mcp.{server}.{tool_name}"
         tool = next((item for item in live if item.name == tool_name), None)
         if tool is None:
@@ -369,11 +370,11 @@ class McpService:
         if problem is not None:
             raise BadRequest(problem)
         if tool.policy == "deny":
-            raise SupervisorError(f"{full} is denied by the spec's approval rule", "refused")
+            raise SupervisorError(f"{full} is denied by the spec's approval rule", code="refused")
         if tool.policy == "confirm" and not approve:
             raise SupervisorError(
                 f"{full} needs approval (effect {tool.effect}); repeat with --approve to approve it yourself",
-                "needs-approval",
+                code="needs-approval",
             )
         run_id = run_store.create_run(
             self.ledger,

@@ -154,22 +154,22 @@ class ModelService:
         model = state.spec.id
         if not await state.wait_ready(lambda: self._slot(model), trio.current_time() + state.spec.startup_timeout_s):
             why = state.error or f"not ready within {state.spec.startup_timeout_s:g} s"
-            raise SupervisorError(f"model {model} is {self.status_of(model)}: {why}", "model-unavailable")
+            raise SupervisorError(f"model {model} is {self.status_of(model)}: {why}", code="model-unavailable")
         state.requests += 1
         try:
             return await self.tree.request(state.spec.actor_id, body, timeout + RELAY_SLACK_S)
         except RemoteError as exc:
             if exc.code == "context-full":
-                raise SupervisorError(exc.message, "context-full") from None
-            raise SupervisorError(f"{exc.code}: {exc.message}", "model-failed") from None
+                raise SupervisorError(exc.message, code="context-full") from None
+            raise SupervisorError(f"{exc.code}: {exc.message}", code="model-failed") from None
         except DeadlineExceeded:
-            raise SupervisorError(f"no answer within {timeout:g} s", "model-timeout") from None
+            raise SupervisorError(f"no answer within {timeout:g} s", code="model-timeout") from None
         except (ChannelClosed, MailboxFull, KeyError) as exc:
             # The actor died mid-generation (or is restarting): nothing happened that
             # a new request would repeat.
             state.failures += 1
             raise SupervisorError(
-                f"the model's actor went away mid-generation ({type(exc).__name__})", "model-unavailable"
+                f"the model's actor went away mid-generation ({type(exc).__name__})", code="model-unavailable"
             ) from None
 
     async def count_tokens(self, model: str, texts: list[str]) -> list[int] | None:
@@ -197,7 +197,7 @@ class ModelService:
             raise BadRequest(f"texts must be a list of at most {MAX_COUNT_TEXTS} strings")
         counts = await self.count_tokens(model, texts)
         if counts is None:
-            raise SupervisorError(f"model {model} is {self.status_of(model)}", "model-unavailable")
+            raise SupervisorError(f"model {model} is {self.status_of(model)}", code="model-unavailable")
         return {"counts": counts}
 
     # -- views ----------------------------------------------------------------------
