@@ -9,7 +9,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fake_openai import FakeOpenAIServer, Fault, FaultProxy, Reply, completion, serve_in_thread
+from fake_openai import FakeOpenAIServer, Reply, completion
+from fault_proxy import Fault, FaultProxy
+from loopback_http import serve_in_thread
 from tests.harness import Daemon, ledger_rows, wait_run, wait_supervisor_gone
 
 DECOY_KEY = "sk-decoyKEY0123456789abcdefghijkl"

@@ -13,7 +13,8 @@ import pytest
 from corral.actors.providers.openai_stream import StreamAssembler
 from corral.actors.providers.reply_stream import FinalReplyDecoder
 from corral.core.procs import wait_exit
-from fake_openai import FakeOpenAIServer, Reply, serve_in_thread
+from fake_openai import FakeOpenAIServer, Reply
+from loopback_http import serve_in_thread
 from tests.harness import Daemon, ledger_rows, running, wait_run
 
 # -- pure ---------------------------------------------------------------------------------

@@ -160,6 +160,26 @@ def test_aws_keys_and_url_credentials_are_redacted_by_the_maintained_patterns() 
     )
 
 
+def test_a_recurring_text_is_redacted_each_time_and_a_secret_registered_later_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Short texts' spans are remembered (redact.py ``_recurring_spans``): the second
+    sight of a text is redacted like the first, long texts alike, and a value
+    registered as secret after a text was first seen is redacted in it next time."""
+    from corral.core import redact
+
+    monkeypatch.setattr(redact, "_extra_values", set())  # this process's registry, restored after
+    short = "token = Kc4nR7vT1pW8yB2mX5zQ9sD3"
+    long = short + " " + "x" * redact.RECURRING_MAX_CHARS
+    for text in (short, long):
+        first, second = redact.redact_text(text), redact.redact_text(text)
+        assert first == second and "Kc4nR7vT1pW8yB2mX5zQ9sD3" not in second and redact.REDACTED in second
+    plain = "deploy with rotation-value-7781 now"
+    assert redact.redact_text(plain) == plain
+    redact.register_secret("rotation-value-7781")
+    assert redact.redact_text(plain) == f"deploy with {redact.REDACTED} now"
+
+
 def test_every_detect_secrets_pattern_plugin_is_applied() -> None:
     """The pattern set is detect-secrets' own: every regex plugin it ships (but the
     public-IP one) gives rules, read from the installed package."""

@@ -1,0 +1,162 @@
+"""The OpenAI-compatible provider's configuration: the API key (sent to the
+server, never kept anywhere else; key files and their permissions) and the
+checks on the config mapping.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from corral.actors.providers.base import ErrorKind, ProviderError
+from corral.actors.providers.openai import OpenAIConfig, OpenAIConfigError, OpenAIHTTPError
+from fake_openai import FakeOpenAIServer, Reply, completion
+from tests.openai_provider_support import TOOLS, make_provider, make_request, start
+
+# Fixtures, imported so that pytest finds them in this module (see openai_provider_support).
+from tests.openai_provider_support import decoy as decoy
+from tests.openai_provider_support import no_ambient_key as no_ambient_key
+
+pytestmark = pytest.mark.usefixtures("no_ambient_key")
+
+
+# --- the API key ------------------------------------------------------------------
+
+
+def _texts_of(exc: BaseException) -> str:
+    parts = []
+    seen: BaseException | None = exc
+    while seen is not None:
+        parts += [str(seen), repr(seen)]
+        seen = seen.__cause__ or seen.__context__
+    return "\n".join(parts)
+
+
+async def test_decoy_key_is_sent_but_never_kept(nursery: trio.Nursery, decoy: str) -> None:
+    server = FakeOpenAIServer(
+        [
+            Reply(body=completion(f"I saw your key {decoy}, nice")),
+            Reply(500, {"error": {"message": f"bad key {decoy}"}}),
+            Reply(hang=True),
+        ],
+        expected_api_key=decoy,
+    )
+    provider = make_provider(await start(nursery, server), api_key_env="CORRAL_DECOY", timeout_s=0.3)
+
+    response = await provider.complete(make_request())
+    with pytest.raises(ProviderError) as http_error:
+        await provider.complete(make_request())
+    with pytest.raises(ProviderError) as timeout_error:
+        await provider.complete(make_request())
+    plan = provider.parse(response, TOOLS)
+
+    # Sent, and correct: the server compared it and recorded only the verdict.
+    assert [(r.has_authorization, r.authorized) for r in server.requests] == [(True, True)] * 3
+    kept = [
+        response.text,
+        json.dumps(response.meta),
+        plan.final_reply or "",
+        _texts_of(http_error.value),
+        _texts_of(timeout_error.value),
+        repr(server.requests),
+        repr(provider),
+        repr(provider.config),
+    ]
+    for text in kept:
+        assert decoy not in text
+    assert "[redacted]" in response.text
+
+
+async def test_wrong_key_is_an_http_error(nursery: trio.Nursery, decoy: str) -> None:
+    server = FakeOpenAIServer([Reply(body=completion("never"))], expected_api_key="sk-other-1234567")
+    provider = make_provider(await start(nursery, server), api_key_env="CORRAL_DECOY")
+    with pytest.raises(OpenAIHTTPError) as caught:
+        await provider.complete(make_request())
+    assert caught.value.status == 401
+    assert decoy not in _texts_of(caught.value)
+    assert [r.authorized for r in server.requests] == [False]
+
+
+async def test_key_file_with_mode_0600_is_used(nursery: trio.Nursery, tmp_path: Path) -> None:
+    key = "sk-file-" + secrets.token_hex(16)
+    path = tmp_path / "key"
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    server = FakeOpenAIServer([Reply(body=completion("ok"))], expected_api_key=key)
+    provider = make_provider(await start(nursery, server), api_key_file=str(path))
+    await provider.complete(make_request())
+    assert [r.authorized for r in server.requests] == [True]
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_key_file_readable_by_others_is_refused(tmp_path: Path, mode: int) -> None:
+    key = "sk-file-" + secrets.token_hex(16)
+    path = tmp_path / "key"
+    path.write_text(key)
+    path.chmod(mode)
+    with pytest.raises(OpenAIConfigError) as caught:
+        make_provider("http://127.0.0.1:1/v1", api_key_file=str(path))
+    message = str(caught.value)
+    assert caught.value.kind is ErrorKind.FATAL
+    assert f"{mode:04o}" in message
+    assert "chmod 600" in message
+    assert key not in message
+
+
+def test_missing_key_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(OpenAIConfigError, match="does not exist"):
+        make_provider("http://127.0.0.1:1/v1", api_key_file=str(tmp_path / "absent"))
+
+
+def test_too_short_key_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_SHORT", "abc")
+    with pytest.raises(OpenAIConfigError, match="shorter than"):
+        make_provider("http://127.0.0.1:1/v1", api_key_env="CORRAL_SHORT")
+
+
+# --- configuration ----------------------------------------------------------------
+
+
+def test_config_from_mapping_defaults() -> None:
+    config = OpenAIConfig.from_mapping({"base_url": "http://localhost:8000/v1/", "model": "m"})
+    assert config.base_url == "http://localhost:8000/v1"
+    assert config.endpoint == "http://localhost:8000/v1/chat/completions"
+    assert config.api_key_env == "OPENAI_API_KEY"
+    assert config.max_response_bytes == 256 * 1024
+    assert config.native_tools is True
+    assert config.temperature is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"timeout": 3}, "unknown openai provider setting"),
+        ({"api_key": "sk-x"}, "api_key must not be in the config"),
+        ({"timeout_s": "30"}, "timeout_s must be a number"),
+        ({"timeout_s": 0}, "timeout_s must be in"),
+        ({"max_response_bytes": 0}, "max_response_bytes must be a positive integer"),
+        ({"max_response_bytes": True}, "max_response_bytes must be a positive integer"),
+        ({"native_tools": "no"}, "native_tools must be true or false"),
+        ({"temperature": 3}, "temperature must be in"),
+        ({"base_url": "http://user:pw@host/v1"}, "must not contain credentials"),
+        ({"base_url": "localhost:8000"}, "base_url must be an http(s) URL"),
+        ({"model": ""}, "model must be a non-empty string"),
+    ],
+)
+def test_config_errors_are_clear(overrides: dict[str, Any], fragment: str) -> None:
+    settings: dict[str, Any] = {"base_url": "http://localhost:8000/v1", "model": "m"}
+    settings.update(overrides)
+    with pytest.raises(OpenAIConfigError) as caught:
+        OpenAIConfig.from_mapping(settings)
+    assert fragment in str(caught.value)
+    assert caught.value.kind is ErrorKind.FATAL
+
+
+def test_config_requires_model() -> None:
+    with pytest.raises(OpenAIConfigError, match="needs 'model'"):
+        OpenAIConfig.from_mapping({"base_url": "http://localhost/v1"})
