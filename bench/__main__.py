@@ -59,7 +59,8 @@ examples:
     args = parser.parse_args(argv)
 
     from bench import report, runner
-    from bench.harness import CURVES, FIGURES, WORKLOADS
+    from bench.figure_records import CURVES, FIGURES
+    from bench.harness import WORKLOADS
 
     runner.load_workloads()
 

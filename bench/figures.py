@@ -9,7 +9,7 @@ issue 6's.
 
 from __future__ import annotations
 
-from bench.harness import CurveSpec, FigureSpec, Target, curve, figure
+from bench.figure_records import CurveSpec, FigureSpec, Target, curve, figure
 
 NOT_TIMED_THREADS = "not run: Pykka has no supervision or restart (threads in one process)"
 NOT_TIMED_THESPIAN = "not run: Thespian has no automatic restart (parent gets ChildActorExited)"

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Curve, Figure, Stats
+from bench.figure_records import Curve, Figure
+from bench.harness import Stats
 from bench.runner import Run
 
 JSON_VERSION = 1

@@ -23,22 +23,8 @@ from typing import Any
 
 import psutil
 
-from bench.harness import (
-    CURVES,
-    FIGURES,
-    GROUPS,
-    WORKLOADS,
-    Context,
-    Curve,
-    Figure,
-    NotRun,
-    Stats,
-    Workload,
-    WorkloadResult,
-    WorkloadTimeout,
-    build_curve,
-    build_figure,
-)
+from bench.figure_records import CURVES, FIGURES, Curve, Figure, build_curve, build_figure
+from bench.harness import GROUPS, WORKLOADS, Context, NotRun, Stats, Workload, WorkloadResult, WorkloadTimeout
 from bench.procs import become_subreaper, descendants, kill_leftovers
 
 ALARM_GRACE_S = 15.0
