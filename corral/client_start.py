@@ -12,6 +12,7 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from corral.core.errors import CorralError
@@ -37,9 +38,10 @@ def supervisor_argv(home: Path, spec: Path | None, node: str | None = None) -> l
     return argv
 
 
-def ledger_env(ledger: str | None) -> dict[str, str]:
-    """The ledger URL travels in the environment (argv is visible to every user)."""
-    env = dict(os.environ)
+def ledger_env(ledger: str | None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ledger URL travels in the environment (argv is visible to every user);
+    ``base``: the environment it joins (default: this process's)."""
+    env = dict(os.environ if base is None else base)
     if ledger is not None:
         from corral.supervisor.ledger.ledger_spec import URL_ENV, check_url
 
@@ -54,17 +56,19 @@ def start_supervisor(
     *,
     ledger: str | None = None,
     node: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a detached supervisor (its own session) and return once it is ready.
 
     The spec is checked here first (``SpecError`` with the exact message, nothing
     started). The returned process is the caller's child: reap it after it exits.
     ``ledger`` (a postgresql:// URL) and ``node`` place it in a shared ledger
-    (supervisor/ledger/ledger_spec.py); the home remembers both."""
+    (supervisor/ledger/ledger_spec.py); the home remembers both. ``env``: the
+    supervisor's environment (default: this process's; chaos arms failpoints there)."""
     if spec is not None:
         load_spec(spec)  # before the home: a bad spec leaves nothing behind
     homes.ensure_home(home)
-    env = ledger_env(ledger)
+    environment = ledger_env(ledger, env)
     if node is not None:
         from corral.supervisor.ledger.ledger_spec import check_node
 
@@ -79,7 +83,7 @@ def start_supervisor(
             proc = subprocess.Popen(
                 [*supervisor_argv(home, spec, node), "--ready-fd", str(write_fd)],
                 pass_fds=[write_fd],
-                env=env,
+                env=environment,
                 start_new_session=True,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
