@@ -8,13 +8,14 @@ import secrets
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from corral import PROTOCOL_VERSION
-from corral.core import failpoints
+from corral.core import failpoints, redact
 from corral.core.redact import register_secret
 from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.control import ControlError, ControlServer
@@ -150,6 +151,9 @@ class Supervisor:
         self._assemble()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_signals)
+            # detect-secrets' patterns take ~0.16 s to load: read them now, beside
+            # the fork server's start, not inside the first run's first event.
+            nursery.start_soon(partial(trio.to_thread.run_sync, redact.prepare))
             await nursery.start(self.launcher.run)
             for group in self.spec.groups:
                 self.tree.declare_group(group)
