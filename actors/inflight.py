@@ -8,7 +8,10 @@ ledger from the start but may not have run yet, nor to finished ones.
 
 The file outlives the process (it is in the page cache), so no fsync: a power
 loss ends the supervisor that would read it too. Its content is one line, the ids
-separated by spaces, rewritten in place; a reader takes the first line only.
+separated by spaces, rewritten in place; a reader takes the first line only. A
+shorter line is padded with spaces to the length written last, so each change is
+one ``pwrite`` and never an ``ftruncate`` (which made the agent's system time per
+durable action three times the old figure).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class InFlight:
         self._path = path(home, actor_id)
         self._ids: list[str] = []
         self._fd: int | None = None
+        self._written = 0  # the longest line written: a shorter one is padded to it
         # A new incarnation starts with nothing in flight, whatever its predecessor left.
         self._write()
 
@@ -51,13 +55,15 @@ class InFlight:
         self._write()
 
     def _write(self) -> None:
-        data = (" ".join(self._ids) + "\n").encode()
+        line = " ".join(self._ids)
+        data = (line.ljust(self._written - 1) + "\n").encode()
         try:
             if self._fd is None:
-                flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                # O_TRUNC: whatever a predecessor left is gone before the first line.
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
                 self._fd = os.open(self._path, flags, 0o600)
             os.pwrite(self._fd, data, 0)
-            os.ftruncate(self._fd, len(data))
+            self._written = max(self._written, len(data))
         except OSError as exc:
             # Best effort: a crash nobody can charge to an action still counts
             # against the agent's restart intensity.
