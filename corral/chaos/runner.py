@@ -56,6 +56,8 @@ EPISODE_TIMEOUT_S = 90.0
 #: ``corral up``'s and ``corral down``'s default timeouts.
 UP_TIMEOUT_S = 30.0
 DOWN_TIMEOUT_S = 30.0
+#: How long a supervisor that refused a connection gets to finish dying.
+DYING_WAIT_S = 5.0
 
 
 @dataclass
@@ -243,6 +245,7 @@ class Runner:
                 except (SupervisorGone, homes.NotRunning):  # killed mid-call, or before it
                     if attempt == 2:
                         raise
+                    wait_exit(sup, DYING_WAIT_S)  # see the reads after the run, below
                     sup = self._ensure_up(home, sup, episode, failpoint_spec, target, seen_pids)
             rng = random.Random(episode.seed)
             pending_random = random_kills
@@ -268,6 +271,10 @@ class Runner:
                 except Exception:
                     if attempt == 2:
                         raise
+                    # A supervisor SIGKILLed at a failpoint closes its sockets before its
+                    # pidfd reports the exit (the kernel releases files first): wait for
+                    # that exit, an explicit wake-up, before deciding it is still up.
+                    wait_exit(sup, DYING_WAIT_S)
                     sup = self._ensure_up(home, sup, episode, failpoint_spec, target, seen_pids)
             self._down(home)
         except Exception as exc:  # the episode failed to run: report it, never hide it
