@@ -16,10 +16,10 @@ from __future__ import annotations
 import functools
 import secrets
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -31,6 +31,10 @@ from corral.mailbox.control import ControlClient, ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
 from corral.supervisor.home import home_dir as homes
 
+if TYPE_CHECKING:  # the ledger and the run layer load only when a home is read without a supervisor
+    from corral.offline_read import LedgerReader
+
+T = TypeVar("T")
 PathLike = str | Path
 #: How long one events long-poll waits on the supervisor side.
 FOLLOW_WAIT_MS = 25_000
@@ -38,6 +42,8 @@ FOLLOW_WAIT_MS = 25_000
 WAIT_SLICE_S = 20.0
 #: Seconds between attempts of ``run`` creation when the reply was lost.
 CREATE_RETRY_PAUSE_S = 0.2
+#: Seconds between looks for the endpoint of a supervisor that is starting.
+STARTING_POLL_S = 0.05
 
 
 def connect(home: Path, timeout: float = 10.0) -> ControlClient:
@@ -74,12 +80,18 @@ class AsyncClient:
     """
 
     def __init__(self, home: PathLike | None = None, *, timeout: float = 10.0) -> None:
-        self.home: Path = homes.resolve_home(home)
+        self._setup(homes.resolve_home(home), timeout)
+        homes.read_endpoint(self.home)  # fail now, with NotRunning, if nothing runs there
+
+    def _setup(self, home: Path, timeout: float) -> None:
+        self.home: Path = home
         self.timeout = timeout
         self._control: ControlClient | None = None
         self._lock = anyio.Lock()  # bound to the loop of its first use
         self._process: subprocess.Popen[bytes] | None = None
-        homes.read_endpoint(self.home)  # fail now, with NotRunning, if nothing runs there
+        #: Where the reads go while no supervisor holds the home (``reading``); None: nowhere.
+        self._ledger: LedgerReader | None = None
+        self._read_ledger = False
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -88,6 +100,29 @@ class AsyncClient:
         """Connect to the supervisor already running on ``home`` (default: $CORRAL_HOME
         or ./.corral)."""
         return cls(home, timeout=timeout)
+
+    @classmethod
+    def reading(cls, home: PathLike | None = None, *, timeout: float = 10.0) -> AsyncClient:
+        """A client that reads ``home`` whether or not a supervisor runs there.
+
+        ``show``, ``runs``, ``events`` (without ``follow``) and ``intent_receipts``
+        go through the supervisor while one holds the home's lock (one that is
+        starting is waited for, up to ``timeout``, then ``SupervisorStarting``), and
+        answer from the home's ledger, read-only, while nobody does: nothing is
+        written to the home, and the answers carry ``read_from: "ledger"``
+        (``read_ledger`` says the last one did). Every other method needs a
+        supervisor (``NotRunning``); so does a home that never had one."""
+        from corral.offline_read import LedgerReader
+
+        client = cls.__new__(cls)
+        client._setup(homes.resolve_home(home), timeout)
+        client._ledger = LedgerReader(client.home)
+        return client
+
+    @property
+    def read_ledger(self) -> bool:
+        """True when the last read was answered from the ledger, no supervisor running."""
+        return self._read_ledger
 
     @classmethod
     @asynccontextmanager
@@ -274,7 +309,8 @@ class AsyncClient:
         return await self.show(created["run_id"])
 
     async def show(self, run_id: str) -> RunResult:
-        return RunResult.from_show(await self.call("show", run_id=run_id))
+        shown = await self._from_ledger(lambda ledger: ledger.show(run_id))
+        return RunResult.from_show(shown if shown is not None else await self.call("show", run_id=run_id))
 
     async def wait(self, run_id: str, *, timeout: float = 300.0, until_parked: bool = True) -> RunResult:
         """Block until the run is done (or parked, unless ``until_parked=False``)."""
@@ -293,7 +329,8 @@ class AsyncClient:
                 raise RunTimeout(run_id, reply["runs"][run_id], timeout)
 
     async def runs(self) -> list[dict[str, Any]]:
-        runs: list[dict[str, Any]] = (await self.call("runs"))["runs"]
+        read = await self._from_ledger(lambda ledger: ledger.runs())
+        runs: list[dict[str, Any]] = read if read is not None else (await self.call("runs"))["runs"]
         return runs
 
     async def cancel(self, run_id: str) -> dict[str, Any]:
@@ -303,6 +340,13 @@ class AsyncClient:
 
     async def resume(self, run_id: str) -> dict[str, Any]:
         result: dict[str, Any] = await self.call("resume", run_id=run_id)
+        return result
+
+    async def intent_receipts(self, run_id: str) -> dict[str, Any]:
+        """A run's intent decision receipts, and the binding they were judged by
+        (its own or inherited: docs/intent.md)."""
+        read = await self._from_ledger(lambda ledger: ledger.intent_receipts(run_id))
+        result: dict[str, Any] = read if read is not None else await self.call("intent.receipts", run_id=run_id)
         return result
 
     # -- people in the loop -------------------------------------------------------------
@@ -374,9 +418,57 @@ class AsyncClient:
     async def _events_page(self, since: int, *, follow: bool = False) -> tuple[list[Event], int | None]:
         """One page of ``events``: the events after ``since`` and the cursor to ask
         from next, or None once the stream has ended (``follow`` never ends it)."""
+        if not follow:
+            rows = await self._from_ledger(lambda ledger: ledger.events(since))
+            if rows is not None:
+                read = [Event.from_row(row) for row in rows]
+                return read, read[-1].cursor if read else None
         wait_ms = FOLLOW_WAIT_MS if follow else 0
         reply = await self.call("events", timeout=wait_ms / 1000 + 15, since=since, wait_ms=wait_ms)
         page = [Event.from_row(row) for row in reply["events"]]
         if not page and not follow:
             return page, None
         return page, reply["cursor"]
+
+    # -- reading without a supervisor ---------------------------------------------------
+
+    async def _from_ledger(self, read: Callable[[LedgerReader], T]) -> T | None:
+        """``read``'s answer from the home's ledger, when this client reads one
+        (``reading``) and no supervisor holds the home; None: ask the supervisor,
+        which holds it (one that is starting has been waited for)."""
+        self._read_ledger = False
+        if self._ledger is None:
+            return None
+        from corral.offline_read import HomeHeld
+
+        while True:
+            try:
+                answer = await anyio.to_thread.run_sync(read, self._ledger)
+            except HomeHeld:
+                if await self._supervisor_answers():
+                    return None
+                continue  # it let the home go without starting: the ledger is free again
+            self._read_ledger = True
+            return answer
+
+    async def _supervisor_answers(self) -> bool:
+        """Wait until the supervisor that holds the home has written its endpoint
+        (True), or has let the home go without (False: it did not start).
+        ``SupervisorStarting`` after ``timeout``: its ledger is not read meanwhile."""
+        from corral.offline_read import SupervisorStarting
+
+        deadline = anyio.current_time() + self.timeout
+        while True:
+            try:
+                homes.read_endpoint(self.home)
+                return True
+            except homes.NotRunning:
+                if not homes.is_locked(self.home):
+                    return False
+            if anyio.current_time() >= deadline:
+                raise SupervisorStarting(
+                    f"a supervisor is starting on {self.home}: it holds the home's lock and has not answered in"
+                    f" {self.timeout:g}s, and its ledger is not read behind its back; try again (its log:"
+                    f" {self.home / 'logs' / 'supervisor.log'})"
+                )
+            await anyio.sleep(STARTING_POLL_S)

@@ -116,6 +116,18 @@ class Client:
         return cls(home, timeout=timeout)
 
     @classmethod
+    def reading(cls, home: PathLike | None = None, *, timeout: float = 10.0) -> Client:
+        """A client that reads ``home`` whether or not a supervisor runs there: from
+        its ledger, read-only, while none does (see ``AsyncClient.reading``)."""
+        _refuse_inside_trio()
+        return cls._over(AsyncClient.reading(home, timeout=timeout))
+
+    @property
+    def read_ledger(self) -> bool:
+        """True when the last read was answered from the ledger, no supervisor running."""
+        return self._async.read_ledger
+
+    @classmethod
     @contextmanager
     def start(
         cls,
@@ -156,6 +168,7 @@ class Client:
     show = _blocking(AsyncClient.show)
     wait = _blocking(AsyncClient.wait)
     runs = _blocking(AsyncClient.runs)
+    intent_receipts = _blocking(AsyncClient.intent_receipts)
     cancel = _blocking(AsyncClient.cancel)
     resume = _blocking(AsyncClient.resume)
     pending = _blocking(AsyncClient.pending)

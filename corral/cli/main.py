@@ -78,6 +78,22 @@ def open_client(args: argparse.Namespace) -> Iterator[Client]:
         yield connected
 
 
+@contextmanager
+def open_reader(args: argparse.Namespace) -> Iterator[Client]:
+    """For the read commands (``show``, ``runs``, ``events``, ``intent receipts``):
+    through the supervisor while one holds the home, else from its ledger, read-only
+    (``Client.reading``). ``say_where_read`` after the read."""
+    with cli_errors(), Client.reading(home_of(args)) as connected:
+        yield connected
+
+
+def say_where_read(client: Client, args: argparse.Namespace) -> None:
+    """One line on stderr when the answer came from the ledger with no supervisor
+    running (``--json`` carries ``read_from`` instead)."""
+    if client.read_ledger and not args.json:
+        print(f"corral: read from the ledger of {client.home}: no supervisor is running", file=sys.stderr)
+
+
 def rpc(args: argparse.Namespace, method: str, timeout: float = 10.0, **params: Any) -> Any:
     with open_client(args) as connected:
         return connected.call(method, timeout=timeout, **params)
@@ -273,7 +289,8 @@ def _events_args(parser: argparse.ArgumentParser) -> None:
 def cmd_events(args: argparse.Namespace) -> int:
     if args.since < 0:
         raise CliError("--since must be >= 0", EXIT_USAGE)
-    with open_client(args) as connected:
+    # What has happened can be read from the ledger; what happens next needs a supervisor.
+    with open_client(args) if args.follow else open_reader(args) as connected:
         for event in connected.events(args.since, follow=args.follow):
             if args.json:
                 print(json.dumps(event.raw, sort_keys=True), flush=True)
@@ -281,6 +298,7 @@ def cmd_events(args: argparse.Namespace) -> int:
                 stamp = time.strftime("%H:%M:%S", time.localtime(event.at))
                 data = " ".join(f"{k}={v}" for k, v in sorted(event.data.items()))
                 print(f"{event.cursor:>6} {stamp} {event.kind:<22} {event.subject} {data}", flush=True)
+        say_where_read(connected, args)
     return 0
 
 

@@ -17,7 +17,9 @@ from corral.cli.main import (
     emit_json,
     json_arg,
     open_client,
+    open_reader,
     print_table,
+    say_where_read,
 )
 from corral.client_types import DONE, PARKED
 
@@ -125,8 +127,9 @@ def _show_args(parser: argparse.ArgumentParser) -> None:
 @command("show", "show a run: actions, receipts, final reply")
 @arguments(_show_args)
 def cmd_show(args: argparse.Namespace) -> int:
-    with open_client(args) as client:
+    with open_reader(args) as client:
         shown = client.show(args.run_id).raw
+        say_where_read(client, args)
     if args.json:
         emit_json(shown)
     else:
@@ -138,8 +141,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 @command("runs", "list recent runs")
 @arguments(json_arg)
 def cmd_runs(args: argparse.Namespace) -> int:
-    with open_client(args) as client:
+    with open_reader(args) as client:
         runs = client.runs()
+        say_where_read(client, args)
     if args.json:
         emit_json(runs)
         return 0
@@ -314,15 +318,18 @@ def _intent_args(parser: argparse.ArgumentParser) -> None:
 def cmd_intent(args: argparse.Namespace) -> int:
     if args.what == "update" and not args.file:
         raise CliError("intent update needs --file CONTRACT", EXIT_USAGE)
-    with open_client(args) as client:
-        if args.what == "receipts":
-            result = client.call("intent.receipts", run_id=args.run_id)
-        elif args.what == "snapshot":
-            result = client.call("intent.snapshot", run_id=args.run_id)
-        elif args.what == "contract":
-            result = client.call("intent.contract", run_id=args.run_id)
-        else:
-            result = client.call("intent.update", run_id=args.run_id, contract=read_contract(args.file))
+    if args.what == "receipts":
+        with open_reader(args) as reader:
+            result = reader.intent_receipts(args.run_id)
+            say_where_read(reader, args)
+    else:
+        with open_client(args) as client:
+            if args.what == "snapshot":
+                result = client.call("intent.snapshot", run_id=args.run_id)
+            elif args.what == "contract":
+                result = client.call("intent.contract", run_id=args.run_id)
+            else:
+                result = client.call("intent.update", run_id=args.run_id, contract=read_contract(args.file))
     if args.what == "contract" and not args.json:
         emit_json(result["contract"])
     elif args.json or args.what == "snapshot":

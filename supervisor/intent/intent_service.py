@@ -79,31 +79,10 @@ class IntentService:
             return {"status": "unbound", "reason": f"{exc.code}: {exc}"[:500], "advisory": True}
         return contract.binding()
 
-    def binding(self, run: Any) -> dict[str, Any]:
-        intent: dict[str, Any] = json.loads(run["options"]).get("intent") or {}
-        return intent
-
-    def effective_binding(self, run: Any) -> tuple[dict[str, Any], str | None]:
-        """(the binding, the run it was made for): a run's own, else the nearest
-        ancestor's (a delegation or an isolated child works under its parent's
-        contract)."""
-        current: Any = run
-        for _ in range(MAX_INHERIT_DEPTH):
-            own = self.binding(current)
-            if own:
-                return own, current["run_id"]
-            parent = current["parent_run_id"] if "parent_run_id" in current.keys() else None  # noqa: SIM118 - a row, not a dict
-            if not parent:
-                break
-            current = self.ledger.one("SELECT run_id, parent_run_id, options FROM runs WHERE run_id = ?", parent)
-            if current is None:
-                break
-        return {}, None
-
     # -- the guard ----------------------------------------------------------------------
 
     def guard(self, run: Any, action_id: str, tool: str, tool_input: dict[str, Any]) -> tuple[str, str]:
-        binding, _owner = self.effective_binding(run)
+        binding, _owner = effective_binding(self.ledger, run)
         if not binding:
             return "continue", ""
         contract = intent_contract.load_contract(self.ledger, binding)
@@ -159,7 +138,7 @@ class IntentService:
         """The sandbox settings of a command or process session of ``run``: under a
         contract with path rules, the include paths are the only writable binds,
         the exclude paths are masked, and the sandbox is required (never skipped)."""
-        binding, _owner = self.effective_binding(run)
+        binding, _owner = effective_binding(self.ledger, run)
         projection = intent_contract.load(self.ledger, binding) if binding else None
         if projection is None:
             return settings
@@ -244,7 +223,7 @@ class IntentService:
     def evidence(self, run_id: str) -> tuple[dict[str, Any] | None, list[tuple[int, str]], list[str]]:
         """(projection, unmet requirements, verified refs used) of a run's own binding."""
         run = run_store.get_run(self.ledger, run_id)
-        projection = intent_contract.load(self.ledger, self.binding(run))
+        projection = intent_contract.load(self.ledger, own_binding(run))
         if projection is None:
             return None, [], []
         missing, used = missing_evidence(projection, self.evidence_records(run_id))
@@ -277,7 +256,7 @@ class IntentService:
             contract = intent_contract.parse(params.get("contract"))
         except ContractError as exc:
             raise BadRequest(f"{exc.code}: {exc}") from None
-        current = self.binding(run)
+        current = own_binding(run)
         if current.get("contract_ref") == contract.contract_ref and contract.contract_version <= int(
             current.get("contract_version", 0)
         ):
@@ -340,19 +319,12 @@ class IntentService:
     # -- views ---------------------------------------------------------------------------
 
     async def receipts(self, params: dict[str, Any]) -> dict[str, Any]:
-        run = run_store.get_run(self.ledger, param_text(params, "run_id", None, limit=300))
-        rows = self.ledger.all(
-            "SELECT data FROM intent_receipts WHERE run_id = ? ORDER BY created_at, receipt_id", run["run_id"]
-        )
-        binding, owner = self.effective_binding(run)
-        return {"run_id": run["run_id"], "intent": {**binding, **({"inherited_from": owner} if owner and owner !=
-                                                                  run["run_id"] else {})},
-                "receipts": [json.loads(r["data"]) for r in rows]}
+        return receipts_view(self.ledger, param_text(params, "run_id", None, limit=300))
 
     async def contract(self, params: dict[str, Any]) -> dict[str, Any]:
         """The contract a run is bound to, as seed 000 sends it."""
         run = run_store.get_run(self.ledger, param_text(params, "run_id", None, limit=300))
-        binding, owner = self.effective_binding(run)
+        binding, owner = effective_binding(self.ledger, run)
         contract = intent_contract.load_contract(self.ledger, binding) if binding else None
         if contract is None:
             raise SupervisorError(f"run {run['run_id']} is not bound to a contract"
@@ -363,7 +335,7 @@ class IntentService:
     async def snapshot(self, params: dict[str, Any]) -> dict[str, Any]:
         """The continuity snapshot: verified facts only, no body text copied."""
         run = run_store.get_run(self.ledger, param_text(params, "run_id", None, limit=300))
-        binding = self.binding(run)
+        binding = own_binding(run)
         if binding.get("status") != "bound":
             raise SupervisorError(f"run {run['run_id']} is not bound to a contract ({binding.get('reason', 'none')})",
                                   code="conflict")
@@ -403,12 +375,48 @@ class IntentService:
 
     def show_section(self, run_id: str) -> dict[str, Any]:
         run = run_store.get_run(self.ledger, run_id)
-        binding, owner = self.effective_binding(run)
+        binding, owner = effective_binding(self.ledger, run)
         count = self.ledger.one("SELECT COUNT(*) AS n FROM intent_receipts WHERE run_id = ?", run_id)
         if not binding:
             return {"status": "none"}
         inherited = {"inherited_from": owner} if owner and owner != run_id else {}
         return {**binding, **inherited, "receipts": int(count["n"]) if count else 0}
+
+
+def own_binding(run: Any) -> dict[str, Any]:
+    """The binding a run was started or rebound with (empty: none)."""
+    intent: dict[str, Any] = json.loads(run["options"]).get("intent") or {}
+    return intent
+
+
+def effective_binding(ledger: Ledger, run: Any) -> tuple[dict[str, Any], str | None]:
+    """(the binding, the run it was made for): a run's own, else the nearest
+    ancestor's (a delegation or an isolated child works under its parent's
+    contract)."""
+    current: Any = run
+    for _ in range(MAX_INHERIT_DEPTH):
+        own = own_binding(current)
+        if own:
+            return own, current["run_id"]
+        parent = current["parent_run_id"] if "parent_run_id" in current.keys() else None  # noqa: SIM118 - a row, not a dict
+        if not parent:
+            break
+        current = ledger.one("SELECT run_id, parent_run_id, options FROM runs WHERE run_id = ?", parent)
+        if current is None:
+            break
+    return {}, None
+
+
+def receipts_view(ledger: Ledger, run_id: str) -> dict[str, Any]:
+    """``intent.receipts``: a run's decision receipts and the binding they judged by,
+    from ``ledger`` alone (the supervisor's, or a home's read with none running:
+    corral/offline_read.py)."""
+    run = run_store.get_run(ledger, run_id)
+    rows = ledger.all("SELECT data FROM intent_receipts WHERE run_id = ? ORDER BY created_at, receipt_id", run_id)
+    binding, owner = effective_binding(ledger, run)
+    inherited = {"inherited_from": owner} if owner and owner != run["run_id"] else {}
+    return {"run_id": run["run_id"], "intent": {**binding, **inherited},
+            "receipts": [json.loads(r["data"]) for r in rows]}
 
 
 def install(sup: Supervisor) -> IntentService:

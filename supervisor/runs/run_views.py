@@ -1,7 +1,9 @@
 """What people read of runs (control methods): ``show``, ``runs``, ``wait`` and
 ``pending``. Read-only; the features add their sections (supervisor/runs/run_hooks.py
 ``show_sections``, ``pending_sections``), and a cluster node shows a run of another
-partition (``ShowElsewhere``, supervisor/cluster/node_service.py)."""
+partition (``ShowElsewhere``, supervisor/cluster/node_service.py). ``show_record``
+and ``recent_runs`` read a ledger alone: a home's with no supervisor running reads
+through them too (corral/offline_read.py)."""
 
 from __future__ import annotations
 
@@ -77,6 +79,18 @@ def show_record(ledger: Ledger, run: Any) -> dict[str, Any]:
     }
 
 
+def recent_runs(ledger: Ledger) -> list[dict[str, Any]]:
+    """What ``runs`` lists: the newest runs of ``ledger``, newest first, their task and
+    reason cut short (``show`` gives the whole text)."""
+    rows = ledger.all(
+        "SELECT run_id, agent_id, kind, status, substr(reason, 1, ?) AS reason, substr(task, 1, ?) AS task,"
+        " created_at FROM runs ORDER BY created_at DESC LIMIT 200",
+        LIST_TEXT_CHARS,
+        LIST_TEXT_CHARS,
+    )
+    return [dict(row) for row in rows]
+
+
 class RunViews:
     def __init__(
         self,
@@ -115,13 +129,7 @@ class RunViews:
         }
 
     async def runs(self, params: dict[str, Any]) -> dict[str, Any]:
-        rows = self.ledger.all(
-            "SELECT run_id, agent_id, kind, status, substr(reason, 1, ?) AS reason, substr(task, 1, ?) AS task,"
-            " created_at FROM runs ORDER BY created_at DESC LIMIT 200",
-            LIST_TEXT_CHARS,
-            LIST_TEXT_CHARS,
-        )
-        return {"runs": [dict(row) for row in rows]}
+        return {"runs": recent_runs(self.ledger)}
 
     async def wait(self, params: dict[str, Any]) -> dict[str, Any]:
         """Block until every run in ``run_ids`` is done (``until="done"``) or done or
