@@ -243,3 +243,22 @@ def test_chaos_accepts_a_spec_with_user_tools_and_its_invariants_hold(
     failed = {n: e["failures"] for n, e in report["invariants"].items() if not e["passed"]}
     assert failed == {}
     assert report["invariants"]["side effect at most once, never before executing"]["count"] >= 3
+
+
+def test_a_parameter_named_title_is_a_parameter_not_schema_metadata() -> None:
+    """pydantic's schemas carry ``title`` as metadata, which the normal form drops;
+    a tool argument called ``title`` is a property name and must stay."""
+    from pydantic import BaseModel
+
+    from corral.actors.tools.typed_schema import normal_form
+    from corral.actors.tools.validation import validation_error
+
+    class Ticket(BaseModel):
+        title: str
+        priority: int = 1
+
+    schema = normal_form(Ticket.model_json_schema())
+    assert set(schema["properties"]) == {"title", "priority"} and schema["required"] == ["title"]
+    assert "title" not in schema["properties"]["title"]  # the metadata inside is still dropped
+    assert validation_error("ticket.open", schema, {"title": "printer on fire"}) is None
+    assert "title" in (validation_error("ticket.open", schema, {"priority": 2}) or "")

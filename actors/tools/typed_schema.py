@@ -25,6 +25,11 @@ def normal_form(schema: dict[str, Any]) -> dict[str, Any]:
             if isinstance(ref, str) and ref.startswith("#/$defs/"):
                 return walk(definitions[ref.removeprefix("#/$defs/")])
             out = {key: walk(value) for key, value in node.items() if key not in ("title", "$defs")}
+            properties = node.get("properties")
+            if isinstance(properties, dict):
+                # A map of parameter names, not a schema: a parameter named "title"
+                # (or "$defs") is a parameter, whatever its name looks like.
+                out["properties"] = {name: walk(value) for name, value in properties.items()}
             if out.get("type") == "object" and "properties" in out:
                 out.setdefault("required", [])
                 out["additionalProperties"] = False
