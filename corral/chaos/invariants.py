@@ -1,5 +1,6 @@
 """Invariants checked from persisted evidence only: the ledger (read-only) and the
-external effects file that ``effect.record`` appends to. Never process memory."""
+external effects file that ``effect.record`` (and any tool that reports its effects)
+appends to. Never process memory."""
 
 from __future__ import annotations
 
@@ -16,17 +17,35 @@ from corral.supervisor.ledger.port import Ledger
 @dataclass
 class Check:
     name: str
+    #: What ``count`` counts ("effects", "runs", ...): the report says how many of what.
+    unit: str = "items"
     passed: bool = True
     count: int = 0
     failures: list[str] = field(default_factory=list)
+    #: The count split by where it came from (the effects row: by tool), when that helps
+    #: a reader see whose things were checked.
+    breakdown: Counter[str] = field(default_factory=Counter)
 
     def fail(self, message: str) -> None:
         self.passed = False
         if len(self.failures) < 20:
             self.failures.append(message)
 
+    @property
+    def exercised(self) -> bool:
+        """A check that looked at nothing proves nothing: it is not a pass."""
+        return self.count > 0
+
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "passed": self.passed, "count": self.count, "failures": self.failures}
+        return {
+            "name": self.name,
+            "unit": self.unit,
+            "passed": self.passed,
+            "exercised": self.exercised,
+            "count": self.count,
+            "breakdown": dict(self.breakdown),
+            "failures": self.failures,
+        }
 
 
 def _rows(db: sqlite3.Connection, sql: str, *args: Any) -> list[sqlite3.Row]:
@@ -85,10 +104,18 @@ def _siblings(ledger_path: Path) -> list[Path]:
 
 
 def _effects_at_most_once(db: sqlite3.Connection, effects: list[dict[str, Any]]) -> Check:
-    check = Check("side effect at most once, never before executing")
+    """Every external effect of every tool that ran: the evidence lines a tool reports
+    (``effect.record``, MCP servers and user tools that write the effects file), and
+    every external action the ledger committed ``executing`` for, whether or not its
+    tool reports evidence (a user's own tool usually does not). ``rerunnable = 0``
+    is how the ledger marks an external tool: recovery may never run it again."""
+    check = Check("side effect at most once, never before executing", "effects")
     actions = {row["action_id"]: row for row in _rows(db, "SELECT * FROM actions")}
     counts = Counter(e["action_id"] for e in effects)
     check.count = len(effects)
+    for effect in effects:
+        action = actions.get(effect["action_id"])
+        check.breakdown[action["tool"] if action is not None else str(effect.get("tool", "unknown"))] += 1
     for action_id, n in counts.items():
         if n > 1:
             check.fail(f"{action_id} executed {n} times")
@@ -104,9 +131,21 @@ def _effects_at_most_once(db: sqlite3.Connection, effects: list[dict[str, Any]])
             )
         if action["phase"] in ("prepared", "waiting-confirmation", "approved", "denied"):
             check.fail(f"{effect['action_id']} ran but the ledger says {action['phase']}")
+    # Tools seen reporting evidence in this episode: an ok external action of one of
+    # them must have exactly one line (unless a person reconciled it).
+    reporting = {"effect.record"} | {actions[a]["tool"] for a in counts if a in actions}
     for action_id, action in actions.items():
+        if action["rerunnable"] or (action["executing_at"] is None and action["phase"] != "ok"):
+            continue
+        if action_id not in counts:  # checked by its ledger records alone
+            check.count += 1
+            check.breakdown[action["tool"]] += 1
+        if action["executing_at"] is None:
+            check.fail(f"{action_id} ({action['tool']}) is ok but executing was never committed")
+        if action["attempts"] > 1:
+            check.fail(f"{action_id} ({action['tool']}) executing committed {action['attempts']} times")
         if (
-            action["tool"] == "effect.record"
+            action["tool"] in reporting
             and action["phase"] == "ok"
             and counts[action_id] != 1
             and not (action["reason"] or "").startswith("reconciled")
@@ -116,7 +155,7 @@ def _effects_at_most_once(db: sqlite3.Connection, effects: list[dict[str, Any]])
 
 
 def _one_receipt_per_terminal_action(db: sqlite3.Connection) -> Check:
-    check = Check("one receipt per terminal action")
+    check = Check("one receipt per terminal action", "receipts")
     receipts = Counter(row["action_id"] for row in _rows(db, "SELECT action_id FROM receipts"))
     check.count = sum(receipts.values())
     for action_id, n in receipts.items():
@@ -132,7 +171,7 @@ def _one_receipt_per_terminal_action(db: sqlite3.Connection) -> Check:
 
 
 def _claims(db: sqlite3.Connection) -> Check:
-    check = Check("each delivery claimed at most once, observed before the reply")
+    check = Check("each delivery claimed at most once, observed before the reply", "claims")
     journals = _rows(db, "SELECT * FROM claim_journal")
     check.count = len(journals)
     claimed_in: Counter[str] = Counter()
@@ -161,7 +200,7 @@ def _claims(db: sqlite3.Connection) -> Check:
 
 
 def _one_final_reply(db: sqlite3.Connection) -> Check:
-    check = Check("exactly one final reply per completed root run")
+    check = Check("exactly one final reply per completed root run", "replies")
     replies = Counter(row["run_id"] for row in _rows(db, "SELECT run_id FROM replies"))
     check.count = sum(replies.values())
     for run in _rows(db, "SELECT run_id, status, kind FROM runs"):
@@ -176,7 +215,7 @@ def _one_final_reply(db: sqlite3.Connection) -> Check:
 
 
 def _no_run_lost(db: sqlite3.Connection) -> Check:
-    check = Check("no run lost (ended, or parked with a reason)")
+    check = Check("no run lost (ended, or parked with a reason)", "runs")
     runs = _rows(db, "SELECT run_id, status, reason FROM runs")
     check.count = len(runs)
     for run in runs:
@@ -191,7 +230,7 @@ def _no_run_lost(db: sqlite3.Connection) -> Check:
 
 
 def _no_duplicates(db: sqlite3.Connection) -> Check:
-    check = Check("no duplicate receipt, message, action or spawn")
+    check = Check("no duplicate receipt, message, action or spawn", "events")
     events = _rows(db, "SELECT kind, subject FROM events")
     check.count = len(events)
     once = (
@@ -224,7 +263,7 @@ def _no_duplicates(db: sqlite3.Connection) -> Check:
 
 
 def no_secrets(secrets: tuple[str, ...], paths: tuple[Path, ...]) -> Check:
-    check = Check("no secret in ledger, events, logs or report")
+    check = Check("no secret in ledger, events, logs or report", "files")
     for path in paths:
         files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
         for file in files:

@@ -38,11 +38,12 @@ def decide(action: dict[str, Any], effects_path: Path) -> tuple[str, str]:
     tool = action["tool"]
     tool_input = json.loads(action["input"])
     workspace = Path(json.loads(action["options"]).get("workspace") or ".")
+    # MCP servers under chaos record their effects with the action id from the call's
+    # _meta, in the same file and format as effect.record; a user tool may too.
+    if any(e.get("action_id") == action["action_id"] for e in read_effects(effects_path)):
+        return "ok", "effect line present"
     if tool == "effect.record" or tool.startswith("mcp."):
-        # MCP servers under chaos record their effects with the action id from the
-        # call's _meta, in the same file and format as effect.record.
-        seen = any(e["action_id"] == action["action_id"] for e in read_effects(effects_path))
-        return ("ok", "effect line present") if seen else ("failed", "no effect line")
+        return "failed", "no effect line"
     if tool == "fs.write":
         target = workspace / tool_input.get("path", "")
         expected = hashlib.sha256(tool_input.get("content", "").encode()).hexdigest()

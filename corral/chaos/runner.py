@@ -467,8 +467,12 @@ class Runner:
         invariants: dict[str, dict[str, Any]] = {}
         for episode in self.episodes:
             for check in episode.checks:
-                entry = invariants.setdefault(check.name, {"passed": True, "count": 0, "failures": []})
+                entry = invariants.setdefault(
+                    check.name, {"passed": True, "count": 0, "unit": check.unit, "breakdown": {}, "failures": []}
+                )
                 entry["count"] += check.count
+                for source, n in check.breakdown.items():
+                    entry["breakdown"][source] = entry["breakdown"].get(source, 0) + n
                 if not check.passed:
                     entry["passed"] = False
                     for failure in check.failures[:3]:
@@ -484,6 +488,7 @@ class Runner:
         invariants["no process left alive"] = {
             "passed": not leftovers,
             "count": sum(e.processes_checked for e in self.episodes),
+            "unit": "processes",
             "failures": [{"detail": f"pid {p} alive"} for p in leftovers],
         }
         errors = [
@@ -494,8 +499,14 @@ class Runner:
         invariants["every episode ran to its end"] = {
             "passed": not errors,
             "count": len(self.episodes),
+            "unit": "episodes",
             "failures": errors,
         }
+        # ``passed``: no failure found. A row that checked nothing found none, yet
+        # proves nothing: its status says "not exercised", never a pass.
+        for entry in invariants.values():
+            entry["exercised"] = entry["count"] > 0
+            entry["status"] = "fail" if not entry["passed"] else "pass" if entry["exercised"] else "not exercised"
         passed = all(entry["passed"] for entry in invariants.values())
         return {
             "scenario": self.scenario.name,
@@ -512,6 +523,7 @@ class Runner:
             "runs": Counter(e.status or "error" for e in self.episodes),
             "invariants": invariants,
             "passed": passed,
+            "not_exercised": [name for name, entry in invariants.items() if not entry["exercised"]],
             "wall_s": round(wall_s, 2),
             "workdir": str(self.workdir),
         }

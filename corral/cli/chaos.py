@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -150,11 +152,7 @@ def print_report(report: dict[str, Any]) -> None:
     print()
     print_table([[point, str(n)] for point, n in report["kills_by_point"].items()], ["KILL POINT", "KILLS"])
     print()
-    rows = [
-        ["PASS" if entry["passed"] else "FAIL", name, str(entry["count"])]
-        for name, entry in report["invariants"].items()
-    ]
-    print_table(rows, ["", "INVARIANT", "CHECKED"])
+    _print_invariants(report["invariants"])
     for name, entry in report["invariants"].items():
         for failure in entry["failures"][:5]:
             print(f"FAIL {name}: {failure.get('detail')}")
@@ -168,7 +166,47 @@ def print_report(report: dict[str, Any]) -> None:
                     f" --targets {','.join(report['targets'])}   (episode {failure['episode']})"
                 )
     print()
-    print("ALL INVARIANTS PASS" if report["passed"] else "INVARIANTS FAILED")
+    not_exercised = report.get("not_exercised", [])
+    if not report["passed"]:
+        print(_paint("INVARIANTS FAILED", "fail"))
+    elif not_exercised:
+        # Nothing failed, but a row that checked nothing is no pass: say which.
+        print(_paint(f"NO INVARIANT FAILED; NOT EXERCISED: {'; '.join(not_exercised)}", "not exercised"))
+    else:
+        print(_paint("ALL INVARIANTS PASS", "pass"))
+
+
+#: ANSI colours of a verdict on a terminal: green pass, red fail, yellow not exercised.
+_COLOURS = {"pass": "32", "fail": "31", "not exercised": "33"}
+
+
+def _paint(text: str, status: str) -> str:
+    if not sys.stdout.isatty() or os.environ.get("NO_COLOR"):
+        return text
+    return f"\033[{_COLOURS[status]}m{text}\033[0m"
+
+
+def _checked(entry: dict[str, Any]) -> str:
+    """How many of what a row checked, and whose (the effects row: by tool)."""
+    text = f"{entry['count']} {entry.get('unit', '')}".rstrip()
+    breakdown = entry.get("breakdown") or {}
+    if breakdown:
+        text += ": " + ", ".join(f"{source} {n}" for source, n in sorted(breakdown.items()))
+    return text
+
+
+def _print_invariants(invariants: dict[str, dict[str, Any]]) -> None:
+    """The invariant table; the status column is coloured after padding, so the
+    escape codes never skew the column widths."""
+    rows = [[entry.get("status", "pass" if entry["passed"] else "fail"), name, _checked(entry)]
+            for name, entry in invariants.items()]
+    header = ["", "INVARIANT", "CHECKED"]
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=False)]
+    print("  ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=False)).rstrip())
+    for status, name, checked in rows:
+        label = "not exercised" if status == "not exercised" else status.upper()
+        cells = [_paint(label, status) + " " * (widths[0] - len(label)), name.ljust(widths[1]), checked]
+        print("  ".join(cells).rstrip())
 
 
 def _applies(failpoint: str, spec_text: str) -> bool:
