@@ -200,6 +200,18 @@ def wait_supervisor_gone(daemon: Daemon, pid: int, timeout: float = 60) -> None:
     assert wait_exit(pid, timeout), f"supervisor {pid} still running after {timeout}s"
 
 
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
+    """Poll a condition that lives in another process (a file, a row, a lease) until
+    it holds, and return its value; fail naming ``what`` past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
 def effects(path: Path) -> list[dict[str, Any]]:
     from corral.actors.tools.effect import read_effects
 

@@ -4,14 +4,12 @@ when its worker is SIGKILLed between sending the submit and recording it."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.bridge_harness import Bridge
-from tests.harness import Daemon, ledger_rows
+from tests.harness import Daemon, ledger_rows, wait_for
 
 SPEC = """
 [project]
@@ -38,16 +36,6 @@ def _swarm(tmp: Path, bridge: Bridge) -> Daemon:
     return Daemon(tmp / "h", spec, env={"CORRAL_BRIDGE_TOKEN": bridge.tokens["A"]})
 
 
-def _wait_for(what: str, check: Any, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _post(bridge: Bridge, title: str) -> str:
     owner = bridge.client("owner")
     task_id = owner.call("task.create", title=title, publish=True)["task"]["task_id"]
@@ -61,7 +49,7 @@ def test_the_swarm_claims_runs_and_submits_a_matching_task(short_tmp: Path, brid
     swarm = _swarm(short_tmp, bridge)
     try:
         swarm.up()
-        shown = _wait_for("the submission", lambda: (t := owner.call("task.get", task_id=wanted))["submissions"] and t)
+        shown = wait_for("the submission", lambda: (t := owner.call("task.get", task_id=wanted))["submissions"] and t)
         assert shown["task"]["status"] == "submitted"
         assert [s["result"]["summary"] for s in shown["submissions"]] == ["notes written by corral"]
         jobs = ledger_rows(swarm.home, "SELECT task_id, phase, run_id FROM bridge_jobs")
@@ -80,7 +68,7 @@ def test_a_worker_killed_after_sending_the_submit_never_submits_twice(short_tmp:
     swarm = _swarm(short_tmp, bridge)
     try:
         swarm.up(env={"CORRAL_FAILPOINTS": "bridge.after-submit-sent=kill@once"})
-        _wait_for("the job to finish", lambda: ledger_rows(
+        wait_for("the job to finish", lambda: ledger_rows(
             swarm.home, "SELECT 1 FROM bridge_jobs WHERE phase = 'submitted'"))
         assert (swarm.home / "failpoints" / "bridge.after-submit-sent.fired").exists()
         assert swarm.actor("bridge-worker")["restarts"] >= 1, "the worker was killed and restarted"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from corral.core.procs import wait_exit
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.ledger_pg import PostgresLedger
 from corral.supervisor.ledger.ledger_spec import URL_ENV
-from tests.harness import Daemon, agent_spec, cli, drive_to_end, effects, ledger_rows
+from tests.harness import Daemon, agent_spec, cli, drive_to_end, effects, ledger_rows, wait_for
 
 LEASE_S = 1.5
 
@@ -55,17 +54,6 @@ def _up(daemon: Daemon, node: str, env: dict[str, str] | None = None) -> int:
     return endpoint.pid
 
 
-def _wait_for(what: str, check: Any, timeout: float = 60) -> Any:
-    """Polls a condition that lives in another process group (a file, a lease)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _adopted(cluster: dict[str, Any], adopter: Daemon, partition: str) -> Daemon:
     """The supervisor the adopting node started for ``partition``, once it is ready."""
     home = adopter.home / "adopted" / partition
@@ -77,7 +65,7 @@ def _adopted(cluster: dict[str, Any], adopter: Daemon, partition: str) -> Daemon
             return False
         return True
 
-    _wait_for(f"node b to adopt {partition}", ready)
+    wait_for(f"node b to adopt {partition}", ready)
     daemon = Daemon(home, None, cluster["env"])
     daemon.pids_seen.add(homes.read_endpoint(home).pid)
     cluster["extra"].append(daemon)
@@ -124,7 +112,7 @@ def test_a_killed_node_is_adopted_and_its_run_finishes_once(cluster: dict[str, A
     assert a.status()["cluster"]["partition"] == "node-a"
     run_id = a.call("run", agent_id="project-supervisor", task="launch")["run_id"]
     # A holds executing committed, the agent not yet told: then the whole node dies.
-    _wait_for("node a inside its failpoint", (a.home / "failpoints" / "action.after-executing.fired").exists)
+    wait_for("node a inside its failpoint", (a.home / "failpoints" / "action.after-executing.fired").exists)
     os.killpg(a_pid, signal.SIGKILL)
     assert wait_exit(a_pid, 10)
 
@@ -144,7 +132,7 @@ def test_a_killed_node_is_adopted_and_its_run_finishes_once(cluster: dict[str, A
     assert "partition-adopted" in kinds
     assert any(event["kind"] == "partition-adopting" for event in b.events())
     # Node b's own stream tells what happened to every node of the cluster.
-    _wait_for("b's stream to tell the cluster's changes", lambda: {
+    wait_for("b's stream to tell the cluster's changes", lambda: {
         ("cluster-node-up", "node-a"), ("cluster-node-lost", "node-a"), ("cluster-partition-held", "node-a")
     } <= {(event["kind"], event["subject"]) for event in b.events()})
     held = [e["data"] for e in b.events() if e["kind"] == "cluster-partition-held" and e["subject"] == "node-a"]
@@ -190,11 +178,11 @@ def test_a_paused_node_past_its_lease_is_fenced_when_it_wakes(cluster: dict[str,
     run_id = a.call("run", agent_id="writer", task="record one effect")["run_id"]
     # An agent of node a has done a side effect and not yet reported it; then the
     # node's supervisor stops (a long GC pause, a partition) well past its lease.
-    _wait_for("an agent of node a after its effect", (a.home / "failpoints" / "agent.after-effect.fired").exists)
+    wait_for("an agent of node a after its effect", (a.home / "failpoints" / "agent.after-effect.fired").exists)
     os.kill(a_pid, signal.SIGSTOP)
     try:
         adopted = _adopted(cluster, b, "node-a")
-        unknown = _wait_for(
+        unknown = wait_for(
             "the adoption's recovery",
             lambda: ledger_rows(adopted.home, "SELECT action_id FROM actions WHERE phase = 'needs-reconciliation'"),
         )
@@ -232,21 +220,21 @@ def test_adoptions_chain_when_the_adopter_dies_too(cluster: dict[str, Any]) -> N
     a_pid = _up(a, "node-a", {"CORRAL_FAILPOINTS": "action.after-executing=block@once"})
     b_pid = _up(b, "node-b", {"CORRAL_FAILPOINTS": "agent.after-effect=block@once"})
     run_a = a.call("run", agent_id="writer", task="effect on a")["run_id"]
-    _wait_for("node a inside its failpoint", (a.home / "failpoints" / "action.after-executing.fired").exists)
+    wait_for("node a inside its failpoint", (a.home / "failpoints" / "action.after-executing.fired").exists)
     os.killpg(a_pid, signal.SIGKILL)
     assert wait_exit(a_pid, 10)
     adopted_by_b = _adopted(cluster, b, "node-a")
     # The adoption parks a's run (its effect's outcome is unknown); nobody settles it.
-    _wait_for("the adoption's recovery", lambda: ledger_rows(
+    wait_for("the adoption's recovery", lambda: ledger_rows(
         adopted_by_b.home, "SELECT 1 FROM runs WHERE run_id = ? AND status = 'needs-reconciliation'", run_a))
     run_b = b.call("run", agent_id="writer", task="effect on b")["run_id"]
-    _wait_for("an agent of node b after its effect", (b.home / "failpoints" / "agent.after-effect.fired").exists)
+    wait_for("an agent of node b after its effect", (b.home / "failpoints" / "agent.after-effect.fired").exists)
     adopted_pid = homes.read_endpoint(adopted_by_b.home).pid
     os.killpg(b_pid, signal.SIGKILL)  # b, and with it the supervisor it ran for a's partition
     assert wait_exit(b_pid, 10) and wait_exit(adopted_pid, 10)
 
     a.env.pop("CORRAL_FAILPOINTS")
-    _wait_for("the lease b held on node-a to run out", lambda: _lease_left(cluster["url"], "node-a") < 0)
+    wait_for("the lease b held on node-a to run out", lambda: _lease_left(cluster["url"], "node-a") < 0)
     _up(a, "node-a")
     # b let node-a go (it died): a takes its own partition back, and adopts b's.
     assert a.status()["cluster"]["partition"] == "node-a"
@@ -273,7 +261,7 @@ def test_an_adoption_retires_when_its_runs_are_over_and_the_node_takes_its_parti
     a_pid = _up(a, "node-a", {"CORRAL_FAILPOINTS": "action.after-executing=block@once"})
     _up(b, "node-b")
     run_id = a.call("run", agent_id="writer", task="record one effect")["run_id"]
-    _wait_for("node a inside its failpoint", (a.home / "failpoints" / "action.after-executing.fired").exists)
+    wait_for("node a inside its failpoint", (a.home / "failpoints" / "action.after-executing.fired").exists)
     os.killpg(a_pid, signal.SIGKILL)
     assert wait_exit(a_pid, 10)
     adopted = _adopted(cluster, b, "node-a")
@@ -285,7 +273,7 @@ def test_an_adoption_retires_when_its_runs_are_over_and_the_node_takes_its_parti
     kinds = [row["kind"] for row in ledger_rows(adopted.home, "SELECT kind FROM events ORDER BY cursor")]
     assert "partition-retired" in kinds
     a.env.pop("CORRAL_FAILPOINTS")
-    _wait_for("the retired lease to run out", lambda: any(
+    wait_for("the retired lease to run out", lambda: any(
         row["name"] == "node-a" and row["lease_left_s"] < 0 for row in b.status()["cluster"]["partitions"]))
     _up(a, "node-a")
     assert a.status()["cluster"]["partition"] == "node-a", "its own partition, back"

@@ -17,7 +17,6 @@ import secrets
 import shutil
 import signal
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,12 +30,10 @@ from corral.core.procs import wait_exit
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.ledger_spec import URL_ENV
 from corral.supervisor.ledger.schema import MIGRATIONS
-from tests.harness import Daemon, agent_spec, cli, drive_to_end, effects, ledger_rows
+from tests.harness import Daemon, agent_spec, cli, drive_to_end, effects, ledger_rows, wait_for
 from tests.processes import SERVICE_PIDS
 
 LEASE_S = 1.5
-#: A safety net for waits on observable state (a loaded 2-core machine is slow).
-PATIENCE_S = 60.0
 
 ONE_EFFECT = agent_spec(
     workspace="project",
@@ -134,17 +131,6 @@ def _node(env: dict[str, Any], name: str, failpoints: str = "") -> tuple[Daemon,
     return daemon, pid
 
 
-def _wait_for(what: str, check: Any, timeout: float = PATIENCE_S) -> Any:
-    """Polls a condition that lives in another process (a file, a row, a status)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _sql(url: str, statement: str, *args: Any) -> list[Any]:
     import psycopg
 
@@ -161,7 +147,7 @@ def _partition(url: str, name: str) -> dict[str, Any]:
 
 
 def _effect_blocked(daemon: Daemon, run_id: str) -> None:
-    _wait_for("the agent after its effect", (daemon.home / "failpoints" / "agent.after-effect.fired").exists)
+    wait_for("the agent after its effect", (daemon.home / "failpoints" / "agent.after-effect.fired").exists)
     assert [line["run_id"] for line in effects(daemon.home.parent / "effects.log")] == [run_id]
 
 
@@ -235,15 +221,15 @@ def test_a_node_rides_out_the_termination_of_its_ledger_and_cluster_connections(
     node, pid = _node(env, "node-a", "agent.after-effect=block@once")
     run_id = node.call("run", agent_id="writer", task="record one effect")["run_id"]
     _effect_blocked(node, run_id)
-    cluster_backend = _wait_for("the cluster connection", lambda: _backend(env["url"], "corral-cluster:node-a"))
-    ledger_backend = _wait_for("the ledger connection", lambda: _backend(env["url"], "corral-ledger:node-a"))
+    cluster_backend = wait_for("the cluster connection", lambda: _backend(env["url"], "corral-cluster:node-a"))
+    ledger_backend = wait_for("the ledger connection", lambda: _backend(env["url"], "corral-ledger:node-a"))
     terminated_at = _sql(env["url"], "SELECT clock_timestamp()")[0][0]
     for backend in (cluster_backend, ledger_backend):
         assert _sql(env["url"], "SELECT pg_terminate_backend(%s)", backend) == [(True,)]
     # The lease goes on being renewed, on a new cluster connection.
-    _wait_for("a new cluster connection", lambda: _backend(env["url"], "corral-cluster:node-a") not in
+    wait_for("a new cluster connection", lambda: _backend(env["url"], "corral-cluster:node-a") not in
               (None, cluster_backend))
-    _wait_for("a renewal after the termination", lambda: _sql(
+    wait_for("a renewal after the termination", lambda: _sql(
         env["url"], "SELECT lease_until > %s + make_interval(secs => %s) FROM corral_cluster.partitions"
                     " WHERE name = 'node-a'", terminated_at, LEASE_S)[0][0])
     _release(node)  # its finish meets the terminated ledger connection
@@ -265,14 +251,14 @@ def test_a_node_rides_out_refused_connections_reports_degraded_and_renews_its_la
     _effect_blocked(node, run_id)
     env["server"].shut_down()
     _release(node)  # its finish is held while the server is away
-    degraded = _wait_for("status to say degraded", lambda: (_status_or_none(node) or {}).get("degraded"))
+    degraded = wait_for("status to say degraded", lambda: (_status_or_none(node) or {}).get("degraded"))
     assert "unreachable" in degraded, degraded
     status = _status_or_none(node)
     assert status is not None and status["pid"] == pid
     assert status["cluster"]["reachable"] is False, status["cluster"]
     env["server"].launch()
     _finished_once(node, env, run_id)
-    _wait_for("status to be healthy again", lambda: (_status_or_none(node) or {"degraded": "?"})["degraded"] == "")
+    wait_for("status to be healthy again", lambda: (_status_or_none(node) or {"degraded": "?"})["degraded"] == "")
     assert homes.read_endpoint(node.home).pid == pid and _alive(pid)
     for name in ("node-a", "node-b"):
         held = _partition(env["url"], name)
@@ -371,7 +357,7 @@ def test_a_commit_whose_answer_was_lost_is_checked_never_replayed(env: dict[str,
         for attempt in range(100):
             commits = ledger.commits
             thread, outcome = _commit_in_thread(ledger, f"landed-{attempt}")
-            backend = _wait_for("the COMMIT to end or to wait for the standby", lambda thread=thread: (
+            backend = wait_for("the COMMIT to end or to wait for the standby", lambda thread=thread: (
                 not thread.is_alive() and (0,)) or next(iter(_sql(
                     url, "SELECT pid FROM pg_stat_activity WHERE application_name = 'corral-ledger:node-a'"
                          " AND wait_event = 'SyncRep'")), None))[0]
@@ -421,7 +407,7 @@ def _adopted(adopter: Daemon, partition: str, env: dict[str, Any]) -> Daemon:
             return False
         return True
 
-    _wait_for(f"the adoption of {partition}", ready)
+    wait_for(f"the adoption of {partition}", ready)
     daemon = Daemon(home, None, adopter.env)
     daemon.pids_seen.add(homes.read_endpoint(home).pid)
     env["daemons"].insert(0, daemon)
@@ -478,7 +464,7 @@ def test_a_node_too_old_for_a_partitions_schema_refuses_to_adopt_it_and_says_wha
     newer = len(MIGRATIONS) + 1
     _sql(env["url"], "UPDATE corral_p_node_a.corral_meta SET value = %s WHERE key = 'schema_version'", newer)
     b, _ = _node(env, "node-b")
-    refused = _wait_for("b to refuse the adoption", lambda: b.status()["cluster"].get("adoption_refused"))
+    refused = wait_for("b to refuse the adoption", lambda: b.status()["cluster"].get("adoption_refused"))
     assert [(r["partition"], r["schema"], r["supported"]) for r in refused] == [("node-a", newer, len(MIGRATIONS))]
     assert "upgrade corral" in refused[0]["advice"], refused
     held = _partition(env["url"], "node-a")
@@ -493,7 +479,7 @@ def test_a_node_too_old_for_a_partitions_schema_refuses_to_adopt_it_and_says_wha
     # loop (its node heartbeat moves each tick), and still one refusal, no takeover.
     beat = _sql(env["url"], "SELECT heartbeat_at FROM corral_cluster.nodes WHERE node_id = 'node-b'")[0][0]
     for _ in range(3):
-        beat = _wait_for("b's next tick", lambda before=beat: next(
+        beat = wait_for("b's next tick", lambda before=beat: next(
             (row[0] for row in _sql(env["url"], "SELECT heartbeat_at FROM corral_cluster.nodes"
                                                 " WHERE node_id = 'node-b'") if row[0] > before), None))
     assert _partition(env["url"], "node-a")["epoch"] == 1

@@ -11,9 +11,7 @@ import os
 import shutil
 import signal
 import threading
-import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pynng
@@ -25,7 +23,7 @@ from corral.mailbox.codec import decode, encode
 from corral.mailbox.control import ControlError, configure_socket
 from corral.mailbox.envelope import Envelope, Kind
 from corral.supervisor.home import home_dir as homes
-from tests.harness import Daemon, cli, running
+from tests.harness import Daemon, cli, running, wait_for
 
 ECHO = '[[actors]]\nid = "echo"\ntemplate = "echo"\n'
 
@@ -160,21 +158,11 @@ class LongPolls:
                 self.answered += 1
 
 
-def _until(what: str, check: Any, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _hold_polls_past_the_pool(daemon: Daemon, count: int, pool: int) -> None:
     cursor = daemon.status()["cursor"]
     with LongPolls(daemon.home, count, since=cursor) as polls:
         # Every poll is in: the pool is full and the rest were refused at once.
-        _until("the polls past the pool refused", lambda: len(polls.refused) == count - pool)
+        wait_for("the polls past the pool refused", lambda: len(polls.refused) == count - pool)
         assert {code for code, _ in polls.refused} == {"too-many-long-polls"}
         message = polls.refused[0][1]
         assert f"{pool} long polls" in message and "max_long_polls" in message
@@ -185,7 +173,7 @@ def _hold_polls_past_the_pool(daemon: Daemon, count: int, pool: int) -> None:
             assert daemon.call("ping", timeout=10)["pong"] is True
         assert polls.answered == 0 and polls.failed == []
         daemon.call("bench.emit_events", n=1)  # one commit: every waiting poll answers
-        _until("every poll answered", lambda: polls.settled() == count)
+        wait_for("every poll answered", lambda: polls.settled() == count)
     assert polls.answered == pool and polls.failed == []
     assert daemon.call("status")["control"]["long_polls"] == 0
 
@@ -215,7 +203,7 @@ def test_ping_and_status_never_count_as_long_polls(short_tmp: Path, method: str)
     with running(short_tmp / "home", "[supervisor]\nmax_long_polls = 1\nprobes = true\n") as daemon:
         cursor = daemon.status()["cursor"]
         with LongPolls(daemon.home, 1, since=cursor) as polls:
-            _until("the one poll held", lambda: daemon.status()["control"]["long_polls"] == 1)
+            wait_for("the one poll held", lambda: daemon.status()["control"]["long_polls"] == 1)
             # A wait parameter does not make them long polls: they answer, not refused.
             assert daemon.call(method, timeout=10, wait_ms=30_000)["pid" if method == "status" else "pong"]
             with pytest.raises(ControlError) as refused:
