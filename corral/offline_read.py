@@ -30,13 +30,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 from corral.mailbox.control import ControlError
 from corral.supervisor.errors import SupervisorError
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.ledger_spec import LedgerSpecError, open_for_reading, remembered_placement
-from corral.supervisor.ledger.port import Ledger, LedgerError
+from corral.supervisor.ledger.port import Ledger, LedgerError, SqliteLedger
 from corral.supervisor.ledger.schema import MIGRATIONS
 from corral.supervisor.runs.run_store import get_run
 from corral.supervisor.runs.run_views import recent_runs, show_record
@@ -152,7 +151,7 @@ def _open(home: Path) -> Ledger:
         # Commits of a supervisor that did not stop cleanly are in the log only.
         ledger = open_for_reading(home)
         return ledger
-    return _ImmutableSqlite(path)
+    return SqliteLedger(path, immutable=True)
 
 
 def _check_schema(ledger: Ledger) -> None:
@@ -165,30 +164,3 @@ def _check_schema(ledger: Ledger) -> None:
     if version > known:
         raise LedgerUnreadable(f"{ledger.where} has schema {version}, newer than this corral's ({known}):"
                                " upgrade corral")
-
-
-class _ImmutableSqlite(Ledger):
-    """A home's SQLite ledger read as a file nobody writes (``immutable=1``: no lock
-    files, no ``-wal``/``-shm``, no checkpoint). True while the home's lock is held
-    shared and the file has no write-ahead log (``_open``)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = path
-        self.where = f"ledger {path}"
-        self.db = sqlite3.connect(f"file:{quote(str(path))}?immutable=1", uri=True, check_same_thread=False)
-        self.db.row_factory = sqlite3.Row
-
-    @property
-    def schema_version(self) -> int:
-        return int(self.db.execute("PRAGMA user_version").fetchone()[0])
-
-    def one(self, sql: str, *args: Any) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = self.db.execute(sql, args).fetchone()
-        return row
-
-    def all(self, sql: str, *args: Any) -> list[sqlite3.Row]:
-        return list(self.db.execute(sql, args).fetchall())
-
-    def close(self) -> None:
-        self.db.close()

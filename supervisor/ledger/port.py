@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from corral.core import failpoints
 from corral.core.redact import redact
@@ -351,9 +352,13 @@ class SqliteLedger(Ledger):
         *,
         synchronous: str = "full",
         readonly: bool = False,
+        immutable: bool = False,
         check: bool = False,
         group_commit: bool = False,
     ) -> None:
+        """``immutable``: read a file nobody writes meanwhile (no ``-wal``/``-shm``
+        made, no lock taken); the caller guarantees it (corral/offline_read.py holds
+        the home's lock shared, and opens only a ledger whose log is empty)."""
         super().__init__()
         self.path = path
         self.where = f"ledger {path}"
@@ -364,9 +369,10 @@ class SqliteLedger(Ledger):
         sqlite_sync = "normal" if self.group_commit else synchronous
         if check:
             check_ledger_file(path)
+        readonly = readonly or immutable
         if not readonly and not path.exists():
             _create(path)
-        uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+        uri = f"file:{quote(str(path))}" + ("?immutable=1" if immutable else "?mode=ro" if readonly else "")
         self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         try:
