@@ -212,6 +212,24 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
         time.sleep(0.05)
 
 
+def adopted_daemon(adopter: Daemon, partition: str, env: dict[str, str]) -> Daemon:
+    """The supervisor a cluster node started to adopt ``partition``, once it answers
+    (its endpoint is written); the caller registers it for the clean-up."""
+    home = adopter.home / "adopted" / partition
+
+    def ready() -> bool:
+        try:
+            homes.read_endpoint(home)
+        except homes.HomeError:
+            return False
+        return True
+
+    wait_for(f"the adoption of {partition}", ready)
+    daemon = Daemon(home, None, env)
+    daemon.pids_seen.add(homes.read_endpoint(home).pid)
+    return daemon
+
+
 def effects(path: Path) -> list[dict[str, Any]]:
     from corral.actors.tools.effect import read_effects
 

@@ -21,7 +21,7 @@ from corral.core.procs import wait_exit
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.ledger_pg import PostgresLedger
 from corral.supervisor.ledger.ledger_spec import URL_ENV
-from tests.harness import Daemon, agent_spec, cli, drive_to_end, effects, ledger_rows, wait_for
+from tests.harness import Daemon, adopted_daemon, agent_spec, cli, drive_to_end, effects, ledger_rows, wait_for
 
 LEASE_S = 1.5
 
@@ -56,18 +56,7 @@ def _up(daemon: Daemon, node: str, env: dict[str, str] | None = None) -> int:
 
 def _adopted(cluster: dict[str, Any], adopter: Daemon, partition: str) -> Daemon:
     """The supervisor the adopting node started for ``partition``, once it is ready."""
-    home = adopter.home / "adopted" / partition
-
-    def ready() -> bool:
-        try:
-            homes.read_endpoint(home)
-        except homes.HomeError:
-            return False
-        return True
-
-    wait_for(f"node b to adopt {partition}", ready)
-    daemon = Daemon(home, None, cluster["env"])
-    daemon.pids_seen.add(homes.read_endpoint(home).pid)
+    daemon = adopted_daemon(adopter, partition, cluster["env"])
     cluster["extra"].append(daemon)
     return daemon
 

@@ -30,7 +30,7 @@ from corral.core.procs import wait_exit
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.ledger_spec import URL_ENV
 from corral.supervisor.ledger.schema import MIGRATIONS
-from tests.harness import Daemon, agent_spec, cli, drive_to_end, effects, ledger_rows, wait_for
+from tests.harness import Daemon, adopted_daemon, agent_spec, cli, drive_to_end, effects, ledger_rows, wait_for
 from tests.processes import SERVICE_PIDS
 
 LEASE_S = 1.5
@@ -398,18 +398,7 @@ def test_a_commit_whose_answer_was_lost_is_checked_never_replayed(env: dict[str,
 
 
 def _adopted(adopter: Daemon, partition: str, env: dict[str, Any]) -> Daemon:
-    home = adopter.home / "adopted" / partition
-
-    def ready() -> bool:
-        try:
-            homes.read_endpoint(home)
-        except homes.HomeError:
-            return False
-        return True
-
-    wait_for(f"the adoption of {partition}", ready)
-    daemon = Daemon(home, None, adopter.env)
-    daemon.pids_seen.add(homes.read_endpoint(home).pid)
+    daemon = adopted_daemon(adopter, partition, adopter.env)
     env["daemons"].insert(0, daemon)
     return daemon
 
