@@ -37,6 +37,7 @@ from corral.actors.runtime import ActorContext, is_shutdown
 from corral.actors.tools.base import ActionParked, Tool, ToolContext, ToolError, checked_result, validate_input
 from corral.actors.tools.mcp import mcp_tools
 from corral.actors.tools.registry import all_tools
+from corral.actors.turn_notes import TurnNotes, observations_seen
 from corral.core import failpoints
 from corral.core.redact import summarize
 from corral.mailbox.envelope import Kind
@@ -174,6 +175,8 @@ class Lane:
         #: The run's observations as far as provider steps sent them: each turn
         #: brings only the new ones (``history_from`` says where they start).
         self.history: list[dict[str, Any]] = []
+        #: What this lane told the supervisor of its turns' prompts (the transcript).
+        self.notes = TurnNotes(self.offered)
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         return await self.ctx.call(method, run_id=self.run_id, **params)
@@ -251,34 +254,42 @@ class Lane:
             tool_notes=tuple(sorted((self.run.get("mcp_instructions") or {}).items())),
             project_context=self.project_context(),
         )
+        # The transcript's notes of this turn (what was sent), with the handoff or the failure.
+        notes = self.notes.for_turn(provider, request, observations_seen(step))
         try:
             response = await provider.complete(request)
         except ProviderError as exc:
-            await self.call("provider.failed", slot=begun["slot"], kind=exc.kind.value, error=recordable.text(str(exc)))
+            await self.provider_failed(begun["slot"], exc.kind.value, recordable.text(str(exc)), notes)
             return
         except Exception as exc:  # a provider bug is a failed lifecycle, never a hang
-            await self.call(
-                "provider.failed",
-                slot=begun["slot"],
-                kind=ErrorKind.FATAL.value,
-                error=recordable.text(f"{type(exc).__name__}: {exc}"),
-            )
+            error = recordable.text(f"{type(exc).__name__}: {exc}")
+            await self.provider_failed(begun["slot"], ErrorKind.FATAL.value, error, notes)
             return
         problem = self.unsendable_response(response)
         if problem is not None:
             # Refused here, before the handoff: sent, it would crash this agent on
             # every attempt (the same request, the same answer).
-            await self.call("provider.failed", slot=begun["slot"], kind=ErrorKind.FATAL.value, error=problem)
+            await self.provider_failed(begun["slot"], ErrorKind.FATAL.value, problem, notes)
             return
         failpoints.hit("provider.before-handoff")
         text = response.text[:MAX_RESPONSE_CHARS]
         # The plan travels with the response it was parsed from (one round trip);
         # the supervisor commits the response first, then the plan.
         carried = {} if failpoints.armed(_EFFECT_FIRST) else self.parsed(provider, text)
-        if carried and recordable.encoded_size([text, carried]) > self.budget:
+        texts = "system" in notes or "catalog" in notes  # a lane's first turn, or a new prompt
+        if carried and recordable.encoded_size([text, carried, notes] if texts else [text, carried]) > self.budget:
             carried = {}  # too much for one message: the plan follows in its own (step_parse)
-        await self.step_call("provider.handoff", slot=begun["slot"], text=text, **carried)
+        if texts and recordable.encoded_size([text, notes]) > self.budget:
+            notes = TurnNotes.without_texts(notes)  # the transcript names them only
+        await self.step_call("provider.handoff", slot=begun["slot"], text=text, **carried, **notes)
+        self.notes.delivered(notes)
         failpoints.hit("provider.after-handoff")
+
+    async def provider_failed(self, slot: str, kind: str, error: str, notes: dict[str, Any]) -> None:
+        if recordable.encoded_size([error, notes]) > self.budget:
+            notes = TurnNotes.without_texts(notes)
+        await self.call("provider.failed", slot=slot, kind=kind, error=error, **notes)
+        self.notes.delivered(notes)
 
     def provider_history(self, step: ProviderStep) -> tuple[dict[str, Any], ...]:
         """What the model sees: a shaped view (compaction) as sent, else the run's

@@ -174,6 +174,9 @@ async def _generate(ctx: ActorContext, model: LoadedModel, turn: trio.Lock, enve
             if visible:
                 trio.from_thread.run(deltas.add, visible)
                 failpoints.hit("model.mid-reply")
+            # Every token counts (a plan's too); a report crosses to trio at most twice a second.
+            if deltas.count(1):
+                trio.from_thread.run(deltas.report_progress)
 
     async with turn:
         queued_ms = round((time.monotonic() - arrived) * 1000, 3)
@@ -183,6 +186,6 @@ async def _generate(ctx: ActorContext, model: LoadedModel, turn: trio.Lock, enve
             await ctx.channel.reply_error(envelope, exc.code, str(exc))
             return
     if deltas is not None:
-        await deltas.flush()
+        await deltas.finish()
     answer["timings"]["queue_ms"] = queued_ms
     await ctx.channel.reply(envelope, answer)

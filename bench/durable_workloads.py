@@ -11,6 +11,11 @@ executing, ok, receipt), at 1, 8 and 64 agents. In the same run:
   listing), from 1 and 8 threads.
 
 The peers run in their own processes (their defaults, their own SQLite files).
+
+Telemetry: the 8-agent figure again on a supervisor that exports every finished
+run's trace over OTLP/HTTP (``[telemetry]``, docs/telemetry.md) to a loopback
+endpoint that drops it (bench/otlp_drop.py), beside the same figure with
+telemetry off, same run: ``telemetry_on_ratio_8`` is on / off.
 """
 
 from __future__ import annotations
@@ -25,11 +30,14 @@ from typing import Any
 
 from bench.corral_workloads import _call, _wait_all_ready, supervisor
 from bench.harness import Context, Metrics, NotRun, Stats, workload
+from bench.otlp_drop import otlp_drop
 
 AGENT_COUNTS = (1, 8, 64)
 PER_PLAN = 3
 #: What one action costs in ledger transitions: prepared, executing, ok.
 TRANSITIONS_PER_ACTION = 3
+#: The agent count of the telemetry on/off pair.
+TELEMETRY_AGENTS = 8
 
 DBOS_SCRIPT = r"""
 import json, os, sys, threading, time
@@ -98,14 +106,17 @@ print(json.dumps(rates))
 """
 
 
-def _spec(agents: int, loops: int) -> str:
+def _spec(agents: int, loops: int, telemetry: str = "") -> str:
+    """``telemetry``: an OTLP endpoint to export traces to; empty: telemetry off,
+    whatever ``OTEL_*`` the bench's environment holds."""
     step = "  [[agents.steps]]\n  actions = [" + ", ".join(
         '{ tool = "fs.list", input = { path = "." } }' for _ in range(PER_PLAN)
     ) + "]\n"
     blocks = "".join(
         f'\n[[agents]]\nid = "a{i}"\n' + step * loops + '  [[agents.steps]]\n  final = "ok"\n' for i in range(agents)
     )
-    return f'[project]\nroot = "ws"\n[supervisor]\nsynchronous = "full"\n{blocks}'
+    traces = f'enabled = true\nendpoint = "{telemetry}"' if telemetry else "enabled = false"
+    return f'[project]\nroot = "ws"\n[supervisor]\nsynchronous = "full"\n[telemetry]\n{traces}\n{blocks}'
 
 
 def _corral_rate(home: Path, agents: int, loops: int) -> float:
@@ -121,6 +132,31 @@ def _corral_rate(home: Path, agents: int, loops: int) -> float:
     if bad:
         raise RuntimeError(f"a run ended badly: {bad}")
     return agents * loops * PER_PLAN / (time.perf_counter() - start)
+
+
+def _telemetry_on(ctx: Context, agents: int, loops: int, rounds: int, off: list[float]) -> None:
+    """The same figure with every finished run exported as a trace; ``off``: its rates
+    with telemetry off, just measured."""
+    try:
+        import opentelemetry.sdk  # noqa: F401 - the telemetry extra
+    except ImportError as exc:
+        ctx.skip(f"actions_per_s_{agents}_telemetry", f"the telemetry extra is not installed: {exc}")
+        return
+    rates = []
+    with otlp_drop() as (endpoint, received), supervisor(ctx, _spec(agents, loops, endpoint)) as home:
+        _wait_all_ready(home, agents, 120)
+        for _ in range(rounds):
+            ctx.check(f"durable_actions n={agents}, telemetry on")
+            rates.append(_corral_rate(home, agents, loops))
+    if received.requests == 0:
+        raise RuntimeError("telemetry on, yet no trace reached the endpoint")
+    on = Stats.of(rates, "per s")
+    ctx.metrics[f"actions_per_s_{agents}_telemetry"] = on
+    ctx.metrics[f"telemetry_on_ratio_{agents}"] = Stats.single(on.median / Stats.of(off, "per s").median, "ratio")
+    ctx.note(
+        f"telemetry: {agents} agents exporting each finished run's trace (OTLP/HTTP to a loopback endpoint that"
+        f" drops it: {received.requests} exports, {received.bytes // 1024} KiB) beside telemetry off, same run"
+    )
 
 
 def _sqlite_limit(ctx: Context) -> float:
@@ -192,6 +228,8 @@ def durable_actions(ctx: Context) -> Metrics:
         ctx.metrics[f"transitions_per_s_{agents}"] = Stats.of(
             [rate * TRANSITIONS_PER_ACTION for rate in rates], "per s"
         )
+        if agents == TELEMETRY_AGENTS:
+            _telemetry_on(ctx, agents, loops, rounds, rates)
     for threads in (1, 8):
         for name, script, module in (
             ("dbos", DBOS_SCRIPT, "dbos"),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from corral.client_types import Event, Pending, RunResult
+from corral.client_types import ApprovalView, Event, Pending, RunResult, ViewChanged, joined_pages
 from corral.core.errors import RunTimeout
 from corral.core.procs import wait_exit
 from corral.mailbox.control import ControlClient, ControlError, SupervisorGone
@@ -105,7 +105,7 @@ class AsyncClient:
     def reading(cls, home: PathLike | None = None, *, timeout: float = 10.0) -> AsyncClient:
         """A client that reads ``home`` whether or not a supervisor runs there.
 
-        ``show``, ``runs``, ``events`` (without ``follow``) and ``intent_receipts``
+        ``show``, ``runs``, ``transcript``, ``events`` (without ``follow``) and ``intent_receipts``
         go through the supervisor while one holds the home's lock (one that is
         starting is waited for, up to ``timeout``, then ``SupervisorStarting``), and
         answer from the home's ledger, read-only, while nobody does: nothing is
@@ -342,6 +342,22 @@ class AsyncClient:
         result: dict[str, Any] = await self.call("resume", run_id=run_id)
         return result
 
+    async def transcript(self, run_id: str, turn: int | None = None) -> dict[str, Any]:
+        """What the run's model was sent and answered, turn by turn (docs/transcripts.md):
+        all turns, or only ``turn`` (1-based, its system prompt in full). A long
+        transcript comes in pages, joined here."""
+        read = await self._from_ledger(lambda ledger: ledger.transcript(run_id, turn))
+        if read is not None:
+            return read
+        shown: dict[str, Any] = await self.call("transcript", run_id=run_id,
+                                                **({} if turn is None else {"turn": turn}))
+        page = shown
+        while page.get("next_turn"):
+            page = await self.call("transcript", run_id=run_id, from_turn=page["next_turn"])
+            shown["turns"].extend(page["turns"])
+        shown["next_turn"] = None
+        return shown
+
     async def intent_receipts(self, run_id: str) -> dict[str, Any]:
         """A run's intent decision receipts, and the binding they were judged by
         (its own or inherited: docs/intent.md)."""
@@ -354,6 +370,24 @@ class AsyncClient:
     async def pending(self) -> Pending:
         """Actions waiting for approve/deny or reconcile, and scheduled provider retries."""
         return Pending.from_reply(await self.call("pending"))
+
+    async def approval(self, action_id: str, *, page: int = 1, all_pages: bool = False) -> ApprovalView:
+        """What approving ``action_id`` would approve: its tool, arguments (secrets
+        masked), effect class, policy, the diff of a file write, and the fingerprint
+        to pass to ``approve``. Long values come in pages (``page``, from 1); with
+        ``all_pages`` every page is read and joined into whole values."""
+        if not all_pages:
+            return ApprovalView.from_reply(await self.call("approval.show", action_id=action_id, page=page))
+        for _attempt in range(3):
+            first = await self.call("approval.show", action_id=action_id, page=1)
+            pages = [first]
+            while len(pages) < ApprovalView.from_reply(first).pages:
+                pages.append(await self.call("approval.show", action_id=action_id, page=len(pages) + 1))
+            try:
+                return ApprovalView.from_reply(joined_pages(pages))
+            except ViewChanged:
+                continue  # a file changed between two pages: read them again
+        raise ControlError("view-changed", f"the approval view of {action_id} kept changing while it was read")
 
     async def approve(self, action_id: str, *, fingerprint: str | None = None) -> dict[str, Any]:
         """Let a waiting action run. The fingerprint (default: the one ``pending()``

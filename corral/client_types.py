@@ -134,3 +134,75 @@ class Pending:
             tuple(reply.get("sessions", ())),
             raw=reply,
         )
+
+
+@dataclass(frozen=True)
+class ApprovalView:
+    """What a person approves (``Client.approval``): the tool, every argument with its
+    real value (only substrings that look like secrets masked; sealed fields as
+    their digest), the effect class, policy, reason, and the fingerprint the
+    approval is bound to: pass it to ``approve`` to approve exactly this. A file
+    tool's action carries the diff against the current file in ``files``.
+
+    ``arguments`` and ``files`` are maps with ``text`` (one page of the value, or
+    all of it when read with ``all_pages``), ``chars`` (its whole length), ``page``
+    and ``pages``."""
+
+    action_id: str
+    run_id: str
+    agent_id: str
+    tool: str
+    phase: str
+    effect: str
+    policy: str
+    reason: str
+    fingerprint: str
+    arguments: tuple[dict[str, Any], ...]
+    files: tuple[dict[str, Any], ...]
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def pages(self) -> int:
+        """The most pages any value has (1: everything is in this view)."""
+        return max((int(value["pages"]) for value in (*self.arguments, *self.files)), default=1)
+
+    @classmethod
+    def from_reply(cls, reply: dict[str, Any]) -> ApprovalView:
+        return cls(
+            action_id=str(reply["action_id"]),
+            run_id=str(reply.get("run_id", "")),
+            agent_id=str(reply.get("agent_id", "")),
+            tool=str(reply.get("tool", "")),
+            phase=str(reply.get("phase", "")),
+            effect=str(reply.get("effect", "")),
+            policy=str(reply.get("policy", "")),
+            reason=str(reply.get("reason") or ""),
+            fingerprint=str(reply.get("fingerprint", "")),
+            arguments=tuple(reply.get("arguments", ())),
+            files=tuple(reply.get("files", ())),
+            raw=reply,
+        )
+
+
+class ViewChanged(Exception):
+    """The pages of one approval view do not belong together (a file changed while
+    they were read): read it again."""
+
+
+def joined_pages(pages: list[dict[str, Any]]) -> dict[str, Any]:
+    """One approval view with every value whole, from its pages 1..N in order."""
+    whole = {**pages[0], "page": 1, "pages": 1}
+    for key in ("arguments", "files"):
+        values = [dict(value) for value in pages[0][key]]
+        for later in pages[1:]:
+            if len(later[key]) != len(values):
+                raise ViewChanged("the approval view changed while its pages were read")
+            for value, part in zip(values, later[key], strict=True):
+                if part["digest"] != value["digest"]:
+                    raise ViewChanged("the approval view changed while its pages were read")
+                value["text"] += part["text"]
+        for value in values:
+            value.update(page=1, pages=1)
+        whole[key] = values
+    whole["page_chars"] = max([len(v["text"]) for v in (*whole["arguments"], *whole["files"])] or [0])
+    return whole

@@ -1,5 +1,6 @@
 """Reading a home's ledger with no supervisor up: ``corral show``, ``runs``,
-``events`` (without ``--follow``) and ``intent receipts`` after ``corral down``.
+``transcript``, ``events`` (without ``--follow``) and ``intent receipts`` after
+``corral down``.
 
 Who answers is decided by the home's lock (supervisor/home/home_dir.py ``HomeLock``):
 each read holds a shared flock on the home directory while it opens and reads the
@@ -16,7 +17,8 @@ ledger is opened read-only (``open_for_reading``), which reads the log where it 
 A home on PostgreSQL reads the partition it remembers, read-only.
 
 The answers are the supervisor's own read functions over that ledger (``show_record``
-and ``recent_runs`` in supervisor/runs/run_views.py, ``Ledger.events_since``,
+and ``recent_runs`` in supervisor/runs/run_views.py, ``transcript`` in
+supervisor/runs/transcript_view.py, ``Ledger.events_since``,
 ``receipts_view`` in supervisor/intent/intent_service.py), each marked
 ``read_from: "ledger"``.
 """
@@ -82,6 +84,11 @@ class LedgerReader:
         """One page of the events after cursor ``since`` (empty: the stream ends)."""
         page = self.read(lambda ledger: ledger.events_since(since, EVENTS_PAGE))
         return [{**event, "read_from": READ_FROM} for event in page]
+
+    def transcript(self, run_id: str, turn: int | None = None) -> dict[str, Any]:
+        from corral.supervisor.runs.transcript_view import transcript
+
+        return {**self.read(lambda ledger: transcript(ledger, run_id, turn=turn)), "read_from": READ_FROM}
 
     def intent_receipts(self, run_id: str) -> dict[str, Any]:
         # The intent service imports the run layer and the sandbox: only this read needs it.

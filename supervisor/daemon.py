@@ -55,6 +55,8 @@ from corral.supervisor.sessions.session_service import SessionService
 from corral.supervisor.spec.swarm_spec import SwarmSpec
 from corral.supervisor.swarm import swarm_service
 from corral.supervisor.swarm.swarm_service import SwarmService
+from corral.supervisor.telemetry import telemetry_config, telemetry_service
+from corral.supervisor.telemetry.telemetry_service import TelemetryService
 from corral.supervisor.tree.supervision_tree import ActorSlot, SupervisionTree
 
 log = logging.getLogger("corral.supervisor")
@@ -92,6 +94,9 @@ class Supervisor:
         for actor in spec.actors:
             for name in actor.env_passthrough:
                 register_secret(os.environ.get(name, ""))
+        #: ``[telemetry]`` and ``OTEL_*``: how traces are exported, or None (off). A
+        #: telemetry asked for that cannot be had stops the boot here, with why.
+        self.telemetry_config = telemetry_config.resolve(spec.telemetry, os.environ)
         self.boot_id = secrets.token_hex(8)
         self.pid = os.getpid()
         self.started = time.time()
@@ -140,6 +145,7 @@ class Supervisor:
         self.intent: IntentService
         self.bridge: BridgeService
         self.collaboration: CollaborationService
+        self.telemetry: TelemetryService | None
         self._register_core()
 
     # -- lifecycle ----------------------------------------------------------------
@@ -204,6 +210,8 @@ class Supervisor:
         goal_service.install(self)
         compaction_service.install(self)
         self.collaboration = collaboration_service.install(self)
+        # Last: its status hook sees a run's final status after every feature's.
+        self.telemetry = telemetry_service.install(self, self.telemetry_config)
         if self.spec.supervisor.probes:
             probes.install(self)
 

@@ -17,6 +17,9 @@ def test_the_demo_swarm_runs_to_one_final_reply(short_tmp: Path) -> None:
     assert "isolated children      3" in out
     assert "claims observed        2" in out
     assert "final reply: Launch plan ready" in out
+    # The live view says what each run was asked, and each tool call with its arguments.
+    assert "task: Prepare the launch plan: research, review, drafts and checks." in out
+    assert 'fs.write(content="# Checklist' in out and 'path="review/checklist.md")' in out
     project = short_tmp / "d" / "project"
     for artifact in ("research/survey.md", "review/notes.md", "review/checklist.md", "draft/intro/intro.md",
                      "draft/body/body.md", "checks/checks.md", "summary/launch.md"):

@@ -216,14 +216,43 @@ def _assert_one_call_one_reply(daemon: Daemon, shown: dict[str, Any], tmp: Path)
         assert set(json.loads(content)) in ({"actions"}, {"final"})
 
 
+AWS_KEY = "AKIAQ3EGZXKP7RT2LMNB"
+
+
+def _assert_transcript_shows_each_turn(daemon: Daemon, run_id: str) -> None:
+    """`corral transcript` (issue 34): each prompt and completion, the secret masked
+    there and absent from the ledger file's bytes."""
+    read = cli(daemon.home, "transcript", run_id, "--json")
+    assert read.returncode == 0, read.stderr
+    turns = json.loads(read.stdout)["turns"]
+    assert [t["status"] for t in turns] == ["completed", "completed"]
+    responses = [row["response"] for row in ledger_rows(
+        daemon.home, "SELECT response FROM provider_requests WHERE run_id = ? ORDER BY rowid", run_id)]
+    assert [t["response"] for t in turns] == responses
+    first = turns[0]["system"]["text"]
+    assert first.startswith("You are corral agent a.") and "Deploy key: [redacted]" in first
+    # After its one tool call the grammar allows only the final reply: a new prompt.
+    assert turns[1]["system"]["unchanged"] is False and turns[1]["system"]["text"] != first
+    assert turns[0]["plan"]["actions"][0]["tool"] == "effect.record" and turns[1]["plan"]["final"]
+    text = cli(daemon.home, "transcript", run_id)
+    assert text.returncode == 0 and text.stdout.count("model said:") == 2 and "effect.record(" in text.stdout
+    assert AWS_KEY not in read.stdout + text.stdout
+    ledger = daemon.home / "ledger.db"
+    stored = b"".join(p.read_bytes() for p in (ledger, ledger.with_name("ledger.db-wal")) if p.exists())
+    assert b"Deploy key: [redacted]" in stored and AWS_KEY.encode() not in stored
+
+
 def test_a_real_model_plans_one_tool_call_and_one_final_reply(short_tmp: Path) -> None:
     # A token budget too: the second turn's view is counted by the model's tokenizer.
     agent = AGENT.format(id="a", model="smollm2").replace('provider = "local"\n',
                                                           'provider = "local"\nauto_compact_token_limit = 4000\n')
     spec = _local_spec(short_tmp, agent)
+    # A secret in a file the agent reads (the project's instructions, in its prompt).
+    (short_tmp / "ws" / "AGENTS.md").write_text(f"Be brief. Deploy key: {AWS_KEY}\n")
     with running(short_tmp / "home", spec) as daemon:
         shown = _one_tool_run(daemon)
         _assert_one_call_one_reply(daemon, shown, short_tmp)
+        _assert_transcript_shows_each_turn(daemon, shown["run"]["run_id"])
         model = _model_status(daemon)
         assert model["status"] == "ready" and model["restarts"] == 0 and model["requests"] == 2
         assert model["token_counts"] >= 1, "the second turn's view was counted by the tokenizer"

@@ -116,6 +116,12 @@ stream = true
         assert before == "Hello wor"
         assert _shown_text(events) == "Hello world."
         assert len(ledger_rows(daemon.home, "SELECT * FROM replies WHERE run_id = ?", run_id)) == 1
+        # Progress (corral/cli/progress.py): the newest report, of the lifecycle that
+        # answered, with its final count; kept in memory, never an event.
+        report = daemon.call("progress", run_ids=[run_id])["progress"][run_id]
+        assert (report["slot"], report["tokens"]) == (shown["provider_requests"][1]["slot"], 2)
+        assert "Hello" not in json.dumps(report)  # the count only: the words stream as reply-delta
+        assert "provider-progress" not in {e["kind"] for e in daemon.events()}
         # The stream is a view: the committed response is an ordinary body.
         (row,) = ledger_rows(daemon.home, "SELECT response FROM provider_requests WHERE status = 'completed'")
         assert json.loads(row["response"])["choices"][0]["message"]["content"] == "Hello world."

@@ -15,6 +15,9 @@ from typing import Any, Protocol
 MAX_ACTIONS_PER_PLAN = 3
 #: A provider response past this many characters is cut (the ledger keeps no more).
 MAX_RESPONSE_CHARS = 256 * 1024
+#: A turn's system prompt, or its tool catalog, past this many characters is cut
+#: for the run's transcript (docs/transcripts.md); the model still gets all of it.
+MAX_TRANSCRIPT_CHARS = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,12 @@ class Provider(Protocol):
     * A request whose outcome was lost (the process died mid-call) is marked
       ``needs-reconciliation`` unless the class sets ``idempotent_requests = True``
       (re-sending has no effect anywhere), in which case it is simply re-sent.
+
+    * Optional: ``prompt_text(request) -> str``, the system prompt this request
+      sends the model, as text. The run's transcript (``corral transcript``,
+      docs/transcripts.md) keeps it, redacted and once per distinct text; a
+      provider without it shows the task, the history and its answers only. It
+      must be cheap and pure: it is called once per turn, beside ``complete``.
 
     Keep secrets out of ``provider_config`` (it is stored with the run): read them
     from an environment variable named by ``api_key_env``, which the actor gets.

@@ -213,6 +213,10 @@ class LocalProvider:
         text = redact_text(json.dumps(answer, ensure_ascii=False))
         return ProviderResponse(text=text, meta=answer.get("timings", {}))
 
+    def prompt_text(self, request: ProviderRequest) -> str:
+        """The system prompt ``complete`` sends for ``request`` (the run's transcript)."""
+        return system_prompt(request, answer_schema(self.config, request))
+
     def parse(self, response: ProviderResponse, tools: tuple[ToolSchema, ...]) -> Plan:
         # The grammar makes this text-JSON always; the shared parser (and its repair
         # path) still judges it, so a model or build that ignores grammars is caught.

@@ -454,7 +454,8 @@ class OpenAIProvider:
                 return response.status_code, await _read_bounded(response, limit, endpoint)
             on_content = self._reply_view(deltas)
             data = await read_stream(
-                response, limit, on_content, lambda why: _too_large(response.status_code, endpoint, limit, why)
+                response, limit, on_content, lambda why: _too_large(response.status_code, endpoint, limit, why),
+                on_progress=deltas.generated if deltas is not None else None,
             )
             return response.status_code, data
 
@@ -496,7 +497,7 @@ class OpenAIProvider:
                     status, data = await self._exchange(body, deltas)
             finally:
                 if deltas is not None:
-                    await deltas.flush()
+                    await deltas.finish()
         except StreamCut as exc:
             raise ProviderError(ErrorKind.TRANSIENT, f"{endpoint}: {exc}") from None
         except trio.TooSlowError:
@@ -522,6 +523,10 @@ class OpenAIProvider:
             "slot": request.slot,
         }
         return ProviderResponse(text=text, meta=meta)
+
+    def prompt_text(self, request: ProviderRequest) -> str:
+        """The system prompt ``complete`` sends for ``request`` (the run's transcript)."""
+        return system_prompt(request, native_tools=self.config.native_tools)
 
     def parse(self, response: ProviderResponse, tools: tuple[ToolSchema, ...]) -> Plan:
         # The mode recorded with the response wins: after a restart with a changed

@@ -29,6 +29,8 @@ class StreamAssembler:
         self.usage: dict[str, Any] | None = None
         self.meta: dict[str, Any] = {}
         self.done = False
+        #: Pieces generated so far (content or tool-call arguments): about one token each.
+        self.pieces = 0
 
     def feed(self, data: bytes) -> list[str]:
         """Returns the content text that arrived with these bytes."""
@@ -66,6 +68,7 @@ class StreamAssembler:
             if isinstance(delta.get("content"), str):
                 self.content.append(delta["content"])
                 out.append(delta["content"])
+                self.pieces += 1
             for call in delta.get("tool_calls") or []:
                 self._tool_call(call)
             if choice.get("finish_reason"):
@@ -85,6 +88,7 @@ class StreamAssembler:
             entry["function"]["name"] += function["name"]
         if isinstance(function.get("arguments"), str):
             entry["function"]["arguments"] += function["arguments"]
+            self.pieces += 1
 
     @property
     def has_tool_calls(self) -> bool:
@@ -110,16 +114,22 @@ async def read_stream(
     limit: int,
     on_content: Callable[[str], Awaitable[None]],
     too_large: Callable[[str], Exception],
+    on_progress: Callable[[int], Awaitable[None]] | None = None,
 ) -> bytes:
-    """The assembled body of an event-stream response (bounded like any other)."""
+    """The assembled body of an event-stream response (bounded like any other).
+    ``on_progress(pieces)``: how many pieces (about a token each) each read
+    brought, a plan's tool-call arguments included (their count, never their text)."""
     assembler = StreamAssembler()
     received = 0
     async for chunk in response.aiter_raw():
         received += len(chunk)
         if received > limit:
             raise too_large("the event stream kept coming")
+        before = assembler.pieces
         for piece in assembler.feed(chunk):
             await on_content(piece)
+        if on_progress is not None and assembler.pieces != before:
+            await on_progress(assembler.pieces - before)
         if assembler.done:
             break
     if not assembler.done:

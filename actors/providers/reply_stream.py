@@ -8,6 +8,13 @@ batches that text to the supervisor (``reply.delta``), which puts it on the even
 stream. The stream is a view: the finalization journal stays the one source of
 the final text, and a lifecycle that starts over is marked on the stream instead
 of repeating text.
+
+While a provider generates anything (a plan of tool calls too), ``ReplyDeltas``
+also reports progress on the same channel: the count of tokens so far, at most
+every ``PROGRESS_EVERY_S``, never their text (seed 004 V1.19: a plan's tool
+calls, function arguments and repair context stay out of every stream; the
+committed plan shows them, in the transcript). The supervisor keeps only the
+newest report of a run in memory (never in the ledger), for live views.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ _COMPACT_PREFIX = '{"final":"'
 #: How long deltas are gathered before one message to the supervisor.
 FLUSH_S = 0.05
 MAX_DELTA_CHARS = 4000
+#: Progress reports (tokens so far): the first at once, then at most this often.
+PROGRESS_EVERY_S = 0.5
 
 
 class FinalReplyDecoder:
@@ -74,6 +83,39 @@ class ReplyDeltas:
         self.seq = 0
         self.buffer: list[str] = []
         self.last_flush = time.monotonic()
+        self.tokens = 0
+        self.reported_tokens = 0
+        self.last_report: float | None = None
+
+    def count(self, tokens: int) -> bool:
+        """Counts generated tokens (a model's, or a stream's chunks); True when a
+        progress report is due. Synchronous, so a generating
+        worker thread crosses to trio only when a report is due."""
+        self.tokens += tokens
+        now = time.monotonic()
+        if self.last_report is not None and now - self.last_report < PROGRESS_EVERY_S:
+            return False
+        self.last_report = now
+        return True
+
+    async def generated(self, tokens: int) -> None:
+        if self.count(tokens):
+            await self.report_progress()
+
+    async def report_progress(self) -> None:
+        from corral.actors.runtime import report_best_effort
+
+        self.reported_tokens = self.tokens
+        await report_best_effort(
+            self.call, "reply.delta", run_id=self.run_id, slot=self.slot, seq=self.seq, text="",
+            tokens=self.tokens,
+        )
+
+    async def finish(self) -> None:
+        """The rest of the reply text, and the final token count."""
+        await self.flush()
+        if self.tokens != self.reported_tokens:
+            await self.report_progress()
 
     async def add(self, text: str) -> None:
         if not text:

@@ -116,6 +116,11 @@ class ScriptedProvider:
         body = {k: v for k, v in step.items() if k in ("actions", "final")}
         return ProviderResponse(json.dumps(_substitute(body, request)), {"scripted": True})
 
+    def prompt_text(self, request: ProviderRequest) -> str:
+        """What stands for a system prompt in the run's transcript: a script reads none."""
+        steps = len(self.steps)
+        return f"(scripted provider for agent {request.agent_id}: it answers from its script of {steps} steps)"
+
     def parse(self, response: ProviderResponse, tools: tuple[ToolSchema, ...]) -> Plan:
         return parse_plan_json(response.text, tools)
 

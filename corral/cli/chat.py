@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from corral import approval_text
 from corral.cli.main import CliError, arguments, command, home_of
 from corral.client import Client
 from corral.core.errors import CorralError
@@ -64,6 +65,9 @@ class Chat:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.streaming: dict[str, bool] = {}
+        #: Action id -> the fingerprint of the view shown for it: ``y`` approves that
+        #: exactly (shared with the follower, which shows the prompts).
+        self.shown: dict[str, str] = {}
 
     # -- output -----------------------------------------------------------------------
 
@@ -131,14 +135,24 @@ class Chat:
             self.show_end(subject, kind[4:])
 
     def show_approval(self, run_id: str) -> None:
+        """The approval view of each action of ``run_id`` waiting for approval (the one
+        ``corral pending`` shows), then the ``[y/n]`` prompt."""
         for action in self.client.pending().raw["actions"]:
             if action["run_id"] == run_id and action["phase"] == "waiting-confirmation":
-                self.out(
-                    "approval",
-                    f"  ? approve {action['input_summary']}  [y/n]",
-                    action=action["action_id"],
-                    summary=action["input_summary"],
-                )
+                self.prompt(action)
+
+    def prompt(self, action: dict[str, Any]) -> None:
+        view = action.get("approval") or self.client.approval(action["action_id"]).raw
+        lines = approval_text.render(view, preview=True, indent="    ")
+        self.shown[action["action_id"]] = view["fingerprint"]
+        self.out(
+            "approval",
+            "\n".join([*lines, f"  ? approve {action['input_summary']}  [y/n]"]),
+            action=action["action_id"],
+            summary=action["input_summary"],
+            fingerprint=view["fingerprint"],
+            approval=view,
+        )
 
     def show_question(self, run_id: str) -> None:
         for question in self.client.pending().raw.get("questions", []):
@@ -215,11 +229,18 @@ class Chat:
         if not waiting:
             self.out("error", "  nothing waits for approval")
             return
-        action_id = waiting[0]["action_id"]
+        action = waiting[0]
+        action_id = action["action_id"]
+        fingerprint = self.shown.get(action_id)
+        if fingerprint is None:
+            # Nothing was shown for it yet: show it, and decide on the next answer.
+            self.prompt(action)
+            self.out("error", "  answer again (y / n) for the action shown above")
+            return
         if approve:
-            self.client.approve(action_id)
+            self.client.approve(action_id, fingerprint=fingerprint)
         else:
-            self.client.deny(action_id)
+            self.client.deny(action_id, fingerprint=fingerprint)
         self.out("decision", f"  [{'approved' if approve else 'denied'} {action_id}]", action=action_id)
 
 
@@ -289,6 +310,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         follower_client = Client.connect(client.home)
         follower = Chat(follower_client, conversation_id, as_json=args.json)
         follower.lock = chat.lock
+        follower.shown = chat.shown
         thread = threading.Thread(target=follower.follow, args=(cursor,), daemon=True)
         thread.start()
         try:

@@ -325,7 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _load_extra_commands() -> None:
     import importlib
 
-    commands = ("run", "swarm", "chaos", "actor", "mcp", "doctor", "chat", "ui", "bridge", "collaboration")
+    commands = (
+        "run", "approvals", "swarm", "chaos", "actor", "mcp", "doctor", "chat", "ui", "bridge", "collaboration",
+        "transcript",
+    )
     for module in (f"corral.cli.{name}" for name in commands):
         try:
             importlib.import_module(module)

@@ -1,10 +1,11 @@
-"""CLI for runs: run, show, runs, pending, approve, deny, reconcile, resume, cancel."""
+"""CLI for runs: run, show, runs, reconcile, resume, cancel (pending, approve and deny:
+corral/cli/approvals.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="wait until the run ends or parks")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to --wait at most")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--quiet", action="store_true", help="with --wait on a terminal: no live status line"
+                        " (state, step, tool, tokens/s, children) on stderr while waiting")
 
 
 @command("run", "start a run of an agent on a task")
@@ -53,11 +56,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     intent = read_contract(args.intent) if args.intent else None
     if not args.task and not args.goal:
         raise CliError("give --task, or --goal (a goal is also the first task)", EXIT_USAGE)
+    # A person at a terminal sees the run move (on stderr: stdout stays the result).
+    live = args.wait and not args.json and not args.quiet and sys.stderr.isatty()
     with open_client(args) as client:
-        result = client.run(
-            args.agent, args.task, script=script, wait=args.wait, timeout=args.timeout, intent=intent,
-            goal=args.goal,
-        )
+        if live:
+            from corral.cli import progress
+
+            since = progress.start_cursor(client)
+            started = client.run(args.agent, args.task, script=script, wait=False, intent=intent, goal=args.goal)
+            result = progress.watch_run(client, started.run_id, since, args.timeout, progress.stderr_console())
+        else:
+            result = client.run(
+                args.agent, args.task, script=script, wait=args.wait, timeout=args.timeout, intent=intent,
+                goal=args.goal,
+            )
     if not args.wait:
         if args.json:
             emit_json({"run_id": result.run_id})
@@ -152,72 +164,6 @@ def cmd_runs(args: argparse.Namespace) -> int:
         ["RUN", "AGENT", "KIND", "STATUS", "REASON"],
     )
     return 0
-
-
-@command("pending", "list what waits for a person: confirmations, reconciliations, retries")
-@arguments(json_arg)
-def cmd_pending(args: argparse.Namespace) -> int:
-    with open_client(args) as client:
-        pending = client.pending().raw
-    if args.json:
-        emit_json(pending)
-        return 0
-    if not any(
-        pending.get(key) for key in ("actions", "provider_requests", "provider_retries", "sessions", "questions")
-    ) and not any(run["status"] == "needs-input" for run in pending.get("runs", [])):
-        print("nothing pending")
-        return 0
-    for action in pending["actions"]:
-        verb = "approve/deny" if action["phase"] == "waiting-confirmation" else "reconcile"
-        print(f"{action['action_id']}  {action['phase']}  {action['input_summary']}  run {action['run_id']}  ({verb})")
-        if action["reason"]:
-            print(f"    {action['reason']}")
-    asked = {question["run_id"] for question in pending.get("questions", [])}
-    for run in pending.get("runs", []):
-        if run["status"] == "needs-input" and run["run_id"] not in asked:
-            print(f"{run['run_id']}  needs-input  {run['reason'] or ''}")
-    for question in pending.get("questions", []):
-        options = f"  options: {', '.join(question['options'])}" if question["options"] else ""
-        print(f"{question['run_id']}  needs-input  asks: {question['question'][:200]}{options}  (answer)")
-    for request in pending["provider_requests"]:
-        print(f"{request['slot']}  provider request needs-reconciliation  run {request['run_id']}  (reconcile)")
-    for session in pending.get("sessions", []):
-        print(f"{session['process_id']}  process session needs-reconciliation  run {session['run_id']}  (reconcile)")
-        if session["reason"]:
-            print(f"    {session['reason']}")
-    for retry in pending["provider_retries"]:
-        print(
-            f"{retry['slot']}  waiting-for-provider-retry attempt {retry['attempt']}"
-            f" at {time.strftime('%H:%M:%S', time.localtime(retry['retry_at']))}  run {retry['run_id']}"
-        )
-    return 0
-
-
-def _decision_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action_id", metavar="ACTION_ID")
-    parser.add_argument("--fingerprint", help="expected fingerprint (default: the one shown by `corral pending`)")
-
-
-def _decide(args: argparse.Namespace, decision: str) -> int:
-    with open_client(args) as client:
-        if decision == "approve":
-            result = client.approve(args.action_id, fingerprint=args.fingerprint)
-        else:
-            result = client.deny(args.action_id, fingerprint=args.fingerprint)
-    print(f"{decision}d {args.action_id} (run {result['run_id']})")
-    return 0
-
-
-@command("approve", "approve an action waiting for confirmation")
-@arguments(_decision_args)
-def cmd_approve(args: argparse.Namespace) -> int:
-    return _decide(args, "approve")
-
-
-@command("deny", "deny an action waiting for confirmation")
-@arguments(_decision_args)
-def cmd_deny(args: argparse.Namespace) -> int:
-    return _decide(args, "deny")
 
 
 def _reconcile_args(parser: argparse.ArgumentParser) -> None:

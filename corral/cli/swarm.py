@@ -4,6 +4,7 @@ real local model), with a live view and a summary."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import tempfile
@@ -14,6 +15,9 @@ from typing import Any
 
 from corral.cli.main import EXIT_FAILED, CliError, arguments, cli_errors, command, print_table
 from corral.client import Client
+from corral.client_types import Event
+from corral.core.redact import redact_text
+from corral.mailbox.control import ControlError
 from corral.supervisor.home import home_dir as homes
 
 ROOT_AGENT = "project-supervisor"
@@ -131,35 +135,140 @@ _SHOWN_KINDS = {
 
 
 def _live_view(api: Client, run_id: str, started: float, timeout: float, *, quiet: bool) -> dict[str, Any]:
+    """The events as they come (the task of each run, each plan's tool calls with
+    their arguments, the model's reply text), and on a terminal a status area
+    under them: the root run's state, step, children, and the model's words while
+    it generates (corral/cli/progress.py)."""
+    # rich: loaded for the live view only.
+    from rich.console import Console
+    from rich.live import Live
+
+    from corral.cli import progress
+
+    log = _DemoLog(api, started)
+    status = progress.RunProgress(run_id)
     cursor = 0
     deadline = time.monotonic() + timeout
-    while True:
-        shown: dict[str, Any] = api.show(run_id).raw
-        if shown["run"]["status"] in ("completed", "failed", "cancelled", "needs-reconciliation"):
+    with contextlib.ExitStack() as stack:
+        live = None
+        if not quiet and sys.stdout.isatty():
+            live = stack.enter_context(Live(console=Console(), transient=True, refresh_per_second=8))
+        while True:
+            shown: dict[str, Any] = api.show(run_id).raw
+            if shown["run"]["status"] in ("completed", "failed", "cancelled", "needs-reconciliation"):
+                if not quiet:
+                    log.print_events([event.raw for event in api.events(cursor)])
+                return shown
+            if time.monotonic() > deadline:
+                raise CliError(f"the demo run is still {shown['run']['status']} after {timeout}s")
+            reply = api.call("events", timeout=10, since=cursor, wait_ms=progress.POLL_MS if live else 2000)
             if not quiet:
-                _print_events_list([event.raw for event in api.events(cursor)], started)
-            return shown
-        if time.monotonic() > deadline:
-            raise CliError(f"the demo run is still {shown['run']['status']} after {timeout}s")
-        reply = api.call("events", timeout=10, since=cursor, wait_ms=2000)
-        if not quiet:
-            _print_events_list(reply["events"], started)
-        cursor = reply["cursor"]
+                log.print_events(reply["events"])
+            cursor = reply["cursor"]
+            if live is not None:
+                status = progress.reduce_all(status, [Event.from_row(row) for row in reply["events"]])
+                status = progress.with_children(status, shown)
+                status, area = log.status_area(status)
+                live.update(area)
 
 
-def _print_events_list(events: list[dict[str, Any]], started: float) -> None:
-    for event in events:
-        if event["kind"] not in _SHOWN_KINDS:
-            continue
-        data = event["data"]
-        detail = " ".join(
-            f"{k}={v}"
-            for k, v in sorted(data.items())
-            if k in ("tool", "status", "target", "children", "group", "failed", "reason", "repair_of", "pid", "load_s")
-            and v not in ("", None)
-        )
-        elapsed = max(0.0, event["at"] - (time.time() - (time.monotonic() - started)))
-        print(f"  [{elapsed:6.2f}s] {event['kind']:<24} {event['subject']:<30} {detail}"[:150], flush=True)
+class _DemoLog:
+    """Prints the demo's events, one line each, with what they were about."""
+
+    def __init__(self, api: Client, started: float) -> None:
+        self.api = api
+        self.started = started
+        #: Reply text streamed and not printed yet, by run.
+        self.replies: dict[str, str] = {}
+        #: Runs not ended yet (their model's progress is asked for).
+        self.live_runs: dict[str, str] = {}
+
+    def print_events(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            kind, data, subject = event["kind"], event["data"], event["subject"]
+            if kind == "run-created":
+                self.live_runs[subject] = str(data.get("agent", ""))
+                self._line(event, f"agent={data.get('agent', '')} task: {_flat(str(data.get('task', '')))}")
+            elif kind == "reply-delta":
+                self.replies[subject] = self.replies.get(subject, "") + str(data.get("text", ""))
+            elif kind == "reply-stream-restart":
+                self.replies.pop(subject, None)
+            elif kind == "plan-committed" and data.get("actions"):
+                for call in self._calls(subject, int(data.get("loop", 0))):
+                    self._line({**event, "kind": "tool-call"}, call)
+            elif kind in _SHOWN_KINDS:
+                if kind == "reply-appended" or kind in ("run-completed", "run-failed"):
+                    self._reply(event)
+                if kind in ("run-completed", "run-failed", "run-cancelled"):
+                    self.live_runs.pop(subject, None)
+                self._line(event, _detail(data))
+        for run_id in list(self.replies):
+            self._reply({"kind": "model-reply", "subject": run_id, "at": events[-1]["at"], "data": {}})
+
+    def _reply(self, event: dict[str, Any]) -> None:
+        text = self.replies.pop(event["subject"], "")
+        if text:
+            self._line({**event, "kind": "model-reply"}, repr(_flat(text)))
+
+    def _calls(self, run_id: str, loop: int) -> list[str]:
+        """The tool calls of the run's plan at ``loop``, with their arguments (from
+        its transcript: redacted when stored, and again when shown)."""
+        from corral.cli.progress import format_call
+
+        try:
+            transcript = self.api.transcript(run_id)
+        except ControlError:
+            return []  # a supervisor without transcripts: the tool names still show
+        return [
+            format_call(str(call.get("tool", "")), call.get("input"))
+            for turn in transcript.get("turns", [])
+            if turn.get("loop") == loop and turn.get("plan")
+            for call in turn["plan"].get("actions") or []
+        ]
+
+    def _line(self, event: dict[str, Any], detail: str) -> None:
+        elapsed = max(0.0, event["at"] - (time.time() - (time.monotonic() - self.started)))
+        print(f"  [{elapsed:6.2f}s] {event['kind']:<24} {event['subject']:<30} {detail}"[:200], flush=True)
+
+    def status_area(self, root: Any) -> tuple[Any, Any]:
+        """The root run's status (its progress report applied), and the model's
+        words where it generates now for another run. Returns (root, renderable)."""
+        from rich.console import Group
+        from rich.text import Text
+
+        from corral.cli import progress
+
+        others = [run for run in self.live_runs if run != root.run_id][: progress.MAX_PROGRESS_RUNS - 1]
+        try:
+            reports = progress.progress_events(self.api.call("progress", run_ids=[root.run_id, *others]))
+        except ControlError:
+            reports = []  # a supervisor without progress reports
+        root = progress.reduce_all(root, [event for event in reports if event.subject == root.run_id])
+        rows = [progress.render(root, verbose=True)]
+        for event in sorted((e for e in reports if e.subject != root.run_id), key=lambda e: e.at)[-1:]:
+            generation = progress.reduce(progress.RunProgress(event.subject), event).generation
+            if generation is not None and generation.tokens:
+                rate = generation.tokens_per_s
+                speed = f", {rate:.1f} tokens/s" if rate is not None else ""
+                rows.append(Text(
+                    f"  {self.live_runs.get(event.subject, '')} {event.subject}: generating,"
+                    f" {generation.tokens} tokens{speed}",
+                    style="cyan", no_wrap=True, overflow="ellipsis",
+                ))
+        return root, Group(*rows)
+
+
+def _detail(data: dict[str, Any]) -> str:
+    return " ".join(
+        f"{k}={v}"
+        for k, v in sorted(data.items())
+        if k in ("tool", "status", "target", "children", "group", "failed", "reason", "repair_of", "pid", "load_s")
+        and v not in ("", None)
+    )
+
+
+def _flat(text: str) -> str:
+    return " ".join(redact_text(text).split())
 
 
 def _summary(api: Client, shown: dict[str, Any], wall: float) -> None:

@@ -10,6 +10,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from corral.approval_text import printable, show_command
 from corral.ui.assets import CSS, SCRIPT
 
 NAV = (("/", "Actors"), ("/runs", "Runs"), ("/pending", "Pending"), ("/timeline", "Timeline"))
@@ -154,7 +155,8 @@ def run(shown: dict[str, Any]) -> str:
         f' {escape(str(info.get("loop_index", 0)))}{" · " + escape(info["reason"]) if info.get("reason") else ""}</p>',
         f'<p class="task"><b>Task</b> {escape(info.get("task") or "")}</p>',
         f'<div class="final" id="final-reply"><b>Final reply</b> {escape(final) if final else "<i>not yet</i>"}</div>',
-        "<h3>Actions</h3>",
+        f'<h3>Actions <a class="meta" href="/runs/{quote(info["run_id"])}/conversation">· conversation'
+        " (what the model saw and said)</a></h3>",
         action_timeline(shown.get("actions", [])),
         _table(("action", "loop", "tool", "phase", "policy", "attempts", "reason"), actions) if actions
         else "<p>No actions.</p>",
@@ -241,9 +243,9 @@ def pending(waiting: dict[str, Any]) -> str:
                 "It did not</button>"
             )
         rows.append([action_id, _run_link(action["run_id"]), escape(action["tool"]), _state(action["phase"]),
-                     escape(action.get("reason") or ""), buttons])
+                     escape(action.get("reason") or "") + approval(action), buttons])
     parts = ["<h2>Pending</h2>"]
-    parts.append(_table(("action", "run", "tool", "phase", "why", ""), rows, "pending") if rows
+    parts.append(_table(("action", "run", "tool", "phase", "why, and what it approves", ""), rows, "pending") if rows
                  else "<p>No action waits for a person.</p>")
     questions = waiting.get("questions") or []
     if questions:
@@ -259,6 +261,52 @@ def pending(waiting: dict[str, Any]) -> str:
         if items:
             parts.append(f"<h3>{escape(name.replace('_', ' ').capitalize())}</h3><pre>{escape(_plain(items))}</pre>")
     return "".join(parts)
+
+
+_DIFF_COLORS = {"+": "#16a34a", "-": "#dc2626", "@": "#6366f1"}
+_VALUE_STYLE = "max-height:16em;overflow:auto;margin:.2em 0"
+
+
+def approval(action: dict[str, Any]) -> str:
+    """What approving the action would approve (its approval view in ``pending``:
+    supervisor/runs/approval_view.py): effect, policy, fingerprint, each argument's
+    first page, and a file tool's diff. What the page leaves out is counted, with
+    the command that shows it."""
+    view = action.get("approval")
+    if not view:
+        return f"<p><code>{escape(show_command(action['action_id'], 1))}</code> shows it</p>"
+    command = escape(show_command(view["action_id"]))
+    fingerprint = escape(view["fingerprint"])
+    parts = [f'<p class="meta">effect {escape(view["effect"])} · policy {escape(view["policy"])} · agent'
+             f' {escape(view["agent_id"])} · fingerprint <code title="{fingerprint}">{fingerprint[:16]}…</code></p>',
+             "<dl>"]
+    for argument in view["arguments"]:
+        parts.append(f"<dt>{escape(printable(argument['name']))}</dt><dd>{_paged(argument, command)}</dd>")
+    parts.append("</dl>")
+    for change in view["files"]:
+        head = f"<p><b>diff {escape(printable(change['path']))}</b>"
+        if change["error"]:
+            parts.append(f"{head}: {escape(printable(change['error']))}</p>")
+        elif not change["chars"]:
+            parts.append(f"{head}: no change</p>")
+        else:
+            parts.append(head + "</p>" + _paged(change, command, diff=True))
+    return "".join(parts)
+
+
+def _paged(value: dict[str, Any], command: str, *, diff: bool = False) -> str:
+    text = printable(str(value["text"]))
+    if diff:
+        body = "".join(
+            f'<span style="color:{_DIFF_COLORS[line[0]]}">{escape(line)}</span>' if line[:1] in _DIFF_COLORS
+            else escape(line)
+            for line in text.splitlines(keepends=True)
+        )
+    else:
+        body = escape(text)
+    more = int(value["chars"]) - len(str(value["text"]))
+    note = f'<p class="meta">… {more} more chars, see <code>{command}</code></p>' if more > 0 else ""
+    return f'<pre style="{_VALUE_STYLE}">{body}</pre>{note}'
 
 
 def timeline(picture: str, counts: dict[str, int]) -> str:

@@ -44,7 +44,7 @@ from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.runs.run_store import RUN_ID
-from corral.ui import pages, timeline
+from corral.ui import conversation, pages, timeline
 
 ENDPOINT_FILE = "ui.json"
 COOKIE = "corral_ui"
@@ -89,6 +89,7 @@ class Dashboard:
                 Route("/", page(self.tree_page)),
                 Route("/runs", page(self.runs_page)),
                 Route("/runs/{run_id}", page(self.run_page)),
+                Route("/runs/{run_id}/conversation", page(self.conversation_page)),
                 Route("/pending", page(self.pending_page)),
                 Route("/timeline", page(self.timeline_page)),
                 Route("/api/stream", self._guard(self.stream)),
@@ -184,6 +185,14 @@ class Dashboard:
             raise ControlError("not-found", f"no run {run_id!r}")
         shown: RunResult = await self.client.show(run_id)
         return f"Run {run_id}", pages.run(shown.raw)
+
+    async def conversation_page(self, request: Request) -> tuple[str, str]:
+        run_id = request.path_params["run_id"]
+        if not RUN_ID.match(run_id):
+            raise ControlError("not-found", f"no run {run_id!r}")
+        said = await self.client.transcript(run_id)
+        shown: RunResult = await self.client.show(run_id)
+        return f"Conversation {run_id}", conversation.page(said, shown.raw)
 
     async def pending_page(self, request: Request) -> tuple[str, str]:
         return "Pending", pages.pending((await self.client.pending()).raw)

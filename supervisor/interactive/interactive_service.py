@@ -8,6 +8,7 @@ the final reply.
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 from corral.core.redact import redact_text
@@ -31,6 +32,9 @@ def _run_id(params: dict[str, Any]) -> str:
 #: Templates that may put a run's final-reply text on the event stream.
 STREAMING_TEMPLATES = ("agent", "child", "model")
 MAX_DELTA_CHARS = 8000
+#: Progress reports kept (the newest per run, in memory): the oldest run's goes first.
+MAX_PROGRESS_RUNS = 256
+MAX_PROGRESS_QUERY = 100
 
 
 class InteractiveService:
@@ -40,6 +44,10 @@ class InteractiveService:
         self.runs = runs
         #: run -> the provider slot whose reply text was streamed last.
         self.streaming: dict[str, str] = {}
+        #: run -> the newest progress report of its provider (tokens so far while a
+        #: model generates). A view of now: never written to the ledger, so a long
+        #: generation adds no row, and a restarted supervisor simply has none.
+        self.progress: dict[str, dict[str, Any]] = {}
 
     async def steer(self, params: dict[str, Any]) -> dict[str, Any]:
         """``corral steer RUN TEXT``: recorded (committed) before the answer."""
@@ -72,6 +80,8 @@ class InteractiveService:
         if slot.spec.template != "model" and run["agent_id"] != slot.spec.params.get("agent_id", slot.id):
             raise BadRequest(f"run {run_id} is not driven by {slot.id}")
         provider_slot = param_text(params, "slot", None, limit=300)
+        if "tokens" in params:
+            return self._progress_report(run_id, provider_slot, params)
         text = params.get("text")
         seq = params.get("seq")
         if not isinstance(text, str) or len(text) > MAX_DELTA_CHARS or not isinstance(seq, int):
@@ -89,6 +99,37 @@ class InteractiveService:
             self.ledger.event("reply-delta", run_id, slot=provider_slot, seq=seq, text=redact_text(text))
         self.streaming[run_id] = provider_slot
         return {}
+
+    def _progress_report(self, run_id: str, provider_slot: str, params: dict[str, Any]) -> dict[str, Any]:
+        tokens = params.get("tokens")
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= 10**9:
+            raise BadRequest("tokens must be an integer in [0, 10**9]")
+        now = time.time()
+        previous = self.progress.pop(run_id, None)
+        first = previous if previous is not None and previous["slot"] == provider_slot else None
+        self.progress[run_id] = {
+            "slot": provider_slot,
+            "tokens": tokens,
+            "at": now,
+            # The first report of this lifecycle: tokens/s is measured from it.
+            "first_at": first["first_at"] if first is not None else now,
+            "first_tokens": first["first_tokens"] if first is not None else tokens,
+        }
+        while len(self.progress) > MAX_PROGRESS_RUNS:
+            self.progress.pop(next(iter(self.progress)))
+        return {}
+
+    async def progress_view(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``progress``: the newest provider progress report of each of ``run_ids``
+        that has one (runs that generate nothing, or ended long ago, have none)."""
+        run_ids = params.get("run_ids")
+        if (
+            not isinstance(run_ids, list)
+            or len(run_ids) > MAX_PROGRESS_QUERY
+            or not all(isinstance(run_id, str) for run_id in run_ids)
+        ):
+            raise BadRequest(f"run_ids must be a list of at most {MAX_PROGRESS_QUERY} run ids")
+        return {"progress": {run_id: self.progress[run_id] for run_id in run_ids if run_id in self.progress}}
 
     # -- conversations ---------------------------------------------------------------
 
@@ -177,6 +218,7 @@ def install(sup: Supervisor) -> InteractiveService:
             "conversation.show": service.conversation_show,
             "conversation.list": service.conversation_list,
             "conversation.fork": service.fork,
+            "progress": service.progress_view,
         }
     )
     sup.actor_methods["input.request"] = service.ask

@@ -509,3 +509,21 @@ MIGRATIONS.append(
     );
     """
 )
+
+MIGRATIONS.append(
+    # 17: transcripts (supervisor/runs/transcript_store.py, docs/transcripts.md): each
+    # provider turn names the system prompt and the tool catalog it was sent (by the
+    # sha256 of their text, kept once in transcript_blobs, redacted) and how many of
+    # the run's observations it had seen (the history itself is not copied).
+    """
+    ALTER TABLE provider_requests ADD COLUMN system_sha256 TEXT;
+    ALTER TABLE provider_requests ADD COLUMN catalog_sha256 TEXT;
+    ALTER TABLE provider_requests ADD COLUMN history_seq INTEGER;
+    CREATE TABLE transcript_blobs (
+        sha256     TEXT PRIMARY KEY,
+        kind       TEXT NOT NULL,
+        text       TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    """
+)

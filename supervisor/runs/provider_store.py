@@ -17,6 +17,7 @@ from corral.supervisor.errors import Conflict, NotFound, Refused
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_store import RunLimits, get_run, set_run_status
+from corral.supervisor.runs.transcript_store import TurnNotes, keep_texts
 
 
 def _now() -> float:
@@ -71,9 +72,13 @@ def _repair_number(slot: str) -> int:
     return int(tail.split("-", 1)[0])
 
 
-def provider_handoff(ledger: Ledger, run_id: str, slot: str, text: str, raw_sha256: str | None = None) -> None:
+def provider_handoff(
+    ledger: Ledger, run_id: str, slot: str, text: str, raw_sha256: str | None = None, notes: TurnNotes | None = None
+) -> None:
     """Commit a successful response before anyone parses or acts on it. The ledger
-    keeps it redacted; ``raw_sha256`` names the raw copy in the private spool."""
+    keeps it redacted; ``raw_sha256`` names the raw copy in the private spool;
+    ``notes``: what the turn was sent, for its transcript (transcript_store.py)."""
+    notes = notes or TurnNotes()
     with ledger.tx() as db:
         row = db.execute(
             "SELECT status FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, run_id)
@@ -83,16 +88,21 @@ def provider_handoff(ledger: Ledger, run_id: str, slot: str, text: str, raw_sha2
         if row["status"] != "started":
             raise Conflict(f"provider request {slot} is {row['status']}, not started")
         stored = redact_text(text[:MAX_RESPONSE_CHARS])
+        keep_texts(db, notes)
         db.execute(
-            "UPDATE provider_requests SET status = 'completed', response = ?, raw_sha256 = ?, finished_at = ?"
-            " WHERE slot = ?",
-            (stored, raw_sha256, _now(), slot),
+            "UPDATE provider_requests SET status = 'completed', response = ?, raw_sha256 = ?, finished_at = ?,"
+            " system_sha256 = ?, catalog_sha256 = ?, history_seq = ? WHERE slot = ?",
+            (stored, raw_sha256, _now(), notes.system_sha256, notes.catalog_sha256, notes.seen, slot),
         )
         ledger.event("provider-response-committed", run_id, slot=slot, chars=len(stored))
 
 
-def provider_failed(ledger: Ledger, run_id: str, slot: str, kind: str, error: str, limits: RunLimits) -> dict[str, Any]:
-    """A failed lifecycle. Transient kinds schedule a durable retry; others fail the run."""
+def provider_failed(
+    ledger: Ledger, run_id: str, slot: str, kind: str, error: str, limits: RunLimits, notes: TurnNotes | None = None
+) -> dict[str, Any]:
+    """A failed lifecycle. Transient kinds schedule a durable retry; others fail the run.
+    ``notes``: what the turn was sent, for its transcript."""
+    notes = notes or TurnNotes()
     with ledger.tx() as db:
         row = db.execute("SELECT * FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, run_id)).fetchone()
         if row is None:
@@ -104,10 +114,12 @@ def provider_failed(ledger: Ledger, run_id: str, slot: str, kind: str, error: st
         retry_at = None
         if retry:
             retry_at = _now() + min(limits.retry_cap_s, limits.retry_base_s * 2 ** (attempt - 1))
+        keep_texts(db, notes)
         db.execute(
             "UPDATE provider_requests SET status = 'failed', error_kind = ?, error = ?, retry_at = ?,"
-            " finished_at = ? WHERE slot = ?",
-            (kind, summarize(error, 300), retry_at, _now(), slot),
+            " finished_at = ?, system_sha256 = ?, catalog_sha256 = ?, history_seq = ? WHERE slot = ?",
+            (kind, summarize(error, 300), retry_at, _now(), notes.system_sha256, notes.catalog_sha256, notes.seen,
+             slot),
         )
         ledger.event(
             "provider-request-failed",

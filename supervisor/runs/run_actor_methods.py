@@ -26,6 +26,7 @@ from corral.supervisor.runs.action_state import ActionPhase, action_id
 from corral.supervisor.runs.next_step import next_step
 from corral.supervisor.runs.run_core import POLICY_STRICTNESS, RunCore, _int, _str
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
+from corral.supervisor.runs.transcript_store import notes_from
 from corral.supervisor.tree.supervision_tree import ActorSlot
 
 
@@ -111,9 +112,10 @@ class RunActorMethods(RunCore):
         if not isinstance(text, str):
             raise BadRequest("text must be a string")
         slot_name = _str(params, "slot")
+        notes = notes_from(params)  # what the turn was sent, for its transcript
         text = text[:MAX_RESPONSE_CHARS]
         raw_sha = self.keep_raw(run["run_id"], "response", slot_name, text, redact_text(text))
-        provider_store.provider_handoff(self.ledger, run["run_id"], slot_name, text, raw_sha256=raw_sha)
+        provider_store.provider_handoff(self.ledger, run["run_id"], slot_name, text, raw_sha256=raw_sha, notes=notes)
         return {}
 
     async def provider_failed(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
@@ -125,6 +127,7 @@ class RunActorMethods(RunCore):
             _str(params, "kind", limit=40),
             str(params.get("error", ""))[:1000],
             self.limits_for(run),
+            notes_from(params),
         )
         self._retry_schedule_changed()
         return result

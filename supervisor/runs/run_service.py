@@ -14,7 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from corral.actors.providers.registry import is_idempotent
-from corral.supervisor.runs import poison
+from corral.supervisor.runs import poison, transcript_view
 from corral.supervisor.runs.run_actor_methods import RunActorMethods
 from corral.supervisor.runs.run_control import RunControlMethods
 from corral.supervisor.runs.run_upkeep import RunUpkeep
@@ -35,7 +35,7 @@ def install(sup: Supervisor, show_elsewhere: ShowElsewhere | None = None) -> tup
     ``show_elsewhere``: where ``show`` looks for a run this ledger does not hold
     (another partition of a cluster, supervisor/cluster/node_service.py)."""
     service = RunService(sup.ledger, sup.hooks, spec=sup.spec, home=sup.home, tree=sup.tree, boot_id=sup.boot_id)
-    views = RunViews(sup.ledger, sup.hooks, sup.next_commit, show_elsewhere)
+    views = RunViews(sup.ledger, sup.hooks, sup.next_commit, show_elsewhere, home=sup.home, tools=service.tools)
     hooks = sup.hooks
     hooks.idempotent_provider = is_idempotent
     hooks.keep_raw_copy = service.keep_raw
@@ -64,9 +64,11 @@ def install(sup: Supervisor, show_elsewhere: ShowElsewhere | None = None) -> tup
         {
             "run": service.create,
             "show": views.show,
+            "transcript": partial(transcript_view.control, sup.ledger),
             "runs": views.runs,
             "wait": views.wait,
             "pending": views.pending,
+            "approval.show": views.approval,
             "continue_action": service.continue_action,
             "reconcile": service.reconcile,
             "resume": service.resume,

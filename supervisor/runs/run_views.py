@@ -1,22 +1,28 @@
-"""What people read of runs (control methods): ``show``, ``runs``, ``wait`` and
-``pending``. Read-only; the features add their sections (supervisor/runs/run_hooks.py
-``show_sections``, ``pending_sections``), and a cluster node shows a run of another
-partition (``ShowElsewhere``, supervisor/cluster/node_service.py). ``show_record``
-and ``recent_runs`` read a ledger alone: a home's with no supervisor running reads
-through them too (corral/offline_read.py)."""
+"""What people read of runs (control methods): ``show``, ``runs``, ``wait``,
+``pending`` and ``approval.show`` (what a person approves, whole:
+supervisor/runs/approval_view.py). Read-only; the features add their sections
+(supervisor/runs/run_hooks.py ``show_sections``, ``pending_sections``), and a
+cluster node shows a run of another partition (``ShowElsewhere``,
+supervisor/cluster/node_service.py). ``show_record`` and ``recent_runs`` read a
+ledger alone: a home's with no supervisor running reads through them too
+(corral/offline_read.py)."""
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import trio
 
+from corral.actors.tools.base import Tool
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_int, param_str
-from corral.supervisor.runs import action_store, run_store
+from corral.supervisor.runs import action_store, approval_view, run_store, sealed_input
+from corral.supervisor.runs.approval_diff import FileChange, Workspace, file_changes
 from corral.supervisor.runs.run_hooks import RunHooks
 from corral.supervisor.runs.run_state import NEEDS_PERSON, TERMINAL
 
@@ -98,6 +104,9 @@ class RunViews:
         hooks: RunHooks,
         next_commit: Callable[[], Awaitable[None]],
         elsewhere: ShowElsewhere | None = None,
+        *,
+        home: Path | None = None,
+        tools: Mapping[str, Tool] | None = None,
     ) -> None:
         self.ledger = ledger
         self.hooks = hooks
@@ -105,6 +114,10 @@ class RunViews:
         self.next_commit = next_commit
         #: Where ``show`` looks for a run this ledger does not hold (None: nowhere).
         self.elsewhere = elsewhere
+        #: The home (its spool holds the raw inputs a diff is computed from); None: no diffs.
+        self.home = home
+        #: The tool catalog (effect classes, sealed fields); MCP tools come from the run's pins.
+        self.tools: Mapping[str, Tool] = tools or {}
         #: Run status changes so far (a status hook counts them): ``wait`` re-reads
         #: its runs only after a commit that moved some run, not after every commit.
         self.status_moves = 0
@@ -168,8 +181,7 @@ class RunViews:
 
     async def pending(self, params: dict[str, Any]) -> dict[str, Any]:
         waiting = self.ledger.all(
-            "SELECT action_id, run_id, agent_id, tool, phase, fingerprint, reason, input FROM actions"
-            " WHERE phase IN ('waiting-confirmation', 'needs-reconciliation') ORDER BY created_at"
+            "SELECT * FROM actions WHERE phase IN ('waiting-confirmation', 'needs-reconciliation') ORDER BY created_at"
         )
         requests = self.ledger.all(
             "SELECT slot, run_id, status, error_kind FROM provider_requests WHERE status = 'needs-reconciliation'"
@@ -179,6 +191,10 @@ class RunViews:
             " ON p.run_id = r.run_id WHERE r.status = 'waiting-for-provider-retry' AND p.status = 'failed'"
             " AND p.retry_at IS NOT NULL ORDER BY p.retry_at"
         )
+        # The first actions carry their approval view, a first page of each value
+        # (the rest by ``approval.show``): the reply stays within one frame.
+        previewed = waiting[: approval_view.MAX_PREVIEWS]
+        views = await self._views(previewed, page=1, budget=approval_view.PREVIEW_BUDGET_CHARS)
         return {
             "actions": [
                 {
@@ -186,8 +202,9 @@ class RunViews:
                         k: row[k] for k in ("action_id", "run_id", "agent_id", "tool", "phase", "fingerprint", "reason")
                     },
                     "input_summary": action_store.input_summary(row["tool"], json.loads(row["input"])),
+                    "approval": views[index] if index < len(views) else None,
                 }
-                for row in waiting
+                for index, row in enumerate(waiting)
             ],
             "provider_requests": [dict(row) for row in requests],
             "provider_retries": [dict(row) for row in retries],
@@ -201,3 +218,54 @@ class RunViews:
             **{name: section() for name, section in self.hooks.pending_sections.items()},
         }
 
+    async def approval(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``approval.show``: page ``page`` of the approval view of one action (any
+        phase; a file diff only for one that has not run)."""
+        action_id = param_str(params, "action_id", limit=200)
+        page = param_int(params, "page", 1, low=1, high=1_000_000)
+        row = action_store.get_action(self.ledger, action_id)
+        (shown,) = await self._views([row], page=page, budget=approval_view.VIEW_BUDGET_CHARS)
+        return shown
+
+    async def _views(self, rows: list[Any], *, page: int, budget: int) -> list[dict[str, Any]]:
+        """The approval views of ``rows`` (action rows). The ledger is read here; the
+        workspace files and the spool are read, and diffed, in a worker thread."""
+        reads = [(row, self._workspace(row), row["raw_sha256"]) for row in rows]
+        files = await trio.to_thread.run_sync(functools.partial(self._file_changes, reads))
+        return [
+            approval_view.view(
+                row,
+                effect=approval_view.effect_class(self.ledger, row, self.tools),
+                sealed=approval_view.sealed_fields(row, self.tools),
+                files=changes,
+                page=page,
+                budget=budget,
+            )
+            for row, changes in zip(rows, files, strict=True)
+        ]
+
+    def _workspace(self, row: Any) -> Workspace | None:
+        if self.home is None or approval_view.has_run(row):
+            return None
+        options = json.loads(run_store.get_run(self.ledger, row["run_id"])["options"])
+        if not options.get("workspace"):
+            return None
+        return Workspace(Path(options["workspace"]), tuple(options.get("write_scopes", ["."])), self.home)
+
+    def _file_changes(self, reads: list[tuple[Any, Workspace | None, str | None]]) -> list[list[FileChange]]:
+        """In a worker thread: each action's file changes, computed from its raw input
+        (the spool's copy, when redaction changed the ledger's), masked in the diff."""
+        changes: list[list[FileChange]] = []
+        for row, where, digest in reads:
+            if approval_view.has_run(row):
+                changes.append([])
+                continue
+            tool_input = json.loads(row["input"])
+            if digest and self.home is not None:
+                name = sealed_input.raw_name(row["run_id"], "input", row["action_id"])
+                try:
+                    tool_input = json.loads(sealed_input.load(sealed_input.spool_dir(self.home), name, digest))
+                except (sealed_input.SealedInputError, OSError, ValueError):
+                    pass  # the ledger's masked copy: the diff may then differ where a secret was
+            changes.append(file_changes(row["tool"], tool_input, where))
+        return changes

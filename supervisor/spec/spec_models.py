@@ -14,8 +14,10 @@ inside the project root, a script that parses) are in supervisor/spec/spec_resol
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 from pydantic.dataclasses import dataclass
@@ -322,6 +324,52 @@ class ToolsTable:
         " spec. They are imported at load (a failure is a spec error), and with the `corral.tools` entry points.")
 
 
+#: An environment variable's name, as ``headers_env`` names one.
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+@dataclass(frozen=True, kw_only=True, config=SECTION)
+class TelemetrySpec:
+    """``[telemetry]``: OpenTelemetry traces of finished runs (docs/telemetry.md), with the
+    ``telemetry`` extra (``pip install 'corral[telemetry]'``). The standard ``OTEL_*``
+    variables of the supervisor's environment configure what this table leaves unset."""
+
+    enabled: StrictBool | None = Field(
+        default=None, description="`true`: export traces; `false`: never, whatever the environment says; unset:"
+        " export when `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set."
+        " `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn it off.")
+    endpoint: StrictStr | None = Field(
+        default=None, description="The OTLP/HTTP collector's base URL (`http://127.0.0.1:4318`); traces go to"
+        " `<endpoint>/v1/traces`. Unset: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else `OTEL_EXPORTER_OTLP_ENDPOINT`,"
+        " else `http://localhost:4318`. No credentials in it: use `headers_env`.")
+    service_name: StrictStr | None = Field(
+        default=None, min_length=1, max_length=MAX_NAME_CHARS,
+        description="The traces' `service.name`; unset: `OTEL_SERVICE_NAME`, else `corral`.")
+    headers_env: StrictStr | None = Field(
+        default=None, description="The name of an environment variable of the supervisor holding the exporter's"
+        " headers (`key=value,key2=value2`, e.g. an API key); unset: `OTEL_EXPORTER_OTLP_HEADERS`. The headers"
+        " themselves never go in the spec.")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, endpoint: str | None) -> str | None:
+        if endpoint is None:
+            return None
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise problem("must be an http:// or https:// URL (OTLP over HTTP)")
+        if parts.username is not None or parts.password is not None:
+            raise problem("must not carry credentials; name a variable holding headers in headers_env")
+        return endpoint
+
+    @field_validator("headers_env")
+    @classmethod
+    def _env_name(cls, name: str | None) -> str | None:
+        if name is not None and not ENV_NAME.match(name):
+            raise problem("must be the name of an environment variable (letters, digits, '_')")
+        return name
+
+
 @dataclass(frozen=True, kw_only=True, config=SECTION)
 class LedgerSpec:
     """``[ledger]``: a PostgreSQL ledger shared by several supervisors, each a node
@@ -380,3 +428,4 @@ class SpecFile:
     tools: ToolsTable = Field(default_factory=ToolsTable)
     bridge: BridgeSpec | None = None
     ledger: LedgerSpec | None = None
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec)

@@ -98,6 +98,7 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
         tool_modules=tool_modules,
         bridge=doc.bridge,
         ledger=doc.ledger,
+        telemetry=doc.telemetry,
     )
 
 

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         SandboxSettings,
         SupervisorSettings,
         SwarmLimits,
+        TelemetrySpec,
         TemplateSpec,
     )
 
@@ -90,6 +91,8 @@ class SwarmSpec:
     bridge: BridgeSpec | None
     #: ``[ledger]``: a PostgreSQL ledger shared by several nodes (supervisor/ledger/ledger_spec.py).
     ledger: LedgerSpec | None
+    #: ``[telemetry]``: OpenTelemetry traces of finished runs (supervisor/telemetry/).
+    telemetry: TelemetrySpec
 
     def agent(self, agent_id: str) -> AgentSpec:
         for agent in self.agents:

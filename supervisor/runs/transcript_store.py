@@ -1,0 +1,75 @@
+"""The ledger side of transcripts (docs/transcripts.md): what an agent says of a
+provider turn besides its response, checked and kept.
+
+A turn names its system prompt and its tool catalog by the sha256 of their text
+(actors/turn_notes.py); a text comes with the first turn of a lane that sends it
+and is kept once, redacted and bounded, in ``transcript_blobs``. The turn's row
+(provider_requests) gets the two hashes and ``history_seq``, how many of the
+run's observations it had seen: the history is the run's own observations, read
+back by range, never copied per turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from corral.actors.providers.base import MAX_TRANSCRIPT_CHARS
+from corral.core.redact import redact_text
+from corral.supervisor.errors import BadRequest
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+#: Room past the cap for the note an agent adds where it cut a text.
+_CUT_NOTE_CHARS = 100
+#: What a turn's texts are, as ``transcript_blobs.kind`` says.
+KINDS = ("system", "catalog")
+
+
+@dataclass(frozen=True)
+class TurnNotes:
+    """What one provider turn was sent, as far as the ledger keeps it."""
+
+    system_sha256: str | None = None
+    catalog_sha256: str | None = None
+    #: name -> text, for the texts this message carries (a lane's first sending).
+    texts: tuple[tuple[str, str], ...] = ()
+    #: The run's observations the turn had seen (None: not said).
+    seen: int | None = None
+
+
+def notes_from(params: dict[str, Any]) -> TurnNotes:
+    """The notes of a handoff or a failure; a malformed one is refused whole."""
+    hashes: dict[str, str | None] = {}
+    texts: list[tuple[str, str]] = []
+    for kind in KINDS:
+        sha = params.get(f"{kind}_sha256")
+        if sha is not None and not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
+            raise BadRequest(f"{kind}_sha256 must be a sha256 in hex")
+        text = params.get(kind)
+        if text is not None:
+            if not isinstance(text, str) or len(text) > MAX_TRANSCRIPT_CHARS + _CUT_NOTE_CHARS:
+                raise BadRequest(f"{kind} must be a string of at most {MAX_TRANSCRIPT_CHARS} characters")
+            if sha != hashlib.sha256(text.encode("utf-8")).hexdigest():
+                raise BadRequest(f"{kind}_sha256 is not the sha256 of {kind}")
+            texts.append((kind, text))
+        hashes[kind] = sha
+    seen = params.get("seen")
+    if seen is not None and (isinstance(seen, bool) or not isinstance(seen, int) or not 0 <= seen <= 10**9):
+        raise BadRequest("seen must be a count of observations")
+    return TurnNotes(hashes["system"], hashes["catalog"], tuple(texts), seen)
+
+
+def keep_texts(db: Any, notes: TurnNotes) -> None:
+    """Inside the caller's transaction: the texts the notes carry, once each,
+    redacted (the turn's row names them by hash: provider_store.py)."""
+    for kind, text in notes.texts:
+        sha = notes.system_sha256 if kind == "system" else notes.catalog_sha256
+        if db.execute("SELECT 1 FROM transcript_blobs WHERE sha256 = ?", (sha,)).fetchone() is not None:
+            continue  # another lane's (another run's) turn sent it: redacting it again costs ms
+        db.execute(
+            "INSERT OR IGNORE INTO transcript_blobs (sha256, kind, text, created_at) VALUES (?, ?, ?, ?)",
+            (sha, kind, redact_text(text), time.time()),
+        )

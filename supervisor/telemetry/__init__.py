@@ -1,0 +1,1 @@
+"""OpenTelemetry traces of finished run trees, projected from the ledger (docs/telemetry.md)."""
