@@ -57,6 +57,7 @@ def start_supervisor(
     ledger: str | None = None,
     node: str | None = None,
     env: Mapping[str, str] | None = None,
+    checked: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start a detached supervisor (its own session) and return once it is ready.
 
@@ -64,8 +65,10 @@ def start_supervisor(
     started). The returned process is the caller's child: reap it after it exits.
     ``ledger`` (a postgresql:// URL) and ``node`` place it in a shared ledger
     (supervisor/ledger/ledger_spec.py); the home remembers both. ``env``: the
-    supervisor's environment (default: this process's; chaos arms failpoints there)."""
-    if spec is not None:
+    supervisor's environment (default: this process's; chaos arms failpoints there).
+    ``checked``: the caller has just loaded ``spec`` itself (``corral up``), so it is
+    not parsed again here."""
+    if spec is not None and not checked:
         load_spec(spec)  # before the home: a bad spec leaves nothing behind
     homes.ensure_home(home)
     environment = ledger_env(ledger, env)

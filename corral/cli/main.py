@@ -18,9 +18,9 @@ from corral.core.errors import RunTimeout
 from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
 from corral.supervisor.home import home_dir as homes
-from corral.supervisor.home.home_placement import check_placement, project_root_of
+from corral.supervisor.home.home_placement import check_placement, project_root_in, project_root_of
 from corral.supervisor.ledger.ledger_spec import LedgerSpecError
-from corral.supervisor.spec.swarm_spec import SpecError, load_spec
+from corral.supervisor.spec.swarm_spec import SpecError, SwarmSpec, load_spec
 
 EXIT_USAGE = 2
 EXIT_BUSY = 3
@@ -142,11 +142,11 @@ def _up_args(parser: argparse.ArgumentParser) -> None:
 def cmd_up(args: argparse.Namespace) -> int:
     home = home_of(args)
     spec = Path(args.spec) if args.spec else None
-    if spec is not None:
-        _check_spec(spec)  # before the home: a bad spec leaves nothing behind
+    # Loaded once, here: before the home, so a bad spec leaves nothing behind.
+    loaded = _check_spec(spec) if spec is not None else None
     try:
         # Before anything is created: a home inside the project (or around it) is refused.
-        check_placement(home, project_root_of(spec, home))
+        check_placement(home, project_root_in(loaded) if loaded is not None else project_root_of(None, home))
         homes.ensure_home(home)
     except homes.HomeError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
@@ -158,7 +158,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             os.environ.update(ledger_env(args.ledger))
         return daemon_main(supervisor_argv(home, spec, args.node)[3:])
     try:
-        start_supervisor(home, spec, args.timeout, ledger=args.ledger, node=args.node)
+        start_supervisor(home, spec, args.timeout, ledger=args.ledger, node=args.node, checked=loaded is not None)
     except SpecError as exc:
         raise CliError(f"bad spec: {exc}", EXIT_USAGE) from None
     except LedgerSpecError as exc:
@@ -170,9 +170,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_spec(spec: Path) -> None:
+def _check_spec(spec: Path) -> SwarmSpec:
     try:
-        load_spec(spec)  # fail before starting, with the exact message
+        return load_spec(spec)  # fail before starting, with the exact message
     except SpecError as exc:
         raise CliError(f"bad spec: {exc}", EXIT_USAGE) from None
 

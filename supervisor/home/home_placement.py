@@ -14,9 +14,13 @@ any depth: the file tools refuse it and the sandbox hides it, by name, wherever 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from corral.sandbox.git_shapes import fold_name
 from corral.supervisor.home.home_dir import HomeError
+
+if TYPE_CHECKING:
+    from corral.supervisor.spec.swarm_spec import SwarmSpec
 
 #: The file in which a home remembers the spec its last boot ran (supervisor/__main__.py).
 SPEC_SOURCE = "spec.source"
@@ -42,6 +46,12 @@ def project_root_of(spec: Path | None, home: Path) -> Path | None:
         loaded = load_spec(spec)
     except SpecError:
         return None
+    return project_root_in(loaded)
+
+
+def project_root_in(loaded: SwarmSpec) -> Path | None:
+    """The project root the agents of the loaded spec work in, or None when nothing
+    works in one (no agents, no stdio MCP server, no explicit root)."""
     project = loaded.raw.get("project")
     explicit = isinstance(project, dict) and "root" in project
     if explicit or loaded.agents or any(server.command for server in loaded.mcp_servers):
