@@ -182,7 +182,10 @@ def _bounded_result(payload: dict[str, Any], sidecar: str | None) -> dict[str, A
 async def run(ctx: ActorContext) -> int:
     server: dict[str, Any] = {**ctx.params["server"]}
     server_id = str(server["id"])
-    server["log"] = str(Path(ctx.config["home"]) / "logs" / f"mcp-{server_id}.server.log")
+    log_path = Path(ctx.config["home"]) / "logs" / f"mcp-{server_id}.server.log"
+    server["log"] = str(log_path)
+    # This incarnation's stderr starts here: a failure shows its own lines only.
+    log_start = _size(log_path)
     startup_timeout = float(server.get("startup_timeout_s", 20.0))
     started = False
     try:
@@ -214,8 +217,43 @@ async def run(ctx: ActorContext) -> int:
             message = f"did not start within {startup_timeout:g} s"
         else:
             message = f"{type(cause).__name__}: {cause}"
-        await _report_failure(ctx, server_id, message if started else f"failed to start: {message}")
+        tail = stderr_tail(log_path, log_start) if server.get("command") else []
+        await _report_failure(ctx, server_id, message if started else f"failed to start: {message}",
+                              log_path if server.get("command") else None, tail)
         return EXIT_SESSION_BROKEN if started else EXIT_START_FAILED
+
+
+#: What a failure shows of the server's stderr: its last lines, bounded both ways.
+TAIL_LINES = 10
+TAIL_BYTES = 2048
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def stderr_tail(path: Path, start: int) -> list[str]:
+    """The last lines the server wrote to stderr since ``start`` (at most
+    TAIL_LINES and TAIL_BYTES), redacted: they are shown by ``corral mcp list``,
+    ``corral status`` and the errors of calls, and kept in memory only."""
+    try:
+        with open(path, "rb") as handle:
+            end = handle.seek(0, os.SEEK_END)
+            start = start if start <= end else 0  # the log was cut since
+            begin = max(start, end - TAIL_BYTES)
+            handle.seek(begin)
+            data = handle.read(TAIL_BYTES)
+    except OSError:
+        return []
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if begin > start and lines:
+        lines = lines[1:]  # the first line was cut by the byte bound
+    kept = [_CONTROL.sub("?", line.rstrip()) for line in lines if line.strip()][-TAIL_LINES:]
+    return redact_text("\n".join(kept)).splitlines() if kept else []
 
 
 class _SessionBroken(Exception):
@@ -258,9 +296,14 @@ async def _watch_liveness(session: Any, interval: float) -> None:
             raise _SessionBroken(f"the server stopped answering pings ({type(exc).__name__}: {exc})") from None
 
 
-async def _report_failure(ctx: ActorContext, server_id: str, message: str) -> None:
+async def _report_failure(
+    ctx: ActorContext, server_id: str, message: str, log_path: Path | None, tail: list[str]
+) -> None:
     log.error("mcp server %s: %s", server_id, summarize(message, 300))
-    await report_best_effort(ctx.call, "mcp.failed", server=server_id, error=summarize(message, 500))
+    await report_best_effort(
+        ctx.call, "mcp.failed", server=server_id, error=summarize(message, 500),
+        log=str(log_path) if log_path is not None else "", stderr_tail=tail,
+    )
 
 
 async def _serve(ctx: ActorContext, session: Any) -> int:

@@ -6,14 +6,25 @@ grammar, handoff, plan, final reply). Then, in the same run of the bench, the sa
 N prompts with the same grammar go to llama-cpp-python driven directly, in the
 order the model actor served them. corral's overhead is what its wall time adds
 to the direct wall time, as a share of its own.
+
+Beside both, the server route (issue 38): the same N agents on the ``openai``
+provider with ``structured = "json_object"`` against ``python -m llama_cpp.server``
+on the same GGUF, started by the bench: the HTTP path a user's vLLM or Ollama takes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from bench.corral_workloads import _call, _wait_all_ready, supervisor
 from bench.harness import Context, Metrics, NotRun, Stats, workload
@@ -29,6 +40,72 @@ def _spec(n: int) -> str:
         for i in range(n)
     )
     return f'[project]\nroot = "ws"\n[[models]]\nid = "smollm2"\nn_threads = 2\n{agents}'
+
+
+def _server_spec(n: int, base_url: str) -> str:
+    """The same agents on the ``openai`` provider, the plan schema sent to the server."""
+    agents = "".join(
+        f'\n[[agents]]\nid = "a{i}"\nprovider = "openai"\ntools = []\n  [agents.openai]\n'
+        f'  base_url = "{base_url}"\n  model = "smollm2"\n  api_key_env = "CORRAL_BENCH_NO_KEY"\n'
+        '  structured = "json_object"\n  max_reply = 160\n  max_tokens = 200\n  temperature = 0.0\n'
+        for i in range(n)
+    )
+    return f'[project]\nroot = "ws"\n{agents}'
+
+
+@contextlib.contextmanager
+def _llama_server(model: Path) -> Iterator[str]:
+    """``python -m llama_cpp.server`` on ``model`` (2 threads, as the model actor);
+    its base URL. NotRun when the local-server extra is missing or it never answers."""
+    try:
+        import fastapi  # noqa: F401  (llama_cpp.server's own dependency)
+    except ImportError as exc:
+        raise NotRun(f"llama_cpp.server needs the local-server extra: {exc}") from None
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+         "--n_ctx", "2048", "--n_threads", "2", "--seed", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base_url}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise NotRun("llama_cpp.server did not start")
+            time.sleep(0.2)
+        yield base_url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _server_rounds(ctx: Context, base_url: str, n: int, rounds: int) -> None:
+    """The ``server_*`` metrics for N agents: the same tasks through llama_cpp.server."""
+    walls, tps = [], []
+    with supervisor(ctx, _server_spec(n, base_url)) as home:
+        _wait_all_ready(home, n, 120)
+        _corral_round(home, 1)  # warm, as for the model actor
+        for _ in range(rounds):
+            ctx.check(f"real_model_swarm server n={n}")
+            result = _corral_round(home, n)
+            served = _responses(home, result["run_ids"])
+            tokens = sum(int(entry["usage"]["completion_tokens"]) for entry in served)
+            walls.append(result["wall_s"])
+            tps.append(tokens / result["wall_s"])
+    ctx.metrics[f"server_tokens_per_s_{n}"] = Stats.of(tps, "tok/s")
+    ctx.metrics[f"server_wall_s_{n}"] = Stats.of(walls, "s")
 
 
 def _task(i: int) -> str:
@@ -118,8 +195,10 @@ def _direct(llama: Any, prompts: list[tuple[list[dict[str, Any]], dict[str, Any]
 def real_model_swarm(ctx: Context) -> Metrics:
     """N = 1, 2, 4, 8 agents share one SmolLM2-135M model actor on the CPU, each run
     one provider turn; beside llama-cpp-python driven directly with the same prompts
-    and grammar in the same bench run. Return, per N, {"tokens_per_s_{n}",
-    "direct_tokens_per_s_{n}", "ttft_ms_{n}", "direct_ttft_ms_{n}", "overhead_pct_{n}"}."""
+    and grammar in the same bench run; and the same agents through llama_cpp.server
+    (the openai provider's route). Return, per N, {"tokens_per_s_{n}",
+    "direct_tokens_per_s_{n}", "ttft_ms_{n}", "direct_ttft_ms_{n}", "overhead_pct_{n}",
+    "server_tokens_per_s_{n}", "server_wall_s_{n}"}."""
     try:
         from llama_cpp import Llama
     except ImportError as exc:
@@ -161,6 +240,10 @@ def real_model_swarm(ctx: Context) -> Metrics:
         ctx.metrics[f"overhead_pct_{n}"] = Stats.of(shares, "%")
         ctx.metrics[f"wall_s_{n}"] = Stats.of(walls, "s")
         ctx.metrics[f"direct_wall_s_{n}"] = Stats.of(direct_walls, "s")
+    with _llama_server(packaged_model_file("smollm2")) as base_url:
+        for n in counts:
+            _server_rounds(ctx, base_url, n, rounds)
+    ctx.note("server_*: the same agents on the openai provider, structured = json_object, via llama_cpp.server")
     ctx.note("TTFT includes queueing behind the other agents' requests (one model, one request at a time)")
     ctx.note("overhead: corral's wall time per generated token minus the direct one, as a share of corral's")
     return ctx.metrics

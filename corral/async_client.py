@@ -32,6 +32,9 @@ from corral.mailbox.errors import DeadlineExceeded
 from corral.supervisor.home import home_dir as homes
 
 if TYPE_CHECKING:  # the ledger and the run layer load only when a home is read without a supervisor
+    from collections.abc import Sequence
+
+    from corral.client_spec import SpecSource, ToolSource
     from corral.offline_read import LedgerReader
 
 T = TypeVar("T")
@@ -128,9 +131,10 @@ class AsyncClient:
     @asynccontextmanager
     async def start(
         cls,
-        spec: PathLike | None = None,
+        spec: SpecSource | None = None,
         home: PathLike | None = None,
         *,
+        tools: Sequence[ToolSource] = (),
         timeout: float = 30.0,
         stop_timeout: float = 30.0,
         ledger: str | None = None,
@@ -139,12 +143,18 @@ class AsyncClient:
         """Start a supervisor for ``home`` with ``spec``, yield a client, and stop the
         supervisor on exit (gracefully, by its actors' shutdown specs).
 
+        ``spec``: a TOML file, the spec as a dict (its relative paths are relative to
+        the current directory), or a parsed ``SwarmSpec``. ``tools``: ``@corral.tool``
+        functions and modules of them, added to the spec's ``[tools] modules``; the
+        supervisor is another process and imports them by name, so a lambda, a closure
+        or an unguarded script's function is refused (``ToolSourceError``).
+
         ``ledger`` (``postgresql://...``) makes it a node of a swarm that shares
         that database, with ``node`` as its id (default: from the host and home).
 
         Raises ``SpecError`` for a bad spec and ``SupervisorStartError`` if it did
         not become ready; in both cases nothing keeps running."""
-        client = await cls._launch(spec, home, timeout=timeout, ledger=ledger, node=node)
+        client = await cls._launch(spec, home, tools=tools, timeout=timeout, ledger=ledger, node=node)
         try:
             yield client
         finally:
@@ -154,20 +164,23 @@ class AsyncClient:
     @classmethod
     async def _launch(
         cls,
-        spec: PathLike | None,
+        spec: SpecSource | None,
         home: PathLike | None,
         *,
+        tools: Sequence[ToolSource] = (),
         timeout: float,
         ledger: str | None,
         node: str | None,
     ) -> AsyncClient:
         """What ``start`` does before its block: a ready supervisor and a client that
         owns its process (``_stop`` stops and reaps it)."""
+        from corral.client_spec import start_spec
         from corral.client_start import start_supervisor
 
         resolved = homes.resolve_home(home)
-        spec_path = Path(spec) if spec is not None else None
-        starting = functools.partial(start_supervisor, resolved, spec_path, timeout, ledger=ledger, node=node)
+        started = start_spec(resolved, spec, tools)
+        starting = functools.partial(start_supervisor, resolved, started.path, timeout, ledger=ledger, node=node,
+                                     env=started.environment(), checked=started.checked)
         process = await anyio.to_thread.run_sync(starting)
         try:
             client = cls(resolved)

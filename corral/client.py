@@ -22,13 +22,18 @@ import functools
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import trio
 
 from corral.async_client import AsyncClient, PathLike, connect
 from corral.client_types import Event
 from corral.core.errors import CorralError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from corral.client_spec import SpecSource, ToolSource
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -131,17 +136,19 @@ class Client:
     @contextmanager
     def start(
         cls,
-        spec: PathLike | None = None,
+        spec: SpecSource | None = None,
         home: PathLike | None = None,
         *,
+        tools: Sequence[ToolSource] = (),
         timeout: float = 30.0,
         stop_timeout: float = 30.0,
         ledger: str | None = None,
         node: str | None = None,
     ) -> Iterator[Client]:
         """Start a supervisor for ``home`` with ``spec``, yield a client, and stop the
-        supervisor on exit (see ``AsyncClient.start``)."""
-        launched = _block_on(AsyncClient._launch, spec, home, timeout=timeout, ledger=ledger, node=node)
+        supervisor on exit (see ``AsyncClient.start``: ``spec`` may be a dict, ``tools``
+        ``@corral.tool`` functions and modules)."""
+        launched = _block_on(AsyncClient._launch, spec, home, tools=tools, timeout=timeout, ledger=ledger, node=node)
         try:
             yield cls._over(launched)
         finally:

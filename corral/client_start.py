@@ -123,3 +123,6 @@ def _read_line(fd: int, timeout: float) -> str:
                 break
             data += chunk
     return data.decode(errors="replace").strip()
+
+
+# -- a spec and tools given as Python objects (``Client.start(spec=..., tools=...)``) ----------

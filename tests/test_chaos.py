@@ -190,7 +190,7 @@ effects_file = "effects.log"
 [[mcp_servers]]
 id = "lab"
 command = ["python", "{Path(__file__).parent / 'mcp_servers' / 'lab_server.py'}"]
-env = {{ LAB_EFFECTS = "../effects.log" }}
+env = {{ LAB_EFFECTS = "effects.log" }}  # the server runs in the spec's directory
 approval = "auto"
 [[agents]]
 id = "caller"

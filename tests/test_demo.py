@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,15 @@ def test_the_demo_swarm_runs_to_one_final_reply(short_tmp: Path) -> None:
     # The live view says what each run was asked, and each tool call with its arguments.
     assert "task: Prepare the launch plan: research, review, drafts and checks." in out
     assert 'fs.write(content="# Checklist' in out and 'path="review/checklist.md")' in out
+    # The inspect command it prints works as printed, after the demo's supervisor is gone.
+    (printed,) = [line.split("(inspect: ", 1)[1].rstrip(")") for line in out.splitlines() if "(inspect: " in line]
+    words = shlex.split(printed)
+    assert words[0] == "corral" and words[3] == "show", printed
+    shown = subprocess.run([sys.executable, "-m", "corral", *words[1:]], capture_output=True, text=True, timeout=60,
+                           check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith(f"run {words[4]}  agent project-supervisor  root  status completed"), shown.stdout
+    assert "read from the ledger" in shown.stderr
     project = short_tmp / "d" / "project"
     for artifact in ("research/survey.md", "review/notes.md", "review/checklist.md", "draft/intro/intro.md",
                      "draft/body/body.md", "checks/checks.md", "summary/launch.md"):

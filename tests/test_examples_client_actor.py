@@ -1,4 +1,4 @@
-"""Every example runs for real: python_api.py, custom_actor/ and custom_tools/."""
+"""Every example runs for real: python_api.py, custom_actor/, custom_tools/ and multi_agent/."""
 
 from __future__ import annotations
 
@@ -45,3 +45,27 @@ def test_custom_tools_example_validates_and_orders_once(short_tmp: Path) -> None
     assert "invalid argument quantity" in result.stdout
     orders = (short_tmp / "tools" / "project" / "orders.jsonl").read_text().splitlines()
     assert len(orders) == 1 and '"quantity": 12' in orders[0]
+
+
+def test_multi_agent_example_delegates_spawns_claims_and_replies(short_tmp: Path) -> None:
+    result = _example("multi_agent/run.py", short_tmp / "swarm")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert out.splitlines()[0].endswith(": completed")
+    assert "changelog  evidence-ready  changes/list.md" in out
+    assert "checker    evidence-ready  checks/upgrade.md" in out
+    assert "group joined" in out and out.count(" translator  ok ") == 2
+    assert "deliveries claimed: 3 in 1 claim(s), observed" in out
+    assert "final reply: Release 2.0 is ready" in out
+    project = short_tmp / "swarm" / "project"
+    for artifact in ("changes/list.md", "checks/upgrade.md", "i18n/de/summary.md", "i18n/fr/summary.md",
+                     "release/2.0.md"):
+        assert (project / artifact).is_file(), artifact
+    assert not (short_tmp / "swarm" / ".corral" / "endpoint.json").exists(), "the supervisor was stopped"
+
+
+def test_quickstart_example_runs_a_typed_tool_from_a_spec_dict(short_tmp: Path) -> None:
+    result = _example("quickstart.py", short_tmp / "quick")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["weather: ok", "reply: It is -2.0 C in Oslo."]
+    assert not (short_tmp / "quick" / ".corral" / "endpoint.json").exists(), "the supervisor was stopped"

@@ -3,6 +3,7 @@ handoff across SIGKILL, no key anywhere it must not be, and bad servers."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ max_repairs = {max_repairs}
 base_url = "{url}"
 model = "fake-model"
 timeout_s = 5
+structured = "tools"
 """)
     return spec
 
@@ -164,11 +166,11 @@ def test_the_demo_runs_against_an_openai_compatible_server(short_tmp: Path) -> N
     import subprocess
     import sys
 
-    from fake_openai import tool_call
-
+    # The default way (structured = "json_schema"): the plan as JSON content.
+    write = {"tool": "fs.write", "input": {"path": "summary/plan.md", "content": "plan"}}
     server = FakeOpenAIServer([
-        Reply(body=completion(tool_calls=[tool_call("fs.write", {"path": "summary/plan.md", "content": "plan"})])),
-        Reply(body=completion("The plan is in summary/plan.md.")),
+        Reply(body=completion(json.dumps({"actions": [write]}))),
+        Reply(body=completion(json.dumps({"final": "The plan is in summary/plan.md."}))),
     ])
     with serve_in_thread(server) as url:
         result = subprocess.run(

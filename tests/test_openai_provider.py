@@ -203,7 +203,7 @@ HISTORY: tuple[dict[str, Any], ...] = (
 
 
 def test_native_payload_has_one_schema_per_tool() -> None:
-    config = OpenAIConfig(base_url="http://localhost/v1", model="m", temperature=0)
+    config = OpenAIConfig(base_url="http://localhost/v1", model="m", temperature=0, structured="tools")
     payload = build_chat_payload(config, make_request(HISTORY))
 
     assert payload["model"] == "m"

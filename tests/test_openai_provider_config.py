@@ -128,7 +128,7 @@ def test_config_from_mapping_defaults() -> None:
     assert config.endpoint == "http://localhost:8000/v1/chat/completions"
     assert config.api_key_env == "OPENAI_API_KEY"
     assert config.max_response_bytes == 256 * 1024
-    assert config.native_tools is True
+    assert config.structured == "json_schema" and config.native_tools is None
     assert config.temperature is None
 
 

@@ -100,6 +100,7 @@ base_url = "{url}"
 model = "fake-model"
 timeout_s = 5
 stream = true
+structured = "tools"
 """
     with serve_in_thread(server) as url, running(
         short_tmp / "home", spec.replace("{url}", url), env={"OPENAI_API_KEY": "sk-test"}

@@ -212,7 +212,9 @@ def test_a_tools_module_by_file_path_next_to_the_spec(project: Path) -> None:
     )
     steps = '[[agents.steps]]\nactions = [{ tool = "local.echo", input = { text = "hello" } }]\n'
     steps += '[[agents.steps]]\nfinal = "ok"\n'
-    spec = _spec_with(steps, modules='"./local_tools.py"').replace('tools = ["mail.*"', 'tools = ["local.*", "mail.*"')
+    # Beside the package's tools, which the agent's `tools` globs name (a glob matching nothing is an error).
+    modules = '"./local_tools.py", "userpkg_tools.tools"'
+    spec = _spec_with(steps, modules=modules).replace('tools = ["mail.*"', 'tools = ["local.*", "mail.*"')
     with running(project / "home", spec, env=_env(project)) as daemon:
         shown = wait_run(daemon, daemon.call("run", agent_id="writer", task="echo")["run_id"], {"completed", "failed"})
         assert shown["actions"][0]["phase"] == "ok" and "hello" in json.dumps(shown)

@@ -28,7 +28,7 @@ from corral.actors.providers.base import (
     ProviderResponse,
     ToolSchema,
 )
-from corral.actors.providers.local_schema import DEFAULT_MAX_STRING, max_tokens_for, plan_schema
+from corral.actors.providers.local_schema import DEFAULT_MAX_STRING, max_tokens_for, turn_schema
 from corral.actors.providers.openai import history_messages
 from corral.actors.providers.plan_parse import parse_chat_completion
 from corral.core.redact import redact_text
@@ -113,32 +113,14 @@ class LocalConfig:
         return cls(**dict(data))
 
 
-def tool_results(request: ProviderRequest) -> int:
-    return sum(1 for entry in request.history if entry.get("role") not in ("repair", "user", "summary"))
-
-
-def _blocked_final_tools(request: ProviderRequest) -> tuple[ToolSchema, ...]:
-    """After the supervisor refused a final reply, the tools its refusal names
-    (``agent.run_status`` to claim deliveries, say): the next answer must use one."""
-    last = request.history[-1] if request.history else {}
-    if last.get("role") != "repair" or last.get("category") != "final-blocked":
-        return ()
-    detail = str(last.get("detail", ""))
-    return tuple(tool for tool in request.tools if tool.name in detail)
-
-
 def answer_schema(config: LocalConfig, request: ProviderRequest) -> dict[str, Any]:
     """The grammar of this turn: the catalog's calls and/or the final reply."""
-    tools = _blocked_final_tools(request)
-    final = not tools
-    if not tools:
-        tools = request.tools if tool_results(request) < config.max_tool_calls else ()
-        final = not tools or config.tool_choice == "auto"
-    return plan_schema(
-        tools,
+    return turn_schema(
+        request,
+        max_tool_calls=config.max_tool_calls,
+        tools_required=config.tool_choice == "required",
         max_string=config.max_string,
         max_reply=config.max_reply,
-        allow_final=final,
         optional=config.optional_fields,
     )
 

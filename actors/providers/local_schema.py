@@ -1,13 +1,16 @@
-"""The JSON Schema that constrains a local model's answer to a valid plan.
+"""The JSON Schema that constrains a model's answer to a valid plan.
 
-llama.cpp turns a JSON Schema into a GBNF grammar and samples only tokens the
-grammar allows, so a schema built from the agent's tool catalogue makes every
-answer parse: ``{"actions": [{"tool": <one of the names>, "input": <that tool's
-input schema>}]}`` or ``{"final": "<reply>"}``. Strings get a ``maxLength`` (a
-small model otherwise rambles inside a path until ``max_tokens`` cuts the JSON),
-and ``max_tokens`` is sized from the same bounds, so the grammar can always close.
+One builder for both routes to a model: the ``local`` provider hands it to
+llama.cpp as a grammar, the ``openai`` provider sends it as structured output
+(``response_format``) to a server that enforces it. llama.cpp turns a JSON
+Schema into a GBNF grammar and samples only tokens the grammar allows, so a
+schema built from the agent's tool catalogue makes every answer parse:
+``{"actions": [{"tool": <one of the names>, "input": <that tool's input
+schema>}]}`` or ``{"final": "<reply>"}``. Strings get a ``maxLength`` (a small
+model otherwise rambles inside a path until ``max_tokens`` cuts the JSON), and
+``max_tokens`` is sized from the same bounds, so the grammar can always close.
 
-Pure functions only: the provider and the tests use them without llama.cpp.
+Pure functions only: the providers and the tests use them without llama.cpp.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, ToolSchema
+from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, ProviderRequest, ToolSchema
 
 #: Default bound on a string the model writes inside a tool input.
 DEFAULT_MAX_STRING = 120
@@ -27,36 +30,44 @@ _TOKENS_PER_FIELD = 12
 _TOKENS_PER_CHAR = 1.0
 
 
-def _bounded(schema: Any, max_string: int, optional: bool = False) -> Any:
+#: Default bound on an array inside a tool input.
+DEFAULT_MAX_ITEMS = 8
+
+
+def _bounded(
+    schema: Any, max_string: int | None, optional: bool = False, max_items: int | None = DEFAULT_MAX_ITEMS
+) -> Any:
     """A copy of ``schema`` in which every string has a maxLength and every array
-    a maxItems, so the grammar (and the answer) is finite. Unless ``optional``,
-    optional properties are left out: a small model fills them with noise."""
+    a maxItems (``None``: no bound), so the grammar (and the answer) is finite.
+    Unless ``optional``, optional properties are left out: a small model fills
+    them with noise."""
     if not isinstance(schema, dict):
         return schema
     out = {
-        key: _bounded(value, max_string, optional) if isinstance(value, dict) else value
+        key: _bounded(value, max_string, optional, max_items) if isinstance(value, dict) else value
         for key, value in schema.items()
     }
     if "properties" in out and isinstance(out["properties"], dict):
         required = set(out.get("required") or ())
         out["properties"] = {
-            name: _bounded(sub, max_string, optional)
+            name: _bounded(sub, max_string, optional, max_items)
             for name, sub in out["properties"].items()
             if optional or name in required
         }
     if isinstance(out.get("items"), dict):
-        out["items"] = _bounded(out["items"], max_string, optional)
+        out["items"] = _bounded(out["items"], max_string, optional, max_items)
     for key in ("anyOf", "oneOf", "allOf"):
         if isinstance(out.get(key), list):
-            out[key] = [_bounded(sub, max_string, optional) for sub in out[key]]
+            out[key] = [_bounded(sub, max_string, optional, max_items) for sub in out[key]]
     kind = out.get("type")
     if kind == "string" and "enum" not in out and "const" not in out:
-        out["maxLength"] = min(int(out.get("maxLength", max_string)), max_string)
+        if max_string is not None:
+            out["maxLength"] = min(int(out.get("maxLength", max_string)), max_string)
         # An empty name or path is never what a tool wants, and a small model's
         # favourite way to fill a field it does not understand.
         out["minLength"] = max(int(out.get("minLength", 1)), 1)
-    if kind == "array":
-        out["maxItems"] = min(int(out.get("maxItems", 8)), 8)
+    if kind == "array" and max_items is not None:
+        out["maxItems"] = min(int(out.get("maxItems", max_items)), max_items)
     if kind == "object" and "additionalProperties" not in out:
         # Free-form keys would let the model invent fields the tool rejects.
         out["additionalProperties"] = False
@@ -84,8 +95,14 @@ def inline_refs(schema: dict[str, Any], depth: int = 8) -> dict[str, Any]:
     return result
 
 
-def action_schema(tool: ToolSchema, max_string: int = DEFAULT_MAX_STRING, optional: bool = False) -> dict[str, Any]:
-    input_schema = _bounded(inline_refs(tool.input_schema), max_string, optional)
+def action_schema(
+    tool: ToolSchema,
+    max_string: int | None = DEFAULT_MAX_STRING,
+    optional: bool = False,
+    max_items: int | None = DEFAULT_MAX_ITEMS,
+) -> dict[str, Any]:
+    """One call of ``tool``: its name as a constant, its input by its own schema."""
+    input_schema = _bounded(inline_refs(tool.input_schema), max_string, optional, max_items)
     if not input_schema:
         input_schema = {"type": "object", "properties": {}, "additionalProperties": False}
     return {
@@ -99,17 +116,22 @@ def action_schema(tool: ToolSchema, max_string: int = DEFAULT_MAX_STRING, option
 def plan_schema(
     tools: tuple[ToolSchema, ...],
     *,
-    max_string: int = DEFAULT_MAX_STRING,
-    max_reply: int = DEFAULT_MAX_REPLY,
+    max_string: int | None = DEFAULT_MAX_STRING,
+    max_reply: int | None = DEFAULT_MAX_REPLY,
     max_actions: int = 1,
     allow_final: bool = True,
     optional: bool = False,
+    max_items: int | None = DEFAULT_MAX_ITEMS,
 ) -> dict[str, Any]:
     """The schema of one answer: some tool calls (from ``tools``) and/or the final
-    reply. With no tools the final reply is the only answer."""
+    reply. With no tools the final reply is the only answer. A ``None`` bound
+    leaves that length open (a server's model with a large budget)."""
+    reply: dict[str, Any] = {"type": "string", "minLength": 1}
+    if max_reply is not None:
+        reply["maxLength"] = max_reply
     final = {
         "type": "object",
-        "properties": {"final": {"type": "string", "minLength": 1, "maxLength": max_reply}},
+        "properties": {"final": reply},
         "required": ["final"],
         "additionalProperties": False,
     }
@@ -120,7 +142,7 @@ def plan_schema(
         "properties": {
             "actions": {
                 "type": "array",
-                "items": {"anyOf": [action_schema(tool, max_string, optional) for tool in tools]},
+                "items": {"anyOf": [action_schema(tool, max_string, optional, max_items) for tool in tools]},
                 "minItems": 1,
                 "maxItems": min(max_actions, MAX_ACTIONS_PER_PLAN),
             }
@@ -129,6 +151,53 @@ def plan_schema(
         "additionalProperties": False,
     }
     return {"anyOf": [actions, final]} if allow_final else actions
+
+
+def tool_results(request: ProviderRequest) -> int:
+    """How many tool results the run has seen so far."""
+    return sum(1 for entry in request.history if entry.get("role") not in ("repair", "user", "summary"))
+
+
+def _blocked_final_tools(request: ProviderRequest) -> tuple[ToolSchema, ...]:
+    """After the supervisor refused a final reply, the tools its refusal names
+    (``agent.run_status`` to claim deliveries, say): the next answer must use one."""
+    last = request.history[-1] if request.history else {}
+    if last.get("role") != "repair" or last.get("category") != "final-blocked":
+        return ()
+    detail = str(last.get("detail", ""))
+    return tuple(tool for tool in request.tools if tool.name in detail)
+
+
+def turn_schema(
+    request: ProviderRequest,
+    *,
+    max_tool_calls: int | None = None,
+    tools_required: bool = False,
+    max_string: int | None = DEFAULT_MAX_STRING,
+    max_reply: int | None = DEFAULT_MAX_REPLY,
+    max_actions: int = 1,
+    optional: bool = False,
+    max_items: int | None = DEFAULT_MAX_ITEMS,
+) -> dict[str, Any]:
+    """The schema of this turn's answer: the catalog's calls and/or the final reply.
+    After ``max_tool_calls`` results only the final reply is left (so a run always
+    ends); ``tools_required`` withholds the final reply until then; a refused final
+    reply leaves only the tools its refusal names."""
+    tools = _blocked_final_tools(request)
+    final = not tools
+    if not tools:
+        budget_left = max_tool_calls is None or tool_results(request) < max_tool_calls
+        tools = request.tools if budget_left else ()
+        final = not tools or not tools_required
+    return plan_schema(
+        tools,
+        max_string=max_string,
+        max_reply=max_reply,
+        max_actions=max_actions,
+        allow_final=final,
+        optional=optional,
+        max_items=max_items,
+    )
 
 
 def _count_budget(schema: Any) -> tuple[int, int]:

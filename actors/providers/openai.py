@@ -43,6 +43,15 @@ from .base import (
     ToolSchema,
 )
 from .openai_stream import StreamCut, read_stream
+from .openai_structured import (
+    MODES,
+    SchemaBounds,
+    Structured,
+    refusal_hint,
+    resolve,
+    response_format,
+    tool_choice,
+)
 from .plan_parse import parse_chat_completion, repair_message, tool_index, wire_tool_name
 from .reply_stream import FinalReplyDecoder, ReplyDeltas
 
@@ -54,8 +63,8 @@ MAX_OBSERVATION_CHARS = 8000
 _MIN_KEY_CHARS = 6
 _MAX_KEY_FILE_BYTES = 4096
 
-MODE_NATIVE = "native"
-MODE_TEXT_JSON = "text-json"
+MODE_NATIVE = MODES[Structured.TOOLS]
+MODE_TEXT_JSON = MODES[Structured.NONE]
 
 TEXT_JSON_INSTRUCTION = (
     'Answer with ONLY a JSON object, no prose: {"actions":[{"tool": "<name>", "input": {...}}]} '
@@ -124,8 +133,19 @@ class OpenAIConfig:
     api_key_file: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
-    #: False for servers without function calling: ask for a JSON plan in the text.
-    native_tools: bool = True
+    #: How the plan is asked for: json_schema, json_object, tools or none
+    #: (openai_structured.py); unset: json_schema, or what native_tools said.
+    structured: str | None = None
+    #: The older key: true is structured = "tools", false is "none". Folded into
+    #: ``structured`` at construction, so it is always None afterwards.
+    native_tools: bool | None = None
+    #: Bounds of the plan schema (``json_schema``/``json_object``), as in the local
+    #: grammar: every string in a tool input, the final reply, calls per answer,
+    #: and tool results after which only the final reply is left. Unset: open.
+    max_string: int | None = None
+    max_reply: int | None = None
+    max_actions: int = MAX_ACTIONS_PER_PLAN
+    max_tool_calls: int | None = None
     temperature: float | None = None
     max_tokens: int | None = None
     #: Ask for server-sent events: a final reply's text then streams to the event
@@ -143,9 +163,18 @@ class OpenAIConfig:
         timeout_s = _require_number("timeout_s", self.timeout_s, low=0, high=3600, low_ok=False)
         set_(self, "timeout_s", timeout_s)
         _require_int("max_response_bytes", self.max_response_bytes)
-        for flag in ("native_tools", "stream"):
-            if not isinstance(getattr(self, flag), bool):
-                raise OpenAIConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
+        try:
+            structured = resolve(self.structured, self.native_tools)
+        except ValueError as exc:
+            raise OpenAIConfigError(str(exc)) from None
+        set_(self, "structured", structured.value)
+        set_(self, "native_tools", None)
+        try:
+            self.bounds.check()
+        except ValueError as exc:
+            raise OpenAIConfigError(str(exc)) from None
+        if not isinstance(self.stream, bool):
+            raise OpenAIConfigError(f"stream must be true or false, got {self.stream!r}")
         if self.temperature is not None:
             temperature = _require_number(
                 "temperature", self.temperature, low=0, high=2, low_ok=True
@@ -180,6 +209,19 @@ class OpenAIConfig:
     @property
     def endpoint(self) -> str:
         return f"{self.base_url}/chat/completions"
+
+    @property
+    def way(self) -> Structured:
+        """The ``structured`` setting as its enum (validated at construction)."""
+        return Structured(self.structured or Structured.JSON_SCHEMA)
+
+    @property
+    def bounds(self) -> SchemaBounds:
+        return SchemaBounds(self.max_string, self.max_reply, self.max_actions, self.max_tool_calls)
+
+    @property
+    def uses_native_tools(self) -> bool:
+        return self.way is Structured.TOOLS
 
 
 # --- the API key ------------------------------------------------------------------
@@ -343,7 +385,7 @@ def build_chat_payload(config: OpenAIConfig, request: ProviderRequest) -> dict[s
     except ValueError as exc:
         raise OpenAIConfigError(f"tools cannot be offered to the model: {exc}") from None
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": system_prompt(request, native_tools=config.native_tools)},
+        {"role": "system", "content": system_prompt(request, native_tools=config.uses_native_tools)},
         {"role": "user", "content": f"Task: {request.task}"},
         *history_messages(request.history),
     ]
@@ -354,9 +396,12 @@ def build_chat_payload(config: OpenAIConfig, request: ProviderRequest) -> dict[s
         payload["temperature"] = config.temperature
     if config.max_tokens is not None:
         payload["max_tokens"] = config.max_tokens
-    if config.native_tools and request.tools:
+    if config.uses_native_tools and request.tools:
         payload["tools"] = [tool_spec(tool) for tool in request.tools]
-        payload["tool_choice"] = "auto"
+        payload["tool_choice"] = tool_choice(config.bounds, request)
+    structured = response_format(config.way, request, config.bounds)
+    if structured is not None:
+        payload["response_format"] = structured
     return payload
 
 
@@ -409,7 +454,7 @@ class OpenAIProvider:
 
     @property
     def mode(self) -> str:
-        return MODE_NATIVE if self.config.native_tools else MODE_TEXT_JSON
+        return MODES[self.config.way]
 
     def _headers(self) -> dict[str, str]:
         headers = {
@@ -463,7 +508,7 @@ class OpenAIProvider:
         """What of the streamed content is the user-visible final reply: in text-JSON
         mode the ``"final"`` string; with native tools the content, which is the
         reply when no tool is called."""
-        decoder = None if self.config.native_tools else FinalReplyDecoder()
+        decoder = None if self.config.uses_native_tools else FinalReplyDecoder()
 
         async def on_content(piece: str) -> None:
             if deltas is not None:
@@ -512,7 +557,8 @@ class OpenAIProvider:
             raise _transient(f"transport error talking to {endpoint}", exc) from None
         text = redact_text(data.decode("utf-8", errors="replace"))
         if not 200 <= status < 300:
-            raise OpenAIHTTPError(status, f"HTTP {status} from {endpoint}: {summarize(text)}")
+            hint = refusal_hint(self.config.way, text)
+            raise OpenAIHTTPError(status, f"HTTP {status} from {endpoint}: {summarize(text)}{hint}")
         meta = {
             "status": status,
             "elapsed_ms": round((time.monotonic() - started) * 1000),
@@ -526,10 +572,11 @@ class OpenAIProvider:
 
     def prompt_text(self, request: ProviderRequest) -> str:
         """The system prompt ``complete`` sends for ``request`` (the run's transcript)."""
-        return system_prompt(request, native_tools=self.config.native_tools)
+        return system_prompt(request, native_tools=self.config.uses_native_tools)
 
     def parse(self, response: ProviderResponse, tools: tuple[ToolSchema, ...]) -> Plan:
         # The mode recorded with the response wins: after a restart with a changed
         # config, a committed response must still be read the way it was asked for.
         mode = response.meta.get("mode", self.mode)
-        return parse_chat_completion(response.text, tools, text_json=mode == MODE_TEXT_JSON)
+        # Every way but native tool calls answers with the plan as JSON text.
+        return parse_chat_completion(response.text, tools, text_json=mode != MODE_NATIVE)

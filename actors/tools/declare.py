@@ -1,7 +1,9 @@
 """``@corral.tool``: a typed Python function becomes a durable tool.
 
-The input JSON Schema comes from the signature (pydantic), the description from
-the docstring, and the effect class tells recovery what it may do after a crash:
+The input JSON Schema comes from the parameters' type hints (pydantic), as in
+Pydantic AI; a parameter annotated ``ToolContext`` (any name, any position, or
+none at all) gets the call's context instead. The description comes from the
+docstring, and the effect class tells recovery what it may do after a crash:
 
 - ``"read"``: no side effect; may run again.
 - ``"idempotent"``: may run again with the same ``ctx.idempotency_key`` (the action
@@ -29,7 +31,7 @@ from corral.actors import recordable
 from corral.actors.providers.base import ToolSchema
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult
 from corral.actors.tools.sidecar import ResultTooLarge, bounded, sidecar_path
-from corral.actors.tools.typed_schema import normal_form
+from corral.actors.tools.typed_schema import SignatureError, arguments_of, normal_form
 from corral.core.redact import summarize
 
 Effect = Literal["read", "idempotent", "external"]
@@ -37,6 +39,10 @@ EFFECTS: tuple[str, ...] = ("read", "idempotent", "external")
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789._-")
 #: Tools registered by ``@tool`` in this process (imported user modules).
 USER_TOOLS: dict[str, UserTool] = {}
+
+#: The attribute ``@tool`` sets on a function it declared: its tool name (how
+#: ``Client.start(tools=[f])`` tells a tool from a plain function).
+MARK = "__corral_tool__"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,6 +60,10 @@ class UserTool:
     func: Callable[..., Any]
     timeout_s: float
     model: Any  # a pydantic model class of the arguments
+    #: The parameter the ToolContext is injected into (None: the function takes none).
+    context: str | None = None
+    #: Positional-only parameters, in order (passed by position, the context among them).
+    positional: tuple[str, ...] = ()
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         import pydantic
@@ -65,14 +75,17 @@ class UserTool:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "(arguments)"
             raise ToolError(f"{self.schema.name}: invalid argument {where}: {first['msg']}", "bad-input") from None
-        kwargs = {name: getattr(arguments, name) for name in type(arguments).model_fields}
+        kwargs: dict[str, Any] = {name: getattr(arguments, name) for name in type(arguments).model_fields}
+        if self.context is not None:
+            kwargs[self.context] = ctx
+        args = [kwargs.pop(name) for name in self.positional]
         try:
             with trio.fail_after(self.timeout_s):
                 if inspect.iscoroutinefunction(self.func):
-                    value = await self.func(ctx, **kwargs)
+                    value = await self.func(*args, **kwargs)
                 else:
                     value = await trio.to_thread.run_sync(
-                        lambda: self.func(ctx, **kwargs), abandon_on_cancel=True
+                        lambda: self.func(*args, **kwargs), abandon_on_cancel=True
                     )
         except trio.TooSlowError:
             raise ToolError(f"{self.schema.name} did not finish within {self.timeout_s:g} s", "timeout") from None
@@ -96,25 +109,10 @@ class UserTool:
         return ToolResult(True, shown, f"{self.schema.name}: {summarize(text, 120)}")
 
 
-def _arguments_model(name: str, func: Callable[..., Any]) -> Any:
-    """A pydantic model of the parameters after ``ctx``: their types and defaults."""
-    import pydantic
-
-    signature = inspect.signature(func)
-    params = list(signature.parameters.values())
-    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-        raise ToolDeclarationError(f"tool {name}: the first parameter must be the ToolContext (ctx)")
-    hints = inspect.get_annotations(func, eval_str=True)
-    fields: dict[str, Any] = {}
-    for param in params[1:]:
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ToolDeclarationError(f"tool {name}: *args and **kwargs cannot be described to a model")
-        if param.name not in hints:
-            raise ToolDeclarationError(f"tool {name}: parameter {param.name!r} needs a type annotation")
-        default = ... if param.default is param.empty else param.default
-        fields[param.name] = (hints[param.name], default)
-    config = pydantic.ConfigDict(extra="forbid")
-    return pydantic.create_model(f"{name.replace('.', '_')}_arguments", __config__=config, **fields)
+def declared_name(func: object) -> str | None:
+    """The tool name ``@tool`` gave ``func``, or None: it was not declared as one."""
+    name = getattr(func, MARK, None)
+    return name if isinstance(name, str) else None
 
 
 def tool(
@@ -125,7 +123,11 @@ def tool(
     timeout_s: float = 60.0,
     description: str | None = None,
 ) -> Any:
-    """Declare a typed function ``f(ctx: ToolContext, ...)`` as a corral tool.
+    """Declare a typed function as a corral tool: ``f(city: str) -> str``.
+
+    Every parameter is an argument the model fills, described by its type hint (a
+    default makes it optional); a parameter annotated ``ToolContext`` (any name, any
+    position) gets the call's context instead and is not in the schema.
 
     ``name`` defaults to the function's name; ``effect`` is the tool's contract with
     recovery (``"read"``, ``"idempotent"`` or ``"external"``, the safe default);
@@ -143,7 +145,11 @@ def tool(
             raise ToolDeclarationError(f"tool {tool_name}: effect must be one of {', '.join(EFFECTS)}")
         if not 0 < timeout_s <= 24 * 3600:
             raise ToolDeclarationError(f"tool {tool_name}: timeout_s must be within (0, 86400]")
-        model = _arguments_model(tool_name, target)
+        try:
+            arguments = arguments_of(target, ToolContext)
+        except SignatureError as exc:
+            raise ToolDeclarationError(f"tool {tool_name} ({_where(target)}): {exc}") from None
+        model = arguments.model
         schema = normal_form(model.model_json_schema())
         text = description or inspect.getdoc(target) or tool_name
         USER_TOOLS[tool_name] = UserTool(
@@ -158,9 +164,22 @@ def tool(
             func=target,
             timeout_s=float(timeout_s),
             model=model,
+            context=arguments.context,
+            positional=arguments.positional,
         )
+        try:
+            setattr(target, MARK, tool_name)
+        except (AttributeError, TypeError):  # a builtin or a slotted callable: it is still declared
+            pass
         return target
 
     if func is not None:
         return declare(func)
     return cast(Callable[[F], F], declare)
+
+
+def _where(func: Callable[..., Any]) -> str:
+    """``module.qualname`` of a function, for an error that points at it."""
+    module = getattr(func, "__module__", None)
+    qualname = getattr(func, "__qualname__", repr(func))
+    return f"{module}.{qualname}" if module else str(qualname)

@@ -100,7 +100,7 @@ def _decide(args: argparse.Namespace, decision: str) -> int:
             result = client.approve(args.action_id, fingerprint=args.fingerprint)
         else:
             result = client.deny(args.action_id, fingerprint=args.fingerprint)
-    print(f"{decision}d {args.action_id} (run {result['run_id']})")
+    print(f"{'approved' if decision == 'approve' else 'denied'} {args.action_id} (run {result['run_id']})")
     return 0
 
 

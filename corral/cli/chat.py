@@ -18,9 +18,10 @@ import time
 from typing import Any
 
 from corral import approval_text
-from corral.cli.main import CliError, arguments, command, home_of
+from corral.cli.main import EXIT_USAGE, CliError, arguments, command, home_of
 from corral.client import Client
 from corral.core.errors import CorralError
+from corral.mailbox.control import ControlError
 
 HELP = """commands:
   /help            this help
@@ -51,7 +52,9 @@ RECONNECT_S = 0.5
 
 
 def _chat_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("agent", nargs="?", default="project-supervisor", help="the agent (default: %(default)s)")
+    parser.add_argument(
+        "agent", nargs="?", help="the agent (default: the spec's root agent, when it has one; else name one)"
+    )
     parser.add_argument("--session", help="continue this conversation (conv-...) instead of starting one")
     parser.add_argument("--list", action="store_true", help="list the conversations and exit")
     parser.add_argument("--json", action="store_true", help="one JSON object per turn event, for scripts")
@@ -287,6 +290,21 @@ def _settle(chat: Chat, timeout: float = 600.0) -> None:
     time.sleep(0.5)  # the follower's last poll
 
 
+def _new_conversation(client: Client, agent: str | None) -> tuple[str, str]:
+    """A new conversation with ``agent``, or with the spec's root agent when None.
+    An agent the spec does not have, or no agent named when it has several roots,
+    is a usage error; the supervisor's message lists the agents."""
+    try:
+        named: dict[str, Any] = {} if agent is None else {"agent_id": agent}
+        started = client.call("conversation.new", **named)
+    except ControlError as exc:
+        if exc.code in ("not-found", "bad-request"):
+            hint = "; corral chat AGENT" if agent is None else ""
+            raise CliError(f"{exc.message}{hint}", EXIT_USAGE) from None
+        raise
+    return str(started["conversation_id"]), str(started["agent_id"])
+
+
 @command("chat", "talk to an agent of the running swarm: a live conversation (/help inside)")
 @arguments(_chat_args)
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -298,15 +316,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 print(f"{row['conversation_id']}  {row['agent_id']}{fork}")
             return 0
         if args.session:
-            conversation_id = client.call("conversation.show", conversation_id=args.session)["conversation"][
-                "conversation_id"
-            ]
+            conversation = client.call("conversation.show", conversation_id=args.session)["conversation"]
+            conversation_id, agent_id = conversation["conversation_id"], conversation["agent_id"]
         else:
-            conversation_id = client.conversation(args.agent)
+            conversation_id, agent_id = _new_conversation(client, args.agent)
         cursor = int(client.status()["cursor"])
         chat = Chat(client, conversation_id, as_json=args.json)
-        chat.out("session", f"corral chat: session {conversation_id} with {args.agent}  (/help, /quit)",
-                 conversation_id=conversation_id)
+        chat.out("session", f"corral chat: session {conversation_id} with {agent_id}  (/help, /quit)",
+                 conversation_id=conversation_id, agent_id=agent_id)
         follower_client = Client.connect(client.home)
         follower = Chat(follower_client, conversation_id, as_json=args.json)
         follower.lock = chat.lock

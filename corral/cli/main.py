@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from corral import __version__
+from corral.cli.parser import Parser
 from corral.client import Client
 from corral.client_start import SupervisorStartError, ledger_env, start_supervisor
 from corral.core.errors import RunTimeout
@@ -305,13 +307,14 @@ def cmd_events(args: argparse.Namespace) -> int:
 # -- entry -------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    parser = Parser(
         prog="corral",
         description="corral: a supervised actor runtime for local LLM agent swarms.",
-        epilog="The home defaults to $CORRAL_HOME, else ./.corral.",
+        epilog="The home defaults to $CORRAL_HOME, else ./.corral. Shell completion: corral completion --help.",
     )
     parser.add_argument("--home", help="home directory (default: $CORRAL_HOME or ./.corral)")
+    parser.add_argument("--version", action="version", version=f"corral {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _load_extra_commands()
     for name, (func, setup, help_text) in _COMMANDS.items():
@@ -327,7 +330,7 @@ def _load_extra_commands() -> None:
 
     commands = (
         "run", "approvals", "swarm", "chaos", "actor", "mcp", "doctor", "chat", "ui", "bridge", "collaboration",
-        "transcript",
+        "transcript", "completion",
     )
     for module in (f"corral.cli.{name}" for name in commands):
         try:
@@ -339,7 +342,7 @@ def _load_extra_commands() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_command_line(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE

@@ -53,7 +53,8 @@ def _list(args: argparse.Namespace) -> int:
             f"  catalog {server['fingerprint'][:16] or '-'}{name}"
         )
         if server.get("error"):
-            print(f"  error: {server['error']}")
+            # The cause, the server's log file and the last lines of its stderr.
+            print("  error: " + str(server["error"]).replace("\n", "\n  "))
         rows = [
             [tool["full_name"], tool["effect"], tool["policy"], tool["fingerprint"][:16]] for tool in server["tools"]
         ]

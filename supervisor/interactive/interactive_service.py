@@ -134,7 +134,9 @@ class InteractiveService:
     # -- conversations ---------------------------------------------------------------
 
     async def conversation_new(self, params: dict[str, Any]) -> dict[str, Any]:
-        agent = self.runs.agent_spec(param_text(params, "agent_id", None, limit=64))
+        # No agent named (`corral chat`): the spec's root agent, if it has just one.
+        named = None if params.get("agent_id") is None else param_text(params, "agent_id", None, limit=64)
+        agent = self.runs.agent_spec(named)
         return {"conversation_id": interactive.new_conversation(self.ledger, agent.id), "agent_id": agent.id}
 
     def live_run(self, conversation_id: str) -> Any:

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("corral.mcp")
 
+#: Lines of a failed server's stderr kept and shown (its actor bounds them too).
+TAIL_LINES = 10
 #: A run's first claim waits this long at most for servers still starting.
 CLAIM_WAIT_S = 15.0
 #: Above the call timeout: time for the actor to answer that it timed out.
@@ -60,6 +62,10 @@ class ServerState(ReportedReadiness):
     instructions: str = ""
     server_info: dict[str, str] = field(default_factory=dict)
     error: str = ""
+    #: Where the server's stderr goes, and its last lines when it last failed
+    #: (redacted by its actor; kept in memory, shown with the error).
+    log: str = ""
+    stderr_tail: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     #: The actor incarnation that reported the catalog: a restart must report again.
     incarnation: int = -1
@@ -67,6 +73,21 @@ class ServerState(ReportedReadiness):
     failures: int = 0
     calls: int = 0
     changed: trio.Event = field(default_factory=trio.Event)
+
+    def failure(self) -> str:
+        """The last error as a person reads it: the cause, the server's log file
+        and the last lines of its stderr ('' while nothing failed)."""
+        if not self.error:
+            return ""
+        lines = [self.error]
+        if self.log:
+            lines.append(f"  log: {self.log}")
+        if self.stderr_tail:
+            lines.append(f"  its stderr ended with ({len(self.stderr_tail)} lines):")
+            lines += [f"    {line}" for line in self.stderr_tail]
+        elif self.log:
+            lines.append("  its stderr was empty")
+        return "\n".join(lines)
 
 
 class McpService:
@@ -120,7 +141,7 @@ class McpService:
         state.instructions = str(params.get("instructions", ""))[:8000]
         info = params.get("server_info")
         state.server_info = {k: str(v)[:200] for k, v in info.items()} if isinstance(info, dict) else {}
-        state.incarnation, state.error = slot.incarnation, ""
+        state.incarnation, state.error, state.stderr_tail = slot.incarnation, "", []
         state.readies += 1
         with self.ledger.tx(fsync=False):
             self.ledger.event(
@@ -138,9 +159,14 @@ class McpService:
     async def failed(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         state = self._own_server(slot, params)
         state.error = summarize(str(params.get("error", "failed")), 500)
+        state.log = str(params.get("log") or "")[:4096]
+        tail = params.get("stderr_tail")
+        lines = [str(line)[:2048] for line in tail if isinstance(line, str)] if isinstance(tail, list) else []
+        state.stderr_tail = lines[-TAIL_LINES:]
         state.failures += 1
         with self.ledger.tx(fsync=False):
-            self.ledger.event("mcp-server-failed", state.spec.id, error=state.error)
+            # The stderr lines stay out of the ledger: the log file holds them.
+            self.ledger.event("mcp-server-failed", state.spec.id, error=state.error, log=state.log)
         state.notify()
         return {}
 
@@ -167,7 +193,13 @@ class McpService:
             if server not in pins:
                 live = await self._wait_ready(server, deadline)
                 if live is None:
-                    continue  # a server that is down now is simply absent from this run
+                    # A server that is down now is absent from this run; the run's
+                    # events say which and why.
+                    state = self.servers[server]
+                    with self.ledger.tx(fsync=False):
+                        self.ledger.event("mcp-server-unavailable", run_id, server=server,
+                                          error=state.error or self.server_status(server), log=state.log)
+                    continue
                 pins[server] = pin(self.ledger, run_id, server, live)
                 self._pin_cache[run_id] = pins
             out.extend(pins[server])
@@ -265,6 +297,8 @@ class McpService:
                 tool.server, trio.current_time() + state.spec.startup_timeout_s, after=failed_incarnation
             )
             why = drift(tool, live)
+            if why is not None and live is None and state.error:
+                why = f"{why}: {state.failure()}"
             if why is not None:
                 # Nothing was sent: a clean failure, whatever the effect.
                 return {"ok": False, "code": "mcp-unavailable" if live is None else "mcp-catalog-changed", "error": why}
@@ -325,7 +359,9 @@ class McpService:
                     "restarts": slot.restarts if slot is not None else 0,
                     "fingerprint": state.fingerprint,
                     "server_info": state.server_info,
-                    "error": state.error,
+                    "error": state.failure(),
+                    "log": state.log,
+                    "stderr_tail": state.stderr_tail,
                     "calls": state.calls,
                     "skipped": state.skipped,
                     "tools": [tool.as_dict() for tool in state.tools or []],
@@ -340,7 +376,8 @@ class McpService:
                 "status": self.server_status(server_id),
                 "tools": len(state.tools or []),
                 "fingerprint": state.fingerprint[:16],
-                "error": state.error,
+                "error": state.failure(),
+                "log": state.log,
             }
             for server_id, state in self.servers.items()
         ]
@@ -361,7 +398,8 @@ class McpService:
         live = await self._wait_ready(server, trio.current_time() + self.servers[server].spec.startup_timeout_s)
         if live is None:
             raise SupervisorError(
-                f"MCP server {server!r} is not ready: {self.servers[server].error}", code="unavailable")
+                f"MCP server {server!r} is not ready: {self.servers[server].failure() or 'still starting'}",
+                code="unavailable")
         full = f"mcp.{server}.{tool_name}"
         tool = next((item for item in live if item.name == tool_name), None)
         if tool is None:

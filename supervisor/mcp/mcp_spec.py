@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,7 +21,7 @@ from urllib.parse import urlparse
 from pydantic import Field, StrictFloat, StrictInt, StrictStr, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from corral.supervisor.spec.spec_base import SECTION, Reader, SpecError, problem
+from corral.supervisor.spec.spec_base import SECTION, Reader, SpecError, problem, spec_path
 from corral.supervisor.tree.restart_policy import RestartType
 
 EFFECTS = ("read", "idempotent", "external")
@@ -50,11 +52,16 @@ class McpServerSpec:
 
     id: Annotated[StrictStr, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")] = Field(
         description="The server's id: its tools are `mcp.<id>.<tool>`.")
-    command: _Strings = Field(default=(), description="A stdio server: the program and its arguments (or give `url`).")
+    command: _Strings = Field(
+        default=(), description="A stdio server: the program and its arguments (or give `url`). A program with a"
+        " `/` is a path relative to the spec (it must exist and be executable); a bare name (`uvx`) is looked up"
+        " on PATH, and `python` is the interpreter corral runs on. With `cwd` unset the server runs in the spec's"
+        " directory, so a relative path among the arguments is relative to the spec too.")
     url: StrictStr | None = Field(
         default=None, max_length=2048, description="A Streamable HTTP server: its http(s) URL (or give `command`).")
     cwd: StrictStr | None = Field(
-        default=None, max_length=4096, description="A stdio server's working directory, relative to the project root.")
+        default=None, max_length=4096, description="A stdio server's working directory, relative to the spec; unset:"
+        " the spec's directory.")
     env: _Table = Field(
         default_factory=dict, description="A stdio server's environment; `${NAME}` in a value is the variable"
         " NAME, expanded in the server's actor only (the spec and the ledger keep the template).")
@@ -164,18 +171,41 @@ def parse_server(where: str, table: Any) -> McpServerSpec:
     return _READER.read(table, root=where)
 
 
-def resolve_servers(servers: list[McpServerSpec], project_root: Path) -> tuple[McpServerSpec, ...]:
-    """Ids unique; a stdio server's working directory resolved under the project root."""
+def resolve_servers(servers: list[McpServerSpec], base: Path) -> tuple[McpServerSpec, ...]:
+    """Ids unique; a stdio server's program path and working directory resolved
+    against ``base``, the spec's directory, as every path of a spec is."""
+    base = base.resolve()  # named in messages
     seen: set[str] = set()
     resolved: list[McpServerSpec] = []
     for index, server in enumerate(servers):
+        where = f"mcp_servers[{index}]"
         if server.id in seen:
-            raise SpecError(f"mcp_servers[{index}].id: duplicate server id {server.id!r}")
+            raise SpecError(f"{where}.id: duplicate server id {server.id!r}")
         seen.add(server.id)
         if server.command:
-            server = dataclasses.replace(server, cwd=str((project_root / (server.cwd or ".")).resolve()))
+            cwd = spec_path(base, server.cwd or ".")
+            if not cwd.is_dir():
+                raise SpecError(f"{where}.cwd: {cwd} is not a directory (a relative cwd is relative to the spec's"
+                                f" directory {base})")
+            program, *args = server.command
+            server = dataclasses.replace(server, cwd=str(cwd), command=(_program(where, program, base), *args))
         resolved.append(server)
     return tuple(resolved)
+
+
+def _program(where: str, program: str, base: Path) -> str:
+    """A bare name stays a name (PATH finds it when the server starts); a path is
+    the spec's, checked now, so a typo stops ``corral up`` instead of every start."""
+    if "/" not in program and not program.startswith("~"):
+        return program
+    path = spec_path(base, program)
+    relative = "" if Path(program).expanduser().is_absolute() else f" (relative to the spec's directory {base})"
+    if not path.is_file():
+        raise SpecError(f"{where}.command: no program {program!r} at {path}{relative}")
+    if not os.access(path, os.X_OK):
+        raise SpecError(f"{where}.command: {path} is not executable; `chmod +x` it, or start it with an"
+                        f" interpreter (command = [\"python\", {json.dumps(program)}])")
+    return str(path)
 
 
 def split_tool_name(name: str) -> tuple[str, str] | None:

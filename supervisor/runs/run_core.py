@@ -28,6 +28,7 @@ from corral.supervisor.runs.action_state import ActionPhase, action_id, canonica
 from corral.supervisor.runs.recovery import RecoveryReport
 from corral.supervisor.runs.run_hooks import RunHooks
 from corral.supervisor.runs.run_store import RunLimits
+from corral.supervisor.spec.spec_base import did_you_mean
 from corral.supervisor.spec.swarm_spec import AgentSpec, SwarmSpec
 from corral.supervisor.tree.supervision_tree import ActorSlot, SupervisionTree
 
@@ -41,6 +42,20 @@ def _str(params: dict[str, Any], key: str, *, limit: int = 200) -> str:
 
 def _int(params: dict[str, Any], key: str) -> int:
     return param_int(params, key)
+
+
+def root_agent(spec: SwarmSpec) -> AgentSpec:
+    """The agent a person talks to when they name none (``corral chat``): the
+    spec's one agent with ``role = "root"``; with several, or none, a person must
+    name one, and the message lists them."""
+    roots = [agent for agent in spec.agents if agent.role == "root"]
+    if len(roots) == 1:
+        return roots[0]
+    if roots:
+        raise BadRequest(f"the swarm spec has {len(roots)} root agents: {', '.join(a.id for a in roots)}; name one")
+    ids = [agent.id for agent in spec.agents]
+    raise BadRequest(f"the swarm spec has no root agent (its agents: {', '.join(ids)}); name one" if ids
+                     else "the swarm spec has no agents")
 
 
 class RunCore:
@@ -69,11 +84,16 @@ class RunCore:
 
     # -- helpers ------------------------------------------------------------------
 
-    def agent_spec(self, agent_id: str) -> AgentSpec:
+    def agent_spec(self, agent_id: str | None) -> AgentSpec:
+        """The spec's agent ``agent_id``; None: its root agent (``root_agent``)."""
+        if agent_id is None:
+            return root_agent(self.spec)
         try:
             return self.spec.agent(agent_id)
         except KeyError:
-            raise NotFound(f"no agent {agent_id!r} in the swarm spec") from None
+            ids = [agent.id for agent in self.spec.agents]
+            known = f"its agents: {', '.join(ids)}" if ids else "it has no agents"
+            raise NotFound(f"no agent {agent_id!r} in the swarm spec{did_you_mean(agent_id, ids)} ({known})") from None
 
     def limits_for(self, run: Any) -> RunLimits:
         options = json.loads(run["options"])

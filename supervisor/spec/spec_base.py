@@ -19,6 +19,7 @@ import enum
 import functools
 import math
 import types
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar, Union, cast, get_args, get_origin
 
 from corral.core.errors import CorralError
@@ -63,6 +64,15 @@ def check_values(node: Any, where: str = "spec") -> None:
     elif isinstance(node, list):
         for index, item in enumerate(node):
             check_values(item, f"{where}[{index}]")
+
+
+def spec_path(base: Path, value: str) -> Path:
+    """A path written in a spec, as the spec means it: the one rule for every path
+    key (``[project] root``, ``[tools] modules``, a script, a model file, an MCP
+    server's program and ``cwd``, ...): relative to ``base``, the spec file's
+    directory (the current directory for a spec given as data), ``~`` expanded,
+    then normalised with symlinks resolved, so what is judged is where it points."""
+    return (base / Path(value).expanduser()).resolve()
 
 
 def did_you_mean(key: str, known: list[str]) -> str:

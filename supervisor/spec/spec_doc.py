@@ -50,7 +50,16 @@ required, and parsing is strict:
 - the file is read as a regular UTF-8 file of at most {MAX_SPEC_FILE_BYTES // MIB} MiB.
 
 A bad spec stops `corral up` with that message before anything is created.
-Paths are relative to the spec file unless a key says otherwise.
+
+**Paths.** Every relative path in a spec is relative to the directory of the
+spec file (for a spec given as data, the current directory): `[project] root`,
+`[tools] modules`, a `script`, a model's `path`, `[chaos] effects_file`, an MCP
+server's program and `cwd` (a stdio server runs in the spec's directory unless
+`cwd` says otherwise, so relative paths among its arguments mean the same). `~`
+is expanded, and a path is judged where it points: normalised, symlinks resolved.
+A program named without a `/` (`python`, `uvx`) is looked up on PATH. Only the
+places agents work are relative to something else: an agent's `workspace` lies
+inside the project root, and its `write_scopes` inside that workspace.
 
 ```toml
 name = "docs"
@@ -86,7 +95,15 @@ OPENAI_KEYS = {
     "api_key_file": "A file holding only the key, mode 0600 or stricter; wins over `api_key_env`.",
     "timeout_s": "Seconds for one request: more than 0, at most 3600.",
     "max_response_bytes": "A longer response is refused (a positive integer).",
-    "native_tools": "`false` for servers without function calling: the plan is asked for as JSON in the text.",
+    "structured": "How the plan is asked for: `json_schema` (`response_format` with the plan's JSON schema;"
+    " OpenAI, llama-server, vLLM, Ollama), `json_object` (llama-cpp-python's server), `tools` (native tool"
+    " calls) or `none` (JSON in the text, not enforced); unset: `json_schema`, or what `native_tools` says.",
+    "native_tools": "The older key: `true` is `structured = \"tools\"`, `false` is `\"none\"`; not with `structured`.",
+    "max_string": "Bound on every string in a tool input in the plan schema, 1 to 100000; unset: open.",
+    "max_reply": "Bound on the final reply in the plan schema, 1 to 100000; unset: open.",
+    "max_actions": "Tool calls per answer the plan schema allows, 1 to 3.",
+    "max_tool_calls": "After this many tool results the plan schema allows only the final reply (with `tools`:"
+    " `tool_choice = \"none\"`), so a run ends; 0 to 1000; unset: no limit.",
     "temperature": "Sampling temperature, 0 to 2; unset: the server's.",
     "max_tokens": "Tokens of one reply (a positive integer); unset: the server's.",
     "stream": "Ask for server-sent events: a final reply's text streams to the event stream as it is"

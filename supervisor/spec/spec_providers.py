@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.supervisor.models.model_spec import ModelRegistry
-from corral.supervisor.spec.spec_base import SpecError
+from corral.supervisor.spec.spec_base import SpecError, spec_path
 from corral.supervisor.spec.spec_models import ProviderKeys
 
 
@@ -28,7 +28,7 @@ def provider_settings(where: str, table: ProviderKeys, base: Path, models: Model
                 raise SpecError(f"{where}.steps: {exc}") from None
         elif table.script is not None:
             try:
-                script = load_script(base / table.script)
+                script = load_script(spec_path(base, table.script))
             except ScriptError as exc:
                 raise SpecError(f"{where}.script: {exc}") from None
         else:

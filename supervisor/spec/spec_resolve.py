@@ -19,7 +19,7 @@ from typing import Any
 from corral.supervisor.bridge import bridge_spec
 from corral.supervisor.mcp.mcp_spec import resolve_servers
 from corral.supervisor.models.model_spec import ModelRegistry
-from corral.supervisor.spec.spec_base import Reader, SpecError, check_values, did_you_mean
+from corral.supervisor.spec.spec_base import Reader, SpecError, check_values, did_you_mean, spec_path
 from corral.supervisor.spec.spec_models import (
     KNOWN_TEMPLATES,
     ROOT_GROUP,
@@ -49,14 +49,14 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
     base = Path(source).parent if source != "<embedded>" else Path.cwd()
     tree = _Tree.of(doc)
     explicit_root = "root" in data.get("project", {})
-    project_root = (base / doc.project.root).resolve()
+    project_root = spec_path(base, doc.project.root)
     if explicit_root:
         _check_project_root(project_root)  # a root given explicitly is checked even without agents
     tool_modules = _tool_modules(doc.tools.modules, base)
     models = ModelRegistry.build(doc.models, base)
     agents = _agents(doc, tree, base, models, project_root)
     templates = _templates(doc, base, models)
-    mcp_servers = resolve_servers(doc.mcp_servers, project_root)
+    mcp_servers = resolve_servers(doc.mcp_servers, base)
     for server in mcp_servers:
         # One group per server: a flapping server exhausts its own intensity only.
         tree.service(f"mcp_servers: actor id {server.actor_id!r} is already used", server.actor_id, "mcp",
@@ -70,14 +70,19 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
         tree.service(f"bridge: actor id {bridge_spec.ACTOR_ID!r} is already used", bridge_spec.ACTOR_ID,
                      "bridge_worker", 10, 60.0, doc.bridge.actor_params(), (doc.bridge.token_env,))
     if not explicit_root and (agents or any(server.command for server in mcp_servers)):
-        # An implicit root matters once something works in it: agents, or a stdio
-        # server (its working directory lies under it). An explicit one was checked above.
+        # An implicit root (the spec's directory) matters once something works in it:
+        # agents, or a stdio server (it runs in the spec's directory by default).
+        # An explicit one was checked above.
         _check_project_root(project_root)
     # Keys are checked once the whole catalog is known (MCP servers come last).
     policy_tables: list[tuple[str, Mapping[str, str]]] = [("policy", doc.policy)]
     policy_tables += [(f"agents[{i}].policy", agent.policy) for i, agent in enumerate(agents)]
     policy_tables += [(f"templates[{i}].policy", template.policy) for i, template in enumerate(templates)]
-    _check_policy_keys(policy_tables, {server.id for server in mcp_servers})
+    mcp_ids = {server.id for server in mcp_servers}
+    _check_policy_keys(policy_tables, mcp_ids)
+    tool_lists = [(f"agents[{i}].tools", agent.tools) for i, agent in enumerate(agents)]
+    tool_lists += [(f"templates[{i}].tools", template.tools) for i, template in enumerate(templates)]
+    _check_tool_globs(tool_lists, mcp_ids)
     effects = doc.chaos.effects_file
     return SwarmSpec(
         name=doc.name,
@@ -91,7 +96,7 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
         policy=dict(doc.policy),
         limits=doc.limits,
         project_root=project_root,
-        effects_file=(base / effects).resolve() if effects else None,
+        effects_file=spec_path(base, effects) if effects else None,
         sandbox=doc.sandbox,
         mcp_servers=mcp_servers,
         models=models.all(),
@@ -238,7 +243,7 @@ def _tool_modules(modules: tuple[str, ...], base: Path) -> tuple[str, ...]:
     from corral.actors.user_code import import_tool_module, tool_entry_points
     from corral.core.errors import UserCodeError
 
-    resolved = [str((base / entry).resolve()) if entry.endswith(".py") else entry for entry in modules]
+    resolved = [str(spec_path(base, entry)) if entry.endswith(".py") else entry for entry in modules]
     entry_points = tool_entry_points()  # once: it reads every installed distribution's metadata
     for entry in [*resolved, *entry_points]:
         try:
@@ -272,10 +277,41 @@ def _check_policy_keys(tables: list[tuple[str, Mapping[str, str]]], mcp_ids: set
     known = known_tool_names()
     for where, table in tables:
         for key in table:
-            server = key[4:].partition(".")[0] if key.startswith("mcp.") else None
-            if key in known or (server in mcp_ids and key.count(".") >= 2):
-                continue
-            if any(ch in key for ch in "*?[") and any(fnmatch.fnmatchcase(name, key) for name in known):
-                continue
-            hint = did_you_mean(key, known) or f" (known: {', '.join(known)})"
-            raise SpecError(f"{where}.{key}: no tool {key!r}{hint}")
+            if not _names_a_tool(key, known, mcp_ids):
+                raise SpecError(f"{where}.{key}: no tool {key!r}{_hint(key, known)}")
+
+
+def _check_tool_globs(lists: list[tuple[str, tuple[str, ...] | None]], mcp_ids: set[str]) -> None:
+    """A ``tools`` entry that matches nothing would offer the agent nothing and fail
+    its runs later with ``unknown tool``: it is an error here, with a hint."""
+    known = known_tool_names()
+    for where, globs in lists:
+        for index, pattern in enumerate(globs or ()):
+            if not _names_a_tool(pattern, known, mcp_ids):
+                raise SpecError(f"{where}[{index}]: no tool matches {pattern!r}{_hint(pattern, known)}")
+
+
+def _names_a_tool(key: str, known: list[str], mcp_ids: set[str]) -> bool:
+    """``key`` is a known tool, a glob matching one, or names a declared MCP server's
+    tools (``mcp.<server>.<tool or glob>``, or a glob over the servers), whose names
+    are only known once the server runs."""
+    if key in known:
+        return True
+    is_glob = any(ch in key for ch in "*?[")
+    if is_glob and any(fnmatch.fnmatchcase(name, key) for name in known):
+        return True
+    if key.startswith("mcp."):
+        server = key[4:].partition(".")[0]
+        if server in mcp_ids and key.count(".") >= 2:
+            return True
+        # ``mcp.*`` or ``mcp.g*``: some declared server's tools may match.
+        return is_glob and any(fnmatch.fnmatchcase(f"mcp.{ident}.tool", key) for ident in mcp_ids)
+    return False
+
+
+def _hint(key: str, known: list[str]) -> str:
+    """A did-you-mean against the tool names and their families (``weather.*``), so a
+    misspelled glob gets a glob back; otherwise the families to choose from."""
+    families = sorted({f"{name.rpartition('.')[0]}.*" for name in known if "." in name})
+    candidates = families + known if any(ch in key for ch in "*?[") else known + families
+    return did_you_mean(key, candidates) or f" (tools: {', '.join(families)} or one of their names)"
