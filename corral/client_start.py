@@ -66,8 +66,9 @@ def start_supervisor(
     ``ledger`` (a postgresql:// URL) and ``node`` place it in a shared ledger
     (supervisor/ledger/ledger_spec.py); the home remembers both. ``env``: the
     supervisor's environment (default: this process's; chaos arms failpoints there).
-    ``checked``: the caller has just loaded ``spec`` itself (``corral up``), so it is
-    not parsed again here."""
+    ``checked``: ``spec`` is not parsed here: the caller has just loaded it
+    (``corral up``), or leaves it to the supervisor, which parses it anyway and
+    reports a bad one on its ready pipe (a ``SupervisorStartError``)."""
     if spec is not None and not checked:
         load_spec(spec)  # before the home: a bad spec leaves nothing behind
     homes.ensure_home(home)

@@ -22,9 +22,11 @@ from typing import Any
 import psutil
 
 from corral import client
+from corral.client_start import SupervisorStartError, start_supervisor
 from corral.core.procs import wait_exit
 from corral.mailbox.control import SupervisorGone
 from corral.supervisor.home import home_dir as homes
+from corral.supervisor.spec.swarm_spec import SpecError
 
 CORRAL = [sys.executable, "-m", "corral"]
 
@@ -53,12 +55,19 @@ class Daemon:
     # -- lifecycle -----------------------------------------------------------------
 
     def up(self, env: dict[str, str] | None = None, spec: bool = True) -> homes.Endpoint:
-        args = ["up"]
-        if self.spec is not None and spec:
-            args += ["--spec", str(self.spec)]
-        result = cli(self.home, *args, env={**self.env, **(env or {})})
-        if result.returncode != 0:
-            raise AssertionError(f"corral up failed ({result.returncode}): {result.stderr}{result.stdout}")
+        """Start the supervisor the way ``corral up`` does (``start_supervisor``, which
+        the CLI calls), without a CLI process around it: that process cost about
+        0.5 s of CPU per boot, hundreds of boots per suite. The supervisor checks the
+        spec itself (``checked``: it is not imported into the test process, where
+        user tool modules of different tests would share ``sys.modules``), and
+        reports a bad one on its ready pipe. It is this process's child; the
+        conftest reaps it once it exits. The CLI's own ``up`` is tested through
+        ``cli`` (tests/test_spec_and_ledger.py, tests/security/)."""
+        environment = {**os.environ, **self.env, **(env or {})}
+        try:
+            start_supervisor(self.home, self.spec if spec else None, 30.0, env=environment, checked=True)
+        except (SupervisorStartError, SpecError, homes.HomeError) as exc:
+            raise AssertionError(f"corral up failed: {exc}") from None
         endpoint = homes.read_endpoint(self.home)
         self.pids_seen.add(endpoint.pid)
         return endpoint
