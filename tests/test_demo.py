@@ -9,7 +9,8 @@ from pathlib import Path
 
 
 def test_the_demo_swarm_runs_to_one_final_reply(short_tmp: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "corral", "demo", "--dir", str(short_tmp / "d")],
+    # A space in the directory: the inspect line it prints is quoted for the shell.
+    result = subprocess.run([sys.executable, "-m", "corral", "demo", "--dir", str(short_tmp / "my d")],
                             capture_output=True, text=True, timeout=180, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
@@ -30,7 +31,7 @@ def test_the_demo_swarm_runs_to_one_final_reply(short_tmp: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith(f"run {words[4]}  agent project-supervisor  root  status completed"), shown.stdout
     assert "read from the ledger" in shown.stderr
-    project = short_tmp / "d" / "project"
+    project = short_tmp / "my d" / "project"
     for artifact in ("research/survey.md", "review/notes.md", "review/checklist.md", "draft/intro/intro.md",
                      "draft/body/body.md", "checks/checks.md", "summary/launch.md"):
         assert (project / artifact).is_file(), artifact

@@ -1,7 +1,9 @@
-"""Every example runs for real: python_api.py, custom_actor/, custom_tools/ and multi_agent/."""
+"""Every example runs for real: python_api.py, custom_actor/, custom_tools/, multi_agent/
+and local_model.py (on the packaged Qwen2.5-Coder-0.5B)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +71,16 @@ def test_quickstart_example_runs_a_typed_tool_from_a_spec_dict(short_tmp: Path) 
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["weather: ok", "reply: It is -2.0 C in Oslo."]
     assert not (short_tmp / "quick" / ".corral" / "endpoint.json").exists(), "the supervisor was stopped"
+
+
+def test_local_model_example_calls_both_tools_and_replies(short_tmp: Path) -> None:
+    """The quickstart's task on a real model: weather, then the post the host reads back."""
+    base = short_tmp / "local"
+    result = _example("local_model.py", base)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["weather: ok", "post: ok"], result.stdout
+    posted = [json.loads(line) for line in (base / "posted.jsonl").read_text().splitlines()]
+    assert len(posted) == 1 and posted[0]["channel"] == "#ops" and "-2" in posted[0]["text"]
+    reply = lines[-1].removeprefix("reply: ")
+    assert lines[-1].startswith("reply: ") and reply.strip(), result.stdout

@@ -104,6 +104,26 @@ def test_prompt_names_the_required_fields_and_bounds_observations() -> None:
     assert len(messages[-1]["content"]) < 1800
 
 
+def test_history_shows_the_model_its_own_call_then_the_result_as_a_tool_message() -> None:
+    """Qwen2.5-Coder-0.5B made the same call again when results came as user
+    messages; its own call then a ``tool`` result took it to the next step."""
+    done = {"action_id": "act-1", "tool": "fs.write", "call": "fs.write(content=<2 chars>, path=a.md)",
+            "input": {"path": "a.md", "content": "hi"}, "status": "ok", "output": {"bytes": 2}}
+    failed = {**done, "action_id": "act-2", "status": "failed", "error": "denied: outside write_scopes"}
+    answered = {"role": "repair", "category": "final-blocked", "detail": "claim first with agent.run_status"}
+    request = _request((WRITE,), (answered, done, failed))
+    messages = chat_messages(request, answer_schema(LocalConfig(), request))
+    roles = [m["role"] for m in messages]
+    # The repair came before a later result: it was acted on, and a small model copies
+    # the last instruction it saw into its reply, so it is left out.
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert json.loads(messages[2]["content"]) == {"actions": [{"tool": "fs.write", "input": done["input"]}]}
+    assert json.loads(messages[3]["content"]) == {"bytes": 2}
+    assert messages[5]["content"] == "failed: denied: outside write_scopes"
+    pending = _request((WRITE,), (done, answered))
+    assert chat_messages(pending, answer_schema(LocalConfig(), pending))[-1]["role"] == "user", "still to act on"
+
+
 @pytest.mark.parametrize(
     ("setting", "value"),
     [("tool_choice", "always"), ("max_tool_calls", -1), ("temperature", 3), ("timeout_s", 0), ("colour", 1)],
@@ -234,6 +254,9 @@ def _assert_transcript_shows_each_turn(daemon: Daemon, run_id: str) -> None:
     # After its one tool call the grammar allows only the final reply: a new prompt.
     assert turns[1]["system"]["unchanged"] is False and turns[1]["system"]["text"] != first
     assert turns[0]["plan"]["actions"][0]["tool"] == "effect.record" and turns[1]["plan"]["final"]
+    # What the model wrote, out of the completion envelope the response keeps.
+    said = json.loads(str(turns[0]["said"]))
+    assert said["actions"][0]["tool"] == "effect.record" and '"choices"' not in turns[0]["said"]
     text = cli(daemon.home, "transcript", run_id)
     assert text.returncode == 0 and text.stdout.count("model said:") == 2 and "effect.record(" in text.stdout
     assert AWS_KEY not in read.stdout + text.stdout

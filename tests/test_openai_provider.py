@@ -293,6 +293,16 @@ def test_plan_with_both_actions_and_final_is_a_mismatch() -> None:
     assert caught.value.category is RepairCategory.SCHEMA_MISMATCH
 
 
+def test_a_raw_newline_inside_a_json_string_is_what_the_model_meant() -> None:
+    """llama.cpp's json_object grammar lets a raw newline into a string: a plan, not a
+    repair turn (it cost one on the demo's researcher)."""
+    body = json.dumps(completion('{"final": "Wrote it.\nAll done."}'))
+    assert parse_chat_completion(body, TOOLS, text_json=True).final_reply == "Wrote it.\nAll done."
+    call = json.dumps(completion(tool_calls=[{"id": "c1", "type": "function", "function": {
+        "name": "write_file", "arguments": '{"path": "a.md", "content": "line 1\nline 2"}'}}]))
+    assert parse_chat_completion(call, TOOLS).actions[0].input["content"] == "line 1\nline 2"
+
+
 def test_repair_message_is_bounded_and_redacted(decoy: str) -> None:
     make_provider("http://127.0.0.1:1/v1", api_key_env="CORRAL_DECOY")  # loads the key
     message = repair_message(RepairCategory.BAD_JSON, f"{decoy} " + "y" * 5000)

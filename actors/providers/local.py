@@ -146,15 +146,24 @@ def system_prompt(request: ProviderRequest, schema: dict[str, Any]) -> str:
         lines.append('To use a tool: {"actions": [{"tool": "<name>", "input": {...}}]}. Tools:')
         lines += [f"- {tool.name} {_shape(tool)}: {tool.description[:DESCRIPTION_CHARS]}" for tool in request.tools]
     if '"final"' in json.dumps(schema):
-        lines.append('When the task is done: {"final": "<your reply to the user>"}.')
+        # A small model otherwise writes the file's contents again, or a document.
+        lines.append('When the task is done: {"final": "<one or two sentences telling the user what you did>"}.')
     return "\n".join(lines)
+
+
+def _live_history(history: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+    """The history without repairs that a later tool result has answered: a small
+    model copies the last instruction it saw into its reply, and a refusal it has
+    since acted on ("claim the deliveries first") is no longer true."""
+    last_result = max((i for i, entry in enumerate(history) if entry.get("role") is None), default=-1)
+    return tuple(entry for i, entry in enumerate(history) if entry.get("role") != "repair" or i > last_result)
 
 
 def chat_messages(request: ProviderRequest, schema: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {"role": "system", "content": system_prompt(request, schema)},
         {"role": "user", "content": f"Task: {request.task}"},
-        *history_messages(request.history, OBSERVATION_CHARS),
+        *history_messages(_live_history(request.history), OBSERVATION_CHARS, echo_calls=True),
     ]
 
 

@@ -339,10 +339,8 @@ def _bounded(text: str, limit: int) -> str:
 def _observation_message(entry: Mapping[str, Any], limit: int = MAX_OBSERVATION_CHARS) -> dict[str, str]:
     output = entry.get("output")
     text = output if isinstance(output, str) else json.dumps(output, default=str)
-    head = (
-        f"Observation for action {entry.get('action_id', '?')} "
-        f"(tool {entry.get('tool', '?')}, status {entry.get('status', '?')}):"
-    )
+    call = entry.get("call") or f"tool {entry.get('tool', '?')}"
+    head = f"Observation for action {entry.get('action_id', '?')} ({call}, status {entry.get('status', '?')}):"
     return {"role": "user", "content": f"{head}\n{_bounded(text, limit)}"}
 
 
@@ -355,9 +353,33 @@ def _repair_entry_message(entry: Mapping[str, Any]) -> dict[str, str]:
     return repair_message(category, detail)
 
 
+def _call_message(entry: Mapping[str, Any]) -> dict[str, str] | None:
+    """The call an observation answers, as the model wrote it (a JSON plan)."""
+    tool_input = entry.get("input")
+    if not isinstance(tool_input, dict):
+        return None
+    plan = {"actions": [{"tool": entry.get("tool"), "input": tool_input}]}
+    return {"role": "assistant", "content": json.dumps(plan, ensure_ascii=False)}
+
+
+def _tool_message(entry: Mapping[str, Any], limit: int) -> dict[str, str]:
+    """A result in the ``tool`` role, right after the call it answers."""
+    output = entry.get("output")
+    text = _bounded(output if isinstance(output, str) else json.dumps(output, default=str), limit)
+    if entry.get("status") != "ok":
+        text = f"{entry.get('status', 'failed')}: {entry.get('error') or text}"
+    return {"role": "tool", "content": text}
+
+
 def history_messages(
-    history: tuple[dict[str, Any], ...], observation_chars: int = MAX_OBSERVATION_CHARS
+    history: tuple[dict[str, Any], ...], observation_chars: int = MAX_OBSERVATION_CHARS, *, echo_calls: bool = False
 ) -> list[dict[str, str]]:
+    """The history as chat messages. ``echo_calls``: each result follows the call it
+    answers (an assistant message, the plan as the model wrote it) and is itself a
+    ``tool`` message, for a model driven in-process that writes its plans as JSON
+    text. Measured on Qwen2.5-Coder-0.5B: given results as user messages, with or
+    without its own calls before them, it made the call it had just made again;
+    given its call and a ``tool`` result, it went on to the next step."""
     # Observations go in as user messages rather than role "tool": strict servers
     # reject tool messages without the assistant tool_calls message (and its ids)
     # before them, which the history does not keep.
@@ -374,7 +396,11 @@ def history_messages(
             text = _bounded(str(entry.get("text", "")), MAX_OBSERVATION_CHARS)
             messages.append({"role": "user", "content": f"New instruction from the user (it takes priority): {text}"})
         else:
-            messages.append(_observation_message(entry, observation_chars))
+            call = _call_message(entry) if echo_calls else None
+            if call is not None:
+                messages += [call, _tool_message(entry, observation_chars)]
+            else:
+                messages.append(_observation_message(entry, observation_chars))
     return messages
 
 

@@ -48,6 +48,10 @@ _CLOSED_BLOCK = re.compile(rf"<({_TAG_ALT})\b[^>]*>.*?</\1\s*>", re.I | re.S)
 _UNTERMINATED_LEADING = re.compile(rf"^\s*<({_TAG_ALT})\b[^>]*>(?:(?!</\1\s*>).)*\Z", re.I | re.S)
 # Some servers put the opening tag in the prompt template, so only the close shows.
 _ORPHAN_CLOSE = re.compile(rf"^(?:(?!<(?:{_TAG_ALT})\b).)*?</(?:{_TAG_ALT})\s*>", re.I | re.S)
+#: A raw newline or tab inside a JSON string is not valid JSON, but it is what a
+#: model means: llama.cpp's json_object grammar lets them through, and the text is
+#: the model's own reply. Refusing it cost a repair turn for nothing.
+_LENIENT = json.JSONDecoder(strict=False)
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\r?\n?(.*?)```", re.S)
 
 # OpenAI restricts function names; corral tool names may use other characters.
@@ -233,7 +237,7 @@ def _decode_arguments(raw: Any, tool_name: str) -> Any:
     if not raw.strip():
         return {}
     try:
-        return json.loads(raw)
+        return _LENIENT.decode(raw)
     except json.JSONDecodeError as exc:
         raise _fail(
             RepairCategory.BAD_JSON, f"arguments for {_short(tool_name)!r}: {exc}"
@@ -312,7 +316,7 @@ def _json_candidate(text: str) -> str | None:
 def _decode_object(candidate: str) -> Any:
     # raw_decode tolerates prose after the object, which models often add.
     try:
-        value, _end = json.JSONDecoder().raw_decode(candidate)
+        value, _end = _LENIENT.raw_decode(candidate)
     except json.JSONDecodeError as exc:
         raise _fail(RepairCategory.BAD_JSON, f"plan is not valid JSON: {exc}") from None
     return value
@@ -358,7 +362,7 @@ def _plan_from_reply_text(text: str, index: Mapping[str, ToolSchema]) -> Plan:
     fence = _FENCE.search(text)
     if fence:
         try:
-            value = json.loads(fence.group(1))
+            value = _LENIENT.decode(fence.group(1))
         except json.JSONDecodeError:
             value = None
         plan = _plan_from_value(value, index)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -19,10 +21,13 @@ from corral.client_types import Event
 from corral.core.redact import redact_text
 from corral.mailbox.control import ControlError
 from corral.supervisor.home import home_dir as homes
+from corral.supervisor.models.packaged_models import PACKAGED
 
 ROOT_AGENT = "project-supervisor"
 DEMO_TASK = "Prepare the launch plan: research, review, drafts and checks."
-#: A model of 135M parameters needs the steps spelled out.
+#: The packaged model demo_local.toml names (the smallest measured to do its job).
+DEMO_LOCAL_MODEL = "qwen2.5-coder-0.5b"
+#: A model of half a billion parameters needs the steps spelled out.
 LOCAL_DEMO_TASK = (
     "Delegate two tasks. To agent researcher: write research/survey.md. To agent reviewer: write review/notes.md."
 )
@@ -41,10 +46,14 @@ def _demo_args(parser: argparse.ArgumentParser) -> None:
         choices=["scripted", "openai", "local"],
         default="scripted",
         help="scripted (default, no API key), any OpenAI-compatible server, or local: every agent on"
-        " SmolLM2-135M on the CPU (needs the local extra: make demo-local)",
+        f" {PACKAGED[DEMO_LOCAL_MODEL].title} on the CPU (needs the local extra: make demo-local)",
     )
     parser.add_argument("--base-url", help="OpenAI-compatible base URL (with --provider openai)")
     parser.add_argument("--model", help="model name (with --provider openai); 'local' alone means --provider local")
+    parser.add_argument(
+        "--local-model", default=DEMO_LOCAL_MODEL, metavar="NAME",
+        help=f"with --model local: a packaged model ({', '.join(PACKAGED)}) or a .gguf path"
+        f" (default {DEMO_LOCAL_MODEL})")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before giving up (120; local: 600)")
 
 
@@ -56,6 +65,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     (base / "project").mkdir(exist_ok=True)
     local = args.provider == "local" or (args.provider == "scripted" and args.model == "local")
     spec_text = demo_spec_text("demo_local.toml" if local else "demo.toml")
+    if local:
+        model_path = args.local_model if args.local_model in PACKAGED else str(Path(args.local_model).absolute())
+        spec_text = spec_text.replace(f'path = "{DEMO_LOCAL_MODEL}"', f"path = {json.dumps(model_path)}")
     task = LOCAL_DEMO_TASK if local else DEMO_TASK
     timeout = args.timeout if args.timeout is not None else (600.0 if local else 120.0)
     if args.provider == "openai":
@@ -83,7 +95,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             shown = _live_view(api, run_id, started, timeout, quiet=args.quiet)
             _summary(api, shown, time.monotonic() - started)
             if local:
-                _model_summary(api, shown)
+                model = PACKAGED.get(args.local_model)
+                _model_summary(api, shown, model.title if model else Path(args.local_model).name)
     finally:
         if not args.keep:
             subprocess.run(
@@ -307,10 +320,11 @@ def _summary(api: Client, shown: dict[str, Any], wall: float) -> None:
     print(f"final reply: {shown['final_reply']}")
     cluster = status.get("cluster")
     where = f"{cluster['ledger']} partition {cluster['partition']}" if cluster else str(home / homes.LEDGER)
-    print(f"ledger: {where}   (inspect: corral --home {home} show {shown['run']['run_id']})")
+    # Quoted for the shell: the line is meant to be pasted as printed.
+    print(f"ledger: {where}   (inspect: corral --home {shlex.quote(str(home))} show {shown['run']['run_id']})")
 
 
-def _model_summary(api: Client, shown: dict[str, Any]) -> None:
+def _model_summary(api: Client, shown: dict[str, Any], model: str) -> None:
     """What the real model did, summed over every run of the demo, beside the wall
     time of the root run: the share of it the model was not generating is corral
     (ledger, messages, tools, processes), since one model serves every agent."""
@@ -340,5 +354,5 @@ def _model_summary(api: Client, shown: dict[str, Any]) -> None:
                 f"{max(0.0, wall_s - model_s):.2f}s ({max(0.0, 1 - model_s / wall_s):.1%})",
             ],
         ],
-        ["MODEL (SmolLM2-135M, CPU)", "VALUE"],
+        [f"MODEL ({model}, CPU)", "VALUE"],
     )

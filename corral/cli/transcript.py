@@ -99,7 +99,7 @@ def turn_lines(turn: dict[str, Any], *, full: bool = False) -> list[str]:
             lines += history_line(entry)
     if turn.get("response") is not None:
         lines.append("  model said:")
-        lines += _block(turn["response"])
+        lines += _block(turn.get("said") or turn["response"])
     if turn.get("error"):
         lines.append(f"  failed ({turn['error']['kind']}): {turn['error']['error']}")
     plan = turn.get("plan")

@@ -80,7 +80,7 @@ def _turn(turn: dict[str, Any]) -> str:
     if turn.get("history"):
         parts.append("<div><b>Since the turn before</b></div>" + "".join(_entry(e) for e in turn["history"]))
     if turn.get("response") is not None:
-        parts.append("<div><b>The model said</b></div>" + _pre(turn["response"], "said"))
+        parts.append("<div><b>The model said</b></div>" + _pre(turn.get("said") or turn["response"], "said"))
     if turn.get("error"):
         parts.append(f'<p class=repair>failed ({escape(str(turn["error"]["kind"]))}):'
                      f' {escape(str(turn["error"]["error"]))}</p>')

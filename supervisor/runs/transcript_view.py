@@ -106,6 +106,7 @@ def _turns(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
             "history_seq": seen,
             "history": delta,
             "response": row["response"],
+            "said": said_text(row["response"]),
             "plan": None,
             "repair": None,
             "error": {"kind": row["error_kind"], "error": row["error"]} if row["status"] == "failed" else None,
@@ -121,6 +122,27 @@ def _turns(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
         if seen is not None:
             seen_before = int(seen)
     return turns
+
+
+def said_text(response: str | None) -> str | None:
+    """What the model wrote, taken out of a chat-completion envelope: its message's
+    content and tool calls. The raw response is kept beside it for ``--json``; a
+    body that is not such an envelope is shown as it is."""
+    if response is None:
+        return None
+    try:
+        body = json.loads(response)
+        message = body["choices"][0]["message"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return response
+    if not isinstance(message, dict):
+        return response
+    parts = [message["content"]] if isinstance(message.get("content"), str) and message["content"] else []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            parts.append(f"tool call {function.get('name')}({function.get('arguments', '')})")
+    return "\n".join(parts) if parts else response
 
 
 def _blobs(ledger: Ledger, shas: set[str]) -> dict[str, dict[str, Any]]:
