@@ -344,6 +344,17 @@ figure(
 )
 figure(
     FigureSpec(
+        name="real_model_tasks",
+        metric="small tool tasks a packaged model completes, judged by their effect (Qwen2.5-Coder-0.5B, CPU)",
+        unit="%",
+        corral="real_model_tasks.success_rate_qwen2.5-coder-0.5b",
+        baselines={"SmolLM2-135M": "real_model_tasks.success_rate_smollm2"},
+        higher_is_better=True,
+        target_text="(no target: the 0.5B model should complete the two-step tasks, issue 38)",
+    )
+)
+figure(
+    FigureSpec(
         name="durable_actions",
         metric="durable read actions per second through the full loop, 64 agents (scripted, fs.list)",
         unit="per s",

@@ -47,6 +47,7 @@ def load_workloads() -> None:
             importlib.import_module(f"bench.baselines.{info.name}")
     importlib.import_module("bench.corral_workloads")
     importlib.import_module("bench.model_workloads")
+    importlib.import_module("bench.model_task_workloads")
     importlib.import_module("bench.durable_workloads")
     importlib.import_module("bench.ui_workloads")
     importlib.import_module("bench.bridge_workloads")
