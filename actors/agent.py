@@ -168,8 +168,8 @@ class Lane:
         self.provider: Provider | None = None
         #: The repository's instructions, references and skills (read from inside the
         #: workspace only, at the lane's first provider turn: a lane that only runs
-        #: actions never walks the tree).
-        self.project: str | None = None
+        #: actions never walks the tree; re-checked by stat at every later turn).
+        self.project: project_context.LiveContext | None = None
         #: The next step, when the last step's reply carried it (no extra round trip).
         self.next: Step | None = None
         #: The run's observations as far as provider steps sent them: each turn
@@ -191,8 +191,19 @@ class Lane:
 
     def project_context(self) -> str:
         if self.project is None:
-            self.project = project_context.load(Path(self.run.get("workspace") or ".")).prompt()
-        return self.project
+            home = Path(self.run["home"]) if self.run.get("home") else None
+            self.project = project_context.LiveContext(Path(self.run.get("workspace") or "."), home)
+        return self.project.prompt()
+
+    def context_stamp(self) -> dict[str, Any]:
+        """The repository context the plan was made with (the supervisor blocks its
+        actions if that context changed before they run: repo_fingerprint_service.py)."""
+        if not self.run.get("workspace"):
+            return {}
+        if self.project is None:
+            self.project_context()  # a lane that parses after a restart renders it now
+        assert self.project is not None
+        return {"context": self.project.stamp()}  # what the last prompt was made from
 
     def get_provider(self) -> Provider:
         if self.provider is None:
@@ -327,6 +338,7 @@ class Lane:
             carried = {
                 "actions": [{"tool": call.tool, "input": call.input} for call in plan.actions],
                 "final": plan.final_reply,
+                **self.context_stamp(),
             }
             recordable.check_bounded(carried, self.budget, "the plan")
         except PlanError as exc:

@@ -1,143 +1,324 @@
-"""What an agent knows of its repository when it starts (seed 004 V1.24, V1.25).
+"""What an agent knows of its repository when it plans (seed 004 V1.1 §1, V1.24, V1.25).
 
-* **Instructions:** every ``AGENTS.md`` in the workspace. The nearest one up the
-  tree applies to the files in its directory, and the prompt says which directory
-  each one covers.
-* **Reference data, not instructions:** the root ``README.md`` and ``CONTEXT.md``,
-  as excerpts.
-* **Skills** (``.agents/skills/<name>/SKILL.md``): only the name, the description
-  (from the file's front matter), the entry path and the SHA-256 of the content.
-  The model reads a body with ``fs.read`` when a task needs it, and then only the
-  references that body points to. A skill is knowledge, not a tool or a permission.
+One build core, used by the agent's prompt, by ``project.index`` and by the
+supervisor's stale-action guard (supervisor/context/repo_fingerprint_service.py):
 
-Nothing outside the workspace is read: no user home, no app data, and no symlink
-that leads out; nothing inside a control directory (``.git`` or ``.corral`` in any
-spelling). No git runs here. Sizes and counts are bounded.
+* **Documents.** Every ``AGENTS.md`` (instructions, scoped to its directory) and the
+  root ``README.md``/``CONTEXT.md`` (reference data, not instructions), each with
+  its SHA-256, its size and whether its text was cut.
+* **Skills** (actors/repo_skills.py): metadata only.
+* **Layout** (actors/repo_walk.py, actors/repo_manifests.py): the top-level tree,
+  manifests and their script names, a safe git summary, the language mix and entry
+  candidates.
+
+The **fingerprint** is the SHA-256 of the canonical JSON (RFC 8785) of the documents
+and the skill catalog: everything that steers the model. The layout is shown but
+not fingerprinted: an agent's own writes move it at every step, and a fingerprint
+that moved with them would block the second write of every plan.
+
+Nothing outside the workspace is read: no symlink is followed, no control directory
+(``.git``, ``.corral``), no corral home, no secret file. No git runs except through
+the host git (and only when the layout asks for it). Sizes and counts are bounded,
+with markers where cut.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from corral.sandbox.control_paths import is_control_name
+import rfc8785
 
-MAX_INSTRUCTION_FILES = 20
-MAX_INSTRUCTION_CHARS = 8000
-MAX_REFERENCE_CHARS = 3000
-MAX_SKILLS = 50
-MAX_DEPTH = 6
-#: The walk for AGENTS.md files stops after this many directories (a huge tree
-#: must not slow every claim down).
-MAX_DIRECTORIES = 2000
-SKIP_DIRS = {".git", ".corral", "node_modules", ".venv", "__pycache__", ".mypy_cache", ".ruff_cache"}
+from corral.actors import repo_manifests, repo_walk
+from corral.actors.repo_skills import ROOTS as SKILL_ROOTS
+from corral.actors.repo_skills import Skill, SkillCatalog, discover
+from corral.core.redact import redact_text
+
+SCHEMA = "corral-repository-context-v3"
+#: The seed's budgets: one document read, all documents read.
+MAX_DOCUMENT_BYTES = 24 * 1024
+MAX_DOCUMENTS_TOTAL = 64 * 1024
+REFERENCE_NAMES = ("README.md", "CONTEXT.md")
+#: A prompt label for each kind.
+INSTRUCTIONS, REFERENCE = "instructions", "reference"
+
+#: (path relative to the workspace, size, st_mtime_ns, st_ctime_ns, st_ino).
+FileKey = tuple[str, int, int, int, int]
+
+__all__ = ["ContextCache", "Document", "LiveContext", "RepoContext", "Skill", "build", "changes", "load"]
 
 
 @dataclass(frozen=True)
-class Skill:
-    name: str
-    description: str
+class Document:
     path: str
+    kind: str
+    #: The directory it applies to (``.`` for the root; README/CONTEXT are always ``.``).
+    scope: str
     sha256: str
+    size: int
+    #: Redacted, with this machine's absolute paths replaced, bounded.
+    text: str
+    truncated: bool
 
 
 @dataclass(frozen=True)
-class ProjectContext:
-    #: (the directory it covers, relative to the workspace; its text)
-    instructions: tuple[tuple[str, str], ...] = ()
-    references: tuple[tuple[str, str], ...] = ()
-    skills: tuple[Skill, ...] = field(default_factory=tuple)
+class Layout:
+    walk: repo_walk.Walk = field(default_factory=repo_walk.Walk)
+    manifests: tuple[dict[str, Any], ...] = ()
+    git: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        walk = self.walk
+        return {
+            "top": list(walk.top), "top_truncated": walk.top_truncated, "files": walk.files,
+            "directories": walk.directories, "walk_truncated": walk.truncated,
+            "manifests": [dict(m) for m in self.manifests], "git": dict(self.git),
+            "languages": {ext: count for ext, count in walk.languages}, "entry_candidates": list(walk.entries),
+        }
+
+
+@dataclass(frozen=True)
+class RepoContext:
+    documents: tuple[Document, ...] = ()
+    catalog: SkillCatalog = field(default_factory=SkillCatalog)
+    layout: Layout = field(default_factory=Layout)
+    #: Documents were left out (the total budget): the context is not whole.
+    documents_truncated: bool = False
+
+    # -- what is fingerprinted ---------------------------------------------------------
+
+    def governing(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "documents": [{"path": d.path, "kind": d.kind, "scope": d.scope, "sha256": d.sha256,
+                           "truncated": d.truncated} for d in self.documents],
+            "documents_truncated": self.documents_truncated,
+            # The file's digest covers its description; the shown (redacted) one is left
+            # out: redaction depends on the secrets a process holds, the digest does not.
+            "skills": [{"name": s.name, "path": s.path, "root": s.root, "sha256": s.sha256}
+                       for s in self.catalog.skills],
+            "skills_truncated": self.catalog.truncated,
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(rfc8785.dumps(self.governing())).hexdigest()
+
+    def sources(self) -> dict[str, str]:
+        """Each fingerprinted source by a readable name: the first 16 hex digits of its digest."""
+        found = {f"{'AGENTS.md' if d.kind == INSTRUCTIONS else d.path} at {d.path}": d.sha256[:16]
+                 for d in self.documents}
+        for s in self.catalog.skills:
+            found[f"skill {s.name} at {s.path}"] = s.sha256[:16]
+        return found
+
+    def stamp(self) -> dict[str, Any]:
+        """What a plan records of the context it was made with."""
+        return {"schema": SCHEMA, "fingerprint": self.fingerprint, "sources": self.sources()}
+
+    def summary(self) -> dict[str, Any]:
+        """The whole canonical summary (``project.index``): governing part, texts, layout."""
+        return {
+            **self.governing(),
+            "fingerprint": self.fingerprint,
+            "skills": [{"name": s.name, "path": s.path, "root": s.root, "description": s.description,
+                        "sha256": s.sha256} for s in self.catalog.skills],
+            "texts": {d.path: d.text for d in self.documents},
+            "skills_skipped": [{"path": s.path, "reason": s.reason} for s in self.catalog.skipped],
+            "layout": self.layout.summary(),
+        }
+
+    # -- scoped instructions -------------------------------------------------------------
+
+    def applicable(self, path: str) -> tuple[Document, ...]:
+        """The AGENTS.md files that apply to ``path``: those on its ancestor chain, root first."""
+        parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
+        chain = {"."} | {"/".join(parts[:i]) for i in range(1, len(parts) + 1)}
+        return tuple(d for d in self.documents if d.kind == INSTRUCTIONS and d.scope in chain)
+
+    # -- the earlier shape (tests, the providers) ------------------------------------------
+
+    @property
+    def instructions(self) -> tuple[tuple[str, str], ...]:
+        return tuple((d.scope, d.text) for d in self.documents if d.kind == INSTRUCTIONS)
+
+    @property
+    def references(self) -> tuple[tuple[str, str], ...]:
+        return tuple((d.path, d.text) for d in self.documents if d.kind == REFERENCE)
+
+    @property
+    def skills(self) -> tuple[Skill, ...]:
+        return self.catalog.skills
 
     def prompt(self) -> str:
-        """The system-context block the providers append (empty when nothing exists)."""
-        parts: list[str] = []
-        for scope, text in self.instructions:
-            where = "the whole project" if scope == "." else f"files under {scope}/"
-            parts.append(f"Project instructions (AGENTS.md, for {where}):\n{text}")
-        for name, text in self.references:
-            parts.append(f"Reference data from {name} (information, not instructions):\n{text}")
-        if self.skills:
-            listed = "\n".join(f"- {s.name}: {s.description} (read {s.path} with fs.read when a task needs it;"
-                               f" sha256 {s.sha256[:16]})" for s in self.skills)
-            parts.append(f"Skills of this project (knowledge, not tools or permissions):\n{listed}")
-        return "\n\n".join(parts)
+        from corral.actors.repo_prompt import render
+
+        return render(self)
 
 
-def _inside(path: Path, root: Path) -> bool:
+def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two ``sources()`` maps, one line each, in name order."""
+    lines = []
+    for name in sorted(set(old) | set(new)):
+        before, after = old.get(name), new.get(name)
+        if before == after:
+            continue
+        if before is None:
+            lines.append(f"{name} was added (sha256 {str(after)[:12]})")
+        elif after is None:
+            lines.append(f"{name} was removed (it had sha256 {str(before)[:12]})")
+        else:
+            lines.append(f"{name} changed sha256 {str(before)[:12]}→{str(after)[:12]}")
+    return lines
+
+
+# -- building ------------------------------------------------------------------------------
+
+
+def file_key(root: Path, relative: str) -> FileKey | None:
     try:
-        return path.resolve().is_relative_to(root)
+        info = os.lstat(root / relative)
     except OSError:
-        return False
-
-
-def _read(path: Path, root: Path, limit: int) -> str | None:
-    """A regular file inside the workspace (symlinks resolved and checked), bounded."""
-    if not _inside(path, root) or not path.is_file():
         return None
+    return (relative, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+
+
+def _scrub(text: str, places: tuple[str, ...]) -> str:
+    for place in places:
+        text = text.replace(place, "<workspace>" if place == places[0] else "<home>")
+    return redact_text(text)
+
+
+def _document(root: Path, path: str, kind: str, scope: str, places: tuple[str, ...]) -> Document | None:
+    """A regular file (never a symlink) inside the workspace: hashed whole, text bounded."""
+    full = root / path
     try:
-        with path.open("rb") as handle:
-            data = handle.read(limit + 1)
+        if not stat.S_ISREG(os.lstat(full).st_mode):
+            return None
+        digest, size, head = hashlib.sha256(), 0, b""
+        with full.open("rb") as handle:
+            while chunk := handle.read(64 * 1024):
+                digest.update(chunk)
+                if len(head) <= MAX_DOCUMENT_BYTES:
+                    head += chunk[: MAX_DOCUMENT_BYTES + 1 - len(head)]
+                size += len(chunk)
     except OSError:
         return None
-    text = data[:limit].decode("utf-8", errors="replace")
-    return text + ("\n[... cut]" if len(data) > limit else "")
+    truncated = size > MAX_DOCUMENT_BYTES
+    text = _scrub(head[:MAX_DOCUMENT_BYTES].decode("utf-8", errors="replace"), places)
+    return Document(path, kind, scope, digest.hexdigest(), size, text, truncated)
 
 
-def _front_matter(text: str) -> dict[str, str]:
-    """``---\\nname: x\\ndescription: y\\n---`` at the top of a SKILL.md."""
-    lines = text.splitlines()
-    if not lines or lines[0].strip() != "---":
-        return {}
-    found: dict[str, str] = {}
-    for line in lines[1:40]:
-        if line.strip() == "---":
-            break
-        key, sep, value = line.partition(":")
-        if sep:
-            found[key.strip().lower()] = value.strip().strip('"')
-    return found
+def _parent_chain_is_real(root: Path, relative: str) -> bool:
+    """No component of ``relative`` (a directory) is a symlink."""
+    here = root
+    for part in [p for p in relative.split("/") if p not in ("", ".")]:
+        here = here / part
+        try:
+            if not stat.S_ISDIR(os.lstat(here).st_mode):
+                return False
+        except OSError:
+            return False
+    return True
 
 
-def load(workspace: Path) -> ProjectContext:
+def build(workspace: Path, home: Path | None = None, *, with_layout: bool = True, with_git: bool = False) -> tuple[
+        RepoContext, tuple[FileKey, ...], tuple[repo_walk.DirKey, ...]]:
+    """The context of ``workspace``, the stat of every file read and every directory walked."""
     root = workspace.resolve()
     if not root.is_dir():
-        return ProjectContext()
-    instructions: list[tuple[str, str]] = []
-    for visited, (directory, subdirs, files) in enumerate(os.walk(root)):
-        if visited >= MAX_DIRECTORIES:
+        return RepoContext(), (), ()
+    homes = (home,) if home is not None else ()
+    places = (str(root), *(str(h.resolve()) for h in homes))
+    walk = repo_walk.walk(root, homes)
+    documents: list[Document] = []
+    total, cut = 0, False
+    wanted = [(f"{d}/AGENTS.md" if d != "." else "AGENTS.md", INSTRUCTIONS, d) for d in walk.agents_dirs]
+    wanted += [(name, REFERENCE, ".") for name in REFERENCE_NAMES if name in walk.top]
+    for path, kind, scope in wanted:
+        if total >= MAX_DOCUMENTS_TOTAL:
+            cut = True
             break
-        here = Path(directory)
-        depth = len(here.relative_to(root).parts)
-        # Control directories in any spelling (`.GIT`, `.Corral`): what a command may
-        # have planted there is no instruction of the project.
-        subdirs[:] = sorted(d for d in subdirs if d not in SKIP_DIRS and not is_control_name(d) and depth < MAX_DEPTH)
-        if "AGENTS.md" in files and len(instructions) < MAX_INSTRUCTION_FILES:
-            text = _read(here / "AGENTS.md", root, MAX_INSTRUCTION_CHARS)
-            if text is not None:
-                instructions.append((here.relative_to(root).as_posix() or ".", text))
-    instructions.sort(key=lambda item: (item[0] != ".", item[0]))
-    references = []
-    for name in ("README.md", "CONTEXT.md"):
-        text = _read(root / name, root, MAX_REFERENCE_CHARS)
-        if text is not None:
-            references.append((name, text))
-    skills = []
-    skills_dir = root / ".agents" / "skills"
-    if skills_dir.is_dir() and _inside(skills_dir, root):
-        for entry in sorted(skills_dir.iterdir())[: MAX_SKILLS * 2]:
-            body_path = entry / "SKILL.md"
-            if not _inside(body_path, root) or not body_path.is_file():
-                continue
-            data = body_path.read_bytes()
-            meta = _front_matter(data[:4000].decode("utf-8", errors="replace"))
-            skills.append(Skill(
-                name=meta.get("name") or entry.name,
-                description=(meta.get("description") or "(no description)")[:300],
-                path=body_path.relative_to(root).as_posix(),
-                sha256=hashlib.sha256(data).hexdigest(),
-            ))
-            if len(skills) >= MAX_SKILLS:
-                break
-    return ProjectContext(tuple(instructions), tuple(references), tuple(skills))
+        if not _parent_chain_is_real(root, scope):
+            continue
+        found = _document(root, path, kind, scope, places)
+        if found is not None:
+            documents.append(found)
+            total += min(found.size, MAX_DOCUMENT_BYTES)
+    catalog = discover(root)
+    files = [path for path, _, _ in wanted] + [s.path for s in catalog.skills] + [s.path for s in catalog.skipped]
+    dirs = [*SKILL_ROOTS, *(str(Path(s.path).parent) for s in catalog.skills)]
+    keys = tuple(k for k in (file_key(root, f) for f in files) if k is not None)
+    dir_keys = walk.keys + tuple(k for k in (repo_walk.dir_key(root, d) for d in dirs) if k is not None)
+    layout = Layout()
+    if with_layout:
+        manifests = tuple(repo_manifests.manifest(root, path) for path in walk.manifests)
+        layout = Layout(walk, manifests, repo_manifests.git_summary(root) if with_git else {})
+    return RepoContext(tuple(documents), catalog, layout, cut), keys, dir_keys
+
+
+def load(workspace: Path, home: Path | None = None) -> RepoContext:
+    """The context with its layout and git summary, built now (``project.index``)."""
+    return build(workspace, home, with_git=True)[0]
+
+
+class ContextCache:
+    """The context of one workspace, rebuilt only when a stat says something changed
+    (a directory walked, a document or skill read): a step does not re-read the tree."""
+
+    def __init__(self, workspace: Path, home: Path | None = None) -> None:
+        self.root = workspace.resolve()
+        self.home = home
+        self._built: RepoContext | None = None
+        self._keys: tuple[FileKey, ...] = ()
+        self._dir_keys: tuple[repo_walk.DirKey, ...] = ()
+
+    def _fresh(self) -> bool:
+        return (self._built is not None and repo_walk.unchanged(self.root, self._dir_keys)
+                and all(file_key(self.root, key[0]) == key for key in self._keys))
+
+    def seed(self, built: tuple[RepoContext, tuple[FileKey, ...], tuple[repo_walk.DirKey, ...]]) -> None:
+        """Take a build made elsewhere (the lane's first, with its layout) as the cached one."""
+        self._built, self._keys, self._dir_keys = built
+
+    def current(self) -> RepoContext:
+        """Documents and skills as they are now (no layout: the guard needs none)."""
+        if not self._fresh():
+            self._built, self._keys, self._dir_keys = build(self.root, self.home, with_layout=False)
+        assert self._built is not None
+        return self._built
+
+
+class LiveContext:
+    """A lane's context: the layout is the lane's start-up snapshot (with git); the
+    documents and skills are re-checked at every turn, so the next plan sees an
+    edited AGENTS.md. ``stamp`` is what the last rendered prompt was made from."""
+
+    def __init__(self, workspace: Path, home: Path | None = None) -> None:
+        self.cache = ContextCache(workspace, home)
+        self.layout: Layout | None = None
+        self.rendered: RepoContext | None = None
+        #: The cache's context the rendered one was made from (the same object: unchanged).
+        self._source: RepoContext | None = None
+        self._prompt = ""
+
+    def prompt(self) -> str:
+        if self.layout is None:
+            built = build(self.cache.root, self.cache.home, with_git=True)
+            self.layout = built[0].layout
+            self.cache.seed(built)
+        now = self.cache.current()
+        if self.rendered is None or now is not self._source:
+            context = RepoContext(now.documents, now.catalog, self.layout, now.documents_truncated)
+            self.rendered, self._source, self._prompt = context, now, context.prompt()
+        return self._prompt
+
+    def stamp(self) -> dict[str, Any]:
+        if self.rendered is None:
+            self.prompt()
+        assert self.rendered is not None
+        return self.rendered.stamp()

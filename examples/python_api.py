@@ -18,6 +18,10 @@ name = "python-api-example"
 [project]
 root = "project"
 
+# Writing files asks a person by default; this example lets its one write run.
+[policy]
+"fs.write" = "auto"
+
 [[agents]]
 id = "writer"
 write_scopes = ["notes"]

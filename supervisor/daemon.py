@@ -27,7 +27,7 @@ from corral.supervisor import probes
 from corral.supervisor.bridge import bridge_service
 from corral.supervisor.bridge.bridge_service import BridgeService
 from corral.supervisor.cluster import node_service
-from corral.supervisor.context import collaboration_service
+from corral.supervisor.context import collaboration_service, repo_fingerprint_service
 from corral.supervisor.context.collaboration_service import CollaborationService
 from corral.supervisor.errors import StorageFull, SupervisorError
 from corral.supervisor.home import home_dir as homes
@@ -46,6 +46,7 @@ from corral.supervisor.mcp.mcp_service import McpService
 from corral.supervisor.models import model_service
 from corral.supervisor.models.model_service import ModelService
 from corral.supervisor.params import param_int, param_seconds
+from corral.supervisor.project import project_service
 from corral.supervisor.runs import run_service
 from corral.supervisor.runs.run_hooks import RunHooks
 from corral.supervisor.runs.run_service import RunService
@@ -209,7 +210,9 @@ class Supervisor:
         plan_service.install(self)
         goal_service.install(self)
         compaction_service.install(self)
+        project_service.install(self)  # the project revision, project.verify, the final-reply gate
         self.collaboration = collaboration_service.install(self)
+        repo_fingerprint_service.install(self)  # an action planned on an older repository context is blocked
         # Last: its status hook sees a run's final status after every feature's.
         self.telemetry = telemetry_service.install(self, self.telemetry_config)
         if self.spec.supervisor.probes:

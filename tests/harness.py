@@ -64,6 +64,10 @@ class Daemon:
         conftest reaps it once it exits. The CLI's own ``up`` is tested through
         ``cli`` (tests/test_spec_and_ledger.py, tests/security/)."""
         environment = {**os.environ, **self.env, **(env or {})}
+        if spec and self.spec is not None and self.spec.is_file():
+            text = self.spec.read_text()
+            if unattended(text) != text:  # the tests' swarms run alone: see unattended()
+                self.spec.write_text(unattended(text))
         try:
             start_supervisor(self.home, self.spec if spec else None, 30.0, env=environment, checked=True)
         except (SupervisorStartError, SpecError, homes.HomeError) as exc:
@@ -157,6 +161,24 @@ class Daemon:
                 pass
         for proc in procs:
             wait_exit(proc.pid, 5)
+
+
+UNATTENDED = 'default = "auto"'
+
+
+def unattended(spec_text: str) -> str:
+    """``spec_text`` as an unattended swarm: ``[policy] default = "auto"`` unless the
+    spec sets a default itself. corral asks a person before a write or a command
+    (seed 004's default); the tests' swarms run alone, and a test about approvals
+    names the tool it wants a person for (a named tool wins over the default, and
+    project.git_commit and project.restore are never lowered)."""
+    lines = spec_text.splitlines()
+    if any(line.strip().replace(" ", "").startswith("default=") for line in lines):
+        return spec_text
+    for index, line in enumerate(lines):
+        if line.strip() == "[policy]":
+            return "\n".join([*lines[: index + 1], UNATTENDED, *lines[index + 1:]]) + "\n"
+    return f"{spec_text.rstrip()}\n\n[policy]\n{UNATTENDED}\n"
 
 
 @contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ CHAOS = [sys.executable, "-m", "corral", "chaos"]
 def test_every_failpoint_once_keeps_every_invariant(short_tmp: Path) -> None:
     """Bounded CI sample: each failpoint of the demo once, alternating supervisor and agent kills."""
     runner = Runner(demo_scenario(), seed=11, targets=("supervisor", "agents"), workdir=short_tmp, verbose=False)
-    layers = ("session.", "mcp.", "model.", "steer.", "input.", "bridge.", "durable-plan.", "context.")
+    layers = ("session.", "mcp.", "model.", "steer.", "input.", "bridge.", "durable-plan.", "context.", "changeset.",
+              "verify.")
     names = [name for name in failpoints.KNOWN if not name.startswith(layers)]
     for index, name in enumerate(names):
         runner.failpoint_episode(name, "supervisor" if index % 2 == 0 else "agents")
@@ -225,6 +227,65 @@ def test_the_chaos_failpoint_suite_covers_mcp_calls(short_tmp: Path) -> None:
     assert failed == {}
     assert {k.point for e in runner.episodes for k in e.kills} == set(names)
     assert report["invariants"]["side effect at most once, never before executing"]["count"] >= 4
+
+
+#: The crash windows of a verified change (seed 004 V1.3, V1.12): between a
+#: changeset's checkpoint and its first write, and right after a verification is
+#: recorded. The run ends once, with the files written once and one verification.
+CHANGESET_SCENARIO = """
+name = "changeset"
+[project]
+root = "project"
+verify = [["test", "-f", "a.txt"]]
+[chaos]
+root_agent = "writer"
+task = "Change two files"
+effects_file = "effects.log"
+[sandbox]
+mode = "allow-unsandboxed"
+[[agents]]
+id = "writer"
+role = "root"
+[agents.policy]
+"project.changeset" = "auto"
+  [[agents.steps]]
+  actions = [{ tool = "project.changeset", input = { changes = [
+    { operation = "create", path = "a.txt", content = "a" },
+    { operation = "create", path = "b.txt", content = "b" },
+  ] } }]
+  [[agents.steps]]
+  actions = [{ tool = "project.verify", input = {} }]
+  [[agents.steps]]
+  final = "changed"
+"""
+
+
+def test_the_chaos_failpoint_suite_covers_the_changeset_window(short_tmp: Path) -> None:
+    from corral.chaos.runner import file_scenario
+
+    spec = short_tmp / "changeset.toml"
+    spec.write_text(CHANGESET_SCENARIO)
+    runner = Runner(
+        file_scenario(spec), seed=5, targets=("supervisor", "agents"), workdir=short_tmp / "w", verbose=False
+    )
+    runner.failpoint_episode("changeset.after-checkpoint", "agents")
+    runner.failpoint_episode("verify.after-record", "supervisor")
+    report = runner.report(0.0)
+    failed = {name: entry["failures"] for name, entry in report["invariants"].items() if not entry["passed"]}
+    assert failed == {}
+    assert [sorted(k.point for k in e.kills) for e in runner.episodes] == [
+        ["changeset.after-checkpoint"], ["verify.after-record"]]
+    for episode in ("e000", "e001"):
+        project = short_tmp / "w" / episode / "project"
+        assert (project / "a.txt").read_text() == "a" and (project / "b.txt").read_text() == "b"
+        assert len(list((project.parent / ".corral" / "checkpoints" / "runs").glob("*/cp-*.json"))) == 1
+        ledger = sqlite3.connect(project.parent / ".corral" / "ledger.db")
+        try:
+            verified = ledger.execute("SELECT status FROM project_verifications").fetchall()
+            phases = ledger.execute("SELECT phase FROM actions WHERE tool = 'project.verify'").fetchall()
+        finally:
+            ledger.close()
+        assert verified == [("passed",)] and phases == [("ok",)], episode
 
 
 def test_kill_caller_with_no_caller_stays_armed_for_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

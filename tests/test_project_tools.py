@@ -4,6 +4,7 @@ a review, git reads, and a commit of exactly the reviewed content after approval
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from corral.actors.tools.base import ToolContext, ToolError
-from corral.actors.tools.project import Changeset, GitCommit, GitDiff, GitStatus
+from corral.actors.tools.project import Changeset, GitCommit, GitDiff, GitSnapshot, GitStatus
 from tests.harness import Daemon, agent_spec, wait_run
 
 
@@ -24,6 +25,15 @@ def _ctx(ws: Path, scopes: tuple[str, ...] = (".",)) -> ToolContext:
                        home=ws.parent / "home", call=_no_call)
 
 
+def _verified(ws: Path) -> ToolContext:
+    """A context whose run has a passed verification on its current revision."""
+    async def call(method: str, **params: Any) -> dict[str, Any]:
+        return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True}
+
+    return ToolContext(agent_id="writer", run_id="run-test00", action_id="act-1", workspace=ws, write_scopes=(".",),
+                       home=ws.parent / "home", call=call)
+
+
 def _git(ws: Path, *args: str) -> str:
     return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=ws, check=True,
                           capture_output=True, text=True).stdout
@@ -34,6 +44,8 @@ def _repo(tmp: Path) -> Path:
     ws.mkdir()
     (ws / "README.md").write_text("old\n")
     _git(ws, "init", "-q", "-b", "main")
+    _git(ws, "config", "user.name", "t")  # the repository's own identity: the commit's
+    _git(ws, "config", "user.email", "t@t")
     _git(ws, "add", "README.md")
     _git(ws, "commit", "-q", "-m", "start")
     return ws
@@ -75,27 +87,31 @@ async def test_git_reads_and_a_commit_of_exactly_the_reviewed_content(tmp_path: 
     assert " M README.md" in status.output["status"]
     diff = await GitDiff().run(_ctx(ws), {})
     assert "+new" in diff.output["diff"]
-    with pytest.raises(ToolError, match="not the reviewed content"):
-        await GitCommit().run(_ctx(ws), {"message": "m", "files": [{"path": "README.md", "sha256": sha("old\n")}]})
+    snap = (await GitSnapshot().run(_ctx(ws), {"paths": ["README.md"]})).output
+    assert snap["files"] == [{"path": "README.md", "sha256": sha("new\n")}]
+    commit = {"message": "Update the readme", "paths": ["README.md"], "expected_head": snap["head"],
+              "expected_snapshot_fingerprint": snap["fingerprint"]}
+    with pytest.raises(ToolError, match="not the snapshot's"):
+        await GitCommit().run(_verified(ws), {**commit, "expected_snapshot_fingerprint": sha("other")})
     assert _git(ws, "rev-list", "--count", "HEAD").strip() == "1", "no commit"
-    done = await GitCommit().run(_ctx(ws), {"message": "Update the readme",
-                                            "files": [{"path": "README.md", "sha256": sha("new\n")}]})
-    assert _git(ws, "log", "-1", "--format=%s %ae").strip() == "Update the readme writer@corral.invalid"
+    done = await GitCommit().run(_verified(ws), commit)
+    assert _git(ws, "log", "-1", "--format=%s %ae").strip() == "Update the readme t@t"
     assert done.output["commit"] == _git(ws, "rev-parse", "HEAD").strip()
     assert not (tmp_path / "hook-ran").exists(), "the repository's hooks never run"
 
 
-def test_a_commit_waits_for_approval_by_default(short_tmp: Path) -> None:
+def test_a_commit_waits_for_approval_even_under_a_glob_that_says_auto(short_tmp: Path) -> None:
+    """And once approved, it still needs a passed verification: none, nothing committed."""
     ws = _repo(short_tmp)
-    reviewed = f'{{ path = "README.md", sha256 = "{sha("old" + chr(10))}" }}'
+    commit = f'message = "m", paths = ["README.md"], expected_head = "{"0" * 40}", expected_snapshot_fingerprint = "x"'
     steps = f"""
 [[agents.steps]]
-actions = [{{ tool = "project.git_commit", input = {{ message = "m", files = [{reviewed}] }} }}]
+actions = [{{ tool = "project.git_commit", input = {{ {commit} }} }}]
 [[agents.steps]]
 final = "committed"
 """
     spec = short_tmp / "spec.toml"
-    spec.write_text(agent_spec(workspace=str(ws), steps=steps))
+    spec.write_text(agent_spec(workspace=str(ws), steps=steps, extra='[policy]\n"project.*" = "auto"'))
     daemon = Daemon(short_tmp / "h", spec)
     try:
         daemon.up()
@@ -104,5 +120,10 @@ final = "committed"
         assert shown["run"]["status"] == "waiting-confirmation"
         assert [a["policy"] for a in shown["actions"]] == ["confirm"]
         assert _git(ws, "rev-list", "--count", "HEAD").strip() == "1", "nothing committed before approval"
+        daemon.call("continue_action", action_id=shown["actions"][0]["action_id"], decision="approve")
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["actions"][0]["phase"] == "failed"
+        assert "run project.verify first" in json.dumps(shown["actions"][0])
+        assert _git(ws, "rev-list", "--count", "HEAD").strip() == "1", "nothing committed unverified"
     finally:
         daemon.shutdown()

@@ -41,6 +41,12 @@ class ToolContext:
     idempotency_key: str = ""
 
 
+#: The ``default_policy`` of a tool that writes files, changes the project or runs a
+#: command: seed 004's default (V1.2, V1.3, V1.10) is that a person approves it,
+#: unless the spec says otherwise (``[policy] default = "auto"``: an unattended swarm).
+ASKS_A_PERSON = "confirm"
+
+
 @dataclass(frozen=True)
 class ToolResult:
     ok: bool

@@ -139,6 +139,8 @@ def tool(
         tool_name = name or target.__name__
         if not tool_name or not set(tool_name) <= _NAME_CHARS or len(tool_name) > 64:
             raise ToolDeclarationError(f"tool name {tool_name!r}: use 1-64 of a-z, 0-9, '.', '_', '-'")
+        if tool_name == "default":
+            raise ToolDeclarationError("tool name 'default' is the key of a policy table's default: pick another")
         if tool_name.startswith("mcp."):
             raise ToolDeclarationError(f"tool name {tool_name!r}: 'mcp.' names belong to MCP servers")
         if effect not in EFFECTS:

@@ -8,7 +8,7 @@ from typing import Any, NotRequired
 
 from typing_extensions import TypedDict
 
-from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
+from corral.actors.tools.base import ASKS_A_PERSON, ToolContext, ToolError, ToolResult, schema
 from corral.actors.tools.paths import check_write_scope
 from corral.actors.tools.staging import (
     Staged,
@@ -25,6 +25,7 @@ from corral.sandbox.control_paths import is_control_name
 # project.changeset; confined is its path check and read_confined its read;
 # _open_parent is tested directly.
 __all__ = [
+    "SOURCES_CHANGED",
     "FsList",
     "FsPatch",
     "FsRead",
@@ -58,6 +59,10 @@ class PatchArgs(TypedDict):
     new_text: str
     expected_sha256: str
 
+
+#: The output key of a tool whose committed result changed the project's sources:
+#: its receipt makes the next project revision (supervisor/project/revision_store.py).
+SOURCES_CHANGED = "sources_changed"
 
 MAX_READ = 64 * 1024
 MAX_WRITE = 512 * 1024
@@ -120,6 +125,7 @@ def read_confined(ctx: ToolContext, raw: str) -> bytes:
 
 
 class FsWrite:
+    default_policy = ASKS_A_PERSON
     schema = schema(
         "fs.write",
         "Create or replace a text file inside the write scopes.",
@@ -134,12 +140,13 @@ class FsWrite:
         _write_confined(ctx, tool_input["path"], data)
         return ToolResult(
             True,
-            {"path": tool_input["path"], "sha256": _sha(data), "bytes": len(data)},
+            {"path": tool_input["path"], "sha256": _sha(data), "bytes": len(data), SOURCES_CHANGED: True},
             f"wrote {tool_input['path']} ({len(data)} bytes, sha256 {_sha(data)[:12]})",
         )
 
 
 class FsPatch:
+    default_policy = ASKS_A_PERSON
     schema = schema(
         "fs.patch",
         "Replace one exact occurrence of old_text; expected_sha256 must match the file as last read.",
@@ -159,4 +166,5 @@ class FsPatch:
             raise ToolError(f"old_text occurs {count} times in {raw!r}; it must occur exactly once", "bad-input")
         new = text.replace(tool_input["old_text"], tool_input["new_text"]).encode()
         _write_confined(ctx, raw, new)
-        return ToolResult(True, {"path": raw, "sha256": _sha(new)}, f"patched {raw} (sha256 {_sha(new)[:12]})")
+        return ToolResult(True, {"path": raw, "sha256": _sha(new), SOURCES_CHANGED: True},
+                          f"patched {raw} (sha256 {_sha(new)[:12]})")

@@ -64,6 +64,8 @@ _SAFE_CONFIG: tuple[tuple[str, str], ...] = (
     ("protocol.allow", "never"),
     ("safe.bareRepository", "explicit"),
     ("commit.gpgSign", "false"),
+    # No identity guessed from the host name: a commit without one fails.
+    ("user.useConfigOnly", "true"),
     ("tag.gpgSign", "false"),
     ("log.showSignature", "false"),
     ("submodule.recurse", "false"),
@@ -88,8 +90,9 @@ class HostGitError(RuntimeError):
     """Git failed or the repository cannot be handled safely; the message says why."""
 
 
-def _environment(workspace: Path, settings: Sequence[tuple[str, str]]) -> dict[str, str]:
+def _environment(workspace: Path, settings: Sequence[tuple[str, str]], extra: Mapping[str, str]) -> dict[str, str]:
     env = {
+        **extra,
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null",
         "HOME": "/nonexistent",
@@ -111,12 +114,14 @@ def _environment(workspace: Path, settings: Sequence[tuple[str, str]]) -> dict[s
     return env
 
 
-def _run(workspace: Path, settings: Sequence[tuple[str, str]], args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+def _run(
+    workspace: Path, settings: Sequence[tuple[str, str]], args: Sequence[str], extra: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(
             ["git", "--no-pager", *args],
             cwd=workspace,
-            env=_environment(workspace, settings),
+            env=_environment(workspace, settings, extra or {}),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -153,13 +158,29 @@ def neutralizing_settings(names: Sequence[str]) -> list[tuple[str, str]]:
 
 
 @dataclass(frozen=True)
+class Identity:
+    """Who a commit is by: the repository's own ``user.name`` and ``user.email``."""
+
+    name: str
+    email: str
+
+
+@dataclass(frozen=True)
 class HostGit:
     """git for one workspace (its root must be the repository's top)."""
 
     workspace: Path
 
-    def run(self, *args: str, literal_paths: bool = False) -> subprocess.CompletedProcess[str]:
-        """Run ``git args`` with every safety setting and every driver neutralized."""
+    def run(
+        self,
+        *args: str,
+        literal_paths: bool = False,
+        index_file: Path | None = None,
+        identity: Identity | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``git args`` with every safety setting and every driver neutralized.
+        ``index_file``: an index of corral's own instead of the user's (``GIT_INDEX_FILE``);
+        ``identity``: the author and committer of a commit or a reflog entry."""
         root = self.workspace.resolve()
         listed = _run(root, _SAFE_CONFIG, ["config", "--list", "-z"])
         if listed.returncode != 0:
@@ -176,7 +197,13 @@ class HostGit:
             # diff would list and show files outside the workspace.
             raise HostGitError(f"the repository's work tree is {top.stdout.strip()[:200]}, not the workspace {root}")
         prefix = ["--literal-pathspecs"] if literal_paths else []
-        return _run(root, settings, [*prefix, *args])
+        extra: dict[str, str] = {}
+        if index_file is not None:
+            extra["GIT_INDEX_FILE"] = str(index_file)
+        if identity is not None:
+            for who in ("AUTHOR", "COMMITTER"):
+                extra[f"GIT_{who}_NAME"], extra[f"GIT_{who}_EMAIL"] = identity.name, identity.email
+        return _run(root, settings, [*prefix, *args], extra)
 
 
 # -- secrets out of status and diff --------------------------------------------------------

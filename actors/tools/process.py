@@ -17,16 +17,19 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, NotRequired
 
+import trio
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from corral.actors.one_shot_command import StreamCapture, read_transcript_lines, run_command
+from corral.actors.one_shot_command import CommandResult, StreamCapture, read_transcript_lines, run_command
 from corral.actors.session import private_dirs, sandbox_profile
 from corral.actors.session_state import BadSessionInput, SessionError
-from corral.actors.tools.base import Tool, ToolContext, ToolError, ToolResult, schema
+from corral.actors.tools.base import ASKS_A_PERSON, Tool, ToolContext, ToolError, ToolResult, schema
+from corral.actors.tools.fs import SOURCES_CHANGED
 from corral.actors.tools.paths import resolve_in_workspace
+from corral.actors.tools.source_fingerprint import fingerprint
 from corral.sandbox.bwrap import SandboxError
-from corral.sandbox.exec_handshake import ReadyInfo
+from corral.sandbox.exec_handshake import OnReady, ReadyInfo
 from corral.sandbox.launched_process import LaunchError
 
 #: Request timeouts to the supervisor, above what it may take to answer.
@@ -98,6 +101,7 @@ def _cwd(ctx: ToolContext, tool_input: dict[str, Any]) -> tuple[str, Path]:
 
 
 class ProcessStart:
+    default_policy = ASKS_A_PERSON
     schema = schema(
         "process.start",
         "Start a long-running program on a terminal (120x30) in the sandbox; returns a process_id and a cursor.",
@@ -153,6 +157,7 @@ class ProcessPoll:
 
 
 class ProcessStdin:
+    default_policy = ASKS_A_PERSON
     schema = schema(
         "process.stdin",
         "Type into a running process's terminal; eof sends end-of-file. Only byte counts and sha256 are kept.",
@@ -180,6 +185,7 @@ class ProcessStdin:
 
 
 class ProcessTerminate:
+    default_policy = ASKS_A_PERSON
     schema = schema(
         "process.terminate",
         "Stop a process: SIGTERM to its group, 800 ms grace, then SIGKILL; returns its final state "
@@ -224,7 +230,37 @@ def command_transcript(ctx: ToolContext, action_id: str) -> Path:
     return ctx.home / "transcripts" / ctx.run_id / f"{action_id}.log"
 
 
+async def run_sandboxed(
+    argv: list[str],
+    cwd: Path,
+    timeout_s: float,
+    granted: dict[str, Any],
+    transcript: Path,
+    on_ready: OnReady | None = None,
+) -> CommandResult:
+    """One command to its end in the sandbox the supervisor granted (``project_root``
+    and ``sandbox``, as ``command.sandbox`` answers): the one runner of command.exec
+    and project.verify."""
+    try:
+        profile = sandbox_profile(Path(granted["project_root"]), granted["sandbox"])
+        return await run_command(
+            argv,
+            cwd,
+            timeout_s,
+            profile,
+            HEAD_LINES,
+            TAIL_LINES,
+            transcript_path=transcript,
+            on_ready=on_ready,
+            max_line_chars=MAX_LINE_CHARS,
+        )
+    except (SandboxError, LaunchError, SessionError) as exc:
+        # Fails closed: for every one of these the target never ran (or execve failed).
+        raise ToolError(str(exc), exc.code) from None
+
+
 class CommandExec:
+    default_policy = ASKS_A_PERSON
     schema = schema(
         "command.exec",
         "Run one command to its end in the sandbox (stdin empty); returns the first and last lines of "
@@ -252,22 +288,9 @@ class CommandExec:
                 "command.launched", run_id=ctx.run_id, action_id=ctx.action_id, launch_mode=info.launch_mode.value
             )
 
-        try:
-            profile = sandbox_profile(Path(granted["project_root"]), granted["sandbox"])
-            result = await run_command(
-                argv,
-                cwd,
-                float(timeout_s),
-                profile,
-                HEAD_LINES,
-                TAIL_LINES,
-                transcript_path=transcript,
-                on_ready=launched,
-                max_line_chars=MAX_LINE_CHARS,
-            )
-        except (SandboxError, LaunchError, SessionError) as exc:
-            # Fails closed: for every one of these the target never ran (or execve failed).
-            raise ToolError(str(exc), exc.code) from None
+        before = await trio.to_thread.run_sync(fingerprint, ctx.workspace, ctx.home)
+        result = await run_sandboxed(argv, cwd, float(timeout_s), granted, transcript, launched)
+        after = await trio.to_thread.run_sync(fingerprint, ctx.workspace, ctx.home)
         output = {
             "action_id": ctx.action_id,
             "status": result.state.value,
@@ -282,6 +305,11 @@ class CommandExec:
             f"{argv[0]} {result.state.value} (exit {result.exit_code}), {result.transcript_lines} lines"
             f" [launch={result.launch_mode.value}]"
         )
+        if not before.same_as(after):
+            # A write like any other: its receipt makes the next project revision.
+            output[SOURCES_CHANGED] = True
+            output["sources_fingerprint_complete"] = before.complete and after.complete
+            summary += "; it changed sources"
         if result.guard is not None and not result.guard.clean:
             # What the command did to git's control entries was undone: it did not
             # do what it was asked, and the model must hear why.

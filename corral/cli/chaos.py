@@ -225,6 +225,10 @@ def _applies(failpoint: str, spec_text: str) -> bool:
         return "auto_compact_token_limit" in spec_text
     if layer == "durable-plan":
         return "plan.update" in spec_text
+    if layer == "changeset":
+        return "project.changeset" in spec_text or "project.restore" in spec_text
+    if layer == "verify":
+        return "project.verify" in spec_text
     if layer == "bridge":
         return "[bridge]" in spec_text  # the task bridge's own daemon
     return layer != "steer"  # chaos sends no steers

@@ -121,6 +121,15 @@ def print_run(shown: dict[str, Any]) -> None:
     elif intent.get("status") == "unbound":
         print(f"  intent: unbound ({intent.get('reason', '')}); the guard is advisory"
               f" ({intent.get('receipts', 0)} decision receipts)")
+    project = shown.get("project") or {}
+    if project.get("changed_at_revision") is not None:
+        verification = project.get("verification") or {}
+        verified = (f"verification {verification['status']} at revision {verification['revision']}"
+                    if verification else "not verified")
+        print(f"  project: changed sources (last at revision {project['changed_at_revision']}); now at revision"
+              f" {project['revision']}, {verified}")
+    if project.get("final_blocked"):
+        print(f"  final reply blocked: {project['final_blocked']}")
     usage = shown.get("usage") or {}
     if usage.get("requests"):
         tokens = f", {usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens"

@@ -72,6 +72,8 @@ KNOWN: dict[str, str] = {
     "bridge.before-commit": "bridge: a command's facts, receipt and audit are written, not committed",
     "bridge.after-commit": "bridge: a command is committed, its reply not yet sent",
     "bridge.after-submit-sent": "bridge worker: the submit was answered, the job not yet marked submitted",
+    "changeset.after-checkpoint": "agent: a changeset's or restore's checkpoint is written, no file changed yet",
+    "verify.after-record": "a project.verify's verification is recorded, its action not yet finished",
 }
 
 
@@ -85,7 +87,9 @@ BROKEN_BUILDS: dict[str, str] = {
 
 
 #: Failpoints hit inside actor processes; all others are hit inside the supervisor.
-ACTOR_SIDE = frozenset(name for name in KNOWN if name.split(".")[0] in ("agent", "provider", "session", "mcp", "model"))
+ACTOR_SIDE = frozenset(
+    name for name in KNOWN if name.split(".")[0] in ("agent", "provider", "session", "mcp", "model", "changeset")
+)
 
 
 class FailpointError(RuntimeError):

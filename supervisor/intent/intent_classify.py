@@ -473,6 +473,7 @@ CORRAL_TAGS: dict[str, frozenset[str]] = {
     "project.git_commit": WRITE,
     "project.git_status": READ,
     "project.git_diff": READ,
+    "project.git_snapshot": READ,
     "command.output_read": READ,
     "process.poll": READ,
     "process.stdin": UNKNOWN,

@@ -172,9 +172,10 @@ def action_paths(tool: str, tool_input: dict[str, Any]) -> list[tuple[str, bool]
     if tool == "project.changeset":
         changes = tool_input.get("changes")
         return [(path, True) for path in _strings(changes if isinstance(changes, list) else [], "path")]
-    if tool == "project.git_commit":
-        files = tool_input.get("files")
-        return [(path, True) for path in _strings(files if isinstance(files, list) else [], "path")]
+    if tool in ("project.git_commit", "project.git_snapshot"):
+        paths = tool_input.get("paths")
+        write = tool == "project.git_commit"
+        return [(path, write) for path in (paths if isinstance(paths, list) else []) if isinstance(path, str)]
     if tool in COMMANDS:
         # The working directory only: what the command then touches, the sandbox confines.
         cwd = tool_input.get("cwd")

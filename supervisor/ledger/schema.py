@@ -527,3 +527,31 @@ MIGRATIONS.append(
     );
     """
 )
+
+MIGRATIONS.append(
+    # The project revision and its verifications (supervisor/project/): one row per
+    # committed write that changed sources (the revision is its number), and one per
+    # project.verify action, bound to the revision and the source fingerprint it ran on.
+    """
+    CREATE TABLE project_revisions (
+        revision    INTEGER PRIMARY KEY,
+        action_id   TEXT NOT NULL UNIQUE,
+        run_id      TEXT NOT NULL,
+        root_run_id TEXT NOT NULL,
+        tool        TEXT NOT NULL,
+        created_at  REAL NOT NULL
+    );
+    CREATE INDEX project_revisions_by_root ON project_revisions (root_run_id);
+    CREATE TABLE project_verifications (
+        action_id   TEXT PRIMARY KEY,
+        run_id      TEXT NOT NULL,
+        revision    INTEGER NOT NULL,
+        fingerprint TEXT NOT NULL,
+        status      TEXT NOT NULL,
+        commands    INTEGER NOT NULL,
+        output      TEXT NOT NULL,
+        created_at  REAL NOT NULL
+    );
+    CREATE INDEX project_verifications_by_revision ON project_verifications (revision, status);
+    """
+)

@@ -26,7 +26,7 @@ def continue_action(ledger: Ledger, action_id: str, decision: str, expected_fing
             move_action(ledger, action_id, ActionPhase.APPROVED, reason="approved")
         else:
             move_action(ledger, action_id, ActionPhase.DENIED, reason="denied by a person", error="denied by a person")
-        _reopen_run(ledger, row["run_id"])
+        reopen_run(ledger, row["run_id"])
     if decision == "deny":
         write_receipt(ledger, action_id)
     return str(row["run_id"])
@@ -49,11 +49,11 @@ def reconcile(ledger: Ledger, action_id: str, outcome: str, note: str) -> str:
             error=None if outcome == "ok" else f"reconciled as failed: {note[:200]}",
         )
         write_receipt(ledger, action_id, note=note)
-        _reopen_run(ledger, row["run_id"])
+        reopen_run(ledger, row["run_id"])
     return str(row["run_id"])
 
 
-def _reopen_run(ledger: Ledger, run_id: str) -> None:
+def reopen_run(ledger: Ledger, run_id: str) -> None:
     """A parked run goes back to running once nothing it waits for is open."""
     run = get_run(ledger, run_id)
     status = RunStatus(run["status"])
@@ -84,5 +84,5 @@ def reconcile_provider_request(ledger: Ledger, slot: str, note: str) -> str:
             (note[:200], slot),
         )
         ledger.event("provider-request-reconciled", row["run_id"], slot=slot)
-        _reopen_run(ledger, row["run_id"])
+        reopen_run(ledger, row["run_id"])
     return str(row["run_id"])

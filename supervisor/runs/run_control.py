@@ -121,7 +121,7 @@ class RunControlMethods(RunCore):
         # A run parked for a provider retry is woken now (the explicit wake an
         # operator, or a test, uses instead of waiting for retry_at).
         provider_store.retry_provider_now(self.ledger, run_id)
-        resolutions._reopen_run(self.ledger, run_id)
+        resolutions.reopen_run(self.ledger, run_id)
         await self.wake_run(run_id)
         return {"status": run_store.get_run(self.ledger, run_id)["status"]}
 

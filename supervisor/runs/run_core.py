@@ -29,6 +29,7 @@ from corral.supervisor.runs.recovery import RecoveryReport
 from corral.supervisor.runs.run_hooks import RunHooks
 from corral.supervisor.runs.run_store import RunLimits
 from corral.supervisor.spec.spec_base import did_you_mean
+from corral.supervisor.spec.spec_models import POLICY_DEFAULT_KEY
 from corral.supervisor.spec.swarm_spec import AgentSpec, SwarmSpec
 from corral.supervisor.tree.supervision_tree import ActorSlot, SupervisionTree
 
@@ -127,15 +128,29 @@ class RunCore:
     def policy_for(self, run: Any, tool: str) -> str:
         """The run's policy for a tool: an exact key first, then the strictest glob
         that matches (deny over confirm over auto), then the spec's, then the tool's
-        own default (auto unless it says otherwise)."""
+        own default (auto unless it says otherwise). A tool may also name run kinds
+        it is always denied in, and a policy nothing lowers (project.git_commit:
+        never in a child or a delegation, always with a person's approval)."""
+        found = self.tools.get(tool)
+        if run["kind"] in getattr(found, "denied_run_kinds", ()):
+            return "deny"
+        return max(self._chosen_policy(run, tool), str(getattr(found, "min_policy", "auto")),
+                   key=POLICY_STRICTNESS.index)
+
+    def _chosen_policy(self, run: Any, tool: str) -> str:
+        """The agent's table wins over the spec's. In each, a key naming the tool,
+        else the strictest glob matching it, else the table's ``default``; past both,
+        the tool's own default (``confirm`` for whatever writes or runs a command)."""
         options = json.loads(run["options"])
         for table in (options.get("policy", {}), self.spec.policy):
             if tool in table:
                 return str(table[tool])
-            matches = [mode for key, mode in table.items() if fnmatch.fnmatchcase(tool, key)]
+            matches = [mode for key, mode in table.items()
+                       if key != POLICY_DEFAULT_KEY and fnmatch.fnmatchcase(tool, key)]
             if matches:
                 return max(matches, key=POLICY_STRICTNESS.index)
-        # A tool may ask for a person by default (project.git_commit): the spec can say otherwise.
+            if POLICY_DEFAULT_KEY in table:
+                return str(table[POLICY_DEFAULT_KEY])
         return str(getattr(self.tools.get(tool), "default_policy", "auto"))
 
     @staticmethod

@@ -254,8 +254,8 @@ def resolve_session(ledger: Ledger, process_id: str, outcome: str, note: str) ->
         ).fetchone()[0]
         if unresolved == 0:
             # Same rule as actions: the run goes back to running once nothing it waits
-            # for a person on is open (_reopen_run checks actions and provider requests).
-            resolutions._reopen_run(ledger, run_id)
+            # for a person on is open (reopen_run checks actions and provider requests).
+            resolutions.reopen_run(ledger, run_id)
     return run_id
 
 

@@ -273,6 +273,8 @@ def _type(annotation: Any) -> str:
 
 def _plural(annotation: Any) -> str:
     kind = _type(annotation)
+    if kind.startswith("array of "):
+        return "arrays" + kind.removeprefix("array")
     return {"table": "tables", "any": "values", "boolean": "booleans"}.get(kind, kind + "s")
 
 

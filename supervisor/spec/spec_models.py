@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic.dataclasses import dataclass
 
 from corral.mailbox.codec import DEFAULT_MAX_FRAME
@@ -38,6 +47,9 @@ MAX_NAME_CHARS = 128
 KNOWN_TEMPLATES = ("echo", "agent", "child", "session", "mcp", "model", "bridge_worker")
 PolicyMode = Literal["auto", "confirm", "deny"]
 POLICIES: tuple[str, ...] = get_args(PolicyMode)
+#: The key of a policy table that sets the approval of every tool it does not name
+#: (``[policy] default = "auto"``: an unattended swarm). No tool may be called this.
+POLICY_DEFAULT_KEY = "default"
 #: The id of a group, an actor, an agent or a template.
 SpecId = Annotated[StrictStr, Field(pattern=r"^[a-z][a-z0-9_-]{0,47}$")]
 ToolGlob = Annotated[StrictStr, Field(min_length=1, max_length=200)]
@@ -168,7 +180,10 @@ class Permissions:
     policy: dict[str, PolicyMode] = Field(
         default_factory=dict,
         description="Per-tool approval (`auto`, `confirm` or `deny`), over the top-level `[policy]`. A key names"
-        " a tool, a glob matching one, or `mcp.<server>.<tool or glob>`; a key that matches nothing is an error.")
+        " a tool, a glob matching one, or `mcp.<server>.<tool or glob>`; a key that matches nothing is an error."
+        " `default` sets every tool the tables do not name, over the tools' own defaults. `project.git_commit`"
+        " always needs approval: `auto` for it is an error, and a glob's or the default's `auto` does not"
+        " lower it.")
     tools: tuple[ToolGlob, ...] | None = Field(
         default=None,
         description="Globs of the tools it may use and is offered (`fs.*`, `mcp.git.*`); unset: all of them.")
@@ -293,6 +308,12 @@ class SandboxSettings:
     processes: StrictInt | None = Field(default=None, ge=1, le=1_000_000, description="RLIMIT_NPROC of a command.")
 
 
+#: One verify command: a program and its arguments, no shell.
+VerifyArgv = Annotated[tuple[Annotated[StrictStr, Field(min_length=1, max_length=4096)], ...],
+                       Field(min_length=1)]
+MAX_VERIFY_COMMANDS = 16
+
+
 @dataclass(frozen=True, kw_only=True, config=SECTION)
 class ProjectTable:
     """``[project]``: the directory agents work in."""
@@ -300,6 +321,26 @@ class ProjectTable:
     root: StrictStr = Field(
         default=".", description="Relative to the spec file. Never `/`, a system directory, your home directory or a"
         " directory holding it (after symlinks); checked whenever it is given or something works in it.")
+    verify: tuple[VerifyArgv, ...] = Field(
+        default=(), max_length=MAX_VERIFY_COMMANDS,
+        description="The project's checks, each an argv list (`[[\"pytest\", \"-q\"]]`): `project.verify` runs them"
+        " in order in the command sandbox, in the project root, and records a verification bound to the project"
+        " revision (docs/project-context.md).")
+    require_verification: StrictBool | None = Field(
+        default=None, description="Whether a final reply of a run that changed sources needs a passed verification"
+        " on the current project revision. Unset: true exactly when `verify` lists commands; true without"
+        " commands is an error.")
+
+    @field_validator("require_verification")
+    @classmethod
+    def _needs_commands(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        if value and not info.data.get("verify"):
+            raise problem("require_verification = true needs verify commands: list them in verify")
+        return value
+
+    @property
+    def verification_required(self) -> bool:
+        return bool(self.verify) if self.require_verification is None else self.require_verification
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -419,7 +460,10 @@ class SpecFile:
     limits: SwarmLimits = Field(default_factory=SwarmLimits)
     policy: dict[str, PolicyMode] = Field(
         default_factory=dict, description="`[policy]`: per-tool approval for every agent (`\"fs.*\" = \"confirm\"`);"
-        " an agent's or template's own `policy` wins.")
+        " an agent's or template's own `policy` wins. Without a key for it, a tool that writes files, changes"
+        " the project or runs a command (`fs.write`, `fs.patch`, `project.changeset`, `project.restore`,"
+        " `command.*`) asks a person (`confirm`, as seed 004 asks); `default = \"auto\"` is the one switch for"
+        " an unattended swarm, and it never lowers `project.git_commit`.")
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     project: ProjectTable = Field(default_factory=ProjectTable)
     chaos: ChaosTable = Field(default_factory=ChaosTable)

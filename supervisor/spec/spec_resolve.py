@@ -22,6 +22,8 @@ from corral.supervisor.models.model_spec import ModelRegistry
 from corral.supervisor.spec.spec_base import Reader, SpecError, check_values, did_you_mean, spec_path
 from corral.supervisor.spec.spec_models import (
     KNOWN_TEMPLATES,
+    POLICIES,
+    POLICY_DEFAULT_KEY,
     ROOT_GROUP,
     ActorOptions,
     ActorSpec,
@@ -80,6 +82,7 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
     policy_tables += [(f"templates[{i}].policy", template.policy) for i, template in enumerate(templates)]
     mcp_ids = {server.id for server in mcp_servers}
     _check_policy_keys(policy_tables, mcp_ids)
+    _check_mandatory_approval(policy_tables)
     tool_lists = [(f"agents[{i}].tools", agent.tools) for i, agent in enumerate(agents)]
     tool_lists += [(f"templates[{i}].tools", template.tools) for i, template in enumerate(templates)]
     _check_tool_globs(tool_lists, mcp_ids)
@@ -277,8 +280,25 @@ def _check_policy_keys(tables: list[tuple[str, Mapping[str, str]]], mcp_ids: set
     known = known_tool_names()
     for where, table in tables:
         for key in table:
+            if key == POLICY_DEFAULT_KEY:
+                continue
             if not _names_a_tool(key, known, mcp_ids):
                 raise SpecError(f"{where}.{key}: no tool {key!r}{_hint(key, known)}")
+
+
+def _check_mandatory_approval(tables: list[tuple[str, Mapping[str, str]]]) -> None:
+    """A tool whose approval is mandatory (``min_policy``: project.git_commit) named with
+    a weaker policy is an error, not a silent override. A glob that matches it (``"*" =
+    "auto"``) is not: the run layer never goes below the tool's floor."""
+    from corral.actors.tools.registry import all_tools
+
+    floors = {name: str(getattr(tool, "min_policy", "auto")) for name, tool in all_tools().items()}
+    for where, table in tables:
+        for key, mode in table.items():
+            floor = POLICIES.index(floors.get(key, "auto"))  # POLICIES: weakest first
+            if POLICIES.index(mode) < floor:
+                raise SpecError(f"{where}.{key}: {key} always needs a person's approval: its policy may be"
+                                f" {' or '.join(repr(m) for m in POLICIES[floor:])}, not {mode!r}")
 
 
 def _check_tool_globs(lists: list[tuple[str, tuple[str, ...] | None]], mcp_ids: set[str]) -> None:

@@ -137,6 +137,8 @@ transport = "tcp"
 heartbeat_s = 0.2
 [project]
 root = "ws"
+[policy]
+default = "auto"
 [[actors]]
 id = "echo"
 template = "echo"

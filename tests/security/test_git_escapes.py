@@ -9,7 +9,6 @@ programs would create if they ran on the host."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -21,9 +20,9 @@ import trio
 from corral.actors.one_shot_command import CommandResult, run_command
 from corral.actors.pty_session import PtySession
 from corral.actors.session_state import SessionState
-from corral.actors.tools.base import ToolContext, ToolError
+from corral.actors.tools.base import ToolContext, ToolError, ToolResult
 from corral.actors.tools.process import CommandExec
-from corral.actors.tools.project import GitCommit, GitDiff, GitStatus
+from corral.actors.tools.project import GitCommit, GitDiff, GitSnapshot, GitStatus
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile
 from tests.launch_modes import needs_bwrap
 
@@ -243,15 +242,20 @@ async def _read_all(session: PtySession) -> str:
 
 
 def _tool_ctx(ws: Path) -> ToolContext:
-    async def call(*_: Any, **__: Any) -> dict[str, Any]:
-        raise AssertionError("no supervisor needed")
+    async def call(method: str, **__: Any) -> dict[str, Any]:
+        # The one supervisor question a git tool asks: project.git_commit's verification.
+        assert method == "project.verification", method
+        return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True}
 
     return ToolContext(agent_id="writer", run_id="run-t", action_id="act-1", workspace=ws, write_scopes=(".",),
                        home=ws.parent / "corral-home", call=call)
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+async def _commit(ctx: ToolContext, paths: list[str]) -> ToolResult:
+    """project.git_commit of ``paths`` as they are, after its read-only snapshot."""
+    snap = (await GitSnapshot().run(ctx, {"paths": paths})).output
+    return await GitCommit().run(ctx, {"message": "more", "paths": paths, "expected_head": snap["head"],
+                                       "expected_snapshot_fingerprint": snap["fingerprint"]})
 
 
 def _hostile_repo(ws: Path, markers: Path, home: Path) -> None:
@@ -278,6 +282,7 @@ def _hostile_repo(ws: Path, markers: Path, home: Path) -> None:
         'merge "m"': {"driver": f"touch {markers}/merge"},
         "gpg": {"program": f"{markers}/gpg"},
         "commit": {"gpgSign": "true"},
+        "user": {"name": "u", "email": "u@example.invalid"},
     }
     with (ws / ".git" / "config").open("a") as handle:
         for section, values in config.items():
@@ -314,8 +319,7 @@ async def test_project_git_tools_run_no_program_the_repository_names(short_tmp: 
         diff = await GitDiff().run(ctx, {"staged": staged})
         if not staged:
             assert "+more" in diff.output["diff"]
-    done = await GitCommit().run(ctx, {"message": "more", "files": [
-        {"path": "notes.txt", "sha256": _sha(b"one\nmore\n")}, {"path": "data.bin", "sha256": _sha(b"two\nmore\n")}]})
+    done = await _commit(ctx, ["notes.txt", "data.bin"])
     assert done.ok
     # The commit has the bytes of the work tree: no clean filter changed them.
     shown = _git(ws, "cat-file", "-p", "HEAD:notes.txt", home=short_tmp).stdout
@@ -331,8 +335,8 @@ async def test_the_chain_a_sandboxed_git_init_then_corral_git_tools(world: dict[
     project.git_diff and the approved project.git_commit run git on the host."""
     root, marker = world["root"], world["marker"]
     script = (
-        "git init -q -b main . && git -c user.name=m -c user.email=m@x add src/main.py"
-        " && git -c user.name=m -c user.email=m@x commit -q -m start"
+        "git init -q -b main . && git config user.name m && git config user.email m@x && git add src/main.py"
+        " && git commit -q -m start"
         f" && git config diff.x.textconv 'touch {marker}; cat' && git config filter.y.clean 'touch {marker}; cat'"
         " && printf '*.py diff=x filter=y\\n' > .gitattributes && echo 'print(2)' >> src/main.py"
         " && echo made && read wait"
@@ -351,8 +355,7 @@ async def test_the_chain_a_sandboxed_git_init_then_corral_git_tools(world: dict[
         ctx = _tool_ctx(root)
         diff = await GitDiff().run(ctx, {})
         assert "+print(2)" in diff.output["diff"]
-        content = (root / "src" / "main.py").read_bytes()
-        done = await GitCommit().run(ctx, {"message": "m", "files": [{"path": "src/main.py", "sha256": _sha(content)}]})
+        done = await _commit(ctx, ["src/main.py"])
         assert done.ok
         assert not marker.exists(), "a driver of the repository ran on the host"
         await session.write_stdin("", append_newline=True)

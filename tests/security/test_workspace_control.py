@@ -47,9 +47,18 @@ def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
     return found
 
 
-async def _refused(tool: Any, root: Path, tool_input: dict[str, Any], match: str | None = None) -> ToolError:
+async def _verified(*_: Any, **__: Any) -> dict[str, Any]:
+    """project.git_commit's one question (a passed verification on the current revision): yes."""
+    return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True}
+
+
+async def _refused(tool: Any, root: Path, tool_input: dict[str, Any], match: str | None = None, *,
+                   verified: bool = False) -> ToolError:
+    ctx = _ctx(root)
+    if verified:
+        ctx.call = _verified
     with pytest.raises(ToolError, match=match) as caught:
-        await tool.run(_ctx(root), tool_input)
+        await tool.run(ctx, tool_input)
     assert caught.value.code == "path-refused", caught.value
     return caught.value
 
@@ -279,7 +288,8 @@ async def test_a_hard_link_to_a_secret_is_not_read_under_its_harmless_name(ws: P
 
 async def test_a_changeset_or_a_commit_never_answers_a_guess_about_a_linked_secret(ws: Path) -> None:
     """project.changeset compared the old content's sha256 with expected_sha256 and
-    named it in its stale-content error; project.git_commit named it in not-reviewed.
+    named it in its stale-content error; project.git_commit named it in not-reviewed
+    (now it compares a snapshot fingerprint, read the same way).
     Through a hard link to `.env` that confirmed a guess of the secret (or told it
     outright). Now the old content is read like fs.read reads it: refused, whatever
     the guess, with nothing about the bytes."""
@@ -294,9 +304,9 @@ async def test_a_changeset_or_a_commit_never_answers_a_guess_about_a_linked_secr
     for guess in (right, wrong):
         change = {"path": "src/innocent.txt", "content": "x\n", "expected_sha256": guess}
         error = await _refused(Changeset(), ws, {"changes": [change]}, "hard link.*secrets")
-        commit = await _refused(GitCommit(), ws, {"message": "m", "files": [{"path": "src/innocent.txt",
-                                                                             "sha256": guess}]},
-                                "hard link.*secrets")
+        commit = await _refused(GitCommit(), ws, {"message": "m", "paths": ["src/innocent.txt"],
+                                                  "expected_head": "0" * 40, "expected_snapshot_fingerprint": guess},
+                                "hard link.*secrets", verified=True)
         for message in (str(error), str(commit)):
             assert right not in message and SECRET not in message
         answers.append((str(error), str(commit)))

@@ -1,0 +1,182 @@
+"""``project.diff`` (seed 004 V1.3): what changed since a checkpoint, bounded.
+
+The files compared are those the checkpoint recorded and those every later
+checkpoint of the same run recorded (each with the content it had before its
+first later change): every change by project.changeset and project.restore is
+checkpointed first, so that is every file they changed since. Each file's status
+(added, deleted, modified) and SHA-256 before and after are always shown; with
+``include_content`` also a unified diff (3 lines of context) while the budget
+lasts. A binary or non-UTF-8 file, or a file whose diff would not fit what is
+left of ``max_chars``, shows no hunks and says so (``binary`` / ``truncated``);
+the whole result says ``truncated`` when anything was left out. The current files
+are read as fs.read reads them (confined after resolution, no symlink followed, no
+secret under another name: a refused file is shown as ``hidden``), both sides go
+through the one redaction path, and the files are hashed again after the diff: a
+change in between fails the call rather than mixing two states.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, NotRequired
+
+import trio
+from typing_extensions import TypedDict
+
+from corral.actors.tools import project_apply as apply
+from corral.actors.tools import project_checkpoints as checkpoints
+from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
+from corral.core.redact import redact_text
+
+DEFAULT_FILES = 20
+MAX_FILES = 100
+#: The seed's public bound of max_chars (and its default).
+MAX_CHARS = 24_000
+CONTEXT_LINES = 3
+
+
+class DiffArgs(TypedDict):
+    since_checkpoint: NotRequired[str]
+    include_content: NotRequired[bool]
+    max_files: NotRequired[int]
+    max_chars: NotRequired[int]
+
+
+@dataclass(frozen=True)
+class _File:
+    path: str
+    before: bytes | None
+    now: bytes | None
+    hidden: bool = False
+
+    @property
+    def status(self) -> str:
+        if self.hidden:
+            return "hidden"
+        if self.before is None:
+            return "added"
+        return "deleted" if self.now is None else "modified"
+
+
+def checkpoint_for(ctx: ToolContext, cp_id: str | None) -> checkpoints.Checkpoint:
+    """The checkpoint named (of any run in this home), or the run's latest; it must
+    be of this workspace."""
+    if cp_id:
+        found = checkpoints.find(ctx.home, cp_id)
+        if found is None:
+            raise ToolError(f"no checkpoint {cp_id}", "not-found")
+    else:
+        taken = checkpoints.of_run(ctx.home, ctx.run_id)
+        if not taken:
+            raise ToolError("this run has no checkpoint yet (project.changeset takes one)", "not-found")
+        found = taken[-1]
+    if found.workspace != str(ctx.workspace.resolve()):
+        raise ToolError(f"checkpoint {found.id} is of another workspace", "bad-checkpoint")
+    return found
+
+
+def _baseline(ctx: ToolContext, since: checkpoints.Checkpoint) -> dict[str, bytes | None]:
+    """Each path's content at ``since``: its own record, else the first later one."""
+    recorded: dict[str, tuple[checkpoints.Checkpoint, str | None]] = {}
+    taken = checkpoints.of_run(ctx.home, since.run_id)
+    later = [c for c in taken if (c.created_ns, c.id) > (since.created_ns, since.id)]
+    for checkpoint in [since, *later]:
+        for path, digest in checkpoint.files.items():
+            recorded.setdefault(path, (checkpoint, digest))
+    return {path: None if digest is None else checkpoints.blob(ctx.home, digest)
+            for path, (_, digest) in sorted(recorded.items())}
+
+
+def _now(ctx: ToolContext, path: str) -> tuple[bytes | None, bool]:
+    try:
+        return apply.current(ctx, path), False
+    except ToolError:
+        return None, True  # now refused (a secret's other name, outside the workspace): never shown
+
+
+def _text(data: bytes | None) -> str | None:
+    if data is None:
+        return ""
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _entry(item: _File, include: bool, budget: int) -> tuple[dict[str, Any], int]:
+    """The file's entry and the characters of budget it used."""
+    entry: dict[str, Any] = {
+        "path": item.path,
+        "status": item.status,
+        "sha256_before": checkpoints.sha256(item.before) if item.before is not None else None,
+        "sha256_after": checkpoints.sha256(item.now) if item.now is not None and not item.hidden else None,
+        "binary": False,
+        "truncated": False,
+    }
+    if not include or item.hidden:
+        return entry, 0
+    before, after = _text(item.before), _text(item.now)
+    if before is None or after is None:
+        entry["binary"] = True
+        return entry, 0
+    diff = "".join(difflib.unified_diff(
+        redact_text(before).splitlines(keepends=True), redact_text(after).splitlines(keepends=True),
+        f"a/{item.path}", f"b/{item.path}", n=CONTEXT_LINES))
+    if len(diff) > budget:
+        entry["truncated"] = True
+        return entry, 0
+    entry["diff"] = diff
+    return entry, len(diff)
+
+
+def _bounded(tool_input: dict[str, Any], key: str, default: int, cap: int) -> int:
+    value = tool_input.get(key, default)
+    if not 1 <= value <= cap:
+        raise ToolError(f"{key} is 1 to {cap}", "bad-input")
+    return int(value)
+
+
+class ProjectDiff:
+    schema = schema(
+        "project.diff",
+        "What changed since a checkpoint (default: this run's latest): per file its status and sha256 before and"
+        f" after; with include_content=true also unified diff hunks, at most max_chars (<= {MAX_CHARS}) characters"
+        f" over max_files (default {DEFAULT_FILES}) files. Files left out say truncated; binary files say binary.",
+        DiffArgs,
+        read_only=True,
+    )
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        max_files = _bounded(tool_input, "max_files", DEFAULT_FILES, MAX_FILES)
+        max_chars = _bounded(tool_input, "max_chars", MAX_CHARS, MAX_CHARS)
+        include = bool(tool_input.get("include_content", False))
+
+        def work() -> dict[str, Any]:
+            since = checkpoint_for(ctx, tool_input.get("since_checkpoint"))
+            changed = []
+            for path, before in _baseline(ctx, since).items():
+                now, hidden = _now(ctx, path)
+                if hidden or now != before:
+                    changed.append(_File(path, before, now, hidden))
+            files, budget = [], max_chars
+            for item in changed[:max_files]:
+                entry, used = _entry(item, include, budget)
+                budget -= used
+                files.append(entry)
+            for item in changed[:max_files]:  # the same state throughout, or no answer
+                if not item.hidden and _now(ctx, item.path) != (item.now, False):
+                    raise ToolError(f"{item.path} changed while the diff was made; ask again", "concurrent-change")
+            return {
+                "checkpoint": since.id,
+                "files": files,
+                "files_changed": len(changed),
+                "truncated": len(changed) > max_files or any(f["truncated"] for f in files),
+                "binary": any(f["binary"] for f in files),
+            }
+
+        output = await trio.to_thread.run_sync(work)
+        return ToolResult(True, output, f"diff since {output['checkpoint']}: {output['files_changed']} files changed"
+                          + (" (truncated)" if output["truncated"] else ""))

@@ -1,0 +1,114 @@
+"""``project.verify`` (seed 004 V1.2, V1.3, V1.12): runs the project's verify
+commands (the spec's ``[project] verify``, never the model's choice) and records a
+verification bound to the project revision and the source fingerprint it started
+on: ``passed``, ``failed`` (with each command's output tail) or ``stale`` (the
+revision moved while it ran, or the commands changed the sources themselves).
+
+Each command runs as ``command.exec`` runs one (process.run_sandboxed: the same
+sandbox the supervisor grants, the same bounded, sanitized capture), in order,
+stopping at the first that fails. Its effect class is ``external``, like
+``command.exec``'s: a verify command is the project's own program and may write
+(a formatter, a build), so a crash while it runs is left to a person
+(needs-reconciliation), never re-run behind their back. The record is written once
+per action: a tool run again after it returns it and runs nothing.
+
+``require_verification`` is the one check other tools (the gated git commit) make.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from typing_extensions import TypedDict
+
+from corral.actors.session import private_dirs
+from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
+from corral.actors.tools.fs import SOURCES_CHANGED
+from corral.actors.tools.process import command_transcript, run_sandboxed
+from corral.actors.tools.source_fingerprint import fingerprint
+
+#: Seconds one verify command may take.
+VERIFY_TIMEOUT_S = 600.0
+#: Lines of each command's output kept in the verification (its tail: where a failure shows).
+OUTPUT_LINES = 40
+
+
+class VerifyArgs(TypedDict):
+    pass
+
+
+async def require_verification(ctx: ToolContext) -> dict[str, Any]:
+    """The project's verification state when the current revision has a passed
+    verification: ``{"revision": int, "verification": {...}, "passed_on_current":
+    True}``; otherwise a ToolError (code ``verification-required``) that says why."""
+    state = await ctx.call("project.verification", run_id=ctx.run_id)
+    if state.get("passed_on_current") is True:
+        return state
+    last = state.get("verification")
+    detail = f"; the last verification, at revision {last['revision']}, is {last['status']}" if last else ""
+    raise ToolError(f"no passed verification on the current project revision {state.get('revision')}{detail}:"
+                    " run project.verify first", "verification-required")
+
+
+def _tail(result: Any) -> str:
+    lines = [*result.stdout.head, *result.stdout.tail, *result.stderr.head, *result.stderr.tail]
+    return "\n".join(lines[-OUTPUT_LINES:])
+
+
+def _outcome(recorded: dict[str, Any], changed: bool) -> ToolResult:
+    status = recorded["status"]
+    output: dict[str, Any] = {"verification": recorded}
+    if changed:
+        output[SOURCES_CHANGED] = True
+    summary = f"verification {status} at revision {recorded['revision']} ({recorded['commands']} commands)"
+    return ToolResult(status == "passed", output, summary)
+
+
+class ProjectVerify:
+    schema = schema(
+        "project.verify",
+        "Run the project's verify commands (from its spec) in the sandbox and record the result against the"
+        " current project revision. A final reply after changing sources needs a passed verification.",
+        VerifyArgs,
+        read_only=False,
+    )
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        begun = await ctx.call("project.verify.begin", run_id=ctx.run_id, action_id=ctx.action_id)
+        if begun["recorded"] is not None:
+            return _outcome(begun["recorded"], False)  # recorded already: nothing runs twice
+        commands: list[list[str]] = begun["commands"]
+        if not commands:
+            raise ToolError("this project has no verify commands: list them in the spec's [project] verify",
+                            "no-verify-commands")
+        before = await trio.to_thread.run_sync(fingerprint, ctx.workspace, ctx.home)
+        outputs: list[dict[str, Any]] = []
+        passed = before.complete
+        for index, argv in enumerate(commands):
+            transcript = command_transcript(ctx, f"{ctx.action_id}-{index}")
+            private_dirs(transcript.parent)
+            if transcript.exists():
+                raise ToolError(f"action {ctx.action_id} already ran its verify command {index} once", "conflict")
+            result = await run_sandboxed(argv, ctx.workspace, VERIFY_TIMEOUT_S, begun, transcript)
+            outputs.append({"argv": argv, "status": result.state.value, "exit_code": result.exit_code,
+                            "output": _tail(result)})
+            if not (result.state.value == "exited" and result.exit_code == 0):
+                passed = False
+                break
+        after = await trio.to_thread.run_sync(fingerprint, ctx.workspace, ctx.home)
+        changed = not before.same_as(after)
+        if not before.complete:
+            outputs.append({"argv": [], "status": "not-verified", "exit_code": None,
+                            "output": "the source tree is over the fingerprint's bound: it cannot be verified whole"})
+        recorded = await ctx.call(
+            "project.verify.record",
+            run_id=ctx.run_id,
+            action_id=ctx.action_id,
+            revision=begun["revision"],
+            fingerprint=before.digest,
+            passed=passed,
+            sources_changed=changed,
+            outputs=outputs,
+        )
+        return _outcome(recorded, changed)

@@ -1,0 +1,1 @@
+"""The project a supervisor works in: its revision and its verifications."""

@@ -1,0 +1,134 @@
+"""The project on the supervisor: its revision, ``project.verify``'s two ledger calls,
+the one call other tools use to require a verification, and the final-reply gate.
+
+Actor methods (the agent's tools call them through ``ctx.call``):
+
+* ``project.verify.begin``: for an executing ``project.verify`` action of the
+  caller's run: the current revision, the spec's verify commands, the command
+  sandbox (as ``command.exec`` gets it), and the verification this action already
+  recorded, if any (a tool that runs again returns it, it does not verify twice);
+* ``project.verify.record``: records the verification once per action
+  (supervisor/project/verification_store.py), then the failpoint
+  ``verify.after-record``;
+* ``project.verification``: ``{revision, verification, passed_on_current}`` for
+  any tool that needs a passed verification on the current revision (the gated
+  git commit: actors/tools/project_verify.py ``require_verification``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import TypeAdapter
+
+from corral.supervisor.errors import BadRequest
+from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.project import revision_store, verification_store, verify_recovery
+from corral.supervisor.runs.run_service import RunService
+from corral.supervisor.spec.spec_models import ProjectTable
+
+if TYPE_CHECKING:
+    from corral.supervisor.daemon import Supervisor
+    from corral.supervisor.tree.supervision_tree import ActorSlot
+
+#: The sandbox settings a command of a run gets (the spec's, narrowed by the run's intent).
+SandboxOf = Callable[[Any], dict[str, Any]]
+
+VERIFY_TOOL = "project.verify"
+
+
+def project_settings(raw_spec: dict[str, Any]) -> ProjectTable:
+    """The spec's ``[project]`` table (already checked when the spec was read)."""
+    table = raw_spec.get("project", {})
+    return TypeAdapter(ProjectTable).validate_python(table if isinstance(table, dict) else {})
+
+
+class ProjectService:
+    def __init__(self, ledger: Ledger, runs: RunService, settings: ProjectTable, sandbox_of: SandboxOf) -> None:
+        self.ledger = ledger
+        #: Which run a caller owns, and the action a call is for.
+        self.runs = runs
+        #: ``[project]``: the verify commands and whether a final reply needs them.
+        self.settings = settings
+        self.sandbox_of = sandbox_of
+
+    def _verify_action(self, slot: ActorSlot, params: dict[str, Any]) -> tuple[Any, Any]:
+        _run_id, action = self.runs.ledger_tool_action(slot, params, VERIFY_TOOL)
+        if action["phase"] != "executing":
+            raise BadRequest(f"action {action['action_id']} is {action['phase']}, not executing")
+        return self.runs.owned_run(slot, params), action
+
+    async def verify_begin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run, action = self._verify_action(slot, params)
+        workspace = json.loads(run["options"]).get("workspace")
+        if not isinstance(workspace, str):
+            raise BadRequest(f"run {run['run_id']} has no workspace")
+        return {
+            "revision": revision_store.current(self.ledger),
+            "commands": [list(argv) for argv in self.settings.verify],
+            "project_root": workspace,
+            "sandbox": self.sandbox_of(run),
+            "recorded": verification_store.get(self.ledger, action["action_id"]),
+        }
+
+    async def verify_record(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        run, action = self._verify_action(slot, params)
+        revision, fingerprint = params.get("revision"), params.get("fingerprint")
+        if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
+            raise BadRequest("revision must be a non-negative integer")
+        if not isinstance(fingerprint, str) or not 0 < len(fingerprint) <= 128:
+            raise BadRequest("fingerprint must be a digest")
+        recorded = verification_store.record(
+            self.ledger,
+            run["run_id"],
+            action["action_id"],
+            revision=revision,
+            fingerprint=fingerprint,
+            passed=params.get("passed") is True,
+            sources_changed=params.get("sources_changed") is not False,
+            outputs=params.get("outputs"),
+        )
+        self.ledger.failpoint("verify.after-record")
+        return recorded
+
+    async def verification(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        self.runs.owned_run(slot, params)
+        return verification_store.state(self.ledger)
+
+    def final_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
+        """A root run whose tree changed sources (its own writes, its children's,
+        its delegations') finalizes only on a passed verification of the current
+        revision. A child or a delegation delivers to its parent, which is gated:
+        a child may not run commands at all (CHILD_TOOLS), so it could never pass."""
+        if not self.settings.verification_required or revision_store.last_change_in_tree(ledger, run_id) is None:
+            return []
+        reason = verification_store.missing_reason(ledger)
+        return [reason] if reason else []
+
+    def show_section(self, run_id: str) -> dict[str, Any]:
+        state = verification_store.state(self.ledger)
+        changed = revision_store.last_change_in_tree(self.ledger, run_id)
+        blocked = self.final_blockers(self.ledger, run_id)
+        return {**state, "changed_at_revision": changed, "require_verification": self.settings.verification_required,
+                "final_blocked": blocked[0] if blocked else None}
+
+
+def install(sup: Supervisor) -> ProjectService:
+    from corral.supervisor.sessions.session_service import sandbox_settings
+
+    def sandbox_of(run: Any) -> dict[str, Any]:
+        return sup.intent.scoped_sandbox(run, sandbox_settings(sup.spec.sandbox, sup.home))
+
+    service = ProjectService(sup.ledger, sup.runs, project_settings(sup.spec.raw), sandbox_of)
+    sup.actor_methods.update({
+        "project.verify.begin": service.verify_begin,
+        "project.verify.record": service.verify_record,
+        "project.verification": service.verification,
+    })
+    sup.hooks.on_receipt.append(revision_store.on_receipt)
+    sup.hooks.finalize_blockers.append(service.final_blockers)
+    sup.hooks.recovery_steps.append(verify_recovery.recover)
+    sup.hooks.show_sections["project"] = service.show_section
+    return service

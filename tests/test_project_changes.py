@@ -1,0 +1,231 @@
+"""Checkpoints, content diffs and changeset operations (seed 004 V1.3): a changeset
+is checked whole before anything is written, checkpointed, applied whole or
+rolled back; project.diff is bounded and shows no secret; project.restore puts a
+checkpoint back after approval; a SIGKILL between the checkpoint and the write
+loses nothing and does nothing twice."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.actors.tools import project_apply, project_checkpoints
+from corral.actors.tools.base import ToolContext, ToolError
+from corral.actors.tools.project import Changeset, ProjectDiff, ProjectRestore
+from corral.supervisor.runs.action_state import action_id
+from tests.harness import Daemon, agent_spec, ledger_rows, wait_run
+
+
+async def _no_call(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    raise AssertionError("these tools need no supervisor")
+
+
+def _ctx(ws: Path, action: str = "act-1", run: str = "run-test00") -> ToolContext:
+    return ToolContext(agent_id="writer", run_id=run, action_id=action, workspace=ws, write_scopes=(".",),
+                       home=ws.parent / "home", call=_no_call)
+
+
+def sha(data: str | bytes) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def _manifests(home: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((home / "checkpoints").glob("runs/*/cp-*.json"))]
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "a.py").write_text("x = 1\ny = 1\n")
+    (root / "src" / "b.py").write_text("b\n")
+    return root
+
+
+async def test_a_changeset_is_checked_whole_before_anything_is_written(ws: Path) -> None:
+    changes = [{"operation": "update", "path": "src/a.py", "content": "x = 2\n",
+                "expected_sha256": sha("x = 1\ny = 1\n")},
+               {"operation": "delete", "path": "src/b.py", "expected_sha256": sha("not b\n")}]
+    with pytest.raises(ToolError, match="changed since you read it") as stale:
+        await Changeset().run(_ctx(ws), {"changes": changes})
+    assert stale.value.code == "stale-content"
+    refusals = {
+        "exists already": [{"operation": "create", "path": "src/b.py", "content": "new"}],
+        "occurs 2 times, expected_replacements is 1": [
+            {"operation": "update", "path": "src/a.py", "old_text": "= 1", "new_text": "= 3"}],
+        "no such file to delete": [{"operation": "delete", "path": "src/none.py", "expected_sha256": sha("")}],
+        "either content or old_text": [{"operation": "update", "path": "src/a.py", "content": "c",
+                                        "old_text": "x", "new_text": "y", "expected_sha256": sha("x = 1\ny = 1\n")}],
+        "names each file once": [{"path": "src/new.py", "content": "1"}, {"path": "src/NEW.py", "content": "2"}],
+        "1 to 12 files": [{"path": f"f{i}.txt", "content": "x"} for i in range(13)],
+        "at most 262144 bytes": [{"path": "big1.txt", "content": "x" * 200_000},
+                                 {"path": "big2.txt", "content": "x" * 70_000}],
+    }
+    for message, bad in refusals.items():
+        with pytest.raises(ToolError, match=message):
+            await Changeset().run(_ctx(ws), {"changes": [{"path": "src/c.py", "content": "c\n"}, *bad]})
+    assert (ws / "src" / "a.py").read_text() == "x = 1\ny = 1\n" and (ws / "src" / "b.py").read_text() == "b\n"
+    assert sorted(p.name for p in ws.rglob("*")) == ["a.py", "b.py", "src"], "nothing was written, nothing staged"
+    assert _manifests(ws.parent / "home") == [], "a refused changeset takes no checkpoint"
+
+
+async def test_operations_apply_together_after_one_checkpoint(ws: Path) -> None:
+    home = ws.parent / "home"
+    changes = [
+        {"operation": "update", "path": "src/a.py", "old_text": "= 1", "new_text": "= 2", "expected_replacements": 2,
+         "expected_sha256": sha("x = 1\ny = 1\n")},
+        {"operation": "delete", "path": "src/b.py", "expected_sha256": sha("b\n")},
+        {"operation": "create", "path": "src/c.py", "content": "c\n"},
+    ]
+    result = await Changeset().run(_ctx(ws), {"changes": changes})
+    assert (ws / "src" / "a.py").read_text() == "x = 2\ny = 2\n"
+    assert not (ws / "src" / "b.py").exists() and (ws / "src" / "c.py").read_text() == "c\n"
+    files = result.output["files"]
+    assert [(f["path"], f["operation"], f["sha256_before"], f["sha256_after"]) for f in files] == [
+        ("src/a.py", "update", sha("x = 1\ny = 1\n"), sha("x = 2\ny = 2\n")),
+        ("src/b.py", "delete", sha("b\n"), None),
+        ("src/c.py", "create", None, sha("c\n"))]
+    assert "+x = 2" in files[0]["diff"] and result.output["sources_changed"] is True
+    # The receipt's line: counts, the checkpoint; no content.
+    checkpoint = result.output["checkpoint"]
+    assert result.summary == f"changeset of 3 files applied (1 create, 1 delete, 1 update); checkpoint {checkpoint}"
+    [manifest] = _manifests(home)
+    assert manifest["id"] == result.output["checkpoint"] and manifest["action_id"] == "act-1"
+    assert manifest["files"] == {"src/a.py": sha("x = 1\ny = 1\n"), "src/b.py": sha("b\n"), "src/c.py": None}
+    again = await Changeset().run(_ctx(ws), {"changes": changes})  # the same action again: nothing twice
+    assert again.output["checkpoint"] == manifest["id"] and len(_manifests(home)) == 1
+    assert (ws / "src" / "a.py").read_text() == "x = 2\ny = 2\n"
+    # Content-addressed: another checkpoint of the same bytes stores no second blob.
+    (ws / "src" / "d.py").write_text("x = 2\ny = 2\n")
+    await Changeset().run(_ctx(ws, "act-2"), {"changes": [{"path": "src/d.py", "content": "d\n"}]})
+    assert len(_manifests(home)) == 2
+    assert sorted(p.name for p in (home / "checkpoints" / "blobs").iterdir()) == sorted(
+        [sha("x = 1\ny = 1\n"), sha("b\n"), sha("x = 2\ny = 2\n")])
+
+
+async def test_a_failure_after_a_write_rolls_the_whole_change_back(ws: Path) -> None:
+    # The engine's last step fails: the delete of a file that has gained a second
+    # name (the plan did not check it; project.changeset's planning would refuse it).
+    os.link(ws / "src" / "b.py", ws / "src" / "b2.py")
+    plan = [project_apply.Planned("src/a.py", "update", b"x = 1\ny = 1\n", b"changed\n"),
+            project_apply.Planned("src/b.py", "delete", b"b\n", None)]
+    with pytest.raises(ToolError, match="2 names") as failed:
+        project_apply.apply_plan(_ctx(ws), plan, "cp-" + "0" * 20, "project.changeset")
+    assert "nothing was changed" in str(failed.value)
+    assert (ws / "src" / "a.py").read_text() == "x = 1\ny = 1\n", "the write was rolled back"
+    assert (ws / "src" / "b.py").read_text() == "b\n"
+    with pytest.raises(ToolError, match="2 names"):  # planned by the tool: refused before any write
+        await Changeset().run(_ctx(ws), {"changes": [
+            {"path": "src/a.py", "content": "changed\n"},
+            {"operation": "delete", "path": "src/b.py", "expected_sha256": sha("b\n")}]})
+    assert (ws / "src" / "a.py").read_text() == "x = 1\ny = 1\n"
+    assert [m["id"] for m in _manifests(ws.parent / "home")] == ["cp-" + "0" * 20], "only the engine's checkpoint"
+
+
+async def test_diff_is_bounded_and_shows_no_secret(ws: Path) -> None:
+    (ws / "data.bin").write_bytes(b"\x00\x01")
+    (ws / ".env").write_text("API_KEY=sk-live-0123456789abcdef0123\n")
+    (ws / "src" / "long.py").write_text("".join(f"line {i}\n" for i in range(2000)))
+    ctx = _ctx(ws)
+    with pytest.raises(ToolError, match="no checkpoint yet"):
+        await ProjectDiff().run(ctx, {})
+    changes = [{"path": "src/a.py", "content": "x = 9\ny = 1\n"}, {"path": "data.bin", "content": "text now"},
+               {"path": "src/long.py", "content": "".join(f"line {i * 2}\n" for i in range(2000))},
+               {"path": "src/b.py", "content": "b\n"}]
+    await Changeset().run(ctx, {"changes": changes})
+    (ws / "src" / "b.py").unlink()
+    os.link(ws / ".env", ws / "src" / "b.py")  # after the checkpoint: another name of the secret
+    diff = (await ProjectDiff().run(ctx, {"include_content": True, "max_chars": 2000})).output
+    by_path = {f["path"]: f for f in diff["files"]}
+    assert sorted(by_path) == ["data.bin", "src/a.py", "src/b.py", "src/long.py"] and diff["files_changed"] == 4
+    assert by_path["data.bin"]["binary"] and "diff" not in by_path["data.bin"] and diff["binary"]
+    assert "-x = 1\n+x = 9\n" in by_path["src/a.py"]["diff"] and not by_path["src/a.py"]["truncated"]
+    assert by_path["src/long.py"]["truncated"] and "diff" not in by_path["src/long.py"] and diff["truncated"]
+    assert by_path["src/b.py"]["status"] == "hidden" and by_path["src/b.py"]["sha256_after"] is None
+    assert "sk-live" not in json.dumps(diff)
+    paths_only = (await ProjectDiff().run(ctx, {"max_files": 1})).output
+    assert len(paths_only["files"]) == 1 and paths_only["truncated"] and "diff" not in paths_only["files"][0]
+    for bad in ({"max_chars": 24_001}, {"max_files": 0}, {"since_checkpoint": "cp-" + "f" * 20}):
+        with pytest.raises(ToolError):
+            await ProjectDiff().run(ctx, bad)
+
+
+async def test_restore_puts_the_checkpoint_back_and_can_be_undone(ws: Path) -> None:
+    changes = [{"path": "src/a.py", "content": "changed\n"}, {"path": "src/new.py", "content": "new\n"},
+               {"operation": "delete", "path": "src/b.py", "expected_sha256": sha("b\n")}]
+    done = await Changeset().run(_ctx(ws), {"changes": changes})
+    restored = await ProjectRestore().run(_ctx(ws, "act-2"), {"checkpoint": done.output["checkpoint"]})
+    assert (ws / "src" / "a.py").read_text() == "x = 1\ny = 1\n" and (ws / "src" / "b.py").read_text() == "b\n"
+    assert not (ws / "src" / "new.py").exists()
+    assert sorted((f["path"], f["operation"]) for f in restored.output["files"]) == [
+        ("src/a.py", "update"), ("src/b.py", "create"), ("src/new.py", "delete")]
+    assert ProjectRestore.default_policy == "confirm"
+    await ProjectRestore().run(_ctx(ws, "act-3"), {"checkpoint": restored.output["undo_checkpoint"]})
+    assert (ws / "src" / "a.py").read_text() == "changed\n" and not (ws / "src" / "b.py").exists()
+    other = ws.parent / "other"
+    other.mkdir()
+    with pytest.raises(ToolError, match="another workspace"):
+        await ProjectRestore().run(_ctx(other, "act-4"), {"checkpoint": done.output["checkpoint"]})
+
+
+RUN = "run-changes-crash"
+CHANGES: list[dict[str, Any]] = [{"operation": "update", "path": "src/a.py", "old_text": "x = 1", "new_text": "x = 2",
+            "expected_replacements": 1},
+           {"operation": "create", "path": "src/c.py", "content": "c = 3\n"}]
+
+
+def test_a_kill_between_checkpoint_and_write_loses_nothing_and_a_restore_waits_for_approval(short_tmp: Path) -> None:
+    ws = short_tmp / "ws"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "a.py").write_text("x = 1\n")
+    changeset_input = {"changes": CHANGES}
+    cp = project_checkpoints.checkpoint_id(RUN, action_id(RUN, 0, 0), "project.changeset", changeset_input)
+    changes = ", ".join("{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in c.items()) + " }" for c in CHANGES)
+    steps = f"""
+[[agents.steps]]
+actions = [{{ tool = "project.changeset", input = {{ changes = [{changes}] }} }}]
+[[agents.steps]]
+actions = [{{ tool = "project.diff", input = {{ include_content = true }} }}]
+[[agents.steps]]
+actions = [{{ tool = "project.restore", input = {{ checkpoint = "{cp}" }} }}]
+[[agents.steps]]
+final = "restored"
+"""
+    policy = '[agents.policy]\n"project.changeset" = "auto"\n"project.diff" = "auto"'
+    spec = short_tmp / "spec.toml"
+    spec.write_text(agent_spec(workspace=str(ws), steps=steps, policy=policy))
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up(env={"CORRAL_FAILPOINTS": "changeset.after-checkpoint=kill@once"})
+        daemon.call("run", agent_id="writer", task="change, review, restore", run_id=RUN)
+        shown = wait_run(daemon, RUN, {"waiting-confirmation", "completed", "failed"})
+        assert (daemon.home / "failpoints" / "changeset.after-checkpoint.fired").exists()
+        assert shown["run"]["status"] == "waiting-confirmation", shown["run"]
+        # Killed after the checkpoint, run again: written once, one checkpoint, nothing half-written.
+        assert (ws / "src" / "a.py").read_text() == "x = 2\n" and (ws / "src" / "c.py").read_text() == "c = 3\n"
+        assert [m["id"] for m in _manifests(daemon.home)] == [cp]
+        assert not [p for p in ws.rglob("*") if p.name.endswith(".corral-tmp")]
+        writer = next(a for a in daemon.status()["actors"] if a["id"] == "writer")
+        assert writer["restarts"] == 1
+        rows = ledger_rows(daemon.home, "SELECT tool, phase, result FROM actions WHERE run_id = ? ORDER BY loop_index",
+                           RUN)
+        assert [(r["tool"], r["phase"]) for r in rows] == [
+            ("project.changeset", "ok"), ("project.diff", "ok"), ("project.restore", "waiting-confirmation")]
+        diff = json.loads(rows[1]["result"])["output"]
+        assert {f["path"]: f["status"] for f in diff["files"]} == {"src/a.py": "modified", "src/c.py": "added"}
+        assert "+x = 2" in diff["files"][0]["diff"]
+        receipts = ledger_rows(daemon.home, "SELECT result_summary, input_summary FROM receipts WHERE run_id = ?", RUN)
+        assert receipts and not any("c = 3" in r["result_summary"] + r["input_summary"] for r in receipts)
+        assert (ws / "src" / "a.py").read_text() == "x = 2\n", "nothing restored before approval"
+        daemon.call("continue_action", action_id=action_id(RUN, 2, 0), decision="approve")
+        shown = wait_run(daemon, RUN, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed" and shown["final_reply"] == "restored"
+        assert (ws / "src" / "a.py").read_text() == "x = 1\n" and not (ws / "src" / "c.py").exists()
+        assert len(_manifests(daemon.home)) == 2, "the restore took its own checkpoint"
+    finally:
+        daemon.shutdown()

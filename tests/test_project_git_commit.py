@@ -1,0 +1,179 @@
+"""The gated git commit (seed 004 V1.12, issue 40): exactly the given paths, built in
+an index of corral's own, on the expected HEAD and the snapshot's content, as the
+repository's own identity, after a passed verification; never from a child or a
+delegated specialist, never without a person's approval. Real git, real files."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from corral.actors.tools import host_git
+from corral.actors.tools.base import ToolContext, ToolError
+from corral.actors.tools.project import GitCommit, GitSnapshot, GitStatus
+from corral.supervisor.runs.run_core import RunCore
+from corral.supervisor.runs.run_hooks import RunHooks
+from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
+
+#: Every git verb the commit may run; anything else (push, fetch, branch, add,
+#: commit, reset, checkout...) is a failure of this test.
+COMMIT_VERBS = {"config", "rev-parse", "symbolic-ref", "diff-index", "read-tree", "hash-object", "update-index",
+                "write-tree", "commit-tree", "update-ref"}
+
+
+def _ctx(ws: Path, *, verified: bool = True, child: bool = False) -> ToolContext:
+    async def call(method: str, **params: Any) -> dict[str, Any]:
+        assert method == "project.verification", method
+        last = {"revision": 2, "status": "passed" if verified else "failed"}
+        return {"revision": 2, "verification": last, "passed_on_current": verified}
+
+    return ToolContext(agent_id="writer", run_id="run-test00", action_id="act-1", workspace=ws, write_scopes=(".",),
+                       home=ws.parent / "home", call=call, is_child=child)
+
+
+def _git(ws: Path, *args: str) -> str:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(ws.parent), "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}
+    return subprocess.run(["git", *args], cwd=ws, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def _repo(tmp: Path, *, identity: bool = True) -> Path:
+    ws = tmp / "ws"
+    ws.mkdir()
+    _git(ws, "init", "-q", "-b", "main")
+    _git(ws, "config", "user.name", "Repo Owner")
+    _git(ws, "config", "user.email", "owner@example.invalid")
+    for name in ("a.py", "b.py", "gone.txt", "staged.txt"):
+        (ws / name).write_text(f"{name} v1\n")
+    _git(ws, "add", ".")
+    _git(ws, "commit", "-q", "-m", "start")
+    if not identity:
+        _git(ws, "config", "--unset", "user.name")
+        _git(ws, "config", "--unset", "user.email")
+    return ws
+
+
+def _head(ws: Path) -> str:
+    return _git(ws, "rev-parse", "HEAD").strip()
+
+
+async def _snapshot(ws: Path, paths: list[str]) -> dict[str, Any]:
+    return (await GitSnapshot().run(_ctx(ws), {"paths": paths})).output
+
+
+async def test_a_commit_holds_exactly_the_paths_on_the_expected_head(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    ws = _repo(tmp_path)
+    start = _head(ws)
+    (ws / "a.py").write_text("a.py v2\n")
+    (ws / "new.py").write_text("new\n")
+    (ws / "new.py").chmod(0o755)
+    (ws / "gone.txt").unlink()
+    (ws / "b.py").write_text("b.py v2, not chosen\n")
+    (ws / "staged.txt").write_text("staged by the user\n")
+    _git(ws, "add", "staged.txt")  # the user's own staged work: never swept in
+    index_before = _git(ws, "ls-files", "-s", "--", "b.py", "staged.txt")
+    paths = ["a.py", "new.py", "gone.txt"]
+    snap = await _snapshot(ws, paths)
+    assert snap["head"] == start and snap["branch"] == "refs/heads/main"
+    assert {f["path"]: f["sha256"] for f in snap["files"]} == {
+        "a.py": hashlib.sha256(b"a.py v2\n").hexdigest(), "new.py": hashlib.sha256(b"new\n").hexdigest(),
+        "gone.txt": None}
+    assert (await GitStatus().run(_ctx(ws), {})).output["head"] == start
+
+    argvs: list[list[str]] = []
+    real_run = subprocess.run
+
+    def recording(argv: list[str], **kwargs: Any) -> Any:
+        argvs.append(list(argv))
+        return real_run(argv, **kwargs)
+
+    monkeypatch.setattr(host_git.subprocess, "run", recording)
+    done = await GitCommit().run(_ctx(ws), {"message": "Change a, add new, drop gone", "paths": paths,
+                                            "expected_head": snap["head"],
+                                            "expected_snapshot_fingerprint": snap["fingerprint"]})
+    monkeypatch.undo()
+    verbs = {argv[2] if argv[2] != "--literal-pathspecs" else argv[3] for argv in argvs}
+    assert {"read-tree", "commit-tree", "update-ref"} <= verbs <= COMMIT_VERBS, verbs
+
+    head = _head(ws)
+    assert done.output["commit"] == head and done.output["parent"] == start and done.output["branch"] == "main"
+    assert _git(ws, "rev-parse", "HEAD^").strip() == start
+    changed = _git(ws, "diff-tree", "--no-commit-id", "--name-status", "-r", start, head).split("\n")
+    assert sorted(line for line in changed if line) == ["A\tnew.py", "D\tgone.txt", "M\ta.py"]
+    assert _git(ws, "show", "HEAD:a.py") == "a.py v2\n"
+    assert "100755 " in _git(ws, "ls-tree", "HEAD", "new.py")
+    assert _git(ws, "log", "-1", "--format=%an <%ae>|%cn <%ce>|%s").strip() == (
+        "Repo Owner <owner@example.invalid>|Repo Owner <owner@example.invalid>|Change a, add new, drop gone")
+    assert "corral project.git_commit" in _git(ws, "reflog", "-1", "--format=%gs", "refs/heads/main")
+    # The user's index: their staged file and the other entries as they were; the
+    # committed paths match the new HEAD (no stale entry a later commit would revert).
+    assert _git(ws, "ls-files", "-s", "--", "b.py", "staged.txt") == index_before
+    assert _git(ws, "diff", "--cached", "--name-only").split() == ["staged.txt"]
+    assert _git(ws, "diff", "--name-only").split() == ["b.py"]
+    assert done.output["index_refreshed"] is True
+
+
+async def _commit_refused(ws: Path, tool_input: dict[str, Any], code: str, ctx: ToolContext | None = None) -> str:
+    head, index = _head(ws), (ws / ".git" / "index").read_bytes()
+    with pytest.raises(ToolError) as caught:
+        await GitCommit().run(ctx or _ctx(ws), tool_input)
+    assert caught.value.code == code, caught.value
+    assert _head(ws) == head, "nothing was committed"
+    assert (ws / ".git" / "index").read_bytes() == index, "the user's index is untouched"
+    return str(caught.value)
+
+
+async def test_a_moved_head_a_changed_file_or_staged_paths_commit_nothing(tmp_path: Path) -> None:
+    ws = _repo(tmp_path)
+    (ws / "a.py").write_text("a.py v2\n")
+    snap = await _snapshot(ws, ["a.py"])
+    good = {"message": "m", "paths": ["a.py"], "expected_head": snap["head"],
+            "expected_snapshot_fingerprint": snap["fingerprint"]}
+    await _commit_refused(ws, {**good, "expected_head": "0" * 40}, "head-changed")
+    await _commit_refused(ws, {**good, "paths": ["a.py", "b.py"]}, "snapshot-changed")
+    (ws / "a.py").write_text("a.py v3, after the review\n")
+    await _commit_refused(ws, good, "snapshot-changed")
+    (ws / "a.py").write_text("a.py v2\n")
+    _git(ws, "add", "a.py")
+    assert "staged changes" in await _commit_refused(ws, good, "staged-changes")
+    _git(ws, "reset", "-q", "--", "a.py")
+    # A commit made meanwhile moves HEAD: the snapshot's head is no longer it.
+    (ws / "b.py").write_text("b.py v2\n")
+    _git(ws, "commit", "-q", "-m", "meanwhile", "--", "b.py")
+    await _commit_refused(ws, good, "head-changed")
+    await _commit_refused(ws, {**good, "paths": ["a.py", "a.py"]}, "bad-input")
+    for bad in ("  ", "\ud800 a lone surrogate"):
+        await _commit_refused(ws, {**good, "message": bad}, "bad-message")
+    (ws / "link.py").symlink_to("a.py")
+    await _commit_refused(ws, {**good, "paths": ["link.py"]}, "path-refused")
+
+
+async def test_no_repository_identity_no_verification_or_a_child_commit_nothing(tmp_path: Path) -> None:
+    ws = _repo(tmp_path, identity=False)
+    (ws / "a.py").write_text("a.py v2\n")
+    snap = await _snapshot(ws, ["a.py"])
+    good = {"message": "m", "paths": ["a.py"], "expected_head": snap["head"],
+            "expected_snapshot_fingerprint": snap["fingerprint"]}
+    message = await _commit_refused(ws, good, "no-identity")
+    assert "user.name" in message and "git config user.name" in message
+    assert "run project.verify" in await _commit_refused(ws, good, "verification-required", _ctx(ws, verified=False))
+    assert "parent agent" in await _commit_refused(ws, good, "not-allowed", _ctx(ws, child=True))
+
+
+def test_its_approval_is_mandatory_and_children_and_specialists_never_commit(tmp_path: Path) -> None:
+    for data in ({"policy": {"project.git_commit": "auto"}},
+                 {"agents": [{"id": "a", "steps": [{"final": "ok"}], "policy": {"project.git_commit": "auto"}}]}):
+        with pytest.raises(SpecError, match=r"policy\.project\.git_commit: .*always needs a person's approval"):
+            parse_spec(data)
+    spec = parse_spec({"policy": {"*": "auto"}})
+    core = RunCore(cast(Any, None), RunHooks(), spec=spec, home=tmp_path, tree=cast(Any, None), boot_id="b")
+    assert core.policy_for({"kind": "root", "options": "{}"}, "project.git_commit") == "confirm"
+    assert core.policy_for({"kind": "root", "options": "{}"}, "fs.read") == "auto"
+    denied = {"kind": "root", "options": '{"policy": {"project.git_commit": "deny"}}'}
+    assert core.policy_for(denied, "project.git_commit") == "deny"
+    for kind in ("child", "delegation"):
+        assert core.policy_for({"kind": kind, "options": "{}"}, "project.git_commit") == "deny"
