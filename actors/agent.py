@@ -192,7 +192,8 @@ class Lane:
     def project_context(self) -> str:
         if self.project is None:
             home = Path(self.run["home"]) if self.run.get("home") else None
-            self.project = project_context.LiveContext(Path(self.run.get("workspace") or "."), home)
+            layout = bool(getattr(self.get_provider(), "repository_layout", True))
+            self.project = project_context.LiveContext(Path(self.run.get("workspace") or "."), home, layout)
         return self.project.prompt()
 
     def context_stamp(self) -> dict[str, Any]:

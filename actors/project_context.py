@@ -154,10 +154,10 @@ class RepoContext:
     def skills(self) -> tuple[Skill, ...]:
         return self.catalog.skills
 
-    def prompt(self) -> str:
+    def prompt(self, with_layout: bool = True) -> str:
         from corral.actors.repo_prompt import render
 
-        return render(self)
+        return render(self, with_layout)
 
 
 def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -298,8 +298,9 @@ class LiveContext:
     documents and skills are re-checked at every turn, so the next plan sees an
     edited AGENTS.md. ``stamp`` is what the last rendered prompt was made from."""
 
-    def __init__(self, workspace: Path, home: Path | None = None) -> None:
+    def __init__(self, workspace: Path, home: Path | None = None, with_layout: bool = True) -> None:
         self.cache = ContextCache(workspace, home)
+        self.with_layout = with_layout
         self.layout: Layout | None = None
         self.rendered: RepoContext | None = None
         #: The cache's context the rendered one was made from (the same object: unchanged).
@@ -314,7 +315,7 @@ class LiveContext:
         now = self.cache.current()
         if self.rendered is None or now is not self._source:
             context = RepoContext(now.documents, now.catalog, self.layout, now.documents_truncated)
-            self.rendered, self._source, self._prompt = context, now, context.prompt()
+            self.rendered, self._source, self._prompt = context, now, context.prompt(self.with_layout)
         return self._prompt
 
     def stamp(self) -> dict[str, Any]:

@@ -100,7 +100,9 @@ def _skills(context: RepoContext) -> list[str]:
 def _layout(context: RepoContext) -> list[str]:
     layout = context.layout
     walk = layout.walk
-    if not walk.keys:
+    if not walk.keys or (not walk.top and not layout.manifests and not layout.git.get("repository")):
+        # An empty workspace has nothing to say; a small model given an empty
+        # summary lost the task's words (Qwen2.5-Coder-0.5B delegated "two").
         return []
     more = " [... more]" if walk.top_truncated else ""
     lines = [f"top level ({walk.files} files, {walk.directories} directories"
@@ -125,10 +127,12 @@ def _layout(context: RepoContext) -> list[str]:
     return ["REPOSITORY SUMMARY (the start-up snapshot; project.index refreshes it)", "\n".join(lines)]
 
 
-def render(context: RepoContext) -> str:
-    """The block the providers add to their system prompt ("" when the workspace has nothing)."""
+def render(context: RepoContext, with_layout: bool = True) -> str:
+    """The block the providers add to their system prompt ("" when the workspace has
+    nothing). ``with_layout``: the repository summary (tree, manifests, git, languages)
+    too; a provider may decline it (``Provider.repository_layout``)."""
     sections = _instructions(context) + _references(context) + _skills(context)
-    layout = _layout(context)
+    layout = _layout(context) if with_layout else []
     if not sections and not layout:
         return ""
     head = f"REPOSITORY CONTEXT (fingerprint {context.fingerprint[:16]})"

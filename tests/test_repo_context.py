@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from corral.actors.project_context import ContextCache, build, changes, load
+from corral.actors.project_context import ContextCache, LiveContext, build, changes, load
 from corral.actors.tools.base import ToolContext, ToolError
 from corral.actors.tools.project_index import ProjectIndex
 from tests.harness import agent_spec, ledger_rows, running, wait_run
@@ -135,6 +135,20 @@ async def test_project_index_refreshes_with_a_safe_git_summary_and_the_rules_of_
         (".", "ROOT-RULE\n"), ("game", "GAME-RULE\n"), ("game/beta", "BETA-RULE\n")], "no sibling's rule"
     with pytest.raises(ToolError, match="relative path"):
         await ProjectIndex().run(ctx, {"path": "../outside"})
+
+
+def test_a_provider_may_leave_the_layout_out_and_an_empty_workspace_says_nothing(tmp_path: Path) -> None:
+    """The local provider's small model followed the tree instead of the task: it
+    gets the instructions without the summary. An empty workspace has no block."""
+    (tmp_path / "empty").mkdir()
+    assert LiveContext(tmp_path / "empty").prompt() == ""
+    work = tmp_path / "work"
+    (work / "research").mkdir(parents=True)
+    (work / "research" / "survey.md").write_text("x")
+    (work / "AGENTS.md").write_text("Keep notes short.\n")
+    full, brief = LiveContext(work).prompt(), LiveContext(work, with_layout=False).prompt()
+    assert "REPOSITORY SUMMARY" in full and "research/" in full
+    assert "Keep notes short." in brief and "REPOSITORY SUMMARY" not in brief and "research/" not in brief
 
 
 def test_an_agents_md_edited_between_plan_and_execution_blocks_the_action(short_tmp: Path) -> None:

@@ -160,6 +160,10 @@ class Provider(Protocol):
       docs/transcripts.md) keeps it, redacted and once per distinct text; a
       provider without it shows the task, the history and its answers only. It
       must be cheap and pure: it is called once per turn, beside ``complete``.
+    * Optional: ``repository_layout = False`` leaves the repository's summary (tree,
+      manifests, git) out of ``request.project_context``; its instructions,
+      references and skills stay (the ``local`` provider: a small model follows the
+      tree instead of the task).
 
     Keep secrets out of ``provider_config`` (it is stored with the run): read them
     from an environment variable named by ``api_key_env``, which the actor gets.

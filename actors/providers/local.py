@@ -171,6 +171,11 @@ class LocalProvider:
     name = "local"
     #: Generation has no effect outside corral: an interrupted request is re-sent.
     idempotent_requests = True
+    #: The repository's instructions, references and skills, but not its summary
+    #: (tree, manifests, git): Qwen2.5-Coder-0.5B, shown "top level: research/",
+    #: wrote the reviewer's notes into research/ instead of review/. The tree is
+    #: one fs.list or project.index away.
+    repository_layout = False
 
     def __init__(self, config: LocalConfig) -> None:
         self.config = config
