@@ -1,0 +1,124 @@
+"""Write, verify, commit, with real processes (issue 40's flows, seed 004 V1.3 and
+V1.12): a commit needs a person's approval and a passed verification on the
+current project revision; a write after a verification makes the next commit wait
+for another; a changeset that fails its check writes nothing and moves no revision.
+One supervisor on one git repository; each flow is one run with its own script."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from corral.actors.tools.git_exact_commit import PathState, snapshot_fingerprint
+from corral.sandbox.bwrap import bwrap_available
+from tests.harness import Daemon, ledger_rows, running, wait_run
+
+SANDBOX_TABLE = "" if bwrap_available() else '[sandbox]\nmode = "allow-unsandboxed"\n'
+SPEC = f"""
+[project]
+root = "ws"
+verify = [["sh", "-c", "grep -q good app.py"]]
+{SANDBOX_TABLE}
+[policy]
+"fs.write" = "auto"
+"project.changeset" = "auto"
+"project.verify" = "auto"
+[[agents]]
+id = "dev"
+role = "root"
+[[agents.steps]]
+final = "each run brings its own script"
+"""
+
+
+def _git(ws: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ws, check=True, capture_output=True, text=True).stdout
+
+
+def _act(tool: str, **tool_input: Any) -> dict[str, Any]:
+    return {"actions": [{"tool": tool, "input": tool_input}]}
+
+
+def _commit(ws: Path, message: str, content: str) -> dict[str, Any]:
+    fingerprint = snapshot_fingerprint([PathState("app.py", content.encode())])
+    return _act("project.git_commit", message=message, paths=["app.py"], expected_head=_git(ws, "rev-parse", "HEAD")
+                .strip(), expected_snapshot_fingerprint=fingerprint)
+
+
+def _run(daemon: Daemon, task: str, *steps: dict[str, Any] | str) -> str:
+    script = json.dumps({"steps": [{"final": s} if isinstance(s, str) else s for s in steps]})
+    run_id: str = daemon.call("run", agent_id="dev", task=task, script=script)["run_id"]
+    return run_id
+
+
+def _approve_next(daemon: Daemon, run_id: str) -> dict[str, Any]:
+    shown = wait_run(daemon, run_id, {"waiting-confirmation", "completed", "failed"})
+    assert shown["run"]["status"] == "waiting-confirmation", shown["run"]
+    (waiting,) = [a for a in shown["actions"] if a["phase"] == "waiting-confirmation"]
+    assert waiting["tool"] == "project.git_commit" and waiting["policy"] == "confirm"
+    daemon.call("continue_action", action_id=waiting["action_id"], decision="approve")
+    return waiting
+
+
+def _revisions(daemon: Daemon) -> int:
+    return int(ledger_rows(daemon.home, "SELECT COUNT(*) AS n FROM project_revisions")[0]["n"])
+
+
+def test_write_verify_commit_and_a_write_after_the_verify_waits_for_another(short_tmp: Path) -> None:
+    ws = short_tmp / "ws"
+    ws.mkdir()
+    _git(ws, "init", "-q", "-b", "main")
+    _git(ws, "config", "user.name", "Repo Owner")
+    _git(ws, "config", "user.email", "owner@example.invalid")
+    (ws / "app.py").write_text("v0\n")
+    (ws / "notes.txt").write_text("keep\n")
+    _git(ws, "add", ".")
+    _git(ws, "commit", "-q", "-m", "start")
+    start = _git(ws, "rev-parse", "HEAD").strip()
+    with running(short_tmp / "home", SPEC) as daemon:
+        # 1. A write, a verify, then the commit (after a person approves it).
+        first = _run(daemon, "first", _act("project.changeset", changes=[{"path": "app.py", "content": "good\n"}]),
+                     _act("project.verify"), _commit(ws, "make app good", "good\n"), "committed")
+        _approve_next(daemon, first)
+        shown = wait_run(daemon, first, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed", shown["run"]
+        one = _git(ws, "rev-parse", "HEAD").strip()
+        assert _git(ws, "rev-parse", f"{one}^").strip() == start
+        assert _git(ws, "show", f"{one}:app.py") == "good\n"
+        assert _git(ws, "log", "-1", "--format=%an <%ae>") == "Repo Owner <owner@example.invalid>\n"
+
+        # 2. A write after the verify: the commit is refused, nothing is committed,
+        #    until the project is verified again on the new revision.
+        second = _run(daemon, "second", _act("fs.write", path="app.py", content="good again\n"),
+                      _commit(ws, "again, unverified", "good again\n"), _act("project.verify"),
+                      _commit(ws, "again, verified", "good again\n"), "committed again")
+        refused = _approve_next(daemon, second)
+        accepted = _approve_next(daemon, second)
+        shown = wait_run(daemon, second, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed", shown["run"]
+        phases = {a["action_id"]: (a["phase"], a["error"]) for a in shown["actions"]}
+        assert phases[refused["action_id"]][0] == "failed"
+        assert "no passed verification on the current project revision" in str(phases[refused["action_id"]][1])
+        assert phases[accepted["action_id"]][0] == "ok"
+        two = _git(ws, "rev-parse", "HEAD").strip()
+        assert _git(ws, "rev-parse", f"{two}^").strip() == one, "one commit, on the verified revision"
+        assert _git(ws, "log", "--format=%s", f"{one}..{two}") == "again, verified\n"
+        verified = ledger_rows(daemon.home, "SELECT status, revision FROM project_verifications ORDER BY created_at")
+        assert [(v["status"], v["revision"]) for v in verified] == [("passed", 1), ("passed", 2)]
+
+        # 3. A changeset whose second file fails its expected_sha256: nothing is
+        #    written and the revision does not move.
+        before = _revisions(daemon)
+        stale = hashlib.sha256(b"not what is there").hexdigest()
+        third = _run(daemon, "third", _act("project.changeset", changes=[
+            {"path": "notes.txt", "content": "changed\n"},
+            {"path": "app.py", "content": "good, third\n", "expected_sha256": stale},
+        ]), "nothing changed")
+        shown = wait_run(daemon, third, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed" and shown["final_reply"] == "nothing changed"
+        assert [a["phase"] for a in shown["actions"]] == ["failed"]
+        assert (ws / "notes.txt").read_text() == "keep\n" and (ws / "app.py").read_text() == "good again\n"
+        assert _revisions(daemon) == before
