@@ -209,14 +209,18 @@ role = "root"
 """
 
 
-def test_the_chaos_failpoint_suite_covers_mcp_calls(short_tmp: Path) -> None:
+def _scenario_runner(short_tmp: Path, name: str, spec_text: str) -> Runner:
+    """A runner of the scenario ``spec_text``, episodes under ``short_tmp/w``."""
     from corral.chaos.runner import file_scenario
 
-    spec = short_tmp / "mcp.toml"
-    spec.write_text(MCP_SCENARIO)
-    runner = Runner(
-        file_scenario(spec), seed=5, targets=("supervisor", "agents"), workdir=short_tmp / "w", verbose=False
-    )
+    spec = short_tmp / f"{name}.toml"
+    spec.write_text(spec_text)
+    return Runner(file_scenario(spec), seed=5, targets=("supervisor", "agents"), workdir=short_tmp / "w",
+                  verbose=False)
+
+
+def test_the_chaos_failpoint_suite_covers_mcp_calls(short_tmp: Path) -> None:
+    runner = _scenario_runner(short_tmp, "mcp", MCP_SCENARIO)
     names = [name for name in failpoints.KNOWN if name.startswith("mcp.")]
     assert names == ["mcp.before-call", "mcp.after-call"]
     for name in names:
@@ -261,13 +265,7 @@ role = "root"
 
 
 def test_the_chaos_failpoint_suite_covers_the_changeset_window(short_tmp: Path) -> None:
-    from corral.chaos.runner import file_scenario
-
-    spec = short_tmp / "changeset.toml"
-    spec.write_text(CHANGESET_SCENARIO)
-    runner = Runner(
-        file_scenario(spec), seed=5, targets=("supervisor", "agents"), workdir=short_tmp / "w", verbose=False
-    )
+    runner = _scenario_runner(short_tmp, "changeset", CHANGESET_SCENARIO)
     runner.failpoint_episode("changeset.after-checkpoint", "agents")
     runner.failpoint_episode("verify.after-record", "supervisor")
     report = runner.report(0.0)
