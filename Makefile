@@ -37,14 +37,12 @@ typecheck: $(STAMP)
 	./scripts/typecheck.sh
 
 # Two workers on two cores: most tests wait on real processes, not on the CPU.
-# worksteal: a worker that runs out takes the other's queued tests, so a long test
-# near the end does not leave one core idle.
 # The tests start hundreds of supervisors and CLI processes; with
 # PYTHONDONTWRITEBYTECODE set (as on CI machines) each would compile corral's
 # modules again, so they are compiled once here (0.1 s less per process start).
 test: $(LOCAL) lint typecheck
 	$(PY) -m compileall -q -j 0 corral actors supervisor mailbox sandbox tests examples > /dev/null
-	$(PY) -m pytest -q -n 2 --dist worksteal
+	$(PY) -m pytest -q -n 2
 
 bench: $(VENV)/.bench $(LOCAL)
 	$(PY) -m bench --json bench/results/latest.json
