@@ -28,8 +28,8 @@ from corral.actors.providers.base import (
     ProviderResponse,
     ToolSchema,
 )
+from corral.actors.providers.chat_history import history_messages
 from corral.actors.providers.local_schema import DEFAULT_MAX_STRING, max_tokens_for, turn_schema
-from corral.actors.providers.openai import history_messages
 from corral.actors.providers.plan_parse import parse_chat_completion
 from corral.core.redact import redact_text
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError

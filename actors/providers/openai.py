@@ -39,9 +39,10 @@ from .base import (
     ProviderError,
     ProviderRequest,
     ProviderResponse,
-    RepairCategory,
     ToolSchema,
 )
+from .chat_history import bounded as _bounded
+from .chat_history import history_messages
 from .openai_stream import StreamCut, read_stream
 from .openai_structured import (
     MODES,
@@ -52,13 +53,12 @@ from .openai_structured import (
     response_format,
     tool_choice,
 )
-from .plan_parse import parse_chat_completion, repair_message, tool_index, wire_tool_name
+from .plan_parse import parse_chat_completion, tool_index, wire_tool_name
 from .reply_stream import FinalReplyDecoder, ReplyDeltas
 
 DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024
 DEFAULT_TIMEOUT_S = 60.0
 #: One tool output must not crowd the model's context window (nor the request).
-MAX_OBSERVATION_CHARS = 8000
 # Shorter keys could not be redacted without mangling ordinary text.
 _MIN_KEY_CHARS = 6
 _MAX_KEY_FILE_BYTES = 4096
@@ -327,81 +327,6 @@ def system_prompt(request: ProviderRequest, *, native_tools: bool) -> str:
     if not request.tools:
         return f'{intro} No tools are available. Answer with ONLY {{"final": "<your reply>"}}.'
     return f"{intro}\nTools:\n{_tool_catalogue(request.tools)}\n{TEXT_JSON_INSTRUCTION}"
-
-
-def _bounded(text: str, limit: int) -> str:
-    text = redact_text(text)
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"\n[… {len(text) - limit} more characters cut]"
-
-
-def _observation_message(entry: Mapping[str, Any], limit: int = MAX_OBSERVATION_CHARS) -> dict[str, str]:
-    output = entry.get("output")
-    text = output if isinstance(output, str) else json.dumps(output, default=str)
-    call = entry.get("call") or f"tool {entry.get('tool', '?')}"
-    head = f"Observation for action {entry.get('action_id', '?')} ({call}, status {entry.get('status', '?')}):"
-    return {"role": "user", "content": f"{head}\n{_bounded(text, limit)}"}
-
-
-def _repair_entry_message(entry: Mapping[str, Any]) -> dict[str, str]:
-    detail = str(entry.get("detail", ""))
-    try:
-        category = RepairCategory(str(entry.get("category")))
-    except ValueError:
-        return {"role": "user", "content": _bounded(f"Fix your previous output: {detail}", 500)}
-    return repair_message(category, detail)
-
-
-def _call_message(entry: Mapping[str, Any]) -> dict[str, str] | None:
-    """The call an observation answers, as the model wrote it (a JSON plan)."""
-    tool_input = entry.get("input")
-    if not isinstance(tool_input, dict):
-        return None
-    plan = {"actions": [{"tool": entry.get("tool"), "input": tool_input}]}
-    return {"role": "assistant", "content": json.dumps(plan, ensure_ascii=False)}
-
-
-def _tool_message(entry: Mapping[str, Any], limit: int) -> dict[str, str]:
-    """A result in the ``tool`` role, right after the call it answers."""
-    output = entry.get("output")
-    text = _bounded(output if isinstance(output, str) else json.dumps(output, default=str), limit)
-    if entry.get("status") != "ok":
-        text = f"{entry.get('status', 'failed')}: {entry.get('error') or text}"
-    return {"role": "tool", "content": text}
-
-
-def history_messages(
-    history: tuple[dict[str, Any], ...], observation_chars: int = MAX_OBSERVATION_CHARS, *, echo_calls: bool = False
-) -> list[dict[str, str]]:
-    """The history as chat messages. ``echo_calls``: each result follows the call it
-    answers (an assistant message, the plan as the model wrote it) and is itself a
-    ``tool`` message, for a model driven in-process that writes its plans as JSON
-    text. Measured on Qwen2.5-Coder-0.5B: given results as user messages, with or
-    without its own calls before them, it made the call it had just made again;
-    given its call and a ``tool`` result, it went on to the next step."""
-    # Observations go in as user messages rather than role "tool": strict servers
-    # reject tool messages without the assistant tool_calls message (and its ids)
-    # before them, which the history does not keep.
-    messages = []
-    for entry in history:
-        if entry.get("role") == "repair":
-            messages.append(_repair_entry_message(entry))
-        elif entry.get("role") == "summary":
-            # Older turns, folded into a summary the model wrote (compaction).
-            text = _bounded(str(entry.get("text", "")), MAX_OBSERVATION_CHARS)
-            messages.append({"role": "user", "content": f"Summary of the earlier part of this task: {text}"})
-        elif entry.get("role") == "user":
-            # A steer: the user's own words, mid-run; the plan made before it is gone.
-            text = _bounded(str(entry.get("text", "")), MAX_OBSERVATION_CHARS)
-            messages.append({"role": "user", "content": f"New instruction from the user (it takes priority): {text}"})
-        else:
-            call = _call_message(entry) if echo_calls else None
-            if call is not None:
-                messages += [call, _tool_message(entry, observation_chars)]
-            else:
-                messages.append(_observation_message(entry, observation_chars))
-    return messages
 
 
 def build_chat_payload(config: OpenAIConfig, request: ProviderRequest) -> dict[str, Any]:

@@ -1,0 +1,94 @@
+"""A run's history as chat messages: what every chat-completions provider sends
+after the system prompt and the task (``openai`` over HTTP, ``local`` to the
+model actor). Every text is redacted and bounded here, once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from corral.core.redact import redact_text
+
+from .base import RepairCategory
+from .plan_parse import repair_message
+
+#: Characters of one observation a provider sends (the ``local`` one sends fewer).
+MAX_OBSERVATION_CHARS = 8000
+
+
+def bounded(text: str, limit: int) -> str:
+    """``text`` redacted and cut to ``limit`` characters, saying how much was cut."""
+    text = redact_text(text)
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[… {len(text) - limit} more characters cut]"
+
+
+def _observation_message(entry: Mapping[str, Any], limit: int = MAX_OBSERVATION_CHARS) -> dict[str, str]:
+    output = entry.get("output")
+    text = output if isinstance(output, str) else json.dumps(output, default=str)
+    call = entry.get("call") or f"tool {entry.get('tool', '?')}"
+    head = f"Observation for action {entry.get('action_id', '?')} ({call}, status {entry.get('status', '?')}):"
+    return {"role": "user", "content": f"{head}\n{bounded(text, limit)}"}
+
+
+def _repair_entry_message(entry: Mapping[str, Any]) -> dict[str, str]:
+    detail = str(entry.get("detail", ""))
+    try:
+        category = RepairCategory(str(entry.get("category")))
+    except ValueError:
+        return {"role": "user", "content": bounded(f"Fix your previous output: {detail}", 500)}
+    return repair_message(category, detail)
+
+
+def _call_message(entry: Mapping[str, Any]) -> dict[str, str] | None:
+    """The call an observation answers, as the model wrote it (a JSON plan)."""
+    tool_input = entry.get("input")
+    if not isinstance(tool_input, dict):
+        return None
+    plan = {"actions": [{"tool": entry.get("tool"), "input": tool_input}]}
+    return {"role": "assistant", "content": json.dumps(plan, ensure_ascii=False)}
+
+
+def _tool_message(entry: Mapping[str, Any], limit: int) -> dict[str, str]:
+    """A result in the ``tool`` role, right after the call it answers."""
+    output = entry.get("output")
+    text = bounded(output if isinstance(output, str) else json.dumps(output, default=str), limit)
+    if entry.get("status") != "ok":
+        text = f"{entry.get('status', 'failed')}: {entry.get('error') or text}"
+    return {"role": "tool", "content": text}
+
+
+def history_messages(
+    history: tuple[dict[str, Any], ...], observation_chars: int = MAX_OBSERVATION_CHARS, *, echo_calls: bool = False
+) -> list[dict[str, str]]:
+    """The history as chat messages. ``echo_calls``: each result follows the call it
+    answers (an assistant message, the plan as the model wrote it) and is itself a
+    ``tool`` message, for a model driven in-process that writes its plans as JSON
+    text. Measured on Qwen2.5-Coder-0.5B: given results as user messages, with or
+    without its own calls before them, it made the call it had just made again;
+    given its call and a ``tool`` result, it went on to the next step."""
+    # Observations go in as user messages rather than role "tool": strict servers
+    # reject tool messages without the assistant tool_calls message (and its ids)
+    # before them, which the history does not keep.
+    messages = []
+    for entry in history:
+        if entry.get("role") == "repair":
+            messages.append(_repair_entry_message(entry))
+        elif entry.get("role") == "summary":
+            # Older turns, folded into a summary the model wrote (compaction).
+            text = bounded(str(entry.get("text", "")), MAX_OBSERVATION_CHARS)
+            messages.append({"role": "user", "content": f"Summary of the earlier part of this task: {text}"})
+        elif entry.get("role") == "user":
+            # A steer: the user's own words, mid-run; the plan made before it is gone.
+            text = bounded(str(entry.get("text", "")), MAX_OBSERVATION_CHARS)
+            messages.append({"role": "user", "content": f"New instruction from the user (it takes priority): {text}"})
+        else:
+            call = _call_message(entry) if echo_calls else None
+            if call is not None:
+                messages += [call, _tool_message(entry, observation_chars)]
+            else:
+                messages.append(_observation_message(entry, observation_chars))
+    return messages
