@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import subprocess
-import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench.corral_workloads import _call, _wait_all_ready, supervisor
 from bench.harness import Context, Metrics, NotRun, Stats, workload
+from bench.llama_server import ServerFailed, llama_server
 
 AGENT_COUNTS = (1, 2, 4, 8)
 TOPICS = ("rivers", "bridges", "clocks", "gardens", "ships", "maps", "lamps", "roads")
@@ -55,40 +52,18 @@ def _server_spec(n: int, base_url: str) -> str:
 
 @contextlib.contextmanager
 def _llama_server(model: Path) -> Iterator[str]:
-    """``python -m llama_cpp.server`` on ``model`` (2 threads, as the model actor);
-    its base URL. NotRun when the local-server extra is missing or it never answers."""
+    """bench/llama_server.py's server on ``model``; NotRun when the local-server extra
+    is missing or it never answers."""
     try:
         import fastapi  # noqa: F401  (llama_cpp.server's own dependency)
     except ImportError as exc:
         raise NotRun(f"llama_cpp.server needs the local-server extra: {exc}") from None
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-         "--n_ctx", "2048", "--n_threads", "2", "--seed", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    base_url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base_url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise NotRun("llama_cpp.server did not start")
-            time.sleep(0.2)
-        yield base_url
-    finally:
-        server.terminate()
+    with tempfile.TemporaryDirectory(prefix="llama-") as logs:
         try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+            with llama_server(model, Path(logs) / "server.log") as base_url:
+                yield base_url
+        except ServerFailed as exc:
+            raise NotRun(str(exc)) from None
 
 
 def _server_rounds(ctx: Context, base_url: str, n: int, rounds: int) -> None:

@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jsonschema
 import pytest
 import trio
 
+from bench import llama_server as served
 from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, ErrorKind, ProviderError, ProviderRequest
 from corral.actors.providers.local_schema import plan_schema
 from corral.actors.providers.openai import OpenAIConfig, OpenAIConfigError, OpenAIProvider, build_chat_payload
@@ -164,13 +160,6 @@ async def test_a_server_refusing_the_format_names_the_setting_to_change(nursery:
 # -- a real llama_cpp.server -----------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``python -m llama_cpp.server`` on the packaged SmolLM2 GGUF, loaded once for
@@ -182,36 +171,11 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from corral.supervisor.models.model_spec import packaged_model_file
 
     model = packaged_model_file("smollm2")
-    port = _free_port()
-    log = tmp_path_factory.mktemp("llama") / "server.log"
-    with log.open("wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-             "--port", str(port), "--n_ctx", "2048", "--n_threads", "2", "--seed", "0"],
-            stdout=out, stderr=subprocess.STDOUT,
-        )
-    base_url = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"llama_cpp.server exited with {server.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{base_url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama_cpp.server not ready within 60 s: {log.read_text()[-2000:]}")
-            time.sleep(0.2)  # polling readiness, bounded by the deadline above
-        yield base_url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        with served.llama_server(model, tmp_path_factory.mktemp("llama") / "server.log") as base_url:
+            yield base_url
+    except served.ServerFailed as exc:
+        pytest.fail(str(exc))
 
 
 def _agent(agent_id: str, url: str, structured: str, bounds: str = "") -> str:
