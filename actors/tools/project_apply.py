@@ -23,14 +23,13 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
 from corral.actors.tools import fs
 from corral.actors.tools import project_checkpoints as checkpoints
 from corral.actors.tools.base import ToolContext, ToolError
 from corral.actors.tools.paths import check_write_scope
-from corral.actors.tools.staging import _open_parent
+from corral.actors.tools.staging import open_existing_parent
 from corral.core import failpoints
 
 FAILPOINT = "changeset.after-checkpoint"
@@ -80,14 +79,10 @@ def check_writable(ctx: ToolContext, raw: str, *, delete: bool = False) -> None:
 def _delete(ctx: ToolContext, raw: str) -> None:
     target = fs.confined(ctx, raw)
     check_write_scope(ctx.workspace, target, ctx.write_scopes, raw)
-    root = ctx.workspace.resolve()
-    inside = PurePosixPath(target.relative_to(root))
-    if not inside.parts:
-        raise ToolError(f"{raw!r} is the workspace", "bad-input")
-    parent_fd = _open_parent(root, inside.parent, raw, create=False)
+    name, parent_fd = open_existing_parent(ctx, target, raw, ToolError(f"{raw!r} is the workspace", "bad-input"))
     try:
         try:
-            info = os.stat(inside.name, dir_fd=parent_fd, follow_symlinks=False)
+            info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
         except FileNotFoundError:
             return
         if not stat.S_ISREG(info.st_mode):
@@ -95,7 +90,7 @@ def _delete(ctx: ToolContext, raw: str) -> None:
         if info.st_nlink > 1:
             raise ToolError(f"{raw!r} has {info.st_nlink} names (hard links); corral deletes no such file",
                             "path-refused")
-        os.unlink(inside.name, dir_fd=parent_fd)
+        os.unlink(name, dir_fd=parent_fd)
         os.fsync(parent_fd)
     finally:
         os.close(parent_fd)

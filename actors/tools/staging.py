@@ -294,21 +294,27 @@ def _close(item: Staged) -> None:
     item.created.clear()
 
 
+def open_existing_parent(ctx: ToolContext, target: Path, raw: str, is_workspace: ToolError) -> tuple[str, int]:
+    """The last name of ``target`` (a checked path inside the workspace) and an fd of
+    its existing parent, opened without following a symlink at any level; the
+    caller closes it. ``is_workspace`` is raised when ``target`` is the workspace."""
+    root = ctx.workspace.resolve()
+    inside = PurePosixPath(target.relative_to(root))
+    if not inside.parts:
+        raise is_workspace
+    return inside.name, _open_parent(root, inside.parent, raw, create=False)
+
+
 def open_to_read(ctx: ToolContext, raw: str) -> int:
     """An fd of the regular file ``raw``, opened without following a symlink at any
     level (the path check and the open are separate moments). A file with another
     name is refused if that name is a secret or a git control file: secrets are
     recognised by inode as well as by name (a hard link ``innocent.txt`` to ``.env``
     is ``.env``)."""
-    target = confined(ctx, raw)
-    root = ctx.workspace.resolve()
-    inside = PurePosixPath(target.relative_to(root))
-    if not inside.parts:
-        raise ToolError(f"no file {raw!r}", "not-found")
-    parent_fd = _open_parent(root, inside.parent, raw, create=False)
+    name, parent_fd = open_existing_parent(ctx, confined(ctx, raw), raw, ToolError(f"no file {raw!r}", "not-found"))
     try:
         # O_NONBLOCK: a FIFO must not hang the actor; a regular file ignores it.
-        fd = os.open(inside.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=parent_fd)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=parent_fd)
     except FileNotFoundError:
         raise ToolError(f"no file {raw!r}", "not-found") from None
     except OSError as exc:
@@ -320,7 +326,7 @@ def open_to_read(ctx: ToolContext, raw: str) -> int:
         if not stat.S_ISREG(info.st_mode):
             raise ToolError(f"no file {raw!r}", "not-found")
         if info.st_nlink > 1:
-            _refuse_secret_inode(root, (info.st_dev, info.st_ino), raw)
+            _refuse_secret_inode(ctx.workspace.resolve(), (info.st_dev, info.st_ino), raw)
     except BaseException:
         os.close(fd)
         raise

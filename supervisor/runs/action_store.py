@@ -262,7 +262,8 @@ def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, curre
             raise Conflict(f"action {the_id} is {phase}; receipts are for terminal actions")
         result = json.loads(row["result"]) if row["result"] else {}
         result_summary = result.get("summary") or row["error"] or row["reason"] or phase.value
-        call = input_summary(row["tool"], json.loads(row["input"]))
+        tool_input = json.loads(row["input"])
+        call = input_summary(row["tool"], tool_input)
         if not db.execute(
             "INSERT OR IGNORE INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
             " result_summary, note, started_at, finished_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -294,7 +295,7 @@ def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, curre
                 # What was called (names and sizes, as the receipt has it): a model
                 # that sees only results repeats a call it has already made.
                 "call": call,
-                "input": echo_input(json.loads(row["input"])),
+                "input": echo_input(tool_input),
                 "status": phase.value,
                 "output": result.get("output", {}),
                 "error": row["error"] or "",
