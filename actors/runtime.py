@@ -18,6 +18,7 @@ from corral.mailbox.actor_config import ActorConfig
 from corral.mailbox.channel import Channel, open_channel
 from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull
+from corral.mailbox.transport import transport_of
 
 log = logging.getLogger("corral.actor")
 
@@ -158,6 +159,7 @@ async def _actor(config: ActorConfig, token: str) -> int:
         max_frame=config["max_frame"],
         inbox_size=config["inbox_size"],
         token=token,
+        transport=transport_of(config["link"]),
     ) as channel:
         hello = Envelope(
             Kind.HELLO,

@@ -1,4 +1,5 @@
-"""Envelopes, the msgpack codec, actor links (Unix sockets), the nng control protocol and request/reply."""
+"""Envelopes, the msgpack codec, actor links (nng by default, or raw Unix stream
+sockets), the nng control protocol and request/reply."""
 
 from corral.mailbox.codec import DEFAULT_MAX_FRAME, decode, encode
 from corral.mailbox.envelope import Envelope, Kind

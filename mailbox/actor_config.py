@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
+from corral.mailbox.transport import LinkKind
+
 
 class ActorConfig(TypedDict):
     actor_id: str
@@ -20,6 +22,8 @@ class ActorConfig(TypedDict):
     template: str
     #: Where the actor dials its link to the supervisor.
     address: str
+    #: What the link is made of (mailbox/transport.py): the supervisor's end is the same.
+    link: LinkKind
     #: The actor's ``params`` from the spec, for its template.
     params: dict[str, Any]
     #: The supervisor's home (logs, transcripts, the in-flight record).

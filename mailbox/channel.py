@@ -1,10 +1,10 @@
-"""A bidirectional message channel over one link (mailbox/link.py): length-prefixed
-msgpack frames on a Unix socket, or loopback TCP.
+"""A bidirectional message channel over one link (mailbox/transport.py): msgpack
+frames over nng (the default) or a raw stream socket.
 
 Request/reply is built here because both ends of an actor link make requests: the
 reader task matches replies to waiting requests by ``corr_id`` and puts everything
 else into a bounded inbox. When the inbox is full the reader stops reading, the
-socket's buffers fill, and the peer's sends block: backpressure end to end with
+link's buffers fill, and the peer's sends wait: backpressure end to end with
 bounded memory.
 """
 
@@ -29,6 +29,7 @@ from corral.mailbox.errors import (
     MailboxFull,
     RemoteError,
 )
+from corral.mailbox.transport import NNG, Link, Transport
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class Channel:
         self.name = name
         self.max_frame = max_frame
         self.token = token
-        self._link: links.Link | None = None
+        self._link: Link | None = None
         #: Set once the link is attached, or the channel closed without one.
         self._linked = trio.Event()
         self._pending: dict[str, _Pending] = {}
@@ -76,7 +77,7 @@ class Channel:
     def hard_limit(self) -> int:
         return self.max_frame * HARD_FRAME_FACTOR
 
-    def attach(self, link: links.Link) -> None:
+    def attach(self, link: Link) -> None:
         if self._closed:
             link.close()
             return
@@ -148,7 +149,7 @@ class Channel:
 
     async def run_reader(
         self,
-        connect: Callable[[], Awaitable[links.Link | None]] | None = None,
+        connect: Callable[[], Awaitable[Link | None]] | None = None,
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
@@ -175,7 +176,7 @@ class Channel:
                 pending.done.set()
             self._inbox_send.close()
 
-    async def _read(self, link: links.Link) -> None:
+    async def _read(self, link: Link) -> None:
         while True:
             try:
                 frame = await link.receive()
@@ -238,18 +239,19 @@ async def open_channel(
     max_frame: int = DEFAULT_MAX_FRAME,
     inbox_size: int = DEFAULT_INBOX,
     token: str | None = None,
+    transport: Transport = NNG,
 ) -> AsyncIterator[Channel]:
     """A channel with its reader running in a nursery owned by this context. The
     listening end is usable at once: what it sends waits for its peer."""
     channel = Channel(name, max_frame=max_frame, inbox_size=inbox_size, token=token)
-    connect: Callable[[], Awaitable[links.Link | None]] | None = None
+    connect: Callable[[], Awaitable[Link | None]] | None = None
     listener = None
     try:
         if listen:
-            listener = links.Listener(address, channel.hard_limit)
+            listener = transport.listen(address, channel.hard_limit)
             connect = listener.accept
         else:
-            channel.attach(await links.dial(address, channel.hard_limit))
+            channel.attach(await transport.dial(address, channel.hard_limit))
         async with trio.open_nursery() as nursery:
             await nursery.start(channel.run_reader, connect)
             try:

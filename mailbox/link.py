@@ -1,12 +1,10 @@
-"""The byte stream under an actor's channel: length-prefixed frames over one Unix
-socket (or loopback TCP), one peer per link.
+"""The stream link (``transport = "unix"`` or ``"tcp"``): length-prefixed frames
+over one Unix socket (or loopback TCP), one peer per link.
 
-Why not nng here: an nng send hands the message to nng's own threads and waits for
-them, which measured 140-240 µs per send on this 2-core machine, with the
-supervisor's event loop blocked meanwhile; a request and its reply took ~700 µs.
-A non-blocking stream socket under trio is a system call each way (a round trip
-~110 µs) and never blocks the loop. The control API keeps nng (Req/Rep with
-contexts).
+The measured fast path beside the default nng link (mailbox/link_nng.py): a
+non-blocking stream socket under trio is a system call each way and never blocks
+the loop, where nng puts its own I/O threads between the socket and the caller
+(1.7x the round trip, docs/performance.md, issue 39).
 
 A frame is delivered whole or not at all. A send writes at once when nothing is
 queued ahead of it; what the socket does not take right away (the peer is slow,

@@ -2,7 +2,9 @@
 
 Starting ``python -m corral.actors`` costs ~180 ms of interpreter start and imports;
 forking this process (which imported everything once and never started a thread,
-so fork is safe) costs a few ms. The supervisor talks to it over a SOCK_SEQPACKET
+so fork is safe; nor opened an nng socket: nng is not fork-safe, and each actor
+opens its own link socket after the fork, in a process where nng never ran) costs
+a few ms. The supervisor talks to it over a SOCK_SEQPACKET
 pair: spawn requests in, ``spawned`` (with a pidfd passed by SCM_RIGHTS, opened
 before the child can be reaped, so pid reuse cannot fool anyone) and ``exited``
 reports out. It dies with the supervisor (PDEATHSIG), and its children die with it.

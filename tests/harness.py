@@ -66,8 +66,9 @@ class Daemon:
         environment = {**os.environ, **self.env, **(env or {})}
         if spec and self.spec is not None and self.spec.is_file():
             text = self.spec.read_text()
-            if unattended(text) != text:  # the tests' swarms run alone: see unattended()
-                self.spec.write_text(unattended(text))
+            # The tests' swarms run alone (see unattended()), on the transport asked for.
+            if unattended(with_transport(text)) != text:
+                self.spec.write_text(unattended(with_transport(text)))
         try:
             start_supervisor(self.home, self.spec if spec else None, 30.0, env=environment, checked=True)
         except (SupervisorStartError, SpecError, homes.HomeError) as exc:
@@ -179,6 +180,32 @@ def unattended(spec_text: str) -> str:
         if line.strip() == "[policy]":
             return "\n".join([*lines[: index + 1], UNATTENDED, *lines[index + 1:]]) + "\n"
     return f"{spec_text.rstrip()}\n\n[policy]\n{UNATTENDED}\n"
+
+
+#: ``CORRAL_TRANSPORT=unix`` (or ``nng``) runs the tests' supervisors on that link
+#: transport; unset, a spec's own (nng by default).
+TRANSPORT_ENV = "CORRAL_TRANSPORT"
+
+
+def with_transport(spec_text: str) -> str:
+    """``spec_text`` on the transport ``CORRAL_TRANSPORT`` names, unless it names its
+    own (a test about loopback tcp keeps it)."""
+    transport = os.environ.get(TRANSPORT_ENV)
+    if not transport:
+        return spec_text
+    table = ""
+    for line in spec_text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("["):
+            table = stripped
+        elif table == "[supervisor]" and stripped.replace(" ", "").startswith("transport="):
+            return spec_text
+    lines = spec_text.splitlines()
+    for index, line in enumerate(lines):
+        if line.strip() == "[supervisor]":
+            return "\n".join([*lines[: index + 1], f'transport = "{transport}"', *lines[index + 1:]]) + "\n"
+    # Appended: a table put first would take in the spec's top-level keys.
+    return f'{spec_text.rstrip()}\n\n[supervisor]\ntransport = "{transport}"\n'
 
 
 @contextmanager

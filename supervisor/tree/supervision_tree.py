@@ -24,11 +24,12 @@ from typing import Any
 
 import trio
 
-from corral.mailbox import link as links
 from corral.mailbox.actor_config import ActorConfig
 from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.channel import Channel
 from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
+from corral.mailbox.link_nng import lift_open_files_limit
+from corral.mailbox.transport import Link, LinkKind, Listener, transport_of
 from corral.sandbox.launcher import (
     EXIT_FORKSERVER_LOST,
     EXIT_UNKNOWN,
@@ -174,6 +175,8 @@ class SupervisionTree:
         return self._nursery is not None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if self.settings.transport == "nng":
+            lift_open_files_limit()  # ~6 descriptors per actor link, not 1
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             # Launch requests go out in declaration order (the launcher's lock is
@@ -256,7 +259,8 @@ class SupervisionTree:
         slot.exited = trio.Event()
         slot.started_at = time.monotonic()
         channel = Channel(SUPERVISOR, max_frame=self.settings.max_frame, inbox_size=self.settings.inbox_size)
-        listener = links.Listener(self._address(), channel.hard_limit)
+        link_kind: LinkKind = "nng" if self.settings.transport == "nng" else "stream"
+        listener = transport_of(link_kind).listen(self._address(), channel.hard_limit)
         try:
             address = listener.address
             config: ActorConfig = {
@@ -264,6 +268,7 @@ class SupervisionTree:
                 "incarnation": slot.incarnation,
                 "template": slot.spec.template,
                 "address": address,
+                "link": link_kind,
                 "params": slot.spec.params,
                 "home": str(self.home),
                 "max_frame": self.settings.max_frame,
@@ -300,9 +305,9 @@ class SupervisionTree:
         return ipc_address(self.home / "s" / f"a{next(self._addresses)}.ipc")
 
     async def _incarnation(
-        self, slot: ActorSlot, incarnation: int, listener: links.Listener, channel: Channel, process: ActorProcess
+        self, slot: ActorSlot, incarnation: int, listener: Listener, channel: Channel, process: ActorProcess
     ) -> None:
-        async def accept() -> links.Link | None:
+        async def accept() -> Link | None:
             # The actor dials in once; one that never does is killed by _serve.
             with trio.move_on_after(HELLO_TIMEOUT_S):
                 try:

@@ -1,0 +1,264 @@
+"""Actor links on nng: one Pair0 socket per link, over ``ipc://`` (or ``tcp://``),
+driven from trio through nng's pollable descriptors.
+
+Why this shape: pynng's async calls hand every send to nng's threads and wait for
+them (140-240 µs a send, measured, with trio's loop blocked meanwhile). Here every
+send and receive is non-blocking (``block=False``; ``pynng.TryAgain`` when nng can
+take or give nothing now), and a task that must wait waits in trio on nng's
+``send_fd`` / ``recv_fd``, which nng makes readable when a send can go / a message
+is there: no thread hop, and the loop never blocks.
+
+The guarantees of the stream link (mailbox/link.py), kept:
+
+- a frame is whole or not at all: one frame is one nng message;
+- bounded: nng holds at most ``SEND_BUFFER`` frames the peer has not taken; a send
+  that finds no room waits on ``send_fd`` up to its timeout and then gives up with
+  ``MailboxFull`` having sent nothing (nng never took the frame); waiting senders
+  go in the order they came, so frames never overtake each other;
+- an oversized frame cuts the link: ``recv_max_size`` is the hard limit, nng closes
+  the pipe of a peer that sends more, and both ends see the link end;
+- one peer: the first pipe is the link's, any later one is closed before it is
+  added, and a pipe that goes ends the link (the dialer's reconnects are refused).
+  (nng closes a listener's pipes with the listener, so it listens on until the
+  link closes; the ipc:// file is removed once the peer came.)
+
+nng tells us about pipes from its own threads; those callbacks only schedule work
+on the trio loop (``run_sync_soon``). nng is not fork-safe: no nng socket may exist
+in a process that forks (the fork server never opens one; sandbox/forkserver.py).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+from typing import Any
+
+import pynng
+import trio
+
+from corral.mailbox.addresses import bound_tcp_address
+from corral.mailbox.errors import ChannelClosed, MailboxFull
+
+#: Frames nng may hold on each side beyond what the peer's reader took: with the
+#: stream link's QUEUE_FRAMES, what a peer that stopped reading can cost is bounded.
+SEND_BUFFER = 8
+RECV_BUFFER = 8
+
+
+class NngLink:
+    """One Pair0 socket and its one peer. Built before the socket listens or dials,
+    so no pipe event can come before the callbacks are in place."""
+
+    def __init__(self, hard_limit: int) -> None:
+        self.hard_limit = hard_limit
+        self._token = trio.lowlevel.current_trio_token()
+        #: Whether a pipe was admitted (read and written by nng's threads only).
+        self._admitted = False
+        self.socket = pynng.Pair0(
+            recv_max_size=hard_limit, send_buffer_size=SEND_BUFFER, recv_buffer_size=RECV_BUFFER
+        )
+        self.socket.add_pre_pipe_connect_cb(self._admit)
+        self.socket.add_post_pipe_connect_cb(self._pipe_came)
+        self.socket.add_post_pipe_remove_cb(self._pipe_went)
+        self._send_fd: int = self.socket.send_fd
+        self._recv_fd: int = self.socket.recv_fd
+        #: Set (on the loop) once the peer's pipe is up.
+        self.came = trio.Event()
+        #: The peer's pipe went: what it sent before is still read, nothing more is sent.
+        self._peer_gone = False
+        self._closed = False
+        #: Senders that found no room wait their turn here, first come first served.
+        self._turn = trio.StrictFIFOLock()
+        self._senders_waiting = 0
+        #: Waits on nng's descriptors, cancelled when the link ends.
+        self._waits: set[trio.CancelScope] = set()
+
+    # -- from nng's threads: hand over to the loop, nothing else ---------------------
+
+    def _admit(self, pipe: Any) -> None:
+        """One peer per link: any pipe after the first is closed before it is added
+        (pynng runs pipe callbacks one at a time)."""
+        if self._admitted:
+            pipe.close()
+        self._admitted = True
+
+    def _pipe_came(self, pipe: Any) -> None:
+        self._soon(self.came.set)
+
+    def _pipe_went(self, pipe: Any) -> None:
+        self._soon(self._on_peer_gone)
+
+    def _soon(self, call: Any) -> None:
+        try:
+            self._token.run_sync_soon(call)
+        except trio.RunFinishedError:
+            pass  # the loop is gone (the process is ending): nobody to tell
+
+    # -- on the loop ---------------------------------------------------------------
+
+    def _on_peer_gone(self) -> None:
+        if not self._peer_gone:
+            self._peer_gone = True
+            self.came.set()  # a listener still waiting learns it at once
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        for scope in self._waits:
+            scope.cancel()
+
+    @property
+    def _ended(self) -> bool:
+        return self._closed or self._peer_gone
+
+    async def _wait(self, fd: int) -> None:
+        """Until nng's descriptor is readable or the link ends (the caller looks again)."""
+        scope = trio.CancelScope()
+        self._waits.add(scope)
+        try:
+            with scope:
+                await trio.lowlevel.wait_readable(fd)
+        except trio.ClosedResourceError:
+            pass  # closed meanwhile: the caller sees _ended
+        finally:
+            self._waits.discard(scope)
+
+    async def send(self, frame: bytes, timeout: float) -> None:
+        if self._ended:
+            raise ChannelClosed("link is closed")
+        if not self._senders_waiting and self._try_send(frame):
+            return
+        self._senders_waiting += 1
+        try:
+            with trio.move_on_after(timeout):
+                async with self._turn:
+                    while not self._ended:
+                        if self._try_send(frame):
+                            return
+                        await self._wait(self._send_fd)
+                raise ChannelClosed("link is closed")
+        finally:
+            self._senders_waiting -= 1
+        raise MailboxFull(f"the peer read nothing for {timeout}s")
+
+    def _try_send(self, frame: bytes) -> bool:
+        """True when nng took the frame, False when it has no room for it now."""
+        try:
+            self.socket.send(frame, block=False)
+        except pynng.TryAgain:
+            return False
+        except pynng.NNGException as exc:
+            raise ChannelClosed(f"link closed while sending: {exc}") from None
+        return True
+
+    async def run_writer(self) -> None:
+        """Nothing to do: nng's own queue writes what sends handed it."""
+
+    async def receive(self) -> bytes | None:
+        """The next whole frame, or None once the peer went and all it sent was read."""
+        while True:
+            if self._closed:
+                return None
+            try:
+                frame: bytes = self.socket.recv(block=False)
+                return frame
+            except pynng.TryAgain:
+                if self._peer_gone:
+                    return None
+            except pynng.NNGException:
+                return None
+            await self._wait(self._recv_fd)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._wake_all()
+        for fd in (self._send_fd, self._recv_fd):
+            trio.lowlevel.notify_closing(fd)  # nng closes them with the socket
+        self.socket.close()
+
+
+class NngListener:
+    """Where one peer dials in: listening before the peer starts, closed once it came.
+
+    On ``ipc://`` nng binds a temporary name that is then renamed to the address:
+    nng removes the file it bound when it stops listening, by name, which would
+    remove another's socket file made at that name since; this listener removes the
+    address's file itself, only while it is still this listener's (as the stream
+    listener does)."""
+
+    def __init__(self, address: str, hard_limit: int) -> None:
+        self.link = NngLink(hard_limit)
+        self._path: Path | None = None
+        self._made: tuple[int, int] | None = None
+        self._closed = False
+        try:
+            if address.startswith("ipc://"):
+                self._path = Path(address.removeprefix("ipc://"))
+                bound = self._path.with_name("~" + self._path.name[1:])
+                self.link.socket.listen(f"ipc://{bound}")
+                os.replace(bound, self._path)
+                self._made = _identity(self._path)
+                self.address = address
+            elif address.startswith("tcp://"):
+                listener = self.link.socket.listen(address)
+                self.address = bound_tcp_address(listener) if address.endswith(":0") else address
+            else:
+                raise ValueError(f"address {address!r} is neither ipc:// nor tcp://")
+        except BaseException:
+            self.link.close()
+            raise
+
+    async def accept(self) -> NngLink:
+        try:
+            await self.link.came.wait()
+        finally:
+            self.close()
+        return self.link
+
+    def close(self) -> None:
+        """Nobody else can dial in (the link, once its peer came, lives on)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._path is not None and self._made is not None and _identity(self._path) == self._made:
+            self._path.unlink(missing_ok=True)
+        if not self.link.came.is_set():
+            self.link.close()  # nobody came: the socket goes with the listener
+
+
+def lift_open_files_limit() -> None:
+    """Raise this process's soft limit of open files to its hard limit. The listening
+    end of an nng link holds ~6 descriptors (its listener, the pipe's connection,
+    nng's pollable descriptors), where a stream link holds 1: at a common soft
+    limit of 1,024, a supervisor would run out near 150 actors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass  # an unlimited hard limit past the kernel's nr_open: keep the soft one
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+async def dial(address: str, hard_limit: int) -> NngLink:
+    link = NngLink(hard_limit)
+    try:
+        # Synchronous: nng connects (a local connect) and returns; the first send
+        # waits on send_fd until the pipe is up.
+        link.socket.dial(address, block=True)
+    except pynng.NNGException as exc:
+        link.close()
+        raise ConnectionError(f"cannot connect to {address}: {exc}") from None
+    except BaseException:
+        link.close()
+        raise
+    return link
