@@ -114,16 +114,20 @@ class Event:
 @dataclass(frozen=True)
 class Pending:
     """What waits for a person: actions to approve/deny or reconcile, provider
-    requests and process sessions to reconcile, and provider retries scheduled."""
+    requests and process sessions to reconcile, provider retries scheduled, and
+    structured questions to answer (each with its ``request_id``, ``run_id`` and
+    ``questions``: id, header, question, options with label and description;
+    ``corral.question_text.render_question`` lays one out for a terminal)."""
 
     actions: tuple[dict[str, Any], ...]
     provider_requests: tuple[dict[str, Any], ...]
     provider_retries: tuple[dict[str, Any], ...]
     sessions: tuple[dict[str, Any], ...]
+    questions: tuple[dict[str, Any], ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __bool__(self) -> bool:
-        return any((self.actions, self.provider_requests, self.provider_retries, self.sessions))
+        return any((self.actions, self.provider_requests, self.provider_retries, self.sessions, self.questions))
 
     @classmethod
     def from_reply(cls, reply: dict[str, Any]) -> Pending:
@@ -132,6 +136,7 @@ class Pending:
             tuple(reply.get("provider_requests", ())),
             tuple(reply.get("provider_retries", ())),
             tuple(reply.get("sessions", ())),
+            tuple(reply.get("questions", ())),
             raw=reply,
         )
 

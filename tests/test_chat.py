@@ -1,6 +1,7 @@
 """``corral chat`` in a real terminal (a pty, driven by pexpect): turns, approvals
-with a key, questions, /history and /steer, --json, and a supervisor restart in
-the middle of the conversation."""
+with a key, questions, the slash commands, --json, a supervisor restart in the
+middle of the conversation, and the one ``[turn.report]`` each turn ends with,
+validated against its JSON Schema (seed 004 V1.15)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pexpect
+import pytest
 
 from tests.harness import Daemon, cli, ledger_rows, running
+
+SCHEMA = json.loads((Path(__file__).parent.parent / "docs" / "schemas" / "swarm-turn-report.v1.json").read_text())
+REPORT = r"\[turn\.report\] (\{[^\r\n]*\})"
 
 CHAT_SPEC = """
 name = "chat"
@@ -22,7 +29,13 @@ root = "ws"
 id = "project-supervisor"
   [[agents.steps]]
   when_task = "colour"
-  actions = [{ tool = "user.input_request", input = { question = "Which colour?", options = ["red", "blue"] } }]
+    [[agents.steps.actions]]
+    tool = "user.input_request"
+      [[agents.steps.actions.input.questions]]
+      id = "colour"
+      header = "Colour"
+      question = "Which colour?"
+      options = [{ label = "red", description = "warm" }, { label = "blue", description = "cool" }]
   [[agents.steps]]
   when_task = "colour"
   final = "painted it"
@@ -55,8 +68,18 @@ def _close(child: pexpect.spawn) -> None:
     if child.isalive():
         child.sendline("/quit")
         child.expect(pexpect.EOF)
+        assert "[turn.report]" not in child.before  # /quit never makes up a report
     child.close()
     assert child.exitstatus == 0, child.before
+
+
+def _report(child: pexpect.spawn, **expected: Any) -> dict[str, Any]:
+    """The next turn report the chat prints: valid against the schema, and as expected."""
+    child.expect(REPORT)
+    report: dict[str, Any] = json.loads(child.match.group(1))
+    jsonschema.Draft202012Validator(SCHEMA).validate(report)
+    assert {key: report[key] for key in expected} == expected, report
+    return report
 
 
 def test_chat_in_a_terminal_turns_approvals_questions_and_a_restart(short_tmp: Path) -> None:
@@ -69,14 +92,26 @@ def test_chat_in_a_terminal_turns_approvals_questions_and_a_restart(short_tmp: P
             child.expect("/history")
             child.sendline("hello there")
             child.expect(r"approve fs\.write\(.*hello\.txt\)\s+\[y/n\]")
+            # The turn is parked for a person: settled, and said so once.
+            parked = _report(child, outcome="waiting-for-person", run_status="waiting-confirmation",
+                             conversation_id=conversation, agent_id="project-supervisor", final_reply_chars=0)
+            assert parked["tasks"]["waiting_for_person"] == 1
+            child.sendline("/compact")
+            child.expect(r"\[compaction requested for run-[0-9a-f]+")
             child.sendline("y")
             child.expect(r"\[approved act-")
             child.expect("agent> wrote hello.txt")
+            done = _report(child, outcome="settled", run_status="completed", run_id=parked["run_id"],
+                           new_assistant_messages=1, final_reply_chars=len("wrote hello.txt"),
+                           reconciliation_agents=0)
+            assert done["runtimes"] == {"busy": 0, "idle": 1}
+            assert "hello" not in json.dumps(done) and "ws" not in json.dumps(done)  # counts and ids only
             child.sendline("/history")
             child.expect("you> hello there")
             child.expect("agent> wrote hello.txt")
             child.sendline("please pick a colour")
-            child.expect(r"agent asks> Which colour\?\s+\(red / blue\)")
+            child.expect(r"agent asks>\s+\[Colour\] Which colour\?.*1\. red - warm\s+2\. blue - cool")
+            _report(child, outcome="waiting-for-person", run_status="needs-input")
             child.sendline("/status")
             child.expect("live run: run-.* needs-input")
             # The supervisor dies in the middle of the conversation and comes back.
@@ -87,13 +122,30 @@ def test_chat_in_a_terminal_turns_approvals_questions_and_a_restart(short_tmp: P
             child.sendline("blue")
             child.expect(r"\[answer recorded\]")
             child.expect("agent> painted it")
+            _report(child, outcome="settled", run_status="completed", final_reply_chars=len("painted it"))
             child.sendline("/history")
             child.expect("you> please pick a colour")
             child.expect("agent> painted it")
+            child.sendline("/goal status")
+            child.expect(r"goal of run-[0-9a-f]+: \(no goal\)")
+            child.sendline("/goal edit")
+            child.expect(r"usage: /goal")
+            child.sendline("/goal pause")  # a clear refusal from the supervisor, never a traceback
+            child.expect(r"conflict: run run-[0-9a-f]+ has no goal")
+            child.sendline("/compact")
+            child.expect("no live run to compact")
+            child.sendline("/mcp")
+            child.expect(r"no MCP servers")
+            child.sendline("/agents")
+            child.expect(r"project-supervisor\s+running")
             child.sendline("/nonsense")
             child.expect("unknown command /nonsense")
+            supervisor = daemon.call("ping")["pid"]
         finally:
             _close(child)
+        # Leaving the chat leaves the supervisor running.
+        assert daemon.call("ping")["pid"] == supervisor
+        os.kill(supervisor, 0)
         assert (short_tmp / "ws" / "hello.txt").read_text() == "hi"
         runs = ledger_rows(daemon.home, "SELECT status FROM runs WHERE conversation_id = ?", conversation)
         assert [r["status"] for r in runs] == ["completed", "completed"]
@@ -123,6 +175,36 @@ def test_chat_json_prints_one_object_per_turn_event(short_tmp: Path) -> None:
         kinds = [event["event"] for event in events]
         assert kinds[0] == "session" and "turn" in kinds and "question" in kinds
         question = next(event for event in events if event["event"] == "question")
-        assert question["options"] == ["red", "blue"]
+        assert [o["label"] for o in question["request"]["questions"][0]["options"]] == ["red", "blue"]
+        # The end of input waited for the turn to settle: one report, the last object.
+        assert kinds.count("turn.report") == 1 and kinds[-1] == "turn.report"
+        report = events[-1]["report"]
+        jsonschema.Draft202012Validator(SCHEMA).validate(report)
+        assert (report["outcome"], report["run_status"]) == ("waiting-for-person", "needs-input")
+        assert events[-1]["text"] == "[turn.report] " + json.dumps(report, sort_keys=True, separators=(",", ":"))
         bad = cli(daemon.home, "chat", "no-such-agent")
         assert bad.returncode != 0 and "no-such-agent" in bad.stderr
+
+
+def test_the_turn_report_waits_for_children_and_receipts_and_names_reconciliation() -> None:
+    from corral.supervisor.interactive.turn_report import build
+
+    root = {"run_id": "run-1", "agent_id": "boss", "status": "waiting-for-join"}
+    child = {"run_id": "run-2", "agent_id": "helper", "status": "running"}
+    moving = build("conv-1", root, [root, child], [("helper", "executing", "running")], None)
+    assert not moving.settled and moving.report["runtimes"] == {"busy": 2, "idle": 0}
+    assert moving.report["children"] == {"total": 1, "live": 1}
+    asks = build("conv-1", root, [root, {**child, "status": "needs-input"}], [("helper", "executing", "needs-input")],
+                 None)
+    assert asks.settled and asks.report["outcome"] == "waiting-for-person"  # a question's action waits with it
+    done = {**root, "status": "completed"}
+    receipt_due = build("conv-1", done, [done, {**child, "status": "completed"}], [("boss", "approved", "completed")],
+                        "ok")
+    assert not receipt_due.settled  # an approved action has no receipt yet
+    stuck = build("conv-1", done, [done, {**child, "status": "completed"}],
+                  [("helper", "needs-reconciliation", "completed")], "ok")
+    assert stuck.settled and stuck.report["outcome"] == "needs-reconciliation"
+    assert stuck.report["reconciliation_agents"] == 1 and stuck.report["final_reply_chars"] == 2
+    jsonschema.Draft202012Validator(SCHEMA).validate(stuck.report)
+    with pytest.raises(jsonschema.ValidationError):  # the schema admits nothing else (no text, no path)
+        jsonschema.Draft202012Validator(SCHEMA).validate({**stuck.report, "reply": "ok"})

@@ -103,7 +103,10 @@ def test_corral_compact_asks_for_a_compaction_now(short_tmp: Path) -> None:
         with pytest.raises(Exception, match="no run"):
             daemon.call("compact", run_id="run-nosuchrun00")
         script = {"steps": [{"actions": [{"tool": "fs.list", "input": {"path": "."}}]}] * 4 + [
-            {"actions": [{"tool": "user.input_request", "input": {"question": "go on?"}}]}, {"final": "ok"}]}
+            {"actions": [{"tool": "user.input_request", "input": {"questions": [
+                {"id": "go_on", "header": "Continue", "question": "go on?",
+                 "options": [{"label": "yes", "description": "carry on"}, {"label": "no", "description": "stop"}]}]}}]},
+            {"final": "ok"}]}
         run_id = daemon.call("run", agent_id="writer", task="short", script=json.dumps(script))["run_id"]
         wait_run(daemon, run_id, {"needs-input"})
         from tests.harness import cli

@@ -1,12 +1,15 @@
-"""Interactive runs (issue 17): steers applied once at a safe boundary, questions
-answered once, conversations and forks; with real SIGKILLs of the agent and the
+"""Interactive runs (issue 17): steers applied once at a safe boundary, conversations
+and forks (questions: tests/test_questions.py); with real SIGKILLs of the agent and the
 supervisor between record and application."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,23 +17,6 @@ import pytest
 
 from corral.core.procs import wait_exit
 from tests.harness import Daemon, cli, ledger_rows, running, wait_run
-
-QUESTION_SPEC = """
-name = "interactive"
-[project]
-root = "ws"
-[chaos]
-effects_file = "effects.log"
-[[agents]]
-id = "root"
-  [[agents.steps]]
-  actions = [{ tool = "user.input_request", input = { question = "Which colour?", options = ["red", "blue"] } }]
-  [[agents.steps]]
-  when_observed = "blue"
-  actions = [{ tool = "effect.record", input = { label = "paint-blue" } }]
-  [[agents.steps]]
-  final = "painted"
-"""
 
 # Before the steer the script plans "old"; a steer always opens a new loop, and
 # with "go green" in the history the second applicable step is "green".
@@ -103,89 +89,6 @@ def _observations(daemon: Daemon, run_id: str, prefix: str) -> list[dict[str, An
     )
 
 
-# -- questions -----------------------------------------------------------------------------
-
-
-def test_a_question_parks_the_run_and_its_answer_is_observed_once(project: Path) -> None:
-    with running(project / "home", QUESTION_SPEC) as daemon:
-        run_id = _run(daemon)
-        shown = wait_run(daemon, run_id, {"needs-input"})
-        requests_parked = len(shown["provider_requests"])
-        pending = daemon.call("pending")
-        (question,) = pending["questions"]
-        assert question["question"] == "Which colour?" and question["options"] == ["red", "blue"]
-        assert "asks: Which colour?" in cli(daemon.home, "pending").stdout
-        # Parked: the lane is free, no provider call is made meanwhile.
-        other = daemon.call("run", agent_id="root", task="second task")["run_id"]
-        wait_run(daemon, other, {"needs-input"})
-        assert len(daemon.call("show", run_id=run_id)["provider_requests"]) == requests_parked
-        bad = cli(daemon.home, "answer", run_id, "green")
-        assert bad.returncode != 0 and "must be one of: red, blue" in bad.stderr
-        assert cli(daemon.home, "answer", run_id, "blue").returncode == 0
-        again = cli(daemon.home, "answer", run_id, "red")
-        assert again.returncode != 0 and "already answered" in again.stderr
-        shown = wait_run(daemon, run_id, {"completed", "failed"})
-        assert shown["run"]["status"] == "completed" and shown["final_reply"] == "painted"
-        asked = shown["actions"][0]
-        assert asked["tool"] == "user.input_request" and asked["phase"] == "ok"
-        answers = [row for row in _observations(daemon, run_id, "act-") if "answer" in row["data"]]
-        assert len(answers) == 1 and '"blue"' in answers[0]["data"]
-        assert _effects(project).count("paint-blue") == 1
-        daemon.call("cancel", run_id=other)
-
-
-@pytest.mark.parametrize("victim", ["agent", "supervisor"])
-def test_a_kill_between_question_and_answer_loses_nothing(project: Path, victim: str) -> None:
-    with running(project / "home", QUESTION_SPEC) as daemon:
-        run_id = _run(daemon)
-        wait_run(daemon, run_id, {"needs-input"})
-        if victim == "agent":
-            pid = _agent_pid(daemon)
-            os.kill(pid, signal.SIGKILL)
-            assert wait_exit(pid, 10)
-            daemon.wait_until(lambda s: daemon.actor("root")["restarts"] >= 1, what="the agent's restart")
-        else:
-            daemon.kill_supervisor()
-            daemon.up()
-        assert wait_run(daemon, run_id, {"needs-input"})["run"]["status"] == "needs-input"
-        assert cli(daemon.home, "answer", run_id, "blue").returncode == 0
-        shown = wait_run(daemon, run_id, {"completed", "failed"})
-        assert shown["run"]["status"] == "completed"
-        assert len(ledger_rows(daemon.home, "SELECT * FROM input_requests WHERE run_id = ?", run_id)) == 1
-        assert _effects(project) == ["paint-blue"]
-
-
-def test_a_supervisor_killed_right_after_the_answer_keeps_it_and_refuses_another(project: Path) -> None:
-    env = {"CORRAL_FAILPOINTS": "input.after-answer=kill@once"}
-    with running(project / "home", QUESTION_SPEC, env=env) as daemon:
-        run_id = _run(daemon)
-        wait_run(daemon, run_id, {"needs-input"})
-        pid = daemon.endpoint.pid
-        lost = cli(daemon.home, "answer", run_id, "blue")
-        assert lost.returncode != 0  # the reply died with the supervisor
-        assert wait_exit(pid, 10)
-        daemon.up()
-        again = cli(daemon.home, "answer", run_id, "red")
-        assert again.returncode != 0 and "already answered" in again.stderr
-        shown = wait_run(daemon, run_id, {"completed", "failed"})
-        assert shown["run"]["status"] == "completed"
-        assert _effects(project) == ["paint-blue"]
-        (row,) = ledger_rows(daemon.home, "SELECT answer FROM input_requests WHERE run_id = ?", run_id)
-        assert row["answer"] == "blue"
-
-
-def test_cancelling_a_run_that_waits_for_input_closes_its_question(project: Path) -> None:
-    with running(project / "home", QUESTION_SPEC) as daemon:
-        run_id = _run(daemon)
-        wait_run(daemon, run_id, {"needs-input"})
-        daemon.call("cancel", run_id=run_id)
-        shown = wait_run(daemon, run_id, {"cancelled"})
-        assert shown["actions"][0]["phase"] == "failed"
-        late = cli(daemon.home, "answer", run_id, "blue")
-        assert late.returncode != 0 and "cancelled and takes no answer" in late.stderr
-        assert daemon.call("pending")["questions"] == []
-
-
 # -- steers ---------------------------------------------------------------------------------
 
 
@@ -245,16 +148,142 @@ def test_a_supervisor_killed_right_after_recording_a_steer_keeps_it(project: Pat
         _steered_run_ends_green(daemon, project, run_id)
 
 
-def test_steering_a_finished_run_is_a_clear_error(project: Path) -> None:
-    with running(project / "home", STEER_SPEC) as daemon:
-        run_id = _run(daemon)
-        wait_run(daemon, run_id, {"completed"})
-        result = cli(daemon.home, "steer", run_id, "go green")
-        assert result.returncode != 0
-        assert "is completed" in result.stderr and "Start a new run instead" in result.stderr
-        assert ledger_rows(daemon.home, "SELECT * FROM steers") == []
-        for bad in (("steer", "run-nope", "x"), ("steer", run_id, "")):
-            assert cli(daemon.home, *bad).returncode != 0
+def test_steering_a_finished_run_is_a_clear_error(steer_daemon: Daemon) -> None:
+    daemon = steer_daemon
+    run_id = _run(daemon)
+    wait_run(daemon, run_id, {"completed"})
+    result = cli(daemon.home, "steer", run_id, "go green")
+    assert result.returncode != 0
+    assert "is completed" in result.stderr and "Start a new run instead" in result.stderr
+    assert ledger_rows(daemon.home, "SELECT * FROM steers WHERE run_id = ?", run_id) == []
+    for bad in (("steer", "run-nope", "x"), ("steer", run_id, "")):
+        assert cli(daemon.home, *bad).returncode != 0
+
+
+# -- steers that wait for a person's decision (seed 004 V1.13) ----------------------------------
+
+# "editor" writes with confirmation. Loop 0 writes a.md; the steer ("also add a note")
+# applies after that write's receipt and opens loop 1, where the script writes the note.
+EDITOR_AGENT = """
+[[agents]]
+id = "editor"
+[agents.policy]
+"fs.write" = "confirm"
+  [[agents.steps]]
+  unless_observed = "add a note"
+  actions = [{ tool = "fs.write", input = { path = "a.md", content = "hello" } }]
+  [[agents.steps]]
+  when_observed = "add a note"
+  final = "never used: loop 0 was spent before the steer"
+  [[agents.steps]]
+  when_observed = "add a note"
+  actions = [{ tool = "fs.write", input = { path = "note.md", content = "a note" } }]
+  [[agents.steps]]
+  when_observed = "add a note"
+  final = "wrote both"
+"""
+
+
+@pytest.fixture(scope="module")
+def steer_daemon() -> Iterator[Daemon]:
+    """One supervisor for the steer tests that do not restart it."""
+    top = Path(tempfile.mkdtemp(prefix="crl-", dir="/tmp"))
+    try:
+        (top / "ws").mkdir()
+        with running(top / "home", STEER_SPEC + EDITOR_AGENT) as daemon:
+            yield daemon
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _waiting_action(daemon: Daemon, run_id: str, path: str) -> dict[str, Any]:
+    def waiting() -> list[dict[str, Any]]:
+        rows = ledger_rows(daemon.home, "SELECT action_id, input FROM actions WHERE run_id = ?"
+                           " AND phase = 'waiting-confirmation'", run_id)
+        return [row for row in rows if json.loads(row["input"]).get("path") == path]
+
+    daemon.wait_until(lambda _: bool(waiting()), what=f"the write of {path} waiting for confirmation")
+    (action,) = waiting()
+    return action
+
+
+def test_a_steer_never_discards_an_action_waiting_for_approval(steer_daemon: Daemon) -> None:
+    """The live bug of issue 36: steer, then approve. The approval executes the
+    original write; the steer applies after its receipt; the run does both."""
+    daemon = steer_daemon
+    run_id: str = daemon.call("run", agent_id="editor", task="write a.md")["run_id"]
+    first = _waiting_action(daemon, run_id, "a.md")
+    steered = cli(daemon.home, "steer", run_id, "also add a note", "--json")
+    assert steered.returncode == 0, steered.stderr
+    approved = cli(daemon.home, "approve", first["action_id"])
+    assert approved.returncode == 0 and "approved" in approved.stdout, approved.stderr
+    second = _waiting_action(daemon, run_id, "note.md")
+    assert cli(daemon.home, "approve", second["action_id"]).returncode == 0
+    shown = wait_run(daemon, run_id, {"completed", "failed", "cancelled"})
+    assert shown["run"]["status"] == "completed" and shown["final_reply"] == "wrote both"
+    ws = daemon.home.parent / "ws"
+    assert (ws / "a.md").read_text() == "hello" and (ws / "note.md").read_text() == "a note"
+    assert [(a["action_id"], a["phase"]) for a in shown["actions"]] == [
+        (first["action_id"], "ok"), (second["action_id"], "ok")], "each write once, none superseded"
+    # Ledger order: the write's receipt, then the steer, then the note's write.
+    order = [row["source"] for row in ledger_rows(
+        daemon.home, "SELECT source FROM observations WHERE run_id = ? ORDER BY seq", run_id)]
+    steer_source = f"steer:{json.loads(steered.stdout)['steer_id']}"
+    assert order.index(first["action_id"]) < order.index(steer_source) < order.index(second["action_id"])
+    late = cli(daemon.home, "approve", first["action_id"])
+    assert late.returncode != 0 and "approved" not in late.stdout and "not waiting for confirmation" in late.stderr
+
+
+def test_steer_ids_sizes_and_the_per_run_cap(steer_daemon: Daemon) -> None:
+    daemon = steer_daemon
+    script = json.dumps({"steps": [{"actions": [{"tool": "fs.write", "input": {"path": "x.md", "content": "x"}}]}]})
+    run_id: str = daemon.call("run", agent_id="editor", task="park", script=script)["run_id"]
+    wait_run(daemon, run_id, {"waiting-confirmation"})
+    first = cli(daemon.home, "steer", run_id, "first", "--steer-id", "s-1", "--json")
+    again = cli(daemon.home, "steer", run_id, "first", "--steer-id", "s-1", "--json")
+    assert first.returncode == 0 and again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["existing"] is True
+    conflict = cli(daemon.home, "steer", run_id, "other text", "--steer-id", "s-1")
+    assert conflict.returncode != 0 and "steer-id-conflict" in conflict.stderr
+    too_long = cli(daemon.home, "steer", run_id, "é" * 2049)  # 4098 bytes of UTF-8
+    assert too_long.returncode != 0 and "over 4096 bytes" in too_long.stderr
+    assert len(ledger_rows(daemon.home, "SELECT * FROM steers WHERE run_id = ?", run_id)) == 1
+    for n in range(15):
+        daemon.call("steer", run_id=run_id, text=f"more {n}")
+    over = cli(daemon.home, "steer", run_id, "one too many")
+    assert over.returncode != 0 and "16 steers" in over.stderr
+    assert len(ledger_rows(daemon.home, "SELECT * FROM steers WHERE run_id = ?", run_id)) == 16
+    daemon.call("cancel", run_id=run_id)
+
+
+def test_children_refuse_steers_and_a_superseded_action_refuses_approval(tmp_path: Path) -> None:
+    from corral.supervisor.errors import BadRequest, Conflict
+    from corral.supervisor.interactive import steer_store
+    from corral.supervisor.ledger.port import SqliteLedger
+    from corral.supervisor.runs import action_store, resolutions, run_store
+
+    ledger = SqliteLedger(tmp_path / "l.db")
+    try:
+        config: dict[str, Any] = {"script": {"steps": []}}
+        root = run_store.create_run(ledger, agent_id="a", task="t", provider="scripted", provider_config=config)
+        child = run_store.create_run(ledger, agent_id="c", task="t", provider="scripted", provider_config=config,
+                                     kind="child", parent_run_id=root, root_run_id=root, depth=1)
+        with pytest.raises(Conflict, match=f"only a root run is steered \\(steer {root} instead\\)"):
+            steer_store.record_steer(ledger, child, "do it differently")
+        with pytest.raises(BadRequest, match="control characters"):
+            steer_store.record_steer(ledger, root, "a\x00b")
+        run_store.set_run_status(ledger, root, run_store.RunStatus.RUNNING)
+        prepared = action_store.prepare_action(ledger, root, 0, 0, "fs.write", {"path": "a", "content": "b"},
+                                               rerunnable=False, policy="auto")
+        steer_store.record_steer(ledger, root, "stop that")
+        assert steer_store.apply_steers(ledger, root) == 1
+        action = action_store.get_action(ledger, prepared["action_id"])
+        assert action["phase"] == "denied" and action["reason"] == steer_store.SUPERSEDED
+        assert ledger.one("SELECT 1 FROM receipts WHERE action_id = ?", prepared["action_id"]) is not None
+        with pytest.raises(Conflict, match=r"superseded by the user's steer.*nothing was approved"):
+            resolutions.continue_action(ledger, prepared["action_id"], "approve", None)
+    finally:
+        ledger.close()
 
 
 # -- conversations ------------------------------------------------------------------------------
@@ -297,3 +326,48 @@ def test_a_conversation_carries_its_turns_and_a_fork_keeps_them_apart(project: P
         assert len(daemon.call("conversation.show", conversation_id=conversation)["turns"]) == 2
         assert len(daemon.call("conversation.show", conversation_id=fork["conversation_id"])["turns"]) == 2
         assert cli(daemon.home, "fork", "conv-nope").returncode != 0
+
+
+# -- a steer interrupts the provider turn in flight (seed 004 V1.13) -------------------------------
+
+LLM_SPEC = """
+[project]
+root = "ws"
+[[agents]]
+id = "llm"
+provider = "openai"
+[agents.openai]
+base_url = "{url}"
+model = "fake-model"
+timeout_s = 60
+"""
+
+
+def test_a_steer_interrupts_the_provider_turn_in_flight_and_a_kill_then_loses_nothing(short_tmp: Path) -> None:
+    """The turn is held at the server; the steer interrupts it (recorded
+    ``interrupted``, never retried), the supervisor is SIGKILLed right after, and the
+    restarted one applies the steer: one new turn, no request sent twice."""
+    from fake_openai import FakeOpenAIServer, Reply, completion
+    from loopback_http import serve_in_thread
+
+    server = FakeOpenAIServer([Reply(hang=True), Reply(body=completion('{"final": "steered reply"}'))])
+    (short_tmp / "ws").mkdir()
+    env = {"OPENAI_API_KEY": "sk-test", "CORRAL_FAILPOINTS": "steer.after-interrupt=kill@once"}
+    with serve_in_thread(server) as url, running(short_tmp / "home", LLM_SPEC.replace("{url}", url), env) as daemon:
+        run_id: str = daemon.call("run", agent_id="llm", task="plan the release")["run_id"]
+        daemon.wait_until(lambda _: len(server.requests) == 1, what="the provider turn in flight")
+        pid = daemon.endpoint.pid
+        cli(daemon.home, "steer", run_id, "answer briefly instead")  # its reply may die with the supervisor
+        assert wait_exit(pid, 10), "the supervisor is killed once the interrupted turn is recorded"
+        daemon.up()
+        shown = wait_run(daemon, run_id, {"completed", "failed", "needs-reconciliation"})
+        assert shown["run"]["status"] == "completed" and shown["final_reply"] == "steered reply"
+        assert len(server.requests) == 2, "the interrupted turn was never sent again"
+        turns = ledger_rows(daemon.home, "SELECT loop_index, status, provider_interrupted FROM provider_requests"
+                            " WHERE run_id = ? ORDER BY started_at", run_id)
+        assert [(t["loop_index"], t["status"], t["provider_interrupted"]) for t in turns] == [
+            (0, "interrupted", 1), (1, "completed", 0)]
+        (steer,) = ledger_rows(daemon.home, "SELECT applied_loop FROM steers WHERE run_id = ?", run_id)
+        assert steer["applied_loop"] == 1
+        kinds = {event["kind"] for event in daemon.events() if event["subject"] == run_id}
+        assert "provider-request-failed" not in kinds and "run-waiting-for-provider-retry" not in kinds

@@ -421,7 +421,9 @@ def test_command_exec_captures_head_and_tail_and_pages_the_transcript(short_tmp:
         assert [line for line in lines if line != "oops"][:100] == [f"line{i}" for i in range(1, 101)]
 
         assert page["phase"] == "ok" and page["output"]["lines"] == lines[49:59]
-        assert page["output"]["next_line"] == 60 and page["output"]["total_lines"] == 103
+        assert page["output"]["nextLine"] == 60 and page["output"]["totalLines"] == 103
+        assert page["output"]["hasMore"] is True and page["output"]["exitCode"] == 0
+        assert page["output"]["outputSha256"] == out["outputSha256"] and out["sourceActionId"] == action_id
         assert missing["phase"] == "failed" and "no command transcript" in missing["error"]
         assert stat.S_IMODE(transcript.stat().st_mode) == 0o600
         assert {stat.S_IMODE(p.stat().st_mode) for p in (transcript.parent, transcript.parent.parent)} == {0o700}

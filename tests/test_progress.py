@@ -17,7 +17,7 @@ import pytest
 from corral.cli import progress
 from corral.client_types import Event
 from corral.supervisor.errors import BadRequest
-from corral.supervisor.interactive.interactive_service import MAX_PROGRESS_RUNS, InteractiveService
+from corral.supervisor.interactive.reply_stream_service import MAX_PROGRESS_RUNS, ReplyStreamService
 from tests.harness import cli, running
 
 ROOT = "run-aaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -126,8 +126,8 @@ def test_tool_calls_are_shown_with_their_arguments_and_secrets_masked() -> None:
     assert '"' + "x" * 59 + "…" in line
 
 
-def _service() -> InteractiveService:
-    return InteractiveService(cast(Any, None), cast(Any, None))
+def _service() -> ReplyStreamService:
+    return ReplyStreamService(cast(Any, None))
 
 
 def test_the_supervisor_keeps_only_the_newest_report_per_run_in_memory() -> None:

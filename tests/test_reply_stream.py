@@ -1,9 +1,11 @@
-"""Streamed final replies (issue 17): only the final reply's text streams; a cut or a
-kill mid-stream shows a restart marker, and the finalization journal keeps the one
-final text."""
+"""Streamed final replies (issue 17, seed 004 V1.19): only the final reply's text
+streams; a cut or a kill mid-stream shows a restart marker, and the finalization
+journal keeps the one final text. The text reaches followers of the event stream
+from the supervisor's memory: the events table keeps ids, counts and hashes only."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -77,13 +79,14 @@ def _shown_text(events: list[dict[str, Any]]) -> str:
         if event["kind"] == "reply-stream-restart":
             text = ""
         elif event["kind"] == "reply-delta":
-            text += event["data"]["text"]
+            text += event["data"].get("text", "")  # absent: a delta the cache no longer has
     return text
 
 
 def test_an_sse_stream_cut_mid_reply_is_retried_with_a_restart_marker(short_tmp: Path) -> None:
     sse = {"content_type": "text/event-stream", "content_length": False}
-    cut = Reply(body=_sse(_delta("Hello"), _delta(" wor"), done=False), **sse)  # type: ignore[arg-type]
+    # The cut lifecycle's words never reach the final text: a canary for the ledger's bytes.
+    cut = Reply(body=_sse(_delta("Zebra"), _delta(" canary"), done=False), **sse)  # type: ignore[arg-type]
     stop = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
     whole = Reply(body=_sse(_delta("Hello"), _delta(" world."), stop), **sse)  # type: ignore[arg-type]
     server = FakeOpenAIServer([cut, whole])
@@ -95,6 +98,7 @@ root = "ws"
 id = "llm"
 provider = "openai"
 retry_base_s = 0.05
+reasoning_effort = "high"
 [agents.openai]
 base_url = "{url}"
 model = "fake-model"
@@ -114,8 +118,19 @@ structured = "tools"
         assert "reply-stream-restart" in kinds, kinds
         first_slot = events[0]["data"]["slot"]
         before = "".join(e["data"]["text"] for e in events if e["data"].get("slot") == first_slot)
-        assert before == "Hello wor"
+        assert before == "Zebra canary"  # a follower saw the deltas, from the supervisor's memory
         assert _shown_text(events) == "Hello world."
+        # The public table: ids, counts and hashes of each delta, never its text.
+        rows = ledger_rows(daemon.home, "SELECT kind, data FROM events WHERE subject = ?", run_id)
+        deltas = [json.loads(r["data"]) for r in rows if r["kind"] == "reply-delta"]
+        served = [e["data"] for e in events if e["kind"] == "reply-delta"]
+        assert [set(d) for d in deltas] == [{"slot", "seq", "chars", "sha256"}] * len(served)
+        assert [(d["chars"], d["sha256"]) for d in deltas] == [
+            (len(d["text"]), hashlib.sha256(d["text"].encode()).hexdigest()) for d in served]
+        assert not any("canary" in r["data"] or "Zebra" in r["data"] for r in rows)
+        # Each provider turn records the reasoning effort it sent (seed 004 V1.2).
+        turns = ledger_rows(daemon.home, "SELECT reasoning_effort FROM provider_requests WHERE run_id = ?", run_id)
+        assert [t["reasoning_effort"] for t in turns] == ["high", "high"]
         assert len(ledger_rows(daemon.home, "SELECT * FROM replies WHERE run_id = ?", run_id)) == 1
         # Progress (corral/cli/progress.py): the newest report, of the lifecycle that
         # answered, with its final count; kept in memory, never an event.
@@ -126,6 +141,9 @@ structured = "tools"
         # The stream is a view: the committed response is an ordinary body.
         (row,) = ledger_rows(daemon.home, "SELECT response FROM provider_requests WHERE status = 'completed'")
         assert json.loads(row["response"])["choices"][0]["message"]["content"] == "Hello world."
+    # Nowhere in the ledger's files (the streamed words of the cut lifecycle).
+    stored = b"".join(path.read_bytes() for path in (short_tmp / "home").rglob("ledger*") if path.is_file())
+    assert stored and b"canary" not in stored and b"Zebra" not in stored
 
 
 LOCAL = """
@@ -139,6 +157,7 @@ tools = []
 """
 
 
+@pytest.mark.xdist_group("real-model")  # one llama at a time: see tests/conftest.py
 @pytest.mark.parametrize("victim", ["model", "supervisor"])
 def test_a_kill_mid_reply_restarts_the_stream_and_keeps_one_final_text(short_tmp: Path, victim: str) -> None:
     (short_tmp / "ws").mkdir()

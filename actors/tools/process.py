@@ -13,6 +13,7 @@ Receipts and outputs carry byte counts and digests of stdin, never its content.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Annotated, Any, NotRequired
@@ -28,6 +29,7 @@ from corral.actors.tools.base import ASKS_A_PERSON, Tool, ToolContext, ToolError
 from corral.actors.tools.fs import SOURCES_CHANGED
 from corral.actors.tools.paths import resolve_in_workspace
 from corral.actors.tools.source_fingerprint import fingerprint
+from corral.mailbox.errors import RemoteError
 from corral.sandbox.bwrap import SandboxError
 from corral.sandbox.exec_handshake import OnReady, ReadyInfo
 from corral.sandbox.launched_process import LaunchError
@@ -224,6 +226,14 @@ def _capture(stream: StreamCapture) -> dict[str, Any]:
     }
 
 
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 16), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def command_transcript(ctx: ToolContext, action_id: str) -> Path:
     """Where command.exec keeps a command's full sanitized transcript. Under the run's
     own directory, so a run can only ever page its own commands."""
@@ -293,12 +303,19 @@ class CommandExec:
         after = await trio.to_thread.run_sync(fingerprint, ctx.workspace, ctx.home)
         output = {
             "action_id": ctx.action_id,
+            # What command.output_read pages by (seed V1.9): this action's own id, so
+            # the model never has to look it up.
+            "sourceActionId": ctx.action_id,
             "status": result.state.value,
             "exit_code": result.exit_code,
             "launch_mode": result.launch_mode.value,
             "stdout": _capture(result.stdout),
             "stderr": _capture(result.stderr),
             "transcript_lines": result.transcript_lines,
+            "totalLines": result.transcript_lines,
+            "outputSha256": await trio.to_thread.run_sync(_sha256_of, transcript),
+            # The output limit stopped the command: the transcript is not all it would have said.
+            "captureTruncated": result.state.value == "output-limit-exceeded",
         }
         ok = result.state.value == "exited" and result.exit_code == 0
         summary = (
@@ -322,7 +339,8 @@ class CommandExec:
 class CommandOutputRead:
     schema = schema(
         "command.output_read",
-        "Page through the full sanitized transcript of an earlier command.exec of this run.",
+        "Page through the full sanitized transcript of one of your finished command.exec actions (this run or an"
+        " earlier one): give its sourceActionId; follow nextLine while hasMore.",
         OutputReadArgs,
         read_only=True,
     )
@@ -335,9 +353,19 @@ class CommandOutputRead:
         limit = tool_input.get("max_lines", DEFAULT_PAGE_LINES)
         if not 1 <= limit <= MAX_PAGE_LINES:
             raise ToolError(f"max_lines must be within 1..{MAX_PAGE_LINES}", "bad-input")
-        path = command_transcript(ctx, action_id)
+        try:  # the agent's own command, in any of its runs (never another agent's)
+            source = await ctx.call("history.command", run_id=ctx.run_id, source=action_id)
+        except RemoteError as exc:
+            if exc.code in ("not-found", "bad-request"):
+                raise ToolError(exc.message, "not-found" if exc.code == "not-found" else "bad-input") from None
+            raise
+        path = ctx.home / "transcripts" / source["run_id"] / f"{action_id}.log"
         if not path.is_file():
-            raise ToolError(f"no command transcript for action {action_id} in this run", "not-found")
+            raise ToolError(f"no command transcript for action {action_id} (it is gone from this home)", "not-found")
+        digest = await trio.to_thread.run_sync(_sha256_of, path)
+        if source["output_sha256"] is not None and digest != source["output_sha256"]:
+            # Fails closed: the file is not what the command left.
+            raise ToolError(f"the transcript of {action_id} changed since its command ended", "conflict")
         try:
             page = read_transcript_lines(path, start, limit)
         except BadSessionInput as exc:
@@ -351,12 +379,20 @@ class CommandOutputRead:
             used += len(line)
         following = page.start_line + len(lines)
         next_line = following if following <= page.total_lines else None
+        # The seed's fields (V1.8), as the model reads them.
         output = {
             "action_id": action_id,
+            "run_id": source["run_id"],
             "lines": lines,
-            "start_line": page.start_line,
-            "next_line": next_line,
-            "total_lines": page.total_lines,
+            "startLine": page.start_line,
+            "nextLine": next_line,
+            "totalLines": page.total_lines,
+            "hasMore": next_line is not None,
+            "captureTruncated": source["capture_truncated"],
+            "outputSha256": digest,
+            "exitCode": source["exit_code"],
+            "timedOut": source["timed_out"],
+            "sourceChanged": source["source_changed"],
         }
         return ToolResult(True, output, f"lines {start}..{following - 1} of {page.total_lines} of {action_id}")
 

@@ -17,6 +17,7 @@ from typing import Any
 from corral import approval_text
 from corral.cli.main import EXIT_USAGE, CliError, arguments, command, emit_json, json_arg, open_client
 from corral.client import Client
+from corral.question_text import render_question
 
 #: What ``pending`` lists that is not an action waiting for a person.
 _OTHER_PENDING = ("provider_requests", "provider_retries", "sessions", "questions")
@@ -58,8 +59,7 @@ def _print_other(pending: dict[str, Any]) -> None:
         if run["status"] == "needs-input" and run["run_id"] not in asked:
             print(f"{run['run_id']}  needs-input  {run['reason'] or ''}")
     for question in pending.get("questions", []):
-        options = f"  options: {', '.join(question['options'])}" if question["options"] else ""
-        print(f"{question['run_id']}  needs-input  asks: {question['question'][:200]}{options}  (answer)")
+        print("\n".join(render_question(question)))
     for request in pending["provider_requests"]:
         print(f"{request['slot']}  provider request needs-reconciliation  run {request['run_id']}  (reconcile)")
     for session in pending.get("sessions", []):

@@ -231,4 +231,4 @@ def _applies(failpoint: str, spec_text: str) -> bool:
         return "project.verify" in spec_text
     if layer == "bridge":
         return "[bridge]" in spec_text  # the task bridge's own daemon
-    return layer != "steer"  # chaos sends no steers
+    return layer not in ("steer", "goal")  # chaos sends no steers and no goal controls

@@ -4,8 +4,11 @@ Every line goes to one conversation (``conversation.send``): it answers the live
 run's open question, else steers the live run, else starts the next turn, a run
 that sees the earlier turns. A follower thread prints what happens as it happens:
 tool starts and finishes, approvals (answer ``y`` or ``n``), questions, and the
-final reply as it streams. If the supervisor restarts, the chat reconnects and
-carries on with the same conversation and history, all of which is in the ledger.
+final reply as it streams. Each turn ends, once settled, with one ``[turn.report]``
+line (corral/cli/chat_turns.py; schema docs/schemas/swarm-turn-report.v1.json).
+If the supervisor restarts, the chat reconnects and carries on with the same
+conversation and history, all of which is in the ledger. Leaving the chat
+(``/quit``, the end of input) leaves the supervisor and the runs as they are.
 """
 
 from __future__ import annotations
@@ -18,19 +21,25 @@ import time
 from typing import Any
 
 from corral import approval_text
+from corral.cli import chat_commands, chat_turns
 from corral.cli.main import EXIT_USAGE, CliError, arguments, command, home_of
 from corral.client import Client
 from corral.core.errors import CorralError
 from corral.mailbox.control import ControlError
+from corral.question_text import render_question
 
 HELP = """commands:
   /help            this help
   /agents          the swarm's agents
   /status          the live run of this conversation
   /history         the turns so far
+  /goal [status | set TEXT | pause | resume | edit TEXT | clear]
+                   the goal of the live (else the latest) run
+  /compact         fold the live run's older turns into a summary before its next turn
+  /mcp             the spec's MCP servers and their tools
   /steer TEXT      add an instruction to the live run
   /approve, /deny  decide the action waiting for approval (or answer y / n)
-  /quit            leave (the conversation stays: corral chat --session ID)
+  /quit            leave; the supervisor and the runs carry on (corral chat --session ID)
 anything else: answers the open question, steers the live run, or starts the next turn"""
 
 #: Events the chat shows, and how.
@@ -71,6 +80,8 @@ class Chat:
         #: Action id -> the fingerprint of the view shown for it: ``y`` approves that
         #: exactly (shared with the follower, which shows the prompts).
         self.shown: dict[str, str] = {}
+        #: Whether a turn waits for its report (shared with the follower, which prints it).
+        self.turn = chat_turns.TurnWatch()
 
     # -- output -----------------------------------------------------------------------
 
@@ -91,27 +102,37 @@ class Chat:
         return {turn["run_id"] for turn in shown["turns"] if turn.get("run_id")}
 
     def follow(self, cursor: int) -> None:
-        """Print this conversation's events until told to stop; reconnect when the
-        supervisor goes away (its events are in the ledger: nothing is missed)."""
+        """Print this conversation's events until told to stop, and each turn's
+        report once it settles; reconnect when the supervisor goes away (its events
+        are in the ledger: nothing is missed)."""
         gone = False
         while not self.stop.is_set():
             try:
                 reply = self.client.call("events", timeout=20, since=cursor, wait_ms=1000)
                 runs = self.my_runs()
+                if gone:
+                    self.out("reconnected", "[reconnected]")
+                    gone = False
+                for event in reply["events"]:
+                    if event["kind"] in _SHOWN and (event["subject"] in runs or event["data"].get("run") in runs):
+                        self.show_event(event)
+                cursor = reply["cursor"]
+                self.report_if_settled(cursor)
             except CorralError:
                 if not gone:
                     self.out("reconnecting", "[the supervisor is gone; reconnecting...]")
                     gone = True
                 self.client.close()
                 self.stop.wait(RECONNECT_S)
-                continue
-            if gone:
-                self.out("reconnected", "[reconnected]")
-                gone = False
-            for event in reply["events"]:
-                if event["kind"] in _SHOWN and (event["subject"] in runs or event["data"].get("run") in runs):
-                    self.show_event(event)
-            cursor = reply["cursor"]
+
+    def report_if_settled(self, shown: int) -> None:
+        """The open turn's one report, once it is settled (chat_turns.py)."""
+        if not self.turn.is_open():
+            return
+        report = chat_turns.settled_report(self.client, self.conversation_id, shown)
+        if report is not None and self.turn.is_open():
+            self.out("turn.report", chat_turns.report_line(report), report=report)
+            self.turn.close()
 
     def show_event(self, event: dict[str, Any]) -> None:
         kind, data, subject = event["kind"], event["data"], event["subject"]
@@ -120,7 +141,8 @@ class Chat:
                 if not self.as_json:  # the prompt before streamed text, in a terminal only
                     self.out("delta", "agent> ", run=subject)
                 self.streaming[subject] = True
-            self.out("delta", data["text"], run=subject)
+            # The text comes from the supervisor's memory: a delta it no longer has shows nothing.
+            self.out("delta", data.get("text", ""), run=subject)
         elif kind == "reply-stream-restart":
             self.out("stream-restart", "\n[the reply restarts]", run=subject)
             self.streaming[subject] = False
@@ -158,11 +180,11 @@ class Chat:
         )
 
     def show_question(self, run_id: str) -> None:
-        for question in self.client.pending().raw.get("questions", []):
-            if question["run_id"] == run_id:
-                options = f"  ({' / '.join(question['options'])})" if question["options"] else ""
-                self.out("question", f"agent asks> {question['question']}{options}", question=question["question"],
-                         options=question["options"])
+        """The run's structured questions (corral/question_text.py); a typed line answers."""
+        for request in self.client.pending().raw.get("questions", []):
+            if request["run_id"] == run_id:
+                lines = render_question(request)
+                self.out("question", "\n".join(["agent asks>", *lines[1:]]), request=request)
 
     def show_end(self, run_id: str, status: str) -> None:
         shown = self.client.show(run_id).raw
@@ -189,25 +211,28 @@ class Chat:
             return True
         if text in ("/quit", "/exit"):
             return False
+        word, _, rest = text.partition(" ")
         if text == "/help":
             self.out("help", HELP)
-        elif text == "/agents":
-            agents = [a for a in self.client.status()["actors"] if a["template"] == "agent"]
-            self.out("agents", "\n".join(f"  {a['id']}  {a['status']}" for a in agents), agents=agents)
-        elif text == "/status":
-            live = self.live_run()
-            self.out("status", f"  live run: {live['run_id']} {live['status']}" if live else "  no live run", live=live)
-        elif text == "/history":
-            turns = self.client.call("conversation.show", conversation_id=self.conversation_id)["turns"]
-            lines = [f"  you> {t['task'].split('User: ')[-1][:300]}\n  agent> {t['reply'] or '(' + t['status'] + ')'}"
-                     for t in turns]
-            self.out("history", "\n".join(lines) or "  (no turns yet)", turns=turns)
+        elif word == "/agents":
+            chat_commands.agents(self, rest)
+        elif word == "/status":
+            chat_commands.status(self, rest)
+        elif word == "/history":
+            chat_commands.history(self, rest)
+        elif word == "/goal":
+            chat_commands.goal(self, rest)
+        elif word == "/compact":
+            chat_commands.compact(self, rest)
+        elif word == "/mcp":
+            chat_commands.mcp(self, rest)
         elif text.startswith("/steer "):
             live = self.live_run()
             if live is None:
                 self.out("error", "  no live run to steer; just type to start the next turn")
             else:
                 result = self.client.steer(live["run_id"], text[7:])
+                self.turn.open()
                 self.out("steer", f"  [steer {result['steer_id']} recorded]", **result)
         elif text in ("y", "n", "/approve", "/deny"):
             self.decide(text in ("y", "/approve"))
@@ -215,6 +240,7 @@ class Chat:
             self.out("error", f"  unknown command {text.split()[0]}; /help lists them")
         else:
             sent = self.client.send(self.conversation_id, text)
+            self.turn.open()  # after the send: the turn's run is there to be judged
             if sent["as"] == "steer":
                 self.out("steer", f"  [steer {sent['steer_id']} recorded for the live run]", **sent)
             elif sent["as"] == "answer":
@@ -244,6 +270,7 @@ class Chat:
             self.client.approve(action_id, fingerprint=fingerprint)
         else:
             self.client.deny(action_id, fingerprint=fingerprint)
+        self.turn.open()
         self.out("decision", f"  [{'approved' if approve else 'denied'} {action_id}]", action=action_id)
 
 
@@ -269,25 +296,11 @@ def _read_lines(chat: Chat) -> bool:
                 time.sleep(RECONNECT_S if attempt else 0)
 
 
-#: Statuses in which a run waits for the person at the keyboard.
-_WAITS_FOR_YOU = ("needs-input", "waiting-confirmation", "needs-reconciliation")
-
-
 def _settle(chat: Chat, timeout: float = 600.0) -> None:
-    """Input ended (a script's last line): wait until the live run ends or waits
-    for a person, so its events are shown before the chat exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            live = chat.live_run()
-        except CorralError:
-            chat.client.close()
-            time.sleep(RECONNECT_S)
-            continue
-        if live is None or live["status"] in _WAITS_FOR_YOU:
-            break
-        chat.client.call("events", timeout=10, since=int(chat.client.status()["cursor"]), wait_ms=500)
-    time.sleep(0.5)  # the follower's last poll
+    """Input ended (a script's last line): wait for the open turn's report (the
+    follower prints it once the turn settles), so the turn is shown whole before
+    the chat exits. No turn open: nothing to wait for."""
+    chat.turn.wait_closed(timeout)
 
 
 def _new_conversation(client: Client, agent: str | None) -> tuple[str, str]:
@@ -328,6 +341,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         follower = Chat(follower_client, conversation_id, as_json=args.json)
         follower.lock = chat.lock
         follower.shown = chat.shown
+        follower.turn = chat.turn
         thread = threading.Thread(target=follower.follow, args=(cursor,), daemon=True)
         thread.start()
         try:

@@ -219,11 +219,21 @@ def _text_args(parser: argparse.ArgumentParser) -> None:
     json_arg(parser)
 
 
-@command("steer", "add an instruction to a live run (applied once, at its next safe boundary)")
-@arguments(_text_args)
+def _steer_args(parser: argparse.ArgumentParser) -> None:
+    _text_args(parser)
+    parser.add_argument("--steer-id", metavar="ID",
+                        help="your id for this steer: sent again (a retry), it records nothing new")
+
+
+@command(
+    "steer",
+    "add an instruction (at most 4 KiB) to a live root run: a provider turn in flight is interrupted, a stale"
+    " plan discarded; an action waiting for approval or under way is kept and the steer applies after its receipt",
+)
+@arguments(_steer_args)
 def cmd_steer(args: argparse.Namespace) -> int:
     with open_client(args) as client:
-        result = client.steer(args.run_id, args.text)
+        result = client.steer(args.run_id, args.text, steer_id=args.steer_id)
     if args.json:
         emit_json(result)
     else:
@@ -231,15 +241,50 @@ def cmd_steer(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("answer", "answer a run's question (user.input_request); once only")
-@arguments(_text_args)
+def _answer_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_id", metavar="RUN")
+    parser.add_argument("text", metavar="TEXT", nargs="?",
+                        help="the answer to a one-question request (an option's label, or free text if allowed)")
+    parser.add_argument("--request", metavar="REQ", help="the request id (req-...) `corral pending` shows")
+    parser.add_argument("--response-id", metavar="ID",
+                        help="your id for this response: sending it again changes nothing (default: one derived"
+                        " from the answers)")
+    parser.add_argument("--answer", metavar="QID=LABEL", action="append", default=[],
+                        help="the answer to question QID (repeat for each question)")
+    json_arg(parser)
+
+
+def _answers(pairs: list[str]) -> dict[str, str] | None:
+    if not pairs:
+        return None
+    answers: dict[str, str] = {}
+    for pair in pairs:
+        qid, sep, label = pair.partition("=")
+        if not sep or not qid or not label:
+            raise CliError(f"--answer takes QID=LABEL, not {pair!r}", EXIT_USAGE)
+        if qid in answers:
+            raise CliError(f"question {qid} is answered twice", EXIT_USAGE)
+        answers[qid] = label
+    return answers
+
+
+@command("answer", "answer a run's structured question (user.input_request): --answer QID=LABEL per question;"
+         " once only")
+@arguments(_answer_args)
 def cmd_answer(args: argparse.Namespace) -> int:
+    answers = _answers(args.answer)
+    if (answers is None) == (args.text is None):
+        raise CliError("give either TEXT (a one-question request) or --answer QID=LABEL for each question",
+                       EXIT_USAGE)
     with open_client(args) as client:
-        result = client.answer(args.run_id, args.text)
+        result = client.answer(args.run_id, args.text, request_id=args.request, response_id=args.response_id,
+                               answers=answers)
     if args.json:
         emit_json(result)
     else:
-        print(f"answered run {result['run_id']} (action {result['action_id']})")
+        again = " (this response was already recorded)" if result.get("repeated") else ""
+        print(f"answered run {result['run_id']} request {result['request_id']}"
+              f" (action {result['action_id']}, response {result['response_id']}){again}")
     return 0
 
 
@@ -297,37 +342,6 @@ def cmd_intent(args: argparse.Namespace) -> int:
             print(f"no decision receipts (intent: {result['intent'].get('status', 'none')})")
     else:
         print(f"run {result['run_id']}: {result['contract_ref']} v{result['contract_version']} binds at its next step")
-    return 0
-
-
-def _goal_args(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="goal_command", required=True)
-    status = sub.add_parser("status", help="the goal, its refinements, the plan and the verdicts of a run")
-    status.add_argument("run_id")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-@command("goal", "goal mode: the status of a run's goal (corral run --goal starts one)")
-@arguments(_goal_args)
-def cmd_goal(args: argparse.Namespace) -> int:
-    with open_client(args) as client:
-        shown: dict[str, Any] = client.call("goal.status", run_id=args.run_id)
-    if args.json:
-        emit_json(shown)
-        return 0
-    print(f"run {shown['run_id']} ({shown['status']})")
-    print(f"  goal: {shown['goal'] if shown['goal'] is not None else '(none: not a goal run)'}")
-    for refinement in shown["refinements"]:
-        print(f"  refined by the user: {refinement['text']}")
-    plan = shown["plan"]
-    if plan["steps"]:
-        print(f"  plan, revision {plan['revision']}:")
-        for step in plan["steps"]:
-            print(f"    [{step['status']}] {step['id']}: {step['text']}")
-    for verdict in shown["verdicts"]:
-        print(f"  verdict: {'met' if verdict['met'] else 'not met'} - {verdict['evidence']}")
-    for blocker in shown["blockers"]:
-        print(f"  still blocks the final reply: {blocker}")
     return 0
 
 

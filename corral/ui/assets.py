@@ -73,6 +73,14 @@ SCRIPT = r"""
       const input = document.querySelector('input[data-run="' + button.dataset.run + '"]');
       if (input) body.text = input.value;
     }
+    if (button.dataset.request) {
+      // A structured question: each question's choice, a non-empty free text winning.
+      body.request = button.dataset.request;
+      body.answers = {};
+      document.querySelectorAll('[data-answer-of="' + button.dataset.request + '"]').forEach((field) => {
+        if (field.value) body.answers[field.dataset.qid] = field.value;
+      });
+    }
     button.disabled = true;
     const reply = await fetch(button.dataset.post, {
       method: 'POST', credentials: 'same-origin',

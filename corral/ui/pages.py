@@ -249,17 +249,36 @@ def pending(waiting: dict[str, Any]) -> str:
                  else "<p>No action waits for a person.</p>")
     questions = waiting.get("questions") or []
     if questions:
-        qrows = [
-            [_run_link(q["run_id"]), escape(q.get("question") or ""),
-             f'<input name="answer" data-run="{escape(q["run_id"])}" placeholder="your answer">'
-             f'<button data-post="/api/answer" data-run="{escape(q["run_id"])}">Answer</button>']
-            for q in questions
-        ]
-        parts.append("<h3>Questions</h3>" + _table(("run", "question", ""), qrows))
+        qrows = [[_run_link(q["run_id"]), question_form(q)] for q in questions]
+        parts.append("<h3>Questions</h3>" + _table(("run", "questions, each with its options"), qrows))
     for name in ("provider_requests", "sessions"):
         items = waiting.get(name) or []
         if items:
             parts.append(f"<h3>{escape(name.replace('_', ' ').capitalize())}</h3><pre>{escape(_plain(items))}</pre>")
+    return "".join(parts)
+
+
+def question_form(request: dict[str, Any]) -> str:
+    """A structured request (``user.input_request``): each question with its header,
+    its options and their descriptions, a choice per question (and a free-text field
+    where the agent allows one), and one button that answers them all."""
+    request_id = escape(str(request.get("request_id") or ""))
+    parts = [f'<p class="meta">request <code>{request_id}</code></p>'] if request_id else []
+    for question in request.get("questions") or []:
+        qid = escape(str(question["id"]))
+        field = f'data-answer-of="{request_id}" data-qid="{qid}"'
+        parts.append(f"<p><b>[{escape(printable(str(question['header'])))}]</b>"
+                     f" {escape(printable(str(question['question'])))}</p><ul>")
+        parts.extend(f"<li><b>{escape(printable(str(o['label'])))}</b>: {escape(printable(str(o['description'])))}</li>"
+                     for o in question.get("options") or [])
+        choices = "".join(f'<option value="{escape(str(o["label"]))}">{escape(printable(str(o["label"])))}</option>'
+                          for o in question.get("options") or [])
+        parts.append(f"</ul><select {field}>{choices}</select>")
+        if request.get("free_text"):
+            parts.append(f'<input {field} placeholder="or your own answer">')
+    run_id = escape(str(request["run_id"]))
+    if request_id:
+        parts.append(f'<button data-post="/api/answer" data-run="{run_id}" data-request="{request_id}">Answer</button>')
     return "".join(parts)
 
 

@@ -46,6 +46,9 @@ from corral.supervisor.home import home_dir as homes
 from corral.supervisor.runs.run_store import RUN_ID
 from corral.ui import conversation, pages, timeline
 
+#: A structured question's request id (supervisor/interactive/question_shape.py).
+REQUEST_ID = re.compile(r"^req-[0-9a-f]{24}$")
+
 ENDPOINT_FILE = "ui.json"
 COOKIE = "corral_ui"
 #: How many events one stream read asks for, and how long it waits when none come.
@@ -289,9 +292,22 @@ class Dashboard:
         return await self.client.reconcile(_action_id(body), outcome, note)
 
     async def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A structured request's answers (``request`` and ``answers``: question id to
+        label), or the ``text`` of a one-question request. The response id is derived
+        from the answers, so a second click sends the same response."""
         run_id, text = body.get("run"), body.get("text")
         if not isinstance(run_id, str) or not RUN_ID.match(run_id):
             raise BadInput("run must be a run id")
+        request, answers = body.get("request"), body.get("answers")
+        if request is not None:
+            if not isinstance(request, str) or not REQUEST_ID.match(request):
+                raise BadInput("request must be a request id")
+            if not isinstance(answers, dict) or not 1 <= len(answers) <= 3 or not all(
+                isinstance(key, str) and len(key) <= 40 and isinstance(value, str) and 1 <= len(value) <= 2000
+                for key, value in answers.items()
+            ):
+                raise BadInput("answers must map each question id to its answer (1 to 3 of them)")
+            return await self.client.answer(run_id, request_id=request, answers=answers)
         if not isinstance(text, str) or not 1 <= len(text) <= 4000:
             raise BadInput("text must be 1 to 4000 characters")
         return await self.client.answer(run_id, text)

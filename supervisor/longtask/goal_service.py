@@ -1,15 +1,27 @@
-"""Goal mode on the supervisor (supervisor/longtask/goal_store.py): ``goal.verdict`` for the
-agent's tool, the completion gate, ``goal.status`` for people."""
+"""Goal mode on the supervisor (supervisor/longtask/goal_store.py, seed 004 V1.18):
+``goal.verdict`` for the agent's tool, the completion gate, and the goal's
+lifecycle for people: ``goal.status``, ``goal.pause``, ``goal.resume``,
+``goal.edit`` and ``goal.clear``.
+
+A pause interrupts the provider turn in flight the way a steer does
+(supervisor/interactive/steer_control.py); an edit bumps the goal's revision and
+reaches the run as a steer whose id names the revision, so an edit sent again
+after a crash records it once; a clear cancels the run.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, Any
 
 from corral.supervisor.errors import BadRequest, NotFound
+from corral.supervisor.interactive.steer_control import SteerControl
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import goal_store
+from corral.supervisor.longtask.goal_lifecycle import GoalStatus
 from corral.supervisor.params import param_str
 from corral.supervisor.runs.run_service import RunService
+from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -19,8 +31,10 @@ if TYPE_CHECKING:
 class GoalService:
     def __init__(self, ledger: Ledger, runs: RunService) -> None:
         self.ledger = ledger
-        #: Finds the run and the ``goal.verdict`` action a verdict is for.
+        #: Finds the run and the ``goal.verdict`` action a verdict is for; cancels, wakes.
         self.runs = runs
+        #: The steer path: an edit is a steer, a pause interrupts like one.
+        self.steers = SteerControl(ledger, runs)
 
     async def verdict(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run_id, action = self.runs.ledger_tool_action(slot, params, "goal.verdict")
@@ -36,17 +50,73 @@ class GoalService:
     async def status(self, params: dict[str, Any]) -> dict[str, Any]:
         run_id = param_str(params, "run_id", limit=64)
         if self.ledger.one("SELECT 1 FROM runs WHERE run_id = ?", run_id) is None:
-            raise NotFound(f"no run {run_id!r}")
+            raise NotFound(f"no run {run_id!r}")  # a run without a goal answers, with goal None
         return goal_store.status(self.ledger, run_id)
 
+    async def pause(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Pause requested (committed), then the provider turn in flight interrupted;
+        the run parks at its next safe boundary and makes no provider call until resumed."""
+        run_id = param_str(params, "run_id", limit=64)
+        goal = goal_store.request_pause(self.ledger, run_id)
+        interrupted = None
+        if goal["status"] == GoalStatus.PAUSE_REQUESTED:
+            interrupted = await self.steers.interrupt_in_flight(run_id)
+            await self.runs.wake_run(run_id)
+        return {**goal, "interrupted": interrupted}
+
+    async def resume(self, params: dict[str, Any]) -> dict[str, Any]:
+        run_id = param_str(params, "run_id", limit=64)
+        goal = goal_store.resume(self.ledger, run_id)
+        await self.runs.wake_run(run_id)
+        return goal
+
+    async def edit(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A new goal text: the revision is committed first, then the text reaches the
+        run as a steer (its id derived from the goal and revision: sent again, it is
+        recorded once)."""
+        run_id = param_str(params, "run_id", limit=64)
+        goal = goal_store.edit(self.ledger, run_id, params.get("text"), params.get("expected_revision"))
+        steer_id = f"goal-{hashlib.sha256(goal['goal_id'].encode()).hexdigest()[:16]}-r{goal['revision']}"
+        if goal["revision"] > 1:
+            text = f"The goal was edited (revision {goal['revision']}); it is now: {goal['text']}"
+            steer = await self.steers.steer(run_id, text, steer_id)
+            goal = {**goal, "steer_id": steer["steer_id"]}
+        return goal
+
+    async def clear(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``-> clearing``, then the run is cancelled (its end settles the goal
+        ``cleared``); conversations, runs and events are kept."""
+        run_id = param_str(params, "run_id", limit=64)
+        goal = goal_store.begin_clear(self.ledger, run_id)
+        run = self.ledger.one("SELECT status FROM runs WHERE run_id = ?", run_id)
+        if goal["status"] == GoalStatus.CLEARING and run is not None and RunStatus(run["status"]) not in TERMINAL:
+            await self.steers.interrupt_in_flight(run_id)
+            await self.runs.cancel({"run_id": run_id, "reason": "goal cleared"})
+        return goal_store.view(goal_store.require_goal(self.ledger, run_id))
+
     def show_section(self, run_id: str) -> dict[str, Any]:
-        return {"goal": goal_store.goal_of(self.ledger, run_id), "verdicts": goal_store.verdicts(self.ledger, run_id)}
+        row = goal_store.goal_row(self.ledger, run_id)
+        return {"goal": row["text"] if row is not None else None,
+                "lifecycle": goal_store.view(row) if row is not None else None,
+                "verdicts": goal_store.verdicts(self.ledger, run_id)}
 
 
 def install(sup: Supervisor) -> GoalService:
     service = GoalService(sup.ledger, sup.runs)
     sup.actor_methods["goal.verdict"] = service.verdict
-    sup.control_methods["goal.status"] = service.status
-    sup.hooks.finalize_blockers.append(goal_store.blockers)
-    sup.hooks.show_sections["goal"] = service.show_section
+    sup.control_methods.update(
+        {
+            "goal.status": service.status,
+            "goal.pause": service.pause,
+            "goal.resume": service.resume,
+            "goal.edit": service.edit,
+            "goal.clear": service.clear,
+        }
+    )
+    hooks = sup.hooks
+    hooks.finalize_blockers.append(goal_store.blockers)
+    hooks.boundary.append(goal_store.park_at_boundary)
+    hooks.provider_guards.append(goal_store.holds_provider)
+    hooks.on_status.append(goal_store.on_run_status)
+    hooks.show_sections["goal"] = service.show_section
     return service

@@ -1,49 +1,286 @@
-"""Goal mode (seed 004 V1.18): a run bound to a goal, finished only on the model's
-own verdict that the goal is met, with evidence.
+"""Goal mode (seed 004 V1.18) in the ledger: a run bound to a goal, finished only on
+the model's own verdict that the goal is met, with evidence.
 
-The goal is the run's first task and stays in its options; a user's steers refine
-it. Before the final reply the run needs a ``goal.verdict`` (recorded once per
-action id) that says *met*, gives evidence, and is newer than the last steer.
-Otherwise the final reply is blocked and the refusal, a repair on the next loop,
-asks the model for that verdict: the same runner, the same run.
+The goal is the run's first task and has one row in ``goals``: its text, a
+revision (bumped only by an edit of the text) and its lifecycle
+(supervisor/longtask/goal_lifecycle.py). A conversation holds at most one goal
+that is not terminal. Before the final reply the run needs a ``goal.verdict``
+(recorded once per action id) that says *met*, gives evidence, and binds to the
+goal's current revision, the run's durable plan revision and the latest
+verification, and is newer than the last steer. Otherwise the final reply is
+blocked and the refusal, a repair on the next loop, asks the model for that
+verdict: the same runner, the same run.
+
+A paused goal parks its run at the next safe boundary (``needs-input``) and no
+provider turn of it is begun while the goal is pausing, paused or clearing (a
+``provider_guards`` entry), across restarts too: the state is in the ledger.
+Every function here is one transaction (or a read).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from typing import Any
 
+from corral.core.redact import redact_text
+from corral.supervisor.errors import BadRequest, Conflict, NotFound
 from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.longtask.goal_lifecycle import (
+    EDITABLE,
+    HOLDING,
+    TERMINAL,
+    GoalStatus,
+    check_goal_transition,
+)
+from corral.supervisor.runs import action_store, run_store
+from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
+from corral.supervisor.runs.run_state import RunStatus
 
 MAX_GOAL_CHARS = 4000
+#: An edited goal reaches its run as a steer, whose text is capped at 4 KiB.
+MAX_EDIT_BYTES = 3800
 MAX_EVIDENCE_CHARS = 4000
+PAUSED_REASON = "goal paused: corral goal resume RUN to go on"
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _goal_option(ledger: Ledger, run_id: str) -> tuple[str | None, Any]:
+    row = ledger.one("SELECT options, conversation_id FROM runs WHERE run_id = ?", run_id)
+    if row is None:
+        return None, None
+    goal = json.loads(row["options"]).get("goal")
+    text = str(goal["text"]) if isinstance(goal, dict) and "text" in goal else None
+    return text, row["conversation_id"]
+
+
+def goal_row(ledger: Ledger, run_id: str) -> Any:
+    """The run's goal row, made from the run's options the first time (a run created
+    just before a crash has its goal in its options only)."""
+    row = ledger.one("SELECT * FROM goals WHERE run_id = ?", run_id)
+    if row is not None:
+        return row
+    text, conversation_id = _goal_option(ledger, run_id)
+    if text is None:
+        return None
+    now = _now()
+    goal_id = "goal-" + hashlib.sha256(run_id.encode()).hexdigest()[:20]
+    with ledger.tx() as db:
+        db.execute(
+            "INSERT INTO goals (goal_id, run_id, conversation_id, text, revision, status, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, 1, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (goal_id, run_id, conversation_id, text, GoalStatus.ACTIVE.value, now, now),
+        )
+    return ledger.one("SELECT * FROM goals WHERE run_id = ?", run_id)
+
+
+def require_goal(ledger: Ledger, run_id: str) -> Any:
+    if ledger.one("SELECT 1 FROM runs WHERE run_id = ?", run_id) is None:
+        raise NotFound(f"no run {run_id!r}")
+    row = goal_row(ledger, run_id)
+    if row is None:
+        raise Conflict(f"run {run_id} has no goal (start one with: corral run --agent AGENT --goal TEXT)")
+    return row
+
+
+def refuse_second_goal(ledger: Ledger, conversation_id: str | None) -> None:
+    """One goal that is not terminal per conversation (its run still live)."""
+    if conversation_id is None:
+        return
+    live = ledger.one(
+        "SELECT g.run_id, g.status FROM goals g JOIN runs r ON r.run_id = g.run_id WHERE g.conversation_id = ?"
+        " AND g.status NOT IN ('cleared', 'completed') AND r.status NOT IN ('completed', 'failed', 'cancelled')",
+        conversation_id,
+    )
+    if live is not None:
+        raise Conflict(
+            f"conversation {conversation_id} already has a {live['status']} goal (run {live['run_id']});"
+            f" clear it first (corral goal clear {live['run_id']}) or use another conversation"
+        )
+
+
+def _move(ledger: Ledger, goal: Any, new: GoalStatus, why: str) -> None:
+    """One step of the lifecycle (joins the caller's transaction, if any)."""
+    check_goal_transition(GoalStatus(goal["status"]), new)
+    with ledger.tx() as db:
+        db.execute("UPDATE goals SET status = ?, updated_at = ? WHERE goal_id = ?", (new.value, _now(),
+                                                                                     goal["goal_id"]))
+        ledger.event("goal-" + new.value, goal["run_id"], goal=goal["goal_id"], revision=int(goal["revision"]),
+                     why=why)
+
+
+def view(row: Any) -> dict[str, Any]:
+    return {"goal_id": row["goal_id"], "run_id": row["run_id"], "conversation_id": row["conversation_id"],
+            "text": row["text"], "revision": int(row["revision"]), "status": row["status"]}
+
+
+# -- the lifecycle -----------------------------------------------------------------------
+
+
+def request_pause(ledger: Ledger, run_id: str) -> dict[str, Any]:
+    """``active -> pause-requested``; settled to ``paused`` at once when the run
+    holds no lane (parked for a person or a join), else at its next boundary."""
+    goal = require_goal(ledger, run_id)
+    status = GoalStatus(goal["status"])
+    if status in (GoalStatus.PAUSE_REQUESTED, GoalStatus.PAUSED):
+        return view(goal)
+    if status is not GoalStatus.ACTIVE:
+        raise Conflict(f"the goal of run {run_id} is {status.value}; only an active goal is paused")
+    with ledger.tx():
+        _move(ledger, goal, GoalStatus.PAUSE_REQUESTED, "pause requested")
+    ledger.failpoint("goal.after-pause-request")
+    run = ledger.one("SELECT status FROM runs WHERE run_id = ?", run_id)
+    if run is not None and RunStatus(run["status"]) not in (RunStatus.RUNNING, RunStatus.PENDING):
+        with ledger.tx():
+            _move(ledger, goal_row(ledger, run_id), GoalStatus.PAUSED, "the run held no lane")
+    return view(goal_row(ledger, run_id))
+
+
+def park_at_boundary(ledger: Ledger, run_id: str) -> None:
+    """A boundary hook: a pausing or paused goal parks its running run (no provider
+    turn, no new action) until ``goal.resume``; a clearing one cancels it."""
+    goal = ledger.one("SELECT * FROM goals WHERE run_id = ?", run_id)
+    if goal is None or GoalStatus(goal["status"]) not in HOLDING:
+        return
+    with ledger.tx():
+        if goal["status"] == GoalStatus.CLEARING:
+            action_store.deny_unstarted_actions(ledger, run_id, "run cancelled: goal cleared")
+            run_store.set_run_status(ledger, run_id, RunStatus.CANCELLED, "goal cleared")
+            return
+        if goal["status"] == GoalStatus.PAUSE_REQUESTED:
+            _move(ledger, goal, GoalStatus.PAUSED, "parked at a safe boundary")
+        run_store.set_run_status(ledger, run_id, RunStatus.NEEDS_INPUT, PAUSED_REASON.replace("RUN", run_id))
+
+
+def holds_provider(ledger: Ledger, run_id: str) -> str | None:
+    """A provider guard: no turn of a run whose goal is pausing, paused or clearing."""
+    goal = ledger.one("SELECT status FROM goals WHERE run_id = ?", run_id)
+    if goal is not None and GoalStatus(goal["status"]) in HOLDING:
+        return f"the run's goal is {goal['status']}: no provider turn until corral goal resume"
+    return None
+
+
+def resume(ledger: Ledger, run_id: str) -> dict[str, Any]:
+    """``paused -> active``; the parked run runs again (resume again is a no-op)."""
+    goal = require_goal(ledger, run_id)
+    status = GoalStatus(goal["status"])
+    if status is GoalStatus.PAUSE_REQUESTED:
+        raise Conflict(f"the goal of run {run_id} is still pausing (its run stops at its next safe boundary);"
+                       " resume it once it is paused")
+    if status not in (GoalStatus.PAUSED, GoalStatus.ACTIVE):
+        raise Conflict(f"the goal of run {run_id} is {status.value}; only a paused goal is resumed")
+    with ledger.tx() as db:
+        if status is GoalStatus.PAUSED:
+            _move(ledger, goal, GoalStatus.ACTIVE, "resumed")
+        run = run_store.get_run(ledger, run_id)
+        question = db.execute("SELECT 1 FROM input_requests WHERE run_id = ? AND answer IS NULL",
+                              (run_id,)).fetchone()
+        # A repeated resume completes a half-done one: the run parked by the pause moves again.
+        if run["status"] == RunStatus.NEEDS_INPUT and question is None:
+            run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "goal resumed")
+    return view(goal_row(ledger, run_id))
+
+
+def edit(ledger: Ledger, run_id: str, text: Any, expected_revision: Any = None) -> dict[str, Any]:
+    """A new text bumps the revision (the same text again changes nothing). The caller
+    then sends it to the run as a steer, whose id the revision names."""
+    if not isinstance(text, str) or not text.strip():
+        raise BadRequest("the goal must be a non-empty string")
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_EDIT_BYTES:
+        raise BadRequest(f"the goal is over {MAX_EDIT_BYTES} bytes (UTF-8)")
+    text = text.strip()
+    goal = require_goal(ledger, run_id)
+    if GoalStatus(goal["status"]) not in EDITABLE:
+        raise Conflict(f"the goal of run {run_id} is {goal['status']}; it can no longer be edited")
+    stored = redact_text(text)
+    if stored == goal["text"]:
+        return {**view(goal), "changed": False}
+    if expected_revision is not None and expected_revision != int(goal["revision"]):
+        raise Conflict(f"the goal of run {run_id} is at revision {goal['revision']}, not {expected_revision}")
+    with ledger.tx() as db:
+        db.execute("UPDATE goals SET text = ?, revision = revision + 1, updated_at = ? WHERE goal_id = ?",
+                   (stored, _now(), goal["goal_id"]))
+        ledger.event("goal-edited", run_id, goal=goal["goal_id"], revision=int(goal["revision"]) + 1,
+                     sha256=hashlib.sha256(text.encode()).hexdigest(), chars=len(text))
+    return {**view(goal_row(ledger, run_id)), "changed": True}
+
+
+def begin_clear(ledger: Ledger, run_id: str) -> dict[str, Any]:
+    """``-> clearing``; the caller cancels the run, whose end settles it ``cleared``."""
+    goal = require_goal(ledger, run_id)
+    status = GoalStatus(goal["status"])
+    if status in TERMINAL or status is GoalStatus.CLEARING:
+        return view(goal)
+    with ledger.tx():
+        _move(ledger, goal, GoalStatus.CLEARING, "cleared by the user")
+    return view(goal_row(ledger, run_id))
+
+
+def on_run_status(ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
+    """A status hook: a completed run completes its active goal; a run that ends
+    otherwise clears it (a clearing goal is cleared once its run is cancelled)."""
+    if status not in RUN_TERMINAL:
+        return
+    goal = ledger.one("SELECT * FROM goals WHERE run_id = ?", run_id)
+    if goal is None or GoalStatus(goal["status"]) in TERMINAL:
+        return
+    current = GoalStatus(goal["status"])
+    if status is RunStatus.COMPLETED and current is GoalStatus.ACTIVE:
+        _move(ledger, goal, GoalStatus.COMPLETED, "its run completed")
+        return
+    if current is not GoalStatus.CLEARING:
+        _move(ledger, goal, GoalStatus.CLEARING, f"its run ended {status.value}")
+        goal = ledger.one("SELECT * FROM goals WHERE run_id = ?", run_id)
+    _move(ledger, goal, GoalStatus.CLEARED, f"its run ended {status.value}")
+
+
+# -- verdicts and the completion gate ------------------------------------------------------
 
 
 def goal_of(ledger: Ledger, run_id: str) -> str | None:
-    row = ledger.one("SELECT options FROM runs WHERE run_id = ?", run_id)
-    if row is None:
-        return None
-    goal = json.loads(row["options"]).get("goal")
-    return str(goal["text"]) if isinstance(goal, dict) and "text" in goal else None
+    row = goal_row(ledger, run_id)
+    return str(row["text"]) if row is not None else None
+
+
+def evidence_binding(ledger: Ledger, run_id: str) -> dict[str, Any]:
+    """What a verdict binds to now: the goal revision, the durable plan revision and
+    the latest verification (none: None)."""
+    from corral.supervisor.longtask import plan_store
+    from corral.supervisor.project import verification_store
+
+    goal = goal_row(ledger, run_id)
+    latest = verification_store.latest(ledger)
+    return {
+        "goal_revision": int(goal["revision"]) if goal is not None else None,
+        "plan_revision": int(plan_store.current(ledger, run_id)["revision"]),
+        "verification_id": latest["action_id"] if latest is not None else None,
+    }
 
 
 def record_verdict(ledger: Ledger, run_id: str, action_id: str, met: bool, evidence: str) -> dict[str, Any]:
+    binding = evidence_binding(ledger, run_id)
     with ledger.tx() as db:
         done = db.execute("SELECT * FROM goal_verdicts WHERE action_id = ?", (action_id,)).fetchone()
         if done is None:
             db.execute(
-                "INSERT INTO goal_verdicts (action_id, run_id, met, evidence, created_at) VALUES (?, ?, ?, ?, ?)",
-                (action_id, run_id, int(met), evidence, time.time()),
+                "INSERT INTO goal_verdicts (action_id, run_id, met, evidence, created_at, goal_revision,"
+                " plan_revision, verification_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (action_id, run_id, int(met), evidence, _now(), binding["goal_revision"], binding["plan_revision"],
+                 binding["verification_id"]),
             )
-            ledger.event("goal-verdict", run_id, met=met)
+            ledger.event("goal-verdict", run_id, met=met, revision=binding["goal_revision"] or 0)
             done = db.execute("SELECT * FROM goal_verdicts WHERE action_id = ?", (action_id,)).fetchone()
     return _verdict(done)
 
 
 def _verdict(row: Any) -> dict[str, Any]:
     return {"action_id": row["action_id"], "met": bool(row["met"]), "evidence": row["evidence"],
-            "at": row["created_at"]}
+            "at": row["created_at"], "goal_revision": row["goal_revision"], "plan_revision": row["plan_revision"],
+            "verification_id": row["verification_id"]}
 
 
 def verdicts(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
@@ -52,24 +289,36 @@ def verdicts(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
 
 
 def refinements(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
-    """The user's steers of a goal run: they refine the goal."""
+    """The user's steers of a goal run (an edit of the goal is one too): they refine it."""
     rows = ledger.all("SELECT text, created_at, applied_at FROM steers WHERE run_id = ? ORDER BY created_at", run_id)
     return [dict(row) for row in rows]
 
 
 def blockers(ledger: Ledger, run_id: str) -> list[str]:
-    goal = goal_of(ledger, run_id)
+    goal = goal_row(ledger, run_id)
     if goal is None:
         return []
+    if goal["status"] == GoalStatus.COMPLETED:
+        return []
+    if goal["status"] != GoalStatus.ACTIVE:
+        return [f"the goal is {goal['status']}: no final reply until it is active again"]
     found = verdicts(ledger, run_id)
     if not found:
-        return [f"this run has a goal ({goal[:120]!r}): judge it first with goal.verdict (met, evidence)"]
+        return [f"this run has a goal ({goal['text'][:120]!r}): judge it first with goal.verdict (met, evidence)"]
     latest = found[-1]
+    now = evidence_binding(ledger, run_id)
+    if latest["goal_revision"] is not None and latest["goal_revision"] != now["goal_revision"]:
+        return [f"the goal was edited (revision {now['goal_revision']}) after your verdict on revision"
+                f" {latest['goal_revision']}: judge the current goal with goal.verdict"]
     refined = [r for r in refinements(ledger, run_id) if r["created_at"] > latest["at"]]
     if refined:
         return ["the user refined the goal after your last verdict: judge it again with goal.verdict"]
     if not latest["met"]:
         return [f"your last goal verdict says the goal is not met ({latest['evidence'][:120]!r})"]
+    if latest["plan_revision"] is not None and latest["plan_revision"] != now["plan_revision"]:
+        return ["the plan changed after your verdict: judge the goal again with goal.verdict"]
+    if latest["verification_id"] != now["verification_id"] and now["verification_id"] is not None:
+        return ["a verification ran after your verdict: judge the goal again with goal.verdict"]
     return []
 
 
@@ -77,10 +326,12 @@ def status(ledger: Ledger, run_id: str) -> dict[str, Any]:
     from corral.supervisor.longtask import plan_store
 
     row = ledger.one("SELECT status FROM runs WHERE run_id = ?", run_id)
+    goal = goal_row(ledger, run_id)
     return {
         "run_id": run_id,
         "status": row["status"] if row else None,
-        "goal": goal_of(ledger, run_id),
+        "goal": goal["text"] if goal is not None else None,
+        "lifecycle": view(goal) if goal is not None else None,
         "refinements": refinements(ledger, run_id),
         "plan": plan_store.current(ledger, run_id),
         "verdicts": verdicts(ledger, run_id),

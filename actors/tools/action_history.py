@@ -1,0 +1,54 @@
+"""``agent.action_history``: the receipts of this agent's own finished actions (seed 004, V1.6).
+
+Newest first, at most ``limit`` (1-10, default 10), each with its run and action
+ids, tool, status, fingerprint, a summary of its call and of its result, and when
+it ran: never file contents, command output or secrets (receipts hold none, and
+the supervisor redacts them again). Without ``run_id`` it reads the current run;
+``run_id`` names another of the agent's own runs, or ``"all"`` for every one.
+The calling action is never listed, nor, unless ``tool`` names it, any other call
+of this tool. Another agent's actions are out of reach.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, NotRequired
+
+from pydantic import Field
+from typing_extensions import TypedDict
+
+from corral.actors.tools.base import Tool, ToolContext, ToolResult, ledger_call, schema
+
+
+class ActionHistoryArgs(TypedDict):
+    run_id: NotRequired[Annotated[str, Field(description="one of your runs, or 'all' (default: this run)")]]
+    action_id: NotRequired[Annotated[str, Field(description="one action (act-...)")]]
+    tool: NotRequired[Annotated[str, Field(description="only this tool's actions")]]
+    status: NotRequired[Literal["ok", "failed", "denied"]]
+    limit: NotRequired[Annotated[int, Field(ge=1, le=10, description="at most this many (default 10)")]]
+
+
+class ActionHistory:
+    schema = schema(
+        "agent.action_history",
+        "Receipts of your own finished actions, newest first (default: this run; run_id='all' for all your runs).",
+        ActionHistoryArgs,
+        read_only=True,
+    )
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        reply = await ledger_call(
+            ctx,
+            "history.actions",
+            "bad-input",
+            of_run=tool_input.get("run_id"),
+            of_action=tool_input.get("action_id"),
+            tool=tool_input.get("tool"),
+            status=tool_input.get("status"),
+            limit=tool_input.get("limit"),
+        )
+        receipts = reply["receipts"]
+        more = ", more before them" if reply["more"] else ""
+        return ToolResult(True, reply, f"{len(receipts)} receipt(s) of {reply['agent_id']}{more}")
+
+
+TOOLS: list[Tool] = [ActionHistory()]

@@ -1,0 +1,68 @@
+"""Structured questions on the supervisor: ``answer`` (control), ``input.request``
+(the tool's actor method), the sole-action plan guard, the child denial, and the
+``questions`` section of ``corral pending``. The ledger side is question_store.py."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from corral.supervisor.errors import BadRequest
+from corral.supervisor.interactive import question_store as questions
+from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.params import param_text
+from corral.supervisor.runs.run_service import RunService
+from corral.supervisor.runs.run_state import RunStatus
+from corral.supervisor.tree.supervision_tree import ActorSlot
+
+if TYPE_CHECKING:
+    from corral.supervisor.daemon import Supervisor
+
+
+class QuestionService:
+    def __init__(self, ledger: Ledger, runs: RunService) -> None:
+        self.ledger = ledger
+        self.runs = runs
+
+    async def answer(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``corral answer RUN --request REQ --response-id ID --answer QID=LABEL ...``
+        (or ``corral answer RUN TEXT`` for a one-question request)."""
+        run_id = param_text(params, "run_id", None, limit=300)
+        request_id = None if params.get("request_id") is None else param_text(params, "request_id", None, limit=100)
+        if params.get("answers") is None and params.get("text") is None:
+            raise BadRequest("give the answers (a map of question id to answer) or, for one question, its text")
+        reply = questions.answer(
+            self.ledger,
+            run_id,
+            request_id=request_id,
+            response_id=params.get("response_id"),
+            answers=params.get("answers"),
+            text=params.get("text"),
+        )
+        await self.runs.wake(reply["agent_id"])
+        return reply
+
+    async def ask(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """From ``user.input_request``, its action executing."""
+        run = self.runs.owned_run(slot, params)
+        action_id = params.get("action_id")
+        if not isinstance(action_id, str):
+            raise BadRequest("action_id must be a string")
+        free_text = self.runs.agent_spec(run["agent_id"]).allow_free_text if run["kind"] == "root" else False
+        return questions.ask(self.ledger, run, action_id, params.get("questions"), free_text)
+
+
+def _close_questions(ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
+    questions.close_questions(ledger, run_id, status, reason)
+
+
+def install(sup: Supervisor) -> QuestionService:
+    service = QuestionService(sup.ledger, sup.runs)
+    sup.control_methods["answer"] = service.answer
+    sup.actor_methods["input.request"] = service.ask
+    hooks = sup.hooks
+    hooks.on_status.append(_close_questions)
+    hooks.plan_guards.append(questions.plan_guard)
+    hooks.action_guards.append(questions.action_guard)
+    ledger = sup.ledger
+    hooks.pending_sections["questions"] = lambda: questions.pending_questions(ledger)
+    return service

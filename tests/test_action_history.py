@@ -1,0 +1,131 @@
+"""The model's own history (seed 004 V1.6, V1.8, V1.9; issue 36): ``agent.action_history``
+returns receipts of the calling agent's own actions (its own call excluded, at most
+10, newest first, redacted), and ``command.output_read`` pages the agent's commands
+of earlier runs too, with the seed's fields, never another agent's. One supervisor
+for the module."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.sandbox.bwrap import bwrap_available
+from tests.harness import Daemon, ledger_rows, running, wait_run
+
+SANDBOX_TABLE = "" if bwrap_available() else '[sandbox]\nmode = "allow-unsandboxed"\n'
+SECRET = "supersecretvalue123"
+
+SPEC = f"""
+name = "history"
+[project]
+root = "ws"
+{SANDBOX_TABLE}
+[[agents]]
+id = "writer"
+  [[agents.steps]]
+  final = "nothing scripted"
+[[agents]]
+id = "other"
+  [[agents.steps]]
+  final = "nothing scripted"
+"""
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    top = Path(tempfile.mkdtemp(prefix="crl-", dir="/tmp"))
+    try:
+        (top / "ws").mkdir()
+        with running(top / "home", SPEC) as running_daemon:
+            yield running_daemon
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _act(name: str, **tool_input: Any) -> dict[str, Any]:
+    return {"tool": name, "input": tool_input}
+
+
+def _run(daemon: Daemon, agent: str, *plans: list[dict[str, Any]]) -> dict[str, Any]:
+    script = {"steps": [*({"actions": plan} for plan in plans), {"final": "done"}]}
+    run_id = daemon.call("run", agent_id=agent, task="look back", script=json.dumps(script))["run_id"]
+    shown = wait_run(daemon, run_id, {"completed", "failed"})
+    assert shown["run"]["status"] == "completed", shown["run"]
+    return shown
+
+
+def test_the_agent_reads_its_own_history_and_pages_its_earlier_commands(daemon: Daemon) -> None:
+    command = f"seq -f 'line%g' 1 300; echo api_key={SECRET}; exit 3"
+    first = _run(daemon, "writer", [_act("command.exec", program="sh", args=["-c", command])])
+    (exec_,) = first["actions"]
+    source = exec_["action_id"]
+    out = json.loads(_result(daemon, source))["output"]
+    # The observation names the action to page by, with the digest and size of its transcript.
+    assert out["sourceActionId"] == source and out["totalLines"] == 301 and out["captureTruncated"] is False
+    assert len(out["outputSha256"]) == 64 and out["exit_code"] == 3
+
+    second = _run(
+        daemon, "writer",
+        [_act("command.output_read", action_id=source, start_line=1, max_lines=200)],
+        [_act("command.output_read", action_id=source, start_line=201, max_lines=200)],
+        [_act("agent.action_history")],
+        [_act("agent.action_history", run_id="all", tool="command.exec"),
+         _act("agent.action_history", tool="agent.action_history", limit=1)],
+        [_act("agent.action_history", limit=11), _act("agent.action_history", status="weird"),
+         _act("agent.action_history", run_id="run-nope")],
+    )
+    _page, early, history, commands, recursive, *refused = [
+        _result_or_error(daemon, a["action_id"]) for a in second["actions"]]
+    first_page = json.loads(_result(daemon, second["actions"][0]["action_id"]))["output"]
+    assert first_page["run_id"] == first["run"]["run_id"] and first_page["lines"][0] == "line1"
+    assert (first_page["startLine"], first_page["nextLine"], first_page["totalLines"]) == (1, 201, 301)
+    assert first_page["hasMore"] is True and first_page["exitCode"] == 3 and first_page["captureTruncated"] is False
+    assert first_page["outputSha256"] == out["outputSha256"]
+    last_page = early["output"]
+    assert last_page["nextLine"] is None and last_page["hasMore"] is False and len(last_page["lines"]) == 101
+    assert SECRET not in json.dumps(last_page) and "[redacted]" in last_page["lines"][-1]
+
+    # This run's receipts, newest first; its own call left out.
+    listed = history["output"]["receipts"]
+    own = second["actions"][2]["action_id"]
+    assert [r["tool"] for r in listed] == ["command.output_read", "command.output_read"]
+    assert [r["action_id"] for r in listed] == [a["action_id"] for a in second["actions"][1::-1]]
+    assert own not in json.dumps(history["output"])
+    (earlier,) = commands["output"]["receipts"]
+    assert earlier["action_id"] == source and earlier["run_id"] == first["run"]["run_id"]
+    assert earlier["status"] == "failed" and SECRET not in json.dumps(commands)
+    # Named, the tool's own earlier calls are listed (never the calling one).
+    (asked,) = recursive["output"]["receipts"]
+    assert asked["tool"] == "agent.action_history"
+    assert asked["action_id"] in {a["action_id"] for a in second["actions"][2:4]}
+    too_many, weird, foreign = refused
+    assert "limit" in too_many["error"] and "status" in weird["error"] and "weird" in weird["error"]
+    assert "not one of your runs" in foreign["error"]
+
+    # Another agent reaches neither the command's transcript nor the writer's runs.
+    other = _run(daemon, "other",
+                 [_act("command.output_read", action_id=source),
+                  _act("agent.action_history", run_id=first["run"]["run_id"])],
+                 [_act("agent.action_history", run_id="all")])
+    transcript, history_of_writer, everything = [_result_or_error(daemon, a["action_id"]) for a in other["actions"]]
+    assert "no command transcript" in transcript["error"] and "not one of your runs" in history_of_writer["error"]
+    (only,) = everything["output"]["receipts"]
+    assert (only["tool"], only["run_id"], only["status"]) == ("command.output_read", other["run"]["run_id"], "failed")
+
+
+def _result(daemon: Daemon, action_id: str) -> str:
+    (row,) = ledger_rows(daemon.home, "SELECT result FROM actions WHERE action_id = ?", action_id)
+    return str(row["result"])
+
+
+def _result_or_error(daemon: Daemon, action_id: str) -> dict[str, Any]:
+    (row,) = ledger_rows(daemon.home, "SELECT phase, result, error, reason FROM actions WHERE action_id = ?", action_id)
+    result = json.loads(row["result"]) if row["result"] else {}
+    return {"phase": row["phase"], "output": result.get("output", {}),
+            "error": row["error"] or row["reason"] or ""}
