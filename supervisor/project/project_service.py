@@ -25,7 +25,7 @@ from pydantic import TypeAdapter
 
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.project import revision_store, verification_store, verify_recovery
+from corral.supervisor.project import preview_gate, revision_store, verification_store, verify_recovery
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.spec.spec_models import ProjectTable
 
@@ -53,6 +53,10 @@ class ProjectService:
         #: ``[project]``: the verify commands and whether a final reply needs them.
         self.settings = settings
         self.sandbox_of = sandbox_of
+
+    async def preview(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """The spec's loopback preview page for ``preview.validate`` (checked at spec load)."""
+        return {"url": self.settings.preview_url}
 
     def _verify_action(self, slot: ActorSlot, params: dict[str, Any]) -> tuple[Any, Any]:
         _run_id, action = self.runs.ledger_tool_action(slot, params, VERIFY_TOOL)
@@ -126,9 +130,12 @@ def install(sup: Supervisor) -> ProjectService:
         "project.verify.begin": service.verify_begin,
         "project.verify.record": service.verify_record,
         "project.verification": service.verification,
+        "project.preview": service.preview,
     })
     sup.hooks.on_receipt.append(revision_store.on_receipt)
     sup.hooks.finalize_blockers.append(service.final_blockers)
+    if service.settings.require_preview:
+        sup.hooks.finalize_blockers.append(preview_gate.final_blockers)
     sup.hooks.recovery_steps.append(verify_recovery.recover)
     sup.hooks.show_sections["project"] = service.show_section
     return service

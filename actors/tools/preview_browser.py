@@ -1,0 +1,212 @@
+"""One preview check in Chromium (seed 004 V1.1 §3): both viewports of one loopback
+URL, each in a fresh browser context that reaches nothing but the URL's own origin.
+
+Driven over CDP by playwright's sync API (the tool runs it in a worker thread). What
+it gathers per viewport is a ``ViewportReport``; whether that passes is the pure
+``viewport_problems`` below, so the rules are read in one place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from corral.core.redact import summarize
+
+CHROMIUM = Path("/usr/bin/chromium")
+#: Seed 004 V1.1 §3: the two viewports, both required.
+VIEWPORTS: dict[str, tuple[int, int]] = {"desktop": (1280, 720), "mobile": (390, 844)}
+#: Messages of one kind kept per viewport, and characters of each.
+MAX_MESSAGES = 10
+MAX_MESSAGE_CHARS = 300
+NAVIGATION_TIMEOUT_MS = 20_000
+#: Pixels of the canvas sampled at most (a grid over it when it is larger).
+SAMPLE_SIDE = 128
+
+#: Reads the first canvas through a 2D copy (a WebGL canvas too), sampled on a grid:
+#: how many sampled pixels are not transparent and how many distinct RGBA values.
+_CANVAS_JS = """
+(side) => {
+  const c = document.querySelector('canvas');
+  if (!c) return {present: false};
+  const r = c.getBoundingClientRect();
+  const out = {present: true, width: c.width, height: c.height,
+               visible_area: Math.max(0, Math.round(r.width)) * Math.max(0, Math.round(r.height))};
+  if (!c.width || !c.height) return {...out, opaque: 0, colors: 0, sampled: 0};
+  const w = Math.min(side, c.width), h = Math.min(side, c.height);
+  const t = document.createElement('canvas'); t.width = w; t.height = h;
+  const g = t.getContext('2d');
+  try { g.drawImage(c, 0, 0, w, h); } catch (e) { return {...out, error: String(e).slice(0, 200)}; }
+  const d = g.getImageData(0, 0, w, h).data;
+  const seen = new Set(); let opaque = 0;
+  for (let i = 0; i < d.length; i += 4) {
+    if (d[i + 3] !== 0) opaque++;
+    if (seen.size < 16) seen.add((d[i] << 24 | d[i + 1] << 16 | d[i + 2] << 8 | d[i + 3]) >>> 0);
+  }
+  return {...out, opaque: opaque, colors: seen.size, sampled: w * h};
+}
+"""
+#: Two animation frames: what the page drew on load is on the canvas by then.
+_SETTLE_JS = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(true))))"
+
+
+class BrowserMissing(Exception):
+    """No Chromium or no playwright: the check is blocked, not failed."""
+
+
+@dataclass
+class ViewportReport:
+    name: str
+    status: int | None = None
+    title: str = ""
+    canvas: dict[str, Any] = field(default_factory=dict)
+    console_errors: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+    screenshot: str = ""
+    sha256: str = ""
+    bytes: int = 0
+    error: str = ""
+
+    def problems(self) -> list[str]:
+        return viewport_problems(self)
+
+    def as_dict(self) -> dict[str, Any]:
+        problems = self.problems()
+        return {
+            "passed": not problems, "problems": problems, "http_status": self.status, "title": self.title,
+            "canvas": self.canvas, "console_errors": len(self.console_errors), "page_errors": len(self.page_errors),
+            "blocked_requests": len(self.blocked), "screenshot": self.screenshot, "sha256": self.sha256,
+            "bytes": self.bytes,
+        }
+
+
+def viewport_problems(report: ViewportReport) -> list[str]:
+    """Why one viewport fails (empty: it passes). Pure: the whole rule set."""
+    problems = []
+    if report.error:
+        problems.append(f"the page did not load: {report.error}")
+    elif report.status is None or not 200 <= report.status < 400:
+        problems.append(f"the page answered HTTP {report.status}")
+    canvas = report.canvas
+    if not canvas.get("present"):
+        problems.append("no canvas")
+    elif canvas.get("error"):
+        problems.append(f"the canvas cannot be read: {canvas['error']}")
+    elif not canvas.get("visible_area"):
+        problems.append("the canvas is not visible")
+    elif not canvas.get("opaque") or int(canvas.get("colors", 0)) < 2:
+        problems.append("the canvas is blank (transparent or one colour)")
+    if report.console_errors:
+        problems.append(f"{len(report.console_errors)} console error(s)")
+    if report.page_errors:
+        problems.append(f"{len(report.page_errors)} uncaught exception(s)")
+    if report.blocked:
+        problems.append(f"{len(report.blocked)} request(s) to another origin blocked")
+    if not report.sha256:
+        problems.append("no screenshot")
+    return problems
+
+
+def origin_of(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port
+
+
+def _keep(bucket: list[str], text: str) -> None:
+    if len(bucket) < MAX_MESSAGES:
+        bucket.append(summarize(text, MAX_MESSAGE_CHARS))
+    else:
+        bucket.append("")  # counted, not kept: as_dict reports the count, messages() the first few
+
+
+def messages(reports: list[ViewportReport]) -> list[str]:
+    """The first console errors and exceptions of every viewport, redacted and bounded."""
+    kept: list[str] = []
+    for report in reports:
+        for text in [*report.console_errors, *report.page_errors]:
+            if text and len(kept) < MAX_MESSAGES:
+                kept.append(f"{report.name}: {text}")
+    return kept
+
+
+def _launch(driver: Any) -> tuple[Any, bool]:
+    """Chromium with its own sandbox when this host allows it, else without it (as the
+    dashboard tests run it); the receipt says which. A fresh profile every time."""
+    common: dict[str, Any] = {"executable_path": str(CHROMIUM), "headless": True,
+              # No name resolves: only the loopback address literal can be reached.
+              "args": ["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", "--disable-extensions",
+                       "--no-first-run"]}
+    try:
+        return driver.chromium.launch(chromium_sandbox=True, **common), True
+    except Exception as exc:
+        if "sandbox" not in str(exc).lower():
+            raise
+    common["args"] = [*common["args"], "--no-sandbox"]
+    return driver.chromium.launch(**common), False
+
+
+def _one_viewport(browser: Any, url: str, name: str, size: tuple[int, int], out: Path) -> ViewportReport:
+    report = ViewportReport(name)
+    origin = origin_of(url)
+    context = browser.new_context(viewport={"width": size[0], "height": size[1]}, service_workers="block",
+                                  accept_downloads=False)
+    try:
+        def route(route: Any) -> None:
+            if origin_of(route.request.url) == origin:
+                route.continue_()
+            else:
+                _keep(report.blocked, route.request.url)
+                route.abort("blockedbyclient")
+
+        context.route("**/*", route)
+        context.route_web_socket("**/*", lambda ws: _refuse_socket(ws, origin, report))
+        page = context.new_page()
+        page.on("console", lambda msg: _keep(report.console_errors, msg.text) if msg.type == "error" else None)
+        page.on("pageerror", lambda exc: _keep(report.page_errors, str(exc)))
+        try:
+            response = page.goto(url, wait_until="load", timeout=NAVIGATION_TIMEOUT_MS)
+            report.status = response.status if response is not None else None
+            page.evaluate(_SETTLE_JS)
+            report.title = summarize(page.title(), 120)
+            report.canvas = page.evaluate(_CANVAS_JS, SAMPLE_SIDE)
+        except Exception as exc:  # playwright's errors: a page that did not load is a verdict
+            report.error = summarize(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 300)
+        target = out / f"{name}.png"
+        try:
+            data = page.screenshot(path=str(target), type="png")
+            report.screenshot, report.sha256, report.bytes = target.name, hashlib.sha256(data).hexdigest(), len(data)
+        except Exception as exc:
+            report.error = report.error or summarize(f"screenshot failed: {exc}", 300)
+    finally:
+        context.close()
+    return report
+
+
+def _refuse_socket(ws: Any, origin: tuple[str, str, int | None], report: ViewportReport) -> None:
+    scheme, host, port = origin_of(ws.url)
+    if (host, port) == origin[1:] and scheme == "ws":
+        ws.connect_to_server()
+    else:
+        _keep(report.blocked, ws.url)
+        ws.close()
+
+
+def check_preview(url: str, out: Path) -> tuple[list[ViewportReport], bool]:
+    """Both viewports of ``url`` (already judged loopback by the caller), screenshots
+    into ``out``; and whether Chromium ran with its own sandbox."""
+    if not CHROMIUM.is_file():
+        raise BrowserMissing(f"blocked: no chromium at {CHROMIUM}")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        raise BrowserMissing("blocked: playwright is not installed (the dev extra installs it)") from None
+    with sync_playwright() as driver:
+        browser, sandboxed = _launch(driver)
+        try:
+            return [_one_viewport(browser, url, name, size, out) for name, size in VIEWPORTS.items()], sandboxed
+        finally:
+            browser.close()

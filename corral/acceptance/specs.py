@@ -1,0 +1,130 @@
+"""The swarm specs the flows run: TOML text, with each agent's model table from the
+provider the user chose (``provider.Provider``)."""
+
+from __future__ import annotations
+
+from corral.acceptance.provider import Provider
+
+#: The coder's task: a read, then one exact patch that waits for a person.
+CODER_TASK = ("Read notes.txt with fs.read. Then call fs.patch on notes.txt with old_text \"status: draft\""
+              " and new_text \"status: final\". Then reply with one sentence saying what changed.")
+NOTES_BEFORE = "status: draft\n"
+NOTES_AFTER = "status: final\n"
+
+
+def coder_spec(provider: Provider, project: str) -> str:
+    """One agent: fs.read runs unattended, fs.patch waits for a person (confirm)."""
+    return f"""name = "acceptance-coder"
+[project]
+root = "{project}"
+[policy]
+"fs.read" = "auto"
+"fs.patch" = "confirm"
+{provider.models_table()}
+[[agents]]
+id = "coder"
+tools = ["fs.read", "fs.patch"]
+max_provider_retries = 1
+{provider.agent_table("agents", 2)}"""
+
+
+SWARM_TASK = ("Ship the release notes. Delegate to researcher (write research/facts.md) and to reviewer"
+              " (write review/check.md), spawn the writer template twice and the checker template once as an"
+              " isolated group, wait with agent.run_status, then reply with one sentence.")
+
+
+def swarm_spec(provider: Provider, project: str) -> str:
+    """A supervisor, two specialists and two templates: two delegates and one isolated
+    group of three children joined once (seed 004 V1.1 §5.6)."""
+    def agent(agent_id: str, role: str, scopes: str, tools: str, calls: int) -> str:
+        return (f'[[agents]]\nid = "{agent_id}"\nrole = "{role}"\nwrite_scopes = [{scopes}]\ntools = [{tools}]\n'
+                + provider.agent_table("agents", calls))
+
+    def template(template_id: str) -> str:
+        return f'[[templates]]\nid = "{template_id}"\ntools = ["fs.write"]\n' + provider.agent_table("templates", 1)
+
+    return "\n".join([
+        f'name = "acceptance-swarm"\n[project]\nroot = "{project}"\n[policy]\ndefault = "auto"\n'
+        "[limits]\nmax_children_per_call = 3\nmax_depth = 1\n",
+        provider.models_table(),
+        agent("project-supervisor", "root", '"summary"',
+              '"agent.delegate", "agent.spawn_isolated", "agent.run_status"', 4),
+        agent("researcher", "specialist", '"research"', '"fs.write"', 1),
+        agent("reviewer", "specialist", '"review"', '"fs.write"', 1),
+        template("writer"),
+        template("checker"),
+    ])
+
+
+#: The preview's port: the task names it, as a person would.
+PREVIEW_PORT = 8765
+VERIFY_TASK = (f"Start the preview: process.start with program \"python3\" and args [\"-m\", \"http.server\","
+               f" \"{PREVIEW_PORT}\", \"--bind\", \"127.0.0.1\", \"--directory\", \"site\"]. Then call"
+               f" preview.validate with that process_id and port {PREVIEW_PORT}. Then call project.verify. Then reply"
+               " with one sentence.")
+
+
+def verify_spec(provider: Provider, project: str) -> str:
+    """project.verify (a check script) and preview.validate of a preview the agent
+    starts as a process session; the dev server shares the host's network, where the
+    browser runs."""
+    return f"""name = "acceptance-verify"
+[project]
+root = "{project}"
+verify = [["python3", "check.py"]]
+[policy]
+default = "auto"
+[sandbox]
+network = true
+{provider.models_table()}
+[[agents]]
+id = "verifier"
+tools = ["process.start", "preview.validate", "project.verify"]
+{provider.agent_table("agents", 3, optional_fields=True)}"""
+
+
+#: The provider retry's backoff: long enough that the kill lands inside it.
+RETRY_BACKOFF_S = 15.0
+RETRY_TASK = ("Get the release facts written: delegate to researcher (write research/facts.md), collect the"
+              " delivery with agent.run_status, then reply with one sentence.")
+
+
+def retry_spec(provider: Provider, project: str) -> str:
+    """A supervisor and one specialist on an OpenAI-compatible route (the fault proxy),
+    each with one provider retry and a backoff long enough for the suite to kill the
+    supervisor inside it (seed 004 V1.29, V1.42)."""
+    def agent(agent_id: str, role: str, scopes: str, tools: str, calls: int) -> str:
+        return (f'[[agents]]\nid = "{agent_id}"\nrole = "{role}"\nwrite_scopes = [{scopes}]\ntools = [{tools}]\n'
+                f"max_provider_retries = 1\nretry_base_s = {RETRY_BACKOFF_S}\nretry_cap_s = {RETRY_BACKOFF_S}\n"
+                + provider.agent_table("agents", calls))
+
+    return "\n".join([
+        f'name = "acceptance-retry"\n[project]\nroot = "{project}"\n[policy]\ndefault = "auto"\n',
+        agent("project-supervisor", "root", '"summary"', '"agent.delegate", "agent.run_status"', 2),
+        agent("researcher", "specialist", '"research"', '"fs.write"', 1),
+    ])
+
+
+
+#: Business terms only (seed 004 V1.30): no agent id, count, tool or repair recipe.
+CHAT_TASK = ("Get this project ready for its first players: the release facts written down, a quality review of"
+             " them, and an independent quick check. Report what was delivered, what was verified and the risks.")
+
+
+def chat_spec(provider: Provider, project: str) -> str:
+    """The supervisor the chat talks to, two specialists and one template: whether it
+    delegates, spawns or repairs is its own choice (seed 004 V1.30, V1.31)."""
+    def agent(agent_id: str, role: str, scopes: str, tools: str, calls: int) -> str:
+        return (f'[[agents]]\nid = "{agent_id}"\nrole = "{role}"\nwrite_scopes = [{scopes}]\ntools = [{tools}]\n'
+                + provider.agent_table("agents", calls))
+
+    return "\n".join([
+        f'name = "acceptance-chat"\n[project]\nroot = "{project}"\n[policy]\ndefault = "auto"\n'
+        "[limits]\nmax_children_per_call = 3\nmax_depth = 1\nmax_repairs_per_delivery = 1\n",
+        provider.models_table(),
+        agent("project-supervisor", "root", '"summary"',
+              '"agent.delegate", "agent.spawn_isolated", "agent.run_status"', 5),
+        agent("researcher", "specialist", '"research"', '"fs.write"', 1),
+        agent("reviewer", "specialist", '"review"', '"fs.read", "fs.write"', 2),
+        '[[templates]]\nid = "checker"\ntools = ["fs.write"]\n' + provider.agent_table("templates", 1),
+    ])
