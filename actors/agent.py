@@ -20,9 +20,11 @@ import trio
 
 from corral.actors import project_context, recordable
 from corral.actors.inflight import InFlight
+from corral.actors.provider_interrupts import ProviderInterrupts
 from corral.actors.providers.base import (
     MAX_RESPONSE_CHARS,
     ErrorKind,
+    ImagePart,
     PlanError,
     Provider,
     ProviderError,
@@ -35,6 +37,7 @@ from corral.actors.providers.base import (
 from corral.actors.providers.registry import make_provider
 from corral.actors.runtime import ActorContext, is_shutdown
 from corral.actors.tools.base import ActionParked, Tool, ToolContext, ToolError, checked_result, validate_input
+from corral.actors.tools.image_inspect import attachments
 from corral.actors.tools.mcp import mcp_tools
 from corral.actors.tools.registry import all_tools
 from corral.actors.turn_notes import TurnNotes, observations_seen
@@ -80,6 +83,7 @@ async def run(ctx: ActorContext) -> int:
     wake = trio.Event()
     woken = [wake]
     inflight = InFlight(Path(ctx.config["home"]), ctx.actor_id)
+    interrupts = ProviderInterrupts()
 
     async def listen() -> None:
         async for envelope in ctx.channel.inbox:
@@ -92,6 +96,10 @@ async def run(ctx: ActorContext) -> int:
                 return
             if envelope.kind is Kind.TELL and envelope.body.get("op") == "wake":
                 woken[0].set()
+            elif envelope.kind is Kind.TELL and envelope.body.get("op") == "interrupt":
+                slot = envelope.body.get("slot")
+                if isinstance(slot, str):
+                    interrupts.ask(slot)  # a steer or a goal pause: stop waiting for that turn
             elif envelope.kind is Kind.REQUEST:
                 await ctx.channel.reply(envelope, {"agent": ctx.actor_id, "ok": True})
 
@@ -112,7 +120,7 @@ async def run(ctx: ActorContext) -> int:
                     break  # an isolated child ends with its run
                 await woken[0].wait()
                 continue
-            await Lane(ctx, claimed, inflight).drive()
+            await Lane(ctx, claimed, inflight, interrupts).drive()
         nursery.cancel_scope.cancel()
     return 0
 
@@ -139,9 +147,17 @@ def with_known_ids(schema: ToolSchema, known: dict[str, list[str]]) -> ToolSchem
 class Lane:
     """Drives one run until it ends or parks (which releases the lane)."""
 
-    def __init__(self, ctx: ActorContext, run: dict[str, Any], inflight: InFlight | None = None) -> None:
+    def __init__(
+        self,
+        ctx: ActorContext,
+        run: dict[str, Any],
+        inflight: InFlight | None = None,
+        interrupts: ProviderInterrupts | None = None,
+    ) -> None:
         self.ctx = ctx
         self.run = run
+        #: The provider turns a steer or a goal pause may interrupt.
+        self.interrupts = interrupts or ProviderInterrupts()
         #: Which actions run right now, for the supervisor to charge a crash to.
         self.inflight = inflight
         #: What the values of one message may take on the wire.
@@ -255,27 +271,39 @@ class Lane:
             await self.call("run.fail", reason=recordable.text(f"provider cannot start: {exc}"))
             return
         begun = step.get("begun") or await self.call("provider.begin", loop=loop)
+        history = self.provider_history(step)
         request = ProviderRequest(
             run_id=self.run_id,
             agent_id=self.ctx.actor_id,
             task=step["task"],
             loop_index=loop,
-            history=self.provider_history(step),
+            history=history,
             tools=self.offered,
             slot=begun["slot"],
             tool_notes=tuple(sorted((self.run.get("mcp_instructions") or {}).items())),
             project_context=self.project_context(),
+            images=await self.images_for(provider, history),
+            # Planning turns only: a summary (step_compact) never searches.
+            web_search=getattr(provider, "web_search", False) is True,
         )
         # The transcript's notes of this turn (what was sent), with the handoff or the failure.
         notes = self.notes.for_turn(provider, request, observations_seen(step))
+        interrupt = self.interrupts.open(begun["slot"])
         try:
-            response = await provider.complete(request)
+            with interrupt:
+                response = await provider.complete(request)
         except ProviderError as exc:
             await self.provider_failed(begun["slot"], exc.kind.value, recordable.text(str(exc)), notes)
             return
         except Exception as exc:  # a provider bug is a failed lifecycle, never a hang
             error = recordable.text(f"{type(exc).__name__}: {exc}")
             await self.provider_failed(begun["slot"], ErrorKind.FATAL.value, error, notes)
+            return
+        finally:
+            self.interrupts.close(begun["slot"])
+        if interrupt.cancelled_caught:
+            # A steer or a pause: recorded as interrupted, never retried as an error.
+            await self.call("provider.interrupted", slot=begun["slot"])
             return
         problem = self.unsendable_response(response)
         if problem is not None:
@@ -296,6 +324,20 @@ class Lane:
         await self.step_call("provider.handoff", slot=begun["slot"], text=text, **carried, **notes)
         self.notes.delivered(notes)
         failpoints.hit("provider.after-handoff")
+
+    async def images_for(self, provider: Provider, history: tuple[dict[str, Any], ...]) -> tuple[ImagePart, ...]:
+        """The images the model is to see (image.inspect's), read again from the
+        workspace now: they never travel through the ledger."""
+        if getattr(provider, "sees_images", False) is not True or not self.run.get("workspace"):
+            return ()
+        workspace, home = Path(self.run["workspace"]), Path(self.run["home"])
+        return await trio.to_thread.run_sync(attachments, history, workspace, home, self.run_id)
+
+    def sees_images(self) -> bool:
+        try:
+            return getattr(self.get_provider(), "sees_images", False) is True
+        except Exception:  # a provider that cannot start sees nothing; its turn says why
+            return False
 
     async def provider_failed(self, slot: str, kind: str, error: str, notes: dict[str, Any]) -> None:
         if recordable.encoded_size([error, notes]) > self.budget:
@@ -507,6 +549,7 @@ class Lane:
             is_child=self.run.get("kind") == "child",
             effects_file=Path(self.run["effects_file"]) if self.run.get("effects_file") else None,
             idempotency_key=action_id,
+            sees_images=self.sees_images(),
         )
         if self.inflight is not None:
             self.inflight.add(action_id)

@@ -555,3 +555,60 @@ MIGRATIONS.append(
     CREATE INDEX project_verifications_by_revision ON project_verifications (revision, status);
     """
 )
+
+MIGRATIONS.append(
+    # Structured questions (V1.23, supervisor/interactive/question_store.py): the request
+    # id derived from the action, the questions as JSON, and the answer's caller response
+    # id with the answers by question id; one request per id.
+    """
+    ALTER TABLE input_requests ADD COLUMN request_id TEXT;
+    ALTER TABLE input_requests ADD COLUMN questions TEXT;
+    ALTER TABLE input_requests ADD COLUMN response_id TEXT;
+    ALTER TABLE input_requests ADD COLUMN answers TEXT;
+    CREATE UNIQUE INDEX input_requests_by_request ON input_requests (request_id);
+    """
+)
+
+MIGRATIONS.append(
+    # The reasoning effort each provider turn asked for (seed 004 V1.2; set by the
+    # turn's transcript notes, supervisor/runs/transcript_store.py). NULL: a provider
+    # without one.
+    """
+    ALTER TABLE provider_requests ADD COLUMN reasoning_effort TEXT;
+    """
+)
+
+MIGRATIONS.append(
+    # Steer and goal control (seed 004 V1.13, V1.18): a steer's caller id is its
+    # steer_id, its text's SHA-256 tells a retry from a conflict; a provider turn
+    # interrupted by a steer or a pause is ``interrupted`` with provider_interrupted = 1
+    # (never retried as a transient error); a goal has one lifecycle row
+    # (supervisor/longtask/goal_lifecycle.py) with a revision that its verdicts bind to.
+    """
+    ALTER TABLE steers ADD COLUMN text_sha256 TEXT;
+    ALTER TABLE steers ADD COLUMN text_bytes INTEGER;
+    ALTER TABLE provider_requests ADD COLUMN provider_interrupted INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE goals (
+        goal_id         TEXT PRIMARY KEY,
+        run_id          TEXT NOT NULL UNIQUE,
+        conversation_id TEXT,
+        text            TEXT NOT NULL,
+        revision        INTEGER NOT NULL,
+        status          TEXT NOT NULL,
+        created_at      REAL NOT NULL,
+        updated_at      REAL NOT NULL
+    );
+    CREATE INDEX goals_by_conversation ON goals (conversation_id, status);
+    ALTER TABLE goal_verdicts ADD COLUMN goal_revision INTEGER;
+    ALTER TABLE goal_verdicts ADD COLUMN plan_revision INTEGER;
+    ALTER TABLE goal_verdicts ADD COLUMN verification_id TEXT;
+    """
+)
+
+MIGRATIONS.append(
+    # Provider-native web search (seed 004 V1.20): whether each provider turn let the
+    # provider search (1) or not (0); NULL: a turn recorded before this, or not said.
+    """
+    ALTER TABLE provider_requests ADD COLUMN web_search INTEGER;
+    """
+)

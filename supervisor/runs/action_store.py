@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from corral.actors.tools.base import is_sealed
-from corral.core.redact import redact, summarize
+from corral.core.redact import redact, redact_text, summarize
 from corral.mailbox.steps import Begin, Begun
 from corral.supervisor.errors import Conflict, NotFound
 from corral.supervisor.ledger.port import Ledger
@@ -50,12 +50,16 @@ def prepare_action(
     raw_sha256: str | None = None,
     run: Any = None,
     shown_input: Any = None,
+    announce: bool = True,
 ) -> sqlite3.Row:
     """Create the action as prepared, or return it unchanged on an idempotent replay.
     ``tool_input`` is what the tool will act on: the fingerprint covers it, the row
     keeps it redacted, and ``raw_sha256`` names its raw copy when the two differ.
     ``run``: the run's row when the caller has it (its agent is all this reads);
-    ``shown_input``: ``redact(tool_input)`` when the caller computed it already."""
+    ``shown_input``: ``redact(tool_input)`` when the caller computed it already.
+    ``announce=False``: no ``action-prepared`` event; the caller begins the action
+    in the same transaction (nobody can see it prepared: its ``action-executing``
+    event is the one)."""
     if run is None:
         run = get_run(ledger, run_id)
     the_id = action_id(run_id, loop_index, action_index)
@@ -83,7 +87,7 @@ def prepare_action(
                 now,
             ),
         ).rowcount
-        if created:
+        if created and announce:
             ledger.event("action-prepared", the_id, run=run_id, tool=tool, policy=policy)
         row = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
     assert row is not None
@@ -284,6 +288,9 @@ def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, curre
         ).rowcount:
             return False  # it has its receipt already
         ledger.event("receipt-written", the_id, run=row["run_id"], status=phase.value)
+        # Redaction once per value: the input and the result were redacted when the
+        # row was written, the call summarised (redacted) just above, the tool name
+        # and ids are checked names; only the error may come unredacted from a caller.
         add_observation(
             ledger,
             row["run_id"],
@@ -298,8 +305,9 @@ def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, curre
                 "input": echo_input(tool_input),
                 "status": phase.value,
                 "output": result.get("output", {}),
-                "error": row["error"] or "",
+                "error": redact_text(row["error"]) if row["error"] else "",
             },
+            redacted=True,
         )
         for hook in ledger.hooks.on_receipt:
             hook(ledger, row)

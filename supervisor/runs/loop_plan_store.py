@@ -31,11 +31,13 @@ def commit_plan(
     *,
     withhold_response: str | None = None,
     raw_sha256: str | None = None,
+    shown: Any = None,
 ) -> dict[str, Any]:
     """Commit the parsed plan of a loop step (once). Returns the plan as stored
     (redacted; ``raw_sha256`` names the raw copy in the private spool).
     ``withhold_response`` replaces the raw response in the same transaction (it
-    carried input that the plan now holds sealed)."""
+    carried input that the plan now holds sealed). ``shown``: ``redact(plan)`` when
+    the caller computed it already."""
     with ledger.tx() as db:
         existing = db.execute(
             "SELECT plan FROM plans WHERE run_id = ? AND loop_index = ?", (run_id, loop_index)
@@ -43,7 +45,7 @@ def commit_plan(
         if existing is not None:
             stored: dict[str, Any] = json.loads(existing["plan"])
             return stored
-        text = dumps(redact(plan))
+        text = dumps(redact(plan) if shown is None else shown)
         db.execute(
             "INSERT INTO plans (run_id, loop_index, plan, raw_sha256, created_at) VALUES (?, ?, ?, ?, ?)",
             (run_id, loop_index, text, raw_sha256, _now()),

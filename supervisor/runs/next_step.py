@@ -17,7 +17,7 @@ from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.action_store import write_receipt
 from corral.supervisor.runs.loop_plan_store import get_plan, plan_raw_sha256
-from corral.supervisor.runs.provider_store import interrupt_provider_request, requests_for
+from corral.supervisor.runs.provider_store import control_pending, interrupt_provider_request, requests_for
 from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_store import get_run, set_run_status
@@ -46,6 +46,8 @@ def next_step(ledger: Ledger, run_id: str, *, boundary: bool = True) -> Step:
             hook(ledger, run_id)  # e.g. a user's steer, applied at this safe boundary
         if ledger.commits != commits:
             run = get_run(ledger, run_id)  # a hook moved the run (a steer opens a loop)
+            if RunStatus(run["status"]) is not RunStatus.RUNNING:
+                return {"do": Do.PARK, "status": run["status"]}  # a hook parked it (a goal paused)
     loop = int(run["loop_index"])
     plan = get_plan(ledger, run_id, loop)
     if plan is None:
@@ -61,14 +63,15 @@ def next_step(ledger: Ledger, run_id: str, *, boundary: bool = True) -> Step:
             }
         # The lane is serial: an agent asking for its next step while its own request
         # is in flight lost that request (it crashed and restarted).
-        if (
-            latest is not None
-            and latest["status"] == "started"
-            and not interrupt_provider_request(
+        if latest is not None and latest["status"] == "started":
+            if not interrupt_provider_request(
                 ledger, latest["slot"], run_id, ledger.hooks.idempotent_provider(run["provider"])
-            )
-        ):
-            return {"do": Do.PARK, "status": RunStatus.NEEDS_RECONCILIATION.value}
+            ):
+                return {"do": Do.PARK, "status": RunStatus.NEEDS_RECONCILIATION.value}
+            if boundary and control_pending(ledger, run_id) is not None:
+                # Lost while a steer or a pause waited: it counts as interrupted, and
+                # that control applies now, at this boundary, before any new turn.
+                return next_step(ledger, run_id, boundary=True)
         return {"do": Do.PROVIDER, "loop": loop}
     if plan.get("final") is not None:
         # Children or delegations still at work: wait for them (no provider call)

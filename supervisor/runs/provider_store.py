@@ -19,6 +19,9 @@ from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_store import RunLimits, get_run, set_run_status
 from corral.supervisor.runs.transcript_store import TurnNotes, keep_texts
 
+#: A provider turn a steer or a goal pause interrupted (provider_interrupted = 1).
+INTERRUPTED = "interrupted"
+
 
 def _now() -> float:
     return time.time()
@@ -39,6 +42,9 @@ def begin_provider_request(ledger: Ledger, run_id: str, loop_index: int) -> dict
         raise Conflict(f"request {latest['slot']} is already in flight")
     if latest is not None and latest["status"] == "failed" and latest["retry_at"] and latest["retry_at"] > _now():
         raise Refused(f"retry of {latest['slot']} is not due before {latest['retry_at']:.3f}")
+    why = control_pending(ledger, run_id)  # a steer to apply first, a goal pausing: no request now
+    if why is not None:
+        raise Conflict(why)
     slot, attempt = _next_request_slot(requests, run_id, loop_index)
     with ledger.tx() as db:
         db.execute(
@@ -52,15 +58,22 @@ def begin_provider_request(ledger: Ledger, run_id: str, loop_index: int) -> dict
 
 def _next_request_slot(requests: list[sqlite3.Row], run_id: str, loop_index: int) -> tuple[str, int]:
     """``<run>:<loop>`` first; ``-transient-N`` after N transient failures; a repair
-    (an invalid plan sent back to the model) starts a new base ``:repair-K``."""
+    (an invalid plan sent back to the model) starts a new base ``:repair-K``; a turn
+    interrupted by a steer or a pause is followed by a new lifecycle ``-interrupted-N``
+    (never the same slot again, and not counted as a retry)."""
     base = f"{run_id}:{loop_index}"
-    transient = 0
+    transient = interrupted = 0
     for request in requests:
         if request["status"] == "completed" and request["consumed"] == 2:
             base = f"{run_id}:{loop_index}:repair-{_repair_number(request['slot']) + 1}"
-            transient = 0
+            transient = interrupted = 0
         elif request["status"] == "failed":
             transient = int(request["attempt"]) + 1
+        elif request["status"] == INTERRUPTED:
+            interrupted += 1
+            transient = 0
+    if interrupted:
+        base = f"{base}-interrupted-{interrupted}"
     return (f"{base}-transient-{transient}" if transient else base), transient
 
 
@@ -88,11 +101,14 @@ def provider_handoff(
         if row["status"] != "started":
             raise Conflict(f"provider request {slot} is {row['status']}, not started")
         stored = redact_text(text[:MAX_RESPONSE_CHARS])
-        keep_texts(db, notes)
+        keep_texts(db, notes, parameters=False)  # set below, on the same row
+        search = None if notes.web_search is None else int(notes.web_search)
         db.execute(
             "UPDATE provider_requests SET status = 'completed', response = ?, raw_sha256 = ?, finished_at = ?,"
-            " system_sha256 = ?, catalog_sha256 = ?, history_seq = ? WHERE slot = ?",
-            (stored, raw_sha256, _now(), notes.system_sha256, notes.catalog_sha256, notes.seen, slot),
+            " system_sha256 = ?, catalog_sha256 = ?, history_seq = ?,"
+            " reasoning_effort = COALESCE(?, reasoning_effort), web_search = COALESCE(?, web_search) WHERE slot = ?",
+            (stored, raw_sha256, _now(), notes.system_sha256, notes.catalog_sha256, notes.seen,
+             notes.reasoning_effort, search, slot),
         )
         ledger.event("provider-response-committed", run_id, slot=slot, chars=len(stored))
 
@@ -141,10 +157,54 @@ def provider_failed(
     return {"retry": retry, "retry_at": retry_at, "attempt": attempt}
 
 
+def provider_interrupted(ledger: Ledger, run_id: str, slot: str) -> dict[str, Any]:
+    """The agent stopped waiting for ``slot`` because a steer or a goal pause asked
+    it to (seed 004 V1.13): the turn ends ``interrupted`` with provider_interrupted
+    set. Not a failure: no retry is scheduled, and the run's next provider turn is a
+    new lifecycle, after the steer (or the resume). Reported twice, it changes nothing."""
+    with ledger.tx() as db:
+        row = db.execute("SELECT status FROM provider_requests WHERE slot = ? AND run_id = ?",
+                         (slot, run_id)).fetchone()
+        if row is None:
+            raise NotFound(f"no provider request {slot!r}")
+        if row["status"] == INTERRUPTED:
+            return {"slot": slot, "status": INTERRUPTED}
+        if row["status"] != "started":
+            raise Conflict(f"provider request {slot} is {row['status']}, not started")
+        _mark_interrupted(ledger, db, run_id, slot, "interrupted by a steer or a goal pause")
+    return {"slot": slot, "status": INTERRUPTED}
+
+
+def _mark_interrupted(ledger: Ledger, db: Any, run_id: str, slot: str, why: str) -> None:
+    db.execute(
+        "UPDATE provider_requests SET status = ?, provider_interrupted = 1, error_kind = 'interrupted', error = ?,"
+        " retry_at = NULL, finished_at = ? WHERE slot = ?",
+        (INTERRUPTED, why, _now(), slot),
+    )
+    ledger.event("provider-request-interrupted", run_id, slot=slot, provider_interrupted=True)
+
+
+def control_pending(ledger: Ledger, run_id: str) -> str | None:
+    """Why no provider turn of ``run_id`` may be in flight now (a steer to apply, a
+    goal pausing), or None: the features' ``provider_guards``."""
+    for guard in ledger.hooks.provider_guards:
+        why = guard(ledger, run_id)
+        if why:
+            return why
+    return None
+
+
 def interrupt_provider_request(ledger: Ledger, slot: str, run_id: str, idempotent: bool) -> bool:
-    """A request whose outcome was lost with its process. An idempotent provider's
-    request is failed and may be sent again (True); any other is parked as
-    needs-reconciliation and never re-sent silently (False)."""
+    """A request whose outcome was lost with its process. When a steer or a pause
+    was waiting for it, it counts as interrupted (its answer would have been
+    discarded anyway) and the run goes on (True) without sending it again. Else an
+    idempotent provider's request is failed and may be sent again (True); any other
+    is parked as needs-reconciliation and never re-sent silently (False)."""
+    control = control_pending(ledger, run_id)
+    if control is not None:
+        with ledger.tx() as db:
+            _mark_interrupted(ledger, db, run_id, slot, f"lost with its process while a control waited: {control}")
+        return True
     with ledger.tx() as db:
         if idempotent:
             db.execute("UPDATE provider_requests SET status = 'failed', error_kind = 'interrupted',"

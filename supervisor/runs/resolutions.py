@@ -17,10 +17,14 @@ def continue_action(ledger: Ledger, action_id: str, decision: str, expected_fing
     if decision not in ("approve", "deny"):
         raise BadRequest("decision must be 'approve' or 'deny'")
     row = get_action(ledger, action_id)
+    # The phase first: an action no longer waiting says why, whatever fingerprint came.
+    if row["phase"] != ActionPhase.WAITING_CONFIRMATION:
+        # Say why (superseded by a steer, denied, run cancelled): nothing was decided.
+        why = f" ({row['reason']})" if row["reason"] else ""
+        raise Conflict(f"action {action_id} is {row['phase']}{why}, not waiting for confirmation; nothing was"
+                       f" {'approved' if decision == 'approve' else 'denied'}")
     if expected_fingerprint is not None and not hmac.compare_digest(row["fingerprint"], expected_fingerprint):
         raise Conflict(f"action {action_id} has fingerprint {row['fingerprint'][:12]}…, not the one approved")
-    if row["phase"] != ActionPhase.WAITING_CONFIRMATION:
-        raise Conflict(f"action {action_id} is {row['phase']}, not waiting for confirmation")
     with ledger.tx():
         if decision == "approve":
             move_action(ledger, action_id, ActionPhase.APPROVED, reason="approved")

@@ -25,6 +25,7 @@ from corral.supervisor.runs import action_store, finalization, loop_plan_store, 
 from corral.supervisor.runs.action_state import ActionPhase, action_id
 from corral.supervisor.runs.next_step import next_step
 from corral.supervisor.runs.run_core import POLICY_STRICTNESS, RunCore, _int, _str
+from corral.supervisor.runs.run_hooks import PlanRefusal
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.transcript_store import notes_from
 from corral.supervisor.tree.supervision_tree import ActorSlot
@@ -76,10 +77,12 @@ class RunActorMethods(RunCore):
             await hook(claimed)  # e.g. the MCP tools this run may call
         return {"run": claimed}
 
-    async def next_step(self, slot: ActorSlot, params: dict[str, Any]) -> Step:
+    async def next_step(self, slot: ActorSlot, params: dict[str, Any], *, boundary: bool = True) -> Step:
+        """``boundary=False``: the step boundary's checks ran already in this same
+        step, with nothing else run since (supervisor/runs/step_piggyback.py)."""
         run_id = _str(params, "run_id")
         self.check_owner(slot, run_id)
-        step = next_step(self.ledger, run_id)
+        step = next_step(self.ledger, run_id, boundary=boundary)
         if step["do"] is Do.PROVIDER:
             step["task"] = run_store.get_run(self.ledger, run_id)["task"]
             shaped: Step = step
@@ -133,32 +136,47 @@ class RunActorMethods(RunCore):
         return result
 
     async def plan_commit(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        return self.plan_commit_now(slot, params)
+
+    def plan_commit_now(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """``plan.commit``, synchronous (the handoff commits the plan it carries
+        through it, with no other task run in between)."""
         run = self.owned_run(slot, params)
         plan = params.get("plan")
         if not isinstance(plan, dict):
             raise BadRequest("plan must be a map")
         loop = _int(params, "loop")
         slot_name = _str(params, "slot")
-        withheld = raw_sha = None
-        if loop_plan_store.get_plan(self.ledger, run["run_id"], loop) is None:
+        withheld = raw_sha = shown = None
+        # Read once: the guards below commit no plan (they refuse one, or let it be).
+        fresh = loop_plan_store.get_plan(self.ledger, run["run_id"], loop) is None
+        if fresh:
             for guard in self.hooks.plan_guards:
                 why = guard(run, loop, plan)  # e.g. the collaboration policy's first wave
                 if why:
+                    category, why = (why.category, why.reason) if isinstance(why, PlanRefusal) else (
+                        "collaboration-policy", why)
                     refused = loop_plan_store.plan_invalid(self.ledger, run["run_id"], loop, slot_name,
-                                                           "collaboration-policy", why, self.limits_for(run))
+                                                           category, why, self.limits_for(run))
                     return {"refused": why, **refused}
-        if loop_plan_store.get_plan(self.ledger, run["run_id"], loop) is None:  # a replay must not spool again
+        if fresh:  # a replay must not spool again
             plan, sealed = sealed_input.seal_plan(self.spool, run["run_id"], loop, plan)
             withheld = sealed_input.WITHHELD_RESPONSE if sealed else None
-            raw_sha = self.keep_raw(run["run_id"], "plan", str(loop), plan, redact(plan))
+            shown = redact(plan)  # what the ledger keeps, computed once
+            raw_sha = self.keep_raw(run["run_id"], "plan", str(loop), plan, shown)
         stored = loop_plan_store.commit_plan(
-            self.ledger, run["run_id"], loop, slot_name, plan, withhold_response=withheld, raw_sha256=raw_sha
+            self.ledger, run["run_id"], loop, slot_name, plan, withhold_response=withheld, raw_sha256=raw_sha,
+            shown=shown,
         )
         # The plan is durable: the raw response (which may hold sealed input) is not needed.
         sealed_input.drop(self.spool, sealed_input.raw_name(run["run_id"], "response", slot_name))
         return {"plan": stored}
 
     async def plan_invalid(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        return self.plan_invalid_now(slot, params)
+
+    def plan_invalid_now(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """``plan.invalid``, synchronous (as ``plan_commit_now``)."""
         run = self.owned_run(slot, params)
         return loop_plan_store.plan_invalid(
             self.ledger,
@@ -174,10 +192,11 @@ class RunActorMethods(RunCore):
         row = self.prepare_call(slot, params)
         return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
 
-    def prepare_call(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
+    def prepare_call(self, slot: ActorSlot, params: dict[str, Any], *, begins_now: bool = False) -> Any:
         """``action.prepare``, synchronous (the next step prepares through it inside
         its own transaction): the first of the ``prepare_routes`` that takes the tool
-        (an MCP server's), else corral's tool registry. Returns the action's row."""
+        (an MCP server's), else corral's tool registry. Returns the action's row.
+        ``begins_now``: see ``prepare_checked``."""
         for route in self.hooks.prepare_routes:
             row = route(slot, params)
             if row is not None:
@@ -197,7 +216,8 @@ class RunActorMethods(RunCore):
         problem = validation_error(tool_name, tool.schema.input_schema, tool_input, sealed=tool.schema.sealed)
         loop, index = _int(params, "loop"), _int(params, "index")
         return self.prepare_checked(
-            run, loop, index, tool_name, tool_input, rerunnable=rerunnable(tool), policy=policy, problem=problem
+            run, loop, index, tool_name, tool_input, rerunnable=rerunnable(tool), policy=policy, problem=problem,
+            begins_now=begins_now,
         )
 
     def prepare_checked(
@@ -211,20 +231,29 @@ class RunActorMethods(RunCore):
         rerunnable: bool,
         policy: str,
         problem: str | None,
+        begins_now: bool = False,
     ) -> Any:
         """The one way every tool (built-in, user, MCP) becomes a prepared action: the
         raw input kept privately, then refused at once when the agent may not use the
         tool or the arguments are invalid (never executing, so never run; the model
-        sees why in the observation)."""
+        sees why in the observation). ``begins_now``: the caller begins the action in
+        this same transaction when ``begin_action`` will run it (recovery may run it
+        again, its policy is ``auto``); such an action is never seen prepared, so it
+        gets no ``action-prepared`` event, only its ``action-executing`` one (events
+        per durable read action: 5.3 before, 4.3 after)."""
         blocked = None
+        the_id = action_id(run["run_id"], loop, index)
         for guard in self.hooks.action_guards:
             # The user's intent contract (supervisor/intent/intent_service.py): stricter only.
-            verdict, why = guard(run, action_id(run["run_id"], loop, index), tool_name, tool_input)
+            verdict, why = guard(run, the_id, tool_name, tool_input)
             if verdict == "ask":
                 policy = max(policy, "confirm", key=POLICY_STRICTNESS.index)
             elif verdict == "block":
                 blocked = why
         shown = redact(tool_input)  # what the ledger keeps, computed once
+        allowed = self.tool_allowed(run, tool_name)
+        refused = blocked is not None or not allowed or problem is not None
+        quiet = begins_now and rerunnable and policy == "auto" and not refused
         row = action_store.prepare_action(
             self.ledger,
             run["run_id"],
@@ -237,10 +266,11 @@ class RunActorMethods(RunCore):
             raw_sha256=self.keep_raw_input(run["run_id"], loop, index, tool_input, shown),
             run=run,
             shown_input=shown,
+            announce=not quiet,
         )
         if blocked is not None:
             row = self.refuse_prepared(row, ActionPhase.DENIED, blocked)
-        elif not self.tool_allowed(run, tool_name):
+        elif not allowed:
             row = self.refuse_prepared(row, ActionPhase.DENIED, f"{tool_name} is not in this agent's tools list")
         elif problem is not None:
             row = self.refuse_prepared(row, ActionPhase.FAILED, problem)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.supervisor.errors import BadRequest, Refused
+from corral.supervisor.longtask import goal_store
 from corral.supervisor.params import param_text
 from corral.supervisor.runs import action_store, provider_store, resolutions, run_store
 from corral.supervisor.runs.run_core import RunCore, _str
@@ -47,6 +48,9 @@ class RunControlMethods(RunCore):
                 if existing["agent_id"] != agent.id:
                     raise BadRequest(f"run {run_id} exists for another agent")
                 return {"run_id": run_id, "existing": True}
+        conversation_id = params.get("conversation_id") if isinstance(params.get("conversation_id"), str) else None
+        if goal is not None:
+            goal_store.refuse_second_goal(self.ledger, conversation_id)  # one live goal per conversation
         run_id = run_store.create_run(
             self.ledger,
             agent_id=agent.id,
@@ -56,8 +60,10 @@ class RunControlMethods(RunCore):
             options={**self.agent_options(agent), **self.bind_intent(params.get("intent")),
                      **({"goal": {"text": goal.strip()}} if goal is not None else {})},
             run_id=run_id,
-            conversation_id=params.get("conversation_id") if isinstance(params.get("conversation_id"), str) else None,
+            conversation_id=conversation_id,
         )
+        if goal is not None:
+            goal_store.goal_row(self.ledger, run_id)  # its lifecycle row (made from the options if lost here)
         from corral.core import failpoints
 
         failpoints.hit("run.after-create")  # the reply is lost: a client retry must find this run

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from corral.supervisor.errors import BadRequest
 
@@ -38,11 +38,22 @@ FinalizeBlocker = Callable[["Ledger", str], list[str]]
 FinalizeParker = Callable[["Ledger", str, list[str]], "str | None"]
 #: Checked before a final reply is even staged (a pending steer): a reason, or None.
 FinalGuard = Callable[["Ledger", str], "str | None"]
+#: Checked before a provider turn is begun (a steer to apply first, a goal pausing):
+#: (ledger, run_id) -> a reason, or None. A lost turn with a reason is interrupted.
+ProviderGuard = Callable[["Ledger", str], "str | None"]
 #: Every proposed action, before it is prepared: (run, action_id, tool, input) ->
 #: ("continue" | "ask" | "block", reason). Each may only tighten.
 ActionGuard = Callable[[Any, str, str, dict[str, Any]], tuple[str, str]]
+class PlanRefusal(NamedTuple):
+    """A plan guard's refusal with its own repair category (a bare reason is the
+    collaboration policy's, ``collaboration-policy``)."""
+
+    category: str
+    reason: str
+
+
 #: A plan before it commits: (run, loop, plan) -> a reason to refuse it, or None.
-PlanGuard = Callable[[Any, int, dict[str, Any]], "str | None"]
+PlanGuard = Callable[[Any, int, dict[str, Any]], "str | PlanRefusal | None"]
 #: Shapes a provider step: its view of the history, or a compaction first.
 ProviderShaper = Callable[[str, "ProviderStep"], Awaitable["ProviderStep | CompactStep"]]
 #: Prepares a tool corral's registry does not hold (an MCP server's): the action's row, or None.
@@ -88,6 +99,7 @@ class RunHooks:
     finalize_blockers: list[FinalizeBlocker] = field(default_factory=list)
     finalize_parkers: list[FinalizeParker] = field(default_factory=list)
     final_guards: list[FinalGuard] = field(default_factory=list)
+    provider_guards: list[ProviderGuard] = field(default_factory=list)
     finalize_holds: list[FinalizeHold] = field(default_factory=list)
     action_guards: list[ActionGuard] = field(default_factory=list)
     plan_guards: list[PlanGuard] = field(default_factory=list)

@@ -41,9 +41,11 @@ def _now() -> float:
     return time.time()
 
 
-def bounded_json(value: Any, limit: int = MAX_RESULT_CHARS) -> str:
-    """A value as the ledger keeps it: redacted JSON, cut to a preview past ``limit``."""
-    text = dumps(redact(value))
+def bounded_json(value: Any, limit: int = MAX_RESULT_CHARS, *, redacted: bool = False) -> str:
+    """A value as the ledger keeps it: redacted JSON, cut to a preview past ``limit``.
+    ``redacted``: every string in ``value`` has been through the redaction already
+    (it was read back from a column the ledger wrote redacted), so it is not again."""
+    text = dumps(value if redacted else redact(value))
     if len(text) > limit:
         text = dumps({"truncated": True, "preview": text[: limit - 200]})
     return text
@@ -169,13 +171,16 @@ def history(ledger: Ledger, run_id: str, after: int = 0) -> list[dict[str, Any]]
     return [json.loads(row["data"]) for row in rows]
 
 
-def add_observation(ledger: Ledger, run_id: str, source: str, loop_index: int, data: dict[str, Any]) -> bool:
-    """Append to the run's context once per source (an action id, a claim id...)."""
+def add_observation(
+    ledger: Ledger, run_id: str, source: str, loop_index: int, data: dict[str, Any], *, redacted: bool = False
+) -> bool:
+    """Append to the run's context once per source (an action id, a claim id...).
+    ``redacted``: ``data`` is made of values already redacted (see ``bounded_json``)."""
     with ledger.tx() as db:
         # One statement: the next number, and nothing when the source has one already.
         added = db.execute(
             "INSERT OR IGNORE INTO observations (run_id, seq, source, loop_index, data, created_at)"
             " SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ? FROM observations WHERE run_id = ?",
-            (run_id, source, loop_index, bounded_json(data), _now(), run_id),
+            (run_id, source, loop_index, bounded_json(data, redacted=redacted), _now(), run_id),
         ).rowcount
     return bool(added)

@@ -72,39 +72,50 @@ class StepPiggyback:
         async def step_method(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
             answer: dict[str, Any] = await handler(slot, params)
             run_id = params.get("run_id")
-            if carries_plan and isinstance(run_id, str):
-                await self._commit_carried_plan(slot, run_id, params)
+            checked = carries_plan and isinstance(run_id, str) and self._commit_carried_plan(slot, run_id, params)
             if params.get("want_next") is True and isinstance(run_id, str):
-                answer = {**answer, "next": await self.next_step_begun(slot, run_id, params.get("history_have", 0))}
+                # After a carried plan, the boundary's checks just ran (to find the
+                # response to parse) and no other task has run since (the commit is
+                # synchronous): the next step does not run them again (a third of
+                # the boundary queries of a loop).
+                next_one = await self.next_step_begun(slot, run_id, params.get("history_have", 0), boundary=not checked)
+                answer = {**answer, "next": next_one}
             return answer
 
         return step_method
 
-    async def _commit_carried_plan(self, slot: ActorSlot, run_id: str, params: dict[str, Any]) -> None:
+    def _commit_carried_plan(self, slot: ActorSlot, run_id: str, params: dict[str, Any]) -> bool:
         """The plan the agent parsed from the response it just handed off: committed
         through ``plan.commit`` / ``plan.invalid`` once the ledger says that response
-        is the one to parse (else the agent is told the step the ledger wants)."""
+        is the one to parse (else the agent is told the step the ledger wants).
+        Synchronous, so that no other task runs between the boundary's checks and the
+        commit. True when it committed (the boundary's checks ran and found nothing
+        to stop at: ``next_step`` returns ``parse`` only past them)."""
         carried = {key: params[key] for key in ("plan", "plan_invalid") if key in params}
         if not carried:
-            return
+            return False
         step = next_step(self.ledger, run_id)
         if step["do"] is not Do.PARSE or step["slot"] != params.get("slot"):
-            return
+            return False
         common = {"run_id": run_id, "loop": step["loop"], "slot": step["slot"], "want_next": False}
         if "plan" in carried:
-            await self.runs.plan_commit(slot, common | {"plan": carried["plan"]})
-        else:
-            invalid = carried["plan_invalid"]
-            if not isinstance(invalid, dict):
-                return  # the agent parses again when asked, and reports it the long way
-            await self.runs.plan_invalid(
-                slot, common | {"category": invalid.get("category"), "detail": invalid.get("detail", "")}
-            )
+            self.runs.plan_commit_now(slot, common | {"plan": carried["plan"]})
+            return True
+        invalid = carried["plan_invalid"]
+        if not isinstance(invalid, dict):
+            return False  # the agent parses again when asked, and reports it the long way
+        self.runs.plan_invalid_now(
+            slot, common | {"category": invalid.get("category"), "detail": invalid.get("detail", "")}
+        )
+        return True
 
-    async def next_step_begun(self, slot: ActorSlot, run_id: str, history_have: Any = 0) -> Step:
+    async def next_step_begun(
+        self, slot: ActorSlot, run_id: str, history_have: Any = 0, *, boundary: bool = True
+    ) -> Step:
+        """The run's next step, begun when it may be (``boundary``: as next_step.py's)."""
         runs = self.runs
         asked = {"run_id": run_id, "history_have": history_have}
-        step = await runs.next_step(slot, asked)
+        step = await runs.next_step(slot, asked, boundary=boundary)
         if step["do"] is Do.PROVIDER:
             step["begun"] = provider_store.begin_provider_request(self.ledger, run_id, int(step["loop"]))
             return step
@@ -155,10 +166,12 @@ class StepPiggyback:
         return step
 
     def _prepare(self, slot: ActorSlot, run_id: str, step: PrepareStep) -> Any:
+        """The action prepared, to be begun in this same transaction when it may be
+        (``begins_now``: then it has no ``action-prepared`` event; see prepare_checked)."""
         try:
             return self.runs.prepare_call(
                 slot, {"loop": step["loop"], "index": step["index"], "tool": step["tool"], "input": step["input"],
-                       "run_id": run_id}
+                       "run_id": run_id}, begins_now=True
             )
         except SupervisorError:
             return None

@@ -26,6 +26,8 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CUT_NOTE_CHARS = 100
 #: What a turn's texts are, as ``transcript_blobs.kind`` says.
 KINDS = ("system", "catalog")
+#: A turn's ``reasoning_effort`` (actors/providers/openai.py's, seed 004 V1.2).
+REASONING_EFFORTS = ("default", "low", "medium", "high")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,12 @@ class TurnNotes:
     texts: tuple[tuple[str, str], ...] = ()
     #: The run's observations the turn had seen (None: not said).
     seen: int | None = None
+    #: The ``reasoning_effort`` the provider sent (None: a provider without one),
+    #: and the turn's slot it is kept on.
+    reasoning_effort: str | None = None
+    slot: str | None = None
+    #: Whether the turn let the provider search the web (None: not said).
+    web_search: bool | None = None
 
 
 def notes_from(params: dict[str, Any]) -> TurnNotes:
@@ -59,12 +67,29 @@ def notes_from(params: dict[str, Any]) -> TurnNotes:
     seen = params.get("seen")
     if seen is not None and (isinstance(seen, bool) or not isinstance(seen, int) or not 0 <= seen <= 10**9):
         raise BadRequest("seen must be a count of observations")
-    return TurnNotes(hashes["system"], hashes["catalog"], tuple(texts), seen)
+    effort = params.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise BadRequest(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}")
+    slot = params.get("slot")
+    search = params.get("web_search")
+    if search is not None and not isinstance(search, bool):
+        raise BadRequest("web_search must be true or false")
+    return TurnNotes(hashes["system"], hashes["catalog"], tuple(texts), seen, effort,
+                     slot if isinstance(slot, str) else None, search)
 
 
-def keep_texts(db: Any, notes: TurnNotes) -> None:
+def keep_texts(db: Any, notes: TurnNotes, *, parameters: bool = True) -> None:
     """Inside the caller's transaction: the texts the notes carry, once each,
-    redacted (the turn's row names them by hash: provider_store.py)."""
+    redacted (the turn's row names them by hash: provider_store.py), and the
+    turn's request parameters on its row (``parameters=False``: the caller's own
+    update of that row sets them, one statement fewer per turn)."""
+    if parameters and notes.slot is not None:
+        if notes.reasoning_effort is not None:
+            db.execute("UPDATE provider_requests SET reasoning_effort = ? WHERE slot = ?",
+                       (notes.reasoning_effort, notes.slot))
+        if notes.web_search is not None:
+            db.execute("UPDATE provider_requests SET web_search = ? WHERE slot = ?",
+                       (int(notes.web_search), notes.slot))
     for kind, text in notes.texts:
         sha = notes.system_sha256 if kind == "system" else notes.catalog_sha256
         if db.execute("SELECT 1 FROM transcript_blobs WHERE sha256 = ?", (sha,)).fetchone() is not None:

@@ -104,6 +104,8 @@ def _turns(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
             "system": _text_ref(row["system_sha256"], last_system, blobs),
             "catalog": _catalog_ref(row["catalog_sha256"], last_catalog, blobs),
             "history_seq": seen,
+            "reasoning_effort": row["reasoning_effort"],
+            "web_search": None if row["web_search"] is None else bool(row["web_search"]),
             "history": delta,
             "response": row["response"],
             "said": said_text(row["response"]),
