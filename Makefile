@@ -42,7 +42,7 @@ typecheck: $(STAMP)
 # modules again, so they are compiled once here (0.1 s less per process start).
 test: $(LOCAL) lint typecheck
 	$(PY) -m compileall -q -j 0 corral actors supervisor mailbox sandbox tests examples > /dev/null
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 bench: $(VENV)/.bench $(LOCAL)
 	$(PY) -m bench --json bench/results/latest.json

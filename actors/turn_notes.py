@@ -98,6 +98,12 @@ class TurnNotes:
         notes = {**self.system.params("system"), **self.catalog.params("catalog")}
         if seen is not None:
             notes["seen"] = seen
+        # The request parameter a provider sends with every turn (seed 004 V1.2).
+        effort = getattr(provider, "reasoning_effort", None)
+        if isinstance(effort, str):
+            notes["reasoning_effort"] = effort
+        # Whether the turn let the provider search the web (seed 004 V1.20).
+        notes["web_search"] = request.web_search
         return notes
 
     def delivered(self, notes: dict[str, Any]) -> None:

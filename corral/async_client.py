@@ -62,11 +62,18 @@ def new_run_id() -> str:
     return "run-c" + secrets.token_hex(12)
 
 
+#: Sent when the action was not waiting in ``pending()``: it matches no fingerprint, so
+#: the supervisor decides nothing and says why the action is not waiting (superseded by
+#: a steer, denied, its run cancelled) or, had it just begun waiting, that this is not
+#: the one seen.
+UNSEEN_FINGERPRINT = "unseen"
+
+
 def decision_fingerprint(pending: Pending, action_id: str) -> str:
     for action in pending.actions:
         if action["action_id"] == action_id and action["phase"] == "waiting-confirmation":
             return str(action["fingerprint"])
-    raise ControlError("not-waiting", f"action {action_id} is not waiting for confirmation (see pending())")
+    return UNSEEN_FINGERPRINT
 
 
 class AsyncClient:
@@ -426,25 +433,82 @@ class AsyncClient:
 
     # -- interactive runs -----------------------------------------------------------------
 
-    async def steer(self, run_id: str, text: str) -> dict[str, Any]:
-        """Add an instruction to a live run. It is committed before this returns and
-        applied once, at the run's next safe boundary (a stale plan is discarded)."""
-        result: dict[str, Any] = await self.call("steer", run_id=run_id, text=text)
+    async def steer(self, run_id: str, text: str, steer_id: str | None = None) -> dict[str, Any]:
+        """Add an instruction (at most 4 KiB of UTF-8) to a live root run. It is
+        committed before this returns and applied once, at the run's next safe
+        boundary: a provider turn in flight is interrupted, a stale plan discarded,
+        an action waiting for approval or under way is kept (the steer applies after
+        its receipt). ``steer_id``: the caller's id, so a retry records nothing new."""
+        params: dict[str, Any] = {"run_id": run_id, "text": text}
+        if steer_id is not None:
+            params["steer_id"] = steer_id
+        result: dict[str, Any] = await self.call("steer", **params)
         return result
 
-    async def answer(self, run_id: str, text: str) -> dict[str, Any]:
-        """Answer the run's open question (``user.input_request``); once only."""
-        result: dict[str, Any] = await self.call("answer", run_id=run_id, text=text)
+    # -- goal mode (docs/interactive.md "Goal mode") ---------------------------------------
+
+    async def goal_status(self, run_id: str) -> dict[str, Any]:
+        """The run's goal: text, revision, lifecycle status, verdicts, what still blocks it."""
+        result: dict[str, Any] = await self.call("goal.status", run_id=run_id)
+        return result
+
+    async def goal_pause(self, run_id: str) -> dict[str, Any]:
+        """Pause the run's goal: a provider turn in flight is interrupted and the run
+        parks at its next safe boundary, with no provider call until resumed."""
+        result: dict[str, Any] = await self.call("goal.pause", run_id=run_id)
+        return result
+
+    async def goal_resume(self, run_id: str) -> dict[str, Any]:
+        """Resume a paused goal: the same run goes on."""
+        result: dict[str, Any] = await self.call("goal.resume", run_id=run_id)
+        return result
+
+    async def goal_edit(self, run_id: str, text: str) -> dict[str, Any]:
+        """A new goal text: bumps the goal's revision and reaches the run as a steer."""
+        result: dict[str, Any] = await self.call("goal.edit", run_id=run_id, text=text)
+        return result
+
+    async def goal_clear(self, run_id: str) -> dict[str, Any]:
+        """Clear the goal: its run is cancelled; its history is kept."""
+        result: dict[str, Any] = await self.call("goal.clear", run_id=run_id)
+        return result
+
+    async def answer(
+        self,
+        run_id: str,
+        text: str | None = None,
+        *,
+        request_id: str | None = None,
+        response_id: str | None = None,
+        answers: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Answer the run's structured question (``user.input_request``): ``answers``
+        maps each question id to an option label (or free text where the agent
+        allows it); ``text`` alone answers a one-question request. ``request_id``
+        (default: the run's open request) and ``response_id`` (default: derived
+        from the answers) make it idempotent: the same response again returns the
+        same result; another one after the answer is refused."""
+        params: dict[str, Any] = {"run_id": run_id}
+        for key, value in (("text", text), ("request_id", request_id), ("response_id", response_id),
+                           ("answers", answers)):
+            if value is not None:
+                params[key] = value
+        result: dict[str, Any] = await self.call("answer", **params)
         return result
 
     async def conversation(self, agent_id: str) -> str:
         """A new conversation (chat session) with an agent; returns its id."""
         return str((await self.call("conversation.new", agent_id=agent_id))["conversation_id"])
 
-    async def send(self, conversation_id: str, text: str) -> dict[str, Any]:
+    async def send(self, conversation_id: str, text: str, *, goal: bool = False) -> dict[str, Any]:
         """One chat line: answers the open question, steers the live run, or starts
-        the next turn. ``as`` in the reply says which."""
-        result: dict[str, Any] = await self.call("conversation.send", conversation_id=conversation_id, text=text)
+        the next turn. ``as`` in the reply says which. ``goal=True`` starts the next
+        turn as a goal run (seed 004 V1.18): the text is its goal, and a live run or
+        another live goal of the conversation refuses it."""
+        params: dict[str, Any] = {"conversation_id": conversation_id, "text": text}
+        if goal:
+            params["goal"] = True
+        result: dict[str, Any] = await self.call("conversation.send", **params)
         return result
 
     async def fork(self, conversation_id: str) -> str:

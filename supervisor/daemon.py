@@ -34,7 +34,12 @@ from corral.supervisor.home import home_dir as homes
 from corral.supervisor.home.home_files import HomeFiles, open_home
 from corral.supervisor.intent import intent_service
 from corral.supervisor.intent.intent_service import IntentService
-from corral.supervisor.interactive import interactive_service
+from corral.supervisor.interactive import (
+    interactive_service,
+    own_history_service,
+    question_service,
+    reply_stream_service,
+)
 from corral.supervisor.interactive.interactive_service import InteractiveService
 from corral.supervisor.ledger.group_commit import GroupCommit
 from corral.supervisor.ledger.ledger_link import CONTROL_HOLD_S, run_held
@@ -205,6 +210,9 @@ class Supervisor:
         self.mcp = mcp_service.install(self)
         self.models = model_service.install(self)
         self.interactive = interactive_service.install(self)
+        question_service.install(self)  # user.input_request: structured questions, their answers
+        own_history_service.install(self)  # agent.action_history and command.output_read's lookups
+        reply_stream_service.install(self)  # streamed reply text: in memory, never in the events table
         self.intent = intent_service.install(self)
         self.bridge = bridge_service.install(self)
         plan_service.install(self)
@@ -365,6 +373,8 @@ class Supervisor:
         #: Run after the actors stopped, before the boot ends (e.g. a node leaves its cluster).
         self.shutdown_hooks: list[Callable[[], Awaitable[None]]] = []
         self.status_sections: dict[str, Callable[[], Any]] = {}
+        #: Fill in a page of ``events`` before it leaves (reply text kept in memory only).
+        self.event_views: list[Callable[[list[dict[str, Any]]], None]] = []
         self.control_methods.update(
             ping=self._ping,
             status=self._status,
@@ -439,6 +449,8 @@ class Supervisor:
                 await self._events_changed.wait()
             events = self.ledger.events_since(since, min(limit, 5000))
         cursor = events[-1]["cursor"] if events else since
+        for view in self.event_views:
+            view(events)
         return {"events": events, "cursor": cursor}
 
     async def _shutdown_if_idle(self, params: dict[str, Any]) -> dict[str, Any]:

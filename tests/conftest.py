@@ -1,4 +1,10 @@
-"""Shared fixtures. Every test is checked for leftover processes."""
+"""Shared fixtures. Every test is checked for leftover processes.
+
+Tests that run a real model (llama.cpp, two threads) carry
+``@pytest.mark.xdist_group("real-model")``, and ``make test`` runs with ``--dist
+loadgroup``: they all go to one worker, one after the other. Two generations at
+once on two cores each spin their threads against the other's (measured: the
+local-model example 32 s alone, 68 s beside the kill-mid-reply test)."""
 
 from __future__ import annotations
 

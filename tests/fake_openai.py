@@ -15,7 +15,7 @@ import json
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -112,6 +112,9 @@ class RequestRecord:
     authorized: bool | None = None
     #: How handling ended: responded, hung-up, client-gone, not-found, unauthorized.
     outcome: str | None = None
+    #: The request body, only for a server made with ``keep_bodies=True`` (a test of
+    #: what a request carries: image parts, web_search_options).
+    body: bytes | None = field(default=None, repr=False)
 
 
 # --- the fake server --------------------------------------------------------------
@@ -128,12 +131,14 @@ class FakeOpenAIServer:
         default: Reply | None = None,
         expected_api_key: str | None = None,
         base_path: str = "/v1",
+        keep_bodies: bool = False,
     ) -> None:
         self._script = list(script)
         self._default = default
         # Kept only to compare against; records say just whether it matched.
         self._expected_api_key = expected_api_key
         self._base_path = base_path.rstrip("/")
+        self._keep_bodies = keep_bodies
         self._lock = threading.Lock()
         self._next_seq = 1
         self.log: RecordLog[RequestRecord] = RecordLog()
@@ -182,6 +187,7 @@ class FakeOpenAIServer:
             arrived_monotonic=time.monotonic(),
             has_authorization=authorization is not None,
             authorized=authorized,
+            body=request.body if self._keep_bodies else None,
         )
         self.log.append(record)
         return record

@@ -3,6 +3,7 @@ deliberately broken build, and the full 200-kill soak (slow, `make chaos`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,15 +16,18 @@ import pytest
 
 from corral.chaos.runner import Runner, demo_scenario
 from corral.core import failpoints
+from tests.harness import with_transport
 
 CHAOS = [sys.executable, "-m", "corral", "chaos"]
 
 
 def test_every_failpoint_once_keeps_every_invariant(short_tmp: Path) -> None:
     """Bounded CI sample: each failpoint of the demo once, alternating supervisor and agent kills."""
-    runner = Runner(demo_scenario(), seed=11, targets=("supervisor", "agents"), workdir=short_tmp, verbose=False)
+    demo = demo_scenario()
+    scenario = dataclasses.replace(demo, spec_text=with_transport(demo.spec_text))  # CORRAL_TRANSPORT
+    runner = Runner(scenario, seed=11, targets=("supervisor", "agents"), workdir=short_tmp, verbose=False)
     layers = ("session.", "mcp.", "model.", "steer.", "input.", "bridge.", "durable-plan.", "context.", "changeset.",
-              "verify.")
+              "verify.", "goal.")
     names = [name for name in failpoints.KNOWN if not name.startswith(layers)]
     for index, name in enumerate(names):
         runner.failpoint_episode(name, "supervisor" if index % 2 == 0 else "agents")

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -73,6 +75,7 @@ def test_quickstart_example_runs_a_typed_tool_from_a_spec_dict(short_tmp: Path) 
     assert not (short_tmp / "quick" / ".corral" / "endpoint.json").exists(), "the supervisor was stopped"
 
 
+@pytest.mark.xdist_group("real-model")  # one llama at a time: see tests/conftest.py
 def test_local_model_example_calls_both_tools_and_replies(short_tmp: Path) -> None:
     """The quickstart's task on a real model: weather, then the post the host reads back."""
     base = short_tmp / "local"

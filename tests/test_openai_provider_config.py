@@ -160,3 +160,39 @@ def test_config_errors_are_clear(overrides: dict[str, Any], fragment: str) -> No
 def test_config_requires_model() -> None:
     with pytest.raises(OpenAIConfigError, match="needs 'model'"):
         OpenAIConfig.from_mapping({"base_url": "http://localhost/v1"})
+
+
+# --- reasoning effort (seed 004 V1.2) ---------------------------------------------------
+
+
+def test_reasoning_effort_goes_in_the_body_unless_default() -> None:
+    from corral.actors.providers.openai import build_chat_payload
+
+    base = {"base_url": "http://localhost:8000/v1", "model": "m"}
+    high = OpenAIConfig.from_mapping({**base, "reasoning_effort": "high"})
+    assert build_chat_payload(high, make_request())["reasoning_effort"] == "high"
+    assert "reasoning_effort" not in build_chat_payload(OpenAIConfig.from_mapping(base), make_request())
+    with pytest.raises(OpenAIConfigError, match="reasoning_effort must be one of default, low, medium, high"):
+        OpenAIConfig.from_mapping({**base, "reasoning_effort": "max"})
+
+
+def test_reasoning_effort_is_per_agent_inherited_from_the_spec_and_checked_at_load() -> None:
+    from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
+
+    openai = {"provider": "openai", "openai": {"base_url": "http://localhost:8000/v1", "model": "m"}}
+    spec = parse_spec({
+        "reasoning_effort": "medium",
+        "agents": [{"id": "own", **openai, "reasoning_effort": "high"}, {"id": "inherits", **openai},
+                   {"id": "plain", **openai, "reasoning_effort": "default"}, {"id": "s", "steps": [{"final": "x"}]}],
+    })
+    efforts = {agent.id: agent.provider_config.get("reasoning_effort") for agent in spec.agents}
+    assert efforts == {"own": "high", "inherits": "medium", "plain": None, "s": None}
+    for bad, message in [
+        ({"agents": [{"id": "a", **openai, "reasoning_effort": "max"}]}, "reasoning_effort"),
+        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"agents": [{"id": "a", "steps": [{"final": "x"}], "reasoning_effort": "low"}]}, "only an openai provider"),
+        ({"agents": [{"id": "a", "provider": "openai", "openai": {**openai["openai"], "reasoning_effort": "low"}}]},
+         "set it on the agent"),
+    ]:
+        with pytest.raises(SpecError, match=message):
+            parse_spec(bad)

@@ -43,6 +43,11 @@ def test_a_full_spec_parses_and_expands_counts() -> None:
         ({"ledger": {"lease_s": 0}}, "lease_s"),
         ({"ledger": {"retire_idle_s": "soon"}}, "retire_idle_s"),
         ({"ledger": {"url": "postgresql://h/db", "replicas": 2}}, "ledger: unknown key 'replicas'"),
+        ({"project": {"preview_url": "http://localhost:8000/"}}, "loopback IP address"),
+        ({"project": {"preview_url": "http://10.0.0.5:8000/"}}, "not a loopback address"),
+        ({"project": {"preview_url": "http://127.0.0.1/"}}, "port must be given"),
+        ({"project": {"preview_url": "http://u:p@127.0.0.1:80/"}}, "credentials"),
+        ({"project": {"preview_url": "https://127.0.0.1:80/"}}, "scheme must be http"),
     ],
 )
 def test_bad_specs_name_the_exact_problem(data: dict[str, object], message: str) -> None:

@@ -42,6 +42,18 @@ class ToolSchema:
 
 
 @dataclass(frozen=True)
+class ImagePart:
+    """An image put before the model (``image.inspect``): sent with the observation of
+    ``action_id``, never recorded (the ledger keeps its path, sha256 and size)."""
+
+    action_id: str
+    path: str
+    mime: str
+    sha256: str
+    data: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
 class ProviderRequest:
     """Everything a provider may use to plan the next step of a run. Deterministic
     for a given ledger state: a replayed request is the same request."""
@@ -62,6 +74,13 @@ class ProviderRequest:
     #: The repository's start-up context (actors/project_context.py): AGENTS.md
     #: instructions, reference excerpts, the skills' names. Empty: none.
     project_context: str = ""
+    #: Images the model is to look at (the latest image.inspect), for a provider
+    #: that ``sees_images``; read by the lane from the workspace at request time
+    #: (checked against the sha256s the ledger holds), never recorded.
+    images: tuple[ImagePart, ...] = ()
+    #: Whether this turn may use the provider's own web search: a planning turn of
+    #: an agent with ``web_search`` on (never a summary); the turn records it.
+    web_search: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,6 +183,12 @@ class Provider(Protocol):
       manifests, git) out of ``request.project_context``; its instructions,
       references and skills stay (the ``local`` provider: a small model follows the
       tree instead of the task).
+
+    * Optional: ``sees_images = True``: the model can look at images; ``image.inspect``
+      then works and ``request.images`` carries them (else the tool refuses).
+    * ``web_search``: true on the built-in ``openai`` provider when the agent's
+      ``web_search`` is on; the lane then sets ``request.web_search`` on planning
+      turns. The spec refuses the setting for every other provider.
 
     Keep secrets out of ``provider_config`` (it is stored with the run): read them
     from an environment variable named by ``api_key_env``, which the actor gets.

@@ -5,13 +5,15 @@ model actor). Every text is redacted and bounded here, once.
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from corral.core.redact import redact_text
 
-from .base import RepairCategory
+from .base import ImagePart, RepairCategory
 from .plan_parse import repair_message
 
 #: Characters of one observation a provider sends (the ``local`` one sends fewer).
@@ -61,9 +63,32 @@ def _tool_message(entry: Mapping[str, Any], limit: int) -> dict[str, str]:
     return {"role": "tool", "content": text}
 
 
+_DATA_URL = re.compile(r"data:image/[a-z0-9.+-]+;base64,[A-Za-z0-9+/=]*")
+
+
+def omit_data_urls(text: str) -> str:
+    """``text`` with every image data URL replaced by a marker: a server that echoes
+    the request (in an error, say) must not carry an image into the ledger."""
+    return _DATA_URL.sub("[image data omitted]", text) if "data:image/" in text else text
+
+
+def _with_images(message: dict[str, Any], images: tuple[ImagePart, ...]) -> dict[str, Any]:
+    """An observation message with its images after its text, as ``image_url`` parts
+    (data URLs: made here, in memory, for this one request)."""
+    parts: list[dict[str, Any]] = [{"type": "text", "text": message["content"]}]
+    for image in images:
+        url = f"data:{image.mime};base64,{base64.b64encode(image.data).decode('ascii')}"
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return {"role": message["role"], "content": parts}
+
+
 def history_messages(
-    history: tuple[dict[str, Any], ...], observation_chars: int = MAX_OBSERVATION_CHARS, *, echo_calls: bool = False
-) -> list[dict[str, str]]:
+    history: tuple[dict[str, Any], ...],
+    observation_chars: int = MAX_OBSERVATION_CHARS,
+    *,
+    echo_calls: bool = False,
+    images: tuple[ImagePart, ...] = (),
+) -> list[dict[str, Any]]:
     """The history as chat messages. ``echo_calls``: each result follows the call it
     answers (an assistant message, the plan as the model wrote it) and is itself a
     ``tool`` message, for a model driven in-process that writes its plans as JSON
@@ -73,7 +98,7 @@ def history_messages(
     # Observations go in as user messages rather than role "tool": strict servers
     # reject tool messages without the assistant tool_calls message (and its ids)
     # before them, which the history does not keep.
-    messages = []
+    messages: list[dict[str, Any]] = []
     for entry in history:
         if entry.get("role") == "repair":
             messages.append(_repair_entry_message(entry))
@@ -90,5 +115,7 @@ def history_messages(
             if call is not None:
                 messages += [call, _tool_message(entry, observation_chars)]
             else:
-                messages.append(_observation_message(entry, observation_chars))
+                message: dict[str, Any] = _observation_message(entry, observation_chars)
+                mine = tuple(image for image in images if image.action_id == entry.get("action_id"))
+                messages.append(_with_images(message, mine) if mine else message)
     return messages

@@ -42,7 +42,7 @@ from .base import (
     ToolSchema,
 )
 from .chat_history import bounded as _bounded
-from .chat_history import history_messages
+from .chat_history import history_messages, omit_data_urls
 from .openai_stream import StreamCut, read_stream
 from .openai_structured import (
     MODES,
@@ -58,6 +58,8 @@ from .reply_stream import FinalReplyDecoder, ReplyDeltas
 
 DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024
 DEFAULT_TIMEOUT_S = 60.0
+#: ``reasoning_effort`` values (seed 004 V1.2); ``default`` sends no parameter.
+REASONING_EFFORTS = ("default", "low", "medium", "high")
 #: One tool output must not crowd the model's context window (nor the request).
 # Shorter keys could not be redacted without mangling ordinary text.
 _MIN_KEY_CHARS = 6
@@ -151,6 +153,16 @@ class OpenAIConfig:
     #: Ask for server-sent events: a final reply's text then streams to the event
     #: stream as it is generated (tool calls and plans never do).
     stream: bool = False
+    #: How hard a reasoning model thinks (seed 004 V1.2): ``default`` sends nothing
+    #: (a server that does not know the parameter is never sent it), else
+    #: ``reasoning_effort`` goes with every request. Set per agent in the spec.
+    reasoning_effort: str = "default"
+    #: The model can look at images: ``image.inspect`` works, and its images go with
+    #: the next request as ``image_url`` parts (data URLs), never into the ledger.
+    vision: bool = False
+    #: The agent's ``web_search`` (set in the spec on the agent, seed 004 V1.20):
+    #: planning turns send ``web_search_options: {}``, a summary never does.
+    web_search: bool = False
 
     def __post_init__(self) -> None:
         # Validating here, not only in from_mapping, keeps direct construction honest.
@@ -182,6 +194,13 @@ class OpenAIConfig:
             set_(self, "temperature", temperature)
         if self.max_tokens is not None:
             _require_int("max_tokens", self.max_tokens)
+        for flag in ("vision", "web_search"):
+            if not isinstance(getattr(self, flag), bool):
+                raise OpenAIConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
+        if self.reasoning_effort not in REASONING_EFFORTS:
+            raise OpenAIConfigError(
+                f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {self.reasoning_effort!r}"
+            )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> OpenAIConfig:
@@ -338,7 +357,7 @@ def build_chat_payload(config: OpenAIConfig, request: ProviderRequest) -> dict[s
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": system_prompt(request, native_tools=config.uses_native_tools)},
         {"role": "user", "content": f"Task: {request.task}"},
-        *history_messages(request.history),
+        *history_messages(request.history, images=request.images if config.vision else ()),
     ]
     payload: dict[str, Any] = {"model": config.model, "messages": messages, "stream": config.stream}
     if config.stream:
@@ -347,6 +366,11 @@ def build_chat_payload(config: OpenAIConfig, request: ProviderRequest) -> dict[s
         payload["temperature"] = config.temperature
     if config.max_tokens is not None:
         payload["max_tokens"] = config.max_tokens
+    if config.reasoning_effort != "default":
+        payload["reasoning_effort"] = config.reasoning_effort
+    if config.web_search and request.web_search:
+        # Chat Completions' provider-native search (this provider speaks no Responses API).
+        payload["web_search_options"] = {}
     if config.uses_native_tools and request.tools:
         payload["tools"] = [tool_spec(tool) for tool in request.tools]
         payload["tool_choice"] = tool_choice(config.bounds, request)
@@ -506,7 +530,7 @@ class OpenAIProvider:
             raise _transient(f"timed out talking to {endpoint}", exc) from None
         except httpx.TransportError as exc:
             raise _transient(f"transport error talking to {endpoint}", exc) from None
-        text = redact_text(data.decode("utf-8", errors="replace"))
+        text = omit_data_urls(redact_text(data.decode("utf-8", errors="replace")))
         if not 200 <= status < 300:
             hint = refusal_hint(self.config.way, text)
             raise OpenAIHTTPError(status, f"HTTP {status} from {endpoint}: {summarize(text)}{hint}")
@@ -520,6 +544,19 @@ class OpenAIProvider:
             "slot": request.slot,
         }
         return ProviderResponse(text=text, meta=meta)
+
+    @property
+    def reasoning_effort(self) -> str:
+        """The effort every request asks for, recorded with each provider turn."""
+        return self.config.reasoning_effort
+
+    @property
+    def sees_images(self) -> bool:
+        return self.config.vision
+
+    @property
+    def web_search(self) -> bool:
+        return self.config.web_search
 
     def prompt_text(self, request: ProviderRequest) -> str:
         """The system prompt ``complete`` sends for ``request`` (the run's transcript)."""

@@ -39,6 +39,8 @@ class ToolContext:
     #: The same on every attempt of one action (it is the action id): pass it to an
     #: API as its idempotency key, so an idempotent tool that runs again is harmless.
     idempotency_key: str = ""
+    #: Whether the agent's provider can look at images (``image.inspect``).
+    sees_images: bool = False
 
 
 #: The ``default_policy`` of a tool that writes files, changes the project or runs a

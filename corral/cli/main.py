@@ -330,7 +330,7 @@ def _load_extra_commands() -> None:
 
     commands = (
         "run", "approvals", "swarm", "chaos", "actor", "mcp", "doctor", "chat", "ui", "bridge", "collaboration",
-        "transcript", "completion",
+        "transcript", "completion", "goal", "acceptance",
     )
     for module in (f"corral.cli.{name}" for name in commands):
         try:

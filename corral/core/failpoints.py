@@ -63,8 +63,13 @@ KNOWN: dict[str, str] = {
     "model.mid-generation": "model actor: a generation is under way (third token sampled), no answer sent",
     "model.mid-reply": "model actor: words of a final reply are on the event stream, the rest not yet generated",
     "steer.after-record": "supervisor: a steer is committed, the client not yet answered",
+    "steer.after-interrupt": "supervisor: a provider turn interrupted by a steer or a goal pause is recorded,"
+    " the control not yet applied",
+    "goal.after-pause-request": "supervisor: a goal's pause request is committed, the provider turn in flight"
+    " not yet interrupted",
     "steer.after-apply": "supervisor: a steer is applied (history, stale plan discarded), the agent not yet told",
     "input.after-ask": "supervisor: a question is committed and its run parked, the agent not yet told",
+    "input.mid-answer": "supervisor: an answer, its action's end and the run's resumption are written, not committed",
     "input.after-answer": "supervisor: an answer is committed and its action finished, the client not yet answered",
     "durable-plan.after-update": "supervisor: an update of the run's durable plan is committed, the agent not yet told",
     "context.mid-compaction": "agent: a summary of older turns is written, not yet recorded",

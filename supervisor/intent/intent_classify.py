@@ -475,6 +475,8 @@ CORRAL_TAGS: dict[str, frozenset[str]] = {
     "project.git_diff": READ,
     "project.git_snapshot": READ,
     "command.output_read": READ,
+    "preview.validate": READ,
+    "image.inspect": READ,
     "process.poll": READ,
     "process.stdin": UNKNOWN,
     "process.terminate": UNKNOWN,
@@ -484,6 +486,7 @@ CORRAL_TAGS: dict[str, frozenset[str]] = {
     "goal.verdict": READ,
     "plan.update": READ,
     "agent.run_status": READ,
+    "agent.action_history": READ,
     "agent.delegate": frozenset({"delegate"}),
     "agent.spawn_isolated": frozenset({"delegate"}),
 }

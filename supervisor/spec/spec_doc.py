@@ -17,9 +17,10 @@ import enum
 import json
 import re
 import sys
+import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 from annotated_types import MaxLen, MinLen
 from pydantic.fields import FieldInfo
@@ -106,8 +107,14 @@ OPENAI_KEYS = {
     " `tool_choice = \"none\"`), so a run ends; 0 to 1000; unset: no limit.",
     "temperature": "Sampling temperature, 0 to 2; unset: the server's.",
     "max_tokens": "Tokens of one reply (a positive integer); unset: the server's.",
+    "reasoning_effort": "Not written here: the agent's `reasoning_effort` (above) is put here at load, and a key"
+    " here is refused.",
     "stream": "Ask for server-sent events: a final reply's text streams to the event stream as it is"
     " generated (tool calls and plans never do).",
+    "vision": "The model can look at images: `image.inspect` works, its images going with the next request as"
+    " `image_url` data-URL parts (never into the ledger); unset: the tool refuses.",
+    "web_search": "Set by the agent's `web_search`, not here (a spec that sets it here is refused): planning"
+    " turns send `web_search_options: {}`.",
 }
 LOCAL_KEYS = {
     "model": "A `[[models]]` id, a packaged model (`smollm2`) or a `.gguf` path; bound at load to the model"
@@ -258,6 +265,8 @@ def _plain_table(rows: list[tuple[str, str, str, str]]) -> list[str]:
 def _type(annotation: Any) -> str:
     kind = bare(annotation)
     origin = get_origin(kind)
+    if origin in (Union, types.UnionType):  # `true`, `false` or "inherit", say
+        return " or ".join(dict.fromkeys(_type(arg) for arg in get_args(kind) if arg is not type(None)))
     if origin is Literal or (isinstance(kind, type) and issubclass(kind, enum.Enum)):
         return "string"
     if origin in (list, tuple):

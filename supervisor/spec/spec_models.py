@@ -31,6 +31,7 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
+from corral.core.loopback_url import NotLoopback, loopback_page
 from corral.mailbox.codec import DEFAULT_MAX_FRAME
 from corral.mailbox.control import DEFAULT_MAX_LONG_POLLS
 from corral.sandbox.launcher import LaunchMode
@@ -46,6 +47,8 @@ ROOT_GROUP = "root"
 MAX_NAME_CHARS = 128
 KNOWN_TEMPLATES = ("echo", "agent", "child", "session", "mcp", "model", "bridge_worker")
 PolicyMode = Literal["auto", "confirm", "deny"]
+#: How hard a reasoning model thinks (seed 004 V1.2); ``default`` sends the provider nothing.
+ReasoningEffort = Literal["default", "low", "medium", "high"]
 POLICIES: tuple[str, ...] = get_args(PolicyMode)
 #: The key of a policy table that sets the approval of every tool it does not name
 #: (``[policy] default = "auto"``: an unattended swarm). No tool may be called this.
@@ -72,9 +75,11 @@ def _relative(scopes: tuple[str, ...]) -> tuple[str, ...]:
 class SupervisorSettings:
     """``[supervisor]``: how the supervisor talks to its actors and keeps its ledger."""
 
-    transport: Literal["ipc", "tcp"] = Field(
-        default="ipc",
-        description="How actors reach the supervisor: `ipc` (sockets in the home) or `tcp` (loopback only).")
+    transport: Literal["nng", "unix", "tcp"] = Field(
+        default="nng",
+        description="What actor links are made of: `nng` (nng Pair0 sockets in the home), `unix` (raw Unix stream"
+        " sockets in the home: the measured fast path) or `tcp` (raw stream sockets on loopback, for a home whose"
+        " path is too long for a socket; the control API then listens on loopback too).")
     launch: LaunchMode = Field(
         default=LaunchMode.FORKSERVER,
         description="How actor processes start: forked from a warm fork server, or each a fresh `exec`.")
@@ -217,6 +222,10 @@ class AgentOptions(Permissions):
         default=(),
         description="Exact names of read-only tools whose consecutive auto-approved calls may run at the same"
         " time; empty: reads run one after another.")
+    allow_free_text: StrictBool = Field(
+        default=False,
+        description="Whether an answer to its `user.input_request` may be free text instead of one of the"
+        " question's 2-3 options.")
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -246,6 +255,15 @@ class ProviderKeys:
         default=None, description="local: a GGUF model on this machine (keys: `[agents.local]`).")
     provider_config: dict[str, Any] | None = Field(
         default=None, description="Your own provider's settings, given to it as they are (not for the built-in ones).")
+    reasoning_effort: ReasoningEffort | None = Field(
+        default=None, description="`default`, `low`, `medium` or `high`: sent to an `openai` provider as"
+        " `reasoning_effort` (`default`: not sent) and recorded with each provider turn; unset: the spec's"
+        " top-level `reasoning_effort`. Other providers take only `default`.")
+    web_search: StrictBool | Literal["inherit"] = Field(
+        default="inherit", description="Whether its planning turns may use the provider's own web search (an"
+        " `openai` provider sends `web_search_options`; summaries never search); each turn records it."
+        " `inherit`: the spec's top-level `web_search`. A provider that cannot search refuses `true` at"
+        " `corral up`.")
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -330,6 +348,24 @@ class ProjectTable:
         default=None, description="Whether a final reply of a run that changed sources needs a passed verification"
         " on the current project revision. Unset: true exactly when `verify` lists commands; true without"
         " commands is an error.")
+
+    require_preview: StrictBool = Field(
+        default=False, description="Whether a final reply of a run that changed sources also needs a"
+        " `preview.validate` that passed after the project's latest change (docs/project-context.md).")
+    preview_url: StrictStr | None = Field(
+        default=None, description="The project's preview when it is not a process session of the run:"
+        " `http://127.0.0.1:PORT/path` (a loopback IP literal and a port). `preview.validate` called without"
+        " a process session checks this page.")
+
+    @field_validator("preview_url")
+    @classmethod
+    def _loopback_preview(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                loopback_page(value)
+            except NotLoopback as exc:
+                raise problem(f"preview_url {value[:120]!r} is not a loopback page: {exc}") from None
+        return value
 
     @field_validator("require_verification")
     @classmethod
@@ -458,6 +494,12 @@ class SpecFile:
     agents: list[AgentTable] = Field(default_factory=list)
     templates: list[TemplateTable] = Field(default_factory=list)
     limits: SwarmLimits = Field(default_factory=SwarmLimits)
+    reasoning_effort: ReasoningEffort = Field(
+        default="default", description="The `reasoning_effort` of every agent and template that does not set its"
+        " own (an `openai` provider's only; others keep `default`).")
+    web_search: StrictBool = Field(
+        default=False, description="Provider-native web search for every agent and template whose `web_search` is"
+        " `inherit` (off by default; only an `openai` provider can search).")
     policy: dict[str, PolicyMode] = Field(
         default_factory=dict, description="`[policy]`: per-tool approval for every agent (`\"fs.*\" = \"confirm\"`);"
         " an agent's or template's own `policy` wins. Without a key for it, a tool that writes files, changes"

@@ -12,13 +12,25 @@ from corral.supervisor.spec.spec_base import SpecError, spec_path
 from corral.supervisor.spec.spec_models import ProviderKeys
 
 
-def provider_settings(where: str, table: ProviderKeys, base: Path, models: ModelRegistry) -> dict[str, Any]:
-    """The provider's settings table, as the run will get it."""
+def provider_settings(
+    where: str, table: ProviderKeys, base: Path, models: ModelRegistry, inherited_effort: str = "default",
+    inherited_search: bool = False,
+) -> dict[str, Any]:
+    """The provider's settings table, as the run will get it. ``inherited_effort``:
+    the spec's top-level ``reasoning_effort``, for a table that sets none;
+    ``inherited_search`` its top-level ``web_search``, for a table that inherits it."""
     from corral.actors.providers.scripted import ScriptError, load_script, parse_script_text
 
     provider = table.provider
     if provider in ("scripted", "openai", "local") and table.provider_config is not None:
         raise SpecError(f"{where}.provider_config: only for user providers; {provider} is configured by its own keys")
+    if provider != "openai" and table.reasoning_effort not in (None, "default"):
+        raise SpecError(f"{where}.reasoning_effort: only an openai provider takes one; {provider} takes `default`")
+    searching = inherited_search if table.web_search == "inherit" else bool(table.web_search)
+    if searching and provider != "openai":
+        who = getattr(table, "id", where)
+        raise SpecError(f"{where}.web_search: {who!r} has web search on, but its provider {provider!r} cannot search"
+                        " the web (only an openai provider can); set web_search = false")
     if provider == "scripted":
         if table.steps is not None:
             script: dict[str, Any] = {"steps": table.steps}
@@ -38,7 +50,16 @@ def provider_settings(where: str, table: ProviderKeys, base: Path, models: Model
         from corral.actors.providers.base import ProviderError
         from corral.actors.providers.openai import OpenAIConfig
 
-        config = table.openai or {}
+        config = dict(table.openai or {})
+        if "reasoning_effort" in config:
+            raise SpecError(f"{where}.openai.reasoning_effort: set it on the agent (`reasoning_effort = ...`)")
+        effort = table.reasoning_effort or inherited_effort
+        if effort != "default":
+            config["reasoning_effort"] = effort
+        if "web_search" in config:
+            raise SpecError(f"{where}.openai.web_search: set it on the agent (`web_search = true`)")
+        if searching:
+            config["web_search"] = True
         try:
             OpenAIConfig.from_mapping(config)  # exact errors now, not at the first request
         except (ProviderError, ValueError, TypeError) as exc:

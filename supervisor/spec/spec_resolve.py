@@ -167,7 +167,8 @@ def _agents(doc: SpecFile, tree: _Tree, base: Path, models: ModelRegistry, proje
     for index, table in enumerate(doc.agents):
         where = f"agents[{index}]"
         tree.claim(table.id, f"{where}: id {table.id!r} is already used by an actor or agent")
-        agent = _agent(where, table, provider_settings(where, table, base, models), project_root)
+        settings = provider_settings(where, table, base, models, doc.reasoning_effort, doc.web_search)
+        agent = _agent(where, table, settings, project_root)
         agents.append(agent)
         tree.check_group(where, table.group)
         tree.actors.append(ActorSpec(
@@ -181,7 +182,8 @@ def _agents(doc: SpecFile, tree: _Tree, base: Path, models: ModelRegistry, proje
 def _templates(doc: SpecFile, base: Path, models: ModelRegistry) -> tuple[TemplateSpec, ...]:
     return tuple(
         TemplateSpec(id=table.id, provider=table.provider, **_options(table, Permissions),
-                     provider_config=provider_settings(f"templates[{index}]", table, base, models))
+                     provider_config=provider_settings(f"templates[{index}]", table, base, models,
+                                                       doc.reasoning_effort, doc.web_search))
         for index, table in enumerate(doc.templates)
     )
 
