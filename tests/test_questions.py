@@ -254,9 +254,9 @@ def test_a_question_must_ask_alone_and_a_delegated_specialist_may_not_ask(daemon
     assert asked["tool"] == "user.input_request" and asked["phase"] == "denied"
     assert "delegated specialist reports" in asked["reason"]
     assert not ledger_rows(daemon.home, "SELECT 1 FROM input_requests WHERE run_id = ?", child["run_id"])
-    live = daemon.call("show", run_id=parent)["run"]["status"]
-    if live not in ("completed", "failed", "cancelled"):
-        daemon.call("cancel", run_id=parent)
+    # The parent ends on its own (its script's next step is its reply): waited for, so
+    # nothing of it is live when the module's next test runs on this supervisor.
+    wait_run(daemon, parent, {"completed", "failed", "cancelled"})
 
 
 def test_a_fork_is_refused_while_its_conversation_has_a_live_run(daemon: Daemon) -> None:
