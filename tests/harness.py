@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -221,6 +223,24 @@ def running(home: Path, spec_text: str | None = None, env: dict[str, str] | None
         yield daemon
     finally:
         daemon.shutdown()
+
+
+@contextmanager
+def module_daemon(
+    spec_text: str, *, home: str = "home", prepare: Callable[[Path], None] | None = None
+) -> Iterator[Daemon]:
+    """One supervisor a test module shares (starting one is most of a test's time),
+    in a short directory of its own (ipc:// paths stay under 107 bytes) holding the
+    project root ``ws/``; ``prepare(top)`` adds files before it starts."""
+    top = Path(tempfile.mkdtemp(prefix="crl-", dir="/tmp"))
+    try:
+        (top / "ws").mkdir()
+        if prepare is not None:
+            prepare(top)
+        with running(top / home, spec_text) as daemon:
+            yield daemon
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def actor_running(actor_id: str, incarnation: int | None = None) -> Callable[[dict[str, Any]], bool]:

@@ -7,16 +7,13 @@ for the module."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from corral.sandbox.bwrap import bwrap_available
-from tests.harness import Daemon, ledger_rows, running, wait_run
+from tests.harness import Daemon, ledger_rows, module_daemon, wait_run
 
 SANDBOX_TABLE = "" if bwrap_available() else '[sandbox]\nmode = "allow-unsandboxed"\n'
 SECRET = "supersecretvalue123"
@@ -39,13 +36,8 @@ id = "other"
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
-    top = Path(tempfile.mkdtemp(prefix="crl-", dir="/tmp"))
-    try:
-        (top / "ws").mkdir()
-        with running(top / "home", SPEC) as running_daemon:
-            yield running_daemon
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
+    with module_daemon(SPEC) as running_daemon:
+        yield running_daemon
 
 
 def _act(name: str, **tool_input: Any) -> dict[str, Any]:

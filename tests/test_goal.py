@@ -4,8 +4,6 @@ that the goal is met, with evidence; not on a final reply alone."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +11,7 @@ from typing import Any
 import pytest
 
 from corral.core.procs import wait_exit
-from tests.harness import Daemon, agent_spec, cli, ledger_rows, running, wait_run
+from tests.harness import Daemon, agent_spec, cli, ledger_rows, module_daemon, running, wait_run
 
 STEPS = """
 [[agents.steps]]
@@ -32,13 +30,8 @@ final = "done"
 @pytest.fixture(scope="module")
 def writer_daemon() -> Iterator[Daemon]:
     """One supervisor for the tests that do not restart it."""
-    top = Path(tempfile.mkdtemp(prefix="crl-", dir="/tmp"))
-    try:
-        (top / "ws").mkdir()
-        with running(top / "h", agent_spec(steps=STEPS)) as daemon:
-            yield daemon
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
+    with module_daemon(agent_spec(steps=STEPS), home="h") as daemon:
+        yield daemon
 
 
 def test_a_goal_run_finishes_only_on_a_met_verdict_with_evidence(writer_daemon: Daemon) -> None:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,7 @@ from typing import Any
 import pytest
 
 from corral.core.procs import wait_exit
-from tests.harness import Daemon, cli, ledger_rows, running, wait_run
+from tests.harness import Daemon, cli, ledger_rows, module_daemon, running, wait_run
 
 # Before the steer the script plans "old"; a steer always opens a new loop, and
 # with "go green" in the history the second applicable step is "green".
@@ -187,13 +185,8 @@ id = "editor"
 @pytest.fixture(scope="module")
 def steer_daemon() -> Iterator[Daemon]:
     """One supervisor for the steer tests that do not restart it."""
-    top = Path(tempfile.mkdtemp(prefix="crl-", dir="/tmp"))
-    try:
-        (top / "ws").mkdir()
-        with running(top / "home", STEER_SPEC + EDITOR_AGENT) as daemon:
-            yield daemon
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
+    with module_daemon(STEER_SPEC + EDITOR_AGENT) as daemon:
+        yield daemon
 
 
 def _waiting_action(daemon: Daemon, run_id: str, path: str) -> dict[str, Any]:

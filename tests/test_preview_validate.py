@@ -13,7 +13,6 @@ import hashlib
 import json
 import shutil
 import socket
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from corral.actors.tools.base import ToolError
 from corral.actors.tools.preview import preview_url
 from corral.actors.tools.preview_browser import ViewportReport, viewport_problems
 from corral.sandbox.bwrap import bwrap_available
-from tests.harness import Daemon, ledger_rows, running, show, wait_run
+from tests.harness import Daemon, ledger_rows, module_daemon, show, wait_run
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "preview-validate"
 #: The dev server's network must be the host's: the browser runs outside the sandbox.
@@ -67,16 +66,13 @@ PORT = _free_port()
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
-    top = Path(tempfile.mkdtemp(prefix="crl-", dir="/tmp"))
-    try:
-        site = top / "ws" / "site"
-        site.mkdir(parents=True)
+    def pages(top: Path) -> None:
+        (top / "ws" / "site").mkdir()
         for name, html in PAGES.items():
-            (site / name).write_text(html)
-        with running(top / "home", SPEC.replace("PORT", str(PORT))) as running_daemon:
-            yield running_daemon
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
+            (top / "ws" / "site" / name).write_text(html)
+
+    with module_daemon(SPEC.replace("PORT", str(PORT)), prepare=pages) as running_daemon:
+        yield running_daemon
 
 
 def _validate(page: str, port: int) -> dict[str, Any]:

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +23,7 @@ from corral.supervisor.interactive import question_shape as shape
 from corral.supervisor.interactive import question_store
 from corral.ui import pages
 from tests.conftest import OrphanCheck
-from tests.harness import Daemon, cli, ledger_rows, running, wait_run
+from tests.harness import Daemon, cli, ledger_rows, module_daemon, wait_run
 
 SPEC = """
 name = "questions"
@@ -79,13 +76,8 @@ def _ask_script(tag: str, *questions: dict[str, Any]) -> str:
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
-    top = Path(tempfile.mkdtemp(prefix="crl-", dir="/tmp"))
-    try:
-        (top / "ws").mkdir()
-        with running(top / "home", SPEC) as running_daemon:
-            yield running_daemon
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
+    with module_daemon(SPEC) as running_daemon:
+        yield running_daemon
 
 
 def _effects(daemon: Daemon) -> list[str]:
