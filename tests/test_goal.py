@@ -78,9 +78,9 @@ def test_without_a_goal_a_verdict_is_refused_and_the_first_final_reply_stands(wr
     assert bad.returncode != 0 and "no run" in bad.stderr
 
 
-def test_a_steer_after_the_last_verdict_asks_for_a_new_one(tmp_path: Path) -> None:
-    import time
-
+@pytest.fixture
+def goal_run(tmp_path: Path) -> Iterator[tuple[Any, str]]:
+    """A ledger holding one goal run ("write the notes") whose first verdict says met."""
     from corral.supervisor.ledger.port import SqliteLedger
     from corral.supervisor.longtask import goal_store
     from corral.supervisor.runs import run_store
@@ -92,16 +92,25 @@ def test_a_steer_after_the_last_verdict_asks_for_a_new_one(tmp_path: Path) -> No
                                       options={"goal": {"text": "write the notes"}})
         goal_store.record_verdict(ledger, run_id, "act-1", True, "checked")
         assert goal_store.blockers(ledger, run_id) == []
-        again = goal_store.record_verdict(ledger, run_id, "act-1", False, "a replay")
-        assert again["met"] is True, "a verdict is recorded once per action id"
-        with ledger.tx() as db:
-            db.execute("INSERT INTO steers (steer_id, run_id, text, created_at) VALUES ('s1', ?, 'also a FAQ', ?)",
-                       (run_id, time.time() + 1))
-        assert goal_store.blockers(ledger, run_id) == [
-            "the user refined the goal after your last verdict: judge it again with goal.verdict"]
-        assert [r["text"] for r in goal_store.status(ledger, run_id)["refinements"]] == ["also a FAQ"]
+        yield ledger, run_id
     finally:
         ledger.close()
+
+
+def test_a_steer_after_the_last_verdict_asks_for_a_new_one(goal_run: tuple[Any, str]) -> None:
+    import time
+
+    from corral.supervisor.longtask import goal_store
+
+    ledger, run_id = goal_run
+    again = goal_store.record_verdict(ledger, run_id, "act-1", False, "a replay")
+    assert again["met"] is True, "a verdict is recorded once per action id"
+    with ledger.tx() as db:
+        db.execute("INSERT INTO steers (steer_id, run_id, text, created_at) VALUES ('s1', ?, 'also a FAQ', ?)",
+                   (run_id, time.time() + 1))
+    assert goal_store.blockers(ledger, run_id) == [
+        "the user refined the goal after your last verdict: judge it again with goal.verdict"]
+    assert [r["text"] for r in goal_store.status(ledger, run_id)["refinements"]] == ["also a FAQ"]
 
 
 # -- the goal lifecycle (seed 004 V1.18) -----------------------------------------------------
@@ -226,28 +235,18 @@ def _one_goal_per_conversation_pause_while_parked_and_clear(daemon: Daemon) -> N
     assert not (daemon.home.parent / "ws" / "page.md").exists(), "no write was ever approved"
 
 
-def test_a_verdict_binds_to_the_goal_revision(tmp_path: Path) -> None:
-    from corral.supervisor.ledger.port import SqliteLedger
+def test_a_verdict_binds_to_the_goal_revision(goal_run: tuple[Any, str]) -> None:
     from corral.supervisor.longtask import goal_store
-    from corral.supervisor.runs import run_store
 
-    ledger = SqliteLedger(tmp_path / "l.db")
-    try:
-        run_id = run_store.create_run(ledger, agent_id="writer", task="g", provider="scripted",
-                                      provider_config={"script": {"steps": []}},
-                                      options={"goal": {"text": "write the notes"}})
-        goal_store.record_verdict(ledger, run_id, "act-1", True, "checked")
-        assert goal_store.blockers(ledger, run_id) == []
-        assert goal_store.edit(ledger, run_id, "write the notes and a FAQ")["revision"] == 2
-        assert goal_store.blockers(ledger, run_id) == [
-            "the goal was edited (revision 2) after your verdict on revision 1: judge the current goal with"
-            " goal.verdict"]
-        goal_store.record_verdict(ledger, run_id, "act-2", True, "checked again")
-        assert goal_store.blockers(ledger, run_id) == []
-        # Pending, not claimed yet: it parks at its first boundary, before any provider turn.
-        assert goal_store.request_pause(ledger, run_id)["status"] == "pause-requested"
-        assert goal_store.blockers(ledger, run_id) == [
-            "the goal is pause-requested: no final reply until it is active again"]
-        assert goal_store.holds_provider(ledger, run_id) is not None
-    finally:
-        ledger.close()
+    ledger, run_id = goal_run
+    assert goal_store.edit(ledger, run_id, "write the notes and a FAQ")["revision"] == 2
+    assert goal_store.blockers(ledger, run_id) == [
+        "the goal was edited (revision 2) after your verdict on revision 1: judge the current goal with"
+        " goal.verdict"]
+    goal_store.record_verdict(ledger, run_id, "act-2", True, "checked again")
+    assert goal_store.blockers(ledger, run_id) == []
+    # Pending, not claimed yet: it parks at its first boundary, before any provider turn.
+    assert goal_store.request_pause(ledger, run_id)["status"] == "pause-requested"
+    assert goal_store.blockers(ledger, run_id) == [
+        "the goal is pause-requested: no final reply until it is active again"]
+    assert goal_store.holds_provider(ledger, run_id) is not None
