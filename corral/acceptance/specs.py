@@ -12,6 +12,13 @@ NOTES_BEFORE = "status: draft\n"
 NOTES_AFTER = "status: final\n"
 
 
+def _agent(provider: Provider, agent_id: str, role: str, scopes: str, tools: str, calls: int,
+           extra: str = "") -> str:
+    """One ``[[agents]]`` table on the suite's provider, allowed ``calls`` provider calls."""
+    return (f'[[agents]]\nid = "{agent_id}"\nrole = "{role}"\nwrite_scopes = [{scopes}]\ntools = [{tools}]\n'
+            + extra + provider.agent_table("agents", calls))
+
+
 def coder_spec(provider: Provider, project: str) -> str:
     """One agent: fs.read runs unattended, fs.patch waits for a person (confirm)."""
     return f"""name = "acceptance-coder"
@@ -36,10 +43,6 @@ SWARM_TASK = ("Ship the release notes. Delegate to researcher (write research/fa
 def swarm_spec(provider: Provider, project: str) -> str:
     """A supervisor, two specialists and two templates: two delegates and one isolated
     group of three children joined once (seed 004 V1.1 §5.6)."""
-    def agent(agent_id: str, role: str, scopes: str, tools: str, calls: int) -> str:
-        return (f'[[agents]]\nid = "{agent_id}"\nrole = "{role}"\nwrite_scopes = [{scopes}]\ntools = [{tools}]\n'
-                + provider.agent_table("agents", calls))
-
     def template(template_id: str) -> str:
         return f'[[templates]]\nid = "{template_id}"\ntools = ["fs.write"]\n' + provider.agent_table("templates", 1)
 
@@ -47,10 +50,10 @@ def swarm_spec(provider: Provider, project: str) -> str:
         f'name = "acceptance-swarm"\n[project]\nroot = "{project}"\n[policy]\ndefault = "auto"\n'
         "[limits]\nmax_children_per_call = 3\nmax_depth = 1\n",
         provider.models_table(),
-        agent("project-supervisor", "root", '"summary"',
+        _agent(provider, "project-supervisor", "root", '"summary"',
               '"agent.delegate", "agent.spawn_isolated", "agent.run_status"', 4),
-        agent("researcher", "specialist", '"research"', '"fs.write"', 1),
-        agent("reviewer", "specialist", '"review"', '"fs.write"', 1),
+        _agent(provider, "researcher", "specialist", '"research"', '"fs.write"', 1),
+        _agent(provider, "reviewer", "specialist", '"review"', '"fs.write"', 1),
         template("writer"),
         template("checker"),
     ])
@@ -93,17 +96,12 @@ def retry_spec(provider: Provider, project: str) -> str:
     """A supervisor and one specialist on an OpenAI-compatible route (the fault proxy),
     each with one provider retry and a backoff long enough for the suite to kill the
     supervisor inside it (seed 004 V1.29, V1.42)."""
-    def agent(agent_id: str, role: str, scopes: str, tools: str, calls: int) -> str:
-        return (f'[[agents]]\nid = "{agent_id}"\nrole = "{role}"\nwrite_scopes = [{scopes}]\ntools = [{tools}]\n'
-                f"max_provider_retries = 1\nretry_base_s = {RETRY_BACKOFF_S}\nretry_cap_s = {RETRY_BACKOFF_S}\n"
-                + provider.agent_table("agents", calls))
-
+    retries = f"max_provider_retries = 1\nretry_base_s = {RETRY_BACKOFF_S}\nretry_cap_s = {RETRY_BACKOFF_S}\n"
     return "\n".join([
         f'name = "acceptance-retry"\n[project]\nroot = "{project}"\n[policy]\ndefault = "auto"\n',
-        agent("project-supervisor", "root", '"summary"', '"agent.delegate", "agent.run_status"', 2),
-        agent("researcher", "specialist", '"research"', '"fs.write"', 1),
+        _agent(provider, "project-supervisor", "root", '"summary"', '"agent.delegate", "agent.run_status"', 2, retries),
+        _agent(provider, "researcher", "specialist", '"research"', '"fs.write"', 1, retries),
     ])
-
 
 
 #: Business terms only (seed 004 V1.30): no agent id, count, tool or repair recipe.
@@ -114,17 +112,13 @@ CHAT_TASK = ("Get this project ready for its first players: the release facts wr
 def chat_spec(provider: Provider, project: str) -> str:
     """The supervisor the chat talks to, two specialists and one template: whether it
     delegates, spawns or repairs is its own choice (seed 004 V1.30, V1.31)."""
-    def agent(agent_id: str, role: str, scopes: str, tools: str, calls: int) -> str:
-        return (f'[[agents]]\nid = "{agent_id}"\nrole = "{role}"\nwrite_scopes = [{scopes}]\ntools = [{tools}]\n'
-                + provider.agent_table("agents", calls))
-
     return "\n".join([
         f'name = "acceptance-chat"\n[project]\nroot = "{project}"\n[policy]\ndefault = "auto"\n'
         "[limits]\nmax_children_per_call = 3\nmax_depth = 1\nmax_repairs_per_delivery = 1\n",
         provider.models_table(),
-        agent("project-supervisor", "root", '"summary"',
+        _agent(provider, "project-supervisor", "root", '"summary"',
               '"agent.delegate", "agent.spawn_isolated", "agent.run_status"', 5),
-        agent("researcher", "specialist", '"research"', '"fs.write"', 1),
-        agent("reviewer", "specialist", '"review"', '"fs.read", "fs.write"', 2),
+        _agent(provider, "researcher", "specialist", '"research"', '"fs.write"', 1),
+        _agent(provider, "reviewer", "specialist", '"review"', '"fs.read", "fs.write"', 2),
         '[[templates]]\nid = "checker"\ntools = ["fs.write"]\n' + provider.agent_table("templates", 1),
     ])
