@@ -177,7 +177,7 @@ class Listener:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(where)  # a literal path or loopback address: nothing to resolve
             # The socket file this listener made, by identity: close() removes only it.
-            self._made = _identity(self._path) if self._path is not None else None
+            self._made = file_identity(self._path) if self._path is not None else None
             sock.listen(1)
             sock.setblocking(False)
         except BaseException:
@@ -209,11 +209,13 @@ class Listener:
         trio.lowlevel.notify_closing(self.sock)
         self.sock.close()
         # Not another's file at the same name (a new home made at this path).
-        if self._path is not None and self._made is not None and _identity(self._path) == self._made:
+        if self._path is not None and self._made is not None and file_identity(self._path) == self._made:
             self._path.unlink(missing_ok=True)
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path`` itself (a symlink is not followed), or
+    None: a listener removes its socket file only while it is still the one it made."""
     try:
         info = os.lstat(path)
     except OSError:

@@ -39,6 +39,7 @@ import trio
 
 from corral.mailbox.addresses import bound_tcp_address
 from corral.mailbox.errors import ChannelClosed, MailboxFull
+from corral.mailbox.link import file_identity
 
 #: Frames nng may hold on each side beyond what the peer's reader took: with the
 #: stream link's QUEUE_FRAMES, what a peer that stopped reading can cost is bounded.
@@ -199,7 +200,7 @@ class NngListener:
                 bound = self._path.with_name("~" + self._path.name[1:])
                 self.link.socket.listen(f"ipc://{bound}")
                 os.replace(bound, self._path)
-                self._made = _identity(self._path)
+                self._made = file_identity(self._path)
                 self.address = address
             elif address.startswith("tcp://"):
                 listener = self.link.socket.listen(address)
@@ -222,7 +223,7 @@ class NngListener:
         if self._closed:
             return
         self._closed = True
-        if self._path is not None and self._made is not None and _identity(self._path) == self._made:
+        if self._path is not None and self._made is not None and file_identity(self._path) == self._made:
             self._path.unlink(missing_ok=True)
         if not self.link.came.is_set():
             self.link.close()  # nobody came: the socket goes with the listener
@@ -239,14 +240,6 @@ def lift_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError):
             pass  # an unlimited hard limit past the kernel's nr_open: keep the soft one
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino)
 
 
 async def dial(address: str, hard_limit: int) -> NngLink:
