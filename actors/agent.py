@@ -163,7 +163,7 @@ class Lane:
         #: What the values of one message may take on the wire.
         self.budget = max(16 * 1024, ctx.config["max_frame"] - WIRE_SLACK_BYTES)
         self.run_id: str = run["run_id"]
-        self.tools: dict[str, Tool] = all_tools()
+        self.tools: dict[str, Tool] = all_tools(ctx.user_tools)
         self.tools.update(mcp_tools(run.get("mcp_tools")))
         globs = run.get("tool_globs")
         if globs is not None:

@@ -6,9 +6,9 @@ import contextlib
 import contextvars
 import logging
 import os
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -19,6 +19,9 @@ from corral.mailbox.channel import Channel, open_channel
 from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull
 from corral.mailbox.transport import transport_of
+
+if TYPE_CHECKING:
+    from corral.actors.tools.base import Tool
 
 log = logging.getLogger("corral.actor")
 
@@ -47,6 +50,9 @@ class ActorContext:
     config: ActorConfig
     #: Set when the supervisor asks this actor to stop (graceful shutdown).
     shutdown: trio.Event
+    #: The user's ``@corral.tool`` functions, by name: the catalog built from the
+    #: spec's tool modules when this process started (``user_code.tool_catalog``).
+    user_tools: Mapping[str, Tool] = field(default_factory=dict)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -110,12 +116,14 @@ def preload() -> None:
     _templates()
     from corral.actors.user_code import import_tool_modules_from_env
 
-    import_tool_modules_from_env()  # the user's @corral.tool modules, as the spec names them
+    # The user's @corral.tool modules, as the spec names them, imported once here
+    # (each child finds the tools in them again: a walk of names, no import).
+    user_tools = import_tool_modules_from_env()
     from corral.actors.providers import openai  # noqa: F401
     from corral.actors.tools.registry import all_tools
     from corral.core import redact
 
-    all_tools()
+    all_tools(user_tools)
     redact.prepare()  # detect-secrets' patterns, read once here rather than in each child
     # A child's first trio.run specializes trio's bytecode and fills its caches,
     # which copies those pages into every child (~1 ms of CPU each, measured).
@@ -135,13 +143,13 @@ async def _warm_trio() -> None:
 def actor_main(config: ActorConfig, token: str) -> int:
     from corral.actors.user_code import import_tool_modules_from_env
 
-    import_tool_modules_from_env()  # a no-op after the fork server's preload
+    user_tools = import_tool_modules_from_env()  # no import after the fork server's preload
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {config['actor_id']} %(levelname)s %(message)s")
     failpoints.configure(config["failpoints"], config["supervisor_pid"])
-    return trio.run(_actor, config, token)
+    return trio.run(_actor, config, token, user_tools)
 
 
-async def _actor(config: ActorConfig, token: str) -> int:
+async def _actor(config: ActorConfig, token: str, user_tools: Mapping[str, Tool]) -> int:
     try:
         template = lookup_template(config["template"])
     except KeyError:
@@ -169,7 +177,9 @@ async def _actor(config: ActorConfig, token: str) -> int:
             token=token,
         )
         await channel.request_envelope(hello, timeout=30)
-        ctx = ActorContext(actor_id, config["incarnation"], config["template"], channel, config, trio.Event())
+        ctx = ActorContext(
+            actor_id, config["incarnation"], config["template"], channel, config, trio.Event(), user_tools
+        )
         _current.set(ctx)  # tasks started below inherit it
         code = 0
         async with trio.open_nursery() as nursery:

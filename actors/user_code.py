@@ -13,11 +13,15 @@ import importlib
 import os
 import re
 import sys
-from collections.abc import Iterable
+import types
+from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral.core.errors import UserCodeError
+
+if TYPE_CHECKING:
+    from corral.actors.tools.declare import UserTool
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 REFERENCE = re.compile(rf"^{_NAME}(\.{_NAME})*:{_NAME}(\.{_NAME})*$")
@@ -107,7 +111,7 @@ class import_path:
 TOOL_MODULES_ENV = "CORRAL_TOOL_MODULES"
 
 
-def import_tool_module(entry: str) -> None:
+def import_tool_module(entry: str) -> types.ModuleType:
     """Import one ``[tools] modules`` entry: a dotted module name, or a ``.py`` file
     path (absolute by now). Raises UserCodeError naming it and the exception."""
     import hashlib
@@ -117,8 +121,9 @@ def import_tool_module(entry: str) -> None:
         if entry.endswith(".py"):
             path = Path(entry)
             module_name = "corral_user_tools_" + hashlib.sha256(str(path).encode()).hexdigest()[:16]
-            if module_name in sys.modules:
-                return
+            loaded = sys.modules.get(module_name)
+            if loaded is not None:
+                return loaded
             spec = importlib.util.spec_from_file_location(module_name, path)
             if spec is None or spec.loader is None:
                 raise ImportError(f"cannot load {path}")
@@ -129,10 +134,25 @@ def import_tool_module(entry: str) -> None:
             except BaseException:
                 del sys.modules[module_name]
                 raise
-        else:
-            importlib.import_module(entry)
+            return module
+        return importlib.import_module(entry)
     except Exception as exc:
         raise UserCodeError(f"tools module {entry!r} failed to import: {type(exc).__name__}: {exc}") from None
+
+
+def tool_catalog(entries: Iterable[str], reserved: Collection[str] = ()) -> dict[str, UserTool]:
+    """Import the tool modules ``entries`` and return the catalog of the user's tools
+    found in them, by name (the one place it is built: the supervisor from its spec,
+    the fork server and each actor from ``TOOL_MODULES_ENV``). Raises UserCodeError
+    for a module that fails to import, ToolDeclarationError for a name declared twice
+    or one of ``reserved`` (the spec passes the built-ins' names; an actor need not
+    import every built-in tool to repeat a check its spec already passed)."""
+    modules = [import_tool_module(entry) for entry in entries]
+    if not modules:
+        return {}  # no tools module: nothing to import, not even the declarations
+    from corral.actors.tools.declare import user_tools_of
+
+    return user_tools_of(modules, reserved)
 
 
 def tool_entry_points() -> list[str]:
@@ -142,9 +162,10 @@ def tool_entry_points() -> list[str]:
     return [point.value for point in entry_points(group="corral.tools")]
 
 
-def import_tool_modules_from_env() -> None:
-    """In the fork server and every actor: the same tool modules as the supervisor."""
+def import_tool_modules_from_env() -> dict[str, UserTool]:
+    """In the fork server and every actor: the same tool modules as the supervisor,
+    and the catalog of the user's tools in them (importing is a no-op for a module
+    the fork server preloaded; finding the tools again is a walk of its names)."""
     import json
 
-    for entry in json.loads(os.environ.get(TOOL_MODULES_ENV) or "[]"):
-        import_tool_module(str(entry))
+    return tool_catalog(str(entry) for entry in json.loads(os.environ.get(TOOL_MODULES_ENV) or "[]"))

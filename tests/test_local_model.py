@@ -15,15 +15,15 @@ from corral.actors.agent import with_known_ids
 from corral.actors.providers.base import ProviderRequest, ToolSchema
 from corral.actors.providers.local import LocalConfig, LocalConfigError, answer_schema, chat_messages
 from corral.actors.providers.local_schema import inline_refs, max_tokens_for, plan_schema
-from corral.actors.tools.registry import all_tools
+from corral.actors.tools.registry import builtin_tools
 from corral.supervisor.models.model_spec import packaged_model_file
 from corral.supervisor.spec.swarm_spec import SpecError, SwarmSpec, load_spec
 from tests.harness import Daemon, cli, ledger_rows, running, wait_run
 
-WRITE = all_tools()["fs.write"].schema
-RECORD = all_tools()["effect.record"].schema
-DELEGATE = all_tools()["agent.delegate"].schema
-RUN_STATUS = all_tools()["agent.run_status"].schema
+WRITE = builtin_tools()["fs.write"].schema
+RECORD = builtin_tools()["effect.record"].schema
+DELEGATE = builtin_tools()["agent.delegate"].schema
+RUN_STATUS = builtin_tools()["agent.run_status"].schema
 
 
 def _request(tools: tuple[ToolSchema, ...], history: tuple[dict[str, Any], ...] = ()) -> ProviderRequest:

@@ -10,6 +10,7 @@ import pytest
 
 from corral.actors.tools.base import ToolError, validate_input
 from corral.actors.tools.process import ProcessStdin
+from corral.actors.tools.registry import builtin_tools
 from corral.supervisor.ledger.port import SqliteLedger
 from corral.supervisor.runs import action_store, run_store, sealed_input
 from corral.supervisor.runs.action_state import ActionPhase, action_id
@@ -21,11 +22,13 @@ PLAN = {
     ],
     "final": None,
 }
+#: The catalog that says which fields are sealed (process.stdin's ``data``).
+TOOLS = builtin_tools()
 
 
 def test_a_plan_keeps_only_the_digest_and_the_value_is_spooled_privately(tmp_path: Path) -> None:
     spool = sealed_input.spool_dir(tmp_path)
-    sealed, changed = sealed_input.seal_plan(spool, "run-abcdef", 2, PLAN)
+    sealed, changed = sealed_input.seal_plan(spool, "run-abcdef", 2, PLAN, TOOLS)
     assert changed
     marker = sealed["actions"][1]["input"]["data"]
     assert marker == {"sealed": hashlib.sha256(b"hunter2").hexdigest(), "bytes": 7}
@@ -42,13 +45,13 @@ def test_a_plan_keeps_only_the_digest_and_the_value_is_spooled_privately(tmp_pat
 
 def test_a_plan_without_sealed_fields_is_left_alone(tmp_path: Path) -> None:
     plan = {"actions": [{"tool": "process.stdin", "input": {"process_id": "p", "eof": True}}], "final": None}
-    assert sealed_input.seal_plan(sealed_input.spool_dir(tmp_path), "run-abcdef", 0, plan) == (plan, False)
+    assert sealed_input.seal_plan(sealed_input.spool_dir(tmp_path), "run-abcdef", 0, plan, TOOLS) == (plan, False)
     assert list((tmp_path / "sealed").iterdir()) == []
 
 
 def test_a_tampered_or_used_entry_is_refused(tmp_path: Path) -> None:
     spool = sealed_input.spool_dir(tmp_path)
-    sealed, _ = sealed_input.seal_plan(spool, "run-abcdef", 0, PLAN)
+    sealed, _ = sealed_input.seal_plan(spool, "run-abcdef", 0, PLAN, TOOLS)
     marker = sealed["actions"][1]["input"]["data"]
     the_id = action_id("run-abcdef", 0, 1)
     (spool / f"run-abcdef.{the_id}.data").write_bytes(b"hunter3")
@@ -69,13 +72,13 @@ def test_the_boot_sweep_keeps_only_entries_an_action_will_still_read(tmp_path: P
         ledger, agent_id="a", task="t", provider="scripted", provider_config={}, options={"workspace": "/tmp"}
     )
     waiting_plan = {"actions": [PLAN["actions"][1]] * 2, "final": None}
-    sealed, _ = sealed_input.seal_plan(spool, run_id, 0, waiting_plan)
+    sealed, _ = sealed_input.seal_plan(spool, run_id, 0, waiting_plan, TOOLS)
     started = action_store.prepare_action(
         ledger, run_id, 0, 0, "process.stdin", sealed["actions"][0]["input"], rerunnable=False, policy="auto"
     )
     run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING)
     action_store.move_action(ledger, started["action_id"], ActionPhase.EXECUTING)
-    sealed_input.seal_plan(spool, "run-gone0000", 0, PLAN)  # a run the ledger never saw
+    sealed_input.seal_plan(spool, "run-gone0000", 0, PLAN, TOOLS)  # a run the ledger never saw
     # Action 0 started (it will never be re-run), action 1 is not prepared yet: only it stays.
     assert sealed_input.sweep(spool, ledger) == 2
     assert [p.name for p in spool.iterdir()] == [f"{run_id}.{action_id(run_id, 0, 1)}.data"]

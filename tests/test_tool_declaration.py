@@ -1,8 +1,9 @@
 """Tools without ceremony (issue 38): ``@corral.tool def f(city: str) -> str`` has
 its argument in the schema and runs; the context goes only where it is annotated;
 a bad declaration, a ``tools`` glob that matches nothing and a tool the supervisor
-cannot import are clear errors; ``Client.start`` takes the spec as a dict and the
-tools as functions."""
+cannot import are clear errors; the catalog holds what the spec's modules declare,
+one function per name; ``Client.start`` takes the spec as a dict and the tools as
+functions."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 import corral
-from corral.actors.tools.declare import USER_TOOLS, ToolDeclarationError
+from corral.actors.tools.declare import ToolDeclarationError, declared_tool, user_tools_of
 from corral.client_spec import ToolSourceError, start_spec, toml_text, tool_entries
 from corral.supervisor.spec.swarm_spec import SpecError, load_spec, parse_spec
 
@@ -56,7 +57,9 @@ def tools_module(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> types.Modu
 
 
 def test_the_schema_comes_from_the_hints_and_the_context_from_its_annotation(tools_module: Any) -> None:
-    weather, forecast, where = (USER_TOOLS[name] for name in ("weather", "weather.forecast", "weather.where"))
+    catalog = user_tools_of([tools_module])
+    assert sorted(catalog) == ["weather", "weather.forecast", "weather.where"]
+    weather, forecast, where = (catalog[name] for name in ("weather", "weather.forecast", "weather.where"))
     assert weather.schema.input_schema["properties"] == {"city": {"type": "string"}}
     assert weather.schema.input_schema["required"] == ["city"] and weather.context is None
     assert weather.schema.effect_class == "external", "the safe default"
@@ -65,12 +68,14 @@ def test_the_schema_comes_from_the_hints_and_the_context_from_its_annotation(too
     assert set(where.schema.input_schema["properties"]) == {"city"}
     assert (where.context, where.positional) == ("context", ("city", "context"))
     assert tools_module.weather("Oslo") == "Oslo: -2.0 C", "the decorator returns the function unchanged"
+    assert declared_tool(tools_module.weather) is weather, "the declaration is on the function"
+    assert user_tools_of([tools_module.forecast]) == {"weather.forecast": forecast}, "a function passed directly"
 
 
-def _declare(source: str) -> None:
+def _define(source: str) -> Any:
     namespace: dict[str, Any] = {"corral": corral, "__name__": "user_mod"}
     exec(source, namespace)  # the function as a module would define it
-    corral.tool(name="bad.tool")(namespace["f"])
+    return namespace["f"]
 
 
 @pytest.mark.parametrize(
@@ -88,14 +93,49 @@ def _declare(source: str) -> None:
     ],
 )
 def test_a_bad_declaration_names_the_tool_and_the_parameter(source: str, message: str) -> None:
+    func = _define(source)
     with pytest.raises(ToolDeclarationError) as caught:
-        _declare(source)
+        corral.tool(name="bad.tool")(func)
     assert message in str(caught.value)
-    assert "bad.tool" not in USER_TOOLS, "nothing was declared"
+    assert declared_tool(func) is None and user_tools_of([func]) == {}, "nothing was declared"
 
 
-def _agents(tools: list[str], **more: Any) -> dict[str, Any]:
-    return {"agents": [{"id": "a", "tools": tools, "steps": [{"final": "x"}]}], **more}
+def test_the_catalog_is_what_the_specs_modules_declare_one_function_per_name(
+    tools_module: Any, short_tmp: Path
+) -> None:
+    site = short_tmp / "site"
+    (site / "qs_again.py").write_text("from qs_tools import weather  # the same function, re-exported\n")
+    (site / "qs_dupes.py").write_text("import corral\n@corral.tool\ndef weather(city: str) -> str:\n    return city\n")
+    (site / "qs_builtin.py").write_text(
+        'import corral\n@corral.tool(name="fs.read")\ndef mine(path: str) -> str:\n    return path\n'
+    )
+    # qs_tools is imported in this process, but no spec names it: nothing registered itself.
+    assert parse_spec({}).user_tools == {}
+    with pytest.raises(SpecError, match=r"policy\.weather: no tool 'weather'"):
+        parse_spec({"policy": {"weather": "confirm"}})
+    spec = parse_spec({"tools": {"modules": ["qs_tools", "qs_again"]}, "policy": {"weather": "confirm"}})
+    assert sorted(spec.user_tools) == ["weather", "weather.forecast", "weather.where"]
+    assert spec.user_tools["weather"].func is tools_module.weather
+    # One name, two functions (two modules): refused where the catalog is built, naming both.
+    with pytest.raises(SpecError) as caught:
+        parse_spec({"tools": {"modules": ["qs_tools", "qs_dupes"]}})
+    assert str(caught.value) == (
+        "tools.modules: tool name 'weather' is declared twice: by qs_tools.weather and by qs_dupes.weather;"
+        " give one of them another name="
+    )
+    with pytest.raises(SpecError, match=r"tools\.modules: tool fs\.read \(qs_builtin\.mine\): 'fs\.read' is a"
+                       r" built-in tool's name: pick another"):
+        parse_spec({"tools": {"modules": ["qs_builtin"]}})
+    for name in ("qs_again", "qs_dupes", "qs_builtin"):
+        sys.modules.pop(name, None)
+
+
+def _agents(globs: list[str], **more: Any) -> dict[str, Any]:
+    return {"agents": [{"id": "a", "tools": globs, "steps": [{"final": "x"}]}], **more}
+
+
+#: The spec section naming the tools module: its tools are in the catalog because it does.
+NAMED: dict[str, Any] = {"tools": {"modules": ["qs_tools"]}}
 
 
 def test_a_tools_glob_or_policy_key_that_matches_nothing_is_a_spec_error_with_a_hint(
@@ -104,13 +144,13 @@ def test_a_tools_glob_or_policy_key_that_matches_nothing_is_a_spec_error_with_a_
     monkeypatch.chdir(short_tmp)
     with pytest.raises(SpecError, match=r"agents\[0\]\.tools\[1\]: no tool matches 'weathr\.\*'; did you mean"
                        r" 'weather\.\*'\?"):
-        parse_spec(_agents(["fs.*", "weathr.*"]))
+        parse_spec(_agents(["fs.*", "weathr.*"], **NAMED))
     with pytest.raises(SpecError, match=r"no tool matches 'fs\.red'; did you mean 'fs\.read'\?"):
         parse_spec(_agents(["fs.red"]))
     with pytest.raises(SpecError, match=r"templates\[0\]\.tools\[0\]: no tool matches 'nothing\.\*'"):
         parse_spec({"templates": [{"id": "t", "tools": ["nothing.*"], "steps": [{"final": "x"}]}]})
     with pytest.raises(SpecError, match=r"policy\.weathr\.\*: no tool 'weathr\.\*'; did you mean 'weather\.\*'"):
-        parse_spec({"policy": {"weathr.*": "confirm"}})
+        parse_spec({"policy": {"weathr.*": "confirm"}, **NAMED})
     with pytest.raises(SpecError, match=r"no tool matches 'mcp\.\*'"):
         parse_spec(_agents(["mcp.*"]))  # no MCP server is declared
     # Through Client.start, before anything exists: no home, the caller's dict as it was.
@@ -121,7 +161,7 @@ def test_a_tools_glob_or_policy_key_that_matches_nothing_is_a_spec_error_with_a_
     assert not (short_tmp / "h").exists() and "project" not in bad and "tools" not in bad
     # What does match: a tool, a glob, and an MCP server's tools (known once it runs).
     server = {"mcp_servers": [{"id": "git", "command": ["true"]}]}
-    parse_spec(_agents(["weather", "weather.*", "fs.read", "mcp.git.*", "mcp.*"], **server))
+    parse_spec(_agents(["weather", "weather.*", "fs.read", "mcp.git.*", "mcp.*"], **server, **NAMED))
 
 
 def test_a_tool_the_supervisor_cannot_import_by_name_is_refused_saying_why(

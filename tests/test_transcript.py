@@ -18,7 +18,7 @@ import pytest
 
 import corral
 from corral.actors.providers.base import MAX_TRANSCRIPT_CHARS
-from corral.actors.tools.registry import all_tools
+from corral.actors.tools.registry import builtin_tools
 from corral.actors.turn_notes import capped, catalog_text, observations_seen, text_sha256
 from corral.mailbox.control import ControlError
 from corral.supervisor.home import home_dir as homes
@@ -155,7 +155,7 @@ def test_the_transcript_reads_the_same_without_a_supervisor(finished: dict[str, 
 def test_turn_notes_cap_and_views() -> None:
     big = "x" * (MAX_TRANSCRIPT_CHARS + 10)
     assert capped(big).endswith("[… 10 more characters cut]") and len(capped(big)) < MAX_TRANSCRIPT_CHARS + 100
-    tools = tuple(tool.schema for tool in all_tools().values())
+    tools = tuple(tool.schema for tool in builtin_tools().values())
     assert catalog_text(tools) == catalog_text(tuple(reversed(tools))[::-1])
     assert observations_seen({"history_from": 3, "history": [{}, {}]}) == 5
     summary = {"role": "summary", "text": "s", "covers": [1, 7]}

@@ -17,13 +17,18 @@ function), an exception is a failed action carrying its redacted message, and
 ``timeout_s`` is enforced. A sync function runs in a worker thread; a timed-out sync
 function cannot be killed, so its thread is abandoned (the action fails) and
 finishes on its own: give blocking calls their own timeouts.
+
+``@tool`` only declares: it attaches the ``UserTool`` to the function and registers
+nothing. The catalog is built explicitly from the modules the spec names
+(``user_tools_of``), and that value is passed to whoever needs it.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
@@ -37,11 +42,10 @@ from corral.core.redact import summarize
 Effect = Literal["read", "idempotent", "external"]
 EFFECTS: tuple[str, ...] = ("read", "idempotent", "external")
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789._-")
-#: Tools registered by ``@tool`` in this process (imported user modules).
-USER_TOOLS: dict[str, UserTool] = {}
 
-#: The attribute ``@tool`` sets on a function it declared: its tool name (how
-#: ``Client.start(tools=[f])`` tells a tool from a plain function).
+#: The attribute ``@tool`` sets on a function it declared: its ``UserTool`` (how the
+#: catalog finds a module's tools, and ``Client.start(tools=[f])`` tells a tool from
+#: a plain function).
 MARK = "__corral_tool__"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -109,10 +113,50 @@ class UserTool:
         return ToolResult(True, shown, f"{self.schema.name}: {summarize(text, 120)}")
 
 
+def declared_tool(func: object) -> UserTool | None:
+    """The ``UserTool`` ``@tool`` attached to ``func``, or None: it was not declared as one."""
+    try:
+        # Its own attributes only: a module's odd objects (a proxy, a mock) run no
+        # __getattr__ of theirs while the catalog looks through the module.
+        declared = vars(func).get(MARK)
+    except TypeError:  # no __dict__: nothing was attached
+        return None
+    return declared if isinstance(declared, UserTool) else None
+
+
 def declared_name(func: object) -> str | None:
     """The tool name ``@tool`` gave ``func``, or None: it was not declared as one."""
-    name = getattr(func, MARK, None)
-    return name if isinstance(name, str) else None
+    declared = declared_tool(func)
+    return declared.schema.name if declared is not None else None
+
+
+def user_tools_of(
+    sources: Iterable[types.ModuleType | Callable[..., Any]], reserved: Collection[str] = ()
+) -> dict[str, UserTool]:
+    """The catalog of the user's tools: every ``@tool`` function found in the modules
+    (their top-level objects carrying the declaration) and every declared function
+    passed directly, by name. A name declared twice (two functions, in one module or
+    two) or taken by a ``reserved`` name (a built-in tool's) is refused, naming both:
+    one name must mean one function in the supervisor and in every agent."""
+    found: dict[str, UserTool] = {}
+    for source in sources:
+        candidates = vars(source).values() if isinstance(source, types.ModuleType) else (source,)
+        for candidate in candidates:
+            declared = declared_tool(candidate)
+            if declared is None:
+                continue
+            name = declared.schema.name
+            if name in reserved:
+                raise ToolDeclarationError(
+                    f"tool {name} ({_where(declared.func)}): {name!r} is a built-in tool's name: pick another"
+                )
+            earlier = found.setdefault(name, declared)
+            if earlier is not declared:
+                raise ToolDeclarationError(
+                    f"tool name {name!r} is declared twice: by {_where(earlier.func)} and by"
+                    f" {_where(declared.func)}; give one of them another name="
+                )
+    return found
 
 
 def tool(
@@ -154,7 +198,7 @@ def tool(
         model = arguments.model
         schema = normal_form(model.model_json_schema())
         text = description or inspect.getdoc(target) or tool_name
-        USER_TOOLS[tool_name] = UserTool(
+        declared = UserTool(
             schema=ToolSchema(
                 name=tool_name,
                 description=text[:2000],
@@ -170,9 +214,13 @@ def tool(
             positional=arguments.positional,
         )
         try:
-            setattr(target, MARK, tool_name)
-        except (AttributeError, TypeError):  # a builtin or a slotted callable: it is still declared
-            pass
+            setattr(target, MARK, declared)
+        except (AttributeError, TypeError):
+            # The declaration lives on the function; nothing else holds it.
+            raise ToolDeclarationError(
+                f"tool {tool_name} ({_where(target)}): this callable cannot carry its declaration"
+                " (a builtin or a slotted object): wrap it in a def"
+            ) from None
         return target
 
     if func is not None:

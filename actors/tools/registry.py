@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from corral.actors.providers.base import ToolSchema
 from corral.actors.tools import action_history, goal, image_inspect, plan, preview, process, project, swarm, user_input
 from corral.actors.tools.base import Tool
@@ -28,13 +30,13 @@ def builtin_tools() -> dict[str, Tool]:
     return tools
 
 
-def all_tools() -> dict[str, Tool]:
-    """The one catalog: built-ins, then the user's ``@corral.tool`` functions from the
-    imported tool modules (MCP tools join per run, from the servers' catalogs)."""
-    from corral.actors.tools.declare import USER_TOOLS
-
+def all_tools(user_tools: Mapping[str, Tool]) -> dict[str, Tool]:
+    """The one catalog: built-ins, then the user's ``@corral.tool`` functions, as the
+    caller built them from the spec's tool modules (``user_code.tool_catalog``; the
+    spec refuses a user tool named like a built-in). MCP tools join per run, from
+    the servers' catalogs."""
     tools = builtin_tools()
-    tools.update({name: tool for name, tool in USER_TOOLS.items() if name not in tools})
+    tools.update({name: tool for name, tool in user_tools.items() if name not in tools})
     return tools
 
 

@@ -160,7 +160,7 @@ class RunActorMethods(RunCore):
                                                            category, why, self.limits_for(run))
                     return {"refused": why, **refused}
         if fresh:  # a replay must not spool again
-            plan, sealed = sealed_input.seal_plan(self.spool, run["run_id"], loop, plan)
+            plan, sealed = sealed_input.seal_plan(self.spool, run["run_id"], loop, plan, self.tools)
             withheld = sealed_input.WITHHELD_RESPONSE if sealed else None
             shown = redact(plan)  # what the ledger keeps, computed once
             raw_sha = self.keep_raw(run["run_id"], "plan", str(loop), plan, shown)

@@ -80,7 +80,7 @@ class RunCore:
         self.retry_changed = trio.Event()
         #: What recovery did at this boot (``status`` shows it).
         self.recovery_report: RecoveryReport | None = None
-        self.tools = all_tools()
+        self.tools = all_tools(spec.user_tools)
         self._spool: Path | None = None
 
     # -- helpers ------------------------------------------------------------------

@@ -31,18 +31,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from corral.actors.tools.base import is_sealed
-from corral.actors.tools.registry import all_tools
+from corral.actors.tools.base import Tool, is_sealed
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.action_state import action_id
 
-#: Tool -> the input fields it declares sealed (ToolSchema.sealed).
-SEALED_FIELDS: dict[str, tuple[str, ...]] = {
-    tool.schema.name: tool.schema.sealed for tool in all_tools().values() if tool.schema.sealed
-}
 SPOOL_DIR = "sealed"
 WITHHELD_RESPONSE = "[withheld: this response carried sealed tool input; the committed plan holds its digest]"
 
@@ -85,16 +81,26 @@ def spool_dir(home: Path) -> Path:
     return path
 
 
-def seal_plan(spool: Path, run_id: str, loop_index: int, plan: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """The plan with every sealed field replaced by its digest; True when any was.
-    Spool files are durable before this returns, so the plan may then commit."""
+def sealed_fields(tools: Mapping[str, Tool], name: str) -> tuple[str, ...]:
+    """The input fields tool ``name`` of the catalog ``tools`` declares sealed
+    (``ToolSchema.sealed``); none for a tool it does not hold."""
+    tool = tools.get(name)
+    return tool.schema.sealed if tool is not None else ()
+
+
+def seal_plan(
+    spool: Path, run_id: str, loop_index: int, plan: dict[str, Any], tools: Mapping[str, Tool]
+) -> tuple[dict[str, Any], bool]:
+    """The plan with every sealed field (as the catalog ``tools`` declares them)
+    replaced by its digest; True when any was. Spool files are durable before this
+    returns, so the plan may then commit."""
     actions = plan.get("actions")
     if not isinstance(actions, list):
         return plan, False
     sealed_any = False
     out_actions: list[Any] = []
     for index, call in enumerate(actions):
-        fields = SEALED_FIELDS.get(str(call.get("tool"))) if isinstance(call, dict) else None
+        fields = sealed_fields(tools, str(call.get("tool"))) if isinstance(call, dict) else None
         tool_input = call.get("input") if isinstance(call, dict) else None
         if not fields or not isinstance(tool_input, dict):
             out_actions.append(call)

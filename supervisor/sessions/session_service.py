@@ -411,7 +411,7 @@ class SessionService:
         return {"launch_mode": mode.value}
 
     def on_receipt(self, ledger: Ledger, action: Any) -> None:
-        if action["tool"] in sealed_input.SEALED_FIELDS:
+        if sealed_input.sealed_fields(self.runs.tools, action["tool"]):
             # Ended without reaching the terminal (refused, denied, failed early):
             # its sealed input will never be read, so it goes now.
             sealed_input.discard(sealed_input.spool_dir(self.home), action["run_id"], action["action_id"])

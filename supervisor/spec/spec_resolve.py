@@ -14,8 +14,9 @@ import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from corral.actors.tools.registry import all_tools, builtin_tools
 from corral.supervisor.bridge import bridge_spec
 from corral.supervisor.mcp.mcp_spec import resolve_servers
 from corral.supervisor.models.model_spec import ModelRegistry
@@ -39,6 +40,10 @@ from corral.supervisor.spec.spec_providers import provider_settings
 from corral.supervisor.spec.swarm_spec import SwarmSpec, provider_env
 from corral.supervisor.tree.restart_policy import RestartType, Strategy
 
+if TYPE_CHECKING:
+    from corral.actors.tools.base import Tool
+    from corral.actors.tools.declare import UserTool
+
 #: The whole file in one validation; its places are named as the sections are
 #: (``supervisor.heartbeat_s``, ``agents[1].max_repairs``), a top-level key from ``spec``.
 _READER = Reader(SpecFile, "spec", bare_sections=True)
@@ -54,9 +59,12 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
     project_root = spec_path(base, doc.project.root)
     if explicit_root:
         _check_project_root(project_root)  # a root given explicitly is checked even without agents
-    tool_modules = _tool_modules(doc.tools.modules, base)
+    tool_modules, user_tools = _tool_modules(doc.tools.modules, base)
+    tools = all_tools(user_tools)  # the one catalog the checks below judge names against
     models = ModelRegistry.build(doc.models, base)
     agents = _agents(doc, tree, base, models, project_root)
+    for index, table in enumerate(doc.agents):
+        _check_parallel_reads(f"agents[{index}]", table.parallel_reads, tools)
     templates = _templates(doc, base, models)
     mcp_servers = resolve_servers(doc.mcp_servers, base)
     for server in mcp_servers:
@@ -81,11 +89,11 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
     policy_tables += [(f"agents[{i}].policy", agent.policy) for i, agent in enumerate(agents)]
     policy_tables += [(f"templates[{i}].policy", template.policy) for i, template in enumerate(templates)]
     mcp_ids = {server.id for server in mcp_servers}
-    _check_policy_keys(policy_tables, mcp_ids)
-    _check_mandatory_approval(policy_tables)
+    _check_policy_keys(policy_tables, mcp_ids, tools)
+    _check_mandatory_approval(policy_tables, tools)
     tool_lists = [(f"agents[{i}].tools", agent.tools) for i, agent in enumerate(agents)]
     tool_lists += [(f"templates[{i}].tools", template.tools) for i, template in enumerate(templates)]
-    _check_tool_globs(tool_lists, mcp_ids)
+    _check_tool_globs(tool_lists, mcp_ids, tools)
     effects = doc.chaos.effects_file
     return SwarmSpec(
         name=doc.name,
@@ -104,6 +112,7 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
         mcp_servers=mcp_servers,
         models=models.all(),
         tool_modules=tool_modules,
+        user_tools=user_tools,
         bridge=doc.bridge,
         ledger=doc.ledger,
         telemetry=doc.telemetry,
@@ -192,7 +201,6 @@ def _agent(where: str, table: AgentTable, provider_config: dict[str, Any], proje
     workspace = (project_root / table.workspace).resolve()
     if workspace != project_root and project_root not in workspace.parents:
         raise SpecError(f"{where}.workspace: {workspace} is outside the project root {project_root}")
-    _check_parallel_reads(where, table.parallel_reads)
     return AgentSpec(id=table.id, provider=table.provider, provider_config=provider_config, workspace=workspace,
                      **_options(table, AgentOptions))
 
@@ -242,44 +250,37 @@ def _check_project_root(root: Path) -> None:
             raise SpecError(f"project.root: {real} lies in the system directory {tree}")
 
 
-def _tool_modules(modules: tuple[str, ...], base: Path) -> tuple[str, ...]:
-    """Import the user's tool modules now: a module that fails to import is a spec
-    error naming it, and nothing starts."""
-    from corral.actors.user_code import import_tool_module, tool_entry_points
+def _tool_modules(modules: tuple[str, ...], base: Path) -> tuple[tuple[str, ...], dict[str, UserTool]]:
+    """Import the user's tool modules now, and the catalog of the tools in them: a
+    module that fails to import, or a tool name declared twice or taken by a
+    built-in, is a spec error naming it, and nothing starts."""
+    from corral.actors.tools.declare import ToolDeclarationError
+    from corral.actors.user_code import tool_catalog, tool_entry_points
     from corral.core.errors import UserCodeError
 
     resolved = [str(spec_path(base, entry)) if entry.endswith(".py") else entry for entry in modules]
     entry_points = tool_entry_points()  # once: it reads every installed distribution's metadata
-    for entry in [*resolved, *entry_points]:
-        try:
-            import_tool_module(entry)
-        except UserCodeError as exc:
-            raise SpecError(f"tools.modules: {exc}") from None
-    return tuple(dict.fromkeys([*resolved, *entry_points]))
+    entries = tuple(dict.fromkeys([*resolved, *entry_points]))
+    try:
+        return entries, tool_catalog(entries, reserved=builtin_tools())
+    except (UserCodeError, ToolDeclarationError) as exc:
+        raise SpecError(f"tools.modules: {exc}") from None
 
 
-def _check_parallel_reads(where: str, names: tuple[str, ...]) -> None:
+def _check_parallel_reads(where: str, names: tuple[str, ...], tools: Mapping[str, Tool]) -> None:
     """Exact names of read-only tools (no globs: the list is strict)."""
-    from corral.actors.tools.registry import all_tools
-
-    tools = all_tools()
     for name in names:
         tool = tools.get(name)
         if tool is None or tool.schema.effect_class != "read":
             raise SpecError(f"{where}.parallel_reads: {name!r} is not a read-only tool (only reads run in parallel)")
 
 
-def known_tool_names() -> list[str]:
-    """Every tool name a policy key may name: the one tool catalog."""
-    from corral.actors.tools.registry import all_tools
-
-    return sorted(all_tools())
-
-
-def _check_policy_keys(tables: list[tuple[str, Mapping[str, str]]], mcp_ids: set[str]) -> None:
+def _check_policy_keys(
+    tables: list[tuple[str, Mapping[str, str]]], mcp_ids: set[str], tools: Mapping[str, Tool]
+) -> None:
     """A misspelled key must not fail open: every key names a known tool, a glob that
     matches one, or a tool of a declared MCP server (``mcp.<server>.<tool or glob>``)."""
-    known = known_tool_names()
+    known = sorted(tools)
     for where, table in tables:
         for key in table:
             if key == POLICY_DEFAULT_KEY:
@@ -288,13 +289,11 @@ def _check_policy_keys(tables: list[tuple[str, Mapping[str, str]]], mcp_ids: set
                 raise SpecError(f"{where}.{key}: no tool {key!r}{_hint(key, known)}")
 
 
-def _check_mandatory_approval(tables: list[tuple[str, Mapping[str, str]]]) -> None:
+def _check_mandatory_approval(tables: list[tuple[str, Mapping[str, str]]], tools: Mapping[str, Tool]) -> None:
     """A tool whose approval is mandatory (``min_policy``: project.git_commit) named with
     a weaker policy is an error, not a silent override. A glob that matches it (``"*" =
     "auto"``) is not: the run layer never goes below the tool's floor."""
-    from corral.actors.tools.registry import all_tools
-
-    floors = {name: str(getattr(tool, "min_policy", "auto")) for name, tool in all_tools().items()}
+    floors = {name: str(getattr(tool, "min_policy", "auto")) for name, tool in tools.items()}
     for where, table in tables:
         for key, mode in table.items():
             floor = POLICIES.index(floors.get(key, "auto"))  # POLICIES: weakest first
@@ -303,10 +302,12 @@ def _check_mandatory_approval(tables: list[tuple[str, Mapping[str, str]]]) -> No
                                 f" {' or '.join(repr(m) for m in POLICIES[floor:])}, not {mode!r}")
 
 
-def _check_tool_globs(lists: list[tuple[str, tuple[str, ...] | None]], mcp_ids: set[str]) -> None:
+def _check_tool_globs(
+    lists: list[tuple[str, tuple[str, ...] | None]], mcp_ids: set[str], tools: Mapping[str, Tool]
+) -> None:
     """A ``tools`` entry that matches nothing would offer the agent nothing and fail
     its runs later with ``unknown tool``: it is an error here, with a hint."""
-    known = known_tool_names()
+    known = sorted(tools)
     for where, globs in lists:
         for index, pattern in enumerate(globs or ()):
             if not _names_a_tool(pattern, known, mcp_ids):

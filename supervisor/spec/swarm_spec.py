@@ -16,6 +16,7 @@ or when one of their names is taken from here.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from corral.supervisor.spec.bounded_files import FileReadError, read_text_bounde
 from corral.supervisor.spec.spec_base import MAX_STRING_CHARS, SpecError
 
 if TYPE_CHECKING:
+    from corral.actors.tools.declare import UserTool
     from corral.supervisor.bridge.bridge_spec import BridgeSpec
     from corral.supervisor.mcp.mcp_spec import McpServerSpec
     from corral.supervisor.models.model_spec import LocalModelSpec
@@ -87,6 +89,10 @@ class SwarmSpec:
     #: ``[tools] modules``, resolved (file paths absolute), plus the ``corral.tools``
     #: entry points: imported here, in the fork server and in every actor.
     tool_modules: tuple[str, ...]
+    #: The ``@corral.tool`` functions found in ``tool_modules``, by name: the catalog
+    #: of the user's tools, built once where the modules were imported (nothing
+    #: registers itself; ``registry.all_tools`` joins it to the built-ins).
+    user_tools: Mapping[str, UserTool]
     #: ``[bridge]``: work for an agent-task bridge (supervisor/bridge/bridge_spec.py).
     bridge: BridgeSpec | None
     #: ``[ledger]``: a PostgreSQL ledger shared by several nodes (supervisor/ledger/ledger_spec.py).
