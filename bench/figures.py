@@ -425,6 +425,8 @@ figure(
             "SQLite, 1 agent": "durable_actions_postgres.actions_per_s_sqlite_1",
             "PostgreSQL, 8 agents": "durable_actions_postgres.actions_per_s_pg1_8",
             "PostgreSQL, two nodes, 4 agents each": "durable_actions_postgres.actions_per_s_pg2_8",
+            "PostgreSQL, three nodes, 21 agents each": "durable_actions_postgres.actions_per_s_pg3_64",
+            "PostgreSQL, three nodes, 2 agents each": "durable_actions_postgres.actions_per_s_pg3_8",
             "SQLite, 8 agents": "durable_actions_postgres.actions_per_s_sqlite_8",
             "bare PostgreSQL, 1 synchronous commit per transition": "durable_actions_postgres.postgres_limit_per_s",
         },

@@ -5,14 +5,16 @@ plan, no think time), at 1, 8 and 64 agents:
 
 * corral on its embedded SQLite ledger (the baseline, same run);
 * corral on PostgreSQL, one node;
-* corral on PostgreSQL, two nodes (two supervisors on this host, the agents split
-  between them, both driven at once);
+* corral on PostgreSQL, two and three nodes (that many supervisors on this host,
+  the agents split between them, all driven at once);
 * the bare-PostgreSQL limit: one synchronously committed transaction per
   transition (UPDATE + INSERT), from one connection.
 
 The server is a throwaway PostgreSQL (corral/core/pg_local.py) with fsync on and
 synchronous commit, as in production; it shares the machine's two cores with the
-nodes, so the two-node figure shows contention, not a second host's capacity.
+nodes, so the two- and three-node figures show contention, not more hosts' capacity.
+The per-node ratio (``pg_per_node_ratio_*``) divides one node's PostgreSQL rate by
+SQLite's, same run and agent count (the issue 39 target is at least 0.6).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from bench.durable_workloads import PER_PLAN, TRANSITIONS_PER_ACTION, _corral_ra
 from bench.harness import Context, Metrics, NotRun, Stats, workload
 
 AGENT_COUNTS = (1, 8, 64)
+#: The multi-node points: that many supervisors on one PostgreSQL, driven at once.
+NODE_COUNTS = (2, 3)
 
 
 @contextlib.contextmanager
@@ -69,8 +73,8 @@ def _postgres_limit(url: str) -> float:
         return done / (time.perf_counter() - start)
 
 
-def _two_node_rate(homes: list[Path], agents_per_node: int, loops: int) -> float:
-    """Both nodes driven at once; actions/s over the slower node's wall time."""
+def _nodes_rate(homes: list[Path], agents_per_node: int, loops: int) -> float:
+    """Every node driven at once; actions/s over the slowest node's wall time."""
     results: dict[int, float] = {}
     errors: list[BaseException] = []
 
@@ -115,9 +119,9 @@ def _measured(ctx: Context, key: str, home: Path, agents: int, loops: int, round
 @workload("durable_actions_postgres", group="corral", budget_s=900, quick_budget_s=240)
 def durable_actions_postgres(ctx: Context) -> Metrics:
     """Durable read actions/s at 1, 8 and 64 agents: SQLite, PostgreSQL with one
-    node, PostgreSQL with two nodes, and the bare-PostgreSQL limit, same run.
-    Return {"actions_per_s_{sqlite,pg1,pg2}_{n}", "transitions_per_s_...",
-    "postgres_limit_per_s"}."""
+    node, with two and three nodes, and the bare-PostgreSQL limit, same run.
+    Return {"actions_per_s_{sqlite,pg1,pg2,pg3}_{n}", "transitions_per_s_...",
+    "pg_per_node_ratio_{n}", "postgres_limit_per_s"}."""
     rounds = ctx.reps(1, 3)
     loops = ctx.reps(8, 20)
     counts = AGENT_COUNTS if not ctx.quick else (1, 8)
@@ -134,16 +138,27 @@ def durable_actions_postgres(ctx: Context) -> Metrics:
             with _node(ctx, f"pg1-{agents}", spec, url) as home:
                 _wait_all_ready(home, agents, 120)
                 _measured(ctx, f"pg1_{agents}", home, agents, loops, rounds)
-            if agents < 2:
-                continue
-            ctx.check(f"postgres 2 nodes n={agents}")
-            url = server.create_database(f"two_{agents}")
-            half = _spec(agents // 2, loops)
-            with _node(ctx, f"pg2a-{agents}", half, url) as home_a, _node(ctx, f"pg2b-{agents}", half, url) as home_b:
-                for home in (home_a, home_b):
-                    _wait_all_ready(home, agents // 2, 120)
-                _record(ctx, f"pg2_{agents}",
-                        [_two_node_rate([home_a, home_b], agents // 2, loops) for _ in range(rounds)])
+            rates = (ctx.metrics[f"actions_per_s_pg1_{agents}"], ctx.metrics[f"actions_per_s_sqlite_{agents}"])
+            ratio = rates[0].median / rates[1].median
+            ctx.metrics[f"pg_per_node_ratio_{agents}"] = Stats.single(ratio, "x SQLite")
+            for nodes in NODE_COUNTS:
+                if agents >= nodes:
+                    _several_nodes(ctx, server, nodes, agents, loops, rounds)
     ctx.note(f"{PER_PLAN} fs.list actions per plan, scripted provider, {loops} loops per agent")
-    ctx.note("PostgreSQL 15 on this host, fsync on, synchronous_commit on; two nodes share its two cores")
+    ctx.note("PostgreSQL 15 on this host, fsync on, synchronous_commit on; every node shares its two cores")
+    ctx.note("n nodes at N agents: N // n agents per node (8 agents on 3 nodes: 2 each, 6 in all)")
     return ctx.metrics
+
+
+def _several_nodes(ctx: Context, server: Any, nodes: int, agents: int, loops: int, rounds: int) -> None:
+    """``nodes`` supervisors on one database, ``agents // nodes`` agents each, all
+    driven at once: actions_per_s_pg{nodes}_{agents}."""
+    ctx.check(f"postgres {nodes} nodes n={agents}")
+    url = server.create_database(f"nodes{nodes}_{agents}")
+    share = agents // nodes
+    spec = _spec(share, loops)
+    with contextlib.ExitStack() as stack:
+        homes = [stack.enter_context(_node(ctx, f"pg{nodes}{chr(97 + i)}-{agents}", spec, url)) for i in range(nodes)]
+        for home in homes:
+            _wait_all_ready(home, share, 120)
+        _record(ctx, f"pg{nodes}_{agents}", [_nodes_rate(homes, share, loops) for _ in range(rounds)])

@@ -372,9 +372,11 @@ def test_a_commit_whose_answer_was_lost_is_checked_never_replayed(env: dict[str,
         assert ledger.commits == commits + 1 and ledger.available
         assert len(ledger_events(ledger, f"landed-{attempt}")) == 1, "and it was never sent again"
 
-        _sql(url, "SELECT pg_terminate_backend(%s)", _backend(url, "corral-ledger:node-a"))
         with pytest.raises(LedgerUnavailable, match="nothing was committed"), ledger.tx():
             ledger.event("lost", "x")
+            ledger.db.flush()  # the write is answered: only its COMMIT meets the lost connection
+            _sql(url, "SELECT pg_terminate_backend(%s, 10000)", _backend(url, "corral-ledger:node-a"))
+        assert ledger.available, "the in-doubt COMMIT was settled on a new connection"
         assert not ledger_events(ledger, "lost"), "the marker said: not landed; and it was not sent again"
         # A read that finds the connection gone: every transaction is refused at once
         # (nothing is sent) until the reconnection, which checks the fence first.

@@ -18,7 +18,7 @@ also sets a commit marker (``corral_meta.commit_seq``), so that after a lost
 connection the ledger can tell whether a COMMIT whose answer never came landed,
 and whether commits it was told of were lost.
 
-The wire (connecting, rows, deferred writes) is supervisor/ledger/ledger_pg_wire.py; the
+The wire (connecting, rows, pipelined transactions) is supervisor/ledger/ledger_pg_wire.py; the
 cluster tables and the fence functions are supervisor/ledger/ledger_pg_cluster.py.
 """
 
@@ -128,10 +128,11 @@ class PostgresLedger(Ledger):
         self.raw = connect(url, self._application)
         #: The fenced writer alone may cache its reads: nobody else writes its partition.
         self.cache = ReadCache() if epoch is not None and not readonly else None
-        self.db = Connection(self.raw, self.cache, defer_writes=self.cache is not None)
+        self.db = Connection(self.raw, self.cache)
         #: Event cursors taken from the sequence in blocks: an event's INSERT then
-        #: needs no answer and is deferred like any write. One writer commits in
-        #: order, so cursors still grow in commit order.
+        #: needs no answer (no RETURNING to wait for) and travels in the pipeline
+        #: like any write. One writer commits in order, so cursors still grow in
+        #: commit order.
         self._cursors: list[int] = []
         try:
             if not readonly:
@@ -331,27 +332,26 @@ class PostgresLedger(Ledger):
         with self._lock:
             self._guard_lease()
             # Nothing is sent yet: BEGIN, the commit mode and the fence check
-            # travel with the transaction's first statement that needs an
-            # answer, or with its COMMIT. The fence raises inside the server,
-            # so a fenced batch stops before its COMMIT, whatever follows it.
-            self.db.in_transaction = True
-            self.db.pending = [("BEGIN", None)]
+            # open the pipeline with the transaction's first statement. The fence
+            # raises inside the server, so a fenced pipeline aborts before its
+            # COMMIT, whatever follows it.
+            opening = ["BEGIN"]
             if not fsync or self.group_commit:
-                self.db.pending.append(("SET LOCAL synchronous_commit = off", None))
+                opening.append("SET LOCAL synchronous_commit = off")
             if self.epoch is not None:
-                self.db.pending.append((self._fence_sql, None))
+                opening.append(self._fence_sql)
+            self.db.begin(opening)
             marker: int | None = None
             try:
                 yield self.db
-                if self.db.pending[:1] == [("BEGIN", None)] and not any(h for _, h in self.db.pending):
-                    self.db.discard()  # nothing was written: no round trip at all
+                if not self.db.sent:
+                    self.db.abandon()  # it ran no statement: no round trip at all
                 else:
+                    closing: list[tuple[str, tuple[Any, ...]]] = []
                     if self.epoch is not None:
                         marker = self._seq + 1
-                        self.db.pending.append(
-                            (f"UPDATE corral_meta SET value = {marker} WHERE key = 'commit_seq'", None)
-                        )
-                    self.db.send("COMMIT")
+                        closing.append(("UPDATE corral_meta SET value = %s WHERE key = 'commit_seq'", (marker,)))
+                    self.db.commit(closing)
                     if marker is not None:
                         self._seq = marker
             except psycopg.Error as exc:
@@ -377,7 +377,6 @@ class PostgresLedger(Ledger):
             except BaseException:
                 self._rollback()
                 raise
-            self.db.in_transaction = False
 
     def _landed(self, marker: int) -> bool:
         """The COMMIT carrying ``marker`` was sent and its answer lost: reconnect
@@ -394,14 +393,9 @@ class PostgresLedger(Ledger):
         return False
 
     def _rollback(self) -> None:
-        self.db.in_transaction = False
-        self.db.discard()
+        self.db.abandon()  # with its ROLLBACK
         if self.cache is not None:
             self.cache.clear()  # it may hold rows this transaction wrote
-        try:
-            self.raw.execute("ROLLBACK")
-        except Exception:
-            pass
 
     def sync(self) -> int:
         """Wait until every commit so far is flushed: one synchronously committed
@@ -491,7 +485,7 @@ class PostgresLedger(Ledger):
                 raise
 
     def _append_event(self, db: Any, row: tuple[Any, ...]) -> int:
-        if not self.db.defer_writes:
+        if self.cache is None:
             cursor = db.execute(
                 "INSERT INTO events (at, boot_id, kind, subject, data) VALUES (?, ?, ?, ?, ?) RETURNING cursor", row
             )

@@ -1,5 +1,6 @@
 """The wire to a PostgreSQL ledger: connecting, rows that behave like sqlite3.Row,
-and a connection that speaks SQLite's dialect and defers writes.
+and a connection that speaks SQLite's dialect and sends a transaction's
+statements in psycopg's pipeline mode.
 
 supervisor/ledger/ledger_pg.py builds the ledger on it: transactions, the fence, the
 commit marker.
@@ -7,7 +8,10 @@ commit marker.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+import re
+import select
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
@@ -93,8 +97,9 @@ def connect(url: str, application: str = "corral", timeout: int = 10) -> Any:
             return int(text) if text.lstrip("-").isdigit() else float(text)
 
     try:
-        # Client-side binding: values travel as literals, so PostgreSQL types them
-        # from their context as SQLite does ("? IS NULL", a str compared with a number).
+        # The connection's own cursors (migrations, the cluster tables, the lease)
+        # bind on the client: values travel as literals, typed from their context.
+        # A ledger's statements go through Connection below, bound by the server.
         conn = psycopg.connect(
             url, autocommit=True, row_factory=_row_factory, connect_timeout=timeout,
             cursor_factory=psycopg.ClientCursor, application_name=application[:63],
@@ -106,58 +111,124 @@ def connect(url: str, application: str = "corral", timeout: int = 10) -> Any:
     return conn
 
 
-class _Deferred:
-    """A write sent later, with whatever reads or commits next (one round trip)."""
+class _Pipelined:
+    """A statement sent in a pipeline: its answer is read when somebody asks (its
+    rows, its row count). Reading it is one round trip, which also carries every
+    statement queued before it."""
+
+    __slots__ = ("_connection", "_next", "_rows", "result")
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
-        self.rowcount_known: int | None = None
+        self.result: Any = None
+        self._rows: list[Any] | None = None
+        self._next = 0
+
+    def _answered(self) -> Any:
+        if self.result is None:
+            self._connection.flush()
+        return self.result
 
     @property
     def rowcount(self) -> int:
-        if self.rowcount_known is None:
-            self._connection.flush()
-        assert self.rowcount_known is not None
-        return self.rowcount_known
+        count = self._answered().command_tuples
+        return -1 if count is None else int(count)
 
-    def fetchone(self) -> None:
-        return None
+    def _loaded(self) -> list[Any]:
+        if self._rows is None:
+            self._rows = self._connection.rows_of(self._answered())
+        return self._rows
+
+    def fetchone(self) -> Any:
+        rows = self._loaded()
+        if self._next >= len(rows):
+            return None
+        self._next += 1
+        return rows[self._next - 1]
 
     def fetchall(self) -> list[Any]:
-        return []
+        rows = self._loaded()
+        rest, self._next = rows[self._next :], len(rows)
+        return rest
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.fetchall())
 
 
-def _settle(cursor: Any, pending: list[tuple[str, _Deferred | None]]) -> None:
-    """Give each sent statement its row count; the cursor ends on what follows."""
-    for _text, handle in pending:
-        if handle is not None:
-            handle.rowcount_known = cursor.rowcount
-        cursor.nextset()
+#: A statement is prepared on the server from its second use (a one-off, such as
+#: an ``IN (...)`` of some length, is not), and at most this many per connection.
+PREPARE_FROM_USE = 2
+PREPARED_MAX = 2048
+#: What is prepared: queries, not transaction control (BEGIN, SET LOCAL, COMMIT, ROLLBACK).
+_PREPARABLE = re.compile(r"\s*(?:SELECT|INSERT|UPDATE|DELETE|WITH)\b", re.IGNORECASE)
 
 
 class Connection:
     """What a store's ``db.execute(sql, params)`` talks to: SQLite's dialect in,
-    PostgreSQL out.
+    PostgreSQL out, in libpq's pipeline mode (through psycopg's ``pq`` layer).
 
-    Two things save round trips, which cost nothing with SQLite and most of the
-    time with a server. With ``cache`` (the writer's own ledger only), repeated
-    single-table reads are answered from supervisor/ledger/read_cache.py. Inside a
-    transaction, a write whose result nobody reads yet is *deferred*: it travels
-    with the next statement that needs an answer (a read, a ``RETURNING``, the
-    ``COMMIT``), in one multi-statement round trip, in order. A deferred write
-    that fails makes that round trip fail, and the transaction rolls back as if
-    it had failed alone.
+    Round trips cost nothing with SQLite and most of the time with a server, so
+    statements are *queued*: sent with the next one that needs an answer (a
+    read's rows, a row count, the COMMIT), all in one write to the socket and one
+    round trip. Values are bound by the server (typed by psycopg's adapters; a
+    str is left for the server to type from its context, as a literal would be)
+    and a statement used again is prepared on the server, which then neither
+    parses nor plans it again. In a transaction a statement that fails aborts
+    the rest of the pipeline: the first error is raised and the transaction
+    rolls back whole.
+
+    psycopg's own ``Pipeline`` object was measured first (bench notes in
+    docs/performance.md): it writes to the socket at every statement, and cost
+    more client CPU per transaction than the multi-statement strings it would
+    have replaced. libpq's pipeline mode, driven here, sends a round trip's
+    statements with one write.
+
+    With ``cache`` (the writer's own ledger only), repeated single-table reads
+    are answered from supervisor/ledger/read_cache.py.
     """
 
-    def __init__(self, conn: Any, cache: ReadCache | None = None, *, defer_writes: bool = False) -> None:
-        self.conn = conn
-        self.in_transaction = False
+    def __init__(self, conn: Any, cache: ReadCache | None = None) -> None:
         self.cache = cache
-        self.defer_writes = defer_writes
-        #: Statements not sent yet, each with its handle (None: the transaction's opening).
-        self.pending: list[tuple[str, _Deferred | None]] = []
         #: Round trips to the server (what the bench divides by actions).
         self.round_trips = 0
+        #: What opens the open transaction, sent with its first statement (None: no transaction).
+        self._opening: list[str] | None = None
+        self._sent = False
+        self.conn = conn
+
+    @property
+    def conn(self) -> Any:
+        return self._conn
+
+    @conn.setter
+    def conn(self, conn: Any) -> None:
+        """A new connection (the first, or after a lost one) has nothing prepared."""
+        from psycopg.adapt import Transformer
+
+        self._conn = conn
+        conn.prepare_threshold = None  # psycopg's own preparing would DEALLOCATE ALL after a ROLLBACK
+        self._transformer = Transformer(conn)
+        self._encoding = conn.info.encoding
+        self._uses: dict[tuple[str, tuple[int, ...]], int] = {}
+        self._prepared: dict[tuple[str, tuple[int, ...]], bytes] = {}
+        self._names = itertools.count()
+        #: Sent and not yet answered, in order: a handle, or None for an answer nobody reads.
+        self._queued: list[_Pipelined | None] = []
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._opening is not None
+
+    @property
+    def sent(self) -> bool:
+        """Whether the open transaction sent anything (an empty one ends unsent)."""
+        return self._sent
+
+    def begin(self, opening: list[str]) -> None:
+        """A transaction opened by ``opening`` (BEGIN first), which travels with
+        its first statement: a transaction that runs none costs no round trip."""
+        self._opening = opening
+        self._sent = False
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         args = tuple(params)
@@ -167,39 +238,188 @@ class Connection:
         kind, table, hit = cache.before(sql, args)
         if hit is not None:
             return hit
-        statement = to_postgres(sql)
-        if self.defer_writes and self.in_transaction and kind == "write" and "RETURNING" not in sql.upper():
-            handle = _Deferred(self)
-            self.pending.append((self._literal(statement, args), handle))
-            return handle
-        return cache.after(kind, table, sql, args, self.send(statement, args))
-
-    def _literal(self, statement: str, args: tuple[Any, ...]) -> str:
-        text: str = self.conn.cursor().mogrify(statement, args or None)
-        return text
+        return cache.after(kind, table, sql, args, self.send(to_postgres(sql), args))
 
     def send(self, statement: str, args: tuple[Any, ...] = ()) -> Any:
-        """One round trip: the deferred writes, then this statement; the cursor
-        is left on this statement's result."""
-        if self.pending:
-            return self._send_pending(self._literal(statement, args))
-        cursor = self.conn.cursor()
-        self.round_trips += 1
-        cursor.execute(statement, args or None)
-        return cursor
+        """``statement`` (psycopg's ``%s`` style) with ``args``. In a transaction it
+        is queued and answered on demand; outside one it is answered at once."""
+        if self._opening is None:
+            handle = self._queue(statement, args)
+            self.flush()
+            return handle
+        if not self._sent:
+            self._sent = True
+            for opening in self._opening:
+                self._queue(opening, (), answer=False)
+        return self._queue(statement, args)
+
+    def _queue(self, statement: str, args: tuple[Any, ...], *, answer: bool = True) -> _Pipelined | None:
+        pgconn = self._conn.pgconn
+        if not self._queued:
+            self._enter(pgconn)
+        text = numbered(statement)
+        if args:
+            from psycopg.adapt import PyFormat
+
+            values = self._transformer.dump_sequence(args, [PyFormat.AUTO] * len(args))
+            types, formats = tuple(self._transformer.types or ()), self._transformer.formats
+        else:
+            values, types, formats = None, (), None
+        key = (text, types)
+        name = self._prepared.get(key)
+        if name is None:
+            uses = self._uses.get(key, 0) + 1
+            self._uses[key] = uses
+            if uses >= PREPARE_FROM_USE and len(self._prepared) < PREPARED_MAX and _PREPARABLE.match(text):
+                # Never a name used before on this connection: one whose PREPARE
+                # failed may exist or not, so names are not reused.
+                name = f"corral_{next(self._names)}".encode()
+                pgconn.send_prepare(name, text.encode(), param_types=types or None)
+                self._queued.append(None)
+                self._prepared[key] = name
+        if name is None:
+            pgconn.send_query_params(text.encode(), values, param_types=types or None, param_formats=formats)
+        else:
+            pgconn.send_query_prepared(name, values, param_formats=formats)
+        handle = _Pipelined(self) if answer else None
+        self._queued.append(handle)
+        return handle
+
+    def _enter(self, pgconn: Any) -> None:
+        from psycopg import pq
+
+        if pgconn.pipeline_status == pq.PipelineStatus.OFF:
+            pgconn.enter_pipeline_mode()
 
     def flush(self) -> None:
-        if self.pending:
-            self._send_pending(None)
+        """One round trip: everything queued goes out in one write, every answer
+        comes back; the first statement that failed raises here (a prepared
+        statement it would have created is forgotten)."""
+        if not self._queued:
+            return
+        from psycopg import errors, pq
 
-    def _send_pending(self, last: str | None) -> Any:
-        """The deferred statements (and ``last``) in one round trip, in order."""
-        pending, self.pending = self.pending, []
-        cursor = self.conn.cursor()
+        pgconn = self._conn.pgconn
+        queued, self._queued = self._queued, []
         self.round_trips += 1
-        cursor.execute("; ".join([*(text for text, _ in pending), *([last] if last else [])]))
-        _settle(cursor, pending)
-        return cursor
+        failure: Exception | None = None
+        try:
+            pgconn.pipeline_sync()
+            while pgconn.flush():
+                _wait_for(pgconn.socket, select.POLLOUT)
+            for handle in queued:
+                result = self._next_result(pgconn)
+                while self._next_result(pgconn, until_none=True) is not None:
+                    pass  # a statement's end (libpq ends each one's results with none)
+                if result.status == pq.ExecStatus.FATAL_ERROR and failure is None:
+                    failure = errors.error_from_result(result, encoding=self._encoding)
+                elif handle is not None:
+                    handle.result = result
+            self._next_result(pgconn)  # the sync
+            pgconn.exit_pipeline_mode()
+        except BaseException:
+            self._prepared.clear()  # which of them exist is unknown: a new connection follows
+            raise
+        if failure is not None:
+            # Prepared statements sent after the failure were not created.
+            self._prepared.clear()
+            self._uses.clear()
+            raise failure
 
-    def discard(self) -> None:
-        self.pending = []
+    def _next_result(self, pgconn: Any, *, until_none: bool = False) -> Any:
+        while pgconn.is_busy():
+            _wait_for(pgconn.socket, select.POLLIN)
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None and not until_none:
+            import psycopg
+
+            raise psycopg.OperationalError("the server's answers ended early: the connection is out of step")
+        return result
+
+    def rows_of(self, result: Any) -> list[Any]:
+        """A result's rows, loaded by psycopg's adapters, as rows like sqlite3.Row."""
+        transformer = self._transformer
+        transformer.set_pgresult(result)
+        names = tuple(result.fname(i).decode(self._encoding) for i in range(result.nfields))
+        cls = _row_class(names)
+        return transformer.load_rows(0, result.ntuples, cls)
+
+    def commit(self, closing: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> None:
+        """``closing`` (the commit marker), then COMMIT, and wait for all of it:
+        one round trip for whatever the transaction had not waited for yet."""
+        for statement, args in closing:
+            self._queue(statement, args, answer=False)
+        self._queue("COMMIT", (), answer=False)
+        self.flush()
+        self._end()
+
+    def abandon(self) -> None:
+        """End the open transaction with ROLLBACK (when it sent anything); what was
+        queued and not read is dropped. A failure here means the connection is
+        gone (the caller finds out on its next statement)."""
+        sent = self._sent
+        self._end()
+        if not sent:
+            return
+        try:
+            self._queued = []
+            pgconn = self._conn.pgconn
+            from psycopg import pq
+
+            if pgconn.pipeline_status != pq.PipelineStatus.OFF:
+                # Answers left unread from an abandoned round trip: a fresh start.
+                self._drain(pgconn)
+            self.send("ROLLBACK")
+        except Exception:
+            pass
+
+    def _drain(self, pgconn: Any) -> None:
+        from psycopg import pq
+
+        pgconn.pipeline_sync()
+        while pgconn.flush():
+            _wait_for(pgconn.socket, select.POLLOUT)
+        while True:
+            result = self._next_result(pgconn, until_none=True)
+            if result is not None and result.status == pq.ExecStatus.PIPELINE_SYNC:
+                break
+            if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+                self._prepared.clear()  # a PREPARE after it may not have been made
+        pgconn.exit_pipeline_mode()
+
+    def _end(self) -> None:
+        self._opening = None
+        self._sent = False
+
+
+def _wait_for(fd: int, event: int) -> None:
+    """Block until the connection's socket is ready (poll: a supervisor may hold
+    more than select's 1,024 descriptors)."""
+    poller = select.poll()
+    poller.register(fd, event)
+    poller.poll()
+
+
+@lru_cache(maxsize=4096)
+def numbered(statement: str) -> str:
+    """psycopg's placeholders (``%s``, ``%%``) as the server's (``$1``..., ``%``)."""
+    out: list[str] = []
+    number = 0
+    index = 0
+    while index < len(statement):
+        char = statement[index]
+        if char == "%" and index + 1 < len(statement):
+            following = statement[index + 1]
+            if following == "s":
+                number += 1
+                out.append(f"${number}")
+                index += 2
+                continue
+            if following == "%":
+                out.append("%")
+                index += 2
+                continue
+        out.append(char)
+        index += 1
+    return "".join(out)

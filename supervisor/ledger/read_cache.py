@@ -4,9 +4,19 @@ A supervisor is the only writer of its ledger (of its partition, with
 PostgreSQL: fencing makes it so). Its stores re-read the same rows many times per
 action (an action row ten times, its run five), which costs nothing in SQLite
 and a round trip each over a socket. So single-table reads are remembered until
-that table is written: every write statement drops every remembered read of
-the tables it names, and a rolled-back transaction drops everything (it may
+that table is written, and a rolled-back transaction drops everything (it may
 have read its own uncommitted rows). Joins and subqueries are never cached.
+
+A write drops only what it may change. Most reads and writes name one row by
+their first condition (``WHERE action_id = ? ...``): every row such a read
+returns has that value, and every row such a write touches (or inserts) has
+its own. So a write keyed on a column keeps the reads keyed on the same column
+with another value (another agent's action, another run): with several agents
+on one node, their writes no longer empty each other's reads. And an UPDATE
+changes only the columns it assigns: a read that names none of them (a run's
+``agent_id``, when its ``loop_index`` moves) stays. Anything the shapes below
+do not prove (an ``OR``, a subquery, a write that moves the key, ``*``) drops
+every read of the table, as before.
 """
 
 from __future__ import annotations
@@ -15,11 +25,14 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterator
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 _WRITE = re.compile(r"^\s*(?:INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE|DELETE\s+FROM|REPLACE\s+INTO)\s+(\w+)", re.I)
 _READ = re.compile(r"^\s*SELECT\b.*?\bFROM\s+(\w+)\b(?P<rest>.*)$", re.I | re.S)
-_NOT_CACHED = re.compile(r"\b(?:JOIN|SELECT|UNION|random|clock_timestamp|now)\b|,\s*\w+\s*(?:WHERE|$)", re.I)
+_NOT_CACHED = re.compile(r"\b(?:JOIN|SELECT|UNION|random|clock_timestamp|now)\b", re.I)
+#: ``FROM a, b`` (or ``FROM a x, b``): a join, right after the first table's name.
+#: Only there: a comma further on is a column list (``ORDER BY created_at, id``).
+_COMMA_JOIN = re.compile(r"^\s*(?:\w+\s*)?,")
 _DDL = re.compile(r"^\s*(?:CREATE|DROP|ALTER|BEGIN|COMMIT|ROLLBACK|SET|PRAGMA|SAVEPOINT|RELEASE)\b", re.I)
 
 
@@ -30,7 +43,7 @@ def classify(sql: str) -> tuple[str, str]:
     if write:
         return "write", write.group(1).lower()
     read = _READ.match(sql)
-    if read and not _NOT_CACHED.search(read.group("rest")):
+    if read and not _NOT_CACHED.search(read.group("rest")) and not _COMMA_JOIN.match(read.group("rest")):
         return "read", read.group(1).lower()
     if _DDL.match(sql) or not read:
         return "other", ""
@@ -59,11 +72,127 @@ class FetchedRows:
         return iter(self.fetchall())
 
 
+#: A read's or a write's first condition, ``column = ?``; and what an UPDATE assigns.
+_FIRST_EQUALS = re.compile(r"\bWHERE\s+(\w+)\s*=\s*\?", re.I)
+_OR_OR_SUBQUERY = re.compile(r"\b(?:OR|SELECT)\b", re.I)
+_UPDATE = re.compile(r"^\s*UPDATE\s+\w+\s+SET\b(?P<set>.*?)\bWHERE\b", re.I | re.S)
+_ASSIGNED = re.compile(r"(\w+)\s*=")
+_NAME = re.compile(r"\w+")
+_INSERT = re.compile(
+    r"^\s*INSERT(?:\s+OR\s+IGNORE)?\s+INTO\s+\w+\s*\((?P<columns>[\w\s,]+)\)\s*VALUES\s*\((?P<values>[^()]*)\)\s*$",
+    re.I | re.S,
+)
+
+#: Which rows a statement is about: (column, index of its ``?``), None: not proven.
+RowKey = tuple[str, int] | None
+#: What an INSERT writes, column by column: the index of its ``?`` (None: a literal).
+Inserted = dict[str, int | None]
+
+
+class WriteShape(NamedTuple):
+    """What a write may change, as far as its text proves it (None: not proven)."""
+
+    key: RowKey = None  # every row it touches has this column's value (UPDATE, DELETE)
+    inserted: Inserted | None = None  # the row an INSERT ... VALUES adds
+    assigned: frozenset[str] | None = None  # the only columns an UPDATE changes
+
+
+#: A remembered read: the (column, value) all its rows have, and every name its
+#: text holds (None: it reads ``*``, every column).
+ReadEntry = tuple[tuple[str, Any] | None, frozenset[str] | None]
+
+
+def _placeholder_index(sql: str, position: int) -> int:
+    """How many ``?`` come before ``position``, outside quotes."""
+    count, quote = 0, ""
+    for char in sql[:position]:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in ("'", '"'):
+            quote = char
+        elif char == "?":
+            count += 1
+    return count
+
+
+@lru_cache(maxsize=4096)
+def read_key(sql: str) -> RowKey:
+    """A single-table read whose rows all have ``column = ?``'s value."""
+    first = _FIRST_EQUALS.search(sql)
+    if first is None or _OR_OR_SUBQUERY.search(sql, first.end()):
+        return None
+    return first.group(1).lower(), _placeholder_index(sql, first.end() - 1)
+
+
+@lru_cache(maxsize=4096)
+def read_names(sql: str) -> frozenset[str] | None:
+    """Every name in a read (its columns among them); None when it reads ``*``."""
+    return None if "*" in sql else frozenset(_NAME.findall(sql.lower()))
+
+
+@lru_cache(maxsize=4096)
+def write_shape(sql: str) -> WriteShape:
+    """The rows an UPDATE or DELETE may touch (its first condition, when nothing
+    else in it can reach other rows and an UPDATE leaves that column be), the
+    columns an UPDATE changes, or what an INSERT ... VALUES writes."""
+    head = sql.lstrip()[:6].upper()
+    if head == "INSERT":
+        insert = _INSERT.match(sql)
+        if insert is None:
+            return WriteShape()
+        columns = [c.strip().lower() for c in insert["columns"].split(",")]
+        values = [v.strip() for v in insert["values"].split(",")]
+        if len(columns) != len(values):
+            return WriteShape()
+        inserted: Inserted = {}
+        index = 0
+        for column, value in zip(columns, values, strict=True):
+            inserted[column] = index if value == "?" else None
+            index += value.count("?")
+        return WriteShape(inserted=inserted)
+    if head not in ("UPDATE", "DELETE") or _OR_OR_SUBQUERY.search(sql, 1):
+        return WriteShape()
+    assigned: frozenset[str] | None = None
+    if head == "UPDATE":
+        update = _UPDATE.match(sql)
+        if update is None or '"' in update["set"] or update["set"].lstrip().startswith("("):
+            return WriteShape()
+        assigned = frozenset(name.lower() for name in _ASSIGNED.findall(update["set"]))
+    first = _FIRST_EQUALS.search(sql)
+    if first is None or (assigned is not None and first.group(1).lower() in assigned):
+        return WriteShape(assigned=assigned)
+    return WriteShape(key=(first.group(1).lower(), _placeholder_index(sql, first.end() - 1)), assigned=assigned)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two values may name the same rows (PostgreSQL compares '1' and 1 alike)."""
+    return bool(a == b) or str(a) == str(b)
+
+
+def _kept(read: ReadEntry, shape: WriteShape, args: tuple[Any, ...]) -> bool:
+    """Whether a remembered read stays true after a write of ``shape``: it names
+    none of the columns the write changes, or none of the rows."""
+    keyed, names = read
+    if shape.assigned is not None and names is not None and not names & shape.assigned:
+        return True
+    if keyed is None:
+        return False
+    column, value = keyed
+    try:
+        if shape.inserted is not None:
+            index = shape.inserted.get(column)
+            return index is not None and not _same(value, args[index])
+        return shape.key is not None and shape.key[0] == column and not _same(value, args[shape.key[1]])
+    except IndexError:
+        return False
+
+
 class ReadCache:
     def __init__(self, capacity: int = 8192) -> None:
         self.capacity = capacity
         self._rows: OrderedDict[tuple[str, tuple[Any, ...]], list[Any]] = OrderedDict()
-        self._by_table: dict[str, set[tuple[str, tuple[Any, ...]]]] = {}
+        #: Each table's remembered reads, with the (column, value) all their rows have.
+        self._by_table: dict[str, dict[tuple[str, tuple[Any, ...]], ReadEntry]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -79,15 +208,25 @@ class ReadCache:
     def put(self, table: str, sql: str, params: tuple[Any, ...], rows: list[Any]) -> None:
         key = (sql, params)
         self._rows[key] = rows
-        self._by_table.setdefault(table, set()).add(key)
+        row_key = read_key(sql)
+        keyed = (row_key[0], params[row_key[1]]) if row_key is not None and row_key[1] < len(params) else None
+        self._by_table.setdefault(table, {})[key] = (keyed, read_names(sql))
         if len(self._rows) > self.capacity:
             old, _ = self._rows.popitem(last=False)
             for keys in self._by_table.values():
-                keys.discard(old)
+                keys.pop(old, None)
 
-    def wrote(self, table: str) -> None:
-        for key in self._by_table.pop(table, ()):
-            self._rows.pop(key, None)
+    def wrote(self, table: str, sql: str = "", args: tuple[Any, ...] = ()) -> None:
+        """``sql`` (with ``args``) wrote ``table``: drop what it may have changed
+        (without ``sql``: every read of the table)."""
+        reads = self._by_table.get(table)
+        if not reads:
+            return
+        shape = write_shape(sql) if sql else WriteShape()
+        for key, entry in list(reads.items()):
+            if not _kept(entry, shape, args):
+                del reads[key]
+                self._rows.pop(key, None)
 
     def clear(self) -> None:
         self._rows.clear()
@@ -105,7 +244,7 @@ class ReadCache:
                 return "uncached", table, None
             return kind, table, FetchedRows(rows) if rows is not None else None
         if kind == "write":
-            self.wrote(table)
+            self.wrote(table, sql, args)
         elif kind == "other":
             self.clear()
         return kind, table, None

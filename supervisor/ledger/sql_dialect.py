@@ -22,13 +22,18 @@ class DialectError(CorralError, ValueError):
 _JSON_EXTRACT = re.compile(r"json_extract\(\s*([A-Za-z_][A-Za-z_0-9.]*)\s*,\s*'\$\.([A-Za-z_0-9.]+)'\s*\)")
 _INSERT_OR_IGNORE = re.compile(r"^\s*INSERT\s+OR\s+IGNORE\s+INTO\b", re.IGNORECASE)
 _RETURNING = re.compile(r"\bRETURNING\b", re.IGNORECASE)
+#: A value tested for NULL with nothing else to type it: the server, which binds
+#: the values, cannot tell its type ("could not determine data type of
+#: parameter"), so it is said: any value casts to text, and NULL stays NULL.
+_NULL_TEST = re.compile(r"\s+IS\s+(?:NOT\s+)?NULL\b", re.IGNORECASE)
 
 
 def _placeholders(sql: str) -> str:
-    """``?`` becomes ``%s`` and a literal ``%`` becomes ``%%``, outside quotes."""
+    """``?`` becomes ``%s`` (``CAST(%s AS TEXT)`` before ``IS [NOT] NULL``) and a
+    literal ``%`` becomes ``%%``, outside quotes."""
     out: list[str] = []
     quote = ""
-    for char in sql:
+    for index, char in enumerate(sql):
         if quote:
             if char == "%":
                 out.append("%%")
@@ -41,7 +46,7 @@ def _placeholders(sql: str) -> str:
             quote = char
             out.append(char)
         elif char == "?":
-            out.append("%s")
+            out.append("CAST(%s AS TEXT)" if _NULL_TEST.match(sql, index + 1) else "%s")
         elif char == "%":
             out.append("%%")
         else:
@@ -53,7 +58,8 @@ def _placeholders(sql: str) -> str:
 
 @functools.lru_cache(maxsize=2048)
 def to_postgres(sql: str) -> str:
-    """One runtime query: placeholders, ``INSERT OR IGNORE``, ``json_extract``."""
+    """One runtime query: placeholders, ``INSERT OR IGNORE``, ``json_extract``, and
+    a type for a value only tested for NULL."""
     text = _JSON_EXTRACT.sub(lambda m: f"({m.group(1)}::jsonb #>> '{{{m.group(2).replace('.', ',')}}}')", sql)
     if _INSERT_OR_IGNORE.match(text):
         text = _INSERT_OR_IGNORE.sub("INSERT INTO", text, count=1)
