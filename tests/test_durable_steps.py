@@ -17,6 +17,7 @@ from corral.supervisor.ledger.port import SqliteLedger
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.run_actor_methods import _history_have
 from corral.supervisor.runs.run_service import RunService
+from corral.supervisor.spec.swarm_spec import empty_spec
 from tests.harness import Daemon, agent_spec, effects, ledger_rows, running, wait_run
 
 READS_THEN_EFFECT = """
@@ -105,9 +106,8 @@ def test_an_agent_killed_mid_batch_runs_the_reads_again_and_records_each_once(sh
         # Both reads were begun by the batch and both ran again after the restart:
         # recovery may re-run a read; it never guesses at an external effect.
         assert [(a["phase"], a["attempts"]) for a in actions] == [("ok", 2), ("ok", 2)]
-        events = ledger_rows(
-            daemon.home, "SELECT subject FROM events WHERE kind = 'receipt-written' ORDER BY cursor"
-        )
+        # One terminal event each (it announces the receipt committed with it), none repeated.
+        events = ledger_rows(daemon.home, "SELECT subject FROM events WHERE kind = 'action-ok' ORDER BY cursor")
         assert sorted(e["subject"] for e in events) == sorted(str(a["action_id"]) for a in actions)
         assert shown["final_reply"] == "done"
     finally:
@@ -316,7 +316,8 @@ def test_a_bad_history_count_is_refused(have: object) -> None:
 async def test_a_batch_naming_an_action_twice_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     ledger = SqliteLedger(tmp_path / "ledger.db")
     ledger.begin_boot("b1", 1, 1)
-    service = RunService(ledger, ledger.hooks, spec=None, home=tmp_path, tree=None, boot_id="b1")  # type: ignore[arg-type]
+    service = RunService(ledger, ledger.hooks, spec=empty_spec(), home=tmp_path, tree=None,  # type: ignore[arg-type]
+                         boot_id="b1")
     slot = SimpleNamespace(id="writer", spec=SimpleNamespace(params={"agent_id": "writer"}))
     run_id = run_store.create_run(ledger, agent_id="writer", task="t", provider="scripted",
                                   provider_config={"script": {"steps": []}})

@@ -164,6 +164,8 @@ def test_a_run_and_its_action_lifecycle(open_ledger: Any) -> None:
     action_store.finish_action(ledger, action_id, True, {"bytes": 1}, "wrote a", None)  # a lost reply, repeated
     receipts = ledger.all("SELECT status FROM receipts WHERE action_id = ?", action_id)
     assert [row["status"] for row in receipts] == ["ok"]
+    kinds = [e["kind"] for e in ledger.events_since(0, 1000) if e["subject"] == action_id]
+    assert kinds == ["action-prepared", "action-executing", "action-ok"], "the terminal event announces the receipt"
     assert [entry["action_id"] for entry in run_store.history(ledger, run_id)] == [action_id]
     with pytest.raises(Conflict):
         action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "b"}, rerunnable=False, policy="auto")
@@ -206,6 +208,27 @@ def test_recovery_marks_an_unknown_outcome_and_never_replays_it(open_ledger: Any
     assert action_store.get_action(after_crash, effect)["phase"] == ActionPhase.NEEDS_RECONCILIATION
     second = recovery.recover(after_crash, lambda provider: True)
     assert second.reconciliations == [], "recovery is idempotent"
+
+
+def test_a_terminal_action_left_without_its_receipt_gets_one_at_recovery(open_ledger: Any) -> None:
+    """A ledger written before a receipt shared its terminal move's commit: recovery
+    writes the missing receipt once, announced by its own event (the terminal
+    event came earlier, alone)."""
+    ledger = open_ledger()
+    ledger.begin_boot("b1", 1, 1)
+    run_id = _new_run(ledger)
+    the_id = action_store.prepare_action(ledger, run_id, 0, 0, "fs.read", {"path": "a"}, rerunnable=True,
+                                         policy="auto")["action_id"]
+    action_store.begin_action(ledger, the_id)
+    action_store.move_action(ledger, the_id, ActionPhase.OK, result='{"summary": "read a"}')
+    assert ledger.all("SELECT 1 FROM receipts WHERE action_id = ?", the_id) == []
+    after = open_ledger()
+    after.begin_boot("b2", 2, 1)
+    assert recovery.recover(after, lambda provider: True).receipts_repaired == 1
+    assert recovery.recover(after, lambda provider: True).receipts_repaired == 0, "once"
+    assert [row["status"] for row in after.all("SELECT status FROM receipts WHERE action_id = ?", the_id)] == ["ok"]
+    kinds = [e["kind"] for e in after.events_since(0, 1000) if e["subject"] == the_id]
+    assert kinds == ["action-prepared", "action-executing", "action-ok", "receipt-written"]
 
 
 def test_delivery_claims_move_one_way(open_ledger: Any) -> None:
@@ -298,10 +321,10 @@ def test_a_takeover_waits_for_the_holders_open_transaction(pg_url: str) -> None:
         conn.close()
 
 
-def test_a_takeover_before_a_deferred_write_is_sent_refuses_its_commit(pg_url: str) -> None:
-    """Writes wait in the client until something needs an answer: a takeover in
-    between is found by the fence, in the same round trip as the COMMIT, and the
-    transaction commits nothing."""
+def test_a_takeover_before_a_transactions_first_statement_refuses_its_commit(pg_url: str) -> None:
+    """A transaction opens (BEGIN, the fence) with its first statement: a takeover
+    before it is found by the fence in the pipeline, the statements after it are
+    not run, and the transaction commits nothing."""
     from corral.supervisor.cluster import cluster_tables as cluster
     from corral.supervisor.ledger.ledger_pg import Fenced, PostgresLedger
 
@@ -311,10 +334,10 @@ def test_a_takeover_before_a_deferred_write_is_sent_refuses_its_commit(pg_url: s
         ledger.begin_boot("b1", 1, 1)
         before = ledger.last_cursor()
         with pytest.raises(Fenced, match="held by node node-b"), ledger.tx():
-            ledger.event("deferred", "x")
-            assert ledger.db.pending, "the write has not been sent"
+            assert not ledger.db.sent, "the transaction has not been opened on the server"
             _expire(conn, hold.partition)
             assert cluster.adopt(conn, hold.partition, "node-b", 30.0) is not None
+            ledger.event("pipelined", "x")
         assert ledger.last_cursor() == before
     finally:
         ledger.close()

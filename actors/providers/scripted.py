@@ -79,26 +79,43 @@ class ScriptedProvider:
     def __init__(self, script: dict[str, Any]) -> None:
         self.steps: list[dict[str, Any]] = list(script["steps"])
         self.reads_history = any("when_observed" in step or "unless_observed" in step for step in self.steps)
+        reads_task = any("when_task" in step or "unless_task" in step for step in self.steps)
+        #: The steps that apply to a task, in order, when no step reads the history:
+        #: a turn then finds its step by index, not by a walk from the script's start
+        #: (that walk grew with the loop: a quarter of a 400-loop agent's CPU).
+        self._by_task: dict[str, list[dict[str, Any]]] = {}
+        self._unconditional = not reads_task and not self.reads_history
 
     def _step_for(self, request: ProviderRequest) -> dict[str, Any] | None:
+        if self._unconditional:
+            return self.steps[request.loop_index] if 0 <= request.loop_index < len(self.steps) else None
+        if not self.reads_history:
+            applying = self._by_task.get(request.task)
+            if applying is None:
+                if len(self._by_task) >= TASKS_KEPT:
+                    self._by_task.clear()  # a bound, not a policy: an agent sees a few tasks
+                applying = self._by_task[request.task] = [
+                    step for step in self.steps if _task_applies(step, request.task)
+                ]
+            return applying[request.loop_index] if 0 <= request.loop_index < len(applying) else None
+        return self._walk(request)
+
+    def _walk(self, request: ProviderRequest) -> dict[str, Any] | None:
         # Conditional steps are consumed by position like any other; a step whose
         # condition does not hold is skipped, which keeps the script deterministic
         # given the same observations.
         # Only conditions read the history, whose text grows every turn.
-        seen = json.dumps(list(request.history)) if self.reads_history else ""
+        seen = json.dumps(list(request.history))
         index = 0
         loop = 0
         while index < len(self.steps):
             step = self.steps[index]
             condition = step.get("when_observed")
             unless = step.get("unless_observed")
-            task_has = step.get("when_task")
-            task_lacks = step.get("unless_task")
             applies = (
                 (condition is None or condition in seen)
                 and (unless is None or unless not in seen)
-                and (task_has is None or task_has in request.task)
-                and (task_lacks is None or task_lacks not in request.task)
+                and _task_applies(step, request.task)
             )
             if applies:
                 if loop == request.loop_index:
@@ -127,6 +144,17 @@ class ScriptedProvider:
     async def summarize(self, entries: tuple[dict[str, Any], ...]) -> str:
         """A deterministic summary (a script has no model to write one)."""
         return f"[scripted summary of {len(entries)} earlier entries] " + history_digest(list(entries), 600)
+
+
+#: Tasks whose applying steps a provider keeps (one agent's runs).
+TASKS_KEPT = 64
+
+
+def _task_applies(step: dict[str, Any], task: str) -> bool:
+    """Whether the step's task conditions (``when_task``, ``unless_task``) hold."""
+    task_has = step.get("when_task")
+    task_lacks = step.get("unless_task")
+    return (task_has is None or task_has in task) and (task_lacks is None or task_lacks not in task)
 
 
 _PLACEHOLDER = re.compile(r"\$\{([a-z0-9_-]+)[.:]([a-z0-9_]+)\}")

@@ -234,6 +234,11 @@ def _no_duplicates(db: sqlite3.Connection) -> Check:
     events = _rows(db, "SELECT kind, subject FROM events")
     check.count = len(events)
     once = (
+        # A receipt is announced by the terminal move it is committed with (or, when
+        # a repair wrote it late, by ``receipt-written``): each at most once.
+        "action-ok",
+        "action-failed",
+        "action-denied",
         "receipt-written",
         "reply-appended",
         "group-spawned",

@@ -289,19 +289,30 @@ def _redact(value: Any, values: tuple[str, ...]) -> Any:
         return _redact_text(value, values)
     if kind is int or kind is float or kind is bool or value is None:
         return value
+    if kind is dict:
+        return _redact_map(value, values)
+    if kind is list:
+        return [_redact(item, values) for item in value]
     if isinstance(value, str):
         return _redact_text(value, values)
     if isinstance(value, Mapping):
-        out: dict[Any, Any] = {}
-        for key, item in value.items():
-            if isinstance(key, str) and isinstance(item, str) and _secret_key(key):
-                out[key] = REDACTED
-            else:
-                out[key] = _redact(item, values)
-        return out
+        return _redact_map(value, values)
     if isinstance(value, list | tuple):
         return [_redact(item, values) for item in value]
     return value
+
+
+def _redact_map(value: Mapping[Any, Any], values: tuple[str, ...]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for key, item in value.items():
+        kind = type(item)
+        if kind is int or kind is float or kind is bool or item is None:
+            out[key] = item  # nothing to redact, and no call for it
+        elif isinstance(key, str) and isinstance(item, str) and _secret_key(key):
+            out[key] = REDACTED
+        else:
+            out[key] = _redact(item, values)
+    return out
 
 
 def summarize(text: str, limit: int = 200) -> str:

@@ -34,8 +34,26 @@ class CollaborationService:
         self.ledger = ledger
         #: The project's policy file, read live until a run binds its snapshot.
         self.path = Path(project_root) / collaboration.POLICY_FILE
+        #: The file's stat when last read, and the policy read: every action of a
+        #: root run asks, and a stat costs less than an open, a read and a parse
+        #: (or the exception a missing file raised each time).
+        self._read: tuple[tuple[int, ...] | None, Policy] | None = None
 
     def live(self) -> Policy:
+        try:
+            info = os.stat(self.path)
+            key: tuple[int, ...] | None = (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+        except FileNotFoundError:
+            key = None
+        except OSError:
+            key = (-1,)  # unreadable: read (and refuse) it below, every time
+        if self._read is not None and self._read[0] == key and key != (-1,):
+            return self._read[1]
+        policy = self._parse_file()
+        self._read = (key, policy)
+        return policy
+
+    def _parse_file(self) -> Policy:
         try:
             return collaboration.parse(self.path.read_text())
         except FileNotFoundError:

@@ -5,10 +5,12 @@ Every plan an agent commits records the context its prompt was made from (the
 fingerprint and a digest of each source, actors/project_context.py ``stamp``), in
 the plan's own row. Before each action of that plan is prepared, this guard builds
 the workspace's context again (cheaply: actors/project_context.py ``ContextCache``
-re-reads only when a stat of a walked directory or a read file moved) and compares
-fingerprints. On a difference the action is refused, never executing, with an
-observation naming what changed (``AGENTS.md at game/AGENTS.md changed sha256
-a→b``); every later action of the plan meets the same refusal, and the next plan
+re-reads only when a stat of a walked directory or a read file moved; stat'd once
+per ledger transaction, so a read batch's actions, prepared together, are checked
+at one instant; the digest computed once per build; the plan's stamp parsed once
+per plan) and compares fingerprints. On a difference the action is refused, never
+executing, with an observation naming what changed (``AGENTS.md at
+game/AGENTS.md changed sha256 a→b``); every later action of the plan meets the same refusal, and the next plan
 is made with the new text (the agent re-reads the context at every turn).
 
 An action that waits for a person is checked again when approved: at the next
@@ -24,14 +26,14 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from corral.actors.project_context import ContextCache, changes
+from corral.actors.project_context import ContextCache, RepoContext, changes
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.runs import action_store, loop_plan_store
+from corral.supervisor.runs import action_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.action_state import action_id as derive_action_id
-from corral.supervisor.runs.run_store import get_run
+from corral.supervisor.runs.run_store import get_run, run_options
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -42,11 +44,42 @@ MAX_CACHED_WORKSPACES = 32
 MAX_NAMED_CHANGES = 8
 
 
+#: Runs whose current plan's stamp is kept.
+MAX_PLANS_KEPT = 1024
+
+
+class _PlanStamp(NamedTuple):
+    """A committed plan's stamp and the ids of its actions."""
+
+    loop: int
+    text: str
+    action_ids: frozenset[str]
+    stamp: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, run_id: str, loop: int, text: str) -> _PlanStamp:
+        plan = json.loads(text)
+        actions = plan.get("actions") or []
+        stamp = plan.get("context")
+        fits = isinstance(stamp, dict) and isinstance(stamp.get("fingerprint"), str)
+        ids = frozenset(derive_action_id(run_id, loop, i) for i in range(len(actions)))
+        return cls(loop, text, ids, stamp if fits else None)
+
+
 class RepoFingerprintGuard:
     def __init__(self, ledger: Ledger, home: Path) -> None:
         self.ledger = ledger
         self.home = home
         self._caches: OrderedDict[str, ContextCache] = OrderedDict()
+        #: Each workspace's last built context and its fingerprint: a build is
+        #: immutable and the cache hands back the same object while nothing moved, so
+        #: its digest (a canonical dump and a sha256, half of this guard's cost per
+        #: action) is computed once per build, not once per action.
+        self._fingerprints: dict[str, tuple[RepoContext, str]] = {}
+        #: The context checked in the open transaction: (its serial, workspace, context).
+        self._checked: tuple[int, str, RepoContext] | None = None
+        #: Each run's current plan, as this guard reads it.
+        self._plans: dict[str, _PlanStamp] = {}
 
     def cache(self, workspace: str) -> ContextCache:
         found = self._caches.get(workspace)
@@ -58,27 +91,52 @@ class RepoFingerprintGuard:
             self._caches.move_to_end(workspace)
         return found
 
+    def current(self, workspace: str) -> RepoContext:
+        """The workspace's context now: stat'd once per transaction. A read batch
+        prepares a plan's reads in one transaction, with no await in between, so
+        they are checked at one instant, as one action would be."""
+        serial = self.ledger.open_transaction()
+        checked = self._checked
+        if serial is not None and checked is not None and checked[:2] == (serial, workspace):
+            return checked[2]
+        built = self.cache(workspace).current()
+        self._checked = None if serial is None else (serial, workspace, built)
+        return built
+
+    def fingerprint(self, workspace: str, built: RepoContext) -> str:
+        known = self._fingerprints.get(workspace)
+        if known is not None and known[0] is built:
+            return known[1]
+        if len(self._fingerprints) >= MAX_CACHED_WORKSPACES and workspace not in self._fingerprints:
+            self._fingerprints.clear()
+        digest = built.fingerprint
+        self._fingerprints[workspace] = (built, digest)
+        return digest
+
     def planned_stamp(self, run: Any, the_action_id: str) -> dict[str, Any] | None:
         """The stamp of the plan this action belongs to (the run's current loop), or None."""
-        loop = int(run["loop_index"])
-        plan = loop_plan_store.get_plan(self.ledger, run["run_id"], loop)
-        if plan is None:
+        run_id, loop = str(run["run_id"]), int(run["loop_index"])
+        committed = self.ledger.committed_plan(run_id, loop)
+        if committed is None:
             return None
-        actions = plan.get("actions") or []
-        if not any(derive_action_id(run["run_id"], loop, i) == the_action_id for i in range(len(actions))):
-            return None
-        stamp = plan.get("context")
-        return stamp if isinstance(stamp, dict) and isinstance(stamp.get("fingerprint"), str) else None
+        known = self._plans.get(run_id)
+        if known is None or known.loop != loop or known.text != committed[0]:
+            # Once per plan, not once per action: the plan parsed, its actions' ids derived.
+            if len(self._plans) >= MAX_PLANS_KEPT:
+                self._plans.clear()
+            known = self._plans[run_id] = _PlanStamp.of(run_id, loop, committed[0])
+        return known.stamp if the_action_id in known.action_ids else None
 
     def action_guard(self, run: Any, the_action_id: str, tool: str, tool_input: dict[str, Any]) -> tuple[str, str]:
-        workspace = json.loads(run["options"]).get("workspace")
+        workspace = run_options(run).get("workspace")
         if not isinstance(workspace, str) or not workspace:
             return "continue", ""
         stamp = self.planned_stamp(run, the_action_id)
         if stamp is None:
             return "continue", ""
-        current = self.cache(workspace).current()
-        if current.fingerprint == stamp["fingerprint"]:
+        current = self.current(workspace)
+        now = self.fingerprint(workspace, current)
+        if now == stamp["fingerprint"]:
             return "continue", ""
         sources = stamp.get("sources")
         named = changes(sources if isinstance(sources, dict) else {}, current.sources())
@@ -88,7 +146,7 @@ class RepoFingerprintGuard:
             named = [*named[:MAX_NAMED_CHANGES], f"and {len(named) - MAX_NAMED_CHANGES} more"]
         return "block", (
             f"stale: the repository context changed after this action was planned (fingerprint"
-            f" {stamp['fingerprint'][:12]}→{current.fingerprint[:12]}): {'; '.join(named)}. Nothing ran."
+            f" {stamp['fingerprint'][:12]}→{now[:12]}): {'; '.join(named)}. Nothing ran."
             " Your next turn's context has the new text: plan again under it."
         )
 

@@ -151,6 +151,8 @@ class Ledger:
         #: so a committed one may be kept (see ``committed_plan``).
         self._plans: OrderedDict[tuple[str, int], tuple[str, str | None]] = OrderedDict()
         self.commits = 0
+        #: Outer transactions begun: names the open one (``open_transaction``).
+        self.transactions = 0
         #: Since when commits fail for lack of space (None: they do not).
         self.full_since: float | None = None
         #: The run layer's extension points of the supervisor that owns this ledger
@@ -208,6 +210,7 @@ class Ledger:
         try:
             with self._transaction(fsync=fsync) as db:
                 self._in_tx = True
+                self.transactions += 1
                 try:
                     yield db
                 finally:
@@ -229,6 +232,12 @@ class Ledger:
             waiting, self._after_commit = self._after_commit, []
             for then in waiting:
                 then()
+
+    def open_transaction(self) -> int | None:
+        """The open write transaction's serial number, or None outside one. Code in
+        one transaction runs with no await between its statements, so what it
+        checked once (a file's stat) holds for the whole of it."""
+        return self.transactions if self._in_tx else None
 
     def after_commit(self, then: Callable[[], None]) -> None:
         """Run ``then`` once what was written so far is committed: at once outside a

@@ -32,8 +32,8 @@ def current(ledger: Ledger) -> int:
 
 def changed_sources(result_json: str | None) -> bool:
     """Whether an action's stored result says it changed the project's sources."""
-    if not result_json:
-        return False
+    if not result_json or SOURCES_CHANGED not in result_json:
+        return False  # the flag's name is not even in the text (most results): no parse
     try:
         result = json.loads(result_json)
     except ValueError:

@@ -66,10 +66,12 @@ def prepare_action(
     the_fingerprint = fingerprint(tool, tool_input)
     now = _now()
     with ledger.tx() as db:
-        created = db.execute(
+        # The new row comes back from the insert itself (no read-back); none comes
+        # back when the action exists already (a replay), which is then read.
+        inserted = db.execute(
             "INSERT OR IGNORE INTO actions (action_id, run_id, agent_id, loop_index, action_index, tool, input,"
             " fingerprint, phase, rerunnable, policy, raw_sha256, boot_id, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?, ?, ?)",
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?, ?, ?) RETURNING *",
             (
                 the_id,
                 run_id,
@@ -86,10 +88,11 @@ def prepare_action(
                 now,
                 now,
             ),
-        ).rowcount
+        ).fetchall()
+        created = bool(inserted)
         if created and announce:
             ledger.event("action-prepared", the_id, run=run_id, tool=tool, policy=policy)
-        row = ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
+        row = inserted[0] if created else ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
     assert row is not None
     if not created:
         # An idempotent replay returns the action unchanged; a different call under
@@ -176,8 +179,9 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> Begun:
                 if allowed is not None and row["tool"] not in allowed
                 else f"{row['tool']} is denied by policy"
             )
-            move_action(ledger, the_id, ActionPhase.DENIED, reason=why, error=why)
-            write_receipt(ledger, the_id)
+            with ledger.tx():  # the terminal move and its receipt: one commit, one event
+                move_action(ledger, the_id, ActionPhase.DENIED, reason=why, error=why)
+                write_receipt(ledger, the_id)
             return {"begin": Begin.SKIP, "phase": "denied"}
         if row["policy"] == "confirm":
             with ledger.tx():
@@ -256,9 +260,18 @@ def finish_action(
     ledger.failpoint("action.after-receipt")
 
 
-def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, current: Any = None) -> bool:
+def write_receipt(
+    ledger: Ledger, the_id: str, note: str | None = None, *, current: Any = None, repair: bool = False
+) -> bool:
     """Exactly one receipt per terminal action, with the observation in the same commit.
-    ``current``: the action as it now is, when the caller just wrote it."""
+    ``current``: the action as it now is, when the caller just wrote it.
+
+    A receipt is written in the transaction of the terminal move it records, so
+    that move's event (``action-ok``, ``-failed``, ``-denied``) is the receipt's
+    event too: one event per state a client can see. ``repair``: the terminal move
+    was committed earlier without its receipt (a ledger from before receipts were
+    written in the same commit); the late receipt is a change of its own,
+    announced as ``receipt-written``."""
     with ledger.tx() as db:
         row = current if current is not None else get_action(ledger, the_id)
         phase = ActionPhase(row["phase"])
@@ -287,7 +300,8 @@ def write_receipt(ledger: Ledger, the_id: str, note: str | None = None, *, curre
             ),
         ).rowcount:
             return False  # it has its receipt already
-        ledger.event("receipt-written", the_id, run=row["run_id"], status=phase.value)
+        if repair:
+            ledger.event("receipt-written", the_id, run=row["run_id"], status=phase.value)
         # Redaction once per value: the input and the result were redacted when the
         # row was written, the call summarised (redacted) just above, the tool name
         # and ids are checked names; only the error may come unredacted from a caller.

@@ -115,7 +115,7 @@ def next_step(ledger: Ledger, run_id: str, *, boundary: bool = True) -> Step:
             set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION, f"action {row['action_id']} unresolved")
             return {"do": Do.PARK, "status": RunStatus.NEEDS_RECONCILIATION.value}
         if not row["has_receipt"]:
-            write_receipt(ledger, row["action_id"])  # repairs a crash between terminal and receipt
+            write_receipt(ledger, row["action_id"], repair=True)  # a terminal move left without its receipt
     blocked = _loop_blockers(ledger, run_id)
     if blocked:
         return blocked

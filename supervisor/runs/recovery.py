@@ -56,15 +56,16 @@ def recover(
         "SELECT a.action_id FROM actions a LEFT JOIN receipts r ON r.action_id = a.action_id"
         " WHERE a.phase IN ('ok', 'failed', 'denied') AND r.action_id IS NULL"
     ):
-        write_receipt(ledger, row["action_id"])
+        write_receipt(ledger, row["action_id"], repair=True)
         report.receipts_repaired += 1
     for row in ledger.all(
         "SELECT a.action_id FROM actions a JOIN runs r ON r.run_id = a.run_id"
         " WHERE a.phase IN ('prepared', 'approved', 'waiting-confirmation')"
         " AND r.status IN ('completed', 'failed', 'cancelled')"
     ):
-        move_action(ledger, row["action_id"], ActionPhase.FAILED, reason="its run ended", error="run ended")
-        write_receipt(ledger, row["action_id"])
+        with ledger.tx():  # the terminal move and its receipt: one commit, one event
+            move_action(ledger, row["action_id"], ActionPhase.FAILED, reason="its run ended", error="run ended")
+            write_receipt(ledger, row["action_id"])
 
     for row in ledger.all(
         "SELECT slot, run_id, provider FROM provider_requests p JOIN runs USING (run_id) WHERE p.status = 'started'"

@@ -30,9 +30,8 @@ def continue_action(ledger: Ledger, action_id: str, decision: str, expected_fing
             move_action(ledger, action_id, ActionPhase.APPROVED, reason="approved")
         else:
             move_action(ledger, action_id, ActionPhase.DENIED, reason="denied by a person", error="denied by a person")
+            write_receipt(ledger, action_id)  # in the denial's commit: its event is the receipt's
         reopen_run(ledger, row["run_id"])
-    if decision == "deny":
-        write_receipt(ledger, action_id)
     return str(row["run_id"])
 
 

@@ -192,16 +192,21 @@ class RunActorMethods(RunCore):
         row = self.prepare_call(slot, params)
         return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
 
-    def prepare_call(self, slot: ActorSlot, params: dict[str, Any], *, begins_now: bool = False) -> Any:
+    def prepare_call(
+        self, slot: ActorSlot, params: dict[str, Any], *, begins_now: bool = False, run: Any = None
+    ) -> Any:
         """``action.prepare``, synchronous (the next step prepares through it inside
         its own transaction): the first of the ``prepare_routes`` that takes the tool
         (an MCP server's), else corral's tool registry. Returns the action's row.
-        ``begins_now``: see ``prepare_checked``."""
+        ``begins_now``: see ``prepare_checked``. ``run``: the run's row, which the
+        caller read through ``owned_run`` in this same synchronous step (a read
+        batch prepares several actions of one run)."""
         for route in self.hooks.prepare_routes:
             row = route(slot, params)
             if row is not None:
                 return row
-        run = self.owned_run(slot, params)
+        if run is None or run["run_id"] != params.get("run_id"):
+            run = self.owned_run(slot, params)
         tool_name = _str(params, "tool", limit=80)
         tool_input = params.get("input")
         if not isinstance(tool_input, dict):
@@ -210,7 +215,7 @@ class RunActorMethods(RunCore):
         if tool is None:
             raise BadRequest(f"unknown tool {tool_name!r}")
         policy = self.policy_for(run, tool_name)
-        allowed = json.loads(run["options"]).get("allowed_tools")
+        allowed = run_store.run_options(run).get("allowed_tools")
         if allowed is not None and tool_name not in allowed:
             policy = "deny"  # e.g. a child may not spawn or delegate: refused, recorded, never run
         problem = validation_error(tool_name, tool.schema.input_schema, tool_input, sealed=tool.schema.sealed)

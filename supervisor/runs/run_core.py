@@ -141,7 +141,7 @@ class RunCore:
         """The agent's table wins over the spec's. In each, a key naming the tool,
         else the strictest glob matching it, else the table's ``default``; past both,
         the tool's own default (``confirm`` for whatever writes or runs a command)."""
-        options = json.loads(run["options"])
+        options = run_store.run_options(run)
         for table in (options.get("policy", {}), self.spec.policy):
             if tool in table:
                 return str(table[tool])
@@ -156,7 +156,7 @@ class RunCore:
     @staticmethod
     def tool_allowed(run: Any, tool: str) -> bool:
         """The agent's ``tools`` allow list (globs); no list: every tool."""
-        globs = json.loads(run["options"]).get("tool_globs")
+        globs = run_store.run_options(run).get("tool_globs")
         return globs is None or any(fnmatch.fnmatchcase(tool, pattern) for pattern in globs)
 
     def refuse_prepared(self, row: Any, phase: ActionPhase, why: str) -> Any:
@@ -164,8 +164,9 @@ class RunCore:
         before it is ever executing, with a receipt and the reason the model sees."""
         if row["phase"] != ActionPhase.PREPARED:
             return row
-        action_store.move_action(self.ledger, row["action_id"], phase, error=why, reason=why)
-        action_store.write_receipt(self.ledger, row["action_id"])
+        with self.ledger.tx():  # the terminal move and its receipt: one commit, one event
+            action_store.move_action(self.ledger, row["action_id"], phase, error=why, reason=why)
+            action_store.write_receipt(self.ledger, row["action_id"])
         return action_store.get_action(self.ledger, row["action_id"])
 
     async def wake(self, agent_id: str) -> None:

@@ -9,12 +9,15 @@ on the ledger: no processes, no network, so it is tested directly.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
 import sqlite3
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from corral.core.redact import redact, redact_text, summarize
@@ -109,6 +112,18 @@ def create_run(
         )
         ledger.event("run-created", run_id, agent=agent_id, run_kind=kind, task=summarize(task, 120))
     return run_id
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_options(text: str) -> Mapping[str, Any]:
+    return MappingProxyType(json.loads(text))
+
+
+def run_options(run: Any) -> Mapping[str, Any]:
+    """The run's ``options`` column, parsed once per distinct text (read-only): every
+    prepared action's policy, allow lists and guards read it, four to five times
+    per action."""
+    return _parsed_options(str(run["options"]))
 
 
 def get_run(ledger: Ledger, run_id: str) -> sqlite3.Row:

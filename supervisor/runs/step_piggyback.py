@@ -35,7 +35,6 @@ batch, begun) and the batch's results (whose reply carries the next provider tur
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +43,7 @@ from corral.supervisor.errors import SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, provider_store
 from corral.supervisor.runs.next_step import next_step
+from corral.supervisor.runs.run_store import run_options
 
 if TYPE_CHECKING:
     from corral.supervisor.runs.run_service import RunService
@@ -133,10 +133,13 @@ class StepPiggyback:
         """The step with its action prepared (when it was to be) and begun (when recovery
         may run it again); None when that changed what the ledger says comes next (a
         refusal, a denial, a wait for approval)."""
+        # The run's row, read (and its owner checked) once for every action the
+        # batch prepares: none of them changes it.
+        run = self.runs.owned_run(slot, {"run_id": run_id})
         if step["do"] is Do.PREPARE:
             # The next action of a committed plan: prepared here, through the same
             # method (and checks) as when the agent asks, one round trip fewer.
-            row = self._prepare(slot, run_id, step)
+            row = self._prepare(slot, run, step)
             if row is None:
                 return step  # the agent asks itself and gets the refusal as the answer to its own step
             if row["phase"] != "prepared":
@@ -156,27 +159,27 @@ class StepPiggyback:
             return None  # denied, or parked for approval
         step["begun"] = True
         if self.runs.is_read(step["tool"]):
-            following = self._begin_following_reads(slot, run_id, row)
+            following = self._begin_following_reads(slot, run, row)
             if following:
                 step["batch"] = following
-                allowed = set(self._run_options(run_id).get("parallel_reads") or ())
+                allowed = set(run_options(run).get("parallel_reads") or ())
                 # Every read of the batch on the agent's strict allow list: they
                 # run at once, each reported as it ends (a kill re-runs only the rest).
                 step["parallel"] = {step["tool"], *(entry["tool"] for entry in following)} <= allowed
         return step
 
-    def _prepare(self, slot: ActorSlot, run_id: str, step: PrepareStep) -> Any:
+    def _prepare(self, slot: ActorSlot, run: Any, step: PrepareStep) -> Any:
         """The action prepared, to be begun in this same transaction when it may be
         (``begins_now``: then it has no ``action-prepared`` event; see prepare_checked)."""
         try:
             return self.runs.prepare_call(
                 slot, {"loop": step["loop"], "index": step["index"], "tool": step["tool"], "input": step["input"],
-                       "run_id": run_id}, begins_now=True
+                       "run_id": run["run_id"]}, begins_now=True, run=run
             )
         except SupervisorError:
             return None
 
-    def _begin_following_reads(self, slot: ActorSlot, run_id: str, row: Any) -> list[BatchEntry]:
+    def _begin_following_reads(self, slot: ActorSlot, run: Any, row: Any) -> list[BatchEntry]:
         """The reads that follow action ``row`` in its plan, prepared and begun, in order,
         up to the first action that is not a read the policy auto-approves (that one
         and the rest go the ordinary way, after the batch)."""
@@ -184,10 +187,10 @@ class StepPiggyback:
         loop, index = int(row["loop_index"]), int(row["action_index"]) + 1
         batch: list[BatchEntry] = []
         while True:
-            call = runs.planned_call(run_id, loop, index)
+            call = runs.planned_call(run["run_id"], loop, index)
             if call is None or not runs.is_read(call["tool"]):
                 return batch
-            action = self._prepare(slot, run_id, call)
+            action = self._prepare(slot, run, call)
             if action is None or action["phase"] != "prepared":
                 return batch
             if action["policy"] != "auto" or not action["rerunnable"]:
@@ -197,8 +200,3 @@ class StepPiggyback:
                 return batch
             batch.append({"action_id": action["action_id"], "tool": call["tool"], "input": call["input"]})
             index += 1
-
-    def _run_options(self, run_id: str) -> dict[str, Any]:
-        row = self.ledger.one("SELECT options FROM runs WHERE run_id = ?", run_id)
-        options: dict[str, Any] = json.loads(row["options"]) if row is not None else {}
-        return options
