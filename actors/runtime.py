@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -75,27 +76,74 @@ def current_actor() -> ActorContext:
     return _current.get()
 
 
-def _templates() -> dict[str, Template]:
-    # Imported here, not at the top: each template module imports this one.
-    from corral.actors import agent, bridge_worker, echo, mcp_actor, model_actor, session
+# Each built-in template is imported when it is first looked up, not at the top:
+# each template module imports this one, and the fork server preloads only the
+# templates its spec starts (``preload``).
+def _echo() -> Template:
+    from corral.actors import echo
 
-    return {
-        "echo": echo.run,
-        "agent": agent.run,
-        "session": session.run,
-        "model": model_actor.run,
-        "bridge_worker": bridge_worker.run,
-        "mcp": mcp_actor.run,
-    }
+    return echo.run
+
+
+def _agent() -> Template:
+    from corral.actors import agent
+
+    return agent.run
+
+
+def _session() -> Template:
+    from corral.actors import session
+
+    return session.run
+
+
+def _model() -> Template:
+    from corral.actors import model_actor
+
+    return model_actor.run
+
+
+def _bridge_worker() -> Template:
+    from corral.actors import bridge_worker
+
+    return bridge_worker.run
+
+
+def _mcp() -> Template:
+    from corral.actors import mcp_actor
+
+    return mcp_actor.run
+
+
+BUILTIN_TEMPLATES: Mapping[str, Callable[[], Template]] = {
+    "echo": _echo,
+    "agent": _agent,
+    "session": _session,
+    "model": _model,
+    "bridge_worker": _bridge_worker,
+    "mcp": _mcp,
+}
+
+#: What the supervisor tells the fork server its spec starts, as JSON
+#: ``{"templates": [...], "providers": [...]}`` (names only, nothing secret): the
+#: fork server imports those before forking and leaves the rest to the rare actor
+#: that needs it. Unset: everything (a fork server nobody told).
+PRELOAD_ENV = "CORRAL_PRELOAD"
+
+
+def preload_plan(templates: Iterable[str], providers: Iterable[str]) -> str:
+    """The value of ``PRELOAD_ENV`` for a spec that starts ``templates`` and plans
+    with ``providers``."""
+    return json.dumps({"templates": sorted(set(templates)), "providers": sorted(set(providers))})
 
 
 def lookup_template(name: str) -> Template:
     """A built-in template by name, else a user ``module:Name`` reference (one
     lookup for both). Raises KeyError for an unknown name, UserCodeError or
     TypeError for a reference that does not resolve to a template."""
-    table = _templates()
-    if name in table:
-        return table[name]
+    builtin = BUILTIN_TEMPLATES.get(name)
+    if builtin is not None:
+        return builtin()
     from corral.actors import user_actor, user_code
 
     if not user_code.is_reference(name):
@@ -112,14 +160,21 @@ def preload() -> None:
 
     Imports done here are shared by every forked actor instead of repeated in each:
     templates, tools and providers cost ~75 ms per child otherwise (measured), which
-    was most of a restart. Nothing imported here may start a thread (fork safety)."""
-    _templates()
+    was most of a restart. Nothing imported here may start a thread (fork safety).
+    Only what the spec starts (``PRELOAD_ENV``): the templates it names, and the
+    openai provider's client if an agent plans with it (together a third of this
+    process's start-up CPU when imported for nothing, measured)."""
+    plan = json.loads(os.environ.get(PRELOAD_ENV) or "null")
+    templates = set(BUILTIN_TEMPLATES) if plan is None else set(plan["templates"]) & set(BUILTIN_TEMPLATES)
+    for name in sorted(templates):
+        BUILTIN_TEMPLATES[name]()
     from corral.actors.user_code import import_tool_modules_from_env
 
     # The user's @corral.tool modules, as the spec names them, imported once here
     # (each child finds the tools in them again: a walk of names, no import).
     user_tools = import_tool_modules_from_env()
-    from corral.actors.providers import openai  # noqa: F401
+    if plan is None or "openai" in plan["providers"]:
+        from corral.actors.providers import openai  # noqa: F401
     from corral.actors.tools.registry import all_tools
     from corral.core import redact
 

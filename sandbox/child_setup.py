@@ -21,6 +21,8 @@ ENV_ALLOWLIST = (
     "CORRAL_FAILPOINT_DIR",
     # The spec's [tools] modules (names and paths, no secrets): every actor imports them.
     "CORRAL_TOOL_MODULES",
+    # The templates and providers the spec starts (names only): the fork server preloads them.
+    "CORRAL_PRELOAD",
 )
 
 RLIMITS = {

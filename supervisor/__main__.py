@@ -19,6 +19,7 @@ from pathlib import Path  # noqa: E402
 
 import trio  # noqa: E402
 
+from corral.actors.runtime import PRELOAD_ENV, preload_plan  # noqa: E402
 from corral.actors.user_code import TOOL_MODULES_ENV  # noqa: E402
 from corral.core.errors import CorralError  # noqa: E402
 from corral.supervisor.daemon import Supervisor  # noqa: E402
@@ -68,6 +69,15 @@ def _name_process() -> None:
     name_process("corral:supervisor", "corral:sup")
 
 
+def _preload_plan(spec: SwarmSpec) -> str:
+    """What the fork server imports before forking: the spec's actors' templates
+    (isolated children and delegates are agents too), and the providers its
+    agents and child templates plan with."""
+    templates = {actor.template for actor in spec.actors} | ({"agent"} if spec.templates else set())
+    providers = {agent.provider for agent in spec.agents} | {template.provider for template in spec.templates}
+    return preload_plan(templates, providers)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m corral.supervisor")
     parser.add_argument("--home", required=True)
@@ -104,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc), 2)
     # The fork server and every actor import the same tool modules as the spec did here.
     os.environ[TOOL_MODULES_ENV] = json.dumps(list(spec.tool_modules))
+    # And the fork server preloads what this spec starts, not every template.
+    os.environ[PRELOAD_ENV] = _preload_plan(spec)
     if spec.source != "<embedded>":
         from corral.actors.user_code import add_import_path
 

@@ -74,12 +74,16 @@ def _create(path: Path) -> None:
     db = sqlite3.connect(staging, isolation_level=None)
     try:
         staging.chmod(0o600)
-        for version, migration in enumerate(MIGRATIONS):
-            db.execute("BEGIN IMMEDIATE")
+        # The staging file counts only once it is renamed into place, after the
+        # fsync below: until then nothing needs to be durable, so the whole schema
+        # is one unsynced transaction (one per migration took ~25 syncs per new home).
+        db.execute("PRAGMA synchronous = OFF")
+        db.execute("BEGIN IMMEDIATE")
+        for migration in MIGRATIONS:
             for statement in split_sql(migration):
                 db.execute(statement)
-            db.execute(f"PRAGMA user_version = {version + 1}")
-            db.execute("COMMIT")
+        db.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+        db.execute("COMMIT")
     finally:
         db.close()
     failpoints.hit("ledger.after-staging")
