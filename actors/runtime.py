@@ -176,10 +176,10 @@ def preload() -> None:
     if plan is None or "openai" in plan["providers"]:
         from corral.actors.providers import openai  # noqa: F401
     from corral.actors.tools.registry import all_tools
-    from corral.core import redact
 
     all_tools(user_tools)
-    redact.prepare()  # detect-secrets' patterns, read once here rather than in each child
+    # detect-secrets' patterns come from the supervisor, with the init message
+    # (sandbox/forkserver.py): built once there rather than here or in each child.
     # A child's first trio.run specializes trio's bytecode and fills its caches,
     # which copies those pages into every child (~1 ms of CPU each, measured).
     # Doing it here first leaves them warm and shared. trio.run starts no thread

@@ -38,6 +38,7 @@ import prctl
 
 # The actor runtime, imported once here; serve() preloads the rest before forking.
 import corral.actors.runtime
+from corral.core import redact
 from corral.core.process_name import name_process
 from corral.sandbox import child_setup
 
@@ -84,13 +85,16 @@ def serve(sock: socket.socket, supervisor_pid: int) -> None:
     name_process("corral:forkserver", "corral:forksrv")
     # Before the init message, so the imports overlap the supervisor's own boot.
     corral.actors.runtime.preload()
-    # Move everything imported so far out of the collector's reach: a child's first
-    # full collection would otherwise write to every object header and copy the
-    # shared pages into each actor (USS). Actors forked from here collect as usual.
-    gc.freeze()
-    gc.enable()
     init = msgpack.unpackb(sock.recv(MAX_MESSAGE), raw=False)
     init["forkserver_pid"] = os.getpid()
+    # The redaction rules the supervisor built, for every actor forked from here.
+    redact.adopt(init.get("redaction"))
+    # Move everything imported and built so far out of the collector's reach: a
+    # child's first full collection would otherwise write to every object header and
+    # copy the shared pages into each actor (USS). Actors forked from here collect
+    # as usual.
+    gc.freeze()
+    gc.enable()
     _send(sock, {"op": "ready"})
 
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -24,6 +24,7 @@ from typing import Any
 import msgpack
 import trio
 
+from corral.core import redact
 from corral.sandbox import child_setup
 
 MAX_MESSAGE = 1024 * 1024
@@ -239,7 +240,10 @@ class ForkServerLauncher:
                 )
             finally:
                 theirs.close()
-        ours.send(msgpack.packb({"token": self._token}, use_bin_type=True))
+        # Its redaction rules come with its token: built here (while it imports), not
+        # by importing detect-secrets a second time there.
+        init = {"token": self._token, "redaction": redact.exported()}
+        ours.send(msgpack.packb(init, use_bin_type=True))
         ours.setblocking(False)
         server = _ForkServer(proc, ours)
         self._serving.set()

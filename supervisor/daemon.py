@@ -22,7 +22,7 @@ from corral.mailbox.control import ControlError, ControlServer
 from corral.mailbox.envelope import Envelope
 from corral.mailbox.errors import ChannelClosed
 from corral.sandbox.guard_record import recover_home
-from corral.sandbox.launcher import make_launcher
+from corral.sandbox.launcher import LaunchMode, make_launcher
 from corral.supervisor import probes
 from corral.supervisor.bridge import bridge_service
 from corral.supervisor.bridge.bridge_service import BridgeService
@@ -163,9 +163,11 @@ class Supervisor:
         self._assemble()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_signals)
-            # detect-secrets' patterns take ~0.16 s to load: read them now, beside
-            # the fork server's start, not inside the first run's first event.
-            nursery.start_soon(partial(trio.to_thread.run_sync, redact.prepare))
+            # detect-secrets' patterns take ~0.15 s to load: read now, beside the fork
+            # server's start (which is handed them: sandbox/launcher.py), not inside
+            # the first run's first event.
+            if self.launcher.mode is not LaunchMode.FORKSERVER:
+                nursery.start_soon(partial(trio.to_thread.run_sync, redact.prepare))
             await nursery.start(self.launcher.run)
             for group in self.spec.groups:
                 self.tree.declare_group(group)

@@ -51,6 +51,38 @@ class Rule:
         return None if self.anchors is None else frozenset(needle.lower() for needle, _ in self.anchors)
 
 
+#: A rule as a supervisor hands it to the fork server it starts (msgpack-able): its
+#: source, the pattern's text and flags, its group, and what its parse tree proved.
+WireRule = list[Any]
+
+
+def _wire_anchors(anchors: frozenset[Anchor] | None) -> list[list[Any]] | None:
+    return None if anchors is None else [[needle, exact] for needle, exact in sorted(anchors)]
+
+
+def _anchors_of(wire: list[list[Any]] | None) -> frozenset[Anchor] | None:
+    return None if wire is None else frozenset((str(needle), bool(exact)) for needle, exact in wire)
+
+
+def to_wire(rules: Iterable[Rule]) -> list[WireRule]:
+    return [
+        [r.source, r.pattern.pattern, r.pattern.flags, r.group, _wire_anchors(r.anchors), _wire_anchors(r.starts),
+         r.line_safe, r.multiline]
+        for r in rules
+    ]
+
+
+def from_wire(wire: Iterable[WireRule]) -> list[Rule]:
+    """The rules ``to_wire`` gave, as they were: each pattern compiled again from its
+    text and flags, the proofs taken as the sender made them (no detect-secrets
+    import, no parse tree walked)."""
+    return [
+        Rule(str(source), re.compile(str(pattern), int(flags)), None if group is None else int(group),
+             _anchors_of(anchors), _anchors_of(starts), bool(line_safe), bool(multiline))
+        for source, pattern, flags, group, anchors, starts, line_safe, multiline in wire
+    ]
+
+
 def rule(source: str, pattern: re.Pattern[str], group: int | None, multiline: bool = False) -> Rule:
     tree = _Tree.of(pattern)
     if tree is None:

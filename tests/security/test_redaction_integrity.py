@@ -196,6 +196,22 @@ def test_every_detect_secrets_pattern_plugin_is_applied() -> None:
             "StripeDetector"} <= sources
 
 
+def test_a_fork_server_takes_the_supervisors_rules_unchanged() -> None:
+    """A fork server takes its rules from the supervisor's init message (msgpack,
+    sandbox/launcher.py), not from detect-secrets: what arrives builds the same
+    families, in the same order, with the same needles, so its actors redact as the
+    supervisor does."""
+    import msgpack
+
+    from corral.core import redact, secret_rules
+
+    sent = msgpack.packb({"redaction": redact.exported()}, use_bin_type=True)
+    taken = redact._plan_of(secret_rules.from_wire(msgpack.unpackb(sent, raw=False)["redaction"]))
+    built = redact._plan()
+    assert taken.families == built.families and taken.needles == built.needles
+    assert sum(len(family.rules) for family in taken.families) > 50
+
+
 def test_a_tool_output_with_aws_keys_and_url_credentials_leaves_none_in_the_ledger(short_tmp: Path) -> None:
     """A live run reads a file full of them; the ledger's bytes on disk (the database
     and its WAL) hold none, and the file itself is read whole (the model sees it)."""
