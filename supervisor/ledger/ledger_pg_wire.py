@@ -304,9 +304,7 @@ class Connection:
         self.round_trips += 1
         failure: Exception | None = None
         try:
-            pgconn.pipeline_sync()
-            while pgconn.flush():
-                _wait_for(pgconn.socket, select.POLLOUT)
+            _send_all(pgconn)
             for handle in queued:
                 result = self._next_result(pgconn)
                 while self._next_result(pgconn, until_none=True) is not None:
@@ -377,9 +375,7 @@ class Connection:
     def _drain(self, pgconn: Any) -> None:
         from psycopg import pq
 
-        pgconn.pipeline_sync()
-        while pgconn.flush():
-            _wait_for(pgconn.socket, select.POLLOUT)
+        _send_all(pgconn)
         while True:
             result = self._next_result(pgconn, until_none=True)
             if result is not None and result.status == pq.ExecStatus.PIPELINE_SYNC:
@@ -393,12 +389,23 @@ class Connection:
         self._sent = False
 
 
-def _wait_for(fd: int, event: int) -> None:
+def _wait_for(fd: int, event: int) -> int:
     """Block until the connection's socket is ready (poll: a supervisor may hold
-    more than select's 1,024 descriptors)."""
+    more than select's 1,024 descriptors); the events that are."""
     poller = select.poll()
     poller.register(fd, event)
-    poller.poll()
+    return sum(ready for _, ready in poller.poll())
+
+
+def _send_all(pgconn: Any) -> None:
+    """End the pipeline with a sync and write all of it. Answers are read into
+    libpq's buffer meanwhile: a server whose output nobody reads stops reading its
+    input, and a long pipeline would then never finish going out (libpq's advice
+    for pipeline mode)."""
+    pgconn.pipeline_sync()
+    while pgconn.flush():
+        if _wait_for(pgconn.socket, select.POLLOUT | select.POLLIN) & select.POLLIN:
+            pgconn.consume_input()
 
 
 @lru_cache(maxsize=4096)
