@@ -215,6 +215,7 @@ async def _actor(config: ActorConfig, token: str, user_tools: Mapping[str, Tool]
         log.error("template %s cannot be loaded: %s", config["template"], exc)
         return EXIT_TEMPLATE_IMPORT
     actor_id = config["actor_id"]
+    failpoints.hit("link.before-dial")
     async with open_channel(
         config["address"],
         actor_id,
@@ -223,6 +224,7 @@ async def _actor(config: ActorConfig, token: str, user_tools: Mapping[str, Tool]
         inbox_size=config["inbox_size"],
         token=token,
         transport=transport_of(config["link"]),
+        secret=bytes.fromhex(config["link_secret"]),
     ) as channel:
         hello = Envelope(
             Kind.HELLO,

@@ -24,6 +24,9 @@ class ActorConfig(TypedDict):
     address: str
     #: What the link is made of (mailbox/transport.py): the supervisor's end is the same.
     link: LinkKind
+    #: Hex of the secret this incarnation proves when it dials its link (issue 48
+    #: D.14): made per incarnation by the supervisor, carried only by the boot channel.
+    link_secret: str
     #: The actor's ``params`` from the spec, for its template.
     params: dict[str, Any]
     #: The supervisor's home (logs, transcripts, the in-flight record).

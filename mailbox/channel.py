@@ -240,18 +240,20 @@ async def open_channel(
     inbox_size: int = DEFAULT_INBOX,
     token: str | None = None,
     transport: Transport = NNG,
+    secret: bytes | None = None,
 ) -> AsyncIterator[Channel]:
     """A channel with its reader running in a nursery owned by this context. The
-    listening end is usable at once: what it sends waits for its peer."""
+    listening end is usable at once: what it sends waits for its peer. ``secret``:
+    the link's peer must prove it (mailbox/transport.py)."""
     channel = Channel(name, max_frame=max_frame, inbox_size=inbox_size, token=token)
     connect: Callable[[], Awaitable[Link | None]] | None = None
     listener = None
     try:
         if listen:
-            listener = transport.listen(address, channel.hard_limit)
+            listener = transport.listen(address, channel.hard_limit, secret)
             connect = listener.accept
         else:
-            channel.attach(await transport.dial(address, channel.hard_limit))
+            channel.attach(await transport.dial(address, channel.hard_limit, secret))
         async with trio.open_nursery() as nursery:
             await nursery.start(channel.run_reader, connect)
             try:

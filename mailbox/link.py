@@ -11,14 +11,29 @@ queued ahead of it; what the socket does not take right away (the peer is slow,
 or the frame is big) goes to the link's writer task, which owns it from then on.
 When the writer's queue stays full (the peer stopped reading) a send gives up with
 ``MailboxFull`` having sent nothing, and the link stays usable.
+
+A listener given a secret takes as its peer only a connection that proves it
+(issue 48 D.14: any local user can connect to a loopback port, and the first
+connection used to become the actor's link): it sends each connection a challenge
+(``CHALLENGE_MAGIC`` and a fresh nonce) and waits for HMAC-SHA256(secret, challenge)
+back, vetting every connection at once, so a silent one delays nobody; a wrong,
+missing or late answer drops that connection with a log line, and the listener
+listens on until the right peer has come. The supervisor makes a secret per actor
+incarnation and hands it over with the actor's boot config (the fork server's
+socket pair or an inherited pipe, never argv or the environment).
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
+import hmac
+import logging
 import os
+import secrets
 import socket
 import struct
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -32,6 +47,20 @@ RECEIVE_CHUNK = 256 * 1024
 #: Frames a link's writer may hold beyond what the socket took: with the socket's
 #: own buffers, what a peer that stopped reading can cost us is bounded.
 QUEUE_FRAMES = 8
+
+#: The listener's challenge: this, then NONCE_BYTES of randomness. The dialer
+#: answers with HMAC-SHA256(secret, the whole challenge): PROOF_BYTES.
+CHALLENGE_MAGIC = b"corral-link-1\n"
+NONCE_BYTES = 32
+PROOF_BYTES = hashlib.sha256().digest_size
+#: How long a connection may take to answer the challenge (the real actor answers
+#: in one round trip), and how long a dialer waits for it.
+HANDSHAKE_TIMEOUT_S = 10.0
+#: Connections vetted at once: past this the oldest is dropped, so a flood costs a
+#: bounded number of descriptors and cannot hold the real actor out for long.
+MAX_CANDIDATES = 16
+
+log = logging.getLogger(__name__)
 
 
 class FrameOverflow(ChannelClosed):
@@ -162,12 +191,99 @@ class Link:
         self.sock.close()
 
 
-class Listener:
-    """Where one peer dials in: bound before the peer starts, closed once it came."""
+def link_proof(secret: bytes, challenge: bytes) -> bytes:
+    """What a dialer that holds ``secret`` answers to ``challenge``."""
+    return hmac.new(secret, challenge, hashlib.sha256).digest()
 
-    def __init__(self, address: str, hard_limit: int) -> None:
+
+async def _send_all(sock: socket.socket, data: bytes) -> bool:
+    """False when the peer went (or the socket was closed) before all of it went out."""
+    view = memoryview(data)
+    while view:
+        try:
+            sent = sock.send(view, socket.MSG_NOSIGNAL)
+        except BlockingIOError:
+            if not await _ready(trio.lowlevel.wait_writable, sock):
+                return False
+            continue
+        except OSError:
+            return False
+        view = view[sent:]
+    return True
+
+
+async def _receive_exactly(sock: socket.socket, size: int) -> bytes | None:
+    """``size`` bytes and not one more (what follows is the link's first frame), or
+    None when the peer closed first."""
+    data = b""
+    while len(data) < size:
+        try:
+            chunk = sock.recv(size - len(data))
+        except BlockingIOError:
+            if not await _ready(trio.lowlevel.wait_readable, sock):
+                return None
+            continue
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+async def _challenge(sock: socket.socket, secret: bytes) -> str:
+    """"" when the peer proved ``secret``, else why not."""
+    challenge = CHALLENGE_MAGIC + secrets.token_bytes(NONCE_BYTES)
+    if not await _send_all(sock, challenge):
+        return "it went before the challenge"
+    answer = await _receive_exactly(sock, PROOF_BYTES)
+    if answer is None:
+        return "it closed without answering"
+    if not hmac.compare_digest(answer, link_proof(secret, challenge)):
+        return "a wrong answer"
+    return ""
+
+
+async def _prove(sock: socket.socket, secret: bytes, address: str) -> None:
+    """The dialer's half: answer the listener's challenge."""
+    with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+        challenge = await _receive_exactly(sock, len(CHALLENGE_MAGIC) + NONCE_BYTES)
+        if challenge is None or not challenge.startswith(CHALLENGE_MAGIC):
+            raise ConnectionError(f"{address} sent no link challenge")
+        if not await _send_all(sock, link_proof(secret, challenge)):
+            raise ConnectionError(f"{address} closed the link during its challenge")
+        return
+    raise ConnectionError(f"{address} sent no link challenge within {HANDSHAKE_TIMEOUT_S:g} s")
+
+
+class _Candidate:
+    """A connection being vetted: ``cut`` says why it is dropped if it is cancelled
+    from outside (its time ran out, the real peer came first, a flood)."""
+
+    def __init__(self, conn: socket.socket, peer: str) -> None:
+        self.conn = conn
+        self.peer = peer
+        self.scope = trio.CancelScope(deadline=trio.current_time() + HANDSHAKE_TIMEOUT_S)
+        self.cut = f"no answer within {HANDSHAKE_TIMEOUT_S:g} s"
+
+
+def _peer_name(conn: socket.socket, peer: object) -> str:
+    if conn.family != socket.AF_UNIX:
+        host, port = peer[:2] if isinstance(peer, tuple) else ("?", "?")
+        return f"{host}:{port}"
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return f"pid {pid} (uid {uid})"
+
+
+class Listener:
+    """Where one peer dials in: bound before the peer starts, closed once it came.
+    With a ``secret``, the peer is the first connection that proves it."""
+
+    def __init__(self, address: str, hard_limit: int, secret: bytes | None = None) -> None:
         family, where = _parse(address)
         self.hard_limit = hard_limit
+        self._secret = secret
         self._path = Path(str(where)) if family == socket.AF_UNIX else None
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -178,7 +294,9 @@ class Listener:
             sock.bind(where)  # a literal path or loopback address: nothing to resolve
             # The socket file this listener made, by identity: close() removes only it.
             self._made = file_identity(self._path) if self._path is not None else None
-            sock.listen(1)
+            # Without a secret the first connection is the peer; with one, impostors
+            # may come first, and the real peer must still find room in the queue.
+            sock.listen(1 if secret is None else MAX_CANDIDATES)
             sock.setblocking(False)
         except BaseException:
             sock.close()
@@ -193,14 +311,58 @@ class Listener:
 
     async def accept(self) -> Link:
         try:
-            while True:
-                try:
-                    conn, _ = self.sock.accept()
-                    return Link(conn, self.hard_limit)
-                except BlockingIOError:
-                    await trio.lowlevel.wait_readable(self.sock)
+            if self._secret is None:
+                conn, _ = await self._next_connection()
+            else:
+                conn = await self._proven(self._secret)
+            return Link(conn, self.hard_limit)
         finally:
             self.close()
+
+    async def _next_connection(self) -> tuple[socket.socket, str]:
+        while True:
+            try:
+                conn, peer = self.sock.accept()
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(self.sock)
+                continue
+            conn.setblocking(False)
+            return conn, _peer_name(conn, peer)
+
+    async def _proven(self, secret: bytes) -> socket.socket:
+        """The first connection that proves ``secret``. Every connection is vetted
+        at once (a silent one holds nobody up); each that fails, or is still being
+        vetted when the real peer has come, is closed with a log line."""
+        vetting: OrderedDict[int, _Candidate] = OrderedDict()
+        proven: list[socket.socket] = []
+        async with trio.open_nursery() as nursery:
+
+            async def vet(candidate: _Candidate) -> None:
+                try:
+                    with candidate.scope:
+                        candidate.cut = await _challenge(candidate.conn, secret)
+                finally:
+                    del vetting[id(candidate)]
+                    if candidate.cut or proven:
+                        log.warning("link %s: dropped a connection from %s: it did not prove the actor's link"
+                                    " secret (%s)", self.address, candidate.peer, candidate.cut or "a second proof")
+                        candidate.conn.close()
+                    else:
+                        proven.append(candidate.conn)
+                        for other in vetting.values():
+                            other.cut = "the actor's own link came first"
+                        nursery.cancel_scope.cancel()
+
+            while not proven:  # once one has proven it, its task cancels this loop
+                conn, peer = await self._next_connection()
+                if len(vetting) >= MAX_CANDIDATES:
+                    oldest = next(iter(vetting.values()))
+                    oldest.cut = f"one of more than {MAX_CANDIDATES} connections at once"
+                    oldest.scope.cancel()
+                candidate = _Candidate(conn, peer)
+                vetting[id(candidate)] = candidate
+                nursery.start_soon(vet, candidate)
+        return proven[0]
 
     def close(self) -> None:
         if self._closed:
@@ -223,7 +385,8 @@ def file_identity(path: Path) -> tuple[int, int] | None:
     return (info.st_dev, info.st_ino)
 
 
-async def dial(address: str, hard_limit: int) -> Link:
+async def dial(address: str, hard_limit: int, secret: bytes | None = None) -> Link:
+    """A link to the listener at ``address``; with ``secret``, once its challenge is answered."""
     family, where = _parse(address)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -234,6 +397,8 @@ async def dial(address: str, hard_limit: int) -> Link:
             code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if code:
             raise ConnectionError(f"cannot connect to {address}: {errno.errorcode.get(code, code)}")
+        if secret is not None:
+            await _prove(sock, secret, address)
     except BaseException:
         sock.close()
         raise

@@ -189,7 +189,16 @@ class NngListener:
     address's file itself, only while it is still this listener's (as the stream
     listener does)."""
 
-    def __init__(self, address: str, hard_limit: int) -> None:
+    def __init__(self, address: str, hard_limit: int, *, authenticated: bool = False) -> None:
+        """``authenticated``: the peer must be the one meant. nng has no handshake of
+        ours, and its first pipe becomes the link (``_admit``): on ``ipc://`` only
+        the owner of the home can connect (its ``s/`` directory is mode 700), but a
+        loopback tcp port is open to every local user, who could connect first and
+        take the link (issue 48 D.14). Such a listener is refused: the supervisor
+        links nng over ``ipc://`` only, and ``transport = "tcp"`` is the stream
+        link, which checks a secret (mailbox/link.py)."""
+        if authenticated and not address.startswith("ipc://"):
+            raise ValueError(f"an nng link on {address!r} cannot check its peer: only ipc:// is private")
         self.link = NngLink(hard_limit)
         self._path: Path | None = None
         self._made: tuple[int, int] | None = None

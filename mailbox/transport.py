@@ -37,30 +37,36 @@ class Listener(Protocol):
 
 
 class Transport(Protocol):
+    """``secret``: the listener takes as its peer only a dialer that proves it holds
+    the same bytes (a per-actor secret from the boot config). The stream link checks
+    it on every address (mailbox/link.py); nng links listen on ``ipc://`` only when
+    given one, whose socket file sits in the home's mode-700 ``s/`` directory, out of
+    every other user's reach (mailbox/link_nng.py)."""
+
     kind: LinkKind
 
-    def listen(self, address: str, hard_limit: int) -> Listener: ...
+    def listen(self, address: str, hard_limit: int, secret: bytes | None = None) -> Listener: ...
 
-    async def dial(self, address: str, hard_limit: int) -> Link: ...
+    async def dial(self, address: str, hard_limit: int, secret: bytes | None = None) -> Link: ...
 
 
 class StreamTransport:
     kind: LinkKind = "stream"
 
-    def listen(self, address: str, hard_limit: int) -> Listener:
-        return link.Listener(address, hard_limit)
+    def listen(self, address: str, hard_limit: int, secret: bytes | None = None) -> Listener:
+        return link.Listener(address, hard_limit, secret)
 
-    async def dial(self, address: str, hard_limit: int) -> Link:
-        return await link.dial(address, hard_limit)
+    async def dial(self, address: str, hard_limit: int, secret: bytes | None = None) -> Link:
+        return await link.dial(address, hard_limit, secret)
 
 
 class NngTransport:
     kind: LinkKind = "nng"
 
-    def listen(self, address: str, hard_limit: int) -> Listener:
-        return link_nng.NngListener(address, hard_limit)
+    def listen(self, address: str, hard_limit: int, secret: bytes | None = None) -> Listener:
+        return link_nng.NngListener(address, hard_limit, authenticated=secret is not None)
 
-    async def dial(self, address: str, hard_limit: int) -> Link:
+    async def dial(self, address: str, hard_limit: int, secret: bytes | None = None) -> Link:
         return await link_nng.dial(address, hard_limit)
 
 

@@ -55,6 +55,7 @@ KNOWN: dict[str, str] = {
     "provider.before-handoff": "agent: provider response received, handoff not yet committed",
     "provider.after-handoff": "agent: provider response committed (with the plan parsed from it), reply not yet read",
     "session.after-launch": "session: process launched, running not yet recorded",
+    "link.before-dial": "actor: its link's address and secret in hand (any actor kind), not yet dialled",
     "ledger.after-staging": "supervisor: a new ledger is built beside its name, not yet renamed into place",
     "ledger.before-sync": "supervisor: a batch of commits is in the WAL, its fsync not yet done, no reply sent",
     "ledger.after-sync": "supervisor: a batch of commits is fsync'd, the replies waiting on it not yet sent",
@@ -93,7 +94,9 @@ BROKEN_BUILDS: dict[str, str] = {
 
 #: Failpoints hit inside actor processes; all others are hit inside the supervisor.
 ACTOR_SIDE = frozenset(
-    name for name in KNOWN if name.split(".")[0] in ("agent", "provider", "session", "mcp", "model", "changeset")
+    name
+    for name in KNOWN
+    if name.split(".")[0] in ("agent", "provider", "session", "mcp", "model", "changeset", "link")
 )
 
 

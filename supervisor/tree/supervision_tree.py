@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import random
+import secrets
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -260,7 +261,9 @@ class SupervisionTree:
         slot.started_at = time.monotonic()
         channel = Channel(SUPERVISOR, max_frame=self.settings.max_frame, inbox_size=self.settings.inbox_size)
         link_kind: LinkKind = "nng" if self.settings.transport == "nng" else "stream"
-        listener = transport_of(link_kind).listen(self._address(), channel.hard_limit)
+        # The incarnation's own: a local user who connects first cannot take its link.
+        link_secret = secrets.token_bytes(32)
+        listener = transport_of(link_kind).listen(self._address(), channel.hard_limit, link_secret)
         try:
             address = listener.address
             config: ActorConfig = {
@@ -269,6 +272,7 @@ class SupervisionTree:
                 "template": slot.spec.template,
                 "address": address,
                 "link": link_kind,
+                "link_secret": link_secret.hex(),
                 "params": slot.spec.params,
                 "home": str(self.home),
                 "max_frame": self.settings.max_frame,
