@@ -163,11 +163,15 @@ class PostgresLedger(Ledger):
         with self.raw.transaction():
             self.raw.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.schema,))
             self.raw.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
+            if self.epoch is not None:
+                # A writer's migrations are writes too: fenced like the rest.
+                self.raw.execute(f"SELECT {CLUSTER_SCHEMA}.fence(%s, %s)", (self.partition, self.epoch))
             self.raw.execute(f"SET LOCAL search_path TO {self.schema}, public")
             self.raw.execute(REFUSE_FUNCTION)
             self.raw.execute("CREATE TABLE IF NOT EXISTS corral_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)")
             self.raw.execute("INSERT INTO corral_meta VALUES ('schema_version', 0) ON CONFLICT DO NOTHING")
             self.raw.execute("INSERT INTO corral_meta VALUES ('commit_seq', 0) ON CONFLICT DO NOTHING")
+            self.raw.execute("INSERT INTO corral_meta VALUES ('syncs', 0) ON CONFLICT DO NOTHING")
             current = int(self.raw.execute("SELECT value FROM corral_meta WHERE key = 'schema_version'").fetchone()[0])
             if current > len(MIGRATIONS):
                 raise LedgerError(f"{self.where} has schema {current}, newer than this corral ({len(MIGRATIONS)})")
@@ -402,9 +406,16 @@ class PostgresLedger(Ledger):
         write on a second connection (the WAL is one sequence, so its flush covers
         every earlier commit). The ledger's own connection stays free meanwhile.
         On a new connection (the first, or after a lost one) the commit marker is
-        read too: the server must still hold every commit this writer was told of."""
+        read too: the server must still hold every commit this writer was told of.
+
+        That write is fenced like every other of this writer: the statement that
+        bumps the counter checks the epoch itself (``_sync_sql``), so it takes the
+        partition's row ``FOR SHARE`` in its own transaction. A node that was
+        taken over while it waited to sync commits nothing here, and stops."""
         import psycopg
 
+        if self.fenced:
+            raise Fenced(self.fenced)
         covered, seq = self.commits, self._seq
         conn = self._sync_conn
         try:
@@ -413,8 +424,7 @@ class PostgresLedger(Ledger):
                 conn = connect(self.url, f"corral-sync:{self.partition}", timeout=RECONNECT_TIMEOUT_S)
                 self._sync_conn = conn
                 conn.execute(f"SET search_path TO {self.schema}, public")
-                conn.execute("INSERT INTO corral_meta VALUES ('syncs', 0) ON CONFLICT DO NOTHING")
-            conn.execute("UPDATE corral_meta SET value = value + 1 WHERE key = 'syncs'")
+            conn.execute(self._sync_sql)
             if fresh and self.epoch is not None and self._marker(conn) < seq:
                 self._diverged(f"it holds commit {self._marker(conn)}, and this writer was told of commit {seq}")
         except PostgresUnavailable as exc:
@@ -425,10 +435,24 @@ class PostgresLedger(Ledger):
                 conn.close()
             except Exception:
                 pass
+            if getattr(exc, "sqlstate", None) == FENCE_SQLSTATE:
+                self.fence(str(exc.diag.message_primary or exc).removeprefix("corral-fenced: "))
             if not connection_lost(exc, conn):
                 raise
             raise LedgerUnavailable(f"{self.where}: group commit lost its connection ({exc})") from None
         return covered
+
+    @property
+    def _sync_sql(self) -> str:
+        """Group commit's write: the counter bumped, in one statement (one implicit
+        transaction) with the epoch check when this writer is fenced. The check
+        is the epoch alone: a lapsed lease nobody took over only delays a flush of
+        commits that were fenced when they were made."""
+        bump = "UPDATE corral_meta SET value = value + 1"
+        if self.epoch is None:
+            return f"{bump} WHERE key = 'syncs'"
+        fence = f"{CLUSTER_SCHEMA}.fence('{self.partition}', {int(self.epoch)})"
+        return f"{bump} FROM (SELECT {fence}) AS fenced WHERE key = 'syncs'"
 
     @property
     def _fence_sql(self) -> str:
