@@ -109,9 +109,20 @@ _CORRAL = (
 )
 
 
+#: The password in a URL's userinfo, whatever the scheme (``redis://:pw@h``,
+#: ``amqp://u:pw@h``, ``mongodb+srv://u:p@ss@h``, one made up): from the first ``:``
+#: after ``://`` to the authority's last ``@`` (a raw ``@`` in a password is common),
+#: any character the authority can hold. The plugin's basic-auth pattern wants a
+#: user name and no sub-delimiter (``$ ! & ( ) * + , ; =``) in the password, and
+#: leaves those whole. The user name stays readable. Matched only where ``://`` is.
+_URL_PASSWORD = r"://[^\s/?#@:\"'`]*:([^\s/?#\"'`]+)@"
+
+
 def corral_rules() -> list[Rule]:
-    """Each replaces its whole match (``password: hunter2`` goes whole)."""
-    return [rule("corral", re.compile(source), 0, multiline) for source, multiline in _CORRAL]
+    """Each replaces its whole match (``password: hunter2`` goes whole), but a URL's
+    password, which goes alone."""
+    return [*(rule("corral", re.compile(source), 0, multiline) for source, multiline in _CORRAL),
+            rule("corral", re.compile(_URL_PASSWORD), 1)]
 
 
 # -- detect-secrets' plugins ----------------------------------------------------------
