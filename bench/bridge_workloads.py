@@ -29,6 +29,7 @@ BATCH = 15
 def _serve(ctx: Context, tokens: dict[str, str], db: Path | None = None) -> tuple[subprocess.Popen[str], str]:
     registration = ctx.tmp / "principals.json"
     registration.write_text(json.dumps({"principals": {n: {"token": t} for n, t in tokens.items()}}))
+    registration.chmod(0o600)  # it holds the tokens: the bridge refuses it otherwise
     process = subprocess.Popen(
         [sys.executable, "-m", "corral", "bridge", "serve", "--db", str(db or ctx.tmp / f"bridge-{time.time_ns()}.db"),
          "--listen", "127.0.0.1:0", "--principals", str(registration), "--json"],

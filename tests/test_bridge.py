@@ -471,6 +471,7 @@ def test_v18_the_registration_file_is_checked(short_tmp: Path) -> None:
     for text in ('{"principals": {}}', '{"principals": {"a": {"token": "short"}}}', "{not json",
                  '{"principals": {"a": {"token": "same-token-1234567"}, "b": {"token": "same-token-1234567"}}}'):
         bad.write_text(text)
+        bad.chmod(0o600)
         result = subprocess.run([*CORRAL, "bridge", "serve", "--db", str(short_tmp / "x.db"), "--listen",
                                  "127.0.0.1:0", "--principals", str(bad)], capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and "bad --principals" in result.stderr, (text, result.stderr)
@@ -671,6 +672,7 @@ def test_registration_files_are_refused_naming_the_file_and_the_entry(short_tmp:
     for label, (data, entry, reason) in cases.items():
         path = short_tmp / f"{label.replace(' ', '-').replace(',', '')}.json"
         path.write_text(json.dumps(data))
+        path.chmod(0o600)
         result = subprocess.run([*CORRAL, "bridge", "serve", "--db", str(short_tmp / "x.db"), "--listen",
                                  "127.0.0.1:0", "--principals", str(path)], capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and "bad --principals" in result.stderr, (label, result.stderr)
@@ -681,9 +683,33 @@ def test_registration_files_are_refused_naming_the_file_and_the_entry(short_tmp:
     path = short_tmp / "agree.json"
     path.write_text(json.dumps({"principals": {"alice": {"token": "alice-token-0123456789", "token_sha256":
                                                          hashlib.sha256(b"alice-token-0123456789").hexdigest()}}}))
+    path.chmod(0o600)
     from corral.bridge.server import load_principals
 
     assert list(load_principals(path).values()) == ["alice"]
+
+
+def test_a_registration_file_others_can_read_is_refused_like_a_key_file(short_tmp: Path) -> None:
+    """Issue 48, D.13: the file holds every principal's token, so it must be 0600 or
+    stricter, as an ``api_key_file`` must: any group or other bit is refused (exit 2)
+    before anything is served or created, naming the file, its mode and the fix."""
+    path = short_tmp / "principals.json"
+    path.write_text(json.dumps({"principals": {"alice": {"token": "alice-token-0123456789"}}}))
+    for mode in (0o644, 0o640, 0o604, 0o660):
+        path.chmod(mode)
+        result = subprocess.run([*CORRAL, "bridge", "serve", "--db", str(short_tmp / "x.db"), "--listen",
+                                 "127.0.0.1:0", "--principals", str(path)], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and "bad --principals" in result.stderr, (oct(mode), result.stderr)
+        assert str(path) in result.stderr and f"mode {mode:04o}" in result.stderr, (oct(mode), result.stderr)
+        assert f"chmod 600 {path}" in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert "alice-token" not in result.stderr
+    assert not (short_tmp / "x.db").exists(), "nothing served, nothing created"
+    # 0600 and 0400 are the owner's alone: accepted.
+    from corral.bridge.server import load_principals
+
+    for mode in (0o600, 0o400):
+        path.chmod(mode)
+        assert list(load_principals(path).values()) == ["alice"]
 
 
 def test_notifications_get_no_reply_and_a_batch_of_them_no_body(bridge: Bridge) -> None:

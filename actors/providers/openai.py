@@ -18,7 +18,6 @@ import json
 import math
 import os
 import ssl
-import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -29,6 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 
+from corral.core.private_file import PrivateFileError, read_private_file
 from corral.core.redact import redact_text, register_secret, summarize
 
 # Relative: mypy cannot map the corral.actors package onto the actors/ folder.
@@ -247,27 +247,11 @@ class OpenAIConfig:
 
 
 def _read_key_file(path: Path) -> str:
+    # The one check every file holding secrets gets (the bridge's principals too).
     try:
-        # O_NONBLOCK: a FIFO must be refused below, not wait here for a writer.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise OpenAIConfigError(f"api_key_file {path} does not exist") from None
-    except OSError as exc:
-        raise OpenAIConfigError(f"api_key_file {path} cannot be opened: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as handle:
-        # fstat of the open file: no window for a swap between the check and the read.
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise OpenAIConfigError(f"api_key_file {path} is not a regular file")
-        mode = stat.S_IMODE(info.st_mode)
-        if mode & 0o077:
-            raise OpenAIConfigError(
-                f"api_key_file {path} has mode {mode:04o}; it must not be accessible to "
-                f"group or others (run: chmod 600 {path})"
-            )
-        raw = handle.read(_MAX_KEY_FILE_BYTES + 1)
-    if len(raw) > _MAX_KEY_FILE_BYTES:
-        raise OpenAIConfigError(f"api_key_file {path} is too large to hold just a key")
+        raw = read_private_file(path, "api_key_file", _MAX_KEY_FILE_BYTES)
+    except PrivateFileError as exc:
+        raise OpenAIConfigError(str(exc)) from None
     try:
         return raw.decode("utf-8").strip()
     except UnicodeDecodeError:

@@ -30,9 +30,12 @@ from corral.bridge.methods import METHODS, PRINCIPAL_PATTERN
 from corral.bridge.model import ERROR_CODES, BridgeError
 from corral.bridge.store import Store
 from corral.core import http_service, strict_json
+from corral.core.private_file import PrivateFileError, read_private_file
 
 MAX_BODY = 1 << 20
 MAX_BATCH = 50
+#: A registration file past this is not one (thousands of principals fit).
+MAX_REGISTRATION = 4 << 20
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INTERNAL = -32700, -32600, -32601, -32603
 #: What the audit log and the events name a notification's request by.
 NOTIFICATION_ID = "notification"
@@ -51,10 +54,15 @@ def load_principals(path: Path) -> dict[str, str]:
 
     Everything is checked here, naming the file and the entry: a name a request
     could never carry, an unknown field (a typo would otherwise drop a setting), a
-    token and a ``token_sha256`` that disagree."""
+    token and a ``token_sha256`` that disagree. It holds every principal's token, so
+    it is read only if no group or other may read it, as an ``api_key_file`` is."""
     try:
-        data = strict_json.loads(path.read_bytes())
-    except (OSError, strict_json.StrictJsonError) as exc:
+        raw = read_private_file(path, "principals file", MAX_REGISTRATION)
+    except PrivateFileError as exc:
+        raise RegistrationError(str(exc)) from None
+    try:
+        data = strict_json.loads(raw)
+    except strict_json.StrictJsonError as exc:
         raise RegistrationError(f"{path}: {exc}") from None
     if not isinstance(data, dict):
         raise RegistrationError(f"{path}: needs an object with 'principals'")
