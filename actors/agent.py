@@ -270,6 +270,12 @@ class Lane:
         except Exception as exc:
             await self.call("run.fail", reason=recordable.text(f"provider cannot start: {exc}"))
             return
+        try:
+            context = self.project_context()
+        except Exception as exc:  # every file is bounded first; whatever is left fails this run by name, not the lane
+            await self.call("run.fail", reason=recordable.text(
+                f"the repository context cannot be built: {type(exc).__name__}: {exc}"))
+            return
         begun = step.get("begun") or await self.call("provider.begin", loop=loop)
         history = self.provider_history(step)
         request = ProviderRequest(
@@ -281,7 +287,7 @@ class Lane:
             tools=self.offered,
             slot=begun["slot"],
             tool_notes=tuple(sorted((self.run.get("mcp_instructions") or {}).items())),
-            project_context=self.project_context(),
+            project_context=context,
             images=await self.images_for(provider, history),
             # Planning turns only: a summary (step_compact) never searches.
             web_search=getattr(provider, "web_search", False) is True,

@@ -5,7 +5,9 @@ supervisor's stale-action guard (supervisor/context/repo_fingerprint_service.py)
 
 * **Documents.** Every ``AGENTS.md`` (instructions, scoped to its directory) and the
   root ``README.md``/``CONTEXT.md`` (reference data, not instructions), each with
-  its SHA-256, its size and whether its text was cut.
+  the SHA-256 of its first MAX_DOCUMENT_HASH_BYTES (the whole file, for any real
+  one), its size and whether its text was cut. A document that cannot be read as a
+  plain file is listed with the reason instead.
 * **Skills** (actors/repo_skills.py): metadata only.
 * **Layout** (actors/repo_walk.py, actors/repo_manifests.py): the top-level tree,
   manifests and their script names, a safe git summary, the language mix and entry
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,16 @@ import rfc8785
 from corral.actors import repo_manifests, repo_walk
 from corral.actors.repo_skills import ROOTS as SKILL_ROOTS
 from corral.actors.repo_skills import Skill, SkillCatalog, discover
+from corral.core import nesting
 from corral.core.redact import redact_text
 
 SCHEMA = "corral-repository-context-v3"
 #: The seed's budgets: one document read, all documents read.
 MAX_DOCUMENT_BYTES = 24 * 1024
 MAX_DOCUMENTS_TOTAL = 64 * 1024
+#: What is read (and hashed) of one document: a sparse 64 GiB AGENTS.md was hashed
+#: whole at every build (issue 48). Past it, the digest is of this head.
+MAX_DOCUMENT_HASH_BYTES = 256 * 1024
 REFERENCE_NAMES = ("README.md", "CONTEXT.md")
 #: A prompt label for each kind.
 INSTRUCTIONS, REFERENCE = "instructions", "reference"
@@ -49,7 +54,8 @@ INSTRUCTIONS, REFERENCE = "instructions", "reference"
 #: (path relative to the workspace, size, st_mtime_ns, st_ctime_ns, st_ino).
 FileKey = tuple[str, int, int, int, int]
 
-__all__ = ["ContextCache", "Document", "LiveContext", "RepoContext", "Skill", "build", "changes", "load"]
+__all__ = ["ContextCache", "Document", "LiveContext", "RepoContext", "Skill", "SkippedDocument", "build", "changes",
+           "load"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,15 @@ class Document:
     #: Redacted, with this machine's absolute paths replaced, bounded.
     text: str
     truncated: bool
+
+
+@dataclass(frozen=True)
+class SkippedDocument:
+    """A document the walk found that cannot be read as a plain file (swapped for a
+    FIFO or a symlink since, say): named, with why, never waited on or followed."""
+
+    path: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,9 @@ class RepoContext:
     layout: Layout = field(default_factory=Layout)
     #: Documents were left out (the total budget): the context is not whole.
     documents_truncated: bool = False
+    #: Documents found but not read, with why (shown, not fingerprinted: the reason of
+    #: an unreadable file may change while nothing that steers the model does).
+    documents_skipped: tuple[SkippedDocument, ...] = ()
 
     # -- what is fingerprinted ---------------------------------------------------------
 
@@ -128,6 +146,7 @@ class RepoContext:
             "skills": [{"name": s.name, "path": s.path, "root": s.root, "description": s.description,
                         "sha256": s.sha256} for s in self.catalog.skills],
             "texts": {d.path: d.text for d in self.documents},
+            "documents_skipped": [{"path": d.path, "reason": d.reason} for d in self.documents_skipped],
             "skills_skipped": [{"path": s.path, "reason": s.reason} for s in self.catalog.skipped],
             "layout": self.layout.summary(),
         }
@@ -193,37 +212,16 @@ def _scrub(text: str, places: tuple[str, ...]) -> str:
     return redact_text(text)
 
 
-def _document(root: Path, path: str, kind: str, scope: str, places: tuple[str, ...]) -> Document | None:
-    """A regular file (never a symlink) inside the workspace: hashed whole, text bounded."""
-    full = root / path
+def _document(root: Path, path: str, kind: str, scope: str, places: tuple[str, ...]) -> Document | SkippedDocument:
+    """A regular file inside the workspace, reached without following a symlink at
+    any level (nesting.read_inside): its head hashed, its text bounded."""
     try:
-        if not stat.S_ISREG(os.lstat(full).st_mode):
-            return None
-        digest, size, head = hashlib.sha256(), 0, b""
-        with full.open("rb") as handle:
-            while chunk := handle.read(64 * 1024):
-                digest.update(chunk)
-                if len(head) <= MAX_DOCUMENT_BYTES:
-                    head += chunk[: MAX_DOCUMENT_BYTES + 1 - len(head)]
-                size += len(chunk)
-    except OSError:
-        return None
-    truncated = size > MAX_DOCUMENT_BYTES
-    text = _scrub(head[:MAX_DOCUMENT_BYTES].decode("utf-8", errors="replace"), places)
-    return Document(path, kind, scope, digest.hexdigest(), size, text, truncated)
-
-
-def _parent_chain_is_real(root: Path, relative: str) -> bool:
-    """No component of ``relative`` (a directory) is a symlink."""
-    here = root
-    for part in [p for p in relative.split("/") if p not in ("", ".")]:
-        here = here / part
-        try:
-            if not stat.S_ISDIR(os.lstat(here).st_mode):
-                return False
-        except OSError:
-            return False
-    return True
+        read = nesting.read_inside(root, path, MAX_DOCUMENT_HASH_BYTES)
+    except nesting.NotReadable as exc:
+        return SkippedDocument(path, str(exc))
+    truncated = read.size > MAX_DOCUMENT_BYTES
+    text = _scrub(read.data[:MAX_DOCUMENT_BYTES].decode("utf-8", errors="replace"), places)
+    return Document(path, kind, scope, hashlib.sha256(read.data).hexdigest(), read.size, text, truncated)
 
 
 def build(workspace: Path, home: Path | None = None, *, with_layout: bool = True, with_git: bool = False) -> tuple[
@@ -236,6 +234,7 @@ def build(workspace: Path, home: Path | None = None, *, with_layout: bool = True
     places = (str(root), *(str(h.resolve()) for h in homes))
     walk = repo_walk.walk(root, homes)
     documents: list[Document] = []
+    skipped: list[SkippedDocument] = []
     total, cut = 0, False
     wanted = [(f"{d}/AGENTS.md" if d != "." else "AGENTS.md", INSTRUCTIONS, d) for d in walk.agents_dirs]
     wanted += [(name, REFERENCE, ".") for name in REFERENCE_NAMES if name in walk.top]
@@ -243,10 +242,10 @@ def build(workspace: Path, home: Path | None = None, *, with_layout: bool = True
         if total >= MAX_DOCUMENTS_TOTAL:
             cut = True
             break
-        if not _parent_chain_is_real(root, scope):
-            continue
         found = _document(root, path, kind, scope, places)
-        if found is not None:
+        if isinstance(found, SkippedDocument):
+            skipped.append(found)
+        else:
             documents.append(found)
             total += min(found.size, MAX_DOCUMENT_BYTES)
     catalog = discover(root)
@@ -258,7 +257,7 @@ def build(workspace: Path, home: Path | None = None, *, with_layout: bool = True
     if with_layout:
         manifests = tuple(repo_manifests.manifest(root, path) for path in walk.manifests)
         layout = Layout(walk, manifests, repo_manifests.git_summary(root) if with_git else {})
-    return RepoContext(tuple(documents), catalog, layout, cut), keys, dir_keys
+    return RepoContext(tuple(documents), catalog, layout, cut, tuple(skipped)), keys, dir_keys
 
 
 def load(workspace: Path, home: Path | None = None) -> RepoContext:
@@ -314,7 +313,8 @@ class LiveContext:
             self.cache.seed(built)
         now = self.cache.current()
         if self.rendered is None or now is not self._source:
-            context = RepoContext(now.documents, now.catalog, self.layout, now.documents_truncated)
+            context = RepoContext(now.documents, now.catalog, self.layout, now.documents_truncated,
+                                  now.documents_skipped)
             self.rendered, self._source, self._prompt = context, now, context.prompt(self.with_layout)
         return self._prompt
 

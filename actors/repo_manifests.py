@@ -5,6 +5,10 @@ says can be run; running one still goes through the command tools). Git gives a
 fixed, safe summary: whether the workspace is a repository, the branch, HEAD's
 short sha and how many files changed; always through corral's own host git
 (actors/tools/host_git.py), which never runs a program the repository names.
+
+A manifest is the repository's, so hostile: it is read without following a
+symlink, at most MAX_MANIFEST_BYTES, and its nesting is bounded before a parser
+sees it (100,000 levels in 200 KB raised RecursionError in the agent, issue 48).
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from corral.actors.tools.host_git import HostGit, HostGitError
+from corral.core import nesting
 
 MAX_MANIFEST_BYTES = 256 * 1024
+#: Arrays and tables nest at most this deep in a manifest (real ones: under ten).
+MAX_MANIFEST_DEPTH = 64
 MAX_SCRIPTS = 30
 _GO_MODULE = re.compile(r"^\s*module\s+(\S+)", re.MULTILINE)
 
@@ -41,10 +48,12 @@ def _parsed(path: str, text: str) -> tuple[str, list[str]]:
         found = _GO_MODULE.search(text)
         return (found.group(1)[:200] if found else ""), []
     if name == "package.json":
+        nesting.check_json(text, MAX_MANIFEST_DEPTH)
         data = json.loads(text)
         if not isinstance(data, dict):
             return "", []
         return str(data.get("name") or "")[:200], _names(data.get("scripts"))
+    nesting.check_toml(text, MAX_MANIFEST_DEPTH)
     data = tomllib.loads(text)
     if name == "Cargo.toml":
         bins = data.get("bin")
@@ -59,16 +68,19 @@ def _parsed(path: str, text: str) -> tuple[str, list[str]]:
 def manifest(root: Path, path: str) -> dict[str, Any]:
     """``{path, name, scripts, scripts_truncated}`` or ``{path, error}``."""
     try:
-        with (root / path).open("rb") as handle:
-            data = handle.read(MAX_MANIFEST_BYTES + 1)
-    except OSError as exc:
-        return {"path": path, "error": f"cannot be read ({exc.strerror or exc})"}
-    if len(data) > MAX_MANIFEST_BYTES:
+        read = nesting.read_inside(root, path, MAX_MANIFEST_BYTES)
+    except nesting.NotReadable as exc:
+        return {"path": path, "error": str(exc)}
+    if read.truncated:
         return {"path": path, "error": f"larger than {MAX_MANIFEST_BYTES // 1024} KiB"}
     try:
-        name, scripts = _parsed(path, data.decode("utf-8", errors="replace"))
+        name, scripts = _parsed(path, read.data.decode("utf-8", errors="replace"))
+    except nesting.TooDeep as exc:
+        return {"path": path, "error": str(exc)}
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         return {"path": path, "error": f"does not parse ({str(exc).splitlines()[0][:120]})"}
+    except RecursionError:  # the depth check above should make this unreachable
+        return {"path": path, "error": "nested too deeply to parse"}
     return {"path": path, "name": name, "scripts": scripts[:MAX_SCRIPTS],
             "scripts_truncated": len(scripts) > MAX_SCRIPTS}
 

@@ -75,6 +75,15 @@ def _references(context: RepoContext) -> list[str]:
     return parts
 
 
+def _skipped(context: RepoContext) -> list[str]:
+    """Documents the walk found but could not read as plain files: named, so the model
+    knows instructions exist that it was not shown."""
+    if not context.documents_skipped:
+        return []
+    return ["REPOSITORY DOCUMENTS NOT READ\n" + "\n".join(
+        f"- {d.path}: {d.reason}" for d in context.documents_skipped[:20])]
+
+
 def _skills(context: RepoContext) -> list[str]:
     catalog = context.catalog
     if not catalog.skills and not catalog.skipped:
@@ -131,7 +140,7 @@ def render(context: RepoContext, with_layout: bool = True) -> str:
     """The block the providers add to their system prompt ("" when the workspace has
     nothing). ``with_layout``: the repository summary (tree, manifests, git, languages)
     too; a provider may decline it (``Provider.repository_layout``)."""
-    sections = _instructions(context) + _references(context) + _skills(context)
+    sections = _instructions(context) + _skipped(context) + _references(context) + _skills(context)
     layout = _layout(context) if with_layout else []
     if not sections and not layout:
         return ""

@@ -10,8 +10,11 @@ An entry is taken only if its directory name, its YAML front matter's ``name`` a
 the seed's name rule agree (1-64 lower-case letters, digits or single hyphens,
 starting and ending with a letter or digit), the front matter opens the file and
 gives non-empty string ``name`` and ``description``, the file is a regular file
-(no symlink anywhere on the way) of at most 128 KiB. Every other entry is skipped
-with its reason. ``.codex`` wins over ``.agents`` for the same name.
+(no symlink anywhere on the way, checked again by the open itself) of at most
+128 KiB, and its front matter nests at most MAX_FRONT_MATTER_DEPTH levels (checked
+before YAML builds it: 2,000 levels raised RecursionError in the agent's first
+prompt, issue 48). Every other entry is skipped with its reason. ``.codex`` wins
+over ``.agents`` for the same name.
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.core import nesting
 from corral.core.redact import redact_text
 
 ROOTS = (".codex/skills", ".agents/skills")
 MAX_SKILLS = 64
 MAX_SKILL_BYTES = 128 * 1024
 MAX_DESCRIPTION_BYTES = 2048
+#: A skill's front matter is a flat map of a few strings; metadata may nest a little.
+MAX_FRONT_MATTER_DEPTH = 16
 #: Directories looked at per root before the rest is left out (and marked).
 MAX_CANDIDATES = 4 * MAX_SKILLS
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){0,63}$")
@@ -86,10 +92,16 @@ def front_matter(text: str) -> dict[str, object] | str:
         return "the front matter has no closing --- line"
     import yaml  # here: only a project with skills pays for it (every supervisor imports this module)
 
+    body = "\n".join(lines[1:end])
     try:
-        data = yaml.safe_load("\n".join(lines[1:end]))
+        nesting.check_yaml(body, MAX_FRONT_MATTER_DEPTH)
+        data = yaml.safe_load(body)
+    except nesting.TooDeep as exc:
+        return f"the front matter is {exc}"
     except yaml.YAMLError as exc:
         return f"the front matter is not valid YAML ({str(exc).splitlines()[0][:120]})"
+    except RecursionError:  # the depth check above should make this unreachable
+        return "the front matter is nested too deeply to parse"
     if not isinstance(data, dict):
         return "the front matter is not a YAML map"
     return {str(key): value for key, value in data.items()}
@@ -103,12 +115,12 @@ def _entry(root: Path, source: str, name: str, workspace_text: tuple[str, ...]) 
     if not _is_real(root / source / name, stat.S_IFDIR) or not _is_real(entry, stat.S_IFREG):
         return SkippedSkill(path, "no regular SKILL.md (a symlink is not followed)")
     try:
-        with entry.open("rb") as handle:
-            data = handle.read(MAX_SKILL_BYTES + 1)
-    except OSError as exc:
-        return SkippedSkill(path, f"cannot be read ({exc.strerror or exc})")
-    if len(data) > MAX_SKILL_BYTES:
+        read = nesting.read_inside(root, path, MAX_SKILL_BYTES)
+    except nesting.NotReadable as exc:
+        return SkippedSkill(path, str(exc))
+    if read.truncated:
         return SkippedSkill(path, f"larger than {MAX_SKILL_BYTES // 1024} KiB")
+    data = read.data
     meta = front_matter(data.decode("utf-8", errors="replace"))
     if isinstance(meta, str):
         return SkippedSkill(path, meta)

@@ -32,6 +32,7 @@ from corral.actors.providers.base import (
     ToolSchema,
     history_digest,
 )
+from corral.core import nesting
 
 
 class ScriptError(ValueError):
@@ -45,19 +46,37 @@ def load_script(path: Path) -> dict[str, Any]:
         text = read_text_bounded(path, "script")
     except FileReadError as exc:
         raise ScriptError(str(exc)) from None
-    return parse_script_text(text, path.suffix)
+    try:
+        return parse_script_text(text, path.suffix)
+    except ScriptError as exc:
+        raise ScriptError(f"{path}: {exc}") from None
 
 
 #: What a scripted step may say: its plan (``actions``, ``final``, or ``raw`` text),
 #: and when it applies.
 STEP_KEYS = frozenset({"actions", "final", "raw", "when_observed", "unless_observed", "when_task", "unless_task"})
+#: Arrays and tables nest at most this deep in a script, checked before the parser
+#: runs: both parsers recurse once per level, and a script nested 100,000 deep made
+#: ``corral up`` die with a RecursionError traceback (issue 48).
+MAX_SCRIPT_DEPTH = 64
 
 
 def parse_script_text(text: str, suffix: str = ".toml") -> dict[str, Any]:
     try:
-        data: dict[str, Any] = json.loads(text) if suffix == ".json" else tomllib.loads(text)
+        if suffix == ".json":
+            nesting.check_json(text, MAX_SCRIPT_DEPTH)
+            data: dict[str, Any] = json.loads(text)
+        else:
+            nesting.check_toml(text, MAX_SCRIPT_DEPTH)
+            data = tomllib.loads(text)
+    except nesting.TooDeep as exc:
+        raise ScriptError(f"script arrays or tables {exc}") from None
+    except RecursionError:  # the depth check above should make this unreachable
+        raise ScriptError("script is nested too deeply to parse") from None
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         raise ScriptError(f"script is not valid {suffix.lstrip('.') or 'toml'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ScriptError("script must be a table (a JSON object)")
     steps = data.get("steps")
     if not isinstance(steps, list) or not steps:
         raise ScriptError("script needs a non-empty [[steps]] list")

@@ -7,12 +7,24 @@ outside strings (and, for TOML, comments), in C loops only: strings are cut out
 by one regex, the brackets kept by another, and the running depth is
 ``itertools.accumulate``. A text with no more opening brackets than the limit is
 not scanned at all.
+
+It is also where a file to be parsed is read (``read_file``, ``read_inside``): a
+regular file, opened with ``O_NONBLOCK`` (a FIFO must not wait for a writer) and,
+for a workspace file, with ``O_NOFOLLOW`` at every level below the root (a symlink
+swapped in after a walk's lstat is refused, never followed), read only up to a cap
+(a sparse 64 GiB AGENTS.md costs its cap, not 64 GiB). Bytes first, then depth,
+then the parser: docs/security.md, "Hostile workspace".
 """
 
 from __future__ import annotations
 
+import errno
 import itertools
+import os
 import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
 
 #: A JSON string, escapes included (the unrolled form: no backtracking per char).
 _JSON_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
@@ -26,8 +38,10 @@ _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
 class TooDeep(ValueError):
-    def __init__(self, depth: int, limit: int) -> None:
-        super().__init__(f"nested {depth} levels deep (at most {limit})")
+    """``at_least``: the scan stopped at ``depth``; the text may nest deeper still."""
+
+    def __init__(self, depth: int, limit: int, at_least: bool = False) -> None:
+        super().__init__(f"nested {depth}{'+' if at_least else ''} levels deep (at most {limit})")
         self.depth = depth
         self.limit = limit
 
@@ -52,3 +66,120 @@ def _check(brackets: bytes, limit: int) -> None:
     depth = max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
     if depth > limit:
         raise TooDeep(depth, limit)
+
+
+def check_yaml(text: str, limit: int) -> None:
+    """TooDeep when the sequences and mappings of the YAML ``text`` nest deeper than
+    ``limit``. Block style nests without brackets (``- - - x``, indentation), so the
+    depth is counted on the parser's events: PyYAML's parser is a state machine with
+    its own stack, while the composer that builds nodes from them recurses once per
+    level (2,000 levels raised RecursionError). Every level needs one of ``[{-:?``.
+    The pure-Python parser, not libyaml's: libyaml refuses past 1,000 levels with a
+    parse error that would not say why. The scan stops at the first level too many."""
+    if sum(text.count(mark) for mark in "[{-:?") <= limit:
+        return
+    import yaml  # only a text that could nest that deep pays for it
+
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > limit:
+                raise TooDeep(depth, limit, at_least=True)
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
+
+
+# -- reading a file to be parsed, bounded --------------------------------------------
+
+
+class NotReadable(ValueError):
+    """The file cannot be read as a plain file (the message says why: missing, a
+    symlink on the way, not a regular file, an I/O error)."""
+
+
+@dataclass(frozen=True)
+class Head:
+    #: At most the cap's bytes, from the start of the file.
+    data: bytes
+    #: The file's size when opened (or the bytes read, if it grew).
+    size: int
+    #: There was more than the cap.
+    truncated: bool
+
+
+_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_CHUNK = 1 << 16
+
+
+def read_file(path: Path | str, limit: int, *, follow: bool = True) -> Head:
+    """The first ``limit`` bytes of the regular file ``path`` (a spec's script, say).
+    ``follow=False``: a symlink as the last component is refused."""
+    flags = _FILE_FLAGS if follow else _FILE_FLAGS | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise NotReadable(_why(exc)) from None
+    return _read_fd(fd, limit)
+
+
+def read_inside(root: Path, relative: str, limit: int) -> Head:
+    """The first ``limit`` bytes of the regular file ``relative`` below the directory
+    ``root`` (a workspace), reached without following a symlink at any level below
+    ``root``: each directory is opened from its parent's fd with ``O_NOFOLLOW``, so
+    nothing swapped in after a walk's lstat leads elsewhere."""
+    parts = [part for part in relative.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts:
+        raise NotReadable(f"{relative!r} is not a path below the workspace")
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise NotReadable(_why(exc)) from None
+    try:
+        for part in parts[:-1]:
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise NotReadable(_why(exc, f"{part}/")) from None
+            os.close(fd)
+            fd = child
+        try:
+            file_fd = os.open(parts[-1], _FILE_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError as exc:
+            raise NotReadable(_why(exc)) from None
+    finally:
+        os.close(fd)
+    return _read_fd(file_fd, limit)
+
+
+def _why(exc: OSError, where: str = "") -> str:
+    if exc.errno == errno.ELOOP:
+        return f"{where or 'the file'} is a symlink (a symlink is not followed)"
+    if exc.errno == errno.ENOTDIR:
+        return f"{where or 'the file'} is not a directory (a symlink is not followed)"
+    if exc.errno == errno.ENOENT:
+        return f"{where or 'the file'} does not exist"
+    return f"cannot be read ({exc.strerror or exc})"
+
+
+def _read_fd(fd: int, limit: int) -> Head:
+    """Read and close ``fd``: NotReadable unless it is a regular file."""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotReadable("not a regular file (a FIFO, a device or a directory is not read)")
+        chunks: list[bytes] = []
+        left = limit + 1  # one byte past the cap says whether there was more
+        while left > 0:
+            chunk = os.read(fd, min(left, _CHUNK))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise NotReadable(_why(exc)) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    return Head(data[:limit], max(info.st_size, len(data)), len(data) > limit)

@@ -9,7 +9,9 @@
   asks for; ``orchestratorOnlyAfterDelegation`` keeps a bound root to
   orchestration tools.
 * The file is written only through ``corral collaboration set`` (the file tools
-  refuse ``.corral/``).
+  refuse ``.corral/``). It is still the workspace's (a clone may ship one), so it
+  is read as hostile: no symlink followed, no FIFO waited on, at most
+  MAX_POLICY_FILE_BYTES (corral/core/nesting.py; strict_json bounds its nesting).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from corral.core import nesting
 from corral.supervisor.context import collaboration
 from corral.supervisor.context.collaboration import Policy
 from corral.supervisor.errors import BadRequest
@@ -29,9 +32,14 @@ if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
 
 
+#: ``corral collaboration set`` writes at most 16,000 characters of policy.
+MAX_POLICY_FILE_BYTES = 64 * 1024
+
+
 class CollaborationService:
     def __init__(self, ledger: Ledger, project_root: Path) -> None:
         self.ledger = ledger
+        self.root = Path(project_root)
         #: The project's policy file, read live until a run binds its snapshot.
         self.path = Path(project_root) / collaboration.POLICY_FILE
         #: The file's stat when last read, and the policy read: every action of a
@@ -53,11 +61,26 @@ class CollaborationService:
         self._read = (key, policy)
         return policy
 
+    def _read_text(self) -> str | None:
+        """The policy file's text, None when there is none; PolicyError when it cannot
+        be taken (a FIFO, a symlink, too large, not UTF-8)."""
+        if not os.path.lexists(self.path):
+            return None
+        try:
+            read = nesting.read_inside(self.root, collaboration.POLICY_FILE, MAX_POLICY_FILE_BYTES)
+        except nesting.NotReadable as exc:
+            raise collaboration.PolicyError(f"{collaboration.POLICY_FILE}: {exc}") from None
+        if read.truncated:
+            raise collaboration.PolicyError(f"{collaboration.POLICY_FILE} is larger than {MAX_POLICY_FILE_BYTES} bytes")
+        try:
+            return read.data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise collaboration.PolicyError(f"{collaboration.POLICY_FILE} is not UTF-8 text") from None
+
     def _parse_file(self) -> Policy:
         try:
-            return collaboration.parse(self.path.read_text())
-        except FileNotFoundError:
-            return Policy()
+            text = self._read_text()
+            return Policy() if text is None else collaboration.parse(text)
         except (OSError, collaboration.PolicyError):
             # A broken file must not fail open: every root run is held to a wave
             # until someone fixes it (corral collaboration show says why).
@@ -119,15 +142,15 @@ class CollaborationService:
 
     async def show(self, params: dict[str, Any]) -> dict[str, Any]:
         problem = None
+        exists = os.path.lexists(self.path)
         try:
-            text = self.path.read_text()
-            collaboration.parse(text)
-        except FileNotFoundError:
-            text = None
+            text = self._read_text()
+            if text is not None:
+                collaboration.parse(text)
         except (OSError, collaboration.PolicyError) as exc:
             problem = str(exc)
         live = self.live()
-        return {"path": str(self.path), "exists": text is not None, "problem": problem,
+        return {"path": str(self.path), "exists": exists, "problem": problem,
                 "policy": live.as_json(), "digest": live.digest,
                 "bindings": [dict(row) for row in self.ledger.all(
                     "SELECT run_id, digest, loop_index, bound_at FROM collaboration_bindings ORDER BY bound_at")]}

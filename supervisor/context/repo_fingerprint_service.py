@@ -134,8 +134,12 @@ class RepoFingerprintGuard:
         stamp = self.planned_stamp(run, the_action_id)
         if stamp is None:
             return "continue", ""
-        current = self.current(workspace)
-        now = self.fingerprint(workspace, current)
+        try:
+            current = self.current(workspace)
+            now = self.fingerprint(workspace, current)
+        except Exception as exc:  # fail closed, by name: a workspace never takes the supervisor down
+            return "block", (f"the repository context cannot be built ({type(exc).__name__}: {str(exc)[:200]})."
+                             " Nothing ran.")
         if now == stamp["fingerprint"]:
             return "continue", ""
         sources = stamp.get("sources")

@@ -6,9 +6,9 @@ reader forever. Every file a spec or the CLI reads goes through here.
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
+
+from corral.core import nesting
 
 #: Specs and scripts are small; anything larger is a mistake, not a swarm.
 MAX_SPEC_FILE_BYTES = 1024 * 1024
@@ -19,24 +19,16 @@ class FileReadError(ValueError):
 
 
 def read_text_bounded(path: Path, what: str = "file", limit: int = MAX_SPEC_FILE_BYTES) -> str:
+    """The text of ``path`` (the operator's own file: a symlink is followed), read by
+    corral's one bounded reader (corral/core/nesting.py). Its nesting is bounded by
+    whoever parses it (load_spec, parse_script_text, strict_json)."""
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer before we can refuse it.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise FileReadError(f"cannot read {what} {path}: {exc.strerror}") from None
+        read = nesting.read_file(path, limit)
+    except nesting.NotReadable as exc:
+        raise FileReadError(f"cannot read {what} {path}: {exc}") from None
+    if read.truncated:
+        raise FileReadError(f"{what} {path} is {read.size} bytes; the limit is {limit}")
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise FileReadError(f"{what} {path} is not a regular file")
-        if info.st_size > limit:
-            raise FileReadError(f"{what} {path} is {info.st_size} bytes; the limit is {limit}")
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            data = handle.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise FileReadError(f"{what} {path} is larger than {limit} bytes")
-    try:
-        return data.decode("utf-8")
+        return read.data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise FileReadError(f"{what} {path} is not UTF-8 text (byte {exc.start})") from None
