@@ -269,3 +269,78 @@ def test_a_contract_that_cannot_bind_leaves_the_run_unbound_and_advisory(daemon:
 def test_a_missing_contract_file_is_a_usage_error(daemon: Daemon) -> None:
     bad = cli(daemon.home, "run", "--agent", "writer", "--task", "t", "--intent", "/nonexistent.json")
     assert bad.returncode == 2 and "intent contract" in bad.stderr
+
+
+def test_a_scope_entry_that_looks_like_a_path_but_lacks_path_is_warned_of(daemon: Daemon) -> None:
+    """Issue 48, D.15: ``exclude: ["src/**"]`` is a plain-language note and protects
+    nothing. Binding it says so, with the ``path:`` spelling that would be enforced:
+    in ``corral run --intent``'s output (stderr: stdout stays the run id), in
+    ``corral show`` (kept with the run's binding) and in ``intent update``'s. Real
+    notes and real path rules get no warning."""
+    noted = copy.deepcopy(PROJECTION)
+    noted["scope"] = {"include": ["path:docs/**", "the launch page"],
+                      "exclude": ["src/**", "docs/private", "the marketing copy", "path:docs/drafts"]}
+    contract = ws(daemon).parent / "contract-noted.json"
+    contract.write_text(json.dumps(document(noted, ref="intent:noted")))
+    steps = ws(daemon).parent / "final-only.json"
+    steps.write_text(FINAL_ONLY)
+    started = cli(daemon.home, "run", "--agent", "writer", "--task", "t", "--intent", str(contract),
+                  "--script", str(steps))
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+    assert run_id.startswith("run-"), started.stdout
+    expected = [
+        'scope.exclude[0] "src/**" looks like a path but is read as a plain-language note and limits nothing;'
+        ' write "path:src/**" to enforce it',
+        'scope.exclude[1] "docs/private" looks like a path but is read as a plain-language note and limits'
+        ' nothing; write "path:docs/private" to enforce it',
+    ]
+    warned = [line.removeprefix("corral run: intent warning: ") for line in started.stderr.splitlines()
+              if line.startswith("corral run: intent warning: ")]
+    assert warned == expected, started.stderr
+    shown = wait_run(daemon, run_id, {"needs-input", "completed", "failed"})
+    assert shown["intent"]["status"] == "bound" and shown["intent"]["scope_warnings"] == expected
+    text = cli(daemon.home, "show", run_id).stdout
+    assert [line.strip().removeprefix("intent warning: ") for line in text.splitlines()
+            if line.strip().startswith("intent warning: ")] == expected, text
+    # A rebinding warns too, and the run keeps the new contract's warnings.
+    fixed = copy.deepcopy(noted)
+    fixed["scope"]["exclude"] = ["path:src/**", "docs/private"]
+    path = ws(daemon).parent / "contract-noted-2.json"
+    path.write_text(json.dumps(document(fixed, version=2, ref="intent:noted")))
+    updated = cli(daemon.home, "intent", "update", run_id, "--file", str(path))
+    assert updated.returncode == 0, updated.stderr
+    assert '"docs/private" looks like a path' in updated.stdout and '"src/**"' not in updated.stdout
+    # A contract of path rules and notes only is bound without a word.
+    clean = cli(daemon.home, "run", "--agent", "writer", "--task", "t", "--intent",
+                str(_written(ws(daemon).parent / "contract-clean.json", document())), "--script", str(steps))
+    assert clean.returncode == 0 and "warning" not in clean.stderr, clean.stderr
+    clean_shown = wait_run(daemon, clean.stdout.strip(), {"needs-input", "completed", "failed"})
+    assert "scope_warnings" not in clean_shown["intent"]
+    assert "intent warning" not in cli(daemon.home, "show", clean.stdout.strip()).stdout
+
+
+def _written(path: Path, value: Any) -> Path:
+    path.write_text(json.dumps(value))
+    return path
+
+
+def test_the_path_spelling_suggested_is_one_the_contract_accepts() -> None:
+    """The pure rule behind the warnings: what looks like a path, and the ``path:``
+    rule offered (which must itself parse), or why none is."""
+    from corral.supervisor.intent.intent_scope import parse_rule, path_like_notes
+
+    scope = {"include": ["workspace", "the docs", "path:docs/**", "./src/", "lib/*.py"],
+             "exclude": [".env", "secrets.txt", "/etc/passwd", "../up", "*.key", "docs//a/"]}
+    notes = path_like_notes({"scope": scope})
+    offered = {note.split(" ")[0]: note.split("write ")[1].split(" ")[0].strip('"') if "write " in note else None
+               for note in notes}
+    assert offered == {"scope.include[3]": "path:src", "scope.include[4]": "path:lib/**",
+                       "scope.exclude[0]": "path:.env", "scope.exclude[1]": "path:secrets.txt",
+                       "scope.exclude[2]": None, "scope.exclude[3]": None, "scope.exclude[4]": None,
+                       "scope.exclude[5]": "path:docs/a"}
+    for rule in filter(None, offered.values()):
+        assert parse_rule(rule) is not None
+    assert "covers all of lib" in notes[1] and "relative to the workspace" in notes[4]
+    many = path_like_notes({"scope": {"include": [], "exclude": [f"d{i}/x" for i in range(50)]}})
+    assert len(many) == 20 and many[-1] == "... and 31 more scope entries like these"

@@ -75,6 +75,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             emit_json({"run_id": result.run_id})
         else:
             print(result.run_id)
+            for warning in (result.raw.get("intent") or {}).get("scope_warnings") or []:
+                print(f"corral run: intent warning: {warning}", file=sys.stderr)  # stdout stays the run id
         return 0
     shown = result.raw
     if args.json:
@@ -121,6 +123,8 @@ def print_run(shown: dict[str, Any]) -> None:
     elif intent.get("status") == "unbound":
         print(f"  intent: unbound ({intent.get('reason', '')}); the guard is advisory"
               f" ({intent.get('receipts', 0)} decision receipts)")
+    for warning in intent.get("scope_warnings") or []:
+        print(f"  intent warning: {warning}")
     project = shown.get("project") or {}
     if project.get("changed_at_revision") is not None:
         verification = project.get("verification") or {}
@@ -342,6 +346,8 @@ def cmd_intent(args: argparse.Namespace) -> int:
             print(f"no decision receipts (intent: {result['intent'].get('status', 'none')})")
     else:
         print(f"run {result['run_id']}: {result['contract_ref']} v{result['contract_version']} binds at its next step")
+        for warning in result.get("scope_warnings") or []:
+            print(f"  intent warning: {warning}")
     return 0
 
 

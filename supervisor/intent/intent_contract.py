@@ -36,7 +36,7 @@ import rfc8785
 from referencing import Registry, Resource
 
 from corral.core import strict_json
-from corral.supervisor.intent.intent_scope import ScopeError, scope_of
+from corral.supervisor.intent.intent_scope import ScopeError, path_like_notes, scope_of
 from corral.supervisor.intent.intent_shell import js_trim
 
 if TYPE_CHECKING:
@@ -77,12 +77,17 @@ class Contract:
     envelope: dict[str, Any] | None = None
 
     def binding(self) -> dict[str, Any]:
+        """What a run keeps of its contract (with its options), and ``show`` prints:
+        its identity, and a warning for each scope entry that looks like a path but
+        limits nothing (``scope_warnings``, only when there is one)."""
+        warnings = path_like_notes(self.projection)
         return {
             "status": "bound",
             "contract_ref": self.contract_ref,
             "contract_version": self.contract_version,
             "snapshot_sha256": self.snapshot_sha256,
             "source": self.source,
+            **({"scope_warnings": warnings} if warnings else {}),
         }
 
     def document(self) -> dict[str, Any]:

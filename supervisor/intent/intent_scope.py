@@ -22,6 +22,8 @@ its only writable binds and the resolved exclude paths as masks.
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -108,6 +110,62 @@ def scope_of(projection: dict[str, Any]) -> Scope:
         return tuple(found)
 
     return Scope(rules("include"), rules("exclude"))
+
+
+#: A plain-language entry written as a path would be: one word holding a ``/`` or a
+#: wildcard, or starting with ``.`` or ``~``, or a file name with an extension
+#: (``secrets.txt``). Such a note limits nothing, which its author rarely means.
+_PATH_LIKE = re.compile(r"^(?:[^\s]*[/*?\[\]{}][^\s]*|[.~][^\s]+|[\w-]+(?:\.[A-Za-z0-9_-]{1,10})+)$")
+
+
+#: How many warnings a contract gets, and the longest entry judged (a path is short).
+MAX_NOTES = 20
+MAX_NOTE_CHARS = 240
+
+
+def _suggested(text: str) -> tuple[str | None, str]:
+    """The ``path:`` rule nearest to a path-like note (None: none is), and what to
+    say of it. Leading ``./`` and repeated or trailing slashes are dropped; a
+    wildcard a rule cannot hold makes it the whole folder before it
+    (``src/*.py`` -> ``path:src/**``), which is said."""
+    parts = [part for part in text.removeprefix("./").split("/") if part not in ("", ".")]
+    if text.startswith(("/", "~")) or ".." in parts or not parts:
+        return None, "a path rule is written path:<a path relative to the workspace>"
+    subtree = parts[-1] == "**"
+    if subtree:
+        parts = parts[:-1]
+    wild = next((at for at, part in enumerate(parts) if any(char in _WILDCARDS for char in part)), None)
+    if wild == 0:
+        return None, "a path rule takes no wildcard but a final /**: name the folder or the file"
+    note = ""
+    if wild is not None:
+        parts, subtree = parts[:wild], True
+        note = f" (a path rule takes no wildcard but a final /**: this covers all of {'/'.join(parts)})"
+    candidate = PREFIX + ("/".join(parts) + ("/**" if subtree else "") if parts else "**")
+    try:
+        parse_rule(candidate)
+    except ScopeError:
+        return None, "a path rule is written path:<a path relative to the workspace>"
+    return candidate, f"write {json.dumps(candidate)} to enforce it{note}"
+
+
+def path_like_notes(projection: dict[str, Any]) -> list[str]:
+    """A warning for each scope entry that reads as a plain-language note but looks
+    like a path (``exclude: ["src/**"]`` protects nothing), with the ``path:``
+    spelling that would be enforced. Pure: the contract's text alone."""
+    scope = projection.get("scope") or {}
+    warnings = []
+    for bucket in ("include", "exclude"):
+        for index, entry in enumerate(scope.get(bucket) or []):
+            text = js_trim(str(entry))
+            if len(text) > MAX_NOTE_CHARS or text.lower().startswith(PREFIX) or not _PATH_LIKE.match(text):
+                continue
+            _rule, advice = _suggested(text)
+            warnings.append(f"scope.{bucket}[{index}] {json.dumps(text)} looks like a path but is read as a"
+                            f" plain-language note and limits nothing; {advice}")
+    if len(warnings) > MAX_NOTES:  # kept with the run's options: bounded whatever the contract
+        warnings[MAX_NOTES - 1:] = [f"... and {len(warnings) - MAX_NOTES + 1} more scope entries like these"]
+    return warnings
 
 
 @dataclass(frozen=True)

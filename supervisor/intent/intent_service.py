@@ -294,20 +294,11 @@ class IntentService:
         newest = pending[-1]
         run = run_store.get_run(ledger, run_id)
         options = json.loads(run["options"])
-        row = ledger.one(
-            "SELECT snapshot_sha256, source FROM intent_contracts WHERE contract_ref = ? AND contract_version = ?",
-            newest["contract_ref"],
-            newest["contract_version"],
-        )
+        contract = intent_contract.load_contract(ledger, {
+            "status": "bound", "contract_ref": newest["contract_ref"], "contract_version": newest["contract_version"]})
         # ``update`` stores the contract before it records the update that names it.
-        assert row is not None, f"intent update {newest['update_id']} names a contract never stored"
-        options["intent"] = {
-            "status": "bound",
-            "contract_ref": newest["contract_ref"],
-            "contract_version": int(newest["contract_version"]),
-            "snapshot_sha256": row["snapshot_sha256"],
-            "source": row["source"],
-        }
+        assert contract is not None, f"intent update {newest['update_id']} names a contract never stored"
+        options["intent"] = contract.binding()
         with ledger.tx() as db:
             db.execute("UPDATE runs SET options = ? WHERE run_id = ?", (json.dumps(options), run_id))
             db.execute(
