@@ -18,7 +18,7 @@ from corral.core.errors import UserCodeError
 from corral.mailbox.actor_config import ActorConfig
 from corral.mailbox.channel import Channel, open_channel
 from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
-from corral.mailbox.errors import ChannelClosed, MailboxFull
+from corral.mailbox.errors import ChannelClosed, MailboxFull, RemoteError
 from corral.mailbox.transport import transport_of
 
 if TYPE_CHECKING:
@@ -32,6 +32,13 @@ SUPERVISOR = "supervisor"
 EXIT_UNKNOWN_TEMPLATE = 2
 EXIT_TEMPLATE_IMPORT = 3
 EXIT_TEMPLATE_START = 4
+
+#: The supervisor's answer while its ledger is away: nothing was committed, so
+#: the request may be sent again (``ActorContext.call``).
+LEDGER_UNAVAILABLE = "ledger-unavailable"
+#: How often an actor asks again while the ledger is away: doubling to the cap.
+LEDGER_RETRY_FIRST_S = 0.2
+LEDGER_RETRY_CAP_S = 2.0
 
 #: Once asked to stop, a template gets this long to finish its current step before
 #: it is cancelled; the supervisor's shutdown timeout stays the hard bound.
@@ -60,8 +67,35 @@ class ActorContext:
         return self.config["params"]
 
     async def call(self, method: str, timeout: float = 30.0, **params: Any) -> dict[str, Any]:
-        """Request to the supervisor; raises RemoteError/DeadlineExceeded."""
-        return await self.channel.request(SUPERVISOR, {"method": method, "params": params}, timeout)
+        """Request to the supervisor; raises RemoteError/DeadlineExceeded.
+
+        While the supervisor's ledger is away (a PostgreSQL server restarting or
+        refusing connections), it holds a request for a while and then answers
+        ``ledger-unavailable``: nothing was committed. The request is sent again,
+        with backoff, for as long as the ledger stays away: an outage must not
+        crash the agent, lose the outcome it holds, or exhaust its group's
+        restarts. What bounds the wait is the run's own deadlines, which the
+        supervisor applies once its ledger is back (a child past
+        ``child_timeout_s`` fails, and the request is then refused), and a stop
+        (the runtime ends the template at shutdown). ``timeout`` is per attempt."""
+        body = {"method": method, "params": params}
+        delay = LEDGER_RETRY_FIRST_S
+        waited_since: float | None = None
+        while True:
+            try:
+                answer = await self.channel.request(SUPERVISOR, body, timeout)
+            except RemoteError as exc:
+                if exc.code != LEDGER_UNAVAILABLE or self.shutdown.is_set():
+                    raise
+                if waited_since is None:
+                    waited_since = trio.current_time()
+                    log.warning("%s: the ledger is away (%s: %s); waiting for it", method, exc.code, exc.message)
+                await trio.sleep(delay)
+                delay = min(LEDGER_RETRY_CAP_S, delay * 2)
+                continue
+            if waited_since is not None:
+                log.warning("%s: the ledger is back after %.1f s", method, trio.current_time() - waited_since)
+            return answer
 
 
 Template = Callable[[ActorContext], Awaitable[int]]
@@ -171,8 +205,14 @@ def preload() -> None:
     from corral.actors.user_code import import_tool_modules_from_env
 
     # The user's @corral.tool modules, as the spec names them, imported once here
-    # (each child finds the tools in them again: a walk of names, no import).
-    user_tools = import_tool_modules_from_env()
+    # (each child finds the tools in them again: a walk of names, no import). One
+    # that is refused (edited since `corral up`) is refused again in each actor,
+    # which reports it and counts it against its group: the fork server serves on.
+    try:
+        user_tools = import_tool_modules_from_env()
+    except UserCodeError as exc:
+        log.error("user code refused: %s", exc)
+        user_tools = {}
     if plan is None or "openai" in plan["providers"]:
         from corral.actors.providers import openai  # noqa: F401
     from corral.actors.tools.registry import all_tools
@@ -198,8 +238,13 @@ async def _warm_trio() -> None:
 def actor_main(config: ActorConfig, token: str) -> int:
     from corral.actors.user_code import import_tool_modules_from_env
 
-    user_tools = import_tool_modules_from_env()  # no import after the fork server's preload
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {config['actor_id']} %(levelname)s %(message)s")
+    try:
+        user_tools = import_tool_modules_from_env()  # no import after the fork server's preload
+    except UserCodeError as exc:
+        # Exits like a template that cannot be imported: it counts against the group.
+        log.error("user code refused: %s", exc)
+        return EXIT_TEMPLATE_IMPORT
     failpoints.configure(config["failpoints"], config["supervisor_pid"])
     return trio.run(_actor, config, token, user_tools)
 

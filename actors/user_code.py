@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import os
 import re
-import sys
 import types
 from collections.abc import Collection, Iterable
 from pathlib import Path
@@ -22,6 +21,7 @@ from corral.core.errors import UserCodeError
 
 if TYPE_CHECKING:
     from corral.actors.tools.declare import UserTool
+    from corral.actors.user_code_pins import UserCodeFinder
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 REFERENCE = re.compile(rf"^{_NAME}(\.{_NAME})*:{_NAME}(\.{_NAME})*$")
@@ -39,17 +39,44 @@ def check_syntax(reference: str) -> None:
         )
 
 
+def _finder() -> UserCodeFinder:
+    """This process's user-code finder: the one installed (enforcing in the fork
+    server and actors), else a new one that records (``corral up``, a spec check)."""
+    from corral.actors.user_code_pins import install
+
+    return install(recording=True)
+
+
+def add_search_roots(spec_dir: Path) -> None:
+    """Where a spec's dotted user modules are found, by file: the spec's directory,
+    then each ``PYTHONPATH`` directory given to ``corral up`` (their pins record
+    what ran; none of them goes on ``sys.path``)."""
+    from corral.actors.user_code_pins import pythonpath_roots
+
+    _finder().add_roots([spec_dir, *pythonpath_roots()])
+
+
+def import_user_module(module_name: str) -> types.ModuleType:
+    """User module ``module_name``: the file of that name in a root pinned at ``corral up``
+    (the spec's directory, then ``PYTHONPATH``'s), else an installed module. Never a
+    lookup through the project on ``sys.path`` (actors/user_code_pins.py says why)."""
+    return importlib.import_module(_finder().private_name(module_name) or module_name)
+
+
 def load(reference: str) -> Any:
     """Import the module of ``reference`` and return the named attribute."""
     check_syntax(reference)
     module_name, _, qualname = reference.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
+        target: Any = import_user_module(module_name)
+    except UserCodeError as exc:
+        raise UserCodeError(f"cannot load {reference!r}: {exc}") from exc
     except ModuleNotFoundError as exc:
-        where = "" if exc.name == module_name else f" (while importing it: {exc})"
+        missing = (exc.name or "").partition(".")[2] if (exc.name or "").startswith("corral_user_") else exc.name
+        where = "" if missing == module_name else f" (while importing it: {exc})"
         raise UserCodeError(
-            f"cannot import module {module_name!r} for {reference!r}: no module named {exc.name!r}{where};"
-            " is it installed, or on PYTHONPATH / next to the spec?"
+            f"cannot import module {module_name!r} for {reference!r}: no module named {missing!r}{where};"
+            " is it installed, next to the spec, or in a PYTHONPATH directory given to `corral up`?"
         ) from exc
     except Exception as exc:
         raise UserCodeError(
@@ -63,15 +90,14 @@ def load(reference: str) -> Any:
     return target
 
 
-def add_import_path(directory: Path) -> None:
-    """Make modules next to a spec importable here and in every process started
-    from here (the fork server and exec-launched actors inherit PYTHONPATH)."""
-    entry = str(directory.resolve())
-    if entry not in sys.path:
-        sys.path.insert(0, entry)
-    current = [part for part in os.environ.get("PYTHONPATH", "").split(os.pathsep) if part]
-    if entry not in current:
-        os.environ["PYTHONPATH"] = os.pathsep.join([entry, *current])
+def pin_reference(reference: str) -> None:
+    """Load ``reference`` now, while ``corral up`` records what user code it runs, so
+    that its actor may load it later. A failure is its actor's to report (there it
+    counts against the restart intensity), not the spec's."""
+    try:
+        load(reference)
+    except UserCodeError:
+        pass
 
 
 def preload_references(references: Iterable[str]) -> list[str]:
@@ -88,56 +114,34 @@ def preload_references(references: Iterable[str]) -> list[str]:
     return errors
 
 
-class import_path:
-    """Temporarily put ``directory`` first on ``sys.path`` (spec checks import user
-    code next to the spec without changing the importing process for good)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.entry = str(directory.resolve())
-        self.added = False
-
-    def __enter__(self) -> None:
-        if self.entry not in sys.path:
-            sys.path.insert(0, self.entry)
-            self.added = True
-
-    def __exit__(self, *exc: object) -> None:
-        if self.added and self.entry in sys.path:
-            sys.path.remove(self.entry)
-
-
 #: The environment variable carrying the tool modules to import in every process
-#: (the supervisor sets it from the spec; the fork server and actors read it).
+#: (the supervisor sets it from the spec; the fork server and actors read it): the
+#: names they import by, private names for user files (user_code_pins.py).
 TOOL_MODULES_ENV = "CORRAL_TOOL_MODULES"
 
 
-def import_tool_module(entry: str) -> types.ModuleType:
-    """Import one ``[tools] modules`` entry: a dotted module name, or a ``.py`` file
-    path (absolute by now). Raises UserCodeError naming it and the exception."""
-    import hashlib
-    import importlib.util
+def tool_module_name(entry: str, base: Path | None = None) -> str:
+    """The name one ``[tools] modules`` entry is imported by: a ``.py`` file path
+    (absolute, or relative to ``base``) or a dotted name, resolved in the pinned
+    roots first. Raises UserCodeError for a file that lies in no pinned root."""
+    if entry.endswith(".py"):
+        return _finder().file_module(Path(entry) if base is None else base / entry)
+    return _finder().private_name(entry) or entry
 
+
+def import_tool_module(entry: str) -> types.ModuleType:
+    """Import one tool module by the name ``tool_module_name`` gave it. Raises
+    UserCodeError naming it and the exception."""
     try:
-        if entry.endswith(".py"):
-            path = Path(entry)
-            module_name = "corral_user_tools_" + hashlib.sha256(str(path).encode()).hexdigest()[:16]
-            loaded = sys.modules.get(module_name)
-            if loaded is not None:
-                return loaded
-            spec = importlib.util.spec_from_file_location(module_name, path)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load {path}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[module_name] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[module_name]
-                raise
-            return module
         return importlib.import_module(entry)
+    except UserCodeError as exc:
+        raise UserCodeError(f"tools module {_public(entry)!r}: {exc}") from None
     except Exception as exc:
-        raise UserCodeError(f"tools module {entry!r} failed to import: {type(exc).__name__}: {exc}") from None
+        raise UserCodeError(f"tools module {_public(entry)!r} failed to import: {type(exc).__name__}: {exc}") from None
+
+
+def _public(name: str) -> str:
+    return name.partition(".")[2] if name.startswith("corral_user_") else name
 
 
 def tool_catalog(entries: Iterable[str], reserved: Collection[str] = ()) -> dict[str, UserTool]:
@@ -155,11 +159,23 @@ def tool_catalog(entries: Iterable[str], reserved: Collection[str] = ()) -> dict
     return user_tools_of(modules, reserved)
 
 
-def tool_entry_points() -> list[str]:
-    """Tool modules that pip-installed packages register in the ``corral.tools`` group."""
-    from importlib.metadata import entry_points
+def entry_points_of(group: str) -> dict[str, str]:
+    """Entry points of ``group``, name -> ``module:attribute``: installed packages',
+    then those of distributions in the pinned roots (a plugin package given on
+    ``PYTHONPATH``; its modules load by file like any user module, through ``load``)."""
+    from importlib.metadata import distributions, entry_points
 
-    return [point.value for point in entry_points(group="corral.tools")]
+    found = {point.name: point.value for point in entry_points(group=group)}
+    roots = [directory for _, directory in _finder().record.roots]
+    for distribution in distributions(path=roots) if roots else ():
+        for point in distribution.entry_points.select(group=group):
+            found.setdefault(point.name, point.value)
+    return found
+
+
+def tool_entry_points() -> list[str]:
+    """Tool modules that plugin packages register in the ``corral.tools`` group."""
+    return [value.partition(":")[0] for value in entry_points_of("corral.tools").values()]
 
 
 def import_tool_modules_from_env() -> dict[str, UserTool]:
@@ -168,4 +184,7 @@ def import_tool_modules_from_env() -> dict[str, UserTool]:
     the fork server preloaded; finding the tools again is a walk of its names)."""
     import json
 
+    from corral.actors.user_code_pins import install_from_env
+
+    install_from_env()
     return tool_catalog(str(entry) for entry in json.loads(os.environ.get(TOOL_MODULES_ENV) or "[]"))

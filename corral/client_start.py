@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import select
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from corral.core.child_python import python_argv, python_env
 from corral.core.errors import CorralError
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.spec.swarm_spec import load_spec
@@ -30,7 +30,7 @@ class SupervisorStartError(CorralError):
 
 
 def supervisor_argv(home: Path, spec: Path | None, node: str | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "corral.supervisor", "--home", str(home)]
+    argv = python_argv("-m", "corral.supervisor", "--home", str(home))
     if spec is not None:
         argv += ["--spec", str(spec.absolute())]
     if node is not None:
@@ -87,7 +87,9 @@ def start_supervisor(
             proc = subprocess.Popen(
                 [*supervisor_argv(home, spec, node), "--ready-fd", str(write_fd)],
                 pass_fds=[write_fd],
-                env=environment,
+                env=python_env(environment),
+                # A directory corral owns: never the project's (issue 48 A.1).
+                cwd=home,
                 start_new_session=True,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

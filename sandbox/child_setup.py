@@ -17,10 +17,11 @@ ENV_ALLOWLIST = (
     "LANG",
     "LC_ALL",
     "TZ",
-    "PYTHONPATH",
     "CORRAL_FAILPOINT_DIR",
-    # The spec's [tools] modules (names and paths, no secrets): every actor imports them.
+    # The spec's [tools] modules (the names they import by, no secrets): every actor imports them.
     "CORRAL_TOOL_MODULES",
+    # The user code `corral up` pinned (paths and hashes): the only user code an actor runs.
+    "CORRAL_USER_CODE",
     # The templates and providers the spec starts (names only): the fork server preloads them.
     "CORRAL_PRELOAD",
 )

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import msgpack
 import trio
 
 from corral.core import redact
+from corral.core.child_python import python_argv
 from corral.sandbox import child_setup
 
 MAX_MESSAGE = 1024 * 1024
@@ -231,7 +231,7 @@ class ForkServerLauncher:
                 # Popen from the trio thread: PDEATHSIG follows the thread that forked,
                 # and this thread lives as long as the supervisor.
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "corral.sandbox.forkserver", str(theirs.fileno()), str(os.getpid())],
+                    python_argv("-m", "corral.sandbox.forkserver", str(theirs.fileno()), str(os.getpid())),
                     pass_fds=[theirs.fileno()],
                     env=child_setup.scrubbed_env(os.environ),
                     stdin=subprocess.DEVNULL,
@@ -448,7 +448,7 @@ class ExecLauncher:
         with open(request.log_path, "ab") as log:
             try:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "corral.actors", "--boot-fd", str(read_fd)],
+                    python_argv("-m", "corral.actors", "--boot-fd", str(read_fd)),
                     pass_fds=[read_fd],
                     env=child_setup.scrubbed_env(os.environ, request.env_extra),
                     stdin=subprocess.DEVNULL,

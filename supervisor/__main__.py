@@ -21,9 +21,12 @@ import trio  # noqa: E402
 
 from corral.actors.runtime import PRELOAD_ENV, preload_plan  # noqa: E402
 from corral.actors.user_code import TOOL_MODULES_ENV  # noqa: E402
-from corral.core.errors import CorralError  # noqa: E402
+from corral.actors.user_code_pins import USER_CODE_ENV, UserCodeRecord, freeze, install  # noqa: E402
+from corral.core.child_python import USER_PATH_ENV, drop_working_directory  # noqa: E402
+from corral.core.errors import CorralError, UserCodeError  # noqa: E402
 from corral.supervisor.daemon import Supervisor  # noqa: E402
 from corral.supervisor.home import home_dir as homes  # noqa: E402
+from corral.supervisor.home.home_placement import USER_CODE_PINS  # noqa: E402
 from corral.supervisor.ledger import ledger_spec  # noqa: E402
 from corral.supervisor.ledger.port import LedgerError  # noqa: E402
 from corral.supervisor.spec.swarm_spec import SpecError, SwarmSpec, empty_spec, load_spec  # noqa: E402
@@ -31,18 +34,37 @@ from corral.supervisor.spec.swarm_spec import SpecError, SwarmSpec, empty_spec, 
 SPEC_SOURCE = "spec.source"
 
 
-def _load(home: Path, spec_arg: str | None) -> SwarmSpec:
-    """The given spec, or the one the previous boot ran (so a restart brings it back)."""
+def _load(home: Path, spec_arg: str | None, *, adopted: bool) -> SwarmSpec:
+    """The given spec, or the one the previous boot ran (so a restart brings it back).
+    User code is pinned at ``corral up`` (a given spec) and enforced on every other
+    boot: a restart, or an adopted partition (its node hands on its own pins)."""
     record = home / SPEC_SOURCE
+    pins = home / USER_CODE_PINS
+    inherited = os.environ.get(USER_CODE_ENV) if adopted else None
+    if inherited:
+        install(UserCodeRecord.from_json(inherited), recording=False)
+    elif spec_arg or not pins.exists():
+        install(UserCodeRecord(), recording=True)
+    else:
+        install(UserCodeRecord.from_json(pins.read_text()), recording=False)
     if spec_arg:
         path = Path(spec_arg).absolute()
         spec = load_spec(path)
         record.write_text(str(path))
         record.chmod(0o600)
-        return spec
-    if record.exists():
-        return load_spec(Path(record.read_text().strip()))
-    return empty_spec()
+    elif record.exists():
+        spec = load_spec(Path(record.read_text().strip()))
+    else:
+        spec = empty_spec()
+    frozen = freeze()
+    if spec_arg and not adopted:
+        pins.write_text(frozen.to_json())
+        pins.chmod(0o600)
+    # The fork server and every actor enforce exactly this; the user's module
+    # directories were read as search roots (pythonpath_roots) and go no further.
+    os.environ[USER_CODE_ENV] = frozen.to_json()
+    os.environ.pop(USER_PATH_ENV, None)
+    return spec
 
 
 def _placement(home: Path, spec: SwarmSpec, args: argparse.Namespace) -> ledger_spec.Placement:
@@ -79,6 +101,7 @@ def _preload_plan(spec: SwarmSpec) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    drop_working_directory()
     parser = argparse.ArgumentParser(prog="python -m corral.supervisor")
     parser.add_argument("--home", required=True)
     parser.add_argument("--spec")
@@ -101,26 +124,24 @@ def main(argv: list[str] | None = None) -> int:
 
     _name_process()  # first: the title is set in place of argv, before the environment changes
     try:
-        home = homes.ensure_home(Path(args.home))
+        home = homes.ensure_home(Path(args.home).absolute())
         lock = homes.HomeLock(home)
         lock.acquire()
     except homes.HomeError as exc:
         return fail(str(exc), 3)
     try:
-        spec = _load(home, args.spec)
+        spec = _load(home, args.spec, adopted=bool(args.adopt))
         placement = _placement(home, spec, args)
-    except (SpecError, ledger_spec.LedgerSpecError) as exc:
+        # From here on this process and everything it starts work in a directory corral
+        # owns (the spec's path was made absolute above), never the project's.
+        os.chdir(home)
+    except (SpecError, ledger_spec.LedgerSpecError, UserCodeError) as exc:
         lock.release()
         return fail(str(exc), 2)
     # The fork server and every actor import the same tool modules as the spec did here.
     os.environ[TOOL_MODULES_ENV] = json.dumps(list(spec.tool_modules))
     # And the fork server preloads what this spec starts, not every template.
     os.environ[PRELOAD_ENV] = _preload_plan(spec)
-    if spec.source != "<embedded>":
-        from corral.actors.user_code import add_import_path
-
-        # User templates and providers next to the spec import here and in every actor.
-        add_import_path(Path(spec.source).parent)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
     try:
         supervisor = Supervisor(home, spec, ready_fd=ready_fd, lock=lock, placement=placement)

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import Any
 
 from corral.actors.providers.base import Provider
 from corral.actors.providers.scripted import ScriptedProvider
-from corral.actors.user_code import is_reference, load
+from corral.actors.user_code import entry_points_of, is_reference, load
 from corral.core.errors import UserCodeError
 
 BUILTIN_PROVIDERS = ("scripted", "openai", "local")
@@ -31,8 +30,8 @@ ProviderFactory = Callable[[dict[str, Any]], Provider]
 
 
 def installed_providers() -> dict[str, str]:
-    """Names registered by installed packages -> their ``module:Name`` value."""
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """Names registered by plugin packages -> their ``module:Name`` value."""
+    return entry_points_of(ENTRY_POINT_GROUP)
 
 
 @functools.cache
@@ -41,19 +40,18 @@ def resolve_factory(name: str) -> ProviderFactory:
     if is_reference(name):
         target = load(name)
     else:
-        matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-        if not matches:
-            known = sorted({*BUILTIN_PROVIDERS, *installed_providers()})
+        registered = installed_providers()
+        value = registered.get(name)
+        if value is None:
+            known = sorted({*BUILTIN_PROVIDERS, *registered})
             raise UserCodeError(
                 f"unknown provider {name!r}: not built in, not a 'module:Name' reference, and no installed"
                 f" package registers it in the {ENTRY_POINT_GROUP!r} entry points (known: {', '.join(known)})"
             )
         try:
-            target = matches[0].load()
-        except Exception as exc:
-            raise UserCodeError(
-                f"provider {name!r} (entry point {matches[0].value!r}) cannot be loaded: {type(exc).__name__}: {exc}"
-            ) from exc
+            target = load(value)  # through the pinned loader, like any user reference
+        except UserCodeError as exc:
+            raise UserCodeError(f"provider {name!r} (entry point {value!r}) cannot be loaded: {exc}") from exc
     if not callable(target):
         raise UserCodeError(f"provider {name!r} resolves to a {type(target).__name__}, not a class or factory")
     if isinstance(target, type) and not all(callable(getattr(target, m, None)) for m in ("complete", "parse")):

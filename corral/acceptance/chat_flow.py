@@ -8,7 +8,6 @@ import contextlib
 import json
 import queue
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from corral.acceptance import specs
 from corral.acceptance.host import Host, HostError
 from corral.acceptance.provider import Provider
 from corral.acceptance.workspace import Workspace
+from corral.core.child_python import python_argv, python_env
 from corral.core.errors import CorralError
 from corral.supervisor.ledger.ledger_spec import open_for_reading
 
@@ -70,9 +70,9 @@ def chat_flow(workspace: Workspace, host: Host, provider: Provider) -> ChatFacts
 def _converse(host: Host, home: Path, log: Path) -> list[dict[str, Any]]:
     """Type the task, read JSON lines until a settled turn report (or the deadline),
     then /quit. The chat process is reaped here whatever happens."""
-    argv = [sys.executable, "-m", "corral", "--home", str(home), "chat", "--json"]
+    argv = python_argv("-m", "corral", "--home", str(home), "chat", "--json")
     chat = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, env=host.env)
+                            text=True, env=python_env(host.env))
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:

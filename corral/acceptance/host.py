@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import psutil
 from corral import client
 from corral.client_start import SupervisorStartError, start_supervisor
 from corral.core import failpoints
+from corral.core.child_python import python_argv, python_env
 from corral.core.errors import CorralError
 from corral.core.procs import wait_exit
 from corral.supervisor.home import home_dir as homes
@@ -95,9 +95,11 @@ class Host:
     def cli(self, home: Path, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
         """``corral --home HOME ARGS`` as its own process; its output is kept in the logs."""
         self._cli_count += 1
-        argv = [sys.executable, "-m", "corral", "--home", str(home), *args]
+        argv = python_argv("-m", "corral", "--home", str(home), *args)
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=timeout, check=False)
+            done = subprocess.run(
+                argv, capture_output=True, text=True, env=python_env(self.env), timeout=timeout, check=False
+            )
         except subprocess.TimeoutExpired as exc:
             raise HostError(f"`corral {args[0]}` did not end within {timeout:.0f} s") from exc
         log = self.logs / f"cli-{self._cli_count:02d}-{args[0]}.log"

@@ -18,6 +18,7 @@ from typing import Any
 from corral.cli.main import EXIT_FAILED, CliError, arguments, cli_errors, command, print_table
 from corral.client import Client
 from corral.client_types import Event
+from corral.core.child_python import python_argv, python_env
 from corral.core.redact import redact_text
 from corral.mailbox.control import ControlError
 from corral.supervisor.home import home_dir as homes
@@ -81,7 +82,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(f"a supervisor is already running on {home}; pick another --dir or `corral down`")
     started = time.monotonic()
     up = subprocess.run(
-        [sys.executable, "-m", "corral", "--home", str(home), "up", "--spec", str(spec_path)],
+        python_argv("-m", "corral", "--home", str(home), "up", "--spec", str(spec_path)),
+        env=python_env(),
         capture_output=True,
         text=True,
         check=False,
@@ -100,7 +102,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     finally:
         if not args.keep:
             subprocess.run(
-                [sys.executable, "-m", "corral", "--home", str(home), "down"],
+                python_argv("-m", "corral", "--home", str(home), "down"),
+                env=python_env(),
                 capture_output=True,
                 check=False,
             )

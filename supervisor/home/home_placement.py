@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 #: The file in which a home remembers the spec its last boot ran (supervisor/__main__.py).
 SPEC_SOURCE = "spec.source"
+#: The user code `corral up` pinned (actors/user_code_pins.py): a boot from the
+#: remembered spec, and a read of it, enforce it rather than load what the files hold now.
+USER_CODE_PINS = "user-code.json"
 #: The control directory's name: hidden from agents by name, wherever it lies.
 CONTROL_DIR = ".corral"
 
@@ -32,8 +35,13 @@ def project_root_of(spec: Path | None, home: Path) -> Path | None:
     """The project root agents of ``spec`` (default: the spec the home's last boot
     ran) work in, or None when nothing works in one (no agents, no stdio MCP server,
     no explicit root) or the spec cannot be read (``corral up`` reports that itself)."""
+    import contextlib
+
+    from corral.actors.user_code_pins import UserCodeRecord, enforcing
+    from corral.core.errors import UserCodeError
     from corral.supervisor.spec.swarm_spec import SpecError, load_spec
 
+    pinned: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if spec is None:
         try:
             recorded = (home / SPEC_SOURCE).read_text().strip()
@@ -42,9 +50,12 @@ def project_root_of(spec: Path | None, home: Path) -> Path | None:
         if not recorded:
             return None
         spec = Path(recorded)
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            pinned = enforcing(UserCodeRecord.from_json((home / USER_CODE_PINS).read_text()))
     try:
-        loaded = load_spec(spec)
-    except SpecError:
+        with pinned:
+            loaded = load_spec(spec)
+    except (SpecError, UserCodeError):
         return None
     return project_root_in(loaded)
 

@@ -89,12 +89,10 @@ def _user_provider(where: str, config: dict[str, Any], base: Path, provider: str
     """A ``module:Name`` reference or an entry-point name, imported now so that a
     broken one is a spec error at ``corral up`` and nothing starts."""
     from corral.actors.providers.registry import resolve_factory
-    from corral.actors.user_code import import_path
     from corral.core.errors import UserCodeError
 
     try:
-        with import_path(base):
-            resolve_factory(provider)
+        resolve_factory(provider)  # found in the spec's directory by file (spec_resolve.parse added it)
     except UserCodeError as exc:
         raise SpecError(f"{where}.provider: {exc}") from None
     return dict(config)

@@ -54,6 +54,10 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
     check_values(data)
     doc = _READER.read(data)
     base = Path(source).parent if source != "<embedded>" else Path.cwd()
+    if source != "<embedded>":
+        from corral.actors.user_code import add_search_roots
+
+        add_search_roots(base)  # user modules are found here by file, never via sys.path
     tree = _Tree.of(doc)
     explicit_root = "root" in data.get("project", {})
     project_root = spec_path(base, doc.project.root)
@@ -213,7 +217,7 @@ def _options(table: Any, kind: type[Any]) -> dict[str, Any]:
 def _user_template(where: str, template: str) -> None:
     """A user template is a ``module:Name`` reference; only its form is checked here:
     it is imported in its actor, where a failure counts against restart intensity."""
-    from corral.actors.user_code import check_syntax, is_reference
+    from corral.actors.user_code import check_syntax, is_reference, pin_reference
     from corral.core.errors import UserCodeError
 
     if not is_reference(template):
@@ -225,6 +229,7 @@ def _user_template(where: str, template: str) -> None:
         check_syntax(template)
     except UserCodeError as exc:
         raise SpecError(f"{where}: {exc}") from None
+    pin_reference(template)  # loaded now, while `corral up` pins user code; its actor reports a failure
 
 
 #: A project root may not be one of these, nor lie inside the first group.
@@ -255,13 +260,15 @@ def _tool_modules(modules: tuple[str, ...], base: Path) -> tuple[tuple[str, ...]
     module that fails to import, or a tool name declared twice or taken by a
     built-in, is a spec error naming it, and nothing starts."""
     from corral.actors.tools.declare import ToolDeclarationError
-    from corral.actors.user_code import tool_catalog, tool_entry_points
+    from corral.actors.user_code import tool_catalog, tool_entry_points, tool_module_name
     from corral.core.errors import UserCodeError
 
-    resolved = [str(spec_path(base, entry)) if entry.endswith(".py") else entry for entry in modules]
     entry_points = tool_entry_points()  # once: it reads every installed distribution's metadata
-    entries = tuple(dict.fromkeys([*resolved, *entry_points]))
     try:
+        # The names each process imports them by: private names for user files.
+        resolved = [tool_module_name(str(spec_path(base, entry)) if entry.endswith(".py") else entry)
+                    for entry in modules]
+        entries = tuple(dict.fromkeys([*resolved, *(tool_module_name(entry) for entry in entry_points)]))
         return entries, tool_catalog(entries, reserved=builtin_tools())
     except (UserCodeError, ToolDeclarationError) as exc:
         raise SpecError(f"tools.modules: {exc}") from None
