@@ -30,23 +30,24 @@ def python_argv(*args: str) -> list[str]:
 
 def python_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (default: this process's environment) for a corral child: ``PYTHONPATH``
-    moved to ``USER_PATH_ENV`` (unless that is set already), and nothing left that
-    would put a directory on the child's import path."""
+    moved to the front of ``USER_PATH_ENV``, and nothing left that would put a
+    directory on the child's import path."""
     env = dict(os.environ if base is None else base)
-    user_path = env.get("PYTHONPATH")
-    if user_path and not env.get(USER_PATH_ENV):
-        env[USER_PATH_ENV] = user_path
+    # Both: a Client.start from within a corral child adds its caller's directories.
+    parts = [part for name in ("PYTHONPATH", USER_PATH_ENV) for part in env.get(name, "").split(os.pathsep) if part]
+    if parts:
+        env[USER_PATH_ENV] = os.pathsep.join(dict.fromkeys(parts))
     for name in _IMPORT_PATH_VARS:
         env.pop(name, None)
     return env
 
 
 def user_path(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The user's module directories: ``USER_PATH_ENV`` in a corral child, else
-    ``PYTHONPATH`` (a spec checked in the user's own process)."""
+    """The user's module directories: ``PYTHONPATH`` (a spec checked in the user's
+    own process), then ``USER_PATH_ENV`` (what a corral child was given)."""
     env = os.environ if environ is None else environ
-    text = env.get(USER_PATH_ENV) or env.get("PYTHONPATH") or ""
-    return [part for part in text.split(os.pathsep) if part]
+    parts = [part for name in ("PYTHONPATH", USER_PATH_ENV) for part in env.get(name, "").split(os.pathsep) if part]
+    return list(dict.fromkeys(parts))
 
 
 def drop_working_directory() -> None:

@@ -189,3 +189,14 @@ def test_demo_starts_from_a_directory_that_holds_a_corral_folder(short_tmp: Path
     finally:
         _down(home, cwd)
     assert not marker.exists()
+
+
+def test_a_child_environment_carries_no_import_path() -> None:
+    """PYTHONPATH reaches a corral child only as directories to find user modules in
+    by file (merged with what its parent was given), never as an import path."""
+    from corral.core.child_python import USER_PATH_ENV, python_argv, python_env, user_path
+
+    env = python_env({"PYTHONPATH": "/a:/b", USER_PATH_ENV: "/c:/a", "PYTHONHOME": "/h", "X": "1"})
+    assert env == {USER_PATH_ENV: "/a:/b:/c", "X": "1"}
+    assert user_path({"PYTHONPATH": "/p", USER_PATH_ENV: "/c"}) == ["/p", "/c"]
+    assert python_argv("-m", "corral")[1] == "-P"
