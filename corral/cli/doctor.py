@@ -19,8 +19,9 @@ from typing import Any
 from corral.cli.main import EXIT_FAILED, arguments, command, emit_json, home_of
 from corral.core.errors import CorralError
 from corral.supervisor.home import home_dir as homes
+from corral.supervisor.ledger import high_water
 from corral.supervisor.ledger.ledger_spec import LedgerSpecError, open_for_reading, remembered_placement
-from corral.supervisor.ledger.port import LedgerError, check_ledger_file, integrity_problems
+from corral.supervisor.ledger.port import LedgerError, check_ledger_file, integrity_problems, newest_event
 from corral.supervisor.ledger.schema import MIGRATIONS
 
 #: Below this much free space on the home's filesystem, writes are at risk.
@@ -183,6 +184,7 @@ def _ledger(path: Path) -> list[Finding]:
     try:
         problems = integrity_problems(db)
         version = int(db.execute("PRAGMA user_version").fetchone()[0])
+        holds = newest_event(db)
     except sqlite3.DatabaseError as exc:
         return [Finding("error", "ledger", f"{path} is damaged: {exc}", "restore it from a backup")]
     finally:
@@ -193,7 +195,25 @@ def _ledger(path: Path) -> list[Finding]:
     if version > len(MIGRATIONS):
         return [Finding("error", "ledger", f"schema {version} is newer than this corral ({len(MIGRATIONS)})",
                         "upgrade corral")]
-    return [Finding("ok", "ledger", f"integrity ok, schema {version} of {len(MIGRATIONS)}")]
+    return [Finding("ok", "ledger", f"integrity ok, schema {version} of {len(MIGRATIONS)}"),
+            _high_water(path, holds)]
+
+
+def _high_water(path: Path, holds: int) -> Finding:
+    """Whether the ledger holds every commit it made durable (its WAL may have
+    lost a tail that SQLite's recovery drops without a word)."""
+    try:
+        mark = high_water.read_mark(path)
+    except high_water.MarkDamaged as exc:
+        return Finding("error", "high-water", f"the ledger's high-water mark is damaged ({exc})",
+                       high_water.what_to_do(path))
+    if high_water.behind(mark, holds):
+        assert mark is not None
+        return Finding("error", "high-water", high_water.lost_commits(path, mark, holds),
+                       high_water.what_to_do(path))
+    if mark is None:
+        return Finding("ok", "high-water", f"no mark yet (the next `corral up` makes one); newest event {holds}")
+    return Finding("ok", "high-water", f"the ledger holds every durable commit (newest event {holds}, mark {mark})")
 
 
 def _doctor_args(parser: argparse.ArgumentParser) -> None:

@@ -22,6 +22,7 @@ from urllib.parse import quote
 from corral.core import failpoints
 from corral.core.redact import redact
 from corral.supervisor.errors import StorageFull
+from corral.supervisor.ledger import high_water
 from corral.supervisor.ledger.schema import MIGRATIONS
 from corral.supervisor.runs.run_hooks import RunHooks
 
@@ -371,9 +372,19 @@ class SqliteLedger(Ledger):
     ) -> None:
         """``immutable``: read a file nobody writes meanwhile (no ``-wal``/``-shm``
         made, no lock taken); the caller guarantees it (corral/offline_read.py holds
-        the home's lock shared, and opens only a ledger whose log is empty)."""
+        the home's lock shared, and opens only a ledger whose log is empty).
+
+        ``check``: the open that boots a supervisor. The file, its integrity and its
+        high-water mark (supervisor/ledger/high_water.py) are checked before anything
+        is written: a ledger that lost durable commits is refused. It then keeps the
+        mark as its commits become durable."""
         super().__init__()
         self.path = path
+        #: The high-water mark this ledger keeps (a checked, writable open only).
+        self._high_water: high_water.HighWater | None = None
+        #: The newest event of the open transaction, and of the last commit.
+        self._tx_cursor = 0
+        self._committed_cursor = 0
         self.where = f"ledger {path}"
         #: With group commit, SQLite appends to the WAL without an fsync per commit
         #: and ``sync()`` (called in batches before any reply leaves: see
@@ -384,7 +395,12 @@ class SqliteLedger(Ledger):
             check_ledger_file(path)
         readonly = readonly or immutable
         if not readonly and not path.exists():
+            high_water.forget(path)  # a ledger moved away on purpose: its mark goes too
             _create(path)
+        if check and not readonly:
+            # Before this process opens it for writing: closing a writable connection
+            # checkpoints the log and removes it, and with it the commits past a damage.
+            self._committed_cursor = judge_high_water(path)
         uri = f"file:{quote(str(path))}" + ("?immutable=1" if immutable else "?mode=ro" if readonly else "")
         self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
@@ -395,6 +411,8 @@ class SqliteLedger(Ledger):
                 problems = integrity_problems(self.db)
                 if problems:
                     raise LedgerError(f"ledger {path} is damaged ({'; '.join(problems)[:300]}); {_WHAT_TO_DO}")
+            if check and not readonly:
+                self._high_water = high_water.HighWater(path)
             if not readonly:
                 path.chmod(0o600)
                 mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
@@ -402,12 +420,21 @@ class SqliteLedger(Ledger):
                     raise LedgerError(f"ledger {path}: cannot enable WAL (got {mode})")
                 self.db.execute(f"PRAGMA synchronous = {sqlite_sync.upper()}")
                 self._migrate()
+                if self._high_water is not None:
+                    self.sync()  # what the last process committed but had not synced yet
+                    self._high_water.start(self._committed_cursor)
         except sqlite3.DatabaseError as exc:
+            self._close_high_water()
             self.db.close()
             raise LedgerError(f"ledger {path} cannot be opened ({exc}); {_WHAT_TO_DO}") from None
         except LedgerError:
+            self._close_high_water()
             self.db.close()
             raise
+        except OSError as exc:  # the high-water mark's file
+            self._close_high_water()
+            self.db.close()
+            raise LedgerError(f"ledger {path}: its high-water mark cannot be kept ({exc}); {_WHAT_TO_DO}") from None
         self.synchronous = synchronous
         self.sqlite_sync = sqlite_sync
 
@@ -432,6 +459,13 @@ class SqliteLedger(Ledger):
     def schema_version(self) -> int:
         return int(self.db.execute("PRAGMA user_version").fetchone()[0])
 
+    # -- the high-water mark ------------------------------------------------------
+
+    def _close_high_water(self) -> None:
+        if self._high_water is not None:
+            self._high_water.close()
+            self._high_water = None
+
     # -- transactions -----------------------------------------------------------
 
     @contextmanager
@@ -442,6 +476,7 @@ class SqliteLedger(Ledger):
         try:
             try:
                 self.db.execute("BEGIN IMMEDIATE")
+                self._tx_cursor = 0
                 try:
                     yield self.db
                 except BaseException:
@@ -452,6 +487,12 @@ class SqliteLedger(Ledger):
                 except BaseException:
                     self._rollback()
                     raise
+                if self._tx_cursor:
+                    self._committed_cursor = self._tx_cursor
+                if self._high_water is not None and fsync and self.sqlite_sync == "full":
+                    # synchronous = FULL: this COMMIT returned once the log was fsync'd,
+                    # with every commit before it (relaxed ones included).
+                    self._high_water.advance(self._committed_cursor)
             except sqlite3.OperationalError as exc:
                 if _storage_failure(exc):
                     self._storage_failed(exc)
@@ -471,15 +512,20 @@ class SqliteLedger(Ledger):
         thread: it touches the file, not the connection. Returns the commit count
         it covers."""
         covered = self.commits
+        # Read before the fsync: every event up to it is in the log already.
+        cursor = self._committed_cursor
         wal = self.path.with_name(self.path.name + "-wal")
         try:
             fd = os.open(wal, os.O_RDONLY)
         except FileNotFoundError:
-            return covered  # nothing appended since the last checkpoint truncated it
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fd = -1  # nothing appended since the last checkpoint truncated it
+        if fd >= 0:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        if self._high_water is not None:
+            self._high_water.advance(cursor)
         return covered
 
     def one(self, sql: str, *args: Any) -> sqlite3.Row | None:
@@ -491,10 +537,49 @@ class SqliteLedger(Ledger):
 
     def _append_event(self, db: Any, row: tuple[Any, ...]) -> int:
         cursor = db.execute("INSERT INTO events (at, boot_id, kind, subject, data) VALUES (?, ?, ?, ?, ?)", row)
-        return int(cursor.lastrowid or 0)
+        self._tx_cursor = int(cursor.lastrowid or 0)
+        return self._tx_cursor
 
     def close(self) -> None:
+        self._close_high_water()
         self.db.close()
+
+
+def judge_high_water(path: Path) -> int:
+    """Refuse a ledger behind its high-water mark (it lost commits that were made
+    durable), read through a read-only connection, which leaves the log as it is;
+    else the cursor of its newest event."""
+    try:
+        db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
+        try:
+            holds = newest_event(db)
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        raise LedgerError(f"ledger {path} cannot be opened ({exc}); {_WHAT_TO_DO}") from None
+    try:
+        mark = high_water.read_mark(path)
+    except high_water.MarkDamaged as exc:
+        raise LedgerError(
+            f"the high-water mark of ledger {path} is damaged ({exc}): whether the ledger lost"
+            f" commits cannot be told; {high_water.what_to_do(path)}"
+        ) from None
+    if high_water.behind(mark, holds):
+        assert mark is not None
+        raise LedgerError(f"{high_water.lost_commits(path, mark, holds)}. corral will not run on it: "
+                          f"{high_water.what_to_do(path)}")
+    return holds
+
+
+def newest_event(db: sqlite3.Connection) -> int:
+    """The cursor of a ledger's newest event (0: none yet)."""
+    try:
+        row = db.execute("SELECT MAX(cursor) FROM events").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return 0  # a ledger made before any migration ran
+        raise
+    return int(row[0] or 0)
 
 
 def dumps(value: Any) -> str:
