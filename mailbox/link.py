@@ -342,7 +342,7 @@ class Listener:
                     with candidate.scope:
                         candidate.cut = await _challenge(candidate.conn, secret)
                 finally:
-                    del vetting[id(candidate)]
+                    vetting.pop(id(candidate), None)
                     if candidate.cut or proven:
                         log.warning("link %s: dropped a connection from %s: it did not prove the actor's link"
                                     " secret (%s)", self.address, candidate.peer, candidate.cut or "a second proof")
@@ -356,7 +356,7 @@ class Listener:
             while not proven:  # once one has proven it, its task cancels this loop
                 conn, peer = await self._next_connection()
                 if len(vetting) >= MAX_CANDIDATES:
-                    oldest = next(iter(vetting.values()))
+                    _, oldest = vetting.popitem(last=False)
                     oldest.cut = f"one of more than {MAX_CANDIDATES} connections at once"
                     oldest.scope.cancel()
                 candidate = _Candidate(conn, peer)
