@@ -50,6 +50,7 @@ from corral.supervisor.tree.restart_policy import (
     plan_restart,
     should_restart,
 )
+from corral.supervisor.tree.stall_watchdog import StallWatchdog
 
 log = logging.getLogger("corral.tree")
 
@@ -188,61 +189,15 @@ class SupervisionTree:
                     for actor_id in list(group.order):
                         starters.start_soon(self.start_actor, self.slots[actor_id])
             task_status.started()
-            await self._watch_stalls()
+            await StallWatchdog(
+                self.slots, self.launcher, self.settings.stall_timeout_s, record=self._record, event=self._event
+            ).run()
 
     def heartbeat_interval(self) -> float:
         """Ten beats per stall timeout, at most one every 5 s: a beat costs the
         supervisor ~160 µs of CPU (measured on the liveness branch), so 200 actors
         beating every second took 5 % of a core; at the default 30 s, every 3 s."""
         return min(5.0, self.settings.stall_timeout_s / 10)
-
-    async def _watch_stalls(self) -> None:
-        """Liveness beyond the pidfd: a process that is alive but silent (SIGSTOPped,
-        wedged in a loop that never yields) is reported, then killed and restarted
-        per its policy, counting against the restart intensity."""
-        timeout = self.settings.stall_timeout_s
-        while True:
-            await trio.sleep(min(1.0, timeout / 4))
-            now = trio.current_time()
-            self._watch_forkserver(timeout)
-            for slot in list(self.slots.values()):
-                if slot.state is not ActorState.RUNNING or slot.process is None or not slot.last_seen:
-                    continue
-                silent = now - slot.last_seen
-                if silent > timeout / 2 and not slot.stalled_since:
-                    slot.stalled_since = slot.last_seen
-                    self._record(slot, event="actor-stalled", silent_s=round(silent, 1))
-                if silent > timeout:
-                    log.error("%s: silent for %.1f s (stall timeout %.1f s); killing it", slot.id, silent, timeout)
-                    self._record(slot, event="actor-stall-killed", silent_s=round(silent, 1))
-                    slot.last_seen = now  # one kill per stall; the exit handling takes over
-                    slot.process.kill_group(signal.SIGKILL)
-
-    def _watch_forkserver(self, timeout: float) -> None:
-        """The fork server, like an actor: asked for a sign of life at every tick;
-        silent past half the stall timeout, reported (``corral status`` says
-        degraded: no actor can start); past the timeout, killed and replaced (its
-        actors die with it and start again from the new one)."""
-        launcher = self.launcher
-        launcher.probe()
-        silent = launcher.silence()
-        if silent is None:
-            return  # one is starting: degraded stays as it was until it answers
-        pid = launcher.forkserver_pid
-        if silent > timeout / 2 and not launcher.degraded:
-            launcher.degraded = (
-                f"the fork server (pid {pid}) has not answered for {silent:.1f} s: no actor can start;"
-                f" it is replaced after {timeout:g} s of silence"
-            )
-            log.error("%s", launcher.degraded)
-            self._event("forkserver-stalled", "forkserver", pid=pid, silent_s=round(silent, 1))
-        if silent > timeout:
-            self._event("forkserver-stall-killed", "forkserver", pid=pid, silent_s=round(silent, 1))
-            launcher.replace(f"was silent for {silent:.1f} s (stall timeout {timeout:g} s)")
-        elif silent <= timeout / 2 and launcher.degraded:
-            log.info("the fork server (pid %s) answers again", pid)
-            launcher.degraded = ""
-            self._event("forkserver-recovered", "forkserver", pid=pid, replacements=launcher.replacements)
 
     def _event(self, kind: str, subject: str, **data: Any) -> None:
         """An event that guards nothing (a full disk only loses it)."""
