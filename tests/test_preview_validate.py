@@ -3,16 +3,26 @@ process session of the run (``python3 -m http.server`` started by ``process.star
 a canvas that renders passes, a blank canvas fails, a page that throws fails. The
 screenshots are real files whose sha256 the receipt names; they are copied to
 test-artifacts/ as the attached evidence. With ``[project] require_preview`` the
-run's final reply after its change is blocked until a check passed. One supervisor
-for the module.
+run's final reply after its change is blocked until a check passed.
+
+Chromium runs with its own sandbox or not at all (the seed forbids ``--no-sandbox``).
+Where this machine refuses it (root, as in CI: Chromium refuses its sandbox to
+root), the check is BLOCKED, naming what is missing, and the gate stays shut; the
+passing path then runs with corral itself as an unprivileged user (``setpriv``),
+where Chromium gets its sandbox. Where neither is possible, the passing path is
+skipped with the reason: untestable here, never counted as a pass.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import socket
+import subprocess
+import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +31,15 @@ import pytest
 
 from corral.actors.tools.base import ToolError
 from corral.actors.tools.preview import preview_url
-from corral.actors.tools.preview_browser import ViewportReport, viewport_problems
+from corral.actors.tools.preview_browser import (
+    CHROMIUM,
+    ViewportReport,
+    sandbox_missing,
+    sandbox_problem,
+    viewport_problems,
+)
 from corral.sandbox.bwrap import bwrap_available
-from tests.harness import Daemon, ledger_rows, module_daemon, show, wait_run
+from tests.harness import CORRAL, Daemon, ledger_rows, module_daemon, wait_run
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "preview-validate"
 #: The dev server's network must be the host's: the browser runs outside the sandbox.
@@ -85,41 +101,119 @@ def _actions(daemon: Daemon, run_id: str) -> list[dict[str, Any]]:
                        " ORDER BY loop_index, action_index", run_id)
 
 
-def test_three_preview_pages_get_their_verdicts_with_screenshots(daemon: Daemon) -> None:
-    port = PORT
-    server = {"tool": "process.start", "input": {
-        "program": "python3", "args": ["-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", "site"],
-        "timeout_s": 120}}
-    steps = [
+#: Who runs corral for the passing path when this process cannot have Chromium's
+#: sandbox (root): an unprivileged user, by uid (no name to look up).
+NOBODY = 65534
+PROBE = "from corral.actors.tools.preview_browser import sandbox_problem; print(sandbox_problem())"
+
+
+def _sandbox_here() -> bool:
+    """Whether Chromium starts with its own sandbox in this process: playwright
+    asked directly, not through the code under test."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        try:
+            driver.chromium.launch(executable_path=str(CHROMIUM), headless=True, chromium_sandbox=True).close()
+        except Exception as exc:
+            if "sandbox" not in str(exc).lower():
+                raise
+            return False
+    return True
+
+
+def _as_user(top: Path) -> list[str] | None:
+    """The command that runs corral where its browser gets Chromium's sandbox on this
+    machine (this interpreter, as this user; as root: an interpreter every user can
+    run, as an unprivileged user, through setpriv), or None when no way is open
+    here. Probed for real: Chromium is started."""
+    if os.geteuid() != 0:
+        return [*CORRAL] if _sandbox_here() else None
+    # The venv's interpreter may live where others cannot reach (/root): a venv of the
+    # system's interpreter that reads this venv's packages, for the other user.
+    system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/local/bin:/usr/bin")
+    if shutil.which("setpriv") is None or system is None:
+        return None
+    venv = top / "venv"
+    subprocess.run([system, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True, timeout=120)
+    (Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"]) / "corral-under-test.pth"
+     ).write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    command = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--",
+               str(venv / "bin" / "python"), "-m", "corral"]
+    probe = subprocess.run([*command[:-2], "-c", PROBE], capture_output=True, text=True, timeout=120, cwd=top,
+                           env={**os.environ, "HOME": str(top)}, check=False)
+    return command if probe.returncode == 0 and probe.stdout.strip() == "" else None
+
+
+def _corral(command: list[str], top: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*command, "--home", str(top / "home"), *args], capture_output=True, text=True,
+                          cwd=top, env={**os.environ, "HOME": str(top)}, timeout=timeout, check=False)
+
+
+def _three_pages_script(port: int) -> list[dict[str, Any]]:
+    """The spec's preview (served by the test: a command sandbox is not what is
+    tested here), its three pages, then its own page and a port without a session."""
+    return [
         # A change to the sources: the final reply now needs a passing preview.
         {"actions": [{"tool": "fs.write", "input": {"path": "site/notes.txt", "content": "level 1"}}]},
         {"final": "too early"},
-        {"actions": [server]},
-        {"actions": [_validate(page, port) for page in PAGES]},
-        # No session named: the spec's preview_url (its page, or another path on its origin).
+        {"actions": [{"tool": "preview.validate", "input": {"path": f"/{page}"}} for page in PAGES]},
         {"actions": [{"tool": "preview.validate", "input": {}},
-                     {"tool": "preview.validate", "input": {"path": "/blank.html"}},
                      {"tool": "preview.validate", "input": {"port": port}}]},
-        {"actions": [{"tool": "process.terminate", "input": {"process_id": "${running.process_id}"}}]},
         {"final": "checked"},
     ]
-    run_id = daemon.call("run", agent_id="writer", task="check the preview", script=json.dumps({"steps": steps}))[
-        "run_id"]
-    wait_run(daemon, run_id, {"completed"}, timeout=120)
-    checks = [row for row in _actions(daemon, run_id) if row["tool"] == "preview.validate"]
-    assert len(checks) == 6
-    spec_page, spec_other, port_alone = (json.loads(row["result"])["output"] for row in checks[3:])
+
+
+def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path) -> None:
+    """The passing path, in a sandboxed Chromium: as this user, or (as root) with
+    corral run by an unprivileged user, as a careful operator would run it."""
+    short_tmp.chmod(0o755)  # the unprivileged user walks into it
+    command = _as_user(short_tmp)
+    if command is None:
+        pytest.skip("untestable here: Chromium can have its sandbox neither as this user nor as an unprivileged"
+                    " one (no setpriv, or no user namespaces); the BLOCKED path is tested instead")
+    port = _free_port()
+    site = short_tmp / "ws" / "site"
+    site.mkdir(parents=True)
+    for name, html in PAGES.items():
+        (site / name).write_text(html)
+    (short_tmp / "swarm.toml").write_text(SPEC.replace("PORT", str(port)))
+    (short_tmp / "script.json").write_text(json.dumps({"steps": _three_pages_script(port)}))
+    if os.geteuid() == 0:
+        for path in [short_tmp, short_tmp / "ws", *(short_tmp / "ws").rglob("*"), short_tmp / "swarm.toml",
+                     short_tmp / "script.json"]:
+            os.chown(path, NOBODY, NOBODY)
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
+                               str(site)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        up = _corral(command, short_tmp, "up", "--spec", str(short_tmp / "swarm.toml"))
+        assert up.returncode == 0, up.stderr[-2000:]
+        try:
+            ran = _corral(command, short_tmp, "run", "--agent", "writer", "--task", "check the preview", "--script",
+                          str(short_tmp / "script.json"), "--wait", "--json", "--timeout", "150", timeout=240)
+        finally:
+            down = _corral(command, short_tmp, "down")
+        assert down.returncode == 0, down.stderr[-2000:]
+    finally:
+        server.terminate()
+        server.wait()
+    shown = json.loads(ran.stdout)
+    assert shown["run"]["status"] == "completed", ran.stdout[-3000:]
+    home = short_tmp / "home"
+    run_id = shown["run"]["run_id"]
+    checks = [row for row in _rows(home, run_id) if row["tool"] == "preview.validate"]
+    assert len(checks) == 5
+    spec_page, port_alone = (json.loads(row["result"])["output"] for row in checks[3:])
     assert (spec_page["url"], spec_page["passed"]) == (f"http://127.0.0.1:{port}/game.html", True)
-    assert (spec_other["url"], spec_other["passed"]) == (f"http://127.0.0.1:{port}/blank.html", False)
     assert port_alone["code"] == "bad-input" and "goes with the process_id" in port_alone["error"], port_alone
     checks = checks[:3]
     verdicts = {}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for page, row in zip(PAGES, checks, strict=True):
         output = json.loads(row["result"])["output"]
-        assert output["url"] == f"http://127.0.0.1:{port}/{page}"
+        assert output["url"] == f"http://127.0.0.1:{port}/{page}" and output["browser_sandbox"] is True
         verdicts[page] = (output["passed"], {name: view["passed"] for name, view in output["viewports"].items()})
-        evidence = daemon.home / output["evidence_dir"]
+        evidence = home / output["evidence_dir"]
         assert evidence.parent.name == run_id and evidence.name == row["action_id"]
         assert output["inspect_paths"] == [f"evidence:{row['action_id']}/{name}.png" for name in ("desktop", "mobile")]
         for name, view in output["viewports"].items():
@@ -140,12 +234,64 @@ def test_three_preview_pages_get_their_verdicts_with_screenshots(daemon: Daemon)
         "throws.html": (False, {"desktop": False, "mobile": False}),
     }
     # The final reply before the check was blocked; the one after it went through.
-    blocked = ledger_rows(daemon.home, "SELECT data FROM events WHERE kind = 'final-blocked' AND subject = ?", run_id)
+    blocked = ledger_rows(home, "SELECT data FROM events WHERE kind = 'final-blocked' AND subject = ?", run_id)
     assert len(blocked) == 1 and "run preview.validate" in json.loads(blocked[0]["data"])["detail"]
-    assert show(daemon, run_id)["final_reply"] == "checked"
+    assert shown["final_reply"] == "checked"
     # No image bytes in the ledger: only names, sizes and hashes.
-    ledger = b"".join(p.read_bytes() for p in daemon.home.glob("ledger.db*"))
+    ledger = b"".join(p.read_bytes() for p in home.glob("ledger.db*"))
     assert b"\x89PNG" not in ledger
+
+
+def _rows(home: Path, run_id: str) -> list[dict[str, Any]]:
+    return ledger_rows(home, "SELECT action_id, tool, phase, result FROM actions WHERE run_id = ?"
+                       " ORDER BY loop_index, action_index", run_id)
+
+
+def test_without_chromiums_sandbox_the_check_is_blocked_and_the_gate_stays_shut(daemon: Daemon) -> None:
+    """Seed 004 V1.1 §3 forbids --no-sandbox: where Chromium cannot have its sandbox
+    (this process is root, as in CI), every check is BLOCKED naming what is missing,
+    with no screenshot taken, and a passing check is still required to finish."""
+    if _sandbox_here():
+        pytest.skip("Chromium has its sandbox as this user: the passing path is tested instead")
+    port = PORT
+    server = {"tool": "process.start", "input": {
+        "program": "python3", "args": ["-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", "site"],
+        "timeout_s": 120}}
+    steps = [
+        {"actions": [{"tool": "fs.write", "input": {"path": "site/notes.txt", "content": "level 2"}}]},
+        {"actions": [server]},
+        {"actions": [_validate("game.html", port), {"tool": "preview.validate", "input": {}}]},
+        {"actions": [{"tool": "process.terminate", "input": {"process_id": "${running.process_id}"}}]},
+        {"final": "checked"},
+        {"final": "checked, really"},
+    ]
+    run_id = daemon.call("run", agent_id="writer", task="check the preview", script=json.dumps({"steps": steps}))[
+        "run_id"]
+    shown = wait_run(daemon, run_id, {"completed", "failed", "needs-input"}, timeout=120)
+    checks = [row for row in _actions(daemon, run_id) if row["tool"] == "preview.validate"]
+    assert len(checks) == 2
+    for row in checks:
+        output = json.loads(row["result"])["output"]
+        assert row["phase"] == "failed" and output["code"] == "blocked", output
+        assert "Chromium's sandbox is not available" in output["error"] and "--no-sandbox" in output["error"]
+        if os.geteuid() == 0:
+            assert "corral runs as root" in output["error"], output["error"]
+        assert not (daemon.home / "evidence" / run_id / row["action_id"]).exists() or not any(
+            (daemon.home / "evidence" / run_id / row["action_id"]).iterdir()), "no screenshot without the sandbox"
+    # No pass without the sandbox: the final reply after the change stays blocked.
+    assert shown["final_reply"] is None and shown["run"]["status"] != "completed", shown["run"]
+    blocked = ledger_rows(daemon.home, "SELECT data FROM events WHERE kind = 'final-blocked' AND subject = ?", run_id)
+    assert blocked and all("run preview.validate" in json.loads(b["data"])["detail"] for b in blocked)
+
+
+def test_the_blocked_reason_names_what_the_host_lacks() -> None:
+    said = ("Browser logs:\n[pid=1][err] [1:1:1207/055015.4:ERROR:content/browser/zygote_host/zygote_host_impl_linux"
+            ".cc:103] Running as root without --no-sandbox is not supported. See https://crbug.com/638180.\n")
+    as_root = sandbox_missing(said, euid=0)
+    assert as_root.startswith("blocked: Chromium's sandbox is not available (Chromium: Running as root without")
+    assert "corral runs as root" in as_root and "forbids --no-sandbox" in as_root
+    as_user = sandbox_missing("Chromium sandboxing failed!", euid=1000)
+    assert "user namespaces" in as_user and "chrome-sandbox" in as_user and "root" not in as_user
 
 
 def test_only_a_running_session_of_the_run_is_a_preview(daemon: Daemon) -> None:
@@ -172,3 +318,26 @@ def test_one_viewport_only_or_a_uniform_canvas_fails() -> None:
     assert "blank" in viewport_problems(ViewportReport("desktop", 200, canvas=solid, sha256="x"))[0]
     assert viewport_problems(ViewportReport("desktop", 200, canvas={"present": False}, sha256="x")) == ["no canvas"]
     assert "no screenshot" in viewport_problems(ViewportReport("mobile", 200, canvas=good))
+
+
+def test_the_acceptance_point_is_blocked_without_chromiums_sandbox(short_tmp: Path) -> None:
+    """``corral acceptance``'s verify-preview point (seed 004 V1.1 §5.5) reports
+    BLOCKED, naming the missing sandbox, before any model call (the provider named
+    here does not even listen), and the points that judge its runs are BLOCKED with
+    it: exit 2, never a pass, never a runtime failure."""
+    if _sandbox_here():
+        pytest.skip("Chromium has its sandbox as this user: the point would run a real model")
+    report_path = short_tmp / "report.json"
+    done = subprocess.run([*CORRAL, "acceptance", "--suite", "verify-preview", "--provider-url",
+                           f"http://127.0.0.1:{_free_port()}/v1", "--provider-model", "none", "--json",
+                           str(report_path)], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(report_path.read_text())
+    verdicts = {point["name"]: (point["verdict"], point["reason"]) for point in report["points"]}
+    assert report["verdict"] == "BLOCKED" and list(verdicts) == ["verify-preview", "ledger-consistency",
+                                                                 "secret-leaks"]
+    verdict, reason = verdicts["verify-preview"]
+    assert verdict == "BLOCKED" and reason.startswith("blocked: Chromium's sandbox is not available"), reason
+    assert "forbids --no-sandbox" in reason and (os.geteuid() != 0 or "corral runs as root" in reason), reason
+    assert reason.removeprefix("blocked: ") == sandbox_problem(), "the point says what the probe finds"
+    assert {verdict for verdict, _ in verdicts.values()} == {"BLOCKED"}

@@ -10,6 +10,10 @@ console error or an uncaught exception. Screenshots go to the run's evidence
 directory, ``<home>/evidence/<run>/<action>/``; the receipt holds their names,
 sha256s and sizes, never their bytes. It changes nothing in the project (effect
 class ``read``), so recovery may run it again.
+
+Chromium runs with its own sandbox or not at all: a host that refuses it (corral
+running as root, no user namespaces) makes the check ``blocked``, naming what is
+missing, never a pass without it (the seed forbids ``--no-sandbox``).
 """
 
 from __future__ import annotations
@@ -141,7 +145,7 @@ class PreviewValidate:
         await _wait_ready(url)
         out = evidence_dir(ctx.home, ctx.run_id, ctx.action_id)
         try:
-            reports, sandboxed = await trio.to_thread.run_sync(check_preview, url, out)
+            reports = await trio.to_thread.run_sync(check_preview, url, out)
         except BrowserMissing as exc:
             raise ToolError(str(exc), "blocked") from None
         viewports = {report.name: report.as_dict() for report in reports}
@@ -155,7 +159,8 @@ class PreviewValidate:
             # What image.inspect takes to look at the screenshots (this run's only).
             "inspect_paths": [f"evidence:{ctx.action_id}/{view['screenshot']}" for view in viewports.values()
                               if view["screenshot"]],
-            "browser_sandbox": sandboxed,
+            # Always: a check without Chromium's sandbox is blocked, never run (seed 004 V1.1 §3).
+            "browser_sandbox": True,
         }
         verdicts = ", ".join(f"{name} {'pass' if view['passed'] else 'FAIL'}" for name, view in viewports.items())
         return ToolResult(passed, output, f"preview {'passed' if passed else 'failed'}: {verdicts}")

@@ -9,6 +9,8 @@ it gathers per viewport is a ``ViewportReport``; whether that passes is the pure
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +56,8 @@ _SETTLE_JS = "() => new Promise(r => requestAnimationFrame(() => requestAnimatio
 
 
 class BrowserMissing(Exception):
-    """No Chromium or no playwright: the check is blocked, not failed."""
+    """No Chromium, no playwright, or no sandbox for Chromium: the check is blocked,
+    not failed, and never passed. The message names what is missing."""
 
 
 @dataclass
@@ -133,20 +136,57 @@ def messages(reports: list[ViewportReport]) -> list[str]:
     return kept
 
 
-def _launch(driver: Any) -> tuple[Any, bool]:
-    """Chromium with its own sandbox when this host allows it, else without it (as the
-    dashboard tests run it); the receipt says which. A fresh profile every time."""
+def _launch(driver: Any) -> Any:
+    """Chromium with its own sandbox, or BrowserMissing: seed 004 V1.1 §3 forbids
+    ``--no-sandbox``, so a host that refuses Chromium its sandbox blocks the check
+    (never a pass without it). A fresh profile every time."""
     common: dict[str, Any] = {"executable_path": str(CHROMIUM), "headless": True,
               # No name resolves: only the loopback address literal can be reached.
               "args": ["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", "--disable-extensions",
                        "--no-first-run"]}
     try:
-        return driver.chromium.launch(chromium_sandbox=True, **common), True
+        return driver.chromium.launch(chromium_sandbox=True, **common)
     except Exception as exc:
         if "sandbox" not in str(exc).lower():
             raise
-    common["args"] = [*common["args"], "--no-sandbox"]
-    return driver.chromium.launch(**common), False
+        raise BrowserMissing(sandbox_missing(str(exc))) from None
+
+
+#: Chromium's own words on why its sandbox failed (its stderr, as playwright relays it).
+_CHROMIUM_SAID = re.compile(r"ERROR:[^\]]*\]\s*([^\n]*sandbox[^\n]*)", re.IGNORECASE)
+
+
+def sandbox_missing(error: str, euid: int | None = None) -> str:
+    """The BLOCKED reason for a Chromium that could not start sandboxed: what it
+    said, and what this host lacks. Pure."""
+    said = _CHROMIUM_SAID.search(error)
+    detail = f" (Chromium: {summarize(said.group(1), 200)})" if said else ""
+    if (os.geteuid() if euid is None else euid) == 0:
+        lacking = ("corral runs as root, and Chromium refuses its sandbox to root: run corral as another user"
+                   " (with unprivileged user namespaces, or Chromium's setuid chrome-sandbox helper)")
+    else:
+        lacking = ("this host gives Chromium neither unprivileged user namespaces (sysctl"
+                   " kernel.unprivileged_userns_clone, user.max_user_namespaces, or an AppArmor userns"
+                   " restriction) nor its setuid chrome-sandbox helper")
+    return (f"blocked: Chromium's sandbox is not available{detail}; {lacking}. The preview is not checked:"
+            " seed 004 V1.1 §3 forbids --no-sandbox, so nothing passes without it")
+
+
+def sandbox_problem() -> str:
+    """Why a preview check would be blocked on this host ("" when Chromium starts
+    sandboxed): a real start of Chromium, closed at once."""
+    if not CHROMIUM.is_file():
+        return f"no Chromium (looked for {CHROMIUM})"
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return "no playwright (the dev extra installs it)"
+    try:
+        with sync_playwright() as driver:
+            _launch(driver).close()
+    except BrowserMissing as exc:
+        return str(exc).removeprefix("blocked: ")
+    return ""
 
 
 def _one_viewport(browser: Any, url: str, name: str, size: tuple[int, int], out: Path) -> ViewportReport:
@@ -195,9 +235,10 @@ def _refuse_socket(ws: Any, origin: tuple[str, str, int | None], report: Viewpor
         ws.close()
 
 
-def check_preview(url: str, out: Path) -> tuple[list[ViewportReport], bool]:
+def check_preview(url: str, out: Path) -> list[ViewportReport]:
     """Both viewports of ``url`` (already judged loopback by the caller), screenshots
-    into ``out``; and whether Chromium ran with its own sandbox."""
+    into ``out``, in a Chromium that runs with its own sandbox (BrowserMissing when it
+    cannot)."""
     if not CHROMIUM.is_file():
         raise BrowserMissing(f"blocked: no chromium at {CHROMIUM}")
     try:
@@ -205,8 +246,8 @@ def check_preview(url: str, out: Path) -> tuple[list[ViewportReport], bool]:
     except ImportError:
         raise BrowserMissing("blocked: playwright is not installed (the dev extra installs it)") from None
     with sync_playwright() as driver:
-        browser, sandboxed = _launch(driver)
+        browser = _launch(driver)
         try:
-            return [_one_viewport(browser, url, name, size, out) for name, size in VIEWPORTS.items()], sandboxed
+            return [_one_viewport(browser, url, name, size, out) for name, size in VIEWPORTS.items()]
         finally:
             browser.close()

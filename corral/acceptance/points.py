@@ -111,6 +111,9 @@ class Point:
     evidence: EvidenceOf
     #: In the reduced suite (`make test`): the points one real run covers.
     reduced: bool
+    #: It judges what the points before it ran (their ledgers): when each of those
+    #: was blocked and nothing ran, it is blocked too, not failed.
+    after_the_runs: bool = False
 
 
 def _ledger(ctx: Context) -> oracle.Judgement:
@@ -157,9 +160,9 @@ POINTS: tuple[Point, ...] = (
           "V1.30", lambda ctx: oracle_flows.chat_autonomous(ctx.chat()), Context.chat_evidence, False),
     Point("chat-static-isolated", "static delegates and an isolated group in one chat turn", "V1.31",
           lambda ctx: oracle_flows.chat_static_isolated(ctx.chat()), Context.chat_evidence, False),
-    Point("ledger-consistency", "ledger consistency", "V1.1 §5.8", _ledger, _ledgers, True),
+    Point("ledger-consistency", "ledger consistency", "V1.1 §5.8", _ledger, _ledgers, True, after_the_runs=True),
     Point("secret-leaks", "secret_leak_count = 0 over ledger, logs and transcripts", "V1.1 §5.9", _secrets,
-          _ledgers, True),
+          _ledgers, True, after_the_runs=True),
 )
 
 if tuple(point.name for point in POINTS) != POINT_NAMES:

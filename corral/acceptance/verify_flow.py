@@ -1,7 +1,8 @@
 """The verify and preview flow (seed 004 V1.1 §5.5): the agent starts the project's
 preview as a process session, validates it in Chromium (``preview.validate``, desktop
 and mobile screenshots into the run's evidence directory) and runs ``project.verify``.
-What it needs and lacks (the tool, Chromium, playwright, bubblewrap) is named first."""
+What it needs and lacks (the tool, Chromium, playwright, Chromium's sandbox,
+bubblewrap) is named first."""
 
 from __future__ import annotations
 
@@ -46,14 +47,13 @@ def missing() -> str:
 
     if "preview.validate" not in builtin_tools():
         return "preview.validate is not in this build"
-    from corral.actors.tools.preview_browser import CHROMIUM
+    from corral.actors.tools.preview_browser import sandbox_problem
 
-    if not CHROMIUM.is_file():
-        return f"no Chromium (looked for {CHROMIUM})"
-    import importlib.util
-
-    if importlib.util.find_spec("playwright") is None:
-        return "no playwright (the dev extra installs it)"
+    # Chromium, playwright, and Chromium's own sandbox (a real start): without it the
+    # check is blocked (seed 004 V1.1 §3 forbids --no-sandbox), so say so before a run.
+    browser = sandbox_problem()
+    if browser:
+        return browser
     from corral.sandbox.bwrap import bwrap_available
 
     if not bwrap_available():
