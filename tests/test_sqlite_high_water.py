@@ -14,6 +14,7 @@ reports the loss and what to do.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pytest
 
 from corral.sandbox.bwrap import bwrap_available
 from corral.supervisor.home import home_dir as homes
-from corral.supervisor.ledger.high_water import read_mark
+from corral.supervisor.ledger.high_water import HighWater, read_mark
 from corral.supervisor.ledger.port import LedgerError, SqliteLedger
 from tests.harness import Daemon, cli, running, wait_run
 from tests.test_intent import act, script
@@ -192,3 +193,15 @@ def _newest_of(path: Path) -> int:
         return newest(ledger)
     finally:
         ledger.close()
+
+
+def test_a_mark_that_cannot_be_written_stays_behind_and_fails_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    mark = HighWater(path)
+    mark.start(5)
+    # A file the process can no longer write (as on a failing disk): EBADF on pwrite.
+    os.close(mark._fd)
+    mark._fd = os.open(path.with_name(path.name + "-high-water"), os.O_RDONLY)
+    mark.advance(9)  # no exception: the commit it follows stands
+    assert mark.value == 5 and read_mark(path) == 5
+    mark.close()

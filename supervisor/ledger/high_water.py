@@ -29,11 +29,14 @@ the mark covers what each boot found.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
 import zlib
 from pathlib import Path
+
+log = logging.getLogger("corral.ledger")
 
 #: The mark of ``ledger.db`` is ``ledger.db-high-water``: a backup or a removal of
 #: ``ledger.db*`` takes it along.
@@ -135,6 +138,8 @@ class HighWater:
         self._fd = os.open(mark_path(ledger), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         self._synced_at = 0.0
         self._dirty = False
+        #: A write of the mark failed (a full or failing disk) and has not succeeded since.
+        self._failing = False
 
     def start(self, holds: int) -> None:
         """At boot, once the ledger is judged (not behind) and its log is on disk:
@@ -148,11 +153,26 @@ class HighWater:
         """Events up to ``cursor`` are durable in the ledger (never call it sooner)."""
         if cursor <= self.value:
             return
-        os.pwrite(self._fd, encode(cursor), 0)
+        # The mark guards the ledger, it is not part of it: a write of it that fails
+        # (a full disk) leaves it behind, which can hide a loss but never invent
+        # one, and must not fail the commit it follows.
+        try:
+            os.pwrite(self._fd, encode(cursor), 0)
+            if time.monotonic() - self._synced_at >= SYNC_INTERVAL_S:
+                os.fsync(self._fd)
+                self._synced_at = time.monotonic()
+                self._dirty = False
+            else:
+                self._dirty = True
+        except OSError as exc:
+            if not self._failing:
+                log.warning("the ledger's high-water mark cannot be written (%s): it stays at %d", exc, self.value)
+            self._failing = True
+            return
+        if self._failing:
+            log.warning("the ledger's high-water mark is written again")
+            self._failing = False
         self.value = cursor
-        self._dirty = True
-        if time.monotonic() - self._synced_at >= SYNC_INTERVAL_S:
-            self.sync()
 
     def sync(self) -> None:
         if self._fd < 0:
@@ -164,7 +184,11 @@ class HighWater:
     def close(self) -> None:
         if self._fd < 0:
             return
-        if self._dirty:
-            self.sync()
-        os.close(self._fd)
-        self._fd = -1
+        try:
+            if self._dirty:
+                self.sync()
+        except OSError as exc:
+            log.warning("the ledger's high-water mark could not be synced at close (%s)", exc)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
