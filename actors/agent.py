@@ -12,13 +12,14 @@ import copy
 import dataclasses
 import fnmatch
 import logging
+import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
 import trio
 
-from corral.actors import project_context, recordable
+from corral.actors import agent_instructions, project_context, recordable
 from corral.actors.inflight import InFlight
 from corral.actors.provider_interrupts import ProviderInterrupts
 from corral.actors.providers.base import (
@@ -36,13 +37,22 @@ from corral.actors.providers.base import (
 )
 from corral.actors.providers.registry import make_provider
 from corral.actors.runtime import ActorContext, is_shutdown
-from corral.actors.tools.base import ActionParked, Tool, ToolContext, ToolError, checked_result, validate_input
+from corral.actors.tools.base import (
+    RAISED,
+    ActionParked,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolOutcome,
+    checked_result,
+    validate_input,
+)
 from corral.actors.tools.image_inspect import attachments
 from corral.actors.tools.mcp import mcp_tools
 from corral.actors.tools.registry import all_tools
 from corral.actors.turn_notes import TurnNotes, observations_seen
 from corral.core import failpoints
-from corral.core.redact import summarize
+from corral.core.redact import bounded_traceback, summarize
 from corral.mailbox.envelope import Kind
 from corral.mailbox.errors import DeadlineExceeded, RemoteError
 from corral.mailbox.steps import (
@@ -186,6 +196,10 @@ class Lane:
         #: workspace only, at the lane's first provider turn: a lane that only runs
         #: actions never walks the tree; re-checked by stat at every later turn).
         self.project: project_context.LiveContext | None = None
+        #: The agent's own instructions (spec ``instructions``/``instructions_file``),
+        #: the file re-read when it moved; ``instructions`` is what the last prompt led with.
+        self.instruction_cache = agent_instructions.InstructionsCache()
+        self.instructions: agent_instructions.Instructions | None = None
         #: The next step, when the last step's reply carried it (no extra round trip).
         self.next: Step | None = None
         #: The run's observations as far as provider steps sent them: each turn
@@ -220,7 +234,10 @@ class Lane:
         if self.project is None:
             self.project_context()  # a lane that parses after a restart renders it now
         assert self.project is not None
-        return {"context": self.project.stamp()}  # what the last prompt was made from
+        if self.instructions is None:
+            self.instructions = self.instruction_cache.current(self.run.get("instructions"))
+        # What the last prompt was made from: the repository's context and the agent's instructions.
+        return {"context": agent_instructions.fold(self.project.stamp(), self.instructions)}
 
     def get_provider(self) -> Provider:
         if self.provider is None:
@@ -276,6 +293,11 @@ class Lane:
             await self.call("run.fail", reason=recordable.text(
                 f"the repository context cannot be built: {type(exc).__name__}: {exc}"))
             return
+        try:
+            self.instructions = self.instruction_cache.current(self.run.get("instructions"))
+        except agent_instructions.InstructionsError as exc:
+            await self.call("run.fail", reason=recordable.text(f"the agent's instructions cannot be read: {exc}"))
+            return
         begun = step.get("begun") or await self.call("provider.begin", loop=loop)
         history = self.provider_history(step)
         request = ProviderRequest(
@@ -288,6 +310,7 @@ class Lane:
             slot=begun["slot"],
             tool_notes=tuple(sorted((self.run.get("mcp_instructions") or {}).items())),
             project_context=context,
+            instructions=self.instructions.prompt if self.instructions else "",
             images=await self.images_for(provider, history),
             # Planning turns only: a summary (step_compact) never searches.
             web_search=getattr(provider, "web_search", False) is True,
@@ -421,6 +444,7 @@ class Lane:
                 request = ProviderRequest(
                     run_id=self.run_id, agent_id=self.ctx.actor_id, task=SUMMARY_TASK, loop_index=int(step["loop"]),
                     history=entries, tools=(), slot=f"{self.run_id}:compact:{step['to_seq']}", tool_notes=(),
+                    instructions=self.instructions.prompt if self.instructions else "",
                 )
                 text = provider.parse(await provider.complete(request), ()).final_reply or ""
         except (ProviderError, PlanError) as exc:
@@ -465,13 +489,11 @@ class Lane:
         for action in batch:  # a read batch runs in plan order; see supervisor/runs/step_piggyback.py
             failpoints.hit("agent.before-effect")
             try:
-                ok, output, summary, error = await self.execute(action["action_id"], action["tool"], action["input"])
+                outcome = await self.execute(action["action_id"], action["tool"], action["input"])
             except ActionParked:
                 return  # the supervisor finishes this action (an answer); the run is parked
             failpoints.hit("agent.after-effect")
-            results.append(
-                {"action_id": action["action_id"], "ok": ok, "output": output, "summary": summary, "error": error}
-            )
+            results.append(outcome.finish_params(action["action_id"]))
         await self.finish(results)
 
     async def finish(self, results: list[dict[str, Any]]) -> None:
@@ -517,10 +539,9 @@ class Lane:
 
         async def one(action: dict[str, Any]) -> None:
             failpoints.hit("agent.before-effect")
-            ok, output, summary, error = await self.execute(action["action_id"], action["tool"], action["input"])
+            outcome = await self.execute(action["action_id"], action["tool"], action["input"])
             failpoints.hit("agent.after-effect")
-            result = {"action_id": action["action_id"], "ok": ok, "output": output, "summary": summary, "error": error}
-            await self.report("action.finish", result, piggyback=False)
+            await self.report("action.finish", outcome.finish_params(action["action_id"]), piggyback=False)
 
         async with trio.open_nursery() as nursery:
             for action in batch:
@@ -531,19 +552,15 @@ class Lane:
         Exists so that chaos can prove its checker fails; runs only when the broken
         build ``agent.effect-before-executing`` is armed (corral/core/failpoints.py)."""
         action_id = step["action_id"]
-        ok, output, summary, error = await self.execute(action_id, step["tool"], step["input"])
+        outcome = await self.execute(action_id, step["tool"], step["input"])
         begun = await self.ctx.call("action.begin", action_id=action_id)
         if begun["begin"] == Begin.EXECUTE:
-            await self.ctx.call(
-                "action.finish", action_id=action_id, ok=ok, output=output, summary=summary, error=error
-            )
+            await self.ctx.call("action.finish", **outcome.finish_params(action_id))
 
-    async def execute(
-        self, action_id: str, tool_name: str, tool_input: dict[str, Any]
-    ) -> tuple[bool, dict[str, Any], str, str | None]:
+    async def execute(self, action_id: str, tool_name: str, tool_input: dict[str, Any]) -> ToolOutcome:
         tool = self.tools.get(tool_name)
         if tool is None:
-            return False, {}, f"{tool_name} is not available here", f"tool {tool_name!r} is not available"
+            return ToolOutcome(False, {}, f"{tool_name} is not available here", f"tool {tool_name!r} is not available")
         context = ToolContext(
             agent_id=self.ctx.actor_id,
             run_id=self.run_id,
@@ -566,26 +583,29 @@ class Lane:
             result = checked_result(tool.schema.name, await tool.run(context, tool_input), self.budget)
         except ToolError as exc:
             message = recordable.text(str(exc))  # a user's exception text may not be valid Unicode
-            return False, {"error": message, "code": exc.code}, f"refused: {summarize(message, 120)}", message
+            if exc.code == RAISED:  # a crash is a crash: "raised", never a refusal's word
+                trace = recordable.text(exc.traceback) if exc.traceback else None
+                return ToolOutcome(False, {"error": message, "code": RAISED}, summarize(message, 120), message, trace)
+            return ToolOutcome(
+                False, {"error": message, "code": exc.code}, f"refused: {summarize(message, 120)}", message
+            )
         except RemoteError as exc:
-            return (
-                False,
-                {"error": exc.message, "code": exc.code},
-                f"refused: {summarize(exc.message, 120)}",
-                exc.message,
+            return ToolOutcome(
+                False, {"error": exc.message, "code": exc.code}, f"refused: {summarize(exc.message, 120)}", exc.message
             )
         except OSError as exc:
             reason = recordable.text(exc.strerror or str(exc))
-            return False, {"error": reason}, f"failed: {reason}", reason
+            return ToolOutcome(False, {"error": reason}, f"failed: {reason}", reason)
         except ActionParked:
             raise
         except Exception as exc:  # a tool's bug is a failed action, never a crashed agent
             message = recordable.text(f"{tool_name} raised {type(exc).__name__}: {summarize(str(exc), 300)}")
-            return False, {"error": message, "code": "tool-error"}, f"failed: {summarize(message, 120)}", message
+            trace = recordable.text(bounded_traceback("".join(traceback.format_exception(exc))))
+            return ToolOutcome(False, {"error": message, "code": RAISED}, summarize(message, 120), message, trace)
         finally:
             if self.inflight is not None:
                 self.inflight.remove(action_id)
-        return result.ok, result.output, result.summary, None if result.ok else result.summary
+        return ToolOutcome(result.ok, result.output, result.summary, None if result.ok else result.summary)
 
     async def step_finalize(self, step: FinalizeStep) -> None:
         if self.run.get("kind") != "root":

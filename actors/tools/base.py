@@ -18,9 +18,16 @@ class ActionParked(Exception):
 class ToolError(Exception):
     """A refused or failed tool call; the message is shown to the model and people."""
 
-    def __init__(self, message: str, code: str = "tool-error") -> None:
+    def __init__(self, message: str, code: str = "tool-error", traceback: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        #: The tool's own traceback, redacted and bounded (code ``raised``: it crashed).
+        self.traceback = traceback
+
+
+#: A ToolError's code when the tool itself raised (a bug or a crash), as opposed to
+#: a refusal (bad input, a policy) or a timeout: people read "raised", not "refused".
+RAISED = "raised"
 
 
 @dataclass
@@ -56,6 +63,27 @@ class ToolResult:
     output: dict[str, Any]
     #: One line for the receipt: no file contents, no secrets.
     summary: str
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """How one executed action ended, as the agent reports it (``action.finish``)."""
+
+    ok: bool
+    output: dict[str, Any]
+    summary: str
+    error: str | None
+    #: The tool's traceback (it raised), redacted and bounded; kept in the action's
+    #: record for people, not shown to the model (its output carries the message).
+    traceback: str | None = None
+
+    def finish_params(self, action_id: str) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "action_id": action_id, "ok": self.ok, "output": self.output, "summary": self.summary, "error": self.error,
+        }
+        if self.traceback is not None:
+            params["traceback"] = self.traceback
+        return params
 
 
 class Tool(Protocol):

@@ -13,7 +13,8 @@ docstring, and the effect class tells recovery what it may do after a crash:
   ``needs-reconciliation`` for a person.
 
 Arguments are validated before the action is prepared (bad ones never reach the
-function), an exception is a failed action carrying its redacted message, and
+function), an exception is a failed action ("raised") carrying its redacted
+message and the user's frames of its traceback, and
 ``timeout_s`` is enforced. A sync function runs in a worker thread; a timed-out sync
 function cannot be killed, so its thread is abandoned (the action fails) and
 finishes on its own: give blocking calls their own timeouts.
@@ -34,8 +35,9 @@ from typing import Any, Literal, TypeVar, cast
 
 from corral.actors import recordable
 from corral.actors.providers.base import ToolSchema
-from corral.actors.tools.base import ToolContext, ToolError, ToolResult
+from corral.actors.tools.base import RAISED, ToolContext, ToolError, ToolResult
 from corral.actors.tools.sidecar import ResultTooLarge, bounded, sidecar_path
+from corral.actors.tools.tool_traceback import user_traceback
 from corral.actors.tools.typed_schema import SignatureError, arguments_of, normal_form
 from corral.core.redact import summarize
 
@@ -96,7 +98,11 @@ class UserTool:
         except ToolError:
             raise
         except Exception as exc:  # the user's bug or refusal is a failed action, not a dead agent
-            raise ToolError(f"{self.schema.name} raised {type(exc).__name__}: {summarize(str(exc), 300)}") from None
+            raise ToolError(
+                f"{self.schema.name} raised {type(exc).__name__}: {summarize(str(exc), 300)}",
+                RAISED,
+                traceback=user_traceback(exc, self.func),
+            ) from None
         output = value if isinstance(value, dict) else {"result": value}
         try:
             # Before anything is written: a set, a datetime or a cycle is the tool's

@@ -115,6 +115,11 @@ def print_run(shown: dict[str, Any]) -> None:
         print_table(rows, ["ACTION", "LOOP", "TOOL", "PHASE", "POLICY"])
     for receipt in shown["receipts"]:
         print(f"  receipt {receipt['action_id']} {receipt['status']}: {receipt['result_summary']}")
+    for action in shown["actions"]:
+        if action.get("traceback"):  # a tool that raised: where, in the user's frames
+            print(f"  action {action['action_id']} ({action['tool']}) raised:")
+            for line in str(action["traceback"]).splitlines():
+                print(f"    {line}")
     intent = shown.get("intent") or {}
     if intent.get("status") == "bound":
         inherited = f", inherited from {intent['inherited_from']}" if intent.get("inherited_from") else ""

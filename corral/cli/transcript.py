@@ -111,6 +111,8 @@ def turn_lines(turn: dict[str, Any], *, full: bool = False) -> list[str]:
             outcome = call.get("outcome")
             if outcome is not None:
                 lines.append(f"      {outcome['phase']}: {outcome['summary']}  (action {outcome['action_id']})")
+                if outcome.get("traceback"):
+                    lines += [f"        {line}" for line in str(outcome["traceback"]).splitlines()]
     repair = turn.get("repair")
     if repair is not None:
         lines.append(f"  not a valid plan, repair ({repair.get('category')}): {cut(str(repair.get('detail', '')))}")

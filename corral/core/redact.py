@@ -345,3 +345,33 @@ def summarize(text: str, limit: int = 200) -> str:
     """A redacted, bounded one-line summary safe for receipts and events."""
     flat = " ".join(redact_text(text).split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+#: What one traceback may take in an action's record: the head line and the
+#: innermost frames (where it raised) are kept, the middle of a deep one is cut.
+TRACEBACK_MAX_CHARS = 6000
+#: One line of it (an exception's message may be megabytes on one line).
+TRACEBACK_LINE_MAX_CHARS = 600
+
+
+def bounded_traceback(text: str, limit: int = TRACEBACK_MAX_CHARS) -> str:
+    """A traceback as it may be recorded and shown: redacted as a whole (before
+    anything is cut, so no cut leaves half a secret unrecognised), each line cut to
+    ``TRACEBACK_LINE_MAX_CHARS`` and the whole to ``limit``: its first line and its
+    tail (the innermost frames and the exception) kept, one marker line between.
+    Unlike ``summarize``, line breaks stay."""
+    lines = [
+        line if len(line) <= TRACEBACK_LINE_MAX_CHARS else line[: TRACEBACK_LINE_MAX_CHARS - 1] + "…"
+        for line in redact_text(text).splitlines()
+    ]
+    if sum(len(line) + 1 for line in lines) <= limit:
+        return "\n".join(lines)
+    marker = "  … (frames cut: the traceback is longer than a record keeps) …"
+    kept: list[str] = []
+    room = limit - len(lines[0]) - len(marker) - 2
+    for line in reversed(lines[1:]):
+        if len(line) + 1 > room:
+            break
+        kept.append(line)
+        room -= len(line) + 1
+    return "\n".join([lines[0], marker, *reversed(kept)])

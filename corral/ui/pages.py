@@ -160,6 +160,12 @@ def run(shown: dict[str, Any]) -> str:
         action_timeline(shown.get("actions", [])),
         _table(("action", "loop", "tool", "phase", "policy", "attempts", "reason"), actions) if actions
         else "<p>No actions.</p>",
+        *(
+            f'<details class="traceback" open><summary>{escape(a["action_id"])} ({escape(a["tool"])}) raised'
+            f'</summary><pre>{escape(a["traceback"])}</pre></details>'
+            for a in shown.get("actions", [])
+            if a.get("traceback")
+        ),
         "<h3>Receipts</h3>",
         _table(("action", "tool", "status", "input", "result"), receipts) if receipts else "<p>None.</p>",
         "<h3>Provider turns</h3>",

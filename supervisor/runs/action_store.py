@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from corral.actors.tools.base import is_sealed
-from corral.core.redact import redact, redact_text, summarize
+from corral.core.redact import bounded_traceback, redact, redact_text, summarize
 from corral.mailbox.steps import Begin, Begun
 from corral.supervisor.errors import Conflict, NotFound
 from corral.supervisor.ledger.port import Ledger
@@ -237,7 +237,10 @@ def finish_action(
     error: str | None,
     *,
     current: Any = None,
+    traceback: str | None = None,
 ) -> None:
+    """``traceback``: the tool raised; its traceback (redacted and bounded here
+    again) is kept beside the output, for people, in the action's ``result``."""
     row = current if current is not None else get_action(ledger, the_id)
     phase = ActionPhase(row["phase"])
     if phase in ACTION_TERMINAL:
@@ -252,7 +255,10 @@ def finish_action(
             the_id,
             ActionPhase.OK if ok else ActionPhase.FAILED,
             current=row,
-            result=bounded_json({"output": output, "summary": summarize(summary, 300)}),
+            result=bounded_json(
+                {"output": output, "summary": summarize(summary, 300)}
+                | ({"traceback": bounded_traceback(traceback)} if traceback else {})
+            ),
             error=summarize(error, 300) if error else None,
         )
         write_receipt(ledger, the_id, current={**dict(row), **written})

@@ -66,6 +66,8 @@ class RunActorMethods(RunCore):
                 "home": str(self.home),
                 "allowed_tools": options.get("allowed_tools"),
                 "tool_globs": options.get("tool_globs"),
+                # The agent's own instructions (the text, and the file it reads again).
+                "instructions": options.get("instructions"),
                 # The ids a delegation or a spawn may name: offered to the model as
                 # enums, so even a small one cannot invent an agent.
                 "known_ids": {
@@ -352,6 +354,7 @@ class RunActorMethods(RunCore):
                 str(params.get("summary", "")),
                 params.get("error"),
                 current=action,
+                traceback=_traceback(params),
             )
         if action["raw_sha256"]:
             # Once terminal is committed, nothing will act on this raw input again.
@@ -380,3 +383,9 @@ class RunActorMethods(RunCore):
                 summarize(str(params.get("reason", "failed")), 300),
             )
         return {}
+
+
+def _traceback(params: dict[str, Any]) -> str | None:
+    """A finished action's traceback (its tool raised), if the agent sent one."""
+    value = params.get("traceback")
+    return value if isinstance(value, str) and value else None

@@ -40,6 +40,13 @@ class ShowElsewhere(Protocol):
         ...
 
 
+#: What ``show`` tells of each action (and its ``traceback``, when its tool raised).
+_ACTION_KEYS = (
+    "action_id", "loop_index", "action_index", "tool", "phase", "policy", "fingerprint", "attempts", "reason",
+    "error", "created_at", "executing_at", "finished_at",
+)
+
+
 def show_record(ledger: Ledger, run: Any) -> dict[str, Any]:
     """What ``show`` tells of a run (its row ``run``) from ``ledger`` alone: its
     actions, receipts, provider requests and final reply, without the features'
@@ -48,24 +55,7 @@ def show_record(ledger: Ledger, run: Any) -> dict[str, Any]:
     data = {k: run[k] for k in run.keys() if k not in ("provider_config", "options")}  # noqa: SIM118 - sqlite3.Row is not a dict
     data["repairs"] = json.loads(run["repairs"])
     actions = [
-        {
-            k: row[k]
-            for k in (
-                "action_id",
-                "loop_index",
-                "action_index",
-                "tool",
-                "phase",
-                "policy",
-                "fingerprint",
-                "attempts",
-                "reason",
-                "error",
-                "created_at",
-                "executing_at",
-                "finished_at",
-            )
-        }
+        {**{k: row[k] for k in _ACTION_KEYS}, "traceback": _traceback_of(row["result"])}
         for row in ledger.all("SELECT * FROM actions WHERE run_id = ? ORDER BY loop_index, action_index", run_id)
     ]
     receipts = [dict(row) for row in ledger.all("SELECT * FROM receipts WHERE run_id = ? ORDER BY receipt_id", run_id)]
@@ -83,6 +73,15 @@ def show_record(ledger: Ledger, run: Any) -> dict[str, Any]:
         "final_reply": reply["text"] if reply else None,
         "finalization": final["phase"] if final else None,
     }
+
+
+def _traceback_of(result: str | None) -> str | None:
+    """The traceback an action's tool raised with, as its record keeps it (or None)."""
+    if not result:
+        return None
+    value = json.loads(result)
+    trace = value.get("traceback") if isinstance(value, dict) else None
+    return trace if isinstance(trace, str) else None
 
 
 def recent_runs(ledger: Ledger) -> list[dict[str, Any]]:

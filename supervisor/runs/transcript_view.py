@@ -199,6 +199,7 @@ def _outcomes(ledger: Ledger, run_id: str) -> dict[int, dict[int, dict[str, Any]
             "action_id": row["action_id"],
             "phase": row["phase"],
             "summary": result.get("summary") or row["error"] or row["reason"] or "",
+            "traceback": result.get("traceback"),
         }
     return found
 

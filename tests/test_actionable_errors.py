@@ -1,0 +1,107 @@
+"""Errors a person can act on (issue 49, section 4): a raising tool keeps its
+traceback (redacted, bounded, the user's frames) and reads "raised", never
+"refused"; unknown tool names in scripts are caught at load with did-you-mean; a
+missing or refused API key names its variable; ``corral run --wait`` without a
+terminal says what it waits for; refused work is no evidence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.harness import cli, running, wait_run
+
+RAISING_TOOLS = '''
+import corral
+
+
+def _read_settings(path):
+    with open(path) as handle:  # the user's own frame, where the error comes from
+        return handle.read()
+
+
+def _call_api(depth):
+    if depth:
+        return _call_api(depth - 1)
+    raise RuntimeError("the api said 503 token=hunter2hunter2 " + "x" * 200_000)
+
+
+@corral.tool(name="cfg.load", effect="read")
+def load(ctx: corral.ToolContext, path: str) -> str:
+    """Read a settings file."""
+    return _read_settings(path)
+
+
+@corral.tool(name="api.call", effect="read")
+def call(ctx: corral.ToolContext, depth: int) -> str:
+    """Call the API."""
+    return _call_api(depth)
+'''
+
+RAISING_SPEC = """
+[project]
+root = "ws"
+[tools]
+modules = ["./raising_tools.py"]
+[[agents]]
+id = "writer"
+tools = ["cfg.*", "api.*"]
+[[agents.steps]]
+actions = [{ tool = "cfg.load", input = { path = "/nonexistent/settings.toml" } }]
+[[agents.steps]]
+actions = [{ tool = "api.call", input = { depth = 400 } }]
+[[agents.steps]]
+final = "done"
+"""
+
+
+@pytest.fixture
+def raising(short_tmp: Path) -> Path:
+    (short_tmp / "ws").mkdir()
+    (short_tmp / "raising_tools.py").write_text(RAISING_TOOLS)
+    return short_tmp
+
+
+def test_a_raising_tool_keeps_its_traceback_and_reads_raised_not_refused(raising: Path) -> None:
+    spec = raising / "home-spec.toml"
+    with running(raising / "home", RAISING_SPEC) as daemon:
+        assert daemon.spec == spec
+        run_id = daemon.call("run", agent_id="writer", task="load")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert [a["phase"] for a in shown["actions"]] == ["failed", "failed"]
+        missing, deep = shown["actions"]
+        # The user's frames, from their tool down to where it raised; none of corral's or trio's.
+        trace = missing["traceback"]
+        assert trace.startswith("Traceback (most recent call last):"), trace
+        assert "raising_tools.py" in trace and "_read_settings" in trace and "in load" in trace
+        assert "FileNotFoundError" in trace and "/nonexistent/settings.toml" in trace
+        assert "declare.py" not in trace and "trio" not in trace
+        # Redacted (the secret is in the message and in the source line) and bounded
+        # (400 frames and a 200 KB message).
+        deep_trace = deep["traceback"]
+        assert "_call_api" in deep_trace and "RuntimeError" in deep_trace
+        assert "hunter2hunter2" not in deep_trace and len(deep_trace) <= 8000
+        assert "hunter2hunter2" not in json.dumps(shown)
+        # A crash reads as one: "raised", never "refused" (a policy's word).
+        for receipt in shown["receipts"]:
+            assert "raised" in receipt["result_summary"] and "refused" not in receipt["result_summary"]
+        for action in shown["actions"]:
+            assert "refused" not in (action["error"] or "")
+
+        text = cli(daemon.home, "show", run_id)
+        assert text.returncode == 0, text.stderr
+        assert "_read_settings" in text.stdout and "Traceback" in text.stdout
+        assert "refused" not in text.stdout
+        as_json = json.loads(cli(daemon.home, "show", run_id, "--json").stdout)
+        assert as_json["actions"][0]["traceback"] == trace
+        transcript = cli(daemon.home, "transcript", run_id)
+        assert transcript.returncode == 0, transcript.stderr
+        assert "_read_settings" in transcript.stdout and "refused" not in transcript.stdout
+        assert "hunter2hunter2" not in transcript.stdout + text.stdout
+
+        from corral.ui import pages
+
+        page = pages.run(shown)
+        assert "_read_settings" in page and "hunter2hunter2" not in page
