@@ -6,8 +6,9 @@ reports the server's tool catalog and instructions to the supervisor
 no durable state: the action lifecycle around every call lives in the ledger.
 
 A stdio server is this actor's child and dies with it: the SDK stops it on a clean
-exit, and ``setpriv --pdeathsig KILL`` (or a tiny prctl shim) kills it when the
-actor itself is SIGKILLed. A session that breaks (the server crashed, the
+exit, and a watcher its launcher forks kills it when the actor itself is
+SIGKILLed (actors/mcp_launch.py). What the server started ends with it too
+(actors/mcp_tree.py). A session that breaks (the server crashed, the
 connection dropped) ends the actor with a non-zero code, so the supervisor
 restarts it per its policy and counts it against the restart intensity.
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -28,6 +28,7 @@ from typing import Any
 import trio
 
 from corral.actors import recordable
+from corral.actors.mcp_tree import TAG_VAR, ServerTree, tree_tag
 from corral.actors.runtime import ActorContext, report_best_effort, serve_requests
 from corral.actors.tools.sidecar import ResultTooLarge, bounded
 from corral.core import failpoints
@@ -35,6 +36,11 @@ from corral.core.redact import redact_text, register_secret, summarize
 from corral.mailbox.envelope import Envelope
 
 log = logging.getLogger("corral.mcp")
+
+#: The launcher every stdio server is started through.
+LAUNCHER = Path(__file__).with_name("mcp_launch.py")
+#: How often the zombies of workers the server's tree orphaned are reaped.
+REAP_INTERVAL_S = 5.0
 
 EXIT_SESSION_BROKEN = 3
 EXIT_START_FAILED = 4
@@ -59,27 +65,22 @@ def expand_env(template: str, environ: dict[str, str] | os._Environ[str]) -> str
     return _VAR.sub(sub, template)
 
 
-def _deathsig_prefix() -> list[str]:
-    """A prefix that makes the server die with this actor, even on SIGKILL."""
-    setpriv = shutil.which("setpriv")
-    if setpriv:
-        return [setpriv, "--pdeathsig", "KILL", "--"]
-    shim = "import os, sys, prctl; prctl.set_pdeathsig(9); os.execvp(sys.argv[1], sys.argv[1:])"
-    return [sys.executable, "-c", shim]
-
-
 def server_argv(command: list[str]) -> list[str]:
-    """``python``/``python3`` mean the interpreter corral runs on (where the user's
-    MCP packages are installed), not whatever PATH finds first."""
+    """The server's command behind the launcher that ends it with this actor
+    (actors/mcp_launch.py, run isolated). ``python``/``python3`` mean the
+    interpreter corral runs on (where the user's MCP packages are installed),
+    not whatever PATH finds first; any other program is run by the name the spec
+    wrote (a venv's ``bin/python`` must stay the link it is)."""
     program, *args = command
     if program in ("python", "python3"):
         program = sys.executable
-    return [*_deathsig_prefix(), program, *args]
+    return [sys.executable, "-I", "-S", str(LAUNCHER), str(os.getpid()), program, *args]
 
 
 @asynccontextmanager
-async def open_session(server: dict[str, Any]) -> AsyncIterator[Any]:
-    """The initialized ``ClientSession`` of one server spec (stdio or HTTP)."""
+async def open_session(server: dict[str, Any], tree: ServerTree | None = None) -> AsyncIterator[Any]:
+    """The ``ClientSession`` of one server spec (stdio or HTTP); a stdio server's
+    process tree held by ``tree``, if given."""
     from mcp import ClientSession
 
     async with AsyncExitStack() as stack:
@@ -97,9 +98,17 @@ async def open_session(server: dict[str, Any]) -> AsyncIterator[Any]:
 
             argv = server_argv(list(server["command"]))
             env = {name: expand_env(value, os.environ) for name, value in server.get("env", {}).items()}
+            if tree is not None:
+                env[TAG_VAR] = tree.tag
             params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=server.get("cwd"))
             errlog = await stack.enter_async_context(_server_log(server.get("log")))
+            if tree is not None:
+                # Entered before the SDK's client, so left after it has stopped the
+                # server: then whatever the server started is ended too.
+                await stack.enter_async_context(tree.held())
             read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
+            if tree is not None:
+                tree.note_server()
         session = await stack.enter_async_context(ClientSession(read, write))
         yield session
 
@@ -184,6 +193,7 @@ async def run(ctx: ActorContext) -> int:
     server_id = str(server["id"])
     log_path = Path(ctx.config["home"]) / "logs" / f"mcp-{server_id}.server.log"
     server["log"] = str(log_path)
+    server["home"] = str(ctx.config["home"])
     # This incarnation's stderr starts here: a failure shows its own lines only.
     log_start = _size(log_path)
     startup_timeout = float(server.get("startup_timeout_s", 20.0))
@@ -268,10 +278,14 @@ def _first_cause(exc: BaseException) -> BaseException:
 
 
 async def _hold_session(server: dict[str, Any], task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    async with open_session(server) as session:
+    tree = ServerTree(tree_tag(server["home"], server["id"])) if server.get("command") else None
+    async with open_session(server, tree) as session:
         await session.initialize()
         task_status.started(session)
-        await trio.sleep_forever()
+        while True:
+            await trio.sleep(REAP_INTERVAL_S)
+            if tree is not None:
+                tree.reap_orphans()
 
 
 class _InFlight:

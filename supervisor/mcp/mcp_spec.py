@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 from pydantic import Field, StrictFloat, StrictInt, StrictStr, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from corral.supervisor.spec.spec_base import SECTION, Reader, SpecError, problem, spec_path
+from corral.supervisor.spec.spec_base import SECTION, Reader, SpecError, problem, spec_path, spec_program
 from corral.supervisor.tree.restart_policy import RestartType
 
 EFFECTS = ("read", "idempotent", "external")
@@ -195,17 +195,19 @@ def resolve_servers(servers: list[McpServerSpec], base: Path) -> tuple[McpServer
 
 def _program(where: str, program: str, base: Path) -> str:
     """A bare name stays a name (PATH finds it when the server starts); a path is
-    the spec's, checked now, so a typo stops ``corral up`` instead of every start."""
+    the spec's, checked now where it points, so a typo stops ``corral up`` instead
+    of every start. It is run by the path written, made absolute (a venv's python
+    is a symlink that finds its venv through its own name)."""
     if "/" not in program and not program.startswith("~"):
         return program
-    path = spec_path(base, program)
+    written, path = spec_program(base, program)
     relative = "" if Path(program).expanduser().is_absolute() else f" (relative to the spec's directory {base})"
     if not path.is_file():
         raise SpecError(f"{where}.command: no program {program!r} at {path}{relative}")
     if not os.access(path, os.X_OK):
         raise SpecError(f"{where}.command: {path} is not executable; `chmod +x` it, or start it with an"
                         f" interpreter (command = [\"python\", {json.dumps(program)}])")
-    return str(path)
+    return str(written)
 
 
 def split_tool_name(name: str) -> tuple[str, str] | None:

@@ -75,6 +75,16 @@ def spec_path(base: Path, value: str) -> Path:
     return (base / Path(value).expanduser()).resolve()
 
 
+def spec_program(base: Path, value: str) -> tuple[Path, Path]:
+    """A program path written in a spec: ``(to_run, to_judge)``. It is judged like
+    every path, where it points (:func:`spec_path`), but run by the name written
+    (made absolute against ``base``): a program may depend on that name. A venv's
+    ``bin/python`` is a symlink to the base interpreter and finds its venv only
+    when started through the link."""
+    written = base / Path(value).expanduser()
+    return written, written.resolve()
+
+
 def did_you_mean(key: str, known: list[str]) -> str:
     close = difflib.get_close_matches(key, known, n=1)
     return f"; did you mean {close[0]!r}?" if close else ""

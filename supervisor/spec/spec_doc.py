@@ -58,7 +58,9 @@ spec file (for a spec given as data, the current directory): `[project] root`,
 server's program and `cwd` (a stdio server runs in the spec's directory unless
 `cwd` says otherwise, so relative paths among its arguments mean the same). `~`
 is expanded, and a path is judged where it points: normalised, symlinks resolved.
-A program named without a `/` (`python`, `uvx`) is looked up on PATH. Only the
+A program path is then run by the name written, made absolute (a venv's
+`bin/python` is a symlink that finds its venv only through its own name). A
+program named without a `/` (`python`, `uvx`) is looked up on PATH. Only the
 places agents work are relative to something else: an agent's `workspace` lies
 inside the project root, and its `write_scopes` inside that workspace.
 
