@@ -105,3 +105,56 @@ def test_a_raising_tool_keeps_its_traceback_and_reads_raised_not_refused(raising
 
         page = pages.run(shown)
         assert "_read_settings" in page and "hunter2hunter2" not in page
+
+
+# --- unknown tool names in scripts: at load, with did-you-mean -------------------------
+
+def _scripted_spec(steps: str, tools: str = '["fs.*"]') -> str:
+    return f"""
+[project]
+root = "ws"
+[[agents]]
+id = "writer"
+tools = {tools}
+{steps}
+"""
+
+
+def test_a_spec_step_naming_an_unknown_tool_stops_corral_up_with_did_you_mean(short_tmp: Path) -> None:
+    (short_tmp / "ws").mkdir()
+    spec = short_tmp / "swarm.toml"
+    spec.write_text(_scripted_spec(
+        '[[agents.steps]]\nactions = [{ tool = "fs.list", input = {} }, { tool = "fs.wirte", input = {} }]\n'
+        '[[agents.steps]]\nfinal = "done"\n'
+    ))
+    result = cli(short_tmp / "home", "up", "--spec", str(spec))
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "agents[0].steps[0].actions[1].tool: no tool 'fs.wirte'; did you mean 'fs.write'?" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (short_tmp / "home" / "endpoint.json").exists()
+    # A script file is checked the same way, and a known tool the agent is not given
+    # (it would be "unknown" to this agent at run time) is named as such.
+    (short_tmp / "script.toml").write_text('[[steps]]\nactions = [{ tool = "command.exec", input = {} }]\n')
+    spec.write_text(_scripted_spec('script = "script.toml"'))
+    result = cli(short_tmp / "home", "up", "--spec", str(spec))
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert ("agents[0].script: steps[0].actions[0].tool: 'command.exec' is not one of this agent's tools"
+            in result.stderr)
+
+
+def test_run_script_naming_an_unknown_tool_is_refused_with_did_you_mean(short_tmp: Path) -> None:
+    (short_tmp / "ws").mkdir()
+    good = '[[agents.steps]]\nfinal = "done"\n'
+    with running(short_tmp / "home", _scripted_spec(good)) as daemon:
+        script = short_tmp / "bad.toml"
+        script.write_text('[[steps]]\nactions = [{ tool = "fs.raed", input = { path = "a" } }]\n'
+                          '[[steps]]\nfinal = "x"\n')
+        result = cli(daemon.home, "run", "--agent", "writer", "--task", "t", "--script", str(script))
+        assert result.returncode != 0, result.stdout
+        assert "steps[0].actions[0].tool: no tool 'fs.raed'; did you mean 'fs.read'?" in result.stderr
+        assert daemon.call("runs")["runs"] == []  # nothing started
+        # A placeholder or a declared MCP server's tool is judged at run time, as before.
+        script.write_text('[[steps]]\nactions = [{ tool = "fs.read", input = { path = "a" } }]\n'
+                          '[[steps]]\nfinal = "x"\n')
+        ok = cli(daemon.home, "run", "--agent", "writer", "--task", "t", "--script", str(script))
+        assert ok.returncode == 0, ok.stderr

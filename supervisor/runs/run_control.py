@@ -36,6 +36,7 @@ class RunControlMethods(RunCore):
                 parsed = parse_script_text(script, ".json" if script.lstrip().startswith("{") else ".toml")
             except ScriptError as exc:
                 raise BadRequest(str(exc)) from None
+            self.check_script_tools(agent, parsed)
             provider, provider_config = "scripted", {"script": parsed}
         run_id = params.get("run_id")
         if run_id is not None:
@@ -69,6 +70,18 @@ class RunControlMethods(RunCore):
         failpoints.hit("run.after-create")  # the reply is lost: a client retry must find this run
         await self.wake(agent.id)
         return {"run_id": run_id}
+
+    def check_script_tools(self, agent: AgentSpec, script: dict[str, Any]) -> None:
+        """A run's script calls only tools its agent has, as a spec's steps must
+        (supervisor/spec/script_tools.py): a misspelled name is refused now, with a
+        did-you-mean, and no run starts."""
+        from corral.actors.tools.registry import all_tools
+        from corral.supervisor.spec.script_tools import script_problem
+
+        mcp_ids = {server.id for server in self.spec.mcp_servers}
+        problem = script_problem(script, agent.tools, all_tools(self.spec.user_tools), mcp_ids)
+        if problem is not None:
+            raise BadRequest(f"script: {problem}")
 
     def bind_intent(self, intent: Any) -> dict[str, Any]:
         """The run's intent binding, kept with its options (bound, or unbound and why)."""

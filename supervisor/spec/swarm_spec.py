@@ -129,8 +129,11 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     """``data`` (a spec's TOML, as a dict) as the supervisor runs it; ``source`` is the
     file it came from, which relative paths in it are relative to."""
     from corral.supervisor.spec import spec_resolve  # pydantic and the sections, once a spec is parsed
+    from corral.supervisor.spec.script_tools import check_spec_scripts
 
-    return spec_resolve.parse(data, source)
+    spec = spec_resolve.parse(data, source)
+    check_spec_scripts(spec)  # once the whole catalog is known (user tools, MCP servers)
+    return spec
 
 
 def provider_env(provider: str, config: dict[str, Any]) -> tuple[str, ...]:
