@@ -262,8 +262,9 @@ def test_an_adoption_retires_when_its_runs_are_over_and_the_node_takes_its_parti
     kinds = [row["kind"] for row in ledger_rows(adopted.home, "SELECT kind FROM events ORDER BY cursor")]
     assert "partition-retired" in kinds
     a.env.pop("CORRAL_FAILPOINTS")
-    wait_for("the retired lease to run out", lambda: any(
-        row["name"] == "node-a" and row["lease_left_s"] < 0 for row in b.status()["cluster"]["partitions"]))
+    # Retired, the partition is not left to nobody: node b keeps it, dormant, and
+    # lets it go to node a when a asks for it back.
+    wait_for("node b to keep the retired partition", lambda: "node-a" in b.status()["cluster"]["dormant"])
     _up(a, "node-a")
     assert a.status()["cluster"]["partition"] == "node-a", "its own partition, back"
     held = {row["name"]: row for row in a.status()["cluster"]["partitions"]}["node-a"]

@@ -65,7 +65,8 @@ def acquire_own(
     holds it, this node asks for it (``wanted_by``) and waits up to
     ``handback_wait_s`` for the adopter to hand it back, which it does once the
     partition holds no unfinished run; one that still has runs to finish stays
-    with its adopter, and this node writes its new runs to a new generation.
+    with its adopter, and this node writes its new runs to a new generation, and
+    takes the old partition over (dormant) once its adopter hands it back.
     """
     names = ([last] if last else []) + [node_id] + [f"{node_id}-{n}" for n in range(2, MAX_GENERATIONS + 1)]
     for name in dict.fromkeys(names):
@@ -103,12 +104,17 @@ def _ask_back(
     conn: Any, name: str, node_id: str, spec_path: str | None, lease_s: float, wait_s: float
 ) -> Hold | None:
     """Ask the adopter of this node's partition to hand it back, and take it once
-    it did; None if it still has runs to finish (or did not answer in ``wait_s``)."""
+    it did; None if it still has runs to finish (or did not answer in ``wait_s``).
+    The request stays: the adopter hands the partition over once its runs are
+    over, and this node takes it then (supervisor/cluster/custody.py), so it is
+    never left to nobody."""
     row = conn.execute(f"SELECT schema_name FROM {_C}.partitions WHERE name = %s", (name,)).fetchone()
-    if row is None or has_unfinished_runs(conn, str(row[0])):
-        return None  # its adopter is serving runs: it keeps them
+    if row is None:
+        return None
     conn.execute(f"UPDATE {_C}.partitions SET wanted_by = %s WHERE name = %s AND holder <> %s",
                  (node_id, name, node_id))
+    if has_unfinished_runs(conn, str(row[0])):
+        return None  # its adopter is serving runs: it keeps them until they are over
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         hold = _take(conn, name, node_id, spec_path, lease_s)
@@ -118,7 +124,6 @@ def _ask_back(
         conn.execute(f"UPDATE {_C}.nodes SET lease_until = clock_timestamp() + make_interval(secs => %s)"
                      " WHERE node_id = %s", (lease_s, node_id))
         time.sleep(HANDBACK_POLL_S)
-    conn.execute(f"UPDATE {_C}.partitions SET wanted_by = NULL WHERE name = %s AND wanted_by = %s", (name, node_id))
     return None
 
 

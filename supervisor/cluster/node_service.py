@@ -36,6 +36,7 @@ import trio
 
 from corral.core import failpoints
 from corral.supervisor.cluster import cluster_tables as cluster
+from corral.supervisor.cluster import custody, forwarding
 from corral.supervisor.errors import StorageFull
 from corral.supervisor.ledger.ledger_link import Wakeup, connection_lost, keep_connected
 from corral.supervisor.ledger.ledger_pg import PostgresLedger
@@ -91,6 +92,11 @@ class NodeState:
     #: No adoption before this (monotonic): after this node lost the database, the
     #: nodes that lost it too get a lease to renew theirs before anyone takes them over.
     adopt_after: float = 0.0
+    #: Partitions this node owns with no supervisor (their runs are over): name to
+    #: the epoch it holds each at; the primary renews their leases (custody.py).
+    dormant: dict[str, int] = field(default_factory=dict)
+    #: The epoch each adoption supervisor of this node holds its partition at.
+    adopted_epochs: dict[str, int] = field(default_factory=dict)
 
     @property
     def primary(self) -> bool:
@@ -139,6 +145,10 @@ def install(sup: Supervisor) -> None:
     else:
         ledger.event("partition-adopted", hold.partition, node=state.placement.node, epoch=hold.epoch, pid=sup.pid)
     sup.status_sections["cluster"] = lambda: _status(state, ledger)
+    if state.placement.url is not None:
+        # `reconcile` of another partition's action goes to its holder (forwarding.py).
+        sup.hooks.reconcile_elsewhere = forwarding.Forwarder(
+            state.placement.url, state.placement.node, hold.partition).reconcile
     sup.background.append(lambda: _lease_loop(sup, state))
     sup.background.append(lambda: keep_connected(ledger, lost))
     sup.shutdown_hooks.append(lambda: _leave(state))
@@ -195,6 +205,7 @@ def _status(state: NodeState, ledger: PostgresLedger) -> dict[str, Any]:
         "epoch": state.hold.epoch,
         "ledger": redact_url(state.placement.url or ""),
         "adopting": sorted(state.adopted),
+        "dormant": sorted(state.dormant),
         "reachable": not degraded,
         "degraded": "; ".join(degraded),
         "adoption_refused": [refusal.as_dict() for refusal in state.refused.values()],
@@ -253,6 +264,10 @@ class Tick:
     changes: list[Change] = field(default_factory=list)
     #: The node an adopted partition is handed back to ("": none).
     hand_back: str = ""
+    #: Calls other nodes left for this partition, taken (forwarding.py).
+    requests: list[forwarding.Request] = field(default_factory=list)
+    #: Partitions this node owns that hold unfinished runs again: to be served.
+    serve: list[cluster.Hold] = field(default_factory=list)
 
 
 async def _lease_loop(sup: Supervisor, state: NodeState) -> None:
@@ -274,6 +289,7 @@ async def _lease_loop(sup: Supervisor, state: NodeState) -> None:
             state.cluster_lost_since = None
         if not tick.renewed:
             ledger.fence(f"the lease on partition {state.hold.partition} was taken over")
+        await _serve_requests(sup, state, tick.requests)
         if tick.hand_back:
             # Its own node is back and the partition holds no unfinished run:
             # stop, and give the lease up on the way out, so that node takes it.
@@ -282,10 +298,10 @@ async def _lease_loop(sup: Supervisor, state: NodeState) -> None:
             sup.request_stop(f"adopted partition {state.hold.partition} handed back to node {tick.hand_back}")
             return
         if _retiring(state):
-            # Its runs are over: stop, and give the lease up, so that the node it
-            # came from can take its partition back.
+            # Its runs are over: stop, keeping the lease: the node that started this
+            # supervisor keeps the partition dormant (custody.py), and hands it to the
+            # node it came from when that one asks.
             _record(sup, [("partition-retired", state.hold.partition, {"node": state.placement.node})])
-            ledger.release_on_close = True
             sup.request_stop(f"adopted partition {state.hold.partition} has no unfinished run")
             return
         _record(sup, tick.changes)
@@ -298,6 +314,8 @@ async def _lease_loop(sup: Supervisor, state: NodeState) -> None:
                 break
             if hold is not None:
                 _start_adopted(sup, state, hold)
+        for hold in tick.serve:
+            _start_adopted(sup, state, hold)
 
 
 def _record(sup: Supervisor, changes: list[Change]) -> None:
@@ -324,12 +342,16 @@ def _tick(state: NodeState, ledger: PostgresLedger) -> Tick:
         if not cluster.renew(conn, state.hold, placement.node, placement.lease_s):
             return Tick(False)
         ledger.lease_renewed(sent)
+        requests = forwarding.take_requests(conn, state.hold.partition, placement.node)
         if not state.primary:
             busy = cluster.has_unfinished_runs(conn, schema_of(state.hold.partition))
             state.idle_since = None if busy else (state.idle_since or time.monotonic())
             wanted = None if busy else cluster.wanted_back(conn, state.hold.partition)
-            return Tick(True, hand_back=wanted or "")
+            return Tick(True, hand_back=wanted or "", requests=requests)
         cluster.heartbeat_node(conn, placement.node, str(state.home), os.getpid(), placement.lease_s)
+        idle_after = state.adopt_after + custody.IDLE_GRACE_LEASES * placement.lease_s
+        tended = custody.tend(conn, placement.node, placement.lease_s, state.dormant, _serving(state),
+                              time.monotonic() >= idle_after)
         view = cluster.view(conn)
         free, refused = cluster.adoptable(conn, placement.lease_s)
     except PostgresUnavailable:
@@ -339,14 +361,33 @@ def _tick(state: NodeState, ledger: PostgresLedger) -> Tick:
             raise
         raise PostgresUnavailable(str(exc)) from None
     state.last_view = view
-    changes = _changes(state, view) + _refusals(state, refused)
+    changes = _changes(state, view) + _refusals(state, refused) + tended.changes
     now = time.monotonic()
     expired = [
         name
         for name in free
         if name != state.hold.partition and name not in state.adopted and state.retry_after.get(name, 0) <= now
     ] if now >= state.adopt_after else []
-    return Tick(True, expired, changes)
+    return Tick(True, expired, changes, requests=requests, serve=tended.serve)
+
+def _serving(state: NodeState) -> set[str]:
+    """Partitions this node serves with a supervisor, or will again after a failure
+    (custody leaves them alone)."""
+    now = time.monotonic()
+    return {state.hold.partition, *state.adopted, *(name for name, at in state.retry_after.items() if at > now)}
+
+
+async def _serve_requests(sup: Supervisor, state: NodeState, requests: list[forwarding.Request]) -> None:
+    """Calls other nodes left for this partition: run here, answered once durable."""
+    for request in requests:
+        reply = await forwarding.serve(request, sup.runs.reconcile, sup.group_commit.barrier)
+        log.info("answered a %s from node %s: %s", request.call, request.asked_by,
+                 "refused" if "error" in reply else "done")
+        try:
+            await trio.to_thread.run_sync(forwarding.answer, state.conn, request.id, reply)
+        except Exception as exc:  # the asker says the outcome is unknown; `show` tells it
+            _cluster_failed(state, exc)
+
 
 
 def _refusals(state: NodeState, refused: list[cluster.Refusal]) -> list[Change]:
@@ -407,6 +448,9 @@ def _start_adopted(sup: Supervisor, state: NodeState, hold: cluster.Hold) -> Non
     if spec_path:
         argv += ["--spec", spec_path]
     (sup.home / "logs").mkdir(mode=0o700, exist_ok=True)
+    # Its home is its working directory (below): made before it starts.
+    (sup.home / ADOPTED_DIR).mkdir(mode=0o700, exist_ok=True)
+    home.mkdir(mode=0o700, exist_ok=True)
     # A fresh supervisor: not the failpoints a test armed in this node's own process.
     env = {k: v for k, v in os.environ.items() if k not in (failpoints.ENV_VAR, failpoints.MARKER_DIR_ENV)}
     env[URL_ENV] = state.placement.url or ""
@@ -416,6 +460,7 @@ def _start_adopted(sup: Supervisor, state: NodeState, hold: cluster.Hold) -> Non
             preexec_fn=lambda: prctl.set_pdeathsig(signal.SIGKILL),
         )
     state.adopted[hold.partition] = process
+    state.adopted_epochs[hold.partition] = hold.epoch
     log.warning("adopted partition %s (epoch %d): supervisor pid %d", hold.partition, hold.epoch, process.pid)
     _record(sup, [("partition-adopting", hold.partition, {"epoch": hold.epoch, "pid": process.pid})])
 
@@ -427,7 +472,12 @@ def _reap(state: NodeState) -> None:
             continue
         del state.adopted[name]
         state.retry_after[name] = time.monotonic() + ADOPT_RETRY_S
+        epoch = state.adopted_epochs.pop(name, None)
         if code == 0:
+            # Retired, it kept its lease: this node keeps the partition dormant. One
+            # it let go (handed back, given up) custody forgets (custody.py).
+            if epoch is not None:
+                state.dormant[name] = epoch
             log.info("adopted partition %s stopped: its runs are over, or it was handed back", name)
         else:
             log.error("the supervisor of adopted partition %s exited (%s)", name, code)

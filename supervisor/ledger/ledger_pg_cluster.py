@@ -67,6 +67,26 @@ DO $wanted$ BEGIN
     END IF;
 END $wanted$
 """,
+    # A call for a partition made on another node (``corral reconcile`` there): the
+    # partition's holder takes it, runs it on its own fenced ledger, and answers
+    # (supervisor/cluster/forwarding.py). Only the holder writes a partition.
+    f"""
+CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.requests (
+    id           BIGSERIAL PRIMARY KEY,
+    partition    TEXT NOT NULL,
+    call         TEXT NOT NULL,
+    params       JSONB NOT NULL,
+    asked_by     TEXT NOT NULL,
+    asked_at     TIMESTAMPTZ NOT NULL,
+    taken_by     TEXT,
+    taken_at     TIMESTAMPTZ,
+    answer       JSONB,
+    answered_at  TIMESTAMPTZ
+)
+""",
+    f"""
+CREATE INDEX IF NOT EXISTS requests_open ON {CLUSTER_SCHEMA}.requests (partition) WHERE taken_by IS NULL
+""",
     f"""
 CREATE OR REPLACE FUNCTION {CLUSTER_SCHEMA}.fence(wanted TEXT, mine BIGINT) RETURNS void AS $fence$
 DECLARE

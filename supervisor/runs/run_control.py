@@ -124,6 +124,11 @@ class RunControlMethods(RunCore):
 
     async def reconcile(self, params: dict[str, Any]) -> dict[str, Any]:
         target = _str(params, "action_id", limit=300)
+        if self.hooks.reconcile_elsewhere is not None:
+            # A cluster node: an id of another partition is reconciled by its holder.
+            forwarded = await self.hooks.reconcile_elsewhere(params)
+            if forwarded is not None:
+                return forwarded
         for prefix, reconcile_other in self.hooks.reconcilers.items():
             if target.startswith(prefix):
                 return await reconcile_other(params)  # e.g. a process session (proc-…)

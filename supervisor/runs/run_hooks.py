@@ -64,6 +64,9 @@ ClaimHook = Callable[[dict[str, Any]], Awaitable[None]]
 FinalizeHold = Callable[[Any], Awaitable[None]]
 #: ``reconcile`` of a target that is not an action or a provider request (``proc-…``).
 Reconciler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+#: ``reconcile`` of an id another partition of the cluster holds: its holder's
+#: answer; None: the id is this ledger's to handle (supervisor/cluster/forwarding.py).
+ElsewhereReconciler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
 #: After a person's decision on an action (``continue_action``): (params).
 DecisionHook = Callable[[dict[str, Any]], None]
 #: One more step of recovery at boot, after the run layer's own.
@@ -107,6 +110,8 @@ class RunHooks:
     prepare_routes: list[PrepareRoute] = field(default_factory=list)
     on_claim: list[ClaimHook] = field(default_factory=list)
     reconcilers: dict[str, Reconciler] = field(default_factory=dict)
+    #: Set on a cluster node: where ``reconcile`` goes for another partition's id.
+    reconcile_elsewhere: ElsewhereReconciler | None = None
     on_decision: list[DecisionHook] = field(default_factory=list)
     recovery_steps: list[RecoveryStep] = field(default_factory=list)
     show_sections: dict[str, ShowSection] = field(default_factory=dict)
