@@ -11,6 +11,7 @@ import os
 import select
 import subprocess
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -69,10 +70,14 @@ def start_supervisor(
     ``checked``: ``spec`` is not parsed here: the caller has just loaded it
     (``corral up``), or leaves it to the supervisor, which parses it anyway and
     reports a bad one on its ready pipe (a ``SupervisorStartError``)."""
-    if spec is not None and not checked:
-        load_spec(spec)  # before the home: a bad spec leaves nothing behind
-    homes.ensure_home(home)
+    loaded = load_spec(spec) if spec is not None and not checked else None  # before the home: a bad spec
+    homes.ensure_home(home)  # leaves nothing behind
     environment = ledger_env(ledger, env)
+    if loaded is not None:
+        from corral.supervisor.spec.provider_keys import key_warnings
+
+        for warning in key_warnings(loaded, environment):  # said before the 401 would say it worse
+            warnings.warn(warning, UserWarning, stacklevel=2)
     if node is not None:
         from corral.supervisor.ledger.ledger_spec import check_node
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import cli, running, wait_run
+from fake_openai import FakeOpenAIServer, Reply
+from loopback_http import serve_in_thread
+from tests.harness import Daemon, cli, running, wait_run
 
 RAISING_TOOLS = '''
 import corral
@@ -158,3 +160,66 @@ def test_run_script_naming_an_unknown_tool_is_refused_with_did_you_mean(short_tm
                           '[[steps]]\nfinal = "x"\n')
         ok = cli(daemon.home, "run", "--agent", "writer", "--task", "t", "--script", str(script))
         assert ok.returncode == 0, ok.stderr
+
+
+# --- a missing or refused API key names its variable ----------------------------------
+
+KEY_VAR = "CORRAL_H49_TEST_KEY"
+KEY_VALUE = "sk-h49decoyKEY0123456789abcdefghij"
+
+
+def _openai_spec(tmp: Path, url: str) -> Path:
+    (tmp / "ws").mkdir(exist_ok=True)
+    spec = tmp / "spec.toml"
+    spec.write_text(f"""
+[project]
+root = "ws"
+[[agents]]
+id = "llm"
+provider = "openai"
+max_provider_retries = 0
+[agents.openai]
+base_url = "{url}"
+model = "fake-model"
+api_key_env = "{KEY_VAR}"
+timeout_s = 5
+""")
+    return spec
+
+
+def test_corral_up_names_an_unset_api_key_variable(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KEY_VAR, raising=False)
+    spec = _openai_spec(short_tmp, "http://127.0.0.1:9/v1")
+    result = cli(short_tmp / "home", "up", "--spec", str(spec))
+    try:
+        assert result.returncode == 0, (result.stdout, result.stderr)
+        assert f"agents[0].openai.api_key_env: ${KEY_VAR} is not set" in result.stderr, result.stderr
+    finally:
+        assert cli(short_tmp / "home", "down").returncode == 0
+    # With the variable set there is nothing to say.
+    result = cli(short_tmp / "home", "up", "--spec", str(spec), env={KEY_VAR: KEY_VALUE})
+    try:
+        assert result.returncode == 0 and KEY_VAR not in result.stderr, result.stderr
+    finally:
+        assert cli(short_tmp / "home", "down").returncode == 0
+    # The Python API starts a supervisor through the same check.
+    import corral
+
+    with pytest.warns(UserWarning, match=rf"\${KEY_VAR} is not set"), corral.Client.start(spec, home=short_tmp / "h2"):
+        pass
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_key_is_said_as_such_naming_its_variable(short_tmp: Path, status: int) -> None:
+    server = FakeOpenAIServer([Reply(status=status, body={"error": {"message": "Incorrect API key provided"}})])
+    with serve_in_thread(server) as url:
+        daemon = Daemon(short_tmp / "h", _openai_spec(short_tmp, url), env={KEY_VAR: KEY_VALUE})
+        try:
+            daemon.up()
+            run_id = daemon.call("run", agent_id="llm", task="hi")["run_id"]
+            shown = wait_run(daemon, run_id, {"failed"})
+            reason = shown["run"]["reason"]
+            assert f"the server refused the key in ${KEY_VAR}" in reason, reason
+            assert f"HTTP {status}" in reason and KEY_VALUE not in json.dumps(shown)
+        finally:
+            daemon.shutdown()

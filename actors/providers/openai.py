@@ -82,6 +82,11 @@ class OpenAIConfigError(ProviderError):
         super().__init__(ErrorKind.FATAL, message)
 
 
+#: Statuses that mean the key (or its absence) was refused: said as such, naming
+#: where the key came from, rather than as the server's bare 401.
+KEY_REFUSED = (401, 403)
+
+
 class OpenAIHTTPError(ProviderError):
     """The server answered, but not with a usable response (status or size)."""
 
@@ -515,6 +520,8 @@ class OpenAIProvider:
         except httpx.TransportError as exc:
             raise _transient(f"transport error talking to {endpoint}", exc) from None
         text = omit_data_urls(redact_text(data.decode("utf-8", errors="replace")))
+        if status in KEY_REFUSED:
+            raise OpenAIHTTPError(status, f"HTTP {status} from {endpoint}: {self._key_refused()} ({summarize(text)})")
         if not 200 <= status < 300:
             hint = refusal_hint(self.config.way, text)
             raise OpenAIHTTPError(status, f"HTTP {status} from {endpoint}: {summarize(text)}{hint}")
@@ -528,6 +535,15 @@ class OpenAIProvider:
             "slot": request.slot,
         }
         return ProviderResponse(text=text, meta=meta)
+
+    def _key_refused(self) -> str:
+        """What a 401 or 403 means for this config, naming where the key came from
+        (never the key): the variable or file a person fixes."""
+        if self.config.api_key_file is not None:
+            return f"the server refused the key in api_key_file {self.config.api_key_file}"
+        if self._api_key is None:
+            return f"the server wants a key and none was sent (${self.config.api_key_env} is not set)"
+        return f"the server refused the key in ${self.config.api_key_env}"
 
     @property
     def reasoning_effort(self) -> str:

@@ -146,6 +146,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     spec = Path(args.spec) if args.spec else None
     # Loaded once, here: before the home, so a bad spec leaves nothing behind.
     loaded = _check_spec(spec) if spec is not None else None
+    if loaded is not None:
+        from corral.supervisor.spec.provider_keys import key_warnings
+
+        for warning in key_warnings(loaded, os.environ):  # a key the spec names, unset: said now, not as a 401
+            print(f"corral up: warning: {warning}", file=sys.stderr)
     try:
         # Before anything is created: a home inside the project (or around it) is refused.
         check_placement(home, project_root_in(loaded) if loaded is not None else project_root_of(None, home))
