@@ -375,6 +375,9 @@ class Supervisor:
         #: Run after the actors stopped, before the boot ends (e.g. a node leaves its cluster).
         self.shutdown_hooks: list[Callable[[], Awaitable[None]]] = []
         self.status_sections: dict[str, Callable[[], Any]] = {}
+        #: What else makes this supervisor degraded, in ``status`` ("": nothing; e.g. a
+        #: node that cannot make progress, supervisor/cluster/node_service.py).
+        self.degraded_checks: list[Callable[[], str]] = []
         #: Fill in a page of ``events`` before it leaves (reply text kept in memory only).
         self.event_views: list[Callable[[list[dict[str, Any]]], None]] = []
         self.control_methods.update(
@@ -424,7 +427,8 @@ class Supervisor:
             },
             "busy": self._unless_unreachable(self.busy_reasons, []),
             "degraded": self.degraded or (f"ledger writes failing since {self.ledger.full_since:.0f}"
-                                          if self.ledger.full_since is not None else "") or self.launcher.degraded,
+                                          if self.ledger.full_since is not None else "") or self.launcher.degraded
+            or "; ".join(filter(None, (check() for check in self.degraded_checks))),
             "forkserver": {"pid": self.launcher.forkserver_pid, "replacements": self.launcher.replacements},
             # The control API's own pools: long polls held and refused.
             "control": self.control.counters() if self.control is not None else {},

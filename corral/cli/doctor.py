@@ -54,6 +54,7 @@ def check_home(home: Path) -> list[Finding]:
     remembered = remembered_placement(home)
     if remembered.get("shown_url"):
         found.append(_postgres_ledger(home, remembered))
+        found.append(_node_stopped(home, running))
         found.extend(_adoptions(home))
     else:
         found.extend(_ledger(home / homes.LEDGER))
@@ -85,6 +86,18 @@ def _postgres_ledger(home: Path, remembered: dict[str, Any]) -> Finding:
     held = (f"held by node {hold['holder']} at epoch {hold['epoch']}, lease {float(hold['left_s']):.1f}s"
             if hold else "not held")
     return Finding("ok", "ledger", f"{shown} partition {partition}: schema {version} of {len(MIGRATIONS)}, {held}")
+
+
+def _node_stopped(home: Path, running: bool) -> Finding:
+    """A cluster node that stopped itself (its database lost its commits, it was
+    fenced, or it gave its lease up) and that nothing restarted."""
+    from corral.supervisor.cluster import node_stop
+
+    note = node_stop.read(home)
+    if note is None or running:
+        return Finding("ok", "node", "this home's node did not stop itself" if note is None
+                       else "this home's node stopped itself, and runs again")
+    return Finding("error", "node", node_stop.describe(note), str(note["advice"]))
 
 
 def _adoptions(home: Path) -> list[Finding]:

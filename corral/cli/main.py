@@ -215,8 +215,13 @@ def json_arg(parser: argparse.ArgumentParser) -> None:
 @command("status", "show the supervision tree, actors and what is open")
 @arguments(json_arg)
 def cmd_status(args: argparse.Namespace) -> int:
-    with open_client(args) as connected:
-        status = connected.status()
+    try:
+        with open_client(args) as connected:
+            status = connected.status()
+    except CliError as exc:
+        if exc.code == EXIT_NOT_RUNNING:
+            _say_why_the_node_stopped(home_of(args))
+        raise
     if args.json:
         emit_json(status)
         return 0
@@ -253,6 +258,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if status.get("busy"):
         print("open: " + "; ".join(status["busy"]))
     return 0
+
+
+def _say_why_the_node_stopped(home: Path) -> None:
+    """A cluster node that stopped itself left a note in its home: why, and what to do."""
+    from corral.supervisor.cluster import node_stop
+
+    note = node_stop.read(home)
+    if note is not None:
+        print(f"{node_stop.describe(note)}\nto resume it: {note['advice']}", file=sys.stderr)
 
 
 def _print_cluster(cluster: dict[str, Any]) -> None:

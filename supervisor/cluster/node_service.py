@@ -37,6 +37,8 @@ import trio
 from corral.core import failpoints
 from corral.supervisor.cluster import cluster_tables as cluster
 from corral.supervisor.cluster import custody, forwarding
+from corral.supervisor.cluster.node_stop import clear as clear_stop_note
+from corral.supervisor.cluster.node_stop import write as write_stop_note
 from corral.supervisor.errors import StorageFull
 from corral.supervisor.ledger.ledger_link import Wakeup, connection_lost, keep_connected
 from corral.supervisor.ledger.ledger_pg import PostgresLedger
@@ -44,6 +46,7 @@ from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster, schema_o
 from corral.supervisor.ledger.ledger_pg_wire import PostgresUnavailable, redact_url
 from corral.supervisor.ledger.ledger_spec import URL_ENV, Placement, remember
 from corral.supervisor.ledger.port import Ledger, SqliteLedger
+from corral.supervisor.runs.run_state import TERMINAL
 from corral.supervisor.runs.run_store import get_run
 from corral.supervisor.runs.run_views import show_record
 
@@ -92,6 +95,9 @@ class NodeState:
     #: No adoption before this (monotonic): after this node lost the database, the
     #: nodes that lost it too get a lease to renew theirs before anyone takes them over.
     adopt_after: float = 0.0
+    #: Why this node cannot make progress ("": it can), and since when (monotonic).
+    stuck: str = ""
+    stuck_since: float | None = None
     #: Partitions this node owns with no supervisor (their runs are over): name to
     #: the epoch it holds each at; the primary renews their leases (custody.py).
     dormant: dict[str, int] = field(default_factory=dict)
@@ -135,8 +141,10 @@ def install(sup: Supervisor) -> None:
         return
     ledger = sup.ledger
     assert isinstance(ledger, PostgresLedger)
-    ledger.on_fenced = _exit_fenced
-    ledger.on_diverged = _exit_diverged
+    ledger.on_fenced = lambda why: _exit_fenced(state, why)
+    ledger.on_diverged = lambda why: _exit_diverged(state, why)
+    clear_stop_note(sup.home)  # a node that stopped itself is back
+    sup.degraded_checks.append(lambda: _stuck_text(state))
     lost = Wakeup()
     ledger.on_lost = lost.set
     hold = state.hold
@@ -199,6 +207,8 @@ def _status(state: NodeState, ledger: PostgresLedger) -> dict[str, Any]:
         degraded.append(f"ledger connection lost: {ledger.lost_why}")
     if state.cluster_lost_since is not None:
         degraded.append(f"cluster connection lost: {state.cluster_lost_why}")
+    if state.stuck:
+        degraded.append(_stuck_text(state))
     return {
         "node": state.placement.node,
         "partition": state.hold.partition,
@@ -237,21 +247,30 @@ def _cluster_conn(state: NodeState) -> Any:
     return state.conn
 
 
-def _exit_fenced(why: str) -> None:
+def _exit_fenced(state: NodeState, why: str) -> None:
     # Nothing more may reach the ledger or an actor: every actor dies with this
     # process (PDEATHSIG), and the open transaction dies with its connection.
     log.error("fenced, stopping at once: %s", why)
+    _note_stop(state, f"it was fenced: {why}")
     logging.shutdown()
     os._exit(FENCED_EXIT)
 
 
-def _exit_diverged(why: str) -> None:
+def _exit_diverged(state: NodeState, why: str) -> None:
     # The server lost commits this supervisor had made (a crash with unflushed
     # WAL): its memory is ahead of its ledger. No reply covered by them left
     # (group commit); stop, and let recovery start from what the ledger holds.
     log.error("stopping at once: %s", why)
+    _note_stop(state, f"{why}. Its memory was ahead of its ledger: it must start again from what the ledger holds")
     logging.shutdown()
     os._exit(FENCED_EXIT)
+
+
+def _note_stop(state: NodeState, why: str) -> None:
+    """What ``status`` and ``doctor`` tell the operator once this node is gone. An
+    adoption's supervisor notes nothing: its node adopts the partition again."""
+    if state.primary:
+        write_stop_note(state.home, state.placement.node, state.spec_path, why)
 
 
 Change = tuple[str, str, dict[str, Any]]
@@ -306,6 +325,8 @@ async def _lease_loop(sup: Supervisor, state: NodeState) -> None:
             return
         _record(sup, tick.changes)
         _reap(state)
+        if _cannot_progress(sup, state, ledger):
+            return
         for name in tick.expired:
             try:
                 hold = await trio.to_thread.run_sync(cluster.adopt, state.conn, name, state.placement.node, lease_s)
@@ -316,6 +337,64 @@ async def _lease_loop(sup: Supervisor, state: NodeState) -> None:
                 _start_adopted(sup, state, hold)
         for hold in tick.serve:
             _start_adopted(sup, state, hold)
+
+
+def _stuck_reason(sup: Supervisor) -> str:
+    """What keeps this node's runs from moving ("": nothing): a group that gave up
+    (its restart intensity exceeded) while runs of its agents are unfinished. A
+    group that gave up with nothing to do (an MCP server's, a finished child's)
+    does not count. The ledger is read: away, nothing is judged this tick."""
+    reasons = []
+    for group in sup.tree.groups.values():
+        if group.status != "escalated":
+            continue
+        agents = sorted({str(sup.tree.slots[a].spec.params.get("agent_id", a)) for a in group.order})
+        terminal = sorted(str(status) for status in TERMINAL)
+        try:
+            row = sup.ledger.one(
+                f"SELECT COUNT(*) AS n FROM runs WHERE agent_id IN ({', '.join('?' * len(agents))})"
+                f" AND status NOT IN ({', '.join('?' * len(terminal))})", *agents, *terminal)
+        except StorageFull:
+            return ""
+        if row is not None and int(row["n"]):
+            reasons.append(f"group {group.spec.id} gave up ({group.reason}) with {int(row['n'])} run(s) unfinished")
+    return "; ".join(reasons)
+
+
+def _stuck_text(state: NodeState) -> str:
+    return f"cannot make progress: {state.stuck}" if state.stuck else ""
+
+
+def _cannot_progress(sup: Supervisor, state: NodeState, ledger: PostgresLedger) -> bool:
+    """A node whose runs cannot move says ``degraded`` (status, an event); after a
+    lease of it, it gives its lease up and stops, so that another node adopts the
+    partition and finishes them through the recovery of any restart. A node alone
+    in its cluster stays, degraded: nobody else would adopt. True: it stops."""
+    reason = _stuck_reason(sup)
+    now = time.monotonic()
+    if not reason:
+        if state.stuck:
+            log.warning("making progress again")
+        state.stuck, state.stuck_since = "", None
+        return False
+    if reason != state.stuck:
+        log.error("cannot make progress: %s", reason)
+        _record(sup, [("node-cannot-progress", state.placement.node,
+                       {"partition": state.hold.partition, "reason": reason})])
+    state.stuck = reason
+    state.stuck_since = state.stuck_since if state.stuck_since is not None else now
+    if now - state.stuck_since < state.placement.lease_s:
+        return False
+    others = [n for n in state.last_view["nodes"] if n["node_id"] != state.placement.node
+              and n["status"] == "up" and (n["lease_left_s"] or 0) > 0]
+    if state.primary and not others:
+        return False
+    why = f"it could not make progress ({reason}) and gave its lease up, so that another node adopts its runs"
+    log.error("cannot make progress: giving its lease up and stopping (%s)", reason)
+    _note_stop(state, why)
+    ledger.release_on_close = True
+    sup.request_stop(f"node {state.placement.node} cannot make progress: {reason}")
+    return True
 
 
 def _record(sup: Supervisor, changes: list[Change]) -> None:

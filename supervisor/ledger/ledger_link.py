@@ -33,8 +33,9 @@ _LOST_CODES = frozenset({"57P01", "57P02", "57P03"})
 #: Reconnection backoff: the first attempt at once, then doubling up to the cap.
 BACKOFF_FIRST_S = 0.05
 BACKOFF_CAP_S = 2.0
-#: How long an actor's request is held for the ledger before it gets the error
-#: (an actor gives up on a request after 30 s).
+#: How long an actor's request is held for the ledger before it gets the error:
+#: within the 30 s an actor waits for an answer. The actor then sends it again
+#: (actors/runtime.py ``ActorContext.call``), for as long as the ledger is away.
 HOLD_S = 25.0
 #: How long a control call (a person's, a client's) is held: a restart is back
 #: within it, and past it the caller gets a clear error before its own timeout.
@@ -118,6 +119,19 @@ async def keep_connected(ledger: Reconnectable, lost: Wakeup) -> None:
             backoff.reset()
 
 
+def ledger_available(ledger: object) -> bool:
+    """Whether ``ledger`` takes transactions now: only a PostgreSQL ledger is ever
+    unavailable (its connection lost), and it says when it is back."""
+    return bool(getattr(ledger, "available", True))
+
+
+async def wait_available(ledger: object) -> None:
+    """Until ``ledger`` is available again (``keep_connected`` reconnects it)."""
+    backoff = Backoff(cap_s=0.5)
+    while not ledger_available(ledger):
+        await trio.sleep(max(backoff.next_delay(), 0.01))
+
+
 async def run_held(attempt: Callable[[], Awaitable[T]], ledger: object, limit_s: float = HOLD_S) -> T:
     """``attempt()``; while it fails with ``LedgerUnavailable`` (it committed
     nothing), wait until the ledger is available again and attempt it again,
@@ -131,8 +145,7 @@ async def run_held(attempt: Callable[[], Awaitable[T]], ledger: object, limit_s:
             return await attempt()
         except LedgerUnavailable:
             backoff = backoff or Backoff(cap_s=0.5)
-            # Any ledger: only a PostgreSQL one is ever unavailable, and says when it is back.
-            while not getattr(ledger, "available", True):
+            while not ledger_available(ledger):
                 if trio.current_time() >= deadline:
                     raise
                 await trio.sleep(max(backoff.next_delay(), 0.01))

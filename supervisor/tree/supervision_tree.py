@@ -44,6 +44,7 @@ from corral.supervisor.ledger.port import Ledger, dumps
 from corral.supervisor.spec.swarm_spec import ActorSpec, GroupSpec, SupervisorSettings
 from corral.supervisor.tree.actor_messages import SUPERVISOR, ActorMessages, MessageHandler, send_or_drop
 from corral.supervisor.tree.actor_state import ActorState, check_transition
+from corral.supervisor.tree.ledger_outage import OutageMemory, wait_for_ledger
 from corral.supervisor.tree.restart_policy import (
     Intensity,
     backoff_delay,
@@ -92,6 +93,8 @@ class GroupRuntime:
     lock: trio.Lock = field(default_factory=trio.Lock)
     status: str = "running"
     reason: str | None = None
+    #: Its members' exits while the ledger was away (supervisor/tree/ledger_outage.py).
+    outage: OutageMemory = field(default_factory=OutageMemory)
 
 
 class SupervisionTree:
@@ -198,6 +201,11 @@ class SupervisionTree:
         supervisor ~160 µs of CPU (measured on the liveness branch), so 200 actors
         beating every second took 5 % of a core; at the default 30 s, every 3 s."""
         return min(5.0, self.settings.stall_timeout_s / 10)
+
+    def start_soon(self, task: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """A task in the tree's nursery (it outlives any one incarnation)."""
+        assert self._nursery is not None, "tree is not running"
+        self._nursery.start_soon(task, *args)
 
     def _event(self, kind: str, subject: str, **data: Any) -> None:
         """An event that guards nothing (a full disk only loses it)."""
@@ -342,6 +350,7 @@ class SupervisionTree:
         collateral = code == EXIT_FORKSERVER_LOST
         for hook in self.on_exit:
             hook(slot, code, not asked_to_stop and not collateral)
+        group.outage.saw_exit(self.ledger, time.monotonic())
         if asked_to_stop:
             if slot.state is not ActorState.ESCALATED:
                 slot.move(ActorState.STOPPED)
@@ -360,8 +369,12 @@ class SupervisionTree:
         async with group.lock:
             if slot.state is not ActorState.RESTARTING or group.status != "running":
                 return
-            if not collateral and group.intensity.record(time.monotonic()):
-                await self._escalate(group, slot, code)
+            now = time.monotonic()
+            if not collateral and group.intensity.record(now):
+                if group.outage.blames_outage(self.ledger, now, group.spec.period_s):
+                    await wait_for_ledger(self, group, slot, code)  # not its fault: it resumes
+                else:
+                    await self._escalate(group, slot, code)
                 return
             plan = plan_restart(group.spec.strategy, group.order, slot.id)
             for sibling_id in plan.stop:
