@@ -26,7 +26,8 @@ from corral.core.child_python import USER_PATH_ENV, drop_working_directory  # no
 from corral.core.errors import CorralError, UserCodeError  # noqa: E402
 from corral.supervisor.daemon import Supervisor  # noqa: E402
 from corral.supervisor.home import home_dir as homes  # noqa: E402
-from corral.supervisor.home.home_placement import USER_CODE_PINS  # noqa: E402
+from corral.supervisor.home.home_placement import USER_CODE_PINS, project_root_in  # noqa: E402
+from corral.supervisor.home.project_lock import ProjectLock  # noqa: E402
 from corral.supervisor.ledger import ledger_spec  # noqa: E402
 from corral.supervisor.ledger.port import LedgerError  # noqa: E402
 from corral.supervisor.spec.swarm_spec import SpecError, SwarmSpec, empty_spec, load_spec  # noqa: E402
@@ -85,6 +86,16 @@ def _placement(home: Path, spec: SwarmSpec, args: argparse.Namespace) -> ledger_
     return placement
 
 
+def _project_lock(home: Path, spec: SwarmSpec, placement: ledger_spec.Placement) -> ProjectLock | None:
+    """The lock that makes this supervisor the project's one owner (seed 004 V1.1 §2),
+    when agents work in a project and the ledger is this host's own (a cluster's
+    nodes share runs through their partition leases instead: project_lock.py)."""
+    root = project_root_in(spec)
+    if root is None or placement.url:
+        return None
+    return ProjectLock(root, home)
+
+
 def _name_process() -> None:
     from corral.core.process_name import name_process
 
@@ -138,6 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, ledger_spec.LedgerSpecError, UserCodeError) as exc:
         lock.release()
         return fail(str(exc), 2)
+    project = _project_lock(home, spec, placement)
+    try:
+        if project is not None:
+            project.acquire()
+    except homes.HomeBusy as exc:
+        lock.release()
+        return fail(str(exc), 3)
     # The fork server and every actor import the same tool modules as the spec did here.
     os.environ[TOOL_MODULES_ENV] = json.dumps(list(spec.tool_modules))
     # And the fork server preloads what this spec starts, not every template.
@@ -146,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         supervisor = Supervisor(home, spec, ready_fd=ready_fd, lock=lock, placement=placement)
     except (LedgerError, CorralError) as exc:
+        if project is not None:
+            project.release()
         lock.release()
         return fail(str(exc), 4)
     # Everything built so far lives as long as the process: out of the collector's
@@ -156,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         trio.run(supervisor.run)
     finally:
         supervisor.ledger.close()
+        if project is not None:
+            project.release()
         lock.release()
     return 0
 

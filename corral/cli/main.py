@@ -163,7 +163,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
         if args.ledger:
             os.environ.update(ledger_env(args.ledger))
-        return daemon_main(supervisor_argv(home, spec, args.node)[3:])
+        argv = supervisor_argv(home, spec, args.node)
+        return daemon_main(argv[argv.index("corral.supervisor") + 1 :])  # the daemon's own arguments
     try:
         start_supervisor(home, spec, args.timeout, ledger=args.ledger, node=args.node, checked=loaded is not None)
     except SpecError as exc:
