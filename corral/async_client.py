@@ -428,7 +428,10 @@ class AsyncClient:
     async def reconcile(self, action_id: str, outcome: str, note: str) -> dict[str, Any]:
         """Say what really happened to an action (or provider request slot, or process
         session) whose outcome was unknown: ``outcome`` is ``"ok"`` or ``"failed"``."""
-        result: dict[str, Any] = await self.call("reconcile", action_id=action_id, outcome=outcome, note=note)
+        # A cluster node may pass it to the node holding the action's partition and
+        # wait for that one's answer (up to 20 s): more than a plain call's timeout.
+        result: dict[str, Any] = await self.call("reconcile", timeout=max(self.timeout, 30.0), action_id=action_id,
+                                                 outcome=outcome, note=note)
         return result
 
     # -- interactive runs -----------------------------------------------------------------

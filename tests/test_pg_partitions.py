@@ -160,8 +160,8 @@ def test_a_dead_nodes_idle_partition_gets_a_live_owner_and_goes_home_when_it_ret
     # not be left to nobody.
     os.killpg(a_pid, signal.SIGKILL)
     assert wait_exit(a_pid, 10)
-    wait_for("node a's lease to lapse", lambda: not _owned(url))
-    wait_for("every partition held by a live node again", lambda: _owned(url), 90)
+    wait_for("a live node to hold node a's partition", lambda: _partitions(url)["node-a"]["holder"] == "node-b", 90)
+    wait_for("every partition held by a live node", lambda: _owned(url))
     held = _partitions(url)["node-a"]
     assert (held["holder"], held["epoch"], held["adopted_from"]) == ("node-b", 2, "node-a")
     assert b.status()["cluster"]["dormant"] == ["node-a"]
