@@ -7,13 +7,18 @@ terminal says what it waits for; refused work is no evidence."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pexpect
 import pytest
 
 from fake_openai import FakeOpenAIServer, Reply
 from loopback_http import serve_in_thread
-from tests.harness import Daemon, cli, running, wait_run
+from tests.harness import CORRAL, Daemon, cli, running, wait_run
 
 RAISING_TOOLS = '''
 import corral
@@ -223,3 +228,83 @@ def test_a_refused_key_is_said_as_such_naming_its_variable(short_tmp: Path, stat
             assert f"HTTP {status}" in reason and KEY_VALUE not in json.dumps(shown)
         finally:
             daemon.shutdown()
+
+
+# --- corral run --wait says what it waits for -----------------------------------------
+
+DELEGATING_SPEC = """
+[project]
+root = "ws"
+[[agents]]
+id = "lead"
+role = "root"
+  [[agents.steps]]
+  [[agents.steps.actions]]
+  tool = "agent.delegate"
+  input = { agent_id = "researcher", task = "Survey", acceptance_criteria = "one", expected_artifacts = ["research/s"] }
+  [[agents.steps]]
+  actions = [{ tool = "agent.run_status", input = {} }]
+  [[agents.steps]]
+  final = "all done"
+[[agents]]
+id = "researcher"
+role = "specialist"
+write_scopes = ["research"]
+  [agents.policy]
+  "fs.write" = "confirm"
+  [[agents.steps]]
+  actions = [{ tool = "fs.write", input = { path = "research/s", content = "# Survey" } }]
+  [[agents.steps]]
+  final = "Survey written."
+"""
+APPROVE = re.compile(r"corral approve (act-[0-9a-f]+)")
+
+
+def test_run_wait_without_a_terminal_says_the_run_id_each_state_and_who_must_act(short_tmp: Path) -> None:
+    (short_tmp / "ws").mkdir()
+    with running(short_tmp / "home", DELEGATING_SPEC) as daemon:
+        argv = [*CORRAL, "--home", str(daemon.home), "run", "--agent", "lead", "--task", "plan", "--wait", "--json",
+                "--timeout", "60"]
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            assert proc.stderr is not None
+            first = proc.stderr.readline()  # at once, before anything happens
+            run_id = re.search(r"run-[0-9a-f]+", first)
+            assert run_id is not None, first
+            seen = [first]
+            action = None
+            for line in proc.stderr:  # the child's approval is named as it starts to wait
+                seen.append(line)
+                found = APPROVE.search(line)
+                if found is not None:
+                    action = found.group(1)
+                    break
+            assert action is not None, "".join(seen)
+            assert "corral pending" in seen[-1], seen[-1]
+            assert cli(daemon.home, "approve", action).returncode == 0
+            out, rest = proc.communicate(timeout=60)
+        assert proc.returncode == 0, (out, "".join(seen) + rest)
+        shown = json.loads(out)  # stdout stays the result alone
+        assert shown["run"]["run_id"] == run_id.group(0) and shown["run"]["status"] == "completed"
+        said = "".join(seen) + rest
+        # One line per state change of the run (and of the tree's runs).
+        assert f"{run_id.group(0)} running" in said and f"{run_id.group(0)} completed" in said, said
+        assert "waiting-confirmation" in said, said
+
+
+def test_run_wait_on_a_terminal_names_the_command_a_waiting_child_needs(short_tmp: Path) -> None:
+    (short_tmp / "ws").mkdir()
+    with running(short_tmp / "home", DELEGATING_SPEC) as daemon:
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "corral", "--home", str(daemon.home), "run", "--agent", "lead", "--task", "plan", "--wait",
+             "--timeout", "60"],
+            encoding="utf-8", timeout=60, env={**os.environ, "TERM": "xterm"}, dimensions=(40, 200),
+        )
+        try:
+            child.expect(APPROVE)
+            action = child.match.group(1)
+            assert cli(daemon.home, "approve", action).returncode == 0
+            child.expect(pexpect.EOF)
+        finally:
+            child.close(force=True)
+        assert child.exitstatus == 0, child.before

@@ -186,5 +186,12 @@ def test_run_wait_on_a_terminal_shows_the_status_line_and_ends_as_without_one(sh
         assert shown.returncode == 0 and "final reply: wrote notes.md" in shown.stdout
         assert ANSI.sub("", screen).endswith(shown.stdout), screen
         plain = cli(daemon.home, "run", "--agent", "writer", "--task", "notes", "--wait")
-        assert plain.returncode == 0 and plain.stderr == "" and "\x1b" not in plain.stdout
+        assert plain.returncode == 0 and "\x1b" not in plain.stdout + plain.stderr
         assert plain.stdout.startswith("run run-") and plain.stdout.endswith("final reply: wrote notes.md\n")
+        # Without a terminal, stderr says the run id at once and each state change
+        # (tests/test_actionable_errors.py); --quiet keeps only the run id.
+        plain_id = plain.stdout.split()[1]
+        assert plain.stderr.splitlines()[0].startswith(f"corral run: {plain_id} started"), plain.stderr
+        assert f"corral run: {plain_id} completed" in plain.stderr
+        quiet = cli(daemon.home, "run", "--agent", "writer", "--task", "notes", "--wait", "--quiet")
+        assert quiet.returncode == 0 and len(quiet.stderr.splitlines()) == 1, quiet.stderr

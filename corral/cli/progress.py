@@ -242,8 +242,13 @@ def watch_run(
 ) -> RunResult:
     """Follow ``run_id`` on a live status line until it ends or parks (as
     ``Client.wait`` does: ``RunTimeout`` after ``timeout`` seconds); the line goes
-    away at the end, so what is printed next is what a non-terminal run prints."""
+    away at the end, so what is printed next is what a non-terminal run prints.
+    Whatever in the run's tree waits for a person is said above the line, naming
+    the command that answers it (corral/cli/run_watch.py)."""
+    from corral.cli.run_watch import TreeNotices
+
     view = RunProgress(run_id)
+    tree = TreeNotices(client, run_id)  # what in the run's tree waits for a person, said above the line
     cursor = since
     deadline = time.monotonic() + timeout
     checked = time.monotonic()
@@ -252,6 +257,9 @@ def watch_run(
             reply = client.call("events", timeout=POLL_MS / 1000 + 15, since=cursor, wait_ms=POLL_MS)
             cursor = int(reply["cursor"])
             events = [Event.from_row(row) for row in reply["events"]]
+            for notice in tree.notices(events):
+                if notice.for_a_person:  # one whole line (the terminal wraps it): a command to copy
+                    live.console.print(f"corral run: {notice.text}", markup=False, highlight=False, soft_wrap=True)
             view = reduce_all(view, events)
             if any(adds_children(view, event) for event in events):
                 view = with_children(view, client.show(run_id).raw)

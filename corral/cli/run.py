@@ -38,8 +38,9 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="wait until the run ends or parks")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to --wait at most")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--quiet", action="store_true", help="with --wait on a terminal: no live status line"
-                        " (state, step, tool, tokens/s, children) on stderr while waiting")
+    parser.add_argument("--quiet", action="store_true", help="with --wait: no live status line (state, step, tool,"
+                        " tokens/s, children) and no state-change lines on stderr while waiting; the run id and"
+                        " what waits for a person are still said")
 
 
 @command("run", "start a run of an agent on a task")
@@ -56,15 +57,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     intent = read_contract(args.intent) if args.intent else None
     if not args.task and not args.goal:
         raise CliError("give --task, or --goal (a goal is also the first task)", EXIT_USAGE)
-    # A person at a terminal sees the run move (on stderr: stdout stays the result).
+    # A person at a terminal sees the run move (on stderr: stdout stays the result);
+    # elsewhere, the run id at once and one line per state change (corral/cli/run_watch.py).
     live = args.wait and not args.json and not args.quiet and sys.stderr.isatty()
     with open_client(args) as client:
-        if live:
-            from corral.cli import progress
+        if args.wait:
+            from corral.cli import progress, run_watch
 
             since = progress.start_cursor(client)
             started = client.run(args.agent, args.task, script=script, wait=False, intent=intent, goal=args.goal)
-            result = progress.watch_run(client, started.run_id, since, args.timeout, progress.stderr_console())
+            if live:
+                result = progress.watch_run(client, started.run_id, since, args.timeout, progress.stderr_console())
+            else:
+                print(f"corral run: {started.run_id} started (agent {args.agent}); waiting up to {args.timeout:g} s"
+                      " for it to end or to wait for a person", file=sys.stderr, flush=True)
+                result = run_watch.follow_run(client, started.run_id, since, args.timeout, sys.stderr,
+                                              states=not args.quiet)
         else:
             result = client.run(
                 args.agent, args.task, script=script, wait=args.wait, timeout=args.timeout, intent=intent,
