@@ -173,6 +173,9 @@ class Forwarder:
                 break
             await trio.sleep(FORWARD_POLL_S)
         withdrawn = await trio.to_thread.run_sync(_withdraw, conn, request_id)
+        # Taken and not answered: its row goes too (an answer that comes later
+        # lands nowhere); what happened is in the partition's ledger.
+        await trio.to_thread.run_sync(_forget, conn, request_id)
         if withdrawn:
             raise ForwardFailed(f"partition {partition} is held by node {holder}, which did not take the request"
                                 f" within {FORWARD_WAIT_S:.0f} s; nothing was done, try again")
