@@ -165,6 +165,8 @@ def test_a_dead_nodes_idle_partition_gets_a_live_owner_and_goes_home_when_it_ret
     held = _partitions(url)["node-a"]
     assert (held["holder"], held["epoch"], held["adopted_from"]) == ("node-b", 2, "node-a")
     assert b.status()["cluster"]["dormant"] == ["node-a"]
+    shown = cli(b.home, "status", env=b.env)
+    assert "held by this node with no supervisor (their runs are over): node-a" in shown.stdout, shown
     assert not (b.home / "adopted" / "node-a").exists(), "an idle partition needs no supervisor"
 
     # Node a comes back: it asks for its partition, and b lets it go at once.

@@ -286,6 +286,8 @@ def _print_cluster(cluster: dict[str, Any]) -> None:
          for p in cluster["partitions"]],
         ["PARTITION", "HELD BY", "EPOCH", "ADOPTED FROM", "LEASE"],
     )
+    if cluster.get("dormant"):
+        print(f"held by this node with no supervisor (their runs are over): {', '.join(cluster['dormant'])}")
     for refused in cluster.get("adoption_refused") or []:
         print(f"NOT ADOPTED: partition {refused['partition']} has schema {refused['schema']}, newer than this"
               f" corral's ({refused['supported']}): {refused['advice']}")
