@@ -130,6 +130,7 @@ def _absolute_paths(data: dict[str, Any], base: Path) -> None:
     for kind in ("agents", "templates"):
         for table in data.get(kind) or ():
             fix(table, "script")
+            fix(table, "instructions_file")
             fix(table.get("local") if isinstance(table, dict) else None, "model", only=_is_file)
     for table in data.get("models") or ():
         fix(table, "path", only=_is_file)

@@ -74,6 +74,9 @@ class ProviderRequest:
     #: The repository's start-up context (actors/project_context.py): AGENTS.md
     #: instructions, reference excerpts, the skills' names. Empty: none.
     project_context: str = ""
+    #: The agent's own instructions (the spec's ``instructions``, ``instructions_file``):
+    #: they lead the system prompt, before everything else. Empty: none.
+    instructions: str = ""
     #: Images the model is to look at (the latest image.inspect), for a provider
     #: that ``sees_images``; read by the lane from the workspace at request time
     #: (checked against the sha256s the ledger holds), never recorded.

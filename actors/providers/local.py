@@ -41,6 +41,8 @@ TOOL_CHOICES = ("auto", "required")
 #: A small context fills fast: each observation is cut to this many characters.
 OBSERVATION_CHARS = 1500
 DESCRIPTION_CHARS = 160
+#: The agent's own instructions in the local prompt: about 400 tokens of a 2048-token context.
+INSTRUCTIONS_CHARS = 1500
 
 
 class LocalConfigError(ProviderError):
@@ -134,8 +136,17 @@ def _shape(tool: ToolSchema) -> str:
     return "{" + fields + "}"
 
 
+def _cut(text: str, limit: int, marker: str) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}\n{marker}"
+
+
 def system_prompt(request: ProviderRequest, schema: dict[str, Any]) -> str:
     lines = [f"You are corral agent {request.agent_id}. Reply with one JSON object."]
+    if request.instructions:
+        # The agent's own instructions lead, bounded first of all: a small model's
+        # context (n_ctx 2048 by default) holds them beside the task and its history.
+        lines.insert(0, _cut(redact_text(request.instructions).strip(), INSTRUCTIONS_CHARS,
+                             "[... the agent's instructions were cut at the local model's budget]"))
     for server, notes in request.tool_notes:
         lines.append(f"Notes from the tool server {server}: {redact_text(notes)[:600]}")
     if request.project_context:

@@ -314,8 +314,15 @@ def _tool_catalogue(tools: tuple[ToolSchema, ...]) -> str:
     return "\n".join(lines)
 
 
+#: Bound on the agent's own instructions in a server model's prompt (the spec allows 32 KiB
+#: inline and a 64 KiB file; a server's context is large).
+INSTRUCTIONS_CHARS = 64_000
+
+
 def system_prompt(request: ProviderRequest, *, native_tools: bool) -> str:
-    intro = (
+    # The agent's own instructions lead, before corral's framing and the project context.
+    lead = f"{_bounded(request.instructions, INSTRUCTIONS_CHARS)}\n\n" if request.instructions else ""
+    intro = lead + (
         f"You are corral agent {request.agent_id}, one worker in a supervised swarm, "
         "working on the user's task. Tool results come back as messages starting "
         "with 'Observation'."

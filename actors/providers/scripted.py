@@ -155,7 +155,9 @@ class ScriptedProvider:
     def prompt_text(self, request: ProviderRequest) -> str:
         """What stands for a system prompt in the run's transcript: a script reads none."""
         steps = len(self.steps)
-        return f"(scripted provider for agent {request.agent_id}: it answers from its script of {steps} steps)"
+        framing = f"(scripted provider for agent {request.agent_id}: it answers from its script of {steps} steps)"
+        # The agent's instructions lead, as a model's prompt would show them.
+        return f"{request.instructions}\n\n{framing}" if request.instructions else framing
 
     def parse(self, response: ProviderResponse, tools: tuple[ToolSchema, ...]) -> Plan:
         return parse_plan_json(response.text, tools)

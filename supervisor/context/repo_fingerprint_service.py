@@ -28,6 +28,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from corral.actors import agent_instructions
 from corral.actors.project_context import ContextCache, RepoContext, changes
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store
@@ -80,6 +81,8 @@ class RepoFingerprintGuard:
         self._checked: tuple[int, str, RepoContext] | None = None
         #: Each run's current plan, as this guard reads it.
         self._plans: dict[str, _PlanStamp] = {}
+        #: Each instructions file's last read (an agent's ``instructions_file``), by path.
+        self._instructions: OrderedDict[str, agent_instructions.InstructionsCache] = OrderedDict()
 
     def cache(self, workspace: str) -> ContextCache:
         found = self._caches.get(workspace)
@@ -113,6 +116,17 @@ class RepoFingerprintGuard:
         self._fingerprints[workspace] = (built, digest)
         return digest
 
+    def instructions(self, options: Any) -> agent_instructions.Instructions | None:
+        """A run's instructions as they are now (its file re-read only when its stat moved)."""
+        file = options.get("file") if isinstance(options, dict) else None
+        key = file if isinstance(file, str) else ""
+        cache = self._instructions.get(key)
+        if cache is None:
+            cache = self._instructions[key] = agent_instructions.InstructionsCache()
+            if len(self._instructions) > MAX_CACHED_WORKSPACES:
+                self._instructions.popitem(last=False)
+        return cache.current(options)
+
     def planned_stamp(self, run: Any, the_action_id: str) -> dict[str, Any] | None:
         """The stamp of the plan this action belongs to (the run's current loop), or None."""
         run_id, loop = str(run["run_id"]), int(run["loop_index"])
@@ -136,14 +150,17 @@ class RepoFingerprintGuard:
             return "continue", ""
         try:
             current = self.current(workspace)
-            now = self.fingerprint(workspace, current)
+            # The agent's own instructions (its spec's file, read again now) are part of it.
+            instructions = self.instructions(run_options(run).get("instructions"))
+            now = agent_instructions.folded(self.fingerprint(workspace, current), instructions)
         except Exception as exc:  # fail closed, by name: a workspace never takes the supervisor down
             return "block", (f"the repository context cannot be built ({type(exc).__name__}: {str(exc)[:200]})."
                              " Nothing ran.")
         if now == stamp["fingerprint"]:
             return "continue", ""
         sources = stamp.get("sources")
-        named = changes(sources if isinstance(sources, dict) else {}, current.sources())
+        now_sources = {**current.sources(), **(instructions.sources() if instructions else {})}
+        named = changes(sources if isinstance(sources, dict) else {}, now_sources)
         if not named:
             named = ["the context's limits or schema changed"]
         if len(named) > MAX_NAMED_CHANGES:

@@ -102,6 +102,7 @@ class RunControlMethods(RunCore):
             },
             "role": agent.role,
             "parallel_reads": list(agent.parallel_reads),
+            **agent.definition_options(),
             "context": {
                 "window": agent.context_window,
                 "auto_compact": agent.auto_compact_token_limit or (

@@ -194,8 +194,35 @@ class Permissions:
         description="Globs of the tools it may use and is offered (`fs.*`, `mcp.git.*`); unset: all of them.")
 
 
+#: An agent's own instructions, inline: a role, not a document (a longer one goes in a file).
+MAX_INSTRUCTIONS_CHARS = 32 * 1024
+
+
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class AgentOptions(Permissions):
+class AgentDefinition:
+    """What an agent is told it is (issue 49): its own instructions, which lead the
+    system prompt of every turn, before the project context."""
+
+    instructions: StrictStr | None = Field(
+        default=None, min_length=1, max_length=MAX_INSTRUCTIONS_CHARS,
+        description="Its own instructions (a role, rules, a style): they lead the system prompt of every turn,"
+        " before the project context; a delegate or a child gets its own agent's or template's. Part of the"
+        " plan's context fingerprint, shown by `corral transcript`.")
+    instructions_file: StrictStr | None = Field(
+        default=None, min_length=1,
+        description="A UTF-8 file of instructions, relative to the spec (at most 64 KiB), after `instructions`"
+        " when both are set. Read again at every turn: an edit between a plan and its actions blocks them as"
+        " an AGENTS.md edit does (docs/agents.md).")
+
+    def definition_options(self) -> dict[str, Any]:
+        """What a run of it carries in its options (absent: nothing set)."""
+        if self.instructions is None and self.instructions_file is None:
+            return {}
+        return {"instructions": {"text": self.instructions or "", "file": self.instructions_file}}
+
+
+@dataclass(frozen=True, kw_only=True, config=SECTION)
+class AgentOptions(AgentDefinition, Permissions):
     role: Literal["root", "specialist"] = Field(
         default="root", description="`specialist`: an agent that `agent.delegate` may hand work to (delegations go"
         " only to specialists); `root`: one that is not.")
@@ -276,7 +303,7 @@ class AgentTable(ProviderKeys, AgentOptions, Supervised):
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class TemplateSpec(Permissions):
+class TemplateSpec(AgentDefinition, Permissions):
     """An isolated-child template as ``agent.spawn_isolated`` uses it."""
 
     id: str
@@ -285,7 +312,7 @@ class TemplateSpec(Permissions):
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class TemplateTable(ProviderKeys, Permissions):
+class TemplateTable(ProviderKeys, AgentDefinition, Permissions):
     """``[[templates]]``: what an isolated child (``agent.spawn_isolated``) runs; each
     child is a fresh agent with its own run, session and write scopes."""
 

@@ -28,6 +28,7 @@ from corral.supervisor.spec.spec_models import (
     ROOT_GROUP,
     ActorOptions,
     ActorSpec,
+    AgentDefinition,
     AgentOptions,
     AgentSpec,
     AgentTable,
@@ -181,7 +182,7 @@ def _agents(doc: SpecFile, tree: _Tree, base: Path, models: ModelRegistry, proje
         where = f"agents[{index}]"
         tree.claim(table.id, f"{where}: id {table.id!r} is already used by an actor or agent")
         settings = provider_settings(where, table, base, models, doc.reasoning_effort, doc.web_search)
-        agent = _agent(where, table, settings, project_root)
+        agent = _agent(where, table, settings, project_root, base)
         agents.append(agent)
         tree.check_group(where, table.group)
         tree.actors.append(ActorSpec(
@@ -195,18 +196,36 @@ def _agents(doc: SpecFile, tree: _Tree, base: Path, models: ModelRegistry, proje
 def _templates(doc: SpecFile, base: Path, models: ModelRegistry) -> tuple[TemplateSpec, ...]:
     return tuple(
         TemplateSpec(id=table.id, provider=table.provider, **_options(table, Permissions),
+                     **_definition(f"templates[{index}]", table, base),
                      provider_config=provider_settings(f"templates[{index}]", table, base, models,
                                                        doc.reasoning_effort, doc.web_search))
         for index, table in enumerate(doc.templates)
     )
 
 
-def _agent(where: str, table: AgentTable, provider_config: dict[str, Any], project_root: Path) -> AgentSpec:
+def _agent(where: str, table: AgentTable, provider_config: dict[str, Any], project_root: Path, base: Path
+           ) -> AgentSpec:
     workspace = (project_root / table.workspace).resolve()
     if workspace != project_root and project_root not in workspace.parents:
         raise SpecError(f"{where}.workspace: {workspace} is outside the project root {project_root}")
     return AgentSpec(id=table.id, provider=table.provider, provider_config=provider_config, workspace=workspace,
-                     **_options(table, AgentOptions))
+                     **{**_options(table, AgentOptions), **_definition(where, table, base)})
+
+
+def _definition(where: str, table: AgentDefinition, base: Path) -> dict[str, Any]:
+    """Its instructions, the file's path made absolute (after symlinks) and read once
+    now, so a missing or oversized file stops `corral up` rather than a run."""
+    from corral.actors.agent_instructions import InstructionsError, read_file
+
+    found = {"instructions": table.instructions, "instructions_file": None}
+    if table.instructions_file is not None:
+        path = spec_path(base, table.instructions_file)
+        try:
+            read_file(str(path))
+        except InstructionsError as exc:
+            raise SpecError(f"{where}.instructions_file: {exc}") from None
+        found["instructions_file"] = str(path)
+    return found
 
 
 def _options(table: Any, kind: type[Any]) -> dict[str, Any]:

@@ -142,6 +142,7 @@ def spawn_group(
                     "effects_file": options.get("effects_file"),
                     "limits": options.get("limits", {}),
                     "template": template_spec.id,
+                    **template_spec.definition_options(),  # its template's instructions, not the parent's
                 },
             )
             db.execute(

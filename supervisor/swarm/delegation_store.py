@@ -103,6 +103,7 @@ def delegate(
         "policy": {**spec.policy, **target_spec.policy},
         "effects_file": json.loads(parent_run["options"]).get("effects_file"),
         "limits": {"max_repairs": target_spec.max_repairs},
+        **target_spec.definition_options(),  # the specialist's own instructions
     }
     run_id = f"run-{delegation_id[4:16]}"
     with ledger.tx() as db:
