@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pexpect
+import psutil
 import pytest
 
 from fake_openai import FakeOpenAIServer, Reply
@@ -308,3 +310,89 @@ def test_run_wait_on_a_terminal_names_the_command_a_waiting_child_needs(short_tm
         finally:
             child.close(force=True)
         assert child.exitstatus == 0, child.before
+
+
+# --- refused work is not evidence ------------------------------------------------------
+
+REFUSED_WORK_SPEC = """
+[project]
+root = "ws"
+[[agents]]
+id = "lead"
+role = "root"
+  [[agents.steps]]
+  actions = [
+    { tool = "agent.delegate", input = { agent_id = "researcher", task = "Survey", acceptance_criteria = "one" } },
+    { tool = "agent.spawn_isolated", input = { join_mode = "all", children = [
+        { template = "reader", task = "Read", acceptance_criteria = "one", write_scopes = ["r"] },
+    ] } },
+  ]
+  [[agents.steps]]
+  actions = [{ tool = "agent.run_status", input = {} }]
+  [[agents.steps]]
+  final = "all done"
+[[agents]]
+id = "researcher"
+role = "specialist"
+write_scopes = ["research"]
+  [agents.policy]
+  "fs.write" = "deny"
+  [[agents.steps]]
+  actions = [{ tool = "fs.write", input = { path = "research/s.md", content = "# Survey" } }]
+  [[agents.steps]]
+  final = "Survey written."
+[[templates]]
+id = "reader"
+  [[templates.steps]]
+  actions = [{ tool = "fs.read", input = { path = "no-such-file.md" } }]
+  [[templates.steps]]
+  final = "Read it."
+"""
+
+
+def test_a_delivery_whose_every_action_was_refused_or_failed_is_not_evidence(short_tmp: Path) -> None:
+    (short_tmp / "ws").mkdir()
+    with running(short_tmp / "home", REFUSED_WORK_SPEC) as daemon:
+        run_id = daemon.call("run", agent_id="lead", task="plan")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        (delegation,) = shown["swarm"]["delegations"]
+        child_run = delegation["run_id"]
+        assert [a["phase"] for a in wait_run(daemon, child_run, {"completed", "failed"})["actions"]] == ["denied"]
+        result = delegation["result"]
+        assert result["status"] == "needs-repair", result  # not "evidence-ready": nothing it did stands
+        assert "refused" in result["error"] and "1 refused" in result["error"], result
+        ((child,),) = [group["children"] for group in shown["swarm"]["groups"]]
+        reader = daemon.call("show", run_id=child["run_id"])
+        assert [a["phase"] for a in reader["actions"]] == ["failed"]
+        assert reader["run"]["status"] == "failed" and "1 failed" in reader["run"]["reason"], reader["run"]
+
+
+# --- corral demo owns what it started ------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stopping_the_demo_stops_its_supervisor_and_every_process_it_started(
+    short_tmp: Path, signum: signal.Signals
+) -> None:
+    demo_dir = short_tmp / "demo"
+    # The root's first action holds in its agent, so the demo is mid-run when stopped.
+    env = {**os.environ, "CORRAL_FAILPOINTS": "agent.before-effect=block",
+           "CORRAL_FAILPOINT_DIR": str(short_tmp / "fp")}
+    argv = [sys.executable, "-m", "corral", "demo", "--dir", str(demo_dir), "--quiet"]
+    # Its own process group, as a shell gives a foreground job: Ctrl-C goes to the group.
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True) as proc:
+        assert proc.stdout is not None
+        said = proc.stdout.readline()  # printed once its supervisor is up
+        assert said.startswith("corral demo: project"), said + proc.stderr.read() if proc.stderr else said
+        home = demo_dir / ".corral"
+        supervisor = psutil.Process(json.loads((home / "endpoint.json").read_text())["pid"])
+        tree = [supervisor, *supervisor.children(recursive=True)]
+        assert len(tree) >= 2, tree  # the supervisor and its actors
+        os.killpg(proc.pid, signum)
+        proc.communicate(timeout=120)
+    assert proc.returncode in (-signum, 128 + signum), proc.returncode  # it ends by the signal, after cleaning up
+    _gone, alive = psutil.wait_procs(tree, timeout=30)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], [p.cmdline() for p in alive]
+    assert not (home / "endpoint.json").exists()

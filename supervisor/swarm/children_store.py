@@ -26,6 +26,7 @@ from corral.supervisor.swarm.work_contract import (
     CHILD_TOOLS,
     evidence,
     hashed_artifacts,
+    refused_work,
     relative_paths,
     revision,
     str_list,
@@ -200,6 +201,8 @@ def finish_child(ledger: Ledger, run_id: str, summary: str | None, error: str | 
     artifacts, missing = hashed_artifacts(workspace, json.loads(child["expected_artifacts"]))
     if error is None and missing:
         error = "result contract broken: missing artifacts " + ", ".join(missing)
+    if error is None:
+        error = refused_work(ledger, run_id)  # all refused or failed: no evidence, whatever the reply says
     status = "ok" if error is None else "failed"
     result = {
         "delegation_id": child["delegation_id"],

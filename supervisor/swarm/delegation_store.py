@@ -24,6 +24,7 @@ from corral.supervisor.swarm.work_contract import (
     SPECIALIST_TOOLS,
     evidence,
     hashed_artifacts,
+    refused_work,
     relative_paths,
     str_list,
     task_text,
@@ -157,7 +158,9 @@ def finish_delegation(ledger: Ledger, run_id: str, summary: str | None, error: s
     run = get_run(ledger, run_id)
     workspace = Path(json.loads(run["options"]).get("workspace") or ".")
     artifacts, missing = hashed_artifacts(workspace, json.loads(row["expected_artifacts"]))
-    status = "evidence-ready" if error is None and not missing else "needs-repair"
+    # Work that was all refused or failed is no evidence, even with a hopeful reply.
+    no_evidence = refused_work(ledger, run_id) if error is None else None
+    status = "evidence-ready" if error is None and not missing and no_evidence is None else "needs-repair"
     result = {
         "delegation_id": row["delegation_id"],
         "agent_id": row["target_agent"],
@@ -167,7 +170,7 @@ def finish_delegation(ledger: Ledger, run_id: str, summary: str | None, error: s
         "artifacts": artifacts,
         "missing_artifacts": missing,
         "evidence": evidence(ledger, run_id),
-        "error": error,
+        "error": error or no_evidence,
         "repair_of": row["repair_of"],
     }
     delivery_id = "dlv-" + sha(f"receipt\x00{row['delegation_id']}")[:20]

@@ -62,6 +62,22 @@ def hashed_artifacts(workspace: Path, expected: list[str]) -> tuple[list[dict[st
     return found, missing
 
 
+def refused_work(ledger: Ledger, run_id: str) -> str | None:
+    """Why a worker's delivery is no evidence: it took actions and every one that
+    ended was refused (denied) or failed, so nothing it did stands, whatever its
+    reply says. None when some action succeeded, or it took none (its artifacts and
+    reply are then judged alone)."""
+    rows = ledger.all(
+        "SELECT phase, COUNT(*) AS n FROM actions WHERE run_id = ? AND phase IN ('ok', 'denied', 'failed')"
+        " GROUP BY phase", run_id,
+    )
+    ended = {row["phase"]: int(row["n"]) for row in rows}
+    if not ended or ended.get("ok"):
+        return None
+    return (f"no evidence: every action of run {run_id} was refused or failed"
+            f" ({ended.get('denied', 0)} refused, {ended.get('failed', 0)} failed)")
+
+
 def evidence(ledger: Ledger, run_id: str) -> list[str]:
     rows = ledger.all("SELECT tool, status, result_summary FROM receipts WHERE run_id = ? ORDER BY receipt_id", run_id)
     return [f"{row['tool']} {row['status']}: {row['result_summary']}" for row in rows][:20]
