@@ -396,3 +396,27 @@ def test_stopping_the_demo_stops_its_supervisor_and_every_process_it_started(
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], [p.cmdline() for p in alive]
     assert not (home / "endpoint.json").exists()
+
+
+def test_the_local_demo_gives_up_by_the_model_s_measured_pace_not_a_fixed_600_s() -> None:
+    from corral.cli.demo_budget import FIRST_TURN_S, FLOOR_S, TURN_TOKENS, DemoBudget
+
+    budget = DemoBudget(last_progress=0.0)
+    assert not budget.expired(FIRST_TURN_S) and budget.expired(FIRST_TURN_S + 1)  # loading: the first-turn allowance
+    # A slow machine (2 tokens/s) that keeps generating is never given up on, even past 600 s...
+    budget.observe(100.0, tokens=10, tokens_per_s=2.0)
+    allowance = budget.allowance()
+    assert allowance > FIRST_TURN_S and allowance >= TURN_TOKENS / 2.0
+    for second in range(200, 3000, 100):
+        budget.observe(float(second), tokens=second)
+        assert not budget.expired(float(second))
+    # ...and gives up once nothing moved for as long as a whole turn takes at that pace.
+    budget.observe(3000.0, tokens=2900)  # no new token since the last poll: no progress
+    assert not budget.expired(2900.0 + allowance) and budget.expired(2900.0 + allowance + 1)
+    # A fast model that hangs is given up on within the floor, not after ten minutes.
+    fast = DemoBudget(last_progress=0.0)
+    fast.observe(5.0, events=3, tokens=50, tokens_per_s=500.0)
+    assert fast.allowance() == FLOOR_S and fast.expired(5.0 + FLOOR_S + 1)
+    # An event (a tool ran, a run changed state) is progress too.
+    fast.observe(100.0, events=1, tokens=50)
+    assert not fast.expired(100.0 + FLOOR_S)

@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from corral.cli import demo_budget, demo_owner
 from corral.cli.main import EXIT_FAILED, CliError, arguments, cli_errors, command, print_table
 from corral.client import Client
 from corral.client_types import Event
@@ -55,7 +56,9 @@ def _demo_args(parser: argparse.ArgumentParser) -> None:
         "--local-model", default=DEMO_LOCAL_MODEL, metavar="NAME",
         help=f"with --model local: a packaged model ({', '.join(PACKAGED)}) or a .gguf path"
         f" (default {DEMO_LOCAL_MODEL})")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds before giving up (120; local: 600)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds before giving up (default 120; local: none fixed, it gives up when nothing has"
+                        " moved for as long as the model, at its measured speed, needs for a whole turn)")
 
 
 @command("demo", "run the embedded demo swarm end to end and print a summary")
@@ -70,7 +73,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         model_path = args.local_model if args.local_model in PACKAGED else str(Path(args.local_model).absolute())
         spec_text = spec_text.replace(f'path = "{DEMO_LOCAL_MODEL}"', f"path = {json.dumps(model_path)}")
     task = LOCAL_DEMO_TASK if local else DEMO_TASK
-    timeout = args.timeout if args.timeout is not None else (600.0 if local else 120.0)
+    # The local model's pace decides (corral/cli/demo_budget.py) unless a timeout is given.
+    timeout = args.timeout if args.timeout is not None else (None if local else 120.0)
     if args.provider == "openai":
         if not args.base_url or not args.model:
             raise CliError("--provider openai needs --base-url and --model")
@@ -81,32 +85,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if homes.is_locked(home):
         raise CliError(f"a supervisor is already running on {home}; pick another --dir or `corral down`")
     started = time.monotonic()
-    up = subprocess.run(
-        python_argv("-m", "corral", "--home", str(home), "up", "--spec", str(spec_path)),
-        env=python_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if up.returncode != 0:
-        raise CliError(f"supervisor did not start: {up.stderr.strip()}")
-    print(f"corral demo: project {base / 'project'}")
-    try:
-        with cli_errors(), Client.connect(home) as api:
-            run_id = api.run(ROOT_AGENT, task, wait=False).run_id
-            shown = _live_view(api, run_id, started, timeout, quiet=args.quiet)
-            _summary(api, shown, time.monotonic() - started)
-            if local:
-                model = PACKAGED.get(args.local_model)
-                _model_summary(api, shown, model.title if model else Path(args.local_model).name)
-    finally:
-        if not args.keep:
-            subprocess.run(
-                python_argv("-m", "corral", "--home", str(home), "down"),
+    stopped_by: int | None = None
+    # The demo owns what it starts: SIGTERM or Ctrl-C stops its supervisor (and with
+    # it every actor and the model process) before the demo ends, --keep or not.
+    with demo_owner.signals_stop_the_demo():
+        try:
+            up = subprocess.run(
+                python_argv("-m", "corral", "--home", str(home), "up", "--spec", str(spec_path)),
                 env=python_env(),
                 capture_output=True,
+                text=True,
                 check=False,
             )
+            if up.returncode != 0:
+                raise CliError(f"supervisor did not start: {up.stderr.strip()}")
+            print(f"corral demo: project {base / 'project'}", flush=True)
+            with cli_errors(), Client.connect(home) as api:
+                run_id = api.run(ROOT_AGENT, task, wait=False).run_id
+                shown = _live_view(api, run_id, started, timeout, quiet=args.quiet)
+                _summary(api, shown, time.monotonic() - started)
+                if local:
+                    model = PACKAGED.get(args.local_model)
+                    _model_summary(api, shown, model.title if model else Path(args.local_model).name)
+        except demo_owner.Stopped as exc:
+            stopped_by = exc.signum
+        finally:
+            if stopped_by is not None or not args.keep:
+                demo_owner.stop_supervisor(home)
+    if stopped_by is not None:
+        print(f"corral demo: stopped; its supervisor and actors are stopped too (the project stays: {base})",
+              file=sys.stderr)
+        demo_owner.die_by(stopped_by)
     if not args.dir and not args.keep:
         print(f"(the demo directory stays for inspection: {base}; remove it with rm -r)")
     return 0 if shown["run"]["status"] == "completed" else EXIT_FAILED
@@ -150,11 +159,13 @@ _SHOWN_KINDS = {
 }
 
 
-def _live_view(api: Client, run_id: str, started: float, timeout: float, *, quiet: bool) -> dict[str, Any]:
+def _live_view(api: Client, run_id: str, started: float, timeout: float | None, *, quiet: bool) -> dict[str, Any]:
     """The events as they come (the task of each run, each plan's tool calls with
     their arguments, the model's reply text), and on a terminal a status area
     under them: the root run's state, step, children, and the model's words while
-    it generates (corral/cli/progress.py)."""
+    it generates (corral/cli/progress.py). ``timeout`` None: give up only when
+    nothing moved for longer than the model's measured pace allows
+    (corral/cli/demo_budget.py)."""
     # rich: loaded for the live view only.
     from rich.console import Console
     from rich.live import Live
@@ -164,7 +175,8 @@ def _live_view(api: Client, run_id: str, started: float, timeout: float, *, quie
     log = _DemoLog(api, started)
     status = progress.RunProgress(run_id)
     cursor = 0
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout if timeout is not None else None
+    pace = demo_budget.Pace(api, time.monotonic()) if timeout is None else None
     with contextlib.ExitStack() as stack:
         live = None
         if not quiet and sys.stdout.isatty():
@@ -175,9 +187,13 @@ def _live_view(api: Client, run_id: str, started: float, timeout: float, *, quie
                 if not quiet:
                     log.print_events([event.raw for event in api.events(cursor)])
                 return shown
-            if time.monotonic() > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 raise CliError(f"the demo run is still {shown['run']['status']} after {timeout}s")
+            if pace is not None and pace.budget.expired(time.monotonic()):
+                raise CliError(f"the demo run is still {shown['run']['status']}: {pace.why()}")
             reply = api.call("events", timeout=10, since=cursor, wait_ms=progress.POLL_MS if live else 2000)
+            if pace is not None:
+                pace.observe([Event.from_row(row) for row in reply["events"]])
             if not quiet:
                 log.print_events(reply["events"])
             cursor = reply["cursor"]
