@@ -5,12 +5,13 @@ reports the server's tool catalog and instructions to the supervisor
 (``mcp.ready``), then serves ``call`` requests relayed by the supervisor. It holds
 no durable state: the action lifecycle around every call lives in the ledger.
 
-A stdio server is this actor's child and dies with it: the SDK stops it on a clean
-exit, and a watcher its launcher forks kills it when the actor itself is
-SIGKILLed (actors/mcp_launch.py). What the server started ends with it too
-(actors/mcp_tree.py). A session that breaks (the server crashed, the
-connection dropped) ends the actor with a non-zero code, so the supervisor
-restarts it per its policy and counts it against the restart intensity.
+A stdio server is this actor's child (its pipes: actors/mcp_stdio.py) and dies
+with it: the transport stops it on a clean exit, and a watcher its launcher
+forks kills it when the actor itself is SIGKILLed (actors/mcp_launch.py). What
+the server started ends with it too (actors/mcp_tree.py). A session that breaks
+(the server crashed, the connection dropped) ends the actor with a non-zero
+code, so the supervisor restarts it per its policy and counts it against the
+restart intensity.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import trio
 
 from corral.actors import recordable
+from corral.actors.mcp_stdio import StdioPipes, stdio_pipes
 from corral.actors.mcp_tree import TAG_VAR, ServerTree, tree_tag
 from corral.actors.runtime import ActorContext, report_best_effort, serve_requests
 from corral.actors.tools.sidecar import ResultTooLarge, bounded
@@ -78,9 +80,11 @@ def server_argv(command: list[str]) -> list[str]:
 
 
 @asynccontextmanager
-async def open_session(server: dict[str, Any], tree: ServerTree | None = None) -> AsyncIterator[Any]:
+async def open_session(
+    server: dict[str, Any], pipes: StdioPipes | None = None, tree: ServerTree | None = None
+) -> AsyncIterator[Any]:
     """The ``ClientSession`` of one server spec (stdio or HTTP); a stdio server's
-    process tree held by ``tree``, if given."""
+    pipes described in ``pipes`` and its process tree held by ``tree``, if given."""
     from mcp import ClientSession
 
     async with AsyncExitStack() as stack:
@@ -94,21 +98,21 @@ async def open_session(server: dict[str, Any], tree: ServerTree | None = None) -
             )
             read, write = await stack.enter_async_context(streamable_http_client(server["url"], http_client=http))
         else:
-            from mcp.client.stdio import StdioServerParameters, stdio_client
-
             argv = server_argv(list(server["command"]))
             env = {name: expand_env(value, os.environ) for name, value in server.get("env", {}).items()}
             if tree is not None:
                 env[TAG_VAR] = tree.tag
-            params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=server.get("cwd"))
             errlog = await stack.enter_async_context(_server_log(server.get("log")))
             if tree is not None:
-                # Entered before the SDK's client, so left after it has stopped the
-                # server: then whatever the server started is ended too.
+                # Entered before the pipes, so left after the server is stopped:
+                # then whatever the server started is ended too.
                 await stack.enter_async_context(tree.held())
-            read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
+            pipes = pipes if pipes is not None else StdioPipes()
+            read, write = await stack.enter_async_context(
+                stdio_pipes(argv, env, server.get("cwd"), errlog, pipes)
+            )
             if tree is not None:
-                tree.note_server()
+                tree.server_pid = pipes.pid
         session = await stack.enter_async_context(ClientSession(read, write))
         yield session
 
@@ -198,10 +202,11 @@ async def run(ctx: ActorContext) -> int:
     log_start = _size(log_path)
     startup_timeout = float(server.get("startup_timeout_s", 20.0))
     started = False
+    pipes = StdioPipes()
     try:
         async with trio.open_nursery() as nursery:
             with trio.fail_after(startup_timeout):
-                session = await nursery.start(_hold_session, server)
+                session = await nursery.start(_hold_session, server, pipes)
                 init = session.initialize_result
                 tools = await list_all_tools(session)
             await ctx.call(
@@ -216,7 +221,7 @@ async def run(ctx: ActorContext) -> int:
             )
             started = True
             nursery.start_soon(_watch_liveness, session, float(server.get("ping_interval_s", 2.0)))
-            code = await _serve(ctx, session)
+            code = await _serve(ctx, session, pipes)
             nursery.cancel_scope.cancel()
             return code
     except BaseException as exc:  # classified: cancellation re-raised, the rest is an exit code
@@ -277,9 +282,11 @@ def _first_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-async def _hold_session(server: dict[str, Any], task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+async def _hold_session(
+    server: dict[str, Any], pipes: StdioPipes, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
     tree = ServerTree(tree_tag(server["home"], server["id"])) if server.get("command") else None
-    async with open_session(server, tree) as session:
+    async with open_session(server, pipes, tree) as session:
         await session.initialize()
         task_status.started(session)
         while True:
@@ -320,7 +327,7 @@ async def _report_failure(
     )
 
 
-async def _serve(ctx: ActorContext, session: Any) -> int:
+async def _serve(ctx: ActorContext, session: Any, pipes: StdioPipes) -> int:
     broken = trio.Event()
     async with trio.open_nursery() as nursery:
 
@@ -329,7 +336,7 @@ async def _serve(ctx: ActorContext, session: Any) -> int:
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(watch_broken)
-        await serve_requests(ctx, nursery, {"call": partial(_call, ctx, session, broken=broken)})
+        await serve_requests(ctx, nursery, {"call": partial(_call, ctx, session, broken=broken, pipes=pipes)})
         if ctx.shutdown.is_set():
             nursery.cancel_scope.cancel()
             return 0
@@ -339,7 +346,9 @@ async def _serve(ctx: ActorContext, session: Any) -> int:
     return 0
 
 
-async def _call(ctx: ActorContext, session: Any, envelope: Envelope, broken: trio.Event) -> None:
+async def _call(
+    ctx: ActorContext, session: Any, envelope: Envelope, broken: trio.Event, pipes: StdioPipes
+) -> None:
     body = envelope.body
     timeout = float(body.get("timeout_s", 60.0))
     # The action id lets a server (and a person reconciling) tie an effect to its
@@ -364,7 +373,10 @@ async def _call(ctx: ActorContext, session: Any, envelope: Envelope, broken: tri
         if isinstance(exc, MCPError) and exc.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
             await ctx.channel.reply_error(envelope, "mcp-error", summarize(str(exc), 500))
             return
-        await ctx.channel.reply_error(envelope, "mcp-session-broken", summarize(f"{type(exc).__name__}: {exc}", 500))
+        # The transport's own reason, recorded before it closed the stream, beats
+        # the closed connection it caused (a message past the bound).
+        why = pipes.refused or f"{type(exc).__name__}: {exc}"
+        await ctx.channel.reply_error(envelope, "mcp-session-broken", summarize(why, 500))
         broken.set()
         return
     finally:

@@ -1,11 +1,11 @@
 """A stdio MCP server's process tree ends with the server's actor.
 
-The SDK starts the server in a session, so a process group, of its own
-(``start_new_session``), and when the session closes it closes the server's
-stdin and signals that group only if the server itself does not exit. Workers
-outlive that: those left in the group by a server that exited cleanly, and those
-that called setsid() (npx, uvx and other launchers start such workers), which no
-signal to the group reaches.
+The server runs in a session, so a process group, of its own, and when the
+session closes its stdin is closed and the group is signalled only if the server
+itself does not exit (actors/mcp_stdio.py). Workers outlive that: those left in
+the group by a server that exited cleanly, and those that called setsid() (npx,
+uvx and other launchers start such workers), which no signal to the group
+reaches.
 
 So the MCP actor is made a child subreaper (``PR_SET_CHILD_SUBREAPER``): an
 orphan of the server's tree is re-parented to the actor instead of init, and so
@@ -15,10 +15,10 @@ server), SIGTERM and a short grace, then SIGKILL, and reaps them.
 
 When the actor itself is SIGKILLed, that clean-up never runs. The server's
 group still dies by its launcher's watcher (actors/mcp_launch.py), but a worker
-in a session of its own is re-parented past the dead actor. Every process of the tree carries the tree's tag in its
-environment (``CORRAL_MCP_TREE``, inherited unless a worker scrubs its
-environment), so the next incarnation of the actor ends them before it starts
-its own server.
+in a session of its own is re-parented past the dead actor. Every process of the
+tree carries the tree's tag in its environment (``CORRAL_MCP_TREE``, inherited
+unless a worker scrubs its environment), so the next incarnation of the actor
+ends them before it starts its own server.
 
 Why not a cgroup, which would hold even a worker that scrubs its environment:
 corral's actors run as the user, without the delegated, writable cgroup v2
@@ -60,7 +60,7 @@ class ServerTree:
 
     def __init__(self, tag: str) -> None:
         self.tag = tag
-        #: The server's pid, once started: the one child the SDK's transport reaps.
+        #: The server's pid, once started: the one child its transport reaps.
         self.server_pid: int | None = None
 
     @asynccontextmanager
@@ -75,12 +75,6 @@ class ServerTree:
         finally:
             with trio.CancelScope(shield=True):
                 await end_tree(self.tag)
-
-    def note_server(self) -> None:
-        """Called once the server is started: this process's only child then is the
-        server (an orphan needs a parent that exited, and the server has just begun)."""
-        children = psutil.Process().children()
-        self.server_pid = children[0].pid if len(children) == 1 else None
 
     def reap_orphans(self) -> None:
         """Reap the orphans of the server's tree that exited meanwhile: this process

@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
+from corral.actors.mcp_stdio import MAX_MESSAGE_BYTES
 from corral.actors.tools.sidecar import MAX_RESULT_BYTES
 from tests.harness import Daemon, cli, drive_to_end, ledger_rows, running, wait_for, wait_run
 
@@ -307,6 +308,20 @@ def test_large_results_go_to_a_sidecar_and_floods_are_refused(project: Path) -> 
         assert json.loads(sidecar.read_text())["text"] == "y" * 100 * 1024
         assert _server(daemon, "lab")["status"] == "ready"  # the swarm goes on
         assert _server(daemon, "lab")["restarts"] == 0 and server.is_running()  # the same server all along
+
+
+def test_a_message_past_the_transports_bound_ends_the_session_and_names_the_limit(project: Path) -> None:
+    effects = project / "lab.log"
+    with running(project / "home", _spec(_lab(effects=effects), [{"final": "x"}])) as daemon:
+        _wait_server(daemon, "lab", "ready")
+        # 20 MiB of text is twice that on the wire (content and structured content):
+        # past the bound, so the actor never holds it, and says why it ended the session.
+        call = cli(daemon.home, "mcp", "call", "lab", "flood", "--args", '{"megabytes": 20}')
+        assert call.returncode != 0
+        assert f"the limit is {MAX_MESSAGE_BYTES}" in call.stdout + call.stderr, (call.stdout, call.stderr)
+        _wait_server(daemon, "lab", "ready", restarts=1)  # restarted per policy; the swarm goes on
+        peek = cli(daemon.home, "mcp", "call", "lab", "peek", "--args", '{"item": "after"}')
+        assert peek.returncode == 0, peek.stdout + peek.stderr
 
 
 def test_a_server_writing_garbage_does_not_take_the_swarm_down(project: Path) -> None:
