@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -329,3 +330,128 @@ def test_kill_caller_with_no_caller_stays_armed_for_one(tmp_path: Path, monkeypa
         failpoints.configure("")
         victim.kill()
         victim.wait()
+
+
+# -- issue 48, D.10: a scenario that cannot run stops the campaign; Ctrl-C reports -------------
+
+#: A tools module outside the scenario's folder, named by a relative path.
+OUTSIDE_TOOLS = (
+    "import os\n\nimport corral\n\n"
+    "if os.environ.get('REFUSE_IN_EPISODES') and os.environ.get('CORRAL_DECOY_TOKEN'):\n"
+    "    # The chaos runner plants this decoy in every episode's environment only.\n"
+    "    raise RuntimeError('this tools module refuses to load in a chaos episode')\n\n"
+    "@corral.tool(effect='read', name='local.echo')\n"
+    "def echo(ctx: corral.ToolContext, text: str) -> dict:\n"
+    "    '''Echo.'''\n"
+    "    return {'echo': text}\n"
+)
+OUTSIDE_SCENARIO = """
+name = "outside"
+[project]
+root = "project"
+[tools]
+modules = ["../lib/outside_tools.py"]
+[chaos]
+root_agent = "writer"
+task = "Echo, then record"
+effects_file = "effects.log"
+[sandbox]
+mode = "allow-unsandboxed"
+[[agents]]
+id = "writer"
+role = "root"
+tools = ["local.*", "effect.record"]
+  [[agents.steps]]
+  actions = [{ tool = "local.echo", input = { text = "hello" } }]
+  [[agents.steps]]
+  actions = [{ tool = "effect.record", input = { label = "echoed" } }]
+  [[agents.steps]]
+  final = "echoed"
+"""
+
+
+def _outside_scenario(top: Path) -> Path:
+    (top / "lib").mkdir()
+    (top / "lib" / "outside_tools.py").write_text(OUTSIDE_TOOLS)
+    (top / "scenario").mkdir()
+    scenario = top / "scenario" / "swarm.toml"
+    scenario.write_text(OUTSIDE_SCENARIO)
+    return scenario
+
+
+def _chaos(argv: list[str], env: dict[str, str] | None = None,
+           timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CHAOS, *argv], capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, **(env or {})})
+
+
+def test_a_scenarios_paths_resolve_in_episodes_as_they_did_at_load(short_tmp: Path) -> None:
+    """A tools module named by a path relative to the scenario but outside its
+    folder loads at the start, and in every episode too (each episode's own project
+    and effects file stay the episode's)."""
+    scenario = _outside_scenario(short_tmp)
+    report_path = short_tmp / "report.json"
+    result = _chaos(["--scenario", str(scenario), "--mode", "failpoints", "--failpoint", "action.after-executing",
+                     "--targets", "supervisor", "--seed", "3", "--quiet", "--json", str(report_path),
+                     "--keep"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    report = json.loads(report_path.read_text())
+    assert report["episodes"] == 1 and report["runs"] == {"completed": 1}, report["runs"]
+    assert report["invariants"]["every episode ran to its end"]["failures"] == []
+    episode = Path(report["workdir"]) / "e000"
+    effects = (episode / "effects.log").read_text().splitlines()
+    assert len(effects) == 1 and "echoed" in effects[0], effects
+    assert (episode / "project").is_dir()
+    shutil.rmtree(report["workdir"], ignore_errors=True)
+
+
+def test_an_episode_that_fails_before_its_first_kill_stops_the_campaign(short_tmp: Path) -> None:
+    """Random mode runs episodes "until N kills happened": a scenario that loads at
+    the start but cannot run in an episode never gets a kill. The first such
+    episode stops the campaign, with the reason, a report and one episode kept."""
+    scenario = _outside_scenario(short_tmp)
+    report_path = short_tmp / "report.json"
+    # Bounded only so that a runaway fails the test instead of hanging it.
+    result = _chaos(["--scenario", str(scenario), "--mode", "random", "--kills", "50", "--seed", "3", "--quiet",
+                     "--json", str(report_path)], env={"REFUSE_IN_EPISODES": "1"}, timeout=600)
+    assert result.returncode == 1, result.stdout[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["episodes"] == 1 and report["kills"] == 0, (report["episodes"], report["kills"])
+    assert report["passed"] is False and "refuses to load in a chaos episode" in report["stopped"], report["stopped"]
+    assert "campaign stopped" in result.stdout and "refuses to load in a chaos episode" in result.stdout
+    (failure,) = report["invariants"]["every episode ran to its end"]["failures"]
+    assert failure["episode"] == 0 and "refuses to load" in failure["detail"]
+    assert sorted(path.name for path in Path(report["workdir"]).iterdir()) == ["e000"], "one episode, kept"
+    shutil.rmtree(report["workdir"], ignore_errors=True)
+
+
+def test_ctrl_c_writes_the_report_of_the_episodes_so_far(short_tmp: Path) -> None:
+    """SIGINT mid-campaign: the episode under way is ended (its processes killed and
+    reaped: the orphan check of this test covers them), and the report of what ran
+    is printed and written, marked interrupted, with a non-zero exit."""
+    report_path = short_tmp / "report.json"
+    process = subprocess.Popen(
+        [*CHAOS, "--mode", "random", "--kills", "100000", "--seed", "5", "--json", str(report_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert process.stdout is not None
+        # Wait for the first episode to end (its line), then interrupt the next one.
+        for line in process.stdout:
+            if line.startswith("  episode   0 "):
+                break
+        else:
+            raise AssertionError(f"no episode ran: {process.stderr.read() if process.stderr else ''}")
+        process.send_signal(signal.SIGINT)
+        rest, errors = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, (rest[-2000:], errors[-2000:])
+    report = json.loads(report_path.read_text())
+    assert report["interrupted"] is True and report["passed"] is False
+    assert report["episodes"] >= 1 and report["kills"] >= 1
+    assert "interrupted" in rest and f"report: {report_path}" in rest, rest[-2000:]
+    assert "Traceback" not in errors, errors[-2000:]
+    shutil.rmtree(report["workdir"], ignore_errors=True)

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections import Counter
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from corral import client
+from corral.chaos.campaign_report import campaign_report
 from corral.chaos.invariants import Check, check_all, no_secrets
 from corral.chaos.reconciler import decide, pending_reconciliations
 from corral.client import Client
@@ -102,6 +103,28 @@ class Scenario:
     task: str
     spec_dir: Path | None = None
 
+    def episode_spec(self, base: Path) -> str:
+        """The spec an episode in ``base`` runs: every file it names means what it
+        meant when the scenario was loaded (made absolute against the scenario's
+        folder, by the spec's one rule), but the project root and the effects file,
+        which are each episode's own (relative to ``base``: a fresh project, a fresh
+        effects file). A path outside the scenario's folder (``../lib/tools.py``)
+        resolves as at load; the copy in the episode did not (issue 48, D.10)."""
+        if self.spec_dir is None:
+            return self.spec_text  # the demo: it names no file but those two
+        from corral.client_spec import _absolute_paths, toml_text  # the spec's one rule for its paths
+        from corral.supervisor.spec.spec_base import spec_path
+
+        data = tomllib.loads(self.spec_text)
+        project = data.setdefault("project", {})
+        if isinstance(project, dict):
+            project["root"] = str(spec_path(base, str(project.get("root", "."))))
+        chaos = data.get("chaos")
+        if isinstance(chaos, dict) and isinstance(chaos.get("effects_file"), str):
+            chaos["effects_file"] = str(spec_path(base, chaos["effects_file"]))
+        _absolute_paths(data, self.spec_dir.resolve())
+        return toml_text(data)
+
 
 def demo_scenario() -> Scenario:
     from corral.cli.swarm import DEMO_TASK, ROOT_AGENT, demo_spec_text
@@ -115,7 +138,9 @@ def file_scenario(path: Path) -> Scenario:
     root = chaos.get("root_agent") or next((a.id for a in spec.agents if a.role == "root"), None)
     if root is None:
         raise ValueError(f"{path}: no root agent (set [chaos] root_agent)")
-    return Scenario(path.stem, read_text_bounded(path, "spec"), root, chaos.get("task", "chaos run"), path.parent)
+    # The folder as it is now: an episode's paths mean what they meant at this load.
+    return Scenario(path.stem, read_text_bounded(path, "spec"), root, chaos.get("task", "chaos run"),
+                    path.parent.resolve())
 
 
 def _reading(home: Path) -> contextlib.closing[Ledger]:
@@ -145,6 +170,11 @@ class Runner:
         self.verbose = verbose
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="corral-chaos-"))
         self.episodes: list[Episode] = []
+        #: Why the campaign must not go on (an episode that failed before its first
+        #: kill: every next one would too), or None.
+        self.stopped: str | None = None
+        #: The episode a SIGINT (Ctrl-C) ended, its processes killed; None: none was.
+        self.interrupted: int | None = None
         #: Supervisors started by this runner (its children), until reaped.
         self._started: list[subprocess.Popen[bytes]] = []
 
@@ -156,11 +186,13 @@ class Runner:
             shutil.rmtree(base)
         (base / "project").mkdir(parents=True)
         if self.scenario.spec_dir is not None:
+            # Modules named (not pathed) in the spec are looked up beside it: copies
+            # of the folder's own. Every path the spec writes means the original file.
             for item in self.scenario.spec_dir.iterdir():
-                if item.suffix in (".toml", ".json", ".py") and item.is_file():  # .py: [tools] modules
+                if item.suffix in (".toml", ".json", ".py") and item.is_file():
                     shutil.copy(item, base / item.name)
         spec = base / "swarm.toml"
-        spec.write_text(self.scenario.spec_text)
+        spec.write_text(self.scenario.episode_spec(base))
         # Decoy secrets in files the agents can see; they must never reach the ledger.
         (base / "project" / ".env").write_text(f"OPENAI_API_KEY={DECOYS[0]}\n")
         return base, spec
@@ -280,6 +312,16 @@ class Runner:
         except Exception as exc:  # the episode failed to run: report it, never hide it
             episode.error = f"{type(exc).__name__}: {exc}"
             self._kill_everything(home, seen_pids)
+            if not episode.kills:
+                # Nothing was killed yet, so the scenario itself cannot run here: every
+                # next episode would fail the same way (random mode would go on forever).
+                self.stopped = f"episode {episode.index} failed before its first kill: {episode.error}"[:2000]
+        except KeyboardInterrupt:
+            # Ctrl-C: end this episode's processes (a supervisor still starting
+            # included: it is a child of this process), then let the campaign report.
+            self.interrupted = episode.index
+            self._abandon(home, seen_pids)
+            raise
         seen_pids |= self._pids_from_ledger(home)
         episode.leftovers = self._leftovers(seen_pids)
         self._reap()
@@ -454,79 +496,33 @@ class Runner:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def _abandon(self, home: Path, pids: set[int]) -> None:
+        """SIGKILL every process of the episode and reap this process's children:
+        what the episode knew of, and every descendant of this process (a supervisor
+        whose start was interrupted is one, before its pid was known)."""
+        try:
+            descendants = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        self._kill_everything(home, pids | {child.pid for child in descendants})
+        for process in self._started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=DYING_WAIT_S)
+        psutil.wait_procs(descendants, timeout=DYING_WAIT_S)  # reaps the children among them
+        self._reap()
+
     def _leftovers(self, pids: set[int]) -> list[int]:
         # PDEATHSIG is asynchronous: a short grace, then anything still running is an orphan.
         return sorted(pid for pid in pids if not wait_exit(pid, 2))
 
     # -- the report -------------------------------------------------------------------
 
-    def report(self, wall_s: float) -> dict[str, Any]:
-        kills = [k for e in self.episodes for k in e.kills]
-        by_target = Counter(k.target for k in kills)
-        by_point = Counter(k.point if not k.point.startswith("random@") else "random" for k in kills)
-        invariants: dict[str, dict[str, Any]] = {}
-        for episode in self.episodes:
-            for check in episode.checks:
-                entry = invariants.setdefault(
-                    check.name, {"passed": True, "count": 0, "unit": check.unit, "breakdown": {}, "failures": []}
-                )
-                entry["count"] += check.count
-                for source, n in check.breakdown.items():
-                    entry["breakdown"][source] = entry["breakdown"].get(source, 0) + n
-                if not check.passed:
-                    entry["passed"] = False
-                    for failure in check.failures[:3]:
-                        entry["failures"].append(
-                            {
-                                "episode": episode.index,
-                                "seed": episode.seed,
-                                "failpoint": episode.failpoint,
-                                "detail": failure,
-                            }
-                        )
-        leftovers = [p for e in self.episodes for p in e.leftovers]
-        invariants["no process left alive"] = {
-            "passed": not leftovers,
-            "count": sum(e.processes_checked for e in self.episodes),
-            "unit": "processes",
-            "failures": [{"detail": f"pid {p} alive"} for p in leftovers],
-        }
-        errors = [
-            {"episode": e.index, "seed": e.seed, "failpoint": e.failpoint, "detail": e.error}
-            for e in self.episodes
-            if e.error
-        ]
-        invariants["every episode ran to its end"] = {
-            "passed": not errors,
-            "count": len(self.episodes),
-            "unit": "episodes",
-            "failures": errors,
-        }
-        # ``passed``: no failure found. A row that checked nothing found none, yet
-        # proves nothing: its status says "not exercised", never a pass.
-        for entry in invariants.values():
-            entry["exercised"] = entry["count"] > 0
-            entry["status"] = "fail" if not entry["passed"] else "pass" if entry["exercised"] else "not exercised"
-        passed = all(entry["passed"] for entry in invariants.values())
-        return {
-            "scenario": self.scenario.name,
-            "seed": self.seed,
-            "targets": list(self.targets),
-            "episodes": len(self.episodes),
-            "kills": len(kills),
-            "kills_by_target": dict(by_target),
-            "kills_by_point": dict(sorted(by_point.items())),
-            "supervisor_restarts": sum(max(0, e.boots - 1) for e in self.episodes),
-            "actor_restarts": sum(e.restarts for e in self.episodes),
-            "recoveries": sum(max(0, e.boots - 1) for e in self.episodes),
-            "reconciliations": sum(e.reconciliations for e in self.episodes),
-            "runs": Counter(e.status or "error" for e in self.episodes),
-            "invariants": invariants,
-            "passed": passed,
-            "not_exercised": [name for name, entry in invariants.items() if not entry["exercised"]],
-            "wall_s": round(wall_s, 2),
-            "workdir": str(self.workdir),
-        }
+    def report(self, wall_s: float, interrupted: bool = False) -> dict[str, Any]:
+        """The invariants over the episodes that ended; ``interrupted``: the campaign
+        was cut short by Ctrl-C (the report so far)."""
+        return campaign_report(self.episodes, scenario=self.scenario.name, seed=self.seed, targets=self.targets,
+                               wall_s=wall_s, workdir=self.workdir, stopped=self.stopped,
+                               interrupted_at=self.interrupted, interrupted=interrupted)
 
 
 def episode_timeline(ledger: Path | Ledger, title: str) -> str:

@@ -93,17 +93,16 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     runner = Runner(scenario, seed=seed, targets=targets, verbose=not args.quiet, timelines=bool(args.html_path),
                     ledger_url=args.ledger)
     started = time.monotonic()
-    print(f"corral chaos: scenario {scenario.name}, seed {seed}, mode {args.mode}, targets {','.join(targets)}")
-    if args.mode in ("failpoints", "both") or args.failpoint:
-        for name, target in schedule(scenario, targets, args.failpoint):
-            runner.failpoint_episode(name, target)
-    if args.mode in ("random", "both") and not args.failpoint:
-        rng = random.Random(seed)
-        while (done := sum(len(e.kills) for e in runner.episodes)) < args.kills:
-            # The draw comes first so a seed schedules the same episodes whatever
-            # --kills is; only the last one is cut to land exactly on --kills.
-            runner.random_episode(kills=min(rng.randint(1, 3), args.kills - done))
-    report = runner.report(time.monotonic() - started)
+    print(f"corral chaos: scenario {scenario.name}, seed {seed}, mode {args.mode}, targets {','.join(targets)}",
+          flush=True)
+    interrupted = False
+    try:
+        campaign(runner, scenario, targets, args, seed)
+    except KeyboardInterrupt:
+        # Ctrl-C: the episode under way was ended (its processes killed); report what ran.
+        interrupted = True
+        print("\ncorral chaos: interrupted (SIGINT): the report of the episodes so far", flush=True)
+    report = runner.report(time.monotonic() - started, interrupted=interrupted)
     report["mode"] = args.mode
     report["requested_kills"] = args.kills
     print_report(report)
@@ -130,7 +129,41 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         shutil.rmtree(runner.workdir, ignore_errors=True)
     else:
         print(f"episodes kept in {runner.workdir}")
+    if report["interrupted"]:
+        return EXIT_INTERRUPTED
     return 0 if report["passed"] else EXIT_FAILED
+
+
+#: Random episodes in a row without a kill after which the campaign stops: the run
+#: ends before a kill can land, and "until N kills happened" would never come.
+MAX_EPISODES_WITHOUT_A_KILL = 20
+#: The exit code of a campaign cut short by Ctrl-C (128 + SIGINT, as a shell says).
+EXIT_INTERRUPTED = 130
+
+
+def campaign(runner: Runner, scenario: Scenario, targets: tuple[str, ...], args: argparse.Namespace,
+             seed: int) -> None:
+    """The episodes the options ask for, until they are done or the runner says the
+    campaign must stop (an episode that failed before its first kill, with why)."""
+    if args.mode in ("failpoints", "both") or args.failpoint:
+        for name, target in schedule(scenario, targets, args.failpoint):
+            runner.failpoint_episode(name, target)
+            if runner.stopped:
+                return
+    if args.mode in ("random", "both") and not args.failpoint:
+        rng = random.Random(seed)
+        without = 0
+        while (done := sum(len(e.kills) for e in runner.episodes)) < args.kills:
+            # The draw comes first so a seed schedules the same episodes whatever
+            # --kills is; only the last one is cut to land exactly on --kills.
+            episode = runner.random_episode(kills=min(rng.randint(1, 3), args.kills - done))
+            if runner.stopped:
+                return
+            without = 0 if episode.kills else without + 1
+            if without >= MAX_EPISODES_WITHOUT_A_KILL:
+                runner.stopped = (f"{without} random episodes in a row ended before any kill landed (the scenario's"
+                                  f" run ends too soon to be killed); {done} of {args.kills} kills happened")
+                return
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -167,7 +200,13 @@ def print_report(report: dict[str, Any]) -> None:
                 )
     print()
     not_exercised = report.get("not_exercised", [])
-    if not report["passed"]:
+    if report.get("stopped"):
+        print(_paint(f"campaign stopped: {report['stopped']}", "fail"))
+    if report.get("interrupted"):
+        print(_paint(f"interrupted (SIGINT) after {report['episodes']} episodes: the report of those", "fail"))
+    if not report["passed"] and not any(not entry["passed"] for entry in report["invariants"].values()):
+        print(_paint("NOT PASSED: the campaign did not run what was asked", "fail"))
+    elif not report["passed"]:
         print(_paint("INVARIANTS FAILED", "fail"))
     elif not_exercised:
         # Nothing failed, but a row that checked nothing is no pass: say which.
