@@ -573,6 +573,7 @@ class Lane:
             effects_file=Path(self.run["effects_file"]) if self.run.get("effects_file") else None,
             idempotency_key=action_id,
             sees_images=self.sees_images(),
+            deps=self.ctx.deps,
         )
         if self.inflight is not None:
             self.inflight.add(action_id)

@@ -9,10 +9,13 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from corral.actors.tools.deps import EXIT_DEPS, DepsFailed, open_deps, record_failure
+from corral.actors.tools.deps import PARAM as DEPS_PARAM
 from corral.core import failpoints
 from corral.core.errors import UserCodeError
 from corral.mailbox.actor_config import ActorConfig
@@ -61,6 +64,9 @@ class ActorContext:
     #: The user's ``@corral.tool`` functions, by name: the catalog built from the
     #: spec's tool modules when this process started (``user_code.tool_catalog``).
     user_tools: Mapping[str, Tool] = field(default_factory=dict)
+    #: What the agent's ``deps`` factory made at start (``ctx.deps`` of its tools;
+    #: actors/tools/deps.py), or None.
+    deps: Any = None
 
     @property
     def params(self) -> dict[str, Any]:
@@ -260,6 +266,22 @@ async def _actor(config: ActorConfig, token: str, user_tools: Mapping[str, Tool]
         log.error("template %s cannot be loaded: %s", config["template"], exc)
         return EXIT_TEMPLATE_IMPORT
     actor_id = config["actor_id"]
+    async with contextlib.AsyncExitStack() as resources:
+        # Before hello: an actor is running only once its tools' deps are ready,
+        # and what the factory opened is closed after the template ends.
+        try:
+            deps = await open_deps(config["params"].get(DEPS_PARAM), resources)
+        except DepsFailed as exc:
+            log.error("%s:\n%s", exc, exc.trace)
+            record_failure(Path(config["home"]), actor_id, exc)
+            return EXIT_DEPS
+        return await _serve(config, token, user_tools, template, deps)
+
+
+async def _serve(
+    config: ActorConfig, token: str, user_tools: Mapping[str, Tool], template: Template, deps: Any
+) -> int:
+    actor_id = config["actor_id"]
     failpoints.hit("link.before-dial")
     async with open_channel(
         config["address"],
@@ -280,7 +302,7 @@ async def _actor(config: ActorConfig, token: str, user_tools: Mapping[str, Tool]
         )
         await channel.request_envelope(hello, timeout=30)
         ctx = ActorContext(
-            actor_id, config["incarnation"], config["template"], channel, config, trio.Event(), user_tools
+            actor_id, config["incarnation"], config["template"], channel, config, trio.Event(), user_tools, deps
         )
         _current.set(ctx)  # tasks started below inherit it
         code = 0

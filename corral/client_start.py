@@ -7,6 +7,7 @@ instead of a silent timeout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import subprocess
@@ -104,6 +105,8 @@ def start_supervisor(
         os.close(write_fd)
     line = _read_line(read_fd, timeout)
     if line.startswith("ready "):
+        if spec is not None:
+            _wait_for_deps(home, spec, proc, timeout)
         return proc
     if proc.poll() is None and not line:
         proc.kill()
@@ -113,6 +116,30 @@ def start_supervisor(
         raise SupervisorStartError(message, busy="owns" in message)
     tail = log_path.read_text(errors="replace").splitlines()[-15:]
     raise SupervisorStartError("supervisor did not become ready:\n  " + "\n  ".join(tail))
+
+
+def _wait_for_deps(home: Path, spec: Path, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """The agents that build tools' deps at start are ready, or the supervisor just
+    started is stopped and the start fails with the factory's traceback
+    (corral/deps_start.py)."""
+    from corral.deps_start import DepsStartError, agents_with_deps, wait_for_deps
+
+    agents = agents_with_deps(spec)
+    if not agents:
+        return
+    try:
+        wait_for_deps(home, agents, timeout)
+    except (DepsStartError, TimeoutError) as exc:
+        from corral import client
+
+        with contextlib.suppress(CorralError, OSError):
+            client.call(home, "down", timeout=5)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise SupervisorStartError(f"the supervisor stopped: {exc}") from None
 
 
 def _read_line(fd: int, timeout: float) -> str:

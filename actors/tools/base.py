@@ -5,9 +5,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, cast
+
+from typing_extensions import TypeVar
 
 from corral.actors.providers.base import ToolSchema
+
+#: The type of ``ToolContext.deps``: what the agent's ``deps`` factory returns
+#: (actors/tools/deps.py). ``ToolContext`` alone means ``ToolContext[Any]``.
+DepsT = TypeVar("DepsT", default=Any)
 
 
 class ActionParked(Exception):
@@ -31,7 +37,7 @@ RAISED = "raised"
 
 
 @dataclass
-class ToolContext:
+class ToolContext(Generic[DepsT]):
     agent_id: str
     run_id: str
     action_id: str
@@ -48,6 +54,9 @@ class ToolContext:
     idempotency_key: str = ""
     #: Whether the agent's provider can look at images (``image.inspect``).
     sees_images: bool = False
+    #: What the agent's ``deps`` factory made when its process started (None: it
+    #: names none): annotate ``ctx: corral.ToolContext[MyDeps]`` to type it.
+    deps: DepsT = cast(Any, None)
 
 
 #: The ``default_policy`` of a tool that writes files, changes the project or runs a

@@ -6,6 +6,7 @@ validator see the same plain schemas whichever way a tool was declared."""
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -88,7 +89,9 @@ def arguments_of(func: Callable[..., Any], context_type: type) -> Arguments:
         if param.kind is param.POSITIONAL_ONLY:
             positional.append(param.name)
         hint = hints[param.name]
-        if isinstance(hint, type) and issubclass(hint, context_type):
+        origin: Any = typing.get_origin(hint)  # ToolContext[MyDeps] is the context too
+        candidate: Any = hint if origin is None else origin
+        if isinstance(candidate, type) and issubclass(candidate, context_type):
             if context is not None:
                 raise SignatureError(
                     f"parameters {context!r} and {param.name!r} are both annotated {context_type.__name__};"

@@ -14,17 +14,21 @@ key file (``api_key_file``) wins over the variable, and is checked where it is r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from corral.supervisor.spec.spec_models import AgentSpec, TemplateSpec
     from corral.supervisor.spec.swarm_spec import SwarmSpec
 
 
 def key_warnings(spec: SwarmSpec, environ: Mapping[str, str]) -> list[str]:
     """One line per agent or template whose named key variable is unset or empty."""
     problems = []
-    for section, members in (("agents", spec.agents), ("templates", spec.templates)):
+    sections: tuple[tuple[str, Sequence[AgentSpec | TemplateSpec]], ...] = (
+        ("agents", spec.agents), ("templates", spec.templates),
+    )
+    for section, members in sections:
         for index, member in enumerate(members):
             if member.provider in ("scripted", "local"):
                 continue

@@ -13,12 +13,13 @@ passes when the server is declared and the globs allow the name; a name holding 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from corral.supervisor.spec.spec_base import SpecError, did_you_mean
 
 if TYPE_CHECKING:
+    from corral.supervisor.spec.spec_models import AgentSpec, TemplateSpec
     from corral.supervisor.spec.swarm_spec import SwarmSpec
 
 
@@ -30,7 +31,10 @@ def check_spec_scripts(spec: SwarmSpec) -> None:
 
     catalog = all_tools(spec.user_tools)
     mcp_ids = {server.id for server in spec.mcp_servers}
-    for section, members in (("agents", spec.agents), ("templates", spec.templates)):
+    sections: tuple[tuple[str, Sequence[AgentSpec | TemplateSpec]], ...] = (
+        ("agents", spec.agents), ("templates", spec.templates),
+    )
+    for section, members in sections:
         tables = spec.raw.get(section) or []
         for index, member in enumerate(members):
             if member.provider != "scripted":

@@ -253,6 +253,12 @@ class AgentOptions(AgentDefinition, Permissions):
         default=False,
         description="Whether an answer to its `user.input_request` may be free text instead of one of the"
         " question's 2-3 options.")
+    deps: StrictStr | None = Field(
+        default=None, min_length=1, max_length=300,
+        description="Dependencies for its tools: a `\"module:function\"` called once in its process at start,"
+        " before any tool runs; the value is `ctx.deps` in every tool (an async context manager is entered then"
+        " and exited when the actor stops). Unset: `[tools] deps`. A factory that fails stops `corral up`"
+        " (docs/extending.md).")
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -426,6 +432,9 @@ class ToolsTable:
     modules: tuple[Annotated[StrictStr, Field(min_length=1, max_length=4096)], ...] = Field(
         default=(), description="Modules holding `@corral.tool` functions: dotted names, or `.py` files relative to the"
         " spec. They are imported at load (a failure is a spec error), and with the `corral.tools` entry points.")
+    deps: StrictStr | None = Field(
+        default=None, min_length=1, max_length=300,
+        description="The `deps` factory (`\"module:function\"`) of every agent that names none of its own.")
 
 
 #: An environment variable's name, as ``headers_env`` names one.

@@ -130,10 +130,11 @@ def parse_spec(data: dict[str, Any], source: str = "<embedded>") -> SwarmSpec:
     file it came from, which relative paths in it are relative to."""
     from corral.supervisor.spec import spec_resolve  # pydantic and the sections, once a spec is parsed
     from corral.supervisor.spec.script_tools import check_spec_scripts
+    from corral.supervisor.spec.spec_deps import resolve_deps
 
     spec = spec_resolve.parse(data, source)
     check_spec_scripts(spec)  # once the whole catalog is known (user tools, MCP servers)
-    return spec
+    return resolve_deps(spec)  # the tools' deps factories, loaded (pinned) now
 
 
 def provider_env(provider: str, config: dict[str, Any]) -> tuple[str, ...]:
