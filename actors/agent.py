@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import trio
 
-from corral.actors import agent_instructions, project_context, recordable
+from corral.actors import agent_instructions, project_context, recordable, typed_output
 from corral.actors.inflight import InFlight
 from corral.actors.provider_interrupts import ProviderInterrupts
 from corral.actors.providers.base import (
@@ -200,6 +200,8 @@ class Lane:
         #: the file re-read when it moved; ``instructions`` is what the last prompt led with.
         self.instruction_cache = agent_instructions.InstructionsCache()
         self.instructions: agent_instructions.Instructions | None = None
+        #: The agent's typed output (spec ``output``): its final reply is checked against it.
+        self.output = typed_output.OutputSpec.from_options(run.get("output"))
         #: The next step, when the last step's reply carried it (no extra round trip).
         self.next: Step | None = None
         #: The run's observations as far as provider steps sent them: each turn
@@ -311,6 +313,7 @@ class Lane:
             tool_notes=tuple(sorted((self.run.get("mcp_instructions") or {}).items())),
             project_context=context,
             instructions=self.instructions.prompt if self.instructions else "",
+            output_schema=self.output.schema if self.output else None,
             images=await self.images_for(provider, history),
             # Planning turns only: a summary (step_compact) never searches.
             web_search=getattr(provider, "web_search", False) is True,
@@ -409,7 +412,7 @@ class Lane:
             plan = provider.parse(ProviderResponse(text), self.schemas)
             carried = {
                 "actions": [{"tool": call.tool, "input": call.input} for call in plan.actions],
-                "final": plan.final_reply,
+                "final": self.checked_output(plan.final_reply),
                 **self.context_stamp(),
             }
             recordable.check_bounded(carried, self.budget, "the plan")
@@ -421,6 +424,19 @@ class Lane:
             detail = f"the provider's parse raised {type(exc).__name__}: {summarize(str(exc), 300)}"
             return {"plan_invalid": {"category": RepairCategory.SCHEMA_MISMATCH.value, "detail": detail}}
         return {"plan": carried}
+
+    def checked_output(self, final: str | None) -> str | None:
+        """The final reply, as the typed output's JSON when the agent has one; an
+        invalid output is an invalid plan naming the field (the bounded repair)."""
+        if final is None or self.output is None:
+            return final
+        try:
+            return self.output.check(final)[1]
+        except typed_output.OutputInvalid as exc:
+            raise PlanError(RepairCategory.SCHEMA_MISMATCH, f"the output is invalid at {exc.where}: {exc.message};"
+                            " answer with the whole output as one JSON object matching its schema") from None
+        except typed_output.OutputSpecError as exc:
+            raise PlanError(RepairCategory.SCHEMA_MISMATCH, f"the output cannot be checked: {exc}") from None
 
     async def step_compact(self, step: CompactStep) -> None:
         """The run's older turns passed the agent's token limit: a summary of them

@@ -69,6 +69,7 @@ def start_spec(home: Path, spec: SpecSource | None, tools: Sequence[ToolSource] 
         return StartSpec(Path(spec))
     data, base = _spec_data(spec)
     _absolute_paths(data, base)
+    roots = [*roots, *_output_classes(data)]
     if entries:
         table = data.setdefault("tools", {})
         if not isinstance(table, dict):
@@ -140,6 +141,28 @@ def _absolute_paths(data: dict[str, Any], base: Path) -> None:
             fix(table, "cwd", ".")
             if "/" in command[0] or command[0].startswith("~"):  # a bare name is found on PATH
                 command[0] = str(spec_path(base, command[0]))
+
+
+def _output_classes(data: dict[str, Any]) -> list[str]:
+    """An ``output`` given as a pydantic class (``output=Forecast``) becomes the
+    ``module:Class`` the supervisor and the agents load it by (another process:
+    they import it by name, as a tool); the directories their PYTHONPATH needs."""
+    roots: list[str] = []
+    for kind in ("agents", "templates"):
+        for table in data.get(kind) or ():
+            value = table.get("output") if isinstance(table, dict) else None
+            if not isinstance(value, type):
+                continue
+            what = f"output class {value.__qualname__!r}"
+            module = sys.modules.get(value.__module__)
+            if "<" in value.__qualname__ or module is None:
+                raise ToolSourceError(f"{what}: define it at the top level of a module, which the supervisor"
+                                      " (another process) imports by name")
+            name, root = _importable(module, what)
+            table["output"] = f"{name}:{value.__qualname__}"
+            if root is not None:
+                roots.append(root)
+    return roots
 
 
 def _is_file(value: str) -> bool:

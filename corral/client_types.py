@@ -6,6 +6,7 @@ reply in ``raw`` for fields it does not name.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,10 @@ class RunResult:
     final_reply: str | None
     reason: str | None
     actions: tuple[Action, ...]
+    #: The agent's typed output (its spec's ``output``), validated: an instance of the
+    #: pydantic model when the output is one (and this process can import it), else
+    #: the JSON value (a dict). None: no typed output, or no final reply yet.
+    output: Any = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -88,8 +93,29 @@ class RunResult:
             final_reply=shown.get("final_reply"),
             reason=run.get("reason"),
             actions=tuple(Action.from_row(row) for row in shown.get("actions", [])),
+            output=typed_output(shown.get("output"), shown.get("output_model")),
             raw=shown,
         )
+
+
+def typed_output(value: Any, model: Any) -> Any:
+    """``value`` as an instance of the pydantic model ``module:Class`` names, when
+    this process has imported that module already (the caller's own class,
+    ``output=Forecast``: nothing is imported on a ledger's word); otherwise the JSON
+    value as it is. The supervisor validated it already."""
+    if value is None or not isinstance(model, str) or ":" not in model:
+        return value
+    module_name, _, qualname = model.partition(":")
+    target: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    validate = getattr(target, "model_validate", None)
+    if validate is None:
+        return value
+    try:
+        return validate(value)
+    except Exception:  # another version of the class than the supervisor's: the dict stands
+        return value
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,9 @@ class ProviderRequest:
     #: The agent's own instructions (the spec's ``instructions``, ``instructions_file``):
     #: they lead the system prompt, before everything else. Empty: none.
     instructions: str = ""
+    #: The agent's typed output (the spec's ``output``) as a JSON Schema: its final
+    #: reply is one JSON value of it (actors/typed_output.py). None: free text.
+    output_schema: dict[str, Any] | None = None
     #: Images the model is to look at (the latest image.inspect), for a provider
     #: that ``sees_images``; read by the lane from the workspace at request time
     #: (checked against the sha256s the ledger holds), never recorded.

@@ -156,7 +156,11 @@ def system_prompt(request: ProviderRequest, schema: dict[str, Any]) -> str:
     if offered:
         lines.append('To use a tool: {"actions": [{"tool": "<name>", "input": {...}}]}. Tools:')
         lines += [f"- {tool.name} {_shape(tool)}: {tool.description[:DESCRIPTION_CHARS]}" for tool in request.tools]
-    if '"final"' in json.dumps(schema):
+    if '"final"' in json.dumps(schema) and request.output_schema is not None:
+        # The grammar holds it to the schema; the field names tell the model what goes where.
+        fields = ", ".join(f'"{name}": ...' for name in (request.output_schema.get("properties") or {}))
+        lines.append(f'When the task is done, give your output: {{"final": {{{fields}}}}}.')
+    elif '"final"' in json.dumps(schema):
         # A small model otherwise writes the file's contents again, or a document.
         lines.append('When the task is done: {"final": "<one or two sentences telling the user what you did>"}.')
     return "\n".join(lines)

@@ -122,13 +122,18 @@ def plan_schema(
     allow_final: bool = True,
     optional: bool = False,
     max_items: int | None = DEFAULT_MAX_ITEMS,
+    output: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The schema of one answer: some tool calls (from ``tools``) and/or the final
     reply. With no tools the final reply is the only answer. A ``None`` bound
-    leaves that length open (a server's model with a large budget)."""
+    leaves that length open (a server's model with a large budget). ``output``: the
+    agent's typed output, which the final reply is instead of text (every field
+    offered, strings bounded, so the grammar can close)."""
     reply: dict[str, Any] = {"type": "string", "minLength": 1}
     if max_reply is not None:
         reply["maxLength"] = max_reply
+    if output is not None:
+        reply = _bounded(inline_refs(output), max_string, True, max_items)
     final = {
         "type": "object",
         "properties": {"final": reply},
@@ -197,6 +202,7 @@ def turn_schema(
         allow_final=final,
         optional=optional,
         max_items=max_items,
+        output=request.output_schema,
     )
 
 

@@ -314,6 +314,8 @@ def _tool_catalogue(tools: tuple[ToolSchema, ...]) -> str:
     return "\n".join(lines)
 
 
+#: The typed output's name in a ``response_format`` (native tool calls only).
+OUTPUT_SCHEMA_NAME = "corral_output"
 #: Bound on the agent's own instructions in a server model's prompt (the spec allows 32 KiB
 #: inline and a 64 KiB file; a server's context is large).
 INSTRUCTIONS_CHARS = 64_000
@@ -332,6 +334,10 @@ def system_prompt(request: ProviderRequest, *, native_tools: bool) -> str:
         intro += f"\nNotes from the tool server {server!r}: {_bounded(notes, 2000)}"
     if request.project_context:
         intro += f"\n\n{_bounded(request.project_context, 24_000)}\n"
+    if request.output_schema is not None:
+        schema = json.dumps(request.output_schema, separators=(",", ":"), sort_keys=True)
+        intro += ("\nYour final answer is your output: one JSON object matching this JSON Schema"
+                  f" (as the value of \"final\" when you answer in JSON): {_bounded(schema, 8000)}\n")
     if native_tools:
         if not request.tools:
             return f"{intro} No tools are available: reply with your final answer."
@@ -344,8 +350,10 @@ def system_prompt(request: ProviderRequest, *, native_tools: bool) -> str:
     return f"{intro}\nTools:\n{_tool_catalogue(request.tools)}\n{TEXT_JSON_INSTRUCTION}"
 
 
-def build_chat_payload(config: OpenAIConfig, request: ProviderRequest) -> dict[str, Any]:
-    """The Chat Completions request body for one provider call."""
+def build_chat_payload(config: OpenAIConfig, request: ProviderRequest, way: Structured | None = None
+                       ) -> dict[str, Any]:
+    """The Chat Completions request body for one provider call (``way``: the
+    ``structured`` way to ask in, when not the config's: a refused one's fallback)."""
     try:
         tool_index(request.tools)
     except ValueError as exc:
@@ -370,9 +378,13 @@ def build_chat_payload(config: OpenAIConfig, request: ProviderRequest) -> dict[s
     if config.uses_native_tools and request.tools:
         payload["tools"] = [tool_spec(tool) for tool in request.tools]
         payload["tool_choice"] = tool_choice(config.bounds, request)
-    structured = response_format(config.way, request, config.bounds)
+    structured = response_format(way or config.way, request, config.bounds)
     if structured is not None:
         payload["response_format"] = structured
+    elif request.output_schema is not None and config.uses_native_tools:
+        # Native tool calls answer in text: the typed output is asked for as the reply's format.
+        payload["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": OUTPUT_SCHEMA_NAME, "strict": True, "schema": request.output_schema}}
     return payload
 
 
@@ -419,6 +431,23 @@ class OpenAIProvider:
         self._api_key = load_api_key(config)
         self._seq = itertools.count(1)
         self._ssl_context: ssl.SSLContext | None = None
+        #: The server refused ``response_format`` json_schema (llama_cpp.server does):
+        #: later requests of this lane ask for json_object, and the lane validates.
+        self._json_object = False
+
+    def payload(self, request: ProviderRequest) -> dict[str, Any]:
+        """This request's body, in the way the server takes."""
+        return build_chat_payload(self.config, request, Structured.JSON_OBJECT if self._json_object else None)
+
+    def refused_format(self, body_text: str) -> bool:
+        """Whether an error answer refused the ``json_schema`` format; if so, the next
+        request asks for ``json_object`` (the schema goes along, the lane validates)."""
+        if self.config.way is not Structured.JSON_SCHEMA or self._json_object:
+            return False
+        if not refusal_hint(self.config.way, body_text):
+            return False
+        self._json_object = True
+        return True
 
     def __repr__(self) -> str:
         return f"OpenAIProvider(base_url={self.config.base_url!r}, model={self.config.model!r})"
@@ -500,7 +529,7 @@ class OpenAIProvider:
 
     async def complete(self, request: ProviderRequest) -> ProviderResponse:
         seq = next(self._seq)
-        body = json.dumps(build_chat_payload(self.config, request), ensure_ascii=False).encode()
+        body = json.dumps(self.payload(request), ensure_ascii=False).encode()
         started = time.monotonic()
         timeout = self.config.timeout_s
         endpoint = self.config.endpoint
@@ -529,6 +558,10 @@ class OpenAIProvider:
         text = omit_data_urls(redact_text(data.decode("utf-8", errors="replace")))
         if status in KEY_REFUSED:
             raise OpenAIHTTPError(status, f"HTTP {status} from {endpoint}: {self._key_refused()} ({summarize(text)})")
+        if not 200 <= status < 300 and self.refused_format(text):
+            # A durable retry asks again, in the format the server takes.
+            raise ProviderError(ErrorKind.TRANSIENT, f"HTTP {status} from {endpoint}: the server refused"
+                                " response_format json_schema; the next attempt asks for json_object")
         if not 200 <= status < 300:
             hint = refusal_hint(self.config.way, text)
             raise OpenAIHTTPError(status, f"HTTP {status} from {endpoint}: {summarize(text)}{hint}")

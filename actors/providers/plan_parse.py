@@ -271,6 +271,10 @@ def _plan_from_object(obj: dict[str, Any], index: Mapping[str, ToolSchema]) -> P
         raise _fail(RepairCategory.SCHEMA_MISMATCH, 'give either "actions" or "final", not both')
     if "final" in obj:
         final = obj["final"]
+        if isinstance(final, dict):
+            # An object: an agent's typed output (its grammar or response_format asked
+            # for one), kept as its JSON; the lane checks it against the schema.
+            return Plan(final_reply=json.dumps(final, ensure_ascii=False))
         if not isinstance(final, str):
             raise _fail(RepairCategory.SCHEMA_MISMATCH, '"final" must be a string')
         if not final.strip():

@@ -231,8 +231,11 @@ def parse_plan_json(text: str, tools: tuple[ToolSchema, ...]) -> Plan:
     known = {tool.name for tool in tools}
     final = data.get("final")
     actions = data.get("actions") or []
+    if isinstance(final, dict):
+        # A table: an agent's typed output, as its JSON (the lane checks it against the schema).
+        final = json.dumps(final, ensure_ascii=False)
     if final is not None and not isinstance(final, str):
-        raise PlanError(RepairCategory.SCHEMA_MISMATCH, "final must be a string")
+        raise PlanError(RepairCategory.SCHEMA_MISMATCH, "final must be a string (or a table: a typed output)")
     if not isinstance(actions, list):
         raise PlanError(RepairCategory.SCHEMA_MISMATCH, "actions must be a list")
     calls = []

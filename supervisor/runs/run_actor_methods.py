@@ -68,6 +68,8 @@ class RunActorMethods(RunCore):
                 "tool_globs": options.get("tool_globs"),
                 # The agent's own instructions (the text, and the file it reads again).
                 "instructions": options.get("instructions"),
+                # Its typed output ({"schema", "model"}): the final reply is checked against it.
+                "output": options.get("output"),
                 # The ids a delegation or a spawn may name: offered to the model as
                 # enums, so even a small one cannot invent an agent.
                 "known_ids": {

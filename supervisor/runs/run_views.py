@@ -24,6 +24,7 @@ from corral.supervisor.params import param_int, param_str
 from corral.supervisor.runs import action_store, approval_view, run_store, sealed_input
 from corral.supervisor.runs.approval_diff import FileChange, Workspace, file_changes
 from corral.supervisor.runs.run_hooks import RunHooks
+from corral.supervisor.runs.run_output import output_model, output_of
 from corral.supervisor.runs.run_state import NEEDS_PERSON, TERMINAL
 
 #: What ``runs`` lists of each run's task and reason; ``show`` gives the whole text.
@@ -71,6 +72,9 @@ def show_record(ledger: Ledger, run: Any) -> dict[str, Any]:
         "receipts": receipts,
         "provider_requests": requests,
         "final_reply": reply["text"] if reply else None,
+        # The agent's typed output, validated before its plan was committed (its reply is its JSON).
+        "output": output_of(run["options"], reply["text"] if reply else None),
+        "output_model": output_model(run["options"]),
         "finalization": final["phase"] if final else None,
     }
 

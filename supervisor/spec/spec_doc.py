@@ -137,7 +137,8 @@ STEP_KEYS = {  # key: (type, meaning)
     "actions": ("array of tables", "The plan: an array of `{ tool = \"...\", input = { ... } }`. In strings,"
                 " `${artifact:N}` is the N-th expected artifact of the task and `${STATUS.FIELD}` a field of the"
                 " latest observed item with that status."),
-    "final": ("string", "The final reply: the run ends with it."),
+    "final": ("string or table", "The final reply: the run ends with it. For an agent with `output`, a table:"
+              " the output (checked against its schema like a model's)."),
     "raw": ("string", "Text returned as the model's reply, verbatim (to test corrupt or truncated output)."),
     "when_observed": ("string", "The step applies only once some observation of the run contains this text."),
     "unless_observed": ("string", "The step applies only while no observation contains this text."),

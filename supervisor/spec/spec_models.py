@@ -213,12 +213,29 @@ class AgentDefinition:
         description="A UTF-8 file of instructions, relative to the spec (at most 64 KiB), after `instructions`"
         " when both are set. Read again at every turn: an edit between a plan and its actions blocks them as"
         " an AGENTS.md edit does (docs/agents.md).")
+    output: dict[str, Any] | StrictStr | None = Field(
+        default=None,
+        description="Its typed output: a JSON Schema of an object (an inline table), or `\"module:Class\"` naming"
+        " a pydantic model in a tools module. The model is constrained to it where its provider allows, the final"
+        " reply is checked against it (an invalid one gets the bounded repair, naming the field), and the run's"
+        " `output` is the validated value (docs/agents.md).")
+
+    @field_validator("output", mode="before")
+    @classmethod
+    def _output_form(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, dict | str):
+            raise problem("must be a JSON Schema (a table) or a 'module:Class' naming a pydantic model")
+        return value
 
     def definition_options(self) -> dict[str, Any]:
-        """What a run of it carries in its options (absent: nothing set)."""
-        if self.instructions is None and self.instructions_file is None:
-            return {}
-        return {"instructions": {"text": self.instructions or "", "file": self.instructions_file}}
+        """What a run of it carries in its options (absent: nothing set). ``output``
+        is the resolved one here (``{"schema", "model"}``: supervisor/spec/spec_resolve.py)."""
+        found: dict[str, Any] = {}
+        if self.instructions is not None or self.instructions_file is not None:
+            found["instructions"] = {"text": self.instructions or "", "file": self.instructions_file}
+        if isinstance(self.output, dict):
+            found["output"] = self.output
+        return found
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)

@@ -217,7 +217,7 @@ def _definition(where: str, table: AgentDefinition, base: Path) -> dict[str, Any
     now, so a missing or oversized file stops `corral up` rather than a run."""
     from corral.actors.agent_instructions import InstructionsError, read_file
 
-    found = {"instructions": table.instructions, "instructions_file": None}
+    found: dict[str, Any] = {"instructions": table.instructions, "instructions_file": None, "output": None}
     if table.instructions_file is not None:
         path = spec_path(base, table.instructions_file)
         try:
@@ -225,7 +225,24 @@ def _definition(where: str, table: AgentDefinition, base: Path) -> dict[str, Any
         except InstructionsError as exc:
             raise SpecError(f"{where}.instructions_file: {exc}") from None
         found["instructions_file"] = str(path)
+    if table.output is not None:
+        found["output"] = _output(f"{where}.output", table.output)
     return found
+
+
+def _output(where: str, value: dict[str, Any] | str) -> dict[str, Any]:
+    """The typed output settled: a schema checked, a model loaded (and pinned, as
+    user code is at `corral up`) and its schema taken."""
+    from corral.actors.typed_output import OutputSpecError, resolve
+    from corral.actors.user_code import pin_reference
+
+    try:
+        settled = resolve(value)
+    except OutputSpecError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    if settled.model is not None:
+        pin_reference(settled.model)
+    return {"schema": settled.schema, "model": settled.model}
 
 
 def _options(table: Any, kind: type[Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from corral.actors.tools.paths import scopes_overlap
 from corral.core.redact import redact, summarize
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.ledger.port import Ledger, dumps
+from corral.supervisor.runs.run_output import output_of
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import create_run, get_run, set_run_status
 from corral.supervisor.spec.swarm_spec import SwarmSpec
@@ -211,6 +212,7 @@ def finish_child(ledger: Ledger, run_id: str, summary: str | None, error: str | 
         "run_id": run_id,
         "status": status,
         "summary": summarize(summary or "", 500),
+        "output": output_of(run["options"], summary),  # the child's validated output
         "artifacts": artifacts,
         "evidence": evidence(ledger, run_id),
         "verified_revision": revision(artifacts),

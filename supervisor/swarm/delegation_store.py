@@ -16,6 +16,7 @@ from typing import Any
 from corral.core.redact import redact, summarize
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.ledger.port import Ledger, dumps
+from corral.supervisor.runs.run_output import output_of
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import create_run, get_run, set_run_status
 from corral.supervisor.spec.swarm_spec import SwarmSpec
@@ -167,6 +168,7 @@ def finish_delegation(ledger: Ledger, run_id: str, summary: str | None, error: s
         "run_id": run_id,
         "status": status,
         "summary": summarize(summary or "", 500),
+        "output": output_of(run["options"], summary),  # the specialist's validated output, typed
         "artifacts": artifacts,
         "missing_artifacts": missing,
         "evidence": evidence(ledger, run_id),
