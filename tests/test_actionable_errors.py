@@ -420,3 +420,26 @@ def test_the_local_demo_gives_up_by_the_model_s_measured_pace_not_a_fixed_600_s(
     # An event (a tool ran, a run changed state) is progress too.
     fast.observe(100.0, events=1, tokens=50)
     assert not fast.expired(100.0 + FLOOR_S)
+
+
+def test_every_kind_of_waiting_for_a_person_names_its_command() -> None:
+    from corral.cli.run_watch import TreeNotices
+    from corral.client_types import Event
+
+    def event(kind: str, subject: str, **data: str) -> Event:
+        return Event(0, kind, subject, 0.0, data)
+
+    tree = TreeNotices(client=None, root="run-1")  # type: ignore[arg-type]  # no child: show is never asked
+    said = tree.notices([
+        event("run-running", "run-1"),
+        event("action-waiting-confirmation", "act-1", run="run-1", tool="fs.write"),
+        event("action-needs-reconciliation", "act-2", run="run-1", tool="mail.send"),
+        event("run-needs-input", "run-1"),
+        event("action-waiting-confirmation", "act-9", run="run-other", tool="fs.write"),  # not this tree
+        event("run-needs-input", "run-1"),  # no change: nothing said again
+    ])
+    assert [n.for_a_person for n in said] == [False, True, True, False, True]
+    assert "corral approve act-1" in said[1].text and "corral deny act-1" in said[1].text
+    assert "corral reconcile act-2 --as ok|failed" in said[2].text
+    assert said[3].text == "run-1 needs-input" and "corral answer run-1" in said[4].text
+    assert all("act-9" not in n.text for n in said)
