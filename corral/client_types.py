@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from corral.core.errors import RunFailed
@@ -107,6 +108,9 @@ def typed_output(value: Any, model: Any) -> Any:
         return value
     module_name, _, qualname = model.partition(":")
     target: Any = sys.modules.get(module_name)
+    main = sys.modules.get("__main__")
+    if target is None and main is not None and Path(str(getattr(main, "__file__", "") or "")).stem == module_name:
+        target = main  # the running script, which the supervisor imports by its file's stem
     for part in qualname.split("."):
         target = getattr(target, part, None)
     validate = getattr(target, "model_validate", None)

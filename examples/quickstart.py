@@ -1,11 +1,14 @@
-"""A typed tool, a spec built in Python, a run and its reply, in one file. The
-scripted provider plays the model: no model, no API key (docs/extending.md).
+"""A typed tool, an agent with instructions and a typed output, a spec built in
+Python, a run and its output, in one file. The scripted provider plays the model:
+no model, no API key (docs/extending.md, docs/agents.md).
 
     python examples/quickstart.py [--dir DIR]
 """
 
 import argparse
 import tempfile
+
+import pydantic
 
 import corral
 
@@ -16,10 +19,21 @@ def weather(city: str) -> str:
     return f"{city}: -2.0 C"
 
 
-SPEC = {"agents": [{"id": "assistant", "tools": ["weather"], "steps": [  # the scripted "model"'s two turns
-    {"actions": [{"tool": "weather", "input": {"city": "Oslo"}}]},
-    {"final": "It is -2.0 C in Oslo."},
-]}]}
+class Forecast(pydantic.BaseModel):  # the run's typed output
+    city: str
+    temperature_c: float
+
+
+SPEC = {"agents": [{
+    "id": "assistant",
+    "instructions": "You report the weather. Look it up with the weather tool; never guess.",
+    "tools": ["weather"],
+    "output": Forecast,
+    "steps": [  # the scripted "model"'s two turns
+        {"actions": [{"tool": "weather", "input": {"city": "Oslo"}}]},
+        {"final": {"city": "Oslo", "temperature_c": -2.0}},
+    ],
+}]}
 
 if __name__ == "__main__":  # the supervisor imports this file again for `weather`: keep the work under here
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,4 +43,4 @@ if __name__ == "__main__":  # the supervisor imports this file again for `weathe
     with corral.Client.start(spec=spec, tools=[weather], home=f"{base}/.corral") as client:
         result = client.run("assistant", "How cold is it in Oslo?", timeout=60).check()
         print(f"{result.actions[0].tool}: {result.actions[0].phase}")
-        print(f"reply: {result.final_reply}")
+        print(f"output: {result.output!r}")

@@ -71,7 +71,7 @@ def test_multi_agent_example_delegates_spawns_claims_and_replies(short_tmp: Path
 def test_quickstart_example_runs_a_typed_tool_from_a_spec_dict(short_tmp: Path) -> None:
     result = _example("quickstart.py", short_tmp / "quick")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["weather: ok", "reply: It is -2.0 C in Oslo."]
+    assert result.stdout.splitlines() == ["weather: ok", "output: Forecast(city='Oslo', temperature_c=-2.0)"]
     assert not (short_tmp / "quick" / ".corral" / "endpoint.json").exists(), "the supervisor was stopped"
 
 
@@ -87,3 +87,18 @@ def test_local_model_example_calls_both_tools_and_replies(short_tmp: Path) -> No
     assert len(posted) == 1 and posted[0]["channel"] == "#ops" and "-2" in posted[0]["text"]
     reply = lines[-1].removeprefix("reply: ")
     assert lines[-1].startswith("reply: ") and reply.strip(), result.stdout
+
+
+@pytest.mark.xdist_group("real-model")  # one llama at a time: see tests/conftest.py
+def test_typed_output_example_returns_a_schema_valid_forecast_on_the_local_model(short_tmp: Path) -> None:
+    """An agent with instructions and a typed output, on the demo's Qwen2.5-Coder-0.5B:
+    the output is an instance of the caller's pydantic class, and the reply its JSON."""
+    result = _example("typed_output/forecast.py", short_tmp / "typed")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "weather: ok", result.stdout
+    kind, _, shown = lines[1].removeprefix("output: ").partition(" ")
+    assert lines[1].startswith("output: ") and kind == "Forecast", result.stdout
+    output = json.loads(shown)
+    assert set(output) == {"city", "temperature_c"} and isinstance(output["temperature_c"], float)
+    assert json.loads(lines[2].removeprefix("reply: ")) == output, "the final reply is the output's JSON"
