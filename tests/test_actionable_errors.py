@@ -266,7 +266,7 @@ def test_run_wait_without_a_terminal_says_the_run_id_each_state_and_who_must_act
     (short_tmp / "ws").mkdir()
     with running(short_tmp / "home", DELEGATING_SPEC) as daemon:
         argv = [*CORRAL, "--home", str(daemon.home), "run", "--agent", "lead", "--task", "plan", "--wait", "--json",
-                "--timeout", "60"]
+                "--timeout", "300"]
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
             assert proc.stderr is not None
             first = proc.stderr.readline()  # at once, before anything happens
@@ -283,7 +283,7 @@ def test_run_wait_without_a_terminal_says_the_run_id_each_state_and_who_must_act
             assert action is not None, "".join(seen)
             assert "corral pending" in seen[-1], seen[-1]
             assert cli(daemon.home, "approve", action).returncode == 0
-            out, rest = proc.communicate(timeout=60)
+            out, rest = proc.communicate(timeout=300)
         assert proc.returncode == 0, (out, "".join(seen) + rest)
         shown = json.loads(out)  # stdout stays the result alone
         assert shown["run"]["run_id"] == run_id.group(0) and shown["run"]["status"] == "completed"
@@ -299,8 +299,8 @@ def test_run_wait_on_a_terminal_names_the_command_a_waiting_child_needs(short_tm
         child = pexpect.spawn(
             sys.executable,
             ["-m", "corral", "--home", str(daemon.home), "run", "--agent", "lead", "--task", "plan", "--wait",
-             "--timeout", "60"],
-            encoding="utf-8", timeout=60, env={**os.environ, "TERM": "xterm"}, dimensions=(40, 200),
+             "--timeout", "300"],
+            encoding="utf-8", timeout=300, env={**os.environ, "TERM": "xterm"}, dimensions=(40, 200),
         )
         try:
             child.expect(APPROVE)
