@@ -89,8 +89,9 @@ class InstructionsCache:
         None when the run has none. Raises InstructionsError when the file cannot be read."""
         if not isinstance(options, dict):
             return None
-        text = options.get("text") if isinstance(options.get("text"), str) else ""
-        file = options.get("file") if isinstance(options.get("file"), str) else None
+        given, named = options.get("text"), options.get("file")
+        text = given if isinstance(given, str) else ""
+        file = named if isinstance(named, str) else None
         if file is None:
             return Instructions(text) if text else None
         try:

@@ -141,20 +141,25 @@ def test_the_old_native_tools_key_still_works() -> None:
     assert set(CHOICES) == {"json_schema", "json_object", "tools", "none"}
 
 
-async def test_a_server_refusing_the_format_names_the_setting_to_change(nursery: trio.Nursery) -> None:
+async def test_a_server_refusing_the_format_gets_json_object_next_and_names_the_setting(
+        nursery: trio.Nursery) -> None:
     refusal = {"error": {"message": "response_format: Input should be 'text' or 'json_object'"}}
-    server = FakeOpenAIServer([Reply(status=400, body=refusal), Reply(status=400, body={"error": "bad model"})])
+    server = FakeOpenAIServer([Reply(status=400, body=refusal), Reply(status=400, body={"error": "bad model"})],
+                              keep_bodies=True)
     url: str = await nursery.start(server.serve)
     provider = OpenAIProvider(_config(base_url=url, api_key_env=NO_KEY_ENV))
     with pytest.raises(ProviderError) as refused:
         await provider.complete(make_request())
-    assert refused.value.kind is ErrorKind.HTTP
+    # A durable retry, not a failed run: the next attempt asks in the older form (issue 49).
+    assert refused.value.kind is ErrorKind.TRANSIENT and "next attempt asks for json_object" in str(refused.value)
     assert 'refused structured = "json_schema"' in str(refused.value)
     assert '"tools"' in str(refused.value) and '"none"' in str(refused.value)
-    # Any other error says nothing about the setting.
+    # Any other error says nothing about the setting; the retry asked for json_object.
     with pytest.raises(ProviderError) as other:
         await provider.complete(make_request())
     assert "structured" not in str(other.value)
+    formats = [json.loads(record.body or b"{}")["response_format"]["type"] for record in server.requests]
+    assert formats == ["json_schema", "json_object"]
 
 
 # -- a real llama_cpp.server -----------------------------------------------------------
@@ -206,7 +211,10 @@ def test_llama_cpp_server_refuses_json_schema_with_the_setting_named(llama_serve
     request = ProviderRequest("run-1", "a", TASK, 0, (), TOOLS)
     with pytest.raises(ProviderError) as refused:
         trio.run(provider.complete, request)
-    assert refused.value.kind is ErrorKind.HTTP and 'set structured = "json_object"' in str(refused.value)
+    assert refused.value.kind is ErrorKind.TRANSIENT and 'set structured = "json_object"' in str(refused.value)
+    # The same provider (the lane's) asks again in the form llama_cpp.server takes.
+    answer = trio.run(provider.complete, request)
+    assert answer.meta["status"] == 200 and json.loads(answer.text)
 
 
 def _server_run(llama_server: str, workdir: Path, agent_id: str, agent: str) -> tuple[dict[str, Any], dict[str, Any]]:

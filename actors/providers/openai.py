@@ -559,9 +559,9 @@ class OpenAIProvider:
         if status in KEY_REFUSED:
             raise OpenAIHTTPError(status, f"HTTP {status} from {endpoint}: {self._key_refused()} ({summarize(text)})")
         if not 200 <= status < 300 and self.refused_format(text):
-            # A durable retry asks again, in the format the server takes.
-            raise ProviderError(ErrorKind.TRANSIENT, f"HTTP {status} from {endpoint}: the server refused"
-                                " response_format json_schema; the next attempt asks for json_object")
+            # A durable retry asks again, in the format the server takes (the lane validates).
+            raise ProviderError(ErrorKind.TRANSIENT, f"HTTP {status} from {endpoint}: the next attempt asks for"
+                                f" json_object{refusal_hint(Structured.JSON_SCHEMA, text)}")
         if not 200 <= status < 300:
             hint = refusal_hint(self.config.way, text)
             raise OpenAIHTTPError(status, f"HTTP {status} from {endpoint}: {summarize(text)}{hint}")
