@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Protocol, cast
+from typing import Any, Generic, Protocol
 
 from typing_extensions import TypeVar
 
@@ -56,7 +56,7 @@ class ToolContext(Generic[DepsT]):
     sees_images: bool = False
     #: What the agent's ``deps`` factory made when its process started (None: it
     #: names none): annotate ``ctx: corral.ToolContext[MyDeps]`` to type it.
-    deps: DepsT = cast(Any, None)
+    deps: DepsT = None  # type: ignore[assignment]  # None until a factory is named; DepsT says what it makes
 
 
 #: The ``default_policy`` of a tool that writes files, changes the project or runs a
