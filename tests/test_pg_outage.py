@@ -313,7 +313,6 @@ class Swarm:
         self.nodes: dict[str, Daemon] = {}
         self.pids: dict[str, int] = {}
         self.runs: dict[str, str] = {}
-        self.adoptions: dict[Path, Daemon] = {}
         env["specs"]["chaos"] = env["tmp"] / "chaos.toml"
         env["specs"]["chaos"].write_text(CHAOS)
 
@@ -331,69 +330,72 @@ class Swarm:
         for index in range(count):
             self.runs[daemon.call("run", agent_id="writer", task=f"{name} #{index}")["run_id"]] = partition
 
-    def serving(self, partition: str) -> Daemon | None:
-        """The supervisor that holds ``partition`` now, once it answers (None: nobody yet)."""
-        holder = _partition(self.env["url"], partition)["holder"]
-        node = self.nodes.get(holder)
-        if node is None:
-            return None
-        own = _remembered_partition(node.home) == partition
-        home = node.home if own else node.home / "adopted" / partition
-        try:
-            homes.read_endpoint(home)
-        except homes.HomeError:
-            return None
-        if home == node.home:
-            return node
-        if home not in self.adoptions:
-            self.adoptions[home] = Daemon(home, None, node.env)
-            self.env["daemons"].insert(0, self.adoptions[home])
-        self.adoptions[home].pids_seen.add(homes.read_endpoint(home).pid)
-        return self.adoptions[home]
+    def live(self) -> list[Daemon]:
+        """The nodes whose supervisor runs now."""
+        alive = []
+        for name, daemon in self.nodes.items():
+            try:
+                pid = homes.read_endpoint(daemon.home).pid
+            except homes.HomeError:
+                continue
+            if pid == self.pids[name] and _alive(pid):
+                alive.append(daemon)
+        return alive
 
     def drive_all(self, timeout: float = 600) -> dict[str, str]:
-        """Every run to its end, reconciling unknown outcomes by evidence on the way
-        (the reconciliation an operator does, through whichever supervisor holds the
-        run's partition). Polls observable state; ``timeout`` is a hang guard."""
+        """Every run to its end, reconciling unknown outcomes by evidence on the way:
+        what an operator does, from any live node (``show`` reads every partition,
+        and ``reconcile`` goes to the partition's holder). Polls observable state;
+        ``timeout`` is a hang guard."""
         from corral.chaos.reconciler import decide, pending_reconciliations
-        from corral.supervisor.ledger.ledger_spec import open_for_reading
+        from corral.supervisor.ledger.ledger_pg import PostgresLedger
 
         effects_path = self.env["tmp"] / "effects.log"
         ended: dict[str, str] = {}
+        seen: dict[str, str] = {}
 
         def step() -> bool:
+            nodes = self.live()
+            if not nodes:
+                return False
+            node = nodes[0]
             for run_id, partition in self.runs.items():
                 if run_id in ended:
                     continue
-                daemon = self.serving(partition)
-                if daemon is None:
-                    continue
                 try:
-                    status = daemon.call("show", run_id=run_id)["run"]["status"]
+                    status = node.call("show", run_id=run_id)["run"]["status"]
+                    seen[run_id] = status
                     if status in ("completed", "failed", "cancelled"):
                         ended[run_id] = status
                         continue
-                    ledger = open_for_reading(daemon.home)
+                    ledger = PostgresLedger(self.env["url"], partition, readonly=True)
                     try:
                         pending = pending_reconciliations(ledger)
                     finally:
                         ledger.close()
                     for action in pending:
                         outcome, note = decide(action, effects_path)
-                        daemon.call("reconcile", action_id=action["action_id"], outcome=outcome, note=note)
-                except Exception:  # a supervisor handing its partition over, or stopping: ask again
-                    continue
+                        node.call("reconcile", action_id=action["action_id"], outcome=outcome, note=note)
+                except Exception as exc:  # a partition changing hands, a reconcile already done: again
+                    seen[run_id] = f"{type(exc).__name__}: {exc}"[:300]
             return len(ended) == len(self.runs)
 
-        wait_for("every run to end", step, timeout=timeout)
+        try:
+            wait_for("every run to end", step, timeout=timeout)
+        except AssertionError:
+            stuck = {run_id: (self.runs[run_id], seen.get(run_id)) for run_id in self.runs if run_id not in ended}
+            where = _partitions(self.env["url"])
+            raise AssertionError(f"runs that did not end: {stuck}; partitions: {where}") from None
         return ended
 
 
-def _remembered_partition(home: Path) -> str | None:
-    from corral.supervisor.ledger.ledger_spec import remembered_placement
+def _partitions(url: str) -> list[dict[str, Any]]:
+    import psycopg
 
-    value = remembered_placement(home).get("partition")
-    return str(value) if value else None
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT name, holder, epoch, adopted_from, lease_until > clock_timestamp()"
+                            " FROM corral_cluster.partitions ORDER BY name").fetchall()
+    return [{"name": r[0], "holder": r[1], "epoch": r[2], "from": r[3], "leased": r[4]} for r in rows]
 
 
 def _orphans(url: str) -> list[dict[str, Any]]:
