@@ -63,6 +63,7 @@ _EXPORTS: dict[str, str] = {
     "SpecError": "corral.supervisor.spec.swarm_spec",
     "NotRunning": "corral.supervisor.home.home_dir",
     "SupervisorGone": "corral.mailbox.control",
+    "ClientClosed": "corral.mailbox.control",
     "ControlError": "corral.mailbox.control",
     "DeadlineExceeded": "corral.mailbox.errors",
     "SupervisorStartError": "corral.client_start",
@@ -75,6 +76,7 @@ __all__ = [
     "ActorContext",
     "AsyncClient",
     "Client",
+    "ClientClosed",
     "ControlError",
     "CorralError",
     "DeadlineExceeded",
@@ -126,7 +128,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
     from corral.client_start import SupervisorStartError
     from corral.client_types import Action, Event, Pending, RunResult
     from corral.core.errors import CorralError, RunFailed, RunTimeout, UserCodeError
-    from corral.mailbox.control import ControlError, SupervisorGone
+    from corral.mailbox.control import ClientClosed, ControlError, SupervisorGone
     from corral.mailbox.errors import DeadlineExceeded
     from corral.supervisor.home.home_dir import NotRunning
     from corral.supervisor.spec.swarm_spec import SpecError

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from corral.client_types import ApprovalView, Event, Pending, RunResult, ViewChanged, joined_pages
@@ -82,11 +83,13 @@ class AsyncClient:
     Errors: ``NotRunning`` (no supervisor on the home), ``SupervisorGone`` (it went
     away mid-call; the next call reconnects to a restarted one), ``ControlError``
     (the supervisor refused: ``.code`` is stable), ``DeadlineExceeded`` (no answer
-    in time); all are ``corral.CorralError``.
+    in time), ``ClientClosed`` (the client was closed while the call was in
+    flight); all are ``corral.CorralError``.
 
-    Use ``async with``. Calls are serialized on one socket (a lock), so several
-    tasks may share a client; for parallel long-polls open one client per task.
-    One client belongs to one event loop.
+    Use ``async with`` (or ``await client.aclose()``). Any number of tasks may share
+    one client, their calls in flight at once on one connection: a ``wait`` or an
+    ``events(follow=True)`` long poll holds up no other call. One client belongs to
+    one event loop.
     """
 
     def __init__(self, home: PathLike | None = None, *, timeout: float = 10.0) -> None:
@@ -97,7 +100,8 @@ class AsyncClient:
         self.home: Path = home
         self.timeout = timeout
         self._control: ControlClient | None = None
-        self._lock = anyio.Lock()  # bound to the loop of its first use
+        #: Connections replaced (found stale) while other calls were still running on them.
+        self._retiring: list[ControlClient] = []
         self._process: subprocess.Popen[bytes] | None = None
         #: Where the reads go while no supervisor holds the home (``reading``); None: nowhere.
         self._ledger: LedgerReader | None = None
@@ -224,9 +228,19 @@ class AsyncClient:
         return stopped
 
     def close(self) -> None:
-        if self._control is not None:
-            self._control.close()
-            self._control = None
+        """Drop the connection now (``aclose`` is the same, awaited). Calls in flight
+        on this client fail at once with ``ClientClosed``; the supervisor keeps
+        running (``down`` stops it), and a later call connects again."""
+        for control in (self._control, *self._retiring):
+            if control is not None:
+                control.close()
+        self._control = None
+        self._retiring = []
+
+    async def aclose(self) -> None:
+        """``close``, awaited as asyncio and trio code closes things: ``await client.aclose()``."""
+        self.close()
+        await anyio.lowlevel.checkpoint()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -237,29 +251,43 @@ class AsyncClient:
     # -- the wire ----------------------------------------------------------------------
 
     async def call(self, /, method: str, *, timeout: float | None = None, **params: Any) -> Any:
-        """One control call (the escape hatch for methods without a helper)."""
-        async with self._lock:
-            for attempt in range(2):
-                if self._control is None:
-                    self._control = connect(self.home, self.timeout)  # re-reads the endpoint: a restart is found
-                try:
-                    return await self._control.acall(method, timeout, **params)
-                except (SupervisorGone, DeadlineExceeded):
-                    # The socket may hold a half-finished exchange: start clean next time
-                    # (a restarted supervisor also has a new address and token).
-                    self.close()
+        """One control call (the escape hatch for methods without a helper). Calls of
+        several tasks run at once, each on its own nng context of the one connection."""
+        for attempt in range(2):
+            control = self._connection()
+            try:
+                return await control.acall(method, timeout, **params)
+            except (SupervisorGone, DeadlineExceeded):
+                # A new connection next time, from the endpoint as it is then (a
+                # restarted supervisor has a new address and token).
+                self._retire(control)
+                raise
+            except ControlError as exc:
+                if exc.code != "bad-token":
                     raise
-                except ControlError as exc:
-                    if exc.code != "bad-token":
-                        raise
-                    # A restarted supervisor listens on the same path before it writes
-                    # its endpoint file: a connection made in between holds the old
-                    # token. The request was refused before anything ran, so it is
-                    # sent once more on a connection made from the endpoint as it is now.
-                    self.close()
-                    if attempt == 1:
-                        raise
-            raise AssertionError("unreachable: the second attempt returns or raises")
+                # A restarted supervisor listens on the same path before it writes
+                # its endpoint file: a connection made in between holds the old
+                # token. The request was refused before anything ran, so it is
+                # sent once more on a connection made from the endpoint as it is now.
+                self._retire(control)
+                if attempt == 1:
+                    raise
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _connection(self) -> ControlClient:
+        """The connection calls share; made on first use. No await between the look
+        and the set, so tasks that start calls together share one connection."""
+        if self._control is None:
+            self._control = connect(self.home, self.timeout)  # re-reads the endpoint: a restart is found
+        return self._control
+
+    def _retire(self, control: ControlClient) -> None:
+        """Stop handing ``control`` out; it closes once the calls other tasks still
+        have on it end (closing it now would fail them with ``ClientClosed``)."""
+        if self._control is control:
+            self._control = None
+        control.retire()
+        self._retiring = [old for old in (*self._retiring, control) if not old.closed]
 
     # -- supervisor ---------------------------------------------------------------------
 

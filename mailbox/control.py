@@ -6,6 +6,7 @@ The server side answers every frame it receives, garbage included, with an envel
 
 from __future__ import annotations
 
+import errno
 import functools
 import hmac
 import logging
@@ -218,14 +219,21 @@ class SupervisorGone(CorralError, ConnectionError):
     """The supervisor is not there to answer: it exited mid-call, or nothing listens at its address."""
 
 
+class ClientClosed(CorralError, ConnectionError):
+    """The client was closed while this call was in flight (by another task or thread)."""
+
+
 class ControlClient:
     """The client end of the control API: one Req0 socket, a deadline per call.
 
     ``acall`` is the exchange, awaited under asyncio or trio (anyio); ``call`` runs
-    it in a short trio loop for synchronous callers (the CLI). Each call races the
-    nng exchange against a pidfd of the supervisor, so a supervisor that dies
-    mid-call is reported at once instead of after the deadline (nng's Req socket
-    would otherwise wait to resend to a new peer).
+    it in a short trio loop for synchronous callers (the CLI). Any number of calls
+    may be in flight at once, from any number of tasks: each opens its own nng
+    context on the one socket, and nng matches each reply to its context's request
+    (a ``wait`` long poll does not hold up an ``approve``). Each call races the
+    exchange against a pidfd of the supervisor, so a supervisor that dies mid-call
+    is reported at once instead of after the deadline (nng's Req socket would
+    otherwise wait to resend to a new peer).
     """
 
     def __init__(self, address: str, token: str, timeout: float = 10.0, pid: int | None = None) -> None:
@@ -233,15 +241,15 @@ class ControlClient:
         self._token = token
         self.timeout = timeout
         self.pid = pid
+        self.closed = False
+        self._in_flight = 0
+        self._retired = False
         self._socket = pynng.Req0()
         # Answers are capped by the server's frame limit; nng's own default (1 MiB)
         # would silently drop the pipe on a maximal one instead.
         configure_socket(self._socket, DEFAULT_MAX_FRAME)
         try:
             self._socket.dial(address, block=True)
-            # Readable when a send can go (a pipe is up) / a reply is there.
-            self._send_fd: int = self._socket.send_fd
-            self._recv_fd: int = self._socket.recv_fd
         except pynng.NNGException as exc:
             self._socket.close()
             raise SupervisorGone(f"no supervisor answers at {address}: {exc}") from exc
@@ -264,6 +272,9 @@ class ControlClient:
         return decode(data)
 
     async def _exchange(self, frame: bytes, timeout: float) -> bytes:
+        if self.closed:
+            raise ClientClosed(f"this connection to the supervisor at {self.address} is closed")
+        self._in_flight += 1
         try:
             return await self._race(frame, timeout)
         except BaseExceptionGroup as group:
@@ -271,40 +282,56 @@ class ControlClient:
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from None
             raise
+        finally:
+            self._in_flight -= 1
+            if self._retired and not self._in_flight:
+                self.close()
 
     async def _race(self, frame: bytes, timeout: float) -> bytes:
-        async with anyio.create_task_group() as group:
-            group.start_soon(self._watch)  # its SupervisorGone cancels the exchange
-            with anyio.move_on_after(timeout) as deadline:
-                try:
-                    answer = await self._talk(frame)
-                except pynng.NNGException as exc:
-                    raise SupervisorGone(f"lost the connection to the supervisor: {exc}") from exc
-                group.cancel_scope.cancel()  # answered: stop watching
-            if deadline.cancelled_caught:
-                raise DeadlineExceeded(f"supervisor at {self.address} did not answer within {timeout}s")
-        return answer
+        answer: list[bytes] = []
+        with anyio.move_on_after(timeout) as deadline:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._watch)  # its SupervisorGone cancels the exchange
+                group.start_soon(self._talk, frame, answer, group.cancel_scope)
+        if answer:
+            return answer[0]
+        if deadline.cancelled_caught:
+            raise DeadlineExceeded(f"supervisor at {self.address} did not answer within {timeout}s")
+        raise AssertionError("unreachable: the exchange answers, raises or is cancelled")
 
-    async def _talk(self, frame: bytes) -> bytes:
-        """Send and receive with nng's non-blocking calls, woken by its pollable
-        descriptors through anyio: a cancelled wait leaves nothing half done under
-        either loop. (pynng's own awaitables, on asyncio, end a cancellation with a
-        bare CancelledError that anyio's deadlines do not recognise as theirs.) A
-        request cut short is superseded by the next one: a Req socket drops the
-        late reply to an abandoned request."""
-        while True:
+    async def _talk(self, frame: bytes, answer: list[bytes], done: anyio.CancelScope) -> None:
+        """One request and its reply on a context of its own.
+
+        Why contexts: nng's Req protocol already matches replies to requests per
+        context, and a context costs no descriptor and no connection, so any number
+        of followers share one pipe. A socket per call would cost a connection and
+        descriptors each, and ids matched by hand a raw socket and nng's header
+        done over. Their send and receive are pynng's awaitables (nng's aio), which on asyncio
+        end a cancellation with a bare CancelledError that anyio's deadlines do not
+        take for theirs; run here as a task of the race's group, the exchange is
+        cancelled by the group, which takes any CancelledError of its task as the
+        task's end. A cancelled exchange cancels its request: nng drops the late
+        reply with the context, never handing it to another call."""
+        try:
+            context = self._socket.new_context()
+        except pynng.NNGException as exc:
+            raise self._lost(exc) from exc
+        try:
+            await context.asend(frame)
+            answer.append(await context.arecv())
+        except pynng.NNGException as exc:
+            raise self._lost(exc) from exc
+        finally:
             try:
-                self._socket.send(frame, block=False)
-                break
-            except pynng.TryAgain:  # no pipe to the supervisor yet (or any more)
-                await anyio.wait_readable(self._send_fd)
-        while True:
-            await anyio.wait_readable(self._recv_fd)
-            try:
-                answer: bytes = self._socket.recv(block=False)
-                return answer
-            except pynng.TryAgain:
-                continue
+                context.close()
+            except pynng.NNGException:
+                pass  # closed with its socket already
+        done.cancel()  # answered: stop watching
+
+    def _lost(self, exc: pynng.NNGException) -> CorralError:
+        if self.closed:
+            return ClientClosed(f"the client was closed while this call to {self.address} was in flight")
+        return SupervisorGone(f"lost the connection to the supervisor: {exc}")
 
     async def _watch(self) -> None:
         """Raise ``SupervisorGone`` once the supervisor's process has exited."""
@@ -314,6 +341,12 @@ class ControlClient:
             fd = os.pidfd_open(self.pid)
         except ProcessLookupError:
             raise SupervisorGone(f"the supervisor (pid {self.pid}) is gone") from None
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            # Out of descriptors (each call in flight holds a pidfd): this call goes
+            # unwatched, and a supervisor that dies under it is found by its deadline.
+            return
         try:
             await anyio.wait_readable(fd)
         finally:
@@ -321,9 +354,17 @@ class ControlClient:
             os.close(fd)
         raise SupervisorGone(f"the supervisor (pid {self.pid}) exited before answering")
 
+    def retire(self) -> None:
+        """Take no new call and close once the calls in flight have ended: for a
+        connection found stale (its supervisor gone, or restarted with a new token)
+        while other tasks' calls may still be running on it."""
+        self._retired = True
+        if not self._in_flight:
+            self.close()
+
     def close(self) -> None:
-        """Not while a call of another task or thread is in flight: that call would
-        wait out its deadline (or the supervisor's exit) instead of failing at once."""
+        """Close now: calls in flight on this connection fail at once with ``ClientClosed``."""
+        self.closed = True
         self._socket.close()
 
     def __enter__(self) -> ControlClient:

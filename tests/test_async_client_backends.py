@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -226,3 +227,162 @@ def test_the_control_exchange_reports_a_dead_or_silent_supervisor_on_both_loops(
     finally:
         server.kill()
         server.wait()
+
+
+#: A wait that never ends on its own while the test runs: only the run's end answers it.
+FOREVER_S = 24 * 3600.0
+
+
+@backends
+def test_one_client_waits_follows_lists_and_approves_at_once(short_tmp: Path, backend: str) -> None:
+    # Three tasks, one client: `wait` and `events(follow=True)` hold their calls while a
+    # third lists `pending` and approves. The approver starts only once the supervisor
+    # holds both long polls of the client at once, so it cannot go through between two
+    # of them: a client that takes one call at a time never gets there and the test
+    # hangs until its fail-safe. What ends each task is state (the run's end), no clock.
+    home = short_tmp / "h"
+
+    async def main() -> tuple[corral.RunResult, list[corral.Event], dict[str, object], str]:
+        async with corral.AsyncClient.start(spec=_spec(short_tmp, confirm=True), home=home) as client:
+            run_id = (await client.run("writer", "approve me while others wait", wait=False)).run_id
+            done: list[corral.RunResult] = []
+            streamed: list[corral.Event] = []
+            approved: list[dict[str, object]] = []
+            async with anyio.create_task_group() as group:
+
+                async def waiting() -> None:
+                    done.append(await client.wait(run_id, timeout=FOREVER_S, until_parked=False))
+
+                async def following() -> None:
+                    async for event in client.events(follow=True):
+                        streamed.append(event)
+                        if event.kind == "run-completed" and event.subject == run_id:
+                            return
+
+                async def approving() -> None:
+                    await _until_long_polls(home, 2)
+                    while True:  # the run parks when its action asks for confirmation
+                        waiting_ids = [action["action_id"] for action in (await client.pending()).actions
+                                       if action["run_id"] == run_id and action["phase"] == "waiting-confirmation"]
+                        if waiting_ids:
+                            break
+                        await anyio.sleep(0.01)
+                    approved.append(await client.approve(waiting_ids[0]))
+
+                group.start_soon(waiting)
+                group.start_soon(following)
+                group.start_soon(approving)
+            pid = str((await client.ping())["pid"])
+        return done[0], streamed, approved[0], pid
+
+    done, streamed, approved, pid = _run_on(backend, main)
+    assert (done.status, done.final_reply is not None) == ("completed", True)
+    assert [(a.tool, a.phase) for a in done.actions] == [("effect.record", "ok")]
+    assert approved, "the approve answered"
+    assert streamed[-1].kind == "run-completed" and "run-waiting-confirmation" in [e.kind for e in streamed]
+    assert [e.cursor for e in streamed] == sorted({e.cursor for e in streamed}), "in order, each once"
+    assert len(effects(short_tmp / "effects.log")) == 1, "approved once, run once"
+    assert not is_alive(int(pid))
+
+
+@backends
+def test_aclose_is_awaited_and_ends_a_call_in_flight_at_once(short_tmp: Path, backend: str) -> None:
+    # `await client.aclose()` as asyncio code writes it. A wait in flight on the
+    # client (for a run that only an approve would end) fails at once with
+    # ClientClosed instead of holding on, and `async with` still closes.
+    home = short_tmp / "h"
+
+    async def main() -> list[BaseException]:
+        failures: list[BaseException] = []
+        async with corral.AsyncClient.start(spec=_spec(short_tmp, confirm=True), home=home) as owner:
+            parked = await owner.run("writer", "park until approved")
+            assert parked.status == "waiting-confirmation"
+            client = corral.AsyncClient.connect(home)
+            async with anyio.create_task_group() as group:
+
+                async def waiting() -> None:
+                    try:
+                        await client.wait(parked.run_id, timeout=FOREVER_S, until_parked=False)
+                    except corral.CorralError as exc:
+                        failures.append(exc)
+
+                group.start_soon(waiting)
+                await _until_long_polls(home, 1)
+                await client.aclose()
+            await client.aclose()  # twice is no error
+            async with corral.AsyncClient.connect(home) as other:
+                assert (await other.show(parked.run_id)).status == "waiting-confirmation", "closing changed nothing"
+        return failures
+
+    failures = _run_on(backend, main)
+    assert len(failures) == 1 and isinstance(failures[0], corral.ClientClosed), failures
+    assert "closed while this call" in str(failures[0])
+
+
+@backends
+def test_a_call_cut_by_its_deadline_leaves_the_other_calls_on_the_client_alone(short_tmp: Path, backend: str) -> None:
+    # The client drops a connection on which a call timed out, but a follow in flight
+    # on it goes on (it is closed when that follow's call ends), and the next calls
+    # go on a new one. The deadline is what is tested: 0.5 s of a wait that only an
+    # approve can end.
+    home = short_tmp / "h"
+
+    async def main() -> tuple[str, list[corral.Event]]:
+        seen: list[corral.Event] = []
+        async with (
+            corral.AsyncClient.start(spec=_spec(short_tmp, confirm=True), home=home) as client,
+            anyio.create_task_group() as group,
+        ):
+            parked = await client.run("writer", "park until approved")
+            assert parked.status == "waiting-confirmation"
+
+            async def following() -> None:
+                async for event in client.events(follow=True):
+                    seen.append(event)
+                    if event.kind == "run-completed" and event.subject == parked.run_id:
+                        return
+
+            group.start_soon(following)
+            await _until_long_polls(home, 1)
+            with pytest.raises(corral.DeadlineExceeded):
+                await client.call("wait", run_ids=[parked.run_id], until="done", wait_ms=60_000, timeout=0.5)
+            await client.approve(parked.actions[0].action_id)
+        return parked.run_id, seen
+
+    run_id, seen = _run_on(backend, main)
+    assert (seen[-1].kind, seen[-1].subject) == ("run-completed", run_id)
+    assert [e.cursor for e in seen] == sorted({e.cursor for e in seen}), "in order, each once"
+
+
+@backends
+def test_calls_in_flight_past_the_descriptor_limit_are_answered(short_tmp: Path, backend: str) -> None:
+    # Each call in flight watches the supervisor's pidfd; past the process's limit on
+    # open files a call goes unwatched (its deadline still bounds it) instead of failing.
+    home = short_tmp / "h"
+    calls = 200
+
+    async def main() -> list[object]:
+        answers: list[object] = []
+        async with corral.AsyncClient.start(spec=_spec(short_tmp), home=home) as client:
+            await client.ping()
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            open_fds = {int(fd) for fd in os.listdir("/proc/self/fd")}
+            limit = free = 0
+            while free < 16:  # a limit that leaves 16 descriptor numbers free, far fewer than the calls
+                free += limit not in open_fds
+                limit += 1
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+            try:
+                async with anyio.create_task_group() as group:
+
+                    async def poll() -> None:
+                        answers.append(await client.call("events", since=2**62, wait_ms=500))
+
+                    for _ in range(calls):
+                        group.start_soon(poll)
+            finally:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        return answers
+
+    answers = _run_on(backend, main)
+    assert len(answers) == calls

@@ -167,6 +167,8 @@ def test_client_and_async_client_have_the_same_methods_and_parameters() -> None:
         }
 
     sync, asynchronous = surface(corral.Client), surface(corral.AsyncClient)
+    # aclose is close awaited: asynchronous by nature, as __aenter__ is.
+    assert asynchronous.pop("aclose") == [("self", inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty)]
     assert sorted(sync) == sorted(asynchronous)
     assert {"start", "connect", "run", "wait", "events", "call", "down"} <= set(sync)
     for name in sync:
