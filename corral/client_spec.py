@@ -111,7 +111,7 @@ def _absolute_paths(data: dict[str, Any], base: Path) -> None:
     ``spec_path``), since the file is read from the home: the project root, the
     effects file, ``.py`` tool modules, scripts, model files, and a stdio MCP server's
     program path and working directory (its relative arguments are relative to it)."""
-    from corral.supervisor.spec.spec_base import spec_path
+    from corral.supervisor.spec.spec_base import spec_path, spec_program
 
     def fix(table: Any, key: str, default: str | None = None, only: Callable[[str], bool] = bool) -> None:
         if not isinstance(table, dict):
@@ -140,7 +140,8 @@ def _absolute_paths(data: dict[str, Any], base: Path) -> None:
         if isinstance(command, list) and command and isinstance(command[0], str):
             fix(table, "cwd", ".")
             if "/" in command[0] or command[0].startswith("~"):  # a bare name is found on PATH
-                command[0] = str(spec_path(base, command[0]))
+                # Absolute, not resolved: it is run by the name written (a venv's python).
+                command[0] = str(spec_program(base, command[0])[0])
 
 
 def _output_classes(data: dict[str, Any]) -> list[str]:

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import psutil
 import pytest
 
 from corral import client
+from corral.client_spec import start_spec
 from corral.core.procs import wait_exit
 from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
 from tests.harness import Daemon, cli, running, wait_for
@@ -236,3 +238,16 @@ def test_the_actor_reaps_the_orphans_of_its_servers_tree_while_it_runs(short_tmp
             wait_for("the actor to reap the orphan's zombie", lambda: not psutil.pid_exists(orphan), timeout=60)
     finally:
         _end(workers)
+
+
+def test_a_spec_given_as_data_keeps_the_program_path_written(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = short_tmp / "real-server"
+    target.write_text("#!/bin/sh\n")
+    target.chmod(0o755)
+    (short_tmp / "bin").mkdir()
+    (short_tmp / "bin" / "server").symlink_to(target)
+    monkeypatch.chdir(short_tmp)  # a dict's paths are the current directory's
+    started = start_spec(short_tmp / "home", {"mcp_servers": [{"id": "s", "command": ["bin/server"]}]})
+    assert started.path is not None
+    written = tomllib.loads(started.path.read_text())
+    assert written["mcp_servers"][0]["command"] == [str(short_tmp / "bin" / "server")]  # the link, not its target
