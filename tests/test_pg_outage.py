@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from corral.core.procs import wait_exit
+from corral.mailbox.control import SupervisorGone
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.ledger_spec import URL_ENV
 from tests.harness import Daemon, adopted_daemon, agent_spec, cli, drive_to_end, effects, wait_for
@@ -501,3 +502,58 @@ def test_a_three_node_cluster_rides_out_kills_pauses_restarts_and_a_long_outage(
         wait_for("every partition held by a live node", none_orphaned, timeout=120)
     except AssertionError:
         raise AssertionError(f"partitions no live node holds: {last}") from None
+
+
+BUSY = agent_spec(
+    workspace="project",
+    steps="".join(f'[[agents.steps]]\nactions = [{{ tool = "effect.record", input = {{ label = "e{i}" }} }}]\n'
+                  for i in range(30)) + '[[agents.steps]]\nfinal = "done"\n',
+    extra=f"[ledger]\nlease_s = {LEASE_S}\n",
+)
+
+
+@pytest.mark.slow
+def test_an_immediate_stop_of_the_database_under_a_busy_node_loses_no_effect_and_up_resumes(
+    env: dict[str, Any],
+) -> None:
+    """``pg_ctl stop -m immediate`` for real (SIGQUIT to the postmaster) while a node
+    commits: the commits not yet flushed are lost, so the node usually stops
+    (lost commits). Then status and doctor say what to do, and ``corral up --node``
+    resumes it. Either way every run completes and no effect happens twice."""
+    env["specs"]["busy"] = env["tmp"] / "busy.toml"
+    env["specs"]["busy"].write_text(BUSY)
+    node, pid = _node(env, "node-a", spec="busy")
+    runs = [node.call("run", agent_id="writer", task=f"busy {i}")["run_id"] for i in range(3)]
+    effects_path = env["tmp"] / "effects.log"
+    wait_for("the node at work", lambda: len(effects(effects_path)) >= 5)
+    server: Server = env["server"]
+    old = server.pg.pid
+    assert server.pg.process is not None
+    server.pg.process.send_signal(signal.SIGQUIT)  # what `pg_ctl stop -m immediate` sends
+    server.pg.process.wait()
+    server.pg.process = None
+    server._track(old)
+    server.launch()
+
+    def settled() -> str:
+        if not _alive(pid):
+            return "stopped"
+        try:
+            shown = [node.call("show", run_id=run_id)["run"]["status"] for run_id in runs]
+        except (SupervisorGone, homes.NotRunning):  # it stopped while being asked: the next look says so
+            return ""
+        return "rode it out" if set(shown) == {"completed"} else ""
+
+    outcome = wait_for("the node to stop, or its runs to complete", settled, timeout=180)
+    print(f"\nimmediate stop: the node {outcome}")
+    if outcome == "stopped":
+        said = cli(node.home, "status", env=node.env)
+        assert "lost commits" in said.stderr and "--node node-a" in said.stderr, said.stderr
+        _up(node, "node-a")
+    for run_id in runs:
+        shown, _reconciled = drive_to_end(node, run_id, effects_path, timeout=180)
+        assert shown["run"]["status"] == "completed", shown["run"]
+    lines = effects(effects_path)
+    keys = [(line["run_id"], line["label"]) for line in lines]
+    assert len(keys) == len(set(keys)), "no effect happened twice"
+    wait_for("status to be healthy", lambda: node.status()["degraded"] == "")

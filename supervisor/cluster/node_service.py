@@ -261,7 +261,7 @@ def _exit_diverged(state: NodeState, why: str) -> None:
     # WAL): its memory is ahead of its ledger. No reply covered by them left
     # (group commit); stop, and let recovery start from what the ledger holds.
     log.error("stopping at once: %s", why)
-    _note_stop(state, f"{why}. Its memory was ahead of its ledger: it must start again from what the ledger holds")
+    _note_stop(state, why)
     logging.shutdown()
     os._exit(FENCED_EXIT)
 
