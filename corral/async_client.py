@@ -320,7 +320,7 @@ class AsyncClient:
         run_id: str | None = None,
         retry_s: float = 10.0,
         intent: dict[str, Any] | str | None = None,
-        goal: str | None = None,
+        goal: str | dict[str, Any] | None = None,
     ) -> RunResult:
         """Start a run of ``agent`` on ``task``. With ``wait`` (default) return once
         it ended or parked (raise ``RunTimeout`` after ``timeout`` seconds);
@@ -494,9 +494,25 @@ class AsyncClient:
         result: dict[str, Any] = await self.call("goal.resume", run_id=run_id)
         return result
 
-    async def goal_edit(self, run_id: str, text: str) -> dict[str, Any]:
-        """A new goal text: bumps the goal's revision and reaches the run as a steer."""
-        result: dict[str, Any] = await self.call("goal.edit", run_id=run_id, text=text)
+    async def goal_edit(
+        self,
+        run_id: str,
+        text: str | None = None,
+        *,
+        constraints: list[str] | None = None,
+        verification: list[str] | None = None,
+        expected_revision: int | None = None,
+    ) -> dict[str, Any]:
+        """A new goal text, constraints or verification list (None: kept): bumps the
+        goal's revision, blocks the actions made for the old goal that have not
+        started, and reaches the run as a steer. ``expected_revision``: refused
+        unless the goal is still at that revision (a retry of the same edit is not)."""
+        params: dict[str, Any] = {"run_id": run_id}
+        for key, value in (("text", text), ("constraints", constraints), ("verification", verification),
+                           ("expected_revision", expected_revision)):
+            if value is not None:
+                params[key] = value
+        result: dict[str, Any] = await self.call("goal.edit", **params)
         return result
 
     async def goal_clear(self, run_id: str) -> dict[str, Any]:

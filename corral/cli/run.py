@@ -33,6 +33,10 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="", help="what the agent should do (with --goal: the goal, if left out)")
     parser.add_argument("--goal", help="bind the run to a goal: it ends only on a verdict that the goal is met"
                         " (docs/long-tasks.md)")
+    parser.add_argument("--constraint", action="append", default=[], metavar="TEXT",
+                        help="with --goal: a constraint of the goal (repeat; at most 8)")
+    parser.add_argument("--verify", action="append", default=[], metavar="TEXT",
+                        help="with --goal: what shows the goal is met (repeat; at most 8; none: the goal itself)")
     parser.add_argument("--script", help="scripted-provider script (TOML/JSON) for this run")
     parser.add_argument("--intent", help="bind the run to an intent contract (JSON file; see docs/intent.md)")
     parser.add_argument("--wait", action="store_true", help="wait until the run ends or parks")
@@ -57,6 +61,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     intent = read_contract(args.intent) if args.intent else None
     if not args.task and not args.goal:
         raise CliError("give --task, or --goal (a goal is also the first task)", EXIT_USAGE)
+    if (args.constraint or args.verify) and not args.goal:
+        raise CliError("--constraint and --verify go with --goal", EXIT_USAGE)
+    goal = args.goal if args.goal is None or not (args.constraint or args.verify) else {
+        "text": args.goal, "constraints": args.constraint, "verification": args.verify}
     # A person at a terminal sees the run move (on stderr: stdout stays the result);
     # elsewhere, the run id at once and one line per state change (corral/cli/run_watch.py).
     live = args.wait and not args.json and not args.quiet and sys.stderr.isatty()
@@ -65,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             from corral.cli import progress, run_watch
 
             since = progress.start_cursor(client)
-            started = client.run(args.agent, args.task, script=script, wait=False, intent=intent, goal=args.goal)
+            started = client.run(args.agent, args.task, script=script, wait=False, intent=intent, goal=goal)
             if live:
                 result = progress.watch_run(client, started.run_id, since, args.timeout, progress.stderr_console())
             else:
@@ -76,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             result = client.run(
                 args.agent, args.task, script=script, wait=args.wait, timeout=args.timeout, intent=intent,
-                goal=args.goal,
+                goal=goal,
             )
     if not args.wait:
         if args.json:

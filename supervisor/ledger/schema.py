@@ -616,3 +616,19 @@ MIGRATIONS.append(
     ALTER TABLE provider_requests ADD COLUMN web_search INTEGER;
     """
 )
+
+MIGRATIONS.append(
+    # A goal edit voids what was planned for the old goal (seed 004 V1.18): each action
+    # is bound to its run's goal id and revision when prepared (NULL: no goal, or an
+    # action from before this, which an edit treats as stale); a goal keeps its
+    # constraints and verification lists (JSON arrays) and the completion evidence
+    # the system wrote from the run's finalization, whose goal snapshot it binds.
+    """
+    ALTER TABLE actions ADD COLUMN goal_id TEXT;
+    ALTER TABLE actions ADD COLUMN goal_revision INTEGER;
+    ALTER TABLE goals ADD COLUMN constraints TEXT;
+    ALTER TABLE goals ADD COLUMN verification TEXT;
+    ALTER TABLE goals ADD COLUMN completion TEXT;
+    ALTER TABLE finalizations ADD COLUMN goal_snapshot TEXT;
+    """
+)

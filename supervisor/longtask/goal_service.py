@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.interactive.steer_control import SteerControl
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.longtask import goal_store
+from corral.supervisor.longtask import goal_shape, goal_store
 from corral.supervisor.longtask.goal_lifecycle import GoalStatus
 from corral.supervisor.params import param_str
 from corral.supervisor.runs.run_service import RunService
@@ -75,10 +75,14 @@ class GoalService:
         run as a steer (its id derived from the goal and revision: sent again, it is
         recorded once)."""
         run_id = param_str(params, "run_id", limit=64)
-        goal = goal_store.edit(self.ledger, run_id, params.get("text"), params.get("expected_revision"))
+        if all(params.get(key) is None for key in ("text", "constraints", "verification")):
+            raise BadRequest("an edit gives the goal's new text, constraints or verification")
+        goal = goal_store.edit(self.ledger, run_id, params.get("text"), params.get("expected_revision"),
+                               constraints=params.get("constraints"), verification=params.get("verification"))
         steer_id = f"goal-{hashlib.sha256(goal['goal_id'].encode()).hexdigest()[:16]}-r{goal['revision']}"
         if goal["revision"] > 1:
-            text = f"The goal was edited (revision {goal['revision']}); it is now: {goal['text']}"
+            words = goal_shape.task_text(goal["text"], goal["constraints"], goal["verification"])
+            text = f"The goal was edited (revision {goal['revision']}); it is now: {words}"
             steer = await self.steers.steer(run_id, text, steer_id)
             goal = {**goal, "steer_id": steer["steer_id"]}
         return goal

@@ -27,6 +27,7 @@ from typing import Any
 from corral.core.redact import redact_text
 from corral.supervisor.errors import BadRequest, Conflict, NotFound
 from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.longtask import goal_completion, goal_shape
 from corral.supervisor.longtask.goal_lifecycle import (
     EDITABLE,
     HOLDING,
@@ -34,7 +35,8 @@ from corral.supervisor.longtask.goal_lifecycle import (
     GoalStatus,
     check_goal_transition,
 )
-from corral.supervisor.runs import action_store, run_store
+from corral.supervisor.runs import action_store, resolutions, run_store
+from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.runs.run_state import RunStatus
 
@@ -49,13 +51,12 @@ def _now() -> float:
     return time.time()
 
 
-def _goal_option(ledger: Ledger, run_id: str) -> tuple[str | None, Any]:
+def _goal_option(ledger: Ledger, run_id: str) -> tuple[dict[str, Any] | None, Any]:
     row = ledger.one("SELECT options, conversation_id FROM runs WHERE run_id = ?", run_id)
     if row is None:
         return None, None
     goal = json.loads(row["options"]).get("goal")
-    text = str(goal["text"]) if isinstance(goal, dict) and "text" in goal else None
-    return text, row["conversation_id"]
+    return (goal if isinstance(goal, dict) and "text" in goal else None), row["conversation_id"]
 
 
 def goal_row(ledger: Ledger, run_id: str) -> Any:
@@ -64,16 +65,17 @@ def goal_row(ledger: Ledger, run_id: str) -> Any:
     row = ledger.one("SELECT * FROM goals WHERE run_id = ?", run_id)
     if row is not None:
         return row
-    text, conversation_id = _goal_option(ledger, run_id)
-    if text is None:
+    option, conversation_id = _goal_option(ledger, run_id)
+    if option is None:
         return None
     now = _now()
     goal_id = "goal-" + hashlib.sha256(run_id.encode()).hexdigest()[:20]
     with ledger.tx() as db:
         db.execute(
-            "INSERT INTO goals (goal_id, run_id, conversation_id, text, revision, status, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, 1, ?, ?, ?) ON CONFLICT DO NOTHING",
-            (goal_id, run_id, conversation_id, text, GoalStatus.ACTIVE.value, now, now),
+            "INSERT INTO goals (goal_id, run_id, conversation_id, text, revision, status, created_at, updated_at,"
+            " constraints, verification) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (goal_id, run_id, conversation_id, str(option["text"]), GoalStatus.ACTIVE.value, now, now,
+             json.dumps(option.get("constraints") or []), json.dumps(option.get("verification") or [])),
         )
     return ledger.one("SELECT * FROM goals WHERE run_id = ?", run_id)
 
@@ -115,7 +117,9 @@ def _move(ledger: Ledger, goal: Any, new: GoalStatus, why: str) -> None:
 
 def view(row: Any) -> dict[str, Any]:
     return {"goal_id": row["goal_id"], "run_id": row["run_id"], "conversation_id": row["conversation_id"],
-            "text": row["text"], "revision": int(row["revision"]), "status": row["status"]}
+            "text": row["text"], "constraints": goal_shape.stored_list(row["constraints"]),
+            "verification": goal_shape.stored_list(row["verification"]), "revision": int(row["revision"]),
+            "status": row["status"], "completion": json.loads(row["completion"]) if row["completion"] else None}
 
 
 # -- the lifecycle -----------------------------------------------------------------------
@@ -185,28 +189,83 @@ def resume(ledger: Ledger, run_id: str) -> dict[str, Any]:
     return view(goal_row(ledger, run_id))
 
 
-def edit(ledger: Ledger, run_id: str, text: Any, expected_revision: Any = None) -> dict[str, Any]:
-    """A new text bumps the revision (the same text again changes nothing). The caller
-    then sends it to the run as a steer, whose id the revision names."""
-    if not isinstance(text, str) or not text.strip():
-        raise BadRequest("the goal must be a non-empty string")
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_EDIT_BYTES:
-        raise BadRequest(f"the goal is over {MAX_EDIT_BYTES} bytes (UTF-8)")
-    text = text.strip()
+def edit(ledger: Ledger, run_id: str, text: Any, expected_revision: Any = None, *, constraints: Any = None,
+         verification: Any = None) -> dict[str, Any]:
+    """A new outcome, constraints or verification list (None: kept) bumps the revision;
+    the same goal again changes nothing. ``expected_revision``: the revision the edit
+    was made on; the same edit sent again after it applied changes nothing, any other
+    stale revision is refused, naming the current one.
+
+    In the transaction that bumps the revision, every action of the run that has not
+    started (waiting for a person, approved, or prepared) was made for the old goal:
+    it is blocked with a receipt the agent sees, never run, and the run plans again
+    (a finalization prepared for the old goal is voided). The caller then sends the
+    new goal to the run as a steer, whose id the revision names."""
     goal = require_goal(ledger, run_id)
+    if expected_revision is not None and (isinstance(expected_revision, bool)
+                                          or not isinstance(expected_revision, int) or expected_revision < 1):
+        raise BadRequest("expected_revision must be a revision number (1 or more)")
+    new_text = goal["text"] if text is None else redact_text(goal_shape.goal_text(text))
+    new_constraints = (goal_shape.stored_list(goal["constraints"]) if constraints is None
+                       else goal_shape.goal_list(constraints, "constraints"))
+    new_verification = (goal_shape.stored_list(goal["verification"]) if verification is None
+                        else goal_shape.goal_list(verification, "verification"))
+    words = goal_shape.task_text(new_text, new_constraints, new_verification)
+    if len(words.encode("utf-8", "surrogatepass")) > MAX_EDIT_BYTES:
+        raise BadRequest(f"the goal with its constraints and verification is over {MAX_EDIT_BYTES} bytes (UTF-8)")
+    revision = int(goal["revision"])
+    same = (new_text, new_constraints, new_verification) == (
+        goal["text"], goal_shape.stored_list(goal["constraints"]), goal_shape.stored_list(goal["verification"]))
+    if same and expected_revision in (None, revision, revision - 1):
+        return {**view(goal), "changed": False, "blocked": []}  # a retry of an edit that applied
     if GoalStatus(goal["status"]) not in EDITABLE:
         raise Conflict(f"the goal of run {run_id} is {goal['status']}; it can no longer be edited")
-    stored = redact_text(text)
-    if stored == goal["text"]:
-        return {**view(goal), "changed": False}
-    if expected_revision is not None and expected_revision != int(goal["revision"]):
-        raise Conflict(f"the goal of run {run_id} is at revision {goal['revision']}, not {expected_revision}")
+    if expected_revision is not None and expected_revision != revision:
+        raise Conflict(f"the goal of run {run_id} is at revision {revision}, not {expected_revision}; read it"
+                       f" again (corral goal status {run_id}) and edit revision {revision}")
+    final = ledger.one("SELECT phase FROM finalizations WHERE run_id = ?", run_id)
+    if final is not None and final["phase"] != "prepared":
+        raise Conflict(f"run {run_id} has written its final reply; its goal can no longer be edited")
+    new_revision = revision + 1
     with ledger.tx() as db:
-        db.execute("UPDATE goals SET text = ?, revision = revision + 1, updated_at = ? WHERE goal_id = ?",
-                   (stored, _now(), goal["goal_id"]))
-        ledger.event("goal-edited", run_id, goal=goal["goal_id"], revision=int(goal["revision"]) + 1,
-                     sha256=hashlib.sha256(text.encode()).hexdigest(), chars=len(text))
-    return {**view(goal_row(ledger, run_id)), "changed": True}
+        db.execute(
+            "UPDATE goals SET text = ?, constraints = ?, verification = ?, revision = ?, updated_at = ?"
+            " WHERE goal_id = ? AND revision = ?",
+            (new_text, json.dumps(new_constraints), json.dumps(new_verification), new_revision, _now(),
+             goal["goal_id"], revision),
+        )
+        if final is not None:
+            db.execute("DELETE FROM finalizations WHERE run_id = ? AND phase = 'prepared'", (run_id,))
+            ledger.event("finalization-invalidated", run_id, why="goal edited")
+        blocked = _block_unstarted(ledger, run_id, revision, new_revision)
+        resolutions.reopen_run(ledger, run_id)  # nothing of the old goal waits for a person now
+        ledger.event("goal-edited", run_id, goal=goal["goal_id"], revision=new_revision, blocked=len(blocked),
+                     sha256=hashlib.sha256(words.encode()).hexdigest(), chars=len(words))
+    return {**view(goal_row(ledger, run_id)), "changed": True, "blocked": blocked}
+
+
+def blocked_reason(old: int, new: int) -> str:
+    return (f"blocked: the goal was edited (revision {old} -> {new}) before this action started; it did not run."
+            " Plan again for the current goal")
+
+
+def _block_unstarted(ledger: Ledger, run_id: str, old: int, new: int) -> list[str]:
+    """The run's actions not started and not bound to revision ``new`` (all of them,
+    as that revision is being written; an unbound one too: a missing binding is never
+    guessed) end with a receipt saying the goal changed. Joins the caller's transaction."""
+    rows = ledger.all(
+        "SELECT * FROM actions WHERE run_id = ? AND phase IN ('prepared', 'waiting-confirmation', 'approved')"
+        " ORDER BY loop_index, action_index",
+        run_id,
+    )
+    why = blocked_reason(old, new)
+    for row in rows:
+        # An approved action may only fail (the action table has no approved -> denied).
+        ending = ActionPhase.FAILED if row["phase"] == ActionPhase.APPROVED else ActionPhase.DENIED
+        written = action_store.move_action(ledger, row["action_id"], ending, current=row, reason=why, error=why)
+        action_store.write_receipt(ledger, row["action_id"], note=f"blocked: goal edited to revision {new}",
+                                   current={**dict(row), **written})
+    return [str(row["action_id"]) for row in rows]
 
 
 def begin_clear(ledger: Ledger, run_id: str) -> dict[str, Any]:
@@ -230,7 +289,13 @@ def on_run_status(ledger: Ledger, run_id: str, status: RunStatus, reason: str | 
         return
     current = GoalStatus(goal["status"])
     if status is RunStatus.COMPLETED and current is GoalStatus.ACTIVE:
-        _move(ledger, goal, GoalStatus.COMPLETED, "its run completed")
+        # From the run's finalization record (its goal snapshot and the system's
+        # evidence), in the transaction that completes the run.
+        completion = goal_completion.evidence(ledger, run_id, _now())
+        with ledger.tx() as db:
+            db.execute("UPDATE goals SET completion = ? WHERE goal_id = ?", (json.dumps(completion, sort_keys=True),
+                                                                            goal["goal_id"]))
+            _move(ledger, goal, GoalStatus.COMPLETED, "its run's finalization record")
         return
     if current is not GoalStatus.CLEARING:
         _move(ledger, goal, GoalStatus.CLEARING, f"its run ended {status.value}")

@@ -69,9 +69,13 @@ def prepare_action(
         # The new row comes back from the insert itself (no read-back); none comes
         # back when the action exists already (a replay), which is then read.
         inserted = db.execute(
+            # Bound to the run's goal as it is now (none: NULL), in the same statement:
+            # a goal edit voids what was planned for an older revision (goal_store.edit).
             "INSERT OR IGNORE INTO actions (action_id, run_id, agent_id, loop_index, action_index, tool, input,"
-            " fingerprint, phase, rerunnable, policy, raw_sha256, boot_id, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?, ?, ?) RETURNING *",
+            " fingerprint, phase, rerunnable, policy, raw_sha256, boot_id, created_at, updated_at, goal_id,"
+            " goal_revision) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?, ?, ?,"
+            " (SELECT goal_id FROM goals WHERE run_id = ?), (SELECT revision FROM goals WHERE run_id = ?))"
+            " RETURNING *",
             (
                 the_id,
                 run_id,
@@ -87,6 +91,8 @@ def prepare_action(
                 ledger.boot_id,
                 now,
                 now,
+                run_id,
+                run_id,
             ),
         ).fetchall()
         created = bool(inserted)

@@ -13,6 +13,7 @@ from typing import Any
 from corral.core.redact import redact_text
 from corral.supervisor.errors import Conflict, Refused
 from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.longtask import goal_completion
 from corral.supervisor.runs.loop_plan_store import final_blocked
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_store import RunLimits, get_run, set_run_status
@@ -73,20 +74,33 @@ def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict
             return final_blocked(ledger, run_id, reasons, limits)
         with ledger.tx() as db:
             now = time.time()
+            # A goal run's journal binds the goal it was prepared for, with the
+            # system's evidence: the goal completes from this record.
             db.execute(
-                "INSERT INTO finalizations (run_id, phase, reply, created_at, updated_at)"
-                " VALUES (?, 'prepared', ?, ?, ?)",
-                (run_id, redact_text(reply), now, now),
+                "INSERT INTO finalizations (run_id, phase, reply, created_at, updated_at, goal_snapshot)"
+                " VALUES (?, 'prepared', ?, ?, ?, ?)",
+                (run_id, redact_text(reply), now, now, goal_completion.snapshot(ledger, run_id, reply)),
             )
             ledger.event("finalization-prepared", run_id)
         ledger.failpoint("finalize.after-prepared")
-    return resume_finalization(ledger, run_id)
+    done = resume_finalization(ledger, run_id)
+    if done["status"] == "invalidated":
+        raise Conflict(done["reason"])  # the agent asks for its next step: the run plans again
+    return done
 
 
 def resume_finalization(ledger: Ledger, run_id: str) -> dict[str, str]:
-    row = ledger.one("SELECT phase, reply FROM finalizations WHERE run_id = ?", run_id)
+    row = ledger.one("SELECT phase, reply, goal_snapshot FROM finalizations WHERE run_id = ?", run_id)
     assert row is not None
     if row["phase"] == "prepared":
+        why = goal_completion.stale(ledger, run_id, row["goal_snapshot"])
+        if why is not None:
+            # Prepared for a goal that changed since (edited, paused, cleared): no
+            # reply is written; the same run plans again.
+            with ledger.tx() as db:
+                db.execute("DELETE FROM finalizations WHERE run_id = ? AND phase = 'prepared'", (run_id,))
+                ledger.event("finalization-invalidated", run_id, why=why)
+            return {"status": "invalidated", "reason": f"the final reply was not written: {why}"}
         with ledger.tx() as db:
             if not db.execute("SELECT 1 FROM replies WHERE run_id = ?", (run_id,)).fetchone():
                 db.execute(

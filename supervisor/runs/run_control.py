@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.supervisor.errors import BadRequest, Refused
-from corral.supervisor.longtask import goal_store
+from corral.supervisor.longtask import goal_shape, goal_store
 from corral.supervisor.params import param_text
 from corral.supervisor.runs import action_store, provider_store, resolutions, run_store
 from corral.supervisor.runs.run_core import RunCore, _str
@@ -19,11 +19,9 @@ from corral.supervisor.spec.swarm_spec import AgentSpec
 class RunControlMethods(RunCore):
     async def create(self, params: dict[str, Any]) -> dict[str, Any]:
         agent = self.agent_spec(_str(params, "agent_id", limit=64))
-        goal = params.get("goal")
-        if goal is not None and (not isinstance(goal, str) or not goal.strip() or len(goal) > 4000):
-            raise BadRequest("goal must be 1 to 4000 characters")
+        goal = None if params.get("goal") is None else goal_shape.goal_param(params["goal"])
         if goal is not None and not params.get("task"):
-            params = {**params, "task": goal}  # the goal is the first task, and its standard
+            params = {**params, "task": goal_shape.task_text(*goal)}  # the goal is the first task, and its standard
         task = param_text(params, "task", None, limit=run_store.MAX_TASK_CHARS)
         provider, provider_config = agent.provider, agent.provider_config
         script = params.get("script")
@@ -59,7 +57,8 @@ class RunControlMethods(RunCore):
             provider=provider,
             provider_config=provider_config,
             options={**self.agent_options(agent), **self.bind_intent(params.get("intent")),
-                     **({"goal": {"text": goal.strip()}} if goal is not None else {})},
+                     **({"goal": {"text": goal[0], "constraints": goal[1], "verification": goal[2]}}
+                        if goal is not None else {})},
             run_id=run_id,
             conversation_id=conversation_id,
         )

@@ -1,0 +1,186 @@
+"""A goal edit voids what was planned for the old goal (seed 004 V1.18).
+
+Each action is bound to its run's goal id and revision when it is prepared. An
+edit that bumps the revision turns every action of the run that has not started
+(waiting for a person, approved, or merely prepared) into a blocked receipt the
+agent sees; it never runs, an approval of it is refused, and the same run plans
+again for the edited goal. A goal also carries up to 8 constraints and 8
+verification items, an edit may name the revision it was made on (a stale one
+is refused, naming the current one), and the goal completes from the run's
+finalization record, with evidence the system writes, not the model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.core.procs import wait_exit
+from tests.harness import Daemon, agent_spec, cli, ledger_rows, module_daemon, running, wait_run
+
+STEPS = """
+[[agents.steps]]
+actions = [{ tool = "fs.write", input = { path = "page.md", content = "the old goal's draft" } }]
+[[agents.steps]]
+actions = [{ tool = "goal.verdict", input = { met = true, evidence = "planned again for the edited goal" } }]
+[[agents.steps]]
+final = "done"
+"""
+CONFIRM_WRITES = '[agents.policy]\n"fs.write" = "confirm"'
+
+
+@pytest.fixture(scope="module")
+def drafter() -> Iterator[Daemon]:
+    with module_daemon(agent_spec(agent="drafter", policy=CONFIRM_WRITES, steps=STEPS), home="h") as daemon:
+        yield daemon
+
+
+def _page(daemon: Daemon) -> Path:
+    return daemon.home.parent / "ws" / "page.md"
+
+
+def _action(daemon: Daemon, action_id: str) -> dict[str, Any]:
+    rows = ledger_rows(daemon.home, "SELECT phase, error, goal_id, goal_revision FROM actions WHERE action_id = ?",
+                       action_id)
+    assert len(rows) == 1
+    return rows[0]
+
+
+def _seen(daemon: Daemon, run_id: str, action_id: str) -> dict[str, Any]:
+    """The observation the model was given for the action."""
+    rows = ledger_rows(daemon.home, "SELECT data FROM observations WHERE run_id = ? AND source = ?", run_id,
+                       action_id)
+    assert len(rows) == 1
+    data: dict[str, Any] = json.loads(rows[0]["data"])
+    return data
+
+
+def test_an_edit_blocks_the_write_waiting_for_approval_and_the_run_plans_again(drafter: Daemon) -> None:
+    daemon = drafter
+    run_id: str = daemon.call("run", agent_id="drafter", goal="draft the page")["run_id"]
+    shown = wait_run(daemon, run_id, {"waiting-confirmation"})
+    action_id = shown["actions"][0]["action_id"]
+    goal = daemon.call("goal.status", run_id=run_id)["lifecycle"]
+    bound = _action(daemon, action_id)
+    assert (bound["goal_id"], bound["goal_revision"]) == (goal["goal_id"], 1), "bound to the goal it was made for"
+
+    edited = cli(daemon.home, "goal", "edit", run_id, "draft the page in French", "--expected-revision", "1",
+                 "--json")
+    assert edited.returncode == 0, edited.stderr
+    edit = json.loads(edited.stdout)
+    assert edit["revision"] == 2 and edit["changed"] is True and edit["blocked"] == [action_id]
+    blocked = _action(daemon, action_id)
+    assert blocked["phase"] == "denied" and "the goal was edited (revision 1 -> 2)" in blocked["error"]
+    approve = cli(daemon.home, "approve", action_id)
+    assert approve.returncode != 0 and "the goal was edited" in approve.stderr, approve.stdout
+
+    shown = wait_run(daemon, run_id, {"completed", "failed", "needs-input", "needs-reconciliation"})
+    assert shown["run"]["status"] == "completed" and shown["final_reply"] == "done", shown["run"]
+    seen = _seen(daemon, run_id, action_id)
+    assert seen["status"] == "denied" and "the goal was edited (revision 1 -> 2)" in seen["error"]
+    receipt = ledger_rows(daemon.home, "SELECT status, note FROM receipts WHERE action_id = ?", action_id)
+    assert receipt == [{"status": "denied", "note": "blocked: goal edited to revision 2"}]
+    assert not _page(daemon).exists(), "the old goal's write never ran"
+    tools = [(a["tool"], a["phase"]) for a in daemon.call("show", run_id=run_id)["actions"]]
+    assert tools == [("fs.write", "denied"), ("goal.verdict", "ok")], "the same run planned again"
+
+
+def test_an_approved_write_not_started_is_blocked_by_an_edit_while_the_goal_is_paused(drafter: Daemon) -> None:
+    daemon = drafter
+    run_id: str = daemon.call("run", agent_id="drafter", goal="draft the page")["run_id"]
+    action_id = wait_run(daemon, run_id, {"waiting-confirmation"})["actions"][0]["action_id"]
+    assert daemon.call("goal.pause", run_id=run_id)["status"] == "paused"
+    approved = cli(daemon.home, "approve", action_id)
+    assert approved.returncode == 0, approved.stderr
+    wait_run(daemon, run_id, {"needs-input"})  # parked by the paused goal before the write began
+    assert _action(daemon, action_id)["phase"] == "approved"
+
+    edit = daemon.call("goal.edit", run_id=run_id, text="draft the page in French", expected_revision=1)
+    assert edit["revision"] == 2 and edit["blocked"] == [action_id]
+    blocked = _action(daemon, action_id)
+    assert blocked["phase"] == "failed" and "did not run" in blocked["error"]
+    assert daemon.call("show", run_id=run_id)["run"]["status"] == "needs-input", "still paused"
+    assert daemon.call("goal.resume", run_id=run_id)["status"] == "active"
+    shown = wait_run(daemon, run_id, {"completed", "failed", "needs-input", "needs-reconciliation"})
+    assert shown["run"]["status"] == "completed", shown["run"]
+    assert "the goal was edited (revision 1 -> 2)" in _seen(daemon, run_id, action_id)["error"]
+    assert not _page(daemon).exists(), "the approval made for the old goal never ran"
+
+
+def test_constraints_verification_and_expected_revision(drafter: Daemon) -> None:
+    daemon = drafter
+    runs_before = len(ledger_rows(daemon.home, "SELECT run_id FROM runs"))
+    nine = [arg for index in range(9) for arg in ("--constraint", f"rule {index}")]
+    refused = cli(daemon.home, "run", "--agent", "drafter", "--goal", "draft the page", *nine)
+    assert refused.returncode != 0 and "at most 8 constraints" in refused.stderr, refused.stderr
+    assert len(ledger_rows(daemon.home, "SELECT run_id FROM runs")) == runs_before, "no run started"
+
+    started = cli(daemon.home, "run", "--agent", "drafter", "--goal", "draft the page", "--constraint",
+                  "no tables", "--verify", "page.md has a title", "--json")
+    assert started.returncode == 0, started.stderr
+    run_id = json.loads(started.stdout)["run_id"]
+    shown = wait_run(daemon, run_id, {"waiting-confirmation"})
+    assert "no tables" in shown["run"]["task"] and "page.md has a title" in shown["run"]["task"], "the model sees them"
+    goal = daemon.call("goal.status", run_id=run_id)["lifecycle"]
+    assert (goal["constraints"], goal["verification"], goal["revision"]) == (
+        ["no tables"], ["page.md has a title"], 1)
+    assert daemon.call("goal.pause", run_id=run_id)["status"] == "paused"  # the run stays live, parked
+
+    too_many = cli(daemon.home, "goal", "edit", run_id, *[a for i in range(9) for a in ("--verify", f"check {i}")])
+    assert too_many.returncode != 0 and "at most 8 verification items" in too_many.stderr, too_many.stderr
+    changed = cli(daemon.home, "goal", "edit", run_id, "--constraint", "no tables", "--constraint", "no emoji",
+                  "--expected-revision", "1", "--json")
+    assert changed.returncode == 0, changed.stderr
+    assert json.loads(changed.stdout)["revision"] == 2, "a new constraint is a new revision, the text kept"
+    again = cli(daemon.home, "goal", "edit", run_id, "--constraint", "no tables", "--constraint", "no emoji",
+                "--expected-revision", "1", "--json")
+    assert again.returncode == 0, again.stderr
+    assert (json.loads(again.stdout)["revision"], json.loads(again.stdout)["changed"]) == (2, False), "a retry"
+    stale = cli(daemon.home, "goal", "edit", run_id, "another page", "--expected-revision", "1")
+    assert stale.returncode != 0 and "revision 2, not 1" in stale.stderr, stale.stderr
+    goal = daemon.call("goal.status", run_id=run_id)["lifecycle"]
+    assert (goal["text"], goal["constraints"], goal["revision"]) == ("draft the page", ["no tables", "no emoji"], 2)
+    text = cli(daemon.home, "goal", "status", run_id).stdout
+    assert "constraint: no emoji" in text and "verification: page.md has a title" in text
+    assert daemon.call("goal.clear", run_id=run_id)["status"] == "cleared"
+
+
+VERDICT_THEN_FINAL = """
+[[agents.steps]]
+actions = [{ tool = "goal.verdict", input = { met = true, evidence = "written" } }]
+[[agents.steps]]
+final = "done"
+"""
+
+
+def test_the_goal_completes_from_the_finalization_record_after_a_crash(short_tmp: Path) -> None:
+    """The supervisor is SIGKILLed once the final reply is appended and before the run
+    completed: at boot the journal carries the run to completed, and the goal is
+    completed from the journal's goal snapshot, with the system's evidence."""
+    (short_tmp / "ws").mkdir()
+    env = {"CORRAL_FAILPOINTS": "finalize.after-reply=kill@once"}
+    with running(short_tmp / "home", agent_spec(steps=VERDICT_THEN_FINAL), env) as daemon:
+        run_id: str = daemon.call("run", agent_id="writer", goal="write the notes")["run_id"]
+        goal_id = daemon.call("goal.status", run_id=run_id)["lifecycle"]["goal_id"]
+        pid = daemon.endpoint.pid
+        assert wait_exit(pid, 60), "killed at finalize.after-reply"
+        snapshot = ledger_rows(daemon.home, "SELECT phase, goal_snapshot FROM finalizations WHERE run_id = ?", run_id)
+        assert snapshot[0]["phase"] == "reply-appended"
+        assert json.loads(snapshot[0]["goal_snapshot"])["goal_revision"] == 1
+        daemon.up()
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed" and shown["final_reply"] == "done"
+        lifecycle = daemon.call("goal.status", run_id=run_id)["lifecycle"]
+        assert lifecycle["status"] == "completed"
+        completion = lifecycle["completion"]
+        assert completion["source"] == "finalization" and completion["goal_id"] == goal_id
+        assert completion["goal_revision"] == 1
+        assert completion["response_sha256"] == hashlib.sha256(b"done").hexdigest()
+        assert completion["response_chars"] == 4
+        assert completion["goal_fingerprint"] == json.loads(snapshot[0]["goal_snapshot"])["goal_fingerprint"]
+        assert "plan_revision" in completion and "verification_id" in completion
+        assert "written" not in json.dumps(completion), "the system's evidence, not the model's words"
