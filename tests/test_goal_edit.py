@@ -184,3 +184,53 @@ def test_the_goal_completes_from_the_finalization_record_after_a_crash(short_tmp
         assert completion["goal_fingerprint"] == json.loads(snapshot[0]["goal_snapshot"])["goal_fingerprint"]
         assert "plan_revision" in completion and "verification_id" in completion
         assert "written" not in json.dumps(completion), "the system's evidence, not the model's words"
+
+
+def test_the_binding_the_block_and_the_compare_and_set_on_both_ledgers(open_ledger: Any) -> None:
+    """The same rules on SQLite and on a PostgreSQL partition held as a node holds it
+    (fenced writes, cached reads): the binding is read in the insert itself."""
+    from corral.supervisor.errors import Conflict
+    from corral.supervisor.longtask import goal_completion, goal_store
+    from corral.supervisor.runs import action_store, resolutions, run_store
+    from corral.supervisor.runs.run_state import RunStatus
+
+    ledger = open_ledger()
+    run_id = run_store.create_run(ledger, agent_id="drafter", task="g", provider="scripted",
+                                  provider_config={"script": {"steps": []}},
+                                  options={"goal": {"text": "draft the page", "constraints": ["no tables"]}})
+    goal = goal_store.goal_row(ledger, run_id)
+    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "claimed")
+    waiting, approved = (
+        action_store.prepare_action(ledger, run_id, 0, index, "fs.write", {"path": f"p{index}.md", "content": "x"},
+                                    rerunnable=False, policy="confirm") for index in (0, 1))
+    assert (waiting["goal_id"], waiting["goal_revision"]) == (goal["goal_id"], 1)
+    for row in (waiting, approved):
+        action_store.begin_action(ledger, row["action_id"])
+    resolutions.continue_action(ledger, approved["action_id"], "approve", None)
+    prepared = action_store.prepare_action(ledger, run_id, 0, 2, "fs.write", {"path": "p2.md", "content": "x"},
+                                           rerunnable=False, policy="auto")
+    snapshot = goal_completion.snapshot(ledger, run_id, "done")
+    assert goal_completion.stale(ledger, run_id, snapshot) is None
+
+    edit = goal_store.edit(ledger, run_id, "draft the page in French", 1)
+    assert edit["revision"] == 2 and edit["constraints"] == ["no tables"], "the lists left out are kept"
+    assert edit["blocked"] == [waiting["action_id"], approved["action_id"], prepared["action_id"]]
+    phases = {row["action_id"]: row["phase"] for row in ledger.all("SELECT * FROM actions WHERE run_id = ?", run_id)}
+    assert phases == {waiting["action_id"]: "denied", approved["action_id"]: "failed",
+                      prepared["action_id"]: "denied"}
+    notes = ledger.all("SELECT note FROM receipts WHERE run_id = ?", run_id)
+    assert [row["note"] for row in notes] == ["blocked: goal edited to revision 2"] * 3
+    assert run_store.get_run(ledger, run_id)["status"] == "running", "nothing waits for a person any more"
+    with pytest.raises(Conflict, match="the goal was edited"):
+        resolutions.continue_action(ledger, waiting["action_id"], "approve", None)
+    assert "edited (revision 1 -> 2)" in str(goal_completion.stale(ledger, run_id, snapshot))
+    after = action_store.prepare_action(ledger, run_id, 1, 0, "fs.write", {"path": "p.md", "content": "y"},
+                                        rerunnable=False, policy="confirm")
+    assert after["goal_revision"] == 2
+
+    assert goal_store.edit(ledger, run_id, "draft the page in French", 1)["changed"] is False, "a retry"
+    with pytest.raises(Conflict, match="revision 2, not 1"):
+        goal_store.edit(ledger, run_id, "another page", 1)
+    with pytest.raises(Conflict, match="revision 2, not 3"):
+        goal_store.edit(ledger, run_id, "another page", 3)
+    assert goal_store.goal_row(ledger, run_id)["text"] == "draft the page in French"
