@@ -103,7 +103,10 @@ def test_an_approved_write_not_started_is_blocked_by_an_edit_while_the_goal_is_p
     assert edit["revision"] == 2 and edit["blocked"] == [action_id]
     blocked = _action(daemon, action_id)
     assert blocked["phase"] == "failed" and "did not run" in blocked["error"]
-    assert daemon.call("show", run_id=run_id)["run"]["status"] == "needs-input", "still paused"
+    daemon.wait_until(lambda _: bool(ledger_rows(daemon.home, "SELECT 1 FROM steers WHERE run_id = ? AND"
+                                                 " applied_at IS NOT NULL", run_id)), what="the edit's steer")
+    wait_run(daemon, run_id, {"needs-input"})  # parked again: the goal is still paused
+    assert _action(daemon, action_id)["phase"] == "failed"
     assert daemon.call("goal.resume", run_id=run_id)["status"] == "active"
     shown = wait_run(daemon, run_id, {"completed", "failed", "needs-input", "needs-reconciliation"})
     assert shown["run"]["status"] == "completed", shown["run"]
@@ -234,3 +237,7 @@ def test_the_binding_the_block_and_the_compare_and_set_on_both_ledgers(open_ledg
     with pytest.raises(Conflict, match="revision 2, not 3"):
         goal_store.edit(ledger, run_id, "another page", 3)
     assert goal_store.goal_row(ledger, run_id)["text"] == "draft the page in French"
+    secret = "sk-abcdefghijklmnopqrstuvwxyz0123456789"
+    kept = goal_store.edit(ledger, run_id, None, 2, verification=[f"the page works with key {secret}"])
+    assert kept["revision"] == 3 and kept["verification"] == ["the page works with key [redacted]"]
+    assert secret not in json.dumps([dict(row) for row in ledger.all("SELECT * FROM goals")])

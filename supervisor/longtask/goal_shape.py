@@ -14,6 +14,7 @@ import json
 import re
 from typing import Any
 
+from corral.core.redact import redact_text
 from corral.supervisor.errors import BadRequest
 
 MAX_ITEMS = 8
@@ -25,7 +26,8 @@ _LABELS = {"constraints": "constraints", "verification": "verification items"}
 
 
 def goal_list(value: Any, name: str) -> list[str]:
-    """A ``constraints`` or ``verification`` list: up to 8 one-line strings."""
+    """A ``constraints`` or ``verification`` list: up to 8 one-line strings, kept
+    redacted (as the goal's text is: the ledger never holds a secret)."""
     label = _LABELS[name]
     if value is None:
         return []
@@ -39,7 +41,7 @@ def goal_list(value: Any, name: str) -> list[str]:
             raise BadRequest(f"each of the goal's {label} must be a non-empty string")
         if len(item) > MAX_ITEM_CHARS or _CONTROL.search(item):
             raise BadRequest(f"each of the goal's {label} is one line of at most {MAX_ITEM_CHARS} characters")
-        items.append(item.strip())
+        items.append(redact_text(item.strip()))
     if len(set(items)) != len(items):
         raise BadRequest(f"the goal's {label} repeat an item")
     return items
@@ -48,7 +50,7 @@ def goal_list(value: Any, name: str) -> list[str]:
 def goal_text(value: Any) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_GOAL_CHARS:
         raise BadRequest(f"the goal must be 1 to {MAX_GOAL_CHARS} characters")
-    return value.strip()
+    return redact_text(value.strip())
 
 
 def goal_param(value: Any) -> tuple[str, list[str], list[str]]:

@@ -24,7 +24,6 @@ import json
 import time
 from typing import Any
 
-from corral.core.redact import redact_text
 from corral.supervisor.errors import BadRequest, Conflict, NotFound
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import goal_completion, goal_shape
@@ -205,7 +204,7 @@ def edit(ledger: Ledger, run_id: str, text: Any, expected_revision: Any = None, 
     if expected_revision is not None and (isinstance(expected_revision, bool)
                                           or not isinstance(expected_revision, int) or expected_revision < 1):
         raise BadRequest("expected_revision must be a revision number (1 or more)")
-    new_text = goal["text"] if text is None else redact_text(goal_shape.goal_text(text))
+    new_text = goal["text"] if text is None else goal_shape.goal_text(text)
     new_constraints = (goal_shape.stored_list(goal["constraints"]) if constraints is None
                        else goal_shape.goal_list(constraints, "constraints"))
     new_verification = (goal_shape.stored_list(goal["verification"]) if verification is None
