@@ -31,6 +31,8 @@ NOTE_CHARS = 700
 
 Oracle = Callable[[Path], str | None]
 """The project directory after a run -> None when the task was done, else what is wrong."""
+OutputOracle = Callable[[Any], str | None]
+"""A typed-output task's validated output -> None when it is right, else what is wrong."""
 
 
 def _posts(project: Path) -> list[dict[str, Any]]:
@@ -84,6 +86,27 @@ class Task:
     oracle: Oracle
     #: Input files, written into the empty project before the run.
     files: Mapping[str, str] = field(default_factory=dict)
+    #: The agent's typed output (a JSON Schema), and the check of the validated value
+    #: the run returns (the host judges the value, not the reply's words).
+    output: Mapping[str, Any] | None = None
+    output_oracle: OutputOracle | None = None
+
+
+FORECAST = {"type": "object", "properties": {"city": {"type": "string"}, "temperature_c": {"type": "number"}},
+            "required": ["city", "temperature_c"], "additionalProperties": False}
+
+
+def forecast_is(city: str, temperature_c: float) -> OutputOracle:
+    """The output names ``city`` and its temperature (the run's output is schema-valid already)."""
+
+    def check(output: Any) -> str | None:
+        if not isinstance(output, dict):
+            return f"no valid output (got {output!r})"
+        if city.lower() not in str(output.get("city", "")).lower() or output.get("temperature_c") != temperature_c:
+            return f"output {json.dumps(output)[:160]} is not {city} at {temperature_c}"
+        return None
+
+    return check
 
 
 TASKS = (
@@ -99,13 +122,28 @@ TASKS = (
          posted("deploys", "14:05"), {"status.txt": "deploy finished at 14:05\n"}),
     Task("two-cities-post", "Get the temperatures in Oslo and in Bergen, then post both to #ops.",
          ("weather.get", "chat.post"), 3, posted("ops", "-2", "4.5")),
+    # Typed output (issue 49): two fields the grammar holds the final answer to.
+    Task("typed-forecast", "How cold is it in Oslo? Give the city and its temperature in degrees Celsius.",
+         ("weather.get",), 1, lambda project: None, output=FORECAST, output_oracle=forecast_is("Oslo", -2.0)),
 )
+
+
+def _toml(value: Any) -> str:
+    """``value`` as a TOML inline value (a schema table in an agent's line)."""
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{json.dumps(key)} = {_toml(item)}" for key, item in value.items()) + " }"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value)
 
 
 def _spec(model: str) -> str:
     agents = "".join(
         f'\n[[agents]]\nid = "{task.name}"\nprovider = "local"\ntools = {json.dumps(list(task.tools))}\n'
-        f'  [agents.local]\n  model = "m"\n  tool_choice = "required"\n  max_tool_calls = {task.calls}\n'
+        + (f"output = {_toml(task.output)}\n" if task.output is not None else "")
+        + f'  [agents.local]\n  model = "m"\n  tool_choice = "required"\n  max_tool_calls = {task.calls}\n'
         for task in TASKS
     )
     return (
@@ -151,6 +189,8 @@ class Outcome:
     wall_s: float
     repairs: int
     note: str = ""
+    #: A typed-output task returned a schema-valid output (right or not).
+    output_valid: bool = False
 
 
 def _attempt(client: Any, project: Path, model: str, task: Task, timeout: float) -> Outcome:
@@ -169,14 +209,17 @@ def _attempt(client: Any, project: Path, model: str, task: Task, timeout: float)
     wall = time.perf_counter() - started
     repairs = int(result.raw.get("usage", {}).get("format_repairs", 0))
     finding = task.oracle(project)
+    if finding is None and task.output_oracle is not None:
+        finding = task.output_oracle(result.output)
+    valid = result.status == "completed" and result.output is not None
     if finding is None:
-        return Outcome(True, wall, repairs)
+        return Outcome(True, wall, repairs, output_valid=valid)
     if not result.done:
         client.cancel(result.run_id)
     said = _turns(client.transcript(result.run_id))
     note = (f"{model} {task.name} FAILED: {finding}; run {result.status}"
             f"{' (' + str(result.reason) + ')' if result.reason else ''}, reply {result.final_reply!r}; {said}")
-    return Outcome(False, wall, repairs, note[:NOTE_CHARS])
+    return Outcome(False, wall, repairs, note[:NOTE_CHARS], output_valid=valid)
 
 
 def _model_file_missing(model: str) -> str | None:
@@ -196,6 +239,7 @@ def _run_model(ctx: Context, model: str, reps: int) -> None:
     passed: dict[str, list[float]] = {task.name: [] for task in TASKS}
     rates: list[float] = []  # one sample per repetition: the share of all tasks passed
     walls: list[float] = []
+    valid: list[float] = []  # typed-output runs: a schema-valid output came back
     repairs = 0
     with supervisor(ctx, _spec(model)) as home, corral.Client(home) as client:
         project = home.parent / "ws"
@@ -206,6 +250,8 @@ def _run_model(ctx: Context, model: str, reps: int) -> None:
                 ctx.check(f"real_model_tasks {model} {task.name}")
                 outcome = _attempt(client, project, model, task, min(RUN_TIMEOUT_S, max(ctx.remaining(), 1.0)))
                 passed[task.name].append(100.0 if outcome.passed else 0.0)
+                if task.output is not None:
+                    valid.append(100.0 if outcome.output_valid else 0.0)
                 done += outcome.passed
                 walls.append(outcome.wall_s)
                 repairs += outcome.repairs
@@ -216,15 +262,17 @@ def _run_model(ctx: Context, model: str, reps: int) -> None:
     for name, values in passed.items():
         ctx.metrics[f"passed_{model}_{name}"] = Stats.of(values, "%")
     ctx.metrics[f"format_repairs_{model}"] = repairs
+    ctx.metrics[f"typed_output_valid_{model}"] = Stats.of(valid, "%")
     ctx.metrics[f"task_wall_s_{model}"] = Stats.of(walls, "s")
 
 
 @workload("real_model_tasks", group="corral", budget_s=2400, quick_budget_s=900)
 def real_model_tasks(ctx: Context) -> Metrics:
-    """Six tasks of one to three tool calls, judged by the host (the file written, the
-    message posted), on each packaged model. Return, per model, {"success_rate_{model}"
-    (% of tasks passed), "passed_{model}_{task}", "format_repairs_{model}",
-    "task_wall_s_{model}"}."""
+    """Seven tasks of one to three tool calls, judged by the host (the file written, the
+    message posted, the typed output returned), on each packaged model. Return, per
+    model, {"success_rate_{model}" (% of tasks passed), "passed_{model}_{task}",
+    "format_repairs_{model}", "task_wall_s_{model}", "typed_output_valid_{model}" (% of
+    typed-output runs that returned a schema-valid output)}."""
     try:
         import llama_cpp  # noqa: F401
     except ImportError as exc:
