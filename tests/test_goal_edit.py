@@ -241,3 +241,37 @@ def test_the_binding_the_block_and_the_compare_and_set_on_both_ledgers(open_ledg
     kept = goal_store.edit(ledger, run_id, None, 2, verification=[f"the page works with key {secret}"])
     assert kept["revision"] == 3 and kept["verification"] == ["the page works with key [redacted]"]
     assert secret not in json.dumps([dict(row) for row in ledger.all("SELECT * FROM goals")])
+
+
+def test_an_action_bound_to_an_older_goal_revision_never_starts_at_its_boundary(open_ledger: Any) -> None:
+    """The edit's own sweep aside, the boundary checks the binding itself: an
+    unstarted action whose goal moved on (a revision written by another path) is
+    blocked when it would begin, whether it was approved or needs no person."""
+    from corral.mailbox.steps import Begin
+    from corral.supervisor.longtask import goal_store
+    from corral.supervisor.runs import action_store, resolutions, run_store
+    from corral.supervisor.runs.run_state import RunStatus
+
+    ledger = open_ledger()
+    run_id = run_store.create_run(ledger, agent_id="drafter", task="g", provider="scripted",
+                                  provider_config={"script": {"steps": []}}, options={"goal": {"text": "draft"}})
+    goal_store.goal_row(ledger, run_id)
+    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "claimed")
+    approved = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a.md", "content": "x"},
+                                           rerunnable=False, policy="confirm")
+    action_store.begin_action(ledger, approved["action_id"])
+    resolutions.continue_action(ledger, approved["action_id"], "approve", None)
+    auto = action_store.prepare_action(ledger, run_id, 0, 1, "fs.write", {"path": "b.md", "content": "x"},
+                                       rerunnable=False, policy="auto")
+    with ledger.tx() as db:
+        db.execute("UPDATE goals SET revision = 2 WHERE run_id = ?", (run_id,))
+    assert action_store.begin_action(ledger, approved["action_id"]) == {"begin": Begin.SKIP, "phase": "failed"}
+    assert action_store.begin_action(ledger, auto["action_id"]) == {"begin": Begin.SKIP, "phase": "denied"}
+    rows = ledger.all("SELECT a.phase, a.error, r.note FROM actions a JOIN receipts r ON r.action_id = a.action_id"
+                      " WHERE a.run_id = ? ORDER BY a.action_index", run_id)
+    assert [(row["phase"], row["note"]) for row in rows] == [
+        ("failed", "blocked: goal edited to revision 2"), ("denied", "blocked: goal edited to revision 2")]
+    assert all("(revision 1 -> 2)" in row["error"] for row in rows)
+    current = action_store.prepare_action(ledger, run_id, 1, 0, "fs.write", {"path": "c.md", "content": "x"},
+                                          rerunnable=False, policy="auto")
+    assert action_store.begin_action(ledger, current["action_id"])["begin"] is Begin.EXECUTE, "bound to revision 2"

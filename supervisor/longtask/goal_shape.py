@@ -80,6 +80,12 @@ def fingerprint(goal_id: str, revision: int, text: str, constraints: list[str], 
     return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
+def blocked_reason(old: int, new: int) -> str:
+    """What an action made for goal revision ``old`` says once the goal is at ``new``."""
+    return (f"blocked: the goal was edited (revision {old} -> {new}) before this action started; it did not run."
+            " Plan again for the current goal")
+
+
 def stored_list(raw: Any) -> list[str]:
     """A list as the ledger keeps it (JSON text; NULL: none)."""
     if not raw:

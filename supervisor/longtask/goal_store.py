@@ -243,11 +243,6 @@ def edit(ledger: Ledger, run_id: str, text: Any, expected_revision: Any = None, 
     return {**view(goal_row(ledger, run_id)), "changed": True, "blocked": blocked}
 
 
-def blocked_reason(old: int, new: int) -> str:
-    return (f"blocked: the goal was edited (revision {old} -> {new}) before this action started; it did not run."
-            " Plan again for the current goal")
-
-
 def _block_unstarted(ledger: Ledger, run_id: str, old: int, new: int) -> list[str]:
     """The run's actions not started and not bound to revision ``new`` (all of them,
     as that revision is being written; an unbound one too: a missing binding is never
@@ -257,7 +252,7 @@ def _block_unstarted(ledger: Ledger, run_id: str, old: int, new: int) -> list[st
         " ORDER BY loop_index, action_index",
         run_id,
     )
-    why = blocked_reason(old, new)
+    why = goal_shape.blocked_reason(old, new)
     for row in rows:
         # An approved action may only fail (the action table has no approved -> denied).
         ending = ActionPhase.FAILED if row["phase"] == ActionPhase.APPROVED else ActionPhase.DENIED
