@@ -275,3 +275,30 @@ def test_an_action_bound_to_an_older_goal_revision_never_starts_at_its_boundary(
     current = action_store.prepare_action(ledger, run_id, 1, 0, "fs.write", {"path": "c.md", "content": "x"},
                                           rerunnable=False, policy="auto")
     assert action_store.begin_action(ledger, current["action_id"])["begin"] is Begin.EXECUTE, "bound to revision 2"
+
+
+def test_a_finalization_prepared_for_an_older_goal_is_voided_and_writes_no_reply(open_ledger: Any) -> None:
+    """A journal left ``prepared`` (a crash) whose goal changed since is voided when it
+    is carried on: no reply, the run still running, the goal not completed."""
+    import time
+
+    from corral.supervisor.longtask import goal_completion, goal_store
+    from corral.supervisor.runs import finalization, run_store
+    from corral.supervisor.runs.run_state import RunStatus
+
+    ledger = open_ledger()
+    run_id = run_store.create_run(ledger, agent_id="writer", task="g", provider="scripted",
+                                  provider_config={"script": {"steps": []}}, options={"goal": {"text": "notes"}})
+    goal_store.goal_row(ledger, run_id)
+    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "claimed")
+    with ledger.tx() as db:
+        db.execute("INSERT INTO finalizations (run_id, phase, reply, created_at, updated_at, goal_snapshot)"
+                   " VALUES (?, 'prepared', 'done', ?, ?, ?)",
+                   (run_id, time.time(), time.time(), goal_completion.snapshot(ledger, run_id, "done")))
+        db.execute("UPDATE goals SET revision = 2 WHERE run_id = ?", (run_id,))
+    result = finalization.resume_finalization(ledger, run_id)
+    assert result["status"] == "invalidated" and "revision 1 -> 2" in result["reason"]
+    assert ledger.all("SELECT * FROM finalizations WHERE run_id = ?", run_id) == []
+    assert ledger.all("SELECT * FROM replies WHERE run_id = ?", run_id) == []
+    assert run_store.get_run(ledger, run_id)["status"] == "running"
+    assert goal_store.goal_row(ledger, run_id)["status"] == "active"
