@@ -227,12 +227,15 @@ def edit(ledger: Ledger, run_id: str, text: Any, expected_revision: Any = None, 
         raise Conflict(f"run {run_id} has written its final reply; its goal can no longer be edited")
     new_revision = revision + 1
     with ledger.tx() as db:
-        db.execute(
+        moved = db.execute(
             "UPDATE goals SET text = ?, constraints = ?, verification = ?, revision = ?, updated_at = ?"
             " WHERE goal_id = ? AND revision = ?",
             (new_text, json.dumps(new_constraints), json.dumps(new_verification), new_revision, _now(),
              goal["goal_id"], revision),
-        )
+        ).rowcount
+        if not moved:  # another edit committed since the read: this one was made on a stale revision
+            raise Conflict(f"the goal of run {run_id} was edited meanwhile; read it again (corral goal status"
+                           f" {run_id})")
         if final is not None:
             db.execute("DELETE FROM finalizations WHERE run_id = ? AND phase = 'prepared'", (run_id,))
             ledger.event("finalization-invalidated", run_id, why="goal edited")
