@@ -1,5 +1,12 @@
-"""The collaboration policy (seed 004 V1.32, V1.37, V1.38): what a root agent owes
-its team before it works alone. Pure: parsing, defaults, and the checks.
+"""The collaboration policy (seed 004 V1.32, V1.38; V1.37 only in part): what a root
+agent owes its team before it works alone. Pure: parsing, defaults, and the checks.
+
+What differs from the seed (docs/seed-004.md): ``requiredInitialWave`` is a boolean,
+not V1.32's auto/static/isolated/mixed; isolated children are counted over all the
+wave's spawns, not within one group; V1.37's ``minIsolatedGroupsBeforeClaim`` does
+not exist (an unknown key is refused). What stands in for V1.37: with
+``minIsolatedChildren`` set, the first claim waits until one group exists
+(supervisor/context/collaboration_service.py).
 
 ``.corral/collaboration-policy.json`` in the project root::
 
