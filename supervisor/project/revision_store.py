@@ -1,11 +1,12 @@
 """The project revision (seed 004 V1.2, V1.3): one number per project, one more for
 each committed write.
 
-One number per project needs one ledger per project root. With SQLite homes, ``corral up`` takes the project's execution-owner lock
-(supervisor/home/project_lock.py, seed 004 V1.1 §2): a second home on the same root
-is refused, so no two homes keep their own revisions for the same files. The nodes
-of a PostgreSQL cluster take no such lock (their partition leases decide who drives
-a run), and each partition is a schema with its own ``project_revisions``: an
+One number per project needs one ledger per project root. With SQLite homes,
+``corral up`` takes the project's execution-owner lock (seed 004 V1.1 §2,
+supervisor/home/project_lock.py): a second home on the same root is refused, so
+no two homes keep their own revisions for the same files. The nodes of a
+PostgreSQL cluster take no such lock (their partition leases decide who drives a
+run), and each partition is a schema with its own ``project_revisions``: an
 adopting node that runs an adopted partition on the same project root keeps two
 numbers for it. Nothing makes those one.
 
