@@ -121,3 +121,27 @@ def _result_or_error(daemon: Daemon, action_id: str) -> dict[str, Any]:
     result = json.loads(row["result"]) if row["result"] else {}
     return {"phase": row["phase"], "output": result.get("output", {}),
             "error": row["error"] or row["reason"] or ""}
+
+
+def test_the_seeds_page_and_history_sizes_hold(daemon: Daemon) -> None:
+    """V1.6 and V1.8: ``command.output_read`` pages 160 lines unless asked (at most
+    240); ``agent.action_history`` lists 5 receipts unless asked (at most 10)."""
+    first = _run(daemon, "writer", [_act("command.exec", program="seq", args=["1", "300"])])
+    source = first["actions"][0]["action_id"]
+    read = _act("command.output_read", action_id=source)
+    second = _run(
+        daemon, "writer",
+        [read, _act("command.output_read", action_id=source, max_lines=241),
+         _act("command.output_read", action_id=source, max_lines=240)],
+        [read, read, read],
+        [_act("agent.action_history")],
+        [_act("agent.action_history", limit=10)],
+    )
+    default_page, too_long, longest, *_more, history, ten = [
+        _result_or_error(daemon, a["action_id"]) for a in second["actions"]]
+    assert len(default_page["output"]["lines"]) == 160 and default_page["output"]["nextLine"] == 161
+    assert "max_lines" in too_long["error"] and "240" in too_long["error"]
+    assert len(longest["output"]["lines"]) == 240 and longest["output"]["nextLine"] == 241
+    assert len(history["output"]["receipts"]) == 5 and history["output"]["more"] is True
+    # Its own earlier calls are not listed unless named: the six reads, all of them.
+    assert len(ten["output"]["receipts"]) == 6 and ten["output"]["more"] is False

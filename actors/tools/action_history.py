@@ -1,6 +1,6 @@
 """``agent.action_history``: the receipts of this agent's own finished actions (seed 004, V1.6).
 
-Newest first, at most ``limit`` (1-10, default 10), each with its run and action
+Newest first, at most ``limit`` (1-10, default 5), each with its run and action
 ids, tool, status, fingerprint, a summary of its call and of its result, and when
 it ran: never file contents, command output or secrets (receipts hold none, and
 the supervisor redacts them again). Without ``run_id`` it reads the current run;
@@ -24,7 +24,7 @@ class ActionHistoryArgs(TypedDict):
     action_id: NotRequired[Annotated[str, Field(description="one action (act-...)")]]
     tool: NotRequired[Annotated[str, Field(description="only this tool's actions")]]
     status: NotRequired[Literal["ok", "failed", "denied"]]
-    limit: NotRequired[Annotated[int, Field(ge=1, le=10, description="at most this many (default 10)")]]
+    limit: NotRequired[Annotated[int, Field(ge=1, le=10, description="at most this many (default 5)")]]
 
 
 class ActionHistory:

@@ -45,8 +45,9 @@ HEAD_LINES = 20
 TAIL_LINES = 20
 #: Head and tail lines are cut to this, so a capture stays well inside a result.
 MAX_LINE_CHARS = 500
-DEFAULT_PAGE_LINES = 200
-MAX_PAGE_LINES = 1000
+#: The seed's page (V1.8): 160 lines unless asked, at most 240.
+DEFAULT_PAGE_LINES = 160
+MAX_PAGE_LINES = 240
 #: A page of the transcript stops early rather than exceed this many characters.
 MAX_PAGE_CHARS = 32 * 1024
 _ACTION_ID = re.compile(r"^act-[0-9a-f]{24}$")

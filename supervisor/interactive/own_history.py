@@ -24,6 +24,8 @@ from corral.supervisor.runs.action_state import TERMINAL as ACTION_TERMINAL
 
 HISTORY_TOOL = "agent.action_history"
 MAX_HISTORY = 10
+#: The seed's default page of receipts (V1.6): 5 unless asked.
+DEFAULT_HISTORY = 5
 STATUSES = tuple(sorted(phase.value for phase in ACTION_TERMINAL))
 #: ``run_id`` for every run of the agent (omitted: the calling run only).
 ALL_RUNS = "all"
@@ -45,7 +47,7 @@ def action_history(
 ) -> dict[str, Any]:
     """``caller`` is the calling run's row; ``action_id`` the calling action."""
     agent_id = caller["agent_id"]
-    limit = filters.get("limit", MAX_HISTORY)
+    limit = filters.get("limit", DEFAULT_HISTORY)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_HISTORY:
         raise BadRequest(f"limit must be an integer within 1..{MAX_HISTORY}")
     where = ["agent_id = ?", "action_id != ?"]
