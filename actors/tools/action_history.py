@@ -1,4 +1,10 @@
-"""``agent.action_history``: the receipts of this agent's own finished actions (seed 004, V1.6).
+"""``agent.action_history``: the receipts of this agent's own finished actions.
+
+Seed 004 brings this tool in with V1.6 (its limits, its filters, its own calls
+left out); V1.9 then has ``command.exec`` name its ``sourceActionId`` so the model
+need not come here for it. corral does not hold all of V1.6: the tool is not
+held back until the run's all-join is claimed, and there is no 7,200-character
+detail budget (docs/seed-004.md, row V1.6).
 
 Newest first, at most ``limit`` (1-10, default 5), each with its run and action
 ids, tool, status, fingerprint, a summary of its call and of its result, and when
