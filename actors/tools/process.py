@@ -51,6 +51,13 @@ MAX_PAGE_LINES = 240
 #: A page of the transcript stops early rather than exceed this many characters.
 MAX_PAGE_CHARS = 32 * 1024
 _ACTION_ID = re.compile(r"^act-[0-9a-f]{24}$")
+#: The seed's command bounds (V1.11).
+MAX_PROGRAM_CHARS = 64
+MAX_ARGS = 64
+MAX_ARG_CHARS = 512
+MAX_ARGS_BYTES = 8 * 1024
+_PROGRAM = re.compile(r"[A-Za-z0-9._+-]{1,64}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 class ProgramArgs(TypedDict):
     program: Annotated[str, Field(description="executable (looked up on PATH inside the sandbox)")]
@@ -85,10 +92,26 @@ class OutputReadArgs(TypedDict):
 
 
 def _argv(tool_input: dict[str, Any]) -> list[str]:
+    """The seed's bounds (V1.11): a bare program name looked up on the sandbox's PATH
+    (a path could name a file the project planted), and args small enough to show."""
     program = tool_input["program"]
     args = tool_input.get("args", [])
-    if not program or not all(isinstance(a, str) for a in args):
-        raise ToolError("program must be non-empty and args a list of strings", "bad-input")
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ToolError("args must be a list of strings", "bad-input")
+    if not isinstance(program, str) or not _PROGRAM.fullmatch(program):
+        raise ToolError(
+            f"program {str(program)[:80]!r} must be a bare name of 1-{MAX_PROGRAM_CHARS} ASCII letters, digits,"
+            " '.', '_', '+' or '-' (no path)", "bad-input")
+    if len(args) > MAX_ARGS:
+        raise ToolError(f"at most {MAX_ARGS} args ({len(args)} given)", "bad-input")
+    for index, arg in enumerate(args):
+        if len(arg) > MAX_ARG_CHARS:
+            raise ToolError(f"args[{index}] has {len(arg)} characters; at most {MAX_ARG_CHARS}", "bad-input")
+        if _CONTROL.search(arg):
+            raise ToolError(f"args[{index}] holds a NUL or control character", "bad-input")
+    total = sum(len(arg.encode()) for arg in args)
+    if total > MAX_ARGS_BYTES:
+        raise ToolError(f"args hold {total} bytes; at most 8 KiB ({MAX_ARGS_BYTES}) in all", "bad-input")
     return [program, *args]
 
 
