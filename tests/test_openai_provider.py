@@ -183,6 +183,27 @@ async def test_each_repair_category(
 
 
 @pytest.mark.parametrize(
+    ("body", "native"),
+    [
+        # Seed 004 V1.33: a repeated key, top-level or nested in an input, is refused
+        # before the schema is read (never "the last one wins").
+        (completion(tool_calls=[tool_call("read_file", '{"path": "a", "path": "b"}')]), True),
+        (completion(tool_calls=[tool_call("read_file", '{"path": "a", "extra": {"k": 1, "k": 2}}')]), True),
+        (completion(content='{"actions": [{"tool": "read_file", "input": {"path": "a", "path": "b"}}]}'), False),
+        (completion(content='{"final": "one", "final": "two"}'), False),
+    ],
+)
+async def test_a_duplicate_key_anywhere_in_a_plan_is_refused(
+    nursery: trio.Nursery, body: dict[str, Any], native: bool
+) -> None:
+    response = await complete_once(nursery, Reply(body=body), native_tools=native)
+    with pytest.raises(PlanError) as caught:
+        make_provider("http://127.0.0.1:1", native_tools=native).parse(response, TOOLS)
+    assert caught.value.category is RepairCategory.BAD_JSON
+    assert "duplicate key" in caught.value.detail
+
+
+@pytest.mark.parametrize(
     "body",
     [b"<html>502 Bad Gateway</html>", b"", b"   ", b'{"choices": []}', b"[1, 2]", b'{"id": "x"'],
 )

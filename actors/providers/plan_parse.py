@@ -51,7 +51,23 @@ _ORPHAN_CLOSE = re.compile(rf"^(?:(?!<(?:{_TAG_ALT})\b).)*?</(?:{_TAG_ALT})\s*>"
 #: A raw newline or tab inside a JSON string is not valid JSON, but it is what a
 #: model means: llama.cpp's json_object grammar lets them through, and the text is
 #: the model's own reply. Refusing it cost a repair turn for nothing.
-_LENIENT = json.JSONDecoder(strict=False)
+
+
+class _DuplicateKey(ValueError):
+    """An object that names one key twice: the seed refuses it (V1.33), since which
+    value the model meant is unknowable and "the last one wins" would hide it."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(f"duplicate key {_short(key)!r}")
+        seen[key] = value
+    return seen
+
+
+_LENIENT = json.JSONDecoder(strict=False, object_pairs_hook=_unique_keys)
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\r?\n?(.*?)```", re.S)
 
 # OpenAI restricts function names; corral tool names may use other characters.
@@ -238,7 +254,7 @@ def _decode_arguments(raw: Any, tool_name: str) -> Any:
         return {}
     try:
         return _LENIENT.decode(raw)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, _DuplicateKey) as exc:
         raise _fail(
             RepairCategory.BAD_JSON, f"arguments for {_short(tool_name)!r}: {exc}"
         ) from None
@@ -321,7 +337,7 @@ def _decode_object(candidate: str) -> Any:
     # raw_decode tolerates prose after the object, which models often add.
     try:
         value, _end = _LENIENT.raw_decode(candidate)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, _DuplicateKey) as exc:
         raise _fail(RepairCategory.BAD_JSON, f"plan is not valid JSON: {exc}") from None
     return value
 
@@ -367,7 +383,7 @@ def _plan_from_reply_text(text: str, index: Mapping[str, ToolSchema]) -> Plan:
     if fence:
         try:
             value = _LENIENT.decode(fence.group(1))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, _DuplicateKey):
             value = None
         plan = _plan_from_value(value, index)
         if plan is not None:
