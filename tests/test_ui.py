@@ -4,11 +4,13 @@ Chromium, and ``corral chaos --report``."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
 import subprocess
 from collections.abc import Iterator
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,14 @@ def swarm(short_tmp: Path) -> Iterator[Daemon]:
 
 @pytest.fixture
 def dashboard(swarm: Daemon) -> Iterator[dict[str, Any]]:
+    with _serving(swarm) as info:
+        yield info
+
+
+@contextlib.contextmanager
+def _serving(swarm: Daemon) -> Iterator[dict[str, Any]]:
+    """``corral ui --port 0 --json`` on ``swarm``'s home: its endpoint line; stopped
+    (SIGTERM) and reaped on the way out."""
     process = subprocess.Popen(
         [*CORRAL, "--home", str(swarm.home), "ui", "--port", "0", "--json"],
         stdout=subprocess.PIPE,
@@ -224,6 +234,83 @@ def test_approve_by_clicking_in_chromium_and_watch_the_run_finish(swarm: Daemon,
             browser.close()
     assert len(effects(swarm.home.parent / "effects.log")) == 1
     assert (ARTIFACTS / "run.png").stat().st_size > 10_000
+
+
+#: Issue 49: an agent with its own instructions (inline and from a file) and a typed
+#: output, every text of them hostile to a page that would not escape it.
+INSTRUCTED = """
+[[agents]]
+id = "forecaster"
+instructions = 'You forecast. Never say <script>alert("role")</script> & never guess; key wx-secret-8f3a9c2e71.'
+instructions_file = "roles/forecaster.md"
+steps = [{ final = { city = "<b>Oslo</b> & co", temperature_c = -2.5 } }]
+[agents.output]
+type = "object"
+required = ["city", "temperature_c"]
+additionalProperties = false
+properties = { city = { type = "string" }, temperature_c = { type = "number" } }
+"""
+WEATHER_KEY = "wx-secret-8f3a9c2e71"
+
+
+def test_the_run_page_shows_the_instructions_that_led_the_prompt_and_the_typed_output(short_tmp: Path) -> None:
+    (short_tmp / "ws").mkdir()
+    (short_tmp / "roles").mkdir()
+    (short_tmp / "roles" / "forecaster.md").write_text("FILE-ROLE: one city per answer.\n")
+    spec = short_tmp / "spec.toml"
+    spec.write_text(agent_spec(extra=INSTRUCTED, steps=STEPS))
+    swarm = Daemon(short_tmp / "h", spec, env={"WEATHER_API_KEY": WEATHER_KEY})
+    try:
+        swarm.up()
+        run_id = swarm.call("run", agent_id="forecaster", task="the weather in Oslo")["run_id"]
+        shown = wait_run(swarm, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed", shown["run"]["reason"]
+        assert shown["output"] == {"city": "<b>Oslo</b> & co", "temperature_c": -2.5}
+        # ``show`` carries the instructions the run was given, redacted like everything it shows.
+        assert shown["instructions"] == {
+            "text": 'You forecast. Never say <script>alert("role")</script> & never guess; key [redacted].',
+            "file": str((short_tmp / "roles" / "forecaster.md").resolve()),
+        }
+        with _serving(swarm) as info:
+            auth = {"Authorization": f"Bearer {info['token']}"}
+            status, page, _ = _request(info, "GET", f"/runs/{run_id}", headers=auth)
+            assert status == 200, page
+            assert 'Never say &lt;script&gt;alert(&quot;role&quot;)&lt;/script&gt; &amp; never guess' in page
+            assert "<script>alert(" not in page and WEATHER_KEY not in page
+            assert escape(str((short_tmp / "roles" / "forecaster.md").resolve())) in page
+            assert "&lt;b&gt;Oslo&lt;/b&gt; &amp; co" in page and "<b>Oslo</b>" not in page
+            _look_at_the_run_page(info, run_id)
+    finally:
+        swarm.shutdown()
+
+
+def _look_at_the_run_page(info: dict[str, Any], run_id: str) -> None:
+    """The run page in Chromium: the instructions and the output read as text, and
+    none of their markup became an element."""
+    playwright = pytest.importorskip("playwright.sync_api", reason="the dev extra installs playwright")
+    assert Path(CHROMIUM).exists(), "Debian's chromium is needed (scripts/bootstrap.sh installs it)"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with playwright.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 720})
+            page.goto(f"http://127.0.0.1:{info['port']}/runs/{run_id}?token={info['token']}")
+            instructions = page.inner_text("#instructions")
+            assert 'Never say <script>alert("role")</script> & never guess; key [redacted].' in instructions
+            assert "roles/forecaster.md" in instructions
+            output = page.inner_text("#output")
+            assert '"city": "<b>Oslo</b> & co"' in output and '"temperature_c": -2.5' in output
+            # Their text is text: no element inside either, no script anywhere in the page's body.
+            assert page.locator("#instructions pre *, #output pre *, main script").count() == 0
+            page.screenshot(path=str(ARTIFACTS / "run-instructions-output.png"), full_page=True)
+            # The file's text, as it led the prompt, is in the first turn's prompt the page links to.
+            page.click("#instructions a")
+            page.wait_for_selector("#turn-1")
+            first = page.inner_text("#turn-1")
+            assert first.index("Never say <script>") < first.index("FILE-ROLE: one city per answer.")
+            assert WEATHER_KEY not in page.content()
+        finally:
+            browser.close()
 
 
 def test_chaos_report_draws_each_episode_with_its_kills(short_tmp: Path) -> None:

@@ -25,6 +25,8 @@ th,td{border-bottom:1px solid #e2e8f0;padding:3px 6px;text-align:left;vertical-a
 .state.waiting-confirmation,.state.needs-reconciliation,.state.needs-input{background:#fef3c7}
 .state.restarting,.state.killed{background:#ffedd5}
 .final{background:#fff;border:1px solid #e2e8f0;padding:8px;margin:8px 0}
+.final pre{white-space:pre-wrap;word-break:break-word;max-height:24em;overflow:auto;margin:4px 0 0;padding:0}
+.final p{margin:4px 0 0}
 button{margin-right:6px;cursor:pointer}.legend .key{display:inline-block;width:14px;height:10px;margin:0 4px}
 .key.running{background:#3b82f6}.key.exited{background:#64748b}.key.killed{background:#f97316}
 .key.supervisor-gone{background:#a855f7}.key.stopped{background:#94a3b8}body.report{display:block}.picture{overflow-x:auto}pre{background:#fff;padding:6px}

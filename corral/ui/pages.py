@@ -103,8 +103,9 @@ def runs(items: list[dict[str, Any]]) -> str:
 
 
 def run(shown: dict[str, Any]) -> str:
-    """One run: status, final reply, its action timeline with lifecycle states,
-    receipts, provider turns, children, claims and deliveries."""
+    """One run: status, the agent's instructions, final reply and typed output, its
+    action timeline with lifecycle states, receipts, provider turns, children,
+    claims and deliveries."""
     info = shown["run"]
     actions = [
         [
@@ -154,7 +155,9 @@ def run(shown: dict[str, Any]) -> str:
         f'<p class="meta">agent {escape(info["agent_id"])} · {escape(info.get("kind", ""))} · loop'
         f' {escape(str(info.get("loop_index", 0)))}{" · " + escape(info["reason"]) if info.get("reason") else ""}</p>',
         f'<p class="task"><b>Task</b> {escape(info.get("task") or "")}</p>',
+        instructions(shown.get("instructions"), info["run_id"]),
         f'<div class="final" id="final-reply"><b>Final reply</b> {escape(final) if final else "<i>not yet</i>"}</div>',
+        typed_output(shown),
         f'<h3>Actions <a class="meta" href="/runs/{quote(info["run_id"])}/conversation">· conversation'
         " (what the model saw and said)</a></h3>",
         action_timeline(shown.get("actions", [])),
@@ -182,6 +185,49 @@ def run(shown: dict[str, Any]) -> str:
         if section:
             parts.append(f"<h3>{escape(name.capitalize())}</h3><pre>{escape(_plain(section))}</pre>")
     return "".join(parts)
+
+
+#: A text past this many characters is cut on the page, saying so (``corral show --json`` has all).
+TEXT_CHARS = 8000
+
+
+def _cut(text: str) -> str:
+    if len(text) <= TEXT_CHARS:
+        return escape(text)
+    return escape(text[:TEXT_CHARS]) + f"\n[… {len(text) - TEXT_CHARS} more characters: corral show --json has all]"
+
+
+def instructions(given: dict[str, Any] | None, run_id: str) -> str:
+    """The agent's own instructions (``show``'s ``instructions``: the inline text and
+    the file), which lead every turn's system prompt. The file is read again at each
+    turn, so its text as each turn read it is in that turn's prompt, on the
+    conversation page (linked; its first turn shows the prompt whole). Empty: none."""
+    if not given or not (given.get("text") or given.get("file")):
+        return ""
+    parts = ['<div class="final instructions" id="instructions"><b>Instructions</b>'
+             ' <span class="meta">(they lead every turn\'s prompt)</span>']
+    if given.get("text"):
+        parts.append(f"<pre>{_cut(str(given['text']))}</pre>")
+    if given.get("file"):
+        parts.append(f'<p class="meta">{"then " if given.get("text") else ""}the file'
+                     f' <code>{escape(str(given["file"]))}</code>, read again at each turn ·'
+                     f' <a href="/runs/{quote(run_id)}/conversation#turn-1">the prompts as sent</a></p>')
+    return "".join(parts) + "</div>"
+
+
+def typed_output(shown: dict[str, Any]) -> str:
+    """The run's typed output (``show``'s ``output``, validated against the agent's
+    ``output``) as JSON, with its pydantic model's name. Empty: the run has no typed
+    output (or its schema is a table and it has not ended yet)."""
+    import json
+
+    value, model = shown.get("output"), shown.get("output_model")
+    if value is None and not model:
+        return ""
+    head = '<b>Output</b>' + (f' <span class="meta">{escape(str(model))}</span>' if model else "")
+    body = (f"<pre>{_cut(json.dumps(value, indent=2, ensure_ascii=False, default=str))}</pre>"
+            if value is not None else " <i>not yet</i>")
+    return f'<div class="final output" id="output">{head}{body}</div>'
 
 
 PHASE_COLORS = {"ok": "#22c55e", "failed": "#ef4444", "denied": "#94a3b8", "needs-reconciliation": "#f59e0b"}

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import trio
 
 from corral.actors.tools.base import Tool
+from corral.core.redact import redact_text
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_int, param_str
@@ -75,8 +76,20 @@ def show_record(ledger: Ledger, run: Any) -> dict[str, Any]:
         # The agent's typed output, validated before its plan was committed (its reply is its JSON).
         "output": output_of(run["options"], reply["text"] if reply else None),
         "output_model": output_model(run["options"]),
+        "instructions": _instructions_of(run_store.run_options(run)),
         "finalization": final["phase"] if final else None,
     }
+
+
+def _instructions_of(options: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The agent's own instructions the run was given (``{"text", "file"}``: the
+    inline text, redacted, and the file each turn reads), or None. The options keep
+    them as the spec gave them (the agent reads them), so the view redacts them."""
+    given = options.get("instructions")
+    if not isinstance(given, dict):
+        return None
+    text, file = given.get("text"), given.get("file")
+    return {"text": redact_text(text) if isinstance(text, str) else "", "file": file if isinstance(file, str) else None}
 
 
 def _traceback_of(result: str | None) -> str | None:
