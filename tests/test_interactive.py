@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from corral.core.procs import wait_exit
-from tests.harness import Daemon, cli, ledger_rows, module_daemon, running, wait_run
+from tests.harness import CORRAL, Daemon, cli, ledger_rows, module_daemon, running, wait_run
 
 # Before the steer the script plans "old"; a steer always opens a new loop, and
 # with "go green" in the history the second applicable step is "green".
@@ -246,6 +247,31 @@ def test_steer_ids_sizes_and_the_per_run_cap(steer_daemon: Daemon) -> None:
     over = cli(daemon.home, "steer", run_id, "one too many")
     assert over.returncode != 0 and "16 steers" in over.stderr
     assert len(ledger_rows(daemon.home, "SELECT * FROM steers WHERE run_id = ?", run_id)) == 16
+    daemon.call("cancel", run_id=run_id)
+
+
+def test_a_steer_read_from_stdin_never_shows_in_the_command_line(steer_daemon: Daemon) -> None:
+    """V1.13: ``corral steer RUN --stdin`` takes the text from stdin, so it is not in
+    ``ps``; with both a TEXT and --stdin, or neither, it refuses and records nothing."""
+    daemon = steer_daemon
+    script = json.dumps({"steps": [{"actions": [{"tool": "fs.write", "input": {"path": "y.md", "content": "y"}}]}]})
+    run_id: str = daemon.call("run", agent_id="editor", task="park", script=script)["run_id"]
+    wait_run(daemon, run_id, {"waiting-confirmation"})
+
+    def steer(*args: str, text: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CORRAL, "--home", str(daemon.home), "steer", run_id, *args], input=text,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    secret_plan = "switch to the blue palette\nand keep the header"
+    sent = steer("--stdin", "--json", text=secret_plan)
+    assert sent.returncode == 0, sent.stderr
+    (row,) = ledger_rows(daemon.home, "SELECT text FROM steers WHERE run_id = ?", run_id)
+    assert row["text"] == secret_plan
+    both = steer("inline text", "--stdin", text="piped text")
+    neither = steer(text="")
+    assert both.returncode != 0 and "--stdin" in both.stderr
+    assert neither.returncode != 0 and "--stdin" in neither.stderr
+    assert len(ledger_rows(daemon.home, "SELECT * FROM steers WHERE run_id = ?", run_id)) == 1
     daemon.call("cancel", run_id=run_id)
 
 

@@ -238,16 +238,25 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
-def _text_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_id", metavar="RUN")
-    parser.add_argument("text", metavar="TEXT")
-    json_arg(parser)
-
-
 def _steer_args(parser: argparse.ArgumentParser) -> None:
-    _text_args(parser)
+    parser.add_argument("run_id", metavar="RUN")
+    parser.add_argument("text", metavar="TEXT", nargs="?",
+                        help="the instruction (shows in the process list: prefer --stdin)")
+    parser.add_argument("--stdin", action="store_true",
+                        help="read the instruction from stdin, so it never shows in the process list (seed 004)")
+    json_arg(parser)
     parser.add_argument("--steer-id", metavar="ID",
                         help="your id for this steer: sent again (a retry), it records nothing new")
+
+
+def _steer_text(args: argparse.Namespace) -> str:
+    if args.stdin == (args.text is not None):
+        raise CliError("give the instruction either as TEXT or on stdin with --stdin, not both", EXIT_USAGE)
+    if args.text is not None:
+        return str(args.text)
+    # One instruction, as piped: only the final newline a shell adds is not part of it.
+    text = sys.stdin.read()
+    return text[:-1] if text.endswith("\n") else text
 
 
 @command(
@@ -257,8 +266,9 @@ def _steer_args(parser: argparse.ArgumentParser) -> None:
 )
 @arguments(_steer_args)
 def cmd_steer(args: argparse.Namespace) -> int:
+    text = _steer_text(args)
     with open_client(args) as client:
-        result = client.steer(args.run_id, args.text, steer_id=args.steer_id)
+        result = client.steer(args.run_id, text, steer_id=args.steer_id)
     if args.json:
         emit_json(result)
     else:
