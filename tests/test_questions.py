@@ -33,6 +33,7 @@ root = "ws"
 effects_file = "effects.log"
 [[agents]]
 id = "root"
+allow_free_text = false
   [agents.policy]
   "fs.write" = "confirm"
   [[agents.steps]]
@@ -40,6 +41,10 @@ id = "root"
 [[agents]]
 id = "open"
 allow_free_text = true
+  [[agents.steps]]
+  final = "nothing scripted"
+[[agents]]
+id = "plain"
   [[agents.steps]]
   final = "nothing scripted"
 [[agents]]
@@ -276,6 +281,17 @@ def test_a_fork_is_refused_while_its_conversation_has_a_live_run(daemon: Daemon)
     wait_run(daemon, pending["run_id"], {"cancelled"})
     forked = daemon.call("conversation.fork", conversation_id=conversation)
     assert forked["turns"] == 2
+
+
+def test_free_text_is_allowed_unless_the_operator_turns_it_off(daemon: Daemon) -> None:
+    """V1.23: "自由输入始终允许": an agent whose spec says nothing takes a free answer
+    as well as one of the options."""
+    run_id = _run(daemon, _ask_script("plain", COLOUR), agent="plain")
+    wait_run(daemon, run_id, {"needs-input"})
+    assert _request_of(daemon, run_id)["free_text"] is True
+    assert cli(daemon.home, "answer", run_id, "teal").returncode == 0
+    assert wait_run(daemon, run_id, {"completed", "failed"})["final_reply"] == "painted"
+    assert _effects(daemon).count("paint-teal-plain") == 1
 
 
 def test_free_text_where_the_spec_allows_it_and_a_cancel_closes_the_question(daemon: Daemon) -> None:

@@ -267,9 +267,10 @@ class AgentOptions(AgentDefinition, Permissions):
         description="Exact names of read-only tools whose consecutive auto-approved calls may run at the same"
         " time; empty: reads run one after another.")
     allow_free_text: StrictBool = Field(
-        default=False,
+        default=True,
         description="Whether an answer to its `user.input_request` may be free text instead of one of the"
-        " question's 2-3 options.")
+        " question's 2-3 options (seed 004: always, so on by default; the model cannot turn it off, only"
+        " the operator here).")
     deps: StrictStr | None = Field(
         default=None, min_length=1, max_length=300,
         description="Dependencies for its tools: a `\"module:function\"` called once in its process at start,"
