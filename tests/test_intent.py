@@ -235,15 +235,13 @@ RISKY = script([act("effect.record", label="publish")], "done")
 @pytest.mark.parametrize(
     ("text", "code"),
     [
-        ('{"objective": "a", "objective": "b"}', "duplicate-key"),
         (json.dumps(document()).replace('"contract_version": 1', '"contract_version": 9007199254740993'),
          "unsafe-number"),
         (json.dumps(document()).replace(canonical_sha256(PROJECTION), "f" * 64), "hash-mismatch"),
         (json.dumps({**document()["envelope"], "source": "task-contract-lite", "task_contract_lite": PROJECTION}),
          "fallback-envelope"),
-        ("{not json", "bad-json"),
     ],
-    ids=["duplicate-key", "unsafe-integer", "tampered", "fallback-envelope", "not-json"],
+    ids=["unsafe-integer", "tampered", "fallback-envelope"],
 )
 def test_a_contract_that_cannot_bind_leaves_the_run_unbound_and_advisory(daemon: Daemon, text: str,
                                                                           code: str) -> None:
@@ -255,6 +253,10 @@ def test_a_contract_that_cannot_bind_leaves_the_run_unbound_and_advisory(daemon:
                   "--script", str(steps))
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip()
+    assert started.stdout == f"{run_id}\n" and run_id.startswith("run-"), started.stdout
+    # The person who asked for a guard hears at once that there is none (stderr: stdout stays the run id).
+    (warned,) = [line for line in started.stderr.splitlines() if line.startswith("corral run: intent warning: ")]
+    assert f"did not bind ({code}:" in warned and "advisory for this run" in warned, started.stderr
     shown = wait_run(daemon, run_id, {"completed", "failed", "needs-input"})
     assert shown["run"]["status"] == "completed" and shown["final_reply"] == "done"
     assert shown["intent"]["status"] == "unbound" and shown["intent"]["reason"].startswith(code)
@@ -264,6 +266,43 @@ def test_a_contract_that_cannot_bind_leaves_the_run_unbound_and_advisory(daemon:
     assert (receipt["decision"], receipt["contract_ref"], receipt["reason_codes"], receipt["coverage"]) == (
         "remind", "unbound", ["contract_unbound", "high_risk_action_uncovered"], "partial")
     assert [a["phase"] for a in actions_of(daemon, run_id)] == ["ok"]
+
+
+def test_an_unbound_contract_is_warned_of_with_json_output_too(daemon: Daemon) -> None:
+    """``--json`` keeps stdout the JSON; the warning still reaches stderr."""
+    contract = ws(daemon).parent / "contract-tampered-json.json"
+    contract.write_text(json.dumps(document()).replace(canonical_sha256(PROJECTION), "e" * 64))
+    steps = ws(daemon).parent / "final-only-json.json"
+    steps.write_text(FINAL_ONLY)
+    started = cli(daemon.home, "run", "--agent", "writer", "--task", "t", "--intent", str(contract),
+                  "--script", str(steps), "--json")
+    assert started.returncode == 0, started.stderr
+    run_id = json.loads(started.stdout)["run_id"]
+    assert "intent warning: the contract did not bind (hash-mismatch:" in started.stderr, started.stderr
+    wait_run(daemon, run_id, {"completed", "failed", "needs-input"})
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ('{"objective": "a", "objective": "b"}', "duplicate-key"),
+        ("{not json", "bad-json"),
+        ('{"objective": ' + "[" * 50_000 + "]" * 50_000 + "}", "too-deep"),
+    ],
+    ids=["duplicate-key", "not-json", "nested-50000"],
+)
+def test_a_contract_that_cannot_be_parsed_is_refused_and_no_run_starts(daemon: Daemon, text: str,
+                                                                        code: str) -> None:
+    """Text the strict JSON reader refuses is bad input: ``corral run`` exits 2 naming
+    why, and no run starts (the supervisor never sees it)."""
+    contract = ws(daemon).parent / f"contract-unparsed-{code}.json"
+    contract.write_text(text)
+    before = ledger_rows(daemon.home, "SELECT count(*) AS n FROM runs")[0]["n"]
+    refused = cli(daemon.home, "run", "--agent", "writer", "--task", "t", "--intent", str(contract))
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert refused.stdout == "" and "Traceback" not in refused.stderr
+    assert f"intent contract {contract}: {code}:" in refused.stderr and "no run was started" in refused.stderr
+    assert ledger_rows(daemon.home, "SELECT count(*) AS n FROM runs")[0]["n"] == before
 
 
 def test_a_missing_contract_file_is_a_usage_error(daemon: Daemon) -> None:

@@ -74,6 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
             since = progress.start_cursor(client)
             started = client.run(args.agent, args.task, script=script, wait=False, intent=intent, goal=goal)
+            warn_intent(started.raw)
             if live:
                 result = progress.watch_run(client, started.run_id, since, args.timeout, progress.stderr_console())
             else:
@@ -91,8 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             emit_json({"run_id": result.run_id})
         else:
             print(result.run_id)
-            for warning in (result.raw.get("intent") or {}).get("scope_warnings") or []:
-                print(f"corral run: intent warning: {warning}", file=sys.stderr)  # stdout stays the run id
+        warn_intent(result.raw)
         return 0
     shown = result.raw
     if args.json:
@@ -102,17 +102,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if shown["run"]["status"] == "completed" else EXIT_FAILED
 
 
+def warn_intent(started: dict[str, Any]) -> None:
+    """On stderr (stdout stays the run id or the JSON): a contract that did not bind,
+    and why, since its guard then enforces nothing for this run; and scope entries
+    that limit nothing."""
+    intent = started.get("intent") or {}
+    if intent.get("status") == "unbound":
+        print(f"corral run: intent warning: the contract did not bind ({intent.get('reason', '')}); its guard is"
+              " advisory for this run: nothing in it is enforced (path: excludes included); fix the contract"
+              " and start a new run, or bind this one with corral intent update", file=sys.stderr)
+    for warning in intent.get("scope_warnings") or []:
+        print(f"corral run: intent warning: {warning}", file=sys.stderr)
+
+
 def read_contract(path: str) -> str:
-    """A contract file's text, read within the size limit (a missing or unreadable
-    file is a usage error). The supervisor parses it: a contract that cannot bind
-    (a duplicate key, a bad hash, an unsafe number, ...) starts the run unbound and
-    advisory, with the reason in ``corral show``, whatever the fault."""
+    """A contract file's text, read within the size limit. A missing or unreadable
+    file, or text the strict JSON reader refuses (not JSON, a duplicate key, nested
+    too deeply, ...), is a usage error and nothing is sent. The supervisor judges the
+    rest: a contract that parses but cannot bind (a bad hash, an unsafe number, a
+    schema fault, ...) starts the run unbound and advisory, and ``warn_intent`` says so."""
+    from corral.core import strict_json
     from corral.supervisor.spec.bounded_files import FileReadError, read_text_bounded
 
     try:
-        return read_text_bounded(Path(path), "intent contract")
+        text = read_text_bounded(Path(path), "intent contract")
     except FileReadError as exc:
         raise CliError(f"intent contract {path}: {exc}", EXIT_USAGE) from None
+    try:
+        strict_json.loads(text)
+    except strict_json.StrictJsonError as exc:
+        raise CliError(f"intent contract {path}: {exc.code}: {exc.message}; nothing was sent to the"
+                       " supervisor (no run was started)", EXIT_USAGE) from None
+    return text
 
 
 def wait_for_run(args: argparse.Namespace, run_id: str, timeout: float) -> dict[str, Any]:
