@@ -31,7 +31,8 @@ def _tool(name: str, read_only: bool | None = None, idempotent: bool | None = No
 def test_effects_come_from_the_spec_first_then_annotations_then_external() -> None:
     server = parse_server(
         "s",
-        {"id": "git", "command": ["x"], "tools": {"git_status": {"effect": "idempotent", "approval": "auto"}}},
+        {"id": "git", "command": ["x"], "approval": "writes",
+         "tools": {"git_status": {"effect": "idempotent", "approval": "auto"}}},
     )
     tools, _ = build_catalog(
         server,
@@ -43,10 +44,20 @@ def test_effects_come_from_the_spec_first_then_annotations_then_external() -> No
     assert by_name["git_log"].effect == "read"
     assert by_name["git_tag"].effect == "idempotent"
     assert by_name["git_commit"].effect == "external"  # silent everywhere: the safe default
-    # approval = "writes" (the default): read and idempotent run, anything else asks.
+    # approval = "writes": read and idempotent run, anything else asks.
     assert by_name["git_log"].policy == "auto"
     assert by_name["git_commit"].policy == "confirm"
     assert by_name["git_status"].policy == "auto"
+
+
+def test_a_server_that_names_no_approval_asks_before_every_tool() -> None:
+    """V1.22: "默认 confirm": even a read-only tool of a server the spec is silent about
+    waits for a person; a tool's own approval still overrides it."""
+    server = parse_server("s", {"id": "x", "command": ["x"], "tools": {"peek": {"approval": "auto"}}})
+    tools, _ = build_catalog(server, [_tool("looks_harmless", read_only=True), _tool("peek", read_only=True)])
+    by_name = {tool.name: tool for tool in tools}
+    assert by_name["looks_harmless"].effect == "read" and by_name["looks_harmless"].policy == "confirm"
+    assert by_name["peek"].policy == "auto"
 
 
 def test_a_server_level_effect_overrides_annotations() -> None:

@@ -74,9 +74,9 @@ class McpServerSpec:
         default=None, description="The effect class of its tools; unset: each tool's annotations decide (read-only,"
         " idempotent), else `external`.")
     approval: Approval = Field(
-        default="writes",
-        description="`writes`: reads and idempotent tools run, others ask; or `auto`, `confirm`, `deny`"
-        " for all of them.")
+        default="confirm",
+        description="`confirm` (the default, as seed 004 says): every tool asks a person; `writes`: reads and"
+        " idempotent tools run, others ask; `auto` or `deny` for all of them.")
     startup_timeout_s: StrictFloat = Field(
         default=20.0, ge=0.5, le=600,
         description="Seconds to start and list its tools.")
