@@ -83,3 +83,19 @@ def test_a_command_at_the_seeds_limits_runs(daemon: Daemon) -> None:
     assert longest_arg["error"] == "" and longest_arg["output"]["exit_code"] == 0, longest_arg
     (odd_name,) = _outcomes(daemon, _exec("no-such_prog.v1+x" + "z" * 47, []))
     assert "bare name" not in odd_name["error"] and odd_name["error"], odd_name
+
+
+def test_every_command_receipt_names_its_sandbox(daemon: Daemon) -> None:
+    """V1.11: the receipt of a command records the fixed sandbox facts: its mode,
+    whether it had the network, the backend and the profile's version."""
+    ran, started = _outcomes(daemon, _exec("echo", ["hi"]),
+                             {"tool": "process.start", "input": {"program": "true"}})
+    facts = {key: ran["output"].get(key) for key in
+             ("sandboxMode", "networkAccess", "sandboxBackend", "sandboxProfileVersion")}
+    assert {key: started["output"].get(key) for key in facts} == facts, started
+    if bwrap_available():
+        assert facts == {"sandboxMode": "sandboxed", "networkAccess": False, "sandboxBackend": "bubblewrap",
+                         "sandboxProfileVersion": 1}, facts
+    else:
+        assert facts == {"sandboxMode": "unsandboxed", "networkAccess": True, "sandboxBackend": "none",
+                         "sandboxProfileVersion": 1}, facts

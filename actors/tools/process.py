@@ -30,8 +30,9 @@ from corral.actors.tools.fs import SOURCES_CHANGED
 from corral.actors.tools.paths import resolve_in_workspace
 from corral.actors.tools.source_fingerprint import fingerprint
 from corral.mailbox.errors import RemoteError
-from corral.sandbox.bwrap import SandboxError
+from corral.sandbox.bwrap import LaunchMode, SandboxError
 from corral.sandbox.exec_handshake import OnReady, ReadyInfo
+from corral.sandbox.facts import sandbox_facts
 from corral.sandbox.launched_process import LaunchError
 
 #: Request timeouts to the supervisor, above what it may take to answer.
@@ -150,6 +151,8 @@ class ProcessStart:
         )
         status = reply["status"]
         mode = reply.get("launch_mode") or "not launched"
+        if reply.get("launch_mode"):
+            reply = {**reply, **sandbox_facts(LaunchMode(reply["launch_mode"]))}
         if status in ("failed", "needs-reconciliation", "launching", "prepared"):
             error = reply.get("error") or f"the process is {status}"
             return ToolResult(False, reply, f"{reply['process_id']} {status} [{reply.get('code') or mode}]: {error}")
@@ -333,6 +336,7 @@ class CommandExec:
             "status": result.state.value,
             "exit_code": result.exit_code,
             "launch_mode": result.launch_mode.value,
+            **sandbox_facts(result.launch_mode),
             "stdout": _capture(result.stdout),
             "stderr": _capture(result.stderr),
             "transcript_lines": result.transcript_lines,
