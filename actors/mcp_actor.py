@@ -71,11 +71,17 @@ def server_argv(command: list[str]) -> list[str]:
     """The server's command behind the launcher that ends it with this actor
     (actors/mcp_launch.py, run isolated). ``python``/``python3`` mean the
     interpreter corral runs on (where the user's MCP packages are installed),
-    not whatever PATH finds first; any other program is run by the name the spec
-    wrote (a venv's ``bin/python`` must stay the link it is)."""
+    not whatever PATH finds first, and ``python -m`` runs with ``-P``; any other
+    program is run by the name the spec wrote (a venv's ``bin/python`` must stay
+    the link it is)."""
     program, *args = command
     if program in ("python", "python3"):
         program = sys.executable
+        if args[:1] == ["-m"]:
+            # `python -m server` would put its working directory (the spec's, by
+            # default) first on the server's path: a project file would shadow what
+            # the server imports. A server module of the project is named by path.
+            args = ["-P", *args]
     return [sys.executable, "-I", "-S", str(LAUNCHER), str(os.getpid()), program, *args]
 
 

@@ -53,7 +53,8 @@ def add_search_roots(spec_dir: Path) -> None:
     what ran; none of them goes on ``sys.path``)."""
     from corral.actors.user_code_pins import pythonpath_roots
 
-    _finder().add_roots([spec_dir, *pythonpath_roots()])
+    _finder().add_roots([spec_dir])
+    _finder().add_roots(pythonpath_roots(), plugins=True)
 
 
 def import_user_module(module_name: str) -> types.ModuleType:
@@ -161,12 +162,13 @@ def tool_catalog(entries: Iterable[str], reserved: Collection[str] = ()) -> dict
 
 def entry_points_of(group: str) -> dict[str, str]:
     """Entry points of ``group``, name -> ``module:attribute``: installed packages',
-    then those of distributions in the pinned roots (a plugin package given on
-    ``PYTHONPATH``; its modules load by file like any user module, through ``load``)."""
+    then those of distributions in ``PYTHONPATH``'s roots (a plugin package given
+    there; its modules load by file like any user module, through ``load``). A
+    ``*.dist-info`` in the spec's directory (the project) registers nothing."""
     from importlib.metadata import distributions, entry_points
 
     found = {point.name: point.value for point in entry_points(group=group)}
-    roots = [directory for _, directory in _finder().record.roots]
+    roots = list(_finder().record.plugin_roots)  # PYTHONPATH's, never the spec's directory
     for distribution in distributions(path=roots) if roots else ():
         for point in distribution.entry_points.select(group=group):
             found.setdefault(point.name, point.value)

@@ -24,6 +24,7 @@ a fork-server replacement, an actor's restart or a new agent.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -77,12 +78,21 @@ class UserCodeRecord:
     """The roots, in search order, and the pins: what the supervisor hands on."""
 
     roots: list[tuple[str, str]] = field(default_factory=list)  # (private package, directory)
+    #: Pins by module name: private names for modules found by name in a root, and
+    #: public names for modules a user module imported from a root by ``sys.path``.
     pins: dict[str, Pin] = field(default_factory=dict)
+    #: The roots given on ``PYTHONPATH``: only their distributions may register
+    #: entry points (a ``*.dist-info`` in the project registers nothing).
+    plugin_roots: list[str] = field(default_factory=list)
+
+    def copy(self) -> UserCodeRecord:
+        return UserCodeRecord(list(self.roots), dict(self.pins), list(self.plugin_roots))
 
     def to_json(self) -> str:
         return json.dumps({
             "roots": [list(root) for root in self.roots],
             "pins": {name: [pin.path, pin.sha256, pin.package] for name, pin in self.pins.items()},
+            "plugin_roots": self.plugin_roots,
         }, sort_keys=True)
 
     @classmethod
@@ -92,6 +102,7 @@ class UserCodeRecord:
             roots=[(str(name), str(directory)) for name, directory in data["roots"]],
             pins={str(name): Pin(str(path), str(digest), bool(package))
                   for name, (path, digest, package) in data["pins"].items()},
+            plugin_roots=[str(directory) for directory in data.get("plugin_roots", [])],
         )
 
 
@@ -156,20 +167,28 @@ class UserCodeFinder(importlib.abc.MetaPathFinder):
 
     # -- roots and names ---------------------------------------------------------
 
-    def add_roots(self, directories: Iterable[Path]) -> None:
-        """Search ``directories`` too (after the roots already known), while recording."""
+    def add_roots(self, directories: Iterable[Path], *, plugins: bool = False) -> None:
+        """Search ``directories`` too (after the roots already known), while recording;
+        ``plugins``: their distributions may register entry points (``PYTHONPATH``'s)."""
         if not self.recording:
             return  # the roots were fixed at `corral up`
         known = {directory for _, directory in self.record.roots}
         for directory in directories:
             real = os.path.realpath(directory)
-            if real not in known and os.path.isdir(real):
+            if not os.path.isdir(real):
+                continue
+            if real not in known:
                 self.record.roots.append((root_package(Path(real)), real))
                 known.add(real)
+            if plugins and real not in self.record.plugin_roots:
+                self.record.plugin_roots.append(real)
 
     def private_name(self, dotted: str) -> str | None:
         """The private name of user module ``dotted`` in the first root that has it,
-        or None (then it is an installed module, imported the ordinary way)."""
+        or None (then it is an installed module, imported the ordinary way). An
+        installed package wins over a root: the project cannot shadow one."""
+        if self.recording and self._installed(dotted.partition(".")[0]):
+            return None
         for package, directory in self.record.roots:
             fullname = f"{package}.{dotted}"
             if fullname in self.record.pins or fullname in sys.modules:
@@ -187,6 +206,14 @@ class UserCodeFinder(importlib.abc.MetaPathFinder):
         walking up through directories that hold ``__init__.py`` (as pytest does),
         and the first directory above them becomes a root."""
         real = Path(os.path.realpath(path))
+        # Under a known root (the spec's directory), its place there names it: an
+        # `__init__.py` written beside the spec later cannot move it elsewhere.
+        for package, root in sorted(self.record.roots, key=lambda item: -len(item[1])):
+            if real.is_relative_to(root) and real.suffix == ".py":
+                relative = real.relative_to(root).with_suffix("").parts
+                parts_in_root = list(relative[:-1] if relative[-1] == "__init__" else relative)
+                if parts_in_root and all(part.isidentifier() for part in parts_in_root):
+                    return f"{package}.{'.'.join(parts_in_root)}"
         parts = [real.stem] if real.name != "__init__.py" else []
         directory = real.parent
         while (directory / "__init__.py").is_file() and directory.parent != directory:
@@ -204,7 +231,7 @@ class UserCodeFinder(importlib.abc.MetaPathFinder):
 
     def export(self) -> UserCodeRecord:
         """A copy of the record (the supervisor freezes it after the spec is loaded)."""
-        return UserCodeRecord(list(self.record.roots), dict(self.record.pins))
+        return self.record.copy()
 
     # -- the import protocol -----------------------------------------------------
 
@@ -212,7 +239,7 @@ class UserCodeFinder(importlib.abc.MetaPathFinder):
         self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         if not fullname.startswith(PRIVATE_PREFIX):
-            return None
+            return self._guard_public(fullname, path, target)
         pin = self.record.pins.get(fullname)
         source = None
         if pin is None:
@@ -235,6 +262,61 @@ class UserCodeFinder(importlib.abc.MetaPathFinder):
             spec.submodule_search_locations = [pin.path if not pin.sha256 else str(Path(pin.path).parent)]
         spec.has_location = bool(pin.sha256)
         return spec
+
+    def _guard_public(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None
+    ) -> importlib.machinery.ModuleSpec | None:
+        """A module imported by its plain name whose file lies in a root: a user module
+        that put its own directory on ``sys.path`` and imports a sibling (a common
+        idiom). It is pinned like any user module (recording) or refused unless pinned
+        (enforcing); anything else is left to the ordinary finders."""
+        if not self.record.roots:
+            return None
+        found = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if found is None:
+            return None
+        location = found.origin if found.has_location and found.origin else next(
+            iter(found.submodule_search_locations or ()), None)
+        if location is None or not self._in_a_root(os.path.realpath(location)):
+            return None
+        real = os.path.realpath(location)
+        package = found.submodule_search_locations is not None
+        pin = self.record.pins.get(fullname)
+        source = None
+        if pin is None or pin.path != real:
+            if not self.recording:
+                raise UserCodeNotPinned(
+                    f"user module {fullname!r} ({real}) was not loaded at `corral up`, so it is not pinned;"
+                    " corral loads only the user code `up` loaded (run `corral up` again to take it)"
+                )
+            if os.path.isdir(real):
+                pin = Pin(real, "", True)
+            else:
+                source = _read(real)
+                pin = Pin(real, hashlib.sha256(source).hexdigest(), package)
+            self.record.pins[fullname] = pin
+        spec = importlib.machinery.ModuleSpec(
+            fullname, _PinnedLoader(self, fullname, pin, source), origin=pin.path if pin.sha256 else None,
+            is_package=pin.package,
+        )
+        if pin.package:
+            spec.submodule_search_locations = [pin.path if not pin.sha256 else str(Path(pin.path).parent)]
+        spec.has_location = bool(pin.sha256)
+        return spec
+
+    def _in_a_root(self, real: str) -> bool:
+        return any(real.startswith(root + os.sep) for _, root in self.record.roots) and not _installed_path(real)
+
+    def _installed(self, top: str) -> bool:
+        """Whether ``top`` is an installed (or corral's own) top-level module."""
+        if top in sys.modules:
+            return not top.startswith(PRIVATE_PREFIX)
+        found = importlib.machinery.PathFinder.find_spec(top)
+        if found is None:
+            return False
+        location = found.origin if found.has_location and found.origin else next(
+            iter(found.submodule_search_locations or ()), None)
+        return location is not None and _installed_path(os.path.realpath(location))
 
     def _discover(self, fullname: str) -> tuple[Pin, bytes | None] | None:
         package, _, rest = fullname.partition(".")
@@ -262,6 +344,27 @@ class UserCodeFinder(importlib.abc.MetaPathFinder):
         if base.is_dir():
             return Path(os.path.realpath(base)), True
         return None
+
+
+@functools.cache
+def _installed_prefixes() -> tuple[str, ...]:
+    """Where installed code lives: the interpreter's prefixes, the site directories
+    and corral's own source (an editable install's folders)."""
+    import site
+
+    import corral
+
+    places = {sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages(), site.getusersitepackages()}
+    places.add(str(Path(corral.__file__).parent))
+    for name in ("corral.actors", "corral.supervisor", "corral.mailbox", "corral.sandbox"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            places.add(str(Path(str(module.__file__)).parent))
+    return tuple(sorted({os.path.realpath(place) for place in places if place}))
+
+
+def _installed_path(real: str) -> bool:
+    return any(real == prefix or real.startswith(prefix + os.sep) for prefix in _installed_prefixes())
 
 
 def installed_finder() -> UserCodeFinder | None:
@@ -306,7 +409,7 @@ def enforcing(record: UserCodeRecord) -> Iterator[None]:
     home's last boot ran: the user code `up` pinned, not what the files hold now)."""
     finder = install(recording=True)
     saved = (finder.record, finder.recording)
-    finder.record, finder.recording = UserCodeRecord(list(record.roots), dict(record.pins)), False
+    finder.record, finder.recording = record.copy(), False
     try:
         yield
     finally:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+
+from corral.core.child_python import python_argv, python_env
 
 READY_S = 60.0
 
@@ -38,9 +39,9 @@ def llama_server(model: Path, log: Path) -> Iterator[str]:
     port = _free_port()
     with log.open("wb") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-             "--port", str(port), "--n_ctx", "2048", "--n_threads", "2", "--seed", "0"],
-            stdout=out, stderr=subprocess.STDOUT,
+            python_argv("-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+                        "--port", str(port), "--n_ctx", "2048", "--n_threads", "2", "--seed", "0"),
+            stdout=out, stderr=subprocess.STDOUT, env=python_env(),
         )
     base_url = f"http://127.0.0.1:{port}/v1"
     try:

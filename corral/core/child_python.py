@@ -34,7 +34,9 @@ def python_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     directory on the child's import path."""
     env = dict(os.environ if base is None else base)
     # Both: a Client.start from within a corral child adds its caller's directories.
-    parts = [part for name in ("PYTHONPATH", USER_PATH_ENV) for part in env.get(name, "").split(os.pathsep) if part]
+    # Absolute: the child works in another directory (a relative entry meant this one's).
+    parts = [os.path.abspath(part) for name in ("PYTHONPATH", USER_PATH_ENV)
+             for part in env.get(name, "").split(os.pathsep) if part]
     if parts:
         env[USER_PATH_ENV] = os.pathsep.join(dict.fromkeys(parts))
     for name in _IMPORT_PATH_VARS:

@@ -200,3 +200,129 @@ def test_a_child_environment_carries_no_import_path() -> None:
     assert env == {USER_PATH_ENV: "/a:/b:/c", "X": "1"}
     assert user_path({"PYTHONPATH": "/p", USER_PATH_ENV: "/c"}) == ["/p", "/c"]
     assert python_argv("-m", "corral")[1] == "-P"
+
+
+# -- the red team's round (issue 48 A.1, tried as an outsider) --------------------------------
+
+SIBLING_TOOLS = (
+    "import os, sys\nsys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))\nimport helpers\nimport corral\n\n"
+    "@corral.tool(effect='read', name='probe.greet')\n"
+    "def greet(ctx: corral.ToolContext, name: str) -> str:\n    return helpers.greet(name)\n"
+)
+GREET_SPEC = (
+    '[project]\nroot = "."\n[tools]\nmodules = ["./tools.py"]\n[[agents]]\nid = "a"\ntools = ["probe.*"]\n'
+    'steps = [{ actions = [{ tool = "probe.greet", input = { name = "x" } }] }, { final = "done" }]\n'
+)
+
+
+def _edited_after_up_is_refused(home: Path, repo: Path, marker: Path, needle: str) -> None:
+    again = _corral(home, "up", cwd=repo)  # the remembered spec, and its pins
+    if again.returncode == 0:
+        _down(home, repo)
+    assert again.returncode != 0 and needle in again.stderr, again.stderr
+    assert "Traceback" not in again.stderr
+    assert not marker.exists(), f"edited user code ran:\n{marker.read_text()}"
+
+
+def test_a_sibling_a_tools_module_imports_through_sys_path_is_pinned_too(short_tmp: Path) -> None:
+    """The idiom `sys.path.insert(0, here); import helpers`: the helper is user code
+    like the tools module that imports it, pinned at up; edited afterwards, refused."""
+    marker = short_tmp / "imported-by"
+    repo = short_tmp / "repo"
+    repo.mkdir()
+    (repo / "tools.py").write_text(SIBLING_TOOLS)
+    (repo / "helpers.py").write_text("def greet(n):\n    return 'hi ' + n\n")
+    (repo / "swarm.toml").write_text(_spec(GREET_SPEC))
+    home = short_tmp / "h"
+    up = _corral(home, "up", "--spec", "swarm.toml", cwd=repo)
+    try:
+        assert up.returncode == 0, up.stderr
+        _run_completes(home, repo, "greet")
+    finally:
+        _down(home, repo)
+    pins = json.loads((home / "user-code.json").read_text())["pins"]
+    assert pins["helpers"][0] == str((repo / "helpers.py").resolve())
+    (repo / "helpers.py").write_text(_planted(marker, "def greet(n):\n    return 'pwned ' + n\n"))
+    _edited_after_up_is_refused(home, repo, marker, "helpers.py")
+
+
+def test_a_dist_info_in_the_project_registers_no_entry_point(short_tmp: Path) -> None:
+    """Entry points come from installed packages and PYTHONPATH's plugins only: a
+    `*.dist-info` beside the spec makes `corral up` import nothing of the project."""
+    marker = short_tmp / "imported-by"
+    repo = short_tmp / "repo"
+    info = repo / "evil-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[corral.tools]\nx = evilmod\n[corral.providers]\nevil = evilmod:P\n")
+    (repo / "evilmod.py").write_text(_planted(marker))
+    (repo / "swarm.toml").write_text(_spec(ONE_FINAL))
+    home = short_tmp / "h"
+    up = _corral(home, "up", "--spec", "swarm.toml", cwd=repo)
+    try:
+        assert up.returncode == 0, up.stderr
+        _run_completes(home, repo, "t")
+    finally:
+        _down(home, repo)
+    assert not marker.exists(), f"project code ran in a host process:\n{marker.read_text()}"
+
+
+def test_an_installed_package_wins_over_a_planted_one_of_the_same_name(short_tmp: Path) -> None:
+    """A dotted name that an installed package answers is that package: a project
+    folder of the same name (a shadow) is never imported."""
+    marker = short_tmp / "imported-by"
+    repo = short_tmp / "repo"
+    (repo / "mcp_server_time").mkdir(parents=True)
+    (repo / "mcp_server_time" / "__init__.py").write_text(_planted(marker))
+    (repo / "mcp_server_time" / "server.py").write_text(_planted(marker))
+    installed = '[tools]\nmodules = ["mcp_server_time.server"]\n[[agents]]'
+    (repo / "swarm.toml").write_text(_spec(ONE_FINAL.replace("[[agents]]", installed)))
+    home = short_tmp / "h"
+    up = _corral(home, "up", "--spec", "swarm.toml", cwd=repo)
+    try:
+        assert up.returncode == 0, up.stderr
+    finally:
+        _down(home, repo)
+    assert not marker.exists(), f"the planted package ran:\n{marker.read_text()}"
+
+
+def test_an_init_written_beside_the_spec_moves_nothing(short_tmp: Path) -> None:
+    """A `__init__.py` the model writes into the spec's directory after up neither
+    runs nor makes the pinned tools module 'lie in no pinned directory'."""
+    marker = short_tmp / "imported-by"
+    repo = short_tmp / "repo"
+    repo.mkdir()
+    (repo / "tools.py").write_text(SIBLING_TOOLS.replace("import helpers\n", "").replace("helpers.greet(name)", "name"))
+    (repo / "swarm.toml").write_text(_spec(GREET_SPEC))
+    home = short_tmp / "h"
+    up = _corral(home, "up", "--spec", "swarm.toml", cwd=repo)
+    assert up.returncode == 0, up.stderr
+    _down(home, repo)
+    (repo / "__init__.py").write_text(_planted(marker))
+    for argv in (("up",), ("up", "--spec", "swarm.toml")):
+        again = _corral(home, *argv, cwd=repo)
+        assert again.returncode == 0, again.stderr
+        try:
+            _run_completes(home, repo, "greet")
+        finally:
+            _down(home, repo)
+    assert not marker.exists(), f"the planted __init__.py ran:\n{marker.read_text()}"
+
+
+def test_a_relative_pythonpath_means_the_directory_it_named(short_tmp: Path) -> None:
+    """`PYTHONPATH=lib corral up` from the project: lib is the project's lib, in the
+    supervisor as in the CLI (which work in different directories)."""
+    repo = short_tmp / "repo"
+    (repo / "lib").mkdir(parents=True)
+    (repo / "lib" / "mytools.py").write_text(
+        "import corral\n\n@corral.tool(effect='read', name='probe.greet')\n"
+        "def greet(ctx: corral.ToolContext, name: str) -> str:\n    return name\n"
+    )
+    (repo / "swarm.toml").write_text(_spec(GREET_SPEC.replace('"./tools.py"', '"mytools"')))
+    home = short_tmp / "h"
+    up = _corral(home, "up", "--spec", "swarm.toml", cwd=repo, env={"PYTHONPATH": "lib"})
+    try:
+        assert up.returncode == 0, up.stderr
+        _run_completes(home, repo, "greet")
+    finally:
+        _down(home, repo)
