@@ -243,7 +243,11 @@ role = "root"
   [[agents.steps]]
   [[agents.steps.actions]]
   tool = "agent.delegate"
-  input = { agent_id = "researcher", task = "Survey", acceptance_criteria = "one", expected_artifacts = ["research/s"] }
+    [agents.steps.actions.input]
+    agent_id = "researcher"
+    task = "Survey"
+    acceptance_criteria = ["one"]
+    expected_artifacts = ["research/s"]
   [[agents.steps]]
   actions = [{ tool = "agent.run_status", input = {} }]
   [[agents.steps]]
@@ -322,7 +326,7 @@ id = "lead"
 role = "root"
   [[agents.steps]]
   actions = [
-    { tool = "agent.delegate", input = { agent_id = "researcher", task = "Survey", acceptance_criteria = "one" } },
+    { tool = "agent.delegate", input = { agent_id = "researcher", task = "Survey", acceptance_criteria = ["one"] } },
     { tool = "agent.spawn_isolated", input = { join_mode = "all", children = [
         { template = "reader", task = "Read", acceptance_criteria = "one", write_scopes = ["r"] },
     ] } },

@@ -29,13 +29,16 @@ class SpawnArgs(TypedDict):
 class DelegateArgs(TypedDict):
     agent_id: str
     task: str
-    acceptance_criteria: NotRequired[str]
+    #: 1 to 8 distinct conditions the parent will judge the work by (seed 004 V1.28).
+    acceptance_criteria: NotRequired[list[str]]
     expected_artifacts: NotRequired[list[str]]
     repair_of: NotRequired[str]
 
 
 class RunStatusArgs(TypedDict):
     delivery_ids: NotRequired[list[str]]
+    #: Read back one claimed delegation's whole contract and receipt instead of claiming.
+    delegation_id: NotRequired[str]
 
 
 class SpawnIsolated:
@@ -63,7 +66,8 @@ class Delegate:
     ledger_idempotent = True
     schema = schema(
         "agent.delegate",
-        "Give a task to a specialist agent; its receipt arrives as a delivery to claim.",
+        "Give a task to a specialist agent; its receipt arrives as a delivery to claim. repair_of sends a claimed"
+        " delegation's work back once when it does not meet its acceptance criteria, whatever its status.",
         DelegateArgs,
         read_only=False,
     )
@@ -77,12 +81,21 @@ class RunStatus:
     ledger_idempotent = True
     schema = schema(
         "agent.run_status",
-        "Claim the join deliveries and receipts that are ready for this run (all-or-nothing).",
+        "Claim the join deliveries and receipts that are ready for this run (all-or-nothing); with delegation_id,"
+        " read back that claimed delegation's contract and receipt instead.",
         RunStatusArgs,
         read_only=False,
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        if tool_input.get("delegation_id") is not None:
+            contract = await ctx.call("swarm.contract", run_id=ctx.run_id, delegation_id=tool_input["delegation_id"])
+            return ToolResult(
+                True,
+                contract,
+                f"contract of {contract['delegation_id']}: {contract['contract_status']},"
+                f" {len(contract['acceptance_criteria'])} criteria",
+            )
         reply = await ctx.call(
             "swarm.claim",
             run_id=ctx.run_id,

@@ -2,6 +2,12 @@
 of the spec (one delegated run, at most one repair of it), and the specialist's
 result comes back to the parent as a receipt delivery.
 
+A repair (seed 004 V1.28) is the parent's judgement, not the runtime's: it may send
+back any receipt it has claimed, ``needs-repair`` or ``evidence-ready`` alike
+(evidence-ready only means the evidence is there to be judged), once, to the same
+specialist, never a repair of a repair. The parent reads a claimed delegation's
+whole contract back with ``contract``.
+
 Every id is derived from the parent action id, never chosen by a model.
 """
 
@@ -16,19 +22,24 @@ from typing import Any
 from corral.core.redact import redact, summarize
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.ledger.port import Ledger, dumps
+from corral.supervisor.project.project_service import project_settings
 from corral.supervisor.runs.run_output import output_of
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import create_run, get_run, set_run_status
 from corral.supervisor.spec.swarm_spec import SwarmSpec
-from corral.supervisor.swarm.swarm_state import sha, static_delegation_id
+from corral.supervisor.swarm.swarm_state import DeliveryStatus, sha, static_delegation_id
 from corral.supervisor.swarm.work_contract import (
+    MAX_ARTIFACTS,
     SPECIALIST_TOOLS,
+    criteria_list,
+    delegation_task_text,
     evidence,
     hashed_artifacts,
     refused_work,
     relative_paths,
+    stored_criteria,
     str_list,
-    task_text,
+    verification_of,
 )
 
 
@@ -65,23 +76,13 @@ def delegate(
         raise BadRequest("task must be a non-empty string")
     artifacts = str_list(params.get("expected_artifacts", []), "expected_artifacts")
     relative_paths(artifacts, "expected_artifacts")
-    criteria = str(params.get("acceptance_criteria", ""))
+    if len(artifacts) > MAX_ARTIFACTS or len(set(artifacts)) != len(artifacts):
+        raise BadRequest(f"expected_artifacts must hold at most {MAX_ARTIFACTS} distinct paths")
+    # Left out: no criteria (a request that names none); given: the seed's 1-8 list.
+    criteria = criteria_list(params["acceptance_criteria"]) if "acceptance_criteria" in params else []
     repair_of = params.get("repair_of")
     if repair_of is not None:
-        original = ledger.one("SELECT * FROM delegations WHERE delegation_id = ?", repair_of)
-        if original is None or original["parent_run_id"] != parent_run["run_id"]:
-            raise BadRequest(f"repair_of {repair_of!r} is not a delegation of this run")
-        if original["repair_of"] is not None:
-            raise Refused("a repair may not be repaired again (repair depth is 1)", code="limit")
-        if original["target_agent"] != target:
-            raise Refused(f"a repair goes to the same agent ({original['target_agent']})", code="limit")
-        result = json.loads(original["result"]) if original["result"] else {}
-        if result.get("status") != "needs-repair":
-            raise Refused(
-                f"delegation {repair_of} does not need repair ({result.get('status', 'unfinished')})", code="limit"
-            )
-        if ledger.one("SELECT 1 FROM delegations WHERE repair_of = ?", repair_of):
-            raise Refused(f"delegation {repair_of} already has its one repair", code="duplicate")
+        check_repair(ledger, parent_run, target, repair_of)
     else:
         digest_task = summarize(task, 2000)
         duplicate = ledger.one(
@@ -105,14 +106,26 @@ def delegate(
         "policy": {**spec.policy, **target_spec.policy},
         "effects_file": json.loads(parent_run["options"]).get("effects_file"),
         "limits": {"max_repairs": target_spec.max_repairs},
+        # Whether its receipt is evidence-ready only after a passed project.verify.
+        "require_verification": project_settings(spec.raw).verification_required,
         **target_spec.definition_options(),  # the specialist's own instructions
     }
     run_id = f"run-{delegation_id[4:16]}"
+    contract = {
+        "delegation_id": delegation_id,
+        "agent_id": target,
+        "run_id": run_id,
+        "parent_agent": parent_run["agent_id"],
+        "parent_run_id": parent_run["run_id"],
+        "acceptance_criteria": criteria,
+        "expected_artifacts": artifacts,
+        "repair_of": repair_of,
+    }
     with ledger.tx() as db:
         create_run(
             ledger,
             agent_id=target,
-            task=task_text(task, criteria, artifacts),
+            task=delegation_task_text(task, contract),
             provider=target_spec.provider,
             provider_config=target_spec.provider_config,
             kind="delegation",
@@ -132,7 +145,7 @@ def delegate(
                 parent_action_id,
                 target,
                 summarize(task, 2000),
-                summarize(criteria, 2000),
+                dumps(criteria),
                 dumps(artifacts),
                 repair_of,
                 run_id,
@@ -150,6 +163,68 @@ def delegate(
     return {"delegation_id": delegation_id, "run_id": run_id, "target": target}
 
 
+def check_repair(ledger: Ledger, parent_run: sqlite3.Row, target: str, repair_of: Any) -> None:
+    """A repair sends back work its parent has claimed and judged unmet, whatever the
+    receipt's status: once, to the same specialist, never a repair of a repair."""
+    if not isinstance(repair_of, str):
+        raise BadRequest("repair_of must be a delegation id")
+    original = ledger.one("SELECT * FROM delegations WHERE delegation_id = ?", repair_of)
+    if original is None:
+        raise BadRequest(f"repair_of {repair_of!r}: no such delegation")
+    if original["parent_run_id"] != parent_run["run_id"]:
+        raise Refused(f"delegation {repair_of} belongs to another parent run: only the run that claimed it may"
+                      " send it back", code="limit")
+    if original["repair_of"] is not None:
+        raise Refused("a repair may not be repaired again (repair depth is 1)", code="limit")
+    if original["target_agent"] != target:
+        raise Refused(f"a repair goes to the same agent ({original['target_agent']})", code="limit")
+    delivery = _receipt(ledger, repair_of)
+    if delivery is None or delivery["status"] != DeliveryStatus.CLAIMED:
+        state = delivery["status"] if delivery is not None else "not delivered"
+        raise Refused(f"delegation {repair_of} is not claimed by this run ({state}): claim its receipt with"
+                      " agent.run_status, judge it, then repair it", code="limit")
+    if ledger.one("SELECT 1 FROM delegations WHERE repair_of = ?", repair_of):
+        raise Refused(f"delegation {repair_of} already has its one repair", code="duplicate")
+
+
+def _receipt(ledger: Ledger, delegation_id: str) -> sqlite3.Row | None:
+    return ledger.one("SELECT * FROM deliveries WHERE kind = 'receipt' AND source_id = ?", delegation_id)
+
+
+def contract(ledger: Ledger, parent_run_id: str, delegation_id: str) -> dict[str, Any]:
+    """One claimed delegation's whole contract and its delivered receipt, for the
+    parent run that claimed it (the targeted read of ``agent.run_status``). Read
+    only; never the task text."""
+    row = ledger.one("SELECT * FROM delegations WHERE delegation_id = ?", delegation_id)
+    if row is None:
+        raise NotFound(f"no delegation {delegation_id!r}")
+    if row["parent_run_id"] != parent_run_id:
+        raise Refused(f"delegation {delegation_id} belongs to another parent run", code="limit")
+    delivery = _receipt(ledger, delegation_id)
+    if delivery is None or delivery["status"] != DeliveryStatus.CLAIMED:
+        state = delivery["status"] if delivery is not None else "not delivered"
+        raise Refused(f"delegation {delegation_id} is not claimed by this run ({state})", code="limit")
+    result = json.loads(delivery["payload"])
+    return {
+        "delegation_id": delegation_id,
+        "target_agent": row["target_agent"],
+        "acceptance_criteria": stored_criteria(row["acceptance_criteria"]),
+        "expected_artifacts": json.loads(row["expected_artifacts"]),
+        "repair_of": row["repair_of"],
+        "repaired_by": _repair_id(ledger, delegation_id),
+        "delivery_id": delivery["delivery_id"],
+        "delivery_status": delivery["status"],
+        "terminal_status": get_run(ledger, row["run_id"])["status"],
+        "contract_status": result.get("status"),
+        "delivery": result,
+    }
+
+
+def _repair_id(ledger: Ledger, delegation_id: str) -> str | None:
+    row = ledger.one("SELECT delegation_id FROM delegations WHERE repair_of = ?", delegation_id)
+    return str(row["delegation_id"]) if row is not None else None
+
+
 def finish_delegation(ledger: Ledger, run_id: str, summary: str | None, error: str | None) -> str | None:
     row = ledger.one("SELECT * FROM delegations WHERE run_id = ?", run_id)
     if row is None:
@@ -157,11 +232,15 @@ def finish_delegation(ledger: Ledger, run_id: str, summary: str | None, error: s
     if row["status"] == "terminal":
         return None
     run = get_run(ledger, run_id)
-    workspace = Path(json.loads(run["options"]).get("workspace") or ".")
+    options = json.loads(run["options"])
+    workspace = Path(options.get("workspace") or ".")
     artifacts, missing = hashed_artifacts(workspace, json.loads(row["expected_artifacts"]))
     # Work that was all refused or failed is no evidence, even with a hopeful reply.
     no_evidence = refused_work(ledger, run_id) if error is None else None
-    status = "evidence-ready" if error is None and not missing and no_evidence is None else "needs-repair"
+    # Sources it changed need its own passed project.verify, on the real revision.
+    required, verified, unverified = verification_of(ledger, run_id, options.get("require_verification") is True)
+    ready = error is None and not missing and no_evidence is None and unverified is None
+    status = "evidence-ready" if ready else "needs-repair"
     result = {
         "delegation_id": row["delegation_id"],
         "agent_id": row["target_agent"],
@@ -172,8 +251,12 @@ def finish_delegation(ledger: Ledger, run_id: str, summary: str | None, error: s
         "artifacts": artifacts,
         "missing_artifacts": missing,
         "evidence": evidence(ledger, run_id),
-        "error": error or no_evidence,
+        "error": error or no_evidence or unverified,
         "repair_of": row["repair_of"],
+        "acceptance_criteria": stored_criteria(row["acceptance_criteria"]),
+        "expected_artifacts": json.loads(row["expected_artifacts"]),
+        "verification_required": required,
+        "verified_revision": verified,
     }
     delivery_id = "dlv-" + sha(f"receipt\x00{row['delegation_id']}")[:20]
     with ledger.tx() as db:

@@ -172,6 +172,14 @@ class SwarmService:
             raise BadRequest("delivery_ids must be a list of strings")
         return claim_store.claim(self.ledger, run["run_id"], self._action_id(params, run), ids)
 
+    async def contract(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+        """One claimed delegation's contract and receipt (``agent.run_status(delegation_id=...)``)."""
+        run = self._parent(slot, params)
+        delegation_id = params.get("delegation_id")
+        if not isinstance(delegation_id, str) or not delegation_id:
+            raise BadRequest("delegation_id must be a delegation id")
+        return delegation_store.contract(self.ledger, run["run_id"], delegation_id)
+
     async def child_result(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run = self._parent(slot, params)
         reply = params.get("reply")
@@ -298,6 +306,7 @@ def install(sup: Supervisor) -> SwarmService:
             "swarm.spawn": service.spawn,
             "swarm.delegate": service.delegate,
             "swarm.claim": service.claim,
+            "swarm.contract": service.contract,
             "run.child_result": service.child_result,
         }
     )

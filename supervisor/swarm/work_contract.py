@@ -1,7 +1,8 @@
 """The contract of delegated work, the same for an isolated child and a specialist's
 delegation: the checks of a request's path lists, the task text the worker gets,
 and the evidence its result carries (artifacts hashed by the supervisor from the
-files, never taken from the worker; its receipts; a revision of the artifacts).
+files, never taken from the worker; its receipts; for a child, a digest of its
+artifacts; for a specialist, the project revision its verification covers).
 """
 
 from __future__ import annotations
@@ -19,8 +20,15 @@ from corral.supervisor.swarm.swarm_state import sha
 
 #: The tools of an isolated child's run (its template may narrow them further).
 CHILD_TOOLS = ["fs.read", "fs.write", "fs.patch", "fs.list", "effect.record", "effect.barrier"]
-#: The tools of a specialist's delegated run (its own allow list still holds).
-SPECIALIST_TOOLS = CHILD_TOOLS
+#: The tools of a specialist's delegated run (its own allow list still holds). Unlike
+#: an isolated child it works in the project itself, so it may verify what it changed
+#: (seed 004 V1.28: evidence-ready needs a passed verification when one is required).
+SPECIALIST_TOOLS = [*CHILD_TOOLS, "project.verify"]
+#: A delegation's acceptance criteria: 1 to 8 distinct items of bounded length (seed 004 V1.28).
+MAX_CRITERIA = 8
+MAX_CRITERION_CHARS = 500
+#: A delegation's expected artifacts (seed 004 V1.28: 0 to 16).
+MAX_ARTIFACTS = 16
 
 
 def str_list(value: Any, what: str) -> list[str]:
@@ -35,6 +43,73 @@ def relative_paths(paths: list[str], what: str) -> None:
             check_relative(path)
         except ToolError as exc:
             raise BadRequest(f"{what}: {exc}") from None
+
+
+def criteria_list(value: Any) -> list[str]:
+    """A delegation's acceptance criteria, as the seed states them: what the
+    supervisor will judge the work by, so none may be empty, repeated or unbounded."""
+    if not isinstance(value, list):
+        raise BadRequest(f"acceptance_criteria must be a list of 1 to {MAX_CRITERIA} strings,"
+                         f" not {type(value).__name__}")
+    if not 1 <= len(value) <= MAX_CRITERIA:
+        raise BadRequest(f"acceptance_criteria must hold 1 to {MAX_CRITERIA} items (it has {len(value)})")
+    if not all(isinstance(item, str) for item in value):
+        raise BadRequest("acceptance_criteria must be strings")
+    if not all(item.strip() for item in value):
+        raise BadRequest("acceptance_criteria must be non-empty strings")
+    if any(len(item) > MAX_CRITERION_CHARS for item in value):
+        raise BadRequest(f"acceptance_criteria: each item is at most {MAX_CRITERION_CHARS} characters")
+    if len(set(value)) != len(value):
+        raise BadRequest("acceptance_criteria repeats an item")
+    return list(value)
+
+
+def stored_criteria(text: str) -> list[str]:
+    """The criteria of a delegation row: a JSON list; a row written before they were
+    a list holds one string (or none)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return [text] if text else []
+    return [str(item) for item in value] if isinstance(value, list) else ([text] if text else [])
+
+
+def delegation_task_text(task: str, contract: dict[str, Any]) -> str:
+    """The specialist's task: the whole delegation contract (seed 004 V1.28), and
+    that its reply is a receipt for its parent, not an answer to the user."""
+    lines = [
+        task,
+        f"Delegation: {contract['delegation_id']} (you are agent {contract['agent_id']}, run {contract['run_id']};"
+        f" delegated by agent {contract['parent_agent']}, run {contract['parent_run_id']})",
+    ]
+    criteria = contract["acceptance_criteria"]
+    if criteria:
+        lines.append("Acceptance criteria:")
+        lines.extend(f"{index}. {item}" for index, item in enumerate(criteria, 1))
+    if contract["expected_artifacts"]:
+        lines.append("Expected artifacts: " + ", ".join(contract["expected_artifacts"]))
+    if contract["repair_of"]:
+        lines.append(f"Repair of delegation: {contract['repair_of']} (your parent judged that work unmet)")
+    lines.append("Your reply is a receipt with evidence for your parent run, not an answer to the user.")
+    return "\n".join(lines)
+
+
+def verification_of(ledger: Ledger, run_id: str, required_by_project: bool) -> tuple[bool, int | None, str | None]:
+    """Whether the worker's run must be verified (the project requires verification
+    and the run changed sources), the project revision its latest passed
+    ``project.verify`` covers (None when none covers its last change), and why it
+    falls short, if it does."""
+    changed = ledger.one("SELECT MAX(revision) AS r FROM project_revisions WHERE run_id = ?", run_id)
+    passed = ledger.one(
+        "SELECT MAX(revision) AS r FROM project_verifications WHERE run_id = ? AND status = 'passed'", run_id)
+    last_change = None if changed is None or changed["r"] is None else int(changed["r"])
+    last_pass = None if passed is None or passed["r"] is None else int(passed["r"])
+    verified = last_pass if last_pass is not None and (last_change is None or last_pass >= last_change) else None
+    required = required_by_project and last_change is not None
+    if required and verified is None:
+        return True, None, (f"not verified: run {run_id} changed sources at revision {last_change}"
+                            " and has no passed project.verify since")
+    return required, verified, None
 
 
 def task_text(task: str, criteria: str, artifacts: list[str]) -> str:
