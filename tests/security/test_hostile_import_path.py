@@ -326,3 +326,22 @@ def test_a_relative_pythonpath_means_the_directory_it_named(short_tmp: Path) -> 
         _run_completes(home, repo, "greet")
     finally:
         _down(home, repo)
+
+
+def test_a_python_m_mcp_server_imports_nothing_from_the_project(short_tmp: Path) -> None:
+    """`python -m mcp_server_time` runs in the spec's directory by default: a planted
+    module there (tzlocal, which the server imports) must not shadow the real one."""
+    from tests.harness import running
+
+    marker = short_tmp / "imported-by"
+    (short_tmp / "ws").mkdir()
+    (short_tmp / "tzlocal.py").write_text(_planted(marker))
+    spec = '[project]\nroot = "ws"\n[[mcp_servers]]\nid = "time"\ncommand = ["python", "-m", "mcp_server_time"]\n'
+    with running(short_tmp / "home", spec) as daemon:
+
+        def ready(_: dict[str, object]) -> bool:
+            return any(server["id"] == "time" and server["status"] == "ready"
+                       for server in daemon.call("mcp.list")["servers"])
+
+        daemon.wait_until(ready, timeout=60, what="mcp server time ready")
+    assert not marker.exists(), f"project code ran in the MCP server:\n{marker.read_text()}"
