@@ -138,6 +138,13 @@ class AsyncClient:
         """True when the last read was answered from the ledger, no supervisor running."""
         return self._read_ledger
 
+    @property
+    def ledger_behind(self) -> dict[str, Any] | None:
+        """When the last read from the ledger (answered or refused) found it behind
+        its high-water mark: the mark, what it holds, what was lost and what to do
+        (corral/offline_read.py). None otherwise."""
+        return self._ledger.behind if self._ledger is not None else None
+
     @classmethod
     @asynccontextmanager
     async def start(

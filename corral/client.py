@@ -132,6 +132,11 @@ class Client:
         """True when the last read was answered from the ledger, no supervisor running."""
         return self._async.read_ledger
 
+    @property
+    def ledger_behind(self) -> dict[str, Any] | None:
+        """See ``AsyncClient.ledger_behind``."""
+        return self._async.ledger_behind
+
     @classmethod
     @contextmanager
     def start(

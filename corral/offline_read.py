@@ -21,6 +21,13 @@ and ``recent_runs`` in supervisor/runs/run_views.py, ``transcript`` in
 supervisor/runs/transcript_view.py, ``Ledger.events_since``,
 ``receipts_view`` in supervisor/intent/intent_service.py), each marked
 ``read_from: "ledger"``.
+
+A SQLite ledger behind its high-water mark (supervisor/ledger/high_water.py: its
+write-ahead log lost commits that were made durable, so ``corral up`` refuses it)
+is still read, since what it holds may be all there is, but every answer says so:
+``ledger_behind`` (the mark, what it holds, what was lost and what to do, as
+``corral doctor`` says), and ``LedgerReader.behind`` for the read that failed
+(``not-found`` for a run the damage dropped), which the CLI prints on stderr.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import Any, TypeVar
 from corral.mailbox.control import ControlError
 from corral.supervisor.errors import SupervisorError
 from corral.supervisor.home import home_dir as homes
+from corral.supervisor.ledger import high_water
 from corral.supervisor.ledger.ledger_spec import LedgerSpecError, open_for_reading, remembered_placement
 from corral.supervisor.ledger.port import Ledger, LedgerError, SqliteLedger
 from corral.supervisor.ledger.schema import MIGRATIONS
@@ -73,33 +81,45 @@ class LedgerReader:
 
     def __init__(self, home: Path) -> None:
         self.home = home
+        #: What the last read found of the ledger's high-water mark: None when the
+        #: ledger holds every durable commit (or has no mark, or is on PostgreSQL).
+        self.behind: dict[str, Any] | None = None
 
     def show(self, run_id: str) -> dict[str, Any]:
-        return {**self.read(lambda ledger: show_record(ledger, get_run(ledger, run_id))), "read_from": READ_FROM}
+        return {**self.read(lambda ledger: show_record(ledger, get_run(ledger, run_id))), **self._marks()}
 
     def runs(self) -> list[dict[str, Any]]:
-        return [{**run, "read_from": READ_FROM} for run in self.read(recent_runs)]
+        return [{**run, **self._marks()} for run in self.read(recent_runs)]
 
     def events(self, since: int) -> list[dict[str, Any]]:
         """One page of the events after cursor ``since`` (empty: the stream ends)."""
         page = self.read(lambda ledger: ledger.events_since(since, EVENTS_PAGE))
-        return [{**event, "read_from": READ_FROM} for event in page]
+        return [{**event, **self._marks()} for event in page]
 
     def transcript(self, run_id: str, turn: int | None = None) -> dict[str, Any]:
         from corral.supervisor.runs.transcript_view import transcript
 
-        return {**self.read(lambda ledger: transcript(ledger, run_id, turn=turn)), "read_from": READ_FROM}
+        return {**self.read(lambda ledger: transcript(ledger, run_id, turn=turn)), **self._marks()}
 
     def intent_receipts(self, run_id: str) -> dict[str, Any]:
         # The intent service imports the run layer and the sandbox: only this read needs it.
         from corral.supervisor.intent.intent_service import receipts_view
 
-        return {**self.read(lambda ledger: receipts_view(ledger, run_id)), "read_from": READ_FROM}
+        return {**self.read(lambda ledger: receipts_view(ledger, run_id)), **self._marks()}
+
+    def check(self) -> dict[str, Any] | None:
+        """Only the high-water judgement (``corral status`` with no supervisor)."""
+        self.read(lambda ledger: None)
+        return self.behind
+
+    def _marks(self) -> dict[str, Any]:
+        return {"read_from": READ_FROM, **({"ledger_behind": self.behind} if self.behind else {})}
 
     def read(self, what: Callable[[Ledger], T]) -> T:
         """``what`` over the home's ledger, opened for this read alone. A refusal of
         the read functions (``not-found``, ...) is the ``ControlError`` a supervisor
         would answer with, so a caller cannot tell the two paths apart by their errors."""
+        self.behind = None
         with _home_free(self.home):
             try:
                 ledger = _open(self.home)
@@ -109,6 +129,8 @@ class LedgerReader:
                 ) from None
             try:
                 _check_schema(ledger)
+                if isinstance(ledger, SqliteLedger):
+                    self.behind = _judge_mark(self.home / homes.LEDGER, ledger)
                 return what(ledger)
             except SupervisorError as exc:
                 raise ControlError(exc.code, exc.message) from None
@@ -171,3 +193,28 @@ def _check_schema(ledger: Ledger) -> None:
     if version > known:
         raise LedgerUnreadable(f"{ledger.where} has schema {version}, newer than this corral's ({known}):"
                                " upgrade corral")
+
+
+def _judge_mark(path: Path, ledger: SqliteLedger) -> dict[str, Any] | None:
+    """What the answer must say when ``ledger`` (the file at ``path``, open for this
+    read) is behind its high-water mark or the mark is damaged: the commits past
+    its newest event were made durable and are gone from what is read. None: it
+    holds every durable commit (or it has no mark yet)."""
+    row = ledger.one("SELECT MAX(cursor) AS newest FROM events")
+    holds = int(row["newest"] or 0) if row is not None else 0
+    try:
+        mark = high_water.read_mark(path)
+    except high_water.MarkDamaged as exc:
+        return {"mark": None, "holds": holds, "detail": f"the ledger's high-water mark is damaged ({exc})",
+                "advice": high_water.what_to_do(path)}
+    if mark is None or not high_water.behind(mark, holds):
+        return None
+    return {"mark": mark, "holds": holds, "detail": high_water.lost_commits(path, mark, holds),
+            "advice": high_water.what_to_do(path)}
+
+
+def warning_text(home: Path, behind: dict[str, Any]) -> str:
+    """The loud line a reading client prints on stderr."""
+    why = "is behind its high-water mark" if behind["mark"] is not None else "has a damaged high-water mark"
+    return (f"corral: WARNING: the ledger of {home} {why}: what is read here may be missing runs and events"
+            f" that were committed. {behind['detail']}. What to do: {behind['advice']}")

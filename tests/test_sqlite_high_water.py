@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,63 @@ def test_a_damaged_wal_that_lost_a_completed_run_is_refused_and_reported(short_t
         assert daemon.call("ping")
     code, findings = _doctor(home)
     assert code == 0 and findings["high-water"]["level"] == "ok", findings
+
+
+def test_reads_without_a_supervisor_warn_that_the_ledger_is_behind_its_mark(short_tmp: Path) -> None:
+    """Issue 48 (red team): after WAL damage, ``corral up`` refuses, but the offline
+    reads answered from the older ledger without a word (``not-found: no run``).
+    Each now says, on stderr (and in ``--json``), that the ledger is behind its
+    high-water mark and what to do; an undamaged ledger read the same way says nothing."""
+    (short_tmp / "ws").mkdir()
+    home = short_tmp / "home"
+    ledger = home / homes.LEDGER
+    wal = ledger.with_name(ledger.name + "-wal")
+    with running(home, SPEC) as daemon:
+        first = _complete_a_run(daemon, "before")
+        daemon.kill_supervisor()
+        # The control: a SIGKILL alone loses nothing, and the reads say nothing of a mark.
+        for args in (("show", first), ("runs",), ("status",)):
+            quiet = cli(home, *args)
+            assert "high-water" not in quiet.stderr, (args, quiet.stderr)
+        assert "ledger_behind" not in json.loads(cli(home, "show", first, "--json").stdout)
+        daemon.up()
+        daemon.shutdown()  # a clean stop checkpoints: the first run is in the database file, not the log
+        daemon.up()
+        lost = _complete_a_run(daemon, "lost")
+        daemon.kill_supervisor()  # no checkpoint: the run's commits are in the WAL only
+        with open(wal, "r+b") as handle:
+            handle.seek(200)
+            original = handle.read(64)
+            handle.seek(200)
+            handle.write(bytes(b ^ 0xFF for b in original))
+        assert lost not in _runs_in_the_ledger(ledger)  # the premise: SQLite dropped it
+        damaged_log = wal.read_bytes()
+
+        def warned(result: subprocess.CompletedProcess[str]) -> None:
+            assert "Traceback" not in result.stderr, result.stderr
+            assert "WARNING" in result.stderr and "behind its high-water mark" in result.stderr, result.stderr
+            assert "lost committed work" in result.stderr and "backup" in result.stderr, result.stderr
+            assert "corral doctor" in result.stderr, result.stderr
+
+        missing = cli(home, "show", lost)
+        assert missing.returncode != 0 and "not-found" in missing.stderr
+        warned(missing)
+        shown = cli(home, "show", first, "--json")
+        assert shown.returncode == 0, shown.stderr
+        warned(shown)
+        behind = json.loads(shown.stdout)["ledger_behind"]
+        assert behind["holds"] < behind["mark"] and "backup" in behind["advice"], behind
+        listed = cli(home, "runs", "--json")
+        warned(listed)
+        runs = json.loads(listed.stdout)
+        assert [run["run_id"] for run in runs] == [first]
+        assert all(run["ledger_behind"] == behind for run in runs), runs
+        warned(cli(home, "runs"))
+        status = cli(home, "status")
+        assert status.returncode != 0
+        warned(status)
+        assert wal.read_bytes() == damaged_log, "a read wrote over the damaged log"
+        assert not homes.is_locked(home)
 
 
 # -- the mark itself ---------------------------------------------------------------------

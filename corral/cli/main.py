@@ -84,9 +84,17 @@ def open_client(args: argparse.Namespace) -> Iterator[Client]:
 def open_reader(args: argparse.Namespace) -> Iterator[Client]:
     """For the read commands (``show``, ``runs``, ``events``, ``intent receipts``):
     through the supervisor while one holds the home, else from its ledger, read-only
-    (``Client.reading``). ``say_where_read`` after the read."""
+    (``Client.reading``). ``say_where_read`` after the read. A ledger read behind its
+    high-water mark is warned of on stderr, whether the read answered or was refused
+    (a run the damage dropped is ``not-found``)."""
     with cli_errors(), Client.reading(home_of(args)) as connected:
-        yield connected
+        try:
+            yield connected
+        finally:
+            if connected.ledger_behind is not None:
+                from corral.offline_read import warning_text
+
+                print(warning_text(connected.home, connected.ledger_behind), file=sys.stderr)
 
 
 def say_where_read(client: Client, args: argparse.Namespace) -> None:
@@ -222,6 +230,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     except CliError as exc:
         if exc.code == EXIT_NOT_RUNNING:
             _say_why_the_node_stopped(home_of(args))
+            _say_if_the_ledger_is_behind(home_of(args))
         raise
     if args.json:
         emit_json(status)
@@ -268,6 +277,19 @@ def _say_why_the_node_stopped(home: Path) -> None:
     note = node_stop.read(home)
     if note is not None:
         print(f"{node_stop.describe(note)}\nto resume it: {note['advice']}", file=sys.stderr)
+
+
+def _say_if_the_ledger_is_behind(home: Path) -> None:
+    """With no supervisor: a ledger behind its high-water mark lost committed work
+    (``corral up`` will refuse it); say so, and what to do, before anything else is read."""
+    from corral.offline_read import HomeHeld, LedgerReader, warning_text
+
+    try:
+        behind = LedgerReader(home).check()
+    except (HomeHeld, homes.NotRunning, ControlError):
+        return  # a supervisor took the home, or there is no ledger: nothing to judge here
+    if behind is not None:
+        print(warning_text(home, behind), file=sys.stderr)
 
 
 def _print_cluster(cluster: dict[str, Any]) -> None:
