@@ -102,3 +102,12 @@ def test_typed_output_example_returns_a_schema_valid_forecast_on_the_local_model
     output = json.loads(shown)
     assert set(output) == {"city", "temperature_c"} and isinstance(output["temperature_c"], float)
     assert json.loads(lines[2].removeprefix("reply: ")) == output, "the final reply is the output's JSON"
+
+
+def test_async_approve_example_waits_follows_and_approves_on_one_client(short_tmp: Path) -> None:
+    """The asyncio example: one AsyncClient waits, follows and approves at once."""
+    result = _example("async_approve.py", short_tmp / "async")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "approved fs.write" in result.stdout
+    assert "completed" in result.stdout and "run-completed" in result.stdout
+    assert (short_tmp / "async" / "project" / "notes.md").read_text() == "approved from asyncio\n"
