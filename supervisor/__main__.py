@@ -30,6 +30,7 @@ from corral.supervisor.home.home_placement import USER_CODE_PINS, project_root_i
 from corral.supervisor.home.project_lock import ProjectLock  # noqa: E402
 from corral.supervisor.ledger import ledger_spec  # noqa: E402
 from corral.supervisor.ledger.port import LedgerError  # noqa: E402
+from corral.supervisor.spec.runtime_dirs import check_runtime_outside  # noqa: E402
 from corral.supervisor.spec.swarm_spec import SpecError, SwarmSpec, empty_spec, load_spec  # noqa: E402
 
 SPEC_SOURCE = "spec.source"
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = _load(home, args.spec, adopted=bool(args.adopt))
         placement = _placement(home, spec, args)
+        check_runtime_outside(project_root_in(spec))  # a .pth written there would run here: spec/runtime_dirs.py
         # From here on this process and everything it starts work in a directory corral
         # owns (the spec's path was made absolute above), never the project's.
         os.chdir(home)

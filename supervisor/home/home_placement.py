@@ -5,6 +5,8 @@ Inside the project it is one path away from every agent's file tools and command
 (and the sandbox and the file tools then have to recognise it by its place, which
 ``--home .`` defeats: the home *is* the workspace). Around the project, the agents'
 workspace is a part of the home. ``corral up`` refuses both before creating anything.
+It refuses a project around the Python environment corral runs from in the same
+place (a ``.pth`` file an agent writes there runs in every later corral process).
 
 One place inside the project is accepted: a ``.corral`` directory (the default home,
 ``./.corral``, when ``corral up`` runs in the project). That name is a control path at
@@ -18,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from corral.sandbox.git_shapes import fold_name
 from corral.supervisor.home.home_dir import HomeError
+from corral.supervisor.spec.runtime_dirs import check_runtime_outside
+from corral.supervisor.spec.spec_base import SpecError
 
 if TYPE_CHECKING:
     from corral.supervisor.spec.swarm_spec import SwarmSpec
@@ -72,9 +76,15 @@ def project_root_in(loaded: SwarmSpec) -> Path | None:
 
 def check_placement(home: Path, project_root: Path | None) -> None:
     """Raise HomeError for a home inside ``project_root`` (but not in a ``.corral``
-    directory of it), equal to it, or around it. Paths are compared resolved."""
+    directory of it), equal to it, or around it, and for a project root around the
+    Python environment or the package corral runs from (spec/runtime_dirs.py).
+    Paths are compared resolved."""
     if project_root is None:
         return
+    try:
+        check_runtime_outside(project_root)
+    except SpecError as exc:
+        raise HomeError(str(exc)) from None
     real_home = home.resolve()
     root = project_root.resolve()
     if real_home == root or root in real_home.parents:
