@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -423,12 +424,40 @@ def test_an_episode_that_fails_before_its_first_kill_stops_the_campaign(short_tm
     assert failure["episode"] == 0 and "refuses to load" in failure["detail"]
     assert sorted(path.name for path in Path(report["workdir"]).iterdir()) == ["e000"], "one episode, kept"
     shutil.rmtree(report["workdir"], ignore_errors=True)
+    # Its reproduce line names the scenario by its absolute path (not the file's stem),
+    # and works as printed from another directory: the same failure again.
+    (line,) = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith("reproduce: ")]
+    argv = shlex.split(line.removeprefix("reproduce: ").rsplit("   (episode", 1)[0])
+    assert argv[:4] == ["corral", "chaos", "--scenario", str(scenario.resolve())], line
+    elsewhere = short_tmp / "elsewhere"
+    elsewhere.mkdir()
+    again_path = short_tmp / "again.json"
+    again = subprocess.run([sys.executable, "-m", "corral", *argv[1:], "--quiet", "--json", str(again_path)],
+                           capture_output=True, text=True, timeout=600, check=False, cwd=elsewhere,
+                           env={**os.environ, "REFUSE_IN_EPISODES": "1"})
+    assert again.returncode == 1 and "cannot read spec" not in again.stdout + again.stderr, (
+        again.stdout[-2000:], again.stderr[-2000:])
+    again_report = json.loads(again_path.read_text())
+    assert "refuses to load in a chaos episode" in again_report["stopped"], again_report["stopped"]
+    shutil.rmtree(again_report["workdir"], ignore_errors=True)
 
 
 def test_ctrl_c_writes_the_report_of_the_episodes_so_far(short_tmp: Path) -> None:
     """SIGINT mid-campaign: the episode under way is ended (its processes killed and
     reaped: the orphan check of this test covers them), and the report of what ran
     is printed and written, marked interrupted, with a non-zero exit."""
+    _interrupted_campaign(short_tmp, signal.SIGINT, 130)
+
+
+def test_sigterm_writes_the_report_of_the_episodes_so_far(short_tmp: Path) -> None:
+    """Red team: SIGTERM (``timeout``, a cancelled CI job) ended the campaign with no
+    report. It now does what Ctrl-C does: the episode under way is ended and reaped,
+    the report so far is printed and written, the episodes are kept (and said
+    where), and the exit is 143 (128 + SIGTERM, as a shell says)."""
+    _interrupted_campaign(short_tmp, signal.SIGTERM, 143)
+
+
+def _interrupted_campaign(short_tmp: Path, signum: signal.Signals, code: int) -> None:
     report_path = short_tmp / "report.json"
     process = subprocess.Popen(
         [*CHAOS, "--mode", "random", "--kills", "100000", "--seed", "5", "--json", str(report_path)],
@@ -442,16 +471,17 @@ def test_ctrl_c_writes_the_report_of_the_episodes_so_far(short_tmp: Path) -> Non
                 break
         else:
             raise AssertionError(f"no episode ran: {process.stderr.read() if process.stderr else ''}")
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         rest, errors = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert process.returncode == 130, (rest[-2000:], errors[-2000:])
+    assert process.returncode == code, (rest[-2000:], errors[-2000:])
     report = json.loads(report_path.read_text())
     assert report["interrupted"] is True and report["passed"] is False
     assert report["episodes"] >= 1 and report["kills"] >= 1
-    assert "interrupted" in rest and f"report: {report_path}" in rest, rest[-2000:]
+    assert f"interrupted ({signum.name})" in rest and f"report: {report_path}" in rest, rest[-2000:]
+    assert f"episodes kept in {report['workdir']}" in rest, rest[-2000:]
     assert "Traceback" not in errors, errors[-2000:]
     shutil.rmtree(report["workdir"], ignore_errors=True)

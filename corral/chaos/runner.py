@@ -19,8 +19,10 @@ import subprocess
 import tempfile
 import time
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import psutil
@@ -102,6 +104,9 @@ class Scenario:
     root_agent: str
     task: str
     spec_dir: Path | None = None
+    #: What ``--scenario`` takes to run this scenario again (a reproduce line):
+    #: "demo", or the spec file's absolute path (its stem names no file).
+    argument: str = "demo"
 
     def episode_spec(self, base: Path) -> str:
         """The spec an episode in ``base`` runs: every file it names means what it
@@ -140,7 +145,29 @@ def file_scenario(path: Path) -> Scenario:
         raise ValueError(f"{path}: no root agent (set [chaos] root_agent)")
     # The folder as it is now: an episode's paths mean what they meant at this load.
     return Scenario(path.stem, read_text_bounded(path, "spec"), root, chaos.get("task", "chaos run"),
-                    path.parent.resolve())
+                    path.parent.resolve(), str(path.resolve()))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, a cancelled CI job) taken as Ctrl-C is: every handler of
+    an interrupt (an episode's processes killed and reaped, the report so far) runs."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While the block runs, SIGTERM raises ``Terminated`` in the main thread. A
+    second SIGTERM is ignored, so that it cannot cut short the cleanup and the report
+    the first one started (SIGKILL still ends it)."""
+
+    def terminated(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _reading(home: Path) -> contextlib.closing[Ledger]:
@@ -317,7 +344,7 @@ class Runner:
                 # next episode would fail the same way (random mode would go on forever).
                 self.stopped = f"episode {episode.index} failed before its first kill: {episode.error}"[:2000]
         except KeyboardInterrupt:
-            # Ctrl-C: end this episode's processes (a supervisor still starting
+            # Ctrl-C, or SIGTERM (``Terminated``): end this episode's processes (a supervisor still starting
             # included: it is a child of this process), then let the campaign report.
             self.interrupted = episode.index
             self._abandon(home, seen_pids)
@@ -519,10 +546,12 @@ class Runner:
 
     def report(self, wall_s: float, interrupted: bool = False) -> dict[str, Any]:
         """The invariants over the episodes that ended; ``interrupted``: the campaign
-        was cut short by Ctrl-C (the report so far)."""
-        return campaign_report(self.episodes, scenario=self.scenario.name, seed=self.seed, targets=self.targets,
-                               wall_s=wall_s, workdir=self.workdir, stopped=self.stopped,
-                               interrupted_at=self.interrupted, interrupted=interrupted)
+        was cut short by Ctrl-C or SIGTERM (the report so far)."""
+        report = campaign_report(self.episodes, scenario=self.scenario.name, seed=self.seed, targets=self.targets,
+                                 wall_s=wall_s, workdir=self.workdir, stopped=self.stopped,
+                                 interrupted_at=self.interrupted, interrupted=interrupted)
+        report["scenario_argument"] = self.scenario.argument
+        return report
 
 
 def episode_timeline(ledger: Path | Ledger, title: str) -> str:

@@ -6,12 +6,21 @@ import argparse
 import json
 import os
 import random
+import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from corral.chaos.runner import TARGETS, Runner, Scenario, demo_scenario, file_scenario
+from corral.chaos.runner import (
+    TARGETS,
+    Runner,
+    Scenario,
+    Terminated,
+    demo_scenario,
+    file_scenario,
+    sigterm_as_interrupt,
+)
 from corral.cli.main import EXIT_FAILED, EXIT_USAGE, CliError, arguments, command, print_table
 from corral.core import failpoints
 
@@ -95,14 +104,17 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     started = time.monotonic()
     print(f"corral chaos: scenario {scenario.name}, seed {seed}, mode {args.mode}, targets {','.join(targets)}",
           flush=True)
-    interrupted = False
+    interrupted: str | None = None
     try:
-        campaign(runner, scenario, targets, args, seed)
-    except KeyboardInterrupt:
-        # Ctrl-C: the episode under way was ended (its processes killed); report what ran.
-        interrupted = True
-        print("\ncorral chaos: interrupted (SIGINT): the report of the episodes so far", flush=True)
-    report = runner.report(time.monotonic() - started, interrupted=interrupted)
+        with sigterm_as_interrupt():
+            campaign(runner, scenario, targets, args, seed)
+    except KeyboardInterrupt as exc:
+        # Ctrl-C or SIGTERM (``timeout``, a cancelled CI job): the episode under way was
+        # ended (its processes killed and reaped); report what ran.
+        interrupted = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+        print(f"\ncorral chaos: interrupted ({interrupted}): the report of the episodes so far", flush=True)
+    report = runner.report(time.monotonic() - started, interrupted=interrupted is not None)
+    report["interrupted_by"] = interrupted
     report["mode"] = args.mode
     report["requested_kills"] = args.kills
     print_report(report)
@@ -130,7 +142,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     else:
         print(f"episodes kept in {runner.workdir}")
     if report["interrupted"]:
-        return EXIT_INTERRUPTED
+        return EXIT_TERMINATED if interrupted == "SIGTERM" else EXIT_INTERRUPTED
     return 0 if report["passed"] else EXIT_FAILED
 
 
@@ -139,6 +151,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 MAX_EPISODES_WITHOUT_A_KILL = 20
 #: The exit code of a campaign cut short by Ctrl-C (128 + SIGINT, as a shell says).
 EXIT_INTERRUPTED = 130
+#: The exit code of a campaign cut short by SIGTERM (128 + SIGTERM).
+EXIT_TERMINATED = 143
 
 
 def campaign(runner: Runner, scenario: Scenario, targets: tuple[str, ...], args: argparse.Namespace,
@@ -195,7 +209,8 @@ def print_report(report: dict[str, Any]) -> None:
                 else:
                     how = f"--mode {report.get('mode', 'random')} --kills {report.get('requested_kills', 1)}"
                 print(
-                    f"     reproduce: corral chaos --scenario {report['scenario']} --seed {report['seed']} {how}"
+                    f"     reproduce: corral chaos --scenario {shlex.quote(report.get('scenario_argument', 'demo'))}"
+                    f" --seed {report['seed']} {how}"
                     f" --targets {','.join(report['targets'])}   (episode {failure['episode']})"
                 )
     print()
@@ -203,7 +218,8 @@ def print_report(report: dict[str, Any]) -> None:
     if report.get("stopped"):
         print(_paint(f"campaign stopped: {report['stopped']}", "fail"))
     if report.get("interrupted"):
-        print(_paint(f"interrupted (SIGINT) after {report['episodes']} episodes: the report of those", "fail"))
+        by = report.get("interrupted_by") or "SIGINT"
+        print(_paint(f"interrupted ({by}) after {report['episodes']} episodes: the report of those", "fail"))
     if not report["passed"] and not any(not entry["passed"] for entry in report["invariants"].values()):
         print(_paint("NOT PASSED: the campaign did not run what was asked", "fail"))
     elif not report["passed"]:
