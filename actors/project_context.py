@@ -36,7 +36,7 @@ import rfc8785
 
 from corral.actors import repo_manifests, repo_walk
 from corral.actors.repo_skills import ROOTS as SKILL_ROOTS
-from corral.actors.repo_skills import Skill, SkillCatalog, discover
+from corral.actors.repo_skills import FrontMatterMemo, Skill, SkillCatalog, discover
 from corral.core import nesting
 from corral.core.redact import redact_text
 
@@ -224,9 +224,10 @@ def _document(root: Path, path: str, kind: str, scope: str, places: tuple[str, .
     return Document(path, kind, scope, hashlib.sha256(read.data).hexdigest(), read.size, text, truncated)
 
 
-def build(workspace: Path, home: Path | None = None, *, with_layout: bool = True, with_git: bool = False) -> tuple[
-        RepoContext, tuple[FileKey, ...], tuple[repo_walk.DirKey, ...]]:
-    """The context of ``workspace``, the stat of every file read and every directory walked."""
+def build(workspace: Path, home: Path | None = None, *, with_layout: bool = True, with_git: bool = False,
+          memo: FrontMatterMemo | None = None) -> tuple[RepoContext, tuple[FileKey, ...], tuple[repo_walk.DirKey, ...]]:
+    """The context of ``workspace``, the stat of every file read and every directory
+    walked. ``memo``: the skills' front matter parsed by an earlier build."""
     root = workspace.resolve()
     if not root.is_dir():
         return RepoContext(), (), ()
@@ -248,7 +249,7 @@ def build(workspace: Path, home: Path | None = None, *, with_layout: bool = True
         else:
             documents.append(found)
             total += min(found.size, MAX_DOCUMENT_BYTES)
-    catalog = discover(root)
+    catalog = discover(root, memo)
     files = [path for path, _, _ in wanted] + [s.path for s in catalog.skills] + [s.path for s in catalog.skipped]
     dirs = [*SKILL_ROOTS, *(str(Path(s.path).parent) for s in catalog.skills)]
     keys = tuple(k for k in (file_key(root, f) for f in files) if k is not None)
@@ -267,11 +268,14 @@ def load(workspace: Path, home: Path | None = None) -> RepoContext:
 
 class ContextCache:
     """The context of one workspace, rebuilt only when a stat says something changed
-    (a directory walked, a document or skill read): a step does not re-read the tree."""
+    (a directory walked, a document or skill read): a step does not re-read the tree.
+    A rebuild (any write moves a walked directory) parses again only the skills'
+    front matter that changed (``memo``); all of it is bounded (actors/repo_skills.py)."""
 
     def __init__(self, workspace: Path, home: Path | None = None) -> None:
         self.root = workspace.resolve()
         self.home = home
+        self.memo = FrontMatterMemo()
         self._built: RepoContext | None = None
         self._keys: tuple[FileKey, ...] = ()
         self._dir_keys: tuple[repo_walk.DirKey, ...] = ()
@@ -287,7 +291,7 @@ class ContextCache:
     def current(self) -> RepoContext:
         """Documents and skills as they are now (no layout: the guard needs none)."""
         if not self._fresh():
-            self._built, self._keys, self._dir_keys = build(self.root, self.home, with_layout=False)
+            self._built, self._keys, self._dir_keys = build(self.root, self.home, with_layout=False, memo=self.memo)
         assert self._built is not None
         return self._built
 
@@ -308,7 +312,7 @@ class LiveContext:
 
     def prompt(self) -> str:
         if self.layout is None:
-            built = build(self.cache.root, self.cache.home, with_git=True)
+            built = build(self.cache.root, self.cache.home, with_git=True, memo=self.cache.memo)
             self.layout = built[0].layout
             self.cache.seed(built)
         now = self.cache.current()

@@ -15,6 +15,20 @@ gives non-empty string ``name`` and ``description``, the file is a regular file
 before YAML builds it: 2,000 levels raised RecursionError in the agent's first
 prompt, issue 48). Every other entry is skipped with its reason. ``.codex`` wins
 over ``.agents`` for the same name.
+
+The parse work is bounded too, before anything is built: a front matter is a name
+and a description, at most MAX_FRONT_MATTER_BYTES (sized before any YAML runs) and
+MAX_FRONT_MATTER_NODES (counted on the parser's events, with the depth), and all of
+them together at most MAX_FRONT_MATTER_TOTAL and MAX_FRONT_MATTER_NODES_TOTAL (in
+the order read: ``.codex`` first, then by name); past a total, every later skill is
+skipped with that reason and the catalog is marked cut. A YAML parser's cost is per
+node: 24 front matters of 122 KiB (``k: [a, b]`` lines) took 3.4 s each in the pure
+parser, the agent building its prompt was killed by the stall watchdog every 30 s,
+and the supervisor's stale-action guard held its loop for as long. libyaml parses
+when PyYAML has it (``nesting.yaml_loader``). A ``FrontMatterMemo`` (kept by the
+context cache, actors/project_context.py) hands back what an unchanged front matter
+parsed to, so a rebuild (every write moves a walked directory) parses only what
+changed.
 """
 
 from __future__ import annotations
@@ -35,6 +49,19 @@ MAX_SKILL_BYTES = 128 * 1024
 MAX_DESCRIPTION_BYTES = 2048
 #: A skill's front matter is a flat map of a few strings; metadata may nest a little.
 MAX_FRONT_MATTER_DEPTH = 16
+#: A front matter is a name and a description (shown up to MAX_DESCRIPTION_BYTES).
+MAX_FRONT_MATTER_BYTES = 8 * 1024
+#: All front matter scanned for one catalog: 64 skills of 1 KiB fit with room.
+MAX_FRONT_MATTER_TOTAL = 64 * 1024
+#: Nodes (scalars, sequences, mappings) of one front matter: a name, a description,
+#: a license, a short tool list, a little metadata need a few dozen.
+MAX_FRONT_MATTER_NODES = 256
+#: Nodes built for one catalog: YAML's cost is per node, and 64 KiB of
+#: ``k: [a, b]`` lines is 22,000 of them (0.4 s with libyaml, 2 s without).
+MAX_FRONT_MATTER_NODES_TOTAL = 4096
+#: What is decoded of a file to find its front matter's closing line: the opening
+#: line, the largest front matter, the closing line, with room for CRLF.
+_HEAD_BYTES = MAX_FRONT_MATTER_BYTES + 64
 #: Directories looked at per root before the rest is left out (and marked).
 MAX_CANDIDATES = 4 * MAX_SKILLS
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){0,63}$")
@@ -81,33 +108,126 @@ def _one_line(text: str, limit: int) -> str:
     return data[: limit - 3].decode("utf-8", errors="ignore") + "..."
 
 
-def front_matter(text: str) -> dict[str, object] | str:
-    """The YAML map between the first two ``---`` lines (which must open the file), or why not."""
-    if not text.startswith("---\n") and not text.startswith("---\r\n"):
-        return "the front matter must open the file with a --- line"
-    lines = text.splitlines()
+Parsed = dict[str, object] | str
+
+
+@dataclass
+class _Parse:
+    """One front matter's scan (its nodes, or why it was refused before building)
+    and, once built, its map or why not."""
+
+    nodes: int
+    refused: str | None = None
+    built: Parsed | None = None
+
+
+class FrontMatterMemo:
+    """What each front matter scanned and built to, by its text: both are functions
+    of the text alone, so an entry is never stale. Holds the front matters of the
+    last catalog only (at most MAX_FRONT_MATTER_TOTAL of text). ``parses`` counts
+    the parser's runs, a scan or a build each (what a rebuild cost)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, _Parse] = {}
+        self._seen: dict[str, _Parse] = {}
+        self.parses = 0
+
+    def scan(self, body: str) -> _Parse:
+        found = self._seen.get(body) or self._kept.get(body)
+        if found is None:
+            self.parses += 1
+            found = scan_front_matter(body)
+        self._seen[body] = found
+        return found
+
+    def build(self, body: str) -> Parsed:
+        """The map ``body`` holds, or why not (after ``scan`` found it within bounds)."""
+        found = self.scan(body)
+        if found.built is None:
+            self.parses += 1
+            found.built = build_front_matter(body)
+        return found.built
+
+    def end_catalog(self) -> None:
+        """Keep what this catalog parsed, drop the rest."""
+        self._kept, self._seen = self._seen, {}
+
+
+def split_front_matter(data: bytes) -> str | tuple[str]:
+    """The text between the first two ``---`` lines (which must open the file), or
+    ``(why not,)``. Only the file's first _HEAD_BYTES are decoded and split: a
+    front matter past MAX_FRONT_MATTER_BYTES is refused before it is looked at."""
+    if not data.startswith(b"---\n") and not data.startswith(b"---\r\n"):
+        return ("the front matter must open the file with a --- line",)
+    cut = len(data) > _HEAD_BYTES
+    lines = data[:_HEAD_BYTES].decode("utf-8", errors="replace").splitlines()
+    if cut:
+        lines.pop()  # the last line may be cut short: a "---" there may go on
     try:
         end = next(i for i, line in enumerate(lines[1:], start=1) if line.strip() == "---")
     except StopIteration:
-        return "the front matter has no closing --- line"
+        if cut:
+            return (f"the front matter is larger than {MAX_FRONT_MATTER_BYTES // 1024} KiB",)
+        return ("the front matter has no closing --- line",)
+    body = "\n".join(lines[1:end])
+    if len(body.encode("utf-8", "surrogatepass")) > MAX_FRONT_MATTER_BYTES:
+        return (f"the front matter is larger than {MAX_FRONT_MATTER_BYTES // 1024} KiB",)
+    return body
+
+
+def scan_front_matter(body: str) -> _Parse:
+    """Depth and nodes first, on the parser's events (nothing is built)."""
     import yaml  # here: only a project with skills pays for it (every supervisor imports this module)
 
-    body = "\n".join(lines[1:end])
     try:
-        nesting.check_yaml(body, MAX_FRONT_MATTER_DEPTH)
-        data = yaml.safe_load(body)
-    except nesting.TooDeep as exc:
-        return f"the front matter is {exc}"
+        return _Parse(nesting.yaml_nodes(body, MAX_FRONT_MATTER_DEPTH, MAX_FRONT_MATTER_NODES, nesting.yaml_loader()))
+    except (nesting.TooDeep, nesting.TooMany) as exc:
+        return _Parse(0, f"the front matter is {exc}" if isinstance(exc, nesting.TooDeep)
+                      else f"the front matter has {exc}")
+    except yaml.YAMLError as exc:
+        return _Parse(0, f"the front matter is not valid YAML ({str(exc).splitlines()[0][:120]})")
+
+
+def build_front_matter(body: str) -> Parsed:
+    """The YAML map ``body`` holds, or why not, by libyaml's safe loader (the pure
+    one without libyaml); ``scan_front_matter`` found it within bounds first."""
+    import yaml
+
+    try:
+        data = yaml.load(body, Loader=nesting.yaml_loader())  # a safe loader, libyaml's or the pure one
     except yaml.YAMLError as exc:
         return f"the front matter is not valid YAML ({str(exc).splitlines()[0][:120]})"
-    except RecursionError:  # the depth check above should make this unreachable
+    except RecursionError:  # the depth scan makes this unreachable
         return "the front matter is nested too deeply to parse"
     if not isinstance(data, dict):
         return "the front matter is not a YAML map"
     return {str(key): value for key, value in data.items()}
 
 
-def _entry(root: Path, source: str, name: str, workspace_text: tuple[str, ...]) -> Skill | SkippedSkill:
+@dataclass
+class _Budget:
+    """What is still to be parsed for this catalog: front matter bytes (what the
+    scans read) and nodes (what building costs, about 10 us a node with libyaml)."""
+
+    bytes_left: int = MAX_FRONT_MATTER_TOTAL
+    nodes_left: int = MAX_FRONT_MATTER_NODES_TOTAL
+    spent_out: bool = False
+
+    def spend(self, size: int, nodes: int | None) -> bool:
+        """Take ``size`` bytes (``nodes`` nodes, once scanned); False, and False for
+        every later one, once one does not fit: which skills count never depends on
+        the sizes of those after it."""
+        fits = size <= self.bytes_left and (nodes is None or nodes <= self.nodes_left)
+        self.spent_out = self.spent_out or not fits
+        if self.spent_out:
+            return False
+        self.bytes_left -= size
+        self.nodes_left -= nodes or 0
+        return True
+
+
+def _entry(root: Path, source: str, name: str, workspace_text: tuple[str, ...], budget: _Budget,
+           memo: FrontMatterMemo) -> Skill | SkippedSkill:
     path = f"{source}/{name}/SKILL.md"
     if not NAME_RE.match(name):
         return SkippedSkill(path, "the directory name is not 1-64 lower-case letters, digits or single hyphens")
@@ -121,7 +241,19 @@ def _entry(root: Path, source: str, name: str, workspace_text: tuple[str, ...]) 
     if read.truncated:
         return SkippedSkill(path, f"larger than {MAX_SKILL_BYTES // 1024} KiB")
     data = read.data
-    meta = front_matter(data.decode("utf-8", errors="replace"))
+    body = split_front_matter(data)
+    if isinstance(body, tuple):
+        return SkippedSkill(path, body[0])
+    spent = (f"the skills' front matter budget ({MAX_FRONT_MATTER_TOTAL // 1024} KiB,"
+             f" {MAX_FRONT_MATTER_NODES_TOTAL} YAML nodes in all) was spent on the skills read before it")
+    if not budget.spend(len(body.encode("utf-8", "surrogatepass")), None):
+        return SkippedSkill(path, spent)
+    scanned = memo.scan(body)
+    if scanned.refused is not None:
+        return SkippedSkill(path, scanned.refused)
+    if not budget.spend(0, scanned.nodes):
+        return SkippedSkill(path, spent)
+    meta = memo.build(body)
     if isinstance(meta, str):
         return SkippedSkill(path, meta)
     declared, description = meta.get("name"), meta.get("description")
@@ -137,8 +269,11 @@ def _entry(root: Path, source: str, name: str, workspace_text: tuple[str, ...]) 
     return Skill(name, _one_line(text, MAX_DESCRIPTION_BYTES), path, hashlib.sha256(data).hexdigest(), source)
 
 
-def discover(root: Path) -> SkillCatalog:
-    """The catalog of ``root`` (a resolved workspace)."""
+def discover(root: Path, memo: FrontMatterMemo | None = None) -> SkillCatalog:
+    """The catalog of ``root`` (a resolved workspace). ``memo``: front matter parsed
+    by an earlier catalog, not parsed again (a fresh one when not given)."""
+    memo = memo if memo is not None else FrontMatterMemo()
+    budget = _Budget()
     skills: dict[str, Skill] = {}
     skipped: list[SkippedSkill] = []
     truncated = False
@@ -156,12 +291,14 @@ def discover(root: Path) -> SkillCatalog:
             if name in skills:
                 skipped.append(SkippedSkill(f"{source}/{name}/SKILL.md", f"shadowed by {skills[name].path}"))
                 continue
-            found = _entry(root, source, name, (str(root),))
+            found = _entry(root, source, name, (str(root),), budget, memo)
             if isinstance(found, SkippedSkill):
                 skipped.append(found)
             elif len(skills) >= MAX_SKILLS:
                 truncated = True
             else:
                 skills[name] = found
+    memo.end_catalog()
+    truncated = truncated or budget.spent_out
     ordered = tuple(sorted(skills.values(), key=lambda s: s.name))
     return SkillCatalog(ordered, tuple(skipped), truncated)

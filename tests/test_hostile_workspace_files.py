@@ -1,10 +1,13 @@
 """A hostile repository's context files (issue 48, A.2, A.3, D.17): every file the
 host parses is bounded in bytes and in nesting before a parser sees it.
 
-* A skill whose YAML front matter nests 2,000 deep, and manifests nested 100,000
+* A skill whose YAML front matter nests 1,500 or 2,000 deep, and manifests nested 100,000
   deep (under their byte cap), raised RecursionError while the agent built its
   first prompt: the agent crash-looped, its group gave up, and the run stayed
   ``running`` for good. Each is now skipped with its reason, and the run completes.
+* 24 skills of 122 KiB front matter took 3.4 s each to parse: the agent was killed
+  by its stall watchdog every 30 s, and the supervisor's stale-action guard held its
+  loop. A front matter is bounded (8 KiB), all of them too (64 KiB), and libyaml parses.
 * A sparse 64 GiB AGENTS.md was hashed whole at every build: it is read to a cap.
 * A FIFO or a symlink swapped in after the walk's lstat is neither waited on nor
   followed.
@@ -41,8 +44,9 @@ def _hostile_repository(ws: Path) -> None:
     ws.mkdir(parents=True)
     (ws / "AGENTS.md").write_text("ROOT-RULE\n")
     _skill(ws, "release", "name: release\ndescription: Cut a release")
-    # Flow style, 2,000 deep, about 9 KB (the issue's case).
-    _skill(ws, "flow", "name: flow\ndescription: deep\nmeta: " + "{a: " * 2000 + "1" + "}" * 2000)
+    # Flow style, 1,500 deep, 7.5 KB (under the 8 KiB front matter cap): past libyaml's
+    # own 1,000, whose scanner stops before the first event; reported as too deep.
+    _skill(ws, "flow", "name: flow\ndescription: deep\nmeta: " + "{a: " * 1500 + "1" + "}" * 1500)
     # Block style: one sequence per "- ", on one line (no indentation needed).
     _skill(ws, "block", "name: block\ndescription: deep\nmeta:\n  " + "- " * 2000 + "x")
     (ws / "package.json").write_text("[" * DEEP + "]" * DEEP)
@@ -196,3 +200,181 @@ def test_a_fifo_as_the_collaboration_policy_is_a_named_problem_not_a_hung_superv
         shown = daemon.call("collaboration.show")
         assert shown["exists"] and "not a regular file" in shown["problem"], shown
         assert daemon.status()["actors"], "the supervisor still answers"
+
+
+# -- parse work: a skill's front matter and all of them, bounded --------------------------
+
+#: The bounds docs/security.md names (actors/repo_skills.py): the test writes its
+#: repository against them, so it fails, rather than passes by luck, if they move.
+FRONT_MATTER_CAP = 8 * 1024
+FRONT_MATTER_NODES = 256
+FRONT_MATTER_TOTAL = 64 * 1024
+FRONT_MATTER_NODES_TOTAL = 4096
+
+
+def _costly_front_matter(name: str, pairs: int) -> tuple[str, int]:
+    """The red team's shape: ``k{i}: [a, b]`` per line, the costliest text per byte
+    for a YAML parser (four nodes in 12 bytes). Returns the text and its nodes."""
+    text = f"name: {name}\ndescription: costly\n" + "".join(f"k{i}: [a, b]\n" for i in range(pairs))
+    return text.rstrip("\n"), 5 + 4 * pairs
+
+
+def _costly_repository(ws: Path) -> tuple[dict[str, str], list[str], list[str]]:
+    """24 skills of ~122 KiB front matter each (under the 128 KiB file cap: they took
+    3.4 s each to parse; the agent was killed by the stall watchdog every 30 s), 4
+    of 301 nodes in 1 KiB, and 14 of ~6.3 KiB each (each within the per-skill caps,
+    together past the total). Returns the reason expected for each skill refused by
+    a per-skill cap, the names counted within the total and those past it."""
+    ws.mkdir(parents=True)
+    (ws / "AGENTS.md").write_text("ROOT-RULE\n")
+    # .codex is read first: its skill counts whatever comes after.
+    folder = ws / ".codex" / "skills" / "release"
+    folder.mkdir(parents=True)
+    release = "name: release\ndescription: Cut a release"
+    (folder / "SKILL.md").write_text(f"---\n{release}\n---\nBODY\n")
+    refused: dict[str, str] = {}
+    spent, within, past = len(release), ["release"], []
+    for i in range(4):  # sorted before huge-*, wide-*: scanned, so their bytes count
+        name = f"dense-{i:02}"
+        text, nodes = _costly_front_matter(name, 74)
+        assert len(text) < FRONT_MATTER_CAP and nodes > FRONT_MATTER_NODES
+        _skill(ws, name, text)
+        refused[name], spent = f"the front matter has more than {FRONT_MATTER_NODES} YAML nodes", spent + len(text)
+    for i in range(24):
+        name = f"huge-{i:02}"
+        text, _ = _costly_front_matter(name, 9000)
+        assert len(text) > FRONT_MATTER_CAP and len(f"---\n{text}\n---\nBODY\n") < 128 * 1024
+        _skill(ws, name, text)
+        refused[name] = "the front matter is larger than 8 KiB"
+    for i in range(14):
+        name = f"wide-{i:02}"
+        text = f"name: {name}\ndescription: {'wide ' * 1260}"
+        assert len(text) < FRONT_MATTER_CAP
+        _skill(ws, name, text)
+        if not past and spent + len(text) <= FRONT_MATTER_TOTAL:
+            spent += len(text)
+            within.append(name)
+        else:
+            past.append(name)
+    assert within[1:] and past
+    return refused, within, past
+
+
+WRITE_INDEX_THEN_DONE = """
+[[agents.steps]]
+actions = [{ tool = "fs.write", input = { path = "note.txt", content = "hi" } },
+           { tool = "project.index", input = {} }]
+[[agents.steps]]
+final = "done"
+"""
+
+
+def test_costly_front_matter_is_bounded_per_skill_and_in_all_and_the_run_completes(short_tmp: Path) -> None:
+    """The agent builds its prompt and the supervisor's stale-action guard rebuilds the
+    context at each action (after the write, the walked root moved): neither may spend
+    seconds per skill. The assertion is on the bounds (what was parsed, what skipped
+    and why), and on the agent never having been restarted by its stall watchdog."""
+    ws = short_tmp / "ws"
+    refused, within, past = _costly_repository(ws)
+    with running(short_tmp / "h", agent_spec(workspace=str(ws), steps=WRITE_INDEX_THEN_DONE)) as daemon:
+        run_id = daemon.call("run", agent_id="writer", task="look")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed", shown["run"]
+        assert [a["phase"] for a in shown["actions"]] == ["ok", "ok"], "the stale guard agreed after the write"
+        result = ledger_rows(daemon.home, "SELECT result FROM actions WHERE action_id = ?",
+                             shown["actions"][1]["action_id"])
+        plans = ledger_rows(daemon.home, "SELECT plan FROM plans WHERE run_id = ? ORDER BY loop_index", run_id)
+        actors = {a["id"]: a for a in daemon.status()["actors"]}
+    assert (actors["writer"]["status"], actors["writer"]["restarts"]) == ("running", 0), "never stalled"
+    assert (ws / "note.txt").read_text() == "hi"
+    summary = json.loads(result[0]["result"])["output"]["summary"]
+    assert [s["name"] for s in summary["skills"]] == sorted(within)
+    assert summary["skills_truncated"] is True, "a skill left out for the budget marks the catalog cut"
+    reasons = {s["path"]: s["reason"] for s in summary["skills_skipped"]}
+    assert set(reasons) == {f".agents/skills/{name}/SKILL.md" for name in [*refused, *past]}, reasons
+    for name, why in refused.items():
+        assert reasons[f".agents/skills/{name}/SKILL.md"] == why
+    for name in past:
+        reason = reasons[f".agents/skills/{name}/SKILL.md"]
+        assert "front matter budget" in reason and "64 KiB" in reason, reason
+    sources = json.loads(plans[0]["plan"])["context"]["sources"]
+    skills = {f"skill {n} at .agents/skills/{n}/SKILL.md" for n in within[1:]}
+    assert set(sources) == {"AGENTS.md at AGENTS.md", "skill release at .codex/skills/release/SKILL.md", *skills}
+
+
+def test_the_nodes_built_for_a_catalog_are_bounded_and_a_rebuild_parses_nothing_again(tmp_path: Path) -> None:
+    """Small front matters dense in nodes, each within the per-skill caps: past the
+    catalog's node budget the rest are skipped, never built. What the parser did is
+    counted (``parses``), not timed."""
+    from corral.actors import repo_skills
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    spent, within = 0, []
+    for i in range(24):
+        name = f"dense-{i:02}"
+        text, nodes = _costly_front_matter(name, 60)
+        assert nodes <= FRONT_MATTER_NODES and len(text) < 1024
+        _skill(ws, name, text)
+        if len(within) == i and spent + nodes <= FRONT_MATTER_NODES_TOTAL:
+            spent, within = spent + nodes, [*within, name]
+    assert 0 < len(within) < 24
+    memo = repo_skills.FrontMatterMemo()
+    catalog = repo_skills.discover(ws, memo)
+    assert [s.name for s in catalog.skills] == within and catalog.truncated
+    reasons = [s.reason for s in catalog.skipped]
+    assert len(reasons) == 24 - len(within)
+    assert all("front matter budget" in r and "4096 YAML nodes" in r for r in reasons), reasons
+    # Each counted one scanned and built; the first past the budget scanned only; the rest not at all.
+    assert memo.parses == 2 * len(within) + 1
+    assert repo_skills.discover(ws, memo) == catalog and memo.parses == 2 * len(within) + 1
+
+
+def test_the_depth_check_counts_on_libyaml_and_on_the_pure_parser_alike() -> None:
+    """libyaml (when PyYAML has it) and the pure parser give the same verdicts; past
+    libyaml's own 1,000 levels its scanner stops first, which is too deep all the same."""
+    import yaml
+
+    from corral.core import nesting
+
+    loaders = [yaml.SafeLoader, *([yaml.CSafeLoader] if yaml.__with_libyaml__ else [])]
+    assert nesting.yaml_loader() is loaders[-1], "libyaml's loader whenever PyYAML has it"
+    flow, block = "a: " + "[" * 1500 + "]" * 1500, "- " * 40 + "x"
+    for loader in loaders:
+        nesting.check_yaml("a:\n- - x\nb: {c: [1]}", 3, loader)  # exactly 3 deep: fine
+        with pytest.raises(nesting.TooDeep, match=r"nested 17\+ levels deep \(at most 16\)"):
+            nesting.check_yaml(block, 16, loader)
+        with pytest.raises(nesting.TooDeep, match=r"levels deep \(at most 16\)"):
+            nesting.check_yaml(flow, 16, loader)
+        with pytest.raises(yaml.YAMLError):  # any other parse error is the caller's to name
+            nesting.check_yaml("a: [1, 2}  # " + "-" * 20, 16, loader)
+        assert nesting.yaml_nodes("a: [b, c]\nd: e", 16, 7, loader) == 7  # a map, 4 scalars, a list, 2 in it
+        with pytest.raises(nesting.TooMany, match="more than 6 YAML nodes"):
+            nesting.yaml_nodes("a: [b, c]\nd: e", 16, 6, loader)
+    if yaml.__with_libyaml__:  # a limit past libyaml's own: its refusal, by name
+        with pytest.raises(nesting.TooDeep, match=r"nested 1000\+ levels deep \(at most 1200\)"):
+            nesting.check_yaml(flow, 1200, yaml.CSafeLoader)
+
+
+def test_a_rebuild_parses_only_the_front_matter_that_changed(tmp_path: Path) -> None:
+    """The stale-action guard rebuilds the context after every write (a walked
+    directory moved): the skills' front matter is parsed again only where it changed.
+    Counted in parser runs, not time."""
+    from corral.actors.project_context import ContextCache
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for name in ("alpha", "beta", "gamma"):
+        _skill(ws, name, f"name: {name}\ndescription: the {name} skill")
+    cache = ContextCache(ws)
+    first = cache.current()
+    # Each front matter scanned (depth, nodes) and built: two parser runs.
+    assert [s.name for s in first.skills] == ["alpha", "beta", "gamma"] and cache.memo.parses == 6
+    (ws / "note.txt").write_text("an agent's write")
+    second = cache.current()
+    assert second is not first and second.fingerprint == first.fingerprint
+    assert cache.memo.parses == 6, "nothing the skills say changed: nothing parsed again"
+    _skill(ws, "beta", "name: beta\ndescription: the beta skill, edited")
+    third = cache.current()
+    assert cache.memo.parses == 8 and third.fingerprint != first.fingerprint
+    assert [s.description for s in third.skills][1] == "the beta skill, edited"

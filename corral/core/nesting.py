@@ -25,6 +25,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: A JSON string, escapes included (the unrolled form: no backtracking per char).
 _JSON_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
@@ -68,26 +69,70 @@ def _check(brackets: bytes, limit: int) -> None:
         raise TooDeep(depth, limit)
 
 
-def check_yaml(text: str, limit: int) -> None:
+#: libyaml's own bound (``yaml_set_max_nest_level``'s default): past it, its scanner
+#: or parser stops with "exceeded maximum nesting depth".
+LIBYAML_MAX_DEPTH = 1000
+
+
+def yaml_loader() -> type[Any]:
+    """libyaml's safe loader when PyYAML was built with it (about 10 times the pure
+    parser's speed on a skill's front matter), else the pure-Python one."""
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
+
+
+class TooMany(ValueError):
+    """A YAML text holds more nodes than its bound (what building it would cost)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"more than {limit} YAML nodes")
+        self.limit = limit
+
+
+def check_yaml(text: str, limit: int, loader: type[Any] | None = None) -> None:
     """TooDeep when the sequences and mappings of the YAML ``text`` nest deeper than
-    ``limit``. Block style nests without brackets (``- - - x``, indentation), so the
-    depth is counted on the parser's events: PyYAML's parser is a state machine with
-    its own stack, while the composer that builds nodes from them recurses once per
-    level (2,000 levels raised RecursionError). Every level needs one of ``[{-:?``.
-    The pure-Python parser, not libyaml's: libyaml refuses past 1,000 levels with a
-    parse error that would not say why. The scan stops at the first level too many."""
+    ``limit``. Every level needs one of ``[{-:?``: a text with no more of them than
+    the limit is not parsed at all. Otherwise as ``yaml_nodes``."""
     if sum(text.count(mark) for mark in "[{-:?") <= limit:
         return
-    import yaml  # only a text that could nest that deep pays for it
+    yaml_nodes(text, limit, loader=loader)
 
-    depth = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
-            depth += 1
-            if depth > limit:
-                raise TooDeep(depth, limit, at_least=True)
-        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
-            depth -= 1
+
+def yaml_nodes(text: str, limit: int, most: int | None = None, loader: type[Any] | None = None) -> int:
+    """How many nodes (scalars, sequences, mappings, aliases) the YAML ``text`` holds:
+    TooDeep when its sequences and mappings nest deeper than ``limit``, TooMany past
+    ``most`` nodes. Block style nests without brackets (``- - - x``, indentation), so
+    both are counted on the parser's events: the parser is a state machine with its
+    own stack (libyaml's, or PyYAML's pure one, as ``yaml_loader`` has it), while the
+    pure composer that builds nodes from them recurses once per level (2,000 levels
+    raised RecursionError). The scan stops at the first level or node too many;
+    libyaml, which scans ahead of the events it hands out, may stop first at its own
+    bound (LIBYAML_MAX_DEPTH), reported as too deep too. ``loader``: the parser to
+    count with (``yaml_loader()`` when not given). Any other parse error is raised."""
+    import yaml  # only a text that could nest deep, or a YAML file read, pays for it
+
+    depth = nodes = 0
+    starts, ends = (yaml.SequenceStartEvent, yaml.MappingStartEvent), (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+    try:
+        for event in yaml.parse(text, Loader=loader or yaml_loader()):
+            if isinstance(event, ends):
+                depth -= 1
+                continue
+            if isinstance(event, starts):
+                depth += 1
+                if depth > limit:
+                    raise TooDeep(depth, limit, at_least=True)
+            elif not isinstance(event, yaml.NodeEvent):
+                continue  # the stream's and documents' own events
+            nodes += 1
+            if most is not None and nodes > most:
+                raise TooMany(most)
+    except yaml.MarkedYAMLError as exc:
+        if "maximum nesting depth" not in (exc.problem or ""):
+            raise
+        raise TooDeep(max(depth, LIBYAML_MAX_DEPTH), limit, at_least=True) from None
+    return nodes
 
 
 # -- reading a file to be parsed, bounded --------------------------------------------

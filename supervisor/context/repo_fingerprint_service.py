@@ -19,6 +19,21 @@ whose context moved since fails with the same observation, before it can begin.
 
 A plan without a stamp (a run with no workspace, a plan from before this check, an
 agent of another build) is not checked.
+
+The build runs on the supervisor's trio loop, and is kept cheap rather than moved to
+a worker thread: the guard is called synchronously inside the transaction that
+prepares the action (supervisor/runs/run_actor_methods.py ``prepare_checked``), so
+the check and the prepared row are one instant; an await there (for
+``trio.to_thread.run_sync``) would split it, and let another task's writes into the
+open transaction. So every part of a build is bounded, and a rebuild redoes only
+what moved: documents and skill files are read to a cap, the skills' front matter
+is bounded per skill (8 KiB, 256 YAML nodes) and in all (64 KiB, 4,096 nodes), and
+parsed by libyaml (actors/repo_skills.py); the ``ContextCache`` stat stamps
+(path, size, mtime, ctime, inode) skip a build when nothing moved, and its front
+matter memo (keyed on the text itself, so never stale) skips the parser for every
+skill that did not change when an agent's write moves a walked directory. Eight
+skills of 122 KiB front matter held this loop for 10 to 27 s at a time; they are
+now refused unparsed.
 """
 
 from __future__ import annotations
