@@ -115,6 +115,7 @@ def test_time_and_git_servers_are_tools_with_allow_deny_and_effects(project: Pat
 [[mcp_servers]]
 id = "time"
 command = ["python", "-m", "mcp_server_time"]
+approval = "writes"
 [[mcp_servers]]
 id = "git"
 command = ["python", "-m", "mcp_server_git", "--repository", "{repo}"]
