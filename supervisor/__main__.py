@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if project is not None:
             project.acquire()
-    except homes.HomeBusy as exc:
+    except homes.HomeError as exc:  # busy, or a root or owners directory that cannot be used
         lock.release()
         return fail(str(exc), 3)
     # The fork server and every actor import the same tool modules as the spec did here.

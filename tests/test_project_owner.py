@@ -1,14 +1,35 @@
 """One supervisor owns a project (seed 004 V1.1 §2, the audit's live check B): a
 second home on the same project root is refused, naming the owner, until the
-first supervisor is gone; a supervisor killed outright leaves no lock behind."""
+first supervisor is gone; a supervisor killed outright leaves no lock behind. The
+lock holds whatever state directory or HOME each supervisor was started with, and
+for nested roots too (red team, MEDIUM): one home on ``p`` and another on ``p/sub``
+would both write ``p/sub/x``."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import pytest
+
 from corral.supervisor.home import home_dir as homes
 from tests.harness import Daemon, agent_spec, cli, running, wait_supervisor_gone
+
+FINAL = 'steps = [{ final = "x" }]'
+
+
+def _refused(home: Path, workspace: str, env: dict[str, str] | None = None) -> str:
+    """Start a supervisor on ``workspace``; it must be refused: its error."""
+    spec = home.parent / f"{home.name}-spec.toml"
+    spec.write_text(agent_spec(workspace, steps=FINAL))
+    daemon = Daemon(home, spec, env)
+    try:
+        daemon.up()
+    except AssertionError as exc:
+        assert not homes.is_locked(home)
+        return str(exc)
+    daemon.shutdown()  # the defect: reap the second owner before failing
+    raise AssertionError(f"a second supervisor started on {workspace}")
 
 
 def test_a_second_home_on_the_same_project_is_refused_naming_the_owner(short_tmp: Path) -> None:
@@ -38,3 +59,53 @@ def test_the_lock_is_on_the_directory_not_a_file_the_model_could_remove(short_tm
     (short_tmp / "ws").mkdir()
     with running(short_tmp / "h", agent_spec(steps='steps = [{ final = "x" }]')):
         assert sorted(os.listdir(short_tmp / "ws")) == []
+
+
+def test_another_state_directory_or_home_does_not_make_a_second_owner(short_tmp: Path) -> None:
+    """The lock's directory is the user's, not the environment's: XDG_STATE_HOME and
+    HOME are a process's own, and each supervisor would otherwise lock its own file."""
+    (short_tmp / "ws").mkdir()
+    (short_tmp / "state").mkdir()
+    (short_tmp / "fakehome").mkdir()
+    with running(short_tmp / "first", agent_spec(steps=FINAL)) as first:
+        for env in ({"XDG_STATE_HOME": str(short_tmp / "state")},
+                    {"HOME": str(short_tmp / "fakehome"), "XDG_STATE_HOME": ""}):
+            error = _refused(short_tmp / f"second{len(env)}", "ws", env)
+            assert f"home {first.home}" in error and "owns the project" in error, error
+
+
+@pytest.mark.parametrize("owner, second", [("ws", "ws/sub"), ("ws/sub", "ws")])
+def test_nested_roots_have_one_owner(short_tmp: Path, owner: str, second: str) -> None:
+    """A root inside an owned one, or around it, is refused naming the owner; once the
+    owner is killed outright its record stays in the file but counts no more."""
+    (short_tmp / "ws" / "sub").mkdir(parents=True)
+    with running(short_tmp / "first", agent_spec(owner, steps=FINAL)) as first:
+        error = _refused(short_tmp / "second", second)
+        assert f"home {first.home}" in error and "owns the project" in error, error
+        assert str((short_tmp / owner).resolve()) in error, error
+        pid = first.kill_supervisor()
+        wait_supervisor_gone(first, pid)
+    with running(short_tmp / "second", agent_spec(second, steps=FINAL)):
+        pass
+
+
+def test_sibling_roots_each_have_their_own_owner(short_tmp: Path) -> None:
+    (short_tmp / "ws" / "a").mkdir(parents=True)
+    (short_tmp / "ws" / "b").mkdir(parents=True)
+    with running(short_tmp / "first", agent_spec("ws/a", steps=FINAL)), \
+            running(short_tmp / "second", agent_spec("ws/b", steps=FINAL)):
+        pass
+
+
+def test_an_owners_directory_others_can_write_is_refused(tmp_path: Path) -> None:
+    """Another user who can write the directory could remove a held lock's file (a
+    second owner then locks a new one): such a directory is refused, not used."""
+    from corral.supervisor.home.project_lock import _open_owners
+
+    shared = tmp_path / "owners"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(homes.HomeError, match="not yours alone"):
+        _open_owners(shared)
+    shared.chmod(0o700)
+    os.close(_open_owners(shared))
