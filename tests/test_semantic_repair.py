@@ -150,8 +150,15 @@ def test_one_repair_of_a_claimed_evidence_ready_delivery_by_its_own_parent_only(
     assert row["repair_of"] == original["delegation_id"] and row["target_agent"] == "helper"
     with pytest.raises(Refused, match="already has its one repair"):
         _delegate(ledger, spec, boss, 4, task="once more", repair_of=original["delegation_id"])
-    claim_store.claim(ledger, boss["run_id"], _action(ledger, boss["run_id"], 5, "agent.run_status"),
-                      [_finish(ledger, repair, "fixed")])
+    second = claim_store.claim(ledger, boss["run_id"], _action(ledger, boss["run_id"], 5, "agent.run_status"),
+                               [_finish(ledger, repair, "fixed")])
+    # Every claim lists the run's claimed contracts, one line each, to find the one to read or repair.
+    assert second["claimed_delegate_contracts"] == [
+        {"delegation_id": original["delegation_id"], "target_agent": "helper", "repair_of": None,
+         "contract_status": "evidence-ready", "acceptance_criteria_count": 2, "expected_artifacts_count": 0},
+        {"delegation_id": repair["delegation_id"], "target_agent": "helper", "repair_of": original["delegation_id"],
+         "contract_status": "evidence-ready", "acceptance_criteria_count": 2, "expected_artifacts_count": 0},
+    ]
     with pytest.raises(Refused, match="repair depth is 1"):
         _delegate(ledger, spec, boss, 6, task="and again", repair_of=repair["delegation_id"])
     assert ledger.one("SELECT COUNT(*) FROM delegations")[0] == 2
@@ -160,7 +167,7 @@ def test_one_repair_of_a_claimed_evidence_ready_delivery_by_its_own_parent_only(
     assert read["delegation_id"] == original["delegation_id"] and read["target_agent"] == "helper"
     assert read["acceptance_criteria"] == CRITERIA and read["repair_of"] is None
     assert read["delivery_status"] == "claimed-by-parent" and read["contract_status"] == "evidence-ready"
-    assert read["terminal_status"] == "completed"
+    assert read["terminal_status"] == "completed" and read["repaired_by"] == repair["delegation_id"]
     assert "task" not in read
 
 

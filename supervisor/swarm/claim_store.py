@@ -11,6 +11,7 @@ from typing import Any
 
 from corral.supervisor.errors import BadRequest, Refused
 from corral.supervisor.ledger.port import Ledger, dumps
+from corral.supervisor.swarm.delegation_store import contracts_directory
 from corral.supervisor.swarm.parent_work import open_work
 from corral.supervisor.swarm.swarm_state import ClaimPhase, DeliveryStatus, check_claim, check_delivery, sha
 
@@ -89,7 +90,8 @@ def claimed_view(ledger: Ledger, claim_id: str) -> dict[str, Any]:
         for row in ledger.all(f"SELECT * FROM deliveries WHERE delivery_id IN ({','.join('?' * len(ids))})", *ids)
     }
     claimed = [{"delivery_id": i, "kind": rows[i]["kind"], **json.loads(rows[i]["payload"])} for i in ids]
-    return {"claim_id": claim_id, "claimed": claimed, "open": open_work(ledger, journal["parent_run_id"])}
+    return {"claim_id": claim_id, "claimed": claimed, "open": open_work(ledger, journal["parent_run_id"]),
+            "claimed_delegate_contracts": contracts_directory(ledger, journal["parent_run_id"])}
 
 
 def observe_claim(ledger: Ledger, action_id: str) -> None:

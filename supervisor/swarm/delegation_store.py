@@ -220,6 +220,28 @@ def contract(ledger: Ledger, parent_run_id: str, delegation_id: str) -> dict[str
     }
 
 
+#: Rows of the contracts directory a claim returns (the targeted read has the rest).
+MAX_CONTRACTS_LISTED = 32
+
+
+def contracts_directory(ledger: Ledger, parent_run_id: str) -> list[dict[str, Any]]:
+    """The run's claimed delegations, one line each, so the parent can find the one
+    to read back whole (``contract``) or to repair, without its memory."""
+    rows = ledger.all(
+        "SELECT d.delegation_id, d.target_agent, d.repair_of, d.acceptance_criteria, d.expected_artifacts,"
+        " v.payload FROM delegations d JOIN deliveries v ON v.kind = 'receipt' AND v.source_id = d.delegation_id"
+        " WHERE d.parent_run_id = ? AND v.status = 'claimed-by-parent' ORDER BY d.created_at, d.delegation_id"
+        " LIMIT ?", parent_run_id, MAX_CONTRACTS_LISTED)
+    return [{
+        "delegation_id": row["delegation_id"],
+        "target_agent": row["target_agent"],
+        "repair_of": row["repair_of"],
+        "contract_status": json.loads(row["payload"]).get("status"),
+        "acceptance_criteria_count": len(stored_criteria(row["acceptance_criteria"])),
+        "expected_artifacts_count": len(json.loads(row["expected_artifacts"])),
+    } for row in rows]
+
+
 def _repair_id(ledger: Ledger, delegation_id: str) -> str | None:
     row = ledger.one("SELECT delegation_id FROM delegations WHERE repair_of = ?", delegation_id)
     return str(row["delegation_id"]) if row is not None else None
