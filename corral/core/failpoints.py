@@ -51,6 +51,7 @@ KNOWN: dict[str, str] = {
     "claim.after-commit": "supervisor: claims committed, observation not yet recorded",
     "spawn.after-commit": "supervisor: isolated group committed, children not launched",
     "delegate.after-commit": "supervisor: delegation committed, specialist not woken",
+    "run.creating": "supervisor: a run's row written in its creating transaction, not yet committed",
     "run.after-create": "supervisor: run committed, reply to the client not yet sent",
     "provider.before-handoff": "agent: provider response received, handoff not yet committed",
     "provider.after-handoff": "agent: provider response committed (with the plan parsed from it), reply not yet read",

@@ -38,11 +38,12 @@ from corral.supervisor.ledger.ledger_pg_cluster import (
     FENCE_SQLSTATE,
     LAPSED_SQLSTATE,
     RENEW_SQL,
+    RUN_ID_KEY,
     ensure_cluster,
     schema_of,
 )
 from corral.supervisor.ledger.ledger_pg_wire import Connection, PostgresUnavailable, connect, redact_url
-from corral.supervisor.ledger.port import Ledger, LedgerError, split_sql
+from corral.supervisor.ledger.port import Ledger, LedgerError, RunIdTaken, split_sql
 from corral.supervisor.ledger.read_cache import ReadCache
 from corral.supervisor.ledger.schema import MIGRATIONS
 from corral.supervisor.ledger.sql_dialect import REFUSE_FUNCTION, statement_to_postgres
@@ -134,6 +135,8 @@ class PostgresLedger(Ledger):
         #: like any write. One writer commits in order, so cursors still grow in
         #: commit order.
         self._cursors: list[int] = []
+        #: The run id the open transaction claims cluster-wide (``claim_run_id``).
+        self._claimed: str | None = None
         try:
             if not readonly:
                 ensure_cluster(self.raw)
@@ -179,6 +182,12 @@ class PostgresLedger(Ledger):
                 for statement in split_sql(MIGRATIONS[version]):
                     self.raw.execute(statement_to_postgres(statement))
             self.raw.execute("UPDATE corral_meta SET value = %s WHERE key = 'schema_version'", (len(MIGRATIONS),))
+            # Runs made before run ids were cluster-wide claim theirs, once.
+            if self.raw.execute("INSERT INTO corral_meta VALUES ('run_ids_claimed', 1)"
+                                " ON CONFLICT DO NOTHING RETURNING key").fetchone() is not None:
+                self.raw.execute(f"INSERT INTO {CLUSTER_SCHEMA}.run_ids (run_id, partition, created_at)"
+                                 " SELECT run_id, %s, clock_timestamp() FROM runs ON CONFLICT DO NOTHING",
+                                 (self.partition,))
 
     def _marker(self, conn: Any) -> int:
         row = conn.execute(f"SELECT value FROM {self.schema}.corral_meta WHERE key = 'commit_seq'").fetchone()
@@ -345,6 +354,7 @@ class PostgresLedger(Ledger):
             if self.epoch is not None:
                 opening.append(self._fence_sql)
             self.db.begin(opening)
+            self._claimed = None
             marker: int | None = None
             try:
                 yield self.db
@@ -361,6 +371,8 @@ class PostgresLedger(Ledger):
             except psycopg.Error as exc:
                 self._rollback()
                 state = getattr(exc, "sqlstate", None)
+                if isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == RUN_ID_KEY:
+                    raise RunIdTaken(self._claimed or "?") from None
                 if state == FENCE_SQLSTATE:
                     self.fence(str(exc.diag.message_primary or exc).removeprefix("corral-fenced: "))
                 if state == LAPSED_SQLSTATE:
@@ -524,6 +536,45 @@ class PostgresLedger(Ledger):
         db.execute("INSERT INTO events (cursor, at, boot_id, kind, subject, data) VALUES (?, ?, ?, ?, ?, ?)",
                    (cursor_id, *row))
         return cursor_id
+
+    def claim_run_id(self, run_id: str) -> None:
+        """The run id's row in ``corral_cluster.run_ids``, in the run's creating
+        transaction (after its fence check): the two commit or roll back together.
+        It travels in the pipeline (no round trip of its own); an id another
+        partition holds fails the COMMIT, and the transaction raises
+        ``RunIdTaken``. One that another node is creating right now waits for
+        that node's transaction, then fails if it committed."""
+        self._claimed = run_id
+        self.db.send(f"INSERT INTO {CLUSTER_SCHEMA}.run_ids (run_id, partition, created_at)"
+                     " VALUES (%s, %s, clock_timestamp())", (run_id, self.partition))
+
+    def run_elsewhere(self, run_id: str) -> dict[str, Any] | None:
+        """Read from the partition that holds it (not through the read cache: it
+        is another writer's). A read: any node may read any partition."""
+        import psycopg
+
+        if self.lost_since is not None:
+            raise self._unavailable()
+        with self._lock:
+            try:
+                row = self.db.send(
+                    f"SELECT i.partition, p.schema_name FROM {CLUSTER_SCHEMA}.run_ids i"
+                    f" JOIN {CLUSTER_SCHEMA}.partitions p ON p.name = i.partition"
+                    " WHERE i.run_id = %s AND i.partition <> %s", (run_id, self.partition)
+                ).fetchone()
+                if row is None:
+                    return None
+                partition, schema = str(row[0]), str(row[1])
+                if schema != schema_of(partition):
+                    raise LedgerError(f"{self.where}: partition {partition} names schema {schema!r}")
+                run = self.db.send(f"SELECT agent_id, status FROM {schema}.runs WHERE run_id = %s",
+                                   (run_id,)).fetchone()
+            except psycopg.Error as exc:
+                self._failed(exc)
+                raise
+        if run is None:  # claimed with its run in one transaction: not reached
+            return None
+        return {"run_id": run_id, "agent_id": str(run[0]), "status": str(run[1]), "partition": partition}
 
     def release(self) -> None:
         """Give the lease up now: the partition is free at once, not when its lease

@@ -26,6 +26,8 @@ RENEW_SQL = (
     f"UPDATE {CLUSTER_SCHEMA}.partitions SET lease_until = clock_timestamp() + make_interval(secs => %s)"
     " WHERE name = %s AND epoch = %s AND holder = %s RETURNING epoch"
 )
+#: The key of ``run_ids``: a second claim of a run id violates it.
+RUN_ID_KEY = "run_ids_pkey"
 PARTITION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
 
 CLUSTER_DDL = [
@@ -82,6 +84,16 @@ CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.requests (
     taken_at     TIMESTAMPTZ,
     answer       JSONB,
     answered_at  TIMESTAMPTZ
+)
+""",
+    # Every run's id, cluster-wide: written in the run's creating transaction
+    # (supervisor/ledger/ledger_pg.py ``claim_run_id``), fenced with it, so the
+    # id is unique across partitions and a submit on any node finds the run.
+    f"""
+CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.run_ids (
+    run_id       TEXT PRIMARY KEY,
+    partition    TEXT NOT NULL,
+    created_at   TIMESTAMPTZ NOT NULL
 )
 """,
     f"""

@@ -31,6 +31,15 @@ class LedgerError(RuntimeError):
     pass
 
 
+class RunIdTaken(Exception):
+    """Another ledger sharing this one's database committed a run with this id
+    first (a cluster: supervisor/ledger/ledger_pg.py); nothing was written."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} was created by another node")
+        self.run_id = run_id
+
+
 #: SQLite result codes that mean the storage, not the statement, failed.
 _SQLITE_FULL, _SQLITE_IOERR = 13, 10
 
@@ -194,6 +203,16 @@ class Ledger:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    def claim_run_id(self, run_id: str) -> None:
+        """In the open transaction: the new run ``run_id`` is this ledger's alone
+        among every ledger sharing its database (``RunIdTaken`` at commit if
+        another has it). One home is one ledger: its runs table's key is enough."""
+
+    def run_elsewhere(self, run_id: str) -> dict[str, Any] | None:
+        """The run ``run_id`` another ledger sharing this database holds: its
+        ``run_id``, ``agent_id``, ``status`` and ``partition``; None: none does."""
+        return None
 
     # -- transactions -----------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.supervisor.errors import BadRequest, Refused
+from corral.supervisor.ledger.port import RunIdTaken
 from corral.supervisor.longtask import goal_shape, goal_store
 from corral.supervisor.params import param_text
 from corral.supervisor.runs import action_store, provider_store, resolutions, run_store
@@ -42,26 +43,35 @@ class RunControlMethods(RunCore):
             # (the supervisor died right after committing) can ask again safely.
             if not isinstance(run_id, str) or not run_store.RUN_ID.match(run_id):
                 raise BadRequest("run_id must look like run-<6..40 of a-z, 0-9, ->")
-            existing = self.ledger.one("SELECT agent_id FROM runs WHERE run_id = ?", run_id)
+            existing = self.ledger.one("SELECT agent_id, status FROM runs WHERE run_id = ?", run_id)
             if existing is not None:
-                if existing["agent_id"] != agent.id:
-                    raise BadRequest(f"run {run_id} exists for another agent")
-                return {"run_id": run_id, "existing": True}
+                return _existing(run_id, agent.id, dict(existing))
+            elsewhere = self.ledger.run_elsewhere(run_id)  # another node's partition (a cluster)
+            if elsewhere is not None:
+                return _existing(run_id, agent.id, elsewhere)
         conversation_id = params.get("conversation_id") if isinstance(params.get("conversation_id"), str) else None
         if goal is not None:
             goal_store.refuse_second_goal(self.ledger, conversation_id)  # one live goal per conversation
-        run_id = run_store.create_run(
-            self.ledger,
-            agent_id=agent.id,
-            task=task,
-            provider=provider,
-            provider_config=provider_config,
-            options={**self.agent_options(agent), **self.bind_intent(params.get("intent")),
-                     **({"goal": {"text": goal[0], "constraints": goal[1], "verification": goal[2]}}
-                        if goal is not None else {})},
-            run_id=run_id,
-            conversation_id=conversation_id,
-        )
+        try:
+            run_id = run_store.create_run(
+                self.ledger,
+                agent_id=agent.id,
+                task=task,
+                provider=provider,
+                provider_config=provider_config,
+                options={**self.agent_options(agent), **self.bind_intent(params.get("intent")),
+                         **({"goal": {"text": goal[0], "constraints": goal[1], "verification": goal[2]}}
+                            if goal is not None else {})},
+                run_id=run_id,
+                conversation_id=conversation_id,
+            )
+        except RunIdTaken as taken:
+            # Another node was given the same id at the same moment and committed
+            # first: its run is the one (nothing of this one was written).
+            elsewhere = self.ledger.run_elsewhere(taken.run_id)
+            if elsewhere is None:
+                raise Refused(f"run {taken.run_id} is being created by another node; ask again") from None
+            return _existing(taken.run_id, agent.id, elsewhere)
         if goal is not None:
             goal_store.goal_row(self.ledger, run_id)  # its lifecycle row (made from the options if lost here)
         from corral.core import failpoints
@@ -168,3 +178,13 @@ class RunControlMethods(RunCore):
             action_store.deny_unstarted_actions(self.ledger, run_id, f"run cancelled: {reason}")
             run_store.set_run_status(self.ledger, run_id, RunStatus.CANCELLED, reason)
         return {"status": "cancelled"}
+
+
+def _existing(run_id: str, agent_id: str, run: dict[str, Any]) -> dict[str, Any]:
+    """A submit of an id the cluster already has: that run, never a second one."""
+    if run["agent_id"] != agent_id:
+        raise BadRequest(f"run {run_id} exists for another agent")
+    answer = {"run_id": run_id, "existing": True, "status": run["status"]}
+    if "partition" in run:
+        answer["partition"] = run["partition"]
+    return answer

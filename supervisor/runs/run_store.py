@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from corral.core import failpoints
 from corral.core.redact import redact, redact_text, summarize
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger.port import Ledger, dumps
@@ -89,6 +90,7 @@ def create_run(
         options["provider_config_raw_sha256"] = raw_sha
     now = _now()
     with ledger.tx() as db:
+        ledger.claim_run_id(run_id)  # unique across every partition of a cluster, committed with the run
         db.execute(
             "INSERT INTO runs (run_id, agent_id, session_id, kind, parent_run_id, root_run_id, depth, task,"
             " status, provider, provider_config, options, created_at, updated_at, conversation_id)"
@@ -110,6 +112,7 @@ def create_run(
                 conversation_id,
             ),
         )
+        failpoints.hit("run.creating")  # another node may be given the same id meanwhile
         ledger.event("run-created", run_id, agent=agent_id, run_kind=kind, task=summarize(task, 120))
     return run_id
 
