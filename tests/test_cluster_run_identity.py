@@ -256,3 +256,30 @@ def test_a_run_id_another_node_is_creating_waits_for_it_then_is_refused_or_taken
         for ledger in ledgers.values():
             ledger.close()
         conn.close()
+
+
+def test_runs_of_a_partition_made_before_cluster_wide_ids_claim_theirs_when_it_is_opened(pg_url: str) -> None:
+    """A partition written by an older corral has runs and no claims: its writer
+    claims them when it opens it, so a submit elsewhere finds them."""
+    from corral.supervisor.cluster import cluster_tables
+    from corral.supervisor.ledger.ledger_pg import PostgresLedger
+    from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster
+    from corral.supervisor.runs.run_store import create_run
+
+    conn = connect_cluster(pg_url)
+    holds = {name: cluster_tables.acquire_own(conn, name, None, 600.0, None) for name in ("old", "other")}
+    old = PostgresLedger(pg_url, "old", epoch=holds["old"].epoch)
+    create_run(old, agent_id="writer", task=TASK, provider="scripted", provider_config={}, run_id="run-from-before")
+    with old.tx() as db:  # as an older corral left it: no claim, never backfilled
+        db.execute("DELETE FROM corral_cluster.run_ids")
+        db.execute("DELETE FROM corral_meta WHERE key = 'run_ids_claimed'")
+    old.close()
+    other = PostgresLedger(pg_url, "other", epoch=holds["other"].epoch)
+    try:
+        assert other.run_elsewhere("run-from-before") is None
+        PostgresLedger(pg_url, "old", epoch=holds["old"].epoch).close()  # the upgraded corral opens it
+        found = other.run_elsewhere("run-from-before")
+        assert found is not None and (found["partition"], found["status"]) == ("old", "pending"), found
+    finally:
+        other.close()
+        conn.close()
