@@ -387,7 +387,8 @@ def test_failing_and_misbehaving_children_still_release_the_join(short_tmp: Path
             sneaky_run,
         )
         assert sneaky[0]["phase"] == "denied" and "not allowed in a child run" in sneaky[0]["error"]
-        assert sneaky[1]["phase"] == "failed" and "outside this agent's write scopes" in sneaky[1]["error"]
+        # Refused at the action boundary, before any policy (seed 004 V1.34), not by the tool.
+        assert sneaky[1]["phase"] == "denied" and "outside this agent's write scopes" in sneaky[1]["error"]
         assert len(ledger_rows(daemon.home, "SELECT * FROM isolated_groups")) == 1, "the child spawned nothing"
         assert not (short_tmp / "ws" / "elsewhere").exists()
         _all_invariants_pass(daemon)

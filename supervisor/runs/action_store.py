@@ -29,6 +29,7 @@ from corral.supervisor.runs.action_state import (
     check_action_transition,
     fingerprint,
 )
+from corral.supervisor.runs.child_scope import child_scope_refusal, writes_files
 from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_store import add_observation, bounded_json, get_run, set_run_status
@@ -181,6 +182,13 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> Begun:
         blocked = _block_if_goal_moved(ledger, row, phase)
         if blocked is not None:
             return blocked
+    if phase is ActionPhase.PREPARED and row["policy"] != "deny" and writes_files(row["tool"]):
+        refusal = child_scope_refusal(row, get_run(ledger, row["run_id"]))
+        if refusal is not None:  # before the policy: a person is never asked about it (V1.34)
+            with ledger.tx():
+                move_action(ledger, the_id, ActionPhase.DENIED, reason=refusal, error=refusal)
+                write_receipt(ledger, the_id)
+            return {"begin": Begin.SKIP, "phase": "denied"}
     if phase is ActionPhase.PREPARED:
         if row["policy"] == "deny":
             run = get_run(ledger, row["run_id"])
