@@ -336,6 +336,22 @@ id = "{agent}"
 """
 
 
+#: One recorded effect, then the reply: the workload of the cluster and crash tests.
+ONE_EFFECT_STEPS = """
+[[agents.steps]]
+actions = [{ tool = "effect.record", input = { label = "e1" } }]
+[[agents.steps]]
+final = "done"
+"""
+
+
+def one_effect_spec(ledger: str = "", extra: str = "") -> str:
+    """An agent in ``project/`` that records one effect and replies, with ``ledger``
+    as the body of its ``[ledger]`` table (a lease, say) and ``extra`` after it."""
+    table = f"[ledger]\n{ledger}\n" if ledger else ""
+    return agent_spec(workspace="project", steps=ONE_EFFECT_STEPS, extra=table + extra)
+
+
 def drive_to_end(daemon: Daemon, run_id: str, effects_path: Path, timeout: float = 90) -> tuple[dict[str, Any], int]:
     """Wait for the run to end, reconciling unknown outcomes by evidence on the way.
     Returns the final view and how many reconciliations it took."""

@@ -21,7 +21,16 @@ from corral.core.procs import wait_exit
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.ledger_pg import PostgresLedger
 from corral.supervisor.ledger.ledger_spec import URL_ENV
-from tests.harness import Daemon, adopted_daemon, agent_spec, cli, drive_to_end, effects, ledger_rows, wait_for
+from tests.harness import (
+    Daemon,
+    adopted_daemon,
+    cli,
+    drive_to_end,
+    effects,
+    ledger_rows,
+    one_effect_spec,
+    wait_for,
+)
 
 LEASE_S = 1.5
 
@@ -141,16 +150,7 @@ def test_a_killed_node_is_adopted_and_its_run_finishes_once(cluster: dict[str, A
 
 
 def _one_effect(ledger: str = "") -> str:
-    return agent_spec(
-        workspace="project",
-        steps="""
-[[agents.steps]]
-actions = [{ tool = "effect.record", input = { label = "e1" } }]
-[[agents.steps]]
-final = "done"
-""",
-        extra=f"[ledger]\nlease_s = {LEASE_S}\n{ledger}",
-    )
+    return one_effect_spec(f"lease_s = {LEASE_S}\n{ledger}")
 
 
 ONE_EFFECT = _one_effect()

@@ -20,20 +20,11 @@ from corral.core.procs import wait_exit
 from corral.supervisor.cluster import cluster_tables as cluster
 from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster, schema_of
 from corral.supervisor.ledger.ledger_spec import URL_ENV
-from tests.harness import Daemon, agent_spec, cli, wait_for
+from tests.harness import Daemon, cli, one_effect_spec, wait_for
 
 LEASE_S = 1.5
 
-ONE_EFFECT = agent_spec(
-    workspace="project",
-    steps="""
-[[agents.steps]]
-actions = [{ tool = "effect.record", input = { label = "e1" } }]
-[[agents.steps]]
-final = "done"
-""",
-    extra=f"[ledger]\nlease_s = {LEASE_S}\n",
-)
+ONE_EFFECT = one_effect_spec(f"lease_s = {LEASE_S}")
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ from corral.core.procs import wait_exit
 from corral.mailbox.control import SupervisorGone
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.ledger_spec import URL_ENV
-from tests.harness import Daemon, adopted_daemon, agent_spec, cli, drive_to_end, effects, wait_for
+from tests.harness import Daemon, adopted_daemon, agent_spec, cli, drive_to_end, effects, one_effect_spec, wait_for
 from tests.test_pg_resilience import (
     LEASE_S,
     ONE_EFFECT,
@@ -51,16 +51,7 @@ from tests.test_pg_resilience import (
 
 #: The root group gives up at its second restart, whatever the time between them:
 #: a test reaches it by killing the agent twice, with no race against a window.
-TWO_STRIKES = agent_spec(
-    workspace="project",
-    steps="""
-[[agents.steps]]
-actions = [{ tool = "effect.record", input = { label = "e1" } }]
-[[agents.steps]]
-final = "done"
-""",
-    extra=f'[ledger]\nlease_s = {LEASE_S}\n\n[[groups]]\nid = "root"\nmax_restarts = 1\nperiod_s = 3600.0\n',
-)
+TWO_STRIKES = one_effect_spec(f"lease_s = {LEASE_S}", '[[groups]]\nid = "root"\nmax_restarts = 1\nperiod_s = 3600.0\n')
 
 
 @pytest.fixture(scope="module")
@@ -293,16 +284,7 @@ def test_a_node_that_stopped_because_the_database_lost_its_commits_says_what_to_
 #: How long the database refuses connections in the chaos run (issue 48: 35 s).
 OUTAGE_S = 35.0
 
-CHAOS = agent_spec(
-    workspace="project",
-    steps="""
-[[agents.steps]]
-actions = [{ tool = "effect.record", input = { label = "e1" } }]
-[[agents.steps]]
-final = "done"
-""",
-    extra=f"[ledger]\nlease_s = {LEASE_S}\nretire_idle_s = 2.0\n",
-)
+CHAOS = one_effect_spec(f"lease_s = {LEASE_S}\nretire_idle_s = 2.0")
 
 
 class Swarm:

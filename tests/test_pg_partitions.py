@@ -26,20 +26,11 @@ from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.ledger_pg import PostgresLedger
 from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster
 from corral.supervisor.ledger.ledger_spec import URL_ENV
-from tests.harness import Daemon, adopted_daemon, agent_spec, cli, effects, ledger_rows, show, wait_for
+from tests.harness import Daemon, adopted_daemon, cli, effects, ledger_rows, one_effect_spec, show, wait_for
 
 LEASE_S = 1.5
 
-ONE_EFFECT = agent_spec(
-    workspace="project",
-    steps="""
-[[agents.steps]]
-actions = [{ tool = "effect.record", input = { label = "e1" } }]
-[[agents.steps]]
-final = "done"
-""",
-    extra=f"[ledger]\nlease_s = {LEASE_S}\nretire_idle_s = 1.0\n",
-)
+ONE_EFFECT = one_effect_spec(f"lease_s = {LEASE_S}\nretire_idle_s = 1.0")
 
 
 @pytest.fixture

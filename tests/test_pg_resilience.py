@@ -30,21 +30,21 @@ from corral.core.procs import wait_exit
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.ledger_spec import URL_ENV
 from corral.supervisor.ledger.schema import MIGRATIONS
-from tests.harness import Daemon, adopted_daemon, agent_spec, cli, drive_to_end, effects, ledger_rows, wait_for
+from tests.harness import (
+    Daemon,
+    adopted_daemon,
+    cli,
+    drive_to_end,
+    effects,
+    ledger_rows,
+    one_effect_spec,
+    wait_for,
+)
 from tests.processes import SERVICE_PIDS
 
 LEASE_S = 1.5
 
-ONE_EFFECT = agent_spec(
-    workspace="project",
-    steps="""
-[[agents.steps]]
-actions = [{ tool = "effect.record", input = { label = "e1" } }]
-[[agents.steps]]
-final = "done"
-""",
-    extra=f"[ledger]\nlease_s = {LEASE_S}\n",
-)
+ONE_EFFECT = one_effect_spec(f"lease_s = {LEASE_S}")
 
 
 class Server:
