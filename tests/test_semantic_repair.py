@@ -144,8 +144,13 @@ def test_one_repair_of_a_claimed_evidence_ready_delivery_by_its_own_parent_only(
         _delegate(ledger, spec, other, 0, repair_of=original["delegation_id"])
     with pytest.raises(Refused, match="another parent run"):
         delegation_store.contract(ledger, other["run_id"], original["delegation_id"])
+    # A repair keeps the contract it repairs; the refusal carries that contract whole.
+    with pytest.raises(Refused, match="inherits the contract") as changed:
+        _delegate(ledger, spec, boss, 3, task="add the date", acceptance_criteria=["a date"],
+                  repair_of=original["delegation_id"])
+    assert json.dumps(CRITERIA) in str(changed.value)
     # Its own parent may send done-but-wrong work back, once.
-    repair = _delegate(ledger, spec, boss, 3, task="add the launch date", repair_of=original["delegation_id"])
+    repair = _delegate(ledger, spec, boss, 7, task="add the launch date", repair_of=original["delegation_id"])
     row = ledger.one("SELECT * FROM delegations WHERE delegation_id = ?", repair["delegation_id"])
     assert row["repair_of"] == original["delegation_id"] and row["target_agent"] == "helper"
     with pytest.raises(Refused, match="already has its one repair"):

@@ -82,7 +82,7 @@ def delegate(
     criteria = criteria_list(params["acceptance_criteria"]) if "acceptance_criteria" in params else []
     repair_of = params.get("repair_of")
     if repair_of is not None:
-        check_repair(ledger, parent_run, target, repair_of)
+        check_repair(ledger, parent_run, target, repair_of, criteria, artifacts)
     else:
         digest_task = summarize(task, 2000)
         duplicate = ledger.one(
@@ -163,9 +163,12 @@ def delegate(
     return {"delegation_id": delegation_id, "run_id": run_id, "target": target}
 
 
-def check_repair(ledger: Ledger, parent_run: sqlite3.Row, target: str, repair_of: Any) -> None:
+def check_repair(
+    ledger: Ledger, parent_run: sqlite3.Row, target: str, repair_of: Any, criteria: list[str], artifacts: list[str],
+) -> None:
     """A repair sends back work its parent has claimed and judged unmet, whatever the
-    receipt's status: once, to the same specialist, never a repair of a repair."""
+    receipt's status: once, to the same specialist, under the same contract (its
+    criteria and artifacts), never a repair of a repair."""
     if not isinstance(repair_of, str):
         raise BadRequest("repair_of must be a delegation id")
     original = ledger.one("SELECT * FROM delegations WHERE delegation_id = ?", repair_of)
@@ -185,6 +188,12 @@ def check_repair(ledger: Ledger, parent_run: sqlite3.Row, target: str, repair_of
                       " agent.run_status, judge it, then repair it", code="limit")
     if ledger.one("SELECT 1 FROM delegations WHERE repair_of = ?", repair_of):
         raise Refused(f"delegation {repair_of} already has its one repair", code="duplicate")
+    inherited = {"acceptance_criteria": stored_criteria(original["acceptance_criteria"]),
+                 "expected_artifacts": json.loads(original["expected_artifacts"])}
+    if inherited != {"acceptance_criteria": criteria, "expected_artifacts": artifacts}:
+        # The whole contract in the refusal: the model corrects its call from it, not from memory.
+        raise Refused(f"a repair inherits the contract of delegation {repair_of} unchanged: "
+                      + json.dumps(inherited, ensure_ascii=False), code="limit")
 
 
 def _receipt(ledger: Ledger, delegation_id: str) -> sqlite3.Row | None:
