@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pexpect
@@ -287,7 +288,15 @@ def test_run_wait_without_a_terminal_says_the_run_id_each_state_and_who_must_act
             assert action is not None, "".join(seen)
             assert "corral pending" in seen[-1], seen[-1]
             assert cli(daemon.home, "approve", action).returncode == 0
-            out, rest = proc.communicate(timeout=300)
+            # Not communicate(): it reads the pipes' descriptors and would drop the
+            # lines the loop above already buffered (the child's own state line
+            # comes in the same write as its approval line).
+            with ThreadPoolExecutor(1) as pool:
+                assert proc.stdout is not None
+                result = pool.submit(proc.stdout.read)
+                rest = proc.stderr.read()
+                out = result.result()
+            proc.wait()
         assert proc.returncode == 0, (out, "".join(seen) + rest)
         shown = json.loads(out)  # stdout stays the result alone
         assert shown["run"]["run_id"] == run_id.group(0) and shown["run"]["status"] == "completed"

@@ -26,7 +26,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from corral.core import failpoints
+from corral.core.child_python import python_argv, python_env
 from corral.supervisor.cluster import cluster_tables as cluster
 from corral.supervisor.cluster import custody, forwarding
 from corral.supervisor.cluster.node_stop import clear as clear_stop_note
@@ -449,6 +449,7 @@ def _tick(state: NodeState, ledger: PostgresLedger) -> Tick:
     ] if now >= state.adopt_after else []
     return Tick(True, expired, changes, requests=requests, serve=tended.serve)
 
+
 def _serving(state: NodeState) -> set[str]:
     """Partitions this node serves with a supervisor, or will again after a failure
     (custody leaves them alone)."""
@@ -466,7 +467,6 @@ async def _serve_requests(sup: Supervisor, state: NodeState, requests: list[forw
             await trio.to_thread.run_sync(forwarding.answer, state.conn, request.id, reply)
         except Exception as exc:  # the asker says the outcome is unknown; `show` tells it
             _cluster_failed(state, exc)
-
 
 
 def _refusals(state: NodeState, refused: list[cluster.Refusal]) -> list[Change]:
@@ -521,9 +521,9 @@ def _start_adopted(sup: Supervisor, state: NodeState, hold: cluster.Hold) -> Non
 
     home = sup.home / ADOPTED_DIR / hold.partition
     spec_path = cluster.spec_path_of(state.conn, hold.partition) if state.conn is not None else state.spec_path
-    argv = [sys.executable, "-m", "corral.supervisor", "--home", str(home), "--node", state.placement.node,
-            "--adopt", hold.partition, "--epoch", str(hold.epoch), "--lease-s", str(state.placement.lease_s),
-            "--retire-idle-s", str(state.placement.retire_idle_s)]
+    argv = python_argv("-m", "corral.supervisor", "--home", str(home), "--node", state.placement.node,
+                      "--adopt", hold.partition, "--epoch", str(hold.epoch), "--lease-s", str(state.placement.lease_s),
+                      "--retire-idle-s", str(state.placement.retire_idle_s))
     if spec_path:
         argv += ["--spec", spec_path]
     (sup.home / "logs").mkdir(mode=0o700, exist_ok=True)
@@ -535,7 +535,7 @@ def _start_adopted(sup: Supervisor, state: NodeState, hold: cluster.Hold) -> Non
     env[URL_ENV] = state.placement.url or ""
     with open(sup.home / "logs" / f"adopted-{hold.partition}.log", "ab") as out:
         process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=python_env(env), cwd=home,
             preexec_fn=lambda: prctl.set_pdeathsig(signal.SIGKILL),
         )
     state.adopted[hold.partition] = process
