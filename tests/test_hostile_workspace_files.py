@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import CORRAL, agent_spec, ledger_rows, running, wait_run
+from tests.harness import CORRAL, actor_running, agent_spec, ledger_rows, running, wait_run
 
 #: 100,000 levels, 200 KB: under the 256 KiB manifest cap, past every parser's stack.
 DEEP = 100_000
@@ -185,9 +185,11 @@ def test_a_script_nested_deep_over_the_wire_is_refused_by_name(short_tmp: Path) 
         except Exception as exc:  # the client raises the supervisor's refusal
             caught = exc
         assert caught is not None and "nested" in str(caught) and "at most" in str(caught), caught
-        assert daemon.actor("writer")["status"] == "running"
+        # The agent was never restarted (its first incarnation comes up and stays).
+        daemon.wait_until(actor_running("writer", incarnation=1), what="writer running")
         run_id = daemon.call("run", agent_id="writer", task="still fine")["run_id"]
         assert wait_run(daemon, run_id, {"completed", "failed"})["run"]["status"] == "completed"
+        assert daemon.actor("writer")["incarnation"] == 1
 
 
 def test_a_fifo_as_the_collaboration_policy_is_a_named_problem_not_a_hung_supervisor(short_tmp: Path) -> None:
