@@ -210,6 +210,14 @@ def with_transport(spec_text: str) -> str:
     return f'{spec_text.rstrip()}\n\n[supervisor]\ntransport = "{transport}"\n'
 
 
+def as_a_terminal_job() -> None:
+    """``preexec_fn`` for a child a test interrupts with SIGINT: Ctrl-C reaches it as
+    it reaches a terminal's foreground job. A test run started in the background by
+    a script inherits SIGINT ignored (POSIX does that to asynchronous commands), and
+    Python then never turns SIGINT into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextmanager
 def running(home: Path, spec_text: str | None = None, env: dict[str, str] | None = None) -> Iterator[Daemon]:
     spec_path = None

@@ -21,7 +21,7 @@ import pytest
 
 from fake_openai import FakeOpenAIServer, Reply
 from loopback_http import serve_in_thread
-from tests.harness import CORRAL, Daemon, cli, running, wait_run
+from tests.harness import CORRAL, Daemon, as_a_terminal_job, cli, running, wait_run
 
 RAISING_TOOLS = '''
 import corral
@@ -394,7 +394,7 @@ def test_stopping_the_demo_stops_its_supervisor_and_every_process_it_started(
     argv = [sys.executable, "-m", "corral", "demo", "--dir", str(demo_dir), "--quiet"]
     # Its own process group, as a shell gives a foreground job: Ctrl-C goes to the group.
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                          start_new_session=True) as proc:
+                          start_new_session=True, preexec_fn=as_a_terminal_job) as proc:
         assert proc.stdout is not None
         said = proc.stdout.readline()  # printed once its supervisor is up
         assert said.startswith("corral demo: project"), said + proc.stderr.read() if proc.stderr else said

@@ -18,7 +18,7 @@ import pytest
 
 from corral.chaos.runner import Runner, demo_scenario
 from corral.core import failpoints
-from tests.harness import with_transport
+from tests.harness import as_a_terminal_job, with_transport
 from tests.test_crash_recovery import AGENT_KILLS, SUPERVISOR_KILLS
 from tests.test_swarm import SWARM_FAILPOINTS
 
@@ -461,7 +461,7 @@ def _interrupted_campaign(short_tmp: Path, signum: signal.Signals, code: int) ->
     report_path = short_tmp / "report.json"
     process = subprocess.Popen(
         [*CHAOS, "--mode", "random", "--kills", "100000", "--seed", "5", "--json", str(report_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_a_terminal_job,
     )
     try:
         assert process.stdout is not None
