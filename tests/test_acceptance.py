@@ -94,12 +94,12 @@ def test_the_exit_code_says_fail_before_blocked_and_pass_only_when_all_pass() ->
 
 def _coder(**facts: object) -> CoderFacts:
     base = CoderFacts(Path("/nonexistent"), Path("/nonexistent"), "startup-abc", run_id="run-1",
-                      status_at_cli_exit="waiting-confirmation", waiting_tool="fs.patch", approve_exit=0,
+                      status_at_cli_exit="waiting-confirmation", waiting_tool="project.changeset", approve_exit=0,
                       notes_after="status: final\n", final_status="completed", killed_at_failpoint=True, replies=1,
-                      first_system_prompt="... Project rule startup-abc ...")
+                      first_system_prompt="... Project rule startup-abc ...", checkpoints=1)
     base.actions = [{"tool": "fs.read", "phase": "ok", "input": '{"path": "notes.txt"}', "policy": "auto"},
-                    {"tool": "fs.patch", "phase": "ok", "policy": "confirm", "input": json.dumps(
-                        {"path": "notes.txt", "old_text": "status: draft", "new_text": "status: final"})}]
+                    {"tool": "project.changeset", "phase": "ok", "policy": "confirm", "input": json.dumps({"changes": [
+                        {"path": "notes.txt", "old_text": "status: draft", "new_text": "status: final"}]})}]
     for key, value in facts.items():
         setattr(base, key, value)
     return base
@@ -110,12 +110,12 @@ def test_the_oracle_blames_the_model_for_a_wrong_result_and_the_runtime_for_a_br
     judged = [oracle.tool_plan(good), oracle.read_patch_confirm(good), oracle.confirm_after_cli_exit(good),
               oracle.kill_recovery(good), oracle.startup_context(good, ("sk-decoy-123456",))]
     assert {j.verdict for j in judged} == {Verdict.PASS}
-    # The model patched something else: its patch failed to apply. The runtime held.
+    # The model changed something else: its changeset failed to apply. The runtime held.
     wrong = _coder(notes_after="status: draft\n")
     wrong.actions[1] = {**wrong.actions[1], "phase": "failed", "input": json.dumps(
-        {"path": "notes.txt", "old_text": "draft status", "new_text": "final"})}
+        {"changes": [{"path": "notes.txt", "old_text": "draft status", "new_text": "final"}]})}
     assert oracle.confirm_after_cli_exit(wrong).verdict is Verdict.FAIL_MODEL
-    # The asked patch ran ok, yet the file did not change: the runtime lied.
+    # The asked changeset ran ok, yet the file did not change: the runtime lied.
     assert oracle.confirm_after_cli_exit(_coder(notes_after="status: draft\n")).verdict is Verdict.FAIL_RUNTIME
     assert oracle.tool_plan(_coder(actions=[])).verdict is Verdict.FAIL_MODEL
     illegal = _coder(actions=[{"tool": "command.exec", "phase": "ok", "input": "{}", "policy": "auto"}])
@@ -124,6 +124,7 @@ def test_the_oracle_blames_the_model_for_a_wrong_result_and_the_runtime_for_a_br
     leaked = _coder(first_system_prompt="Project rule startup-abc; key sk-decoy-123456")
     assert oracle.startup_context(leaked, ("sk-decoy-123456",)).verdict is Verdict.FAIL_RUNTIME
     unparked = _coder(status_at_cli_exit="completed", waiting_tool="")
+    assert oracle.confirm_after_cli_exit(_coder(checkpoints=0)).verdict is Verdict.FAIL_RUNTIME, "no checkpoint"
     assert oracle.read_patch_confirm(unparked).verdict is Verdict.FAIL_RUNTIME, "a confirm policy that did not park"
 
 

@@ -1,5 +1,6 @@
 """The coder flow (seed 004 V1.1 §5 points 1-4 and 7; all I/O, ``oracle`` judges): one
-agent reads and patches a file under a confirm policy, through separate CLI processes
+agent reads a file and changes it with ``project.changeset`` (which takes a
+checkpoint first) under a confirm policy, through separate CLI processes
 as a person runs them, with the supervisor SIGKILLed at a named failpoint; then what
 the ledger and the project hold afterwards."""
 
@@ -16,6 +17,7 @@ from corral.acceptance import specs
 from corral.acceptance.host import DONE, Host, HostError
 from corral.acceptance.provider import Provider
 from corral.acceptance.workspace import Workspace
+from corral.actors.tools import project_checkpoints
 from corral.core.errors import CorralError
 from corral.supervisor.ledger.ledger_spec import open_for_reading
 
@@ -48,6 +50,8 @@ class CoderFacts:
     actions: list[dict[str, Any]] = field(default_factory=list)
     replies: int = 0
     boots_in_ledger: int = 0
+    #: Checkpoints the run's changesets kept in the home (project_checkpoints.py).
+    checkpoints: int = 0
 
 
 def coder_flow(workspace: Workspace, host: Host, provider: Provider) -> CoderFacts:
@@ -134,3 +138,5 @@ def _gather(facts: CoderFacts) -> None:
             " action_index", facts.run_id)]
         facts.replies = len(ledger.all("SELECT run_id FROM replies WHERE run_id = ?", facts.run_id))
         facts.boots_in_ledger = len(ledger.all("SELECT boot_id FROM boots"))
+    changed = {str(a["action_id"]) for a in facts.actions if a["tool"] == "project.changeset"}
+    facts.checkpoints = sum(1 for cp in project_checkpoints.of_run(facts.home, facts.run_id) if cp.action_id in changed)

@@ -58,12 +58,17 @@ def startup_context(facts: CoderFacts, decoys: tuple[str, ...]) -> Judgement:
     return passed("AGENTS.md reached the first turn's system prompt; no decoy did", prompt_chars=len(prompt))
 
 
+#: The coder's change (V1.1 §5.3: "执行 checkpoint、读取、精确 patch/write"): a changeset,
+#: which takes its checkpoint before it writes.
+CHANGESET = "project.changeset"
+
+
 def tool_plan(facts: CoderFacts) -> Judgement:
     """V1.1 §5.2: the model's plan became actions of tools the agent may use."""
     broken = _crashed(facts)
     if broken and not facts.actions:
         return broken
-    allowed = {"fs.read", "fs.patch"}
+    allowed = {"fs.read", CHANGESET}
     tools = [a["tool"] for a in facts.actions]
     if not tools:
         return model_failed("the model planned no tool call", actions=0)
@@ -73,35 +78,49 @@ def tool_plan(facts: CoderFacts) -> Judgement:
     return passed(f"{len(tools)} legal action(s): {', '.join(tools)}", actions=len(tools))
 
 
-def _patch_input(facts: CoderFacts) -> dict[str, object]:
-    for action in facts.actions:
-        if action["tool"] == "fs.patch":
-            value = json.loads(action["input"]) if isinstance(action["input"], str) else action["input"]
-            return value if isinstance(value, dict) else {}
-    return {}
+def _asked_change(action: dict[str, object]) -> bool:
+    """Whether the changeset is the one the task asks for: one edit of notes.txt."""
+    raw = action["input"]
+    value = json.loads(raw) if isinstance(raw, str) else raw
+    changes = value.get("changes") if isinstance(value, dict) else None
+    if not isinstance(changes, list) or len(changes) != 1 or not isinstance(changes[0], dict):
+        return False
+    change = changes[0]
+    return (change.get("path"), change.get("old_text"), change.get("new_text"),
+            change.get("operation", "update")) == ("notes.txt", "status: draft", "status: final", "update")
+
+
+def _counts(facts: CoderFacts) -> Facts:
+    tools = [a["tool"] for a in facts.actions]
+    return {"reads": tools.count("fs.read"), "changesets": tools.count(CHANGESET)}
 
 
 def read_patch_confirm(facts: CoderFacts) -> Judgement:
-    """V1.1 §5.3: a read, an exact patch, and the run parked waiting for confirmation."""
+    """V1.1 §5.3: a read, an exact change that takes a checkpoint (a changeset), and
+    the run parked waiting for confirmation."""
     broken = _crashed(facts)
     if broken:
         return broken
+    counts = _counts(facts)
     tools = [a["tool"] for a in facts.actions]
-    if "fs.patch" not in tools:
-        return model_failed("the model never called fs.patch", reads=tools.count("fs.read"))
-    patch = next(a for a in facts.actions if a["tool"] == "fs.patch")
-    if patch["policy"] != "confirm":
-        return runtime_failed(f"fs.patch ran under policy {patch['policy']!r}, not confirm")
-    if facts.status_at_cli_exit != "waiting-confirmation" or facts.waiting_tool != "fs.patch":
-        return runtime_failed(f"the run did not park for the patch (status {facts.status_at_cli_exit!r})")
+    if CHANGESET not in tools:
+        return model_failed(f"the model never called {CHANGESET} (the checkpointed change of item 3);"
+                            f" it called {', '.join(tools) or 'nothing'}", **counts)
+    change = next(a for a in facts.actions if a["tool"] == CHANGESET)
+    if change["policy"] != "confirm":
+        return runtime_failed(f"{CHANGESET} ran under policy {change['policy']!r}, not confirm", **counts)
+    if facts.status_at_cli_exit != "waiting-confirmation" or facts.waiting_tool != CHANGESET:
+        return runtime_failed(f"the run did not park for the changeset (status {facts.status_at_cli_exit!r})",
+                              **counts)
     if "fs.read" not in tools:
-        return model_failed("the patch parked for confirmation, but the model did not read first")
-    return passed("fs.read, then fs.patch parked at waiting-confirmation", reads=tools.count("fs.read"))
+        return model_failed("the changeset parked for confirmation, but the model did not read first", **counts)
+    return passed(f"fs.read, then {CHANGESET} parked at waiting-confirmation", **counts)
 
 
 def confirm_after_cli_exit(facts: CoderFacts) -> Judgement:
-    """V1.1 §5.4: approved from another process after the run's CLI exited, the
-    supervisor carried the run on: the patch applied exactly, once."""
+    """V1.1 §5.3-5.4: approved from another process after the run's CLI exited, the
+    supervisor carried the run on: the changeset took its checkpoint and applied
+    exactly, once."""
     broken = _crashed(facts)
     if broken:
         return broken
@@ -109,15 +128,20 @@ def confirm_after_cli_exit(facts: CoderFacts) -> Judgement:
         return model_failed("nothing waited for confirmation (see read-patch-confirm)")
     if facts.approve_exit != 0:
         return runtime_failed(f"`corral approve` exited {facts.approve_exit}")
-    patch = next(a for a in facts.actions if a["tool"] == "fs.patch")
-    if patch["phase"] not in ("ok", "failed"):
-        return runtime_failed(f"after approval the patch is {patch['phase']}, not finished")
-    exact = _patch_input(facts) == {"path": "notes.txt", "old_text": "status: draft", "new_text": "status: final"}
+    change = next(a for a in facts.actions if a["tool"] == CHANGESET)
+    counts: Facts = {"changesets": sum(1 for a in facts.actions if a["tool"] == CHANGESET and a["phase"] == "ok"),
+                     "checkpoints": facts.checkpoints}
+    if change["phase"] not in ("ok", "failed"):
+        return runtime_failed(f"after approval the changeset is {change['phase']}, not finished", **counts)
+    if change["phase"] == "ok" and facts.checkpoints < 1:
+        return runtime_failed("the changeset ran ok but no checkpoint of it was kept (checkpoints = 0)", **counts)
     if facts.notes_after == specs.NOTES_AFTER:
-        return passed("approved after the CLI exited; the supervisor applied the patch", patch=patch["phase"])
-    if patch["phase"] == "failed" or not exact:
-        return model_failed(f"approved and run, but the model's patch was not the asked one ({patch['phase']})")
-    return runtime_failed(f"the exact patch ran ok but notes.txt holds {facts.notes_after[:60]!r}")
+        return passed("approved after the CLI exited; the supervisor took the checkpoint and applied the changeset",
+                      **counts)
+    if change["phase"] == "failed" or not _asked_change(change):
+        return model_failed(f"approved and run, but the model's changeset was not the asked one ({change['phase']})",
+                            **counts)
+    return runtime_failed(f"the exact changeset ran ok but notes.txt holds {facts.notes_after[:60]!r}", **counts)
 
 
 def kill_recovery(facts: CoderFacts) -> Judgement:

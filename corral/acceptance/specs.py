@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from corral.acceptance.provider import Provider
 
-#: The coder's task: a read, then one exact patch that waits for a person.
-CODER_TASK = ("Read notes.txt with fs.read. Then call fs.patch on notes.txt with old_text \"status: draft\""
-              " and new_text \"status: final\". Then reply with one sentence saying what changed.")
+#: The coder's task: a read, then one exact edit as a changeset (it takes a checkpoint
+#: first, seed 004 V1.1 §5.3) that waits for a person.
+CODER_TASK = ("Read notes.txt with fs.read. Then call project.changeset with one change: path \"notes.txt\","
+              " operation \"update\", old_text \"status: draft\", new_text \"status: final\". Then reply with one"
+              " sentence saying what changed.")
 NOTES_BEFORE = "status: draft\n"
 NOTES_AFTER = "status: final\n"
 
@@ -20,19 +22,20 @@ def _agent(provider: Provider, agent_id: str, role: str, scopes: str, tools: str
 
 
 def coder_spec(provider: Provider, project: str) -> str:
-    """One agent: fs.read runs unattended, fs.patch waits for a person (confirm)."""
+    """One agent: fs.read runs unattended, project.changeset waits for a person
+    (confirm); the changeset's optional fields (operation, old_text, new_text) are offered."""
     return f"""name = "acceptance-coder"
 [project]
 root = "{project}"
 [policy]
 "fs.read" = "auto"
-"fs.patch" = "confirm"
+"project.changeset" = "confirm"
 {provider.models_table()}
 [[agents]]
 id = "coder"
-tools = ["fs.read", "fs.patch"]
+tools = ["fs.read", "project.changeset"]
 max_provider_retries = 1
-{provider.agent_table("agents", 2)}"""
+{provider.agent_table("agents", 2, optional_fields=True)}"""
 
 
 SWARM_TASK = ("Ship the release notes. Delegate to researcher (write research/facts.md) and to reviewer"
@@ -61,14 +64,16 @@ def swarm_spec(provider: Provider, project: str) -> str:
 
 #: The preview's port: the task names it, as a person would.
 PREVIEW_PORT = 8765
-VERIFY_TASK = (f"Start the preview: process.start with program \"python3\" and args [\"-m\", \"http.server\","
-               f" \"{PREVIEW_PORT}\", \"--bind\", \"127.0.0.1\", \"--directory\", \"site\"]. Then call"
-               f" preview.validate with that process_id and port {PREVIEW_PORT}. Then call project.verify. Then reply"
-               " with one sentence.")
+VERIFY_TASK = ("First change the project: fs.write site/version.txt with the content \"2\". Then call"
+               " project.verify. Then start the preview: process.start with program \"python3\" and args"
+               f" [\"-m\", \"http.server\", \"{PREVIEW_PORT}\", \"--bind\", \"127.0.0.1\", \"--directory\", \"site\"]."
+               f" Then call preview.validate with that process_id and port {PREVIEW_PORT}. Then reply with one"
+               " sentence.")
 
 
 def verify_spec(provider: Provider, project: str) -> str:
-    """project.verify (a check script) and preview.validate of a preview the agent
+    """A change (fs.write), then project.verify (a check script that passes only
+    after that change) and preview.validate of a preview the agent
     starts as a process session; the dev server shares the host's network, where the
     browser runs."""
     return f"""name = "acceptance-verify"
@@ -82,25 +87,29 @@ network = true
 {provider.models_table()}
 [[agents]]
 id = "verifier"
-tools = ["process.start", "preview.validate", "project.verify"]
-{provider.agent_table("agents", 3, optional_fields=True)}"""
+tools = ["fs.write", "process.start", "preview.validate", "project.verify"]
+{provider.agent_table("agents", 4, optional_fields=True)}"""
 
 
 #: The provider retry's backoff: long enough that the kill lands inside it.
 RETRY_BACKOFF_S = 15.0
-RETRY_TASK = ("Get the release facts written: delegate to researcher (write research/facts.md), collect the"
-              " delivery with agent.run_status, then reply with one sentence.")
+RETRY_TASK = ("Get the release facts written and reviewed. In one turn delegate to researcher (write"
+              " research/facts.md) and to reviewer (write review/check.md). Collect both deliveries with"
+              " agent.run_status. Send the weaker delivery back once as a repair (agent.delegate with repair_of),"
+              " collect it with agent.run_status, then reply with one sentence.")
 
 
 def retry_spec(provider: Provider, project: str) -> str:
-    """A supervisor and one specialist on an OpenAI-compatible route (the fault proxy),
-    each with one provider retry and a backoff long enough for the suite to kill the
-    supervisor inside it (seed 004 V1.29, V1.42)."""
+    """A supervisor and two specialists on an OpenAI-compatible route (the fault
+    proxy), each with one provider retry and a backoff long enough for the suite to
+    kill the supervisor inside it; one repair per delivery (seed 004 V1.29, V1.42)."""
     retries = f"max_provider_retries = 1\nretry_base_s = {RETRY_BACKOFF_S}\nretry_cap_s = {RETRY_BACKOFF_S}\n"
     return "\n".join([
-        f'name = "acceptance-retry"\n[project]\nroot = "{project}"\n[policy]\ndefault = "auto"\n',
-        _agent(provider, "project-supervisor", "root", '"summary"', '"agent.delegate", "agent.run_status"', 2, retries),
+        f'name = "acceptance-retry"\n[project]\nroot = "{project}"\n[policy]\ndefault = "auto"\n'
+        "[limits]\nmax_repairs_per_delivery = 1\n",
+        _agent(provider, "project-supervisor", "root", '"summary"', '"agent.delegate", "agent.run_status"', 6, retries),
         _agent(provider, "researcher", "specialist", '"research"', '"fs.write"', 1, retries),
+        _agent(provider, "reviewer", "specialist", '"review"', '"fs.write"', 1, retries),
     ])
 
 
@@ -111,9 +120,11 @@ CHAT_TASK = ("Get this project ready for its first players: the release facts wr
 
 def chat_spec(provider: Provider, project: str) -> str:
     """The supervisor the chat talks to, two specialists and one template: whether it
-    delegates, spawns or repairs is its own choice (seed 004 V1.30, V1.31)."""
+    delegates, spawns or repairs is its own choice (seed 004 V1.30, V1.31). Delegating
+    and spawning wait for a person's approval (V1.31's approval batch)."""
     return "\n".join([
         f'name = "acceptance-chat"\n[project]\nroot = "{project}"\n[policy]\ndefault = "auto"\n'
+        '"agent.delegate" = "confirm"\n"agent.spawn_isolated" = "confirm"\n'
         "[limits]\nmax_children_per_call = 3\nmax_depth = 1\nmax_repairs_per_delivery = 1\n",
         provider.models_table(),
         _agent(provider, "project-supervisor", "root", '"summary"',
