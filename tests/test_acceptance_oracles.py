@@ -134,7 +134,8 @@ def _retry(**fields: object) -> RetryFacts:
         "gate_drift": 0, "specialists": 2, "specialists_same_batch": True, "specialists_overlap": 2,
         "repairs": 1, "final_victim_root": True, "final_victim_base": True, "final_victim_loop": 3,
         "reply_loop": 3, "claimed_at_injection": 3, "repairs_claimed_at_injection": 1,
-        "replies_at_injection": 0, "host_marker": True, "tool_plans_at_injection": 3, "tool_plans_at_end": 3}
+        "replies_at_injection": 0, "host_marker": True, "tool_plans_at_injection": 3, "tool_plans_at_end": 3,
+        "proxy_posts": 12, "lifecycles": 12, "deliveries_claimed": 3, "claims": 2, "contract_reads": 1}
     return _with(facts, **{**defaults, **fields})
 
 
@@ -151,8 +152,14 @@ def test_the_planning_retry_oracle_wants_a_specialists_call_a_gate_and_a_repair(
     assert drifted.verdict is Verdict.FAIL_RUNTIME and "gate" in drifted.reason, drifted.reason
     unrepaired = oracle_flows.retry_plan(_retry(repairs=0))
     assert unrepaired.verdict is Verdict.FAIL_MODEL and "repair" in unrepaired.reason, unrepaired.reason
+    unread = oracle_flows.retry_plan(_retry(contract_reads=0))
+    assert unread.verdict is Verdict.FAIL_MODEL and "contract read" in unread.reason, unread.reason
+    one_claim = oracle_flows.retry_plan(_retry(deliveries_claimed=2, claims=1))
+    assert one_claim.verdict is Verdict.FAIL_MODEL and "2 initial + 1 repair" in one_claim.reason
     alone = oracle_flows.retry_plan(_retry(specialists=1, specialists_overlap=1))
     assert alone.verdict is Verdict.FAIL_MODEL and "specialist" in alone.reason, alone.reason
+    unrecorded = oracle_flows.retry_plan(_retry(proxy_posts=13))
+    assert unrecorded.verdict is Verdict.FAIL_RUNTIME and "no durable record" in unrecorded.reason
     serial = oracle_flows.retry_plan(_retry(specialists_overlap=1))
     assert serial.verdict is Verdict.FAIL_RUNTIME and "overlap" in serial.reason, serial.reason
 
@@ -306,3 +313,24 @@ def test_the_retry_selector_never_falls_back_when_the_new_rows_are_not_all_candi
     tree.begin("s2:0-transient-1", "s2")
     assert victims(2) is None and victims.first_seq == 0, "a retry is not a first call"
     tree.ledger.close()
+
+
+def test_the_chat_flow_reads_the_first_batch_and_its_approvals_from_the_action_events() -> None:
+    from corral.acceptance.chat_flow import first_batch, read_batch_approvals
+
+    actions = [("a-read", "fs.read", 0, 0), ("a-d1", "agent.delegate", 1, 0), ("a-d2", "agent.delegate", 1, 1),
+               ("a-sp", "agent.spawn_isolated", 1, 2), ("a-fix", "agent.delegate", 3, 0)]
+    batch = first_batch(actions, {"a-fix"})
+    assert [row[0] for row in batch] == ["a-d1", "a-d2", "a-sp"]
+    # corral today: each action waits and is approved on its own, one after the other.
+    per_action = [(kind, a) for a in ("a-d1", "a-d2", "a-sp")
+                  for kind in ("action-waiting-confirmation", "action-approved", "action-executing", "action-ok")]
+    facts = ChatFacts(NOWHERE, NOWHERE)
+    read_batch_approvals(facts, batch, per_action)
+    assert facts.batch_parked_first and facts.batch_approvals == 3
+    # Action 0 ran before anything waited: the batch did not stop first.
+    ran_first = [("action-executing", "a-d1"), ("action-waiting-confirmation", "a-sp"), ("action-approved", "a-sp")]
+    facts = ChatFacts(NOWHERE, NOWHERE)
+    read_batch_approvals(facts, batch, ran_first)
+    assert not facts.batch_parked_first and facts.batch_approvals == 1
+    assert first_batch([("a-fix", "agent.delegate", 0, 0)], {"a-fix"}) == [], "a repair is not a first batch"

@@ -34,6 +34,8 @@ from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.ledger_spec import open_for_reading
 
 TURN_TIMEOUT_S = 1200.0
+#: How long the flow waits for the chat's "reconnected" before it answers anyway.
+RECONNECT_GRACE_S = 60.0
 
 
 @dataclass
@@ -117,11 +119,17 @@ def _converse(host: Host, facts: ChatFacts, log: Path) -> list[dict[str, Any]]:
         assert chat.stdin is not None
         _say(chat, specs.CHAT_TASK)
         deadline = time.monotonic() + TURN_TIMEOUT_S
+        #: After the kill: answer once the chat says it reconnected (or after a grace,
+        #: should it not have noticed the supervisor was gone).
+        answer_at: float | None = None
         while time.monotonic() < deadline:
+            wait = deadline - time.monotonic() if answer_at is None else answer_at - time.monotonic()
             try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+                line = lines.get(timeout=max(0.1, wait))
             except queue.Empty:
-                break
+                if answer_at is None:
+                    break
+                line = '{"event": "reconnected"}'
             if line is None:
                 break
             with contextlib.suppress(ValueError):
@@ -130,8 +138,14 @@ def _converse(host: Host, facts: ChatFacts, log: Path) -> list[dict[str, Any]]:
                     seen.append(event)
                     if event.get("event") == "turn.report":  # printed once, when the turn settled
                         break
-                    if event.get("event") == "approval":
-                        _approve(host, facts, chat, str(event.get("action", "")))
+                    if event.get("event") == "reconnected" and answer_at is not None:
+                        answer_at = None
+                        _say(chat, "y")
+                    elif event.get("event") == "approval":
+                        if _kill_first(host, facts, str(event.get("action", ""))):
+                            answer_at = time.monotonic() + RECONNECT_GRACE_S
+                        else:
+                            _say(chat, "y")
         with contextlib.suppress(OSError, ValueError):
             chat.stdin.write("/quit\n")
             chat.stdin.close()
@@ -154,26 +168,27 @@ def _say(chat: subprocess.Popen[str], text: str) -> None:
     chat.stdin.flush()
 
 
-def _approve(host: Host, facts: ChatFacts, chat: subprocess.Popen[str], action_id: str) -> None:
-    """``y`` to the prompt; at the first repair's prompt, kill and restart the
-    supervisor first (the chat reconnects by itself, and ``y`` approves the action
-    whose view it showed)."""
+def _kill_first(host: Host, facts: ChatFacts, action_id: str) -> bool:
+    """At the first repair's prompt: SIGKILL the supervisor, restart it, and compare
+    the ledger's identities before and after; True when it did (the chat reconnects
+    by itself, and ``y`` then approves the action whose view it showed)."""
     with contextlib.closing(open_for_reading(facts.home)) as ledger:
         rows = ledger.all("SELECT run_id, tool, input FROM actions WHERE action_id = ?", action_id)
-    is_repair = bool(rows) and rows[0][1] == "agent.delegate" and "repair_of" in _object(rows[0][2])
-    if is_repair and not facts.killed_at_repair:
-        run_id = str(rows[0][0])
-        before = _identity(facts.home, run_id)
-        pid = homes.read_endpoint(facts.home).pid
-        os.kill(pid, signal.SIGKILL)
-        if not wait_exit(pid, 30):
-            raise HostError("the supervisor outlived its SIGKILL")
-        host.up(facts.home, None)
-        facts.boots += 1
-        facts.killed_at_repair = True
-        after = _identity(facts.home, run_id)
-        facts.identity_stable = before[:-1] == after[:-1] and before[-1] <= after[-1]
-    _say(chat, "y")
+    is_repair = bool(rows) and rows[0][1] == "agent.delegate" and bool(_object(rows[0][2]).get("repair_of"))
+    if not is_repair or facts.killed_at_repair:
+        return False
+    run_id = str(rows[0][0])
+    before = _identity(facts.home, run_id)
+    pid = homes.read_endpoint(facts.home).pid
+    os.kill(pid, signal.SIGKILL)
+    if not wait_exit(pid, 30):
+        raise HostError("the supervisor outlived its SIGKILL")
+    host.up(facts.home, None)
+    facts.boots += 1
+    facts.killed_at_repair = True
+    after = _identity(facts.home, run_id)
+    facts.identity_stable = before[:-1] == after[:-1] and before[-1] <= after[-1]
+    return True
 
 
 def _object(text: object) -> dict[str, Any]:
@@ -219,7 +234,7 @@ def _gather(facts: ChatFacts) -> None:
                              " ORDER BY loop_index, action_index", run)
         requests = ledger.all("SELECT p.run_id, p.started_at, p.finished_at FROM provider_requests p JOIN runs r"
                               " ON p.run_id = r.run_id WHERE r.parent_run_id = ?", run)
-        batch = _first_batch(actions, {str(row[3]) for row in delegations if row[1] is not None})
+        batch = first_batch(actions, {str(row[3]) for row in delegations if row[1] is not None})
         marks = ", ".join("?" * len(batch)) or "''"
         events = ledger.all(f"SELECT kind, subject FROM events WHERE subject IN ({marks}) ORDER BY cursor",
                             *[str(row[0]) for row in batch])
@@ -232,7 +247,7 @@ def _gather(facts: ChatFacts) -> None:
             facts.repairs[str(row[1])] = facts.repairs.get(str(row[1]), 0) + 1
     facts.batch_delegates = sum(1 for row in batch if row[1] == "agent.delegate")
     facts.batch_spawns = sum(1 for row in batch if row[1] == "agent.spawn_isolated")
-    _batch_approvals(facts, batch, [(str(e[0]), str(e[1])) for e in events])
+    read_batch_approvals(facts, batch, [(str(e[0]), str(e[1])) for e in events])
     spans = intervals_of([(str(r[0]), float(r[1]), r[2]) for r in requests])
     static = {k: v for k, v in spans.items() if k in {str(row[2]) for row in originals}}
     isolated = {k: v for k, v in spans.items() if k in {str(row[0]) for row in children}}
@@ -247,7 +262,7 @@ def _gather(facts: ChatFacts) -> None:
 COLLABORATION = ("agent.delegate", "agent.spawn_isolated")
 
 
-def _first_batch(actions: list[Any], repair_actions: set[str]) -> list[Any]:
+def first_batch(actions: list[Any], repair_actions: set[str]) -> list[Any]:
     """The actions of the first provider batch (loop) that delegates or spawns, not
     counting repairs."""
     loops = [row[2] for row in actions if row[1] in COLLABORATION and str(row[0]) not in repair_actions]
@@ -256,7 +271,7 @@ def _first_batch(actions: list[Any], repair_actions: set[str]) -> list[Any]:
     return [row for row in actions if row[2] == loops[0]]
 
 
-def _batch_approvals(facts: ChatFacts, batch: list[Any], events: list[tuple[str, str]]) -> None:
+def read_batch_approvals(facts: ChatFacts, batch: list[Any], events: list[tuple[str, str]]) -> None:
     """From the batch's action events in commit order: did action 0 wait for
     approval before any of the batch executed, and how many approvals it took."""
     if not batch:

@@ -95,7 +95,10 @@ def _plan_counts(facts: RetryFacts) -> dict[str, int | str | bool]:
     return {"first_victim_specialist": facts.first_victim_specialist, "gate_held": facts.gate_held,
             "gate_checked": facts.gate_checked, "gate_drift": facts.gate_drift, "specialists": facts.specialists,
             "specialists_same_batch": facts.specialists_same_batch, "specialists_overlap": facts.specialists_overlap,
-            "repairs": facts.repairs, "retries": sum(facts.retries.values()), "replies": facts.replies}
+            "repairs": facts.repairs, "retries": sum(facts.retries.values()), "replies": facts.replies,
+            "proxy_posts": facts.proxy_posts, "lifecycles": facts.lifecycles,
+            "deliveries_claimed": facts.deliveries_claimed, "claims": facts.claims,
+            "contract_reads": facts.contract_reads}
 
 
 def retry_plan(facts: RetryFacts) -> Judgement:
@@ -124,6 +127,9 @@ def retry_plan(facts: RetryFacts) -> Judgement:
         return runtime_failed(f"at the forwarding gate the ledger held {facts.gate_drift} fact(s) of a call that"
                               " never reached the model (actions, receipts, revisions, deliveries, replies,"
                               " upstream forwards must all be 0)", **counts)
+    if facts.proxy_posts > facts.lifecycles:
+        return runtime_failed(f"the proxy saw {facts.proxy_posts} requests for {facts.lifecycles} provider"
+                              " lifecycles: a request went out with no durable record", **counts)
     if facts.final_status == "completed" and facts.replies != 1:
         return runtime_failed(f"{facts.replies} final replies", **counts)
     if facts.specialists < 2:
@@ -135,6 +141,12 @@ def retry_plan(facts: RetryFacts) -> Judgement:
         return model_failed("the two specialists were delegated in different turns and did not overlap", **counts)
     if facts.repairs != 1:
         return model_failed(f"{facts.repairs} repair(s) of a delivery, not exactly one", **counts)
+    if facts.contract_reads < 1:
+        return model_failed("the supervisor repaired without a targeted contract read"
+                            " (agent.run_status with a delegation_id)", **counts)
+    if facts.deliveries_claimed < 3 or facts.claims < 2:
+        return model_failed(f"{facts.deliveries_claimed} deliveries claimed in {facts.claims} claim(s): the seed"
+                            " wants 2 initial + 1 repair in two claims", **counts)
     if facts.final_status != "completed":
         return model_failed(f"retried once across the kill, but the run ended {facts.final_status}", **counts)
     return passed("a specialist's call dropped; its retry kept across a kill and held at the gate until the ledger"

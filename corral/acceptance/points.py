@@ -173,7 +173,7 @@ if tuple(point.name for point in POINTS) != POINT_NAMES:
     raise RuntimeError("corral/acceptance/point_names.py must list the points of points.py, in order")
 #: Why `reduced` exists (the report and `--help` say it).
 REDUCED_NOTE = (
-    "reduced: the seven points one real run covers (startup context, tool plan, read/patch/confirm, confirmation"
+    "reduced: the seven points one real run covers (startup context, tool plan, read/changeset/confirm, confirmation"
     " after the CLI exits, supervisor SIGKILL recovery, ledger consistency, secret leaks) on one project; the swarm,"
     " verify/preview, transient-retry and chat points each need their own multi-agent runs (tens of provider calls"
     " on a CPU model), too slow for `make test`"

@@ -82,6 +82,16 @@ class RetryFacts:
     specialists_same_batch: bool = False
     specialists_overlap: int = 0
     repairs: int = 0
+    #: POSTs the proxy saw, and provider lifecycles in the ledger: a POST no lifecycle
+    #: accounts for was sent without its durable record (fewer POSTs can happen: a
+    #: kill between a lifecycle's commit and its send).
+    proxy_posts: int = 0
+    lifecycles: int = 0
+    #: Deliveries of the root claimed (the seed: 2 initial + 1 repair), the claims
+    #: that took them, and targeted contract reads (agent.run_status with a delegation_id).
+    deliveries_claimed: int = 0
+    claims: int = 0
+    contract_reads: int = 0
     # -- V1.42 ------------------------------------------------------------------------
     final_victim_root: bool = False
     #: The victim's slot is ``<run>:<loop>``: no retry, repair or interrupted suffix.
@@ -133,6 +143,7 @@ def retry_flow(workspace: Workspace, host: Host, provider: Provider) -> RetryFac
                 spec.write_text(specs.retry_spec(route.through(proxy_url), str(project)))
                 _drive(host, facts, spec, selector)
             facts.injected = sum(1 for record in proxy.requests if record.fault)
+            facts.proxy_posts = sum(1 for record in proxy.requests if record.method == "POST")
             dropped_forwarded = any(r.seq == selector.first_seq and r.forwarded for r in proxy.requests)
             _selected(facts, selector, dropped_forwarded)
         if facts.run_id:
@@ -244,7 +255,14 @@ def _gather(facts: RetryFacts) -> None:
                                  root)
         plans = ledger.all("SELECT loop_index, plan FROM plans WHERE run_id = ?", root)
         kinds = dict(ledger.all("SELECT run_id, kind FROM runs WHERE root_run_id = ?", root))
+        facts.deliveries_claimed = len(ledger.all("SELECT 1 FROM deliveries WHERE parent_run_id = ? AND status ="
+                                                  " 'claimed-by-parent'", root))
+        facts.claims = len(ledger.all("SELECT 1 FROM claim_journal WHERE parent_run_id = ?", root))
+        status_reads = ledger.all("SELECT input FROM actions WHERE run_id = ? AND tool = 'agent.run_status' AND"
+                                  " phase = 'ok'", root)
+    facts.contract_reads = sum(1 for row in status_reads if '"delegation_id"' in str(row[0]))
     facts.failed = sum(1 for row in rows if row[1] == "failed")
+    facts.lifecycles = len(rows)
     for row in rows:
         if "-transient-" in str(row[0]):
             base = str(row[0]).split("-transient-")[0]

@@ -95,8 +95,9 @@ tools = ["fs.write", "process.start", "preview.validate", "project.verify"]
 RETRY_BACKOFF_S = 15.0
 RETRY_TASK = ("Get the release facts written and reviewed. In one turn delegate to researcher (write"
               " research/facts.md) and to reviewer (write review/check.md). Collect both deliveries with"
-              " agent.run_status. Send the weaker delivery back once as a repair (agent.delegate with repair_of),"
-              " collect it with agent.run_status, then reply with one sentence.")
+              " agent.run_status. Read the weaker delivery's contract (agent.run_status with its delegation_id),"
+              " send it back once as a repair (agent.delegate with repair_of), collect the repair with"
+              " agent.run_status, then reply with one sentence.")
 
 
 def retry_spec(provider: Provider, project: str) -> str:
