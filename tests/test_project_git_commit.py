@@ -22,14 +22,14 @@ from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
 #: Every git verb the commit may run; anything else (push, fetch, branch, add,
 #: commit, reset, checkout...) is a failure of this test.
 COMMIT_VERBS = {"config", "rev-parse", "symbolic-ref", "diff-index", "read-tree", "hash-object", "update-index",
-                "write-tree", "commit-tree", "update-ref"}
+                "write-tree", "commit-tree", "update-ref", "status"}
 
 
 def _ctx(ws: Path, *, verified: bool = True, child: bool = False) -> ToolContext:
     async def call(method: str, **params: Any) -> dict[str, Any]:
         assert method == "project.verification", method
         last = {"revision": 2, "status": "passed" if verified else "failed"}
-        return {"revision": 2, "verification": last, "passed_on_current": verified}
+        return {"revision": 2, "verification": last, "passed_on_current": verified, "passed_by_run": verified}
 
     return ToolContext(agent_id="writer", run_id="run-test00", action_id="act-1", workspace=ws, write_scopes=(".",),
                        home=ws.parent / "home", call=call, is_child=child)
@@ -73,8 +73,6 @@ async def test_a_commit_holds_exactly_the_paths_on_the_expected_head(tmp_path: P
     (ws / "new.py").chmod(0o755)
     (ws / "gone.txt").unlink()
     (ws / "b.py").write_text("b.py v2, not chosen\n")
-    (ws / "staged.txt").write_text("staged by the user\n")
-    _git(ws, "add", "staged.txt")  # the user's own staged work: never swept in
     index_before = _git(ws, "ls-files", "-s", "--", "b.py", "staged.txt")
     paths = ["a.py", "new.py", "gone.txt"]
     snap = await _snapshot(ws, paths)
@@ -109,10 +107,10 @@ async def test_a_commit_holds_exactly_the_paths_on_the_expected_head(tmp_path: P
     assert _git(ws, "log", "-1", "--format=%an <%ae>|%cn <%ce>|%s").strip() == (
         "Repo Owner <owner@example.invalid>|Repo Owner <owner@example.invalid>|Change a, add new, drop gone")
     assert "corral project.git_commit" in _git(ws, "reflog", "-1", "--format=%gs", "refs/heads/main")
-    # The user's index: their staged file and the other entries as they were; the
-    # committed paths match the new HEAD (no stale entry a later commit would revert).
+    # The user's index: the other entries as they were; the committed paths match
+    # the new HEAD (no stale entry a later commit would revert), nothing staged.
     assert _git(ws, "ls-files", "-s", "--", "b.py", "staged.txt") == index_before
-    assert _git(ws, "diff", "--cached", "--name-only").split() == ["staged.txt"]
+    assert _git(ws, "diff", "--cached", "--name-only").split() == []
     assert _git(ws, "diff", "--name-only").split() == ["b.py"]
     assert done.output["index_refreshed"] is True
 
@@ -134,22 +132,81 @@ async def test_a_moved_head_a_changed_file_or_staged_paths_commit_nothing(tmp_pa
     good = {"message": "m", "paths": ["a.py"], "expected_head": snap["head"],
             "expected_snapshot_fingerprint": snap["fingerprint"]}
     await _commit_refused(ws, {**good, "expected_head": "0" * 40}, "head-changed")
-    await _commit_refused(ws, {**good, "paths": ["a.py", "b.py"]}, "snapshot-changed")
+    await _commit_refused(ws, {**good, "paths": ["a.py", "b.py"]}, "path-unchanged")
     (ws / "a.py").write_text("a.py v3, after the review\n")
     await _commit_refused(ws, good, "snapshot-changed")
     (ws / "a.py").write_text("a.py v2\n")
     _git(ws, "add", "a.py")
-    assert "staged changes" in await _commit_refused(ws, good, "staged-changes")
+    await _commit_refused(ws, good, "snapshot-changed")  # staged since: the status is not the snapshot's
     _git(ws, "reset", "-q", "--", "a.py")
     # A commit made meanwhile moves HEAD: the snapshot's head is no longer it.
     (ws / "b.py").write_text("b.py v2\n")
     _git(ws, "commit", "-q", "-m", "meanwhile", "--", "b.py")
-    await _commit_refused(ws, good, "head-changed")
+    await _commit_refused(ws, {**good, "expected_head": _head(ws)}, "snapshot-changed")
     await _commit_refused(ws, {**good, "paths": ["a.py", "a.py"]}, "bad-input")
     for bad in ("  ", "\ud800 a lone surrogate"):
         await _commit_refused(ws, {**good, "message": bad}, "bad-message")
     (ws / "link.py").symlink_to("a.py")
     await _commit_refused(ws, {**good, "paths": ["link.py"]}, "path-refused")
+
+
+async def test_any_staged_content_refuses_the_commit(tmp_path: Path) -> None:
+    """Seed 004 V1.12: "工具执行时真实 index 必须为空，已有 staged 内容一律拒绝": a path the
+    user staged, even one the commit does not name, refuses it; so does a staged secret
+    file, which the refusal does not name."""
+    ws = _repo(tmp_path)
+    (ws / "a.py").write_text("a.py v2\n")
+    (ws / "staged.txt").write_text("staged by the user\n")
+    _git(ws, "add", "staged.txt")
+    snap = await _snapshot(ws, ["a.py"])
+    assert snap["staged"] == 1
+    good = {"message": "m", "paths": ["a.py"], "expected_head": snap["head"],
+            "expected_snapshot_fingerprint": snap["fingerprint"]}
+    message = await _commit_refused(ws, good, "staged-changes")
+    assert "staged.txt" in message and "index" in message
+    _git(ws, "reset", "-q", "--", "staged.txt")
+    (ws / ".env").write_text("TOKEN=shh\n")
+    _git(ws, "add", "-f", ".env")
+    snap = await _snapshot(ws, ["a.py"])
+    assert ".env" not in str(snap)
+    good = {**good, "expected_snapshot_fingerprint": snap["fingerprint"]}
+    message = await _commit_refused(ws, good, "staged-changes")
+    assert ".env" not in message and "1 staged path" in message
+    _git(ws, "rm", "-q", "--cached", ".env")
+    snap = await _snapshot(ws, ["a.py"])
+    done = await GitCommit().run(_ctx(ws), {**good, "expected_snapshot_fingerprint": snap["fingerprint"]})
+    assert done.ok and _git(ws, "show", "HEAD:a.py") == "a.py v2\n"
+
+
+async def test_the_snapshot_binds_head_the_branch_and_every_safe_change(tmp_path: Path) -> None:
+    """Seed 004 V1.12: commitSnapshotFingerprint "绑定当前 HEAD、附着分支、规范化后的安全
+    staged / unstaged / untracked 状态以及所有安全变更路径": a change to a path the commit
+    does not name moves it, a secret file's change does not; only a changed path commits."""
+    ws = _repo(tmp_path)
+    (ws / "a.py").write_text("a.py v2\n")
+    first = await _snapshot(ws, ["a.py"])
+    assert [f["path"] for f in first["changes"]] == ["a.py"]
+    good = {"message": "m", "paths": ["a.py"], "expected_head": first["head"],
+            "expected_snapshot_fingerprint": first["fingerprint"]}
+    (ws / "b.py").write_text("b.py v2, not chosen\n")  # another tracked path changes
+    await _commit_refused(ws, good, "snapshot-changed")
+    (ws / "b.py").write_text("b.py v1\n")
+    assert (await _snapshot(ws, ["a.py"]))["fingerprint"] == first["fingerprint"]
+    (ws / "untracked.txt").write_text("new\n")  # an untracked path appears
+    await _commit_refused(ws, good, "snapshot-changed")
+    (ws / "untracked.txt").unlink()
+    (ws / ".env").write_text("SECRET=1\n")  # a secret file is never part of it
+    assert (await _snapshot(ws, [])) ["fingerprint"] == first["fingerprint"]
+    # The same HEAD on another branch: another snapshot.
+    _git(ws, "branch", "other")
+    _git(ws, "symbolic-ref", "HEAD", "refs/heads/other")
+    other = await _snapshot(ws, ["a.py"])
+    assert other["head"] == first["head"] and other["branch"] == "refs/heads/other"
+    assert other["fingerprint"] != first["fingerprint"]
+    _git(ws, "symbolic-ref", "HEAD", "refs/heads/main")
+    # A path with no change is not one git.inspect's snapshot names: refused.
+    unchanged = {**good, "paths": ["a.py", "b.py"]}
+    assert "b.py" in await _commit_refused(ws, unchanged, "path-unchanged")
 
 
 async def test_no_repository_identity_no_verification_or_a_child_commit_nothing(tmp_path: Path) -> None:

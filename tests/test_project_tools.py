@@ -28,7 +28,8 @@ def _ctx(ws: Path, scopes: tuple[str, ...] = (".",)) -> ToolContext:
 def _verified(ws: Path) -> ToolContext:
     """A context whose run has a passed verification on its current revision."""
     async def call(method: str, **params: Any) -> dict[str, Any]:
-        return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True}
+        return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True,
+                "passed_by_run": True}
 
     return ToolContext(agent_id="writer", run_id="run-test00", action_id="act-1", workspace=ws, write_scopes=(".",),
                        home=ws.parent / "home", call=call)
@@ -123,7 +124,7 @@ final = "committed"
         daemon.call("continue_action", action_id=shown["actions"][0]["action_id"], decision="approve")
         shown = wait_run(daemon, run_id, {"completed", "failed"})
         assert shown["actions"][0]["phase"] == "failed"
-        assert "run project.verify first" in json.dumps(shown["actions"][0])
+        assert "the project is at revision 0" in json.dumps(shown["actions"][0])  # no verified change of its own
         assert _git(ws, "rev-list", "--count", "HEAD").strip() == "1", "nothing committed unverified"
     finally:
         daemon.shutdown()

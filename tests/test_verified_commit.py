@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from corral.actors.tools.git_exact_commit import PathState, snapshot_fingerprint
+from corral.actors.tools.git_exact_commit import StatusEntry, commit_snapshot_fingerprint
 from corral.sandbox.bwrap import bwrap_available
 from tests.harness import Daemon, ledger_rows, running, wait_run
 
@@ -43,9 +43,13 @@ def _act(tool: str, **tool_input: Any) -> dict[str, Any]:
 
 
 def _commit(ws: Path, message: str, content: str) -> dict[str, Any]:
-    fingerprint = snapshot_fingerprint([PathState("app.py", content.encode())])
-    return _act("project.git_commit", message=message, paths=["app.py"], expected_head=_git(ws, "rev-parse", "HEAD")
-                .strip(), expected_snapshot_fingerprint=fingerprint)
+    """The commit of app.py when it is the one change (`` M``) and holds ``content``,
+    on the branch main at the HEAD of now."""
+    head = _git(ws, "rev-parse", "HEAD").strip()
+    change = StatusEntry("app.py", " M", hashlib.sha256(content.encode()).hexdigest())
+    fingerprint = commit_snapshot_fingerprint(head, "refs/heads/main", [change])
+    return _act("project.git_commit", message=message, paths=["app.py"], expected_head=head,
+                expected_snapshot_fingerprint=fingerprint)
 
 
 def _run(daemon: Daemon, task: str, *steps: dict[str, Any] | str) -> str:
@@ -122,3 +126,47 @@ def test_write_verify_commit_and_a_write_after_the_verify_waits_for_another(shor
         assert [a["phase"] for a in shown["actions"]] == ["failed"]
         assert (ws / "notes.txt").read_text() == "keep\n" and (ws / "app.py").read_text() == "good again\n"
         assert _revisions(daemon) == before
+
+
+def _refused_commit(daemon: Daemon, run_id: str) -> str:
+    """The run's commit, approved, fails before any git write: its error."""
+    waiting = _approve_next(daemon, run_id)
+    shown = wait_run(daemon, run_id, {"completed", "failed"})
+    (action,) = [a for a in shown["actions"] if a["action_id"] == waiting["action_id"]]
+    assert action["phase"] == "failed", action
+    return str(action["error"])
+
+
+def test_a_commit_needs_a_passed_verification_of_its_own_run_on_a_non_zero_revision(short_tmp: Path) -> None:
+    """Seed 004 V1.12: "当前 run 必须已在当前非零项目 revision 上取得 passed 验证凭证；……只审阅了
+    用户预存脏改动或 revision 0 的工作树都不能提交": a verification at revision 0 (the
+    user's own change, no change of corral's) and one made by another run do not count."""
+    ws = short_tmp / "ws"
+    ws.mkdir()
+    _git(ws, "init", "-q", "-b", "main")
+    _git(ws, "config", "user.name", "Repo Owner")
+    _git(ws, "config", "user.email", "owner@example.invalid")
+    (ws / "app.py").write_text("v0\n")
+    _git(ws, "add", ".")
+    _git(ws, "commit", "-q", "-m", "start")
+    start = _git(ws, "rev-parse", "HEAD").strip()
+    (ws / "app.py").write_text("good, the user's\n")  # the user's own dirty change
+    with running(short_tmp / "home", SPEC) as daemon:
+        zero = _run(daemon, "revision 0", _act("project.verify"), _commit(ws, "the user's", "good, the user's\n"),
+                    "tried")
+        why = _refused_commit(daemon, zero)
+        assert "revision 0" in why
+        assert [(v["status"], v["revision"]) for v in ledger_rows(
+            daemon.home, "SELECT status, revision FROM project_verifications")] == [("passed", 0)]
+
+        writer = _run(daemon, "write and verify", _act("fs.write", path="app.py", content="good\n"),
+                      _act("project.verify"), "verified")
+        assert wait_run(daemon, writer, {"completed", "failed"})["run"]["status"] == "completed"
+        other = _run(daemon, "commit another run's verification", _commit(ws, "not mine", "good\n"), "tried")
+        assert "this run" in _refused_commit(daemon, other)
+        assert _git(ws, "rev-parse", "HEAD").strip() == start, "nothing was committed"
+
+        own = _run(daemon, "verify, then commit", _act("project.verify"), _commit(ws, "mine", "good\n"), "done")
+        _approve_next(daemon, own)
+        assert wait_run(daemon, own, {"completed", "failed"})["run"]["status"] == "completed"
+        assert _git(ws, "log", "--format=%s", f"{start}..HEAD") == "mine\n"

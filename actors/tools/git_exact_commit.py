@@ -12,8 +12,9 @@ the expected commit (a compare-and-swap: a concurrent commit wins, this one fail
 Afterwards the user's index gets the committed paths' new entries, and nothing else:
 an index still holding the old content of a committed path would show it as staged
 (``MM``), and the user's next plain ``git commit`` would silently revert it. A
-committed path that had staged changes of its own is refused beforehand, so no
-staged work is ever overwritten; every other entry (a file the user staged) stays.
+index must hold nothing staged at all (seed 004 V1.12: "已有 staged 内容一律拒绝"): any
+staged path, named or not, refuses the commit beforehand, so no staged work is ever
+overwritten or left to be swept into the user's next commit beside corral's.
 
 Every git here runs through HostGit (host_git.py): no hooks, filters, drivers, pager
 or global config. The identity is the repository's own ``user.name`` and
@@ -28,7 +29,7 @@ import json
 import re
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,24 @@ def snapshot_fingerprint(states: Sequence[PathState]) -> str:
     (``separators=(",", ":")``): the same content of the same paths, the same value."""
     pairs = sorted([state.path, state.sha256] for state in states)
     return hashlib.sha256(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class StatusEntry:
+    """One safe changed path of ``git status --porcelain=v1``: its two-letter code and
+    the SHA-256 of its working-tree bytes (None: deleted, or not a regular file)."""
+
+    path: str
+    code: str
+    sha256: str | None
+
+
+def commit_snapshot_fingerprint(head: str | None, branch: str | None, entries: Sequence[StatusEntry]) -> str:
+    """sha256 of the compact JSON ``{"branch", "changes": [[path, code, sha256], ...]
+    sorted by path, "head"}``: HEAD, the attached branch and every safe change."""
+    changes = sorted([entry.path, entry.code, entry.sha256] for entry in entries)
+    text = json.dumps({"branch": branch, "changes": changes, "head": head}, separators=(",", ":"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -117,8 +136,18 @@ def repository_identity(git: HostGit) -> Identity:
     return Identity(values[0], values[1])
 
 
-def commit_exact(workspace: Path, states: Sequence[PathState], message: str, expected_head: str) -> Committed:
-    """Commit exactly ``states`` on the current branch, whose tip must be ``expected_head``."""
+#: Staged paths named in a refusal.
+MAX_NAMED_STAGED = 5
+
+
+def _no_hidden(names: Sequence[str]) -> set[str]:
+    return set()
+
+
+def commit_exact(workspace: Path, states: Sequence[PathState], message: str, expected_head: str,
+                 hidden: Callable[[Sequence[str]], set[str]] = _no_hidden) -> Committed:
+    """Commit exactly ``states`` on the current branch, whose tip must be ``expected_head``,
+    with nothing staged in the real index. ``hidden``: the names a refusal never shows."""
     if not _OBJECT_ID.match(expected_head):
         raise ToolError("expected_head must be a full commit id (project.git_snapshot gives it)", "bad-input")
     if not (workspace / ".git").is_dir() or (workspace / ".git").is_symlink():
@@ -134,13 +163,15 @@ def commit_exact(workspace: Path, states: Sequence[PathState], message: str, exp
         raise ToolError(f"HEAD is {head.commit}, not the expected {expected_head}: take a new snapshot",
                         "head-changed")
     identity = repository_identity(git)
-    paths = [state.path for state in states]
-    staged = _out(_git(git, "diff-index", "--cached", "--name-only", "-z", "--no-renames", head.commit, "--",
-                       *paths, literal_paths=True), "diff-index")
+    staged = [name for name in _out(_git(git, "diff-index", "--cached", "--name-only", "-z", "--no-renames",
+                                         head.commit), "diff-index").split("\0") if name]
     if staged:
-        names = ", ".join(name for name in staged.split("\0") if name)
-        raise ToolError(f"{names[:300]} has staged changes of its own: commit or unstage them first;"
-                        " project.git_commit never overwrites what the user staged", "staged-changes")
+        secret = hidden(staged)
+        shown = [name for name in staged if name not in secret][:MAX_NAMED_STAGED]
+        count = f"{len(staged)} staged path{'' if len(staged) == 1 else 's'}"
+        named = f" ({', '.join(shown)[:300]}{', ...' if len(shown) < len(staged) else ''})" if shown else ""
+        raise ToolError(f"the index holds {count}{named}: project.git_commit commits only with an empty index and"
+                        " never takes or overwrites what was staged; commit or unstage it first", "staged-changes")
     with tempfile.TemporaryDirectory(prefix="corral-commit-") as scratch:
         index = Path(scratch) / "index"
         _out(_git(git, "read-tree", head.commit, index_file=index), "read-tree")

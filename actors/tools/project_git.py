@@ -2,9 +2,12 @@
 ``project.git_commit`` (seed 004 V1.12).
 
 ``project.git_commit`` is the only git write. It commits exactly the given paths,
-only if HEAD is still the expected commit and the paths' content still has the
-snapshot fingerprint ``project.git_snapshot`` gave (git_exact_commit.py builds the
-commit in an index of its own). It always needs approval, and children and
+only if HEAD is still the expected commit, nothing is staged, and the repository
+still has the snapshot fingerprint ``project.git_snapshot`` gave: HEAD, the branch
+and every safe change, not only the paths' (git_snapshot.py; git_exact_commit.py
+builds the commit in an index of its own). It needs a passed ``project.verify`` of
+the same run on the current, non-zero project revision (project_verify.py
+``require_verification``). It always needs approval, and children and
 delegated specialists never get it (the run layer applies ``min_policy`` and
 ``denied_run_kinds``). It never pushes, fetches, pulls, switches branches, merges,
 rebases, resets, stashes, tags or touches submodules or worktrees. Inside the
@@ -27,6 +30,7 @@ from typing import Any, NotRequired
 import trio
 from typing_extensions import TypedDict
 
+from corral.actors.tools import git_snapshot
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
 from corral.actors.tools.git_exact_commit import (
     MAX_COMMIT_PATHS,
@@ -34,7 +38,6 @@ from corral.actors.tools.git_exact_commit import (
     PathState,
     commit_exact,
     read_head,
-    snapshot_fingerprint,
 )
 from corral.actors.tools.host_git import (
     HostGit,
@@ -49,7 +52,9 @@ from corral.actors.tools.project_verify import require_verification
 from corral.actors.tools.staging import open_to_read
 
 #: A file larger than this is not read into memory to be committed.
-MAX_COMMIT_FILE_BYTES = 8 << 20
+MAX_COMMIT_FILE_BYTES = git_snapshot.MAX_FILE_BYTES
+#: Changes listed in a snapshot's output (its fingerprint covers them all).
+MAX_SHOWN_CHANGES = 100
 
 
 def _git(ctx: ToolContext, *args: str, literal_paths: bool = False) -> subprocess.CompletedProcess[str]:
@@ -116,7 +121,7 @@ class GitDiff:
 
 
 class SnapshotArgs(TypedDict):
-    paths: list[str]
+    paths: NotRequired[list[str]]
 
 
 class CommitArgs(TypedDict):
@@ -126,10 +131,14 @@ class CommitArgs(TypedDict):
     expected_snapshot_fingerprint: str
 
 
-def read_states(ctx: ToolContext, raw_paths: list[str]) -> list[PathState]:
+def _snapshot(ctx: ToolContext) -> git_snapshot.Snapshot:
+    return git_snapshot.take(ctx.workspace, (ctx.home,))
+
+
+def read_states(ctx: ToolContext, raw_paths: list[str], *, at_least: int = 1) -> list[PathState]:
     """The paths to commit as they are now: each one's bytes (read like fs.read reads:
     confined, no symlink, no secret under any name), or None when it is deleted."""
-    if not 0 < len(raw_paths) <= MAX_COMMIT_PATHS:
+    if not at_least <= len(raw_paths) <= MAX_COMMIT_PATHS:
         raise ToolError(f"give 1 to {MAX_COMMIT_PATHS} paths", "bad-input")
     root = ctx.workspace.resolve()
     states: dict[str, PathState] = {}
@@ -173,22 +182,27 @@ def _is_utf8(text: str) -> bool:
 class GitSnapshot:
     schema = schema(
         "project.git_snapshot",
-        "What project.git_commit needs, read-only: the current HEAD (`head`), the branch, each path's sha256"
-        " (null: deleted) and the snapshot `fingerprint` of the paths. Pass `head` and `fingerprint` to"
-        " project.git_commit as expected_head and expected_snapshot_fingerprint.",
+        "What project.git_commit needs, read-only: the current HEAD (`head`), the branch, every changed path"
+        " (`changes`: path, status code, sha256), how many paths are `staged` (a commit needs 0), each given"
+        " path's sha256 (null: deleted) and the snapshot `fingerprint` of HEAD, the branch and all the changes."
+        " Pass `head` and `fingerprint` to project.git_commit as expected_head and expected_snapshot_fingerprint.",
         SnapshotArgs,
         read_only=True,
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        states = await trio.to_thread.run_sync(read_states, ctx, tool_input["paths"])
-        head = await trio.to_thread.run_sync(lambda: read_head(HostGit(ctx.workspace)))
-        fingerprint = snapshot_fingerprint(states)
+        states = await trio.to_thread.run_sync(lambda: read_states(ctx, tool_input.get("paths") or [], at_least=0))
+        snap = await trio.to_thread.run_sync(_snapshot, ctx)
+        fingerprint = snap.fingerprint
         return ToolResult(
             True,
-            {"head": head.commit, "branch": head.branch, "fingerprint": fingerprint,
+            {"head": snap.head.commit, "branch": snap.head.branch, "fingerprint": fingerprint, "staged": snap.staged,
+             "changes": [{"path": c.path, "code": c.code, "sha256": c.sha256}
+                         for c in snap.changes[:MAX_SHOWN_CHANGES]],
+             "changes_total": len(snap.changes),
              "files": [{"path": state.path, "sha256": state.sha256} for state in states]},
-            f"snapshot of {len(states)} paths: {fingerprint[:12]} on {(head.commit or 'no commit')[:12]}",
+            f"snapshot of {len(snap.changes)} changed paths ({snap.staged} staged): {fingerprint[:12]} on"
+            f" {(snap.head.commit or 'no commit')[:12]}",
         )
 
 
@@ -203,9 +217,10 @@ class GitCommit:
     schema = schema(
         "project.git_commit",
         "Commit exactly `paths` (changed, new or deleted files) with `message`, on the current branch. First call"
-        " project.git_snapshot(paths) and pass its `head` as expected_head and its `fingerprint` as"
-        " expected_snapshot_fingerprint: if either changed since, nothing is committed. What the user staged is"
-        " never included. The only git write; it always needs approval and a passed project verification.",
+        " project.git_snapshot and pass its `head` as expected_head and its `fingerprint` as"
+        " expected_snapshot_fingerprint: if HEAD, the branch or any change moved since, nothing is committed."
+        " Nothing may be staged. The only git write; it always needs approval and a passed project.verify of this"
+        " run on the current project revision.",
         CommitArgs,
         read_only=False,
     )
@@ -221,11 +236,20 @@ class GitCommit:
             raise ToolError(f"the message must be 1 to {MAX_MESSAGE_CHARS} characters of UTF-8 text, with no NUL",
                             "bad-message")
         states = await trio.to_thread.run_sync(read_states, ctx, tool_input["paths"])
-        if snapshot_fingerprint(states) != tool_input["expected_snapshot_fingerprint"]:
-            raise ToolError("the paths' content is not the snapshot's (a file changed since, or other paths):"
-                            " review the change again and take a new project.git_snapshot", "snapshot-changed")
         expected_head = tool_input["expected_head"]
-        done = await trio.to_thread.run_sync(lambda: commit_exact(ctx.workspace, states, message, expected_head))
+        head = await trio.to_thread.run_sync(lambda: read_head(HostGit(ctx.workspace)))
+        if head.commit is not None and head.commit != expected_head:
+            raise ToolError(f"HEAD is {head.commit}, not the expected {expected_head}: take a new snapshot",
+                            "head-changed")
+        snap = await trio.to_thread.run_sync(_snapshot, ctx)
+        if snap.fingerprint != tool_input["expected_snapshot_fingerprint"]:
+            raise ToolError("the repository is not the snapshot's (HEAD, the branch, a change or what is staged"
+                            " moved since): review the changes again and take a new project.git_snapshot",
+                            "snapshot-changed")
+        _check_paths(states, snap)
+        secrets = _secrets(ctx)
+        done = await trio.to_thread.run_sync(
+            lambda: commit_exact(ctx.workspace, states, message, expected_head, lambda names: secrets.hidden(names)))
         branch = done.branch.removeprefix("refs/heads/")
         output = {"commit": done.commit, "parent": done.parent, "branch": branch,
                   "paths": [state.path for state in states],
@@ -236,3 +260,15 @@ class GitCommit:
                               " staged until `git reset -q -- <paths>`")
         counted = f"{len(states)} path{'' if len(states) == 1 else 's'}"
         return ToolResult(True, output, f"committed {counted} as {done.commit[:12]} on {branch}")
+
+
+def _check_paths(states: list[PathState], snap: git_snapshot.Snapshot) -> None:
+    """Each path to commit is one of the snapshot's changes, with the bytes it hashed."""
+    changed = {change.path: change for change in snap.changes}
+    for state in states:
+        change = changed.get(state.path)
+        if change is None:
+            raise ToolError(f"{state.path} has no change the snapshot lists: only a changed, new or deleted path"
+                            " is committed", "path-unchanged")
+        if change.sha256 != state.sha256:
+            raise ToolError(f"{state.path} changed while it was read: take a new snapshot", "snapshot-changed")

@@ -39,12 +39,21 @@ class VerifyArgs(TypedDict):
 
 
 async def require_verification(ctx: ToolContext) -> dict[str, Any]:
-    """The project's verification state when the current revision has a passed
-    verification: ``{"revision": int, "verification": {...}, "passed_on_current":
-    True}``; otherwise a ToolError (code ``verification-required``) that says why."""
+    """The project's verification state when this run has a passed verification of
+    the current, non-zero revision (seed 004 V1.12: revision 0 is the user's own
+    worktree, which corral never changed nor can vouch for); otherwise a ToolError
+    (code ``verification-required``) that says why."""
     state = await ctx.call("project.verification", run_id=ctx.run_id)
-    if state.get("passed_on_current") is True:
+    revision = state.get("revision")
+    if revision == 0:
+        raise ToolError("the project is at revision 0: no change was made through corral, so there is no verified"
+                        " change of this run to commit; change the sources, then run project.verify",
+                        "verification-required")
+    if state.get("passed_by_run") is True:
         return state
+    if state.get("passed_on_current") is True:
+        raise ToolError(f"revision {revision} was verified by another run, not this one: run project.verify in"
+                        " this run first", "verification-required")
     last = state.get("verification")
     detail = f"; the last verification, at revision {last['revision']}, is {last['status']}" if last else ""
     raise ToolError(f"no passed verification on the current project revision {state.get('revision')}{detail}:"

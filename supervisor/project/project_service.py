@@ -10,9 +10,10 @@ Actor methods (the agent's tools call them through ``ctx.call``):
 * ``project.verify.record``: records the verification once per action
   (supervisor/project/verification_store.py), then the failpoint
   ``verify.after-record``;
-* ``project.verification``: ``{revision, verification, passed_on_current}`` for
-  any tool that needs a passed verification on the current revision (the gated
-  git commit: actors/tools/project_verify.py ``require_verification``).
+* ``project.verification``: ``{revision, verification, passed_on_current,
+  passed_by_run}`` for any tool that needs a passed verification on the current
+  revision (the gated git commit, which needs the caller's run's own:
+  actors/tools/project_verify.py ``require_verification``).
 """
 
 from __future__ import annotations
@@ -98,8 +99,10 @@ class ProjectService:
         return recorded
 
     async def verification(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        self.runs.owned_run(slot, params)
-        return verification_store.state(self.ledger)
+        run = self.runs.owned_run(slot, params)
+        state = verification_store.state(self.ledger)
+        by_run = verification_store.passed_by_run(self.ledger, run["run_id"], state["revision"])
+        return {**state, "passed_by_run": by_run}
 
     def final_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
         """A root run whose tree changed sources (its own writes, its children's,

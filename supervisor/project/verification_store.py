@@ -6,7 +6,8 @@ action returns the first. Its status is ``passed`` (every command exited 0 and
 the sources did not change under it), ``failed`` (with each command's bounded,
 redacted output) or ``stale`` (the revision moved while it ran, or the commands
 changed the sources themselves). Only a ``passed`` row on the current revision
-lets a final reply of a run that changed sources through, or a commit.
+lets a final reply of a run that changed sources through; a commit needs one of
+its own run, on a non-zero revision.
 """
 
 from __future__ import annotations
@@ -123,6 +124,14 @@ def state(ledger: Ledger) -> dict[str, Any]:
     passed = verification is not None and verification["revision"] == revision \
         and verification["status"] == VerificationStatus.PASSED
     return {"revision": revision, "verification": verification, "passed_on_current": passed}
+
+
+def passed_by_run(ledger: Ledger, run_id: str, revision: int) -> bool:
+    """Whether ``run_id`` itself has a passed verification of ``revision`` (the gated
+    commit's credential, seed 004 V1.12: "当前 run 必须已在当前非零项目 revision 上取得
+    passed 验证凭证"; another run's verification does not count)."""
+    return ledger.one("SELECT 1 FROM project_verifications WHERE run_id = ? AND revision = ? AND status = ?",
+                      run_id, revision, VerificationStatus.PASSED.value) is not None
 
 
 def missing_reason(ledger: Ledger) -> str | None:

@@ -245,7 +245,8 @@ def _tool_ctx(ws: Path) -> ToolContext:
     async def call(method: str, **__: Any) -> dict[str, Any]:
         # The one supervisor question a git tool asks: project.git_commit's verification.
         assert method == "project.verification", method
-        return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True}
+        return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True,
+                "passed_by_run": True}
 
     return ToolContext(agent_id="writer", run_id="run-t", action_id="act-1", workspace=ws, write_scopes=(".",),
                        home=ws.parent / "corral-home", call=call)
