@@ -1,131 +1,198 @@
-"""What the agent should do next, derived from committed rows alone.
+"""What the agent should do next: ``advance`` gathers a run's committed state, asks
+the pure ``decide`` (step_decision.py) and carries out what it decided.
 
 The agent keeps no state that a crash could lose: every step it takes is read off
 the ledger here, from the run (run_store.py), its provider requests
 (provider_store.py), its loop plan (loop_plan_store.py) and its actions
 (action_store.py), with the features' boundary hooks and loop blockers
-(supervisor/runs/run_hooks.py) applied at the safe points.
+(supervisor/runs/run_hooks.py) applied at the safe points. The writes are
+``advance``'s alone: a parked status, a receipt a crash left unwritten, the
+loop's advance, a lost provider request's end.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from typing import assert_never
 
 from corral.mailbox.steps import Do, ParkStep, Step
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.action_store import write_receipt
-from corral.supervisor.runs.loop_plan_store import get_plan, plan_raw_sha256
 from corral.supervisor.runs.provider_store import control_pending, interrupt_provider_request, requests_for
-from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_store import get_run, set_run_status
+from corral.supervisor.runs.step_decision import (
+    ActionView,
+    AdvanceLoop,
+    AskProvider,
+    Decision,
+    Done,
+    Execute,
+    Finalize,
+    Finalized,
+    Park,
+    ParkRun,
+    Parse,
+    PlannedCall,
+    PlanView,
+    Prepare,
+    RecoverLostRequest,
+    RequestView,
+    StepState,
+    decide,
+)
 
 
 def _now() -> float:
     return time.time()
 
 
-def next_step(ledger: Ledger, run_id: str, *, boundary: bool = True) -> Step:
-    """What the agent should do next, from committed state alone. ``boundary=False``:
-    the same call again, just after it advanced the loop (nothing else ran since,
-    so the finalization and the boundary hooks are not checked twice)."""
+def advance(ledger: Ledger, run_id: str, *, boundary: bool = True) -> Step:
+    """The agent's next step, with the writes it takes. ``boundary=False``: the same
+    call again, just after it advanced the loop (nothing else ran since, so the
+    finalization and the boundary hooks are not checked twice)."""
+    return _apply(ledger, run_id, decide(gather(ledger, run_id, boundary=boundary)), boundary=boundary)
+
+
+#: The name the actor methods call it by (run_actor_methods.py, step_piggyback.py).
+next_step = advance
+
+
+def gather(ledger: Ledger, run_id: str, *, boundary: bool) -> StepState:
+    """The committed state ``decide`` looks at, read only as far as it can reach. At a
+    boundary the features' hooks run first (a user's steer, a goal's pause: applied
+    at this safe point), so the state is the one after them."""
     run = get_run(ledger, run_id)
     status = RunStatus(run["status"])
-    if status in RUN_TERMINAL:
-        return {"do": Do.DONE, "status": status.value}
     if status is not RunStatus.RUNNING:
-        return {"do": Do.PARK, "status": status.value}
+        return StepState(status, int(run["loop_index"]))
+    moved = False
     if boundary:
         final = ledger.one("SELECT phase, reply FROM finalizations WHERE run_id = ?", run_id)
         if final is not None:
-            return {"do": Do.FINALIZE, "reply": final["reply"]}
+            return StepState(status, int(run["loop_index"]), final_reply=Finalized(final["reply"]))
         commits = ledger.commits
         for hook in ledger.hooks.boundary:
-            hook(ledger, run_id)  # e.g. a user's steer, applied at this safe boundary
+            hook(ledger, run_id)
         if ledger.commits != commits:
             run = get_run(ledger, run_id)  # a hook moved the run (a steer opens a loop)
-            if RunStatus(run["status"]) is not RunStatus.RUNNING:
-                return {"do": Do.PARK, "status": run["status"]}  # a hook parked it (a goal paused)
+            status = RunStatus(run["status"])
+            moved = True
+            if status is not RunStatus.RUNNING:
+                return StepState(status, int(run["loop_index"]), moved_at_boundary=True)
     loop = int(run["loop_index"])
-    plan = get_plan(ledger, run_id, loop)
-    if plan is None:
+    committed = ledger.committed_plan(run_id, loop)
+    if committed is None:
         requests = requests_for(ledger, run_id, loop)
         latest = requests[-1] if requests else None
-        if latest is not None and latest["status"] == "completed" and latest["consumed"] == 0:
-            return {
-                "do": Do.PARSE,
-                "slot": latest["slot"],
-                "response": latest["response"],
-                "raw_sha256": latest["raw_sha256"],
-                "loop": loop,
-            }
-        # The lane is serial: an agent asking for its next step while its own request
-        # is in flight lost that request (it crashed and restarted).
-        if latest is not None and latest["status"] == "started":
-            if not interrupt_provider_request(
-                ledger, latest["slot"], run_id, ledger.hooks.idempotent_provider(run["provider"])
-            ):
+        return StepState(
+            status,
+            loop,
+            moved_at_boundary=moved,
+            latest_request=None
+            if latest is None
+            else RequestView(
+                latest["slot"], latest["status"], bool(latest["consumed"]), latest["response"], latest["raw_sha256"]
+            ),
+        )
+    raw = json.loads(committed[0])
+    final = raw.get("final")
+    plan = PlanView(
+        final=final,
+        calls=() if final is not None else tuple(PlannedCall(c["tool"], c["input"]) for c in raw.get("actions", [])),
+        raw_sha256=committed[1],
+    )
+    actions = (
+        {}
+        if final is not None
+        else {
+            row["action_index"]: ActionView(
+                row["action_id"],
+                row["tool"],
+                row["input"],
+                row["raw_sha256"],
+                ActionPhase(row["phase"]),
+                bool(row["has_receipt"]),
+            )
+            for row in ledger.all(
+                "SELECT a.*, r.action_id IS NOT NULL AS has_receipt FROM actions a"
+                " LEFT JOIN receipts r ON r.action_id = a.action_id"
+                " WHERE a.run_id = ? AND a.loop_index = ? ORDER BY a.action_index",
+                run_id,
+                loop,
+            )
+        }
+    )
+    return StepState(status, loop, moved_at_boundary=moved, plan=plan, actions=actions)
+
+
+def _apply(ledger: Ledger, run_id: str, decision: Decision, *, boundary: bool) -> Step:
+    """Carry out ``decision``: its writes, then the step the agent gets."""
+    match decision:
+        case Done(status):
+            return {"do": Do.DONE, "status": status.value}
+        case Park(status):
+            return {"do": Do.PARK, "status": status.value}
+        case ParkRun(status, reason, repairs):
+            _repair(ledger, repairs)
+            set_run_status(ledger, run_id, status, reason)
+            return {"do": Do.PARK, "status": status.value}
+        case Finalize(reply, after_blockers):
+            return (_loop_blockers(ledger, run_id) if after_blockers else None) or {"do": Do.FINALIZE, "reply": reply}
+        case Parse(slot, response, raw_sha256, loop):
+            return {"do": Do.PARSE, "slot": slot, "response": response, "raw_sha256": raw_sha256, "loop": loop}
+        case AskProvider(loop):
+            return {"do": Do.PROVIDER, "loop": loop}
+        case RecoverLostRequest(slot, loop):
+            provider = get_run(ledger, run_id)["provider"]
+            if not interrupt_provider_request(ledger, slot, run_id, ledger.hooks.idempotent_provider(provider)):
                 return {"do": Do.PARK, "status": RunStatus.NEEDS_RECONCILIATION.value}
             if boundary and control_pending(ledger, run_id) is not None:
                 # Lost while a steer or a pause waited: it counts as interrupted, and
                 # that control applies now, at this boundary, before any new turn.
-                return next_step(ledger, run_id, boundary=True)
-        return {"do": Do.PROVIDER, "loop": loop}
-    if plan.get("final") is not None:
-        # Children or delegations still at work: wait for them (no provider call)
-        # rather than have the final reply refused for what is only a matter of time.
-        return _loop_blockers(ledger, run_id) or {"do": Do.FINALIZE, "reply": plan["final"]}
-    rows = {
-        row["action_index"]: row
-        for row in ledger.all(
-            "SELECT a.*, r.action_id IS NOT NULL AS has_receipt FROM actions a"
-            " LEFT JOIN receipts r ON r.action_id = a.action_id"
-            " WHERE a.run_id = ? AND a.loop_index = ? ORDER BY a.action_index",
-            run_id,
-            loop,
-        )
-    }
-    for index, call in enumerate(plan.get("actions", [])):
-        row = rows.get(index)
-        if row is None:
+                return advance(ledger, run_id, boundary=True)
+            return {"do": Do.PROVIDER, "loop": loop}
+        case Prepare(loop, index, tool, tool_input, plan_sha, repairs):
+            _repair(ledger, repairs)
             return {
                 "do": Do.PREPARE,
                 "loop": loop,
                 "index": index,
-                "tool": call["tool"],
-                "input": call["input"],
-                "plan_raw_sha256": plan_raw_sha256(ledger, run_id, loop),
+                "tool": tool,
+                "input": tool_input,
+                "plan_raw_sha256": plan_sha,
             }
-        phase = ActionPhase(row["phase"])
-        if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED, ActionPhase.EXECUTING):
+        case Execute(action, repairs):
+            _repair(ledger, repairs)
             return {
                 "do": Do.EXECUTE,
-                "action_id": row["action_id"],
-                "tool": row["tool"],
-                "input": json.loads(row["input"]),
-                "raw_sha256": row["raw_sha256"],
-                "phase": phase.value,
+                "action_id": action.action_id,
+                "tool": action.tool,
+                "input": json.loads(action.input),
+                "raw_sha256": action.raw_sha256,
+                "phase": action.phase.value,
             }
-        if phase is ActionPhase.WAITING_CONFIRMATION:
-            set_run_status(ledger, run_id, RunStatus.WAITING_CONFIRMATION, f"action {row['action_id']} waits")
-            return {"do": Do.PARK, "status": RunStatus.WAITING_CONFIRMATION.value}
-        if phase is ActionPhase.NEEDS_RECONCILIATION:
-            set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION, f"action {row['action_id']} unresolved")
-            return {"do": Do.PARK, "status": RunStatus.NEEDS_RECONCILIATION.value}
-        if not row["has_receipt"]:
-            write_receipt(ledger, row["action_id"], repair=True)  # a terminal move left without its receipt
-    blocked = _loop_blockers(ledger, run_id)
-    if blocked:
-        return blocked
-    with ledger.tx() as db:
-        db.execute(
-            "UPDATE runs SET loop_index = loop_index + 1, updated_at = ? WHERE run_id = ? AND loop_index = ?",
-            (_now(), run_id, loop),
-        )
-        ledger.event("loop-advanced", run_id, loop=loop + 1)
-    return next_step(ledger, run_id, boundary=False)
+        case AdvanceLoop(loop, repairs):
+            _repair(ledger, repairs)
+            blocked = _loop_blockers(ledger, run_id)
+            if blocked:
+                return blocked
+            with ledger.tx() as db:
+                db.execute(
+                    "UPDATE runs SET loop_index = loop_index + 1, updated_at = ? WHERE run_id = ? AND loop_index = ?",
+                    (_now(), run_id, loop),
+                )
+                ledger.event("loop-advanced", run_id, loop=loop + 1)
+            return advance(ledger, run_id, boundary=False)
+        case _:
+            assert_never(decision)
+
+
+def _repair(ledger: Ledger, action_ids: tuple[str, ...]) -> None:
+    for action_id in action_ids:
+        write_receipt(ledger, action_id, repair=True)  # a terminal move left without its receipt
 
 
 def _loop_blockers(ledger: Ledger, run_id: str) -> ParkStep | None:
