@@ -308,6 +308,19 @@ def _print_cluster(cluster: dict[str, Any]) -> None:
          for p in cluster["partitions"]],
         ["PARTITION", "HELD BY", "EPOCH", "ADOPTED FROM", "LEASE"],
     )
+    load = cluster.get("load") or {}
+    if load.get("nodes"):
+        def cap(node: dict[str, Any]) -> str:
+            c = node.get("capacity")
+            return "-" if not c else f"{c['max_runs']} runs, {c['max_runs_per_agent']} per agent"
+
+        totals = load["totals"]
+        print_table(
+            [[n["node"], str(n["in_flight"]), str(n["unfinished"]), cap(n)] for n in load["nodes"]]
+            + [["(cluster)", str(totals["in_flight"]), str(totals["unfinished"]), f"{totals['max_runs']} runs"]],
+            ["NODE", "RUNS IN FLIGHT", "RUNS UNFINISHED", "CAPACITY"],
+        )
+        print(f"shared queue: {load['queue_depth']} run(s) waiting for a node with room")
     if cluster.get("dormant"):
         print(f"held by this node with no supervisor (their runs are over): {', '.join(cluster['dormant'])}")
     for refused in cluster.get("adoption_refused") or []:

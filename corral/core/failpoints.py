@@ -38,6 +38,7 @@ MARKER_DIR_ENV = "CORRAL_FAILPOINT_DIR"
 KNOWN: dict[str, str] = {
     "action.after-prepared": "supervisor: action row prepared, reply not yet sent",
     "action.after-executing": "supervisor: executing committed, agent not yet told",
+    "queue.claiming": "cluster node: a queued run taken off the shared queue, its creation not yet committed",
     "agent.before-effect": "agent: executing acknowledged, side effect not started",
     "agent.after-effect": "agent: side effect done, terminal record not requested",
     "action.before-terminal": "supervisor: an action's outcome is in hand, its terminal phase not yet committed",

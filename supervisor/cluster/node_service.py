@@ -36,14 +36,14 @@ import trio
 from corral.core import failpoints
 from corral.core.child_python import python_argv, python_env
 from corral.supervisor.cluster import cluster_tables as cluster
-from corral.supervisor.cluster import custody, forwarding
+from corral.supervisor.cluster import custody, forwarding, node_queue, run_queue
 from corral.supervisor.cluster.node_stop import clear as clear_stop_note
 from corral.supervisor.cluster.node_stop import write as write_stop_note
 from corral.supervisor.errors import StorageFull
 from corral.supervisor.ledger.ledger_link import Wakeup, connection_lost, keep_connected
 from corral.supervisor.ledger.ledger_pg import PostgresLedger
 from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster, schema_of
-from corral.supervisor.ledger.ledger_pg_wire import PostgresUnavailable, redact_url
+from corral.supervisor.ledger.ledger_pg_wire import PostgresUnavailable, connect, redact_url
 from corral.supervisor.ledger.ledger_spec import URL_ENV, Placement, remember
 from corral.supervisor.ledger.port import Ledger, SqliteLedger
 from corral.supervisor.runs.run_state import TERMINAL
@@ -103,6 +103,10 @@ class NodeState:
     dormant: dict[str, int] = field(default_factory=dict)
     #: The epoch each adoption supervisor of this node holds its partition at.
     adopted_epochs: dict[str, int] = field(default_factory=dict)
+    #: This node's part in the shared queue (None: it takes none).
+    queue: run_queue.RunQueue | None = None
+    #: The cluster's load as the last status saw it (per node, the queue's depth).
+    last_load: dict[str, Any] = field(default_factory=dict)
 
     @property
     def primary(self) -> bool:
@@ -157,6 +161,10 @@ def install(sup: Supervisor) -> None:
         # `reconcile` of another partition's action goes to its holder (forwarding.py).
         sup.hooks.reconcile_elsewhere = forwarding.Forwarder(
             state.placement.url, state.placement.node, hold.partition).reconcile
+    if state.primary and state.placement.queue is not None:
+        node_queue.join(sup, state, ledger, state.placement.queue)
+    elif state.primary and state.conn is not None:
+        run_queue.publish_capacity(state.conn, state.placement.node, None)
     sup.background.append(lambda: _lease_loop(sup, state))
     sup.background.append(lambda: keep_connected(ledger, lost))
     sup.shutdown_hooks.append(lambda: _leave(state))
@@ -170,11 +178,16 @@ class PartitionReader:
 
     def __init__(self, state: NodeState) -> None:
         self.state = state
+        #: Its own connection for ``wait``'s polls (the cluster connection is the tick's).
+        self._conn: Any = None
 
     async def show(self, run_id: str) -> dict[str, Any] | None:
         state = self.state
         if state.conn is None or state.placement.url is None:
             return None
+        queued = run_queue.queued_view(state.conn, run_id)
+        if queued is not None:
+            return queued  # in the shared queue: no node took it yet
         name = cluster.partition_of_run(state.conn, run_id, state.hold.partition)
         if name is None:
             return None
@@ -185,6 +198,21 @@ class PartitionReader:
         finally:
             other.close()
         return {**shown, "partition": name}
+
+
+    async def statuses(self, run_ids: list[str]) -> dict[str, str]:
+        """The status of each of these runs the cluster holds elsewhere (queued: pending)."""
+        state = self.state
+        if state.placement.url is None:
+            return {}
+        if self._conn is None:
+            self._conn = connect(state.placement.url, f"corral-reader:{state.placement.node}")
+        try:
+            return run_queue.statuses(self._conn, run_ids, state.hold.partition)
+        except Exception:
+            conn, self._conn = self._conn, None
+            conn.close()
+            raise
 
 
 def partition_reader(state: NodeState | None) -> PartitionReader | None:
@@ -200,6 +228,7 @@ def _status(state: NodeState, ledger: PostgresLedger) -> dict[str, Any]:
     if conn is not None and state.cluster_lost_since is None:
         try:
             view = state.last_view = cluster.view(conn)
+            state.last_load = run_queue.cluster_load(conn)
         except Exception as exc:
             _cluster_failed(state, exc)
     degraded = []
@@ -219,6 +248,8 @@ def _status(state: NodeState, ledger: PostgresLedger) -> dict[str, Any]:
         "reachable": not degraded,
         "degraded": "; ".join(degraded),
         "adoption_refused": [refusal.as_dict() for refusal in state.refused.values()],
+        "capacity": state.queue.capacity.as_dict() if state.queue is not None else None,
+        "load": state.last_load,
         **view,
     }
 
@@ -333,7 +364,12 @@ async def _lease_loop(sup: Supervisor, state: NodeState) -> None:
             except Exception as exc:
                 _cluster_failed(state, exc)
                 break
-            if hold is not None:
+            if hold is None:
+                continue
+            moved, idle = await node_queue.requeue_taken(state, hold)
+            if moved:
+                _record(sup, [("runs-requeued", hold.partition, {"runs": moved})])
+            if not idle:
                 _start_adopted(sup, state, hold)
         for hold in tick.serve:
             _start_adopted(sup, state, hold)

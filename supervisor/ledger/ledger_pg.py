@@ -32,11 +32,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from corral.supervisor.errors import SupervisorError
+from corral.supervisor.ledger import ledger_pg_queue
 from corral.supervisor.ledger.ledger_link import Backoff, LedgerUnavailable, connection_lost
 from corral.supervisor.ledger.ledger_pg_cluster import (
     CLUSTER_SCHEMA,
     FENCE_SQLSTATE,
     LAPSED_SQLSTATE,
+    QUEUED,
     RENEW_SQL,
     RUN_ID_KEY,
     ensure_cluster,
@@ -137,6 +139,9 @@ class PostgresLedger(Ledger):
         self._cursors: list[int] = []
         #: The run id the open transaction claims cluster-wide (``claim_run_id``).
         self._claimed: str | None = None
+        #: The queued run this node is creating now: its claim takes it off the
+        #: shared queue in the same transaction (supervisor/cluster/run_queue.py).
+        self.from_queue: str | None = None
         try:
             if not readonly:
                 ensure_cluster(self.raw)
@@ -545,6 +550,8 @@ class PostgresLedger(Ledger):
         ``RunIdTaken``. One that another node is creating right now waits for
         that node's transaction, then fails if it committed."""
         self._claimed = run_id
+        if run_id == self.from_queue:
+            ledger_pg_queue.take(self.db, run_id)  # this node takes it off the shared queue, or nothing
         self.db.send(f"INSERT INTO {CLUSTER_SCHEMA}.run_ids (run_id, partition, created_at)"
                      " VALUES (%s, %s, clock_timestamp())", (run_id, self.partition))
 
@@ -559,10 +566,12 @@ class PostgresLedger(Ledger):
             try:
                 row = self.db.send(
                     f"SELECT i.partition, p.schema_name FROM {CLUSTER_SCHEMA}.run_ids i"
-                    f" JOIN {CLUSTER_SCHEMA}.partitions p ON p.name = i.partition"
+                    f" LEFT JOIN {CLUSTER_SCHEMA}.partitions p ON p.name = i.partition"
                     " WHERE i.run_id = %s AND i.partition <> %s", (run_id, self.partition)
                 ).fetchone()
-                if row is None:
+                if row is not None and row[0] == QUEUED:
+                    return ledger_pg_queue.queued_run(self.db, run_id)  # None: taken meanwhile
+                if row is None or row[1] is None:
                     return None
                 partition, schema = str(row[0]), str(row[1])
                 if schema != schema_of(partition):

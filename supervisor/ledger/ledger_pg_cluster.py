@@ -26,6 +26,9 @@ RENEW_SQL = (
     f"UPDATE {CLUSTER_SCHEMA}.partitions SET lease_until = clock_timestamp() + make_interval(secs => %s)"
     " WHERE name = %s AND epoch = %s AND holder = %s RETURNING epoch"
 )
+#: ``run_ids.partition`` of a run waiting in the shared queue (no partition name
+#: starts with "~": ``PARTITION_NAME``).
+QUEUED = "~queued"
 #: The key of ``run_ids``: a second claim of a run id violates it.
 RUN_ID_KEY = "run_ids_pkey"
 PARTITION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
@@ -69,6 +72,15 @@ DO $wanted$ BEGIN
     END IF;
 END $wanted$
 """,
+    # What a node takes on at once (supervisor/cluster/run_queue.py), for status.
+    f"""
+DO $capacity$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = '{CLUSTER_SCHEMA}'
+                   AND table_name = 'nodes' AND column_name = 'capacity') THEN
+        ALTER TABLE {CLUSTER_SCHEMA}.nodes ADD COLUMN capacity JSONB;
+    END IF;
+END $capacity$
+""",
     # A call for a partition made on another node (``corral reconcile`` there): the
     # partition's holder takes it, runs it on its own fenced ledger, and answers
     # (supervisor/cluster/forwarding.py). Only the holder writes a partition.
@@ -95,6 +107,22 @@ CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.run_ids (
     partition    TEXT NOT NULL,
     created_at   TIMESTAMPTZ NOT NULL
 )
+""",
+    # The shared queue: root runs submitted to the cluster that no node took yet
+    # (supervisor/cluster/run_queue.py). A node takes one ``FOR UPDATE SKIP
+    # LOCKED`` in the transaction that creates the run in its partition, and the
+    # row goes with it; a dead node's runs that never started come back here.
+    f"""
+CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.queue (
+    run_id       TEXT PRIMARY KEY,
+    agent_id     TEXT NOT NULL,
+    params       JSONB NOT NULL,
+    submitted_by TEXT NOT NULL,
+    submitted_at TIMESTAMPTZ NOT NULL
+)
+""",
+    f"""
+CREATE INDEX IF NOT EXISTS queue_order ON {CLUSTER_SCHEMA}.queue (submitted_at)
 """,
     f"""
 CREATE INDEX IF NOT EXISTS requests_open ON {CLUSTER_SCHEMA}.requests (partition) WHERE taken_by IS NULL

@@ -7,6 +7,10 @@ url = "postgresql://corral@db.internal/corral"   # default: the home's SQLite fi
 node = "host-a"          # this supervisor's node id; default: from the host and home
 lease_s = 10.0           # a node that misses its heartbeat this long is adopted
 retire_idle_s = 60.0     # an adopted partition with no unfinished run this long is let go
+shared_queue = true      # runs this node has no room for wait in the cluster's queue
+max_runs = 16            # root runs pending or running on this node at once
+max_runs_per_agent = 4   # runs of one agent pending or running on this node at once
+queue_poll_s = 0.5       # how often a node with room looks at the shared queue
 ```
 
 A password in ``url`` works but is better kept out of files: libpq reads
@@ -36,6 +40,10 @@ LEDGER_FILE = "ledger.json"
 URL_ENV = "CORRAL_LEDGER_URL"
 DEFAULT_LEASE_S = 10.0
 DEFAULT_RETIRE_IDLE_S = 60.0
+#: A node's capacity for the cluster's shared queue (supervisor/cluster/run_queue.py).
+DEFAULT_MAX_RUNS = 16
+DEFAULT_MAX_RUNS_PER_AGENT = 4
+DEFAULT_POLL_S = 0.5
 
 
 class LedgerSpecError(ValueError):
@@ -85,6 +93,18 @@ class Placement:
     last_partition: str | None = None
     adopt: str | None = None
     epoch: int | None = None
+    #: The shared queue (supervisor/cluster/run_queue.py): None: this node takes
+    #: part in none, every submit runs here.
+    queue: QueueSettings | None = None
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """A node's part in the cluster's shared queue: its capacity and poll."""
+
+    max_runs: int = DEFAULT_MAX_RUNS
+    max_runs_per_agent: int = DEFAULT_MAX_RUNS_PER_AGENT
+    poll_s: float = DEFAULT_POLL_S
 
 
 def resolve(home: Path, spec: LedgerSpec | None, *, cli_url: str | None, cli_node: str | None) -> Placement:
@@ -107,7 +127,8 @@ def resolve(home: Path, spec: LedgerSpec | None, *, cli_url: str | None, cli_nod
     node = cli_node or spec.node or remembered.get("node") or default_node(home)
     check_node(node)
     last = remembered.get("partition") if remembered.get("node") == node else None
-    return Placement(url, node, spec.lease_s, spec.retire_idle_s, last_partition=last)
+    queue = QueueSettings(spec.max_runs, spec.max_runs_per_agent, spec.queue_poll_s) if spec.shared_queue else None
+    return Placement(url, node, spec.lease_s, spec.retire_idle_s, last_partition=last, queue=queue)
 
 
 def remembered_placement(home: Path) -> dict[str, Any]:

@@ -18,7 +18,9 @@ from corral.supervisor.spec.swarm_spec import AgentSpec
 
 
 class RunControlMethods(RunCore):
-    async def create(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, params: dict[str, Any], *, from_queue: bool = False) -> dict[str, Any]:
+        """``from_queue``: a cluster node creates a run it takes off the shared
+        queue (supervisor/cluster/run_queue.py): its id is the queue's already."""
         agent = self.agent_spec(_str(params, "agent_id", limit=64))
         goal = None if params.get("goal") is None else goal_shape.goal_param(params["goal"])
         if goal is not None and not params.get("task"):
@@ -38,7 +40,7 @@ class RunControlMethods(RunCore):
             self.check_script_tools(agent, parsed)
             provider, provider_config = "scripted", {"script": parsed}
         run_id = params.get("run_id")
-        if run_id is not None:
+        if run_id is not None and not from_queue:
             # A caller-chosen id makes `run` idempotent: a client that lost the reply
             # (the supervisor died right after committing) can ask again safely.
             if not isinstance(run_id, str) or not run_store.RUN_ID.match(run_id):
@@ -52,7 +54,11 @@ class RunControlMethods(RunCore):
         conversation_id = params.get("conversation_id") if isinstance(params.get("conversation_id"), str) else None
         if goal is not None:
             goal_store.refuse_second_goal(self.ledger, conversation_id)  # one live goal per conversation
+        queue = None if from_queue else self.hooks.queue_run
         try:
+            placed = queue(run_id, agent.id, params) if queue is not None else None
+            if placed is not None and placed.reply is not None:
+                return placed.reply  # in the cluster's shared queue: a node with room takes it
             run_id = run_store.create_run(
                 self.ledger,
                 agent_id=agent.id,
@@ -61,7 +67,7 @@ class RunControlMethods(RunCore):
                 provider_config=provider_config,
                 options={**self.agent_options(agent), **self.bind_intent(params.get("intent")),
                          **({"goal": {"text": goal[0], "constraints": goal[1], "verification": goal[2]}}
-                            if goal is not None else {})},
+                            if goal is not None else {}), **(placed.options if placed is not None else {})},
                 run_id=run_id,
                 conversation_id=conversation_id,
             )
@@ -187,4 +193,6 @@ def _existing(run_id: str, agent_id: str, run: dict[str, Any]) -> dict[str, Any]
     answer = {"run_id": run_id, "existing": True, "status": run["status"]}
     if "partition" in run:
         answer["partition"] = run["partition"]
+    if run.get("queued"):
+        answer["queued"] = True  # in the cluster's shared queue, no node took it yet
     return answer

@@ -67,6 +67,19 @@ Reconciler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 #: ``reconcile`` of an id another partition of the cluster holds: its holder's
 #: answer; None: the id is this ledger's to handle (supervisor/cluster/forwarding.py).
 ElsewhereReconciler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+
+
+class Placed(NamedTuple):
+    """Where a new root run goes: ``reply`` when it waits in the cluster's shared
+    queue (None: this node creates it now, keeping ``options`` with it)."""
+
+    reply: dict[str, Any] | None
+    options: dict[str, Any]
+
+
+#: A cluster node's shared queue (supervisor/cluster/run_queue.py): (run id or
+#: None, agent id, the submit's parameters) -> where the new root run goes.
+RunQueuer = Callable[[str | None, str, dict[str, Any]], Placed]
 #: After a person's decision on an action (``continue_action``): (params).
 DecisionHook = Callable[[dict[str, Any]], None]
 #: One more step of recovery at boot, after the run layer's own.
@@ -112,6 +125,7 @@ class RunHooks:
     reconcilers: dict[str, Reconciler] = field(default_factory=dict)
     #: Set on a cluster node: where ``reconcile`` goes for another partition's id.
     reconcile_elsewhere: ElsewhereReconciler | None = None
+    queue_run: RunQueuer | None = None
     on_decision: list[DecisionHook] = field(default_factory=list)
     recovery_steps: list[RecoveryStep] = field(default_factory=list)
     show_sections: dict[str, ShowSection] = field(default_factory=dict)

@@ -41,6 +41,16 @@ class ShowElsewhere(Protocol):
         """The run as ``show_record`` shows it (and where it is), or None: not there either."""
         ...
 
+    async def statuses(self, run_ids: list[str]) -> dict[str, str]:
+        """The status of each of these runs held elsewhere (a run in a cluster's
+        shared queue is pending); those it does not know are left out."""
+        ...
+
+
+#: ``wait`` reads runs held elsewhere (another node's partition, the shared queue)
+#: this often: no commit of this ledger tells when they move.
+ELSEWHERE_POLL_S = 0.25
+
 
 #: What ``show`` tells of each action (and its ``traceback``, when its tool raised).
 _ACTION_KEYS = (
@@ -184,11 +194,22 @@ class RunViews:
 
         seen = self.status_moves
         found = statuses()
+        # A cluster node waits for runs of the cluster it does not hold too (one it
+        # queued that another node took): read where they are, every poll.
+        away = [run_id for run_id in wanted if run_id not in found]
+        if away and self.elsewhere is not None:
+            found.update(await self.elsewhere.statuses(away))
         missing = [run_id for run_id in wanted if run_id not in found]
         if missing:
             raise NotFound(f"no run {missing[0]!r}")
         with trio.move_on_after(min(wait_ms, 30_000) / 1000):
             while not all(status in stop for status in found.values()):
+                if away and self.elsewhere is not None:
+                    with trio.move_on_after(ELSEWHERE_POLL_S):
+                        await self.next_commit()
+                    found.update(statuses())
+                    found.update(await self.elsewhere.statuses(away))
+                    continue
                 await self.next_commit()
                 if self.status_moves != seen:
                     seen = self.status_moves

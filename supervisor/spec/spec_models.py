@@ -37,7 +37,15 @@ from corral.mailbox.control import DEFAULT_MAX_LONG_POLLS
 from corral.sandbox.launcher import LaunchMode
 from corral.supervisor.bridge.bridge_spec import BridgeSpec
 from corral.supervisor.ledger.ledger_pg_cluster import PARTITION_NAME, is_postgres_url
-from corral.supervisor.ledger.ledger_spec import DEFAULT_LEASE_S, DEFAULT_RETIRE_IDLE_S, node_problem, url_problem
+from corral.supervisor.ledger.ledger_spec import (
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_RUNS,
+    DEFAULT_MAX_RUNS_PER_AGENT,
+    DEFAULT_POLL_S,
+    DEFAULT_RETIRE_IDLE_S,
+    node_problem,
+    url_problem,
+)
 from corral.supervisor.mcp.mcp_spec import McpServerSpec
 from corral.supervisor.models.model_spec import LocalModelSpec
 from corral.supervisor.spec.spec_base import MIB, SECTION, problem
@@ -520,6 +528,19 @@ class LedgerSpec:
     retire_idle_s: StrictFloat = Field(
         default=DEFAULT_RETIRE_IDLE_S, ge=0.5, le=86_400,
         description="An adopted partition with no unfinished run this long is let go.")
+    shared_queue: StrictBool = Field(
+        default=True, description="A root run submitted to this node that it has no room for waits in the"
+        " cluster's shared queue, and this node takes queued runs while it has room; false: every submit runs"
+        " here, and this node takes none.")
+    max_runs: StrictInt = Field(
+        default=DEFAULT_MAX_RUNS, ge=0, le=100_000,
+        description="Root runs pending or running on this node at once before new ones wait in the shared queue.")
+    max_runs_per_agent: StrictInt = Field(
+        default=DEFAULT_MAX_RUNS_PER_AGENT, ge=0, le=100_000,
+        description="Runs of one agent pending or running on this node at once (its lane and those behind it).")
+    queue_poll_s: StrictFloat = Field(
+        default=DEFAULT_POLL_S, ge=0.05, le=60,
+        description="How often a node with room looks at the shared queue (also when one of its runs ends).")
 
     @field_validator("url")
     @classmethod
