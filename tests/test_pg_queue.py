@@ -302,3 +302,32 @@ def test_two_nodes_taking_the_same_queued_run_at_once_make_one_run(
         for ledger in ledgers.values():
             ledger.close()
         conn.close()
+
+
+def test_a_bridge_task_given_to_a_node_with_no_room_runs_on_another_and_is_submitted(
+    nodes: dict[str, Any], bridge: Any
+) -> None:
+    """The task bridge's run is an ordinary submit: node a (with the bridge, no
+    room) queues it, node b runs it, and a's bridge worker submits its reply."""
+    from tests.test_bridge_worker import SPEC as BRIDGE_SPEC
+    from tests.test_bridge_worker import _post
+
+    a, b = nodes["nodes"]["a"], nodes["nodes"]["b"]
+    (nodes["tmp"] / "ws").mkdir()
+    bridged = nodes["tmp"] / "bridged.toml"
+    bridged.write_text(BRIDGE_SPEC.format(url=bridge.url) + f"[ledger]\nlease_s = {LEASE_S}\nmax_runs = 0\n")
+    plain = nodes["tmp"] / "plain.toml"
+    plain.write_text(
+        BRIDGE_SPEC.split("[bridge]")[0]
+        + "[ledger]\nqueue_poll_s = 0.1\n"
+        + BRIDGE_SPEC.split("poll_s = 0.2\n")[1].replace("{{", "{").replace("}}", "}")
+    )
+    a.spec, b.spec = bridged, plain
+    _up(b, "node-b")
+    _up(a, "node-a", {"CORRAL_BRIDGE_TOKEN": bridge.tokens["A"]})
+    owner = bridge.client("owner")
+    task_id = _post(bridge, "write the notes")
+    shown = wait_for("the submission", lambda: (t := owner.call("task.get", task_id=task_id))["submissions"] and t)
+    assert [s["result"]["summary"] for s in shown["submissions"]] == ["notes written by corral"]
+    where = _where(nodes["url"])
+    assert list(where.values()) == [("node-b", "completed")], where

@@ -22,6 +22,7 @@ from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_int, param_seconds, param_str
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL
+from corral.supervisor.runs.run_views import ELSEWHERE_POLL_S
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -147,10 +148,21 @@ class BridgeService:
         with trio.move_on_after(wait_s):
             while True:
                 row = self.ledger.one("SELECT status FROM runs WHERE run_id = ?", job["run_id"])
-                if row is None or row["status"] in TERMINAL:
+                if row is not None and row["status"] not in TERMINAL:
+                    await self.next_commit()
+                    continue
+                # A cluster node may have queued it, and another node runs it: no
+                # commit here tells when it moves, so it is read again a while later.
+                away = self.ledger.run_elsewhere(job["run_id"]) if row is None else None
+                if away is None or away["status"] in TERMINAL:
                     break
-                await self.next_commit()
+                await trio.sleep(ELSEWHERE_POLL_S)
         row = self.ledger.one("SELECT status FROM runs WHERE run_id = ?", job["run_id"])
+        if row is None:
+            away = self.ledger.run_elsewhere(job["run_id"])
+            if away is not None:
+                return {"done": away["status"] in TERMINAL, "status": away["status"],
+                        "final_reply": away.get("final_reply")}
         reply = self.ledger.one("SELECT text FROM replies WHERE run_id = ?", job["run_id"])
         status = row["status"] if row is not None else "missing"
         return {"done": status in TERMINAL or row is None, "status": status,

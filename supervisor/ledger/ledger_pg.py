@@ -576,14 +576,16 @@ class PostgresLedger(Ledger):
                 partition, schema = str(row[0]), str(row[1])
                 if schema != schema_of(partition):
                     raise LedgerError(f"{self.where}: partition {partition} names schema {schema!r}")
-                run = self.db.send(f"SELECT agent_id, status FROM {schema}.runs WHERE run_id = %s",
+                run = self.db.send(f"SELECT r.agent_id, r.status, p.text FROM {schema}.runs r"
+                                   f" LEFT JOIN {schema}.replies p ON p.run_id = r.run_id WHERE r.run_id = %s",
                                    (run_id,)).fetchone()
             except psycopg.Error as exc:
                 self._failed(exc)
                 raise
         if run is None:  # claimed with its run in one transaction: not reached
             return None
-        return {"run_id": run_id, "agent_id": str(run[0]), "status": str(run[1]), "partition": partition}
+        return {"run_id": run_id, "agent_id": str(run[0]), "status": str(run[1]), "partition": partition,
+                "final_reply": run[2]}
 
     def release(self) -> None:
         """Give the lease up now: the partition is free at once, not when its lease

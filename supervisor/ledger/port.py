@@ -211,7 +211,8 @@ class Ledger:
 
     def run_elsewhere(self, run_id: str) -> dict[str, Any] | None:
         """The run ``run_id`` another ledger sharing this database holds: its
-        ``run_id``, ``agent_id``, ``status`` and ``partition``; None: none does."""
+        ``run_id``, ``agent_id``, ``status``, ``partition`` and its ``final_reply``
+        (None: none yet); None: none does."""
         return None
 
     # -- transactions -----------------------------------------------------------
