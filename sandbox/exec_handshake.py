@@ -30,10 +30,7 @@ PDEATHSIG fires; either way the trampoline exits without executing anything.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
-import hmac
-import json
 import os
 import secrets
 import subprocess
@@ -55,15 +52,12 @@ from .bwrap import (
 )
 from .control_paths import ControlPathError, SandboxEntries, sandbox_entries
 from .guard_record import GuardRecord, guard_dir, process_identity, recover
+from .handshake_decision import ExecFailed, before_commit, bwrap_report, exec_outcome, launch_refusal, readiness
 from .launched_process import HandshakeError, LaunchedProcess, LaunchError, TargetExecFailed
 from .trampoline import (
     MAX_LINE,
     MSG_COMMIT,
-    MSG_EXEC_ATTEMPT,
-    MSG_EXEC_FAILED,
     MSG_NONCE,
-    MSG_READY,
-    MSG_SETUP_FAILED,
     TRAMPOLINE_PATH,
     write_line,
 )
@@ -273,16 +267,15 @@ async def launch_with_handshake(
     and failed).
     """
     if not argv:
-        raise LaunchError("empty argv")
+        raise LaunchError("empty argv")  # before the mode: nothing to launch says so first
     mode = launch_mode or resolve_launch_mode(profile.mode, executable=profile.bwrap)
     if mode is LaunchMode.SANDBOXED and find_bwrap(profile.bwrap) is None:
         raise SandboxUnavailable("sandboxed launch requested and bubblewrap is not installed")
     cwd = Path(cwd).resolve()
     root = profile.project_root
-    if cwd != root and root not in cwd.parents:
-        raise LaunchError(f"cwd {cwd} is outside the project root {root}")
-    if not cwd.is_dir():
-        raise LaunchError(f"cwd {cwd} is not a directory")
+    refusal = launch_refusal(argv, cwd, root, cwd_is_dir=cwd.is_dir())
+    if refusal is not None:
+        raise LaunchError(refusal)
 
     nonce = secrets.token_hex(16)
     ctl_r, ctl_w = os.pipe()
@@ -322,9 +315,7 @@ async def launch_with_handshake(
             )
         else:
             full = tramp
-        child_env = dict(env) if env is not None else default_env(
-            home=mode is LaunchMode.UNSANDBOXED
-        )
+        child_env = dict(env) if env is not None else default_env(home=mode is LaunchMode.UNSANDBOXED)
         # Popen from this (the trio) thread, not trio.run_process: trio spawns from a
         # worker thread, and PDEATHSIG (bwrap --die-with-parent) fires when the
         # *thread* that forked exits, which trio's idle worker threads do.
@@ -361,23 +352,9 @@ async def launch_with_handshake(
                     raw = await info.read_all()
                 finally:
                     info.close()
-                try:
-                    report = json.loads(raw) if raw else {}
-                    ns_init = int(report["child-pid"])
-                    pid_ns = int(report["pid-namespace"]) if "pid-namespace" in report else None
-                except (ValueError, KeyError, TypeError):
-                    raise HandshakeError("bubblewrap failed before starting the sandbox") from None
-                proc._attach_namespace_init(ns_init, pid_ns)
+                proc._attach_namespace_init(*bwrap_report(raw))
             line = await rep.readline()
-        if line is None:
-            raise HandshakeError("report channel closed before SANDBOX_READY")
-        kind, _, payload = line.partition(" ")
-        if kind == MSG_SETUP_FAILED:
-            raise HandshakeError(f"sandbox setup failed in the trampoline: {payload}")
-        if kind != MSG_READY:
-            raise HandshakeError(f"unexpected message before readiness: {kind[:40]!r}")
-        if not hmac.compare_digest(payload.encode(), nonce.encode()):
-            raise HandshakeError("SANDBOX_READY carried the wrong nonce")
+        readiness(line, nonce)
         proc._identify_target()
         assert proc.pid is not None and proc.pgid is not None
         ready = ReadyInfo(
@@ -391,11 +368,7 @@ async def launch_with_handshake(
         await on_ready(ready)
         # The commit took however long it took; if the trampoline died meanwhile, do
         # not mistake its EOF for a successful exec.
-        state = rep.pending()
-        if state == "eof":
-            raise HandshakeError("report channel closed before COMMIT_EXEC")
-        if state == "data":
-            raise HandshakeError("unexpected message before COMMIT_EXEC")
+        before_commit(rep.pending())
         if guard is not None and records is not None:
             # Durable before the target may run: if this process dies while it runs,
             # the next launch runs the check after it (sandbox/guard_record.py).
@@ -417,16 +390,12 @@ async def launch_with_handshake(
             lines: list[str] = []
             while (line := await rep.readline()) is not None:
                 lines.append(line)
-        if MSG_EXEC_ATTEMPT not in lines:
-            raise HandshakeError("trampoline exited after COMMIT_EXEC without exec")
-        for line in lines:
-            kind, _, payload = line.partition(" ")
-            if kind == MSG_EXEC_FAILED:
-                err = int(payload) if payload.isdigit() else errno.EIO
-                reaped = await proc.wait_tree_dead()
-                if reaped:
-                    proc.close()
-                raise TargetExecFailed(err, argv[0], tree_reaped=reaped)
+        outcome = exec_outcome(lines)
+        if isinstance(outcome, ExecFailed):
+            reaped = await proc.wait_tree_dead()
+            if reaped:
+                proc.close()
+            raise TargetExecFailed(outcome.errno, argv[0], tree_reaped=reaped)
         proc.exec_established = True
         return proc
     except TargetExecFailed:

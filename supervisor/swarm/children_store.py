@@ -11,26 +11,24 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-from corral.actors.tools.paths import scopes_overlap
 from corral.core.redact import redact, summarize
-from corral.supervisor.errors import BadRequest, NotFound, Refused
+from corral.supervisor.errors import NotFound, Refused
 from corral.supervisor.ledger.port import Ledger, dumps
 from corral.supervisor.runs.run_output import output_of
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import create_run, get_run, set_run_status
 from corral.supervisor.spec.swarm_spec import SwarmSpec
+from corral.supervisor.swarm.swarm_decisions import parent_view, plan_spawn
 from corral.supervisor.swarm.swarm_state import delegation_id_for, group_id_for, instance_id_for, sha
 from corral.supervisor.swarm.work_contract import (
     CHILD_TOOLS,
     evidence,
     hashed_artifacts,
     refused_work,
-    relative_paths,
     revision,
-    str_list,
     task_text,
 )
 
@@ -43,66 +41,14 @@ def spawn_group(
     children: Any,
     join_mode: Any,
 ) -> dict[str, Any]:
+    """Spawn one group of isolated children for ``parent_action_id``: the checks are
+    swarm_decisions.plan_spawn's; a replay of the same action gets the same group."""
     group_id = group_id_for(parent_action_id)
     existing = ledger.one("SELECT * FROM isolated_groups WHERE group_id = ?", group_id)
     if existing is not None:
         return _group_view(ledger, group_id)  # replay of the same action: same group
-    if parent_run["kind"] == "child":
-        raise Refused("a child may not spawn isolated children", code="limit")
-    if parent_run["kind"] == "delegation":
-        raise Refused("a delegated specialist run may not spawn isolated children", code="limit")
-    if parent_run["depth"] + 1 > spec.limits.max_depth:
-        raise Refused(f"depth {parent_run['depth'] + 1} exceeds the limit of {spec.limits.max_depth}", code="limit")
-    if join_mode != "all":
-        raise BadRequest("join_mode must be 'all'")
-    if not isinstance(children, list) or not children:
-        raise BadRequest("children must be a non-empty list")
-    if len(children) > spec.limits.max_children_per_call:
-        raise Refused(
-            f"{len(children)} children requested; the limit is {spec.limits.max_children_per_call} per call",
-            code="limit",
-        )
-    parsed = []
-    for index, child in enumerate(children):
-        if not isinstance(child, dict):
-            raise BadRequest(f"children[{index}] must be a map")
-        unknown = set(child) - {
-            "template",
-            "task",
-            "acceptance_criteria",
-            "expected_artifacts",
-            "write_scopes",
-        }
-        if unknown:
-            raise BadRequest(f"children[{index}]: unknown fields {sorted(unknown)}")
-        template = child.get("template")
-        try:
-            template_spec = spec.template(template) if isinstance(template, str) else None
-        except KeyError:
-            template_spec = None
-        if template_spec is None:
-            known = ", ".join(t.id for t in spec.templates) or "none declared"
-            raise BadRequest(f"children[{index}]: unknown template {template!r} ({known})")
-        task = child.get("task")
-        if not isinstance(task, str) or not task.strip():
-            raise BadRequest(f"children[{index}]: task must be a non-empty string")
-        artifacts = str_list(child.get("expected_artifacts", []), f"children[{index}].expected_artifacts")
-        scopes = str_list(child.get("write_scopes"), f"children[{index}].write_scopes")
-        relative_paths(artifacts, f"children[{index}].expected_artifacts")
-        relative_paths(scopes, f"children[{index}].write_scopes")
-        for artifact in artifacts:
-            if not any(scopes_overlap(artifact, scope) and _inside(artifact, scope) for scope in scopes):
-                raise BadRequest(f"children[{index}]: artifact {artifact!r} lies outside its write scopes")
-        parsed.append((template_spec, task, str(child.get("acceptance_criteria", "")), artifacts, scopes))
-    for i, (_, _, _, _, left) in enumerate(parsed):
-        for j, (_, _, _, _, right) in enumerate(parsed[i + 1 :], start=i + 1):
-            for a in left:
-                for b in right:
-                    if scopes_overlap(a, b):
-                        raise Refused(
-                            f"write scopes overlap: children[{i}] {a!r} and children[{j}] {b!r}", code="limit"
-                        )
-    digest = sha(json.dumps([[t.id, task, artifacts, scopes] for t, task, _, artifacts, scopes in parsed]))
+    plan = plan_spawn(spec, parent_view(parent_run), children, join_mode)
+    digest = plan.digest
     duplicate = ledger.one(
         "SELECT parent_action_id FROM isolated_groups WHERE parent_run_id = ? AND request_digest = ?",
         parent_run["run_id"],
@@ -120,14 +66,15 @@ def spawn_group(
             " status, created_at) VALUES (?, ?, ?, 'all', ?, 'open', ?)",
             (group_id, parent_run["run_id"], parent_action_id, digest, time.time()),
         )
-        for index, (template_spec, task, criteria, artifacts, scopes) in enumerate(parsed):
+        for index, child in enumerate(plan.children):
+            template_spec = child.template
             delegation_id = delegation_id_for(group_id, index)
             instance_id = instance_id_for(delegation_id)
             run_id = f"run-{instance_id}"
             create_run(
                 ledger,
                 agent_id=instance_id,
-                task=task_text(task, criteria, artifacts),
+                task=task_text(child.task, child.criteria, list(child.artifacts)),
                 provider=template_spec.provider,
                 provider_config=template_spec.provider_config,
                 kind="child",
@@ -137,7 +84,7 @@ def spawn_group(
                 run_id=run_id,
                 options={
                     "workspace": options.get("workspace"),
-                    "write_scopes": scopes,
+                    "write_scopes": list(child.scopes),
                     "allowed_tools": CHILD_TOOLS,
                     "tool_globs": list(template_spec.tools) if template_spec.tools is not None else None,
                     "policy": {**spec.policy, **template_spec.policy},
@@ -157,22 +104,17 @@ def spawn_group(
                     index,
                     instance_id,
                     template_spec.id,
-                    summarize(task, 2000),
-                    summarize(criteria, 2000),
-                    dumps(artifacts),
-                    dumps(scopes),
+                    summarize(child.task, 2000),
+                    summarize(child.criteria, 2000),
+                    dumps(list(child.artifacts)),
+                    dumps(list(child.scopes)),
                     run_id,
                     time.time(),
                 ),
             )
-        ledger.event("group-spawned", group_id, parent_run=parent_run["run_id"], children=len(parsed))
+        ledger.event("group-spawned", group_id, parent_run=parent_run["run_id"], children=len(plan.children))
     ledger.failpoint("spawn.after-commit")
     return _group_view(ledger, group_id)
-
-
-def _inside(path: str, scope: str) -> bool:
-    scope_path = PurePosixPath(scope.rstrip("/") or ".")
-    return str(scope_path) == "." or PurePosixPath(path).is_relative_to(scope_path)
 
 
 def _group_view(ledger: Ledger, group_id: str) -> dict[str, Any]:

@@ -20,25 +20,22 @@ from pathlib import Path
 from typing import Any
 
 from corral.core.redact import redact, summarize
-from corral.supervisor.errors import BadRequest, NotFound, Refused
+from corral.supervisor.errors import NotFound, Refused
 from corral.supervisor.ledger.port import Ledger, dumps
 from corral.supervisor.project.project_service import project_settings
 from corral.supervisor.runs.run_output import output_of
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import create_run, get_run, set_run_status
 from corral.supervisor.spec.swarm_spec import SwarmSpec
+from corral.supervisor.swarm.swarm_decisions import OriginalDelegation, judge_repair, parent_view, plan_delegation
 from corral.supervisor.swarm.swarm_state import DeliveryStatus, sha, static_delegation_id
 from corral.supervisor.swarm.work_contract import (
-    MAX_ARTIFACTS,
     SPECIALIST_TOOLS,
-    criteria_list,
     delegation_task_text,
     evidence,
     hashed_artifacts,
     refused_work,
-    relative_paths,
     stored_criteria,
-    str_list,
     verification_of,
 )
 
@@ -58,39 +55,21 @@ def delegate(
             "run_id": existing["run_id"],
             "target": existing["target_agent"],
         }
-    if parent_run["kind"] != "root":
-        raise Refused(f"a {parent_run['kind']} run may not delegate (depth is limited to 1)", code="limit")
-    target = params.get("agent_id")
-    if not isinstance(target, str):
-        raise BadRequest("agent_id must be a string")
-    try:
-        target_spec = spec.agent(target)
-    except KeyError:
-        raise BadRequest(f"no agent {target!r} in the swarm spec") from None
-    if target_spec.role != "specialist":
-        raise Refused(f"agent {target!r} is not a specialist (role = {target_spec.role})", code="limit")
-    if target == parent_run["agent_id"]:
-        raise Refused("an agent may not delegate to itself", code="limit")
-    task = params.get("task")
-    if not isinstance(task, str) or not task.strip():
-        raise BadRequest("task must be a non-empty string")
-    artifacts = str_list(params.get("expected_artifacts", []), "expected_artifacts")
-    relative_paths(artifacts, "expected_artifacts")
-    if len(artifacts) > MAX_ARTIFACTS or len(set(artifacts)) != len(artifacts):
-        raise BadRequest(f"expected_artifacts must hold at most {MAX_ARTIFACTS} distinct paths")
-    # Left out: no criteria (a request that names none); given: the seed's 1-8 list.
-    criteria = criteria_list(params["acceptance_criteria"]) if "acceptance_criteria" in params else []
-    repair_of = params.get("repair_of")
+    plan = plan_delegation(spec, parent_view(parent_run), params)
+    target, target_spec, repair_of = plan.target.id, plan.target, plan.repair_of
+    criteria, artifacts = list(plan.criteria), list(plan.artifacts)
     if repair_of is not None:
-        check_repair(ledger, parent_run, target, repair_of, criteria, artifacts)
+        original = ledger.one("SELECT * FROM delegations WHERE delegation_id = ?", repair_of)
+        judge_repair(
+            parent_run["run_id"], target, repair_of, _original(ledger, original), plan.criteria, plan.artifacts
+        )
     else:
-        digest_task = summarize(task, 2000)
         duplicate = ledger.one(
             "SELECT parent_action_id FROM delegations WHERE parent_run_id = ? AND target_agent = ? AND task = ?"
             " AND repair_of IS NULL",
             parent_run["run_id"],
             target,
-            digest_task,
+            summarize(plan.task, 2000),
         )
         if duplicate is not None:
             raise Refused(
@@ -125,7 +104,7 @@ def delegate(
         create_run(
             ledger,
             agent_id=target,
-            task=delegation_task_text(task, contract),
+            task=delegation_task_text(plan.task, contract),
             provider=target_spec.provider,
             provider_config=target_spec.provider_config,
             kind="delegation",
@@ -144,7 +123,7 @@ def delegate(
                 parent_run["run_id"],
                 parent_action_id,
                 target,
-                summarize(task, 2000),
+                summarize(plan.task, 2000),
                 dumps(criteria),
                 dumps(artifacts),
                 repair_of,
@@ -163,37 +142,20 @@ def delegate(
     return {"delegation_id": delegation_id, "run_id": run_id, "target": target}
 
 
-def check_repair(
-    ledger: Ledger, parent_run: sqlite3.Row, target: str, repair_of: Any, criteria: list[str], artifacts: list[str],
-) -> None:
-    """A repair sends back work its parent has claimed and judged unmet, whatever the
-    receipt's status: once, to the same specialist, under the same contract (its
-    criteria and artifacts), never a repair of a repair."""
-    if not isinstance(repair_of, str):
-        raise BadRequest("repair_of must be a delegation id")
-    original = ledger.one("SELECT * FROM delegations WHERE delegation_id = ?", repair_of)
-    if original is None:
-        raise BadRequest(f"repair_of {repair_of!r}: no such delegation")
-    if original["parent_run_id"] != parent_run["run_id"]:
-        raise Refused(f"delegation {repair_of} belongs to another parent run: only the run that claimed it may"
-                      " send it back", code="limit")
-    if original["repair_of"] is not None:
-        raise Refused("a repair may not be repaired again (repair depth is 1)", code="limit")
-    if original["target_agent"] != target:
-        raise Refused(f"a repair goes to the same agent ({original['target_agent']})", code="limit")
-    delivery = _receipt(ledger, repair_of)
-    if delivery is None or delivery["status"] != DeliveryStatus.CLAIMED:
-        state = delivery["status"] if delivery is not None else "not delivered"
-        raise Refused(f"delegation {repair_of} is not claimed by this run ({state}): claim its receipt with"
-                      " agent.run_status, judge it, then repair it", code="limit")
-    if ledger.one("SELECT 1 FROM delegations WHERE repair_of = ?", repair_of):
-        raise Refused(f"delegation {repair_of} already has its one repair", code="duplicate")
-    inherited = {"acceptance_criteria": stored_criteria(original["acceptance_criteria"]),
-                 "expected_artifacts": json.loads(original["expected_artifacts"])}
-    if inherited != {"acceptance_criteria": criteria, "expected_artifacts": artifacts}:
-        # The whole contract in the refusal: the model corrects its call from it, not from memory.
-        raise Refused(f"a repair inherits the contract of delegation {repair_of} unchanged: "
-                      + json.dumps(inherited, ensure_ascii=False), code="limit")
+def _original(ledger: Ledger, row: sqlite3.Row | None) -> OriginalDelegation | None:
+    """The delegation a repair names, with its receipt's status and whether it has its repair."""
+    if row is None:
+        return None
+    delivery = _receipt(ledger, row["delegation_id"])
+    return OriginalDelegation(
+        parent_run_id=row["parent_run_id"],
+        repair_of=row["repair_of"],
+        target_agent=row["target_agent"],
+        receipt_status=delivery["status"] if delivery is not None else None,
+        repaired=ledger.one("SELECT 1 FROM delegations WHERE repair_of = ?", row["delegation_id"]) is not None,
+        criteria=tuple(stored_criteria(row["acceptance_criteria"])),
+        artifacts=tuple(json.loads(row["expected_artifacts"])),
+    )
 
 
 def _receipt(ledger: Ledger, delegation_id: str) -> sqlite3.Row | None:
@@ -240,15 +202,21 @@ def contracts_directory(ledger: Ledger, parent_run_id: str) -> list[dict[str, An
         "SELECT d.delegation_id, d.target_agent, d.repair_of, d.acceptance_criteria, d.expected_artifacts,"
         " v.payload FROM delegations d JOIN deliveries v ON v.kind = 'receipt' AND v.source_id = d.delegation_id"
         " WHERE d.parent_run_id = ? AND v.status = 'claimed-by-parent' ORDER BY d.created_at, d.delegation_id"
-        " LIMIT ?", parent_run_id, MAX_CONTRACTS_LISTED)
-    return [{
-        "delegation_id": row["delegation_id"],
-        "target_agent": row["target_agent"],
-        "repair_of": row["repair_of"],
-        "contract_status": json.loads(row["payload"]).get("status"),
-        "acceptance_criteria_count": len(stored_criteria(row["acceptance_criteria"])),
-        "expected_artifacts_count": len(json.loads(row["expected_artifacts"])),
-    } for row in rows]
+        " LIMIT ?",
+        parent_run_id,
+        MAX_CONTRACTS_LISTED,
+    )
+    return [
+        {
+            "delegation_id": row["delegation_id"],
+            "target_agent": row["target_agent"],
+            "repair_of": row["repair_of"],
+            "contract_status": json.loads(row["payload"]).get("status"),
+            "acceptance_criteria_count": len(stored_criteria(row["acceptance_criteria"])),
+            "expected_artifacts_count": len(json.loads(row["expected_artifacts"])),
+        }
+        for row in rows
+    ]
 
 
 def _repair_id(ledger: Ledger, delegation_id: str) -> str | None:
