@@ -262,8 +262,7 @@ def test_the_retry_selector_drops_a_specialists_first_call_gates_its_retry_and_d
     project = tmp_path / "project"
     project.mkdir()
     (project / HOST_CHECK).write_text(HOST_CHECK_SOURCE)
-    victims = RetryVictims(tmp_path / "home", project)
-    victims.run_id = "root"
+    victims = RetryVictims(tmp_path / "home", project)  # it finds the root itself: no run id is given
     tree.begin("root:0", "root")
     assert victims(1) is None, "the supervisor's own first call is not V1.29's victim"
     tree.begin("s1:0", "s1")
@@ -306,13 +305,14 @@ def test_the_retry_selector_never_falls_back_when_the_new_rows_are_not_all_candi
 
     tree = _Tree(tmp_path / "home")
     victims = RetryVictims(tmp_path / "home", tmp_path)
-    victims.run_id = "root"
     tree.begin("root:0", "root")
     tree.begin("s1:0", "s1")
     assert victims(1) is None and victims.first_seq == 0, "a root row among the new ones: which is this? no fault"
     tree.begin("s2:0-transient-1", "s2")
     assert victims(2) is None and victims.first_seq == 0, "a retry is not a first call"
     tree.ledger.close()
+    broken = RetryVictims(tmp_path / "no-home", tmp_path)
+    assert broken(1) is None and broken.error.startswith("the selector failed at request 1"), "never hidden"
 
 
 def test_the_chat_flow_reads_the_first_batch_and_its_approvals_from_the_action_events() -> None:

@@ -146,6 +146,8 @@ def retry_flow(workspace: Workspace, host: Host, provider: Provider) -> RetryFac
             facts.proxy_posts = sum(1 for record in proxy.requests if record.method == "POST")
             dropped_forwarded = any(r.seq == selector.first_seq and r.forwarded for r in proxy.requests)
             _selected(facts, selector, dropped_forwarded)
+            if selector.error:
+                raise HostError(selector.error)
         if facts.run_id:
             _gather(facts)
     except (HostError, CorralError, ServerFailed, OSError, ValueError, KeyError) as exc:
@@ -170,7 +172,7 @@ def _drive(host: Host, facts: RetryFacts, spec: Path, selector: RetryVictims) ->
     ran = host.cli(home, "run", "--agent", "project-supervisor", "--task", specs.RETRY_TASK, "--json")
     if ran.returncode != 0:
         raise HostError(f"`corral run` exited {ran.returncode}: {ran.stderr.strip()[-300:]}")
-    facts.run_id = selector.run_id = json.loads(ran.stdout)["run_id"]
+    facts.run_id = json.loads(ran.stdout)["run_id"]
     facts.plan = _kill_in_backoff(host, home, facts.run_id, after=0.0, tree=True)
     # The final-reply drop comes only once every delivery was claimed; else the run just ends.
     facts.final = _kill_in_backoff(host, home, facts.run_id, after=facts.plan.retry_at if facts.plan else 0.0,

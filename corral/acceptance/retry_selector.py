@@ -104,18 +104,26 @@ class RetryVictims:
         self.final: FinalDrop | None = None
         #: Times the host check ran and did not pass (no drop then).
         self.host_refusals = 0
+        #: The first exception a selector call met ("": none).
+        self.error = ""
 
     def __call__(self, seq: int) -> Fault | None:
         with self._lock:
-            if not self.run_id:
+            try:
+                with contextlib.closing(open_for_reading(self.home)) as ledger:
+                    return self._decide(ledger, seq)
+            except Exception as exc:  # reported as the flow's error (FAIL-runtime), never hidden
+                self.error = self.error or f"the selector failed at request {seq}: {type(exc).__name__}: {exc}"
                 return None
-            with contextlib.suppress(Exception), contextlib.closing(open_for_reading(self.home)) as ledger:
-                return self._decide(ledger, seq)
-            return None
 
     def _decide(self, ledger: Ledger, seq: int) -> Fault | None:
+        # Every row of the home (the flow's one tree): a request may arrive before the
+        # suite learnt the root's run id from `corral run`, and it must be seen then.
         rows = ledger.all("SELECT p.slot, p.run_id, p.loop_index, r.kind FROM provider_requests p JOIN runs r"
-                          " ON p.run_id = r.run_id WHERE r.root_run_id = ?", self.run_id)
+                          " ON p.run_id = r.run_id")
+        if not self.run_id:
+            roots = ledger.all("SELECT run_id FROM runs WHERE kind = 'root'")
+            self.run_id = str(roots[0][0]) if len(roots) == 1 else ""
         new = [row for row in rows if str(row[0]) not in self._seen]
         self._seen.update(str(row[0]) for row in new)
         if not new:
@@ -128,7 +136,8 @@ class RetryVictims:
             return None
         if self.gate is None:
             self._check_gate(ledger, [str(row[0]) for row in new])
-        if self.final is None and len(new) == 1 and str(new[0][1]) == self.run_id and base_slot(str(new[0][0])):
+        if (self.final is None and self.run_id and len(new) == 1 and str(new[0][1]) == self.run_id
+                and base_slot(str(new[0][0]))):
             return self._final_reply(ledger, str(new[0][0]), int(new[0][2]))
         return None
 
