@@ -84,7 +84,9 @@ def delegate(
         "tool_globs": list(target_spec.tools) if target_spec.tools is not None else None,
         "policy": {**spec.policy, **target_spec.policy},
         "effects_file": json.loads(parent_run["options"]).get("effects_file"),
-        "limits": {"max_repairs": target_spec.max_repairs},
+        # The specialist's own budgets, provider retries included (V1.29 sets them per agent).
+        "limits": {"max_repairs": target_spec.max_repairs, "max_provider_retries": target_spec.max_provider_retries,
+                   "retry_base_s": target_spec.retry_base_s, "retry_cap_s": target_spec.retry_cap_s},
         # Whether its receipt is evidence-ready only after a passed project.verify.
         "require_verification": project_settings(spec.raw).verification_required,
         **target_spec.definition_options(),  # the specialist's own instructions
