@@ -55,6 +55,7 @@ from corral.core import failpoints
 from corral.core.redact import bounded_traceback, summarize
 from corral.mailbox.envelope import Kind
 from corral.mailbox.errors import DeadlineExceeded, RemoteError
+from corral.mailbox.protocol import Code, Method
 from corral.mailbox.steps import (
     Begin,
     CompactStep,
@@ -76,7 +77,7 @@ SUMMARY_TASK = (
 )
 
 #: The supervisor's answer while its disk is full; the agent waits and asks again.
-STORAGE_FULL = "disk-full"
+STORAGE_FULL = Code.DISK_FULL
 STORAGE_RETRY_S = 1.0
 #: An outcome the ledger refused (a full disk) is kept and reported again, after
 #: these delays (doubling up to the cap), until the ledger takes it.
@@ -118,7 +119,7 @@ async def run(ctx: ActorContext) -> int:
         while not ctx.shutdown.is_set():
             woken[0] = trio.Event()
             try:
-                answer = await ctx.call("run.claim")
+                answer = await ctx.call(Method.RUN_CLAIM)
             except RemoteError as exc:
                 if exc.code != STORAGE_FULL:
                     raise
@@ -210,10 +211,10 @@ class Lane:
         #: What this lane told the supervisor of its turns' prompts (the transcript).
         self.notes = TurnNotes(self.offered)
 
-    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+    async def call(self, method: Method, **params: Any) -> dict[str, Any]:
         return await self.ctx.call(method, run_id=self.run_id, **params)
 
-    async def step_call(self, method: str, **params: Any) -> dict[str, Any]:
+    async def step_call(self, method: Method, **params: Any) -> dict[str, Any]:
         """A step whose reply also carries the next step (see supervisor/runs/step_piggyback.py)."""
         if failpoints.armed(_EFFECT_FIRST):
             return await self.call(method, **params)  # the broken build keeps its own order
@@ -264,7 +265,7 @@ class Lane:
             try:
                 step, self.next = self.next, None
                 if step is None:
-                    step = cast(Step, await self.call("run.next_step", history_have=len(self.history)))
+                    step = cast(Step, await self.call(Method.RUN_NEXT_STEP, history_have=len(self.history)))
                 do = Do(step["do"])
                 if do in (Do.DONE, Do.PARK):
                     return
@@ -287,20 +288,20 @@ class Lane:
         try:
             provider = self.get_provider()
         except Exception as exc:
-            await self.call("run.fail", reason=recordable.text(f"provider cannot start: {exc}"))
+            await self.call(Method.RUN_FAIL, reason=recordable.text(f"provider cannot start: {exc}"))
             return
         try:
             context = self.project_context()
         except Exception as exc:  # every file is bounded first; whatever is left fails this run by name, not the lane
-            await self.call("run.fail", reason=recordable.text(
+            await self.call(Method.RUN_FAIL, reason=recordable.text(
                 f"the repository context cannot be built: {type(exc).__name__}: {exc}"))
             return
         try:
             self.instructions = self.instruction_cache.current(self.run.get("instructions"))
         except agent_instructions.InstructionsError as exc:
-            await self.call("run.fail", reason=recordable.text(f"the agent's instructions cannot be read: {exc}"))
+            await self.call(Method.RUN_FAIL, reason=recordable.text(f"the agent's instructions cannot be read: {exc}"))
             return
-        begun = step.get("begun") or await self.call("provider.begin", loop=loop)
+        begun = step.get("begun") or await self.call(Method.PROVIDER_BEGIN, loop=loop)
         history = self.provider_history(step)
         request = ProviderRequest(
             run_id=self.run_id,
@@ -335,7 +336,7 @@ class Lane:
             self.interrupts.close(begun["slot"])
         if interrupt.cancelled_caught:
             # A steer or a pause: recorded as interrupted, never retried as an error.
-            await self.call("provider.interrupted", slot=begun["slot"])
+            await self.call(Method.PROVIDER_INTERRUPTED, slot=begun["slot"])
             return
         problem = self.unsendable_response(response)
         if problem is not None:
@@ -353,7 +354,7 @@ class Lane:
             carried = {}  # too much for one message: the plan follows in its own (step_parse)
         if texts and recordable.encoded_size([text, notes]) > self.budget:
             notes = TurnNotes.without_texts(notes)  # the transcript names them only
-        await self.step_call("provider.handoff", slot=begun["slot"], text=text, **carried, **notes)
+        await self.step_call(Method.PROVIDER_HANDOFF, slot=begun["slot"], text=text, **carried, **notes)
         self.notes.delivered(notes)
         failpoints.hit("provider.after-handoff")
 
@@ -374,7 +375,7 @@ class Lane:
     async def provider_failed(self, slot: str, kind: str, error: str, notes: dict[str, Any]) -> None:
         if recordable.encoded_size([error, notes]) > self.budget:
             notes = TurnNotes.without_texts(notes)
-        await self.call("provider.failed", slot=slot, kind=kind, error=error, **notes)
+        await self.call(Method.PROVIDER_FAILED, slot=slot, kind=kind, error=error, **notes)
         self.notes.delivered(notes)
 
     def provider_history(self, step: ProviderStep) -> tuple[dict[str, Any], ...]:
@@ -444,7 +445,7 @@ class Lane:
         no side effect, so a kill here only means asking again."""
         summary = await self.summarize(step)
         failpoints.hit("context.mid-compaction")
-        await self.step_call("context.compacted", to_seq=step["to_seq"], summary=summary)
+        await self.step_call(Method.CONTEXT_COMPACTED, to_seq=step["to_seq"], summary=summary)
 
     async def summarize(self, step: CompactStep) -> str:
         """The model writes it: through its provider's ``summarize`` when it has one,
@@ -478,13 +479,13 @@ class Lane:
         loop = int(step["loop"])
         carried = self.parsed(self.get_provider(), step["response"] or "")
         if "plan" in carried:
-            await self.step_call("plan.commit", loop=loop, slot=step["slot"], plan=carried["plan"])
+            await self.step_call(Method.PLAN_COMMIT, loop=loop, slot=step["slot"], plan=carried["plan"])
         else:
-            await self.step_call("plan.invalid", loop=loop, slot=step["slot"], **carried["plan_invalid"])
+            await self.step_call(Method.PLAN_INVALID, loop=loop, slot=step["slot"], **carried["plan_invalid"])
 
     async def step_prepare(self, step: PrepareStep) -> None:
         await self.step_call(
-            "action.prepare", loop=step["loop"], index=step["index"], tool=step["tool"], input=step["input"]
+            Method.ACTION_PREPARE, loop=step["loop"], index=step["index"], tool=step["tool"], input=step["input"]
         )
 
     async def step_execute(self, step: ExecuteStep) -> None:
@@ -493,7 +494,7 @@ class Lane:
             await self._execute_unsafely(step)
             return
         if not step.get("begun"):  # else ``executing`` was committed with the last reply
-            begun = await self.step_call("action.begin", action_id=action_id)
+            begun = await self.step_call(Method.ACTION_BEGIN, action_id=action_id)
             if begun["begin"] != Begin.EXECUTE:
                 return
             self.next = None
@@ -515,17 +516,17 @@ class Lane:
     async def finish(self, results: list[dict[str, Any]]) -> None:
         """Report the outcomes of a batch, in one message when they fit in one."""
         if len(results) == 1:
-            await self.report("action.finish", results[0], piggyback=True)
+            await self.report(Method.ACTION_FINISH, results[0], piggyback=True)
         elif recordable.encoded_size(results) <= self.budget:
-            await self.report("action.finish_batch", {"results": results}, piggyback=True)
+            await self.report(Method.ACTION_FINISH_BATCH, {"results": results}, piggyback=True)
         else:
             # Each result fits a message (checked at the tool boundary), all of them
             # together do not: one by one, in plan order, the last with the next step.
             for result in results[:-1]:
-                await self.report("action.finish", result, piggyback=False)
-            await self.report("action.finish", results[-1], piggyback=True)
+                await self.report(Method.ACTION_FINISH, result, piggyback=False)
+            await self.report(Method.ACTION_FINISH, results[-1], piggyback=True)
 
-    async def report(self, method: str, params: dict[str, Any], *, piggyback: bool) -> None:
+    async def report(self, method: Method, params: dict[str, Any], *, piggyback: bool) -> None:
         """Send an outcome until the ledger takes it. The side effect happened (or
         was tried): dropping its outcome would leave the action unknown
         (``needs-reconciliation``) for want of disk space. Sending it again is
@@ -557,7 +558,7 @@ class Lane:
             failpoints.hit("agent.before-effect")
             outcome = await self.execute(action["action_id"], action["tool"], action["input"])
             failpoints.hit("agent.after-effect")
-            await self.report("action.finish", outcome.finish_params(action["action_id"]), piggyback=False)
+            await self.report(Method.ACTION_FINISH, outcome.finish_params(action["action_id"]), piggyback=False)
 
         async with trio.open_nursery() as nursery:
             for action in batch:
@@ -569,9 +570,9 @@ class Lane:
         build ``agent.effect-before-executing`` is armed (corral/core/failpoints.py)."""
         action_id = step["action_id"]
         outcome = await self.execute(action_id, step["tool"], step["input"])
-        begun = await self.ctx.call("action.begin", action_id=action_id)
+        begun = await self.ctx.call(Method.ACTION_BEGIN, action_id=action_id)
         if begun["begin"] == Begin.EXECUTE:
-            await self.ctx.call("action.finish", **outcome.finish_params(action_id))
+            await self.ctx.call(Method.ACTION_FINISH, **outcome.finish_params(action_id))
 
     async def execute(self, action_id: str, tool_name: str, tool_input: dict[str, Any]) -> ToolOutcome:
         tool = self.tools.get(tool_name)
@@ -626,6 +627,6 @@ class Lane:
 
     async def step_finalize(self, step: FinalizeStep) -> None:
         if self.run.get("kind") != "root":
-            await self.call("run.child_result", reply=step["reply"])
+            await self.call(Method.RUN_CHILD_RESULT, reply=step["reply"])
             return
-        await self.call("run.finalize", reply=step["reply"])
+        await self.call(Method.RUN_FINALIZE, reply=step["reply"])

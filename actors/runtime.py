@@ -22,6 +22,7 @@ from corral.mailbox.actor_config import ActorConfig
 from corral.mailbox.channel import Channel, open_channel
 from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull, RemoteError
+from corral.mailbox.protocol import Code
 from corral.mailbox.transport import transport_of
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ EXIT_TEMPLATE_START = 4
 
 #: The supervisor's answer while its ledger is away: nothing was committed, so
 #: the request may be sent again (``ActorContext.call``).
-LEDGER_UNAVAILABLE = "ledger-unavailable"
+LEDGER_UNAVAILABLE = Code.LEDGER_UNAVAILABLE
 #: How often an actor asks again while the ledger is away: doubling to the cap.
 LEDGER_RETRY_FIRST_S = 0.2
 LEDGER_RETRY_CAP_S = 2.0

@@ -17,13 +17,15 @@ import trio
 from corral import PROTOCOL_VERSION
 from corral.core import failpoints, redact
 from corral.core.redact import register_secret
+from corral.mailbox import protocol
 from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.control import ControlError, ControlServer
 from corral.mailbox.envelope import Envelope
 from corral.mailbox.errors import ChannelClosed
+from corral.mailbox.protocol import Method
 from corral.sandbox.guard_record import recover_home
 from corral.sandbox.launcher import LaunchMode, make_launcher
-from corral.supervisor import probes
+from corral.supervisor import actor_dispatch, probes
 from corral.supervisor.bridge import bridge_service
 from corral.supervisor.bridge.bridge_service import BridgeService
 from corral.supervisor.cluster import node_service
@@ -133,7 +135,8 @@ class Supervisor:
         )
         self.control_methods: dict[str, ControlMethod] = {}
         self.control: ControlServer | None = None
-        self.actor_methods: dict[str, ActorMethod] = {}
+        #: The methods with no typed record yet (supervisor/actor_dispatch.py).
+        self.actor_methods: dict[Method, ActorMethod] = {}
         self.busy_checks: list[Callable[[], list[str]]] = []
         self._stop = trio.Event()
         self.stop_reason = "shutdown"
@@ -336,19 +339,14 @@ class Supervisor:
         return result
 
     async def _on_actor_message(self, slot: ActorSlot, envelope: Envelope) -> dict[str, Any] | None:
-        method = envelope.body.get("method")
-        if not isinstance(method, str):
-            if envelope.body.get("op") == "ping":
-                return {"pong": True}
-            raise SupervisorError("message has no method", code="bad-request")
-        handler = self.actor_methods.get(method)
-        if handler is None:
-            raise SupervisorError(f"no actor method {method!r}", code="unknown-method")
-        params = envelope.body.get("params", {})
-        if not isinstance(params, dict):
-            raise SupervisorError("params must be a map", code="bad-request")
+        if "method" not in envelope.body and envelope.body.get("op") == "ping":
+            return {"pong": True}
         try:
-            result = dict(await handler(slot, params))
+            request = protocol.decode(envelope.body)  # the shape, checked once, here
+        except protocol.ProtocolError as exc:
+            raise SupervisorError(str(exc), code=exc.code) from None
+        try:
+            result = dict(await actor_dispatch.dispatch(self, slot, request))
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self.group_commit.barrier()  # a refusal may follow a commit
@@ -390,13 +388,9 @@ class Supervisor:
             kill_actor=self._kill_actor,
             request_actor=self._request_actor,
         )
-        self.actor_methods["ping"] = self._actor_ping
 
     async def _ping(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"pong": True, "boot_id": self.boot_id, "pid": self.pid, "protocol": PROTOCOL_VERSION}
-
-    async def _actor_ping(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        return {"pong": True, "actor": slot.id}
 
     def busy_reasons(self) -> list[str]:
         reasons: list[str] = []

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from corral.mailbox.protocol import Code
+
 
 class SupervisorError(RuntimeError):
     """What the supervisor answers a caller with: a message, and a ``code`` named by
     keyword (the wire's error envelope, ``RemoteError``, is built ``(code, message)``;
     a keyword keeps the two orders from being confused)."""
 
-    code = "error"
+    code: str = Code.ERROR
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -21,23 +23,23 @@ class SupervisorError(RuntimeError):
 
 
 class BadRequest(SupervisorError):
-    code = "bad-request"
+    code = Code.BAD_REQUEST
 
 
 class NotFound(SupervisorError):
-    code = "not-found"
+    code = Code.NOT_FOUND
 
 
 class Conflict(SupervisorError):
-    code = "conflict"
+    code = Code.CONFLICT
 
 
 class Refused(SupervisorError):
-    code = "refused"
+    code = Code.REFUSED
 
 
 class StorageFull(SupervisorError):
     """The ledger's disk is full (or failing): nothing was committed, no step was
     taken. The supervisor keeps running read-only and resumes by itself."""
 
-    code = "disk-full"
+    code = Code.DISK_FULL

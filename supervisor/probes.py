@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from corral.mailbox.protocol import Method
 from corral.supervisor.params import param_int
 
 if TYPE_CHECKING:
@@ -57,8 +58,8 @@ class LoadProbes:
 
 def install(sup: Supervisor) -> LoadProbes:
     probes = LoadProbes(sup.ledger)
-    sup.actor_methods["bench.sink"] = probes.sink
-    sup.actor_methods["bench.sink_count"] = probes.sink_read
-    sup.actor_methods["bench.sink_reset"] = probes.sink_reset
+    sup.actor_methods[Method.BENCH_SINK] = probes.sink
+    sup.actor_methods[Method.BENCH_SINK_COUNT] = probes.sink_read
+    sup.actor_methods[Method.BENCH_SINK_RESET] = probes.sink_reset
     sup.control_methods["bench.emit_events"] = probes.emit_events
     return probes

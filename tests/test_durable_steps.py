@@ -12,10 +12,10 @@ import pytest
 
 from corral.actors.agent import Lane
 from corral.mailbox.control import ControlError
+from corral.mailbox.protocol import ActionFinishBatch, ActionResult, NextStep, ProtocolError, decode
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import SqliteLedger
 from corral.supervisor.runs import action_store, run_store
-from corral.supervisor.runs.run_actor_methods import _history_have
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.spec.swarm_spec import empty_spec
 from tests.harness import Daemon, agent_spec, effects, ledger_rows, running, wait_run
@@ -308,9 +308,10 @@ def test_a_lane_adds_each_turns_new_observations_and_refuses_a_gap() -> None:
 
 @pytest.mark.parametrize("have", [-1, "2", True, 1.5, 10**10])
 def test_a_bad_history_count_is_refused(have: object) -> None:
-    with pytest.raises(BadRequest, match="history_have"):
-        _history_have({"history_have": have})
-    assert _history_have({}) == 0 and _history_have({"history_have": 7}) == 7
+    with pytest.raises(ProtocolError, match="history_have"):
+        decode({"method": "run.next_step", "params": {"run_id": "r", "history_have": have}})
+    assert decode({"method": "run.next_step", "params": {"run_id": "r"}}) == NextStep("r", 0)
+    assert decode({"method": "run.next_step", "params": {"run_id": "r", "history_have": 7}}) == NextStep("r", 7)
 
 
 async def test_a_batch_naming_an_action_twice_is_refused_and_changes_nothing(tmp_path: Path) -> None:
@@ -328,13 +329,13 @@ async def test_a_batch_naming_an_action_twice_is_refused_and_changes_nothing(tmp
         action_store.begin_action(ledger, row["action_id"])
         ids.append(row["action_id"])
     cursor = ledger.last_cursor()
-    twice = [{"action_id": ids[0], "ok": True, "output": {"n": n}} for n in (1, 2)]
+    twice = [ActionResult(ids[0], True, {"n": n}) for n in (1, 2)]
     with pytest.raises(BadRequest, match="more than once"):
-        await service.action_finish_batch(slot, {"run_id": run_id, "results": twice})  # type: ignore[arg-type]
+        await service.action_finish_batch(slot, ActionFinishBatch(run_id, twice))  # type: ignore[arg-type]
     assert ledger.last_cursor() == cursor
-    both = [{"action_id": the_id, "ok": True, "output": {"n": n}} for n, the_id in enumerate(ids)]
+    both = [ActionResult(the_id, True, {"n": n}) for n, the_id in enumerate(ids)]
     commits = ledger.commits
-    await service.action_finish_batch(slot, {"run_id": run_id, "results": both})  # type: ignore[arg-type]
+    await service.action_finish_batch(slot, ActionFinishBatch(run_id, both))  # type: ignore[arg-type]
     assert ledger.commits == commits + 1, "a batch's outcomes, receipts and observations: one commit"
     rows = ledger.all("SELECT a.phase, a.result, r.status FROM actions a JOIN receipts r USING (action_id)"
                       " ORDER BY a.action_index")

@@ -33,10 +33,11 @@ from corral.actors.providers.local_schema import DEFAULT_MAX_STRING, max_tokens_
 from corral.actors.providers.plan_parse import parse_chat_completion
 from corral.core.redact import redact_text
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
+from corral.mailbox.protocol import Code
 
 #: Answers of the supervisor that a later attempt may not get (the model actor is
 #: restarting, busy past its deadline, or died mid-generation).
-TRANSIENT_CODES = frozenset({"model-unavailable", "model-timeout", "model-failed", "disk-full"})
+TRANSIENT_CODES = frozenset({Code.MODEL_UNAVAILABLE, Code.MODEL_TIMEOUT, Code.MODEL_FAILED, Code.DISK_FULL})
 TOOL_CHOICES = ("auto", "required")
 #: A small context fills fast: each observation is cut to this many characters.
 OBSERVATION_CHARS = 1500

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from corral.mailbox.protocol import Method
 from corral.supervisor.bridge.bridge_spec import BridgeSpec
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.ledger.port import Ledger
@@ -191,11 +192,11 @@ def install(sup: Supervisor) -> BridgeService:
     service = BridgeService(sup.ledger, sup.runs, sup.next_commit, sup.spec.bridge)
     sup.actor_methods.update(
         {
-            "bridge.jobs": service.jobs,
-            "bridge.job_open": service.job_open,
-            "bridge.job_advance": service.job_advance,
-            "bridge.run_status": service.run_status,
-            "bridge.report": service.report,
+            Method.BRIDGE_JOBS: service.jobs,
+            Method.BRIDGE_JOB_OPEN: service.job_open,
+            Method.BRIDGE_JOB_ADVANCE: service.job_advance,
+            Method.BRIDGE_RUN_STATUS: service.run_status,
+            Method.BRIDGE_REPORT: service.report,
         }
     )
     if sup.spec.bridge is not None:

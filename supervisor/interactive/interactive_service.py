@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from corral.mailbox.protocol import Method
 from corral.supervisor.errors import BadRequest, SupervisorError
 from corral.supervisor.interactive import interactive_store as interactive
 from corral.supervisor.interactive import question_store, steer_store, turn_report
@@ -144,7 +145,7 @@ def install(sup: Supervisor) -> InteractiveService:
             "conversation.turn_report": turn_report.TurnReports(sup.ledger).turn_report,
         }
     )
-    sup.actor_methods["provider.interrupted"] = service.steers.provider_interrupted
+    sup.actor_methods[Method.PROVIDER_INTERRUPTED] = service.steers.provider_interrupted
     hooks = sup.hooks
     hooks.boundary.append(steer_store.apply_steers)
     hooks.final_guards.append(steer_store.steer_blocks_final)

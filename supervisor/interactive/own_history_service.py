@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from corral.mailbox.protocol import Method
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.interactive import own_history
 from corral.supervisor.ledger.port import Ledger
@@ -43,6 +44,6 @@ class OwnHistoryService:
 
 def install(sup: Supervisor) -> OwnHistoryService:
     service = OwnHistoryService(sup.ledger, sup.runs)
-    sup.actor_methods["history.actions"] = service.actions
-    sup.actor_methods["history.command"] = service.command
+    sup.actor_methods[Method.HISTORY_ACTIONS] = service.actions
+    sup.actor_methods[Method.HISTORY_COMMAND] = service.command
     return service

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from corral.mailbox.protocol import Method
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.interactive import question_store as questions
 from corral.supervisor.ledger.port import Ledger
@@ -58,7 +59,7 @@ def _close_questions(ledger: Ledger, run_id: str, status: RunStatus, reason: str
 def install(sup: Supervisor) -> QuestionService:
     service = QuestionService(sup.ledger, sup.runs)
     sup.control_methods["answer"] = service.answer
-    sup.actor_methods["input.request"] = service.ask
+    sup.actor_methods[Method.INPUT_REQUEST] = service.ask
     hooks = sup.hooks
     hooks.on_status.append(_close_questions)
     hooks.plan_guards.append(questions.plan_guard)

@@ -24,6 +24,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from corral.core.redact import redact_text
+from corral.mailbox.protocol import Method
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_text
@@ -163,6 +164,6 @@ class ReplyStreamService:
 def install(sup: Supervisor) -> ReplyStreamService:
     service = ReplyStreamService(sup.ledger)
     sup.control_methods["progress"] = service.progress_view
-    sup.actor_methods["reply.delta"] = service.reply_delta
+    sup.actor_methods[Method.REPLY_DELTA] = service.reply_delta
     sup.event_views.append(service.with_text)
     return service

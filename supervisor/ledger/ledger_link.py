@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
+from corral.mailbox.protocol import Code
 from corral.supervisor.errors import StorageFull
 
 log = logging.getLogger("corral.ledger")
@@ -47,7 +48,7 @@ class LedgerUnavailable(StorageFull):
     lost, or this node's lease lapsed and is being renewed): nothing was
     committed. The supervisor stays up and resumes by itself."""
 
-    code = "ledger-unavailable"
+    code = Code.LEDGER_UNAVAILABLE
 
 
 def connection_lost(exc: BaseException, conn: Any) -> bool:

@@ -9,6 +9,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from corral.mailbox.protocol import Method
 from corral.mailbox.steps import CompactStep, Do, ProviderStep
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger.port import Ledger
@@ -146,7 +147,7 @@ class CompactionService:
 
 def install(sup: Supervisor) -> CompactionService:
     service = CompactionService(sup.ledger, sup.runs, sup.models)
-    sup.actor_methods["context.compacted"] = StepPiggyback(sup.ledger, sup.runs).with_next(service.compacted)
+    sup.actor_methods[Method.CONTEXT_COMPACTED] = StepPiggyback(sup.ledger, sup.runs).with_next(service.compacted)
     sup.control_methods["compact"] = service.request
     sup.hooks.provider_shapers.append(service.shape_provider_step)
     sup.hooks.show_sections["context"] = service.show_section

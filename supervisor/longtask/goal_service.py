@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any
 
+from corral.mailbox.protocol import Method
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.interactive.steer_control import SteerControl
 from corral.supervisor.ledger.port import Ledger
@@ -107,7 +108,7 @@ class GoalService:
 
 def install(sup: Supervisor) -> GoalService:
     service = GoalService(sup.ledger, sup.runs)
-    sup.actor_methods["goal.verdict"] = service.verdict
+    sup.actor_methods[Method.GOAL_VERDICT] = service.verdict
     sup.control_methods.update(
         {
             "goal.status": service.status,

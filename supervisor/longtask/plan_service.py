@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from corral.mailbox.protocol import Method
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import plan_store
@@ -36,7 +37,7 @@ class PlanService:
 
 def install(sup: Supervisor) -> PlanService:
     service = PlanService(sup.ledger, sup.runs)
-    sup.actor_methods["plan.update"] = service.update
+    sup.actor_methods[Method.PLAN_UPDATE] = service.update
     sup.hooks.finalize_blockers.append(plan_store.blockers)
     sup.hooks.show_sections["plan"] = service.show_section
     return service

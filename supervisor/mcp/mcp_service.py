@@ -27,6 +27,7 @@ import trio
 from corral.actors.tools.validation import validation_error
 from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
+from corral.mailbox.protocol import Method
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.mcp.mcp_catalog import CatalogTool, build_catalog, catalog_fingerprint, drift, pin, pinned
@@ -454,7 +455,9 @@ def install(sup: Supervisor) -> McpService:
     sup.control_methods["mcp.list"] = service.list_servers
     if not service.servers:
         return service
-    sup.actor_methods.update({"mcp.ready": service.ready, "mcp.failed": service.failed, "mcp.call": service.call})
+    sup.actor_methods.update(
+        {Method.MCP_READY: service.ready, Method.MCP_FAILED: service.failed, Method.MCP_CALL: service.call}
+    )
     sup.hooks.on_claim.append(service.add_catalog)
     sup.hooks.prepare_routes.append(service.prepare)
     sup.control_methods["mcp.call"] = service.debug_call

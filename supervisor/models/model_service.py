@@ -21,6 +21,7 @@ import trio
 
 from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
+from corral.mailbox.protocol import Code, Method
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.models.model_spec import LocalModelSpec
@@ -154,22 +155,22 @@ class ModelService:
         model = state.spec.id
         if not await state.wait_ready(lambda: self._slot(model), trio.current_time() + state.spec.startup_timeout_s):
             why = state.error or f"not ready within {state.spec.startup_timeout_s:g} s"
-            raise SupervisorError(f"model {model} is {self.status_of(model)}: {why}", code="model-unavailable")
+            raise SupervisorError(f"model {model} is {self.status_of(model)}: {why}", code=Code.MODEL_UNAVAILABLE)
         state.requests += 1
         try:
             return await self.tree.request(state.spec.actor_id, body, timeout + RELAY_SLACK_S)
         except RemoteError as exc:
             if exc.code == "context-full":
                 raise SupervisorError(exc.message, code="context-full") from None
-            raise SupervisorError(f"{exc.code}: {exc.message}", code="model-failed") from None
+            raise SupervisorError(f"{exc.code}: {exc.message}", code=Code.MODEL_FAILED) from None
         except DeadlineExceeded:
-            raise SupervisorError(f"no answer within {timeout:g} s", code="model-timeout") from None
+            raise SupervisorError(f"no answer within {timeout:g} s", code=Code.MODEL_TIMEOUT) from None
         except (ChannelClosed, MailboxFull, KeyError) as exc:
             # The actor died mid-generation (or is restarting): nothing happened that
             # a new request would repeat.
             state.failures += 1
             raise SupervisorError(
-                f"the model's actor went away mid-generation ({type(exc).__name__})", code="model-unavailable"
+                f"the model's actor went away mid-generation ({type(exc).__name__})", code=Code.MODEL_UNAVAILABLE
             ) from None
 
     async def count_tokens(self, model: str, texts: list[str]) -> list[int] | None:
@@ -197,7 +198,7 @@ class ModelService:
             raise BadRequest(f"texts must be a list of at most {MAX_COUNT_TEXTS} strings")
         counts = await self.count_tokens(model, texts)
         if counts is None:
-            raise SupervisorError(f"model {model} is {self.status_of(model)}", code="model-unavailable")
+            raise SupervisorError(f"model {model} is {self.status_of(model)}", code=Code.MODEL_UNAVAILABLE)
         return {"counts": counts}
 
     # -- views ----------------------------------------------------------------------
@@ -262,7 +263,11 @@ def install(sup: Supervisor) -> ModelService:
     sup.hooks.show_sections["usage"] = lambda run_id: usage_of_run(ledger, run_id)
     if service.models:
         sup.actor_methods.update(
-            {"model.ready": service.ready, "model.failed": service.failed, "model.generate": service.generate}
+            {
+                Method.MODEL_READY: service.ready,
+                Method.MODEL_FAILED: service.failed,
+                Method.MODEL_GENERATE: service.generate,
+            }
         )
         sup.status_sections["models"] = service.status_section
         sup.control_methods["model.count_tokens"] = service.count_tokens_control

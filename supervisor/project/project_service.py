@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 
+from corral.mailbox.protocol import Method
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.project import preview_gate, revision_store, verification_store, verify_recovery
@@ -130,10 +131,10 @@ def install(sup: Supervisor) -> ProjectService:
 
     service = ProjectService(sup.ledger, sup.runs, project_settings(sup.spec.raw), sandbox_of)
     sup.actor_methods.update({
-        "project.verify.begin": service.verify_begin,
-        "project.verify.record": service.verify_record,
-        "project.verification": service.verification,
-        "project.preview": service.preview,
+        Method.PROJECT_VERIFY_BEGIN: service.verify_begin,
+        Method.PROJECT_VERIFY_RECORD: service.verify_record,
+        Method.PROJECT_VERIFICATION: service.verification,
+        Method.PROJECT_PREVIEW: service.preview,
     })
     sup.hooks.on_receipt.append(revision_store.on_receipt)
     sup.hooks.finalize_blockers.append(service.final_blockers)

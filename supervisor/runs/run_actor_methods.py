@@ -18,9 +18,17 @@ from corral.actors.tools.registry import rerunnable
 from corral.actors.tools.validation import validation_error
 from corral.core import failpoints
 from corral.core.redact import redact, redact_text, summarize
+from corral.mailbox.protocol import (
+    ActionBegin,
+    ActionFinish,
+    ActionFinishBatch,
+    ActionResult,
+    NextStep,
+    RunFail,
+    RunFinalize,
+)
 from corral.mailbox.steps import Begun, Do, PrepareStep, Step
 from corral.supervisor.errors import BadRequest
-from corral.supervisor.params import param_int
 from corral.supervisor.runs import action_store, finalization, loop_plan_store, provider_store, run_store, sealed_input
 from corral.supervisor.runs.action_state import ActionPhase, action_id
 from corral.supervisor.runs.next_step import next_step
@@ -29,11 +37,6 @@ from corral.supervisor.runs.run_hooks import PlanRefusal
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.transcript_store import notes_from
 from corral.supervisor.tree.supervision_tree import ActorSlot
-
-
-def _history_have(params: dict[str, Any]) -> int:
-    """How many of the run's observations the agent holds already (0: send them all)."""
-    return param_int(params, "history_have", 0, high=10**9)
 
 
 class RunActorMethods(RunCore):
@@ -81,10 +84,10 @@ class RunActorMethods(RunCore):
             await hook(claimed)  # e.g. the MCP tools this run may call
         return {"run": claimed}
 
-    async def next_step(self, slot: ActorSlot, params: dict[str, Any], *, boundary: bool = True) -> Step:
+    async def next_step(self, slot: ActorSlot, request: NextStep, *, boundary: bool = True) -> Step:
         """``boundary=False``: the step boundary's checks ran already in this same
         step, with nothing else run since (supervisor/runs/step_piggyback.py)."""
-        run_id = _str(params, "run_id")
+        run_id = request.run_id
         self.check_owner(slot, run_id)
         step = next_step(self.ledger, run_id, boundary=boundary)
         if step["do"] is Do.PROVIDER:
@@ -97,7 +100,7 @@ class RunActorMethods(RunCore):
                 # No hook shaped it: all of it, of which the agent already holds the
                 # first ``history_have`` (it keeps what earlier turns sent, so a long
                 # run does not resend and re-decode its whole history every turn).
-                have = _history_have(params)
+                have = request.history_have
                 shaped["history"] = run_store.history(self.ledger, run_id, after=have)
                 shaped["history_from"] = have
             step = shaped
@@ -285,8 +288,8 @@ class RunActorMethods(RunCore):
             row = self.refuse_prepared(row, ActionPhase.FAILED, problem)
         return row
 
-    async def action_begin(self, slot: ActorSlot, params: dict[str, Any]) -> Begun:
-        action = action_store.get_action(self.ledger, _str(params, "action_id"))
+    async def action_begin(self, slot: ActorSlot, request: ActionBegin) -> Begun:
+        action = action_store.get_action(self.ledger, request.action_id)
         self.check_owner(slot, action["run_id"])
         return action_store.begin_action(self.ledger, action["action_id"])
 
@@ -308,25 +311,21 @@ class RunActorMethods(RunCore):
         self._with_raw_copies(run_id, step)
         return step
 
-    async def action_finish_batch(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def action_finish_batch(self, slot: ActorSlot, request: ActionFinishBatch) -> dict[str, Any]:
         """The results of a read batch (supervisor/runs/step_piggyback.py), in order, each
         finished exactly as ``action.finish`` finishes one; all are checked first."""
-        results = params.get("results")
-        if not isinstance(results, list) or not 1 <= len(results) <= MAX_ACTIONS_PER_PLAN:
+        results = request.results
+        if not 1 <= len(results) <= MAX_ACTIONS_PER_PLAN:
             raise BadRequest(f"results must be a list of 1 to {MAX_ACTIONS_PER_PLAN} action results")
-        if not all(isinstance(result, dict) for result in results):
-            raise BadRequest("each result must be a map")
-        run_id = _str(params, "run_id")
-        ids = [_str(result, "action_id") for result in results]
+        run_id = request.run_id
+        ids = [result.action_id for result in results]
         if len(set(ids)) != len(ids):
             raise BadRequest("results name an action more than once")
         actions = []
-        for the_id, result in zip(ids, results, strict=True):
+        for the_id in ids:
             action = action_store.get_action(self.ledger, the_id)
             if action["run_id"] != run_id:
                 raise BadRequest(f"action {action['action_id']} is not in run {run_id}")
-            if not isinstance(result.get("output", {}), dict):
-                raise BadRequest("output must be a map")
             actions.append(action)
         self.check_owner(slot, run_id)
         with self.ledger.tx():  # the whole batch in one commit
@@ -335,15 +334,13 @@ class RunActorMethods(RunCore):
                 self._finish(action, result)
         return {}
 
-    async def action_finish(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        action = action_store.get_action(self.ledger, _str(params, "action_id"))
+    async def action_finish(self, slot: ActorSlot, request: ActionFinish) -> dict[str, Any]:
+        action = action_store.get_action(self.ledger, request.action_id)
         self.check_owner(slot, action["run_id"])
-        if not isinstance(params.get("output", {}), dict):
-            raise BadRequest("output must be a map")
-        self._finish(action, params)
+        self._finish(action, request.result())
         return {}
 
-    def _finish(self, action: Any, params: dict[str, Any]) -> None:
+    def _finish(self, action: Any, result: ActionResult) -> None:
         with self.ledger.tx():
             # Where a full disk refuses an outcome (tests: ``disk-full@N``); the agent
             # keeps it and sends it again.
@@ -351,43 +348,30 @@ class RunActorMethods(RunCore):
             action_store.finish_action(
                 self.ledger,
                 action["action_id"],
-                bool(params.get("ok")),
-                params.get("output", {}),
-                str(params.get("summary", "")),
-                params.get("error"),
+                result.ok,
+                result.output,
+                result.summary,
+                result.error,
                 current=action,
-                traceback=_traceback(params),
+                # A finished action's traceback (its tool raised), if the agent sent one.
+                traceback=result.traceback or None,
             )
         if action["raw_sha256"]:
             # Once terminal is committed, nothing will act on this raw input again.
             name = sealed_input.raw_name(action["run_id"], "input", action["action_id"])
             self.ledger.after_commit(partial(sealed_input.drop, self.spool, name))
 
-    async def finalize(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def finalize(self, slot: ActorSlot, request: RunFinalize) -> dict[str, Any]:
         """``run.finalize``: the owner's run; a hold (``finalize_holds``: its sessions
         about to exit should not cost a repair turn); then supervisor/runs/finalization.py
         (guards, blockers, parkers, the journal)."""
-        run = self.owned_run(slot, params)
+        run = self.owned_run(slot, {"run_id": request.run_id})
         for hold in self.hooks.finalize_holds:
             await hold(run)
-        reply = params.get("reply")
-        if not isinstance(reply, str):
-            raise BadRequest("reply must be a string")
-        return finalization.finalize(self.ledger, run["run_id"], reply, self.limits_for(run))
+        return finalization.finalize(self.ledger, run["run_id"], request.reply, self.limits_for(run))
 
-    async def fail(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self.owned_run(slot, params)
+    async def fail(self, slot: ActorSlot, request: RunFail) -> dict[str, Any]:
+        run = self.owned_run(slot, {"run_id": request.run_id})
         if RunStatus(run["status"]) not in TERMINAL:
-            run_store.set_run_status(
-                self.ledger,
-                run["run_id"],
-                RunStatus.FAILED,
-                summarize(str(params.get("reason", "failed")), 300),
-            )
+            run_store.set_run_status(self.ledger, run["run_id"], RunStatus.FAILED, summarize(request.reason, 300))
         return {}
-
-
-def _traceback(params: dict[str, Any]) -> str | None:
-    """A finished action's traceback (its tool raised), if the agent sent one."""
-    value = params.get("traceback")
-    return value if isinstance(value, str) and value else None

@@ -14,6 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from corral.actors.providers.registry import is_idempotent
+from corral.mailbox.protocol import Method
 from corral.supervisor.runs import poison, transcript_view
 from corral.supervisor.runs.run_actor_methods import RunActorMethods
 from corral.supervisor.runs.run_control import RunControlMethods
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 
 class RunService(RunActorMethods, RunControlMethods, RunUpkeep):
     """The run layer's service (``Supervisor.runs``); built by ``install``."""
+
+    #: The typed step methods' next step, carried in their replies (supervisor/actor_dispatch.py).
+    steps: StepPiggyback
 
 
 def install(sup: Supervisor, show_elsewhere: ShowElsewhere | None = None) -> tuple[RunService, RunViews]:
@@ -42,22 +46,18 @@ def install(sup: Supervisor, show_elsewhere: ShowElsewhere | None = None) -> tup
     hooks.on_status.append(views.on_status)
     hooks.show_sections["crashes"] = partial(poison.show_section, sup.ledger)
     sup.tree.on_exit.append(service.on_actor_exit)
-    step = StepPiggyback(sup.ledger, service).with_next
+    service.steps = StepPiggyback(sup.ledger, service)
+    step = service.steps.with_next
+    # run.next_step, action.begin/finish/finish_batch, run.finalize/fail are typed: supervisor/actor_dispatch.py.
     sup.actor_methods.update(
         {
-            "run.claim": service.claim,
-            "run.next_step": service.next_step,
-            "provider.begin": service.provider_begin,
-            "provider.handoff": step(service.provider_handoff, carries_plan=True),
-            "provider.failed": service.provider_failed,
-            "plan.commit": step(service.plan_commit),
-            "plan.invalid": step(service.plan_invalid),
-            "action.prepare": step(service.action_prepare),
-            "action.begin": step(service.action_begin),
-            "action.finish": step(service.action_finish),
-            "action.finish_batch": step(service.action_finish_batch),
-            "run.finalize": service.finalize,
-            "run.fail": service.fail,
+            Method.RUN_CLAIM: service.claim,
+            Method.PROVIDER_BEGIN: service.provider_begin,
+            Method.PROVIDER_HANDOFF: step(service.provider_handoff, carries_plan=True),
+            Method.PROVIDER_FAILED: service.provider_failed,
+            Method.PLAN_COMMIT: step(service.plan_commit),
+            Method.PLAN_INVALID: step(service.plan_invalid),
+            Method.ACTION_PREPARE: step(service.action_prepare),
         }
     )
     sup.control_methods.update(

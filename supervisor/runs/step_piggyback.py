@@ -35,11 +35,12 @@ batch, begun) and the batch's results (whose reply carries the next provider tur
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from corral.mailbox.protocol import ActionBegin, ActionFinish, ActionFinishBatch, NextStep
 from corral.mailbox.steps import BatchEntry, Begin, Do, ExecuteStep, PrepareStep, Step
-from corral.supervisor.errors import SupervisorError
+from corral.supervisor.errors import BadRequest, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, provider_store
 from corral.supervisor.runs.next_step import next_step
@@ -78,11 +79,23 @@ class StepPiggyback:
                 # response to parse) and no other task has run since (the commit is
                 # synchronous): the next step does not run them again (a third of
                 # the boundary queries of a loop).
-                next_one = await self.next_step_begun(slot, run_id, params.get("history_have", 0), boundary=not checked)
+                have = params.get("history_have", 0)
+                if isinstance(have, bool) or not isinstance(have, int) or not 0 <= have <= 10**9:
+                    raise BadRequest("history_have must be an integer between 0 and 1000000000")
+                next_one = await self.next_step_begun(slot, run_id, have, boundary=not checked)
                 answer = {**answer, "next": next_one}
             return answer
 
         return step_method
+
+    async def carry_next(
+        self, slot: ActorSlot, request: ActionBegin | ActionFinish | ActionFinishBatch, answer: Mapping[str, object]
+    ) -> dict[str, Any]:
+        """A typed step method's reply, with the next step when the agent asked for it."""
+        if request.want_next and request.run_id is not None:
+            next_one = await self.next_step_begun(slot, request.run_id, request.history_have)
+            return {**answer, "next": next_one}
+        return dict(answer)
 
     def _commit_carried_plan(self, slot: ActorSlot, run_id: str, params: dict[str, Any]) -> bool:
         """The plan the agent parsed from the response it just handed off: committed
@@ -110,11 +123,11 @@ class StepPiggyback:
         return True
 
     async def next_step_begun(
-        self, slot: ActorSlot, run_id: str, history_have: Any = 0, *, boundary: bool = True
+        self, slot: ActorSlot, run_id: str, history_have: int = 0, *, boundary: bool = True
     ) -> Step:
         """The run's next step, begun when it may be (``boundary``: as next_step.py's)."""
         runs = self.runs
-        asked = {"run_id": run_id, "history_have": history_have}
+        asked = NextStep(run_id, history_have)
         step = await runs.next_step(slot, asked, boundary=boundary)
         if step["do"] is Do.PROVIDER:
             step["begun"] = provider_store.begin_provider_request(self.ledger, run_id, int(step["loop"]))

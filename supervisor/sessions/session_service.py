@@ -36,6 +36,7 @@ from corral.actors.session_state import MAX_STDIN_BYTES, TERMINAL_STATES, Sessio
 from corral.actors.tools.base import ToolError, is_sealed
 from corral.actors.tools.paths import resolve_in_workspace
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
+from corral.mailbox.protocol import Method
 from corral.sandbox.bwrap import LaunchMode
 from corral.supervisor.errors import BadRequest, Conflict, Refused, SupervisorError
 from corral.supervisor.ledger.port import Ledger
@@ -547,14 +548,14 @@ def install(sup: Supervisor) -> SessionService:
     service = SessionService(sup.ledger, sup.tree, sup.runs, sup.home, sup.spec.sandbox, scope_sandbox)
     sup.actor_methods.update(
         {
-            "session.start": service.start,
-            "session.poll": service.poll,
-            "session.stdin": service.stdin,
-            "session.terminate": service.terminate,
-            "command.sandbox": service.command_sandbox,
-            "command.launched": service.command_launched,
-            "session.launched": service.launched,
-            "session.state": service.state,
+            Method.SESSION_START: service.start,
+            Method.SESSION_POLL: service.poll,
+            Method.SESSION_STDIN: service.stdin,
+            Method.SESSION_TERMINATE: service.terminate,
+            Method.COMMAND_SANDBOX: service.command_sandbox,
+            Method.COMMAND_LAUNCHED: service.command_launched,
+            Method.SESSION_LAUNCHED: service.launched,
+            Method.SESSION_STATE: service.state,
         }
     )
     ledger = sup.ledger

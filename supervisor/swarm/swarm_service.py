@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from corral.mailbox.protocol import Method
 from corral.mailbox.steps import Do, ParkStep
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
@@ -303,11 +304,11 @@ def install(sup: Supervisor) -> SwarmService:
     service = SwarmService(sup.ledger, sup.tree, sup.runs, sup.spec)
     sup.actor_methods.update(
         {
-            "swarm.spawn": service.spawn,
-            "swarm.delegate": service.delegate,
-            "swarm.claim": service.claim,
-            "swarm.contract": service.contract,
-            "run.child_result": service.child_result,
+            Method.SWARM_SPAWN: service.spawn,
+            Method.SWARM_DELEGATE: service.delegate,
+            Method.SWARM_CLAIM: service.claim,
+            Method.SWARM_CONTRACT: service.contract,
+            Method.RUN_CHILD_RESULT: service.child_result,
         }
     )
     hooks = sup.hooks
