@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 import trio
 
 from corral.actors import agent_instructions, project_context, recordable, typed_output
@@ -55,7 +56,19 @@ from corral.core import failpoints
 from corral.core.redact import bounded_traceback, summarize
 from corral.mailbox.envelope import Kind
 from corral.mailbox.errors import DeadlineExceeded, RemoteError
-from corral.mailbox.protocol import Code, Method
+from corral.mailbox.protocol import (
+    ActionBegin,
+    ActionFinish,
+    ActionFinishBatch,
+    ActionResult,
+    Code,
+    Method,
+    NextStep,
+    RunFail,
+    RunFinalize,
+    StepReply,
+    StepRequest,
+)
 from corral.mailbox.steps import (
     Begin,
     CompactStep,
@@ -222,6 +235,17 @@ class Lane:
         self.next = cast("Step | None", answer.get("next"))
         return answer
 
+    async def fail_run(self, reason: str) -> None:
+        await self.ctx.ask(RunFail(self.run_id, reason))
+
+    async def step_ask(self, request: StepRequest) -> StepReply:
+        """A typed step whose reply also carries the next step (supervisor/runs/step_piggyback.py)."""
+        if failpoints.armed(_EFFECT_FIRST):
+            return await self.ctx.ask(request)  # the broken build keeps its own order
+        answer = await self.ctx.ask(msgspec.structs.replace(request, want_next=True, history_have=len(self.history)))
+        self.next = cast("Step | None", answer.get("next"))
+        return answer
+
     def project_context(self) -> str:
         if self.project is None:
             home = Path(self.run["home"]) if self.run.get("home") else None
@@ -265,7 +289,8 @@ class Lane:
             try:
                 step, self.next = self.next, None
                 if step is None:
-                    step = cast(Step, await self.call(Method.RUN_NEXT_STEP, history_have=len(self.history)))
+                    asked: Step = await self.ctx.ask(NextStep(self.run_id, len(self.history)))
+                    step = asked
                 do = Do(step["do"])
                 if do in (Do.DONE, Do.PARK):
                     return
@@ -288,18 +313,18 @@ class Lane:
         try:
             provider = self.get_provider()
         except Exception as exc:
-            await self.call(Method.RUN_FAIL, reason=recordable.text(f"provider cannot start: {exc}"))
+            await self.fail_run(recordable.text(f"provider cannot start: {exc}"))
             return
         try:
             context = self.project_context()
         except Exception as exc:  # every file is bounded first; whatever is left fails this run by name, not the lane
-            await self.call(Method.RUN_FAIL, reason=recordable.text(
+            await self.fail_run(recordable.text(
                 f"the repository context cannot be built: {type(exc).__name__}: {exc}"))
             return
         try:
             self.instructions = self.instruction_cache.current(self.run.get("instructions"))
         except agent_instructions.InstructionsError as exc:
-            await self.call(Method.RUN_FAIL, reason=recordable.text(f"the agent's instructions cannot be read: {exc}"))
+            await self.fail_run(recordable.text(f"the agent's instructions cannot be read: {exc}"))
             return
         begun = step.get("begun") or await self.call(Method.PROVIDER_BEGIN, loop=loop)
         history = self.provider_history(step)
@@ -494,7 +519,7 @@ class Lane:
             await self._execute_unsafely(step)
             return
         if not step.get("begun"):  # else ``executing`` was committed with the last reply
-            begun = await self.step_call(Method.ACTION_BEGIN, action_id=action_id)
+            begun = await self.step_ask(ActionBegin(action_id, run_id=self.run_id))
             if begun["begin"] != Begin.EXECUTE:
                 return
             self.next = None
@@ -502,7 +527,7 @@ class Lane:
         if step.get("parallel"):
             await self.execute_parallel(batch)
             return
-        results = []
+        results: list[ActionResult] = []
         for action in batch:  # a read batch runs in plan order; see supervisor/runs/step_piggyback.py
             failpoints.hit("agent.before-effect")
             try:
@@ -510,23 +535,23 @@ class Lane:
             except ActionParked:
                 return  # the supervisor finishes this action (an answer); the run is parked
             failpoints.hit("agent.after-effect")
-            results.append(outcome.finish_params(action["action_id"]))
+            results.append(outcome.result(action["action_id"]))
         await self.finish(results)
 
-    async def finish(self, results: list[dict[str, Any]]) -> None:
+    async def finish(self, results: list[ActionResult]) -> None:
         """Report the outcomes of a batch, in one message when they fit in one."""
         if len(results) == 1:
-            await self.report(Method.ACTION_FINISH, results[0], piggyback=True)
-        elif recordable.encoded_size(results) <= self.budget:
-            await self.report(Method.ACTION_FINISH_BATCH, {"results": results}, piggyback=True)
+            await self.report(ActionFinish.of(results[0], self.run_id), piggyback=True)
+        elif recordable.encoded_size(msgspec.to_builtins(results)) <= self.budget:
+            await self.report(ActionFinishBatch(self.run_id, results), piggyback=True)
         else:
             # Each result fits a message (checked at the tool boundary), all of them
             # together do not: one by one, in plan order, the last with the next step.
             for result in results[:-1]:
-                await self.report(Method.ACTION_FINISH, result, piggyback=False)
-            await self.report(Method.ACTION_FINISH, results[-1], piggyback=True)
+                await self.report(ActionFinish.of(result, self.run_id), piggyback=False)
+            await self.report(ActionFinish.of(results[-1], self.run_id), piggyback=True)
 
-    async def report(self, method: Method, params: dict[str, Any], *, piggyback: bool) -> None:
+    async def report(self, request: ActionFinish | ActionFinishBatch, *, piggyback: bool) -> None:
         """Send an outcome until the ledger takes it. The side effect happened (or
         was tried): dropping its outcome would leave the action unknown
         (``needs-reconciliation``) for want of disk space. Sending it again is
@@ -535,9 +560,9 @@ class Lane:
         while True:
             try:
                 if piggyback:
-                    await self.step_call(method, **params)
+                    await self.step_ask(request)
                 else:
-                    await self.call(method, **params)
+                    await self.ctx.ask(request)
                 return
             except RemoteError as exc:
                 if exc.code != STORAGE_FULL:
@@ -545,7 +570,7 @@ class Lane:
                 why = exc.message
             except DeadlineExceeded as exc:  # no answer: it may have been recorded, or not
                 why = str(exc)
-            log.warning("%s: %s not recorded (%s); kept, sent again in %.1f s", self.run_id, method,
+            log.warning("%s: %s not recorded (%s); kept, sent again in %.1f s", self.run_id, request.METHOD,
                         summarize(why, 200), delay)
             await trio.sleep(delay)
             delay = min(FINISH_RETRY_CAP_S, delay * 2)
@@ -558,7 +583,7 @@ class Lane:
             failpoints.hit("agent.before-effect")
             outcome = await self.execute(action["action_id"], action["tool"], action["input"])
             failpoints.hit("agent.after-effect")
-            await self.report(Method.ACTION_FINISH, outcome.finish_params(action["action_id"]), piggyback=False)
+            await self.report(ActionFinish.of(outcome.result(action["action_id"]), self.run_id), piggyback=False)
 
         async with trio.open_nursery() as nursery:
             for action in batch:
@@ -570,9 +595,9 @@ class Lane:
         build ``agent.effect-before-executing`` is armed (corral/core/failpoints.py)."""
         action_id = step["action_id"]
         outcome = await self.execute(action_id, step["tool"], step["input"])
-        begun = await self.ctx.call(Method.ACTION_BEGIN, action_id=action_id)
+        begun = await self.ctx.ask(ActionBegin(action_id))
         if begun["begin"] == Begin.EXECUTE:
-            await self.ctx.call(Method.ACTION_FINISH, **outcome.finish_params(action_id))
+            await self.ctx.ask(ActionFinish.of(outcome.result(action_id), self.run_id))
 
     async def execute(self, action_id: str, tool_name: str, tool_input: dict[str, Any]) -> ToolOutcome:
         tool = self.tools.get(tool_name)
@@ -629,4 +654,4 @@ class Lane:
         if self.run.get("kind") != "root":
             await self.call(Method.RUN_CHILD_RESULT, reply=step["reply"])
             return
-        await self.call(Method.RUN_FINALIZE, reply=step["reply"])
+        await self.ctx.ask(RunFinalize(self.run_id, step["reply"]))

@@ -10,7 +10,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
@@ -18,11 +18,12 @@ from corral.actors.tools.deps import EXIT_DEPS, DepsFailed, open_deps, record_fa
 from corral.actors.tools.deps import PARAM as DEPS_PARAM
 from corral.core import failpoints
 from corral.core.errors import UserCodeError
+from corral.mailbox import protocol
 from corral.mailbox.actor_config import ActorConfig
 from corral.mailbox.channel import Channel, open_channel
 from corral.mailbox.envelope import HEARTBEAT, Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull, RemoteError
-from corral.mailbox.protocol import Code
+from corral.mailbox.protocol import Code, R, Request
 from corral.mailbox.transport import transport_of
 
 if TYPE_CHECKING:
@@ -85,7 +86,14 @@ class ActorContext:
         supervisor applies once its ledger is back (a child past
         ``child_timeout_s`` fails, and the request is then refused), and a stop
         (the runtime ends the template at shutdown). ``timeout`` is per attempt."""
-        body = {"method": method, "params": params}
+        return await self._send(method, {"method": method, "params": params}, timeout)
+
+    async def ask(self, request: Request[R], timeout: float = 30.0) -> R:
+        """A typed request (mailbox/protocol.py): its fields checked by the type
+        checker here and by the supervisor's decoder there; retried as ``call``."""
+        return cast(R, await self._send(request.METHOD, protocol.encode(request), timeout))
+
+    async def _send(self, method: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         delay = LEDGER_RETRY_FIRST_S
         waited_since: float | None = None
         while True:

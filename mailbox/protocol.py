@@ -28,6 +28,8 @@ from typing import Annotated, Any, ClassVar, Final, Generic, TypeVar
 
 import msgspec
 
+from corral.mailbox.steps import Step
+
 
 class Method(StrEnum):
     """Every method an actor may call on its supervisor."""
@@ -165,7 +167,7 @@ class Ping(Request[Pong], frozen=True, forbid_unknown_fields=True, omit_defaults
     METHOD: ClassVar[Method] = Method.PING
 
 
-class NextStep(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class NextStep(Request[Step], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``run.next_step``: what the run does next; ``history_have``: the observations
     the agent holds already (a provider step sends only the rest)."""
 
@@ -212,6 +214,12 @@ class ActionFinish(Request[StepReply], frozen=True, forbid_unknown_fields=True, 
     def result(self) -> ActionResult:
         return ActionResult(self.action_id, self.ok, self.output, self.summary, self.error, self.traceback)
 
+    @classmethod
+    def of(cls, result: ActionResult, run_id: str) -> ActionFinish:
+        return cls(
+            result.action_id, result.ok, result.output, result.summary, result.error, result.traceback, run_id=run_id
+        )
+
 
 class ActionFinishBatch(Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``action.finish_batch``: a read batch's results, in plan order, in one commit."""
@@ -228,7 +236,8 @@ class RunFinalize(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=Tr
 
     METHOD: ClassVar[Method] = Method.RUN_FINALIZE
     run_id: Id
-    reply: str
+    #: None only from a plan with no final text: refused by the handler, as before.
+    reply: str | None
 
 
 class RunFail(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -238,6 +247,9 @@ class RunFail(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, 
     run_id: Id
     reason: str = "failed"
 
+
+#: The typed step methods: their reply carries the next step when ``want_next``.
+StepRequest = ActionBegin | ActionFinish | ActionFinishBatch
 
 #: Every typed request; ``decode`` makes one of these (or ``Untyped``).
 TypedRequest = Ping | NextStep | ActionBegin | ActionFinish | ActionFinishBatch | RunFinalize | RunFail

@@ -10,6 +10,7 @@ from typing import Any, Generic, Protocol
 from typing_extensions import TypeVar
 
 from corral.actors.providers.base import ToolSchema
+from corral.mailbox.protocol import ActionResult
 
 #: The type of ``ToolContext.deps``: what the agent's ``deps`` factory returns
 #: (actors/tools/deps.py). ``ToolContext`` alone means ``ToolContext[Any]``.
@@ -86,13 +87,9 @@ class ToolOutcome:
     #: record for people, not shown to the model (its output carries the message).
     traceback: str | None = None
 
-    def finish_params(self, action_id: str) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "action_id": action_id, "ok": self.ok, "output": self.output, "summary": self.summary, "error": self.error,
-        }
-        if self.traceback is not None:
-            params["traceback"] = self.traceback
-        return params
+    def result(self, action_id: str) -> ActionResult:
+        """The outcome as ``action.finish`` reports it (mailbox/protocol.py)."""
+        return ActionResult(action_id, self.ok, self.output, self.summary, self.error, self.traceback)
 
 
 class Tool(Protocol):

@@ -368,6 +368,8 @@ class RunActorMethods(RunCore):
         run = self.owned_run(slot, {"run_id": request.run_id})
         for hold in self.hooks.finalize_holds:
             await hold(run)
+        if request.reply is None:
+            raise BadRequest("reply must be a string")
         return finalization.finalize(self.ledger, run["run_id"], request.reply, self.limits_for(run))
 
     async def fail(self, slot: ActorSlot, request: RunFail) -> dict[str, Any]:
