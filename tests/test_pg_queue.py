@@ -110,6 +110,26 @@ def _spread(nodes: dict[str, Any], count: int) -> None:
     assert load["totals"]["max_runs"] == 48 and load["queue_depth"] == 0, load
 
 
+def test_a_node_has_room_for_an_agent_below_both_of_its_capacities() -> None:
+    from corral.supervisor.cluster.run_queue import Capacity, Load, room
+
+    capacity = Capacity(max_runs=3, max_runs_per_agent=2)
+    assert room(capacity, Load(), ["w", "x"]) == {"w": 2, "x": 2}
+    assert room(capacity, Load(1, {"w": 2}), ["w", "x"]) == {"x": 2}
+    assert room(capacity, Load(2, {"w": 1, "x": 1}), ["w", "x"]) == {"w": 1, "x": 1}
+    assert room(capacity, Load(3, {"w": 1}), ["w", "x"]) == {}
+    assert room(Capacity(0, 4), Load(), ["w"]) == {}
+
+
+def test_a_submit_with_a_goal_a_conversation_or_a_secret_stays_on_its_node() -> None:
+    from corral.supervisor.cluster.run_queue import queueable
+
+    assert queueable({"agent_id": "w", "task": "t", "run_id": "run-abcdef"})
+    assert not queueable({"agent_id": "w", "task": "t", "goal": "g"})
+    assert not queueable({"agent_id": "w", "task": "t", "conversation_id": "conv-1"})
+    assert not queueable({"agent_id": "w", "task": "use ghp_abcdefghijklmnopqrstuvwxyz0123456789"})
+
+
 def test_runs_submitted_to_one_node_of_three_spread_over_all_three(nodes: dict[str, Any]) -> None:
     _spread(nodes, SPREAD_RUNS)
 

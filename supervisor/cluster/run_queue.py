@@ -272,15 +272,19 @@ def cluster_load(conn: Any) -> dict[str, Any]:
             "in_flight": 0,
             "capacity": capacity if isinstance(capacity, dict) else None,
         }
-    for holder, schema in conn.execute(f"SELECT holder, schema_name FROM {_C}.partitions ORDER BY name"):
-        try:
-            row = conn.execute(
-                f"SELECT COUNT(*) FILTER (WHERE status <> ALL(%s)),"
-                f" COUNT(*) FILTER (WHERE kind = 'root' AND status IN ('pending', 'running')) FROM {schema}.runs",
-                (terminal,),
-            ).fetchone()
-        except Exception:  # a partition whose schema is not made yet holds nothing
-            continue
+    # Only partitions whose schema is made (a node's boot writes the row first): no
+    # statement here may fail, since the connection may be inside the tick's
+    # transaction (status and the tick share it), which a failure would abort.
+    partitions = conn.execute(
+        f"SELECT holder, schema_name FROM {_C}.partitions"
+        " WHERE to_regclass(quote_ident(schema_name) || '.runs') IS NOT NULL ORDER BY name"
+    ).fetchall()
+    for holder, schema in partitions:
+        row = conn.execute(
+            f"SELECT COUNT(*) FILTER (WHERE status <> ALL(%s)),"
+            f" COUNT(*) FILTER (WHERE kind = 'root' AND status IN ('pending', 'running')) FROM {schema}.runs",
+            (terminal,),
+        ).fetchone()
         entry = nodes.setdefault(str(holder), {"node": str(holder), "unfinished": 0, "in_flight": 0, "capacity": None})
         entry["unfinished"] += int(row[0])
         entry["in_flight"] += int(row[1])
