@@ -8,6 +8,11 @@ and 64 agents; both transports' supervisors are up at once and the measurements
 alternate between them round by round. Baselines, same run: a 64 B round trip with synchronous pynng
 (Pair0, blocking send/recv) and with a raw Unix stream socket, each echoed by a
 second process over ``ipc://`` / a socket path.
+
+``link_scale``: 1,000 live echo actors on each transport, one transport after the
+other in one run: spawn time (``spawn_1000``), idle USS and threads per actor
+(``idle_uss``), the supervisor's threads and USS, and the actor->supervisor RTT
+with all of them live; every nng figure as a ratio to unix's.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
+import psutil
 import pynng
 
-from bench.corral_workloads import _ask, _echo_spec, _wait_all_ready, supervisor
+from bench.corral_workloads import _ask, _call, _echo_spec, _launch_to_ready_s, _wait_all_ready, supervisor
 from bench.durable_workloads import AGENT_COUNTS, PER_PLAN, _corral_rate
 from bench.durable_workloads import _spec as durable_spec
 from bench.harness import Context, Metrics, Stats, time_calls, workload
@@ -156,19 +162,75 @@ def link_transports(ctx: Context) -> Metrics:
     ctx.metrics["raw_unix_rtt_64B"] = _raw_unix_rtt(ctx, n)
     rounds = ctx.reps(2, 5)
     with ExitStack() as ready:
-        homes = {transport: ready.enter_context(supervisor(ctx, on_transport(_echo_spec(2), transport)))
-                 for transport in TRANSPORTS}
+        homes = {
+            transport: ready.enter_context(supervisor(ctx, on_transport(_echo_spec(2), transport)))
+            for transport in TRANSPORTS
+        }
         for home in homes.values():
             _wait_all_ready(home, 2, 60)
         _messaging(ctx, homes, rounds)
     for agents in AGENT_COUNTS:
         with ExitStack() as ready:
             _durable(ctx, ready, agents, rounds)
-    for key in [k.removeprefix("nng_") for k in ctx.metrics if k.startswith("nng_")]:
-        nng, unix = ctx.metrics[f"nng_{key}"], ctx.metrics.get(f"unix_{key}")
-        if isinstance(nng, Stats) and isinstance(unix, Stats) and unix.median:
-            ctx.metrics[f"ratio_nng_to_unix_{key}"] = Stats.single(nng.median / unix.median, "ratio")
+    _ratios(ctx)
     ctx.note(f"durable: {PER_PLAN} fs.list actions per plan, scripted provider, synchronous=full, as durable_actions")
     ctx.note("RTT timed inside the actor; actor->actor is routed by the supervisor (two hops)")
     return ctx.metrics
 
+
+def _ratios(ctx: Context) -> None:
+    """``ratio_nng_to_unix_{key}`` for every figure measured on both transports."""
+    for key in [k.removeprefix("nng_") for k in ctx.metrics if k.startswith("nng_")]:
+        nng, unix = ctx.metrics[f"nng_{key}"], ctx.metrics.get(f"unix_{key}")
+        if isinstance(nng, Stats) and isinstance(unix, Stats) and unix.median:
+            ctx.metrics[f"ratio_nng_to_unix_{key}"] = Stats.single(nng.median / unix.median, "ratio")
+
+
+def _per_process(pids: list[int]) -> tuple[list[float], list[float]]:
+    """USS (MiB) and thread count of each process still there."""
+    uss, threads = [], []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            uss.append(process.memory_full_info().uss / 2**20)
+            threads.append(float(process.num_threads()))
+        except psutil.Error:
+            continue
+    return uss, threads
+
+
+def _at_scale(ctx: Context, transport: str, n: int) -> None:
+    """``n`` echo actors on ``transport``: spawn time, then (all idle) USS and
+    threads per actor and of the supervisor, then the RTT with all of them live."""
+    with supervisor(ctx, on_transport(_echo_spec(n), transport)) as home:
+        _wait_all_ready(home, n, ctx.remaining())
+        ctx.metrics[f"{transport}_spawn_{n}_s"] = Stats.single(_launch_to_ready_s(home), "s")
+        status = _call(home, "status")
+        uss, threads = _per_process([a["pid"] for a in status["actors"] if a["pid"]])
+        ctx.metrics[f"{transport}_idle_uss_mib_{n}"] = Stats.of(uss, "MiB")
+        ctx.metrics[f"{transport}_threads_per_actor_{n}"] = Stats.of(threads, "threads")
+        sup_uss, sup_threads = _per_process([status["pid"]])
+        ctx.metrics[f"{transport}_supervisor_uss_mib_{n}"] = Stats.of(sup_uss, "MiB")
+        ctx.metrics[f"{transport}_supervisor_threads_{n}"] = Stats.of(sup_threads, "threads")
+        _ask(home, "e-1", {"op": "bench_rtt", "target": "supervisor", "n": 100, "size": 64})  # warm-up
+        probe = {"op": "bench_rtt", "target": "supervisor", "n": ctx.reps(300, 2000), "size": 64}
+        samples = _ask(home, "e-1", probe)["us"]
+        ctx.metrics[f"{transport}_rtt_actor_supervisor_64B_{n}"] = Stats.of(samples, "µs")
+    ctx.check(f"link_scale {transport} n={n}")
+
+
+@workload("link_scale", group="corral", budget_s=900, quick_budget_s=240)
+def link_scale(ctx: Context) -> Metrics:
+    """1,000 live echo actors (200 under --quick) on each transport, one after the
+    other: spawn time, idle USS and threads per actor, the supervisor's threads and
+    USS, RTT actor->supervisor at that size. Return {"{t}_spawn_{N}_s",
+    "{t}_idle_uss_mib_{N}", "{t}_threads_per_actor_{N}", "{t}_supervisor_uss_mib_{N}",
+    "{t}_supervisor_threads_{N}", "{t}_rtt_actor_supervisor_64B_{N}"} for t in nng,
+    unix, and the nng/unix ratios."""
+    n = ctx.reps(200, 1000)
+    for transport in TRANSPORTS:
+        _at_scale(ctx, transport, n)
+    _ratios(ctx)
+    ctx.note("spawn: first actor-started to last actor-ready (the supervisor's event clock)")
+    ctx.note("USS and threads read with psutil once every actor is ready and idle")
+    return ctx.metrics
