@@ -25,10 +25,15 @@ The guarantees of the stream link (mailbox/link.py), kept:
 nng tells us about pipes from its own threads; those callbacks only schedule work
 on the trio loop (``run_sync_soon``). nng is not fork-safe: no nng socket may exist
 in a process that forks (the fork server never opens one; sandbox/forkserver.py).
+
+An actor's process gets nng's smallest thread pools (``size_pools_for_one_link``):
+nng sizes them for a busy server by default, 12 threads on 2 CPUs in every actor,
+for the one socket an actor has.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 from pathlib import Path
@@ -45,6 +50,32 @@ from corral.mailbox.link import file_identity
 #: stream link's QUEUE_FRAMES, what a peer that stopped reading can cost is bounded.
 SEND_BUFFER = 8
 RECV_BUFFER = 8
+
+#: nng's thread pools in a process whose one nng socket is an actor's link, at the
+#: floors nng accepts (it raises a smaller task pool to 2): with the poller and the
+#: reaper, 6 threads where its defaults (two task threads and one expiry thread per
+#: CPU, four resolvers) start 12 on 2 CPUs, per actor. One link's messages need no
+#: more: its pipe's callbacks run one after the other, and ``ipc://`` resolves nothing.
+ONE_LINK_POOLS = (
+    (pynng.lib.NNG_INIT_NUM_TASK_THREADS, 2),
+    (pynng.lib.NNG_INIT_MAX_TASK_THREADS, 2),
+    (pynng.lib.NNG_INIT_NUM_EXPIRE_THREADS, 1),
+    (pynng.lib.NNG_INIT_MAX_EXPIRE_THREADS, 1),
+    (pynng.lib.NNG_INIT_NUM_RESOLVER_THREADS, 1),
+)
+
+
+@functools.cache
+def size_pools_for_one_link() -> None:
+    """Give this process nng's smallest thread pools, once, before its first nng
+    socket: nng reads these parameters when its first socket opens and ignores them
+    afterwards, so a process that opened one before (a test that also listens)
+    keeps the pools it has. ``dial`` calls it: the dialing end of a link is an
+    actor, whose process (forked by a fork server that never opens nng) has no other
+    nng socket. The supervisor, which listens for every actor and serves its control
+    socket, keeps nng's defaults."""
+    for parameter, value in ONE_LINK_POOLS:
+        pynng.lib.nng_init_set_parameter(parameter, value)
 
 
 class NngLink:
@@ -252,6 +283,7 @@ def lift_open_files_limit() -> None:
 
 
 async def dial(address: str, hard_limit: int) -> NngLink:
+    size_pools_for_one_link()
     link = NngLink(hard_limit)
     try:
         # Synchronous: nng connects (a local connect) and returns; the first send
