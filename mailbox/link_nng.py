@@ -91,8 +91,13 @@ class NngLink:
             recv_max_size=hard_limit, send_buffer_size=SEND_BUFFER, recv_buffer_size=RECV_BUFFER
         )
         self.socket.add_pre_pipe_connect_cb(self._admit)
-        self.socket.add_post_pipe_connect_cb(self._pipe_came)
         self.socket.add_post_pipe_remove_cb(self._pipe_went)
+        # pynng has nng call it back (in Python, so holding the GIL) at every pipe
+        # event; the one after a pipe is added tells us nothing _admit did not.
+        # Each callback is an nng thread waiting for the GIL, up to the switch
+        # interval while the loop runs, with that thread's other work held up: a
+        # supervisor starting 1,000 actors paid it 1,000 times.
+        pynng.lib.nng_pipe_notify(self.socket.socket, pynng.lib.NNG_PIPE_EV_ADD_POST, pynng.ffi.NULL, pynng.ffi.NULL)
         self._send_fd: int = self.socket.send_fd
         self._recv_fd: int = self.socket.recv_fd
         #: Set (on the loop) once the peer's pipe is up.
@@ -110,12 +115,12 @@ class NngLink:
 
     def _admit(self, pipe: Any) -> None:
         """One peer per link: any pipe after the first is closed before it is added
-        (pynng runs pipe callbacks one at a time)."""
+        (pynng runs pipe callbacks one at a time). The first is the peer that came:
+        should nng fail to add it after all, its removal ends the link."""
         if self._admitted:
             pipe.close()
+            return
         self._admitted = True
-
-    def _pipe_came(self, pipe: Any) -> None:
         self._soon(self.came.set)
 
     def _pipe_went(self, pipe: Any) -> None:
