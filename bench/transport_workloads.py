@@ -199,14 +199,37 @@ def _per_process(pids: list[int]) -> tuple[list[float], list[float]]:
     return uss, threads
 
 
+def _cpu_s(pids: list[int]) -> float:
+    """CPU the processes still there have used so far, every thread of each (the
+    scheduler's own count, in ns: psutil's cpu_times counts in 10 ms ticks)."""
+    total = 0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                    total += int(stat.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # the thread ended meanwhile
+    return total / 1e9
+
+
 def _at_scale(ctx: Context, transport: str, n: int) -> None:
-    """``n`` echo actors on ``transport``: spawn time, then (all idle) USS and
-    threads per actor and of the supervisor, then the RTT with all of them live."""
+    """``n`` echo actors on ``transport``: spawn time, and the CPU it took (the
+    supervisor, its fork server and every actor, so far: a figure the machine's
+    load moves much less than the wall time); then, all idle, USS and threads per
+    actor and of the supervisor; then the RTT with all of them live."""
     with supervisor(ctx, on_transport(_echo_spec(n), transport)) as home:
         _wait_all_ready(home, n, ctx.remaining())
         ctx.metrics[f"{transport}_spawn_{n}_s"] = Stats.single(_launch_to_ready_s(home), "s")
         status = _call(home, "status")
-        uss, threads = _per_process([a["pid"] for a in status["actors"] if a["pid"]])
+        actors = [a["pid"] for a in status["actors"] if a["pid"]]
+        cpu = _cpu_s([status["pid"], status["forkserver"]["pid"], *actors])
+        ctx.metrics[f"{transport}_spawn_{n}_cpu_ms_per_actor"] = Stats.single(1000 * cpu / n, "ms")
+        uss, threads = _per_process(actors)
         ctx.metrics[f"{transport}_idle_uss_mib_{n}"] = Stats.of(uss, "MiB")
         ctx.metrics[f"{transport}_threads_per_actor_{n}"] = Stats.of(threads, "threads")
         sup_uss, sup_threads = _per_process([status["pid"]])
@@ -214,23 +237,32 @@ def _at_scale(ctx: Context, transport: str, n: int) -> None:
         ctx.metrics[f"{transport}_supervisor_threads_{n}"] = Stats.of(sup_threads, "threads")
         _ask(home, "e-1", {"op": "bench_rtt", "target": "supervisor", "n": 100, "size": 64})  # warm-up
         probe = {"op": "bench_rtt", "target": "supervisor", "n": ctx.reps(300, 2000), "size": 64}
+        both = [status["pid"], next(a["pid"] for a in status["actors"] if a["id"] == "e-1")]
+        before = _cpu_s(both)
         samples = _ask(home, "e-1", probe)["us"]
+        per_trip = (_cpu_s(both) - before) / len(samples)
         ctx.metrics[f"{transport}_rtt_actor_supervisor_64B_{n}"] = Stats.of(samples, "µs")
+        ctx.metrics[f"{transport}_cpu_us_per_rtt_{n}"] = Stats.single(1e6 * per_trip, "µs")
     ctx.check(f"link_scale {transport} n={n}")
 
 
 @workload("link_scale", group="corral", budget_s=900, quick_budget_s=240)
 def link_scale(ctx: Context) -> Metrics:
     """1,000 live echo actors (200 under --quick) on each transport, one after the
-    other: spawn time, idle USS and threads per actor, the supervisor's threads and
-    USS, RTT actor->supervisor at that size. Return {"{t}_spawn_{N}_s",
+    other: spawn time and its CPU per actor, idle USS and threads per actor, the
+    supervisor's threads and USS, RTT actor->supervisor at that size. Return
+    {"{t}_spawn_{N}_s", "{t}_spawn_{N}_cpu_ms_per_actor",
     "{t}_idle_uss_mib_{N}", "{t}_threads_per_actor_{N}", "{t}_supervisor_uss_mib_{N}",
-    "{t}_supervisor_threads_{N}", "{t}_rtt_actor_supervisor_64B_{N}"} for t in nng,
+    "{t}_supervisor_threads_{N}", "{t}_rtt_actor_supervisor_64B_{N}", "{t}_cpu_us_per_rtt_{N}"
+    (the supervisor's and the actor's, per round trip)} for t in nng,
     unix, and the nng/unix ratios."""
     n = ctx.reps(200, 1000)
     for transport in TRANSPORTS:
         _at_scale(ctx, transport, n)
     _ratios(ctx)
-    ctx.note("spawn: first actor-started to last actor-ready (the supervisor's event clock)")
+    ctx.note(
+        "spawn: first actor-started to last actor-ready (the supervisor's event clock); its CPU:"
+        " supervisor, fork server and actors, from their start to the last ready, per actor"
+    )
     ctx.note("USS and threads read with psutil once every actor is ready and idle")
     return ctx.metrics
