@@ -87,9 +87,7 @@ class NngLink:
         self._token = trio.lowlevel.current_trio_token()
         #: Whether a pipe was admitted (read and written by nng's threads only).
         self._admitted = False
-        self.socket = pynng.Pair0(
-            recv_max_size=hard_limit, send_buffer_size=SEND_BUFFER, recv_buffer_size=RECV_BUFFER
-        )
+        self.socket = pynng.Pair0(recv_max_size=hard_limit, send_buffer_size=SEND_BUFFER, recv_buffer_size=RECV_BUFFER)
         self.socket.add_pre_pipe_connect_cb(self._admit)
         self.socket.add_post_pipe_remove_cb(self._pipe_went)
         # pynng has nng call it back (in Python, so holding the GIL) at every pipe
