@@ -351,3 +351,43 @@ def test_a_bridge_task_given_to_a_node_with_no_room_runs_on_another_and_is_submi
     assert [s["result"]["summary"] for s in shown["submissions"]] == ["notes written by corral"]
     where = _where(nodes["url"])
     assert list(where.values()) == [("node-b", "completed")], where
+
+
+FAN_OUT = """
+[project]
+root = "ws"
+{ledger}
+[[templates]]
+id = "helper"
+  [[templates.steps]]
+  actions = [{{ tool = "fs.list", input = {{ path = "." }} }}]
+  [[templates.steps]]
+  final = "listed"
+
+[[agents]]
+id = "parent"
+  [[agents.steps]]
+  actions = [{{ tool = "agent.spawn_isolated", input = {{ children = [
+      {{ template = "helper", task = "list", write_scopes = ["s"] }} ] }} }}]
+  [[agents.steps]]
+  actions = [{{ tool = "agent.run_status", input = {{}} }}]
+  [[agents.steps]]
+  final = "joined"
+"""
+
+
+def test_a_queued_run_s_children_are_made_where_it_runs(nodes: dict[str, Any]) -> None:
+    """A root run node a had no room for runs on node b, and its child with it."""
+    a, b = nodes["nodes"]["a"], nodes["nodes"]["b"]
+    (nodes["tmp"] / "ws").mkdir()
+    full, room = nodes["tmp"] / "full.toml", nodes["tmp"] / "room.toml"
+    full.write_text(FAN_OUT.format(ledger=f"[ledger]\nlease_s = {LEASE_S}\nmax_runs = 0"))
+    room.write_text(FAN_OUT.format(ledger=f"[ledger]\nlease_s = {LEASE_S}\nqueue_poll_s = 0.1"))
+    a.spec, b.spec = full, room
+    _up(a, "node-a")
+    _up(b, "node-b")
+    run_id = a.call("run", agent_id="parent", task="fan out", run_id="run-fan-out-1")["run_id"]
+    wait_for("the root run to end", lambda: _where(nodes["url"]).get(run_id, ("", ""))[1] == "completed", 90)
+    where = _where(nodes["url"])
+    assert len(where) == 2, f"the root run and its child: {where}"
+    assert set(where.values()) == {("node-b", "completed")}, where
