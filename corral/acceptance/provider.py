@@ -42,6 +42,12 @@ class LocalModel:
         return "local"
 
 
+#: A provider call's timeout on a server: one CPU model server queues the calls of
+#: every agent of a flow, so a call may wait minutes for its turn (a timeout there is
+#: a transient failure the flows did not ask for).
+SERVER_TIMEOUT_S = 900
+
+
 @dataclass(frozen=True)
 class ServerModel:
     """An OpenAI-compatible server (vLLM, Ollama, llama-server, a hosted API)."""
@@ -60,7 +66,8 @@ class ServerModel:
     def agent_table(self, table: str, max_tool_calls: int, optional_fields: bool = False) -> str:
         return (f'provider = "openai"\n  [{table}.openai]\n  base_url = "{self.url}"\n  model = "{self.model}"\n'
                 f'  api_key_env = "{KEY_ENV}"\n  max_tool_calls = {max_tool_calls}\n  temperature = 0\n'
-                f"  timeout_s = 300\n" + (f'  structured = "{self.structured}"\n' if self.structured else ""))
+                f"  timeout_s = {SERVER_TIMEOUT_S}\n"
+                + (f'  structured = "{self.structured}"\n' if self.structured else ""))
 
     @property
     def provider(self) -> str:

@@ -32,8 +32,10 @@ from corral.core.errors import CorralError
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.ledger_spec import open_for_reading
 
-RUN_TIMEOUT_S = 900.0
-WAIT_S = 600.0
+RUN_TIMEOUT_S = 1800.0
+#: A hang guard, not a speed check: three agents share one CPU model server, a
+#: provider call can take minutes, and the final reply comes after a dozen of them.
+WAIT_S = 1800.0
 
 
 @dataclass
