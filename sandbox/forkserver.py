@@ -12,37 +12,45 @@ reports out. It dies with the supervisor (PDEATHSIG), and its children die with 
 It is watched like an actor: ``ready`` once it serves, then a ``pong`` for every
 ``ping``. One that stops answering (stopped, wedged) is killed and replaced by the
 supervisor (sandbox/launcher.py, supervisor/tree/supervision_tree.py).
+
+It forks without knowing what an actor is: the actors' side starts it
+(``python -m corral.actors.fork_host``) and hands ``serve`` an :class:`ActorEntry`,
+what to import once before forking and what each child runs.
 """
 
 from __future__ import annotations
 
-import gc
-
-if __name__ == "__main__":
-    # What the imports and the preload build lives as long as this process and is
-    # frozen once it is built (serve()): the collector scanning it again and again
-    # meanwhile was about a tenth of the fork server's start-up CPU (measured).
-    gc.disable()
-
 import errno
+import gc
 import os
 import selectors
 import signal
 import socket
 import sys
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import prctl
 
-# The actor runtime, imported once here; serve() preloads the rest before forking.
-import corral.actors.runtime
 from corral.core import redact
 from corral.core.process_name import name_process
+from corral.mailbox.actor_config import ActorConfig
 from corral.sandbox import child_setup
 
 MAX_MESSAGE = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ActorEntry:
+    """What the fork server serves: ``preload`` imports what every child shares,
+    once, before the first fork (it may start no thread); ``main(config, token)``
+    is a child's whole life, its exit code."""
+
+    preload: Callable[[], None]
+    main: Callable[[ActorConfig, str], int]
 
 
 def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -53,7 +61,9 @@ def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = 
         sock.send(data)
 
 
-def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any], init: dict[str, Any]) -> None:
+def _child(
+    sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any], init: dict[str, Any], entry: ActorEntry
+) -> None:
     code = 1
     try:
         sock.close()
@@ -66,9 +76,7 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any
         child_setup.become_actor(request["actor_id"], init["forkserver_pid"], request["env"])
         child_setup.redirect_output(request["log_path"])
         child_setup.apply_rlimits(request.get("rlimits", {}))
-        from corral.actors.runtime import actor_main
-
-        code = actor_main(request["config"], init["token"])
+        code = entry.main(request["config"], init["token"])
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -78,13 +86,13 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any
         os._exit(code)
 
 
-def serve(sock: socket.socket, supervisor_pid: int) -> None:
+def serve(sock: socket.socket, supervisor_pid: int, entry: ActorEntry) -> None:
     prctl.set_pdeathsig(signal.SIGKILL)
     if os.getppid() != supervisor_pid:
         return
     name_process("corral:forkserver", "corral:forksrv")
     # Before the init message, so the imports overlap the supervisor's own boot.
-    corral.actors.runtime.preload()
+    entry.preload()
     init = msgpack.unpackb(sock.recv(MAX_MESSAGE), raw=False)
     init["forkserver_pid"] = os.getpid()
     # The redaction rules the supervisor built, for every actor forked from here.
@@ -121,18 +129,20 @@ def serve(sock: socket.socket, supervisor_pid: int) -> None:
             if request.get("op") == "ping":
                 _answer(sock, {"op": "pong"})
                 continue
-            _spawn(sock, wake_r, wake_w, request, init)
+            _spawn(sock, wake_r, wake_w, request, init, entry)
         _reap(sock)
 
 
-def _spawn(sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any], init: dict[str, Any]) -> None:
+def _spawn(
+    sock: socket.socket, wake_r: int, wake_w: int, request: dict[str, Any], init: dict[str, Any], entry: ActorEntry
+) -> None:
     try:
         pid = os.fork()
     except OSError as exc:
         _send(sock, {"op": "spawn-failed", "spawn_id": request["spawn_id"], "error": str(exc)})
         return
     if pid == 0:
-        _child(sock, wake_r, wake_w, request, init)
+        _child(sock, wake_r, wake_w, request, init, entry)
     pidfd = os.pidfd_open(pid)
     try:
         _send(sock, {"op": "spawned", "spawn_id": request["spawn_id"], "pid": pid}, [pidfd])
@@ -174,12 +184,9 @@ def _reap(sock: socket.socket) -> None:
             raise
 
 
-def main() -> None:
+def main(entry: ActorEntry) -> None:
+    """``python -m corral.actors.fork_host FD SUPERVISOR_PID``: serve on the pair's end ``FD``."""
     fd = int(sys.argv[1])
     supervisor_pid = int(sys.argv[2])
     sock = socket.socket(fileno=fd)
-    serve(sock, supervisor_pid)
-
-
-if __name__ == "__main__":
-    main()
+    serve(sock, supervisor_pid, entry)

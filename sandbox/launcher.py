@@ -231,7 +231,7 @@ class ForkServerLauncher:
                 # Popen from the trio thread: PDEATHSIG follows the thread that forked,
                 # and this thread lives as long as the supervisor.
                 proc = subprocess.Popen(
-                    python_argv("-m", "corral.sandbox.forkserver", str(theirs.fileno()), str(os.getpid())),
+                    python_argv("-m", "corral.actors.fork_host", str(theirs.fileno()), str(os.getpid())),
                     pass_fds=[theirs.fileno()],
                     env=child_setup.scrubbed_env(os.environ),
                     stdin=subprocess.DEVNULL,
