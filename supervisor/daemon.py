@@ -55,8 +55,8 @@ from corral.supervisor.models.model_service import ModelService
 from corral.supervisor.params import param_int, param_seconds
 from corral.supervisor.project import project_service
 from corral.supervisor.runs import run_service
-from corral.supervisor.runs.run_hooks import RunHooks
-from corral.supervisor.runs.run_service import RunService
+from corral.supervisor.runs.run_feature import RunFeatures
+from corral.supervisor.runs.run_service import RunLayerFeature, RunService
 from corral.supervisor.runs.run_views import RunViews
 from corral.supervisor.sessions import session_service
 from corral.supervisor.sessions.session_service import SessionService
@@ -117,10 +117,10 @@ class Supervisor:
             synchronous=spec.supervisor.synchronous,
             spec_path=spec.source if spec.source != "<embedded>" else None,
         )
-        #: The run layer's extension points (supervisor/runs/run_hooks.py): this
-        #: supervisor's own, filled once by ``_assemble``; its ledger fires them.
-        self.hooks = RunHooks()
-        self.ledger.hooks = self.hooks
+        #: The features' parts in runs (supervisor/runs/run_feature.py): this
+        #: supervisor's own, listed once by ``_assemble``; its ledger's stores call them.
+        self.features = RunFeatures()
+        self.ledger.features = self.features
         self.group_commit = GroupCommit(self.ledger)
         self.launcher = make_launcher(spec.supervisor.launch, self.token, home / "logs" / "forkserver.log")
         self.tree = SupervisionTree(
@@ -205,10 +205,9 @@ class Supervisor:
             nursery.cancel_scope.cancel()
 
     def _assemble(self) -> None:
-        """Every service, in this order: a service may use those built before it,
-        and each feature's hooks run in the order the features are added here
-        (status hooks, finalization blockers, action guards, ``show`` sections)."""
-        node_service.install(self)  # a cluster node: its lease, before any run moves
+        """Every service, in this order: a service may use those built before it.
+        Then the features' parts in runs, in the one order the run layer calls them."""
+        forwarding = node_service.install(self)  # a cluster node: its lease, before any run moves
         self.runs, self.views = run_service.install(self, node_service.partition_reader(self.node))
         self.swarm = swarm_service.install(self)
         self.sessions = session_service.install(self)
@@ -220,14 +219,44 @@ class Supervisor:
         reply_stream_service.install(self)  # streamed reply text: in memory, never in the events table
         self.intent = intent_service.install(self)
         self.bridge = bridge_service.install(self)
-        plan_service.install(self)
-        goal_service.install(self)
-        compaction_service.install(self)
-        project_service.install(self)  # the project revision, project.verify, the final-reply gate
+        plan = plan_service.install(self)
+        goal = goal_service.install(self)
+        compaction = compaction_service.install(self)
+        project = project_service.install(self)  # the project revision, project.verify, the final-reply gate
         self.collaboration = collaboration_service.install(self)
-        repo_fingerprint_service.install(self)  # an action planned on an older repository context is blocked
-        # Last: its status hook sees a run's final status after every feature's.
+        repo_context = repo_fingerprint_service.install(self)  # an action planned on an older context is blocked
         self.telemetry = telemetry_service.install(self, self.telemetry_config)
+        # Every feature's part in runs (supervisor/runs/run_feature.py), in the one
+        # order each of its methods is called: status changes, receipts, boundary
+        # checks, guards, blockers, ``show`` and ``pending`` sections. Why this order:
+        # - a cluster node's forwarding first: an id another partition holds is
+        #   handed to its holder before any feature of this one looks at it;
+        # - then the run layer's own part, then the features in the order their
+        #   services are built above (each may rely on what one before it did in
+        #   the same transaction: a person's steer is applied at the boundary
+        #   before the intent's updates and before a paused goal parks the run);
+        #   the guards only tighten, so their order decides only which reason is
+        #   shown, never the verdict;
+        # - telemetry last: its status hook sees a run's final status after every
+        #   other feature's.
+        self.features.install([
+            forwarding,
+            RunLayerFeature(self.ledger, self.views),
+            swarm_service.SwarmFeature(self.swarm),
+            session_service.SessionFeature(self.ledger, self.sessions),
+            mcp_service.run_feature(self.mcp),
+            model_service.UsageFeature(self.ledger),
+            interactive_service.SteerFeature(self.interactive),
+            question_service.QuestionFeature(self.ledger),
+            intent_service.IntentFeature(self.intent),
+            plan_service.PlanFeature(plan),
+            goal_service.GoalFeature(goal),
+            compaction_service.CompactionFeature(compaction),
+            project_service.ProjectFeature(project),
+            collaboration_service.CollaborationFeature(self.collaboration),
+            repo_context,
+            telemetry_service.TelemetryFeature(self.telemetry) if self.telemetry is not None else None,
+        ])
         if self.spec.supervisor.probes:
             probes.install(self)
 

@@ -15,7 +15,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -197,7 +197,7 @@ def test_the_binding_the_block_and_the_compare_and_set_on_both_ledgers(open_ledg
     from corral.supervisor.runs import action_store, resolutions, run_store
     from corral.supervisor.runs.run_state import RunStatus
 
-    ledger = open_ledger()
+    ledger = _with_goals(open_ledger())
     run_id = run_store.create_run(ledger, agent_id="drafter", task="g", provider="scripted",
                                   provider_config={"script": {"steps": []}},
                                   options={"goal": {"text": "draft the page", "constraints": ["no tables"]}})
@@ -243,6 +243,15 @@ def test_the_binding_the_block_and_the_compare_and_set_on_both_ledgers(open_ledg
     assert secret not in json.dumps([dict(row) for row in ledger.all("SELECT * FROM goals")])
 
 
+def _with_goals(ledger: Any) -> Any:
+    """The run layer knows goals only through the goal feature (supervisor/runs/run_feature.py):
+    a bare ledger is given it, as the supervisor gives its own."""
+    from corral.supervisor.longtask.goal_service import GoalFeature
+
+    ledger.features.install([GoalFeature(cast(Any, None))])  # its ``show`` alone needs the service
+    return ledger
+
+
 def test_an_action_bound_to_an_older_goal_revision_never_starts_at_its_boundary(open_ledger: Any) -> None:
     """The edit's own sweep aside, the boundary checks the binding itself: an
     unstarted action whose goal moved on (a revision written by another path) is
@@ -252,7 +261,7 @@ def test_an_action_bound_to_an_older_goal_revision_never_starts_at_its_boundary(
     from corral.supervisor.runs import action_store, resolutions, run_store
     from corral.supervisor.runs.run_state import RunStatus
 
-    ledger = open_ledger()
+    ledger = _with_goals(open_ledger())
     run_id = run_store.create_run(ledger, agent_id="drafter", task="g", provider="scripted",
                                   provider_config={"script": {"steps": []}}, options={"goal": {"text": "draft"}})
     goal_store.goal_row(ledger, run_id)
@@ -286,7 +295,7 @@ def test_a_finalization_prepared_for_an_older_goal_is_voided_and_writes_no_reply
     from corral.supervisor.runs import finalization, run_store
     from corral.supervisor.runs.run_state import RunStatus
 
-    ledger = open_ledger()
+    ledger = _with_goals(open_ledger())
     run_id = run_store.create_run(ledger, agent_id="writer", task="g", provider="scripted",
                                   provider_config={"script": {"steps": []}}, options={"goal": {"text": "notes"}})
     goal_store.goal_row(ledger, run_id)

@@ -12,7 +12,7 @@ import pytest
 
 from corral.actors.tools.declare import ToolDeclarationError, tool
 from corral.supervisor.runs.run_core import RunCore
-from corral.supervisor.runs.run_hooks import RunHooks
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
 
 ASKS = ("fs.write", "fs.patch", "project.changeset", "project.restore", "command.exec", "process.start",
@@ -22,7 +22,7 @@ FREE = ("fs.read", "fs.list", "project.diff", "agent.delegate", "effect.record")
 
 def _core(tmp_path: Path, data: dict[str, Any]) -> RunCore:
     spec = parse_spec({"agents": [{"id": "a", "steps": [{"final": "ok"}]}], **data})
-    return RunCore(cast(Any, None), RunHooks(), spec=spec, home=tmp_path, tree=cast(Any, None), boot_id="b")
+    return RunCore(cast(Any, None), RunFeatures(), spec=spec, home=tmp_path, tree=cast(Any, None), boot_id="b")
 
 
 def _root(policy: dict[str, str] | None = None) -> dict[str, str]:

@@ -16,7 +16,7 @@ from corral.actors.tools import host_git
 from corral.actors.tools.base import ToolContext, ToolError
 from corral.actors.tools.project import GitCommit, GitSnapshot, GitStatus
 from corral.supervisor.runs.run_core import RunCore
-from corral.supervisor.runs.run_hooks import RunHooks
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
 
 #: Every git verb the commit may run; anything else (push, fetch, branch, add,
@@ -227,7 +227,7 @@ def test_its_approval_is_mandatory_and_children_and_specialists_never_commit(tmp
         with pytest.raises(SpecError, match=r"policy\.project\.git_commit: .*always needs a person's approval"):
             parse_spec(data)
     spec = parse_spec({"policy": {"*": "auto"}})
-    core = RunCore(cast(Any, None), RunHooks(), spec=spec, home=tmp_path, tree=cast(Any, None), boot_id="b")
+    core = RunCore(cast(Any, None), RunFeatures(), spec=spec, home=tmp_path, tree=cast(Any, None), boot_id="b")
     assert core.policy_for({"kind": "root", "options": "{}"}, "project.git_commit") == "confirm"
     assert core.policy_for({"kind": "root", "options": "{}"}, "fs.read") == "auto"
     denied = {"kind": "root", "options": '{"policy": {"project.git_commit": "deny"}}'}

@@ -21,20 +21,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("corral.node")
 
 
-def join(sup: Supervisor, state: NodeState, ledger: PostgresLedger, settings: QueueSettings) -> None:
-    """This node's part in the cluster's shared queue (supervisor/cluster/run_queue.py)."""
+def join(sup: Supervisor, state: NodeState, ledger: PostgresLedger, settings: QueueSettings) -> run_queue.RunQueue:
+    """This node's part in the cluster's shared queue (supervisor/cluster/run_queue.py):
+    the queue, whose part in runs the node's ``ClusterFeature`` is (node_service.py)."""
     capacity = run_queue.Capacity(settings.max_runs, settings.max_runs_per_agent)
     queue = run_queue.RunQueue(
         ledger, state.placement.node, [agent.id for agent in sup.spec.agents], capacity, settings.poll_s
     )
     queue.create = lambda params: sup.runs.create(params, from_queue=True)
     state.queue = queue
-    sup.hooks.queue_run = queue.place
-    sup.hooks.on_status.append(queue.on_status)
     sup.background.append(queue.loop)
     sup.shutdown_hooks.append(lambda: trio.to_thread.run_sync(queue.close))
     if state.conn is not None:
         run_queue.publish_capacity(state.conn, state.placement.node, capacity)
+    return queue
 
 
 async def requeue_taken(state: NodeState, hold: cluster.Hold) -> tuple[list[str], bool]:

@@ -46,7 +46,8 @@ from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster, schema_o
 from corral.supervisor.ledger.ledger_pg_wire import PostgresUnavailable, connect, redact_url
 from corral.supervisor.ledger.ledger_spec import URL_ENV, Placement, remember
 from corral.supervisor.ledger.port import Ledger, SqliteLedger
-from corral.supervisor.runs.run_state import TERMINAL
+from corral.supervisor.runs.run_feature import Placed, RunFeature
+from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import get_run
 from corral.supervisor.runs.run_views import show_record
 
@@ -139,10 +140,32 @@ def open_ledger(
     return ledger, NodeState(placement, home, conn, hold, spec_path)
 
 
-def install(sup: Supervisor) -> None:
+class ClusterFeature(RunFeature):
+    """A cluster node's part in runs: ``reconcile`` of an id another partition
+    holds goes to its holder (forwarding.py), first of every feature's; a new root
+    run goes through the shared queue (run_queue.py), whose capacity follows every
+    status change."""
+
+    def __init__(self, forwarder: forwarding.Forwarder | None, queue: run_queue.RunQueue | None) -> None:
+        self.forwarder = forwarder
+        self.queue = queue
+
+    async def reconcile(self, target: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        return None if self.forwarder is None else await self.forwarder.reconcile(params)
+
+    def place_run(self, run_id: str | None, agent_id: str, params: dict[str, Any]) -> Placed | None:
+        return None if self.queue is None else self.queue.place(run_id, agent_id, params)
+
+    def on_status(self, ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
+        if self.queue is not None:
+            self.queue.on_status(ledger, run_id, status, reason)
+
+
+def install(sup: Supervisor) -> RunFeature | None:
+    """A cluster node's lease, events and background work; its part in runs, if any."""
     state = sup.node
     if state is None:
-        return
+        return None
     ledger = sup.ledger
     assert isinstance(ledger, PostgresLedger)
     ledger.on_fenced = lambda why: _exit_fenced(state, why)
@@ -157,17 +180,18 @@ def install(sup: Supervisor) -> None:
     else:
         ledger.event("partition-adopted", hold.partition, node=state.placement.node, epoch=hold.epoch, pid=sup.pid)
     sup.status_sections["cluster"] = lambda: _status(state, ledger)
-    if state.placement.url is not None:
-        # `reconcile` of another partition's action goes to its holder (forwarding.py).
-        sup.hooks.reconcile_elsewhere = forwarding.Forwarder(
-            state.placement.url, state.placement.node, hold.partition).reconcile
+    # `reconcile` of another partition's action goes to its holder (forwarding.py).
+    forwarder = (None if state.placement.url is None
+                 else forwarding.Forwarder(state.placement.url, state.placement.node, hold.partition))
+    queue = None
     if state.primary and state.placement.queue is not None:
-        node_queue.join(sup, state, ledger, state.placement.queue)
+        queue = node_queue.join(sup, state, ledger, state.placement.queue)
     elif state.primary and state.conn is not None:
         run_queue.publish_capacity(state.conn, state.placement.node, None)
     sup.background.append(lambda: _lease_loop(sup, state))
     sup.background.append(lambda: keep_connected(ledger, lost))
     sup.shutdown_hooks.append(lambda: _leave(state))
+    return None if forwarder is None and queue is None else ClusterFeature(forwarder, queue)
 
 
 class PartitionReader:

@@ -45,7 +45,7 @@ from corral.supervisor.ledger.ledger_pg_queue import QueuedRunTaken
 from corral.supervisor.ledger.ledger_pg_wire import connect
 from corral.supervisor.ledger.ledger_spec import DEFAULT_MAX_RUNS, DEFAULT_MAX_RUNS_PER_AGENT
 from corral.supervisor.ledger.port import RunIdTaken
-from corral.supervisor.runs.run_hooks import Placed
+from corral.supervisor.runs.run_feature import Placed
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 
 log = logging.getLogger("corral.queue")

@@ -27,6 +27,7 @@ from corral.supervisor.context import collaboration
 from corral.supervisor.context.collaboration import Policy
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs.run_feature import RunFeature
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -174,10 +175,22 @@ class CollaborationService:
         return {"path": str(self.path), "digest": policy.digest, "policy": policy.as_json()}
 
 
+class CollaborationFeature(RunFeature):
+    """The collaboration policy in runs: a plan's first wave and each action are
+    held to it."""
+
+    def __init__(self, service: CollaborationService) -> None:
+        self.service = service
+
+    def plan_guard(self, run: Any, loop: int, plan: dict[str, Any]) -> str | None:
+        return self.service.plan_guard(run, loop, plan)
+
+    def action_guard(self, run: Any, action_id: str, tool: str, tool_input: dict[str, Any]) -> tuple[str, str]:
+        return self.service.action_guard(run, action_id, tool, tool_input)
+
+
 def install(sup: Supervisor) -> CollaborationService:
     service = CollaborationService(sup.ledger, sup.spec.project_root)
-    sup.hooks.plan_guards.append(service.plan_guard)
-    sup.hooks.action_guards.append(service.action_guard)
     sup.control_methods["collaboration.show"] = service.show
     sup.control_methods["collaboration.set"] = service.set_policy
     return service

@@ -49,6 +49,7 @@ from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.action_state import action_id as derive_action_id
+from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_store import get_run, run_options
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class _PlanStamp(NamedTuple):
         return cls(loop, text, ids, stamp if fits else None)
 
 
-class RepoFingerprintGuard:
+class RepoFingerprintGuard(RunFeature):
     def __init__(self, ledger: Ledger, home: Path) -> None:
         self.ledger = ledger
         self.home = home
@@ -204,9 +205,9 @@ class RepoFingerprintGuard:
                                              error=why, reason=why)
                     action_store.write_receipt(ledger, row["action_id"])
 
+    def at_boundary(self, ledger: Ledger, run_id: str) -> None:
+        self.recheck_approved(ledger, run_id)
+
 
 def install(sup: Supervisor) -> RepoFingerprintGuard:
-    guard = RepoFingerprintGuard(sup.ledger, sup.home)
-    sup.hooks.action_guards.append(guard.action_guard)
-    sup.hooks.boundary.append(guard.recheck_approved)
-    return guard
+    return RepoFingerprintGuard(sup.ledger, sup.home)

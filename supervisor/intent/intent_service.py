@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ from corral.supervisor.intent.intent_scope import judge_action, sandbox_paths, s
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_text
 from corral.supervisor.runs import run_store
+from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 
@@ -410,16 +412,39 @@ def receipts_view(ledger: Ledger, run_id: str) -> dict[str, Any]:
             "receipts": [json.loads(r["data"]) for r in rows]}
 
 
+class IntentFeature(RunFeature):
+    """The user's intent contract in runs: bound when a run starts, stricter on
+    each action, its updates applied at the step boundary, its evidence required
+    (or a person asked) before the final reply, a person's decision recorded."""
+
+    def __init__(self, service: IntentService) -> None:
+        self.service = service
+
+    def start_options(self, ledger: Ledger, params: Mapping[str, Any]) -> dict[str, Any]:
+        intent = params.get("intent")
+        return {} if intent is None else {"intent": self.service.bind(intent)}
+
+    def action_guard(self, run: Any, action_id: str, tool: str, tool_input: dict[str, Any]) -> tuple[str, str]:
+        return self.service.guard(run, action_id, tool, tool_input)
+
+    def finalize_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
+        return self.service.evidence_blockers(ledger, run_id)
+
+    def finalize_park(self, ledger: Ledger, run_id: str, reasons: list[str]) -> str | None:
+        return self.service.evidence_park(ledger, run_id, reasons)
+
+    def at_boundary(self, ledger: Ledger, run_id: str) -> None:
+        self.service.apply_updates(ledger, run_id)
+
+    def on_decision(self, params: dict[str, Any]) -> None:
+        self.service.record_decision(params)
+
+    def show(self, run_id: str) -> Mapping[str, Any]:
+        return {"intent": self.service.show_section(run_id)}
+
+
 def install(sup: Supervisor) -> IntentService:
     service = IntentService(sup.ledger, sup.runs, sup.home)
-    hooks = sup.hooks
-    hooks.bind_intent = service.bind  # the run layer binds new runs through it
-    hooks.action_guards.append(service.guard)
-    hooks.show_sections["intent"] = service.show_section
-    hooks.finalize_blockers.append(service.evidence_blockers)
-    hooks.finalize_parkers.append(service.evidence_park)
-    hooks.boundary.append(service.apply_updates)
-    hooks.on_decision.append(service.record_decision)
     sup.control_methods.update({
         "intent.receipts": service.receipts,
         "intent.snapshot": service.snapshot,

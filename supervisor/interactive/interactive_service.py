@@ -7,6 +7,7 @@ the final reply.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from corral.mailbox.protocol import Method
@@ -16,6 +17,7 @@ from corral.supervisor.interactive import question_store, steer_store, turn_repo
 from corral.supervisor.interactive.steer_control import SteerControl
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_text
+from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import RunStatus
 
@@ -132,6 +134,26 @@ class InteractiveService:
         }
 
 
+class SteerFeature(RunFeature):
+    """A person's steers in runs: applied at the step boundary, and held before a
+    final reply or a provider turn while one waits; ``show`` lists them."""
+
+    def __init__(self, service: InteractiveService) -> None:
+        self.service = service
+
+    def at_boundary(self, ledger: Ledger, run_id: str) -> None:
+        steer_store.apply_steers(ledger, run_id)
+
+    def final_guard(self, ledger: Ledger, run_id: str) -> str | None:
+        return steer_store.steer_blocks_final(ledger, run_id)
+
+    def provider_guard(self, ledger: Ledger, run_id: str) -> str | None:
+        return steer_store.steer_holds_provider(ledger, run_id)
+
+    def show(self, run_id: str) -> Mapping[str, Any]:
+        return {"interactive": self.service.show_section(run_id)}
+
+
 def install(sup: Supervisor) -> InteractiveService:
     service = InteractiveService(sup.ledger, sup.runs)
     sup.control_methods.update(
@@ -146,9 +168,4 @@ def install(sup: Supervisor) -> InteractiveService:
         }
     )
     sup.actor_methods[Method.PROVIDER_INTERRUPTED] = service.steers.provider_interrupted
-    hooks = sup.hooks
-    hooks.boundary.append(steer_store.apply_steers)
-    hooks.final_guards.append(steer_store.steer_blocks_final)
-    hooks.provider_guards.append(steer_store.steer_holds_provider)
-    hooks.show_sections["interactive"] = service.show_section
     return service

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from corral.mailbox.protocol import Method
@@ -11,6 +12,7 @@ from corral.supervisor.errors import BadRequest
 from corral.supervisor.interactive import question_store as questions
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_text
+from corral.supervisor.runs.run_feature import PlanRefusal, RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.tree.supervision_tree import ActorSlot
@@ -52,18 +54,28 @@ class QuestionService:
         return questions.ask(self.ledger, run, action_id, params.get("questions"), free_text)
 
 
-def _close_questions(ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
-    questions.close_questions(ledger, run_id, status, reason)
+class QuestionFeature(RunFeature):
+    """Structured questions in runs: a run's end closes its open ones, a plan or an
+    action that waits on an answer is refused, ``pending`` lists the open ones."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def on_status(self, ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
+        questions.close_questions(ledger, run_id, status, reason)
+
+    def plan_guard(self, run: Any, loop: int, plan: dict[str, Any]) -> str | PlanRefusal | None:
+        return questions.plan_guard(run, loop, plan)
+
+    def action_guard(self, run: Any, action_id: str, tool: str, tool_input: dict[str, Any]) -> tuple[str, str]:
+        return questions.action_guard(run, action_id, tool, tool_input)
+
+    def pending(self) -> Mapping[str, Any]:
+        return {"questions": questions.pending_questions(self.ledger)}
 
 
 def install(sup: Supervisor) -> QuestionService:
     service = QuestionService(sup.ledger, sup.runs)
     sup.control_methods["answer"] = service.answer
     sup.actor_methods[Method.INPUT_REQUEST] = service.ask
-    hooks = sup.hooks
-    hooks.on_status.append(_close_questions)
-    hooks.plan_guards.append(questions.plan_guard)
-    hooks.action_guards.append(questions.action_guard)
-    ledger = sup.ledger
-    hooks.pending_sections["questions"] = lambda: questions.pending_questions(ledger)
     return service

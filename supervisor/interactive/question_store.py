@@ -30,7 +30,7 @@ from corral.supervisor.interactive import question_shape as shape
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
-from corral.supervisor.runs.run_hooks import PlanRefusal
+from corral.supervisor.runs.run_feature import PlanRefusal
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 
 TOOL = "user.input_request"

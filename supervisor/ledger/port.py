@@ -24,7 +24,7 @@ from corral.core.redact import redact
 from corral.supervisor.errors import StorageFull
 from corral.supervisor.ledger import high_water
 from corral.supervisor.ledger.schema import MIGRATIONS
-from corral.supervisor.runs.run_hooks import RunHooks
+from corral.supervisor.runs.run_feature import RunFeatures
 
 
 class LedgerError(RuntimeError):
@@ -169,9 +169,9 @@ class Ledger:
         self.transactions = 0
         #: Since when commits fail for lack of space (None: they do not).
         self.full_since: float | None = None
-        #: The run layer's extension points of the supervisor that owns this ledger
-        #: (supervisor/runs/run_hooks.py): the run store fires them inside its transactions.
-        self.hooks = RunHooks()
+        #: The features of the supervisor that owns this ledger, in their order
+        #: (supervisor/runs/run_feature.py): the run store calls them inside its transactions.
+        self.features = RunFeatures()
 
     # -- what a backend provides ------------------------------------------------
 

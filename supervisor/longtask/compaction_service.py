@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from corral.mailbox.protocol import Method
@@ -16,6 +17,7 @@ from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import compaction
 from corral.supervisor.models.model_service import ModelService
 from corral.supervisor.params import param_int, param_str
+from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.step_piggyback import StepPiggyback
 
@@ -145,10 +147,22 @@ class CompactionService:
         }
 
 
+class CompactionFeature(RunFeature):
+    """Context compaction in runs: a provider step gets its view of the history,
+    or a compaction first; ``show`` shows the context's state."""
+
+    def __init__(self, service: CompactionService) -> None:
+        self.service = service
+
+    async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
+        return await self.service.shape_provider_step(run_id, step)
+
+    def show(self, run_id: str) -> Mapping[str, Any]:
+        return {"context": self.service.show_section(run_id)}
+
+
 def install(sup: Supervisor) -> CompactionService:
     service = CompactionService(sup.ledger, sup.runs, sup.models)
     sup.actor_methods[Method.CONTEXT_COMPACTED] = StepPiggyback(sup.ledger, sup.runs).with_next(service.compacted)
     sup.control_methods["compact"] = service.request
-    sup.hooks.provider_shapers.append(service.shape_provider_step)
-    sup.hooks.show_sections["context"] = service.show_section
     return service

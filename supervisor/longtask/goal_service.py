@@ -12,15 +12,17 @@ after a crash records it once; a clear cancels the run.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from corral.mailbox.protocol import Method
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.interactive.steer_control import SteerControl
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.longtask import goal_shape, goal_store
+from corral.supervisor.longtask import goal_completion, goal_shape, goal_store
 from corral.supervisor.longtask.goal_lifecycle import GoalStatus
 from corral.supervisor.params import param_str
+from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 
@@ -106,6 +108,64 @@ class GoalService:
                 "verdicts": goal_store.verdicts(self.ledger, run_id)}
 
 
+class GoalFeature(RunFeature):
+    """Goal mode in runs: a goal starts a run as its first task and its lifecycle
+    row; a paused goal parks the run at the boundary and holds its provider turns;
+    an action or a final reply made for an older revision never takes effect; the
+    goal holds the final reply until it is met; ``show`` shows it."""
+
+    def __init__(self, service: GoalService) -> None:
+        self.service = service
+
+    def start_task(self, params: Mapping[str, Any]) -> str | None:
+        goal = params.get("goal")
+        return None if goal is None else goal_shape.task_text(*goal_shape.goal_param(goal))
+
+    def start_check(self, ledger: Ledger, params: Mapping[str, Any]) -> None:
+        if params.get("goal") is not None:
+            conversation_id = params.get("conversation_id")
+            # One live goal per conversation.
+            goal_store.refuse_second_goal(ledger, conversation_id if isinstance(conversation_id, str) else None)
+
+    def start_options(self, ledger: Ledger, params: Mapping[str, Any]) -> dict[str, Any]:
+        if params.get("goal") is None:
+            return {}
+        text, constraints, verification = goal_shape.goal_param(params["goal"])
+        return {"goal": {"text": text, "constraints": constraints, "verification": verification}}
+
+    def started(self, ledger: Ledger, run_id: str, options: Mapping[str, Any]) -> None:
+        if "goal" in options:
+            goal_store.goal_row(ledger, run_id)  # its lifecycle row (made from the options if lost here)
+
+    def stale_action(self, ledger: Ledger, row: Any) -> tuple[str, str] | None:
+        goal = ledger.one("SELECT revision FROM goals WHERE goal_id = ?", row["goal_id"])
+        if goal is None or int(goal["revision"]) == int(row["goal_revision"] or 0):
+            return None
+        why = goal_shape.blocked_reason(int(row["goal_revision"] or 0), int(goal["revision"]))
+        return why, f"blocked: goal edited to revision {goal['revision']}"
+
+    def final_snapshot(self, ledger: Ledger, run_id: str, reply: str) -> str | None:
+        return goal_completion.snapshot(ledger, run_id, reply)
+
+    def final_stale(self, ledger: Ledger, run_id: str, snapshot: str | None) -> str | None:
+        return goal_completion.stale(ledger, run_id, snapshot)
+
+    def finalize_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
+        return goal_store.blockers(ledger, run_id)
+
+    def at_boundary(self, ledger: Ledger, run_id: str) -> None:
+        goal_store.park_at_boundary(ledger, run_id)
+
+    def provider_guard(self, ledger: Ledger, run_id: str) -> str | None:
+        return goal_store.holds_provider(ledger, run_id)
+
+    def on_status(self, ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
+        goal_store.on_run_status(ledger, run_id, status, reason)
+
+    def show(self, run_id: str) -> Mapping[str, Any]:
+        return {"goal": self.service.show_section(run_id)}
+
+
 def install(sup: Supervisor) -> GoalService:
     service = GoalService(sup.ledger, sup.runs)
     sup.actor_methods[Method.GOAL_VERDICT] = service.verdict
@@ -118,10 +178,4 @@ def install(sup: Supervisor) -> GoalService:
             "goal.clear": service.clear,
         }
     )
-    hooks = sup.hooks
-    hooks.finalize_blockers.append(goal_store.blockers)
-    hooks.boundary.append(goal_store.park_at_boundary)
-    hooks.provider_guards.append(goal_store.holds_provider)
-    hooks.on_status.append(goal_store.on_run_status)
-    hooks.show_sections["goal"] = service.show_section
     return service

@@ -3,12 +3,14 @@ completion gate, and the plan in ``corral show`` (supervisor/longtask/plan_store
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from corral.mailbox.protocol import Method
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import plan_store
+from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 
 if TYPE_CHECKING:
@@ -35,9 +37,20 @@ class PlanService:
         return plan_store.current(self.ledger, run_id)
 
 
+class PlanFeature(RunFeature):
+    """The durable plan in runs: open steps hold the final reply; ``show`` lists it."""
+
+    def __init__(self, service: PlanService) -> None:
+        self.service = service
+
+    def finalize_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
+        return plan_store.blockers(ledger, run_id)
+
+    def show(self, run_id: str) -> Mapping[str, Any]:
+        return {"plan": self.service.show_section(run_id)}
+
+
 def install(sup: Supervisor) -> PlanService:
     service = PlanService(sup.ledger, sup.runs)
     sup.actor_methods[Method.PLAN_UPDATE] = service.update
-    sup.hooks.finalize_blockers.append(plan_store.blockers)
-    sup.hooks.show_sections["plan"] = service.show_section
     return service

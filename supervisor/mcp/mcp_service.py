@@ -17,7 +17,7 @@ actor died mid-call, the call timed out), the action becomes
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ from corral.supervisor.params import param_int
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.run_core import POLICY_STRICTNESS
+from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.tree.actor_state import ActorState
@@ -450,6 +451,43 @@ class McpService:
         return {"run_id": run_id, "action_id": row["action_id"], **answer}
 
 
+class McpPins(RunFeature):
+    """What an MCP tool's action shows a person (its effect class, from the run's
+    pinned catalog), whether or not this spec starts MCP servers: an older run's
+    actions keep theirs."""
+
+    def tool_effect(self, ledger: Ledger, run_id: str, tool: str) -> str | None:
+        parts = split_tool_name(tool)
+        if parts is None:
+            return None
+        for pinned_tool in pinned(ledger, run_id).get(parts[0], []):
+            if pinned_tool.name == parts[1]:
+                return str(pinned_tool.effect)
+        return None
+
+
+class McpFeature(McpPins):
+    """MCP servers' part in runs: a claimed run gets its catalog, an MCP tool is
+    prepared through its server, ``show`` lists the servers' calls."""
+
+    def __init__(self, service: McpService) -> None:
+        self.service = service
+
+    async def on_claim(self, claimed: dict[str, Any]) -> None:
+        await self.service.add_catalog(claimed)
+
+    def prepare_route(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
+        return self.service.prepare(slot, params)
+
+    def show(self, run_id: str) -> Mapping[str, Any]:
+        return {"mcp": self.service.show_section(run_id)}
+
+
+def run_feature(service: McpService) -> McpPins:
+    """The MCP feature of a supervisor: its servers' part when the spec has any."""
+    return McpFeature(service) if service.servers else McpPins()
+
+
 def install(sup: Supervisor) -> McpService:
     service = McpService(sup.ledger, sup.tree, sup.runs, sup.home, sup.spec.mcp_servers)
     sup.control_methods["mcp.list"] = service.list_servers
@@ -458,9 +496,6 @@ def install(sup: Supervisor) -> McpService:
     sup.actor_methods.update(
         {Method.MCP_READY: service.ready, Method.MCP_FAILED: service.failed, Method.MCP_CALL: service.call}
     )
-    sup.hooks.on_claim.append(service.add_catalog)
-    sup.hooks.prepare_routes.append(service.prepare)
     sup.control_methods["mcp.call"] = service.debug_call
     sup.status_sections["mcp"] = service.status_section
-    sup.hooks.show_sections["mcp"] = service.show_section
     return service

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from corral.mailbox.protocol import Code, Method
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.models.model_spec import LocalModelSpec
+from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.tree.actor_state import ActorState
 from corral.supervisor.tree.readiness import ReportedReadiness
 from corral.supervisor.tree.supervision_tree import ActorSlot, SupervisionTree
@@ -257,10 +258,18 @@ def usage_of_run(ledger: Ledger, run_id: str) -> dict[str, Any]:
 MAX_COUNT_TEXTS = 2000
 
 
+class UsageFeature(RunFeature):
+    """``show`` of a run: what its provider calls used (tokens, by model)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def show(self, run_id: str) -> Mapping[str, Any]:
+        return {"usage": usage_of_run(self.ledger, run_id)}
+
+
 def install(sup: Supervisor) -> ModelService:
     service = ModelService(sup.ledger, sup.tree, sup.spec.models)
-    ledger = sup.ledger
-    sup.hooks.show_sections["usage"] = lambda run_id: usage_of_run(ledger, run_id)
     if service.models:
         sup.actor_methods.update(
             {

@@ -19,7 +19,7 @@ Actor methods (the agent's tools call them through ``ctx.call``):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
@@ -28,6 +28,8 @@ from corral.mailbox.protocol import Method
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.project import preview_gate, revision_store, verification_store, verify_recovery
+from corral.supervisor.runs.recovery import RecoveryReport
+from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.spec.spec_models import ProjectTable
 
@@ -123,6 +125,30 @@ class ProjectService:
                 "final_blocked": blocked[0] if blocked else None}
 
 
+class ProjectFeature(RunFeature):
+    """The project in runs: each receipt may move its revision; the final reply
+    waits for its verification (and a preview, when the spec requires one);
+    recovery settles a verification in flight; ``show`` shows it."""
+
+    def __init__(self, service: ProjectService) -> None:
+        self.service = service
+
+    def on_receipt(self, ledger: Ledger, row: Any) -> None:
+        revision_store.on_receipt(ledger, row)
+
+    def finalize_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
+        reasons = self.service.final_blockers(ledger, run_id)
+        if self.service.settings.require_preview:
+            reasons = reasons + preview_gate.final_blockers(ledger, run_id)
+        return reasons
+
+    def recover(self, ledger: Ledger, report: RecoveryReport) -> None:
+        verify_recovery.recover(ledger, report)
+
+    def show(self, run_id: str) -> Mapping[str, Any]:
+        return {"project": self.service.show_section(run_id)}
+
+
 def install(sup: Supervisor) -> ProjectService:
     from corral.supervisor.sessions.session_service import sandbox_settings
 
@@ -136,10 +162,4 @@ def install(sup: Supervisor) -> ProjectService:
         Method.PROJECT_VERIFICATION: service.verification,
         Method.PROJECT_PREVIEW: service.preview,
     })
-    sup.hooks.on_receipt.append(revision_store.on_receipt)
-    sup.hooks.finalize_blockers.append(service.final_blockers)
-    if service.settings.require_preview:
-        sup.hooks.finalize_blockers.append(preview_gate.final_blockers)
-    sup.hooks.recovery_steps.append(verify_recovery.recover)
-    sup.hooks.show_sections["project"] = service.show_section
     return service

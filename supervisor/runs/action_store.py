@@ -18,7 +18,6 @@ from corral.core.redact import bounded_traceback, redact, redact_text, summarize
 from corral.mailbox.steps import Begin, Begun
 from corral.supervisor.errors import Conflict, NotFound
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.longtask import goal_shape
 from corral.supervisor.runs.action_state import (
     TERMINAL as ACTION_TERMINAL,
 )
@@ -178,8 +177,10 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> Begun:
     ``current``: the action's row, read by the caller with no await since."""
     row = current if current is not None else get_action(ledger, the_id)
     phase = ActionPhase(row["phase"])
+    # Only an action bound to a goal can be stale (the goal feature's check): the
+    # others pay nothing for it.
     if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED) and row["goal_id"] is not None:
-        blocked = _block_if_goal_moved(ledger, row, phase)
+        blocked = _block_if_stale(ledger, row, phase)
         if blocked is not None:
             return blocked
     if phase is ActionPhase.PREPARED and row["policy"] != "deny" and writes_files(row["tool"]):
@@ -233,21 +234,22 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> Begun:
     return {"begin": Begin.SKIP, "phase": phase.value}
 
 
-def _block_if_goal_moved(ledger: Ledger, row: Any, phase: ActionPhase) -> Begun | None:
-    """An action made for an older revision of its run's goal never starts. A goal
-    edit blocks those in its own transaction (supervisor/longtask/goal_store.py);
-    this is the same check at the boundary itself, so no path can start one."""
-    goal = ledger.one("SELECT revision FROM goals WHERE goal_id = ?", row["goal_id"])
-    if goal is None or int(goal["revision"]) == int(row["goal_revision"] or 0):
-        return None
-    why = goal_shape.blocked_reason(int(row["goal_revision"] or 0), int(goal["revision"]))
-    # An approved action may only fail (the action table has no approved -> denied).
-    ending = ActionPhase.FAILED if phase is ActionPhase.APPROVED else ActionPhase.DENIED
-    with ledger.tx():
-        written = move_action(ledger, row["action_id"], ending, current=row, reason=why, error=why)
-        write_receipt(ledger, row["action_id"], note=f"blocked: goal edited to revision {goal['revision']}",
-                      current={**dict(row), **written})
-    return {"begin": Begin.SKIP, "phase": ending.value}
+def _block_if_stale(ledger: Ledger, row: Any, phase: ActionPhase) -> Begun | None:
+    """An action made for a state a feature moved on from (an older revision of its
+    run's goal) never starts. A goal edit blocks those in its own transaction
+    (supervisor/longtask/goal_store.py); this is the same check at the boundary
+    itself, so no path can start one."""
+    for check in ledger.features.stale_actions:
+        stale = check(ledger, row)
+        if stale is not None:
+            why, note = stale
+            # An approved action may only fail (the action table has no approved -> denied).
+            ending = ActionPhase.FAILED if phase is ActionPhase.APPROVED else ActionPhase.DENIED
+            with ledger.tx():
+                written = move_action(ledger, row["action_id"], ending, current=row, reason=why, error=why)
+                write_receipt(ledger, row["action_id"], note=note, current={**dict(row), **written})
+            return {"begin": Begin.SKIP, "phase": ending.value}
+    return None
 
 
 def mark_needs_reconciliation(ledger: Ledger, the_id: str, reason: str) -> None:
@@ -365,7 +367,7 @@ def write_receipt(
             },
             redacted=True,
         )
-        for hook in ledger.hooks.on_receipt:
+        for hook in ledger.features.on_receipt:
             hook(ledger, row)
     return True
 

@@ -32,10 +32,9 @@ from typing import Any
 from corral.actors.tools.base import Tool, is_sealed
 from corral.core.redact import redact
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.mcp.mcp_catalog import pinned
-from corral.supervisor.mcp.mcp_spec import split_tool_name
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.approval_diff import FileChange
+from corral.supervisor.runs.run_feature import RunFeatures
 
 #: One page of a value in ``approval.show`` (characters).
 PAGE_CHARS = 64_000
@@ -96,17 +95,16 @@ def _json_text(value: Any) -> str:
     return compact if len(compact) <= 100 else json.dumps(value, ensure_ascii=False, sort_keys=True, indent=2)
 
 
-def effect_class(ledger: Ledger, row: Any, tools: Mapping[str, Tool]) -> str:
+def effect_class(ledger: Ledger, row: Any, tools: Mapping[str, Tool], features: RunFeatures) -> str:
     """The tool's effect class (read, idempotent, external): from the catalog for
-    corral's and the user's tools, from the run's pinned catalog for an MCP tool."""
+    corral's and the user's tools, from the feature that provides any other (the
+    run's pinned catalog for an MCP tool: ``RunFeature.tool_effect``)."""
     tool = tools.get(row["tool"])
     if tool is not None:
         return tool.schema.effect_class
-    parts = split_tool_name(row["tool"])
-    if parts is not None:
-        for pinned_tool in pinned(ledger, row["run_id"]).get(parts[0], []):
-            if pinned_tool.name == parts[1]:
-                return str(pinned_tool.effect)
+    effect = features.tool_effect(ledger, row["run_id"], row["tool"])
+    if effect is not None:
+        return effect
     return "external" if not row["rerunnable"] else "idempotent"
 
 

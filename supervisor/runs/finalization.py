@@ -13,7 +13,6 @@ from typing import Any
 from corral.core.redact import redact_text
 from corral.supervisor.errors import Conflict, Refused
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.longtask import goal_completion
 from corral.supervisor.runs.loop_plan_store import final_blocked
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_store import RunLimits, get_run, set_run_status
@@ -21,7 +20,7 @@ from corral.supervisor.runs.run_store import RunLimits, get_run, set_run_status
 
 def blockers(ledger: Ledger, run_id: str) -> list[str]:
     """Why the run may not finalize now: its own open work, then each feature's
-    (``finalize_blockers``: children, sessions, the durable plan, a goal, evidence)."""
+    (``RunFeature.finalize_blockers``: children, sessions, the durable plan, a goal, evidence)."""
     reasons: list[str] = []
     open_actions = ledger.all(
         "SELECT action_id, phase FROM actions WHERE run_id = ? AND phase NOT IN ('ok', 'failed', 'denied')",
@@ -42,22 +41,21 @@ def blockers(ledger: Ledger, run_id: str) -> list[str]:
         run_id,
     )
     reasons.extend(f"provider request {row['slot']} is {row['status']}" for row in requests)
-    for check in ledger.hooks.finalize_blockers:
-        reasons.extend(check(ledger, run_id))
+    reasons.extend(ledger.features.finalize_blockers(ledger, run_id))
     return reasons
 
 
 def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict[str, Any]:
     """``run.finalize`` after its checks (supervisor/runs/run_actor_methods.py ``finalize``):
-    a child may not; a guard may send the agent back to plan (``final_guards``: a
+    a child may not; a guard may send the agent back to plan (``final_guard``: a
     steer); the blockers refuse it as a repair, or park the run for a person
-    (``finalize_parkers``); else the journal is prepared and carried to the end."""
+    (``finalize_park``); else the journal is prepared and carried to the end."""
     run = get_run(ledger, run_id)
     if run["kind"] != "root":
         raise Refused(f"run {run_id} is a {run['kind']} run; only the root agent of a run writes the final reply")
     row = ledger.one("SELECT phase FROM finalizations WHERE run_id = ?", run_id)
     if row is None:
-        for guard in ledger.hooks.final_guards:
+        for guard in ledger.features.final_guards:
             why = guard(ledger, run_id)
             if why:
                 # Not a repair: the agent asks for its next step, and the guard's
@@ -65,7 +63,7 @@ def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict
                 raise Conflict(why)
         reasons = blockers(ledger, run_id)
         if reasons:
-            for park in ledger.hooks.finalize_parkers:
+            for park in ledger.features.finalize_parkers:
                 why = park(ledger, run_id, reasons)
                 if why:
                     # Retrying will not help: a person has to act (pending shows why).
@@ -75,11 +73,11 @@ def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict
         with ledger.tx() as db:
             now = time.time()
             # A goal run's journal binds the goal it was prepared for, with the
-            # system's evidence: the goal completes from this record.
+            # system's evidence: the goal completes from this record (``final_snapshot``).
             db.execute(
                 "INSERT INTO finalizations (run_id, phase, reply, created_at, updated_at, goal_snapshot)"
                 " VALUES (?, 'prepared', ?, ?, ?, ?)",
-                (run_id, redact_text(reply), now, now, goal_completion.snapshot(ledger, run_id, reply)),
+                (run_id, redact_text(reply), now, now, ledger.features.final_snapshot(ledger, run_id, reply)),
             )
             ledger.event("finalization-prepared", run_id)
         ledger.failpoint("finalize.after-prepared")
@@ -93,7 +91,7 @@ def resume_finalization(ledger: Ledger, run_id: str) -> dict[str, str]:
     row = ledger.one("SELECT phase, reply, goal_snapshot FROM finalizations WHERE run_id = ?", run_id)
     assert row is not None
     if row["phase"] == "prepared":
-        why = goal_completion.stale(ledger, run_id, row["goal_snapshot"])
+        why = ledger.features.final_stale(ledger, run_id, row["goal_snapshot"])
         if why is not None:
             # Prepared for a goal that changed since (edited, paused, cleared): no
             # reply is written; the same run plans again.

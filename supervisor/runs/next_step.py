@@ -4,8 +4,8 @@ the pure ``decide`` (step_decision.py) and carries out what it decided.
 The agent keeps no state that a crash could lose: every step it takes is read off
 the ledger here, from the run (run_store.py), its provider requests
 (provider_store.py), its loop plan (loop_plan_store.py) and its actions
-(action_store.py), with the features' boundary hooks and loop blockers
-(supervisor/runs/run_hooks.py) applied at the safe points. The writes are
+(action_store.py), with the features' boundary checks and loop blockers
+(supervisor/runs/run_feature.py) applied at the safe points. The writes are
 ``advance``'s alone: a parked status, a receipt a crash left unwritten, the
 loop's advance, a lost provider request's end.
 """
@@ -74,7 +74,7 @@ def gather(ledger: Ledger, run_id: str, *, boundary: bool) -> StepState:
         if final is not None:
             return StepState(status, int(run["loop_index"]), final_reply=Finalized(final["reply"]))
         commits = ledger.commits
-        for hook in ledger.hooks.boundary:
+        for hook in ledger.features.boundary:
             hook(ledger, run_id)
         if ledger.commits != commits:
             run = get_run(ledger, run_id)  # a hook moved the run (a steer opens a loop)
@@ -147,7 +147,7 @@ def _apply(ledger: Ledger, run_id: str, decision: Decision, *, boundary: bool) -
             return {"do": Do.PROVIDER, "loop": loop}
         case RecoverLostRequest(slot, loop):
             provider = get_run(ledger, run_id)["provider"]
-            if not interrupt_provider_request(ledger, slot, run_id, ledger.hooks.idempotent_provider(provider)):
+            if not interrupt_provider_request(ledger, slot, run_id, ledger.features.idempotent_provider(provider)):
                 return {"do": Do.PARK, "status": RunStatus.NEEDS_RECONCILIATION.value}
             if boundary and control_pending(ledger, run_id) is not None:
                 # Lost while a steer or a pause waited: it counts as interrupted, and
@@ -196,8 +196,8 @@ def _repair(ledger: Ledger, action_ids: tuple[str, ...]) -> None:
 
 
 def _loop_blockers(ledger: Ledger, run_id: str) -> ParkStep | None:
-    """A join to wait for, say (supervisor/runs/run_hooks.py ``loop_blockers``)."""
-    for check in ledger.hooks.loop_blockers:
+    """A join to wait for, say (``RunFeature.loop_blocker``)."""
+    for check in ledger.features.loop_blockers:
         step = check(ledger, run_id)
         if step is not None:
             return step

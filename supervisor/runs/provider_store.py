@@ -187,7 +187,7 @@ def _mark_interrupted(ledger: Ledger, db: Any, run_id: str, slot: str, why: str)
 def control_pending(ledger: Ledger, run_id: str) -> str | None:
     """Why no provider turn of ``run_id`` may be in flight now (a steer to apply, a
     goal pausing), or None: the features' ``provider_guards``."""
-    for guard in ledger.hooks.provider_guards:
+    for guard in ledger.features.provider_guards:
         why = guard(ledger, run_id)
         if why:
             return why

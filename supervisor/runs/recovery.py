@@ -73,7 +73,7 @@ def recover(
         report.provider_requests += 1
         if not interrupt_provider_request(ledger, row["slot"], row["run_id"], idempotent_provider(row["provider"])):
             report.reconciliations.append(row["slot"])
-    for step in ledger.hooks.recovery_steps:  # joins, claims, sessions: after the core
+    for step in ledger.features.recovery_steps:  # joins, claims, sessions: after the core
         step(ledger, report)
     report.runs_resumed = len(ledger.all("SELECT run_id FROM runs WHERE status IN ('running', 'pending')"))
     return report

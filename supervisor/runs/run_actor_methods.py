@@ -33,7 +33,7 @@ from corral.supervisor.runs import action_store, finalization, loop_plan_store, 
 from corral.supervisor.runs.action_state import ActionPhase, action_id
 from corral.supervisor.runs.next_step import next_step
 from corral.supervisor.runs.run_core import POLICY_STRICTNESS, RunCore, _int, _str
-from corral.supervisor.runs.run_hooks import PlanRefusal
+from corral.supervisor.runs.run_feature import PlanRefusal
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.transcript_store import notes_from
 from corral.supervisor.tree.supervision_tree import ActorSlot
@@ -80,7 +80,7 @@ class RunActorMethods(RunCore):
                     "agent.spawn_isolated/children/template": [t.id for t in self.spec.templates],
                 },
         }
-        for hook in self.hooks.on_claim:
+        for hook in self.features.claim_hooks:
             await hook(claimed)  # e.g. the MCP tools this run may call
         return {"run": claimed}
 
@@ -93,7 +93,7 @@ class RunActorMethods(RunCore):
         if step["do"] is Do.PROVIDER:
             step["task"] = run_store.get_run(self.ledger, run_id)["task"]
             shaped: Step = step
-            for shape in self.hooks.provider_shapers:
+            for shape in self.features.provider_shapers:
                 if shaped["do"] is Do.PROVIDER:
                     shaped = await shape(run_id, shaped)  # e.g. compaction: its view, or compact first
             if shaped["do"] is Do.PROVIDER and "history" not in shaped:
@@ -158,7 +158,7 @@ class RunActorMethods(RunCore):
         # Read once: the guards below commit no plan (they refuse one, or let it be).
         fresh = loop_plan_store.get_plan(self.ledger, run["run_id"], loop) is None
         if fresh:
-            for guard in self.hooks.plan_guards:
+            for guard in self.features.plan_guards:
                 why = guard(run, loop, plan)  # e.g. the collaboration policy's first wave
                 if why:
                     category, why = (why.category, why.reason) if isinstance(why, PlanRefusal) else (
@@ -208,7 +208,7 @@ class RunActorMethods(RunCore):
         ``begins_now``: see ``prepare_checked``. ``run``: the run's row, which the
         caller read through ``owned_run`` in this same synchronous step (a read
         batch prepares several actions of one run)."""
-        for route in self.hooks.prepare_routes:
+        for route in self.features.prepare_routes:
             row = route(slot, params)
             if row is not None:
                 return row
@@ -255,7 +255,7 @@ class RunActorMethods(RunCore):
         per durable read action: 5.3 before, 4.3 after)."""
         blocked = None
         the_id = action_id(run["run_id"], loop, index)
-        for guard in self.hooks.action_guards:
+        for guard in self.features.action_guards:
             # The user's intent contract (supervisor/intent/intent_service.py): stricter only.
             verdict, why = guard(run, the_id, tool_name, tool_input)
             if verdict == "ask":
@@ -366,7 +366,7 @@ class RunActorMethods(RunCore):
         about to exit should not cost a repair turn); then supervisor/runs/finalization.py
         (guards, blockers, parkers, the journal)."""
         run = self.owned_run(slot, {"run_id": request.run_id})
-        for hold in self.hooks.finalize_holds:
+        for hold in self.features.finalize_holds:
             await hold(run)
         if request.reply is None:
             raise BadRequest("reply must be a string")

@@ -9,7 +9,6 @@ from typing import Any
 
 from corral.supervisor.errors import BadRequest, Refused
 from corral.supervisor.ledger.port import RunIdTaken
-from corral.supervisor.longtask import goal_shape, goal_store
 from corral.supervisor.params import param_text
 from corral.supervisor.runs import action_store, provider_store, resolutions, run_store
 from corral.supervisor.runs.run_core import RunCore, _str
@@ -22,9 +21,9 @@ class RunControlMethods(RunCore):
         """``from_queue``: a cluster node creates a run it takes off the shared
         queue (supervisor/cluster/run_queue.py): its id is the queue's already."""
         agent = self.agent_spec(_str(params, "agent_id", limit=64))
-        goal = None if params.get("goal") is None else goal_shape.goal_param(params["goal"])
-        if goal is not None and not params.get("task"):
-            params = {**params, "task": goal_shape.task_text(*goal)}  # the goal is the first task, and its standard
+        start_task = self.features.start_task(params)  # a goal is the first task, and its standard
+        if start_task is not None and not params.get("task"):
+            params = {**params, "task": start_task}
         task = param_text(params, "task", None, limit=run_store.MAX_TASK_CHARS)
         provider, provider_config = agent.provider, agent.provider_config
         script = params.get("script")
@@ -52,22 +51,24 @@ class RunControlMethods(RunCore):
             if elsewhere is not None:
                 return _existing(run_id, agent.id, elsewhere)
         conversation_id = params.get("conversation_id") if isinstance(params.get("conversation_id"), str) else None
-        if goal is not None:
-            goal_store.refuse_second_goal(self.ledger, conversation_id)  # one live goal per conversation
-        queue = None if from_queue else self.hooks.queue_run
+        self.features.start_check(self.ledger, params)  # e.g. one live goal per conversation
         try:
-            placed = queue(run_id, agent.id, params) if queue is not None else None
+            placed = None if from_queue else self.features.place_run(run_id, agent.id, params)
             if placed is not None and placed.reply is not None:
                 return placed.reply  # in the cluster's shared queue: a node with room takes it
+            # Each feature's part of the new run's options (an intent's binding, a
+            # goal), kept only by the node that creates it.
+            options = {**self.agent_options(agent), **self.features.start_options(self.ledger, params),
+                       **(placed.options if placed is not None else {})}
+            if params.get("intent") is not None and "intent" not in options:
+                raise BadRequest("this supervisor binds no intent contracts")
             run_id = run_store.create_run(
                 self.ledger,
                 agent_id=agent.id,
                 task=task,
                 provider=provider,
                 provider_config=provider_config,
-                options={**self.agent_options(agent), **self.bind_intent(params.get("intent")),
-                         **({"goal": {"text": goal[0], "constraints": goal[1], "verification": goal[2]}}
-                            if goal is not None else {}), **(placed.options if placed is not None else {})},
+                options=options,
                 run_id=run_id,
                 conversation_id=conversation_id,
             )
@@ -78,8 +79,7 @@ class RunControlMethods(RunCore):
             if elsewhere is None:
                 raise Refused(f"run {taken.run_id} is being created by another node; ask again") from None
             return _existing(taken.run_id, agent.id, elsewhere)
-        if goal is not None:
-            goal_store.goal_row(self.ledger, run_id)  # its lifecycle row (made from the options if lost here)
+        self.features.started(self.ledger, run_id, options)  # e.g. a goal's lifecycle row
         from corral.core import failpoints
 
         failpoints.hit("run.after-create")  # the reply is lost: a client retry must find this run
@@ -97,10 +97,6 @@ class RunControlMethods(RunCore):
         problem = script_problem(script, agent.tools, all_tools(self.spec.user_tools), mcp_ids)
         if problem is not None:
             raise BadRequest(f"script: {problem}")
-
-    def bind_intent(self, intent: Any) -> dict[str, Any]:
-        """The run's intent binding, kept with its options (bound, or unbound and why)."""
-        return {} if intent is None else {"intent": self.hooks.bind_intent(intent)}
 
     def agent_options(self, agent: AgentSpec) -> dict[str, Any]:
         return {
@@ -134,20 +130,16 @@ class RunControlMethods(RunCore):
             self.ledger, _str(params, "action_id"), _str(params, "decision"), fingerprint
         )
         await self.wake_run(run_id)
-        for hook in self.hooks.on_decision:
-            hook(params)  # e.g. the user's own intent receipt for this action
+        self.features.on_decision(params)  # e.g. the user's own intent receipt for this action
         return {"run_id": run_id}
 
     async def reconcile(self, params: dict[str, Any]) -> dict[str, Any]:
         target = _str(params, "action_id", limit=300)
-        if self.hooks.reconcile_elsewhere is not None:
-            # A cluster node: an id of another partition is reconciled by its holder.
-            forwarded = await self.hooks.reconcile_elsewhere(params)
-            if forwarded is not None:
-                return forwarded
-        for prefix, reconcile_other in self.hooks.reconcilers.items():
-            if target.startswith(prefix):
-                return await reconcile_other(params)  # e.g. a process session (proc-…)
+        # A feature's own id: another partition's (a cluster node forwards it to its
+        # holder), a process session's (proc-…).
+        answered = await self.features.reconcile(target, params)
+        if answered is not None:
+            return answered
         note = str(params.get("note", ""))[:1000]
         if target.startswith("act-"):
             run_id = resolutions.reconcile(self.ledger, target, _str(params, "outcome"), note)

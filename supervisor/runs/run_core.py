@@ -1,4 +1,4 @@
-"""What the run layer's methods share: its collaborators (the ledger, the hooks,
+"""What the run layer's methods share: its collaborators (the ledger, the features,
 the spec, the home, the tree), the checks that a run belongs to the calling
 agent, the tool policy, the wake-ups of agents, and the raw copies (the ledger
 shows redacted data; tools act on the real thing).
@@ -26,7 +26,7 @@ from corral.supervisor.params import param_int, param_str
 from corral.supervisor.runs import action_store, run_store, sealed_input
 from corral.supervisor.runs.action_state import ActionPhase, action_id, canonical_json
 from corral.supervisor.runs.recovery import RecoveryReport
-from corral.supervisor.runs.run_hooks import RunHooks
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_store import RunLimits
 from corral.supervisor.spec.spec_base import did_you_mean
 from corral.supervisor.spec.spec_models import POLICY_DEFAULT_KEY
@@ -63,7 +63,7 @@ class RunCore:
     def __init__(
         self,
         ledger: Ledger,
-        hooks: RunHooks,
+        features: RunFeatures,
         *,
         spec: SwarmSpec,
         home: Path,
@@ -71,7 +71,7 @@ class RunCore:
         boot_id: str,
     ) -> None:
         self.ledger = ledger
-        self.hooks = hooks
+        self.features = features
         self.spec = spec
         self.home = home
         self.tree = tree

@@ -1,5 +1,6 @@
 """The run layer on the supervisor: RunService, and ``install``, the one place
-that reads the Supervisor to build it and register its methods and hooks.
+that reads the Supervisor to build it and register its methods; ``RunLayerFeature``,
+the run layer's own part in every run (supervisor/runs/run_feature.py).
 
 RunService is its shared part (run_core.py: collaborators, ownership checks,
 policy, wake-ups, raw copies) with three kinds of methods: the agents' actor
@@ -10,14 +11,18 @@ the background (run_upkeep.py). What people read of runs is run_views.py.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from corral.actors.providers.registry import is_idempotent
 from corral.mailbox.protocol import Method
+from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import poison, transcript_view
 from corral.supervisor.runs.run_actor_methods import RunActorMethods
 from corral.supervisor.runs.run_control import RunControlMethods
+from corral.supervisor.runs.run_feature import RunFeature
+from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_upkeep import RunUpkeep
 from corral.supervisor.runs.run_views import RunViews, ShowElsewhere
 from corral.supervisor.runs.step_piggyback import StepPiggyback
@@ -33,18 +38,31 @@ class RunService(RunActorMethods, RunControlMethods, RunUpkeep):
     steps: StepPiggyback
 
 
+class RunLayerFeature(RunFeature):
+    """The run layer's own part, first of the features: its views hear every
+    status change (a ``wait`` wakes), and ``show`` lists a run's crashes."""
+
+    def __init__(self, ledger: Ledger, views: RunViews) -> None:
+        self.ledger = ledger
+        self.views = views
+
+    def on_status(self, ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
+        self.views.on_status(ledger, run_id, status, reason)
+
+    def show(self, run_id: str) -> Mapping[str, Any]:
+        return {"crashes": poison.show_section(self.ledger, run_id)}
+
+
 def install(sup: Supervisor, show_elsewhere: ShowElsewhere | None = None) -> tuple[RunService, RunViews]:
-    """The run layer: its actor and control methods, hooks and background tasks.
+    """The run layer: its actor and control methods and background tasks (its
+    part in each run is ``RunLayerFeature``, which the daemon lists first).
     The step methods' replies carry the next step (supervisor/runs/step_piggyback.py).
     ``show_elsewhere``: where ``show`` looks for a run this ledger does not hold
     (another partition of a cluster, supervisor/cluster/node_service.py)."""
-    service = RunService(sup.ledger, sup.hooks, spec=sup.spec, home=sup.home, tree=sup.tree, boot_id=sup.boot_id)
-    views = RunViews(sup.ledger, sup.hooks, sup.next_commit, show_elsewhere, home=sup.home, tools=service.tools)
-    hooks = sup.hooks
-    hooks.idempotent_provider = is_idempotent
-    hooks.keep_raw_copy = service.keep_raw
-    hooks.on_status.append(views.on_status)
-    hooks.show_sections["crashes"] = partial(poison.show_section, sup.ledger)
+    service = RunService(sup.ledger, sup.features, spec=sup.spec, home=sup.home, tree=sup.tree, boot_id=sup.boot_id)
+    views = RunViews(sup.ledger, sup.features, sup.next_commit, show_elsewhere, home=sup.home, tools=service.tools)
+    sup.features.idempotent_provider = is_idempotent
+    sup.features.keep_raw_copy = service.keep_raw
     sup.tree.on_exit.append(service.on_actor_exit)
     service.steps = StepPiggyback(sup.ledger, service)
     step = service.steps.with_next

@@ -85,7 +85,8 @@ def create_run(
     options = dict(options or {})
     # A scripted provider's script is data the tools act on: the row shows it
     # redacted, and the agent gets the raw copy (see supervisor/runs/sealed_input.py).
-    raw_sha = ledger.hooks.keep_raw_copy(run_id, "provider-config", "config", provider_config, redact(provider_config))
+    shown = redact(provider_config)
+    raw_sha = ledger.features.keep_raw_copy(run_id, "provider-config", "config", provider_config, shown)
     if raw_sha is not None:
         options["provider_config_raw_sha256"] = raw_sha
     now = _now()
@@ -162,7 +163,7 @@ def set_run_status(ledger: Ledger, run_id: str, status: RunStatus, reason: str |
             ),
         )
         ledger.event("run-" + status.value, run_id, reason=reason or "", previous=current.value)
-        for hook in ledger.hooks.on_status:
+        for hook in ledger.features.on_status:
             hook(ledger, run_id, status, reason)
     return True
 

@@ -1,7 +1,7 @@
 """What people read of runs (control methods): ``show``, ``runs``, ``wait``,
 ``pending`` and ``approval.show`` (what a person approves, whole:
 supervisor/runs/approval_view.py). Read-only; the features add their sections
-(supervisor/runs/run_hooks.py ``show_sections``, ``pending_sections``), and a
+(each feature's ``show`` and ``pending``: supervisor/runs/run_feature.py), and a
 cluster node shows a run of another partition (``ShowElsewhere``,
 supervisor/cluster/node_service.py). ``show_record`` and ``recent_runs`` read a
 ledger alone: a home's with no supervisor running reads through them too
@@ -24,7 +24,7 @@ from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_int, param_str
 from corral.supervisor.runs import action_store, approval_view, run_store, sealed_input
 from corral.supervisor.runs.approval_diff import FileChange, Workspace, file_changes
-from corral.supervisor.runs.run_hooks import RunHooks
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_output import output_model, output_of
 from corral.supervisor.runs.run_state import NEEDS_PERSON, TERMINAL
 
@@ -127,7 +127,7 @@ class RunViews:
     def __init__(
         self,
         ledger: Ledger,
-        hooks: RunHooks,
+        features: RunFeatures,
         next_commit: Callable[[], Awaitable[None]],
         elsewhere: ShowElsewhere | None = None,
         *,
@@ -135,7 +135,7 @@ class RunViews:
         tools: Mapping[str, Tool] | None = None,
     ) -> None:
         self.ledger = ledger
-        self.hooks = hooks
+        self.features = features
         #: Returns after the ledger's next commit (``wait`` re-reads then).
         self.next_commit = next_commit
         #: Where ``show`` looks for a run this ledger does not hold (None: nowhere).
@@ -164,7 +164,7 @@ class RunViews:
             return shown
         return {
             **show_record(self.ledger, run),
-            **{name: section(run_id) for name, section in self.hooks.show_sections.items()},
+            **self.features.show(run_id),
         }
 
     async def runs(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -252,7 +252,7 @@ class RunViews:
                     " 'needs-reconciliation', 'waiting-for-provider-retry', 'waiting-for-join', 'needs-input')"
                 )
             ],
-            **{name: section() for name, section in self.hooks.pending_sections.items()},
+            **self.features.pending(),
         }
 
     async def approval(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -272,7 +272,7 @@ class RunViews:
         return [
             approval_view.view(
                 row,
-                effect=approval_view.effect_class(self.ledger, row, self.tools),
+                effect=approval_view.effect_class(self.ledger, row, self.tools, self.features),
                 sealed=approval_view.sealed_fields(row, self.tools),
                 files=changes,
                 page=page,

@@ -26,7 +26,7 @@ import json
 import logging
 import math
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,8 @@ from corral.supervisor.errors import BadRequest, Conflict, Refused, SupervisorEr
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_int, param_seconds, param_str
 from corral.supervisor.runs import action_store, run_store, sealed_input
+from corral.supervisor.runs.recovery import RecoveryReport
+from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.runs.run_state import RunStatus
@@ -539,6 +541,41 @@ class SessionService:
         return {"run_id": run_id}
 
 
+class SessionFeature(RunFeature):
+    """Process sessions' and commands' part in runs: a run finalizes after its
+    sessions (a moment's hold for one about to exit), they follow its status and
+    receipts, ``reconcile`` of a ``proc-`` id is theirs, recovery settles them."""
+
+    def __init__(self, ledger: Ledger, service: SessionService) -> None:
+        self.ledger = ledger
+        self.service = service
+
+    async def finalize_hold(self, run: Any) -> None:
+        await self.service.hold_finalize(run)
+
+    async def reconcile(self, target: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        return await self.service.reconcile(params) if target.startswith("proc-") else None
+
+    def on_status(self, ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
+        self.service.on_status(ledger, run_id, status, reason)
+
+    def on_receipt(self, ledger: Ledger, row: Any) -> None:
+        self.service.on_receipt(ledger, row)
+
+    def finalize_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
+        return session_store.blockers(ledger, run_id)
+
+    def recover(self, ledger: Ledger, report: RecoveryReport) -> None:
+        session_store.recover(ledger, report)
+
+    def show(self, run_id: str) -> Mapping[str, Any]:
+        return {"sessions": session_store.run_sessions(self.ledger, run_id),
+                "commands": session_store.run_commands(self.ledger, run_id)}
+
+    def pending(self) -> Mapping[str, Any]:
+        return {"sessions": session_store.unresolved_sessions(self.ledger)}
+
+
 def install(sup: Supervisor) -> SessionService:
     # The intent service is built after this one (its hooks run after these), so
     # the sandbox scope finds it when a session or command first asks.
@@ -559,17 +596,7 @@ def install(sup: Supervisor) -> SessionService:
         }
     )
     ledger = sup.ledger
-    hooks = sup.hooks
-    hooks.finalize_holds.append(service.hold_finalize)
-    hooks.reconcilers["proc-"] = service.reconcile
-    hooks.on_status.append(service.on_status)
-    hooks.on_receipt.append(service.on_receipt)
-    hooks.finalize_blockers.append(session_store.blockers)
-    hooks.recovery_steps.append(session_store.recover)
     sup.busy_checks.append(lambda: session_store.busy_reasons(ledger))
     sup.background.append(service.worker)
     sup.status_sections["sessions"] = lambda: session_store.session_counts(ledger)
-    hooks.show_sections["sessions"] = lambda run_id: session_store.run_sessions(ledger, run_id)
-    hooks.show_sections["commands"] = lambda run_id: session_store.run_commands(ledger, run_id)
-    hooks.pending_sections["sessions"] = lambda: session_store.unresolved_sessions(ledger)
     return service

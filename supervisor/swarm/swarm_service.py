@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -19,6 +20,7 @@ from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, finalization, run_store
 from corral.supervisor.runs.recovery import RecoveryReport
+from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.spec.swarm_spec import ActorSpec, GroupSpec, SwarmSpec, provider_env
@@ -300,6 +302,33 @@ class SwarmService:
         return {"groups": groups, "delegations": delegations, "deliveries": deliveries, "claims": claims}
 
 
+class SwarmFeature(RunFeature):
+    """The swarm's part in runs: children and delegations follow their parents'
+    status and receipts, a loop waits for a join, a parent finalizes after its
+    children, recovery restarts the work, ``show`` lists the swarm."""
+
+    def __init__(self, service: SwarmService) -> None:
+        self.service = service
+
+    def on_status(self, ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
+        self.service.on_status(ledger, run_id, status, reason)
+
+    def on_receipt(self, ledger: Ledger, row: Any) -> None:
+        self.service.on_receipt(ledger, row)
+
+    def loop_blocker(self, ledger: Ledger, run_id: str) -> ParkStep | None:
+        return self.service.park_for_join(ledger, run_id)
+
+    def finalize_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
+        return parent_work.blockers(ledger, run_id)
+
+    def recover(self, ledger: Ledger, report: RecoveryReport) -> None:
+        self.service.recover(ledger, report)
+
+    def show(self, run_id: str) -> Mapping[str, Any]:
+        return {"swarm": self.service.show_section(run_id)}
+
+
 def install(sup: Supervisor) -> SwarmService:
     service = SwarmService(sup.ledger, sup.tree, sup.runs, sup.spec)
     sup.actor_methods.update(
@@ -311,14 +340,7 @@ def install(sup: Supervisor) -> SwarmService:
             Method.RUN_CHILD_RESULT: service.child_result,
         }
     )
-    hooks = sup.hooks
-    hooks.on_status.append(service.on_status)
-    hooks.on_receipt.append(service.on_receipt)
-    hooks.loop_blockers.append(service.park_for_join)
-    hooks.finalize_blockers.append(parent_work.blockers)
-    hooks.recovery_steps.append(service.recover)
     sup.recovery_hooks.append(service.restart_children)
     sup.background.extend([service.worker, service.watchdog])
     sup.tree.on_escalated.append(service.on_escalated)
-    hooks.show_sections["swarm"] = service.show_section
     return service

@@ -21,6 +21,7 @@ import trio
 from corral.core.redact import redact_text, register_secret
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import approval_view
+from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.telemetry.span_projection import EffectOf, SpanRecord, project
 from corral.supervisor.telemetry.telemetry_config import TelemetryConfig
@@ -55,7 +56,7 @@ class TelemetryService:
         self.exported = 0
 
     def on_status(self, ledger: Any, run_id: str, status: RunStatus, reason: str | None) -> None:
-        """A status hook (supervisor/runs/run_hooks.py): only notes a final run, after
+        """Its ``RunFeature.on_status`` (supervisor/runs/run_feature.py): only notes a final run, after
         its commit (never if it rolls back); the export runs outside the transaction."""
         if status in TERMINAL:
             ledger.after_commit(partial(self._note, run_id))
@@ -98,7 +99,17 @@ class TelemetryService:
 def effect_lookup(sup: Supervisor) -> EffectOf:
     """An action's effect class as ``corral pending`` shows it: corral's and the
     user's tools from the registry, an MCP tool from the catalog its run pinned."""
-    return partial(approval_view.effect_class, sup.ledger, tools=sup.runs.tools)
+    return partial(approval_view.effect_class, sup.ledger, tools=sup.runs.tools, features=sup.features)
+
+
+class TelemetryFeature(RunFeature):
+    """Telemetry's part in runs: a run's final status exports its spans."""
+
+    def __init__(self, service: TelemetryService) -> None:
+        self.service = service
+
+    def on_status(self, ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
+        self.service.on_status(ledger, run_id, status, reason)
 
 
 def install(sup: Supervisor, config: TelemetryConfig | None) -> TelemetryService | None:
@@ -111,7 +122,6 @@ def install(sup: Supervisor, config: TelemetryConfig | None) -> TelemetryService
     from corral.supervisor.telemetry.otel_sink import otlp_sink  # the extra, only when on
 
     service = TelemetryService(sup.ledger, otlp_sink(config, sup.spec.name), effect_lookup(sup))
-    sup.hooks.on_status.append(service.on_status)
     sup.background.append(service.run)
     sup.shutdown_hooks.append(service.shutdown)
     return service

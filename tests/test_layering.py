@@ -1,0 +1,76 @@
+"""Which layer may import which, checked on the source (ast).
+
+The run layer (supervisor/runs/) is what every feature builds on; a feature
+reaches it through its ``RunFeature`` object (supervisor/runs/run_feature.py),
+never the other way round, so no feature folder is imported by it, not even
+under ``TYPE_CHECKING`` or inside a function. The fork server (sandbox/) forks
+actors without knowing what an actor is: the actors' side hands it what to
+preload and what to run (actors/fork_host.py).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: supervisor/ folders that are features built on the run layer (not what it stands on:
+#: errors, params, ledger, spec, tree, home).
+FEATURE_FOLDERS = (
+    "bridge",
+    "cluster",
+    "context",
+    "intent",
+    "interactive",
+    "longtask",
+    "mcp",
+    "models",
+    "project",
+    "sessions",
+    "swarm",
+    "telemetry",
+)
+
+
+def _imports(path: Path) -> Iterator[tuple[int, str]]:
+    """Every module ``path`` imports, anywhere in it, as a dotted name (``from a
+    import b`` yields ``a.b`` too: ``b`` may be a module)."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: corral imports absolutely"
+            module = node.module or ""
+            yield node.lineno, module
+            for alias in node.names:
+                yield node.lineno, f"{module}.{alias.name}"
+
+
+def _under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_the_run_layer_imports_no_feature_folder() -> None:
+    features = [f"corral.supervisor.{folder}" for folder in FEATURE_FOLDERS]
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path in sorted((ROOT / "supervisor" / "runs").glob("*.py"))
+        for line, name in _imports(path)
+        if any(_under(name, feature) for feature in features)
+    ]
+    assert not found, "the run layer imports a feature folder:\n" + "\n".join(sorted(set(found)))
+
+
+def test_the_feature_folders_listed_are_the_supervisors_own() -> None:
+    # A folder renamed or removed would make the check above pass for nothing.
+    missing = [folder for folder in FEATURE_FOLDERS if not (ROOT / "supervisor" / folder / "__init__.py").is_file()]
+    assert not missing
+
+
+def test_the_fork_server_imports_no_actor_module() -> None:
+    path = ROOT / "sandbox" / "forkserver.py"
+    found = [f"{line}: {name}" for line, name in _imports(path) if _under(name, "corral.actors")]
+    assert not found, "sandbox/forkserver.py imports the actors' side:\n" + "\n".join(found)
