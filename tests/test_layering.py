@@ -74,3 +74,22 @@ def test_the_fork_server_imports_no_actor_module() -> None:
     path = ROOT / "sandbox" / "forkserver.py"
     found = [f"{line}: {name}" for line, name in _imports(path) if _under(name, "corral.actors")]
     assert not found, "sandbox/forkserver.py imports the actors' side:\n" + "\n".join(found)
+
+
+def test_the_features_order_is_written_in_one_place() -> None:
+    """Only the daemon lists a supervisor's features (``RunFeatures.install``): a
+    service that added itself would run in an order nobody wrote down."""
+    found = []
+    for folder in ("supervisor", "actors", "mailbox", "sandbox", "corral"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "install"
+                    and isinstance(node.func.value, ast.Attribute)
+                    and node.func.value.attr == "features"
+                ):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found and all(where.startswith("supervisor/daemon.py:") for where in found), found
+    assert len(found) == 1, found
