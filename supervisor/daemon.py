@@ -56,8 +56,9 @@ from corral.supervisor.params import param_int, param_seconds
 from corral.supervisor.project import project_service
 from corral.supervisor.runs import run_service
 from corral.supervisor.runs.run_feature import RunFeatures
-from corral.supervisor.runs.run_service import RunLayerFeature, RunService
+from corral.supervisor.runs.run_service import RunLayerFeature, RunLayerPart, RunService
 from corral.supervisor.runs.run_views import RunViews
+from corral.supervisor.service_part import ServicePart
 from corral.supervisor.sessions import session_service
 from corral.supervisor.sessions.session_service import SessionService
 from corral.supervisor.spec.swarm_spec import SwarmSpec
@@ -136,8 +137,10 @@ class Supervisor:
         self.control_methods: dict[str, ControlMethod] = {}
         self.control: ControlServer | None = None
         #: The methods with no typed record yet (supervisor/actor_dispatch.py).
+        #: Each service's part in this supervisor's life (supervisor/service_part.py):
+        #: listed once by ``_assemble``.
+        self.parts: list[ServicePart] = []
         self.actor_methods: dict[Method, ActorMethod] = {}
-        self.busy_checks: list[Callable[[], list[str]]] = []
         self._stop = trio.Event()
         self.stop_reason = "shutdown"
         self._events_changed = trio.Event()
@@ -192,14 +195,15 @@ class Supervisor:
             )
             homes.write_endpoint(self.files, self.endpoint)
             nursery.start_soon(self._heartbeat)
-            for task in self.background:
-                nursery.start_soon(task)
+            for part in self.parts:
+                for task in part.tasks():
+                    nursery.start_soon(task)
             self._signal_ready(f"ready {self.boot_id}")
             await self._stop.wait()
             log.info("shutting down: %s", self.stop_reason)
             await self.tree.shutdown()
-            for hook in self.shutdown_hooks:
-                await hook()
+            for part in self.parts:
+                await part.shutdown()
             self.ledger.end_boot(self.stop_reason)
             homes.remove_endpoint(self.files)
             nursery.cancel_scope.cancel()
@@ -207,7 +211,7 @@ class Supervisor:
     def _assemble(self) -> None:
         """Every service, in this order: a service may use those built before it.
         Then the features' parts in runs, in the one order the run layer calls them."""
-        forwarding = node_service.install(self)  # a cluster node: its lease, before any run moves
+        forwarding, node = node_service.install(self)  # a cluster node: its lease, before any run moves
         self.runs, self.views = run_service.install(self, node_service.partition_reader(self.node))
         self.swarm = swarm_service.install(self)
         self.sessions = session_service.install(self)
@@ -216,7 +220,7 @@ class Supervisor:
         self.interactive = interactive_service.install(self)
         question_service.install(self)  # user.input_request: structured questions, their answers
         own_history_service.install(self)  # agent.action_history and command.output_read's lookups
-        reply_stream_service.install(self)  # streamed reply text: in memory, never in the events table
+        reply_stream = reply_stream_service.install(self)  # streamed reply text: in memory, never in the events table
         self.intent = intent_service.install(self)
         self.bridge = bridge_service.install(self)
         plan = plan_service.install(self)
@@ -257,13 +261,29 @@ class Supervisor:
             repo_context,
             telemetry_service.TelemetryFeature(self.telemetry) if self.telemetry is not None else None,
         ])
+        # Each service's part in the supervisor's own life (supervisor/service_part.py),
+        # in the one order its methods are called: recovery at boot (the run layer's
+        # own first, then the swarm restarts its children), background tasks started,
+        # ``status`` sections, shutdown (a cluster node leaves its cluster first, then
+        # telemetry flushes what the run ends left).
+        self.parts = [part for part in (
+            node,
+            RunLayerPart(self.runs),
+            swarm_service.SwarmPart(self.swarm),
+            session_service.SessionPart(self.ledger, self.sessions),
+            mcp_service.service_part(self.mcp),
+            model_service.service_part(self.models),
+            reply_stream_service.ReplyStreamPart(reply_stream),
+            bridge_service.BridgePart(self.bridge) if self.spec.bridge is not None else None,
+            telemetry_service.TelemetryPart(self.telemetry) if self.telemetry is not None else None,
+        ) if part is not None]
         if self.spec.supervisor.probes:
             probes.install(self)
 
     async def _recover(self) -> None:
-        """Recovery hooks registered by the run layer (finalizations, actions, runs)."""
-        for hook in self.recovery_hooks:
-            await hook()
+        """Each part's recovery, in order (the run layer's: finalizations, actions, runs)."""
+        for part in self.parts:
+            await part.recover()
 
     def _signal_ready(self, line: str) -> None:
         if self.ready_fd is not None:
@@ -321,8 +341,6 @@ class Supervisor:
     def _recovered(self) -> None:
         log.info("storage recovered; resuming")
         self.degraded = ""
-        for hook in self.recovered_hooks:
-            hook()
 
     def _clear_stale_sockets(self) -> None:
         self.files.remove_stale("s", ".ipc")
@@ -395,18 +413,6 @@ class Supervisor:
     # -- core control methods -----------------------------------------------------
 
     def _register_core(self) -> None:
-        self.recovery_hooks: list[Callable[[], Awaitable[None]]] = []
-        #: Called when storage works again after a full disk (e.g. wake parked agents).
-        self.recovered_hooks: list[Callable[[], None]] = []
-        self.background: list[Callable[[], Awaitable[None]]] = []
-        #: Run after the actors stopped, before the boot ends (e.g. a node leaves its cluster).
-        self.shutdown_hooks: list[Callable[[], Awaitable[None]]] = []
-        self.status_sections: dict[str, Callable[[], Any]] = {}
-        #: What else makes this supervisor degraded, in ``status`` ("": nothing; e.g. a
-        #: node that cannot make progress, supervisor/cluster/node_service.py).
-        self.degraded_checks: list[Callable[[], str]] = []
-        #: Fill in a page of ``events`` before it leaves (reply text kept in memory only).
-        self.event_views: list[Callable[[list[dict[str, Any]]], None]] = []
         self.control_methods.update(
             ping=self._ping,
             status=self._status,
@@ -423,8 +429,8 @@ class Supervisor:
 
     def busy_reasons(self) -> list[str]:
         reasons: list[str] = []
-        for check in self.busy_checks:
-            reasons.extend(check())
+        for part in self.parts:
+            reasons.extend(part.busy())
         return reasons
 
     async def _status(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -451,12 +457,13 @@ class Supervisor:
             "busy": self._unless_unreachable(self.busy_reasons, []),
             "degraded": self.degraded or (f"ledger writes failing since {self.ledger.full_since:.0f}"
                                           if self.ledger.full_since is not None else "") or self.launcher.degraded
-            or "; ".join(filter(None, (check() for check in self.degraded_checks))),
+            or "; ".join(filter(None, (part.degraded() for part in self.parts))),
             "forkserver": {"pid": self.launcher.forkserver_pid, "replacements": self.launcher.replacements},
             # The control API's own pools: long polls held and refused.
             "control": self.control.counters() if self.control is not None else {},
             **self.tree.snapshot(),
-            **{name: self._unless_unreachable(section, None) for name, section in self.status_sections.items()},
+            **{part.status_name: self._unless_unreachable(part.status, None) for part in self.parts
+               if part.status_name},
         }
 
     def _unless_unreachable(self, read: Callable[[], Any], instead: Any) -> Any:
@@ -478,8 +485,8 @@ class Supervisor:
                 await self._events_changed.wait()
             events = self.ledger.events_since(since, min(limit, 5000))
         cursor = events[-1]["cursor"] if events else since
-        for view in self.event_views:
-            view(events)
+        for part in self.parts:
+            part.fill_events(events)
         return {"events": events, "cursor": cursor}
 
     async def _shutdown_if_idle(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -93,3 +93,34 @@ def test_the_features_order_is_written_in_one_place() -> None:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found and all(where.startswith("supervisor/daemon.py:") for where in found), found
     assert len(found) == 1, found
+
+
+def test_no_service_adds_itself_to_a_supervisor_table() -> None:
+    """A service's part in runs and in the supervisor's life is one object each
+    (``RunFeature``, ``ServicePart``) in the daemon's two lists: nothing appends
+    to, or sets a key of, a table on the supervisor but its methods' names
+    (``actor_methods``, ``control_methods``, issue 50 §1)."""
+    allowed = {"actor_methods", "control_methods"}
+    found = []
+    for path in sorted((ROOT / "supervisor").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            table = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr in {"append", "extend", "insert", "update", "setdefault"}:
+                    table = node.func.value
+            elif isinstance(node, ast.Assign):
+                table = next((t.value for t in node.targets if isinstance(t, ast.Subscript)), None)
+            if (
+                isinstance(table, ast.Attribute)
+                and isinstance(table.value, ast.Name)
+                and table.value.id == "sup"
+                and table.attr not in allowed
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: sup.{table.attr}")
+            if (
+                isinstance(table, ast.Attribute)
+                and isinstance(table.value, ast.Attribute)
+                and table.value.attr == "hooks"
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: ….hooks.{table.attr}")
+    assert not found, "a service registers itself in a table:\n" + "\n".join(found)

@@ -24,6 +24,7 @@ from corral.supervisor.params import param_int, param_seconds, param_str
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL
 from corral.supervisor.runs.run_views import ELSEWHERE_POLL_S
+from corral.supervisor.service_part import ServicePart
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -188,6 +189,18 @@ def _text(params: dict[str, Any], name: str, limit: int) -> str:
     return value
 
 
+class BridgePart(ServicePart):
+    """The bridge's section of ``corral status``, when the spec has one."""
+
+    status_name = "bridge"
+
+    def __init__(self, service: BridgeService) -> None:
+        self.service = service
+
+    def status(self) -> Any:
+        return self.service.status_section()
+
+
 def install(sup: Supervisor) -> BridgeService:
     service = BridgeService(sup.ledger, sup.runs, sup.next_commit, sup.spec.bridge)
     sup.actor_methods.update(
@@ -199,6 +212,4 @@ def install(sup: Supervisor) -> BridgeService:
             Method.BRIDGE_REPORT: service.report,
         }
     )
-    if sup.spec.bridge is not None:
-        sup.status_sections["bridge"] = service.status_section
     return service

@@ -29,9 +29,7 @@ def join(sup: Supervisor, state: NodeState, ledger: PostgresLedger, settings: Qu
         ledger, state.placement.node, [agent.id for agent in sup.spec.agents], capacity, settings.poll_s
     )
     queue.create = lambda params: sup.runs.create(params, from_queue=True)
-    state.queue = queue
-    sup.background.append(queue.loop)
-    sup.shutdown_hooks.append(lambda: trio.to_thread.run_sync(queue.close))
+    state.queue = queue  # its loop and its close are the node's (node_service.py ``NodePart``)
     if state.conn is not None:
         run_queue.publish_capacity(state.conn, state.placement.node, capacity)
     return queue

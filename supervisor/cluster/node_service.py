@@ -27,7 +27,9 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +52,7 @@ from corral.supervisor.runs.run_feature import Placed, RunFeature
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import get_run
 from corral.supervisor.runs.run_views import show_record
+from corral.supervisor.service_part import ServicePart, Task
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -161,17 +164,45 @@ class ClusterFeature(RunFeature):
             self.queue.on_status(ledger, run_id, status, reason)
 
 
-def install(sup: Supervisor) -> RunFeature | None:
-    """A cluster node's lease, events and background work; its part in runs, if any."""
+class NodePart(ServicePart):
+    """A cluster node's part in the supervisor's life: the shared queue's loop (if
+    it joined one), the lease loop and the reconnecting watch; its ``status``
+    section; degraded when its runs cannot move; at shutdown the queue closes and
+    the node leaves its cluster."""
+
+    status_name = "cluster"
+
+    def __init__(self, sup: Supervisor, state: NodeState, ledger: PostgresLedger, lost: Wakeup) -> None:
+        self.sup, self.state, self.ledger, self.lost = sup, state, ledger, lost
+
+    def tasks(self) -> Sequence[Task]:
+        queue = self.state.queue
+        return (*((queue.loop,) if queue is not None else ()), partial(_lease_loop, self.sup, self.state),
+                partial(keep_connected, self.ledger, self.lost))
+
+    def status(self) -> Any:
+        return _status(self.state, self.ledger)
+
+    def degraded(self) -> str:
+        return _stuck_text(self.state)
+
+    async def shutdown(self) -> None:
+        if self.state.queue is not None:
+            await trio.to_thread.run_sync(self.state.queue.close)
+        await _leave(self.state)
+
+
+def install(sup: Supervisor) -> tuple[RunFeature | None, ServicePart | None]:
+    """A cluster node's lease, events and background work (its ``NodePart``); its
+    part in runs, if any (``ClusterFeature``)."""
     state = sup.node
     if state is None:
-        return None
+        return None, None
     ledger = sup.ledger
     assert isinstance(ledger, PostgresLedger)
     ledger.on_fenced = lambda why: _exit_fenced(state, why)
     ledger.on_diverged = lambda why: _exit_diverged(state, why)
     clear_stop_note(sup.home)  # a node that stopped itself is back
-    sup.degraded_checks.append(lambda: _stuck_text(state))
     lost = Wakeup()
     ledger.on_lost = lost.set
     hold = state.hold
@@ -179,7 +210,6 @@ def install(sup: Supervisor) -> RunFeature | None:
         ledger.event("node-joined", state.placement.node, partition=hold.partition, epoch=hold.epoch, pid=sup.pid)
     else:
         ledger.event("partition-adopted", hold.partition, node=state.placement.node, epoch=hold.epoch, pid=sup.pid)
-    sup.status_sections["cluster"] = lambda: _status(state, ledger)
     # `reconcile` of another partition's action goes to its holder (forwarding.py).
     forwarder = (None if state.placement.url is None
                  else forwarding.Forwarder(state.placement.url, state.placement.node, hold.partition))
@@ -188,10 +218,8 @@ def install(sup: Supervisor) -> RunFeature | None:
         queue = node_queue.join(sup, state, ledger, state.placement.queue)
     elif state.primary and state.conn is not None:
         run_queue.publish_capacity(state.conn, state.placement.node, None)
-    sup.background.append(lambda: _lease_loop(sup, state))
-    sup.background.append(lambda: keep_connected(ledger, lost))
-    sup.shutdown_hooks.append(lambda: _leave(state))
-    return None if forwarder is None and queue is None else ClusterFeature(forwarder, queue)
+    feature = None if forwarder is None and queue is None else ClusterFeature(forwarder, queue)
+    return feature, NodePart(sup, state, ledger, lost)
 
 
 class PartitionReader:

@@ -29,6 +29,7 @@ from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_text
 from corral.supervisor.runs import run_store
+from corral.supervisor.service_part import ServicePart
 from corral.supervisor.tree.supervision_tree import ActorSlot
 
 if TYPE_CHECKING:
@@ -161,9 +162,18 @@ class ReplyStreamService:
         return {"progress": {run_id: self.progress[run_id] for run_id in run_ids if run_id in self.progress}}
 
 
+class ReplyStreamPart(ServicePart):
+    """Each page of ``events`` gets its streamed reply text back from memory."""
+
+    def __init__(self, service: ReplyStreamService) -> None:
+        self.service = service
+
+    def fill_events(self, page: list[dict[str, Any]]) -> None:
+        self.service.with_text(page)
+
+
 def install(sup: Supervisor) -> ReplyStreamService:
     service = ReplyStreamService(sup.ledger)
     sup.control_methods["progress"] = service.progress_view
     sup.actor_methods[Method.REPLY_DELTA] = service.reply_delta
-    sup.event_views.append(service.with_text)
     return service

@@ -39,6 +39,7 @@ from corral.supervisor.runs.run_core import POLICY_STRICTNESS
 from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import RunStatus
+from corral.supervisor.service_part import ServicePart
 from corral.supervisor.tree.actor_state import ActorState
 from corral.supervisor.tree.readiness import ReportedReadiness
 from corral.supervisor.tree.supervision_tree import ActorSlot, SupervisionTree
@@ -488,6 +489,22 @@ def run_feature(service: McpService) -> McpPins:
     return McpFeature(service) if service.servers else McpPins()
 
 
+class McpPart(ServicePart):
+    """MCP servers' section of ``corral status``."""
+
+    status_name = "mcp"
+
+    def __init__(self, service: McpService) -> None:
+        self.service = service
+
+    def status(self) -> Any:
+        return self.service.status_section()
+
+
+def service_part(service: McpService) -> McpPart | None:
+    return McpPart(service) if service.servers else None
+
+
 def install(sup: Supervisor) -> McpService:
     service = McpService(sup.ledger, sup.tree, sup.runs, sup.home, sup.spec.mcp_servers)
     sup.control_methods["mcp.list"] = service.list_servers
@@ -497,5 +514,4 @@ def install(sup: Supervisor) -> McpService:
         {Method.MCP_READY: service.ready, Method.MCP_FAILED: service.failed, Method.MCP_CALL: service.call}
     )
     sup.control_methods["mcp.call"] = service.debug_call
-    sup.status_sections["mcp"] = service.status_section
     return service

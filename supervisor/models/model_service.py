@@ -26,6 +26,7 @@ from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.models.model_spec import LocalModelSpec
 from corral.supervisor.runs.run_feature import RunFeature
+from corral.supervisor.service_part import ServicePart
 from corral.supervisor.tree.actor_state import ActorState
 from corral.supervisor.tree.readiness import ReportedReadiness
 from corral.supervisor.tree.supervision_tree import ActorSlot, SupervisionTree
@@ -268,6 +269,22 @@ class UsageFeature(RunFeature):
         return {"usage": usage_of_run(self.ledger, run_id)}
 
 
+class ModelPart(ServicePart):
+    """Local models' section of ``corral status``."""
+
+    status_name = "models"
+
+    def __init__(self, service: ModelService) -> None:
+        self.service = service
+
+    def status(self) -> Any:
+        return self.service.status_section()
+
+
+def service_part(service: ModelService) -> ModelPart | None:
+    return ModelPart(service) if service.models else None
+
+
 def install(sup: Supervisor) -> ModelService:
     service = ModelService(sup.ledger, sup.tree, sup.spec.models)
     if service.models:
@@ -278,6 +295,5 @@ def install(sup: Supervisor) -> ModelService:
                 Method.MODEL_GENERATE: service.generate,
             }
         )
-        sup.status_sections["models"] = service.status_section
         sup.control_methods["model.count_tokens"] = service.count_tokens_control
     return service

@@ -11,7 +11,7 @@ the background (run_upkeep.py). What people read of runs is run_views.py.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_upkeep import RunUpkeep
 from corral.supervisor.runs.run_views import RunViews, ShowElsewhere
 from corral.supervisor.runs.step_piggyback import StepPiggyback
+from corral.supervisor.service_part import ServicePart, Task
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -51,6 +52,28 @@ class RunLayerFeature(RunFeature):
 
     def show(self, run_id: str) -> Mapping[str, Any]:
         return {"crashes": poison.show_section(self.ledger, run_id)}
+
+
+class RunLayerPart(ServicePart):
+    """The run layer's part in the supervisor's life: recovery first at boot, the
+    retry timer, the runs that keep it busy, its ``status`` section."""
+
+    status_name = "runs"
+
+    def __init__(self, service: RunService) -> None:
+        self.service = service
+
+    async def recover(self) -> None:
+        await self.service.recover()
+
+    def tasks(self) -> Sequence[Task]:
+        return (self.service.retry_timer,)
+
+    def busy(self) -> list[str]:
+        return self.service.busy()
+
+    def status(self) -> Any:
+        return self.service.status_section()
 
 
 def install(sup: Supervisor, show_elsewhere: ShowElsewhere | None = None) -> tuple[RunService, RunViews]:
@@ -94,8 +117,4 @@ def install(sup: Supervisor, show_elsewhere: ShowElsewhere | None = None) -> tup
             "cancel": service.cancel,
         }
     )
-    sup.busy_checks.append(service.busy)
-    sup.recovery_hooks.append(service.recover)
-    sup.background.append(service.retry_timer)
-    sup.status_sections["runs"] = service.status_section
     return service, views

@@ -26,7 +26,7 @@ import json
 import logging
 import math
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.runs.run_state import RunStatus
+from corral.supervisor.service_part import ServicePart, Task
 from corral.supervisor.sessions import session_store
 from corral.supervisor.spec.swarm_spec import ActorSpec, GroupSpec, SandboxSettings
 from corral.supervisor.tree.actor_state import ActorState
@@ -576,6 +577,26 @@ class SessionFeature(RunFeature):
         return {"sessions": session_store.unresolved_sessions(self.ledger)}
 
 
+class SessionPart(ServicePart):
+    """Sessions' part in the supervisor's life: live ones keep it busy, its worker,
+    its ``status`` counts."""
+
+    status_name = "sessions"
+
+    def __init__(self, ledger: Ledger, service: SessionService) -> None:
+        self.ledger = ledger
+        self.service = service
+
+    def tasks(self) -> Sequence[Task]:
+        return (self.service.worker,)
+
+    def busy(self) -> list[str]:
+        return session_store.busy_reasons(self.ledger)
+
+    def status(self) -> Any:
+        return session_store.session_counts(self.ledger)
+
+
 def install(sup: Supervisor) -> SessionService:
     # The intent service is built after this one (its hooks run after these), so
     # the sandbox scope finds it when a session or command first asks.
@@ -595,8 +616,4 @@ def install(sup: Supervisor) -> SessionService:
             Method.SESSION_STATE: service.state,
         }
     )
-    ledger = sup.ledger
-    sup.busy_checks.append(lambda: session_store.busy_reasons(ledger))
-    sup.background.append(service.worker)
-    sup.status_sections["sessions"] = lambda: session_store.session_counts(ledger)
     return service

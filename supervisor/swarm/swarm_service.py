@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -23,6 +23,7 @@ from corral.supervisor.runs.recovery import RecoveryReport
 from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
+from corral.supervisor.service_part import ServicePart, Task
 from corral.supervisor.spec.swarm_spec import ActorSpec, GroupSpec, SwarmSpec, provider_env
 from corral.supervisor.swarm import children_store, claim_store, delegation_store, parent_work
 from corral.supervisor.swarm.swarm_state import ClaimPhase
@@ -329,6 +330,20 @@ class SwarmFeature(RunFeature):
         return {"swarm": self.service.show_section(run_id)}
 
 
+class SwarmPart(ServicePart):
+    """The swarm's part in the supervisor's life: children restarted at boot, its
+    worker and watchdog."""
+
+    def __init__(self, service: SwarmService) -> None:
+        self.service = service
+
+    async def recover(self) -> None:
+        await self.service.restart_children()
+
+    def tasks(self) -> Sequence[Task]:
+        return (self.service.worker, self.service.watchdog)
+
+
 def install(sup: Supervisor) -> SwarmService:
     service = SwarmService(sup.ledger, sup.tree, sup.runs, sup.spec)
     sup.actor_methods.update(
@@ -340,7 +355,5 @@ def install(sup: Supervisor) -> SwarmService:
             Method.RUN_CHILD_RESULT: service.child_result,
         }
     )
-    sup.recovery_hooks.append(service.restart_children)
-    sup.background.extend([service.worker, service.watchdog])
     sup.tree.on_escalated.append(service.on_escalated)
     return service

@@ -23,6 +23,7 @@ from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import approval_view
 from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
+from corral.supervisor.service_part import ServicePart, Task
 from corral.supervisor.telemetry.span_projection import EffectOf, SpanRecord, project
 from corral.supervisor.telemetry.telemetry_config import TelemetryConfig
 from corral.supervisor.telemetry.tree_rows import read_tree
@@ -112,6 +113,19 @@ class TelemetryFeature(RunFeature):
         self.service.on_status(ledger, run_id, status, reason)
 
 
+class TelemetryPart(ServicePart):
+    """Telemetry's exporter, and its flush at shutdown."""
+
+    def __init__(self, service: TelemetryService) -> None:
+        self.service = service
+
+    def tasks(self) -> Sequence[Task]:
+        return (self.service.run,)
+
+    async def shutdown(self) -> None:
+        await self.service.shutdown()
+
+
 def install(sup: Supervisor, config: TelemetryConfig | None) -> TelemetryService | None:
     """Telemetry for ``sup`` when ``config`` says it is on (telemetry_config.py); off,
     nothing is added and nothing is imported."""
@@ -122,6 +136,4 @@ def install(sup: Supervisor, config: TelemetryConfig | None) -> TelemetryService
     from corral.supervisor.telemetry.otel_sink import otlp_sink  # the extra, only when on
 
     service = TelemetryService(sup.ledger, otlp_sink(config, sup.spec.name), effect_lookup(sup))
-    sup.background.append(service.run)
-    sup.shutdown_hooks.append(service.shutdown)
     return service
