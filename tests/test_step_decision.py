@@ -30,6 +30,7 @@ from corral.supervisor.runs.step_decision import (
     RequestView,
     StepState,
     decide,
+    leaves_nothing_waiting,
 )
 
 CALLS = (PlannedCall("fs.list", {"path": "."}), PlannedCall("fs.read", {"path": "a"}))
@@ -160,3 +161,24 @@ def test_decisions_are_frozen() -> None:
     decision = decide(state())
     with pytest.raises(dataclasses.FrozenInstanceError):
         decision.loop = 4  # type: ignore[misc]
+
+
+WAITING = [
+    (AskProvider(3), True),
+    (Parse("s", None, None, 3), True),
+    (Prepare(3, 0, "fs.list", {}, None), True),
+    (AdvanceLoop(3), True),
+    # An action held (a steer waits for it), a lost request, a finalization, a parked run.
+    (Execute(action(0, ActionPhase.EXECUTING)), False),
+    (Execute(action(0, ActionPhase.APPROVED)), False),
+    (ParkRun(RunStatus.WAITING_CONFIRMATION, "w"), False),
+    (RecoverLostRequest("s", 3), False),
+    (Finalize("bye", after_blockers=True), False),
+    (Park(RunStatus.NEEDS_INPUT), False),
+    (Done(RunStatus.COMPLETED), False),
+]
+
+
+@pytest.mark.parametrize(("decision", "expected"), WAITING, ids=[type(d).__name__ + str(e) for d, e in WAITING])
+def test_leaves_nothing_waiting(decision: object, expected: bool) -> None:
+    assert leaves_nothing_waiting(decision) is expected  # type: ignore[arg-type]

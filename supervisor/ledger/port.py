@@ -25,6 +25,7 @@ from corral.supervisor.errors import StorageFull
 from corral.supervisor.ledger import high_water
 from corral.supervisor.ledger.schema import MIGRATIONS
 from corral.supervisor.runs.run_feature import RunFeatures
+from corral.supervisor.runs.run_versions import RunVersions
 
 
 class LedgerError(RuntimeError):
@@ -172,6 +173,9 @@ class Ledger:
         #: The features of the supervisor that owns this ledger, in their order
         #: (supervisor/runs/run_feature.py): the run store calls them inside its transactions.
         self.features = RunFeatures()
+        #: Per-run versions of what a step boundary reads (supervisor/runs/run_versions.py):
+        #: kept only by a backend that sees every write as it happens.
+        self.run_versions = RunVersions()
 
     # -- what a backend provides ------------------------------------------------
 
@@ -440,6 +444,7 @@ class SqliteLedger(Ledger):
                     raise LedgerError(f"ledger {path}: cannot enable WAL (got {mode})")
                 self.db.execute(f"PRAGMA synchronous = {sqlite_sync.upper()}")
                 self._migrate()
+                self.run_versions.keep(self.db)  # the one writer's connection: it sees every write
                 if self._high_water is not None:
                     self.sync()  # what the last process committed but had not synced yet
                     self._high_water.start(self._committed_cursor)

@@ -42,6 +42,7 @@ from corral.supervisor.runs.step_decision import (
     RequestView,
     StepState,
     decide,
+    leaves_nothing_waiting,
 )
 
 
@@ -53,7 +54,16 @@ def advance(ledger: Ledger, run_id: str, *, boundary: bool = True) -> Step:
     """The agent's next step, with the writes it takes. ``boundary=False``: the same
     call again, just after it advanced the loop (nothing else ran since, so the
     finalization and the boundary hooks are not checked twice)."""
-    return _apply(ledger, run_id, decide(gather(ledger, run_id, boundary=boundary)), boundary=boundary)
+    versions = ledger.run_versions
+    checked = boundary and not versions.quiet(run_id)
+    version, commits = versions.version(run_id), ledger.commits
+    decision = decide(gather(ledger, run_id, boundary=checked))
+    if checked and ledger.commits == commits and leaves_nothing_waiting(decision):
+        # The boundary's checks found nothing and wrote nothing, and no action or
+        # request is left for a steer to wait on: until a write bumps the version,
+        # the next boundary of this run would find the same (run_versions.py).
+        versions.mark_quiet(run_id, version)
+    return _apply(ledger, run_id, decision, boundary=boundary)
 
 
 #: The name the actor methods call it by (run_actor_methods.py, step_piggyback.py).
@@ -62,8 +72,9 @@ next_step = advance
 
 def gather(ledger: Ledger, run_id: str, *, boundary: bool) -> StepState:
     """The committed state ``decide`` looks at, read only as far as it can reach. At a
-    boundary the features' hooks run first (a user's steer, a goal's pause: applied
-    at this safe point), so the state is the one after them."""
+    checked boundary (one not known quiet: run_versions.py) the features' boundary
+    checks run first (a user's steer, a goal's pause: applied at this safe point), so
+    the state is the one after them."""
     run = get_run(ledger, run_id)
     status = RunStatus(run["status"])
     if status is not RunStatus.RUNNING:

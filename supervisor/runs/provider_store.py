@@ -186,7 +186,10 @@ def _mark_interrupted(ledger: Ledger, db: Any, run_id: str, slot: str, why: str)
 
 def control_pending(ledger: Ledger, run_id: str) -> str | None:
     """Why no provider turn of ``run_id`` may be in flight now (a steer to apply, a
-    goal pausing), or None: the features' ``provider_guards``."""
+    goal pausing), or None: the features' ``provider_guards``. None without asking them
+    when the run's boundary was quiet since (run_versions.py): what they read is unchanged."""
+    if ledger.run_versions.quiet(run_id):
+        return None
     for guard in ledger.features.provider_guards:
         why = guard(ledger, run_id)
         if why:

@@ -210,3 +210,11 @@ def _within_plan(plan: PlanView, actions: Mapping[int, ActionView], loop: int) -
         if not row.has_receipt:
             repairs = (*repairs, row.action_id)  # a terminal move left without its receipt
     return AdvanceLoop(loop, repairs)
+
+
+def leaves_nothing_waiting(decision: Decision) -> bool:
+    """After ``decision``, nothing of the run's loop waits on the boundary's checks:
+    no action held for a person, approved, executing or unresolved (a steer waits
+    for those), no lost provider request, no finalization under way. Only then may
+    a boundary that found nothing be taken as quiet (run_versions.py)."""
+    return isinstance(decision, AskProvider | Parse | Prepare | AdvanceLoop)

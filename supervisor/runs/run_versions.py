@@ -1,0 +1,79 @@
+"""Per-run versions of what a step boundary reads, held in memory by the ledger's
+one writer, so that an unchanged run's boundary is answered without reading.
+
+A supervisor is the only writer of its SQLite ledger. Every write to a table the
+boundary's checks read (a finalization; the features' boundary hooks: steers,
+goals, intent updates, an approved action: the features' ``at_boundary``) bumps its run's version, from a TEMP
+trigger on the ledger's connection, whichever store wrote it. ``advance``
+(next_step.py) marks a run *quiet* at the version its checks found nothing at:
+no finalization, no hook wrote anything, and nothing was left waiting (no action
+held for a person or executing: a steer waits for those, see
+interactive/steer_store.py). While the version stays there, the next boundary
+skips the finalization read and the hooks, and the provider guards (a steer or a
+goal's pause holding a provider turn) are known to be clear.
+
+Conservative by construction: a bump is never undone (a rolled-back write costs
+one read, not a missed change), and a new ledger object (a boot, a recovery)
+knows nothing, so its first boundary reads. A ledger that keeps no versions (a
+read-only open, or PostgreSQL)
+never marks a run quiet and reads every time, as before: a PostgreSQL ledger runs
+no Python inside its server, so its writes bump nothing here.
+
+A feature whose ``at_boundary`` or ``provider_guard`` (supervisor/runs/run_feature.py)
+reads another table must add it to ``WATCHED``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+#: The tables the boundary's checks read, with the rows that concern them: a write
+#: to any row of these (by ``run_id``) bumps that run's version.
+WATCHED = ("finalizations", "steers", "goals", "intent_updates")
+#: Actions bump only when they become approved: the repository guard's boundary
+#: hook (context/repo_fingerprint_service.py) rechecks approved actions.
+_APPROVED = "approved"
+_FUNCTION = "corral_run_version_bump"
+
+
+class RunVersions:
+    def __init__(self) -> None:
+        self._versions: dict[str, int] = {}
+        self._quiet: dict[str, int] = {}
+        #: False: nothing bumps versions here, so no run is ever quiet.
+        self.kept = False
+
+    def bump(self, run_id: str | None) -> None:
+        if run_id is not None:
+            self._versions[run_id] = self._versions.get(run_id, 0) + 1
+
+    def version(self, run_id: str) -> int:
+        return self._versions.get(run_id, 0)
+
+    def quiet(self, run_id: str) -> bool:
+        """The boundary's checks of ``run_id`` found nothing, and nothing they read
+        was written since."""
+        return self.kept and self._quiet.get(run_id) == self._versions.get(run_id, 0)
+
+    def mark_quiet(self, run_id: str, version: int) -> None:
+        """The checks found nothing at ``version`` (if it is still the run's)."""
+        if self.kept and self._versions.get(run_id, 0) == version:
+            self._quiet[run_id] = version
+
+    def keep(self, db: sqlite3.Connection) -> None:
+        """Bump from TEMP triggers on ``db`` (this connection's writes alone: the one
+        writer's). Installed once per open connection."""
+        db.create_function(_FUNCTION, 1, self.bump)
+        for table in WATCHED:
+            for event, row in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD")):
+                name = f"run_version_{table}_{event.lower()}"
+                db.execute(
+                    f"CREATE TEMP TRIGGER IF NOT EXISTS {name} AFTER {event} ON main.{table}"
+                    f" BEGIN SELECT {_FUNCTION}({row}.run_id); END"
+                )
+        for event in ("INSERT", "UPDATE"):
+            db.execute(
+                f"CREATE TEMP TRIGGER IF NOT EXISTS run_version_actions_{event.lower()} AFTER {event} ON main.actions"
+                f" WHEN NEW.phase = '{_APPROVED}' BEGIN SELECT {_FUNCTION}(NEW.run_id); END"
+            )
+        self.kept = True

@@ -1,0 +1,132 @@
+"""The step boundary answered from per-run versions (issue 50 §4), without processes.
+
+The supervisor is the only writer of its SQLite ledger, so a per-run version kept in
+memory, bumped by every write to what the boundary's checks read, tells ``advance``
+when nothing changed since a boundary that found nothing to do: it then skips
+those reads. These tests show the reads go, and that every change still gets seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.supervisor.interactive import steer_store
+from corral.supervisor.ledger.port import Ledger, SqliteLedger
+from corral.supervisor.runs import action_store, provider_store, run_store
+from corral.supervisor.runs.action_state import ActionPhase
+from corral.supervisor.runs.loop_plan_store import commit_plan
+from corral.supervisor.runs.next_step import advance
+from corral.supervisor.runs.run_feature import RunFeature
+
+#: What the boundary's checks read, by table (next_step.py, the boundary hooks).
+BOUNDARY_TABLES = ("finalizations", "steers")
+
+
+class Steers(RunFeature):
+    """The steer feature's run-layer part (interactive/interactive_service.py's)."""
+
+    def at_boundary(self, ledger: Ledger, run_id: str) -> None:
+        steer_store.apply_steers(ledger, run_id)
+
+    def provider_guard(self, ledger: Ledger, run_id: str) -> str | None:
+        return steer_store.steer_holds_provider(ledger, run_id)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[SqliteLedger]:
+    ledger = SqliteLedger(tmp_path / "l.db")
+    ledger.begin_boot("b", 1, 1)
+    ledger.features.install([Steers()])
+    try:
+        yield ledger
+    finally:
+        ledger.close()
+
+
+def running_run(ledger: SqliteLedger) -> str:
+    run_id = run_store.create_run(ledger, agent_id="a", task="t", provider="scripted", provider_config={})
+    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING)
+    return run_id
+
+
+def boundary_reads(ledger: SqliteLedger, run_id: str) -> tuple[Any, list[str]]:
+    """``advance``'s step, and its reads of the boundary's tables."""
+    seen: list[str] = []
+    ledger.db.set_trace_callback(seen.append)
+    try:
+        step = advance(ledger, run_id)
+    finally:
+        ledger.db.set_trace_callback(None)
+    return step, [sql for sql in seen if any(f"FROM {table}" in sql for table in BOUNDARY_TABLES)]
+
+
+def test_an_unchanged_run_is_answered_without_the_boundary_reads(ledger: SqliteLedger) -> None:
+    run_id = running_run(ledger)
+    first, reads = boundary_reads(ledger, run_id)
+    assert first == {"do": "provider", "loop": 0} and reads  # the first boundary reads them
+    again, reads = boundary_reads(ledger, run_id)
+    assert again == first and reads == []  # nothing the checks read changed since
+
+
+def test_a_steer_written_after_a_quiet_boundary_is_applied_at_the_next(ledger: SqliteLedger) -> None:
+    run_id = running_run(ledger)
+    advance(ledger, run_id)
+    advance(ledger, run_id)  # quiet now
+    steer_store.record_steer(ledger, run_id, "do it differently")
+    step, reads = boundary_reads(ledger, run_id)
+    assert reads and step == {"do": "provider", "loop": 1}
+    assert steer_store.pending_steers(ledger, run_id) == []
+    # And a provider turn asks the guards again only when something changed.
+    assert provider_store.control_pending(ledger, run_id) is None
+
+
+def test_a_steer_held_by_an_executing_action_is_applied_once_it_ends(ledger: SqliteLedger) -> None:
+    """The steer waits while an action executes (steer_store.apply_steers): a boundary
+    that found it waiting is no quiet one, so the next boundary looks again."""
+    run_id = running_run(ledger)
+    slot = provider_store.begin_provider_request(ledger, run_id, 0)["slot"]
+    provider_store.provider_handoff(ledger, run_id, slot, '{"actions": []}')
+    commit_plan(ledger, run_id, 0, slot, {"actions": [{"tool": "fs.list", "input": {"path": "."}}]})
+    prepared = action_store.prepare_action(
+        ledger, run_id, 0, 0, "fs.list", {"path": "."}, rerunnable=True, policy="auto"
+    )
+    action_store.move_action(ledger, prepared["action_id"], ActionPhase.EXECUTING)
+    steer_store.record_steer(ledger, run_id, "stop")
+    assert advance(ledger, run_id)["do"] == "execute"
+    assert advance(ledger, run_id)["do"] == "execute"
+    assert len(steer_store.pending_steers(ledger, run_id)) == 1  # held by the executing action
+    action_store.finish_action(ledger, prepared["action_id"], True, {"entries": []}, "listed", None)
+    step = advance(ledger, run_id)
+    assert steer_store.pending_steers(ledger, run_id) == [] and step == {"do": "provider", "loop": 1}
+
+
+def test_a_rolled_back_write_only_costs_a_read(ledger: SqliteLedger) -> None:
+    run_id = running_run(ledger)
+    advance(ledger, run_id)
+    with pytest.raises(RuntimeError), ledger.tx():
+        steer_store.record_steer(ledger, run_id, "never committed")
+        raise RuntimeError("rolled back")
+    step, reads = boundary_reads(ledger, run_id)
+    assert reads and step == {"do": "provider", "loop": 0}  # read again, never skipped on a guess
+    assert boundary_reads(ledger, run_id)[1] == []  # and quiet again
+
+
+def test_a_new_boot_starts_with_nothing_known(tmp_path: Path) -> None:
+    """A reopened ledger (a boot, a recovery) knows no version: its first boundary reads."""
+    path = tmp_path / "l.db"
+    first = SqliteLedger(path)
+    first.features.install([Steers()])
+    run_id = running_run(first)
+    advance(first, run_id)
+    first.close()
+    second = SqliteLedger(path)
+    second.features.install([Steers()])
+    try:
+        _, reads = boundary_reads(second, run_id)
+        assert reads
+    finally:
+        second.close()
