@@ -61,9 +61,11 @@ from corral.mailbox.protocol import (
     ActionFinish,
     ActionFinishBatch,
     ActionResult,
+    ClaimedRun,
     Code,
     Method,
     NextStep,
+    RunClaim,
     RunFail,
     RunFinalize,
     StepReply,
@@ -132,15 +134,15 @@ async def run(ctx: ActorContext) -> int:
         while not ctx.shutdown.is_set():
             woken[0] = trio.Event()
             try:
-                answer = await ctx.call(Method.RUN_CLAIM)
+                answer = await ctx.ask(RunClaim())
             except RemoteError as exc:
                 if exc.code != STORAGE_FULL:
                     raise
                 await trio.sleep(STORAGE_RETRY_S)
                 continue
-            claimed = answer["run"]
+            claimed = answer.run
             if claimed is None:
-                if ctx.params.get("exit_when_idle") and not answer.get("parked"):
+                if ctx.params.get("exit_when_idle") and not answer.parked:
                     break  # an isolated child ends with its run
                 await woken[0].wait()
                 continue
@@ -174,7 +176,7 @@ class Lane:
     def __init__(
         self,
         ctx: ActorContext,
-        run: dict[str, Any],
+        run: ClaimedRun,
         inflight: InFlight | None = None,
         interrupts: ProviderInterrupts | None = None,
     ) -> None:
@@ -186,10 +188,10 @@ class Lane:
         self.inflight = inflight
         #: What the values of one message may take on the wire.
         self.budget = max(16 * 1024, ctx.config["max_frame"] - WIRE_SLACK_BYTES)
-        self.run_id: str = run["run_id"]
+        self.run_id: str = run.run_id
         self.tools: dict[str, Tool] = all_tools(ctx.user_tools)
-        self.tools.update(mcp_tools(run.get("mcp_tools")))
-        globs = run.get("tool_globs")
+        self.tools.update(mcp_tools(run.mcp_tools))
+        globs = run.tool_globs
         if globs is not None:
             # Only the agent's allow list is offered; the supervisor refuses the rest.
             self.tools = {
@@ -199,9 +201,9 @@ class Lane:
         # (a child spawning, say) gets a recorded, explained denial; but the model is
         # only offered what the run may use.
         self.schemas: tuple[ToolSchema, ...] = tuple(tool.schema for tool in self.tools.values())
-        allowed = run.get("allowed_tools")
+        allowed = run.allowed_tools
         self.offered = tuple(
-            with_known_ids(schema, run.get("known_ids") or {})
+            with_known_ids(schema, run.known_ids)
             for schema in self.schemas
             if allowed is None or schema.name in allowed
         )
@@ -215,7 +217,7 @@ class Lane:
         self.instruction_cache = agent_instructions.InstructionsCache()
         self.instructions: agent_instructions.Instructions | None = None
         #: The agent's typed output (spec ``output``): its final reply is checked against it.
-        self.output = typed_output.OutputSpec.from_options(run.get("output"))
+        self.output = typed_output.OutputSpec.from_options(run.output)
         #: The next step, when the last step's reply carried it (no extra round trip).
         self.next: Step | None = None
         #: The run's observations as far as provider steps sent them: each turn
@@ -248,27 +250,27 @@ class Lane:
 
     def project_context(self) -> str:
         if self.project is None:
-            home = Path(self.run["home"]) if self.run.get("home") else None
+            home = Path(self.run.home) if self.run.home else None
             layout = bool(getattr(self.get_provider(), "repository_layout", True))
-            self.project = project_context.LiveContext(Path(self.run.get("workspace") or "."), home, layout)
+            self.project = project_context.LiveContext(Path(self.run.workspace or "."), home, layout)
         return self.project.prompt()
 
     def context_stamp(self) -> dict[str, Any]:
         """The repository context the plan was made with (the supervisor blocks its
         actions if that context changed before they run: repo_fingerprint_service.py)."""
-        if not self.run.get("workspace"):
+        if not self.run.workspace:
             return {}
         if self.project is None:
             self.project_context()  # a lane that parses after a restart renders it now
         assert self.project is not None
         if self.instructions is None:
-            self.instructions = self.instruction_cache.current(self.run.get("instructions"))
+            self.instructions = self.instruction_cache.current(self.run.instructions)
         # What the last prompt was made from: the repository's context and the agent's instructions.
         return {"context": agent_instructions.fold(self.project.stamp(), self.instructions)}
 
     def get_provider(self) -> Provider:
         if self.provider is None:
-            self.provider = make_provider(self.run["provider"], self.run["provider_config"])
+            self.provider = make_provider(self.run.provider, self.run.provider_config)
         return self.provider
 
     def handlers(self) -> dict[Do, Callable[[Any], Awaitable[None]]]:
@@ -322,7 +324,7 @@ class Lane:
                 f"the repository context cannot be built: {type(exc).__name__}: {exc}"))
             return
         try:
-            self.instructions = self.instruction_cache.current(self.run.get("instructions"))
+            self.instructions = self.instruction_cache.current(self.run.instructions)
         except agent_instructions.InstructionsError as exc:
             await self.fail_run(recordable.text(f"the agent's instructions cannot be read: {exc}"))
             return
@@ -336,7 +338,7 @@ class Lane:
             history=history,
             tools=self.offered,
             slot=begun["slot"],
-            tool_notes=tuple(sorted((self.run.get("mcp_instructions") or {}).items())),
+            tool_notes=tuple(sorted(self.run.mcp_instructions.items())),
             project_context=context,
             instructions=self.instructions.prompt if self.instructions else "",
             output_schema=self.output.schema if self.output else None,
@@ -386,9 +388,9 @@ class Lane:
     async def images_for(self, provider: Provider, history: tuple[dict[str, Any], ...]) -> tuple[ImagePart, ...]:
         """The images the model is to see (image.inspect's), read again from the
         workspace now: they never travel through the ledger."""
-        if getattr(provider, "sees_images", False) is not True or not self.run.get("workspace"):
+        if getattr(provider, "sees_images", False) is not True or not self.run.workspace:
             return ()
-        workspace, home = Path(self.run["workspace"]), Path(self.run["home"])
+        workspace, home = Path(self.run.workspace), Path(self.run.home)
         return await trio.to_thread.run_sync(attachments, history, workspace, home, self.run_id)
 
     def sees_images(self) -> bool:
@@ -607,12 +609,12 @@ class Lane:
             agent_id=self.ctx.actor_id,
             run_id=self.run_id,
             action_id=action_id,
-            workspace=Path(self.run.get("workspace") or "."),
-            write_scopes=tuple(self.run.get("write_scopes", [])),
-            home=Path(self.run["home"]),
+            workspace=Path(self.run.workspace or "."),
+            write_scopes=tuple(self.run.write_scopes),
+            home=Path(self.run.home),
             call=self.ctx.call,
-            is_child=self.run.get("kind") == "child",
-            effects_file=Path(self.run["effects_file"]) if self.run.get("effects_file") else None,
+            is_child=self.run.kind == "child",
+            effects_file=Path(self.run.effects_file) if self.run.effects_file else None,
             idempotency_key=action_id,
             sees_images=self.sees_images(),
             deps=self.ctx.deps,
@@ -651,7 +653,7 @@ class Lane:
         return ToolOutcome(result.ok, result.output, result.summary, None if result.ok else result.summary)
 
     async def step_finalize(self, step: FinalizeStep) -> None:
-        if self.run.get("kind") != "root":
+        if self.run.kind != "root":
             await self.call(Method.RUN_CHILD_RESULT, reply=step["reply"])
             return
         await self.ctx.ask(RunFinalize(self.run_id, step["reply"]))

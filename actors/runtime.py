@@ -91,7 +91,10 @@ class ActorContext:
     async def ask(self, request: Request[R], timeout: float = 30.0) -> R:
         """A typed request (mailbox/protocol.py): its fields checked by the type
         checker here and by the supervisor's decoder there; retried as ``call``."""
-        return cast(R, await self._send(request.METHOD, protocol.encode(request), timeout))
+        answer = await self._send(request.METHOD, protocol.encode(request), timeout)
+        if request.REPLY is not None:
+            return cast(R, protocol.reply(request.REPLY, answer))  # checked as it arrives
+        return cast(R, answer)
 
     async def _send(self, method: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         delay = LEDGER_RETRY_FIRST_S

@@ -135,9 +135,11 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=10**9)]
 
 
 class Request(msgspec.Struct, Generic[R], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """One method's request; ``R`` is its reply. ``METHOD`` names it on the wire."""
+    """One method's request; ``R`` is its reply. ``METHOD`` names it on the wire;
+    ``REPLY``, when set, is the record the reply is checked into as it arrives."""
 
     METHOD: ClassVar[Method]
+    REPLY: ClassVar[type[Any] | None] = None
 
 
 class Untyped(msgspec.Struct, frozen=True):
@@ -155,6 +157,39 @@ class Pong(msgspec.Struct, frozen=True):
     actor: str
 
 
+class ClaimedRun(msgspec.Struct, kw_only=True):
+    """The run an agent claimed (``run.claim``): what its lane needs to drive it.
+    Mutable: the supervisor's claim hooks add to it before it leaves (the MCP
+    tools a run may call, supervisor/mcp/mcp_service.py)."""
+
+    run_id: Id
+    task: str
+    kind: str
+    provider: str
+    provider_config: dict[str, Any]
+    home: str
+    workspace: str | None = None
+    write_scopes: list[str] = msgspec.field(default_factory=lambda: ["."])
+    effects_file: str | None = None
+    allowed_tools: list[str] | None = None
+    tool_globs: list[str] | None = None
+    #: The agent's own instructions: {"text", "file"} (actors/agent_instructions.py).
+    instructions: dict[str, Any] | None = None
+    #: Its typed output ({"schema", "model"}): the final reply is checked against it.
+    output: dict[str, Any] | None = None
+    #: The ids a delegation or a spawn may name, by "tool/field": offered as enums.
+    known_ids: dict[str, list[str]] = {}
+    mcp_tools: list[dict[str, Any]] | None = None
+    mcp_instructions: dict[str, str] = {}
+
+
+class Claim(msgspec.Struct, kw_only=True):
+    """``run.claim``'s reply: a run, or none (``parked``: this agent's runs that wait)."""
+
+    run: ClaimedRun | None
+    parked: int = 0
+
+
 #: The reply of a step method: ``next`` when the request said ``want_next``
 #: (supervisor/runs/step_piggyback.py), the method's own fields besides.
 StepReply = dict[str, Any]
@@ -165,6 +200,13 @@ StepReply = dict[str, Any]
 
 class Ping(Request[Pong], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     METHOD: ClassVar[Method] = Method.PING
+
+
+class RunClaim(Request[Claim], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``run.claim``: the next queued run of the calling agent, if any."""
+
+    METHOD: ClassVar[Method] = Method.RUN_CLAIM
+    REPLY: ClassVar[type[Any] | None] = Claim
 
 
 class NextStep(Request[Step], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -252,10 +294,11 @@ class RunFail(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, 
 StepRequest = ActionBegin | ActionFinish | ActionFinishBatch
 
 #: Every typed request; ``decode`` makes one of these (or ``Untyped``).
-TypedRequest = Ping | NextStep | ActionBegin | ActionFinish | ActionFinishBatch | RunFinalize | RunFail
+TypedRequest = Ping | RunClaim | NextStep | ActionBegin | ActionFinish | ActionFinishBatch | RunFinalize | RunFail
 
 _TYPED: Final[dict[Method, type[TypedRequest]]] = {
-    kind.METHOD: kind for kind in (Ping, NextStep, ActionBegin, ActionFinish, ActionFinishBatch, RunFinalize, RunFail)
+    kind.METHOD: kind
+    for kind in (Ping, RunClaim, NextStep, ActionBegin, ActionFinish, ActionFinishBatch, RunFinalize, RunFail)
 }
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, assert_never
 
+import msgspec
+
 from corral.mailbox.protocol import (
     ActionBegin,
     ActionFinish,
@@ -20,6 +22,7 @@ from corral.mailbox.protocol import (
     Code,
     NextStep,
     Ping,
+    RunClaim,
     RunFail,
     RunFinalize,
     TypedRequest,
@@ -39,6 +42,9 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
     match request:
         case Ping():
             return {"pong": True, "actor": slot.id}
+        case RunClaim():
+            claim: dict[str, object] = msgspec.to_builtins(await runs.claim(slot, request))
+            return claim
         case NextStep():
             return await runs.next_step(slot, request)
         case RunFinalize():

@@ -91,9 +91,9 @@ def test_every_typed_method_handler_takes_its_typed_record() -> None:
         and isinstance(node.func, ast.Attribute)
         and ast.unparse(node.func.value) == "runs"
     }
-    assert {"next_step", "action_begin", "action_finish", "action_finish_batch", "finalize", "fail"} <= served
+    assert {"claim", "next_step", "action_begin", "action_finish", "action_finish_batch", "finalize", "fail"} <= served
     offences = []
-    for path in _sources():
+    for path in [ROOT / "supervisor" / "runs" / "run_actor_methods.py"]:  # the class ``runs`` is
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef) and node.name in served:
                 args = node.args.args
@@ -120,7 +120,7 @@ def test_the_untyped_methods_are_the_ones_listed() -> None:
 #: Two of them are ``RunFeature.prepare_route`` and ``McpFeature.prepare_route``
 #: (supervisor/runs/run_feature.py, issue 50 §3): they hand ``action.prepare``'s
 #: params on, as the untyped ``PrepareRoute`` alias did, and are typed with it.
-UNTYPED_HANDLERS_AT_MOST = 61
+UNTYPED_HANDLERS_AT_MOST = 60
 
 BAD_CALLER = """
 from corral.mailbox.protocol import ActionBegin, ActionFinish, NextStep, encode

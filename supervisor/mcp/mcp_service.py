@@ -27,7 +27,7 @@ import trio
 from corral.actors.tools.validation import validation_error
 from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
-from corral.mailbox.protocol import Method
+from corral.mailbox.protocol import ClaimedRun, Method
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.mcp.mcp_catalog import CatalogTool, build_catalog, catalog_fingerprint, drift, pin, pinned
@@ -208,12 +208,12 @@ class McpService:
             out.extend(pins[server])
         return out
 
-    async def add_catalog(self, run: dict[str, Any]) -> None:
+    async def add_catalog(self, run: ClaimedRun) -> None:
         """A run an agent just claimed: the MCP tools (pinned) and instructions it gets."""
         if self.servers:
-            tools = await self.run_catalog(run["run_id"])
-            run["mcp_tools"] = [tool.as_dict() for tool in tools]
-            run["mcp_instructions"] = {
+            tools = await self.run_catalog(run.run_id)
+            run.mcp_tools = [tool.as_dict() for tool in tools]
+            run.mcp_instructions = {
                 server: state.instructions for server, state in self.servers.items() if state.instructions
             }
 
@@ -474,7 +474,7 @@ class McpFeature(McpPins):
     def __init__(self, service: McpService) -> None:
         self.service = service
 
-    async def on_claim(self, claimed: dict[str, Any]) -> None:
+    async def on_claim(self, claimed: ClaimedRun) -> None:
         await self.service.add_catalog(claimed)
 
     def prepare_route(self, slot: ActorSlot, params: dict[str, Any]) -> Any:

@@ -23,7 +23,10 @@ from corral.mailbox.protocol import (
     ActionFinish,
     ActionFinishBatch,
     ActionResult,
+    Claim,
+    ClaimedRun,
     NextStep,
+    RunClaim,
     RunFail,
     RunFinalize,
 )
@@ -40,7 +43,7 @@ from corral.supervisor.tree.supervision_tree import ActorSlot
 
 
 class RunActorMethods(RunCore):
-    async def claim(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def claim(self, slot: ActorSlot, request: RunClaim) -> Claim:
         agent_id = slot.spec.params.get("agent_id", slot.id)
         run = run_store.claim_run(self.ledger, agent_id)
         if run is None:
@@ -50,39 +53,35 @@ class RunActorMethods(RunCore):
                 "SELECT COUNT(*) FROM runs WHERE agent_id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
                 agent_id,
             )
-            return {"run": None, "parked": int(parked[0]) if parked else 0}
+            return Claim(run=None, parked=int(parked[0]) if parked else 0)
         options = json.loads(run["options"])
         try:
             provider_config = self._provider_config(run, options)
         except sealed_input.SealedInputError as exc:
             run_store.set_run_status(self.ledger, run["run_id"], RunStatus.FAILED, f"cannot start: {exc}")
-            return {"run": None, "parked": 0}
-        claimed = {
-                "run_id": run["run_id"],
-                "task": run["task"],
-                "kind": run["kind"],
-                "provider": run["provider"],
-                "provider_config": provider_config,
-                "workspace": options.get("workspace"),
-                "write_scopes": options.get("write_scopes", ["."]),
-                "effects_file": options.get("effects_file"),
-                "home": str(self.home),
-                "allowed_tools": options.get("allowed_tools"),
-                "tool_globs": options.get("tool_globs"),
-                # The agent's own instructions (the text, and the file it reads again).
-                "instructions": options.get("instructions"),
-                # Its typed output ({"schema", "model"}): the final reply is checked against it.
-                "output": options.get("output"),
-                # The ids a delegation or a spawn may name: offered to the model as
-                # enums, so even a small one cannot invent an agent.
-                "known_ids": {
-                    "agent.delegate/agent_id": [a.id for a in self.spec.agents if a.role == "specialist"],
-                    "agent.spawn_isolated/children/template": [t.id for t in self.spec.templates],
-                },
-        }
+            return Claim(run=None)
+        claimed = ClaimedRun(
+            run_id=run["run_id"],
+            task=run["task"],
+            kind=run["kind"],
+            provider=run["provider"],
+            provider_config=provider_config,
+            workspace=options.get("workspace"),
+            write_scopes=options.get("write_scopes", ["."]),
+            effects_file=options.get("effects_file"),
+            home=str(self.home),
+            allowed_tools=options.get("allowed_tools"),
+            tool_globs=options.get("tool_globs"),
+            instructions=options.get("instructions"),
+            output=options.get("output"),
+            known_ids={
+                "agent.delegate/agent_id": [a.id for a in self.spec.agents if a.role == "specialist"],
+                "agent.spawn_isolated/children/template": [t.id for t in self.spec.templates],
+            },
+        )
         for hook in self.features.claim_hooks:
             await hook(claimed)  # e.g. the MCP tools this run may call
-        return {"run": claimed}
+        return Claim(run=claimed)
 
     async def next_step(self, slot: ActorSlot, request: NextStep, *, boundary: bool = True) -> Step:
         """``boundary=False``: the step boundary's checks ran already in this same

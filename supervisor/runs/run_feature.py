@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    from corral.mailbox.protocol import ClaimedRun
     from corral.mailbox.steps import CompactStep, ParkStep, ProviderStep
     from corral.supervisor.ledger.port import Ledger
     from corral.supervisor.runs.recovery import RecoveryReport
@@ -70,7 +71,7 @@ class RunFeature:
     def started(self, ledger: Ledger, run_id: str, options: Mapping[str, Any]) -> None:
         """Just after a new run was written, with the options it was written with."""
 
-    async def on_claim(self, claimed: dict[str, Any]) -> None:
+    async def on_claim(self, claimed: ClaimedRun) -> None:
         """Adds to the run an agent just claimed (an MCP catalog): mutates ``claimed``."""
 
     # -- each step ----------------------------------------------------------------
@@ -187,7 +188,7 @@ StartCheck = Callable[["Ledger", Mapping[str, Any]], None]
 RunPlacer = Callable[["str | None", str, dict[str, Any]], "Placed | None"]
 StartOptions = Callable[["Ledger", Mapping[str, Any]], dict[str, Any]]
 Started = Callable[["Ledger", str, Mapping[str, Any]], None]
-ClaimHook = Callable[[dict[str, Any]], Awaitable[None]]
+ClaimHook = Callable[["ClaimedRun"], Awaitable[None]]
 BoundaryCheck = Callable[["Ledger", str], None]
 LoopBlocker = Callable[["Ledger", str], "ParkStep | None"]
 RunCheck = Callable[["Ledger", str], "str | None"]

@@ -89,10 +89,10 @@ def install(sup: Supervisor, show_elsewhere: ShowElsewhere | None = None) -> tup
     sup.tree.on_exit.append(service.on_actor_exit)
     service.steps = StepPiggyback(sup.ledger, service)
     step = service.steps.with_next
-    # run.next_step, action.begin/finish/finish_batch, run.finalize/fail are typed: supervisor/actor_dispatch.py.
+    # Typed (supervisor/actor_dispatch.py): run.claim, run.next_step,
+    # action.begin/finish/finish_batch, run.finalize/fail.
     sup.actor_methods.update(
         {
-            Method.RUN_CLAIM: service.claim,
             Method.PROVIDER_BEGIN: service.provider_begin,
             Method.PROVIDER_HANDOFF: step(service.provider_handoff, carries_plan=True),
             Method.PROVIDER_FAILED: service.provider_failed,
