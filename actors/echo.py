@@ -12,6 +12,7 @@ from typing import Any
 
 from corral.actors.runtime import SUPERVISOR, ActorContext, is_shutdown
 from corral.mailbox.envelope import Kind
+from corral.mailbox.protocol import Ping, encode
 
 
 async def run(ctx: ActorContext) -> int:
@@ -51,7 +52,7 @@ async def _bench_rtt(ctx: ActorContext, body: dict[str, Any]) -> dict[str, Any]:
     target = str(body.get("target", SUPERVISOR))
     count = min(int(body.get("n", 1000)), 100_000)
     payload = os.urandom(int(body.get("size", 64))).hex()[: int(body.get("size", 64))]
-    request = {"method": "ping", "params": {"p": payload}} if target == SUPERVISOR else {"p": payload}
+    request = encode(Ping(payload=payload)) if target == SUPERVISOR else {"p": payload}
     samples = []
     for _ in range(count):
         start = time.perf_counter_ns()

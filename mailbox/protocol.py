@@ -199,7 +199,11 @@ StepReply = dict[str, Any]
 
 
 class Ping(Request[Pong], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Is the supervisor there; ``payload`` (ignored) gives a link probe its size
+    (the bench's round trips, actors/echo.py)."""
+
     METHOD: ClassVar[Method] = Method.PING
+    payload: str = ""
 
 
 class RunClaim(Request[Claim], frozen=True, forbid_unknown_fields=True, omit_defaults=True):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import corral
 from corral.mailbox.control import ControlError
+from corral.mailbox.protocol import Ping, encode
 from tests.harness import actor_running, running
 
 ACTOR = """
@@ -66,6 +67,9 @@ def test_malformed_frames_get_protocol_errors_and_nothing_goes_down(short_tmp: P
             pong = client.ask("prober", {"body": {"method": "ping", "params": {}}})
             assert pong["answer"] == {"pong": True, "actor": "prober"}
             assert pong["incarnation"] == 1
+            # The bench's link probe: a ping that carries a payload of the size it measures.
+            sized = client.ask("prober", {"body": encode(Ping(payload="x" * 4096))})
+            assert sized["answer"] == {"pong": True, "actor": "prober"}, sized
         assert daemon.actor("prober")["restarts"] == 0
         assert daemon.endpoint.boot_id == boot_id
         assert len(seen) == len(MALFORMED)
