@@ -13,14 +13,10 @@ supervisor's stale-action guard (supervisor/context/repo_fingerprint_service.py)
   manifests and their script names, a safe git summary, the language mix and entry
   candidates.
 
-The **fingerprint** is the SHA-256 of the canonical JSON (RFC 8785) of the documents,
-the skill catalog (everything that steers the model) and the digest of the
-repository's **structure** (actors/repo_structure.py: the bounded tree, the
-manifests' bytes, the git branch and HEAD). A plan's stamp holds both the
-fingerprint and the structure digest, so the stale-action guard
-(supervisor/context/repo_fingerprint_service.py) can tell a change of what steers
-the model (always stale) from a change of the structure (stale unless the plan's
-own writes made it).
+The **fingerprint** is the SHA-256 of the canonical JSON (RFC 8785) of the documents
+and the skill catalog: everything that steers the model. The layout is shown but
+not fingerprinted: an agent's own writes move it at every step, and a fingerprint
+that moved with them would block the second write of every plan.
 
 Nothing outside the workspace is read: no symlink is followed, no control directory
 (``.git``, ``.corral``), no corral home, no secret file. No git runs except through
@@ -38,14 +34,13 @@ from typing import Any
 
 import rfc8785
 
-from corral.actors import repo_manifests, repo_structure, repo_walk
+from corral.actors import repo_manifests, repo_walk
 from corral.actors.repo_skills import ROOTS as SKILL_ROOTS
 from corral.actors.repo_skills import FrontMatterMemo, Skill, SkillCatalog, discover
-from corral.actors.repo_structure import Structure
 from corral.core import nesting
 from corral.core.redact import redact_text
 
-SCHEMA = "corral-repository-context-v4"
+SCHEMA = "corral-repository-context-v3"
 #: The seed's budgets: one document read, all documents read.
 MAX_DOCUMENT_BYTES = 24 * 1024
 MAX_DOCUMENTS_TOTAL = 64 * 1024
@@ -111,8 +106,6 @@ class RepoContext:
     #: Documents found but not read, with why (shown, not fingerprinted: the reason of
     #: an unreadable file may change while nothing that steers the model does).
     documents_skipped: tuple[SkippedDocument, ...] = ()
-    #: The repository's structure now (fingerprinted; the layout above is what is shown).
-    structure: Structure = field(default_factory=Structure)
 
     # -- what is fingerprinted ---------------------------------------------------------
 
@@ -129,15 +122,9 @@ class RepoContext:
             "skills_truncated": self.catalog.truncated,
         }
 
-    def fingerprint_with(self, structure: str) -> str:
-        """The fingerprint as it would be with ``structure`` as the structure's digest:
-        equal to a stamp's fingerprint, with the stamp's digest, when nothing that
-        steers the model changed."""
-        return hashlib.sha256(rfc8785.dumps({**self.governing(), "structure": structure})).hexdigest()
-
     @property
     def fingerprint(self) -> str:
-        return self.fingerprint_with(self.structure.digest)
+        return hashlib.sha256(rfc8785.dumps(self.governing())).hexdigest()
 
     def sources(self) -> dict[str, str]:
         """Each fingerprinted source by a readable name: the first 16 hex digits of its digest."""
@@ -145,13 +132,11 @@ class RepoContext:
                  for d in self.documents}
         for s in self.catalog.skills:
             found[f"skill {s.name} at {s.path}"] = s.sha256[:16]
-        found.update(self.structure.sources())
         return found
 
     def stamp(self) -> dict[str, Any]:
         """What a plan records of the context it was made with."""
-        return {"schema": SCHEMA, "fingerprint": self.fingerprint, "structure": self.structure.digest,
-                "sources": self.sources()}
+        return {"schema": SCHEMA, "fingerprint": self.fingerprint, "sources": self.sources()}
 
     def summary(self) -> dict[str, Any]:
         """The whole canonical summary (``project.index``): governing part, texts, layout."""
@@ -164,7 +149,6 @@ class RepoContext:
             "documents_skipped": [{"path": d.path, "reason": d.reason} for d in self.documents_skipped],
             "skills_skipped": [{"path": s.path, "reason": s.reason} for s in self.catalog.skipped],
             "layout": self.layout.summary(),
-            "structure": self.structure.digest,
         }
 
     # -- scoped instructions -------------------------------------------------------------
@@ -268,16 +252,13 @@ def build(workspace: Path, home: Path | None = None, *, with_layout: bool = True
     catalog = discover(root, memo)
     files = [path for path, _, _ in wanted] + [s.path for s in catalog.skills] + [s.path for s in catalog.skipped]
     dirs = [*SKILL_ROOTS, *(str(Path(s.path).parent) for s in catalog.skills)]
-    structure, structure_files, structure_dirs = repo_structure.read(root, walk)
-    files += structure_files
-    dirs += structure_dirs
     keys = tuple(k for k in (file_key(root, f) for f in files) if k is not None)
     dir_keys = walk.keys + tuple(k for k in (repo_walk.dir_key(root, d) for d in dirs) if k is not None)
     layout = Layout()
     if with_layout:
         manifests = tuple(repo_manifests.manifest(root, path) for path in walk.manifests)
         layout = Layout(walk, manifests, repo_manifests.git_summary(root) if with_git else {})
-    return RepoContext(tuple(documents), catalog, layout, cut, tuple(skipped), structure), keys, dir_keys
+    return RepoContext(tuple(documents), catalog, layout, cut, tuple(skipped)), keys, dir_keys
 
 
 def load(workspace: Path, home: Path | None = None) -> RepoContext:
@@ -308,7 +289,7 @@ class ContextCache:
         self._built, self._keys, self._dir_keys = built
 
     def current(self) -> RepoContext:
-        """Documents, skills and structure as they are now (no layout: the guard needs none)."""
+        """Documents and skills as they are now (no layout: the guard needs none)."""
         if not self._fresh():
             self._built, self._keys, self._dir_keys = build(self.root, self.home, with_layout=False, memo=self.memo)
         assert self._built is not None
@@ -337,7 +318,7 @@ class LiveContext:
         now = self.cache.current()
         if self.rendered is None or now is not self._source:
             context = RepoContext(now.documents, now.catalog, self.layout, now.documents_truncated,
-                                  now.documents_skipped, now.structure)
+                                  now.documents_skipped)
             self.rendered, self._source, self._prompt = context, now, context.prompt(self.with_layout)
         return self._prompt
 

@@ -1,13 +1,7 @@
 """One bounded walk of a workspace for its start-up context (seed 004 V1.1 §1):
 the top-level tree, where the AGENTS.md files and the manifests are, the language
-mix by file extension, entry-point candidates, the digest of the tree's structure
-(every path walked, each a file or a directory: what the stale-context fingerprint
-covers, actors/project_context.py), and the stat of every directory walked (so a
-cache can tell, with stats only, that nothing was added or removed).
-
-The seed's budgets: 10,000 entries looked at, 2,000 candidate files, depth 12
-("最多扫描 10,000 个目录项、2,000 个候选文件、深度 12"). Past any of them the walk stops
-and says it was cut.
+mix by file extension, entry-point candidates, and the stat of every directory
+walked (so a cache can tell, with stats only, that nothing was added or removed).
 
 What is never entered or listed: symlinks (a link may lead out of the workspace),
 control directories in any spelling (``.git``, ``.corral``), corral's home when it
@@ -18,7 +12,6 @@ The walk is sorted, so the same tree gives the same result.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from collections import Counter
@@ -27,9 +20,9 @@ from pathlib import Path
 
 from corral.sandbox.control_paths import is_control_name, is_secret_path
 
-#: The seed's budgets: entries looked at, candidate files, depth.
+#: The seed's budgets: entries looked at, directories entered, depth.
 MAX_ENTRIES = 10_000
-MAX_FILES = 2_000
+MAX_DIRECTORIES = 2_000
 MAX_DEPTH = 12
 #: What the summary lists of the top level, the languages and the entry candidates.
 MAX_TOP = 60
@@ -69,8 +62,6 @@ class Walk:
     languages: tuple[tuple[str, int], ...] = ()
     entries: tuple[str, ...] = ()
     keys: tuple[DirKey, ...] = ()
-    #: sha256 over every path walked, in walk order, each marked a file or a directory.
-    tree_digest: str = ""
 
 
 def dir_key(root: Path, relative: str) -> DirKey | None:
@@ -96,7 +87,6 @@ def walk(root: Path, homes: tuple[Path, ...] = ()) -> Walk:
     keys: list[DirKey] = []
     files = directories = seen = 0
     truncated = False
-    tree = hashlib.sha256()
     pending: list[tuple[str, int]] = [(".", 0)]
     while pending:
         relative, depth = pending.pop()
@@ -113,7 +103,7 @@ def walk(root: Path, homes: tuple[Path, ...] = ()) -> Walk:
         children: list[tuple[str, int]] = []
         for name, entry in names:
             seen += 1
-            if seen > MAX_ENTRIES or files >= MAX_FILES:
+            if seen > MAX_ENTRIES:
                 truncated = True
                 break
             path = name if relative == "." else f"{relative}/{name}"
@@ -127,10 +117,9 @@ def walk(root: Path, homes: tuple[Path, ...] = ()) -> Walk:
                 if name in SKIP_DIRS or _inside_home(here / name, homes):
                     continue
                 directories += 1
-                tree.update(b"d\0" + os.fsencode(path) + b"\0")
                 if depth == 0:
                     top.append(name + "/")
-                if depth + 1 < MAX_DEPTH:
+                if depth + 1 < MAX_DEPTH and directories <= MAX_DIRECTORIES:
                     children.append((path, depth + 1))
                 else:
                     truncated = True
@@ -138,7 +127,6 @@ def walk(root: Path, homes: tuple[Path, ...] = ()) -> Walk:
             if not stat.S_ISREG(mode):
                 continue
             files += 1
-            tree.update(b"f\0" + os.fsencode(path) + b"\0")
             if depth == 0:
                 top.append(name)
             if name == "AGENTS.md" and len(agents) < MAX_AGENTS_FILES:
@@ -150,7 +138,7 @@ def walk(root: Path, homes: tuple[Path, ...] = ()) -> Walk:
                     entries.append(path)
             suffix = Path(name).suffix.lower()
             languages[suffix or "(none)"] += 1
-        if truncated and (seen > MAX_ENTRIES or files >= MAX_FILES):
+        if seen > MAX_ENTRIES:
             break
         pending.extend(reversed(children))  # depth first, in name order
     mix = sorted(languages.items(), key=lambda item: (-item[1], item[0]))[:MAX_LANGUAGES]
@@ -165,7 +153,6 @@ def walk(root: Path, homes: tuple[Path, ...] = ()) -> Walk:
         languages=tuple(mix),
         entries=tuple(sorted(entries)),
         keys=tuple(keys),
-        tree_digest=tree.hexdigest(),
     )
 
 

@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 
-from corral.actors.repo_structure import is_source
 from tests.harness import CORRAL, actor_running, agent_spec, ledger_rows, running, wait_run
 
 #: 100,000 levels, 200 KB: under the 256 KiB manifest cap, past every parser's stack.
@@ -91,8 +90,7 @@ def test_deep_skills_and_manifests_are_skipped_with_a_reason_and_the_run_complet
     # The first plan was made with the context: the AGENTS.md and the good skill, fingerprinted.
     sources = json.loads(plans[0]["plan"])["context"]["sources"]
     assert sources["AGENTS.md at AGENTS.md"] == hashlib.sha256(b"ROOT-RULE\n").hexdigest()[:16]
-    assert {name for name in sources if not is_source(name)} == {
-        "AGENTS.md at AGENTS.md", "skill release at .agents/skills/release/SKILL.md"}
+    assert set(sources) == {"AGENTS.md at AGENTS.md", "skill release at .agents/skills/release/SKILL.md"}
 
 
 #: Past the 24 KiB shown (so the text shown is plain), far short of the cap; then a hole.
@@ -303,8 +301,7 @@ def test_costly_front_matter_is_bounded_per_skill_and_in_all_and_the_run_complet
         assert "front matter budget" in reason and "64 KiB" in reason, reason
     sources = json.loads(plans[0]["plan"])["context"]["sources"]
     skills = {f"skill {n} at .agents/skills/{n}/SKILL.md" for n in within[1:]}
-    assert {name for name in sources if not is_source(name)} == {
-        "AGENTS.md at AGENTS.md", "skill release at .codex/skills/release/SKILL.md", *skills}
+    assert set(sources) == {"AGENTS.md at AGENTS.md", "skill release at .codex/skills/release/SKILL.md", *skills}
 
 
 def test_the_nodes_built_for_a_catalog_are_bounded_and_a_rebuild_parses_nothing_again(tmp_path: Path) -> None:
@@ -377,8 +374,7 @@ def test_a_rebuild_parses_only_the_front_matter_that_changed(tmp_path: Path) -> 
     assert [s.name for s in first.skills] == ["alpha", "beta", "gamma"] and cache.memo.parses == 6
     (ws / "note.txt").write_text("an agent's write")
     second = cache.current()
-    # The structure moved (a new file); what steers the model did not.
-    assert second is not first and second.fingerprint_with(first.structure.digest) == first.fingerprint
+    assert second is not first and second.fingerprint == first.fingerprint
     assert cache.memo.parses == 6, "nothing the skills say changed: nothing parsed again"
     _skill(ws, "beta", "name: beta\ndescription: the beta skill, edited")
     third = cache.current()

@@ -105,13 +105,10 @@ def test_only_the_ancestor_chain_applies_and_any_change_moves_the_fingerprint(tm
         f"AGENTS.md at game/beta/AGENTS.md changed sha256 {_sha('BETA-RULE' + chr(10))[:12]}→"
         f"{_sha('BETA-RULE, now longer' + chr(10))[:12]}"]
     (ws / "src").mkdir()
-    (ws / "src" / "new.py").write_text("x = 1\n")  # the structure moves, what steers the model does not
-    grown = cache.current()
-    assert grown.fingerprint != after.fingerprint and grown.structure.digest != after.structure.digest
-    assert grown.fingerprint_with(after.structure.digest) == after.fingerprint
+    (ws / "src" / "new.py").write_text("x = 1\n")  # a write of the agent's own: no drift
+    assert cache.current().fingerprint == after.fingerprint
     _skill(ws, ".codex/skills", "lint", "lint", "Overrides")
-    skilled = cache.current()
-    assert skilled.fingerprint_with(after.structure.digest) != after.fingerprint, "a skill's priority moves it too"
+    assert cache.current().fingerprint != after.fingerprint, "a skill's priority moves it too"
 
 
 async def _no_call(method: str, **params: Any) -> dict[str, Any]:
@@ -206,112 +203,3 @@ final = "not patched"
     assert stamps == [_sha("OLD RULE\n")[:16], _sha(new_rule)[:16]], "the next plan was made with the new text"
     patched = waiting["actions"][0]
     assert (patched["phase"], patched["attempts"]) == ("failed", 0) and "stale:" in patched["reason"]
-
-
-def test_the_walk_bounds_candidate_files_not_directories(tmp_path: Path) -> None:
-    """Seed 004 V1.1 §1: "最多扫描 10,000 个目录项、2,000 个候选文件、深度 12": the 2,000 are
-    files. 2,100 empty directories are walked whole; 2,100 files stop at 2,000."""
-    from corral.actors import repo_walk
-
-    dirs = tmp_path / "dirs"
-    for n in range(2_100):
-        (dirs / f"d{n:04}").mkdir(parents=True)
-    walked = repo_walk.walk(dirs)
-    assert (walked.directories, walked.files, walked.truncated) == (2_100, 0, False)
-    files = tmp_path / "files"
-    for n in range(3):
-        (files / f"p{n}").mkdir(parents=True)
-        for m in range(700):
-            (files / f"p{n}" / f"f{m:03}.py").write_text("")
-    walked = repo_walk.walk(files)
-    assert walked.files == 2_000 and walked.truncated
-
-
-def test_the_fingerprint_covers_the_tree_the_manifests_and_git_head(tmp_path: Path) -> None:
-    """Seed 004 V1.24: "v2 fingerprint 覆盖……既有仓库结构"; V1.1 §1: drift of the start-up
-    context, not only of the documents. A new file, a manifest's edit and a commit each
-    move it; a file's content edit (no structure) and a secret file do not."""
-    ws = tmp_path / "ws"
-    (ws / "src").mkdir(parents=True)
-    (ws / "src" / "app.py").write_text("v0\n")
-    (ws / "package.json").write_text('{"name": "web", "scripts": {"test": "x"}}')
-    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=ws, check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "0"],
-                   cwd=ws, check=True)
-    cache = ContextCache(ws)
-    seen = [cache.current().fingerprint]
-
-    def moved() -> bool:
-        now = cache.current().fingerprint
-        seen.append(now)
-        return seen[-1] != seen[-2]
-
-    (ws / "src" / "app.py").write_text("v1, the same tree\n")
-    assert not moved()
-    (ws / ".env").write_text("TOKEN=1\n")
-    assert not moved()
-    (ws / "src" / "added.py").write_text("")
-    assert moved()
-    (ws / "package.json").write_text('{"name": "web", "scripts": {"test": "y"}}')
-    assert moved()
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "1"],
-                   cwd=ws, check=True)
-    assert moved()
-    stamp = cache.current().stamp()
-    assert {"repository tree", "manifest at package.json", "git state"} <= set(stamp["sources"])
-
-
-def test_an_outside_change_of_the_tree_a_manifest_or_head_blocks_an_action_but_its_own_writes_do_not(
-        short_tmp: Path) -> None:
-    """Seed 004 V1.1 §1: "发现适用规范或启动上下文漂移后，旧动作必须落为 blocked observation";
-    the plan's own committed writes are not drift. Each run's plan writes a new file
-    (auto: its own write moves the tree) and then waits for approval of a patch; while
-    it waits, the tree, a manifest or git HEAD changes from outside (or nothing does)."""
-    ws = short_tmp / "ws"
-    ws.mkdir()
-    (ws / "target.txt").write_text("old\n")
-    (ws / "package.json").write_text('{"name": "web", "scripts": {"test": "x"}}')
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run([*git, "init", "-q", "-b", "main"], cwd=ws, check=True)
-    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "0"], cwd=ws, check=True)
-    tasks = ("own", "tree", "manifest", "head")
-    patch = f'path = "target.txt", old_text = "old", expected_sha256 = "{_sha("old" + chr(10))}"'
-    manifest = "[project]\\nname = \\\"demo\\\"\\n"
-    steps = "".join(f"""
-[[agents.steps]]
-when_task = "{task}"
-actions = [{{ tool = "fs.write", input = {{ path = "made/{task}.py", content = "x" }} }},
-           {{ tool = "fs.write", input = {{ path = "pyproject.toml", content = "{manifest}" }} }},
-           {{ tool = "fs.patch", input = {{ {patch}, new_text = "{task}" }} }}]
-[[agents.steps]]
-when_task = "{task}"
-final = "done"
-""" for task in tasks)
-    policy = '[agents.policy]\n"fs.patch" = "confirm"'
-    spec = agent_spec(workspace=str(ws), steps=steps, extra='[policy]\n"fs.*" = "auto"', policy=policy)
-    outside = {
-        "own": lambda: None,
-        "tree": lambda: (ws / "outside.py").write_text("added by someone else\n"),
-        "manifest": lambda: (ws / "package.json").write_text('{"name": "web", "scripts": {"test": "rm -rf /"}}'),
-        "head": lambda: subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=ws, check=True),
-    }
-    found: dict[str, dict[str, Any]] = {}
-    with running(short_tmp / "h", spec) as daemon:
-        for task in tasks:
-            run_id = daemon.call("run", agent_id="writer", task=task)["run_id"]
-            waiting = wait_run(daemon, run_id, {"waiting-confirmation", "completed", "failed"})
-            assert waiting["run"]["status"] == "waiting-confirmation", [a["error"] for a in waiting["actions"]]
-            assert [a["phase"] for a in waiting["actions"]][:2] == ["ok", "ok"], "its own writes ran"
-            outside[task]()
-            daemon.call("continue_action", action_id=waiting["actions"][2]["action_id"], decision="approve")
-            shown = wait_run(daemon, run_id, {"completed", "failed"})
-            found[task] = shown["actions"][2]
-            if task == "own":
-                assert (ws / "target.txt").read_text() == "own\n", "its own writes did not make it stale"
-                (ws / "target.txt").write_text("old\n")
-    assert (found["own"]["phase"], found["own"]["attempts"]) == ("ok", 1)
-    assert (ws / "target.txt").read_text() == "old\n", "no stale patch ran"
-    for task, names in (("tree", "repository tree"), ("manifest", "manifest at package.json"), ("head", "git state")):
-        action = found[task]
-        assert (action["phase"], action["attempts"]) == ("failed", 0), (task, action)
-        assert "stale:" in action["reason"] and names in action["reason"], (task, action["reason"])

@@ -1,28 +1,6 @@
 """Nothing stale runs (seed 004 V1.1 §1, V1.24, V1.25): an action planned on an
 older repository context is blocked before it is prepared.
 
-The context is two parts (actors/project_context.py). What steers the model (the
-AGENTS.md files, README/CONTEXT, the skills, the agent's instructions file) must be
-exactly what the plan was made with: even the plan's own edit of an AGENTS.md makes
-its later actions stale. The repository's structure (the bounded tree, the
-manifests, the git branch and HEAD: actors/repo_structure.py) must be what the plan
-was made with, or what the plan's own committed writes made of it (seed 004: "发现适用
-规范或启动上下文漂移后，旧动作必须落为 blocked observation"; an agent's write that adds a
-file or edits a manifest is not drift for its own next action). "Own" is the plan's
-run tree (the run, its children, its delegations: siblings write side by side, and
-the parent's work is theirs): at the receipt of each action of a tree that
-committed a write (``sources_changed``) or a commit (``project.git_commit``), the
-guard records the structure as it stands then, the tree's last own structure. An
-action runs when the structure now is its plan's stamp or its tree's last own
-structure; anything else is a change from outside (a person, another run tree)
-since, and blocks it. While an action of the tree is executing (a sibling's
-write in flight), any structure passes: it is that action's until its receipt. So
-what is not excluded is an outside change made while one of the tree's own
-actions was in flight, which its receipt takes in with it (the supervisor cannot
-tell whose a file is). The last own structure lives in memory: after a supervisor
-restart, a plan whose tree's writes moved the structure is blocked once and
-planned again (fail closed).
-
 Every plan an agent commits records the context its prompt was made from (the
 fingerprint and a digest of each source, actors/project_context.py ``stamp``), in
 the plan's own row. Before each action of that plan is prepared, this guard builds
@@ -65,10 +43,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from corral.actors import agent_instructions, repo_structure
+from corral.actors import agent_instructions
 from corral.actors.project_context import ContextCache, RepoContext, changes
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.project.revision_store import changed_sources
 from corral.supervisor.runs import action_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.action_state import action_id as derive_action_id
@@ -86,16 +63,6 @@ MAX_NAMED_CHANGES = 8
 
 #: Runs whose current plan's stamp is kept.
 MAX_PLANS_KEPT = 1024
-#: Tools whose committed success moves the structure without changing sources: git HEAD.
-STRUCTURE_WRITERS = frozenset({"project.git_commit"})
-
-
-class _OwnStructure(NamedTuple):
-    """A run tree's structure at its last committed write."""
-
-    digest: str
-    #: Its parts by name (repo_structure.Structure.sources), to name what changed.
-    sources: dict[str, str]
 
 
 class _PlanStamp(NamedTuple):
@@ -125,13 +92,11 @@ class RepoFingerprintGuard(RunFeature):
         #: immutable and the cache hands back the same object while nothing moved, so
         #: its digest (a canonical dump and a sha256, half of this guard's cost per
         #: action) is computed once per build, not once per action.
-        self._fingerprints: dict[str, tuple[RepoContext, str, str]] = {}
+        self._fingerprints: dict[str, tuple[RepoContext, str]] = {}
         #: The context checked in the open transaction: (its serial, workspace, context).
         self._checked: tuple[int, str, RepoContext] | None = None
         #: Each run's current plan, as this guard reads it.
         self._plans: dict[str, _PlanStamp] = {}
-        #: Each (workspace, root run)'s last own structure (see the module's doc).
-        self._own: dict[tuple[str, str], _OwnStructure] = {}
         #: Each instructions file's last read (an agent's ``instructions_file``), by path.
         self._instructions: OrderedDict[str, agent_instructions.InstructionsCache] = OrderedDict()
 
@@ -157,56 +122,15 @@ class RepoFingerprintGuard(RunFeature):
         self._checked = None if serial is None else (serial, workspace, built)
         return built
 
-    def fingerprint(self, workspace: str, built: RepoContext, structure: str) -> str:
-        """The build's fingerprint with ``structure`` as the structure's digest (a
-        stamp's: equal to the stamp's fingerprint when nothing that steers the model
-        changed), computed once per build and structure."""
+    def fingerprint(self, workspace: str, built: RepoContext) -> str:
         known = self._fingerprints.get(workspace)
-        if known is not None and known[0] is built and known[1] == structure:
-            return known[2]
+        if known is not None and known[0] is built:
+            return known[1]
         if len(self._fingerprints) >= MAX_CACHED_WORKSPACES and workspace not in self._fingerprints:
             self._fingerprints.clear()
-        digest = built.fingerprint_with(structure)
-        self._fingerprints[workspace] = (built, structure, digest)
+        digest = built.fingerprint
+        self._fingerprints[workspace] = (built, digest)
         return digest
-
-    def structure_ok(self, run: Any, workspace: str, stamp: dict[str, Any], now: str) -> tuple[bool, dict[str, str]]:
-        """Whether the structure ``now`` is the plan's stamp's or its tree's last own
-        one; and, when it is neither, the parts of the closer one to name the change."""
-        root = str(run["root_run_id"] or run["run_id"])
-        own = self._own.get((workspace, root))
-        if now == stamp["structure"] or (own is not None and now == own.digest):
-            return True, {}
-        if self.ledger.one("SELECT 1 FROM actions a JOIN runs r ON r.run_id = a.run_id WHERE r.root_run_id = ?"
-                           " AND a.phase = ? LIMIT 1", root, ActionPhase.EXECUTING.value) is not None:
-            # A write of the tree is in flight (a sibling's, a child's): the structure is
-            # its until its receipt says what it became.
-            return True, {}
-        if own is not None:
-            return False, own.sources
-        sources = stamp.get("sources")
-        return False, {name: str(value) for name, value in (sources.items() if isinstance(sources, dict) else ())
-                       if repo_structure.is_source(name)}
-
-    def on_receipt(self, ledger: Ledger, action: Any) -> None:
-        """Inside a receipt's transaction: a committed write of a run tree makes the
-        structure now that tree's last own structure (the plan's own writes are not drift)."""
-        if not changed_sources(action["result"]) and not (
-                action["tool"] in STRUCTURE_WRITERS and action["phase"] == ActionPhase.OK.value):
-            return
-        run = ledger.one("SELECT * FROM runs WHERE run_id = ?", action["run_id"])
-        if run is None:
-            return
-        workspace = run_options(run).get("workspace")
-        if not isinstance(workspace, str) or not workspace:
-            return
-        try:
-            now = self.cache(workspace).current().structure
-        except Exception:  # fail closed: the tree keeps its older structure, and its next action is blocked
-            return
-        if len(self._own) >= MAX_PLANS_KEPT:
-            self._own.clear()
-        self._own[(workspace, str(run["root_run_id"] or run["run_id"]))] = _OwnStructure(now.digest, now.sources())
 
     def instructions(self, options: Any) -> agent_instructions.Instructions | None:
         """A run's instructions as they are now (its file re-read only when its stat moved)."""
@@ -244,29 +168,17 @@ class RepoFingerprintGuard(RunFeature):
             current = self.current(workspace)
             # The agent's own instructions (its spec's file, read again now) are part of it.
             instructions = self.instructions(run_options(run).get("instructions"))
-            if isinstance(stamp.get("structure"), str):
-                steering = self.fingerprint(workspace, current, str(stamp["structure"]))
-                structure_ok, was = self.structure_ok(run, workspace, stamp, current.structure.digest)
-            else:  # a stamp of an older schema: its fingerprint cannot match, and it is stale
-                steering, structure_ok, was = current.fingerprint, True, {}
-            now = agent_instructions.folded(steering, instructions)
+            now = agent_instructions.folded(self.fingerprint(workspace, current), instructions)
         except Exception as exc:  # fail closed, by name: a workspace never takes the supervisor down
             return "block", (f"the repository context cannot be built ({type(exc).__name__}: {str(exc)[:200]})."
                              " Nothing ran.")
-        if now == stamp["fingerprint"] and structure_ok:
+        if now == stamp["fingerprint"]:
             return "continue", ""
         sources = stamp.get("sources")
         now_sources = {**current.sources(), **(instructions.sources() if instructions else {})}
-        named = []
-        if now != stamp["fingerprint"]:
-            named = changes({k: v for k, v in (sources.items() if isinstance(sources, dict) else ())
-                             if not repo_structure.is_source(k)},
-                            {k: v for k, v in now_sources.items() if not repo_structure.is_source(k)})
-        if not structure_ok:
-            named += changes(was, current.structure.sources())
+        named = changes(sources if isinstance(sources, dict) else {}, now_sources)
         if not named:
             named = ["the context's limits or schema changed"]
-        now = agent_instructions.folded(current.fingerprint, instructions)
         if len(named) > MAX_NAMED_CHANGES:
             named = [*named[:MAX_NAMED_CHANGES], f"and {len(named) - MAX_NAMED_CHANGES} more"]
         return "block", (
