@@ -465,9 +465,10 @@ def _interrupted_campaign(short_tmp: Path, signum: signal.Signals, code: int) ->
     )
     try:
         assert process.stdout is not None
-        # Wait for the first episode to end (its line), then interrupt the next one.
+        # Wait for an episode in which a kill landed to end (its line; a quick run can
+        # end before any random kill reaches it), then interrupt the next one.
         for line in process.stdout:
-            if line.startswith("  episode   0 "):
+            if line.startswith("  episode ") and "no kill reached" not in line:
                 break
         else:
             raise AssertionError(f"no episode ran: {process.stderr.read() if process.stderr else ''}")
