@@ -243,16 +243,11 @@ class ActionResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     traceback: str | None = None
 
 
-class ActionFinish(Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """``action.finish``: one action's result, committed with its terminal move."""
+class ActionFinish(ActionResult, Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``action.finish``: one action's result (its fields are ``ActionResult``'s, in
+    the same order on the wire), committed with its terminal move."""
 
     METHOD: ClassVar[Method] = Method.ACTION_FINISH
-    action_id: Id
-    ok: bool
-    output: dict[str, Any] = {}
-    summary: str = ""
-    error: str | None = None
-    traceback: str | None = None
     run_id: Id | None = None
     want_next: bool = False
     history_have: Count = 0
