@@ -49,6 +49,7 @@ def load_workloads() -> None:
     importlib.import_module("bench.model_workloads")
     importlib.import_module("bench.model_task_workloads")
     importlib.import_module("bench.durable_workloads")
+    importlib.import_module("bench.durable_counts")
     importlib.import_module("bench.ui_workloads")
     importlib.import_module("bench.bridge_workloads")
     importlib.import_module("bench.scaleout_workloads")

@@ -1,4 +1,5 @@
-"""Load probes for bench/: a sink that counts one-way tells and an event emitter.
+"""Load probes for bench/: a sink that counts one-way tells, an event emitter and
+the per-operation counts (statements, Python calls).
 
 They exist only when a spec asks for them (``[supervisor] probes = true``): a
 production supervisor carries no method whose only use is to be measured.
@@ -11,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from corral.mailbox.protocol import Method
+from corral.supervisor.errors import BadRequest, Conflict
 from corral.supervisor.params import param_int
+from corral.supervisor.probe_counts import ProbeCounts
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -24,6 +27,7 @@ class LoadProbes:
         self.ledger = ledger
         #: Tells counted, never stored: the mailbox's cost, not the ledger's.
         self.sink_count = 0
+        self.counts = ProbeCounts(ledger.db)
 
     async def sink(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         self.sink_count += 1
@@ -55,6 +59,20 @@ class LoadProbes:
             await trio.sleep(0.005)
         return {"emitted": n, "first": first, "last": last, "elapsed_s": round(trio.current_time() - start, 3)}
 
+    async def count(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``bench.count``: ``{"on": true}`` starts counting SQL statements and the
+        main thread's Python calls; ``{"on": false}`` stops and returns the counts
+        (supervisor/probe_counts.py)."""
+        on = params.get("on")
+        if not isinstance(on, bool):
+            raise BadRequest("bench.count takes on: true or false")
+        if on:
+            self.counts.start()
+            return {"counting": True}
+        if not self.counts.on:
+            raise Conflict("bench.count: not counting (start with on: true)")
+        return self.counts.stop()
+
 
 def install(sup: Supervisor) -> LoadProbes:
     probes = LoadProbes(sup.ledger)
@@ -62,4 +80,5 @@ def install(sup: Supervisor) -> LoadProbes:
     sup.actor_methods[Method.BENCH_SINK_COUNT] = probes.sink_read
     sup.actor_methods[Method.BENCH_SINK_RESET] = probes.sink_reset
     sup.control_methods["bench.emit_events"] = probes.emit_events
+    sup.control_methods["bench.count"] = probes.count
     return probes
