@@ -34,11 +34,12 @@ CORRAL = [sys.executable, "-m", "corral"]
 
 
 def cli(
-    home: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+    home: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
         [*CORRAL, "--home", str(home), *args],
+        input=stdin,
         capture_output=True,
         text=True,
         env=full_env,

@@ -109,7 +109,7 @@ def test_a_steer_discards_the_stale_plan_and_is_applied_once(project: Path) -> N
     with running(project / "home", STEER_SPEC, env=env) as daemon:
         run_id = _run(daemon, "paint the fence")
         _wait_request_started(daemon, run_id)  # the agent holds its answer, not yet handed off
-        result = cli(daemon.home, "steer", run_id, "go green instead", "--json")
+        result = cli(daemon.home, "steer", run_id, "--stdin", "--json", stdin="go green instead")
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["run_id"] == run_id
         _release(daemon, "provider.before-handoff")
@@ -124,7 +124,7 @@ def test_a_kill_between_a_steer_and_its_application_still_applies_it_once(projec
     with running(project / "home", STEER_SPEC, env=env) as daemon:
         run_id = _run(daemon, "paint the fence")
         _wait_request_started(daemon, run_id)
-        assert cli(daemon.home, "steer", run_id, "go green instead").returncode == 0
+        assert cli(daemon.home, "steer", run_id, "--stdin", stdin="go green instead").returncode == 0
         if victim == "agent":
             pid = _agent_pid(daemon)
             os.kill(pid, signal.SIGKILL)
@@ -141,7 +141,7 @@ def test_a_supervisor_killed_right_after_recording_a_steer_keeps_it(project: Pat
         run_id = _run(daemon, "paint the fence")
         _wait_request_started(daemon, run_id)
         pid = daemon.endpoint.pid
-        assert cli(daemon.home, "steer", run_id, "go green instead").returncode != 0
+        assert cli(daemon.home, "steer", run_id, "--stdin", stdin="go green instead").returncode != 0
         assert wait_exit(pid, 10)
         daemon.up()
         _steered_run_ends_green(daemon, project, run_id)
@@ -151,12 +151,14 @@ def test_steering_a_finished_run_is_a_clear_error(steer_daemon: Daemon) -> None:
     daemon = steer_daemon
     run_id = _run(daemon)
     wait_run(daemon, run_id, {"completed"})
-    result = cli(daemon.home, "steer", run_id, "go green")
+    result = cli(daemon.home, "steer", run_id, "--stdin", stdin="go green")
     assert result.returncode != 0
     assert "is completed" in result.stderr and "Start a new run instead" in result.stderr
     assert ledger_rows(daemon.home, "SELECT * FROM steers WHERE run_id = ?", run_id) == []
-    for bad in (("steer", "run-nope", "x"), ("steer", run_id, "")):
-        assert cli(daemon.home, *bad).returncode != 0
+    unknown = cli(daemon.home, "steer", "run-nope", "--stdin", stdin="x")
+    empty = cli(daemon.home, "steer", run_id, "--stdin", stdin="")
+    assert unknown.returncode != 0 and "run-nope" in unknown.stderr
+    assert empty.returncode != 0 and "Traceback" not in empty.stderr
 
 
 # -- steers that wait for a person's decision (seed 004 V1.13) ----------------------------------
@@ -207,7 +209,7 @@ def test_a_steer_never_discards_an_action_waiting_for_approval(steer_daemon: Dae
     daemon = steer_daemon
     run_id: str = daemon.call("run", agent_id="editor", task="write a.md")["run_id"]
     first = _waiting_action(daemon, run_id, "a.md")
-    steered = cli(daemon.home, "steer", run_id, "also add a note", "--json")
+    steered = cli(daemon.home, "steer", run_id, "--stdin", "--json", stdin="also add a note")
     assert steered.returncode == 0, steered.stderr
     approved = cli(daemon.home, "approve", first["action_id"])
     assert approved.returncode == 0 and "approved" in approved.stdout, approved.stderr
@@ -233,26 +235,42 @@ def test_steer_ids_sizes_and_the_per_run_cap(steer_daemon: Daemon) -> None:
     script = json.dumps({"steps": [{"actions": [{"tool": "fs.write", "input": {"path": "x.md", "content": "x"}}]}]})
     run_id: str = daemon.call("run", agent_id="editor", task="park", script=script)["run_id"]
     wait_run(daemon, run_id, {"waiting-confirmation"})
-    first = cli(daemon.home, "steer", run_id, "first", "--steer-id", "s-1", "--json")
-    again = cli(daemon.home, "steer", run_id, "first", "--steer-id", "s-1", "--json")
+    first = cli(daemon.home, "steer", run_id, "--stdin", "--steer-id", "s-1", "--json", stdin="first")
+    again = cli(daemon.home, "steer", run_id, "--stdin", "--steer-id", "s-1", "--json", stdin="first")
     assert first.returncode == 0 and again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["existing"] is True
-    conflict = cli(daemon.home, "steer", run_id, "other text", "--steer-id", "s-1")
+    conflict = cli(daemon.home, "steer", run_id, "--stdin", "--steer-id", "s-1", stdin="other text")
     assert conflict.returncode != 0 and "steer-id-conflict" in conflict.stderr
-    too_long = cli(daemon.home, "steer", run_id, "é" * 2049)  # 4098 bytes of UTF-8
+    too_long = cli(daemon.home, "steer", run_id, "--stdin", stdin="é" * 2049)  # 4098 bytes of UTF-8
     assert too_long.returncode != 0 and "over 4096 bytes" in too_long.stderr
     assert len(ledger_rows(daemon.home, "SELECT * FROM steers WHERE run_id = ?", run_id)) == 1
     for n in range(15):
         daemon.call("steer", run_id=run_id, text=f"more {n}")
-    over = cli(daemon.home, "steer", run_id, "one too many")
+    over = cli(daemon.home, "steer", run_id, "--stdin", stdin="one too many")
     assert over.returncode != 0 and "16 steers" in over.stderr
     assert len(ledger_rows(daemon.home, "SELECT * FROM steers WHERE run_id = ?", run_id)) == 16
     daemon.call("cancel", run_id=run_id)
 
 
+def test_a_runs_steers_hold_at_most_16_kib_in_all(steer_daemon: Daemon) -> None:
+    """V1.13: "每 run 最多 16 条、总计最多 16 KiB": four full 4 KiB steers fill a run's
+    16 KiB; one more byte is refused, with the run's steers unchanged."""
+    daemon = steer_daemon
+    script = json.dumps({"steps": [{"actions": [{"tool": "fs.write", "input": {"path": "z.md", "content": "z"}}]}]})
+    run_id: str = daemon.call("run", agent_id="editor", task="park", script=script)["run_id"]
+    wait_run(daemon, run_id, {"waiting-confirmation"})
+    for n in range(4):
+        daemon.call("steer", run_id=run_id, text=str(n) * 4096)
+    over = cli(daemon.home, "steer", run_id, "--stdin", stdin="x")
+    assert over.returncode != 0 and "16384 bytes in all" in over.stderr, over.stderr
+    assert len(ledger_rows(daemon.home, "SELECT * FROM steers WHERE run_id = ?", run_id)) == 4
+    daemon.call("cancel", run_id=run_id)
+
+
 def test_a_steer_read_from_stdin_never_shows_in_the_command_line(steer_daemon: Daemon) -> None:
     """V1.13: ``corral steer RUN --stdin`` takes the text from stdin, so it is not in
-    ``ps``; with both a TEXT and --stdin, or neither, it refuses and records nothing."""
+    ``ps``; a TEXT argument (with or without --stdin), or no --stdin, is refused and
+    records nothing."""
     daemon = steer_daemon
     script = json.dumps({"steps": [{"actions": [{"tool": "fs.write", "input": {"path": "y.md", "content": "y"}}]}]})
     run_id: str = daemon.call("run", agent_id="editor", task="park", script=script)["run_id"]
@@ -269,8 +287,11 @@ def test_a_steer_read_from_stdin_never_shows_in_the_command_line(steer_daemon: D
     assert row["text"] == secret_plan
     both = steer("inline text", "--stdin", text="piped text")
     neither = steer(text="")
+    inline = steer("inline text", text="")
     assert both.returncode != 0 and "--stdin" in both.stderr
     assert neither.returncode != 0 and "--stdin" in neither.stderr
+    # The seed: "正文只能从 stdin 读取" (the text is read from stdin only).
+    assert inline.returncode != 0 and "only from stdin" in inline.stderr, inline.stderr
     assert len(ledger_rows(daemon.home, "SELECT * FROM steers WHERE run_id = ?", run_id)) == 1
     daemon.call("cancel", run_id=run_id)
 
@@ -376,7 +397,8 @@ def test_a_steer_interrupts_the_provider_turn_in_flight_and_a_kill_then_loses_no
         run_id: str = daemon.call("run", agent_id="llm", task="plan the release")["run_id"]
         daemon.wait_until(lambda _: len(server.requests) == 1, what="the provider turn in flight")
         pid = daemon.endpoint.pid
-        cli(daemon.home, "steer", run_id, "answer briefly instead")  # its reply may die with the supervisor
+        # Its reply may die with the supervisor.
+        cli(daemon.home, "steer", run_id, "--stdin", stdin="answer briefly instead")
         assert wait_exit(pid, 10), "the supervisor is killed once the interrupted turn is recorded"
         daemon.up()
         shown = wait_run(daemon, run_id, {"completed", "failed", "needs-reconciliation"})

@@ -261,20 +261,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _steer_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_id", metavar="RUN")
-    parser.add_argument("text", metavar="TEXT", nargs="?",
-                        help="the instruction (shows in the process list: prefer --stdin)")
+    # Kept only to refuse it by name: an instruction on the command line shows in the
+    # process list, and seed 004 V1.13 reads the text from stdin only.
+    parser.add_argument("text", nargs="?", help=argparse.SUPPRESS)
     parser.add_argument("--stdin", action="store_true",
-                        help="read the instruction from stdin, so it never shows in the process list (seed 004)")
+                        help="read the instruction from stdin (the only way: it never shows in the process list)")
     json_arg(parser)
     parser.add_argument("--steer-id", metavar="ID",
                         help="your id for this steer: sent again (a retry), it records nothing new")
 
 
 def _steer_text(args: argparse.Namespace) -> str:
-    if args.stdin == (args.text is not None):
-        raise CliError("give the instruction either as TEXT or on stdin with --stdin, not both", EXIT_USAGE)
     if args.text is not None:
-        return str(args.text)
+        raise CliError(
+            "the instruction is read only from stdin, never from the command line (it would show in the process"
+            " list): printf '%s' TEXT | corral steer RUN --stdin", EXIT_USAGE)
+    if not args.stdin:
+        raise CliError("the instruction is read from stdin: printf '%s' TEXT | corral steer RUN --stdin", EXIT_USAGE)
     # One instruction, as piped: only the final newline a shell adds is not part of it.
     text = sys.stdin.read()
     return text[:-1] if text.endswith("\n") else text
