@@ -12,7 +12,7 @@ from typing import Any
 
 from corral.actors.runtime import SUPERVISOR, ActorContext, is_shutdown
 from corral.mailbox.envelope import Kind
-from corral.mailbox.protocol import Ping, encode
+from corral.mailbox.protocol import BenchSink, BenchSinkCount, BenchSinkReset, Ping, encode
 
 
 async def run(ctx: ActorContext) -> int:
@@ -67,8 +67,8 @@ async def _bench_tells(ctx: ActorContext, body: dict[str, Any]) -> dict[str, Any
     count = min(int(body.get("n", 10_000)), 1_000_000)
     batch = max(1, int(body.get("batch", 1)))
     payload = "x" * int(body.get("size", 64))
-    message = {"method": "bench.sink", "params": {"p": payload}}
-    await ctx.call("bench.sink_reset")
+    message = encode(BenchSink(payload=payload))
+    await ctx.ask(BenchSinkReset())
     start = time.perf_counter()
     sent = 0
     while sent < count:
@@ -78,7 +78,7 @@ async def _bench_tells(ctx: ActorContext, body: dict[str, Any]) -> dict[str, Any
         else:
             await ctx.channel.tell_many(SUPERVISOR, [message] * take)
         sent += take
-    while (await ctx.call("bench.sink_count"))["count"] < count:
+    while (await ctx.ask(BenchSinkCount())).count < count:
         pass
     return {"elapsed_s": time.perf_counter() - start, "n": count}
 

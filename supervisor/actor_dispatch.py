@@ -1,17 +1,20 @@
 """Where each agent->supervisor request goes: one ``match`` on its typed record.
 
 The request was decoded and its shape checked once, at the boundary
-(mailbox/protocol.py ``decode``); each case hands the typed record to the one
-handler that serves it. A method with no typed record yet arrives as ``Untyped``
-and goes through the services' table (``Supervisor.actor_methods``, keyed by
-``Method``) until its family is converted. A new typed request that no case
-serves fails type checking here (``assert_never``).
+(mailbox/protocol/ ``decode``); each case hands the typed record to the one
+handler that serves it: the run layer's (``Supervisor.runs``), or its family's
+(``Supervisor.methods``, supervisor/actor_methods.py; a family this supervisor
+was built without answers ``unknown-method``). A method with no typed record yet
+arrives as ``Untyped`` and goes through the services' table
+(``Supervisor.actor_methods``, keyed by ``Method``) until its family is
+converted. A new typed request that no case serves fails type checking here
+(``assert_never``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, assert_never
+from typing import TYPE_CHECKING, Any, TypeVar, assert_never
 
 import msgspec
 
@@ -19,9 +22,13 @@ from corral.mailbox.protocol import (
     ActionBegin,
     ActionFinish,
     ActionFinishBatch,
+    BenchSink,
+    BenchSinkCount,
+    BenchSinkReset,
     Code,
     NextStep,
     Ping,
+    Request,
     RunClaim,
     RunFail,
     RunFinalize,
@@ -34,17 +41,33 @@ if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
     from corral.supervisor.tree.supervision_tree import ActorSlot
 
+F = TypeVar("F")
+
+
+def _need(family: F | None, request: Request[Any]) -> F:
+    """The family that serves ``request``, or ``unknown-method`` when this
+    supervisor was built without it."""
+    if family is None:
+        raise SupervisorError(f"no actor method {request.METHOD.value!r}", code=Code.UNKNOWN_METHOD)
+    return family
+
+
+def _wire(answer: msgspec.Struct) -> Mapping[str, object]:
+    """A record reply as the wire carries it (the caller checks it back, ``REPLY``)."""
+    body: dict[str, object] = msgspec.to_builtins(answer)
+    return body
+
 
 async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Untyped) -> Mapping[str, object]:
     """The answer to one decoded request (committed; the caller waits for the barrier)."""
     runs = sup.runs
     steps = runs.steps
+    methods = sup.methods
     match request:
         case Ping():
             return {"pong": True, "actor": slot.id}
         case RunClaim():
-            claim: dict[str, object] = msgspec.to_builtins(await runs.claim(slot, request))
-            return claim
+            return _wire(await runs.claim(slot, request))
         case NextStep():
             return await runs.next_step(slot, request)
         case RunFinalize():
@@ -57,6 +80,12 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
             return await steps.carry_next(slot, request, await runs.action_finish(slot, request))
         case ActionFinishBatch():
             return await steps.carry_next(slot, request, await runs.action_finish_batch(slot, request))
+        case BenchSink():
+            return await _need(methods.probes, request).sink(slot, request)
+        case BenchSinkCount():
+            return _wire(await _need(methods.probes, request).sink_count(slot, request))
+        case BenchSinkReset():
+            return await _need(methods.probes, request).sink_reset(slot, request)
         case Untyped():
             handler = sup.actor_methods.get(request.method)
             if handler is None:  # a method of a feature this supervisor was built without

@@ -26,6 +26,7 @@ from corral.mailbox.protocol import Method
 from corral.sandbox.guard_record import recover_home
 from corral.sandbox.launcher import LaunchMode, make_launcher
 from corral.supervisor import actor_dispatch, probes
+from corral.supervisor.actor_methods import ActorMethods
 from corral.supervisor.bridge import bridge_service
 from corral.supervisor.bridge.bridge_service import BridgeService
 from corral.supervisor.cluster import node_service
@@ -136,10 +137,13 @@ class Supervisor:
         )
         self.control_methods: dict[str, ControlMethod] = {}
         self.control: ControlServer | None = None
-        #: The methods with no typed record yet (supervisor/actor_dispatch.py).
         #: Each service's part in this supervisor's life (supervisor/service_part.py):
         #: listed once by ``_assemble``.
         self.parts: list[ServicePart] = []
+        #: The typed actor methods' families, each set by its service's setup
+        #: (supervisor/actor_methods.py, served by supervisor/actor_dispatch.py).
+        self.methods = ActorMethods()
+        #: The methods with no typed record yet (supervisor/actor_dispatch.py).
         self.actor_methods: dict[Method, ActorMethod] = {}
         self._stop = trio.Event()
         self.stop_reason = "shutdown"

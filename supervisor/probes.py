@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from corral.mailbox.protocol import Method
+from corral.mailbox.protocol import BenchSink, BenchSinkCount, BenchSinkReset, SinkCount
 from corral.supervisor.errors import BadRequest, Conflict
 from corral.supervisor.params import param_int
 from corral.supervisor.probe_counts import ProbeCounts
@@ -26,18 +26,18 @@ class LoadProbes:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         #: Tells counted, never stored: the mailbox's cost, not the ledger's.
-        self.sink_count = 0
+        self.counted = 0
         self.counts = ProbeCounts(ledger.db)
 
-    async def sink(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        self.sink_count += 1
+    async def sink(self, slot: ActorSlot, request: BenchSink) -> dict[str, Any]:
+        self.counted += 1
         return {}
 
-    async def sink_read(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        return {"count": self.sink_count}
+    async def sink_count(self, slot: ActorSlot, request: BenchSinkCount) -> SinkCount:
+        return SinkCount(self.counted)
 
-    async def sink_reset(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        self.sink_count = 0
+    async def sink_reset(self, slot: ActorSlot, request: BenchSinkReset) -> dict[str, Any]:
+        self.counted = 0
         return {}
 
     async def emit_events(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -76,9 +76,7 @@ class LoadProbes:
 
 def install(sup: Supervisor) -> LoadProbes:
     probes = LoadProbes(sup.ledger)
-    sup.actor_methods[Method.BENCH_SINK] = probes.sink
-    sup.actor_methods[Method.BENCH_SINK_COUNT] = probes.sink_read
-    sup.actor_methods[Method.BENCH_SINK_RESET] = probes.sink_reset
+    sup.methods.probes = probes
     sup.control_methods["bench.emit_events"] = probes.emit_events
     sup.control_methods["bench.count"] = probes.count
     return probes

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import corral
 from corral.mailbox.control import ControlError
-from corral.mailbox.protocol import Ping, encode
+from corral.mailbox.protocol import BenchSinkCount, BenchSinkReset, Ping, encode
 from tests.harness import actor_running, running
 
 ACTOR = """
@@ -73,3 +73,35 @@ def test_malformed_frames_get_protocol_errors_and_nothing_goes_down(short_tmp: P
         assert daemon.actor("prober")["restarts"] == 0
         assert daemon.endpoint.boot_id == boot_id
         assert len(seen) == len(MALFORMED)
+
+
+PROBES_SPEC = '[supervisor]\nprobes = true\n[[actors]]\nid = "e-1"\ntemplate = "echo"\n' + SPEC
+
+
+def test_a_family_is_served_typed_and_only_where_it_is_built(short_tmp: Path) -> None:
+    """The bench's probes (one family, supervisor/actor_methods.py): with
+    ``probes = true`` their records are checked at the boundary (a field the
+    record lacks is refused) and served; the echo actor's tells reach the sink
+    and are counted. Without it, the same records are ``unknown-method``."""
+    for where in ("with", "without"):  # beside each home, where its actors import from
+        (short_tmp / where).mkdir()
+        (short_tmp / where / "prober_actor.py").write_text(ACTOR)
+    with running(short_tmp / "with" / "home", PROBES_SPEC) as daemon:
+        daemon.wait_until(actor_running("prober"), what="the prober actor running")
+        daemon.wait_until(actor_running("e-1"), what="the echo actor running")
+        with corral.Client.connect(daemon.home) as client:
+            stray = client.ask("prober", {"body": {"method": "bench.sink_count", "params": {"n": 1}}})
+            assert stray.get("code") == "bad-request" and "n" in stray["message"], stray
+            told = client.ask("e-1", {"op": "bench_tells", "n": 50, "batch": 7, "size": 16})
+            assert told["n"] == 50, told
+            count = client.ask("prober", {"body": encode(BenchSinkCount())})
+            assert count["answer"] == {"count": 50}, count
+            assert client.ask("prober", {"body": encode(BenchSinkReset())})["answer"] == {}
+            assert client.ask("prober", {"body": encode(BenchSinkCount())})["answer"] == {"count": 0}
+    with running(short_tmp / "without" / "home", SPEC) as daemon:
+        daemon.wait_until(actor_running("prober"), what="the prober actor running")
+        with corral.Client.connect(daemon.home) as client:
+            absent = client.ask("prober", {"body": encode(BenchSinkCount())})
+            assert absent.get("code") == "unknown-method" and "bench.sink_count" in absent["message"], absent
+            assert client.ask("prober", {"body": encode(Ping())})["answer"] == {"pong": True, "actor": "prober"}
+        assert daemon.actor("prober")["restarts"] == 0

@@ -1,8 +1,8 @@
-"""Issue 50 §1: the agent<->supervisor seam is one typed protocol (mailbox/protocol.py).
+"""Issue 50 §1: the agent<->supervisor seam is one typed protocol (mailbox/protocol/).
 
 Read from the source with ``ast``, not by running anything:
 
-- no method is registered or called by a string literal outside protocol.py:
+- no method is registered or called by a string literal outside mailbox/protocol/:
   registrations key ``Supervisor.actor_methods`` by ``Method``, and the agent's
   own calls (``call``/``step_call``/``report``) name a ``Method``;
 - every typed method's handler takes its typed record, never ``params: dict[str, Any]``;
@@ -36,7 +36,7 @@ NOT_YET_TYPED = {method for method in Method} - set(protocol._TYPED)
 def _sources() -> list[Path]:
     found = []
     for package in PACKAGES:
-        found += [p for p in (ROOT / package).rglob("*.py") if p != ROOT / "mailbox" / "protocol.py"]
+        found += [p for p in (ROOT / package).rglob("*.py") if (ROOT / "mailbox" / "protocol") not in p.parents]
     return found
 
 

@@ -1,0 +1,157 @@
+"""The run layer's records (supervisor/runs/run_actor_methods.py serves them): a
+run's claim, its steps, its actions' begin and finish, its end."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+
+from corral.mailbox.protocol.base import Count, Id, Method, Request
+from corral.mailbox.steps import Step
+
+# -- replies ------------------------------------------------------------------------
+
+
+class Pong(msgspec.Struct, frozen=True):
+    pong: bool
+    actor: str
+
+
+class ClaimedRun(msgspec.Struct, kw_only=True):
+    """The run an agent claimed (``run.claim``): what its lane needs to drive it.
+    Mutable: the supervisor's claim hooks add to it before it leaves (the MCP
+    tools a run may call, supervisor/mcp/mcp_service.py)."""
+
+    run_id: Id
+    task: str
+    kind: str
+    provider: str
+    provider_config: dict[str, Any]
+    home: str
+    workspace: str | None = None
+    write_scopes: list[str] = msgspec.field(default_factory=lambda: ["."])
+    effects_file: str | None = None
+    allowed_tools: list[str] | None = None
+    tool_globs: list[str] | None = None
+    #: The agent's own instructions: {"text", "file"} (actors/agent_instructions.py).
+    instructions: dict[str, Any] | None = None
+    #: Its typed output ({"schema", "model"}): the final reply is checked against it.
+    output: dict[str, Any] | None = None
+    #: The ids a delegation or a spawn may name, by "tool/field": offered as enums.
+    known_ids: dict[str, list[str]] = {}
+    mcp_tools: list[dict[str, Any]] | None = None
+    mcp_instructions: dict[str, str] = {}
+
+
+class Claim(msgspec.Struct, kw_only=True):
+    """``run.claim``'s reply: a run, or none (``parked``: this agent's runs that wait)."""
+
+    run: ClaimedRun | None
+    parked: int = 0
+
+
+#: The reply of a step method: ``next`` when the request said ``want_next``
+#: (supervisor/runs/step_piggyback.py), the method's own fields besides.
+StepReply = dict[str, Any]
+
+
+# -- requests -----------------------------------------------------------------------
+
+
+class Ping(Request[Pong], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Is the supervisor there; ``payload`` (ignored) gives a link probe its size
+    (the bench's round trips, actors/echo.py)."""
+
+    METHOD: ClassVar[Method] = Method.PING
+    payload: str = ""
+
+
+class RunClaim(Request[Claim], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``run.claim``: the next queued run of the calling agent, if any."""
+
+    METHOD: ClassVar[Method] = Method.RUN_CLAIM
+    REPLY: ClassVar[type[Any] | None] = Claim
+
+
+class NextStep(Request[Step], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``run.next_step``: what the run does next; ``history_have``: the observations
+    the agent holds already (a provider step sends only the rest)."""
+
+    METHOD: ClassVar[Method] = Method.RUN_NEXT_STEP
+    run_id: Id
+    history_have: Count = 0
+
+
+class ActionBegin(Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``action.begin``: may the agent start the action's effect now (``Begun``)."""
+
+    METHOD: ClassVar[Method] = Method.ACTION_BEGIN
+    action_id: Id
+    run_id: Id | None = None
+    want_next: bool = False
+    history_have: Count = 0
+
+
+class ActionResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What an action's effect came to, as the agent reports it."""
+
+    action_id: Id
+    ok: bool
+    output: dict[str, Any] = {}
+    summary: str = ""
+    error: str | None = None
+    traceback: str | None = None
+
+
+class ActionFinish(ActionResult, Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``action.finish``: one action's result (its fields are ``ActionResult``'s, in
+    the same order on the wire), committed with its terminal move."""
+
+    METHOD: ClassVar[Method] = Method.ACTION_FINISH
+    run_id: Id | None = None
+    want_next: bool = False
+    history_have: Count = 0
+
+    def result(self) -> ActionResult:
+        return ActionResult(self.action_id, self.ok, self.output, self.summary, self.error, self.traceback)
+
+    @classmethod
+    def of(cls, result: ActionResult, run_id: str) -> ActionFinish:
+        return cls(
+            result.action_id, result.ok, result.output, result.summary, result.error, result.traceback, run_id=run_id
+        )
+
+
+class ActionFinishBatch(Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``action.finish_batch``: a read batch's results, in plan order, in one commit."""
+
+    METHOD: ClassVar[Method] = Method.ACTION_FINISH_BATCH
+    run_id: Id
+    results: list[ActionResult]
+    want_next: bool = False
+    history_have: Count = 0
+
+
+class RunFinalize(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``run.finalize``: the plan's final reply (supervisor/runs/finalization.py)."""
+
+    METHOD: ClassVar[Method] = Method.RUN_FINALIZE
+    run_id: Id
+    #: None only from a plan with no final text: refused by the handler, as before.
+    reply: str | None
+
+
+class RunFail(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``run.fail``: the agent cannot go on with the run (``reason``, shown to people)."""
+
+    METHOD: ClassVar[Method] = Method.RUN_FAIL
+    run_id: Id
+    reason: str = "failed"
+
+
+#: The typed step methods: their reply carries the next step when ``want_next``.
+StepRequest = ActionBegin | ActionFinish | ActionFinishBatch
+
+#: The run layer's requests (the package's ``TypedRequest`` includes them).
+RunRequest = Ping | RunClaim | NextStep | ActionBegin | ActionFinish | ActionFinishBatch | RunFinalize | RunFail

@@ -1,0 +1,36 @@
+"""The supervisor's typed actor methods, one ``Protocol`` per family.
+
+A family's service implements its ``Protocol`` and sets its field of
+``ActorMethods`` in its setup (``sup.methods.probes = probes``);
+supervisor/actor_dispatch.py's ``match`` hands each typed record (mailbox/protocol/)
+to its family's method. A family this supervisor was built without stays
+``None``, and its methods are answered ``unknown-method``. The run layer is not
+here: every supervisor has one (``Supervisor.runs``), and the dispatch calls it
+directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from corral.mailbox.protocol import BenchSink, BenchSinkCount, BenchSinkReset, SinkCount
+    from corral.supervisor.tree.supervision_tree import ActorSlot
+
+
+class ProbeMethods(Protocol):
+    """The bench's probes (supervisor/probes.py)."""
+
+    async def sink(self, slot: ActorSlot, request: BenchSink) -> dict[str, Any]: ...
+
+    async def sink_count(self, slot: ActorSlot, request: BenchSinkCount) -> SinkCount: ...
+
+    async def sink_reset(self, slot: ActorSlot, request: BenchSinkReset) -> dict[str, Any]: ...
+
+
+@dataclass
+class ActorMethods:
+    """The families this supervisor serves: each set by its service's setup."""
+
+    probes: ProbeMethods | None = None
