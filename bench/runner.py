@@ -54,6 +54,7 @@ def load_workloads() -> None:
     importlib.import_module("bench.bridge_workloads")
     importlib.import_module("bench.scaleout_workloads")
     importlib.import_module("bench.spread_workloads")
+    importlib.import_module("bench.pg_latency_workloads")
     importlib.import_module("bench.transport_workloads")
     importlib.import_module("bench.figures")
 
