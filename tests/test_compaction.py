@@ -15,12 +15,15 @@ from tests.harness import Daemon, agent_spec, ledger_rows, wait_run, wait_superv
 
 LOOPS = 52
 LIMITS = "auto_compact_token_limit = 400\ntool_output_token_limit = 60"
-_PLAN = '{ id = "survey", text = "list the workspace" }, { id = "wrap", text = "report" }'
-_DONE = '{ id = "survey", status = "done" }, { id = "wrap", status = "done" }'
+#: A two-step plan under the seed's rules (V1.17): one step in progress, then both completed.
+_PLAN = ('explanation = "list, then report", steps = [{ step = "list the workspace", status = "in_progress" },'
+         ' { step = "report", status = "pending" }]')
+_DONE = ('explanation = "listed and reported", steps = [{ step = "list the workspace", status = "completed" },'
+         ' { step = "report", status = "completed" }]')
 STEPS = (
-    f'[[agents.steps]]\nactions = [{{ tool = "plan.update", input = {{ steps = [{_PLAN}] }} }}]\n'
+    f'[[agents.steps]]\nactions = [{{ tool = "plan.update", input = {{ {_PLAN} }} }}]\n'
     + '[[agents.steps]]\nactions = [{ tool = "fs.list", input = { path = "." } }]\n' * LOOPS
-    + f'[[agents.steps]]\nactions = [{{ tool = "plan.update", input = {{ steps = [{_DONE}] }} }}]\n'
+    + f'[[agents.steps]]\nactions = [{{ tool = "plan.update", input = {{ {_DONE} }} }}]\n'
     + '[[agents.steps]]\nfinal = "long task done"\n'
 )
 
@@ -51,7 +54,7 @@ def _daemon(tmp: Path) -> Daemon:
 def _check(daemon: Daemon, run_id: str) -> None:
     shown = wait_run(daemon, run_id, {"completed", "failed"}, timeout=120)
     assert shown["run"]["status"] == "completed" and shown["final_reply"] == "long task done"
-    assert [s["status"] for s in shown["plan"]["steps"]] == ["done", "done"]
+    assert [s["status"] for s in shown["plan"]["steps"]] == ["completed", "completed"]
     events = [json.loads(e["data"]) for e in ledger_rows(
         daemon.home, "SELECT data FROM events WHERE kind = 'context-compacted' AND subject = ? ORDER BY cursor",
         run_id)]

@@ -101,9 +101,9 @@ def _print_status(shown: dict[str, Any]) -> None:
         print(f"  refined by the user: {refinement['text']}")
     plan = shown["plan"]
     if plan["steps"]:
-        print(f"  plan, revision {plan['revision']}:")
+        print(f"  plan, revision {plan['revision']}: {plan['explanation']}")
         for step in plan["steps"]:
-            print(f"    [{step['status']}] {step['id']}: {step['text']}")
+            print(f"    [{step['status']}] {step['step']}")
     for verdict in shown["verdicts"]:
         print(f"  verdict: {'met' if verdict['met'] else 'not met'} - {verdict['evidence']}"
               f" (goal revision {verdict['goal_revision']})")

@@ -632,3 +632,11 @@ MIGRATIONS.append(
     ALTER TABLE finalizations ADD COLUMN goal_snapshot TEXT;
     """
 )
+
+MIGRATIONS.append(
+    # The plan's explanation (seed 004 V1.17): each update says why, in bounded text;
+    # NULL for a plan stored before.
+    """
+    ALTER TABLE run_plans ADD COLUMN explanation TEXT;
+    """
+)

@@ -27,9 +27,9 @@ class PlanService:
     async def update(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
         run_id, action = self.runs.ledger_tool_action(slot, params, "plan.update")
         steps = params.get("steps")
-        if not isinstance(steps, list) or not steps:
-            raise BadRequest("steps must be a non-empty list")
-        result = plan_store.apply(self.ledger, run_id, action["action_id"], steps)
+        if not isinstance(steps, list):
+            raise BadRequest("steps must be a list")
+        result = plan_store.apply(self.ledger, run_id, action["action_id"], params.get("explanation"), steps)
         self.ledger.failpoint("durable-plan.after-update")
         return result
 

@@ -1,10 +1,13 @@
-"""A run's durable plan (seed 004 V1.17): steps with an id, a text and a status,
-and a revision that each update adds one to.
+"""A run's durable plan (seed 004 V1.17): an explanation and 1 to 8 steps, each a
+distinct title with a status (pending, in_progress or completed, at most one
+in_progress), and a revision.
 
-Updates come from the model's ordinary tool call (``plan.update``) and are applied
-once per action id, so a replay after a crash returns the same revision. Statuses
-move by one table: going back (``done`` to ``pending``, say) or dropping a step
-needs a reason. A run whose plan still has unfinished steps cannot finalize.
+Updates come from the model's ``plan.update`` call and are applied once per
+action id, so a replay after a crash returns the same revision. An update lists
+the plan as it should now be: a completed step never goes back, and one the update
+leaves out is merged back where it stood; unfinished steps may be renamed,
+reordered or left out. An update that changes nothing keeps the revision; a refused
+one changes nothing. A run whose plan has a step not completed cannot finalize.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import time
 from typing import Any
 
+from corral.actors.tools.plan import MAX_EXPLANATION_CHARS, MAX_STEPS, MAX_TITLE_CHARS
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 
@@ -21,92 +25,132 @@ from corral.supervisor.ledger.port import Ledger
 class StepStatus(enum.StrEnum):
     PENDING = "pending"
     IN_PROGRESS = "in_progress"
-    DONE = "done"
-    BLOCKED = "blocked"
-    DROPPED = "dropped"
+    COMPLETED = "completed"
 
 
-#: Forward moves need nothing; the moves back (and dropping) need a reason.
-FORWARD: dict[StepStatus, frozenset[StepStatus]] = {
-    StepStatus.PENDING: frozenset({StepStatus.IN_PROGRESS, StepStatus.DONE, StepStatus.BLOCKED}),
-    StepStatus.IN_PROGRESS: frozenset({StepStatus.DONE, StepStatus.BLOCKED}),
-    StepStatus.BLOCKED: frozenset({StepStatus.IN_PROGRESS, StepStatus.DONE}),
-    StepStatus.DONE: frozenset(),
-    StepStatus.DROPPED: frozenset(),
-}
-UNFINISHED = frozenset({StepStatus.PENDING, StepStatus.IN_PROGRESS, StepStatus.BLOCKED})
-MAX_STEPS = 200
+#: The statuses of plans written before the seed's rules (read back, never accepted).
+_LEGACY_STATUS = {"done": StepStatus.COMPLETED, "in_progress": StepStatus.IN_PROGRESS}
 
 
 class PlanRefused(BadRequest):
     """An update that breaks the plan's rules (the model sees why, as the tool's error)."""
 
 
-def merge(steps: list[dict[str, Any]], changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The plan after ``changes`` (pure). New ids append; known ids change in place."""
-    merged = [dict(step) for step in steps]
-    by_id = {step["id"]: step for step in merged}
-    for change in changes:
-        step_id = change["id"]
-        status = StepStatus(change.get("status", "pending"))
-        reason = (change.get("reason") or "").strip()
-        step = by_id.get(step_id)
-        if step is None:
-            if not change.get("text"):
-                raise PlanRefused(f"step {step_id!r} is new: give it a text")
-            if status is StepStatus.DROPPED and not reason:
-                raise PlanRefused(f"step {step_id!r}: dropping a step needs a reason")
-            step = {"id": step_id, "text": change["text"], "status": status.value, "reason": reason}
-            merged.append(step)
-            by_id[step_id] = step
+def _checked(changes: list[Any]) -> list[dict[str, str]]:
+    """The update's steps, each checked on its own (pure)."""
+    if not isinstance(changes, list) or not 1 <= len(changes) <= MAX_STEPS:
+        raise PlanRefused(f"a plan has 1 to {MAX_STEPS} steps")
+    steps: list[dict[str, str]] = []
+    for n, change in enumerate(changes, 1):
+        title = change.get("step") if isinstance(change, dict) else None
+        if not isinstance(title, str) or not title.strip() or len(title) > MAX_TITLE_CHARS:
+            raise PlanRefused(f"step {n} needs a title of 1 to {MAX_TITLE_CHARS} characters")
+        status = change.get("status", StepStatus.PENDING.value)
+        if status not in StepStatus.__members__.values():
+            raise PlanRefused(f"step {n} ({title}): the status is pending, in_progress or completed, not {status!r}")
+        steps.append({"step": title.strip(), "status": str(status)})
+    return steps
+
+
+def merge(steps: list[dict[str, str]], explanation: Any, changes: list[Any]) -> list[dict[str, str]]:
+    """The plan after an update (pure): the update's steps, with each completed step
+    it leaves out merged back where it stood. Raises ``PlanRefused`` on a rule broken."""
+    if not isinstance(explanation, str) or not explanation.strip() or len(explanation) > MAX_EXPLANATION_CHARS:
+        raise PlanRefused(f"the update needs an explanation of 1 to {MAX_EXPLANATION_CHARS} characters")
+    update = _checked(changes)
+    titles = [step["step"] for step in update]
+    twice = sorted({title for title in titles if titles.count(title) > 1})
+    if twice:
+        raise PlanRefused(f"a step title is given twice: {twice[0]!r}")
+    if sum(step["status"] == StepStatus.IN_PROGRESS for step in update) > 1:
+        raise PlanRefused("at most one step in_progress at a time")
+    given = {step["step"]: step for step in update}
+    merged = list(update)
+    for index, old in enumerate(steps):
+        if old["status"] != StepStatus.COMPLETED:
             continue
-        current = StepStatus(step["status"])
-        if status is not current and status not in FORWARD[current] and not reason:
-            raise PlanRefused(f"step {step_id!r} cannot go from {current} to {status} without a reason")
-        step["status"] = status.value
-        if change.get("text"):
-            step["text"] = change["text"]
-        if reason:
-            step["reason"] = reason
+        now = given.get(old["step"])
+        if now is None:
+            merged.insert(min(index, len(merged)), dict(old))
+        elif now["status"] != StepStatus.COMPLETED:
+            raise PlanRefused(f"step {old['step']!r} is completed and cannot go back to {now['status']}")
     if len(merged) > MAX_STEPS:
-        raise PlanRefused(f"a plan holds at most {MAX_STEPS} steps")
+        raise PlanRefused(f"a plan has 1 to {MAX_STEPS} steps ({len(merged)} with the completed steps kept)")
     return merged
 
 
+def active_index(steps: list[dict[str, str]]) -> int | None:
+    """The index of the one in_progress step, if any."""
+    return next((n for n, step in enumerate(steps) if step["status"] == StepStatus.IN_PROGRESS), None)
+
+
+def _legacy(steps: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The steps as stored. A plan stored before the seed's rules (an id, a text and
+    five statuses) reads as titles and the seed's statuses; a dropped step is left out."""
+    read: list[dict[str, str]] = []
+    for step in steps:
+        if "step" in step:
+            read.append({"step": str(step["step"]), "status": str(step["status"])})
+        elif step.get("status") != "dropped":
+            status = _LEGACY_STATUS.get(str(step.get("status")), StepStatus.PENDING)
+            read.append({"step": str(step.get("text") or step.get("id")), "status": str(status)})
+    return read
+
+
+def _view(revision: int, explanation: str, steps: list[dict[str, str]]) -> dict[str, Any]:
+    return {
+        "revision": revision,
+        "explanation": explanation,
+        "steps": steps,
+        "active_index": active_index(steps),
+        "unfinished": [n for n, step in enumerate(steps, 1) if step["status"] != StepStatus.COMPLETED],
+    }
+
+
 def current(ledger: Ledger, run_id: str) -> dict[str, Any]:
-    row = ledger.one("SELECT revision, steps FROM run_plans WHERE run_id = ?", run_id)
+    row = ledger.one("SELECT revision, explanation, steps FROM run_plans WHERE run_id = ?", run_id)
     if row is None:
-        return {"revision": 0, "steps": []}
-    return {"revision": int(row["revision"]), "steps": json.loads(row["steps"])}
+        return _view(0, "", [])
+    return _view(int(row["revision"]), row["explanation"] or "", _legacy(json.loads(row["steps"])))
 
 
-def apply(ledger: Ledger, run_id: str, action_id: str, changes: list[dict[str, Any]]) -> dict[str, Any]:
-    """Apply an update once per action id: a replay returns the stored result."""
+def apply(ledger: Ledger, run_id: str, action_id: str, explanation: Any, changes: list[Any]) -> dict[str, Any]:
+    """Apply an update once per action id: a replay returns the stored result. An
+    update that leaves the plan as it was keeps its revision; a refused one raises
+    before anything is written."""
     with ledger.tx() as db:
         done = db.execute("SELECT result FROM plan_updates WHERE action_id = ?", (action_id,)).fetchone()
         if done is not None:
             result: dict[str, Any] = json.loads(done["result"])
             return result
         plan = current(ledger, run_id)
-        steps = merge(plan["steps"], changes)
-        revision = plan["revision"] + 1
+        steps = merge(plan["steps"], explanation, changes)
+        explanation = explanation.strip()
+        same = steps == plan["steps"] and explanation == plan["explanation"]
+        revision = plan["revision"] if same else plan["revision"] + 1
         now = time.time()
+        if not same:
+            db.execute(
+                "INSERT INTO run_plans (run_id, revision, explanation, steps, updated_at) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (run_id) DO UPDATE SET revision = excluded.revision,"
+                " explanation = excluded.explanation, steps = excluded.steps, updated_at = excluded.updated_at",
+                (run_id, revision, explanation, json.dumps(steps), now),
+            )
+        result = _view(revision, explanation, steps)
         db.execute(
-            "INSERT INTO run_plans (run_id, revision, steps, updated_at) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (run_id) DO UPDATE SET revision = excluded.revision, steps = excluded.steps,"
-            " updated_at = excluded.updated_at",
-            (run_id, revision, json.dumps(steps), now),
+            "INSERT INTO plan_updates (action_id, run_id, revision, result, created_at) VALUES (?, ?, ?, ?, ?)",
+            (action_id, run_id, revision, json.dumps(result), now),
         )
-        result = {"revision": revision, "steps": steps,
-                  "unfinished": [s["id"] for s in steps if StepStatus(s["status"]) in UNFINISHED]}
-        db.execute("INSERT INTO plan_updates (action_id, run_id, revision, result, created_at) VALUES (?, ?, ?, ?, ?)",
-                   (action_id, run_id, revision, json.dumps(result), now))
-        ledger.event("plan-updated", run_id, revision=revision, unfinished=len(result["unfinished"]))
+        if not same:
+            ledger.event("plan-updated", run_id, revision=revision, unfinished=len(result["unfinished"]))
     return result
 
 
 def blockers(ledger: Ledger, run_id: str) -> list[str]:
-    """A final reply waits for every step to be done or dropped (with a reason)."""
+    """A final reply waits for every step to be completed."""
     steps = current(ledger, run_id)["steps"]
-    return [f"plan step {s['id']} is {s['status']} (finish it, or drop it with a reason)"
-            for s in steps if StepStatus(s["status"]) in UNFINISHED]
+    return [
+        f"plan step {n} ({step['step']}) is {step['status']} (complete it, or plan again without it)"
+        for n, step in enumerate(steps, 1)
+        if step["status"] != StepStatus.COMPLETED
+    ]

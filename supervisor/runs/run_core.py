@@ -130,8 +130,13 @@ class RunCore:
         that matches (deny over confirm over auto), then the spec's, then the tool's
         own default (auto unless it says otherwise). A tool may also name run kinds
         it is always denied in, and a policy nothing lowers (project.git_commit:
-        never in a child or a delegation, always with a person's approval)."""
+        never in a child or a delegation, always with a person's approval). A
+        control-plane tool (``plan.update``) takes no policy: always auto."""
         found = self.tools.get(tool)
+        if getattr(found, "control_plane", False):
+            # Control-plane metadata (the plan, seed 004 V1.17): the policy table is
+            # not read; the update only changes the run's own plan.
+            return "auto"
         if run["kind"] in getattr(found, "denied_run_kinds", ()):
             return "deny"
         return max(self._chosen_policy(run, tool), str(getattr(found, "min_policy", "auto")),
