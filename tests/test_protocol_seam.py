@@ -27,16 +27,18 @@ from corral.mailbox.protocol import Method
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("actors", "supervisor", "mailbox", "sandbox")
 METHOD_NAMES = {method.value for method in Method}
+#: The ``family.name`` methods: such a string is a method's (or a tool's) name.
+DOTTED_NAMES = {name for name in METHOD_NAMES if "." in name}
 CALLS = {"call", "step_call", "report"}
 
 #: Served untyped (``Untyped``, through ``actor_methods``) until their family is converted.
 NOT_YET_TYPED = {method for method in Method} - set(protocol._TYPED)
 
 
-def _sources() -> list[Path]:
+def _sources(root: Path = ROOT) -> list[Path]:
     found = []
     for package in PACKAGES:
-        found += [p for p in (ROOT / package).rglob("*.py") if (ROOT / "mailbox" / "protocol") not in p.parents]
+        found += [p for p in (root / package).rglob("*.py") if (root / "mailbox" / "protocol") not in p.parents]
     return found
 
 
@@ -121,6 +123,148 @@ def test_the_untyped_methods_are_the_ones_listed() -> None:
 #: (supervisor/runs/run_feature.py, issue 50 §3): they hand ``action.prepare``'s
 #: params on, as the untyped ``PrepareRoute`` alias did, and are typed with it.
 UNTYPED_HANDLERS_AT_MOST = 60
+
+#: Where a string equal to a method's name is a tool's name, not the method's (the
+#: tools ``plan.update``, ``goal.verdict``, ``mcp.call`` … share their method's
+#: name): a tool's schema, the tool an action must be of, a table of tool names,
+#: and the control plane's own methods (people's, not an actor's).
+TOOL_NAME_CALLS = {"schema", "tool_action", "ledger_tool_action"}
+TOOL_NAME_TABLES = {"control_methods"}
+
+
+def _method_literals(path: Path, tree: ast.AST, root: Path) -> list[str]:
+    """Every string naming an actor method outside mailbox/protocol/, but where it
+    names a tool (``TOOL_NAME_CALLS``, a set or a map's key, ``TOOL_NAME_TABLES``)."""
+    exempt: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if callee in TOOL_NAME_CALLS:
+                exempt |= {id(arg) for arg in node.args}
+        elif isinstance(node, ast.Set):
+            exempt |= {id(element) for element in node.elts}
+        elif isinstance(node, ast.Dict):
+            exempt |= {id(key) for key in node.keys if key is not None and not _is_method_key(key)}
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value).split(".")[-1] in TOOL_NAME_TABLES:
+            exempt.add(id(node.slice))
+    return [
+        f"{path.relative_to(root)}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in DOTTED_NAMES and id(node) not in exempt
+    ]
+
+
+def _is_method_key(key: ast.expr) -> bool:
+    """``{"method": …}``'s key is a field name, never a tool's."""
+    return isinstance(key, ast.Constant) and key.value == "method"
+
+
+def _seam_offences(root: Path = ROOT) -> list[str]:
+    """What the Done-when forbids (issue 50 §1), read from the source: an actor-method
+    handler (it takes the calling ``slot``) in supervisor/ with a ``params:
+    dict[str, Any]``; a method named by a string (``ctx.call("x")``, ``{"method":
+    "x"}``, ``"family.name"`` anywhere) outside mailbox/protocol/; and the untyped
+    way itself: a call by ``Method`` with loose params (``self.call(Method.X, **kw)``),
+    ``Untyped``, ``actor_methods``."""
+    offences = []
+    for path in _sources(root):
+        tree = ast.parse(path.read_text(), str(path))
+        if path.is_relative_to(root / "supervisor"):
+            for node in ast.walk(tree):
+                if isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef):
+                    args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                    if any(a.arg == "slot" for a in args) and any(_is_params_dict(a) for a in args):
+                        offences.append(f"{path.relative_to(root)}:{node.lineno}: {node.name}(slot, params: dict)")
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "call"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+                and "ctx" in ast.unparse(node.func.value)
+            ):
+                offences.append(
+                    f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node.func)}({node.args[0].value!r})"
+                )
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in CALLS
+                and node.args
+                and ast.unparse(node.args[0]).startswith("Method.")
+            ):
+                offences.append(
+                    f"{path.relative_to(root)}:{node.lineno}: {node.func.attr}({ast.unparse(node.args[0])}, …)"
+                )
+            if (
+                isinstance(node, ast.Name | ast.alias) and getattr(node, "id", getattr(node, "name", "")) == "Untyped"
+            ) or (isinstance(node, ast.Attribute) and node.attr == "actor_methods"):
+                offences.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+        offences += _method_literals(path, tree, root)
+    return offences
+
+
+def test_the_typed_protocol_is_the_only_way_they_talk() -> None:
+    """The Done-when's check. A ratchet until every family is typed: the offences
+    only go down (``SEAM_OFFENCES_AT_MOST``), and at 0 the test asserts none."""
+    offences = _seam_offences()
+    assert len(offences) <= SEAM_OFFENCES_AT_MOST, f"{len(offences)} offences:\n" + "\n".join(offences)
+
+
+#: The offences left (a ratchet, issue 50 §1): lowered as each family is typed.
+SEAM_OFFENCES_AT_MOST = 151
+
+PLANTED = {
+    "supervisor/x_service.py": """
+from typing import Any
+class X:
+    async def poll(self, slot, params: dict[str, Any]) -> dict[str, Any]:
+        return {}
+    async def ok(self, slot, request: object) -> dict[str, Any]:
+        return {}
+    def control(self, params: dict[str, Any]) -> None:  # a control method: people's, no slot
+        pass
+def install(sup):
+    sup.actor_methods[1] = X().poll
+    sup.control_methods["session.poll"] = X().control  # a control method's name
+""",
+    "actors/x_tool.py": """
+from corral.mailbox.protocol import Method, Untyped
+SCHEMA = schema("plan.update", "a tool named as its method")
+TOOLS = {"goal.verdict", "fs.read"}
+async def run(ctx, lane):
+    await ctx.call("session.poll", process_id="p")
+    await ctx.call("whatever")
+    await lane.step_call(Method.PLAN_COMMIT, plan={})
+    body = {"method": "bench.sink", "params": {}}
+""",
+}
+
+
+def test_the_seam_check_finds_each_kind_of_offence(tmp_path: Path) -> None:
+    """The check itself, on planted source: each forbidden shape is found, and
+    nothing that names a tool or a control method is."""
+    for name, text in PLANTED.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "mailbox" / "protocol").mkdir(parents=True)
+    (tmp_path / "mailbox" / "protocol" / "x.py").write_text('NAME = "session.poll"\n')  # the protocol's own
+    found = sorted(_seam_offences(tmp_path))
+    assert found == sorted(
+        [
+            "supervisor/x_service.py:4: poll(slot, params: dict)",
+            "supervisor/x_service.py:11: sup.actor_methods",
+            "actors/x_tool.py:2: Untyped",
+            "actors/x_tool.py:6: ctx.call('session.poll')",
+            "actors/x_tool.py:6: 'session.poll'",
+            "actors/x_tool.py:7: ctx.call('whatever')",
+            "actors/x_tool.py:8: step_call(Method.PLAN_COMMIT, …)",
+            "actors/x_tool.py:9: 'bench.sink'",
+        ]
+    ), found
+
 
 BAD_CALLER = """
 from corral.mailbox.protocol import ActionBegin, ActionFinish, NextStep, encode
