@@ -44,6 +44,7 @@ from corral.supervisor.ledger.ledger_pg_cluster import (
     ensure_cluster,
     schema_of,
 )
+from corral.supervisor.ledger.ledger_pg_sync import GroupSync, marker_of
 from corral.supervisor.ledger.ledger_pg_wire import Connection, PostgresUnavailable, connect, redact_url
 from corral.supervisor.ledger.port import Ledger, LedgerError, RunIdTaken, split_sql
 from corral.supervisor.ledger.read_cache import ReadCache
@@ -97,7 +98,6 @@ class PostgresLedger(Ledger):
         #: the WAL flush, and ``sync`` (before any reply leaves) waits for one
         #: flush that covers all of them.
         self.group_commit = group_commit
-        self._sync_conn: Any = None
         self.url = url
         self.partition = partition
         self.schema = schema_of(partition)
@@ -105,6 +105,8 @@ class PostgresLedger(Ledger):
         self.epoch = epoch
         self.on_fenced = on_fenced
         self.fenced = ""
+        self._group_sync = GroupSync(url, partition, self.schema, epoch, where=self.where,
+                                     timeout=RECONNECT_TIMEOUT_S, fence=self.fence, diverged=self._diverged)
         self.holder = holder if epoch is not None and lease_s else None
         self.lease_s = lease_s
         #: Until when (this host's monotonic clock) the lease surely holds: the
@@ -195,8 +197,7 @@ class PostgresLedger(Ledger):
                                  (self.partition,))
 
     def _marker(self, conn: Any) -> int:
-        row = conn.execute(f"SELECT value FROM {self.schema}.corral_meta WHERE key = 'commit_seq'").fetchone()
-        return int(row[0]) if row else 0
+        return marker_of(conn, self.schema)
 
     @property
     def schema_version(self) -> int:
@@ -419,57 +420,13 @@ class PostgresLedger(Ledger):
             self.cache.clear()  # it may hold rows this transaction wrote
 
     def sync(self) -> int:
-        """Wait until every commit so far is flushed: one synchronously committed
-        write on a second connection (the WAL is one sequence, so its flush covers
-        every earlier commit). The ledger's own connection stays free meanwhile.
-        On a new connection (the first, or after a lost one) the commit marker is
-        read too: the server must still hold every commit this writer was told of.
-
-        That write is fenced like every other of this writer: the statement that
-        bumps the counter checks the epoch itself (``_sync_sql``), so it takes the
-        partition's row ``FOR SHARE`` in its own transaction. A node that was
-        taken over while it waited to sync commits nothing here, and stops."""
-        import psycopg
-
+        """Wait until every commit so far is flushed (supervisor/ledger/ledger_pg_sync.py:
+        one fenced, synchronously committed write on a second connection)."""
         if self.fenced:
             raise Fenced(self.fenced)
-        covered, seq = self.commits, self._seq
-        conn = self._sync_conn
-        try:
-            fresh = conn is None
-            if conn is None:
-                conn = connect(self.url, f"corral-sync:{self.partition}", timeout=RECONNECT_TIMEOUT_S)
-                self._sync_conn = conn
-                conn.execute(f"SET search_path TO {self.schema}, public")
-            conn.execute(self._sync_sql)
-            if fresh and self.epoch is not None and self._marker(conn) < seq:
-                self._diverged(f"it holds commit {self._marker(conn)}, and this writer was told of commit {seq}")
-        except PostgresUnavailable as exc:
-            raise LedgerUnavailable(f"{self.where}: group commit cannot reach the server ({exc})") from None
-        except psycopg.Error as exc:
-            self._sync_conn = None
-            try:
-                conn.close()
-            except Exception:
-                pass
-            if getattr(exc, "sqlstate", None) == FENCE_SQLSTATE:
-                self.fence(str(exc.diag.message_primary or exc).removeprefix("corral-fenced: "))
-            if not connection_lost(exc, conn):
-                raise
-            raise LedgerUnavailable(f"{self.where}: group commit lost its connection ({exc})") from None
+        covered = self.commits
+        self._group_sync.flush(self._seq)
         return covered
-
-    @property
-    def _sync_sql(self) -> str:
-        """Group commit's write: the counter bumped, in one statement (one implicit
-        transaction) with the epoch check when this writer is fenced. The check
-        is the epoch alone: a lapsed lease nobody took over only delays a flush of
-        commits that were fenced when they were made."""
-        bump = "UPDATE corral_meta SET value = value + 1"
-        if self.epoch is None:
-            return f"{bump} WHERE key = 'syncs'"
-        fence = f"{CLUSTER_SCHEMA}.fence('{self.partition}', {int(self.epoch)})"
-        return f"{bump} FROM (SELECT {fence}) AS fenced WHERE key = 'syncs'"
 
     @property
     def _fence_sql(self) -> str:
@@ -604,6 +561,5 @@ class PostgresLedger(Ledger):
     def close(self) -> None:
         if self.release_on_close:
             self.release()
-        if self._sync_conn is not None:
-            self._sync_conn.close()
+        self._group_sync.close()
         self.raw.close()
