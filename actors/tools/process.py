@@ -24,7 +24,13 @@ from typing_extensions import TypedDict
 
 from corral.actors.one_shot_command import CommandResult, StreamCapture, read_transcript_lines, run_command
 from corral.actors.session import private_dirs, sandbox_profile
-from corral.actors.session_state import BadSessionInput, SessionError
+from corral.actors.session_state import (
+    DEFAULT_POLL_CHARS,
+    MAX_POLL_CHARS,
+    MAX_POLL_WAIT_MS,
+    BadSessionInput,
+    SessionError,
+)
 from corral.actors.tools.base import ASKS_A_PERSON, Tool, ToolContext, ToolError, ToolResult, schema
 from corral.actors.tools.fs import SOURCES_CHANGED
 from corral.actors.tools.paths import resolve_in_workspace
@@ -70,8 +76,8 @@ class ProgramArgs(TypedDict):
 class PollArgs(TypedDict):
     process_id: str
     cursor: NotRequired[str]
-    max_chars: NotRequired[int]
-    wait_ms: NotRequired[int]
+    max_chars: NotRequired[Annotated[int, Field(ge=1, le=MAX_POLL_CHARS, description=f"default {DEFAULT_POLL_CHARS}")]]
+    wait_ms: NotRequired[Annotated[int, Field(ge=0, le=MAX_POLL_WAIT_MS)]]
 
 
 class StdinArgs(TypedDict):

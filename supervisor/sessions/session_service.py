@@ -32,7 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from corral.actors.session_state import MAX_STDIN_BYTES, TERMINAL_STATES, SessionState
+from corral.actors.session_state import (
+    DEFAULT_POLL_CHARS,
+    MAX_POLL_CHARS,
+    MAX_POLL_WAIT_MS,
+    MAX_STDIN_BYTES,
+    TERMINAL_STATES,
+    SessionState,
+)
 from corral.actors.tools.base import ToolError, is_sealed
 from corral.actors.tools.paths import resolve_in_workspace
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
@@ -78,10 +85,6 @@ TERMINATE_TIMEOUT_S = 20.0
 SESSION_SHUTDOWN_MS = 12_000
 DEFAULT_SESSION_TIMEOUT_S = 600.0
 MAX_TIMEOUT_S = 24 * 3600.0
-DEFAULT_POLL_CHARS = 8192
-#: A poll chunk must fit in one frame (1 MiB) even as 4-byte UTF-8.
-MAX_POLL_CHARS = 32 * 1024
-MAX_POLL_WAIT_MS = 30_000
 MAX_ARGS = 256
 MAX_ARGV_BYTES = 64 * 1024
 
@@ -232,6 +235,11 @@ class SessionService:
         timeout_s = _timeout(params, DEFAULT_SESSION_TIMEOUT_S)
         process_id = session_store.process_id_for(action["action_id"])
         if session_store.get_session(self.ledger, process_id) is None:
+            # Capacity before anything is recorded or launched (no await in between:
+            # two starts cannot both pass it). A refusal is the action's plain failure.
+            full = session_store.capacity_refusal(self.ledger, run["agent_id"])
+            if full is not None:
+                raise Refused(full, code="session-capacity")
             session_store.insert_session(self.ledger, process_id, run, action["action_id"], argv, cwd_raw)
             await self._launch_actor(
                 process_id,
@@ -333,8 +341,9 @@ class SessionService:
             # From here the value lives in memory only; the action is never re-run,
             # so whatever happens next, nothing will ask for it again.
             sealed_input.discard(spool, row["run_id"], sealed_by)
-        if not isinstance(data, str) or len(data.encode()) > MAX_STDIN_BYTES:
-            raise BadRequest(f"data must be a string of at most {MAX_STDIN_BYTES} bytes")
+        newline = 1 if params.get("append_newline") else 0
+        if not isinstance(data, str) or len(data.encode()) + newline > MAX_STDIN_BYTES:
+            raise BadRequest(f"data must be a string of at most {MAX_STDIN_BYTES} bytes (with its newline)")
         if row["state"] != S.RUNNING:
             raise Refused(f"process {row['process_id']} is {row['state']}, not running", code="process-not-running")
         body = {

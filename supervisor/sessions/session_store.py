@@ -184,6 +184,31 @@ def blockers(ledger: Ledger, run_id: str) -> list[str]:
     ]
 
 
+#: The seed's capacity (V1.10): unresolved sessions per project (one home drives one
+#: project: supervisor/home/project_lock.py) and per agent.
+MAX_UNRESOLVED_PER_PROJECT = 4
+MAX_UNRESOLVED_PER_AGENT = 2
+_UNRESOLVED_SQL = f"(state IN ({_LIVE_SQL}) OR (state = 'needs-reconciliation' AND resolved_at IS NULL))"
+
+
+def capacity_refusal(ledger: Ledger, agent_id: str) -> str | None:
+    """Why a new session may not start now (None: it may), checked before anything
+    is recorded or launched. Unresolved means live, or needing a reconciliation no
+    person has settled yet; one left by an earlier boot stops every start until it is."""
+    rows = ledger.all(f"SELECT process_id, agent_id, boot_id FROM sessions WHERE {_UNRESOLVED_SQL}")
+    older = [row["process_id"] for row in rows if row["boot_id"] != ledger.boot_id]
+    if older:
+        return (f"an earlier boot left unresolved process session(s) {', '.join(older)}: settle them first"
+                " (corral reconcile PROCESS_ID)")
+    if len(rows) >= MAX_UNRESOLVED_PER_PROJECT:
+        return f"at most {MAX_UNRESOLVED_PER_PROJECT} unresolved process sessions per project ({len(rows)} now)"
+    mine = sum(1 for row in rows if row["agent_id"] == agent_id)
+    if mine >= MAX_UNRESOLVED_PER_AGENT:
+        return (f"at most {MAX_UNRESOLVED_PER_AGENT} unresolved process sessions per agent ({agent_id} has {mine});"
+                " terminate one first")
+    return None
+
+
 def busy_reasons(ledger: Ledger) -> list[str]:
     rows = ledger.all(
         f"SELECT state, COUNT(*) AS n FROM sessions WHERE state IN ({_LIVE_SQL})"
