@@ -28,6 +28,10 @@ from corral.mailbox.protocol import (
     Code,
     NextStep,
     Ping,
+    ProjectPreview,
+    ProjectVerification,
+    ProjectVerifyBegin,
+    ProjectVerifyRecord,
     Request,
     RunClaim,
     RunFail,
@@ -86,6 +90,14 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
             return _wire(await _need(methods.probes, request).sink_count(slot, request))
         case BenchSinkReset():
             return await _need(methods.probes, request).sink_reset(slot, request)
+        case ProjectVerifyBegin():
+            return await _need(methods.project, request).verify_begin(slot, request)
+        case ProjectVerifyRecord():
+            return await _need(methods.project, request).verify_record(slot, request)
+        case ProjectVerification():
+            return await _need(methods.project, request).verification(slot, request)
+        case ProjectPreview():
+            return await _need(methods.project, request).preview(slot, request)
         case Untyped():
             handler = sup.actor_methods.get(request.method)
             if handler is None:  # a method of a feature this supervisor was built without

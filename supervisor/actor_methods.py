@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from corral.mailbox.protocol import BenchSink, BenchSinkCount, BenchSinkReset, SinkCount
+    from corral.mailbox.protocol import (
+        BenchSink,
+        BenchSinkCount,
+        BenchSinkReset,
+        ProjectPreview,
+        ProjectVerification,
+        ProjectVerifyBegin,
+        ProjectVerifyRecord,
+        SinkCount,
+    )
     from corral.supervisor.tree.supervision_tree import ActorSlot
 
 
@@ -29,8 +38,22 @@ class ProbeMethods(Protocol):
     async def sink_reset(self, slot: ActorSlot, request: BenchSinkReset) -> dict[str, Any]: ...
 
 
+class ProjectMethods(Protocol):
+    """The project: ``project.verify``'s ledger calls, its verification, its preview
+    (supervisor/project/project_service.py)."""
+
+    async def verify_begin(self, slot: ActorSlot, request: ProjectVerifyBegin) -> dict[str, Any]: ...
+
+    async def verify_record(self, slot: ActorSlot, request: ProjectVerifyRecord) -> dict[str, Any]: ...
+
+    async def verification(self, slot: ActorSlot, request: ProjectVerification) -> dict[str, Any]: ...
+
+    async def preview(self, slot: ActorSlot, request: ProjectPreview) -> dict[str, Any]: ...
+
+
 @dataclass
 class ActorMethods:
     """The families this supervisor serves: each set by its service's setup."""
 
     probes: ProbeMethods | None = None
+    project: ProjectMethods | None = None

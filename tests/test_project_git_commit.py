@@ -15,6 +15,7 @@ import pytest
 from corral.actors.tools import host_git
 from corral.actors.tools.base import ToolContext, ToolError
 from corral.actors.tools.project import GitCommit, GitSnapshot, GitStatus
+from corral.mailbox.protocol import ProjectVerification, Request
 from corral.supervisor.runs.run_core import RunCore
 from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
@@ -26,13 +27,17 @@ COMMIT_VERBS = {"config", "rev-parse", "symbolic-ref", "diff-index", "read-tree"
 
 
 def _ctx(ws: Path, *, verified: bool = True, child: bool = False) -> ToolContext:
-    async def call(method: str, **params: Any) -> dict[str, Any]:
-        assert method == "project.verification", method
+    async def ask(request: Request[Any], timeout: float = 30.0) -> Any:
+        assert isinstance(request, ProjectVerification), request
         last = {"revision": 2, "status": "passed" if verified else "failed"}
         return {"revision": 2, "verification": last, "passed_on_current": verified, "passed_by_run": verified}
 
     return ToolContext(agent_id="writer", run_id="run-test00", action_id="act-1", workspace=ws, write_scopes=(".",),
-                       home=ws.parent / "home", call=call, is_child=child)
+                       home=ws.parent / "home", call=_no_call, ask=ask, is_child=child)
+
+
+async def _no_call(method: str, **params: Any) -> dict[str, Any]:
+    raise AssertionError(f"the commit asks the supervisor by a typed request, not {method!r}")
 
 
 def _git(ws: Path, *args: str) -> str:

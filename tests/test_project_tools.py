@@ -13,6 +13,7 @@ import pytest
 
 from corral.actors.tools.base import ToolContext, ToolError
 from corral.actors.tools.project import Changeset, GitCommit, GitDiff, GitSnapshot, GitStatus
+from corral.mailbox.protocol import ProjectVerification, Request
 from tests.harness import Daemon, agent_spec, wait_run
 
 
@@ -27,12 +28,13 @@ def _ctx(ws: Path, scopes: tuple[str, ...] = (".",)) -> ToolContext:
 
 def _verified(ws: Path) -> ToolContext:
     """A context whose run has a passed verification on its current revision."""
-    async def call(method: str, **params: Any) -> dict[str, Any]:
+    async def ask(request: Request[Any], timeout: float = 30.0) -> Any:
+        assert isinstance(request, ProjectVerification), request
         return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True,
                 "passed_by_run": True}
 
     return ToolContext(agent_id="writer", run_id="run-test00", action_id="act-1", workspace=ws, write_scopes=(".",),
-                       home=ws.parent / "home", call=call)
+                       home=ws.parent / "home", call=_no_call, ask=ask)
 
 
 def _git(ws: Path, *args: str) -> str:

@@ -46,6 +46,24 @@ MALFORMED = [
     ({"method": "run.next_step", "params": {"run_id": "r", "history_have": "many"}}, "bad-request", "history_have"),
     ({"method": "run.next_step", "params": {"run_id": "r", "histroy_have": 3}}, "bad-request", "histroy_have"),
     ({"method": "run.finalize", "params": {"run_id": "r", "reply": {"not": "text"}}}, "bad-request", "reply"),
+    # the project: a bound the handler checked by hand is the record's now
+    (
+        {
+            "method": "project.verify.record",
+            "params": {"run_id": "r", "action_id": "a", "revision": -1, "fingerprint": "f", "outputs": []},
+        },
+        "bad-request",
+        "revision",
+    ),
+    (
+        {
+            "method": "project.verify.record",
+            "params": {"run_id": "r", "action_id": "a", "revision": 1, "fingerprint": "f" * 129, "outputs": []},
+        },
+        "bad-request",
+        "fingerprint",
+    ),
+    ({"method": "project.verify.begin", "params": {"run_id": "r", "action_id": "a" * 65}}, "bad-request", "action_id"),
 ]
 
 

@@ -10,7 +10,7 @@ from typing import Any, Generic, Protocol
 from typing_extensions import TypeVar
 
 from corral.actors.providers.base import ToolSchema
-from corral.mailbox.protocol import ActionResult
+from corral.mailbox.protocol import ActionResult, R, Request
 
 #: The type of ``ToolContext.deps``: what the agent's ``deps`` factory returns
 #: (actors/tools/deps.py). ``ToolContext`` alone means ``ToolContext[Any]``.
@@ -37,6 +37,17 @@ class ToolError(Exception):
 RAISED = "raised"
 
 
+class Asker(Protocol):
+    """One typed request to the supervisor (``ActorContext.ask``): its fields checked
+    by the type checker here and by the supervisor's decoder there."""
+
+    async def __call__(self, request: Request[R], timeout: float = 30.0) -> R: ...
+
+
+async def _asks_nothing(request: Request[R], timeout: float = 30.0) -> R:
+    raise ToolError(f"this tool context asks nothing of the supervisor ({request.METHOD.value})")
+
+
 @dataclass
 class ToolContext(Generic[DepsT]):
     agent_id: str
@@ -55,6 +66,9 @@ class ToolContext(Generic[DepsT]):
     idempotency_key: str = ""
     #: Whether the agent's provider can look at images (``image.inspect``).
     sees_images: bool = False
+    #: Asks the supervisor a typed request (mailbox/protocol/); a context made for
+    #: a tool that needs no supervisor (an approval view's file read) has none.
+    ask: Asker = _asks_nothing
     #: What the agent's ``deps`` factory made when its process started (None: it
     #: names none): annotate ``ctx: corral.ToolContext[MyDeps]`` to type it.
     deps: DepsT = None  # type: ignore[assignment]  # None until a factory is named; DepsT says what it makes

@@ -32,6 +32,7 @@ from corral.actors.tools.base import Tool, ToolContext, ToolError, ToolResult, s
 from corral.actors.tools.preview_browser import BrowserMissing, check_preview, messages
 from corral.core.loopback_url import NotLoopback, loopback_page, origin_of
 from corral.mailbox.errors import RemoteError
+from corral.mailbox.protocol import ProjectPreview
 
 #: How long the preview may take to accept connections after the tool is called.
 READY_TIMEOUT_S = 15.0
@@ -77,7 +78,7 @@ def preview_url(port: int, path: str, origin: str | None = None) -> str:
 async def _spec_preview(ctx: ToolContext, path: str | None) -> str:
     """The spec's ``[project] preview_url`` (with another path if one is given)."""
     try:
-        answer = await ctx.call("project.preview")
+        answer = await ctx.ask(ProjectPreview())
     except RemoteError as exc:
         raise ToolError(f"no preview: {exc.message}", "not-a-preview") from None
     spec_url = answer.get("url")

@@ -27,6 +27,7 @@ from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
 from corral.actors.tools.fs import SOURCES_CHANGED
 from corral.actors.tools.process import command_transcript, run_sandboxed
 from corral.actors.tools.source_fingerprint import fingerprint
+from corral.mailbox.protocol import ProjectVerification, ProjectVerifyBegin, ProjectVerifyRecord
 
 #: Seconds one verify command may take.
 VERIFY_TIMEOUT_S = 600.0
@@ -43,7 +44,7 @@ async def require_verification(ctx: ToolContext) -> dict[str, Any]:
     the current, non-zero revision (seed 004 V1.12: revision 0 is the user's own
     worktree, which corral never changed nor can vouch for); otherwise a ToolError
     (code ``verification-required``) that says why."""
-    state = await ctx.call("project.verification", run_id=ctx.run_id)
+    state = await ctx.ask(ProjectVerification(run_id=ctx.run_id))
     revision = state.get("revision")
     if revision == 0:
         raise ToolError("the project is at revision 0: no change was made through corral, so there is no verified"
@@ -84,7 +85,7 @@ class ProjectVerify:
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        begun = await ctx.call("project.verify.begin", run_id=ctx.run_id, action_id=ctx.action_id)
+        begun = await ctx.ask(ProjectVerifyBegin(run_id=ctx.run_id, action_id=ctx.action_id))
         if begun["recorded"] is not None:
             return _outcome(begun["recorded"], False)  # recorded already: nothing runs twice
         commands: list[list[str]] = begun["commands"]
@@ -110,14 +111,15 @@ class ProjectVerify:
         if not before.complete:
             outputs.append({"argv": [], "status": "not-verified", "exit_code": None,
                             "output": "the source tree is over the fingerprint's bound: it cannot be verified whole"})
-        recorded = await ctx.call(
-            "project.verify.record",
-            run_id=ctx.run_id,
-            action_id=ctx.action_id,
-            revision=begun["revision"],
-            fingerprint=before.digest,
-            passed=passed,
-            sources_changed=changed,
-            outputs=outputs,
+        recorded = await ctx.ask(
+            ProjectVerifyRecord(
+                run_id=ctx.run_id,
+                action_id=ctx.action_id,
+                revision=begun["revision"],
+                fingerprint=before.digest,
+                passed=passed,
+                sources_changed=changed,
+                outputs=outputs,
+            )
         )
         return _outcome(recorded, changed)

@@ -32,6 +32,13 @@ import msgspec
 
 from corral.mailbox.protocol.base import Code, Count, Id, Method, ProtocolError, Request, Untyped
 from corral.mailbox.protocol.probes import BenchSink, BenchSinkCount, BenchSinkReset, ProbeRequest, SinkCount
+from corral.mailbox.protocol.project import (
+    ProjectPreview,
+    ProjectRequest,
+    ProjectVerification,
+    ProjectVerifyBegin,
+    ProjectVerifyRecord,
+)
 from corral.mailbox.protocol.run_records import (
     ActionBegin,
     ActionFinish,
@@ -67,6 +74,10 @@ __all__ = [
     "NextStep",
     "Ping",
     "Pong",
+    "ProjectPreview",
+    "ProjectVerification",
+    "ProjectVerifyBegin",
+    "ProjectVerifyRecord",
     "ProtocolError",
     "Request",
     "RunClaim",
@@ -86,7 +97,7 @@ R = TypeVar("R")
 
 #: Every typed request, one family's union each; ``decode`` makes one of these
 #: (or ``Untyped``), and supervisor/actor_dispatch.py's ``match`` serves each.
-TypedRequest = RunRequest | ProbeRequest
+TypedRequest = RunRequest | ProbeRequest | ProjectRequest
 
 #: Each typed request's record by its method, read off the union (no second list).
 _TYPED: Final[dict[Method, type[TypedRequest]]] = {kind.METHOD: kind for kind in get_args(TypedRequest)}

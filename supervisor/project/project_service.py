@@ -1,7 +1,7 @@
 """The project on the supervisor: its revision, ``project.verify``'s two ledger calls,
 the one call other tools use to require a verification, and the final-reply gate.
 
-Actor methods (the agent's tools call them through ``ctx.call``):
+Actor methods (the agent's tools ask them with the records of mailbox/protocol/project.py):
 
 * ``project.verify.begin``: for an executing ``project.verify`` action of the
   caller's run: the current revision, the spec's verify commands, the command
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 
-from corral.mailbox.protocol import Method
+from corral.mailbox.protocol import ProjectPreview, ProjectVerification, ProjectVerifyBegin, ProjectVerifyRecord
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.project import preview_gate, revision_store, verification_store, verify_recovery
@@ -58,18 +58,19 @@ class ProjectService:
         self.settings = settings
         self.sandbox_of = sandbox_of
 
-    async def preview(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def preview(self, slot: ActorSlot, request: ProjectPreview) -> dict[str, Any]:
         """The spec's loopback preview page for ``preview.validate`` (checked at spec load)."""
         return {"url": self.settings.preview_url}
 
-    def _verify_action(self, slot: ActorSlot, params: dict[str, Any]) -> tuple[Any, Any]:
-        _run_id, action = self.runs.ledger_tool_action(slot, params, VERIFY_TOOL)
+    def _verify_action(self, slot: ActorSlot, request: ProjectVerifyBegin | ProjectVerifyRecord) -> tuple[Any, Any]:
+        ids = {"run_id": request.run_id, "action_id": request.action_id}
+        _run_id, action = self.runs.ledger_tool_action(slot, ids, VERIFY_TOOL)
         if action["phase"] != "executing":
             raise BadRequest(f"action {action['action_id']} is {action['phase']}, not executing")
-        return self.runs.owned_run(slot, params), action
+        return self.runs.owned_run(slot, ids), action
 
-    async def verify_begin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run, action = self._verify_action(slot, params)
+    async def verify_begin(self, slot: ActorSlot, request: ProjectVerifyBegin) -> dict[str, Any]:
+        run, action = self._verify_action(slot, request)
         workspace = json.loads(run["options"]).get("workspace")
         if not isinstance(workspace, str):
             raise BadRequest(f"run {run['run_id']} has no workspace")
@@ -81,28 +82,23 @@ class ProjectService:
             "recorded": verification_store.get(self.ledger, action["action_id"]),
         }
 
-    async def verify_record(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run, action = self._verify_action(slot, params)
-        revision, fingerprint = params.get("revision"), params.get("fingerprint")
-        if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
-            raise BadRequest("revision must be a non-negative integer")
-        if not isinstance(fingerprint, str) or not 0 < len(fingerprint) <= 128:
-            raise BadRequest("fingerprint must be a digest")
+    async def verify_record(self, slot: ActorSlot, request: ProjectVerifyRecord) -> dict[str, Any]:
+        run, action = self._verify_action(slot, request)
         recorded = verification_store.record(
             self.ledger,
             run["run_id"],
             action["action_id"],
-            revision=revision,
-            fingerprint=fingerprint,
-            passed=params.get("passed") is True,
-            sources_changed=params.get("sources_changed") is not False,
-            outputs=params.get("outputs"),
+            revision=request.revision,
+            fingerprint=request.fingerprint,
+            passed=request.passed,
+            sources_changed=request.sources_changed,
+            outputs=request.outputs,
         )
         self.ledger.failpoint("verify.after-record")
         return recorded
 
-    async def verification(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self.runs.owned_run(slot, params)
+    async def verification(self, slot: ActorSlot, request: ProjectVerification) -> dict[str, Any]:
+        run = self.runs.owned_run(slot, {"run_id": request.run_id})
         state = verification_store.state(self.ledger)
         by_run = verification_store.passed_by_run(self.ledger, run["run_id"], state["revision"])
         return {**state, "passed_by_run": by_run}
@@ -156,10 +152,5 @@ def install(sup: Supervisor) -> ProjectService:
         return sup.intent.scoped_sandbox(run, sandbox_settings(sup.spec.sandbox, sup.home))
 
     service = ProjectService(sup.ledger, sup.runs, project_settings(sup.spec.raw), sandbox_of)
-    sup.actor_methods.update({
-        Method.PROJECT_VERIFY_BEGIN: service.verify_begin,
-        Method.PROJECT_VERIFY_RECORD: service.verify_record,
-        Method.PROJECT_VERIFICATION: service.verification,
-        Method.PROJECT_PREVIEW: service.preview,
-    })
+    sup.methods.project = service
     return service

@@ -23,6 +23,7 @@ from corral.actors.session_state import SessionState
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult
 from corral.actors.tools.process import CommandExec
 from corral.actors.tools.project import GitCommit, GitDiff, GitSnapshot, GitStatus
+from corral.mailbox.protocol import ProjectVerification, Request
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile
 from tests.launch_modes import needs_bwrap
 
@@ -242,14 +243,17 @@ async def _read_all(session: PtySession) -> str:
 
 
 def _tool_ctx(ws: Path) -> ToolContext:
-    async def call(method: str, **__: Any) -> dict[str, Any]:
+    async def ask(request: Request[Any], timeout: float = 30.0) -> Any:
         # The one supervisor question a git tool asks: project.git_commit's verification.
-        assert method == "project.verification", method
+        assert isinstance(request, ProjectVerification), request
         return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True,
                 "passed_by_run": True}
 
+    async def no_call(method: str, **__: Any) -> dict[str, Any]:
+        raise AssertionError(f"a git tool asks by a typed request, not {method!r}")
+
     return ToolContext(agent_id="writer", run_id="run-t", action_id="act-1", workspace=ws, write_scopes=(".",),
-                       home=ws.parent / "corral-home", call=call)
+                       home=ws.parent / "corral-home", call=no_call, ask=ask)
 
 
 async def _commit(ctx: ToolContext, paths: list[str]) -> ToolResult:

@@ -1,0 +1,62 @@
+"""The project (supervisor/project/project_service.py): ``project.verify``'s two
+ledger calls, the verification other tools require, and the spec's preview page.
+
+Bounds are the ones the handlers checked by hand before these records: the verify
+calls name a run and an action of at most 64 characters (a ledger tool's), a
+revision is a non-negative integer, a fingerprint a digest of at most 128.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+import msgspec
+
+from corral.mailbox.protocol.base import Id, Method, Request
+
+#: A ledger tool's run and action ids (supervisor/runs/run_core.py ``ledger_tool_action``).
+ToolId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+#: At most this many verify commands' outputs are recorded.
+MAX_OUTPUTS = 64
+
+Reply = dict[str, Any]
+
+
+class ProjectVerifyBegin(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``project.verify.begin``: the revision, the verify commands and their sandbox
+    for an executing ``project.verify`` action (and its record, if it has one)."""
+
+    METHOD: ClassVar[Method] = Method.PROJECT_VERIFY_BEGIN
+    run_id: ToolId
+    action_id: ToolId
+
+
+class ProjectVerifyRecord(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``project.verify.record``: the verification, recorded once per action."""
+
+    METHOD: ClassVar[Method] = Method.PROJECT_VERIFY_RECORD
+    run_id: ToolId
+    action_id: ToolId
+    revision: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    fingerprint: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    #: Each command's argv, status, exit code and output tail (bounded and redacted there).
+    outputs: Annotated[list[dict[str, Any]], msgspec.Meta(max_length=MAX_OUTPUTS)]
+    passed: bool = False
+    sources_changed: bool = True
+
+
+class ProjectVerification(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``project.verification``: the project's verification state for the caller's run."""
+
+    METHOD: ClassVar[Method] = Method.PROJECT_VERIFICATION
+    run_id: Id
+
+
+class ProjectPreview(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``project.preview``: the spec's loopback preview page (``url``, or None)."""
+
+    METHOD: ClassVar[Method] = Method.PROJECT_PREVIEW
+
+
+#: The project's requests (the package's ``TypedRequest`` includes them).
+ProjectRequest = ProjectVerifyBegin | ProjectVerifyRecord | ProjectVerification | ProjectPreview
