@@ -163,6 +163,11 @@ def trampoline_runtime_paths() -> tuple[Path, ...]:
     paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)}
     paths.add(Path(sys.executable).resolve().parent)
     paths.add(TRAMPOLINE_PATH.parent)
+    # Where its one third-party import lives: not always under sys.prefix (a venv
+    # that reaches another environment's site-packages through a .pth file).
+    prctl_file = getattr(sys.modules.get("prctl"), "__file__", None)
+    if prctl_file:
+        paths.add(Path(prctl_file).resolve().parent)
     return tuple(sorted(paths))
 
 

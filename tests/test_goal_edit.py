@@ -114,6 +114,30 @@ def test_an_approved_write_not_started_is_blocked_by_an_edit_while_the_goal_is_p
     assert not _page(daemon).exists(), "the approval made for the old goal never ran"
 
 
+def test_while_a_goal_is_active_or_paused_its_conversation_starts_no_other_run(drafter: Daemon) -> None:
+    """V1.18: "Goal 活跃或暂停期间，当前 Session 禁止另起不相关 run；后续普通输入默认继续走同
+    run steer，独立任务应使用另一 Session". A conversation is corral's session."""
+    daemon = drafter
+    conversation = daemon.call("conversation.new", agent_id="drafter")["conversation_id"]
+    run_id: str = daemon.call("run", agent_id="drafter", goal="draft the page",
+                              conversation_id=conversation)["run_id"]
+    wait_run(daemon, run_id, {"waiting-confirmation"})
+    runs_before = ledger_rows(daemon.home, "SELECT run_id FROM runs")
+    for state in ("active", "paused"):
+        with pytest.raises(Exception, match=f"has a {state} goal \\(run {run_id}\\)"):
+            daemon.call("run", agent_id="drafter", task="an unrelated task", conversation_id=conversation)
+        if state == "active":
+            assert daemon.call("goal.pause", run_id=run_id)["status"] == "paused"
+    assert ledger_rows(daemon.home, "SELECT run_id FROM runs") == runs_before
+    line = daemon.call("conversation.send", conversation_id=conversation, text="keep it short")
+    assert line["as"] == "steer" and line["run_id"] == run_id
+    # An independent task goes to another conversation (another session).
+    other = daemon.call("conversation.new", agent_id="drafter")["conversation_id"]
+    elsewhere: str = daemon.call("run", agent_id="drafter", task="an unrelated task", conversation_id=other)["run_id"]
+    daemon.call("cancel", run_id=elsewhere)
+    assert daemon.call("goal.clear", run_id=run_id)["status"] == "cleared"
+
+
 def test_constraints_verification_and_expected_revision(drafter: Daemon) -> None:
     daemon = drafter
     runs_before = len(ledger_rows(daemon.home, "SELECT run_id FROM runs"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from corral.mailbox.protocol import Method
 from corral.supervisor.errors import BadRequest, NotFound
@@ -31,9 +31,19 @@ if TYPE_CHECKING:
     from corral.supervisor.tree.supervision_tree import ActorSlot
 
 
+class RunSessions(Protocol):
+    """The run's process sessions, as a pause needs them (supervisor/sessions/)."""
+
+    def live_sessions(self, run_id: str) -> list[str]: ...
+
+    async def end_run_sessions(self, run_id: str) -> list[str]: ...
+
+
 class GoalService:
-    def __init__(self, ledger: Ledger, runs: RunService) -> None:
+    def __init__(self, ledger: Ledger, runs: RunService, sessions: RunSessions) -> None:
         self.ledger = ledger
+        #: A pause ends the run's process sessions before it commits (seed 004 V1.18).
+        self.sessions = sessions
         #: Finds the run and the ``goal.verdict`` action a verdict is for; cancels, wakes.
         self.runs = runs
         #: The steer path: an edit is a steer, a pause interrupts like one.
@@ -57,15 +67,23 @@ class GoalService:
         return goal_store.status(self.ledger, run_id)
 
     async def pause(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Pause requested (committed), then the provider turn in flight interrupted;
-        the run parks at its next safe boundary and makes no provider call until resumed."""
+        """Pause requested (committed), then the provider turn in flight interrupted
+        and the run's process sessions terminated; only then does the pause commit
+        (``paused``): at once when the run holds no lane, else at its next safe
+        boundary. It makes no provider call until resumed. Asked again while
+        ``pause-requested``, it ends what is still live and settles again."""
         run_id = param_str(params, "run_id", limit=64)
         goal = goal_store.request_pause(self.ledger, run_id)
         interrupted = None
+        terminated: list[str] = []
         if goal["status"] == GoalStatus.PAUSE_REQUESTED:
             interrupted = await self.steers.interrupt_in_flight(run_id)
-            await self.runs.wake_run(run_id)
-        return {**goal, "interrupted": interrupted}
+            terminated = await self.sessions.end_run_sessions(run_id)
+            goal = goal_store.settle_pause(self.ledger, run_id,
+                                           sessions_live=bool(self.sessions.live_sessions(run_id)))
+            if goal["status"] == GoalStatus.PAUSE_REQUESTED:
+                await self.runs.wake_run(run_id)
+        return {**goal, "interrupted": interrupted, "terminated_sessions": terminated}
 
     async def resume(self, params: dict[str, Any]) -> dict[str, Any]:
         run_id = param_str(params, "run_id", limit=64)
@@ -122,10 +140,10 @@ class GoalFeature(RunFeature):
         return None if goal is None else goal_shape.task_text(*goal_shape.goal_param(goal))
 
     def start_check(self, ledger: Ledger, params: Mapping[str, Any]) -> None:
-        if params.get("goal") is not None:
-            conversation_id = params.get("conversation_id")
-            # One live goal per conversation.
-            goal_store.refuse_second_goal(ledger, conversation_id if isinstance(conversation_id, str) else None)
+        conversation_id = params.get("conversation_id")
+        # One live goal per conversation, and no other run beside it there.
+        goal_store.refuse_second_goal(ledger, conversation_id if isinstance(conversation_id, str) else None,
+                                      goal=params.get("goal") is not None)
 
     def start_options(self, ledger: Ledger, params: Mapping[str, Any]) -> dict[str, Any]:
         if params.get("goal") is None:
@@ -154,7 +172,7 @@ class GoalFeature(RunFeature):
         return goal_store.blockers(ledger, run_id)
 
     def at_boundary(self, ledger: Ledger, run_id: str) -> None:
-        goal_store.park_at_boundary(ledger, run_id)
+        goal_store.park_at_boundary(ledger, run_id, sessions_live=bool(self.service.sessions.live_sessions(run_id)))
 
     def provider_guard(self, ledger: Ledger, run_id: str) -> str | None:
         return goal_store.holds_provider(ledger, run_id)
@@ -167,7 +185,7 @@ class GoalFeature(RunFeature):
 
 
 def install(sup: Supervisor) -> GoalService:
-    service = GoalService(sup.ledger, sup.runs)
+    service = GoalService(sup.ledger, sup.runs, sup.sessions)
     sup.actor_methods[Method.GOAL_VERDICT] = service.verdict
     sup.control_methods.update(
         {

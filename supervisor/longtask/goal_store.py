@@ -88,8 +88,11 @@ def require_goal(ledger: Ledger, run_id: str) -> Any:
     return row
 
 
-def refuse_second_goal(ledger: Ledger, conversation_id: str | None) -> None:
-    """One goal that is not terminal per conversation (its run still live)."""
+def refuse_second_goal(ledger: Ledger, conversation_id: str | None, *, goal: bool = True) -> None:
+    """One goal that is not terminal per conversation (its run still live), and no
+    other run in that conversation while it is (seed 004 V1.18: the session starts
+    no unrelated run; a chat line steers the goal's run; an independent task goes
+    to another conversation)."""
     if conversation_id is None:
         return
     live = ledger.one(
@@ -97,11 +100,17 @@ def refuse_second_goal(ledger: Ledger, conversation_id: str | None) -> None:
         " AND g.status NOT IN ('cleared', 'completed') AND r.status NOT IN ('completed', 'failed', 'cancelled')",
         conversation_id,
     )
-    if live is not None:
+    if live is None:
+        return
+    if goal:
         raise Conflict(
             f"conversation {conversation_id} already has a {live['status']} goal (run {live['run_id']});"
             f" clear it first (corral goal clear {live['run_id']}) or use another conversation"
         )
+    raise Conflict(
+        f"conversation {conversation_id} has a {live['status']} goal (run {live['run_id']}): no other run starts"
+        f" there until it ends; steer that run (a chat line does), or start this task in another conversation"
+    )
 
 
 def _move(ledger: Ledger, goal: Any, new: GoalStatus, why: str) -> None:
@@ -125,8 +134,9 @@ def view(row: Any) -> dict[str, Any]:
 
 
 def request_pause(ledger: Ledger, run_id: str) -> dict[str, Any]:
-    """``active -> pause-requested``; settled to ``paused`` at once when the run
-    holds no lane (parked for a person or a join), else at its next boundary."""
+    """``active -> pause-requested`` (a repeated request changes nothing). The
+    pause commits (``paused``) only in :func:`settle_pause` or at the run's next
+    boundary, each only once the run's process sessions have ended."""
     goal = require_goal(ledger, run_id)
     status = GoalStatus(goal["status"])
     if status in (GoalStatus.PAUSE_REQUESTED, GoalStatus.PAUSED):
@@ -136,16 +146,27 @@ def request_pause(ledger: Ledger, run_id: str) -> dict[str, Any]:
     with ledger.tx():
         _move(ledger, goal, GoalStatus.PAUSE_REQUESTED, "pause requested")
     ledger.failpoint("goal.after-pause-request")
-    run = ledger.one("SELECT status FROM runs WHERE run_id = ?", run_id)
-    if run is not None and RunStatus(run["status"]) not in (RunStatus.RUNNING, RunStatus.PENDING):
-        with ledger.tx():
-            _move(ledger, goal_row(ledger, run_id), GoalStatus.PAUSED, "the run held no lane")
     return view(goal_row(ledger, run_id))
 
 
-def park_at_boundary(ledger: Ledger, run_id: str) -> None:
+def settle_pause(ledger: Ledger, run_id: str, *, sessions_live: bool) -> dict[str, Any]:
+    """``pause-requested -> paused`` at once when the run holds no lane (parked for
+    a person or a join) and none of its process sessions is live (seed 004 V1.18:
+    they end before the pause commits); otherwise the run's next boundary does it."""
+    goal = require_goal(ledger, run_id)
+    run = ledger.one("SELECT status FROM runs WHERE run_id = ?", run_id)
+    idle = run is not None and RunStatus(run["status"]) not in (RunStatus.RUNNING, RunStatus.PENDING)
+    if goal["status"] == GoalStatus.PAUSE_REQUESTED and idle and not sessions_live:
+        with ledger.tx():
+            _move(ledger, goal, GoalStatus.PAUSED, "the run held no lane")
+    return view(goal_row(ledger, run_id))
+
+
+def park_at_boundary(ledger: Ledger, run_id: str, *, sessions_live: bool) -> None:
     """A boundary hook: a pausing or paused goal parks its running run (no provider
-    turn, no new action) until ``goal.resume``; a clearing one cancels it."""
+    turn, no new action) until ``goal.resume``; a clearing one cancels it. A pause
+    commits here only when no process session of the run is live; else the run
+    parks and the goal stays ``pause-requested`` (``goal.pause`` again ends them)."""
     goal = ledger.one("SELECT * FROM goals WHERE run_id = ?", run_id)
     if goal is None or GoalStatus(goal["status"]) not in HOLDING:
         return
@@ -154,7 +175,7 @@ def park_at_boundary(ledger: Ledger, run_id: str) -> None:
             action_store.deny_unstarted_actions(ledger, run_id, "run cancelled: goal cleared")
             run_store.set_run_status(ledger, run_id, RunStatus.CANCELLED, "goal cleared")
             return
-        if goal["status"] == GoalStatus.PAUSE_REQUESTED:
+        if goal["status"] == GoalStatus.PAUSE_REQUESTED and not sessions_live:
             _move(ledger, goal, GoalStatus.PAUSED, "parked at a safe boundary")
         run_store.set_run_status(ledger, run_id, RunStatus.NEEDS_INPUT, PAUSED_REASON.replace("RUN", run_id))
 

@@ -22,6 +22,7 @@ counts and sha256 digests.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -377,7 +378,41 @@ class SessionService:
         assert fresh is not None
         return session_store.session_view(fresh)
 
+    def live_sessions(self, run_id: str) -> list[str]:
+        """The process ids of the run's sessions whose process may still be there."""
+        return [row["process_id"] for row in session_store.live_sessions(self.ledger, run_id)]
+
+    async def end_run_sessions(self, run_id: str) -> list[str]:
+        """Terminates every live session of the run and waits until each one's
+        terminal state is on disk (a goal's pause: seed 004 V1.18 ends them before
+        the pause commits). A session still being launched is asked again once its
+        actor is up. Returns the ids it asked to end; any left live after
+        ``TERMINATE_TIMEOUT_S`` are still in :meth:`live_sessions`."""
+        ended: list[str] = []
+        deadline = trio.current_time() + TERMINATE_TIMEOUT_S
+        while True:
+            live = session_store.live_sessions(self.ledger, run_id)
+            if not live or trio.current_time() >= deadline:
+                return ended
+            before = [(row["process_id"], row["state"]) for row in live]
+            for row in live:
+                if row["process_id"] not in ended:
+                    ended.append(row["process_id"])
+                if row["state"] != S.TERMINATING:
+                    # The actor answers once the terminal state is on disk (None: not up yet).
+                    try:
+                        await self._ask(row, {"op": "terminate"}, max(0.1, deadline - trio.current_time()))
+                    except SupervisorError as exc:
+                        log.warning("session %s: terminate for run %s: %s", row["process_id"], run_id, exc)
+
+            await self._wait_until(functools.partial(self._sessions_moved, run_id, before), deadline)
+
+    def _sessions_moved(self, run_id: str, before: list[tuple[str, str]]) -> bool:
+        now = session_store.live_sessions(self.ledger, run_id)
+        return [(row["process_id"], row["state"]) for row in now] != before
+
     def _stdin_action(self, session: Any, params: dict[str, Any]) -> str:
+
         """The executing process.stdin action of the session's run that sealed the data."""
         the_id = params.get("action_id")
         if not isinstance(the_id, str):

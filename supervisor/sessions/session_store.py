@@ -170,6 +170,13 @@ def record_stdin(ledger: Ledger, row: sqlite3.Row, written: int, digest: str, *,
         )
 
 
+def live_sessions(ledger: Ledger, run_id: str) -> list[sqlite3.Row]:
+    """The run's sessions whose process may still be there, oldest first."""
+    return ledger.all(
+        f"SELECT * FROM sessions WHERE run_id = ? AND state IN ({_LIVE_SQL}) ORDER BY created_at", run_id
+    )
+
+
 def blockers(ledger: Ledger, run_id: str) -> list[str]:
     """Sessions that keep a run from writing its final reply."""
     rows = ledger.all(
