@@ -60,6 +60,8 @@ _EXPORTS: dict[str, str] = {
     "UserCodeError": "corral.core.errors",
     "RunFailed": "corral.core.errors",
     "RunTimeout": "corral.core.errors",
+    "LedgerDoorError": "corral.core.errors",
+    "LedgerLost": "corral.core.errors",
     "SpecError": "corral.supervisor.spec.swarm_spec",
     "NotRunning": "corral.supervisor.home.home_dir",
     "SupervisorGone": "corral.mailbox.control",
@@ -82,6 +84,8 @@ __all__ = [
     "DeadlineExceeded",
     "ErrorKind",
     "Event",
+    "LedgerDoorError",
+    "LedgerLost",
     "NotRunning",
     "Pending",
     "Plan",
@@ -127,7 +131,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
     from corral.client import Client
     from corral.client_start import SupervisorStartError
     from corral.client_types import Action, Event, Pending, RunResult
-    from corral.core.errors import CorralError, RunFailed, RunTimeout, UserCodeError
+    from corral.core.errors import CorralError, LedgerDoorError, LedgerLost, RunFailed, RunTimeout, UserCodeError
     from corral.mailbox.control import ClientClosed, ControlError, SupervisorGone
     from corral.mailbox.errors import DeadlineExceeded
     from corral.supervisor.home.home_dir import NotRunning

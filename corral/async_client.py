@@ -26,7 +26,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from corral.client_types import ApprovalView, Event, Pending, RunResult, ViewChanged, joined_pages
-from corral.core.errors import RunTimeout
+from corral.core.errors import LedgerLost, RunTimeout
 from corral.core.procs import wait_exit
 from corral.mailbox.control import ControlClient, ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the ledger and the run layer load only when a home is read 
     from collections.abc import Sequence
 
     from corral.client_spec import SpecSource, ToolSource
+    from corral.ledger_transport import LedgerTransport
     from corral.offline_read import LedgerReader
 
 T = TypeVar("T")
@@ -106,6 +107,8 @@ class AsyncClient:
         #: Where the reads go while no supervisor holds the home (``reading``); None: nowhere.
         self._ledger: LedgerReader | None = None
         self._read_ledger = False
+        #: The cluster's database, when this client talks to no node (``cluster``).
+        self._door: LedgerTransport | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -132,6 +135,29 @@ class AsyncClient:
         client._setup(homes.resolve_home(home), timeout)
         client._ledger = LedgerReader(client.home)
         return client
+
+    @classmethod
+    def cluster(cls, url: str, *, timeout: float = 10.0) -> AsyncClient:
+        """A client on a host with no node: it talks to the cluster's PostgreSQL
+        (``postgresql://...``) directly, as DBOS's client does. ``run`` queues a root
+        run into the shared queue and a node with room takes it; ``show``, ``wait``,
+        ``pending`` and ``status`` read the ledger; ``approve``, ``deny`` and
+        ``cancel`` go to the node holding the run, through the ledger, and return once
+        that node made them durable. Every other method needs a node
+        (``ControlError`` ``needs-a-node``). Raises ``DoorError`` (a bad URL, an
+        unreachable database, a refused login, no cluster there) before any call;
+        the password is never said. docs/scale-out.md, "The front door"."""
+        from corral.ledger_transport import LedgerTransport
+
+        client = cls.__new__(cls)
+        client._setup(homes.resolve_home(None), timeout)
+        client._door = LedgerTransport(url, timeout)
+        return client
+
+    @property
+    def ledger_url(self) -> str | None:
+        """The cluster's database this client talks to (no password); None: a node's home."""
+        return None if self._door is None else self._door.where
 
     @property
     def read_ledger(self) -> bool:
@@ -219,6 +245,8 @@ class AsyncClient:
     async def down(self, timeout: float = 30.0) -> bool:
         """Stop the supervisor gracefully; True once it has exited (False: still up
         after ``timeout``). Stopping one that is not running is not an error."""
+        if self._door is not None:
+            raise ControlError("needs-a-node", "down stops a node: run it on the node's host")
         try:
             endpoint = homes.read_endpoint(self.home)
         except homes.NotRunning:
@@ -243,6 +271,8 @@ class AsyncClient:
                 control.close()
         self._control = None
         self._retiring = []
+        if self._door is not None:
+            self._door.close()
 
     async def aclose(self) -> None:
         """``close``, awaited as asyncio and trio code closes things: ``await client.aclose()``."""
@@ -259,7 +289,10 @@ class AsyncClient:
 
     async def call(self, /, method: str, *, timeout: float | None = None, **params: Any) -> Any:
         """One control call (the escape hatch for methods without a helper). Calls of
-        several tasks run at once, each on its own nng context of the one connection."""
+        several tasks run at once, each on its own nng context of the one connection.
+        A client of a cluster's database (``cluster``) asks its front door instead."""
+        if self._door is not None:
+            return await self._door.acall(method, timeout, **params)
         for attempt in range(2):
             control = self._connection()
             try:
@@ -355,7 +388,8 @@ class AsyncClient:
             try:
                 created = await self.call("run", **params)
                 break
-            except (SupervisorGone, DeadlineExceeded, homes.NotRunning):
+            except (SupervisorGone, DeadlineExceeded, homes.NotRunning, LedgerLost):
+                # LedgerLost: a cluster's database went away mid-call (``cluster``).
                 if anyio.current_time() >= deadline:
                     raise
                 await anyio.sleep(CREATE_RETRY_PAUSE_S)

@@ -127,6 +127,18 @@ class Client:
         _refuse_inside_trio()
         return cls._over(AsyncClient.reading(home, timeout=timeout))
 
+    @classmethod
+    def cluster(cls, url: str, *, timeout: float = 10.0) -> Client:
+        """A client on a host with no node, talking to the cluster's PostgreSQL
+        directly (see ``AsyncClient.cluster``)."""
+        _refuse_inside_trio()
+        return cls._over(AsyncClient.cluster(url, timeout=timeout))
+
+    @property
+    def ledger_url(self) -> str | None:
+        """See ``AsyncClient.ledger_url``."""
+        return self._async.ledger_url
+
     @property
     def read_ledger(self) -> bool:
         """True when the last read was answered from the ledger, no supervisor running."""

@@ -29,7 +29,7 @@ from corral.supervisor import actor_dispatch, probes
 from corral.supervisor.actor_methods import ActorMethods
 from corral.supervisor.bridge import bridge_service
 from corral.supervisor.bridge.bridge_service import BridgeService
-from corral.supervisor.cluster import node_service
+from corral.supervisor.cluster import cluster_reads, node_service
 from corral.supervisor.context import collaboration_service, repo_fingerprint_service
 from corral.supervisor.context.collaboration_service import CollaborationService
 from corral.supervisor.errors import StorageFull, SupervisorError
@@ -216,7 +216,7 @@ class Supervisor:
         """Every service, in this order: a service may use those built before it.
         Then the features' parts in runs, in the one order the run layer calls them."""
         forwarding, node = node_service.install(self)  # a cluster node: its lease, before any run moves
-        self.runs, self.views = run_service.install(self, node_service.partition_reader(self.node))
+        self.runs, self.views = run_service.install(self, cluster_reads.partition_reader(self.node))
         self.swarm = swarm_service.install(self)
         self.sessions = session_service.install(self)
         self.mcp = mcp_service.install(self)

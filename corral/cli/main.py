@@ -16,7 +16,7 @@ from corral import __version__
 from corral.cli.parser import Parser
 from corral.client import Client
 from corral.client_start import SupervisorStartError, ledger_env, start_supervisor
-from corral.core.errors import RunTimeout
+from corral.core.errors import LedgerDoorError, LedgerLost, RunTimeout
 from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
 from corral.supervisor.home import home_dir as homes
@@ -28,6 +28,10 @@ EXIT_USAGE = 2
 EXIT_BUSY = 3
 EXIT_NOT_RUNNING = 4
 EXIT_FAILED = 1
+
+#: What ``corral --ledger URL`` does from a host with no node (the cluster's front
+#: door, supervisor/cluster/front_door.py); every other command needs a node's home.
+REMOTE_COMMANDS = ("run", "wait", "show", "pending", "approve", "deny", "cancel", "status", "ping")
 
 Command = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, tuple[Command, Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -68,16 +72,22 @@ def cli_errors() -> Iterator[None]:
     except homes.NotRunning as exc:
         raise CliError(str(exc), EXIT_NOT_RUNNING) from None
     except ControlError as exc:
-        raise CliError(f"{exc.code}: {exc.message}") from None
-    except (DeadlineExceeded, SupervisorGone, RunTimeout) as exc:
+        usage = exc.code == "needs-a-node"  # asked of a cluster's database, for what only a node does
+        raise CliError(f"{exc.code}: {exc.message}", EXIT_USAGE if usage else EXIT_FAILED) from None
+    except LedgerDoorError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    except (DeadlineExceeded, SupervisorGone, RunTimeout, LedgerLost) as exc:
         raise CliError(str(exc)) from None
 
 
 @contextmanager
 def open_client(args: argparse.Namespace) -> Iterator[Client]:
-    """The commands are a thin layer on ``corral.Client``."""
-    with cli_errors(), Client.connect(home_of(args)) as connected:
-        yield connected
+    """The commands are a thin layer on ``corral.Client``: on a node's home, or
+    (``corral --ledger URL``) on the cluster's database, from a host with no node."""
+    with cli_errors():
+        url = getattr(args, "cluster_ledger", None)
+        with Client.cluster(url) if url else Client.connect(home_of(args)) as connected:
+            yield connected
 
 
 @contextmanager
@@ -87,6 +97,10 @@ def open_reader(args: argparse.Namespace) -> Iterator[Client]:
     (``Client.reading``). ``say_where_read`` after the read. A ledger read behind its
     high-water mark is warned of on stderr, whether the read answered or was refused
     (a run the damage dropped is ``not-found``)."""
+    if getattr(args, "cluster_ledger", None):
+        with open_client(args) as remote:
+            yield remote
+        return
     with cli_errors(), Client.reading(home_of(args)) as connected:
         try:
             yield connected
@@ -235,6 +249,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(status)
         return 0
+    if status.get("remote"):  # a client of the cluster's database: the cluster, no node's tree
+        print(f"cluster at {status['ledger']}")
+        _print_cluster_tables(status["cluster"])
+        return 0
     print(
         f"home {status['home']}  boot {status['boot_id']}  pid {status['pid']}  up {status['uptime_s']:.1f}s"
         f"  launch {status['launch']}"
@@ -295,6 +313,17 @@ def _say_if_the_ledger_is_behind(home: Path) -> None:
 def _print_cluster(cluster: dict[str, Any]) -> None:
     """Every node of a shared ledger, and who holds which partition."""
     print(f"\nnode {cluster['node']}  partition {cluster['partition']} (epoch {cluster['epoch']})  {cluster['ledger']}")
+    _print_cluster_tables(cluster)
+    if cluster.get("dormant"):
+        print(f"held by this node with no supervisor (their runs are over): {', '.join(cluster['dormant'])}")
+    for refused in cluster.get("adoption_refused") or []:
+        print(f"NOT ADOPTED: partition {refused['partition']} has schema {refused['schema']}, newer than this"
+              f" corral's ({refused['supported']}): {refused['advice']}")
+
+
+def _print_cluster_tables(cluster: dict[str, Any]) -> None:
+    """The nodes, the partitions, and per node its runs and capacity with the
+    cluster's totals and the shared queue's depth."""
 
     def lease(left: float | None) -> str:
         return "-" if left is None else (f"{left:.1f}s left" if left >= 0 else f"expired {-left:.1f}s ago")
@@ -321,11 +350,6 @@ def _print_cluster(cluster: dict[str, Any]) -> None:
             ["NODE", "RUNS IN FLIGHT", "RUNS UNFINISHED", "CAPACITY"],
         )
         print(f"shared queue: {load['queue_depth']} run(s) waiting for a node with room")
-    if cluster.get("dormant"):
-        print(f"held by this node with no supervisor (their runs are over): {', '.join(cluster['dormant'])}")
-    for refused in cluster.get("adoption_refused") or []:
-        print(f"NOT ADOPTED: partition {refused['partition']} has schema {refused['schema']}, newer than this"
-              f" corral's ({refused['supported']}): {refused['advice']}")
 
 
 @command("ping", "check that the supervisor answers")
@@ -371,6 +395,11 @@ def build_parser() -> Parser:
         epilog="The home defaults to $CORRAL_HOME, else ./.corral. Shell completion: corral completion --help.",
     )
     parser.add_argument("--home", help="home directory (default: $CORRAL_HOME or ./.corral)")
+    parser.add_argument(
+        "--ledger", dest="cluster_ledger", metavar="URL",
+        help="from a host with no node: talk to a cluster's PostgreSQL (postgresql://USER@HOST/DB; the password from"
+        f" PGPASSWORD or ~/.pgpass) for {', '.join(REMOTE_COMMANDS)} (docs/scale-out.md, \"The front door\")",
+    )
     parser.add_argument("--version", action="version", version=f"corral {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _load_extra_commands()
@@ -402,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_command_line(argv)
     if not getattr(args, "command", None):
         parser.print_help()
+        return EXIT_USAGE
+    if getattr(args, "cluster_ledger", None) and args.command not in REMOTE_COMMANDS:
+        print(f"corral: `{args.command}` needs a node: run it on a node's host (with --ledger: "
+              f"{', '.join(REMOTE_COMMANDS)})", file=sys.stderr)
         return EXIT_USAGE
     try:
         code: int = args.func(args)

@@ -69,7 +69,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     # elsewhere, the run id at once and one line per state change (corral/cli/run_watch.py).
     live = args.wait and not args.json and not args.quiet and sys.stderr.isatty()
     with open_client(args) as client:
-        if args.wait:
+        if args.wait and client.ledger_url is not None:
+            # From a host with no node: no event stream to follow; the run id at
+            # once, then the run as it ends or parks, wherever a node runs it.
+            started = client.run(args.agent, args.task, script=script, wait=False, intent=intent, goal=goal)
+            print(f"corral run: {started.run_id} queued in the cluster at {client.ledger_url} (agent {args.agent});"
+                  f" waiting up to {args.timeout:g} s for it to end or to wait for a person", file=sys.stderr,
+                  flush=True)
+            result = client.wait(started.run_id, timeout=args.timeout)
+        elif args.wait:
             from corral.cli import progress, run_watch
 
             since = progress.start_cursor(client)
@@ -236,6 +244,26 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         result = client.reconcile(args.action_id, args.outcome, args.note)
     print(f"reconciled {args.action_id} as {args.outcome} (run {result['run_id']})")
     return 0
+
+
+def _wait_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_id", metavar="RUN")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait at most (default: 300)")
+    parser.add_argument("--done", action="store_true",
+                        help="wait until it ends, not only until it waits for a person")
+    json_arg(parser)
+
+
+@command("wait", "wait until a run ends or waits for a person, and show it (exit 0: it completed)")
+@arguments(_wait_args)
+def cmd_wait(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        shown = client.wait(args.run_id, timeout=args.timeout, until_parked=not args.done).raw
+    if args.json:
+        emit_json(shown)
+    else:
+        print_run(shown)
+    return 0 if shown["run"]["status"] == "completed" else EXIT_FAILED
 
 
 def _run_id_arg(parser: argparse.ArgumentParser) -> None:

@@ -36,3 +36,14 @@ class RunTimeout(CorralError, TimeoutError):
         super().__init__(f"run {run_id} still {status} after {timeout}s")
         self.run_id = run_id
         self.status = status
+
+
+class LedgerDoorError(CorralError):
+    """A client of a cluster's database (``corral.Client.cluster``, ``corral
+    --ledger URL``) could not open it: a bad URL, an unreachable database, a
+    refused login, no cluster there. The message never holds the password."""
+
+
+class LedgerLost(CorralError, ConnectionError):
+    """A cluster's database went away during a client's call: nothing more is
+    known of the call; ask again (a ``run`` with its id is safe to repeat)."""

@@ -1,11 +1,14 @@
-"""Calls for another node's partition: ``corral reconcile`` works from any node.
+"""Calls for another node's partition: ``corral reconcile`` works from any node,
+and a client with no node approves, denies and cancels (front_door.py).
 
 Only a partition's holder writes it (its epoch fences everyone else), so a node
 asked to reconcile an action of a partition it does not hold does not write it:
 it leaves the call in ``corral_cluster.requests`` and waits for the answer. The
 holder (a node's own supervisor, or the one it started for an adoption) takes
-the open requests of its partition at each tick, runs each on its own fenced
-ledger, and answers once what it committed is durable.
+the open requests of its partition as soon as they are announced (``NOTIFY``
+on ``REQUESTS_CHANNEL``, node_requests.py) and again at each tick (for one
+announced while it was not listening), runs each on its own fenced ledger, and
+answers once what it committed is durable.
 
 A request is taken in one statement (``taken_by``), and the asker withdraws one
 it gave up on only while nobody took it: so a request is either run once by
@@ -19,14 +22,15 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from corral.supervisor.errors import SupervisorError
-from corral.supervisor.ledger.ledger_pg_cluster import CLUSTER_SCHEMA, connect_cluster
+from corral.supervisor.ledger.ledger_pg_cluster import CLUSTER_SCHEMA, REQUESTS_CHANNEL, connect_cluster
 
 _C = CLUSTER_SCHEMA
 #: How long an asker waits for the holder's answer: a holder takes requests at
@@ -39,9 +43,13 @@ _TARGETS = (("act-", "actions", "action_id"), ("proc-", "sessions", "process_id"
 
 
 class ForwardedCall(enum.StrEnum):
-    """What a node may ask of another partition's holder."""
+    """What a node or a client may ask of a partition's holder: the control
+    methods of the same names, run there."""
 
     RECONCILE = "reconcile"
+    DECIDE = "continue_action"  # approve or deny
+    CANCEL = "cancel"
+    APPROVAL = "approval.show"  # a read, but of the holder's workspace files too (a diff)
 
 
 class ForwardFailed(SupervisorError):
@@ -103,22 +111,68 @@ def answer(conn: Any, request_id: int, reply: dict[str, Any]) -> None:
                  (json.dumps(reply), request_id))
 
 
-Reconcile = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
-async def serve(request: Request, reconcile: Reconcile, durable: Callable[[], Awaitable[None]]) -> dict[str, Any]:
-    """Run one taken request on this holder's ledger; its answer (a result, or the
-    refusal a local caller would get), once what it committed is durable."""
+async def serve(request: Request, handlers: Mapping[ForwardedCall, Handler],
+                durable: Callable[[], Awaitable[None]]) -> dict[str, Any]:
+    """Run one taken request on this holder's ledger (the control method of its
+    name, which checks its parameters as for a local caller); its answer (a
+    result, or the refusal a local caller would get), once what it committed is
+    durable."""
     params = {**request.params, "forwarded_from": request.asked_by}
     try:
-        match request.call:
-            case ForwardedCall.RECONCILE:
-                result = await reconcile(params)
+        result = await handlers[request.call](params)
     except SupervisorError as exc:
         await durable()
         return {"error": {"code": exc.code, "message": str(exc)}}
     await durable()
     return {"result": result}
+
+
+def ask(conn: Any, partition: str, call: ForwardedCall, params: dict[str, Any], asked_by: str) -> int:
+    """Leave a call for the partition's holder, and announce it (the holder takes
+    it at once; one that missed the announcement, at its next tick)."""
+    row = conn.execute(
+        f"INSERT INTO {_C}.requests (partition, call, params, asked_by, asked_at)"
+        " VALUES (%s, %s, %s::jsonb, %s, clock_timestamp()) RETURNING id",
+        (partition, call.value, json.dumps(params), asked_by),
+    ).fetchone()
+    conn.execute("SELECT pg_notify(%s, %s)", (REQUESTS_CHANNEL, partition))
+    return int(row[0])
+
+
+def forward(conn: Any, partition: str, holder: str, call: ForwardedCall, params: dict[str, Any],
+            asked_by: str, wait_s: float = FORWARD_WAIT_S) -> dict[str, Any]:
+    """Ask and wait for the answer (blocking: in a worker thread, or a client's).
+    The holder's result; ``ForwardFailed`` with its refusal, or when nobody took
+    the call in time (nothing was done) or the taker did not answer (not known)."""
+    request_id = ask(conn, partition, call, params, asked_by)
+    deadline = time.monotonic() + wait_s
+    reply = None
+    while reply is None and time.monotonic() < deadline:
+        reply = _answer_of(conn, request_id)
+        if reply is None:
+            time.sleep(FORWARD_POLL_S)
+    if reply is None:
+        reply = _answer_of(conn, request_id)
+    if reply is None:
+        withdrawn = _withdraw(conn, request_id)
+        # Taken and not answered: its row goes too (an answer that comes later
+        # lands nowhere); what happened is in the partition's ledger.
+        _forget(conn, request_id)
+        if withdrawn:
+            raise ForwardFailed(f"partition {partition} is held by node {holder}, which did not take the request"
+                                f" within {wait_s:.0f} s; nothing was done, try again")
+        raise ForwardFailed(f"node {holder} took the request for partition {partition} and has not answered;"
+                            " its outcome is not known yet: `corral show RUN` tells it")
+    _forget(conn, request_id)
+    error = reply.get("error")
+    if isinstance(error, dict):
+        raise ForwardFailed(f"{error.get('message')} (partition {partition}, held by node {holder})",
+                            str(error.get("code") or "refused"))
+    result = reply.get("result")
+    return {**(result if isinstance(result, dict) else {}), "partition": partition, "holder": holder}
 
 
 class Forwarder:
@@ -142,45 +196,11 @@ class Forwarder:
                 return None
             partition, holder = where
             asked: dict[str, Any] = {key: params[key] for key in ("action_id", "outcome", "note") if key in params}
-            request_id = await trio.to_thread.run_sync(self._ask, conn, partition, asked)
-            reply = await self._wait(conn, request_id, partition, holder)
+            return await trio.to_thread.run_sync(forward, conn, partition, holder, ForwardedCall.RECONCILE, asked,
+                                                 self.node_id)
         finally:
             with contextlib.suppress(Exception):
                 conn.close()
-        error = reply.get("error")
-        if isinstance(error, dict):
-            raise ForwardFailed(f"{error.get('message')} (partition {partition}, held by node {holder})",
-                                str(error.get("code") or "refused"))
-        result = reply.get("result")
-        return {**(result if isinstance(result, dict) else {}), "partition": partition, "holder": holder}
-
-    def _ask(self, conn: Any, partition: str, params: dict[str, Any]) -> int:
-        row = conn.execute(
-            f"INSERT INTO {_C}.requests (partition, call, params, asked_by, asked_at)"
-            " VALUES (%s, %s, %s::jsonb, %s, clock_timestamp()) RETURNING id",
-            (partition, ForwardedCall.RECONCILE.value, json.dumps(params), self.node_id),
-        ).fetchone()
-        return int(row[0])
-
-    async def _wait(self, conn: Any, request_id: int, partition: str, holder: str) -> dict[str, Any]:
-        deadline = trio.current_time() + FORWARD_WAIT_S
-        while True:
-            row = await trio.to_thread.run_sync(_answer_of, conn, request_id)
-            if row is not None:
-                await trio.to_thread.run_sync(_forget, conn, request_id)
-                return row
-            if trio.current_time() >= deadline:
-                break
-            await trio.sleep(FORWARD_POLL_S)
-        withdrawn = await trio.to_thread.run_sync(_withdraw, conn, request_id)
-        # Taken and not answered: its row goes too (an answer that comes later
-        # lands nowhere); what happened is in the partition's ledger.
-        await trio.to_thread.run_sync(_forget, conn, request_id)
-        if withdrawn:
-            raise ForwardFailed(f"partition {partition} is held by node {holder}, which did not take the request"
-                                f" within {FORWARD_WAIT_S:.0f} s; nothing was done, try again")
-        raise ForwardFailed(f"node {holder} took the request for partition {partition} and has not answered;"
-                            " its outcome is not known yet: `corral show RUN` tells it")
 
 
 def _answer_of(conn: Any, request_id: int) -> dict[str, Any] | None:

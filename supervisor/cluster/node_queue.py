@@ -31,7 +31,7 @@ def join(sup: Supervisor, state: NodeState, ledger: PostgresLedger, settings: Qu
     queue.create = lambda params: sup.runs.create(params, from_queue=True)
     state.queue = queue  # its loop and its close are the node's (node_service.py ``NodePart``)
     if state.conn is not None:
-        run_queue.publish_capacity(state.conn, state.placement.node, capacity)
+        run_queue.publish_capacity(state.conn, state.placement.node, capacity, queue.agents)
     return queue
 
 

@@ -38,20 +38,18 @@ import trio
 from corral.core import failpoints
 from corral.core.child_python import python_argv, python_env
 from corral.supervisor.cluster import cluster_tables as cluster
-from corral.supervisor.cluster import custody, forwarding, node_queue, run_queue
+from corral.supervisor.cluster import custody, forwarding, node_queue, node_requests, run_queue
 from corral.supervisor.cluster.node_stop import clear as clear_stop_note
 from corral.supervisor.cluster.node_stop import write as write_stop_note
 from corral.supervisor.errors import StorageFull
 from corral.supervisor.ledger.ledger_link import Wakeup, connection_lost, keep_connected
 from corral.supervisor.ledger.ledger_pg import PostgresLedger
 from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster, schema_of
-from corral.supervisor.ledger.ledger_pg_wire import PostgresUnavailable, connect, redact_url
+from corral.supervisor.ledger.ledger_pg_wire import PostgresUnavailable, redact_url
 from corral.supervisor.ledger.ledger_spec import URL_ENV, Placement, remember
 from corral.supervisor.ledger.port import Ledger, SqliteLedger
 from corral.supervisor.runs.run_feature import Placed, RunFeature
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
-from corral.supervisor.runs.run_store import get_run
-from corral.supervisor.runs.run_views import show_record
 from corral.supervisor.service_part import ServicePart, Task
 
 if TYPE_CHECKING:
@@ -178,7 +176,7 @@ class NodePart(ServicePart):
     def tasks(self) -> Sequence[Task]:
         queue = self.state.queue
         return (*((queue.loop,) if queue is not None else ()), partial(_lease_loop, self.sup, self.state),
-                partial(keep_connected, self.ledger, self.lost))
+                partial(node_requests.listen, self.sup, self.state), partial(keep_connected, self.ledger, self.lost))
 
     def status(self) -> Any:
         return _status(self.state, self.ledger)
@@ -217,59 +215,9 @@ def install(sup: Supervisor) -> tuple[RunFeature | None, ServicePart | None]:
     if state.primary and state.placement.queue is not None:
         queue = node_queue.join(sup, state, ledger, state.placement.queue)
     elif state.primary and state.conn is not None:
-        run_queue.publish_capacity(state.conn, state.placement.node, None)
+        run_queue.publish_capacity(state.conn, state.placement.node, None, [])  # it takes no queued run
     feature = None if forwarder is None and queue is None else ClusterFeature(forwarder, queue)
     return feature, NodePart(sup, state, ledger, lost)
-
-
-class PartitionReader:
-    """``show`` for a run of any partition of the cluster (one a node adopted, one
-    retired, one its node left behind), read-only: no run becomes readable only
-    with SQL. The run layer asks it for a run its own partition does not hold
-    (supervisor/runs/run_views.py ``ShowElsewhere``)."""
-
-    def __init__(self, state: NodeState) -> None:
-        self.state = state
-        #: Its own connection for ``wait``'s polls (the cluster connection is the tick's).
-        self._conn: Any = None
-
-    async def show(self, run_id: str) -> dict[str, Any] | None:
-        state = self.state
-        if state.conn is None or state.placement.url is None:
-            return None
-        queued = run_queue.queued_view(state.conn, run_id)
-        if queued is not None:
-            return queued  # in the shared queue: no node took it yet
-        name = cluster.partition_of_run(state.conn, run_id, state.hold.partition)
-        if name is None:
-            return None
-        other = PostgresLedger(state.placement.url, name, readonly=True)
-        try:
-            # The features' sections read this supervisor's partition: not shown here.
-            shown = show_record(other, get_run(other, run_id))
-        finally:
-            other.close()
-        return {**shown, "partition": name}
-
-
-    async def statuses(self, run_ids: list[str]) -> dict[str, str]:
-        """The status of each of these runs the cluster holds elsewhere (queued: pending)."""
-        state = self.state
-        if state.placement.url is None:
-            return {}
-        if self._conn is None:
-            self._conn = connect(state.placement.url, f"corral-reader:{state.placement.node}")
-        try:
-            return run_queue.statuses(self._conn, run_ids, state.hold.partition)
-        except Exception:
-            conn, self._conn = self._conn, None
-            conn.close()
-            raise
-
-
-def partition_reader(state: NodeState | None) -> PartitionReader | None:
-    """Where ``show`` finds the runs of the cluster's other partitions (None: no cluster)."""
-    return None if state is None else PartitionReader(state)
 
 
 def _status(state: NodeState, ledger: PostgresLedger) -> dict[str, Any]:
@@ -546,15 +494,11 @@ def _serving(state: NodeState) -> set[str]:
 
 
 async def _serve_requests(sup: Supervisor, state: NodeState, requests: list[forwarding.Request]) -> None:
-    """Calls other nodes left for this partition: run here, answered once durable."""
-    for request in requests:
-        reply = await forwarding.serve(request, sup.runs.reconcile, sup.group_commit.barrier)
-        log.info("answered a %s from node %s: %s", request.call, request.asked_by,
-                 "refused" if "error" in reply else "done")
-        try:
-            await trio.to_thread.run_sync(forwarding.answer, state.conn, request.id, reply)
-        except Exception as exc:  # the asker says the outcome is unknown; `show` tells it
-            _cluster_failed(state, exc)
+    """Calls left for this partition that its listener did not take first (node_requests.py)."""
+    try:
+        await node_requests.serve_requests(sup, state.conn, requests)
+    except Exception as exc:  # the asker says the outcome is unknown; `show` tells it
+        _cluster_failed(state, exc)
 
 
 def _refusals(state: NodeState, refused: list[cluster.Refusal]) -> list[Change]:

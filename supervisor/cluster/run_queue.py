@@ -251,11 +251,13 @@ def requeue(conn: Any, partition: str, epoch: int) -> list[str]:
     return moved
 
 
-def publish_capacity(conn: Any, node: str, capacity: Capacity | None) -> None:
-    """What ``corral status`` shows of this node (None: it takes part in no queue)."""
+def publish_capacity(conn: Any, node: str, capacity: Capacity | None, agents: list[str]) -> None:
+    """What ``corral status`` shows of this node (``capacity`` None: it takes part
+    in no queue), and the agents it runs (a client with no node refuses a submit
+    for an agent no node runs: supervisor/cluster/front_door.py)."""
     conn.execute(
-        f"UPDATE {_C}.nodes SET capacity = %s::jsonb WHERE node_id = %s",
-        (None if capacity is None else json.dumps(capacity.as_dict()), node),
+        f"UPDATE {_C}.nodes SET capacity = %s::jsonb, agents = %s::jsonb WHERE node_id = %s",
+        (None if capacity is None else json.dumps(capacity.as_dict()), json.dumps(sorted(agents)), node),
     )
 
 
@@ -305,36 +307,41 @@ def cluster_load(conn: Any) -> dict[str, Any]:
 def queued_view(conn: Any, run_id: str) -> dict[str, Any] | None:
     """``show`` of a run waiting in the shared queue (None: it is not)."""
     row = conn.execute(
-        f"SELECT agent_id, params, submitted_by, extract(epoch FROM submitted_at) FROM {_C}.queue WHERE run_id = %s",
+        f"SELECT agent_id, params, submitted_by, extract(epoch FROM submitted_at), cancelled_at IS NOT NULL"
+        f" FROM {_C}.queue WHERE run_id = %s",
         (run_id,),
     ).fetchone()
     if row is None:
         return None
     params = row[1] if isinstance(row[1], dict) else {}
+    cancelled = bool(row[4])  # cancelled while it waited: no node ever took it
     run = {
         "run_id": run_id,
         "agent_id": str(row[0]),
-        "status": str(RunStatus.PENDING),
-        "queued": True,
-        "task": params.get("task"),
+        "kind": "root",
+        "status": str(RunStatus.CANCELLED if cancelled else RunStatus.PENDING),
+        "reason": "cancelled while it waited in the shared queue" if cancelled else None,
+        "queued": not cancelled,
+        "task": params.get("task") or "",
         "submitted_by": str(row[2]),
         "created_at": float(row[3]),
     }
-    return {"run": run, "actions": [], "queued": True}
+    return {"run": run, "actions": [], "receipts": [], "final_reply": None, "queued": not cancelled}
 
 
 def statuses(conn: Any, run_ids: list[str], besides: str) -> dict[str, str]:
     """The status of each run of ``run_ids`` the cluster holds outside partition
     ``besides``: in another partition, or queued (pending)."""
     rows = conn.execute(
-        f"SELECT i.run_id, i.partition, p.schema_name FROM {_C}.run_ids i"
-        f" LEFT JOIN {_C}.partitions p ON p.name = i.partition WHERE i.run_id = ANY(%s) AND i.partition <> %s",
+        f"SELECT i.run_id, i.partition, p.schema_name, q.cancelled_at IS NOT NULL FROM {_C}.run_ids i"
+        f" LEFT JOIN {_C}.partitions p ON p.name = i.partition LEFT JOIN {_C}.queue q ON q.run_id = i.run_id"
+        " WHERE i.run_id = ANY(%s) AND i.partition <> %s",
         (run_ids, besides),
     ).fetchall()
     found: dict[str, str] = {}
-    for run_id, partition, schema in rows:
+    for run_id, partition, schema, cancelled in rows:
         if partition == QUEUED:
-            found[str(run_id)] = str(RunStatus.PENDING)
+            found[str(run_id)] = str(RunStatus.CANCELLED if cancelled else RunStatus.PENDING)
         elif schema is not None and schema == schema_of(str(partition)):
             row = conn.execute(f"SELECT status FROM {schema}.runs WHERE run_id = %s", (run_id,)).fetchone()
             if row is not None:

@@ -29,6 +29,10 @@ RENEW_SQL = (
 #: ``run_ids.partition`` of a run waiting in the shared queue (no partition name
 #: starts with "~": ``PARTITION_NAME``).
 QUEUED = "~queued"
+#: The channel a request for a partition's holder is announced on (its payload:
+#: the partition), so the holder takes it at once rather than at its next tick
+#: (supervisor/cluster/forwarding.py, node_requests.py).
+REQUESTS_CHANNEL = "corral_requests"
 #: The key of ``run_ids``: a second claim of a run id violates it.
 RUN_ID_KEY = "run_ids_pkey"
 PARTITION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
@@ -123,6 +127,22 @@ CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.queue (
 """,
     f"""
 CREATE INDEX IF NOT EXISTS queue_order ON {CLUSTER_SCHEMA}.queue (submitted_at)
+""",
+    # A queued run a client cancelled before any node took it: its row stays, as
+    # the run's record (its id stays its own), and no node takes it
+    # (supervisor/ledger/ledger_pg_queue.py). The agents a node runs, so that a
+    # client with no node tells an agent nobody runs (supervisor/cluster/front_door.py).
+    f"""
+DO $door$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = '{CLUSTER_SCHEMA}'
+                   AND table_name = 'queue' AND column_name = 'cancelled_at') THEN
+        ALTER TABLE {CLUSTER_SCHEMA}.queue ADD COLUMN cancelled_at TIMESTAMPTZ;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = '{CLUSTER_SCHEMA}'
+                   AND table_name = 'nodes' AND column_name = 'agents') THEN
+        ALTER TABLE {CLUSTER_SCHEMA}.nodes ADD COLUMN agents JSONB;
+    END IF;
+END $door$
 """,
     f"""
 CREATE INDEX IF NOT EXISTS requests_open ON {CLUSTER_SCHEMA}.requests (partition) WHERE taken_by IS NULL

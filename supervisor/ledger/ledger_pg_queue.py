@@ -63,7 +63,7 @@ def take(db: Any, run_id: str) -> None:
     transaction rolls back, nothing is written."""
     row = db.send(
         f"DELETE FROM {_C}.queue WHERE run_id = (SELECT run_id FROM {_C}.queue WHERE run_id = %s"
-        " FOR UPDATE SKIP LOCKED) RETURNING run_id",
+        " AND cancelled_at IS NULL FOR UPDATE SKIP LOCKED) RETURNING run_id",
         (run_id,),
     ).fetchone()
     if row is None:
@@ -79,7 +79,7 @@ def waiting(conn: Any, agent_ids: list[str], limit: int) -> list[Queued]:
     if not agent_ids or limit <= 0:
         return []
     rows = conn.execute(
-        f"SELECT run_id, agent_id, params FROM {_C}.queue WHERE agent_id = ANY(%s)"
+        f"SELECT run_id, agent_id, params FROM {_C}.queue WHERE agent_id = ANY(%s) AND cancelled_at IS NULL"
         " ORDER BY submitted_at, run_id LIMIT %s FOR UPDATE SKIP LOCKED",
         (agent_ids, limit),
     ).fetchall()
@@ -88,12 +88,52 @@ def waiting(conn: Any, agent_ids: list[str], limit: int) -> list[Queued]:
 
 def queued_run(db: Any, run_id: str) -> dict[str, Any] | None:
     """A run of the shared queue as a submit answers it (None: not queued)."""
-    row = db.send(f"SELECT agent_id FROM {_C}.queue WHERE run_id = %s", (run_id,)).fetchone()
+    row = db.send(f"SELECT agent_id, cancelled_at IS NOT NULL FROM {_C}.queue WHERE run_id = %s",
+                  (run_id,)).fetchone()
     if row is None:
         return None
+    if row[1]:
+        return {"run_id": run_id, "agent_id": str(row[0]), "status": "cancelled", "final_reply": None}
     return {"run_id": run_id, "agent_id": str(row[0]), "status": "pending", "queued": True}
 
 
 def depth(conn: Any) -> int:
-    row = conn.execute(f"SELECT COUNT(*) FROM {_C}.queue").fetchone()
+    """Runs waiting for a node (not those cancelled while they waited)."""
+    row = conn.execute(f"SELECT COUNT(*) FROM {_C}.queue WHERE cancelled_at IS NULL").fetchone()
     return int(row[0]) if row else 0
+
+
+def submit(conn: Any, run_id: str, agent_id: str, params: dict[str, Any], by: str) -> bool:
+    """A client's submit, on its own autocommit connection (no partition is
+    its): the id claimed as queued and the queue row, in one transaction.
+    False: the cluster already has this id (nothing was written)."""
+    with conn.transaction():
+        claimed = conn.execute(
+            f"INSERT INTO {_C}.run_ids (run_id, partition, created_at) VALUES (%s, %s, clock_timestamp())"
+            " ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
+            (run_id, QUEUED),
+        ).fetchone()
+        if claimed is None:
+            return False
+        conn.execute(
+            f"INSERT INTO {_C}.queue (run_id, agent_id, params, submitted_by, submitted_at)"
+            " VALUES (%s, %s, %s::jsonb, %s, clock_timestamp())",
+            (run_id, agent_id, json.dumps(params), by),
+        )
+    return True
+
+
+def cancel(conn: Any, run_id: str) -> bool | None:
+    """Cancel a run still waiting in the queue: its row stays, as its record, and
+    no node takes it. A node taking it now holds the row: this waits for that
+    transaction, then finds it gone. True: cancelled now; False: it was already;
+    None: not in the queue (a node has it: its holder cancels it)."""
+    with conn.transaction():
+        row = conn.execute(f"SELECT cancelled_at IS NOT NULL FROM {_C}.queue WHERE run_id = %s FOR UPDATE",
+                           (run_id,)).fetchone()
+        if row is None:
+            return None
+        if row[0]:
+            return False
+        conn.execute(f"UPDATE {_C}.queue SET cancelled_at = clock_timestamp() WHERE run_id = %s", (run_id,))
+    return True
