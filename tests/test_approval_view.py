@@ -25,10 +25,15 @@ from tests.test_user_tools import write_package
 
 SECRET = "AKIAIOSFODNN7EXAMPLE"
 TOKEN = "ghp_1234567890abcdefghijABCDEFGHIJ123456"
-BODY = f"Hi Ann,\nthe key is {SECRET}, keep it safe.\n" + "".join(f"line {i} of the report\n" for i in range(200))
+#: What a model's plan may carry and redaction still masks: code that names a secret.
+#: A plan holding a secret value never reaches an approval (its handoff fails closed,
+#: seed 004 V1.43: tests/test_provider_secrets.py).
+SECRET_CODE = "token = get_token()"
+TOKEN_CODE = "secret = vault.read(path)"
+BODY = f"Hi Ann,\nthe key is {SECRET_CODE}, keep it safe.\n" + "".join(f"line {i} of the report\n" for i in range(200))
 MAIL = {"to": "ann@example.com", "subject": "the report", "body": BODY}
 NOTES = "first line\nsecond line\nthird line\n"
-WRITE = {"path": "notes.txt", "content": f"first line\nsecond line, edited\nthird line\nkey {TOKEN}\n"}
+WRITE = {"path": "notes.txt", "content": f"first line\nsecond line, edited\nthird line\nkey {TOKEN_CODE}\n"}
 ESCAPE = {"path": "link/evil.txt", "content": "harmless"}
 
 
@@ -72,25 +77,25 @@ def test_pending_shows_the_real_values_masks_secrets_diffs_writes_and_binds_the_
         assert code == 0
         # The real values of an external user tool; only the secret-looking substring masked.
         assert "    to: ann@example.com" in text and "    subject: the report" in text
-        assert "the key is [redacted], keep it safe." in text and SECRET not in text
+        assert "the key is [redacted], keep it safe." in text and SECRET_CODE not in text
         assert f"fingerprint {mail['fingerprint']}" in text and "effect external  policy confirm" in text
         # A long value is paged, never cut silently.
         more = re.search(rf"… (\d+) more chars, see `corral approve {mail['action_id']} --show --all`", text)
         assert more is not None and "line 9 of the report" in text and "line 10 of the report" not in text
         # A file write: the diff against the file as it is now, its secret masked too.
         assert "-second line\n" in text and "+second line, edited\n" in text and "+key [redacted]" in text
-        assert TOKEN not in text
+        assert TOKEN_CODE not in text
         # A symlink out of the workspace: the refusal, never the outside file.
         assert "escapes the workspace through a symlink" in text and "OUTSIDE-FILE-CONTENT" not in text
 
         code, raw, _ = _cli(capsys, daemon.home, "pending", "--json")
         by_id = {a["action_id"]: a["approval"] for a in json.loads(raw)["actions"]}
         body = next(v for v in by_id[mail["action_id"]]["arguments"] if v["name"] == "body")
-        assert body["text"] == BODY.replace(SECRET, "[redacted]") and body["chars"] == len(body["text"])
-        assert SECRET not in raw and TOKEN not in raw and by_id[escape["action_id"]]["files"][0]["error"]
+        assert body["text"] == BODY.replace(SECRET_CODE, "[redacted]") and body["chars"] == len(body["text"])
+        assert SECRET_CODE not in raw and TOKEN_CODE not in raw and by_id[escape["action_id"]]["files"][0]["error"]
         # The dashboard's pending page renders the same view.
         html = pages.pending(daemon.call("pending"))
-        assert "ann@example.com" in html and "the key is [redacted]" in html and SECRET not in html
+        assert "ann@example.com" in html and "the key is [redacted]" in html and SECRET_CODE not in html
         assert f"see <code>corral approve {mail['action_id']} --show --all</code>" in html
         assert "+second line, edited" in html and "OUTSIDE-FILE-CONTENT" not in html
 

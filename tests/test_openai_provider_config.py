@@ -15,6 +15,8 @@ import trio
 
 from corral.actors.providers.base import ErrorKind, ProviderError
 from corral.actors.providers.openai import OpenAIConfig, OpenAIConfigError, OpenAIHTTPError
+from corral.core.redact import redact_text
+from corral.supervisor.runs.response_secrets import Handling, handoff_verdict
 from fake_openai import FakeOpenAIServer, Reply, completion
 from tests.openai_provider_support import TOOLS, make_provider, make_request, start
 
@@ -57,10 +59,14 @@ async def test_decoy_key_is_sent_but_never_kept(nursery: trio.Nursery, decoy: st
 
     # Sent, and correct: the server compared it and recorded only the verdict.
     assert [(r.has_authorization, r.authorized) for r in server.requests] == [(True, True)] * 3
+    # The response is handed off as it came (seed 004 V1.43: the supervisor's handoff
+    # decides): a final reply is stored filtered, and a plan holding the key refused.
+    assert handoff_verdict(response.text, redact_text(response.text), {"actions": [], "final": plan.final_reply}
+                           ).handling is Handling.FILTER
+    assert decoy not in redact_text(response.text) and "[redacted]" in redact_text(response.text)
+    assert handoff_verdict(response.text, redact_text(response.text), None).handling is Handling.REFUSE
     kept = [
-        response.text,
         json.dumps(response.meta),
-        plan.final_reply or "",
         _texts_of(http_error.value),
         _texts_of(timeout_error.value),
         repr(server.requests),
@@ -69,7 +75,6 @@ async def test_decoy_key_is_sent_but_never_kept(nursery: trio.Nursery, decoy: st
     ]
     for text in kept:
         assert decoy not in text
-    assert "[redacted]" in response.text
 
 
 async def test_wrong_key_is_an_http_error(nursery: trio.Nursery, decoy: str) -> None:

@@ -222,7 +222,8 @@ class LocalProvider:
             raise ProviderError(kind, f"local model {self.config.model}: {exc.code}: {exc.message}") from None
         except (ChannelClosed, DeadlineExceeded, MailboxFull) as exc:
             raise ProviderError(ErrorKind.TRANSIENT, f"local model {self.config.model}: {type(exc).__name__}") from None
-        text = redact_text(json.dumps(answer, ensure_ascii=False))
+        # Not redacted here: the supervisor's handoff decides (as the OpenAI provider's).
+        text = json.dumps(answer, ensure_ascii=False)
         return ProviderResponse(text=text, meta=answer.get("timings", {}))
 
     def prompt_text(self, request: ProviderRequest) -> str:

@@ -555,7 +555,12 @@ class OpenAIProvider:
             raise _transient(f"timed out talking to {endpoint}", exc) from None
         except httpx.TransportError as exc:
             raise _transient(f"transport error talking to {endpoint}", exc) from None
-        text = omit_data_urls(redact_text(data.decode("utf-8", errors="replace")))
+        raw = omit_data_urls(data.decode("utf-8", errors="replace"))
+        # An error's body is redacted here (it goes into messages); a success's is not:
+        # the supervisor's handoff decides what a response may hold (a secret value
+        # refuses it, a final reply is stored filtered: supervisor/runs/response_secrets.py),
+        # and a tool must get the arguments as the model wrote them (seed 004 V1.43).
+        text = raw if 200 <= status < 300 else redact_text(raw)
         if status in KEY_REFUSED:
             raise OpenAIHTTPError(status, f"HTTP {status} from {endpoint}: {self._key_refused()} ({summarize(text)})")
         if not 200 <= status < 300 and self.refused_format(text):

@@ -217,6 +217,36 @@ def _secret_spans(text: str) -> list[tuple[int, int]]:
     return merged
 
 
+def rule_spans(text: str) -> list[tuple[Rule, int, int]]:
+    """Each rule's secret spans in ``text``'s JSON view (same length, same offsets),
+    unmerged and with the rule that found them: for a caller that asks what was
+    found, not only where (corral/core/secret_values.py). Exact known values are
+    ``known_value_in``'s."""
+    plan = _plan()
+    found = _Finder(_json_view(text))
+    held = {needle for needle in plan.needles if needle in found.lowered}
+    out: list[tuple[Rule, int, int]] = []
+    for family in plan.families:
+        if family.gate is not None and family.gate.isdisjoint(held):
+            continue
+        for rule in family.rules:
+            spans: list[tuple[int, int]] = []
+            _find(rule, found, spans)
+            out.extend((rule, start, end) for start, end in spans)
+    return out
+
+
+def json_view(text: str) -> str:
+    """``text`` as the rules see it (``rule_spans``' offsets are offsets in it)."""
+    return _json_view(text)
+
+
+def known_value_in(text: str) -> bool:
+    """Whether ``text`` holds an exact value registered as secret, or a secret
+    environment variable's value."""
+    return any(value in text for value in _secret_values())
+
+
 def _find(rule: Rule, found: _Finder, spans: list[tuple[int, int]]) -> None:
     text = found.text
     if rule.starts is not None:

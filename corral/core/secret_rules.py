@@ -108,6 +108,17 @@ _CORRAL = (
     (r"(?i:(api[_-]?key|secret|password|token)\s*[=:]\s*(?:\\?[\"'])?[^\s\"',}\]\\]{6,})", False),
 )
 
+#: corral's keyword assignment (the last of ``_CORRAL``): like the keyword plugin's,
+#: it finds a name and what is assigned to it, which may be code, not a value.
+KEYWORD_PATTERN = _CORRAL[3][0]
+KEYWORD_SOURCES = frozenset({"KeywordDetector"})
+
+
+def is_keyword_rule(found: Rule) -> bool:
+    """A rule that finds ``name = value`` by the name (``password``, ``token``), not
+    a value by its own shape (a provider key, a PEM block, a URL's password)."""
+    return found.source in KEYWORD_SOURCES or found.pattern.pattern == KEYWORD_PATTERN
+
 
 #: The password in a URL's userinfo, whatever the scheme (``redis://:pw@h``,
 #: ``amqp://u:pw@h``, ``mongodb+srv://u:p@ss@h``, one made up): from the first ``:``

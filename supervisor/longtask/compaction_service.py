@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from corral.core.redact import redact_text
 from corral.mailbox.protocol import Method
 from corral.mailbox.steps import CompactStep, Do, ProviderStep
 from corral.supervisor.errors import BadRequest, NotFound
@@ -112,13 +113,15 @@ class CompactionService:
                 raise BadRequest(f"run {run_id} has no observation {to_seq}")
             observations = _observations(ledger, run_id)
             before = sum(compaction.estimate_tokens(e) for e in compaction.view(observations, previous, None))
-            entry = {"from_seq": 1, "to_seq": to_seq, "summary": summary.strip()}
+            # Filtered before it is stored (seed 004 V1.41: "响应落盘前会...依次过滤密钥").
+            summary = redact_text(summary.strip())
+            entry = {"from_seq": 1, "to_seq": to_seq, "summary": summary}
             after = sum(compaction.estimate_tokens(e) for e in compaction.view(observations, entry, None))
             with ledger.tx() as db:
                 db.execute(
                     "INSERT INTO compactions (run_id, from_seq, to_seq, summary, tokens_before, tokens_after,"
                     " created_at) VALUES (?, 1, ?, ?, ?, ?, ?)",
-                    (run_id, to_seq, summary.strip(), before, after, time.time()),
+                    (run_id, to_seq, summary, before, after, time.time()),
                 )
                 db.execute("DELETE FROM compaction_requests WHERE run_id = ?", (run_id,))
                 ledger.event("context-compacted", run_id, from_seq=1, to_seq=to_seq, tokens_before=before,

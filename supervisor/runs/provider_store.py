@@ -15,7 +15,7 @@ from corral.actors.providers.base import MAX_RESPONSE_CHARS
 from corral.core.redact import redact_text, summarize
 from corral.supervisor.errors import Conflict, NotFound, Refused
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.runs.run_state import RunStatus
+from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import RunLimits, get_run, set_run_status
 from corral.supervisor.runs.transcript_store import TurnNotes, keep_texts
 
@@ -111,6 +111,30 @@ def provider_handoff(
              notes.reasoning_effort, search, slot),
         )
         ledger.event("provider-response-committed", run_id, slot=slot, chars=len(stored))
+
+
+def secret_refused(ledger: Ledger, run_id: str, slot: str, reason: str) -> None:
+    """A response that held a secret value (supervisor/runs/response_secrets.py): its
+    handoff fails closed. From ``started`` (the handoff itself) or ``completed`` and
+    not yet consumed (its plan, decoded, held one): the request becomes
+    needs-reconciliation with no response stored, and so does the run. A person's
+    reconciliation lets it be sent again (resolutions.reconcile_provider_request)."""
+    with ledger.tx() as db:
+        row = db.execute(
+            "SELECT status, consumed FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, run_id)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"no provider request {slot!r}")
+        if not (row["status"] == "started" or (row["status"] == "completed" and not row["consumed"])):
+            raise Conflict(f"provider request {slot} is {row['status']}; its response cannot be refused now")
+        db.execute(
+            "UPDATE provider_requests SET status = 'needs-reconciliation', response = NULL, raw_sha256 = NULL,"
+            " error_kind = 'secret', error = ?, finished_at = COALESCE(finished_at, ?) WHERE slot = ?",
+            (reason, _now(), slot),
+        )
+        ledger.event("provider-request-needs-reconciliation", run_id, slot=slot, why="secret")
+        if RunStatus(get_run(ledger, run_id)["status"]) not in TERMINAL:
+            set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION, reason)
 
 
 def provider_failed(

@@ -32,9 +32,18 @@ from corral.mailbox.protocol import (
 )
 from corral.mailbox.steps import Begun, Do, PrepareStep, Step
 from corral.supervisor.errors import BadRequest
-from corral.supervisor.runs import action_store, finalization, loop_plan_store, provider_store, run_store, sealed_input
-from corral.supervisor.runs.action_state import ActionPhase, action_id
+from corral.supervisor.runs import (
+    action_store,
+    finalization,
+    loop_plan_store,
+    provider_store,
+    response_secrets,
+    run_store,
+    sealed_input,
+)
+from corral.supervisor.runs.action_state import ActionPhase, action_id, canonical_json
 from corral.supervisor.runs.next_step import next_step
+from corral.supervisor.runs.response_secrets import Handling
 from corral.supervisor.runs.run_core import POLICY_STRICTNESS, RunCore, _int, _str
 from corral.supervisor.runs.run_feature import PlanRefusal
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
@@ -123,7 +132,16 @@ class RunActorMethods(RunCore):
         slot_name = _str(params, "slot")
         notes = notes_from(params)  # what the turn was sent, for its transcript
         text = text[:MAX_RESPONSE_CHARS]
-        raw_sha = self.keep_raw(run["run_id"], "response", slot_name, text, redact_text(text))
+        shown = redact_text(text)
+        verdict = response_secrets.handoff_verdict(text, shown, params.get("plan"))
+        if verdict.handling is Handling.REFUSE:
+            # Before anything of it is stored, raw or redacted (seed 004 V1.43); the
+            # carried plan is not committed (the request is no longer one to parse).
+            provider_store.secret_refused(self.ledger, run["run_id"], slot_name, verdict.reason())
+            return {"refused": verdict.reason()}
+        raw_sha = None
+        if verdict.handling is Handling.STORE:
+            raw_sha = self.keep_raw(run["run_id"], "response", slot_name, text, shown)
         provider_store.provider_handoff(self.ledger, run["run_id"], slot_name, text, raw_sha256=raw_sha, notes=notes)
         return {}
 
@@ -169,7 +187,15 @@ class RunActorMethods(RunCore):
             plan, sealed = sealed_input.seal_plan(self.spool, run["run_id"], loop, plan, self.tools)
             withheld = sealed_input.WITHHELD_RESPONSE if sealed else None
             shown = redact(plan)  # what the ledger keeps, computed once
-            raw_sha = self.keep_raw(run["run_id"], "plan", str(loop), plan, shown)
+            verdict = response_secrets.plan_verdict(canonical_json(plan), plan, shown != plan)
+            if verdict.handling is Handling.REFUSE:
+                provider_store.secret_refused(self.ledger, run["run_id"], slot_name, verdict.reason())
+                sealed_input.drop(self.spool, sealed_input.raw_name(run["run_id"], "response", slot_name))
+                for index in range(len(plan.get("actions") or ())):  # its sealed inputs, if any
+                    sealed_input.discard(self.spool, run["run_id"], action_id(run["run_id"], loop, index))
+                return {"refused": verdict.reason()}
+            if verdict.handling is Handling.STORE:
+                raw_sha = self.keep_raw(run["run_id"], "plan", str(loop), plan, shown)
         stored = loop_plan_store.commit_plan(
             self.ledger, run["run_id"], loop, slot_name, plan, withhold_response=withheld, raw_sha256=raw_sha,
             shown=shown,

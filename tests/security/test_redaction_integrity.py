@@ -1,7 +1,9 @@
 """Issue 14, item 6: redaction applies to what is stored and shown, never to what a
-tool acts on. Files full of secret-looking lines reach the disk byte for byte,
-including after a SIGKILL between the plan and the write; the ledger holds none of
-the secret values."""
+tool acts on. Files full of secret-looking lines (code that names a secret) reach
+the disk byte for byte, including after a SIGKILL between the plan and the write.
+A plan that holds a secret *value* is never acted on: its handoff fails closed and
+nothing of it is stored (seed 004 V1.43, tests/test_provider_secrets.py); the
+ledger holds none of the values either way."""
 
 from __future__ import annotations
 
@@ -24,6 +26,20 @@ SECRETS = {
     "bearer": "eyJhbGciOiJIUzI1NiJ9.payload.signature",
     "quoted": "q1w2e3r4t5y6u7i8",
 }
+#: Code that names a secret and holds none: redaction hides it in the ledger, and the
+#: tool writes it as the model wrote it.
+CODE = "\n".join(
+    [
+        "import os",
+        "token = get_token()",
+        "api_key = os.environ['API_KEY']",
+        "password = request.form['password']",
+        "secret_key = settings.SECRET_KEY",
+        "export API_TOKEN=$CI_TOKEN",
+        "",
+    ]
+)
+#: Secret values: a plan holding them fails closed.
 CONTENT = "\n".join(
     [
         "import os",
@@ -42,14 +58,14 @@ CONTENT = "\n".join(
 NEW_LINE = "secret = load_secret_from_vault()"
 
 
-def _spec() -> str:
-    write = json.dumps({"path": "src/settings.py", "content": CONTENT})
+def _spec(content: str = CODE) -> tuple[str, str]:
+    write = json.dumps({"path": "src/settings.py", "content": content})
     patch = json.dumps(
         {
             "path": "src/settings.py",
             "old_text": "token = get_token()",
             "new_text": NEW_LINE,
-            "expected_sha256": hashlib.sha256(CONTENT.encode()).hexdigest(),
+            "expected_sha256": hashlib.sha256(content.encode()).hexdigest(),
         }
     )
     steps = json.dumps(
@@ -103,7 +119,7 @@ def test_files_full_of_secret_looking_lines_reach_the_disk_byte_for_byte(short_t
             daemon.up()
         shown = wait_run(daemon, run_id, {"completed", "failed", "needs-reconciliation"}, timeout=90)
         assert shown["run"]["status"] == "completed", shown["run"]
-        expected = CONTENT.replace("token = get_token()", NEW_LINE).encode()
+        expected = CODE.replace("token = get_token()", NEW_LINE).encode()
         on_disk = (short_tmp / "ws" / "src" / "settings.py").read_bytes()
         assert on_disk == expected, json.dumps(shown["receipts"])[:3000]
         receipts = ledger_rows(daemon.home, "SELECT tool, status FROM receipts ORDER BY receipt_id")
@@ -112,13 +128,28 @@ def test_files_full_of_secret_looking_lines_reach_the_disk_byte_for_byte(short_t
         patched = ledger_rows(daemon.home, "SELECT result FROM actions WHERE tool = 'fs.patch' AND phase = 'ok'")
         assert json.loads(patched[0]["result"])["output"]["sha256"] == hashlib.sha256(expected).hexdigest()
         daemon.shutdown()
-    persisted = _persisted(short_tmp / "home")
-    for name, value in SECRETS.items():
-        assert value.encode() not in persisted, name
-    assert b"MIIEowIBAAKCAQEAxRedactMe" not in persisted
     # Once the run is over, the raw copies are gone too.
     spool = short_tmp / "home" / "sealed"
     assert not spool.exists() or not any(spool.iterdir()) or _swept_on_next_boot(short_tmp)
+
+
+def test_a_plan_writing_secret_values_is_never_acted_on_and_stores_none_of_them(short_tmp: Path) -> None:
+    spec, script = _spec(CONTENT)
+    (short_tmp / "ws").mkdir()
+    (short_tmp / "script.json").write_text(script)
+    with running(short_tmp / "home", spec) as daemon:
+        run_id = daemon.call("run", agent_id="writer", task="write the settings")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed", "needs-reconciliation"}, timeout=90)
+        assert shown["run"]["status"] == "needs-reconciliation", shown["run"]
+        assert not (short_tmp / "ws" / "src" / "settings.py").exists()
+        daemon.shutdown()
+    # Everything in the home but the scripted provider's own script (the user's spec,
+    # which holds the would-be responses: its raw copy is the run's provider config).
+    stored = b"".join(path.read_bytes() for path in (short_tmp / "home").rglob("*")
+                      if path.is_file() and ".raw-provider-config." not in path.name)
+    for name, value in SECRETS.items():
+        assert value.encode() not in stored, name
+    assert b"MIIEowIBAAKCAQEAxRedactMe" not in stored
 
 
 def _swept_on_next_boot(base: Path) -> bool:
@@ -250,33 +281,35 @@ URL_LEAKS = {
 
 
 def test_url_credentials_of_every_scheme_leave_none_in_the_ledger(short_tmp: Path) -> None:
-    """A live run writes the URLs in a tool's argument (fs.write) and reads them back
-    in a tool's result (fs.read): the ledger's bytes hold no password, whatever the
-    scheme or the characters in it; the file itself is written byte for byte."""
+    """A live run reads the URLs in a tool's result (fs.read), then plans to write them
+    (fs.write): the read is redacted in the ledger, the plan holding them fails closed
+    (seed 004 V1.43), and the ledger's bytes hold no password, whatever the scheme or
+    the characters in it."""
     from tests.harness import agent_spec
 
     text = "\n".join(URL_LEAKS) + "\n"
     (short_tmp / "ws").mkdir()
+    (short_tmp / "ws" / "urls.txt").write_text(text)
     steps = (
         "[[agents.steps]]\n"
-        f"actions = [{{ tool = \"fs.write\", input = {{ path = \"urls.txt\", content = {json.dumps(text)} }} }}]\n"
-        "[[agents.steps]]\n"
         "actions = [{ tool = \"fs.read\", input = { path = \"urls.txt\" } }]\n"
+        "[[agents.steps]]\n"
+        f"actions = [{{ tool = \"fs.write\", input = {{ path = \"copy.txt\", content = {json.dumps(text)} }} }}]\n"
         "[[agents.steps]]\n"
         "final = \"noted the URLs\"\n"
     )
     with running(short_tmp / "home", agent_spec(steps=steps)) as daemon:
         run_id = daemon.call("run", agent_id="writer", task="note the service URLs")["run_id"]
-        shown = wait_run(daemon, run_id, {"completed", "failed"})
-        assert shown["run"]["status"] == "completed", shown["run"]
+        shown = wait_run(daemon, run_id, {"completed", "failed", "needs-reconciliation"})
+        assert shown["run"]["status"] == "needs-reconciliation", shown["run"]
         rows = ledger_rows(daemon.home, "SELECT tool, input, result FROM actions WHERE run_id = ? ORDER BY 1", run_id)
         stored = {row["tool"]: row for row in rows}
+        assert set(stored) == {"fs.read"}, "the plan writing the passwords was never prepared"
         # What is not secret stays readable: the scheme, the user and the host.
-        assert "amqp://guest:[redacted]@mq.internal" in stored["fs.write"]["input"], stored["fs.write"]["input"]
         assert "redis://:[redacted]@cache.internal" in stored["fs.read"]["result"], stored["fs.read"]["result"]
         ledger = _ledger_bytes(daemon.home)  # while it runs: the WAL holds the newest pages
         daemon.shutdown()
     ledger += _ledger_bytes(short_tmp / "home")
-    assert (short_tmp / "ws" / "urls.txt").read_text() == text
+    assert not (short_tmp / "ws" / "copy.txt").exists()
     for line, secret in URL_LEAKS.items():
         assert secret not in ledger, line

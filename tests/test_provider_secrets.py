@@ -1,0 +1,179 @@
+"""Seed 004, V1.41 and V1.43: secrets in a provider's response.
+
+- V1.43: "命中 API Key、Token、password/client secret/private key/credential 等敏感
+  key ... 时，handoff 写入失败并进入 reconciliation": a tool plan holding a secret
+  value fails its handoff closed. Nothing of the response is stored (not the ledger,
+  not the private spool, not the workspace), and the request waits for a person.
+- V1.43: "完整 function arguments 为恢复语义不得被静默脱敏或改写": code that only
+  names a secret (``token = get_token()``) is no secret; it reaches the disk as the
+  model wrote it, not redacted on the way.
+- V1.41: "响应落盘前会...依次过滤密钥": a text reply is stored filtered, and no raw
+  copy of it is kept anywhere.
+
+Real supervisor, real agent, the OpenAI-compatible provider against a fake server.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+import pytest
+
+from corral.core.secret_values import secret_values_in
+from fake_openai import FakeOpenAIServer, Reply, completion, tool_call
+from loopback_http import serve_in_thread
+from tests.harness import Daemon, ledger_rows, wait_run
+from tests.test_openai_durable import DECOY_KEY, openai_spec
+
+AUTO_WRITES = '\n[policy]\n"fs.write" = "auto"\n'
+
+
+def _spec(tmp: Path, url: str) -> Path:
+    spec = openai_spec(tmp, url)
+    spec.write_text(spec.read_text() + AUTO_WRITES)
+    return spec
+
+
+def _fresh_secrets() -> dict[str, str]:
+    """Values made for this test only: no other file holds them by chance."""
+    return {
+        "api key": "sk-proj-" + secrets.token_hex(16),
+        "private key": "MIIEow" + secrets.token_hex(20),
+        "password": "pw" + secrets.token_hex(8),
+    }
+
+
+def _files_holding(root: Path, value: str) -> list[str]:
+    needle = value.encode()
+    return [str(path) for path in root.rglob("*") if path.is_file() and needle in path.read_bytes()]
+
+
+def test_a_tool_plan_holding_a_secret_fails_its_handoff_closed_and_nothing_of_it_is_stored(short_tmp: Path) -> None:
+    values = _fresh_secrets()
+    content = "\n".join(
+        [
+            f"OPENAI = '{values['api key']}'",
+            "-----BEGIN RSA PRIVATE KEY-----",
+            values["private key"],
+            "-----END RSA PRIVATE KEY-----",
+            f'db_password = "{values["password"]}"',
+            "",
+        ]
+    )
+    write = tool_call("fs.write", {"path": "settings.py", "content": content}, "call-1")
+    server = FakeOpenAIServer([Reply(body=completion(None, [write])), Reply(body=completion("nothing written"))])
+    with serve_in_thread(server) as url:
+        daemon = Daemon(short_tmp / "h", _spec(short_tmp, url), env={"OPENAI_API_KEY": DECOY_KEY})
+        try:
+            daemon.up()
+            run_id = daemon.call("run", agent_id="llm", task="write the settings")["run_id"]
+            shown = wait_run(daemon, run_id, {"needs-reconciliation", "completed", "failed"})
+            assert shown["run"]["status"] == "needs-reconciliation", shown["run"]
+            assert "secret" in shown["run"]["reason"]
+            (request,) = shown["provider_requests"]
+            assert request["status"] == "needs-reconciliation"
+            # Nothing of the response was stored, nothing acted on, nothing sent again.
+            assert ledger_rows(daemon.home, "SELECT response, raw_sha256 FROM provider_requests")[0]["response"] is None
+            assert ledger_rows(daemon.home, "SELECT * FROM plans") == []
+            assert ledger_rows(daemon.home, "SELECT * FROM actions") == []
+            assert not (short_tmp / "ws" / "settings.py").exists()
+            assert len(server.requests) == 1
+            pending = daemon.call("pending")["provider_requests"]
+            assert [p["slot"] for p in pending] == [request["slot"]]
+            for name, value in values.items():
+                assert _files_holding(daemon.home, value) == [], name
+            # A person reconciles it: the request may be sent again, and the run goes on.
+            daemon.call("reconcile", action_id=request["slot"], outcome="failed", note="checked: a leaked key")
+            shown = wait_run(daemon, run_id, {"completed", "failed", "needs-reconciliation"})
+            assert shown["run"]["status"] == "completed", shown["run"]
+            assert shown["final_reply"] == "nothing written"
+            assert len(server.requests) == 2
+            daemon.shutdown()
+            for name, value in values.items():
+                assert _files_holding(daemon.home, value) == [], name
+                assert _files_holding(short_tmp / "ws", value) == [], name
+        finally:
+            daemon.shutdown()
+
+
+def test_code_that_only_names_a_secret_reaches_the_disk_as_the_model_wrote_it(short_tmp: Path) -> None:
+    content = "import os\ntoken = get_token()\napi_key = os.environ['API_KEY']\nsecret = vault.read(path)\n"
+    write = tool_call("fs.write", {"path": "auth.py", "content": content}, "call-1")
+    server = FakeOpenAIServer([Reply(body=completion(None, [write])), Reply(body=completion("written"))])
+    with serve_in_thread(server) as url:
+        daemon = Daemon(short_tmp / "h", _spec(short_tmp, url), env={"OPENAI_API_KEY": DECOY_KEY})
+        try:
+            daemon.up()
+            run_id = daemon.call("run", agent_id="llm", task="write the auth module")["run_id"]
+            shown = wait_run(daemon, run_id, {"needs-reconciliation", "completed", "failed"})
+            assert shown["run"]["status"] == "completed", shown["run"]
+            assert (short_tmp / "ws" / "auth.py").read_text() == content
+        finally:
+            daemon.shutdown()
+
+
+def test_a_final_reply_holding_a_secret_is_stored_filtered_and_kept_raw_nowhere(short_tmp: Path) -> None:
+    value = "sk-proj-" + secrets.token_hex(16)
+    server = FakeOpenAIServer([Reply(body=completion(f"The key you asked about is {value}."))])
+    with serve_in_thread(server) as url:
+        daemon = Daemon(short_tmp / "h", _spec(short_tmp, url), env={"OPENAI_API_KEY": DECOY_KEY})
+        try:
+            daemon.up()
+            run_id = daemon.call("run", agent_id="llm", task="which key")["run_id"]
+            shown = wait_run(daemon, run_id, {"needs-reconciliation", "completed", "failed"})
+            assert shown["run"]["status"] == "completed", shown["run"]
+            assert value not in json.dumps(shown)
+            assert "[redacted]" in shown["final_reply"]
+            rows = ledger_rows(daemon.home, "SELECT raw_sha256 FROM provider_requests")
+            assert [row["raw_sha256"] for row in rows] == [None]
+            daemon.shutdown()
+            assert _files_holding(daemon.home, value) == []
+        finally:
+            daemon.shutdown()
+
+
+def test_an_invalid_response_holding_a_secret_fails_closed_too(short_tmp: Path) -> None:
+    """Seed 004 V1.43, "有效和无效 Provider 响应都必须先做私有内容安全检查": a call the
+    catalog does not hold (an invalid plan, which would go back to the model as a
+    repair) is checked like a valid one."""
+    value = "sk-proj-" + secrets.token_hex(16)
+    bad = tool_call("no.such_tool", {"key": value}, "call-1")
+    server = FakeOpenAIServer([Reply(body=completion(None, [bad]))])
+    with serve_in_thread(server) as url:
+        daemon = Daemon(short_tmp / "h", _spec(short_tmp, url), env={"OPENAI_API_KEY": DECOY_KEY})
+        try:
+            daemon.up()
+            run_id = daemon.call("run", agent_id="llm", task="anything")["run_id"]
+            shown = wait_run(daemon, run_id, {"needs-reconciliation", "completed", "failed"})
+            assert shown["run"]["status"] == "needs-reconciliation", shown["run"]
+            assert [r["status"] for r in shown["provider_requests"]] == ["needs-reconciliation"]
+            assert len(server.requests) == 1, "no repair request carried it back to the model"
+            daemon.shutdown()
+            assert _files_holding(daemon.home, value) == []
+        finally:
+            daemon.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("text", "values"),
+    [
+        ("token = get_token()", ()),
+        ("api_key = os.environ['API_KEY']", ()),
+        ('password = request.form["password"]', ()),
+        ("secret_key = settings.SECRET_KEY", ()),
+        ("if password == user.password:", ()),
+        ("export API_KEY=$OPENAI_API_KEY", ()),
+        ("password: hunter2hunter2", ("KeywordDetector", "corral")),
+        ('api_key = "q1w2e3r4t5y6u7i8"', ("KeywordDetector", "corral")),
+        ("PASSWORD=hunter22abc", ("KeywordDetector", "corral")),
+        ("OPENAI = 'sk-proj-AbCdEf0123456789ghIJ'", ("corral",)),
+        ("git clone https://bob:s3cretP4ss@git.example.com/app.git", ("BasicAuthDetector", "corral")),
+        ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", ("PrivateKeyDetector", "corral")),
+    ],
+)
+def test_code_that_names_a_secret_is_no_secret_value_and_every_value_is(text: str, values: tuple[str, ...]) -> None:
+    assert secret_values_in(text) == values
+    # The same inside JSON text (a response, a plan): the escapes change nothing.
+    assert secret_values_in(json.dumps({"content": text})) == values
