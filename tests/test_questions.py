@@ -10,6 +10,7 @@ import json
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,14 +34,12 @@ root = "ws"
 effects_file = "effects.log"
 [[agents]]
 id = "root"
-allow_free_text = false
   [agents.policy]
   "fs.write" = "confirm"
   [[agents.steps]]
   final = "nothing scripted"
 [[agents]]
 id = "open"
-allow_free_text = true
   [[agents.steps]]
   final = "nothing scripted"
 [[agents]]
@@ -176,15 +175,15 @@ def test_a_structured_question_is_shown_answered_once_and_observed_once(daemon: 
     request = _request_of(daemon, run_id)
     request_id = request["request_id"]
     assert request_id.startswith("req-") and request["questions"] == [COLOUR, FINISH]
-    assert request["free_text"] is False
+    assert request["free_text"] is True
     shown = cli(daemon.home, "pending").stdout
     assert "[Colour] Which colour should the fence be?" in shown and "3. satin - in between" in shown
     assert f"--request {request_id}" in shown
     parked_calls = len(_provider_calls(daemon, run_id))
 
     # Bad answers change nothing, each with a clear error; bad usage exits 2.
-    assert "must be one of: red, blue" in _refused(daemon, "answer", run_id, "--request", request_id, "--answer",
-                                                   "colour=green", "--answer", "finish=matte")
+    assert "must be one line" in _refused(daemon, "answer", run_id, "--request", request_id, "--answer",
+                                          "colour=green\nand red", "--answer", "finish=matte")
     usage = cli(daemon.home, "answer", run_id)
     assert usage.returncode == 2 and "either TEXT" in usage.stderr
     base = {"run_id": run_id, "request_id": request_id}
@@ -264,9 +263,7 @@ def test_a_fork_is_refused_while_its_conversation_has_a_live_run(daemon: Daemon)
     request_id = _request_of(daemon, asked["run_id"])["request_id"]
     refusal = _refused(daemon, "fork", conversation)
     assert f"run {asked['run_id']} waits for the user's answer to request {request_id}" in refusal
-    # The chat answers a one-question request with a label; a free text is refused here.
-    with pytest.raises(ControlError, match="must be one of: red, blue"):
-        daemon.call("conversation.send", conversation_id=conversation, text="teal")
+    # The chat answers a one-question request with the line: a label or free text.
     assert daemon.call("conversation.send", conversation_id=conversation, text="blue")["as"] == "answer"
     wait_run(daemon, asked["run_id"], {"completed"})
 
@@ -283,15 +280,39 @@ def test_a_fork_is_refused_while_its_conversation_has_a_live_run(daemon: Daemon)
     assert forked["turns"] == 2
 
 
-def test_free_text_is_allowed_unless_the_operator_turns_it_off(daemon: Daemon) -> None:
-    """V1.23: "自由输入始终允许": an agent whose spec says nothing takes a free answer
-    as well as one of the options."""
+def test_free_text_is_always_allowed_and_no_spec_turns_it_off(daemon: Daemon, tmp_path: Path) -> None:
+    """V1.23: "自由输入始终允许，模型不能关闭'其他'答案": every agent takes a free answer as
+    well as one of the options, and a spec that tries to turn that off is refused
+    at load with a clear error, not silently obeyed."""
+    from corral.supervisor.spec.swarm_spec import SpecError, load_spec
+
     run_id = _run(daemon, _ask_script("plain", COLOUR), agent="plain")
     wait_run(daemon, run_id, {"needs-input"})
     assert _request_of(daemon, run_id)["free_text"] is True
     assert cli(daemon.home, "answer", run_id, "teal").returncode == 0
     assert wait_run(daemon, run_id, {"completed", "failed"})["final_reply"] == "painted"
     assert _effects(daemon).count("paint-teal-plain") == 1
+
+    spec = tmp_path / "off.toml"
+    spec.write_text('[[agents]]\nid = "closed"\nallow_free_text = false\n[[agents.steps]]\nfinal = "x"\n')
+    with pytest.raises(SpecError, match=r"allow_free_text.*free text is always allowed"):
+        load_spec(spec)
+
+
+def test_a_steer_is_refused_while_a_question_waits_for_its_answer(daemon: Daemon) -> None:
+    """V1.23: "普通 steer 在该状态被拒绝，回答只能走精确 request API" (a plain steer is refused
+    while the run waits for the user's answer; the answer goes only through the
+    request's own API). Nothing is recorded, and the answer still works."""
+    run_id = _run(daemon, _ask_script("steered", COLOUR))
+    wait_run(daemon, run_id, {"needs-input"})
+    request_id = _request_of(daemon, run_id)["request_id"]
+    refused = cli(daemon.home, "steer", run_id, "--stdin", stdin="make it green")
+    assert refused.returncode != 0
+    assert f"waits for the answer to request {request_id}" in refused.stderr, refused.stderr
+    assert "corral answer" in refused.stderr
+    assert ledger_rows(daemon.home, "SELECT * FROM steers WHERE run_id = ?", run_id) == []
+    assert cli(daemon.home, "answer", run_id, "red").returncode == 0
+    assert wait_run(daemon, run_id, {"completed", "failed"})["final_reply"] == "painted"
 
 
 def test_free_text_where_the_spec_allows_it_and_a_cancel_closes_the_question(daemon: Daemon) -> None:

@@ -2,8 +2,8 @@
 
 Each question has an ``id`` (snake_case), a ``header`` (at most 12 characters), a
 one-line ``question`` and 2-3 ``options``, each a ``label`` with a
-``description``; the user picks a label per question (or writes free text, unless
-the agent's spec turns ``allow_free_text`` off). It must be the only action of its
+``description``; the user picks a label per question or writes free text (always
+allowed: neither the model nor a spec turns it off). It must be the only action of its
 plan, and isolated children and delegated specialists may not ask (they report to
 their parent). Seed 004, V1.23.
 

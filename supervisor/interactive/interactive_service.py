@@ -42,9 +42,21 @@ class InteractiveService:
         self.steers = SteerControl(ledger, runs)
 
     async def steer(self, params: dict[str, Any]) -> dict[str, Any]:
-        """``corral steer RUN TEXT [--steer-id ID]``: recorded (committed) before the
-        answer; a provider turn in flight is interrupted (steer_control.py)."""
-        return await self.steers.steer(_run_id(params), params.get("text"), params.get("steer_id"))
+        """``corral steer RUN --stdin [--steer-id ID]``: recorded (committed) before the
+        answer; a provider turn in flight is interrupted (steer_control.py). Refused
+        while the run waits for the answer to its question (seed 004 V1.23: the
+        answer goes only through the request); a goal's edit is not a user steer."""
+        run_id = _run_id(params)
+        steer_id = params.get("steer_id")
+        retried = isinstance(steer_id, str) and self.ledger.one(
+            "SELECT 1 FROM steers WHERE steer_id = ?", steer_id) is not None
+        question = None if retried else question_store.open_question(self.ledger, run_id)
+        if question is not None:
+            raise SupervisorError(
+                f"run {run_id} waits for the answer to request {question['request_id']}; a steer is refused"
+                f" until it is answered: corral answer {run_id} TEXT (or --request {question['request_id']}"
+                " --answer QID=ANSWER per question)", code="conflict")
+        return await self.steers.steer(run_id, params.get("text"), steer_id)
 
     async def answer(self, params: dict[str, Any]) -> dict[str, Any]:
         """A chat line to a run waiting for input: the answer to its one-question

@@ -50,8 +50,8 @@ class QuestionService:
         action_id = params.get("action_id")
         if not isinstance(action_id, str):
             raise BadRequest("action_id must be a string")
-        free_text = self.runs.agent_spec(run["agent_id"]).allow_free_text if run["kind"] == "root" else False
-        return questions.ask(self.ledger, run, action_id, params.get("questions"), free_text)
+        # Seed 004 V1.23: free input is always allowed (a spec saying otherwise is refused at load).
+        return questions.ask(self.ledger, run, action_id, params.get("questions"), True)
 
 
 class QuestionFeature(RunFeature):

@@ -3,8 +3,9 @@
 A request holds 1-3 questions; each has a snake_case ``id`` unique in the request,
 a ``header`` of at most 12 characters, a one-line ``question`` and 2-3
 ``options``, each a short ``label`` with one ``description``. An answer names
-every question by id: one of its option labels, or free text unless the agent's
-spec turns it off (``allow_free_text``, on by default as the seed says). Everything here raises ``BadRequest``
+every question by id: one of its option labels, or free text (always allowed, as
+the seed says; a stored request of an older version may say otherwise, and is
+honoured). Everything here raises ``BadRequest``
 with what is wrong, so bad input changes nothing.
 """
 

@@ -276,9 +276,17 @@ class AgentOptions(AgentDefinition, Permissions):
         " time; empty: reads run one after another.")
     allow_free_text: StrictBool = Field(
         default=True,
-        description="Whether an answer to its `user.input_request` may be free text instead of one of the"
-        " question's 2-3 options (seed 004: always, so on by default; the model cannot turn it off, only"
-        " the operator here).")
+        description="Only `true`: an answer to its `user.input_request` may always be free text instead of one"
+        " of the question's 2-3 options (seed 004 V1.23); neither the model nor a spec turns that off.")
+
+    @field_validator("allow_free_text")
+    @classmethod
+    def _free_text_always(cls, value: bool) -> bool:
+        # Seed 004 V1.23: "自由输入始终允许" (free input is always allowed).
+        if not value:
+            raise problem("free text is always allowed in an answer to user.input_request (seed 004 V1.23);"
+                          " remove allow_free_text = false")
+        return value
     deps: StrictStr | None = Field(
         default=None, min_length=1, max_length=300,
         description="Dependencies for its tools: a `\"module:function\"` called once in its process at start,"
