@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,11 +37,11 @@ def test_the_view_keeps_recent_turns_cuts_big_outputs_and_plans_a_summary() -> N
     assert observations[0][1]["output"] == "x" * 400, "the ledger's copy is untouched"
     assert compaction.plan(observations, None, {"auto_compact": 10_000}) is None
     todo = compaction.plan(observations, None, {"auto_compact": 100, "tool_output": 20})
-    assert todo is not None and todo["to_seq"] == 4 and len(todo["entries"]) == 4, "the newest 2 stay as they are"
+    assert todo is not None and todo["to_seq"] == 2 and len(todo["entries"]) == 2, "the newest 4 stay as they are"
     folded = {"from_seq": 1, "to_seq": todo["to_seq"], "summary": "earlier: six reads"}
     after = compaction.view(observations, folded, 20)
-    assert after[0] == {"role": "summary", "text": "earlier: six reads", "covers": [1, 4]} and len(after) == 3
-    assert compaction.plan(observations, folded, {"auto_compact": 10}) is None, "two recent turns are kept"
+    assert after[0] == {"role": "summary", "text": "earlier: six reads", "covers": [1, 2]} and len(after) == 5
+    assert compaction.plan(observations, folded, {"auto_compact": 10}) is None, "four recent observations are kept"
     assert compaction.plan(observations, None, {}, requested=True) is not None
 
 
@@ -119,7 +120,41 @@ def test_corral_compact_asks_for_a_compaction_now(short_tmp: Path) -> None:
         daemon.call("answer", run_id=run_id, text="yes")
         shown = wait_run(daemon, run_id, {"completed", "failed"})
         assert shown["run"]["status"] == "completed"
-        assert len(shown["context"]["compactions"]) == 1, "no limit configured: only the asked-for compaction"
+        assert len(shown["context"]["compactions"]) == 1, "the default limits are far: only the asked-for compaction"
         assert ledger_rows(daemon.home, "SELECT * FROM compaction_requests") == []
+    finally:
+        daemon.shutdown()
+
+
+def test_the_limits_default_to_the_seeds_and_the_auto_limit_stays_below_the_window(short_tmp: Path) -> None:
+    """The seed (V1.21): "发布默认值分别为 128000 / 64000 / 12000"; "三项都必须大于 0，自动阈值必须小于
+    context window，并为当前请求的 maxOutputTokens 与固定安全余量留下空间"; "至少保留…最近 4 条 observation
+    原文"."""
+    from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
+
+    assert compaction.KEEP_RECENT == 4
+    agent: dict[str, Any] = {"id": "writer", "steps": [{"final": "ok"}]}
+    for bad, why in [
+        ({"context_window": 8192, "auto_compact_token_limit": 8192}, "below context_window"),
+        ({"auto_compact_token_limit": 200_000}, "below context_window"),
+        ({"context_window": 0}, "between 256"),
+        ({"context_window": 8192, "auto_compact_token_limit": 7000, "provider": "openai",
+          "openai": {"base_url": "http://127.0.0.1:9/v1", "model": "m", "max_tokens": 1024}}, "no room"),
+    ]:
+        with pytest.raises(SpecError, match=why):
+            parse_spec({"project": {"root": str(short_tmp)}, "agents": [{**agent, **bad}]})
+    (short_tmp / "ws").mkdir()
+    spec = short_tmp / "spec.toml"
+    small = '[[agents]]\nid = "small"\ncontext_window = 8192\n[[agents.steps]]\nfinal = "ok"\n'
+    spec.write_text(agent_spec(steps='[[agents.steps]]\nfinal = "ok"\n', extra="") + small)
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up()
+        for agent_id, limits in [("writer", {"window": 128_000, "auto_compact": 64_000, "tool_output": 12_000}),
+                                 ("small", {"window": 8192, "auto_compact": 6144, "tool_output": 6144})]:
+            run_id = daemon.call("run", agent_id=agent_id, task="short")["run_id"]
+            assert wait_run(daemon, run_id, {"completed", "failed"})["run"]["status"] == "completed"
+            [row] = ledger_rows(daemon.home, "SELECT options FROM runs WHERE run_id = ?", run_id)
+            assert json.loads(row["options"])["context"] == limits
     finally:
         daemon.shutdown()

@@ -25,8 +25,10 @@ from typing import Any
 #: The estimate: one token per 4 characters of the entry's JSON (English text and
 #: JSON average 3.5-4.5 characters per token with the usual BPE vocabularies).
 CHARS_PER_TOKEN = 4
-#: The newest observations are never summarised: the model acts on them next.
-KEEP_RECENT = 2
+#: The newest observations are never summarised: the model acts on them next (seed
+#: 004 V1.21: at least the newest 4 as they are). A conversation's earlier messages
+#: are never folded at all.
+KEEP_RECENT = 4
 
 
 Count = Callable[[Any], int]

@@ -45,6 +45,23 @@ def _limits(ledger: Ledger, run_id: str) -> dict[str, Any]:
     return context if isinstance(context, dict) else {}
 
 
+#: No tokenizer gives a token less than one byte, and a character is at most 4 UTF-8
+#: bytes: 4 tokens per character bounds any model's count from above.
+_MAX_TOKENS_PER_CHAR = 4
+
+
+def _surely_within(ledger: Ledger, run_id: str, limits: dict[str, Any]) -> bool:
+    """Whether the run's observations are within both limits on any tokenizer (one
+    aggregate read, so a short run under the default limits costs no count)."""
+    row = ledger.one("SELECT COALESCE(SUM(LENGTH(data)), 0) AS total, COALESCE(MAX(LENGTH(data)), 0) AS widest"
+                     " FROM observations WHERE run_id = ?", run_id)
+    if row is None:
+        return True
+    auto, tool_output = limits.get("auto_compact"), limits.get("tool_output")
+    return ((not auto or int(row["total"]) * _MAX_TOKENS_PER_CHAR <= auto)
+            and (not tool_output or int(row["widest"]) * _MAX_TOKENS_PER_CHAR <= tool_output))
+
+
 class CompactionService:
     def __init__(self, ledger: Ledger, runs: RunService, models: ModelService) -> None:
         self.ledger = ledger
@@ -60,8 +77,10 @@ class CompactionService:
         requested = ledger.one("SELECT 1 FROM compaction_requests WHERE run_id = ?", run_id) is not None
         if not limits.get("auto_compact") and not limits.get("tool_output") and not requested:
             return step  # this agent has no token budget: the full history, as before
-        observations = _observations(ledger, run_id)
         previous = latest(ledger, run_id)
+        if previous is None and not requested and _surely_within(ledger, run_id, limits):
+            return step  # far below both limits: nothing to fold or cut, no count needed
+        observations = _observations(ledger, run_id)
         count = await self._counter(run_id, observations, previous)
         todo = compaction.plan(observations, previous, limits, requested=requested, count=count)
         if todo is not None:

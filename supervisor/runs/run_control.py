@@ -114,12 +114,7 @@ class RunControlMethods(RunCore):
             "role": agent.role,
             "parallel_reads": list(agent.parallel_reads),
             **agent.definition_options(),
-            "context": {
-                "window": agent.context_window,
-                "auto_compact": agent.auto_compact_token_limit or (
-                    agent.context_window * 3 // 4 if agent.context_window else None),
-                "tool_output": agent.tool_output_token_limit,
-            },
+            "context": agent.context_limits(),
         }
 
     async def continue_action(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from pydantic import (
     StrictStr,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic.dataclasses import dataclass
 
@@ -55,6 +56,12 @@ ROOT_GROUP = "root"
 MAX_NAME_CHARS = 128
 KNOWN_TEMPLATES = ("echo", "agent", "child", "session", "mcp", "model", "bridge_worker")
 PolicyMode = Literal["auto", "confirm", "deny"]
+#: The context limits' defaults, in tokens (seed 004 V1.21).
+DEFAULT_CONTEXT_WINDOW = 128_000
+DEFAULT_AUTO_COMPACT = 64_000
+DEFAULT_TOOL_OUTPUT = 12_000
+#: Room kept in the window beside the auto limit and a reply's max_tokens.
+CONTEXT_MARGIN_TOKENS = 256
 #: How hard a reasoning model thinks (seed 004 V1.2); ``default`` sends the provider nothing.
 ReasoningEffort = Literal["default", "low", "medium", "high"]
 POLICIES: tuple[str, ...] = get_args(PolicyMode)
@@ -263,13 +270,16 @@ class AgentOptions(AgentDefinition, Permissions):
     retry_cap_s: StrictFloat = Field(default=30.0, ge=0.001, le=86_400, description="The longest retry delay.")
     context_window: StrictInt | None = Field(
         default=None, ge=256, le=10_000_000,
-        description="The model's context, in tokens; unset: no compaction (docs/long-tasks.md).")
+        description=f"The model's context, in tokens; unset: {DEFAULT_CONTEXT_WINDOW} (seed 004 V1.21;"
+        " docs/long-tasks.md).")
     auto_compact_token_limit: StrictInt | None = Field(
         default=None, ge=64, le=10_000_000,
-        description="Past this many tokens older turns are folded into a summary; unset: 3/4 of `context_window`.")
+        description="Past this many tokens older turns are folded into a summary; below `context_window`; unset:"
+        f" {DEFAULT_AUTO_COMPACT}, or 3/4 of a smaller `context_window`.")
     tool_output_token_limit: StrictInt | None = Field(
         default=None, ge=16, le=10_000_000,
-        description="A longer tool output is cut in the prompt (the whole one is kept).")
+        description="A longer tool output is cut in the prompt (the whole one is kept); unset:"
+        f" {DEFAULT_TOOL_OUTPUT}, or the auto limit if that is smaller.")
     parallel_reads: tuple[StrictStr, ...] = Field(
         default=(),
         description="Exact names of read-only tools whose consecutive auto-approved calls may run at the same"
@@ -293,6 +303,25 @@ class AgentOptions(AgentDefinition, Permissions):
         " before any tool runs; the value is `ctx.deps` in every tool (an async context manager is entered then"
         " and exited when the actor stops). Unset: `[tools] deps`. A factory that fails stops `corral up`"
         " (docs/extending.md).")
+
+    @model_validator(mode="after")
+    def _context_limits(self) -> AgentOptions:
+        self.context_limits()
+        return self
+
+    def context_limits(self, max_output: int = 0) -> dict[str, int]:
+        """The token limits with the seed's defaults (V1.21: 128,000 / 64,000 / 12,000),
+        the auto limit below the window with room for a reply of ``max_output`` tokens
+        and a fixed margin (each limit is above 0 by its field's bounds)."""
+        window = self.context_window or DEFAULT_CONTEXT_WINDOW
+        auto = self.auto_compact_token_limit or min(DEFAULT_AUTO_COMPACT, window * 3 // 4)
+        tool_output = self.tool_output_token_limit or min(DEFAULT_TOOL_OUTPUT, auto)
+        if auto >= window:
+            raise problem(f"auto_compact_token_limit ({auto}) must be below context_window ({window})")
+        if max_output and auto + max_output + CONTEXT_MARGIN_TOKENS > window:
+            raise problem(f"auto_compact_token_limit ({auto}) leaves no room in context_window ({window}) for a"
+                          f" reply of max_tokens ({max_output}) and a margin of {CONTEXT_MARGIN_TOKENS}")
+        return {"window": window, "auto_compact": auto, "tool_output": tool_output}
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -340,6 +369,14 @@ class AgentTable(ProviderKeys, AgentOptions, Supervised):
     id: SpecId = Field(description="The agent's id (also its actor's).")
     workspace: StrictStr = Field(
         default=".", description="Its working directory, relative to the project root and inside it (after symlinks).")
+
+    @model_validator(mode="after")
+    def _room_for_the_reply(self) -> AgentTable:
+        settings = self.openai if self.provider == "openai" else self.local if self.provider == "local" else None
+        max_output = (settings or {}).get("max_tokens")
+        if isinstance(max_output, int) and not isinstance(max_output, bool) and max_output > 0:
+            self.context_limits(max_output)
+        return self
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
