@@ -229,3 +229,27 @@ final = "restored"
         assert len(_manifests(daemon.home)) == 2, "the restore took its own checkpoint"
     finally:
         daemon.shutdown()
+
+
+async def test_a_file_may_hold_up_to_2_mib_once_changed(ws: Path) -> None:
+    """V1.3: "单文件修改后仍受 2 MiB 文本上限约束" (a file is bounded at 2 MiB once changed)."""
+    body = "".join(f"line {i:07d}\n" for i in range(150_000))  # 1.95 MB, under 2 MiB
+    (ws / "src" / "big.txt").write_text(body)
+    grow = [{"operation": "update", "path": "src/big.txt", "old_text": "line 0000000\n",
+             "new_text": "line zero\n" + "x" * 40_000 + "\n"}]
+    await Changeset().run(_ctx(ws), {"changes": grow})
+    assert (ws / "src" / "big.txt").stat().st_size > 1 << 20
+    over = [{"operation": "update", "path": "src/big.txt", "old_text": "line zero\n",
+             "new_text": "y" * 200_000 + "\n"}]
+    with pytest.raises(ToolError, match=f"over {2 << 20} bytes once changed"):
+        await Changeset().run(_ctx(ws, "act-2"), {"changes": over})
+
+
+def test_the_seeds_name_project_patchset_calls_the_changeset() -> None:
+    """V1.3 names the tool ``project.patchset``: a plan that calls it by that name is
+    the same ``project.changeset`` call (one action, one tool)."""
+    from corral.actors.providers.plan_parse import tool_index
+    from corral.actors.tools.registry import builtin_tools
+
+    index = tool_index(tool.schema for tool in builtin_tools().values())
+    assert index["project.patchset"] is index["project.changeset"]

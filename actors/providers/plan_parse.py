@@ -113,9 +113,16 @@ def wire_tool_name(name: str) -> str:
     return _WIRE_NAME_BAD.sub("_", name)[:64]
 
 
+#: Seed 004's names for corral's tools: a plan that uses one calls corral's tool (the
+#: action records corral's name). V1.3 calls the atomic multi-file change
+#: ``project.patchset``.
+SEED_TOOL_NAMES = {"project.patchset": "project.changeset"}
+
+
 def tool_index(tools: Iterable[ToolSchema]) -> dict[str, ToolSchema]:
-    """Tools by corral name and by wire name; raises ValueError when two tools would
-    be indistinguishable on the wire, since the model could not tell them apart."""
+    """Tools by corral name and by wire name (and by seed 004's name, where it has
+    one); raises ValueError when two tools would be indistinguishable on the wire,
+    since the model could not tell them apart."""
     index: dict[str, ToolSchema] = {}
     wire_owner: dict[str, str] = {}
     for tool in tools:
@@ -127,6 +134,10 @@ def tool_index(tools: Iterable[ToolSchema]) -> dict[str, ToolSchema]:
         wire_owner[wire] = tool.name
         index[tool.name] = tool
         index.setdefault(wire, tool)
+    for alias, name in SEED_TOOL_NAMES.items():
+        if name in index:
+            index.setdefault(alias, index[name])
+            index.setdefault(wire_tool_name(alias), index[name])
     return index
 
 
