@@ -178,8 +178,8 @@ def test_history_is_the_observations_in_order_and_its_tail_past_a_count(open_led
     ledger.begin_boot("b1", 1, 1)
     run_id = _new_run(ledger)
     for n in range(5):
-        assert run_store.add_observation(ledger, run_id, f"src-{n}", n, {"n": n})
-    assert not run_store.add_observation(ledger, run_id, "src-1", 9, {"n": 99})  # once per source
+        run_store.add_observation(ledger, run_id, f"src-{n}", n, {"n": n})
+    run_store.add_observation(ledger, run_id, "src-1", 9, {"n": 99})  # once per source: changes nothing
     assert [entry["n"] for entry in run_store.history(ledger, run_id)] == [0, 1, 2, 3, 4]
     assert [entry["n"] for entry in run_store.history(ledger, run_id, after=3)] == [3, 4]
     assert run_store.history(ledger, run_id, after=5) == []

@@ -148,6 +148,13 @@ def test_a_write_keeps_the_cached_reads_of_other_rows_and_drops_its_own(pg_url: 
         ("INSERT OR IGNORE INTO actions (action_id, run_id, phase) VALUES (?, ?, ?)", True),  # action 'x'
         ("INSERT INTO actions (phase, action_id, run_id) VALUES (?, ?, ?)", False),  # action 'b'
         ("INSERT INTO actions (phase, run_id) VALUES (?, ?)", False),  # action_id left to its default
+        # A subquery among the values and a RETURNING: its own action 'x' still (the ? are counted through it).
+        ("INSERT INTO actions (phase, goal, action_id) VALUES ('p', (SELECT g FROM goals WHERE run_id = ?), ?)"
+         " RETURNING *", False),  # ('x', 'b', ...): its action is 'b'
+        ("INSERT INTO actions (action_id, goal, phase) VALUES (?, (SELECT g FROM goals WHERE run_id = ?), ?)"
+         " RETURNING *", True),  # action 'x'
+        ("INSERT INTO actions (action_id, phase) VALUES (?, ?), (?, ?)", False),  # several rows: not proven
+        ("INSERT INTO actions (action_id, phase) VALUES ((SELECT ?), ?)", False),  # the key from a subquery
     ],
 )
 def test_which_writes_keep_a_keyed_read(write: str, kept: bool) -> None:

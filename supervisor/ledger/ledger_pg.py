@@ -45,7 +45,13 @@ from corral.supervisor.ledger.ledger_pg_cluster import (
     schema_of,
 )
 from corral.supervisor.ledger.ledger_pg_sync import GroupSync, marker_of
-from corral.supervisor.ledger.ledger_pg_wire import Connection, PostgresUnavailable, connect, redact_url
+from corral.supervisor.ledger.ledger_pg_wire import (
+    Connection,
+    PostgresUnavailable,
+    connect,
+    redact_url,
+    table_shapes,
+)
 from corral.supervisor.ledger.port import Ledger, LedgerError, RunIdTaken, split_sql
 from corral.supervisor.ledger.read_cache import ReadCache
 from corral.supervisor.ledger.schema import MIGRATIONS
@@ -152,6 +158,9 @@ class PostgresLedger(Ledger):
             elif not self._schema_exists():
                 raise LedgerError(f"{self.where}: no such partition")
             self.raw.execute(f"SET search_path TO {self.schema}, public")
+            if self.cache is not None:
+                for table, shape in table_shapes(self.raw, self.schema).items():
+                    self.cache.learn(table, shape)
         except LedgerError:
             self.raw.close()
             raise

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 from corral.core.errors import CorralError
-from corral.supervisor.ledger.read_cache import ReadCache
+from corral.supervisor.ledger.read_cache import KINDS, ReadCache, TableShape
 from corral.supervisor.ledger.sql_dialect import to_postgres
 
 
@@ -111,18 +111,45 @@ def connect(url: str, application: str = "corral", timeout: int = 10) -> Any:
     return conn
 
 
+def table_shapes(conn: Any, schema: str) -> dict[str, TableShape]:
+    """Each table of ``schema``: its single-column primary key and the columns whose
+    values the read cache can type (read_cache.py keeps rows read by their key up
+    to date with them). One catalog read, when a writer opens its partition."""
+    rows = conn.execute(
+        "SELECT c.relname, a.attname, a.atttypid::int,"
+        " COALESCE(i.indnatts = 1 AND a.attnum = i.indkey[0], false)"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
+        " LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary"
+        " WHERE n.nspname = %s AND c.relkind = 'r'",
+        (schema,),
+    ).fetchall()
+    keys: dict[str, str | None] = {}
+    kinds: dict[str, dict[str, str]] = {}
+    for table, column, oid, is_key in rows:
+        keys.setdefault(table, None)
+        if is_key:
+            keys[table] = column
+        kind = KINDS.get(int(oid))
+        if kind is not None:
+            kinds.setdefault(table, {})[column] = kind
+    return {table: TableShape(key, kinds.get(table, {})) for table, key in keys.items()}
+
+
 class _Pipelined:
     """A statement sent in a pipeline: its answer is read when somebody asks (its
     rows, its row count). Reading it is one round trip, which also carries every
     statement queued before it."""
 
-    __slots__ = ("_connection", "_next", "_rows", "result")
+    __slots__ = ("_connection", "_next", "_rows", "on_rows", "result")
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self.result: Any = None
         self._rows: list[Any] | None = None
         self._next = 0
+        #: Called with the rows once they are read (the read cache's seeder).
+        self.on_rows: Callable[[list[Any]], None] | None = None
 
     def _answered(self) -> Any:
         if self.result is None:
@@ -137,6 +164,8 @@ class _Pipelined:
     def _loaded(self) -> list[Any]:
         if self._rows is None:
             self._rows = self._connection.rows_of(self._answered())
+            if self.on_rows is not None:
+                self.on_rows(self._rows)
         return self._rows
 
     def fetchone(self) -> Any:
@@ -238,7 +267,10 @@ class Connection:
         kind, table, hit = cache.before(sql, args)
         if hit is not None:
             return hit
-        return cache.after(kind, table, sql, args, self.send(to_postgres(sql), args))
+        handle = self.send(to_postgres(sql), args)
+        if kind == "write":
+            handle.on_rows = cache.seeder(table, sql)
+        return cache.after(kind, table, sql, args, handle)
 
     def send(self, statement: str, args: tuple[Any, ...] = ()) -> Any:
         """``statement`` (psycopg's ``%s`` style) with ``args``. In a transaction it

@@ -17,6 +17,17 @@ changes only the columns it assigns: a read that names none of them (a run's
 ``agent_id``, when its ``loop_index`` moves) stays. Anything the shapes below
 do not prove (an ``OR``, a subquery, a write that moves the key, ``*``) drops
 every read of the table, as before.
+
+A row read whole by its table's key (``SELECT * FROM t WHERE key = ?``) is kept
+up to date rather than dropped: a write of that one row by its key whose
+assignments are plain values (``col = ?``, a literal, ``col = col + N``) puts the
+new values in, typed as the server returns them (``learn``: the partition's
+column types and single-column keys, from its catalog), and an ``INSERT ...
+RETURNING *`` puts the row it returns there (``seeder``). The re-read of an
+action after its move, or of a run after its loop advanced, then costs no round
+trip. Anything else about the row (an expression, a subquery, a condition past
+the key, a value of another type) drops it as before; a rolled-back transaction
+drops everything.
 """
 
 from __future__ import annotations
@@ -79,9 +90,35 @@ _UPDATE = re.compile(r"^\s*UPDATE\s+\w+\s+SET\b(?P<set>.*?)\bWHERE\b", re.I | re
 _ASSIGNED = re.compile(r"(\w+)\s*=")
 _NAME = re.compile(r"\w+")
 _INSERT = re.compile(
-    r"^\s*INSERT(?:\s+OR\s+IGNORE)?\s+INTO\s+\w+\s*\((?P<columns>[\w\s,]+)\)\s*VALUES\s*\((?P<values>[^()]*)\)\s*$",
+    r"^\s*INSERT(?:\s+OR\s+IGNORE)?\s+INTO\s+\w+\s*\((?P<columns>[\w\s,]+)\)\s*VALUES\s*\((?P<values>.*)\)"
+    r"(?:\s*RETURNING\s+[\w\s,*]+)?\s*$",
     re.I | re.S,
 )
+
+
+def _top_level(values: str) -> list[str] | None:
+    """``values`` split at its commas outside parentheses and quotes (None: its
+    parentheses do not balance, e.g. several rows of VALUES)."""
+    parts, depth, quote, start = [], 0, "", 0
+    for position, char in enumerate(values):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in ("'", '"'):
+            quote = char
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif char == "," and depth == 0:
+            parts.append(values[start:position])
+            start = position + 1
+    if depth or quote:
+        return None
+    parts.append(values[start:])
+    return parts
+
 
 #: Which rows a statement is about: (column, index of its ``?``), None: not proven.
 RowKey = tuple[str, int] | None
@@ -141,14 +178,15 @@ def write_shape(sql: str) -> WriteShape:
         if insert is None:
             return WriteShape()
         columns = [c.strip().lower() for c in insert["columns"].split(",")]
-        values = [v.strip() for v in insert["values"].split(",")]
-        if len(columns) != len(values):
+        split = _top_level(insert["values"])
+        if split is None or len(columns) != len(split):
             return WriteShape()
+        values = [v.strip() for v in split]
         inserted: Inserted = {}
         index = 0
         for column, value in zip(columns, values, strict=True):
             inserted[column] = index if value == "?" else None
-            index += value.count("?")
+            index += _placeholder_index(value, len(value))
         return WriteShape(inserted=inserted)
     if head not in ("UPDATE", "DELETE") or _OR_OR_SUBQUERY.search(sql, 1):
         return WriteShape()
@@ -187,6 +225,101 @@ def _kept(read: ReadEntry, shape: WriteShape, args: tuple[Any, ...]) -> bool:
         return False
 
 
+#: ``UPDATE t SET ... WHERE key = ? [AND col = ?]...``: one row by its key, with
+#: conditions on its columns (a compare-and-set), and nothing more.
+_KEYED_UPDATE = re.compile(
+    r"^\s*UPDATE\s+(?P<table>\w+)\s+SET\s+(?P<set>[^()]*?)\s+WHERE\s+(?P<key>\w+)\s*=\s*\?"
+    r"(?P<conditions>(?:\s+AND\s+\w+\s*=\s*\?)*)\s*$",
+    re.I | re.S,
+)
+_CONDITION = re.compile(r"\bAND\s+(\w+)\s*=\s*\?", re.I)
+#: One assignment the cache can apply.
+_ASSIGNMENT = re.compile(
+    r"^\s*(?P<col>\w+)\s*=\s*(?:(?P<param>\?)|(?P<null>NULL)|'(?P<text>[^'?]*)'|(?P<int>-?\d+)"
+    r"|(?P<self>\w+)\s*\+\s*(?P<step>\d+))\s*$",
+    re.I,
+)
+_RETURNING_ALL = re.compile(r"^\s*INSERT\b.*\bRETURNING\s+\*\s*$", re.I | re.S)
+#: The server's types whose values the cache can put in a row itself, as psycopg loads them.
+KINDS = {20: "int", 21: "int", 23: "int", 701: "float", 25: "text", 1043: "text"}
+
+
+class Assignment(NamedTuple):
+    column: str
+    how: str  # "param" (``what``: the index of its ``?``), "value" (a literal), "add" (``column + what``)
+    what: Any
+
+
+class KeyedUpdate(NamedTuple):
+    key: str
+    key_index: int
+    assignments: tuple[Assignment, ...]
+    conditions: tuple[tuple[str, int], ...] = ()  # (column, index of its ``?``): all must hold
+
+
+@lru_cache(maxsize=4096)
+def keyed_update(sql: str) -> KeyedUpdate | None:
+    """The assignments of an UPDATE of one row by its key, when every one of them
+    is a plain value the cache can apply (None: not such an UPDATE)."""
+    update = _KEYED_UPDATE.match(sql)
+    if update is None or '"' in update["set"]:
+        return None
+    assignments: list[Assignment] = []
+    index = 0
+    for part in update["set"].split(","):
+        one = _ASSIGNMENT.match(part)
+        if one is None:
+            return None
+        column = one["col"].lower()
+        if one["param"]:
+            assignments.append(Assignment(column, "param", index))
+            index += 1
+        elif one["null"]:
+            assignments.append(Assignment(column, "value", None))
+        elif one["text"] is not None:
+            assignments.append(Assignment(column, "value", one["text"]))
+        elif one["int"] is not None:
+            assignments.append(Assignment(column, "value", int(one["int"])))
+        elif one["self"].lower() == column:
+            assignments.append(Assignment(column, "add", int(one["step"])))
+        else:
+            return None
+    key = update["key"].lower()
+    if key in {a.column for a in assignments}:
+        return None
+    conditions = tuple(
+        (column.lower(), index + 1 + number) for number, column in enumerate(_CONDITION.findall(update["conditions"]))
+    )
+    return KeyedUpdate(key, index, tuple(assignments), conditions)
+
+
+class _Unfit(Exception):
+    """A value the cache cannot put in a row as the server would return it."""
+
+
+def _typed(kind: str | None, value: Any) -> Any:
+    """``value`` as the server returns a column of ``kind`` holding it."""
+    if value is None:
+        return None
+    if kind == "int" and isinstance(value, int):  # bool too: stored as 0/1
+        return int(value)
+    if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind == "text" and isinstance(value, str):
+        return value
+    raise _Unfit
+
+
+class TableShape(NamedTuple):
+    key: str | None  # its single-column primary key (None: none)
+    kinds: dict[str, str]  # column -> "int", "float", "text" (those the cache can type)
+
+
+def row_read(table: str, key: str) -> str:
+    """The read of a whole row by its key that the cache keeps up to date."""
+    return f"SELECT * FROM {table} WHERE {key} = ?"
+
+
 class ReadCache:
     def __init__(self, capacity: int = 8192) -> None:
         self.capacity = capacity
@@ -195,6 +328,13 @@ class ReadCache:
         self._by_table: dict[str, dict[tuple[str, tuple[Any, ...]], ReadEntry]] = {}
         self.hits = 0
         self.misses = 0
+        #: The partition's tables as far as patching rows needs them (``learn``).
+        self._shapes: dict[str, TableShape] = {}
+        #: Writes per table so far: a row returned by an INSERT is put in only if
+        #: nothing wrote its table between the INSERT and its answer.
+        self._writes: dict[str, int] = {}
+        self.patched = 0
+        self._cleared = 0
 
     def get(self, sql: str, params: tuple[Any, ...]) -> list[Any] | None:
         rows = self._rows.get((sql, params))
@@ -219,18 +359,88 @@ class ReadCache:
     def wrote(self, table: str, sql: str = "", args: tuple[Any, ...] = ()) -> None:
         """``sql`` (with ``args``) wrote ``table``: drop what it may have changed
         (without ``sql``: every read of the table)."""
+        self._writes[table] = self._writes.get(table, 0) + 1
         reads = self._by_table.get(table)
         if not reads:
             return
+        patched = self._patched(table, sql, args) if sql else None
         shape = write_shape(sql) if sql else WriteShape()
         for key, entry in list(reads.items()):
             if not _kept(entry, shape, args):
                 del reads[key]
                 self._rows.pop(key, None)
+        if patched is not None:
+            self.put(table, *patched)
+            self.patched += 1
+
+    def learn(self, table: str, shape: TableShape) -> None:
+        """``table``'s key and column types (from the partition's catalog)."""
+        self._shapes[table.lower()] = shape
+
+    def _patched(self, table: str, sql: str, args: tuple[Any, ...]) -> tuple[str, tuple[Any, ...], list[Any]] | None:
+        """The row read whole by its key, with ``sql``'s assignments put in (None:
+        not remembered, or not a write the cache can apply)."""
+        shape = self._shapes.get(table)
+        update = keyed_update(sql)
+        if shape is None or update is None or update.key != shape.key or update.key_index >= len(args):
+            return None
+        read = (row_read(table, update.key), (args[update.key_index],))
+        rows = self._rows.get(read)
+        if rows is None or len(rows) > 1:
+            return None
+        if not rows:
+            return (*read, [])  # no such row: the UPDATE changes nothing
+        row = rows[0]
+        names = row.keys()
+        values = list(row)
+        try:
+            for column, index in update.conditions:
+                kind = shape.kinds.get(column)
+                if column not in names or kind is None:
+                    return None
+                held = values[names.index(column)]
+                if held is None or held != _typed(kind, args[index]):
+                    return (*read, rows)  # the condition fails: the UPDATE changes nothing
+            for assignment in update.assignments:
+                kind = shape.kinds.get(assignment.column)
+                if assignment.column not in names or kind is None:
+                    return None
+                position = names.index(assignment.column)
+                if assignment.how == "param":
+                    values[position] = _typed(kind, args[assignment.what])
+                elif assignment.how == "value":
+                    values[position] = _typed(kind, assignment.what)
+                elif kind == "int" and values[position] is not None:
+                    values[position] = _typed(kind, values[position] + assignment.what)
+                elif values[position] is not None:
+                    return None
+        except (_Unfit, IndexError):
+            return None
+        return (*read, [type(row)(values)])
+
+    def seeder(self, table: str, sql: str) -> Any:
+        """For an ``INSERT ... RETURNING *`` into a table with a key: what puts the
+        row it returns in the cache once its answer is read (None: nothing to do)."""
+        shape = self._shapes.get(table)
+        if shape is None or shape.key is None or not _RETURNING_ALL.match(sql):
+            return None
+        writes, cleared, key = self._writes.get(table, 0), self._cleared, shape.key
+
+        def seed(rows: list[Any]) -> None:
+            if len(rows) != 1 or self._writes.get(table, 0) != writes or self._cleared != cleared:
+                return  # ignored (nothing inserted), or its table written (or the cache cleared) since
+            try:
+                value = rows[0][key]
+            except IndexError:
+                return
+            self.put(table, row_read(table, key), (value,), list(rows))
+
+        return seed
 
     def clear(self) -> None:
         self._rows.clear()
         self._by_table.clear()
+        self._cleared += 1  # a row an INSERT returns after this is not put in
 
     def before(self, sql: str, args: tuple[Any, ...]) -> tuple[str, str, FetchedRows | None]:
         """Before a statement runs: its kind and table, and the answer when the

@@ -192,14 +192,16 @@ def history(ledger: Ledger, run_id: str, after: int = 0) -> list[dict[str, Any]]
 
 def add_observation(
     ledger: Ledger, run_id: str, source: str, loop_index: int, data: dict[str, Any], *, redacted: bool = False
-) -> bool:
+) -> None:
     """Append to the run's context once per source (an action id, a claim id...).
-    ``redacted``: ``data`` is made of values already redacted (see ``bounded_json``)."""
+    ``redacted``: ``data`` is made of values already redacted (see ``bounded_json``).
+    Nothing waits for its answer (no row count is read): on a PostgreSQL ledger it
+    travels with the transaction's next round trip, its COMMIT at the latest, and a
+    failure there still rolls the whole transaction back."""
     with ledger.tx() as db:
         # One statement: the next number, and nothing when the source has one already.
-        added = db.execute(
+        db.execute(
             "INSERT OR IGNORE INTO observations (run_id, seq, source, loop_index, data, created_at)"
             " SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ? FROM observations WHERE run_id = ?",
             (run_id, source, loop_index, bounded_json(data, redacted=redacted), _now(), run_id),
-        ).rowcount
-    return bool(added)
+        )
