@@ -80,6 +80,10 @@ class Worker:
                 await self.drive(job)
             try:
                 task = await self.next_task()
+                # The attempt at the task (its submissions so far) names its corral
+                # run: another node that claims it later gets the same run.
+                attempt = None if task is None else len(
+                    (await self.bridge("task.get", task_id=task["task_id"]))["submissions"])
             except (BridgeCallError, OSError) as exc:
                 log.warning("bridge unreachable or refusing: %s", exc)
                 task = None
@@ -87,7 +91,7 @@ class Worker:
                 await trio.sleep(self.poll_s)
                 continue
             job = await self.ctx.call("bridge.job_open", task_id=task["task_id"], title=task["title"],
-                                      revision=task["revision"])
+                                      revision=task["revision"], attempt=attempt)
             await self.drive(job["job"])
 
     async def next_task(self) -> dict[str, Any] | None:

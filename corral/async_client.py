@@ -64,6 +64,16 @@ def new_run_id() -> str:
     return "run-c" + secrets.token_hex(12)
 
 
+def key_run_id(idempotency_key: str) -> str:
+    """The run an idempotency key names: the same id wherever it is given (any
+    node of a cluster, its front door), so the cluster answers that run."""
+    import hashlib
+
+    if not isinstance(idempotency_key, str) or not 1 <= len(idempotency_key) <= 500:
+        raise ValueError("an idempotency key is a string of 1 to 500 characters")
+    return "run-k" + hashlib.sha256(idempotency_key.encode()).hexdigest()[:24]
+
+
 #: Sent when the action was not waiting in ``pending()``: it matches no fingerprint, so
 #: the supervisor decides nothing and says why the action is not waiting (superseded by
 #: a steer, denied, its run cancelled) or, had it just begun waiting, that this is not
@@ -361,6 +371,7 @@ class AsyncClient:
         retry_s: float = 10.0,
         intent: dict[str, Any] | str | None = None,
         goal: str | dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> RunResult:
         """Start a run of ``agent`` on ``task``. With ``wait`` (default) return once
         it ended or parked (raise ``RunTimeout`` after ``timeout`` seconds);
@@ -375,7 +386,14 @@ class AsyncClient:
         The run id is chosen here (or given) and sent with the request: when the
         supervisor is gone or silent, the request is sent again for up to
         ``retry_s`` seconds (a restarted supervisor included), and a retry whose
-        first attempt was committed returns that run, never a second one."""
+        first attempt was committed returns that run, never a second one.
+        ``idempotency_key`` (instead of ``run_id``): your own key for this run; it
+        names one run across a cluster (``key_run_id``), so the same key given
+        again, to any node or the cluster's front door, returns that run."""
+        if run_id is not None and idempotency_key is not None:
+            raise ValueError("give run_id or idempotency_key, not both")
+        if idempotency_key is not None:
+            run_id = key_run_id(idempotency_key)
         params: dict[str, Any] = {"agent_id": agent, "task": task, "run_id": run_id or new_run_id()}
         if script is not None:
             params["script"] = script

@@ -39,6 +39,10 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
                         help="with --goal: what shows the goal is met (repeat; at most 8; none: the goal itself)")
     parser.add_argument("--script", help="scripted-provider script (TOML/JSON) for this run")
     parser.add_argument("--intent", help="bind the run to an intent contract (JSON file; see docs/intent.md)")
+    parser.add_argument("--idempotency-key", metavar="KEY",
+                        help="your key for this run: given again (to any node of a cluster, or with --ledger), it"
+                        " answers the same run, never a second one")
+    parser.add_argument("--run-id", metavar="RUN", help="the run's id (run-<6..40 of a-z, 0-9, ->); default: a new one")
     parser.add_argument("--wait", action="store_true", help="wait until the run ends or parks")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to --wait at most")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -63,6 +67,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("give --task, or --goal (a goal is also the first task)", EXIT_USAGE)
     if (args.constraint or args.verify) and not args.goal:
         raise CliError("--constraint and --verify go with --goal", EXIT_USAGE)
+    if args.run_id and args.idempotency_key:
+        raise CliError("give --run-id or --idempotency-key, not both", EXIT_USAGE)
+    if args.idempotency_key is not None and not 1 <= len(args.idempotency_key) <= 500:
+        raise CliError("--idempotency-key is 1 to 500 characters", EXIT_USAGE)
+    ids = {"run_id": args.run_id, "idempotency_key": args.idempotency_key}
     goal = args.goal if args.goal is None or not (args.constraint or args.verify) else {
         "text": args.goal, "constraints": args.constraint, "verification": args.verify}
     # A person at a terminal sees the run move (on stderr: stdout stays the result);
@@ -72,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.wait and client.ledger_url is not None:
             # From a host with no node: no event stream to follow; the run id at
             # once, then the run as it ends or parks, wherever a node runs it.
-            started = client.run(args.agent, args.task, script=script, wait=False, intent=intent, goal=goal)
+            started = client.run(args.agent, args.task, script=script, wait=False, intent=intent, goal=goal, **ids)
             print(f"corral run: {started.run_id} queued in the cluster at {client.ledger_url} (agent {args.agent});"
                   f" waiting up to {args.timeout:g} s for it to end or to wait for a person", file=sys.stderr,
                   flush=True)
@@ -81,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             from corral.cli import progress, run_watch
 
             since = progress.start_cursor(client)
-            started = client.run(args.agent, args.task, script=script, wait=False, intent=intent, goal=goal)
+            started = client.run(args.agent, args.task, script=script, wait=False, intent=intent, goal=goal, **ids)
             warn_intent(started.raw)
             if live:
                 result = progress.watch_run(client, started.run_id, since, args.timeout, progress.stderr_console())
@@ -93,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             result = client.run(
                 args.agent, args.task, script=script, wait=args.wait, timeout=args.timeout, intent=intent,
-                goal=goal,
+                goal=goal, **ids,
             )
     if not args.wait:
         if args.json:

@@ -8,6 +8,7 @@ re-sent call safe. One transition table; an illegal move is refused.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 import time
@@ -89,6 +90,9 @@ class BridgeService:
         task_id = param_str(params, "task_id", limit=40)
         title = param_str(params, "title", limit=200)
         revision = param_int(params, "revision", low=1, high=2**53 - 1)
+        # Which attempt at the task this is (its submissions so far: a rejection
+        # opens a redo, which is a new run); None from a worker that does not say.
+        attempt = None if params.get("attempt") is None else param_int(params, "attempt", high=10_000)
         marks = ",".join("?" * len(FINISHED))
         row = self.ledger.one(
             f"SELECT * FROM bridge_jobs WHERE task_id = ? AND phase NOT IN ({marks})", task_id, *sorted(FINISHED)
@@ -97,11 +101,13 @@ class BridgeService:
             return {"job": dict(row)}
         job_id = "job-" + secrets.token_hex(8)
         now = time.time()
+        assert self.bridge is not None
+        run_id = None if attempt is None else task_run_id(self.bridge.url, task_id, attempt)
         with self.ledger.tx() as db:
             db.execute(
-                "INSERT INTO bridge_jobs (job_id, task_id, title, phase, revision, created_at, updated_at)"
-                " VALUES (?, ?, ?, 'claiming', ?, ?, ?)",
-                (job_id, task_id, title, revision, now, now),
+                "INSERT INTO bridge_jobs (job_id, task_id, title, phase, revision, run_id, created_at, updated_at)"
+                " VALUES (?, ?, ?, 'claiming', ?, ?, ?, ?)",
+                (job_id, task_id, title, revision, run_id, now, now),
             )
             self.ledger.event("bridge-job-claiming", job_id, task=task_id)
         return {"job": self._job(job_id)}
@@ -133,13 +139,15 @@ class BridgeService:
         return {"job": self._job(job["job_id"])}
 
     async def _start_run(self, job: dict[str, Any]) -> str:
-        """The task as an ordinary durable corral run (its id follows from the job,
-        so a repeated step finds the same run)."""
+        """The task as an ordinary durable corral run. Its id follows from the task
+        and the attempt (``task_run_id``), so a repeated step finds the same run,
+        and so does another node of a cluster that claims the same task later (its
+        run id is claimed cluster-wide): never a second run for one attempt. A job
+        opened without its attempt keeps an id of its own, as before."""
         bridge = self.bridge
         assert bridge is not None
-        created = await self.runs.create(
-            {"agent_id": bridge.agent, "task": job["title"], "run_id": "run-" + job["job_id"][4:]}
-        )
+        run_id = job["run_id"] or "run-" + job["job_id"][4:]
+        created = await self.runs.create({"agent_id": bridge.agent, "task": job["title"], "run_id": run_id})
         return str(created["run_id"])
 
     async def run_status(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
@@ -180,6 +188,13 @@ class BridgeService:
     def status_section(self) -> dict[str, Any]:
         rows = self.ledger.all("SELECT phase, COUNT(*) AS n FROM bridge_jobs GROUP BY phase")
         return {row["phase"]: int(row["n"]) for row in rows}
+
+
+def task_run_id(bridge_url: str, task_id: str, attempt: int) -> str:
+    """The corral run of attempt ``attempt`` at a bridge's task: the same on every
+    node (and after any restart), another for a redo after a rejection."""
+    digest = hashlib.sha256(f"{bridge_url}\n{task_id}\n{attempt}".encode()).hexdigest()[:24]
+    return f"run-bt-{digest}"
 
 
 def _text(params: dict[str, Any], name: str, limit: int) -> str:
