@@ -183,13 +183,10 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> Begun:
         blocked = _block_if_stale(ledger, row, phase)
         if blocked is not None:
             return blocked
-    if phase is ActionPhase.PREPARED and row["policy"] != "deny" and writes_files(row["tool"]):
-        refusal = child_scope_refusal(row, get_run(ledger, row["run_id"]))
-        if refusal is not None:  # before the policy: a person is never asked about it (V1.34)
-            with ledger.tx():
-                move_action(ledger, the_id, ActionPhase.DENIED, reason=refusal, error=refusal)
-                write_receipt(ledger, the_id)
-            return {"begin": Begin.SKIP, "phase": "denied"}
+    if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED) and row["policy"] != "deny" and writes_files(row["tool"]):
+        refused = _child_scope(ledger, row, phase)
+        if refused is not None:
+            return refused
     if phase is ActionPhase.PREPARED:
         if row["policy"] == "deny":
             run = get_run(ledger, row["run_id"])
@@ -232,6 +229,22 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> Begun:
     if phase is ActionPhase.WAITING_CONFIRMATION:
         return {"begin": Begin.PARK, "phase": phase.value}
     return {"begin": Begin.SKIP, "phase": phase.value}
+
+
+def _child_scope(ledger: Ledger, row: Any, phase: ActionPhase) -> Begun | None:
+    """A child's write outside its scopes, refused before its policy may ask a person
+    and before it starts, approved or not (seed 004 V1.34). Its plan was checked as a
+    whole when it was prepared (child_scope.plan_refusal); this is the check again at
+    the boundary itself, so no approval passes it."""
+    refusal = child_scope_refusal(row, get_run(ledger, row["run_id"]))
+    if refusal is None:
+        return None
+    # An approved action may only fail (the action table has no approved -> denied).
+    ending = ActionPhase.FAILED if phase is ActionPhase.APPROVED else ActionPhase.DENIED
+    with ledger.tx():
+        move_action(ledger, row["action_id"], ending, current=row, reason=refusal, error=refusal)
+        write_receipt(ledger, row["action_id"])
+    return {"begin": Begin.SKIP, "phase": ending.value}
 
 
 def _block_if_stale(ledger: Ledger, row: Any, phase: ActionPhase) -> Begun | None:

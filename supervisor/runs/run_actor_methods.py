@@ -34,6 +34,7 @@ from corral.mailbox.steps import Begun, Do, PrepareStep, Step
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.runs import (
     action_store,
+    child_scope,
     finalization,
     loop_plan_store,
     provider_store,
@@ -289,7 +290,12 @@ class RunActorMethods(RunCore):
                 blocked = why
         shown = redact(tool_input)  # what the ledger keeps, computed once
         allowed = self.tool_allowed(run, tool_name)
-        refused = blocked is not None or not allowed or problem is not None
+        out_of_scope = None
+        if run["kind"] == "child" and blocked is None and allowed and problem is None and policy != "deny":
+            # Before its policy may ask a person, on the raw input (seed 004 V1.34); an
+            # action refused for its own reason keeps that reason.
+            out_of_scope = child_scope.plan_refusal(self.ledger, run, loop, index, tool_name, tool_input)
+        refused = blocked is not None or not allowed or problem is not None or out_of_scope is not None
         quiet = begins_now and rerunnable and policy == "auto" and not refused
         row = action_store.prepare_action(
             self.ledger,
@@ -311,6 +317,8 @@ class RunActorMethods(RunCore):
             row = self.refuse_prepared(row, ActionPhase.DENIED, f"{tool_name} is not in this agent's tools list")
         elif problem is not None:
             row = self.refuse_prepared(row, ActionPhase.FAILED, problem)
+        elif out_of_scope is not None:
+            row = self.refuse_prepared(row, ActionPhase.DENIED, out_of_scope)
         return row
 
     async def action_begin(self, slot: ActorSlot, request: ActionBegin) -> Begun:
