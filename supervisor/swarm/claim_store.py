@@ -11,9 +11,16 @@ from typing import Any
 
 from corral.supervisor.errors import BadRequest, Refused
 from corral.supervisor.ledger.port import Ledger, dumps
+from corral.supervisor.runs.run_store import MAX_RESULT_CHARS
 from corral.supervisor.swarm.delegation_store import contracts_directory
 from corral.supervisor.swarm.parent_work import open_work
 from corral.supervisor.swarm.swarm_state import ClaimPhase, DeliveryStatus, check_claim, check_delivery, sha
+
+#: What one claim's deliveries may take in its observation, as JSON characters. The
+#: observation keeps MAX_RESULT_CHARS (64 KiB) whole, past which it is cut to a
+#: preview; the claimed deliveries come first in it, and the rest (the open count,
+#: the directory of claimed contracts) keeps the other 16 KiB.
+CLAIM_OBSERVATION_CHARS = MAX_RESULT_CHARS - 16 * 1024
 
 
 def claim(ledger: Ledger, parent_run_id: str, action_id: str, delivery_ids: list[str] | None) -> dict[str, Any]:
@@ -38,6 +45,8 @@ def claim(ledger: Ledger, parent_run_id: str, action_id: str, delivery_ids: list
                         f"delivery {delivery_id} is already {row['status']} (by {row['claimed_by_action_id']})",
                         code="already-claimed",
                     )
+        # Before any mutation: only what the observation holds whole (seed 004 V1.35).
+        targets = fitting_prefix(ledger, targets, named=delivery_ids is not None)
         if not targets:
             return {"claim_id": None, "claimed": [], "open": open_work(ledger, parent_run_id)}
         claim_id = "clm-" + sha(action_id)[:20]
@@ -55,6 +64,37 @@ def claim(ledger: Ledger, parent_run_id: str, action_id: str, delivery_ids: list
         commit_claim(ledger, journal["claim_id"])
         ledger.failpoint("claim.after-commit")
     return claimed_view(ledger, journal["claim_id"])
+
+
+def fitting_prefix(ledger: Ledger, targets: list[str], *, named: bool) -> list[str]:
+    """The ordered prefix of ``targets`` whose claimed views fit one observation
+    whole (``CLAIM_OBSERVATION_CHARS``): the rest stay ready for the next claim
+    ("只认领能够完整放入本轮 ... 私有观察预算的有序前缀"). Refused, before any claim
+    mutation, when the first alone does not fit ("单个 group 已超过完整观察上限时在任何
+    claim mutation 前失败关闭"), or when deliveries the model named together do not."""
+    taken: list[str] = []
+    used = 0
+    for delivery_id in targets:
+        row = ledger.one("SELECT kind, payload FROM deliveries WHERE delivery_id = ?", delivery_id)
+        assert row is not None
+        size = len(dumps({"delivery_id": delivery_id, "kind": row["kind"], **json.loads(row["payload"])}))
+        if used + size > CLAIM_OBSERVATION_CHARS:
+            if not taken:
+                raise Refused(
+                    f"delivery {delivery_id}'s result is {size} characters; one claim's observation holds at most"
+                    f" {CLAIM_OBSERVATION_CHARS} whole, so it cannot be claimed (nothing was claimed)",
+                    code="too-large",
+                )
+            if named:
+                raise Refused(
+                    f"the named deliveries' results are more than one observation holds whole"
+                    f" ({CLAIM_OBSERVATION_CHARS} characters): name fewer (nothing was claimed)",
+                    code="too-large",
+                )
+            break
+        taken.append(delivery_id)
+        used += size
+    return taken
 
 
 def commit_claim(ledger: Ledger, claim_id: str) -> None:
