@@ -35,6 +35,8 @@ SHORT, LONG = 100, 200
 QUICK_SHORT, QUICK_LONG = 30, 60
 #: Statement shapes listed in the note, most frequent first.
 SHOWN_SHAPES = 24
+#: Functions listed in the note, most called first.
+SHOWN_FUNCTIONS = 60
 
 
 def _spec(short: int, long: int) -> str:
@@ -144,4 +146,12 @@ def durable_counts(ctx: Context) -> Metrics:
         f" (per pair: {', '.join(f'{s + a:.2f}' for s, a in cpu)} ms)"
     )
     ctx.note("statements per action, by shape: " + " | ".join(left))
+    functions = Counter(many["functions"])
+    functions.subtract(Counter(few["functions"]))
+    ctx.note(
+        "Python calls per action, by function: "
+        + " | ".join(
+            f"{count / extra_actions:.1f} {name}" for name, count in functions.most_common(SHOWN_FUNCTIONS) if count
+        )
+    )
     return ctx.metrics

@@ -25,6 +25,8 @@ from typing import Any
 _LITERAL = re.compile(r"'(?:[^']|'')*'|\bX'[0-9A-Fa-f]*'|\b\d+(?:\.\d+)?(?:e[+-]?\d+)?\b")
 #: The statement shapes kept by text at most (the rest are counted, not named).
 MAX_SHAPES = 2000
+#: Functions named in a count's answer, most called first.
+MAX_FUNCTIONS = 400
 
 
 def statement_shape(sql: str) -> str:
@@ -41,11 +43,22 @@ class ProbeCounts:
         self.connection = connection if isinstance(connection, sqlite3.Connection) else None
         #: Statements run, by shape (``statement_shape``).
         self.statements: Counter[str] = Counter()
+        #: Calls by function: (file, name), a builtin as (its caller's file, "caller>builtin").
+        self.functions: Counter[tuple[str, str]] = Counter()
         self.calls = 0
         self.on = False
         self._last = ""
+        self._inside = False
 
     def _traced(self, sql: str) -> None:
+        # The counting itself is not the supervisor's work: the profile hook skips it.
+        self._inside = True
+        try:
+            self._count_statement(sql)
+        finally:
+            self._inside = False
+
+    def _count_statement(self, sql: str) -> None:
         if sql.startswith("--"):
             return  # a trigger's statement, part of the one that fired it
         # Python 3.11 traces a trigger that fires, and each statement in it, with the
@@ -63,13 +76,23 @@ class ProbeCounts:
             self.statements["(other)"] += 1
 
     def _profiled(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" or event == "c_call":
+        if self._inside or frame.f_code is _TRACED:
+            return
+        if event == "call":
             self.calls += 1
+            code = frame.f_code
+            self.functions[(code.co_filename, code.co_name)] += 1
+        elif event == "c_call":
+            self.calls += 1
+            # A builtin by its caller too: ``len`` alone says nothing of who needs it.
+            code = frame.f_code
+            self.functions[(code.co_filename, f"{code.co_name}>{getattr(arg, '__qualname__', '?')}")] += 1
 
     def start(self) -> None:
         """Count from now on; called on the supervisor's main thread, which the
         profile hook then covers."""
         self.statements.clear()
+        self.functions.clear()
         self.calls = 0
         self.on = True
         if self.connection is not None:
@@ -78,7 +101,8 @@ class ProbeCounts:
 
     def stop(self) -> dict[str, Any]:
         """Stop counting: {"calls", "statements" (None: the backend traces none),
-        "shapes": {statement shape: count}}."""
+        "shapes": {statement shape: count}, "functions": {"folder/file.py:name": calls}, the
+        ``MAX_FUNCTIONS`` most called}."""
         sys.setprofile(None)
         if self.connection is not None:
             self.connection.set_trace_callback(None)
@@ -87,4 +111,16 @@ class ProbeCounts:
             "calls": self.calls,
             "statements": self.statements.total() if self.connection is not None else None,
             "shapes": dict(self.statements),
+            "functions": {
+                f"{_short(file)}:{name}": count for (file, name), count in self.functions.most_common(MAX_FUNCTIONS)
+            },
         }
+
+
+#: The trace callback's code: its call is the probe's, not the supervisor's.
+_TRACED = ProbeCounts._traced.__code__
+
+
+def _short(file: str) -> str:
+    """A source file as its folder and name (``runs/action_store.py``)."""
+    return "/".join(file.rsplit("/", 2)[-2:])
