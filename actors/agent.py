@@ -21,6 +21,7 @@ import msgspec
 import trio
 
 from corral.actors import agent_instructions, project_context, recordable, typed_output
+from corral.actors.action_receipt import with_receipt
 from corral.actors.inflight import InFlight
 from corral.actors.provider_interrupts import ProviderInterrupts
 from corral.actors.providers.base import (
@@ -537,7 +538,7 @@ class Lane:
             except ActionParked:
                 return  # the supervisor finishes this action (an answer); the run is parked
             failpoints.hit("agent.after-effect")
-            results.append(outcome.result(action["action_id"]))
+            results.append(with_receipt(outcome, action["action_id"], action["tool"], action["input"]))
         await self.finish(results)
 
     async def finish(self, results: list[ActionResult]) -> None:
@@ -585,7 +586,8 @@ class Lane:
             failpoints.hit("agent.before-effect")
             outcome = await self.execute(action["action_id"], action["tool"], action["input"])
             failpoints.hit("agent.after-effect")
-            await self.report(ActionFinish.of(outcome.result(action["action_id"]), self.run_id), piggyback=False)
+            result = with_receipt(outcome, action["action_id"], action["tool"], action["input"])
+            await self.report(ActionFinish.of(result, self.run_id), piggyback=False)
 
         async with trio.open_nursery() as nursery:
             for action in batch:

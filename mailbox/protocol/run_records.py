@@ -3,7 +3,7 @@ run's claim, its steps, its actions' begin and finish, its end."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 
@@ -93,8 +93,25 @@ class ActionBegin(Request[StepReply], frozen=True, forbid_unknown_fields=True, o
     history_have: Count = 0
 
 
+class Receipt(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An executed action's receipt and observation as the agent built them from the
+    input it ran (actors/action_receipt.py). The supervisor checks them against the
+    action's record (its tool, its fingerprint) and their bounds, redacts them, and
+    stores them in the transaction of the action's terminal move."""
+
+    #: The tool the agent ran: the action's recorded tool.
+    tool: Annotated[str, msgspec.Meta(max_length=200)]
+    #: sha256 of the canonical {tool, input} it ran: the action's recorded fingerprint.
+    fingerprint: Annotated[str, msgspec.Meta(max_length=64)]
+    #: What was called, names and sizes, never contents (``input_summary``).
+    call: str
+    #: The input as the model's next turn is shown it, each string cut (``echo_input``).
+    echo: dict[str, Any]
+
+
 class ActionResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What an action's effect came to, as the agent reports it."""
+    """What an action's effect came to, as the agent reports it; ``receipt``: what it
+    built for the record (None: the supervisor builds it from the action's record)."""
 
     action_id: Id
     ok: bool
@@ -102,6 +119,7 @@ class ActionResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     summary: str = ""
     error: str | None = None
     traceback: str | None = None
+    receipt: Receipt | None = None
 
 
 class ActionFinish(ActionResult, Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -114,12 +132,21 @@ class ActionFinish(ActionResult, Request[StepReply], frozen=True, forbid_unknown
     history_have: Count = 0
 
     def result(self) -> ActionResult:
-        return ActionResult(self.action_id, self.ok, self.output, self.summary, self.error, self.traceback)
+        return ActionResult(
+            self.action_id, self.ok, self.output, self.summary, self.error, self.traceback, self.receipt
+        )
 
     @classmethod
     def of(cls, result: ActionResult, run_id: str) -> ActionFinish:
         return cls(
-            result.action_id, result.ok, result.output, result.summary, result.error, result.traceback, run_id=run_id
+            result.action_id,
+            result.ok,
+            result.output,
+            result.summary,
+            result.error,
+            result.traceback,
+            result.receipt,
+            run_id=run_id,
         )
 
 

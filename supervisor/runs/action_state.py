@@ -9,10 +9,11 @@ means "may have happened": recovery never replays it.
 from __future__ import annotations
 
 import enum
-import hashlib
-import json
-from typing import Any
 
+# One definition, shared with the agent (its receipt names the fingerprint it ran).
+from corral.core.fingerprint import canonical_json as canonical_json
+from corral.core.fingerprint import fingerprint as fingerprint
+from corral.core.fingerprint import sha256_hex as sha256_hex
 from corral.core.transitions import IllegalTransition
 
 
@@ -49,18 +50,6 @@ def check_action_transition(current: ActionPhase, new: ActionPhase) -> ActionPha
     return new
 
 
-def sha256_hex(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def action_id(run_id: str, loop_index: int, action_index: int) -> str:
     """Derived, never chosen by a model: the same step always has the same id."""
     return "act-" + sha256_hex(f"{run_id}\x00{loop_index}\x00{action_index}")[:24]
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def fingerprint(tool: str, tool_input: dict[str, Any]) -> str:
-    return sha256_hex(canonical_json({"tool": tool, "input": tool_input}))

@@ -13,8 +13,10 @@ import sqlite3
 import time
 from typing import Any
 
-from corral.actors.tools.base import is_sealed
+from corral.actors.action_receipt import echo_input as echo_input
+from corral.actors.action_receipt import input_summary as input_summary
 from corral.core.redact import bounded_traceback, redact, redact_text, summarize
+from corral.mailbox.protocol import Receipt
 from corral.mailbox.steps import Begin, Begun
 from corral.supervisor.errors import Conflict, NotFound
 from corral.supervisor.ledger.port import Ledger
@@ -29,9 +31,10 @@ from corral.supervisor.runs.action_state import (
     fingerprint,
 )
 from corral.supervisor.runs.child_scope import child_scope_refusal, writes_files
+from corral.supervisor.runs.receipt_check import receipt_text
 from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.runs.run_state import RunStatus
-from corral.supervisor.runs.run_store import add_observation, bounded_json, get_run, set_run_status
+from corral.supervisor.runs.run_store import add_observation, bounded_json_cut, get_run, set_run_status
 
 
 def _now() -> float:
@@ -289,9 +292,12 @@ def finish_action(
     *,
     current: Any = None,
     traceback: str | None = None,
+    receipt: Receipt | None = None,
 ) -> None:
     """``traceback``: the tool raised; its traceback (redacted and bounded here
-    again) is kept beside the output, for people, in the action's ``result``."""
+    again) is kept beside the output, for people, in the action's ``result``.
+    ``receipt``: the one the agent built, checked already against the action's
+    record (supervisor/runs/receipt_check.py); None: built here from the record."""
     row = current if current is not None else get_action(ledger, the_id)
     phase = ActionPhase(row["phase"])
     if phase in ACTION_TERMINAL:
@@ -300,25 +306,37 @@ def finish_action(
         raise Conflict(f"action {the_id} is {phase}, not executing")
     # The outcome and its receipt (with the observation) in one commit: a crash
     # cannot leave a terminal action without its receipt.
+    # Redacted once: the action's result column and the observation's output are the
+    # same value (never read back and parsed again).
+    shown = redact(
+        {"output": output, "summary": summarize(summary, 300)}
+        | ({"traceback": bounded_traceback(traceback)} if traceback else {})
+    )
+    stored, cut = bounded_json_cut(shown)
+    kept = json.loads(stored) if cut else shown  # a cut result: its preview, as stored
     with ledger.tx():
         written = move_action(
             ledger,
             the_id,
             ActionPhase.OK if ok else ActionPhase.FAILED,
             current=row,
-            result=bounded_json(
-                {"output": output, "summary": summarize(summary, 300)}
-                | ({"traceback": bounded_traceback(traceback)} if traceback else {})
-            ),
+            result=stored,
             error=summarize(error, 300) if error else None,
         )
-        write_receipt(ledger, the_id, current={**dict(row), **written})
+        write_receipt(ledger, the_id, current={**dict(row), **written}, receipt=receipt, result=kept)
     ledger.failpoint("action.after-terminal")
     ledger.failpoint("action.after-receipt")
 
 
 def write_receipt(
-    ledger: Ledger, the_id: str, note: str | None = None, *, current: Any = None, repair: bool = False
+    ledger: Ledger,
+    the_id: str,
+    note: str | None = None,
+    *,
+    current: Any = None,
+    repair: bool = False,
+    receipt: Receipt | None = None,
+    result: dict[str, Any] | None = None,
 ) -> bool:
     """Exactly one receipt per terminal action, with the observation in the same commit.
     ``current``: the action as it now is, when the caller just wrote it.
@@ -328,16 +346,19 @@ def write_receipt(
     event too: one event per state a client can see. ``repair``: the terminal move
     was committed earlier without its receipt (a ledger from before receipts were
     written in the same commit); the late receipt is a change of its own,
-    announced as ``receipt-written``."""
+    announced as ``receipt-written``. ``receipt``: the agent's, checked (see
+    ``finish_action``); ``result``: the action's result as just written, redacted
+    (None: read from the row)."""
     with ledger.tx() as db:
         row = current if current is not None else get_action(ledger, the_id)
         phase = ActionPhase(row["phase"])
         if phase not in ACTION_TERMINAL:
             raise Conflict(f"action {the_id} is {phase}; receipts are for terminal actions")
-        result = json.loads(row["result"]) if row["result"] else {}
+        if result is None:
+            result = json.loads(row["result"]) if row["result"] else {}
         result_summary = result.get("summary") or row["error"] or row["reason"] or phase.value
-        tool_input = json.loads(row["input"])
-        call = input_summary(row["tool"], tool_input)
+        text = receipt_text(row, receipt)
+        call = text.call
         if not db.execute(
             "INSERT OR IGNORE INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
             " result_summary, note, started_at, finished_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -360,7 +381,7 @@ def write_receipt(
         if repair:
             ledger.event("receipt-written", the_id, run=row["run_id"], status=phase.value)
         # Redaction once per value: the input and the result were redacted when the
-        # row was written, the call summarised (redacted) just above, the tool name
+        # row was written, the call and the echo by ``receipt_text``, the tool name
         # and ids are checked names; only the error may come unredacted from a caller.
         add_observation(
             ledger,
@@ -373,7 +394,7 @@ def write_receipt(
                 # What was called (names and sizes, as the receipt has it): a model
                 # that sees only results repeats a call it has already made.
                 "call": call,
-                "input": echo_input(tool_input),
+                "input": text.echo,
                 "status": phase.value,
                 "output": result.get("output", {}),
                 "error": redact_text(row["error"]) if row["error"] else "",
@@ -383,39 +404,6 @@ def write_receipt(
         for hook in ledger.features.on_receipt:
             hook(ledger, row)
     return True
-
-
-#: Characters of each string of a call kept in its observation.
-ECHO_CHARS = 200
-
-
-def echo_input(value: Any, limit: int = ECHO_CHARS) -> Any:
-    """The call's (already redacted) input, each string cut to ``limit``: the model's
-    next turn shows it its own call, so it does not make the same one again."""
-    if isinstance(value, str):
-        return value if len(value) <= limit else value[:limit] + "…"
-    if isinstance(value, dict):
-        return {key: echo_input(item, limit) for key, item in value.items()}
-    if isinstance(value, list):
-        return [echo_input(item, limit) for item in value[:16]]
-    return value
-
-
-def input_summary(tool: str, tool_input: dict[str, Any]) -> str:
-    """Names and sizes, never contents: receipts must not carry file data or secrets."""
-    parts = []
-    for key, value in sorted(tool_input.items()):
-        if key in ("path", "label", "agent_id", "program", "cwd", "process_id", "template"):
-            parts.append(f"{key}={summarize(str(value), 80)}")
-        elif isinstance(value, str):
-            parts.append(f"{key}=<{len(value)} chars>")
-        elif is_sealed(value):
-            parts.append(f"{key}=<sealed, {value['bytes']} bytes>")
-        elif isinstance(value, list):
-            parts.append(f"{key}=<{len(value)} items>")
-        else:
-            parts.append(f"{key}=<{type(value).__name__}>")
-    return summarize(f"{tool}(" + ", ".join(parts) + ")", 200)
 
 
 def actions_of(ledger: Ledger, run_id: str, loop_index: int) -> list[sqlite3.Row]:

@@ -44,6 +44,7 @@ from corral.supervisor.runs import (
 )
 from corral.supervisor.runs.action_state import ActionPhase, action_id, canonical_json
 from corral.supervisor.runs.next_step import next_step
+from corral.supervisor.runs.receipt_check import check_receipt
 from corral.supervisor.runs.response_secrets import Handling
 from corral.supervisor.runs.run_core import POLICY_STRICTNESS, RunCore, _int, _str
 from corral.supervisor.runs.run_feature import PlanRefusal
@@ -355,10 +356,12 @@ class RunActorMethods(RunCore):
         if len(set(ids)) != len(ids):
             raise BadRequest("results name an action more than once")
         actions = []
-        for the_id in ids:
+        for the_id, result in zip(ids, results, strict=True):
             action = action_store.get_action(self.ledger, the_id)
             if action["run_id"] != run_id:
                 raise BadRequest(f"action {action['action_id']} is not in run {run_id}")
+            if result.receipt is not None:
+                check_receipt(action, result.receipt)  # every one before anything is written
             actions.append(action)
         self.check_owner(slot, run_id)
         with self.ledger.tx():  # the whole batch in one commit
@@ -370,6 +373,8 @@ class RunActorMethods(RunCore):
     async def action_finish(self, slot: ActorSlot, request: ActionFinish) -> dict[str, Any]:
         action = action_store.get_action(self.ledger, request.action_id)
         self.check_owner(slot, action["run_id"])
+        if request.receipt is not None:
+            check_receipt(action, request.receipt)  # before anything is written
         self._finish(action, request.result())
         return {}
 
@@ -388,6 +393,7 @@ class RunActorMethods(RunCore):
                 current=action,
                 # A finished action's traceback (its tool raised), if the agent sent one.
                 traceback=result.traceback or None,
+                receipt=result.receipt,
             )
         if action["raw_sha256"]:
             # Once terminal is committed, nothing will act on this raw input again.

@@ -49,10 +49,15 @@ def bounded_json(value: Any, limit: int = MAX_RESULT_CHARS, *, redacted: bool = 
     """A value as the ledger keeps it: redacted JSON, cut to a preview past ``limit``.
     ``redacted``: every string in ``value`` has been through the redaction already
     (it was read back from a column the ledger wrote redacted), so it is not again."""
-    text = dumps(value if redacted else redact(value))
+    return bounded_json_cut(value if redacted else redact(value), limit)[0]
+
+
+def bounded_json_cut(shown: Any, limit: int = MAX_RESULT_CHARS) -> tuple[str, bool]:
+    """``bounded_json`` of a value already redacted, and whether it was cut to a preview."""
+    text = dumps(shown)
     if len(text) > limit:
-        text = dumps({"truncated": True, "preview": text[: limit - 200]})
-    return text
+        return dumps({"truncated": True, "preview": text[: limit - 200]}), True
+    return text, False
 
 
 
