@@ -36,6 +36,7 @@ from corral.core import failpoints
 from corral.core.redact import summarize
 from corral.core.transitions import IllegalTransition
 from corral.mailbox.envelope import Envelope, Kind
+from corral.mailbox.protocol import SessionLaunched, SessionStateReport
 from corral.sandbox.bwrap import Rlimits, SandboxError, SandboxMode, SandboxProfile
 from corral.sandbox.exec_handshake import ReadyInfo
 
@@ -91,11 +92,8 @@ class _Reporter:
     async def on_ready(self, info: ReadyInfo) -> None:
         # The pid goes to this actor's log only: nobody may ever signal a stored pid.
         log.info("%s: sandbox ready (%s, pid %d); committing the launch", self.process_id, info.launch_mode, info.pid)
-        await self.ctx.call(
-            "session.launched",
-            timeout=CALL_TIMEOUT_S,
-            process_id=self.process_id,
-            launch_mode=info.launch_mode.value,
+        await self.ctx.ask(
+            SessionLaunched(process_id=self.process_id, launch_mode=info.launch_mode.value), timeout=CALL_TIMEOUT_S
         )
 
     async def on_state(self, change: StateChange) -> None:
@@ -123,9 +121,7 @@ class _Reporter:
         self, change: StateChange, *, reason: str | None = None, code: str | None = None, strict: bool = False
     ) -> None:
         try:
-            await self.ctx.call(
-                "session.state",
-                timeout=CALL_TIMEOUT_S,
+            report = SessionStateReport(
                 process_id=self.process_id,
                 state=change.new.value,
                 exit_code=change.exit_code,
@@ -134,6 +130,7 @@ class _Reporter:
                 reason=reason,
                 code=code,
             )
+            await self.ctx.ask(report, timeout=CALL_TIMEOUT_S)
         except Exception as exc:
             if strict:
                 raise

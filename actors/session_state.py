@@ -23,11 +23,6 @@ CURSOR_VERSION = 1
 #: The largest stdin write a session takes, its newline included (seed 004 V1.10:
 #: 8 KiB); the supervisor refuses larger ones first.
 MAX_STDIN_BYTES = 8 * 1024
-#: A model's poll (seed 004 V1.10): 8,000 characters by default, at most 16,000; a
-#: wait of at most 30,000 ms. The supervisor and the tool's schema both hold to them.
-DEFAULT_POLL_CHARS = 8000
-MAX_POLL_CHARS = 16_000
-MAX_POLL_WAIT_MS = 30_000
 
 
 class SessionState(enum.StrEnum):

@@ -26,6 +26,8 @@ from corral.mailbox.protocol import (
     BenchSinkCount,
     BenchSinkReset,
     Code,
+    CommandLaunched,
+    CommandSandbox,
     NextStep,
     Ping,
     ProjectPreview,
@@ -36,6 +38,12 @@ from corral.mailbox.protocol import (
     RunClaim,
     RunFail,
     RunFinalize,
+    SessionLaunched,
+    SessionPoll,
+    SessionStart,
+    SessionStateReport,
+    SessionStdin,
+    SessionTerminate,
     TypedRequest,
     Untyped,
 )
@@ -98,6 +106,22 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
             return await _need(methods.project, request).verification(slot, request)
         case ProjectPreview():
             return await _need(methods.project, request).preview(slot, request)
+        case SessionStart():
+            return await _need(methods.sessions, request).start(slot, request)
+        case SessionPoll():
+            return await _need(methods.sessions, request).poll(slot, request)
+        case SessionStdin():
+            return await _need(methods.sessions, request).stdin(slot, request)
+        case SessionTerminate():
+            return await _need(methods.sessions, request).terminate(slot, request)
+        case SessionLaunched():
+            return await _need(methods.sessions, request).launched(slot, request)
+        case SessionStateReport():
+            return await _need(methods.sessions, request).state(slot, request)
+        case CommandSandbox():
+            return await _need(methods.sessions, request).command_sandbox(slot, request)
+        case CommandLaunched():
+            return await _need(methods.sessions, request).command_launched(slot, request)
         case Untyped():
             handler = sup.actor_methods.get(request.method)
             if handler is None:  # a method of a feature this supervisor was built without

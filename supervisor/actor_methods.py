@@ -19,10 +19,18 @@ if TYPE_CHECKING:
         BenchSink,
         BenchSinkCount,
         BenchSinkReset,
+        CommandLaunched,
+        CommandSandbox,
         ProjectPreview,
         ProjectVerification,
         ProjectVerifyBegin,
         ProjectVerifyRecord,
+        SessionLaunched,
+        SessionPoll,
+        SessionStart,
+        SessionStateReport,
+        SessionStdin,
+        SessionTerminate,
         SinkCount,
     )
     from corral.supervisor.tree.supervision_tree import ActorSlot
@@ -51,9 +59,31 @@ class ProjectMethods(Protocol):
     async def preview(self, slot: ActorSlot, request: ProjectPreview) -> dict[str, Any]: ...
 
 
+class SessionMethods(Protocol):
+    """Process sessions and one-shot commands: the agent's tools' requests and the
+    session actors' own reports (supervisor/sessions/session_service.py)."""
+
+    async def start(self, slot: ActorSlot, request: SessionStart) -> dict[str, Any]: ...
+
+    async def poll(self, slot: ActorSlot, request: SessionPoll) -> dict[str, Any]: ...
+
+    async def stdin(self, slot: ActorSlot, request: SessionStdin) -> dict[str, Any]: ...
+
+    async def terminate(self, slot: ActorSlot, request: SessionTerminate) -> dict[str, Any]: ...
+
+    async def launched(self, slot: ActorSlot, request: SessionLaunched) -> dict[str, Any]: ...
+
+    async def state(self, slot: ActorSlot, request: SessionStateReport) -> dict[str, Any]: ...
+
+    async def command_sandbox(self, slot: ActorSlot, request: CommandSandbox) -> dict[str, Any]: ...
+
+    async def command_launched(self, slot: ActorSlot, request: CommandLaunched) -> dict[str, Any]: ...
+
+
 @dataclass
 class ActorMethods:
     """The families this supervisor serves: each set by its service's setup."""
 
     probes: ProbeMethods | None = None
     project: ProjectMethods | None = None
+    sessions: SessionMethods | None = None

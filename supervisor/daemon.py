@@ -61,6 +61,7 @@ from corral.supervisor.runs.run_service import RunLayerFeature, RunLayerPart, Ru
 from corral.supervisor.runs.run_views import RunViews
 from corral.supervisor.service_part import ServicePart
 from corral.supervisor.sessions import session_service
+from corral.supervisor.sessions.session_parts import SessionFeature, SessionPart
 from corral.supervisor.sessions.session_service import SessionService
 from corral.supervisor.spec.swarm_spec import SwarmSpec
 from corral.supervisor.swarm import swarm_service
@@ -251,7 +252,7 @@ class Supervisor:
             forwarding,
             RunLayerFeature(self.ledger, self.views),
             swarm_service.SwarmFeature(self.swarm),
-            session_service.SessionFeature(self.ledger, self.sessions),
+            SessionFeature(self.ledger, self.sessions),
             mcp_service.run_feature(self.mcp),
             model_service.UsageFeature(self.ledger),
             interactive_service.SteerFeature(self.interactive),
@@ -274,7 +275,7 @@ class Supervisor:
             node,
             RunLayerPart(self.runs),
             swarm_service.SwarmPart(self.swarm),
-            session_service.SessionPart(self.ledger, self.sessions),
+            SessionPart(self.ledger, self.sessions),
             mcp_service.service_part(self.mcp),
             model_service.service_part(self.models),
             reply_stream_service.ReplyStreamPart(reply_stream),

@@ -64,6 +64,19 @@ MALFORMED = [
         "fingerprint",
     ),
     ({"method": "project.verify.begin", "params": {"run_id": "r", "action_id": "a" * 65}}, "bad-request", "action_id"),
+    # sessions and commands
+    (
+        {"method": "session.poll", "params": {"run_id": "r", "process_id": "proc-1", "max_chars": 16_001}},
+        "bad-request",
+        "max_chars",
+    ),
+    ({"method": "session.stdin", "params": {"run_id": "r", "process_id": "proc-1", "data": 5}}, "bad-request", "data"),
+    (
+        {"method": "session.state", "params": {"process_id": "proc-1", "state": "exited", "exit_code": "x"}},
+        "bad-request",
+        "exit_code",
+    ),
+    ({"method": "command.launched", "params": {"run_id": "r", "action_id": "a"}}, "bad-request", "launch_mode"),
 ]
 
 

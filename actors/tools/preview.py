@@ -32,7 +32,7 @@ from corral.actors.tools.base import Tool, ToolContext, ToolError, ToolResult, s
 from corral.actors.tools.preview_browser import BrowserMissing, check_preview, messages
 from corral.core.loopback_url import NotLoopback, loopback_page, origin_of
 from corral.mailbox.errors import RemoteError
-from corral.mailbox.protocol import ProjectPreview
+from corral.mailbox.protocol import ProjectPreview, SessionPoll
 
 #: How long the preview may take to accept connections after the tool is called.
 READY_TIMEOUT_S = 15.0
@@ -113,7 +113,7 @@ async def _wait_ready(url: str) -> None:
 async def _check_session(ctx: ToolContext, process_id: str) -> None:
     """The session is this run's own (the supervisor checks) and still running."""
     try:
-        state = await ctx.call("session.poll", run_id=ctx.run_id, process_id=process_id, max_chars=1)
+        state = await ctx.ask(SessionPoll(run_id=ctx.run_id, process_id=process_id, max_chars=1))
     except RemoteError as exc:
         raise ToolError(f"process {process_id[:64]!r}: {exc.message}", "not-a-preview") from None
     if state.get("status") != "running":

@@ -24,18 +24,24 @@ from typing_extensions import TypedDict
 
 from corral.actors.one_shot_command import CommandResult, StreamCapture, read_transcript_lines, run_command
 from corral.actors.session import private_dirs, sandbox_profile
-from corral.actors.session_state import (
-    DEFAULT_POLL_CHARS,
-    MAX_POLL_CHARS,
-    MAX_POLL_WAIT_MS,
-    BadSessionInput,
-    SessionError,
-)
-from corral.actors.tools.base import ASKS_A_PERSON, Tool, ToolContext, ToolError, ToolResult, schema
+from corral.actors.session_state import BadSessionInput, SessionError
+from corral.actors.tools.base import ASKS_A_PERSON, Tool, ToolContext, ToolError, ToolResult, is_sealed, schema
 from corral.actors.tools.fs import SOURCES_CHANGED
 from corral.actors.tools.paths import resolve_in_workspace
 from corral.actors.tools.source_fingerprint import fingerprint
 from corral.mailbox.errors import RemoteError
+from corral.mailbox.protocol import (
+    DEFAULT_POLL_CHARS,
+    MAX_POLL_CHARS,
+    MAX_POLL_WAIT_MS,
+    CommandLaunched,
+    CommandSandbox,
+    SealedValue,
+    SessionPoll,
+    SessionStart,
+    SessionStdin,
+    SessionTerminate,
+)
 from corral.sandbox.bwrap import LaunchMode, SandboxError
 from corral.sandbox.exec_handshake import OnReady, ReadyInfo
 from corral.sandbox.facts import sandbox_facts
@@ -122,6 +128,16 @@ def _argv(tool_input: dict[str, Any]) -> list[str]:
     return [program, *args]
 
 
+def _stdin_data(data: Any) -> str | SealedValue:
+    """``data`` as the tool got it: text, or the sealed value the plan holds in its
+    place (the supervisor unseals it: supervisor/runs/sealed_input.py)."""
+    if is_sealed(data):
+        return SealedValue(sealed=data["sealed"], bytes=data["bytes"])
+    if not isinstance(data, str):
+        raise ToolError("data must be a string", "bad-input")
+    return data
+
+
 def _cwd(ctx: ToolContext, tool_input: dict[str, Any]) -> tuple[str, Path]:
     raw = tool_input.get("cwd") or "."
     if raw in (".", "./"):
@@ -145,9 +161,7 @@ class ProcessStart:
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         argv = _argv(tool_input)
         cwd, _target = _cwd(ctx, tool_input)
-        reply = await ctx.call(
-            "session.start",
-            timeout=START_TIMEOUT_S,
+        start = SessionStart(
             run_id=ctx.run_id,
             action_id=ctx.action_id,
             program=argv[0],
@@ -155,6 +169,7 @@ class ProcessStart:
             cwd=cwd,
             timeout_s=tool_input.get("timeout_s"),
         )
+        reply = await ctx.ask(start, timeout=START_TIMEOUT_S)
         status = reply["status"]
         mode = reply.get("launch_mode") or "not launched"
         if reply.get("launch_mode"):
@@ -176,15 +191,14 @@ class ProcessPoll:
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         wait_ms = tool_input.get("wait_ms", 0)
-        reply = await ctx.call(
-            "session.poll",
-            timeout=max(wait_ms, 0) / 1000 + POLL_SLACK_S,
+        poll = SessionPoll(
             run_id=ctx.run_id,
             process_id=tool_input["process_id"],
             cursor=tool_input.get("cursor"),
-            max_chars=tool_input.get("max_chars"),
+            max_chars=tool_input.get("max_chars", DEFAULT_POLL_CHARS),
             wait_ms=wait_ms,
         )
+        reply = await ctx.ask(poll, timeout=max(wait_ms, 0) / 1000 + POLL_SLACK_S)
         more = ", more available" if reply.get("more") else ""
         return ToolResult(
             True, reply, f"{len(reply['chunk'])} chars from {reply['process_id']} ({reply['status']}{more})"
@@ -202,16 +216,15 @@ class ProcessStdin:
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        reply = await ctx.call(
-            "session.stdin",
-            timeout=STDIN_TIMEOUT_S,
+        stdin = SessionStdin(
             run_id=ctx.run_id,
             action_id=ctx.action_id,
             process_id=tool_input["process_id"],
-            data=tool_input.get("data", ""),
+            data=_stdin_data(tool_input.get("data", "")),
             append_newline=tool_input.get("append_newline", False),
             eof=tool_input.get("eof", False),
         )
+        reply = await ctx.ask(stdin, timeout=STDIN_TIMEOUT_S)
         eof = ", eof" if reply["eof"] else ""
         summary = f"wrote {reply['bytes_written']} bytes to {reply['process_id']} (sha256 {reply['sha256'][:12]}{eof})"
         if not reply["complete"]:
@@ -230,15 +243,11 @@ class ProcessTerminate:
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        reply = await ctx.call(
-            "session.terminate", timeout=TERMINATE_TIMEOUT_S, run_id=ctx.run_id, process_id=tool_input["process_id"]
-        )
-        tail = await ctx.call(
-            "session.poll",
+        process_id = tool_input["process_id"]
+        reply = await ctx.ask(SessionTerminate(run_id=ctx.run_id, process_id=process_id), timeout=TERMINATE_TIMEOUT_S)
+        tail = await ctx.ask(
+            SessionPoll(run_id=ctx.run_id, process_id=process_id, cursor=tool_input.get("cursor")),
             timeout=POLL_SLACK_S,
-            run_id=ctx.run_id,
-            process_id=tool_input["process_id"],
-            cursor=tool_input.get("cursor"),
         )
         output = {**reply, "chunk": tail["chunk"], "next_cursor": tail["next_cursor"], "more": tail["more"]}
         status = reply["status"]
@@ -318,7 +327,7 @@ class CommandExec:
         timeout_s = tool_input.get("timeout_s", DEFAULT_COMMAND_TIMEOUT_S)
         if not 0 < timeout_s <= MAX_COMMAND_TIMEOUT_S:
             raise ToolError(f"timeout_s must be within (0, {MAX_COMMAND_TIMEOUT_S:.0f}]", "bad-input")
-        granted = await ctx.call("command.sandbox", run_id=ctx.run_id, action_id=ctx.action_id)
+        granted = await ctx.ask(CommandSandbox(run_id=ctx.run_id, action_id=ctx.action_id))
         transcript = command_transcript(ctx, ctx.action_id)
         private_dirs(transcript.parent)
         if transcript.exists():
@@ -327,9 +336,7 @@ class CommandExec:
 
         async def launched(info: ReadyInfo) -> None:
             # Committed before COMMIT_EXEC: the launch mode is on the action first.
-            await ctx.call(
-                "command.launched", run_id=ctx.run_id, action_id=ctx.action_id, launch_mode=info.launch_mode.value
-            )
+            await ctx.ask(CommandLaunched(run_id=ctx.run_id, action_id=ctx.action_id, launch_mode=info.launch_mode))
 
         before = await trio.to_thread.run_sync(fingerprint, ctx.workspace, ctx.home)
         result = await run_sandboxed(argv, cwd, float(timeout_s), granted, transcript, launched)

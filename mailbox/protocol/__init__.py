@@ -57,8 +57,26 @@ from corral.mailbox.protocol.run_records import (
     StepReply,
     StepRequest,
 )
+from corral.mailbox.protocol.sessions import (
+    DEFAULT_POLL_CHARS,
+    MAX_POLL_CHARS,
+    MAX_POLL_WAIT_MS,
+    CommandLaunched,
+    CommandSandbox,
+    SealedValue,
+    SessionLaunched,
+    SessionPoll,
+    SessionRequest,
+    SessionStart,
+    SessionStateReport,
+    SessionStdin,
+    SessionTerminate,
+)
 
 __all__ = [
+    "DEFAULT_POLL_CHARS",
+    "MAX_POLL_CHARS",
+    "MAX_POLL_WAIT_MS",
     "ActionBegin",
     "ActionFinish",
     "ActionFinishBatch",
@@ -69,6 +87,8 @@ __all__ = [
     "Claim",
     "ClaimedRun",
     "Code",
+    "CommandLaunched",
+    "CommandSandbox",
     "Count",
     "Id",
     "Method",
@@ -85,6 +105,13 @@ __all__ = [
     "RunClaim",
     "RunFail",
     "RunFinalize",
+    "SealedValue",
+    "SessionLaunched",
+    "SessionPoll",
+    "SessionStart",
+    "SessionStateReport",
+    "SessionStdin",
+    "SessionTerminate",
     "SinkCount",
     "StepReply",
     "StepRequest",
@@ -99,7 +126,7 @@ R = TypeVar("R")
 
 #: Every typed request, one family's union each; ``decode`` makes one of these
 #: (or ``Untyped``), and supervisor/actor_dispatch.py's ``match`` serves each.
-TypedRequest = RunRequest | ProbeRequest | ProjectRequest
+TypedRequest = RunRequest | ProbeRequest | ProjectRequest | SessionRequest
 
 #: Each typed request's record by its method, read off the union (no second list).
 _TYPED: Final[dict[Method, type[TypedRequest]]] = {kind.METHOD: kind for kind in get_args(TypedRequest)}

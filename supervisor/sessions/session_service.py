@@ -18,6 +18,10 @@ supervisor died with it (PDEATHSIG through the session actor).
 
 stdin content passes through this process in memory only; the ledger keeps byte
 counts and sha256 digests.
+
+Sessions' part in runs and in the supervisor's life (finalization, recovery,
+``status``) is supervisor/sessions/session_parts.py; the actor methods' records,
+with the bounds each field holds to, are mailbox/protocol/sessions.py.
 """
 
 from __future__ import annotations
@@ -27,35 +31,35 @@ import json
 import logging
 import math
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from corral.actors.session_state import (
-    DEFAULT_POLL_CHARS,
-    MAX_POLL_CHARS,
-    MAX_POLL_WAIT_MS,
-    MAX_STDIN_BYTES,
-    TERMINAL_STATES,
-    SessionState,
-)
-from corral.actors.tools.base import ToolError, is_sealed
+from corral.actors.session_state import MAX_STDIN_BYTES, TERMINAL_STATES, SessionState
+from corral.actors.tools.base import ToolError
 from corral.actors.tools.paths import resolve_in_workspace
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
-from corral.mailbox.protocol import Method
+from corral.mailbox.protocol import (
+    CommandLaunched,
+    CommandSandbox,
+    SealedValue,
+    SessionLaunched,
+    SessionPoll,
+    SessionStart,
+    SessionStateReport,
+    SessionStdin,
+    SessionTerminate,
+)
 from corral.sandbox.bwrap import LaunchMode
 from corral.supervisor.errors import BadRequest, Conflict, Refused, SupervisorError
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.params import param_int, param_seconds, param_str
+from corral.supervisor.params import param_str
 from corral.supervisor.runs import action_store, run_store, sealed_input
-from corral.supervisor.runs.recovery import RecoveryReport
-from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.runs.run_state import RunStatus
-from corral.supervisor.service_part import ServicePart, Task
 from corral.supervisor.sessions import session_store
 from corral.supervisor.spec.swarm_spec import ActorSpec, GroupSpec, SandboxSettings
 from corral.supervisor.tree.actor_state import ActorState
@@ -85,8 +89,7 @@ STDIN_TIMEOUT_S = 15.0
 TERMINATE_TIMEOUT_S = 20.0
 SESSION_SHUTDOWN_MS = 12_000
 DEFAULT_SESSION_TIMEOUT_S = 600.0
-MAX_TIMEOUT_S = 24 * 3600.0
-MAX_ARGS = 256
+#: The arguments' bound the records cannot state (theirs: mailbox/protocol/sessions.py).
 MAX_ARGV_BYTES = 64 * 1024
 
 
@@ -103,38 +106,25 @@ def sandbox_settings(settings: SandboxSettings, home: Path | None = None) -> dic
     }
 
 
-# -- parameter checks ------------------------------------------------------------------
+# -- checks the records cannot state -------------------------------------------------
 
 
-def _str(params: dict[str, Any], key: str, *, limit: int = 200) -> str:
-    return param_str(params, key, limit=limit)
-
-
-def _int(params: dict[str, Any], key: str, low: int, high: int, default: int) -> int:
-    return param_int(params, key, default, low=low, high=high)
-
-
-def _argv(params: dict[str, Any]) -> list[str]:
-    program = _str(params, "program", limit=4096)
-    args = params.get("args") or []
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise BadRequest("args must be a list of strings")
-    if len(args) > MAX_ARGS:
-        raise BadRequest(f"at most {MAX_ARGS} arguments")
-    argv = [program, *args]
+def _argv(request: SessionStart) -> list[str]:
+    argv = [request.program, *request.args]
     if any("\0" in a for a in argv) or sum(len(a.encode()) for a in argv) > MAX_ARGV_BYTES:
         raise BadRequest(f"arguments must not contain NUL and stay under {MAX_ARGV_BYTES} bytes")
     return argv
 
 
-def _timeout(params: dict[str, Any], default: float) -> float:
-    return param_seconds(params, "timeout_s", default, low=0.001, high=MAX_TIMEOUT_S)
+def _launch_mode(name: str) -> LaunchMode:
+    try:
+        return LaunchMode(name)
+    except ValueError:
+        raise BadRequest("launch_mode must be 'sandboxed' or 'unsandboxed'") from None
 
 
-def _cwd(workspace: Path, params: dict[str, Any]) -> tuple[str, Path]:
-    raw = params.get("cwd") or "."
-    if not isinstance(raw, str):
-        raise BadRequest("cwd must be a string")
+def _cwd(workspace: Path, raw: str) -> tuple[str, Path]:
+    raw = raw or "."
     try:
         # The tool checked it in the agent already; the supervisor does not trust that.
         target = workspace if raw in (".", "./") else resolve_in_workspace(workspace, raw)
@@ -191,9 +181,8 @@ class SessionService:
 
     # -- ownership ------------------------------------------------------------------
 
-    def _owned_session(self, slot: ActorSlot, params: dict[str, Any]) -> sqlite3.Row:
-        run = self.runs.owned_run(slot, params)
-        process_id = _str(params, "process_id", limit=64)
+    def _owned_session(self, slot: ActorSlot, run_id: str, process_id: str) -> sqlite3.Row:
+        run = self.runs.owned_run(slot, {"run_id": run_id})
         row = session_store.get_session(self.ledger, process_id)
         # One answer for "unknown" and "someone else's": no probing for live ids.
         if row is None or row["run_id"] != run["run_id"] or row["agent_id"] != run["agent_id"]:
@@ -203,15 +192,14 @@ class SessionService:
             )
         return row
 
-    def _actor_session(self, slot: ActorSlot, params: dict[str, Any]) -> sqlite3.Row:
-        process_id = _str(params, "process_id", limit=64)
+    def _actor_session(self, slot: ActorSlot, process_id: str) -> sqlite3.Row:
         row = session_store.get_session(self.ledger, process_id)
         if row is None or row["actor_id"] != slot.id:
             raise Refused(f"actor {slot.id} does not own process session {process_id}")
         return row
 
-    def _executing_action(self, run: Any, params: dict[str, Any], tool: str) -> sqlite3.Row:
-        action = action_store.get_action(self.ledger, _str(params, "action_id"))
+    def _executing_action(self, run: Any, action_id: str, tool: str) -> sqlite3.Row:
+        action = action_store.get_action(self.ledger, action_id)
         if action["run_id"] != run["run_id"] or action["phase"] != "executing" or action["tool"] != tool:
             raise BadRequest(f"action {action['action_id']} is not an executing {tool} action of this run")
         return action
@@ -225,15 +213,15 @@ class SessionService:
 
     # -- agent-facing methods --------------------------------------------------------
 
-    async def start(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self.runs.owned_run(slot, params)
+    async def start(self, slot: ActorSlot, request: SessionStart) -> dict[str, Any]:
+        run = self.runs.owned_run(slot, {"run_id": request.run_id})
         if RunStatus(run["status"]) in RUN_TERMINAL:
             raise Refused(f"run {run['run_id']} already ended ({run['status']})")
-        action = self._executing_action(run, params, "process.start")
-        argv = _argv(params)
+        action = self._executing_action(run, request.action_id, "process.start")
+        argv = _argv(request)
         workspace = self._workspace(run)
-        cwd_raw, cwd = _cwd(workspace, params)
-        timeout_s = _timeout(params, DEFAULT_SESSION_TIMEOUT_S)
+        cwd_raw, cwd = _cwd(workspace, request.cwd)
+        timeout_s = request.timeout_s if request.timeout_s is not None else DEFAULT_SESSION_TIMEOUT_S
         process_id = session_store.process_id_for(action["action_id"])
         if session_store.get_session(self.ledger, process_id) is None:
             # Capacity before anything is recorded or launched (no await in between:
@@ -306,13 +294,9 @@ class SessionService:
         except (ChannelClosed, MailboxFull, DeadlineExceeded):
             return None
 
-    async def poll(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        row = self._owned_session(slot, params)
-        cursor = params.get("cursor")
-        if cursor is not None and (not isinstance(cursor, str) or len(cursor) > 200):
-            raise BadRequest("cursor must be a cursor string returned by an earlier call")
-        max_chars = _int(params, "max_chars", 1, MAX_POLL_CHARS, DEFAULT_POLL_CHARS)
-        wait_ms = _int(params, "wait_ms", 0, MAX_POLL_WAIT_MS, 0)
+    async def poll(self, slot: ActorSlot, request: SessionPoll) -> dict[str, Any]:
+        row = self._owned_session(slot, request.run_id, request.process_id)
+        cursor, max_chars, wait_ms = request.cursor, request.max_chars, request.wait_ms
         body = {"op": "poll", "cursor": cursor, "max_chars": max_chars, "wait_ms": wait_ms}
         reply = await self._ask(row, body, wait_ms / 1000 + POLL_SLACK_S)
         if reply is None:
@@ -329,29 +313,29 @@ class SessionService:
             }
         return {"process_id": row["process_id"], **reply}
 
-    async def stdin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        row = self._owned_session(slot, params)
-        data = params.get("data", "")
-        if is_sealed(data):
+    async def stdin(self, slot: ActorSlot, request: SessionStdin) -> dict[str, Any]:
+        row = self._owned_session(slot, request.run_id, request.process_id)
+        data = request.data
+        if isinstance(data, SealedValue):
             spool = sealed_input.spool_dir(self.home)
-            sealed_by = self._stdin_action(row, params)
+            sealed_by = self._stdin_action(row, request.action_id)
             try:
-                data = sealed_input.unseal(spool, row["run_id"], sealed_by, "data", data)
+                data = sealed_input.unseal(spool, row["run_id"], sealed_by, "data", data.marker())
             except sealed_input.SealedInputError as exc:
                 raise Refused(str(exc), code="sealed-input") from None
             # From here the value lives in memory only; the action is never re-run,
             # so whatever happens next, nothing will ask for it again.
             sealed_input.discard(spool, row["run_id"], sealed_by)
-        newline = 1 if params.get("append_newline") else 0
-        if not isinstance(data, str) or len(data.encode()) + newline > MAX_STDIN_BYTES:
+        newline = 1 if request.append_newline else 0
+        if len(data.encode()) + newline > MAX_STDIN_BYTES:
             raise BadRequest(f"data must be a string of at most {MAX_STDIN_BYTES} bytes (with its newline)")
         if row["state"] != S.RUNNING:
             raise Refused(f"process {row['process_id']} is {row['state']}, not running", code="process-not-running")
         body = {
             "op": "stdin",
             "data": data,
-            "append_newline": bool(params.get("append_newline")),
-            "eof": bool(params.get("eof")),
+            "append_newline": request.append_newline,
+            "eof": request.eof,
         }
         reply = await self._ask(row, body, STDIN_TIMEOUT_S)
         if reply is None:
@@ -369,8 +353,8 @@ class SessionService:
             "status": str(reply.get("status", row["state"])),
         }
 
-    async def terminate(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        row = self._owned_session(slot, params)
+    async def terminate(self, slot: ActorSlot, request: SessionTerminate) -> dict[str, Any]:
+        row = self._owned_session(slot, request.run_id, request.process_id)
         if SessionState(row["state"]) not in TERMINAL_STATES:
             # The actor answers once the terminal state is on disk (or could not be).
             await self._ask(row, {"op": "terminate"}, TERMINATE_TIMEOUT_S)
@@ -411,11 +395,9 @@ class SessionService:
         now = session_store.live_sessions(self.ledger, run_id)
         return [(row["process_id"], row["state"]) for row in now] != before
 
-    def _stdin_action(self, session: Any, params: dict[str, Any]) -> str:
-
+    def _stdin_action(self, session: Any, the_id: str | None) -> str:
         """The executing process.stdin action of the session's run that sealed the data."""
-        the_id = params.get("action_id")
-        if not isinstance(the_id, str):
+        if the_id is None:
             raise BadRequest("sealed stdin data needs the action_id that sealed it")
         action = action_store.get_action(self.ledger, the_id)
         if action["run_id"] != session["run_id"] or action["tool"] != "process.stdin" or action["phase"] != "executing":
@@ -434,9 +416,9 @@ class SessionService:
 
     # -- command.exec bookkeeping (the command itself runs in the agent) ---------------
 
-    async def command_sandbox(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self.runs.owned_run(slot, params)
-        self._executing_action(run, params, "command.exec")
+    async def command_sandbox(self, slot: ActorSlot, request: CommandSandbox) -> dict[str, Any]:
+        run = self.runs.owned_run(slot, {"run_id": request.run_id})
+        self._executing_action(run, request.action_id, "command.exec")
         return {"project_root": str(self._workspace(run)), "sandbox": self._run_sandbox(run)}
 
     def _run_sandbox(self, run: Any) -> dict[str, Any]:
@@ -444,16 +426,13 @@ class SessionService:
         supervisor/intent/intent_service.py) when it has one."""
         return self.scope_sandbox(run, sandbox_settings(self.sandbox, self.home))
 
-    async def command_launched(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def command_launched(self, slot: ActorSlot, request: CommandLaunched) -> dict[str, Any]:
         """The durable launch record of a command, committed before COMMIT_EXEC."""
-        run = self.runs.owned_run(slot, params)
+        run = self.runs.owned_run(slot, {"run_id": request.run_id})
         if RunStatus(run["status"]) in RUN_TERMINAL:
             raise Refused(f"run {run['run_id']} already ended; not launching")
-        action = self._executing_action(run, params, "command.exec")
-        try:
-            mode = LaunchMode(_str(params, "launch_mode", limit=40))
-        except ValueError:
-            raise BadRequest("launch_mode must be 'sandboxed' or 'unsandboxed'") from None
+        action = self._executing_action(run, request.action_id, "command.exec")
+        mode = _launch_mode(request.launch_mode)
         transcript = session_store.transcript_path(self.home, run["run_id"], action["action_id"])
         session_store.record_command_launch(self.ledger, run["run_id"], action["action_id"], mode, transcript)
         return {"launch_mode": mode.value}
@@ -474,42 +453,34 @@ class SessionService:
 
     # -- session-actor methods -------------------------------------------------------
 
-    async def launched(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def launched(self, slot: ActorSlot, request: SessionLaunched) -> dict[str, Any]:
         """The launch record: committed while the trampoline waits for COMMIT_EXEC."""
-        row = self._actor_session(slot, params)
+        row = self._actor_session(slot, request.process_id)
         if row["state"] != S.LAUNCHING:
             raise Conflict(f"process {row['process_id']} is {row['state']}, not launching; not committing a launch")
         run = run_store.get_run(self.ledger, row["run_id"])
         if RunStatus(run["status"]) in RUN_TERMINAL:
             raise Refused(f"run {run['run_id']} already ended; not launching")
-        try:
-            mode = LaunchMode(_str(params, "launch_mode", limit=40))
-        except ValueError:
-            raise BadRequest("launch_mode must be 'sandboxed' or 'unsandboxed'") from None
-        session_store.record_launch(self.ledger, row, mode)
+        session_store.record_launch(self.ledger, row, _launch_mode(request.launch_mode))
         self._notify()
         return {}
 
-    async def state(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        row = self._actor_session(slot, params)
+    async def state(self, slot: ActorSlot, request: SessionStateReport) -> dict[str, Any]:
+        row = self._actor_session(slot, request.process_id)
         try:
-            new = SessionState(_str(params, "state", limit=40))
+            new = SessionState(request.state)
         except ValueError:
             raise BadRequest("state must be a session state") from None
         if row["state"] == new:
             return {"state": new.value}  # a repeated report after a lost reply
-        exit_code = params.get("exit_code")
-        output_bytes = params.get("output_bytes")
-        reason = params.get("reason")
-        code = params.get("code")
         session_store.move_session(
             self.ledger,
             row["process_id"],
             new,
-            reason=str(reason)[:1000] if reason else None,
-            code=str(code)[:60] if code else None,
-            exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None,
-            output_bytes=output_bytes if isinstance(output_bytes, int) and not isinstance(output_bytes, bool) else None,
+            reason=request.reason[:1000] if request.reason else None,
+            code=request.code[:60] if request.code else None,
+            exit_code=request.exit_code,
+            output_bytes=request.output_bytes,
         )
         self._notify()
         if new in TERMINAL_STATES:
@@ -578,67 +549,12 @@ class SessionService:
     async def reconcile(self, params: dict[str, Any]) -> dict[str, Any]:
         """``reconcile`` of a process id (``proc-…``): resolves its session."""
         run_id = session_store.resolve_session(
-            self.ledger, _str(params, "action_id", limit=300), _str(params, "outcome", limit=20),
+            self.ledger, param_str(params, "action_id", limit=300), param_str(params, "outcome", limit=20),
             str(params.get("note", ""))[:1000],
         )
         self._notify()
         await self.runs.wake_run(run_id)
         return {"run_id": run_id}
-
-
-class SessionFeature(RunFeature):
-    """Process sessions' and commands' part in runs: a run finalizes after its
-    sessions (a moment's hold for one about to exit), they follow its status and
-    receipts, ``reconcile`` of a ``proc-`` id is theirs, recovery settles them."""
-
-    def __init__(self, ledger: Ledger, service: SessionService) -> None:
-        self.ledger = ledger
-        self.service = service
-
-    async def finalize_hold(self, run: Any) -> None:
-        await self.service.hold_finalize(run)
-
-    async def reconcile(self, target: str, params: dict[str, Any]) -> dict[str, Any] | None:
-        return await self.service.reconcile(params) if target.startswith("proc-") else None
-
-    def on_status(self, ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
-        self.service.on_status(ledger, run_id, status, reason)
-
-    def on_receipt(self, ledger: Ledger, row: Any) -> None:
-        self.service.on_receipt(ledger, row)
-
-    def finalize_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
-        return session_store.blockers(ledger, run_id)
-
-    def recover(self, ledger: Ledger, report: RecoveryReport) -> None:
-        session_store.recover(ledger, report)
-
-    def show(self, run_id: str) -> Mapping[str, Any]:
-        return {"sessions": session_store.run_sessions(self.ledger, run_id),
-                "commands": session_store.run_commands(self.ledger, run_id)}
-
-    def pending(self) -> Mapping[str, Any]:
-        return {"sessions": session_store.unresolved_sessions(self.ledger)}
-
-
-class SessionPart(ServicePart):
-    """Sessions' part in the supervisor's life: live ones keep it busy, its worker,
-    its ``status`` counts."""
-
-    status_name = "sessions"
-
-    def __init__(self, ledger: Ledger, service: SessionService) -> None:
-        self.ledger = ledger
-        self.service = service
-
-    def tasks(self) -> Sequence[Task]:
-        return (self.service.worker,)
-
-    def busy(self) -> list[str]:
-        return session_store.busy_reasons(self.ledger)
-
-    def status(self) -> Any:
-        return session_store.session_counts(self.ledger)
 
 
 def install(sup: Supervisor) -> SessionService:
@@ -648,16 +564,5 @@ def install(sup: Supervisor) -> SessionService:
         return sup.intent.scoped_sandbox(run, settings)
 
     service = SessionService(sup.ledger, sup.tree, sup.runs, sup.home, sup.spec.sandbox, scope_sandbox)
-    sup.actor_methods.update(
-        {
-            Method.SESSION_START: service.start,
-            Method.SESSION_POLL: service.poll,
-            Method.SESSION_STDIN: service.stdin,
-            Method.SESSION_TERMINATE: service.terminate,
-            Method.COMMAND_SANDBOX: service.command_sandbox,
-            Method.COMMAND_LAUNCHED: service.command_launched,
-            Method.SESSION_LAUNCHED: service.launched,
-            Method.SESSION_STATE: service.state,
-        }
-    )
+    sup.methods.sessions = service
     return service

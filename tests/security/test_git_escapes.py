@@ -23,7 +23,7 @@ from corral.actors.session_state import SessionState
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult
 from corral.actors.tools.process import CommandExec
 from corral.actors.tools.project import GitCommit, GitDiff, GitSnapshot, GitStatus
-from corral.mailbox.protocol import ProjectVerification, Request
+from corral.mailbox.protocol import CommandSandbox, ProjectVerification, Request
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile
 from tests.launch_modes import needs_bwrap
 
@@ -195,16 +195,19 @@ async def test_existing_control_entries_stay_and_cannot_be_changed(world: dict[s
 async def test_command_exec_reports_what_it_refused(world: dict[str, Path], short_tmp: Path) -> None:
     root = world["root"]
 
-    async def call(method: str, **params: Any) -> dict[str, Any]:
-        if method == "command.sandbox":
+    async def ask(request: Request[Any], timeout: float = 30.0) -> Any:
+        if isinstance(request, CommandSandbox):
             # As the supervisor answers: its home masked first (supervisor/sessions/session_service.py).
             return {"project_root": str(root), "sandbox": {"mode": "required", "masked": [str(home)]}}
         return {}
 
+    async def no_call(method: str, **__: Any) -> dict[str, Any]:
+        raise AssertionError(f"command.exec asks by a typed request, not {method!r}")
+
     home = short_tmp / "corral-home"
     home.mkdir(mode=0o700)
     ctx = ToolContext(agent_id="a", run_id="run-1", action_id="act-" + "0" * 24, workspace=root,
-                      write_scopes=(".",), home=home, call=call)
+                      write_scopes=(".",), home=home, call=no_call, ask=ask)
     result = await CommandExec().run(ctx, {"program": "git", "args": ["init", "-q", "."]})
     assert not result.ok
     assert result.output["exit_code"] == 0 and result.output["control_entries"]["removed"] == [".git"]
