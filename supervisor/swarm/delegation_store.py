@@ -39,6 +39,23 @@ from corral.supervisor.swarm.work_contract import (
     verification_of,
 )
 
+#: Static delegations of one parent run dispatched (running) or ready (delivered, not
+#: yet claimed) at once (seed 004 V1.16).
+MAX_OPEN_DELEGATIONS = 3
+
+
+def open_delegations(ledger: Ledger, parent_run_id: str) -> list[str]:
+    """The parent's delegations still running, or delivered and not yet claimed:
+    ``target (task)`` each, oldest first."""
+    rows = ledger.all(
+        "SELECT d.target_agent, d.task FROM delegations d"
+        " LEFT JOIN deliveries v ON v.source_id = d.delegation_id AND v.kind = 'receipt'"
+        " WHERE d.parent_run_id = ? AND (d.status = 'running' OR v.status = 'dispatched')"
+        " ORDER BY d.created_at, d.delegation_id",
+        parent_run_id,
+    )
+    return [f"{row['target_agent']} ({summarize(row['task'], 80)})" for row in rows]
+
 
 def delegate(
     ledger: Ledger,
@@ -76,6 +93,15 @@ def delegate(
                 f"duplicate delegation refused: action {duplicate['parent_action_id']} already delegated it",
                 code="duplicate",
             )
+    outstanding = open_delegations(ledger, parent_run["run_id"])
+    if len(outstanding) >= MAX_OPEN_DELEGATIONS:
+        # Before the run is created (seed 004 V1.16); a replay of an action whose
+        # delegation exists returned above, so it never counts twice.
+        raise Refused(
+            f"at most {MAX_OPEN_DELEGATIONS} specialists dispatched or ready at once for one run; "
+            f"{', '.join(outstanding)} still are: claim their receipts (agent.run_status) before delegating more",
+            code="delegation-capacity",
+        )
     options = {
         "workspace": str(target_spec.workspace),
         "write_scopes": list(target_spec.write_scopes),

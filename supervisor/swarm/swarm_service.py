@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from corral.mailbox.protocol import Method
-from corral.mailbox.steps import Do, ParkStep
+from corral.mailbox.steps import CompactStep, Do, ParkStep, ProviderStep
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, finalization, run_store
@@ -25,7 +25,7 @@ from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.service_part import ServicePart, Task
 from corral.supervisor.spec.swarm_spec import ActorSpec, GroupSpec, SwarmSpec, provider_env
-from corral.supervisor.swarm import children_store, claim_store, delegation_store, parent_work
+from corral.supervisor.swarm import children_store, claim_store, coordination, delegation_store, parent_work
 from corral.supervisor.swarm.swarm_state import ClaimPhase
 from corral.supervisor.tree.actor_state import ActorState
 from corral.supervisor.tree.restart_policy import RestartType, Strategy
@@ -322,6 +322,11 @@ class SwarmFeature(RunFeature):
 
     def finalize_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
         return parent_work.blockers(ledger, run_id)
+
+    async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
+        """A parent's task carries its delegations' state (supervisor/swarm/coordination.py)."""
+        text = coordination.note(self.service.ledger, run_id)
+        return step if text is None else {**step, "task": step.get("task", "") + text}
 
     def recover(self, ledger: Ledger, report: RecoveryReport) -> None:
         self.service.recover(ledger, report)
