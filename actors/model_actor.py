@@ -22,10 +22,11 @@ from typing import Any
 import trio
 
 from corral.actors.providers.reply_stream import FinalReplyDecoder, ReplyDeltas
-from corral.actors.runtime import ActorContext, report_best_effort, serve_requests
+from corral.actors.runtime import ActorContext, ask_best_effort, serve_requests
 from corral.core import failpoints
 from corral.core.redact import summarize
 from corral.mailbox.envelope import Envelope
+from corral.mailbox.protocol import ModelFailed, ModelReady
 
 log = logging.getLogger("corral.model")
 
@@ -136,9 +137,9 @@ async def run(ctx: ActorContext) -> int:
         if isinstance(exc, ImportError):
             message = "llama-cpp-python is not installed; install the local extra (make demo-local)"
         log.error("model %s cannot load: %s", model_id, summarize(message, 300))
-        await report_best_effort(ctx.call, "model.failed", model=model_id, error=summarize(message, 500))
+        await ask_best_effort(ctx, ModelFailed(model=model_id, error=summarize(message, 500)))
         return EXIT_LOAD_FAILED
-    await ctx.call("model.ready", model=model_id, load_s=round(model.load_s, 3), n_ctx=model.n_ctx)
+    await ctx.ask(ModelReady(model=model_id, load_s=round(model.load_s, 3), n_ctx=model.n_ctx))
     log.info("model %s loaded in %.2f s", model_id, model.load_s)
     turn = trio.Lock()  # fair: requests are served in arrival order
     async with trio.open_nursery() as nursery:

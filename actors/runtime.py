@@ -359,6 +359,17 @@ async def report_best_effort(
             pass
 
 
+async def ask_best_effort(ctx: ActorContext, request: Request[Any], timeout: float = 5.0) -> None:
+    """A typed report the supervisor may miss (it may be gone too): at most
+    ``timeout`` seconds, and no failure of its own; an exit code or the ledger
+    still tells."""
+    with trio.move_on_after(timeout):
+        try:
+            await ctx.ask(request, timeout)
+        except Exception:  # by contract: best effort
+            pass
+
+
 async def serve_requests(
     ctx: ActorContext, nursery: trio.Nursery, handlers: dict[str, Callable[[Envelope], Awaitable[None]]]
 ) -> None:

@@ -28,6 +28,9 @@ from corral.mailbox.protocol import (
     Code,
     CommandLaunched,
     CommandSandbox,
+    ModelFailed,
+    ModelGenerate,
+    ModelReady,
     NextStep,
     Ping,
     ProjectPreview,
@@ -122,6 +125,12 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
             return await _need(methods.sessions, request).command_sandbox(slot, request)
         case CommandLaunched():
             return await _need(methods.sessions, request).command_launched(slot, request)
+        case ModelReady():
+            return await _need(methods.models, request).ready(slot, request)
+        case ModelFailed():
+            return await _need(methods.models, request).failed(slot, request)
+        case ModelGenerate():
+            return await _need(methods.models, request).generate(slot, request)
         case Untyped():
             handler = sup.actor_methods.get(request.method)
             if handler is None:  # a method of a feature this supervisor was built without

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
         BenchSinkReset,
         CommandLaunched,
         CommandSandbox,
+        ModelFailed,
+        ModelGenerate,
+        ModelReady,
         ProjectPreview,
         ProjectVerification,
         ProjectVerifyBegin,
@@ -80,6 +83,16 @@ class SessionMethods(Protocol):
     async def command_launched(self, slot: ActorSlot, request: CommandLaunched) -> dict[str, Any]: ...
 
 
+class ModelMethods(Protocol):
+    """Local models: a model actor's readiness, an agent's generation (supervisor/models/model_service.py)."""
+
+    async def ready(self, slot: ActorSlot, request: ModelReady) -> dict[str, Any]: ...
+
+    async def failed(self, slot: ActorSlot, request: ModelFailed) -> dict[str, Any]: ...
+
+    async def generate(self, slot: ActorSlot, request: ModelGenerate) -> dict[str, Any]: ...
+
+
 @dataclass
 class ActorMethods:
     """The families this supervisor serves: each set by its service's setup."""
@@ -87,3 +100,4 @@ class ActorMethods:
     probes: ProbeMethods | None = None
     project: ProjectMethods | None = None
     sessions: SessionMethods | None = None
+    models: ModelMethods | None = None

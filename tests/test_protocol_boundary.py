@@ -64,6 +64,20 @@ MALFORMED = [
         "fingerprint",
     ),
     ({"method": "project.verify.begin", "params": {"run_id": "r", "action_id": "a" * 65}}, "bad-request", "action_id"),
+    # local models
+    (
+        {"method": "model.generate", "params": {"model": "m", "messages": [], "schema": {}, "max_tokens": 8}},
+        "bad-request",
+        "messages",
+    ),
+    (
+        {
+            "method": "model.generate",
+            "params": {"model": "m", "messages": [{"content": "hi"}], "schema": {}, "max_tokens": 8, "temperature": 3},
+        },
+        "bad-request",
+        "temperature",
+    ),
     # sessions and commands
     (
         {"method": "session.poll", "params": {"run_id": "r", "process_id": "proc-1", "max_chars": 16_001}},

@@ -33,7 +33,7 @@ from corral.actors.providers.local_schema import DEFAULT_MAX_STRING, max_tokens_
 from corral.actors.providers.plan_parse import parse_chat_completion
 from corral.core.redact import redact_text
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
-from corral.mailbox.protocol import Code
+from corral.mailbox.protocol import ChatMessage, Code, ModelGenerate, ReplyStream
 
 #: Answers of the supervisor that a later attempt may not get (the model actor is
 #: restarting, busy past its deadline, or died mid-generation).
@@ -201,22 +201,20 @@ class LocalProvider:
 
         schema = answer_schema(self.config, request)
         try:
-            answer = await current_actor().call(
-                "model.generate",
-                timeout=self.config.timeout_s + 30.0,
+            generate = ModelGenerate(
                 model=self.config.model,
-                messages=chat_messages(request, schema),
+                messages=[ChatMessage(m["content"], m.get("role", "user")) for m in chat_messages(request, schema)],
                 schema=schema,
                 max_tokens=max_tokens_for(schema),
                 temperature=float(self.config.temperature),
                 repeat_penalty=float(self.config.repeat_penalty),
                 seed=self.config.seed,
                 timeout_s=float(self.config.timeout_s),
-                slot=request.slot,
                 # The model actor streams the final reply's text (only that) to the
                 # event stream as it is generated.
-                stream={"run_id": request.run_id, "slot": request.slot},
+                stream=ReplyStream(run_id=request.run_id, slot=request.slot),
             )
+            answer = await current_actor().ask(generate, timeout=self.config.timeout_s + 30.0)
         except RemoteError as exc:
             kind = ErrorKind.TRANSIENT if exc.code in TRANSIENT_CODES else ErrorKind.FATAL
             raise ProviderError(kind, f"local model {self.config.model}: {exc.code}: {exc.message}") from None

@@ -31,6 +31,14 @@ from typing import Any, Final, TypeVar, get_args
 import msgspec
 
 from corral.mailbox.protocol.base import Code, Count, Id, Method, ProtocolError, Request, Untyped
+from corral.mailbox.protocol.models import (
+    ChatMessage,
+    ModelFailed,
+    ModelGenerate,
+    ModelReady,
+    ModelRequest,
+    ReplyStream,
+)
 from corral.mailbox.protocol.probes import BenchSink, BenchSinkCount, BenchSinkReset, ProbeRequest, SinkCount
 from corral.mailbox.protocol.project import (
     ProjectPreview,
@@ -84,6 +92,7 @@ __all__ = [
     "BenchSink",
     "BenchSinkCount",
     "BenchSinkReset",
+    "ChatMessage",
     "Claim",
     "ClaimedRun",
     "Code",
@@ -92,6 +101,9 @@ __all__ = [
     "Count",
     "Id",
     "Method",
+    "ModelFailed",
+    "ModelGenerate",
+    "ModelReady",
     "NextStep",
     "Ping",
     "Pong",
@@ -101,6 +113,7 @@ __all__ = [
     "ProjectVerifyRecord",
     "ProtocolError",
     "Receipt",
+    "ReplyStream",
     "Request",
     "RunClaim",
     "RunFail",
@@ -126,7 +139,7 @@ R = TypeVar("R")
 
 #: Every typed request, one family's union each; ``decode`` makes one of these
 #: (or ``Untyped``), and supervisor/actor_dispatch.py's ``match`` serves each.
-TypedRequest = RunRequest | ProbeRequest | ProjectRequest | SessionRequest
+TypedRequest = RunRequest | ProbeRequest | ProjectRequest | SessionRequest | ModelRequest
 
 #: Each typed request's record by its method, read off the union (no second list).
 _TYPED: Final[dict[Method, type[TypedRequest]]] = {kind.METHOD: kind for kind in get_args(TypedRequest)}

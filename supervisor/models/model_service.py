@@ -21,7 +21,7 @@ import trio
 
 from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
-from corral.mailbox.protocol import Code, Method
+from corral.mailbox.protocol import Code, ModelFailed, ModelGenerate, ModelReady
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.models.model_spec import LocalModelSpec
@@ -36,10 +36,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("corral.model")
 
-#: Bounds on what an agent may ask for: a request is JSON of messages and a schema.
-MAX_MESSAGES = 400
+#: Bounds on what an agent may ask for: a request is JSON of messages and a schema
+#: (the record's own bounds, on messages and tokens: mailbox/protocol/models.py).
 MAX_REQUEST_CHARS = 1_000_000
-MAX_TOKENS = 32_768
 #: The actor's own deadline is the request's; this is time for its answer to arrive.
 RELAY_SLACK_S = 5.0
 #: Templates whose actors run providers.
@@ -81,17 +80,15 @@ class ModelService:
             return "failed" if self.models[model].error else "stopped"
         return "loading" if slot.restarts == 0 else "restarting"
 
-    def _own_model(self, slot: ActorSlot, params: dict[str, Any]) -> ModelState:
-        model = params.get("model")
-        state = self.models.get(model) if isinstance(model, str) else None
+    def _own_model(self, slot: ActorSlot, model: str) -> ModelState:
+        state = self.models.get(model)
         if state is None or state.spec.actor_id != slot.id:
             raise BadRequest(f"actor {slot.id} does not serve model {model!r}")
         return state
 
-    async def ready(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        state = self._own_model(slot, params)
-        load_s = params.get("load_s")
-        state.load_s = float(load_s) if isinstance(load_s, int | float) else 0.0
+    async def ready(self, slot: ActorSlot, request: ModelReady) -> dict[str, Any]:
+        state = self._own_model(slot, request.model)
+        state.load_s = request.load_s
         state.incarnation, state.error = slot.incarnation, ""
         state.readies += 1
         with self.ledger.tx(fsync=False):
@@ -100,60 +97,41 @@ class ModelService:
         state.notify()
         return {}
 
-    async def failed(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        state = self._own_model(slot, params)
-        state.error = summarize(str(params.get("error", "failed")), 500)
+    async def failed(self, slot: ActorSlot, request: ModelFailed) -> dict[str, Any]:
+        state = self._own_model(slot, request.model)
+        state.error = summarize(request.error, 500)
         state.failures += 1
         with self.ledger.tx(fsync=False):
             self.ledger.event("model-failed", state.spec.id, error=state.error)
         state.notify()
         return {}
 
-    def _checked_request(self, params: dict[str, Any]) -> tuple[ModelState, dict[str, Any], float]:
-        model = params.get("model")
-        if not isinstance(model, str) or model not in self.models:
+    def _checked_request(self, request: ModelGenerate) -> tuple[ModelState, dict[str, Any], float]:
+        """The relay's body; the record checked each field's shape and range already."""
+        if request.model not in self.models:
             known = ", ".join(sorted(self.models)) or "none is declared"
-            raise NotFound(f"no local model {model!r} (models: {known})")
-        messages, schema = params.get("messages"), params.get("schema")
-        if not isinstance(messages, list) or not 0 < len(messages) <= MAX_MESSAGES:
-            raise BadRequest(f"messages must be a list of 1 to {MAX_MESSAGES} chat messages")
-        if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
-            raise BadRequest("each message must be a map with a string content")
-        if not isinstance(schema, dict):
-            raise BadRequest("schema must be a JSON Schema object")
-        if len(json.dumps(messages)) + len(json.dumps(schema)) > MAX_REQUEST_CHARS:
+            raise NotFound(f"no local model {request.model!r} (models: {known})")
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        if len(json.dumps(messages)) + len(json.dumps(request.schema)) > MAX_REQUEST_CHARS:
             raise BadRequest(f"the request is over {MAX_REQUEST_CHARS} characters")
-        max_tokens, seed = params.get("max_tokens", 0), params.get("seed", 0)
-        temperature, timeout = params.get("temperature", 0.0), params.get("timeout_s", 300.0)
-        penalty = params.get("repeat_penalty", 1.0)
-        for name, value, low, high in (
-            ("max_tokens", max_tokens, 1, MAX_TOKENS),
-            ("seed", seed, 0, 2**31 - 1),
-            ("temperature", temperature, 0, 2),
-            ("repeat_penalty", penalty, 0.5, 2),
-            ("timeout_s", timeout, 0.1, 86_400),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-                raise BadRequest(f"{name} must be a number in [{low}, {high}], got {value!r}")
-        body = {
+        body: dict[str, Any] = {
             "op": "generate",
-            "messages": [{"role": str(m.get("role", "user")), "content": m["content"]} for m in messages],
-            "schema": schema,
-            "max_tokens": int(max_tokens or 0),
-            "temperature": float(temperature),
-            "repeat_penalty": float(penalty),
-            "seed": int(seed),
+            "messages": messages,
+            "schema": request.schema,
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "repeat_penalty": request.repeat_penalty,
+            "seed": request.seed,
         }
-        stream = params.get("stream")
-        if isinstance(stream, dict) and isinstance(stream.get("run_id"), str) and isinstance(stream.get("slot"), str):
-            body["stream"] = {"run_id": stream["run_id"][:200], "slot": stream["slot"][:300]}
-        return self.models[model], body, float(timeout)
+        if request.stream is not None:
+            body["stream"] = {"run_id": request.stream.run_id[:200], "slot": request.stream.slot[:300]}
+        return self.models[request.model], body, request.timeout_s
 
-    async def generate(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def generate(self, slot: ActorSlot, request: ModelGenerate) -> dict[str, Any]:
         """From an agent's ``local`` provider: one generation, relayed to the model."""
         if slot.spec.template not in AGENT_TEMPLATES:
             raise BadRequest(f"actor {slot.id} ({slot.spec.template}) does not run a provider")
-        state, body, timeout = self._checked_request(params)
+        state, body, timeout = self._checked_request(request)
         model = state.spec.id
         if not await state.wait_ready(lambda: self._slot(model), trio.current_time() + state.spec.startup_timeout_s):
             why = state.error or f"not ready within {state.spec.startup_timeout_s:g} s"
@@ -288,12 +266,6 @@ def service_part(service: ModelService) -> ModelPart | None:
 def install(sup: Supervisor) -> ModelService:
     service = ModelService(sup.ledger, sup.tree, sup.spec.models)
     if service.models:
-        sup.actor_methods.update(
-            {
-                Method.MODEL_READY: service.ready,
-                Method.MODEL_FAILED: service.failed,
-                Method.MODEL_GENERATE: service.generate,
-            }
-        )
+        sup.methods.models = service
         sup.control_methods["model.count_tokens"] = service.count_tokens_control
     return service
