@@ -34,6 +34,7 @@ from corral.mailbox.protocol import (
     NextStep,
     Ping,
     ProjectPreview,
+    ProjectRevisionAdvance,
     ProjectVerification,
     ProjectVerifyBegin,
     ProjectVerifyRecord,
@@ -109,6 +110,8 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
             return await _need(methods.project, request).verification(slot, request)
         case ProjectPreview():
             return await _need(methods.project, request).preview(slot, request)
+        case ProjectRevisionAdvance():
+            return await _need(methods.project, request).revision_advance(slot, request)
         case SessionStart():
             return await _need(methods.sessions, request).start(slot, request)
         case SessionPoll():

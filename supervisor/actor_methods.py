@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         ModelGenerate,
         ModelReady,
         ProjectPreview,
+        ProjectRevisionAdvance,
         ProjectVerification,
         ProjectVerifyBegin,
         ProjectVerifyRecord,
@@ -60,6 +61,8 @@ class ProjectMethods(Protocol):
     async def verification(self, slot: ActorSlot, request: ProjectVerification) -> dict[str, Any]: ...
 
     async def preview(self, slot: ActorSlot, request: ProjectPreview) -> dict[str, Any]: ...
+
+    async def revision_advance(self, slot: ActorSlot, request: ProjectRevisionAdvance) -> dict[str, Any]: ...
 
 
 class SessionMethods(Protocol):

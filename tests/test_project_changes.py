@@ -25,9 +25,19 @@ async def _no_call(*args: Any, **kwargs: Any) -> dict[str, Any]:
     raise AssertionError("these tools need no supervisor")
 
 
+
+async def _revision_one(request: Any, timeout: float = 30.0) -> Any:
+    """The supervisor's answer to a changeset's revision (project.revision.advance)."""
+    from corral.actors.tools.base import ToolError
+    from corral.mailbox.protocol import ProjectRevisionAdvance
+
+    if not isinstance(request, ProjectRevisionAdvance):
+        raise ToolError(f"this tool context asks nothing else of the supervisor ({request.METHOD.value})")
+    return {"revision": 1}
+
 def _ctx(ws: Path, action: str = "act-1", run: str = "run-test00") -> ToolContext:
     return ToolContext(agent_id="writer", run_id=run, action_id=action, workspace=ws, write_scopes=(".",),
-                       home=ws.parent / "home", call=_no_call)
+                       home=ws.parent / "home", call=_no_call, ask=_revision_one)
 
 
 def sha(data: str | bytes) -> str:
@@ -179,7 +189,12 @@ CHANGES: list[dict[str, Any]] = [{"operation": "update", "path": "src/a.py", "ol
            {"operation": "create", "path": "src/c.py", "content": "c = 3\n"}]
 
 
-def test_a_kill_between_checkpoint_and_write_loses_nothing_and_a_restore_waits_for_approval(short_tmp: Path) -> None:
+def test_a_kill_between_checkpoint_and_write_is_never_replayed_and_a_restore_waits_for_approval(
+    short_tmp: Path,
+) -> None:
+    """V1.3: "Runner 在 executing 阶段退出仍不得自动重放，checkpoint 是人工核对和恢复依据": a
+    changeset whose agent dies between its checkpoint and its first write is not run
+    again; it waits for a person with its checkpoint kept, and nothing is half-written."""
     ws = short_tmp / "ws"
     (ws / "src").mkdir(parents=True)
     (ws / "src" / "a.py").write_text("x = 1\n")
@@ -190,43 +205,34 @@ def test_a_kill_between_checkpoint_and_write_loses_nothing_and_a_restore_waits_f
 [[agents.steps]]
 actions = [{{ tool = "project.changeset", input = {{ changes = [{changes}] }} }}]
 [[agents.steps]]
-actions = [{{ tool = "project.diff", input = {{ include_content = true }} }}]
-[[agents.steps]]
 actions = [{{ tool = "project.restore", input = {{ checkpoint = "{cp}" }} }}]
 [[agents.steps]]
 final = "restored"
 """
-    policy = '[agents.policy]\n"project.changeset" = "auto"\n"project.diff" = "auto"'
+    policy = '[agents.policy]\n"project.changeset" = "auto"'
     spec = short_tmp / "spec.toml"
     spec.write_text(agent_spec(workspace=str(ws), steps=steps, policy=policy))
     daemon = Daemon(short_tmp / "h", spec)
     try:
         daemon.up(env={"CORRAL_FAILPOINTS": "changeset.after-checkpoint=kill@once"})
-        daemon.call("run", agent_id="writer", task="change, review, restore", run_id=RUN)
-        shown = wait_run(daemon, RUN, {"waiting-confirmation", "completed", "failed"})
+        daemon.call("run", agent_id="writer", task="change, then restore", run_id=RUN)
+        shown = wait_run(daemon, RUN, {"needs-reconciliation", "waiting-confirmation", "completed", "failed"})
         assert (daemon.home / "failpoints" / "changeset.after-checkpoint.fired").exists()
-        assert shown["run"]["status"] == "waiting-confirmation", shown["run"]
-        # Killed after the checkpoint, run again: written once, one checkpoint, nothing half-written.
-        assert (ws / "src" / "a.py").read_text() == "x = 2\n" and (ws / "src" / "c.py").read_text() == "c = 3\n"
-        assert [m["id"] for m in _manifests(daemon.home)] == [cp]
+        assert shown["run"]["status"] == "needs-reconciliation", shown["run"]
+        (row,) = ledger_rows(daemon.home, "SELECT action_id, phase, attempts FROM actions WHERE run_id = ?", RUN)
+        assert row["phase"] == "needs-reconciliation" and int(row["attempts"]) == 1, "never run again"
+        assert (ws / "src" / "a.py").read_text() == "x = 1\n" and not (ws / "src" / "c.py").exists()
+        assert [m["id"] for m in _manifests(daemon.home)] == [cp], "the checkpoint is kept for the person"
         assert not [p for p in ws.rglob("*") if p.name.endswith(".corral-tmp")]
-        writer = next(a for a in daemon.status()["actors"] if a["id"] == "writer")
-        assert writer["restarts"] == 1
-        rows = ledger_rows(daemon.home, "SELECT tool, phase, result FROM actions WHERE run_id = ? ORDER BY loop_index",
-                           RUN)
-        assert [(r["tool"], r["phase"]) for r in rows] == [
-            ("project.changeset", "ok"), ("project.diff", "ok"), ("project.restore", "waiting-confirmation")]
-        diff = json.loads(rows[1]["result"])["output"]
-        assert {f["path"]: f["status"] for f in diff["files"]} == {"src/a.py": "modified", "src/c.py": "added"}
-        assert "+x = 2" in diff["files"][0]["diff"]
-        receipts = ledger_rows(daemon.home, "SELECT result_summary, input_summary FROM receipts WHERE run_id = ?", RUN)
-        assert receipts and not any("c = 3" in r["result_summary"] + r["input_summary"] for r in receipts)
-        assert (ws / "src" / "a.py").read_text() == "x = 2\n", "nothing restored before approval"
-        daemon.call("continue_action", action_id=action_id(RUN, 2, 0), decision="approve")
+        # The person checks the checkpoint and the files: nothing was written.
+        daemon.call("reconcile", action_id=row["action_id"], outcome="failed", note="checkpoint taken, no write")
+        shown = wait_run(daemon, RUN, {"waiting-confirmation", "completed", "failed"})
+        assert shown["actions"][-1]["tool"] == "project.restore", shown["actions"]
+        assert (ws / "src" / "a.py").read_text() == "x = 1\n", "nothing restored before approval"
+        daemon.call("continue_action", action_id=action_id(RUN, 1, 0), decision="approve")
         shown = wait_run(daemon, RUN, {"completed", "failed"})
         assert shown["run"]["status"] == "completed" and shown["final_reply"] == "restored"
         assert (ws / "src" / "a.py").read_text() == "x = 1\n" and not (ws / "src" / "c.py").exists()
-        assert len(_manifests(daemon.home)) == 2, "the restore took its own checkpoint"
     finally:
         daemon.shutdown()
 
@@ -253,3 +259,41 @@ def test_the_seeds_name_project_patchset_calls_the_changeset() -> None:
 
     index = tool_index(tool.schema for tool in builtin_tools().values())
     assert index["project.patchset"] is index["project.changeset"]
+
+
+def test_the_revision_moves_once_before_the_apply_and_stays_after_a_full_rollback(short_tmp: Path) -> None:
+    """V1.3: "prepared 成功后只推进一次 project revision，再按计划应用全部变更。中途失败时用内存中的
+    原始内容回滚已应用项；回滚完整则返回失败但保留已推进 revision". A changeset that fails after
+    its checkpoint leaves every file as it was, fails, and keeps the one revision it
+    made; a changeset that succeeds makes exactly one revision."""
+    ws = short_tmp / "ws"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "a.py").write_text("x = 1\n")
+    changes = ", ".join("{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in c.items()) + " }" for c in CHANGES)
+    steps = f"""
+[[agents.steps]]
+actions = [{{ tool = "project.changeset", input = {{ changes = [{changes}] }} }}]
+[[agents.steps]]
+actions = [{{ tool = "project.changeset", input = {{ changes = [{changes}] }} }}]
+[[agents.steps]]
+final = "changed"
+"""
+    spec = short_tmp / "spec.toml"
+    spec.write_text(agent_spec(workspace=str(ws), steps=steps, policy='[agents.policy]\n"project.changeset" = "auto"'))
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up(env={"CORRAL_FAILPOINTS": "changeset.after-checkpoint=raise@once"})
+        run_id: str = daemon.call("run", agent_id="writer", task="change twice")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed", "needs-reconciliation"})
+        assert shown["run"]["status"] == "completed", shown["run"]
+        first, second = (a["action_id"] for a in shown["actions"])
+        assert [a["phase"] for a in shown["actions"]] == ["failed", "ok"]
+        revisions = ledger_rows(daemon.home, "SELECT revision, action_id FROM project_revisions ORDER BY revision")
+        assert [(r["revision"], r["action_id"]) for r in revisions] == [(1, first), (2, second)]
+        assert (ws / "src" / "a.py").read_text() == "x = 2\n" and (ws / "src" / "c.py").read_text() == "c = 3\n"
+        events = ledger_rows(daemon.home, "SELECT kind, subject FROM events WHERE kind IN"
+                             " ('project-revision', 'action-ok', 'action-failed') ORDER BY cursor")
+        kinds = [(e["kind"], e["subject"]) for e in events]
+        assert kinds.index(("project-revision", second)) < kinds.index(("action-ok", second)), kinds
+    finally:
+        daemon.shutdown()

@@ -21,9 +21,19 @@ async def _no_call(*args: Any, **kwargs: Any) -> dict[str, Any]:
     raise AssertionError("these tools need no supervisor")
 
 
+
+async def _revision_one(request: Any, timeout: float = 30.0) -> Any:
+    """The supervisor's answer to a changeset's revision (project.revision.advance)."""
+    from corral.actors.tools.base import ToolError
+    from corral.mailbox.protocol import ProjectRevisionAdvance
+
+    if not isinstance(request, ProjectRevisionAdvance):
+        raise ToolError(f"this tool context asks nothing else of the supervisor ({request.METHOD.value})")
+    return {"revision": 1}
+
 def _ctx(ws: Path, scopes: tuple[str, ...] = (".",)) -> ToolContext:
     return ToolContext(agent_id="writer", run_id="run-test00", action_id="act-1", workspace=ws, write_scopes=scopes,
-                       home=ws.parent / "home", call=_no_call)
+                       home=ws.parent / "home", call=_no_call, ask=_revision_one)
 
 
 def _verified(ws: Path) -> ToolContext:

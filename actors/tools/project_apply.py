@@ -118,6 +118,15 @@ def _rollback(ctx: ToolContext, plan: list[Planned]) -> list[str]:
 
 def apply_plan(ctx: ToolContext, plan: list[Planned], cp_id: str, tool: str) -> checkpoints.Checkpoint:
     """Apply ``plan`` after its checkpoint (see the module docstring); the checkpoint."""
+    todo, checkpoint = checkpoint_plan(ctx, plan, cp_id, tool)
+    write_plan(ctx, todo, cp_id)
+    return checkpoint
+
+
+def checkpoint_plan(ctx: ToolContext, plan: list[Planned], cp_id: str,
+                    tool: str) -> tuple[list[Planned], checkpoints.Checkpoint]:
+    """The changes still to make (each file checked unchanged since planning), after
+    the checkpoint of the prior content is taken; nothing is written yet."""
     todo = []
     for item in plan:
         now = current(ctx, item.raw)
@@ -129,6 +138,11 @@ def apply_plan(ctx: ToolContext, plan: list[Planned], cp_id: str, tool: str) -> 
         todo.append(item)
     checkpoint = checkpoints.take(ctx.home, cp_id, run_id=ctx.run_id, action_id=ctx.action_id, tool=tool,
                                   workspace=ctx.workspace, prior={item.raw: item.before for item in plan})
+    return todo, checkpoint
+
+
+def write_plan(ctx: ToolContext, todo: list[Planned], cp_id: str) -> None:
+    """Make ``todo``'s changes together, or roll back what was written and fail."""
     failpoints.hit(FAILPOINT)
     staged: list[fs.Staged] = []
     try:
@@ -150,7 +164,6 @@ def apply_plan(ctx: ToolContext, plan: list[Planned], cp_id: str, tool: str) -> 
             raise ToolError(f"{why}; rolling back failed for {', '.join(left)}: checkpoint {cp_id} holds their"
                             " prior content", "rollback-incomplete") from None
         raise ToolError(f"{why} (nothing was changed)", why.code) from None
-    return checkpoint
 
 
 def describe(plan: list[Planned]) -> list[dict[str, Any]]:

@@ -16,8 +16,9 @@ expected content, the counts, at most 12 distinct files and 256 KiB of text in
 all). Then a checkpoint of the prior content is taken and the files are changed
 together, or not at all (project_apply.py). The output is the review: per file
 the operation, the SHA-256 before and after and a diff; the receipt's summary
-holds counts and the checkpoint id, never a file's content. Applying the same
-changeset again changes nothing (idempotent).
+holds counts and the checkpoint id, never a file's content. A crash while it is
+executing is never replayed: the action waits for a person's reconciliation,
+with the checkpoint to check against (seed 004 V1.3).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from corral.actors.tools.base import ASKS_A_PERSON, ToolContext, ToolError, Tool
 from corral.actors.tools.fs import SOURCES_CHANGED
 from corral.actors.tools.project_common import MAX_DIFF_CHARS, MAX_FILE_BYTES, sha256, target
 from corral.core.redact import redact_text
+from corral.mailbox.protocol import ProjectRevisionAdvance
 
 #: The seed's bounds of one changeset: distinct files, and text given in all.
 MAX_CHANGES = 12
@@ -176,23 +178,30 @@ class Changeset:
         " project.diff and project.restore.",
         ChangesetArgs,
         read_only=False,
-        effect="idempotent",
+        # Seed 004 V1.3: "Runner 在 executing 阶段退出仍不得自动重放，checkpoint 是人工核对和恢复依据":
+        # a crash after ``executing`` leaves it for a person (needs-reconciliation), with
+        # its checkpoint; it is never run again on its own.
+        effect="external",
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         name = self.schema.name
         cp_id = checkpoints.checkpoint_id(ctx.run_id, ctx.action_id, name, tool_input)
 
-        def work() -> tuple[list[apply.Planned], checkpoints.Checkpoint]:
+        def prepare() -> tuple[list[apply.Planned], list[apply.Planned], checkpoints.Checkpoint]:
             planned = plan(ctx, tool_input["changes"], checkpoints.find(ctx.home, cp_id))
-            return planned, apply.apply_plan(ctx, planned, cp_id, name)
+            return planned, *apply.checkpoint_plan(ctx, planned, cp_id, name)
 
-        planned, checkpoint = await trio.to_thread.run_sync(work)
+        planned, todo, checkpoint = await trio.to_thread.run_sync(prepare)
+        # Seed 004 V1.3: the one project revision, made after the checkpoint and before
+        # the first write, and kept whatever the apply comes to (a full rollback too).
+        revision = (await ctx.ask(ProjectRevisionAdvance(run_id=ctx.run_id, action_id=ctx.action_id)))["revision"]
+        await trio.to_thread.run_sync(apply.write_plan, ctx, todo, cp_id)
         review = apply.describe(planned)
         for entry, item in zip(review, planned, strict=True):
             entry["diff"] = _diff(item, MAX_DIFF_CHARS // len(planned))
         counts = Counter(item.operation for item in planned)
         done = ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
-        output = {"files": review, "checkpoint": checkpoint.id, SOURCES_CHANGED: True}
+        output = {"files": review, "checkpoint": checkpoint.id, "revision": revision, SOURCES_CHANGED: True}
         return ToolResult(True, output,
                           f"changeset of {len(planned)} files applied ({done}); checkpoint {checkpoint.id}")

@@ -43,6 +43,7 @@ from corral.mailbox.protocol.probes import BenchSink, BenchSinkCount, BenchSinkR
 from corral.mailbox.protocol.project import (
     ProjectPreview,
     ProjectRequest,
+    ProjectRevisionAdvance,
     ProjectVerification,
     ProjectVerifyBegin,
     ProjectVerifyRecord,
@@ -108,6 +109,7 @@ __all__ = [
     "Ping",
     "Pong",
     "ProjectPreview",
+    "ProjectRevisionAdvance",
     "ProjectVerification",
     "ProjectVerifyBegin",
     "ProjectVerifyRecord",

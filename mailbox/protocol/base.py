@@ -45,6 +45,7 @@ class Method(StrEnum):
     PROJECT_VERIFY_RECORD = "project.verify.record"
     PROJECT_VERIFICATION = "project.verification"
     PROJECT_PREVIEW = "project.preview"
+    PROJECT_REVISION_ADVANCE = "project.revision.advance"
     # sessions and commands
     SESSION_START = "session.start"
     SESSION_POLL = "session.poll"

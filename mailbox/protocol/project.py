@@ -58,5 +58,17 @@ class ProjectPreview(Request[Reply], frozen=True, forbid_unknown_fields=True, om
     METHOD: ClassVar[Method] = Method.PROJECT_PREVIEW
 
 
+class ProjectRevisionAdvance(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``project.revision.advance``: the one revision of an executing
+    ``project.changeset``, made after its checkpoint and before its first write
+    (seed 004 V1.3); asked again, the same revision."""
+
+    METHOD: ClassVar[Method] = Method.PROJECT_REVISION_ADVANCE
+    run_id: ToolId
+    action_id: ToolId
+
+
 #: The project's requests (the package's ``TypedRequest`` includes them).
-ProjectRequest = ProjectVerifyBegin | ProjectVerifyRecord | ProjectVerification | ProjectPreview
+ProjectRequest = (
+    ProjectVerifyBegin | ProjectVerifyRecord | ProjectVerification | ProjectPreview | ProjectRevisionAdvance
+)

@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 
-from corral.mailbox.protocol import ProjectPreview, ProjectVerification, ProjectVerifyBegin, ProjectVerifyRecord
+from corral.mailbox.protocol import (
+    ProjectPreview,
+    ProjectRevisionAdvance,
+    ProjectVerification,
+    ProjectVerifyBegin,
+    ProjectVerifyRecord,
+)
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.project import preview_gate, revision_store, verification_store, verify_recovery
@@ -41,6 +47,7 @@ if TYPE_CHECKING:
 SandboxOf = Callable[[Any], dict[str, Any]]
 
 VERIFY_TOOL = "project.verify"
+CHANGESET_TOOL = "project.changeset"
 
 
 def project_settings(raw_spec: dict[str, Any]) -> ProjectTable:
@@ -68,6 +75,15 @@ class ProjectService:
         if action["phase"] != "executing":
             raise BadRequest(f"action {action['action_id']} is {action['phase']}, not executing")
         return self.runs.owned_run(slot, ids), action
+
+    async def revision_advance(self, slot: ActorSlot, request: ProjectRevisionAdvance) -> dict[str, Any]:
+        """The one revision of an executing ``project.changeset``, before its first
+        write (seed 004 V1.3); kept whatever the apply comes to."""
+        ids = {"run_id": request.run_id, "action_id": request.action_id}
+        _run_id, action = self.runs.ledger_tool_action(slot, ids, CHANGESET_TOOL)
+        if action["phase"] != "executing":
+            raise BadRequest(f"action {action['action_id']} is {action['phase']}, not executing")
+        return {"revision": revision_store.record(self.ledger, action)}
 
     async def verify_begin(self, slot: ActorSlot, request: ProjectVerifyBegin) -> dict[str, Any]:
         run, action = self._verify_action(slot, request)

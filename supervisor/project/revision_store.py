@@ -59,12 +59,21 @@ def changed_sources(result_json: str | None) -> bool:
 
 
 def on_receipt(ledger: Ledger, action: Any) -> None:
-    """Inside the receipt's transaction: a write makes the next revision."""
-    if not changed_sources(action["result"]):
-        return
+    """Inside the receipt's transaction: a write makes the next revision (none when
+    the action made its revision before it wrote: ``project.changeset``)."""
+    if changed_sources(action["result"]):
+        record(ledger, action)
+
+
+def record(ledger: Ledger, action: Any) -> int:
+    """The action's one revision: the next one, made now, or the one it made before
+    (a changeset makes its revision after its checkpoint, before its first write,
+    and keeps it whatever the apply comes to: seed 004 V1.3)."""
     with ledger.tx() as db:
-        if db.execute("SELECT 1 FROM project_revisions WHERE action_id = ?", (action["action_id"],)).fetchone():
-            return
+        made = db.execute("SELECT revision FROM project_revisions WHERE action_id = ?",
+                          (action["action_id"],)).fetchone()
+        if made is not None:
+            return int(made["revision"])
         run = db.execute("SELECT root_run_id FROM runs WHERE run_id = ?", (action["run_id"],)).fetchone()
         root = run["root_run_id"] if run is not None else action["run_id"]
         revision = current(ledger) + 1
@@ -75,6 +84,7 @@ def on_receipt(ledger: Ledger, action: Any) -> None:
         )
         ledger.event("project-revision", action["action_id"], run=action["run_id"], revision=revision,
                      tool=action["tool"])
+        return revision
 
 
 def last_change_in_tree(ledger: Ledger, root_run_id: str) -> int | None:

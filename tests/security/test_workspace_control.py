@@ -32,9 +32,19 @@ async def _no_call(*_: Any, **__: Any) -> dict[str, Any]:
     raise AssertionError("the file tools need no supervisor")
 
 
+
+async def _revision_one(request: Any, timeout: float = 30.0) -> Any:
+    """The supervisor's answer to a changeset's revision (project.revision.advance)."""
+    from corral.actors.tools.base import ToolError
+    from corral.mailbox.protocol import ProjectRevisionAdvance
+
+    if not isinstance(request, ProjectRevisionAdvance):
+        raise ToolError(f"this tool context asks nothing else of the supervisor ({request.METHOD.value})")
+    return {"revision": 1}
+
 def _ctx(root: Path) -> ToolContext:
     return ToolContext(agent_id="a", run_id="r", action_id="act-1", workspace=root, write_scopes=(".",),
-                       home=root.parent / "home", call=_no_call)
+                       home=root.parent / "home", call=_no_call, ask=_revision_one)
 
 
 def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
