@@ -45,6 +45,33 @@ def test_the_view_keeps_recent_turns_cuts_big_outputs_and_plans_a_summary() -> N
     assert compaction.plan(observations, None, {}, requested=True) is not None
 
 
+def test_the_latest_content_diff_is_kept_whole_and_never_folded_into_a_summary() -> None:
+    """V1.3: "最新内容 diff 不走普通 observation detail 的…压缩，而是…最多保留 24,256 字符并作为窗口
+    压缩保护项": the newest successful ``project.diff`` is not cut at the tool-output
+    limit, stays in view (up to 24,256 characters) when older turns are summarised,
+    and is not folded into the summary; an older diff is an ordinary observation."""
+    def diff(n: int, text: str) -> tuple[int, dict[str, Any]]:
+        return n, {"action_id": f"act-{n}", "tool": "project.diff", "status": "ok",
+                   "output": {"files": [{"path": "a.py", "diff": text}], "truncated": False}}
+
+    reads = [(n, {"action_id": f"act-{n}", "tool": "fs.read", "status": "ok", "output": "x" * 400})
+             for n in range(3, 9)]
+    observations = [diff(1, "-old\n+older\n" * 300), diff(2, "-a\n+b\n" * 1000), *reads]
+    seen = compaction.view(observations, None, 20)
+    assert "[cut:" in json.dumps(seen[0]["output"]) and seen[1] == observations[1][1], "the latest diff stays whole"
+    todo = compaction.plan(observations, None, {"auto_compact": 100, "tool_output": 20})
+    assert todo is not None and todo["to_seq"] == 4
+    assert [entry["action_id"] for entry in todo["entries"]] == ["act-1", "act-3", "act-4"], "not in the summary"
+    folded = {"from_seq": 1, "to_seq": todo["to_seq"], "summary": "earlier: a diff and reads"}
+    after = compaction.view(observations, folded, 20)
+    assert after[0]["role"] == "summary" and after[1] == observations[1][1], "still in view after the summary"
+    assert [entry.get("action_id") for entry in after[2:]] == ["act-5", "act-6", "act-7", "act-8"]
+    huge = [diff(1, "+" + "y" * 40_000)]
+    kept = compaction.view(huge, None, 20)[0]
+    assert 24_000 < len(json.dumps(kept["output"])) <= compaction.PROTECTED_DIFF_CHARS + 200
+    assert "[cut:" in json.dumps(kept["output"])
+
+
 def _daemon(tmp: Path) -> Daemon:
     (tmp / "ws").mkdir()
     spec = tmp / "spec.toml"

@@ -9,6 +9,11 @@ latest compaction (a summary covering ``seq <= to_seq``):
 * ``plan``: when the view passes ``auto_compact_token_limit``, what to summarise:
   everything but the newest ``KEEP_RECENT`` observations (and the older summary).
 
+The newest successful ``project.diff`` is protected (seed 004 V1.3: "最新内容 diff
+…作为窗口压缩保护项"): it is not cut at the tool-output limit but kept up to
+``PROTECTED_DIFF_CHARS``, never folded into a summary, and stays in view right
+after the summary once older turns are folded.
+
 A summary is never a source of truth: the goal, the plan, permissions and side
 effects are read from the ledger, not from it. Tokens are counted with the
 model's own tokenizer when corral runs it (a local GGUF), else with a documented
@@ -30,6 +35,10 @@ CHARS_PER_TOKEN = 4
 #: are never folded at all.
 KEEP_RECENT = 4
 
+
+#: What the protected latest content diff keeps (seed 004 V1.3: 24,256 characters).
+PROTECTED_DIFF_CHARS = 24_256
+DIFF_TOOL = "project.diff"
 
 Count = Callable[[Any], int]
 
@@ -55,15 +64,36 @@ def cut(entry: dict[str, Any], limit: int | None, count: Count = estimate_tokens
             + f" ... [cut: {tokens} tokens; the full output stays in the ledger: corral show, action {where}]"}
 
 
+def protected_seq(observations: list[tuple[int, dict[str, Any]]]) -> int | None:
+    """The seq of the newest successful ``project.diff`` observation, or None."""
+    for seq, entry in reversed(observations):
+        if entry.get("tool") == DIFF_TOOL and entry.get("status") == "ok" and "output" in entry:
+            return seq
+    return None
+
+
+def kept_whole(entry: dict[str, Any]) -> dict[str, Any]:
+    """The protected diff: as it is, or cut at ``PROTECTED_DIFF_CHARS`` of its output."""
+    text = text_of(entry["output"])
+    if len(text) <= PROTECTED_DIFF_CHARS:
+        return entry
+    where = entry.get("action_id", "?")
+    return {**entry, "output": text[:PROTECTED_DIFF_CHARS]
+            + f" ... [cut: {len(text)} characters; the full diff stays in the ledger: corral show, action {where}]"}
+
+
 def view(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, Any] | None,
          tool_output_limit: int | None, count: Count = estimate_tokens) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = []
     after = 0
+    protected = protected_seq(observations)
     if compaction is not None:
         after = int(compaction["to_seq"])
         entries.append({"role": "summary", "text": compaction["summary"],
                         "covers": [int(compaction["from_seq"]), after]})
-    entries.extend(cut(entry, tool_output_limit, count) for seq, entry in observations if seq > after)
+        entries.extend(kept_whole(entry) for seq, entry in observations if seq == protected and seq <= after)
+    entries.extend(kept_whole(entry) if seq == protected else cut(entry, tool_output_limit, count)
+                   for seq, entry in observations if seq > after)
     return entries
 
 
@@ -83,6 +113,7 @@ def plan(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, A
         return None  # nothing old enough to fold in
     to_seq = tail[-KEEP_RECENT - 1]
     covered = [entry for entry in seen if entry.get("role") == "summary"]
+    protected = protected_seq(observations)
     covered += [cut(entry, limits.get("tool_output"), count) for seq, entry in observations
-                if after < seq <= to_seq]
+                if after < seq <= to_seq and seq != protected]
     return {"from_seq": 1, "to_seq": to_seq, "entries": covered, "tokens_before": tokens}
