@@ -68,7 +68,7 @@ def protected_seq(observations: list[tuple[int, dict[str, Any]]]) -> int | None:
     """The seq of the newest successful ``project.diff`` observation, or None."""
     for seq, entry in reversed(observations):
         if entry.get("tool") == DIFF_TOOL and entry.get("status") == "ok" and "output" in entry:
-            return seq
+            return int(seq)
     return None
 
 
