@@ -31,11 +31,12 @@ import trio
 from corral.actors import recordable
 from corral.actors.mcp_stdio import StdioPipes, stdio_pipes
 from corral.actors.mcp_tree import TAG_VAR, ServerTree, tree_tag
-from corral.actors.runtime import ActorContext, report_best_effort, serve_requests
+from corral.actors.runtime import ActorContext, ask_best_effort, serve_requests
 from corral.actors.tools.sidecar import ResultTooLarge, bounded
 from corral.core import failpoints
 from corral.core.redact import redact_text, register_secret, summarize
 from corral.mailbox.envelope import Envelope
+from corral.mailbox.protocol import McpFailed, McpReady
 
 log = logging.getLogger("corral.mcp")
 
@@ -215,8 +216,7 @@ async def run(ctx: ActorContext) -> int:
                 session = await nursery.start(_hold_session, server, pipes)
                 init = session.initialize_result
                 tools = await list_all_tools(session)
-            await ctx.call(
-                "mcp.ready",
+            ready = McpReady(
                 server=server_id,
                 tools=tools,
                 instructions=redact_text((getattr(init, "instructions", None) or "")[:8000]),
@@ -225,6 +225,7 @@ async def run(ctx: ActorContext) -> int:
                     "version": str(getattr(getattr(init, "server_info", None), "version", "") or ""),
                 },
             )
+            await ctx.ask(ready)
             started = True
             nursery.start_soon(_watch_liveness, session, float(server.get("ping_interval_s", 2.0)))
             code = await _serve(ctx, session, pipes)
@@ -327,10 +328,13 @@ async def _report_failure(
     ctx: ActorContext, server_id: str, message: str, log_path: Path | None, tail: list[str]
 ) -> None:
     log.error("mcp server %s: %s", server_id, summarize(message, 300))
-    await report_best_effort(
-        ctx.call, "mcp.failed", server=server_id, error=summarize(message, 500),
-        log=str(log_path) if log_path is not None else "", stderr_tail=tail,
+    failed = McpFailed(
+        server=server_id,
+        error=summarize(message, 500),
+        log=str(log_path) if log_path is not None else "",
+        stderr_tail=tail,
     )
+    await ask_best_effort(ctx, failed)
 
 
 async def _serve(ctx: ActorContext, session: Any, pipes: StdioPipes) -> int:

@@ -28,6 +28,9 @@ from corral.mailbox.protocol import (
     Code,
     CommandLaunched,
     CommandSandbox,
+    McpCall,
+    McpFailed,
+    McpReady,
     ModelFailed,
     ModelGenerate,
     ModelReady,
@@ -134,6 +137,12 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
             return await _need(methods.models, request).failed(slot, request)
         case ModelGenerate():
             return await _need(methods.models, request).generate(slot, request)
+        case McpReady():
+            return await _need(methods.mcp, request).ready(slot, request)
+        case McpFailed():
+            return await _need(methods.mcp, request).failed(slot, request)
+        case McpCall():
+            return await _need(methods.mcp, request).call(slot, request)
         case Untyped():
             handler = sup.actor_methods.get(request.method)
             if handler is None:  # a method of a feature this supervisor was built without

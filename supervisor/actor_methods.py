@@ -21,6 +21,9 @@ if TYPE_CHECKING:
         BenchSinkReset,
         CommandLaunched,
         CommandSandbox,
+        McpCall,
+        McpFailed,
+        McpReady,
         ModelFailed,
         ModelGenerate,
         ModelReady,
@@ -96,6 +99,16 @@ class ModelMethods(Protocol):
     async def generate(self, slot: ActorSlot, request: ModelGenerate) -> dict[str, Any]: ...
 
 
+class McpMethods(Protocol):
+    """MCP servers: a server actor's catalog or failure, an agent's tool call (supervisor/mcp/mcp_service.py)."""
+
+    async def ready(self, slot: ActorSlot, request: McpReady) -> dict[str, Any]: ...
+
+    async def failed(self, slot: ActorSlot, request: McpFailed) -> dict[str, Any]: ...
+
+    async def call(self, slot: ActorSlot, request: McpCall) -> dict[str, Any]: ...
+
+
 @dataclass
 class ActorMethods:
     """The families this supervisor serves: each set by its service's setup."""
@@ -104,3 +117,4 @@ class ActorMethods:
     project: ProjectMethods | None = None
     sessions: SessionMethods | None = None
     models: ModelMethods | None = None
+    mcp: McpMethods | None = None

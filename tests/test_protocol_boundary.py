@@ -78,6 +78,9 @@ MALFORMED = [
         "bad-request",
         "temperature",
     ),
+    # MCP servers
+    ({"method": "mcp.call", "params": {"action_id": "a", "arguments": ["x"]}}, "bad-request", "arguments"),
+    ({"method": "mcp.ready", "params": {"server": "s", "tools": "all"}}, "bad-request", "tools"),
     # sessions and commands
     (
         {"method": "session.poll", "params": {"run_id": "r", "process_id": "proc-1", "max_chars": 16_001}},

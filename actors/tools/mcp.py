@@ -15,6 +15,7 @@ from typing import Any
 from corral.actors.providers.base import ToolSchema
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult
 from corral.core.redact import summarize
+from corral.mailbox.protocol import McpCall
 
 #: Above the server's call timeout and the relay's own slack.
 CALL_TIMEOUT_SLACK_S = 15.0
@@ -33,11 +34,8 @@ class McpTool:
         )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        answer = await ctx.call(
-            "mcp.call",
-            timeout=self.call_timeout_s + CALL_TIMEOUT_SLACK_S,
-            action_id=ctx.action_id,
-            arguments=tool_input,
+        answer = await ctx.ask(
+            McpCall(action_id=ctx.action_id, arguments=tool_input), timeout=self.call_timeout_s + CALL_TIMEOUT_SLACK_S
         )
         if not answer.get("ok"):
             raise ToolError(str(answer.get("error", "the MCP call failed")), str(answer.get("code", "mcp-failed")))

@@ -31,6 +31,12 @@ from typing import Any, Final, TypeVar, get_args
 import msgspec
 
 from corral.mailbox.protocol.base import Code, Count, Id, Method, ProtocolError, Request, Untyped
+from corral.mailbox.protocol.mcp import (
+    McpCall,
+    McpFailed,
+    McpReady,
+    McpRequest,
+)
 from corral.mailbox.protocol.models import (
     ChatMessage,
     ModelFailed,
@@ -101,6 +107,9 @@ __all__ = [
     "CommandSandbox",
     "Count",
     "Id",
+    "McpCall",
+    "McpFailed",
+    "McpReady",
     "Method",
     "ModelFailed",
     "ModelGenerate",
@@ -141,7 +150,7 @@ R = TypeVar("R")
 
 #: Every typed request, one family's union each; ``decode`` makes one of these
 #: (or ``Untyped``), and supervisor/actor_dispatch.py's ``match`` serves each.
-TypedRequest = RunRequest | ProbeRequest | ProjectRequest | SessionRequest | ModelRequest
+TypedRequest = RunRequest | ProbeRequest | ProjectRequest | SessionRequest | ModelRequest | McpRequest
 
 #: Each typed request's record by its method, read off the union (no second list).
 _TYPED: Final[dict[Method, type[TypedRequest]]] = {kind.METHOD: kind for kind in get_args(TypedRequest)}

@@ -27,7 +27,7 @@ import trio
 from corral.actors.tools.validation import validation_error
 from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
-from corral.mailbox.protocol import ClaimedRun, Method
+from corral.mailbox.protocol import ClaimedRun, McpCall, McpFailed, McpReady
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.mcp.mcp_catalog import CatalogTool, build_catalog, catalog_fingerprint, drift, pin, pinned
@@ -132,18 +132,14 @@ class McpService:
             return "failed" if state.error else "stopped"
         return "starting" if not state.error else "restarting"
 
-    async def ready(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        state = self._own_server(slot, params)
-        offered = params.get("tools")
-        if not isinstance(offered, list):
-            raise BadRequest("tools must be a list")
-        tools, skipped = build_catalog(state.spec, [item for item in offered if isinstance(item, dict)])
+    async def ready(self, slot: ActorSlot, request: McpReady) -> dict[str, Any]:
+        state = self._own_server(slot, request.server)
+        tools, skipped = build_catalog(state.spec, request.tools)
         fingerprint = catalog_fingerprint(tools)
         changed = bool(state.fingerprint) and fingerprint != state.fingerprint
         state.tools, state.fingerprint, state.skipped = tools, fingerprint, skipped
-        state.instructions = str(params.get("instructions", ""))[:8000]
-        info = params.get("server_info")
-        state.server_info = {k: str(v)[:200] for k, v in info.items()} if isinstance(info, dict) else {}
+        state.instructions = request.instructions[:8000]
+        state.server_info = {k: v[:200] for k, v in request.server_info.items()}
         state.incarnation, state.error, state.stderr_tail = slot.incarnation, "", []
         state.readies += 1
         with self.ledger.tx(fsync=False):
@@ -159,13 +155,11 @@ class McpService:
         state.notify()
         return {"tools": len(tools), "fingerprint": fingerprint}
 
-    async def failed(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        state = self._own_server(slot, params)
-        state.error = summarize(str(params.get("error", "failed")), 500)
-        state.log = str(params.get("log") or "")[:4096]
-        tail = params.get("stderr_tail")
-        lines = [str(line)[:2048] for line in tail if isinstance(line, str)] if isinstance(tail, list) else []
-        state.stderr_tail = lines[-TAIL_LINES:]
+    async def failed(self, slot: ActorSlot, request: McpFailed) -> dict[str, Any]:
+        state = self._own_server(slot, request.server)
+        state.error = summarize(request.error, 500)
+        state.log = request.log[:4096]
+        state.stderr_tail = [line[:2048] for line in request.stderr_tail[-TAIL_LINES:]]
         state.failures += 1
         with self.ledger.tx(fsync=False):
             # The stderr lines stay out of the ledger: the log file holds them.
@@ -173,9 +167,8 @@ class McpService:
         state.notify()
         return {}
 
-    def _own_server(self, slot: ActorSlot, params: dict[str, Any]) -> ServerState:
-        server = params.get("server")
-        state = self.servers.get(server) if isinstance(server, str) else None
+    def _own_server(self, slot: ActorSlot, server: str) -> ServerState:
+        state = self.servers.get(server)
         if state is None or state.spec.actor_id != slot.id:
             raise BadRequest(f"actor {slot.id} does not own MCP server {server!r}")
         return state
@@ -275,19 +268,13 @@ class McpService:
 
     # -- calls -------------------------------------------------------------------------
 
-    async def call(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def call(self, slot: ActorSlot, request: McpCall) -> dict[str, Any]:
         """From the agent, after ``executing`` is committed: relay one tools/call."""
-        action_id = params.get("action_id")
-        if not isinstance(action_id, str):
-            raise BadRequest("action_id must be a string")
-        action = action_store.get_action(self.ledger, action_id)
+        action = action_store.get_action(self.ledger, request.action_id)
         self.runs.owned_run(slot, {"run_id": action["run_id"]})
         if action["phase"] != ActionPhase.EXECUTING:
-            raise SupervisorError(f"action {action_id} is {action['phase']}, not executing", code="conflict")
-        arguments = params.get("arguments")
-        if not isinstance(arguments, dict):
-            raise BadRequest("arguments must be a map")
-        return await self.relay(action, arguments)
+            raise SupervisorError(f"action {request.action_id} is {action['phase']}, not executing", code="conflict")
+        return await self.relay(action, request.arguments)
 
     async def relay(self, action: Any, arguments: dict[str, Any]) -> dict[str, Any]:
         tool = self._pinned_tool(action["run_id"], action["tool"])
@@ -510,8 +497,6 @@ def install(sup: Supervisor) -> McpService:
     sup.control_methods["mcp.list"] = service.list_servers
     if not service.servers:
         return service
-    sup.actor_methods.update(
-        {Method.MCP_READY: service.ready, Method.MCP_FAILED: service.failed, Method.MCP_CALL: service.call}
-    )
+    sup.methods.mcp = service
     sup.control_methods["mcp.call"] = service.debug_call
     return service

@@ -1,0 +1,49 @@
+"""MCP servers (supervisor/mcp/mcp_service.py): a server actor's catalog or failure,
+and an agent's call of an MCP tool once its action is ``executing``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+import msgspec
+
+from corral.mailbox.protocol.base import Id, Method, Request
+
+ServerId = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+
+Reply = dict[str, Any]
+
+
+class McpReady(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``mcp.ready``: the server's session is up; ``tools`` as its tools/list gave them
+    (supervisor/mcp/mcp_catalog.py turns them into catalog entries, or skips them)."""
+
+    METHOD: ClassVar[Method] = Method.MCP_READY
+    server: ServerId
+    tools: list[dict[str, Any]]
+    #: Kept to 8000 and 200 characters by the supervisor.
+    instructions: str = ""
+    server_info: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class McpFailed(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``mcp.failed``: the server could not start or stopped answering; its log file
+    and the last lines of its stderr (bounded by the supervisor)."""
+
+    METHOD: ClassVar[Method] = Method.MCP_FAILED
+    server: ServerId
+    error: str = "failed"
+    log: str = ""
+    stderr_tail: list[str] = msgspec.field(default_factory=list)
+
+
+class McpCall(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``mcp.call``: one tools/call for an executing MCP tool action of the caller's run."""
+
+    METHOD: ClassVar[Method] = Method.MCP_CALL
+    action_id: Id
+    arguments: dict[str, Any]
+
+
+#: MCP servers' requests (the package's ``TypedRequest`` includes them).
+McpRequest = McpReady | McpFailed | McpCall
