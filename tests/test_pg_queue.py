@@ -391,3 +391,39 @@ def test_a_queued_run_s_children_are_made_where_it_runs(nodes: dict[str, Any]) -
     where = _where(nodes["url"])
     assert len(where) == 2, f"the root run and its child: {where}"
     assert set(where.values()) == {("node-b", "completed")}, where
+
+
+@pytest.mark.parametrize("first", ["commits", "dies"])
+def test_two_live_nodes_at_one_queued_run_make_one_run(nodes: dict[str, Any], first: str) -> None:
+    """Real nodes: node a is inside the transaction that takes a queued run (the
+    queue row locked, the run not committed), held there by a failpoint, while
+    node b polls the queue. b passes the locked run over (it takes a later one
+    meanwhile, so it did look) and never makes a second copy. If a commits, the
+    run is a's; if a is killed there, its transaction rolls back and b takes the
+    run. Each effect once."""
+    from tests.test_pg_front_door import remote
+
+    a, b = nodes["nodes"]["a"], nodes["nodes"]["b"]
+    url, tmp = nodes["url"], nodes["tmp"]
+    action = "block" if first == "commits" else "kill"
+    a_pid = _up(a, "node-a", {"CORRAL_FAILPOINTS": f"queue.claiming={action}@once"})
+    held = remote(tmp, url, "run", "--agent", "writer", "--task", TASK, "--run-id", f"run-held-{first}")
+    assert held.returncode == 0, held.stderr
+    if first == "commits":
+        wait_for("node a inside its taking transaction", (a.home / "failpoints" / "queue.claiming.fired").exists)
+    else:
+        assert wait_exit(a_pid, 30), "node a killed inside its taking transaction"
+    _up(b, "node-b")
+    later = remote(tmp, url, "run", "--agent", "writer", "--task", TASK, "--run-id", f"run-later-{first}")
+    assert later.returncode == 0, later.stderr
+    if first == "commits":
+        wait_for("node b to take the later run", lambda: _all_done(url, [f"run-later-{first}"]))
+        assert _where(url)[f"run-later-{first}"][0] == "node-b"
+        assert f"run-held-{first}" not in _where(url), "the run a holds is nobody's until a commits"
+        failpoints.release_path("queue.claiming", a.home / "failpoints").touch()
+    wait_for("the held run to complete", lambda: _all_done(url, [f"run-held-{first}"]))
+    where = _where(url)
+    assert where[f"run-held-{first}"][0] == ("node-a" if first == "commits" else "node-b"), where
+    assert _queue_depth(url) == 0
+    per_run = _effects_per_run(tmp / "effects.log")
+    assert per_run == Counter([f"run-held-{first}", f"run-later-{first}"]), per_run

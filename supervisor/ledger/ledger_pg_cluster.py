@@ -125,9 +125,6 @@ CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.queue (
     submitted_at TIMESTAMPTZ NOT NULL
 )
 """,
-    f"""
-CREATE INDEX IF NOT EXISTS queue_order ON {CLUSTER_SCHEMA}.queue (submitted_at)
-""",
     # A queued run a client cancelled before any node took it: its row stays, as
     # the run's record (its id stays its own), and no node takes it
     # (supervisor/ledger/ledger_pg_queue.py). The agents a node runs, so that a
@@ -144,8 +141,18 @@ DO $door$ BEGIN
     END IF;
 END $door$
 """,
+    # Only when missing: CREATE INDEX IF NOT EXISTS locks its table first, and would
+    # wait behind any node's open write to it (a queued run being taken), so a
+    # node's boot, and every cluster connection, would stall behind it.
     f"""
-CREATE INDEX IF NOT EXISTS requests_open ON {CLUSTER_SCHEMA}.requests (partition) WHERE taken_by IS NULL
+DO $indexes$ BEGIN
+    IF to_regclass('{CLUSTER_SCHEMA}.queue_order') IS NULL THEN
+        CREATE INDEX queue_order ON {CLUSTER_SCHEMA}.queue (submitted_at);
+    END IF;
+    IF to_regclass('{CLUSTER_SCHEMA}.requests_open') IS NULL THEN
+        CREATE INDEX requests_open ON {CLUSTER_SCHEMA}.requests (partition) WHERE taken_by IS NULL;
+    END IF;
+END $indexes$
 """,
     f"""
 CREATE OR REPLACE FUNCTION {CLUSTER_SCHEMA}.fence(wanted TEXT, mine BIGINT) RETURNS void AS $fence$
