@@ -61,16 +61,26 @@ from corral.mailbox.protocol import (
     ActionBegin,
     ActionFinish,
     ActionFinishBatch,
+    ActionPrepare,
     ActionResult,
     ClaimedRun,
     Code,
-    Method,
+    ContextCompacted,
+    InvalidPlan,
     NextStep,
+    PlanCommit,
+    PlanInvalid,
+    ProviderBegin,
+    ProviderFailed,
+    ProviderHandoff,
+    ProviderInterrupted,
+    RunChildResult,
     RunClaim,
     RunFail,
     RunFinalize,
     StepReply,
     StepRequest,
+    TurnNote,
 )
 from corral.mailbox.steps import (
     Begin,
@@ -227,17 +237,6 @@ class Lane:
         #: What this lane told the supervisor of its turns' prompts (the transcript).
         self.notes = TurnNotes(self.offered)
 
-    async def call(self, method: Method, **params: Any) -> dict[str, Any]:
-        return await self.ctx.call(method, run_id=self.run_id, **params)
-
-    async def step_call(self, method: Method, **params: Any) -> dict[str, Any]:
-        """A step whose reply also carries the next step (see supervisor/runs/step_piggyback.py)."""
-        if failpoints.armed(_EFFECT_FIRST):
-            return await self.call(method, **params)  # the broken build keeps its own order
-        answer = await self.call(method, want_next=True, history_have=len(self.history), **params)
-        self.next = cast("Step | None", answer.get("next"))
-        return answer
-
     async def fail_run(self, reason: str) -> None:
         await self.ctx.ask(RunFail(self.run_id, reason))
 
@@ -329,7 +328,9 @@ class Lane:
         except agent_instructions.InstructionsError as exc:
             await self.fail_run(recordable.text(f"the agent's instructions cannot be read: {exc}"))
             return
-        begun = step.get("begun") or await self.call(Method.PROVIDER_BEGIN, loop=loop)
+        begun = step.get("begun")
+        if not begun:  # else the lifecycle was begun with the last step's reply
+            begun = await self.ctx.ask(ProviderBegin(self.run_id, loop))
         history = self.provider_history(step)
         request = ProviderRequest(
             run_id=self.run_id,
@@ -364,7 +365,7 @@ class Lane:
             self.interrupts.close(begun["slot"])
         if interrupt.cancelled_caught:
             # A steer or a pause: recorded as interrupted, never retried as an error.
-            await self.call(Method.PROVIDER_INTERRUPTED, slot=begun["slot"])
+            await self.ctx.ask(ProviderInterrupted(self.run_id, begun["slot"]))
             return
         problem = self.unsendable_response(response)
         if problem is not None:
@@ -376,14 +377,22 @@ class Lane:
         text = response.text[:MAX_RESPONSE_CHARS]
         # The plan travels with the response it was parsed from (one round trip);
         # the supervisor commits the response first, then the plan.
-        carried = {} if failpoints.armed(_EFFECT_FIRST) else self.parsed(provider, text)
-        texts = "system" in notes or "catalog" in notes  # a lane's first turn, or a new prompt
-        if carried and recordable.encoded_size([text, carried, notes] if texts else [text, carried]) > self.budget:
-            carried = {}  # too much for one message: the plan follows in its own (step_parse)
-        if texts and recordable.encoded_size([text, notes]) > self.budget:
-            notes = TurnNotes.without_texts(notes)  # the transcript names them only
-        await self.step_call(Method.PROVIDER_HANDOFF, slot=begun["slot"], text=text, **carried, **notes)
-        self.notes.delivered(notes)
+        handoff = ProviderHandoff(self.run_id, begun["slot"], text, notes=notes)
+        if not failpoints.armed(_EFFECT_FIRST):
+            parsed = self.parsed(provider, text)
+            with_plan = msgspec.structs.replace(
+                handoff,
+                plan=parsed if not isinstance(parsed, InvalidPlan) else None,
+                plan_invalid=parsed if isinstance(parsed, InvalidPlan) else None,
+            )
+            if recordable.encoded_size(msgspec.to_builtins(with_plan)) <= self.budget:
+                handoff = with_plan  # else too much for one message: the plan follows in its own (step_parse)
+        if recordable.encoded_size(msgspec.to_builtins(handoff)) > self.budget:
+            # The texts of a lane's first turn (or a new prompt): the transcript names them only.
+            handoff = msgspec.structs.replace(handoff, notes=TurnNotes.without_texts(notes))
+        await self.step_ask(handoff)
+        if handoff.notes is not None:
+            self.notes.delivered(handoff.notes)
         failpoints.hit("provider.after-handoff")
 
     async def images_for(self, provider: Provider, history: tuple[dict[str, Any], ...]) -> tuple[ImagePart, ...]:
@@ -400,11 +409,13 @@ class Lane:
         except Exception:  # a provider that cannot start sees nothing; its turn says why
             return False
 
-    async def provider_failed(self, slot: str, kind: str, error: str, notes: dict[str, Any]) -> None:
-        if recordable.encoded_size([error, notes]) > self.budget:
-            notes = TurnNotes.without_texts(notes)
-        await self.call(Method.PROVIDER_FAILED, slot=slot, kind=kind, error=error, **notes)
-        self.notes.delivered(notes)
+    async def provider_failed(self, slot: str, kind: str, error: str, notes: TurnNote) -> None:
+        failed = ProviderFailed(self.run_id, slot, kind, error, notes)
+        if recordable.encoded_size(msgspec.to_builtins(failed)) > self.budget:
+            failed = msgspec.structs.replace(failed, notes=TurnNotes.without_texts(notes))
+        await self.ctx.ask(failed)
+        if failed.notes is not None:
+            self.notes.delivered(failed.notes)
 
     def provider_history(self, step: ProviderStep) -> tuple[dict[str, Any], ...]:
         """What the model sees: a shaped view (compaction) as sent, else the run's
@@ -433,10 +444,10 @@ class Lane:
             return f"the provider returned a response that cannot be recorded: {exc}"
         return None
 
-    def parsed(self, provider: Provider, text: str) -> dict[str, Any]:
-        """``{"plan": ...}`` or ``{"plan_invalid": {category, detail}}``: a plan that
-        cannot be sent and recorded, or a ``parse`` that fails in an unforeseen way,
-        is an invalid plan (the model may repair it, within the run's repairs)."""
+    def parsed(self, provider: Provider, text: str) -> dict[str, Any] | InvalidPlan:
+        """The plan, or why it is invalid: a plan that cannot be sent and recorded,
+        or a ``parse`` that fails in an unforeseen way, is an invalid plan (the model
+        may repair it, within the run's repairs)."""
         try:
             plan = provider.parse(ProviderResponse(text), self.schemas)
             carried = {
@@ -446,13 +457,13 @@ class Lane:
             }
             recordable.check_bounded(carried, self.budget, "the plan")
         except PlanError as exc:
-            return {"plan_invalid": {"category": exc.category.value, "detail": exc.detail}}
+            return InvalidPlan(exc.category.value, exc.detail)
         except recordable.NotRecordable as exc:
-            return {"plan_invalid": {"category": RepairCategory.SCHEMA_MISMATCH.value, "detail": str(exc)}}
+            return InvalidPlan(RepairCategory.SCHEMA_MISMATCH.value, str(exc))
         except Exception as exc:  # the provider's bug: an invalid plan, never a crashed agent
             detail = f"the provider's parse raised {type(exc).__name__}: {summarize(str(exc), 300)}"
-            return {"plan_invalid": {"category": RepairCategory.SCHEMA_MISMATCH.value, "detail": detail}}
-        return {"plan": carried}
+            return InvalidPlan(RepairCategory.SCHEMA_MISMATCH.value, detail)
+        return carried
 
     def checked_output(self, final: str | None) -> str | None:
         """The final reply, as the typed output's JSON when the agent has one; an
@@ -473,7 +484,7 @@ class Lane:
         no side effect, so a kill here only means asking again."""
         summary = await self.summarize(step)
         failpoints.hit("context.mid-compaction")
-        await self.step_call(Method.CONTEXT_COMPACTED, to_seq=step["to_seq"], summary=summary)
+        await self.step_ask(ContextCompacted(self.run_id, int(step["to_seq"]), summary))
 
     async def summarize(self, step: CompactStep) -> str:
         """The model writes it: through its provider's ``summarize`` when it has one,
@@ -505,16 +516,15 @@ class Lane:
     async def step_parse(self, step: ParseStep) -> None:
         """A response handed off without its plan (or before a crash): parse it now."""
         loop = int(step["loop"])
-        carried = self.parsed(self.get_provider(), step["response"] or "")
-        if "plan" in carried:
-            await self.step_call(Method.PLAN_COMMIT, loop=loop, slot=step["slot"], plan=carried["plan"])
+        parsed = self.parsed(self.get_provider(), step["response"] or "")
+        if isinstance(parsed, InvalidPlan):
+            await self.step_ask(PlanInvalid(self.run_id, loop, step["slot"], parsed.category, parsed.detail))
         else:
-            await self.step_call(Method.PLAN_INVALID, loop=loop, slot=step["slot"], **carried["plan_invalid"])
+            await self.step_ask(PlanCommit(self.run_id, loop, step["slot"], parsed))
 
     async def step_prepare(self, step: PrepareStep) -> None:
-        await self.step_call(
-            Method.ACTION_PREPARE, loop=step["loop"], index=step["index"], tool=step["tool"], input=step["input"]
-        )
+        prepare = ActionPrepare(self.run_id, int(step["loop"]), int(step["index"]), step["tool"], step["input"])
+        await self.step_ask(prepare)
 
     async def step_execute(self, step: ExecuteStep) -> None:
         action_id = step["action_id"]
@@ -657,6 +667,6 @@ class Lane:
 
     async def step_finalize(self, step: FinalizeStep) -> None:
         if self.run.kind != "root":
-            await self.call(Method.RUN_CHILD_RESULT, reply=step["reply"])
+            await self.ctx.ask(RunChildResult(self.run_id, step["reply"]))
             return
         await self.ctx.ask(RunFinalize(self.run_id, step["reply"]))

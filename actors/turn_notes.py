@@ -17,9 +17,12 @@ import json
 import logging
 from typing import Any
 
+import msgspec
+
 from corral.actors import recordable
 from corral.actors.providers.base import MAX_TRANSCRIPT_CHARS, Provider, ProviderRequest, ToolSchema
 from corral.core.redact import summarize
+from corral.mailbox.protocol.run_records import REASONING_EFFORTS, TurnNote
 
 log = logging.getLogger("corral.agent")
 
@@ -65,12 +68,11 @@ class _Sent:
         self.sha256 = text_sha256(self.text)
         self.delivered = False
 
-    def params(self, name: str) -> dict[str, Any]:
+    def named(self) -> tuple[str | None, str | None]:
+        """(its hash, its text when the supervisor does not have it yet)."""
         if self.source is None:
-            return {}
-        if self.delivered:
-            return {f"{name}_sha256": self.sha256}
-        return {f"{name}_sha256": self.sha256, name: self.text}
+            return None, None
+        return self.sha256, None if self.delivered else self.text
 
 
 class TurnNotes:
@@ -82,8 +84,8 @@ class TurnNotes:
         self.system = _Sent()
         self.catalog = _Sent()
 
-    def for_turn(self, provider: Provider, request: ProviderRequest, seen: int | None) -> dict[str, Any]:
-        """The parameters of this turn's handoff (or failure)."""
+    def for_turn(self, provider: Provider, request: ProviderRequest, seen: int | None) -> TurnNote:
+        """This turn's notes, sent with its handoff (or failure)."""
         if self.catalog.source is None:
             self.catalog.update(catalog_text(self.offered))
         render = getattr(provider, "prompt_text", None)
@@ -95,28 +97,32 @@ class TurnNotes:
             except Exception as exc:  # a user provider's bug costs its transcript line, never the turn
                 log.warning("%s: the provider's prompt_text raised %s: %s", request.run_id, type(exc).__name__,
                             summarize(str(exc), 200))
-        notes = {**self.system.params("system"), **self.catalog.params("catalog")}
-        if seen is not None:
-            notes["seen"] = seen
+        system_sha256, system = self.system.named()
+        catalog_sha256, catalog = self.catalog.named()
         # The request parameter a provider sends with every turn (seed 004 V1.2).
         effort = getattr(provider, "reasoning_effort", None)
-        if isinstance(effort, str):
-            notes["reasoning_effort"] = effort
-        # Whether the turn let the provider search the web (seed 004 V1.20).
-        notes["web_search"] = request.web_search
-        return notes
+        return TurnNote(
+            system_sha256=system_sha256,
+            catalog_sha256=catalog_sha256,
+            system=system,
+            catalog=catalog,
+            seen=seen,
+            reasoning_effort=effort if effort in REASONING_EFFORTS else None,
+            # Whether the turn let the provider search the web (seed 004 V1.20).
+            web_search=request.web_search,
+        )
 
-    def delivered(self, notes: dict[str, Any]) -> None:
+    def delivered(self, notes: TurnNote) -> None:
         """The supervisor took ``notes``: later turns name these texts by hash only."""
-        if "system" in notes and notes.get("system_sha256") == self.system.sha256:
+        if notes.system is not None and notes.system_sha256 == self.system.sha256:
             self.system.delivered = True
-        if "catalog" in notes and notes.get("catalog_sha256") == self.catalog.sha256:
+        if notes.catalog is not None and notes.catalog_sha256 == self.catalog.sha256:
             self.catalog.delivered = True
 
     @staticmethod
-    def without_texts(notes: dict[str, Any]) -> dict[str, Any]:
+    def without_texts(notes: TurnNote) -> TurnNote:
         """``notes`` naming the texts only (a message too large to carry them)."""
-        return {key: value for key, value in notes.items() if key not in ("system", "catalog")}
+        return msgspec.structs.replace(notes, system=None, catalog=None)
 
 
 def observations_seen(step: Any) -> int | None:

@@ -22,26 +22,42 @@ from corral.mailbox.protocol import (
     ActionBegin,
     ActionFinish,
     ActionFinishBatch,
+    ActionPrepare,
     BenchSink,
     BenchSinkCount,
     BenchSinkReset,
     Code,
     CommandLaunched,
     CommandSandbox,
+    ContextCompacted,
+    GoalVerdict,
+    HistoryActions,
+    HistoryCommand,
+    InputRequest,
     McpCall,
     McpFailed,
     McpReady,
+    Method,
     ModelFailed,
     ModelGenerate,
     ModelReady,
     NextStep,
     Ping,
+    PlanCommit,
+    PlanInvalid,
+    PlanUpdate,
     ProjectPreview,
     ProjectRevisionAdvance,
     ProjectVerification,
     ProjectVerifyBegin,
     ProjectVerifyRecord,
+    ProviderBegin,
+    ProviderFailed,
+    ProviderHandoff,
+    ProviderInterrupted,
+    ReplyDelta,
     Request,
+    RunChildResult,
     RunClaim,
     RunFail,
     RunFinalize,
@@ -85,20 +101,61 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
     match request:
         case Ping():
             return {"pong": True, "actor": slot.id}
+        # -- the run layer (supervisor/runs/run_actor_methods.py)
         case RunClaim():
             return _wire(await runs.claim(slot, request))
         case NextStep():
             return await runs.next_step(slot, request)
-        case RunFinalize():
-            return await runs.finalize(slot, request)
-        case RunFail():
-            return await runs.fail(slot, request)
+        case ProviderBegin():
+            return await runs.provider_begin(slot, request)
+        case ProviderHandoff():
+            answer = await runs.provider_handoff(slot, request)
+            # The plan it carries, committed after it; then the next step need not
+            # run the boundary's checks again (supervisor/runs/step_piggyback.py).
+            checked = steps.commit_carried_plan(slot, request)
+            return await steps.carry_next(slot, request, answer, boundary=not checked)
+        case ProviderFailed():
+            return await runs.provider_failed(slot, request)
+        case PlanCommit():
+            return await steps.carry_next(slot, request, await runs.plan_commit(slot, request))
+        case PlanInvalid():
+            return await steps.carry_next(slot, request, await runs.plan_invalid(slot, request))
+        case ActionPrepare():
+            return await steps.carry_next(slot, request, await runs.action_prepare(slot, request))
         case ActionBegin():
             return await steps.carry_next(slot, request, await runs.action_begin(slot, request))
         case ActionFinish():
             return await steps.carry_next(slot, request, await runs.action_finish(slot, request))
         case ActionFinishBatch():
             return await steps.carry_next(slot, request, await runs.action_finish_batch(slot, request))
+        case RunFinalize():
+            return await runs.finalize(slot, request)
+        case RunFail():
+            return await runs.fail(slot, request)
+        case RunChildResult():
+            # Served by the swarm (supervisor/swarm/swarm_service.py), whose handler
+            # takes its params' map until that family is typed.
+            return await _untyped(sup, slot, request.METHOD, msgspec.to_builtins(request))
+        # -- long tasks (supervisor/longtask/)
+        case ContextCompacted():
+            answer = await _need(methods.compaction, request).compacted(slot, request)
+            return await steps.carry_next(slot, request, answer)
+        case PlanUpdate():
+            return await _need(methods.plans, request).update(slot, request)
+        case GoalVerdict():
+            return await _need(methods.goals, request).verdict(slot, request)
+        # -- people (supervisor/interactive/)
+        case ProviderInterrupted():
+            return await _need(methods.steers, request).provider_interrupted(slot, request)
+        case InputRequest():
+            return await _need(methods.questions, request).ask(slot, request)
+        case HistoryActions():
+            return await _need(methods.own_history, request).actions(slot, request)
+        case HistoryCommand():
+            return await _need(methods.own_history, request).command(slot, request)
+        case ReplyDelta():
+            return await _need(methods.reply_stream, request).reply_delta(slot, request)
+        # -- the bench's probes (supervisor/probes.py)
         case BenchSink():
             return await _need(methods.probes, request).sink(slot, request)
         case BenchSinkCount():
@@ -144,9 +201,14 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
         case McpCall():
             return await _need(methods.mcp, request).call(slot, request)
         case Untyped():
-            handler = sup.actor_methods.get(request.method)
-            if handler is None:  # a method of a feature this supervisor was built without
-                raise SupervisorError(f"no actor method {request.method.value!r}", code=Code.UNKNOWN_METHOD)
-            return await handler(slot, request.params)
+            return await _untyped(sup, slot, request.method, request.params)
         case _:
             assert_never(request)
+
+
+async def _untyped(sup: Supervisor, slot: ActorSlot, method: Method, params: dict[str, Any]) -> Mapping[str, object]:
+    """A method whose family is not typed yet: its handler in ``actor_methods``."""
+    handler = sup.actor_methods.get(method)
+    if handler is None:  # a method of a feature this supervisor was built without
+        raise SupervisorError(f"no actor method {method.value!r}", code=Code.UNKNOWN_METHOD)
+    return await handler(slot, params)

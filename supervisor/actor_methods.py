@@ -21,17 +21,25 @@ if TYPE_CHECKING:
         BenchSinkReset,
         CommandLaunched,
         CommandSandbox,
+        ContextCompacted,
+        GoalVerdict,
+        HistoryActions,
+        HistoryCommand,
+        InputRequest,
         McpCall,
         McpFailed,
         McpReady,
         ModelFailed,
         ModelGenerate,
         ModelReady,
+        PlanUpdate,
         ProjectPreview,
         ProjectRevisionAdvance,
         ProjectVerification,
         ProjectVerifyBegin,
         ProjectVerifyRecord,
+        ProviderInterrupted,
+        ReplyDelta,
         SessionLaunched,
         SessionPoll,
         SessionStart,
@@ -109,6 +117,56 @@ class McpMethods(Protocol):
     async def call(self, slot: ActorSlot, request: McpCall) -> dict[str, Any]: ...
 
 
+# -- long tasks (supervisor/longtask/) ---------------------------------------------
+
+
+class CompactionMethods(Protocol):
+    """Context compaction (supervisor/longtask/compaction_service.py)."""
+
+    async def compacted(self, slot: ActorSlot, request: ContextCompacted) -> dict[str, Any]: ...
+
+
+class PlanMethods(Protocol):
+    """The durable plan (supervisor/longtask/plan_service.py)."""
+
+    async def update(self, slot: ActorSlot, request: PlanUpdate) -> dict[str, Any]: ...
+
+
+class GoalMethods(Protocol):
+    """A goal's verdict (supervisor/longtask/goal_service.py)."""
+
+    async def verdict(self, slot: ActorSlot, request: GoalVerdict) -> dict[str, Any]: ...
+
+
+# -- people (supervisor/interactive/) ----------------------------------------------
+
+
+class SteerMethods(Protocol):
+    """Steers and goal pauses interrupting a provider turn (supervisor/interactive/steer_control.py)."""
+
+    async def provider_interrupted(self, slot: ActorSlot, request: ProviderInterrupted) -> dict[str, Any]: ...
+
+
+class QuestionMethods(Protocol):
+    """Structured questions for a person (supervisor/interactive/question_service.py)."""
+
+    async def ask(self, slot: ActorSlot, request: InputRequest) -> dict[str, Any]: ...
+
+
+class OwnHistoryMethods(Protocol):
+    """An agent's own history (supervisor/interactive/own_history_service.py)."""
+
+    async def actions(self, slot: ActorSlot, request: HistoryActions) -> dict[str, Any]: ...
+
+    async def command(self, slot: ActorSlot, request: HistoryCommand) -> dict[str, Any]: ...
+
+
+class ReplyStreamMethods(Protocol):
+    """Streamed final replies (supervisor/interactive/reply_stream_service.py)."""
+
+    async def reply_delta(self, slot: ActorSlot, request: ReplyDelta) -> dict[str, Any]: ...
+
+
 @dataclass
 class ActorMethods:
     """The families this supervisor serves: each set by its service's setup."""
@@ -118,3 +176,10 @@ class ActorMethods:
     sessions: SessionMethods | None = None
     models: ModelMethods | None = None
     mcp: McpMethods | None = None
+    compaction: CompactionMethods | None = None
+    plans: PlanMethods | None = None
+    goals: GoalMethods | None = None
+    steers: SteerMethods | None = None
+    questions: QuestionMethods | None = None
+    own_history: OwnHistoryMethods | None = None
+    reply_stream: ReplyStreamMethods | None = None

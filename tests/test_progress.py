@@ -16,7 +16,7 @@ import pytest
 
 from corral.cli import progress
 from corral.client_types import Event
-from corral.supervisor.errors import BadRequest
+from corral.mailbox.protocol import ProtocolError, ReplyDelta, decode
 from corral.supervisor.interactive.reply_stream_service import MAX_PROGRESS_RUNS, ReplyStreamService
 from tests.harness import cli, running
 
@@ -132,21 +132,26 @@ def _service() -> ReplyStreamService:
 
 def test_the_supervisor_keeps_only_the_newest_report_per_run_in_memory() -> None:
     service = _service()
-    service._progress_report(ROOT, "s0", {"tokens": 1})
+    service._progress_report(ROOT, "s0", 1)
     first = service.progress[ROOT]
-    service._progress_report(ROOT, "s0", {"tokens": 9, "tail": '{"actions": [{"tool"'})
+    service._progress_report(ROOT, "s0", 9)
     kept = service.progress[ROOT]
     # A count, never the words: a plan's text stays out of every stream (seed 004 V1.19).
     assert set(kept) == {"slot", "tokens", "at", "first_at", "first_tokens"}
     assert (kept["tokens"], kept["first_tokens"], kept["first_at"]) == (9, 1, first["at"])
-    service._progress_report(ROOT, "s1", {"tokens": 2})  # a new lifecycle: measured afresh
+    service._progress_report(ROOT, "s1", 2)  # a new lifecycle: measured afresh
     assert service.progress[ROOT]["first_tokens"] == 2
     for index in range(MAX_PROGRESS_RUNS + 5):
-        service._progress_report(f"run-{index:012x}", "s", {"tokens": index})
+        service._progress_report(f"run-{index:012x}", "s", index)
     assert len(service.progress) == MAX_PROGRESS_RUNS and ROOT not in service.progress
-    for bad in ({"tokens": -1}, {"tokens": True}, {"tokens": "3"}, {"tokens": 10**10}):
-        with pytest.raises(BadRequest):
-            service._progress_report(ROOT, "s", bad)
+    # The report's shape is checked at the boundary (``ReplyDelta``): a count out of
+    # range, not a count, or any words beside it never reach the service.
+    report = {"method": "reply.delta", "params": {"run_id": ROOT, "slot": "s", "seq": 1, "text": ""}}
+    assert decode(report) == ReplyDelta(ROOT, "s", 1, "")
+    for bad in ({"tokens": -1}, {"tokens": True}, {"tokens": "3"}, {"tokens": 10**10},
+                {"tokens": 9, "tail": '{"actions": [{"tool"'}):
+        with pytest.raises(ProtocolError):
+            decode({**report, "params": {**report["params"], **bad}})
 
 
 SPEC = """

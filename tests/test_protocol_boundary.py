@@ -94,6 +94,33 @@ MALFORMED = [
         "exit_code",
     ),
     ({"method": "command.launched", "params": {"run_id": "r", "action_id": "a"}}, "bad-request", "launch_mode"),
+    # the provider and plan steps, long tasks, people (typed as each family moved)
+    ({"method": "provider.begin", "params": {"run_id": "r", "loop": -1}}, "bad-request", "loop"),
+    (
+        {"method": "provider.handoff", "params": {"run_id": "r", "slot": "s", "text": "t", "system": "flat"}},
+        "bad-request",
+        "system",
+    ),
+    (
+        {"method": "provider.handoff", "params": {"run_id": "r", "slot": "s", "text": "t", "notes": {"seen": -1}}},
+        "bad-request",
+        "seen",
+    ),
+    ({"method": "plan.commit", "params": {"run_id": "r", "loop": 0, "slot": "s", "plan": []}}, "bad-request", "plan"),
+    (
+        {"method": "action.prepare", "params": {"run_id": "r", "loop": 0, "index": 0, "tool": "", "input": {}}},
+        "bad-request",
+        "tool",
+    ),
+    ({"method": "context.compacted", "params": {"run_id": "r", "to_seq": 0, "summary": "s"}}, "bad-request", "to_seq"),
+    ({"method": "plan.update", "params": {"run_id": "r", "action_id": "a", "steps": "all"}}, "bad-request", "steps"),
+    (
+        {"method": "goal.verdict", "params": {"run_id": "r", "action_id": "a", "met": "yes", "evidence": "e"}},
+        "bad-request",
+        "met",
+    ),
+    ({"method": "input.request", "params": {"run_id": "r", "action_id": "a"}}, "bad-request", "questions"),
+    ({"method": "reply.delta", "params": {"run_id": "r", "slot": "s", "seq": 1, "text": 5}}, "bad-request", "text"),
 ]
 
 

@@ -79,8 +79,10 @@ def test_no_method_is_named_by_a_string_outside_the_protocol() -> None:
     assert not offences, "\n".join(offences)
 
 
-#: Tools and workers that still call through ``ActorContext.call`` with a name.
-_TOOL_CALLS_NOT_YET = NOT_YET_TYPED
+#: Tools and workers that still call through ``ActorContext.call`` with a name
+#: (``history.command``: typed on the supervisor's side; command.output_read's
+#: call moves with the tools' typed ``ToolContext.ask``).
+_TOOL_CALLS_NOT_YET = NOT_YET_TYPED | {Method.HISTORY_COMMAND}
 
 
 def test_every_typed_method_handler_takes_its_typed_record() -> None:
@@ -214,7 +216,7 @@ def test_the_typed_protocol_is_the_only_way_they_talk() -> None:
 
 
 #: The offences left (a ratchet, issue 50 §1): lowered as each family is typed.
-SEAM_OFFENCES_AT_MOST = 151
+SEAM_OFFENCES_AT_MOST = 115
 
 PLANTED = {
     "supervisor/x_service.py": """

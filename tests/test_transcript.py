@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 import corral
@@ -21,6 +22,7 @@ from corral.actors.providers.base import MAX_TRANSCRIPT_CHARS
 from corral.actors.tools.registry import builtin_tools
 from corral.actors.turn_notes import capped, catalog_text, observations_seen, text_sha256
 from corral.mailbox.control import ControlError
+from corral.mailbox.protocol import TurnNote
 from corral.supervisor.home import home_dir as homes
 from tests.harness import agent_spec, cli, ledger_rows, running, wait_run
 
@@ -172,6 +174,11 @@ def test_the_dashboard_shows_the_conversation_beside_the_actions(finished: dict[
     assert status == 200 and f'href="/runs/{finished["run_id"]}/conversation"' in run_page
 
 
+def _note(fields: dict[str, Any]) -> TurnNote:
+    """A turn's notes as the supervisor's decoder checks them off the wire."""
+    return msgspec.convert(fields, TurnNote, strict=True)
+
+
 def test_turns_are_kept_and_read_on_either_ledger(open_ledger: Any) -> None:
     """The store and the view on SQLite and PostgreSQL: a text sent twice is kept
     once, a turn naming it by hash reads as unchanged, a bad note changes nothing."""
@@ -189,9 +196,9 @@ def test_turns_are_kept_and_read_on_either_ledger(open_ledger: Any) -> None:
     sent = {"system": system, "system_sha256": text_sha256(system)}
     for loop, notes in enumerate(({**sent, "seen": 0}, {**sent, "seen": 0}, {"system_sha256": text_sha256(system)})):
         slot = provider_store.begin_provider_request(ledger, run_id, loop)["slot"]
-        provider_store.provider_handoff(ledger, run_id, slot, f"answer {loop}", notes=notes_from(notes))
+        provider_store.provider_handoff(ledger, run_id, slot, f"answer {loop}", notes=notes_from(_note(notes)))
     slot = provider_store.begin_provider_request(ledger, run_id, 3)["slot"]
-    provider_store.provider_failed(ledger, run_id, slot, "fatal", "boom", RunLimits(), notes_from(sent))
+    provider_store.provider_failed(ledger, run_id, slot, "fatal", "boom", RunLimits(), notes_from(_note(sent)))
     (blob,) = ledger.all("SELECT kind, text FROM transcript_blobs")
     assert blob["kind"] == "system" and blob["text"] == "You are an agent. Key [redacted]."
     turns = transcript(ledger, run_id)["turns"]
@@ -213,6 +220,10 @@ def test_turns_are_kept_and_read_on_either_ledger(open_ledger: Any) -> None:
     (child,) = transcript(ledger, run_id)["children"]
     assert (child["run_id"], child["via"], child["action_id"]) == (helper, "delegate", "act-1")
     assert transcript(ledger, helper)["run"]["parent_run_id"] == run_id
-    for bad in ({"system": "x", "system_sha256": "0" * 64}, {"catalog_sha256": "nope"}, {"seen": -1}):
-        with pytest.raises(BadRequest):
-            notes_from(bad)
+    # A text that is not the one its hash names is refused by the handler; a hash
+    # that is no sha256, or a count below 0, by the record at the boundary.
+    with pytest.raises(BadRequest, match="system_sha256 is not the sha256 of system"):
+        notes_from(_note({"system": "x", "system_sha256": "0" * 64}))
+    for bad in ({"catalog_sha256": "nope"}, {"seen": -1}):
+        with pytest.raises(msgspec.ValidationError):
+            _note(bad)

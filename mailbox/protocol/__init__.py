@@ -31,6 +31,7 @@ from typing import Any, Final, TypeVar, get_args
 import msgspec
 
 from corral.mailbox.protocol.base import Code, Count, Id, Method, ProtocolError, Request, Untyped
+from corral.mailbox.protocol.longtask import ContextCompacted, GoalVerdict, LongTaskRequest, PlanUpdate
 from corral.mailbox.protocol.mcp import (
     McpCall,
     McpFailed,
@@ -45,6 +46,7 @@ from corral.mailbox.protocol.models import (
     ModelRequest,
     ReplyStream,
 )
+from corral.mailbox.protocol.people import HistoryActions, HistoryCommand, InputRequest, PeopleRequest, ReplyDelta
 from corral.mailbox.protocol.probes import BenchSink, BenchSinkCount, BenchSinkReset, ProbeRequest, SinkCount
 from corral.mailbox.protocol.project import (
     ProjectPreview,
@@ -58,19 +60,28 @@ from corral.mailbox.protocol.run_records import (
     ActionBegin,
     ActionFinish,
     ActionFinishBatch,
+    ActionPrepare,
     ActionResult,
     Claim,
     ClaimedRun,
+    InvalidPlan,
     NextStep,
     Ping,
+    PlanCommit,
+    PlanInvalid,
     Pong,
+    ProviderBegin,
+    ProviderFailed,
+    ProviderHandoff,
+    ProviderInterrupted,
     Receipt,
+    RunChildResult,
     RunClaim,
     RunFail,
     RunFinalize,
     RunRequest,
     StepReply,
-    StepRequest,
+    TurnNote,
 )
 from corral.mailbox.protocol.sessions import (
     DEFAULT_POLL_CHARS,
@@ -95,6 +106,7 @@ __all__ = [
     "ActionBegin",
     "ActionFinish",
     "ActionFinishBatch",
+    "ActionPrepare",
     "ActionResult",
     "BenchSink",
     "BenchSinkCount",
@@ -105,8 +117,14 @@ __all__ = [
     "Code",
     "CommandLaunched",
     "CommandSandbox",
+    "ContextCompacted",
     "Count",
+    "GoalVerdict",
+    "HistoryActions",
+    "HistoryCommand",
     "Id",
+    "InputRequest",
+    "InvalidPlan",
     "McpCall",
     "McpFailed",
     "McpReady",
@@ -116,6 +134,9 @@ __all__ = [
     "ModelReady",
     "NextStep",
     "Ping",
+    "PlanCommit",
+    "PlanInvalid",
+    "PlanUpdate",
     "Pong",
     "ProjectPreview",
     "ProjectRevisionAdvance",
@@ -123,9 +144,15 @@ __all__ = [
     "ProjectVerifyBegin",
     "ProjectVerifyRecord",
     "ProtocolError",
+    "ProviderBegin",
+    "ProviderFailed",
+    "ProviderHandoff",
+    "ProviderInterrupted",
     "Receipt",
+    "ReplyDelta",
     "ReplyStream",
     "Request",
+    "RunChildResult",
     "RunClaim",
     "RunFail",
     "RunFinalize",
@@ -139,6 +166,7 @@ __all__ = [
     "SinkCount",
     "StepReply",
     "StepRequest",
+    "TurnNote",
     "TypedRequest",
     "Untyped",
     "decode",
@@ -148,9 +176,24 @@ __all__ = [
 
 R = TypeVar("R")
 
+#: The step methods: their reply carries the run's next step when ``want_next``
+#: (supervisor/runs/step_piggyback.py).
+StepRequest = (
+    ProviderHandoff | PlanCommit | PlanInvalid | ActionPrepare | ActionBegin | ActionFinish | ActionFinishBatch
+) | ContextCompacted
+
 #: Every typed request, one family's union each; ``decode`` makes one of these
 #: (or ``Untyped``), and supervisor/actor_dispatch.py's ``match`` serves each.
-TypedRequest = RunRequest | ProbeRequest | ProjectRequest | SessionRequest | ModelRequest | McpRequest
+TypedRequest = (
+    RunRequest
+    | ProbeRequest
+    | ProjectRequest
+    | SessionRequest
+    | ModelRequest
+    | McpRequest
+    | LongTaskRequest
+    | PeopleRequest
+)
 
 #: Each typed request's record by its method, read off the union (no second list).
 _TYPED: Final[dict[Method, type[TypedRequest]]] = {kind.METHOD: kind for kind in get_args(TypedRequest)}

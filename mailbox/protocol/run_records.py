@@ -3,7 +3,7 @@ run's claim, its steps, its actions' begin and finish, its end."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Final, Literal, get_args
 
 import msgspec
 
@@ -54,6 +54,42 @@ class Claim(msgspec.Struct, kw_only=True):
 #: The reply of a step method: ``next`` when the request said ``want_next``
 #: (supervisor/runs/step_piggyback.py), the method's own fields besides.
 StepReply = dict[str, Any]
+
+
+#: A provider turn's slot, as the ledger keys it (``<run>:<loop>:<n>``).
+Slot = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+#: A loop of a run, or an action's place in its plan (SQLite's int64).
+Index = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+#: A short name the ledger keeps as a category or a kind.
+Kind = Annotated[str, msgspec.Meta(min_length=1, max_length=40)]
+#: A turn's ``reasoning_effort`` (actors/providers/openai.py's, seed 004 V1.2).
+ReasoningEffort = Literal["default", "low", "medium", "high"]
+REASONING_EFFORTS: Final[tuple[str, ...]] = get_args(ReasoningEffort)
+#: A text's sha256, in hex.
+Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+
+
+class TurnNote(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """What one provider turn was sent, for the run's transcript (actors/turn_notes.py
+    makes it; supervisor/runs/transcript_store.py ``notes_from`` checks each text
+    against its hash and keeps it once). A text travels only with the first turn of
+    a lane that sends it; later turns name it by hash."""
+
+    system_sha256: Sha256 | None = None
+    catalog_sha256: Sha256 | None = None
+    system: str | None = None
+    catalog: str | None = None
+    #: The run's observations the turn had seen.
+    seen: Count | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    web_search: bool | None = None
+
+
+class InvalidPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Why a response's plan is invalid (the model may repair it, within the run's repairs)."""
+
+    category: Kind
+    detail: str = ""
 
 
 # -- requests -----------------------------------------------------------------------
@@ -177,8 +213,115 @@ class RunFail(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, 
     reason: str = "failed"
 
 
-#: The typed step methods: their reply carries the next step when ``want_next``.
-StepRequest = ActionBegin | ActionFinish | ActionFinishBatch
+class ProviderBegin(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``provider.begin``: a provider request's lifecycle begins (its ``slot`` in the reply)."""
+
+    METHOD: ClassVar[Method] = Method.PROVIDER_BEGIN
+    run_id: Id
+    loop: Index
+
+
+class ProviderHandoff(Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``provider.handoff``: the model's response, committed before anyone parses or
+    acts on it; with the plan the agent parsed from it (``plan``, or why it is
+    invalid: ``plan_invalid``), committed after it (supervisor/runs/step_piggyback.py)."""
+
+    METHOD: ClassVar[Method] = Method.PROVIDER_HANDOFF
+    run_id: Id
+    slot: Slot
+    text: str
+    plan: dict[str, Any] | None = None
+    plan_invalid: InvalidPlan | None = None
+    notes: TurnNote | None = None
+    want_next: bool = False
+    history_have: Count = 0
+
+
+class ProviderFailed(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``provider.failed``: the turn failed (``kind``: transient ones are retried)."""
+
+    METHOD: ClassVar[Method] = Method.PROVIDER_FAILED
+    run_id: Id
+    slot: Slot
+    kind: Kind
+    error: str = ""
+    notes: TurnNote | None = None
+
+
+class ProviderInterrupted(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``provider.interrupted``: the agent stopped waiting for turn ``slot``, as a
+    steer or a goal pause told it (supervisor/interactive/steer_control.py)."""
+
+    METHOD: ClassVar[Method] = Method.PROVIDER_INTERRUPTED
+    run_id: Id
+    slot: Annotated[str, msgspec.Meta(max_length=300)]
+
+
+class PlanCommit(Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``plan.commit``: the plan parsed from loop ``loop``'s response (a response
+    handed off without one, or before a crash)."""
+
+    METHOD: ClassVar[Method] = Method.PLAN_COMMIT
+    run_id: Id
+    loop: Index
+    slot: Slot
+    plan: dict[str, Any]
+    want_next: bool = False
+    history_have: Count = 0
+
+
+class PlanInvalid(Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``plan.invalid``: loop ``loop``'s response holds no valid plan (``category``, ``detail``)."""
+
+    METHOD: ClassVar[Method] = Method.PLAN_INVALID
+    run_id: Id
+    loop: Index
+    slot: Slot
+    category: Kind
+    detail: str = ""
+    want_next: bool = False
+    history_have: Count = 0
+
+
+class ActionPrepare(Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``action.prepare``: the plan's action ``index`` of loop ``loop`` becomes a
+    prepared action (or is refused, recorded, never run)."""
+
+    METHOD: ClassVar[Method] = Method.ACTION_PREPARE
+    run_id: Id
+    loop: Index
+    index: Index
+    tool: Annotated[str, msgspec.Meta(min_length=1, max_length=80)]
+    input: dict[str, Any]
+    want_next: bool = False
+    history_have: Count = 0
+
+
+class RunChildResult(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``run.child_result``: a child's or a delegation's final reply, delivered to
+    its parent (supervisor/swarm/swarm_service.py)."""
+
+    METHOD: ClassVar[Method] = Method.RUN_CHILD_RESULT
+    run_id: Id
+    reply: str | None = None
+
 
 #: The run layer's requests (the package's ``TypedRequest`` includes them).
-RunRequest = Ping | RunClaim | NextStep | ActionBegin | ActionFinish | ActionFinishBatch | RunFinalize | RunFail
+RunRequest = (
+    Ping
+    | RunClaim
+    | NextStep
+    | ProviderBegin
+    | ProviderHandoff
+    | ProviderFailed
+    | ProviderInterrupted
+    | PlanCommit
+    | PlanInvalid
+    | ActionPrepare
+    | ActionBegin
+    | ActionFinish
+    | ActionFinishBatch
+    | RunFinalize
+    | RunFail
+    | RunChildResult
+)

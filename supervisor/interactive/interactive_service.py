@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from corral.mailbox.protocol import Method
 from corral.supervisor.errors import BadRequest, SupervisorError
 from corral.supervisor.interactive import interactive_store as interactive
 from corral.supervisor.interactive import question_store, steer_store, turn_report
@@ -179,5 +178,5 @@ def install(sup: Supervisor) -> InteractiveService:
             "conversation.turn_report": turn_report.TurnReports(sup.ledger).turn_report,
         }
     )
-    sup.actor_methods[Method.PROVIDER_INTERRUPTED] = service.steers.provider_interrupted
+    sup.methods.steers = service.steers
     return service

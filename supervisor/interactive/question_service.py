@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from corral.mailbox.protocol import Method
+from corral.mailbox.protocol import InputRequest
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.interactive import question_store as questions
 from corral.supervisor.ledger.port import Ledger
@@ -44,14 +44,11 @@ class QuestionService:
         await self.runs.wake(reply["agent_id"])
         return reply
 
-    async def ask(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def ask(self, slot: ActorSlot, request: InputRequest) -> dict[str, Any]:
         """From ``user.input_request``, its action executing."""
-        run = self.runs.owned_run(slot, params)
-        action_id = params.get("action_id")
-        if not isinstance(action_id, str):
-            raise BadRequest("action_id must be a string")
+        run = self.runs.run_of(slot, request.run_id)
         # Seed 004 V1.23: free input is always allowed (a spec saying otherwise is refused at load).
-        return questions.ask(self.ledger, run, action_id, params.get("questions"), True)
+        return questions.ask(self.ledger, run, request.action_id, request.questions, True)
 
 
 class QuestionFeature(RunFeature):
@@ -77,5 +74,5 @@ class QuestionFeature(RunFeature):
 def install(sup: Supervisor) -> QuestionService:
     service = QuestionService(sup.ledger, sup.runs)
     sup.control_methods["answer"] = service.answer
-    sup.actor_methods[Method.INPUT_REQUEST] = service.ask
+    sup.methods.questions = service
     return service

@@ -24,10 +24,9 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from corral.core.redact import redact_text
-from corral.mailbox.protocol import Method
+from corral.mailbox.protocol import ReplyDelta
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.params import param_text
 from corral.supervisor.runs import run_store
 from corral.supervisor.service_part import ServicePart
 from corral.supervisor.tree.supervision_tree import ActorSlot
@@ -65,26 +64,22 @@ class ReplyStreamService:
         #: generation adds no row, and a restarted supervisor simply has none.
         self.progress: dict[str, dict[str, Any]] = {}
 
-    async def reply_delta(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def reply_delta(self, slot: ActorSlot, request: ReplyDelta) -> dict[str, Any]:
         """Final-reply text as it is generated. A lifecycle that starts over (a
         retry after a cut or a kill) is marked, so a reader drops what it showed
         instead of seeing the text twice."""
         if slot.spec.template not in STREAMING_TEMPLATES:
             raise BadRequest(f"actor {slot.id} does not stream replies")
-        run_id = param_text(params, "run_id", None, limit=300)
+        run_id = request.run_id
         run = run_store.get_run(self.ledger, run_id)
         if slot.spec.template != "model" and run["agent_id"] != slot.spec.params.get("agent_id", slot.id):
             raise BadRequest(f"run {run_id} is not driven by {slot.id}")
-        provider_slot = param_text(params, "slot", None, limit=300)
-        if "tokens" in params:
-            return self._progress_report(run_id, provider_slot, params)
-        text = params.get("text")
-        seq = params.get("seq")
-        if (
-            not isinstance(text, str) or len(text) > MAX_DELTA_CHARS or isinstance(seq, bool)
-            or not isinstance(seq, int)
-        ):
-            raise BadRequest(f"text must be a string of at most {MAX_DELTA_CHARS} characters, seq an integer")
+        provider_slot = request.slot
+        if request.tokens is not None:
+            return self._progress_report(run_id, provider_slot, request.tokens)
+        text, seq = request.text, request.seq
+        if len(text) > MAX_DELTA_CHARS:
+            raise BadRequest(f"text must be a string of at most {MAX_DELTA_CHARS} characters")
         previous = self._last_slot(run_id)
         shown = redact_text(text)
         with self.ledger.tx(fsync=False):
@@ -130,10 +125,7 @@ class ReplyStreamService:
 
     # -- progress ---------------------------------------------------------------------
 
-    def _progress_report(self, run_id: str, provider_slot: str, params: dict[str, Any]) -> dict[str, Any]:
-        tokens = params.get("tokens")
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= 10**9:
-            raise BadRequest("tokens must be an integer in [0, 10**9]")
+    def _progress_report(self, run_id: str, provider_slot: str, tokens: int) -> dict[str, Any]:
         now = time.time()
         previous = self.progress.pop(run_id, None)
         first = previous if previous is not None and previous["slot"] == provider_slot else None
@@ -175,5 +167,5 @@ class ReplyStreamPart(ServicePart):
 def install(sup: Supervisor) -> ReplyStreamService:
     service = ReplyStreamService(sup.ledger)
     sup.control_methods["progress"] = service.progress_view
-    sup.actor_methods[Method.REPLY_DELTA] = service.reply_delta
+    sup.methods.reply_stream = service
     return service

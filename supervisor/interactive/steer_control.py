@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from corral.mailbox.protocol import ProviderInterrupted
 from corral.supervisor.interactive import steer_store
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.params import param_text
 from corral.supervisor.runs import provider_store, run_store
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.tree.supervision_tree import ActorSlot
@@ -52,10 +52,9 @@ class SteerControl:
         await self.runs.tree.tell(agent_id, {"op": "interrupt", "run_id": run_id, "slot": row["slot"]})
         return str(row["slot"])
 
-    async def provider_interrupted(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def provider_interrupted(self, slot: ActorSlot, request: ProviderInterrupted) -> dict[str, Any]:
         """From the agent: it stopped waiting for the turn ``slot`` as told."""
-        run = self.runs.owned_run(slot, params)
-        result = provider_store.provider_interrupted(self.ledger, run["run_id"], param_text(params, "slot", None,
-                                                                                            limit=300))
+        run = self.runs.run_of(slot, request.run_id)
+        result = provider_store.provider_interrupted(self.ledger, run["run_id"], request.slot)
         self.ledger.failpoint("steer.after-interrupt")
         return result

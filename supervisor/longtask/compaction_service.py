@@ -11,16 +11,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from corral.core.redact import redact_text
-from corral.mailbox.protocol import Method
+from corral.mailbox.protocol import ContextCompacted
 from corral.mailbox.steps import CompactStep, Do, ProviderStep
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import compaction
 from corral.supervisor.models.model_service import ModelService
-from corral.supervisor.params import param_int, param_str
+from corral.supervisor.params import param_str
 from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
-from corral.supervisor.runs.step_piggyback import StepPiggyback
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -115,13 +114,12 @@ class CompactionService:
 
         return count
 
-    async def compacted(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        """``context.compacted``: the agent's summary of a run's older turns, once per covered range."""
-        run_id = param_str(params, "run_id", limit=64)
+    async def compacted(self, slot: ActorSlot, request: ContextCompacted) -> dict[str, Any]:
+        """``context.compacted``: the agent's summary of a run's older turns, once per
+        covered range (its reply carries the next step: supervisor/actor_dispatch.py)."""
+        run_id, to_seq, summary = request.run_id, request.to_seq, request.summary
         self.runs.check_owner(slot, run_id)
-        to_seq = param_int(params, "to_seq", low=1)
-        summary = params.get("summary")
-        if not isinstance(summary, str) or not summary.strip() or len(summary) > MAX_SUMMARY_CHARS:
+        if not summary.strip() or len(summary) > MAX_SUMMARY_CHARS:
             raise BadRequest(f"summary must be 1 to {MAX_SUMMARY_CHARS} characters")
         ledger = self.ledger
         if ledger.one("SELECT 1 FROM compactions WHERE run_id = ? AND to_seq = ?", run_id, to_seq) is None:
@@ -185,6 +183,6 @@ class CompactionFeature(RunFeature):
 
 def install(sup: Supervisor) -> CompactionService:
     service = CompactionService(sup.ledger, sup.runs, sup.models)
-    sup.actor_methods[Method.CONTEXT_COMPACTED] = StepPiggyback(sup.ledger, sup.runs).with_next(service.compacted)
+    sup.methods.compaction = service
     sup.control_methods["compact"] = service.request
     return service

@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from corral.mailbox.protocol import Method
+from corral.mailbox.protocol import GoalVerdict
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.interactive.steer_control import SteerControl
 from corral.supervisor.ledger.port import Ledger
@@ -49,14 +49,13 @@ class GoalService:
         #: The steer path: an edit is a steer, a pause interrupts like one.
         self.steers = SteerControl(ledger, runs)
 
-    async def verdict(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run_id, action = self.runs.ledger_tool_action(slot, params, "goal.verdict")
+    async def verdict(self, slot: ActorSlot, request: GoalVerdict) -> dict[str, Any]:
+        run_id = request.run_id
+        action = self.runs.tool_action(slot, run_id, request.action_id, "goal.verdict")
         if goal_store.goal_of(self.ledger, run_id) is None:
             raise BadRequest(f"run {run_id} has no goal (start it with corral run --goal)")
-        met, evidence = params.get("met"), params.get("evidence")
-        if not isinstance(met, bool):
-            raise BadRequest("met must be true or false")
-        if not isinstance(evidence, str) or not evidence.strip() or len(evidence) > goal_store.MAX_EVIDENCE_CHARS:
+        met, evidence = request.met, request.evidence
+        if not evidence.strip() or len(evidence) > goal_store.MAX_EVIDENCE_CHARS:
             raise BadRequest(f"evidence must be 1 to {goal_store.MAX_EVIDENCE_CHARS} characters")
         return goal_store.record_verdict(self.ledger, run_id, action["action_id"], met, evidence.strip())
 
@@ -186,7 +185,7 @@ class GoalFeature(RunFeature):
 
 def install(sup: Supervisor) -> GoalService:
     service = GoalService(sup.ledger, sup.runs, sup.sessions)
-    sup.actor_methods[Method.GOAL_VERDICT] = service.verdict
+    sup.methods.goals = service
     sup.control_methods.update(
         {
             "goal.status": service.status,

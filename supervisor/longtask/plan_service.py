@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from corral.mailbox.protocol import Method
-from corral.supervisor.errors import BadRequest
+from corral.mailbox.protocol import PlanUpdate
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import plan_store
 from corral.supervisor.runs.run_feature import RunFeature
@@ -24,12 +23,9 @@ class PlanService:
         #: Finds the run and the ``plan.update`` action an update is for.
         self.runs = runs
 
-    async def update(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run_id, action = self.runs.ledger_tool_action(slot, params, "plan.update")
-        steps = params.get("steps")
-        if not isinstance(steps, list):
-            raise BadRequest("steps must be a list")
-        result = plan_store.apply(self.ledger, run_id, action["action_id"], params.get("explanation"), steps)
+    async def update(self, slot: ActorSlot, request: PlanUpdate) -> dict[str, Any]:
+        action = self.runs.tool_action(slot, request.run_id, request.action_id, "plan.update")
+        result = plan_store.apply(self.ledger, request.run_id, action["action_id"], request.explanation, request.steps)
         self.ledger.failpoint("durable-plan.after-update")
         return result
 
@@ -52,5 +48,5 @@ class PlanFeature(RunFeature):
 
 def install(sup: Supervisor) -> PlanService:
     service = PlanService(sup.ledger, sup.runs)
-    sup.actor_methods[Method.PLAN_UPDATE] = service.update
+    sup.methods.plans = service
     return service

@@ -13,6 +13,8 @@ import json
 from functools import partial
 from typing import Any
 
+import msgspec
+
 from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, MAX_RESPONSE_CHARS
 from corral.actors.tools.registry import rerunnable
 from corral.actors.tools.validation import validation_error
@@ -22,10 +24,16 @@ from corral.mailbox.protocol import (
     ActionBegin,
     ActionFinish,
     ActionFinishBatch,
+    ActionPrepare,
     ActionResult,
     Claim,
     ClaimedRun,
     NextStep,
+    PlanCommit,
+    PlanInvalid,
+    ProviderBegin,
+    ProviderFailed,
+    ProviderHandoff,
     RunClaim,
     RunFail,
     RunFinalize,
@@ -46,7 +54,7 @@ from corral.supervisor.runs.action_state import ActionPhase, action_id, canonica
 from corral.supervisor.runs.next_step import next_step
 from corral.supervisor.runs.receipt_check import check_receipt
 from corral.supervisor.runs.response_secrets import Handling
-from corral.supervisor.runs.run_core import POLICY_STRICTNESS, RunCore, _int, _str
+from corral.supervisor.runs.run_core import POLICY_STRICTNESS, RunCore
 from corral.supervisor.runs.run_feature import PlanRefusal
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.transcript_store import notes_from
@@ -122,20 +130,17 @@ class RunActorMethods(RunCore):
             return {"do": Do.DONE, "status": RunStatus.FAILED.value}
         return step
 
-    async def provider_begin(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self.owned_run(slot, params)
-        return provider_store.begin_provider_request(self.ledger, run["run_id"], _int(params, "loop"))
+    async def provider_begin(self, slot: ActorSlot, request: ProviderBegin) -> dict[str, Any]:
+        run = self.run_of(slot, request.run_id)
+        return provider_store.begin_provider_request(self.ledger, run["run_id"], request.loop)
 
-    async def provider_handoff(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self.owned_run(slot, params)
-        text = params.get("text")
-        if not isinstance(text, str):
-            raise BadRequest("text must be a string")
-        slot_name = _str(params, "slot")
-        notes = notes_from(params)  # what the turn was sent, for its transcript
-        text = text[:MAX_RESPONSE_CHARS]
+    async def provider_handoff(self, slot: ActorSlot, request: ProviderHandoff) -> dict[str, Any]:
+        run = self.run_of(slot, request.run_id)
+        slot_name = request.slot
+        notes = notes_from(request.notes, slot_name)  # what the turn was sent, for its transcript
+        text = request.text[:MAX_RESPONSE_CHARS]
         shown = redact_text(text)
-        verdict = response_secrets.handoff_verdict(text, shown, params.get("plan"))
+        verdict = response_secrets.handoff_verdict(text, shown, request.plan)
         if verdict.handling is Handling.REFUSE:
             # Before anything of it is stored, raw or redacted (seed 004 V1.43); the
             # carried plan is not committed (the request is no longer one to parse).
@@ -147,32 +152,28 @@ class RunActorMethods(RunCore):
         provider_store.provider_handoff(self.ledger, run["run_id"], slot_name, text, raw_sha256=raw_sha, notes=notes)
         return {}
 
-    async def provider_failed(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self.owned_run(slot, params)
+    async def provider_failed(self, slot: ActorSlot, request: ProviderFailed) -> dict[str, Any]:
+        run = self.run_of(slot, request.run_id)
         result = provider_store.provider_failed(
             self.ledger,
             run["run_id"],
-            _str(params, "slot"),
-            _str(params, "kind", limit=40),
-            str(params.get("error", ""))[:1000],
+            request.slot,
+            request.kind,
+            request.error[:1000],
             self.limits_for(run),
-            notes_from(params),
+            notes_from(request.notes, request.slot),
         )
         self._retry_schedule_changed()
         return result
 
-    async def plan_commit(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        return self.plan_commit_now(slot, params)
+    async def plan_commit(self, slot: ActorSlot, request: PlanCommit) -> dict[str, Any]:
+        return self.plan_commit_now(slot, request)
 
-    def plan_commit_now(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    def plan_commit_now(self, slot: ActorSlot, request: PlanCommit) -> dict[str, Any]:
         """``plan.commit``, synchronous (the handoff commits the plan it carries
         through it, with no other task run in between)."""
-        run = self.owned_run(slot, params)
-        plan = params.get("plan")
-        if not isinstance(plan, dict):
-            raise BadRequest("plan must be a map")
-        loop = _int(params, "loop")
-        slot_name = _str(params, "slot")
+        run = self.run_of(slot, request.run_id)
+        plan, loop, slot_name = request.plan, request.loop, request.slot
         withheld = raw_sha = shown = None
         # Read once: the guards below commit no plan (they refuse one, or let it be).
         fresh = loop_plan_store.get_plan(self.ledger, run["run_id"], loop) is None
@@ -206,45 +207,44 @@ class RunActorMethods(RunCore):
         sealed_input.drop(self.spool, sealed_input.raw_name(run["run_id"], "response", slot_name))
         return {"plan": stored}
 
-    async def plan_invalid(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        return self.plan_invalid_now(slot, params)
+    async def plan_invalid(self, slot: ActorSlot, request: PlanInvalid) -> dict[str, Any]:
+        return self.plan_invalid_now(slot, request)
 
-    def plan_invalid_now(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    def plan_invalid_now(self, slot: ActorSlot, request: PlanInvalid) -> dict[str, Any]:
         """``plan.invalid``, synchronous (as ``plan_commit_now``)."""
-        run = self.owned_run(slot, params)
+        run = self.run_of(slot, request.run_id)
         return loop_plan_store.plan_invalid(
             self.ledger,
             run["run_id"],
-            _int(params, "loop"),
-            _str(params, "slot"),
-            _str(params, "category", limit=40),
-            str(params.get("detail", ""))[:1000],
+            request.loop,
+            request.slot,
+            request.category,
+            request.detail[:1000],
             self.limits_for(run),
         )
 
-    async def action_prepare(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        row = self.prepare_call(slot, params)
+    async def action_prepare(self, slot: ActorSlot, request: ActionPrepare) -> dict[str, Any]:
+        row = self.prepare_call(slot, request)
         return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
 
     def prepare_call(
-        self, slot: ActorSlot, params: dict[str, Any], *, begins_now: bool = False, run: Any = None
+        self, slot: ActorSlot, request: ActionPrepare, *, begins_now: bool = False, run: Any = None
     ) -> Any:
         """``action.prepare``, synchronous (the next step prepares through it inside
         its own transaction): the first of the ``prepare_routes`` that takes the tool
         (an MCP server's), else corral's tool registry. Returns the action's row.
         ``begins_now``: see ``prepare_checked``. ``run``: the run's row, which the
-        caller read through ``owned_run`` in this same synchronous step (a read
+        caller read through ``run_of`` in this same synchronous step (a read
         batch prepares several actions of one run)."""
-        for route in self.features.prepare_routes:
-            row = route(slot, params)
-            if row is not None:
-                return row
-        if run is None or run["run_id"] != params.get("run_id"):
-            run = self.owned_run(slot, params)
-        tool_name = _str(params, "tool", limit=80)
-        tool_input = params.get("input")
-        if not isinstance(tool_input, dict):
-            raise BadRequest("input must be a map")
+        if self.features.prepare_routes:  # an MCP server's tool, say (routes still take the params' map)
+            params = msgspec.to_builtins(request)
+            for route in self.features.prepare_routes:
+                row = route(slot, params)
+                if row is not None:
+                    return row
+        if run is None or run["run_id"] != request.run_id:
+            run = self.run_of(slot, request.run_id)
+        tool_name, tool_input = request.tool, request.input
         tool = self.tools.get(tool_name)
         if tool is None:
             raise BadRequest(f"unknown tool {tool_name!r}")
@@ -253,10 +253,9 @@ class RunActorMethods(RunCore):
         if allowed is not None and tool_name not in allowed:
             policy = "deny"  # e.g. a child may not spawn or delegate: refused, recorded, never run
         problem = validation_error(tool_name, tool.schema.input_schema, tool_input, sealed=tool.schema.sealed)
-        loop, index = _int(params, "loop"), _int(params, "index")
         return self.prepare_checked(
-            run, loop, index, tool_name, tool_input, rerunnable=rerunnable(tool), policy=policy, problem=problem,
-            begins_now=begins_now,
+            run, request.loop, request.index, tool_name, tool_input, rerunnable=rerunnable(tool), policy=policy,
+            problem=problem, begins_now=begins_now,
         )
 
     def prepare_checked(
@@ -404,7 +403,7 @@ class RunActorMethods(RunCore):
         """``run.finalize``: the owner's run; a hold (``finalize_holds``: its sessions
         about to exit should not cost a repair turn); then supervisor/runs/finalization.py
         (guards, blockers, parkers, the journal)."""
-        run = self.owned_run(slot, {"run_id": request.run_id})
+        run = self.run_of(slot, request.run_id)
         for hold in self.features.finalize_holds:
             await hold(run)
         if request.reply is None:
@@ -412,7 +411,7 @@ class RunActorMethods(RunCore):
         return finalization.finalize(self.ledger, run["run_id"], request.reply, self.limits_for(run))
 
     async def fail(self, slot: ActorSlot, request: RunFail) -> dict[str, Any]:
-        run = self.owned_run(slot, {"run_id": request.run_id})
+        run = self.run_of(slot, request.run_id)
         if RunStatus(run["status"]) not in TERMINAL:
             run_store.set_run_status(self.ledger, run["run_id"], RunStatus.FAILED, summarize(request.reason, 300))
         return {}

@@ -109,21 +109,30 @@ class RunCore:
         if row["agent_id"] != slot.spec.params.get("agent_id"):
             raise Refused(f"run {run_id} belongs to {row['agent_id']}, not to {slot.id}")
 
-    def ledger_tool_action(self, slot: ActorSlot, params: dict[str, Any], tool: str) -> tuple[str, Any]:
-        """The run and the action a ledger tool (``plan.update``, ``goal.verdict``)
-        acts for: the caller's run, and an action of that tool in it."""
-        run_id = _str(params, "run_id", limit=64)
+    def tool_action(self, slot: ActorSlot, run_id: str, action_id: str, tool: str) -> Any:
+        """The action a ledger tool (``plan.update``, ``goal.verdict``) acts for: an
+        action of that tool in the caller's run ``run_id``."""
         self.check_owner(slot, run_id)
-        action = action_store.get_action(self.ledger, _str(params, "action_id", limit=64))
+        action = action_store.get_action(self.ledger, action_id)
         if action["run_id"] != run_id or action["tool"] != tool:
             raise BadRequest(f"action {action['action_id']} is not a {tool} of run {run_id}")
-        return run_id, action
+        return action
 
-    def owned_run(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
-        run = run_store.get_run(self.ledger, _str(params, "run_id"))
+    def ledger_tool_action(self, slot: ActorSlot, params: dict[str, Any], tool: str) -> tuple[str, Any]:
+        """``tool_action`` for a handler not typed yet (its params' ids)."""
+        run_id = _str(params, "run_id", limit=64)
+        return run_id, self.tool_action(slot, run_id, _str(params, "action_id", limit=64), tool)
+
+    def run_of(self, slot: ActorSlot, run_id: str) -> Any:
+        """Run ``run_id``'s row, when the calling agent owns it (else ``refused``)."""
+        run = run_store.get_run(self.ledger, run_id)
         if run["agent_id"] != slot.spec.params.get("agent_id"):
             raise Refused(f"run {run['run_id']} belongs to {run['agent_id']}, not to {slot.id}")
         return run
+
+    def owned_run(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
+        """``run_of`` for a handler not typed yet (its params' ``run_id``)."""
+        return self.run_of(slot, _str(params, "run_id"))
 
     def policy_for(self, run: Any, tool: str) -> str:
         """The run's policy for a tool: an exact key first, then the strictest glob

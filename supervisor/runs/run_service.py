@@ -16,7 +16,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from corral.actors.providers.registry import is_idempotent
-from corral.mailbox.protocol import Method
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import poison, transcript_view
 from corral.supervisor.runs.run_actor_methods import RunActorMethods
@@ -87,20 +86,8 @@ def install(sup: Supervisor, show_elsewhere: ShowElsewhere | None = None) -> tup
     sup.features.idempotent_provider = is_idempotent
     sup.features.keep_raw_copy = service.keep_raw
     sup.tree.on_exit.append(service.on_actor_exit)
+    # Its actor methods are served by supervisor/actor_dispatch.py's ``match``.
     service.steps = StepPiggyback(sup.ledger, service)
-    step = service.steps.with_next
-    # Typed (supervisor/actor_dispatch.py): run.claim, run.next_step,
-    # action.begin/finish/finish_batch, run.finalize/fail.
-    sup.actor_methods.update(
-        {
-            Method.PROVIDER_BEGIN: service.provider_begin,
-            Method.PROVIDER_HANDOFF: step(service.provider_handoff, carries_plan=True),
-            Method.PROVIDER_FAILED: service.provider_failed,
-            Method.PLAN_COMMIT: step(service.plan_commit),
-            Method.PLAN_INVALID: step(service.plan_invalid),
-            Method.ACTION_PREPARE: step(service.action_prepare),
-        }
-    )
     sup.control_methods.update(
         {
             "run": service.create,

@@ -35,12 +35,12 @@ batch, begun) and the batch's results (whose reply carries the next provider tur
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from corral.mailbox.protocol import ActionBegin, ActionFinish, ActionFinishBatch, NextStep
+from corral.mailbox.protocol import ActionPrepare, NextStep, PlanCommit, PlanInvalid, ProviderHandoff, StepRequest
 from corral.mailbox.steps import BatchEntry, Begin, Do, ExecuteStep, PrepareStep, Step
-from corral.supervisor.errors import BadRequest, SupervisorError
+from corral.supervisor.errors import SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, provider_store
 from corral.supervisor.runs.next_step import next_step
@@ -50,10 +50,6 @@ if TYPE_CHECKING:
     from corral.supervisor.runs.run_service import RunService
     from corral.supervisor.tree.supervision_tree import ActorSlot
 
-#: A step method: (the calling agent's slot, params) -> its answer.
-StepMethod = Callable[["ActorSlot", dict[str, Any]], Awaitable[Any]]
-
-
 class StepPiggyback:
     """The next step carried in a step method's reply, through ``runs``' own methods."""
 
@@ -61,65 +57,40 @@ class StepPiggyback:
         self.ledger = ledger
         self.runs = runs
 
-    def with_next(
-        self, handler: StepMethod, *, carries_plan: bool = False
-    ) -> Callable[[ActorSlot, dict[str, Any]], Awaitable[dict[str, Any]]]:
-        """A step method whose reply carries the next step when the agent asks for it
-        (``want_next``); registered so by the run layer (provider.handoff, plan.commit,
-        plan.invalid, action.prepare/begin/finish/finish_batch) and by compaction
-        (context.compacted). ``carries_plan``: the method is ``provider.handoff``,
-        whose params may carry the plan the agent parsed from the response."""
-
-        async def step_method(slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-            answer: dict[str, Any] = await handler(slot, params)
-            run_id = params.get("run_id")
-            checked = carries_plan and isinstance(run_id, str) and self._commit_carried_plan(slot, run_id, params)
-            if params.get("want_next") is True and isinstance(run_id, str):
-                # After a carried plan, the boundary's checks just ran (to find the
-                # response to parse) and no other task has run since (the commit is
-                # synchronous): the next step does not run them again (a third of
-                # the boundary queries of a loop).
-                have = params.get("history_have", 0)
-                if isinstance(have, bool) or not isinstance(have, int) or not 0 <= have <= 10**9:
-                    raise BadRequest("history_have must be an integer between 0 and 1000000000")
-                next_one = await self.next_step_begun(slot, run_id, have, boundary=not checked)
-                answer = {**answer, "next": next_one}
-            return answer
-
-        return step_method
-
     async def carry_next(
-        self, slot: ActorSlot, request: ActionBegin | ActionFinish | ActionFinishBatch, answer: Mapping[str, object]
+        self, slot: ActorSlot, request: StepRequest, answer: Mapping[str, object], *, boundary: bool = True
     ) -> dict[str, Any]:
-        """A typed step method's reply, with the next step when the agent asked for it."""
+        """A step method's reply (supervisor/actor_dispatch.py calls the method, then
+        this), with the next step when the agent asked for it (``want_next``): the
+        run layer's step methods and compaction's ``context.compacted``.
+        ``boundary=False``: the boundary's checks just ran in this same step
+        (``commit_carried_plan``)."""
         if request.want_next and request.run_id is not None:
-            next_one = await self.next_step_begun(slot, request.run_id, request.history_have)
+            next_one = await self.next_step_begun(slot, request.run_id, request.history_have, boundary=boundary)
             return {**answer, "next": next_one}
         return dict(answer)
 
-    def _commit_carried_plan(self, slot: ActorSlot, run_id: str, params: dict[str, Any]) -> bool:
+    def commit_carried_plan(self, slot: ActorSlot, handoff: ProviderHandoff) -> bool:
         """The plan the agent parsed from the response it just handed off: committed
         through ``plan.commit`` / ``plan.invalid`` once the ledger says that response
         is the one to parse (else the agent is told the step the ledger wants).
         Synchronous, so that no other task runs between the boundary's checks and the
         commit. True when it committed (the boundary's checks ran and found nothing
-        to stop at: ``next_step`` returns ``parse`` only past them)."""
-        carried = {key: params[key] for key in ("plan", "plan_invalid") if key in params}
-        if not carried:
+        to stop at: ``next_step`` returns ``parse`` only past them): the next step
+        then need not run them again (a third of the boundary queries of a loop)."""
+        if handoff.plan is None and handoff.plan_invalid is None:
             return False
+        run_id = handoff.run_id
         step = next_step(self.ledger, run_id)
-        if step["do"] is not Do.PARSE or step["slot"] != params.get("slot"):
+        if step["do"] is not Do.PARSE or step["slot"] != handoff.slot:
             return False
-        common = {"run_id": run_id, "loop": step["loop"], "slot": step["slot"], "want_next": False}
-        if "plan" in carried:
-            self.runs.plan_commit_now(slot, common | {"plan": carried["plan"]})
+        loop, slot_name = int(step["loop"]), step["slot"]
+        if handoff.plan is not None:
+            self.runs.plan_commit_now(slot, PlanCommit(run_id, loop, slot_name, handoff.plan))
             return True
-        invalid = carried["plan_invalid"]
-        if not isinstance(invalid, dict):
-            return False  # the agent parses again when asked, and reports it the long way
-        self.runs.plan_invalid_now(
-            slot, common | {"category": invalid.get("category"), "detail": invalid.get("detail", "")}
-        )
+        assert handoff.plan_invalid is not None
+        invalid = handoff.plan_invalid
+        self.runs.plan_invalid_now(slot, PlanInvalid(run_id, loop, slot_name, invalid.category, invalid.detail))
         return True
 
     async def next_step_begun(
@@ -148,7 +119,7 @@ class StepPiggyback:
         refusal, a denial, a wait for approval)."""
         # The run's row, read (and its owner checked) once for every action the
         # batch prepares: none of them changes it.
-        run = self.runs.owned_run(slot, {"run_id": run_id})
+        run = self.runs.run_of(slot, run_id)
         if step["do"] is Do.PREPARE:
             # The next action of a committed plan: prepared here, through the same
             # method (and checks) as when the agent asks, one round trip fewer.
@@ -185,10 +156,8 @@ class StepPiggyback:
         """The action prepared, to be begun in this same transaction when it may be
         (``begins_now``: then it has no ``action-prepared`` event; see prepare_checked)."""
         try:
-            return self.runs.prepare_call(
-                slot, {"loop": step["loop"], "index": step["index"], "tool": step["tool"], "input": step["input"],
-                       "run_id": run["run_id"]}, begins_now=True, run=run
-            )
+            asked = ActionPrepare(run["run_id"], int(step["loop"]), int(step["index"]), step["tool"], step["input"])
+            return self.runs.prepare_call(slot, asked, begins_now=True, run=run)
         except SupervisorError:
             return None
 

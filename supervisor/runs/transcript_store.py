@@ -12,22 +12,17 @@ back by range, never copied per turn.
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from corral.actors.providers.base import MAX_TRANSCRIPT_CHARS
 from corral.core.redact import redact_text
+from corral.mailbox.protocol import TurnNote
 from corral.supervisor.errors import BadRequest
 
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 #: Room past the cap for the note an agent adds where it cut a text.
 _CUT_NOTE_CHARS = 100
-#: What a turn's texts are, as ``transcript_blobs.kind`` says.
-KINDS = ("system", "catalog")
-#: A turn's ``reasoning_effort`` (actors/providers/openai.py's, seed 004 V1.2).
-REASONING_EFFORTS = ("default", "low", "medium", "high")
 
 
 @dataclass(frozen=True)
@@ -48,34 +43,25 @@ class TurnNotes:
     web_search: bool | None = None
 
 
-def notes_from(params: dict[str, Any]) -> TurnNotes:
-    """The notes of a handoff or a failure; a malformed one is refused whole."""
-    hashes: dict[str, str | None] = {}
+def notes_from(note: TurnNote | None, slot: str | None = None) -> TurnNotes:
+    """The notes of a handoff or a failure on turn ``slot`` (their shape checked at
+    the boundary, ``TurnNote``); a text that is too long or is not the text its
+    hash names is refused, and the notes with it."""
+    if note is None:
+        return TurnNotes(slot=slot)
     texts: list[tuple[str, str]] = []
-    for kind in KINDS:
-        sha = params.get(f"{kind}_sha256")
-        if sha is not None and not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
-            raise BadRequest(f"{kind}_sha256 must be a sha256 in hex")
-        text = params.get(kind)
-        if text is not None:
-            if not isinstance(text, str) or len(text) > MAX_TRANSCRIPT_CHARS + _CUT_NOTE_CHARS:
-                raise BadRequest(f"{kind} must be a string of at most {MAX_TRANSCRIPT_CHARS} characters")
-            if sha != hashlib.sha256(text.encode("utf-8")).hexdigest():
-                raise BadRequest(f"{kind}_sha256 is not the sha256 of {kind}")
-            texts.append((kind, text))
-        hashes[kind] = sha
-    seen = params.get("seen")
-    if seen is not None and (isinstance(seen, bool) or not isinstance(seen, int) or not 0 <= seen <= 10**9):
-        raise BadRequest("seen must be a count of observations")
-    effort = params.get("reasoning_effort")
-    if effort is not None and effort not in REASONING_EFFORTS:
-        raise BadRequest(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}")
-    slot = params.get("slot")
-    search = params.get("web_search")
-    if search is not None and not isinstance(search, bool):
-        raise BadRequest("web_search must be true or false")
-    return TurnNotes(hashes["system"], hashes["catalog"], tuple(texts), seen, effort,
-                     slot if isinstance(slot, str) else None, search)
+    sent = (("system", note.system, note.system_sha256), ("catalog", note.catalog, note.catalog_sha256))
+    for kind, text, sha in sent:
+        if text is None:
+            continue
+        if len(text) > MAX_TRANSCRIPT_CHARS + _CUT_NOTE_CHARS:
+            raise BadRequest(f"{kind} must be a string of at most {MAX_TRANSCRIPT_CHARS} characters")
+        if sha != hashlib.sha256(text.encode("utf-8")).hexdigest():
+            raise BadRequest(f"{kind}_sha256 is not the sha256 of {kind}")
+        texts.append((kind, text))
+    return TurnNotes(
+        note.system_sha256, note.catalog_sha256, tuple(texts), note.seen, note.reasoning_effort, slot, note.web_search
+    )
 
 
 def keep_texts(db: Any, notes: TurnNotes, *, parameters: bool = True) -> None:

@@ -1,0 +1,53 @@
+"""Long tasks' records (supervisor/longtask/ serves them): the agent's summary of
+its older turns, its durable plan, its goal's verdict."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+import msgspec
+
+from corral.mailbox.protocol.base import Count, Id, Method, Request
+
+#: An observation's place in its run (``observations.seq``, from 1).
+Seq = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+
+
+class ContextCompacted(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``context.compacted``: the agent's summary of the run's observations up to
+    ``to_seq``, once per covered range; its reply carries the next step when
+    ``want_next`` (supervisor/runs/step_piggyback.py)."""
+
+    METHOD: ClassVar[Method] = Method.CONTEXT_COMPACTED
+    run_id: Id
+    to_seq: Seq
+    #: Checked by the handler (1 to MAX_SUMMARY_CHARS once stripped).
+    summary: str
+    want_next: bool = False
+    history_have: Count = 0
+
+
+class PlanUpdate(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``plan.update``: the model's plan as it now stands, for action ``action_id``
+    of tool ``plan.update`` (the plan's rules: supervisor/longtask/plan_store.py)."""
+
+    METHOD: ClassVar[Method] = Method.PLAN_UPDATE
+    run_id: Id
+    action_id: Id
+    steps: list[dict[str, Any]]
+    explanation: str = ""
+
+
+class GoalVerdict(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``goal.verdict``: whether the run's goal is met, with the evidence (checked
+    by the handler: 1 to MAX_EVIDENCE_CHARS once stripped)."""
+
+    METHOD: ClassVar[Method] = Method.GOAL_VERDICT
+    run_id: Id
+    action_id: Id
+    met: bool
+    evidence: str
+
+
+#: Long tasks' requests (the package's ``TypedRequest`` includes them).
+LongTaskRequest = ContextCompacted | PlanUpdate | GoalVerdict

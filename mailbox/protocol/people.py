@@ -1,0 +1,65 @@
+"""The records of an agent's part with people (supervisor/interactive/ serves them):
+a question for a person, its own history, its reply as it is generated."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+import msgspec
+
+from corral.mailbox.protocol.base import Id, Method, Request
+
+#: A filter's or a name's text (the lookups bound it further).
+Name = Annotated[str, msgspec.Meta(max_length=300)]
+
+
+class InputRequest(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``input.request``: ``user.input_request``'s questions, its action executing;
+    the run parks for the answer (supervisor/interactive/question_store.py checks
+    the questions' shape)."""
+
+    METHOD: ClassVar[Method] = Method.INPUT_REQUEST
+    run_id: Id
+    action_id: Id
+    questions: list[dict[str, Any]]
+
+
+class HistoryActions(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``history.actions``: ``agent.action_history``'s lookup of the calling agent's
+    own actions (supervisor/interactive/own_history.py bounds each filter)."""
+
+    METHOD: ClassVar[Method] = Method.HISTORY_ACTIONS
+    run_id: Id
+    action_id: Id
+    #: A run of this agent's, or "all"; None: the calling run.
+    of_run: Name | None = None
+    of_action: Name | None = None
+    tool: Name | None = None
+    status: Name | None = None
+    limit: int | None = None
+
+
+class HistoryCommand(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``history.command``: ``command.output_read``'s lookup of the command action
+    ``source`` of the calling agent's."""
+
+    METHOD: ClassVar[Method] = Method.HISTORY_COMMAND
+    run_id: Id
+    source: Id
+
+
+class ReplyDelta(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``reply.delta`` (best effort): final-reply text as it is generated, or, with
+    ``tokens``, a progress report (the tokens generated so far, never stored)."""
+
+    METHOD: ClassVar[Method] = Method.REPLY_DELTA
+    run_id: Name
+    slot: Name
+    seq: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    #: Checked by the handler (at most its MAX_DELTA_CHARS).
+    text: str
+    tokens: Annotated[int, msgspec.Meta(ge=0, le=10**9)] | None = None
+
+
+#: The people family's requests (the package's ``TypedRequest`` includes them).
+PeopleRequest = InputRequest | HistoryActions | HistoryCommand | ReplyDelta
