@@ -156,6 +156,12 @@ def test_a_killed_node_s_runs_that_never_started_run_elsewhere_and_its_started_o
     where = _where(url)
     assert all(where[run_id] == ("node-a", "pending") for run_id in waiting), where
     assert where[started] == ("node-a", "running")
+    # `corral status`: per node its runs in flight, those waiting there for their
+    # agent (its own backlog), its capacity; the shared queue's depth; totals.
+    load = a.status()["cluster"]["load"]
+    (mine,) = [n for n in load["nodes"] if n["node"] == "node-a"]
+    assert (mine["in_flight"], mine["waiting"], mine["capacity"]["max_runs_per_agent"]) == (4, 3, 4), load
+    assert (load["queue_depth"], load["totals"]["waiting"], load["totals"]["queued"]) == (1, 3, 1), load
 
     _up(b, "node-b")
     wait_for("node b to take the queued run", lambda: _all_done(url, ["run-kill-queued"]))

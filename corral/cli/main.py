@@ -345,9 +345,11 @@ def _print_cluster_tables(cluster: dict[str, Any]) -> None:
 
         totals = load["totals"]
         print_table(
-            [[n["node"], str(n["in_flight"]), str(n["unfinished"]), cap(n)] for n in load["nodes"]]
-            + [["(cluster)", str(totals["in_flight"]), str(totals["unfinished"]), f"{totals['max_runs']} runs"]],
-            ["NODE", "RUNS IN FLIGHT", "RUNS UNFINISHED", "CAPACITY"],
+            [[n["node"], str(n["in_flight"]), str(n.get("waiting", 0)), str(n["unfinished"]), cap(n)]
+             for n in load["nodes"]]
+            + [["(cluster)", str(totals["in_flight"]), str(totals.get("waiting", 0)), str(totals["unfinished"]),
+                f"{totals['max_runs']} runs"]],
+            ["NODE", "RUNS IN FLIGHT", "WAITING THERE", "RUNS UNFINISHED", "CAPACITY"],
         )
         print(f"shared queue: {load['queue_depth']} run(s) waiting for a node with room")
 

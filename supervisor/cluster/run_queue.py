@@ -262,8 +262,9 @@ def publish_capacity(conn: Any, node: str, capacity: Capacity | None, agents: li
 
 
 def cluster_load(conn: Any) -> dict[str, Any]:
-    """For ``corral status``: per node its runs (unfinished and in flight, over
-    the partitions it holds), its capacity, and the shared queue's depth, with
+    """For ``corral status``: per node its runs (unfinished; in flight; and
+    waiting there for their agent, never started: its own backlog), over the
+    partitions it holds, its capacity, and the shared queue's depth, with
     cluster totals."""
     terminal = [str(status) for status in TERMINAL]
     nodes: dict[str, dict[str, Any]] = {}
@@ -272,6 +273,7 @@ def cluster_load(conn: Any) -> dict[str, Any]:
             "node": str(node_id),
             "unfinished": 0,
             "in_flight": 0,
+            "waiting": 0,
             "capacity": capacity if isinstance(capacity, dict) else None,
         }
     # Only partitions whose schema is made (a node's boot writes the row first): no
@@ -284,12 +286,16 @@ def cluster_load(conn: Any) -> dict[str, Any]:
     for holder, schema in partitions:
         row = conn.execute(
             f"SELECT COUNT(*) FILTER (WHERE status <> ALL(%s)),"
-            f" COUNT(*) FILTER (WHERE kind = 'root' AND status IN ('pending', 'running')) FROM {schema}.runs",
+            f" COUNT(*) FILTER (WHERE kind = 'root' AND status IN ('pending', 'running')),"
+            f" COUNT(*) FILTER (WHERE kind = 'root' AND status = 'pending' AND started_at IS NULL) FROM {schema}.runs",
             (terminal,),
         ).fetchone()
-        entry = nodes.setdefault(str(holder), {"node": str(holder), "unfinished": 0, "in_flight": 0, "capacity": None})
+        entry = nodes.setdefault(
+            str(holder), {"node": str(holder), "unfinished": 0, "in_flight": 0, "waiting": 0, "capacity": None}
+        )
         entry["unfinished"] += int(row[0])
         entry["in_flight"] += int(row[1])
+        entry["waiting"] += int(row[2])
     depth = ledger_pg_queue.depth(conn)
     listed = list(nodes.values())
     return {
@@ -298,6 +304,7 @@ def cluster_load(conn: Any) -> dict[str, Any]:
         "totals": {
             "unfinished": sum(n["unfinished"] for n in listed),
             "in_flight": sum(n["in_flight"] for n in listed),
+            "waiting": sum(n["waiting"] for n in listed),
             "queued": depth,
             "max_runs": sum((n["capacity"] or {}).get("max_runs", 0) for n in listed),
         },
