@@ -40,6 +40,7 @@ from corral.actors.providers.base import (
 from corral.actors.providers.registry import make_provider
 from corral.actors.runtime import ActorContext, is_shutdown
 from corral.actors.tools.base import (
+    OUTCOME_UNKNOWN,
     RAISED,
     ActionParked,
     Tool,
@@ -644,6 +645,9 @@ class Lane:
             if exc.code == RAISED:  # a crash is a crash: "raised", never a refusal's word
                 trace = recordable.text(exc.traceback) if exc.traceback else None
                 return ToolOutcome(False, {"error": message, "code": RAISED}, summarize(message, 120), message, trace)
+            if exc.code == OUTCOME_UNKNOWN:  # for a person to reconcile, never ok or failed
+                return ToolOutcome(False, {"error": message, "code": OUTCOME_UNKNOWN},
+                                   f"outcome unknown: {summarize(message, 120)}", message, unknown=True)
             return ToolOutcome(
                 False, {"error": message, "code": exc.code}, f"refused: {summarize(message, 120)}", message
             )

@@ -297,3 +297,40 @@ final = "changed"
         assert kinds.index(("project-revision", second)) < kinds.index(("action-ok", second)), kinds
     finally:
         daemon.shutdown()
+
+
+def test_a_rollback_that_could_not_complete_waits_for_a_person(short_tmp: Path) -> None:
+    """V1.3: "回滚不完整…都进入 needs-reconciliation": a changeset that fails after a write
+    and cannot put every file back is neither failed nor ok: it waits for a person,
+    naming the files and the checkpoint that holds their prior content."""
+    ws = short_tmp / "ws"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "a.py").write_text("x = 1\n")
+    (ws / "src" / "old.py").write_text("old\n")
+    change = [{"operation": "update", "path": "src/a.py", "old_text": "x = 1", "new_text": "x = 2"},
+              {"operation": "delete", "path": "src/old.py", "expected_sha256": sha("old\n")}]
+    changes = ", ".join("{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in c.items()) + " }" for c in change)
+    steps = f"""
+[[agents.steps]]
+actions = [{{ tool = "project.changeset", input = {{ changes = [{changes}] }} }}]
+[[agents.steps]]
+final = "never: the run waits for a person"
+"""
+    spec = short_tmp / "spec.toml"
+    spec.write_text(agent_spec(workspace=str(ws), steps=steps, policy='[agents.policy]\n"project.changeset" = "auto"'))
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        # The write lands, the delete fails, and putting a.py back fails too.
+        daemon.up(env={"CORRAL_FAILPOINTS": "changeset.before-deletes=raise@once,changeset.rollback=raise@once"})
+        run_id: str = daemon.call("run", agent_id="writer", task="change and fail")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed", "needs-reconciliation"})
+        assert shown["run"]["status"] == "needs-reconciliation", shown["run"]
+        (action,) = ledger_rows(daemon.home, "SELECT phase, reason, result FROM actions WHERE run_id = ?", run_id)
+        assert action["phase"] == "needs-reconciliation", action
+        assert "outcome unknown" in action["reason"] and "src/a.py" in action["reason"]
+        [manifest] = _manifests(daemon.home)
+        assert manifest["id"] in action["reason"], "the checkpoint a person restores from is named"
+        assert (ws / "src" / "a.py").read_text() == "x = 2\n" and (ws / "src" / "old.py").exists()
+        assert ledger_rows(daemon.home, "SELECT * FROM receipts WHERE run_id = ?", run_id) == []
+    finally:
+        daemon.shutdown()

@@ -35,6 +35,10 @@ class ToolError(Exception):
 #: A ToolError's code when the tool itself raised (a bug or a crash), as opposed to
 #: a refusal (bad input, a policy) or a timeout: people read "raised", not "refused".
 RAISED = "raised"
+#: A ToolError's code when the tool cannot tell what its effect came to (a rollback
+#: that did not complete, a git ref that may have moved): the action is neither ok
+#: nor failed but ``needs-reconciliation``, for a person, and never run again.
+OUTCOME_UNKNOWN = "outcome-unknown"
 
 
 class Asker(Protocol):
@@ -100,10 +104,13 @@ class ToolOutcome:
     #: The tool's traceback (it raised), redacted and bounded; kept in the action's
     #: record for people, not shown to the model (its output carries the message).
     traceback: str | None = None
+    #: The tool could not tell what its effect came to (``OUTCOME_UNKNOWN``).
+    unknown: bool = False
 
     def result(self, action_id: str) -> ActionResult:
         """The outcome as ``action.finish`` reports it (mailbox/protocol.py)."""
-        return ActionResult(action_id, self.ok, self.output, self.summary, self.error, self.traceback)
+        return ActionResult(action_id, self.ok, self.output, self.summary, self.error, self.traceback,
+                            unknown=self.unknown)
 
 
 class Tool(Protocol):

@@ -27,12 +27,14 @@ from typing import Any
 
 from corral.actors.tools import fs
 from corral.actors.tools import project_checkpoints as checkpoints
-from corral.actors.tools.base import ToolContext, ToolError
+from corral.actors.tools.base import OUTCOME_UNKNOWN, ToolContext, ToolError
 from corral.actors.tools.paths import check_write_scope
 from corral.actors.tools.staging import open_existing_parent
 from corral.core import failpoints
 
 FAILPOINT = "changeset.after-checkpoint"
+DELETES_FAILPOINT = "changeset.before-deletes"
+ROLLBACK_FAILPOINT = "changeset.rollback"
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,9 @@ def _rollback(ctx: ToolContext, plan: list[Planned]) -> list[str]:
     for item in plan:
         try:
             if current(ctx, item.raw) == item.after:
+                failpoints.hit(ROLLBACK_FAILPOINT)
                 _put(ctx, item.raw, item.before)
-        except (OSError, ToolError):
+        except (OSError, ToolError, failpoints.FailpointError):  # an injected failure is an I/O failure here
             failed.append(item.raw)
     return failed
 
@@ -154,15 +157,17 @@ def write_plan(ctx: ToolContext, todo: list[Planned], cp_id: str) -> None:
         raise
     try:
         fs.commit_staged(staged)
+        failpoints.hit(DELETES_FAILPOINT)
         for item in todo:
             if item.after is None:
                 _delete(ctx, item.raw)
-    except (OSError, ToolError) as exc:
+    except (OSError, ToolError, failpoints.FailpointError) as exc:  # an injected failure is an I/O failure here
         left = _rollback(ctx, todo)
         why = exc if isinstance(exc, ToolError) else ToolError(f"{type(exc).__name__}: {exc}", "io-error")
         if left:
+            # Seed 004 V1.3: "回滚不完整…都进入 needs-reconciliation": neither ok nor failed.
             raise ToolError(f"{why}; rolling back failed for {', '.join(left)}: checkpoint {cp_id} holds their"
-                            " prior content", "rollback-incomplete") from None
+                            " prior content", OUTCOME_UNKNOWN) from None
         raise ToolError(f"{why} (nothing was changed)", why.code) from None
 
 

@@ -81,6 +81,9 @@ KNOWN: dict[str, str] = {
     "bridge.after-commit": "bridge: a command is committed, its reply not yet sent",
     "bridge.after-submit-sent": "bridge worker: the submit was answered, the job not yet marked submitted",
     "changeset.after-checkpoint": "agent: a changeset's or restore's checkpoint is written, no file changed yet",
+    "changeset.before-deletes": "agent: a changeset's writes are committed, its deletes not done (raise: an I/O"
+    " failure there)",
+    "changeset.rollback": "agent: a failed changeset puts one file back (raise: that file cannot be put back)",
     "verify.after-record": "a project.verify's verification is recorded, its action not yet finished",
 }
 

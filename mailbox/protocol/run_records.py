@@ -147,7 +147,9 @@ class Receipt(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class ActionResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What an action's effect came to, as the agent reports it; ``receipt``: what it
-    built for the record (None: the supervisor builds it from the action's record)."""
+    built for the record (None: the supervisor builds it from the action's record);
+    ``unknown``: the tool could not tell what its effect came to (a rollback that did
+    not complete), so the action goes to ``needs-reconciliation`` for a person."""
 
     action_id: Id
     ok: bool
@@ -156,6 +158,7 @@ class ActionResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     error: str | None = None
     traceback: str | None = None
     receipt: Receipt | None = None
+    unknown: bool = False
 
 
 class ActionFinish(ActionResult, Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -169,7 +172,8 @@ class ActionFinish(ActionResult, Request[StepReply], frozen=True, forbid_unknown
 
     def result(self) -> ActionResult:
         return ActionResult(
-            self.action_id, self.ok, self.output, self.summary, self.error, self.traceback, self.receipt
+            self.action_id, self.ok, self.output, self.summary, self.error, self.traceback, self.receipt,
+            self.unknown,
         )
 
     @classmethod
@@ -182,6 +186,7 @@ class ActionFinish(ActionResult, Request[StepReply], frozen=True, forbid_unknown
             result.error,
             result.traceback,
             result.receipt,
+            result.unknown,
             run_id=run_id,
         )
 

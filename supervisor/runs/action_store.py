@@ -268,6 +268,27 @@ def _block_if_stale(ledger: Ledger, row: Any, phase: ActionPhase) -> Begun | Non
     return None
 
 
+def park_unknown_outcome(ledger: Ledger, row: Any, output: dict[str, Any], summary: str, reason: str) -> None:
+    """An executing action whose tool reported that it cannot tell what its effect
+    came to: ``needs-reconciliation`` with the tool's safe output kept in its result
+    (what a person checks against, e.g. a checkpoint id), never ok or failed. A
+    repeated report after a lost reply changes nothing."""
+    phase = ActionPhase(row["phase"])
+    if phase in ACTION_TERMINAL or phase is ActionPhase.NEEDS_RECONCILIATION:
+        return
+    if phase is not ActionPhase.EXECUTING:
+        raise Conflict(f"action {row['action_id']} is {phase}, not executing")
+    why = f"outcome unknown: {summarize(reason, 300)}"
+    stored, _cut = bounded_json_cut(redact({"output": output, "summary": summarize(summary, 300)}))
+    with ledger.tx():
+        move_action(ledger, row["action_id"], ActionPhase.NEEDS_RECONCILIATION, current=row, reason=why,
+                    result=stored)
+        run = get_run(ledger, row["run_id"])
+        if RunStatus(run["status"]) not in RUN_TERMINAL:
+            set_run_status(ledger, row["run_id"], RunStatus.NEEDS_RECONCILIATION,
+                           f"action {row['action_id']} ({row['tool']}): {why}")
+
+
 def mark_needs_reconciliation(ledger: Ledger, the_id: str, reason: str) -> None:
     with ledger.tx():
         row = get_action(ledger, the_id)

@@ -378,6 +378,12 @@ class RunActorMethods(RunCore):
         return {}
 
     def _finish(self, action: Any, result: ActionResult) -> None:
+        if result.unknown:
+            # The tool could not tell what its effect came to: a person reconciles it
+            # (with what the tool could say, kept in its result); it never runs again.
+            action_store.park_unknown_outcome(self.ledger, action, result.output, result.summary,
+                                              result.error or result.summary)
+            return
         with self.ledger.tx():
             # Where a full disk refuses an outcome (tests: ``disk-full@N``); the agent
             # keeps it and sends it again.
