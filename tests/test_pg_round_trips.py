@@ -201,3 +201,85 @@ def test_an_observation_waits_for_no_answer_of_its_own(pg_url: str) -> None:
     finally:
         ledger.close()
         conn.close()
+
+
+def _read(ledger: Any, sql: str, *args: Any) -> tuple[list[tuple[Any, ...]], int]:
+    """A read through the ledger (its cache), and the round trips it took."""
+    before = ledger.db.round_trips
+    rows = [tuple(row) for row in ledger.all(sql, *args)]
+    return rows, ledger.db.round_trips - before
+
+
+def _held(ledger: Any, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    from corral.supervisor.ledger.ledger_pg_wire import Connection
+
+    return [tuple(row) for row in Connection(ledger.raw).execute(sql, args).fetchall()]
+
+
+def test_a_row_this_writer_inserted_answers_a_read_by_its_key(pg_url: str) -> None:
+    """A provider request and a plan, inserted at one step boundary and read back by
+    their keys at the next: no round trip, and the database's answer."""
+    conn, ledger = _writer(pg_url)
+    try:
+        run_id = _run(ledger)
+        slot = f"{run_id}:0"
+        with ledger.tx() as db:
+            db.execute(
+                "INSERT INTO provider_requests (slot, run_id, loop_index, attempt, status, boot_id, started_at)"
+                " VALUES (?, ?, ?, ?, 'started', ?, ?)",
+                (slot, run_id, 0, 1, "b1", 12),
+            )
+            db.execute(
+                "INSERT INTO plans (run_id, loop_index, plan, raw_sha256, created_at) VALUES (?, ?, ?, ?, ?)",
+                (run_id, 0, '{"steps": []}', None, 13.5),
+            )
+        reads = [
+            ("SELECT status FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, run_id)),
+            ("SELECT status, started_at, attempt FROM provider_requests WHERE slot = ?", (slot,)),
+            ("SELECT status FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, "another-run")),
+            ("SELECT plan, raw_sha256 FROM plans WHERE run_id = ? AND loop_index = ?", (run_id, 0)),
+            ("SELECT plan FROM plans WHERE loop_index = ? AND run_id = ?", (0, run_id)),
+        ]
+        for sql, args in reads:
+            rows, trips = _read(ledger, sql, *args)
+            assert trips == 0, sql
+            assert rows == _held(ledger, sql, *args), sql
+            assert [[type(v) for v in row] for row in rows] == [
+                [type(v) for v in row] for row in _held(ledger, sql, *args)
+            ]
+        # A keyed UPDATE it can apply; a read it cannot answer (a column the insert left to its default) asks.
+        status = "SELECT status, response FROM provider_requests WHERE slot = ?"
+        with ledger.tx() as db:
+            db.execute("UPDATE provider_requests SET status = 'completed', response = ? WHERE slot = ?", ("r", slot))
+        rows, trips = _read(ledger, status, slot)
+        assert (rows, trips) == ([("completed", "r")], 0)
+        rows, trips = _read(ledger, "SELECT consumed FROM provider_requests WHERE slot = ?", slot)
+        assert (rows, trips) == ([(0,)], 1)
+        # Any other write of the table forgets its rows: the next read asks.
+        with ledger.tx() as db:
+            db.execute("UPDATE provider_requests SET consumed = 1 WHERE run_id = ?", (run_id,))
+        sql, args = reads[1]
+        rows, trips = _read(ledger, sql, *args)
+        assert trips == 1
+        assert rows == _held(ledger, sql, *args)
+    finally:
+        ledger.close()
+        conn.close()
+
+
+def test_a_rolled_back_insert_is_not_known(pg_url: str) -> None:
+    conn, ledger = _writer(pg_url)
+    try:
+        run_id = _run(ledger)
+        read = "SELECT plan FROM plans WHERE run_id = ? AND loop_index = ?"
+        with pytest.raises(RuntimeError), ledger.tx() as db:
+            db.execute(
+                "INSERT INTO plans (run_id, loop_index, plan, raw_sha256, created_at) VALUES (?, ?, ?, ?, ?)",
+                (run_id, 0, "{}", None, 1.0),
+            )
+            raise RuntimeError("the store gives up before its commit")
+        rows, trips = _read(ledger, read, run_id, 0)
+        assert (rows, trips) == ([], 1)
+    finally:
+        ledger.close()
+        conn.close()

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 from corral.core.errors import CorralError
-from corral.supervisor.ledger.read_cache import KINDS, ReadCache, TableShape
+from corral.supervisor.ledger.read_cache import ReadCache
+from corral.supervisor.ledger.row_patch import KINDS, TableShape
 from corral.supervisor.ledger.sql_dialect import to_postgres
 
 
@@ -79,9 +80,7 @@ def connect(url: str, application: str = "corral", timeout: int = 10) -> Any:
         import psycopg
         from psycopg.adapt import Dumper, Loader
     except ImportError:
-        raise PostgresUnavailable(
-            "the PostgreSQL ledger needs psycopg 3: pip install 'corral[postgres]'"
-        ) from None
+        raise PostgresUnavailable("the PostgreSQL ledger needs psycopg 3: pip install 'corral[postgres]'") from None
 
     class BoolAsInteger(Dumper):
         # SQLite stores booleans as 0/1 and the stores compare them so.
@@ -101,8 +100,12 @@ def connect(url: str, application: str = "corral", timeout: int = 10) -> Any:
         # bind on the client: values travel as literals, typed from their context.
         # A ledger's statements go through Connection below, bound by the server.
         conn = psycopg.connect(
-            url, autocommit=True, row_factory=_row_factory, connect_timeout=timeout,
-            cursor_factory=psycopg.ClientCursor, application_name=application[:63],
+            url,
+            autocommit=True,
+            row_factory=_row_factory,
+            connect_timeout=timeout,
+            cursor_factory=psycopg.ClientCursor,
+            application_name=application[:63],
         )
     except psycopg.Error as exc:
         raise PostgresUnavailable(f"cannot reach the PostgreSQL ledger at {redact_url(url)}: {exc}") from None
@@ -117,23 +120,26 @@ def table_shapes(conn: Any, schema: str) -> dict[str, TableShape]:
     to date with them). One catalog read, when a writer opens its partition."""
     rows = conn.execute(
         "SELECT c.relname, a.attname, a.atttypid::int,"
-        " COALESCE(i.indnatts = 1 AND a.attnum = i.indkey[0], false)"
+        " COALESCE(a.attnum = ANY(i.indkey), false)"
         " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
         " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
         " LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary"
-        " WHERE n.nspname = %s AND c.relkind = 'r'",
+        " WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY c.relname, a.attnum",
         (schema,),
     ).fetchall()
-    keys: dict[str, str | None] = {}
+    primary: dict[str, list[str]] = {}
     kinds: dict[str, dict[str, str]] = {}
     for table, column, oid, is_key in rows:
-        keys.setdefault(table, None)
+        primary.setdefault(table, [])
         if is_key:
-            keys[table] = column
+            primary[table].append(column)
         kind = KINDS.get(int(oid))
         if kind is not None:
             kinds.setdefault(table, {})[column] = kind
-    return {table: TableShape(key, kinds.get(table, {})) for table, key in keys.items()}
+    return {
+        table: TableShape(columns[0] if len(columns) == 1 else None, kinds.get(table, {}), tuple(columns))
+        for table, columns in primary.items()
+    }
 
 
 class _Pipelined:
@@ -218,6 +224,8 @@ class Connection:
 
     def __init__(self, conn: Any, cache: ReadCache | None = None) -> None:
         self.cache = cache
+        if cache is not None:
+            cache.know_inserts(_row_class)
         #: Round trips to the server (what the bench divides by actions).
         self.round_trips = 0
         #: What opens the open transaction, sent with its first statement (None: no transaction).

@@ -38,6 +38,9 @@ from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from corral.supervisor.ledger.known_rows import KnownRows
+from corral.supervisor.ledger.row_patch import TableShape, apply, keyed_update, row_read
+
 _WRITE = re.compile(r"^\s*(?:INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE|DELETE\s+FROM|REPLACE\s+INTO)\s+(\w+)", re.I)
 _READ = re.compile(r"^\s*SELECT\b.*?\bFROM\s+(\w+)\b(?P<rest>.*)$", re.I | re.S)
 _NOT_CACHED = re.compile(r"\b(?:JOIN|SELECT|UNION|random|clock_timestamp|now)\b", re.I)
@@ -225,99 +228,7 @@ def _kept(read: ReadEntry, shape: WriteShape, args: tuple[Any, ...]) -> bool:
         return False
 
 
-#: ``UPDATE t SET ... WHERE key = ? [AND col = ?]...``: one row by its key, with
-#: conditions on its columns (a compare-and-set), and nothing more.
-_KEYED_UPDATE = re.compile(
-    r"^\s*UPDATE\s+(?P<table>\w+)\s+SET\s+(?P<set>[^()]*?)\s+WHERE\s+(?P<key>\w+)\s*=\s*\?"
-    r"(?P<conditions>(?:\s+AND\s+\w+\s*=\s*\?)*)\s*$",
-    re.I | re.S,
-)
-_CONDITION = re.compile(r"\bAND\s+(\w+)\s*=\s*\?", re.I)
-#: One assignment the cache can apply.
-_ASSIGNMENT = re.compile(
-    r"^\s*(?P<col>\w+)\s*=\s*(?:(?P<param>\?)|(?P<null>NULL)|'(?P<text>[^'?]*)'|(?P<int>-?\d+)"
-    r"|(?P<self>\w+)\s*\+\s*(?P<step>\d+))\s*$",
-    re.I,
-)
 _RETURNING_ALL = re.compile(r"^\s*INSERT\b.*\bRETURNING\s+\*\s*$", re.I | re.S)
-#: The server's types whose values the cache can put in a row itself, as psycopg loads them.
-KINDS = {20: "int", 21: "int", 23: "int", 701: "float", 25: "text", 1043: "text"}
-
-
-class Assignment(NamedTuple):
-    column: str
-    how: str  # "param" (``what``: the index of its ``?``), "value" (a literal), "add" (``column + what``)
-    what: Any
-
-
-class KeyedUpdate(NamedTuple):
-    key: str
-    key_index: int
-    assignments: tuple[Assignment, ...]
-    conditions: tuple[tuple[str, int], ...] = ()  # (column, index of its ``?``): all must hold
-
-
-@lru_cache(maxsize=4096)
-def keyed_update(sql: str) -> KeyedUpdate | None:
-    """The assignments of an UPDATE of one row by its key, when every one of them
-    is a plain value the cache can apply (None: not such an UPDATE)."""
-    update = _KEYED_UPDATE.match(sql)
-    if update is None or '"' in update["set"]:
-        return None
-    assignments: list[Assignment] = []
-    index = 0
-    for part in update["set"].split(","):
-        one = _ASSIGNMENT.match(part)
-        if one is None:
-            return None
-        column = one["col"].lower()
-        if one["param"]:
-            assignments.append(Assignment(column, "param", index))
-            index += 1
-        elif one["null"]:
-            assignments.append(Assignment(column, "value", None))
-        elif one["text"] is not None:
-            assignments.append(Assignment(column, "value", one["text"]))
-        elif one["int"] is not None:
-            assignments.append(Assignment(column, "value", int(one["int"])))
-        elif one["self"].lower() == column:
-            assignments.append(Assignment(column, "add", int(one["step"])))
-        else:
-            return None
-    key = update["key"].lower()
-    if key in {a.column for a in assignments}:
-        return None
-    conditions = tuple(
-        (column.lower(), index + 1 + number) for number, column in enumerate(_CONDITION.findall(update["conditions"]))
-    )
-    return KeyedUpdate(key, index, tuple(assignments), conditions)
-
-
-class _Unfit(Exception):
-    """A value the cache cannot put in a row as the server would return it."""
-
-
-def _typed(kind: str | None, value: Any) -> Any:
-    """``value`` as the server returns a column of ``kind`` holding it."""
-    if value is None:
-        return None
-    if kind == "int" and isinstance(value, int):  # bool too: stored as 0/1
-        return int(value)
-    if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if kind == "text" and isinstance(value, str):
-        return value
-    raise _Unfit
-
-
-class TableShape(NamedTuple):
-    key: str | None  # its single-column primary key (None: none)
-    kinds: dict[str, str]  # column -> "int", "float", "text" (those the cache can type)
-
-
-def row_read(table: str, key: str) -> str:
-    """The read of a whole row by its key that the cache keeps up to date."""
-    return f"SELECT * FROM {table} WHERE {key} = ?"
 
 
 class ReadCache:
@@ -335,6 +246,13 @@ class ReadCache:
         self._writes: dict[str, int] = {}
         self.patched = 0
         self._cleared = 0
+        #: Rows this writer inserted, answering reads by their key (``know_inserts``).
+        self.known: KnownRows | None = None
+
+    def know_inserts(self, row_class: Any) -> None:
+        """Answer a read by a row's key from what this writer inserted (known_rows.py);
+        ``row_class(names)``: the class of a row with those column names."""
+        self.known = KnownRows(self._shapes, row_class)
 
     def get(self, sql: str, params: tuple[Any, ...]) -> list[Any] | None:
         rows = self._rows.get((sql, params))
@@ -360,6 +278,8 @@ class ReadCache:
         """``sql`` (with ``args``) wrote ``table``: drop what it may have changed
         (without ``sql``: every read of the table)."""
         self._writes[table] = self._writes.get(table, 0) + 1
+        if self.known is not None:
+            self.known.wrote(table, sql, args)  # without sql: no keyed UPDATE, every row forgotten
         reads = self._by_table.get(table)
         if not reads:
             return
@@ -392,31 +312,10 @@ class ReadCache:
             return (*read, [])  # no such row: the UPDATE changes nothing
         row = rows[0]
         names = row.keys()
-        values = list(row)
-        try:
-            for column, index in update.conditions:
-                kind = shape.kinds.get(column)
-                if column not in names or kind is None:
-                    return None
-                held = values[names.index(column)]
-                if held is None or held != _typed(kind, args[index]):
-                    return (*read, rows)  # the condition fails: the UPDATE changes nothing
-            for assignment in update.assignments:
-                kind = shape.kinds.get(assignment.column)
-                if assignment.column not in names or kind is None:
-                    return None
-                position = names.index(assignment.column)
-                if assignment.how == "param":
-                    values[position] = _typed(kind, args[assignment.what])
-                elif assignment.how == "value":
-                    values[position] = _typed(kind, assignment.what)
-                elif kind == "int" and values[position] is not None:
-                    values[position] = _typed(kind, values[position] + assignment.what)
-                elif values[position] is not None:
-                    return None
-        except (_Unfit, IndexError):
+        after = apply(update, shape.kinds, dict(zip(names, row, strict=True)), args)
+        if after is None or set(after) != set(names):
             return None
-        return (*read, [type(row)(values)])
+        return (*read, [type(row)([after[name] for name in names])])
 
     def seeder(self, table: str, sql: str) -> Any:
         """For an ``INSERT ... RETURNING *`` into a table with a key: what puts the
@@ -441,6 +340,8 @@ class ReadCache:
         self._rows.clear()
         self._by_table.clear()
         self._cleared += 1  # a row an INSERT returns after this is not put in
+        if self.known is not None:
+            self.known.clear()
 
     def before(self, sql: str, args: tuple[Any, ...]) -> tuple[str, str, FetchedRows | None]:
         """Before a statement runs: its kind and table, and the answer when the
@@ -452,6 +353,11 @@ class ReadCache:
                 rows = self.get(sql, args)
             except TypeError:  # an unhashable parameter: read it
                 return "uncached", table, None
+            if rows is None and self.known is not None:
+                rows = self.known.answer(table, sql, args)
+                if rows is not None:
+                    self.misses, self.hits = self.misses - 1, self.hits + 1
+                    self.put(table, sql, args, rows)
             return kind, table, FetchedRows(rows) if rows is not None else None
         if kind == "write":
             self.wrote(table, sql, args)
