@@ -239,3 +239,36 @@ def test_its_approval_is_mandatory_and_children_and_specialists_never_commit(tmp
     assert core.policy_for(denied, "project.git_commit") == "deny"
     for kind in ("child", "delegation"):
         assert core.policy_for({"kind": kind, "options": "{}"}, "project.git_commit") == "deny"
+
+
+async def test_the_real_index_lock_guards_the_commit_and_an_uncertain_ref_move_waits_for_a_person(
+    tmp_path: Path,
+) -> None:
+    """V1.12: "再以真实 .git/index.lock 阻止并发 index 写…最后安装与新 HEAD 对齐的 index…同目录原子
+    rename": another git holding the index's lock refuses the commit before git is
+    written. And "update-ref 失败后…ref 仍为 expected、等于候选或无法读取时都视为不确定并进入
+    reconciliation": a ref that did not move is an unknown outcome, never a plain
+    failure; the index lock corral took is released either way."""
+    from corral.actors.tools.base import OUTCOME_UNKNOWN
+
+    ws = _repo(tmp_path)
+    (ws / "a.py").write_text("a.py v2\n")
+    snap = await _snapshot(ws, ["a.py"])
+    good = {"message": "m", "paths": ["a.py"], "expected_head": snap["head"],
+            "expected_snapshot_fingerprint": snap["fingerprint"]}
+    lock = ws / ".git" / "index.lock"
+    lock.write_bytes(b"another git writes the index")
+    message = await _commit_refused(ws, good, "index-locked")
+    assert "index.lock" in message and lock.read_bytes() == b"another git writes the index", "its lock is kept"
+    lock.unlink()
+
+    ref_lock = ws / ".git" / "refs" / "heads" / "main.lock"
+    ref_lock.write_text("another git moves the branch\n")
+    with pytest.raises(ToolError) as caught:
+        await GitCommit().run(_ctx(ws), good)
+    assert caught.value.code == OUTCOME_UNKNOWN, caught.value
+    assert _head(ws) == snap["head"] and not lock.exists(), "the ref did not move; corral's index lock is gone"
+    ref_lock.unlink()
+    done = await GitCommit().run(_ctx(ws), good)
+    assert done.output["commit"] == _head(ws) and not lock.exists()
+    assert _git(ws, "diff", "--cached", "--name-only").split() == [], "the installed index matches the new HEAD"

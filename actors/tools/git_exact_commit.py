@@ -9,6 +9,11 @@ changes them). ``commit-tree`` makes the commit with the expected HEAD as its pa
 and ``update-ref HEAD <new> <expected>`` moves the branch only if it still points at
 the expected commit (a compare-and-swap: a concurrent commit wins, this one fails).
 
+The real ``.git/index.lock`` is held from before the index is read to the new
+index's install (seed 004 V1.12): another git holding it refuses the commit; a
+failed ``update-ref`` that leaves the branch where it was (or unreadable) is an
+unknown outcome for a person, never a plain failure.
+
 Afterwards the user's index gets the committed paths' new entries, and nothing else:
 an index still holding the old content of a committed path would show it as staged
 (``MM``), and the user's next plain ``git commit`` would silently revert it. A
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import tempfile
@@ -33,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from corral.actors.tools.base import ToolError
+from corral.actors.tools.base import OUTCOME_UNKNOWN, ToolError
 from corral.actors.tools.host_git import HostGit, HostGitError, Identity
 
 #: The seed's bound on one commit's paths.
@@ -97,7 +103,8 @@ class Committed:
     commit: str
     parent: str
     branch: str
-    #: Whether the user's index got the committed paths (false: its lock was held).
+    #: Whether the user's index got the committed paths (always, once committed: an
+    #: index that could not be installed is an unknown outcome instead).
     index_refreshed: bool
 
 
@@ -163,6 +170,32 @@ def commit_exact(workspace: Path, states: Sequence[PathState], message: str, exp
         raise ToolError(f"HEAD is {head.commit}, not the expected {expected_head}: take a new snapshot",
                         "head-changed")
     identity = repository_identity(git)
+    # Seed 004 V1.12: the real .git/index.lock is held from here to the new index's
+    # install, so no other git writes the index meanwhile (one holding it refuses this).
+    lock = _take_index_lock(workspace / ".git")
+    try:
+        return _commit_locked(git, lock, head, states, message, identity, hidden)
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _take_index_lock(git_dir: Path) -> Path:
+    lock = git_dir / "index.lock"
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        raise ToolError("the repository's .git/index.lock exists: another git is writing the index; nothing was"
+                        " committed (try again once it is done, or remove a stale lock)", "index-locked") from None
+    except OSError as exc:
+        raise ToolError(f"could not take .git/index.lock ({exc.strerror}); nothing was committed",
+                        "index-locked") from None
+    os.close(fd)
+    return lock
+
+
+def _commit_locked(git: HostGit, lock: Path, head: Head, states: Sequence[PathState], message: str,
+                   identity: Identity, hidden: Callable[[Sequence[str]], set[str]]) -> Committed:
+    assert head.commit is not None and head.branch is not None
     staged = [name for name in _out(_git(git, "diff-index", "--cached", "--name-only", "-z", "--no-renames",
                                          head.commit), "diff-index").split("\0") if name]
     if staged:
@@ -186,14 +219,39 @@ def commit_exact(workspace: Path, states: Sequence[PathState], message: str, exp
                    "commit-tree")
         moved = _git(git, "update-ref", "-m", REFLOG_MESSAGE, "HEAD", new, head.commit, identity=identity)
         if moved.returncode != 0:
-            now = read_head(git).commit
-            if now not in (head.commit, new):
+            try:
+                now = read_head(git).commit
+            except ToolError:
+                now = None
+            if now is not None and now not in (head.commit, new):
                 raise ToolError(f"HEAD moved to {now} meanwhile: nothing was committed; take a new snapshot",
                                 "head-changed")
-            raise ToolError(f"git could not move {head.branch} (HEAD is {now}): check it before trying again;"
-                            f" {moved.stderr.strip()[:200]}", "git-failed")
-        refreshed = _git(git, "update-index", *entries).returncode == 0
-    return Committed(new, head.commit, head.branch, refreshed)
+            # Seed 004 V1.12: a ref still at the expected commit, at the candidate or
+            # unreadable after a failed update-ref is uncertain: for a person, never retried.
+            raise ToolError(f"git update-ref of {head.branch} failed and HEAD is {now or 'unreadable'}"
+                            f" (candidate commit {new}, expected {head.commit}): check the branch before"
+                            f" anything else; {moved.stderr.strip()[:200]}", OUTCOME_UNKNOWN)
+        _install_index(git, lock, entries, new, head)
+    return Committed(new, head.commit, head.branch, True)
+
+
+def _install_index(git: HostGit, lock: Path, entries: list[str], new: str, head: Head) -> None:
+    """The user's index with the committed paths' new entries (it held nothing staged,
+    so it now matches the new HEAD), written into the held lock file and renamed over
+    the index (atomic in its directory). After the ref moved, a failure here is an
+    unknown outcome: the commit exists, the index may be stale."""
+    index = lock.parent / "index"
+    try:
+        lock.write_bytes(index.read_bytes() if index.exists() else b"")
+        if not index.exists():
+            _out(_git(git, "read-tree", head.commit or new, index_file=lock), "read-tree")
+        _out(_git(git, "update-index", *entries, index_file=lock), "update-index")
+        with lock.open("rb") as written:
+            os.fsync(written.fileno())
+        os.replace(lock, index)
+    except (OSError, ToolError) as exc:
+        raise ToolError(f"committed {new} on {head.branch}, but the index could not be installed ({exc}):"
+                        " check `git status` before anything else", OUTCOME_UNKNOWN) from None
 
 
 def _entries(git: HostGit, scratch: Path, states: Sequence[PathState]) -> list[str]:
