@@ -209,11 +209,13 @@ def test_a_screenshot_of_this_runs_preview_may_be_inspected(tmp_path: Path) -> N
     ws, home = tmp_path / "ws", tmp_path / "home"
     ws.mkdir()
     action = "act-" + "0" * 24
+    # Bound to the revision it was taken on: <agent>/<run>/<revision>/<action>/.
     for run in ("r", "other"):
-        shots = home / "evidence" / run / action
+        shots = home / "evidence" / "a" / run / "3" / action
         shots.mkdir(parents=True)
         (shots / "desktop.png").write_bytes(PNG)
-    (home / "evidence" / "r" / action / "mobile.png").symlink_to(home / "evidence" / "other" / action / "desktop.png")
+    (home / "evidence" / "a" / "r" / "3" / action / "mobile.png").symlink_to(
+        home / "evidence" / "a" / "other" / "3" / action / "desktop.png")
     ctx = _ctx(ws, home)  # run "r"
     assert read_image(ctx, f"evidence:{action}/desktop.png") == ("image/png", PNG)
     # A symlink is refused; what is not exactly a screenshot's name is a workspace path (none there).
@@ -224,3 +226,5 @@ def test_a_screenshot_of_this_runs_preview_may_be_inspected(tmp_path: Path) -> N
         assert caught.value.code == code, (raw, caught.value)
     with pytest.raises(ToolError, match="no screenshot"):
         read_image(dataclasses.replace(ctx, run_id="third"), f"evidence:{action}/desktop.png")
+    with pytest.raises(ToolError, match="no screenshot"):
+        read_image(dataclasses.replace(ctx, agent_id="b"), f"evidence:{action}/desktop.png")

@@ -62,11 +62,16 @@ CANVAS = '<canvas id="c" width="240" height="120"></canvas>'
 DRAW = ("const g = document.getElementById('c').getContext('2d');"
         " g.fillStyle = '#c33'; g.fillRect(10, 10, 80, 60); g.fillStyle = '#36c'; g.fillRect(120, 30, 60, 60);")
 PAGES = {
-    "game.html": f"<!doctype html><title>game</title>{CANVAS}<script>{DRAW}</script>",
+    "game.html": f"<!doctype html><title>game</title><p>Level 1</p>{CANVAS}<script>{DRAW}</script>",
     "blank.html": f"<!doctype html><title>blank</title>{CANVAS}",
     "throws.html": f"<!doctype html><title>throws</title>{CANVAS}<script>{DRAW}"
                    " throw new Error('level 1 failed to load');</script>",
 }
+#: A page that warns and asks for a file that is not there (a 404, which Chromium also
+#: logs as a console error): it passes only with fail_on_console_error = false.
+NOISY = (f"<!doctype html><title>noisy</title><p>Level 2</p>{CANVAS}<script>{DRAW}"
+         " console.warn('slow asset'); fetch('/missing.json').catch(() => {});</script>")
+EMPTY = "<!doctype html><title>empty</title><body></body>"
 
 
 def _free_port() -> int:
@@ -160,6 +165,19 @@ def _three_pages_script(port: int) -> list[dict[str, Any]]:
         {"actions": [{"tool": "preview.validate", "input": {"path": f"/{page}"}} for page in PAGES]},
         {"actions": [{"tool": "preview.validate", "input": {}},
                      {"tool": "preview.validate", "input": {"port": port}}]},
+        # The seed's inputs (V1.1 §3): expected text, console errors tolerated, the
+        # wait after load, and both viewports or none named.
+        {"actions": [
+            {"tool": "preview.validate", "input": {"path": "/noisy.html", "expected_text": ["Level 2"],
+                                                   "fail_on_console_error": False, "settle_ms": 0}},
+            {"tool": "preview.validate", "input": {"path": "/game.html", "expected_text": ["Level 1", "Level 9"]}},
+            {"tool": "preview.validate", "input": {"path": "/empty.html", "viewports": ["mobile", "desktop"]}},
+        ]},
+        {"actions": [
+            {"tool": "preview.validate", "input": {"path": "/noisy.html", "settle_ms": 100}},
+            {"tool": "preview.validate", "input": {"path": "/game.html", "viewports": ["desktop"]}},
+            {"tool": "preview.validate", "input": {"path": "/game.html", "viewports": ["desktop", "desktop"]}},
+        ]},
         {"final": "checked"},
     ]
 
@@ -175,7 +193,7 @@ def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path
     port = _free_port()
     site = short_tmp / "ws" / "site"
     site.mkdir(parents=True)
-    for name, html in PAGES.items():
+    for name, html in {**PAGES, "noisy.html": NOISY, "empty.html": EMPTY}.items():
         (site / name).write_text(html)
     (short_tmp / "swarm.toml").write_text(SPEC.replace("PORT", str(port)))
     (short_tmp / "script.json").write_text(json.dumps({"steps": _three_pages_script(port)}))
@@ -202,7 +220,9 @@ def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path
     home = short_tmp / "home"
     run_id = shown["run"]["run_id"]
     checks = [row for row in _rows(home, run_id) if row["tool"] == "preview.validate"]
-    assert len(checks) == 5
+    assert len(checks) == 11
+    _check_the_seeds_inputs_and_evidence(home, run_id, checks[5:])
+    checks = checks[:5]
     spec_page, port_alone = (json.loads(row["result"])["output"] for row in checks[3:])
     assert (spec_page["url"], spec_page["passed"]) == (f"http://127.0.0.1:{port}/game.html", True)
     assert port_alone["code"] == "bad-input" and "goes with the process_id" in port_alone["error"], port_alone
@@ -214,7 +234,9 @@ def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path
         assert output["url"] == f"http://127.0.0.1:{port}/{page}" and output["browser_sandbox"] is True
         verdicts[page] = (output["passed"], {name: view["passed"] for name, view in output["viewports"].items()})
         evidence = home / output["evidence_dir"]
-        assert evidence.parent.name == run_id and evidence.name == row["action_id"]
+        # Bound to the revision it was taken on: evidence/<agent>/<run>/<revision>/<action>/.
+        assert output["revision"] == 1 and output["stale"] is None
+        assert evidence.relative_to(home).parts == ("evidence", "writer", run_id, "1", row["action_id"])
         assert output["inspect_paths"] == [f"evidence:{row['action_id']}/{name}.png" for name in ("desktop", "mobile")]
         for name, view in output["viewports"].items():
             png = (evidence / view["screenshot"]).read_bytes()
@@ -240,6 +262,37 @@ def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path
     # No image bytes in the ledger: only names, sizes and hashes.
     ledger = b"".join(p.read_bytes() for p in home.glob("ledger.db*"))
     assert b"\x89PNG" not in ledger
+
+
+def _check_the_seeds_inputs_and_evidence(home: Path, run_id: str, checks: list[dict[str, Any]]) -> None:
+    """The seed (V1.1 §3): "expectedText / settleMs / failOnConsoleError"; evidence
+    "document.readyState、title、可见文本摘要和 DOM 字符数" and "console error/warn、未捕获异常和失败网络请求";
+    "viewports 必须且只能同时包含 desktop 与 mobile"; "空 body…都是失败"."""
+    outputs = [json.loads(row["result"])["output"] if row["result"] else {} for row in checks]
+    noisy, missing, empty, noisy_failing, _one_viewport, twice = outputs
+    assert noisy["passed"] is True, noisy
+    for view in noisy["viewports"].values():
+        assert view["ready_state"] == "complete" and "Level 2" in view["text_summary"]
+        assert view["dom_chars"] > len(NOISY) // 2 and view["title"] == "noisy"
+        assert view["console_warnings"] == 1 and view["console_errors"] >= 1 and view["failed_requests"] == 1
+        assert view["expected_text_missing"] == []
+    assert any("warning: slow asset" in text for text in noisy["messages"])
+    assert any("failed request" in text and "missing.json (HTTP 404)" in text for text in noisy["messages"])
+    # The same page with console errors failing (the default) fails.
+    assert noisy_failing["passed"] is False
+    assert all("console error" in " ".join(v["problems"]) for v in noisy_failing["viewports"].values())
+    assert missing["passed"] is False
+    for view in missing["viewports"].values():
+        assert view["expected_text_missing"] == ["Level 9"]
+        assert "the expected text 'Level 9' is not visible" in view["problems"]
+    assert empty["passed"] is False and all(
+        "the body is empty" in view["problems"] for view in empty["viewports"].values())
+    errors = {row["action_id"]: row["error"] or "" for row in ledger_rows(
+        home, "SELECT action_id, error FROM actions WHERE run_id = ?", run_id)}
+    one_viewport_error = errors[checks[4]["action_id"]]
+    assert "viewports" in one_viewport_error, one_viewport_error  # refused by the schema: 2 items
+    assert twice["code"] == "bad-input" and "exactly desktop and mobile" in twice["error"], twice
+    assert [row["phase"] for row in checks] == ["ok", "failed", "failed", "failed", "failed", "failed"]
 
 
 def _rows(home: Path, run_id: str) -> list[dict[str, Any]]:

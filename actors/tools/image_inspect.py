@@ -68,7 +68,13 @@ def _open_evidence(ctx: ToolContext, raw: str) -> int | None:
     match = _EVIDENCE.match(raw)
     if match is None:
         return None
-    path = ctx.home / "evidence" / ctx.run_id / match[1] / f"{match[2]}.png"
+    # Under the revision it was taken on (preview.py ``evidence_dir``): one action's
+    # directory is under exactly one revision of this agent's run.
+    run_dir = ctx.home / "evidence" / ctx.agent_id / ctx.run_id
+    found = sorted(run_dir.glob(f"[0-9]*/{match[1]}/{match[2]}.png")) if run_dir.is_dir() else []
+    if len(found) != 1 or not found[0].parent.parent.name.isdigit():
+        raise ToolError(f"no screenshot {raw!r} in this run", "not-found")
+    path = found[0]
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:

@@ -53,6 +53,29 @@ _CANVAS_JS = """
 """
 #: Two animation frames: what the page drew on load is on the canvas by then.
 _SETTLE_JS = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(true))))"
+#: The document's facts (seed 004 V1.1 §3): its readiness, its visible text, how large
+#: its DOM is, and whether its body holds anything.
+_DOCUMENT_JS = """
+() => ({
+  ready_state: document.readyState,
+  text: document.body ? document.body.innerText : '',
+  dom_chars: document.documentElement ? document.documentElement.outerHTML.length : 0,
+  body_elements: document.body ? document.body.childElementCount : 0,
+})
+"""
+#: Characters of the visible-text summary the observation keeps.
+TEXT_SUMMARY_CHARS = 300
+#: The seed's default wait after load before the evidence is read.
+DEFAULT_SETTLE_MS = 800
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """What the model may ask of one check (seed 004 V1.1 §3's inputs)."""
+
+    expected_text: tuple[str, ...] = ()
+    settle_ms: int = DEFAULT_SETTLE_MS
+    fail_on_console_error: bool = True
 
 
 class BrowserMissing(Exception):
@@ -67,12 +90,20 @@ class ViewportReport:
     title: str = ""
     canvas: dict[str, Any] = field(default_factory=dict)
     console_errors: list[str] = field(default_factory=list)
+    console_warnings: list[str] = field(default_factory=list)
     page_errors: list[str] = field(default_factory=list)
+    failed_requests: list[str] = field(default_factory=list)
     blocked: list[str] = field(default_factory=list)
+    ready_state: str = ""
+    #: The whole visible text (never stored: the summary and the expected texts are).
+    text: str = ""
+    dom_chars: int = 0
+    body_elements: int = 0
     screenshot: str = ""
     sha256: str = ""
     bytes: int = 0
     error: str = ""
+    options: CheckOptions = field(default_factory=CheckOptions)
 
     def problems(self) -> list[str]:
         return viewport_problems(self)
@@ -81,10 +112,18 @@ class ViewportReport:
         problems = self.problems()
         return {
             "passed": not problems, "problems": problems, "http_status": self.status, "title": self.title,
-            "canvas": self.canvas, "console_errors": len(self.console_errors), "page_errors": len(self.page_errors),
-            "blocked_requests": len(self.blocked), "screenshot": self.screenshot, "sha256": self.sha256,
+            "ready_state": self.ready_state, "text_summary": summarize(self.text, TEXT_SUMMARY_CHARS),
+            "dom_chars": self.dom_chars, "canvas": self.canvas, "console_errors": len(self.console_errors),
+            "console_warnings": len(self.console_warnings), "page_errors": len(self.page_errors),
+            "failed_requests": len(self.failed_requests), "blocked_requests": len(self.blocked),
+            "expected_text_missing": missing_text(self), "screenshot": self.screenshot, "sha256": self.sha256,
             "bytes": self.bytes,
         }
+
+
+def missing_text(report: ViewportReport) -> list[str]:
+    """The expected texts the page does not show (pure)."""
+    return [text for text in report.options.expected_text if text not in report.text]
 
 
 def viewport_problems(report: ViewportReport) -> list[str]:
@@ -94,6 +133,12 @@ def viewport_problems(report: ViewportReport) -> list[str]:
         problems.append(f"the page did not load: {report.error}")
     elif report.status is None or not 200 <= report.status < 400:
         problems.append(f"the page answered HTTP {report.status}")
+    elif report.ready_state != "complete":
+        problems.append(f"the document is {report.ready_state or 'not read'}, not complete")
+    if not report.error and not report.body_elements and not report.text.strip():
+        problems.append("the body is empty")
+    for text in missing_text(report):
+        problems.append(f"the expected text {summarize(text, 80)!r} is not visible")
     canvas = report.canvas
     if not canvas.get("present"):
         problems.append("no canvas")
@@ -103,7 +148,7 @@ def viewport_problems(report: ViewportReport) -> list[str]:
         problems.append("the canvas is not visible")
     elif not canvas.get("opaque") or int(canvas.get("colors", 0)) < 2:
         problems.append("the canvas is blank (transparent or one colour)")
-    if report.console_errors:
+    if report.console_errors and report.options.fail_on_console_error:
         problems.append(f"{len(report.console_errors)} console error(s)")
     if report.page_errors:
         problems.append(f"{len(report.page_errors)} uncaught exception(s)")
@@ -127,12 +172,15 @@ def _keep(bucket: list[str], text: str) -> None:
 
 
 def messages(reports: list[ViewportReport]) -> list[str]:
-    """The first console errors and exceptions of every viewport, redacted and bounded."""
+    """The first console errors, exceptions, warnings and failed requests of every
+    viewport, redacted and bounded."""
     kept: list[str] = []
     for report in reports:
-        for text in [*report.console_errors, *report.page_errors]:
-            if text and len(kept) < MAX_MESSAGES:
-                kept.append(f"{report.name}: {text}")
+        for kind, texts in (("error", report.console_errors), ("exception", report.page_errors),
+                            ("warning", report.console_warnings), ("failed request", report.failed_requests)):
+            for text in texts:
+                if text and len(kept) < MAX_MESSAGES:
+                    kept.append(f"{report.name} {kind}: {text}")
     return kept
 
 
@@ -189,8 +237,29 @@ def sandbox_problem() -> str:
     return ""
 
 
-def _one_viewport(browser: Any, url: str, name: str, size: tuple[int, int], out: Path) -> ViewportReport:
-    report = ViewportReport(name)
+def _console(report: ViewportReport, message: Any) -> None:
+    if message.type == "error":
+        _keep(report.console_errors, message.text)
+    elif message.type == "warning":
+        _keep(report.console_warnings, message.text)
+
+
+def _request_failed(report: ViewportReport, origin: tuple[str, str, int | None], request: Any) -> None:
+    """A same-origin request that failed on the network (another origin's is counted
+    as blocked, by the route that aborted it)."""
+    if origin_of(request.url) == origin:
+        _keep(report.failed_requests, f"{request.url} ({request.failure or 'failed'})")
+
+
+def _response(report: ViewportReport, response: Any) -> None:
+    if response.status >= 400:
+        _keep(report.failed_requests, f"{response.url} (HTTP {response.status})")
+
+
+def _one_viewport(
+    browser: Any, url: str, name: str, size: tuple[int, int], out: Path, options: CheckOptions
+) -> ViewportReport:
+    report = ViewportReport(name, options=options)
     origin = origin_of(url)
     context = browser.new_context(viewport={"width": size[0], "height": size[1]}, service_workers="block",
                                   accept_downloads=False)
@@ -205,13 +274,22 @@ def _one_viewport(browser: Any, url: str, name: str, size: tuple[int, int], out:
         context.route("**/*", route)
         context.route_web_socket("**/*", lambda ws: _refuse_socket(ws, origin, report))
         page = context.new_page()
-        page.on("console", lambda msg: _keep(report.console_errors, msg.text) if msg.type == "error" else None)
+        page.on("console", lambda msg: _console(report, msg))
         page.on("pageerror", lambda exc: _keep(report.page_errors, str(exc)))
+        page.on("requestfailed", lambda request: _request_failed(report, origin, request))
+        page.on("response", lambda response: _response(report, response))
         try:
             response = page.goto(url, wait_until="load", timeout=NAVIGATION_TIMEOUT_MS)
             report.status = response.status if response is not None else None
             page.evaluate(_SETTLE_JS)
+            if options.settle_ms:
+                page.wait_for_timeout(options.settle_ms)  # the page's own settling time, as asked
             report.title = summarize(page.title(), 120)
+            facts = page.evaluate(_DOCUMENT_JS)
+            report.ready_state = str(facts.get("ready_state") or "")
+            report.text = str(facts.get("text") or "")
+            report.dom_chars = int(facts.get("dom_chars") or 0)
+            report.body_elements = int(facts.get("body_elements") or 0)
             report.canvas = page.evaluate(_CANVAS_JS, SAMPLE_SIDE)
         except Exception as exc:  # playwright's errors: a page that did not load is a verdict
             report.error = summarize(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 300)
@@ -235,7 +313,7 @@ def _refuse_socket(ws: Any, origin: tuple[str, str, int | None], report: Viewpor
         ws.close()
 
 
-def check_preview(url: str, out: Path) -> list[ViewportReport]:
+def check_preview(url: str, out: Path, options: CheckOptions | None = None) -> list[ViewportReport]:
     """Both viewports of ``url`` (already judged loopback by the caller), screenshots
     into ``out``, in a Chromium that runs with its own sandbox (BrowserMissing when it
     cannot)."""
@@ -248,6 +326,7 @@ def check_preview(url: str, out: Path) -> list[ViewportReport]:
     with sync_playwright() as driver:
         browser = _launch(driver)
         try:
-            return [_one_viewport(browser, url, name, size, out) for name, size in VIEWPORTS.items()]
+            return [_one_viewport(browser, url, name, size, out, options or CheckOptions())
+                    for name, size in VIEWPORTS.items()]
         finally:
             browser.close()

@@ -57,6 +57,7 @@ KNOWN: dict[str, str] = {
     "provider.before-handoff": "agent: provider response received, handoff not yet committed",
     "provider.after-handoff": "agent: provider response committed (with the plan parsed from it), reply not yet read",
     "session.after-launch": "session: process launched, running not yet recorded",
+    "preview.after-check": "agent: a preview check's browser evidence taken, the revision and preview not yet re-read",
     "link.before-dial": "actor: its link's address and secret in hand (any actor kind), not yet dialled",
     "ledger.after-staging": "supervisor: a new ledger is built beside its name, not yet renamed into place",
     "ledger.before-sync": "supervisor: a batch of commits is in the WAL, its fsync not yet done, no reply sent",
