@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from corral.actors.tools.base import ToolError
 from corral.actors.tools.preview import preview_url
 from corral.actors.tools.preview_browser import (
     CHROMIUM,
+    CheckOptions,
     ViewportReport,
     sandbox_missing,
     sandbox_problem,
@@ -295,6 +297,81 @@ def _check_the_seeds_inputs_and_evidence(home: Path, run_id: str, checks: list[d
     assert [row["phase"] for row in checks] == ["ok", "failed", "failed", "failed", "failed", "failed"]
 
 
+DRIFT_SPEC = f"""
+[project]
+root = "ws"
+preview_url = "http://127.0.0.1:PORT/game.html"
+{SANDBOX}
+[policy]
+default = "auto"
+[[agents]]
+id = "writer"
+  [[agents.steps]]
+  actions = [{{ tool = "preview.validate", input = {{}} }}]
+  [[agents.steps]]
+  final = "checked"
+[[agents]]
+id = "editor"
+  [[agents.steps]]
+  actions = [{{ tool = "fs.write", input = {{ path = "site/more.txt", content = "level 3" }} }}]
+  [[agents.steps]]
+  final = "edited"
+"""
+
+
+def test_a_revision_that_moves_during_the_check_voids_it(short_tmp: Path) -> None:
+    """The seed (V1.1 §3): "验证前后重读 project revision 和预览身份，任一漂移都使结果失效". The check
+    is held after its browser evidence (failpoint ``preview.after-check``) while another
+    agent's write moves the project revision; released, it re-reads and is void."""
+    short_tmp.chmod(0o755)
+    command = _as_user(short_tmp)
+    if command is None:
+        pytest.skip("untestable here: Chromium can have its sandbox neither as this user nor as an unprivileged"
+                    " one (no setpriv, or no user namespaces)")
+    port = _free_port()
+    site = short_tmp / "ws" / "site"
+    site.mkdir(parents=True)
+    (site / "game.html").write_text(PAGES["game.html"])
+    (short_tmp / "swarm.toml").write_text(DRIFT_SPEC.replace("PORT", str(port)))
+    if os.geteuid() == 0:
+        for path in [short_tmp, short_tmp / "ws", *(short_tmp / "ws").rglob("*"), short_tmp / "swarm.toml"]:
+            os.chown(path, NOBODY, NOBODY)
+    home = short_tmp / "home"
+    held = {**os.environ, "HOME": str(short_tmp), "CORRAL_FAILPOINTS": "preview.after-check=block@once"}
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
+                               str(site)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        up = subprocess.run([*command, "--home", str(home), "up", "--spec", str(short_tmp / "swarm.toml")],
+                            capture_output=True, text=True, cwd=short_tmp, env=held, timeout=180, check=False)
+        assert up.returncode == 0, up.stderr[-2000:]
+        try:
+            started = _corral(command, short_tmp, "run", "--agent", "writer", "--task", "check", "--json")
+            assert started.returncode == 0, started.stderr[-2000:]
+            run_id = json.loads(started.stdout)["run_id"]
+            fired = home / "failpoints" / "preview.after-check.fired"
+            deadline = time.monotonic() + 150  # a safety net: the check itself takes seconds
+            while not fired.exists():
+                assert time.monotonic() < deadline, "the check never reached its re-read"
+                time.sleep(0.05)
+            edited = _corral(command, short_tmp, "run", "--agent", "editor", "--task", "edit", "--wait", "--json",
+                             "--timeout", "60", timeout=120)
+            assert json.loads(edited.stdout)["run"]["status"] == "completed", edited.stdout[-2000:]
+            (home / "failpoints" / "preview.after-check.release").touch()
+            waited = _corral(command, short_tmp, "wait", run_id, "--json", "--timeout", "120", timeout=180)
+        finally:
+            down = _corral(command, short_tmp, "down")
+        assert down.returncode == 0, down.stderr[-2000:]
+    finally:
+        server.terminate()
+        server.wait()
+    assert json.loads(waited.stdout)["run"]["status"] == "completed", waited.stdout[-2000:]
+    [check] = [row for row in _rows(home, run_id) if row["tool"] == "preview.validate"]
+    output = json.loads(check["result"])["output"]
+    assert check["phase"] == "failed" and output["passed"] is False, output
+    assert output["revision"] == 0 and output["stale"] == "the project revision moved from 0 to 1 during the check"
+    assert all(view["passed"] for view in output["viewports"].values()), "the page itself was fine"
+
+
 def _rows(home: Path, run_id: str) -> list[dict[str, Any]]:
     return ledger_rows(home, "SELECT action_id, tool, phase, result FROM actions WHERE run_id = ?"
                        " ORDER BY loop_index, action_index", run_id)
@@ -366,11 +443,25 @@ def test_a_url_is_made_on_loopback_and_judged_after_parsing() -> None:
 
 def test_one_viewport_only_or_a_uniform_canvas_fails() -> None:
     good = {"present": True, "visible_area": 100, "opaque": 50, "colors": 3}
-    assert viewport_problems(ViewportReport("desktop", 200, canvas=good, sha256="x")) == []
+    loaded = {"ready_state": "complete", "body_elements": 1, "text": "Level 1"}
+    assert viewport_problems(ViewportReport("desktop", 200, canvas=good, sha256="x", **loaded)) == []
     solid = {**good, "colors": 1}
-    assert "blank" in viewport_problems(ViewportReport("desktop", 200, canvas=solid, sha256="x"))[0]
-    assert viewport_problems(ViewportReport("desktop", 200, canvas={"present": False}, sha256="x")) == ["no canvas"]
-    assert "no screenshot" in viewport_problems(ViewportReport("mobile", 200, canvas=good))
+    assert "blank" in viewport_problems(ViewportReport("desktop", 200, canvas=solid, sha256="x", **loaded))[0]
+    assert viewport_problems(ViewportReport("desktop", 200, canvas={"present": False}, sha256="x", **loaded)) == [
+        "no canvas"]
+    assert "no screenshot" in viewport_problems(ViewportReport("mobile", 200, canvas=good, **loaded))
+    # The document's facts (seed 004 V1.1 §3): not complete, an empty body, a text not shown.
+    loading = ViewportReport("desktop", 200, canvas=good, sha256="x", **{**loaded, "ready_state": "loading"})
+    assert viewport_problems(loading) == ["the document is loading, not complete"]
+    empty = ViewportReport("desktop", 200, canvas=good, sha256="x", ready_state="complete")
+    assert viewport_problems(empty) == ["the body is empty"]
+    wanted = ViewportReport("desktop", 200, canvas=good, sha256="x", options=CheckOptions(expected_text=("Level 2",)),
+                            **loaded)
+    assert viewport_problems(wanted) == ["the expected text 'Level 2' is not visible"]
+    noisy = {"canvas": good, "sha256": "x", "console_errors": ["boom"], **loaded}
+    assert viewport_problems(ViewportReport("desktop", 200, **noisy)) == ["1 console error(s)"]
+    tolerant = ViewportReport("desktop", 200, options=CheckOptions(fail_on_console_error=False), **noisy)
+    assert viewport_problems(tolerant) == [] and tolerant.as_dict()["console_errors"] == 1
 
 
 def test_the_acceptance_point_is_blocked_without_chromiums_sandbox(short_tmp: Path) -> None:

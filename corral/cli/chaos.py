@@ -280,6 +280,8 @@ def _applies(failpoint: str, spec_text: str) -> bool:
         return "auto_compact_token_limit" in spec_text
     if layer == "durable-plan":
         return "plan.update" in spec_text
+    if layer == "preview":
+        return "preview.validate" in spec_text  # a browser check: its own tests hold it
     if layer == "changeset":
         return "project.changeset" in spec_text or "project.restore" in spec_text
     if layer == "verify":
