@@ -28,6 +28,7 @@ from corral.supervisor.context.collaboration import Policy
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.run_feature import RunFeature
+from corral.supervisor.runs.run_versions import ABSENT
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -88,8 +89,13 @@ class CollaborationService:
             return Policy(requiredInitialWave=True, minStaticDelegates=1)
 
     def binding(self, run_id: str) -> dict[str, Any] | None:
-        row = self.ledger.one("SELECT * FROM collaboration_bindings WHERE run_id = ?", run_id)
-        return dict(row) if row is not None else None
+        # Kept once read, found or not, until a write to it (run_versions.py): every
+        # plan and every boundary asks.
+        kept = self.ledger.run_versions.row("collaboration_bindings", run_id, self.ledger)
+        if kept is None:
+            kept = self.ledger.one("SELECT * FROM collaboration_bindings WHERE run_id = ?", run_id) or ABSENT
+            self.ledger.run_versions.keep_row("collaboration_bindings", run_id, kept, self.ledger)
+        return None if kept is ABSENT else dict(kept)
 
     def policy_for(self, run_id: str) -> tuple[Policy, bool]:
         bound = self.binding(run_id)

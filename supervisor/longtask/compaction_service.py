@@ -18,6 +18,7 @@ from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import compaction
 from corral.supervisor.models.model_service import ModelService
 from corral.supervisor.params import param_str
+from corral.supervisor.runs import run_store
 from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 
@@ -39,9 +40,12 @@ def latest(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
 
 
 def _limits(ledger: Ledger, run_id: str) -> dict[str, Any]:
-    row = ledger.one("SELECT options FROM runs WHERE run_id = ?", run_id)
-    context = json.loads(row["options"]).get("context") if row is not None else None
-    return context if isinstance(context, dict) else {}
+    try:
+        run = run_store.get_run(ledger, run_id)  # kept: the step just read it
+    except NotFound:
+        return {}
+    context = run_store.run_options(run).get("context")
+    return dict(context) if isinstance(context, Mapping) else {}
 
 
 #: No tokenizer gives a token less than one byte, and a character is at most 4 UTF-8

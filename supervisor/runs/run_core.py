@@ -103,9 +103,7 @@ class RunCore:
 
     def check_owner(self, slot: ActorSlot, run_id: str) -> None:
         """``owned_run`` without reading the whole row (the hot step methods)."""
-        row = self.ledger.one("SELECT agent_id FROM runs WHERE run_id = ?", run_id)
-        if row is None:
-            raise NotFound(f"no run {run_id!r}")
+        row = run_store.get_run(self.ledger, run_id)  # kept: usually not read again
         if row["agent_id"] != slot.spec.params.get("agent_id"):
             raise Refused(f"run {run_id} belongs to {row['agent_id']}, not to {slot.id}")
 

@@ -136,9 +136,13 @@ def run_options(run: Any) -> Mapping[str, Any]:
 
 
 def get_run(ledger: Ledger, run_id: str) -> sqlite3.Row:
-    row = ledger.one("SELECT * FROM runs WHERE run_id = ?", run_id)
+    """The run's row; read again only once something wrote it (run_versions.py)."""
+    row: sqlite3.Row | None = ledger.run_versions.row("runs", run_id, ledger)
     if row is None:
-        raise NotFound(f"no run {run_id!r}")
+        row = ledger.one("SELECT * FROM runs WHERE run_id = ?", run_id)
+        if row is None:
+            raise NotFound(f"no run {run_id!r}")
+        ledger.run_versions.keep_row("runs", run_id, row, ledger)
     return row
 
 
