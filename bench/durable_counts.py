@@ -39,6 +39,11 @@ SHOWN_SHAPES = 24
 SHOWN_FUNCTIONS = 120
 
 
+#: Token limits so high that compaction's check ends at its one aggregate read: the
+#: durable path alone (``*_default_context`` measures the seed's default limits).
+FAR_LIMITS = "context_window = 10000000\nauto_compact_token_limit = 9000000\n"
+
+
 def _spec(short: int, long: int) -> str:
     plan = (
         "  [[agents.steps]]\n  actions = ["
@@ -46,8 +51,9 @@ def _spec(short: int, long: int) -> str:
         + "]\n"
     )
     agents = "".join(
-        f'\n[[agents]]\nid = "{name}"\n' + plan * loops + '  [[agents.steps]]\n  final = "ok"\n'
+        f'\n[[agents]]\nid = "{name}{suffix}"\n{limits}' + plan * loops + '  [[agents.steps]]\n  final = "ok"\n'
         for name, loops in (("short", short), ("long", long))
+        for suffix, limits in (("", FAR_LIMITS), ("-default-context", ""))
     )
     return (
         '[project]\nroot = "ws"\n[supervisor]\nsynchronous = "full"\nprobes = true\n'
@@ -100,12 +106,14 @@ def durable_counts(ctx: Context) -> Metrics:
     1 agent, as the difference of a long and a short run. Return
     {"sql_statements_per_action", "reads_per_action", "writes_per_action",
     "commits_per_action", "python_calls_per_action", "cpu_ms_per_action",
-    "supervisor_cpu_ms_per_action"}."""
+    "supervisor_cpu_ms_per_action", "python_calls_per_action_default_context"}.
+    The agents' token limits are far (``FAR_LIMITS``) but for the last figure, at
+    the seed's defaults (compaction's count then grows with the run's history)."""
     short, long = (QUICK_SHORT, QUICK_LONG) if ctx.quick else (SHORT, LONG)
     extra_actions = (long - short) * PER_PLAN
     pairs = ctx.reps(2, 3)
     with supervisor(ctx, _spec(short, long)) as home:
-        _wait_all_ready(home, 2, 120)
+        _wait_all_ready(home, 4, 120)
         for agent in ("short", "long"):
             _run(home, agent)  # warm: the first run of each pays for imports and caches
         counted = []
@@ -114,6 +122,8 @@ def durable_counts(ctx: Context) -> Metrics:
             # for a message or the fsync thread): a median of pairs, the spread noted.
             ctx.check("durable_counts: counting")
             counted.append((_counted(home, "short"), _counted(home, "long")))
+        ctx.check("durable_counts: default context limits")
+        default_context = (_counted(home, "short-default-context"), _counted(home, "long-default-context"))
         cpu: list[tuple[float, float]] = []
         for _ in range(pairs):
             ctx.check("durable_counts: CPU")
@@ -122,6 +132,10 @@ def durable_counts(ctx: Context) -> Metrics:
             cpu.append(((l_sup - s_sup) * 1e3 / extra_actions, (l_rest - s_rest) * 1e3 / extra_actions))
     per_pair = sorted((many["calls"] - few["calls"]) / extra_actions for few, many in counted)
     ctx.metrics["python_calls_per_action"] = Stats.of(per_pair, "calls")
+    few_d, many_d = default_context
+    ctx.metrics["python_calls_per_action_default_context"] = Stats.single(
+        (many_d["calls"] - few_d["calls"]) / extra_actions, "calls"
+    )
     # The median pair names the calls by function; its statements are every pair's.
     counted.sort(key=lambda pair: pair[1]["calls"] - pair[0]["calls"])
     few, many = counted[len(counted) // 2]
@@ -149,7 +163,8 @@ def durable_counts(ctx: Context) -> Metrics:
     ]
     ctx.note(
         f"per action = ({long} loops - {short} loops) / {extra_actions} actions, {PER_PLAN} fs.list per plan,"
-        f" 1 agent; Python calls per pair: {', '.join(f'{calls:.0f}' for calls in per_pair)};"
+        " 1 agent, token limits far (compaction's check: one aggregate read);"
+        f" Python calls per pair: {', '.join(f'{calls:.0f}' for calls in per_pair)};"
         f" CPU: median of {pairs} alternated pairs, counters off"
         f" (per pair: {', '.join(f'{s + a:.2f}' for s, a in cpu)} ms)"
     )
