@@ -263,3 +263,38 @@ def _reload(url: str) -> None:
         conn.execute("SELECT pg_reload_conf()")
     finally:
         conn.close()
+
+
+def test_the_url_is_said_without_its_password() -> None:
+    from corral.supervisor.cluster.front_door import safe_url
+
+    assert safe_url("postgresql:///db?host=/tmp/s&user=corral") == "postgresql:///db?host=/tmp/s&user=corral"
+    assert (
+        safe_url("postgresql://u:hunter2@h:5432/db?sslmode=require") == "postgresql://u:***@h:5432/db?sslmode=require"
+    )
+    assert safe_url("postgresql://u@h/db?password=hunter2") == "postgresql://u@h/db?password=***"
+
+
+def test_a_database_lost_after_the_door_opened_is_lost_not_bad_input(pg_url: str, postgres_server: Any) -> None:
+    """The door opened; then its database goes away (dropped, its connections
+    ended): a call says the ledger is lost (ask again), not that the input was
+    bad, both on the connection that broke and on the one it fails to make."""
+    from urllib.parse import urlsplit
+
+    import corral
+    from corral.core.errors import LedgerLost
+    from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster
+    from corral.supervisor.ledger.ledger_pg_wire import connect
+
+    connect_cluster(pg_url).close()  # the cluster's tables, as a node's first boot makes them
+    with corral.Client.cluster(pg_url) as client:
+        with pytest.raises(corral.ControlError, match="no run"):
+            client.show("run-abc123abc123")
+        admin = connect(postgres_server.url())
+        try:
+            admin.execute(f'DROP DATABASE "{urlsplit(pg_url).path.lstrip("/")}" WITH (FORCE)')
+        finally:
+            admin.close()
+        for _ in range(2):
+            with pytest.raises(LedgerLost):
+                client.show("run-abc123abc123")

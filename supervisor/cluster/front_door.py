@@ -69,7 +69,8 @@ def safe_url(url: str) -> str:
     """The URL as it may be said: no password, in its user part or its query."""
     parts = urlsplit(redact_url(url))
     query = "&".join(f"{k}={'***' if k == 'password' else v}" for k, v in parse_qsl(parts.query))
-    return parts._replace(query=query).geturl()
+    # Built by hand: urllib drops the "//" of a URL with no host (a Unix socket's).
+    return f"{parts.scheme}://{parts.netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
 def _scrub(text: str, url: str) -> str:
@@ -94,6 +95,8 @@ class Door:
         self.asked_by = f"client:{socket.gethostname()}"
         self._lock = threading.Lock()
         self._conn: Any = None
+        #: Opened once: a database that cannot be reached later is lost, not bad input.
+        self._opened = False
         with self._lock:
             conn = self._connection()
             if conn.execute(f"SELECT to_regclass('{_C}.queue') IS NOT NULL").fetchone()[0] is not True:
@@ -101,12 +104,15 @@ class Door:
                     f"no corral cluster in the database at {self.where}: no node has run on it"
                     " (start one: corral up --ledger URL)"
                 )
+            self._opened = True
 
     def _connection(self) -> Any:
         if self._conn is None:
             try:
                 self._conn = connect(self.url, "corral-client", max(1, int(self.timeout)))
             except PostgresUnavailable as exc:
+                if self._opened:  # it went away after the door was opened: ask again later
+                    raise LedgerLost(_scrub(str(exc), self.url)) from None
                 raise DoorError(_scrub(str(exc), self.url)) from None
         return self._conn
 
