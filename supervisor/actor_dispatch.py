@@ -46,6 +46,7 @@ from corral.mailbox.protocol import (
     PlanCommit,
     PlanInvalid,
     PlanUpdate,
+    ProjectCommitMoved,
     ProjectPreview,
     ProjectRevisionAdvance,
     ProjectVerification,
@@ -172,6 +173,8 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
             return await _need(methods.project, request).preview(slot, request)
         case ProjectRevisionAdvance():
             return await _need(methods.project, request).revision_advance(slot, request)
+        case ProjectCommitMoved():
+            return await _need(methods.project, request).commit_moved(slot, request)
         case SessionStart():
             return await _need(methods.sessions, request).start(slot, request)
         case SessionPoll():

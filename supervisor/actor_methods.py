@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         ModelGenerate,
         ModelReady,
         PlanUpdate,
+        ProjectCommitMoved,
         ProjectPreview,
         ProjectRevisionAdvance,
         ProjectVerification,
@@ -74,6 +75,8 @@ class ProjectMethods(Protocol):
     async def preview(self, slot: ActorSlot, request: ProjectPreview) -> dict[str, Any]: ...
 
     async def revision_advance(self, slot: ActorSlot, request: ProjectRevisionAdvance) -> dict[str, Any]: ...
+
+    async def commit_moved(self, slot: ActorSlot, request: ProjectCommitMoved) -> dict[str, Any]: ...
 
 
 class SessionMethods(Protocol):

@@ -15,7 +15,7 @@ import pytest
 from corral.actors.tools import host_git
 from corral.actors.tools.base import ToolContext, ToolError
 from corral.actors.tools.project import GitCommit, GitSnapshot, GitStatus
-from corral.mailbox.protocol import ProjectVerification, Request
+from corral.mailbox.protocol import ProjectCommitMoved, ProjectVerification, Request
 from corral.supervisor.runs.run_core import RunCore
 from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
@@ -26,8 +26,15 @@ COMMIT_VERBS = {"config", "rev-parse", "symbolic-ref", "diff-index", "read-tree"
                 "write-tree", "commit-tree", "update-ref", "status"}
 
 
+#: What the commits of these tests kept in their action's record (project.commit.moved).
+moved: list[ProjectCommitMoved] = []
+
+
 def _ctx(ws: Path, *, verified: bool = True, child: bool = False) -> ToolContext:
     async def ask(request: Request[Any], timeout: float = 30.0) -> Any:
+        if isinstance(request, ProjectCommitMoved):
+            moved.append(request)
+            return {}
         assert isinstance(request, ProjectVerification), request
         last = {"revision": 2, "status": "passed" if verified else "failed"}
         return {"revision": 2, "verification": last, "passed_on_current": verified, "passed_by_run": verified}
@@ -104,6 +111,7 @@ async def test_a_commit_holds_exactly_the_paths_on_the_expected_head(tmp_path: P
 
     head = _head(ws)
     assert done.output["commit"] == head and done.output["parent"] == start and done.output["branch"] == "main"
+    assert (moved[-1].commit, moved[-1].parent, moved[-1].branch) == (head, start, "refs/heads/main")
     assert _git(ws, "rev-parse", "HEAD^").strip() == start
     changed = _git(ws, "diff-tree", "--no-commit-id", "--name-status", "-r", start, head).split("\n")
     assert sorted(line for line in changed if line) == ["A\tnew.py", "D\tgone.txt", "M\ta.py"]

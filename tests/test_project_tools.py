@@ -13,7 +13,7 @@ import pytest
 
 from corral.actors.tools.base import ToolContext, ToolError
 from corral.actors.tools.project import Changeset, GitCommit, GitDiff, GitSnapshot, GitStatus
-from corral.mailbox.protocol import ProjectVerification, Request
+from corral.mailbox.protocol import ProjectCommitMoved, ProjectVerification, Request
 from tests.harness import Daemon, agent_spec, wait_run
 
 
@@ -39,6 +39,8 @@ def _ctx(ws: Path, scopes: tuple[str, ...] = (".",)) -> ToolContext:
 def _verified(ws: Path) -> ToolContext:
     """A context whose run has a passed verification on its current revision."""
     async def ask(request: Request[Any], timeout: float = 30.0) -> Any:
+        if isinstance(request, ProjectCommitMoved):
+            return {}
         assert isinstance(request, ProjectVerification), request
         return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True,
                 "passed_by_run": True}

@@ -170,3 +170,40 @@ def test_a_commit_needs_a_passed_verification_of_its_own_run_on_a_non_zero_revis
         _approve_next(daemon, own)
         assert wait_run(daemon, own, {"completed", "failed"})["run"]["status"] == "completed"
         assert _git(ws, "log", "--format=%s", f"{start}..HEAD") == "mine\n"
+
+
+def test_an_agent_killed_after_the_branch_moved_leaves_the_commit_for_a_person(short_tmp: Path) -> None:
+    """V1.12: "已知 commit 成功但专用 Agent DB 审计失败时，needs-reconciliation observation 和
+    fallback terminal receipt 仍保留同一组安全字段，确保人工核对能找到 commit SHA": the agent
+    is SIGKILLed right after the branch moved; the action waits for a person, its
+    record holds the commit, its parent and the branch, and the reconciled receipt
+    the model then sees names the commit. It is never committed twice."""
+    ws = short_tmp / "ws"
+    ws.mkdir()
+    _git(ws, "init", "-q", "-b", "main")
+    _git(ws, "config", "user.name", "Repo Owner")
+    _git(ws, "config", "user.email", "owner@example.invalid")
+    (ws / "app.py").write_text("v0\n")
+    _git(ws, "add", "app.py")
+    _git(ws, "commit", "-q", "-m", "start")
+    start = _git(ws, "rev-parse", "HEAD").strip()
+    spec = SPEC + '[[agents]]\nid = "noop"\n[[agents.steps]]\nfinal = "-"\n'
+    with running(short_tmp / "h", spec, env={"CORRAL_FAILPOINTS": "commit.after-ref=kill@once"}) as daemon:
+        run_id = _run(daemon, "write, verify, commit", _act("fs.write", path="app.py", content="good\n"),
+                      _act("project.verify"), _commit(ws, "Make it good", "good\n"), "committed")
+        _approve_next(daemon, run_id)
+        shown = wait_run(daemon, run_id, {"needs-reconciliation", "completed", "failed"})
+        assert shown["run"]["status"] == "needs-reconciliation", shown["run"]
+        commit = _git(ws, "rev-parse", "HEAD").strip()
+        assert commit != start and _git(ws, "rev-parse", "HEAD^").strip() == start
+        (row,) = ledger_rows(daemon.home, "SELECT action_id, phase, result FROM actions WHERE run_id = ? AND"
+                             " tool = 'project.git_commit'", run_id)
+        assert row["phase"] == "needs-reconciliation"
+        kept = json.loads(row["result"])["output"]
+        assert (kept["commit"], kept["parent"], kept["branch"]) == (commit, start, "main")
+        daemon.call("reconcile", action_id=row["action_id"], outcome="ok", note="the commit is on main")
+        (receipt,) = ledger_rows(daemon.home, "SELECT result_summary FROM receipts WHERE action_id = ?",
+                                 row["action_id"])
+        assert commit[:12] in receipt["result_summary"]
+        assert wait_run(daemon, run_id, {"completed", "failed"})["run"]["status"] == "completed"
+        assert _git(ws, "rev-list", "--count", "HEAD").strip() == "2", "committed once"

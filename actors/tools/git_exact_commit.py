@@ -41,6 +41,7 @@ from pathlib import Path
 
 from corral.actors.tools.base import OUTCOME_UNKNOWN, ToolError
 from corral.actors.tools.host_git import HostGit, HostGitError, Identity
+from corral.core import failpoints
 
 #: The seed's bound on one commit's paths.
 MAX_COMMIT_PATHS = 12
@@ -151,8 +152,20 @@ def _no_hidden(names: Sequence[str]) -> set[str]:
     return set()
 
 
+def _nothing_kept(commit: str, parent: str, branch: str) -> None:
+    return None
+
+
+#: Called once the branch moved, before the index is installed: keeps the commit's
+#: safe fields where a crash cannot lose them (the action's record). May raise.
+KeepMoved = Callable[[str, str, str], None]
+#: Between the branch's move (its fields kept) and the index's install.
+AFTER_REF_FAILPOINT = "commit.after-ref"
+
+
 def commit_exact(workspace: Path, states: Sequence[PathState], message: str, expected_head: str,
-                 hidden: Callable[[Sequence[str]], set[str]] = _no_hidden) -> Committed:
+                 hidden: Callable[[Sequence[str]], set[str]] = _no_hidden,
+                 keep_moved: KeepMoved = _nothing_kept) -> Committed:
     """Commit exactly ``states`` on the current branch, whose tip must be ``expected_head``,
     with nothing staged in the real index. ``hidden``: the names a refusal never shows."""
     if not _OBJECT_ID.match(expected_head):
@@ -174,7 +187,7 @@ def commit_exact(workspace: Path, states: Sequence[PathState], message: str, exp
     # install, so no other git writes the index meanwhile (one holding it refuses this).
     lock = _take_index_lock(workspace / ".git")
     try:
-        return _commit_locked(git, lock, head, states, message, identity, hidden)
+        return _commit_locked(git, lock, head, states, message, identity, hidden, keep_moved)
     finally:
         lock.unlink(missing_ok=True)
 
@@ -194,7 +207,7 @@ def _take_index_lock(git_dir: Path) -> Path:
 
 
 def _commit_locked(git: HostGit, lock: Path, head: Head, states: Sequence[PathState], message: str,
-                   identity: Identity, hidden: Callable[[Sequence[str]], set[str]]) -> Committed:
+                   identity: Identity, hidden: Callable[[Sequence[str]], set[str]], keep_moved: KeepMoved) -> Committed:
     assert head.commit is not None and head.branch is not None
     staged = [name for name in _out(_git(git, "diff-index", "--cached", "--name-only", "-z", "--no-renames",
                                          head.commit), "diff-index").split("\0") if name]
@@ -231,6 +244,12 @@ def _commit_locked(git: HostGit, lock: Path, head: Head, states: Sequence[PathSt
             raise ToolError(f"git update-ref of {head.branch} failed and HEAD is {now or 'unreadable'}"
                             f" (candidate commit {new}, expected {head.commit}): check the branch before"
                             f" anything else; {moved.stderr.strip()[:200]}", OUTCOME_UNKNOWN)
+        try:
+            keep_moved(new, head.commit, head.branch)
+        except Exception as exc:  # the commit exists; not knowing it was kept is for a person
+            raise ToolError(f"committed {new} on {head.branch} (parent {head.commit}), but could not keep that in"
+                            f" the action's record ({exc})", OUTCOME_UNKNOWN) from None
+        failpoints.hit(AFTER_REF_FAILPOINT)
         _install_index(git, lock, entries, new, head)
     return Committed(new, head.commit, head.branch, True)
 

@@ -50,6 +50,7 @@ from corral.actors.tools.host_git import (
 from corral.actors.tools.project_common import MAX_DIFF_CHARS, target
 from corral.actors.tools.project_verify import require_verification
 from corral.actors.tools.staging import open_to_read
+from corral.mailbox.protocol import ProjectCommitMoved
 
 #: A file larger than this is not read into memory to be committed.
 MAX_COMMIT_FILE_BYTES = git_snapshot.MAX_FILE_BYTES
@@ -248,8 +249,17 @@ class GitCommit:
                             "snapshot-changed")
         _check_paths(states, snap)
         secrets = _secrets(ctx)
+
+        def keep_moved(commit: str, parent: str, branch: str) -> None:
+            # From the commit's worker thread: the supervisor keeps the commit's safe
+            # fields in the action's record before the index is installed (seed 004 V1.12).
+            moved = ProjectCommitMoved(run_id=ctx.run_id, action_id=ctx.action_id, commit=commit, parent=parent,
+                                       branch=branch)
+            trio.from_thread.run(ctx.ask, moved)
+
         done = await trio.to_thread.run_sync(
-            lambda: commit_exact(ctx.workspace, states, message, expected_head, lambda names: secrets.hidden(names)))
+            lambda: commit_exact(ctx.workspace, states, message, expected_head, lambda names: secrets.hidden(names),
+                                 keep_moved))
         branch = done.branch.removeprefix("refs/heads/")
         output = {"commit": done.commit, "parent": done.parent, "branch": branch,
                   "paths": [state.path for state in states],

@@ -84,6 +84,8 @@ KNOWN: dict[str, str] = {
     "changeset.after-checkpoint": "agent: a changeset's or restore's checkpoint is written, no file changed yet",
     "changeset.before-deletes": "agent: a changeset's writes are committed, its deletes not done (raise: an I/O"
     " failure there)",
+    "commit.after-ref": "agent: project.git_commit moved the branch and its safe fields are recorded; its index"
+    " and result are not",
     "changeset.rollback": "agent: a failed changeset puts one file back (raise: that file cannot be put back)",
     "verify.after-record": "a project.verify's verification is recorded, its action not yet finished",
 }

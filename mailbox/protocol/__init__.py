@@ -49,6 +49,7 @@ from corral.mailbox.protocol.models import (
 from corral.mailbox.protocol.people import HistoryActions, HistoryCommand, InputRequest, PeopleRequest, ReplyDelta
 from corral.mailbox.protocol.probes import BenchSink, BenchSinkCount, BenchSinkReset, ProbeRequest, SinkCount
 from corral.mailbox.protocol.project import (
+    ProjectCommitMoved,
     ProjectPreview,
     ProjectRequest,
     ProjectRevisionAdvance,
@@ -138,6 +139,7 @@ __all__ = [
     "PlanInvalid",
     "PlanUpdate",
     "Pong",
+    "ProjectCommitMoved",
     "ProjectPreview",
     "ProjectRevisionAdvance",
     "ProjectVerification",

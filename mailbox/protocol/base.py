@@ -46,6 +46,7 @@ class Method(StrEnum):
     PROJECT_VERIFICATION = "project.verification"
     PROJECT_PREVIEW = "project.preview"
     PROJECT_REVISION_ADVANCE = "project.revision.advance"
+    PROJECT_COMMIT_MOVED = "project.commit.moved"
     # sessions and commands
     SESSION_START = "session.start"
     SESSION_POLL = "session.poll"

@@ -68,7 +68,26 @@ class ProjectRevisionAdvance(Request[Reply], frozen=True, forbid_unknown_fields=
     action_id: ToolId
 
 
+#: A full git object id (SHA-1 or SHA-256).
+ObjectId = Annotated[str, msgspec.Meta(pattern=r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")]
+
+
+class ProjectCommitMoved(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """``project.commit.moved``: an executing ``project.git_commit`` moved its branch;
+    the commit, its parent and the branch are kept in the action's record before
+    anything else happens, so a crash from here on leaves them to the person who
+    reconciles it (seed 004 V1.12's fallback receipt)."""
+
+    METHOD: ClassVar[Method] = Method.PROJECT_COMMIT_MOVED
+    run_id: ToolId
+    action_id: ToolId
+    commit: ObjectId
+    parent: ObjectId
+    branch: Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+
+
 #: The project's requests (the package's ``TypedRequest`` includes them).
 ProjectRequest = (
     ProjectVerifyBegin | ProjectVerifyRecord | ProjectVerification | ProjectPreview | ProjectRevisionAdvance
+    | ProjectCommitMoved
 )

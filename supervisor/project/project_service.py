@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import TypeAdapter
 
 from corral.mailbox.protocol import (
+    ProjectCommitMoved,
     ProjectPreview,
     ProjectRevisionAdvance,
     ProjectVerification,
@@ -34,6 +35,7 @@ from corral.mailbox.protocol import (
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.project import preview_gate, revision_store, verification_store, verify_recovery
+from corral.supervisor.runs import action_store
 from corral.supervisor.runs.recovery import RecoveryReport
 from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
@@ -48,6 +50,7 @@ SandboxOf = Callable[[Any], dict[str, Any]]
 
 VERIFY_TOOL = "project.verify"
 CHANGESET_TOOL = "project.changeset"
+COMMIT_TOOL = "project.git_commit"
 
 
 def project_settings(raw_spec: dict[str, Any]) -> ProjectTable:
@@ -84,6 +87,19 @@ class ProjectService:
         if action["phase"] != "executing":
             raise BadRequest(f"action {action['action_id']} is {action['phase']}, not executing")
         return {"revision": revision_store.record(self.ledger, action)}
+
+    async def commit_moved(self, slot: ActorSlot, request: ProjectCommitMoved) -> dict[str, Any]:
+        """An executing ``project.git_commit`` moved its branch: its safe fields are kept
+        in the action's record now, for whoever reconciles it after a crash (seed 004
+        V1.12: the fallback receipt keeps the commit SHA)."""
+        ids = {"run_id": request.run_id, "action_id": request.action_id}
+        _run_id, action = self.runs.ledger_tool_action(slot, ids, COMMIT_TOOL)
+        output = {"commit": request.commit, "parent": request.parent,
+                  "branch": request.branch.removeprefix("refs/heads/")}
+        action_store.keep_partial_result(
+            self.ledger, action, output,
+            f"committed {request.commit[:12]} on {output['branch']}; its result was not recorded yet")
+        return {}
 
     async def verify_begin(self, slot: ActorSlot, request: ProjectVerifyBegin) -> dict[str, Any]:
         run, action = self._verify_action(slot, request)

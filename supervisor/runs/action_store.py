@@ -268,6 +268,18 @@ def _block_if_stale(ledger: Ledger, row: Any, phase: ActionPhase) -> Begun | Non
     return None
 
 
+def keep_partial_result(ledger: Ledger, row: Any, output: dict[str, Any], summary: str) -> None:
+    """What an executing action's effect already came to (a commit made, not yet
+    reported), kept in its result: a crash from here on leaves it to the person who
+    reconciles the action, and the reconciled receipt shows it. The action's own
+    finish replaces it."""
+    if ActionPhase(row["phase"]) is not ActionPhase.EXECUTING:
+        raise Conflict(f"action {row['action_id']} is {row['phase']}, not executing")
+    stored, _cut = bounded_json_cut(redact({"output": output, "summary": summarize(summary, 300)}))
+    with ledger.tx() as db:
+        db.execute("UPDATE actions SET result = ? WHERE action_id = ?", (stored, row["action_id"]))
+
+
 def park_unknown_outcome(ledger: Ledger, row: Any, output: dict[str, Any], summary: str, reason: str) -> None:
     """An executing action whose tool reported that it cannot tell what its effect
     came to: ``needs-reconciliation`` with the tool's safe output kept in its result
