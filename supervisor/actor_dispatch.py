@@ -68,6 +68,10 @@ from corral.mailbox.protocol import (
     SessionStateReport,
     SessionStdin,
     SessionTerminate,
+    SwarmClaim,
+    SwarmContract,
+    SwarmDelegate,
+    SwarmSpawn,
     TypedRequest,
     Untyped,
 )
@@ -134,9 +138,8 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
         case RunFail():
             return await runs.fail(slot, request)
         case RunChildResult():
-            # Served by the swarm (supervisor/swarm/swarm_service.py), whose handler
-            # takes its params' map until that family is typed.
-            return await _untyped(sup, slot, request.METHOD, msgspec.to_builtins(request))
+            # The run layer's method, served by the swarm (supervisor/swarm/swarm_service.py).
+            return await _need(methods.swarm, request).child_result(slot, request)
         # -- long tasks (supervisor/longtask/)
         case ContextCompacted():
             answer = await _need(methods.compaction, request).compacted(slot, request)
@@ -203,6 +206,14 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
             return await _need(methods.mcp, request).failed(slot, request)
         case McpCall():
             return await _need(methods.mcp, request).call(slot, request)
+        case SwarmSpawn():
+            return await _need(methods.swarm, request).spawn(slot, request)
+        case SwarmDelegate():
+            return await _need(methods.swarm, request).delegate(slot, request)
+        case SwarmClaim():
+            return await _need(methods.swarm, request).claim(slot, request)
+        case SwarmContract():
+            return await _need(methods.swarm, request).contract(slot, request)
         case Untyped():
             return await _untyped(sup, slot, request.method, request.params)
         case _:

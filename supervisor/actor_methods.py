@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         ProjectVerifyRecord,
         ProviderInterrupted,
         ReplyDelta,
+        RunChildResult,
         SessionLaunched,
         SessionPoll,
         SessionStart,
@@ -48,6 +49,10 @@ if TYPE_CHECKING:
         SessionStdin,
         SessionTerminate,
         SinkCount,
+        SwarmClaim,
+        SwarmContract,
+        SwarmDelegate,
+        SwarmSpawn,
     )
     from corral.supervisor.tree.supervision_tree import ActorSlot
 
@@ -170,6 +175,20 @@ class ReplyStreamMethods(Protocol):
     async def reply_delta(self, slot: ActorSlot, request: ReplyDelta) -> dict[str, Any]: ...
 
 
+class SwarmMethods(Protocol):
+    """The swarm: spawns, delegations, claims, contracts (supervisor/swarm/swarm_service.py)."""
+
+    async def spawn(self, slot: ActorSlot, request: SwarmSpawn) -> dict[str, Any]: ...
+
+    async def delegate(self, slot: ActorSlot, request: SwarmDelegate) -> dict[str, Any]: ...
+
+    async def claim(self, slot: ActorSlot, request: SwarmClaim) -> dict[str, Any]: ...
+
+    async def contract(self, slot: ActorSlot, request: SwarmContract) -> dict[str, Any]: ...
+
+    async def child_result(self, slot: ActorSlot, request: RunChildResult) -> dict[str, Any]: ...
+
+
 @dataclass
 class ActorMethods:
     """The families this supervisor serves: each set by its service's setup."""
@@ -186,3 +205,4 @@ class ActorMethods:
     questions: QuestionMethods | None = None
     own_history: OwnHistoryMethods | None = None
     reply_stream: ReplyStreamMethods | None = None
+    swarm: SwarmMethods | None = None

@@ -81,6 +81,24 @@ MALFORMED = [
     # MCP servers
     ({"method": "mcp.call", "params": {"action_id": "a", "arguments": ["x"]}}, "bad-request", "arguments"),
     ({"method": "mcp.ready", "params": {"server": "s", "tools": "all"}}, "bad-request", "tools"),
+    # the swarm
+    (
+        {
+            "method": "swarm.spawn",
+            "params": {
+                "run_id": "r",
+                "action_id": "a",
+                "children": [{"template": "t", "task": "x", "write_scopes": ["out"], "colour": "red"}],
+            },
+        },
+        "bad-request",
+        "colour",
+    ),
+    (
+        {"method": "swarm.claim", "params": {"run_id": "r", "action_id": "a", "delivery_ids": "all"}},
+        "bad-request",
+        "delivery_ids",
+    ),
     # sessions and commands
     (
         {"method": "session.poll", "params": {"run_id": "r", "process_id": "proc-1", "max_chars": 16_001}},

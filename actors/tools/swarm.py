@@ -6,11 +6,24 @@ returns the first result: recovery may run them again (``ledger_idempotent``).
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired
+from typing import Any, Literal, NotRequired, TypeVar
 
+import msgspec
 from typing_extensions import TypedDict
 
-from corral.actors.tools.base import Tool, ToolContext, ToolResult, schema
+from corral.actors.tools.base import Tool, ToolContext, ToolError, ToolResult, schema
+from corral.mailbox.protocol import SpawnChild, SwarmClaim, SwarmContract, SwarmDelegate, SwarmSpawn
+
+T = TypeVar("T")
+
+
+def _record(kind: type[T], value: Any, name: str) -> T:
+    """A tool input field as its record (the tool's schema checked it already; a
+    value that still does not fit is the model's bad input, named)."""
+    try:
+        return msgspec.convert(value, kind, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ToolError(f"{name}: {exc}", "bad-input") from None
 
 
 class ChildArgs(TypedDict):
@@ -51,13 +64,13 @@ class SpawnIsolated:
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        reply = await ctx.call(
-            "swarm.spawn",
+        spawn = SwarmSpawn(
             run_id=ctx.run_id,
             action_id=ctx.action_id,
-            children=tool_input["children"],
+            children=_record(list[SpawnChild], tool_input["children"], "children"),
             join_mode=tool_input.get("join_mode", "all"),
         )
+        reply = await ctx.ask(spawn)
         names = ", ".join(child["instance_id"] for child in reply["children"])
         return ToolResult(True, reply, f"spawned group {reply['group_id']} ({names})")
 
@@ -73,7 +86,17 @@ class Delegate:
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        reply = await ctx.call("swarm.delegate", run_id=ctx.run_id, action_id=ctx.action_id, **tool_input)
+        reply = await ctx.ask(
+            SwarmDelegate(
+                run_id=ctx.run_id,
+                action_id=ctx.action_id,
+                agent_id=tool_input["agent_id"],
+                task=tool_input["task"],
+                acceptance_criteria=tool_input.get("acceptance_criteria"),
+                expected_artifacts=tool_input.get("expected_artifacts"),
+                repair_of=tool_input.get("repair_of"),
+            )
+        )
         return ToolResult(True, reply, f"delegated {reply['delegation_id']} to {reply['target']}")
 
 
@@ -89,19 +112,15 @@ class RunStatus:
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         if tool_input.get("delegation_id") is not None:
-            contract = await ctx.call("swarm.contract", run_id=ctx.run_id, delegation_id=tool_input["delegation_id"])
+            contract = await ctx.ask(SwarmContract(run_id=ctx.run_id, delegation_id=tool_input["delegation_id"]))
             return ToolResult(
                 True,
                 contract,
                 f"contract of {contract['delegation_id']}: {contract['contract_status']},"
                 f" {len(contract['acceptance_criteria'])} criteria",
             )
-        reply = await ctx.call(
-            "swarm.claim",
-            run_id=ctx.run_id,
-            action_id=ctx.action_id,
-            delivery_ids=tool_input.get("delivery_ids"),
-        )
+        claim = SwarmClaim(run_id=ctx.run_id, action_id=ctx.action_id, delivery_ids=tool_input.get("delivery_ids"))
+        reply = await ctx.ask(claim)
         kinds = [f"{d['kind']}:{d.get('status', 'joined')}" for d in reply["claimed"]]
         return ToolResult(
             True,

@@ -99,6 +99,14 @@ from corral.mailbox.protocol.sessions import (
     SessionStdin,
     SessionTerminate,
 )
+from corral.mailbox.protocol.swarm import (
+    SpawnChild,
+    SwarmClaim,
+    SwarmContract,
+    SwarmDelegate,
+    SwarmRequest,
+    SwarmSpawn,
+)
 
 __all__ = [
     "DEFAULT_POLL_CHARS",
@@ -166,8 +174,13 @@ __all__ = [
     "SessionStdin",
     "SessionTerminate",
     "SinkCount",
+    "SpawnChild",
     "StepReply",
     "StepRequest",
+    "SwarmClaim",
+    "SwarmContract",
+    "SwarmDelegate",
+    "SwarmSpawn",
     "TurnNote",
     "TypedRequest",
     "Untyped",
@@ -195,6 +208,7 @@ TypedRequest = (
     | McpRequest
     | LongTaskRequest
     | PeopleRequest
+    | SwarmRequest
 )
 
 #: Each typed request's record by its method, read off the union (no second list).

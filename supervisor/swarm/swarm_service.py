@@ -12,9 +12,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import trio
 
-from corral.mailbox.protocol import Method
+from corral.mailbox.protocol import RunChildResult, SwarmClaim, SwarmContract, SwarmDelegate, SwarmSpawn
 from corral.mailbox.steps import CompactStep, Do, ParkStep, ProviderStep
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
@@ -95,27 +96,26 @@ class SwarmService:
 
     # -- actor methods --------------------------------------------------------------
 
-    def _parent(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
-        return self.runs.owned_run(slot, params)
+    def _parent(self, slot: ActorSlot, run_id: str) -> Any:
+        return self.runs.run_of(slot, run_id)
 
-    def _action_id(self, params: dict[str, Any], run: Any) -> str:
-        action_id = params.get("action_id")
-        if not isinstance(action_id, str):
-            raise BadRequest("action_id must be a string")
+    def _action_id(self, action_id: str, run: Any) -> str:
         action = action_store.get_action(self.ledger, action_id)
         if action["run_id"] != run["run_id"] or action["phase"] != "executing":
             raise BadRequest(f"action {action_id} is not an executing action of this run")
         return action_id
 
-    async def spawn(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self._parent(slot, params)
+    async def spawn(self, slot: ActorSlot, request: SwarmSpawn) -> dict[str, Any]:
+        run = self._parent(slot, request.run_id)
         view = children_store.spawn_group(
             self.ledger,
             self.spec,
             run,
-            self._action_id(params, run),
-            params.get("children"),
-            params.get("join_mode", "all"),
+            self._action_id(request.action_id, run),
+            # As the agent sent them (a child's defaults left out): the pure checks
+            # and the duplicate's digest read them so (swarm_decisions.plan_spawn).
+            msgspec.to_builtins(request.children),
+            request.join_mode,
         )
         for child in view["children"]:
             await self.start_child(child["instance_id"])
@@ -157,37 +157,29 @@ class SwarmService:
             return ()
         return provider_env(template.provider, template.provider_config) if template else ()
 
-    async def delegate(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self._parent(slot, params)
+    async def delegate(self, slot: ActorSlot, request: SwarmDelegate) -> dict[str, Any]:
+        run = self._parent(slot, request.run_id)
         # An optional field left out is absent, not None (None would fail its check).
-        fields = {
-            k: params[k]
-            for k in ("agent_id", "task", "acceptance_criteria", "expected_artifacts", "repair_of")
-            if params.get(k) is not None
-        }
-        reply = delegation_store.delegate(self.ledger, self.spec, run, self._action_id(params, run), fields)
+        fields: dict[str, Any] = msgspec.to_builtins(request)
+        for envelope_field in ("run_id", "action_id"):
+            fields.pop(envelope_field)
+        reply = delegation_store.delegate(self.ledger, self.spec, run, self._action_id(request.action_id, run), fields)
         await self.runs.wake(reply["target"])
         return reply
 
-    async def claim(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self._parent(slot, params)
-        ids = params.get("delivery_ids")
-        if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)):
-            raise BadRequest("delivery_ids must be a list of strings")
-        return claim_store.claim(self.ledger, run["run_id"], self._action_id(params, run), ids)
+    async def claim(self, slot: ActorSlot, request: SwarmClaim) -> dict[str, Any]:
+        run = self._parent(slot, request.run_id)
+        action_id = self._action_id(request.action_id, run)
+        return claim_store.claim(self.ledger, run["run_id"], action_id, request.delivery_ids)
 
-    async def contract(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def contract(self, slot: ActorSlot, request: SwarmContract) -> dict[str, Any]:
         """One claimed delegation's contract and receipt (``agent.run_status(delegation_id=...)``)."""
-        run = self._parent(slot, params)
-        delegation_id = params.get("delegation_id")
-        if not isinstance(delegation_id, str) or not delegation_id:
-            raise BadRequest("delegation_id must be a delegation id")
-        return delegation_store.contract(self.ledger, run["run_id"], delegation_id)
+        run = self._parent(slot, request.run_id)
+        return delegation_store.contract(self.ledger, run["run_id"], request.delegation_id)
 
-    async def child_result(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
-        run = self._parent(slot, params)
-        reply = params.get("reply")
-        summary = reply if isinstance(reply, str) else ""
+    async def child_result(self, slot: ActorSlot, request: RunChildResult) -> dict[str, Any]:
+        run = self._parent(slot, request.run_id)
+        summary = request.reply or ""
         blockers = finalization.blockers(self.ledger, run["run_id"])
         error = ("ended with open work: " + "; ".join(blockers)) if blockers else None
         if run["kind"] == "child":
@@ -351,14 +343,6 @@ class SwarmPart(ServicePart):
 
 def install(sup: Supervisor) -> SwarmService:
     service = SwarmService(sup.ledger, sup.tree, sup.runs, sup.spec)
-    sup.actor_methods.update(
-        {
-            Method.SWARM_SPAWN: service.spawn,
-            Method.SWARM_DELEGATE: service.delegate,
-            Method.SWARM_CLAIM: service.claim,
-            Method.SWARM_CONTRACT: service.contract,
-            Method.RUN_CHILD_RESULT: service.child_result,
-        }
-    )
+    sup.methods.swarm = service
     sup.tree.on_escalated.append(service.on_escalated)
     return service
