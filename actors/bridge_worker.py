@@ -26,6 +26,7 @@ import trio
 from corral.actors.runtime import ActorContext, is_shutdown
 from corral.bridge.client import BridgeCallError, Client
 from corral.core import failpoints
+from corral.mailbox.protocol import BridgeJobAdvance, BridgeJobOpen, BridgeJobs, BridgeReport, BridgeRunStatus
 
 log = logging.getLogger("corral.bridge_worker")
 
@@ -37,7 +38,7 @@ async def run(ctx: ActorContext) -> int:
     params = ctx.params
     token = os.environ.get(params["token_env"], "")
     if not token:
-        await ctx.call("bridge.report", problem=f"${params['token_env']} is not set: no bridge token")
+        await ctx.ask(BridgeReport(problem=f"${params['token_env']} is not set: no bridge token"))
         await ctx.shutdown.wait()
         return 0
     worker = Worker(ctx, Client(params["url"], token, timeout=30.0))
@@ -75,7 +76,7 @@ class Worker:
 
     async def loop(self) -> None:
         while True:
-            jobs = (await self.ctx.call("bridge.jobs"))["jobs"]
+            jobs = (await self.ctx.ask(BridgeJobs()))["jobs"]
             for job in jobs:  # unfinished after a restart: the same calls, the same keys
                 await self.drive(job)
             try:
@@ -90,8 +91,10 @@ class Worker:
             if task is None:
                 await trio.sleep(self.poll_s)
                 continue
-            job = await self.ctx.call("bridge.job_open", task_id=task["task_id"], title=task["title"],
-                                      revision=task["revision"], attempt=attempt)
+            opened = BridgeJobOpen(
+                task_id=task["task_id"], title=task["title"], revision=task["revision"], attempt=attempt
+            )
+            job = await self.ctx.ask(opened)
             await self.drive(job["job"])
 
     async def next_task(self) -> dict[str, Any] | None:
@@ -100,8 +103,32 @@ class Worker:
                 return dict(task)
         return None
 
-    async def advance(self, job: dict[str, Any], phase: str, **facts: Any) -> dict[str, Any]:
-        answer = await self.ctx.call("bridge.job_advance", job_id=job["job_id"], phase=phase, **facts)
+    async def advance(
+        self,
+        job: dict[str, Any],
+        phase: str,
+        *,
+        assignment_id: str | None = None,
+        binding_id: str | None = None,
+        bridge_run_id: str | None = None,
+        submission_id: str | None = None,
+        reply: str | None = None,
+        reason: str | None = None,
+        revision: int | None = None,
+    ) -> dict[str, Any]:
+        """The job's next phase, committed with the facts its bridge call will send."""
+        change = BridgeJobAdvance(
+            job_id=job["job_id"],
+            phase=phase,
+            assignment_id=assignment_id,
+            binding_id=binding_id,
+            bridge_run_id=bridge_run_id,
+            submission_id=submission_id,
+            reply=reply,
+            reason=reason,
+            revision=revision,
+        )
+        answer = await self.ctx.ask(change)
         return dict(answer["job"])
 
     async def drive(self, job: dict[str, Any]) -> None:
@@ -148,7 +175,7 @@ class Worker:
         renew_every = self.lease_ms / 3000
         renewals = 0
         while True:
-            status = await self.ctx.call("bridge.run_status", job_id=job["job_id"], wait_s=renew_every)
+            status = await self.ctx.ask(BridgeRunStatus(job_id=job["job_id"], wait_s=renew_every))
             if status["done"]:
                 break
             renewals += 1

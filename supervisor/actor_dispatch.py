@@ -26,6 +26,11 @@ from corral.mailbox.protocol import (
     BenchSink,
     BenchSinkCount,
     BenchSinkReset,
+    BridgeJobAdvance,
+    BridgeJobOpen,
+    BridgeJobs,
+    BridgeReport,
+    BridgeRunStatus,
     Code,
     CommandLaunched,
     CommandSandbox,
@@ -214,6 +219,16 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
             return await _need(methods.swarm, request).claim(slot, request)
         case SwarmContract():
             return await _need(methods.swarm, request).contract(slot, request)
+        case BridgeJobs():
+            return await _need(methods.bridge, request).jobs(slot, request)
+        case BridgeJobOpen():
+            return await _need(methods.bridge, request).job_open(slot, request)
+        case BridgeJobAdvance():
+            return await _need(methods.bridge, request).job_advance(slot, request)
+        case BridgeRunStatus():
+            return await _need(methods.bridge, request).run_status(slot, request)
+        case BridgeReport():
+            return await _need(methods.bridge, request).report(slot, request)
         case Untyped():
             return await _untyped(sup, slot, request.method, request.params)
         case _:

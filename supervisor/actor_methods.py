@@ -19,6 +19,11 @@ if TYPE_CHECKING:
         BenchSink,
         BenchSinkCount,
         BenchSinkReset,
+        BridgeJobAdvance,
+        BridgeJobOpen,
+        BridgeJobs,
+        BridgeReport,
+        BridgeRunStatus,
         CommandLaunched,
         CommandSandbox,
         ContextCompacted,
@@ -189,6 +194,20 @@ class SwarmMethods(Protocol):
     async def child_result(self, slot: ActorSlot, request: RunChildResult) -> dict[str, Any]: ...
 
 
+class BridgeMethods(Protocol):
+    """An agent-task bridge's jobs, driven by the bridge worker (supervisor/bridge/bridge_service.py)."""
+
+    async def jobs(self, slot: ActorSlot, request: BridgeJobs) -> dict[str, Any]: ...
+
+    async def job_open(self, slot: ActorSlot, request: BridgeJobOpen) -> dict[str, Any]: ...
+
+    async def job_advance(self, slot: ActorSlot, request: BridgeJobAdvance) -> dict[str, Any]: ...
+
+    async def run_status(self, slot: ActorSlot, request: BridgeRunStatus) -> dict[str, Any]: ...
+
+    async def report(self, slot: ActorSlot, request: BridgeReport) -> dict[str, Any]: ...
+
+
 @dataclass
 class ActorMethods:
     """The families this supervisor serves: each set by its service's setup."""
@@ -206,3 +225,4 @@ class ActorMethods:
     own_history: OwnHistoryMethods | None = None
     reply_stream: ReplyStreamMethods | None = None
     swarm: SwarmMethods | None = None
+    bridge: BridgeMethods | None = None

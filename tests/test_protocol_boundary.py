@@ -99,6 +99,13 @@ MALFORMED = [
         "bad-request",
         "delivery_ids",
     ),
+    # the bridge worker's jobs
+    ({"method": "bridge.job_open", "params": {"task_id": "t", "title": "x", "revision": 0}}, "bad-request", "revision"),
+    (
+        {"method": "bridge.job_advance", "params": {"job_id": "j", "phase": "lost", "reason": ""}},
+        "bad-request",
+        "reason",
+    ),
     # sessions and commands
     (
         {"method": "session.poll", "params": {"run_id": "r", "process_id": "proc-1", "max_chars": 16_001}},

@@ -124,7 +124,7 @@ def test_the_untyped_methods_are_the_ones_listed() -> None:
 #: Two of them are ``RunFeature.prepare_route`` and ``McpFeature.prepare_route``
 #: (supervisor/runs/run_feature.py, issue 50 §3): they hand ``action.prepare``'s
 #: params on, as the untyped ``PrepareRoute`` alias did, and are typed with it.
-UNTYPED_HANDLERS_AT_MOST = 11
+UNTYPED_HANDLERS_AT_MOST = 6
 
 #: Where a string equal to a method's name is a tool's name, not the method's (the
 #: tools ``plan.update``, ``goal.verdict``, ``mcp.call`` … share their method's
@@ -216,7 +216,7 @@ def test_the_typed_protocol_is_the_only_way_they_talk() -> None:
 
 
 #: The offences left (a ratchet, issue 50 §1): lowered as each family is typed.
-SEAM_OFFENCES_AT_MOST = 36
+SEAM_OFFENCES_AT_MOST = 20
 
 PLANTED = {
     "supervisor/x_service.py": """

@@ -31,6 +31,14 @@ from typing import Any, Final, TypeVar, get_args
 import msgspec
 
 from corral.mailbox.protocol.base import Code, Count, Id, Method, ProtocolError, Request, Untyped
+from corral.mailbox.protocol.bridge import (
+    BridgeJobAdvance,
+    BridgeJobOpen,
+    BridgeJobs,
+    BridgeReport,
+    BridgeRequest,
+    BridgeRunStatus,
+)
 from corral.mailbox.protocol.longtask import ContextCompacted, GoalVerdict, LongTaskRequest, PlanUpdate
 from corral.mailbox.protocol.mcp import (
     McpCall,
@@ -120,6 +128,11 @@ __all__ = [
     "BenchSink",
     "BenchSinkCount",
     "BenchSinkReset",
+    "BridgeJobAdvance",
+    "BridgeJobOpen",
+    "BridgeJobs",
+    "BridgeReport",
+    "BridgeRunStatus",
     "ChatMessage",
     "Claim",
     "ClaimedRun",
@@ -209,6 +222,7 @@ TypedRequest = (
     | LongTaskRequest
     | PeopleRequest
     | SwarmRequest
+    | BridgeRequest
 )
 
 #: Each typed request's record by its method, read off the union (no second list).

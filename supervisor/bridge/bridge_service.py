@@ -17,11 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from corral.mailbox.protocol import Method
+from corral.mailbox.protocol import (
+    BridgeJobAdvance,
+    BridgeJobOpen,
+    BridgeJobs,
+    BridgeReport,
+    BridgeRunStatus,
+)
 from corral.supervisor.bridge.bridge_spec import BridgeSpec
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.params import param_int, param_seconds, param_str
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL
 from corral.supervisor.runs.run_views import ELSEWHERE_POLL_S
@@ -45,9 +50,6 @@ PHASES: dict[str, frozenset[str]] = {
     "lost": frozenset(),
 }
 FINISHED = frozenset(phase for phase, onward in PHASES.items() if not onward)
-#: What a phase change may record, and how long each may be.
-FACTS = {"assignment_id": 40, "binding_id": 40, "bridge_run_id": 40, "submission_id": 40, "reply": 20_000,
-         "reason": 500}
 
 
 class BridgeService:
@@ -76,7 +78,7 @@ class BridgeService:
             raise NotFound(f"no bridge job {job_id!r}")
         return dict(row)
 
-    async def jobs(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def jobs(self, slot: ActorSlot, request: BridgeJobs) -> dict[str, Any]:
         self._check_worker(slot)
         marks = ",".join("?" * len(FINISHED))
         rows = self.ledger.all(
@@ -84,15 +86,13 @@ class BridgeService:
         )
         return {"jobs": [dict(row) for row in rows]}
 
-    async def job_open(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def job_open(self, slot: ActorSlot, request: BridgeJobOpen) -> dict[str, Any]:
         """A job for a task the worker is about to claim (its unfinished one, if any)."""
         self._check_worker(slot)
-        task_id = param_str(params, "task_id", limit=40)
-        title = param_str(params, "title", limit=200)
-        revision = param_int(params, "revision", low=1, high=2**53 - 1)
+        task_id, title, revision = request.task_id, request.title, request.revision
         # Which attempt at the task this is (its submissions so far: a rejection
         # opens a redo, which is a new run); None from a worker that does not say.
-        attempt = None if params.get("attempt") is None else param_int(params, "attempt", high=10_000)
+        attempt = request.attempt
         marks = ",".join("?" * len(FINISHED))
         row = self.ledger.one(
             f"SELECT * FROM bridge_jobs WHERE task_id = ? AND phase NOT IN ({marks})", task_id, *sorted(FINISHED)
@@ -112,18 +112,13 @@ class BridgeService:
             self.ledger.event("bridge-job-claiming", job_id, task=task_id)
         return {"job": self._job(job_id)}
 
-    async def job_advance(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def job_advance(self, slot: ActorSlot, request: BridgeJobAdvance) -> dict[str, Any]:
         self._check_worker(slot)
-        job = self._job(param_str(params, "job_id", limit=40))
-        phase = param_str(params, "phase", limit=20)
+        job = self._job(request.job_id)
+        phase = request.phase
         if phase not in PHASES[job["phase"]]:
             raise BadRequest(f"bridge job {job['job_id']} cannot go from {job['phase']} to {phase!r}")
-        sets: dict[str, Any] = {}
-        for name, limit in FACTS.items():
-            if name in params:
-                sets[name] = param_str(params, name, limit=limit) if name != "reply" else _text(params, name, limit)
-        if "revision" in params:
-            sets["revision"] = param_int(params, "revision", low=1, high=2**53 - 1)
+        sets: dict[str, Any] = request.facts()
         if phase == "running" and job["phase"] == "starting":
             sets["run_id"] = await self._start_run(job)
         assignments = ", ".join(f"{name} = ?" for name in sets)
@@ -150,12 +145,11 @@ class BridgeService:
         created = await self.runs.create({"agent_id": bridge.agent, "task": job["title"], "run_id": run_id})
         return str(created["run_id"])
 
-    async def run_status(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def run_status(self, slot: ActorSlot, request: BridgeRunStatus) -> dict[str, Any]:
         """The job's corral run: done or not, waiting up to ``wait_s`` for it to end."""
         self._check_worker(slot)
-        job = self._job(param_str(params, "job_id", limit=40))
-        wait_s = param_seconds(params, "wait_s", 0.0, low=0.0, high=600.0)
-        with trio.move_on_after(wait_s):
+        job = self._job(request.job_id)
+        with trio.move_on_after(request.wait_s):
             while True:
                 row = self.ledger.one("SELECT status FROM runs WHERE run_id = ?", job["run_id"])
                 if row is not None and row["status"] not in TERMINAL:
@@ -178,9 +172,9 @@ class BridgeService:
         return {"done": status in TERMINAL or row is None, "status": status,
                 "final_reply": reply["text"] if reply else None}
 
-    async def report(self, slot: ActorSlot, params: dict[str, Any]) -> dict[str, Any]:
+    async def report(self, slot: ActorSlot, request: BridgeReport) -> dict[str, Any]:
         self._check_worker(slot)
-        problem = _text(params, "problem", 500)
+        problem = request.problem
         log.warning("bridge worker: %s", problem)
         self.ledger.event("bridge-problem", slot.id, problem=problem)
         return {}
@@ -197,13 +191,6 @@ def task_run_id(bridge_url: str, task_id: str, attempt: int) -> str:
     return f"run-bt-{digest}"
 
 
-def _text(params: dict[str, Any], name: str, limit: int) -> str:
-    value = params.get(name)
-    if not isinstance(value, str) or len(value) > limit:
-        raise BadRequest(f"{name} must be a string of at most {limit} characters")
-    return value
-
-
 class BridgePart(ServicePart):
     """The bridge's section of ``corral status``, when the spec has one."""
 
@@ -218,13 +205,5 @@ class BridgePart(ServicePart):
 
 def install(sup: Supervisor) -> BridgeService:
     service = BridgeService(sup.ledger, sup.runs, sup.next_commit, sup.spec.bridge)
-    sup.actor_methods.update(
-        {
-            Method.BRIDGE_JOBS: service.jobs,
-            Method.BRIDGE_JOB_OPEN: service.job_open,
-            Method.BRIDGE_JOB_ADVANCE: service.job_advance,
-            Method.BRIDGE_RUN_STATUS: service.run_status,
-            Method.BRIDGE_REPORT: service.report,
-        }
-    )
+    sup.methods.bridge = service
     return service
