@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import trio
 
-from corral.async_client import AsyncClient, PathLike, connect
+from corral.async_client import AsyncClient, PathLike
+from corral.client_requests import connect
 from corral.client_types import Event
 from corral.core.errors import CorralError
 
