@@ -3,7 +3,8 @@
 The agent holds no state a crash could lose. For every step it asks the supervisor
 (``run.next_step``, derived from committed rows), does that one thing, and reports
 it back; a side effect only starts after ``action.begin`` answered ``execute``,
-which the supervisor sends only once ``executing`` is on disk.
+which the supervisor sends only once ``executing`` is on disk. The lane drives the
+run and its provider turns; the actions it began are run by actors/action_runner.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import copy
 import dataclasses
 import fnmatch
 import logging
-import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
@@ -21,7 +21,7 @@ import msgspec
 import trio
 
 from corral.actors import agent_instructions, project_context, recordable, typed_output
-from corral.actors.action_receipt import with_receipt
+from corral.actors.action_runner import STORAGE_FULL, ActionRunner
 from corral.actors.inflight import InFlight
 from corral.actors.provider_interrupts import ProviderInterrupts
 from corral.actors.providers.base import (
@@ -40,32 +40,20 @@ from corral.actors.providers.base import (
 from corral.actors.providers.registry import make_provider
 from corral.actors.runtime import ActorContext, is_shutdown
 from corral.actors.tools.base import (
-    OUTCOME_UNKNOWN,
-    RAISED,
-    ActionParked,
     Tool,
-    ToolContext,
-    ToolError,
-    ToolOutcome,
-    checked_result,
-    validate_input,
 )
 from corral.actors.tools.image_inspect import attachments
 from corral.actors.tools.mcp import mcp_tools
 from corral.actors.tools.registry import all_tools
 from corral.actors.turn_notes import TurnNotes, observations_seen
 from corral.core import failpoints
-from corral.core.redact import bounded_traceback, summarize
+from corral.core.redact import summarize
 from corral.mailbox.envelope import Kind
-from corral.mailbox.errors import DeadlineExceeded, RemoteError
+from corral.mailbox.errors import RemoteError
 from corral.mailbox.protocol import (
     ActionBegin,
-    ActionFinish,
-    ActionFinishBatch,
     ActionPrepare,
-    ActionResult,
     ClaimedRun,
-    Code,
     ContextCompacted,
     InvalidPlan,
     NextStep,
@@ -103,13 +91,8 @@ SUMMARY_TASK = (
     " found (names, numbers, paths), what is still open. Reply with the summary as your final reply."
 )
 
-#: The supervisor's answer while its disk is full; the agent waits and asks again.
-STORAGE_FULL = Code.DISK_FULL
+#: While the supervisor's disk is full (``STORAGE_FULL``), the agent waits and asks again.
 STORAGE_RETRY_S = 1.0
-#: An outcome the ledger refused (a full disk) is kept and reported again, after
-#: these delays (doubling up to the cap), until the ledger takes it.
-FINISH_RETRY_BASE_S = 0.2
-FINISH_RETRY_CAP_S = 10.0
 #: Room an envelope needs beside the values it carries (ids, token, field names).
 WIRE_SLACK_BYTES = 64 * 1024
 #: The broken build that runs a side effect before committing ``executing``, armed
@@ -237,6 +220,8 @@ class Lane:
         self.history: list[dict[str, Any]] = []
         #: What this lane told the supervisor of its turns' prompts (the transcript).
         self.notes = TurnNotes(self.offered)
+        #: Runs the actions this lane began (actors/action_runner.py).
+        self.actions = ActionRunner(ctx, run, self.tools, inflight, self.budget, self.step_ask, self.sees_images)
 
     async def fail_run(self, reason: str) -> None:
         await self.ctx.ask(RunFail(self.run_id, reason))
@@ -530,144 +515,14 @@ class Lane:
     async def step_execute(self, step: ExecuteStep) -> None:
         action_id = step["action_id"]
         if failpoints.armed(_EFFECT_FIRST):
-            await self._execute_unsafely(step)
+            await self.actions.execute_unsafely(step)
             return
         if not step.get("begun"):  # else ``executing`` was committed with the last reply
             begun = await self.step_ask(ActionBegin(action_id, run_id=self.run_id))
             if begun["begin"] != Begin.EXECUTE:
                 return
             self.next = None
-        batch = [{"action_id": action_id, "tool": step["tool"], "input": step["input"]}, *step.get("batch", ())]
-        if step.get("parallel"):
-            await self.execute_parallel(batch)
-            return
-        results: list[ActionResult] = []
-        for action in batch:  # a read batch runs in plan order; see supervisor/runs/step_piggyback.py
-            failpoints.hit("agent.before-effect")
-            try:
-                outcome = await self.execute(action["action_id"], action["tool"], action["input"])
-            except ActionParked:
-                return  # the supervisor finishes this action (an answer); the run is parked
-            failpoints.hit("agent.after-effect")
-            results.append(with_receipt(outcome, action["action_id"], action["tool"], action["input"]))
-        await self.finish(results)
-
-    async def finish(self, results: list[ActionResult]) -> None:
-        """Report the outcomes of a batch, in one message when they fit in one."""
-        if len(results) == 1:
-            await self.report(ActionFinish.of(results[0], self.run_id), piggyback=True)
-        elif recordable.encoded_size(msgspec.to_builtins(results)) <= self.budget:
-            await self.report(ActionFinishBatch(self.run_id, results), piggyback=True)
-        else:
-            # Each result fits a message (checked at the tool boundary), all of them
-            # together do not: one by one, in plan order, the last with the next step.
-            for result in results[:-1]:
-                await self.report(ActionFinish.of(result, self.run_id), piggyback=False)
-            await self.report(ActionFinish.of(results[-1], self.run_id), piggyback=True)
-
-    async def report(self, request: ActionFinish | ActionFinishBatch, *, piggyback: bool) -> None:
-        """Send an outcome until the ledger takes it. The side effect happened (or
-        was tried): dropping its outcome would leave the action unknown
-        (``needs-reconciliation``) for want of disk space. Sending it again is
-        harmless: a finish of an action already finished changes nothing."""
-        delay = FINISH_RETRY_BASE_S
-        while True:
-            try:
-                if piggyback:
-                    await self.step_ask(request)
-                else:
-                    await self.ctx.ask(request)
-                return
-            except RemoteError as exc:
-                if exc.code != STORAGE_FULL:
-                    raise
-                why = exc.message
-            except DeadlineExceeded as exc:  # no answer: it may have been recorded, or not
-                why = str(exc)
-            log.warning("%s: %s not recorded (%s); kept, sent again in %.1f s", self.run_id, request.METHOD,
-                        summarize(why, 200), delay)
-            await trio.sleep(delay)
-            delay = min(FINISH_RETRY_CAP_S, delay * 2)
-
-    async def execute_parallel(self, batch: list[dict[str, Any]]) -> None:
-        """A batch of allow-listed reads, run at once; each result is committed as
-        soon as its read ends (the next step is asked for afterwards)."""
-
-        async def one(action: dict[str, Any]) -> None:
-            failpoints.hit("agent.before-effect")
-            outcome = await self.execute(action["action_id"], action["tool"], action["input"])
-            failpoints.hit("agent.after-effect")
-            result = with_receipt(outcome, action["action_id"], action["tool"], action["input"])
-            await self.report(ActionFinish.of(result, self.run_id), piggyback=False)
-
-        async with trio.open_nursery() as nursery:
-            for action in batch:
-                nursery.start_soon(one, action)
-
-    async def _execute_unsafely(self, step: ExecuteStep) -> None:
-        """The deliberately broken build: side effect first, ``executing`` after.
-        Exists so that chaos can prove its checker fails; runs only when the broken
-        build ``agent.effect-before-executing`` is armed (corral/core/failpoints.py)."""
-        action_id = step["action_id"]
-        outcome = await self.execute(action_id, step["tool"], step["input"])
-        begun = await self.ctx.ask(ActionBegin(action_id))
-        if begun["begin"] == Begin.EXECUTE:
-            await self.ctx.ask(ActionFinish.of(outcome.result(action_id), self.run_id))
-
-    async def execute(self, action_id: str, tool_name: str, tool_input: dict[str, Any]) -> ToolOutcome:
-        tool = self.tools.get(tool_name)
-        if tool is None:
-            return ToolOutcome(False, {}, f"{tool_name} is not available here", f"tool {tool_name!r} is not available")
-        context = ToolContext(
-            agent_id=self.ctx.actor_id,
-            run_id=self.run_id,
-            action_id=action_id,
-            workspace=Path(self.run.workspace or "."),
-            write_scopes=tuple(self.run.write_scopes),
-            home=Path(self.run.home),
-            call=self.ctx.call,
-            ask=self.ctx.ask,
-            is_child=self.run.kind == "child",
-            effects_file=Path(self.run.effects_file) if self.run.effects_file else None,
-            idempotency_key=action_id,
-            sees_images=self.sees_images(),
-            deps=self.ctx.deps,
-        )
-        if self.inflight is not None:
-            self.inflight.add(action_id)
-        try:
-            validate_input(tool.schema, tool_input)
-            # One check for every kind of tool (built-in, user, MCP): what the tool
-            # returned can be sent and recorded, or the action fails saying why.
-            result = checked_result(tool.schema.name, await tool.run(context, tool_input), self.budget)
-        except ToolError as exc:
-            message = recordable.text(str(exc))  # a user's exception text may not be valid Unicode
-            if exc.code == RAISED:  # a crash is a crash: "raised", never a refusal's word
-                trace = recordable.text(exc.traceback) if exc.traceback else None
-                return ToolOutcome(False, {"error": message, "code": RAISED}, summarize(message, 120), message, trace)
-            if exc.code == OUTCOME_UNKNOWN:  # for a person to reconcile, never ok or failed
-                return ToolOutcome(False, {"error": message, "code": OUTCOME_UNKNOWN},
-                                   f"outcome unknown: {summarize(message, 120)}", message, unknown=True)
-            return ToolOutcome(
-                False, {"error": message, "code": exc.code}, f"refused: {summarize(message, 120)}", message
-            )
-        except RemoteError as exc:
-            return ToolOutcome(
-                False, {"error": exc.message, "code": exc.code}, f"refused: {summarize(exc.message, 120)}", exc.message
-            )
-        except OSError as exc:
-            reason = recordable.text(exc.strerror or str(exc))
-            return ToolOutcome(False, {"error": reason}, f"failed: {reason}", reason)
-        except ActionParked:
-            raise
-        except Exception as exc:  # a tool's bug is a failed action, never a crashed agent
-            message = recordable.text(f"{tool_name} raised {type(exc).__name__}: {summarize(str(exc), 300)}")
-            trace = recordable.text(bounded_traceback("".join(traceback.format_exception(exc))))
-            return ToolOutcome(False, {"error": message, "code": RAISED}, summarize(message, 120), message, trace)
-        finally:
-            if self.inflight is not None:
-                self.inflight.remove(action_id)
-        return ToolOutcome(result.ok, result.output, result.summary, None if result.ok else result.summary)
+        await self.actions.run_begun(step)
 
     async def step_finalize(self, step: FinalizeStep) -> None:
         if self.run.kind != "root":
