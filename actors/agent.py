@@ -445,10 +445,10 @@ class Lane:
         except PlanError as exc:
             return InvalidPlan(exc.category.value, exc.detail)
         except recordable.NotRecordable as exc:
-            return InvalidPlan(RepairCategory.SCHEMA_MISMATCH.value, str(exc))
+            return InvalidPlan(RepairCategory.RESPONSE_SHAPE.value, str(exc))
         except Exception as exc:  # the provider's bug: an invalid plan, never a crashed agent
             detail = f"the provider's parse raised {type(exc).__name__}: {summarize(str(exc), 300)}"
-            return InvalidPlan(RepairCategory.SCHEMA_MISMATCH.value, detail)
+            return InvalidPlan(RepairCategory.RESPONSE_SHAPE.value, detail)
         return carried
 
     def checked_output(self, final: str | None) -> str | None:
@@ -459,10 +459,10 @@ class Lane:
         try:
             return self.output.check(final)[1]
         except typed_output.OutputInvalid as exc:
-            raise PlanError(RepairCategory.SCHEMA_MISMATCH, f"the output is invalid at {exc.where}: {exc.message};"
+            raise PlanError(RepairCategory.RESPONSE_SHAPE, f"the output is invalid at {exc.where}: {exc.message};"
                             " answer with the whole output as one JSON object matching its schema") from None
         except typed_output.OutputSpecError as exc:
-            raise PlanError(RepairCategory.SCHEMA_MISMATCH, f"the output cannot be checked: {exc}") from None
+            raise PlanError(RepairCategory.RESPONSE_SHAPE, f"the output cannot be checked: {exc}") from None
 
     async def step_compact(self, step: CompactStep) -> None:
         """The run's older turns passed the agent's token limit: a summary of them

@@ -67,7 +67,8 @@ def test_a_short_first_wave_is_refused_and_the_first_valid_one_binds_a_snapshot(
         refusals = [json.loads(e["data"]) for e in ledger_rows(
             daemon.home, "SELECT data FROM events WHERE kind = 'plan-invalid' AND subject = ? ORDER BY cursor",
             run_id)]
-        assert [r["category"] for r in refusals] == ["collaboration-policy", "collaboration-policy"]
+        # Seed 004 V1.33's category, and the rule that refused it.
+        assert [(r["category"], r["rule"]) for r in refusals] == [("batch-constraint", "collaboration-policy")] * 2
         assert "a delegation to researcher" in refusals[0]["detail"] + refusals[1]["detail"]
         (binding,) = ledger_rows(daemon.home, "SELECT run_id, digest FROM collaboration_bindings")
         assert binding == {"run_id": run_id, "digest": digest}, "bound to the policy of its first valid wave"

@@ -230,8 +230,8 @@ def test_corrupt_and_truncated_plans_fail_the_run_clearly_and_the_supervisor_sta
         run_id = daemon.call("run", agent_id="writer", task="get garbage")["run_id"]
         shown = wait_run(daemon, run_id, {"failed", "completed"})
         assert shown["run"]["status"] == "failed"
-        assert "invalid plan" in shown["run"]["reason"] and "bad-json" in shown["run"]["reason"]
-        assert shown["run"]["repairs"] == {"bad-json": 3}
+        assert "invalid plan" in shown["run"]["reason"] and "arguments-json" in shown["run"]["reason"]
+        assert shown["run"]["repairs"] == {"arguments-json": 3}
         assert daemon.call("ping")["boot_id"] == boot
         assert show(daemon, run_id)["actions"] == []
     finally:

@@ -138,8 +138,8 @@ def test_a_crash_before_the_handoff_is_never_silently_resent(short_tmp: Path) ->
     ("reply", "reason"),
     [
         (Reply(500, {"error": {"message": "boom"}}), "provider failed (http)"),
-        (Reply(body=b"<html>not json</html>", content_type="text/html"), "bad-json"),
-        (Reply(body=b""), "bad-json"),
+        (Reply(body=b"<html>not json</html>", content_type="text/html"), "response-shape"),
+        (Reply(body=b""), "response-shape"),
         (Reply(body=b"x" * 65536, repeat=16), "provider failed (http)"),
     ],
     ids=["http-500", "garbage", "empty", "huge"],

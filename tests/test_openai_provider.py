@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, PlanError, RepairCategory
+from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, PlanError, RepairCategory, ToolSchema
 from corral.actors.providers.openai import TEXT_JSON_INSTRUCTION, OpenAIConfig, OpenAIProvider, build_chat_payload
 from corral.actors.providers.plan_parse import (
     MAX_REPAIR_CHARS,
@@ -112,7 +112,7 @@ async def test_text_json_mode_rejects_prose(nursery: trio.Nursery) -> None:
     response = await provider.complete(make_request())
     with pytest.raises(PlanError) as caught:
         provider.parse(response, TOOLS)
-    assert caught.value.category is RepairCategory.BAD_JSON
+    assert caught.value.category is RepairCategory.RESPONSE_SHAPE
 
 
 async def test_recorded_mode_wins_over_a_changed_config(nursery: trio.Nursery) -> None:
@@ -150,22 +150,24 @@ def _too_many_calls() -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("body", "category"),
     [
-        (completion(tool_calls=[tool_call("rm_rf", {})]), RepairCategory.UNKNOWN_TOOL),
-        (completion(tool_calls=[tool_call("read_file", '{"path": ')]), RepairCategory.BAD_JSON),
-        (completion(tool_calls=[tool_call("read_file", {"path": 3})]), RepairCategory.SCHEMA_MISMATCH),
-        (completion(tool_calls=[tool_call("read_file", {})]), RepairCategory.SCHEMA_MISMATCH),
+        (completion(tool_calls=[tool_call("rm_rf", {})]), RepairCategory.UNKNOWN_FUNCTION),
+        (completion(tool_calls=[{"id": "c1", "type": "function"}]), RepairCategory.CALL_IDENTITY),
+        (completion(tool_calls=[tool_call("", {})]), RepairCategory.CALL_IDENTITY),
+        (completion(tool_calls=[tool_call("read_file", '{"path": ')]), RepairCategory.ARGUMENTS_JSON),
+        (completion(tool_calls=[tool_call("read_file", {"path": 3})]), RepairCategory.ARGUMENTS_SCHEMA),
+        (completion(tool_calls=[tool_call("read_file", {})]), RepairCategory.ARGUMENTS_SCHEMA),
         (
             completion(tool_calls=[tool_call("read_file", {"path": "a", "extra": 1})]),
-            RepairCategory.SCHEMA_MISMATCH,
+            RepairCategory.ARGUMENTS_SCHEMA,
         ),
         (
             completion(tool_calls=[tool_call("write_file", {"path": "a", "content": "", "mode": "x"})]),
-            RepairCategory.SCHEMA_MISMATCH,
+            RepairCategory.ARGUMENTS_SCHEMA,
         ),
-        (completion(tool_calls=_too_many_calls()), RepairCategory.TOO_MANY_ACTIONS),
-        (completion(content=""), RepairCategory.EMPTY_PLAN),
-        (completion(content="<think>only thoughts, then out of tokens"), RepairCategory.EMPTY_PLAN),
-        (completion(content='{"actions": []}'), RepairCategory.EMPTY_PLAN),
+        (completion(tool_calls=_too_many_calls()), RepairCategory.BATCH_CONSTRAINT),
+        (completion(content=""), RepairCategory.RESPONSE_SHAPE),
+        (completion(content="<think>only thoughts, then out of tokens"), RepairCategory.RESPONSE_SHAPE),
+        (completion(content='{"actions": []}'), RepairCategory.RESPONSE_SHAPE),
     ],
 )
 async def test_each_repair_category(
@@ -199,7 +201,7 @@ async def test_a_duplicate_key_anywhere_in_a_plan_is_refused(
     response = await complete_once(nursery, Reply(body=body), native_tools=native)
     with pytest.raises(PlanError) as caught:
         make_provider("http://127.0.0.1:1", native_tools=native).parse(response, TOOLS)
-    assert caught.value.category is RepairCategory.BAD_JSON
+    assert caught.value.category is RepairCategory.ARGUMENTS_JSON
     assert "duplicate key" in caught.value.detail
 
 
@@ -207,11 +209,11 @@ async def test_a_duplicate_key_anywhere_in_a_plan_is_refused(
     "body",
     [b"<html>502 Bad Gateway</html>", b"", b"   ", b'{"choices": []}', b"[1, 2]", b'{"id": "x"'],
 )
-async def test_garbage_or_empty_body_is_bad_json_at_parse(nursery: trio.Nursery, body: bytes) -> None:
+async def test_garbage_or_empty_body_is_response_shape_at_parse(nursery: trio.Nursery, body: bytes) -> None:
     response = await complete_once(nursery, Reply(body=body))
     with pytest.raises(PlanError) as caught:
         make_provider("http://127.0.0.1:1").parse(response, TOOLS)
-    assert caught.value.category is RepairCategory.BAD_JSON
+    assert caught.value.category is RepairCategory.RESPONSE_SHAPE
 
 
 # --- the request body -------------------------------------------------------------
@@ -238,7 +240,7 @@ def test_native_payload_has_one_schema_per_tool() -> None:
     assert task == {"role": "user", "content": "Task: Summarise notes.txt"}
     assert observation["content"].startswith("Observation for action a1 (tool read_file")
     assert len(observation["content"]) < 9000  # bounded
-    assert "unknown-tool" in repair["content"]
+    assert "unknown-function" in repair["content"]  # an older ledger's name, read as the seed's
 
 
 def test_text_json_payload_describes_tools_in_the_prompt() -> None:
@@ -311,7 +313,7 @@ def test_plan_with_both_actions_and_final_is_a_mismatch() -> None:
     body = json.dumps(completion('{"actions": [], "final": "x"}'))
     with pytest.raises(PlanError) as caught:
         parse_chat_completion(body, TOOLS, text_json=True)
-    assert caught.value.category is RepairCategory.SCHEMA_MISMATCH
+    assert caught.value.category is RepairCategory.RESPONSE_SHAPE
 
 
 def test_a_raw_newline_inside_a_json_string_is_what_the_model_meant() -> None:
@@ -326,7 +328,7 @@ def test_a_raw_newline_inside_a_json_string_is_what_the_model_meant() -> None:
 
 def test_repair_message_is_bounded_and_redacted(decoy: str) -> None:
     make_provider("http://127.0.0.1:1/v1", api_key_env="CORRAL_DECOY")  # loads the key
-    message = repair_message(RepairCategory.BAD_JSON, f"{decoy} " + "y" * 5000)
+    message = repair_message(RepairCategory.ARGUMENTS_JSON, f"{decoy} " + "y" * 5000)
     assert len(message["content"]) <= MAX_REPAIR_CHARS
     assert decoy not in message["content"]
 
@@ -334,18 +336,40 @@ def test_repair_message_is_bounded_and_redacted(decoy: str) -> None:
 def test_repair_counter_counts_per_category() -> None:
     counter = RepairCounter()
     assert not counter.exhausted(2)
-    counter.record(RepairCategory.BAD_JSON)
-    counter.record(RepairCategory.BAD_JSON)
-    counter.record(RepairCategory.UNKNOWN_TOOL)
-    assert counter.count(RepairCategory.BAD_JSON) == 2
+    counter.record(RepairCategory.ARGUMENTS_JSON)
+    counter.record(RepairCategory.ARGUMENTS_JSON)
+    counter.record(RepairCategory.UNKNOWN_FUNCTION)
+    assert counter.count(RepairCategory.ARGUMENTS_JSON) == 2
     assert counter.total == 3
-    assert counter.exhausted(2, RepairCategory.BAD_JSON)
-    assert not counter.exhausted(2, RepairCategory.UNKNOWN_TOOL)
+    assert counter.exhausted(2, RepairCategory.ARGUMENTS_JSON)
+    assert not counter.exhausted(2, RepairCategory.UNKNOWN_FUNCTION)
     assert counter.exhausted(2)
-    assert counter.as_dict() == {"bad-json": 2, "unknown-tool": 1}
+    assert counter.as_dict() == {"arguments-json": 2, "unknown-function": 1}
     assert RepairCounter(counter.as_dict()).as_dict() == counter.as_dict()
 
 
 def test_repair_counter_rebuilds_from_history() -> None:
     counter = RepairCounter.from_history(HISTORY + HISTORY)
-    assert counter.as_dict() == {"unknown-tool": 2}
+    # HISTORY holds corral's older name (unknown-tool): counted under the seed's.
+    assert counter.as_dict() == {"unknown-function": 2}
+
+
+def test_the_repair_categories_are_the_seeds_eight() -> None:
+    """Seed 004 V1.33: "工具计划错误使用固定类别 response-shape / call-identity /
+    unknown-function / arguments-json / arguments-schema / batch-constraint /
+    plan-semantics / catalog-binding", and no other."""
+    assert [c.value for c in RepairCategory] == [
+        "response-shape", "call-identity", "unknown-function", "arguments-json",
+        "arguments-schema", "batch-constraint", "plan-semantics", "catalog-binding",
+    ]
+    for category in RepairCategory:
+        assert category.value in repair_message(category, "detail")["content"]
+
+
+def test_a_catalog_in_conflict_is_catalog_binding() -> None:
+    """Two tools the model could not tell apart (one wire name): the local catalogue
+    is in conflict, which no repair of the model's answer can fix."""
+    clash = (ToolSchema("a.b_c", "x", {"type": "object"}, True), ToolSchema("a_b.c", "y", {"type": "object"}, True))
+    with pytest.raises(PlanError) as caught:
+        parse_chat_completion(json.dumps(completion("done")), clash)
+    assert caught.value.category is RepairCategory.CATALOG_BINDING

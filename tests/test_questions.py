@@ -150,7 +150,7 @@ def test_the_shape_of_a_request_and_of_its_answers() -> None:
     assert question_store.plan_guard({}, 0, alone) is None
     crowded = {"actions": [*alone["actions"], {"tool": "effect.record", "input": {}}], "final": None}
     refusal = question_store.plan_guard({}, 0, crowded)
-    assert refusal is not None and refusal.category == "question-not-alone"
+    assert refusal is not None and (refusal.category, refusal.rule) == ("batch-constraint", "question-not-alone")
     for kind, verdict in (("root", "continue"), ("child", "block"), ("delegation", "block")):
         assert question_store.action_guard({"kind": kind}, "act-x", "user.input_request", {})[0] == verdict
     lines = render_question({"run_id": "run-1", "request_id": "req-1", "questions": [COLOUR], "free_text": True})
@@ -231,7 +231,7 @@ def test_a_question_must_ask_alone_and_a_delegated_specialist_may_not_ask(daemon
     assert done["run"]["status"] == "completed" and done["final_reply"] == "asked nothing"
     refusals = [json.loads(row["data"]) for row in ledger_rows(
         daemon.home, "SELECT data FROM events WHERE kind = 'plan-invalid' AND subject = ?", run_id)]
-    assert [r["category"] for r in refusals] == ["question-not-alone"]
+    assert [(r["category"], r["rule"]) for r in refusals] == [("batch-constraint", "question-not-alone")]
     assert not done["actions"] and "beside-the-question" not in _effects(daemon)
 
     delegating = json.dumps({"steps": [

@@ -41,6 +41,9 @@ LAB = Path(__file__).parent / "mcp_servers" / "lab_server.py"
 #: A secret-looking value (a GitHub token's shape) and a plain one, both only ever
 #: tool arguments: neither may reach a span.
 SECRET = "ghp_" + "Zq7TLw2Rk9Xv4Nb8Hs6Jd3Fp1Gc5Ym0Ae2Wu"
+#: What a plan may carry that redaction still hides: code naming a secret (a plan
+#: holding a secret value fails its handoff closed, seed 004 V1.43).
+CODE_SECRET = "token = vault.read_token()"
 PLAIN = "plain-argument-marker-5521"
 
 SWARM = f"""
@@ -71,7 +74,7 @@ write_scopes = ["out"]
   [[agents.steps]]
   actions = [{{ tool = "agent.run_status", input = {{}} }}]
   [[agents.steps]]
-  actions = [{{ tool = "mcp.lab.send", input = {{ to = "{PLAIN}", body = "token {SECRET}" }} }}]
+  actions = [{{ tool = "mcp.lab.send", input = {{ to = "{PLAIN}", body = "{CODE_SECRET} {PLAIN}" }} }}]
   [[agents.steps]]
   final = "done"
 
@@ -81,16 +84,16 @@ role = "specialist"
 write_scopes = ["n"]
   [[agents.steps]]
   raw = "{{ not json"
-  unless_observed = "bad-json"
+  unless_observed = "arguments-json"
   [[agents.steps]]
-  actions = [{{ tool = "fs.write", input = {{ path = "n/n.md", content = "{SECRET} {PLAIN}" }} }}]
+  actions = [{{ tool = "fs.write", input = {{ path = "n/n.md", content = "{CODE_SECRET} {PLAIN}" }} }}]
   [[agents.steps]]
   final = "noted"
 
 [[templates]]
 id = "drafter"
   [[templates.steps]]
-  actions = [{{ tool = "fs.write", input = {{ path = "${{artifact:0}}", content = "{SECRET}" }} }}]
+  actions = [{{ tool = "fs.write", input = {{ path = "${{artifact:0}}", content = "{CODE_SECRET}" }} }}]
   [[templates.steps]]
   final = "drafted"
 """
@@ -177,11 +180,11 @@ def _check_tree(spans: list[dict[str, Any]], runs: list[dict[str, Any]], spawned
     assert turns and all("corral.turn.slot" in t["attributes"] for t in turns)
     # The helper's first answer did not parse: its turn says why, and the next one is a repair.
     (repaired,) = (t for t in turns if "corral.turn.repair" in t["attributes"])
-    assert repaired["attributes"]["corral.turn.repair"] == "bad-json", repaired["attributes"]
+    assert repaired["attributes"]["corral.turn.repair"] == "arguments-json", repaired["attributes"]
     assert by_id[repaired["parent"]]["parent"] == run_spans[_run_of_agent(runs, "helper")]["span_id"]
     for span in spans:
         shown = json.dumps(span)
-        assert SECRET not in shown and PLAIN not in shown, span["name"]
+        assert CODE_SECRET not in shown and PLAIN not in shown, span["name"]
 
 
 def _run_of_agent(runs: list[dict[str, Any]], agent_id: str) -> str:

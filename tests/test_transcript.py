@@ -31,8 +31,8 @@ AWS_KEY = "AKIAQ3EGZXKP7RT2LMNB"
 GITHUB_TOKEN = "ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
 SCRIPT = json.dumps({"steps": [
     {"actions": [{"tool": "fs.read", "input": {"path": "keys.txt"}}]},
-    {"raw": "this is not a plan", "unless_observed": "bad-json"},
-    {"actions": [{"tool": "fs.read", "input": {"path": "notes.txt"}}], "when_observed": "bad-json"},
+    {"raw": "this is not a plan", "unless_observed": "response-shape"},
+    {"actions": [{"tool": "fs.read", "input": {"path": "notes.txt"}}], "when_observed": "response-shape"},
     {"final": "read both files"},
 ]})
 
@@ -96,7 +96,7 @@ def test_each_turn_shows_what_was_sent_and_what_came_back(finished: dict[str, An
     assert turns[0]["plan"]["actions"][0]["tool"] == "fs.read"
     assert turns[0]["plan"]["actions"][0]["input"] == {"path": "keys.txt"}
     assert turns[0]["plan"]["actions"][0]["outcome"]["phase"] == "ok"
-    assert turns[1]["plan"] is None and turns[1]["repair"]["category"] == "bad-json"
+    assert turns[1]["plan"] is None and turns[1]["repair"]["category"] == "response-shape"
     assert turns[1]["response"] == "this is not a plan"
     assert turns[2]["plan"]["actions"][0]["input"] == {"path": "notes.txt"}
     assert turns[3]["plan"]["final"] == "read both files" and shown["final_reply"] == "read both files"
@@ -106,7 +106,7 @@ def test_each_turn_shows_what_was_sent_and_what_came_back(finished: dict[str, An
     text = finished["text"]
     assert text.returncode == 0, text.stderr
     assert text.stdout.count("system prompt (") == 1 and text.stdout.count("system prompt: unchanged") == 3
-    assert 'fs.read(path="keys.txt")' in text.stdout and "repair (bad-json)" in text.stdout
+    assert 'fs.read(path="keys.txt")' in text.stdout and "repair (response-shape)" in text.stdout
     assert "this is not a plan" in text.stdout and "→ final reply: read both files" in text.stdout
 
 
@@ -168,7 +168,7 @@ def test_the_dashboard_shows_the_conversation_beside_the_actions(finished: dict[
     status, page = finished["page"]
     assert status == 200, page
     assert page.count('class="turn" id="turn-') == 4 and "The model said" in page
-    assert "this is not a plan" in page and "repair (bad-json)" in page
+    assert "this is not a plan" in page and "repair (response-shape)" in page
     assert "<h3>Actions</h3>" in page and "fs.read" in page and AWS_KEY not in page
     status, run_page = finished["run_page"]
     assert status == 200 and f'href="/runs/{finished["run_id"]}/conversation"' in run_page

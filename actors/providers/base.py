@@ -115,12 +115,12 @@ class Plan:
 
     def __post_init__(self) -> None:
         if self.final_reply is None and not self.actions:
-            raise PlanError(RepairCategory.EMPTY_PLAN, "plan has neither actions nor a reply")
+            raise PlanError(RepairCategory.RESPONSE_SHAPE, "plan has neither actions nor a reply")
         if self.final_reply is not None and self.actions:
-            raise PlanError(RepairCategory.SCHEMA_MISMATCH, "plan has both actions and a reply")
+            raise PlanError(RepairCategory.RESPONSE_SHAPE, "plan has both actions and a reply")
         if len(self.actions) > MAX_ACTIONS_PER_PLAN:
             raise PlanError(
-                RepairCategory.TOO_MANY_ACTIONS,
+                RepairCategory.BATCH_CONSTRAINT,
                 f"{len(self.actions)} actions, at most {MAX_ACTIONS_PER_PLAN} per plan",
             )
 
@@ -143,13 +143,48 @@ class ProviderError(Exception):
 
 
 class RepairCategory(enum.StrEnum):
-    """Why a response did not parse into a plan; the run may ask the model to repair it."""
+    """Why a response did not become a plan; the run may ask the model to repair it.
+    Seed 004 V1.33's eight fixed categories, and no other ("工具计划错误使用固定类别
+    response-shape / call-identity / unknown-function / arguments-json /
+    arguments-schema / batch-constraint / plan-semantics / catalog-binding")."""
 
-    UNKNOWN_TOOL = "unknown-tool"
-    BAD_JSON = "bad-json"
-    SCHEMA_MISMATCH = "schema-mismatch"
-    TOO_MANY_ACTIONS = "too-many-actions"
-    EMPTY_PLAN = "empty-plan"
+    #: The response or its plan is not the shape a plan has (no JSON body, prose where
+    #: JSON was asked for, both actions and a reply, neither, an invalid typed output).
+    RESPONSE_SHAPE = "response-shape"
+    #: A call that names no function (no function object, an empty name).
+    CALL_IDENTITY = "call-identity"
+    #: A call to a function the catalog does not hold.
+    UNKNOWN_FUNCTION = "unknown-function"
+    #: Arguments (or a text-JSON plan) that are not JSON, or name a key twice.
+    ARGUMENTS_JSON = "arguments-json"
+    #: Arguments that are JSON but not what the tool's input schema allows.
+    ARGUMENTS_SCHEMA = "arguments-schema"
+    #: A plan past a rule about its actions together (too many, a collaboration
+    #: wave, a question that must stand alone).
+    BATCH_CONSTRAINT = "batch-constraint"
+    #: A well-formed plan the ledger refuses for what it means (a final reply while
+    #: work is open).
+    PLAN_SEMANTICS = "plan-semantics"
+    #: The local catalog itself is in conflict (two tools, one function name): the
+    #: run fails at once, the provider is not asked again.
+    CATALOG_BINDING = "catalog-binding"
+
+    @classmethod
+    def _missing_(cls, value: object) -> RepairCategory | None:
+        """The names corral used before (kept in older ledgers' histories)."""
+        return _LEGACY_CATEGORIES.get(str(value))
+
+
+_LEGACY_CATEGORIES = {
+    "unknown-tool": RepairCategory.UNKNOWN_FUNCTION,
+    "bad-json": RepairCategory.RESPONSE_SHAPE,
+    "schema-mismatch": RepairCategory.ARGUMENTS_SCHEMA,
+    "too-many-actions": RepairCategory.BATCH_CONSTRAINT,
+    "empty-plan": RepairCategory.RESPONSE_SHAPE,
+    "collaboration-policy": RepairCategory.BATCH_CONSTRAINT,
+    "question-not-alone": RepairCategory.BATCH_CONSTRAINT,
+    "final-blocked": RepairCategory.PLAN_SEMANTICS,
+}
 
 
 class PlanError(ValueError):

@@ -229,30 +229,30 @@ def validate(value: Any, schema: Mapping[str, Any], path: str = "$") -> str | No
 
 def _resolve_tool(name: Any, index: Mapping[str, ToolSchema]) -> ToolSchema:
     if not isinstance(name, str) or not name:
-        raise _fail(RepairCategory.SCHEMA_MISMATCH, "tool name must be a non-empty string")
+        raise _fail(RepairCategory.CALL_IDENTITY, "tool name must be a non-empty string")
     tool = index.get(name)
     if tool is None:
         known = ", ".join(sorted({t.name for t in index.values()})) or "none"
-        raise _fail(RepairCategory.UNKNOWN_TOOL, f"no tool {_short(name)!r}; known: {known}")
+        raise _fail(RepairCategory.UNKNOWN_FUNCTION, f"no tool {_short(name)!r}; known: {known}")
     return tool
 
 
 def _tool_call(tool: ToolSchema, arguments: Any) -> ToolCall:
     if not isinstance(arguments, dict):
         raise _fail(
-            RepairCategory.SCHEMA_MISMATCH,
+            RepairCategory.ARGUMENTS_SCHEMA,
             f"input for {tool.name!r} must be a JSON object, got {_json_type_name(arguments)}",
         )
     problem = validate(arguments, tool.input_schema)
     if problem:
-        raise _fail(RepairCategory.SCHEMA_MISMATCH, f"{tool.name}: {problem}")
+        raise _fail(RepairCategory.ARGUMENTS_SCHEMA, f"{tool.name}: {problem}")
     return ToolCall(tool=tool.name, input=arguments)
 
 
 def _check_count(n: int) -> None:
     if n > MAX_ACTIONS_PER_PLAN:
         raise _fail(
-            RepairCategory.TOO_MANY_ACTIONS, f"{n} actions, at most {MAX_ACTIONS_PER_PLAN} per plan"
+            RepairCategory.BATCH_CONSTRAINT, f"{n} actions, at most {MAX_ACTIONS_PER_PLAN} per plan"
         )
 
 
@@ -267,14 +267,14 @@ def _decode_arguments(raw: Any, tool_name: str) -> Any:
         return _LENIENT.decode(raw)
     except (json.JSONDecodeError, _DuplicateKey) as exc:
         raise _fail(
-            RepairCategory.BAD_JSON, f"arguments for {_short(tool_name)!r}: {exc}"
+            RepairCategory.ARGUMENTS_JSON, f"arguments for {_short(tool_name)!r}: {exc}"
         ) from None
 
 
 def _native_call(entry: Any, index: Mapping[str, ToolSchema]) -> ToolCall:
     function = entry.get("function") if isinstance(entry, dict) else None
     if not isinstance(function, dict):
-        raise _fail(RepairCategory.SCHEMA_MISMATCH, "tool call without a function object")
+        raise _fail(RepairCategory.CALL_IDENTITY, "tool call without a function object")
     tool = _resolve_tool(function.get("name"), index)
     return _tool_call(tool, _decode_arguments(function.get("arguments"), tool.name))
 
@@ -287,7 +287,7 @@ def _plan_from_tool_calls(calls: list[Any], index: Mapping[str, ToolSchema]) -> 
 def _plan_action(entry: Any, index: Mapping[str, ToolSchema]) -> ToolCall:
     if not isinstance(entry, dict):
         raise _fail(
-            RepairCategory.SCHEMA_MISMATCH, 'each action must be {"tool": ..., "input": {}}'
+            RepairCategory.RESPONSE_SHAPE, 'each action must be {"tool": ..., "input": {}}'
         )
     tool = _resolve_tool(entry.get("tool"), index)
     return _tool_call(tool, entry.get("input", {}))
@@ -295,7 +295,7 @@ def _plan_action(entry: Any, index: Mapping[str, ToolSchema]) -> ToolCall:
 
 def _plan_from_object(obj: dict[str, Any], index: Mapping[str, ToolSchema]) -> Plan:
     if "actions" in obj and "final" in obj:
-        raise _fail(RepairCategory.SCHEMA_MISMATCH, 'give either "actions" or "final", not both')
+        raise _fail(RepairCategory.RESPONSE_SHAPE, 'give either "actions" or "final", not both')
     if "final" in obj:
         final = obj["final"]
         if isinstance(final, dict):
@@ -303,15 +303,15 @@ def _plan_from_object(obj: dict[str, Any], index: Mapping[str, ToolSchema]) -> P
             # for one), kept as its JSON; the lane checks it against the schema.
             return Plan(final_reply=json.dumps(final, ensure_ascii=False))
         if not isinstance(final, str):
-            raise _fail(RepairCategory.SCHEMA_MISMATCH, '"final" must be a string')
+            raise _fail(RepairCategory.RESPONSE_SHAPE, '"final" must be a string')
         if not final.strip():
-            raise _fail(RepairCategory.EMPTY_PLAN, '"final" is empty')
+            raise _fail(RepairCategory.RESPONSE_SHAPE, '"final" is empty')
         return Plan(final_reply=final)
     actions = obj.get("actions")
     if not isinstance(actions, list):
-        raise _fail(RepairCategory.SCHEMA_MISMATCH, '"actions" must be a list')
+        raise _fail(RepairCategory.RESPONSE_SHAPE, '"actions" must be a list')
     if not actions:
-        raise _fail(RepairCategory.EMPTY_PLAN, '"actions" is empty')
+        raise _fail(RepairCategory.RESPONSE_SHAPE, '"actions" is empty')
     _check_count(len(actions))
     return Plan(actions=tuple(_plan_action(entry, index) for entry in actions))
 
@@ -331,7 +331,7 @@ def _content_text(content: Any) -> str:
             for part in content
             if isinstance(part, dict) and part.get("type") == "text"
         )
-    raise _fail(RepairCategory.BAD_JSON, "message content is neither text nor a list of parts")
+    raise _fail(RepairCategory.RESPONSE_SHAPE, "message content is neither text nor a list of parts")
 
 
 def _json_candidate(text: str) -> str | None:
@@ -349,7 +349,7 @@ def _decode_object(candidate: str) -> Any:
     try:
         value, _end = _LENIENT.raw_decode(candidate)
     except (json.JSONDecodeError, _DuplicateKey) as exc:
-        raise _fail(RepairCategory.BAD_JSON, f"plan is not valid JSON: {exc}") from None
+        raise _fail(RepairCategory.ARGUMENTS_JSON, f"plan is not valid JSON: {exc}") from None
     return value
 
 
@@ -376,16 +376,16 @@ def _plan_from_value(value: Any, index: Mapping[str, ToolSchema]) -> Plan | None
 def _plan_from_json_text(text: str, index: Mapping[str, ToolSchema]) -> Plan:
     candidate = _json_candidate(text)
     if candidate is None:
-        raise _fail(RepairCategory.BAD_JSON, "expected a JSON object, got prose")
+        raise _fail(RepairCategory.RESPONSE_SHAPE, "expected a JSON object, got prose")
     plan = _plan_from_value(_decode_object(candidate), index)
     if plan is None:
-        raise _fail(RepairCategory.SCHEMA_MISMATCH, 'the JSON object needs "actions" or "final"')
+        raise _fail(RepairCategory.RESPONSE_SHAPE, 'the JSON object needs "actions" or "final"')
     return plan
 
 
 def _plan_from_reply_text(text: str, index: Mapping[str, ToolSchema]) -> Plan:
     """With native tool calls, text is the final reply unless it is unmistakably a
-    JSON plan: a whole-text object (malformed means a failed attempt, so BAD_JSON)
+    JSON plan: a whole-text object (malformed means a failed attempt, so arguments-json)
     or a fenced block that decodes to one (anything else fenced is just content)."""
     if text.startswith("{") and text.endswith("}"):
         plan = _plan_from_value(_decode_object(text), index)
@@ -405,7 +405,7 @@ def _plan_from_reply_text(text: str, index: Mapping[str, ToolSchema]) -> Plan:
 def _plan_from_content(content: str, index: Mapping[str, ToolSchema], *, text_json: bool) -> Plan:
     text = strip_reasoning(content)
     if not text:
-        raise _fail(RepairCategory.EMPTY_PLAN, "no tool call and no reply text")
+        raise _fail(RepairCategory.RESPONSE_SHAPE, "no tool call and no reply text")
     if text_json:
         return _plan_from_json_text(text, index)
     return _plan_from_reply_text(text, index)
@@ -416,22 +416,22 @@ def _plan_from_content(content: str, index: Mapping[str, ToolSchema], *, text_js
 
 def _first_message(body_text: str) -> dict[str, Any]:
     if not body_text.strip():
-        raise _fail(RepairCategory.BAD_JSON, "empty response body")
+        raise _fail(RepairCategory.RESPONSE_SHAPE, "empty response body")
     try:
         body = json.loads(body_text)
     except json.JSONDecodeError as exc:
-        raise _fail(RepairCategory.BAD_JSON, f"response body is not JSON: {exc}") from None
+        raise _fail(RepairCategory.RESPONSE_SHAPE, f"response body is not JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise _fail(RepairCategory.BAD_JSON, "response body is not a JSON object")
+        raise _fail(RepairCategory.RESPONSE_SHAPE, "response body is not a JSON object")
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices:
         error = body.get("error")
         hint = f" (server error: {_short(str(error), 160)})" if error else ""
-        raise _fail(RepairCategory.BAD_JSON, f"response has no choices{hint}")
+        raise _fail(RepairCategory.RESPONSE_SHAPE, f"response has no choices{hint}")
     choice = choices[0]
     message = choice.get("message") if isinstance(choice, dict) else None
     if not isinstance(message, dict):
-        raise _fail(RepairCategory.BAD_JSON, "first choice has no message object")
+        raise _fail(RepairCategory.RESPONSE_SHAPE, "first choice has no message object")
     return message
 
 
@@ -455,7 +455,10 @@ def parse_chat_completion(
     the content must hold a JSON plan, whereas with native tool calls plain text is
     the final reply. Tool calls, when present, win over any content.
     """
-    index = tool_index(tools)
+    try:
+        index = tool_index(tools)
+    except ValueError as exc:  # the run fails: asking the model again cannot fix it
+        raise _fail(RepairCategory.CATALOG_BINDING, str(exc)) from None
     message = _first_message(body_text)
     calls = _tool_calls_of(message)
     if calls:
@@ -466,18 +469,22 @@ def parse_chat_completion(
 # --- repair -----------------------------------------------------------------------
 
 _REPAIR_TEXT: dict[RepairCategory, str] = {
-    RepairCategory.UNKNOWN_TOOL: (
-        "You called a tool that does not exist. Use only the listed tools."
+    RepairCategory.RESPONSE_SHAPE: (
+        "Your answer was not a plan: give tool calls, or one final reply, in the expected shape."
     ),
-    RepairCategory.BAD_JSON: "Your output was not valid JSON. Send well-formed JSON only.",
-    RepairCategory.SCHEMA_MISMATCH: (
-        "Your output did not match the expected shape or the tool's input schema. "
-        "Fix the fields and types."
+    RepairCategory.CALL_IDENTITY: "A tool call named no function. Name one of the listed tools in each call.",
+    RepairCategory.UNKNOWN_FUNCTION: "You called a tool that does not exist. Use only the listed tools.",
+    RepairCategory.ARGUMENTS_JSON: (
+        "Your arguments were not valid JSON (or named a key twice). Send well-formed JSON only."
     ),
-    RepairCategory.TOO_MANY_ACTIONS: (
-        f"You asked for too many actions. Use at most {MAX_ACTIONS_PER_PLAN} per turn."
+    RepairCategory.ARGUMENTS_SCHEMA: (
+        "Your arguments did not match the tool's input schema. Fix the fields and types."
     ),
-    RepairCategory.EMPTY_PLAN: "Your answer had no tool call and no final reply. Give one of them.",
+    RepairCategory.BATCH_CONSTRAINT: (
+        f"Your actions together broke a rule of this turn (at most {MAX_ACTIONS_PER_PLAN}, or the one named)."
+    ),
+    RepairCategory.PLAN_SEMANTICS: "Your plan was refused for what it does. Do what the detail says first.",
+    RepairCategory.CATALOG_BINDING: "The tool catalogue is in conflict.",
 }
 
 

@@ -223,11 +223,13 @@ def parse_plan_json(text: str, tools: tuple[ToolSchema, ...]) -> Plan:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise PlanError(RepairCategory.BAD_JSON, f"plan is not JSON ({exc.msg} at {exc.pos})") from None
+        # A broken JSON plan is a JSON error; prose is not a plan at all (as plan_parse.py).
+        category = RepairCategory.ARGUMENTS_JSON if text.lstrip().startswith("{") else RepairCategory.RESPONSE_SHAPE
+        raise PlanError(category, f"plan is not JSON ({exc.msg} at {exc.pos})") from None
     if not isinstance(data, dict):
-        raise PlanError(RepairCategory.BAD_JSON, "plan is not a JSON object")
+        raise PlanError(RepairCategory.RESPONSE_SHAPE, "plan is not a JSON object")
     if data.get("exhausted"):
-        raise PlanError(RepairCategory.EMPTY_PLAN, "the script has no step for this loop")
+        raise PlanError(RepairCategory.RESPONSE_SHAPE, "the script has no step for this loop")
     known = {tool.name for tool in tools}
     final = data.get("final")
     actions = data.get("actions") or []
@@ -235,17 +237,17 @@ def parse_plan_json(text: str, tools: tuple[ToolSchema, ...]) -> Plan:
         # A table: an agent's typed output, as its JSON (the lane checks it against the schema).
         final = json.dumps(final, ensure_ascii=False)
     if final is not None and not isinstance(final, str):
-        raise PlanError(RepairCategory.SCHEMA_MISMATCH, "final must be a string (or a table: a typed output)")
+        raise PlanError(RepairCategory.RESPONSE_SHAPE, "final must be a string (or a table: a typed output)")
     if not isinstance(actions, list):
-        raise PlanError(RepairCategory.SCHEMA_MISMATCH, "actions must be a list")
+        raise PlanError(RepairCategory.RESPONSE_SHAPE, "actions must be a list")
     calls = []
     for index, action in enumerate(actions):
         if not isinstance(action, dict) or not isinstance(action.get("tool"), str):
-            raise PlanError(RepairCategory.SCHEMA_MISMATCH, f"action {index} needs a tool name")
+            raise PlanError(RepairCategory.CALL_IDENTITY, f"action {index} needs a tool name")
         if action["tool"] not in known:
-            raise PlanError(RepairCategory.UNKNOWN_TOOL, f"unknown tool {action['tool'][:60]!r}")
+            raise PlanError(RepairCategory.UNKNOWN_FUNCTION, f"unknown tool {action['tool'][:60]!r}")
         tool_input = action.get("input", {})
         if not isinstance(tool_input, dict):
-            raise PlanError(RepairCategory.SCHEMA_MISMATCH, f"action {index}: input must be an object")
+            raise PlanError(RepairCategory.ARGUMENTS_SCHEMA, f"action {index}: input must be an object")
         calls.append(ToolCall(action["tool"], tool_input))
     return Plan(tuple(calls), final)

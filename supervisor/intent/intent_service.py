@@ -44,6 +44,7 @@ from corral.supervisor.intent.intent_scope import judge_action, sandbox_paths, s
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_text
 from corral.supervisor.runs import run_store
+from corral.supervisor.runs.loop_plan_store import FINAL_BLOCKED_CATEGORY
 from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
@@ -241,7 +242,7 @@ class IntentService:
         if not any(reason.startswith(EVIDENCE_PREFIX) for reason in reasons):
             return None
         run = run_store.get_run(ledger, run_id)
-        refused = int(json.loads(run["repairs"]).get("final-blocked", 0))
+        refused = int(json.loads(run["repairs"]).get(FINAL_BLOCKED_CATEGORY, 0))
         if refused < EVIDENCE_ATTEMPTS:
             return None
         missing = "; ".join(r.removeprefix(EVIDENCE_PREFIX + ": ") for r in reasons if r.startswith(EVIDENCE_PREFIX))

@@ -64,7 +64,7 @@ def plan_guard(run: Any, loop: int, plan: dict[str, Any]) -> PlanRefusal | None:
     asks = [a for a in actions if isinstance(a, dict) and a.get("tool") == TOOL]
     if asks and (len(actions) > 1 or plan.get("final") is not None):
         why = f"{SOLE_ACTION}: this plan has {len(actions)} action(s). Ask alone, then act on the answer."
-        return PlanRefusal("question-not-alone", why)
+        return PlanRefusal("batch-constraint", why, "question-not-alone")
     return None
 
 

@@ -65,10 +65,25 @@ def commit_plan(
     return result
 
 
+#: A conflict in the local catalog (seed 004 V1.33: "catalog-binding 属于本地目录冲突，
+#: 必须直接失败，不能重问 Provider"): no repair, the run fails at once.
+CATALOG_BINDING = "catalog-binding"
+
+
 def plan_invalid(
-    ledger: Ledger, run_id: str, loop_index: int, slot: str, category: str, detail: str, limits: RunLimits
+    ledger: Ledger,
+    run_id: str,
+    loop_index: int,
+    slot: str,
+    category: str,
+    detail: str,
+    limits: RunLimits,
+    *,
+    rule: str = "",
 ) -> dict[str, Any]:
-    """A response that did not parse: a bounded repair, or the run fails clearly."""
+    """A response that did not parse: a bounded repair, or the run fails clearly.
+    ``category``: one of seed 004's eight repair categories (V1.33); ``rule``: the
+    guard's own name for the rule, when a guard refused the plan."""
     with ledger.tx() as db:
         run = get_run(ledger, run_id)
         repairs: dict[str, int] = json.loads(run["repairs"])
@@ -76,8 +91,9 @@ def plan_invalid(
         repairs[category] = repairs.get(category, 0) + 1
         db.execute("UPDATE runs SET repairs = ? WHERE run_id = ?", (dumps(repairs), run_id))
         db.execute("UPDATE provider_requests SET consumed = 2 WHERE slot = ?", (slot,))
-        ledger.event("plan-invalid", run_id, slot=slot, category=category, detail=summarize(detail, 200))
-        if total >= limits.max_repairs:
+        named = {"rule": rule} if rule else {}
+        ledger.event("plan-invalid", run_id, slot=slot, category=category, detail=summarize(detail, 200), **named)
+        if total >= limits.max_repairs or category == CATALOG_BINDING:
             set_run_status(
                 ledger,
                 run_id,
@@ -90,9 +106,12 @@ def plan_invalid(
             run_id,
             f"repair:{slot}",
             loop_index,
-            {"role": "repair", "category": category, "detail": summarize(detail, 300)},
+            {"role": "repair", "category": category, **named, "detail": summarize(detail, 300)},
         )
     return {"repair": True}
+
+
+FINAL_BLOCKED_CATEGORY = "plan-semantics"
 
 
 def final_blocked(ledger: Ledger, run_id: str, reasons: list[str], limits: RunLimits) -> dict[str, Any]:
@@ -105,7 +124,8 @@ def final_blocked(ledger: Ledger, run_id: str, reasons: list[str], limits: RunLi
         loop = int(run["loop_index"])
         repairs: dict[str, int] = json.loads(run["repairs"])
         total = sum(repairs.values())
-        repairs["final-blocked"] = repairs.get("final-blocked", 0) + 1
+        # Seed 004's category for it (V1.33); the event and the observation name the rule.
+        repairs[FINAL_BLOCKED_CATEGORY] = repairs.get(FINAL_BLOCKED_CATEGORY, 0) + 1
         db.execute("UPDATE runs SET repairs = ? WHERE run_id = ?", (dumps(repairs), run_id))
         ledger.event("final-blocked", run_id, loop=loop, detail=detail)
         if total >= limits.max_repairs:
@@ -118,7 +138,8 @@ def final_blocked(ledger: Ledger, run_id: str, reasons: list[str], limits: RunLi
             loop,
             {
                 "role": "repair",
-                "category": "final-blocked",
+                "category": FINAL_BLOCKED_CATEGORY,
+                "rule": "final-blocked",
                 "detail": f"your final reply was refused: {detail}. Resolve these first (claim deliveries with"
                 " agent.run_status, finish or terminate processes), then reply.",
             },

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, MAX_RESPONSE_CHARS
+from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, MAX_RESPONSE_CHARS, RepairCategory
 from corral.actors.tools.registry import rerunnable
 from corral.actors.tools.validation import validation_error
 from corral.core import failpoints
@@ -181,10 +181,11 @@ class RunActorMethods(RunCore):
             for guard in self.features.plan_guards:
                 why = guard(run, loop, plan)  # e.g. the collaboration policy's first wave
                 if why:
-                    category, why = (why.category, why.reason) if isinstance(why, PlanRefusal) else (
-                        "collaboration-policy", why)
+                    category, why, rule = (
+                        (why.category, why.reason, why.rule) if isinstance(why, PlanRefusal)
+                        else ("batch-constraint", why, "collaboration-policy"))
                     refused = loop_plan_store.plan_invalid(self.ledger, run["run_id"], loop, slot_name,
-                                                           category, why, self.limits_for(run))
+                                                           category, why, self.limits_for(run), rule=rule)
                     return {"refused": why, **refused}
         if fresh:  # a replay must not spool again
             plan, sealed = sealed_input.seal_plan(self.spool, run["run_id"], loop, plan, self.tools)
@@ -213,12 +214,16 @@ class RunActorMethods(RunCore):
     def plan_invalid_now(self, slot: ActorSlot, request: PlanInvalid) -> dict[str, Any]:
         """``plan.invalid``, synchronous (as ``plan_commit_now``)."""
         run = self.run_of(slot, request.run_id)
+        try:  # one of seed 004's eight (an older agent's names map onto them)
+            category = RepairCategory(request.category).value
+        except ValueError:
+            raise BadRequest(f"category must be one of {', '.join(RepairCategory)}") from None
         return loop_plan_store.plan_invalid(
             self.ledger,
             run["run_id"],
             request.loop,
             request.slot,
-            request.category,
+            category,
             request.detail[:1000],
             self.limits_for(run),
         )

@@ -28,11 +28,14 @@ if TYPE_CHECKING:
 
 
 class PlanRefusal(NamedTuple):
-    """A plan guard's refusal with its own repair category (a bare reason is the
-    collaboration policy's, ``collaboration-policy``)."""
+    """A plan guard's refusal: one of seed 004's repair categories (V1.33) and the
+    guard's own rule, which the refusal's event and observation name too (a bare
+    reason is the collaboration policy's: ``batch-constraint``,
+    ``collaboration-policy``)."""
 
     category: str
     reason: str
+    rule: str = ""
 
 
 class Placed(NamedTuple):
