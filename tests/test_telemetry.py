@@ -38,13 +38,15 @@ from corral.supervisor.telemetry.tree_rows import read_tree
 from tests.harness import Daemon, ledger_rows, wait_run
 
 LAB = Path(__file__).parent / "mcp_servers" / "lab_server.py"
-#: A secret-looking value (a GitHub token's shape) and a plain one, both only ever
-#: tool arguments: neither may reach a span.
+#: A secret value (a GitHub token's shape), code naming a secret and a plain value:
+#: none may reach a span. The plain value and the code are tool arguments (redaction
+#: still hides the code). The secret is a file's content, which the helper and the
+#: drafter read: a plan holding a secret value fails its handoff closed (seed 004
+#: V1.43), so it comes in as the seed lets it, as a tool's observation.
 SECRET = "ghp_" + "Zq7TLw2Rk9Xv4Nb8Hs6Jd3Fp1Gc5Ym0Ae2Wu"
-#: What a plan may carry that redaction still hides: code naming a secret (a plan
-#: holding a secret value fails its handoff closed, seed 004 V1.43).
 CODE_SECRET = "token = vault.read_token()"
 PLAIN = "plain-argument-marker-5521"
+TOKEN_FILE = "ref/token.txt"
 
 SWARM = f"""
 name = "traced"
@@ -86,12 +88,16 @@ write_scopes = ["n"]
   raw = "{{ not json"
   unless_observed = "arguments-json"
   [[agents.steps]]
+  actions = [{{ tool = "fs.read", input = {{ path = "{TOKEN_FILE}" }} }}]
+  [[agents.steps]]
   actions = [{{ tool = "fs.write", input = {{ path = "n/n.md", content = "{CODE_SECRET} {PLAIN}" }} }}]
   [[agents.steps]]
   final = "noted"
 
 [[templates]]
 id = "drafter"
+  [[templates.steps]]
+  actions = [{{ tool = "fs.read", input = {{ path = "{TOKEN_FILE}" }} }}]
   [[templates.steps]]
   actions = [{{ tool = "fs.write", input = {{ path = "${{artifact:0}}", content = "{CODE_SECRET}" }} }}]
   [[templates.steps]]
@@ -184,7 +190,7 @@ def _check_tree(spans: list[dict[str, Any]], runs: list[dict[str, Any]], spawned
     assert by_id[repaired["parent"]]["parent"] == run_spans[_run_of_agent(runs, "helper")]["span_id"]
     for span in spans:
         shown = json.dumps(span)
-        assert CODE_SECRET not in shown and PLAIN not in shown, span["name"]
+        assert SECRET not in shown and CODE_SECRET not in shown and PLAIN not in shown, span["name"]
 
 
 def _run_of_agent(runs: list[dict[str, Any]], agent_id: str) -> str:
@@ -243,7 +249,8 @@ def _in_memory(home: Path, root_run_id: str, effects: dict[str, str]) -> list[di
 
 
 def test_a_swarm_run_is_one_trace_whose_parent_links_are_the_run_tree(short_tmp: Path) -> None:
-    (short_tmp / "ws").mkdir()
+    (short_tmp / "ws" / TOKEN_FILE).parent.mkdir(parents=True)
+    (short_tmp / "ws" / TOKEN_FILE).write_text(f"token {SECRET}\n")
     spec = short_tmp / "swarm.toml"
     spec.write_text(SWARM)
     with otlp_receiver() as (url, received):
@@ -278,6 +285,11 @@ def test_a_swarm_run_is_one_trace_whose_parent_links_are_the_run_tree(short_tmp:
         # The plain marker is in the ledger's copy of the arguments: its absence from
         # the spans is not for want of something to leak.
         assert any(PLAIN in row["input"] for row in ledger_rows(daemon.home, "SELECT input FROM actions"))
+        # The secret went through the run: both reads saw the file (their results keep
+        # it redacted), and nothing was refused on its account.
+        reads = ledger_rows(daemon.home, "SELECT phase, result FROM actions WHERE tool = 'fs.read'")
+        assert [row["phase"] for row in reads] == ["ok", "ok"], reads
+        assert all("[redacted]" in row["result"] and SECRET not in row["result"] for row in reads), reads
         exported = _decoded(received)
         _check_tree(exported, runs, spawned)
         # The same ledger, projected again here: the same spans with the same ids.
@@ -321,7 +333,6 @@ def test_the_spec_and_the_otel_variables_decide_and_a_missing_extra_is_a_clear_e
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http", None)
     with pytest.raises(TelemetryUnavailable, match=r"pip install 'corral\[telemetry\]'"):
         telemetry_config.resolve(_spec(enabled=True), {})
-
 
 
 def test_with_telemetry_off_the_supervisor_never_imports_opentelemetry() -> None:
