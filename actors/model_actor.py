@@ -167,7 +167,7 @@ async def _generate(ctx: ActorContext, model: LoadedModel, turn: trio.Lock, enve
     deltas: ReplyDeltas | None = None
     if isinstance(stream, dict):
         # Only a final reply's text streams (the decoder drops a plan of tool calls).
-        deltas = ReplyDeltas(ctx.call, str(stream.get("run_id", "")), str(stream.get("slot", "")))
+        deltas = ReplyDeltas(ctx, str(stream.get("run_id", "")), str(stream.get("slot", "")))
         decoder = FinalReplyDecoder()
 
         def on_text(piece: str) -> None:

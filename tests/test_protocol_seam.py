@@ -216,7 +216,7 @@ def test_the_typed_protocol_is_the_only_way_they_talk() -> None:
 
 
 #: The offences left (a ratchet, issue 50 §1): lowered as each family is typed.
-SEAM_OFFENCES_AT_MOST = 20
+SEAM_OFFENCES_AT_MOST = 18
 
 PLANTED = {
     "supervisor/x_service.py": """

@@ -525,7 +525,7 @@ class OpenAIProvider:
             actor = current_actor()
         except LookupError:  # driven outside an actor (tests, tools): nothing to stream to
             return None
-        return ReplyDeltas(actor.call, request.run_id, request.slot)
+        return ReplyDeltas(actor, request.run_id, request.slot)
 
     async def complete(self, request: ProviderRequest) -> ProviderResponse:
         seq = next(self._seq)

@@ -22,7 +22,12 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+from corral.mailbox.protocol import ReplyDelta
+
+if TYPE_CHECKING:
+    from corral.actors.runtime import ActorContext
 
 _FINAL_PREFIX = re.compile(r'\s*\{\s*"final"\s*:\s*"')
 _COMPACT_PREFIX = '{"final":"'
@@ -76,8 +81,9 @@ class FinalReplyDecoder:
 class ReplyDeltas:
     """Batches final-reply text of one provider lifecycle to the supervisor."""
 
-    def __init__(self, call: Any, run_id: str, slot: str) -> None:
-        self.call = call
+    def __init__(self, ctx: ActorContext, run_id: str, slot: str) -> None:
+        #: The actor it reports through (``reply.delta``, best effort).
+        self.ctx = ctx
         self.run_id = run_id
         self.slot = slot
         self.seq = 0
@@ -103,13 +109,10 @@ class ReplyDeltas:
             await self.report_progress()
 
     async def report_progress(self) -> None:
-        from corral.actors.runtime import report_best_effort
+        from corral.actors.runtime import ask_best_effort
 
         self.reported_tokens = self.tokens
-        await report_best_effort(
-            self.call, "reply.delta", run_id=self.run_id, slot=self.slot, seq=self.seq, text="",
-            tokens=self.tokens,
-        )
+        await ask_best_effort(self.ctx, ReplyDelta(self.run_id, self.slot, self.seq, "", tokens=self.tokens))
 
     async def finish(self) -> None:
         """The rest of the reply text, and the final token count."""
@@ -133,6 +136,6 @@ class ReplyDeltas:
         self.last_flush = time.monotonic()
         self.seq += 1
         # The stream is a view: a delta lost with a dying supervisor is not an error.
-        from corral.actors.runtime import report_best_effort
+        from corral.actors.runtime import ask_best_effort
 
-        await report_best_effort(self.call, "reply.delta", run_id=self.run_id, slot=self.slot, seq=self.seq, text=text)
+        await ask_best_effort(self.ctx, ReplyDelta(self.run_id, self.slot, self.seq, text))
