@@ -4,11 +4,8 @@ The request was decoded and its shape checked once, at the boundary
 (mailbox/protocol/ ``decode``); each case hands the typed record to the one
 handler that serves it: the run layer's (``Supervisor.runs``), or its family's
 (``Supervisor.methods``, supervisor/actor_methods.py; a family this supervisor
-was built without answers ``unknown-method``). A method with no typed record yet
-arrives as ``Untyped`` and goes through the services' table
-(``Supervisor.actor_methods``, keyed by ``Method``) until its family is
-converted. A new typed request that no case serves fails type checking here
-(``assert_never``).
+was built without answers ``unknown-method``). A new typed request that no case
+serves fails type checking here (``assert_never``).
 """
 
 from __future__ import annotations
@@ -42,7 +39,6 @@ from corral.mailbox.protocol import (
     McpCall,
     McpFailed,
     McpReady,
-    Method,
     ModelFailed,
     ModelGenerate,
     ModelReady,
@@ -78,7 +74,6 @@ from corral.mailbox.protocol import (
     SwarmDelegate,
     SwarmSpawn,
     TypedRequest,
-    Untyped,
 )
 from corral.supervisor.errors import SupervisorError
 
@@ -103,7 +98,7 @@ def _wire(answer: msgspec.Struct) -> Mapping[str, object]:
     return body
 
 
-async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Untyped) -> Mapping[str, object]:
+async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest) -> Mapping[str, object]:
     """The answer to one decoded request (committed; the caller waits for the barrier)."""
     runs = sup.runs
     steps = runs.steps
@@ -229,15 +224,6 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest | Unt
             return await _need(methods.bridge, request).run_status(slot, request)
         case BridgeReport():
             return await _need(methods.bridge, request).report(slot, request)
-        case Untyped():
-            return await _untyped(sup, slot, request.method, request.params)
         case _:
             assert_never(request)
 
-
-async def _untyped(sup: Supervisor, slot: ActorSlot, method: Method, params: dict[str, Any]) -> Mapping[str, object]:
-    """A method whose family is not typed yet: its handler in ``actor_methods``."""
-    handler = sup.actor_methods.get(method)
-    if handler is None:  # a method of a feature this supervisor was built without
-        raise SupervisorError(f"no actor method {method.value!r}", code=Code.UNKNOWN_METHOD)
-    return await handler(slot, params)

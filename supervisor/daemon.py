@@ -7,7 +7,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,6 @@ from corral.mailbox.addresses import ipc_address, tcp_loopback_address
 from corral.mailbox.control import ControlError, ControlServer
 from corral.mailbox.envelope import Envelope
 from corral.mailbox.errors import ChannelClosed
-from corral.mailbox.protocol import Method
 from corral.sandbox.guard_record import recover_home
 from corral.sandbox.launcher import LaunchMode, make_launcher
 from corral.supervisor import actor_dispatch, probes
@@ -75,8 +74,6 @@ log = logging.getLogger("corral.supervisor")
 CONTROL_SOCKET = "control.ipc"
 
 ControlMethod = Callable[[dict[str, Any]], Awaitable[Any]]
-#: An actor method answers a map: a plain one, or a typed one (a step, mailbox/steps.py).
-ActorMethod = Callable[[ActorSlot, dict[str, Any]], Awaitable[Mapping[str, object]]]
 
 
 class Supervisor:
@@ -144,8 +141,6 @@ class Supervisor:
         #: The typed actor methods' families, each set by its service's setup
         #: (supervisor/actor_methods.py, served by supervisor/actor_dispatch.py).
         self.methods = ActorMethods()
-        #: The methods with no typed record yet (supervisor/actor_dispatch.py).
-        self.actor_methods: dict[Method, ActorMethod] = {}
         self._stop = trio.Event()
         self.stop_reason = "shutdown"
         self._events_changed = trio.Event()

@@ -98,9 +98,9 @@ def test_the_features_order_is_written_in_one_place() -> None:
 def test_no_service_adds_itself_to_a_supervisor_table() -> None:
     """A service's part in runs and in the supervisor's life is one object each
     (``RunFeature``, ``ServicePart``) in the daemon's two lists: nothing appends
-    to, or sets a key of, a table on the supervisor but its methods' names
-    (``actor_methods``, ``control_methods``, issue 50 §1)."""
-    allowed = {"actor_methods", "control_methods"}
+    to, or sets a key of, a table on the supervisor but its control methods'
+    names (``control_methods``; its actor methods are typed families, issue 50 §1)."""
+    allowed = {"control_methods"}
     found = []
     for path in sorted((ROOT / "supervisor").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -17,9 +17,8 @@ actors are always the same code, so one version speaks one shape.
 The package holds one module per family of methods (``run_records``: the run
 layer's; ``probes``: the bench's; ...), each importing its base from ``base``;
 this module re-exports them, and holds the union of every typed request and
-the one decoder. Methods whose request record is not written yet arrive as
-``Untyped`` (their params a map, each handler checks its own fields); each family
-moves to typed records in turn (docs/architecture.md says which are typed).
+the one decoder. Every method has its record (tests/test_protocol_seam.py
+checks it): there is no untyped way in.
 
 ``Code`` is the one list of error codes an actor and the supervisor exchange.
 """
@@ -30,7 +29,7 @@ from typing import Any, Final, TypeVar, get_args
 
 import msgspec
 
-from corral.mailbox.protocol.base import Code, Count, Id, Method, ProtocolError, Request, Untyped
+from corral.mailbox.protocol.base import Code, Count, Id, Method, ProtocolError, Request
 from corral.mailbox.protocol.bridge import (
     BridgeJobAdvance,
     BridgeJobOpen,
@@ -196,7 +195,6 @@ __all__ = [
     "SwarmSpawn",
     "TurnNote",
     "TypedRequest",
-    "Untyped",
     "decode",
     "encode",
     "reply",
@@ -210,8 +208,8 @@ StepRequest = (
     ProviderHandoff | PlanCommit | PlanInvalid | ActionPrepare | ActionBegin | ActionFinish | ActionFinishBatch
 ) | ContextCompacted
 
-#: Every typed request, one family's union each; ``decode`` makes one of these
-#: (or ``Untyped``), and supervisor/actor_dispatch.py's ``match`` serves each.
+#: Every typed request, one family's union each; ``decode`` makes one of these,
+#: and supervisor/actor_dispatch.py's ``match`` serves each.
 TypedRequest = (
     RunRequest
     | ProbeRequest
@@ -229,9 +227,9 @@ TypedRequest = (
 _TYPED: Final[dict[Method, type[TypedRequest]]] = {kind.METHOD: kind for kind in get_args(TypedRequest)}
 
 
-def decode(body: dict[str, Any]) -> TypedRequest | Untyped:
-    """A request body off the wire, checked once: its typed record, or ``Untyped``
-    for a method whose record is not written yet. Raises ``ProtocolError``."""
+def decode(body: dict[str, Any]) -> TypedRequest:
+    """A request body off the wire, checked once: its typed record. Raises
+    ``ProtocolError``."""
     name = body.get("method")
     if not isinstance(name, str):
         raise ProtocolError("the request has no method (a string)")
@@ -242,9 +240,7 @@ def decode(body: dict[str, Any]) -> TypedRequest | Untyped:
     params = body.get("params", {})
     if not isinstance(params, dict):
         raise ProtocolError(f"{method}: params must be a map")
-    kind = _TYPED.get(method)
-    if kind is None:
-        return Untyped(method, params)
+    kind = _TYPED[method]  # every method has its record (tests/test_protocol_seam.py)
     try:
         return msgspec.convert(params, kind, strict=True)
     except msgspec.ValidationError as exc:

@@ -123,9 +123,3 @@ class Request(msgspec.Struct, Generic[R], frozen=True, forbid_unknown_fields=Tru
     METHOD: ClassVar[Method]
     REPLY: ClassVar[type[Any] | None] = None
 
-
-class Untyped(msgspec.Struct, frozen=True):
-    """A method whose record is not written yet: its params, checked by its handler."""
-
-    method: Method
-    params: dict[str, Any]
