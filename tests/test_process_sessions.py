@@ -206,6 +206,13 @@ def test_start_stdin_poll_natural_exit_and_terminate(short_tmp: Path) -> None:
 
         rows = sessions(daemon, run_id)
         assert [r["state"] for r in rows] == ["exited", "terminated"]
+        # Seed 004 V1.11 and V1.11.1: each record names its sandbox and its handshake's stages.
+        for row in rows:
+            assert (row["sandbox_mode"], row["network_access"], row["sandbox_backend"]) == (
+                (MODE, 0, "bubblewrap") if SANDBOXED else (MODE, 1, "none"))
+            assert row["sandbox_establishment"] == ("ready" if SANDBOXED else "unsandboxed")
+            assert row["target_exec"] == "established" and row["launch_failure_kind"] is None
+            assert row["created_at"] <= row["sandbox_ready_at"] <= row["exec_established_at"]
         kinds = [e["kind"] for e in events_of(daemon, rows[0]["process_id"])]
         assert kinds[:4] == ["session-prepared", "session-launching", "session-launched", "session-running"]
         assert "session-stdin" in kinds and kinds[-1] == "session-exited"

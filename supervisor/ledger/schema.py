@@ -640,3 +640,26 @@ MIGRATIONS.append(
     ALTER TABLE run_plans ADD COLUMN explanation TEXT;
     """
 )
+
+MIGRATIONS.append(
+    # A launch's sandbox in every record (seed 004 V1.11: the process record and the
+    # command log keep sandboxMode, networkAccess, sandboxBackend and
+    # sandboxProfileVersion), and the handshake's stages in the process record
+    # (V1.11.1: sandboxEstablishment, targetExec, launchFailureKind, sandboxReadyAt,
+    # execEstablishedAt). NULL for a record made before this.
+    """
+    ALTER TABLE sessions ADD COLUMN sandbox_mode TEXT;
+    ALTER TABLE sessions ADD COLUMN network_access INTEGER;
+    ALTER TABLE sessions ADD COLUMN sandbox_backend TEXT;
+    ALTER TABLE sessions ADD COLUMN sandbox_profile_version INTEGER;
+    ALTER TABLE sessions ADD COLUMN sandbox_establishment TEXT;
+    ALTER TABLE sessions ADD COLUMN target_exec TEXT;
+    ALTER TABLE sessions ADD COLUMN launch_failure_kind TEXT;
+    ALTER TABLE sessions ADD COLUMN sandbox_ready_at REAL;
+    ALTER TABLE sessions ADD COLUMN exec_established_at REAL;
+    ALTER TABLE command_launches ADD COLUMN sandbox_mode TEXT;
+    ALTER TABLE command_launches ADD COLUMN network_access INTEGER;
+    ALTER TABLE command_launches ADD COLUMN sandbox_backend TEXT;
+    ALTER TABLE command_launches ADD COLUMN sandbox_profile_version INTEGER;
+    """
+)

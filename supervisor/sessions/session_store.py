@@ -27,11 +27,13 @@ from corral.actors.session_state import (
 from corral.core.redact import redact_text, summarize
 from corral.core.transitions import IllegalTransition
 from corral.sandbox.bwrap import LaunchMode
+from corral.sandbox.facts import sandbox_facts
 from corral.supervisor.errors import BadRequest, Conflict, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import resolutions, run_store
 from corral.supervisor.runs.recovery import RecoveryReport
 from corral.supervisor.runs.run_state import RunStatus
+from corral.supervisor.sessions.launch_stages import TargetExec, establishment, launch_stages
 
 S = SessionState
 LIVE_STATES = frozenset({S.PREPARED, S.LAUNCHING, S.RUNNING, S.TERMINATING})
@@ -105,6 +107,12 @@ def move_session(
         except IllegalTransition as exc:
             raise Conflict(f"process {process_id}: {exc}") from None
         now = time.time()
+        stages = launch_stages(old, new, row["sandbox_ready_at"] is not None, code, now)
+        if stages:
+            db.execute(
+                f"UPDATE sessions SET {', '.join(f'{key} = ?' for key in stages)} WHERE process_id = ?",
+                (*stages.values(), process_id),
+            )
         db.execute(
             "UPDATE sessions SET state = ?, reason = COALESCE(?, reason), error_code = COALESCE(?, error_code),"
             " exit_code = COALESCE(?, exit_code), output_bytes = COALESCE(?, output_bytes), updated_at = ?"
@@ -143,11 +151,28 @@ def move_session(
 
 
 def record_launch(ledger: Ledger, row: sqlite3.Row, mode: LaunchMode) -> None:
-    """A session's launch record: committed while the trampoline waits for COMMIT_EXEC."""
+    """A session's launch record: committed while the trampoline waits for COMMIT_EXEC,
+    so the sandbox is ready (SANDBOX_READY) and the target not executed yet (seed 004
+    V1.11.1); with the launch's sandbox facts (V1.11)."""
+    facts = sandbox_facts(mode)
+    now = time.time()
     with ledger.tx() as db:
         db.execute(
-            "UPDATE sessions SET launch_mode = ?, updated_at = ? WHERE process_id = ?",
-            (mode.value, time.time(), row["process_id"]),
+            "UPDATE sessions SET launch_mode = ?, sandbox_mode = ?, network_access = ?, sandbox_backend = ?,"
+            " sandbox_profile_version = ?, sandbox_establishment = ?, target_exec = ?, sandbox_ready_at = ?,"
+            " updated_at = ? WHERE process_id = ?",
+            (
+                mode.value,
+                facts["sandboxMode"],
+                int(facts["networkAccess"]),
+                facts["sandboxBackend"],
+                facts["sandboxProfileVersion"],
+                establishment(mode),
+                TargetExec.PENDING.value,
+                now,
+                now,
+                row["process_id"],
+            ),
         )
         ledger.event("session-launched", row["process_id"], run=row["run_id"], launch_mode=mode.value)
 
@@ -332,9 +357,12 @@ def record_command_launch(ledger: Ledger, run_id: str, action_id: str, mode: Lau
         if db.execute("SELECT 1 FROM command_launches WHERE action_id = ?", (action_id,)).fetchone():
             # A second launch for one action would run the command twice.
             raise Conflict(f"action {action_id} already launched its command once")
+        facts = sandbox_facts(mode)
         db.execute(
-            "INSERT INTO command_launches (action_id, launch_mode, transcript, created_at) VALUES (?, ?, ?, ?)",
-            (action_id, mode.value, str(transcript), time.time()),
+            "INSERT INTO command_launches (action_id, launch_mode, sandbox_mode, network_access, sandbox_backend,"
+            " sandbox_profile_version, transcript, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (action_id, mode.value, facts["sandboxMode"], int(facts["networkAccess"]), facts["sandboxBackend"],
+             facts["sandboxProfileVersion"], str(transcript), time.time()),
         )
         ledger.event("command-launched", action_id, run=run_id, launch_mode=mode.value)
 
