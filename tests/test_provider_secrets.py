@@ -165,6 +165,17 @@ def test_an_invalid_response_holding_a_secret_fails_closed_too(short_tmp: Path) 
         ("secret_key = settings.SECRET_KEY", ()),
         ("if password == user.password:", ()),
         ("export API_KEY=$OPENAI_API_KEY", ()),
+        # Quoted, a variable is still a name: the shell or the config loader fills it in.
+        ('export API_KEY="$OPENAI_API_KEY"', ()),
+        ('api_key: "${OPENAI_API_KEY}"', ()),
+        ("password: '${DB_PASSWORD}'", ()),
+        # A parameter's type or default, and a placeholder, are no value either.
+        ("def login(user: str, password: str) -> bool:", ()),
+        ("def connect(token: str | None = None):", ()),
+        ("password=None", ()),
+        ("api_key=<your-api-key>", ()),
+        # ...but a literal after the type still is one.
+        ('password: str = "hunter2hunter2"', ("KeywordDetector",)),
         ("password: hunter2hunter2", ("KeywordDetector", "corral")),
         ('api_key = "q1w2e3r4t5y6u7i8"', ("KeywordDetector", "corral")),
         ("PASSWORD=hunter22abc", ("KeywordDetector", "corral")),
