@@ -75,7 +75,7 @@ def test_every_typed_method_handler_takes_its_typed_record() -> None:
 #: tools ``plan.update``, ``goal.verdict``, ``mcp.call`` … share their method's
 #: name): a tool's schema, the tool an action must be of, a table of tool names,
 #: and the control plane's own methods (people's, not an actor's).
-TOOL_NAME_CALLS = {"schema", "tool_action", "ledger_tool_action"}
+TOOL_NAME_CALLS = {"schema", "tool_action"}
 TOOL_NAME_TABLES = {"control_methods"}
 
 
@@ -161,7 +161,7 @@ def test_the_typed_protocol_is_the_only_way_they_talk() -> None:
 
 
 #: The offences left (a ratchet, issue 50 §1): lowered as each family is typed.
-SEAM_OFFENCES_AT_MOST = 12
+SEAM_OFFENCES_AT_MOST = 0
 
 PLANTED = {
     "supervisor/x_service.py": """

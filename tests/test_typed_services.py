@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 #: The typed parts of a Supervisor: attribute -> (its class, one method it has).
 SERVICES = {
-    "runs": ("RunService", "owned_run"),
+    "runs": ("RunService", "run_of"),
     "views": ("RunViews", "show"),
     "swarm": ("SwarmService", "spawn"),
     "sessions": ("SessionService", "poll"),

@@ -22,7 +22,8 @@ from typing import Annotated, Any, Literal, NotRequired
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from corral.actors.tools.base import Tool, ToolContext, ToolResult, ledger_call, schema
+from corral.actors.tools.base import Tool, ToolContext, ToolResult, ledger_ask, schema
+from corral.mailbox.protocol import HistoryActions
 
 
 class ActionHistoryArgs(TypedDict):
@@ -42,16 +43,16 @@ class ActionHistory:
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        reply = await ledger_call(
-            ctx,
-            "history.actions",
-            "bad-input",
+        query = HistoryActions(
+            run_id=ctx.run_id,
+            action_id=ctx.action_id,
             of_run=tool_input.get("run_id"),
             of_action=tool_input.get("action_id"),
             tool=tool_input.get("tool"),
             status=tool_input.get("status"),
             limit=tool_input.get("limit"),
         )
+        reply = await ledger_ask(ctx, query, "bad-input")
         receipts = reply["receipts"]
         more = ", more before them" if reply["more"] else ""
         return ToolResult(True, reply, f"{len(receipts)} receipt(s) of {reply['agent_id']}{more}")

@@ -180,13 +180,14 @@ def validate_input(tool_schema: ToolSchema, tool_input: dict[str, Any]) -> None:
         raise ToolError(problem, "bad-input")
 
 
-async def ledger_call(ctx: ToolContext, method: str, refusal: str, **params: Any) -> dict[str, Any]:
-    """A ledger tool's one supervisor call, keyed by its action id; a refusal of
-    bad input becomes the tool's error (``refusal``), which the model sees."""
+async def ledger_ask(ctx: ToolContext, request: Request[R], refusal: str) -> R:
+    """A ledger tool's one supervisor request (keyed by its action id, which the
+    record carries); a refusal of bad input becomes the tool's error (``refusal``),
+    which the model sees."""
     from corral.mailbox.errors import RemoteError
 
     try:
-        return await ctx.call(method, run_id=ctx.run_id, action_id=ctx.action_id, **params)
+        return await ctx.ask(request)
     except RemoteError as exc:
         if exc.code == "bad-request":
             raise ToolError(exc.message, refusal) from None

@@ -10,7 +10,8 @@ from typing import Any
 
 from typing_extensions import TypedDict
 
-from corral.actors.tools.base import Tool, ToolContext, ToolResult, ledger_call, schema
+from corral.actors.tools.base import Tool, ToolContext, ToolResult, ledger_ask, schema
+from corral.mailbox.protocol import GoalVerdict as GoalVerdictRecord
 
 
 class VerdictArgs(TypedDict):
@@ -29,8 +30,10 @@ class GoalVerdict:
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        verdict = await ledger_call(ctx, "goal.verdict", "verdict-refused", met=tool_input["met"],
-                                    evidence=tool_input["evidence"])
+        record = GoalVerdictRecord(
+            run_id=ctx.run_id, action_id=ctx.action_id, met=tool_input["met"], evidence=tool_input["evidence"]
+        )
+        verdict = await ledger_ask(ctx, record, "verdict-refused")
         return ToolResult(True, verdict, "goal met" if verdict["met"] else "goal not met yet")
 
 

@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from corral.actors.tools.base import Tool, ToolContext, ToolResult, ledger_call, schema
+from corral.actors.tools.base import Tool, ToolContext, ToolResult, ledger_ask, schema
+from corral.mailbox.protocol import PlanUpdate as PlanUpdateRecord
 
 #: The seed's bounds (V1.17): 1 to 8 steps, bounded titles and explanation; the
 #: supervisor's rules (supervisor/longtask/plan_store.py) use the same numbers.
@@ -50,9 +51,10 @@ class PlanUpdate:
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        plan = await ledger_call(
-            ctx, "plan.update", "plan-refused", explanation=tool_input["explanation"], steps=tool_input["steps"]
+        update = PlanUpdateRecord(
+            run_id=ctx.run_id, action_id=ctx.action_id, explanation=tool_input["explanation"], steps=tool_input["steps"]
         )
+        plan = await ledger_ask(ctx, update, "plan-refused")
         open_steps = plan["unfinished"]
         return ToolResult(
             True, plan, f"plan revision {plan['revision']}: {len(plan['steps'])} steps, {len(open_steps)} not completed"

@@ -36,6 +36,7 @@ from corral.mailbox.protocol import (
     MAX_POLL_WAIT_MS,
     CommandLaunched,
     CommandSandbox,
+    HistoryCommand,
     SealedValue,
     SessionPoll,
     SessionStart,
@@ -395,7 +396,7 @@ class CommandOutputRead:
         if not 1 <= limit <= MAX_PAGE_LINES:
             raise ToolError(f"max_lines must be within 1..{MAX_PAGE_LINES}", "bad-input")
         try:  # the agent's own command, in any of its runs (never another agent's)
-            source = await ctx.call("history.command", run_id=ctx.run_id, source=action_id)
+            source = await ctx.ask(HistoryCommand(run_id=ctx.run_id, source=action_id))
         except RemoteError as exc:
             if exc.code in ("not-found", "bad-request"):
                 raise ToolError(exc.message, "not-found" if exc.code == "not-found" else "bad-input") from None

@@ -21,7 +21,8 @@ from typing import Annotated, Any
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from corral.actors.tools.base import ActionParked, Tool, ToolContext, ToolResult, ledger_call, schema
+from corral.actors.tools.base import ActionParked, Tool, ToolContext, ToolResult, ledger_ask, schema
+from corral.mailbox.protocol import InputRequest as InputRequestRecord
 
 
 class QuestionOption(TypedDict):
@@ -52,7 +53,8 @@ class InputRequest:
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
-        await ledger_call(ctx, "input.request", "bad-input", questions=tool_input["questions"])
+        request = InputRequestRecord(run_id=ctx.run_id, action_id=ctx.action_id, questions=tool_input["questions"])
+        await ledger_ask(ctx, request, "bad-input")
         raise ActionParked("waiting for the user's answer")
 
 

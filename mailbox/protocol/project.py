@@ -14,7 +14,7 @@ import msgspec
 
 from corral.mailbox.protocol.base import Id, Method, Request
 
-#: A ledger tool's run and action ids (supervisor/runs/run_core.py ``ledger_tool_action``).
+#: A ledger tool's run and action ids: at most 64 characters, as its handler checked them before.
 ToolId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 #: At most this many verify commands' outputs are recorded.
 MAX_OUTPUTS = 64

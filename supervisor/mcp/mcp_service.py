@@ -27,12 +27,11 @@ import trio
 from corral.actors.tools.validation import validation_error
 from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
-from corral.mailbox.protocol import ClaimedRun, McpCall, McpFailed, McpReady
+from corral.mailbox.protocol import ActionPrepare, ClaimedRun, McpCall, McpFailed, McpReady
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.mcp.mcp_catalog import CatalogTool, build_catalog, catalog_fingerprint, drift, pin, pinned
 from corral.supervisor.mcp.mcp_spec import McpServerSpec, split_tool_name
-from corral.supervisor.params import param_int
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.run_core import POLICY_STRICTNESS
@@ -229,21 +228,18 @@ class McpService:
                 return tool
         raise NotFound(f"{full_name} is not in this run's MCP catalog")
 
-    def prepare(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
+    def prepare(self, slot: ActorSlot, request: ActionPrepare) -> Any:
         """A prepare route (RunService.prepare_call): an MCP tool's action, checked
         against the run's pinned catalog; None for any other tool."""
-        name = params.get("tool")
-        if not isinstance(name, str) or split_tool_name(name) is None:
+        if split_tool_name(request.tool) is None:
             return None
-        return self._prepare(slot, params, name)
+        return self._prepare(slot, request, request.tool)
 
-    def _prepare(self, slot: ActorSlot, params: dict[str, Any], name: str) -> Any:
+    def _prepare(self, slot: ActorSlot, request: ActionPrepare, name: str) -> Any:
         run_service = self.runs
-        run = run_service.owned_run(slot, params)
-        tool_input = params.get("input")
-        if not isinstance(tool_input, dict):
-            raise BadRequest("input must be a map")
-        loop, index = param_int(params, "loop"), param_int(params, "index")
+        run = run_service.run_of(slot, request.run_id)
+        tool_input = request.input
+        loop, index = request.loop, request.index
         problem: str | None = None
         try:
             tool = self._pinned_tool(run["run_id"], name)
@@ -271,7 +267,7 @@ class McpService:
     async def call(self, slot: ActorSlot, request: McpCall) -> dict[str, Any]:
         """From the agent, after ``executing`` is committed: relay one tools/call."""
         action = action_store.get_action(self.ledger, request.action_id)
-        self.runs.owned_run(slot, {"run_id": action["run_id"]})
+        self.runs.run_of(slot, action["run_id"])
         if action["phase"] != ActionPhase.EXECUTING:
             raise SupervisorError(f"action {request.action_id} is {action['phase']}, not executing", code="conflict")
         return await self.relay(action, request.arguments)
@@ -464,8 +460,8 @@ class McpFeature(McpPins):
     async def on_claim(self, claimed: ClaimedRun) -> None:
         await self.service.add_catalog(claimed)
 
-    def prepare_route(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
-        return self.service.prepare(slot, params)
+    def prepare_route(self, slot: ActorSlot, request: ActionPrepare) -> Any:
+        return self.service.prepare(slot, request)
 
     def show(self, run_id: str) -> Mapping[str, Any]:
         return {"mcp": self.service.show_section(run_id)}

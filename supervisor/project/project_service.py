@@ -73,17 +73,15 @@ class ProjectService:
         return {"url": self.settings.preview_url}
 
     def _verify_action(self, slot: ActorSlot, request: ProjectVerifyBegin | ProjectVerifyRecord) -> tuple[Any, Any]:
-        ids = {"run_id": request.run_id, "action_id": request.action_id}
-        _run_id, action = self.runs.ledger_tool_action(slot, ids, VERIFY_TOOL)
+        action = self.runs.tool_action(slot, request.run_id, request.action_id, VERIFY_TOOL)
         if action["phase"] != "executing":
             raise BadRequest(f"action {action['action_id']} is {action['phase']}, not executing")
-        return self.runs.owned_run(slot, ids), action
+        return self.runs.run_of(slot, request.run_id), action
 
     async def revision_advance(self, slot: ActorSlot, request: ProjectRevisionAdvance) -> dict[str, Any]:
         """The one revision of an executing ``project.changeset``, before its first
         write (seed 004 V1.3); kept whatever the apply comes to."""
-        ids = {"run_id": request.run_id, "action_id": request.action_id}
-        _run_id, action = self.runs.ledger_tool_action(slot, ids, CHANGESET_TOOL)
+        action = self.runs.tool_action(slot, request.run_id, request.action_id, CHANGESET_TOOL)
         if action["phase"] != "executing":
             raise BadRequest(f"action {action['action_id']} is {action['phase']}, not executing")
         return {"revision": revision_store.record(self.ledger, action)}
@@ -92,8 +90,7 @@ class ProjectService:
         """An executing ``project.git_commit`` moved its branch: its safe fields are kept
         in the action's record now, for whoever reconciles it after a crash (seed 004
         V1.12: the fallback receipt keeps the commit SHA)."""
-        ids = {"run_id": request.run_id, "action_id": request.action_id}
-        _run_id, action = self.runs.ledger_tool_action(slot, ids, COMMIT_TOOL)
+        action = self.runs.tool_action(slot, request.run_id, request.action_id, COMMIT_TOOL)
         output = {"commit": request.commit, "parent": request.parent,
                   "branch": request.branch.removeprefix("refs/heads/")}
         action_store.keep_partial_result(
@@ -130,7 +127,7 @@ class ProjectService:
         return recorded
 
     async def verification(self, slot: ActorSlot, request: ProjectVerification) -> dict[str, Any]:
-        run = self.runs.owned_run(slot, {"run_id": request.run_id})
+        run = self.runs.run_of(slot, request.run_id)
         state = verification_store.state(self.ledger)
         by_run = verification_store.passed_by_run(self.ledger, run["run_id"], state["revision"])
         return {**state, "passed_by_run": by_run}

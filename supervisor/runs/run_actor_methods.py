@@ -13,8 +13,6 @@ import json
 from functools import partial
 from typing import Any
 
-import msgspec
-
 from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, MAX_RESPONSE_CHARS, RepairCategory
 from corral.actors.tools.registry import rerunnable
 from corral.actors.tools.validation import validation_error
@@ -241,12 +239,10 @@ class RunActorMethods(RunCore):
         ``begins_now``: see ``prepare_checked``. ``run``: the run's row, which the
         caller read through ``run_of`` in this same synchronous step (a read
         batch prepares several actions of one run)."""
-        if self.features.prepare_routes:  # an MCP server's tool, say (routes still take the params' map)
-            params = msgspec.to_builtins(request)
-            for route in self.features.prepare_routes:
-                row = route(slot, params)
-                if row is not None:
-                    return row
+        for route in self.features.prepare_routes:  # an MCP server's tool, say
+            row = route(slot, request)
+            if row is not None:
+                return row
         if run is None or run["run_id"] != request.run_id:
             run = self.run_of(slot, request.run_id)
         tool_name, tool_input = request.tool, request.input

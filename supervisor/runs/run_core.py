@@ -102,7 +102,7 @@ class RunCore:
         return RunLimits(**{k: v for k, v in limits.items() if k in RunLimits.__dataclass_fields__})
 
     def check_owner(self, slot: ActorSlot, run_id: str) -> None:
-        """``owned_run`` without reading the whole row (the hot step methods)."""
+        """``run_of`` without reading the whole row (the hot step methods)."""
         row = run_store.get_run(self.ledger, run_id)  # kept: usually not read again
         if row["agent_id"] != slot.spec.params.get("agent_id"):
             raise Refused(f"run {run_id} belongs to {row['agent_id']}, not to {slot.id}")
@@ -116,21 +116,12 @@ class RunCore:
             raise BadRequest(f"action {action['action_id']} is not a {tool} of run {run_id}")
         return action
 
-    def ledger_tool_action(self, slot: ActorSlot, params: dict[str, Any], tool: str) -> tuple[str, Any]:
-        """``tool_action`` for a handler not typed yet (its params' ids)."""
-        run_id = _str(params, "run_id", limit=64)
-        return run_id, self.tool_action(slot, run_id, _str(params, "action_id", limit=64), tool)
-
     def run_of(self, slot: ActorSlot, run_id: str) -> Any:
         """Run ``run_id``'s row, when the calling agent owns it (else ``refused``)."""
         run = run_store.get_run(self.ledger, run_id)
         if run["agent_id"] != slot.spec.params.get("agent_id"):
             raise Refused(f"run {run['run_id']} belongs to {run['agent_id']}, not to {slot.id}")
         return run
-
-    def owned_run(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
-        """``run_of`` for a handler not typed yet (its params' ``run_id``)."""
-        return self.run_of(slot, _str(params, "run_id"))
 
     def policy_for(self, run: Any, tool: str) -> str:
         """The run's policy for a tool: an exact key first, then the strictest glob

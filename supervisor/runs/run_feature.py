@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from corral.mailbox.protocol import ClaimedRun
+    from corral.mailbox.protocol import ActionPrepare, ClaimedRun
     from corral.mailbox.steps import CompactStep, ParkStep, ProviderStep
     from corral.supervisor.ledger.port import Ledger
     from corral.supervisor.runs.recovery import RecoveryReport
@@ -100,7 +100,7 @@ class RunFeature:
         """A plan before it commits: a reason to refuse it, or None."""
         return None
 
-    def prepare_route(self, slot: ActorSlot, params: dict[str, Any]) -> Any:
+    def prepare_route(self, slot: ActorSlot, request: ActionPrepare) -> Any:
         """Prepares a tool corral's registry does not hold (an MCP server's): the
         action's row, or None (not this feature's tool)."""
         return None
@@ -197,7 +197,7 @@ LoopBlocker = Callable[["Ledger", str], "ParkStep | None"]
 RunCheck = Callable[["Ledger", str], "str | None"]
 ProviderShaper = Callable[[str, "ProviderStep"], Awaitable["ProviderStep | CompactStep"]]
 PlanGuard = Callable[[Any, int, dict[str, Any]], "str | PlanRefusal | None"]
-PrepareRoute = Callable[["ActorSlot", dict[str, Any]], Any]
+PrepareRoute = Callable[["ActorSlot", "ActionPrepare"], Any]
 ActionGuard = Callable[[Any, str, str, dict[str, Any]], tuple[str, str]]
 ToolEffect = Callable[["Ledger", str, str], "str | None"]
 StaleAction = Callable[["Ledger", Any], "tuple[str, str] | None"]

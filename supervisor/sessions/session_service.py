@@ -182,7 +182,7 @@ class SessionService:
     # -- ownership ------------------------------------------------------------------
 
     def _owned_session(self, slot: ActorSlot, run_id: str, process_id: str) -> sqlite3.Row:
-        run = self.runs.owned_run(slot, {"run_id": run_id})
+        run = self.runs.run_of(slot, run_id)
         row = session_store.get_session(self.ledger, process_id)
         # One answer for "unknown" and "someone else's": no probing for live ids.
         if row is None or row["run_id"] != run["run_id"] or row["agent_id"] != run["agent_id"]:
@@ -214,7 +214,7 @@ class SessionService:
     # -- agent-facing methods --------------------------------------------------------
 
     async def start(self, slot: ActorSlot, request: SessionStart) -> dict[str, Any]:
-        run = self.runs.owned_run(slot, {"run_id": request.run_id})
+        run = self.runs.run_of(slot, request.run_id)
         if RunStatus(run["status"]) in RUN_TERMINAL:
             raise Refused(f"run {run['run_id']} already ended ({run['status']})")
         action = self._executing_action(run, request.action_id, "process.start")
@@ -417,7 +417,7 @@ class SessionService:
     # -- command.exec bookkeeping (the command itself runs in the agent) ---------------
 
     async def command_sandbox(self, slot: ActorSlot, request: CommandSandbox) -> dict[str, Any]:
-        run = self.runs.owned_run(slot, {"run_id": request.run_id})
+        run = self.runs.run_of(slot, request.run_id)
         self._executing_action(run, request.action_id, "command.exec")
         return {"project_root": str(self._workspace(run)), "sandbox": self._run_sandbox(run)}
 
@@ -428,7 +428,7 @@ class SessionService:
 
     async def command_launched(self, slot: ActorSlot, request: CommandLaunched) -> dict[str, Any]:
         """The durable launch record of a command, committed before COMMIT_EXEC."""
-        run = self.runs.owned_run(slot, {"run_id": request.run_id})
+        run = self.runs.run_of(slot, request.run_id)
         if RunStatus(run["status"]) in RUN_TERMINAL:
             raise Refused(f"run {run['run_id']} already ended; not launching")
         action = self._executing_action(run, request.action_id, "command.exec")
