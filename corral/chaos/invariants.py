@@ -88,6 +88,12 @@ def check_all(
     return checks
 
 
+def check_rows(db: Any, effects_path: Path) -> list[Check]:
+    """The checks on any connection whose ``execute(sql, params).fetchall()`` gives
+    rows by column name: one partition, or every partition of a cluster at once."""
+    return _checks(db, effects_path)
+
+
 def _checks(db: Any, effects_path: Path) -> list[Check]:
     return [
         _effects_at_most_once(db, read_effects(effects_path)),

@@ -73,6 +73,16 @@ class Kill:
 
 
 @dataclass
+class NodesDetail:
+    """Where a multi-node episode ran (corral/chaos/cluster_runner.py)."""
+
+    database: str
+    partitions: list[str] = field(default_factory=list)
+    #: Each of the episode's runs and the partition that holds it.
+    ran_on: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class Episode:
     index: int
     seed: int
@@ -91,6 +101,8 @@ class Episode:
     error: str | None = None
     #: The actors' lifetimes with kills and restarts (SVG), when the runner keeps them.
     timeline_svg: str = field(default="", repr=False)
+    #: A multi-node episode's database, partitions and where each run ran (None: one node).
+    nodes: NodesDetail | None = None
 
     @property
     def passed(self) -> bool:

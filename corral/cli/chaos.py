@@ -59,6 +59,14 @@ def _chaos_args(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="run every episode on this shared PostgreSQL ledger (postgresql://...), each home a node of its own",
     )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="with --ledger and --mode random: N nodes per episode, each episode on a database of its own on the"
+        " URL's server (its user needs CREATEDB; dropped after the episode unless --keep), its runs submitted to"
+        " one node and spread by the shared queue, the kills drawn among every node's processes",
+    )
 
 
 def schedule(scenario: Scenario, targets: tuple[str, ...], only: str | None) -> list[tuple[str, str]]:
@@ -99,8 +107,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             check_url(args.ledger)
         except LedgerSpecError as exc:
             raise CliError(str(exc), EXIT_USAGE) from None
-    runner = Runner(scenario, seed=seed, targets=targets, verbose=not args.quiet, timelines=bool(args.html_path),
-                    ledger_url=args.ledger)
+    runner = _runner(args, scenario, seed, targets)
     started = time.monotonic()
     print(f"corral chaos: scenario {scenario.name}, seed {seed}, mode {args.mode}, targets {','.join(targets)}",
           flush=True)
@@ -117,6 +124,13 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     report["interrupted_by"] = interrupted
     report["mode"] = args.mode
     report["requested_kills"] = args.kills
+    report["nodes"] = args.nodes
+    if args.nodes > 1:
+        report["episode_details"] = [
+            {"episode": e.index, "database": e.nodes.database, "partitions": e.nodes.partitions,
+             "ran_on": e.nodes.ran_on, "kills": [f"{k.victim}@{k.point}" for k in e.kills], "wall_s": e.wall_s}
+            for e in runner.episodes if e.nodes is not None
+        ]
     print_report(report)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
@@ -144,6 +158,28 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     if report["interrupted"]:
         return EXIT_TERMINATED if interrupted == "SIGTERM" else EXIT_INTERRUPTED
     return 0 if report["passed"] else EXIT_FAILED
+
+
+def _runner(args: argparse.Namespace, scenario: Scenario, seed: int, targets: tuple[str, ...]) -> Runner:
+    """One node per episode, or ``--nodes`` of them, each episode on a database of its own."""
+    options: dict[str, Any] = {"seed": seed, "targets": targets, "verbose": not args.quiet,
+                               "timelines": bool(args.html_path)}
+    if args.nodes < 1:
+        raise CliError("--nodes must be >= 1", EXIT_USAGE)
+    if args.nodes == 1:
+        return Runner(scenario, ledger_url=args.ledger, **options)
+    if not args.ledger:
+        raise CliError("--nodes needs --ledger postgresql://... (the nodes share a PostgreSQL server)", EXIT_USAGE)
+    if args.mode != "random" or args.failpoint:
+        raise CliError("--nodes runs --mode random only", EXIT_USAGE)
+    from corral.chaos.cluster_runner import ClusterRunner
+    from corral.chaos.episode_database import EpisodeDatabaseError, check_allowed
+
+    try:
+        check_allowed(args.ledger)
+    except EpisodeDatabaseError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    return ClusterRunner(scenario, nodes=args.nodes, ledger_url=args.ledger, keep_databases=args.keep, **options)
 
 
 #: Random episodes in a row without a kill after which the campaign stops: the run
