@@ -60,3 +60,35 @@ def test_a_three_node_random_campaign_keeps_every_invariant_across_the_partition
         assert len(set(episode["ran_on"].values())) >= 2, episode
     assert len({e["database"] for e in report["episode_details"]}) == report["episodes"]
     assert _databases(postgres_server) == before, "every episode's database was dropped"
+
+
+def test_nodes_without_a_ledger_or_outside_random_mode_are_refused_clearly(pg_url: str) -> None:
+    for argv in (
+        ["--nodes", "3"],
+        ["--nodes", "0", "--ledger", pg_url],
+        ["--nodes", "3", "--ledger", pg_url, "--mode", "both"],
+    ):
+        result = subprocess.run([*CHAOS, *argv], capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 2 and result.stderr.startswith("corral: "), (argv, result.stderr[-2000:])
+        assert "--nodes" in result.stderr, result.stderr
+
+
+def test_a_user_who_may_not_create_databases_is_told_so_before_any_episode(
+    short_tmp: Path, pg_url: str, postgres_server: Any
+) -> None:
+    import psycopg
+
+    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS chaos_nocreatedb")
+        conn.execute("CREATE ROLE chaos_nocreatedb LOGIN NOCREATEDB")
+    url = pg_url.replace("user=postgres", "user=chaos_nocreatedb")
+    result = subprocess.run(
+        [*CHAOS, "--ledger", url, "--nodes", "3", "--kills", "2", "--mode", "random", "--seed", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=short_tmp,
+    )
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "CREATEDB" in result.stderr and "episode" not in result.stdout, result.stdout + result.stderr
