@@ -124,3 +124,38 @@ def test_no_service_adds_itself_to_a_supervisor_table() -> None:
             ):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: ….hooks.{table.attr}")
     assert not found, "a service registers itself in a table:\n" + "\n".join(found)
+
+
+#: Files that still reach the features through the ledger (``ledger.features``), to
+#: be passed their ``RunFeatures`` explicitly instead (issue 50 §3). The list only
+#: shrinks: a file that stops reaching them must leave it, and no file may join it.
+STILL_ON_THE_LEDGER = {
+    "supervisor/daemon.py",  # sets it, for the files below
+    "supervisor/runs/action_store.py",
+    "supervisor/runs/finalization.py",
+    "supervisor/runs/provider_store.py",
+    "supervisor/runs/recovery.py",
+    "supervisor/runs/run_store.py",
+    "supervisor/swarm/coordination.py",
+}
+
+
+def test_the_features_come_off_the_ledger() -> None:
+    """The run layer's hooks are handed to whoever calls them, not looked up on the
+    ``Ledger``: ``ledger.features`` (or ``self.ledger.features``) is read only by
+    the files still listed, and each listed file still reads it."""
+    found = set()
+    for folder in ("supervisor", "actors", "mailbox", "sandbox", "corral"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and node.attr == "features"
+                    and (
+                        (isinstance(node.value, ast.Name) and node.value.id == "ledger")
+                        or (isinstance(node.value, ast.Attribute) and node.value.attr == "ledger")
+                    )
+                ):
+                    found.add(str(path.relative_to(ROOT)))
+    assert found - STILL_ON_THE_LEDGER == set(), "new readers of ledger.features"
+    assert STILL_ON_THE_LEDGER - found == set(), "no longer reads ledger.features: take it off the list"

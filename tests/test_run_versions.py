@@ -58,7 +58,7 @@ def boundary_reads(ledger: SqliteLedger, run_id: str) -> tuple[Any, list[str]]:
     seen: list[str] = []
     ledger.db.set_trace_callback(seen.append)
     try:
-        step = advance(ledger, run_id)
+        step = advance(ledger, run_id, ledger.features)
     finally:
         ledger.db.set_trace_callback(None)
     return step, [sql for sql in seen if any(f"FROM {table}" in sql for table in BOUNDARY_TABLES)]
@@ -74,8 +74,8 @@ def test_an_unchanged_run_is_answered_without_the_boundary_reads(ledger: SqliteL
 
 def test_a_steer_written_after_a_quiet_boundary_is_applied_at_the_next(ledger: SqliteLedger) -> None:
     run_id = running_run(ledger)
-    advance(ledger, run_id)
-    advance(ledger, run_id)  # quiet now
+    advance(ledger, run_id, ledger.features)
+    advance(ledger, run_id, ledger.features)  # quiet now
     steer_store.record_steer(ledger, run_id, "do it differently")
     step, reads = boundary_reads(ledger, run_id)
     assert reads and step == {"do": "provider", "loop": 1}
@@ -96,17 +96,17 @@ def test_a_steer_held_by_an_executing_action_is_applied_once_it_ends(ledger: Sql
     )
     action_store.move_action(ledger, prepared["action_id"], ActionPhase.EXECUTING)
     steer_store.record_steer(ledger, run_id, "stop")
-    assert advance(ledger, run_id)["do"] == "execute"
-    assert advance(ledger, run_id)["do"] == "execute"
+    assert advance(ledger, run_id, ledger.features)["do"] == "execute"
+    assert advance(ledger, run_id, ledger.features)["do"] == "execute"
     assert len(steer_store.pending_steers(ledger, run_id)) == 1  # held by the executing action
     action_store.finish_action(ledger, prepared["action_id"], True, {"entries": []}, "listed", None)
-    step = advance(ledger, run_id)
+    step = advance(ledger, run_id, ledger.features)
     assert steer_store.pending_steers(ledger, run_id) == [] and step == {"do": "provider", "loop": 1}
 
 
 def test_a_rolled_back_write_only_costs_a_read(ledger: SqliteLedger) -> None:
     run_id = running_run(ledger)
-    advance(ledger, run_id)
+    advance(ledger, run_id, ledger.features)
     with pytest.raises(RuntimeError), ledger.tx():
         steer_store.record_steer(ledger, run_id, "never committed")
         raise RuntimeError("rolled back")
@@ -121,7 +121,7 @@ def test_a_new_boot_starts_with_nothing_known(tmp_path: Path) -> None:
     first = SqliteLedger(path)
     first.features.install([Steers()])
     run_id = running_run(first)
-    advance(first, run_id)
+    advance(first, run_id, first.features)
     first.close()
     second = SqliteLedger(path)
     second.features.install([Steers()])

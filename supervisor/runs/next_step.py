@@ -21,6 +21,7 @@ from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.action_store import write_receipt
 from corral.supervisor.runs.provider_store import control_pending, interrupt_provider_request, requests_for
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_store import get_run, set_run_status
 from corral.supervisor.runs.step_decision import (
@@ -50,27 +51,29 @@ def _now() -> float:
     return time.time()
 
 
-def advance(ledger: Ledger, run_id: str, *, boundary: bool = True) -> Step:
-    """The agent's next step, with the writes it takes. ``boundary=False``: the same
-    call again, just after it advanced the loop (nothing else ran since, so the
-    finalization and the boundary hooks are not checked twice)."""
+def advance(ledger: Ledger, run_id: str, features: RunFeatures, *, boundary: bool = True) -> Step:
+    """The agent's next step, with the writes it takes. ``features``: the
+    supervisor's, in their order (their boundary hooks, loop blockers and provider
+    idempotence). ``boundary=False``: the same call again, just after it advanced
+    the loop (nothing else ran since, so the finalization and the boundary hooks are
+    not checked twice)."""
     versions = ledger.run_versions
     checked = boundary and not versions.quiet(run_id)
     version, commits = versions.version(run_id), ledger.commits
-    decision = decide(gather(ledger, run_id, boundary=checked))
+    decision = decide(gather(ledger, run_id, features, boundary=checked))
     if checked and ledger.commits == commits and leaves_nothing_waiting(decision):
         # The boundary's checks found nothing and wrote nothing, and no action or
         # request is left for a steer to wait on: until a write bumps the version,
         # the next boundary of this run would find the same (run_versions.py).
         versions.mark_quiet(run_id, version)
-    return _apply(ledger, run_id, decision, boundary=boundary)
+    return _apply(ledger, run_id, features, decision, boundary=boundary)
 
 
 #: The name the actor methods call it by (run_actor_methods.py, step_piggyback.py).
 next_step = advance
 
 
-def gather(ledger: Ledger, run_id: str, *, boundary: bool) -> StepState:
+def gather(ledger: Ledger, run_id: str, features: RunFeatures, *, boundary: bool) -> StepState:
     """The committed state ``decide`` looks at, read only as far as it can reach. At a
     checked boundary (one not known quiet: run_versions.py) the features' boundary
     checks run first (a user's steer, a goal's pause: applied at this safe point), so
@@ -85,7 +88,7 @@ def gather(ledger: Ledger, run_id: str, *, boundary: bool) -> StepState:
         if final is not None:
             return StepState(status, int(run["loop_index"]), final_reply=Finalized(final["reply"]))
         commits = ledger.commits
-        for hook in ledger.features.boundary:
+        for hook in features.boundary:
             hook(ledger, run_id)
         if ledger.commits != commits:
             run = get_run(ledger, run_id)  # a hook moved the run (a steer opens a loop)
@@ -139,7 +142,7 @@ def gather(ledger: Ledger, run_id: str, *, boundary: bool) -> StepState:
     return StepState(status, loop, moved_at_boundary=moved, plan=plan, actions=actions)
 
 
-def _apply(ledger: Ledger, run_id: str, decision: Decision, *, boundary: bool) -> Step:
+def _apply(ledger: Ledger, run_id: str, features: RunFeatures, decision: Decision, *, boundary: bool) -> Step:
     """Carry out ``decision``: its writes, then the step the agent gets."""
     match decision:
         case Done(status):
@@ -151,19 +154,20 @@ def _apply(ledger: Ledger, run_id: str, decision: Decision, *, boundary: bool) -
             set_run_status(ledger, run_id, status, reason)
             return {"do": Do.PARK, "status": status.value}
         case Finalize(reply, after_blockers):
-            return (_loop_blockers(ledger, run_id) if after_blockers else None) or {"do": Do.FINALIZE, "reply": reply}
+            blocked = _loop_blockers(ledger, run_id, features) if after_blockers else None
+            return blocked or {"do": Do.FINALIZE, "reply": reply}
         case Parse(slot, response, raw_sha256, loop):
             return {"do": Do.PARSE, "slot": slot, "response": response, "raw_sha256": raw_sha256, "loop": loop}
         case AskProvider(loop):
             return {"do": Do.PROVIDER, "loop": loop}
         case RecoverLostRequest(slot, loop):
             provider = get_run(ledger, run_id)["provider"]
-            if not interrupt_provider_request(ledger, slot, run_id, ledger.features.idempotent_provider(provider)):
+            if not interrupt_provider_request(ledger, slot, run_id, features.idempotent_provider(provider)):
                 return {"do": Do.PARK, "status": RunStatus.NEEDS_RECONCILIATION.value}
             if boundary and control_pending(ledger, run_id) is not None:
                 # Lost while a steer or a pause waited: it counts as interrupted, and
                 # that control applies now, at this boundary, before any new turn.
-                return advance(ledger, run_id, boundary=True)
+                return advance(ledger, run_id, features, boundary=True)
             return {"do": Do.PROVIDER, "loop": loop}
         case Prepare(loop, index, tool, tool_input, plan_sha, repairs):
             _repair(ledger, repairs)
@@ -187,7 +191,7 @@ def _apply(ledger: Ledger, run_id: str, decision: Decision, *, boundary: bool) -
             }
         case AdvanceLoop(loop, repairs):
             _repair(ledger, repairs)
-            blocked = _loop_blockers(ledger, run_id)
+            blocked = _loop_blockers(ledger, run_id, features)
             if blocked:
                 return blocked
             with ledger.tx() as db:
@@ -196,7 +200,7 @@ def _apply(ledger: Ledger, run_id: str, decision: Decision, *, boundary: bool) -
                     (_now(), run_id, loop),
                 )
                 ledger.event("loop-advanced", run_id, loop=loop + 1)
-            return advance(ledger, run_id, boundary=False)
+            return advance(ledger, run_id, features, boundary=False)
         case _:
             assert_never(decision)
 
@@ -206,9 +210,9 @@ def _repair(ledger: Ledger, action_ids: tuple[str, ...]) -> None:
         write_receipt(ledger, action_id, repair=True)  # a terminal move left without its receipt
 
 
-def _loop_blockers(ledger: Ledger, run_id: str) -> ParkStep | None:
+def _loop_blockers(ledger: Ledger, run_id: str, features: RunFeatures) -> ParkStep | None:
     """A join to wait for, say (``RunFeature.loop_blocker``)."""
-    for check in ledger.features.loop_blockers:
+    for check in features.loop_blockers:
         step = check(ledger, run_id)
         if step is not None:
             return step

@@ -105,7 +105,7 @@ class RunActorMethods(RunCore):
         step, with nothing else run since (supervisor/runs/step_piggyback.py)."""
         run_id = request.run_id
         self.check_owner(slot, run_id)
-        step = next_step(self.ledger, run_id, boundary=boundary)
+        step = next_step(self.ledger, run_id, self.features, boundary=boundary)
         if step["do"] is Do.PROVIDER:
             step["task"] = run_store.get_run(self.ledger, run_id)["task"]
             shaped: Step = step

@@ -81,7 +81,7 @@ class StepPiggyback:
         if handoff.plan is None and handoff.plan_invalid is None:
             return False
         run_id = handoff.run_id
-        step = next_step(self.ledger, run_id)
+        step = next_step(self.ledger, run_id, self.runs.features)
         if step["do"] is not Do.PARSE or step["slot"] != handoff.slot:
             return False
         loop, slot_name = int(step["loop"]), step["slot"]
