@@ -174,7 +174,6 @@ class ActionRunner:
             workspace=Path(self.run.workspace or "."),
             write_scopes=tuple(self.run.write_scopes),
             home=Path(self.run.home),
-            call=self.ctx.call,
             ask=self.ctx.ask,
             is_child=self.run.kind == "child",
             effects_file=Path(self.run.effects_file) if self.run.effects_file else None,

@@ -39,7 +39,7 @@ EXIT_TEMPLATE_IMPORT = 3
 EXIT_TEMPLATE_START = 4
 
 #: The supervisor's answer while its ledger is away: nothing was committed, so
-#: the request may be sent again (``ActorContext.call``).
+#: the request may be sent again (``ActorContext.ask``).
 LEDGER_UNAVAILABLE = Code.LEDGER_UNAVAILABLE
 #: How often an actor asks again while the ledger is away: doubling to the cap.
 LEDGER_RETRY_FIRST_S = 0.2
@@ -74,8 +74,10 @@ class ActorContext:
     def params(self) -> dict[str, Any]:
         return self.config["params"]
 
-    async def call(self, method: str, timeout: float = 30.0, **params: Any) -> dict[str, Any]:
-        """Request to the supervisor; raises RemoteError/DeadlineExceeded.
+    async def ask(self, request: Request[R], timeout: float = 30.0) -> R:
+        """The one way to ask the supervisor: a typed request (mailbox/protocol/),
+        its fields checked by the type checker here and by the supervisor's decoder
+        there; raises RemoteError/DeadlineExceeded.
 
         While the supervisor's ledger is away (a PostgreSQL server restarting or
         refusing connections), it holds a request for a while and then answers
@@ -86,11 +88,6 @@ class ActorContext:
         supervisor applies once its ledger is back (a child past
         ``child_timeout_s`` fails, and the request is then refused), and a stop
         (the runtime ends the template at shutdown). ``timeout`` is per attempt."""
-        return await self._send(method, {"method": method, "params": params}, timeout)
-
-    async def ask(self, request: Request[R], timeout: float = 30.0) -> R:
-        """A typed request (mailbox/protocol.py): its fields checked by the type
-        checker here and by the supervisor's decoder there; retried as ``call``."""
         answer = await self._send(request.METHOD, protocol.encode(request), timeout)
         if request.REPLY is not None:
             return cast(R, protocol.reply(request.REPLY, answer))  # checked as it arrives

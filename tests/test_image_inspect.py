@@ -151,6 +151,8 @@ def _agent(**extra: Any) -> dict[str, Any]:
                                                              "web_search": True}}]}, "set it on the agent"),
     ({"agents": [_agent(web_search="sometimes")]}, "web_search"),
 ])
+
+
 def test_a_provider_that_cannot_search_refuses_the_setting_at_up(doc: dict[str, Any], says: str) -> None:
     with pytest.raises(SpecError) as caught:
         parse(doc, "<embedded>")
@@ -163,11 +165,8 @@ def test_web_search_off_or_inherited_off_is_accepted() -> None:
 
 
 def _ctx(workspace: Path, home: Path, *, sees_images: bool = True) -> ToolContext:
-    async def no_call(method: str, **params: Any) -> dict[str, Any]:
-        raise AssertionError("no supervisor call expected")
-
     return ToolContext(agent_id="a", run_id="r", action_id="act-1", workspace=workspace, write_scopes=(".",),
-                       home=home, call=no_call, sees_images=sees_images)
+                       home=home, sees_images=sees_images)
 
 
 def test_images_are_judged_by_signature_size_and_path(tmp_path: Path) -> None:

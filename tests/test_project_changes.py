@@ -21,11 +21,6 @@ from corral.supervisor.runs.action_state import action_id
 from tests.harness import Daemon, agent_spec, ledger_rows, wait_run
 
 
-async def _no_call(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    raise AssertionError("these tools need no supervisor")
-
-
-
 async def _revision_one(request: Any, timeout: float = 30.0) -> Any:
     """The supervisor's answer to a changeset's revision (project.revision.advance)."""
     from corral.actors.tools.base import ToolError
@@ -35,9 +30,10 @@ async def _revision_one(request: Any, timeout: float = 30.0) -> Any:
         raise ToolError(f"this tool context asks nothing else of the supervisor ({request.METHOD.value})")
     return {"revision": 1}
 
+
 def _ctx(ws: Path, action: str = "act-1", run: str = "run-test00") -> ToolContext:
     return ToolContext(agent_id="writer", run_id=run, action_id=action, workspace=ws, write_scopes=(".",),
-                       home=ws.parent / "home", call=_no_call, ask=_revision_one)
+                       home=ws.parent / "home", ask=_revision_one)
 
 
 def sha(data: str | bytes) -> str:

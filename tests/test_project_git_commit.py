@@ -40,11 +40,7 @@ def _ctx(ws: Path, *, verified: bool = True, child: bool = False) -> ToolContext
         return {"revision": 2, "verification": last, "passed_on_current": verified, "passed_by_run": verified}
 
     return ToolContext(agent_id="writer", run_id="run-test00", action_id="act-1", workspace=ws, write_scopes=(".",),
-                       home=ws.parent / "home", call=_no_call, ask=ask, is_child=child)
-
-
-async def _no_call(method: str, **params: Any) -> dict[str, Any]:
-    raise AssertionError(f"the commit asks the supervisor by a typed request, not {method!r}")
+                       home=ws.parent / "home", ask=ask, is_child=child)
 
 
 def _git(ws: Path, *args: str) -> str:

@@ -17,11 +17,6 @@ from corral.mailbox.protocol import ProjectCommitMoved, ProjectVerification, Req
 from tests.harness import Daemon, agent_spec, wait_run
 
 
-async def _no_call(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    raise AssertionError("these tools need no supervisor")
-
-
-
 async def _revision_one(request: Any, timeout: float = 30.0) -> Any:
     """The supervisor's answer to a changeset's revision (project.revision.advance)."""
     from corral.actors.tools.base import ToolError
@@ -31,9 +26,10 @@ async def _revision_one(request: Any, timeout: float = 30.0) -> Any:
         raise ToolError(f"this tool context asks nothing else of the supervisor ({request.METHOD.value})")
     return {"revision": 1}
 
+
 def _ctx(ws: Path, scopes: tuple[str, ...] = (".",)) -> ToolContext:
     return ToolContext(agent_id="writer", run_id="run-test00", action_id="act-1", workspace=ws, write_scopes=scopes,
-                       home=ws.parent / "home", call=_no_call, ask=_revision_one)
+                       home=ws.parent / "home", ask=_revision_one)
 
 
 def _verified(ws: Path) -> ToolContext:
@@ -46,7 +42,7 @@ def _verified(ws: Path) -> ToolContext:
                 "passed_by_run": True}
 
     return ToolContext(agent_id="writer", run_id="run-test00", action_id="act-1", workspace=ws, write_scopes=(".",),
-                       home=ws.parent / "home", call=_no_call, ask=ask)
+                       home=ws.parent / "home", ask=ask)
 
 
 def _git(ws: Path, *args: str) -> str:

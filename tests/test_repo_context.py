@@ -9,7 +9,6 @@ import hashlib
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -111,10 +110,6 @@ def test_only_the_ancestor_chain_applies_and_any_change_moves_the_fingerprint(tm
     assert cache.current().fingerprint != after.fingerprint, "a skill's priority moves it too"
 
 
-async def _no_call(method: str, **params: Any) -> dict[str, Any]:
-    raise AssertionError("project.index asks the supervisor nothing")
-
-
 async def test_project_index_refreshes_with_a_safe_git_summary_and_the_rules_of_a_path(tmp_path: Path) -> None:
     ws = _repository(tmp_path)
     (ws / ".git" / "AGENTS.md").unlink()
@@ -126,7 +121,7 @@ async def test_project_index_refreshes_with_a_safe_git_summary_and_the_rules_of_
     (ws / "main.py").write_text("print('changed')\n")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ws, check=True, capture_output=True, text=True).stdout
     ctx = ToolContext(agent_id="a", run_id="run-1", action_id="act-1", workspace=ws, write_scopes=(".",),
-                      home=ws / "home", call=_no_call)
+                      home=ws / "home")
     result = await ProjectIndex().run(ctx, {"path": "game/beta/x.txt"})
     git_summary = result.output["summary"]["layout"]["git"]
     assert git_summary["branch"] == "trunk" and git_summary["head"] == head[:12] and git_summary["changed"] == 1

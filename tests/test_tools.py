@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,14 +13,10 @@ from corral.actors.tools.fs import FsList, FsPatch, FsRead, FsWrite
 from corral.actors.tools.paths import scopes_overlap
 
 
-async def _nope(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    raise AssertionError("no supervisor here")
-
-
 def ctx(tmp_path: Path, scopes: tuple[str, ...] = (".",)) -> ToolContext:
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
-    return ToolContext("a", "run-1", "act-1", ws, scopes, tmp_path, _nope, effects_file=tmp_path / "fx.log")
+    return ToolContext("a", "run-1", "act-1", ws, scopes, tmp_path, effects_file=tmp_path / "fx.log")
 
 
 async def test_write_read_patch_roundtrip_with_the_sha_guard(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol
@@ -60,8 +59,6 @@ class ToolContext(Generic[DepsT]):
     workspace: Path
     write_scopes: tuple[str, ...]
     home: Path
-    #: Asks the supervisor (tools like agent.spawn_isolated are ledger operations).
-    call: Callable[..., Awaitable[dict[str, Any]]]
     is_child: bool = False
     effects_file: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)

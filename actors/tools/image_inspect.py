@@ -139,10 +139,6 @@ class ImageInspect:
 TOOLS: list[Tool] = [ImageInspect()]
 
 
-async def _no_call(method: str, **params: Any) -> dict[str, Any]:
-    raise ToolError("no supervisor calls while attaching images")
-
-
 def attachments(
     history: tuple[dict[str, Any], ...], workspace: Path, home: Path, run_id: str
 ) -> tuple[ImagePart, ...]:
@@ -153,8 +149,9 @@ def attachments(
     output = latest.get("output") if latest is not None else None
     if not isinstance(output, dict) or output.get("attached") is not True or not isinstance(output.get("images"), list):
         return ()
-    ctx = ToolContext(agent_id="", run_id=run_id, action_id="", workspace=workspace, write_scopes=(), home=home,
-                      call=_no_call, sees_images=True)
+    ctx = ToolContext(
+        agent_id="", run_id=run_id, action_id="", workspace=workspace, write_scopes=(), home=home, sees_images=True
+    )
     parts = []
     for image in output["images"][:2]:
         try:

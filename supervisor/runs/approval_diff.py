@@ -172,10 +172,6 @@ def _current(where: Workspace, raw: str) -> bytes | None:
     return data
 
 
-async def _no_calls(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    raise ToolError("reading a file for an approval view calls nothing")
-
-
 def _read_context(where: Workspace) -> ToolContext:
     """The context a file tool of this workspace runs with: its path rules follow from it."""
     return ToolContext(
@@ -185,7 +181,6 @@ def _read_context(where: Workspace) -> ToolContext:
         workspace=where.root,
         write_scopes=where.write_scopes,
         home=where.home,
-        call=_no_calls,
     )
 
 

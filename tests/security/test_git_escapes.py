@@ -23,7 +23,7 @@ from corral.actors.session_state import SessionState
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult
 from corral.actors.tools.process import CommandExec
 from corral.actors.tools.project import GitCommit, GitDiff, GitSnapshot, GitStatus
-from corral.mailbox.protocol import CommandSandbox, ProjectVerification, Request
+from corral.mailbox.protocol import CommandSandbox, ProjectCommitMoved, ProjectVerification, Request
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile
 from tests.launch_modes import needs_bwrap
 
@@ -201,13 +201,10 @@ async def test_command_exec_reports_what_it_refused(world: dict[str, Path], shor
             return {"project_root": str(root), "sandbox": {"mode": "required", "masked": [str(home)]}}
         return {}
 
-    async def no_call(method: str, **__: Any) -> dict[str, Any]:
-        raise AssertionError(f"command.exec asks by a typed request, not {method!r}")
-
     home = short_tmp / "corral-home"
     home.mkdir(mode=0o700)
     ctx = ToolContext(agent_id="a", run_id="run-1", action_id="act-" + "0" * 24, workspace=root,
-                      write_scopes=(".",), home=home, call=no_call, ask=ask)
+                      write_scopes=(".",), home=home, ask=ask)
     result = await CommandExec().run(ctx, {"program": "git", "args": ["init", "-q", "."]})
     assert not result.ok
     assert result.output["exit_code"] == 0 and result.output["control_entries"]["removed"] == [".git"]
@@ -247,16 +244,16 @@ async def _read_all(session: PtySession) -> str:
 
 def _tool_ctx(ws: Path) -> ToolContext:
     async def ask(request: Request[Any], timeout: float = 30.0) -> Any:
-        # The one supervisor question a git tool asks: project.git_commit's verification.
+        # What a git tool asks the supervisor: project.git_commit's verification, and
+        # (once its branch moved) that the commit be kept in the action's record.
+        if isinstance(request, ProjectCommitMoved):
+            return {}
         assert isinstance(request, ProjectVerification), request
         return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True,
                 "passed_by_run": True}
 
-    async def no_call(method: str, **__: Any) -> dict[str, Any]:
-        raise AssertionError(f"a git tool asks by a typed request, not {method!r}")
-
     return ToolContext(agent_id="writer", run_id="run-t", action_id="act-1", workspace=ws, write_scopes=(".",),
-                       home=ws.parent / "corral-home", call=no_call, ask=ask)
+                       home=ws.parent / "corral-home", ask=ask)
 
 
 async def _commit(ctx: ToolContext, paths: list[str]) -> ToolResult:
@@ -429,7 +426,7 @@ async def test_git_status_and_diff_never_show_secret_files(short_tmp: Path) -> N
     (ws / "corral-home").mkdir()
     (ws / "corral-home" / "endpoint.json").write_text('{"token": "t"}')
     ctx = ToolContext(agent_id="w", run_id="run-t", action_id="act-1", workspace=ws, write_scopes=(".",),
-                      home=ws / "corral-home", call=_tool_ctx(ws).call)
+                      home=ws / "corral-home")
     status = (await GitStatus().run(ctx, {})).output["status"]
     assert "README.md" in status and "notes.txt" in status
     diff = (await GitDiff().run(ctx, {})).output["diff"]

@@ -38,9 +38,6 @@ def repo(short_tmp: Path) -> Path:
 
 
 def _ctx(root: Path, home: Path | None = None) -> ToolContext:
-    async def call(*_: Any, **__: Any) -> dict[str, Any]:
-        return {}
-
     return ToolContext(
         agent_id="a",
         run_id="r",
@@ -48,7 +45,6 @@ def _ctx(root: Path, home: Path | None = None) -> ToolContext:
         workspace=root,
         write_scopes=(".",),
         home=home or root.parent / "home",
-        call=call,
     )
 
 

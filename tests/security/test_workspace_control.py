@@ -28,11 +28,6 @@ GIT_CONFIG = b"[core]\n\trepositoryformatversion = 0\n"
 PAYLOAD = "#!/bin/sh\ntouch /tmp/corral-pwned\n"
 
 
-async def _no_call(*_: Any, **__: Any) -> dict[str, Any]:
-    raise AssertionError("the file tools need no supervisor")
-
-
-
 async def _revision_one(request: Any, timeout: float = 30.0) -> Any:
     """The supervisor's answers: a changeset's revision (project.revision.advance) and
     a passed verification (project.verification)."""
@@ -48,9 +43,10 @@ async def _revision_one(request: Any, timeout: float = 30.0) -> Any:
         raise ToolError(f"this tool context asks nothing else of the supervisor ({request.METHOD.value})")
     return {"revision": 1}
 
+
 def _ctx(root: Path) -> ToolContext:
     return ToolContext(agent_id="a", run_id="r", action_id="act-1", workspace=root, write_scopes=(".",),
-                       home=root.parent / "home", call=_no_call, ask=_revision_one)
+                       home=root.parent / "home", ask=_revision_one)
 
 
 def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
@@ -63,17 +59,10 @@ def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
     return found
 
 
-async def _verified(*_: Any, **__: Any) -> dict[str, Any]:
-    """project.git_commit's one question (a passed verification on the current revision): yes."""
-    return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True,
-            "passed_by_run": True}
-
-
-async def _refused(tool: Any, root: Path, tool_input: dict[str, Any], match: str | None = None, *,
-                   verified: bool = False) -> ToolError:
+async def _refused(tool: Any, root: Path, tool_input: dict[str, Any], match: str | None = None) -> ToolError:
+    # The context's supervisor answers a passed verification (``_revision_one``):
+    # project.git_commit's path checks are what is refused here.
     ctx = _ctx(root)
-    if verified:
-        ctx.call = _verified
     with pytest.raises(ToolError, match=match) as caught:
         await tool.run(ctx, tool_input)
     assert caught.value.code == "path-refused", caught.value
@@ -323,7 +312,7 @@ async def test_a_changeset_or_a_commit_never_answers_a_guess_about_a_linked_secr
         error = await _refused(Changeset(), ws, {"changes": [change]}, "hard link.*secrets")
         commit = await _refused(GitCommit(), ws, {"message": "m", "paths": ["src/innocent.txt"],
                                                   "expected_head": "0" * 40, "expected_snapshot_fingerprint": guess},
-                                "hard link.*secrets", verified=True)
+                                "hard link.*secrets")
         for message in (str(error), str(commit)):
             assert right not in message and SECRET not in message
         answers.append((str(error), str(commit)))
