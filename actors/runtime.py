@@ -344,18 +344,6 @@ async def _heartbeat(channel: Channel, interval: float) -> None:
             await channel.tell(SUPERVISOR, {"op": HEARTBEAT}, timeout=interval)
 
 
-async def report_best_effort(
-    call: Callable[..., Awaitable[Any]], method: str, timeout: float = 5.0, **params: Any
-) -> None:
-    """A report the supervisor may miss (it may be gone too): at most ``timeout``
-    seconds, and no failure of its own; an exit code or the ledger still tells."""
-    with trio.move_on_after(timeout):
-        try:
-            await call(method, **params)
-        except Exception:  # by contract: best effort
-            pass
-
-
 async def ask_best_effort(ctx: ActorContext, request: Request[Any], timeout: float = 5.0) -> None:
     """A typed report the supervisor may miss (it may be gone too): at most
     ``timeout`` seconds, and no failure of its own; an exit code or the ledger
