@@ -9,16 +9,18 @@ redundant alias (``import x as x``) that tells ruff the import is deliberate.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
-from corral.actors.providers.base import ProviderRequest, ProviderResponse, ToolSchema
+from corral.actors.providers.base import ProviderError, ProviderRequest, ProviderResponse, ToolSchema
 from corral.actors.providers.openai import OpenAIConfig, OpenAIProvider
 from fake_openai import FakeOpenAIServer, Reply
 from fault_proxy import FaultProxy
+from loopback_http import DEFAULT_WAIT_S
 
 NO_KEY_ENV = "CORRAL_TEST_NO_SUCH_KEY"
 
@@ -97,6 +99,33 @@ async def complete_once(nursery: trio.Nursery, reply: Reply, **settings: Any) ->
     provider = make_provider(await start(nursery, server), **settings)
     return await provider.complete(make_request())
 
+
+async def time_out(clock: MockClock, provider: OpenAIProvider, arrived: Callable[[], Awaitable[None]]) -> ProviderError:
+    """Call ``provider`` against a server that will not answer in time and return the
+    error. Its deadline passes only once ``arrived()`` says the server (or proxy) has
+    the request, whatever the load: with ``deadline_clock`` no time passes otherwise."""
+    errors: list[ProviderError] = []
+
+    async def call() -> None:
+        with pytest.raises(ProviderError) as caught:
+            await provider.complete(make_request())
+        errors.append(caught.value)
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(call)
+        await arrived()
+        clock.jump(provider.config.timeout_s)
+    [error] = errors
+    return error
+
+
+@pytest.fixture
+def deadline_clock() -> MockClock:
+    """The test's trio clock, moved only by the test (``time_out``), so a provider's
+    short timeout cannot fire early on a loaded machine. Only if every task has been
+    blocked for ``DEFAULT_WAIT_S`` of real time (a hung test) does it jump to the next
+    deadline, so such a test fails instead of hanging."""
+    return MockClock(autojump_threshold=DEFAULT_WAIT_S)
 
 
 @pytest.fixture

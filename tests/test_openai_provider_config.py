@@ -12,15 +12,17 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from corral.actors.providers.base import ErrorKind, ProviderError
 from corral.actors.providers.openai import OpenAIConfig, OpenAIConfigError, OpenAIHTTPError
 from corral.core.redact import redact_text
 from corral.supervisor.runs.response_secrets import Handling, handoff_verdict
 from fake_openai import FakeOpenAIServer, Reply, completion
-from tests.openai_provider_support import TOOLS, make_provider, make_request, start
+from tests.openai_provider_support import TOOLS, make_provider, make_request, start, time_out
 
 # Fixtures, imported so that pytest finds them in this module (see openai_provider_support).
+from tests.openai_provider_support import deadline_clock as deadline_clock
 from tests.openai_provider_support import decoy as decoy
 from tests.openai_provider_support import no_ambient_key as no_ambient_key
 
@@ -39,7 +41,7 @@ def _texts_of(exc: BaseException) -> str:
     return "\n".join(parts)
 
 
-async def test_decoy_key_is_sent_but_never_kept(nursery: trio.Nursery, decoy: str) -> None:
+async def test_decoy_key_is_sent_but_never_kept(nursery: trio.Nursery, deadline_clock: MockClock, decoy: str) -> None:
     server = FakeOpenAIServer(
         [
             Reply(body=completion(f"I saw your key {decoy}, nice")),
@@ -50,11 +52,12 @@ async def test_decoy_key_is_sent_but_never_kept(nursery: trio.Nursery, decoy: st
     )
     provider = make_provider(await start(nursery, server), api_key_env="CORRAL_DECOY", timeout_s=0.3)
 
+    # On deadline_clock the first two cannot time out, however slow the machine; the
+    # third's deadline passes once the server has it (and has checked its key).
     response = await provider.complete(make_request())
     with pytest.raises(ProviderError) as http_error:
         await provider.complete(make_request())
-    with pytest.raises(ProviderError) as timeout_error:
-        await provider.complete(make_request())
+    timeout_error = await time_out(deadline_clock, provider, lambda: server.wait_for_requests(3))
     plan = provider.parse(response, TOOLS)
 
     # Sent, and correct: the server compared it and recorded only the verdict.
@@ -68,7 +71,7 @@ async def test_decoy_key_is_sent_but_never_kept(nursery: trio.Nursery, decoy: st
     kept = [
         json.dumps(response.meta),
         _texts_of(http_error.value),
-        _texts_of(timeout_error.value),
+        _texts_of(timeout_error),
         repr(server.requests),
         repr(provider),
         repr(provider.config),

@@ -3,7 +3,9 @@ huge bodies, timeouts and refused connections against the fake server, then
 dropped, delayed and held exchanges through the fault proxy.
 
 Every test synchronises on what the fake server or proxy recorded, never on
-sleeps; the only timeouts are the provider's own (short) ones under test.
+sleeps; the only timeouts are the provider's own (short) ones under test, and those
+run on ``deadline_clock``: they fire when the test jumps the clock, after the server
+or proxy has the request, so a loaded machine cannot make them fire first.
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ import tracemalloc
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from corral.actors.providers.base import ErrorKind, ProviderError, ProviderResponse
 from corral.actors.providers.openai import OpenAIConfigError, OpenAIHTTPError
 from fake_openai import FakeOpenAIServer, Reply, completion
 from fault_proxy import Fault, FaultProxy
 from loopback_http import serve_in_thread
-from tests.openai_provider_support import TOOLS, make_provider, make_request, start
+from tests.openai_provider_support import TOOLS, make_provider, make_request, start, time_out
 
 # Fixtures, imported so that pytest finds them in this module (see openai_provider_support).
+from tests.openai_provider_support import deadline_clock as deadline_clock
 from tests.openai_provider_support import no_ambient_key as no_ambient_key
 
 pytestmark = pytest.mark.usefixtures("no_ambient_key")
@@ -79,21 +83,21 @@ async def test_huge_body_fails_clearly_with_bounded_memory(nursery: trio.Nursery
 
 
 @pytest.mark.parametrize("reply", [Reply(hang=True), Reply(delay_ms=60_000)], ids=["hang", "delay"])
-async def test_timeout_is_transient_with_exactly_one_request(nursery: trio.Nursery, reply: Reply) -> None:
+async def test_timeout_is_transient_with_exactly_one_request(
+    nursery: trio.Nursery, deadline_clock: MockClock, reply: Reply
+) -> None:
     server = FakeOpenAIServer([reply], default=Reply(body=completion("a hidden retry")))
     provider = make_provider(await start(nursery, server), timeout_s=0.3)
-    with pytest.raises(ProviderError) as caught:
-        await provider.complete(make_request())
-    assert caught.value.kind is ErrorKind.TRANSIENT
+    error = await time_out(deadline_clock, provider, lambda: server.wait_for_requests(1))
+    assert error.kind is ErrorKind.TRANSIENT
     # complete() has returned and its client is closed: nothing can still be sent.
     assert len(server.requests) == 1
 
 
-async def test_hung_request_is_abandoned_by_the_client(nursery: trio.Nursery) -> None:
+async def test_hung_request_is_abandoned_by_the_client(nursery: trio.Nursery, deadline_clock: MockClock) -> None:
     server = FakeOpenAIServer([Reply(hang=True)])
     provider = make_provider(await start(nursery, server), timeout_s=0.3)
-    with pytest.raises(ProviderError):
-        await provider.complete(make_request())
+    await time_out(deadline_clock, provider, lambda: server.wait_for_requests(1))
     await server.wait_for_outcomes(1)
     assert [r.outcome for r in server.requests] == ["hung-up"]
 
@@ -158,14 +162,16 @@ async def test_dropped_response_after_upstream_did_the_work(nursery: trio.Nurser
     ids=["slow-upstream", "delayed-at-proxy"],
 )
 async def test_client_timeout_behind_the_proxy(
-    nursery: trio.Nursery, fault: Fault | None, upstream_sees: int
+    nursery: trio.Nursery, deadline_clock: MockClock, fault: Fault | None, upstream_sees: int
 ) -> None:
     server = FakeOpenAIServer([Reply(hang=True)])
     proxy = FaultProxy(await start(nursery, server), {1: fault} if fault else {})
     provider = make_provider(await start(nursery, proxy), timeout_s=0.3)
-    with pytest.raises(ProviderError) as caught:
-        await provider.complete(make_request())
-    assert caught.value.kind is ErrorKind.TRANSIENT
+    # The client gives up only once the request is as far as it gets: at the hung
+    # upstream, or held in the proxy's delay (60 s of a clock that the test moves 0.3 s).
+    arrived = server.wait_for_requests if fault is None else proxy.wait_for_requests
+    error = await time_out(deadline_clock, provider, lambda: arrived(1))
+    assert error.kind is ErrorKind.TRANSIENT
     assert len(proxy.requests) == 1
     if fault is None:
         # The proxy notices the client leaving and lets go of the upstream.
