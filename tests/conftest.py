@@ -18,7 +18,9 @@ from typing import Any
 import prctl
 import psutil
 import pytest
+from trio.testing import MockClock
 
+from corral.acceptance.loopback_http import DEFAULT_WAIT_S
 from tests.processes import SERVICE_PIDS, live_descendants
 
 # Detached supervisors re-parent to the nearest subreaper. Making the test process
@@ -71,6 +73,16 @@ def no_orphans() -> Iterator[OrphanCheck]:
     checker = OrphanCheck()
     yield checker
     checker.check()
+
+
+@pytest.fixture
+def deadline_clock() -> MockClock:
+    """The trio test's clock, moved only by the test (``clock.jump``): a short timeout
+    under test fires when the test says, after what must happen first has happened,
+    never early because the machine is loaded. Only once every task has been blocked
+    for ``DEFAULT_WAIT_S`` of real time (a hung test) does it jump to the next
+    deadline, so such a test fails instead of hanging."""
+    return MockClock(autojump_threshold=DEFAULT_WAIT_S)
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from corral.actors.providers.base import ProviderError, ProviderRequest, Provide
 from corral.actors.providers.openai import OpenAIConfig, OpenAIProvider
 from fake_openai import FakeOpenAIServer, Reply
 from fault_proxy import FaultProxy
-from loopback_http import DEFAULT_WAIT_S
 
 NO_KEY_ENV = "CORRAL_TEST_NO_SUCH_KEY"
 
@@ -117,15 +116,6 @@ async def time_out(clock: MockClock, provider: OpenAIProvider, arrived: Callable
         clock.jump(provider.config.timeout_s)
     [error] = errors
     return error
-
-
-@pytest.fixture
-def deadline_clock() -> MockClock:
-    """The test's trio clock, moved only by the test (``time_out``), so a provider's
-    short timeout cannot fire early on a loaded machine. Only if every task has been
-    blocked for ``DEFAULT_WAIT_S`` of real time (a hung test) does it jump to the next
-    deadline, so such a test fails instead of hanging."""
-    return MockClock(autojump_threshold=DEFAULT_WAIT_S)
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ from fake_openai import FakeOpenAIServer, Reply, completion
 from tests.openai_provider_support import TOOLS, make_provider, make_request, start, time_out
 
 # Fixtures, imported so that pytest finds them in this module (see openai_provider_support).
-from tests.openai_provider_support import deadline_clock as deadline_clock
 from tests.openai_provider_support import decoy as decoy
 from tests.openai_provider_support import no_ambient_key as no_ambient_key
 

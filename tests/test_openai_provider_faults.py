@@ -25,7 +25,6 @@ from loopback_http import serve_in_thread
 from tests.openai_provider_support import TOOLS, make_provider, make_request, start, time_out
 
 # Fixtures, imported so that pytest finds them in this module (see openai_provider_support).
-from tests.openai_provider_support import deadline_clock as deadline_clock
 from tests.openai_provider_support import no_ambient_key as no_ambient_key
 
 pytestmark = pytest.mark.usefixtures("no_ambient_key")
