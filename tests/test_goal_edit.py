@@ -329,7 +329,7 @@ def test_a_finalization_prepared_for_an_older_goal_is_voided_and_writes_no_reply
                    " VALUES (?, 'prepared', 'done', ?, ?, ?)",
                    (run_id, time.time(), time.time(), goal_completion.snapshot(ledger, run_id, "done")))
         db.execute("UPDATE goals SET revision = 2 WHERE run_id = ?", (run_id,))
-    result = finalization.resume_finalization(ledger, run_id)
+    result = finalization.resume_finalization(ledger, run_id, ledger.features)
     assert result["status"] == "invalidated" and "revision 1 -> 2" in result["reason"]
     assert ledger.all("SELECT * FROM finalizations WHERE run_id = ?", run_id) == []
     assert ledger.all("SELECT * FROM replies WHERE run_id = ?", run_id) == []

@@ -132,11 +132,7 @@ def test_no_service_adds_itself_to_a_supervisor_table() -> None:
 STILL_ON_THE_LEDGER = {
     "supervisor/daemon.py",  # sets it, for the files below
     "supervisor/runs/action_store.py",
-    "supervisor/runs/finalization.py",
-    "supervisor/runs/provider_store.py",
-    "supervisor/runs/recovery.py",
     "supervisor/runs/run_store.py",
-    "supervisor/swarm/coordination.py",
 }
 
 

@@ -13,6 +13,7 @@ from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.ledger.schema import MIGRATIONS
 from corral.supervisor.runs import action_store, loop_plan_store, provider_store, recovery, run_store
 from corral.supervisor.runs.action_state import ActionPhase
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import RunStatus
 
 
@@ -102,7 +103,7 @@ def test_a_plan_read_inside_a_rolled_back_transaction_is_not_remembered(open_led
     ledger = open_ledger()
     run_id = _new_run(ledger)
     run_store.set_run_status(ledger, run_id, RunStatus.RUNNING)
-    slot = provider_store.begin_provider_request(ledger, run_id, 0)["slot"]
+    slot = provider_store.begin_provider_request(ledger, run_id, 0, RunFeatures())["slot"]
     with pytest.raises(ZeroDivisionError), ledger.tx():
         loop_plan_store.commit_plan(ledger, run_id, 0, slot, {"final": "never committed"})
         assert loop_plan_store.get_plan(ledger, run_id, 0) == {"final": "never committed"}
@@ -130,10 +131,10 @@ def test_insert_or_ignore_json_fields_and_insertion_order(open_ledger: Any) -> N
     )
     assert len(rows) == 1 and '"n": 0' in rows[0]["data"], "the second insert was ignored"
     run_store.set_run_status(ledger, run_id, RunStatus.RUNNING)
-    first = provider_store.begin_provider_request(ledger, run_id, 0)["slot"]
+    first = provider_store.begin_provider_request(ledger, run_id, 0, RunFeatures())["slot"]
     provider_store.provider_failed(ledger, run_id, first, "transient", "try again",
                                    run_store.RunLimits(retry_base_s=0.0))
-    second = provider_store.begin_provider_request(ledger, run_id, 0)["slot"]
+    second = provider_store.begin_provider_request(ledger, run_id, 0, RunFeatures())["slot"]
     listed = ledger.all("SELECT rowid, * FROM provider_requests WHERE run_id = ? ORDER BY rowid", run_id)
     assert [row["slot"] for row in listed] == [first, second], "rows come back in insertion order"
 
@@ -202,11 +203,11 @@ def test_recovery_marks_an_unknown_outcome_and_never_replays_it(open_ledger: Any
     after_crash.begin_boot("b2", 2, 1)
     boots = after_crash.all("SELECT boot_id, end_reason FROM boots ORDER BY seq")
     assert [(row["boot_id"], row["end_reason"]) for row in boots] == [("b1", "crashed"), ("b2", None)]
-    report = recovery.recover(after_crash, lambda provider: True)
+    report = recovery.recover(after_crash, RunFeatures(), lambda provider: True)
     assert report.reconciliations == [effect]
     assert report.rerun_read_only == 1, "a read may run again: recovery leaves it to the next step"
     assert action_store.get_action(after_crash, effect)["phase"] == ActionPhase.NEEDS_RECONCILIATION
-    second = recovery.recover(after_crash, lambda provider: True)
+    second = recovery.recover(after_crash, RunFeatures(), lambda provider: True)
     assert second.reconciliations == [], "recovery is idempotent"
 
 
@@ -224,8 +225,8 @@ def test_a_terminal_action_left_without_its_receipt_gets_one_at_recovery(open_le
     assert ledger.all("SELECT 1 FROM receipts WHERE action_id = ?", the_id) == []
     after = open_ledger()
     after.begin_boot("b2", 2, 1)
-    assert recovery.recover(after, lambda provider: True).receipts_repaired == 1
-    assert recovery.recover(after, lambda provider: True).receipts_repaired == 0, "once"
+    assert recovery.recover(after, RunFeatures(), lambda provider: True).receipts_repaired == 1
+    assert recovery.recover(after, RunFeatures(), lambda provider: True).receipts_repaired == 0, "once"
     assert [row["status"] for row in after.all("SELECT status FROM receipts WHERE action_id = ?", the_id)] == ["ok"]
     kinds = [e["kind"] for e in after.events_since(0, 1000) if e["subject"] == the_id]
     assert kinds == ["action-prepared", "action-executing", "action-ok", "receipt-written"]

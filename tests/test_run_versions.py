@@ -81,14 +81,14 @@ def test_a_steer_written_after_a_quiet_boundary_is_applied_at_the_next(ledger: S
     assert reads and step == {"do": "provider", "loop": 1}
     assert steer_store.pending_steers(ledger, run_id) == []
     # And a provider turn asks the guards again only when something changed.
-    assert provider_store.control_pending(ledger, run_id) is None
+    assert provider_store.control_pending(ledger, run_id, ledger.features) is None
 
 
 def test_a_steer_held_by_an_executing_action_is_applied_once_it_ends(ledger: SqliteLedger) -> None:
     """The steer waits while an action executes (steer_store.apply_steers): a boundary
     that found it waiting is no quiet one, so the next boundary looks again."""
     run_id = running_run(ledger)
-    slot = provider_store.begin_provider_request(ledger, run_id, 0)["slot"]
+    slot = provider_store.begin_provider_request(ledger, run_id, 0, ledger.features)["slot"]
     provider_store.provider_handoff(ledger, run_id, slot, '{"actions": []}')
     commit_plan(ledger, run_id, 0, slot, {"actions": [{"tool": "fs.list", "input": {"path": "."}}]})
     prepared = action_store.prepare_action(

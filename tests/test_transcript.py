@@ -184,6 +184,7 @@ def test_turns_are_kept_and_read_on_either_ledger(open_ledger: Any) -> None:
     once, a turn naming it by hash reads as unchanged, a bad note changes nothing."""
     from corral.supervisor.errors import BadRequest
     from corral.supervisor.runs import provider_store, run_store
+    from corral.supervisor.runs.run_feature import RunFeatures
     from corral.supervisor.runs.run_store import RunLimits
     from corral.supervisor.runs.transcript_store import notes_from
     from corral.supervisor.runs.transcript_view import transcript
@@ -195,9 +196,9 @@ def test_turns_are_kept_and_read_on_either_ledger(open_ledger: Any) -> None:
     system = f"You are an agent. Key {AWS_KEY}."
     sent = {"system": system, "system_sha256": text_sha256(system)}
     for loop, notes in enumerate(({**sent, "seen": 0}, {**sent, "seen": 0}, {"system_sha256": text_sha256(system)})):
-        slot = provider_store.begin_provider_request(ledger, run_id, loop)["slot"]
+        slot = provider_store.begin_provider_request(ledger, run_id, loop, RunFeatures())["slot"]
         provider_store.provider_handoff(ledger, run_id, slot, f"answer {loop}", notes=notes_from(_note(notes)))
-    slot = provider_store.begin_provider_request(ledger, run_id, 3)["slot"]
+    slot = provider_store.begin_provider_request(ledger, run_id, 3, RunFeatures())["slot"]
     provider_store.provider_failed(ledger, run_id, slot, "fatal", "boom", RunLimits(), notes_from(_note(sent)))
     (blob,) = ledger.all("SELECT kind, text FROM transcript_blobs")
     assert blob["kind"] == "system" and blob["text"] == "You are an agent. Key [redacted]."

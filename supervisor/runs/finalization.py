@@ -14,11 +14,12 @@ from corral.core.redact import redact_text
 from corral.supervisor.errors import Conflict, Refused
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.loop_plan_store import final_blocked
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_store import RunLimits, get_run, set_run_status
 
 
-def blockers(ledger: Ledger, run_id: str) -> list[str]:
+def blockers(ledger: Ledger, run_id: str, features: RunFeatures) -> list[str]:
     """Why the run may not finalize now: its own open work, then each feature's
     (``RunFeature.finalize_blockers``: children, sessions, the durable plan, a goal, evidence)."""
     reasons: list[str] = []
@@ -41,11 +42,11 @@ def blockers(ledger: Ledger, run_id: str) -> list[str]:
         run_id,
     )
     reasons.extend(f"provider request {row['slot']} is {row['status']}" for row in requests)
-    reasons.extend(ledger.features.finalize_blockers(ledger, run_id))
+    reasons.extend(features.finalize_blockers(ledger, run_id))
     return reasons
 
 
-def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict[str, Any]:
+def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits, features: RunFeatures) -> dict[str, Any]:
     """``run.finalize`` after its checks (supervisor/runs/run_actor_methods.py ``finalize``):
     a child may not; a guard may send the agent back to plan (``final_guard``: a
     steer); the blockers refuse it as a repair, or park the run for a person
@@ -55,15 +56,15 @@ def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict
         raise Refused(f"run {run_id} is a {run['kind']} run; only the root agent of a run writes the final reply")
     row = ledger.one("SELECT phase FROM finalizations WHERE run_id = ?", run_id)
     if row is None:
-        for guard in ledger.features.final_guards:
+        for guard in features.final_guards:
             why = guard(ledger, run_id)
             if why:
                 # Not a repair: the agent asks for its next step, and the guard's
                 # cause (a steer) is applied there.
                 raise Conflict(why)
-        reasons = blockers(ledger, run_id)
+        reasons = blockers(ledger, run_id, features)
         if reasons:
-            for park in ledger.features.finalize_parkers:
+            for park in features.finalize_parkers:
                 why = park(ledger, run_id, reasons)
                 if why:
                     # Retrying will not help: a person has to act (pending shows why).
@@ -77,21 +78,21 @@ def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits) -> dict
             db.execute(
                 "INSERT INTO finalizations (run_id, phase, reply, created_at, updated_at, goal_snapshot)"
                 " VALUES (?, 'prepared', ?, ?, ?, ?)",
-                (run_id, redact_text(reply), now, now, ledger.features.final_snapshot(ledger, run_id, reply)),
+                (run_id, redact_text(reply), now, now, features.final_snapshot(ledger, run_id, reply)),
             )
             ledger.event("finalization-prepared", run_id)
         ledger.failpoint("finalize.after-prepared")
-    done = resume_finalization(ledger, run_id)
+    done = resume_finalization(ledger, run_id, features)
     if done["status"] == "invalidated":
         raise Conflict(done["reason"])  # the agent asks for its next step: the run plans again
     return done
 
 
-def resume_finalization(ledger: Ledger, run_id: str) -> dict[str, str]:
+def resume_finalization(ledger: Ledger, run_id: str, features: RunFeatures) -> dict[str, str]:
     row = ledger.one("SELECT phase, reply, goal_snapshot FROM finalizations WHERE run_id = ?", run_id)
     assert row is not None
     if row["phase"] == "prepared":
-        why = ledger.features.final_stale(ledger, run_id, row["goal_snapshot"])
+        why = features.final_stale(ledger, run_id, row["goal_snapshot"])
         if why is not None:
             # Prepared for a goal that changed since (edited, paused, cleared): no
             # reply is written; the same run plans again.

@@ -162,9 +162,9 @@ def _apply(ledger: Ledger, run_id: str, features: RunFeatures, decision: Decisio
             return {"do": Do.PROVIDER, "loop": loop}
         case RecoverLostRequest(slot, loop):
             provider = get_run(ledger, run_id)["provider"]
-            if not interrupt_provider_request(ledger, slot, run_id, features.idempotent_provider(provider)):
+            if not interrupt_provider_request(ledger, slot, run_id, features.idempotent_provider(provider), features):
                 return {"do": Do.PARK, "status": RunStatus.NEEDS_RECONCILIATION.value}
-            if boundary and control_pending(ledger, run_id) is not None:
+            if boundary and control_pending(ledger, run_id, features) is not None:
                 # Lost while a steer or a pause waited: it counts as interrupted, and
                 # that control applies now, at this boundary, before any new turn.
                 return advance(ledger, run_id, features, boundary=True)

@@ -15,6 +15,7 @@ from corral.actors.providers.base import MAX_RESPONSE_CHARS
 from corral.core.redact import redact_text, summarize
 from corral.supervisor.errors import Conflict, NotFound, Refused
 from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import RunLimits, get_run, set_run_status
 from corral.supervisor.runs.transcript_store import TurnNotes, keep_texts
@@ -35,14 +36,14 @@ def requests_for(ledger: Ledger, run_id: str, loop_index: int) -> list[sqlite3.R
     )
 
 
-def begin_provider_request(ledger: Ledger, run_id: str, loop_index: int) -> dict[str, Any]:
+def begin_provider_request(ledger: Ledger, run_id: str, loop_index: int, features: RunFeatures) -> dict[str, Any]:
     requests = requests_for(ledger, run_id, loop_index)
     latest = requests[-1] if requests else None
     if latest is not None and latest["status"] == "started":
         raise Conflict(f"request {latest['slot']} is already in flight")
     if latest is not None and latest["status"] == "failed" and latest["retry_at"] and latest["retry_at"] > _now():
         raise Refused(f"retry of {latest['slot']} is not due before {latest['retry_at']:.3f}")
-    why = control_pending(ledger, run_id)  # a steer to apply first, a goal pausing: no request now
+    why = control_pending(ledger, run_id, features)  # a steer to apply first, a goal pausing: no request now
     if why is not None:
         raise Conflict(why)
     slot, attempt = _next_request_slot(requests, run_id, loop_index)
@@ -208,26 +209,26 @@ def _mark_interrupted(ledger: Ledger, db: Any, run_id: str, slot: str, why: str)
     ledger.event("provider-request-interrupted", run_id, slot=slot, provider_interrupted=True)
 
 
-def control_pending(ledger: Ledger, run_id: str) -> str | None:
+def control_pending(ledger: Ledger, run_id: str, features: RunFeatures) -> str | None:
     """Why no provider turn of ``run_id`` may be in flight now (a steer to apply, a
     goal pausing), or None: the features' ``provider_guards``. None without asking them
     when the run's boundary was quiet since (run_versions.py): what they read is unchanged."""
     if ledger.run_versions.quiet(run_id):
         return None
-    for guard in ledger.features.provider_guards:
+    for guard in features.provider_guards:
         why = guard(ledger, run_id)
         if why:
             return why
     return None
 
 
-def interrupt_provider_request(ledger: Ledger, slot: str, run_id: str, idempotent: bool) -> bool:
+def interrupt_provider_request(ledger: Ledger, slot: str, run_id: str, idempotent: bool, features: RunFeatures) -> bool:
     """A request whose outcome was lost with its process. When a steer or a pause
     was waiting for it, it counts as interrupted (its answer would have been
     discarded anyway) and the run goes on (True) without sending it again. Else an
     idempotent provider's request is failed and may be sent again (True); any other
     is parked as needs-reconciliation and never re-sent silently (False)."""
-    control = control_pending(ledger, run_id)
+    control = control_pending(ledger, run_id, features)
     if control is not None:
         with ledger.tx() as db:
             _mark_interrupted(ledger, db, run_id, slot, f"lost with its process while a control waited: {control}")

@@ -14,6 +14,7 @@ from corral.supervisor.runs import finalization, poison
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.action_store import mark_needs_reconciliation, move_action, write_receipt
 from corral.supervisor.runs.provider_store import interrupt_provider_request
+from corral.supervisor.runs.run_feature import RunFeatures
 
 
 @dataclass
@@ -30,13 +31,16 @@ class RecoveryReport:
 
 
 def recover(
-    ledger: Ledger, idempotent_provider: Callable[[str], bool], is_read: Callable[[str], bool] = lambda _: False
+    ledger: Ledger,
+    features: RunFeatures,
+    idempotent_provider: Callable[[str], bool],
+    is_read: Callable[[str], bool] = lambda _: False,
 ) -> RecoveryReport:
     """``is_read``: whether a tool is a read (a poison read fails; other poison
     actions wait for a person)."""
     report = RecoveryReport()
     for row in ledger.all("SELECT run_id FROM finalizations WHERE phase != 'completed'"):
-        finalization.resume_finalization(ledger, row["run_id"])
+        finalization.resume_finalization(ledger, row["run_id"], features)
         report.finalizations += 1
 
     # Before the re-runs below: an action that crashed its agent too often is not
@@ -71,9 +75,10 @@ def recover(
         "SELECT slot, run_id, provider FROM provider_requests p JOIN runs USING (run_id) WHERE p.status = 'started'"
     ):
         report.provider_requests += 1
-        if not interrupt_provider_request(ledger, row["slot"], row["run_id"], idempotent_provider(row["provider"])):
+        idempotent = idempotent_provider(row["provider"])
+        if not interrupt_provider_request(ledger, row["slot"], row["run_id"], idempotent, features):
             report.reconciliations.append(row["slot"])
-    for step in ledger.features.recovery_steps:  # joins, claims, sessions: after the core
+    for step in features.recovery_steps:  # joins, claims, sessions: after the core
         step(ledger, report)
     report.runs_resumed = len(ledger.all("SELECT run_id FROM runs WHERE status IN ('running', 'pending')"))
     return report

@@ -130,7 +130,7 @@ class RunActorMethods(RunCore):
 
     async def provider_begin(self, slot: ActorSlot, request: ProviderBegin) -> dict[str, Any]:
         run = self.run_of(slot, request.run_id)
-        return provider_store.begin_provider_request(self.ledger, run["run_id"], request.loop)
+        return provider_store.begin_provider_request(self.ledger, run["run_id"], request.loop, self.features)
 
     async def provider_handoff(self, slot: ActorSlot, request: ProviderHandoff) -> dict[str, Any]:
         run = self.run_of(slot, request.run_id)
@@ -415,7 +415,7 @@ class RunActorMethods(RunCore):
             await hold(run)
         if request.reply is None:
             raise BadRequest("reply must be a string")
-        return finalization.finalize(self.ledger, run["run_id"], request.reply, self.limits_for(run))
+        return finalization.finalize(self.ledger, run["run_id"], request.reply, self.limits_for(run), self.features)
 
     async def fail(self, slot: ActorSlot, request: RunFail) -> dict[str, Any]:
         run = self.run_of(slot, request.run_id)

@@ -58,7 +58,7 @@ class RunUpkeep(RunCore):
 
     async def recover(self) -> None:
         inflight.reset(self.home)  # what earlier boots' actors had in flight is no crash of theirs
-        self.recovery_report = recovery.recover(self.ledger, is_idempotent, self.is_read)
+        self.recovery_report = recovery.recover(self.ledger, self.features, is_idempotent, self.is_read)
         sealed_input.sweep(sealed_input.spool_dir(self.home), self.ledger)
         report = self.recovery_report
         self.ledger.event(

@@ -101,7 +101,7 @@ class StepPiggyback:
         asked = NextStep(run_id, history_have)
         step = await runs.next_step(slot, asked, boundary=boundary)
         if step["do"] is Do.PROVIDER:
-            step["begun"] = provider_store.begin_provider_request(self.ledger, run_id, int(step["loop"]))
+            step["begun"] = provider_store.begin_provider_request(self.ledger, run_id, int(step["loop"]), runs.features)
             return step
         if step["do"] is not Do.PREPARE and step["do"] is not Do.EXECUTE:
             return step

@@ -14,6 +14,7 @@ import json
 
 from corral.core.redact import summarize
 from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs.run_feature import RunFeatures
 
 #: Delegations a note lists (the newest), and the characters of each goal shown.
 MAX_LISTED = 12
@@ -23,7 +24,7 @@ MAX_CONDITIONS = 6
 CONDITION_CHARS = 160
 
 
-def note(ledger: Ledger, run_id: str) -> str | None:
+def note(ledger: Ledger, run_id: str, features: RunFeatures) -> str | None:
     """The coordination note of a parent run, or None when it delegated nothing."""
     rows = ledger.all(
         "SELECT d.delegation_id, d.target_agent, d.task, d.status, v.status AS delivery, v.payload"
@@ -53,7 +54,7 @@ def note(ledger: Ledger, run_id: str) -> str | None:
             lines.append(f"claimed: {who}: {result.get('status', '?')}" + (f": {summary}" if summary else ""))
     # The current completion conditions: what every feature holds the final reply for
     # (receipts not claimed, children, sessions, the plan, a goal, evidence).
-    holding = ledger.features.finalize_blockers(ledger, run_id)
+    holding = features.finalize_blockers(ledger, run_id)
     if pending and not holding:
         holding = [f"{pending} pending receipt(s) to be claimed"]
     for reason in holding[:MAX_CONDITIONS]:

@@ -180,7 +180,7 @@ class SwarmService:
     async def child_result(self, slot: ActorSlot, request: RunChildResult) -> dict[str, Any]:
         run = self._parent(slot, request.run_id)
         summary = request.reply or ""
-        blockers = finalization.blockers(self.ledger, run["run_id"])
+        blockers = finalization.blockers(self.ledger, run["run_id"], self.runs.features)
         error = ("ended with open work: " + "; ".join(blockers)) if blockers else None
         if run["kind"] == "child":
             delivery = children_store.finish_child(self.ledger, run["run_id"], summary, error)
@@ -317,7 +317,7 @@ class SwarmFeature(RunFeature):
 
     async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
         """A parent's task carries its delegations' state (supervisor/swarm/coordination.py)."""
-        text = coordination.note(self.service.ledger, run_id)
+        text = coordination.note(self.service.ledger, run_id, self.service.runs.features)
         return step if text is None else {**step, "task": step.get("task", "") + text}
 
     def recover(self, ledger: Ledger, report: RecoveryReport) -> None:
