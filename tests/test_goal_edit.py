@@ -192,9 +192,11 @@ def test_the_goal_completes_from_the_finalization_record_after_a_crash(short_tmp
     env = {"CORRAL_FAILPOINTS": "finalize.after-reply=kill@once"}
     with running(short_tmp / "home", agent_spec(steps=VERDICT_THEN_FINAL), env) as daemon:
         run_id: str = daemon.call("run", agent_id="writer", goal="write the notes")["run_id"]
-        goal_id = daemon.call("goal.status", run_id=run_id)["lifecycle"]["goal_id"]
         pid = daemon.endpoint.pid
         assert wait_exit(pid, 60), "killed at finalize.after-reply"
+        # Read from the ledger, not asked: the run may reach its kill before any call.
+        (goal,) = ledger_rows(daemon.home, "SELECT goal_id FROM goals WHERE run_id = ?", run_id)
+        goal_id = goal["goal_id"]
         snapshot = ledger_rows(daemon.home, "SELECT phase, goal_snapshot FROM finalizations WHERE run_id = ?", run_id)
         assert snapshot[0]["phase"] == "reply-appended"
         assert json.loads(snapshot[0]["goal_snapshot"])["goal_revision"] == 1
