@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from corral.core.redact import redact_text
@@ -15,12 +16,13 @@ from corral.mailbox.protocol import ContextCompacted
 from corral.mailbox.steps import CompactStep, Do, ProviderStep
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.longtask import compaction
-from corral.supervisor.models.model_service import ModelService
+from corral.supervisor.longtask import compaction, compaction_memo
+from corral.supervisor.models.model_service import MAX_COUNT_TEXTS, ModelService
 from corral.supervisor.params import param_str
 from corral.supervisor.runs import run_store
 from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
+from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
@@ -65,6 +67,11 @@ def _surely_within(ledger: Ledger, run_id: str, limits: dict[str, Any]) -> bool:
             and (not tool_output or int(row["widest"]) * _MAX_TOKENS_PER_CHAR <= tool_output))
 
 
+def _compact_step(step: ProviderStep, todo: dict[str, Any]) -> CompactStep:
+    return {"do": Do.COMPACT, "loop": step["loop"], "from_seq": todo["from_seq"], "to_seq": todo["to_seq"],
+            "entries": todo["entries"], "tokens_before": todo["tokens_before"]}
+
+
 class CompactionService:
     def __init__(self, ledger: Ledger, runs: RunService, models: ModelService) -> None:
         self.ledger = ledger
@@ -72,6 +79,9 @@ class CompactionService:
         self.runs = runs
         #: A local model's own tokenizer, for the counts a view is cut by.
         self.models = models
+        #: What is kept of each run between its provider turns, in memory only (a
+        #: restart starts empty and reads each run once): compaction_memo.py.
+        self._memos: dict[str, compaction_memo.RunMemo] = {}
 
     async def shape_provider_step(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
         """The provider's view of the run, or first a compaction when it is too long."""
@@ -81,15 +91,73 @@ class CompactionService:
         if not limits.get("auto_compact") and not limits.get("tool_output") and not requested:
             return step  # this agent has no token budget: the full history, as before
         previous = latest(ledger, run_id)
-        if previous is None and not requested and _surely_within(ledger, run_id, limits):
-            return step  # far below both limits: nothing to fold or cut, no count needed
-        observations = _observations(ledger, run_id)
+        if requested:
+            # Rare (a person asked): planned afresh, and what was kept is not trusted after.
+            self.forget(run_id)
+            return await self._shape_afresh(run_id, step, limits, previous)
+        model = self._local_model(run_id)
+        key = compaction_memo.key_of(limits, previous, model)
+        memo = self._memos.get(run_id)
+        if memo is None or memo.key != key:
+            self.forget(run_id)
+            if previous is None and _surely_within(ledger, run_id, limits):
+                return step  # far below both limits: nothing to fold or cut, no count needed
+            # Past the limits once, past them for good under the same key: observations
+            # only grow, so the memo's existence answers ``_surely_within`` from here on.
+            memo = self._memos[run_id] = compaction_memo.RunMemo(key, previous)
+        rows = ledger.all("SELECT seq, data FROM observations WHERE run_id = ? AND seq > ? ORDER BY seq",
+                          run_id, memo.last_seq)
+        new = memo.add_rows(rows)
+        by_model = await self._count_new(memo, model, new)
+        memo.extend_shown(new, by_model)
+        count = memo.count(by_model)
+        auto = limits.get("auto_compact")
+        if auto and memo.tokens(count) > auto:
+            todo = compaction.plan(memo.observations, previous, limits, count=count)
+            if todo is not None:
+                return _compact_step(step, todo)
+        return {**step, "history": memo.view()}
+
+    async def _shape_afresh(self, run_id: str, step: ProviderStep, limits: dict[str, Any],
+                            previous: dict[str, Any] | None) -> ProviderStep | CompactStep:
+        observations = _observations(self.ledger, run_id)
         count = await self._counter(run_id, observations, previous)
-        todo = compaction.plan(observations, previous, limits, requested=requested, count=count)
+        todo = compaction.plan(observations, previous, limits, requested=True, count=count)
         if todo is not None:
-            return {"do": Do.COMPACT, "loop": step["loop"], "from_seq": todo["from_seq"], "to_seq": todo["to_seq"],
-                    "entries": todo["entries"], "tokens_before": todo["tokens_before"]}
+            return _compact_step(step, todo)
         return {**step, "history": compaction.view(observations, previous, limits.get("tool_output"), count)}
+
+    def forget(self, run_id: str) -> None:
+        """Drop what is kept of a run (it ended, compacted, or cannot be trusted)."""
+        self._memos.pop(run_id, None)
+
+    def _local_model(self, run_id: str) -> str | None:
+        """The local GGUF model whose tokenizer counts the run's tokens, or None."""
+        row = self.ledger.one("SELECT provider, provider_config FROM runs WHERE run_id = ?", run_id)
+        if row is None or row["provider"] != "local":
+            return None
+        model = json.loads(row["provider_config"]).get("model")
+        return model if isinstance(model, str) else None
+
+    async def _count_new(self, memo: compaction_memo.RunMemo, model: str | None,
+                         new: list[compaction_memo.Observation]) -> bool:
+        """Whether this turn counts by the model's tokenizer (else the estimate, as
+        ``_counter`` falls back): one request, for the texts it has not counted yet."""
+        if model is None:
+            return False
+        summary = memo.summary_entry()
+        if memo.text_total + (summary is not None) > MAX_COUNT_TEXTS:
+            return False  # more texts than one count request takes: the estimate, as ``_counter``
+        texts = [text for _, entry in (memo.observations if not memo.by_model else new)
+                 for text in compaction_memo.texts_of(entry)]
+        if summary is not None:
+            texts.append(compaction.text_of(summary))
+        texts = list(dict.fromkeys(text for text in texts if text not in memo.known))
+        counts = await self.models.count_tokens(model, texts)
+        if counts is None:
+            return False
+        memo.known.update(zip(texts, counts, strict=True))
+        return True
 
     async def _counter(self, run_id: str, observations: list[tuple[int, dict[str, Any]]],
                        previous: dict[str, Any] | None) -> compaction.Count:
@@ -147,6 +215,7 @@ class CompactionService:
                 db.execute("DELETE FROM compaction_requests WHERE run_id = ?", (run_id,))
                 ledger.event("context-compacted", run_id, from_seq=1, to_seq=to_seq, tokens_before=before,
                              tokens_after=after)
+            self.forget(run_id)  # its key changed with the new row: what was kept is stale
             ledger.failpoint("context.after-compact")
         return {"to_seq": to_seq}
 
@@ -159,6 +228,7 @@ class CompactionService:
             db.execute("INSERT OR IGNORE INTO compaction_requests (run_id, created_at) VALUES (?, ?)",
                        (run_id, time.time()))
             self.ledger.event("compaction-requested", run_id)
+        self.forget(run_id)
         return {"run_id": run_id, "requested": True,
                 "note": "the run compacts before its next provider turn (if it has older turns to fold)"}
 
@@ -183,6 +253,12 @@ class CompactionFeature(RunFeature):
 
     def show(self, run_id: str) -> Mapping[str, Any]:
         return {"context": self.service.show_section(run_id)}
+
+    def on_status(self, ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
+        """A run that ended keeps nothing in memory (after the commit: a rolled-back
+        status change ends nothing)."""
+        if status in TERMINAL:
+            ledger.after_commit(partial(self.service.forget, run_id))
 
 
 def install(sup: Supervisor) -> CompactionService:
