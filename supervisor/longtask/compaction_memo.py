@@ -65,6 +65,8 @@ class RunMemo:
     shown: list[dict[str, Any]] = field(default_factory=list)
     shown_tokens: list[int] = field(default_factory=list)
     total: int = 0
+    #: How many of ``observations`` are in ``shown`` (or before the compaction).
+    shown_upto: int = 0
     #: The newest successful ``project.diff``: its seq and entry (``compaction.protected_seq``).
     protected: Observation | None = None
 
@@ -80,7 +82,8 @@ class RunMemo:
                 "covers": [int(previous["from_seq"]), int(previous["to_seq"])]}
 
     def add_rows(self, rows: list[Any]) -> list[Observation]:
-        """Parse rows read with ``seq > last_seq`` (oldest first); the new observations."""
+        """Parse rows read with ``seq > last_seq`` (oldest first), in the same sync step
+        as the read (no turn of the run reads them twice); the new observations."""
         new = [(int(row["seq"]), json.loads(row["data"])) for row in rows]
         for seq, entry in new:
             if entry.get("tool") == compaction.DIFF_TOOL and entry.get("status") == "ok" and "output" in entry:
@@ -102,15 +105,16 @@ class RunMemo:
 
         return count
 
-    def extend_shown(self, new: list[Observation], by_model: bool) -> None:
-        """Keep the shown form and count of ``new``; all of them again when the counts
-        change kind (the model's tokenizer became ready, or stopped being)."""
+    def extend_shown(self, by_model: bool) -> None:
+        """Keep the shown form and count of the observations not yet shown (all of them
+        again when the counts change kind: the model's tokenizer became ready, or
+        stopped being). Sync: no other turn of the run interleaves with it."""
         if by_model != self.by_model:
             self.by_model = by_model
             self.shown_seqs, self.shown, self.shown_tokens, self.total = [], [], [], 0
-            new = self.observations
+            self.shown_upto = 0
         count, after, limit = self.count(by_model), self.after, self.key.tool_output
-        for seq, entry in new:
+        for seq, entry in self.observations[self.shown_upto:]:
             if seq > after:
                 shown = compaction.cut(entry, limit, count)
                 tokens = count(shown)
@@ -118,6 +122,7 @@ class RunMemo:
                 self.shown.append(shown)
                 self.shown_tokens.append(tokens)
                 self.total += tokens
+        self.shown_upto = len(self.observations)
 
     def tokens(self, count: compaction.Count) -> int:
         """``sum(count(e) for e in compaction.view(...))``, from the running total."""

@@ -95,13 +95,15 @@ class CompactionService:
             # Rare (a person asked): planned afresh, and what was kept is not trusted after.
             self.forget(run_id)
             return await self._shape_afresh(run_id, step, limits, previous)
+        memo = self._memos.get(run_id)
+        if memo is None and previous is None and _surely_within(ledger, run_id, limits):
+            return step  # far below both limits: nothing to fold or cut, no count needed
         model = self._local_model(run_id)
         key = compaction_memo.key_of(limits, previous, model)
-        memo = self._memos.get(run_id)
         if memo is None or memo.key != key:
-            self.forget(run_id)
-            if previous is None and _surely_within(ledger, run_id, limits):
-                return step  # far below both limits: nothing to fold or cut, no count needed
+            if memo is not None and previous is None and _surely_within(ledger, run_id, limits):
+                self.forget(run_id)  # the limits changed: checked again, as for a new memo
+                return step
             # Past the limits once, past them for good under the same key: observations
             # only grow, so the memo's existence answers ``_surely_within`` from here on.
             memo = self._memos[run_id] = compaction_memo.RunMemo(key, previous)
@@ -109,7 +111,7 @@ class CompactionService:
                           run_id, memo.last_seq)
         new = memo.add_rows(rows)
         by_model = await self._count_new(memo, model, new)
-        memo.extend_shown(new, by_model)
+        memo.extend_shown(by_model)
         count = memo.count(by_model)
         auto = limits.get("auto_compact")
         if auto and memo.tokens(count) > auto:
@@ -133,8 +135,11 @@ class CompactionService:
 
     def _local_model(self, run_id: str) -> str | None:
         """The local GGUF model whose tokenizer counts the run's tokens, or None."""
-        row = self.ledger.one("SELECT provider, provider_config FROM runs WHERE run_id = ?", run_id)
-        if row is None or row["provider"] != "local":
+        try:
+            row = run_store.get_run(self.ledger, run_id)  # kept: the step just read it
+        except NotFound:
+            return None
+        if row["provider"] != "local":
             return None
         model = json.loads(row["provider_config"]).get("model")
         return model if isinstance(model, str) else None
