@@ -42,8 +42,7 @@ from corral.supervisor.ledger.ledger_pg_cluster import CLUSTER_SCHEMA, QUEUED, i
 from corral.supervisor.ledger.ledger_pg_wire import PostgresUnavailable, connect, redact_url
 from corral.supervisor.params import param_int, param_str, param_text
 from corral.supervisor.runs import run_store
-from corral.supervisor.runs.run_state import NEEDS_PERSON, TERMINAL
-from corral.supervisor.runs.run_views import ELSEWHERE_POLL_S
+from corral.supervisor.runs.run_views import ELSEWHERE_POLL_S, wait_request
 
 _C = CLUSTER_SCHEMA
 #: At most this long in one ``wait`` call (the client asks again, as of a node).
@@ -225,17 +224,8 @@ class Door:
     def _wait(self, params: dict[str, Any]) -> dict[str, Any]:
         """Until every run of ``run_ids`` is done (or waits for a person, ``until =
         "settled"``), or ``wait_ms`` passed: the node's ``wait``, by reading."""
-        run_ids = params.get("run_ids")
-        if not isinstance(run_ids, list) or not 1 <= len(run_ids) <= WAIT_MAX_RUNS:
-            raise BadRequest(f"run_ids must be a list of 1 to {WAIT_MAX_RUNS} run ids")
-        if not all(isinstance(run_id, str) and run_store.RUN_ID.match(run_id) for run_id in run_ids):
-            raise BadRequest("run_ids holds something that is not a run id")
-        until = params.get("until", "settled")
-        if until not in ("done", "settled"):
-            raise BadRequest("until must be 'done' or 'settled'")
-        stop = {str(s) for s in (TERMINAL if until == "done" else TERMINAL | NEEDS_PERSON)}
-        deadline = time.monotonic() + min(param_int(params, "wait_ms", 0, high=3_600_000), MAX_WAIT_MS) / 1000
-        wanted = sorted(set(run_ids))
+        wanted, stop, wait_ms = wait_request(params, WAIT_MAX_RUNS)
+        deadline = time.monotonic() + min(wait_ms, MAX_WAIT_MS) / 1000
         while True:
             found = self._locked(lambda conn: run_queue.statuses(conn, wanted, ""))
             missing = [run_id for run_id in wanted if run_id not in found]

@@ -34,6 +34,21 @@ LIST_TEXT_CHARS = 300
 WAIT_MAX_RUNS = 1000
 
 
+def wait_request(params: dict[str, Any], max_runs: int) -> tuple[list[str], frozenset[str], int]:
+    """A ``wait``'s request, checked (a node's and the cluster front door's): the run
+    ids (sorted, once each), the statuses that end the wait, and ``wait_ms``."""
+    run_ids = params.get("run_ids")
+    if not isinstance(run_ids, list) or not 1 <= len(run_ids) <= max_runs:
+        raise BadRequest(f"run_ids must be a list of 1 to {max_runs} run ids")
+    if not all(isinstance(run_id, str) and run_store.RUN_ID.match(run_id) for run_id in run_ids):
+        raise BadRequest("run_ids holds something that is not a run id")
+    until = params.get("until", "settled")
+    if until not in ("done", "settled"):
+        raise BadRequest("until must be 'done' or 'settled'")
+    stop = frozenset(str(s) for s in (TERMINAL if until == "done" else TERMINAL | NEEDS_PERSON))
+    return sorted(set(run_ids)), stop, param_int(params, "wait_ms", 0, high=3_600_000)
+
+
 class ShowElsewhere(Protocol):
     """Where ``show`` looks for a run its own ledger does not hold."""
 
@@ -175,17 +190,7 @@ class RunViews:
         waiting for a person (``"settled"``, the default), or ``wait_ms`` passed.
         It wakes on commits, in the supervisor: a client waits with one call and no
         ``show`` per event, so waiting takes no CPU from the runs it waits for."""
-        run_ids = params.get("run_ids")
-        if not isinstance(run_ids, list) or not 1 <= len(run_ids) <= WAIT_MAX_RUNS:
-            raise BadRequest(f"run_ids must be a list of 1 to {WAIT_MAX_RUNS} run ids")
-        if not all(isinstance(run_id, str) and run_store.RUN_ID.match(run_id) for run_id in run_ids):
-            raise BadRequest("run_ids holds something that is not a run id")
-        until = params.get("until", "settled")
-        if until not in ("done", "settled"):
-            raise BadRequest("until must be 'done' or 'settled'")
-        stop = TERMINAL if until == "done" else TERMINAL | NEEDS_PERSON
-        wait_ms = param_int(params, "wait_ms", 0, high=3_600_000)
-        wanted = sorted(set(run_ids))
+        wanted, stop, wait_ms = wait_request(params, WAIT_MAX_RUNS)
         marks = ",".join("?" * len(wanted))
 
         def statuses() -> dict[str, str]:
