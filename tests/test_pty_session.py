@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 import pytest
 import trio
+from trio.testing import MockClock
 
 from corral.actors.one_shot_command import read_transcript_lines, run_command
 from corral.actors.pty_session import OUTPUT_LIMIT_BYTES, PtySession, StateChange
@@ -28,6 +29,7 @@ from corral.actors.session_state import (
     check_transition,
     decode_cursor,
     encode_cursor,
+    is_terminal,
 )
 from corral.core.transitions import IllegalTransition
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile
@@ -338,10 +340,17 @@ async def test_small_output_cap_is_exact(project: Path) -> None:
 
 
 @BOTH_MODES
-async def test_timeout(project: Path, mode: LaunchMode) -> None:
+async def test_timeout(project: Path, mode: LaunchMode, deadline_clock: MockClock) -> None:
+    # The session's deadline is on the test's clock: it passes only once the output is
+    # there, however slow the machine. Then the clock runs on by itself, in steps of
+    # the stop path's polls, and the grace is long, so SIGTERM always has its time.
     async with session(project, ["sh", "-c", "echo waiting; sleep 60"], mode, timeout_s=0.3,
-                       grace_s=0.2) as s:
+                       grace_s=60) as s:
         await s.start()
+        while "waiting" not in (await s.poll(None, wait_ms=30_000)).chunk:
+            assert not is_terminal(s.state), "the session ended before its output"
+        deadline_clock.jump(0.3)
+        deadline_clock.autojump_threshold = 0.01
         assert await s.wait() is S.TIMED_OUT
         assert "waiting" in await read_all(s)
         assert s.exit_code == 128 + 15
