@@ -61,7 +61,6 @@ def test_an_out_of_scope_child_write_is_denied_without_waiting_for_a_person(shor
         assert ledger_rows(daemon.home, "SELECT 1 FROM events WHERE kind = 'action-waiting-confirmation'"
                            " AND subject = ?", actions[0]["action_id"]) == []
         assert not (short_tmp / "ws" / "elsewhere").exists()
-        daemon.call("cancel", run_id=run_id)
     finally:
         daemon.shutdown()
 
@@ -122,7 +121,6 @@ def test_an_out_of_scope_write_whose_input_the_ledger_holds_redacted_is_denied_w
         assert "outside this agent's write scopes" in str(actions[0]["error"])
         assert _asked_a_person(daemon, [a["action_id"] for a in actions]) == []
         assert not (short_tmp / "ws" / "elsewhere").exists()
-        daemon.call("cancel", run_id=run_id)
     finally:
         daemon.shutdown()
 
@@ -145,7 +143,6 @@ def test_one_out_of_scope_member_refuses_its_whole_plan_before_any_confirmation(
         assert _asked_a_person(daemon, [a["action_id"] for a in actions]) == []
         assert not (short_tmp / "ws" / "s" / "out.md").exists()
         assert not (short_tmp / "ws" / "elsewhere").exists()
-        daemon.call("cancel", run_id=run_id)
     finally:
         daemon.shutdown()
 
@@ -180,6 +177,5 @@ def test_an_approval_does_not_pass_the_scope_check_at_execution(short_tmp: Path)
         assert ledger_rows(daemon.home, "SELECT 1 FROM events WHERE kind = 'action-executing' AND subject = ?",
                            actions[0]["action_id"]) == []
         assert not (short_tmp / "ws" / "s" / "out.md").exists()
-        daemon.call("cancel", run_id=run_id)
     finally:
         daemon.shutdown()
