@@ -175,7 +175,7 @@ def test_an_invalid_response_holding_a_secret_fails_closed_too(short_tmp: Path) 
         ("password=None", ()),
         ("api_key=<your-api-key>", ()),
         # ...but a literal after the type still is one.
-        ('password: str = "hunter2hunter2"', ("KeywordDetector",)),
+        ('password: str = "hunter2hunter2"', ("KeywordDetector", "corral")),
         ("password: hunter2hunter2", ("KeywordDetector", "corral")),
         ('api_key = "q1w2e3r4t5y6u7i8"', ("KeywordDetector", "corral")),
         ("PASSWORD=hunter22abc", ("KeywordDetector", "corral")),

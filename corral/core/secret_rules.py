@@ -106,6 +106,11 @@ _CORRAL = (
     (r"(?i:bearer\s+[A-Za-z0-9._\-]{12,})", False),
     (r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----", True),
     (r"(?i:(api[_-]?key|secret|password|token)\s*[=:]\s*(?:\\?[\"'])?[^\s\"',}\]\\]{6,})", False),
+    # An annotated assignment of a literal (``password: str = "hunter2"``): the rule
+    # above stops at the type, which left the literal itself in the text. A quoted
+    # variable or placeholder (``"${DB_PASSWORD}"``, ``"<your-key>"``) is no value.
+    (r"(?i:(api[_-]?key|secret|password|token)\s*:\s*[A-Za-z_][\w.\[\]|, ]{0,60}?\s*=\s*\\?[\"'](?![$<{])"
+     r"[^\"'\s\\]{4,})", False),
 )
 
 #: corral's keyword assignment (the last of ``_CORRAL``): like the keyword plugin's,

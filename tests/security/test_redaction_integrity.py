@@ -191,6 +191,20 @@ def test_aws_keys_and_url_credentials_are_redacted_by_the_maintained_patterns() 
     )
 
 
+def test_an_annotated_assignment_of_a_literal_leaves_no_literal() -> None:
+    """``password: str = "..."`` in a stored text reply: the keyword rules stopped at the
+    type and left the literal itself in the ledger's copy (found by a secret-handling
+    review); raw, in a parameter list and inside JSON text alike."""
+    from corral.core.redact import redact_text
+
+    literal = "hunter2hunter2"
+    for text in (f'password: str = "{literal}"', f'def login(user: str, password: str = "{literal}"):',
+                 json.dumps({"text": f'api_key: Optional[str] = "{literal}"'})):
+        assert literal not in redact_text(text), text
+    # A quoted variable is no value: the name of the variable stays readable.
+    assert "DB_PASSWORD" in redact_text('password: str = "${DB_PASSWORD}"')
+
+
 def test_a_recurring_text_is_redacted_each_time_and_a_secret_registered_later_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
