@@ -88,10 +88,11 @@ def _cursor(daemon: Daemon, kind: str, subject: str) -> int:
 
 def _wait_session_running(daemon: Daemon, run_id: str) -> str:
     def running_one(_: Any) -> bool:
-        return [row["state"] for row in _sessions(daemon, run_id)] == ["running"]
+        # The row says running once the launch is recorded; the program may still be
+        # the trampoline for a moment (its exec comes after): wait for both.
+        return [row["state"] for row in _sessions(daemon, run_id)] == ["running"] and len(_sleepers()) == 1
 
     daemon.wait_until(running_one, what="the process session running")
-    assert len(_sleepers()) == 1
     (row,) = _sessions(daemon, run_id)
     return str(row["process_id"])
 
