@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
-import signal
 import subprocess
 import time
 import tomllib
@@ -35,7 +33,6 @@ from corral.chaos.runner import (
     EPISODE_TIMEOUT_S,
     UP_TIMEOUT_S,
     Episode,
-    Kill,
     NodesDetail,
     Runner,
     Scenario,
@@ -246,18 +243,7 @@ class ClusterRunner(Runner):
                 kind = target_kind(actor["id"])
                 if actor["pid"] is not None and kind in self.targets:
                     choices.append((kind, f"{node}:{actor['id']}", actor["pid"]))
-        if not choices:
-            return False
-        kind, victim, pid = rng.choice(choices)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return False
-        point = f"random@{int((time.monotonic() % 1000) * 1000)}"
-        episode.kills.append(Kill(episode.index, kind, point, victim, episode.seed))
-        if kind == "supervisor":
-            wait_exit(pid, 10)
-        return True
+        return self._kill_drawn(choices, rng, episode)
 
     def _drive_all(self, nodes: list[Path], run_ids: list[str], episode: Episode) -> bool:
         """One step towards the end on every node: approve and reconcile what its

@@ -473,6 +473,11 @@ class Runner:
             kind = target_kind(actor["id"])
             if kind in self.targets:
                 choices.append((kind, actor["id"], actor["pid"]))
+        return self._kill_drawn(choices, rng, episode)
+
+    def _kill_drawn(self, choices: list[tuple[str, str, int]], rng: random.Random, episode: Episode) -> bool:
+        """SIGKILL one of ``choices`` (kind, victim, pid), drawn by ``rng``, and record
+        the kill; a supervisor is waited for. False: nothing to kill, or it was gone."""
         if not choices:
             return False
         kind, victim, pid = rng.choice(choices)
