@@ -7,9 +7,13 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from corral.bridge import Client
+import pytest
+
+from corral.bridge import BridgeCallError, Client
 from tests.harness import CORRAL
 
 PRINCIPALS = ("owner", "A", "B", "R", "D", "X")
@@ -48,3 +52,34 @@ class Bridge:
 
     def client(self, name: str) -> Client:
         return Client(self.url, self.tokens[name])
+
+
+def refusal(reason: str, call: Callable[[], Any]) -> BridgeCallError:
+    with pytest.raises(BridgeCallError) as caught:
+        call()
+    assert caught.value.reason == reason, caught.value
+    return caught.value
+
+
+def task_of(client: Client, task_id: str) -> dict[str, Any]:
+    task: dict[str, Any] = client.call("task.get", task_id=task_id)["task"]
+    return task
+
+
+def published(owner: Client, *grants: tuple[str, list[str]], lease_ms: int = 60_000) -> str:
+    task_id = owner.call("task.create", title="P", body={"description": "the parent"}, lease_ms=lease_ms,
+                         decider="D", publish=True)["task"]["task_id"]
+    for principal, permissions in grants:
+        owner.call("grant.create", task_id=task_id, expected_revision=task_of(owner, task_id)["revision"],
+                   principal=principal, permissions=permissions)
+    return str(task_id)
+
+
+def claim_and_start(client: Client, task_id: str, **claim: Any) -> tuple[str, str, int]:
+    binding = client.call("binding.enable")["binding"]["binding_id"]
+    revision = task_of(client, task_id)["revision"]
+    assignment = client.call("assignment.claim", task_id=task_id, expected_revision=revision, binding_id=binding,
+                             **claim)
+    run = client.call("run.start", task_id=task_id, expected_revision=assignment["revision"],
+                      assignment_id=assignment["assignment"]["assignment_id"])
+    return assignment["assignment"]["assignment_id"], run["run"]["run_id"], int(run["revision"])

@@ -1,9 +1,7 @@
 """The agent-task bridge, black-box against the running daemon: the H01 handoff
 across independent clients, and the V-vectors (fault and race cases), each named
-with the invariant it checks (docs/bridge.md).
-
-Past 600 lines: one file per seed document keeps the V-vectors in the seed's
-order; the seed 002 conformance cases of this round joined them here."""
+with the invariant it checks (docs/bridge.md). Seed 002's further conformance
+cases are in test_bridge_conformance.py."""
 
 from __future__ import annotations
 
@@ -14,14 +12,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from corral.bridge import BridgeCallError, Client
-from tests.bridge_harness import Bridge
+from tests.bridge_harness import Bridge, claim_and_start, published, refusal, task_of
 from tests.harness import CORRAL
 
 NODE_CLIENT = Path(__file__).resolve().parent / "bridge" / "node_client.js"
@@ -54,37 +51,6 @@ class NodeClient:
         assert self.process.wait(timeout=20) == 0
 
 
-def _refused(reason: str, call: Callable[[], Any]) -> BridgeCallError:
-    with pytest.raises(BridgeCallError) as caught:
-        call()
-    assert caught.value.reason == reason, caught.value
-    return caught.value
-
-
-def _task(client: Client, task_id: str) -> dict[str, Any]:
-    task: dict[str, Any] = client.call("task.get", task_id=task_id)["task"]
-    return task
-
-
-def _published(owner: Client, *grants: tuple[str, list[str]], lease_ms: int = 60_000) -> str:
-    task_id = owner.call("task.create", title="P", body={"description": "the parent"}, lease_ms=lease_ms,
-                         decider="D", publish=True)["task"]["task_id"]
-    for principal, permissions in grants:
-        owner.call("grant.create", task_id=task_id, expected_revision=_task(owner, task_id)["revision"],
-                   principal=principal, permissions=permissions)
-    return str(task_id)
-
-
-def _claim_and_start(client: Client, task_id: str, **claim: Any) -> tuple[str, str, int]:
-    binding = client.call("binding.enable")["binding"]["binding_id"]
-    revision = _task(client, task_id)["revision"]
-    assignment = client.call("assignment.claim", task_id=task_id, expected_revision=revision, binding_id=binding,
-                             **claim)
-    run = client.call("run.start", task_id=task_id, expected_revision=assignment["revision"],
-                      assignment_id=assignment["assignment"]["assignment_id"])
-    return assignment["assignment"]["assignment_id"], run["run"]["run_id"], int(run["revision"])
-
-
 # -- H01: the handoff, end to end ------------------------------------------------------
 
 
@@ -99,19 +65,19 @@ def test_h01_a_task_handed_across_independent_clients_and_recovered_by_a_reader(
 
 def _h01(owner: Client, a: Client, b: Any, reader: Client, decider: Client) -> None:
     # 1. The owner creates and publishes P (A may claim it, R may read it).
-    parent = _published(owner, ("A", ["claim", "read"]), ("R", ["read"]))
+    parent = published(owner, ("A", ["claim", "read"]), ("R", ["read"]))
     # 2. A discovers, claims and starts P, creates the child C with its own grants, publishes it.
     assert [t["task_id"] for t in a.call("task.discover")["tasks"]] == [parent]
-    _, _, parent_revision = _claim_and_start(a, parent)
+    _, _, parent_revision = claim_and_start(a, parent)
     child = a.call("task.createChild", parent_id=parent, expected_revision=parent_revision, title="C",
                    decider="D", publish=True,
                    grants=[{"principal": "B", "permissions": ["claim", "read"]},
                            {"principal": "R", "permissions": ["read"]}])["task"]
     assert child["owner"] == "owner" and child["issuer"] == "A" and child["status"] == "open"
-    assert _task(a, parent)["revision"] == parent_revision, "createChild leaves the parent's revision alone"
+    assert task_of(a, parent)["revision"] == parent_revision, "createChild leaves the parent's revision alone"
     # 3. B discovers, claims, starts and reports C, then submits it.
     assert [t["task_id"] for t in b.call("task.discover")["tasks"]] == [child["task_id"]]
-    _, run_id, revision = _claim_and_start(b, child["task_id"])  # type: ignore[arg-type]
+    _, run_id, revision = claim_and_start(b, child["task_id"])  # type: ignore[arg-type]
     revision = b.call("run.report", task_id=child["task_id"], expected_revision=revision, run_id=run_id,
                       body={"progress": 50})["revision"]
     submitted = b.call("run.submit", task_id=child["task_id"], expected_revision=revision, run_id=run_id,
@@ -120,7 +86,7 @@ def _h01(owner: Client, a: Client, b: Any, reader: Client, decider: Client) -> N
     decided = decider.call("decision.make", task_id=child["task_id"], expected_revision=submitted["revision"],
                            submission_id=submitted["submission"]["submission_id"], verdict="accept",
                            reason="meets the checks")
-    assert _task(decider, child["task_id"])["status"] == "accepted"
+    assert task_of(decider, child["task_id"])["status"] == "accepted"
     # 5. R recovers the same facts from the snapshot, and the history from events.
     snapshot = reader.call("snapshot.get")
     by_id = {entry["task"]["task_id"]: entry for entry in snapshot["tasks"]}
@@ -148,8 +114,8 @@ def _h01(owner: Client, a: Client, b: Any, reader: Client, decider: Client) -> N
 
 def test_v01_concurrent_claims_have_exactly_one_winner(bridge: Bridge) -> None:
     owner = bridge.client("owner")
-    task_id = _published(owner, ("A", ["claim"]), ("B", ["claim"]))
-    revision = _task(owner, task_id)["revision"]
+    task_id = published(owner, ("A", ["claim"]), ("B", ["claim"]))
+    revision = task_of(owner, task_id)["revision"]
     outcomes: dict[str, str] = {}
 
     def claim(name: str) -> None:
@@ -172,39 +138,39 @@ def test_v01_concurrent_claims_have_exactly_one_winner(bridge: Bridge) -> None:
 
 def test_v02_a_stale_revision_is_refused_with_the_current_one(bridge: Bridge) -> None:
     owner = bridge.client("owner")
-    task_id = _published(owner, ("A", ["claim"]))
-    current = _task(owner, task_id)["revision"]
-    refused = _refused("revision-conflict", lambda: owner.call("task.cancel", task_id=task_id,
+    task_id = published(owner, ("A", ["claim"]))
+    current = task_of(owner, task_id)["revision"]
+    refused = refusal("revision-conflict", lambda: owner.call("task.cancel", task_id=task_id,
                                                                expected_revision=current - 1, reason="old view"))
     assert refused.data["current_revision"] == current
-    assert _task(owner, task_id)["status"] == "open"
+    assert task_of(owner, task_id)["status"] == "open"
 
 
 def test_v03_a_lease_that_expires_before_start_is_materialised_once_as_stale(bridge: Bridge) -> None:
     owner, a = bridge.client("owner"), bridge.client("A")
-    task_id = _published(owner, ("A", ["claim", "read"]))
+    task_id = published(owner, ("A", ["claim", "read"]))
     binding = a.call("binding.enable")["binding"]["binding_id"]
-    claimed = a.call("assignment.claim", task_id=task_id, expected_revision=_task(a, task_id)["revision"],
+    claimed = a.call("assignment.claim", task_id=task_id, expected_revision=task_of(a, task_id)["revision"],
                      binding_id=binding, lease_ms=1000)
     time.sleep(1.1)
     start = {"task_id": task_id, "expected_revision": claimed["revision"],
              "assignment_id": claimed["assignment"]["assignment_id"]}
-    _refused("stale", lambda: a.call("run.start", **start))
-    after = _task(a, task_id)
+    refusal("stale", lambda: a.call("run.start", **start))
+    after = task_of(a, task_id)
     assert after["status"] == "open" and after["revision"] == claimed["revision"] + 1
     # Materialised once: the next command is not stuck on the same expiry.
-    refused = _refused("revision-conflict", lambda: a.call("run.start", **start))
+    refused = refusal("revision-conflict", lambda: a.call("run.start", **start))
     assert refused.data["current_revision"] == after["revision"]
-    _refused("invalid-state", lambda: a.call("run.start", **{**start, "expected_revision": after["revision"]}))
-    assert _task(a, task_id)["revision"] == after["revision"]
+    refusal("invalid-state", lambda: a.call("run.start", **{**start, "expected_revision": after["revision"]}))
+    assert task_of(a, task_id)["revision"] == after["revision"]
 
 
 def test_v04_a_lease_that_expires_before_submit_leaves_no_submission(bridge: Bridge) -> None:
     owner, a = bridge.client("owner"), bridge.client("A")
-    task_id = _published(owner, ("A", ["claim", "read"]))
-    _, run_id, revision = _claim_and_start(a, task_id, lease_ms=1000)
+    task_id = published(owner, ("A", ["claim", "read"]))
+    _, run_id, revision = claim_and_start(a, task_id, lease_ms=1000)
     time.sleep(1.1)
-    _refused("stale", lambda: a.call("run.submit", task_id=task_id, expected_revision=revision, run_id=run_id,
+    refusal("stale", lambda: a.call("run.submit", task_id=task_id, expected_revision=revision, run_id=run_id,
                                      result={"summary": "late"}))
     shown = a.call("task.get", task_id=task_id)
     assert shown["submissions"] == [] and shown["task"]["status"] == "open"
@@ -217,7 +183,7 @@ def test_v05_v06_an_idempotency_key_returns_its_receipt_and_refuses_other_params
     again = owner.call("task.create", title="once", idempotency_key="key-create-0001")
     assert again == first, "a retry gets the committed receipt as it was"
     assert len(owner.call("snapshot.get")["tasks"]) == 1, "and no second task"
-    _refused("idempotency-conflict",
+    refusal("idempotency-conflict",
              lambda: owner.call("task.create", title="other", idempotency_key="key-create-0001"))
     # Keys are per principal: another caller's same key is its own.
     bridge.client("A").call("task.create", title="mine", idempotency_key="key-create-0001")
@@ -225,15 +191,15 @@ def test_v05_v06_an_idempotency_key_returns_its_receipt_and_refuses_other_params
 
 def test_v07_a_grant_revoked_mid_run_ends_the_assignment_and_refuses_the_submit(bridge: Bridge) -> None:
     owner, a = bridge.client("owner"), bridge.client("A")
-    task_id = _published(owner, ("A", ["claim", "read"]))
-    _, run_id, revision = _claim_and_start(a, task_id)
+    task_id = published(owner, ("A", ["claim", "read"]))
+    _, run_id, revision = claim_and_start(a, task_id)
     grant_id = owner.call("grant.list", task_id=task_id)["grants"][0]["grant_id"]
     revoked = owner.call("grant.revoke", task_id=task_id, expected_revision=revision, grant_id=grant_id,
                          reason="changed my mind")
     assert revoked["auth_epoch"] >= 1
-    task = _task(owner, task_id)
+    task = task_of(owner, task_id)
     assert task["status"] == "open"
-    refused = _refused("invalid-state", lambda: a.call("run.submit", task_id=task_id,
+    refused = refusal("invalid-state", lambda: a.call("run.submit", task_id=task_id,
                                                        expected_revision=task["revision"], run_id=run_id,
                                                        result={"summary": "too late"}))
     assert refused.data["status"] == "revoked"
@@ -242,38 +208,38 @@ def test_v07_a_grant_revoked_mid_run_ends_the_assignment_and_refuses_the_submit(
 
 def test_v08_a_disabled_binding_stays_dead_and_re_enabling_makes_a_new_one(bridge: Bridge) -> None:
     owner, a = bridge.client("owner"), bridge.client("A")
-    task_id = _published(owner, ("A", ["claim", "read"]))
-    assignment_id, run_id, _ = _claim_and_start(a, task_id)
+    task_id = published(owner, ("A", ["claim", "read"]))
+    assignment_id, run_id, _ = claim_and_start(a, task_id)
     old = a.call("assignment.get", assignment_id=assignment_id)["assignment"]["binding_id"]
     disabled = a.call("binding.disable", binding_id=old, reason="rotating")
     assert disabled["ended_assignments"] == [assignment_id]
     fresh = a.call("binding.enable")["binding"]["binding_id"]
     assert fresh != old
     assert a.call("assignment.get", assignment_id=assignment_id)["assignment"]["status"] == "revoked"
-    revision = _task(a, task_id)["revision"]
-    _refused("forbidden", lambda: a.call("assignment.claim", task_id=task_id, expected_revision=revision,
+    revision = task_of(a, task_id)["revision"]
+    refusal("forbidden", lambda: a.call("assignment.claim", task_id=task_id, expected_revision=revision,
                                          binding_id=old))
-    _refused("invalid-state", lambda: a.call("run.submit", task_id=task_id, expected_revision=revision,
+    refusal("invalid-state", lambda: a.call("run.submit", task_id=task_id, expected_revision=revision,
                                              run_id=run_id, result={"summary": "x"}))
     a.call("assignment.claim", task_id=task_id, expected_revision=revision, binding_id=fresh)
 
 
 def test_v09_a_submission_is_decided_once_and_a_rejection_opens_a_redo(bridge: Bridge) -> None:
     owner, a, decider = bridge.client("owner"), bridge.client("A"), bridge.client("D")
-    task_id = _published(owner, ("A", ["claim", "read"]))
-    _, run_id, revision = _claim_and_start(a, task_id)
+    task_id = published(owner, ("A", ["claim", "read"]))
+    _, run_id, revision = claim_and_start(a, task_id)
     submitted = a.call("run.submit", task_id=task_id, expected_revision=revision, run_id=run_id,
                        result={"summary": "first try"})
     sub_id = submitted["submission"]["submission_id"]
-    _refused("forbidden", lambda: a.call("decision.make", task_id=task_id, expected_revision=submitted["revision"],
+    refusal("forbidden", lambda: a.call("decision.make", task_id=task_id, expected_revision=submitted["revision"],
                                          submission_id=sub_id, verdict="accept", reason="self-approval"))
     rejected = decider.call("decision.make", task_id=task_id, expected_revision=submitted["revision"],
                             submission_id=sub_id, verdict="reject", reason="missing tests")
-    _refused("invalid-state", lambda: decider.call("decision.make", task_id=task_id,
+    refusal("invalid-state", lambda: decider.call("decision.make", task_id=task_id,
                                                    expected_revision=rejected["revision"], submission_id=sub_id,
                                                    verdict="accept", reason="changed"))
     # The redo: a new assignment, run and submission.
-    _, second_run, revision = _claim_and_start(a, task_id)
+    _, second_run, revision = claim_and_start(a, task_id)
     assert second_run != run_id
     a.call("run.submit", task_id=task_id, expected_revision=revision, run_id=second_run,
            result={"summary": "second try"})
@@ -282,49 +248,49 @@ def test_v09_a_submission_is_decided_once_and_a_rejection_opens_a_redo(bridge: B
 
 def test_v10_create_child_needs_the_owner_or_the_live_assignee(bridge: Bridge) -> None:
     owner, a, x = bridge.client("owner"), bridge.client("A"), bridge.client("X")
-    task_id = _published(owner, ("A", ["claim", "read"]), ("X", ["read"]))
-    revision = _task(owner, task_id)["revision"]
+    task_id = published(owner, ("A", ["claim", "read"]), ("X", ["read"]))
+    revision = task_of(owner, task_id)["revision"]
     for outsider in (x, a):  # A holds a claim grant but no live assignment yet
-        _refused("forbidden", lambda who=outsider: who.call("task.createChild", parent_id=task_id,
+        refusal("forbidden", lambda who=outsider: who.call("task.createChild", parent_id=task_id,
                                                             expected_revision=revision, title="not mine"))
     assert owner.call("task.get", task_id=task_id)["children"] == []
-    _, _, revision = _claim_and_start(a, task_id)
+    _, _, revision = claim_and_start(a, task_id)
     a.call("task.createChild", parent_id=task_id, expected_revision=revision, title="mine now")
     assert len(owner.call("task.get", task_id=task_id)["children"]) == 1
 
 
 def test_v11_parent_grants_give_nothing_on_a_child_and_a_child_timeout_spares_the_parent(bridge: Bridge) -> None:
     owner, a, b = bridge.client("owner"), bridge.client("A"), bridge.client("B")
-    parent = _published(owner, ("A", ["claim", "read"]), ("B", ["claim", "read"]))
-    _, parent_run, revision = _claim_and_start(a, parent)
+    parent = published(owner, ("A", ["claim", "read"]), ("B", ["claim", "read"]))
+    _, parent_run, revision = claim_and_start(a, parent)
     child = a.call("task.createChild", parent_id=parent, expected_revision=revision, title="C", publish=True,
                    grants=[{"principal": "B", "permissions": ["claim", "read"]}])["task"]["task_id"]
     # A's claim grant on P does not make C claimable by A.
     assert child not in [t["task_id"] for t in a.call("task.discover")["tasks"]]
-    _refused("forbidden", lambda: _task(bridge.client("X"), child))
-    _, child_run, child_revision = _claim_and_start(b, child, lease_ms=1000)
+    refusal("forbidden", lambda: task_of(bridge.client("X"), child))
+    _, child_run, child_revision = claim_and_start(b, child, lease_ms=1000)
     time.sleep(1.1)
-    _refused("stale", lambda: b.call("run.report", task_id=child, expected_revision=child_revision,
+    refusal("stale", lambda: b.call("run.report", task_id=child, expected_revision=child_revision,
                                      run_id=child_run, body={"late": True}))
     # Only C's assignment ended; P's run goes on.
-    assert _task(owner, child)["status"] == "open"
-    parent_task = _task(owner, parent)
+    assert task_of(owner, child)["status"] == "open"
+    parent_task = task_of(owner, parent)
     assert parent_task["status"] == "running" and parent_task["revision"] == revision
     a.call("run.report", task_id=parent, expected_revision=revision, run_id=parent_run, body={"child": "timed out"})
 
 
 def test_v12_a_re_claim_by_the_other_agent_after_release(bridge: Bridge) -> None:
     owner, a, b = bridge.client("owner"), bridge.client("A"), bridge.client("B")
-    q = _published(owner, ("A", ["claim", "read"]), ("B", ["claim", "read"]))
-    assignment_id, _, revision = _claim_and_start(a, q)
+    q = published(owner, ("A", ["claim", "read"]), ("B", ["claim", "read"]))
+    assignment_id, _, revision = claim_and_start(a, q)
     released = a.call("assignment.release", task_id=q, expected_revision=revision, assignment_id=assignment_id,
                       reason="handing over")
     assert [t["task_id"] for t in b.call("task.discover")["tasks"]] == [q]
-    _claim_and_start(b, q)
-    assert _task(owner, q)["revision"] > released["revision"]
+    claim_and_start(b, q)
+    assert task_of(owner, q)["revision"] > released["revision"]
     # The re-claim does not widen a child's candidates: B, now Q's holder, creates C
     # for X alone; neither A (allowed on Q) nor B itself may claim C.
-    revision = _task(owner, q)["revision"]
+    revision = task_of(owner, q)["revision"]
     child = b.call("task.createChild", parent_id=q, expected_revision=revision, title="C", publish=True,
                    grants=[{"principal": "X", "permissions": ["claim"]}])["task"]["task_id"]
     assert child not in [t["task_id"] for t in a.call("task.discover")["tasks"]]
@@ -345,8 +311,8 @@ def test_v13_leases_are_capped_by_the_grant_and_the_binding(bridge: Bridge) -> N
 
 def test_v14_history_needs_current_read_permission(bridge: Bridge) -> None:
     owner, a, reader = bridge.client("owner"), bridge.client("A"), bridge.client("R")
-    task_id = _published(owner, ("A", ["claim", "read"]), ("R", ["read"]))
-    _, run_id, revision = _claim_and_start(a, task_id)
+    task_id = published(owner, ("A", ["claim", "read"]), ("R", ["read"]))
+    _, run_id, revision = claim_and_start(a, task_id)
     submitted = a.call("run.submit", task_id=task_id, expected_revision=revision, run_id=run_id,
                        result={"summary": "secret result"})
     sub_id = submitted["submission"]["submission_id"]
@@ -354,7 +320,7 @@ def test_v14_history_needs_current_read_permission(bridge: Bridge) -> None:
     grant = next(g for g in owner.call("grant.list", task_id=task_id)["grants"] if g["principal"] == "R")
     owner.call("grant.revoke", task_id=task_id, expected_revision=submitted["revision"], grant_id=grant["grant_id"],
                reason="no longer a reader")
-    _refused("forbidden", lambda: reader.call("submission.get", submission_id=sub_id))
+    refusal("forbidden", lambda: reader.call("submission.get", submission_id=sub_id))
     assert reader.call("events.read", cursor=0)["events"] == [], "past events are not a right to read"
 
 
@@ -441,13 +407,13 @@ def test_v16_sigkill_around_the_commit_then_a_retry_applies_the_command_once(sho
 
 def test_v17_snapshot_under_concurrent_writes_is_consistent_with_its_watermark(bridge: Bridge) -> None:
     owner, reader = bridge.client("owner"), bridge.client("R")
-    task_ids = [_published(owner, ("R", ["read"])) for _ in range(3)]
+    task_ids = [published(owner, ("R", ["read"])) for _ in range(3)]
     stop = threading.Event()
 
     def write() -> None:
         while not stop.is_set():
             for task_id in task_ids:
-                task = _task(owner, task_id)
+                task = task_of(owner, task_id)
                 owner.call("grant.create", task_id=task_id, expected_revision=task["revision"], principal="X",
                            permissions=["read"])
 
@@ -509,8 +475,8 @@ def test_python_and_node_compute_the_same_request_digests() -> None:
 
 def test_v19_renew_moves_the_deadline_and_adds_one_revision(bridge: Bridge) -> None:
     owner, a = bridge.client("owner"), bridge.client("A")
-    task_id = _published(owner, ("A", ["claim", "read"]))
-    assignment_id, _, revision = _claim_and_start(a, task_id, lease_ms=5000)
+    task_id = published(owner, ("A", ["claim", "read"]))
+    assignment_id, _, revision = claim_and_start(a, task_id, lease_ms=5000)
     before = a.call("assignment.get", assignment_id=assignment_id)["assignment"]["lease_deadline"]
     renewed = a.call("assignment.renew", task_id=task_id, expected_revision=revision, assignment_id=assignment_id,
                      lease_ms=60_000)
@@ -519,20 +485,20 @@ def test_v19_renew_moves_the_deadline_and_adds_one_revision(bridge: Bridge) -> N
 
 def test_v20_only_the_holder_may_release_report_or_submit(bridge: Bridge) -> None:
     owner, a, b = bridge.client("owner"), bridge.client("A"), bridge.client("B")
-    task_id = _published(owner, ("A", ["claim", "read"]), ("B", ["claim", "read"]))
-    assignment_id, run_id, revision = _claim_and_start(a, task_id)
-    _refused("forbidden", lambda: b.call("assignment.release", task_id=task_id, expected_revision=revision,
+    task_id = published(owner, ("A", ["claim", "read"]), ("B", ["claim", "read"]))
+    assignment_id, run_id, revision = claim_and_start(a, task_id)
+    refusal("forbidden", lambda: b.call("assignment.release", task_id=task_id, expected_revision=revision,
                                          assignment_id=assignment_id, reason="not mine"))
-    _refused("forbidden", lambda: b.call("run.submit", task_id=task_id, expected_revision=revision, run_id=run_id,
+    refusal("forbidden", lambda: b.call("run.submit", task_id=task_id, expected_revision=revision, run_id=run_id,
                                          result={"summary": "stolen"}))
-    assert _task(owner, task_id)["revision"] == revision
+    assert task_of(owner, task_id)["revision"] == revision
 
 
 def test_v21_an_assignment_has_exactly_one_run(bridge: Bridge) -> None:
     owner, a = bridge.client("owner"), bridge.client("A")
-    task_id = _published(owner, ("A", ["claim", "read"]))
-    assignment_id, _, revision = _claim_and_start(a, task_id)
-    _refused("invalid-state", lambda: a.call("run.start", task_id=task_id, expected_revision=revision,
+    task_id = published(owner, ("A", ["claim", "read"]))
+    assignment_id, _, revision = claim_and_start(a, task_id)
+    refusal("invalid-state", lambda: a.call("run.start", task_id=task_id, expected_revision=revision,
                                              assignment_id=assignment_id))
 
 
@@ -541,33 +507,33 @@ def test_v22_a_claim_needs_a_claim_grant_and_an_open_task(bridge: Bridge) -> Non
     draft = owner.call("task.create", title="not yet")["task"]["task_id"]
     owner.call("grant.create", task_id=draft, expected_revision=1, principal="A", permissions=["claim"])
     binding = a.call("binding.enable")["binding"]["binding_id"]
-    _refused("invalid-state", lambda: a.call("assignment.claim", task_id=draft, expected_revision=2,
+    refusal("invalid-state", lambda: a.call("assignment.claim", task_id=draft, expected_revision=2,
                                              binding_id=binding))
-    task_id = _published(owner, ("X", ["read"]))
+    task_id = published(owner, ("X", ["read"]))
     x_binding = x.call("binding.enable")["binding"]["binding_id"]
-    _refused("forbidden", lambda: x.call("assignment.claim", task_id=task_id,
-                                         expected_revision=_task(x, task_id)["revision"], binding_id=x_binding))
-    _refused("forbidden", lambda: a.call("assignment.claim", task_id=task_id,
-                                         expected_revision=_task(owner, task_id)["revision"], binding_id=x_binding))
+    refusal("forbidden", lambda: x.call("assignment.claim", task_id=task_id,
+                                         expected_revision=task_of(x, task_id)["revision"], binding_id=x_binding))
+    refusal("forbidden", lambda: a.call("assignment.claim", task_id=task_id,
+                                         expected_revision=task_of(owner, task_id)["revision"], binding_id=x_binding))
 
 
 def test_v23_nothing_reports_into_a_submitted_run(bridge: Bridge) -> None:
     owner, a = bridge.client("owner"), bridge.client("A")
-    task_id = _published(owner, ("A", ["claim", "read"]))
-    _, run_id, revision = _claim_and_start(a, task_id)
+    task_id = published(owner, ("A", ["claim", "read"]))
+    _, run_id, revision = claim_and_start(a, task_id)
     submitted = a.call("run.submit", task_id=task_id, expected_revision=revision, run_id=run_id,
                        result={"summary": "done"})
-    _refused("invalid-state", lambda: a.call("run.report", task_id=task_id, expected_revision=submitted["revision"],
+    refusal("invalid-state", lambda: a.call("run.report", task_id=task_id, expected_revision=submitted["revision"],
                                              run_id=run_id, body={"after": "submit"}))
 
 
 def test_v24_only_the_owner_or_issuer_cancels_and_a_cancel_ends_the_assignment(bridge: Bridge) -> None:
     owner, a = bridge.client("owner"), bridge.client("A")
-    task_id = _published(owner, ("A", ["claim", "read"]))
-    assignment_id, run_id, revision = _claim_and_start(a, task_id)
-    _refused("forbidden", lambda: a.call("task.cancel", task_id=task_id, expected_revision=revision, reason="no"))
+    task_id = published(owner, ("A", ["claim", "read"]))
+    assignment_id, run_id, revision = claim_and_start(a, task_id)
+    refusal("forbidden", lambda: a.call("task.cancel", task_id=task_id, expected_revision=revision, reason="no"))
     owner.call("task.cancel", task_id=task_id, expected_revision=revision, reason="not needed any more")
-    assert _task(owner, task_id)["status"] == "cancelled"
+    assert task_of(owner, task_id)["status"] == "cancelled"
     assert a.call("assignment.get", assignment_id=assignment_id)["assignment"]["status"] == "cancelled"
     assert a.call("run.get", run_id=run_id)["run"]["status"] == "ended"
 
@@ -576,13 +542,13 @@ def test_v25_a_publish_happens_once(bridge: Bridge) -> None:
     owner = bridge.client("owner")
     task_id = owner.call("task.create", title="draft")["task"]["task_id"]
     owner.call("task.publish", task_id=task_id, expected_revision=1)
-    _refused("invalid-state", lambda: owner.call("task.publish", task_id=task_id, expected_revision=2))
+    refusal("invalid-state", lambda: owner.call("task.publish", task_id=task_id, expected_revision=2))
 
 
 def test_v26_the_audit_log_keeps_the_action_request_id_and_reason(bridge: Bridge) -> None:
     owner = bridge.client("owner")
     task_id = owner.call("task.create", title="audited", publish=True)["task"]["task_id"]
-    _refused("revision-conflict", lambda: owner.call("task.cancel", task_id=task_id, expected_revision=7,
+    refusal("revision-conflict", lambda: owner.call("task.cancel", task_id=task_id, expected_revision=7,
                                                      reason="wrong view"))
     owner.call("task.cancel", task_id=task_id, expected_revision=1, reason="done with it")
     rows = owner.call("audit.read")["audit"]
@@ -614,182 +580,3 @@ def test_docs_list_every_method_and_every_v_vector() -> None:
     listed = {f"v{int(n):02d}" for n in range(1, 28)}
     assert {f"| {v.upper()} |" for v in listed} <= {line[:7] for line in doc.splitlines()}
     assert len(names) >= 25
-
-
-# -- issue 32: seed 002 conformance, and the scan as the database grows -------------------
-
-
-def _raw(bridge: Bridge, body: bytes, authorization: str) -> tuple[int, bytes]:
-    port = int(bridge.url.rsplit(":", 1)[1])
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
-    try:
-        conn.request("POST", "/rpc", body=body, headers={"Authorization": authorization,
-                                                          "Content-Type": "application/json"})
-        reply = conn.getresponse()
-        return reply.status, reply.read()
-    finally:
-        conn.close()
-
-
-def test_a_revoke_that_ends_a_live_assignment_adds_exactly_one_revision(bridge: Bridge) -> None:
-    owner, a = bridge.client("owner"), bridge.client("A")
-    task_id = _published(owner, ("A", ["claim", "read"]))
-    assignment_id, _, revision = _claim_and_start(a, task_id)
-    cursor = owner.call("events.open")["watermark"]
-    grant_id = owner.call("grant.list", task_id=task_id)["grants"][0]["grant_id"]
-    revoked = owner.call("grant.revoke", task_id=task_id, expected_revision=revision, grant_id=grant_id,
-                         reason="changed my mind")
-    assert revoked["revision"] == revision + 1, "one transaction, one revision"
-    task = _task(owner, task_id)
-    assert task["revision"] == revision + 1 and task["status"] == "open"
-    events = owner.call("events.read", cursor=cursor)["events"]
-    assert [(e["kind"], e["revision"]) for e in events] == [("grant.revoked", revision + 1)]
-    assert events[0]["data"]["assignment_id"] == assignment_id and events[0]["data"]["grant_id"] == grant_id
-    assert owner.call("assignment.get", assignment_id=assignment_id)["assignment"]["status"] == "revoked"
-    # The next command sees that one revision, and a revoke with nothing to end adds one too.
-    second = owner.call("grant.create", task_id=task_id, expected_revision=revision + 1, principal="B",
-                        permissions=["read"])
-    again = owner.call("grant.revoke", task_id=task_id, expected_revision=second["revision"],
-                       grant_id=second["grant"]["grant_id"], reason="not needed")
-    assert again["revision"] == second["revision"] + 1 == _task(owner, task_id)["revision"]
-
-
-def test_registration_files_are_refused_naming_the_file_and_the_entry(short_tmp: Path) -> None:
-    import hashlib
-
-    good = {"token": "good-token-0123456789"}
-    cases = {
-        "invalid name": ({"principals": {"ok": good, "bad name!": {"token": "other-token-0123456789"}}},
-                         '"bad name!"', "not a principal name"),
-        "both, disagreeing": ({"principals": {"alice": {"token": "alice-token-0123456789",
-                                                        "token_sha256": hashlib.sha256(b"x").hexdigest()}}},
-                              '"alice"', "disagree"),
-        "unknown entry field": ({"principals": {"alice": {"token": "alice-token-0123456789", "admin": True}}},
-                                '"alice"', "unknown field(s) ['admin']"),
-        "unknown top field": ({"principals": {"alice": good}, "principal": {}}, "", "unknown field(s) ['principal']"),
-        "bad digest": ({"principals": {"alice": {"token_sha256": "abc"}}}, '"alice"', "64 hex digits"),
-    }
-    for label, (data, entry, reason) in cases.items():
-        path = short_tmp / f"{label.replace(' ', '-').replace(',', '')}.json"
-        path.write_text(json.dumps(data))
-        path.chmod(0o600)
-        result = subprocess.run([*CORRAL, "bridge", "serve", "--db", str(short_tmp / "x.db"), "--listen",
-                                 "127.0.0.1:0", "--principals", str(path)], capture_output=True, text=True, timeout=60)
-        assert result.returncode == 2 and "bad --principals" in result.stderr, (label, result.stderr)
-        assert str(path) in result.stderr and entry in result.stderr and reason in result.stderr, (label, result.stderr)
-        assert "token-0123456789" not in result.stderr, "a token never reaches an error message"
-    assert not (short_tmp / "x.db").exists(), "nothing served, nothing created"
-    # Both fields that agree are one principal, as either alone would be.
-    path = short_tmp / "agree.json"
-    path.write_text(json.dumps({"principals": {"alice": {"token": "alice-token-0123456789", "token_sha256":
-                                                         hashlib.sha256(b"alice-token-0123456789").hexdigest()}}}))
-    path.chmod(0o600)
-    from corral.bridge.server import load_principals
-
-    assert list(load_principals(path).values()) == ["alice"]
-
-
-def test_a_registration_file_others_can_read_is_refused_like_a_key_file(short_tmp: Path) -> None:
-    """Issue 48, D.13: the file holds every principal's token, so it must be 0600 or
-    stricter, as an ``api_key_file`` must: any group or other bit is refused (exit 2)
-    before anything is served or created, naming the file, its mode and the fix."""
-    path = short_tmp / "principals.json"
-    path.write_text(json.dumps({"principals": {"alice": {"token": "alice-token-0123456789"}}}))
-    for mode in (0o644, 0o640, 0o604, 0o660):
-        path.chmod(mode)
-        result = subprocess.run([*CORRAL, "bridge", "serve", "--db", str(short_tmp / "x.db"), "--listen",
-                                 "127.0.0.1:0", "--principals", str(path)], capture_output=True, text=True, timeout=60)
-        assert result.returncode == 2 and "bad --principals" in result.stderr, (oct(mode), result.stderr)
-        assert str(path) in result.stderr and f"mode {mode:04o}" in result.stderr, (oct(mode), result.stderr)
-        assert f"chmod 600 {path}" in result.stderr and "Traceback" not in result.stderr, result.stderr
-        assert "alice-token" not in result.stderr
-    assert not (short_tmp / "x.db").exists(), "nothing served, nothing created"
-    # 0600 and 0400 are the owner's alone: accepted.
-    from corral.bridge.server import load_principals
-
-    for mode in (0o600, 0o400):
-        path.chmod(mode)
-        assert list(load_principals(path).values()) == ["alice"]
-
-
-def test_notifications_get_no_reply_and_a_batch_of_them_no_body(bridge: Bridge) -> None:
-    owner = bridge.client("owner")
-    bearer = f"Bearer {bridge.tokens['owner']}"
-    note = {"jsonrpc": "2.0", "method": "task.create", "params": {"title": "by notification",
-                                                                  "idempotency_key": "note-key-0001"}}
-    status, body = _raw(bridge, json.dumps(note).encode(), bearer)
-    assert (status, body) == (204, b""), "no reply to a notification"
-    titles = [t["task"]["title"] for t in owner.call("snapshot.get")["tasks"]]
-    assert titles == ["by notification"], "a notification is still executed"
-    notes = [{"jsonrpc": "2.0", "method": "principal.whoami"}, {"jsonrpc": "2.0", "method": "no.such.method"}]
-    assert _raw(bridge, json.dumps(notes).encode(), bearer) == (204, b""), "a batch of notifications: no body"
-    mixed = [*notes, {"jsonrpc": "2.0", "id": "w", "method": "principal.whoami"}, {"jsonrpc": "2.0"}]
-    status, body = _raw(bridge, json.dumps(mixed).encode(), bearer)
-    replies = json.loads(body)
-    assert status == 200 and [r["id"] for r in replies] == ["w", None], "only the requests are answered"
-    assert replies[0]["result"]["principal"] == "owner" and replies[1]["error"]["code"] == -32600
-
-
-def test_the_bearer_scheme_is_case_insensitive(bridge: Bridge) -> None:
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "principal.whoami"}).encode()
-    token = bridge.tokens["A"]
-    for scheme in ("bearer", "BEARER", "Bearer", "bEaReR"):
-        status, reply = _raw(bridge, body, f"{scheme} {token}")
-        assert status == 200 and json.loads(reply)["result"]["principal"] == "A", (scheme, reply)
-    for header in (f"Basic {token}", f"Bearer{token}", "Bearer ", token):
-        assert _raw(bridge, body, header)[0] == 401, header
-
-
-def _plan(db: Path, sql: str, *args: Any) -> list[str]:
-    import sqlite3
-
-    with sqlite3.connect(db) as conn:
-        return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
-
-
-def test_task_discover_walks_the_live_tasks_by_an_index_added_by_a_migration(short_tmp: Path) -> None:
-    """At 10,000 tasks discover scanned every grant the caller ever had (19 ms a
-    call, growing): the index comes with schema migration 2, also to a database
-    written before it, and the query plan uses it."""
-    import sqlite3
-
-    from corral.bridge.commands import DISCOVER_SQL
-    from corral.bridge.store import MIGRATIONS, SCHEMA
-
-    daemon = Bridge(short_tmp)
-    with sqlite3.connect(daemon.db) as old:  # a database of the first schema, as the bridge wrote it before
-        old.executescript(SCHEMA)
-    assert "tasks_by_status" not in str(_plan(daemon.db, DISCOVER_SQL, "A", 100))
-    daemon.start()
-    try:
-        owner, a = daemon.client("owner"), daemon.client("A")
-        task_id = _published(owner, ("A", ["claim"]))
-        assert [t["task_id"] for t in a.call("task.discover")["tasks"]] == [task_id]
-    finally:
-        daemon.stop()
-    with sqlite3.connect(daemon.db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
-    plan = _plan(daemon.db, DISCOVER_SQL, "A", 100)
-    assert any("USING INDEX tasks_by_status" in step for step in plan), plan
-    assert not any(step.startswith("SCAN") for step in plan), plan
-    # The other lookups by a column use theirs too.
-    for sql in ("SELECT * FROM assignments WHERE grant_id = ? AND status = 'active'",
-                "SELECT * FROM assignments WHERE binding_id = ? AND status = 'active'",
-                "SELECT * FROM runs WHERE task_id = ? ORDER BY created_at",
-                "SELECT * FROM submissions WHERE task_id = ? ORDER BY at",
-                "SELECT child_id FROM relations WHERE parent_id = ? ORDER BY created_at",
-                "SELECT * FROM bindings WHERE principal = ? ORDER BY created_at"):
-        assert not any(step.startswith("SCAN") for step in _plan(daemon.db, sql, "x")), sql
-
-
-def test_a_database_from_a_newer_bridge_is_refused(short_tmp: Path) -> None:
-    import sqlite3
-
-    from corral.bridge.store import MIGRATIONS
-
-    daemon = Bridge(short_tmp)
-    with sqlite3.connect(daemon.db) as conn:
-        conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
-    result = subprocess.run([*CORRAL, "bridge", "serve", "--db", str(daemon.db), "--listen", "127.0.0.1:0",
-                             "--principals", str(daemon.registration)], capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0 and "newer corral" in result.stderr and "Traceback" not in result.stderr
