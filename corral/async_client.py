@@ -24,11 +24,12 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from corral.client_requests import connect, decision_fingerprint, key_run_id, new_run_id
+from corral.client_line import ControlLine
+from corral.client_requests import decision_fingerprint, key_run_id, new_run_id
 from corral.client_types import ApprovalView, Event, Pending, RunResult, ViewChanged, joined_pages
 from corral.core.errors import LedgerLost, RunTimeout
 from corral.core.procs import wait_exit
-from corral.mailbox.control import ControlClient, ControlError, SupervisorGone
+from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
 from corral.supervisor.home import home_dir as homes
 
@@ -36,7 +37,6 @@ if TYPE_CHECKING:  # the ledger and the run layer load only when a home is read 
     from collections.abc import Sequence
 
     from corral.client_spec import SpecSource, ToolSource
-    from corral.ledger_transport import LedgerTransport
     from corral.offline_read import LedgerReader
 
 T = TypeVar("T")
@@ -73,15 +73,11 @@ class AsyncClient:
     def _setup(self, home: Path, timeout: float) -> None:
         self.home: Path = home
         self.timeout = timeout
-        self._control: ControlClient | None = None
-        #: Connections replaced (found stale) while other calls were still running on them.
-        self._retiring: list[ControlClient] = []
+        self._line = ControlLine(home, timeout)
         self._process: subprocess.Popen[bytes] | None = None
         #: Where the reads go while no supervisor holds the home (``reading``); None: nowhere.
         self._ledger: LedgerReader | None = None
         self._read_ledger = False
-        #: The cluster's database, when this client talks to no node (``cluster``).
-        self._door: LedgerTransport | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -124,13 +120,13 @@ class AsyncClient:
 
         client = cls.__new__(cls)
         client._setup(homes.resolve_home(None), timeout)
-        client._door = LedgerTransport(url, timeout)
+        client._line.door = LedgerTransport(url, timeout)
         return client
 
     @property
     def ledger_url(self) -> str | None:
         """The cluster's database this client talks to (no password); None: a node's home."""
-        return None if self._door is None else self._door.where
+        return None if self._line.door is None else self._line.door.where
 
     @property
     def read_ledger(self) -> bool:
@@ -218,7 +214,7 @@ class AsyncClient:
     async def down(self, timeout: float = 30.0) -> bool:
         """Stop the supervisor gracefully; True once it has exited (False: still up
         after ``timeout``). Stopping one that is not running is not an error."""
-        if self._door is not None:
+        if self._line.door is not None:
             raise ControlError("needs-a-node", "down stops a node: run it on the node's host")
         try:
             endpoint = homes.read_endpoint(self.home)
@@ -239,13 +235,7 @@ class AsyncClient:
         """Drop the connection now (``aclose`` is the same, awaited). Calls in flight
         on this client fail at once with ``ClientClosed``; the supervisor keeps
         running (``down`` stops it), and a later call connects again."""
-        for control in (self._control, *self._retiring):
-            if control is not None:
-                control.close()
-        self._control = None
-        self._retiring = []
-        if self._door is not None:
-            self._door.close()
+        self._line.close()
 
     async def aclose(self) -> None:
         """``close``, awaited as asyncio and trio code closes things: ``await client.aclose()``."""
@@ -264,43 +254,7 @@ class AsyncClient:
         """One control call (the escape hatch for methods without a helper). Calls of
         several tasks run at once, each on its own nng context of the one connection.
         A client of a cluster's database (``cluster``) asks its front door instead."""
-        if self._door is not None:
-            return await self._door.acall(method, timeout, **params)
-        for attempt in range(2):
-            control = self._connection()
-            try:
-                return await control.acall(method, timeout, **params)
-            except (SupervisorGone, DeadlineExceeded):
-                # A new connection next time, from the endpoint as it is then (a
-                # restarted supervisor has a new address and token).
-                self._retire(control)
-                raise
-            except ControlError as exc:
-                if exc.code != "bad-token":
-                    raise
-                # A restarted supervisor listens on the same path before it writes
-                # its endpoint file: a connection made in between holds the old
-                # token. The request was refused before anything ran, so it is
-                # sent once more on a connection made from the endpoint as it is now.
-                self._retire(control)
-                if attempt == 1:
-                    raise
-        raise AssertionError("unreachable: the second attempt returns or raises")
-
-    def _connection(self) -> ControlClient:
-        """The connection calls share; made on first use. No await between the look
-        and the set, so tasks that start calls together share one connection."""
-        if self._control is None:
-            self._control = connect(self.home, self.timeout)  # re-reads the endpoint: a restart is found
-        return self._control
-
-    def _retire(self, control: ControlClient) -> None:
-        """Stop handing ``control`` out; it closes once the calls other tasks still
-        have on it end (closing it now would fail them with ``ClientClosed``)."""
-        if self._control is control:
-            self._control = None
-        control.retire()
-        self._retiring = [old for old in (*self._retiring, control) if not old.closed]
+        return await self._line.call(method, timeout, params)
 
     # -- supervisor ---------------------------------------------------------------------
 
