@@ -36,6 +36,7 @@ from corral.actors.providers.base import (
     RepairCategory,
     ToolSchema,
     history_digest,
+    searches_this_turn,
 )
 from corral.actors.providers.registry import make_provider
 from corral.actors.runtime import ActorContext, is_shutdown
@@ -331,8 +332,8 @@ class Lane:
             instructions=self.instructions.prompt if self.instructions else "",
             output_schema=self.output.schema if self.output else None,
             images=await self.images_for(provider, history),
-            # Planning turns only: a summary (step_compact) never searches.
-            web_search=getattr(provider, "web_search", False) is True,
+            # Planning turns only: a summary (step_compact) and a format repair never search.
+            web_search=searches_this_turn(getattr(provider, "web_search", False) is True, history),
         )
         # The transcript's notes of this turn (what was sent), with the handoff or the failure.
         notes = self.notes.for_turn(provider, request, observations_seen(step))

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import trio
 
-from corral.actors.providers.base import ProviderRequest
+from corral.actors.providers.base import ProviderRequest, searches_this_turn
 from corral.actors.providers.openai import OpenAIConfig, build_chat_payload
 from corral.actors.tools.base import ToolContext, ToolError
 from corral.actors.tools.image_inspect import ImageInspect, attachments, image_type, read_image
@@ -131,6 +131,15 @@ def test_a_provider_without_vision_is_refused_and_does_not_search(swarm: tuple[D
     assert [row["web_search"] for row in turns] == [0, 0]
 
 
+def test_status_shows_each_agents_resolved_web_search_and_nothing_else_of_it(
+        swarm: tuple[Daemon, FakeOpenAIServer]) -> None:
+    """Seed 004 V1.20: the status shows the resolved switch per agent, a boolean only."""
+    daemon, _ = swarm
+    agents = daemon.call("status")["runs"]["agents"]
+    assert agents["eyes"] == {"provider": "openai", "web_search": True}
+    assert agents["blind"] == {"provider": "openai", "web_search": False}
+
+
 def test_a_summary_never_searches() -> None:
     config = OpenAIConfig(base_url="http://127.0.0.1:1/v1", model="m", web_search=True)
     planning = ProviderRequest(run_id="r", agent_id="a", task="t", loop_index=0, history=(), tools=(),
@@ -138,6 +147,33 @@ def test_a_summary_never_searches() -> None:
     summary = ProviderRequest(run_id="r", agent_id="a", task="t", loop_index=0, history=(), tools=())
     assert build_chat_payload(config, planning)["web_search_options"] == {}
     assert "web_search_options" not in build_chat_payload(config, summary)
+
+
+def test_a_searching_turn_is_told_the_web_is_untrusted_and_what_never_to_search_for() -> None:
+    """Seed 004 V1.20: every prompt of a turn that may search says web pages and search
+    summaries are untrusted outside input that changes no rule, and names what is never
+    a search term; a turn that cannot search carries no such paragraph."""
+    config = OpenAIConfig(base_url="http://127.0.0.1:1/v1", model="m", web_search=True)
+    searching = ProviderRequest(run_id="r", agent_id="a", task="t", loop_index=0, history=(), tools=(),
+                                web_search=True)
+    quiet = dataclasses.replace(searching, web_search=False)
+    prompt = build_chat_payload(config, searching)["messages"][0]["content"]
+    for phrase in ("untrusted outside input", "not instructions from the user", "API key", "token", "cookie",
+                   "request header", "source code", "absolute path", "private conversation", "memory",
+                   "blackboard", "the goal", "permissions", "approvals", "sandbox", "tool protocol"):
+        assert phrase in prompt, phrase
+    assert "untrusted outside input" not in build_chat_payload(config, quiet)["messages"][0]["content"]
+
+
+def test_a_format_repair_turn_never_searches() -> None:
+    """Seed 004 V1.20: a format repair reuses the planning request but with search
+    forced off, so one loop does not search again for a protocol fix."""
+    planning = ({"action_id": "a1", "tool": "fs.read", "status": "ok", "output": {}},)
+    repair = (*planning, {"role": "repair", "category": "arguments-json", "detail": "bad JSON"})
+    assert searches_this_turn(True, planning) is True
+    assert searches_this_turn(True, ()) is True
+    assert searches_this_turn(True, repair) is False
+    assert searches_this_turn(False, planning) is False
 
 
 def _agent(**extra: Any) -> dict[str, Any]:

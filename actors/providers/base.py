@@ -9,6 +9,7 @@ it, and schedules transient retries as new lifecycles.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -87,6 +88,13 @@ class ProviderRequest:
     #: Whether this turn may use the provider's own web search: a planning turn of
     #: an agent with ``web_search`` on (never a summary); the turn records it.
     web_search: bool = False
+
+
+def searches_this_turn(enabled: bool, history: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a planning turn may use the provider's web search (seed 004 V1.20): when
+    the agent has it on, except a turn that repairs the last answer's format, which asks
+    the same again and must not search (and bill) a second time for a protocol fix."""
+    return enabled and not (history and history[-1].get("role") == "repair")
 
 
 @dataclass(frozen=True)

@@ -101,4 +101,10 @@ class RunUpkeep(RunCore):
                 "reconciliations": report.reconciliations,
                 "receipts_repaired": report.receipts_repaired,
             },
+            # Each agent's provider and resolved web search switch (seed 004 V1.20):
+            # booleans only, never a key or a provider's other settings.
+            "agents": {
+                agent.id: {"provider": agent.provider, "web_search": agent.provider_config.get("web_search") is True}
+                for agent in self.spec.agents
+            },
         }
