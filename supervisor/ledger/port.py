@@ -7,6 +7,7 @@ describe them commit together, so the event stream never disagrees with the stat
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -324,6 +325,13 @@ class Ledger:
         with self.tx() as db:
             return self._append_event(db, (time.time(), self.boot_id, kind, subject, dumps(redact(data))))
 
+    def emit(self, kind: str, subject: str, /, **data: Any) -> None:
+        """Append an event whose cursor its caller does not need (``event`` answers
+        it): a backend may keep it until the transaction commits and write all of
+        the transaction's events at once (SQLite: one INSERT), in their order and
+        with the same cursors. Outside a transaction it is its own, at once."""
+        self.event(kind, subject, **data)
+
     def events_since(self, cursor: int, limit: int = 500, max_bytes: int = 256 * 1024) -> list[dict[str, Any]]:
         """A page of events after ``cursor``: at most ``limit`` of them and about
         ``max_bytes`` of data, so a reply always fits a frame; callers page on."""
@@ -406,6 +414,8 @@ class SqliteLedger(Ledger):
         self.path = path
         #: The high-water mark this ledger keeps (a checked, writable open only).
         self._high_water: high_water.HighWater | None = None
+        #: Events emitted in the open transaction, not yet written (``emit``).
+        self._pending: list[tuple[Any, ...]] = []
         #: The newest event of the open transaction, and of the last commit.
         self._tx_cursor = 0
         self._committed_cursor = 0
@@ -508,6 +518,8 @@ class SqliteLedger(Ledger):
                     self._rollback()
                     raise
                 try:
+                    if self._pending:
+                        self._write_pending()
                     self.db.execute("COMMIT")
                 except BaseException:
                     self._rollback()
@@ -527,6 +539,7 @@ class SqliteLedger(Ledger):
                 self.db.execute("PRAGMA synchronous = FULL")
 
     def _rollback(self) -> None:
+        self._pending.clear()
         # After SQLITE_FULL, SQLite may already have rolled the transaction back.
         if self.db.in_transaction:
             self.db.execute("ROLLBACK")
@@ -554,20 +567,52 @@ class SqliteLedger(Ledger):
         return covered
 
     def one(self, sql: str, *args: Any) -> sqlite3.Row | None:
+        if self._pending:
+            self._write_pending()  # a read in the transaction sees its events
         row: sqlite3.Row | None = self.db.execute(sql, args).fetchone()
         return row
 
     def all(self, sql: str, *args: Any) -> list[sqlite3.Row]:
+        if self._pending:
+            self._write_pending()
         return list(self.db.execute(sql, args).fetchall())
 
+    def emit(self, kind: str, subject: str, /, **data: Any) -> None:
+        if not self._in_tx:
+            self.event(kind, subject, **data)
+            return
+        # Written at the commit with the transaction's other events: one statement
+        # for all of them (3.3 INSERTs per durable action before, one per commit).
+        self._pending.append((time.time(), self.boot_id, kind, subject, dumps(redact(data))))
+
     def _append_event(self, db: Any, row: tuple[Any, ...]) -> int:
+        if self._pending:
+            self._write_pending()  # emitted before it: written before it
         cursor = db.execute("INSERT INTO events (at, boot_id, kind, subject, data) VALUES (?, ?, ?, ?, ?)", row)
         self._tx_cursor = int(cursor.lastrowid or 0)
         return self._tx_cursor
 
+    def _write_pending(self) -> None:
+        """The emitted events, in their order: one INSERT of many rows (an
+        AUTOINCREMENT key numbers them as it would one by one)."""
+        rows, self._pending = self._pending, []
+        for start in range(0, len(rows), EVENTS_PER_INSERT):
+            chunk = rows[start : start + EVENTS_PER_INSERT]
+            cursor = self.db.execute(_events_insert(len(chunk)), [value for row in chunk for value in row])
+            self._tx_cursor = int(cursor.lastrowid or 0)
+
     def close(self) -> None:
         self._close_high_water()
         self.db.close()
+
+
+#: Rows per events INSERT: 5 parameters each, well under SQLite's 32,766 per statement.
+EVENTS_PER_INSERT = 500
+
+
+@functools.lru_cache(maxsize=64)
+def _events_insert(rows: int) -> str:
+    return "INSERT INTO events (at, boot_id, kind, subject, data) VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * rows)
 
 
 def judge_high_water(path: Path) -> int:

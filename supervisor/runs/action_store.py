@@ -101,7 +101,7 @@ def prepare_action(
         ).fetchall()
         created = bool(inserted)
         if created and announce:
-            ledger.event("action-prepared", the_id, run=run_id, tool=tool, policy=policy)
+            ledger.emit("action-prepared", the_id, run=run_id, tool=tool, policy=policy)
         row = inserted[0] if created else ledger.one("SELECT * FROM actions WHERE action_id = ?", the_id)
     assert row is not None
     if not created:
@@ -165,7 +165,7 @@ def move_action(
         if phase is ActionPhase.EXECUTING:
             sets.append("attempts = attempts + 1")
         db.execute(f"UPDATE actions SET {', '.join(sets)} WHERE action_id = ?", (*written.values(), the_id))
-        ledger.event(
+        ledger.emit(
             "action-" + phase.value,
             the_id,
             run=row["run_id"],
@@ -225,7 +225,7 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> Begun:
                     "UPDATE actions SET attempts = attempts + 1, updated_at = ? WHERE action_id = ?",
                     (_now(), the_id),
                 )
-                ledger.event("action-rerun", the_id, run=row["run_id"], tool=row["tool"])
+                ledger.emit("action-rerun", the_id, run=row["run_id"], tool=row["tool"])
             return {"begin": Begin.EXECUTE, "phase": "executing"}
         mark_needs_reconciliation(ledger, the_id, "the agent lost track of an executing action; outcome unknown")
         return {"begin": Begin.PARK, "phase": "needs-reconciliation"}
@@ -412,7 +412,7 @@ def write_receipt(
         ).rowcount:
             return False  # it has its receipt already
         if repair:
-            ledger.event("receipt-written", the_id, run=row["run_id"], status=phase.value)
+            ledger.emit("receipt-written", the_id, run=row["run_id"], status=phase.value)
         # Redaction once per value: the input and the result were redacted when the
         # row was written, the call and the echo by ``receipt_text``, the tool name
         # and ids are checked names; only the error may come unredacted from a caller.

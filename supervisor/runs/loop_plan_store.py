@@ -53,7 +53,7 @@ def commit_plan(
         db.execute("UPDATE provider_requests SET consumed = 1 WHERE slot = ?", (slot,))
         if withhold_response is not None:
             db.execute("UPDATE provider_requests SET response = ? WHERE slot = ?", (withhold_response, slot))
-        ledger.event(
+        ledger.emit(
             "plan-committed",
             run_id,
             loop=loop_index,
@@ -92,7 +92,7 @@ def plan_invalid(
         db.execute("UPDATE runs SET repairs = ? WHERE run_id = ?", (dumps(repairs), run_id))
         db.execute("UPDATE provider_requests SET consumed = 2 WHERE slot = ?", (slot,))
         named = {"rule": rule} if rule else {}
-        ledger.event("plan-invalid", run_id, slot=slot, category=category, detail=summarize(detail, 200), **named)
+        ledger.emit("plan-invalid", run_id, slot=slot, category=category, detail=summarize(detail, 200), **named)
         if total >= limits.max_repairs or category == CATALOG_BINDING:
             set_run_status(
                 ledger,
@@ -127,7 +127,7 @@ def final_blocked(ledger: Ledger, run_id: str, reasons: list[str], limits: RunLi
         # Seed 004's category for it (V1.33); the event and the observation name the rule.
         repairs[FINAL_BLOCKED_CATEGORY] = repairs.get(FINAL_BLOCKED_CATEGORY, 0) + 1
         db.execute("UPDATE runs SET repairs = ? WHERE run_id = ?", (dumps(repairs), run_id))
-        ledger.event("final-blocked", run_id, loop=loop, detail=detail)
+        ledger.emit("final-blocked", run_id, loop=loop, detail=detail)
         if total >= limits.max_repairs:
             set_run_status(ledger, run_id, RunStatus.FAILED, f"final reply blocked: {detail}")
             return {"status": "failed", "reasons": reasons}
@@ -148,7 +148,7 @@ def final_blocked(ledger: Ledger, run_id: str, reasons: list[str], limits: RunLi
             "UPDATE runs SET loop_index = loop_index + 1, updated_at = ? WHERE run_id = ? AND loop_index = ?",
             (_now(), run_id, loop),
         )
-        ledger.event("loop-advanced", run_id, loop=loop + 1)
+        ledger.emit("loop-advanced", run_id, loop=loop + 1)
     return {"status": "blocked", "reasons": reasons}
 
 

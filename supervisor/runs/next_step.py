@@ -199,7 +199,7 @@ def _apply(ledger: Ledger, run_id: str, features: RunFeatures, decision: Decisio
                     "UPDATE runs SET loop_index = loop_index + 1, updated_at = ? WHERE run_id = ? AND loop_index = ?",
                     (_now(), run_id, loop),
                 )
-                ledger.event("loop-advanced", run_id, loop=loop + 1)
+                ledger.emit("loop-advanced", run_id, loop=loop + 1)
             return advance(ledger, run_id, features, boundary=False)
         case _:
             assert_never(decision)

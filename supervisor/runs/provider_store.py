@@ -53,7 +53,7 @@ def begin_provider_request(ledger: Ledger, run_id: str, loop_index: int, feature
             " VALUES (?, ?, ?, ?, 'started', ?, ?)",
             (slot, run_id, loop_index, attempt, ledger.boot_id, _now()),
         )
-        ledger.event("provider-request-started", run_id, slot=slot, attempt=attempt)
+        ledger.emit("provider-request-started", run_id, slot=slot, attempt=attempt)
     return {"slot": slot, "attempt": attempt}
 
 
@@ -111,7 +111,7 @@ def provider_handoff(
             (stored, raw_sha256, _now(), notes.system_sha256, notes.catalog_sha256, notes.seen,
              notes.reasoning_effort, search, slot),
         )
-        ledger.event("provider-response-committed", run_id, slot=slot, chars=len(stored))
+        ledger.emit("provider-response-committed", run_id, slot=slot, chars=len(stored))
 
 
 def secret_refused(ledger: Ledger, run_id: str, slot: str, reason: str) -> None:
@@ -133,7 +133,7 @@ def secret_refused(ledger: Ledger, run_id: str, slot: str, reason: str) -> None:
             " error_kind = 'secret', error = ?, finished_at = COALESCE(finished_at, ?) WHERE slot = ?",
             (reason, _now(), slot),
         )
-        ledger.event("provider-request-needs-reconciliation", run_id, slot=slot, why="secret")
+        ledger.emit("provider-request-needs-reconciliation", run_id, slot=slot, why="secret")
         if RunStatus(get_run(ledger, run_id)["status"]) not in TERMINAL:
             set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION, reason)
 
@@ -162,7 +162,7 @@ def provider_failed(
             (kind, summarize(error, 300), retry_at, _now(), notes.system_sha256, notes.catalog_sha256, notes.seen,
              slot),
         )
-        ledger.event(
+        ledger.emit(
             "provider-request-failed",
             run_id,
             slot=slot,
@@ -206,7 +206,7 @@ def _mark_interrupted(ledger: Ledger, db: Any, run_id: str, slot: str, why: str)
         " retry_at = NULL, finished_at = ? WHERE slot = ?",
         (INTERRUPTED, why, _now(), slot),
     )
-    ledger.event("provider-request-interrupted", run_id, slot=slot, provider_interrupted=True)
+    ledger.emit("provider-request-interrupted", run_id, slot=slot, provider_interrupted=True)
 
 
 def control_pending(ledger: Ledger, run_id: str, features: RunFeatures) -> str | None:
@@ -237,10 +237,10 @@ def interrupt_provider_request(ledger: Ledger, slot: str, run_id: str, idempoten
         if idempotent:
             db.execute("UPDATE provider_requests SET status = 'failed', error_kind = 'interrupted',"
                        " error = 'interrupted by a crash', retry_at = NULL WHERE slot = ?", (slot,))
-            ledger.event("provider-request-interrupted", run_id, slot=slot)
+            ledger.emit("provider-request-interrupted", run_id, slot=slot)
             return True
         db.execute("UPDATE provider_requests SET status = 'needs-reconciliation' WHERE slot = ?", (slot,))
-        ledger.event("provider-request-needs-reconciliation", run_id, slot=slot)
+        ledger.emit("provider-request-needs-reconciliation", run_id, slot=slot)
         run = get_run(ledger, run_id)
         if run["status"] in (RunStatus.RUNNING, RunStatus.WAITING_FOR_PROVIDER_RETRY):
             set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION,
@@ -261,7 +261,7 @@ def retry_provider_now(ledger: Ledger, run_id: str) -> bool:
             "UPDATE provider_requests SET retry_at = ? WHERE run_id = ? AND status = 'failed' AND retry_at > ?",
             (now, run_id, now),
         )
-        ledger.event("provider-retry-woken", run_id)
+        ledger.emit("provider-retry-woken", run_id)
         set_run_status(ledger, run_id, RunStatus.RUNNING, "provider retry woken by resume")
     return True
 

@@ -119,7 +119,7 @@ def create_run(
             ),
         )
         failpoints.hit("run.creating")  # another node may be given the same id meanwhile
-        ledger.event("run-created", run_id, agent=agent_id, run_kind=kind, task=summarize(task, 120))
+        ledger.emit("run-created", run_id, agent=agent_id, run_kind=kind, task=summarize(task, 120))
     return run_id
 
 
@@ -171,7 +171,7 @@ def set_run_status(ledger: Ledger, run_id: str, status: RunStatus, reason: str |
                 run_id,
             ),
         )
-        ledger.event("run-" + status.value, run_id, reason=reason or "", previous=current.value)
+        ledger.emit("run-" + status.value, run_id, reason=reason or "", previous=current.value)
         for hook in ledger.features.on_status:
             hook(ledger, run_id, status, reason)
     return True
