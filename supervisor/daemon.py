@@ -251,7 +251,7 @@ class Supervisor:
             mcp_service.run_feature(self.mcp),
             model_service.UsageFeature(self.ledger),
             interactive_service.SteerFeature(self.interactive),
-            question_service.QuestionFeature(self.ledger),
+            question_service.QuestionFeature(self.ledger, self.features),
             intent_service.IntentFeature(self.intent),
             plan_service.PlanFeature(plan),
             goal_service.GoalFeature(goal),

@@ -19,8 +19,12 @@ import corral
 from corral.actors.providers.base import ProviderRequest
 from corral.actors.providers.local import system_prompt as local_prompt
 from corral.actors.providers.openai import system_prompt as openai_prompt
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
 from tests.harness import agent_spec, cli, ledger_rows, running, wait_run
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 
 def _sha(text: str) -> str:
@@ -183,7 +187,7 @@ def test_a_child_run_carries_its_templates_instructions_not_its_parents(open_led
     ledger.begin_boot("b", 1, 1)
     run_id = run_store.create_run(ledger, agent_id="boss", task="t", provider="scripted", provider_config={},
                                   options={"workspace": "/tmp", "instructions": {"text": "BOSS-ROLE", "file": None}})
-    row = action_store.prepare_action(ledger, run_id, 0, 0, "agent.spawn_isolated", {}, rerunnable=True,
+    row = action_store.prepare_action(ledger, run_id, 0, 0, "agent.spawn_isolated", {}, NO_FEATURES, rerunnable=True,
                                       policy="auto")
     run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING)
     action_store.move_action(ledger, row["action_id"], ActionPhase.EXECUTING)

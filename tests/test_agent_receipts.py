@@ -43,9 +43,9 @@ class _Run:
 
     def executing(self, index: int, tool_input: dict[str, Any], tool: str = "fs.list") -> str:
         row = action_store.prepare_action(
-            self.ledger, self.run_id, 0, index, tool, tool_input, rerunnable=True, policy="auto"
+            self.ledger, self.run_id, 0, index, tool, tool_input, self.ledger.features, rerunnable=True, policy="auto"
         )
-        action_store.begin_action(self.ledger, row["action_id"])
+        action_store.begin_action(self.ledger, row["action_id"], self.ledger.features)
         return str(row["action_id"])
 
     def stored(self, the_id: str) -> tuple[Any, Any, Any]:

@@ -11,8 +11,12 @@ from pathlib import Path
 from corral.supervisor.ledger.port import SqliteLedger
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.spec.swarm_spec import parse_spec
 from corral.supervisor.swarm import delegation_store
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 
 def test_a_delegated_run_carries_its_specialists_retry_limits(tmp_path: Path) -> None:
@@ -30,7 +34,8 @@ def test_a_delegated_run_carries_its_specialists_retry_limits(tmp_path: Path) ->
         root = run_store.create_run(ledger, agent_id="boss", task="t", provider="scripted", provider_config={},
                                     options={"workspace": str(tmp_path)})
         run_store.set_run_status(ledger, root, run_store.RunStatus.RUNNING)
-        action = action_store.prepare_action(ledger, root, 0, 0, "agent.delegate", {"n": 0}, rerunnable=True,
+        action = action_store.prepare_action(ledger, root, 0, 0, "agent.delegate", {"n": 0}, NO_FEATURES,
+                                             rerunnable=True,
                                              policy="auto")
         action_store.move_action(ledger, action["action_id"], ActionPhase.EXECUTING)
         made = delegation_store.delegate(ledger, spec, run_store.get_run(ledger, root), action["action_id"],

@@ -16,9 +16,13 @@ from corral.mailbox.protocol import ActionFinishBatch, ActionResult, NextStep, P
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import SqliteLedger
 from corral.supervisor.runs import action_store, run_store
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.spec.swarm_spec import empty_spec
 from tests.harness import Daemon, agent_spec, effects, ledger_rows, running, wait_run
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 READS_THEN_EFFECT = """
 [[agents.steps]]
@@ -324,9 +328,10 @@ async def test_a_batch_naming_an_action_twice_is_refused_and_changes_nothing(tmp
                                   provider_config={"script": {"steps": []}})
     ids = []
     for index in range(2):
-        row = action_store.prepare_action(ledger, run_id, 0, index, "fs.list", {"path": "."}, rerunnable=True,
+        row = action_store.prepare_action(ledger, run_id, 0, index, "fs.list", {"path": "."}, NO_FEATURES,
+                                          rerunnable=True,
                                        policy="auto")
-        action_store.begin_action(ledger, row["action_id"])
+        action_store.begin_action(ledger, row["action_id"], NO_FEATURES)
         ids.append(row["action_id"])
     cursor = ledger.last_cursor()
     twice = [ActionResult(ids[0], True, {"n": n}) for n in (1, 2)]

@@ -11,7 +11,11 @@ from typing import Any
 import pytest
 
 from corral.core.procs import wait_exit
+from corral.supervisor.runs.run_feature import RunFeatures
 from tests.harness import Daemon, agent_spec, cli, ledger_rows, module_daemon, running, wait_run
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 STEPS = """
 [[agents.steps]]
@@ -239,7 +243,7 @@ def test_a_verdict_binds_to_the_goal_revision(goal_run: tuple[Any, str]) -> None
     from corral.supervisor.longtask import goal_store
 
     ledger, run_id = goal_run
-    assert goal_store.edit(ledger, run_id, "write the notes and a FAQ")["revision"] == 2
+    assert goal_store.edit(ledger, run_id, "write the notes and a FAQ", NO_FEATURES)["revision"] == 2
     assert goal_store.blockers(ledger, run_id) == [
         "the goal was edited (revision 2) after your verdict on revision 1: judge the current goal with"
         " goal.verdict"]

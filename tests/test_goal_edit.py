@@ -20,6 +20,7 @@ from typing import Any, cast
 import pytest
 
 from corral.core.procs import wait_exit
+from corral.supervisor.runs.run_feature import RunFeatures
 from tests.harness import Daemon, agent_spec, cli, ledger_rows, module_daemon, running, wait_run
 
 STEPS = """
@@ -223,7 +224,8 @@ def test_the_binding_the_block_and_the_compare_and_set_on_both_ledgers(open_ledg
     from corral.supervisor.runs import action_store, resolutions, run_store
     from corral.supervisor.runs.run_state import RunStatus
 
-    ledger = _with_goals(open_ledger())
+    ledger = open_ledger()
+    features = _with_goals(ledger)
     run_id = run_store.create_run(ledger, agent_id="drafter", task="g", provider="scripted",
                                   provider_config={"script": {"steps": []}},
                                   options={"goal": {"text": "draft the page", "constraints": ["no tables"]}})
@@ -231,17 +233,17 @@ def test_the_binding_the_block_and_the_compare_and_set_on_both_ledgers(open_ledg
     run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "claimed")
     waiting, approved = (
         action_store.prepare_action(ledger, run_id, 0, index, "fs.write", {"path": f"p{index}.md", "content": "x"},
-                                    rerunnable=False, policy="confirm") for index in (0, 1))
+                                    features, rerunnable=False, policy="confirm") for index in (0, 1))
     assert (waiting["goal_id"], waiting["goal_revision"]) == (goal["goal_id"], 1)
     for row in (waiting, approved):
-        action_store.begin_action(ledger, row["action_id"])
-    resolutions.continue_action(ledger, approved["action_id"], "approve", None)
+        action_store.begin_action(ledger, row["action_id"], features)
+    resolutions.continue_action(ledger, approved["action_id"], "approve", None, features)
     prepared = action_store.prepare_action(ledger, run_id, 0, 2, "fs.write", {"path": "p2.md", "content": "x"},
-                                           rerunnable=False, policy="auto")
+                                           features, rerunnable=False, policy="auto")
     snapshot = goal_completion.snapshot(ledger, run_id, "done")
     assert goal_completion.stale(ledger, run_id, snapshot) is None
 
-    edit = goal_store.edit(ledger, run_id, "draft the page in French", 1)
+    edit = goal_store.edit(ledger, run_id, "draft the page in French", features, 1)
     assert edit["revision"] == 2 and edit["constraints"] == ["no tables"], "the lists left out are kept"
     assert edit["blocked"] == [waiting["action_id"], approved["action_id"], prepared["action_id"]]
     phases = {row["action_id"]: row["phase"] for row in ledger.all("SELECT * FROM actions WHERE run_id = ?", run_id)}
@@ -251,31 +253,32 @@ def test_the_binding_the_block_and_the_compare_and_set_on_both_ledgers(open_ledg
     assert [row["note"] for row in notes] == ["blocked: goal edited to revision 2"] * 3
     assert run_store.get_run(ledger, run_id)["status"] == "running", "nothing waits for a person any more"
     with pytest.raises(Conflict, match="the goal was edited"):
-        resolutions.continue_action(ledger, waiting["action_id"], "approve", None)
+        resolutions.continue_action(ledger, waiting["action_id"], "approve", None, features)
     assert "edited (revision 1 -> 2)" in str(goal_completion.stale(ledger, run_id, snapshot))
-    after = action_store.prepare_action(ledger, run_id, 1, 0, "fs.write", {"path": "p.md", "content": "y"},
+    after = action_store.prepare_action(ledger, run_id, 1, 0, "fs.write", {"path": "p.md", "content": "y"}, features,
                                         rerunnable=False, policy="confirm")
     assert after["goal_revision"] == 2
 
-    assert goal_store.edit(ledger, run_id, "draft the page in French", 1)["changed"] is False, "a retry"
+    assert goal_store.edit(ledger, run_id, "draft the page in French", features, 1)["changed"] is False, "a retry"
     with pytest.raises(Conflict, match="revision 2, not 1"):
-        goal_store.edit(ledger, run_id, "another page", 1)
+        goal_store.edit(ledger, run_id, "another page", features, 1)
     with pytest.raises(Conflict, match="revision 2, not 3"):
-        goal_store.edit(ledger, run_id, "another page", 3)
+        goal_store.edit(ledger, run_id, "another page", features, 3)
     assert goal_store.goal_row(ledger, run_id)["text"] == "draft the page in French"
     secret = "sk-abcdefghijklmnopqrstuvwxyz0123456789"
-    kept = goal_store.edit(ledger, run_id, None, 2, verification=[f"the page works with key {secret}"])
+    kept = goal_store.edit(ledger, run_id, None, features, 2, verification=[f"the page works with key {secret}"])
     assert kept["revision"] == 3 and kept["verification"] == ["the page works with key [redacted]"]
     assert secret not in json.dumps([dict(row) for row in ledger.all("SELECT * FROM goals")])
 
 
-def _with_goals(ledger: Any) -> Any:
+def _with_goals(ledger: Any) -> RunFeatures:
     """The run layer knows goals only through the goal feature (supervisor/runs/run_feature.py):
-    a bare ledger is given it, as the supervisor gives its own."""
+    the features a supervisor with goals alone would hand the run layer's calls."""
     from corral.supervisor.longtask.goal_service import GoalFeature
 
     ledger.features.install([GoalFeature(cast(Any, None))])  # its ``show`` alone needs the service
-    return ledger
+    features: RunFeatures = ledger.features
+    return features
 
 
 def test_an_action_bound_to_an_older_goal_revision_never_starts_at_its_boundary(open_ledger: Any) -> None:
@@ -287,29 +290,31 @@ def test_an_action_bound_to_an_older_goal_revision_never_starts_at_its_boundary(
     from corral.supervisor.runs import action_store, resolutions, run_store
     from corral.supervisor.runs.run_state import RunStatus
 
-    ledger = _with_goals(open_ledger())
+    ledger = open_ledger()
+    features = _with_goals(ledger)
     run_id = run_store.create_run(ledger, agent_id="drafter", task="g", provider="scripted",
                                   provider_config={"script": {"steps": []}}, options={"goal": {"text": "draft"}})
     goal_store.goal_row(ledger, run_id)
     run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "claimed")
-    approved = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a.md", "content": "x"},
+    approved = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a.md", "content": "x"}, features,
                                            rerunnable=False, policy="confirm")
-    action_store.begin_action(ledger, approved["action_id"])
-    resolutions.continue_action(ledger, approved["action_id"], "approve", None)
-    auto = action_store.prepare_action(ledger, run_id, 0, 1, "fs.write", {"path": "b.md", "content": "x"},
+    action_store.begin_action(ledger, approved["action_id"], features)
+    resolutions.continue_action(ledger, approved["action_id"], "approve", None, features)
+    auto = action_store.prepare_action(ledger, run_id, 0, 1, "fs.write", {"path": "b.md", "content": "x"}, features,
                                        rerunnable=False, policy="auto")
     with ledger.tx() as db:
         db.execute("UPDATE goals SET revision = 2 WHERE run_id = ?", (run_id,))
-    assert action_store.begin_action(ledger, approved["action_id"]) == {"begin": Begin.SKIP, "phase": "failed"}
-    assert action_store.begin_action(ledger, auto["action_id"]) == {"begin": Begin.SKIP, "phase": "denied"}
+    skipped = [action_store.begin_action(ledger, row["action_id"], features) for row in (approved, auto)]
+    assert skipped == [{"begin": Begin.SKIP, "phase": "failed"}, {"begin": Begin.SKIP, "phase": "denied"}]
     rows = ledger.all("SELECT a.phase, a.error, r.note FROM actions a JOIN receipts r ON r.action_id = a.action_id"
                       " WHERE a.run_id = ? ORDER BY a.action_index", run_id)
     assert [(row["phase"], row["note"]) for row in rows] == [
         ("failed", "blocked: goal edited to revision 2"), ("denied", "blocked: goal edited to revision 2")]
     assert all("(revision 1 -> 2)" in row["error"] for row in rows)
-    current = action_store.prepare_action(ledger, run_id, 1, 0, "fs.write", {"path": "c.md", "content": "x"},
+    current = action_store.prepare_action(ledger, run_id, 1, 0, "fs.write", {"path": "c.md", "content": "x"}, features,
                                           rerunnable=False, policy="auto")
-    assert action_store.begin_action(ledger, current["action_id"])["begin"] is Begin.EXECUTE, "bound to revision 2"
+    begun = action_store.begin_action(ledger, current["action_id"], features)
+    assert begun["begin"] is Begin.EXECUTE, "bound to revision 2"
 
 
 def test_a_finalization_prepared_for_an_older_goal_is_voided_and_writes_no_reply(open_ledger: Any) -> None:
@@ -321,7 +326,8 @@ def test_a_finalization_prepared_for_an_older_goal_is_voided_and_writes_no_reply
     from corral.supervisor.runs import finalization, run_store
     from corral.supervisor.runs.run_state import RunStatus
 
-    ledger = _with_goals(open_ledger())
+    ledger = open_ledger()
+    features = _with_goals(ledger)
     run_id = run_store.create_run(ledger, agent_id="writer", task="g", provider="scripted",
                                   provider_config={"script": {"steps": []}}, options={"goal": {"text": "notes"}})
     goal_store.goal_row(ledger, run_id)
@@ -331,7 +337,7 @@ def test_a_finalization_prepared_for_an_older_goal_is_voided_and_writes_no_reply
                    " VALUES (?, 'prepared', 'done', ?, ?, ?)",
                    (run_id, time.time(), time.time(), goal_completion.snapshot(ledger, run_id, "done")))
         db.execute("UPDATE goals SET revision = 2 WHERE run_id = ?", (run_id,))
-    result = finalization.resume_finalization(ledger, run_id, ledger.features)
+    result = finalization.resume_finalization(ledger, run_id, features)
     assert result["status"] == "invalidated" and "revision 1 -> 2" in result["reason"]
     assert ledger.all("SELECT * FROM finalizations WHERE run_id = ?", run_id) == []
     assert ledger.all("SELECT * FROM replies WHERE run_id = ?", run_id) == []

@@ -15,7 +15,11 @@ from typing import Any
 import pytest
 
 from corral.core.procs import wait_exit
+from corral.supervisor.runs.run_feature import RunFeatures
 from tests.harness import CORRAL, Daemon, cli, ledger_rows, module_daemon, running, wait_run
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 # Before the steer the script plans "old"; a steer always opens a new loop, and
 # with "go green" in the history the second applicable step is "green".
@@ -314,14 +318,14 @@ def test_children_refuse_steers_and_a_superseded_action_refuses_approval(tmp_pat
             steer_store.record_steer(ledger, root, "a\x00b")
         run_store.set_run_status(ledger, root, run_store.RunStatus.RUNNING)
         prepared = action_store.prepare_action(ledger, root, 0, 0, "fs.write", {"path": "a", "content": "b"},
-                                               rerunnable=False, policy="auto")
+                                               NO_FEATURES, rerunnable=False, policy="auto")
         steer_store.record_steer(ledger, root, "stop that")
-        assert steer_store.apply_steers(ledger, root) == 1
+        assert steer_store.apply_steers(ledger, root, NO_FEATURES) == 1
         action = action_store.get_action(ledger, prepared["action_id"])
         assert action["phase"] == "denied" and action["reason"] == steer_store.SUPERSEDED
         assert ledger.one("SELECT 1 FROM receipts WHERE action_id = ?", prepared["action_id"]) is not None
         with pytest.raises(Conflict, match=r"superseded by the user's steer.*nothing was approved"):
-            resolutions.continue_action(ledger, prepared["action_id"], "approve", None)
+            resolutions.continue_action(ledger, prepared["action_id"], "approve", None, NO_FEATURES)
     finally:
         ledger.close()
 

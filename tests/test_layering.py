@@ -130,8 +130,7 @@ def test_no_service_adds_itself_to_a_supervisor_table() -> None:
 #: be passed their ``RunFeatures`` explicitly instead (issue 50 §3). The list only
 #: shrinks: a file that stops reaching them must leave it, and no file may join it.
 STILL_ON_THE_LEDGER = {
-    "supervisor/daemon.py",  # sets it, for the files below
-    "supervisor/runs/action_store.py",
+    "supervisor/daemon.py",  # sets it, for the file below
     "supervisor/runs/run_store.py",
 }
 

@@ -16,6 +16,9 @@ from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import RunStatus
 
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
+
 
 def _new_run(ledger: Ledger, task: str = "t") -> str:
     return run_store.create_run(
@@ -148,28 +151,31 @@ def test_a_run_and_its_action_lifecycle(open_ledger: Any) -> None:
     assert claimed["status"] == RunStatus.RUNNING
     assert run_store.claim_run(ledger, "reviewer") is None, "another agent's lane is empty"
     assert run_store.get_run(ledger, run_id)["status"] == RunStatus.RUNNING
-    row = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, rerunnable=False, policy="auto")
+    row = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, NO_FEATURES,
+                                      rerunnable=False, policy="auto")
     action_id = row["action_id"]
     assert action_store.get_action(ledger, action_id)["phase"] == ActionPhase.PREPARED
-    again = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, rerunnable=False,
+    again = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, NO_FEATURES, rerunnable=False,
                                         policy="auto")
     assert again["action_id"] == action_id, "preparing is idempotent by position"
-    begun = action_store.begin_action(ledger, action_id)
+    begun = action_store.begin_action(ledger, action_id, NO_FEATURES)
     assert begun["phase"] == ActionPhase.EXECUTING
     with pytest.raises(Exception):  # noqa: B017 - each backend names its own error
         action_store.move_action(ledger, action_id, ActionPhase.PREPARED)
     assert action_store.get_action(ledger, action_id)["phase"] == ActionPhase.EXECUTING
     commits = ledger.commits
-    action_store.finish_action(ledger, action_id, True, {"bytes": 1}, "wrote a", None)
+    action_store.finish_action(ledger, action_id, True, {"bytes": 1}, "wrote a", None, NO_FEATURES)
     assert ledger.commits == commits + 1, "the outcome, its receipt and its observation: one commit"
-    action_store.finish_action(ledger, action_id, True, {"bytes": 1}, "wrote a", None)  # a lost reply, repeated
+    # A lost reply: the same finish again.
+    action_store.finish_action(ledger, action_id, True, {"bytes": 1}, "wrote a", None, NO_FEATURES)
     receipts = ledger.all("SELECT status FROM receipts WHERE action_id = ?", action_id)
     assert [row["status"] for row in receipts] == ["ok"]
     kinds = [e["kind"] for e in ledger.events_since(0, 1000) if e["subject"] == action_id]
     assert kinds == ["action-prepared", "action-executing", "action-ok"], "the terminal event announces the receipt"
     assert [entry["action_id"] for entry in run_store.history(ledger, run_id)] == [action_id]
     with pytest.raises(Conflict):
-        action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "b"}, rerunnable=False, policy="auto")
+        action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "b"}, NO_FEATURES,
+                                    rerunnable=False, policy="auto")
     assert run_store.get_run(ledger, run_id)["status"] == RunStatus.FAILED, "a different call: failed closed"
     assert action_store.get_action(ledger, action_id)["phase"] == ActionPhase.OK
 
@@ -193,12 +199,12 @@ def test_recovery_marks_an_unknown_outcome_and_never_replays_it(open_ledger: Any
     ledger.begin_boot("b1", 1, 1)
     run_id = _new_run(ledger)
     run_store.set_run_status(ledger, run_id, RunStatus.RUNNING)
-    effect = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, rerunnable=False,
+    effect = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, NO_FEATURES, rerunnable=False,
                                       policy="auto")["action_id"]
-    read = action_store.prepare_action(ledger, run_id, 0, 1, "fs.read", {"path": "a"}, rerunnable=True,
+    read = action_store.prepare_action(ledger, run_id, 0, 1, "fs.read", {"path": "a"}, NO_FEATURES, rerunnable=True,
                                     policy="auto")["action_id"]
-    action_store.begin_action(ledger, effect)
-    action_store.begin_action(ledger, read)
+    action_store.begin_action(ledger, effect, NO_FEATURES)
+    action_store.begin_action(ledger, read, NO_FEATURES)
     after_crash = open_ledger()
     after_crash.begin_boot("b2", 2, 1)
     boots = after_crash.all("SELECT boot_id, end_reason FROM boots ORDER BY seq")
@@ -218,9 +224,9 @@ def test_a_terminal_action_left_without_its_receipt_gets_one_at_recovery(open_le
     ledger = open_ledger()
     ledger.begin_boot("b1", 1, 1)
     run_id = _new_run(ledger)
-    the_id = action_store.prepare_action(ledger, run_id, 0, 0, "fs.read", {"path": "a"}, rerunnable=True,
+    the_id = action_store.prepare_action(ledger, run_id, 0, 0, "fs.read", {"path": "a"}, NO_FEATURES, rerunnable=True,
                                          policy="auto")["action_id"]
-    action_store.begin_action(ledger, the_id)
+    action_store.begin_action(ledger, the_id, NO_FEATURES)
     action_store.move_action(ledger, the_id, ActionPhase.OK, result='{"summary": "read a"}')
     assert ledger.all("SELECT 1 FROM receipts WHERE action_id = ?", the_id) == []
     after = open_ledger()

@@ -16,6 +16,11 @@ from typing import Any
 
 import pytest
 
+from corral.supervisor.runs.run_feature import RunFeatures
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
+
 pytest.importorskip("psycopg")
 
 
@@ -73,19 +78,19 @@ def test_an_action_read_back_after_its_moves_costs_no_round_trip_and_is_what_the
         run_id = _run(ledger)
         read = "SELECT * FROM actions WHERE action_id = ?"
         row = action_store.prepare_action(
-            ledger, run_id, 0, 0, "fs.list", {"path": "."}, rerunnable=True, policy="allow"
+            ledger, run_id, 0, 0, "fs.list", {"path": "."}, NO_FEATURES, rerunnable=True, policy="allow"
         )
         the_id = row["action_id"]
         cached, trips = _as_cached(ledger, read, the_id)
         assert trips == 0, "the inserted row came back from its INSERT ... RETURNING *"
         assert cached == _as_held(ledger, "actions", "action_id", the_id)
-        begun = action_store.begin_action(ledger, the_id)
+        begun = action_store.begin_action(ledger, the_id, NO_FEATURES)
         assert begun["phase"] == "executing"
         cached, trips = _as_cached(ledger, read, the_id)
         assert trips == 0, "executing's UPDATE (attempts = attempts + 1 among its assignments) kept the row"
         assert cached == _as_held(ledger, "actions", "action_id", the_id)
         assert dict((n, v) for n, v, _ in cached)["attempts"] == 1
-        action_store.finish_action(ledger, the_id, True, {"entries": ["a", "b"]}, "2 entries", None)
+        action_store.finish_action(ledger, the_id, True, {"entries": ["a", "b"]}, "2 entries", None, NO_FEATURES)
         cached, trips = _as_cached(ledger, read, the_id)
         assert trips == 0
         assert cached == _as_held(ledger, "actions", "action_id", the_id)
@@ -127,9 +132,9 @@ def test_a_batch_of_actions_keeps_each_others_rows(pg_url: str) -> None:
         with ledger.tx():
             for index in range(3):
                 row = action_store.prepare_action(
-                    ledger, run_id, 0, index, "fs.list", {"path": "."}, rerunnable=True, policy="allow"
+                    ledger, run_id, 0, index, "fs.list", {"path": "."}, NO_FEATURES, rerunnable=True, policy="allow"
                 )
-                action_store.begin_action(ledger, row["action_id"], current=row)
+                action_store.begin_action(ledger, row["action_id"], NO_FEATURES, current=row)
                 ids.append(row["action_id"])
         for the_id in ids:
             cached, trips = _as_cached(ledger, "SELECT * FROM actions WHERE action_id = ?", the_id)

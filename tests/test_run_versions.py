@@ -30,7 +30,7 @@ class Steers(RunFeature):
     """The steer feature's run-layer part (interactive/interactive_service.py's)."""
 
     def at_boundary(self, ledger: Ledger, run_id: str) -> None:
-        steer_store.apply_steers(ledger, run_id)
+        steer_store.apply_steers(ledger, run_id, ledger.features)
 
     def provider_guard(self, ledger: Ledger, run_id: str) -> str | None:
         return steer_store.steer_holds_provider(ledger, run_id)
@@ -92,14 +92,14 @@ def test_a_steer_held_by_an_executing_action_is_applied_once_it_ends(ledger: Sql
     provider_store.provider_handoff(ledger, run_id, slot, '{"actions": []}')
     commit_plan(ledger, run_id, 0, slot, {"actions": [{"tool": "fs.list", "input": {"path": "."}}]})
     prepared = action_store.prepare_action(
-        ledger, run_id, 0, 0, "fs.list", {"path": "."}, rerunnable=True, policy="auto"
+        ledger, run_id, 0, 0, "fs.list", {"path": "."}, ledger.features, rerunnable=True, policy="auto"
     )
     action_store.move_action(ledger, prepared["action_id"], ActionPhase.EXECUTING)
     steer_store.record_steer(ledger, run_id, "stop")
     assert advance(ledger, run_id, ledger.features)["do"] == "execute"
     assert advance(ledger, run_id, ledger.features)["do"] == "execute"
     assert len(steer_store.pending_steers(ledger, run_id)) == 1  # held by the executing action
-    action_store.finish_action(ledger, prepared["action_id"], True, {"entries": []}, "listed", None)
+    action_store.finish_action(ledger, prepared["action_id"], True, {"entries": []}, "listed", None, ledger.features)
     step = advance(ledger, run_id, ledger.features)
     assert steer_store.pending_steers(ledger, run_id) == [] and step == {"do": "provider", "loop": 1}
 

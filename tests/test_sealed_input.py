@@ -14,6 +14,10 @@ from corral.actors.tools.registry import builtin_tools
 from corral.supervisor.ledger.port import SqliteLedger
 from corral.supervisor.runs import action_store, run_store, sealed_input
 from corral.supervisor.runs.action_state import ActionPhase, action_id
+from corral.supervisor.runs.run_feature import RunFeatures
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 PLAN = {
     "actions": [
@@ -74,7 +78,8 @@ def test_the_boot_sweep_keeps_only_entries_an_action_will_still_read(tmp_path: P
     waiting_plan = {"actions": [PLAN["actions"][1]] * 2, "final": None}
     sealed, _ = sealed_input.seal_plan(spool, run_id, 0, waiting_plan, TOOLS)
     started = action_store.prepare_action(
-        ledger, run_id, 0, 0, "process.stdin", sealed["actions"][0]["input"], rerunnable=False, policy="auto"
+        ledger, run_id, 0, 0, "process.stdin", sealed["actions"][0]["input"], NO_FEATURES,
+        rerunnable=False, policy="auto"
     )
     run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING)
     action_store.move_action(ledger, started["action_id"], ActionPhase.EXECUTING)

@@ -25,9 +25,13 @@ from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.project import revision_store, verification_store
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.spec.swarm_spec import SwarmSpec, parse_spec
 from corral.supervisor.swarm import claim_store, delegation_store
 from tests.harness import Daemon, ledger_rows, wait_run
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 # -- the ledger rules, without processes ---------------------------------------------
 
@@ -67,7 +71,8 @@ def _root(ledger: Ledger, agent_id: str = "boss") -> Any:
 
 
 def _action(ledger: Ledger, run_id: str, index: int, tool: str) -> str:
-    row = action_store.prepare_action(ledger, run_id, 0, index, tool, {"n": index}, rerunnable=True, policy="auto")
+    row = action_store.prepare_action(ledger, run_id, 0, index, tool, {"n": index}, NO_FEATURES,
+                                      rerunnable=True, policy="auto")
     action_store.move_action(ledger, row["action_id"], ActionPhase.EXECUTING)
     return str(row["action_id"])
 

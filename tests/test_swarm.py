@@ -15,10 +15,14 @@ from corral.supervisor.errors import Refused
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.spec.swarm_spec import parse_spec
 from corral.supervisor.swarm import children_store, claim_store, delegation_store
 from corral.supervisor.swarm.swarm_state import group_id_for
 from tests.harness import Daemon, drive_to_end, ledger_rows, wait_run, wait_supervisor_gone
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 # -- the ledger rules, without processes ---------------------------------------------
 
@@ -51,7 +55,8 @@ def ledger(open_ledger: Any) -> Ledger:
 
 
 def executing_action(ledger: Ledger, run_id: str, index: int, tool: str = "agent.spawn_isolated") -> str:
-    row = action_store.prepare_action(ledger, run_id, 0, index, tool, {"n": index}, rerunnable=True, policy="auto")
+    row = action_store.prepare_action(ledger, run_id, 0, index, tool, {"n": index}, NO_FEATURES,
+                                      rerunnable=True, policy="auto")
     run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING) if index == 0 else None
     action_store.move_action(ledger, row["action_id"], ActionPhase.EXECUTING)
     return str(row["action_id"])
@@ -118,7 +123,7 @@ def test_a_child_may_not_spawn_and_depth_is_limited(ledger: Ledger) -> None:
     child_run = run_store.get_run(ledger, view["children"][0]["run_id"])
     run_store.set_run_status(ledger, child_run["run_id"], run_store.RunStatus.RUNNING)
     row = action_store.prepare_action(
-        ledger, child_run["run_id"], 0, 0, "agent.spawn_isolated", {}, rerunnable=True, policy="auto"
+        ledger, child_run["run_id"], 0, 0, "agent.spawn_isolated", {}, NO_FEATURES, rerunnable=True, policy="auto"
     )
     before = counts(ledger)
     with pytest.raises(Refused, match="a child may not spawn"):

@@ -20,8 +20,12 @@ import corral
 from corral.actors.providers.base import ProviderRequest
 from corral.actors.providers.local import LocalConfig, answer_schema
 from corral.actors.providers.openai import OpenAIConfig, build_chat_payload
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
 from tests.harness import cli, ledger_rows, running, wait_run
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 FORECAST = {
     "type": "object",
@@ -238,7 +242,7 @@ def test_a_childs_result_carries_its_templates_output(open_ledger: Any) -> None:
     ledger.begin_boot("b", 1, 1)
     run_id = run_store.create_run(ledger, agent_id="boss", task="t", provider="scripted", provider_config={},
                                   options={"workspace": "/tmp"})
-    row = action_store.prepare_action(ledger, run_id, 0, 0, "agent.spawn_isolated", {}, rerunnable=True,
+    row = action_store.prepare_action(ledger, run_id, 0, 0, "agent.spawn_isolated", {}, NO_FEATURES, rerunnable=True,
                                       policy="auto")
     run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING)
     action_store.move_action(ledger, row["action_id"], ActionPhase.EXECUTING)

@@ -49,7 +49,7 @@ from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.action_state import action_id as derive_action_id
-from corral.supervisor.runs.run_feature import RunFeature
+from corral.supervisor.runs.run_feature import RunFeature, RunFeatures
 from corral.supervisor.runs.run_store import get_run, run_options
 
 if TYPE_CHECKING:
@@ -84,9 +84,12 @@ class _PlanStamp(NamedTuple):
 
 
 class RepoFingerprintGuard(RunFeature):
-    def __init__(self, ledger: Ledger, home: Path) -> None:
+    def __init__(self, ledger: Ledger, home: Path, features: RunFeatures) -> None:
         self.ledger = ledger
         self.home = home
+        #: The supervisor's features (this one among them): a blocked action's
+        #: receipt is seen by each.
+        self.features = features
         self._caches: OrderedDict[str, ContextCache] = OrderedDict()
         #: Each workspace's last built context and its fingerprint: a build is
         #: immutable and the cache hands back the same object while nothing moved, so
@@ -203,11 +206,11 @@ class RepoFingerprintGuard(RunFeature):
                 with ledger.tx():
                     action_store.move_action(ledger, row["action_id"], ActionPhase.FAILED, current=row,
                                              error=why, reason=why)
-                    action_store.write_receipt(ledger, row["action_id"])
+                    action_store.write_receipt(ledger, row["action_id"], self.features)
 
     def at_boundary(self, ledger: Ledger, run_id: str) -> None:
         self.recheck_approved(ledger, run_id)
 
 
 def install(sup: Supervisor) -> RepoFingerprintGuard:
-    return RepoFingerprintGuard(sup.ledger, sup.home)
+    return RepoFingerprintGuard(sup.ledger, sup.home, sup.features)

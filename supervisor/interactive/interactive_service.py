@@ -60,7 +60,7 @@ class InteractiveService:
     async def answer(self, params: dict[str, Any]) -> dict[str, Any]:
         """A chat line to a run waiting for input: the answer to its one-question
         request (question_store.py; ``corral answer`` names each question)."""
-        reply = question_store.answer(self.ledger, _run_id(params), text=params.get("text"))
+        reply = question_store.answer(self.ledger, _run_id(params), self.runs.features, text=params.get("text"))
         await self.runs.wake(reply["agent_id"])
         return reply
 
@@ -153,7 +153,7 @@ class SteerFeature(RunFeature):
         self.service = service
 
     def at_boundary(self, ledger: Ledger, run_id: str) -> None:
-        steer_store.apply_steers(ledger, run_id)
+        steer_store.apply_steers(ledger, run_id, self.service.runs.features)
 
     def final_guard(self, ledger: Ledger, run_id: str) -> str | None:
         return steer_store.steer_blocks_final(ledger, run_id)

@@ -12,7 +12,7 @@ from corral.supervisor.errors import BadRequest
 from corral.supervisor.interactive import question_store as questions
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_text
-from corral.supervisor.runs.run_feature import PlanRefusal, RunFeature
+from corral.supervisor.runs.run_feature import PlanRefusal, RunFeature, RunFeatures
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.tree.supervision_tree import ActorSlot
@@ -36,6 +36,7 @@ class QuestionService:
         reply = questions.answer(
             self.ledger,
             run_id,
+            self.runs.features,
             request_id=request_id,
             response_id=params.get("response_id"),
             answers=params.get("answers"),
@@ -55,11 +56,14 @@ class QuestionFeature(RunFeature):
     """Structured questions in runs: a run's end closes its open ones, a plan or an
     action that waits on an answer is refused, ``pending`` lists the open ones."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, features: RunFeatures) -> None:
         self.ledger = ledger
+        #: The supervisor's features (this one among them): closing a question writes
+        #: its action's receipt, which each of them sees.
+        self.features = features
 
     def on_status(self, ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
-        questions.close_questions(ledger, run_id, status, reason)
+        questions.close_questions(ledger, run_id, status, reason, self.features)
 
     def plan_guard(self, run: Any, loop: int, plan: dict[str, Any]) -> str | PlanRefusal | None:
         return questions.plan_guard(run, loop, plan)

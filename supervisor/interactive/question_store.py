@@ -30,7 +30,7 @@ from corral.supervisor.interactive import question_shape as shape
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
-from corral.supervisor.runs.run_feature import PlanRefusal
+from corral.supervisor.runs.run_feature import PlanRefusal, RunFeatures
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 
 TOOL = "user.input_request"
@@ -130,6 +130,7 @@ def _request(ledger: Ledger, run_id: str, request_id: str | None) -> Any:
 def answer(
     ledger: Ledger,
     run_id: str,
+    features: RunFeatures,
     *,
     request_id: str | None = None,
     response_id: Any = None,
@@ -174,7 +175,7 @@ def answer(
         }
         # Terminal with its receipt (and so the one observation) in this transaction.
         action_store.finish_action(ledger, row["action_id"], True, output,
-                                   f"answered {len(stored)} question(s) of {row['request_id']}", None)
+                                   f"answered {len(stored)} question(s) of {row['request_id']}", None, features)
         if RunStatus(run["status"]) is RunStatus.NEEDS_INPUT:
             run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "answered")
         ledger.event("input-answered", run_id, action=row["action_id"], request=row["request_id"],
@@ -184,7 +185,9 @@ def answer(
     return result
 
 
-def close_questions(ledger: Ledger, run_id: str, status: RunStatus, reason: str | None) -> None:
+def close_questions(
+    ledger: Ledger, run_id: str, status: RunStatus, reason: str | None, features: RunFeatures
+) -> None:
     """A run that ends (cancelled, failed) closes its open question: its action fails
     with the reason, and a late answer is refused."""
     if status not in TERMINAL:
@@ -194,7 +197,7 @@ def close_questions(ledger: Ledger, run_id: str, status: RunStatus, reason: str 
         if action["phase"] == ActionPhase.EXECUTING:
             why = f"the run ended ({status.value}) before the question was answered"
             action_store.move_action(ledger, row["action_id"], ActionPhase.FAILED, reason=why, error=why)
-            action_store.write_receipt(ledger, row["action_id"])
+            action_store.write_receipt(ledger, row["action_id"], features)
 
 
 def pending_questions(ledger: Ledger) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from corral.supervisor.errors import BadRequest, Conflict
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 
 #: One steer's text, in UTF-8 bytes (the seed's 4 KiB).
@@ -142,7 +143,7 @@ def pending_steers(ledger: Ledger, run_id: str) -> list[Any]:
     )
 
 
-def apply_steers(ledger: Ledger, run_id: str) -> int:
+def apply_steers(ledger: Ledger, run_id: str, features: RunFeatures) -> int:
     """At a step boundary of a running run: apply its pending steers, once each,
     and open a new loop, so the agent's next step is a provider turn that sees them.
 
@@ -173,7 +174,7 @@ def apply_steers(ledger: Ledger, run_id: str) -> int:
                 # with a receipt, so the model sees it was dropped (an approve of it fails).
                 action_store.move_action(ledger, row["action_id"], ActionPhase.DENIED, reason=SUPERSEDED,
                                          error=SUPERSEDED)
-                action_store.write_receipt(ledger, row["action_id"])
+                action_store.write_receipt(ledger, row["action_id"], features)
         for steer in steers:
             run_store.add_observation(
                 ledger,

@@ -97,8 +97,9 @@ class GoalService:
         run_id = param_str(params, "run_id", limit=64)
         if all(params.get(key) is None for key in ("text", "constraints", "verification")):
             raise BadRequest("an edit gives the goal's new text, constraints or verification")
-        goal = goal_store.edit(self.ledger, run_id, params.get("text"), params.get("expected_revision"),
-                               constraints=params.get("constraints"), verification=params.get("verification"))
+        goal = goal_store.edit(self.ledger, run_id, params.get("text"), self.runs.features,
+                               params.get("expected_revision"), constraints=params.get("constraints"),
+                               verification=params.get("verification"))
         steer_id = f"goal-{hashlib.sha256(goal['goal_id'].encode()).hexdigest()[:16]}-r{goal['revision']}"
         if goal["revision"] > 1:
             words = goal_shape.task_text(goal["text"], goal["constraints"], goal["verification"])
@@ -171,7 +172,8 @@ class GoalFeature(RunFeature):
         return goal_store.blockers(ledger, run_id)
 
     def at_boundary(self, ledger: Ledger, run_id: str) -> None:
-        goal_store.park_at_boundary(ledger, run_id, sessions_live=bool(self.service.sessions.live_sessions(run_id)))
+        goal_store.park_at_boundary(ledger, run_id, self.service.runs.features,
+                                    sessions_live=bool(self.service.sessions.live_sessions(run_id)))
 
     def provider_guard(self, ledger: Ledger, run_id: str) -> str | None:
         return goal_store.holds_provider(ledger, run_id)

@@ -36,6 +36,7 @@ from corral.supervisor.longtask.goal_lifecycle import (
 )
 from corral.supervisor.runs import action_store, resolutions, run_store
 from corral.supervisor.runs.action_state import ActionPhase
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.runs.run_state import RunStatus
 
@@ -162,7 +163,7 @@ def settle_pause(ledger: Ledger, run_id: str, *, sessions_live: bool) -> dict[st
     return view(goal_row(ledger, run_id))
 
 
-def park_at_boundary(ledger: Ledger, run_id: str, *, sessions_live: bool) -> None:
+def park_at_boundary(ledger: Ledger, run_id: str, features: RunFeatures, *, sessions_live: bool) -> None:
     """A boundary hook: a pausing or paused goal parks its running run (no provider
     turn, no new action) until ``goal.resume``; a clearing one cancels it. A pause
     commits here only when no process session of the run is live; else the run
@@ -172,7 +173,7 @@ def park_at_boundary(ledger: Ledger, run_id: str, *, sessions_live: bool) -> Non
         return
     with ledger.tx():
         if goal["status"] == GoalStatus.CLEARING:
-            action_store.deny_unstarted_actions(ledger, run_id, "run cancelled: goal cleared")
+            action_store.deny_unstarted_actions(ledger, run_id, "run cancelled: goal cleared", features)
             run_store.set_run_status(ledger, run_id, RunStatus.CANCELLED, "goal cleared")
             return
         if goal["status"] == GoalStatus.PAUSE_REQUESTED and not sessions_live:
@@ -209,8 +210,8 @@ def resume(ledger: Ledger, run_id: str) -> dict[str, Any]:
     return view(goal_row(ledger, run_id))
 
 
-def edit(ledger: Ledger, run_id: str, text: Any, expected_revision: Any = None, *, constraints: Any = None,
-         verification: Any = None) -> dict[str, Any]:
+def edit(ledger: Ledger, run_id: str, text: Any, features: RunFeatures, expected_revision: Any = None, *,
+         constraints: Any = None, verification: Any = None) -> dict[str, Any]:
     """A new outcome, constraints or verification list (None: kept) bumps the revision;
     the same goal again changes nothing. ``expected_revision``: the revision the edit
     was made on; the same edit sent again after it applied changes nothing, any other
@@ -260,14 +261,14 @@ def edit(ledger: Ledger, run_id: str, text: Any, expected_revision: Any = None, 
         if final is not None:
             db.execute("DELETE FROM finalizations WHERE run_id = ? AND phase = 'prepared'", (run_id,))
             ledger.event("finalization-invalidated", run_id, why="goal edited")
-        blocked = _block_unstarted(ledger, run_id, revision, new_revision)
+        blocked = _block_unstarted(ledger, run_id, revision, new_revision, features)
         resolutions.reopen_run(ledger, run_id)  # nothing of the old goal waits for a person now
         ledger.event("goal-edited", run_id, goal=goal["goal_id"], revision=new_revision, blocked=len(blocked),
                      sha256=hashlib.sha256(words.encode()).hexdigest(), chars=len(words))
     return {**view(goal_row(ledger, run_id)), "changed": True, "blocked": blocked}
 
 
-def _block_unstarted(ledger: Ledger, run_id: str, old: int, new: int) -> list[str]:
+def _block_unstarted(ledger: Ledger, run_id: str, old: int, new: int, features: RunFeatures) -> list[str]:
     """The run's actions not started and not bound to revision ``new`` (all of them,
     as that revision is being written; an unbound one too: a missing binding is never
     guessed) end with a receipt saying the goal changed. Joins the caller's transaction."""
@@ -281,8 +282,8 @@ def _block_unstarted(ledger: Ledger, run_id: str, old: int, new: int) -> list[st
         # An approved action may only fail (the action table has no approved -> denied).
         ending = ActionPhase.FAILED if row["phase"] == ActionPhase.APPROVED else ActionPhase.DENIED
         written = action_store.move_action(ledger, row["action_id"], ending, current=row, reason=why, error=why)
-        action_store.write_receipt(ledger, row["action_id"], note=f"blocked: goal edited to revision {new}",
-                                   current={**dict(row), **written})
+        action_store.write_receipt(ledger, row["action_id"], features,
+                                   note=f"blocked: goal edited to revision {new}", current={**dict(row), **written})
     return [str(row["action_id"]) for row in rows]
 
 

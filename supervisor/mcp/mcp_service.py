@@ -417,6 +417,7 @@ class McpService:
             0,
             full,
             arguments,
+            self.runs.features,
             rerunnable=tool.effect != "external",
             policy="auto",
             raw_sha256=self.runs.keep_raw_input(run_id, 0, 0, arguments),
@@ -428,7 +429,9 @@ class McpService:
         if answer.get("code") != "outcome-unknown":
             ok = bool(answer.get("ok")) and not answer.get("result", {}).get("is_error")
             summary = f"{full}: {'ok' if ok else 'failed'}"
-            action_store.finish_action(self.ledger, row["action_id"], ok, answer, summary, None if ok else summary)
+            action_store.finish_action(
+                self.ledger, row["action_id"], ok, answer, summary, None if ok else summary, self.runs.features
+            )
             run_store.set_run_status(
                 self.ledger, run_id, RunStatus.COMPLETED if ok else RunStatus.FAILED, summary
             )

@@ -168,7 +168,7 @@ class ProjectFeature(RunFeature):
         return reasons
 
     def recover(self, ledger: Ledger, report: RecoveryReport) -> None:
-        verify_recovery.recover(ledger, report)
+        verify_recovery.recover(ledger, report, self.service.runs.features)
 
     def show(self, run_id: str) -> Mapping[str, Any]:
         return {"project": self.service.show_section(run_id)}

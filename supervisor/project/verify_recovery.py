@@ -20,6 +20,7 @@ from corral.supervisor.project import verification_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.action_store import move_action, write_receipt
 from corral.supervisor.runs.resolutions import reopen_run
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_store import bounded_json
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 VERIFY_TOOL = "project.verify"
 
 
-def recover(ledger: Ledger, report: RecoveryReport) -> None:
+def recover(ledger: Ledger, report: RecoveryReport, features: RunFeatures) -> None:
     """Ends each parked ``project.verify`` that has its verification recorded."""
     for row in ledger.all(
         "SELECT action_id, run_id FROM actions WHERE phase = 'needs-reconciliation' AND tool = ?", VERIFY_TOOL
@@ -52,7 +53,7 @@ def recover(ledger: Ledger, report: RecoveryReport) -> None:
                 result=bounded_json({"output": output, "summary": summary}),
                 error=None if passed else summary,
             )
-            write_receipt(ledger, row["action_id"], note="recovered from its verification record")
+            write_receipt(ledger, row["action_id"], features, note="recovered from its verification record")
             reopen_run(ledger, row["run_id"])
         if row["action_id"] in report.reconciliations:
             report.reconciliations.remove(row["action_id"])

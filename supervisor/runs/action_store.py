@@ -32,6 +32,7 @@ from corral.supervisor.runs.action_state import (
 )
 from corral.supervisor.runs.child_scope import child_scope_refusal, writes_files
 from corral.supervisor.runs.receipt_check import receipt_text
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_store import add_observation, bounded_json_cut, get_run, set_run_status
@@ -48,6 +49,7 @@ def prepare_action(
     action_index: int,
     tool: str,
     tool_input: dict[str, Any],
+    features: RunFeatures,
     *,
     rerunnable: bool,
     policy: str,
@@ -120,7 +122,7 @@ def prepare_action(
     return row
 
 
-def deny_unstarted_actions(ledger: Ledger, run_id: str, reason: str) -> int:
+def deny_unstarted_actions(ledger: Ledger, run_id: str, reason: str, features: RunFeatures) -> int:
     """A cancelled run's actions that never started (prepared, waiting for approval,
     approved) are denied with a receipt, so nothing waits on a person for them.
     Executing and unresolved ones keep their state: their outcome is not known."""
@@ -134,7 +136,7 @@ def deny_unstarted_actions(ledger: Ledger, run_id: str, reason: str) -> int:
             # An approved action may only fail (the table has no approved -> denied).
             ending = ActionPhase.FAILED if row["phase"] == ActionPhase.APPROVED else ActionPhase.DENIED
             move_action(ledger, row["action_id"], ending, reason=reason, error=reason)
-            write_receipt(ledger, row["action_id"])
+            write_receipt(ledger, row["action_id"], features)
     return len(rows)
 
 
@@ -175,7 +177,7 @@ def move_action(
     return written
 
 
-def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> Begun:
+def begin_action(ledger: Ledger, the_id: str, features: RunFeatures, *, current: Any = None) -> Begun:
     """Apply policy; commit ``executing`` before the agent may start the side effect.
     ``current``: the action's row, read by the caller with no await since."""
     row = current if current is not None else get_action(ledger, the_id)
@@ -183,11 +185,11 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> Begun:
     # Only an action bound to a goal can be stale (the goal feature's check): the
     # others pay nothing for it.
     if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED) and row["goal_id"] is not None:
-        blocked = _block_if_stale(ledger, row, phase)
+        blocked = _block_if_stale(ledger, row, phase, features)
         if blocked is not None:
             return blocked
     if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED) and row["policy"] != "deny" and writes_files(row["tool"]):
-        refused = _child_scope(ledger, row, phase)
+        refused = _child_scope(ledger, row, phase, features)
         if refused is not None:
             return refused
     if phase is ActionPhase.PREPARED:
@@ -201,7 +203,7 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> Begun:
             )
             with ledger.tx():  # the terminal move and its receipt: one commit, one event
                 move_action(ledger, the_id, ActionPhase.DENIED, reason=why, error=why)
-                write_receipt(ledger, the_id)
+                write_receipt(ledger, the_id, features)
             return {"begin": Begin.SKIP, "phase": "denied"}
         if row["policy"] == "confirm":
             with ledger.tx():
@@ -227,14 +229,15 @@ def begin_action(ledger: Ledger, the_id: str, *, current: Any = None) -> Begun:
                 )
                 ledger.emit("action-rerun", the_id, run=row["run_id"], tool=row["tool"])
             return {"begin": Begin.EXECUTE, "phase": "executing"}
-        mark_needs_reconciliation(ledger, the_id, "the agent lost track of an executing action; outcome unknown")
+        why = "the agent lost track of an executing action; outcome unknown"
+        mark_needs_reconciliation(ledger, the_id, why, features)
         return {"begin": Begin.PARK, "phase": "needs-reconciliation"}
     if phase is ActionPhase.WAITING_CONFIRMATION:
         return {"begin": Begin.PARK, "phase": phase.value}
     return {"begin": Begin.SKIP, "phase": phase.value}
 
 
-def _child_scope(ledger: Ledger, row: Any, phase: ActionPhase) -> Begun | None:
+def _child_scope(ledger: Ledger, row: Any, phase: ActionPhase, features: RunFeatures) -> Begun | None:
     """A child's write outside its scopes, refused before its policy may ask a person
     and before it starts, approved or not (seed 004 V1.34). Its plan was checked as a
     whole when it was prepared (child_scope.plan_refusal); this is the check again at
@@ -246,16 +249,16 @@ def _child_scope(ledger: Ledger, row: Any, phase: ActionPhase) -> Begun | None:
     ending = ActionPhase.FAILED if phase is ActionPhase.APPROVED else ActionPhase.DENIED
     with ledger.tx():
         move_action(ledger, row["action_id"], ending, current=row, reason=refusal, error=refusal)
-        write_receipt(ledger, row["action_id"])
+        write_receipt(ledger, row["action_id"], features)
     return {"begin": Begin.SKIP, "phase": ending.value}
 
 
-def _block_if_stale(ledger: Ledger, row: Any, phase: ActionPhase) -> Begun | None:
+def _block_if_stale(ledger: Ledger, row: Any, phase: ActionPhase, features: RunFeatures) -> Begun | None:
     """An action made for a state a feature moved on from (an older revision of its
     run's goal) never starts. A goal edit blocks those in its own transaction
     (supervisor/longtask/goal_store.py); this is the same check at the boundary
     itself, so no path can start one."""
-    for check in ledger.features.stale_actions:
+    for check in features.stale_actions:
         stale = check(ledger, row)
         if stale is not None:
             why, note = stale
@@ -263,7 +266,7 @@ def _block_if_stale(ledger: Ledger, row: Any, phase: ActionPhase) -> Begun | Non
             ending = ActionPhase.FAILED if phase is ActionPhase.APPROVED else ActionPhase.DENIED
             with ledger.tx():
                 written = move_action(ledger, row["action_id"], ending, current=row, reason=why, error=why)
-                write_receipt(ledger, row["action_id"], note=note, current={**dict(row), **written})
+                write_receipt(ledger, row["action_id"], features, note=note, current={**dict(row), **written})
             return {"begin": Begin.SKIP, "phase": ending.value}
     return None
 
@@ -280,7 +283,9 @@ def keep_partial_result(ledger: Ledger, row: Any, output: dict[str, Any], summar
         db.execute("UPDATE actions SET result = ? WHERE action_id = ?", (stored, row["action_id"]))
 
 
-def park_unknown_outcome(ledger: Ledger, row: Any, output: dict[str, Any], summary: str, reason: str) -> None:
+def park_unknown_outcome(
+    ledger: Ledger, row: Any, output: dict[str, Any], summary: str, reason: str, features: RunFeatures
+) -> None:
     """An executing action whose tool reported that it cannot tell what its effect
     came to: ``needs-reconciliation`` with the tool's safe output kept in its result
     (what a person checks against, e.g. a checkpoint id), never ok or failed. A
@@ -301,7 +306,7 @@ def park_unknown_outcome(ledger: Ledger, row: Any, output: dict[str, Any], summa
                            f"action {row['action_id']} ({row['tool']}): {why}")
 
 
-def mark_needs_reconciliation(ledger: Ledger, the_id: str, reason: str) -> None:
+def mark_needs_reconciliation(ledger: Ledger, the_id: str, reason: str, features: RunFeatures) -> None:
     with ledger.tx():
         row = get_action(ledger, the_id)
         move_action(ledger, the_id, ActionPhase.NEEDS_RECONCILIATION, reason=reason)
@@ -322,6 +327,7 @@ def finish_action(
     output: dict[str, Any],
     summary: str,
     error: str | None,
+    features: RunFeatures,
     *,
     current: Any = None,
     traceback: str | None = None,
@@ -356,7 +362,7 @@ def finish_action(
             result=stored,
             error=summarize(error, 300) if error else None,
         )
-        write_receipt(ledger, the_id, current={**dict(row), **written}, receipt=receipt, result=kept)
+        write_receipt(ledger, the_id, features, current={**dict(row), **written}, receipt=receipt, result=kept)
     ledger.failpoint("action.after-terminal")
     ledger.failpoint("action.after-receipt")
 
@@ -364,6 +370,7 @@ def finish_action(
 def write_receipt(
     ledger: Ledger,
     the_id: str,
+    features: RunFeatures,
     note: str | None = None,
     *,
     current: Any = None,
@@ -434,7 +441,7 @@ def write_receipt(
             },
             redacted=True,
         )
-        for hook in ledger.features.on_receipt:
+        for hook in features.on_receipt:
             hook(ledger, row)
     return True
 

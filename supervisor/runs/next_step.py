@@ -150,7 +150,7 @@ def _apply(ledger: Ledger, run_id: str, features: RunFeatures, decision: Decisio
         case Park(status):
             return {"do": Do.PARK, "status": status.value}
         case ParkRun(status, reason, repairs):
-            _repair(ledger, repairs)
+            _repair(ledger, repairs, features)
             set_run_status(ledger, run_id, status, reason)
             return {"do": Do.PARK, "status": status.value}
         case Finalize(reply, after_blockers):
@@ -170,7 +170,7 @@ def _apply(ledger: Ledger, run_id: str, features: RunFeatures, decision: Decisio
                 return advance(ledger, run_id, features, boundary=True)
             return {"do": Do.PROVIDER, "loop": loop}
         case Prepare(loop, index, tool, tool_input, plan_sha, repairs):
-            _repair(ledger, repairs)
+            _repair(ledger, repairs, features)
             return {
                 "do": Do.PREPARE,
                 "loop": loop,
@@ -180,7 +180,7 @@ def _apply(ledger: Ledger, run_id: str, features: RunFeatures, decision: Decisio
                 "plan_raw_sha256": plan_sha,
             }
         case Execute(action, repairs):
-            _repair(ledger, repairs)
+            _repair(ledger, repairs, features)
             return {
                 "do": Do.EXECUTE,
                 "action_id": action.action_id,
@@ -190,7 +190,7 @@ def _apply(ledger: Ledger, run_id: str, features: RunFeatures, decision: Decisio
                 "phase": action.phase.value,
             }
         case AdvanceLoop(loop, repairs):
-            _repair(ledger, repairs)
+            _repair(ledger, repairs, features)
             blocked = _loop_blockers(ledger, run_id, features)
             if blocked:
                 return blocked
@@ -205,9 +205,9 @@ def _apply(ledger: Ledger, run_id: str, features: RunFeatures, decision: Decisio
             assert_never(decision)
 
 
-def _repair(ledger: Ledger, action_ids: tuple[str, ...]) -> None:
+def _repair(ledger: Ledger, action_ids: tuple[str, ...], features: RunFeatures) -> None:
     for action_id in action_ids:
-        write_receipt(ledger, action_id, repair=True)  # a terminal move left without its receipt
+        write_receipt(ledger, action_id, features, repair=True)  # a terminal move left without its receipt
 
 
 def _loop_blockers(ledger: Ledger, run_id: str, features: RunFeatures) -> ParkStep | None:

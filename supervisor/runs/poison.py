@@ -25,6 +25,7 @@ from typing import Any
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store
 from corral.supervisor.runs.action_state import ActionPhase
+from corral.supervisor.runs.run_feature import RunFeatures
 
 log = logging.getLogger("corral.poison")
 
@@ -36,6 +37,7 @@ POISON_CRASHES = 2
 def charge(
     ledger: Ledger,
     action_ids: list[str],
+    features: RunFeatures,
     *,
     agent_id: str,
     actor_id: str,
@@ -62,7 +64,7 @@ def charge(
                 exit_code=exit_code, crashes=len(crashes),
             )
             if row["rerunnable"] and len(crashes) >= POISON_CRASHES:
-                stop(ledger, row, crashes, is_read)
+                stop(ledger, row, crashes, is_read, features)
                 stopped.append(the_id)
     return stopped
 
@@ -73,7 +75,9 @@ def crash_codes(ledger: Ledger, the_id: str) -> list[int]:
     return [int(row["exit_code"]) for row in rows]
 
 
-def stop(ledger: Ledger, row: Any, crashes: list[int], is_read: Callable[[str], bool]) -> None:
+def stop(
+    ledger: Ledger, row: Any, crashes: list[int], is_read: Callable[[str], bool], features: RunFeatures
+) -> None:
     """Never run ``row`` again: a read fails; anything else waits for a person."""
     codes = ", ".join(str(code) for code in crashes)
     why = (
@@ -85,13 +89,13 @@ def stop(ledger: Ledger, row: Any, crashes: list[int], is_read: Callable[[str], 
         ledger.event("action-poisoned", row["action_id"], run=row["run_id"], tool=row["tool"], crashes=len(crashes))
         if is_read(row["tool"]):
             action_store.move_action(ledger, row["action_id"], ActionPhase.FAILED, current=row, error=why, reason=why)
-            action_store.write_receipt(ledger, row["action_id"])
+            action_store.write_receipt(ledger, row["action_id"], features)
         else:
             # Its effect may have happened, once or more: a person decides.
-            action_store.mark_needs_reconciliation(ledger, row["action_id"], why)
+            action_store.mark_needs_reconciliation(ledger, row["action_id"], why, features)
 
 
-def stop_at_boot(ledger: Ledger, is_read: Callable[[str], bool]) -> list[str]:
+def stop_at_boot(ledger: Ledger, is_read: Callable[[str], bool], features: RunFeatures) -> list[str]:
     """Recovery: an executing rerunnable action charged to the limit (by an older
     limit, or a boot that stopped before it could act) is not run again either."""
     stopped = []
@@ -100,7 +104,7 @@ def stop_at_boot(ledger: Ledger, is_read: Callable[[str], bool]) -> list[str]:
         " AND (SELECT COUNT(*) FROM action_crashes c WHERE c.action_id = a.action_id) >= ?",
         POISON_CRASHES,
     ):
-        stop(ledger, row, crash_codes(ledger, row["action_id"]), is_read)
+        stop(ledger, row, crash_codes(ledger, row["action_id"]), is_read, features)
         stopped.append(row["action_id"])
     return stopped
 

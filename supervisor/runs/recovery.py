@@ -45,7 +45,7 @@ def recover(
 
     # Before the re-runs below: an action that crashed its agent too often is not
     # re-run at boot either (else every `corral up` would start the crash loop again).
-    report.poisoned = poison.stop_at_boot(ledger, is_read)
+    report.poisoned = poison.stop_at_boot(ledger, is_read, features)
     for row in ledger.all("SELECT action_id, rerunnable, tool FROM actions WHERE phase = 'executing'"):
         if row["rerunnable"]:
             report.rerun_read_only += 1  # next_step runs it again; nothing outside changed
@@ -54,13 +54,14 @@ def recover(
             ledger,
             row["action_id"],
             "the supervisor stopped while it was executing; the side effect may or may not have happened",
+            features,
         )
         report.reconciliations.append(row["action_id"])
     for row in ledger.all(
         "SELECT a.action_id FROM actions a LEFT JOIN receipts r ON r.action_id = a.action_id"
         " WHERE a.phase IN ('ok', 'failed', 'denied') AND r.action_id IS NULL"
     ):
-        write_receipt(ledger, row["action_id"], repair=True)
+        write_receipt(ledger, row["action_id"], features, repair=True)
         report.receipts_repaired += 1
     for row in ledger.all(
         "SELECT a.action_id FROM actions a JOIN runs r ON r.run_id = a.run_id"
@@ -69,7 +70,7 @@ def recover(
     ):
         with ledger.tx():  # the terminal move and its receipt: one commit, one event
             move_action(ledger, row["action_id"], ActionPhase.FAILED, reason="its run ended", error="run ended")
-            write_receipt(ledger, row["action_id"])
+            write_receipt(ledger, row["action_id"], features)
 
     for row in ledger.all(
         "SELECT slot, run_id, provider FROM provider_requests p JOIN runs USING (run_id) WHERE p.status = 'started'"

@@ -8,11 +8,14 @@ from corral.supervisor.errors import BadRequest, Conflict
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.action_store import get_action, move_action, write_receipt
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_store import get_run, set_run_status
 
 
-def continue_action(ledger: Ledger, action_id: str, decision: str, expected_fingerprint: str | None) -> str:
+def continue_action(
+    ledger: Ledger, action_id: str, decision: str, expected_fingerprint: str | None, features: RunFeatures
+) -> str:
     """Approve or deny, bound to the exact action id and fingerprint. Returns the run id."""
     if decision not in ("approve", "deny"):
         raise BadRequest("decision must be 'approve' or 'deny'")
@@ -30,12 +33,12 @@ def continue_action(ledger: Ledger, action_id: str, decision: str, expected_fing
             move_action(ledger, action_id, ActionPhase.APPROVED, reason="approved")
         else:
             move_action(ledger, action_id, ActionPhase.DENIED, reason="denied by a person", error="denied by a person")
-            write_receipt(ledger, action_id)  # in the denial's commit: its event is the receipt's
+            write_receipt(ledger, action_id, features)  # in the denial's commit: its event is the receipt's
         reopen_run(ledger, row["run_id"])
     return str(row["run_id"])
 
 
-def reconcile(ledger: Ledger, action_id: str, outcome: str, note: str) -> str:
+def reconcile(ledger: Ledger, action_id: str, outcome: str, note: str, features: RunFeatures) -> str:
     if outcome not in ("ok", "failed"):
         raise BadRequest("--as must be 'ok' or 'failed'")
     if not note.strip():
@@ -51,7 +54,7 @@ def reconcile(ledger: Ledger, action_id: str, outcome: str, note: str) -> str:
             reason=f"reconciled by a person as {outcome}",
             error=None if outcome == "ok" else f"reconciled as failed: {note[:200]}",
         )
-        write_receipt(ledger, action_id, note=note)
+        write_receipt(ledger, action_id, features, note=note)
         reopen_run(ledger, row["run_id"])
     return str(row["run_id"])
 

@@ -305,6 +305,7 @@ class RunActorMethods(RunCore):
             index,
             tool_name,
             tool_input,
+            self.features,
             rerunnable=rerunnable,
             policy=policy,
             raw_sha256=self.keep_raw_input(run["run_id"], loop, index, tool_input, shown),
@@ -325,7 +326,7 @@ class RunActorMethods(RunCore):
     async def action_begin(self, slot: ActorSlot, request: ActionBegin) -> Begun:
         action = action_store.get_action(self.ledger, request.action_id)
         self.check_owner(slot, action["run_id"])
-        return action_store.begin_action(self.ledger, action["action_id"])
+        return action_store.begin_action(self.ledger, action["action_id"], self.features)
 
     def planned_call(self, run_id: str, loop: int, index: int) -> PrepareStep | None:
         """Action ``index`` of loop ``loop``'s committed plan, as a ``prepare`` step
@@ -383,7 +384,7 @@ class RunActorMethods(RunCore):
             # The tool could not tell what its effect came to: a person reconciles it
             # (with what the tool could say, kept in its result); it never runs again.
             action_store.park_unknown_outcome(self.ledger, action, result.output, result.summary,
-                                              result.error or result.summary)
+                                              result.error or result.summary, self.features)
             return
         with self.ledger.tx():
             # Where a full disk refuses an outcome (tests: ``disk-full@N``); the agent
@@ -396,6 +397,7 @@ class RunActorMethods(RunCore):
                 result.output,
                 result.summary,
                 result.error,
+                self.features,
                 current=action,
                 # A finished action's traceback (its tool raised), if the agent sent one.
                 traceback=result.traceback or None,

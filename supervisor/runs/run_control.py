@@ -122,7 +122,7 @@ class RunControlMethods(RunCore):
         if fingerprint is not None:
             fingerprint = param_text(params, "fingerprint", limit=200)
         run_id = resolutions.continue_action(
-            self.ledger, _str(params, "action_id"), _str(params, "decision"), fingerprint
+            self.ledger, _str(params, "action_id"), _str(params, "decision"), fingerprint, self.features
         )
         await self.wake_run(run_id)
         self.features.on_decision(params)  # e.g. the user's own intent receipt for this action
@@ -137,7 +137,7 @@ class RunControlMethods(RunCore):
             return answered
         note = str(params.get("note", ""))[:1000]
         if target.startswith("act-"):
-            run_id = resolutions.reconcile(self.ledger, target, _str(params, "outcome"), note)
+            run_id = resolutions.reconcile(self.ledger, target, _str(params, "outcome"), note, self.features)
         else:
             run_id = resolutions.reconcile_provider_request(self.ledger, target, note or "reconciled")
         await self.wake_run(run_id)
@@ -168,7 +168,7 @@ class RunControlMethods(RunCore):
         if RunStatus(run["status"]) in TERMINAL:
             raise Refused(f"run {run_id} already ended ({run['status']})")
         with self.ledger.tx():
-            action_store.deny_unstarted_actions(self.ledger, run_id, f"run cancelled: {reason}")
+            action_store.deny_unstarted_actions(self.ledger, run_id, f"run cancelled: {reason}", self.features)
             run_store.set_run_status(self.ledger, run_id, RunStatus.CANCELLED, reason)
         return {"status": "cancelled"}
 

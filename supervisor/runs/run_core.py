@@ -169,7 +169,7 @@ class RunCore:
             return row
         with self.ledger.tx():  # the terminal move and its receipt: one commit, one event
             action_store.move_action(self.ledger, row["action_id"], phase, error=why, reason=why)
-            action_store.write_receipt(self.ledger, row["action_id"])
+            action_store.write_receipt(self.ledger, row["action_id"], self.features)
         return action_store.get_action(self.ledger, row["action_id"])
 
     async def wake(self, agent_id: str) -> None:

@@ -41,6 +41,7 @@ class RunUpkeep(RunCore):
             stopped = poison.charge(
                 self.ledger,
                 in_flight,
+                self.features,
                 agent_id=str(slot.spec.params.get("agent_id", slot.id)),
                 actor_id=slot.id,
                 incarnation=slot.incarnation,

@@ -139,7 +139,8 @@ class StepPiggyback:
         # agent never leaves an ``executing`` record nobody acted on.
         if row is None or not row["rerunnable"] or step.get("phase") not in ("prepared", "approved"):
             return step
-        if action_store.begin_action(self.ledger, step["action_id"], current=row)["begin"] is not Begin.EXECUTE:
+        begun = action_store.begin_action(self.ledger, step["action_id"], self.runs.features, current=row)
+        if begun["begin"] is not Begin.EXECUTE:
             return None  # denied, or parked for approval
         step["begun"] = True
         if self.runs.is_read(step["tool"]):
@@ -177,7 +178,7 @@ class StepPiggyback:
                 return batch
             if action["policy"] != "auto" or not action["rerunnable"]:
                 return batch
-            begun = action_store.begin_action(self.ledger, action["action_id"], current=action)
+            begun = action_store.begin_action(self.ledger, action["action_id"], runs.features, current=action)
             if begun["begin"] is not Begin.EXECUTE:
                 return batch
             batch.append({"action_id": action["action_id"], "tool": call["tool"], "input": call["input"]})
