@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 import trio
@@ -43,10 +43,11 @@ from corral.mailbox.protocol import (
     ActionResult,
     ClaimedRun,
     Code,
-    StepReply,
-    StepRequest,
+    Request,
 )
-from corral.mailbox.steps import Begin, ExecuteStep
+from corral.mailbox.steps import BatchEntry, Begin, ExecuteStep, Stepped
+
+S = TypeVar("S", bound=Stepped)
 
 log = logging.getLogger("corral.agent")
 
@@ -56,6 +57,12 @@ STORAGE_FULL = Code.DISK_FULL
 #: these delays (doubling up to the cap), until the ledger takes it.
 FINISH_RETRY_BASE_S = 0.2
 FINISH_RETRY_CAP_S = 10.0
+
+
+class StepAsk(Protocol):
+    """The lane's ``step_ask``: a step method whose reply carries the next step."""
+
+    async def __call__(self, request: Request[S], /) -> S: ...
 
 
 class ActionRunner:
@@ -68,7 +75,7 @@ class ActionRunner:
         tools: dict[str, Tool],
         inflight: InFlight | None,
         budget: int,
-        step_ask: Callable[[StepRequest], Awaitable[StepReply]],
+        step_ask: StepAsk,
         sees_images: Callable[[], bool],
     ) -> None:
         self.ctx = ctx
@@ -85,20 +92,19 @@ class ActionRunner:
     async def run_begun(self, step: ExecuteStep) -> None:
         """The step's action (and the batch of reads begun with it), its ``executing``
         durable: run, and each outcome reported until the ledger takes it."""
-        action_id = step["action_id"]
-        batch = [{"action_id": action_id, "tool": step["tool"], "input": step["input"]}, *step.get("batch", ())]
-        if step.get("parallel"):
+        batch = [BatchEntry(action_id=step.action_id, tool=step.tool, input=step.input), *step.batch]
+        if step.parallel:
             await self.execute_parallel(batch)
             return
         results: list[ActionResult] = []
         for action in batch:  # a read batch runs in plan order; see supervisor/runs/step_piggyback.py
             failpoints.hit("agent.before-effect")
             try:
-                outcome = await self.execute(action["action_id"], action["tool"], action["input"])
+                outcome = await self.execute(action.action_id, action.tool, action.input)
             except ActionParked:
                 return  # the supervisor finishes this action (an answer); the run is parked
             failpoints.hit("agent.after-effect")
-            results.append(with_receipt(outcome, action["action_id"], action["tool"], action["input"]))
+            results.append(with_receipt(outcome, action.action_id, action.tool, action.input))
         await self.finish(results)
 
     async def finish(self, results: list[ActionResult]) -> None:
@@ -138,15 +144,15 @@ class ActionRunner:
             await trio.sleep(delay)
             delay = min(FINISH_RETRY_CAP_S, delay * 2)
 
-    async def execute_parallel(self, batch: list[dict[str, Any]]) -> None:
+    async def execute_parallel(self, batch: list[BatchEntry]) -> None:
         """A batch of allow-listed reads, run at once; each result is committed as
         soon as its read ends (the next step is asked for afterwards)."""
 
-        async def one(action: dict[str, Any]) -> None:
+        async def one(action: BatchEntry) -> None:
             failpoints.hit("agent.before-effect")
-            outcome = await self.execute(action["action_id"], action["tool"], action["input"])
+            outcome = await self.execute(action.action_id, action.tool, action.input)
             failpoints.hit("agent.after-effect")
-            result = with_receipt(outcome, action["action_id"], action["tool"], action["input"])
+            result = with_receipt(outcome, action.action_id, action.tool, action.input)
             await self.report(ActionFinish.of(result, self.run_id), piggyback=False)
 
         async with trio.open_nursery() as nursery:
@@ -157,10 +163,10 @@ class ActionRunner:
         """The deliberately broken build: side effect first, ``executing`` after.
         Exists so that chaos can prove its checker fails; runs only when the broken
         build ``agent.effect-before-executing`` is armed (corral/core/failpoints.py)."""
-        action_id = step["action_id"]
-        outcome = await self.execute(action_id, step["tool"], step["input"])
+        action_id = step.action_id
+        outcome = await self.execute(action_id, step.tool, step.input)
         begun = await self.ctx.ask(ActionBegin(action_id))
-        if begun["begin"] == Begin.EXECUTE:
+        if begun.begin is Begin.EXECUTE:
             await self.ctx.ask(ActionFinish.of(outcome.result(action_id), self.run_id))
 
     async def execute(self, action_id: str, tool_name: str, tool_input: dict[str, Any]) -> ToolOutcome:

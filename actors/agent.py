@@ -13,9 +13,8 @@ import copy
 import dataclasses
 import fnmatch
 import logging
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, assert_never
 
 import msgspec
 import trio
@@ -54,6 +53,7 @@ from corral.mailbox.errors import RemoteError
 from corral.mailbox.protocol import (
     ActionBegin,
     ActionPrepare,
+    BadReply,
     ClaimedRun,
     ContextCompacted,
     InvalidPlan,
@@ -64,24 +64,25 @@ from corral.mailbox.protocol import (
     ProviderFailed,
     ProviderHandoff,
     ProviderInterrupted,
+    Request,
     RunChildResult,
     RunClaim,
     RunFail,
     RunFinalize,
-    StepReply,
-    StepRequest,
     TurnNote,
 )
 from corral.mailbox.steps import (
     Begin,
     CompactStep,
-    Do,
+    DoneStep,
     ExecuteStep,
     FinalizeStep,
+    ParkStep,
     ParseStep,
     PrepareStep,
     ProviderStep,
     Step,
+    Stepped,
 )
 
 log = logging.getLogger("corral.agent")
@@ -99,6 +100,9 @@ WIRE_SLACK_BYTES = 64 * 1024
 #: The broken build that runs a side effect before committing ``executing``, armed
 #: only through the failpoint spec (chaos proves its checker catches it).
 _EFFECT_FIRST = "agent.effect-before-executing"
+
+#: A step method's reply (``Stepped`` or a record that extends it).
+S = TypeVar("S", bound=Stepped)
 
 
 async def run(ctx: ActorContext) -> int:
@@ -227,12 +231,13 @@ class Lane:
     async def fail_run(self, reason: str) -> None:
         await self.ctx.ask(RunFail(self.run_id, reason))
 
-    async def step_ask(self, request: StepRequest) -> StepReply:
-        """A typed step whose reply also carries the next step (supervisor/runs/step_piggyback.py)."""
+    async def step_ask(self, request: Request[S]) -> S:
+        """A typed step whose reply also carries the next step (supervisor/runs/step_piggyback.py),
+        checked as it arrives (``ctx.ask``: a malformed one is a ``BadReply``)."""
         if failpoints.armed(_EFFECT_FIRST):
             return await self.ctx.ask(request)  # the broken build keeps its own order
         answer = await self.ctx.ask(msgspec.structs.replace(request, want_next=True, history_have=len(self.history)))
-        self.next = cast("Step | None", answer.get("next"))
+        self.next = answer.next
         return answer
 
     def project_context(self) -> str:
@@ -260,30 +265,43 @@ class Lane:
             self.provider = make_provider(self.run.provider, self.run.provider_config)
         return self.provider
 
-    def handlers(self) -> dict[Do, Callable[[Any], Awaitable[None]]]:
-        """What the lane does for each kind of step (``done`` and ``park`` end it)."""
-        return {
-            Do.PROVIDER: self.step_provider,
-            Do.PARSE: self.step_parse,
-            Do.PREPARE: self.step_prepare,
-            Do.EXECUTE: self.step_execute,
-            Do.COMPACT: self.step_compact,
-            Do.FINALIZE: self.step_finalize,
-        }
+    async def take(self, step: Step) -> bool:
+        """Take one step; False when it ends the lane (``done``, ``park``)."""
+        match step:
+            case DoneStep() | ParkStep():
+                return False
+            case ProviderStep():
+                await self.step_provider(step)
+            case ParseStep():
+                await self.step_parse(step)
+            case PrepareStep():
+                await self.step_prepare(step)
+            case ExecuteStep():
+                await self.step_execute(step)
+            case CompactStep():
+                await self.step_compact(step)
+            case FinalizeStep():
+                await self.step_finalize(step)
+            case _:
+                assert_never(step)
+        return True
 
     async def drive(self) -> None:
-        handlers = self.handlers()
         while True:
             do = "next_step"
             try:
                 step, self.next = self.next, None
                 if step is None:
-                    asked: Step = await self.ctx.ask(NextStep(self.run_id, len(self.history)))
-                    step = asked
-                do = Do(step["do"])
-                if do in (Do.DONE, Do.PARK):
+                    step = await self.ctx.ask(NextStep(self.run_id, len(self.history)))
+                do = step.DO
+                if not await self.take(step):
                     return
-                await handlers[do](step)
+            except BadReply as exc:
+                # The supervisor's answer is not the shape its method promises (a bug on
+                # one side): this run cannot go on safely, the lane and the agent can.
+                log.error("%s: %s: %s; the run fails", self.run_id, do, exc)
+                await self.fail_run(recordable.text(f"protocol error: {exc}"))
+                return
             except RemoteError as exc:
                 if exc.code == STORAGE_FULL:
                     # Nothing was committed and the step was not taken: wait for the
@@ -298,7 +316,7 @@ class Lane:
                     raise
 
     async def step_provider(self, step: ProviderStep) -> None:
-        loop = int(step["loop"])
+        loop = step.loop
         try:
             provider = self.get_provider()
         except Exception as exc:
@@ -315,18 +333,18 @@ class Lane:
         except agent_instructions.InstructionsError as exc:
             await self.fail_run(recordable.text(f"the agent's instructions cannot be read: {exc}"))
             return
-        begun = step.get("begun")
-        if not begun:  # else the lifecycle was begun with the last step's reply
+        begun = step.begun
+        if begun is None:  # else the lifecycle was begun with the last step's reply
             begun = await self.ctx.ask(ProviderBegin(self.run_id, loop))
         history = self.provider_history(step)
         request = ProviderRequest(
             run_id=self.run_id,
             agent_id=self.ctx.actor_id,
-            task=step["task"],
+            task=step.task,
             loop_index=loop,
             history=history,
             tools=self.offered,
-            slot=begun["slot"],
+            slot=begun.slot,
             tool_notes=tuple(sorted(self.run.mcp_instructions.items())),
             project_context=context,
             instructions=self.instructions.prompt if self.instructions else "",
@@ -337,34 +355,34 @@ class Lane:
         )
         # The transcript's notes of this turn (what was sent), with the handoff or the failure.
         notes = self.notes.for_turn(provider, request, observations_seen(step))
-        interrupt = self.interrupts.open(begun["slot"])
+        interrupt = self.interrupts.open(begun.slot)
         try:
             with interrupt:
                 response = await provider.complete(request)
         except ProviderError as exc:
-            await self.provider_failed(begun["slot"], exc.kind.value, recordable.text(str(exc)), notes)
+            await self.provider_failed(begun.slot, exc.kind.value, recordable.text(str(exc)), notes)
             return
         except Exception as exc:  # a provider bug is a failed lifecycle, never a hang
             error = recordable.text(f"{type(exc).__name__}: {exc}")
-            await self.provider_failed(begun["slot"], ErrorKind.FATAL.value, error, notes)
+            await self.provider_failed(begun.slot, ErrorKind.FATAL.value, error, notes)
             return
         finally:
-            self.interrupts.close(begun["slot"])
+            self.interrupts.close(begun.slot)
         if interrupt.cancelled_caught:
             # A steer or a pause: recorded as interrupted, never retried as an error.
-            await self.ctx.ask(ProviderInterrupted(self.run_id, begun["slot"]))
+            await self.ctx.ask(ProviderInterrupted(self.run_id, begun.slot))
             return
         problem = self.unsendable_response(response)
         if problem is not None:
             # Refused here, before the handoff: sent, it would crash this agent on
             # every attempt (the same request, the same answer).
-            await self.provider_failed(begun["slot"], ErrorKind.FATAL.value, problem, notes)
+            await self.provider_failed(begun.slot, ErrorKind.FATAL.value, problem, notes)
             return
         failpoints.hit("provider.before-handoff")
         text = response.text[:MAX_RESPONSE_CHARS]
         # The plan travels with the response it was parsed from (one round trip);
         # the supervisor commits the response first, then the plan.
-        handoff = ProviderHandoff(self.run_id, begun["slot"], text, notes=notes)
+        handoff = ProviderHandoff(self.run_id, begun.slot, text, notes=notes)
         if not failpoints.armed(_EFFECT_FIRST):
             parsed = self.parsed(provider, text)
             with_plan = msgspec.structs.replace(
@@ -407,14 +425,15 @@ class Lane:
     def provider_history(self, step: ProviderStep) -> tuple[dict[str, Any], ...]:
         """What the model sees: a shaped view (compaction) as sent, else the run's
         observations, of which the step carries only those past ``history_from``."""
-        if "history_from" not in step:
-            return tuple(step["history"])
-        start = int(step["history_from"])
+        history = step.history or []
+        start = step.history_from
+        if start is None:
+            return tuple(history)
         if start != len(self.history):
             # Cannot happen while the supervisor answers what this lane asked; refuse
             # to show the model a history with a hole in it.
             raise RuntimeError(f"history starts at {start}, this lane holds {len(self.history)}")
-        self.history.extend(step["history"])
+        self.history.extend(history)
         return tuple(self.history)
 
     def unsendable_response(self, response: Any) -> str | None:
@@ -471,13 +490,13 @@ class Lane:
         no side effect, so a kill here only means asking again."""
         summary = await self.summarize(step)
         failpoints.hit("context.mid-compaction")
-        await self.step_ask(ContextCompacted(self.run_id, int(step["to_seq"]), summary))
+        await self.step_ask(ContextCompacted(self.run_id, step.to_seq, summary))
 
     async def summarize(self, step: CompactStep) -> str:
         """The model writes it: through its provider's ``summarize`` when it has one,
         else an ordinary request whose final reply is the summary. The runtime's
         own digest stands in only when the model gives none."""
-        entries = tuple(step["entries"])
+        entries = tuple(step.entries)
         provider = self.get_provider()
         own = getattr(provider, "summarize", None)
         try:
@@ -485,8 +504,8 @@ class Lane:
                 text = str(await own(entries))
             else:
                 request = ProviderRequest(
-                    run_id=self.run_id, agent_id=self.ctx.actor_id, task=SUMMARY_TASK, loop_index=int(step["loop"]),
-                    history=entries, tools=(), slot=f"{self.run_id}:compact:{step['to_seq']}", tool_notes=(),
+                    run_id=self.run_id, agent_id=self.ctx.actor_id, task=SUMMARY_TASK, loop_index=step.loop,
+                    history=entries, tools=(), slot=f"{self.run_id}:compact:{step.to_seq}", tool_notes=(),
                     instructions=self.instructions.prompt if self.instructions else "",
                 )
                 text = provider.parse(await provider.complete(request), ()).final_reply or ""
@@ -502,31 +521,30 @@ class Lane:
 
     async def step_parse(self, step: ParseStep) -> None:
         """A response handed off without its plan (or before a crash): parse it now."""
-        loop = int(step["loop"])
-        parsed = self.parsed(self.get_provider(), step["response"] or "")
+        loop = step.loop
+        parsed = self.parsed(self.get_provider(), step.response or "")
         if isinstance(parsed, InvalidPlan):
-            await self.step_ask(PlanInvalid(self.run_id, loop, step["slot"], parsed.category, parsed.detail))
+            await self.step_ask(PlanInvalid(self.run_id, loop, step.slot, parsed.category, parsed.detail))
         else:
-            await self.step_ask(PlanCommit(self.run_id, loop, step["slot"], parsed))
+            await self.step_ask(PlanCommit(self.run_id, loop, step.slot, parsed))
 
     async def step_prepare(self, step: PrepareStep) -> None:
-        prepare = ActionPrepare(self.run_id, int(step["loop"]), int(step["index"]), step["tool"], step["input"])
+        prepare = ActionPrepare(self.run_id, step.loop, step.index, step.tool, step.input)
         await self.step_ask(prepare)
 
     async def step_execute(self, step: ExecuteStep) -> None:
-        action_id = step["action_id"]
         if failpoints.armed(_EFFECT_FIRST):
             await self.actions.execute_unsafely(step)
             return
-        if not step.get("begun"):  # else ``executing`` was committed with the last reply
-            begun = await self.step_ask(ActionBegin(action_id, run_id=self.run_id))
-            if begun["begin"] != Begin.EXECUTE:
+        if not step.begun:  # else ``executing`` was committed with the last reply
+            begun = await self.step_ask(ActionBegin(step.action_id, run_id=self.run_id))
+            if begun.begin is not Begin.EXECUTE:
                 return
             self.next = None
         await self.actions.run_begun(step)
 
     async def step_finalize(self, step: FinalizeStep) -> None:
         if self.run.kind != "root":
-            await self.ctx.ask(RunChildResult(self.run_id, step["reply"]))
+            await self.ctx.ask(RunChildResult(self.run_id, step.reply))
             return
-        await self.ctx.ask(RunFinalize(self.run_id, step["reply"]))
+        await self.ctx.ask(RunFinalize(self.run_id, step.reply))

@@ -10,7 +10,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -89,9 +89,7 @@ class ActorContext:
         ``child_timeout_s`` fails, and the request is then refused), and a stop
         (the runtime ends the template at shutdown). ``timeout`` is per attempt."""
         answer = await self._send(request.METHOD, protocol.encode(request), timeout)
-        if request.REPLY is not None:
-            return cast(R, protocol.reply(request.REPLY, answer))  # checked as it arrives
-        return cast(R, answer)
+        return protocol.reply(request, answer)  # checked as it arrives: ``BadReply`` when malformed
 
     async def _send(self, method: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         delay = LEDGER_RETRY_FIRST_S

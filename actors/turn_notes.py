@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import Any
 
 import msgspec
 
@@ -23,6 +22,7 @@ from corral.actors import recordable
 from corral.actors.providers.base import MAX_TRANSCRIPT_CHARS, Provider, ProviderRequest, ToolSchema
 from corral.core.redact import summarize
 from corral.mailbox.protocol.run_records import REASONING_EFFORTS, TurnNote
+from corral.mailbox.steps import ProviderStep
 
 log = logging.getLogger("corral.agent")
 
@@ -125,13 +125,13 @@ class TurnNotes:
         return msgspec.structs.replace(notes, system=None, catalog=None)
 
 
-def observations_seen(step: Any) -> int | None:
+def observations_seen(step: ProviderStep) -> int | None:
     """How many of the run's observations a provider step showed the model: the
     count the lane holds, or for a shaped view (compaction) the summary's end plus
     the observations after it. None: a view this cannot tell."""
-    history = step.get("history") or []
-    if "history_from" in step:
-        return int(step["history_from"]) + len(history)
+    history = step.history or []
+    if step.history_from is not None:
+        return step.history_from + len(history)
     after = 0
     count = 0
     for entry in history:

@@ -47,6 +47,7 @@ from corral.mailbox.protocol import (
     PlanCommit,
     PlanInvalid,
     PlanUpdate,
+    Pong,
     ProjectCommitMoved,
     ProjectPreview,
     ProjectRevisionAdvance,
@@ -92,23 +93,37 @@ def _need(family: F | None, request: Request[Any]) -> F:
     return family
 
 
-def _wire(answer: msgspec.Struct) -> Mapping[str, object]:
-    """A record reply as the wire carries it (the caller checks it back, ``REPLY``)."""
-    body: dict[str, object] = msgspec.to_builtins(answer)
-    return body
+#: A handler's answer: its method's reply record (``Request[R]``'s ``R``), or a
+#: map where the reply is not typed yet.
+Answer = msgspec.Struct | Mapping[str, Any]
 
 
-async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest) -> Mapping[str, object]:
-    """The answer to one decoded request (committed; the caller waits for the barrier)."""
+async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest) -> dict[str, Any]:
+    """The answer to one decoded request as the wire carries it (committed; the
+    caller waits for the barrier): a reply record encoded once, here (the actor
+    checks it back into the same record, ``protocol.reply``). Bytes stay bytes
+    (msgpack carries them as they are)."""
+    answer = await _answer(sup, slot, request)
+    if isinstance(answer, msgspec.Struct):
+        body: dict[str, Any] = msgspec.to_builtins(answer, builtin_types=_AS_IS)
+        return body
+    return dict(answer)
+
+
+_AS_IS = (bytes, bytearray)
+
+
+async def _answer(sup: Supervisor, slot: ActorSlot, request: TypedRequest) -> Answer:
+    """The handler's answer to ``request``: one ``case`` per record."""
     runs = sup.runs
     steps = runs.steps
     methods = sup.methods
     match request:
         case Ping():
-            return {"pong": True, "actor": slot.id}
+            return Pong(pong=True, actor=slot.id)
         # -- the run layer (supervisor/runs/run_actor_methods.py)
         case RunClaim():
-            return _wire(await runs.claim(slot, request))
+            return await runs.claim(slot, request)
         case NextStep():
             return await runs.next_step(slot, request)
         case ProviderBegin():
@@ -142,8 +157,8 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest) -> M
             return await _need(methods.swarm, request).child_result(slot, request)
         # -- long tasks (supervisor/longtask/)
         case ContextCompacted():
-            answer = await _need(methods.compaction, request).compacted(slot, request)
-            return await steps.carry_next(slot, request, answer)
+            compacted = await _need(methods.compaction, request).compacted(slot, request)
+            return await steps.carry_next(slot, request, compacted)
         case PlanUpdate():
             return await _need(methods.plans, request).update(slot, request)
         case GoalVerdict():
@@ -163,7 +178,7 @@ async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest) -> M
         case BenchSink():
             return await _need(methods.probes, request).sink(slot, request)
         case BenchSinkCount():
-            return _wire(await _need(methods.probes, request).sink_count(slot, request))
+            return await _need(methods.probes, request).sink_count(slot, request)
         case BenchSinkReset():
             return await _need(methods.probes, request).sink_reset(slot, request)
         case ProjectVerifyBegin():

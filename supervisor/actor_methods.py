@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         BridgeRunStatus,
         CommandLaunched,
         CommandSandbox,
+        Compacted,
         ContextCompacted,
         GoalVerdict,
         HistoryActions,
@@ -136,7 +137,7 @@ class McpMethods(Protocol):
 class CompactionMethods(Protocol):
     """Context compaction (supervisor/longtask/compaction_service.py)."""
 
-    async def compacted(self, slot: ActorSlot, request: ContextCompacted) -> dict[str, Any]: ...
+    async def compacted(self, slot: ActorSlot, request: ContextCompacted) -> Compacted: ...
 
 
 class PlanMethods(Protocol):

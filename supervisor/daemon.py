@@ -393,7 +393,7 @@ class Supervisor:
         except protocol.ProtocolError as exc:
             raise SupervisorError(str(exc), code=exc.code) from None
         try:
-            result = dict(await actor_dispatch.dispatch(self, slot, request))
+            result = await actor_dispatch.dispatch(self, slot, request)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self.group_commit.barrier()  # a refusal may follow a commit

@@ -7,10 +7,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
-from corral.mailbox.steps import Do
+from corral.mailbox.steps import CompactStep, ProviderStep
 from corral.supervisor.longtask import compaction
 from corral.supervisor.longtask.compaction_service import (
     CompactionFeature,
@@ -54,7 +55,7 @@ class Counting:
         return getattr(self.ledger, name)
 
 
-async def _afresh(ledger: Any, run_id: str, step: dict[str, Any], models: Tokenizer | None) -> Any:
+async def _afresh(ledger: Any, run_id: str, step: ProviderStep, models: Tokenizer | None) -> Any:
     """Today's shaping without a memo: every observation read, parsed and counted."""
     limits = LIMITS
     requested = ledger.one("SELECT 1 FROM compaction_requests WHERE run_id = ?", run_id) is not None
@@ -77,9 +78,10 @@ async def _afresh(ledger: Any, run_id: str, step: dict[str, Any], models: Tokeni
 
     todo = compaction.plan(observations, previous, limits, requested=requested, count=count)
     if todo is not None:
-        return {"do": Do.COMPACT, "loop": step["loop"], "from_seq": todo["from_seq"], "to_seq": todo["to_seq"],
-                "entries": todo["entries"], "tokens_before": todo["tokens_before"]}
-    return {**step, "history": compaction.view(observations, previous, limits.get("tool_output"), count)}
+        return CompactStep(loop=step.loop, from_seq=todo["from_seq"], to_seq=todo["to_seq"], entries=todo["entries"],
+                           tokens_before=todo["tokens_before"])
+    return msgspec.structs.replace(step, history=compaction.view(observations, previous, limits.get("tool_output"),
+                                                                 count))
 
 
 def _entry(i: int) -> dict[str, Any]:
@@ -109,18 +111,18 @@ def test_the_memo_gives_the_same_views_and_compactions_as_reading_everything(ope
                 with ledger.tx() as db:
                     db.execute("INSERT INTO compaction_requests (run_id, created_at) VALUES (?, ?)",
                                (run_id, time.time()))
-            step = {"do": Do.PROVIDER, "loop": i}
-            got = await service.shape_provider_step(run_id, step)  # type: ignore[arg-type]
+            step = ProviderStep(loop=i)
+            got = await service.shape_provider_step(run_id, step)
             want = await _afresh(ledger, run_id, step, tokenizer if local else None)
             afresh_asked[0] += 2 * (i + 1)  # each observation's entry and its output
             assert got == want, f"turn {i}"
-            kinds.append("bare" if "history" not in got and got["do"] is Do.PROVIDER else
-                         "compact" if got["do"] is Do.COMPACT else "view")
-            if got["do"] is Do.COMPACT:  # the agent's summary lands (as context.compacted stores it)
+            kinds.append("bare" if isinstance(got, ProviderStep) and got.history is None else
+                         "compact" if isinstance(got, CompactStep) else "view")
+            if isinstance(got, CompactStep):  # the agent's summary lands (as context.compacted stores it)
                 with ledger.tx() as db:
                     db.execute("INSERT INTO compactions (run_id, from_seq, to_seq, summary, tokens_before,"
                                " tokens_after, created_at) VALUES (?, 1, ?, ?, 0, 0, ?)",
-                               (run_id, got["to_seq"], f"summary up to {got['to_seq']}", time.time()))
+                               (run_id, got.to_seq, f"summary up to {got.to_seq}", time.time()))
                     db.execute("DELETE FROM compaction_requests WHERE run_id = ?", (run_id,))
 
     trio.run(main)
@@ -145,11 +147,11 @@ def test_a_turn_reads_only_the_rows_appended_since_the_last_and_an_ended_run_is_
             run_store.add_observation(ledger, run_id, f"s{i}", i, {"tool": "fs.read", "status": "ok",
                                                                   "output": "y" * 1000})
             counting.reads.clear()
-            got = await service.shape_provider_step(run_id, {"do": Do.PROVIDER, "loop": i})  # type: ignore[arg-type]
-            assert got["do"] is Do.PROVIDER
+            got = await service.shape_provider_step(run_id, ProviderStep(loop=i))
+            assert isinstance(got, ProviderStep)
             reads = [args for sql, args in counting.reads if "FROM observations" in sql and "seq >" in sql]
-            if "history" in got:
-                assert len(got["history"]) == i
+            if got.history is not None:
+                assert len(got.history) == i
                 assert len(reads) == 1 and reads[0][1] == i - 1, reads  # from the last seq seen on
                 seen.append(i)
                 if i > 1:  # nor the aggregate read: the memo's existence answers it

@@ -13,6 +13,7 @@ import pytest
 from corral.actors.agent import Lane
 from corral.mailbox.control import ControlError
 from corral.mailbox.protocol import ActionFinishBatch, ActionResult, NextStep, ProtocolError, decode
+from corral.mailbox.steps import ProviderStep
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import SqliteLedger
 from corral.supervisor.runs import action_store, run_store
@@ -301,12 +302,13 @@ def test_a_lane_adds_each_turns_new_observations_and_refuses_a_gap() -> None:
     lane = Lane.__new__(Lane)  # only its history: no actor context needed
     lane.history = []
     first, second, third = {"n": 1}, {"n": 2}, {"n": 3}
-    assert lane.provider_history({"history": [first], "history_from": 0}) == (first,)
-    assert lane.provider_history({"history": [second, third], "history_from": 1}) == (first, second, third)
+    assert lane.provider_history(ProviderStep(loop=0, history=[first], history_from=0)) == (first,)
+    later = ProviderStep(loop=0, history=[second, third], history_from=1)
+    assert lane.provider_history(later) == (first, second, third)
     # A shaped view (compaction) is shown as sent and leaves the lane's copy alone.
-    assert lane.provider_history({"history": [{"summary": "s"}]}) == ({"summary": "s"},)
+    assert lane.provider_history(ProviderStep(loop=0, history=[{"summary": "s"}])) == ({"summary": "s"},)
     with pytest.raises(RuntimeError, match="starts at 1"):
-        lane.provider_history({"history": [third], "history_from": 1})
+        lane.provider_history(ProviderStep(loop=0, history=[third], history_from=1))
     assert lane.history == [first, second, third]
 
 

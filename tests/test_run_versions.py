@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from corral.mailbox.steps import ExecuteStep, ProviderStep
 from corral.supervisor.interactive import steer_store
 from corral.supervisor.ledger.port import Ledger, SqliteLedger
 from corral.supervisor.runs import action_store, provider_store, run_store
@@ -67,7 +68,7 @@ def boundary_reads(ledger: SqliteLedger, run_id: str) -> tuple[Any, list[str]]:
 def test_an_unchanged_run_is_answered_without_the_boundary_reads(ledger: SqliteLedger) -> None:
     run_id = running_run(ledger)
     first, reads = boundary_reads(ledger, run_id)
-    assert first == {"do": "provider", "loop": 0} and reads  # the first boundary reads them
+    assert first == ProviderStep(loop=0) and reads  # the first boundary reads them
     again, reads = boundary_reads(ledger, run_id)
     assert again == first and reads == []  # nothing the checks read changed since
 
@@ -78,7 +79,7 @@ def test_a_steer_written_after_a_quiet_boundary_is_applied_at_the_next(ledger: S
     advance(ledger, run_id, ledger.features)  # quiet now
     steer_store.record_steer(ledger, run_id, "do it differently")
     step, reads = boundary_reads(ledger, run_id)
-    assert reads and step == {"do": "provider", "loop": 1}
+    assert reads and step == ProviderStep(loop=1)
     assert steer_store.pending_steers(ledger, run_id) == []
     # And a provider turn asks the guards again only when something changed.
     assert provider_store.control_pending(ledger, run_id, ledger.features) is None
@@ -96,12 +97,12 @@ def test_a_steer_held_by_an_executing_action_is_applied_once_it_ends(ledger: Sql
     )
     action_store.move_action(ledger, prepared["action_id"], ActionPhase.EXECUTING)
     steer_store.record_steer(ledger, run_id, "stop")
-    assert advance(ledger, run_id, ledger.features)["do"] == "execute"
-    assert advance(ledger, run_id, ledger.features)["do"] == "execute"
+    assert isinstance(advance(ledger, run_id, ledger.features), ExecuteStep)
+    assert isinstance(advance(ledger, run_id, ledger.features), ExecuteStep)
     assert len(steer_store.pending_steers(ledger, run_id)) == 1  # held by the executing action
     action_store.finish_action(ledger, prepared["action_id"], True, {"entries": []}, "listed", None, ledger.features)
     step = advance(ledger, run_id, ledger.features)
-    assert steer_store.pending_steers(ledger, run_id) == [] and step == {"do": "provider", "loop": 1}
+    assert steer_store.pending_steers(ledger, run_id) == [] and step == ProviderStep(loop=1)
 
 
 def test_a_rolled_back_write_only_costs_a_read(ledger: SqliteLedger) -> None:
@@ -111,7 +112,7 @@ def test_a_rolled_back_write_only_costs_a_read(ledger: SqliteLedger) -> None:
         steer_store.record_steer(ledger, run_id, "never committed")
         raise RuntimeError("rolled back")
     step, reads = boundary_reads(ledger, run_id)
-    assert reads and step == {"do": "provider", "loop": 0}  # read again, never skipped on a guess
+    assert reads and step == ProviderStep(loop=0)  # read again, never skipped on a guess
     assert boundary_reads(ledger, run_id)[1] == []  # and quiet again
 
 

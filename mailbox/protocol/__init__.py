@@ -25,11 +25,11 @@ checks it): there is no untyped way in.
 
 from __future__ import annotations
 
-from typing import Any, Final, TypeVar, get_args
+from typing import Any, Final, TypeVar, cast, get_args
 
 import msgspec
 
-from corral.mailbox.protocol.base import Code, Count, Id, Method, ProtocolError, Request
+from corral.mailbox.protocol.base import Ack, BadReply, Code, Count, Id, Method, ProtocolError, Request
 from corral.mailbox.protocol.bridge import (
     BridgeJobAdvance,
     BridgeJobOpen,
@@ -38,7 +38,7 @@ from corral.mailbox.protocol.bridge import (
     BridgeRequest,
     BridgeRunStatus,
 )
-from corral.mailbox.protocol.longtask import ContextCompacted, GoalVerdict, LongTaskRequest, PlanUpdate
+from corral.mailbox.protocol.longtask import Compacted, ContextCompacted, GoalVerdict, LongTaskRequest, PlanUpdate
 from corral.mailbox.protocol.mcp import (
     McpCall,
     McpFailed,
@@ -72,14 +72,18 @@ from corral.mailbox.protocol.run_records import (
     ActionResult,
     Claim,
     ClaimedRun,
+    HandedOff,
     InvalidPlan,
     NextStep,
     Ping,
+    PlanAnswer,
     PlanCommit,
     PlanInvalid,
     Pong,
+    Prepared,
     ProviderBegin,
     ProviderFailed,
+    ProviderFailure,
     ProviderHandoff,
     ProviderInterrupted,
     Receipt,
@@ -87,6 +91,7 @@ from corral.mailbox.protocol.run_records import (
     RunClaim,
     RunFail,
     RunFinalize,
+    RunFinalized,
     RunRequest,
     StepReply,
     TurnNote,
@@ -114,16 +119,20 @@ from corral.mailbox.protocol.swarm import (
     SwarmRequest,
     SwarmSpawn,
 )
+from corral.mailbox.steps import ActionBegun, ProviderBegun, Stepped
 
 __all__ = [
     "DEFAULT_POLL_CHARS",
     "MAX_POLL_CHARS",
     "MAX_POLL_WAIT_MS",
+    "Ack",
     "ActionBegin",
+    "ActionBegun",
     "ActionFinish",
     "ActionFinishBatch",
     "ActionPrepare",
     "ActionResult",
+    "BadReply",
     "BenchSink",
     "BenchSinkCount",
     "BenchSinkReset",
@@ -138,9 +147,11 @@ __all__ = [
     "Code",
     "CommandLaunched",
     "CommandSandbox",
+    "Compacted",
     "ContextCompacted",
     "Count",
     "GoalVerdict",
+    "HandedOff",
     "HistoryActions",
     "HistoryCommand",
     "Id",
@@ -155,10 +166,12 @@ __all__ = [
     "ModelReady",
     "NextStep",
     "Ping",
+    "PlanAnswer",
     "PlanCommit",
     "PlanInvalid",
     "PlanUpdate",
     "Pong",
+    "Prepared",
     "ProjectCommitMoved",
     "ProjectPreview",
     "ProjectRevisionAdvance",
@@ -167,7 +180,9 @@ __all__ = [
     "ProjectVerifyRecord",
     "ProtocolError",
     "ProviderBegin",
+    "ProviderBegun",
     "ProviderFailed",
+    "ProviderFailure",
     "ProviderHandoff",
     "ProviderInterrupted",
     "Receipt",
@@ -178,6 +193,7 @@ __all__ = [
     "RunClaim",
     "RunFail",
     "RunFinalize",
+    "RunFinalized",
     "SealedValue",
     "SessionLaunched",
     "SessionPoll",
@@ -189,6 +205,7 @@ __all__ = [
     "SpawnChild",
     "StepReply",
     "StepRequest",
+    "Stepped",
     "SwarmClaim",
     "SwarmContract",
     "SwarmDelegate",
@@ -254,6 +271,14 @@ def encode(request: Request[Any]) -> dict[str, Any]:
     return {"method": request.METHOD.value, "params": params}
 
 
-def reply(kind: type[R], answer: Any) -> R:
-    """A reply off the wire as its typed record (``Any`` for a map reply)."""
-    return msgspec.convert(answer, kind, strict=True)
+def reply(request: Request[R], answer: dict[str, Any]) -> R:
+    """``request``'s reply off the wire, checked once as it arrives into its typed
+    record (``REPLY``; a reply still a map passes as is). Raises ``BadReply``,
+    naming the method and the field, for a reply of the wrong shape."""
+    kind = request.REPLY
+    if kind is None:
+        return cast(R, answer)
+    try:
+        return cast(R, msgspec.convert(answer, kind, strict=True))
+    except msgspec.ValidationError as exc:
+        raise BadReply(f"{request.METHOD}: malformed reply: {exc}") from None

@@ -6,7 +6,7 @@ module beside this one and import from here, never from the package."""
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Generic, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
 import msgspec
 
@@ -98,6 +98,8 @@ class Code(StrEnum):
     MODEL_UNAVAILABLE = "model-unavailable"
     MODEL_TIMEOUT = "model-timeout"
     MODEL_FAILED = "model-failed"
+    #: A reply whose shape is not its method's (the actor side's ``BadReply``).
+    BAD_REPLY = "bad-reply"
 
 
 class ProtocolError(ValueError):
@@ -116,10 +118,31 @@ Id = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=10**9)]
 
 
+class BadReply(ProtocolError):
+    """A reply whose shape is not its method's, refused as it arrives (``ActorContext.ask``):
+    the supervisor and its actor are the same code, so this is a bug, named here
+    (the method, the field) rather than met as a ``KeyError`` deep inside the agent."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, Code.BAD_REPLY)
+
+
+class Ack(msgspec.Struct, frozen=True):
+    """The reply of a method whose caller reads nothing of it but that it succeeded."""
+
+
 class Request(msgspec.Struct, Generic[R], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """One method's request; ``R`` is its reply. ``METHOD`` names it on the wire;
-    ``REPLY``, when set, is the record the reply is checked into as it arrives."""
+    ``REPLY`` is the record the reply is checked into as it arrives, read off
+    ``R`` itself (``Request[Claim]``: ``Claim``), so the two cannot differ; None
+    for a reply that is still a map (``dict[str, Any]``)."""
 
     METHOD: ClassVar[Method]
-    REPLY: ClassVar[type[Any] | None] = None
+    REPLY: ClassVar[Any] = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            if get_origin(base) is Request:
+                (reply,) = get_args(base)
+                cls.REPLY = None if get_origin(reply) is dict else reply

@@ -8,12 +8,19 @@ from typing import Annotated, Any, ClassVar
 import msgspec
 
 from corral.mailbox.protocol.base import Count, Id, Method, Request
+from corral.mailbox.steps import Stepped
 
 #: An observation's place in its run (``observations.seq``, from 1).
 Seq = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
 
 
-class ContextCompacted(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class Compacted(Stepped, kw_only=True):
+    """``context.compacted``'s reply: the summary covers the observations to ``to_seq``."""
+
+    to_seq: int
+
+
+class ContextCompacted(Request[Compacted], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``context.compacted``: the agent's summary of the run's observations up to
     ``to_seq``, once per covered range; its reply carries the next step when
     ``want_next`` (supervisor/runs/step_piggyback.py)."""

@@ -27,7 +27,6 @@ class BenchSinkCount(Request[SinkCount], frozen=True, forbid_unknown_fields=True
     """``bench.sink_count``: how many ``bench.sink`` tells the supervisor counted."""
 
     METHOD: ClassVar[Method] = Method.BENCH_SINK_COUNT
-    REPLY: ClassVar[type[Any] | None] = SinkCount
 
 
 class BenchSinkReset(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):

@@ -7,8 +7,8 @@ from typing import Annotated, Any, ClassVar, Final, Literal, get_args
 
 import msgspec
 
-from corral.mailbox.protocol.base import Count, Id, Method, Request
-from corral.mailbox.steps import Step
+from corral.mailbox.protocol.base import Ack, Count, Id, Method, Request
+from corral.mailbox.steps import ActionBegun, ProviderBegun, Step, Stepped
 
 # -- replies ------------------------------------------------------------------------
 
@@ -53,7 +53,50 @@ class Claim(msgspec.Struct, kw_only=True):
 
 #: The reply of a step method: ``next`` when the request said ``want_next``
 #: (supervisor/runs/step_piggyback.py), the method's own fields besides.
-StepReply = dict[str, Any]
+StepReply = Stepped
+
+
+class HandedOff(Stepped, kw_only=True):
+    """``provider.handoff``'s reply: ``refused``, why the response was not stored
+    (a secret in it: seed 004 V1.43), else None."""
+
+    refused: str | None = None
+
+
+class PlanAnswer(Stepped, kw_only=True):
+    """``plan.commit``'s and ``plan.invalid``'s reply: the plan as stored (redacted),
+    or why it was refused (``refused``, as an invalid plan); ``repair``: the model
+    is asked again (an invalid plan within the run's repairs), False: the run failed."""
+
+    plan: dict[str, Any] | None = None
+    refused: str | None = None
+    repair: bool | None = None
+
+
+class Prepared(Stepped, kw_only=True):
+    """``action.prepare``'s reply: the action's id, its phase (``prepared``, or
+    refused at once: ``denied``/``failed``) and its fingerprint."""
+
+    action_id: str
+    phase: str
+    fingerprint: str
+
+
+class ProviderFailure(msgspec.Struct, kw_only=True):
+    """``provider.failed``'s reply: a retry is scheduled (``retry_at``), or the run failed."""
+
+    retry: bool
+    retry_at: float | None
+    attempt: int
+
+
+class RunFinalized(msgspec.Struct, kw_only=True):
+    """``run.finalize``'s reply: ``completed``, ``invalidated`` (``reason``), or held
+    (a person's input, a blocked final reply: ``reasons``)."""
+
+    status: str
+    reason: str | None = None
+    reasons: list[str] | None = None
 
 
 #: A provider turn's slot, as the ledger keys it (``<run>:<loop>:<n>``).
@@ -107,7 +150,6 @@ class RunClaim(Request[Claim], frozen=True, forbid_unknown_fields=True, omit_def
     """``run.claim``: the next queued run of the calling agent, if any."""
 
     METHOD: ClassVar[Method] = Method.RUN_CLAIM
-    REPLY: ClassVar[type[Any] | None] = Claim
 
 
 class NextStep(Request[Step], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -119,7 +161,7 @@ class NextStep(Request[Step], frozen=True, forbid_unknown_fields=True, omit_defa
     history_have: Count = 0
 
 
-class ActionBegin(Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ActionBegin(Request[ActionBegun], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``action.begin``: may the agent start the action's effect now (``Begun``)."""
 
     METHOD: ClassVar[Method] = Method.ACTION_BEGIN
@@ -172,7 +214,13 @@ class ActionFinish(ActionResult, Request[StepReply], frozen=True, forbid_unknown
 
     def result(self) -> ActionResult:
         return ActionResult(
-            self.action_id, self.ok, self.output, self.summary, self.error, self.traceback, self.receipt,
+            self.action_id,
+            self.ok,
+            self.output,
+            self.summary,
+            self.error,
+            self.traceback,
+            self.receipt,
             self.unknown,
         )
 
@@ -201,7 +249,7 @@ class ActionFinishBatch(Request[StepReply], frozen=True, forbid_unknown_fields=T
     history_have: Count = 0
 
 
-class RunFinalize(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class RunFinalize(Request[RunFinalized], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``run.finalize``: the plan's final reply (supervisor/runs/finalization.py)."""
 
     METHOD: ClassVar[Method] = Method.RUN_FINALIZE
@@ -210,7 +258,7 @@ class RunFinalize(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=Tr
     reply: str | None
 
 
-class RunFail(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class RunFail(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``run.fail``: the agent cannot go on with the run (``reason``, shown to people)."""
 
     METHOD: ClassVar[Method] = Method.RUN_FAIL
@@ -218,7 +266,7 @@ class RunFail(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, 
     reason: str = "failed"
 
 
-class ProviderBegin(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ProviderBegin(Request[ProviderBegun], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``provider.begin``: a provider request's lifecycle begins (its ``slot`` in the reply)."""
 
     METHOD: ClassVar[Method] = Method.PROVIDER_BEGIN
@@ -226,7 +274,7 @@ class ProviderBegin(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=
     loop: Index
 
 
-class ProviderHandoff(Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ProviderHandoff(Request[HandedOff], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``provider.handoff``: the model's response, committed before anyone parses or
     acts on it; with the plan the agent parsed from it (``plan``, or why it is
     invalid: ``plan_invalid``), committed after it (supervisor/runs/step_piggyback.py)."""
@@ -242,7 +290,7 @@ class ProviderHandoff(Request[StepReply], frozen=True, forbid_unknown_fields=Tru
     history_have: Count = 0
 
 
-class ProviderFailed(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ProviderFailed(Request[ProviderFailure], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``provider.failed``: the turn failed (``kind``: transient ones are retried)."""
 
     METHOD: ClassVar[Method] = Method.PROVIDER_FAILED
@@ -262,7 +310,7 @@ class ProviderInterrupted(Request[dict[str, Any]], frozen=True, forbid_unknown_f
     slot: Annotated[str, msgspec.Meta(max_length=300)]
 
 
-class PlanCommit(Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class PlanCommit(Request[PlanAnswer], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``plan.commit``: the plan parsed from loop ``loop``'s response (a response
     handed off without one, or before a crash)."""
 
@@ -275,7 +323,7 @@ class PlanCommit(Request[StepReply], frozen=True, forbid_unknown_fields=True, om
     history_have: Count = 0
 
 
-class PlanInvalid(Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class PlanInvalid(Request[PlanAnswer], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``plan.invalid``: loop ``loop``'s response holds no valid plan (``category``, ``detail``)."""
 
     METHOD: ClassVar[Method] = Method.PLAN_INVALID
@@ -288,7 +336,7 @@ class PlanInvalid(Request[StepReply], frozen=True, forbid_unknown_fields=True, o
     history_have: Count = 0
 
 
-class ActionPrepare(Request[StepReply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ActionPrepare(Request[Prepared], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``action.prepare``: the plan's action ``index`` of loop ``loop`` becomes a
     prepared action (or is refused, recorded, never run)."""
 

@@ -11,9 +11,11 @@ from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from corral.core.redact import redact_text
-from corral.mailbox.protocol import ContextCompacted
-from corral.mailbox.steps import CompactStep, Do, ProviderStep
+from corral.mailbox.protocol import Compacted, ContextCompacted
+from corral.mailbox.steps import CompactStep, ProviderStep
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import compaction, compaction_memo
@@ -68,8 +70,8 @@ def _surely_within(ledger: Ledger, run_id: str, limits: dict[str, Any]) -> bool:
 
 
 def _compact_step(step: ProviderStep, todo: dict[str, Any]) -> CompactStep:
-    return {"do": Do.COMPACT, "loop": step["loop"], "from_seq": todo["from_seq"], "to_seq": todo["to_seq"],
-            "entries": todo["entries"], "tokens_before": todo["tokens_before"]}
+    return CompactStep(loop=step.loop, from_seq=todo["from_seq"], to_seq=todo["to_seq"], entries=todo["entries"],
+                       tokens_before=todo["tokens_before"])
 
 
 class CompactionService:
@@ -118,7 +120,7 @@ class CompactionService:
             todo = compaction.plan(memo.observations, previous, limits, count=count)
             if todo is not None:
                 return _compact_step(step, todo)
-        return {**step, "history": memo.view()}
+        return msgspec.structs.replace(step, history=memo.view())
 
     async def _shape_afresh(self, run_id: str, step: ProviderStep, limits: dict[str, Any],
                             previous: dict[str, Any] | None) -> ProviderStep | CompactStep:
@@ -127,7 +129,8 @@ class CompactionService:
         todo = compaction.plan(observations, previous, limits, requested=True, count=count)
         if todo is not None:
             return _compact_step(step, todo)
-        return {**step, "history": compaction.view(observations, previous, limits.get("tool_output"), count)}
+        view = compaction.view(observations, previous, limits.get("tool_output"), count)
+        return msgspec.structs.replace(step, history=view)
 
     def forget(self, run_id: str) -> None:
         """Drop what is kept of a run (it ended, compacted, or cannot be trusted)."""
@@ -191,7 +194,7 @@ class CompactionService:
 
         return count
 
-    async def compacted(self, slot: ActorSlot, request: ContextCompacted) -> dict[str, Any]:
+    async def compacted(self, slot: ActorSlot, request: ContextCompacted) -> Compacted:
         """``context.compacted``: the agent's summary of a run's older turns, once per
         covered range (its reply carries the next step: supervisor/actor_dispatch.py)."""
         run_id, to_seq, summary = request.run_id, request.to_seq, request.summary
@@ -222,7 +225,7 @@ class CompactionService:
                              tokens_after=after)
             self.forget(run_id)  # its key changed with the new row: what was kept is stale
             ledger.failpoint("context.after-compact")
-        return {"to_seq": to_seq}
+        return Compacted(to_seq=to_seq)
 
     async def request(self, params: dict[str, Any]) -> dict[str, Any]:
         """``corral compact RUN``: the run compacts before its next provider turn."""

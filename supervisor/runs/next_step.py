@@ -16,7 +16,16 @@ import json
 import time
 from typing import assert_never
 
-from corral.mailbox.steps import Do, ParkStep, Step
+from corral.mailbox.steps import (
+    DoneStep,
+    ExecuteStep,
+    FinalizeStep,
+    ParkStep,
+    ParseStep,
+    PrepareStep,
+    ProviderStep,
+    Step,
+)
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.action_store import write_receipt
@@ -146,49 +155,41 @@ def _apply(ledger: Ledger, run_id: str, features: RunFeatures, decision: Decisio
     """Carry out ``decision``: its writes, then the step the agent gets."""
     match decision:
         case Done(status):
-            return {"do": Do.DONE, "status": status.value}
+            return DoneStep(status=status.value)
         case Park(status):
-            return {"do": Do.PARK, "status": status.value}
+            return ParkStep(status=status.value)
         case ParkRun(status, reason, repairs):
             _repair(ledger, repairs, features)
             set_run_status(ledger, run_id, status, reason)
-            return {"do": Do.PARK, "status": status.value}
+            return ParkStep(status=status.value)
         case Finalize(reply, after_blockers):
             blocked = _loop_blockers(ledger, run_id, features) if after_blockers else None
-            return blocked or {"do": Do.FINALIZE, "reply": reply}
+            return blocked or FinalizeStep(reply=reply)
         case Parse(slot, response, raw_sha256, loop):
-            return {"do": Do.PARSE, "slot": slot, "response": response, "raw_sha256": raw_sha256, "loop": loop}
+            return ParseStep(slot=slot, response=response, raw_sha256=raw_sha256, loop=loop)
         case AskProvider(loop):
-            return {"do": Do.PROVIDER, "loop": loop}
+            return ProviderStep(loop=loop)
         case RecoverLostRequest(slot, loop):
             provider = get_run(ledger, run_id)["provider"]
             if not interrupt_provider_request(ledger, slot, run_id, features.idempotent_provider(provider), features):
-                return {"do": Do.PARK, "status": RunStatus.NEEDS_RECONCILIATION.value}
+                return ParkStep(status=RunStatus.NEEDS_RECONCILIATION.value)
             if boundary and control_pending(ledger, run_id, features) is not None:
                 # Lost while a steer or a pause waited: it counts as interrupted, and
                 # that control applies now, at this boundary, before any new turn.
                 return advance(ledger, run_id, features, boundary=True)
-            return {"do": Do.PROVIDER, "loop": loop}
+            return ProviderStep(loop=loop)
         case Prepare(loop, index, tool, tool_input, plan_sha, repairs):
             _repair(ledger, repairs, features)
-            return {
-                "do": Do.PREPARE,
-                "loop": loop,
-                "index": index,
-                "tool": tool,
-                "input": tool_input,
-                "plan_raw_sha256": plan_sha,
-            }
+            return PrepareStep(loop=loop, index=index, tool=tool, input=tool_input, plan_raw_sha256=plan_sha)
         case Execute(action, repairs):
             _repair(ledger, repairs, features)
-            return {
-                "do": Do.EXECUTE,
-                "action_id": action.action_id,
-                "tool": action.tool,
-                "input": json.loads(action.input),
-                "raw_sha256": action.raw_sha256,
-                "phase": action.phase.value,
-            }
+            return ExecuteStep(
+                action_id=action.action_id,
+                tool=action.tool,
+                input=json.loads(action.input),
+                raw_sha256=action.raw_sha256,
+                phase=action.phase.value,
+            )
         case AdvanceLoop(loop, repairs):
             _repair(ledger, repairs, features)
             blocked = _loop_blockers(ledger, run_id, features)

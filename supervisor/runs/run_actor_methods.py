@@ -19,24 +19,33 @@ from corral.actors.tools.validation import validation_error
 from corral.core import failpoints
 from corral.core.redact import redact, redact_text, summarize
 from corral.mailbox.protocol import (
+    Ack,
     ActionBegin,
+    ActionBegun,
     ActionFinish,
     ActionFinishBatch,
     ActionPrepare,
     ActionResult,
     Claim,
     ClaimedRun,
+    HandedOff,
     NextStep,
+    PlanAnswer,
     PlanCommit,
     PlanInvalid,
+    Prepared,
     ProviderBegin,
+    ProviderBegun,
     ProviderFailed,
+    ProviderFailure,
     ProviderHandoff,
     RunClaim,
     RunFail,
     RunFinalize,
+    RunFinalized,
+    Stepped,
 )
-from corral.mailbox.steps import Begun, Do, PrepareStep, Step
+from corral.mailbox.steps import DoneStep, PrepareStep, ProviderStep, Step
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.runs import (
     action_store,
@@ -106,33 +115,34 @@ class RunActorMethods(RunCore):
         run_id = request.run_id
         self.check_owner(slot, run_id)
         step = next_step(self.ledger, run_id, self.features, boundary=boundary)
-        if step["do"] is Do.PROVIDER:
-            step["task"] = run_store.get_run(self.ledger, run_id)["task"]
+        if isinstance(step, ProviderStep):
+            step.task = run_store.get_run(self.ledger, run_id)["task"]
             shaped: Step = step
             for shape in self.features.provider_shapers:
-                if shaped["do"] is Do.PROVIDER:
+                if isinstance(shaped, ProviderStep):
                     shaped = await shape(run_id, shaped)  # e.g. compaction: its view, or compact first
-            if shaped["do"] is Do.PROVIDER and "history" not in shaped:
+            if isinstance(shaped, ProviderStep) and shaped.history is None:
                 # No hook shaped it: all of it, of which the agent already holds the
                 # first ``history_have`` (it keeps what earlier turns sent, so a long
                 # run does not resend and re-decode its whole history every turn).
                 have = request.history_have
-                shaped["history"] = run_store.history(self.ledger, run_id, after=have)
-                shaped["history_from"] = have
+                shaped.history = run_store.history(self.ledger, run_id, after=have)
+                shaped.history_from = have
             step = shaped
         try:
             self._with_raw_copies(run_id, step)
         except sealed_input.SealedInputError as exc:
             # Acting on the redacted copy would corrupt what the tool writes: fail closed.
             run_store.set_run_status(self.ledger, run_id, RunStatus.FAILED, f"cannot continue: {exc}")
-            return {"do": Do.DONE, "status": RunStatus.FAILED.value}
+            return DoneStep(status=RunStatus.FAILED.value)
         return step
 
-    async def provider_begin(self, slot: ActorSlot, request: ProviderBegin) -> dict[str, Any]:
+    async def provider_begin(self, slot: ActorSlot, request: ProviderBegin) -> ProviderBegun:
         run = self.run_of(slot, request.run_id)
-        return provider_store.begin_provider_request(self.ledger, run["run_id"], request.loop, self.features)
+        return ProviderBegun(**provider_store.begin_provider_request(self.ledger, run["run_id"], request.loop,
+                                                                     self.features))
 
-    async def provider_handoff(self, slot: ActorSlot, request: ProviderHandoff) -> dict[str, Any]:
+    async def provider_handoff(self, slot: ActorSlot, request: ProviderHandoff) -> HandedOff:
         run = self.run_of(slot, request.run_id)
         slot_name = request.slot
         notes = notes_from(request.notes, slot_name)  # what the turn was sent, for its transcript
@@ -143,14 +153,14 @@ class RunActorMethods(RunCore):
             # Before anything of it is stored, raw or redacted (seed 004 V1.43); the
             # carried plan is not committed (the request is no longer one to parse).
             provider_store.secret_refused(self.ledger, run["run_id"], slot_name, verdict.reason())
-            return {"refused": verdict.reason()}
+            return HandedOff(refused=verdict.reason())
         raw_sha = None
         if verdict.handling is Handling.STORE:
             raw_sha = self.keep_raw(run["run_id"], "response", slot_name, text, shown)
         provider_store.provider_handoff(self.ledger, run["run_id"], slot_name, text, raw_sha256=raw_sha, notes=notes)
-        return {}
+        return HandedOff()
 
-    async def provider_failed(self, slot: ActorSlot, request: ProviderFailed) -> dict[str, Any]:
+    async def provider_failed(self, slot: ActorSlot, request: ProviderFailed) -> ProviderFailure:
         run = self.run_of(slot, request.run_id)
         result = provider_store.provider_failed(
             self.ledger,
@@ -162,12 +172,12 @@ class RunActorMethods(RunCore):
             notes_from(request.notes, request.slot),
         )
         self._retry_schedule_changed()
-        return result
+        return ProviderFailure(**result)
 
-    async def plan_commit(self, slot: ActorSlot, request: PlanCommit) -> dict[str, Any]:
+    async def plan_commit(self, slot: ActorSlot, request: PlanCommit) -> PlanAnswer:
         return self.plan_commit_now(slot, request)
 
-    def plan_commit_now(self, slot: ActorSlot, request: PlanCommit) -> dict[str, Any]:
+    def plan_commit_now(self, slot: ActorSlot, request: PlanCommit) -> PlanAnswer:
         """``plan.commit``, synchronous (the handoff commits the plan it carries
         through it, with no other task run in between)."""
         run = self.run_of(slot, request.run_id)
@@ -184,7 +194,7 @@ class RunActorMethods(RunCore):
                         else ("batch-constraint", why, "collaboration-policy"))
                     refused = loop_plan_store.plan_invalid(self.ledger, run["run_id"], loop, slot_name,
                                                            category, why, self.limits_for(run), rule=rule)
-                    return {"refused": why, **refused}
+                    return PlanAnswer(refused=why, repair=refused["repair"])
         if fresh:  # a replay must not spool again
             plan, sealed = sealed_input.seal_plan(self.spool, run["run_id"], loop, plan, self.tools)
             withheld = sealed_input.WITHHELD_RESPONSE if sealed else None
@@ -195,7 +205,7 @@ class RunActorMethods(RunCore):
                 sealed_input.drop(self.spool, sealed_input.raw_name(run["run_id"], "response", slot_name))
                 for index in range(len(plan.get("actions") or ())):  # its sealed inputs, if any
                     sealed_input.discard(self.spool, run["run_id"], action_id(run["run_id"], loop, index))
-                return {"refused": verdict.reason()}
+                return PlanAnswer(refused=verdict.reason())
             if verdict.handling is Handling.STORE:
                 raw_sha = self.keep_raw(run["run_id"], "plan", str(loop), plan, shown)
         stored = loop_plan_store.commit_plan(
@@ -204,19 +214,19 @@ class RunActorMethods(RunCore):
         )
         # The plan is durable: the raw response (which may hold sealed input) is not needed.
         sealed_input.drop(self.spool, sealed_input.raw_name(run["run_id"], "response", slot_name))
-        return {"plan": stored}
+        return PlanAnswer(plan=stored)
 
-    async def plan_invalid(self, slot: ActorSlot, request: PlanInvalid) -> dict[str, Any]:
+    async def plan_invalid(self, slot: ActorSlot, request: PlanInvalid) -> PlanAnswer:
         return self.plan_invalid_now(slot, request)
 
-    def plan_invalid_now(self, slot: ActorSlot, request: PlanInvalid) -> dict[str, Any]:
+    def plan_invalid_now(self, slot: ActorSlot, request: PlanInvalid) -> PlanAnswer:
         """``plan.invalid``, synchronous (as ``plan_commit_now``)."""
         run = self.run_of(slot, request.run_id)
         try:  # one of seed 004's eight (an older agent's names map onto them)
             category = RepairCategory(request.category).value
         except ValueError:
             raise BadRequest(f"category must be one of {', '.join(RepairCategory)}") from None
-        return loop_plan_store.plan_invalid(
+        answer = loop_plan_store.plan_invalid(
             self.ledger,
             run["run_id"],
             request.loop,
@@ -225,10 +235,11 @@ class RunActorMethods(RunCore):
             request.detail[:1000],
             self.limits_for(run),
         )
+        return PlanAnswer(repair=answer["repair"])
 
-    async def action_prepare(self, slot: ActorSlot, request: ActionPrepare) -> dict[str, Any]:
+    async def action_prepare(self, slot: ActorSlot, request: ActionPrepare) -> Prepared:
         row = self.prepare_call(slot, request)
-        return {"action_id": row["action_id"], "phase": row["phase"], "fingerprint": row["fingerprint"]}
+        return Prepared(action_id=row["action_id"], phase=row["phase"], fingerprint=row["fingerprint"])
 
     def prepare_call(
         self, slot: ActorSlot, request: ActionPrepare, *, begins_now: bool = False, run: Any = None
@@ -323,10 +334,11 @@ class RunActorMethods(RunCore):
             row = self.refuse_prepared(row, ActionPhase.DENIED, out_of_scope)
         return row
 
-    async def action_begin(self, slot: ActorSlot, request: ActionBegin) -> Begun:
+    async def action_begin(self, slot: ActorSlot, request: ActionBegin) -> ActionBegun:
         action = action_store.get_action(self.ledger, request.action_id)
         self.check_owner(slot, action["run_id"])
-        return action_store.begin_action(self.ledger, action["action_id"], self.features)
+        begun = action_store.begin_action(self.ledger, action["action_id"], self.features)
+        return ActionBegun(begin=begun["begin"], phase=begun["phase"])
 
     def planned_call(self, run_id: str, loop: int, index: int) -> PrepareStep | None:
         """Action ``index`` of loop ``loop``'s committed plan, as a ``prepare`` step
@@ -335,18 +347,17 @@ class RunActorMethods(RunCore):
         calls = (plan or {}).get("actions") or []
         if plan is None or plan.get("final") is not None or not 0 <= index < len(calls):
             return None
-        step: PrepareStep = {
-            "do": Do.PREPARE,
-            "loop": loop,
-            "index": index,
-            "tool": calls[index]["tool"],
-            "input": calls[index]["input"],
-            "plan_raw_sha256": loop_plan_store.plan_raw_sha256(self.ledger, run_id, loop),
-        }
+        step = PrepareStep(
+            loop=loop,
+            index=index,
+            tool=calls[index]["tool"],
+            input=calls[index]["input"],
+            plan_raw_sha256=loop_plan_store.plan_raw_sha256(self.ledger, run_id, loop),
+        )
         self._with_raw_copies(run_id, step)
         return step
 
-    async def action_finish_batch(self, slot: ActorSlot, request: ActionFinishBatch) -> dict[str, Any]:
+    async def action_finish_batch(self, slot: ActorSlot, request: ActionFinishBatch) -> Stepped:
         """The results of a read batch (supervisor/runs/step_piggyback.py), in order, each
         finished exactly as ``action.finish`` finishes one; all are checked first."""
         results = request.results
@@ -369,15 +380,15 @@ class RunActorMethods(RunCore):
             for action, result in zip(actions, results, strict=True):
                 # Read just above, with no await since: nothing else moved it.
                 self._finish(action, result)
-        return {}
+        return Stepped()
 
-    async def action_finish(self, slot: ActorSlot, request: ActionFinish) -> dict[str, Any]:
+    async def action_finish(self, slot: ActorSlot, request: ActionFinish) -> Stepped:
         action = action_store.get_action(self.ledger, request.action_id)
         self.check_owner(slot, action["run_id"])
         if request.receipt is not None:
             check_receipt(action, request.receipt)  # before anything is written
         self._finish(action, request.result())
-        return {}
+        return Stepped()
 
     def _finish(self, action: Any, result: ActionResult) -> None:
         if result.unknown:
@@ -408,7 +419,7 @@ class RunActorMethods(RunCore):
             name = sealed_input.raw_name(action["run_id"], "input", action["action_id"])
             self.ledger.after_commit(partial(sealed_input.drop, self.spool, name))
 
-    async def finalize(self, slot: ActorSlot, request: RunFinalize) -> dict[str, Any]:
+    async def finalize(self, slot: ActorSlot, request: RunFinalize) -> RunFinalized:
         """``run.finalize``: the owner's run; a hold (``finalize_holds``: its sessions
         about to exit should not cost a repair turn); then supervisor/runs/finalization.py
         (guards, blockers, parkers, the journal)."""
@@ -417,10 +428,11 @@ class RunActorMethods(RunCore):
             await hold(run)
         if request.reply is None:
             raise BadRequest("reply must be a string")
-        return finalization.finalize(self.ledger, run["run_id"], request.reply, self.limits_for(run), self.features)
+        done = finalization.finalize(self.ledger, run["run_id"], request.reply, self.limits_for(run), self.features)
+        return RunFinalized(**done)
 
-    async def fail(self, slot: ActorSlot, request: RunFail) -> dict[str, Any]:
+    async def fail(self, slot: ActorSlot, request: RunFail) -> Ack:
         run = self.run_of(slot, request.run_id)
         if RunStatus(run["status"]) not in TERMINAL:
             run_store.set_run_status(self.ledger, run["run_id"], RunStatus.FAILED, summarize(request.reason, 300))
-        return {}
+        return Ack()

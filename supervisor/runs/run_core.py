@@ -19,7 +19,7 @@ import trio
 
 from corral.actors.tools.registry import all_tools
 from corral.core.redact import redact
-from corral.mailbox.steps import Do, Step
+from corral.mailbox.steps import ExecuteStep, ParseStep, PrepareStep, Step
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_int, param_str
@@ -207,23 +207,24 @@ class RunCore:
         return self._spool
 
     def _with_raw_copies(self, run_id: str, step: Step) -> None:
-        """Replace the redacted copies in a step with the raw ones the agent acts on."""
-        if step["do"] is Do.PARSE:
-            digest = step.pop("raw_sha256", None)
+        """Replace the redacted copies in a step with the raw ones the agent acts on
+        (the digests are the supervisor's: they do not leave with the step)."""
+        if isinstance(step, ParseStep):
+            digest, step.raw_sha256 = step.raw_sha256, None
             if digest:
-                name = sealed_input.raw_name(run_id, "response", step["slot"])
-                step["response"] = sealed_input.load(self.spool, name, digest).decode()
-        elif step["do"] is Do.PREPARE:
-            digest = step.pop("plan_raw_sha256", None)
+                name = sealed_input.raw_name(run_id, "response", step.slot)
+                step.response = sealed_input.load(self.spool, name, digest).decode()
+        elif isinstance(step, PrepareStep):
+            digest, step.plan_raw_sha256 = step.plan_raw_sha256, None
             if digest:
-                name = sealed_input.raw_name(run_id, "plan", str(step["loop"]))
+                name = sealed_input.raw_name(run_id, "plan", str(step.loop))
                 raw_plan = json.loads(sealed_input.load(self.spool, name, digest))
-                step["input"] = raw_plan["actions"][step["index"]]["input"]
-        elif step["do"] is Do.EXECUTE:
-            digest = step.pop("raw_sha256", None)
+                step.input = raw_plan["actions"][step.index]["input"]
+        elif isinstance(step, ExecuteStep):
+            digest, step.raw_sha256 = step.raw_sha256, None
             if digest:
-                name = sealed_input.raw_name(run_id, "input", step["action_id"])
-                step["input"] = json.loads(sealed_input.load(self.spool, name, digest))
+                name = sealed_input.raw_name(run_id, "input", step.action_id)
+                step.input = json.loads(sealed_input.load(self.spool, name, digest))
 
     def keep_raw(self, run_id: str, kind: str, key: str, raw: Any, shown: Any) -> str | None:
         """A raw copy when redaction changed what is stored; its digest, else None."""

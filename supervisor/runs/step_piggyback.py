@@ -35,11 +35,20 @@ batch, begun) and the batch's results (whose reply carries the next provider tur
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from corral.mailbox.protocol import ActionPrepare, NextStep, PlanCommit, PlanInvalid, ProviderHandoff, StepRequest
-from corral.mailbox.steps import BatchEntry, Begin, Do, ExecuteStep, PrepareStep, Step
+from corral.mailbox.steps import (
+    BatchEntry,
+    Begin,
+    ExecuteStep,
+    ParseStep,
+    PrepareStep,
+    ProviderBegun,
+    ProviderStep,
+    Step,
+    Stepped,
+)
 from corral.supervisor.errors import SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, provider_store
@@ -50,6 +59,9 @@ if TYPE_CHECKING:
     from corral.supervisor.runs.run_service import RunService
     from corral.supervisor.tree.supervision_tree import ActorSlot
 
+A = TypeVar("A", bound=Stepped)
+
+
 class StepPiggyback:
     """The next step carried in a step method's reply, through ``runs``' own methods."""
 
@@ -57,18 +69,15 @@ class StepPiggyback:
         self.ledger = ledger
         self.runs = runs
 
-    async def carry_next(
-        self, slot: ActorSlot, request: StepRequest, answer: Mapping[str, object], *, boundary: bool = True
-    ) -> dict[str, Any]:
+    async def carry_next(self, slot: ActorSlot, request: StepRequest, answer: A, *, boundary: bool = True) -> A:
         """A step method's reply (supervisor/actor_dispatch.py calls the method, then
         this), with the next step when the agent asked for it (``want_next``): the
         run layer's step methods and compaction's ``context.compacted``.
         ``boundary=False``: the boundary's checks just ran in this same step
         (``commit_carried_plan``)."""
         if request.want_next and request.run_id is not None:
-            next_one = await self.next_step_begun(slot, request.run_id, request.history_have, boundary=boundary)
-            return {**answer, "next": next_one}
-        return dict(answer)
+            answer.next = await self.next_step_begun(slot, request.run_id, request.history_have, boundary=boundary)
+        return answer
 
     def commit_carried_plan(self, slot: ActorSlot, handoff: ProviderHandoff) -> bool:
         """The plan the agent parsed from the response it just handed off: committed
@@ -82,9 +91,9 @@ class StepPiggyback:
             return False
         run_id = handoff.run_id
         step = next_step(self.ledger, run_id, self.runs.features)
-        if step["do"] is not Do.PARSE or step["slot"] != handoff.slot:
+        if not isinstance(step, ParseStep) or step.slot != handoff.slot:
             return False
-        loop, slot_name = int(step["loop"]), step["slot"]
+        loop, slot_name = step.loop, step.slot
         if handoff.plan is not None:
             self.runs.plan_commit_now(slot, PlanCommit(run_id, loop, slot_name, handoff.plan))
             return True
@@ -100,10 +109,11 @@ class StepPiggyback:
         runs = self.runs
         asked = NextStep(run_id, history_have)
         step = await runs.next_step(slot, asked, boundary=boundary)
-        if step["do"] is Do.PROVIDER:
-            step["begun"] = provider_store.begin_provider_request(self.ledger, run_id, int(step["loop"]), runs.features)
+        if isinstance(step, ProviderStep):
+            lifecycle = provider_store.begin_provider_request(self.ledger, run_id, step.loop, runs.features)
+            step.begun = ProviderBegun(slot=lifecycle["slot"], attempt=lifecycle["attempt"])
             return step
-        if step["do"] is not Do.PREPARE and step["do"] is not Do.EXECUTE:
+        if not isinstance(step, PrepareStep | ExecuteStep):
             return step
         with self.ledger.tx():
             # The action, and the reads that follow it in the plan: prepared and begun
@@ -120,7 +130,7 @@ class StepPiggyback:
         # The run's row, read (and its owner checked) once for every action the
         # batch prepares: none of them changes it.
         run = self.runs.run_of(slot, run_id)
-        if step["do"] is Do.PREPARE:
+        if isinstance(step, PrepareStep):
             # The next action of a committed plan: prepared here, through the same
             # method (and checks) as when the agent asks, one round trip fewer.
             row = self._prepare(slot, run, step)
@@ -129,35 +139,34 @@ class StepPiggyback:
             if row["phase"] != "prepared":
                 return None
             # What the ledger would now say: execute it, on the raw input just prepared.
-            step = {"do": Do.EXECUTE, "action_id": row["action_id"], "tool": step["tool"],
-                    "input": step["input"], "phase": "prepared"}
+            step = ExecuteStep(action_id=row["action_id"], tool=step.tool, input=step.input, phase="prepared")
         else:
-            row = self.ledger.one("SELECT * FROM actions WHERE action_id = ?", step["action_id"])
+            row = self.ledger.one("SELECT * FROM actions WHERE action_id = ?", step.action_id)
         # Only an action recovery may run again is begun for the agent: if the agent died
         # before it read the reply, the action is simply run again. An external one is
         # begun by the agent itself (``action.begin``), as it is about to act, so a dead
         # agent never leaves an ``executing`` record nobody acted on.
-        if row is None or not row["rerunnable"] or step.get("phase") not in ("prepared", "approved"):
+        if row is None or not row["rerunnable"] or step.phase not in ("prepared", "approved"):
             return step
-        begun = action_store.begin_action(self.ledger, step["action_id"], self.runs.features, current=row)
+        begun = action_store.begin_action(self.ledger, step.action_id, self.runs.features, current=row)
         if begun["begin"] is not Begin.EXECUTE:
             return None  # denied, or parked for approval
-        step["begun"] = True
-        if self.runs.is_read(step["tool"]):
+        step.begun = True
+        if self.runs.is_read(step.tool):
             following = self._begin_following_reads(slot, run, row)
             if following:
-                step["batch"] = following
+                step.batch = following
                 allowed = set(run_options(run).get("parallel_reads") or ())
                 # Every read of the batch on the agent's strict allow list: they
                 # run at once, each reported as it ends (a kill re-runs only the rest).
-                step["parallel"] = {step["tool"], *(entry["tool"] for entry in following)} <= allowed
+                step.parallel = {step.tool, *(entry.tool for entry in following)} <= allowed
         return step
 
     def _prepare(self, slot: ActorSlot, run: Any, step: PrepareStep) -> Any:
         """The action prepared, to be begun in this same transaction when it may be
         (``begins_now``: then it has no ``action-prepared`` event; see prepare_checked)."""
         try:
-            asked = ActionPrepare(run["run_id"], int(step["loop"]), int(step["index"]), step["tool"], step["input"])
+            asked = ActionPrepare(run["run_id"], step.loop, step.index, step.tool, step.input)
             return self.runs.prepare_call(slot, asked, begins_now=True, run=run)
         except SupervisorError:
             return None
@@ -171,7 +180,7 @@ class StepPiggyback:
         batch: list[BatchEntry] = []
         while True:
             call = runs.planned_call(run["run_id"], loop, index)
-            if call is None or not runs.is_read(call["tool"]):
+            if call is None or not runs.is_read(call.tool):
                 return batch
             action = self._prepare(slot, run, call)
             if action is None or action["phase"] != "prepared":
@@ -181,5 +190,5 @@ class StepPiggyback:
             begun = action_store.begin_action(self.ledger, action["action_id"], runs.features, current=action)
             if begun["begin"] is not Begin.EXECUTE:
                 return batch
-            batch.append({"action_id": action["action_id"], "tool": call["tool"], "input": call["input"]})
+            batch.append(BatchEntry(action_id=action["action_id"], tool=call.tool, input=call.input))
             index += 1

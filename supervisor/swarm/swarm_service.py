@@ -16,7 +16,7 @@ import msgspec
 import trio
 
 from corral.mailbox.protocol import RunChildResult, SwarmClaim, SwarmContract, SwarmDelegate, SwarmSpawn
-from corral.mailbox.steps import CompactStep, Do, ParkStep, ProviderStep
+from corral.mailbox.steps import CompactStep, ParkStep, ProviderStep
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, finalization, run_store
@@ -84,7 +84,7 @@ class SwarmService:
             RunStatus.WAITING_FOR_JOIN,
             f"{parent_work.open_work(ledger, run_id)} group(s)/delegation(s) still running",
         )
-        return {"do": Do.PARK, "status": RunStatus.WAITING_FOR_JOIN.value}
+        return ParkStep(status=RunStatus.WAITING_FOR_JOIN.value)
 
     def _after_delivery(self, delivery_id: str | None, child_run: Any) -> None:
         if delivery_id is None or child_run["parent_run_id"] is None:
@@ -145,8 +145,9 @@ class SwarmService:
             self.tree.declare_actor(spec, dynamic=True)
 
     def _child_run_open(self, instance_id: str) -> bool:
-        row = self.ledger.one("SELECT r.status FROM children c JOIN runs r ON r.run_id = c.run_id"
-                              " WHERE c.instance_id = ?", instance_id)
+        row = self.ledger.one(
+            "SELECT r.status FROM children c JOIN runs r ON r.run_id = c.run_id WHERE c.instance_id = ?", instance_id
+        )
         return row is not None and RunStatus(row["status"]) not in TERMINAL
 
     def _child_env(self, instance_id: str) -> tuple[str, ...]:
@@ -318,7 +319,7 @@ class SwarmFeature(RunFeature):
     async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
         """A parent's task carries its delegations' state (supervisor/swarm/coordination.py)."""
         text = coordination.note(self.service.ledger, run_id, self.service.runs.features)
-        return step if text is None else {**step, "task": step.get("task", "") + text}
+        return step if text is None else msgspec.structs.replace(step, task=step.task + text)
 
     def recover(self, ledger: Ledger, report: RecoveryReport) -> None:
         self.service.recover(ledger, report)

@@ -1,0 +1,233 @@
+"""Issue 50 §1: the replies are typed records too, checked once as they arrive.
+
+"The claimed run, the action result and the step are typed records, not dicts and
+tuples. Decoding checks the shape at the boundary, once, so a malformed frame is a
+clear protocol error." The supervisor builds a reply record and encodes it once
+(supervisor/actor_dispatch.py); ``ActorContext.ask`` checks it back into the
+request's ``REPLY`` (mailbox/protocol/ ``reply``). A reply of the wrong shape is a
+``BadReply`` naming the method and the field, never a ``KeyError`` inside the lane,
+and the lane fails its run over it and lives on.
+
+And, read from the source (``ast``): no actor-method handler in supervisor/ answers
+a map (``dict[str, Any]``) but those of the methods listed in ``MAP_REPLIES``,
+which only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+
+from corral.actors.agent import Lane
+from corral.actors.runtime import ActorContext
+from corral.mailbox import protocol
+from corral.mailbox.protocol import (
+    ActionBegin,
+    ActionBegun,
+    ActionFinish,
+    BadReply,
+    ClaimedRun,
+    Code,
+    NextStep,
+    RunClaim,
+    RunFail,
+    Stepped,
+)
+from corral.mailbox.steps import (
+    BatchEntry,
+    Begin,
+    CompactStep,
+    DoneStep,
+    ExecuteStep,
+    FinalizeStep,
+    ParkStep,
+    ParseStep,
+    PrepareStep,
+    ProviderBegun,
+    ProviderStep,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Channel:
+    """A supervisor that answers each request with what ``answers`` holds for its
+    method (a stand-in for the link: only the reply's shape is under test)."""
+
+    def __init__(self, answers: dict[str, dict[str, Any]]) -> None:
+        self.answers = answers
+        self.asked: list[dict[str, Any]] = []
+
+    async def request(self, recipient: str, body: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+        self.asked.append(body)
+        return self.answers[body["method"]]
+
+
+def _ctx(channel: Channel, home: Path | None = None) -> ActorContext:
+    config: Any = {"params": {}, "home": str(home or "."), "max_frame": 1 << 20}
+    return ActorContext("agent", 1, "agent", channel, config, trio.Event())  # type: ignore[arg-type]
+
+
+#: Every kind of step, as the supervisor builds it.
+STEPS = [
+    DoneStep(status="completed"),
+    ParkStep(status="waiting-for-join"),
+    FinalizeStep(reply="done"),
+    FinalizeStep(reply=None),
+    ParseStep(slot="r:0:1", response="{}", loop=0),
+    ProviderStep(loop=2, task="t", history=[{"role": "tool"}], history_from=3,
+                 begun=ProviderBegun(slot="r:2:1", attempt=1)),
+    ProviderStep(loop=0),
+    PrepareStep(loop=1, index=0, tool="fs.list", input={"path": "."}),
+    ExecuteStep(action_id="r/1/0", tool="fs.list", input={"path": "."}, phase="prepared", begun=True,
+                batch=[BatchEntry(action_id="r/1/1", tool="fs.read", input={"path": "a"})], parallel=True),
+    CompactStep(loop=4, from_seq=1, to_seq=9, entries=[{"role": "tool"}], tokens_before=900),
+]
+
+
+@pytest.mark.parametrize("step", STEPS, ids=lambda step: type(step).__name__)
+def test_each_step_crosses_the_wire_as_its_record(step: Any) -> None:
+    """What the supervisor encodes (actor_dispatch.py) the agent decodes into the same record."""
+    wire = msgspec.to_builtins(step)
+    assert wire["do"] == type(step).DO.value
+    answer = trio.run(_ctx(Channel({"run.next_step": wire})).ask, NextStep("r"))
+    assert answer == step and type(answer) is type(step)
+
+
+#: (method, request, a reply of the wrong shape, words the error must name)
+MALFORMED = [
+    ("run.next_step", NextStep("r"), {"do": "execute", "tool": "fs.list"}, "action_id"),
+    ("run.next_step", NextStep("r"), {"do": "dance"}, "$.do"),
+    ("run.next_step", NextStep("r"), {"status": "completed"}, "do"),
+    ("run.next_step", NextStep("r"), {"do": "provider", "loop": "zero"}, "$.loop"),
+    ("action.finish", ActionFinish("r/0/0", True), {"next": {"do": "provider"}}, "$.next"),
+    ("action.begin", ActionBegin("r/0/0"), {"begin": "maybe", "phase": "executing"}, "$.begin"),
+    ("action.begin", ActionBegin("r/0/0"), {"phase": "executing"}, "begin"),
+    ("run.claim", RunClaim(), {"run": {"run_id": "r"}}, "$.run"),
+]
+
+
+@pytest.mark.parametrize(("method", "request_", "reply", "named"), MALFORMED, ids=lambda x: str(x)[:40])
+def test_a_malformed_reply_is_a_clear_protocol_error(method: str, request_: Any, reply: Any, named: str) -> None:
+    ctx = _ctx(Channel({method: reply}))
+    with pytest.raises(BadReply) as caught:
+        trio.run(ctx.ask, request_)
+    assert caught.value.code is Code.BAD_REPLY
+    assert method in str(caught.value) and named in str(caught.value), str(caught.value)
+
+
+def test_a_well_formed_reply_is_its_record() -> None:
+    begun = trio.run(_ctx(Channel({"action.begin": {"begin": "execute", "phase": "executing"}})).ask,
+                     ActionBegin("r/0/0"))
+    assert begun == ActionBegun(begin=Begin.EXECUTE, phase="executing") and begun.begin is Begin.EXECUTE
+    finished = trio.run(_ctx(Channel({"action.finish": {"next": {"do": "park", "status": "x"}}})).ask,
+                        ActionFinish("r/0/0", True))
+    assert finished == Stepped(next=ParkStep(status="x"))
+
+
+def test_the_lane_fails_its_run_over_a_malformed_step_and_lives_on(tmp_path: Path) -> None:
+    """A step the agent cannot read (a supervisor bug) fails that run by name; the
+    lane returns, so the agent goes on to claim its next run, rather than dying on
+    a ``KeyError`` in every incarnation."""
+    channel = Channel({"run.next_step": {"do": "execute", "tool": "fs.list"}, "run.fail": {}})
+    run = ClaimedRun(run_id="r", task="t", kind="root", provider="scripted", provider_config={}, home=str(tmp_path))
+    trio.run(Lane(_ctx(channel, tmp_path), run).drive)
+    assert [body["method"] for body in channel.asked] == ["run.next_step", "run.fail"]
+    failed = protocol.decode(channel.asked[-1])
+    assert isinstance(failed, RunFail) and "protocol error" in failed.reason and "action_id" in failed.reason
+
+
+# -- the source ---------------------------------------------------------------------
+
+#: The methods whose handlers still answer a map (``dict[str, Any]``): their callers
+#: read the reply as a map (a tool's output handed to the model as it is). It only
+#: shrinks; a method leaves it with its reply record (``Request[X]``) and handler.
+MAP_REPLIES = {
+    "BenchSink",
+    "BenchSinkReset",
+    "BridgeJobAdvance",
+    "BridgeJobOpen",
+    "BridgeJobs",
+    "BridgeReport",
+    "BridgeRunStatus",
+    "CommandLaunched",
+    "CommandSandbox",
+    "GoalVerdict",
+    "HistoryActions",
+    "HistoryCommand",
+    "InputRequest",
+    "McpCall",
+    "McpFailed",
+    "McpReady",
+    "ModelFailed",
+    "ModelGenerate",
+    "ModelReady",
+    "PlanUpdate",
+    "ProjectCommitMoved",
+    "ProjectPreview",
+    "ProjectRevisionAdvance",
+    "ProjectVerification",
+    "ProjectVerifyBegin",
+    "ProjectVerifyRecord",
+    "ProviderInterrupted",
+    "ReplyDelta",
+    "RunChildResult",
+    "SessionLaunched",
+    "SessionPoll",
+    "SessionStart",
+    "SessionStateReport",
+    "SessionStdin",
+    "SessionTerminate",
+    "SwarmClaim",
+    "SwarmContract",
+    "SwarmDelegate",
+    "SwarmSpawn",
+}
+
+RECORDS = {kind.__name__: kind for kind in protocol._TYPED.values()}
+
+
+def _map_handlers(root: Path) -> dict[str, list[str]]:
+    """Each request record whose handler in supervisor/ (it takes the calling
+    ``slot`` and the record) answers ``dict[str, Any]``: where."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((root / "supervisor").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef) or node.returns is None:
+                continue
+            args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            typed = [ast.unparse(a.annotation) for a in args if a.annotation is not None]
+            record = next((name for name in typed if name in RECORDS), None)
+            if any(a.arg == "slot" for a in args) and record and ast.unparse(node.returns) == "dict[str, Any]":
+                found.setdefault(record, []).append(f"{path.relative_to(root)}:{node.lineno}: {node.name}")
+    return found
+
+
+def test_no_handler_answers_a_map_but_the_listed_ones() -> None:
+    found = _map_handlers(ROOT)
+    newly = {name: where for name, where in found.items() if name not in MAP_REPLIES}
+    assert not newly, f"handlers answering dict[str, Any] (give the method a reply record): {newly}"
+    typed_since = MAP_REPLIES - set(found)
+    assert not typed_since, f"typed now: take them off MAP_REPLIES: {sorted(typed_since)}"
+    # The record agrees with its handler: a map reply has no REPLY, a typed one has.
+    assert {name for name, kind in RECORDS.items() if kind.REPLY is None} == MAP_REPLIES
+
+
+def test_the_check_finds_a_handler_answering_a_map(tmp_path: Path) -> None:
+    (tmp_path / "supervisor").mkdir()
+    (tmp_path / "supervisor" / "x_service.py").write_text(
+        "from typing import Any\n"
+        "class X:\n"
+        "    async def begin(self, slot, request: ActionBegin) -> dict[str, Any]:\n"
+        "        return {}\n"
+        "    async def fine(self, slot, request: NextStep) -> Step:\n"
+        "        return {}\n"
+        "    def helper(self, request: ActionBegin) -> dict[str, Any]:  # no slot: not a handler\n"
+        "        return {}\n"
+    )
+    assert _map_handlers(tmp_path) == {"ActionBegin": ["supervisor/x_service.py:3: begin"]}
