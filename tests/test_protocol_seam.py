@@ -7,7 +7,8 @@ string outside mailbox/protocol/ (nor called by ``Method`` with loose params,
 nor served through an untyped table). Every method has its record.
 
 And ``mypy --strict`` sees through the seam: a request with a misspelled or
-mistyped field fails type checking.
+mistyped field fails type checking, and so does reading a reply's field that its
+record does not have (``ActorContext.ask`` returns the request's reply record).
 """
 
 from __future__ import annotations
@@ -212,19 +213,41 @@ def test_the_seam_check_finds_each_kind_of_offence(tmp_path: Path) -> None:
 
 
 BAD_CALLER = """
-from corral.mailbox.protocol import ActionBegin, ActionFinish, NextStep, encode
+from corral.actors.runtime import ActorContext
+from corral.mailbox.protocol import ActionBegin, ActionFinish, NextStep, RunClaim, encode
 
 encode(ActionFinish(action_id="r/0/0", ok=True, outptu={"n": 1}))
 encode(ActionBegin(action_id=7))
 encode(NextStep(run_id="r", history_have="all"))
+
+
+async def read(ctx: ActorContext) -> None:
+    claim = await ctx.ask(RunClaim())
+    print(claim.runn)
+    begun = await ctx.ask(ActionBegin(action_id="r/0/0"))
+    print(begun.bgein)
+    step = await ctx.ask(NextStep(run_id="r"))
+    print(step.action_id)
 """
 
 GOOD_CALLER = """
-from corral.mailbox.protocol import ActionBegin, ActionFinish, NextStep, encode
+from corral.actors.runtime import ActorContext
+from corral.mailbox.protocol import ActionBegin, ActionFinish, NextStep, RunClaim, encode
+from corral.mailbox.steps import ExecuteStep
 
 encode(ActionFinish(action_id="r/0/0", ok=True, output={"n": 1}))
 encode(ActionBegin(action_id="r/0/0"))
 encode(NextStep(run_id="r", history_have=3))
+
+
+async def read(ctx: ActorContext) -> None:
+    claim = await ctx.ask(RunClaim())
+    print(claim.run)
+    begun = await ctx.ask(ActionBegin(action_id="r/0/0"))
+    print(begun.begin, begun.next)
+    step = await ctx.ask(NextStep(run_id="r"))
+    if isinstance(step, ExecuteStep):
+        print(step.action_id)
 """
 
 
@@ -255,7 +278,7 @@ def _mypy(snippet: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_mypy_strict_rejects_a_request_with_a_wrong_field(tmp_path: Path) -> None:
+def test_mypy_strict_rejects_a_request_or_a_reply_with_a_wrong_field(tmp_path: Path) -> None:
     good = _mypy(GOOD_CALLER, tmp_path / "good")
     assert good.returncode == 0, good.stdout + good.stderr
     bad = _mypy(BAD_CALLER, tmp_path / "bad")
@@ -263,3 +286,7 @@ def test_mypy_strict_rejects_a_request_with_a_wrong_field(tmp_path: Path) -> Non
     assert 'Unexpected keyword argument "outptu"' in bad.stdout, bad.stdout
     assert 'Argument "action_id" to "ActionBegin" has incompatible type "int"' in bad.stdout, bad.stdout
     assert 'Argument "history_have" to "NextStep" has incompatible type "str"' in bad.stdout, bad.stdout
+    # and through the replies: each is its record, a misspelled field fails.
+    assert '"Claim" has no attribute "runn"' in bad.stdout, bad.stdout
+    assert '"ActionBegun" has no attribute "bgein"' in bad.stdout, bad.stdout
+    assert 'Item "DoneStep" of "DoneStep | ParkStep' in bad.stdout and 'no attribute "action_id"' in bad.stdout
