@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from corral.sandbox.bwrap import bwrap_available
+from corral.supervisor.interactive import own_history
 from tests.harness import Daemon, ledger_rows, module_daemon, wait_run
 
 SANDBOX_TABLE = "" if bwrap_available() else '[sandbox]\nmode = "allow-unsandboxed"\n'
@@ -147,3 +148,62 @@ def test_the_seeds_page_and_history_sizes_hold(daemon: Daemon) -> None:
     assert len(history["output"]["receipts"]) == 5 and history["output"]["more"] is True
     # Its own earlier calls are not listed unless named: the six reads, all of them.
     assert len(ten["output"]["receipts"]) == 6 and ten["output"]["more"] is False
+
+
+def test_the_history_keeps_to_7200_characters_of_detail_whole_and_without_absolute_paths(open_ledger: Any) -> None:
+    """V1.6: "agent.action_history 结构化 detail 上限 7,200 字符；超预算时先移除可选字段，
+    再删除完整最旧项，禁止用字符截断破坏 JSON，禁止清空 runId / actionFingerprint。
+    上下文清洗覆盖 Unix、Windows 盘符 ... 绝对路径统一替换为 <absolute-path>"."""
+    ledger = open_ledger()
+    ledger.begin_boot("b", 1, 1)
+    run_id = "run-budget"
+    for n in range(10):
+        with ledger.tx() as db:
+            db.execute(
+                "INSERT INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
+                " result_summary, note, started_at, finished_at, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (f"act-{n:024x}", run_id, "writer", f"{n:064x}", "fs.read", "ok",
+                 "fs.read path=/home/ana/shop/src/app.py " + "i" * 160, r"read C:\\Users\\ana\\x.txt " + "r" * 170,
+                 "n" * 200, float(n), float(n) + 0.5, float(n)),
+            )
+    caller = {"agent_id": "writer", "run_id": run_id}
+    reply = own_history.action_history(ledger, caller, "act-calling", {"limit": 10})
+    receipts = reply["receipts"]
+    assert len(json.dumps(receipts)) <= own_history.DETAIL_BUDGET == 7200
+    assert reply["truncated"] is True
+    # The ids and fingerprints never emptied, every receipt whole JSON, newest first.
+    assert [r["action_id"] for r in receipts] == [f"act-{n:024x}" for n in range(9, 9 - len(receipts), -1)]
+    assert all(r["run_id"] == run_id and len(r["fingerprint"]) == 64 for r in receipts)
+    # Optional fields went first, the oldest receipts' first: all ten stay, the newest
+    # keeps its note, the oldest lost its own.
+    assert len(receipts) == 10 and reply["more"] is False
+    noted = [("note" in r) for r in receipts]
+    assert noted[0] and not noted[-1] and noted == sorted(noted, reverse=True)
+    small = own_history.action_history(ledger, caller, "act-calling", {"limit": 2})
+    assert small["truncated"] is False and small["receipts"][0]["note"] == "n" * 200
+    # Past what optional fields can give (required fields this long are not real,
+    # but the rule holds), whole receipts go, the oldest first.
+    for n in range(10, 30):
+        with ledger.tx() as db:
+            db.execute(
+                "INSERT INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
+                " result_summary, note, started_at, finished_at, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (f"act-{n:024x}", run_id, "writer", f"{n:064x}", "x" * 2000, "ok", "", "", None, None, None, float(n)),
+            )
+    crowded = own_history.action_history(ledger, caller, "act-calling", {"limit": 10})
+    assert len(json.dumps(crowded["receipts"])) <= 7200 and crowded["truncated"] and crowded["more"]
+    assert [r["action_id"] for r in crowded["receipts"]] == [f"act-{n:024x}" for n in (29, 28, 27)]
+    text = json.dumps(reply)
+    assert "/home/ana" not in text and "Users" not in text and "<absolute-path>" in text
+
+
+def test_the_catalog_tells_the_model_to_pass_source_action_id_straight_to_output_read() -> None:
+    """V1.9: "Runtime prompt 明确要求直接把 sourceActionId 传给 command.output_read，不得
+    为了取得刚完成命令的 ID 先查询 agent.action_history"."""
+    from corral.actors.tools.process import CommandOutputRead
+
+    description = CommandOutputRead.schema.description
+    assert "sourceActionId" in description
+    assert "not call agent.action_history" in description

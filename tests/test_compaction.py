@@ -72,6 +72,37 @@ def test_the_latest_content_diff_is_kept_whole_and_never_folded_into_a_summary()
     assert "[cut:" in json.dumps(kept["output"])
 
 
+def test_the_latest_action_history_is_kept_whole_beside_the_latest_diff() -> None:
+    """V1.9: "context compaction 额外保护最新成功的 agent.action_history 原始
+    observation，不能让后续状态轮询或普通只读观察把动作回查证据挤出最终 bundle": the
+    newest successful ``agent.action_history`` is not cut at the tool-output limit,
+    is not folded into a summary, and stays in view after it, together with the
+    newest diff; an older or failed history is an ordinary observation."""
+    def history(n: int, status: str = "ok") -> tuple[int, dict[str, Any]]:
+        receipts = [{"action_id": f"act-{n}-{i}", "run_id": "run-1", "tool": "fs.read", "status": "ok",
+                     "fingerprint": "f" * 64, "result_summary": "read a file " * 8} for i in range(5)]
+        return n, {"action_id": f"act-{n}", "tool": "agent.action_history", "status": status,
+                   "output": {"agent_id": "a", "receipts": receipts, "more": False}}
+
+    diff = (3, {"action_id": "act-3", "tool": "project.diff", "status": "ok",
+                "output": {"files": [{"path": "a.py", "diff": "-a\n+b\n" * 200}], "truncated": False}})
+    polls = [(n, {"action_id": f"act-{n}", "tool": "agent.run_status", "status": "ok", "output": "x" * 400})
+             for n in range(5, 11)]
+    observations = [history(1), history(2), diff, history(4, "failed"), *polls]
+    seen = compaction.view(observations, None, 20)
+    assert seen[1] == observations[1][1], "the latest successful history stays whole"
+    assert "[cut:" in json.dumps(seen[0]["output"]) and "[cut:" in json.dumps(seen[3]["output"])
+    todo = compaction.plan(observations, None, {"auto_compact": 100, "tool_output": 20})
+    assert todo is not None and todo["to_seq"] == 6
+    folded_ids = [entry["action_id"] for entry in todo["entries"]]
+    assert folded_ids == ["act-1", "act-4", "act-5", "act-6"], "neither protected one is in the summary"
+    folded = {"from_seq": 1, "to_seq": todo["to_seq"], "summary": "earlier: histories, a diff, polls"}
+    after = compaction.view(observations, folded, 20)
+    assert after[0]["role"] == "summary"
+    assert after[1:3] == [observations[1][1], diff[1]], "both still in view after the summary, oldest first"
+    assert [entry.get("action_id") for entry in after[3:]] == ["act-7", "act-8", "act-9", "act-10"]
+
+
 def _daemon(tmp: Path) -> Daemon:
     (tmp / "ws").mkdir()
     spec = tmp / "spec.toml"

@@ -134,6 +134,135 @@ def test_a_final_reply_holding_a_secret_is_stored_filtered_and_kept_raw_nowhere(
             daemon.shutdown()
 
 
+def test_a_final_reply_is_stored_with_project_and_other_absolute_paths_filtered(short_tmp: Path) -> None:
+    """Seed 004 V1.41: "响应落盘前会...依次过滤密钥、项目路径和其它绝对路径": the
+    secret first, then the project's root (``<project>``), then every other absolute
+    path (``<absolute-path>``); relative paths and HTTP(S) URLs stay as written."""
+    value = "sk-proj-" + secrets.token_hex(16)
+    root = str((short_tmp / "ws").resolve())
+    reply = (
+        f"Done: wrote {root}/src/app.py, read /etc/hosts and C:\\Users\\ana\\notes.txt;"
+        f" see https://example.com/a/b and docs/readme.md. The key was {value}."
+    )
+    server = FakeOpenAIServer([Reply(body=completion(reply))])
+    with serve_in_thread(server) as url:
+        daemon = Daemon(short_tmp / "h", _spec(short_tmp, url), env={"OPENAI_API_KEY": DECOY_KEY})
+        try:
+            daemon.up()
+            run_id = daemon.call("run", agent_id="llm", task="what did you do")["run_id"]
+            shown = wait_run(daemon, run_id, {"needs-reconciliation", "completed", "failed"})
+            assert shown["run"]["status"] == "completed", shown["run"]
+            final = shown["final_reply"]
+            assert final.startswith("Done: wrote <project>/src/app.py, read <absolute-path> and <absolute-path>;")
+            assert "see https://example.com/a/b and docs/readme.md." in final
+            assert "[redacted]" in final
+            stored = [row["response"] for row in ledger_rows(daemon.home, "SELECT response FROM provider_requests")]
+            stored += [row["plan"] for row in ledger_rows(daemon.home, "SELECT plan FROM plans")]
+            for text in [final, *stored]:
+                for leaked in (root, "/etc/hosts", "notes.txt", value):
+                    assert leaked not in text, (leaked, text)
+            rows = ledger_rows(daemon.home, "SELECT raw_sha256 FROM provider_requests")
+            assert [row["raw_sha256"] for row in rows] == [None]
+        finally:
+            daemon.shutdown()
+
+
+def test_a_compaction_summary_is_stored_with_its_paths_filtered_too(short_tmp: Path) -> None:
+    """Seed 004 V1.41 writes the compaction summary through the same text handoff
+    ("tool-plan 前置自动 context-compaction ... 三种无工具调用文本请求") and scans for
+    "compaction summary ... 和项目/配置绝对路径公共泄漏均为 0": the stored summary names
+    the project's root as ``<project>`` and no other absolute path."""
+    root = str((short_tmp / "ws").resolve())
+    question = {"questions": [{"id": "go_on", "header": "Continue", "question": "go on?",
+                               "options": [{"label": "yes", "description": "carry on"},
+                                           {"label": "no", "description": "stop"}]}]}
+    replies = [Reply(body=completion(None, [tool_call("fs.list", {"path": "."}, f"call-{n}")])) for n in range(5)]
+    replies += [
+        Reply(body=completion(None, [tool_call("user.input_request", question, "call-ask")])),
+        Reply(body=completion(f"Listed {root}/src five times; the config is /etc/shop.toml.")),
+        Reply(body=completion("done")),
+    ]
+    server = FakeOpenAIServer(replies)
+    with serve_in_thread(server) as url:
+        daemon = Daemon(short_tmp / "h", _spec(short_tmp, url), env={"OPENAI_API_KEY": DECOY_KEY})
+        try:
+            daemon.up()
+            run_id = daemon.call("run", agent_id="llm", task="list, ask, then finish")["run_id"]
+            wait_run(daemon, run_id, {"needs-input", "completed", "failed"})
+            daemon.call("compact", run_id=run_id)
+            daemon.call("answer", run_id=run_id, text="yes")
+            shown = wait_run(daemon, run_id, {"completed", "failed", "needs-reconciliation"})
+            assert shown["run"]["status"] == "completed", shown["run"]
+            (summary,) = [row["summary"] for row in ledger_rows(daemon.home, "SELECT summary FROM compactions")]
+            assert summary == "Listed <project>/src five times; the config is <absolute-path>."
+        finally:
+            daemon.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("program", "args", "cwd"),
+    [
+        ("python3", ["{root}/check.py"], None),
+        ("python3", ["check.py", "--config=/etc/app.toml"], None),
+        ("/usr/bin/python3", ["check.py"], None),
+        ("python3", ["check.py"], "{root}/src"),
+    ],
+)
+def test_an_absolute_path_in_a_commands_arguments_fails_its_handoff_closed(
+    short_tmp: Path, program: str, args: list[str], cwd: str | None
+) -> None:
+    """Seed 004 V1.43: "命中...结构化可执行路径/命令参数中的项目及其它绝对路径时，
+    handoff 写入失败并进入 reconciliation": the program, an argument or the working
+    directory of ``command.exec`` naming the project's root or any other absolute
+    path. Nothing of the response is stored, nothing runs, and a person reconciles."""
+    root = str((short_tmp / "ws").resolve())
+    command: dict[str, object] = {"program": program, "args": [arg.format(root=root) for arg in args]}
+    if cwd is not None:
+        command["cwd"] = cwd.format(root=root)
+    call = tool_call("command.exec", command, "call-1")
+    server = FakeOpenAIServer([Reply(body=completion(None, [call]))])
+    with serve_in_thread(server) as url:
+        daemon = Daemon(short_tmp / "h", _spec(short_tmp, url), env={"OPENAI_API_KEY": DECOY_KEY})
+        try:
+            daemon.up()
+            run_id = daemon.call("run", agent_id="llm", task="run the check")["run_id"]
+            shown = wait_run(daemon, run_id, {"needs-reconciliation", "completed", "failed"})
+            assert shown["run"]["status"] == "needs-reconciliation", shown["run"]
+            assert "absolute path" in shown["run"]["reason"]
+            assert root not in shown["run"]["reason"] and "/etc/" not in shown["run"]["reason"]
+            (request,) = shown["provider_requests"]
+            assert request["status"] == "needs-reconciliation"
+            assert ledger_rows(daemon.home, "SELECT response FROM provider_requests")[0]["response"] is None
+            assert ledger_rows(daemon.home, "SELECT * FROM plans") == []
+            assert ledger_rows(daemon.home, "SELECT * FROM actions") == []
+            assert len(server.requests) == 1
+        finally:
+            daemon.shutdown()
+
+
+def test_a_command_with_relative_paths_and_a_url_is_handed_off_as_usual(short_tmp: Path) -> None:
+    """The same rule leaves ordinary commands alone: relative paths, a URL, a regex,
+    a division, an HTML closing tag, /dev/null and a script's source text that
+    mentions a path (V1.43: "不能用面向日志的路径 token 扫描把 HTML </tag>、源码字符串
+    ...误判为可执行路径"): the sandbox, not the handoff, bounds what a script reaches."""
+    args = ["check.py", "--out=build/report.txt", "--url=http://127.0.0.1:8000/a/b", "s/a/b/", "1/2", "</div>",
+            "/dev/null", "-c", "import sys; print(open('/etc/hostname').read(), file=sys.stderr)"]
+    call = tool_call("command.exec", {"program": "python3", "args": args, "cwd": "src"}, "call-1")
+    server = FakeOpenAIServer([Reply(body=completion(None, [call])), Reply(body=completion("ran"))])
+    with serve_in_thread(server) as url:
+        daemon = Daemon(short_tmp / "h", _spec(short_tmp, url), env={"OPENAI_API_KEY": DECOY_KEY})
+        try:
+            daemon.up()
+            run_id = daemon.call("run", agent_id="llm", task="run the check")["run_id"]
+            shown = wait_run(daemon, run_id, {"needs-reconciliation", "completed", "failed", "waiting"})
+            assert shown["run"]["status"] != "needs-reconciliation", shown["run"]
+            (action,) = ledger_rows(daemon.home, "SELECT tool, input FROM actions")
+            assert action["tool"] == "command.exec"
+            assert json.loads(action["input"])["args"] == args
+        finally:
+            daemon.shutdown()
+
+
 def test_an_invalid_response_holding_a_secret_fails_closed_too(short_tmp: Path) -> None:
     """Seed 004 V1.43, "有效和无效 Provider 响应都必须先做私有内容安全检查": a call the
     catalog does not hold (an invalid plan, which would go back to the model as a

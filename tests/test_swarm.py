@@ -12,12 +12,13 @@ import pytest
 
 from corral.chaos.invariants import check_all
 from corral.supervisor.errors import Refused
+from corral.supervisor.interactive import own_history
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.spec.swarm_spec import parse_spec
-from corral.supervisor.swarm import children_store, claim_store, delegation_store
+from corral.supervisor.swarm import children_store, claim_store, coordination, delegation_store
 from corral.supervisor.swarm.swarm_state import group_id_for
 from tests.harness import Daemon, drive_to_end, ledger_rows, wait_run, wait_supervisor_gone
 
@@ -190,6 +191,75 @@ def test_claims_are_all_or_nothing(ledger: Ledger) -> None:
             ledger, run["run_id"], executing_action(ledger, run["run_id"], 3, "agent.run_status"), [d1, d2]
         )
     assert ledger.one("SELECT status FROM deliveries WHERE delivery_id = ?", d1)[0] == "dispatched"
+
+
+def test_a_later_run_status_returns_the_claimed_joins_with_a_stable_summary(ledger: Ledger) -> None:
+    """Seed 004 V1.9: "agent.run_status 首次返回的 readyIsolatedJoins 代表 all-join 已由
+    当前父 run 的精确 action 认领 ... 后续查询返回 claimedIsolatedJoins 和稳定认领摘要，
+    明确同一组无需再查": after its join is claimed, every later ``agent.run_status``
+    names the group, the action that claimed it and each child's result, the same
+    each time, and says the group need not be asked about again."""
+    run = root_run(ledger)
+    delivery = _join_one(ledger, run, "a", 0)
+    asking = executing_action(ledger, run["run_id"], 1, "agent.run_status")
+    first = claim_store.claim(ledger, run["run_id"], asking, None)
+    assert [d["delivery_id"] for d in first["claimed"]] == [delivery]
+    later = [
+        claim_store.claim(ledger, run["run_id"], executing_action(ledger, run["run_id"], n, "agent.run_status"), None)
+        for n in (2, 3)
+    ]
+    assert [view["claimed"] for view in later] == [[], []]
+    joins = later[0]["claimed_isolated_joins"]
+    assert joins == later[1]["claimed_isolated_joins"], "stable: the same summary each time"
+    (join,) = joins
+    group = ledger.one("SELECT group_id FROM isolated_groups WHERE parent_run_id = ?", run["run_id"])[0]
+    claimed_by = ledger.one("SELECT claimed_by_action_id FROM deliveries WHERE delivery_id = ?", delivery)[0]
+    assert join["group_id"] == group and join["delivery_id"] == delivery
+    assert join["claimed_by_action_id"] == claimed_by
+    assert [(c["template"], c["status"]) for c in join["children"]] == [("writer", "failed")]
+    assert "no need" in join["note"]
+
+
+def test_every_planning_prompt_after_a_claim_carries_the_claimed_join(ledger: Ledger) -> None:
+    """Seed 004 V1.9: "其结果摘要必须进入跨 context window 的安全里程碑": once claimed,
+    a group's result rides the parent's planning prompt (the coordination note read
+    from the ledger each turn), so no compaction of the claim's observation loses it."""
+    features = RunFeatures()
+    features.install([])
+    run = root_run(ledger)
+    assert coordination.note(ledger, run["run_id"], features) is None, "nothing spawned, no note"
+    delivery = _join_one(ledger, run, "a", 0)
+    claim_store.claim(ledger, run["run_id"], executing_action(ledger, run["run_id"], 1, "agent.run_status"), None)
+    text = coordination.note(ledger, run["run_id"], features)
+    group = ledger.one("SELECT group_id FROM isolated_groups WHERE parent_run_id = ?", run["run_id"])[0]
+    assert text is not None and f"claimed isolated group {group}" in text and delivery in text
+    assert "writer: failed" in text and "no need to query it again" in text
+
+
+def test_action_history_waits_until_the_runs_join_is_claimed(ledger: Ledger) -> None:
+    """Seed 004 V1.6: "父 run 创建 joinMode=all 的隔离组后，在所有子结果终态且 ready
+    join 已由当前父 run 的 agent.run_status action 认领前，Runtime 必须阻止最终回复和
+    agent.action_history，并要求继续查询状态": while its children run, and while their
+    join waits to be claimed, the parent's ``agent.action_history`` is refused with
+    what to do; once ``agent.run_status`` claimed the join, it answers."""
+    run = root_run(ledger)
+    view = children_store.spawn_group(
+        ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a")], "all"
+    )
+
+    def history(index: int) -> dict[str, Any]:
+        asking = executing_action(ledger, run["run_id"], index, "agent.action_history")
+        return own_history.action_history(ledger, run, asking, {})
+
+    with pytest.raises(Refused, match=r"agent\.run_status") as running:
+        history(1)
+    assert "still running" in str(running.value)
+    delivery = children_store.finish_child(ledger, view["children"][0]["run_id"], "done", None)
+    with pytest.raises(Refused, match=r"agent\.run_status") as ready:
+        history(2)
+    assert delivery in str(ready.value)
+    claim_store.claim(ledger, run["run_id"], executing_action(ledger, run["run_id"], 3, "agent.run_status"), None)
+    assert history(4)["agent_id"] == "boss"
 
 
 def test_a_failed_child_still_counts_toward_the_join(ledger: Ledger) -> None:

@@ -1,15 +1,16 @@
 """``agent.action_history``: the receipts of this agent's own finished actions.
 
 Seed 004 brings this tool in with V1.6 (its limits, its filters, its own calls
-left out); V1.9 then has ``command.exec`` name its ``sourceActionId`` so the model
-need not come here for it. corral does not hold all of V1.6: the tool is not
-held back until the run's all-join is claimed, and there is no 7,200-character
-detail budget (docs/seed-004.md, row V1.6).
+left out, a 7,200-character detail budget, no absolute path, and no answer while
+the run's isolated join waits to be claimed); V1.9 then has ``command.exec`` name
+its ``sourceActionId`` so the model need not come here for it, and compaction
+keeps the newest answer in view. The supervisor decides all of it
+(supervisor/interactive/own_history.py).
 
 Newest first, at most ``limit`` (1-10, default 5), each with its run and action
 ids, tool, status, fingerprint, a summary of its call and of its result, and when
 it ran: never file contents, command output or secrets (receipts hold none, and
-the supervisor redacts them again). Without ``run_id`` it reads the current run;
+the supervisor redacts them again); ``truncated`` when the budget left detail out. Without ``run_id`` it reads the current run;
 ``run_id`` names another of the agent's own runs, or ``"all"`` for every one.
 The calling action is never listed, nor, unless ``tool`` names it, any other call
 of this tool. Another agent's actions are out of reach.

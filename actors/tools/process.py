@@ -382,7 +382,8 @@ class CommandOutputRead:
     schema = schema(
         "command.output_read",
         "Page through the full sanitized transcript of one of your finished command.exec actions (this run or an"
-        " earlier one): give its sourceActionId; follow nextLine while hasMore.",
+        " earlier one): give the sourceActionId its result carries (do not call agent.action_history to find it);"
+        " follow nextLine while hasMore.",
         OutputReadArgs,
         read_only=True,
     )

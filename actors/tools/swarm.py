@@ -122,10 +122,15 @@ class RunStatus:
         claim = SwarmClaim(run_id=ctx.run_id, action_id=ctx.action_id, delivery_ids=tool_input.get("delivery_ids"))
         reply = await ctx.ask(claim)
         kinds = [f"{d['kind']}:{d.get('status', 'joined')}" for d in reply["claimed"]]
+        earlier = reply.get("claimed_isolated_joins") or []
+        # Seed 004 V1.9: a later query says which groups are settled, so a model that
+        # lost the first answer to compaction does not poll for them again.
+        settled = (f"; {len(earlier)} group(s) claimed earlier ({', '.join(j['group_id'] for j in earlier)}):"
+                   " no need to query them again") if earlier else ""
         return ToolResult(
             True,
             reply,
-            f"claimed {len(reply['claimed'])} ({', '.join(kinds) or 'none'}), {reply['open']} still open",
+            f"claimed {len(reply['claimed'])} ({', '.join(kinds) or 'none'}), {reply['open']} still open{settled}",
         )
 
 

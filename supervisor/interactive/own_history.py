@@ -3,6 +3,9 @@
 * :func:`action_history` (the ``agent.action_history`` tool): receipts of the calling
   agent's own terminal actions, newest first, at most 10, redacted, the calling
   action excluded and the tool's own receipts left out unless asked for by name.
+  Their detail keeps to ``DETAIL_BUDGET`` characters and names no absolute path
+  (V1.6), and a parent run waits for it until its isolated groups' join is claimed
+  (:func:`join_gate`).
 * :func:`command_source` (``command.output_read``): where the transcript of one of
   the agent's own finished ``command.exec`` actions is, in any of its runs, with
   the command's end (exit code, digest of the transcript, whether the capture was
@@ -17,8 +20,9 @@ import json
 from typing import Any
 
 from corral.actors.tools.fs import SOURCES_CHANGED
+from corral.core.path_scrub import scrub_paths
 from corral.core.redact import redact
-from corral.supervisor.errors import BadRequest, NotFound
+from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.action_state import TERMINAL as ACTION_TERMINAL
 
@@ -33,6 +37,59 @@ _RECEIPT_FIELDS = (
     "action_id", "run_id", "tool", "status", "fingerprint", "input_summary", "result_summary", "note",
     "started_at", "finished_at",
 )
+#: The seed's detail budget (V1.6: "结构化 detail 上限 7,200 字符"): the receipts'
+#: JSON, whole. Past it the optional fields go first, least telling first and the
+#: oldest receipts' first, then whole receipts, oldest first; never a cut string,
+#: never an id or a fingerprint ("禁止用字符截断破坏 JSON，禁止清空 runId /
+#: actionFingerprint").
+DETAIL_BUDGET = 7_200
+OPTIONAL_FIELDS = ("note", "started_at", "input_summary", "result_summary")
+_TEXT_FIELDS = ("input_summary", "result_summary", "note")
+
+
+def join_gate(ledger: Ledger, run_id: str) -> list[str]:
+    """What keeps the run's ``agent.action_history`` back (V1.6: "在所有子结果终态且
+    ready join 已由当前父 run 的 agent.run_status action 认领前，Runtime 必须阻止最终
+    回复和 agent.action_history"): its isolated groups still running, and their
+    joins delivered and not yet claimed. Empty: it may read its history."""
+    reasons = []
+    groups = ledger.one("SELECT COUNT(*) FROM isolated_groups WHERE parent_run_id = ? AND status = 'open'", run_id)
+    if groups and groups[0]:
+        reasons.append(f"{groups[0]} isolated group(s) still running")
+    for row in ledger.all(
+        "SELECT delivery_id FROM deliveries WHERE parent_run_id = ? AND kind = 'join' AND status = 'dispatched'"
+        " ORDER BY created_at, delivery_id",
+        run_id,
+    ):
+        reasons.append(f"join delivery {row['delivery_id']} ready and not claimed")
+    return reasons
+
+
+def _within_budget(receipts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """``receipts`` (newest first) within ``DETAIL_BUDGET``; whether anything went."""
+
+    def size() -> int:
+        return len(json.dumps(receipts))
+
+    if size() <= DETAIL_BUDGET:
+        return receipts, False
+    for name in OPTIONAL_FIELDS:
+        for receipt in reversed(receipts):  # the oldest first
+            if receipt.pop(name, None) is not None and size() <= DETAIL_BUDGET:
+                return receipts, True
+    while len(receipts) > 1 and size() > DETAIL_BUDGET:
+        receipts.pop()  # the oldest, whole
+    return receipts, True
+
+
+def _cleaned(row: Any) -> dict[str, Any]:
+    """One receipt as the model reads it: redacted, its texts naming no absolute path
+    (V1.6: "绝对路径统一替换为 <absolute-path>")."""
+    receipt: dict[str, Any] = redact({key: row[key] for key in _RECEIPT_FIELDS})
+    for name in _TEXT_FIELDS:
+        if isinstance(receipt.get(name), str):
+            receipt[name] = scrub_paths(receipt[name])
+    return receipt
 
 
 def _own_run(ledger: Ledger, agent_id: str, run_id: str) -> str:
@@ -47,6 +104,13 @@ def action_history(
 ) -> dict[str, Any]:
     """``caller`` is the calling run's row; ``action_id`` the calling action."""
     agent_id = caller["agent_id"]
+    waiting = join_gate(ledger, caller["run_id"])
+    if waiting:
+        raise Refused(
+            f"agent.action_history waits until this run's isolated join is claimed ({'; '.join(waiting)}):"
+            " query agent.run_status to claim it, then ask again",
+            code="join-unclaimed",
+        )
     limit = filters.get("limit", DEFAULT_HISTORY)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_HISTORY:
         raise BadRequest(f"limit must be an integer within 1..{MAX_HISTORY}")
@@ -87,8 +151,9 @@ def action_history(
         " ORDER BY receipt_id DESC LIMIT ?",
         *args, limit + 1,
     )
-    receipts = [redact({key: row[key] for key in _RECEIPT_FIELDS}) for row in rows[:limit]]
-    return {"agent_id": agent_id, "receipts": receipts, "more": len(rows) > limit}
+    receipts, truncated = _within_budget([_cleaned(row) for row in rows[:limit]])
+    more = len(rows) > len(receipts)
+    return {"agent_id": agent_id, "receipts": receipts, "more": more, "truncated": truncated}
 
 
 def command_source(ledger: Ledger, caller: Any, source: str) -> dict[str, Any]:

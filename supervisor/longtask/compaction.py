@@ -10,9 +10,11 @@ latest compaction (a summary covering ``seq <= to_seq``):
   everything but the newest ``KEEP_RECENT`` observations (and the older summary).
 
 The newest successful ``project.diff`` is protected (seed 004 V1.3: "最新内容 diff
-…作为窗口压缩保护项"): it is not cut at the tool-output limit but kept up to
-``PROTECTED_DIFF_CHARS``, never folded into a summary, and stays in view right
-after the summary once older turns are folded.
+…作为窗口压缩保护项"), and so is the newest successful ``agent.action_history``
+(V1.9: "额外保护最新成功的 agent.action_history 原始 observation"): each is not cut
+at the tool-output limit but kept up to its own size (``PROTECTED_CHARS``), never
+folded into a summary, and stays in view right after the summary once older turns
+are folded.
 
 A summary is never a source of truth: the goal, the plan, permissions and side
 effects are read from the ledger, not from it. Tokens are counted with the
@@ -39,6 +41,13 @@ KEEP_RECENT = 4
 #: What the protected latest content diff keeps (seed 004 V1.3: 24,256 characters).
 PROTECTED_DIFF_CHARS = 24_256
 DIFF_TOOL = "project.diff"
+#: The protected latest history keeps what the tool gave (its receipts hold at most
+#: 7,200 characters of detail, V1.6), with room for its envelope: protection keeps
+#: it from being cut, it never makes the history longer (V1.9: "不扩大动作历史输出上限").
+PROTECTED_HISTORY_CHARS = 8_192
+HISTORY_TOOL = "agent.action_history"
+#: The protected tools, oldest kind first in view, and what each keeps.
+PROTECTED_CHARS = {DIFF_TOOL: PROTECTED_DIFF_CHARS, HISTORY_TOOL: PROTECTED_HISTORY_CHARS}
 
 Count = Callable[[Any], int]
 
@@ -64,35 +73,42 @@ def cut(entry: dict[str, Any], limit: int | None, count: Count = estimate_tokens
             + f" ... [cut: {tokens} tokens; the full output stays in the ledger: corral show, action {where}]"}
 
 
-def protected_seq(observations: list[tuple[int, dict[str, Any]]]) -> int | None:
-    """The seq of the newest successful ``project.diff`` observation, or None."""
-    for seq, entry in reversed(observations):
-        if entry.get("tool") == DIFF_TOOL and entry.get("status") == "ok" and "output" in entry:
-            return int(seq)
-    return None
+def is_protectable(entry: dict[str, Any]) -> bool:
+    """A successful observation of a protected tool, with its output."""
+    return entry.get("tool") in PROTECTED_CHARS and entry.get("status") == "ok" and "output" in entry
+
+
+def protected_seqs(observations: list[tuple[int, dict[str, Any]]]) -> set[int]:
+    """The seqs of the newest successful observation of each protected tool."""
+    newest: dict[str, int] = {}
+    for seq, entry in observations:
+        if is_protectable(entry):
+            newest[entry["tool"]] = int(seq)
+    return set(newest.values())
 
 
 def kept_whole(entry: dict[str, Any]) -> dict[str, Any]:
-    """The protected diff: as it is, or cut at ``PROTECTED_DIFF_CHARS`` of its output."""
+    """A protected observation: as it is, or cut at its tool's ``PROTECTED_CHARS``."""
     text = text_of(entry["output"])
-    if len(text) <= PROTECTED_DIFF_CHARS:
+    limit = PROTECTED_CHARS[entry["tool"]]
+    if len(text) <= limit:
         return entry
     where = entry.get("action_id", "?")
-    return {**entry, "output": text[:PROTECTED_DIFF_CHARS]
-            + f" ... [cut: {len(text)} characters; the full diff stays in the ledger: corral show, action {where}]"}
+    return {**entry, "output": text[:limit]
+            + f" ... [cut: {len(text)} characters; the full output stays in the ledger: corral show, action {where}]"}
 
 
 def view(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, Any] | None,
          tool_output_limit: int | None, count: Count = estimate_tokens) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = []
     after = 0
-    protected = protected_seq(observations)
+    protected = protected_seqs(observations)
     if compaction is not None:
         after = int(compaction["to_seq"])
         entries.append({"role": "summary", "text": compaction["summary"],
                         "covers": [int(compaction["from_seq"]), after]})
-        entries.extend(kept_whole(entry) for seq, entry in observations if seq == protected and seq <= after)
-    entries.extend(kept_whole(entry) if seq == protected else cut(entry, tool_output_limit, count)
+        entries.extend(kept_whole(entry) for seq, entry in observations if seq in protected and seq <= after)
+    entries.extend(kept_whole(entry) if seq in protected else cut(entry, tool_output_limit, count)
                    for seq, entry in observations if seq > after)
     return entries
 
@@ -113,7 +129,7 @@ def plan(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, A
         return None  # nothing old enough to fold in
     to_seq = tail[-KEEP_RECENT - 1]
     covered = [entry for entry in seen if entry.get("role") == "summary"]
-    protected = protected_seq(observations)
+    protected = protected_seqs(observations)
     covered += [cut(entry, limits.get("tool_output"), count) for seq, entry in observations
-                if after < seq <= to_seq and seq != protected]
+                if after < seq <= to_seq and seq not in protected]
     return {"from_seq": 1, "to_seq": to_seq, "entries": covered, "tokens_before": tokens}

@@ -67,8 +67,9 @@ class RunMemo:
     total: int = 0
     #: How many of ``observations`` are in ``shown`` (or before the compaction).
     shown_upto: int = 0
-    #: The newest successful ``project.diff``: its seq and entry (``compaction.protected_seq``).
-    protected: Observation | None = None
+    #: The newest successful observation of each protected tool, by tool: its seq and
+    #: entry (``compaction.protected_seqs``).
+    protected: dict[str, Observation] = field(default_factory=dict)
 
     @property
     def after(self) -> int:
@@ -86,8 +87,8 @@ class RunMemo:
         as the read (no turn of the run reads them twice); the new observations."""
         new = [(int(row["seq"]), json.loads(row["data"])) for row in rows]
         for seq, entry in new:
-            if entry.get("tool") == compaction.DIFF_TOOL and entry.get("status") == "ok" and "output" in entry:
-                self.protected = (seq, entry)
+            if compaction.is_protectable(entry):
+                self.protected[entry["tool"]] = (seq, entry)
             self.text_total += len(texts_of(entry))
         self.observations.extend(new)
         if new:
@@ -130,8 +131,7 @@ class RunMemo:
         summary = self.summary_entry()
         if summary is not None:
             tokens += count(summary)
-        if self.protected is not None:
-            seq, entry = self.protected
+        for seq, entry in self.protected.values():
             tokens += count(compaction.kept_whole(entry))
             if seq > self.after:
                 tokens -= self.shown_tokens[self._index(seq)]
@@ -144,8 +144,8 @@ class RunMemo:
         if summary is not None:
             entries.append(summary)
         shown = list(self.shown)
-        if self.protected is not None:
-            seq, entry = self.protected
+        # Oldest first, as ``compaction.view`` lists the ones a summary covers.
+        for seq, entry in sorted(self.protected.values(), key=lambda kept: kept[0]):
             if seq > self.after:
                 shown[self._index(seq)] = compaction.kept_whole(entry)
             elif summary is not None:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from corral.core.redact import redact_text
 from corral.mailbox.protocol import Compacted, ContextCompacted
 from corral.mailbox.steps import CompactStep, ProviderStep
 from corral.supervisor.errors import BadRequest, NotFound
@@ -21,7 +20,7 @@ from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import compaction, compaction_memo
 from corral.supervisor.models.model_service import MAX_COUNT_TEXTS, ModelService
 from corral.supervisor.params import param_str
-from corral.supervisor.runs import run_store
+from corral.supervisor.runs import response_secrets, run_store
 from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
@@ -210,8 +209,10 @@ class CompactionService:
                 raise BadRequest(f"run {run_id} has no observation {to_seq}")
             observations = _observations(ledger, run_id)
             before = sum(compaction.estimate_tokens(e) for e in compaction.view(observations, previous, None))
-            # Filtered before it is stored (seed 004 V1.41: "响应落盘前会...依次过滤密钥").
-            summary = redact_text(summary.strip())
+            # Filtered before it is stored, as a text reply is (seed 004 V1.41: "响应落盘
+            # 前会...依次过滤密钥、项目路径和其它绝对路径").
+            roots = response_secrets.project_roots(run_store.get_run(ledger, run_id))
+            summary = response_secrets.filter_reply(summary.strip(), roots)
             entry = {"from_seq": 1, "to_seq": to_seq, "summary": summary}
             after = sum(compaction.estimate_tokens(e) for e in compaction.view(observations, entry, None))
             with ledger.tx() as db:

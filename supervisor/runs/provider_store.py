@@ -114,6 +114,12 @@ def provider_handoff(
         ledger.emit("provider-response-committed", run_id, slot=slot, chars=len(stored))
 
 
+def stored_response(ledger: Ledger, run_id: str, slot: str) -> str | None:
+    """The response a completed request stored (redacted), or None."""
+    row = ledger.one("SELECT response FROM provider_requests WHERE slot = ? AND run_id = ?", slot, run_id)
+    return None if row is None else row["response"]
+
+
 def secret_refused(ledger: Ledger, run_id: str, slot: str, reason: str) -> None:
     """A response that held a secret value (supervisor/runs/response_secrets.py): its
     handoff fails closed. From ``started`` (the handoff itself) or ``completed`` and

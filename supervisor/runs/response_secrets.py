@@ -1,13 +1,17 @@
 """What the handoff does with a provider response that redaction would change
-(seed 004, V1.41 and V1.43). A pure decision; run_actor_methods.py does the I/O.
+(seed 004, V1.41 and V1.43). Pure decisions; run_actor_methods.py does the I/O.
 
-- **Refuse** (V1.43: "命中 ... 敏感 key ... 时，handoff 写入失败并进入
-  reconciliation"): a tool plan, an invalid plan or a response not yet parsed that
-  holds a secret *value* (corral/core/secret_values.py). Nothing of it is stored,
+- **Refuse** (V1.43: "命中 ... 敏感 key ... 或结构化可执行路径/命令参数中的项目及
+  其它绝对路径时，handoff 写入失败并进入 reconciliation"): a tool plan, an invalid
+  plan or a response not yet parsed that holds a secret *value*
+  (corral/core/secret_values.py), or a plan whose command names an absolute path
+  (:func:`command_paths`). Nothing of it is stored,
   not even redacted, and no raw copy is kept: its request waits for a person.
-- **Filter** (V1.41: "响应落盘前会...依次过滤密钥"): a text reply (a plan with a
-  final reply and no action). Nothing acts on it, so it is stored redacted and no
-  raw copy is kept anywhere.
+- **Filter** (V1.41: "响应落盘前会...依次过滤密钥、项目路径和其它绝对路径"): a
+  text reply (a plan with a final reply and no action). Nothing acts on it, so it
+  is stored filtered (:func:`filter_reply`: secrets, then the project's root as
+  ``<project>``, then every other absolute path as ``<absolute-path>``) and no raw
+  copy is kept anywhere.
 - **Store**: nothing to hide, or only code that names a secret (``token =
   get_token()``). The ledger shows it redacted, and the raw copy a tool must act on
   waits in the private spool (supervisor/runs/sealed_input.py): issue 14's rule that
@@ -17,10 +21,15 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from corral.core.path_scrub import names_absolute_path, scrub_paths
+from corral.core.redact import redact, redact_text
 from corral.core.secret_values import secret_values_in
+from corral.supervisor.runs.run_store import run_options
 
 
 class Handling(enum.Enum):
@@ -29,17 +38,59 @@ class Handling(enum.Enum):
     REFUSE = "refuse"
 
 
+#: The tools whose input names a program to run, its arguments and its directory
+#: (V1.43's "结构化可执行路径/命令参数"); the fields that do.
+EXECUTABLE_TOOLS = frozenset({"command.exec", "process.start"})
+_EXECUTABLE_FIELDS = ("program", "cwd")
+
+
 @dataclass(frozen=True)
 class Verdict:
     handling: Handling
     #: What kinds of secret value a refused response held (rule names, never values).
     kinds: tuple[str, ...] = ()
+    #: Where a refused plan's commands named an absolute path (``command.exec
+    #: args[0]``: the field, never the path).
+    paths: tuple[str, ...] = ()
 
     def reason(self) -> str:
+        held = []
+        if self.kinds:
+            held.append(f"a secret value ({', '.join(self.kinds)})")
+        if self.paths:
+            held.append(f"an absolute path in a command's arguments ({', '.join(self.paths)})")
         return (
-            f"the provider's response held a secret value ({', '.join(self.kinds)}); nothing of it was"
+            f"the provider's response held {' and '.join(held)}; nothing of it was"
             " stored (seed 004 V1.43): a person reconciles the request, which is then sent again"
         )
+
+
+def command_paths(plan: object) -> tuple[str, ...]:
+    """Where the plan's commands name the project's or any other absolute path: the
+    program, the working directory or an argument that is one, whole or as an
+    option's value (``--config=/etc/x``). Relative paths, URLs, ``/dev/null``, text
+    that only holds a slash (``s/a/b/``, ``1/2``, ``</div>``) and a script's text
+    (``sh -c "... 2>/dev/null"``: a source string, not a path argument) are not
+    (corral/core/path_scrub.py)."""
+    if not isinstance(plan, Mapping):
+        return ()
+    found: list[str] = []
+    for index, action in enumerate(plan.get("actions") or ()):
+        if not isinstance(action, Mapping) or action.get("tool") not in EXECUTABLE_TOOLS:
+            continue
+        tool_input = action.get("input")
+        if not isinstance(tool_input, Mapping):
+            continue
+        where = f"action {index} {action['tool']}"
+        for name in _EXECUTABLE_FIELDS:
+            value = tool_input.get(name)
+            if isinstance(value, str) and names_absolute_path(value):
+                found.append(f"{where} {name}")
+        args = tool_input.get("args")
+        for position, arg in enumerate(args if isinstance(args, list) else ()):
+            if isinstance(arg, str) and names_absolute_path(arg):
+                found.append(f"{where} args[{position}]")
+    return tuple(found)
 
 
 def text_only(plan: object) -> bool:
@@ -47,15 +98,37 @@ def text_only(plan: object) -> bool:
     return isinstance(plan, Mapping) and not plan.get("actions") and isinstance(plan.get("final"), str)
 
 
+def project_roots(run: Any) -> list[str]:
+    """The run's project root as the model may spell it (as given, and resolved)."""
+    workspace = run_options(run).get("workspace")
+    if not isinstance(workspace, str) or not workspace:
+        return []
+    return sorted({workspace, os.path.realpath(workspace)})
+
+
+def filter_reply(text: str, project_roots: Sequence[str]) -> str:
+    """A text reply as it is stored: secrets, project paths, other absolute paths."""
+    return scrub_paths(redact_text(text), project_roots)
+
+
+def filter_reply_plan(plan: Mapping[str, Any], project_roots: Sequence[str]) -> Any:
+    """A text-only plan as it is stored: redacted, its reply filtered."""
+    shown = redact(plan)
+    shown["final"] = scrub_paths(shown["final"], project_roots)
+    return shown
+
+
 def handoff_verdict(text: str, shown: str, plan: object) -> Verdict:
     """For a response ``text`` (``shown``: its redacted copy) and the plan the agent
-    parsed from it (None: not carried, so not known yet)."""
-    if shown == text:
-        return Verdict(Handling.STORE)
+    parsed from it (None: not carried, so not known yet). A text reply is filtered
+    even when no secret is in it: its paths are (V1.41)."""
     if text_only(plan):
         return Verdict(Handling.FILTER)
-    kinds = secret_values_in(text)
-    return Verdict(Handling.REFUSE, kinds) if kinds else Verdict(Handling.STORE)
+    paths = command_paths(plan)
+    if shown == text and not paths:
+        return Verdict(Handling.STORE)
+    kinds = secret_values_in(text) if shown != text else ()
+    return Verdict(Handling.REFUSE, kinds, paths) if kinds or paths else Verdict(Handling.STORE)
 
 
 def plan_verdict(plan_json: str, plan: Mapping[str, object], changed: bool) -> Verdict:
@@ -63,9 +136,10 @@ def plan_verdict(plan_json: str, plan: Mapping[str, object], changed: bool) -> V
     redaction changes it). The response it came from passed ``handoff_verdict``; the
     plan is checked again because its arguments are decoded (an escape in the
     response may spell a secret only once decoded)."""
-    if not changed:
-        return Verdict(Handling.STORE)
     if text_only(plan):
         return Verdict(Handling.FILTER)
-    kinds = secret_values_in(plan_json)
-    return Verdict(Handling.REFUSE, kinds) if kinds else Verdict(Handling.STORE)
+    paths = command_paths(plan)
+    if not changed and not paths:
+        return Verdict(Handling.STORE)
+    kinds = secret_values_in(plan_json) if changed else ()
+    return Verdict(Handling.REFUSE, kinds, paths) if kinds or paths else Verdict(Handling.STORE)

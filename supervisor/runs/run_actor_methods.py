@@ -157,6 +157,8 @@ class RunActorMethods(RunCore):
         raw_sha = None
         if verdict.handling is Handling.STORE:
             raw_sha = self.keep_raw(run["run_id"], "response", slot_name, text, shown)
+        elif verdict.handling is Handling.FILTER:
+            text = response_secrets.filter_reply(text, response_secrets.project_roots(run))
         provider_store.provider_handoff(self.ledger, run["run_id"], slot_name, text, raw_sha256=raw_sha, notes=notes)
         return HandedOff()
 
@@ -208,6 +210,14 @@ class RunActorMethods(RunCore):
                 return PlanAnswer(refused=verdict.reason())
             if verdict.handling is Handling.STORE:
                 raw_sha = self.keep_raw(run["run_id"], "plan", str(loop), plan, shown)
+            elif verdict.handling is Handling.FILTER:
+                # The reply and the response it came from (if the handoff could not
+                # know it was a reply: the plan followed on its own) are filtered.
+                roots = response_secrets.project_roots(run)
+                shown = response_secrets.filter_reply_plan(plan, roots)
+                response = provider_store.stored_response(self.ledger, run["run_id"], slot_name)
+                if withheld is None and response is not None:
+                    withheld = response_secrets.filter_reply(response, roots)
         stored = loop_plan_store.commit_plan(
             self.ledger, run["run_id"], loop, slot_name, plan, withhold_response=withheld, raw_sha256=raw_sha,
             shown=shown,

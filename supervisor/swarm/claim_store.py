@@ -9,6 +9,7 @@ import json
 import time
 from typing import Any
 
+from corral.core.redact import summarize
 from corral.supervisor.errors import BadRequest, Refused
 from corral.supervisor.ledger.port import Ledger, dumps
 from corral.supervisor.runs.run_store import MAX_RESULT_CHARS
@@ -21,6 +22,12 @@ from corral.supervisor.swarm.swarm_state import ClaimPhase, DeliveryStatus, chec
 #: preview; the claimed deliveries come first in it, and the rest (the open count,
 #: the directory of claimed contracts) keeps the other 16 KiB.
 CLAIM_OBSERVATION_CHARS = MAX_RESULT_CHARS - 16 * 1024
+#: The earlier claimed joins a later query lists (the newest), and the characters of
+#: each child's summary in them: within the 16 KiB the claimed deliveries leave.
+MAX_LISTED_JOINS = 8
+MAX_LISTED_CHILDREN = 16
+JOIN_SUMMARY_CHARS = 160
+CLAIMED_JOINS_CHARS = 8 * 1024
 
 
 def claim(ledger: Ledger, parent_run_id: str, action_id: str, delivery_ids: list[str] | None) -> dict[str, Any]:
@@ -48,7 +55,8 @@ def claim(ledger: Ledger, parent_run_id: str, action_id: str, delivery_ids: list
         # Before any mutation: only what the observation holds whole (seed 004 V1.35).
         targets = fitting_prefix(ledger, targets, named=delivery_ids is not None)
         if not targets:
-            return {"claim_id": None, "claimed": [], "open": open_work(ledger, parent_run_id)}
+            return {"claim_id": None, "claimed": [], "open": open_work(ledger, parent_run_id),
+                    "claimed_isolated_joins": claimed_joins(ledger, parent_run_id)}
         claim_id = "clm-" + sha(action_id)[:20]
         with ledger.tx() as db:
             db.execute(
@@ -131,7 +139,46 @@ def claimed_view(ledger: Ledger, claim_id: str) -> dict[str, Any]:
     }
     claimed = [{"delivery_id": i, "kind": rows[i]["kind"], **json.loads(rows[i]["payload"])} for i in ids]
     return {"claim_id": claim_id, "claimed": claimed, "open": open_work(ledger, journal["parent_run_id"]),
-            "claimed_delegate_contracts": contracts_directory(ledger, journal["parent_run_id"])}
+            "claimed_delegate_contracts": contracts_directory(ledger, journal["parent_run_id"]),
+            "claimed_isolated_joins": claimed_joins(ledger, journal["parent_run_id"], but=claim_id)}
+
+
+def claimed_joins(ledger: Ledger, parent_run_id: str, but: str | None = None) -> list[dict[str, Any]]:
+    """The isolated groups' joins this run claimed earlier (``but``: not by this
+    claim), a stable summary of each (seed 004 V1.9: "后续查询返回
+    claimedIsolatedJoins 和稳定认领摘要，明确同一组无需再查"): the group, the action
+    that claimed it and each child's template, status and summary, oldest first.
+    The same rows give the same summary on every later query. Bounded: the newest
+    ``MAX_LISTED_JOINS``, each child's summary cut to ``JOIN_SUMMARY_CHARS``."""
+    rows = ledger.all(
+        "SELECT delivery_id, source_id, claimed_by_action_id, claim_id, payload FROM deliveries"
+        " WHERE parent_run_id = ? AND kind = 'join' AND status = 'claimed-by-parent'"
+        " ORDER BY claimed_at DESC, delivery_id DESC LIMIT ?",
+        parent_run_id, MAX_LISTED_JOINS,
+    )
+    joins: list[dict[str, Any]] = []
+    used = 0
+    for row in rows:  # newest first, so the budget keeps the newest
+        if row["claim_id"] == but:
+            continue
+        results = json.loads(row["payload"]).get("results") or []
+        join = {
+            "group_id": row["source_id"],
+            "delivery_id": row["delivery_id"],
+            "claimed_by_action_id": row["claimed_by_action_id"],
+            "children": [
+                {"instance_id": r.get("instance_id"), "template": r.get("template"), "status": r.get("status"),
+                 "summary": summarize(str(r.get("summary") or r.get("error") or ""), JOIN_SUMMARY_CHARS)}
+                for r in results[:MAX_LISTED_CHILDREN]
+            ],
+            "more_children": max(0, len(results) - MAX_LISTED_CHILDREN),
+            "note": "claimed already by this run: no need to query this group again",
+        }
+        used += len(dumps(join))
+        if used > CLAIMED_JOINS_CHARS:
+            break
+        joins.append(join)
+    return joins[::-1]
 
 
 def observe_claim(ledger: Ledger, action_id: str) -> None:

@@ -15,6 +15,7 @@ import json
 from corral.core.redact import summarize
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.run_feature import RunFeatures
+from corral.supervisor.swarm.claim_store import claimed_joins
 
 #: Delegations a note lists (the newest), and the characters of each goal shown.
 MAX_LISTED = 12
@@ -25,7 +26,9 @@ CONDITION_CHARS = 160
 
 
 def note(ledger: Ledger, run_id: str, features: RunFeatures) -> str | None:
-    """The coordination note of a parent run, or None when it delegated nothing."""
+    """The coordination note of a parent run, or None when it delegated nothing and
+    claimed no isolated join."""
+    joins = claimed_joins(ledger, run_id)
     rows = ledger.all(
         "SELECT d.delegation_id, d.target_agent, d.task, d.status, v.status AS delivery, v.payload"
         " FROM delegations d LEFT JOIN deliveries v ON v.source_id = d.delegation_id AND v.kind = 'receipt'"
@@ -33,7 +36,7 @@ def note(ledger: Ledger, run_id: str, features: RunFeatures) -> str | None:
         run_id,
         MAX_LISTED + 1,
     )
-    if not rows:
+    if not rows and not joins:
         return None
     lines = ["", "", "[Coordination, as the ledger holds it at this turn]"]
     if len(rows) > MAX_LISTED:
@@ -52,6 +55,17 @@ def note(ledger: Ledger, run_id: str, features: RunFeatures) -> str | None:
             result = json.loads(row["payload"])
             summary = summarize(str(result.get("summary") or result.get("error") or ""), GOAL_CHARS)
             lines.append(f"claimed: {who}: {result.get('status', '?')}" + (f": {summary}" if summary else ""))
+    # Claimed isolated joins are a milestone too (seed 004 V1.9: "其结果摘要必须进入
+    # 跨 context window 的安全里程碑"): their results survive any compaction.
+    for join in joins:
+        children = "; ".join(
+            f"{child['template']}: {child['status']}" + (f": {child['summary']}" if child["summary"] else "")
+            for child in join["children"]
+        )
+        lines.append(
+            f"claimed isolated group {join['group_id']} (join {join['delivery_id']}): {children};"
+            " no need to query it again"
+        )
     # The current completion conditions: what every feature holds the final reply for
     # (receipts not claimed, children, sessions, the plan, a goal, evidence).
     holding = features.finalize_blockers(ledger, run_id)

@@ -1,0 +1,102 @@
+"""Absolute paths in text the model wrote or will read (seed 004: V1.6 "上下文清洗
+覆盖 Unix、Windows 盘符、正反斜杠 UNC、file:/...、file:///... 和百分号编码的 file:
+URI，绝对路径统一替换为 <absolute-path>，同时保留普通相对文本与 HTTP(S) URL"; V1.41
+"依次过滤密钥、项目路径和其它绝对路径"; V1.43 "结构化可执行路径/命令参数中的项目及
+其它绝对路径 ... 失败关闭").
+
+One finder, :data:`ABSOLUTE_PATH`, serves all three: :func:`scrub_paths` rewrites a
+text (the project's root as ``<project>``, every other absolute path as
+``<absolute-path>``), :func:`absolute_paths_in` says whether a command's argument
+names one. Secrets are another filter's job (corral/core/redact.py), applied first.
+
+An absolute path starts where no word, path or URL character precedes it: so
+``and/or``, ``1/2``, ``s/a/b/``, ``</div>``, ``<project>/src`` and the path of
+``https://host/a/b`` are not paths, while ``/etc/hosts``, ``C:\\Users``,
+``\\\\server\\share``, ``file:///opt/x`` and ``file:%2Fetc`` are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+PROJECT = "<project>"
+ABSOLUTE = "<absolute-path>"
+
+#: What a path may hold after its start (no spaces: a path with one is cut there).
+_BODY = r"[\w.\-~+@%/\\:$]*"
+#: What may not stand right before a path's start: a word, a path, a URL's scheme or
+#: host, or a tag (``</div>``, ``<project>/src``).
+_NOT_AFTER = r"(?<![\w.\-~+@%/\\:<>$])"
+
+#: An HTTP(S) URL is kept whole, its path and query too ("保留 ... HTTP(S) URL").
+_URL = r"(?P<url>(?i:https?)://[^\s\"'<>`)\]]*)"
+ABSOLUTE_PATH = re.compile(
+    "|".join(
+        (
+            _URL,
+            rf"(?i:file):(?:/|%2[fF]|\\){_BODY}",  # file:/x, file:///x, file:%2Fx
+            rf"{_NOT_AFTER}[A-Za-z]:[\\/]{_BODY}",  # C:\x, C:/x
+            rf"{_NOT_AFTER}\\\\[\w.$\-]+{_BODY}",  # \\server\share
+            rf"{_NOT_AFTER}/(?=[\w.~\-/]){_BODY}",  # /x, //server/share
+        )
+    )
+)
+#: A sentence's punctuation after a path is not part of it ("see /srv/p.").
+_TRAILING = ".,;:"
+
+
+def _project_roots(roots: Iterable[str]) -> list[str]:
+    # "/" alone as a root would turn every path into the project; longest first, so
+    # a nested root wins.
+    cleaned = {root.rstrip("/\\") for root in roots if root}
+    return sorted((root for root in cleaned if len(root) > 1), key=len, reverse=True)
+
+
+def _replace(match: re.Match[str], roots: list[str]) -> str:
+    path = match.group(0)
+    if match.group("url") is not None:
+        return path
+    kept = len(path.rstrip(_TRAILING))
+    path, tail = path[:kept], path[kept:]
+    for root in roots:
+        if path == root or path.startswith((root + "/", root + "\\")):
+            return PROJECT + path[len(root) :] + tail
+    return ABSOLUTE + tail
+
+
+def scrub_paths(text: str, project_roots: Iterable[str] = ()) -> str:
+    """``text`` with a project root (and what lies under it) as ``<project>`` and
+    every other absolute path as ``<absolute-path>``."""
+    if not any(mark in text for mark in "/\\:"):
+        return text
+    roots = _project_roots(project_roots)
+    return ABSOLUTE_PATH.sub(lambda match: _replace(match, roots), text)
+
+
+#: An option's or an assignment's name before its value (``--config=``, ``PATH=``),
+#: or a one-letter option glued to it (``-I/usr/include``, ``-oC:\\out``).
+_NAMED_VALUE = re.compile(r"-{0,2}[A-Za-z_][\w.\-]*=|-[A-Za-z](?=[/\\]|[A-Za-z]:[/\\]|file:)")
+#: Device files that name no place of the host's or the project's: a command that
+#: writes to /dev/null leaks nothing and reaches nothing.
+_STREAMS = frozenset({"/dev/null", "/dev/stdin", "/dev/stdout", "/dev/stderr"})
+
+
+def names_absolute_path(argument: str) -> bool:
+    """Whether a structured argument *is* an absolute path: whole, or as the value
+    of an option or an assignment (``--config=/etc/x``, ``PATH=/usr/bin``,
+    ``-I/usr/include``). Text
+    that only holds one (a ``-c`` script, a message) is not a path argument: the
+    seed keeps source strings out of this check (V1.43: "不能用面向日志的路径 token
+    扫描把 HTML </tag>、源码字符串或计划标题误判为可执行路径")."""
+    named = _NAMED_VALUE.match(argument)
+    value = argument[named.end() :] if named else argument
+    match = ABSOLUTE_PATH.match(value)
+    if match is None or match.group("url") is not None:
+        return False
+    return match.group(0).rstrip(_TRAILING) not in _STREAMS
+
+
+def absolute_paths_in(text: str) -> list[str]:
+    """The absolute paths ``text`` names (their spelling), in order."""
+    return [match.group(0).rstrip(_TRAILING) for match in ABSOLUTE_PATH.finditer(text) if match.group("url") is None]

@@ -1,0 +1,75 @@
+"""Seed 004's path filter (V1.6 "上下文清洗覆盖 Unix、Windows 盘符、正反斜杠 UNC、
+file:/...、file:///... 和百分号编码的 file: URI，绝对路径统一替换为 <absolute-path>，
+同时保留普通相对文本与 HTTP(S) URL"; V1.41 "依次过滤密钥、项目路径和其它绝对路径")."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.core.path_scrub import absolute_paths_in, names_absolute_path, scrub_paths
+
+PROJECT = "/home/ana/work/shop"
+
+
+@pytest.mark.parametrize(
+    ("text", "scrubbed"),
+    [
+        (f"wrote {PROJECT}/src/app.py.", "wrote <project>/src/app.py."),
+        (f"the root is {PROJECT}", "the root is <project>"),
+        ("read /etc/hosts and /home/ana/.ssh/config", "read <absolute-path> and <absolute-path>"),
+        (r"C:\Users\ana\notes.txt and D:/data/x.csv", "<absolute-path> and <absolute-path>"),
+        (r"share \\fileserver\team\plan.md", "share <absolute-path>"),
+        ("share //fileserver/team/plan.md", "share <absolute-path>"),
+        ("open file:///opt/app/index.html or file:/tmp/x", "open <absolute-path> or <absolute-path>"),
+        ("encoded file:%2Fetc%2Fpasswd", "encoded <absolute-path>"),
+        ("in `/var/log/syslog`, (see /srv/x)", "in `<absolute-path>`, (see <absolute-path>)"),
+        ("flag --config=/etc/app.toml", "flag --config=<absolute-path>"),
+        (f"{PROJECT}x/other stays another path", "<absolute-path> stays another path"),
+    ],
+)
+def test_absolute_paths_become_placeholders(text: str, scrubbed: str) -> None:
+    assert scrub_paths(text, [PROJECT]) == scrubbed
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "see docs/readme.md and ./src/app.py and ../up/x",
+        "https://example.com/a/b?c=/d and http://localhost:8000/x",
+        "and/or, 1/2, s/a/b/, </div>, <project>/src/app.py",
+        "~/notes is relative to a home the sandbox does not have",
+        "ratio: 3 / 4",
+    ],
+)
+def test_relative_text_and_urls_stay(text: str) -> None:
+    assert scrub_paths(text, [PROJECT]) == text
+    assert absolute_paths_in(text) == []
+
+
+@pytest.mark.parametrize(
+    ("argument", "is_path"),
+    [
+        ("/etc/hosts", True),
+        (f"{PROJECT}/check.py", True),
+        ("--config=/etc/app.toml", True),
+        ("PATH=/usr/bin:/bin", True),
+        (r"C:\tools\x.exe", True),
+        ("file:///opt/x", True),
+        ("/dev/null/x", True),
+        ("-I/usr/include", True),
+        ("-L/opt/lib", True),
+        ("-j4", False),
+        ("-rf", False),
+        ("check.py", False),
+        ("--out=build/report.txt", False),
+        ("--url=http://127.0.0.1:8000/a/b", False),
+        ("/dev/null", False),
+        ("echo built > out.txt 2>/dev/null; cat /etc/hostname", False),  # a script's text, not a path
+        ("s/a/b/", False),
+        ("</div>", False),
+    ],
+)
+def test_a_structured_argument_is_an_absolute_path_only_when_it_is_one(argument: str, is_path: bool) -> None:
+    """V1.43's "结构化可执行路径/命令参数中的项目及其它绝对路径": an argument that is a
+    path, whole or as an option's value; never text that only mentions one."""
+    assert names_absolute_path(argument) is is_path
