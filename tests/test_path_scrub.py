@@ -67,6 +67,8 @@ def test_relative_text_and_urls_stay(text: str) -> None:
         ("echo built > out.txt 2>/dev/null; cat /etc/hostname", False),  # a script's text, not a path
         ("s/a/b/", False),
         ("</div>", False),
+        ("/api/users", False),  # a route a command searches for: no top directory of a host
+        ("--route=/v1/items", False),
     ],
 )
 def test_a_structured_argument_is_an_absolute_path_only_when_it_is_one(argument: str, is_path: bool) -> None:

@@ -17,6 +17,8 @@ An absolute path starts where no word, path or URL character precedes it: so
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from collections.abc import Iterable
 
@@ -82,10 +84,63 @@ _NAMED_VALUE = re.compile(r"-{0,2}[A-Za-z_][\w.\-]*=|-[A-Za-z](?=[/\\]|[A-Za-z]:
 _STREAMS = frozenset({"/dev/null", "/dev/stdin", "/dev/stdout", "/dev/stderr"})
 
 
+#: The top directories of a Unix host. An argument under one of them (or under
+#: another top directory this host has) names a place of the host; one under none
+#: (``/api/users``, a route a command searches for) is no path of it.
+_HOST_TOP = frozenset(
+    {
+        "bin",
+        "boot",
+        "dev",
+        "etc",
+        "home",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "media",
+        "mnt",
+        "nix",
+        "opt",
+        "proc",
+        "root",
+        "run",
+        "sbin",
+        "snap",
+        "srv",
+        "sys",
+        "tmp",
+        "usr",
+        "var",
+        "workspace",
+        "Users",
+        "Volumes",
+    }
+)
+
+
+@functools.cache
+def _host_top() -> frozenset[str]:
+    try:
+        return _HOST_TOP | frozenset(os.listdir("/"))
+    except OSError:
+        return _HOST_TOP
+
+
+def _names_host_place(path: str) -> bool:
+    """A Unix path under one of the host's top directories; any other kind (a drive
+    letter, UNC, ``file:``) always names a place."""
+    if not path.startswith("/") or path.startswith("//"):
+        return True
+    top = path[1:].split("/", 1)[0]
+    return top in _host_top()
+
+
 def names_absolute_path(argument: str) -> bool:
-    """Whether a structured argument *is* an absolute path: whole, or as the value
-    of an option or an assignment (``--config=/etc/x``, ``PATH=/usr/bin``,
-    ``-I/usr/include``). Text
+    """Whether a structured argument *is* an absolute path of the host: whole, or as
+    the value of an option or an assignment (``--config=/etc/x``, ``PATH=/usr/bin``,
+    ``-I/usr/include``), under one of the host's top directories (so ``grep
+    /api/users`` searches as before). Text
     that only holds one (a ``-c`` script, a message) is not a path argument: the
     seed keeps source strings out of this check (V1.43: "不能用面向日志的路径 token
     扫描把 HTML </tag>、源码字符串或计划标题误判为可执行路径")."""
@@ -94,7 +149,8 @@ def names_absolute_path(argument: str) -> bool:
     match = ABSOLUTE_PATH.match(value)
     if match is None or match.group("url") is not None:
         return False
-    return match.group(0).rstrip(_TRAILING) not in _STREAMS
+    path = match.group(0).rstrip(_TRAILING)
+    return path not in _STREAMS and _names_host_place(path)
 
 
 def absolute_paths_in(text: str) -> list[str]:
