@@ -129,11 +129,9 @@ async def _answer(sup: Supervisor, slot: ActorSlot, request: TypedRequest) -> An
         case ProviderBegin():
             return await runs.provider_begin(slot, request)
         case ProviderHandoff():
-            answer = await runs.provider_handoff(slot, request)
-            # The plan it carries, committed after it; then the next step need not
-            # run the boundary's checks again (supervisor/runs/step_piggyback.py).
-            checked = steps.commit_carried_plan(slot, request)
-            return await steps.carry_next(slot, request, answer, boundary=not checked)
+            # With the plan it carries and the actions that plan begins: one commit
+            # (supervisor/runs/step_piggyback.py).
+            return await steps.handoff(slot, request)
         case ProviderFailed():
             return await runs.provider_failed(slot, request)
         case PlanCommit():
@@ -144,10 +142,9 @@ async def _answer(sup: Supervisor, slot: ActorSlot, request: TypedRequest) -> An
             return await steps.carry_next(slot, request, await runs.action_prepare(slot, request))
         case ActionBegin():
             return await steps.carry_next(slot, request, await runs.action_begin(slot, request))
-        case ActionFinish():
-            return await steps.carry_next(slot, request, await runs.action_finish(slot, request))
-        case ActionFinishBatch():
-            return await steps.carry_next(slot, request, await runs.action_finish_batch(slot, request))
+        case ActionFinish() | ActionFinishBatch():
+            # With the next step's writes (a loop's advance, the next actions begun): one commit.
+            return await steps.finish(slot, request)
         case RunFinalize():
             return await runs.finalize(slot, request)
         case RunFail():

@@ -167,6 +167,8 @@ class Ledger:
         #: so a committed one may be kept (see ``committed_plan``).
         self._plans: OrderedDict[tuple[str, int], tuple[str, str | None]] = OrderedDict()
         self.commits = 0
+        #: ``tx`` calls, joined ones too (``changes``).
+        self._writes = 0
         #: Outer transactions begun: names the open one (``open_transaction``).
         self.transactions = 0
         #: Since when commits fail for lack of space (None: they do not).
@@ -233,7 +235,14 @@ class Ledger:
         """
         # A joined (nested) transaction is the common case on the hot path: a plain
         # object, not a generator-based context manager per call.
+        self._writes += 1
         return _Joined(self.db) if self._in_tx else self._outer_tx(fsync)
+
+    def changes(self) -> int:
+        """A count that moves at every write, also inside an open transaction
+        (``commits`` moves at an outer commit only): what a step boundary compares
+        to learn whether a hook wrote. Here every ``tx`` counts, written or not."""
+        return self._writes
 
     @contextmanager
     def _outer_tx(self, fsync: bool) -> Iterator[Any]:
@@ -250,6 +259,8 @@ class Ledger:
             # inside it may be one that was never committed.
             self._after_commit.clear()
             self._plans.clear()
+            # A run found quiet inside it may have been quiet only with its writes.
+            self.run_versions.forget_quiet()
             raise
         self.commits += 1
         if fsync and self.group_commit:
@@ -567,13 +578,13 @@ class SqliteLedger(Ledger):
         return covered
 
     def one(self, sql: str, *args: Any) -> sqlite3.Row | None:
-        if self._pending:
-            self._write_pending()  # a read in the transaction sees its events
+        if self._pending and "events" in sql:
+            self._write_pending()  # a read of events in the transaction sees its own
         row: sqlite3.Row | None = self.db.execute(sql, args).fetchone()
         return row
 
     def all(self, sql: str, *args: Any) -> list[sqlite3.Row]:
-        if self._pending:
+        if self._pending and "events" in sql:
             self._write_pending()
         return list(self.db.execute(sql, args).fetchall())
 
@@ -584,6 +595,10 @@ class SqliteLedger(Ledger):
         # Written at the commit with the transaction's other events: one statement
         # for all of them (3.3 INSERTs per durable action before, one per commit).
         self._pending.append((time.time(), self.boot_id, kind, subject, dumps(redact(data))))
+
+    def changes(self) -> int:
+        # The rows this connection wrote, the open transaction's too: exact.
+        return int(self.db.total_changes)
 
     def _append_event(self, db: Any, row: tuple[Any, ...]) -> int:
         if self._pending:

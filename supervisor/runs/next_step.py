@@ -68,9 +68,11 @@ def advance(ledger: Ledger, run_id: str, features: RunFeatures, *, boundary: boo
     not checked twice)."""
     versions = ledger.run_versions
     checked = boundary and not versions.quiet(run_id)
-    version, commits = versions.version(run_id), ledger.commits
+    # Writes, not commits: a step may run inside the transaction of the step before
+    # it (step_piggyback.py), where a hook's write commits nothing yet.
+    version, changes = versions.version(run_id), ledger.changes()
     decision = decide(gather(ledger, run_id, features, boundary=checked))
-    if checked and ledger.commits == commits and leaves_nothing_waiting(decision):
+    if checked and ledger.changes() == changes and leaves_nothing_waiting(decision):
         # The boundary's checks found nothing and wrote nothing, and no action or
         # request is left for a steer to wait on: until a write bumps the version,
         # the next boundary of this run would find the same (run_versions.py).
@@ -96,10 +98,10 @@ def gather(ledger: Ledger, run_id: str, features: RunFeatures, *, boundary: bool
         final = ledger.one("SELECT phase, reply FROM finalizations WHERE run_id = ?", run_id)
         if final is not None:
             return StepState(status, int(run["loop_index"]), final_reply=Finalized(final["reply"]))
-        commits = ledger.commits
+        changes = ledger.changes()
         for hook in features.boundary:
             hook(ledger, run_id)
-        if ledger.commits != commits:
+        if ledger.changes() != changes:
             run = get_run(ledger, run_id)  # a hook moved the run (a steer opens a loop)
             status = RunStatus(run["status"])
             moved = True

@@ -112,23 +112,39 @@ class RunActorMethods(RunCore):
     async def next_step(self, slot: ActorSlot, request: NextStep, *, boundary: bool = True) -> Step:
         """``boundary=False``: the step boundary's checks ran already in this same
         step, with nothing else run since (supervisor/runs/step_piggyback.py)."""
+        return await self.shape_step(request, self.next_step_now(slot, request, boundary=boundary))
+
+    def next_step_now(self, slot: ActorSlot, request: NextStep, *, boundary: bool = True) -> Step:
+        """The next step as far as it is decided without waiting, so that a step
+        method may take it in its own transaction (step_piggyback.py): a provider
+        turn is left to ``shape_step``, every other step is final."""
         run_id = request.run_id
         self.check_owner(slot, run_id)
         step = next_step(self.ledger, run_id, self.features, boundary=boundary)
-        if isinstance(step, ProviderStep):
-            step.task = run_store.get_run(self.ledger, run_id)["task"]
-            shaped: Step = step
-            for shape in self.features.provider_shapers:
-                if isinstance(shaped, ProviderStep):
-                    shaped = await shape(run_id, shaped)  # e.g. compaction: its view, or compact first
-            if isinstance(shaped, ProviderStep) and shaped.history is None:
-                # No hook shaped it: all of it, of which the agent already holds the
-                # first ``history_have`` (it keeps what earlier turns sent, so a long
-                # run does not resend and re-decode its whole history every turn).
-                have = request.history_have
-                shaped.history = run_store.history(self.ledger, run_id, after=have)
-                shaped.history_from = have
-            step = shaped
+        return step if isinstance(step, ProviderStep) else self._with_raw_or_failed(run_id, step)
+
+    async def shape_step(self, request: NextStep, step: Step) -> Step:
+        """A provider turn from ``next_step_now``, shaped by the features (which may
+        wait: compaction's view, or compact first) and given the history the agent
+        lacks; any other step as it is."""
+        if not isinstance(step, ProviderStep):
+            return step
+        run_id = request.run_id
+        step.task = run_store.get_run(self.ledger, run_id)["task"]
+        shaped: Step = step
+        for shape in self.features.provider_shapers:
+            if isinstance(shaped, ProviderStep):
+                shaped = await shape(run_id, shaped)  # e.g. compaction: its view, or compact first
+        if isinstance(shaped, ProviderStep) and shaped.history is None:
+            # No hook shaped it: all of it, of which the agent already holds the
+            # first ``history_have`` (it keeps what earlier turns sent, so a long
+            # run does not resend and re-decode its whole history every turn).
+            have = request.history_have
+            shaped.history = run_store.history(self.ledger, run_id, after=have)
+            shaped.history_from = have
+        return self._with_raw_or_failed(run_id, shaped)
+
+    def _with_raw_or_failed(self, run_id: str, step: Step) -> Step:
         try:
             self._with_raw_copies(run_id, step)
         except sealed_input.SealedInputError as exc:
@@ -143,6 +159,11 @@ class RunActorMethods(RunCore):
                                                                      self.features))
 
     async def provider_handoff(self, slot: ActorSlot, request: ProviderHandoff) -> HandedOff:
+        return self.provider_handoff_now(slot, request)
+
+    def provider_handoff_now(self, slot: ActorSlot, request: ProviderHandoff) -> HandedOff:
+        """``provider.handoff``, synchronous (step_piggyback.py commits it with the
+        plan it carries and the actions that plan begins)."""
         run = self.run_of(slot, request.run_id)
         slot_name = request.slot
         notes = notes_from(request.notes, slot_name)  # what the turn was sent, for its transcript
@@ -368,8 +389,12 @@ class RunActorMethods(RunCore):
         return step
 
     async def action_finish_batch(self, slot: ActorSlot, request: ActionFinishBatch) -> Stepped:
+        return self.action_finish_batch_now(slot, request)
+
+    def action_finish_batch_now(self, slot: ActorSlot, request: ActionFinishBatch) -> Stepped:
         """The results of a read batch (supervisor/runs/step_piggyback.py), in order, each
-        finished exactly as ``action.finish`` finishes one; all are checked first."""
+        finished exactly as ``action.finish`` finishes one; all are checked first.
+        Synchronous (step_piggyback.py commits it with the next step's writes)."""
         results = request.results
         if not 1 <= len(results) <= MAX_ACTIONS_PER_PLAN:
             raise BadRequest(f"results must be a list of 1 to {MAX_ACTIONS_PER_PLAN} action results")
@@ -393,6 +418,10 @@ class RunActorMethods(RunCore):
         return Stepped()
 
     async def action_finish(self, slot: ActorSlot, request: ActionFinish) -> Stepped:
+        return self.action_finish_now(slot, request)
+
+    def action_finish_now(self, slot: ActorSlot, request: ActionFinish) -> Stepped:
+        """``action.finish``, synchronous (as ``action_finish_batch_now``)."""
         action = action_store.get_action(self.ledger, request.action_id)
         self.check_owner(slot, action["run_id"])
         if request.receipt is not None:

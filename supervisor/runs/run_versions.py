@@ -89,6 +89,10 @@ class RunVersions:
         was written since."""
         return self.kept and self._quiet.get(run_id) == self._versions.get(run_id, 0)
 
+    def forget_quiet(self) -> None:
+        """A transaction rolled back: what was found quiet inside it is not sure."""
+        self._quiet.clear()
+
     def mark_quiet(self, run_id: str, version: int) -> None:
         """The checks found nothing at ``version`` (if it is still the run's)."""
         if self.kept and self._versions.get(run_id, 0) == version:

@@ -31,13 +31,33 @@ Three more cuts, each through the same methods and checks as the long way:
 
 So a loop of three reads costs two round trips: the handoff (its reply carries the
 batch, begun) and the batch's results (whose reply carries the next provider turn).
+
+**One commit per message** (``handoff``, ``finish``): the step the agent reports and
+the writes of the next step its reply carries are one transaction: the response,
+its plan and the actions that plan begins; the results and the loop's advance.
+Only what may wait (a provider turn, shaped by compaction, then begun) is decided
+after that commit. When deciding the next step fails, the step is committed
+alone, as when they were two transactions, and the next step is asked again.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar, assert_never
 
-from corral.mailbox.protocol import ActionPrepare, NextStep, PlanCommit, PlanInvalid, ProviderHandoff, StepRequest
+from corral.mailbox.protocol import (
+    ActionFinish,
+    ActionFinishBatch,
+    ActionPrepare,
+    HandedOff,
+    NextStep,
+    PlanCommit,
+    PlanInvalid,
+    ProviderHandoff,
+    StepRequest,
+)
 from corral.mailbox.steps import (
     BatchEntry,
     Begin,
@@ -62,6 +82,24 @@ if TYPE_CHECKING:
 A = TypeVar("A", bound=Stepped)
 
 
+@dataclass(frozen=True, slots=True)
+class _Decided:
+    """The next step, decided inside the transaction of the step before it: final,
+    or a provider turn still to shape and begin (``shape``); None: to be asked again
+    after the commit (preparing or beginning changed what comes next)."""
+
+    step: Step | None
+    shape: bool = False
+
+
+class _FollowFailed(Exception):
+    """What follows a step in its transaction failed (and rolled the step back)."""
+
+
+def _nothing() -> bool:
+    return False
+
+
 class StepPiggyback:
     """The next step carried in a step method's reply, through ``runs``' own methods."""
 
@@ -69,15 +107,87 @@ class StepPiggyback:
         self.ledger = ledger
         self.runs = runs
 
-    async def carry_next(self, slot: ActorSlot, request: StepRequest, answer: A, *, boundary: bool = True) -> A:
+    async def carry_next(
+        self,
+        slot: ActorSlot,
+        request: StepRequest,
+        answer: A,
+        *,
+        boundary: bool = True,
+        decided: _Decided | None = None,
+    ) -> A:
         """A step method's reply (supervisor/actor_dispatch.py calls the method, then
         this), with the next step when the agent asked for it (``want_next``): the
         run layer's step methods and compaction's ``context.compacted``.
         ``boundary=False``: the boundary's checks just ran in this same step
-        (``commit_carried_plan``)."""
+        (``commit_carried_plan``). ``decided``: the next step as ``_in_one_commit``
+        decided it in the step's own transaction."""
         if request.want_next and request.run_id is not None:
-            answer.next = await self.next_step_begun(slot, request.run_id, request.history_have, boundary=boundary)
+            answer.next = await self.next_step_begun(
+                slot, request.run_id, request.history_have, boundary=boundary, decided=decided
+            )
         return answer
+
+    async def handoff(self, slot: ActorSlot, request: ProviderHandoff) -> HandedOff:
+        """``provider.handoff`` with the plan it carries (``commit_carried_plan``) and
+        the next step: one commit."""
+        return await self._in_one_commit(
+            slot,
+            request,
+            lambda: self.runs.provider_handoff_now(slot, request),
+            lambda: self.commit_carried_plan(slot, request),
+        )
+
+    async def finish(self, slot: ActorSlot, request: ActionFinish | ActionFinishBatch) -> Stepped:
+        """``action.finish`` or ``action.finish_batch`` with the next step: one commit."""
+        own: Callable[[], Stepped]
+        match request:
+            case ActionFinishBatch():
+                own = partial(self.runs.action_finish_batch_now, slot, request)
+            case ActionFinish():
+                own = partial(self.runs.action_finish_now, slot, request)
+            case _:
+                assert_never(request)
+        return await self._in_one_commit(slot, request, own)
+
+    async def _in_one_commit(
+        self, slot: ActorSlot, request: StepRequest, own: Callable[[], A], then: Callable[[], bool] = _nothing
+    ) -> A:
+        """``own`` (the step's synchronous work), ``then`` (what the same message
+        carries after it; True: it ran the boundary's checks) and the next step's
+        writes (``_decide_now``) in one transaction: one commit where there were
+        up to three (a durable read action's statements and Python calls go with
+        each). A failure after ``own`` rolls all of it back: ``own`` then commits
+        alone and the rest runs as when each was its own transaction (its error,
+        if it comes again, is the reply, as it was)."""
+        try:
+            with self.ledger.tx():
+                answer = own()
+                try:
+                    boundary = not then()
+                    decided = self._decide_now(slot, request, boundary=boundary)
+                except Exception as exc:
+                    raise _FollowFailed from exc
+        except _FollowFailed:
+            answer = own()
+            boundary = not then()
+            decided = None
+        return await self.carry_next(slot, request, answer, boundary=boundary, decided=decided)
+
+    def _decide_now(self, slot: ActorSlot, request: StepRequest, *, boundary: bool) -> _Decided | None:
+        """The next step, with its writes, inside the caller's transaction: an action
+        to run prepared and begun (as ``next_step_begun``); a provider turn only
+        decided (its shaping may wait, so it is shaped and begun after the commit).
+        None: the agent did not ask for it."""
+        if not request.want_next or request.run_id is None:
+            return None
+        run_id = request.run_id
+        step = self.runs.next_step_now(slot, NextStep(run_id, request.history_have), boundary=boundary)
+        if isinstance(step, ProviderStep):
+            return _Decided(step, shape=True)
+        if not isinstance(step, PrepareStep | ExecuteStep):
+            return _Decided(step)
+        return _Decided(self._prepare_and_begin(slot, run_id, step))
 
     def commit_carried_plan(self, slot: ActorSlot, handoff: ProviderHandoff) -> bool:
         """The plan the agent parsed from the response it just handed off: committed
@@ -103,12 +213,26 @@ class StepPiggyback:
         return True
 
     async def next_step_begun(
-        self, slot: ActorSlot, run_id: str, history_have: int = 0, *, boundary: bool = True
+        self,
+        slot: ActorSlot,
+        run_id: str,
+        history_have: int = 0,
+        *,
+        boundary: bool = True,
+        decided: _Decided | None = None,
     ) -> Step:
-        """The run's next step, begun when it may be (``boundary``: as next_step.py's)."""
+        """The run's next step, begun when it may be (``boundary``: as next_step.py's).
+        ``decided``: decided already, in the transaction of the step before it."""
         runs = self.runs
         asked = NextStep(run_id, history_have)
-        step = await runs.next_step(slot, asked, boundary=boundary)
+        if decided is not None:
+            if decided.step is None:
+                return await runs.next_step(slot, asked)  # as below: preparing changed what comes next
+            if not decided.shape:
+                return decided.step
+            step = await runs.shape_step(asked, decided.step)
+        else:
+            step = await runs.next_step(slot, asked, boundary=boundary)
         if isinstance(step, ProviderStep):
             lifecycle = provider_store.begin_provider_request(self.ledger, run_id, step.loop, runs.features)
             step.begun = ProviderBegun(slot=lifecycle["slot"], attempt=lifecycle["attempt"])
