@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from corral.core.secret_values import secret_values_in
+from corral.supervisor.runs import response_secrets
 from fake_openai import FakeOpenAIServer, Reply, completion, tool_call
 from loopback_http import serve_in_thread
 from tests.harness import Daemon, ledger_rows, wait_run
@@ -165,6 +166,40 @@ def test_a_final_reply_is_stored_with_project_and_other_absolute_paths_filtered(
             assert [row["raw_sha256"] for row in rows] == [None]
         finally:
             daemon.shutdown()
+
+
+def test_a_text_reply_is_stored_without_its_thinking(short_tmp: Path) -> None:
+    """Seed 004 V1.41: "响应落盘前会删除 thinking block，并依次过滤...": nothing of a
+    reasoning block reaches the ledger, not its words and not its tags."""
+    thought = "scratch-" + secrets.token_hex(8)
+    server = FakeOpenAIServer([Reply(body=completion(f"<think>{thought} maybe 41</think>The answer is 42."))])
+    with serve_in_thread(server) as url:
+        daemon = Daemon(short_tmp / "h", _spec(short_tmp, url), env={"OPENAI_API_KEY": DECOY_KEY})
+        try:
+            daemon.up()
+            run_id = daemon.call("run", agent_id="llm", task="what is the answer")["run_id"]
+            shown = wait_run(daemon, run_id, {"needs-reconciliation", "completed", "failed"})
+            assert shown["run"]["status"] == "completed", shown["run"]
+            assert shown["final_reply"] == "The answer is 42."
+            daemon.shutdown()
+            assert _files_holding(daemon.home, thought) == []
+        finally:
+            daemon.shutdown()
+
+
+def test_thinking_leaves_a_response_and_a_tool_calls_arguments_stay_as_written() -> None:
+    """V1.43: the tool-plan handoff keeps "去除 thinking 后的响应" and the "完整 function
+    call envelope": reasoning fields and blocks go, the arguments are untouched."""
+    arguments = json.dumps({"path": "a.html", "content": "<think>not mine</think><p>kept</p>"})
+    body = completion("<think>plan it</think>", [tool_call("fs.write", arguments, "call-1")])
+    body["choices"][0]["message"]["reasoning_content"] = "I should write a.html"
+    stored = json.loads(response_secrets.without_thinking(json.dumps(body)))
+    message = stored["choices"][0]["message"]
+    assert "reasoning_content" not in message and message["content"] == ""
+    assert message["tool_calls"][0]["function"]["arguments"] == arguments
+    plain = completion("no thinking here")
+    assert response_secrets.without_thinking(json.dumps(plain)) == json.dumps(plain), "unchanged: same bytes"
+    assert response_secrets.without_thinking("<think>hm</think>final words") == "final words"
 
 
 def test_a_compaction_summary_is_stored_with_its_paths_filtered_too(short_tmp: Path) -> None:

@@ -21,11 +21,13 @@
 from __future__ import annotations
 
 import enum
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from corral.actors.providers.plan_parse import strip_reasoning
 from corral.core.path_scrub import names_absolute_path, scrub_paths
 from corral.core.redact import redact, redact_text
 from corral.core.secret_values import secret_values_in
@@ -96,6 +98,40 @@ def command_paths(plan: object) -> tuple[str, ...]:
 def text_only(plan: object) -> bool:
     """A parsed plan that is a reply and nothing else: no action acts on it."""
     return isinstance(plan, Mapping) and not plan.get("actions") and isinstance(plan.get("final"), str)
+
+
+#: Where a Chat Completions message carries the model's reasoning beside its answer.
+_REASONING_KEYS = ("reasoning_content", "reasoning")
+
+
+def without_thinking(text: str) -> str:
+    """A response with its thinking removed before anything of it is stored (V1.41:
+    "响应落盘前会删除 thinking block"; V1.43: "去除 thinking 后的响应"): the
+    ``<think>``/``<thinking>``/``<reasoning>`` blocks of a plain answer or of a Chat
+    Completions message's content, and the message's reasoning fields. The parser
+    drops the same blocks (actors/providers/plan_parse.py), so the plan read from
+    what is stored is the plan read from what came; a tool call's arguments are
+    left as the model wrote them."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return strip_reasoning(text)
+    if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+        return text  # a JSON plan: its strings are content
+    changed = False
+    for choice in body["choices"]:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            continue
+        for key in _REASONING_KEYS:
+            if key in message:
+                del message[key]
+                changed = True
+        content = message.get("content")
+        if isinstance(content, str) and strip_reasoning(content) != content.strip():
+            message["content"] = strip_reasoning(content)
+            changed = True
+    return json.dumps(body, ensure_ascii=False) if changed else text
 
 
 def project_roots(run: Any) -> list[str]:

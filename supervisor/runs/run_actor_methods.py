@@ -167,7 +167,7 @@ class RunActorMethods(RunCore):
         run = self.run_of(slot, request.run_id)
         slot_name = request.slot
         notes = notes_from(request.notes, slot_name)  # what the turn was sent, for its transcript
-        text = request.text[:MAX_RESPONSE_CHARS]
+        text = response_secrets.without_thinking(request.text[:MAX_RESPONSE_CHARS])
         shown = redact_text(text)
         verdict = response_secrets.handoff_verdict(text, shown, request.plan)
         if verdict.handling is Handling.REFUSE:
