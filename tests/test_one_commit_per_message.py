@@ -15,6 +15,7 @@ import pytest
 
 from corral.mailbox.protocol import ActionFinishBatch, ActionResult, ProviderHandoff
 from corral.mailbox.steps import ExecuteStep, ProviderStep
+from corral.supervisor.errors import Conflict, NotFound
 from corral.supervisor.ledger.port import SqliteLedger
 from corral.supervisor.runs import provider_store, run_store
 from corral.supervisor.runs.run_feature import RunFeature
@@ -107,4 +108,45 @@ async def test_when_the_next_step_fails_the_step_itself_still_commits(tmp_path: 
     rows = ledger.all("SELECT a.phase, r.status FROM actions a JOIN receipts r USING (action_id)")
     assert [(row["phase"], row["status"]) for row in rows] == [("ok", "ok")] * 3, "the results are kept"
     assert run_store.get_run(ledger, run_id)["loop_index"] == 0
+    ledger.close()
+
+
+def _statements(ledger: SqliteLedger) -> list[str]:
+    statements: list[str] = []
+    ledger.db.set_trace_callback(statements.append)
+    return statements
+
+
+async def test_a_batchs_actions_are_read_in_one_statement(tmp_path: Path) -> None:
+    ledger, service, slot, run_id = _service(tmp_path)
+    ids = _ids(await _handoff(service, slot, run_id))
+    statements = _statements(ledger)
+    results = [ActionResult(the_id, True, {"n": n}) for n, the_id in enumerate(ids)]
+    await service.steps.finish(slot, ActionFinishBatch(run_id, results))  # type: ignore[arg-type]
+    reads = [sql for sql in statements if sql.startswith("SELECT") and "FROM actions WHERE action_id" in sql]
+    assert len(reads) == 1, reads
+    # One that does not exist is refused by name, and nothing is written.
+    with pytest.raises(NotFound, match="act-missing"):
+        await service.steps.finish(  # type: ignore[arg-type]
+            slot, ActionFinishBatch(run_id, [ActionResult(ids[0], True), ActionResult("act-missing", True)])
+        )
+    ledger.close()
+
+
+async def test_a_handoff_completes_its_request_without_reading_it_first(tmp_path: Path) -> None:
+    ledger, service, slot, run_id = _service(tmp_path)
+    handoff = _turn(service, run_id)
+    statements = _statements(ledger)
+    await service.steps.handoff(slot, handoff)  # type: ignore[arg-type]
+    assert not [sql for sql in statements if sql.startswith("SELECT status FROM provider_requests")]
+    # A request that is no longer started: refused, and the response it had stands.
+    cursor = ledger.last_cursor()
+    again = ProviderHandoff(run_id, handoff.slot, "another response")
+    with pytest.raises(Conflict, match="is completed, not started"):
+        await service.steps.handoff(slot, again)  # type: ignore[arg-type]
+    with pytest.raises(NotFound, match="no provider request"):
+        await service.steps.handoff(slot, ProviderHandoff(run_id, f"{run_id}:9", "x"))  # type: ignore[arg-type]
+    assert ledger.last_cursor() == cursor
+    row = ledger.one("SELECT response FROM provider_requests WHERE slot = ?", handoff.slot)
+    assert row["response"] == "three reads"
     ledger.close()

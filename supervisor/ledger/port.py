@@ -166,6 +166,12 @@ class Ledger:
         #: Committed plans by (run, loop): a plan is written once and never changed,
         #: so a committed one may be kept (see ``committed_plan``).
         self._plans: OrderedDict[tuple[str, int], tuple[str, str | None]] = OrderedDict()
+        #: Loops read without a plan, kept only by a backend that sees every plan
+        #: written (``_plans_watched``: SQLite's one writer, from a TEMP trigger that
+        #: drops the loop at its plan's insert). A step asks for the plan of a loop
+        #: that has none yet three or four times before it is committed.
+        self._no_plan: set[tuple[str, int]] = set()
+        self._plans_watched = False
         self.commits = 0
         #: ``tx`` calls, joined ones too (``changes``).
         self._writes = 0
@@ -304,14 +310,29 @@ class Ledger:
         cached = self._plans.get(key)
         if cached is not None:
             return cached
+        if key in self._no_plan:
+            return None
         row = self.one("SELECT plan, raw_sha256 FROM plans WHERE run_id = ? AND loop_index = ?", run_id, loop_index)
         if row is None:
+            if self._plans_watched:
+                if len(self._no_plan) >= PLAN_CACHE_SIZE:
+                    self._no_plan.clear()
+                # No rollback can make it wrong: a rolled-back insert dropped it too.
+                self._no_plan.add(key)
             return None
         plan = (str(row["plan"]), row["raw_sha256"])
         self._plans[key] = plan
         if len(self._plans) > PLAN_CACHE_SIZE:
             self._plans.popitem(last=False)
         return plan
+
+    def plan_written(self, run_id: str, loop_index: int, plan: str, raw_sha256: str | None) -> None:
+        """The plan just inserted in the open transaction, as ``committed_plan`` would
+        read it back: kept at once (a rollback forgets it with every kept plan)."""
+        self._no_plan.discard((run_id, loop_index))
+        self._plans[(run_id, loop_index)] = (plan, raw_sha256)
+        if len(self._plans) > PLAN_CACHE_SIZE:
+            self._plans.popitem(last=False)
 
     def _storage_failed(self, exc: Exception) -> None:
         if self.full_since is None:
@@ -466,6 +487,7 @@ class SqliteLedger(Ledger):
                 self.db.execute(f"PRAGMA synchronous = {sqlite_sync.upper()}")
                 self._migrate()
                 self.run_versions.keep(self.db)  # the one writer's connection: it sees every write
+                self._watch_plans()
                 if self._high_water is not None:
                     self.sync()  # what the last process committed but had not synced yet
                     self._high_water.start(self._committed_cursor)
@@ -504,6 +526,16 @@ class SqliteLedger(Ledger):
     @property
     def schema_version(self) -> int:
         return int(self.db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _watch_plans(self) -> None:
+        """Drop a loop from ``_no_plan`` when its plan is inserted, whichever store
+        writes it (this connection's writes alone: the one writer's)."""
+        self.db.create_function("corral_plan_written", 2, lambda run_id, loop: self._no_plan.discard((run_id, loop)))
+        self.db.execute(
+            "CREATE TEMP TRIGGER IF NOT EXISTS plan_written AFTER INSERT ON main.plans"
+            " BEGIN SELECT corral_plan_written(NEW.run_id, NEW.loop_index); END"
+        )
+        self._plans_watched = True
 
     # -- the high-water mark ------------------------------------------------------
 

@@ -147,6 +147,12 @@ def get_action(ledger: Ledger, the_id: str) -> sqlite3.Row:
     return row
 
 
+def actions_by_id(ledger: Ledger, ids: list[str]) -> dict[str, sqlite3.Row]:
+    """The actions among ``ids`` that exist, by id, in one read."""
+    marks = ", ".join("?" * len(ids))
+    return {row["action_id"]: row for row in ledger.all(f"SELECT * FROM actions WHERE action_id IN ({marks})", *ids)}
+
+
 def move_action(
     ledger: Ledger, the_id: str, phase: ActionPhase, *, current: Any = None, **fields: Any
 ) -> dict[str, Any]:

@@ -38,18 +38,20 @@ def commit_plan(
     ``withhold_response`` replaces the raw response in the same transaction (it
     carried input that the plan now holds sealed). ``shown``: ``redact(plan)`` when
     the caller computed it already."""
+    text = dumps(redact(plan) if shown is None else shown)
     with ledger.tx() as db:
-        existing = db.execute(
-            "SELECT plan FROM plans WHERE run_id = ? AND loop_index = ?", (run_id, loop_index)
-        ).fetchone()
-        if existing is not None:
+        # Inserted unless the loop has its plan already (a replay): the one written
+        # first stands, and is read back only then.
+        if not db.execute(
+            "INSERT OR IGNORE INTO plans (run_id, loop_index, plan, raw_sha256, created_at) VALUES (?, ?, ?, ?, ?)",
+            (run_id, loop_index, text, raw_sha256, _now()),
+        ).rowcount:
+            existing = db.execute(
+                "SELECT plan FROM plans WHERE run_id = ? AND loop_index = ?", (run_id, loop_index)
+            ).fetchone()
             stored: dict[str, Any] = json.loads(existing["plan"])
             return stored
-        text = dumps(redact(plan) if shown is None else shown)
-        db.execute(
-            "INSERT INTO plans (run_id, loop_index, plan, raw_sha256, created_at) VALUES (?, ?, ?, ?, ?)",
-            (run_id, loop_index, text, raw_sha256, _now()),
-        )
+        ledger.plan_written(run_id, loop_index, text, raw_sha256)
         db.execute("UPDATE provider_requests SET consumed = 1 WHERE slot = ?", (slot,))
         if withhold_response is not None:
             db.execute("UPDATE provider_requests SET response = ? WHERE slot = ?", (withhold_response, slot))

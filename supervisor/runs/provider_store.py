@@ -93,24 +93,25 @@ def provider_handoff(
     keeps it redacted; ``raw_sha256`` names the raw copy in the private spool;
     ``notes``: what the turn was sent, for its transcript (transcript_store.py)."""
     notes = notes or TurnNotes()
+    stored = redact_text(text[:MAX_RESPONSE_CHARS])
+    search = None if notes.web_search is None else int(notes.web_search)
     with ledger.tx() as db:
-        row = db.execute(
-            "SELECT status FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, run_id)
-        ).fetchone()
-        if row is None:
-            raise NotFound(f"no provider request {slot!r}")
-        if row["status"] != "started":
-            raise Conflict(f"provider request {slot} is {row['status']}, not started")
-        stored = redact_text(text[:MAX_RESPONSE_CHARS])
-        keep_texts(db, notes, parameters=False)  # set below, on the same row
-        search = None if notes.web_search is None else int(notes.web_search)
-        db.execute(
+        # Completed only from started; read only when it was not (to say why).
+        if not db.execute(
             "UPDATE provider_requests SET status = 'completed', response = ?, raw_sha256 = ?, finished_at = ?,"
             " system_sha256 = ?, catalog_sha256 = ?, history_seq = ?,"
-            " reasoning_effort = COALESCE(?, reasoning_effort), web_search = COALESCE(?, web_search) WHERE slot = ?",
+            " reasoning_effort = COALESCE(?, reasoning_effort), web_search = COALESCE(?, web_search)"
+            " WHERE slot = ? AND run_id = ? AND status = 'started'",
             (stored, raw_sha256, _now(), notes.system_sha256, notes.catalog_sha256, notes.seen,
-             notes.reasoning_effort, search, slot),
-        )
+             notes.reasoning_effort, search, slot, run_id),
+        ).rowcount:
+            row = db.execute(
+                "SELECT status FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, run_id)
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no provider request {slot!r}")
+            raise Conflict(f"provider request {slot} is {row['status']}, not started")
+        keep_texts(db, notes, parameters=False)  # set above, on the same row
         ledger.emit("provider-response-committed", run_id, slot=slot, chars=len(stored))
 
 

@@ -46,7 +46,7 @@ from corral.mailbox.protocol import (
     Stepped,
 )
 from corral.mailbox.steps import DoneStep, PrepareStep, ProviderStep, Step
-from corral.supervisor.errors import BadRequest
+from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.runs import (
     action_store,
     child_scope,
@@ -403,8 +403,11 @@ class RunActorMethods(RunCore):
         if len(set(ids)) != len(ids):
             raise BadRequest("results name an action more than once")
         actions = []
+        rows = action_store.actions_by_id(self.ledger, ids)  # one read for the batch
         for the_id, result in zip(ids, results, strict=True):
-            action = action_store.get_action(self.ledger, the_id)
+            action = rows.get(the_id)
+            if action is None:
+                raise NotFound(f"no action {the_id!r}")
             if action["run_id"] != run_id:
                 raise BadRequest(f"action {action['action_id']} is not in run {run_id}")
             if result.receipt is not None:
