@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from corral.mailbox.protocol import BenchSink, BenchSinkCount, BenchSinkReset, SinkCount
+from corral.mailbox.protocol import Ack, BenchSink, BenchSinkCount, BenchSinkReset, SinkCount
 from corral.supervisor.errors import BadRequest, Conflict
 from corral.supervisor.params import param_int
 from corral.supervisor.probe_counts import ProbeCounts
@@ -29,16 +29,16 @@ class LoadProbes:
         self.counted = 0
         self.counts = ProbeCounts(ledger.db)
 
-    async def sink(self, slot: ActorSlot, request: BenchSink) -> dict[str, Any]:
+    async def sink(self, slot: ActorSlot, request: BenchSink) -> Ack:
         self.counted += 1
-        return {}
+        return Ack()
 
     async def sink_count(self, slot: ActorSlot, request: BenchSinkCount) -> SinkCount:
         return SinkCount(self.counted)
 
-    async def sink_reset(self, slot: ActorSlot, request: BenchSinkReset) -> dict[str, Any]:
+    async def sink_reset(self, slot: ActorSlot, request: BenchSinkReset) -> Ack:
         self.counted = 0
-        return {}
+        return Ack()
 
     async def emit_events(self, params: dict[str, Any]) -> dict[str, Any]:
         """Load for the dashboard's live-stream bench: ``n`` events of kind

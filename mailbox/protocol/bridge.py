@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
-from corral.mailbox.protocol.base import Method, Request
+from corral.mailbox.protocol.base import Ack, Method, Request
 
 BridgeId = Annotated[str, msgspec.Meta(min_length=1, max_length=40)]
 Revision = Annotated[int, msgspec.Meta(ge=1, le=2**53 - 1)]
@@ -74,7 +74,7 @@ class BridgeRunStatus(Request[Reply], frozen=True, forbid_unknown_fields=True, o
     wait_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 0.0
 
 
-class BridgeReport(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class BridgeReport(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``bridge.report``: a problem the worker cannot solve itself (no token)."""
 
     METHOD: ClassVar[Method] = Method.BRIDGE_REPORT

@@ -7,14 +7,14 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
-from corral.mailbox.protocol.base import Id, Method, Request
+from corral.mailbox.protocol.base import Ack, Id, Method, Request
 
 ServerId = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 
 Reply = dict[str, Any]
 
 
-class McpReady(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class McpReady(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``mcp.ready``: the server's session is up; ``tools`` as its tools/list gave them
     (supervisor/mcp/mcp_catalog.py turns them into catalog entries, or skips them)."""
 
@@ -26,7 +26,7 @@ class McpReady(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_def
     server_info: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-class McpFailed(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class McpFailed(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``mcp.failed``: the server could not start or stopped answering; its log file
     and the last lines of its stderr (bounded by the supervisor)."""
 

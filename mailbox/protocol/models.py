@@ -10,7 +10,7 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
-from corral.mailbox.protocol.base import Method, Request
+from corral.mailbox.protocol.base import Ack, Method, Request
 
 ModelId = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 MAX_MESSAGES = 400
@@ -19,7 +19,7 @@ MAX_TOKENS = 32_768
 Reply = dict[str, Any]
 
 
-class ModelReady(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ModelReady(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``model.ready``: the model actor's model is loaded (this incarnation)."""
 
     METHOD: ClassVar[Method] = Method.MODEL_READY
@@ -28,7 +28,7 @@ class ModelReady(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_d
     n_ctx: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
-class ModelFailed(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ModelFailed(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``model.failed``: the model could not load (summarized to 500 characters there)."""
 
     METHOD: ClassVar[Method] = Method.MODEL_FAILED

@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
-from corral.mailbox.protocol.base import Id, Method, Request
+from corral.mailbox.protocol.base import Ack, Id, Method, Request
 
 #: A filter's or a name's text (the lookups bound it further).
 Name = Annotated[str, msgspec.Meta(max_length=300)]
@@ -48,7 +48,7 @@ class HistoryCommand(Request[dict[str, Any]], frozen=True, forbid_unknown_fields
     source: Id
 
 
-class ReplyDelta(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ReplyDelta(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``reply.delta`` (best effort): final-reply text as it is generated, or, with
     ``tokens``, a progress report (the tokens generated so far, never stored)."""
 

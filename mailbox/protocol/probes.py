@@ -3,11 +3,11 @@ a sink that counts one-way tells, its count and its reset."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import msgspec
 
-from corral.mailbox.protocol.base import Method, Request
+from corral.mailbox.protocol.base import Ack, Method, Request
 
 
 class SinkCount(msgspec.Struct, frozen=True):
@@ -16,7 +16,7 @@ class SinkCount(msgspec.Struct, frozen=True):
     count: int
 
 
-class BenchSink(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class BenchSink(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``bench.sink`` (a tell): counted, never stored; ``payload`` (ignored) gives it its size."""
 
     METHOD: ClassVar[Method] = Method.BENCH_SINK
@@ -29,7 +29,7 @@ class BenchSinkCount(Request[SinkCount], frozen=True, forbid_unknown_fields=True
     METHOD: ClassVar[Method] = Method.BENCH_SINK_COUNT
 
 
-class BenchSinkReset(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class BenchSinkReset(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``bench.sink_reset``: the count back to 0."""
 
     METHOD: ClassVar[Method] = Method.BENCH_SINK_RESET

@@ -301,7 +301,7 @@ class ProviderFailed(Request[ProviderFailure], frozen=True, forbid_unknown_field
     notes: TurnNote | None = None
 
 
-class ProviderInterrupted(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ProviderInterrupted(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``provider.interrupted``: the agent stopped waiting for turn ``slot``, as a
     steer or a goal pause told it (supervisor/interactive/steer_control.py)."""
 
@@ -350,7 +350,7 @@ class ActionPrepare(Request[Prepared], frozen=True, forbid_unknown_fields=True, 
     history_have: Count = 0
 
 
-class RunChildResult(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class RunChildResult(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``run.child_result``: a child's or a delegation's final reply, delivered to
     its parent (supervisor/swarm/swarm_service.py)."""
 

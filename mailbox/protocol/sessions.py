@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
-from corral.mailbox.protocol.base import Id, Method, Request
+from corral.mailbox.protocol.base import Ack, Id, Method, Request
 
 #: Every process id is derived from its start action (``proc-`` and a digest).
 ProcessId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
@@ -88,7 +88,7 @@ class SessionTerminate(Request[Reply], frozen=True, forbid_unknown_fields=True, 
     process_id: ProcessId
 
 
-class SessionLaunched(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class SessionLaunched(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``session.launched``: a session actor's launch record, before COMMIT_EXEC."""
 
     METHOD: ClassVar[Method] = Method.SESSION_LAUNCHED
@@ -96,7 +96,7 @@ class SessionLaunched(Request[Reply], frozen=True, forbid_unknown_fields=True, o
     launch_mode: LaunchModeName
 
 
-class SessionStateReport(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class SessionStateReport(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``session.state``: a session actor's state change (corral.actors.session_state)."""
 
     METHOD: ClassVar[Method] = Method.SESSION_STATE
@@ -118,7 +118,7 @@ class CommandSandbox(Request[Reply], frozen=True, forbid_unknown_fields=True, om
     action_id: Id
 
 
-class CommandLaunched(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class CommandLaunched(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``command.launched``: a command's durable launch record, before COMMIT_EXEC."""
 
     METHOD: ClassVar[Method] = Method.COMMAND_LAUNCHED

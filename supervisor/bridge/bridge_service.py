@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from corral.mailbox.protocol import (
+    Ack,
     BridgeJobAdvance,
     BridgeJobOpen,
     BridgeJobs,
@@ -172,12 +173,12 @@ class BridgeService:
         return {"done": status in TERMINAL or row is None, "status": status,
                 "final_reply": reply["text"] if reply else None}
 
-    async def report(self, slot: ActorSlot, request: BridgeReport) -> dict[str, Any]:
+    async def report(self, slot: ActorSlot, request: BridgeReport) -> Ack:
         self._check_worker(slot)
         problem = request.problem
         log.warning("bridge worker: %s", problem)
         self.ledger.event("bridge-problem", slot.id, problem=problem)
-        return {}
+        return Ack()
 
     def status_section(self) -> dict[str, Any]:
         rows = self.ledger.all("SELECT phase, COUNT(*) AS n FROM bridge_jobs GROUP BY phase")

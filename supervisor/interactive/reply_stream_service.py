@@ -24,7 +24,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from corral.core.redact import redact_text
-from corral.mailbox.protocol import ReplyDelta
+from corral.mailbox.protocol import Ack, ReplyDelta
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import run_store
@@ -64,7 +64,7 @@ class ReplyStreamService:
         #: generation adds no row, and a restarted supervisor simply has none.
         self.progress: dict[str, dict[str, Any]] = {}
 
-    async def reply_delta(self, slot: ActorSlot, request: ReplyDelta) -> dict[str, Any]:
+    async def reply_delta(self, slot: ActorSlot, request: ReplyDelta) -> Ack:
         """Final-reply text as it is generated. A lifecycle that starts over (a
         retry after a cut or a kill) is marked, so a reader drops what it showed
         instead of seeing the text twice."""
@@ -76,7 +76,8 @@ class ReplyStreamService:
             raise BadRequest(f"run {run_id} is not driven by {slot.id}")
         provider_slot = request.slot
         if request.tokens is not None:
-            return self._progress_report(run_id, provider_slot, request.tokens)
+            self._progress_report(run_id, provider_slot, request.tokens)
+            return Ack()
         text, seq = request.text, request.seq
         if len(text) > MAX_DELTA_CHARS:
             raise BadRequest(f"text must be a string of at most {MAX_DELTA_CHARS} characters")
@@ -88,7 +89,7 @@ class ReplyStreamService:
             cursor = self.ledger.event("reply-delta", run_id, **delta_event_data(provider_slot, seq, shown))
         self._remember(run_id, provider_slot)
         self._cache(cursor, shown)
-        return {}
+        return Ack()
 
     def _last_slot(self, run_id: str) -> str | None:
         """The slot this run streamed last: in memory, else (a restarted supervisor)
@@ -125,7 +126,7 @@ class ReplyStreamService:
 
     # -- progress ---------------------------------------------------------------------
 
-    def _progress_report(self, run_id: str, provider_slot: str, tokens: int) -> dict[str, Any]:
+    def _progress_report(self, run_id: str, provider_slot: str, tokens: int) -> None:
         now = time.time()
         previous = self.progress.pop(run_id, None)
         first = previous if previous is not None and previous["slot"] == provider_slot else None
@@ -139,7 +140,6 @@ class ReplyStreamService:
         }
         while len(self.progress) > MAX_PROGRESS_RUNS:
             self.progress.pop(next(iter(self.progress)))
-        return {}
 
     async def progress_view(self, params: dict[str, Any]) -> dict[str, Any]:
         """``progress``: the newest provider progress report of each of ``run_ids``

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corral.mailbox.protocol import ProviderInterrupted
+from corral.mailbox.protocol import Ack, ProviderInterrupted
 from corral.supervisor.interactive import steer_store
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import provider_store, run_store
@@ -52,9 +52,9 @@ class SteerControl:
         await self.runs.tree.tell(agent_id, {"op": "interrupt", "run_id": run_id, "slot": row["slot"]})
         return str(row["slot"])
 
-    async def provider_interrupted(self, slot: ActorSlot, request: ProviderInterrupted) -> dict[str, Any]:
+    async def provider_interrupted(self, slot: ActorSlot, request: ProviderInterrupted) -> Ack:
         """From the agent: it stopped waiting for the turn ``slot`` as told."""
         run = self.runs.run_of(slot, request.run_id)
-        result = provider_store.provider_interrupted(self.ledger, run["run_id"], request.slot)
+        provider_store.provider_interrupted(self.ledger, run["run_id"], request.slot)
         self.ledger.failpoint("steer.after-interrupt")
-        return result
+        return Ack()

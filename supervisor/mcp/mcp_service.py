@@ -27,7 +27,7 @@ import trio
 from corral.actors.tools.validation import validation_error
 from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
-from corral.mailbox.protocol import ActionPrepare, ClaimedRun, McpCall, McpFailed, McpReady
+from corral.mailbox.protocol import Ack, ActionPrepare, ClaimedRun, McpCall, McpFailed, McpReady
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.mcp.mcp_catalog import CatalogTool, build_catalog, catalog_fingerprint, drift, pin, pinned
@@ -131,7 +131,7 @@ class McpService:
             return "failed" if state.error else "stopped"
         return "starting" if not state.error else "restarting"
 
-    async def ready(self, slot: ActorSlot, request: McpReady) -> dict[str, Any]:
+    async def ready(self, slot: ActorSlot, request: McpReady) -> Ack:
         state = self._own_server(slot, request.server)
         tools, skipped = build_catalog(state.spec, request.tools)
         fingerprint = catalog_fingerprint(tools)
@@ -152,9 +152,9 @@ class McpService:
             )
         log.info("mcp server %s ready: %d tools, catalog %s", state.spec.id, len(tools), fingerprint[:12])
         state.notify()
-        return {"tools": len(tools), "fingerprint": fingerprint}
+        return Ack()
 
-    async def failed(self, slot: ActorSlot, request: McpFailed) -> dict[str, Any]:
+    async def failed(self, slot: ActorSlot, request: McpFailed) -> Ack:
         state = self._own_server(slot, request.server)
         state.error = summarize(request.error, 500)
         state.log = request.log[:4096]
@@ -164,7 +164,7 @@ class McpService:
             # The stderr lines stay out of the ledger: the log file holds them.
             self.ledger.event("mcp-server-failed", state.spec.id, error=state.error, log=state.log)
         state.notify()
-        return {}
+        return Ack()
 
     def _own_server(self, slot: ActorSlot, server: str) -> ServerState:
         state = self.servers.get(server)

@@ -21,7 +21,7 @@ import trio
 
 from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
-from corral.mailbox.protocol import Code, ModelFailed, ModelGenerate, ModelReady
+from corral.mailbox.protocol import Ack, Code, ModelFailed, ModelGenerate, ModelReady
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.models.model_spec import LocalModelSpec
@@ -86,7 +86,7 @@ class ModelService:
             raise BadRequest(f"actor {slot.id} does not serve model {model!r}")
         return state
 
-    async def ready(self, slot: ActorSlot, request: ModelReady) -> dict[str, Any]:
+    async def ready(self, slot: ActorSlot, request: ModelReady) -> Ack:
         state = self._own_model(slot, request.model)
         state.load_s = request.load_s
         state.incarnation, state.error = slot.incarnation, ""
@@ -95,16 +95,16 @@ class ModelService:
             self.ledger.event("model-ready", state.spec.id, load_s=state.load_s, incarnation=slot.incarnation)
         log.info("model %s ready (loaded in %.2f s)", state.spec.id, state.load_s)
         state.notify()
-        return {}
+        return Ack()
 
-    async def failed(self, slot: ActorSlot, request: ModelFailed) -> dict[str, Any]:
+    async def failed(self, slot: ActorSlot, request: ModelFailed) -> Ack:
         state = self._own_model(slot, request.model)
         state.error = summarize(request.error, 500)
         state.failures += 1
         with self.ledger.tx(fsync=False):
             self.ledger.event("model-failed", state.spec.id, error=state.error)
         state.notify()
-        return {}
+        return Ack()
 
     def _checked_request(self, request: ModelGenerate) -> tuple[ModelState, dict[str, Any], float]:
         """The relay's body; the record checked each field's shape and range already."""

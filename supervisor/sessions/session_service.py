@@ -42,6 +42,7 @@ from corral.actors.tools.base import ToolError
 from corral.actors.tools.paths import resolve_in_workspace
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
 from corral.mailbox.protocol import (
+    Ack,
     CommandLaunched,
     CommandSandbox,
     SealedValue,
@@ -426,7 +427,7 @@ class SessionService:
         supervisor/intent/intent_service.py) when it has one."""
         return self.scope_sandbox(run, sandbox_settings(self.sandbox, self.home))
 
-    async def command_launched(self, slot: ActorSlot, request: CommandLaunched) -> dict[str, Any]:
+    async def command_launched(self, slot: ActorSlot, request: CommandLaunched) -> Ack:
         """The durable launch record of a command, committed before COMMIT_EXEC."""
         run = self.runs.run_of(slot, request.run_id)
         if RunStatus(run["status"]) in RUN_TERMINAL:
@@ -435,7 +436,7 @@ class SessionService:
         mode = _launch_mode(request.launch_mode)
         transcript = session_store.transcript_path(self.home, run["run_id"], action["action_id"])
         session_store.record_command_launch(self.ledger, run["run_id"], action["action_id"], mode, transcript)
-        return {"launch_mode": mode.value}
+        return Ack()
 
     def on_receipt(self, ledger: Ledger, action: Any) -> None:
         if sealed_input.sealed_fields(self.runs.tools, action["tool"]):
@@ -453,7 +454,7 @@ class SessionService:
 
     # -- session-actor methods -------------------------------------------------------
 
-    async def launched(self, slot: ActorSlot, request: SessionLaunched) -> dict[str, Any]:
+    async def launched(self, slot: ActorSlot, request: SessionLaunched) -> Ack:
         """The launch record: committed while the trampoline waits for COMMIT_EXEC."""
         row = self._actor_session(slot, request.process_id)
         if row["state"] != S.LAUNCHING:
@@ -463,16 +464,16 @@ class SessionService:
             raise Refused(f"run {run['run_id']} already ended; not launching")
         session_store.record_launch(self.ledger, row, _launch_mode(request.launch_mode))
         self._notify()
-        return {}
+        return Ack()
 
-    async def state(self, slot: ActorSlot, request: SessionStateReport) -> dict[str, Any]:
+    async def state(self, slot: ActorSlot, request: SessionStateReport) -> Ack:
         row = self._actor_session(slot, request.process_id)
         try:
             new = SessionState(request.state)
         except ValueError:
             raise BadRequest("state must be a session state") from None
         if row["state"] == new:
-            return {"state": new.value}  # a repeated report after a lost reply
+            return Ack()  # a repeated report after a lost reply
         session_store.move_session(
             self.ledger,
             row["process_id"],
@@ -486,7 +487,7 @@ class SessionService:
         if new in TERMINAL_STATES:
             # The run's final reply may be unblocked now.
             self._send.send_nowait(("wake", row["agent_id"]))
-        return {"state": new.value}
+        return Ack()
 
     # -- hooks, background, control ----------------------------------------------------
 

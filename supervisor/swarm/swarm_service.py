@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
-from corral.mailbox.protocol import RunChildResult, SwarmClaim, SwarmContract, SwarmDelegate, SwarmSpawn
+from corral.mailbox.protocol import Ack, RunChildResult, SwarmClaim, SwarmContract, SwarmDelegate, SwarmSpawn
 from corral.mailbox.steps import CompactStep, ParkStep, ProviderStep
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
@@ -178,7 +178,7 @@ class SwarmService:
         run = self._parent(slot, request.run_id)
         return delegation_store.contract(self.ledger, run["run_id"], request.delegation_id)
 
-    async def child_result(self, slot: ActorSlot, request: RunChildResult) -> dict[str, Any]:
+    async def child_result(self, slot: ActorSlot, request: RunChildResult) -> Ack:
         run = self._parent(slot, request.run_id)
         summary = request.reply or ""
         blockers = finalization.blockers(self.ledger, run["run_id"], self.runs.features)
@@ -190,7 +190,7 @@ class SwarmService:
         else:
             raise BadRequest("a root run writes a final reply, not a child result")
         self._after_delivery(delivery, run)
-        return {"delivery_id": delivery}
+        return Ack()
 
     # -- background: stops, wakes, timeouts, escalations ------------------------------
 
