@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         ModelGenerate,
         ModelReady,
         PlanUpdate,
+        Preview,
         ProjectCommitMoved,
         ProjectPreview,
         ProjectRevisionAdvance,
@@ -48,7 +49,9 @@ if TYPE_CHECKING:
         ProjectVerifyRecord,
         ProviderInterrupted,
         ReplyDelta,
+        Revision,
         RunChildResult,
+        SandboxGrant,
         SessionLaunched,
         SessionPoll,
         SessionStart,
@@ -60,6 +63,9 @@ if TYPE_CHECKING:
         SwarmContract,
         SwarmDelegate,
         SwarmSpawn,
+        Verification,
+        VerificationState,
+        VerifyBegun,
     )
     from corral.supervisor.tree.supervision_tree import ActorSlot
 
@@ -78,17 +84,17 @@ class ProjectMethods(Protocol):
     """The project: ``project.verify``'s ledger calls, its verification, its preview
     (supervisor/project/project_service.py)."""
 
-    async def verify_begin(self, slot: ActorSlot, request: ProjectVerifyBegin) -> dict[str, Any]: ...
+    async def verify_begin(self, slot: ActorSlot, request: ProjectVerifyBegin) -> VerifyBegun: ...
 
-    async def verify_record(self, slot: ActorSlot, request: ProjectVerifyRecord) -> dict[str, Any]: ...
+    async def verify_record(self, slot: ActorSlot, request: ProjectVerifyRecord) -> Verification: ...
 
-    async def verification(self, slot: ActorSlot, request: ProjectVerification) -> dict[str, Any]: ...
+    async def verification(self, slot: ActorSlot, request: ProjectVerification) -> VerificationState: ...
 
-    async def preview(self, slot: ActorSlot, request: ProjectPreview) -> dict[str, Any]: ...
+    async def preview(self, slot: ActorSlot, request: ProjectPreview) -> Preview: ...
 
-    async def revision_advance(self, slot: ActorSlot, request: ProjectRevisionAdvance) -> dict[str, Any]: ...
+    async def revision_advance(self, slot: ActorSlot, request: ProjectRevisionAdvance) -> Revision: ...
 
-    async def commit_moved(self, slot: ActorSlot, request: ProjectCommitMoved) -> dict[str, Any]: ...
+    async def commit_moved(self, slot: ActorSlot, request: ProjectCommitMoved) -> Ack: ...
 
 
 class SessionMethods(Protocol):
@@ -107,7 +113,7 @@ class SessionMethods(Protocol):
 
     async def state(self, slot: ActorSlot, request: SessionStateReport) -> Ack: ...
 
-    async def command_sandbox(self, slot: ActorSlot, request: CommandSandbox) -> dict[str, Any]: ...
+    async def command_sandbox(self, slot: ActorSlot, request: CommandSandbox) -> SandboxGrant: ...
 
     async def command_launched(self, slot: ActorSlot, request: CommandLaunched) -> Ack: ...
 

@@ -15,7 +15,14 @@ import pytest
 from corral.actors.tools import host_git
 from corral.actors.tools.base import ToolContext, ToolError
 from corral.actors.tools.project import GitCommit, GitSnapshot, GitStatus
-from corral.mailbox.protocol import ProjectCommitMoved, ProjectVerification, Request
+from corral.mailbox.protocol import (
+    Ack,
+    ProjectCommitMoved,
+    ProjectVerification,
+    Request,
+    Verification,
+    VerificationState,
+)
 from corral.supervisor.runs.run_core import RunCore
 from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.spec.swarm_spec import SpecError, parse_spec
@@ -34,10 +41,11 @@ def _ctx(ws: Path, *, verified: bool = True, child: bool = False) -> ToolContext
     async def ask(request: Request[Any], timeout: float = 30.0) -> Any:
         if isinstance(request, ProjectCommitMoved):
             moved.append(request)
-            return {}
+            return Ack()
         assert isinstance(request, ProjectVerification), request
-        last = {"revision": 2, "status": "passed" if verified else "failed"}
-        return {"revision": 2, "verification": last, "passed_on_current": verified, "passed_by_run": verified}
+        last = Verification(action_id="act-0", run_id="run-test00", revision=2, fingerprint="f",
+                            status="passed" if verified else "failed", commands=1, output=[], created_at=0.0)
+        return VerificationState(revision=2, verification=last, passed_on_current=verified, passed_by_run=verified)
 
     return ToolContext(agent_id="writer", run_id="run-test00", action_id="act-1", workspace=ws, write_scopes=(".",),
                        home=ws.parent / "home", ask=ask, is_child=child)

@@ -124,8 +124,8 @@ async def _spec_preview(ctx: ToolContext, path: str | None) -> str:
         answer = await ctx.ask(ProjectPreview())
     except RemoteError as exc:
         raise ToolError(f"no preview: {exc.message}", "not-a-preview") from None
-    spec_url = answer.get("url")
-    if not isinstance(spec_url, str):
+    spec_url = answer.url
+    if spec_url is None:
         raise ToolError("no preview to check: pass the process_id and port of the preview you started"
                         " (process.start), or set [project] preview_url in the spec", "not-a-preview")
     parts = urlsplit(spec_url)
@@ -166,7 +166,7 @@ async def _check_session(ctx: ToolContext, process_id: str) -> None:
 
 async def _revision(ctx: ToolContext) -> int:
     """The project revision now (the supervisor's)."""
-    return int((await ctx.ask(ProjectVerification(run_id=ctx.run_id)))["revision"])
+    return (await ctx.ask(ProjectVerification(run_id=ctx.run_id))).revision
 
 
 async def _preview_identity(ctx: ToolContext, tool_input: dict[str, Any]) -> str:

@@ -37,6 +37,7 @@ from corral.mailbox.protocol import (
     CommandLaunched,
     CommandSandbox,
     HistoryCommand,
+    SandboxGrant,
     SealedValue,
     SessionPoll,
     SessionStart,
@@ -287,7 +288,7 @@ async def run_sandboxed(
     argv: list[str],
     cwd: Path,
     timeout_s: float,
-    granted: dict[str, Any],
+    granted: SandboxGrant,
     transcript: Path,
     on_ready: OnReady | None = None,
 ) -> CommandResult:
@@ -295,7 +296,7 @@ async def run_sandboxed(
     and ``sandbox``, as ``command.sandbox`` answers): the one runner of command.exec
     and project.verify."""
     try:
-        profile = sandbox_profile(Path(granted["project_root"]), granted["sandbox"])
+        profile = sandbox_profile(Path(granted.project_root), granted.sandbox)
         return await run_command(
             argv,
             cwd,

@@ -195,7 +195,7 @@ class Changeset:
         planned, todo, checkpoint = await trio.to_thread.run_sync(prepare)
         # Seed 004 V1.3: the one project revision, made after the checkpoint and before
         # the first write, and kept whatever the apply comes to (a full rollback too).
-        revision = (await ctx.ask(ProjectRevisionAdvance(run_id=ctx.run_id, action_id=ctx.action_id)))["revision"]
+        revision = (await ctx.ask(ProjectRevisionAdvance(run_id=ctx.run_id, action_id=ctx.action_id))).revision
         await trio.to_thread.run_sync(apply.write_plan, ctx, todo, cp_id)
         review = apply.describe(planned)
         for entry, item in zip(review, planned, strict=True):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import trio
 from typing_extensions import TypedDict
 
@@ -27,7 +28,13 @@ from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
 from corral.actors.tools.fs import SOURCES_CHANGED
 from corral.actors.tools.process import command_transcript, run_sandboxed
 from corral.actors.tools.source_fingerprint import fingerprint
-from corral.mailbox.protocol import ProjectVerification, ProjectVerifyBegin, ProjectVerifyRecord
+from corral.mailbox.protocol import (
+    ProjectVerification,
+    ProjectVerifyBegin,
+    ProjectVerifyRecord,
+    Verification,
+    VerificationState,
+)
 
 #: Seconds one verify command may take.
 VERIFY_TIMEOUT_S = 600.0
@@ -39,25 +46,25 @@ class VerifyArgs(TypedDict):
     pass
 
 
-async def require_verification(ctx: ToolContext) -> dict[str, Any]:
+async def require_verification(ctx: ToolContext) -> VerificationState:
     """The project's verification state when this run has a passed verification of
     the current, non-zero revision (seed 004 V1.12: revision 0 is the user's own
     worktree, which corral never changed nor can vouch for); otherwise a ToolError
     (code ``verification-required``) that says why."""
     state = await ctx.ask(ProjectVerification(run_id=ctx.run_id))
-    revision = state.get("revision")
+    revision = state.revision
     if revision == 0:
         raise ToolError("the project is at revision 0: no change was made through corral, so there is no verified"
                         " change of this run to commit; change the sources, then run project.verify",
                         "verification-required")
-    if state.get("passed_by_run") is True:
+    if state.passed_by_run:
         return state
-    if state.get("passed_on_current") is True:
+    if state.passed_on_current:
         raise ToolError(f"revision {revision} was verified by another run, not this one: run project.verify in"
                         " this run first", "verification-required")
-    last = state.get("verification")
-    detail = f"; the last verification, at revision {last['revision']}, is {last['status']}" if last else ""
-    raise ToolError(f"no passed verification on the current project revision {state.get('revision')}{detail}:"
+    last = state.verification
+    detail = f"; the last verification, at revision {last.revision}, is {last.status}" if last else ""
+    raise ToolError(f"no passed verification on the current project revision {revision}{detail}:"
                     " run project.verify first", "verification-required")
 
 
@@ -66,12 +73,12 @@ def _tail(result: Any) -> str:
     return "\n".join(lines[-OUTPUT_LINES:])
 
 
-def _outcome(recorded: dict[str, Any], changed: bool) -> ToolResult:
-    status = recorded["status"]
-    output: dict[str, Any] = {"verification": recorded}
+def _outcome(recorded: Verification, changed: bool) -> ToolResult:
+    status = recorded.status
+    output: dict[str, Any] = {"verification": msgspec.to_builtins(recorded)}
     if changed:
         output[SOURCES_CHANGED] = True
-    summary = f"verification {status} at revision {recorded['revision']} ({recorded['commands']} commands)"
+    summary = f"verification {status} at revision {recorded.revision} ({recorded.commands} commands)"
     return ToolResult(status == "passed", output, summary)
 
 
@@ -86,9 +93,9 @@ class ProjectVerify:
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         begun = await ctx.ask(ProjectVerifyBegin(run_id=ctx.run_id, action_id=ctx.action_id))
-        if begun["recorded"] is not None:
-            return _outcome(begun["recorded"], False)  # recorded already: nothing runs twice
-        commands: list[list[str]] = begun["commands"]
+        if begun.recorded is not None:
+            return _outcome(begun.recorded, False)  # recorded already: nothing runs twice
+        commands = begun.commands
         if not commands:
             raise ToolError("this project has no verify commands: list them in the spec's [project] verify",
                             "no-verify-commands")
@@ -115,7 +122,7 @@ class ProjectVerify:
             ProjectVerifyRecord(
                 run_id=ctx.run_id,
                 action_id=ctx.action_id,
-                revision=begun["revision"],
+                revision=begun.revision,
                 fingerprint=before.digest,
                 passed=passed,
                 sources_changed=changed,

@@ -56,6 +56,7 @@ from corral.mailbox.protocol.models import (
 from corral.mailbox.protocol.people import HistoryActions, HistoryCommand, InputRequest, PeopleRequest, ReplyDelta
 from corral.mailbox.protocol.probes import BenchSink, BenchSinkCount, BenchSinkReset, ProbeRequest, SinkCount
 from corral.mailbox.protocol.project import (
+    Preview,
     ProjectCommitMoved,
     ProjectPreview,
     ProjectRequest,
@@ -63,6 +64,10 @@ from corral.mailbox.protocol.project import (
     ProjectVerification,
     ProjectVerifyBegin,
     ProjectVerifyRecord,
+    Revision,
+    Verification,
+    VerificationState,
+    VerifyBegun,
 )
 from corral.mailbox.protocol.run_records import (
     ActionBegin,
@@ -102,6 +107,7 @@ from corral.mailbox.protocol.sessions import (
     MAX_POLL_WAIT_MS,
     CommandLaunched,
     CommandSandbox,
+    SandboxGrant,
     SealedValue,
     SessionLaunched,
     SessionPoll,
@@ -172,6 +178,7 @@ __all__ = [
     "PlanUpdate",
     "Pong",
     "Prepared",
+    "Preview",
     "ProjectCommitMoved",
     "ProjectPreview",
     "ProjectRevisionAdvance",
@@ -189,11 +196,13 @@ __all__ = [
     "ReplyDelta",
     "ReplyStream",
     "Request",
+    "Revision",
     "RunChildResult",
     "RunClaim",
     "RunFail",
     "RunFinalize",
     "RunFinalized",
+    "SandboxGrant",
     "SealedValue",
     "SessionLaunched",
     "SessionPoll",
@@ -212,6 +221,9 @@ __all__ = [
     "SwarmSpawn",
     "TurnNote",
     "TypedRequest",
+    "Verification",
+    "VerificationState",
+    "VerifyBegun",
     "decode",
     "encode",
     "reply",

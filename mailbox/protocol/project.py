@@ -12,17 +12,67 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
-from corral.mailbox.protocol.base import Id, Method, Request
+from corral.mailbox.protocol.base import Ack, Id, Method, Request
+from corral.mailbox.protocol.sessions import SandboxGrant
 
 #: A ledger tool's run and action ids: at most 64 characters, as its handler checked them before.
 ToolId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 #: At most this many verify commands' outputs are recorded.
 MAX_OUTPUTS = 64
 
-Reply = dict[str, Any]
+# -- replies ------------------------------------------------------------------------
 
 
-class ProjectVerifyBegin(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class Verification(msgspec.Struct, kw_only=True):
+    """A recorded verification (supervisor/project/verification_store.py)."""
+
+    action_id: str
+    run_id: str
+    revision: int
+    fingerprint: str
+    status: str
+    commands: int
+    #: Each command's argv, status, exit code and output tail, as recorded.
+    output: list[dict[str, Any]]
+    created_at: float
+
+
+class VerifyBegun(SandboxGrant, kw_only=True):
+    """``project.verify.begin``'s reply: the revision, the verify commands and their
+    sandbox; ``recorded``: the action's verification when it has one already."""
+
+    revision: int
+    commands: list[list[str]]
+    recorded: Verification | None
+
+
+class VerificationState(msgspec.Struct, kw_only=True):
+    """``project.verification``'s reply: the current revision, the verification that
+    speaks for it (or the latest), whether it passed on the current revision, and
+    whether it passed in the caller's run."""
+
+    revision: int
+    verification: Verification | None
+    passed_on_current: bool
+    passed_by_run: bool
+
+
+class Preview(msgspec.Struct, kw_only=True):
+    """``project.preview``'s reply: the spec's loopback preview page, or None."""
+
+    url: str | None
+
+
+class Revision(msgspec.Struct, kw_only=True):
+    """``project.revision.advance``'s reply: the changeset's one project revision."""
+
+    revision: int
+
+
+# -- requests -----------------------------------------------------------------------
+
+
+class ProjectVerifyBegin(Request[VerifyBegun], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``project.verify.begin``: the revision, the verify commands and their sandbox
     for an executing ``project.verify`` action (and its record, if it has one)."""
 
@@ -31,7 +81,7 @@ class ProjectVerifyBegin(Request[Reply], frozen=True, forbid_unknown_fields=True
     action_id: ToolId
 
 
-class ProjectVerifyRecord(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ProjectVerifyRecord(Request[Verification], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``project.verify.record``: the verification, recorded once per action."""
 
     METHOD: ClassVar[Method] = Method.PROJECT_VERIFY_RECORD
@@ -45,20 +95,20 @@ class ProjectVerifyRecord(Request[Reply], frozen=True, forbid_unknown_fields=Tru
     sources_changed: bool = True
 
 
-class ProjectVerification(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ProjectVerification(Request[VerificationState], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``project.verification``: the project's verification state for the caller's run."""
 
     METHOD: ClassVar[Method] = Method.PROJECT_VERIFICATION
     run_id: Id
 
 
-class ProjectPreview(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ProjectPreview(Request[Preview], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``project.preview``: the spec's loopback preview page (``url``, or None)."""
 
     METHOD: ClassVar[Method] = Method.PROJECT_PREVIEW
 
 
-class ProjectRevisionAdvance(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ProjectRevisionAdvance(Request[Revision], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``project.revision.advance``: the one revision of an executing
     ``project.changeset``, made after its checkpoint and before its first write
     (seed 004 V1.3); asked again, the same revision."""
@@ -72,7 +122,7 @@ class ProjectRevisionAdvance(Request[Reply], frozen=True, forbid_unknown_fields=
 ObjectId = Annotated[str, msgspec.Meta(pattern=r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")]
 
 
-class ProjectCommitMoved(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ProjectCommitMoved(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``project.commit.moved``: an executing ``project.git_commit`` moved its branch;
     the commit, its parent and the branch are kept in the action's record before
     anything else happens, so a crash from here on leaves them to the person who

@@ -110,7 +110,15 @@ class SessionStateReport(Request[Ack], frozen=True, forbid_unknown_fields=True, 
     code: Annotated[str, msgspec.Meta(max_length=10_000)] | None = None
 
 
-class CommandSandbox(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class SandboxGrant(msgspec.Struct, kw_only=True):
+    """``command.sandbox``'s reply: the sandbox a command runs in (its project root
+    and the run's scoped sandbox settings, sandbox/profile.py reads them)."""
+
+    project_root: str
+    sandbox: dict[str, Any]
+
+
+class CommandSandbox(Request[SandboxGrant], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``command.sandbox``: the sandbox the executing ``command.exec`` action runs in."""
 
     METHOD: ClassVar[Method] = Method.COMMAND_SANDBOX

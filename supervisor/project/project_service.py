@@ -25,12 +25,18 @@ from typing import TYPE_CHECKING, Any
 from pydantic import TypeAdapter
 
 from corral.mailbox.protocol import (
+    Ack,
+    Preview,
     ProjectCommitMoved,
     ProjectPreview,
     ProjectRevisionAdvance,
     ProjectVerification,
     ProjectVerifyBegin,
     ProjectVerifyRecord,
+    Revision,
+    Verification,
+    VerificationState,
+    VerifyBegun,
 )
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
@@ -68,9 +74,9 @@ class ProjectService:
         self.settings = settings
         self.sandbox_of = sandbox_of
 
-    async def preview(self, slot: ActorSlot, request: ProjectPreview) -> dict[str, Any]:
+    async def preview(self, slot: ActorSlot, request: ProjectPreview) -> Preview:
         """The spec's loopback preview page for ``preview.validate`` (checked at spec load)."""
-        return {"url": self.settings.preview_url}
+        return Preview(url=self.settings.preview_url)
 
     def _verify_action(self, slot: ActorSlot, request: ProjectVerifyBegin | ProjectVerifyRecord) -> tuple[Any, Any]:
         action = self.runs.tool_action(slot, request.run_id, request.action_id, VERIFY_TOOL)
@@ -78,15 +84,15 @@ class ProjectService:
             raise BadRequest(f"action {action['action_id']} is {action['phase']}, not executing")
         return self.runs.run_of(slot, request.run_id), action
 
-    async def revision_advance(self, slot: ActorSlot, request: ProjectRevisionAdvance) -> dict[str, Any]:
+    async def revision_advance(self, slot: ActorSlot, request: ProjectRevisionAdvance) -> Revision:
         """The one revision of an executing ``project.changeset``, before its first
         write (seed 004 V1.3); kept whatever the apply comes to."""
         action = self.runs.tool_action(slot, request.run_id, request.action_id, CHANGESET_TOOL)
         if action["phase"] != "executing":
             raise BadRequest(f"action {action['action_id']} is {action['phase']}, not executing")
-        return {"revision": revision_store.record(self.ledger, action)}
+        return Revision(revision=revision_store.record(self.ledger, action))
 
-    async def commit_moved(self, slot: ActorSlot, request: ProjectCommitMoved) -> dict[str, Any]:
+    async def commit_moved(self, slot: ActorSlot, request: ProjectCommitMoved) -> Ack:
         """An executing ``project.git_commit`` moved its branch: its safe fields are kept
         in the action's record now, for whoever reconciles it after a crash (seed 004
         V1.12: the fallback receipt keeps the commit SHA)."""
@@ -96,22 +102,23 @@ class ProjectService:
         action_store.keep_partial_result(
             self.ledger, action, output,
             f"committed {request.commit[:12]} on {output['branch']}; its result was not recorded yet")
-        return {}
+        return Ack()
 
-    async def verify_begin(self, slot: ActorSlot, request: ProjectVerifyBegin) -> dict[str, Any]:
+    async def verify_begin(self, slot: ActorSlot, request: ProjectVerifyBegin) -> VerifyBegun:
         run, action = self._verify_action(slot, request)
         workspace = json.loads(run["options"]).get("workspace")
         if not isinstance(workspace, str):
             raise BadRequest(f"run {run['run_id']} has no workspace")
-        return {
-            "revision": revision_store.current(self.ledger),
-            "commands": [list(argv) for argv in self.settings.verify],
-            "project_root": workspace,
-            "sandbox": self.sandbox_of(run),
-            "recorded": verification_store.get(self.ledger, action["action_id"]),
-        }
+        recorded = verification_store.get(self.ledger, action["action_id"])
+        return VerifyBegun(
+            revision=revision_store.current(self.ledger),
+            commands=[list(argv) for argv in self.settings.verify],
+            project_root=workspace,
+            sandbox=self.sandbox_of(run),
+            recorded=None if recorded is None else Verification(**recorded),
+        )
 
-    async def verify_record(self, slot: ActorSlot, request: ProjectVerifyRecord) -> dict[str, Any]:
+    async def verify_record(self, slot: ActorSlot, request: ProjectVerifyRecord) -> Verification:
         run, action = self._verify_action(slot, request)
         recorded = verification_store.record(
             self.ledger,
@@ -124,13 +131,19 @@ class ProjectService:
             outputs=request.outputs,
         )
         self.ledger.failpoint("verify.after-record")
-        return recorded
+        return Verification(**recorded)
 
-    async def verification(self, slot: ActorSlot, request: ProjectVerification) -> dict[str, Any]:
+    async def verification(self, slot: ActorSlot, request: ProjectVerification) -> VerificationState:
         run = self.runs.run_of(slot, request.run_id)
         state = verification_store.state(self.ledger)
         by_run = verification_store.passed_by_run(self.ledger, run["run_id"], state["revision"])
-        return {**state, "passed_by_run": by_run}
+        last = state["verification"]
+        return VerificationState(
+            revision=state["revision"],
+            verification=None if last is None else Verification(**last),
+            passed_on_current=state["passed_on_current"],
+            passed_by_run=by_run,
+        )
 
     def final_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
         """A root run whose tree changed sources (its own writes, its children's,

@@ -45,6 +45,7 @@ from corral.mailbox.protocol import (
     Ack,
     CommandLaunched,
     CommandSandbox,
+    SandboxGrant,
     SealedValue,
     SessionLaunched,
     SessionPoll,
@@ -417,10 +418,10 @@ class SessionService:
 
     # -- command.exec bookkeeping (the command itself runs in the agent) ---------------
 
-    async def command_sandbox(self, slot: ActorSlot, request: CommandSandbox) -> dict[str, Any]:
+    async def command_sandbox(self, slot: ActorSlot, request: CommandSandbox) -> SandboxGrant:
         run = self.runs.run_of(slot, request.run_id)
         self._executing_action(run, request.action_id, "command.exec")
-        return {"project_root": str(self._workspace(run)), "sandbox": self._run_sandbox(run)}
+        return SandboxGrant(project_root=str(self._workspace(run)), sandbox=self._run_sandbox(run))
 
     def _run_sandbox(self, run: Any) -> dict[str, Any]:
         """The spec's sandbox, narrowed by the run's intent contract (its path scope:
