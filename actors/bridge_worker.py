@@ -76,7 +76,7 @@ class Worker:
 
     async def loop(self) -> None:
         while True:
-            jobs = (await self.ctx.ask(BridgeJobs()))["jobs"]
+            jobs = (await self.ctx.ask(BridgeJobs())).jobs
             for job in jobs:  # unfinished after a restart: the same calls, the same keys
                 await self.drive(job)
             try:
@@ -94,8 +94,7 @@ class Worker:
             opened = BridgeJobOpen(
                 task_id=task["task_id"], title=task["title"], revision=task["revision"], attempt=attempt
             )
-            job = await self.ctx.ask(opened)
-            await self.drive(job["job"])
+            await self.drive((await self.ctx.ask(opened)).job)
 
     async def next_task(self) -> dict[str, Any] | None:
         for task in (await self.bridge("task.discover"))["tasks"]:
@@ -129,7 +128,7 @@ class Worker:
             revision=revision,
         )
         answer = await self.ctx.ask(change)
-        return dict(answer["job"])
+        return dict(answer.job)
 
     async def drive(self, job: dict[str, Any]) -> None:
         key = job["job_id"]
@@ -176,7 +175,7 @@ class Worker:
         renewals = 0
         while True:
             status = await self.ctx.ask(BridgeRunStatus(job_id=job["job_id"], wait_s=renew_every))
-            if status["done"]:
+            if status.done:
                 break
             renewals += 1
             task = (await self.bridge("task.get", task_id=job["task_id"]))["task"]
@@ -185,7 +184,7 @@ class Worker:
                                         assignment_id=job["assignment_id"], lease_ms=self.lease_ms)
             job = await self.advance(job, "running", revision=renewed["revision"])
         current = (await self.bridge("task.get", task_id=job["task_id"]))["task"]["revision"]
-        if status["status"] == "completed":
-            return await self.advance(job, "submitting", reply=status["final_reply"] or "", revision=current)
-        return await self.advance(job, "releasing", reason=f"the corral run ended {status['status']}",
+        if status.status == "completed":
+            return await self.advance(job, "submitting", reply=status.final_reply or "", revision=current)
+        return await self.advance(job, "releasing", reason=f"the corral run ended {status.status}",
                                   revision=current)

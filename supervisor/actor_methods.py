@@ -20,13 +20,17 @@ if TYPE_CHECKING:
         BenchSink,
         BenchSinkCount,
         BenchSinkReset,
+        BridgeJob,
         BridgeJobAdvance,
+        BridgeJobList,
         BridgeJobOpen,
         BridgeJobs,
         BridgeReport,
+        BridgeRunState,
         BridgeRunStatus,
         CommandLaunched,
         CommandSandbox,
+        CommandSource,
         Compacted,
         ContextCompacted,
         GoalVerdict,
@@ -171,7 +175,7 @@ class SteerMethods(Protocol):
 class QuestionMethods(Protocol):
     """Structured questions for a person (supervisor/interactive/question_service.py)."""
 
-    async def ask(self, slot: ActorSlot, request: InputRequest) -> dict[str, Any]: ...
+    async def ask(self, slot: ActorSlot, request: InputRequest) -> Ack: ...
 
 
 class OwnHistoryMethods(Protocol):
@@ -179,7 +183,7 @@ class OwnHistoryMethods(Protocol):
 
     async def actions(self, slot: ActorSlot, request: HistoryActions) -> dict[str, Any]: ...
 
-    async def command(self, slot: ActorSlot, request: HistoryCommand) -> dict[str, Any]: ...
+    async def command(self, slot: ActorSlot, request: HistoryCommand) -> CommandSource: ...
 
 
 class ReplyStreamMethods(Protocol):
@@ -205,13 +209,13 @@ class SwarmMethods(Protocol):
 class BridgeMethods(Protocol):
     """An agent-task bridge's jobs, driven by the bridge worker (supervisor/bridge/bridge_service.py)."""
 
-    async def jobs(self, slot: ActorSlot, request: BridgeJobs) -> dict[str, Any]: ...
+    async def jobs(self, slot: ActorSlot, request: BridgeJobs) -> BridgeJobList: ...
 
-    async def job_open(self, slot: ActorSlot, request: BridgeJobOpen) -> dict[str, Any]: ...
+    async def job_open(self, slot: ActorSlot, request: BridgeJobOpen) -> BridgeJob: ...
 
-    async def job_advance(self, slot: ActorSlot, request: BridgeJobAdvance) -> dict[str, Any]: ...
+    async def job_advance(self, slot: ActorSlot, request: BridgeJobAdvance) -> BridgeJob: ...
 
-    async def run_status(self, slot: ActorSlot, request: BridgeRunStatus) -> dict[str, Any]: ...
+    async def run_status(self, slot: ActorSlot, request: BridgeRunStatus) -> BridgeRunState: ...
 
     async def report(self, slot: ActorSlot, request: BridgeReport) -> Ack: ...
 

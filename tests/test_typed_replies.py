@@ -148,14 +148,8 @@ def test_the_lane_fails_its_run_over_a_malformed_step_and_lives_on(tmp_path: Pat
 #: read the reply as a map (a tool's output handed to the model as it is). It only
 #: shrinks; a method leaves it with its reply record (``Request[X]``) and handler.
 MAP_REPLIES = {
-    "BridgeJobAdvance",
-    "BridgeJobOpen",
-    "BridgeJobs",
-    "BridgeRunStatus",
     "GoalVerdict",
     "HistoryActions",
-    "HistoryCommand",
-    "InputRequest",
     "McpCall",
     "ModelGenerate",
     "PlanUpdate",

@@ -403,11 +403,11 @@ class CommandOutputRead:
             if exc.code in ("not-found", "bad-request"):
                 raise ToolError(exc.message, "not-found" if exc.code == "not-found" else "bad-input") from None
             raise
-        path = ctx.home / "transcripts" / source["run_id"] / f"{action_id}.log"
+        path = ctx.home / "transcripts" / source.run_id / f"{action_id}.log"
         if not path.is_file():
             raise ToolError(f"no command transcript for action {action_id} (it is gone from this home)", "not-found")
         digest = await trio.to_thread.run_sync(_sha256_of, path)
-        if source["output_sha256"] is not None and digest != source["output_sha256"]:
+        if source.output_sha256 is not None and digest != source.output_sha256:
             # Fails closed: the file is not what the command left.
             raise ToolError(f"the transcript of {action_id} changed since its command ended", "conflict")
         try:
@@ -426,17 +426,17 @@ class CommandOutputRead:
         # The seed's fields (V1.8), as the model reads them.
         output = {
             "action_id": action_id,
-            "run_id": source["run_id"],
+            "run_id": source.run_id,
             "lines": lines,
             "startLine": page.start_line,
             "nextLine": next_line,
             "totalLines": page.total_lines,
             "hasMore": next_line is not None,
-            "captureTruncated": source["capture_truncated"],
+            "captureTruncated": source.capture_truncated,
             "outputSha256": digest,
-            "exitCode": source["exit_code"],
-            "timedOut": source["timed_out"],
-            "sourceChanged": source["source_changed"],
+            "exitCode": source.exit_code,
+            "timedOut": source.timed_out,
+            "sourceChanged": source.source_changed,
         }
         return ToolResult(True, output, f"lines {start}..{following - 1} of {page.total_lines} of {action_id}")
 

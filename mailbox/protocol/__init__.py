@@ -31,11 +31,14 @@ import msgspec
 
 from corral.mailbox.protocol.base import Ack, BadReply, Code, Count, Id, Method, ProtocolError, Request
 from corral.mailbox.protocol.bridge import (
+    BridgeJob,
     BridgeJobAdvance,
+    BridgeJobList,
     BridgeJobOpen,
     BridgeJobs,
     BridgeReport,
     BridgeRequest,
+    BridgeRunState,
     BridgeRunStatus,
 )
 from corral.mailbox.protocol.longtask import Compacted, ContextCompacted, GoalVerdict, LongTaskRequest, PlanUpdate
@@ -53,7 +56,14 @@ from corral.mailbox.protocol.models import (
     ModelRequest,
     ReplyStream,
 )
-from corral.mailbox.protocol.people import HistoryActions, HistoryCommand, InputRequest, PeopleRequest, ReplyDelta
+from corral.mailbox.protocol.people import (
+    CommandSource,
+    HistoryActions,
+    HistoryCommand,
+    InputRequest,
+    PeopleRequest,
+    ReplyDelta,
+)
 from corral.mailbox.protocol.probes import BenchSink, BenchSinkCount, BenchSinkReset, ProbeRequest, SinkCount
 from corral.mailbox.protocol.project import (
     Preview,
@@ -142,10 +152,13 @@ __all__ = [
     "BenchSink",
     "BenchSinkCount",
     "BenchSinkReset",
+    "BridgeJob",
     "BridgeJobAdvance",
+    "BridgeJobList",
     "BridgeJobOpen",
     "BridgeJobs",
     "BridgeReport",
+    "BridgeRunState",
     "BridgeRunStatus",
     "ChatMessage",
     "Claim",
@@ -153,6 +166,7 @@ __all__ = [
     "Code",
     "CommandLaunched",
     "CommandSandbox",
+    "CommandSource",
     "Compacted",
     "ContextCompacted",
     "Count",

@@ -17,16 +17,35 @@ from corral.mailbox.protocol.base import Ack, Method, Request
 BridgeId = Annotated[str, msgspec.Meta(min_length=1, max_length=40)]
 Revision = Annotated[int, msgspec.Meta(ge=1, le=2**53 - 1)]
 
-Reply = dict[str, Any]
+
+class BridgeJobList(msgspec.Struct, kw_only=True):
+    """``bridge.jobs``' reply: the worker's unfinished jobs, as their rows."""
+
+    jobs: list[dict[str, Any]]
 
 
-class BridgeJobs(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class BridgeJob(msgspec.Struct, kw_only=True):
+    """``bridge.job_open``'s and ``bridge.job_advance``'s reply: the job, as its row."""
+
+    job: dict[str, Any]
+
+
+class BridgeRunState(msgspec.Struct, kw_only=True):
+    """``bridge.run_status``'s reply: the job's corral run, ended (``done``) or not;
+    its final reply once it completed."""
+
+    done: bool
+    status: str
+    final_reply: str | None
+
+
+class BridgeJobs(Request[BridgeJobList], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``bridge.jobs``: the unfinished jobs (a restarted worker drives them on)."""
 
     METHOD: ClassVar[Method] = Method.BRIDGE_JOBS
 
 
-class BridgeJobOpen(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class BridgeJobOpen(Request[BridgeJob], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``bridge.job_open``: a job for a task the worker is about to claim."""
 
     METHOD: ClassVar[Method] = Method.BRIDGE_JOB_OPEN
@@ -37,7 +56,7 @@ class BridgeJobOpen(Request[Reply], frozen=True, forbid_unknown_fields=True, omi
     attempt: Annotated[int, msgspec.Meta(ge=0, le=10_000)] | None = None
 
 
-class BridgeJobAdvance(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class BridgeJobAdvance(Request[BridgeJob], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``bridge.job_advance``: a job's next phase, committed before the bridge call it
     leads to, with the facts that call will send (None: unchanged)."""
 
@@ -66,7 +85,7 @@ class BridgeJobAdvance(Request[Reply], frozen=True, forbid_unknown_fields=True, 
         return {name: value for name, value in named.items() if value is not None}
 
 
-class BridgeRunStatus(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class BridgeRunStatus(Request[BridgeRunState], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``bridge.run_status``: the job's corral run, waiting up to ``wait_s`` for its end."""
 
     METHOD: ClassVar[Method] = Method.BRIDGE_RUN_STATUS

@@ -13,7 +13,7 @@ from corral.mailbox.protocol.base import Ack, Id, Method, Request
 Name = Annotated[str, msgspec.Meta(max_length=300)]
 
 
-class InputRequest(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class InputRequest(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``input.request``: ``user.input_request``'s questions, its action executing;
     the run parks for the answer (supervisor/interactive/question_store.py checks
     the questions' shape)."""
@@ -39,7 +39,20 @@ class HistoryActions(Request[dict[str, Any]], frozen=True, forbid_unknown_fields
     limit: int | None = None
 
 
-class HistoryCommand(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class CommandSource(msgspec.Struct, kw_only=True):
+    """``history.command``'s reply: the run and the end of the agent's own finished
+    ``command.exec`` (supervisor/interactive/own_history.py ``command_source``)."""
+
+    run_id: str
+    exit_code: int | None
+    status: str | None
+    output_sha256: str | None
+    capture_truncated: bool
+    timed_out: bool
+    source_changed: bool
+
+
+class HistoryCommand(Request[CommandSource], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``history.command``: ``command.output_read``'s lookup of the command action
     ``source`` of the calling agent's."""
 

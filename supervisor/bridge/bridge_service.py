@@ -19,10 +19,13 @@ import trio
 
 from corral.mailbox.protocol import (
     Ack,
+    BridgeJob,
     BridgeJobAdvance,
+    BridgeJobList,
     BridgeJobOpen,
     BridgeJobs,
     BridgeReport,
+    BridgeRunState,
     BridgeRunStatus,
 )
 from corral.supervisor.bridge.bridge_spec import BridgeSpec
@@ -79,15 +82,15 @@ class BridgeService:
             raise NotFound(f"no bridge job {job_id!r}")
         return dict(row)
 
-    async def jobs(self, slot: ActorSlot, request: BridgeJobs) -> dict[str, Any]:
+    async def jobs(self, slot: ActorSlot, request: BridgeJobs) -> BridgeJobList:
         self._check_worker(slot)
         marks = ",".join("?" * len(FINISHED))
         rows = self.ledger.all(
             f"SELECT * FROM bridge_jobs WHERE phase NOT IN ({marks}) ORDER BY created_at", *sorted(FINISHED)
         )
-        return {"jobs": [dict(row) for row in rows]}
+        return BridgeJobList(jobs=[dict(row) for row in rows])
 
-    async def job_open(self, slot: ActorSlot, request: BridgeJobOpen) -> dict[str, Any]:
+    async def job_open(self, slot: ActorSlot, request: BridgeJobOpen) -> BridgeJob:
         """A job for a task the worker is about to claim (its unfinished one, if any)."""
         self._check_worker(slot)
         task_id, title, revision = request.task_id, request.title, request.revision
@@ -99,7 +102,7 @@ class BridgeService:
             f"SELECT * FROM bridge_jobs WHERE task_id = ? AND phase NOT IN ({marks})", task_id, *sorted(FINISHED)
         )
         if row is not None:
-            return {"job": dict(row)}
+            return BridgeJob(job=dict(row))
         job_id = "job-" + secrets.token_hex(8)
         now = time.time()
         assert self.bridge is not None
@@ -111,9 +114,9 @@ class BridgeService:
                 (job_id, task_id, title, revision, run_id, now, now),
             )
             self.ledger.event("bridge-job-claiming", job_id, task=task_id)
-        return {"job": self._job(job_id)}
+        return BridgeJob(job=self._job(job_id))
 
-    async def job_advance(self, slot: ActorSlot, request: BridgeJobAdvance) -> dict[str, Any]:
+    async def job_advance(self, slot: ActorSlot, request: BridgeJobAdvance) -> BridgeJob:
         self._check_worker(slot)
         job = self._job(request.job_id)
         phase = request.phase
@@ -132,7 +135,7 @@ class BridgeService:
             if phase != job["phase"]:
                 self.ledger.event(f"bridge-job-{phase}", job["job_id"], task=job["task_id"],
                                   reason=str(sets.get("reason", "")))
-        return {"job": self._job(job["job_id"])}
+        return BridgeJob(job=self._job(job["job_id"]))
 
     async def _start_run(self, job: dict[str, Any]) -> str:
         """The task as an ordinary durable corral run. Its id follows from the task
@@ -146,7 +149,7 @@ class BridgeService:
         created = await self.runs.create({"agent_id": bridge.agent, "task": job["title"], "run_id": run_id})
         return str(created["run_id"])
 
-    async def run_status(self, slot: ActorSlot, request: BridgeRunStatus) -> dict[str, Any]:
+    async def run_status(self, slot: ActorSlot, request: BridgeRunStatus) -> BridgeRunState:
         """The job's corral run: done or not, waiting up to ``wait_s`` for it to end."""
         self._check_worker(slot)
         job = self._job(request.job_id)
@@ -166,12 +169,12 @@ class BridgeService:
         if row is None:
             away = self.ledger.run_elsewhere(job["run_id"])
             if away is not None:
-                return {"done": away["status"] in TERMINAL, "status": away["status"],
-                        "final_reply": away.get("final_reply")}
+                return BridgeRunState(done=away["status"] in TERMINAL, status=away["status"],
+                                      final_reply=away.get("final_reply"))
         reply = self.ledger.one("SELECT text FROM replies WHERE run_id = ?", job["run_id"])
         status = row["status"] if row is not None else "missing"
-        return {"done": status in TERMINAL or row is None, "status": status,
-                "final_reply": reply["text"] if reply else None}
+        return BridgeRunState(done=status in TERMINAL or row is None, status=status,
+                              final_reply=reply["text"] if reply else None)
 
     async def report(self, slot: ActorSlot, request: BridgeReport) -> Ack:
         self._check_worker(slot)

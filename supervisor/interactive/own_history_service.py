@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from corral.mailbox.protocol import HistoryActions, HistoryCommand
+from corral.mailbox.protocol import CommandSource, HistoryActions, HistoryCommand
 from corral.supervisor.interactive import own_history
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.run_service import RunService
@@ -34,9 +34,9 @@ class OwnHistoryService:
         filters = {key: value for key, value in given.items() if value is not None}
         return own_history.action_history(self.ledger, caller, request.action_id, filters)
 
-    async def command(self, slot: ActorSlot, request: HistoryCommand) -> dict[str, Any]:
+    async def command(self, slot: ActorSlot, request: HistoryCommand) -> CommandSource:
         caller = self.runs.run_of(slot, request.run_id)
-        return own_history.command_source(self.ledger, caller, request.source)
+        return CommandSource(**own_history.command_source(self.ledger, caller, request.source))
 
 
 def install(sup: Supervisor) -> OwnHistoryService:

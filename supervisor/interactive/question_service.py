@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from corral.mailbox.protocol import InputRequest
+from corral.mailbox.protocol import Ack, InputRequest
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.interactive import question_store as questions
 from corral.supervisor.ledger.port import Ledger
@@ -45,11 +45,12 @@ class QuestionService:
         await self.runs.wake(reply["agent_id"])
         return reply
 
-    async def ask(self, slot: ActorSlot, request: InputRequest) -> dict[str, Any]:
+    async def ask(self, slot: ActorSlot, request: InputRequest) -> Ack:
         """From ``user.input_request``, its action executing."""
         run = self.runs.run_of(slot, request.run_id)
         # Seed 004 V1.23: free input is always allowed (a spec saying otherwise is refused at load).
-        return questions.ask(self.ledger, run, request.action_id, request.questions, True)
+        questions.ask(self.ledger, run, request.action_id, request.questions, True)
+        return Ack()
 
 
 class QuestionFeature(RunFeature):
