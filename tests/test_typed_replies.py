@@ -144,9 +144,11 @@ def test_the_lane_fails_its_run_over_a_malformed_step_and_lives_on(tmp_path: Pat
 
 # -- the source ---------------------------------------------------------------------
 
-#: The methods whose handlers still answer a map (``dict[str, Any]``): their callers
-#: read the reply as a map (a tool's output handed to the model as it is). It only
-#: shrinks; a method leaves it with its reply record (``Request[X]``) and handler.
+#: The methods whose handlers still answer a map (``dict[str, Any]``): a ledger view
+#: a tool hands on whole as its output (sessions', the swarm's, plan.update,
+#: goal.verdict, history.actions), or another actor's answer relayed as it is
+#: (mcp.call, model.generate). It only shrinks; a method leaves it with its reply
+#: record (``Request[X]``) and handler.
 MAP_REPLIES = {
     "GoalVerdict",
     "HistoryActions",
