@@ -24,11 +24,11 @@ from tests.harness import Daemon, agent_spec, ledger_rows, wait_run
 async def _revision_one(request: Any, timeout: float = 30.0) -> Any:
     """The supervisor's answer to a changeset's revision (project.revision.advance)."""
     from corral.actors.tools.base import ToolError
-    from corral.mailbox.protocol import ProjectRevisionAdvance
+    from corral.mailbox.protocol import ProjectRevisionAdvance, Revision
 
     if not isinstance(request, ProjectRevisionAdvance):
         raise ToolError(f"this tool context asks nothing else of the supervisor ({request.METHOD.value})")
-    return {"revision": 1}
+    return Revision(revision=1)
 
 
 def _ctx(ws: Path, action: str = "act-1", run: str = "run-test00") -> ToolContext:

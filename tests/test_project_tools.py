@@ -13,7 +13,7 @@ import pytest
 
 from corral.actors.tools.base import ToolContext, ToolError
 from corral.actors.tools.project import Changeset, GitCommit, GitDiff, GitSnapshot, GitStatus
-from corral.mailbox.protocol import ProjectCommitMoved, ProjectVerification, Request
+from corral.mailbox.protocol import ProjectCommitMoved, ProjectVerification, Request, reply
 from tests.harness import Daemon, agent_spec, wait_run
 
 
@@ -24,7 +24,7 @@ async def _revision_one(request: Any, timeout: float = 30.0) -> Any:
 
     if not isinstance(request, ProjectRevisionAdvance):
         raise ToolError(f"this tool context asks nothing else of the supervisor ({request.METHOD.value})")
-    return {"revision": 1}
+    return reply(request, {"revision": 1})  # as it comes off the wire
 
 
 def _ctx(ws: Path, scopes: tuple[str, ...] = (".",)) -> ToolContext:
@@ -36,10 +36,11 @@ def _verified(ws: Path) -> ToolContext:
     """A context whose run has a passed verification on its current revision."""
     async def ask(request: Request[Any], timeout: float = 30.0) -> Any:
         if isinstance(request, ProjectCommitMoved):
-            return {}
+            return reply(request, {})
         assert isinstance(request, ProjectVerification), request
-        return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True,
-                "passed_by_run": True}
+        last = {"action_id": "act-0", "run_id": "run-test00", "revision": 1, "fingerprint": "f", "status": "passed",
+                "commands": 1, "output": [], "created_at": 0.0}
+        return reply(request, {"revision": 1, "verification": last, "passed_on_current": True, "passed_by_run": True})
 
     return ToolContext(agent_id="writer", run_id="run-test00", action_id="act-1", workspace=ws, write_scopes=(".",),
                        home=ws.parent / "home", ask=ask)
