@@ -52,18 +52,20 @@ def test_every_method_has_its_record() -> None:
 
 
 def test_every_typed_method_handler_takes_its_typed_record() -> None:
-    """The handlers supervisor/actor_dispatch.py calls take the typed record."""
+    """The handlers supervisor/actor_dispatch.py calls take the typed record: the run
+    layer's (``runs``) and those a step commits with its next step (``steps``:
+    supervisor/runs/step_piggyback.py, e.g. ``finish`` for ``action.finish``)."""
     dispatch = ast.parse((ROOT / "supervisor" / "actor_dispatch.py").read_text())
     served = {
         node.func.attr
         for node in ast.walk(dispatch)
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
-        and ast.unparse(node.func.value) == "runs"
+        and ast.unparse(node.func.value) in ("runs", "steps")
     }
-    assert {"claim", "next_step", "action_begin", "action_finish", "action_finish_batch", "finalize", "fail"} <= served
+    assert {"claim", "next_step", "action_begin", "finish", "finalize", "fail"} <= served
     offences = []
-    for path in [ROOT / "supervisor" / "runs" / "run_actor_methods.py"]:  # the class ``runs`` is
+    for path in [ROOT / "supervisor" / "runs" / name for name in ("run_actor_methods.py", "step_piggyback.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef) and node.name in served:
                 args = node.args.args
