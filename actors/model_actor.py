@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from functools import partial
 from typing import Any
@@ -24,6 +25,7 @@ import trio
 from corral.actors.providers.reply_stream import FinalReplyDecoder, ReplyDeltas
 from corral.actors.runtime import ActorContext, ask_best_effort, serve_requests
 from corral.core import failpoints
+from corral.core.model_threads import generation_threads
 from corral.core.redact import summarize
 from corral.mailbox.envelope import Envelope
 from corral.mailbox.protocol import ModelFailed, ModelReady
@@ -48,10 +50,11 @@ class LoadedModel:
         from llama_cpp import Llama
 
         started = time.monotonic()
+        self.n_threads = generation_threads(int(spec["n_threads"]), os.environ)
         # Any: llama_cpp's message TypedDicts would only be cast to here.
         self.llama: Any = Llama(
             model_path=spec["path"],
-            n_threads=int(spec["n_threads"]),
+            n_threads=self.n_threads,
             n_ctx=int(spec["n_ctx"]),
             n_batch=512,
             seed=0,
@@ -140,7 +143,7 @@ async def run(ctx: ActorContext) -> int:
         await ask_best_effort(ctx, ModelFailed(model=model_id, error=summarize(message, 500)))
         return EXIT_LOAD_FAILED
     await ctx.ask(ModelReady(model=model_id, load_s=round(model.load_s, 3), n_ctx=model.n_ctx))
-    log.info("model %s loaded in %.2f s", model_id, model.load_s)
+    log.info("model %s loaded in %.2f s with %d thread(s)", model_id, model.load_s, model.n_threads)
     turn = trio.Lock()  # fair: requests are served in arrival order
     async with trio.open_nursery() as nursery:
         await serve_requests(ctx, nursery, {"generate": partial(_generate, ctx, model, turn),

@@ -24,6 +24,8 @@ ENV_ALLOWLIST = (
     "CORRAL_USER_CODE",
     # The templates and providers the spec starts (names only): the fork server preloads them.
     "CORRAL_PRELOAD",
+    # A cap on a local model's CPU threads (a number; corral/core/model_threads.py).
+    "CORRAL_MODEL_THREADS",
 )
 
 RLIMITS = {

@@ -1,10 +1,16 @@
 """Shared fixtures. Every test is checked for leftover processes.
 
-Tests that run a real model (llama.cpp, two threads) carry
-``@pytest.mark.xdist_group("real-model")``, and ``make test`` runs with ``--dist
-loadgroup``: they all go to one worker, one after the other. Two generations at
-once on two cores each spin their threads against the other's (measured: the
-local-model example 32 s alone, 68 s beside the kill-mid-reply test)."""
+Every local model a test runs (llama.cpp) generates on ONE thread:
+``CORRAL_MODEL_THREADS=1`` is set for the whole run, and every process a test starts
+inherits it (corral/core/model_threads.py). With two threads per model, llama.cpp's
+threads meet at a spinning barrier after every operation; on two cores shared with
+the other test worker (and anything else on the machine) one of them is often not
+scheduled, and the other spins: measured on the real-model tests, about 1.7 times
+the CPU for the same generations, and a generation beside another one slowed
+twofold (32 s alone, 68 s beside the kill-mid-reply test). With one thread a model
+test is an ordinary CPU-bound test, and ``--dist loadgroup`` spreads them over both
+workers like any other; only the tests that share one ``llama_cpp.server`` (a module
+fixture) carry ``@pytest.mark.xdist_group("llama-server")``, so that it starts once."""
 
 from __future__ import annotations
 
@@ -21,12 +27,16 @@ import pytest
 from trio.testing import MockClock
 
 from corral.acceptance.loopback_http import DEFAULT_WAIT_S
+from corral.core.model_threads import THREADS_ENV
 from tests.processes import SERVICE_PIDS, live_descendants
 
 # Detached supervisors re-parent to the nearest subreaper. Making the test process
 # one keeps every process a test starts among its descendants (so leftovers are
 # visible) and lets it reap them (PID 1 in a container often does not).
 prctl.set_child_subreaper(1)
+
+# Before any process starts (see the module's docstring); a value already set wins.
+os.environ.setdefault(THREADS_ENV, "1")
 
 
 def _reap_zombies() -> None:

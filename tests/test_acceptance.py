@@ -30,7 +30,6 @@ def _acceptance(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
                           timeout=timeout, check=False)
 
 
-@pytest.mark.xdist_group("real-model")  # one llama at a time: see tests/conftest.py
 def test_the_reduced_suite_on_the_packaged_model_has_no_runtime_failure() -> None:
     """The seven points one real run covers, on Qwen2.5-Coder-0.5B: a SIGKILL of the
     supervisor at a named failpoint included. The model may fail a point (FAIL-model

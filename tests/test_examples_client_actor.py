@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -75,7 +73,6 @@ def test_quickstart_example_runs_a_typed_tool_from_a_spec_dict(short_tmp: Path) 
     assert not (short_tmp / "quick" / ".corral" / "endpoint.json").exists(), "the supervisor was stopped"
 
 
-@pytest.mark.xdist_group("real-model")  # one llama at a time: see tests/conftest.py
 def test_local_model_example_calls_both_tools_and_replies(short_tmp: Path) -> None:
     """The quickstart's task on a real model: weather, then the post the host reads back."""
     base = short_tmp / "local"
@@ -89,7 +86,6 @@ def test_local_model_example_calls_both_tools_and_replies(short_tmp: Path) -> No
     assert lines[-1].startswith("reply: ") and reply.strip(), result.stdout
 
 
-@pytest.mark.xdist_group("real-model")  # one llama at a time: see tests/conftest.py
 def test_typed_output_example_returns_a_schema_valid_forecast_on_the_local_model(short_tmp: Path) -> None:
     """An agent with instructions and a typed output, on the demo's Qwen2.5-Coder-0.5B:
     the output is an instance of the caller's pydantic class, and the reply its JSON."""

@@ -265,7 +265,6 @@ def _assert_transcript_shows_each_turn(daemon: Daemon, run_id: str) -> None:
     assert b"Deploy key: [redacted]" in stored and AWS_KEY.encode() not in stored
 
 
-@pytest.mark.xdist_group("real-model")  # one llama at a time: see tests/conftest.py
 def test_a_real_model_plans_one_tool_call_and_one_final_reply(short_tmp: Path) -> None:
     # A token budget too, low enough that no bound from the characters alone settles it:
     # the second turn's view is counted by the model's tokenizer (one observation
@@ -294,7 +293,6 @@ def test_a_real_model_plans_one_tool_call_and_one_final_reply(short_tmp: Path) -
         assert counts != [estimate_tokens(text) for text in texts], "the tokenizer, not the estimate"
 
 
-@pytest.mark.xdist_group("real-model")  # one llama at a time: see tests/conftest.py
 def test_sigkill_of_the_model_mid_generation_is_a_durable_retry(short_tmp: Path) -> None:
     spec = _local_spec(short_tmp, AGENT.format(id="a", model="smollm2"))
     env = {"CORRAL_FAILPOINTS": "model.mid-generation=kill@once"}

@@ -205,7 +205,7 @@ SMALL_MODEL_BOUNDS = "  max_string = 40\n  max_reply = 80\n  max_actions = 1\n  
 TASK = "Record the side effect labelled hello, then reply done."
 
 
-@pytest.mark.xdist_group("real-model")  # one llama at a time: see tests/conftest.py
+@pytest.mark.xdist_group("llama-server")  # the module's one server: see tests/conftest.py
 def test_llama_cpp_server_refuses_json_schema_with_the_setting_named(llama_server: str) -> None:
     provider = OpenAIProvider(_config(base_url=llama_server, api_key_env=NO_KEY_ENV, max_tokens=8))
     request = ProviderRequest("run-1", "a", TASK, 0, (), TOOLS)
@@ -230,7 +230,7 @@ def _server_run(llama_server: str, workdir: Path, agent_id: str, agent: str) -> 
     return shown, json.loads(read.stdout)["usage"]
 
 
-@pytest.mark.xdist_group("real-model")  # one llama at a time: see tests/conftest.py
+@pytest.mark.xdist_group("llama-server")  # the module's one server: see tests/conftest.py
 def test_a_schema_run_through_llama_cpp_server_needs_no_format_repair(llama_server: str, short_tmp: Path) -> None:
     # A 135M model needs the bounds the local grammar has: one call, then the reply.
     agent = _agent("schema", llama_server, "json_object", SMALL_MODEL_BOUNDS)
@@ -242,7 +242,7 @@ def test_a_schema_run_through_llama_cpp_server_needs_no_format_repair(llama_serv
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("real-model")  # one llama at a time: see tests/conftest.py
+@pytest.mark.xdist_group("llama-server")  # the module's one server: see tests/conftest.py
 def test_what_the_schema_saves_the_same_run_as_text_json(llama_server: str, short_tmp: Path) -> None:
     """The same task and model asked for text-JSON (``structured = "none"``): its
     format repairs are printed for the record, not asserted (they depend on the

@@ -157,7 +157,6 @@ tools = []
 """
 
 
-@pytest.mark.xdist_group("real-model")  # one llama at a time: see tests/conftest.py
 @pytest.mark.parametrize("victim", ["model", "supervisor"])
 def test_a_kill_mid_reply_restarts_the_stream_and_keeps_one_final_text(short_tmp: Path, victim: str) -> None:
     (short_tmp / "ws").mkdir()

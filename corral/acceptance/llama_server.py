@@ -2,12 +2,14 @@
 a ``with`` block lasts: the HTTP route a user's vLLM or Ollama takes. The acceptance
 suite's retry points (a fault proxy in front of it), the bench (real_model_swarm's
 server rows, through bench/llama_server.py) and tests/test_openai_structured.py start
-it the same way: 2 threads and a 2048-token context, as the model actor runs it.
+it the same way: 2 threads (or CORRAL_MODEL_THREADS, if lower) and a 2048-token context,
+as the model actor runs it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import time
@@ -17,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from corral.core.child_python import python_argv, python_env
+from corral.core.model_threads import generation_threads
 
 READY_S = 60.0
 
@@ -37,10 +40,11 @@ def llama_server(model: Path, log: Path) -> Iterator[str]:
     """The server's base URL (``http://127.0.0.1:PORT/v1``) once ``/models`` answers;
     stopped (terminated, then killed) when the block ends."""
     port = _free_port()
+    threads = generation_threads(2, os.environ)
     with log.open("wb") as out:
         server = subprocess.Popen(
             python_argv("-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-                        "--port", str(port), "--n_ctx", "2048", "--n_threads", "2", "--seed", "0"),
+                        "--port", str(port), "--n_ctx", "2048", "--n_threads", str(threads), "--seed", "0"),
             stdout=out, stderr=subprocess.STDOUT, env=python_env(),
         )
     base_url = f"http://127.0.0.1:{port}/v1"
