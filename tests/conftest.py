@@ -5,7 +5,7 @@ Every local model a test runs (llama.cpp) generates on ONE thread:
 inherits it (corral/core/model_threads.py). With two threads per model, llama.cpp's
 threads meet at a spinning barrier after every operation; on two cores shared with
 the other test worker (and anything else on the machine) one of them is often not
-scheduled, and the other spins: measured on the real-model tests, about 1.7 times
+scheduled, and the other spins: measured on the real-model tests, about twice
 the CPU for the same generations, and a generation beside another one slowed
 twofold (32 s alone, 68 s beside the kill-mid-reply test). With one thread a model
 test is an ordinary CPU-bound test, and ``--dist loadgroup`` spreads them over both
