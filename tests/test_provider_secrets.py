@@ -208,9 +208,16 @@ def test_a_compaction_summary_is_stored_with_its_paths_filtered_too(short_tmp: P
     "compaction summary ... 和项目/配置绝对路径公共泄漏均为 0": the stored summary names
     the project's root as ``<project>`` and no other absolute path."""
     root = str((short_tmp / "ws").resolve())
-    question = {"questions": [{"id": "go_on", "header": "Continue", "question": "go on?",
-                               "options": [{"label": "yes", "description": "carry on"},
-                                           {"label": "no", "description": "stop"}]}]}
+    question = {
+        "questions": [
+            {
+                "id": "go_on",
+                "header": "Continue",
+                "question": "go on?",
+                "options": [{"label": "yes", "description": "carry on"}, {"label": "no", "description": "stop"}],
+            }
+        ]
+    }
     replies = [Reply(body=completion(None, [tool_call("fs.list", {"path": "."}, f"call-{n}")])) for n in range(5)]
     replies += [
         Reply(body=completion(None, [tool_call("user.input_request", question, "call-ask")])),
@@ -280,8 +287,17 @@ def test_a_command_with_relative_paths_and_a_url_is_handed_off_as_usual(short_tm
     a division, an HTML closing tag, /dev/null and a script's source text that
     mentions a path (V1.43: "不能用面向日志的路径 token 扫描把 HTML </tag>、源码字符串
     ...误判为可执行路径"): the sandbox, not the handoff, bounds what a script reaches."""
-    args = ["check.py", "--out=build/report.txt", "--url=http://127.0.0.1:8000/a/b", "s/a/b/", "1/2", "</div>",
-            "/dev/null", "-c", "import sys; print(open('/etc/hostname').read(), file=sys.stderr)"]
+    args = [
+        "check.py",
+        "--out=build/report.txt",
+        "--url=http://127.0.0.1:8000/a/b",
+        "s/a/b/",
+        "1/2",
+        "</div>",
+        "/dev/null",
+        "-c",
+        "import sys; print(open('/etc/hostname').read(), file=sys.stderr)",
+    ]
     call = tool_call("command.exec", {"program": "python3", "args": args, "cwd": "src"}, "call-1")
     server = FakeOpenAIServer([Reply(body=completion(None, [call])), Reply(body=completion("ran"))])
     with serve_in_thread(server) as url:

@@ -125,8 +125,14 @@ class RunStatus:
         earlier = reply.get("claimed_isolated_joins") or []
         # Seed 004 V1.9: a later query says which groups are settled, so a model that
         # lost the first answer to compaction does not poll for them again.
-        settled = (f"; {len(earlier)} group(s) claimed earlier ({', '.join(j['group_id'] for j in earlier)}):"
-                   " no need to query them again") if earlier else ""
+        settled = (
+            (
+                f"; {len(earlier)} group(s) claimed earlier ({', '.join(j['group_id'] for j in earlier)}):"
+                " no need to query them again"
+            )
+            if earlier
+            else ""
+        )
         return ToolResult(
             True,
             reply,
