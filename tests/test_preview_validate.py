@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,6 +153,19 @@ def _as_user(top: Path) -> list[str] | None:
     return command if probe.returncode == 0 and probe.stdout.strip() == "" else None
 
 
+@pytest.fixture(scope="module")
+def as_user() -> Iterator[list[str] | None]:
+    """``_as_user``, made once for the module's two passing-path tests: its venv and
+    its probe (a Chromium started) are the same for both, in a directory of its own
+    that every user can read."""
+    top = Path(tempfile.mkdtemp(prefix="crl-pv-", dir="/tmp"))
+    top.chmod(0o755)
+    try:
+        yield _as_user(top)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def _corral(command: list[str], top: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*command, "--home", str(top / "home"), *args], capture_output=True, text=True,
                           cwd=top, env={**os.environ, "HOME": str(top)}, timeout=timeout, check=False)
@@ -184,11 +198,11 @@ def _three_pages_script(port: int) -> list[dict[str, Any]]:
     ]
 
 
-def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path) -> None:
+def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path, as_user: list[str] | None) -> None:
     """The passing path, in a sandboxed Chromium: as this user, or (as root) with
     corral run by an unprivileged user, as a careful operator would run it."""
     short_tmp.chmod(0o755)  # the unprivileged user walks into it
-    command = _as_user(short_tmp)
+    command = as_user
     if command is None:
         pytest.skip("untestable here: Chromium can have its sandbox neither as this user nor as an unprivileged"
                     " one (no setpriv, or no user namespaces); the BLOCKED path is tested instead")
@@ -319,12 +333,12 @@ id = "editor"
 """
 
 
-def test_a_revision_that_moves_during_the_check_voids_it(short_tmp: Path) -> None:
+def test_a_revision_that_moves_during_the_check_voids_it(short_tmp: Path, as_user: list[str] | None) -> None:
     """The seed (V1.1 §3): "验证前后重读 project revision 和预览身份，任一漂移都使结果失效". The check
     is held after its browser evidence (failpoint ``preview.after-check``) while another
     agent's write moves the project revision; released, it re-reads and is void."""
     short_tmp.chmod(0o755)
-    command = _as_user(short_tmp)
+    command = as_user
     if command is None:
         pytest.skip("untestable here: Chromium can have its sandbox neither as this user nor as an unprivileged"
                     " one (no setpriv, or no user namespaces)")
