@@ -23,6 +23,7 @@ from corral.actors.tools.registry import builtin_tools
 from corral.actors.turn_notes import capped, catalog_text, observations_seen, text_sha256
 from corral.mailbox.control import ControlError
 from corral.mailbox.protocol import TurnNote
+from corral.mailbox.steps import ProviderStep
 from corral.supervisor.home import home_dir as homes
 from tests.harness import agent_spec, cli, ledger_rows, running, wait_run
 
@@ -159,9 +160,9 @@ def test_turn_notes_cap_and_views() -> None:
     assert capped(big).endswith("[… 10 more characters cut]") and len(capped(big)) < MAX_TRANSCRIPT_CHARS + 100
     tools = tuple(tool.schema for tool in builtin_tools().values())
     assert catalog_text(tools) == catalog_text(tuple(reversed(tools))[::-1])
-    assert observations_seen({"history_from": 3, "history": [{}, {}]}) == 5
+    assert observations_seen(ProviderStep(loop=0, history_from=3, history=[{}, {}])) == 5
     summary = {"role": "summary", "text": "s", "covers": [1, 7]}
-    assert observations_seen({"history": [summary, {"tool": "a"}, {"tool": "b"}]}) == 9
+    assert observations_seen(ProviderStep(loop=0, history=[summary, {"tool": "a"}, {"tool": "b"}])) == 9
 
 
 def test_the_dashboard_shows_the_conversation_beside_the_actions(finished: dict[str, Any]) -> None:
