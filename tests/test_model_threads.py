@@ -38,3 +38,15 @@ def test_the_model_actor_loads_with_the_capped_thread_count(short_tmp: Path) -> 
     with running(short_tmp / "home", spec, env={THREADS_ENV: "1"}) as daemon:
         wait_for("the model to load", lambda: "loaded in" in _model_log(daemon.home))
         assert "with 1 thread(s)" in _model_log(daemon.home), _model_log(daemon.home)
+
+
+def test_a_bad_cap_fails_the_models_load_with_the_reason_in_its_status(short_tmp: Path) -> None:
+    (short_tmp / "ws").mkdir()
+    spec = ('[project]\nroot = "ws"\n[[models]]\nid = "m"\npath = "smollm2"\nmax_restarts = 0\n'
+            '[[agents]]\nid = "a"\nprovider = "local"\n  [agents.local]\n  model = "m"\n')
+    with running(short_tmp / "home", spec, env={THREADS_ENV: "two"}) as daemon:
+        [model] = wait_for("the model's load to end", lambda: [
+            m for m in daemon.status()["models"] if m["status"] not in ("starting", "loading")])
+        assert model["status"] == "failed", model
+        assert model["error"] == f"ValueError: {THREADS_ENV} must be an integer from 1 to 256, not 'two'"
+        assert "Traceback" not in _model_log(daemon.home), _model_log(daemon.home)
