@@ -457,10 +457,15 @@ class Lane:
         try:
             plan = provider.parse(ProviderResponse(text), self.schemas)
             carried = {
-                "actions": [{"tool": call.tool, "input": call.input} for call in plan.actions],
+                "actions": [
+                    {"tool": call.tool, "input": call.input, **({"reason": call.reason} if call.reason else {})}
+                    for call in plan.actions
+                ],
                 "final": self.checked_output(plan.final_reply),
                 **self.context_stamp(),
             }
+            if plan.normalized:  # audited with the commit (seed 004 V1.33): kind, count, chars, SHA-256
+                carried["normalized"] = [item.as_dict() for item in plan.normalized]
             recordable.check_bounded(carried, self.budget, "the plan")
         except PlanError as exc:
             return InvalidPlan(exc.category.value, exc.detail)

@@ -63,7 +63,11 @@ class Reply:
 
 
 def tool_call(name: str, arguments: Mapping[str, Any] | str, call_id: str = "") -> dict[str, Any]:
-    """A native tool call as a server sends it (arguments as a JSON string)."""
+    """A native tool call as a server sends it (arguments as a JSON string). A
+    mapping is the tool's input, sent in seed 004's envelope ``{"reason", "input"}``
+    (V1.33) unless it is one already; a string is sent as it is."""
+    if not isinstance(arguments, str) and set(arguments) != {"reason", "input"}:
+        arguments = {"reason": f"call {name}", "input": dict(arguments)}
     args = arguments if isinstance(arguments, str) else json.dumps(arguments)
     return {
         "id": call_id or f"call_{name}",

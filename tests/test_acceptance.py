@@ -20,6 +20,7 @@ from corral.acceptance.fault_proxy import Fault, FaultProxy
 from corral.acceptance.leak_scan import scan
 from corral.acceptance.provider import DEFAULT_MODEL, resolve
 from corral.acceptance.report import EXIT_BLOCKED, EXIT_FAIL, EXIT_PASS, PointResult, Verdict, overall
+from corral.actors.providers.base import RepairCategory
 from fake_openai import FakeOpenAIServer, Reply
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -55,6 +56,9 @@ def test_the_reduced_suite_on_the_packaged_model_has_no_runtime_failure() -> Non
     assert not report["kept"] and not Path(report["workdir"]).exists(), "the disposable directory was removed"
     for point in report["points"]:
         assert point["evidence"] and all(len(e["sha256"]) == 64 for e in point["evidence"]), point["name"]
+    repairs = report["repair_histogram"]  # seed 004 V1.33: the eight categories, summing to the total
+    assert list(repairs["categories"]) == [category.value for category in RepairCategory]
+    assert sum(repairs["categories"].values()) == repairs["total"] >= repairs["loops"] >= repairs["second_repairs"]
 
 
 def test_no_model_configured_is_blocked_with_exit_2(tmp_path: Path) -> None:
@@ -67,6 +71,10 @@ def test_no_model_configured_is_blocked_with_exit_2(tmp_path: Path) -> None:
     assert [p["name"] for p in report["points"]] == [p.name for p in points.POINTS]
     assert all(p["verdict"] == "BLOCKED" and p["reason"].startswith("no model configured") for p in report["points"])
     assert "BLOCKED" in done.stderr and "no model configured" in done.stderr
+    # Seed 004 V1.33: the histogram is printed zero-filled even when nothing ran.
+    assert report["repair_histogram"] == {"total": 0, "loops": 0, "second_repairs": 0,
+                                          "categories": {category.value: 0 for category in RepairCategory}}
+    assert "repairs: 0 in 0 loop(s), 0 second repair(s) (response-shape 0," in done.stdout
 
 
 def test_bad_usage_exits_2_with_a_clear_error() -> None:

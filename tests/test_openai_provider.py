@@ -234,7 +234,9 @@ def test_native_payload_has_one_schema_per_tool() -> None:
     assert payload["stream"] is False
     functions = [spec["function"] for spec in payload["tools"]]
     assert [f["name"] for f in functions] == ["read_file", "write_file", "fs_stat"]
-    assert [f["parameters"] for f in functions] == [t.input_schema for t in TOOLS]
+    # Seed 004 V1.33: each function's arguments are {"reason", "input"}, the input by the tool's schema.
+    assert [f["parameters"]["properties"]["input"] for f in functions] == [t.input_schema for t in TOOLS]
+    assert {tuple(f["parameters"]["required"]) for f in functions} == {("reason", "input")}
     system, task, observation, repair = payload["messages"]
     assert system["role"] == "system"
     assert task == {"role": "user", "content": "Task: Summarise notes.txt"}
@@ -321,8 +323,9 @@ def test_a_raw_newline_inside_a_json_string_is_what_the_model_meant() -> None:
     repair turn (it cost one on the demo's researcher)."""
     body = json.dumps(completion('{"final": "Wrote it.\nAll done."}'))
     assert parse_chat_completion(body, TOOLS, text_json=True).final_reply == "Wrote it.\nAll done."
+    arguments = '{"reason": "r", "input": {"path": "a.md", "content": "line 1\nline 2"}}'
     call = json.dumps(completion(tool_calls=[{"id": "c1", "type": "function", "function": {
-        "name": "write_file", "arguments": '{"path": "a.md", "content": "line 1\nline 2"}'}}]))
+        "name": "write_file", "arguments": arguments}}]))
     assert parse_chat_completion(call, TOOLS).actions[0].input["content"] == "line 1\nline 2"
 
 

@@ -107,10 +107,39 @@ class ProviderResponse:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One action of a plan: a tool name from ``request.tools`` and its input."""
+    """One action of a plan: a tool name from ``request.tools`` and its input, and
+    the model's ``reason`` for it when it gave one (native function arguments are
+    ``{"reason": ..., "input": {...}}``, seed 004 V1.33)."""
 
     tool: str
     input: dict[str, Any]
+    reason: str = ""
+
+
+class NormalizationKind(enum.StrEnum):
+    """What the parser dropped from a response that still became a plan (seed 004
+    V1.33's two fixed kinds: "complete-think-block / planner-commentary")."""
+
+    #: A closed <think>/<thinking>/<reasoning> block (or one whose opening tag the
+    #: chat template wrote): the model's reasoning, never part of the answer.
+    COMPLETE_THINK_BLOCK = "complete-think-block"
+    #: Text beside native function calls: commentary with no power to act (the
+    #: calls are the plan).
+    PLANNER_COMMENTARY = "planner-commentary"
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """The audit of one kind of text dropped: how many pieces, how many characters
+    of the original text, and the SHA-256 of those characters (never the text)."""
+
+    kind: NormalizationKind
+    count: int
+    chars: int
+    sha256: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "count": self.count, "chars": self.chars, "sha256": self.sha256}
 
 
 @dataclass(frozen=True)
@@ -120,6 +149,8 @@ class Plan:
 
     actions: tuple[ToolCall, ...] = ()
     final_reply: str | None = None
+    #: What parsing dropped to get here (audited by kind, count, characters, SHA-256).
+    normalized: tuple[Normalization, ...] = ()
 
     def __post_init__(self) -> None:
         if self.final_reply is None and not self.actions:

@@ -53,7 +53,7 @@ from .openai_structured import (
     response_format,
     tool_choice,
 )
-from .plan_parse import parse_chat_completion, tool_index, wire_tool_name
+from .plan_parse import envelope_schema, parse_chat_completion, tool_index, wire_tool_name
 from .reply_stream import FinalReplyDecoder, ReplyDeltas
 
 DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024
@@ -295,13 +295,15 @@ def load_api_key(config: OpenAIConfig) -> str | None:
 
 
 def tool_spec(tool: ToolSchema) -> dict[str, Any]:
+    """One native function: its arguments are the seed's envelope, a reason and the
+    tool's input (seed 004 V1.33), which the parse unwraps."""
     description = tool.description + (" (read-only)" if tool.read_only else "")
     return {
         "type": "function",
         "function": {
             "name": wire_tool_name(tool.name),
             "description": description,
-            "parameters": tool.input_schema,
+            "parameters": envelope_schema(tool.input_schema),
         },
     }
 
@@ -355,8 +357,10 @@ def system_prompt(request: ProviderRequest, *, native_tools: bool) -> str:
         if not request.tools:
             return f"{intro} No tools are available: reply with your final answer."
         return (
-            f"{intro} Call at most {MAX_ACTIONS_PER_PLAN} tools per turn. When the task is "
-            "done, reply with your final answer as plain text and call no tool."
+            f"{intro} Call at most {MAX_ACTIONS_PER_PLAN} tools per turn. Every function takes"
+            ' {"reason": "<why this call>", "input": {<the tool\'s input>}}: the input goes inside "input",'
+            " never at the top. When the task is done, reply with your final answer as plain text and call"
+            " no tool."
         )
     if not request.tools:
         return f'{intro} No tools are available. Answer with ONLY {{"final": "<your reply>"}}.'

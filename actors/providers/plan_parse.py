@@ -7,7 +7,8 @@ text and the tool schemas.
 Two answer shapes are understood:
 
 * native function calling: ``choices[0].message.tool_calls[*].function`` with a
-  ``name`` and JSON ``arguments``; a plain text message is the final reply;
+  ``name`` and JSON ``arguments``, which are seed 004's envelope ``{"reason": ...,
+  "input": {...}}`` (V1.33); a plain text message is the final reply;
 * the text-JSON fallback for servers without tool calls: the message content is
   ``{"actions": [{"tool": ..., "input": {...}}]}`` or ``{"final": "..."}``,
   possibly inside a ```json fence.
@@ -18,6 +19,7 @@ count repairs per category and send a bounded repair message.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
@@ -29,6 +31,8 @@ from corral.core.redact import redact_text
 # Relative: mypy cannot map the corral.actors package onto the actors/ folder.
 from .base import (
     MAX_ACTIONS_PER_PLAN,
+    Normalization,
+    NormalizationKind,
     Plan,
     PlanError,
     RepairCategory,
@@ -47,6 +51,7 @@ _CLOSED_BLOCK = re.compile(rf"<({_TAG_ALT})\b[^>]*>.*?</\1\s*>", re.I | re.S)
 # cut it): everything is reasoning, there is no answer in it.
 _UNTERMINATED_LEADING = re.compile(rf"^\s*<({_TAG_ALT})\b[^>]*>(?:(?!</\1\s*>).)*\Z", re.I | re.S)
 # Some servers put the opening tag in the prompt template, so only the close shows.
+_ANY_TAG = re.compile(rf"</?(?:{_TAG_ALT})\b", re.I)
 _ORPHAN_CLOSE = re.compile(rf"^(?:(?!<(?:{_TAG_ALT})\b).)*?</(?:{_TAG_ALT})\s*>", re.I | re.S)
 #: A raw newline or tab inside a JSON string is not valid JSON, but it is what a
 #: model means: llama.cpp's json_object grammar lets them through, and the text is
@@ -99,10 +104,30 @@ def _short(value: str, limit: int = 64) -> str:
 def strip_reasoning(text: str) -> str:
     """Remove <think>/<thinking>/<reasoning> blocks, which are not part of the answer
     and often contain half-formed JSON or tool names that would mislead the parser."""
+    return _without_reasoning(text)[0]
+
+
+def _without_reasoning(text: str) -> tuple[str, list[str], bool]:
+    """The text without its reasoning, and the complete blocks dropped (a closed one,
+    or one whose opening tag the template wrote). A block left open at the start is
+    dropped too but is not a complete one: nothing answers after it."""
+    blocks = [match.group(0) for match in _CLOSED_BLOCK.finditer(text)]
     text = _CLOSED_BLOCK.sub("", text)
-    text = _ORPHAN_CLOSE.sub("", text, count=1)
+    orphan = _ORPHAN_CLOSE.search(text)
+    if orphan is not None:
+        blocks.append(orphan.group(0))
+        text = text[: orphan.start()] + text[orphan.end() :]
+    left_open = _UNTERMINATED_LEADING.search(text) is not None
     text = _UNTERMINATED_LEADING.sub("", text)
-    return text.strip()
+    return text.strip(), blocks, left_open
+
+
+def _audit(kind: NormalizationKind, pieces: list[str]) -> tuple[Normalization, ...]:
+    """The audit of ``pieces`` dropped: their count, characters and SHA-256, no text."""
+    if not pieces:
+        return ()
+    joined = "".join(pieces)
+    return (Normalization(kind, len(pieces), len(joined), hashlib.sha256(joined.encode()).hexdigest()),)
 
 
 # --- tool names -------------------------------------------------------------------
@@ -224,6 +249,40 @@ def validate(value: Any, schema: Mapping[str, Any], path: str = "$") -> str | No
     return None
 
 
+# --- the function-argument envelope --------------------------------------------------
+
+#: Bound on the reason a native call gives (the model's own words for one action).
+MAX_REASON_CHARS = 1000
+
+
+def envelope_schema(input_schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A native function's parameters (seed 004 V1.33: "所有动作函数参数统一为
+    {"reason":"...","input":{...}}"): a non-empty reason and the tool's input, which
+    its own schema describes; nothing flattened to the top."""
+    return {
+        "type": "object",
+        "properties": {
+            "reason": {"type": "string", "minLength": 1, "maxLength": MAX_REASON_CHARS,
+                       "description": "why this call, in one sentence"},
+            "input": dict(input_schema),
+        },
+        "required": ["reason", "input"],
+        "additionalProperties": False,
+    }
+
+
+def _unwrapped(tool: ToolSchema, arguments: Any) -> tuple[str, Any]:
+    """The reason and the input of a native call's arguments; anything but the
+    envelope is ``arguments-schema`` (the seed forbids flattening the input)."""
+    shape = f'{tool.name}: arguments are {{"reason": "...", "input": {{...}}}}'
+    if not isinstance(arguments, dict) or set(arguments) != {"reason", "input"}:
+        raise _fail(RepairCategory.ARGUMENTS_SCHEMA, f"{shape}, the input never flattened to the top")
+    reason = arguments["reason"]
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_CHARS:
+        raise _fail(RepairCategory.ARGUMENTS_SCHEMA, f"{shape}: reason is 1 to {MAX_REASON_CHARS} characters")
+    return reason.strip(), arguments["input"]
+
+
 # --- building tool calls ----------------------------------------------------------
 
 
@@ -237,7 +296,7 @@ def _resolve_tool(name: Any, index: Mapping[str, ToolSchema]) -> ToolSchema:
     return tool
 
 
-def _tool_call(tool: ToolSchema, arguments: Any) -> ToolCall:
+def _tool_call(tool: ToolSchema, arguments: Any, reason: str = "") -> ToolCall:
     if not isinstance(arguments, dict):
         raise _fail(
             RepairCategory.ARGUMENTS_SCHEMA,
@@ -246,7 +305,7 @@ def _tool_call(tool: ToolSchema, arguments: Any) -> ToolCall:
     problem = validate(arguments, tool.input_schema)
     if problem:
         raise _fail(RepairCategory.ARGUMENTS_SCHEMA, f"{tool.name}: {problem}")
-    return ToolCall(tool=tool.name, input=arguments)
+    return ToolCall(tool=tool.name, input=arguments, reason=reason)
 
 
 def _check_count(n: int) -> None:
@@ -276,12 +335,22 @@ def _native_call(entry: Any, index: Mapping[str, ToolSchema]) -> ToolCall:
     if not isinstance(function, dict):
         raise _fail(RepairCategory.CALL_IDENTITY, "tool call without a function object")
     tool = _resolve_tool(function.get("name"), index)
-    return _tool_call(tool, _decode_arguments(function.get("arguments"), tool.name))
+    reason, tool_input = _unwrapped(tool, _decode_arguments(function.get("arguments"), tool.name))
+    return _tool_call(tool, tool_input, reason)
 
 
-def _plan_from_tool_calls(calls: list[Any], index: Mapping[str, ToolSchema]) -> Plan:
+def _plan_from_tool_calls(calls: list[Any], index: Mapping[str, ToolSchema], content: str) -> Plan:
+    """The calls are the plan; text beside them is reasoning or commentary, dropped
+    and audited. A thinking block left open is no plan (seed 004 V1.33: "未闭合 /
+    错配 thinking 标签仍按 response-shape 失败关闭")."""
     _check_count(len(calls))
-    return Plan(actions=tuple(_native_call(entry, index) for entry in calls))
+    actions = tuple(_native_call(entry, index) for entry in calls)
+    commentary, blocks, left_open = _without_reasoning(content)
+    if left_open or _ANY_TAG.search(commentary):
+        raise _fail(RepairCategory.RESPONSE_SHAPE, "a thinking block beside the calls is not closed")
+    normalized = _audit(NormalizationKind.COMPLETE_THINK_BLOCK, blocks)
+    normalized += _audit(NormalizationKind.PLANNER_COMMENTARY, [commentary] if commentary else [])
+    return Plan(actions=actions, normalized=normalized)
 
 
 def _plan_action(entry: Any, index: Mapping[str, ToolSchema]) -> ToolCall:
@@ -369,7 +438,12 @@ def _plan_from_value(value: Any, index: Mapping[str, ToolSchema]) -> Plan | None
     if _is_leaked_call(value):
         tool = _resolve_tool(value["name"], index)
         raw = value["arguments"] if "arguments" in value else value["parameters"]
-        return Plan(actions=(_tool_call(tool, _decode_arguments(raw, tool.name)),))
+        arguments = _decode_arguments(raw, tool.name)
+        reason = ""
+        if isinstance(arguments, dict) and set(arguments) == {"reason", "input"}:
+            # The envelope the functions were offered in, passed through as text.
+            reason, arguments = _unwrapped(tool, arguments)
+        return Plan(actions=(_tool_call(tool, arguments, reason),))
     return None
 
 
@@ -403,12 +477,12 @@ def _plan_from_reply_text(text: str, index: Mapping[str, ToolSchema]) -> Plan:
 
 
 def _plan_from_content(content: str, index: Mapping[str, ToolSchema], *, text_json: bool) -> Plan:
-    text = strip_reasoning(content)
+    text, blocks, _left_open = _without_reasoning(content)
     if not text:
         raise _fail(RepairCategory.RESPONSE_SHAPE, "no tool call and no reply text")
-    if text_json:
-        return _plan_from_json_text(text, index)
-    return _plan_from_reply_text(text, index)
+    plan = _plan_from_json_text(text, index) if text_json else _plan_from_reply_text(text, index)
+    normalized = _audit(NormalizationKind.COMPLETE_THINK_BLOCK, blocks)
+    return Plan(plan.actions, plan.final_reply, normalized) if normalized else plan
 
 
 # --- the response envelope --------------------------------------------------------
@@ -462,7 +536,7 @@ def parse_chat_completion(
     message = _first_message(body_text)
     calls = _tool_calls_of(message)
     if calls:
-        return _plan_from_tool_calls(calls, index)
+        return _plan_from_tool_calls(calls, index, _content_text(message.get("content")))
     return _plan_from_content(_content_text(message.get("content")), index, text_json=text_json)
 
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 import hashlib
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
+
+from corral.supervisor.runs.repair_histogram import histogram
 
 
 class Verdict(StrEnum):
@@ -63,6 +66,9 @@ class Report(BaseModel):
     exit_code: int
     secret_leak_count: int | None = None
     points: list[PointResult]
+    #: Seed 004 V1.33: the suite's runs' repairs, every point's alike: the loops
+    #: repaired, the second repairs, the eight categories zero-filled (counts only).
+    repair_histogram: dict[str, Any] = Field(default_factory=lambda: histogram({}, {}))
     #: Where the disposable project was (kept with --keep, else removed).
     workdir: str
     kept: bool

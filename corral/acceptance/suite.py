@@ -9,6 +9,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -18,6 +19,8 @@ from corral.acceptance.provider import KEY_ENV, NoModel, Provider, resolve
 from corral.acceptance.report import EXIT_FAIL, Evidence, PointResult, Report, Verdict, overall
 from corral.acceptance.workspace import DECOY_ENV, Workspace
 from corral.core.redact import redact_text
+from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs.repair_histogram import histogram, merged, of_run
 
 _STYLE = {Verdict.PASS: "green", Verdict.FAIL_MODEL: "yellow", Verdict.FAIL_RUNTIME: "red", Verdict.BLOCKED: "magenta"}
 
@@ -44,12 +47,13 @@ def run_suite(options: Options, console: Console) -> Report:
         blocked = [_blocked(point, str(exc)) for point in selected]
         for result in blocked:
             _print(console, result)
-        return _report(options, "none", blocked, "", False, started, [])
+        return _report(options, "none", blocked, "", False, started, [], histogram({}, {}))
     workspace = Workspace.create(options.parent)
     host = Host(_environment(workspace, provider), workspace.root / "logs")
     ctx = suite_points.Context(workspace, host, provider)
     results: list[PointResult] = []
     leftovers: list[int] = []
+    repairs = histogram({}, {})
     try:
         for point in selected:
             if point.after_the_runs and results and all(r.verdict is Verdict.BLOCKED for r in results) \
@@ -62,8 +66,27 @@ def run_suite(options: Options, console: Console) -> Report:
             _print(console, result)
     finally:
         leftovers = host.close()
+        repairs = suite_repairs(ctx.homes)  # the supervisors are down: their ledgers are read offline
         kept = options.keep or not workspace.remove()
-    return _report(options, provider.describe(), results, str(workspace.root), kept, started, leftovers)
+    return _report(options, provider.describe(), results, str(workspace.root), kept, started, leftovers, repairs)
+
+
+def suite_repairs(homes: list[Path]) -> dict[str, Any]:
+    """Every run's repairs in the suite's homes, through the one aggregator ``corral
+    show`` uses (seed 004 V1.33: "完整报告和失败 partial report 使用同一聚合器"). A home
+    whose ledger cannot be read adds nothing (its point says why)."""
+    from corral.offline_read import LedgerReader
+
+    def runs(ledger: Ledger) -> list[dict[str, Any]]:
+        return [of_run(ledger, run) for run in ledger.all("SELECT * FROM runs")]
+
+    shown: list[dict[str, Any]] = []
+    for home in homes:
+        try:
+            shown += LedgerReader(home).read(runs)
+        except Exception:  # a held or unreadable home: the report is written whatever one home holds
+            continue
+    return merged(shown)
 
 
 def _environment(workspace: Workspace, provider: Provider) -> dict[str, str]:
@@ -101,7 +124,7 @@ def _print(console: Console, result: PointResult) -> None:
 
 
 def _report(options: Options, provider: str, results: list[PointResult], workdir: str, kept: bool,
-            started: float, leftovers: list[int]) -> Report:
+            started: float, leftovers: list[int], repairs: dict[str, Any]) -> Report:
     verdict, code = overall(results)
     note = suite_points.REDUCED_NOTE if options.suite == "reduced" else ""
     if leftovers:
@@ -109,5 +132,5 @@ def _report(options: Options, provider: str, results: list[PointResult], workdir
         note = f"{note}; processes outlived the suite: {leftovers}".lstrip("; ")
     leaks = next((int(r.facts["secret_leak_count"]) for r in results if "secret_leak_count" in r.facts), None)
     return Report(suite=options.suite, suite_note=note, provider=provider, verdict=verdict, exit_code=code,
-                  secret_leak_count=leaks, points=results, workdir=workdir, kept=kept,
+                  secret_leak_count=leaks, points=results, repair_histogram=repairs, workdir=workdir, kept=kept,
                   wall_s=round(time.monotonic() - started, 2))

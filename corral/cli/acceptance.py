@@ -51,6 +51,9 @@ def cmd_acceptance(args: argparse.Namespace) -> int:
         path = Path(args.json_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(report.model_dump_json(indent=2) + "\n")
+    from corral.supervisor.runs.repair_histogram import line
+
+    print(line(report.repair_histogram), file=sys.stdout)
     kept = f"; kept in {report.workdir}" if report.kept and report.workdir else ""
     print(f"acceptance {report.suite}: {report.verdict.value} on {report.provider}"
           f" ({report.wall_s:.0f}s, exit {report.exit_code}){kept}", file=sys.stdout)

@@ -199,6 +199,10 @@ def print_run(shown: dict[str, Any]) -> None:
         tokens = tokens if usage["prompt_tokens"] or usage["completion_tokens"] else ""
         model = f", model time {usage['model_ms'] / 1000:.2f}s" if usage.get("model_ms") else ""
         print(f"  provider: {usage['requests']} answers, {usage['format_repairs']} format repairs{tokens}{model}")
+    if shown.get("repair_histogram"):
+        from corral.supervisor.runs.repair_histogram import line as repair_line
+
+        print(f"  {repair_line(shown['repair_histogram'])}")
     if shown.get("final_reply") is not None:
         print(f"final reply: {shown['final_reply']}")
 

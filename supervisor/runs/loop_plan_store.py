@@ -9,6 +9,7 @@ Every function here is one transaction (or a read) on the ledger.
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -55,6 +56,10 @@ def commit_plan(
         db.execute("UPDATE provider_requests SET consumed = 1 WHERE slot = ?", (slot,))
         if withhold_response is not None:
             db.execute("UPDATE provider_requests SET response = ? WHERE slot = ?", (withhold_response, slot))
+        normalized = audited(plan.get("normalized"))
+        if normalized:
+            # Seed 004 V1.33: what parsing dropped, by kind, count, characters and SHA-256; no text.
+            ledger.emit("response-normalized", run_id, slot=slot, loop=loop_index, normalized=normalized)
         ledger.emit(
             "plan-committed",
             run_id,
@@ -65,6 +70,25 @@ def commit_plan(
     ledger.failpoint("plan.after-commit")
     result: dict[str, Any] = json.loads(text)
     return result
+
+
+_NORMALIZATION_KINDS = ("complete-think-block", "planner-commentary")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def audited(items: Any) -> list[dict[str, Any]]:
+    """A plan's normalization audit as the agent sent it, kept only in its fixed
+    shape (a kind of the seed's two, counts, a SHA-256): nothing else gets into the
+    event, whatever the agent sent."""
+    kept: list[dict[str, Any]] = []
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, dict) or item.get("kind") not in _NORMALIZATION_KINDS:
+            continue
+        count, chars, digest = item.get("count"), item.get("chars"), item.get("sha256")
+        if (isinstance(count, int) and isinstance(chars, int) and isinstance(digest, str)
+                and _SHA256.fullmatch(digest)):
+            kept.append({"kind": item["kind"], "count": count, "chars": chars, "sha256": digest})
+    return kept
 
 
 #: A conflict in the local catalog (seed 004 V1.33: "catalog-binding 属于本地目录冲突，

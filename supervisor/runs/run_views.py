@@ -22,7 +22,7 @@ from corral.core.redact import redact_text
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_int, param_str
-from corral.supervisor.runs import action_store, approval_view, run_store, sealed_input
+from corral.supervisor.runs import action_store, approval_view, repair_histogram, run_store, sealed_input
 from corral.supervisor.runs.approval_diff import FileChange, Workspace, file_changes
 from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_output import output_model, output_of
@@ -103,6 +103,8 @@ def show_record(ledger: Ledger, run: Any) -> dict[str, Any]:
         "output_model": output_model(run["options"]),
         "instructions": _instructions_of(run_store.run_options(run)),
         "finalization": final["phase"] if final else None,
+        # Seed 004 V1.33: the loops repaired, the second repairs, the eight categories zero-filled.
+        "repair_histogram": repair_histogram.of_run(ledger, run),
     }
 
 
