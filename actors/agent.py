@@ -466,6 +466,8 @@ class Lane:
             }
             if plan.normalized:  # audited with the commit (seed 004 V1.33): kind, count, chars, SHA-256
                 carried["normalized"] = [item.as_dict() for item in plan.normalized]
+            if plan.plan_update is not None:  # the plan as it now stands (seed 004 V1.17): applied with the commit
+                carried["plan_update"] = plan.plan_update
             recordable.check_bounded(carried, self.budget, "the plan")
         except PlanError as exc:
             return InvalidPlan(exc.category.value, exc.detail)

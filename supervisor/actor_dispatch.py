@@ -46,7 +46,6 @@ from corral.mailbox.protocol import (
     Ping,
     PlanCommit,
     PlanInvalid,
-    PlanUpdate,
     Pong,
     ProjectCommitMoved,
     ProjectPreview,
@@ -156,8 +155,6 @@ async def _answer(sup: Supervisor, slot: ActorSlot, request: TypedRequest) -> An
         case ContextCompacted():
             compacted = await _need(methods.compaction, request).compacted(slot, request)
             return await steps.carry_next(slot, request, compacted)
-        case PlanUpdate():
-            return await _need(methods.plans, request).update(slot, request)
         case GoalVerdict():
             return await _need(methods.goals, request).verdict(slot, request)
         # -- people (supervisor/interactive/)

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
         ModelFailed,
         ModelGenerate,
         ModelReady,
-        PlanUpdate,
         Preview,
         ProjectCommitMoved,
         ProjectPreview,
@@ -151,12 +150,6 @@ class CompactionMethods(Protocol):
     async def compacted(self, slot: ActorSlot, request: ContextCompacted) -> Compacted: ...
 
 
-class PlanMethods(Protocol):
-    """The durable plan (supervisor/longtask/plan_service.py)."""
-
-    async def update(self, slot: ActorSlot, request: PlanUpdate) -> dict[str, Any]: ...
-
-
 class GoalMethods(Protocol):
     """A goal's verdict (supervisor/longtask/goal_service.py)."""
 
@@ -230,7 +223,6 @@ class ActorMethods:
     models: ModelMethods | None = None
     mcp: McpMethods | None = None
     compaction: CompactionMethods | None = None
-    plans: PlanMethods | None = None
     goals: GoalMethods | None = None
     steers: SteerMethods | None = None
     questions: QuestionMethods | None = None

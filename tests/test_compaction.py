@@ -22,10 +22,9 @@ _PLAN = ('explanation = "list, then report", steps = [{ step = "list the workspa
 _DONE = ('explanation = "listed and reported", steps = [{ step = "list the workspace", status = "completed" },'
          ' { step = "report", status = "completed" }]')
 STEPS = (
-    f'[[agents.steps]]\nactions = [{{ tool = "plan.update", input = {{ {_PLAN} }} }}]\n'
+    f'[[agents.steps]]\nplanUpdate = {{ {_PLAN} }}\n'
     + '[[agents.steps]]\nactions = [{ tool = "fs.list", input = { path = "." } }]\n' * LOOPS
-    + f'[[agents.steps]]\nactions = [{{ tool = "plan.update", input = {{ {_DONE} }} }}]\n'
-    + '[[agents.steps]]\nfinal = "long task done"\n'
+    + f'[[agents.steps]]\nplanUpdate = {{ {_DONE} }}\nfinal = "long task done"\n'
 )
 
 

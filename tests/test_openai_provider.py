@@ -232,8 +232,9 @@ def test_native_payload_has_one_schema_per_tool() -> None:
     assert payload["model"] == "m"
     assert payload["temperature"] == 0
     assert payload["stream"] is False
-    functions = [spec["function"] for spec in payload["tools"]]
+    *functions, update = [spec["function"] for spec in payload["tools"]]
     assert [f["name"] for f in functions] == ["read_file", "write_file", "fs_stat"]
+    assert update["name"] == "update_agent_plan", "the plan update, beside the tools (seed 004 V1.17, V1.26)"
     # Seed 004 V1.33: each function's arguments are {"reason", "input"}, the input by the tool's schema.
     assert [f["parameters"]["properties"]["input"] for f in functions] == [t.input_schema for t in TOOLS]
     assert {tuple(f["parameters"]["required"]) for f in functions} == {("reason", "input")}

@@ -65,7 +65,9 @@ def test_json_object_sends_the_schema_in_llama_cpp_pythons_form() -> None:
 
 def test_tools_sends_native_tools_and_none_sends_neither() -> None:
     tools = build_chat_payload(_config(structured="tools"), make_request())
-    assert [spec["function"]["name"] for spec in tools["tools"]] == ["read_file", "write_file", "fs_stat"]
+    # The tools, then the plan update beside them (seed 004 V1.17, V1.26: update_agent_plan).
+    assert [spec["function"]["name"] for spec in tools["tools"]] == ["read_file", "write_file", "fs_stat",
+                                                                      "update_agent_plan"]
     assert tools["tool_choice"] == "auto" and "response_format" not in tools
     # The schema's tool-call budget applies to native tools too: then the reply is due.
     observed = ({"action_id": "a1", "tool": "read_file", "status": "ok", "output": "text"},)

@@ -1,29 +1,34 @@
-"""The durable plan (seed 004 V1.17), with real processes: an explanation and 1 to 8
-distinct steps, each pending, in_progress or completed, at most one in_progress;
-an identical update keeps the revision, a refused one changes nothing, a completed
-step never goes back and is kept when an update leaves it out; unfinished steps hold
-the final reply; and the plan is control-plane metadata: no approval, no project
-revision."""
+"""The durable plan (seed 004 V1.17), with real processes: the update is the
+answer's ``planUpdate`` beside its ``actions`` (``update_agent_plan`` with native
+function calls), not a tool action ("planUpdate 是 Runtime 控制面元数据，不是白名单工具
+action"); an explanation and 1 to 8 distinct steps, each pending, in_progress or
+completed, at most one in_progress; an identical update keeps the revision, a refused
+one changes nothing, a completed step never goes back and is kept when an update
+leaves it out; unfinished steps hold the final reply; and the plan is control-plane
+metadata: no approval, no project revision."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from corral.actors.providers.base import PlanError, RepairCategory
+from corral.actors.providers.openai import OpenAIConfig, build_chat_payload
+from corral.actors.providers.plan_parse import parse_chat_completion
 from corral.supervisor.longtask.plan_store import MAX_STEPS, PlanRefused, merge
-from tests.harness import Daemon, agent_spec, ledger_rows, wait_run, wait_supervisor_gone
+from fake_openai import completion, tool_call
+from tests.harness import Daemon, agent_spec, cli, ledger_rows, wait_run, wait_supervisor_gone
+from tests.openai_provider_support import TOOLS, make_request
 
 
-def _update(explanation: str, *steps: tuple[str, str]) -> str:
-    """One scripted ``plan.update`` step (TOML)."""
+def _update(explanation: str, *steps: tuple[str, str], beside: str = "") -> str:
+    """One scripted answer whose ``planUpdate`` is this (TOML), with ``beside`` (an
+    ``actions = [...]`` or ``final = ...`` line) or alone."""
     listed = ", ".join(f'{{ step = "{title}", status = "{status}" }}' for title, status in steps)
-    return (
-        f'[[agents.steps]]\nactions = [{{ tool = "plan.update", input = {{ explanation = "{explanation}",'
-        f" steps = [{listed}] }} }}]\n"
-    )
+    line = f'planUpdate = {{ explanation = "{explanation}", steps = [{listed}] }}\n'
+    return f"[[agents.steps]]\n{line}{beside}\n" if beside else f"[[agents.steps]]\n{line}"
 
 
 START = _update(
@@ -84,13 +89,10 @@ def _daemon(tmp: Path, steps: str, policy: str = "") -> Daemon:
     return Daemon(tmp / "h", spec)
 
 
-def _plan_actions(daemon: Daemon, run_id: str) -> list[dict[str, Any]]:
-    return ledger_rows(
-        daemon.home,
-        "SELECT phase, error, result, policy FROM actions"
-        " WHERE run_id = ? AND tool = 'plan.update' ORDER BY loop_index",
-        run_id,
-    )
+def _revisions(daemon: Daemon, run_id: str) -> list[int]:
+    """The revision each accepted update left, in order (one row per answer)."""
+    rows = ledger_rows(daemon.home, "SELECT revision FROM plan_updates WHERE run_id = ? ORDER BY created_at", run_id)
+    return [int(row["revision"]) for row in rows]
 
 
 def _check_finished_plan(daemon: Daemon, run_id: str) -> None:
@@ -107,9 +109,8 @@ def _check_finished_plan(daemon: Daemon, run_id: str) -> None:
     assert plan["active_index"] is None
     blocked = ledger_rows(daemon.home, "SELECT data FROM events WHERE kind = 'final-blocked' AND subject = ?", run_id)
     assert len(blocked) == 1 and "plan step 2 (write the draft) is in_progress" in blocked[0]["data"]
-    revisions = [json.loads(a["result"])["output"]["revision"] for a in _plan_actions(daemon, run_id)]
-    assert revisions == [1, 1, 2], "an identical update does not add a revision"
-    assert len(ledger_rows(daemon.home, "SELECT 1 FROM plan_updates WHERE run_id = ?", run_id)) == 3
+    assert _revisions(daemon, run_id) == [1, 1, 2], "an identical update does not add a revision"
+    assert ledger_rows(daemon.home, "SELECT 1 FROM actions WHERE run_id = ?", run_id) == [], "no update is an action"
 
 
 def test_an_identical_update_keeps_the_revision_and_unfinished_steps_hold_the_final_reply(short_tmp: Path) -> None:
@@ -124,11 +125,16 @@ def test_an_identical_update_keeps_the_revision_and_unfinished_steps_hold_the_fi
         daemon.shutdown()
 
 
+#: Each refused answer is repaired on the same loop: the script's next answer for it
+#: is the step after, once the refusal is in the run's context.
 REFUSED = (
     START
     + _update("two at once", ("write the draft", "in_progress"), ("check it", "in_progress"))
+    + 'unless_observed = "at most one step in_progress"\n'
     + _update("back", ("read the notes", "pending"), ("write the draft", "in_progress"))
+    + 'unless_observed = "cannot go back"\n'
     + _update("old words", ("read the notes", "done"))
+    + 'unless_observed = "is not one of"\n'
     + FINISH
     + '[[agents.steps]]\nfinal = "done"\n'
 )
@@ -136,19 +142,19 @@ REFUSED = (
 
 def test_a_refused_update_changes_nothing_and_the_model_sees_why(short_tmp: Path) -> None:
     """The seed: "拒绝的更新也不改变现有快照"."""
-    daemon = _daemon(short_tmp, REFUSED)
+    daemon = _daemon(short_tmp, REFUSED, policy="max_repairs = 4")  # each refusal is a repair of the answer
     try:
         daemon.up()
         run_id = daemon.call("run", agent_id="writer", task="a planned task")["run_id"]
         shown = wait_run(daemon, run_id, {"completed", "failed"})
         assert shown["run"]["status"] == "completed" and shown["plan"]["revision"] == 2
-        actions = _plan_actions(daemon, run_id)
-        assert [a["phase"] for a in actions] == ["ok", "failed", "failed", "failed", "ok"]
-        errors = [a["error"] or "" for a in actions[1:4]]
-        assert "at most one step in_progress" in errors[0]
-        assert "completed" in errors[1] and "cannot go back" in errors[1]
-        assert "'done' is not one of ['pending', 'in_progress', 'completed']" in errors[2], "refused by the schema"
-        assert len(ledger_rows(daemon.home, "SELECT 1 FROM plan_updates WHERE run_id = ?", run_id)) == 2
+        refusals = [json.loads(row["data"]) for row in ledger_rows(
+            daemon.home, "SELECT data FROM events WHERE kind = 'plan-invalid' AND subject = ? ORDER BY cursor", run_id)]
+        assert [r["category"] for r in refusals] == ["plan-semantics", "plan-semantics", "arguments-schema"]
+        assert "at most one step in_progress" in refusals[0]["detail"]
+        assert "completed" in refusals[1]["detail"] and "cannot go back" in refusals[1]["detail"]
+        assert "is not one of" in refusals[2]["detail"], "refused by the update's schema, as the parse reads it"
+        assert _revisions(daemon, run_id) == [1, 2], "a refused update writes nothing"
     finally:
         daemon.shutdown()
 
@@ -158,7 +164,7 @@ def test_the_plan_is_control_plane_metadata_no_approval_and_no_project_revision(
     daemon = _daemon(
         short_tmp,
         START + FINISH + '[[agents.steps]]\nfinal = "done"\n',
-        policy='[agents.policy]\ndefault = "confirm"\n"plan.*" = "deny"\n',
+        policy='[agents.policy]\ndefault = "confirm"\n',
     )
     try:
         daemon.up()
@@ -166,8 +172,7 @@ def test_the_plan_is_control_plane_metadata_no_approval_and_no_project_revision(
         shown = wait_run(daemon, run_id, {"completed", "failed", "waiting-confirmation"})
         assert shown["run"]["status"] == "completed", "a plan update never waits for a person, nor is denied"
         assert shown["plan"]["revision"] == 2
-        policies = ledger_rows(daemon.home, "SELECT policy FROM actions WHERE run_id = ?", run_id)
-        assert policies == [{"policy": "auto"}] * 2, "the policy table is never consulted for the plan"
+        assert ledger_rows(daemon.home, "SELECT 1 FROM actions WHERE run_id = ?", run_id) == [], "no action at all"
         assert ledger_rows(daemon.home, "SELECT 1 FROM project_revisions") == []
     finally:
         daemon.shutdown()
@@ -186,3 +191,65 @@ def test_a_kill_after_a_plan_update_keeps_it_and_never_applies_it_twice(short_tm
         _check_finished_plan(daemon, run_id)
     finally:
         daemon.shutdown()
+
+
+def test_the_update_rides_beside_the_actions_and_is_no_tool(short_tmp: Path) -> None:
+    """The seed: "planUpdate 是 Runtime 控制面元数据，不是白名单工具 action"; "计划更新既可单独作为
+    持久进度 checkpoint，也可与 action 或最终回复同批返回"."""
+    steps = (
+        _update("list first", ("list the workspace", "in_progress"), ("report", "pending"),
+                beside='actions = [{ tool = "fs.list", input = { path = "." } }]')
+        + _update("listed and reported", ("list the workspace", "completed"), ("report", "completed"),
+                  beside='final = "reported"')
+    )
+    daemon = _daemon(short_tmp, steps)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="writer", task="a planned task")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed" and shown["final_reply"] == "reported"
+        assert [a["tool"] for a in shown["actions"]] == ["fs.list"], "the update is no action"
+        assert shown["plan"]["revision"] == 2 and shown["plan"]["unfinished"] == []
+        seen = ledger_rows(daemon.home, "SELECT data FROM observations WHERE run_id = ? ORDER BY seq", run_id)
+        plans = [json.loads(row["data"]) for row in seen if json.loads(row["data"]).get("role") == "plan"]
+        assert plans and plans[0]["revision"] == 1, "the model sees its plan as it now stands"
+    finally:
+        daemon.shutdown()
+    spec = short_tmp / "old.toml"
+    spec.write_text(agent_spec(steps='[[agents.steps]]\nfinal = "x"\n', policy='tools = ["fs.*", "plan.update"]'))
+    try:
+        refused = cli(short_tmp / "h2", "up", "--spec", str(spec))
+    finally:
+        cli(short_tmp / "h2", "down")
+    assert refused.returncode != 0 and "plan.update" in refused.stderr and "planUpdate" in refused.stderr
+
+
+def test_native_calls_carry_the_update_as_update_agent_plan() -> None:
+    """The seed (V1.26): "请求必须提供 update_agent_plan…一次 Provider 响应最多包含 1 个
+    update_agent_plan、最多 3 个 action function call"."""
+    payload = build_chat_payload(OpenAIConfig(base_url="http://localhost/v1", model="m", structured="tools"),
+                                 make_request())
+    [offered] = [spec["function"] for spec in payload["tools"] if spec["function"]["name"] == "update_agent_plan"]
+    assert offered["parameters"]["required"] == ["explanation", "steps"]
+    update = {"explanation": "read first", "steps": [{"step": "read", "status": "in_progress"}]}
+    calls = [tool_call("update_agent_plan", json.dumps(update)), *(tool_call("read_file", {"path": f"{n}"})
+                                                                   for n in range(3))]
+    plan = parse_chat_completion(json.dumps(completion(tool_calls=calls)), TOOLS)
+    assert plan.plan_update == update and len(plan.actions) == 3, "the update is not one of the three actions"
+    alone = parse_chat_completion(json.dumps(completion(tool_calls=calls[:1])), TOOLS)
+    assert alone.plan_update == update and alone.actions == () and alone.final_reply is None
+    for bad, category in [
+        ([calls[0], calls[0]], RepairCategory.BATCH_CONSTRAINT),
+        ([tool_call("update_agent_plan", json.dumps({"explanation": "x", "steps": []}))],
+         RepairCategory.ARGUMENTS_SCHEMA),
+        ([tool_call("update_agent_plan", json.dumps({"explanation": "x", "steps": [{"step": "a", "status": "done"}]}))],
+         RepairCategory.ARGUMENTS_SCHEMA),
+    ]:
+        with pytest.raises(PlanError) as caught:
+            parse_chat_completion(json.dumps(completion(tool_calls=bad)), TOOLS)
+        assert caught.value.category is category
+    text = '{"planUpdate": ' + json.dumps(update) + ', "actions": [{"tool": "read_file", "input": {"path": "a"}}]}'
+    beside = parse_chat_completion(json.dumps(completion(text)), TOOLS, text_json=True)
+    assert beside.plan_update == update and [a.tool for a in beside.actions] == ["read_file"]
+    omitted = parse_chat_completion(json.dumps(completion('{"final": "ok"}')), TOOLS, text_json=True)
+    assert omitted.plan_update is None, "text JSON may leave it out"

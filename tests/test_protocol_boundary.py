@@ -138,7 +138,6 @@ MALFORMED = [
         "tool",
     ),
     ({"method": "context.compacted", "params": {"run_id": "r", "to_seq": 0, "summary": "s"}}, "bad-request", "to_seq"),
-    ({"method": "plan.update", "params": {"run_id": "r", "action_id": "a", "steps": "all"}}, "bad-request", "steps"),
     (
         {"method": "goal.verdict", "params": {"run_id": "r", "action_id": "a", "met": "yes", "evidence": "e"}},
         "bad-request",

@@ -75,7 +75,7 @@ def test_every_typed_method_handler_takes_its_typed_record() -> None:
 
 
 #: Where a string equal to a method's name is a tool's name, not the method's (the
-#: tools ``plan.update``, ``goal.verdict``, ``mcp.call`` … share their method's
+#: tools ``goal.verdict``, ``mcp.call`` … share their method's
 #: name): a tool's schema, the tool an action must be of, a table of tool names,
 #: and the control plane's own methods (people's, not an actor's).
 TOOL_NAME_CALLS = {"schema", "tool_action"}

@@ -145,15 +145,19 @@ class Normalization:
 @dataclass(frozen=True)
 class Plan:
     """The next step of a run: up to ``MAX_ACTIONS_PER_PLAN`` tool calls, or the
-    final reply (exactly one of the two)."""
+    final reply (never both), with the model's plan update beside either, or alone
+    (a durable checkpoint of its progress: seed 004 V1.17, V1.26)."""
 
     actions: tuple[ToolCall, ...] = ()
     final_reply: str | None = None
     #: What parsing dropped to get here (audited by kind, count, characters, SHA-256).
     normalized: tuple[Normalization, ...] = ()
+    #: The answer's ``planUpdate`` (``explanation`` and ``steps``, its shape checked:
+    #: actors/providers/plan_update.py), or None.
+    plan_update: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.final_reply is None and not self.actions:
+        if self.final_reply is None and not self.actions and self.plan_update is None:
             raise PlanError(RepairCategory.RESPONSE_SHAPE, "plan has neither actions nor a reply")
         if self.final_reply is not None and self.actions:
             raise PlanError(RepairCategory.RESPONSE_SHAPE, "plan has both actions and a reply")
@@ -292,6 +296,8 @@ def history_digest(entries: list[dict[str, Any]], limit_chars: int = 2000) -> st
     for entry in entries:
         if entry.get("role") == "summary":
             parts.append(str(entry.get("text", "")))
+        elif entry.get("role") == "plan":
+            parts.append(f"plan revision {entry.get('revision')}")
         elif entry.get("role") in ("repair", "user"):
             parts.append(f"{entry['role']}: {str(entry.get('detail') or entry.get('text') or '')[:80]}")
         else:

@@ -45,6 +45,19 @@ def _repair_entry_message(entry: Mapping[str, Any]) -> dict[str, str]:
     return repair_message(category, detail)
 
 
+def plan_text(entry: Mapping[str, Any]) -> str:
+    """The run's plan as it now stands (seed 004 V1.17), after the model's update:
+    its revision, explanation and steps, and what is left before the final reply."""
+    given = entry.get("steps")
+    steps: list[Any] = given if isinstance(given, list) else []
+    listed = "; ".join(f"{n}. [{step.get('status')}] {step.get('step')}" for n, step in enumerate(steps, 1)
+                       if isinstance(step, dict))
+    left = entry.get("unfinished") or []
+    tail = f" Not completed yet: steps {', '.join(map(str, left))}." if left else " Every step is completed."
+    text = f"Your plan, revision {entry.get('revision')} ({entry.get('explanation', '')}): {listed}.{tail}"
+    return bounded(text, 2000)
+
+
 def _call_message(entry: Mapping[str, Any]) -> dict[str, str] | None:
     """The call an observation answers, as the model wrote it (a JSON plan)."""
     tool_input = entry.get("input")
@@ -106,6 +119,8 @@ def history_messages(
             # Older turns, folded into a summary the model wrote (compaction).
             text = bounded(str(entry.get("text", "")), MAX_OBSERVATION_CHARS)
             messages.append({"role": "user", "content": f"Summary of the earlier part of this task: {text}"})
+        elif entry.get("role") == "plan":
+            messages.append({"role": "user", "content": plan_text(entry)})
         elif entry.get("role") == "user":
             # A steer: the user's own words, mid-run; the plan made before it is gone.
             text = bounded(str(entry.get("text", "")), MAX_OBSERVATION_CHARS)

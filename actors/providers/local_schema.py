@@ -160,7 +160,7 @@ def plan_schema(
 
 def tool_results(request: ProviderRequest) -> int:
     """How many tool results the run has seen so far."""
-    return sum(1 for entry in request.history if entry.get("role") not in ("repair", "user", "summary"))
+    return sum(1 for entry in request.history if entry.get("role") not in ("repair", "user", "summary", "plan"))
 
 
 def _blocked_final_tools(request: ProviderRequest) -> tuple[ToolSchema, ...]:

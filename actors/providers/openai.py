@@ -31,6 +31,8 @@ import trio
 from corral.core.private_file import PrivateFileError, read_private_file
 from corral.core.redact import redact_text, register_secret, summarize
 
+from . import plan_update
+
 # Relative: mypy cannot map the corral.actors package onto the actors/ folder.
 from .base import (
     MAX_ACTIONS_PER_PLAN,
@@ -71,7 +73,9 @@ MODE_TEXT_JSON = MODES[Structured.NONE]
 TEXT_JSON_INSTRUCTION = (
     'Answer with ONLY a JSON object, no prose: {"actions":[{"tool": "<name>", "input": {...}}]} '
     f'with 1 to {MAX_ACTIONS_PER_PLAN} actions, or {{"final": "<your reply>"}} when the task '
-    "is done."
+    'is done. Beside either, or alone, "planUpdate": {"explanation": "...", "steps": [{"step": "...", "status": '
+    '"pending|in_progress|completed"}]} keeps your plan (1 to 8 steps; the run cannot finish while one is not'
+    " completed)."
 )
 
 
@@ -308,6 +312,16 @@ def tool_spec(tool: ToolSchema) -> dict[str, Any]:
     }
 
 
+#: The plan update as a native function (seed 004 V1.26: "请求必须提供 update_agent_plan"):
+#: beside the tools, never one of them; the parse takes it out of the actions.
+PLAN_UPDATE_SPEC: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": plan_update.FUNCTION, "description": plan_update.DESCRIPTION, "parameters": plan_update.SCHEMA,
+    },
+}
+
+
 def _tool_catalogue(tools: tuple[ToolSchema, ...]) -> str:
     lines = []
     for tool in tools:
@@ -359,8 +373,9 @@ def system_prompt(request: ProviderRequest, *, native_tools: bool) -> str:
         return (
             f"{intro} Call at most {MAX_ACTIONS_PER_PLAN} tools per turn. Every function takes"
             ' {"reason": "<why this call>", "input": {<the tool\'s input>}}: the input goes inside "input",'
-            " never at the top. When the task is done, reply with your final answer as plain text and call"
-            " no tool."
+            " never at the top. Keep your plan with update_agent_plan (at most once per turn, beside the calls or"
+            " alone; it is no tool call). When the task is done, reply with your final answer as plain text and"
+            " call no tool."
         )
     if not request.tools:
         return f'{intro} No tools are available. Answer with ONLY {{"final": "<your reply>"}}.'
@@ -393,7 +408,7 @@ def build_chat_payload(config: OpenAIConfig, request: ProviderRequest, way: Stru
         # Chat Completions' provider-native search (this provider speaks no Responses API).
         payload["web_search_options"] = {}
     if config.uses_native_tools and request.tools:
-        payload["tools"] = [tool_spec(tool) for tool in request.tools]
+        payload["tools"] = [tool_spec(tool) for tool in request.tools] + [PLAN_UPDATE_SPEC]
         payload["tool_choice"] = tool_choice(config.bounds, request)
     structured = response_format(way or config.way, request, config.bounds)
     if structured is not None:

@@ -29,6 +29,7 @@ from typing import Any
 from corral.core.redact import redact_text
 
 # Relative: mypy cannot map the corral.actors package onto the actors/ folder.
+from . import plan_update
 from .base import (
     MAX_ACTIONS_PER_PLAN,
     Normalization,
@@ -283,6 +284,24 @@ def _unwrapped(tool: ToolSchema, arguments: Any) -> tuple[str, Any]:
     return reason.strip(), arguments["input"]
 
 
+# --- the plan update -------------------------------------------------------------------
+
+
+def checked_plan_update(value: Any) -> dict[str, Any] | None:
+    """An answer's ``planUpdate`` (None: none), its shape checked; its rules against
+    the plan as it stands are the supervisor's (``plan-semantics``)."""
+    if value is None:
+        return None
+    problem = validate(value, plan_update.SCHEMA, f"${plan_update.ANSWER_KEY}")
+    if problem is None and not 1 <= len(value["steps"]) <= plan_update.MAX_STEPS:
+        problem = f"a plan update has 1 to {plan_update.MAX_STEPS} steps, not {len(value['steps'])}"
+    if problem is None and not value["explanation"].strip():
+        problem = "a plan update needs a non-empty explanation"
+    if problem is not None:
+        raise _fail(RepairCategory.ARGUMENTS_SCHEMA, f"{plan_update.FUNCTION}: {problem}")
+    return dict(value)
+
+
 # --- building tool calls ----------------------------------------------------------
 
 
@@ -343,6 +362,14 @@ def _plan_from_tool_calls(calls: list[Any], index: Mapping[str, ToolSchema], con
     """The calls are the plan; text beside them is reasoning or commentary, dropped
     and audited. A thinking block left open is no plan (seed 004 V1.33: "未闭合 /
     错配 thinking 标签仍按 response-shape 失败关闭")."""
+    updates = [entry for entry in calls if _function_name(entry) == plan_update.FUNCTION]
+    if len(updates) > 1:
+        raise _fail(RepairCategory.BATCH_CONSTRAINT, f"{len(updates)} calls of {plan_update.FUNCTION}, at most one")
+    update = None
+    if updates:
+        raw = updates[0]["function"].get("arguments")
+        update = checked_plan_update(_decode_arguments(raw, plan_update.FUNCTION))
+        calls = [entry for entry in calls if entry is not updates[0]]
     _check_count(len(calls))
     actions = tuple(_native_call(entry, index) for entry in calls)
     commentary, blocks, left_open = _without_reasoning(content)
@@ -350,7 +377,12 @@ def _plan_from_tool_calls(calls: list[Any], index: Mapping[str, ToolSchema], con
         raise _fail(RepairCategory.RESPONSE_SHAPE, "a thinking block beside the calls is not closed")
     normalized = _audit(NormalizationKind.COMPLETE_THINK_BLOCK, blocks)
     normalized += _audit(NormalizationKind.PLANNER_COMMENTARY, [commentary] if commentary else [])
-    return Plan(actions=actions, normalized=normalized)
+    return Plan(actions=actions, normalized=normalized, plan_update=update)
+
+
+def _function_name(entry: Any) -> Any:
+    function = entry.get("function") if isinstance(entry, dict) else None
+    return function.get("name") if isinstance(function, dict) else None
 
 
 def _plan_action(entry: Any, index: Mapping[str, ToolSchema]) -> ToolCall:
@@ -363,26 +395,30 @@ def _plan_action(entry: Any, index: Mapping[str, ToolSchema]) -> ToolCall:
 
 
 def _plan_from_object(obj: dict[str, Any], index: Mapping[str, ToolSchema]) -> Plan:
+    """``{"actions": [...]}`` or ``{"final": ...}``, with ``planUpdate`` beside either
+    or alone (then ``actions`` may be empty): seed 004 V1.17's answer, whose text-JSON
+    form may leave the update out."""
     if "actions" in obj and "final" in obj:
         raise _fail(RepairCategory.RESPONSE_SHAPE, 'give either "actions" or "final", not both')
+    update = checked_plan_update(obj.get(plan_update.ANSWER_KEY))
     if "final" in obj:
         final = obj["final"]
         if isinstance(final, dict):
             # An object: an agent's typed output (its grammar or response_format asked
             # for one), kept as its JSON; the lane checks it against the schema.
-            return Plan(final_reply=json.dumps(final, ensure_ascii=False))
+            return Plan(final_reply=json.dumps(final, ensure_ascii=False), plan_update=update)
         if not isinstance(final, str):
             raise _fail(RepairCategory.RESPONSE_SHAPE, '"final" must be a string')
         if not final.strip():
             raise _fail(RepairCategory.RESPONSE_SHAPE, '"final" is empty')
-        return Plan(final_reply=final)
-    actions = obj.get("actions")
+        return Plan(final_reply=final, plan_update=update)
+    actions = obj.get("actions", [] if update is not None else None)
     if not isinstance(actions, list):
         raise _fail(RepairCategory.RESPONSE_SHAPE, '"actions" must be a list')
-    if not actions:
+    if not actions and update is None:
         raise _fail(RepairCategory.RESPONSE_SHAPE, '"actions" is empty')
     _check_count(len(actions))
-    return Plan(actions=tuple(_plan_action(entry, index) for entry in actions))
+    return Plan(actions=tuple(_plan_action(entry, index) for entry in actions), plan_update=update)
 
 
 # --- message content --------------------------------------------------------------
@@ -433,7 +469,7 @@ def _is_leaked_call(value: Any) -> bool:
 
 
 def _plan_from_value(value: Any, index: Mapping[str, ToolSchema]) -> Plan | None:
-    if isinstance(value, dict) and ("actions" in value or "final" in value):
+    if isinstance(value, dict) and ("actions" in value or "final" in value or plan_update.ANSWER_KEY in value):
         return _plan_from_object(value, index)
     if _is_leaked_call(value):
         tool = _resolve_tool(value["name"], index)
@@ -482,7 +518,7 @@ def _plan_from_content(content: str, index: Mapping[str, ToolSchema], *, text_js
         raise _fail(RepairCategory.RESPONSE_SHAPE, "no tool call and no reply text")
     plan = _plan_from_json_text(text, index) if text_json else _plan_from_reply_text(text, index)
     normalized = _audit(NormalizationKind.COMPLETE_THINK_BLOCK, blocks)
-    return Plan(plan.actions, plan.final_reply, normalized) if normalized else plan
+    return Plan(plan.actions, plan.final_reply, normalized, plan.plan_update) if normalized else plan
 
 
 # --- the response envelope --------------------------------------------------------

@@ -32,6 +32,7 @@ from corral.actors.providers.base import (
     ToolSchema,
     history_digest,
 )
+from corral.actors.providers.plan_parse import checked_plan_update
 from corral.core import nesting
 
 
@@ -54,7 +55,9 @@ def load_script(path: Path) -> dict[str, Any]:
 
 #: What a scripted step may say: its plan (``actions``, ``final``, or ``raw`` text),
 #: and when it applies.
-STEP_KEYS = frozenset({"actions", "final", "raw", "when_observed", "unless_observed", "when_task", "unless_task"})
+STEP_KEYS = frozenset(
+    {"actions", "final", "planUpdate", "raw", "when_observed", "unless_observed", "when_task", "unless_task"}
+)
 #: Arrays and tables nest at most this deep in a script, checked before the parser
 #: runs: both parsers recurse once per level, and a script nested 100,000 deep made
 #: ``corral up`` die with a RecursionError traceback (issue 48).
@@ -149,7 +152,7 @@ class ScriptedProvider:
             return ProviderResponse(json.dumps({"final": None, "exhausted": True}), {"scripted": True})
         if "raw" in step:
             return ProviderResponse(str(step["raw"]), {"scripted": True})
-        body = {k: v for k, v in step.items() if k in ("actions", "final")}
+        body = {k: v for k, v in step.items() if k in ("actions", "final", "planUpdate")}
         return ProviderResponse(json.dumps(_substitute(body, request)), {"scripted": True})
 
     def prompt_text(self, request: ProviderRequest) -> str:
@@ -231,6 +234,7 @@ def parse_plan_json(text: str, tools: tuple[ToolSchema, ...]) -> Plan:
     if data.get("exhausted"):
         raise PlanError(RepairCategory.RESPONSE_SHAPE, "the script has no step for this loop")
     known = {tool.name for tool in tools}
+    update = checked_plan_update(data.get("planUpdate"))  # seed 004 V1.17: beside the actions, or alone
     final = data.get("final")
     actions = data.get("actions") or []
     if isinstance(final, dict):
@@ -250,4 +254,4 @@ def parse_plan_json(text: str, tools: tuple[ToolSchema, ...]) -> Plan:
         if not isinstance(tool_input, dict):
             raise PlanError(RepairCategory.ARGUMENTS_SCHEMA, f"action {index}: input must be an object")
         calls.append(ToolCall(action["tool"], tool_input))
-    return Plan(tuple(calls), final)
+    return Plan(tuple(calls), final, plan_update=update)

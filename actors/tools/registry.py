@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from corral.actors.providers.base import ToolSchema
-from corral.actors.tools import action_history, goal, image_inspect, plan, preview, process, project, swarm, user_input
+from corral.actors.tools import action_history, goal, image_inspect, preview, process, project, swarm, user_input
 from corral.actors.tools.base import Tool
 from corral.actors.tools.effect import EffectBarrier, EffectRecord
 from corral.actors.tools.fs import FsList, FsPatch, FsRead, FsWrite
@@ -14,11 +14,10 @@ _BUILTIN: list[Tool] = [FsRead(), FsWrite(), FsPatch(), FsList(), EffectRecord()
 
 #: The built-in tool families beside the files and effects above, in catalog order:
 #: the swarm's, process sessions and commands, questions to a person, the agent's own
-#: action history, the durable
-#: plan, the goal verdict, the project's changeset and git tools, and the browser
+#: action history, the goal verdict, the project's changeset and git tools, and the browser
 #: check of its preview and the look at its images.
 _FAMILIES: tuple[list[Tool], ...] = (
-    swarm.TOOLS, process.TOOLS, user_input.TOOLS, action_history.TOOLS, plan.TOOLS, goal.TOOLS, project.TOOLS,
+    swarm.TOOLS, process.TOOLS, user_input.TOOLS, action_history.TOOLS, goal.TOOLS, project.TOOLS,
     preview.TOOLS, image_inspect.TOOLS,
 )
 

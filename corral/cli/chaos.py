@@ -315,7 +315,7 @@ def _applies(failpoint: str, spec_text: str) -> bool:
     if layer == "context":
         return "auto_compact_token_limit" in spec_text
     if layer == "durable-plan":
-        return "plan.update" in spec_text
+        return "planUpdate" in spec_text
     if layer == "preview":
         return "preview.validate" in spec_text  # a browser check: its own tests hold it
     if layer == "changeset":

@@ -67,6 +67,8 @@ def history_line(entry: dict[str, Any]) -> list[str]:
         return [f"  [{seq}] repair ({entry.get('category')}): {cut(str(entry.get('detail', '')))}"]
     if role == "user":
         return [f"  [{seq}] user (steer): {cut(str(entry.get('text', '')))}"]
+    if role == "plan":  # the model's plan as it stood after its update (seed 004 V1.17)
+        return [f"  [{seq}] plan revision {entry.get('revision')}: {cut(str(entry.get('explanation', '')))}"]
     if role == "summary":
         return [f"  [{seq}] summary of earlier turns: {cut(str(entry.get('text', '')))}"]
     tool, status, action = entry.get("tool", "?"), entry.get("status", "?"), entry.get("action_id")

@@ -75,7 +75,7 @@ KNOWN: dict[str, str] = {
     "input.after-ask": "supervisor: a question is committed and its run parked, the agent not yet told",
     "input.mid-answer": "supervisor: an answer, its action's end and the run's resumption are written, not committed",
     "input.after-answer": "supervisor: an answer is committed and its action finished, the client not yet answered",
-    "durable-plan.after-update": "supervisor: an update of the run's durable plan is committed, the agent not yet told",
+    "durable-plan.after-update": "supervisor: an answer's plan update is applied, its plan not yet committed",
     "context.mid-compaction": "agent: a summary of older turns is written, not yet recorded",
     "context.after-compact": "supervisor: a compaction is committed, the agent not yet told",
     "bridge.before-commit": "bridge: a command's facts, receipt and audit are written, not committed",

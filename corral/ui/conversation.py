@@ -41,6 +41,9 @@ def _entry(entry: dict[str, Any]) -> str:
     if role == "repair":
         return (f'<div class="entry repair">[{seq}] repair ({escape(str(entry.get("category")))}):'
                 f' {escape(str(entry.get("detail", "")))}</div>')
+    if role == "plan":  # the model's plan as it stood after its update (seed 004 V1.17)
+        return (f'<div class="entry">[{seq}] plan revision {escape(str(entry.get("revision")))}:'
+                f' {escape(str(entry.get("explanation", "")))}</div>')
     if role in ("user", "summary"):
         what = "user (steer)" if role == "user" else "summary of earlier turns"
         return f'<div class="entry">[{seq}] {what}:</div>' + _pre(str(entry.get("text", "")))

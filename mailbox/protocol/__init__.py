@@ -41,7 +41,7 @@ from corral.mailbox.protocol.bridge import (
     BridgeRunState,
     BridgeRunStatus,
 )
-from corral.mailbox.protocol.longtask import Compacted, ContextCompacted, GoalVerdict, LongTaskRequest, PlanUpdate
+from corral.mailbox.protocol.longtask import Compacted, ContextCompacted, GoalVerdict, LongTaskRequest
 from corral.mailbox.protocol.mcp import (
     McpCall,
     McpFailed,
@@ -189,7 +189,6 @@ __all__ = [
     "PlanAnswer",
     "PlanCommit",
     "PlanInvalid",
-    "PlanUpdate",
     "Pong",
     "Prepared",
     "Preview",

@@ -33,7 +33,6 @@ class Method(StrEnum):
     RUN_CHILD_RESULT = "run.child_result"
     # long tasks
     CONTEXT_COMPACTED = "context.compacted"
-    PLAN_UPDATE = "plan.update"
     GOAL_VERDICT = "goal.verdict"
     # people
     INPUT_REQUEST = "input.request"

@@ -34,17 +34,6 @@ class ContextCompacted(Request[Compacted], frozen=True, forbid_unknown_fields=Tr
     history_have: Count = 0
 
 
-class PlanUpdate(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """``plan.update``: the model's plan as it now stands, for action ``action_id``
-    of tool ``plan.update`` (the plan's rules: supervisor/longtask/plan_store.py)."""
-
-    METHOD: ClassVar[Method] = Method.PLAN_UPDATE
-    run_id: Id
-    action_id: Id
-    steps: list[dict[str, Any]]
-    explanation: str = ""
-
-
 class GoalVerdict(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``goal.verdict``: whether the run's goal is met, with the evidence (checked
     by the handler: 1 to MAX_EVIDENCE_CHARS once stripped)."""
@@ -57,4 +46,4 @@ class GoalVerdict(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=Tr
 
 
 #: Long tasks' requests (the package's ``TypedRequest`` includes them).
-LongTaskRequest = ContextCompacted | PlanUpdate | GoalVerdict
+LongTaskRequest = ContextCompacted | GoalVerdict

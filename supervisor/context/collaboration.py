@@ -33,7 +33,7 @@ from corral.supervisor.spec.spec_base import SECTION, Reader, SpecError
 POLICY_FILE = ".corral/collaboration-policy.json"
 #: What a root may still do after it delegated, under orchestratorOnlyAfterDelegation.
 ORCHESTRATION_TOOLS = frozenset({
-    "agent.delegate", "agent.spawn_isolated", "agent.run_status", "plan.update", "goal.verdict",
+    "agent.delegate", "agent.spawn_isolated", "agent.run_status", "goal.verdict",
     "user.input_request", "fs.read", "fs.list", "project.git_status", "project.git_diff",
 })
 COLLABORATION_TOOLS = frozenset({"agent.delegate", "agent.spawn_isolated"})

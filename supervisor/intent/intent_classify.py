@@ -484,7 +484,6 @@ CORRAL_TAGS: dict[str, frozenset[str]] = {
     "effect.barrier": UNKNOWN,
     "user.input_request": READ,
     "goal.verdict": READ,
-    "plan.update": READ,
     "agent.run_status": READ,
     "agent.action_history": READ,
     "agent.delegate": frozenset({"delegate"}),

@@ -1,43 +1,58 @@
-"""The durable plan's supervisor side: ``plan.update`` for the agent's tool, the
-completion gate, and the plan in ``corral show`` (supervisor/longtask/plan_store.py)."""
+"""The durable plan's supervisor side: the model's plan update, checked as its
+answer's plan is guarded and applied as it commits; the completion gate; and the
+plan in ``corral show`` (supervisor/longtask/plan_store.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from corral.mailbox.protocol import PlanUpdate
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import plan_store
-from corral.supervisor.runs.run_feature import RunFeature
-from corral.supervisor.runs.run_service import RunService
+from corral.supervisor.runs.run_feature import PlanRefusal, RunFeature
 
 if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
-    from corral.supervisor.tree.supervision_tree import ActorSlot
+
+#: A refused update is a plan refused for what it means (seed 004 V1.33's category).
+_CATEGORY, _RULE = "plan-semantics", "plan-update"
 
 
 class PlanService:
-    def __init__(self, ledger: Ledger, runs: RunService) -> None:
+    def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        #: Finds the run and the ``plan.update`` action an update is for.
-        self.runs = runs
-
-    async def update(self, slot: ActorSlot, request: PlanUpdate) -> dict[str, Any]:
-        action = self.runs.tool_action(slot, request.run_id, request.action_id, "plan.update")
-        result = plan_store.apply(self.ledger, request.run_id, action["action_id"], request.explanation, request.steps)
-        self.ledger.failpoint("durable-plan.after-update")
-        return result
 
     def show_section(self, run_id: str) -> dict[str, Any]:
         return plan_store.current(self.ledger, run_id)
 
 
 class PlanFeature(RunFeature):
-    """The durable plan in runs: open steps hold the final reply; ``show`` lists it."""
+    """The durable plan in runs: an answer's update is checked with its plan and
+    applied as it commits; open steps hold the final reply; ``show`` lists it."""
 
     def __init__(self, service: PlanService) -> None:
         self.service = service
+
+    def plan_guard(self, run: Any, loop: int, plan: dict[str, Any]) -> PlanRefusal | None:
+        update = plan.get("plan_update")
+        if not isinstance(update, dict):
+            return None
+        try:
+            plan_store.check(self.service.ledger, run["run_id"], loop, update.get("explanation"), update.get("steps"))
+        except plan_store.PlanRefused as exc:
+            return PlanRefusal(_CATEGORY, f"your plan update was refused: {exc}", _RULE)
+        return None
+
+    def plan_committing(self, ledger: Ledger, run_id: str, loop: int, plan: dict[str, Any]) -> PlanRefusal | None:
+        update = plan.get("plan_update")
+        if not isinstance(update, dict):
+            return None
+        try:
+            plan_store.apply(ledger, run_id, loop, update.get("explanation"), update.get("steps"))
+        except plan_store.PlanRefused as exc:  # the plan moved since the guard read it
+            return PlanRefusal(_CATEGORY, f"your plan update was refused: {exc}", _RULE)
+        ledger.failpoint("durable-plan.after-update")
+        return None
 
     def finalize_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
         return plan_store.blockers(ledger, run_id)
@@ -47,6 +62,4 @@ class PlanFeature(RunFeature):
 
 
 def install(sup: Supervisor) -> PlanService:
-    service = PlanService(sup.ledger, sup.runs)
-    sup.methods.plans = service
-    return service
+    return PlanService(sup.ledger)

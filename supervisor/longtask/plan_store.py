@@ -2,8 +2,10 @@
 distinct title with a status (pending, in_progress or completed, at most one
 in_progress), and a revision.
 
-Updates come from the model's ``plan.update`` call and are applied once per
-action id, so a replay after a crash returns the same revision. An update lists
+Updates come from the model's answers (``planUpdate`` beside the actions, or
+``update_agent_plan`` with native calls: actors/providers/plan_update.py), applied
+when the answer's plan commits, once per loop, so a replay after a crash returns
+the same revision. It is no tool action. An update lists
 the plan as it should now be: a completed step never goes back, and one the update
 leaves out is merged back where it stood; unfinished steps may be renamed,
 reordered or left out. An update that changes nothing keeps the revision; a refused
@@ -17,9 +19,10 @@ import json
 import time
 from typing import Any
 
-from corral.actors.tools.plan import MAX_EXPLANATION_CHARS, MAX_STEPS, MAX_TITLE_CHARS
+from corral.actors.providers.plan_update import MAX_EXPLANATION_CHARS, MAX_STEPS, MAX_TITLE_CHARS
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs.run_store import add_observation
 
 
 class StepStatus(enum.StrEnum):
@@ -36,7 +39,7 @@ class PlanRefused(BadRequest):
     """An update that breaks the plan's rules (the model sees why, as the tool's error)."""
 
 
-def _checked(changes: list[Any]) -> list[dict[str, str]]:
+def _checked(changes: Any) -> list[dict[str, str]]:
     """The update's steps, each checked on its own (pure)."""
     if not isinstance(changes, list) or not 1 <= len(changes) <= MAX_STEPS:
         raise PlanRefused(f"a plan has 1 to {MAX_STEPS} steps")
@@ -52,7 +55,7 @@ def _checked(changes: list[Any]) -> list[dict[str, str]]:
     return steps
 
 
-def merge(steps: list[dict[str, str]], explanation: Any, changes: list[Any]) -> list[dict[str, str]]:
+def merge(steps: list[dict[str, str]], explanation: Any, changes: Any) -> list[dict[str, str]]:
     """The plan after an update (pure): the update's steps, with each completed step
     it leaves out merged back where it stood. Raises ``PlanRefused`` on a rule broken."""
     if not isinstance(explanation, str) or not explanation.strip() or len(explanation) > MAX_EXPLANATION_CHARS:
@@ -114,10 +117,26 @@ def current(ledger: Ledger, run_id: str) -> dict[str, Any]:
     return _view(int(row["revision"]), row["explanation"] or "", _legacy(json.loads(row["steps"])))
 
 
-def apply(ledger: Ledger, run_id: str, action_id: str, explanation: Any, changes: list[Any]) -> dict[str, Any]:
-    """Apply an update once per action id: a replay returns the stored result. An
+def check(ledger: Ledger, run_id: str, loop: int, explanation: Any, changes: Any) -> None:
+    """Raises ``PlanRefused`` when the update of loop ``loop`` breaks a rule against
+    the plan as it stands (pure but for the read). Applied already (a replay after a
+    crash), it passes: the stored result stands."""
+    if ledger.one("SELECT 1 FROM plan_updates WHERE action_id = ?", update_key(run_id, loop)) is None:
+        merge(current(ledger, run_id)["steps"], explanation, changes)
+
+
+def update_key(run_id: str, loop: int) -> str:
+    """The once-only key of a loop's update (the table's ``action_id`` column: the
+    key was the ``plan.update`` action's id when the update was a tool)."""
+    return f"{run_id}:plan:{loop}"
+
+
+def apply(ledger: Ledger, run_id: str, loop: int, explanation: Any, changes: Any) -> dict[str, Any]:
+    """Apply loop ``loop``'s update once: a replay returns the stored result. An
     update that leaves the plan as it was keeps its revision; a refused one raises
-    before anything is written."""
+    before anything is written. The plan as it now stands goes into the run's
+    context in the same transaction (the model's next turn sees it)."""
+    action_id = update_key(run_id, loop)
     with ledger.tx() as db:
         done = db.execute("SELECT result FROM plan_updates WHERE action_id = ?", (action_id,)).fetchone()
         if done is not None:
@@ -143,6 +162,7 @@ def apply(ledger: Ledger, run_id: str, action_id: str, explanation: Any, changes
         )
         if not same:
             ledger.event("plan-updated", run_id, revision=revision, unfinished=len(result["unfinished"]))
+        add_observation(ledger, run_id, action_id, loop, {"role": "plan", **result})
     return result
 
 

@@ -2,7 +2,8 @@
 provider response (committed once), a response that did not parse (a bounded
 repair), and a final reply the ledger cannot accept yet (a repair too).
 
-A run's durable step list (``plan.update``) is another thing: supervisor/longtask/plan_store.py.
+A run's durable step list (an answer's ``planUpdate``, applied as its plan commits
+through the plan feature's hook) is another thing: supervisor/longtask/plan_store.py.
 Every function here is one transaction (or a read) on the ledger.
 """
 

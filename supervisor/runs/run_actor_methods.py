@@ -239,6 +239,16 @@ class RunActorMethods(RunCore):
                 response = provider_store.stored_response(self.ledger, run["run_id"], slot_name)
                 if withheld is None and response is not None:
                     withheld = response_secrets.filter_reply(response, roots)
+            for hook in self.features.plan_committing:  # the model's plan update, beside its actions
+                refusal = hook(self.ledger, run["run_id"], loop, shown)
+                if refusal is not None:
+                    refused = loop_plan_store.plan_invalid(self.ledger, run["run_id"], loop, slot_name,
+                                                           refusal.category, refusal.reason, self.limits_for(run),
+                                                           rule=refusal.rule)
+                    sealed_input.drop(self.spool, sealed_input.raw_name(run["run_id"], "response", slot_name))
+                    for index in range(len(plan.get("actions") or ())):  # its sealed inputs, if any
+                        sealed_input.discard(self.spool, run["run_id"], action_id(run["run_id"], loop, index))
+                    return PlanAnswer(refused=refusal.reason, repair=refused["repair"])
         stored = loop_plan_store.commit_plan(
             self.ledger, run["run_id"], loop, slot_name, plan, withhold_response=withheld, raw_sha256=raw_sha,
             shown=shown,

@@ -108,7 +108,7 @@ class RunCore:
             raise Refused(f"run {run_id} belongs to {row['agent_id']}, not to {slot.id}")
 
     def tool_action(self, slot: ActorSlot, run_id: str, action_id: str, tool: str) -> Any:
-        """The action a ledger tool (``plan.update``, ``goal.verdict``) acts for: an
+        """The action a ledger tool (``goal.verdict``) acts for: an
         action of that tool in the caller's run ``run_id``."""
         self.check_owner(slot, run_id)
         action = action_store.get_action(self.ledger, action_id)
@@ -128,13 +128,9 @@ class RunCore:
         that matches (deny over confirm over auto), then the spec's, then the tool's
         own default (auto unless it says otherwise). A tool may also name run kinds
         it is always denied in, and a policy nothing lowers (project.git_commit:
-        never in a child or a delegation, always with a person's approval). A
-        control-plane tool (``plan.update``) takes no policy: always auto."""
+        never in a child or a delegation, always with a person's approval). The
+        model's plan update is no tool: it never reaches a policy (seed 004 V1.17)."""
         found = self.tools.get(tool)
-        if getattr(found, "control_plane", False):
-            # Control-plane metadata (the plan, seed 004 V1.17): the policy table is
-            # not read; the update only changes the run's own plan.
-            return "auto"
         if run["kind"] in getattr(found, "denied_run_kinds", ()):
             return "deny"
         return max(self._chosen_policy(run, tool), str(getattr(found, "min_policy", "auto")),

@@ -100,6 +100,12 @@ class RunFeature:
         """A plan before it commits: a reason to refuse it, or None."""
         return None
 
+    def plan_committing(self, ledger: Ledger, run_id: str, loop: int, plan: dict[str, Any]) -> PlanRefusal | None:
+        """A fresh plan passed every guard and is about to commit, as the ledger keeps
+        it (redacted): what it carries beside its actions is applied now (the model's
+        plan update), once per loop, or the plan is refused and nothing is applied."""
+        return None
+
     def prepare_route(self, slot: ActorSlot, request: ActionPrepare) -> Any:
         """Prepares a tool corral's registry does not hold (an MCP server's): the
         action's row, or None (not this feature's tool)."""
@@ -197,6 +203,7 @@ LoopBlocker = Callable[["Ledger", str], "ParkStep | None"]
 RunCheck = Callable[["Ledger", str], "str | None"]
 ProviderShaper = Callable[[str, "ProviderStep"], Awaitable["ProviderStep | CompactStep"]]
 PlanGuard = Callable[[Any, int, dict[str, Any]], "str | PlanRefusal | None"]
+PlanCommitting = Callable[["Ledger", str, int, dict[str, Any]], "PlanRefusal | None"]
 PrepareRoute = Callable[["ActorSlot", "ActionPrepare"], Any]
 ActionGuard = Callable[[Any, str, str, dict[str, Any]], tuple[str, str]]
 ToolEffect = Callable[["Ledger", str, str], "str | None"]
@@ -263,6 +270,7 @@ class RunFeatures:
         self.provider_guards: tuple[RunCheck, ...] = _overriding(features, base.provider_guard)
         self.provider_shapers: tuple[ProviderShaper, ...] = _overriding(features, base.shape_provider)
         self.plan_guards: tuple[PlanGuard, ...] = _overriding(features, base.plan_guard)
+        self.plan_committing: tuple[PlanCommitting, ...] = _overriding(features, base.plan_committing)
         self.prepare_routes: tuple[PrepareRoute, ...] = _overriding(features, base.prepare_route)
         self.action_guards: tuple[ActionGuard, ...] = _overriding(features, base.action_guard)
         self.tool_effects: tuple[ToolEffect, ...] = _overriding(features, base.tool_effect)

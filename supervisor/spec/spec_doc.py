@@ -139,6 +139,9 @@ STEP_KEYS = {  # key: (type, meaning)
                 " latest observed item with that status."),
     "final": ("string or table", "The final reply: the run ends with it. For an agent with `output`, a table:"
               " the output (checked against its schema like a model's)."),
+    "planUpdate": ("table", "The plan as it now stands (seed 004 V1.17), beside `actions` or `final` or alone:"
+                   " `{ explanation = \"...\", steps = [{ step = \"...\", status = \"pending\" }] }` (1 to 8"
+                   " steps; pending, in_progress or completed). Control-plane metadata, not an action."),
     "raw": ("string", "Text returned as the model's reply, verbatim (to test corrupt or truncated output)."),
     "when_observed": ("string", "The step applies only once some observation of the run contains this text."),
     "unless_observed": ("string", "The step applies only while no observation contains this text."),

@@ -328,6 +328,8 @@ def _check_policy_keys(
         for key in table:
             if key == POLICY_DEFAULT_KEY:
                 continue
+            if key in (RETIRED_PLAN_TOOL, "plan.*"):
+                raise SpecError(f"{where}.{key}: {RETIRED_PLAN_HINT}; no policy applies to the plan")
             if not _names_a_tool(key, known, mcp_ids):
                 raise SpecError(f"{where}.{key}: no tool {key!r}{_hint(key, known)}")
 
@@ -345,6 +347,14 @@ def _check_mandatory_approval(tables: list[tuple[str, Mapping[str, str]]], tools
                                 f" {' or '.join(repr(m) for m in POLICIES[floor:])}, not {mode!r}")
 
 
+#: The plan update was a tool before seed 004 V1.17 was followed to the letter.
+RETIRED_PLAN_TOOL = "plan.update"
+RETIRED_PLAN_HINT = (
+    "plan.update is no longer a tool: an agent keeps its plan in its answer's planUpdate, beside its actions"
+    " (update_agent_plan with native function calls); remove it from tools (docs/long-tasks.md)"
+)
+
+
 def _check_tool_globs(
     lists: list[tuple[str, tuple[str, ...] | None]], mcp_ids: set[str], tools: Mapping[str, Tool]
 ) -> None:
@@ -353,6 +363,8 @@ def _check_tool_globs(
     known = sorted(tools)
     for where, globs in lists:
         for index, pattern in enumerate(globs or ()):
+            if pattern == RETIRED_PLAN_TOOL:
+                raise SpecError(f"{where}[{index}]: {RETIRED_PLAN_HINT}")
             if not _names_a_tool(pattern, known, mcp_ids):
                 raise SpecError(f"{where}[{index}]: no tool matches {pattern!r}{_hint(pattern, known)}")
 
