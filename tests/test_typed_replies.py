@@ -145,7 +145,7 @@ def test_the_lane_fails_its_run_over_a_malformed_step_and_lives_on(tmp_path: Pat
 # -- the source ---------------------------------------------------------------------
 
 #: The methods whose handlers still answer a map (``dict[str, Any]``): a ledger view
-#: a tool hands on whole as its output (sessions', the swarm's, plan.update,
+#: a tool hands on whole as its output (sessions', the swarm's,
 #: goal.verdict, history.actions), or another actor's answer relayed as it is
 #: (mcp.call, model.generate). It only shrinks; a method leaves it with its reply
 #: record (``Request[X]``) and handler.
@@ -154,7 +154,6 @@ MAP_REPLIES = {
     "HistoryActions",
     "McpCall",
     "ModelGenerate",
-    "PlanUpdate",
     "SessionPoll",
     "SessionStart",
     "SessionStdin",
