@@ -140,3 +140,18 @@ def test_a_run_audits_its_normalization_without_text_and_shows_the_histogram(sho
     # The acceptance report reads the same ledgers, after its supervisors are down,
     # through the same aggregator.
     assert suite_repairs([daemon.home]) == shown["repair_histogram"]
+
+
+def test_only_parts_marked_as_reasoning_leave_the_visible_text() -> None:
+    """The seed: "只排除明确标记为 reasoning / reasoning_content / analysis / thinking 的内部推理
+    part；普通 text / output_text 继续进入可见正文"."""
+    parts = [
+        {"type": "reasoning", "text": "hidden 1"},
+        {"type": "text", "text": "The answer "},
+        {"type": "reasoning_content", "text": "hidden 2"},
+        {"type": "output_text", "text": "is 42."},
+        {"type": "thinking", "text": "hidden 3"},
+        {"type": "analysis", "text": "hidden 4"},
+    ]
+    body = {"choices": [{"message": {"role": "assistant", "content": parts}}]}
+    assert parse_chat_completion(json.dumps(body), TOOLS).final_reply == "The answer is 42."

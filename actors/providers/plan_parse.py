@@ -424,6 +424,11 @@ def _plan_from_object(obj: dict[str, Any], index: Mapping[str, ToolSchema]) -> P
 # --- message content --------------------------------------------------------------
 
 
+#: The content parts that are visible text (seed 004 V1.33: "普通 text / output_text 继续进入
+#: 可见正文"); reasoning parts (reasoning, reasoning_content, analysis, thinking) never are.
+_VISIBLE_PARTS = ("text", "output_text")
+
+
 def _content_text(content: Any) -> str:
     # Content may be a list of parts ({"type": "text", "text": ...}) on some servers.
     if content is None:
@@ -432,9 +437,9 @@ def _content_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(
-            part.get("text", "")
+            part["text"]
             for part in content
-            if isinstance(part, dict) and part.get("type") == "text"
+            if isinstance(part, dict) and part.get("type") in _VISIBLE_PARTS and isinstance(part.get("text"), str)
         )
     raise _fail(RepairCategory.RESPONSE_SHAPE, "message content is neither text nor a list of parts")
 
