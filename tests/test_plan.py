@@ -253,3 +253,27 @@ def test_native_calls_carry_the_update_as_update_agent_plan() -> None:
     assert beside.plan_update == update and [a.tool for a in beside.actions] == ["read_file"]
     omitted = parse_chat_completion(json.dumps(completion('{"final": "ok"}')), TOOLS, text_json=True)
     assert omitted.plan_update is None, "text JSON may leave it out"
+
+
+def test_a_failed_run_keeps_its_last_plan_as_it_was_and_a_tool_result_moves_no_step(short_tmp: Path) -> None:
+    """The seed: "外层 run 进入 failed … 必须原样保留最后一次可信的 planRevision / … 不得把当时的
+    pending / in_progress 机械改写为 failed"; "工具成功、失败或 action 序号都不能替模型改写结构化进度"."""
+    steps = (
+        _update("list first", ("list the workspace", "in_progress"), ("report", "pending"),
+                beside='actions = [{ tool = "fs.list", input = { path = "." } }]')
+        + '[[agents.steps]]\nactions = [{ tool = "fs.list", input = { path = "." } }]\n'
+        + '[[agents.steps]]\nraw = "not a plan"\n'
+    )
+    daemon = _daemon(short_tmp, steps, policy="max_repairs = 1")
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="writer", task="a planned task")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "failed"
+        assert [a["phase"] for a in shown["actions"]] == ["ok", "ok"], "two tool results came in"
+        plan = shown["plan"]
+        assert plan["revision"] == 1 and plan["active_index"] == 0
+        assert plan["steps"] == [{"step": "list the workspace", "status": "in_progress"},
+                                 {"step": "report", "status": "pending"}], "as the model left it"
+    finally:
+        daemon.shutdown()
