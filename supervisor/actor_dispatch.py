@@ -100,13 +100,11 @@ Answer = msgspec.Struct | Mapping[str, Any]
 async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest) -> dict[str, Any]:
     """The answer to one decoded request as the wire carries it (committed; the
     caller waits for the barrier): a reply record encoded once, here (the actor
-    checks it back into the same record, ``protocol.reply``). Bytes stay bytes
-    (msgpack carries them as they are)."""
-    answer = await _answer(sup, slot, request)
-    if isinstance(answer, msgspec.Struct):
-        body: dict[str, Any] = msgspec.to_builtins(answer, builtin_types=_AS_IS)
-        return body
-    return dict(answer)
+    checks it back into the same record, ``protocol.reply``); a map reply is
+    copied the same way, in the same one call. Bytes stay bytes (msgpack carries
+    them as they are)."""
+    body: dict[str, Any] = msgspec.to_builtins(await _answer(sup, slot, request), builtin_types=_AS_IS)
+    return body
 
 
 _AS_IS = (bytes, bytearray)

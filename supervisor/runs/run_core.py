@@ -204,23 +204,25 @@ class RunCore:
 
     def _with_raw_copies(self, run_id: str, step: Step) -> None:
         """Replace the redacted copies in a step with the raw ones the agent acts on
-        (the digests are the supervisor's: they do not leave with the step)."""
-        if isinstance(step, ParseStep):
-            digest, step.raw_sha256 = step.raw_sha256, None
-            if digest:
-                name = sealed_input.raw_name(run_id, "response", step.slot)
-                step.response = sealed_input.load(self.spool, name, digest).decode()
-        elif isinstance(step, PrepareStep):
-            digest, step.plan_raw_sha256 = step.plan_raw_sha256, None
-            if digest:
-                name = sealed_input.raw_name(run_id, "plan", str(step.loop))
-                raw_plan = json.loads(sealed_input.load(self.spool, name, digest))
-                step.input = raw_plan["actions"][step.index]["input"]
-        elif isinstance(step, ExecuteStep):
-            digest, step.raw_sha256 = step.raw_sha256, None
-            if digest:
-                name = sealed_input.raw_name(run_id, "input", step.action_id)
-                step.input = json.loads(sealed_input.load(self.spool, name, digest))
+        (the digests are the supervisor's: they do not leave with the step). A
+        ``match``, not ``isinstance`` calls: this runs for every step."""
+        match step:
+            case ParseStep():
+                digest, step.raw_sha256 = step.raw_sha256, None
+                if digest:
+                    name = sealed_input.raw_name(run_id, "response", step.slot)
+                    step.response = sealed_input.load(self.spool, name, digest).decode()
+            case PrepareStep():
+                digest, step.plan_raw_sha256 = step.plan_raw_sha256, None
+                if digest:
+                    name = sealed_input.raw_name(run_id, "plan", str(step.loop))
+                    raw_plan = json.loads(sealed_input.load(self.spool, name, digest))
+                    step.input = raw_plan["actions"][step.index]["input"]
+            case ExecuteStep():
+                digest, step.raw_sha256 = step.raw_sha256, None
+                if digest:
+                    name = sealed_input.raw_name(run_id, "input", step.action_id)
+                    step.input = json.loads(sealed_input.load(self.spool, name, digest))
 
     def keep_raw(self, run_id: str, kind: str, key: str, raw: Any, shown: Any) -> str | None:
         """A raw copy when redaction changed what is stored; its digest, else None."""
