@@ -206,6 +206,9 @@ class ActionRunner:
                 False, {"error": message, "code": exc.code}, f"refused: {summarize(message, 120)}", message
             )
         except RemoteError as exc:
+            if exc.code == OUTCOME_UNKNOWN:  # the supervisor cannot let it take effect, nor say it failed
+                return ToolOutcome(False, {"error": exc.message, "code": OUTCOME_UNKNOWN},
+                                   f"outcome unknown: {summarize(exc.message, 120)}", exc.message, unknown=True)
             return ToolOutcome(
                 False, {"error": exc.message, "code": exc.code}, f"refused: {summarize(exc.message, 120)}", exc.message
             )

@@ -213,6 +213,9 @@ class Supervisor:
         Then the features' parts in runs, in the one order the run layer calls them."""
         forwarding, node = node_service.install(self)  # a cluster node: its lease, before any run moves
         self.runs, self.views = run_service.install(self, cluster_reads.partition_reader(self.node))
+        # The collaboration policy first: the swarm asks it before a root's delegation,
+        # spawn or first claim takes effect.
+        self.collaboration = collaboration_service.install(self)
         self.swarm = swarm_service.install(self)
         self.sessions = session_service.install(self)
         self.mcp = mcp_service.install(self)
@@ -227,7 +230,6 @@ class Supervisor:
         goal = goal_service.install(self)
         compaction = compaction_service.install(self)
         project = project_service.install(self)  # the project revision, project.verify, the final-reply gate
-        self.collaboration = collaboration_service.install(self)
         repo_context = repo_fingerprint_service.install(self)  # an action planned on an older context is blocked
         self.telemetry = telemetry_service.install(self, self.telemetry_config)
         # Every feature's part in runs (supervisor/runs/run_feature.py), in the one

@@ -1,86 +1,434 @@
 """The collaboration policy (seed 004 V1.32, V1.37, V1.38): a root run's first wave
-is held to the project's policy, the first valid wave binds a snapshot, a bound
-root only orchestrates, and only the CLI writes the policy file."""
+is preflighted whole against the project's policy, every collaboration batch that
+passes becomes a v2 batch with a contract fingerprint (the first binds the run's
+policy snapshot), a delegation or spawn takes effect only as a member of its
+batch's contract, a root that delegated only orchestrates, the first claim waits
+for ``minIsolatedGroupsBeforeClaim`` groups, and only the CLI writes the file."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from corral.core import strict_json
+from corral.core.fingerprint import fingerprint
+from corral.core.procs import wait_exit
 from corral.supervisor.context import collaboration
-from tests.harness import Daemon, cli, ledger_rows, wait_run
+from corral.supervisor.context.collaboration import Policy
+from corral.supervisor.home.home_dir import LEDGER
+from tests.harness import Daemon, cli, ledger_rows, wait_for, wait_run
 
 DEMO = Path(__file__).resolve().parent.parent / "corral" / "defaults" / "demo.toml"
-POLICY = {"requiredInitialWave": True, "minStaticDelegates": 2, "requiredStaticAgentIds": ["researcher"],
-          "orchestratorOnlyAfterDelegation": True}
-_REVIEWER = {"tool": "agent.delegate", "input": {"agent_id": "reviewer", "task": "review"}}
-_RESEARCHER = {"tool": "agent.delegate", "input": {"agent_id": "researcher", "task": "survey"}}
-# A script that answers each refusal (the repairs stay in loop 0 until a wave passes).
-SCRIPT = {"steps": [
-    {"unless_observed": "collaboration-policy",
-     "actions": [{"tool": "fs.write", "input": {"path": "notes.md", "content": "alone"}}]},
-    {"when_observed": "this plan has 0", "unless_observed": "this plan has 1", "actions": [_REVIEWER]},
-    {"when_observed": "this plan has 1", "actions": [_REVIEWER, _RESEARCHER]},
+
+
+def _delegate(agent: str, repair_of: str | None = None) -> dict[str, Any]:
+    extra = {"repair_of": repair_of} if repair_of else {}
+    return {"tool": "agent.delegate", "input": {"agent_id": agent, "task": f"work for {agent}", **extra}}
+
+
+def _spawn(children: int) -> dict[str, Any]:
+    return {"tool": "agent.spawn_isolated", "input": {"join_mode": "all", "children": [
+        {"template": "writer", "task": f"draft {n}", "expected_artifacts": [f"draft/c{n}/d.md"],
+         "write_scopes": [f"draft/c{n}"]} for n in range(children)]}}
+
+
+# -- the pure rules, table-driven ---------------------------------------------------
+
+
+def test_without_a_policy_file_the_seeds_defaults_hold() -> None:
+    # "缺失时使用 requiredInitialWave=auto、minStaticDelegates=0、requiredStaticAgentIds=[]、
+    # minIsolatedChildren=0、orchestratorOnlyAfterDelegation=true"
+    assert collaboration.parse("{}") == Policy()
+    assert Policy().as_json() == {"requiredInitialWave": "auto", "minStaticDelegates": 0,
+                                  "requiredStaticAgentIds": [], "minIsolatedChildren": 0,
+                                  "orchestratorOnlyAfterDelegation": True}
+    assert not collaboration.wants_a_wave(Policy())
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    # "requiredInitialWave 只接受 auto / static / isolated / mixed"
+    ('{"requiredInitialWave": true}', "requiredInitialWave: True is not one of auto, static, isolated, mixed"),
+    ('{"requiredInitialWave": "yes"}', "requiredInitialWave: 'yes' is not one of auto, static, isolated, mixed"),
+    # "三项必须在单个最多 3 action 的 native Provider 批次内可满足"
+    ('{"requiredInitialWave": "mixed", "minStaticDelegates": 3}', "one provider batch holds at most 3"),
+    ('{"requiredStaticAgentIds": ["a", "b"], "minIsolatedChildren": 2, "minStaticDelegates": 3}',
+     "one provider batch holds at most 3"),
+    # "拒绝 project-supervisor 与 child-* 冒充静态专业 Agent"
+    ('{"requiredStaticAgentIds": ["project-supervisor"]}', "is not a static specialist"),
+    ('{"requiredStaticAgentIds": ["child-1"]}', "is not a static specialist"),
+    # V1.37: "默认值为 0，上限为 16"
+    ('{"minIsolatedGroupsBeforeClaim": 17}', "minIsolatedGroupsBeforeClaim: must be a finite number between 0 and 16"),
+    ('{"minIsolatedGroupsBeforeClaim": -1}', "between 0 and 16"),
+    ('{"surprise": 1}', "unknown key 'surprise'"),
+    ('{"a": 1, "a": 2}', "duplicate"),
+    ("[]", ""),
+])
+def test_a_policy_the_seed_does_not_allow_is_refused(text: str, message: str) -> None:
+    with pytest.raises(collaboration.PolicyError, match=message):
+        collaboration.parse(text)
+
+
+@pytest.mark.parametrize("mode", ["auto", "static", "isolated", "mixed"])
+def test_each_of_the_four_modes_is_a_policy(mode: str) -> None:
+    assert collaboration.parse(json.dumps({"requiredInitialWave": mode})).requiredInitialWave == mode
+
+
+def test_min_isolated_groups_before_claim_is_left_out_at_zero_so_old_fingerprints_hold() -> None:
+    # "零值序列化时省略，因此旧 policy fingerprint ... 保持不变"
+    old = {"requiredInitialWave": "auto", "minStaticDelegates": 0, "requiredStaticAgentIds": [],
+           "minIsolatedChildren": 0, "orchestratorOnlyAfterDelegation": True}
+    assert collaboration.parse(json.dumps({**old, "minIsolatedGroupsBeforeClaim": 0})).digest == strict_json.sha256(old)
+    sixteen = collaboration.parse('{"minIsolatedGroupsBeforeClaim": 16}')
+    assert sixteen.as_json()["minIsolatedGroupsBeforeClaim"] == 16
+    assert collaboration.from_snapshot(sixteen.as_json()) == sixteen
+
+
+MIXED: dict[str, Any] = {"requiredInitialWave": "mixed", "requiredStaticAgentIds": ("researcher",),
+                         "minIsolatedChildren": 3}
+
+
+@pytest.mark.parametrize(("policy", "actions", "short"), [
+    (MIXED, [_delegate("researcher"), _spawn(3)], []),
+    # "mixed 同时要求两类"
+    (MIXED, [_delegate("researcher")], ["one group of 3+ isolated children (this plan's has 0)"]),
+    # "isolated 最低数量必须由同一个 ... group 的 children 满足，不能把多个 ... 小 group 相加，
+    # 单个 Provider 批次也最多包含一个 spawn"
+    (MIXED, [_delegate("researcher"), _spawn(2), _spawn(1)], ["one agent.spawn_isolated per batch at most"
+                                                              " (this plan has 2)"]),
+    (MIXED, [_delegate("researcher"), _spawn(2)], ["one group of 3+ isolated children (this plan's has 2)"]),
+    # "required Agent ID 只匹配非 repair 的 initial agent.delegate"
+    (MIXED, [_delegate("researcher", repair_of="dlg-1"), _spawn(3)],
+     ["1 initial agent.delegate (this plan has 0)", "a delegation to researcher"]),
+    # "static 与 isolated 模式分别至少要求一项对应协作"
+    ({"requiredInitialWave": "static"}, [_spawn(1)],
+     ["1 initial agent.delegate (this plan has 0)"]),
+    ({"requiredInitialWave": "isolated"}, [_delegate("reviewer")],
+     ["one group of 1+ isolated children (this plan's has 0)"]),
+    ({"requiredInitialWave": "isolated"}, [_spawn(1)], []),
+    ({"minStaticDelegates": 2}, [_delegate("reviewer"), _delegate("researcher")], []),
+])
+def test_the_first_wave_rules(policy: dict[str, Any], actions: list[dict[str, Any]], short: list[str]) -> None:
+    assert collaboration.wave_shortfalls(Policy(**policy), actions) == short
+
+
+@pytest.mark.parametrize(("plan", "checked"), [
+    # "首波要求尚未满足时，普通读取、project.verify、agent.run_status 和计划更新仍可进行；
+    # 一旦 Supervisor 请求项目 mutation 或开始任何一类协作，Runtime 必须整批预检"
+    ({"actions": [{"tool": "fs.read", "input": {}}, {"tool": "project.verify", "input": {}},
+                  {"tool": "agent.run_status", "input": {}}, {"tool": "plan.update", "input": {}}]}, False),
+    ({"actions": [{"tool": "fs.write", "input": {}}]}, True),
+    ({"actions": [{"tool": "command.exec", "input": {}}]}, True),
+    ({"actions": [_delegate("reviewer")]}, True),
+    ({"final": "done"}, True),
+])
+def test_what_an_unbound_root_plan_is_preflighted_for(plan: dict[str, Any], checked: bool) -> None:
+    assert collaboration.needs_preflight(Policy(**MIXED), plan) is checked
+    # Without a policy asking for a wave, only a collaboration is a batch to check.
+    assert collaboration.needs_preflight(Policy(), plan) is ("actions" in plan and "agent.delegate" in json.dumps(plan))
+
+
+@pytest.mark.parametrize(("tool", "allowed"), [
+    # "总控只编排门禁继续允许读取、checkpoint/diff、project.verify、受限静态验证、进程观察与收束
+    # （command.poll / command.terminate）、任务编排、黑板/消息、agent.run_status、新的合法
+    # isolated 检查，以及继承原合同的唯一 repair agent.delegate"
+    *[(tool, True) for tool in ("fs.read", "fs.list", "project.diff", "project.git_snapshot", "project.git_diff",
+                                "project.verify", "process.poll", "process.terminate", "agent.run_status",
+                                "plan.update", "agent.spawn_isolated", "agent.delegate", "command.output_read")],
+    # "不得执行 file.write / file.patch / file.delete / project.patchset / project.restore /
+    # project.git_commit / command.exec / command.start / command.stdin"
+    *[(tool, False) for tool in ("fs.write", "fs.patch", "project.changeset", "project.restore", "project.git_commit",
+                                 "command.exec", "process.start", "process.stdin", "effect.record", "mcp.github.push")],
+])
+def test_the_orchestration_allow_list(tool: str, allowed: bool) -> None:
+    assert (collaboration.action_refusal(Policy(), tool, delegated=True) is None) is allowed
+    assert collaboration.action_refusal(Policy(), tool, delegated=False) is None
+    assert collaboration.action_refusal(Policy(orchestratorOnlyAfterDelegation=False), tool, delegated=True) is None
+    # "或者当前原子批次正在创建协作": a batch that delegates and works alone is refused whole.
+    refused = collaboration.orchestration_refusal(Policy(), ["agent.delegate", tool])
+    assert (refused is None) is allowed
+
+
+def _stored(policy: Policy, actions: list[dict[str, Any]], run_id: str = "run-1", loop: int = 0) -> dict[str, Any]:
+    contract = collaboration.batch_contract(policy, actions)
+    digest = collaboration.contract_fingerprint(contract)
+    return {"batch_id": collaboration.batch_id(run_id, loop, digest), "contract": json.dumps(contract),
+            "contract_fingerprint": digest, "policy_fingerprint": policy.digest}
+
+
+def test_the_v2_batch_contract_binds_policy_specialists_children_and_members() -> None:
+    actions = [_delegate("researcher"), {"tool": "fs.read", "input": {"path": "a"}}, _spawn(3)]
+    mixed = Policy(**MIXED)
+    contract = collaboration.batch_contract(mixed, actions)
+    assert contract["version"] == 2 and contract["policyFingerprint"] == mixed.digest
+    assert contract["policy"] == mixed.as_json()
+    assert contract["staticAgentIds"] == ["researcher"] and contract["isolatedChildren"] == [3]
+    assert [m["index"] for m in contract["members"]] == [0, 2]
+    # The batch id binds the contract: another contract is another batch.
+    other = collaboration.batch_contract(mixed, [_delegate("reviewer"), _spawn(3)])
+    assert collaboration.batch_id("run-1", 0, collaboration.contract_fingerprint(contract)) != collaboration.batch_id(
+        "run-1", 0, collaboration.contract_fingerprint(other))
+
+
+def _member(action: dict[str, Any]) -> str:
+    return fingerprint(action["tool"], action["input"])
+
+
+@pytest.mark.parametrize(("case", "refusal"), [
+    ("member", None),
+    ("v1", "no v2 collaboration batch holds this action"),
+    ("tampered", "does not bind its contract"),
+    ("drifted", "is not the run's bound snapshot"),
+    ("not-a-member", "is not one of its members"),
+    ("other-input", "is not one of its members"),
+])
+def test_a_collaboration_action_takes_effect_only_as_a_member_of_its_contract(case: str, refusal: str | None) -> None:
+    actions = [_delegate("researcher"), _spawn(3)]
+    stored: dict[str, Any] | None = _stored(Policy(**MIXED), actions)
+    bound, index, tool, digest = Policy(**MIXED), 0, "agent.delegate", _member(actions[0])
+    if case == "v1":
+        stored = None
+    elif case == "tampered":
+        assert stored is not None
+        stored["contract"] = json.dumps({**json.loads(stored["contract"]), "staticAgentIds": ["reviewer"]})
+    elif case == "drifted":
+        bound = Policy()
+    elif case == "not-a-member":
+        index = 1
+    elif case == "other-input":
+        digest = _member(_delegate("reviewer"))
+    why = collaboration.member_refusal(stored, bound, "run-1", 0, index, tool, digest)
+    assert (why is None) if refusal is None else (why is not None and refusal in why)
+
+
+@pytest.mark.parametrize(("need", "groups", "ready", "waits"), [
+    (0, 0, 0, False), (2, 1, 1, True), (2, 2, 1, True), (2, 1, 2, True), (2, 2, 2, False), (16, 16, 16, False),
+])
+def test_the_first_claim_waits_for_the_groups_the_policy_names(need: int, groups: int, ready: int, waits: bool) -> None:
+    # "同时校验已建立的 durable isolated group 数和该批 ready group 数均达到 minIsolatedGroupsBeforeClaim"
+    policy = Policy(minIsolatedGroupsBeforeClaim=need)
+    assert (collaboration.claim_shortfall(policy, groups, ready) is not None) is waits
+
+
+@pytest.mark.parametrize(("policy", "delegated_to", "groups", "short"), [
+    ({}, [], [], 0),
+    (MIXED, ["researcher"], [3], 0),
+    (MIXED, ["reviewer"], [3], 1),
+    (MIXED, ["researcher"], [2, 2], 1),
+    ({"minIsolatedGroupsBeforeClaim": 2}, [], [1], 1),
+    ({"minIsolatedGroupsBeforeClaim": 2}, [], [1, 1], 0),
+])
+def test_a_final_reply_waits_for_the_durable_facts(policy: dict[str, Any], delegated_to: list[str],
+                                                    groups: list[int], short: int) -> None:
+    # "配置要求的 initial static/isolated 事实缺失 ... 原 Supervisor run 必须回到 planning"
+    assert len(collaboration.completion_shortfalls(Policy(**policy), delegated_to, groups)) == short
+
+
+# -- end to end, on a real supervisor -------------------------------------------------
+
+WAVE_POLICY = {"requiredInitialWave": "mixed", "requiredStaticAgentIds": ["researcher"], "minIsolatedChildren": 2}
+# Each refusal keeps the run in loop 0 until a wave passes; the conditions read them.
+WAVE_SCRIPT = {"steps": [
+    {"unless_observed": "the first wave needs", "actions": [
+        {"tool": "fs.write", "input": {"path": "notes.md", "content": "alone"}}]},
+    {"when_observed": "this plan's has 0", "unless_observed": "per batch at most",
+     "actions": [_delegate("researcher"), _spawn(1), _spawn(1)]},
+    {"when_observed": "per batch at most", "actions": [_delegate("researcher"), _spawn(2)]},
     {"actions": [{"tool": "fs.write", "input": {"path": "notes.md", "content": "after the wave"}}]},
     {"final": "done"},
 ]}
 
 
-def test_the_rules_and_the_safe_defaults() -> None:
-    assert collaboration.parse("{}") == collaboration.Policy()
-    assert not collaboration.wants_a_wave(collaboration.Policy())
-    policy = collaboration.parse(json.dumps(POLICY))
-    short = collaboration.wave_shortfalls(policy, [_REVIEWER])
-    assert short == ["at least 2 agent.delegate call(s) (this plan has 1)", "a delegation to researcher"]
-    assert collaboration.wave_shortfalls(policy, [_REVIEWER, _RESEARCHER]) == []
-    for bad in ('{"minStaticDelegates": -1}', '{"surprise": 1}', '{"requiredInitialWave": "yes"}', "[]",
-                '{"a": 1, "a": 2}'):
-        with pytest.raises(collaboration.PolicyError):
-            collaboration.parse(bad)
-
-
-def test_a_short_first_wave_is_refused_and_the_first_valid_one_binds_a_snapshot(short_tmp: Path) -> None:
+def _demo(short_tmp: Path, policy: dict[str, Any] | None = None) -> Daemon:
     (short_tmp / "project").mkdir()
+    if policy is not None:
+        (short_tmp / "project" / ".corral").mkdir()
+        (short_tmp / "project" / ".corral" / "collaboration-policy.json").write_text(json.dumps(policy))
     spec = short_tmp / "swarm.toml"
     spec.write_text(DEMO.read_text())
+    return Daemon(short_tmp / "h", spec)
+
+
+def _refusals(daemon: Daemon, run_id: str) -> list[dict[str, Any]]:
+    return [json.loads(e["data"]) for e in ledger_rows(
+        daemon.home, "SELECT data FROM events WHERE kind = 'plan-invalid' AND subject = ? ORDER BY cursor", run_id)]
+
+
+def test_a_mixed_first_wave_is_preflighted_whole_and_the_passing_one_is_a_v2_batch(short_tmp: Path) -> None:
+    daemon = _demo(short_tmp, WAVE_POLICY)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="project-supervisor", task="plan the launch",
+                             script=json.dumps(WAVE_SCRIPT))["run_id"]
+        write = wait_for("the write after the wave", lambda: ledger_rows(
+            daemon.home, "SELECT phase, reason, loop_index FROM actions WHERE run_id = ? AND tool = 'fs.write'"
+            " AND phase IN ('denied', 'ok', 'failed')", run_id) or None)
+        refusals = _refusals(daemon, run_id)
+        assert [(r["category"], r["rule"]) for r in refusals] == [("batch-constraint", "collaboration-policy")] * 2
+        # A mutation before the wave: the whole plan is checked, and it lacks both kinds.
+        assert "a delegation to researcher" in refusals[0]["detail"]
+        assert "one group of 2+ isolated children (this plan's has 0)" in refusals[0]["detail"]
+        # Two groups of one child do not add up to the two one group must hold.
+        assert "one agent.spawn_isolated per batch at most (this plan has 2)" in refusals[1]["detail"]
+        # The refused batches created nothing: one delegation, one group of two children.
+        delegations = ledger_rows(daemon.home, "SELECT target_agent, parent_action_id FROM delegations"
+                                  " WHERE parent_run_id = ?", run_id)
+        assert [d["target_agent"] for d in delegations] == ["researcher"]
+        groups = ledger_rows(daemon.home, "SELECT g.group_id, COUNT(c.delegation_id) AS n FROM isolated_groups g"
+                             " JOIN children c ON c.group_id = g.group_id WHERE g.parent_run_id = ?"
+                             " GROUP BY g.group_id", run_id)
+        assert [g["n"] for g in groups] == [2]
+        assert not (short_tmp / "project" / "notes.md").exists(), "the refused first plan wrote nothing"
+        # The passing batch is one v2 batch: its contract, its SHA-256, an id binding both.
+        (batch,) = ledger_rows(daemon.home, "SELECT * FROM collaboration_batches WHERE run_id = ?", run_id)
+        contract = json.loads(batch["contract"])
+        policy = collaboration.parse(json.dumps(WAVE_POLICY))
+        assert batch["version"] == 2 and contract["version"] == 2
+        assert contract["policy"] == policy.as_json() and batch["policy_fingerprint"] == policy.digest
+        assert contract["staticAgentIds"] == ["researcher"] and contract["isolatedChildren"] == [2]
+        assert batch["contract_fingerprint"] == collaboration.contract_fingerprint(contract)
+        assert batch["batch_id"] == collaboration.batch_id(run_id, batch["loop_index"], batch["contract_fingerprint"])
+        members = ledger_rows(daemon.home, "SELECT action_id, action_index, fingerprint FROM actions WHERE run_id = ?"
+                              " AND loop_index = ? AND tool IN ('agent.delegate', 'agent.spawn_isolated')"
+                              " ORDER BY action_index", run_id, batch["loop_index"])
+        assert [(m["action_index"], m["fingerprint"]) for m in members] == [
+            (m["index"], m["fingerprint"]) for m in contract["members"]]
+        (binding,) = ledger_rows(daemon.home, "SELECT digest, loop_index FROM collaboration_bindings"
+                                 " WHERE run_id = ?", run_id)
+        assert binding == {"digest": policy.digest, "loop_index": batch["loop_index"]}
+        # orchestratorOnlyAfterDelegation is true by default: the write after the wave is denied.
+        assert [w["phase"] for w in write] == ["denied"] and "only orchestrates" in write[0]["reason"]
+        assert not (short_tmp / "project" / "notes.md").exists()
+    finally:
+        daemon.shutdown()
+
+
+def test_a_replayed_delegation_whose_batch_contract_no_longer_holds_is_left_to_a_person(short_tmp: Path) -> None:
+    # "恢复 ... 都必须先重新校验项目策略、合同和 batch 身份，再考虑 pending action 恢复或 replay；
+    # ... 合同/动作不一致或旧 v1 协作批次统一进入 needs-reconciliation"
+    daemon = _demo(short_tmp)
+    try:
+        first = daemon.up(env={"CORRAL_FAILPOINTS": "action.after-executing=kill@once"})
+        script = {"steps": [{"actions": [_delegate("researcher")]}, {"final": "done"}]}
+        run_id = daemon.call("run", agent_id="project-supervisor", task="survey", script=json.dumps(script))["run_id"]
+        assert wait_exit(first.pid, 60), "the failpoint did not kill the supervisor"
+        (executing,) = ledger_rows(daemon.home, "SELECT action_id, phase FROM actions WHERE run_id = ?", run_id)
+        assert executing["phase"] == "executing"
+        with sqlite3.connect(daemon.home / LEDGER) as db:  # the batch's contract, changed while it was down
+            changed = db.execute("UPDATE collaboration_batches SET contract = replace(contract, 'researcher',"
+                                 " 'reviewer') WHERE run_id = ?", (run_id,)).rowcount
+        assert changed == 1
+        daemon.up()
+        shown = wait_run(daemon, run_id, {"needs-reconciliation", "completed", "failed"})
+        assert shown["run"]["status"] == "needs-reconciliation", shown["run"]
+        (action,) = ledger_rows(daemon.home, "SELECT phase, reason FROM actions WHERE run_id = ?", run_id)
+        assert action["phase"] == "needs-reconciliation" and "does not bind its contract" in action["reason"]
+        # Zero replay: no delegation, no specialist run, no delivery.
+        assert ledger_rows(daemon.home, "SELECT * FROM delegations") == []
+        assert ledger_rows(daemon.home, "SELECT * FROM deliveries") == []
+    finally:
+        daemon.shutdown()
+
+
+GROUPS_SPEC = """
+[project]
+root = "ws"
+[policy]
+"agent.run_status" = "confirm"
+[[templates]]
+id = "quick"
+  [[templates.steps]]
+  final = "checked"
+[[agents]]
+id = "parent"
+  [[agents.steps]]
+  actions = [{ tool = "agent.spawn_isolated", input = { children = [
+      { template = "quick", task = "check a", write_scopes = ["a"] } ] } }]
+  [[agents.steps]]
+  actions = [{ tool = "agent.run_status", input = {} }]
+  [[agents.steps]]
+  actions = [{ tool = "agent.spawn_isolated", input = { children = [
+      { template = "quick", task = "check b", write_scopes = ["b"] } ] } }]
+  [[agents.steps]]
+  actions = [{ tool = "agent.run_status", input = {} }]
+  [[agents.steps]]
+  final = "joined"
+"""
+
+
+def _claim_when_ready(daemon: Daemon, run_id: str, ready: int) -> dict[str, Any]:
+    """Approve the parent's next claim once ``ready`` joins wait for it: its outcome."""
+    wait_for(f"{ready} ready join(s)", lambda: len(ledger_rows(
+        daemon.home, "SELECT 1 FROM deliveries WHERE parent_run_id = ? AND status = 'dispatched'", run_id)) == ready
+        or None)
+    wait_run(daemon, run_id, {"waiting-confirmation"})
+    (action,) = [a for a in daemon.call("pending")["actions"] if a["run_id"] == run_id]
+    daemon.call("continue_action", action_id=action["action_id"], decision="approve")
+    return dict(wait_for("the claim's outcome", lambda: ledger_rows(
+        daemon.home, "SELECT phase, result, error FROM actions WHERE action_id = ? AND phase IN ('ok', 'failed')",
+        action["action_id"]) or None)[0])
+
+
+def test_the_first_claim_waits_until_the_policys_isolated_groups_exist(short_tmp: Path) -> None:
+    # V1.37: "首次新 claim ... 同时校验已建立的 durable isolated group 数和该批 ready group 数均达到
+    # minIsolatedGroupsBeforeClaim。任一不足都必须在 claim journal 创建和 delivery mutation 前失败关闭。"
+    (short_tmp / "ws" / ".corral").mkdir(parents=True)
+    (short_tmp / "ws" / ".corral" / "collaboration-policy.json").write_text('{"minIsolatedGroupsBeforeClaim": 2}')
+    spec = short_tmp / "spec.toml"
+    spec.write_text(GROUPS_SPEC)
     daemon = Daemon(short_tmp / "h", spec)
     try:
         daemon.up()
+        run_id = daemon.call("run", agent_id="parent", task="fan out in stages")["run_id"]
+        early = _claim_when_ready(daemon, run_id, 1)
+        assert early["phase"] == "failed" and "minIsolatedGroupsBeforeClaim" in str(early["error"]), early
+        assert "1 established, 1 ready" in str(early["error"])
+        assert ledger_rows(daemon.home, "SELECT * FROM claim_journal") == [], "no journal before the gate passes"
+        assert [d["status"] for d in ledger_rows(daemon.home, "SELECT status FROM deliveries")] == ["dispatched"]
+        claimed = _claim_when_ready(daemon, run_id, 2)
+        assert claimed["phase"] == "ok", claimed
+        assert len(json.loads(claimed["result"])["output"]["claimed"]) == 2
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed", shown["run"]
+    finally:
+        daemon.shutdown()
+
+
+def test_the_cli_writes_the_policy_and_a_bound_run_keeps_its_snapshot(short_tmp: Path) -> None:
+    daemon = _demo(short_tmp)
+    try:
+        daemon.up()
         policy_file = short_tmp / "policy.json"
-        policy_file.write_text(json.dumps(POLICY))
+        policy_file.write_text(json.dumps(WAVE_POLICY))
         done = cli(daemon.home, "collaboration", "set", str(policy_file), "--json")
         assert done.returncode == 0, done.stderr
         digest = json.loads(done.stdout)["digest"]
         installed = short_tmp / "project" / ".corral" / "collaboration-policy.json"
         assert collaboration.parse(installed.read_text()).digest == digest
         run_id = daemon.call("run", agent_id="project-supervisor", task="plan the launch",
-                             script=json.dumps(SCRIPT))["run_id"]
+                             script=json.dumps(WAVE_SCRIPT))["run_id"]
         daemon.wait_until(lambda st: ledger_rows(daemon.home, "SELECT 1 FROM collaboration_bindings"),
                           what="the binding")
         # Editing the live file now changes nothing for the bound run.
-        loosened = {**POLICY, "minStaticDelegates": 3, "orchestratorOnlyAfterDelegation": False}
-        policy_file.write_text(json.dumps(loosened))
+        policy_file.write_text(json.dumps({**WAVE_POLICY, "orchestratorOnlyAfterDelegation": False}))
         assert cli(daemon.home, "collaboration", "set", str(policy_file)).returncode == 0
-        shown = wait_run(daemon, run_id, {"completed", "failed", "waiting-for-join", "needs-input"}, timeout=60)
-        refusals = [json.loads(e["data"]) for e in ledger_rows(
-            daemon.home, "SELECT data FROM events WHERE kind = 'plan-invalid' AND subject = ? ORDER BY cursor",
-            run_id)]
-        # Seed 004 V1.33's category, and the rule that refused it.
-        assert [(r["category"], r["rule"]) for r in refusals] == [("batch-constraint", "collaboration-policy")] * 2
-        assert "a delegation to researcher" in refusals[0]["detail"] + refusals[1]["detail"]
+        write = wait_for("the write after the wave", lambda: ledger_rows(
+            daemon.home, "SELECT phase FROM actions WHERE run_id = ? AND tool = 'fs.write'"
+            " AND phase IN ('denied', 'ok', 'failed')", run_id) or None)
+        assert [w["phase"] for w in write] == ["denied"], "the bound snapshot still says orchestrator-only"
         (binding,) = ledger_rows(daemon.home, "SELECT run_id, digest FROM collaboration_bindings")
-        assert binding == {"run_id": run_id, "digest": digest}, "bound to the policy of its first valid wave"
-        writes = [a for a in shown["actions"] if a["tool"] == "fs.write"]
-        assert [a["phase"] for a in writes] == ["denied"] and "only orchestrates" in writes[0]["reason"]
-        assert not (short_tmp / "project" / "notes.md").exists()
+        assert binding == {"run_id": run_id, "digest": digest}
         shown_policy = json.loads(cli(daemon.home, "collaboration", "show", "--json").stdout)
-        assert shown_policy["policy"]["minStaticDelegates"] == 3 and shown_policy["bindings"][0]["run_id"] == run_id
+        assert shown_policy["policy"]["orchestratorOnlyAfterDelegation"] is False
+        assert shown_policy["bindings"][0]["run_id"] == run_id
         bad = short_tmp / "bad.json"
-        bad.write_text('{"minStaticDelegates": "two"}')
+        bad.write_text('{"requiredInitialWave": true}')
         refused = cli(daemon.home, "collaboration", "set", str(bad))
-        assert refused.returncode != 0 and "minStaticDelegates" in refused.stderr
-        assert collaboration.parse(installed.read_text()).minStaticDelegates == 3, "a bad policy changes nothing"
+        assert refused.returncode != 0 and "requiredInitialWave" in refused.stderr
+        kept = collaboration.parse(installed.read_text())
+        assert kept.orchestratorOnlyAfterDelegation is False, "a bad policy changes nothing"
     finally:
         daemon.shutdown()

@@ -1,13 +1,22 @@
-"""The collaboration policy on the supervisor (supervisor/context/collaboration.py).
+"""The collaboration policy on the supervisor (supervisor/context/collaboration.py
+holds the rules; this module reads the ledger and the file and applies them).
 
-* A root run's plan is checked at commit: until the run is bound, a plan that is
-  its first collaboration wave (or, under ``requiredInitialWave``, its first plan
-  with any action) must meet the policy, else it is refused as a repair the model
-  sees. The first valid wave binds the run: the policy's snapshot and digest are
-  recorded, and that snapshot governs the run from then on.
-* A first claim (``agent.run_status``) waits for the isolated group the policy
-  asks for; ``orchestratorOnlyAfterDelegation`` keeps a bound root to
-  orchestration tools.
+* A root run's plan is checked at commit. Until the run is bound, a plan that
+  starts a collaboration (or, when the policy asks for a wave, one that changes
+  the project or ends the run) is preflighted whole as the first wave: short of
+  the policy, it is refused as a repair the model sees and nothing of it exists.
+  Every collaboration batch that passes is recorded as a v2 batch (its contract,
+  its fingerprint, an id that binds both) before its plan commits; the first one
+  binds the run's policy snapshot (V1.38).
+* A delegation or spawn of a root takes effect only as a member of its batch's
+  contract (``member_check``, asked by the swarm before its first effect and
+  before every replay); otherwise its outcome is left to a person.
+* ``orchestratorOnlyAfterDelegation``: a batch that collaborates and works alone
+  is refused whole; once the root has a delegation or a group, a barred action
+  is denied before it is prepared for anyone to approve.
+* V1.37: a root's first new claim waits for ``minIsolatedGroupsBeforeClaim``
+  groups (``claim_check``, asked by the claim before its journal is written); a
+  final reply waits for the wave's facts and that many groups.
 * The file is written only through ``corral collaboration set`` (the file tools
   refuse ``.corral/``). It is still the workspace's (a clone may ship one), so it
   is read as hostile: no symlink followed, no FIFO waited on, at most
@@ -48,6 +57,8 @@ class CollaborationService:
         #: root run asks, and a stat costs less than an open, a read and a parse
         #: (or the exception a missing file raised each time).
         self._read: tuple[tuple[int, ...] | None, Policy] | None = None
+        #: Why the policy file last read could not be taken (None: it could, or there is none).
+        self.problem: str | None = None
 
     def live(self) -> Policy:
         try:
@@ -82,11 +93,15 @@ class CollaborationService:
     def _parse_file(self) -> Policy:
         try:
             text = self._read_text()
-            return Policy() if text is None else collaboration.parse(text)
-        except (OSError, collaboration.PolicyError):
-            # A broken file must not fail open: every root run is held to a wave
-            # until someone fixes it (corral collaboration show says why).
-            return Policy(requiredInitialWave=True, minStaticDelegates=1)
+            policy = Policy() if text is None else collaboration.parse(text)
+        except (OSError, collaboration.PolicyError) as exc:
+            # A broken file must not fail open: every root run is held to a wave,
+            # and no unbound run may write its final reply, until someone fixes it
+            # (corral collaboration show says why).
+            self.problem = str(exc)
+            return Policy(requiredInitialWave="static", minStaticDelegates=1)
+        self.problem = None
+        return policy
 
     def binding(self, run_id: str) -> dict[str, Any] | None:
         # Kept once read, found or not, until a write to it (run_versions.py): every
@@ -103,47 +118,107 @@ class CollaborationService:
             return collaboration.from_snapshot(json.loads(bound["policy"])), True
         return self.live(), False
 
+    def delegated(self, run_id: str) -> bool:
+        """Whether the root has a static delegation or an isolated group (durable facts)."""
+        return self.ledger.one(
+            "SELECT 1 AS x FROM delegations WHERE parent_run_id = ? UNION ALL"
+            " SELECT 1 AS x FROM isolated_groups WHERE parent_run_id = ? LIMIT 1", run_id, run_id) is not None
+
     # -- the checks ------------------------------------------------------------------
 
     def plan_guard(self, run: Any, loop: int, plan: dict[str, Any]) -> str | None:
         if run["kind"] != "root":
             return None
         policy, bound = self.policy_for(run["run_id"])
-        if bound or not collaboration.wants_a_wave(policy):
-            return None
         actions = list(plan.get("actions") or [])
-        is_wave = any(a.get("tool") in collaboration.COLLABORATION_TOOLS for a in actions)
-        if not is_wave and not (policy.requiredInitialWave and (actions or plan.get("final") is not None)):
-            return None
-        short = collaboration.wave_shortfalls(policy, actions)
-        if short:
-            return ("the project's collaboration policy wants a first wave first: " + "; ".join(short)
-                    + ". Plan that wave now (agent.delegate / agent.spawn_isolated).")
-        self.bind(run["run_id"], loop, policy)
+        tools = [str(a.get("tool")) for a in actions]
+        # A batch that starts a collaboration and also works alone is refused whole;
+        # a later plan's barred action is denied by itself (``action_guard``).
+        refusal = collaboration.orchestration_refusal(policy, tools)
+        if refusal is not None:
+            return refusal + ". Plan that batch again without it."
+        if not bound:
+            if not collaboration.needs_preflight(policy, plan):
+                return None
+            short = collaboration.wave_shortfalls(policy, actions) if collaboration.wants_a_wave(policy) else []
+            if short:
+                return ("collaboration policy: the first wave needs " + "; ".join(short)
+                        + ". Plan that wave now (agent.delegate / agent.spawn_isolated).")
+        if collaboration.COLLABORATION_TOOLS.intersection(tools):
+            self.record_batch(run["run_id"], loop, policy, actions, bind=not bound)
         return None
 
-    def bind(self, run_id: str, loop: int, policy: Policy) -> None:
+    def record_batch(self, run_id: str, loop: int, policy: Policy, actions: list[dict[str, Any]], *,
+                     bind: bool) -> None:
+        """A collaboration batch that passed its preflight, as a v2 batch: its contract
+        and the ids that bind it, durable before the plan commits (so before any of
+        its actions is prepared); the first one binds the run's policy snapshot."""
+        contract = collaboration.batch_contract(policy, actions)
+        digest = collaboration.contract_fingerprint(contract)
+        the_id = collaboration.batch_id(run_id, loop, digest)
         with self.ledger.tx() as db:
+            if bind:
+                db.execute(
+                    "INSERT OR IGNORE INTO collaboration_bindings (run_id, policy, digest, loop_index, bound_at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (run_id, json.dumps(policy.as_json(), sort_keys=True), policy.digest, loop, time.time()),
+                )
+                self.ledger.event("collaboration-bound", run_id, digest=policy.digest, loop=loop)
+            # The loop's plan is not committed yet (a guard runs only then): a batch
+            # kept from a plan refused after its guards is replaced.
+            db.execute("DELETE FROM collaboration_batches WHERE run_id = ? AND loop_index = ?", (run_id, loop))
             db.execute(
-                "INSERT OR IGNORE INTO collaboration_bindings (run_id, policy, digest, loop_index, bound_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (run_id, json.dumps(policy.as_json(), sort_keys=True), policy.digest, loop, time.time()),
+                "INSERT INTO collaboration_batches (batch_id, run_id, loop_index, version, policy_fingerprint,"
+                " contract_fingerprint, contract, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (the_id, run_id, loop, collaboration.BATCH_VERSION, policy.digest, digest,
+                 json.dumps(contract, sort_keys=True), time.time()),
             )
-            self.ledger.event("collaboration-bound", run_id, digest=policy.digest, loop=loop)
+            self.ledger.event("collaboration-batch", run_id, batch=the_id, contract=digest, loop=loop,
+                              members=len(contract["members"]))
+
+    def member_check(self, run: Any, action: Any) -> str | None:
+        """Before a root's delegation or spawn takes effect, first time or replay: the
+        reason it may not (its batch's contract does not hold it), or None."""
+        if run["kind"] != "root":
+            return None
+        batch = self.ledger.one("SELECT * FROM collaboration_batches WHERE run_id = ? AND loop_index = ?",
+                                run["run_id"], action["loop_index"])
+        bound = self.binding(run["run_id"])
+        policy = None if bound is None else collaboration.from_snapshot(json.loads(bound["policy"]))
+        return collaboration.member_refusal(batch, policy, run["run_id"], int(action["loop_index"]),
+                                            int(action["action_index"]), action["tool"], action["fingerprint"])
+
+    def claim_check(self, run_id: str, ready_groups: int) -> str | None:
+        """A root's first new claim (V1.37): why it must wait, or None."""
+        policy, _bound = self.policy_for(run_id)
+        if not policy.minIsolatedGroupsBeforeClaim:
+            return None
+        groups = self.ledger.one("SELECT COUNT(*) AS n FROM isolated_groups WHERE parent_run_id = ?", run_id)
+        return collaboration.claim_shortfall(policy, int(groups["n"]) if groups else 0, ready_groups)
+
+    def finalize_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
+        run = ledger.one("SELECT kind FROM runs WHERE run_id = ?", run_id)
+        if run is None or run["kind"] != "root":
+            return []
+        policy, bound = self.policy_for(run_id)
+        if not bound and self.problem is not None:
+            return [f"the collaboration policy file is broken: {self.problem}"]
+        if not collaboration.wants_a_wave(policy) and not policy.minIsolatedGroupsBeforeClaim:
+            return []
+        delegated_to = [row["target_agent"] for row in ledger.all(
+            "SELECT target_agent FROM delegations WHERE parent_run_id = ? AND repair_of IS NULL", run_id)]
+        sizes = [int(row["n"]) for row in ledger.all(
+            "SELECT COUNT(c.delegation_id) AS n FROM isolated_groups g LEFT JOIN children c"
+            " ON c.group_id = g.group_id WHERE g.parent_run_id = ? GROUP BY g.group_id", run_id)]
+        return collaboration.completion_shortfalls(policy, delegated_to, sizes)
 
     def action_guard(self, run: Any, action_id: str, tool: str, tool_input: dict[str, Any]) -> tuple[str, str]:
-        if run["kind"] != "root":
+        if run["kind"] != "root" or tool in collaboration.ORCHESTRATION_TOOLS:
             return "continue", ""
         policy, bound = self.policy_for(run["run_id"])
-        if tool == "agent.run_status" and policy.minIsolatedChildren:
-            groups = self.ledger.one("SELECT COUNT(*) AS n FROM isolated_groups WHERE parent_run_id = ?",
-                                     run["run_id"])
-            if groups is None or int(groups["n"]) < 1:
-                return "block", "no claim before the isolated group the collaboration policy asks for exists"
-        if bound and policy.orchestratorOnlyAfterDelegation and tool not in collaboration.ORCHESTRATION_TOOLS:
-            return "block", (f"{tool}: after its first wave this root only orchestrates"
-                             " (orchestratorOnlyAfterDelegation)")
-        return "continue", ""
+        # Only a barred tool of a bound root pays for the look at its delegations.
+        why = collaboration.action_refusal(policy, tool, bound and self.delegated(run["run_id"]))
+        return ("continue", "") if why is None else ("block", why)
 
     # -- people ----------------------------------------------------------------------
 
@@ -193,6 +268,9 @@ class CollaborationFeature(RunFeature):
 
     def action_guard(self, run: Any, action_id: str, tool: str, tool_input: dict[str, Any]) -> tuple[str, str]:
         return self.service.action_guard(run, action_id, tool, tool_input)
+
+    def finalize_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
+        return self.service.finalize_blockers(ledger, run_id)
 
 
 def install(sup: Supervisor) -> CollaborationService:

@@ -663,3 +663,23 @@ MIGRATIONS.append(
     ALTER TABLE command_launches ADD COLUMN sandbox_profile_version INTEGER;
     """
 )
+
+MIGRATIONS.append(
+    # A root's collaboration batches as seed 004 V1.32's provider action batch v2: the
+    # contract (policy snapshot, initial specialists, children per group, each
+    # member's tool and fingerprint), its SHA-256, and an id that binds both. A
+    # delegation or spawn takes effect only as a member of its loop's batch.
+    """
+    CREATE TABLE collaboration_batches (
+        batch_id              TEXT PRIMARY KEY,
+        run_id                TEXT NOT NULL,
+        loop_index            INTEGER NOT NULL,
+        version               INTEGER NOT NULL,
+        policy_fingerprint    TEXT NOT NULL,
+        contract_fingerprint  TEXT NOT NULL,
+        contract              TEXT NOT NULL,
+        created_at            REAL NOT NULL,
+        UNIQUE (run_id, loop_index)
+    );
+    """
+)

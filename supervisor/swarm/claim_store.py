@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from corral.core.redact import summarize
@@ -30,8 +31,17 @@ JOIN_SUMMARY_CHARS = 160
 CLAIMED_JOINS_CHARS = 8 * 1024
 
 
-def claim(ledger: Ledger, parent_run_id: str, action_id: str, delivery_ids: list[str] | None) -> dict[str, Any]:
-    """Claim ready deliveries for the parent, all-or-nothing in a stable order."""
+#: Asked before a parent's first new claim is written, with the number of ready
+#: isolated groups (joins) it would take: why it must wait, or None.
+FirstClaimCheck = Callable[[int], "str | None"]
+
+
+def claim(ledger: Ledger, parent_run_id: str, action_id: str, delivery_ids: list[str] | None,
+          first_claim: FirstClaimCheck | None = None) -> dict[str, Any]:
+    """Claim ready deliveries for the parent, all-or-nothing in a stable order.
+    ``first_claim``: the collaboration policy's gate on the parent's first new claim
+    (seed 004 V1.37); a claim being recovered or replayed (its journal exists) and
+    any later claim pass without it."""
     journal = ledger.one("SELECT * FROM claim_journal WHERE action_id = ?", action_id)
     if journal is None:
         if delivery_ids is None:
@@ -57,6 +67,10 @@ def claim(ledger: Ledger, parent_run_id: str, action_id: str, delivery_ids: list
         if not targets:
             return {"claim_id": None, "claimed": [], "open": open_work(ledger, parent_run_id),
                     "claimed_isolated_joins": claimed_joins(ledger, parent_run_id)}
+        if first_claim is not None and _first(ledger, parent_run_id):
+            why = first_claim(_joins(ledger, targets))
+            if why is not None:  # before the journal and any delivery moves
+                raise Refused(why, code="collaboration-policy")
         claim_id = "clm-" + sha(action_id)[:20]
         with ledger.tx() as db:
             db.execute(
@@ -72,6 +86,20 @@ def claim(ledger: Ledger, parent_run_id: str, action_id: str, delivery_ids: list
         commit_claim(ledger, journal["claim_id"])
         ledger.failpoint("claim.after-commit")
     return claimed_view(ledger, journal["claim_id"])
+
+
+def _first(ledger: Ledger, parent_run_id: str) -> bool:
+    """No claim of the parent's exists yet, journaled or (from before the journal) not."""
+    return ledger.one(
+        "SELECT 1 AS x FROM claim_journal WHERE parent_run_id = ? UNION ALL SELECT 1 AS x FROM deliveries"
+        " WHERE parent_run_id = ? AND status != 'dispatched' LIMIT 1", parent_run_id, parent_run_id) is None
+
+
+def _joins(ledger: Ledger, targets: list[str]) -> int:
+    """How many of the deliveries are isolated groups' joins."""
+    row = ledger.one(f"SELECT COUNT(*) AS n FROM deliveries WHERE kind = 'join' AND delivery_id IN"
+                     f" ({','.join('?' * len(targets))})", *targets)
+    return int(row["n"]) if row else 0
 
 
 def fitting_prefix(ledger: Ledger, targets: list[str], *, named: bool) -> list[str]:

@@ -10,14 +10,15 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import trio
 
+from corral.actors.tools.base import OUTCOME_UNKNOWN
 from corral.mailbox.protocol import Ack, RunChildResult, SwarmClaim, SwarmContract, SwarmDelegate, SwarmSpawn
 from corral.mailbox.steps import CompactStep, ParkStep, ProviderStep
-from corral.supervisor.errors import BadRequest
+from corral.supervisor.errors import BadRequest, Refused
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, finalization, run_store
 from corral.supervisor.runs.recovery import RecoveryReport
@@ -38,9 +39,22 @@ if TYPE_CHECKING:
 CHILD_INTENSITY = (2, 30.0)
 
 
+class CollaborationGate(Protocol):
+    """The collaboration policy's part in the swarm's effects (supervisor/context/
+    collaboration_service.py): a root's delegation or spawn must be a member of its
+    batch's contract, and its first claim may have to wait for groups."""
+
+    def member_check(self, run: Any, action: Any) -> str | None: ...
+
+    def claim_check(self, run_id: str, ready_groups: int) -> str | None: ...
+
+
 class SwarmService:
-    def __init__(self, ledger: Ledger, tree: SupervisionTree, runs: RunService, spec: SwarmSpec) -> None:
+    def __init__(self, ledger: Ledger, tree: SupervisionTree, runs: RunService, spec: SwarmSpec,
+                 collaboration: CollaborationGate | None = None) -> None:
         self.ledger = ledger
+        #: The collaboration policy's checks before a root's delegation, spawn or first claim.
+        self.collaboration = collaboration
         #: The child actors: declared, started, stopped when their run ends.
         self.tree = tree
         #: Which run a caller owns, and waking the agent a delivery or delegation concerns.
@@ -105,13 +119,25 @@ class SwarmService:
             raise BadRequest(f"action {action_id} is not an executing action of this run")
         return action_id
 
+    def _member(self, action_id: str, run: Any) -> str:
+        """An executing delegation or spawn, checked against its batch's contract
+        before its first effect and before a replay returns the first one (seed 004
+        V1.32): when the contract does not hold it, nothing is created and its
+        outcome is left to a person (``outcome-unknown``: needs-reconciliation)."""
+        the_id = self._action_id(action_id, run)
+        if self.collaboration is not None:
+            why = self.collaboration.member_check(run, action_store.get_action(self.ledger, the_id))
+            if why is not None:
+                raise Refused(why, code=OUTCOME_UNKNOWN)
+        return the_id
+
     async def spawn(self, slot: ActorSlot, request: SwarmSpawn) -> dict[str, Any]:
         run = self._parent(slot, request.run_id)
         view = children_store.spawn_group(
             self.ledger,
             self.spec,
             run,
-            self._action_id(request.action_id, run),
+            self._member(request.action_id, run),
             # As the agent sent them (a child's defaults left out): the pure checks
             # and the duplicate's digest read them so (swarm_decisions.plan_spawn).
             msgspec.to_builtins(request.children),
@@ -164,14 +190,17 @@ class SwarmService:
         fields: dict[str, Any] = msgspec.to_builtins(request)
         for envelope_field in ("run_id", "action_id"):
             fields.pop(envelope_field)
-        reply = delegation_store.delegate(self.ledger, self.spec, run, self._action_id(request.action_id, run), fields)
+        reply = delegation_store.delegate(self.ledger, self.spec, run, self._member(request.action_id, run), fields)
         await self.runs.wake(reply["target"])
         return reply
 
     async def claim(self, slot: ActorSlot, request: SwarmClaim) -> dict[str, Any]:
         run = self._parent(slot, request.run_id)
         action_id = self._action_id(request.action_id, run)
-        return claim_store.claim(self.ledger, run["run_id"], action_id, request.delivery_ids)
+        gate = self.collaboration
+        first = None if gate is None or run["kind"] != "root" else (
+            lambda ready: gate.claim_check(run["run_id"], ready))
+        return claim_store.claim(self.ledger, run["run_id"], action_id, request.delivery_ids, first)
 
     async def contract(self, slot: ActorSlot, request: SwarmContract) -> dict[str, Any]:
         """One claimed delegation's contract and receipt (``agent.run_status(delegation_id=...)``)."""
@@ -343,7 +372,7 @@ class SwarmPart(ServicePart):
 
 
 def install(sup: Supervisor) -> SwarmService:
-    service = SwarmService(sup.ledger, sup.tree, sup.runs, sup.spec)
+    service = SwarmService(sup.ledger, sup.tree, sup.runs, sup.spec, sup.collaboration)
     sup.methods.swarm = service
     sup.tree.on_escalated.append(service.on_escalated)
     return service

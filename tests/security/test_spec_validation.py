@@ -102,9 +102,9 @@ def test_the_collaboration_policy_file_is_read_the_same_way() -> None:
     from corral.supervisor.context import collaboration
 
     for text, message in (
-        ('{"minStaticDelegates": 65}', "minStaticDelegates: must be a finite number between 0 and 64, got 65"),
+        ('{"minStaticDelegates": 4}', "minStaticDelegates: must be a finite number between 0 and 3, got 4"),
         ('{"minStaticDelegate": 1}', "unknown key 'minStaticDelegate'; did you mean 'minStaticDelegates'?"),
-        ('{"requiredInitialWave": "yes"}', "requiredInitialWave: expected bool, got str"),
+        ('{"requiredInitialWave": "yes"}', "requiredInitialWave: 'yes' is not one of auto, static, isolated, mixed"),
     ):
         with pytest.raises(SpecError) as caught:
             collaboration.parse(text)
