@@ -397,7 +397,7 @@ def test_the_first_claim_waits_until_the_policys_isolated_groups_exist(short_tmp
         daemon.shutdown()
 
 
-def test_the_cli_writes_the_policy_and_a_bound_run_keeps_its_snapshot(short_tmp: Path) -> None:
+def test_a_short_first_wave_is_refused_and_the_first_valid_one_binds_a_snapshot(short_tmp: Path) -> None:
     daemon = _demo(short_tmp)
     try:
         daemon.up()
@@ -430,5 +430,69 @@ def test_the_cli_writes_the_policy_and_a_bound_run_keeps_its_snapshot(short_tmp:
         assert refused.returncode != 0 and "requiredInitialWave" in refused.stderr
         kept = collaboration.parse(installed.read_text())
         assert kept.orchestratorOnlyAfterDelegation is False, "a bad policy changes nothing"
+    finally:
+        daemon.shutdown()
+
+
+def test_the_spawn_tool_tells_every_supervisor_the_narrowest_scope_rule() -> None:
+    # V1.37: "只读 isolated task 也必须提供 expected artifact 对应的最小目录 scope ... 不得为了只读检查扩大到
+    # sibling scope 或共同父目录；通用 Supervisor 提示必须明确这一边界"
+    from corral.actors.tools.registry import builtin_tools
+
+    description = builtin_tools()["agent.spawn_isolated"].schema.description
+    for words in ("read-only", "narrowest directory", "expected_artifacts", "sibling", "shared parent"):
+        assert words in description, words
+
+
+FINAL_SPEC = """
+[project]
+root = "ws"
+[policy]
+"agent.run_status" = "confirm"
+[[templates]]
+id = "quick"
+  [[templates.steps]]
+  final = "checked"
+[[agents]]
+id = "parent"
+  [[agents.steps]]
+  actions = [{ tool = "agent.spawn_isolated", input = { children = [
+      { template = "quick", task = "check a", write_scopes = ["a"] } ] } }]
+  # A blocked final reply moves the run to its next loop, as any plan does.
+  [[agents.steps]]
+  final = "too early"
+  [[agents.steps]]
+  when_observed = "isolated group(s); this run has 1"
+  actions = [{ tool = "agent.spawn_isolated", input = { children = [
+      { template = "quick", task = "check b", write_scopes = ["b"] } ] } }]
+  [[agents.steps]]
+  when_observed = "isolated group(s); this run has 1"
+  actions = [{ tool = "agent.run_status", input = {} }]
+  [[agents.steps]]
+  when_observed = "isolated group(s); this run has 1"
+  final = "joined"
+"""
+
+
+def test_the_final_reply_waits_for_the_policys_groups(short_tmp: Path) -> None:
+    # V1.37: "finalization completion 在既有门禁之外，再校验同一父 run 已建立的 isolated group 总数达到 policy";
+    # V1.32: "配置要求的 ... 事实缺失 ... 原 Supervisor run 必须回到 planning，不能提交最终回复"
+    (short_tmp / "ws" / ".corral").mkdir(parents=True)
+    (short_tmp / "ws" / ".corral" / "collaboration-policy.json").write_text('{"minIsolatedGroupsBeforeClaim": 2}')
+    spec = short_tmp / "spec.toml"
+    spec.write_text(FINAL_SPEC)
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="parent", task="fan out, then answer")["run_id"]
+        claimed = _claim_when_ready(daemon, run_id, 2)
+        assert claimed["phase"] == "ok" and len(json.loads(claimed["result"])["output"]["claimed"]) == 2, claimed
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed" and shown["final_reply"] == "joined", shown["run"]
+        blocked = [json.loads(e["data"]) for e in ledger_rows(
+            daemon.home, "SELECT data FROM events WHERE kind = 'final-blocked' AND subject = ?", run_id)]
+        assert blocked and all("the collaboration policy wants 2 isolated group(s); this run has 1" in json.dumps(b)
+                               for b in blocked), blocked
+        assert len(ledger_rows(daemon.home, "SELECT * FROM replies WHERE run_id = ?", run_id)) == 1
     finally:
         daemon.shutdown()

@@ -67,6 +67,9 @@ call_timeout_s = 20
 id = "lead"
 role = "root"
 write_scopes = ["out"]
+  # The MCP call first: once the lead delegated it only orchestrates (seed 004 V1.32).
+  [[agents.steps]]
+  actions = [{{ tool = "mcp.lab.send", input = {{ to = "{PLAIN}", body = "{CODE_SECRET} {PLAIN}" }} }}]
   [[agents.steps]]
   actions = [
     {{ tool = "agent.delegate", input = {{ agent_id = "helper", task = "{PLAIN}", expected_artifacts = ["n/n.md"] }} }},
@@ -75,8 +78,6 @@ write_scopes = ["out"]
   ]
   [[agents.steps]]
   actions = [{{ tool = "agent.run_status", input = {{}} }}]
-  [[agents.steps]]
-  actions = [{{ tool = "mcp.lab.send", input = {{ to = "{PLAIN}", body = "{CODE_SECRET} {PLAIN}" }} }}]
   [[agents.steps]]
   final = "done"
 

@@ -58,7 +58,9 @@ class SpawnIsolated:
     ledger_idempotent = True
     schema = schema(
         "agent.spawn_isolated",
-        "Run isolated child agents in parallel; their results arrive as one join delivery.",
+        "Run isolated child agents in parallel; their results arrive as one join delivery. Every child needs"
+        " write_scopes, a read-only check too: the narrowest directory that holds its expected_artifacts, never a"
+        " sibling child's scope or a shared parent directory.",
         SpawnArgs,
         read_only=False,
     )
