@@ -496,3 +496,31 @@ def test_the_final_reply_waits_for_the_policys_groups(short_tmp: Path) -> None:
         assert len(ledger_rows(daemon.home, "SELECT * FROM replies WHERE run_id = ?", run_id)) == 1
     finally:
         daemon.shutdown()
+
+
+def test_a_wave_whose_plan_never_committed_binds_nothing(tmp_path: Path) -> None:
+    # V1.38: "首个有效 durable collaboration batch 为父 run 固化策略": a wave that passed this
+    # guard but whose plan a later check refused (a secret in it) is no durable batch.
+    from corral.supervisor.context.collaboration_service import CollaborationService
+    from corral.supervisor.ledger.port import SqliteLedger
+
+    (tmp_path / "project" / ".corral").mkdir(parents=True)
+    (tmp_path / "project" / ".corral" / "collaboration-policy.json").write_text('{"requiredInitialWave": "static"}')
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    try:
+        service = CollaborationService(ledger, tmp_path / "project")
+        run = {"kind": "root", "run_id": "run-1"}
+        wave = {"actions": [_delegate("researcher")]}
+        assert service.plan_guard(run, 0, wave) is None
+        assert service.binding("run-1") is not None
+        # The same loop is planned again: its first plan did not commit.
+        refused = service.plan_guard(run, 0, {"actions": [{"tool": "fs.write", "input": {"path": "a"}}]})
+        assert refused is not None and "the first wave needs 1 initial agent.delegate" in refused
+        assert service.binding("run-1") is None
+        assert ledger.all("SELECT * FROM collaboration_batches") == []
+        # A fresh service (a restart) finds the same from the ledger alone.
+        assert service.plan_guard(run, 0, wave) is None
+        again = CollaborationService(ledger, tmp_path / "project")
+        assert again.plan_guard(run, 0, {"final": "done"}) is not None and again.binding("run-1") is None
+    finally:
+        ledger.close()

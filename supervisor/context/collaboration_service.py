@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 #: ``corral collaboration set`` writes at most 16,000 characters of policy.
 MAX_POLICY_FILE_BYTES = 64 * 1024
+#: Batches remembered as not yet known to be committed.
+MAX_UNCONFIRMED = 4096
 
 
 class CollaborationService:
@@ -59,6 +61,10 @@ class CollaborationService:
         self._read: tuple[tuple[int, ...] | None, Policy] | None = None
         #: Why the policy file last read could not be taken (None: it could, or there is none).
         self.problem: str | None = None
+        #: The (run, loop) of batches recorded for a plan not yet known to have
+        #: committed: a guard runs only before a loop's plan commits, so seeing one
+        #: again means its plan was refused after this guard.
+        self._unconfirmed: set[tuple[str, int]] = set()
 
     def live(self) -> Policy:
         try:
@@ -130,6 +136,13 @@ class CollaborationService:
         if run["kind"] != "root":
             return None
         policy, bound = self.policy_for(run["run_id"])
+        bound_here = bound and int((self.binding(run["run_id"]) or {}).get("loop_index", -1)) == loop
+        if bound_here or (run["run_id"], loop) in self._unconfirmed:
+            # A plan of this loop passed this guard, then another refused it (a secret
+            # in it), or the supervisor stopped before it committed: it never
+            # committed (a guard runs only then), so neither its batch nor its binding holds.
+            self._forget(run["run_id"], loop)
+            policy, bound = self.policy_for(run["run_id"])
         actions = list(plan.get("actions") or [])
         tools = [str(a.get("tool")) for a in actions]
         # A batch that starts a collaboration and also works alone is refused whole;
@@ -147,6 +160,12 @@ class CollaborationService:
         if collaboration.COLLABORATION_TOOLS.intersection(tools):
             self.record_batch(run["run_id"], loop, policy, actions, bind=not bound)
         return None
+
+    def _forget(self, run_id: str, loop: int) -> None:
+        self._unconfirmed.discard((run_id, loop))
+        with self.ledger.tx() as db:
+            db.execute("DELETE FROM collaboration_batches WHERE run_id = ? AND loop_index = ?", (run_id, loop))
+            db.execute("DELETE FROM collaboration_bindings WHERE run_id = ? AND loop_index = ?", (run_id, loop))
 
     def record_batch(self, run_id: str, loop: int, policy: Policy, actions: list[dict[str, Any]], *,
                      bind: bool) -> None:
@@ -175,6 +194,9 @@ class CollaborationService:
             )
             self.ledger.event("collaboration-batch", run_id, batch=the_id, contract=digest, loop=loop,
                               members=len(contract["members"]))
+        if len(self._unconfirmed) >= MAX_UNCONFIRMED:
+            self._unconfirmed.clear()  # a bound, not a policy: a plan refused after this guard is rare
+        self._unconfirmed.add((run_id, loop))
 
     def member_check(self, run: Any, action: Any) -> str | None:
         """Before a root's delegation or spawn takes effect, first time or replay: the
