@@ -33,5 +33,5 @@ def test_the_demo_swarm_runs_to_one_final_reply(short_tmp: Path) -> None:
     assert "read from the ledger" in shown.stderr
     project = short_tmp / "my d" / "project"
     for artifact in ("research/survey.md", "review/notes.md", "review/checklist.md", "draft/intro/intro.md",
-                     "draft/body/body.md", "checks/checks.md"):
+                     "draft/body/body.md", "checks/checks.md", "summary/launch.md"):
         assert (project / artifact).is_file(), artifact

@@ -127,7 +127,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_demo(short_tmp: Path)
                           cwd=away, env=env, capture_output=True, text=True, timeout=180, check=False)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "final reply: Launch plan ready" in demo.stdout
-    assert (short_tmp / "d" / "project" / "review" / "checklist.md").is_file()
+    assert (short_tmp / "d" / "project" / "summary" / "launch.md").is_file()
     # The demo stops its own supervisor; short_tmp fails the test if any process remains.
 
 
