@@ -119,7 +119,7 @@ def test_the_first_wave_rules(policy: dict[str, Any], actions: list[dict[str, An
     # "首波要求尚未满足时，普通读取、project.verify、agent.run_status 和计划更新仍可进行；
     # 一旦 Supervisor 请求项目 mutation 或开始任何一类协作，Runtime 必须整批预检"
     ({"actions": [{"tool": "fs.read", "input": {}}, {"tool": "project.verify", "input": {}},
-                  {"tool": "agent.run_status", "input": {}}, {"tool": "plan.update", "input": {}}]}, False),
+                  {"tool": "agent.run_status", "input": {}}]}, False),
     ({"actions": [{"tool": "fs.write", "input": {}}]}, True),
     ({"actions": [{"tool": "command.exec", "input": {}}]}, True),
     ({"actions": [_delegate("reviewer")]}, True),
@@ -137,7 +137,7 @@ def test_what_an_unbound_root_plan_is_preflighted_for(plan: dict[str, Any], chec
     # isolated 检查，以及继承原合同的唯一 repair agent.delegate"
     *[(tool, True) for tool in ("fs.read", "fs.list", "project.diff", "project.git_snapshot", "project.git_diff",
                                 "project.verify", "process.poll", "process.terminate", "agent.run_status",
-                                "plan.update", "agent.spawn_isolated", "agent.delegate", "command.output_read")],
+                                "goal.verdict", "agent.spawn_isolated", "agent.delegate", "command.output_read")],
     # "不得执行 file.write / file.patch / file.delete / project.patchset / project.restore /
     # project.git_commit / command.exec / command.start / command.stdin"
     *[(tool, False) for tool in ("fs.write", "fs.patch", "project.changeset", "project.restore", "project.git_commit",

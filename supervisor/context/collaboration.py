@@ -42,10 +42,11 @@ READ_TOOLS = frozenset({
     "project.diff", "agent.action_history", "command.output_read", "image.inspect", "preview.validate",
 })
 #: What a root may do before its first wave without the wave being preflighted:
-#: reads, ``project.verify``, ``agent.run_status`` and plan updates ("普通读取、
+#: reads, ``project.verify`` and ``agent.run_status``; a plan update is no action
+#: (an answer's ``planUpdate``), so it is never checked here ("普通读取、
 #: project.verify、agent.run_status 和计划更新仍可进行"). Anything else, or a
 #: collaboration tool, makes the whole plan a preflighted wave.
-PRE_WAVE_TOOLS = READ_TOOLS | {"project.verify", "agent.run_status", "plan.update"}
+PRE_WAVE_TOOLS = READ_TOOLS | {"project.verify", "agent.run_status"}
 #: What a root may still do after it delegated, under orchestratorOnlyAfterDelegation:
 #: reads, checkpoint and diff reads, project.verify, watching and closing a process
 #: (process.poll / process.terminate), its plan, goal and questions, agent.run_status,
