@@ -215,3 +215,64 @@ def test_the_limits_default_to_the_seeds_and_the_auto_limit_stays_below_the_wind
             assert json.loads(row["options"])["context"] == limits
     finally:
         daemon.shutdown()
+
+
+def _git_review(n: int, text: str, tool: str = "project.git_inspect", status: str = "ok") -> tuple[int, dict[str, Any]]:
+    output: dict[str, Any] = ({"diff": text} if tool == "project.git_diff" else
+                              {"head": "a" * 40, "branch": "main", "staged": [], "unstaged": ["a.py"],
+                               "untracked": [], "diff": {"staged": "", "unstaged": text}, "diff_files": ["a.py"],
+                               "truncated": False})
+    return n, {"action_id": f"act-{n}", "tool": tool, "status": status, "output": output}
+
+
+def test_the_latest_git_diff_is_kept_whole_in_its_own_slot_beside_the_latest_content_diff() -> None:
+    """V1.4: "最新成功 Git diff 在 context bundle 中按内容 diff 保护项最多保留 24,256 字符", and
+    V1.5: "checkpoint 内容 diff 与 Git 工作树 diff 使用两个独立保护槽。后续 git.inspect 不得再挤掉已完成
+    project.diff 的 checkpointId/hunk，反之亦然": the newest successful git diff (a
+    ``project.git_inspect`` with its diff, or a ``project.git_diff``) is not cut, not folded
+    into a summary, and a later review without a diff, or a failed one, does not displace it."""
+    content = (2, {"action_id": "act-2", "tool": "project.diff", "status": "ok",
+                   "output": {"files": [{"path": "a.py", "diff": "-a\n+b\n" * 200}], "truncated": False}})
+    status_only = (4, {"action_id": "act-4", "tool": "project.git_inspect", "status": "ok",
+                       "output": {"head": None, "branch": "main", "staged": [], "unstaged": ["a.py"], "untracked": [],
+                                  "truncated": False}})
+    reads = [(n, {"action_id": f"act-{n}", "tool": "fs.read", "status": "ok", "output": "x" * 400})
+             for n in range(6, 12)]
+    observations = [_git_review(1, "-o\n+p\n" * 300), content, _git_review(3, "-c\n+d\n" * 300), status_only,
+                    _git_review(5, "-e\n+f\n" * 300, status="failed"), *reads]
+    seen = compaction.view(observations, None, 20)
+    assert seen[1] == content[1] and seen[2] == observations[2][1], "both diffs stay whole, each in its slot"
+    assert "[cut:" in json.dumps(seen[0]["output"]), "an older git diff is an ordinary observation"
+    todo = compaction.plan(observations, None, {"auto_compact": 100, "tool_output": 20})
+    assert todo is not None and todo["to_seq"] == 7
+    folded_ids = [entry["action_id"] for entry in todo["entries"]]
+    assert folded_ids == ["act-1", "act-4", "act-5", "act-6", "act-7"], "neither protected diff is in the summary"
+    folded = {"from_seq": 1, "to_seq": todo["to_seq"], "summary": "earlier: reviews and reads"}
+    after = compaction.view(observations, folded, 20)
+    assert after[1:3] == [content[1], observations[2][1]], "both still in view after the summary, oldest first"
+    plain = [_git_review(1, "-a\n+b\n" * 300), _git_review(2, "-g\n+h\n" * 300, tool="project.git_diff")]
+    assert compaction.view(plain, None, 20)[1] == plain[1][1], "a project.git_diff is the newest git diff too"
+    huge = [_git_review(1, "+" + "y" * 40_000)]
+    kept = compaction.view(huge, None, 20)[0]
+    assert 24_000 < len(json.dumps(kept["output"])) <= compaction.PROTECTED_GIT_DIFF_CHARS + 200
+
+
+def test_the_memo_keeps_the_same_git_diff_slot_as_the_view() -> None:
+    """compaction_memo.py keeps the protected observations by the same slots: its view of
+    the same observations is ``compaction.view``'s."""
+    from corral.supervisor.longtask import compaction_memo
+
+    content = (2, {"action_id": "act-2", "tool": "project.diff", "status": "ok",
+                   "output": {"files": [{"path": "a.py", "diff": "-a\n+b\n" * 200}], "truncated": False}})
+    observations = [_git_review(1, "-o\n+p\n" * 300), content, _git_review(3, "-c\n+d\n" * 300),
+                    _git_review(4, "-e\n+f\n" * 300, tool="project.git_diff"),
+                    *[(n, {"action_id": f"act-{n}", "tool": "fs.read", "status": "ok", "output": "x" * 400})
+                      for n in range(5, 9)]]
+    limits = {"auto_compact": 100, "tool_output": 20}
+    memo = compaction_memo.RunMemo(compaction_memo.key_of(limits, None, None), None)
+    memo.add_rows([{"seq": seq, "data": json.dumps(entry)} for seq, entry in observations])
+    memo.extend_shown(False)
+    assert memo.view() == compaction.view(observations, None, 20)
+    assert memo.view()[3] == observations[3][1] and "[cut:" in json.dumps(memo.view()[2]["output"])
+    assert memo.tokens(compaction.estimate_tokens) == sum(
+        compaction.estimate_tokens(entry) for entry in compaction.view(observations, None, 20))

@@ -11,7 +11,8 @@ attributes pick), the pager, credential helpers, ``core.sshCommand``, gpg, edito
 So every git here runs:
 
 * with no system or global config (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL`` and
-  ``HOME`` pointing at nothing), a scrubbed environment, and no pager (``--no-pager``);
+  ``HOME`` pointing at nothing), a scrubbed environment, no pager (``--no-pager``) and
+  no optional locks (``GIT_OPTIONAL_LOCKS=0``: a status writes nothing);
 * with the workspace as the only place a repository is looked for
   (``GIT_CEILING_DIRECTORIES`` is its parent), never an implicit bare repository
   (``safe.bareRepository=explicit``), and only if the work tree is the workspace
@@ -102,6 +103,10 @@ def _environment(workspace: Path, settings: Sequence[tuple[str, str]], extra: Ma
         "PAGER": "cat",
         "GIT_CEILING_DIRECTORIES": str(workspace.parent),
         "GIT_NO_REPLACE_OBJECTS": "1",
+        # No optional lock: a read (status) never takes the index lock to rewrite the
+        # index with refreshed stat data (seed 004 V1.4). A commit's own locks are not
+        # optional and still hold (git_exact_commit.py).
+        "GIT_OPTIONAL_LOCKS": "0",
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "LC_ALL": "C",
         # Settings in the environment, not argv: a driver name can hold any character,

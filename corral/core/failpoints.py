@@ -40,6 +40,7 @@ KNOWN: dict[str, str] = {
     "action.after-executing": "supervisor: executing committed, agent not yet told",
     "queue.claiming": "cluster node: a queued run taken off the shared queue, its creation not yet committed",
     "agent.before-effect": "agent: executing acknowledged, side effect not started",
+    "git.inspect-read": "agent: a project.git_inspect read its status and diff, the status not yet re-read",
     "agent.after-effect": "agent: side effect done, terminal record not requested",
     "action.before-terminal": "supervisor: an action's outcome is in hand, its terminal phase not yet committed",
     "action.after-terminal": "supervisor: terminal phase committed (its receipt in the same commit)",
@@ -104,7 +105,7 @@ BROKEN_BUILDS: dict[str, str] = {
 ACTOR_SIDE = frozenset(
     name
     for name in KNOWN
-    if name.split(".")[0] in ("agent", "provider", "session", "mcp", "model", "changeset", "link")
+    if name.split(".")[0] in ("agent", "provider", "session", "mcp", "model", "changeset", "link", "git")
 )
 
 

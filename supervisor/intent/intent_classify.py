@@ -471,6 +471,7 @@ CORRAL_TAGS: dict[str, frozenset[str]] = {
     "fs.patch": WRITE,
     "project.changeset": WRITE,
     "project.git_commit": WRITE,
+    "project.git_inspect": READ,
     "project.git_status": READ,
     "project.git_diff": READ,
     "project.git_snapshot": READ,

@@ -243,13 +243,18 @@ def action_paths(tool: str, tool_input: dict[str, Any]) -> list[tuple[str, bool]
     return None
 
 
+#: Tools whose output may hold any changed file's content: under an exclude rule they
+#: could show an excluded file, so they cannot be judged.
+_SHOWS_ANY_DIFF = frozenset({"project.git_diff", "project.git_inspect"})
+
+
 def judge_action(scope: Scope, workspace: Path, home: Path, tool: str,
                  tool_input: dict[str, Any]) -> list[PathVerdict] | None:
     """The verdict on every path of an action, or None when a scoped contract
     cannot judge it (a tool whose paths are not known, a diff that may show
     excluded files): such an action is blocked."""
     paths = action_paths(tool, tool_input)
-    if paths is None or (tool == "project.git_diff" and scope.exclude):
+    if paths is None or (tool in _SHOWS_ANY_DIFF and scope.exclude):
         return None if scope.active else []
     return [judge_path(scope, workspace, home, raw, write=write) for raw, write in paths]
 

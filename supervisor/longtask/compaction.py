@@ -14,7 +14,11 @@ The newest successful ``project.diff`` is protected (seed 004 V1.3: "最新内�
 (V1.9: "额外保护最新成功的 agent.action_history 原始 observation"): each is not cut
 at the tool-output limit but kept up to its own size (``PROTECTED_CHARS``), never
 folded into a summary, and stays in view right after the summary once older turns
-are folded.
+are folded. So is the newest successful git diff (V1.4: "最新成功 Git diff 在 context
+bundle 中按内容 diff 保护项最多保留 24,256 字符"): a ``project.git_inspect`` that carries
+its diff, or a ``project.git_diff``, in a slot of its own, so a later git review never
+displaces the content diff nor the other way round (V1.5: "两个独立保护槽"). A review
+without a diff, or a failed one, is an ordinary observation and displaces nothing.
 
 A summary is never a source of truth: the goal, the plan, permissions and side
 effects are read from the ledger, not from it. Tokens are counted with the
@@ -46,8 +50,15 @@ DIFF_TOOL = "project.diff"
 #: it from being cut, it never makes the history longer (V1.9: "不扩大动作历史输出上限").
 PROTECTED_HISTORY_CHARS = 8_192
 HISTORY_TOOL = "agent.action_history"
-#: The protected tools, oldest kind first in view, and what each keeps.
-PROTECTED_CHARS = {DIFF_TOOL: PROTECTED_DIFF_CHARS, HISTORY_TOOL: PROTECTED_HISTORY_CHARS}
+#: The latest git diff keeps as much as the content diff (seed 004 V1.4: 24,256).
+PROTECTED_GIT_DIFF_CHARS = 24_256
+GIT_DIFF_SLOT = "git-diff"
+#: Each protected tool's slot: the newest successful observation of each slot is kept.
+SLOTS = {DIFF_TOOL: DIFF_TOOL, HISTORY_TOOL: HISTORY_TOOL, "project.git_inspect": GIT_DIFF_SLOT,
+         "project.git_diff": GIT_DIFF_SLOT}
+#: What each slot keeps.
+PROTECTED_CHARS = {DIFF_TOOL: PROTECTED_DIFF_CHARS, HISTORY_TOOL: PROTECTED_HISTORY_CHARS,
+                   GIT_DIFF_SLOT: PROTECTED_GIT_DIFF_CHARS}
 
 Count = Callable[[Any], int]
 
@@ -73,24 +84,35 @@ def cut(entry: dict[str, Any], limit: int | None, count: Count = estimate_tokens
             + f" ... [cut: {tokens} tokens; the full output stays in the ledger: corral show, action {where}]"}
 
 
+def slot_of(entry: dict[str, Any]) -> str | None:
+    """The protection slot of a successful observation of a protected tool, with its
+    output (a git review only with its diff), else None."""
+    slot = SLOTS.get(entry.get("tool", ""))
+    if slot is None or entry.get("status") != "ok" or "output" not in entry:
+        return None
+    if slot == GIT_DIFF_SLOT and not (isinstance(entry["output"], dict) and "diff" in entry["output"]):
+        return None  # a status-only review holds no diff to keep
+    return slot
+
+
 def is_protectable(entry: dict[str, Any]) -> bool:
-    """A successful observation of a protected tool, with its output."""
-    return entry.get("tool") in PROTECTED_CHARS and entry.get("status") == "ok" and "output" in entry
+    return slot_of(entry) is not None
 
 
 def protected_seqs(observations: list[tuple[int, dict[str, Any]]]) -> set[int]:
-    """The seqs of the newest successful observation of each protected tool."""
+    """The seqs of the newest protectable observation of each slot."""
     newest: dict[str, int] = {}
     for seq, entry in observations:
-        if is_protectable(entry):
-            newest[entry["tool"]] = int(seq)
+        slot = slot_of(entry)
+        if slot is not None:
+            newest[slot] = int(seq)
     return set(newest.values())
 
 
 def kept_whole(entry: dict[str, Any]) -> dict[str, Any]:
-    """A protected observation: as it is, or cut at its tool's ``PROTECTED_CHARS``."""
+    """A protected observation: as it is, or cut at its slot's ``PROTECTED_CHARS``."""
     text = text_of(entry["output"])
-    limit = PROTECTED_CHARS[entry["tool"]]
+    limit = PROTECTED_CHARS[SLOTS[entry["tool"]]]
     if len(text) <= limit:
         return entry
     where = entry.get("action_id", "?")

@@ -67,8 +67,8 @@ class RunMemo:
     total: int = 0
     #: How many of ``observations`` are in ``shown`` (or before the compaction).
     shown_upto: int = 0
-    #: The newest successful observation of each protected tool, by tool: its seq and
-    #: entry (``compaction.protected_seqs``).
+    #: The newest protectable observation of each slot, by slot: its seq and entry
+    #: (``compaction.protected_seqs``).
     protected: dict[str, Observation] = field(default_factory=dict)
 
     @property
@@ -87,8 +87,9 @@ class RunMemo:
         as the read (no turn of the run reads them twice); the new observations."""
         new = [(int(row["seq"]), json.loads(row["data"])) for row in rows]
         for seq, entry in new:
-            if compaction.is_protectable(entry):
-                self.protected[entry["tool"]] = (seq, entry)
+            slot = compaction.slot_of(entry)
+            if slot is not None:
+                self.protected[slot] = (seq, entry)
             self.text_total += len(texts_of(entry))
         self.observations.extend(new)
         if new:

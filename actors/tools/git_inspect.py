@@ -1,0 +1,174 @@
+"""``project.git_inspect`` (seed 004 V1.4 ``git.inspect``, command id
+``project.git_inspect``): one read-only review of the working tree, before and after a
+change, without asking for a ``command.exec``.
+
+It returns HEAD, the branch, and the safe staged / unstaged / untracked paths (status
+read with ``--porcelain=v1 -z``); with ``include_diff`` (the default) the content diff
+of the safe staged and unstaged tracked paths, separately. Untracked files are listed,
+never read. The seed's ``includeDiff`` / ``maxFiles`` / ``maxChars`` are corral's
+snake_case ``include_diff`` / ``max_files`` / ``max_chars``: 20 files and 24,000
+characters by default, at most 50 files and 24,000 characters; past a bound the output
+says ``truncated: true``.
+
+The status and HEAD are read before and after the diff; if they differ the whole
+review fails (``snapshot-drift``): a tree that moved while it was read is no review
+(the seed: "status 和 diff 前后的安全快照不一致时整次失败"). Secret paths, databases and
+control directories never appear (git_snapshot.safe_names); git runs as host_git.py
+runs it. It never advances the project revision nor touches the verification gate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NotRequired
+
+import trio
+from typing_extensions import TypedDict
+
+from corral.actors.tools import git_snapshot
+from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
+from corral.actors.tools.git_exact_commit import Head, read_head
+from corral.actors.tools.host_git import HostGit, HostGitError
+from corral.core import failpoints
+
+DEFAULT_MAX_FILES = 20
+MAX_FILES = 50
+DEFAULT_MAX_CHARS = 24_000
+MAX_CHARS = 24_000
+#: Paths listed per kind (staged, unstaged, untracked); past it, ``truncated``.
+MAX_LISTED = git_snapshot.MAX_CHANGES
+#: Between the first reads (status, HEAD, diff) and the second: a test moves the tree here.
+FAILPOINT = "git.inspect-read"
+
+_DIFF = ("diff", "--no-ext-diff", "--no-textconv", "--no-color", "--no-renames", "--ignore-submodules=all")
+
+
+class InspectArgs(TypedDict):
+    include_diff: NotRequired[bool]
+    max_files: NotRequired[int]
+    max_chars: NotRequired[int]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    include_diff: bool
+    max_files: int
+    max_chars: int
+
+
+def bounds(tool_input: dict[str, Any]) -> Bounds:
+    """The inputs, checked: bad input is refused, never clamped silently."""
+    include = tool_input.get("include_diff", True)
+    if not isinstance(include, bool):
+        raise ToolError("include_diff must be true or false", "bad-input")
+    values = []
+    for key, default, top in (("max_files", DEFAULT_MAX_FILES, MAX_FILES), ("max_chars", DEFAULT_MAX_CHARS, MAX_CHARS)):
+        value = tool_input.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+            raise ToolError(f"{key} must be a whole number within 1..{top}", "bad-input")
+        values.append(value)
+    return Bounds(include, values[0], values[1])
+
+
+@dataclass(frozen=True)
+class Status:
+    raw: str
+    head: Head
+    staged: list[str]
+    unstaged: list[str]
+    untracked: list[str]
+
+
+def _run(git: HostGit, *args: str, literal: bool = False) -> str:
+    try:
+        done = git.run(*args, literal_paths=literal)
+    except HostGitError as exc:
+        raise ToolError(str(exc), "git-failed") from None
+    if done.returncode != 0:
+        raise ToolError(done.stderr.strip()[:300] or f"git {args[0]} failed", "git-failed")
+    return done.stdout
+
+
+def _status(ctx: ToolContext, git: HostGit) -> Status:
+    raw = _run(git, *git_snapshot.STATUS_ARGS)
+    head = read_head(git)
+    entries = [(entry[:2], entry[3:]) for entry in raw.split("\0") if len(entry) > 3]
+    try:
+        safe = set(git_snapshot.safe_names(ctx.workspace, (ctx.home,), [path for _, path in entries]))
+    except HostGitError as exc:
+        raise ToolError(str(exc), "git-failed") from None
+    kept = [(code, path) for code, path in entries if path in safe and code != "!!"]
+    return Status(
+        raw,
+        head,
+        staged=sorted(path for code, path in kept if code[0] not in " ?"),
+        unstaged=sorted(path for code, path in kept if code[1] not in " ?"),
+        untracked=sorted(path for code, path in kept if code == "??"),
+    )
+
+
+def _diff(git: HostGit, paths: list[str], staged: bool) -> str:
+    if not paths:
+        return ""
+    return _run(git, *_DIFF, *(["--cached"] if staged else []), "--", *paths, literal=True)
+
+
+def inspect(ctx: ToolContext, limits: Bounds) -> dict[str, Any]:
+    """The review (blocking: git and file reads)."""
+    git = HostGit(ctx.workspace)
+    before = _status(ctx, git)
+    truncated = any(len(paths) > MAX_LISTED for paths in (before.staged, before.unstaged, before.untracked))
+    output: dict[str, Any] = {
+        "head": before.head.commit,
+        "branch": (before.head.branch or "").removeprefix("refs/heads/") or None,
+        "staged": before.staged[:MAX_LISTED],
+        "unstaged": before.unstaged[:MAX_LISTED],
+        "untracked": before.untracked[:MAX_LISTED],
+    }
+    if limits.include_diff:
+        tracked = sorted({*before.staged, *before.unstaged})
+        files = tracked[: limits.max_files]
+        truncated |= len(tracked) > len(files)
+        staged = _diff(git, [path for path in files if path in set(before.staged)], staged=True)
+        unstaged = _diff(git, [path for path in files if path in set(before.unstaged)], staged=False)
+        if len(staged) + len(unstaged) > limits.max_chars:
+            truncated = True
+            staged = staged[: limits.max_chars]
+            unstaged = unstaged[: limits.max_chars - len(staged)]
+        output |= {
+            "diff": {"staged": staged, "unstaged": unstaged},
+            "diff_files": files,
+            "max_files": limits.max_files,
+            "max_chars": limits.max_chars,
+        }
+    failpoints.hit(FAILPOINT)
+    after = _status(ctx, git)
+    if after.raw != before.raw or after.head != before.head:
+        raise ToolError(
+            "the working tree changed while it was reviewed (status, HEAD or branch moved between the"
+            " reads): inspect it again",
+            "snapshot-drift",
+        )
+    output["truncated"] = truncated
+    return output
+
+
+class GitInspect:
+    schema = schema(
+        "project.git_inspect",
+        "Review the git working tree, read-only, before and after a change: HEAD, the branch, the safe staged,"
+        " unstaged and untracked paths, and (include_diff, default true) the staged and unstaged content diff of"
+        " tracked files. max_files (default 20, at most 50) and max_chars (default 24000, at most 24000) bound the"
+        " diff; `truncated` is true when anything was left out. Untracked files are listed, never read.",
+        InspectArgs,
+        read_only=True,
+    )
+
+    async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
+        limits = bounds(tool_input)
+        output = await trio.to_thread.run_sync(inspect, ctx, limits)
+        changed = len({*output["staged"], *output["unstaged"], *output["untracked"]})
+        shown = f", diff of {len(output['diff_files'])} files" if limits.include_diff else ""
+        return ToolResult(
+            True, output, f"git inspect: {changed} changed paths{shown}{' (truncated)' if output['truncated'] else ''}"
+        )
