@@ -39,7 +39,8 @@ COLLABORATION_TOOLS = frozenset({"agent.delegate", "agent.spawn_isolated"})
 #: Reads, checkpoints and diffs: what a root may always do.
 READ_TOOLS = frozenset({
     "fs.read", "fs.list", "project.index", "project.git_inspect", "project.git_status", "project.git_diff",
-    "project.git_snapshot", "project.diff", "agent.action_history", "command.output_read", "image.inspect", "preview.validate",
+    "project.git_snapshot", "project.diff", "agent.action_history", "command.output_read", "image.inspect",
+    "preview.validate",
 })
 #: What a root may do before its first wave without the wave being preflighted:
 #: reads, ``project.verify`` and ``agent.run_status``; a plan update is no action
