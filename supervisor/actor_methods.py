@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from corral.mailbox.protocol import (
         Ack,
+        ActionReceipts,
         BenchSink,
         BenchSinkCount,
         BenchSinkReset,
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
         SwarmContract,
         SwarmDelegate,
         SwarmSpawn,
+        Verdict,
         Verification,
         VerificationState,
         VerifyBegun,
@@ -153,7 +155,7 @@ class CompactionMethods(Protocol):
 class GoalMethods(Protocol):
     """A goal's verdict (supervisor/longtask/goal_service.py)."""
 
-    async def verdict(self, slot: ActorSlot, request: GoalVerdict) -> dict[str, Any]: ...
+    async def verdict(self, slot: ActorSlot, request: GoalVerdict) -> Verdict: ...
 
 
 # -- people (supervisor/interactive/) ----------------------------------------------
@@ -174,7 +176,7 @@ class QuestionMethods(Protocol):
 class OwnHistoryMethods(Protocol):
     """An agent's own history (supervisor/interactive/own_history_service.py)."""
 
-    async def actions(self, slot: ActorSlot, request: HistoryActions) -> dict[str, Any]: ...
+    async def actions(self, slot: ActorSlot, request: HistoryActions) -> ActionReceipts: ...
 
     async def command(self, slot: ActorSlot, request: HistoryCommand) -> CommandSource: ...
 

@@ -33,6 +33,8 @@ from corral.mailbox.protocol import (
     BadReply,
     ClaimedRun,
     Code,
+    GoalVerdict,
+    HistoryActions,
     NextStep,
     RunClaim,
     RunFail,
@@ -150,8 +152,6 @@ def test_the_lane_fails_its_run_over_a_malformed_step_and_lives_on(tmp_path: Pat
 #: (mcp.call, model.generate). It only shrinks; a method leaves it with its reply
 #: record (``Request[X]``) and handler.
 MAP_REPLIES = {
-    "GoalVerdict",
-    "HistoryActions",
     "McpCall",
     "ModelGenerate",
     "SessionPoll",
@@ -206,3 +206,36 @@ def test_the_check_finds_a_handler_answering_a_map(tmp_path: Path) -> None:
         "        return {}\n"
     )
     assert _map_handlers(tmp_path) == {"ActionBegin": ["supervisor/x_service.py:3: begin"]}
+
+
+#: The views a tool hands the model whole: each crosses the wire as its record and
+#: the tool encodes it back (``msgspec.to_builtins``) to the same JSON the handler's
+#: map was. A receipt the detail budget trimmed keeps its optional fields absent,
+#: not null (supervisor/interactive/own_history.py ``_within_budget``).
+VIEWS = [
+    (HistoryActions(run_id="r", action_id="a"), {
+        "agent_id": "agent-1",
+        "receipts": [
+            {"action_id": "r/1/0", "run_id": "r", "tool": "fs.read", "status": "ok", "fingerprint": "f1",
+             "input_summary": "read a", "result_summary": "3 lines", "note": None, "started_at": 1.5,
+             "finished_at": 2.0},
+            {"action_id": "r/0/0", "run_id": "r", "tool": "fs.list", "status": "failed", "fingerprint": "f0",
+             "finished_at": None},
+        ],
+        "more": True,
+        "truncated": True,
+    }),
+    (GoalVerdict(run_id="r", action_id="a", met=True, evidence="tests pass"), {
+        "action_id": "a", "met": True, "evidence": "tests pass", "at": 1.25, "goal_revision": 2,
+        "plan_revision": None, "verification_id": None,
+    }),
+]
+
+
+@pytest.mark.parametrize(("request_", "view"), VIEWS, ids=lambda x: type(x).__name__)
+def test_a_view_reaches_the_model_as_the_same_json(request_: Any, view: dict[str, Any]) -> None:
+    assert request_.REPLY is not None
+    sent = msgspec.to_builtins(msgspec.convert(view, request_.REPLY))
+    answer = trio.run(_ctx(Channel({request_.METHOD.value: sent})).ask, request_)
+    assert type(answer) is request_.REPLY
+    assert msgspec.to_builtins(answer) == view

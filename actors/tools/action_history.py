@@ -10,7 +10,8 @@ keeps the newest answer in view. The supervisor decides all of it
 Newest first, at most ``limit`` (1-10, default 5), each with its run and action
 ids, tool, status, fingerprint, a summary of its call and of its result, and when
 it ran: never file contents, command output or secrets (receipts hold none, and
-the supervisor redacts them again); ``truncated`` when the budget left detail out. Without ``run_id`` it reads the current run;
+the supervisor redacts them again); ``truncated`` when the budget left detail out.
+Without ``run_id`` it reads the current run;
 ``run_id`` names another of the agent's own runs, or ``"all"`` for every one.
 The calling action is never listed, nor, unless ``tool`` names it, any other call
 of this tool. Another agent's actions are out of reach.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, NotRequired
 
+import msgspec
 from pydantic import Field
 from typing_extensions import TypedDict
 
@@ -54,9 +56,9 @@ class ActionHistory:
             limit=tool_input.get("limit"),
         )
         reply = await ledger_ask(ctx, query, "bad-input")
-        receipts = reply["receipts"]
-        more = ", more before them" if reply["more"] else ""
-        return ToolResult(True, reply, f"{len(receipts)} receipt(s) of {reply['agent_id']}{more}")
+        more = ", more before them" if reply.more else ""
+        summary = f"{len(reply.receipts)} receipt(s) of {reply.agent_id}{more}"
+        return ToolResult(True, msgspec.to_builtins(reply), summary)
 
 
 TOOLS: list[Tool] = [ActionHistory()]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from typing_extensions import TypedDict
 
 from corral.actors.tools.base import Tool, ToolContext, ToolResult, ledger_ask, schema
@@ -34,7 +35,7 @@ class GoalVerdict:
             run_id=ctx.run_id, action_id=ctx.action_id, met=tool_input["met"], evidence=tool_input["evidence"]
         )
         verdict = await ledger_ask(ctx, record, "verdict-refused")
-        return ToolResult(True, verdict, "goal met" if verdict["met"] else "goal not met yet")
+        return ToolResult(True, msgspec.to_builtins(verdict), "goal met" if verdict.met else "goal not met yet")
 
 
 TOOLS: list[Tool] = [GoalVerdict()]

@@ -41,7 +41,7 @@ from corral.mailbox.protocol.bridge import (
     BridgeRunState,
     BridgeRunStatus,
 )
-from corral.mailbox.protocol.longtask import Compacted, ContextCompacted, GoalVerdict, LongTaskRequest
+from corral.mailbox.protocol.longtask import Compacted, ContextCompacted, GoalVerdict, LongTaskRequest, Verdict
 from corral.mailbox.protocol.mcp import (
     McpCall,
     McpFailed,
@@ -57,10 +57,12 @@ from corral.mailbox.protocol.models import (
     ReplyStream,
 )
 from corral.mailbox.protocol.people import (
+    ActionReceipts,
     CommandSource,
     HistoryActions,
     HistoryCommand,
     InputRequest,
+    OwnReceipt,
     PeopleRequest,
     ReplyDelta,
 )
@@ -147,6 +149,7 @@ __all__ = [
     "ActionFinish",
     "ActionFinishBatch",
     "ActionPrepare",
+    "ActionReceipts",
     "ActionResult",
     "BadReply",
     "BenchSink",
@@ -185,6 +188,7 @@ __all__ = [
     "ModelGenerate",
     "ModelReady",
     "NextStep",
+    "OwnReceipt",
     "Ping",
     "PlanAnswer",
     "PlanCommit",
@@ -234,6 +238,7 @@ __all__ = [
     "SwarmSpawn",
     "TurnNote",
     "TypedRequest",
+    "Verdict",
     "Verification",
     "VerificationState",
     "VerifyBegun",

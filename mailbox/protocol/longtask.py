@@ -3,7 +3,7 @@ its older turns, its durable plan, its goal's verdict."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, ClassVar
 
 import msgspec
 
@@ -34,7 +34,24 @@ class ContextCompacted(Request[Compacted], frozen=True, forbid_unknown_fields=Tr
     history_have: Count = 0
 
 
-class GoalVerdict(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class Verdict(msgspec.Struct, kw_only=True):
+    """``goal.verdict``'s reply: the verdict as recorded (the first, when the action
+    asks again after a crash) and what it binds to (supervisor/longtask/goal_store.py
+    ``record_verdict``); the tool hands it to the model as it is."""
+
+    action_id: str
+    met: bool
+    evidence: str
+    #: When it was recorded (Unix seconds).
+    at: float
+    #: The goal's and the durable plan's revisions, and the latest verification's
+    #: action id, at the verdict (None on a verdict recorded before they were kept).
+    goal_revision: int | None
+    plan_revision: int | None
+    verification_id: str | None
+
+
+class GoalVerdict(Request[Verdict], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``goal.verdict``: whether the run's goal is met, with the evidence (checked
     by the handler: 1 to MAX_EVIDENCE_CHARS once stripped)."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from corral.mailbox.protocol.base import Ack, Id, Method, Request
 
@@ -24,7 +25,35 @@ class InputRequest(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_d
     questions: list[dict[str, Any]]
 
 
-class HistoryActions(Request[dict[str, Any]], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class OwnReceipt(msgspec.Struct, kw_only=True):
+    """One receipt of the agent's own, as the model reads it: redacted, no absolute
+    path (supervisor/interactive/own_history.py ``_cleaned``). The optional fields
+    are absent (``UNSET``), not null, once the detail budget left them out."""
+
+    action_id: str
+    run_id: str
+    tool: str
+    status: str
+    fingerprint: str
+    input_summary: str | UnsetType = UNSET
+    result_summary: str | UnsetType = UNSET
+    note: str | UnsetType | None = UNSET
+    started_at: float | UnsetType | None = UNSET
+    finished_at: float | None
+
+
+class ActionReceipts(msgspec.Struct, kw_only=True):
+    """``history.actions``' reply: the agent's receipts, newest first; ``more`` when
+    older ones matched past the limit, ``truncated`` when the detail budget left
+    fields or receipts out (supervisor/interactive/own_history.py ``action_history``)."""
+
+    agent_id: str
+    receipts: list[OwnReceipt]
+    more: bool
+    truncated: bool
+
+
+class HistoryActions(Request[ActionReceipts], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``history.actions``: ``agent.action_history``'s lookup of the calling agent's
     own actions (supervisor/interactive/own_history.py bounds each filter)."""
 

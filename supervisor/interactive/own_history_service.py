@@ -4,9 +4,11 @@ own actions only."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from corral.mailbox.protocol import CommandSource, HistoryActions, HistoryCommand
+import msgspec
+
+from corral.mailbox.protocol import ActionReceipts, CommandSource, HistoryActions, HistoryCommand
 from corral.supervisor.interactive import own_history
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.run_service import RunService
@@ -16,13 +18,12 @@ if TYPE_CHECKING:
     from corral.supervisor.daemon import Supervisor
 
 
-
 class OwnHistoryService:
     def __init__(self, ledger: Ledger, runs: RunService) -> None:
         self.ledger = ledger
         self.runs = runs
 
-    async def actions(self, slot: ActorSlot, request: HistoryActions) -> dict[str, Any]:
+    async def actions(self, slot: ActorSlot, request: HistoryActions) -> ActionReceipts:
         caller = self.runs.run_of(slot, request.run_id)
         given = {
             "run_id": request.of_run,
@@ -32,7 +33,11 @@ class OwnHistoryService:
             "limit": request.limit,
         }
         filters = {key: value for key, value in given.items() if value is not None}
-        return own_history.action_history(self.ledger, caller, request.action_id, filters)
+        # convert, not **: the receipts are nested records (a receipt the budget
+        # trimmed lacks its optional fields, which stay UNSET).
+        return msgspec.convert(
+            own_history.action_history(self.ledger, caller, request.action_id, filters), ActionReceipts
+        )
 
     async def command(self, slot: ActorSlot, request: HistoryCommand) -> CommandSource:
         caller = self.runs.run_of(slot, request.run_id)

@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from corral.mailbox.protocol import GoalVerdict
+from corral.mailbox.protocol import GoalVerdict, Verdict
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.interactive.steer_control import SteerControl
 from corral.supervisor.ledger.port import Ledger
@@ -49,7 +49,7 @@ class GoalService:
         #: The steer path: an edit is a steer, a pause interrupts like one.
         self.steers = SteerControl(ledger, runs)
 
-    async def verdict(self, slot: ActorSlot, request: GoalVerdict) -> dict[str, Any]:
+    async def verdict(self, slot: ActorSlot, request: GoalVerdict) -> Verdict:
         run_id = request.run_id
         action = self.runs.tool_action(slot, run_id, request.action_id, "goal.verdict")
         if goal_store.goal_of(self.ledger, run_id) is None:
@@ -57,7 +57,7 @@ class GoalService:
         met, evidence = request.met, request.evidence
         if not evidence.strip() or len(evidence) > goal_store.MAX_EVIDENCE_CHARS:
             raise BadRequest(f"evidence must be 1 to {goal_store.MAX_EVIDENCE_CHARS} characters")
-        return goal_store.record_verdict(self.ledger, run_id, action["action_id"], met, evidence.strip())
+        return Verdict(**goal_store.record_verdict(self.ledger, run_id, action["action_id"], met, evidence.strip()))
 
     async def status(self, params: dict[str, Any]) -> dict[str, Any]:
         run_id = param_str(params, "run_id", limit=64)
