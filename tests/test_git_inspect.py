@@ -215,3 +215,26 @@ async def test_a_review_writes_nothing_not_even_the_index_git_refreshes_by_itsel
     out = (await GitInspect().run(_ctx(ws), {})).output
     assert out["unstaged"] == [] and out["truncated"] is False
     assert index.read_bytes() == before, "the review left the index as it was"
+
+
+async def test_the_review_runs_no_git_from_the_project_and_finds_no_repository_above_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seed: "Git 进程使用项目外受信可执行文件" and "项目目录必须精确等于 Git top-level；不向父目录探测
+    仓库": a ``git`` the project holds, first on PATH, is refused, never run; a workspace inside
+    another repository is no repository of its own."""
+    ws = _repo(tmp_path)
+    fake = ws / "bin" / "git"
+    fake.parent.mkdir()
+    marker = tmp_path / "PROJECT-GIT-RAN"
+    fake.write_text(f"#!/bin/sh\ntouch {marker}\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    with pytest.raises(ToolError, match="inside the project") as refused:
+        await GitInspect().run(_ctx(ws), {})
+    assert refused.value.code == "git-failed" and not marker.exists()
+    monkeypatch.undo()
+    nested = ws / "game"
+    with pytest.raises(ToolError) as outside:
+        await GitInspect().run(_ctx(nested), {})
+    assert outside.value.code == "git-failed"

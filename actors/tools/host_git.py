@@ -10,6 +10,8 @@ filter drivers (``clean``, ``smudge``, ``process``, under any driver name the
 attributes pick), the pager, credential helpers, ``core.sshCommand``, gpg, editors.
 So every git here runs:
 
+* a git from outside the project only (``trusted_git``: one the project holds, first on
+  PATH, is refused);
 * with no system or global config (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL`` and
   ``HOME`` pointing at nothing), a scrubbed environment, no pager (``--no-pager``) and
   no optional locks (``GIT_OPTIONAL_LOCKS=0``: a status writes nothing);
@@ -38,6 +40,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import shutil
 import stat
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -119,12 +122,25 @@ def _environment(workspace: Path, settings: Sequence[tuple[str, str]], extra: Ma
     return env
 
 
+def trusted_git(workspace: Path) -> str:
+    """The git executable on PATH, resolved, and never one inside the project: an agent's
+    commands can write the project, and this git runs on the host with the user's rights
+    (seed 004 V1.4: "Git 进程使用项目外受信可执行文件")."""
+    found = shutil.which("git", path=os.environ.get("PATH", "/usr/bin:/bin"))
+    if found is None:
+        raise HostGitError("cannot run git: no git on PATH")
+    executable = Path(found).resolve()
+    if executable.is_relative_to(workspace.resolve()):
+        raise HostGitError("the git found on PATH is inside the project; corral runs only a git from outside it")
+    return str(executable)
+
+
 def _run(
     workspace: Path, settings: Sequence[tuple[str, str]], args: Sequence[str], extra: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(
-            ["git", "--no-pager", *args],
+            [trusted_git(workspace), "--no-pager", *args],
             cwd=workspace,
             env=_environment(workspace, settings, extra or {}),
             stdin=subprocess.DEVNULL,
