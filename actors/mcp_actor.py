@@ -34,6 +34,7 @@ from corral.actors.mcp_tree import TAG_VAR, ServerTree, tree_tag
 from corral.actors.runtime import ActorContext, ask_best_effort, serve_requests
 from corral.actors.tools.sidecar import ResultTooLarge, bounded
 from corral.core import failpoints
+from corral.core.mcp_credentials import VAR, CredentialsError, expand_credentials, read_credentials
 from corral.core.redact import redact_text, register_secret, summarize
 from corral.mailbox.envelope import Envelope
 from corral.mailbox.protocol import McpFailed, McpReady
@@ -47,25 +48,27 @@ REAP_INTERVAL_S = 5.0
 
 EXIT_SESSION_BROKEN = 3
 EXIT_START_FAILED = 4
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
 
 
 class McpStartError(Exception):
     """The server could not be started, connected to or initialized."""
 
 
-def expand_env(template: str, environ: dict[str, str] | os._Environ[str]) -> str:
-    """``${NAME}`` from the environment; a missing variable is an error, not ''."""
-
-    def sub(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in environ:
-            raise McpStartError(f"environment variable {name} (named in the spec) is not set")
-        value = environ[name]
-        register_secret(value)
-        return value
-
-    return _VAR.sub(sub, template)
+def expand_all(table: dict[str, str], server: dict[str, Any]) -> dict[str, str]:
+    """``${NAME}`` in each value from the user's private credentials file only
+    (corral/core/mcp_credentials.py), never from this process's environment."""
+    if not any(VAR.search(value) for value in table.values()):
+        return dict(table)
+    path = Path(str(server["credentials_file"]))
+    try:
+        credentials = read_credentials(path)
+        expanded = {name: expand_credentials(value, credentials, path) for name, value in table.items()}
+    except CredentialsError as exc:
+        raise McpStartError(str(exc)) from None
+    for value in table.values():
+        for name in VAR.findall(value):
+            register_secret(credentials.get(name) or "")
+    return expanded
 
 
 def server_argv(command: list[str]) -> list[str]:
@@ -99,14 +102,14 @@ async def open_session(
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
 
-            headers = {name: expand_env(value, os.environ) for name, value in server.get("headers", {}).items()}
+            headers = expand_all(server.get("headers", {}), server)
             http = await stack.enter_async_context(
                 httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
             )
             read, write = await stack.enter_async_context(streamable_http_client(server["url"], http_client=http))
         else:
             argv = server_argv(list(server["command"]))
-            env = {name: expand_env(value, os.environ) for name, value in server.get("env", {}).items()}
+            env = expand_all(server.get("env", {}), server)
             if tree is not None:
                 env[TAG_VAR] = tree.tag
             errlog = await stack.enter_async_context(_server_log(server.get("log")))

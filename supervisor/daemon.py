@@ -50,6 +50,7 @@ from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import compaction_service, goal_service, plan_service
 from corral.supervisor.mcp import mcp_service
 from corral.supervisor.mcp.mcp_service import McpService
+from corral.supervisor.mcp.mcp_spec import register_mcp_credentials
 from corral.supervisor.models import model_service
 from corral.supervisor.models.model_service import ModelService
 from corral.supervisor.params import param_int, param_seconds
@@ -102,6 +103,7 @@ class Supervisor:
         for actor in spec.actors:
             for name in actor.env_passthrough:
                 register_secret(os.environ.get(name, ""))
+        register_mcp_credentials(spec.mcp_servers)
         #: ``[telemetry]`` and ``OTEL_*``: how traces are exported, or None (off). A
         #: telemetry asked for that cannot be had stops the boot here, with why.
         self.telemetry_config = telemetry_config.resolve(spec.telemetry, os.environ)

@@ -146,7 +146,7 @@ def test_bad_server_specs_name_the_place(table: dict[str, Any], message: str) ->
     assert message in str(caught.value)
 
 
-def test_the_spec_declares_one_actor_and_group_per_server_with_env_passthrough() -> None:
+def test_the_spec_declares_one_actor_and_group_per_server_and_passes_no_host_variable() -> None:
     spec = parse_spec(
         {
             "mcp_servers": [
@@ -158,7 +158,7 @@ def test_the_spec_declares_one_actor_and_group_per_server_with_env_passthrough()
     assert [server.id for server in spec.mcp_servers] == ["git", "web"]
     actor = spec.actor("mcp-web")
     assert actor.template == "mcp" and actor.group == "mcp-web"
-    assert actor.env_passthrough == ("WEB_TOKEN",)
+    assert actor.env_passthrough == ()  # credentials come from the private file only
     # Only the template reaches the actor's params (and so any persisted surface).
     assert actor.params["server"]["headers"] == {"Authorization": "Bearer ${WEB_TOKEN}"}
     with pytest.raises(SpecError, match="duplicate server id"):

@@ -199,10 +199,31 @@ url = "http://127.0.0.1:{port}/mcp"
 headers = {{ Authorization = "Bearer wrong-token" }}
 startup_timeout_s = 5
 max_restarts = 0
+[[mcp_servers]]
+id = "hostenv"
+url = "http://127.0.0.1:{port}/mcp"
+headers = {{ Authorization = "Bearer ${{LAB_HOST_ONLY}}" }}
+startup_timeout_s = 5
+max_restarts = 0
 """
+        # The token sits in the user's private credentials file (seed 004 V1.22);
+        # LAB_HOST_ONLY is only in the environment of `corral up`, never a credential.
+        config = project / "config"
+        credentials = config / "corral" / "mcp-credentials.toml"
+        credentials.parent.mkdir(parents=True)
+        credentials.write_text(f'LAB_TOKEN = "{token}"\n')
+        credentials.chmod(0o600)
+        env = {"XDG_CONFIG_HOME": str(config), "LAB_HOST_ONLY": token, "LAB_TOKEN": "not-the-token-0000"}
         steps = [{"actions": [("mcp.web.peek", {"item": "color"})]}, {"final": "done"}]
-        with running(project / "home", _spec(servers, steps), env={"LAB_TOKEN": token}) as daemon:
+        with running(project / "home", _spec(servers, steps), env=env) as daemon:
             _wait_server(daemon, "web", "ready")
+            hostenv = _server(daemon, "hostenv")
+            deadline = time.monotonic() + 60
+            while not hostenv["error"] and time.monotonic() < deadline:
+                daemon.call("events", since=daemon.status()["cursor"], wait_ms=1000)
+                hostenv = _server(daemon, "hostenv")
+            assert hostenv["status"] != "ready", hostenv
+            assert "LAB_HOST_ONLY" in hostenv["error"] and str(credentials) in hostenv["error"], hostenv
             shown = wait_run(daemon, _run(daemon), {"completed", "failed"})
             assert shown["run"]["status"] == "completed", shown
             assert shown["receipts"][0]["status"] == "ok"

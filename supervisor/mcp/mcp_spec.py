@@ -2,9 +2,10 @@
 
 Parsing is as strict as the rest of the spec (supervisor/spec/spec_base.py): an
 unknown key, a wrong type or an impossible value is a ``SpecError`` naming the
-place. Secrets never sit in the spec: headers and env values name environment
-variables (``${NAME}``), which only the server's actor expands, so the ledger and
-the logs see the template alone.
+place. Secrets never sit in the spec: headers and env values name credentials
+(``${NAME}``) of the user's private credentials file (corral/core/mcp_credentials.py),
+which only the server's actor reads, so the ledger and the logs see the template
+alone. The host's environment is never a credential fallback (seed 004 V1.22).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from urllib.parse import urlparse
 from pydantic import Field, StrictFloat, StrictInt, StrictStr, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
+from corral.core.mcp_credentials import CredentialsError, credentials_file, read_credentials
+from corral.core.redact import register_secret
 from corral.supervisor.spec.spec_base import SECTION, Reader, SpecError, problem, spec_path, spec_program
 from corral.supervisor.tree.restart_policy import RestartType
 
@@ -63,8 +66,9 @@ class McpServerSpec:
         default=None, max_length=4096, description="A stdio server's working directory, relative to the spec; unset:"
         " the spec's directory.")
     env: _Table = Field(
-        default_factory=dict, description="A stdio server's environment; `${NAME}` in a value is the variable"
-        " NAME, expanded in the server's actor only (the spec and the ledger keep the template).")
+        default_factory=dict, description="A stdio server's environment; `${NAME}` in a value is the credential"
+        " NAME of the private file ~/.config/corral/mcp-credentials.toml (mode 0600), never a variable of the"
+        " host's environment; expanded in the server's actor only (the spec and the ledger keep the template).")
     headers: _Table = Field(
         default_factory=dict, description="HTTP headers of a url server, with `${NAME}` expanded as in `env`.")
     allow: _Strings = Field(default=("*",), description="Globs of the server's tools that are offered.")
@@ -116,8 +120,8 @@ class McpServerSpec:
         return f"mcp-{self.id}"
 
     @property
-    def env_names(self) -> tuple[str, ...]:
-        """Environment variables the server's actor may see despite the scrub."""
+    def credential_names(self) -> tuple[str, ...]:
+        """The credentials its ``env`` and ``headers`` name."""
         names: set[str] = set()
         for value in (*self.env.values(), *self.headers.values()):
             names.update(_VAR.findall(value))
@@ -148,8 +152,9 @@ class McpServerSpec:
             return "auto" if effect in ("read", "idempotent") else "confirm"
         return approval
 
-    def actor_params(self) -> dict[str, Any]:
-        """What the actor needs: templates only, never an expanded secret."""
+    def actor_params(self, credentials_file: Path) -> dict[str, Any]:
+        """What the actor needs: templates and where the credentials are, never an
+        expanded secret."""
         return {
             "server": {
                 "id": self.id,
@@ -159,6 +164,7 @@ class McpServerSpec:
                 "env": dict(self.env),
                 "headers": dict(self.headers),
                 "startup_timeout_s": self.startup_timeout_s,
+                "credentials_file": str(credentials_file),
             }
         }
 
@@ -208,6 +214,22 @@ def _program(where: str, program: str, base: Path) -> str:
         raise SpecError(f"{where}.command: {path} is not executable; `chmod +x` it, or start it with an"
                         f" interpreter (command = [\"python\", {json.dumps(program)}])")
     return str(written)
+
+
+def register_mcp_credentials(servers: tuple[McpServerSpec, ...]) -> None:
+    """The credentials the servers name become secrets of this process too: the
+    supervisor relays and records what servers answer, and one may echo a token.
+    A file that cannot be read registers nothing: the server's actor reports it."""
+    names = {name for server in servers for name in server.credential_names}
+    if not names:
+        return
+    path = credentials_file(os.environ)
+    try:
+        credentials = read_credentials(path)
+    except CredentialsError:
+        return
+    for name in sorted(names):
+        register_secret(credentials.get(name) or "")
 
 
 def split_tool_name(name: str) -> tuple[str, str] | None:

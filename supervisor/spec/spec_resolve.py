@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral.actors.tools.registry import all_tools, builtin_tools
+from corral.core.mcp_credentials import credentials_file
 from corral.supervisor.bridge import bridge_spec
 from corral.supervisor.mcp.mcp_spec import resolve_servers
 from corral.supervisor.models.model_spec import ModelRegistry
@@ -75,7 +77,7 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
     for server in mcp_servers:
         # One group per server: a flapping server exhausts its own intensity only.
         tree.service(f"mcp_servers: actor id {server.actor_id!r} is already used", server.actor_id, "mcp",
-                     server.max_restarts, server.period_s, server.actor_params(), server.env_names)
+                     server.max_restarts, server.period_s, server.actor_params(credentials_file(os.environ)))
     for model in models.all():
         # A model that cannot load exhausts its own restart intensity, not the agents'.
         tree.service(f"models: actor id {model.actor_id!r} is already used", model.actor_id, "model",
