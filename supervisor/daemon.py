@@ -120,9 +120,9 @@ class Supervisor:
             spec_path=spec.source if spec.source != "<embedded>" else None,
         )
         #: The features' parts in runs (supervisor/runs/run_feature.py): this
-        #: supervisor's own, listed once by ``_assemble``; its ledger's stores call them.
+        #: supervisor's own, listed once by ``_assemble``. Handed to every run-layer
+        #: call that may move a run or write a receipt (never kept on the ledger).
         self.features = RunFeatures()
-        self.ledger.features = self.features
         self.group_commit = GroupCommit(self.ledger)
         self.launcher = make_launcher(spec.supervisor.launch, self.token, home / "logs" / "forkserver.log")
         self.tree = SupervisionTree(

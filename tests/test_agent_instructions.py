@@ -185,14 +185,16 @@ def test_a_child_run_carries_its_templates_instructions_not_its_parents(open_led
                        "agents": [{"id": "boss", "instructions": "BOSS-ROLE", "steps": [{"final": "x"}]}]})
     ledger = open_ledger()
     ledger.begin_boot("b", 1, 1)
-    run_id = run_store.create_run(ledger, agent_id="boss", task="t", provider="scripted", provider_config={},
+    run_id = run_store.create_run(ledger, NO_FEATURES,
+                                  agent_id="boss", task="t", provider="scripted", provider_config={},
                                   options={"workspace": "/tmp", "instructions": {"text": "BOSS-ROLE", "file": None}})
     row = action_store.prepare_action(ledger, run_id, 0, 0, "agent.spawn_isolated", {}, NO_FEATURES, rerunnable=True,
                                       policy="auto")
-    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING)
+    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING, NO_FEATURES)
     action_store.move_action(ledger, row["action_id"], ActionPhase.EXECUTING)
     view = children_store.spawn_group(ledger, spec, run_store.get_run(ledger, run_id), row["action_id"],
-                                      [{"template": "helper", "task": "help", "write_scopes": ["a"]}], "all")
+                                      [{"template": "helper", "task": "help", "write_scopes": ["a"]}], "all",
+                                      NO_FEATURES)
     child = run_store.get_run(ledger, view["children"][0]["run_id"])
     assert json.loads(child["options"])["instructions"] == {"text": "HELPER-ROLE", "file": None}
 

@@ -18,6 +18,7 @@ from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import SqliteLedger
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import fingerprint
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.spec.swarm_spec import empty_spec
 
@@ -28,9 +29,11 @@ class _Run:
     def __init__(self, tmp: Path) -> None:
         self.ledger = SqliteLedger(tmp / "ledger.db")
         self.ledger.begin_boot("b1", 1, 1)
+        #: A supervisor with no features.
+        self.features = RunFeatures()
         self.service = RunService(
             self.ledger,
-            self.ledger.features,
+            self.features,
             spec=empty_spec(),
             home=tmp,
             tree=None,  # type: ignore[arg-type]
@@ -38,14 +41,15 @@ class _Run:
         )
         self.slot: Any = SimpleNamespace(id="writer", spec=SimpleNamespace(params={"agent_id": "writer"}))
         self.run_id = run_store.create_run(
-            self.ledger, agent_id="writer", task="t", provider="scripted", provider_config={"script": {"steps": []}}
+            self.ledger, self.features,
+            agent_id="writer", task="t", provider="scripted", provider_config={"script": {"steps": []}}
         )
 
     def executing(self, index: int, tool_input: dict[str, Any], tool: str = "fs.list") -> str:
         row = action_store.prepare_action(
-            self.ledger, self.run_id, 0, index, tool, tool_input, self.ledger.features, rerunnable=True, policy="auto"
+            self.ledger, self.run_id, 0, index, tool, tool_input, self.features, rerunnable=True, policy="auto"
         )
-        action_store.begin_action(self.ledger, row["action_id"], self.ledger.features)
+        action_store.begin_action(self.ledger, row["action_id"], self.features)
         return str(row["action_id"])
 
     def stored(self, the_id: str) -> tuple[Any, Any, Any]:

@@ -22,8 +22,12 @@ import pytest
 import corral
 from corral.core.procs import wait_exit
 from corral.supervisor.ledger.port import RunIdTaken
+from corral.supervisor.runs.run_feature import RunFeatures
 from tests.harness import Daemon, drive_to_end, effects, ledger_rows, wait_for
 from tests.test_cluster import ONE_EFFECT, _adopted, _up
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 TASK = "record one effect"
 
@@ -222,7 +226,8 @@ def test_a_run_id_another_node_is_creating_waits_for_it_then_is_refused_or_taken
         run_id = "run-overlap-" + ("commit" if first_commits else "rollback")
 
         def create(ledger: PostgresLedger) -> str:
-            return create_run(ledger, agent_id="writer", task=TASK, provider="scripted", provider_config={},
+            return create_run(ledger, NO_FEATURES,
+                              agent_id="writer", task=TASK, provider="scripted", provider_config={},
                               run_id=run_id)
 
         second: dict[str, Any] = {}
@@ -269,7 +274,8 @@ def test_runs_of_a_partition_made_before_cluster_wide_ids_claim_theirs_when_it_i
     conn = connect_cluster(pg_url)
     holds = {name: cluster_tables.acquire_own(conn, name, None, 600.0, None) for name in ("old", "other")}
     old = PostgresLedger(pg_url, "old", epoch=holds["old"].epoch)
-    create_run(old, agent_id="writer", task=TASK, provider="scripted", provider_config={}, run_id="run-from-before")
+    create_run(old, NO_FEATURES,
+               agent_id="writer", task=TASK, provider="scripted", provider_config={}, run_id="run-from-before")
     with old.tx() as db:  # as an older corral left it: no claim, never backfilled
         db.execute("DELETE FROM corral_cluster.run_ids")
         db.execute("DELETE FROM corral_meta WHERE key = 'run_ids_claimed'")

@@ -21,6 +21,10 @@ from corral.supervisor.longtask.compaction_service import (
     latest,
 )
 from corral.supervisor.runs import run_store
+from corral.supervisor.runs.run_feature import RunFeatures
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 LIMITS = {"auto_compact": 900, "tool_output": 60}
 
@@ -97,7 +101,8 @@ def test_the_memo_gives_the_same_views_and_compactions_as_reading_everything(ope
                                                                             local: bool) -> None:
     ledger = open_ledger()
     ledger.begin_boot("b", 1, 1)
-    run_id = run_store.create_run(ledger, agent_id="a", task="t", provider="local" if local else "scripted",
+    run_id = run_store.create_run(ledger, NO_FEATURES,
+                                  agent_id="a", task="t", provider="local" if local else "scripted",
                                   provider_config={"model": "m"}, options={"context": LIMITS})
     tokenizer = Tokenizer()
     service = CompactionService(ledger, None, tokenizer if local else None)  # type: ignore[arg-type]
@@ -136,7 +141,7 @@ def test_a_turn_reads_only_the_rows_appended_since_the_last_and_an_ended_run_is_
         open_ledger: Any) -> None:
     ledger = open_ledger()
     ledger.begin_boot("b", 1, 1)
-    run_id = run_store.create_run(ledger, agent_id="a", task="t", provider="scripted", provider_config={},
+    run_id = run_store.create_run(ledger, NO_FEATURES, agent_id="a", task="t", provider="scripted", provider_config={},
                                   options={"context": {"auto_compact": 10**6, "tool_output": 60}})
     counting = Counting(ledger)
     service = CompactionService(counting, None, None)  # type: ignore[arg-type]
@@ -160,9 +165,10 @@ def test_a_turn_reads_only_the_rows_appended_since_the_last_and_an_ended_run_is_
     trio.run(main)
     assert len(seen) > 20  # most turns were past the limits
     # The run ends: its memo goes (after the commit of the status change).
-    ledger.features.install([CompactionFeature(service)])
+    features = RunFeatures()
+    features.install([CompactionFeature(service)])
     assert run_id in service._memos
-    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING)
+    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING, features)
     assert run_id in service._memos  # a status that is not an end keeps it
-    run_store.set_run_status(ledger, run_id, run_store.RunStatus.COMPLETED)
+    run_store.set_run_status(ledger, run_id, run_store.RunStatus.COMPLETED, features)
     assert run_id not in service._memos

@@ -31,15 +31,16 @@ def test_a_delegated_run_carries_its_specialists_retry_limits(tmp_path: Path) ->
     ledger = SqliteLedger(tmp_path / "ledger.db")
     try:
         ledger.begin_boot("b", 1, 1)
-        root = run_store.create_run(ledger, agent_id="boss", task="t", provider="scripted", provider_config={},
+        root = run_store.create_run(ledger, NO_FEATURES,
+                                    agent_id="boss", task="t", provider="scripted", provider_config={},
                                     options={"workspace": str(tmp_path)})
-        run_store.set_run_status(ledger, root, run_store.RunStatus.RUNNING)
+        run_store.set_run_status(ledger, root, run_store.RunStatus.RUNNING, NO_FEATURES)
         action = action_store.prepare_action(ledger, root, 0, 0, "agent.delegate", {"n": 0}, NO_FEATURES,
                                              rerunnable=True,
                                              policy="auto")
         action_store.move_action(ledger, action["action_id"], ActionPhase.EXECUTING)
         made = delegation_store.delegate(ledger, spec, run_store.get_run(ledger, root), action["action_id"],
-                                         {"agent_id": "helper", "task": "write the notes"})
+                                         {"agent_id": "helper", "task": "write the notes"}, NO_FEATURES)
         limits = json.loads(run_store.get_run(ledger, made["run_id"])["options"])["limits"]
     finally:
         ledger.close()

@@ -323,10 +323,10 @@ def test_a_bad_history_count_is_refused(have: object) -> None:
 async def test_a_batch_naming_an_action_twice_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     ledger = SqliteLedger(tmp_path / "ledger.db")
     ledger.begin_boot("b1", 1, 1)
-    service = RunService(ledger, ledger.features, spec=empty_spec(), home=tmp_path, tree=None,  # type: ignore[arg-type]
+    service = RunService(ledger, NO_FEATURES, spec=empty_spec(), home=tmp_path, tree=None,  # type: ignore[arg-type]
                          boot_id="b1")
     slot = SimpleNamespace(id="writer", spec=SimpleNamespace(params={"agent_id": "writer"}))
-    run_id = run_store.create_run(ledger, agent_id="writer", task="t", provider="scripted",
+    run_id = run_store.create_run(ledger, NO_FEATURES, agent_id="writer", task="t", provider="scripted",
                                   provider_config={"script": {"steps": []}})
     ids = []
     for index in range(2):

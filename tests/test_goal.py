@@ -91,7 +91,7 @@ def goal_run(tmp_path: Path) -> Iterator[tuple[Any, str]]:
 
     ledger = SqliteLedger(tmp_path / "l.db")
     try:
-        run_id = run_store.create_run(ledger, agent_id="writer", task="g", provider="scripted",
+        run_id = run_store.create_run(ledger, NO_FEATURES, agent_id="writer", task="g", provider="scripted",
                                       provider_config={"script": {"steps": []}},
                                       options={"goal": {"text": "write the notes"}})
         goal_store.record_verdict(ledger, run_id, "act-1", True, "checked")

@@ -226,11 +226,11 @@ def test_the_binding_the_block_and_the_compare_and_set_on_both_ledgers(open_ledg
 
     ledger = open_ledger()
     features = _with_goals(ledger)
-    run_id = run_store.create_run(ledger, agent_id="drafter", task="g", provider="scripted",
+    run_id = run_store.create_run(ledger, features, agent_id="drafter", task="g", provider="scripted",
                                   provider_config={"script": {"steps": []}},
                                   options={"goal": {"text": "draft the page", "constraints": ["no tables"]}})
     goal = goal_store.goal_row(ledger, run_id)
-    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "claimed")
+    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, features, "claimed")
     waiting, approved = (
         action_store.prepare_action(ledger, run_id, 0, index, "fs.write", {"path": f"p{index}.md", "content": "x"},
                                     features, rerunnable=False, policy="confirm") for index in (0, 1))
@@ -276,8 +276,8 @@ def _with_goals(ledger: Any) -> RunFeatures:
     the features a supervisor with goals alone would hand the run layer's calls."""
     from corral.supervisor.longtask.goal_service import GoalFeature
 
-    ledger.features.install([GoalFeature(cast(Any, None))])  # its ``show`` alone needs the service
-    features: RunFeatures = ledger.features
+    features = RunFeatures()
+    features.install([GoalFeature(cast(Any, None))])  # its ``show`` alone needs the service
     return features
 
 
@@ -292,10 +292,10 @@ def test_an_action_bound_to_an_older_goal_revision_never_starts_at_its_boundary(
 
     ledger = open_ledger()
     features = _with_goals(ledger)
-    run_id = run_store.create_run(ledger, agent_id="drafter", task="g", provider="scripted",
+    run_id = run_store.create_run(ledger, features, agent_id="drafter", task="g", provider="scripted",
                                   provider_config={"script": {"steps": []}}, options={"goal": {"text": "draft"}})
     goal_store.goal_row(ledger, run_id)
-    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "claimed")
+    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, features, "claimed")
     approved = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a.md", "content": "x"}, features,
                                            rerunnable=False, policy="confirm")
     action_store.begin_action(ledger, approved["action_id"], features)
@@ -328,10 +328,10 @@ def test_a_finalization_prepared_for_an_older_goal_is_voided_and_writes_no_reply
 
     ledger = open_ledger()
     features = _with_goals(ledger)
-    run_id = run_store.create_run(ledger, agent_id="writer", task="g", provider="scripted",
+    run_id = run_store.create_run(ledger, features, agent_id="writer", task="g", provider="scripted",
                                   provider_config={"script": {"steps": []}}, options={"goal": {"text": "notes"}})
     goal_store.goal_row(ledger, run_id)
-    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "claimed")
+    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, features, "claimed")
     with ledger.tx() as db:
         db.execute("INSERT INTO finalizations (run_id, phase, reply, created_at, updated_at, goal_snapshot)"
                    " VALUES (?, 'prepared', 'done', ?, ?, ?)",

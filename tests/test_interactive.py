@@ -309,17 +309,19 @@ def test_children_refuse_steers_and_a_superseded_action_refuses_approval(tmp_pat
     ledger = SqliteLedger(tmp_path / "l.db")
     try:
         config: dict[str, Any] = {"script": {"steps": []}}
-        root = run_store.create_run(ledger, agent_id="a", task="t", provider="scripted", provider_config=config)
-        child = run_store.create_run(ledger, agent_id="c", task="t", provider="scripted", provider_config=config,
+        root = run_store.create_run(ledger, NO_FEATURES,
+                                    agent_id="a", task="t", provider="scripted", provider_config=config)
+        child = run_store.create_run(ledger, NO_FEATURES,
+                                     agent_id="c", task="t", provider="scripted", provider_config=config,
                                      kind="child", parent_run_id=root, root_run_id=root, depth=1)
         with pytest.raises(Conflict, match=f"only a root run is steered \\(steer {root} instead\\)"):
-            steer_store.record_steer(ledger, child, "do it differently")
+            steer_store.record_steer(ledger, child, "do it differently", NO_FEATURES)
         with pytest.raises(BadRequest, match="control characters"):
-            steer_store.record_steer(ledger, root, "a\x00b")
-        run_store.set_run_status(ledger, root, run_store.RunStatus.RUNNING)
+            steer_store.record_steer(ledger, root, "a\x00b", NO_FEATURES)
+        run_store.set_run_status(ledger, root, run_store.RunStatus.RUNNING, NO_FEATURES)
         prepared = action_store.prepare_action(ledger, root, 0, 0, "fs.write", {"path": "a", "content": "b"},
                                                NO_FEATURES, rerunnable=False, policy="auto")
-        steer_store.record_steer(ledger, root, "stop that")
+        steer_store.record_steer(ledger, root, "stop that", NO_FEATURES)
         assert steer_store.apply_steers(ledger, root, NO_FEATURES) == 1
         action = action_store.get_action(ledger, prepared["action_id"])
         assert action["phase"] == "denied" and action["reason"] == steer_store.SUPERSEDED

@@ -126,21 +126,14 @@ def test_no_service_adds_itself_to_a_supervisor_table() -> None:
     assert not found, "a service registers itself in a table:\n" + "\n".join(found)
 
 
-#: Files that still reach the features through the ledger (``ledger.features``), to
-#: be passed their ``RunFeatures`` explicitly instead (issue 50 §3). The list only
-#: shrinks: a file that stops reaching them must leave it, and no file may join it.
-STILL_ON_THE_LEDGER = {
-    "supervisor/daemon.py",  # sets it, for the file below
-    "supervisor/runs/run_store.py",
-}
+def test_the_features_come_off_the_ledger(tmp_path: Path) -> None:
+    """The run layer's hooks are handed to whoever calls them, never looked up on
+    the ``Ledger`` (issue 50 §3): no source, test or bench reads or sets
+    ``ledger.features`` (or ``self.ledger.features``), and a ``Ledger`` has none."""
+    from corral.supervisor.ledger.port import SqliteLedger
 
-
-def test_the_features_come_off_the_ledger() -> None:
-    """The run layer's hooks are handed to whoever calls them, not looked up on the
-    ``Ledger``: ``ledger.features`` (or ``self.ledger.features``) is read only by
-    the files still listed, and each listed file still reads it."""
-    found = set()
-    for folder in ("supervisor", "actors", "mailbox", "sandbox", "corral"):
+    found = []
+    for folder in ("supervisor", "actors", "mailbox", "sandbox", "corral", "tests", "bench"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if (
@@ -151,6 +144,10 @@ def test_the_features_come_off_the_ledger() -> None:
                         or (isinstance(node.value, ast.Attribute) and node.value.attr == "ledger")
                     )
                 ):
-                    found.add(str(path.relative_to(ROOT)))
-    assert found - STILL_ON_THE_LEDGER == set(), "new readers of ledger.features"
-    assert STILL_ON_THE_LEDGER - found == set(), "no longer reads ledger.features: take it off the list"
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, "reaches the features through the ledger:\n" + "\n".join(found)
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    try:
+        assert not hasattr(ledger, "features"), "the Ledger still carries the supervisor's features"
+    finally:
+        ledger.close()

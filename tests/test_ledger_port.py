@@ -22,7 +22,8 @@ NO_FEATURES = RunFeatures()
 
 def _new_run(ledger: Ledger, task: str = "t") -> str:
     return run_store.create_run(
-        ledger, agent_id="writer", task=task, provider="scripted", provider_config={"script": {"steps": []}}
+        ledger, NO_FEATURES,
+        agent_id="writer", task=task, provider="scripted", provider_config={"script": {"steps": []}}
     )
 
 
@@ -105,7 +106,7 @@ def test_what_waits_for_a_commit_runs_after_it_and_never_after_a_rollback(open_l
 def test_a_plan_read_inside_a_rolled_back_transaction_is_not_remembered(open_ledger: Any) -> None:
     ledger = open_ledger()
     run_id = _new_run(ledger)
-    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING)
+    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, NO_FEATURES)
     slot = provider_store.begin_provider_request(ledger, run_id, 0, RunFeatures())["slot"]
     with pytest.raises(ZeroDivisionError), ledger.tx():
         loop_plan_store.commit_plan(ledger, run_id, 0, slot, {"final": "never committed"})
@@ -133,10 +134,10 @@ def test_insert_or_ignore_json_fields_and_insertion_order(open_ledger: Any) -> N
         "allow",
     )
     assert len(rows) == 1 and '"n": 0' in rows[0]["data"], "the second insert was ignored"
-    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING)
+    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, NO_FEATURES)
     first = provider_store.begin_provider_request(ledger, run_id, 0, RunFeatures())["slot"]
     provider_store.provider_failed(ledger, run_id, first, "transient", "try again",
-                                   run_store.RunLimits(retry_base_s=0.0))
+                                   run_store.RunLimits(retry_base_s=0.0), NO_FEATURES)
     second = provider_store.begin_provider_request(ledger, run_id, 0, RunFeatures())["slot"]
     listed = ledger.all("SELECT rowid, * FROM provider_requests WHERE run_id = ? ORDER BY rowid", run_id)
     assert [row["slot"] for row in listed] == [first, second], "rows come back in insertion order"
@@ -146,10 +147,10 @@ def test_a_run_and_its_action_lifecycle(open_ledger: Any) -> None:
     ledger = open_ledger()
     ledger.begin_boot("b1", 1, 1)
     run_id = _new_run(ledger)
-    claimed = run_store.claim_run(ledger, "writer")
+    claimed = run_store.claim_run(ledger, "writer", NO_FEATURES)
     assert claimed is not None and claimed["run_id"] == run_id
     assert claimed["status"] == RunStatus.RUNNING
-    assert run_store.claim_run(ledger, "reviewer") is None, "another agent's lane is empty"
+    assert run_store.claim_run(ledger, "reviewer", NO_FEATURES) is None, "another agent's lane is empty"
     assert run_store.get_run(ledger, run_id)["status"] == RunStatus.RUNNING
     row = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, NO_FEATURES,
                                       rerunnable=False, policy="auto")
@@ -198,7 +199,7 @@ def test_recovery_marks_an_unknown_outcome_and_never_replays_it(open_ledger: Any
     ledger = open_ledger()
     ledger.begin_boot("b1", 1, 1)
     run_id = _new_run(ledger)
-    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING)
+    run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, NO_FEATURES)
     effect = action_store.prepare_action(ledger, run_id, 0, 0, "fs.write", {"path": "a"}, NO_FEATURES, rerunnable=False,
                                       policy="auto")["action_id"]
     read = action_store.prepare_action(ledger, run_id, 0, 1, "fs.read", {"path": "a"}, NO_FEATURES, rerunnable=True,
@@ -362,7 +363,7 @@ def test_the_writers_read_cache_sees_its_own_writes_and_forgets_a_rollback(pg_ur
         status = lambda: ledger.one("SELECT status FROM runs WHERE run_id = ?", run_id)["status"]  # noqa: E731
         assert status() == "pending" and status() == "pending"
         assert ledger.cache.hits >= 1
-        run_store.set_run_status(ledger, run_id, RunStatus.RUNNING)
+        run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, NO_FEATURES)
         assert status() == "running", "a write to runs drops what was read of runs"
         with pytest.raises(ZeroDivisionError), ledger.tx() as db:
             db.execute("UPDATE runs SET status = 'failed' WHERE run_id = ?", (run_id,))

@@ -18,7 +18,7 @@ from corral.mailbox.steps import ExecuteStep, ProviderStep
 from corral.supervisor.errors import Conflict, NotFound
 from corral.supervisor.ledger.port import SqliteLedger
 from corral.supervisor.runs import provider_store, run_store
-from corral.supervisor.runs.run_feature import RunFeature
+from corral.supervisor.runs.run_feature import RunFeature, RunFeatures
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.step_piggyback import StepPiggyback
 from corral.supervisor.spec.swarm_spec import empty_spec
@@ -36,14 +36,15 @@ class _BrokenBlocker(RunFeature):
 def _service(tmp_path: Path, *features: RunFeature) -> tuple[SqliteLedger, RunService, Any, str]:
     ledger = SqliteLedger(tmp_path / "ledger.db")
     ledger.begin_boot("b1", 1, 1)
-    ledger.features.install(list(features))
-    service = RunService(ledger, ledger.features, spec=empty_spec(), home=tmp_path, tree=None,  # type: ignore[arg-type]
+    installed = RunFeatures()
+    installed.install(list(features))
+    service = RunService(ledger, installed, spec=empty_spec(), home=tmp_path, tree=None,  # type: ignore[arg-type]
                          boot_id="b1")
     service.steps = StepPiggyback(ledger, service)  # as run_service.install does
     slot = SimpleNamespace(id="writer", spec=SimpleNamespace(params={"agent_id": "writer"}))
-    run_id = run_store.create_run(ledger, agent_id="writer", task="t", provider="scripted",
+    run_id = run_store.create_run(ledger, installed, agent_id="writer", task="t", provider="scripted",
                                   provider_config={"script": {"steps": []}})
-    assert run_store.claim_run(ledger, "writer") is not None  # running, as the agent's claim leaves it
+    assert run_store.claim_run(ledger, "writer", installed) is not None  # running, as the agent's claim leaves it
     return ledger, service, slot, run_id
 
 

@@ -12,6 +12,11 @@ from typing import Any
 
 import pytest
 
+from corral.supervisor.runs.run_feature import RunFeatures
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
+
 
 def _writer(url: str) -> tuple[Any, Any]:
     from corral.supervisor.cluster import cluster_tables as cluster
@@ -106,7 +111,7 @@ def test_a_write_keeps_the_cached_reads_of_other_rows_and_drops_its_own(pg_url: 
     conn, ledger = _writer(pg_url)
     try:
         runs = [
-            run_store.create_run(ledger, agent_id=f"w{i}", task="t", provider="scripted",
+            run_store.create_run(ledger, NO_FEATURES, agent_id=f"w{i}", task="t", provider="scripted",
                                  provider_config={"script": {"steps": []}})
             for i in range(2)
         ]

@@ -23,8 +23,12 @@ import pytest
 
 from corral.core import failpoints
 from corral.core.procs import wait_exit
+from corral.supervisor.runs.run_feature import RunFeatures
 from tests.harness import Daemon, drive_to_end, effects, one_effect_spec, wait_for
 from tests.test_cluster import _adopted, _up
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 LEASE_S = 1.5
 TASK = "record one effect"
@@ -275,7 +279,8 @@ def test_two_nodes_taking_the_same_queued_run_at_once_make_one_run(
             ledger.from_queue = run_id
             try:
                 return create_run(
-                    ledger, agent_id="writer", task=TASK, provider="scripted", provider_config={}, run_id=run_id
+                    ledger, NO_FEATURES,
+                    agent_id="writer", task=TASK, provider="scripted", provider_config={}, run_id=run_id
                 )
             finally:
                 ledger.from_queue = None

@@ -40,7 +40,7 @@ def _run(ledger: Any) -> str:
     from corral.supervisor.runs import run_store
 
     run_id: str = run_store.create_run(
-        ledger, agent_id="w", task="t", provider="scripted", provider_config={"script": {"steps": []}}
+        ledger, NO_FEATURES, agent_id="w", task="t", provider="scripted", provider_config={"script": {"steps": []}}
     )
     return run_id
 

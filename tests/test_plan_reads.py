@@ -12,13 +12,17 @@ import pytest
 
 from corral.supervisor.ledger.port import SqliteLedger
 from corral.supervisor.runs import loop_plan_store, run_store
+from corral.supervisor.runs.run_feature import RunFeatures
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 
 def _ledger(tmp_path: Path) -> tuple[SqliteLedger, str, list[str]]:
     ledger = SqliteLedger(tmp_path / "ledger.db")
     ledger.begin_boot("b1", 1, 1)
     run_id = run_store.create_run(
-        ledger, agent_id="writer", task="t", provider="scripted", provider_config={"script": {"steps": []}}
+        ledger, NO_FEATURES, agent_id="writer", task="t", provider="scripted", provider_config={"script": {"steps": []}}
     )
     statements: list[str] = []
     ledger.db.set_trace_callback(statements.append)

@@ -16,9 +16,13 @@ from corral.sandbox.bwrap import bwrap_available
 from corral.supervisor.project import revision_store, verification_store
 from corral.supervisor.project.project_service import project_settings
 from corral.supervisor.runs import run_store
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.spec.spec_base import SpecError
 from corral.supervisor.spec.spec_resolve import parse
 from tests.harness import Daemon, ledger_rows, wait_run, wait_supervisor_gone
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 #: The sandbox of this host: the real one when bubblewrap works here, else the
 #: explicitly allowed unsandboxed mode (the fail-closed path is tested in test_process_sessions.py).
@@ -103,7 +107,7 @@ def test_revisions_and_verifications_in_the_ledger(open_ledger: Any) -> None:
     """On each backend: a write makes one revision (once per action), a record is
     kept once per action, and a revision that moved makes it stale."""
     ledger = open_ledger()
-    run_id = run_store.create_run(ledger, agent_id="writer", task="t", provider="scripted",
+    run_id = run_store.create_run(ledger, NO_FEATURES, agent_id="writer", task="t", provider="scripted",
                                   provider_config={"script": {"steps": []}})
     assert revision_store.current(ledger) == 0 and verification_store.state(ledger)["verification"] is None
     _receipt(ledger, run_id, "act-1", "fs.write", {"path": "a", SOURCES_CHANGED: True})

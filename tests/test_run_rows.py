@@ -12,7 +12,11 @@ import pytest
 
 from corral.supervisor.ledger.port import SqliteLedger
 from corral.supervisor.runs import run_store
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_versions import ABSENT
+
+#: The run layer's calls as on a supervisor with no features (nothing is installed).
+NO_FEATURES = RunFeatures()
 
 
 @pytest.fixture
@@ -32,7 +36,7 @@ def _reads(ledger: SqliteLedger, table: str) -> list[str]:
 
 
 def test_a_run_row_is_read_once_and_any_write_to_it_is_seen(ledger: SqliteLedger) -> None:
-    run_id = run_store.create_run(ledger, agent_id="a", task="t", provider="scripted", provider_config={})
+    run_id = run_store.create_run(ledger, NO_FEATURES, agent_id="a", task="t", provider="scripted", provider_config={})
     seen = _reads(ledger, "runs")
     assert run_store.get_run(ledger, run_id)["status"] == "pending"
     assert run_store.get_run(ledger, run_id)["status"] == "pending"
@@ -41,12 +45,12 @@ def test_a_run_row_is_read_once_and_any_write_to_it_is_seen(ledger: SqliteLedger
     with ledger.tx() as db:
         db.execute("UPDATE runs SET task = 'changed' WHERE run_id = ?", (run_id,))
     assert run_store.get_run(ledger, run_id)["task"] == "changed"
-    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING)
+    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING, NO_FEATURES)
     assert run_store.get_run(ledger, run_id)["status"] == "running"
 
 
 def test_a_row_read_in_a_rolled_back_transaction_is_not_reused(ledger: SqliteLedger) -> None:
-    run_id = run_store.create_run(ledger, agent_id="a", task="t", provider="scripted", provider_config={})
+    run_id = run_store.create_run(ledger, NO_FEATURES, agent_id="a", task="t", provider="scripted", provider_config={})
     with pytest.raises(RuntimeError), ledger.tx() as db:
         db.execute("UPDATE runs SET task = 'never committed' WHERE run_id = ?", (run_id,))
         assert run_store.get_run(ledger, run_id)["task"] == "never committed"  # its own write, kept
@@ -55,7 +59,7 @@ def test_a_row_read_in_a_rolled_back_transaction_is_not_reused(ledger: SqliteLed
 
 
 def test_an_absent_binding_is_kept_until_one_is_written(ledger: SqliteLedger) -> None:
-    run_id = run_store.create_run(ledger, agent_id="a", task="t", provider="scripted", provider_config={})
+    run_id = run_store.create_run(ledger, NO_FEATURES, agent_id="a", task="t", provider="scripted", provider_config={})
     versions = ledger.run_versions
     versions.keep_row("collaboration_bindings", run_id, ABSENT, ledger)
     assert versions.row("collaboration_bindings", run_id, ledger) is ABSENT
@@ -69,7 +73,7 @@ def test_an_absent_binding_is_kept_until_one_is_written(ledger: SqliteLedger) ->
 
 
 def test_a_ledger_that_sees_no_writes_keeps_no_rows(tmp_path: Path, ledger: SqliteLedger) -> None:
-    run_id = run_store.create_run(ledger, agent_id="a", task="t", provider="scripted", provider_config={})
+    run_id = run_store.create_run(ledger, NO_FEATURES, agent_id="a", task="t", provider="scripted", provider_config={})
     ledger.run_versions.kept = False  # as a PostgreSQL ledger: its writes bump nothing here
     seen = _reads(ledger, "runs")
     run_store.get_run(ledger, run_id)

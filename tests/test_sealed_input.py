@@ -73,7 +73,8 @@ def test_the_boot_sweep_keeps_only_entries_an_action_will_still_read(tmp_path: P
     ledger.begin_boot("b", 1, 1)
     spool = sealed_input.spool_dir(tmp_path)
     run_id = run_store.create_run(
-        ledger, agent_id="a", task="t", provider="scripted", provider_config={}, options={"workspace": "/tmp"}
+        ledger, NO_FEATURES,
+        agent_id="a", task="t", provider="scripted", provider_config={}, options={"workspace": "/tmp"}
     )
     waiting_plan = {"actions": [PLAN["actions"][1]] * 2, "final": None}
     sealed, _ = sealed_input.seal_plan(spool, run_id, 0, waiting_plan, TOOLS)
@@ -81,7 +82,7 @@ def test_the_boot_sweep_keeps_only_entries_an_action_will_still_read(tmp_path: P
         ledger, run_id, 0, 0, "process.stdin", sealed["actions"][0]["input"], NO_FEATURES,
         rerunnable=False, policy="auto"
     )
-    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING)
+    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING, NO_FEATURES)
     action_store.move_action(ledger, started["action_id"], ActionPhase.EXECUTING)
     sealed_input.seal_plan(spool, "run-gone0000", 0, PLAN, TOOLS)  # a run the ledger never saw
     # Action 0 started (it will never be re-run), action 1 is not prepared yet: only it stays.

@@ -64,9 +64,10 @@ def ledger(open_ledger: Any) -> Ledger:
 
 
 def _root(ledger: Ledger, agent_id: str = "boss") -> Any:
-    run_id = run_store.create_run(ledger, agent_id=agent_id, task="t", provider="scripted", provider_config={},
+    run_id = run_store.create_run(ledger, NO_FEATURES,
+                                  agent_id=agent_id, task="t", provider="scripted", provider_config={},
                                   options={"workspace": "/tmp"})
-    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING)
+    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING, NO_FEATURES)
     return run_store.get_run(ledger, run_id)
 
 
@@ -80,13 +81,13 @@ def _action(ledger: Ledger, run_id: str, index: int, tool: str) -> str:
 def _delegate(ledger: Ledger, spec: SwarmSpec, run: Any, index: int, **params: Any) -> dict[str, Any]:
     fields = {"agent_id": "helper", "task": f"write the notes ({index})", "acceptance_criteria": CRITERIA, **params}
     return delegation_store.delegate(ledger, spec, run, _action(ledger, run["run_id"], index, "agent.delegate"),
-                                     fields)
+                                     fields, NO_FEATURES)
 
 
 def _finish(ledger: Ledger, delegated: dict[str, Any], reply: str) -> str:
     """The specialist ran and replied: its receipt is delivered to the parent."""
-    run_store.set_run_status(ledger, delegated["run_id"], run_store.RunStatus.RUNNING)
-    delivery = delegation_store.finish_delegation(ledger, delegated["run_id"], reply, None)
+    run_store.set_run_status(ledger, delegated["run_id"], run_store.RunStatus.RUNNING, NO_FEATURES)
+    delivery = delegation_store.finish_delegation(ledger, delegated["run_id"], reply, None, NO_FEATURES)
     assert delivery is not None
     return delivery
 
@@ -198,7 +199,7 @@ def test_changed_sources_are_evidence_only_with_the_specialists_own_passed_verif
     for index, verify in enumerate((False, True)):
         delegated = delegation_store.delegate(
             ledger, spec, run, _action(ledger, run["run_id"], index, "agent.delegate"),
-            {"agent_id": "helper", "task": f"change the code ({index})", "acceptance_criteria": CRITERIA})
+            {"agent_id": "helper", "task": f"change the code ({index})", "acceptance_criteria": CRITERIA}, NO_FEATURES)
         revision = _wrote(ledger, delegated["run_id"], f"act-write-{index}")
         if verify:
             verification_store.record(ledger, delegated["run_id"], f"act-verify-{index}", revision=revision,

@@ -58,14 +58,14 @@ def ledger(open_ledger: Any) -> Ledger:
 def executing_action(ledger: Ledger, run_id: str, index: int, tool: str = "agent.spawn_isolated") -> str:
     row = action_store.prepare_action(ledger, run_id, 0, index, tool, {"n": index}, NO_FEATURES,
                                       rerunnable=True, policy="auto")
-    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING) if index == 0 else None
+    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING, NO_FEATURES) if index == 0 else None
     action_store.move_action(ledger, row["action_id"], ActionPhase.EXECUTING)
     return str(row["action_id"])
 
 
 def root_run(ledger: Ledger) -> Any:
     run_id = run_store.create_run(
-        ledger,
+        ledger, NO_FEATURES,
         agent_id="boss",
         task="t",
         provider="scripted",
@@ -85,10 +85,10 @@ def counts(ledger: Ledger) -> tuple[int, int, int]:
 def test_spawn_derives_ids_from_the_parent_action_and_replays_idempotently(ledger: Ledger) -> None:
     run = root_run(ledger)
     action = executing_action(ledger, run["run_id"], 0)
-    first = children_store.spawn_group(ledger, SPEC, run, action, [child("a"), child("b")], "all")
+    first = children_store.spawn_group(ledger, SPEC, run, action, [child("a"), child("b")], "all", NO_FEATURES)
     assert first["group_id"] == group_id_for(action)
     assert [c["instance_id"].startswith("child-") for c in first["children"]] == [True, True]
-    again = children_store.spawn_group(ledger, SPEC, run, action, [child("a"), child("b")], "all")
+    again = children_store.spawn_group(ledger, SPEC, run, action, [child("a"), child("b")], "all", NO_FEATURES)
     assert again == first
     assert counts(ledger) == (1, 2, 3)
 
@@ -112,17 +112,17 @@ def test_spawn_limits_are_checked_before_anything_is_created(ledger: Ledger, chi
     action = executing_action(ledger, run["run_id"], 0)
     before = counts(ledger)
     with pytest.raises(Exception, match=message):
-        children_store.spawn_group(ledger, SPEC, run, action, children, "all")
+        children_store.spawn_group(ledger, SPEC, run, action, children, "all", NO_FEATURES)
     assert counts(ledger) == before
 
 
 def test_a_child_may_not_spawn_and_depth_is_limited(ledger: Ledger) -> None:
     run = root_run(ledger)
     view = children_store.spawn_group(
-        ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a")], "all"
+        ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a")], "all", NO_FEATURES
     )
     child_run = run_store.get_run(ledger, view["children"][0]["run_id"])
-    run_store.set_run_status(ledger, child_run["run_id"], run_store.RunStatus.RUNNING)
+    run_store.set_run_status(ledger, child_run["run_id"], run_store.RunStatus.RUNNING, NO_FEATURES)
     row = action_store.prepare_action(
         ledger, child_run["run_id"], 0, 0, "agent.spawn_isolated", {}, NO_FEATURES, rerunnable=True, policy="auto"
     )
@@ -134,7 +134,7 @@ def test_a_child_may_not_spawn_and_depth_is_limited(ledger: Ledger) -> None:
             run_store.get_run(ledger, child_run["run_id"]),
             row["action_id"],
             [child("z")],
-            "all",
+            "all", NO_FEATURES,
         )
     with pytest.raises(Refused, match="may not delegate"):
         delegation_store.delegate(
@@ -142,25 +142,27 @@ def test_a_child_may_not_spawn_and_depth_is_limited(ledger: Ledger) -> None:
             SPEC,
             run_store.get_run(ledger, child_run["run_id"]),
             row["action_id"],
-            {"agent_id": "helper", "task": "x"},
+            {"agent_id": "helper", "task": "x"}, NO_FEATURES,
         )
     assert counts(ledger) == before
 
 
 def test_a_repeated_spawn_with_a_new_action_id_is_refused(ledger: Ledger) -> None:
     run = root_run(ledger)
-    children_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a")], "all")
+    first = executing_action(ledger, run["run_id"], 0)
+    children_store.spawn_group(ledger, SPEC, run, first, [child("a")], "all", NO_FEATURES)
     before = counts(ledger)
     with pytest.raises(Refused, match="duplicate spawn refused"):
-        children_store.spawn_group(ledger, SPEC, run, executing_action(ledger, run["run_id"], 1), [child("a")], "all")
+        again = executing_action(ledger, run["run_id"], 1)
+        children_store.spawn_group(ledger, SPEC, run, again, [child("a")], "all", NO_FEATURES)
     assert counts(ledger) == before
 
 
 def _join_one(ledger: Ledger, run: Any, scope: str, index: int) -> str:
     view = children_store.spawn_group(
-        ledger, SPEC, run, executing_action(ledger, run["run_id"], index), [child(scope)], "all"
+        ledger, SPEC, run, executing_action(ledger, run["run_id"], index), [child(scope)], "all", NO_FEATURES
     )
-    delivery = children_store.finish_child(ledger, view["children"][0]["run_id"], "done", None)
+    delivery = children_store.finish_child(ledger, view["children"][0]["run_id"], "done", None, NO_FEATURES)
     assert delivery is not None
     return delivery
 
@@ -244,7 +246,7 @@ def test_action_history_waits_until_the_runs_join_is_claimed(ledger: Ledger) -> 
     what to do; once ``agent.run_status`` claimed the join, it answers."""
     run = root_run(ledger)
     view = children_store.spawn_group(
-        ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a")], "all"
+        ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a")], "all", NO_FEATURES
     )
 
     def history(index: int) -> dict[str, Any]:
@@ -254,7 +256,7 @@ def test_action_history_waits_until_the_runs_join_is_claimed(ledger: Ledger) -> 
     with pytest.raises(Refused, match=r"agent\.run_status") as running:
         history(1)
     assert "still running" in str(running.value)
-    delivery = children_store.finish_child(ledger, view["children"][0]["run_id"], "done", None)
+    delivery = children_store.finish_child(ledger, view["children"][0]["run_id"], "done", None, NO_FEATURES)
     with pytest.raises(Refused, match=r"agent\.run_status") as ready:
         history(2)
     assert delivery in str(ready.value)
@@ -265,11 +267,11 @@ def test_action_history_waits_until_the_runs_join_is_claimed(ledger: Ledger) -> 
 def test_a_failed_child_still_counts_toward_the_join(ledger: Ledger) -> None:
     run = root_run(ledger)
     view = children_store.spawn_group(
-        ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a"), child("b")], "all"
+        ledger, SPEC, run, executing_action(ledger, run["run_id"], 0), [child("a"), child("b")], "all", NO_FEATURES
     )
     first, second = (c["run_id"] for c in view["children"])
-    assert children_store.finish_child(ledger, first, None, "crashed past its restart intensity") is None
-    delivery = children_store.finish_child(ledger, second, "ok", None)
+    assert children_store.finish_child(ledger, first, None, "crashed past its restart intensity", NO_FEATURES) is None
+    delivery = children_store.finish_child(ledger, second, "ok", None, NO_FEATURES)
     payload = json.loads(ledger.one("SELECT payload FROM deliveries WHERE delivery_id = ?", delivery)[0])
     assert [r["status"] for r in payload["results"]] == ["failed", "failed"]  # the second broke its contract
     assert "missing artifacts" in payload["results"][1]["error"]

@@ -192,15 +192,17 @@ def test_turns_are_kept_and_read_on_either_ledger(open_ledger: Any) -> None:
 
     ledger = open_ledger()
     ledger.begin_boot("b1", 1, 1)
-    run_id = run_store.create_run(ledger, agent_id="writer", task="t", provider="scripted",
+    features = RunFeatures()  # a supervisor with no features
+    run_id = run_store.create_run(ledger, features, agent_id="writer", task="t", provider="scripted",
                                   provider_config={"script": {"steps": []}})
     system = f"You are an agent. Key {AWS_KEY}."
     sent = {"system": system, "system_sha256": text_sha256(system)}
     for loop, notes in enumerate(({**sent, "seen": 0}, {**sent, "seen": 0}, {"system_sha256": text_sha256(system)})):
-        slot = provider_store.begin_provider_request(ledger, run_id, loop, RunFeatures())["slot"]
+        slot = provider_store.begin_provider_request(ledger, run_id, loop, features)["slot"]
         provider_store.provider_handoff(ledger, run_id, slot, f"answer {loop}", notes=notes_from(_note(notes)))
-    slot = provider_store.begin_provider_request(ledger, run_id, 3, RunFeatures())["slot"]
-    provider_store.provider_failed(ledger, run_id, slot, "fatal", "boom", RunLimits(), notes_from(_note(sent)))
+    slot = provider_store.begin_provider_request(ledger, run_id, 3, features)["slot"]
+    provider_store.provider_failed(ledger, run_id, slot, "fatal", "boom", RunLimits(), features,
+                                   notes_from(_note(sent)))
     (blob,) = ledger.all("SELECT kind, text FROM transcript_blobs")
     assert blob["kind"] == "system" and blob["text"] == "You are an agent. Key [redacted]."
     turns = transcript(ledger, run_id)["turns"]
@@ -213,7 +215,8 @@ def test_turns_are_kept_and_read_on_either_ledger(open_ledger: Any) -> None:
     assert [([t["turn"] for t in page["turns"]], page["next_turn"]) for page in paged] == [
         ([1], 2), ([2], 3), ([4], None)]
     # A delegate's run is linked by id, with the action that started it.
-    helper = run_store.create_run(ledger, agent_id="helper", task="help", provider="scripted", kind="delegate",
+    helper = run_store.create_run(ledger, features,
+                                  agent_id="helper", task="help", provider="scripted", kind="delegate",
                                   provider_config={"script": {"steps": []}}, parent_run_id=run_id, root_run_id=run_id)
     with ledger.tx() as db:
         db.execute("INSERT INTO delegations (delegation_id, parent_run_id, parent_action_id, target_agent, task,"

@@ -240,18 +240,20 @@ def test_a_childs_result_carries_its_templates_output(open_ledger: Any) -> None:
                        "agents": [{"id": "boss", "steps": [{"final": "x"}]}]})
     ledger = open_ledger()
     ledger.begin_boot("b", 1, 1)
-    run_id = run_store.create_run(ledger, agent_id="boss", task="t", provider="scripted", provider_config={},
+    run_id = run_store.create_run(ledger, NO_FEATURES,
+                                  agent_id="boss", task="t", provider="scripted", provider_config={},
                                   options={"workspace": "/tmp"})
     row = action_store.prepare_action(ledger, run_id, 0, 0, "agent.spawn_isolated", {}, NO_FEATURES, rerunnable=True,
                                       policy="auto")
-    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING)
+    run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING, NO_FEATURES)
     action_store.move_action(ledger, row["action_id"], ActionPhase.EXECUTING)
     view = children_store.spawn_group(ledger, spec, run_store.get_run(ledger, run_id), row["action_id"],
-                                      [{"template": "helper", "task": "forecast", "write_scopes": ["a"]}], "all")
+                                      [{"template": "helper", "task": "forecast", "write_scopes": ["a"]}], "all",
+                                      NO_FEATURES)
     child_run = view["children"][0]["run_id"]
     assert json.loads(run_store.get_run(ledger, child_run)["options"])["output"] == {"schema": FORECAST,
                                                                                        "model": None}
-    run_store.set_run_status(ledger, child_run, run_store.RunStatus.RUNNING)
-    children_store.finish_child(ledger, child_run, '{"city": "Oslo", "temperature_c": -2.0}', None)
+    run_store.set_run_status(ledger, child_run, run_store.RunStatus.RUNNING, NO_FEATURES)
+    children_store.finish_child(ledger, child_run, '{"city": "Oslo", "temperature_c": -2.0}', None, NO_FEATURES)
     result = json.loads(ledger.one("SELECT result FROM children WHERE run_id = ?", child_run)["result"])
     assert result["output"] == {"city": "Oslo", "temperature_c": -2.0}

@@ -279,7 +279,9 @@ class IntentService:
                 (update_id, run["run_id"], contract.contract_ref, contract.contract_version, time.time()),
             )
             if RunStatus(run["status"]) is RunStatus.NEEDS_INPUT and not self._open_question(run["run_id"]):
-                run_store.set_run_status(self.ledger, run["run_id"], RunStatus.RUNNING, "intent updated")
+                run_store.set_run_status(
+                    self.ledger, run["run_id"], RunStatus.RUNNING, self.runs.features, "intent updated"
+                )
         await self.runs.wake_run(run["run_id"])
         return {"update_id": update_id, "run_id": run["run_id"], **contract.binding()}
 

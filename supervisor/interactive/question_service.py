@@ -49,7 +49,7 @@ class QuestionService:
         """From ``user.input_request``, its action executing."""
         run = self.runs.run_of(slot, request.run_id)
         # Seed 004 V1.23: free input is always allowed (a spec saying otherwise is refused at load).
-        questions.ask(self.ledger, run, request.action_id, request.questions, True)
+        questions.ask(self.ledger, run, request.action_id, request.questions, True, self.runs.features)
         return Ack()
 
 

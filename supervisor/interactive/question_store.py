@@ -74,7 +74,9 @@ def action_guard(run: Any, action_id: str, tool: str, tool_input: dict[str, Any]
     return "continue", ""
 
 
-def ask(ledger: Ledger, run: Any, action_id: str, questions: Any, free_text: bool) -> dict[str, Any]:
+def ask(
+    ledger: Ledger, run: Any, action_id: str, questions: Any, free_text: bool, features: RunFeatures
+) -> dict[str, Any]:
     """From the tool, with its action executing: record the request and park the run."""
     existing = ledger.one("SELECT * FROM input_requests WHERE action_id = ?", action_id)
     if existing is not None:
@@ -97,7 +99,7 @@ def ask(ledger: Ledger, run: Any, action_id: str, questions: Any, free_text: boo
             (action_id, run["run_id"], headers, "[]", _now(), request_id,
              json.dumps({"questions": checked, "free_text": free_text})),
         )
-        run_store.set_run_status(ledger, run["run_id"], RunStatus.NEEDS_INPUT,
+        run_store.set_run_status(ledger, run["run_id"], RunStatus.NEEDS_INPUT, features,
                                  f"asks {len(checked)} question(s): request {request_id}")
         ledger.event("input-requested", run["run_id"], action=action_id, request=request_id,
                      questions=len(checked), options=sum(len(q["options"]) for q in checked))
@@ -177,7 +179,7 @@ def answer(
         action_store.finish_action(ledger, row["action_id"], True, output,
                                    f"answered {len(stored)} question(s) of {row['request_id']}", None, features)
         if RunStatus(run["status"]) is RunStatus.NEEDS_INPUT:
-            run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "answered")
+            run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, features, "answered")
         ledger.event("input-answered", run_id, action=row["action_id"], request=row["request_id"],
                      response=response_id, answers=len(stored), sha256=digest)
         failpoints.hit("input.mid-answer")  # inside the transaction: a kill here commits none of it

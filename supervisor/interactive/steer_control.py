@@ -30,7 +30,7 @@ class SteerControl:
 
     async def steer(self, run_id: str, text: Any, steer_id: Any = None) -> dict[str, Any]:
         """Recorded (committed) before the answer; then the turn in flight is interrupted."""
-        reply = steer_store.record_steer(self.ledger, run_id, text, steer_id)
+        reply = steer_store.record_steer(self.ledger, run_id, text, self.runs.features, steer_id)
         if not reply.get("existing"):
             reply["interrupted"] = await self.interrupt_in_flight(run_id)
         await self.runs.wake_run(run_id)

@@ -92,7 +92,9 @@ def refusal(ledger: Ledger, run: Any) -> str | None:
     return None
 
 
-def record_steer(ledger: Ledger, run_id: str, text: Any, steer_id: Any = None) -> dict[str, Any]:
+def record_steer(
+    ledger: Ledger, run_id: str, text: Any, features: RunFeatures, steer_id: Any = None
+) -> dict[str, Any]:
     instruction = steer_text(text)
     if steer_id is not None and (not isinstance(steer_id, str) or not STEER_ID.match(steer_id)):
         raise BadRequest("steer_id must be 1 to 80 of A-Z a-z 0-9 . _ : - (starting with a letter or digit)")
@@ -131,7 +133,7 @@ def record_steer(ledger: Ledger, run_id: str, text: Any, steer_id: Any = None) -
             # Parked for a person without a question (completion evidence missing):
             # the steer is that person's word, so the run moves again (a paused
             # goal parks it again at its next boundary, with no provider call).
-            run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "steered")
+            run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, features, "steered")
     ledger.failpoint("steer.after-record")
     return {"steer_id": steer_id, "run_id": run_id, "status": status.value}
 

@@ -25,7 +25,6 @@ from corral.core.redact import redact
 from corral.supervisor.errors import StorageFull
 from corral.supervisor.ledger import high_water
 from corral.supervisor.ledger.schema import MIGRATIONS
-from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_versions import RunVersions
 
 
@@ -179,9 +178,6 @@ class Ledger:
         self.transactions = 0
         #: Since when commits fail for lack of space (None: they do not).
         self.full_since: float | None = None
-        #: The features of the supervisor that owns this ledger, in their order
-        #: (supervisor/runs/run_feature.py): the run store calls them inside its transactions.
-        self.features = RunFeatures()
         #: Per-run versions of what a step boundary reads (supervisor/runs/run_versions.py):
         #: kept only by a backend that sees every write as it happens.
         self.run_versions = RunVersions()

@@ -86,7 +86,7 @@ class GoalService:
 
     async def resume(self, params: dict[str, Any]) -> dict[str, Any]:
         run_id = param_str(params, "run_id", limit=64)
-        goal = goal_store.resume(self.ledger, run_id)
+        goal = goal_store.resume(self.ledger, run_id, self.runs.features)
         await self.runs.wake_run(run_id)
         return goal
 

@@ -174,11 +174,11 @@ def park_at_boundary(ledger: Ledger, run_id: str, features: RunFeatures, *, sess
     with ledger.tx():
         if goal["status"] == GoalStatus.CLEARING:
             action_store.deny_unstarted_actions(ledger, run_id, "run cancelled: goal cleared", features)
-            run_store.set_run_status(ledger, run_id, RunStatus.CANCELLED, "goal cleared")
+            run_store.set_run_status(ledger, run_id, RunStatus.CANCELLED, features, "goal cleared")
             return
         if goal["status"] == GoalStatus.PAUSE_REQUESTED and not sessions_live:
             _move(ledger, goal, GoalStatus.PAUSED, "parked at a safe boundary")
-        run_store.set_run_status(ledger, run_id, RunStatus.NEEDS_INPUT, PAUSED_REASON.replace("RUN", run_id))
+        run_store.set_run_status(ledger, run_id, RunStatus.NEEDS_INPUT, features, PAUSED_REASON.replace("RUN", run_id))
 
 
 def holds_provider(ledger: Ledger, run_id: str) -> str | None:
@@ -189,7 +189,7 @@ def holds_provider(ledger: Ledger, run_id: str) -> str | None:
     return None
 
 
-def resume(ledger: Ledger, run_id: str) -> dict[str, Any]:
+def resume(ledger: Ledger, run_id: str, features: RunFeatures) -> dict[str, Any]:
     """``paused -> active``; the parked run runs again (resume again is a no-op)."""
     goal = require_goal(ledger, run_id)
     status = GoalStatus(goal["status"])
@@ -206,7 +206,7 @@ def resume(ledger: Ledger, run_id: str) -> dict[str, Any]:
                               (run_id,)).fetchone()
         # A repeated resume completes a half-done one: the run parked by the pause moves again.
         if run["status"] == RunStatus.NEEDS_INPUT and question is None:
-            run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, "goal resumed")
+            run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, features, "goal resumed")
     return view(goal_row(ledger, run_id))
 
 
@@ -262,7 +262,7 @@ def edit(ledger: Ledger, run_id: str, text: Any, features: RunFeatures, expected
             db.execute("DELETE FROM finalizations WHERE run_id = ? AND phase = 'prepared'", (run_id,))
             ledger.event("finalization-invalidated", run_id, why="goal edited")
         blocked = _block_unstarted(ledger, run_id, revision, new_revision, features)
-        resolutions.reopen_run(ledger, run_id)  # nothing of the old goal waits for a person now
+        resolutions.reopen_run(ledger, run_id, features)  # nothing of the old goal waits for a person now
         ledger.event("goal-edited", run_id, goal=goal["goal_id"], revision=new_revision, blocked=len(blocked),
                      sha256=hashlib.sha256(words.encode()).hexdigest(), chars=len(words))
     return {**view(goal_row(ledger, run_id)), "changed": True, "blocked": blocked}

@@ -326,7 +326,7 @@ class McpService:
         with self.ledger.tx():
             action_store.move_action(self.ledger, action["action_id"], ActionPhase.NEEDS_RECONCILIATION, reason=reason)
             run_store.set_run_status(
-                self.ledger, action["run_id"], RunStatus.NEEDS_RECONCILIATION, reason
+                self.ledger, action["run_id"], RunStatus.NEEDS_RECONCILIATION, self.runs.features, reason
             )
         return {"ok": False, "code": "outcome-unknown", "error": reason}
 
@@ -402,13 +402,14 @@ class McpService:
             )
         run_id = run_store.create_run(
             self.ledger,
+            self.runs.features,
             agent_id="cli",
             task=f"corral mcp call {full}",
             provider="none",
             provider_config={},
             kind="cli",
         )
-        run_store.set_run_status(self.ledger, run_id, RunStatus.RUNNING)
+        run_store.set_run_status(self.ledger, run_id, RunStatus.RUNNING, self.runs.features)
         pin(self.ledger, run_id, server, live)
         row = action_store.prepare_action(
             self.ledger,
@@ -433,7 +434,7 @@ class McpService:
                 self.ledger, row["action_id"], ok, answer, summary, None if ok else summary, self.runs.features
             )
             run_store.set_run_status(
-                self.ledger, run_id, RunStatus.COMPLETED if ok else RunStatus.FAILED, summary
+                self.ledger, run_id, RunStatus.COMPLETED if ok else RunStatus.FAILED, self.runs.features, summary
             )
         return {"run_id": run_id, "action_id": row["action_id"], **answer}
 

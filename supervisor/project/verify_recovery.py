@@ -54,7 +54,7 @@ def recover(ledger: Ledger, report: RecoveryReport, features: RunFeatures) -> No
                 error=None if passed else summary,
             )
             write_receipt(ledger, row["action_id"], features, note="recovered from its verification record")
-            reopen_run(ledger, row["run_id"])
+            reopen_run(ledger, row["run_id"], features)
         if row["action_id"] in report.reconciliations:
             report.reconciliations.remove(row["action_id"])
         report.notes.append(f"{row['action_id']}: project.verify ended from its recorded verification")

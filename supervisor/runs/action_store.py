@@ -114,6 +114,7 @@ def prepare_action(
                 ledger,
                 run_id,
                 RunStatus.FAILED,
+                features,
                 f"action {the_id} replayed with a different fingerprint; failing closed",
             )
             raise Conflict(f"action {the_id} exists with a different fingerprint; failing closed")
@@ -218,6 +219,7 @@ def begin_action(ledger: Ledger, the_id: str, features: RunFeatures, *, current:
                     ledger,
                     row["run_id"],
                     RunStatus.WAITING_CONFIRMATION,
+                    features,
                     f"action {the_id} ({row['tool']}) waits for approval",
                 )
             return {"begin": Begin.PARK, "phase": "waiting-confirmation"}
@@ -308,7 +310,7 @@ def park_unknown_outcome(
                     result=stored)
         run = get_run(ledger, row["run_id"])
         if RunStatus(run["status"]) not in RUN_TERMINAL:
-            set_run_status(ledger, row["run_id"], RunStatus.NEEDS_RECONCILIATION,
+            set_run_status(ledger, row["run_id"], RunStatus.NEEDS_RECONCILIATION, features,
                            f"action {row['action_id']} ({row['tool']}): {why}")
 
 
@@ -322,6 +324,7 @@ def mark_needs_reconciliation(ledger: Ledger, the_id: str, reason: str, features
                 ledger,
                 row["run_id"],
                 RunStatus.NEEDS_RECONCILIATION,
+                features,
                 f"action {the_id} ({row['tool']}): {reason}",
             )
 

@@ -68,9 +68,9 @@ def finalize(ledger: Ledger, run_id: str, reply: str, limits: RunLimits, feature
                 why = park(ledger, run_id, reasons)
                 if why:
                     # Retrying will not help: a person has to act (pending shows why).
-                    set_run_status(ledger, run_id, RunStatus.NEEDS_INPUT, why)
+                    set_run_status(ledger, run_id, RunStatus.NEEDS_INPUT, features, why)
                     return {"status": RunStatus.NEEDS_INPUT.value, "reasons": reasons}
-            return final_blocked(ledger, run_id, reasons, limits)
+            return final_blocked(ledger, run_id, reasons, limits, features)
         with ledger.tx() as db:
             now = time.time()
             # A goal run's journal binds the goal it was prepared for, with the
@@ -119,5 +119,5 @@ def resume_finalization(ledger: Ledger, run_id: str, features: RunFeatures) -> d
                 "UPDATE finalizations SET phase = 'completed', updated_at = ? WHERE run_id = ?",
                 (time.time(), run_id),
             )
-            set_run_status(ledger, run_id, RunStatus.COMPLETED)
+            set_run_status(ledger, run_id, RunStatus.COMPLETED, features)
     return {"status": "completed"}

@@ -16,6 +16,7 @@ from typing import Any
 
 from corral.core.redact import redact, summarize
 from corral.supervisor.ledger.port import Ledger, dumps
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.runs.run_store import RunLimits, add_observation, get_run, set_run_status
 
@@ -105,6 +106,7 @@ def plan_invalid(
     category: str,
     detail: str,
     limits: RunLimits,
+    features: RunFeatures,
     *,
     rule: str = "",
 ) -> dict[str, Any]:
@@ -125,6 +127,7 @@ def plan_invalid(
                 ledger,
                 run_id,
                 RunStatus.FAILED,
+                features,
                 f"invalid plan from the provider ({category}): {summarize(detail, 200)}",
             )
             return {"repair": False}
@@ -141,7 +144,9 @@ def plan_invalid(
 FINAL_BLOCKED_CATEGORY = "plan-semantics"
 
 
-def final_blocked(ledger: Ledger, run_id: str, reasons: list[str], limits: RunLimits) -> dict[str, Any]:
+def final_blocked(
+    ledger: Ledger, run_id: str, reasons: list[str], limits: RunLimits, features: RunFeatures
+) -> dict[str, Any]:
     """A final reply the ledger cannot accept yet (an unclaimed receipt, a live
     session...). Retrying the same plan would spin, so the refusal goes back to the
     provider as a repair on the next loop; past the repair budget the run fails."""
@@ -156,7 +161,7 @@ def final_blocked(ledger: Ledger, run_id: str, reasons: list[str], limits: RunLi
         db.execute("UPDATE runs SET repairs = ? WHERE run_id = ?", (dumps(repairs), run_id))
         ledger.emit("final-blocked", run_id, loop=loop, detail=detail)
         if total >= limits.max_repairs:
-            set_run_status(ledger, run_id, RunStatus.FAILED, f"final reply blocked: {detail}")
+            set_run_status(ledger, run_id, RunStatus.FAILED, features, f"final reply blocked: {detail}")
             return {"status": "failed", "reasons": reasons}
         add_observation(
             ledger,

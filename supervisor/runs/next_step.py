@@ -162,7 +162,7 @@ def _apply(ledger: Ledger, run_id: str, features: RunFeatures, decision: Decisio
             return ParkStep(status=status.value)
         case ParkRun(status, reason, repairs):
             _repair(ledger, repairs, features)
-            set_run_status(ledger, run_id, status, reason)
+            set_run_status(ledger, run_id, status, features, reason)
             return ParkStep(status=status.value)
         case Finalize(reply, after_blockers):
             blocked = _loop_blockers(ledger, run_id, features) if after_blockers else None

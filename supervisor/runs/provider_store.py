@@ -121,7 +121,7 @@ def stored_response(ledger: Ledger, run_id: str, slot: str) -> str | None:
     return None if row is None else row["response"]
 
 
-def secret_refused(ledger: Ledger, run_id: str, slot: str, reason: str) -> None:
+def secret_refused(ledger: Ledger, run_id: str, slot: str, reason: str, features: RunFeatures) -> None:
     """A response that held a secret value (supervisor/runs/response_secrets.py): its
     handoff fails closed. From ``started`` (the handoff itself) or ``completed`` and
     not yet consumed (its plan, decoded, held one): the request becomes
@@ -142,11 +142,18 @@ def secret_refused(ledger: Ledger, run_id: str, slot: str, reason: str) -> None:
         )
         ledger.emit("provider-request-needs-reconciliation", run_id, slot=slot, why="secret")
         if RunStatus(get_run(ledger, run_id)["status"]) not in TERMINAL:
-            set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION, reason)
+            set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION, features, reason)
 
 
 def provider_failed(
-    ledger: Ledger, run_id: str, slot: str, kind: str, error: str, limits: RunLimits, notes: TurnNotes | None = None
+    ledger: Ledger,
+    run_id: str,
+    slot: str,
+    kind: str,
+    error: str,
+    limits: RunLimits,
+    features: RunFeatures,
+    notes: TurnNotes | None = None,
 ) -> dict[str, Any]:
     """A failed lifecycle. Transient kinds schedule a durable retry; others fail the run.
     ``notes``: what the turn was sent, for its transcript."""
@@ -182,10 +189,12 @@ def provider_failed(
                 ledger,
                 run_id,
                 RunStatus.WAITING_FOR_PROVIDER_RETRY,
+                features,
                 f"provider {kind} error; attempt {attempt} at {retry_at:.3f}",
             )
         else:
-            set_run_status(ledger, run_id, RunStatus.FAILED, f"provider failed ({kind}): {summarize(error, 200)}")
+            why = f"provider failed ({kind}): {summarize(error, 200)}"
+            set_run_status(ledger, run_id, RunStatus.FAILED, features, why)
     return {"retry": retry, "retry_at": retry_at, "attempt": attempt}
 
 
@@ -250,12 +259,12 @@ def interrupt_provider_request(ledger: Ledger, slot: str, run_id: str, idempoten
         ledger.emit("provider-request-needs-reconciliation", run_id, slot=slot)
         run = get_run(ledger, run_id)
         if run["status"] in (RunStatus.RUNNING, RunStatus.WAITING_FOR_PROVIDER_RETRY):
-            set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION,
+            set_run_status(ledger, run_id, RunStatus.NEEDS_RECONCILIATION, features,
                            f"provider request {slot} was in flight at a crash; not re-sent")
     return False
 
 
-def retry_provider_now(ledger: Ledger, run_id: str) -> bool:
+def retry_provider_now(ledger: Ledger, run_id: str, features: RunFeatures) -> bool:
     """An explicit wake of a run parked for a provider retry (``corral resume``): its
     retry is due now rather than at the stored ``retry_at``. False (nothing changes)
     when the run does not wait for one. Attempts still count against
@@ -269,7 +278,7 @@ def retry_provider_now(ledger: Ledger, run_id: str) -> bool:
             (now, run_id, now),
         )
         ledger.emit("provider-retry-woken", run_id)
-        set_run_status(ledger, run_id, RunStatus.RUNNING, "provider retry woken by resume")
+        set_run_status(ledger, run_id, RunStatus.RUNNING, features, "provider retry woken by resume")
     return True
 
 

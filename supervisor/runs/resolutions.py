@@ -34,7 +34,7 @@ def continue_action(
         else:
             move_action(ledger, action_id, ActionPhase.DENIED, reason="denied by a person", error="denied by a person")
             write_receipt(ledger, action_id, features)  # in the denial's commit: its event is the receipt's
-        reopen_run(ledger, row["run_id"])
+        reopen_run(ledger, row["run_id"], features)
     return str(row["run_id"])
 
 
@@ -55,11 +55,11 @@ def reconcile(ledger: Ledger, action_id: str, outcome: str, note: str, features:
             error=None if outcome == "ok" else f"reconciled as failed: {note[:200]}",
         )
         write_receipt(ledger, action_id, features, note=note)
-        reopen_run(ledger, row["run_id"])
+        reopen_run(ledger, row["run_id"], features)
     return str(row["run_id"])
 
 
-def reopen_run(ledger: Ledger, run_id: str) -> None:
+def reopen_run(ledger: Ledger, run_id: str, features: RunFeatures) -> None:
     """A parked run goes back to running once nothing it waits for is open."""
     run = get_run(ledger, run_id)
     status = RunStatus(run["status"])
@@ -73,10 +73,10 @@ def reopen_run(ledger: Ledger, run_id: str) -> None:
         "SELECT COUNT(*) FROM provider_requests WHERE run_id = ? AND status = 'needs-reconciliation'", run_id
     )
     if (still_open[0] if still_open else 0) == 0 and (provider_open[0] if provider_open else 0) == 0:
-        set_run_status(ledger, run_id, RunStatus.RUNNING, "resumed")
+        set_run_status(ledger, run_id, RunStatus.RUNNING, features, "resumed")
 
 
-def reconcile_provider_request(ledger: Ledger, slot: str, note: str) -> str:
+def reconcile_provider_request(ledger: Ledger, slot: str, note: str, features: RunFeatures) -> str:
     """A provider request with an unknown outcome: the person says it may be sent again."""
     row = ledger.one("SELECT * FROM provider_requests WHERE slot = ?", slot)
     if row is None:
@@ -90,5 +90,5 @@ def reconcile_provider_request(ledger: Ledger, slot: str, note: str) -> str:
             (note[:200], slot),
         )
         ledger.event("provider-request-reconciled", row["run_id"], slot=slot)
-        reopen_run(ledger, row["run_id"])
+        reopen_run(ledger, row["run_id"], features)
     return str(row["run_id"])

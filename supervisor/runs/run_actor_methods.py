@@ -71,7 +71,7 @@ from corral.supervisor.tree.supervision_tree import ActorSlot
 class RunActorMethods(RunCore):
     async def claim(self, slot: ActorSlot, request: RunClaim) -> Claim:
         agent_id = slot.spec.params.get("agent_id", slot.id)
-        run = run_store.claim_run(self.ledger, agent_id)
+        run = run_store.claim_run(self.ledger, agent_id, self.features)
         if run is None:
             # Parked runs (waiting for a person, a join, a retry) still belong to this
             # agent: an isolated child must stay up for them, not exit as idle.
@@ -84,7 +84,9 @@ class RunActorMethods(RunCore):
         try:
             provider_config = self._provider_config(run, options)
         except sealed_input.SealedInputError as exc:
-            run_store.set_run_status(self.ledger, run["run_id"], RunStatus.FAILED, f"cannot start: {exc}")
+            run_store.set_run_status(
+                self.ledger, run["run_id"], RunStatus.FAILED, self.features, f"cannot start: {exc}"
+            )
             return Claim(run=None)
         claimed = ClaimedRun(
             run_id=run["run_id"],
@@ -149,7 +151,7 @@ class RunActorMethods(RunCore):
             self._with_raw_copies(run_id, step)
         except sealed_input.SealedInputError as exc:
             # Acting on the redacted copy would corrupt what the tool writes: fail closed.
-            run_store.set_run_status(self.ledger, run_id, RunStatus.FAILED, f"cannot continue: {exc}")
+            run_store.set_run_status(self.ledger, run_id, RunStatus.FAILED, self.features, f"cannot continue: {exc}")
             return DoneStep(status=RunStatus.FAILED.value)
         return step
 
@@ -173,7 +175,7 @@ class RunActorMethods(RunCore):
         if verdict.handling is Handling.REFUSE:
             # Before anything of it is stored, raw or redacted (seed 004 V1.43); the
             # carried plan is not committed (the request is no longer one to parse).
-            provider_store.secret_refused(self.ledger, run["run_id"], slot_name, verdict.reason())
+            provider_store.secret_refused(self.ledger, run["run_id"], slot_name, verdict.reason(), self.features)
             return HandedOff(refused=verdict.reason())
         raw_sha = None
         if verdict.handling is Handling.STORE:
@@ -192,6 +194,7 @@ class RunActorMethods(RunCore):
             request.kind,
             request.error[:1000],
             self.limits_for(run),
+            self.features,
             notes_from(request.notes, request.slot),
         )
         self._retry_schedule_changed()
@@ -216,7 +219,8 @@ class RunActorMethods(RunCore):
                         (why.category, why.reason, why.rule) if isinstance(why, PlanRefusal)
                         else ("batch-constraint", why, "collaboration-policy"))
                     refused = loop_plan_store.plan_invalid(self.ledger, run["run_id"], loop, slot_name,
-                                                           category, why, self.limits_for(run), rule=rule)
+                                                           category, why, self.limits_for(run), self.features,
+                                                           rule=rule)
                     return PlanAnswer(refused=why, repair=refused["repair"])
         if fresh:  # a replay must not spool again
             plan, sealed = sealed_input.seal_plan(self.spool, run["run_id"], loop, plan, self.tools)
@@ -224,7 +228,7 @@ class RunActorMethods(RunCore):
             shown = redact(plan)  # what the ledger keeps, computed once
             verdict = response_secrets.plan_verdict(canonical_json(plan), plan, shown != plan)
             if verdict.handling is Handling.REFUSE:
-                provider_store.secret_refused(self.ledger, run["run_id"], slot_name, verdict.reason())
+                provider_store.secret_refused(self.ledger, run["run_id"], slot_name, verdict.reason(), self.features)
                 sealed_input.drop(self.spool, sealed_input.raw_name(run["run_id"], "response", slot_name))
                 for index in range(len(plan.get("actions") or ())):  # its sealed inputs, if any
                     sealed_input.discard(self.spool, run["run_id"], action_id(run["run_id"], loop, index))
@@ -244,7 +248,7 @@ class RunActorMethods(RunCore):
                 if refusal is not None:
                     refused = loop_plan_store.plan_invalid(self.ledger, run["run_id"], loop, slot_name,
                                                            refusal.category, refusal.reason, self.limits_for(run),
-                                                           rule=refusal.rule)
+                                                           self.features, rule=refusal.rule)
                     sealed_input.drop(self.spool, sealed_input.raw_name(run["run_id"], "response", slot_name))
                     for index in range(len(plan.get("actions") or ())):  # its sealed inputs, if any
                         sealed_input.discard(self.spool, run["run_id"], action_id(run["run_id"], loop, index))
@@ -275,6 +279,7 @@ class RunActorMethods(RunCore):
             category,
             request.detail[:1000],
             self.limits_for(run),
+            self.features,
         )
         return PlanAnswer(repair=answer["repair"])
 
@@ -486,5 +491,7 @@ class RunActorMethods(RunCore):
     async def fail(self, slot: ActorSlot, request: RunFail) -> Ack:
         run = self.run_of(slot, request.run_id)
         if RunStatus(run["status"]) not in TERMINAL:
-            run_store.set_run_status(self.ledger, run["run_id"], RunStatus.FAILED, summarize(request.reason, 300))
+            run_store.set_run_status(
+                self.ledger, run["run_id"], RunStatus.FAILED, self.features, summarize(request.reason, 300)
+            )
         return Ack()

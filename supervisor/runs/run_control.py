@@ -64,6 +64,7 @@ class RunControlMethods(RunCore):
                 raise BadRequest("this supervisor binds no intent contracts")
             run_id = run_store.create_run(
                 self.ledger,
+                self.features,
                 agent_id=agent.id,
                 task=task,
                 provider=provider,
@@ -139,7 +140,7 @@ class RunControlMethods(RunCore):
         if target.startswith("act-"):
             run_id = resolutions.reconcile(self.ledger, target, _str(params, "outcome"), note, self.features)
         else:
-            run_id = resolutions.reconcile_provider_request(self.ledger, target, note or "reconciled")
+            run_id = resolutions.reconcile_provider_request(self.ledger, target, note or "reconciled", self.features)
         await self.wake_run(run_id)
         return {"run_id": run_id}
 
@@ -147,8 +148,8 @@ class RunControlMethods(RunCore):
         run_id = _str(params, "run_id")
         # A run parked for a provider retry is woken now (the explicit wake an
         # operator, or a test, uses instead of waiting for retry_at).
-        provider_store.retry_provider_now(self.ledger, run_id)
-        resolutions.reopen_run(self.ledger, run_id)
+        provider_store.retry_provider_now(self.ledger, run_id, self.features)
+        resolutions.reopen_run(self.ledger, run_id, self.features)
         await self.wake_run(run_id)
         return {"status": run_store.get_run(self.ledger, run_id)["status"]}
 
@@ -169,7 +170,7 @@ class RunControlMethods(RunCore):
             raise Refused(f"run {run_id} already ended ({run['status']})")
         with self.ledger.tx():
             action_store.deny_unstarted_actions(self.ledger, run_id, f"run cancelled: {reason}", self.features)
-            run_store.set_run_status(self.ledger, run_id, RunStatus.CANCELLED, reason)
+            run_store.set_run_status(self.ledger, run_id, RunStatus.CANCELLED, self.features, reason)
         return {"status": "cancelled"}
 
 

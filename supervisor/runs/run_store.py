@@ -24,6 +24,7 @@ from corral.core import failpoints
 from corral.core.redact import redact, redact_text, summarize
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger.port import Ledger, dumps
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import RunStatus, check_run_transition
 
 MAX_RESULT_CHARS = 64 * 1024
@@ -68,6 +69,7 @@ MAX_TASK_CHARS = 20_000
 
 def create_run(
     ledger: Ledger,
+    features: RunFeatures,
     *,
     agent_id: str,
     task: str,
@@ -91,7 +93,7 @@ def create_run(
     # A scripted provider's script is data the tools act on: the row shows it
     # redacted, and the agent gets the raw copy (see supervisor/runs/sealed_input.py).
     shown = redact(provider_config)
-    raw_sha = ledger.features.keep_raw_copy(run_id, "provider-config", "config", provider_config, shown)
+    raw_sha = features.keep_raw_copy(run_id, "provider-config", "config", provider_config, shown)
     if raw_sha is not None:
         options["provider_config_raw_sha256"] = raw_sha
     now = _now()
@@ -146,8 +148,11 @@ def get_run(ledger: Ledger, run_id: str) -> sqlite3.Row:
     return row
 
 
-def set_run_status(ledger: Ledger, run_id: str, status: RunStatus, reason: str | None = None) -> bool:
-    """Move a run; a no-op (False) when it is already there. Illegal moves raise."""
+def set_run_status(
+    ledger: Ledger, run_id: str, status: RunStatus, features: RunFeatures, reason: str | None = None
+) -> bool:
+    """Move a run; a no-op (False) when it is already there. Illegal moves raise.
+    Each of ``features``' status hooks sees the move in its transaction."""
     with ledger.tx() as db:
         row = get_run(ledger, run_id)
         current = RunStatus(row["status"])
@@ -172,12 +177,12 @@ def set_run_status(ledger: Ledger, run_id: str, status: RunStatus, reason: str |
             ),
         )
         ledger.emit("run-" + status.value, run_id, reason=reason or "", previous=current.value)
-        for hook in ledger.features.on_status:
+        for hook in features.on_status:
             hook(ledger, run_id, status, reason)
     return True
 
 
-def claim_run(ledger: Ledger, agent_id: str) -> sqlite3.Row | None:
+def claim_run(ledger: Ledger, agent_id: str, features: RunFeatures) -> sqlite3.Row | None:
     """The agent's lane: the oldest run it should work on now, moved to running."""
     row = ledger.one(
         "SELECT * FROM runs WHERE agent_id = ? AND status IN ('running', 'pending')"
@@ -187,7 +192,7 @@ def claim_run(ledger: Ledger, agent_id: str) -> sqlite3.Row | None:
     if row is None:
         return None
     if row["status"] == RunStatus.PENDING:
-        set_run_status(ledger, row["run_id"], RunStatus.RUNNING)
+        set_run_status(ledger, row["run_id"], RunStatus.RUNNING, features)
         row = get_run(ledger, row["run_id"])
     return row
 

@@ -83,7 +83,9 @@ class RunUpkeep(RunCore):
             if earliest <= wall:
                 for run_id, at in due:
                     if at <= wall:
-                        run_store.set_run_status(self.ledger, run_id, RunStatus.RUNNING, "provider retry due")
+                        run_store.set_run_status(
+                            self.ledger, run_id, RunStatus.RUNNING, self.features, "provider retry due"
+                        )
                         await self.wake_run(run_id)
                 continue
             changed = self.retry_changed

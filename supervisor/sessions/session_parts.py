@@ -42,7 +42,7 @@ class SessionFeature(RunFeature):
         return session_store.blockers(ledger, run_id)
 
     def recover(self, ledger: Ledger, report: RecoveryReport) -> None:
-        session_store.recover(ledger, report)
+        session_store.recover(ledger, report, self.service.runs.features)
 
     def show(self, run_id: str) -> Mapping[str, Any]:
         return {

@@ -272,6 +272,7 @@ class SessionService:
                 self.ledger,
                 process_id,
                 S.FAILED,
+                self.runs.features,
                 reason=f"the session actor could not be started: {exc}",
                 code="launch-failed",
             )
@@ -479,6 +480,7 @@ class SessionService:
             self.ledger,
             row["process_id"],
             new,
+            self.runs.features,
             reason=request.reason[:1000] if request.reason else None,
             code=request.code[:60] if request.code else None,
             exit_code=request.exit_code,
@@ -507,6 +509,7 @@ class SessionService:
                 self.ledger,
                 process_id,
                 S.FAILED,
+                self.runs.features,
                 reason=f"the session actor exited ({exit_code}) before launching",
                 code="session-actor-exited",
             )
@@ -515,6 +518,7 @@ class SessionService:
                 self.ledger,
                 process_id,
                 S.NEEDS_RECONCILIATION,
+                self.runs.features,
                 reason=(
                     f"the session actor exited ({exit_code}) while the session was {row['state']};"
                     " the end of its process tree was not confirmed"
@@ -553,6 +557,7 @@ class SessionService:
         run_id = session_store.resolve_session(
             self.ledger, param_str(params, "action_id", limit=300), param_str(params, "outcome", limit=20),
             str(params.get("note", ""))[:1000],
+            self.runs.features,
         )
         self._notify()
         await self.runs.wake_run(run_id)

@@ -32,6 +32,7 @@ from corral.supervisor.errors import BadRequest, Conflict, NotFound, SupervisorE
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import resolutions, run_store
 from corral.supervisor.runs.recovery import RecoveryReport
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.sessions.launch_stages import TargetExec, establishment, launch_stages
 
@@ -86,6 +87,7 @@ def move_session(
     ledger: Ledger,
     process_id: str,
     new: SessionState,
+    features: RunFeatures,
     *,
     reason: str | None = None,
     code: str | None = None,
@@ -143,6 +145,7 @@ def move_session(
                     ledger,
                     row["run_id"],
                     RunStatus.NEEDS_RECONCILIATION,
+                    features,
                     f"process session {process_id} needs reconciliation: {reason or 'outcome unknown'}",
                 )
         updated = get_session(ledger, process_id)
@@ -249,7 +252,7 @@ def busy_reasons(ledger: Ledger) -> list[str]:
     return [f"{row['n']} process session(s) {row['state']}" for row in rows]
 
 
-def recover(ledger: Ledger, report: RecoveryReport) -> None:
+def recover(ledger: Ledger, report: RecoveryReport, features: RunFeatures) -> None:
     """Unfinished sessions of older boots: reconciliation only.
 
     Their processes died with the old supervisor; nothing is relaunched, reconnected
@@ -266,6 +269,7 @@ def recover(ledger: Ledger, report: RecoveryReport) -> None:
                 ledger,
                 row["process_id"],
                 S.FAILED,
+                features,
                 reason="never launched: the supervisor stopped before the launch",
                 code="supervisor-restarted",
             )
@@ -275,6 +279,7 @@ def recover(ledger: Ledger, report: RecoveryReport) -> None:
             ledger,
             row["process_id"],
             S.NEEDS_RECONCILIATION,
+            features,
             reason=(
                 f"the supervisor (boot {row['boot_id']}) stopped while this session was {row['state']};"
                 " its process tree died with it and is not relaunched, reconnected or signalled"
@@ -284,7 +289,7 @@ def recover(ledger: Ledger, report: RecoveryReport) -> None:
         report.reconciliations.append(row["process_id"])
 
 
-def resolve_session(ledger: Ledger, process_id: str, outcome: str, note: str) -> str:
+def resolve_session(ledger: Ledger, process_id: str, outcome: str, note: str, features: RunFeatures) -> str:
     """A person's verdict on a session that needs reconciliation; returns its run id."""
     if outcome not in ("ok", "failed"):
         raise BadRequest("outcome must be 'ok' or 'failed'")
@@ -312,7 +317,7 @@ def resolve_session(ledger: Ledger, process_id: str, outcome: str, note: str) ->
         if unresolved == 0:
             # Same rule as actions: the run goes back to running once nothing it waits
             # for a person on is open (reopen_run checks actions and provider requests).
-            resolutions.reopen_run(ledger, run_id)
+            resolutions.reopen_run(ledger, run_id, features)
     return run_id
 
 

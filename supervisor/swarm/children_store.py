@@ -17,6 +17,7 @@ from typing import Any
 from corral.core.redact import redact, summarize
 from corral.supervisor.errors import NotFound, Refused
 from corral.supervisor.ledger.port import Ledger, dumps
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_output import output_of
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import create_run, get_run, set_run_status
@@ -40,6 +41,7 @@ def spawn_group(
     parent_action_id: str,
     children: Any,
     join_mode: Any,
+    features: RunFeatures,
 ) -> dict[str, Any]:
     """Spawn one group of isolated children for ``parent_action_id``: the checks are
     swarm_decisions.plan_spawn's; a replay of the same action gets the same group."""
@@ -73,6 +75,7 @@ def spawn_group(
             run_id = f"run-{instance_id}"
             create_run(
                 ledger,
+                features,
                 agent_id=instance_id,
                 task=task_text(child.task, child.criteria, list(child.artifacts)),
                 provider=template_spec.provider,
@@ -132,7 +135,9 @@ def children_to_run(ledger: Ledger) -> list[sqlite3.Row]:
     )
 
 
-def finish_child(ledger: Ledger, run_id: str, summary: str | None, error: str | None) -> str | None:
+def finish_child(
+    ledger: Ledger, run_id: str, summary: str | None, error: str | None, features: RunFeatures
+) -> str | None:
     """A child run produced its result (or failed). Returns a new join delivery id, if any."""
     child = ledger.one("SELECT * FROM children WHERE run_id = ?", run_id)
     if child is None:
@@ -170,6 +175,7 @@ def finish_child(ledger: Ledger, run_id: str, summary: str | None, error: str | 
                 ledger,
                 run_id,
                 RunStatus.COMPLETED if status == "ok" else RunStatus.FAILED,
+                features,
                 None if status == "ok" else error,
             )
         ledger.event("child-finished", child["instance_id"], run=run_id, status=status, error=error or "")

@@ -23,6 +23,7 @@ from corral.core.redact import redact, summarize
 from corral.supervisor.errors import NotFound, Refused
 from corral.supervisor.ledger.port import Ledger, dumps
 from corral.supervisor.project.project_service import project_settings
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_output import output_of
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import create_run, get_run, set_run_status
@@ -63,6 +64,7 @@ def delegate(
     parent_run: sqlite3.Row,
     parent_action_id: str,
     params: dict[str, Any],
+    features: RunFeatures,
 ) -> dict[str, Any]:
     delegation_id = static_delegation_id(parent_action_id)
     existing = ledger.one("SELECT * FROM delegations WHERE delegation_id = ?", delegation_id)
@@ -131,6 +133,7 @@ def delegate(
     with ledger.tx() as db:
         create_run(
             ledger,
+            features,
             agent_id=target,
             task=delegation_task_text(plan.task, contract),
             provider=target_spec.provider,
@@ -252,7 +255,9 @@ def _repair_id(ledger: Ledger, delegation_id: str) -> str | None:
     return str(row["delegation_id"]) if row is not None else None
 
 
-def finish_delegation(ledger: Ledger, run_id: str, summary: str | None, error: str | None) -> str | None:
+def finish_delegation(
+    ledger: Ledger, run_id: str, summary: str | None, error: str | None, features: RunFeatures
+) -> str | None:
     row = ledger.one("SELECT * FROM delegations WHERE run_id = ?", run_id)
     if row is None:
         raise NotFound(f"run {run_id} is not a delegation")
@@ -292,7 +297,7 @@ def finish_delegation(ledger: Ledger, run_id: str, summary: str | None, error: s
             (dumps(redact(result)), time.time(), run_id),
         )
         if RunStatus(run["status"]) not in TERMINAL:
-            set_run_status(ledger, run_id, RunStatus.COMPLETED if error is None else RunStatus.FAILED, error)
+            set_run_status(ledger, run_id, RunStatus.COMPLETED if error is None else RunStatus.FAILED, features, error)
         db.execute(
             "INSERT INTO deliveries (delivery_id, kind, source_id, target, parent_run_id, status, payload, created_at)"
             " VALUES (?, 'receipt', ?, 'parent-wake', ?, 'dispatched', ?, ?)",

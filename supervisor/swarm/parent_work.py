@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from corral.supervisor.ledger.port import Ledger, dumps
+from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import get_run, set_run_status
 
@@ -36,7 +37,7 @@ def blockers(ledger: Ledger, run_id: str) -> list[str]:
     return reasons
 
 
-def tombstone(ledger: Ledger, run_id: str, reason: str) -> list[str]:
+def tombstone(ledger: Ledger, run_id: str, reason: str, features: RunFeatures) -> list[str]:
     """A parent that ended: cancel its live children and delegations, suppress its deliveries."""
     cancelled: list[str] = []
     with ledger.tx() as db:
@@ -62,7 +63,7 @@ def tombstone(ledger: Ledger, run_id: str, reason: str) -> list[str]:
                 (dumps(result), time.time(), child["delegation_id"]),
             )
             if RunStatus(get_run(ledger, child["run_id"])["status"]) not in TERMINAL:
-                set_run_status(ledger, child["run_id"], RunStatus.CANCELLED, f"parent ended: {reason}")
+                set_run_status(ledger, child["run_id"], RunStatus.CANCELLED, features, f"parent ended: {reason}")
             ledger.event("child-tombstone", child["instance_id"], parent_run=run_id)
             cancelled.append(child["instance_id"])
         for row in db.execute(
@@ -77,7 +78,7 @@ def tombstone(ledger: Ledger, run_id: str, reason: str) -> list[str]:
                 ),
             )
             if RunStatus(get_run(ledger, row["run_id"])["status"]) not in TERMINAL:
-                set_run_status(ledger, row["run_id"], RunStatus.CANCELLED, f"parent ended: {reason}")
+                set_run_status(ledger, row["run_id"], RunStatus.CANCELLED, features, f"parent ended: {reason}")
         db.execute(
             "UPDATE isolated_groups SET status = 'joined' WHERE parent_run_id = ? AND status = 'open'",
             (run_id,),

@@ -59,6 +59,8 @@ class SwarmService:
         self.tree = tree
         #: Which run a caller owns, and waking the agent a delivery or delegation concerns.
         self.runs = runs
+        #: The supervisor's features: each sees the runs this service moves.
+        self.features = runs.features
         #: The templates, specialists, policy and limits that spawns and delegations obey.
         self.spec = spec
         # Ledger hooks run inside transactions (sync); what must happen to processes
@@ -73,15 +75,17 @@ class SwarmService:
             return
         run = run_store.get_run(ledger, run_id)
         if run["kind"] == "root":
-            for instance in parent_work.tombstone(ledger, run_id, reason or status.value):
+            for instance in parent_work.tombstone(ledger, run_id, reason or status.value, self.features):
                 self._send.send_nowait(("stop", instance))
             return
         if run["kind"] == "child":
             if status is not RunStatus.COMPLETED:
-                self._after_delivery(children_store.finish_child(ledger, run_id, None, reason or status.value), run)
+                ended = reason or status.value
+                self._after_delivery(children_store.finish_child(ledger, run_id, None, ended, self.features), run)
             self._send.send_nowait(("stop", run["agent_id"]))
         elif run["kind"] == "delegation" and status is not RunStatus.COMPLETED:
-            self._after_delivery(delegation_store.finish_delegation(ledger, run_id, None, reason or status.value), run)
+            ended = reason or status.value
+            self._after_delivery(delegation_store.finish_delegation(ledger, run_id, None, ended, self.features), run)
 
     def on_receipt(self, ledger: Ledger, action: Any) -> None:
         if action["tool"] == "agent.run_status":
@@ -96,6 +100,7 @@ class SwarmService:
             ledger,
             run_id,
             RunStatus.WAITING_FOR_JOIN,
+            self.features,
             f"{parent_work.open_work(ledger, run_id)} group(s)/delegation(s) still running",
         )
         return ParkStep(status=RunStatus.WAITING_FOR_JOIN.value)
@@ -105,7 +110,7 @@ class SwarmService:
             return
         parent = run_store.get_run(self.ledger, child_run["parent_run_id"])
         if parent["status"] == RunStatus.WAITING_FOR_JOIN and parent_work.open_work(self.ledger, parent["run_id"]) == 0:
-            run_store.set_run_status(self.ledger, parent["run_id"], RunStatus.RUNNING, "joined")
+            run_store.set_run_status(self.ledger, parent["run_id"], RunStatus.RUNNING, self.features, "joined")
             self._send.send_nowait(("wake", parent["agent_id"]))
 
     # -- actor methods --------------------------------------------------------------
@@ -142,6 +147,7 @@ class SwarmService:
             # and the duplicate's digest read them so (swarm_decisions.plan_spawn).
             msgspec.to_builtins(request.children),
             request.join_mode,
+            self.features,
         )
         for child in view["children"]:
             await self.start_child(child["instance_id"])
@@ -190,7 +196,8 @@ class SwarmService:
         fields: dict[str, Any] = msgspec.to_builtins(request)
         for envelope_field in ("run_id", "action_id"):
             fields.pop(envelope_field)
-        reply = delegation_store.delegate(self.ledger, self.spec, run, self._member(request.action_id, run), fields)
+        action_id = self._member(request.action_id, run)
+        reply = delegation_store.delegate(self.ledger, self.spec, run, action_id, fields, self.features)
         await self.runs.wake(reply["target"])
         return reply
 
@@ -213,9 +220,9 @@ class SwarmService:
         blockers = finalization.blockers(self.ledger, run["run_id"], self.runs.features)
         error = ("ended with open work: " + "; ".join(blockers)) if blockers else None
         if run["kind"] == "child":
-            delivery = children_store.finish_child(self.ledger, run["run_id"], summary, error)
+            delivery = children_store.finish_child(self.ledger, run["run_id"], summary, error, self.features)
         elif run["kind"] == "delegation":
-            delivery = delegation_store.finish_delegation(self.ledger, run["run_id"], summary, error)
+            delivery = delegation_store.finish_delegation(self.ledger, run["run_id"], summary, error, self.features)
         else:
             raise BadRequest("a root run writes a final reply, not a child result")
         self._after_delivery(delivery, run)
@@ -240,7 +247,7 @@ class SwarmService:
                 deadline = child["created_at"] + limit
                 if deadline <= now:
                     run_store.set_run_status(
-                        self.ledger, child["run_id"], RunStatus.FAILED, f"timed out after {limit}s"
+                        self.ledger, child["run_id"], RunStatus.FAILED, self.features, f"timed out after {limit}s"
                     )
                 else:
                     earliest = min(earliest, deadline)
@@ -255,7 +262,11 @@ class SwarmService:
         child = self.ledger.one("SELECT run_id, status FROM children WHERE instance_id = ?", instance)
         if child is not None and child["status"] != "terminal":
             run_store.set_run_status(
-                self.ledger, child["run_id"], RunStatus.FAILED, "the child crashed past its restart intensity"
+                self.ledger,
+                child["run_id"],
+                RunStatus.FAILED,
+                self.features,
+                "the child crashed past its restart intensity",
             )
 
     # -- recovery -------------------------------------------------------------------
@@ -270,13 +281,13 @@ class SwarmService:
             "SELECT c.run_id, r.status, r.reason FROM children c JOIN runs r ON r.run_id = c.run_id"
             " WHERE c.status != 'terminal' AND r.status IN ('failed', 'cancelled')"
         ):
-            children_store.finish_child(ledger, row["run_id"], None, row["reason"] or row["status"])
+            children_store.finish_child(ledger, row["run_id"], None, row["reason"] or row["status"], self.features)
         for row in ledger.all(
             "SELECT run_id FROM runs WHERE status = 'waiting-for-join' AND run_id NOT IN"
             " (SELECT parent_run_id FROM isolated_groups WHERE status = 'open')"
             " AND run_id NOT IN (SELECT parent_run_id FROM delegations WHERE status != 'terminal')"
         ):
-            run_store.set_run_status(ledger, row["run_id"], RunStatus.RUNNING, "joined during recovery")
+            run_store.set_run_status(ledger, row["run_id"], RunStatus.RUNNING, self.features, "joined during recovery")
 
     async def restart_children(self) -> None:
         for child in children_store.children_to_run(self.ledger):
