@@ -23,7 +23,7 @@ from corral.actors.session_state import SessionState
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult
 from corral.actors.tools.process import CommandExec
 from corral.actors.tools.project import GitCommit, GitDiff, GitSnapshot, GitStatus
-from corral.mailbox.protocol import CommandSandbox, ProjectCommitMoved, ProjectVerification, Request
+from corral.mailbox.protocol import CommandSandbox, ProjectCommitMoved, ProjectVerification, Request, reply
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile
 from tests.launch_modes import needs_bwrap
 
@@ -198,8 +198,8 @@ async def test_command_exec_reports_what_it_refused(world: dict[str, Path], shor
     async def ask(request: Request[Any], timeout: float = 30.0) -> Any:
         if isinstance(request, CommandSandbox):
             # As the supervisor answers: its home masked first (supervisor/sessions/session_service.py).
-            return {"project_root": str(root), "sandbox": {"mode": "required", "masked": [str(home)]}}
-        return {}
+            return reply(request, {"project_root": str(root), "sandbox": {"mode": "required", "masked": [str(home)]}})
+        return reply(request, {})
 
     home = short_tmp / "corral-home"
     home.mkdir(mode=0o700)
@@ -246,11 +246,13 @@ def _tool_ctx(ws: Path) -> ToolContext:
     async def ask(request: Request[Any], timeout: float = 30.0) -> Any:
         # What a git tool asks the supervisor: project.git_commit's verification, and
         # (once its branch moved) that the commit be kept in the action's record.
+        # As the answers come off the wire: typed records (mailbox/protocol).
         if isinstance(request, ProjectCommitMoved):
-            return {}
+            return reply(request, {})
         assert isinstance(request, ProjectVerification), request
-        return {"revision": 1, "verification": {"revision": 1, "status": "passed"}, "passed_on_current": True,
-                "passed_by_run": True}
+        last = {"action_id": "act-0", "run_id": "run-t", "revision": 1, "fingerprint": "f", "status": "passed",
+                "commands": 1, "output": [], "created_at": 0.0}
+        return reply(request, {"revision": 1, "verification": last, "passed_on_current": True, "passed_by_run": True})
 
     return ToolContext(agent_id="writer", run_id="run-t", action_id="act-1", workspace=ws, write_scopes=(".",),
                        home=ws.parent / "corral-home", ask=ask)
