@@ -57,12 +57,15 @@ if TYPE_CHECKING:
         RunChildResult,
         SandboxGrant,
         SessionLaunched,
+        SessionOutput,
         SessionPoll,
         SessionStart,
         SessionStateReport,
         SessionStdin,
         SessionTerminate,
+        SessionView,
         SinkCount,
+        StdinWritten,
         SwarmClaim,
         SwarmContract,
         SwarmDelegate,
@@ -106,13 +109,13 @@ class SessionMethods(Protocol):
     """Process sessions and one-shot commands: the agent's tools' requests and the
     session actors' own reports (supervisor/sessions/session_service.py)."""
 
-    async def start(self, slot: ActorSlot, request: SessionStart) -> dict[str, Any]: ...
+    async def start(self, slot: ActorSlot, request: SessionStart) -> SessionView: ...
 
-    async def poll(self, slot: ActorSlot, request: SessionPoll) -> dict[str, Any]: ...
+    async def poll(self, slot: ActorSlot, request: SessionPoll) -> SessionOutput: ...
 
-    async def stdin(self, slot: ActorSlot, request: SessionStdin) -> dict[str, Any]: ...
+    async def stdin(self, slot: ActorSlot, request: SessionStdin) -> StdinWritten: ...
 
-    async def terminate(self, slot: ActorSlot, request: SessionTerminate) -> dict[str, Any]: ...
+    async def terminate(self, slot: ActorSlot, request: SessionTerminate) -> SessionView: ...
 
     async def launched(self, slot: ActorSlot, request: SessionLaunched) -> Ack: ...
 

@@ -38,6 +38,10 @@ from corral.mailbox.protocol import (
     NextStep,
     RunClaim,
     RunFail,
+    SessionPoll,
+    SessionStart,
+    SessionStdin,
+    SessionTerminate,
     Stepped,
 )
 from corral.mailbox.steps import (
@@ -154,10 +158,6 @@ def test_the_lane_fails_its_run_over_a_malformed_step_and_lives_on(tmp_path: Pat
 MAP_REPLIES = {
     "McpCall",
     "ModelGenerate",
-    "SessionPoll",
-    "SessionStart",
-    "SessionStdin",
-    "SessionTerminate",
     "SwarmClaim",
     "SwarmContract",
     "SwarmDelegate",
@@ -228,6 +228,22 @@ VIEWS = [
     (GoalVerdict(run_id="r", action_id="a", met=True, evidence="tests pass"), {
         "action_id": "a", "met": True, "evidence": "tests pass", "at": 1.25, "goal_revision": 2,
         "plan_revision": None, "verification_id": None,
+    }),
+    (SessionStart(run_id="r", action_id="a", program="sh"), {
+        "process_id": "proc-1", "status": "failed", "launch_mode": None, "exit_code": None,
+        "cursor": "c0", "error": "no sandbox", "code": "launch-failed",
+    }),
+    (SessionTerminate(run_id="r", process_id="proc-1"), {
+        "process_id": "proc-1", "status": "terminated", "launch_mode": "bwrap", "exit_code": -15,
+        "cursor": "c0", "error": None, "code": None,
+    }),
+    (SessionPoll(run_id="r", process_id="proc-1"), {
+        "process_id": "proc-1", "chunk": "hi\n", "next_cursor": "c3", "status": "running", "exit_code": None,
+        "more": False, "live": True,
+    }),
+    (SessionStdin(run_id="r", process_id="proc-1", data="x"), {
+        "process_id": "proc-1", "bytes_written": 2, "sha256": "ab", "eof": False, "complete": True,
+        "status": "running",
     }),
 ]
 

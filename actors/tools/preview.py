@@ -159,8 +159,8 @@ async def _check_session(ctx: ToolContext, process_id: str) -> None:
         state = await ctx.ask(SessionPoll(run_id=ctx.run_id, process_id=process_id, max_chars=1))
     except RemoteError as exc:
         raise ToolError(f"process {process_id[:64]!r}: {exc.message}", "not-a-preview") from None
-    if state.get("status") != "running":
-        raise ToolError(f"process {process_id} is {state.get('status')}, not running: start the preview first",
+    if state.status != "running":
+        raise ToolError(f"process {process_id} is {state.status}, not running: start the preview first",
                         "not-a-preview")
 
 

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, NotRequired
 
+import msgspec
 import trio
 from pydantic import Field
 from typing_extensions import TypedDict
@@ -171,15 +172,16 @@ class ProcessStart:
             cwd=cwd,
             timeout_s=tool_input.get("timeout_s"),
         )
-        reply = await ctx.ask(start, timeout=START_TIMEOUT_S)
-        status = reply["status"]
-        mode = reply.get("launch_mode") or "not launched"
-        if reply.get("launch_mode"):
-            reply = {**reply, **sandbox_facts(LaunchMode(reply["launch_mode"]))}
+        view = await ctx.ask(start, timeout=START_TIMEOUT_S)
+        status = view.status
+        mode = view.launch_mode or "not launched"
+        output: dict[str, Any] = msgspec.to_builtins(view)
+        if view.launch_mode:
+            output.update(sandbox_facts(LaunchMode(view.launch_mode)))
         if status in ("failed", "needs-reconciliation", "launching", "prepared"):
-            error = reply.get("error") or f"the process is {status}"
-            return ToolResult(False, reply, f"{reply['process_id']} {status} [{reply.get('code') or mode}]: {error}")
-        return ToolResult(True, reply, f"started {reply['process_id']} ({status}, launch={mode})")
+            error = view.error or f"the process is {status}"
+            return ToolResult(False, output, f"{view.process_id} {status} [{view.code or mode}]: {error}")
+        return ToolResult(True, output, f"started {view.process_id} ({status}, launch={mode})")
 
 
 class ProcessPoll:
@@ -201,10 +203,9 @@ class ProcessPoll:
             wait_ms=wait_ms,
         )
         reply = await ctx.ask(poll, timeout=max(wait_ms, 0) / 1000 + POLL_SLACK_S)
-        more = ", more available" if reply.get("more") else ""
-        return ToolResult(
-            True, reply, f"{len(reply['chunk'])} chars from {reply['process_id']} ({reply['status']}{more})"
-        )
+        more = ", more available" if reply.more else ""
+        summary = f"{len(reply.chunk)} chars from {reply.process_id} ({reply.status}{more})"
+        return ToolResult(True, msgspec.to_builtins(reply), summary)
 
 
 class ProcessStdin:
@@ -227,11 +228,12 @@ class ProcessStdin:
             eof=tool_input.get("eof", False),
         )
         reply = await ctx.ask(stdin, timeout=STDIN_TIMEOUT_S)
-        eof = ", eof" if reply["eof"] else ""
-        summary = f"wrote {reply['bytes_written']} bytes to {reply['process_id']} (sha256 {reply['sha256'][:12]}{eof})"
-        if not reply["complete"]:
-            return ToolResult(False, reply, summary + ": incomplete, the process stopped reading")
-        return ToolResult(True, reply, summary)
+        eof = ", eof" if reply.eof else ""
+        summary = f"wrote {reply.bytes_written} bytes to {reply.process_id} (sha256 {reply.sha256[:12]}{eof})"
+        output = msgspec.to_builtins(reply)
+        if not reply.complete:
+            return ToolResult(False, output, summary + ": incomplete, the process stopped reading")
+        return ToolResult(True, output, summary)
 
 
 class ProcessTerminate:
@@ -251,10 +253,10 @@ class ProcessTerminate:
             SessionPoll(run_id=ctx.run_id, process_id=process_id, cursor=tool_input.get("cursor")),
             timeout=POLL_SLACK_S,
         )
-        output = {**reply, "chunk": tail["chunk"], "next_cursor": tail["next_cursor"], "more": tail["more"]}
-        status = reply["status"]
-        code = reply.get("exit_code")
-        summary = f"{reply['process_id']} {status}" + (f" (exit {code})" if code is not None else "")
+        output = {**msgspec.to_builtins(reply), "chunk": tail.chunk, "next_cursor": tail.next_cursor, "more": tail.more}
+        status = reply.status
+        code = reply.exit_code
+        summary = f"{reply.process_id} {status}" + (f" (exit {code})" if code is not None else "")
         # Only a confirmed end counts; a terminate that timed out leaves "terminating".
         confirmed = status in ("exited", "terminated", "timed-out", "output-limit-exceeded", "failed")
         return ToolResult(confirmed, output, summary)

@@ -31,7 +31,50 @@ MAX_POLL_CHARS = 16_000
 MAX_POLL_WAIT_MS = 30_000
 MAX_CURSOR_CHARS = 200
 
-Reply = dict[str, Any]
+
+class SessionView(msgspec.Struct, kw_only=True):
+    """``session.start``'s and ``session.terminate``'s reply: the session as the
+    ledger holds it (supervisor/sessions/session_store.py ``session_view``); the
+    tools hand it to the model as their output."""
+
+    process_id: str
+    #: Its state (a corral.supervisor.sessions.session_state.SessionState value).
+    status: str
+    #: How it was launched (a LaunchMode value); None before the launch.
+    launch_mode: str | None
+    exit_code: int | None
+    #: The cursor of its output's start (``process.poll`` reads on from it).
+    cursor: str
+    #: Why it failed or needs reconciliation, and the code of that; None otherwise.
+    error: str | None
+    code: str | None
+
+
+class SessionOutput(msgspec.Struct, kw_only=True):
+    """``session.poll``'s reply: the output from the cursor on, from the live
+    session actor (``live``) or, once it is gone, from its private transcript."""
+
+    process_id: str
+    chunk: str
+    next_cursor: str
+    status: str
+    exit_code: int | None
+    #: More output past ``next_cursor`` already.
+    more: bool
+    live: bool
+
+
+class StdinWritten(msgspec.Struct, kw_only=True):
+    """``session.stdin``'s reply: what reached the terminal, as a count and a digest
+    only (the text itself goes no further than the PTY)."""
+
+    process_id: str
+    bytes_written: int
+    sha256: str
+    eof: bool
+    #: False when the process stopped reading before all of it was written.
+    complete: bool
+    status: str
 
 
 class SealedValue(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -45,7 +88,7 @@ class SealedValue(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return {"sealed": self.sealed, "bytes": self.bytes}
 
 
-class SessionStart(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class SessionStart(Request[SessionView], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``session.start``: the executing ``process.start`` action's program on a terminal."""
 
     METHOD: ClassVar[Method] = Method.SESSION_START
@@ -57,7 +100,7 @@ class SessionStart(Request[Reply], frozen=True, forbid_unknown_fields=True, omit
     timeout_s: Annotated[float, msgspec.Meta(ge=0.001, le=MAX_TIMEOUT_S)] | None = None
 
 
-class SessionPoll(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class SessionPoll(Request[SessionOutput], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``session.poll``: the run's process's output from ``cursor`` on."""
 
     METHOD: ClassVar[Method] = Method.SESSION_POLL
@@ -68,7 +111,7 @@ class SessionPoll(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_
     wait_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_POLL_WAIT_MS)] = 0
 
 
-class SessionStdin(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class SessionStdin(Request[StdinWritten], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``session.stdin``: text (or a sealed value of ``action_id``) to the run's process."""
 
     METHOD: ClassVar[Method] = Method.SESSION_STDIN
@@ -80,7 +123,7 @@ class SessionStdin(Request[Reply], frozen=True, forbid_unknown_fields=True, omit
     eof: bool = False
 
 
-class SessionTerminate(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class SessionTerminate(Request[SessionView], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``session.terminate``: the run's process to its end (two-phase)."""
 
     METHOD: ClassVar[Method] = Method.SESSION_TERMINATE

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import trio
 
 from corral.actors.session_state import MAX_STDIN_BYTES, TERMINAL_STATES, SessionState
@@ -48,11 +49,14 @@ from corral.mailbox.protocol import (
     SandboxGrant,
     SealedValue,
     SessionLaunched,
+    SessionOutput,
     SessionPoll,
     SessionStart,
     SessionStateReport,
     SessionStdin,
     SessionTerminate,
+    SessionView,
+    StdinWritten,
 )
 from corral.sandbox.bwrap import LaunchMode
 from corral.supervisor.errors import BadRequest, Conflict, Refused, SupervisorError
@@ -215,7 +219,7 @@ class SessionService:
 
     # -- agent-facing methods --------------------------------------------------------
 
-    async def start(self, slot: ActorSlot, request: SessionStart) -> dict[str, Any]:
+    async def start(self, slot: ActorSlot, request: SessionStart) -> SessionView:
         run = self.runs.run_of(slot, request.run_id)
         if RunStatus(run["status"]) in RUN_TERMINAL:
             raise Refused(f"run {run['run_id']} already ended ({run['status']})")
@@ -297,7 +301,7 @@ class SessionService:
         except (ChannelClosed, MailboxFull, DeadlineExceeded):
             return None
 
-    async def poll(self, slot: ActorSlot, request: SessionPoll) -> dict[str, Any]:
+    async def poll(self, slot: ActorSlot, request: SessionPoll) -> SessionOutput:
         row = self._owned_session(slot, request.run_id, request.process_id)
         cursor, max_chars, wait_ms = request.cursor, request.max_chars, request.wait_ms
         body = {"op": "poll", "cursor": cursor, "max_chars": max_chars, "wait_ms": wait_ms}
@@ -306,17 +310,19 @@ class SessionService:
             fresh = session_store.get_session(self.ledger, row["process_id"]) or row
             path = session_store.transcript_path(self.home, row["run_id"], row["process_id"])
             chunk, next_cursor, more = session_store.poll_transcript(path, row["process_id"], cursor, max_chars)
-            reply = {
-                "chunk": chunk,
-                "next_cursor": next_cursor,
-                "status": fresh["state"],
-                "exit_code": fresh["exit_code"],
-                "more": more,
-                "live": False,
-            }
-        return {"process_id": row["process_id"], **reply}
+            return SessionOutput(
+                process_id=row["process_id"],
+                chunk=chunk,
+                next_cursor=next_cursor,
+                status=fresh["state"],
+                exit_code=fresh["exit_code"],
+                more=more,
+                live=False,
+            )
+        # The session actor's answer (actors/session.py ``_poll``), checked into the record.
+        return msgspec.convert({"process_id": row["process_id"], **reply}, SessionOutput)
 
-    async def stdin(self, slot: ActorSlot, request: SessionStdin) -> dict[str, Any]:
+    async def stdin(self, slot: ActorSlot, request: SessionStdin) -> StdinWritten:
         row = self._owned_session(slot, request.run_id, request.process_id)
         data = request.data
         if isinstance(data, SealedValue):
@@ -347,16 +353,16 @@ class SessionService:
         digest = str(reply.get("sha256", ""))
         eof, complete = bool(reply.get("eof")), bool(reply.get("complete"))
         session_store.record_stdin(self.ledger, row, written, digest, eof=eof, complete=complete)
-        return {
-            "process_id": row["process_id"],
-            "bytes_written": written,
-            "sha256": digest,
-            "eof": eof,
-            "complete": complete,
-            "status": str(reply.get("status", row["state"])),
-        }
+        return StdinWritten(
+            process_id=row["process_id"],
+            bytes_written=written,
+            sha256=digest,
+            eof=eof,
+            complete=complete,
+            status=str(reply.get("status", row["state"])),
+        )
 
-    async def terminate(self, slot: ActorSlot, request: SessionTerminate) -> dict[str, Any]:
+    async def terminate(self, slot: ActorSlot, request: SessionTerminate) -> SessionView:
         row = self._owned_session(slot, request.run_id, request.process_id)
         if SessionState(row["state"]) not in TERMINAL_STATES:
             # The actor answers once the terminal state is on disk (or could not be).

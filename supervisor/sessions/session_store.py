@@ -26,6 +26,7 @@ from corral.actors.session_state import (
 )
 from corral.core.redact import redact_text, summarize
 from corral.core.transitions import IllegalTransition
+from corral.mailbox.protocol import SessionView
 from corral.sandbox.bwrap import LaunchMode
 from corral.sandbox.facts import sandbox_facts
 from corral.supervisor.errors import BadRequest, Conflict, NotFound, SupervisorError
@@ -321,17 +322,17 @@ def resolve_session(ledger: Ledger, process_id: str, outcome: str, note: str, fe
     return run_id
 
 
-def session_view(row: sqlite3.Row) -> dict[str, Any]:
+def session_view(row: sqlite3.Row) -> SessionView:
     """What the agent is answered about its session."""
-    return {
-        "process_id": row["process_id"],
-        "status": row["state"],
-        "launch_mode": row["launch_mode"],
-        "exit_code": row["exit_code"],
-        "cursor": encode_cursor(row["process_id"], 0),
-        "error": row["reason"] if row["state"] in (S.FAILED, S.NEEDS_RECONCILIATION) else None,
-        "code": row["error_code"],
-    }
+    return SessionView(
+        process_id=row["process_id"],
+        status=row["state"],
+        launch_mode=row["launch_mode"],
+        exit_code=row["exit_code"],
+        cursor=encode_cursor(row["process_id"], 0),
+        error=row["reason"] if row["state"] in (S.FAILED, S.NEEDS_RECONCILIATION) else None,
+        code=row["error_code"],
+    )
 
 
 def poll_transcript(path: Path, process_id: str, cursor: str | None, max_chars: int) -> tuple[str, str, bool]:
