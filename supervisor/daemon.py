@@ -43,6 +43,7 @@ from corral.supervisor.interactive import (
     reply_stream_service,
 )
 from corral.supervisor.interactive.interactive_service import InteractiveService
+from corral.supervisor.ledger.cooperative import cooperatively
 from corral.supervisor.ledger.group_commit import GroupCommit
 from corral.supervisor.ledger.ledger_link import CONTROL_HOLD_S, run_held
 from corral.supervisor.ledger.ledger_spec import Placement
@@ -382,7 +383,10 @@ class Supervisor:
         try:
             # A call that found the ledger unreachable committed nothing: it waits a
             # moment for the ledger to be back (a database restart), then runs again.
-            result = await run_held(lambda: handler(params), self.ledger, CONTROL_HOLD_S)
+            # With a ledger on a server, its waits let other calls and actors' requests
+            # run meanwhile (supervisor/ledger/cooperative.py).
+            call = (lambda: cooperatively(handler, params)) if self.ledger.cooperative else (lambda: handler(params))
+            result = await run_held(call, self.ledger, CONTROL_HOLD_S)
         except SupervisorError as exc:
             await self.group_commit.barrier()  # a refusal may follow a commit
             raise ControlError(exc.code, str(exc)) from None

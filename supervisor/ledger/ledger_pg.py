@@ -18,6 +18,11 @@ also sets a commit marker (``corral_meta.commit_seq``), so that after a lost
 connection the ledger can tell whether a COMMIT whose answer never came landed,
 and whether commits it was told of were lost.
 
+A node's requests run cooperatively (supervisor/ledger/cooperative.py): each open
+transaction holds a connection of its own (supervisor/ledger/ledger_pg_pool.py), so one
+waiting on the server does not hold the others. Each connection keeps its own
+commit marker.
+
 The wire (connecting, rows, pipelined transactions) is supervisor/ledger/ledger_pg_wire.py; the
 cluster tables and the fence functions are supervisor/ledger/ledger_pg_cluster.py.
 """
@@ -33,6 +38,7 @@ from typing import Any
 
 from corral.supervisor.errors import SupervisorError
 from corral.supervisor.ledger import ledger_pg_queue
+from corral.supervisor.ledger.cooperative import cooperating
 from corral.supervisor.ledger.ledger_link import Backoff, LedgerUnavailable, connection_lost
 from corral.supervisor.ledger.ledger_pg_cluster import (
     CLUSTER_SCHEMA,
@@ -44,7 +50,9 @@ from corral.supervisor.ledger.ledger_pg_cluster import (
     ensure_cluster,
     schema_of,
 )
-from corral.supervisor.ledger.ledger_pg_sync import GroupSync, marker_of
+from corral.supervisor.ledger.ledger_pg_pool import Pool, Slot
+from corral.supervisor.ledger.ledger_pg_requests import PerRequest
+from corral.supervisor.ledger.ledger_pg_sync import GroupSync, markers_of
 from corral.supervisor.ledger.ledger_pg_wire import (
     Connection,
     PostgresUnavailable,
@@ -65,6 +73,9 @@ log = logging.getLogger("corral.ledger")
 IN_DOUBT_WAIT_S = 3.0
 #: A reconnection attempt gives up after this (it runs in a worker thread).
 RECONNECT_TIMEOUT_S = 5
+#: How long a write by code that is not cooperative waits for a row another open
+#: transaction holds, before it gives up and is asked again.
+BOUNDED_LOCK_WAIT = "2s"
 
 
 class Fenced(SupervisorError):
@@ -74,7 +85,7 @@ class Fenced(SupervisorError):
         super().__init__(message, code="fenced")
 
 
-class PostgresLedger(Ledger):
+class PostgresLedger(PerRequest, Ledger):
     """One partition of a shared PostgreSQL database.
 
     ``epoch`` is the fencing token this supervisor holds (None: no writes are
@@ -99,6 +110,8 @@ class PostgresLedger(Ledger):
         lease_s: float | None = None,
         lease_from: float | None = None,
     ) -> None:
+        # Before the port's own state: its transaction flags are per request here.
+        self._pool = Pool(self._open_slot)
         super().__init__()
         #: Group commit, as with SQLite: transactions commit without waiting for
         #: the WAL flush, and ``sync`` (before any reply leaves) waits for one
@@ -127,26 +140,26 @@ class PostgresLedger(Ledger):
         #: Called when the ledger lacks commits this writer was told of (a server
         #: crash lost them): its memory is ahead of its ledger, it must stop.
         self.on_diverged: Callable[[str], None] | None = None
-        #: The commit marker of a COMMIT whose answer was lost (None: no such commit).
-        self.in_doubt: int | None = None
-        #: The last commit marker this writer set (and was told was committed).
-        self._seq = 0
+        #: The commit marker of a COMMIT whose answer was lost, by marker key (one per connection).
+        self.in_doubt: dict[str, int] = {}
+        #: The last commit marker this writer set on each connection's key (and was told was committed).
+        self._told: dict[str, int] = {}
         #: Give the lease up on close (an adoption that retired or handed its partition back).
         self.release_on_close = False
         self._application = f"corral-{'reader' if readonly else 'ledger'}:{partition}"
-        self._lock = threading.RLock()  # one connection: the trio thread and group commit's
+        self._lock = threading.RLock()  # a worker thread's reconnection against the event loop's reads
         self._reconnecting = threading.Lock()
-        self.raw = connect(url, self._application)
+        raw = connect(url, self._application)
         #: The fenced writer alone may cache its reads: nobody else writes its partition.
         self.cache = ReadCache() if epoch is not None and not readonly else None
-        self.db = Connection(self.raw, self.cache)
+        #: A node's writer runs its requests cooperatively, a connection per open transaction.
+        self.cooperative = self.cache is not None
+        self._pool.adopt(raw, self._connection(raw))
         #: Event cursors taken from the sequence in blocks: an event's INSERT then
         #: needs no answer (no RETURNING to wait for) and travels in the pipeline
         #: like any write. One writer commits in order, so cursors still grow in
         #: commit order.
         self._cursors: list[int] = []
-        #: The run id the open transaction claims cluster-wide (``claim_run_id``).
-        self._claimed: str | None = None
         #: The queued run this node is creating now: its claim takes it off the
         #: shared queue in the same transaction (supervisor/cluster/run_queue.py).
         self.from_queue: str | None = None
@@ -154,7 +167,7 @@ class PostgresLedger(Ledger):
             if not readonly:
                 ensure_cluster(self.raw)
                 self._migrate()
-                self._seq = self._marker(self.raw)
+                self._told = markers_of(self.raw, self.schema)
             elif not self._schema_exists():
                 raise LedgerError(f"{self.where}: no such partition")
             self.raw.execute(f"SET search_path TO {self.schema}, public")
@@ -205,9 +218,6 @@ class PostgresLedger(Ledger):
                                  " SELECT run_id, %s, clock_timestamp() FROM runs ON CONFLICT DO NOTHING",
                                  (self.partition,))
 
-    def _marker(self, conn: Any) -> int:
-        return marker_of(conn, self.schema)
-
     @property
     def schema_version(self) -> int:
         row = self.one("SELECT value FROM corral_meta WHERE key = 'schema_version'")
@@ -236,17 +246,14 @@ class PostgresLedger(Ledger):
         if self.full_since is None:
             self.full_since = self.lost_since  # status says degraded until a commit lands again
         log.error("%s: connection lost (%s); reconnecting", self.where, self.lost_why)
-        try:
-            self.raw.close()
-        except Exception:
-            pass
+        self._pool.lost()  # the free connections close now, the busy ones when given back
         if self.on_lost is not None:
             self.on_lost()
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException, db: Connection) -> None:
         """A statement failed outside the transaction machinery (a read): a lost
         connection becomes ``LedgerUnavailable``; anything else stays as it is."""
-        if connection_lost(exc, self.raw):
+        if connection_lost(exc, db.conn):
             self._lose(exc)
             raise self._unavailable() from None
 
@@ -269,7 +276,7 @@ class PostgresLedger(Ledger):
                 conn.execute(f"SET search_path TO {self.schema}, public")
                 if self.epoch is not None:
                     self._check_fence(conn)
-                    self._settle(self._marker(conn))
+                    self._settle(markers_of(conn, self.schema))
             except psycopg.Error as exc:
                 conn.close()
                 self.lost_why = (str(exc).strip().splitlines() or ["?"])[0][:200]
@@ -277,7 +284,7 @@ class PostgresLedger(Ledger):
             except BaseException:
                 conn.close()
                 raise
-            self.raw = self.db.conn = conn
+            self._pool.replace_home(conn, self._connection(conn))
             self.lost_since = None
             self.lost_why = ""
             log.warning("%s: connection restored", self.where)
@@ -301,20 +308,22 @@ class PostgresLedger(Ledger):
                 self.fence(f"the lease on partition {self.partition} was taken over")
             self.lease_renewed(sent)
 
-    def _settle(self, marker: int) -> None:
-        """What the ledger holds against what this writer was told: a COMMIT whose
-        answer was lost landed if the marker reached it; a marker behind the
-        last commit this writer was told of means commits were lost."""
-        if self.in_doubt is not None:
-            landed = marker >= self.in_doubt
+    def _settle(self, markers: dict[str, int]) -> None:
+        """What the ledger holds against what this writer was told, per connection's
+        marker: a COMMIT whose answer was lost landed if its marker reached it; a
+        marker behind the last commit this writer was told of means commits were lost."""
+        for key, doubt in sorted(self.in_doubt.items()):
+            landed = markers.get(key, 0) >= doubt
             log.warning("%s: the commit whose answer was lost %s", self.where,
                         "had landed" if landed else "had not landed: nothing of it was written")
             if landed:
-                self._seq = self.in_doubt
-            self.in_doubt = None
-        if marker < self._seq:
-            self._diverged(f"it holds commit {marker}, and this writer was told of commit {self._seq}")
-        self._seq = marker
+                self._told[key] = doubt
+        self.in_doubt = {}
+        for key, told in sorted(self._told.items()):
+            held = markers.get(key, 0)
+            if held < told:
+                self._diverged(f"it holds commit {held} of {key}, and this writer was told of commit {told}")
+        self._told.update(markers)
 
     def _diverged(self, why: str) -> None:
         message = f"{self.where} lost commits ({why}); the supervisor must restart from what it holds"
@@ -327,7 +336,7 @@ class PostgresLedger(Ledger):
         if self.lease_s is not None:
             self._lease_valid_until = max(self._lease_valid_until, sent_at + self.lease_s)
 
-    def _guard_lease(self) -> None:
+    def _guard_lease(self, slot: Slot) -> None:
         """Before a write: a lease that may lapse before this write lands (the
         node's renewals fell a whole interval behind, or it lapsed) is renewed
         first; a lease taken over fences this writer."""
@@ -337,11 +346,18 @@ class PostgresLedger(Ledger):
             return
         if time.monotonic() < self._lease_valid_until - self.lease_s / 3:
             return
+        if not cooperating() and self._pool.in_other_transactions(slot.db):
+            # The renewal waits for the partition's row, which every open
+            # transaction holds (its fence): blocking the event loop for it would
+            # hold them forever. The write's own fence checks the lease instead
+            # (a lapsed one fails it, and it is asked again).
+            return
         sent = time.monotonic()
         try:
-            row = self.raw.execute(RENEW_SQL, (self.lease_s, self.partition, self.epoch, self.holder)).fetchone()
+            # Through the wire: a request waits for it cooperatively.
+            row = slot.db.send(RENEW_SQL, (self.lease_s, self.partition, self.epoch, self.holder)).fetchone()
         except psycopg.Error as exc:
-            self._failed(exc)
+            self._failed(exc, slot.db)
             raise
         if row is None:
             self.fence(f"the lease on partition {self.partition} was taken over")
@@ -351,80 +367,106 @@ class PostgresLedger(Ledger):
 
     @contextmanager
     def _transaction(self, *, fsync: bool) -> Iterator[Connection]:
-        import psycopg
-
         if self.fenced:
             raise Fenced(self.fenced)
         if self.lost_since is not None:
             raise self._unavailable()
-        with self._lock:
-            self._guard_lease()
-            # Nothing is sent yet: BEGIN, the commit mode and the fence check
-            # open the pipeline with the transaction's first statement. The fence
-            # raises inside the server, so a fenced pipeline aborts before its
-            # COMMIT, whatever follows it.
-            opening = ["BEGIN"]
-            if not fsync or self.group_commit:
-                opening.append("SET LOCAL synchronous_commit = off")
-            if self.epoch is not None:
-                opening.append(self._fence_sql)
-            self.db.begin(opening)
-            self._claimed = None
-            marker: int | None = None
-            try:
-                yield self.db
-                if not self.db.sent:
-                    self.db.abandon()  # it ran no statement: no round trip at all
-                else:
-                    closing: list[tuple[str, tuple[Any, ...]]] = []
-                    if self.epoch is not None:
-                        marker = self._seq + 1
-                        closing.append(("UPDATE corral_meta SET value = %s WHERE key = 'commit_seq'", (marker,)))
-                    self.db.commit(closing)
-                    if marker is not None:
-                        self._seq = marker
-            except psycopg.Error as exc:
-                self._rollback()
-                state = getattr(exc, "sqlstate", None)
-                if isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == RUN_ID_KEY:
-                    raise RunIdTaken(self._claimed or "?") from None
-                if state == FENCE_SQLSTATE:
-                    self.fence(str(exc.diag.message_primary or exc).removeprefix("corral-fenced: "))
-                if state == LAPSED_SQLSTATE:
-                    self._lease_valid_until = 0.0  # the next write renews it first
-                    raise LedgerUnavailable(
-                        f"{self.where}: this node's lease lapsed; nothing was committed. It is renewed"
-                        " before the next write (or the node finds itself fenced and stops)"
-                    ) from None
-                if isinstance(exc, psycopg.errors.DiskFull):
-                    self._storage_failed(exc)
-                if not connection_lost(exc, self.raw):
-                    raise
-                self._lose(exc)
-                if marker is None or not self._landed(marker):
-                    raise self._unavailable() from None
-                # It landed: as if the COMMIT's answer had come.
-                log.warning("%s: a commit whose answer was lost had landed", self.where)
-            except BaseException:
-                self._rollback()
-                raise
+        state = self._pool.state()
+        slot = self._pool.take()  # a request run cooperatively may wait here for one
+        state.slot = slot
+        try:
+            with self._lock:
+                yield from self._on(slot, fsync)
+        finally:
+            state.slot = None
+            state.low_cursor = 0  # committed or rolled back: readers may see past it
+            state.claimed = None
+            self._pool.give(slot)
+            self._pool.tidy(state)
 
-    def _landed(self, marker: int) -> bool:
+    def _on(self, slot: Slot, fsync: bool) -> Iterator[Connection]:
+        """The transaction, on ``slot``'s connection: its own commit marker."""
+        import psycopg
+
+        db = slot.db
+        self._guard_lease(slot)
+        # Nothing is sent yet: BEGIN, the commit mode and the fence check
+        # open the pipeline with the transaction's first statement. The fence
+        # raises inside the server, so a fenced pipeline aborts before its
+        # COMMIT, whatever follows it.
+        opening = ["BEGIN"]
+        if not fsync or self.group_commit:
+            opening.append("SET LOCAL synchronous_commit = off")
+        if self.epoch is not None:
+            opening.append(self._fence_sql)
+        # Code that is not cooperative blocks the event loop while it waits: were it
+        # to wait for a row a suspended request's transaction holds, that request
+        # could never finish. Such a wait gives up instead (nothing is committed,
+        # the caller is held and asks again once the loop has run).
+        bounded = not cooperating() and self._pool.in_other_transactions(db)
+        if bounded:
+            opening.append(f"SET LOCAL lock_timeout = '{BOUNDED_LOCK_WAIT}'")
+        db.begin(opening)
+        marker: int | None = None
+        try:
+            yield db
+            if not db.sent:
+                db.abandon()  # it ran no statement: no round trip at all
+            else:
+                closing: list[tuple[str, tuple[Any, ...]]] = []
+                if self.epoch is not None:
+                    marker = self._told.get(slot.key, 0) + 1
+                    closing.append(("UPDATE corral_meta SET value = %s WHERE key = %s", (marker, slot.key)))
+                db.commit(closing)
+                if marker is not None:
+                    self._told[slot.key] = marker
+        except psycopg.Error as exc:
+            self._rollback(db)
+            sqlstate = getattr(exc, "sqlstate", None)
+            if isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == RUN_ID_KEY:
+                raise RunIdTaken(self._pool.state().claimed or "?") from None
+            if sqlstate == FENCE_SQLSTATE:
+                self.fence(str(exc.diag.message_primary or exc).removeprefix("corral-fenced: "))
+            if sqlstate == LAPSED_SQLSTATE:
+                self._lease_valid_until = 0.0  # the next write renews it first
+                raise LedgerUnavailable(
+                    f"{self.where}: this node's lease lapsed; nothing was committed. It is renewed"
+                    " before the next write (or the node finds itself fenced and stops)"
+                ) from None
+            if isinstance(exc, psycopg.errors.DiskFull):
+                self._storage_failed(exc)
+            if bounded and isinstance(exc, psycopg.errors.LockNotAvailable):
+                raise LedgerUnavailable(
+                    f"{self.where}: a row this write needs is held by a transaction still running; nothing was"
+                    " committed, and the write is asked again"
+                ) from None
+            if not connection_lost(exc, slot.raw):
+                raise
+            self._lose(exc)
+            if marker is None or not self._landed(slot.key, marker):
+                raise self._unavailable() from None
+            # It landed: as if the COMMIT's answer had come.
+            log.warning("%s: a commit whose answer was lost had landed", self.where)
+        except BaseException:
+            self._rollback(db)
+            raise
+
+    def _landed(self, key: str, marker: int) -> bool:
         """The COMMIT carrying ``marker`` was sent and its answer lost: reconnect
         now (a restart is back within ``IN_DOUBT_WAIT_S``) and read the marker.
         Past that, the question waits for the reconnection, and the transaction
         counts as not committed (its request is held and asked again)."""
-        self.in_doubt = marker
+        self.in_doubt[key] = marker
         backoff = Backoff()
         deadline = time.monotonic() + IN_DOUBT_WAIT_S
         while time.monotonic() < deadline:
             time.sleep(backoff.next_delay())
             if self.reconnect():
-                return self._seq >= marker
+                return self._told.get(key, 0) >= marker
         return False
 
-    def _rollback(self) -> None:
-        self.db.abandon()  # with its ROLLBACK
+    def _rollback(self, db: Connection) -> None:
+        db.abandon()  # with its ROLLBACK
         if self.cache is not None:
             self.cache.clear()  # it may hold rows this transaction wrote
 
@@ -434,7 +476,7 @@ class PostgresLedger(Ledger):
         if self.fenced:
             raise Fenced(self.fenced)
         covered = self.commits
-        self._group_sync.flush(self._seq)
+        self._group_sync.flush(dict(self._told))
         return covered
 
     @property
@@ -456,7 +498,7 @@ class PostgresLedger(Ledger):
     def counters(self) -> dict[str, int]:
         """Round trips to the server and read-cache hits, for status and the bench."""
         cache = self.cache
-        return {"round_trips": self.db.round_trips, "cache_hits": cache.hits if cache else 0,
+        return {"round_trips": self._pool.round_trips(), "cache_hits": cache.hits if cache else 0,
                 "cache_misses": cache.misses if cache else 0}
 
     def fence(self, why: str) -> None:
@@ -472,11 +514,11 @@ class PostgresLedger(Ledger):
 
         if self.lost_since is not None:
             raise self._unavailable()
-        with self._lock:
+        with self._reading() as db:
             try:
-                return self.db.execute(sql, args).fetchone()
+                return db.execute(sql, args).fetchone()
             except psycopg.Error as exc:
-                self._failed(exc)
+                self._failed(exc, db)
                 raise
 
     def all(self, sql: str, *args: Any) -> list[Any]:
@@ -484,11 +526,11 @@ class PostgresLedger(Ledger):
 
         if self.lost_since is not None:
             raise self._unavailable()
-        with self._lock:
+        with self._reading() as db:
             try:
-                return list(self.db.execute(sql, args).fetchall())
+                return list(db.execute(sql, args).fetchall())
             except psycopg.Error as exc:
-                self._failed(exc)
+                self._failed(exc, db)
                 raise
 
     def _append_event(self, db: Any, row: tuple[Any, ...]) -> int:
@@ -504,9 +546,19 @@ class PostgresLedger(Ledger):
                 ).fetchall()
             ]
         cursor_id = self._cursors.pop(0)
+        state = self._pool.state()
+        if not state.low_cursor:
+            state.low_cursor = cursor_id  # readers see nothing from here on until this commits
         db.execute("INSERT INTO events (cursor, at, boot_id, kind, subject, data) VALUES (?, ?, ?, ?, ?, ?)",
                    (cursor_id, *row))
         return cursor_id
+
+    def _event_ceiling(self) -> int | None:
+        """Readers of the event stream stop below the first cursor an open
+        transaction holds: transactions on several connections commit in any
+        order, and a reader must not page past an event that commits later."""
+        low = self._pool.low_cursor()
+        return low if low else None
 
     def claim_run_id(self, run_id: str) -> None:
         """The run id's row in ``corral_cluster.run_ids``, in the run's creating
@@ -515,7 +567,7 @@ class PostgresLedger(Ledger):
         partition holds fails the COMMIT, and the transaction raises
         ``RunIdTaken``. One that another node is creating right now waits for
         that node's transaction, then fails if it committed."""
-        self._claimed = run_id
+        self._pool.state().claimed = run_id
         if run_id == self.from_queue:
             ledger_pg_queue.take(self.db, run_id)  # this node takes it off the shared queue, or nothing
         self.db.send(f"INSERT INTO {CLUSTER_SCHEMA}.run_ids (run_id, partition, created_at)"
@@ -528,25 +580,25 @@ class PostgresLedger(Ledger):
 
         if self.lost_since is not None:
             raise self._unavailable()
-        with self._lock:
+        with self._reading() as db:
             try:
-                row = self.db.send(
+                row = db.send(
                     f"SELECT i.partition, p.schema_name FROM {CLUSTER_SCHEMA}.run_ids i"
                     f" LEFT JOIN {CLUSTER_SCHEMA}.partitions p ON p.name = i.partition"
                     " WHERE i.run_id = %s AND i.partition <> %s", (run_id, self.partition)
                 ).fetchone()
                 if row is not None and row[0] == QUEUED:
-                    return ledger_pg_queue.queued_run(self.db, run_id)  # None: taken meanwhile
+                    return ledger_pg_queue.queued_run(db, run_id)  # None: taken meanwhile
                 if row is None or row[1] is None:
                     return None
                 partition, schema = str(row[0]), str(row[1])
                 if schema != schema_of(partition):
                     raise LedgerError(f"{self.where}: partition {partition} names schema {schema!r}")
-                run = self.db.send(f"SELECT r.agent_id, r.status, p.text FROM {schema}.runs r"
+                run = db.send(f"SELECT r.agent_id, r.status, p.text FROM {schema}.runs r"
                                    f" LEFT JOIN {schema}.replies p ON p.run_id = r.run_id WHERE r.run_id = %s",
                                    (run_id,)).fetchone()
             except psycopg.Error as exc:
-                self._failed(exc)
+                self._failed(exc, db)
                 raise
         if run is None:  # claimed with its run in one transaction: not reached
             return None
@@ -556,14 +608,15 @@ class PostgresLedger(Ledger):
     def release(self) -> None:
         """Give the lease up now: the partition is free at once, not when its lease
         runs out (an adoption that retired, or handed the partition back)."""
-        if self.holder is None or self.lost_since is not None:
-            return
+        if self.holder is None or self.lost_since is not None or self._pool.in_other_transactions(None):
+            return  # it runs out by itself (blocking the loop for the row could hold them forever)
         try:
-            self.raw.execute(
-                f"UPDATE {CLUSTER_SCHEMA}.partitions SET lease_until = clock_timestamp()"
-                " WHERE name = %s AND epoch = %s AND holder = %s",
-                (self.partition, self.epoch, self.holder),
-            )
+            with self._reading() as db:
+                db.conn.execute(
+                    f"UPDATE {CLUSTER_SCHEMA}.partitions SET lease_until = clock_timestamp()"
+                    " WHERE name = %s AND epoch = %s AND holder = %s",
+                    (self.partition, self.epoch, self.holder),
+                )
         except Exception as exc:  # it runs out by itself
             log.warning("%s: could not release the lease (%s)", self.where, exc)
 
@@ -571,4 +624,4 @@ class PostgresLedger(Ledger):
         if self.release_on_close:
             self.release()
         self._group_sync.close()
-        self.raw.close()
+        self._pool.close()

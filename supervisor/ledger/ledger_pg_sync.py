@@ -24,10 +24,11 @@ from corral.supervisor.ledger.ledger_pg_cluster import CLUSTER_SCHEMA, FENCE_SQL
 from corral.supervisor.ledger.ledger_pg_wire import PostgresUnavailable, connect
 
 
-def marker_of(conn: Any, schema: str) -> int:
-    """The partition's commit marker (``corral_meta.commit_seq``) as ``conn`` sees it."""
-    row = conn.execute(f"SELECT value FROM {schema}.corral_meta WHERE key = 'commit_seq'").fetchone()
-    return int(row[0]) if row else 0
+def markers_of(conn: Any, schema: str) -> dict[str, int]:
+    """The partition's commit markers (``corral_meta``'s ``commit_seq``, one per
+    connection of its writer: supervisor/ledger/ledger_pg_pool.py) as ``conn`` sees them."""
+    rows = conn.execute(f"SELECT key, value FROM {schema}.corral_meta WHERE key LIKE 'commit\\_seq%%'").fetchall()
+    return {str(row[0]): int(row[1]) for row in rows}
 
 
 def sync_sql(partition: str, epoch: int | None) -> str:
@@ -71,8 +72,9 @@ class GroupSync:
         self.statement = sync_sql(partition, epoch)
         self.conn: Any = None
 
-    def flush(self, seq: int) -> None:
-        """One synchronous write; ``seq``: the last commit marker the writer was told of."""
+    def flush(self, told: dict[str, int]) -> None:
+        """One synchronous write; ``told``: the last commit marker the writer was told
+        of, per marker key."""
         import psycopg
 
         conn = self.conn
@@ -84,9 +86,12 @@ class GroupSync:
                 conn.execute(f"SET search_path TO {self.schema}, public")
             conn.execute(self.statement)
             if fresh and self.epoch is not None:
-                held = marker_of(conn, self.schema)
-                if held < seq:
-                    self.diverged(f"it holds commit {held}, and this writer was told of commit {seq}")
+                held = markers_of(conn, self.schema)
+                for key, seq in sorted(told.items()):
+                    if held.get(key, 0) < seq:
+                        self.diverged(
+                            f"it holds commit {held.get(key, 0)} of {key}, and this writer was told of commit {seq}"
+                        )
         except PostgresUnavailable as exc:
             raise LedgerUnavailable(f"{self.where}: group commit cannot reach the server ({exc})") from None
         except psycopg.Error as exc:

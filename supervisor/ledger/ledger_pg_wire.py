@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 from corral.core.errors import CorralError
+from corral.supervisor.ledger.cooperative import wait_socket
 from corral.supervisor.ledger.read_cache import ReadCache
 from corral.supervisor.ledger.row_patch import KINDS, TableShape
 from corral.supervisor.ledger.sql_dialect import to_postgres
@@ -224,8 +225,14 @@ class Connection:
 
     def __init__(self, conn: Any, cache: ReadCache | None = None) -> None:
         self.cache = cache
-        if cache is not None:
-            cache.know_inserts(_row_class)
+        if cache is not None and cache.known is None:
+            cache.know_inserts(_row_class)  # one writer's connections share what it inserted
+        #: The open transaction's writes, and the reads kept when it began and by
+        #: itself since: its writes are dropped from the cache again at its end if
+        #: another connection kept rows meanwhile (``_settle_cache``).
+        self._tx_writes: list[tuple[str, str, tuple[Any, ...]]] = []
+        self._kept_at_begin = 0
+        self._kept_by_me = 0
         #: Round trips to the server (what the bench divides by actions).
         self.round_trips = 0
         #: What opens the open transaction, sent with its first statement (None: no transaction).
@@ -266,6 +273,9 @@ class Connection:
         its first statement: a transaction that runs none costs no round trip."""
         self._opening = opening
         self._sent = False
+        self._tx_writes = []
+        if self.cache is not None:
+            self._kept_at_begin, self._kept_by_me = self.cache.reads_kept, 0
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         args = tuple(params)
@@ -275,10 +285,19 @@ class Connection:
         kind, table, hit = cache.before(sql, args)
         if hit is not None:
             return hit
+        # Taken before it is sent: a write elsewhere while this read waits for its
+        # answer (another request ran meanwhile) keeps its rows out of the cache.
+        mark = cache.mark(table)
         handle = self.send(to_postgres(sql), args)
         if kind == "write":
             handle.on_rows = cache.seeder(table, sql)
-        return cache.after(kind, table, sql, args, handle)
+            if self._opening is not None:
+                self._tx_writes.append((table, sql, args))
+            return handle
+        kept = cache.reads_kept
+        answer = cache.after(kind, table, sql, args, handle, mark=mark)
+        self._kept_by_me += cache.reads_kept - kept
+        return answer
 
     def send(self, statement: str, args: tuple[Any, ...] = ()) -> Any:
         """``statement`` (psycopg's ``%s`` style) with ``args``. In a transaction it
@@ -427,14 +446,22 @@ class Connection:
     def _end(self) -> None:
         self._opening = None
         self._sent = False
+        cache = self.cache
+        if cache is not None and self._tx_writes:
+            if cache.reads_kept - self._kept_at_begin > self._kept_by_me:
+                for table, sql, args in self._tx_writes:
+                    cache.forget(table, sql, args)
+            else:
+                for table in {table for table, _, _ in self._tx_writes}:
+                    cache.ended(table)
+            self._tx_writes = []
 
 
 def _wait_for(fd: int, event: int) -> int:
-    """Block until the connection's socket is ready (poll: a supervisor may hold
-    more than select's 1,024 descriptors); the events that are."""
-    poller = select.poll()
-    poller.register(fd, event)
-    return sum(ready for _, ready in poller.poll())
+    """Wait until the connection's socket is ready (poll: a supervisor may hold
+    more than select's 1,024 descriptors); the events that are. A request run
+    cooperatively lets other requests run meanwhile (cooperative.py)."""
+    return wait_socket(fd, event)
 
 
 def _send_all(pgconn: Any) -> None:

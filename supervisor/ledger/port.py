@@ -154,6 +154,10 @@ class Ledger:
     durable_commits = 0
     synced_commits = 0
     group_commit = False
+    #: Whether requests should run cooperatively (supervisor/ledger/cooperative.py):
+    #: a ledger whose every answer is a round trip to a server, with a connection
+    #: per open transaction. SQLite answers in microseconds: never.
+    cooperative = False
     db: Any
 
     def __init__(self) -> None:
@@ -363,11 +367,21 @@ class Ledger:
     def events_since(self, cursor: int, limit: int = 500, max_bytes: int = 256 * 1024) -> list[dict[str, Any]]:
         """A page of events after ``cursor``: at most ``limit`` of them and about
         ``max_bytes`` of data, so a reply always fits a frame; callers page on."""
-        rows = self.all(
-            "SELECT cursor, at, boot_id, kind, subject, data FROM events WHERE cursor > ? ORDER BY cursor LIMIT ?",
-            cursor,
-            limit,
-        )
+        ceiling = self._event_ceiling()
+        if ceiling is None:
+            rows = self.all(
+                "SELECT cursor, at, boot_id, kind, subject, data FROM events WHERE cursor > ? ORDER BY cursor LIMIT ?",
+                cursor,
+                limit,
+            )
+        else:
+            rows = self.all(
+                "SELECT cursor, at, boot_id, kind, subject, data FROM events WHERE cursor > ? AND cursor < ?"
+                " ORDER BY cursor LIMIT ?",
+                cursor,
+                ceiling,
+                limit,
+            )
         page: list[dict[str, Any]] = []
         size = 0
         for row in rows:
@@ -387,8 +401,17 @@ class Ledger:
         return page
 
     def last_cursor(self) -> int:
-        row = self.one("SELECT MAX(cursor) AS c FROM events")
+        ceiling = self._event_ceiling()
+        if ceiling is not None:
+            row = self.one("SELECT MAX(cursor) AS c FROM events WHERE cursor < ?", ceiling)
+        else:
+            row = self.one("SELECT MAX(cursor) AS c FROM events")
         return int(row["c"] or 0) if row else 0
+
+    def _event_ceiling(self) -> int | None:
+        """The first event cursor readers may not see yet (None: all committed ones).
+        One writer on one connection commits in cursor order: nothing to hide."""
+        return None
 
     # -- boots ------------------------------------------------------------------
 

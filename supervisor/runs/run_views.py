@@ -166,6 +166,11 @@ class RunViews:
         self.status_moves = 0
 
     def on_status(self, ledger: Any, run_id: str, status: Any, reason: str | None) -> None:
+        # Counted once committed: a ``wait`` that re-read its runs meanwhile (on
+        # another connection of a ledger on a server) saw the run before the move.
+        ledger.after_commit(self._status_moved)
+
+    def _status_moved(self) -> None:
         self.status_moves += 1
 
     async def show(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from corral.core import failpoints
 from corral.mailbox.channel import Channel
 from corral.mailbox.envelope import Envelope, Kind
 from corral.mailbox.errors import ChannelClosed, MailboxFull
+from corral.supervisor.ledger.cooperative import cooperatively
 from corral.supervisor.ledger.ledger_link import run_held
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.tree.actor_state import ActorState
@@ -77,7 +78,7 @@ class ActorMessages:
             if envelope.kind is Kind.REQUEST:
                 # A request that found the ledger unreachable committed nothing: it
                 # waits for the ledger and runs again; its reply is held, not failed.
-                body = await run_held(lambda: self._handler(slot, envelope), self.ledger)
+                body = await run_held(lambda: self._handle(slot, envelope), self.ledger)
             else:
                 body = await self._handler(slot, envelope)
         except Exception as exc:
@@ -91,6 +92,13 @@ class ActorMessages:
             return
         if envelope.kind is Kind.REQUEST:
             await send_or_drop(channel.reply(envelope, body or {}))
+
+    def _handle(self, slot: ActorSlot, envelope: Envelope) -> Awaitable[dict[str, Any] | None]:
+        """The request's handler; with a ledger on a server, run cooperatively: while
+        it waits for the server, other actors' requests run (supervisor/ledger/cooperative.py)."""
+        if self.ledger.cooperative:
+            return cooperatively(self._handler, slot, envelope)
+        return self._handler(slot, envelope)
 
     async def _route(self, slot: ActorSlot, channel: Channel, envelope: Envelope) -> None:
         target = self.slots.get(envelope.recipient)
