@@ -223,16 +223,19 @@ class Connection:
     are answered from supervisor/ledger/read_cache.py.
     """
 
-    def __init__(self, conn: Any, cache: ReadCache | None = None) -> None:
+    def __init__(
+        self, conn: Any, cache: ReadCache | None = None, alone: Callable[[Connection], bool] | None = None
+    ) -> None:
         self.cache = cache
         if cache is not None and cache.known is None:
             cache.know_inserts(_row_class)  # one writer's connections share what it inserted
-        #: The open transaction's writes, and the reads kept when it began and by
-        #: itself since: its writes are dropped from the cache again at its end if
-        #: another connection kept rows meanwhile (``_settle_cache``).
-        self._tx_writes: list[tuple[str, str, tuple[Any, ...]]] = []
-        self._kept_at_begin = 0
-        self._kept_by_me = 0
+        #: Whether no other connection of the writer has a transaction open (None:
+        #: there is no other): a read's rows are kept only then, since another's
+        #: writes, already in the cache, are not what this connection reads.
+        self.alone = alone
+        #: The tables the open transaction wrote: at its end, a read of them still
+        #: waiting for its answer is not kept (it may have run before the commit).
+        self._tx_tables: set[str] = set()
         #: Round trips to the server (what the bench divides by actions).
         self.round_trips = 0
         #: What opens the open transaction, sent with its first statement (None: no transaction).
@@ -273,9 +276,6 @@ class Connection:
         its first statement: a transaction that runs none costs no round trip."""
         self._opening = opening
         self._sent = False
-        self._tx_writes = []
-        if self.cache is not None:
-            self._kept_at_begin, self._kept_by_me = self.cache.reads_kept, 0
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         args = tuple(params)
@@ -292,12 +292,15 @@ class Connection:
         if kind == "write":
             handle.on_rows = cache.seeder(table, sql)
             if self._opening is not None:
-                self._tx_writes.append((table, sql, args))
+                self._tx_tables.add(table)
+            else:
+                cache.ended(table)  # answered already (no transaction)
             return handle
-        kept = cache.reads_kept
-        answer = cache.after(kind, table, sql, args, handle, mark=mark)
-        self._kept_by_me += cache.reads_kept - kept
-        return answer
+        if kind != "read":
+            return cache.after(kind, table, sql, args, handle)
+        rows = list(handle.fetchall())  # a request run cooperatively may let others run here
+        keep = self.alone is None or self.alone(self)
+        return cache.kept(table, sql, args, rows, mark if keep else None)
 
     def send(self, statement: str, args: tuple[Any, ...] = ()) -> Any:
         """``statement`` (psycopg's ``%s`` style) with ``args``. In a transaction it
@@ -447,14 +450,10 @@ class Connection:
         self._opening = None
         self._sent = False
         cache = self.cache
-        if cache is not None and self._tx_writes:
-            if cache.reads_kept - self._kept_at_begin > self._kept_by_me:
-                for table, sql, args in self._tx_writes:
-                    cache.forget(table, sql, args)
-            else:
-                for table in {table for table, _, _ in self._tx_writes}:
-                    cache.ended(table)
-            self._tx_writes = []
+        if cache is not None and self._tx_tables:
+            for table in self._tx_tables:
+                cache.ended(table)
+            self._tx_tables = set()
 
 
 def _wait_for(fd: int, event: int) -> int:

@@ -246,9 +246,6 @@ class ReadCache:
         self._writes: dict[str, int] = {}
         self.patched = 0
         self._cleared = 0
-        #: Reads whose rows were kept so far (``after``): a transaction on one
-        #: connection learns whether another connection kept rows while it was open.
-        self.reads_kept = 0
         #: Rows this writer inserted, answering reads by their key (``know_inserts``).
         self.known: KnownRows | None = None
 
@@ -369,44 +366,28 @@ class ReadCache:
         return kind, table, None
 
     def mark(self, table: str) -> tuple[int, int]:
-        """Where ``table``'s writes (and the clears) stand: ``after`` keeps a read's
+        """Where ``table``'s writes (and the clears) stand: ``kept`` keeps a read's
         rows only if they did not move while it waited for its answer."""
         return self._writes.get(table, 0), self._cleared
 
-    def after(
-        self,
-        kind: str,
-        table: str,
-        sql: str,
-        args: tuple[Any, ...],
-        cursor: Any,
-        mark: tuple[int, int] | None = (-1, -1),
-    ) -> Any:
-        """After it ran: a read's rows are remembered (and served as fetched) when
-        nothing wrote its table since ``mark`` (None: not kept; the default: kept)."""
+    def after(self, kind: str, table: str, sql: str, args: tuple[Any, ...], cursor: Any) -> Any:
+        """After it ran: a read's rows are remembered (and served as fetched)."""
         if kind != "read":
             return cursor
         rows = list(cursor.fetchall())
-        if mark == (-1, -1) or mark == self.mark(table):
+        self.put(table, sql, args, rows)
+        return FetchedRows(rows)
+
+    def kept(
+        self, table: str, sql: str, args: tuple[Any, ...], rows: list[Any], mark: tuple[int, int] | None
+    ) -> FetchedRows:
+        """A read's rows, remembered if nothing wrote ``table`` since ``mark`` was
+        taken, before it was sent (None: not remembered)."""
+        if mark is not None and mark == self.mark(table):
             self.put(table, sql, args, rows)
-            self.reads_kept += 1
         return FetchedRows(rows)
 
     def ended(self, table: str) -> None:
         """A transaction that wrote ``table`` committed (or rolled back): a read of it
         still waiting for its answer may have been run before that, and is not kept."""
         self._writes[table] = self._writes.get(table, 0) + 1
-
-    def forget(self, table: str, sql: str, args: tuple[Any, ...]) -> None:
-        """What ``sql`` wrote is committed (or rolled back) now: drop again what it may
-        have changed. A read on another connection while its transaction was open
-        saw the rows as they were before it, and may have been kept."""
-        self.ended(table)
-        reads = self._by_table.get(table)
-        if not reads:
-            return
-        shape = write_shape(sql)
-        for key, entry in list(reads.items()):
-            if not _kept(entry, shape, args):
-                del reads[key]
-                self._rows.pop(key, None)
