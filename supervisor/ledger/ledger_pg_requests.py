@@ -55,10 +55,7 @@ class PerRequest:
         return slot.db if slot is not None else self._pool.home.db
 
     def _connection(self, raw: Any) -> Connection:
-        return Connection(raw, self.cache, alone=self._alone)
-
-    def _alone(self, db: Connection) -> bool:
-        return not self._pool.in_other_transactions(db)
+        return Connection(raw, self.cache)
 
     def _open_slot(self, index: int) -> tuple[Any, Connection]:
         """One more connection, with its own commit marker (its key made once)."""

@@ -223,19 +223,10 @@ class Connection:
     are answered from supervisor/ledger/read_cache.py.
     """
 
-    def __init__(
-        self, conn: Any, cache: ReadCache | None = None, alone: Callable[[Connection], bool] | None = None
-    ) -> None:
+    def __init__(self, conn: Any, cache: ReadCache | None = None) -> None:
         self.cache = cache
         if cache is not None and cache.known is None:
             cache.know_inserts(_row_class)  # one writer's connections share what it inserted
-        #: Whether no other connection of the writer has a transaction open (None:
-        #: there is no other): a read's rows are kept only then, since another's
-        #: writes, already in the cache, are not what this connection reads.
-        self.alone = alone
-        #: The tables the open transaction wrote: at its end, a read of them still
-        #: waiting for its answer is not kept (it may have run before the commit).
-        self._tx_tables: set[str] = set()
         #: Round trips to the server (what the bench divides by actions).
         self.round_trips = 0
         #: What opens the open transaction, sent with its first statement (None: no transaction).
@@ -285,22 +276,27 @@ class Connection:
         kind, table, hit = cache.before(sql, args)
         if hit is not None:
             return hit
-        # Taken before it is sent: a write elsewhere while this read waits for its
-        # answer (another request ran meanwhile) keeps its rows out of the cache.
-        mark = cache.mark(table)
-        handle = self.send(to_postgres(sql), args)
         if kind == "write":
+            # Known to the cache until this connection's transaction ends: a read on
+            # another connection meanwhile does not see it, and is not kept.
+            cache.writing(self, table, sql, args)
+            try:
+                handle = self.send(to_postgres(sql), args)
+            finally:
+                if self._opening is None:
+                    cache.ended(self)  # answered already (no transaction)
             handle.on_rows = cache.seeder(table, sql)
-            if self._opening is not None:
-                self._tx_tables.add(table)
-            else:
-                cache.ended(table)  # answered already (no transaction)
             return handle
         if kind != "read":
-            return cache.after(kind, table, sql, args, handle)
-        rows = list(handle.fetchall())  # a request run cooperatively may let others run here
-        keep = self.alone is None or self.alone(self)
-        return cache.kept(table, sql, args, rows, mark if keep else None)
+            return self.send(to_postgres(sql), args)
+        mark = cache.reading()
+        rows: list[Any] | None = None
+        try:
+            # A request run cooperatively may let others run while it waits here.
+            rows = list(self.send(to_postgres(sql), args).fetchall())
+        finally:
+            answer = cache.kept(self, table, sql, args, rows, mark)
+        return answer
 
     def send(self, statement: str, args: tuple[Any, ...] = ()) -> Any:
         """``statement`` (psycopg's ``%s`` style) with ``args``. In a transaction it
@@ -449,11 +445,8 @@ class Connection:
     def _end(self) -> None:
         self._opening = None
         self._sent = False
-        cache = self.cache
-        if cache is not None and self._tx_tables:
-            for table in self._tx_tables:
-                cache.ended(table)
-            self._tx_tables = set()
+        if self.cache is not None:
+            self.cache.ended(self)
 
 
 def _wait_for(fd: int, event: int) -> int:

@@ -246,6 +246,12 @@ class ReadCache:
         self._writes: dict[str, int] = {}
         self.patched = 0
         self._cleared = 0
+        #: Writes of each open transaction, by its connection; transactions ended
+        #: while a read was under way, with the clock at their end (``kept``).
+        self._open: dict[object, list[tuple[str, str, tuple[Any, ...]]]] = {}
+        self._ended: list[tuple[int, list[tuple[str, str, tuple[Any, ...]]]]] = []
+        self._clock = 0
+        self._under_way = 0
         #: Rows this writer inserted, answering reads by their key (``know_inserts``).
         self.known: KnownRows | None = None
 
@@ -365,11 +371,6 @@ class ReadCache:
             self.clear()
         return kind, table, None
 
-    def mark(self, table: str) -> tuple[int, int]:
-        """Where ``table``'s writes (and the clears) stand: ``kept`` keeps a read's
-        rows only if they did not move while it waited for its answer."""
-        return self._writes.get(table, 0), self._cleared
-
     def after(self, kind: str, table: str, sql: str, args: tuple[Any, ...], cursor: Any) -> Any:
         """After it ran: a read's rows are remembered (and served as fetched)."""
         if kind != "read":
@@ -378,16 +379,57 @@ class ReadCache:
         self.put(table, sql, args, rows)
         return FetchedRows(rows)
 
-    def kept(
-        self, table: str, sql: str, args: tuple[Any, ...], rows: list[Any], mark: tuple[int, int] | None
-    ) -> FetchedRows:
-        """A read's rows, remembered if nothing wrote ``table`` since ``mark`` was
-        taken, before it was sent (None: not remembered)."""
-        if mark is not None and mark == self.mark(table):
-            self.put(table, sql, args, rows)
-        return FetchedRows(rows)
+    # -- several connections (a PostgreSQL writer's pool) --------------------------
+    #
+    # The writer's connections share this cache, and their transactions overlap.
+    # A read on one connection does not see another's writes until they commit,
+    # so its rows are kept only if no write that may change them belongs to a
+    # transaction that was open at any time while the read was under way.
 
-    def ended(self, table: str) -> None:
-        """A transaction that wrote ``table`` committed (or rolled back): a read of it
-        still waiting for its answer may have been run before that, and is not kept."""
-        self._writes[table] = self._writes.get(table, 0) + 1
+    def writing(self, owner: object, table: str, sql: str, args: tuple[Any, ...]) -> None:
+        """``owner`` (a connection) writes, in its open transaction."""
+        self._open.setdefault(owner, []).append((table, sql, args))
+
+    def ended(self, owner: object) -> None:
+        """``owner``'s transaction committed or rolled back."""
+        writes = self._open.pop(owner, None)
+        self._clock += 1
+        if writes and self._under_way:
+            self._ended.append((self._clock, writes))
+
+    def reading(self) -> tuple[int, int]:
+        """A read is sent: what ``kept`` needs to judge its rows."""
+        self._under_way += 1
+        return self._clock, self._cleared
+
+    def kept(
+        self,
+        owner: object,
+        table: str,
+        sql: str,
+        args: tuple[Any, ...],
+        rows: list[Any] | None,
+        mark: tuple[int, int],
+    ) -> FetchedRows:
+        """A read's rows (None: it failed), remembered unless a transaction other
+        than its own connection's wrote what they may hold while it was under way
+        (or the cache was emptied meanwhile)."""
+        self._under_way -= 1
+        since, cleared = mark
+        if rows is not None and cleared == self._cleared and not self._touched(owner, table, sql, args, since):
+            self.put(table, sql, args, rows)
+        if not self._under_way:
+            self._ended.clear()
+        return FetchedRows(rows or [])
+
+    def _touched(self, owner: object, table: str, sql: str, args: tuple[Any, ...], since: int) -> bool:
+        row_key = read_key(sql)
+        keyed = (row_key[0], args[row_key[1]]) if row_key is not None and row_key[1] < len(args) else None
+        entry: ReadEntry = (keyed, read_names(sql))
+        others = [writes for writer, writes in self._open.items() if writer is not owner]
+        others += [writes for clock, writes in self._ended if clock > since]
+        return any(
+            written == table and not _kept(entry, write_shape(statement), values)
+            for writes in others
+            for written, statement, values in writes
+        )
