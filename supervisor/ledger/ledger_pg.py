@@ -44,7 +44,6 @@ from corral.supervisor.ledger.ledger_pg_cluster import (
     CLUSTER_SCHEMA,
     FENCE_SQLSTATE,
     LAPSED_SQLSTATE,
-    QUEUED,
     RENEW_SQL,
     RUN_ID_KEY,
     ensure_cluster,
@@ -582,28 +581,10 @@ class PostgresLedger(PerRequest, Ledger):
             raise self._unavailable()
         with self._reading() as db:
             try:
-                row = db.send(
-                    f"SELECT i.partition, p.schema_name FROM {CLUSTER_SCHEMA}.run_ids i"
-                    f" LEFT JOIN {CLUSTER_SCHEMA}.partitions p ON p.name = i.partition"
-                    " WHERE i.run_id = %s AND i.partition <> %s", (run_id, self.partition)
-                ).fetchone()
-                if row is not None and row[0] == QUEUED:
-                    return ledger_pg_queue.queued_run(db, run_id)  # None: taken meanwhile
-                if row is None or row[1] is None:
-                    return None
-                partition, schema = str(row[0]), str(row[1])
-                if schema != schema_of(partition):
-                    raise LedgerError(f"{self.where}: partition {partition} names schema {schema!r}")
-                run = db.send(f"SELECT r.agent_id, r.status, p.text FROM {schema}.runs r"
-                                   f" LEFT JOIN {schema}.replies p ON p.run_id = r.run_id WHERE r.run_id = %s",
-                                   (run_id,)).fetchone()
+                return ledger_pg_queue.run_elsewhere(db, run_id, self.partition, self.where)
             except psycopg.Error as exc:
                 self._failed(exc, db)
                 raise
-        if run is None:  # claimed with its run in one transaction: not reached
-            return None
-        return {"run_id": run_id, "agent_id": str(run[0]), "status": str(run[1]), "partition": partition,
-                "final_reply": run[2]}
 
     def release(self) -> None:
         """Give the lease up now: the partition is free at once, not when its lease

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.core import failpoints
-from corral.supervisor.ledger.ledger_pg_cluster import CLUSTER_SCHEMA, QUEUED
+from corral.supervisor.ledger.ledger_pg_cluster import CLUSTER_SCHEMA, QUEUED, schema_of
+from corral.supervisor.ledger.port import LedgerError
 
 _C = CLUSTER_SCHEMA
 
@@ -137,3 +138,31 @@ def cancel(conn: Any, run_id: str) -> bool | None:
             return False
         conn.execute(f"UPDATE {_C}.queue SET cancelled_at = clock_timestamp() WHERE run_id = %s", (run_id,))
     return True
+
+
+def run_elsewhere(db: Any, run_id: str, partition: str, where: str) -> dict[str, Any] | None:
+    """The run ``run_id`` another partition (not ``partition``) holds, or the shared
+    queue, read through ``db`` (not the read cache: it is another writer's); None:
+    none does."""
+    row = db.send(
+        f"SELECT i.partition, p.schema_name FROM {CLUSTER_SCHEMA}.run_ids i"
+        f" LEFT JOIN {CLUSTER_SCHEMA}.partitions p ON p.name = i.partition"
+        " WHERE i.run_id = %s AND i.partition <> %s",
+        (run_id, partition),
+    ).fetchone()
+    if row is not None and row[0] == QUEUED:
+        return queued_run(db, run_id)  # None: taken meanwhile
+    if row is None or row[1] is None:
+        return None
+    holder, schema = str(row[0]), str(row[1])
+    if schema != schema_of(holder):
+        raise LedgerError(f"{where}: partition {holder} names schema {schema!r}")
+    run = db.send(
+        f"SELECT r.agent_id, r.status, p.text FROM {schema}.runs r"
+        f" LEFT JOIN {schema}.replies p ON p.run_id = r.run_id WHERE r.run_id = %s",
+        (run_id,),
+    ).fetchone()
+    if run is None:  # claimed with its run in one transaction: not reached
+        return None
+    return {"run_id": run_id, "agent_id": str(run[0]), "status": str(run[1]), "partition": holder,
+            "final_reply": run[2]}
