@@ -109,9 +109,8 @@ def _spec_data(spec: SpecSource | None) -> tuple[dict[str, Any], Path]:
 def _absolute_paths(data: dict[str, Any], base: Path) -> None:
     """Make the spec's file paths absolute against ``base`` (by the spec's one rule,
     ``spec_path``), since the file is read from the home: the project root, the
-    effects file, ``.py`` tool modules, scripts, model files, and a stdio MCP server's
-    program path and working directory (its relative arguments are relative to it)."""
-    from corral.supervisor.spec.spec_base import spec_path, spec_program
+    effects file, ``.py`` tool modules, scripts and model files."""
+    from corral.supervisor.spec.spec_base import spec_path
 
     def fix(table: Any, key: str, default: str | None = None, only: Callable[[str], bool] = bool) -> None:
         if not isinstance(table, dict):
@@ -135,13 +134,8 @@ def _absolute_paths(data: dict[str, Any], base: Path) -> None:
             fix(table.get("local") if isinstance(table, dict) else None, "model", only=_is_file)
     for table in data.get("models") or ():
         fix(table, "path", only=_is_file)
-    for table in data.get("mcp_servers") or ():
-        command = table.get("command") if isinstance(table, dict) else None
-        if isinstance(command, list) and command and isinstance(command[0], str):
-            fix(table, "cwd", ".")
-            if "/" in command[0] or command[0].startswith("~"):  # a bare name is found on PATH
-                # Absolute, not resolved: it is run by the name written (a venv's python).
-                command[0] = str(spec_program(base, command[0])[0])
+    # An MCP server's program is a bare name found on PATH and its cwd an absolute
+    # directory (seed 004 V1.22): neither is a spec path, so neither is rewritten.
 
 
 def _output_classes(data: dict[str, Any]) -> list[str]:

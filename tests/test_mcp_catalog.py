@@ -162,7 +162,7 @@ def test_the_spec_declares_one_actor_and_group_per_server_and_passes_no_host_var
     # Only the template reaches the actor's params (and so any persisted surface).
     assert actor.params["server"]["headers"] == {"Authorization": "Bearer ${WEB_TOKEN}"}
     with pytest.raises(SpecError, match="duplicate server id"):
-        parse_spec({"mcp_servers": [{"id": "a", "command": ["x"]}, {"id": "a", "command": ["y"]}]})
+        parse_spec({"mcp_servers": [{"id": "a", "command": ["true"]}, {"id": "a", "command": ["true"]}]})
 
 
 def test_tool_names_split_only_when_well_formed() -> None:

@@ -58,33 +58,43 @@ def _venv(where: Path) -> Path:
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()
-    (Path(site) / "corral_test_sdk.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    import mcp  # where the SDK really is (a worktree's venv may lend it from another)
+
+    lent = {sysconfig.get_paths()["purelib"], str(Path(mcp.__file__).resolve().parents[1])}
+    (Path(site) / "corral_test_sdk.pth").write_text("".join(f"{entry}\n" for entry in sorted(lent)))
     shutil.copy(SERVERS / "venv_probe.py", Path(site) / f"{PROBE_MODULE}.py")
     return where
 
 
-def test_a_venv_python_named_by_the_spec_runs_the_server_in_that_venv(short_tmp: Path) -> None:
+def test_a_venv_python_found_on_path_runs_the_server_in_that_venv(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     venv = _venv(short_tmp / "venv")
     (short_tmp / "ws").mkdir()
-    # Relative to the spec (home-spec.toml sits in short_tmp), the usual `.venv/bin/python`.
+    # The venv's bin on PATH (outside the project), its python by a bare name: `python`
+    # itself means corral's interpreter, so the versioned name reaches the venv's link.
+    path = f"{venv / 'bin'}:{os.environ.get('PATH', '')}"
+    monkeypatch.setenv("PATH", path)
     spec = f"""
 [project]
 root = "ws"
 [[mcp_servers]]
 id = "probe"
-command = ["venv/bin/python", "-m", "{PROBE_MODULE}"]
+command = ["python{sys.version_info.major}.{sys.version_info.minor}", "-m", "{PROBE_MODULE}"]
 approval = "auto"
 startup_timeout_s = 60
 max_restarts = 0
 """
-    with running(short_tmp / "home", spec) as daemon:
+    with running(short_tmp / "home", spec, env={"PATH": path}) as daemon:
         _wait_server(daemon, "probe")
         call = cli(daemon.home, "mcp", "call", "probe", "where", "--json")
         assert call.returncode == 0, call.stderr
         assert Path(json.loads(call.stdout)["result"]["text"]).resolve() == venv.resolve()
 
 
-def test_a_program_path_is_judged_where_it_points_and_kept_as_written(short_tmp: Path) -> None:
+def test_a_program_on_path_is_judged_where_it_points_and_kept_as_found(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     conf = short_tmp / "conf"
     (conf / "bin").mkdir(parents=True)
     target = short_tmp / "real-server"
@@ -94,14 +104,16 @@ def test_a_program_path_is_judged_where_it_points_and_kept_as_written(short_tmp:
     (conf / "bin" / "plain").write_text("")
     (conf / "bin" / "to-plain").symlink_to(conf / "bin" / "plain")
     (conf / "bin" / "dangling").symlink_to(short_tmp / "nowhere")
+    (conf / "ws").mkdir()
+    monkeypatch.setenv("PATH", str(conf / "bin"))
     source = str(conf / "swarm.toml")
-    spec = parse_spec({"mcp_servers": [{"id": "a", "command": ["./bin/server", "-x"]}]}, source)
+    spec = parse_spec({"project": {"root": "ws"}, "mcp_servers": [{"id": "a", "command": ["server", "-x"]}]}, source)
     assert spec.mcp_servers[0].command == (str(conf / "bin" / "server"), "-x")  # the link, not its target
+    assert spec.mcp_servers[0].cwd == str(short_tmp)  # unset: the resolved program's directory
     # The judgement follows the link: to a file that is not executable, or to nothing.
-    with pytest.raises(SpecError, match=rf"{short_tmp}/conf/bin/plain is not executable"):
-        parse_spec({"mcp_servers": [{"id": "a", "command": ["bin/to-plain"]}]}, source)
-    with pytest.raises(SpecError, match=rf"no program 'bin/dangling' at {short_tmp}/nowhere"):
-        parse_spec({"mcp_servers": [{"id": "a", "command": ["bin/dangling"]}]}, source)
+    for name in ("to-plain", "dangling", "plain"):
+        with pytest.raises(SpecError, match=rf"no program '{name}' on a trusted PATH"):
+            parse_spec({"project": {"root": "ws"}, "mcp_servers": [{"id": "a", "command": [name]}]}, source)
 
 
 # -- D.18: a server's workers end with it ------------------------------------------------
@@ -240,14 +252,16 @@ def test_the_actor_reaps_the_orphans_of_its_servers_tree_while_it_runs(short_tmp
         _end(workers)
 
 
-def test_a_spec_given_as_data_keeps_the_program_path_written(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_spec_given_as_data_keeps_the_program_name_written(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = short_tmp / "real-server"
     target.write_text("#!/bin/sh\n")
     target.chmod(0o755)
     (short_tmp / "bin").mkdir()
     (short_tmp / "bin" / "server").symlink_to(target)
-    monkeypatch.chdir(short_tmp)  # a dict's paths are the current directory's
-    started = start_spec(short_tmp / "home", {"mcp_servers": [{"id": "s", "command": ["bin/server"]}]})
+    (short_tmp / "ws").mkdir()
+    monkeypatch.chdir(short_tmp / "ws")  # a dict's project root is the current directory
+    monkeypatch.setenv("PATH", str(short_tmp / "bin"))
+    started = start_spec(short_tmp / "home", {"mcp_servers": [{"id": "s", "command": ["server"]}]})
     assert started.path is not None
     written = tomllib.loads(started.path.read_text())
-    assert written["mcp_servers"][0]["command"] == [str(short_tmp / "bin" / "server")]  # the link, not its target
+    assert written["mcp_servers"][0]["command"] == ["server"]  # a name: PATH finds it where the supervisor reads it

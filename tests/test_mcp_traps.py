@@ -1,16 +1,18 @@
-"""MCP without traps (issue 38): paths in a spec follow one rule, a server that
-fails shows why (its stderr's last lines and its log file), and the server
+"""MCP without traps (issue 38, seed 004 V1.22): a server's program is a bare name
+from a trusted PATH and its cwd an absolute directory outside the project, a server
+that fails shows why (its stderr's last lines and its log file), and the server
 snippet of docs/mcp.md runs as written.
 
 One swarm covers the end-to-end part: its spec lives in a subdirectory with the
-project root elsewhere; the docs' server runs from a path relative to the spec,
-and a server started through a relative program path starts once, then fails
-to start again with a distinctive line (and a secret) on its stderr.
+project root elsewhere; the docs' server runs as `python` with its script named by
+absolute path, and a server found on PATH starts once, then fails to start again
+with a distinctive line (and a secret) on its stderr.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -47,8 +49,8 @@ def _wait_server(daemon: Daemon, server_id: str, status: str) -> dict[str, Any]:
 
 
 def _swarm(tmp: Path) -> Path:
-    """The spec in conf/, the project root in project/: the docs' server and the
-    start-once server are both named by paths relative to conf/."""
+    """The spec in conf/, the project root in project/: the docs' server is
+    conf/weather_server.py by absolute path, start-once is in conf/bin (on PATH)."""
     conf, project = tmp / "conf", tmp / "project"
     (conf / "bin").mkdir(parents=True)
     project.mkdir()
@@ -61,11 +63,11 @@ def _swarm(tmp: Path) -> Path:
 [project]
 root = "../project"
 
-{_snippet("mcp-spec-snippet")}
+{_snippet("mcp-spec-snippet").replace("/srv/mcp", str(conf))}
 
 [[mcp_servers]]
 id = "flaky"
-command = ["bin/start-once"]
+command = ["start-once"]
 env = {{ START_ONCE_MARKER = "{tmp / 'started'}", LAB_EFFECTS = "{tmp / 'lab.log'}" }}
 approval = "confirm"
 max_restarts = 1
@@ -89,12 +91,15 @@ final = "without flaky"
     return spec
 
 
-def test_paths_resolve_from_the_spec_and_a_failed_server_says_why(short_tmp: Path) -> None:
-    daemon = Daemon(short_tmp / "home", _swarm(short_tmp))
+def test_the_docs_server_runs_and_a_failed_server_says_why(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # start-once is found on PATH, in a directory outside the project.
+    path = f"{short_tmp / 'conf' / 'bin'}:{os.environ.get('PATH', '')}"
+    monkeypatch.setenv("PATH", path)
+    daemon = Daemon(short_tmp / "home", _swarm(short_tmp), {"PATH": path})
     try:
         daemon.up()
         _wait_server(daemon, "weather", "ready")
-        _wait_server(daemon, "flaky", "ready")  # started once, through bin/start-once
+        _wait_server(daemon, "flaky", "ready")  # started once, through start-once on PATH
         run_id = daemon.call("run", agent_id="writer", task="the weather")["run_id"]
         shown = wait_run(daemon, run_id, {"waiting-confirmation", "completed", "failed"})
         assert shown["run"]["status"] == "waiting-confirmation", shown
@@ -135,29 +140,56 @@ def test_paths_resolve_from_the_spec_and_a_failed_server_says_why(short_tmp: Pat
         assert SECRET.encode() not in path.read_bytes(), path
 
 
-def test_a_relative_program_and_cwd_are_the_specs_and_a_bad_one_stops_corral_up(short_tmp: Path) -> None:
-    conf, project = short_tmp / "conf", short_tmp / "project"
-    (conf / "bin").mkdir(parents=True)
-    (conf / "data").mkdir()
-    project.mkdir()
-    program = conf / "bin" / "server"
-    program.write_text("#!/bin/sh\n")
-    program.chmod(0o755)
-    (conf / "bin" / "plain").write_text("")
-    source = str(conf / "swarm.toml")
-    spec = parse_spec({"project": {"root": "../project"}, "mcp_servers": [
-        {"id": "a", "command": ["bin/server", "--flag"]},
-        {"id": "b", "command": ["uvx", "some-server"], "cwd": "data"},
-    ]}, source)
-    first, second = spec.mcp_servers
-    assert first.command == (str(program), "--flag") and first.cwd == str(conf)
-    assert second.command == ("uvx", "some-server") and second.cwd == str(conf / "data")  # PATH decides uvx
+def _executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_a_program_is_a_bare_name_on_a_trusted_path_and_cwd_an_absolute_directory_outside_the_project(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 004 V1.22: "transport=stdio 必须配置裸可执行名 command…Runtime 从项目外受信任 PATH
+    解析可执行文件…显式 cwd 必须是已存在的项目外绝对目录；省略时固定使用已解析可执行文件所在目录"."""
+    tools, project, data = short_tmp / "tools", short_tmp / "project", short_tmp / "data"
+    server = _executable(tools / "bin" / "server")
+    _executable(project / "bin" / "server")  # a project's own program of the same name
+    _executable(project / "bin" / "only-here")
+    (tools / "bin" / "into-project").symlink_to(project / "bin" / "only-here")
+    data.mkdir()
+    (project / "sub").mkdir()
+    (short_tmp / "link-to-project").symlink_to(project)
+    # The project's bin comes first on PATH: it is not trusted, so it is skipped.
+    monkeypatch.setenv("PATH", f"{project / 'bin'}:relative/bin:{tools / 'bin'}")
+    source = str(short_tmp / "swarm.toml")
+
+    def servers(*tables: dict[str, Any]) -> Any:
+        return parse_spec({"project": {"root": "project"},
+                           "mcp_servers": [{"id": f"s{i}", **t} for i, t in enumerate(tables)]}, source).mcp_servers
+
+    found, python, placed = servers(
+        {"command": ["server", "--flag"]},
+        {"command": ["python", "-m", "x"]},
+        {"command": ["server"], "cwd": str(data)},
+    )
+    assert found.command == (str(server), "--flag") and found.cwd == str(tools / "bin")
+    assert python.command == ("python", "-m", "x")  # the interpreter corral runs on
+    assert python.cwd == str(Path(sys.executable).resolve().parent)
+    assert placed.cwd == str(data)
     cases = [
-        ({"command": ["bin/missing"]}, rf"mcp_servers\[0\]\.command: no program 'bin/missing' at {conf}/bin/missing"
-                                       rf" \(relative to the spec's directory {conf}\)"),
-        ({"command": ["bin/plain"]}, "is not executable; `chmod \\+x` it"),
-        ({"command": ["x"], "cwd": "nowhere"}, rf"mcp_servers\[0\]\.cwd: {conf}/nowhere is not a directory"),
+        ({"command": ["bin/server"]}, r"mcp_servers\[0\]\.command: 'bin/server' is a path; give a bare program"
+                                      r" name"),
+        ({"command": ["/usr/bin/env"]}, r"'/usr/bin/env' is a path"),
+        ({"command": ["only-here"]}, r"mcp_servers\[0\]\.command: no program 'only-here' on a trusted PATH"),
+        ({"command": ["into-project"]}, r"resolves to .*only-here, inside the project"),
+        ({"command": ["server"], "cwd": "data"}, r"mcp_servers\[0\]\.cwd: 'data' is not an absolute path"),
+        ({"command": ["server"], "cwd": str(short_tmp / "nowhere")}, r"mcp_servers\[0\]\.cwd: .*nowhere is not an"
+                                                                    r" existing directory"),
+        ({"command": ["server"], "cwd": str(project / "sub")}, r"mcp_servers\[0\]\.cwd: .*sub is inside the"
+                                                              r" project"),
+        ({"command": ["server"], "cwd": str(short_tmp / "link-to-project")}, r"is inside the project"),
     ]
     for table, message in cases:
         with pytest.raises(SpecError, match=message):
-            parse_spec({"project": {"root": "../project"}, "mcp_servers": [{"id": "s", **table}]}, source)
+            servers(table)

@@ -213,14 +213,12 @@ def test_a_parsed_spec_or_a_file_with_tools_keeps_its_paths_relative_to_its_file
         assert str(project.resolve()) in started.import_roots
     assert written["tools"]["modules"][1:] == ["qs_tools"]
     assert start_spec(short_tmp / "home", spec_file).path == spec_file, "a file alone is used as it is"
-    # A dict's paths are the current directory's: an MCP server's program and cwd too.
+    # An MCP server's program is a bare name from PATH and its cwd absolute (seed 004
+    # V1.22): neither is a spec path, so the dict's server is written as it was.
     monkeypatch.chdir(project)
-    (project / "srv.sh").write_text("#!/bin/sh\n")
-    (project / "srv.sh").chmod(0o755)
-    servers = {"mcp_servers": [{"id": "s", "command": ["./srv.sh", "x.py"]}]}
+    servers = {"mcp_servers": [{"id": "s", "command": ["python", "/abs/x.py"]}]}
     written = tomllib.loads(start_spec(short_tmp / "home", servers).path.read_text())  # type: ignore[union-attr]
-    resolved = project.resolve()
-    assert written["mcp_servers"] == [{"id": "s", "command": [str(resolved / "srv.sh"), "x.py"], "cwd": str(resolved)}]
+    assert written["mcp_servers"] == [{"id": "s", "command": ["python", "/abs/x.py"]}]
 
 
 def test_client_start_takes_a_spec_dict_and_tool_functions_and_runs_them(

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import json
 import os
 import re
+import shutil
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
@@ -24,7 +25,7 @@ from pydantic.dataclasses import dataclass
 
 from corral.core.mcp_credentials import CredentialsError, credentials_file, read_credentials
 from corral.core.redact import register_secret
-from corral.supervisor.spec.spec_base import SECTION, Reader, SpecError, problem, spec_path, spec_program
+from corral.supervisor.spec.spec_base import SECTION, Reader, SpecError, problem
 from corral.supervisor.tree.restart_policy import RestartType
 
 EFFECTS = ("read", "idempotent", "external")
@@ -56,15 +57,15 @@ class McpServerSpec:
     id: Annotated[StrictStr, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")] = Field(
         description="The server's id: its tools are `mcp.<id>.<tool>`.")
     command: _Strings = Field(
-        default=(), description="A stdio server: the program and its arguments (or give `url`). A program with a"
-        " `/` is a path relative to the spec (it must exist and be executable); a bare name (`uvx`) is looked up"
-        " on PATH, and `python` is the interpreter corral runs on. With `cwd` unset the server runs in the spec's"
-        " directory, so a relative path among the arguments is relative to the spec too.")
+        default=(), description="A stdio server: the program and its arguments (or give `url`). The program is a"
+        " bare name (`uvx`), found at `corral up` on the absolute PATH entries outside the project (its resolved"
+        " file must be outside the project too); `python` is the interpreter corral runs on. Name a script by"
+        " absolute path among the arguments.")
     url: StrictStr | None = Field(
         default=None, max_length=2048, description="A Streamable HTTP server: its http(s) URL (or give `command`).")
     cwd: StrictStr | None = Field(
-        default=None, max_length=4096, description="A stdio server's working directory, relative to the spec; unset:"
-        " the spec's directory.")
+        default=None, max_length=4096, description="A stdio server's working directory: an existing absolute"
+        " directory outside the project; unset: the directory of the resolved program.")
     env: _Table = Field(
         default_factory=dict, description="A stdio server's environment; `${NAME}` in a value is the credential"
         " NAME of the private file ~/.config/corral/mcp-credentials.toml (mode 0600), never a variable of the"
@@ -177,10 +178,15 @@ def parse_server(where: str, table: Any) -> McpServerSpec:
     return _READER.read(table, root=where)
 
 
-def resolve_servers(servers: list[McpServerSpec], base: Path) -> tuple[McpServerSpec, ...]:
-    """Ids unique; a stdio server's program path and working directory resolved
-    against ``base``, the spec's directory, as every path of a spec is."""
-    base = base.resolve()  # named in messages
+def resolve_servers(
+    servers: list[McpServerSpec], project_root: Path, path_env: str
+) -> tuple[McpServerSpec, ...]:
+    """Ids unique; a stdio server's program found and its working directory fixed
+    now, so a wrong one stops ``corral up`` instead of every start (seed 004 V1.22:
+    a bare program name from a trusted PATH outside the project, an explicit cwd an
+    existing absolute directory outside it, an unset one the program's directory).
+    Paths are judged after resolution (symlinks followed) and by inode, never by
+    string prefix."""
     seen: set[str] = set()
     resolved: list[McpServerSpec] = []
     for index, server in enumerate(servers):
@@ -189,31 +195,75 @@ def resolve_servers(servers: list[McpServerSpec], base: Path) -> tuple[McpServer
             raise SpecError(f"{where}.id: duplicate server id {server.id!r}")
         seen.add(server.id)
         if server.command:
-            cwd = spec_path(base, server.cwd or ".")
-            if not cwd.is_dir():
-                raise SpecError(f"{where}.cwd: {cwd} is not a directory (a relative cwd is relative to the spec's"
-                                f" directory {base})")
             program, *args = server.command
-            server = dataclasses.replace(server, cwd=str(cwd), command=(_program(where, program, base), *args))
+            run_as, real = _program(where, program, project_root, path_env)
+            cwd = _cwd(where, server.cwd, project_root) if server.cwd is not None else real.parent
+            server = dataclasses.replace(server, cwd=str(cwd), command=(run_as, *args))
         resolved.append(server)
     return tuple(resolved)
 
 
-def _program(where: str, program: str, base: Path) -> str:
-    """A bare name stays a name (PATH finds it when the server starts); a path is
-    the spec's, checked now where it points, so a typo stops ``corral up`` instead
-    of every start. It is run by the path written, made absolute (a venv's python
-    is a symlink that finds its venv through its own name)."""
-    if "/" not in program and not program.startswith("~"):
-        return program
-    written, path = spec_program(base, program)
-    relative = "" if Path(program).expanduser().is_absolute() else f" (relative to the spec's directory {base})"
-    if not path.is_file():
-        raise SpecError(f"{where}.command: no program {program!r} at {path}{relative}")
-    if not os.access(path, os.X_OK):
-        raise SpecError(f"{where}.command: {path} is not executable; `chmod +x` it, or start it with an"
-                        f" interpreter (command = [\"python\", {json.dumps(program)}])")
-    return str(written)
+def _program(where: str, program: str, project_root: Path, path_env: str) -> tuple[str, Path]:
+    """What to run (``python``/``python3`` stay names: the actor runs them as the
+    interpreter corral runs on; any other is the PATH hit, run by that name, since a
+    venv's ``bin/python`` finds its venv through its own link) and where it really is."""
+    if "/" in program or program.startswith("~"):
+        raise SpecError(
+            f"{where}.command: {program!r} is a path; give a bare program name found on PATH outside the project"
+            f" (command = [\"python\", \"/abs/path/server.py\"], or put the program's directory on PATH)"
+        )
+    if program in ("python", "python3"):
+        return program, Path(sys.executable).resolve()
+    trusted = [entry for entry in path_env.split(os.pathsep) if _trusted_dir(entry, project_root)]
+    found = shutil.which(program, path=os.pathsep.join(trusted))
+    if found is None:
+        raise SpecError(
+            f"{where}.command: no program {program!r} on a trusted PATH (the absolute PATH entries outside the"
+            f" project {project_root}); install it outside the project or put its directory on PATH"
+        )
+    real = Path(found).resolve()
+    if _inside(real, project_root):
+        raise SpecError(f"{where}.command: {program!r} ({found}) resolves to {real}, inside the project"
+                        f" {project_root}; a server's program must live outside the project")
+    return found, real
+
+
+def _cwd(where: str, cwd: str, project_root: Path) -> Path:
+    path = Path(cwd)
+    if not path.is_absolute():
+        raise SpecError(f"{where}.cwd: {cwd!r} is not an absolute path; give an existing absolute directory"
+                        f" outside the project, or leave cwd unset (the program's directory)")
+    real = path.resolve()
+    if not real.is_dir():
+        raise SpecError(f"{where}.cwd: {cwd} is not an existing directory")
+    if _inside(real, project_root):
+        raise SpecError(f"{where}.cwd: {cwd} is inside the project {project_root}; a server runs in a directory"
+                        f" outside it (unset: the program's directory)")
+    return real
+
+
+def _trusted_dir(entry: str, project_root: Path) -> bool:
+    """A PATH entry corral searches: absolute, an existing directory, outside the project."""
+    if not entry or not Path(entry).is_absolute():
+        return False
+    real = Path(entry).resolve()
+    return real.is_dir() and not _inside(real, project_root)
+
+
+def _inside(real: Path, root: Path) -> bool:
+    """``real`` (resolved) is ``root`` or below it, compared by device and inode."""
+    try:
+        info = root.stat()
+    except OSError:
+        return False
+    for candidate in (real, *real.parents):
+        try:
+            here = candidate.stat()
+        except OSError:
+            continue
+        if (here.st_dev, here.st_ino) == (info.st_dev, info.st_ino):
+            return True
+    return False
 
 
 def register_mcp_credentials(servers: tuple[McpServerSpec, ...]) -> None:

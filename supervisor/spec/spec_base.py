@@ -68,21 +68,10 @@ def check_values(node: Any, where: str = "spec") -> None:
 
 def spec_path(base: Path, value: str) -> Path:
     """A path written in a spec, as the spec means it: the one rule for every path
-    key (``[project] root``, ``[tools] modules``, a script, a model file, an MCP
-    server's program and ``cwd``, ...): relative to ``base``, the spec file's
+    key (``[project] root``, ``[tools] modules``, a script, a model file, ...): relative to ``base``, the spec file's
     directory (the current directory for a spec given as data), ``~`` expanded,
     then normalised with symlinks resolved, so what is judged is where it points."""
     return (base / Path(value).expanduser()).resolve()
-
-
-def spec_program(base: Path, value: str) -> tuple[Path, Path]:
-    """A program path written in a spec: ``(to_run, to_judge)``. It is judged like
-    every path, where it points (:func:`spec_path`), but run by the name written
-    (made absolute against ``base``): a program may depend on that name. A venv's
-    ``bin/python`` is a symlink to the base interpreter and finds its venv only
-    when started through the link."""
-    written = base / Path(value).expanduser()
-    return written, written.resolve()
 
 
 def did_you_mean(key: str, known: list[str]) -> str:

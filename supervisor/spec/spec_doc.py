@@ -54,15 +54,13 @@ A bad spec stops `corral up` with that message before anything is created.
 
 **Paths.** Every relative path in a spec is relative to the directory of the
 spec file (for a spec given as data, the current directory): `[project] root`,
-`[tools] modules`, a `script`, a model's `path`, `[chaos] effects_file`, an MCP
-server's program and `cwd` (a stdio server runs in the spec's directory unless
-`cwd` says otherwise, so relative paths among its arguments mean the same). `~`
+`[tools] modules`, a `script`, a model's `path`, `[chaos] effects_file`. `~`
 is expanded, and a path is judged where it points: normalised, symlinks resolved.
-A program path is then run by the name written, made absolute (a venv's
-`bin/python` is a symlink that finds its venv only through its own name). A
-program named without a `/` (`python`, `uvx`) is looked up on PATH. Only the
-places agents work are relative to something else: an agent's `workspace` lies
-inside the project root, and its `write_scopes` inside that workspace.
+Only the places agents work are relative to something else: an agent's
+`workspace` lies inside the project root, and its `write_scopes` inside that
+workspace. An MCP server's program is no path at all but a bare name found on
+PATH outside the project, and its `cwd` an absolute directory outside the
+project (seed 004 V1.22, docs/mcp.md).
 
 ```toml
 name = "docs"

@@ -73,7 +73,7 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
     for index, table in enumerate(doc.agents):
         _check_parallel_reads(f"agents[{index}]", table.parallel_reads, tools)
     templates = _templates(doc, base, models)
-    mcp_servers = resolve_servers(doc.mcp_servers, base)
+    mcp_servers = resolve_servers(doc.mcp_servers, project_root, os.environ.get("PATH", ""))
     for server in mcp_servers:
         # One group per server: a flapping server exhausts its own intensity only.
         tree.service(f"mcp_servers: actor id {server.actor_id!r} is already used", server.actor_id, "mcp",
@@ -87,8 +87,8 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
         tree.service(f"bridge: actor id {bridge_spec.ACTOR_ID!r} is already used", bridge_spec.ACTOR_ID,
                      "bridge_worker", 10, 60.0, doc.bridge.actor_params(), (doc.bridge.token_env,))
     if not explicit_root and (agents or any(server.command for server in mcp_servers)):
-        # An implicit root (the spec's directory) matters once something works in it:
-        # agents, or a stdio server (it runs in the spec's directory by default).
+        # An implicit root (the spec's directory) matters once something works in it
+        # or must stay outside it: agents, or a stdio server's program and cwd.
         # An explicit one was checked above.
         _check_project_root(project_root)
     # Keys are checked once the whole catalog is known (MCP servers come last).

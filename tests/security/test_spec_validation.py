@@ -252,7 +252,7 @@ def test_policy_keys_may_be_globs_and_tools_of_declared_mcp_servers() -> None:
     spec = parse_spec(
         {
             "policy": {"fs.*": "confirm", "command.exec": "deny"},
-            "mcp_servers": [{"id": "git", "command": ["x"]}],
+            "mcp_servers": [{"id": "git", "command": ["true"]}],  # a program on PATH
             "agents": [_agent(policy={"mcp.git.git_commit": "deny", "mcp.git.*": "confirm"})],
         }
     )
