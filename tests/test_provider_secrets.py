@@ -200,6 +200,10 @@ def test_thinking_leaves_a_response_and_a_tool_calls_arguments_stay_as_written()
     plain = completion("no thinking here")
     assert response_secrets.without_thinking(json.dumps(plain)) == json.dumps(plain), "unchanged: same bytes"
     assert response_secrets.without_thinking("<think>hm</think>final words") == "final words"
+    # Left open after the answer (the model ran out of tokens mid-thought): the
+    # thought is not stored either (V1.43: "未闭合或孤立 thinking wrapper 不保存 thinking 正文").
+    assert response_secrets.without_thinking("answer <think>unclosed thinking") == "answer"
+    assert response_secrets.without_thinking("answer <reasoning x='1'>half") == "answer"
 
 
 def test_a_compaction_summary_is_stored_with_its_paths_filtered_too(short_tmp: Path) -> None:

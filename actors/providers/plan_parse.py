@@ -48,9 +48,9 @@ _MAX_DETAIL_CHARS = 300
 _REASONING_TAGS = ("think", "thinking", "reasoning")
 _TAG_ALT = "|".join(_REASONING_TAGS)
 _CLOSED_BLOCK = re.compile(rf"<({_TAG_ALT})\b[^>]*>.*?</\1\s*>", re.I | re.S)
-# Left open at the start (the model ran out of tokens mid-thought, or the server
-# cut it): everything is reasoning, there is no answer in it.
-_UNTERMINATED_LEADING = re.compile(rf"^\s*<({_TAG_ALT})\b[^>]*>(?:(?!</\1\s*>).)*\Z", re.I | re.S)
+# Left open (the model ran out of tokens mid-thought, or the server cut it): the
+# rest of the text is reasoning; an answer is only what came before it.
+_UNTERMINATED = re.compile(rf"<({_TAG_ALT})\b[^>]*>(?:(?!</\1\s*>).)*\Z", re.I | re.S)
 # Some servers put the opening tag in the prompt template, so only the close shows.
 _ANY_TAG = re.compile(rf"</?(?:{_TAG_ALT})\b", re.I)
 _ORPHAN_CLOSE = re.compile(rf"^(?:(?!<(?:{_TAG_ALT})\b).)*?</(?:{_TAG_ALT})\s*>", re.I | re.S)
@@ -110,16 +110,16 @@ def strip_reasoning(text: str) -> str:
 
 def _without_reasoning(text: str) -> tuple[str, list[str], bool]:
     """The text without its reasoning, and the complete blocks dropped (a closed one,
-    or one whose opening tag the template wrote). A block left open at the start is
-    dropped too but is not a complete one: nothing answers after it."""
+    or one whose opening tag the template wrote). A block left open is dropped to
+    the end too but is not a complete one: nothing answers after it."""
     blocks = [match.group(0) for match in _CLOSED_BLOCK.finditer(text)]
     text = _CLOSED_BLOCK.sub("", text)
     orphan = _ORPHAN_CLOSE.search(text)
     if orphan is not None:
         blocks.append(orphan.group(0))
         text = text[: orphan.start()] + text[orphan.end() :]
-    left_open = _UNTERMINATED_LEADING.search(text) is not None
-    text = _UNTERMINATED_LEADING.sub("", text)
+    left_open = _UNTERMINATED.search(text) is not None
+    text = _UNTERMINATED.sub("", text)
     return text.strip(), blocks, left_open
 
 
