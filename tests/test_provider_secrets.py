@@ -252,6 +252,9 @@ def test_a_compaction_summary_is_stored_with_its_paths_filtered_too(short_tmp: P
         ("python3", ["check.py", "--config=/etc/app.toml"], None),
         ("/usr/bin/python3", ["check.py"], None),
         ("python3", ["check.py"], "{root}/src"),
+        # A script is a command argument too (the seed's command.exec has no shell):
+        # the path inside it is the one the command reaches.
+        ("sh", ["-c", "cat /etc/hostname"], None),
     ],
 )
 def test_an_absolute_path_in_a_commands_arguments_fails_its_handoff_closed(
@@ -286,11 +289,29 @@ def test_an_absolute_path_in_a_commands_arguments_fails_its_handoff_closed(
             daemon.shutdown()
 
 
+def test_a_script_argument_naming_a_host_path_is_one_and_a_plain_script_is_not() -> None:
+    """V1.43 reads a command's arguments whole: a ``-c`` script is one, and the host
+    paths it names are the ones the command reaches."""
+    def plan(program: str, *args: str) -> dict[str, object]:
+        return {"actions": [{"tool": "command.exec", "input": {"program": program, "args": list(args)}}]}
+
+    refused = [plan("python3", "-c", "print(open('/home/u/.ssh/id_rsa').read())"),
+               plan("sh", "-c", "ls /srv/p/src 2>/dev/null"), plan("bash", "-lc", "cd /tmp && make"),
+               plan("sh", "-c", r"type C:\Users\ana\notes.txt")]
+    for each in refused:
+        assert response_secrets.command_paths(each) == ("action 0 command.exec args[1]",), each
+    allowed = [plan("sh", "-c", "ls src 2>/dev/null | grep -c '</div>' > out.txt"),
+               plan("python3", "-c", "print(1/2, 'and/or', 'http://127.0.0.1:8000/a/b')"),
+               plan("grep", "-rn", "/api/users", "src")]
+    for each in allowed:
+        assert response_secrets.command_paths(each) == (), each
+
+
 def test_a_command_with_relative_paths_and_a_url_is_handed_off_as_usual(short_tmp: Path) -> None:
     """The same rule leaves ordinary commands alone: relative paths, a URL, a regex,
-    a division, an HTML closing tag, /dev/null and a script's source text that
-    mentions a path (V1.43: "不能用面向日志的路径 token 扫描把 HTML </tag>、源码字符串
-    ...误判为可执行路径"): the sandbox, not the handoff, bounds what a script reaches."""
+    a division, an HTML closing tag, /dev/null, a route that is no place of the host
+    and a script that names no absolute path (V1.43: "不能用面向日志的路径 token 扫描把
+    HTML </tag>...误判为可执行路径")."""
     args = [
         "check.py",
         "--out=build/report.txt",
@@ -299,8 +320,9 @@ def test_a_command_with_relative_paths_and_a_url_is_handed_off_as_usual(short_tm
         "1/2",
         "</div>",
         "/dev/null",
+        "/api/users",
         "-c",
-        "import sys; print(open('/etc/hostname').read(), file=sys.stderr)",
+        "import sys; print(open('src/app.py').read(), 1/2, '</div>', file=sys.stderr)",
     ]
     call = tool_call("command.exec", {"program": "python3", "args": args, "cwd": "src"}, "call-1")
     server = FakeOpenAIServer([Reply(body=completion(None, [call])), Reply(body=completion("ran"))])
@@ -372,3 +394,34 @@ def test_code_that_names_a_secret_is_no_secret_value_and_every_value_is(text: st
     assert secret_values_in(text) == values
     # The same inside JSON text (a response, a plan): the escapes change nothing.
     assert secret_values_in(json.dumps({"content": text})) == values
+
+
+def test_a_provider_failure_is_stored_without_the_providers_url(tmp_path: Path) -> None:
+    """V1.41: the public records (the request row, its event, the run's reason) hold no
+    provider URL: a failure names the provider, not where it lives (the URL stays in
+    the run's provider settings, which were given by the person who wrote the spec)."""
+    from corral.supervisor.ledger.port import SqliteLedger
+    from corral.supervisor.runs import provider_store, run_store
+    from corral.supervisor.runs.run_feature import RunFeatures
+    from corral.supervisor.runs.run_state import RunStatus
+
+    features = RunFeatures()
+    ledger = SqliteLedger(tmp_path / "l.db")
+    try:
+        run_id = run_store.create_run(ledger, features, agent_id="writer", task="t", provider="openai",
+                                      provider_config={"base_url": "http://10.1.2.3:8080/v1", "model": "m"})
+        run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, features)
+        error = ("transport error talking to http://10.1.2.3:8080/v1/chat/completions: refused"
+                 " (see https://gateway.example/v1/status?k=1)")
+        for kind in ("transient", "fatal"):
+            slot = provider_store.begin_provider_request(ledger, run_id, 0, features)["slot"]
+            provider_store.provider_failed(ledger, run_id, slot, kind, error,
+                                           run_store.RunLimits(retry_base_s=0.0, max_provider_retries=1), features)
+        stored = json.dumps([dict(row) for row in ledger.all("SELECT * FROM provider_requests")])
+        stored += json.dumps([dict(row) for row in ledger.all("SELECT * FROM events")])
+        stored += json.dumps([dict(row) for row in ledger.all("SELECT status, reason FROM runs")])
+        assert "transport error talking to" in stored, "the failure is still said"
+        for url_part in ("10.1.2.3", "8080", "gateway.example", "http://", "https://"):
+            assert url_part not in stored, url_part
+    finally:
+        ledger.close()

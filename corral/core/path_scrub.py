@@ -67,6 +67,18 @@ def _replace(match: re.Match[str], roots: list[str]) -> str:
     return ABSOLUTE + tail
 
 
+#: Any URL a provider's failure names (its endpoint, a gateway's status page).
+_ANY_URL = re.compile(r"(?i:https?|wss?)://[^\s\"'<>`)\]]*")
+URL = "<url>"
+
+
+def scrub_urls(text: str) -> str:
+    """``text`` with every http(s)/ws(s) URL as ``<url>``: a provider failure is
+    stored and shown naming the provider, never where it lives (seed 004 V1.41:
+    "Provider URL ... 公共泄漏均为 0"). The spec holds the address."""
+    return _ANY_URL.sub(URL, text) if "://" in text else text
+
+
 def scrub_paths(text: str, project_roots: Iterable[str] = ()) -> str:
     """``text`` with a project root (and what lies under it) as ``<project>`` and
     every other absolute path as ``<absolute-path>``."""
@@ -140,10 +152,8 @@ def names_absolute_path(argument: str) -> bool:
     """Whether a structured argument *is* an absolute path of the host: whole, or as
     the value of an option or an assignment (``--config=/etc/x``, ``PATH=/usr/bin``,
     ``-I/usr/include``), under one of the host's top directories (so ``grep
-    /api/users`` searches as before). Text
-    that only holds one (a ``-c`` script, a message) is not a path argument: the
-    seed keeps source strings out of this check (V1.43: "不能用面向日志的路径 token
-    扫描把 HTML </tag>、源码字符串或计划标题误判为可执行路径")."""
+    /api/users`` searches as before). A script that holds one is
+    :func:`holds_host_path`'s."""
     named = _NAMED_VALUE.match(argument)
     value = argument[named.end() :] if named else argument
     match = ABSOLUTE_PATH.match(value)
@@ -151,6 +161,14 @@ def names_absolute_path(argument: str) -> bool:
         return False
     path = match.group(0).rstrip(_TRAILING)
     return path not in _STREAMS and _names_host_place(path)
+
+
+def holds_host_path(text: str) -> bool:
+    """Whether ``text`` (a script a command runs: ``sh -c``, ``python3 -c``) names an
+    absolute path of the host anywhere in it: the seed's command takes no shell, so a
+    script's paths are the command's arguments (V1.43). ``/dev/null``, a route under no
+    top directory of the host (``/api/users``), ``</div>`` and URLs are not."""
+    return any(path not in _STREAMS and _names_host_place(path) for path in absolute_paths_in(text))
 
 
 def absolute_paths_in(text: str) -> list[str]:

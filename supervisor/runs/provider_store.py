@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from corral.actors.providers.base import MAX_RESPONSE_CHARS
+from corral.core.path_scrub import scrub_urls
 from corral.core.redact import redact_text, summarize
 from corral.supervisor.errors import Conflict, NotFound, Refused
 from corral.supervisor.ledger.port import Ledger
@@ -158,6 +159,7 @@ def provider_failed(
     """A failed lifecycle. Transient kinds schedule a durable retry; others fail the run.
     ``notes``: what the turn was sent, for its transcript."""
     notes = notes or TurnNotes()
+    error = scrub_urls(error)  # the public row, event and reason name no provider URL
     with ledger.tx() as db:
         row = db.execute("SELECT * FROM provider_requests WHERE slot = ? AND run_id = ?", (slot, run_id)).fetchone()
         if row is None:

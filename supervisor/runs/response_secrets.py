@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.actors.providers.plan_parse import strip_reasoning
-from corral.core.path_scrub import names_absolute_path, scrub_paths
+from corral.core.path_scrub import holds_host_path, names_absolute_path, scrub_paths
 from corral.core.redact import redact, redact_text
 from corral.core.secret_values import secret_values_in
 from corral.supervisor.runs.run_store import run_options
@@ -70,10 +70,13 @@ class Verdict:
 def command_paths(plan: object) -> tuple[str, ...]:
     """Where the plan's commands name the project's or any other absolute path: the
     program, the working directory or an argument that is one, whole or as an
-    option's value (``--config=/etc/x``). Relative paths, URLs, ``/dev/null``, text
-    that only holds a slash (``s/a/b/``, ``1/2``, ``</div>``) and a script's text
-    (``sh -c "... 2>/dev/null"``: a source string, not a path argument) are not
-    (corral/core/path_scrub.py)."""
+    option's value (``--config=/etc/x``), or a script argument that names one
+    (``sh -c "cat /etc/hostname"``: the seed's command takes no shell, so a script's
+    paths are its arguments). Relative paths, URLs, ``/dev/null``, text that only
+    holds a slash (``s/a/b/``, ``1/2``, ``</div>``) and routes under no top directory
+    of the host (``/api/users``) are not (corral/core/path_scrub.py). The seed's
+    exemption for source text covers the narrative fields (content, patch, plan,
+    step, response), which this check never reads."""
     if not isinstance(plan, Mapping):
         return ()
     found: list[str] = []
@@ -90,7 +93,7 @@ def command_paths(plan: object) -> tuple[str, ...]:
                 found.append(f"{where} {name}")
         args = tool_input.get("args")
         for position, arg in enumerate(args if isinstance(args, list) else ()):
-            if isinstance(arg, str) and names_absolute_path(arg):
+            if isinstance(arg, str) and (names_absolute_path(arg) or holds_host_path(arg)):
                 found.append(f"{where} args[{position}]")
     return tuple(found)
 
