@@ -136,7 +136,8 @@ def open_ledger(
                                    handback_wait_s(placement.lease_s))
     remember(home, placement, hold.partition)
     ledger = PostgresLedger(placement.url, hold.partition, epoch=hold.epoch, group_commit=synchronous == "full",
-                            holder=placement.node, lease_s=placement.lease_s, lease_from=lease_from)
+                            holder=placement.node, lease_s=placement.lease_s, lease_from=lease_from,
+                            cooperative=placement.concurrent)
     log.info("ledger: %s (epoch %d, node %s)", ledger.where, hold.epoch, placement.node)
     return ledger, NodeState(placement, home, conn, hold, spec_path)
 

@@ -108,6 +108,7 @@ class PostgresLedger(PerRequest, Ledger):
         holder: str | None = None,
         lease_s: float | None = None,
         lease_from: float | None = None,
+        cooperative: bool = False,
     ) -> None:
         # Before the port's own state: its transaction flags are per request here.
         self._pool = Pool(self._open_slot)
@@ -151,8 +152,11 @@ class PostgresLedger(PerRequest, Ledger):
         raw = connect(url, self._application)
         #: The fenced writer alone may cache its reads: nobody else writes its partition.
         self.cache = ReadCache() if epoch is not None and not readonly else None
-        #: A node's writer runs its requests cooperatively, a connection per open transaction.
-        self.cooperative = self.cache is not None
+        #: A node's writer may run its requests cooperatively, a connection per open
+        #: transaction ([ledger] concurrent_requests). Off by default: requests that
+        #: interleave at every database wait, and a cache whose patched rows other
+        #: requests see before their commit, have not been through the crash soaks.
+        self.cooperative = self.cache is not None and cooperative
         self._pool.adopt(raw, self._connection(raw))
         #: Event cursors taken from the sequence in blocks: an event's INSERT then
         #: needs no answer (no RETURNING to wait for) and travels in the pipeline

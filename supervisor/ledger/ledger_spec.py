@@ -96,6 +96,8 @@ class Placement:
     #: The shared queue (supervisor/cluster/run_queue.py): None: this node takes
     #: part in none, every submit runs here.
     queue: QueueSettings | None = None
+    #: Requests wait for the database side by side (supervisor/ledger/cooperative.py).
+    concurrent: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,8 @@ def resolve(home: Path, spec: LedgerSpec | None, *, cli_url: str | None, cli_nod
     check_node(node)
     last = remembered.get("partition") if remembered.get("node") == node else None
     queue = QueueSettings(spec.max_runs, spec.max_runs_per_agent, spec.queue_poll_s) if spec.shared_queue else None
-    return Placement(url, node, spec.lease_s, spec.retire_idle_s, last_partition=last, queue=queue)
+    return Placement(url, node, spec.lease_s, spec.retire_idle_s, last_partition=last, queue=queue,
+                     concurrent=spec.concurrent_requests)
 
 
 def remembered_placement(home: Path) -> dict[str, Any]:

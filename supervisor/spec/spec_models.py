@@ -586,6 +586,10 @@ class LedgerSpec:
     queue_poll_s: StrictFloat = Field(
         default=DEFAULT_POLL_S, ge=0.05, le=60,
         description="How often a node with room looks at the shared queue (also when one of its runs ends).")
+    concurrent_requests: StrictBool = Field(
+        default=False, description="Experimental: the node's requests wait for the database side by side, each"
+        " transaction on its own connection (docs/scale-out.md). Off by default: requests then run one at a time,"
+        " as the crash soaks checked them.")
 
     @field_validator("url")
     @classmethod
