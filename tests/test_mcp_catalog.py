@@ -44,10 +44,12 @@ def test_effects_come_from_the_spec_first_then_annotations_then_external() -> No
     assert by_name["git_log"].effect == "read"
     assert by_name["git_tag"].effect == "idempotent"
     assert by_name["git_commit"].effect == "external"  # silent everywhere: the safe default
-    # approval = "writes": read and idempotent run, anything else asks.
+    # approval = "writes" (V1.22: "writes 仅在用户显式选择且 server tool 声明 readOnlyHint=true 时自动，
+    # 其余确认"): only a read-only tool runs unasked; an idempotent one asks too.
     assert by_name["git_log"].policy == "auto"
     assert by_name["git_commit"].policy == "confirm"
-    assert by_name["git_status"].policy == "auto"
+    assert by_name["git_tag"].policy == "confirm"
+    assert by_name["git_status"].policy == "auto"  # its own approval beats the server's
 
 
 def test_a_server_that_names_no_approval_asks_before_every_tool() -> None:

@@ -80,8 +80,8 @@ class McpServerSpec:
         " idempotent), else `external`.")
     approval: Approval = Field(
         default="confirm",
-        description="`confirm` (the default, as seed 004 says): every tool asks a person; `writes`: reads and"
-        " idempotent tools run, others ask; `auto` or `deny` for all of them.")
+        description="`confirm` (the default, as seed 004 says): every tool asks a person; `writes`: read-only"
+        " tools run, others (idempotent ones too) ask; `auto` or `deny` for all of them.")
     startup_timeout_s: StrictFloat = Field(
         default=20.0, ge=0.5, le=600,
         description="Seconds to start and list its tools.")
@@ -150,7 +150,9 @@ class McpServerSpec:
         override = self.tools.get(tool)
         approval = override.approval if override is not None and override.approval else self.approval
         if approval == "writes":
-            return "auto" if effect in ("read", "idempotent") else "confirm"
+            # Seed 004 V1.22: only a read-only tool runs unasked; an idempotent one still
+            # changes something, so it asks like every other.
+            return "auto" if effect == "read" else "confirm"
         return approval
 
     def actor_params(self, credentials_file: Path) -> dict[str, Any]:
