@@ -25,6 +25,12 @@ PROJECT = "/home/ana/work/shop"
         ("in `/var/log/syslog`, (see /srv/x)", "in `<absolute-path>`, (see <absolute-path>)"),
         ("flag --config=/etc/app.toml", "flag --config=<absolute-path>"),
         (f"{PROJECT}x/other stays another path", "<absolute-path> stays another path"),
+        # Found by a strict re-audit: a path after a colon, a \\?\ path, a path with a space.
+        ("copy to user@host:/home/u/.ssh/id_rsa", "copy to user@host:<absolute-path>"),
+        ("Error:/home/u/x failed", "Error:<absolute-path> failed"),
+        (r"long \\?\C:\x\y.txt", "long <absolute-path>"),
+        (r"C:\Users\a b\c.txt and D:\x", "<absolute-path> and <absolute-path>"),
+        ("saved /home/u/My Docs/x.txt for you", "saved <absolute-path> for you"),
     ],
 )
 def test_absolute_paths_become_placeholders(text: str, scrubbed: str) -> None:

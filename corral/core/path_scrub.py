@@ -25,11 +25,12 @@ from collections.abc import Iterable
 PROJECT = "<project>"
 ABSOLUTE = "<absolute-path>"
 
-#: What a path may hold after its start (no spaces: a path with one is cut there).
-_BODY = r"[\w.\-~+@%/\\:$]*"
+#: What a path may hold after its start. A space is part of it only when the word
+#: after it goes on as a path (``My Docs/x``, ``a b\\c``): "and /etc" ends one.
+_BODY = r"(?:[\w.\-~+@%/\\:$]|[ ](?=[\w.\-~+@%$]+[\\/]))*"
 #: What may not stand right before a path's start: a word, a path, a URL's scheme or
 #: host, or a tag (``</div>``, ``<project>/src``).
-_NOT_AFTER = r"(?<![\w.\-~+@%/\\:<>$])"
+_NOT_AFTER = r"(?<![\w.\-~+@%/\\<>$])"
 
 #: An HTTP(S) URL is kept whole, its path and query too ("保留 ... HTTP(S) URL").
 _URL = r"(?P<url>(?i:https?)://[^\s\"'<>`)\]]*)"
@@ -39,7 +40,7 @@ ABSOLUTE_PATH = re.compile(
             _URL,
             rf"(?i:file):(?:/|%2[fF]|\\){_BODY}",  # file:/x, file:///x, file:%2Fx
             rf"{_NOT_AFTER}[A-Za-z]:[\\/]{_BODY}",  # C:\x, C:/x
-            rf"{_NOT_AFTER}\\\\[\w.$\-]+{_BODY}",  # \\server\share
+            rf"{_NOT_AFTER}\\\\[\w.$\-?]+{_BODY}",  # \\server\share, \\?\C:\x
             rf"{_NOT_AFTER}/(?=[\w.~\-/]){_BODY}",  # /x, //server/share
         )
     )
