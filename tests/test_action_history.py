@@ -207,3 +207,21 @@ def test_the_catalog_tells_the_model_to_pass_source_action_id_straight_to_output
     description = CommandOutputRead.schema.description
     assert "sourceActionId" in description
     assert "not call agent.action_history" in description
+
+
+@pytest.mark.parametrize("echo_calls", [False, True], ids=["server-model", "local-model"])
+@pytest.mark.parametrize("status", ["ok", "failed", "timed-out"])
+def test_the_next_prompt_names_a_commands_source_action_id_at_the_front_whatever_its_end(
+        echo_calls: bool, status: str) -> None:
+    """Seed 004 V1.9: every terminal observation of a command gives its sourceActionId
+    at the front of its short detail, on success, a non-zero exit and a timeout alike,
+    and the next planning prompt carries it exactly (a strict re-audit found the local
+    model's failed command showed the error alone)."""
+    from corral.actors.providers.chat_history import history_messages
+
+    output = {"exit_code": 3, "lines": 301, "stdout_tail": "x" * 3000, "sourceActionId": "act-7f3e"}
+    entry = {"action_id": "act-7f3e", "tool": "command.exec", "input": {"program": "sh", "args": ["-c", "make"]},
+             "status": status, "output": output, "error": "sh exited (exit 3), 301 lines [launch=bwrap]"}
+    messages = history_messages((entry,), 2000, echo_calls=echo_calls)
+    result = messages[-1]["content"]
+    assert "sourceActionId act-7f3e" in result[:120], result[:200]

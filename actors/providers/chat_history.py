@@ -28,12 +28,21 @@ def bounded(text: str, limit: int) -> str:
     return text[:limit] + f"\n[… {len(text) - limit} more characters cut]"
 
 
+def _source(entry: Mapping[str, Any]) -> str:
+    """A command's ``sourceActionId``, first in its detail whatever its end (seed 004
+    V1.9: success, a non-zero exit and a timeout alike), so the model passes it to
+    ``command.output_read`` without looking it up."""
+    output = entry.get("output")
+    source = output.get("sourceActionId") if isinstance(output, dict) else None
+    return f"sourceActionId {source}; " if isinstance(source, str) else ""
+
+
 def _observation_message(entry: Mapping[str, Any], limit: int = MAX_OBSERVATION_CHARS) -> dict[str, str]:
     output = entry.get("output")
     text = output if isinstance(output, str) else json.dumps(output, default=str)
     call = entry.get("call") or f"tool {entry.get('tool', '?')}"
     head = f"Observation for action {entry.get('action_id', '?')} ({call}, status {entry.get('status', '?')}):"
-    return {"role": "user", "content": f"{head}\n{bounded(text, limit)}"}
+    return {"role": "user", "content": f"{head}\n{_source(entry)}{bounded(text, limit)}"}
 
 
 def _repair_entry_message(entry: Mapping[str, Any]) -> dict[str, str]:
@@ -72,7 +81,9 @@ def _tool_message(entry: Mapping[str, Any], limit: int) -> dict[str, str]:
     output = entry.get("output")
     text = bounded(output if isinstance(output, str) else json.dumps(output, default=str), limit)
     if entry.get("status") != "ok":
-        text = f"{entry.get('status', 'failed')}: {entry.get('error') or text}"
+        text = f"{entry.get('status', 'failed')}: {_source(entry)}{entry.get('error') or text}"
+    else:
+        text = _source(entry) + text
     return {"role": "tool", "content": text}
 
 
