@@ -337,6 +337,7 @@ class Lane:
         if begun is None:  # else the lifecycle was begun with the last step's reply
             begun = await self.ctx.ask(ProviderBegin(self.run_id, loop))
         history = self.provider_history(step)
+        images = await self.images_for(provider, history)
         request = ProviderRequest(
             run_id=self.run_id,
             agent_id=self.ctx.actor_id,
@@ -349,9 +350,11 @@ class Lane:
             project_context=context,
             instructions=self.instructions.prompt if self.instructions else "",
             output_schema=self.output.schema if self.output else None,
-            images=await self.images_for(provider, history),
-            # Planning turns only: a summary (step_compact) and a format repair never search.
-            web_search=searches_this_turn(getattr(provider, "web_search", False) is True, history),
+            images=images,
+            # Planning turns only: a summary (step_compact), a format repair and a turn
+            # that looks at images never search.
+            web_search=searches_this_turn(getattr(provider, "web_search", False) is True, history,
+                                          images=bool(images)),
         )
         # The transcript's notes of this turn (what was sent), with the handoff or the failure.
         notes = self.notes.for_turn(provider, request, observations_seen(step))

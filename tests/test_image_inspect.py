@@ -99,10 +99,11 @@ def test_the_model_sees_the_images_and_the_ledger_holds_no_base64(swarm: tuple[D
         head, _, encoded = url.partition(",")
         assert head == f"data:{image_type(data)};base64"
         assert hashlib.sha256(base64.b64decode(encoded)).hexdigest() == hashlib.sha256(data).hexdigest()
-    # Planning turns of an agent with web search on ask for it, and each turn says so.
-    assert planning["web_search_options"] == {} and after["web_search_options"] == {}
+    # Planning turns of an agent with web search on ask for it, and each turn says so;
+    # the turn that carries the images does not search (seed 004 V1.20).
+    assert planning["web_search_options"] == {} and "web_search_options" not in after
     turns = ledger_rows(daemon.home, "SELECT web_search FROM provider_requests WHERE run_id = ?", run_id)
-    assert [row["web_search"] for row in turns] == [1, 1]
+    assert [row["web_search"] for row in turns] == [1, 0]
     (action,) = ledger_rows(daemon.home, "SELECT phase, result FROM actions WHERE run_id = ?", run_id)
     images = json.loads(action["result"])["output"]["images"]
     assert [(i["path"], i["mime"], i["bytes"], i["sha256"]) for i in images] == [
@@ -174,6 +175,7 @@ def test_a_format_repair_turn_never_searches() -> None:
     assert searches_this_turn(True, ()) is True
     assert searches_this_turn(True, repair) is False
     assert searches_this_turn(False, planning) is False
+    assert searches_this_turn(True, planning, images=True) is False
 
 
 def _agent(**extra: Any) -> dict[str, Any]:

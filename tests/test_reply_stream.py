@@ -83,6 +83,42 @@ def _shown_text(events: list[dict[str, Any]]) -> str:
     return text
 
 
+def test_a_searching_streams_cut_is_not_sent_again(short_tmp: Path) -> None:
+    """Seed 004 V1.20: a streamed turn that may search, cut mid-stream, is not sent
+    again by itself: nobody can tell whether the provider searched (and billed), so it
+    fails closed, naming why, and the server sees one request."""
+    sse = {"content_type": "text/event-stream", "content_length": False}
+    cut = Reply(body=_sse(_delta("Zebra"), done=False), **sse)  # type: ignore[arg-type]
+    stop = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    whole = Reply(body=_sse(_delta("Hello"), stop), **sse)  # type: ignore[arg-type]
+    server = FakeOpenAIServer([cut, whole])
+    (short_tmp / "ws").mkdir()
+    spec = """
+[project]
+root = "ws"
+[[agents]]
+id = "llm"
+provider = "openai"
+retry_base_s = 0.05
+web_search = true
+[agents.openai]
+base_url = "{url}"
+model = "fake-model"
+timeout_s = 5
+stream = true
+structured = "tools"
+"""
+    with serve_in_thread(server) as url, running(
+        short_tmp / "home", spec.replace("{url}", url), env={"OPENAI_API_KEY": "sk-test"}
+    ) as daemon:
+        run_id = daemon.call("run", agent_id="llm", task="look it up")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "failed", shown["run"]
+        assert "may have searched" in shown["run"]["reason"], shown["run"]["reason"]
+        assert [r["status"] for r in shown["provider_requests"]] == ["failed"]
+        assert len(server.requests) == 1
+
+
 def test_an_sse_stream_cut_mid_reply_is_retried_with_a_restart_marker(short_tmp: Path) -> None:
     sse = {"content_type": "text/event-stream", "content_length": False}
     # The cut lifecycle's words never reach the final text: a canary for the ledger's bytes.

@@ -90,11 +90,12 @@ class ProviderRequest:
     web_search: bool = False
 
 
-def searches_this_turn(enabled: bool, history: Sequence[Mapping[str, Any]]) -> bool:
+def searches_this_turn(enabled: bool, history: Sequence[Mapping[str, Any]], *, images: bool = False) -> bool:
     """Whether a planning turn may use the provider's web search (seed 004 V1.20): when
     the agent has it on, except a turn that repairs the last answer's format, which asks
-    the same again and must not search (and bill) a second time for a protocol fix."""
-    return enabled and not (history and history[-1].get("role") == "repair")
+    the same again and must not search (and bill) a second time for a protocol fix, and
+    a turn that carries images to look at (the seed's image check never searches)."""
+    return enabled and not images and not (history and history[-1].get("role") == "repair")
 
 
 @dataclass(frozen=True)

@@ -576,6 +576,12 @@ class OpenAIProvider:
                 if deltas is not None:
                     await deltas.finish()
         except StreamCut as exc:
+            if self.config.web_search and request.web_search:
+                # Nobody can tell whether the provider searched (and billed) before the
+                # cut: fail closed rather than search again (seed 004 V1.20).
+                raise ProviderError(ErrorKind.FATAL, f"{endpoint}: {exc}; a turn that may search is not sent again"
+                                    " (the provider may have searched already): run it again, or set"
+                                    " web_search = false") from None
             raise ProviderError(ErrorKind.TRANSIENT, f"{endpoint}: {exc}") from None
         except trio.TooSlowError:
             raise ProviderError(
