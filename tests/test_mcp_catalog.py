@@ -148,12 +148,44 @@ def test_bad_server_specs_name_the_place(table: dict[str, Any], message: str) ->
     assert message in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"url": "http://example.com/mcp"}, "must be https://"),
+        ({"url": "http://127.0.0.1:9/mcp"}, "allow_insecure_localhost = true"),
+        ({"url": "http://10.0.0.1:9/mcp", "allow_insecure_localhost": True}, "only for 127.0.0.1, localhost or [::1]"),
+        ({"url": "https://user:pw@example.com/mcp"}, "user information"),
+        ({"url": "https://example.com/mcp#frag"}, "fragment"),
+        ({"url": "https://example.com/m\x01cp"}, "control character"),
+        ({"url": "https://example.com/mcp", "headers": {"Host": "evil"}}, "headers: 'Host' is set by the transport"),
+        ({"url": "https://example.com/mcp", "headers": {"connection": "x"}}, "'connection' is set by the transport"),
+        ({"url": "https://example.com/mcp", "headers": {"Content-Length": "1"}}, "set by the transport"),
+        ({"url": "https://example.com/mcp", "headers": {"X-Ok": "a\r\nb"}}, "control character"),
+    ],
+)
+def test_a_url_server_is_https_or_an_explicit_loopback_and_its_headers_are_the_users(
+    table: dict[str, Any], message: str
+) -> None:
+    """V1.22: "transport=streamableHttp 必须配置 https:// URL，只有显式 allowInsecureLocalhost=true 时允许
+    http://127.0.0.1|localhost|[::1]…禁止 URL userinfo、fragment、控制字符和 hop-by-hop/Host/Content-Length header"."""
+    with pytest.raises(McpSpecError) as caught:
+        parse_server("mcp_servers[0]", {"id": "web", **table})
+    assert message in str(caught.value)
+
+
+def test_an_explicit_loopback_may_be_plain_http() -> None:
+    for host in ("127.0.0.1", "localhost", "[::1]"):
+        server = parse_server("s", {"id": "web", "url": f"http://{host}:9/mcp", "allow_insecure_localhost": True})
+        assert server.url == f"http://{host}:9/mcp"
+    assert parse_server("s", {"id": "web", "url": "https://example.com/mcp"}).url == "https://example.com/mcp"
+
+
 def test_the_spec_declares_one_actor_and_group_per_server_and_passes_no_host_variable() -> None:
     spec = parse_spec(
         {
             "mcp_servers": [
                 {"id": "git", "command": ["python", "-m", "mcp_server_git"]},
-                {"id": "web", "url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${WEB_TOKEN}"}},
+                {"id": "web", "url": "https://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${WEB_TOKEN}"}},
             ]
         }
     )

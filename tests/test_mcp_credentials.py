@@ -78,7 +78,7 @@ def test_the_actor_gets_no_host_variable_and_only_the_files_place(monkeypatch: p
     spec = parse_spec(
         {
             "mcp_servers": [
-                {"id": "web", "url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${WEB_TOKEN}"}}
+                {"id": "web", "url": "https://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${WEB_TOKEN}"}}
             ]
         }
     )

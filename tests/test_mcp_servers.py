@@ -191,17 +191,20 @@ def test_a_streamable_http_server_behind_a_bearer_token(project: Path) -> None:
 [[mcp_servers]]
 id = "web"
 url = "http://127.0.0.1:{port}/mcp"
+allow_insecure_localhost = true
 headers = {{ Authorization = "Bearer ${{LAB_TOKEN}}" }}
 approval = "auto"
 [[mcp_servers]]
 id = "badauth"
 url = "http://127.0.0.1:{port}/mcp"
+allow_insecure_localhost = true
 headers = {{ Authorization = "Bearer wrong-token" }}
 startup_timeout_s = 5
 max_restarts = 0
 [[mcp_servers]]
 id = "hostenv"
 url = "http://127.0.0.1:{port}/mcp"
+allow_insecure_localhost = true
 headers = {{ Authorization = "Bearer ${{LAB_HOST_ONLY}}" }}
 startup_timeout_s = 5
 max_restarts = 0

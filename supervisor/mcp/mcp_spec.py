@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import Field, StrictFloat, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from corral.core.mcp_credentials import CredentialsError, credentials_file, read_credentials
@@ -36,6 +36,15 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
 _Entry = Annotated[StrictStr, Field(min_length=1, max_length=4096)]
 _Strings = Annotated[tuple[_Entry, ...], Field(max_length=256)]
 _Table = dict[Annotated[StrictStr, Field(max_length=256)], Annotated[StrictStr, Field(max_length=8192)]]
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: Headers the HTTP transport owns (hop-by-hop ones, Host, the body's length).
+_TRANSPORT_HEADERS = frozenset({
+    "host", "content-length", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+    "trailer", "transfer-encoding", "upgrade",
+})
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 #: The old name, still caught by callers.
 McpSpecError = SpecError
@@ -62,7 +71,11 @@ class McpServerSpec:
         " file must be outside the project too); `python` is the interpreter corral runs on. Name a script by"
         " absolute path among the arguments.")
     url: StrictStr | None = Field(
-        default=None, max_length=2048, description="A Streamable HTTP server: its http(s) URL (or give `command`).")
+        default=None, max_length=2048, description="A Streamable HTTP server: its https:// URL (or give `command`);"
+        " http:// only to 127.0.0.1, localhost or [::1] with `allow_insecure_localhost`. No user information,"
+        " fragment or control character.")
+    allow_insecure_localhost: StrictBool = Field(
+        default=False, description="`true`: a url server on 127.0.0.1, localhost or [::1] may be plain http://.")
     cwd: StrictStr | None = Field(
         default=None, max_length=4096, description="A stdio server's working directory: an existing absolute"
         " directory outside the project; unset: the directory of the resolved program.")
@@ -105,15 +118,42 @@ class McpServerSpec:
     @field_validator("url")
     @classmethod
     def _http(cls, url: str | None) -> str | None:
-        parsed = urlparse(url or "")
-        if url is not None and (parsed.scheme not in ("http", "https") or not parsed.hostname):
+        if url is None:
+            return url
+        if _CONTROL.search(url):
+            raise problem(f"{url!r} holds a control character")
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise problem(f"{url!r} is not an http(s) URL")
+        if parsed.username is not None or parsed.password is not None:
+            raise problem("a URL with user information is refused: give credentials in `headers`")
+        if parsed.fragment or url.endswith("#"):
+            raise problem(f"{url!r} has a fragment (#...): leave it out")
         return url
+
+    @field_validator("headers")
+    @classmethod
+    def _user_headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name, value in headers.items():
+            if name.lower() in _TRANSPORT_HEADERS:
+                raise problem(f"{name!r} is set by the transport, never by the spec")
+            if not _TOKEN.fullmatch(name) or _CONTROL.search(value):
+                raise problem(f"header {name!r} has a bad name or a control character in its value")
+        return headers
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerSpec:
         if bool(self.command) == (self.url is not None):
             raise problem("give exactly one of command (stdio) or url (Streamable HTTP)")
+        parsed = urlparse(self.url or "")
+        if self.url is not None and parsed.scheme == "http":
+            # Seed 004 V1.22: https only; plain http to this machine when asked for.
+            if not self.allow_insecure_localhost:
+                raise problem(f"url: {self.url!r} must be https:// (plain http:// only to 127.0.0.1, localhost or"
+                              " [::1], with allow_insecure_localhost = true)")
+            if parsed.hostname not in _LOOPBACK:
+                raise problem(f"url: allow_insecure_localhost allows http:// only for 127.0.0.1, localhost or [::1],"
+                              f" not {parsed.hostname!r}")
         return self
 
     @property
