@@ -45,7 +45,8 @@ from corral.supervisor.errors import SupervisorError
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger import high_water
 from corral.supervisor.ledger.ledger_spec import LedgerSpecError, open_for_reading, remembered_placement
-from corral.supervisor.ledger.port import Ledger, LedgerError, SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
+from corral.supervisor.ledger.port import Ledger, LedgerError
 from corral.supervisor.ledger.schema import MIGRATIONS
 from corral.supervisor.runs.run_store import get_run
 from corral.supervisor.runs.run_views import recent_runs, show_record

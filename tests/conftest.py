@@ -170,7 +170,7 @@ def ledger_backend(request: pytest.FixtureRequest) -> str:
 def open_ledger(ledger_backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     """``open_ledger()`` opens a fresh ledger on the backend under test; every
     ledger it opened is closed after the test."""
-    from corral.supervisor.ledger.port import SqliteLedger
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 
     opened: list[Any] = []
     url = request.getfixturevalue("pg_url") if ledger_backend == "postgresql" else ""

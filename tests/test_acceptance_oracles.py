@@ -229,7 +229,7 @@ class _Tree:
 
     def __init__(self, home: Path) -> None:
         from corral.supervisor.home.home_dir import LEDGER
-        from corral.supervisor.ledger.port import SqliteLedger
+        from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 
         home.mkdir()
         self.ledger = SqliteLedger(home / LEDGER)

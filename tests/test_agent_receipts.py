@@ -15,7 +15,7 @@ import pytest
 from corral.actors.action_receipt import build_receipt
 from corral.mailbox.protocol import ActionFinish, ActionFinishBatch, ActionResult, Receipt, decode
 from corral.supervisor.errors import BadRequest
-from corral.supervisor.ledger.port import SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import fingerprint
 from corral.supervisor.runs.run_feature import RunFeatures

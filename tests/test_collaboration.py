@@ -502,7 +502,7 @@ def test_a_wave_whose_plan_never_committed_binds_nothing(tmp_path: Path) -> None
     # V1.38: "首个有效 durable collaboration batch 为父 run 固化策略": a wave that passed this
     # guard but whose plan a later check refused (a secret in it) is no durable batch.
     from corral.supervisor.context.collaboration_service import CollaborationService
-    from corral.supervisor.ledger.port import SqliteLedger
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 
     (tmp_path / "project" / ".corral").mkdir(parents=True)
     (tmp_path / "project" / ".corral" / "collaboration-policy.json").write_text('{"requiredInitialWave": "static"}')

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from corral.supervisor.ledger.port import SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.run_feature import RunFeatures

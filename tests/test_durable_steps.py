@@ -15,7 +15,7 @@ from corral.mailbox.control import ControlError
 from corral.mailbox.protocol import ActionFinishBatch, ActionResult, NextStep, ProtocolError, decode
 from corral.mailbox.steps import ProviderStep
 from corral.supervisor.errors import BadRequest
-from corral.supervisor.ledger.port import SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_service import RunService
@@ -168,7 +168,7 @@ async def test_group_commit_makes_every_commit_durable_before_its_barrier_return
     import trio
 
     from corral.supervisor.ledger.group_commit import INLINE_SYNC_S, GroupCommit
-    from corral.supervisor.ledger.port import SqliteLedger
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 
     ledger = SqliteLedger(tmp_path / "l.db", synchronous="full", group_commit=True)
     commits = GroupCommit(ledger)

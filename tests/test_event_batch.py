@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.supervisor.ledger.port import SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 
 
 def _kinds(ledger: SqliteLedger) -> list[str]:

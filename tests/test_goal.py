@@ -85,7 +85,7 @@ def test_without_a_goal_a_verdict_is_refused_and_the_first_final_reply_stands(wr
 @pytest.fixture
 def goal_run(tmp_path: Path) -> Iterator[tuple[Any, str]]:
     """A ledger holding one goal run ("write the notes") whose first verdict says met."""
-    from corral.supervisor.ledger.port import SqliteLedger
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
     from corral.supervisor.longtask import goal_store
     from corral.supervisor.runs import run_store
 

@@ -303,7 +303,7 @@ def test_a_steer_read_from_stdin_never_shows_in_the_command_line(steer_daemon: D
 def test_children_refuse_steers_and_a_superseded_action_refuses_approval(tmp_path: Path) -> None:
     from corral.supervisor.errors import BadRequest, Conflict
     from corral.supervisor.interactive import steer_store
-    from corral.supervisor.ledger.port import SqliteLedger
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
     from corral.supervisor.runs import action_store, resolutions, run_store
 
     ledger = SqliteLedger(tmp_path / "l.db")

@@ -130,7 +130,7 @@ def test_the_features_come_off_the_ledger(tmp_path: Path) -> None:
     """The run layer's hooks are handed to whoever calls them, never looked up on
     the ``Ledger`` (issue 50 §3): no source, test or bench reads or sets
     ``ledger.features`` (or ``self.ledger.features``), and a ``Ledger`` has none."""
-    from corral.supervisor.ledger.port import SqliteLedger
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 
     found = []
     for folder in ("supervisor", "actors", "mailbox", "sandbox", "corral", "tests", "bench"):

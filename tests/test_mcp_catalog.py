@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from corral.actors.tools.validation import validation_error
-from corral.supervisor.ledger.port import SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 from corral.supervisor.mcp.mcp_catalog import build_catalog, catalog_fingerprint, drift, pin, pinned
 from corral.supervisor.mcp.mcp_spec import McpSpecError, parse_server, split_tool_name
 from corral.supervisor.spec.swarm_spec import SpecError, parse_spec

@@ -16,7 +16,7 @@ import pytest
 from corral.mailbox.protocol import ActionFinishBatch, ActionResult, ProviderHandoff
 from corral.mailbox.steps import ExecuteStep, ProviderStep
 from corral.supervisor.errors import Conflict, NotFound
-from corral.supervisor.ledger.port import SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 from corral.supervisor.runs import provider_store, run_store
 from corral.supervisor.runs.run_feature import RunFeature, RunFeatures
 from corral.supervisor.runs.run_service import RunService

@@ -400,7 +400,7 @@ def test_a_provider_failure_is_stored_without_the_providers_url(tmp_path: Path) 
     """V1.41: the public records (the request row, its event, the run's reason) hold no
     provider URL: a failure names the provider, not where it lives (the URL stays in
     the run's provider settings, which were given by the person who wrote the spec)."""
-    from corral.supervisor.ledger.port import SqliteLedger
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
     from corral.supervisor.runs import provider_store, run_store
     from corral.supervisor.runs.run_feature import RunFeatures
     from corral.supervisor.runs.run_state import RunStatus

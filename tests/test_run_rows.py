@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.supervisor.ledger.port import SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 from corral.supervisor.runs import run_store
 from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_versions import ABSENT

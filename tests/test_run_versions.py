@@ -16,7 +16,8 @@ import pytest
 
 from corral.mailbox.steps import ExecuteStep, ProviderStep
 from corral.supervisor.interactive import steer_store
-from corral.supervisor.ledger.port import Ledger, SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
+from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, provider_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.loop_plan_store import commit_plan

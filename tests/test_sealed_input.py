@@ -11,7 +11,7 @@ import pytest
 from corral.actors.tools.base import ToolError, validate_input
 from corral.actors.tools.process import ProcessStdin
 from corral.actors.tools.registry import builtin_tools
-from corral.supervisor.ledger.port import SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 from corral.supervisor.runs import action_store, run_store, sealed_input
 from corral.supervisor.runs.action_state import ActionPhase, action_id
 from corral.supervisor.runs.run_feature import RunFeatures

@@ -77,7 +77,8 @@ def test_an_existing_home_gains_the_columns_and_its_old_records_keep_null(tmp_pa
     on PostgreSQL too."""
     import sqlite3
 
-    from corral.supervisor.ledger.port import SqliteLedger, split_sql
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
+    from corral.supervisor.ledger.port import split_sql
     from corral.supervisor.ledger.schema import MIGRATIONS
 
     path = tmp_path / "ledger.db"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.supervisor.ledger.port import SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 from corral.supervisor.ledger.schema import MIGRATIONS
 from corral.supervisor.spec.swarm_spec import SpecError, load_spec, parse_spec
 

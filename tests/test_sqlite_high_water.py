@@ -24,7 +24,8 @@ import pytest
 from corral.sandbox.bwrap import bwrap_available
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.high_water import HighWater, read_mark
-from corral.supervisor.ledger.port import LedgerError, SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
+from corral.supervisor.ledger.port import LedgerError
 from tests.harness import Daemon, cli, running, wait_run
 from tests.test_intent import act, script
 

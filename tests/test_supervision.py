@@ -304,7 +304,7 @@ def test_down_stops_actors_gracefully(short_tmp: Path) -> None:
         result = cli(daemon.home, "down")
         assert result.returncode == 0, result.stderr
         psutil.wait_procs(procs, timeout=10)
-        from corral.supervisor.ledger.port import SqliteLedger
+        from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 
         ledger = SqliteLedger(daemon.home / "ledger.db", readonly=True)
         rows = ledger.all("SELECT status, last_exit FROM actors")

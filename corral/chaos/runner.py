@@ -40,7 +40,8 @@ from corral.mailbox.control import SupervisorGone
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger.ledger_pg import PostgresLedger
 from corral.supervisor.ledger.ledger_spec import LEDGER_FILE, URL_ENV, open_for_reading
-from corral.supervisor.ledger.port import Ledger, SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
+from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.spec.bounded_files import read_text_bounded
 from corral.supervisor.spec.swarm_spec import load_spec
 

@@ -21,7 +21,8 @@ from corral.core.errors import CorralError
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.ledger import high_water
 from corral.supervisor.ledger.ledger_spec import LedgerSpecError, open_for_reading, remembered_placement
-from corral.supervisor.ledger.port import LedgerError, check_ledger_file, integrity_problems, newest_event
+from corral.supervisor.ledger.ledger_sqlite import check_ledger_file, integrity_problems, newest_event
+from corral.supervisor.ledger.port import LedgerError
 from corral.supervisor.ledger.schema import MIGRATIONS
 
 #: Below this much free space on the home's filesystem, writes are at risk.

@@ -47,7 +47,8 @@ from corral.supervisor.ledger.ledger_pg import PostgresLedger
 from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster, schema_of
 from corral.supervisor.ledger.ledger_pg_wire import PostgresUnavailable, redact_url
 from corral.supervisor.ledger.ledger_spec import URL_ENV, Placement, remember
-from corral.supervisor.ledger.port import Ledger, SqliteLedger
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
+from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.run_feature import Placed, RunFeature
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.service_part import ServicePart, Task

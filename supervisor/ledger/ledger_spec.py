@@ -160,7 +160,7 @@ def open_for_reading(home: Path) -> Any:
     ``$CORRAL_LEDGER_URL`` when the home could not keep it: it has a password)."""
     from corral.supervisor.home.home_dir import LEDGER
     from corral.supervisor.ledger.ledger_pg import PostgresLedger
-    from corral.supervisor.ledger.port import SqliteLedger
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
 
     remembered = remembered_placement(home)
     if not remembered.get("shown_url"):
