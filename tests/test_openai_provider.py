@@ -377,3 +377,15 @@ def test_a_catalog_in_conflict_is_catalog_binding() -> None:
     with pytest.raises(PlanError) as caught:
         parse_chat_completion(json.dumps(completion("done")), clash)
     assert caught.value.category is RepairCategory.CATALOG_BINDING
+
+
+def test_a_json_plan_beside_an_unclosed_thinking_block_is_repaired_not_acted_on() -> None:
+    """Seed 004 V1.43: "未闭合或孤立 thinking wrapper…进入同一 repair，不能被清洗成可执行计划":
+    a text-JSON plan followed by a thinking block left open is a response-shape repair
+    (found by a strict re-audit: it became an action waiting for approval)."""
+    plan = '{"actions": [{"tool": "fs.stat", "input": {"paths": ["a"]}}]}'
+    body = json.dumps(completion(plan + " <think>and then I will"))
+    with pytest.raises(PlanError) as caught:
+        parse_chat_completion(body, TOOLS, text_json=True)
+    assert caught.value.category is RepairCategory.RESPONSE_SHAPE
+    assert parse_chat_completion(json.dumps(completion(plan)), TOOLS, text_json=True).actions

@@ -29,8 +29,15 @@ PROJECT = "/home/ana/work/shop"
         ("copy to user@host:/home/u/.ssh/id_rsa", "copy to user@host:<absolute-path>"),
         ("Error:/home/u/x failed", "Error:<absolute-path> failed"),
         (r"long \\?\C:\x\y.txt", "long <absolute-path>"),
-        (r"C:\Users\a b\c.txt and D:\x", "<absolute-path> and <absolute-path>"),
-        ("saved /home/u/My Docs/x.txt for you", "saved <absolute-path> for you"),
+        # A path with a space is whole when quoted; unquoted, text after a space is text.
+        (r'"C:\Users\a b\c.txt" and D:\x', '"<absolute-path>" and <absolute-path>'),
+        ("notes in `/home/u/My Docs.txt`.", "notes in `<absolute-path>`."),
+        ("cp /tmp/a.txt src/b.txt", "cp <absolute-path> src/b.txt"),
+        ("ran /usr/bin/python tests/test_x.py -q", "ran <absolute-path> tests/test_x.py -q"),
+        # Glued to a redirection or a one-letter option (a second strict re-audit).
+        ("built with `make 2>/tmp/build.log`", "built with `make 2><absolute-path>`"),
+        ("echo hi >/etc/x; cat </etc/passwd", "echo hi ><absolute-path>; cat <<absolute-path>"),
+        ("gcc -I/usr/include -c x.c && tar -C/etc x", "gcc -I<absolute-path> -c x.c && tar -C<absolute-path> x"),
     ],
 )
 def test_absolute_paths_become_placeholders(text: str, scrubbed: str) -> None:
@@ -43,6 +50,7 @@ def test_absolute_paths_become_placeholders(text: str, scrubbed: str) -> None:
         "see docs/readme.md and ./src/app.py and ../up/x",
         "https://example.com/a/b?c=/d and http://localhost:8000/x",
         "and/or, 1/2, s/a/b/, </div>, <project>/src/app.py",
+        "path.split('/') and url.rstrip(\"/\") and `//` comments",
         "~/notes is relative to a home the sandbox does not have",
         "ratio: 3 / 4",
     ],

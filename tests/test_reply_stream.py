@@ -83,12 +83,15 @@ def _shown_text(events: list[dict[str, Any]]) -> str:
     return text
 
 
-def test_a_searching_streams_cut_is_not_sent_again(short_tmp: Path) -> None:
-    """Seed 004 V1.20: a streamed turn that may search, cut mid-stream, is not sent
-    again by itself: nobody can tell whether the provider searched (and billed), so it
-    fails closed, naming why, and the server sees one request."""
+@pytest.mark.parametrize("fault", ["cut", "silent"])
+def test_a_searching_streams_cut_is_not_sent_again(short_tmp: Path, fault: str) -> None:
+    """Seed 004 V1.20: a streamed turn that may search, cut mid-stream or left without
+    an answer past its timeout, is not sent again by itself: nobody can tell whether the
+    provider searched (and billed), so it fails closed, naming why, and the server sees
+    one request."""
     sse = {"content_type": "text/event-stream", "content_length": False}
-    cut = Reply(body=_sse(_delta("Zebra"), done=False), **sse)  # type: ignore[arg-type]
+    cut = (Reply(body=_sse(_delta("Zebra"), done=False), **sse)  # type: ignore[arg-type]
+           if fault == "cut" else Reply(hang=True))
     stop = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
     whole = Reply(body=_sse(_delta("Hello"), stop), **sse)  # type: ignore[arg-type]
     server = FakeOpenAIServer([cut, whole])
@@ -104,7 +107,7 @@ web_search = true
 [agents.openai]
 base_url = "{url}"
 model = "fake-model"
-timeout_s = 5
+timeout_s = 1
 stream = true
 structured = "tools"
 """

@@ -559,6 +559,15 @@ class OpenAIProvider:
             return None
         return ReplyDeltas(actor, request.run_id, request.slot)
 
+    def _unsure(self, request: ProviderRequest, what: str, exc: Exception | None = None) -> ProviderError:
+        """A failure after the request went out. Retried, unless the turn may search:
+        nobody can tell whether the provider searched (and billed) already, so it fails
+        closed rather than search again (seed 004 V1.20)."""
+        if self.config.web_search and request.web_search:
+            return ProviderError(ErrorKind.FATAL, f"{what}; a turn that may search is not sent again (the provider"
+                                 " may have searched already): run it again, or set web_search = false")
+        return _transient(what, exc) if exc is not None else ProviderError(ErrorKind.TRANSIENT, what)
+
     async def complete(self, request: ProviderRequest) -> ProviderResponse:
         seq = next(self._seq)
         body = json.dumps(self.payload(request), ensure_ascii=False).encode()
@@ -576,23 +585,17 @@ class OpenAIProvider:
                 if deltas is not None:
                     await deltas.finish()
         except StreamCut as exc:
-            if self.config.web_search and request.web_search:
-                # Nobody can tell whether the provider searched (and billed) before the
-                # cut: fail closed rather than search again (seed 004 V1.20).
-                raise ProviderError(ErrorKind.FATAL, f"{endpoint}: {exc}; a turn that may search is not sent again"
-                                    " (the provider may have searched already): run it again, or set"
-                                    " web_search = false") from None
-            raise ProviderError(ErrorKind.TRANSIENT, f"{endpoint}: {exc}") from None
+            raise self._unsure(request, f"{endpoint}: {exc}") from None
         except trio.TooSlowError:
-            raise ProviderError(
-                ErrorKind.TRANSIENT, f"no complete response from {endpoint} within {timeout:g}s"
-            ) from None
+            raise self._unsure(request, f"no complete response from {endpoint} within {timeout:g}s") from None
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise OpenAIConfigError(f"cannot reach {endpoint}: {redact_text(str(exc))}") from None
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise _transient(f"cannot connect to {endpoint}", exc) from None  # nothing was sent
         except httpx.TimeoutException as exc:
-            raise _transient(f"timed out talking to {endpoint}", exc) from None
+            raise self._unsure(request, f"timed out talking to {endpoint}", exc) from None
         except httpx.TransportError as exc:
-            raise _transient(f"transport error talking to {endpoint}", exc) from None
+            raise self._unsure(request, f"transport error talking to {endpoint}", exc) from None
         raw = omit_data_urls(data.decode("utf-8", errors="replace"))
         # An error's body is redacted here (it goes into messages); a success's is not:
         # the supervisor's handoff decides what a response may hold (a secret value

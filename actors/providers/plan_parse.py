@@ -518,10 +518,13 @@ def _plan_from_reply_text(text: str, index: Mapping[str, ToolSchema]) -> Plan:
 
 
 def _plan_from_content(content: str, index: Mapping[str, ToolSchema], *, text_json: bool) -> Plan:
-    text, blocks, _left_open = _without_reasoning(content)
+    text, blocks, left_open = _without_reasoning(content)
     if not text:
         raise _fail(RepairCategory.RESPONSE_SHAPE, "no tool call and no reply text")
     plan = _plan_from_json_text(text, index) if text_json else _plan_from_reply_text(text, index)
+    if left_open and plan.actions:
+        # V1.43: an answer whose thinking was cut off is never cleaned into actions.
+        raise _fail(RepairCategory.RESPONSE_SHAPE, "a thinking block beside the plan is not closed")
     normalized = _audit(NormalizationKind.COMPLETE_THINK_BLOCK, blocks)
     return Plan(plan.actions, plan.final_reply, normalized, plan.plan_update) if normalized else plan
 

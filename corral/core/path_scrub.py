@@ -25,12 +25,17 @@ from collections.abc import Iterable
 PROJECT = "<project>"
 ABSOLUTE = "<absolute-path>"
 
-#: What a path may hold after its start. A space is part of it only when the word
-#: after it goes on as a path (``My Docs/x``, ``a b\\c``): "and /etc" ends one.
-_BODY = r"(?:[\w.\-~+@%/\\:$]|[ ](?=[\w.\-~+@%$]+[\\/]))*"
-#: What may not stand right before a path's start: a word, a path, a URL's scheme or
-#: host, or a tag (``</div>``, ``<project>/src``).
-_NOT_AFTER = r"(?<![\w.\-~+@%/\\<>$])"
+#: What a path may hold after its start (no spaces: text after a space is text, so a
+#: path with one is whole only when quoted, below).
+_BODY = r"[\w.\-~+@%/\\:$]*"
+#: What may not stand right before a path's start: a word or a path (``and/or``,
+#: ``1/2``), a URL's scheme or host, or one of this filter's own placeholders
+#: (``<project>/src``). A redirection (``2>/tmp/x``, ``</etc/x``) may.
+_NOT_AFTER = r"(?<![\w.\-~+@%/\\$])(?<!<project>)(?<!<absolute-path>)(?<!<url>)"
+#: A closing tag (``</div>``) is no path: its one segment ends at ``>``.
+_NOT_TAG = r"(?![\w.\-]*>)"
+#: A one-letter option glued to its value (``-I/usr/include``, ``-C/etc``).
+_AFTER_OPTION = r"(?:(?<=\s-[A-Za-z])|(?<=^-[A-Za-z]))"
 
 #: An HTTP(S) URL is kept whole, its path and query too ("保留 ... HTTP(S) URL").
 _URL = r"(?P<url>(?i:https?)://[^\s\"'<>`)\]]*)"
@@ -38,10 +43,13 @@ ABSOLUTE_PATH = re.compile(
     "|".join(
         (
             _URL,
+            # Quoted, a path runs to its closing quote, spaces and all.
+            r"""(?<=(?P<quote>["'`]))(?:/|[A-Za-z]:[\\/]|\\\\)(?=[\w.~\-$%])[^"'`\n]*(?=(?P=quote))""",
             rf"(?i:file):(?:/|%2[fF]|\\){_BODY}",  # file:/x, file:///x, file:%2Fx
             rf"{_NOT_AFTER}[A-Za-z]:[\\/]{_BODY}",  # C:\x, C:/x
             rf"{_NOT_AFTER}\\\\[\w.$\-?]+{_BODY}",  # \\server\share, \\?\C:\x
-            rf"{_NOT_AFTER}/(?=[\w.~\-/]){_BODY}",  # /x, //server/share
+            rf"{_NOT_AFTER}/{_NOT_TAG}(?=[\w.~\-]|/[\w.~\-]){_BODY}",  # /x, //server/share
+            rf"{_AFTER_OPTION}/(?=[\w.~\-/]){_BODY}",  # -I/usr/include
         )
     )
 )
