@@ -527,3 +527,15 @@ def test_a_wave_whose_plan_never_committed_binds_nothing(tmp_path: Path) -> None
         assert again.plan_guard(run, 0, {"final": "done"}) is not None and again.binding("run-1") is None
     finally:
         ledger.close()
+
+
+@pytest.mark.parametrize(("tools", "refused"), [
+    (["agent.spawn_isolated"], False),
+    (["agent.delegate", "agent.spawn_isolated"], False),
+    (["agent.spawn_isolated", "agent.spawn_isolated"], True),
+    (["agent.delegate", "agent.delegate"], False),
+])
+def test_a_batch_holds_one_spawn_at_most_whatever_the_policy(tools: list[str], refused: bool) -> None:
+    """V1.32: "单个 Provider 批次也最多包含一个 spawn", with or without a wave to plan
+    (a strict re-audit found two spawns passing under the default policy)."""
+    assert (collaboration.spawn_refusal(tools) is not None) is refused

@@ -191,6 +191,13 @@ def needs_preflight(policy: Policy, plan: Mapping[str, Any]) -> bool:
     return plan.get("final") is not None or any(a.get("tool") not in PRE_WAVE_TOOLS for a in actions)
 
 
+def spawn_refusal(tools: Sequence[str]) -> str | None:
+    """One provider batch holds one ``agent.spawn_isolated`` at most, whatever the
+    policy (V1.32: "单个 Provider 批次也最多包含一个 spawn"): a group is one spawn."""
+    spawns = sum(1 for tool in tools if tool == "agent.spawn_isolated")
+    return None if spawns <= 1 else f"one agent.spawn_isolated per batch at most (this plan has {spawns})"
+
+
 def orchestration_refusal(policy: Policy, tools: Sequence[str]) -> str | None:
     """A collaboration batch that also asks for work the root may no longer do
     (orchestratorOnlyAfterDelegation): refused whole, before anything is prepared."""

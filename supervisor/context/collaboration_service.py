@@ -147,7 +147,7 @@ class CollaborationService:
         tools = [str(a.get("tool")) for a in actions]
         # A batch that starts a collaboration and also works alone is refused whole;
         # a later plan's barred action is denied by itself (``action_guard``).
-        refusal = collaboration.orchestration_refusal(policy, tools)
+        refusal = collaboration.spawn_refusal(tools) or collaboration.orchestration_refusal(policy, tools)
         if refusal is not None:
             return refusal + ". Plan that batch again without it."
         if not bound:
