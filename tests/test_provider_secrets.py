@@ -389,12 +389,26 @@ def test_an_invalid_response_holding_a_secret_fails_closed_too(short_tmp: Path) 
         ("OPENAI = 'sk-proj-AbCdEf0123456789ghIJ'", ("corral",)),
         ("git clone https://bob:s3cretP4ss@git.example.com/app.git", ("BasicAuthDetector", "corral")),
         ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", ("PrivateKeyDetector", "corral")),
+        ('{"token": "${API_TOKEN}"}', ()),
     ],
 )
 def test_code_that_names_a_secret_is_no_secret_value_and_every_value_is(text: str, values: tuple[str, ...]) -> None:
     assert secret_values_in(text) == values
     # The same inside JSON text (a response, a plan): the escapes change nothing.
     assert secret_values_in(json.dumps({"content": text})) == values
+
+
+@pytest.mark.parametrize("text", [
+    '{"db": {"password": "tok_9f8e7d6c5b"}}', '{"api_key": "q1w2e3r4t5y6u7i8"}',
+    '{"client_secret": "cs_4c3b2a1z0y"}', '{"access_token": "at_0a9b8c7d6e"}', '{"credential": "cr_5e4d3c2b1a"}',
+    "db:\n  password: 'tok_9f8e7d6c5b'\n",
+])
+def test_a_json_or_yaml_file_holding_a_secret_is_one_raw_and_inside_a_plan(text: str) -> None:
+    """V1.43: a file a plan writes that holds a credential by a JSON or YAML key (the
+    key's own quote before its colon) is a secret value, as written and inside the
+    plan's JSON (a strict re-audit found such a write handed off and stored raw)."""
+    assert "corral" in secret_values_in(text)
+    assert "corral" in secret_values_in(json.dumps({"actions": [{"tool": "fs.write", "input": {"content": text}}]}))
 
 
 def test_a_provider_failure_is_stored_without_the_providers_url(tmp_path: Path) -> None:

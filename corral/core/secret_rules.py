@@ -105,7 +105,9 @@ _CORRAL = (
     (r"sk-[A-Za-z0-9_\-]{16,}", False),
     (r"(?i:bearer\s+[A-Za-z0-9._\-]{12,})", False),
     (r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----", True),
-    (r"(?i:(api[_-]?key|secret|password|token)\s*[=:]\s*(?:\\?[\"'])?[^\s\"',}\]\\]{6,})", False),
+    # A JSON or YAML key's own closing quote may stand before its colon (``"password": "..."``).
+    (r"(?i:(api[_-]?key|secret|password|token|credential|private[_-]?key)\s*(?:\\?[\"'])?\s*[=:]\s*(?:\\?[\"'])?"
+     r"[^\s\"',}\]\\]{6,})", False),
     # An annotated assignment of a literal (``password: str = "hunter2"``): the rule
     # above stops at the type, which left the literal itself in the text. A quoted
     # variable or placeholder (``"${DB_PASSWORD}"``, ``"<your-key>"``) is no value.
