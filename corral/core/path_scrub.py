@@ -34,6 +34,11 @@ _BODY = r"[\w.\-~+@%/\\:$]*"
 _NOT_AFTER = r"(?<![\w.\-~+@%/\\$])(?<!<project>)(?<!<absolute-path>)(?<!<url>)"
 #: A closing tag (``</div>``) is no path: its one segment ends at ``>``.
 _NOT_TAG = r"(?![\w.\-]*>)"
+#: A Windows path's body: it goes on past a space while the next word goes on as a
+#: path (``C:\\Users\\John Smith\\x``); a Unix path stops at one (``cp /tmp/a src/b``).
+_WIN_BODY = r"(?:[\w.\-~+@%/\\:$]|[ ](?=[\w.\-~+@%$]+\\))*"
+#: curl's ``@file`` (``-d @/etc/passwd``): an ``@`` starting a word.
+_AFTER_AT = r"(?:(?<=\s@)|(?<=^@)|(?<==@))"
 #: A one-letter option glued to its value (``-I/usr/include``, ``-C/etc``).
 _AFTER_OPTION = r"(?:(?<=\s-[A-Za-z])|(?<=^-[A-Za-z]))"
 
@@ -46,10 +51,11 @@ ABSOLUTE_PATH = re.compile(
             # Quoted, a path runs to its closing quote, spaces and all.
             r"""(?<=(?P<quote>["'`]))(?:/|[A-Za-z]:[\\/]|\\\\)(?=[\w.~\-$%])[^"'`\n]*(?=(?P=quote))""",
             rf"(?i:file):(?:/|%2[fF]|\\){_BODY}",  # file:/x, file:///x, file:%2Fx
-            rf"{_NOT_AFTER}[A-Za-z]:[\\/]{_BODY}",  # C:\x, C:/x
-            rf"{_NOT_AFTER}\\\\[\w.$\-?]+{_BODY}",  # \\server\share, \\?\C:\x
+            rf"{_NOT_AFTER}[A-Za-z]:[\\/]{_WIN_BODY}",  # C:\x, C:/x
+            rf"{_NOT_AFTER}\\\\[\w.$\-?]+{_WIN_BODY}",  # \\server\share, \\?\C:\x
             rf"{_NOT_AFTER}/{_NOT_TAG}(?=[\w.~\-]|/[\w.~\-]){_BODY}",  # /x, //server/share
             rf"{_AFTER_OPTION}/(?=[\w.~\-/]){_BODY}",  # -I/usr/include
+            rf"{_AFTER_AT}/(?=[\w.~\-]){_BODY}",  # @/etc/passwd
         )
     )
 )
