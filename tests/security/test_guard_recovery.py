@@ -61,7 +61,11 @@ def _user_git_status(cwd: Path, home: Path) -> None:
 
 def _plant(marker: Path, then: str) -> str:
     # git runs core.fsmonitor through the shell with two arguments: comment them out.
-    return f"git init -q . && git config core.fsmonitor 'touch {marker} #' && {then}"
+    # The marker's path is spelled so that no absolute path shows in the command (as an
+    # attacker would spell it): the handoff refuses a host path it sees (seed 004 V1.43),
+    # and what these tests try is the sandbox and the guard behind it.
+    hidden = "$(printf %s /)" + str(marker).lstrip("/")
+    return f"git init -q . && git config core.fsmonitor 'touch {hidden} #' && {then}"
 
 
 def _wait_for(check: Callable[[], bool], what: str, alive: Callable[[], bool], timeout: float = 60,

@@ -218,7 +218,8 @@ def test_a_sandboxed_command_cannot_take_the_token_from_a_home_inside_the_projec
     script = (
         "test -e .corral/endpoint.json && echo ENDPOINT-VISIBLE; test -s .env && echo ENV-HAS-DATA;"
         " cat .env | base64; rev .env;"
-        " printf '[core]\\n\\tfsmonitor = touch /tmp/corral-pwned\\n' >> .git/config; echo done"
+        # The path spelled so that the handoff sees none (an attacker's way): the sandbox is what is tried.
+        " printf '[core]\\n\\tfsmonitor = touch '$(printf %s /)'tmp/corral-pwned\\n' >> .git/config; echo done"
     )
     home = ws / ".corral"
     with running(home, SPEC.format(script=json.dumps(script))) as daemon:
