@@ -65,7 +65,7 @@ def test_without_a_policy_file_the_seeds_defaults_hold() -> None:
     ('{"minIsolatedGroupsBeforeClaim": -1}', "between 0 and 16"),
     ('{"surprise": 1}', "unknown key 'surprise'"),
     ('{"a": 1, "a": 2}', "duplicate"),
-    ("[]", ""),
+    ("[]", "expected dict, got list"),
 ])
 def test_a_policy_the_seed_does_not_allow_is_refused(text: str, message: str) -> None:
     with pytest.raises(collaboration.PolicyError, match=message):
