@@ -225,3 +225,13 @@ def test_the_next_prompt_names_a_commands_source_action_id_at_the_front_whatever
     messages = history_messages((entry,), 2000, echo_calls=echo_calls)
     result = messages[-1]["content"]
     assert "sourceActionId act-7f3e" in result[:120], result[:200]
+
+
+def test_a_steer_asks_the_model_to_review_its_unfinished_steps() -> None:
+    """Seed 004 V1.17: "steer observation 明确要求重审未完成步骤" (a strict re-audit found
+    the steer rendered as the user's words alone)."""
+    from corral.actors.providers.chat_history import history_messages
+
+    (message,) = history_messages(({"role": "user", "text": "use blue, not red"},))
+    assert "use blue, not red" in message["content"]
+    assert "review the unfinished steps of your plan" in message["content"].lower()

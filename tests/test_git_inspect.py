@@ -71,6 +71,11 @@ async def test_one_review_lists_the_safe_changes_and_diffs_tracked_ones_never_se
     (ws / "data.sqlite").write_text("SECRET-DB\n")
     (ws / ".corral").mkdir()
     (ws / ".corral" / "private.json").write_text("SECRET-CONTROL\n")
+    # "依赖、构建和缓存目录不得出现在返回值或 diff 中" (a strict re-audit found them listed).
+    for generated in ("node_modules/x/i.js", ".venv/lib/a", "__pycache__/m.pyc", "build/o.o", "dist/o.js",
+                      "game/.pytest_cache/v"):
+        (ws / generated).parent.mkdir(parents=True, exist_ok=True)
+        (ws / generated).write_text("GENERATED\n")
     out = (await GitInspect().run(_ctx(ws), {})).output
     assert out["head"] == _git(ws, "rev-parse", "HEAD").strip() and out["branch"] == "main"
     assert out["staged"] == ["game/f00.txt"] and out["unstaged"] == ["game/index.html"]

@@ -135,7 +135,8 @@ def history_messages(
         elif entry.get("role") == "user":
             # A steer: the user's own words, mid-run; the plan made before it is gone.
             text = bounded(str(entry.get("text", "")), MAX_OBSERVATION_CHARS)
-            messages.append({"role": "user", "content": f"New instruction from the user (it takes priority): {text}"})
+            messages.append({"role": "user", "content": f"New instruction from the user (it takes priority): {text}"
+                             " Review the unfinished steps of your plan against it before you go on."})
         else:
             call = _call_message(entry) if echo_calls else None
             if call is not None:

@@ -25,6 +25,7 @@ from typing import Any, NotRequired
 import trio
 from typing_extensions import TypedDict
 
+from corral.actors.repo_walk import SKIP_DIRS
 from corral.actors.tools import git_snapshot
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
 from corral.actors.tools.git_exact_commit import Head, read_head
@@ -97,7 +98,7 @@ def _status(ctx: ToolContext, git: HostGit) -> Status:
         safe = set(git_snapshot.safe_names(ctx.workspace, (ctx.home,), [path for _, path in entries]))
     except HostGitError as exc:
         raise ToolError(str(exc), "git-failed") from None
-    kept = [(code, path) for code, path in entries if path in safe and code != "!!"]
+    kept = [(code, path) for code, path in entries if path in safe and code != "!!" and not _generated(path)]
     return Status(
         raw,
         head,
@@ -105,6 +106,15 @@ def _status(ctx: ToolContext, git: HostGit) -> Status:
         unstaged=sorted(path for code, path in kept if code[1] not in " ?"),
         untracked=sorted(path for code, path in kept if code == "??"),
     )
+
+
+def _generated(path: str) -> bool:
+    """A path under a dependency, build or cache directory (``node_modules/``,
+    ``.venv/``, ``__pycache__/``, ``build/``...): never the project's own change, and
+    never in a review (seed 004 V1.4: "依赖、构建和缓存目录不得出现在返回值或 diff 中")."""
+    # git lists an untracked directory whole, with its slash; a file's last part is no directory.
+    directories = path.rstrip("/").split("/") if path.endswith("/") else path.split("/")[:-1]
+    return any(part in SKIP_DIRS for part in directories)
 
 
 def _diff(git: HostGit, paths: list[str], staged: bool) -> str:
