@@ -27,6 +27,7 @@ from corral.actors.providers.base import (
     ProviderRequest,
     ProviderResponse,
     ToolSchema,
+    server_note,
 )
 from corral.actors.providers.chat_history import history_messages
 from corral.actors.providers.local_schema import DEFAULT_MAX_STRING, max_tokens_for, turn_schema
@@ -149,7 +150,7 @@ def system_prompt(request: ProviderRequest, schema: dict[str, Any]) -> str:
         lines.insert(0, _cut(redact_text(request.instructions).strip(), INSTRUCTIONS_CHARS,
                              "[... the agent's instructions were cut at the local model's budget]"))
     for server, notes in request.tool_notes:
-        lines.append(f"Notes from the tool server {server}: {redact_text(notes)[:600]}")
+        lines.append(server_note(server, redact_text(notes)[:600]))
     if request.project_context:
         # A small model's context is small: the project's block, bounded harder.
         lines.append(redact_text(request.project_context)[:2000])

@@ -42,6 +42,7 @@ from .base import (
     ProviderRequest,
     ProviderResponse,
     ToolSchema,
+    server_note,
 )
 from .chat_history import bounded as _bounded
 from .chat_history import history_messages, omit_data_urls
@@ -358,7 +359,7 @@ def system_prompt(request: ProviderRequest, *, native_tools: bool) -> str:
     )
     for server, notes in request.tool_notes:
         # The servers' own description of their tools (MCP instructions), bounded.
-        intro += f"\nNotes from the tool server {server!r}: {_bounded(notes, 2000)}"
+        intro += "\n" + server_note(server, _bounded(notes, 2000))
     if request.project_context:
         intro += f"\n\n{_bounded(request.project_context, 24_000)}\n"
     if request.web_search:  # set on a planning turn of an agent whose provider searches
