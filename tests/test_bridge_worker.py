@@ -52,7 +52,11 @@ def test_the_swarm_claims_runs_and_submits_a_matching_task(short_tmp: Path, brid
         shown = wait_for("the submission", lambda: (t := owner.call("task.get", task_id=wanted))["submissions"] and t)
         assert shown["task"]["status"] == "submitted"
         assert [s["result"]["summary"] for s in shown["submissions"]] == ["notes written by corral"]
-        jobs = ledger_rows(swarm.home, "SELECT task_id, phase, run_id FROM bridge_jobs")
+        # The bridge holds the submission before the worker's own ledger moves the job
+        # past `submitting` (its next step after the bridge answered): wait for that move.
+        jobs = wait_for("the job recorded as submitted", lambda: (rows := ledger_rows(
+            swarm.home, "SELECT task_id, phase, run_id FROM bridge_jobs")) and all(
+            row["phase"] != "submitting" for row in rows) and rows)
         assert [(j["task_id"], j["phase"]) for j in jobs] == [(wanted, "submitted")]
         runs = ledger_rows(swarm.home, "SELECT status FROM runs WHERE run_id = ?", jobs[0]["run_id"])
         assert runs == [{"status": "completed"}], "the task ran as an ordinary durable corral run"
