@@ -254,7 +254,7 @@ class AsyncClient:
         """One control call (the escape hatch for methods without a helper). Calls of
         several tasks run at once, each on its own nng context of the one connection.
         A client of a cluster's database (``cluster``) asks its front door instead."""
-        return await self._line.call(method, timeout, params)
+        return await self._line.call(method, timeout, **params)
 
     # -- supervisor ---------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ class ControlLine:
         #: Connections replaced (found stale) while other calls were still running on them.
         self._retiring: list[ControlClient] = []
 
-    async def call(self, method: str, timeout: float | None, params: dict[str, Any]) -> Any:
+    async def call(self, method: str, timeout: float | None, /, **params: Any) -> Any:
         if self.door is not None:
             return await self.door.acall(method, timeout, **params)
         for attempt in range(2):
