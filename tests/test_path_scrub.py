@@ -4,6 +4,8 @@ file:/...、file:///... 和百分号编码的 file: URI，绝对路径统一替�
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from corral.core.path_scrub import absolute_paths_in, names_absolute_path, scrub_paths
@@ -42,10 +44,37 @@ PROJECT = "/home/ana/work/shop"
         ("built with `make 2>/tmp/build.log`", "built with `make 2><absolute-path>`"),
         ("echo hi >/etc/x; cat </etc/passwd", "echo hi ><absolute-path>; cat <<absolute-path>"),
         ("gcc -I/usr/include -c x.c && tar -C/etc x", "gcc -I<absolute-path> -c x.c && tar -C<absolute-path> x"),
+        # Glued to a multi-letter option, or to a linker's comma list (a fourth strict re-audit).
+        (
+            "gcc -isystem/usr/include -Wl,-rpath,/usr/lib x.c",
+            "gcc -isystem<absolute-path> -Wl,-rpath,<absolute-path> x.c",
+        ),
+        (
+            "./configure --prefix/usr/local && cl -oC:\\out\\x.exe",
+            "./configure --prefix<absolute-path> && cl -o<absolute-path>",
+        ),
+        # A file: URI percent-encoded whole, its colon and slashes too.
+        ("open file%3A%2F%2F%2Fetc%2Fpasswd now", "open <absolute-path> now"),
+        ("or FILE%3a%5C%5Cserver%5Cshare%5Cx", "or <absolute-path>"),
+        # A project root with a space in it is the project's, whole.
+        ("wrote /home/ana/My Work/shop/src/a.py.", "wrote <project>/src/a.py."),
     ],
 )
 def test_absolute_paths_become_placeholders(text: str, scrubbed: str) -> None:
-    assert scrub_paths(text, [PROJECT]) == scrubbed
+    assert scrub_paths(text, [PROJECT, "/home/ana/My Work/shop"]) == scrubbed
+
+
+def test_an_unquoted_path_with_a_space_is_whole_when_this_host_has_it(tmp_path: Path) -> None:
+    """V1.6 "绝对路径统一替换为 <absolute-path>，同时保留普通相对文本": a path of this host
+    whose directory name has a space (``/home/John Smith/x``) is one path, its tail too;
+    a path followed by relative text (``cp /tmp/a src/b``) keeps the text, since no
+    ``/tmp/a src`` exists."""
+    (tmp_path / "John Smith" / "My Docs").mkdir(parents=True)
+    (tmp_path / "John Smith" / "My Docs" / "x 1.txt").write_text("x")
+    text = f"saved {tmp_path}/John Smith/My Docs/x 1.txt and src/b.txt; see {tmp_path}/John Smith."
+    assert scrub_paths(text) == "saved <absolute-path> and src/b.txt; see <absolute-path>."
+    assert scrub_paths(f"cp {tmp_path}/a src/b") == "cp <absolute-path> src/b"
+    assert scrub_paths(f"{tmp_path}/John Doe/x") == "<absolute-path> Doe/x"  # no such place here
 
 
 @pytest.mark.parametrize(
@@ -57,6 +86,8 @@ def test_absolute_paths_become_placeholders(text: str, scrubbed: str) -> None:
         "path.split('/') and url.rstrip(\"/\") and `//` comments",
         "~/notes is relative to a home the sandbox does not have",
         "ratio: 3 / 4",
+        "use -v/--verbose or --quiet/-q",
+        "file%3A is a scheme, and file%3Athat",
     ],
 )
 def test_relative_text_and_urls_stay(text: str) -> None:
@@ -76,6 +107,11 @@ def test_relative_text_and_urls_stay(text: str) -> None:
         ("/dev/null/x", True),
         ("-I/usr/include", True),
         ("-L/opt/lib", True),
+        ("-isystem/usr/include", True),
+        ("-Wl,-rpath,/usr/lib", True),
+        ("--prefix/usr/local", True),
+        ("file%3A%2F%2F%2Fetc%2Fpasswd", True),
+        ("--prefix/api/v1", False),
         ("-j4", False),
         ("-rf", False),
         ("check.py", False),

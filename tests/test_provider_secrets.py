@@ -255,6 +255,8 @@ def test_a_compaction_summary_is_stored_with_its_paths_filtered_too(short_tmp: P
         # A script is a command argument too (the seed's command.exec has no shell):
         # the path inside it is the one the command reaches.
         ("sh", ["-c", "cat /etc/hostname"], None),
+        # Glued to a multi-letter option (a fourth strict re-audit).
+        ("gcc", ["-isystem/usr/include", "x.c"], None),
     ],
 )
 def test_an_absolute_path_in_a_commands_arguments_fails_its_handoff_closed(
@@ -299,7 +301,9 @@ def test_a_script_argument_naming_a_host_path_is_one_and_a_plain_script_is_not()
                plan("sh", "-c", "ls /srv/p/src 2>/dev/null"), plan("bash", "-lc", "cd /tmp && make"),
                plan("sh", "-c", r"type C:\Users\ana\notes.txt"), plan("sh", "-c", "cat </etc/hostname"),
                plan("sh", "-c", "make 2>/tmp/build.log"), plan("sh", "-c", "tar -C/etc -cf out.tar ."),
-               plan("curl", "-d", "@/etc/passwd"), plan("curl", "-s", "--data-binary=@/home/u/.ssh/id_rsa")]
+               plan("curl", "-d", "@/etc/passwd"), plan("curl", "-s", "--data-binary=@/home/u/.ssh/id_rsa"),
+               plan("gcc", "x.c", "-isystem/usr/include"), plan("./configure", "-q", "--prefix/usr/local"),
+               plan("curl", "-s", "file%3A%2F%2F%2Fetc%2Fpasswd"), plan("sh", "-c", "cc -isystem/usr/include x.c")]
     for each in refused:
         assert response_secrets.command_paths(each) == ("action 0 command.exec args[1]",), each
     allowed = [plan("sh", "-c", "ls src 2>/dev/null | grep -c '</div>' > out.txt"),
