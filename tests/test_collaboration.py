@@ -253,8 +253,14 @@ def _demo(short_tmp: Path, policy: dict[str, Any] | None = None) -> Daemon:
 
 
 def _refusals(daemon: Daemon, run_id: str) -> list[dict[str, Any]]:
-    return [json.loads(e["data"]) for e in ledger_rows(
+    """Each refusal's public event, with the detail the model was told (its repair
+    observation; the event keeps only the detail's hash and length)."""
+    events = [json.loads(e["data"]) for e in ledger_rows(
         daemon.home, "SELECT data FROM events WHERE kind = 'plan-invalid' AND subject = ? ORDER BY cursor", run_id)]
+    told = [json.loads(o["data"]) for o in ledger_rows(
+        daemon.home, "SELECT data FROM observations WHERE run_id = ? AND source LIKE 'repair:%' ORDER BY seq", run_id)]
+    assert all("detail" not in event for event in events), events
+    return [{**event, "detail": repair["detail"]} for event, repair in zip(events, told, strict=False)]
 
 
 def test_a_mixed_first_wave_is_preflighted_whole_and_the_passing_one_is_a_v2_batch(short_tmp: Path) -> None:

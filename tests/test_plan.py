@@ -9,6 +9,7 @@ metadata: no approval, no project revision."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -108,7 +109,8 @@ def _check_finished_plan(daemon: Daemon, run_id: str) -> None:
     ], "the left-out completed step is kept"
     assert plan["active_index"] is None
     blocked = ledger_rows(daemon.home, "SELECT data FROM events WHERE kind = 'final-blocked' AND subject = ?", run_id)
-    assert len(blocked) == 1 and "plan step 2 (write the draft) is in_progress" in blocked[0]["data"]
+    assert len(blocked) == 1 and "plan step 2 of 3 is in_progress" in blocked[0]["data"]
+    assert "write the draft" not in blocked[0]["data"], "a public event names no step's title (V1.17)"
     assert _revisions(daemon, run_id) == [1, 1, 2], "an identical update does not add a revision"
     assert ledger_rows(daemon.home, "SELECT 1 FROM actions WHERE run_id = ?", run_id) == [], "no update is an action"
 
@@ -151,10 +153,47 @@ def test_a_refused_update_changes_nothing_and_the_model_sees_why(short_tmp: Path
         refusals = [json.loads(row["data"]) for row in ledger_rows(
             daemon.home, "SELECT data FROM events WHERE kind = 'plan-invalid' AND subject = ? ORDER BY cursor", run_id)]
         assert [r["category"] for r in refusals] == ["plan-semantics", "plan-semantics", "arguments-schema"]
-        assert "at most one step in_progress" in refusals[0]["detail"]
-        assert "completed" in refusals[1]["detail"] and "cannot go back" in refusals[1]["detail"]
-        assert "is not one of" in refusals[2]["detail"], "refused by the update's schema, as the parse reads it"
+        # The model sees why in its private repair context; the public event keeps no text (V1.17, V1.33).
+        seen = [json.loads(row["data"]) for row in ledger_rows(
+            daemon.home, "SELECT data FROM observations WHERE run_id = ? ORDER BY seq", run_id)]
+        why = [entry["detail"] for entry in seen if entry.get("role") == "repair"]
+        assert len(why) == 3 and "at most one step in_progress" in why[0]
+        assert "completed" in why[1] and "cannot go back" in why[1]
+        assert "is not one of" in why[2], "refused by the update's schema, as the parse reads it"
+        for refusal, detail in zip(refusals, why, strict=True):
+            assert "detail" not in refusal and refusal["detail_chars"] == len(detail)
+            assert refusal["detail_sha256"] == hashlib.sha256(detail.encode()).hexdigest()
         assert _revisions(daemon, run_id) == [1, 2], "a refused update writes nothing"
+    finally:
+        daemon.shutdown()
+
+
+#: A title and an explanation only the model wrote: no public record may hold them.
+MARKED = "zq-marked-title"
+
+
+def test_a_refusal_and_a_failed_runs_reason_keep_only_the_category_counts_and_hashes(short_tmp: Path) -> None:
+    """The seed (V1.17): "结构化 plan_update 的 Agent DB 投影同样只保存 explanation 的 SHA-256 与字符数，
+    以及步骤标题的 SHA-256、状态和数量"; "原始模型正文、解析错误、function arguments 或调用体不得进入
+    event、task 或 Agent DB 公共审计"; (V1.33) "Agent DB 与 E2E 报告只保存类别、计数和既有哈希"."""
+    steps = (
+        _update(f"{MARKED} why", (f"{MARKED} one", "completed"), (f"{MARKED} two", "in_progress"))
+        + _update(f"{MARKED} back", (f"{MARKED} one", "pending"))  # refused: completed never goes back
+        + 'unless_observed = "cannot go back"\n'
+        + _update(f"{MARKED} back", (f"{MARKED} one", "done"))  # refused at the parse: no such status
+    )
+    daemon = _daemon(short_tmp, steps, policy="max_repairs = 1")
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="writer", task="a planned task")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "failed", shown["run"]
+        reason = shown["run"]["reason"]
+        assert "arguments-schema" in reason and MARKED not in reason and "is not one of" not in reason, reason
+        public = ledger_rows(daemon.home, "SELECT kind, data FROM events WHERE subject = ?", run_id)
+        assert [row["kind"] for row in public].count("plan-invalid") == 2
+        leaked = [row["kind"] for row in public if MARKED in row["data"] or "cannot go back" in row["data"]]
+        assert leaked == [], f"public events holding the model's text or its parse error: {leaked}"
     finally:
         daemon.shutdown()
 

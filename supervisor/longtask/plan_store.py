@@ -167,10 +167,13 @@ def apply(ledger: Ledger, run_id: str, loop: int, explanation: Any, changes: Any
 
 
 def blockers(ledger: Ledger, run_id: str) -> list[str]:
-    """A final reply waits for every step to be completed."""
+    """A final reply waits for every step to be completed. Steps go by number, never
+    by title: the reasons reach the public ``final-blocked`` event, where the seed
+    keeps no title (V1.17: "步骤标题的 SHA-256、状态和数量"); the model reads the
+    titles in its plan, which is in its context."""
     steps = current(ledger, run_id)["steps"]
     return [
-        f"plan step {n} ({step['step']}) is {step['status']} (complete it, or plan again without it)"
+        f"plan step {n} of {len(steps)} is {step['status']} (complete it, or plan again without it)"
         for n, step in enumerate(steps, 1)
         if step["status"] != StepStatus.COMPLETED
     ]

@@ -9,6 +9,7 @@ Every function here is one transaction (or a read) on the ledger.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -93,6 +94,11 @@ def audited(items: Any) -> list[dict[str, Any]]:
     return kept
 
 
+def detail_audit(detail: str) -> dict[str, Any]:
+    """What a public record keeps of a refusal's detail: its SHA-256 and length."""
+    return {"detail_sha256": hashlib.sha256(detail.encode()).hexdigest(), "detail_chars": len(detail)}
+
+
 #: A conflict in the local catalog (seed 004 V1.33: "catalog-binding 属于本地目录冲突，
 #: 必须直接失败，不能重问 Provider"): no repair, the run fails at once.
 CATALOG_BINDING = "catalog-binding"
@@ -121,15 +127,17 @@ def plan_invalid(
         db.execute("UPDATE runs SET repairs = ? WHERE run_id = ?", (dumps(repairs), run_id))
         db.execute("UPDATE provider_requests SET consumed = 2 WHERE slot = ?", (slot,))
         named = {"rule": rule} if rule else {}
-        ledger.emit("plan-invalid", run_id, slot=slot, category=category, detail=summarize(detail, 200), **named)
+        # Public: the category, the rule, the counts and the detail's hash, never its text
+        # (seed 004 V1.17: "原始模型正文、解析错误、function arguments 或调用体不得进入 event、task
+        # 或 Agent DB 公共审计"; V1.33: "只保存类别、计数和既有哈希"). The text goes only to the
+        # model, in the repair observation below.
+        ledger.emit("plan-invalid", run_id, slot=slot, category=category, repairs=total + 1, **named,
+                    **detail_audit(detail))
         if total >= limits.max_repairs or category == CATALOG_BINDING:
-            set_run_status(
-                ledger,
-                run_id,
-                RunStatus.FAILED,
-                features,
-                f"invalid plan from the provider ({category}): {summarize(detail, 200)}",
-            )
+            why = f"the {category} refusal ended it" if category == CATALOG_BINDING else (
+                f"{total + 1} repairs, the last {category}; max_repairs is {limits.max_repairs}")
+            set_run_status(ledger, run_id, RunStatus.FAILED, features,
+                           f"invalid plan from the provider ({category}): {why}")
             return {"repair": False}
         add_observation(
             ledger,
