@@ -91,6 +91,41 @@ async def test_one_review_lists_the_safe_changes_and_diffs_tracked_ones_never_se
     assert CORRAL_TAGS["project.git_inspect"] == READ and GitInspect.schema.read_only is True
 
 
+async def test_secret_named_files_other_vcs_dirs_and_non_regular_paths_are_never_listed_nor_diffed(
+    tmp_path: Path,
+) -> None:
+    """The seed: "所有路径必须通过可移植路径、项目边界、普通文件和敏感路径校验；.agent、VCS 控制面、.env*、密钥、
+    凭据、数据库、dump … 不得出现在返回值或 diff 中". A strict re-audit found ``secrets.yaml`` listed, and no
+    regular-file check: a symlink (to a host path) or a fifo is no file of the project to review."""
+    ws = _repo(tmp_path)
+    (ws / "game" / "index.html").write_text("<p>new</p>\n")
+    for name in ("secrets.yaml", "config/client_secret.json", "config/api_key.txt", "passwords.txt",
+                 "deploy/credentials.yml", "secrets/prod.txt", "backups/db-dump.sql", "keys/release.jks",
+                 ".hg/store/data", ".svn/entries"):
+        (ws / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws / name).write_text("SECRET-VALUE\n")
+    (ws / "game" / "tokenizer.py").write_text("# a module, not a secret\n")
+    outside = tmp_path / "host-file.txt"
+    outside.write_text("HOST-BYTES\n")
+    (ws / "game" / "link.txt").symlink_to(outside)
+    (ws / "linked-dir").symlink_to(ws / "game")
+    os.mkfifo(ws / "game" / "pipe")
+    # A tracked file turned into a symlink: its diff would print the host path it names.
+    (ws / "game" / "tracked-link.txt").write_text("plain\n")
+    _git(ws, "add", "game/tracked-link.txt")
+    _git(ws, "commit", "-q", "-m", "more")
+    (ws / "game" / "tracked-link.txt").unlink()
+    (ws / "game" / "tracked-link.txt").symlink_to(outside)
+    out = (await GitInspect().run(_ctx(ws), {})).output
+    assert out["unstaged"] == ["game/index.html"], out
+    assert out["untracked"] == ["game/tokenizer.py"], out
+    assert out["diff_files"] == ["game/index.html"], out
+    shown = repr(out)
+    for hidden in ("secret", "SECRET", "api_key", "password", "credential", "dump", ".jks", ".hg", ".svn", "link",
+                   "pipe", "HOST", str(tmp_path)):
+        assert hidden not in shown, hidden
+
+
 async def test_past_max_files_or_max_chars_the_review_says_truncated(tmp_path: Path) -> None:
     """The seed: "默认 20 个文件、24,000 字符，公开上限固定为 50 个文件和 24,000 字符；超出上限必须显式返回
     truncated=true"."""

@@ -12,14 +12,19 @@ says ``truncated: true``.
 
 The status and HEAD are read before and after the diff; if they differ the whole
 review fails (``snapshot-drift``): a tree that moved while it was read is no review
-(the seed: "status 和 diff 前后的安全快照不一致时整次失败"). Secret paths, databases and
-control directories never appear (git_snapshot.safe_names); git runs as host_git.py
+(the seed: "status 和 diff 前后的安全快照不一致时整次失败"). Secret paths (by the deny list
+and by what their names say: ``secrets.yaml``), databases, dumps, key stores, control
+directories and other VCSs' never appear (git_snapshot.safe_names), nor a path that is
+no plain file (a symlink, a fifo, a device, a submodule: ``_plain_files``); git runs as host_git.py
 runs it. It never advances the project revision nor touches the verification gate.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NotRequired
 
 import trio
@@ -90,7 +95,7 @@ def _run(git: HostGit, *args: str, literal: bool = False) -> str:
     return done.stdout
 
 
-def _status(ctx: ToolContext, git: HostGit) -> Status:
+def _status(ctx: ToolContext, git: HostGit, *, check_files: bool = True) -> Status:
     raw = _run(git, *git_snapshot.STATUS_ARGS)
     head = read_head(git)
     entries = [(entry[:2], entry[3:]) for entry in raw.split("\0") if len(entry) > 3]
@@ -99,6 +104,9 @@ def _status(ctx: ToolContext, git: HostGit) -> Status:
     except HostGitError as exc:
         raise ToolError(str(exc), "git-failed") from None
     kept = [(code, path) for code, path in entries if path in safe and code != "!!" and not _generated(path)]
+    if check_files:
+        plain = _plain_files(ctx.workspace, git, [path for _, path in kept])
+        kept = [(code, path) for code, path in kept if path in plain]
     return Status(
         raw,
         head,
@@ -106,6 +114,75 @@ def _status(ctx: ToolContext, git: HostGit) -> Status:
         unstaged=sorted(path for code, path in kept if code[1] not in " ?"),
         untracked=sorted(path for code, path in kept if code == "??"),
     )
+
+
+#: The modes of a plain file in git (a symlink is 120000, a submodule 160000; 000000: none on that side).
+_PLAIN_MODES = frozenset({"000000", "100644", "100755"})
+
+
+def _plain_files(workspace: Path, git: HostGit, paths: list[str]) -> set[str]:
+    """The paths that are plain files wherever the review could read them (seed 004 V1.4:
+    "所有路径必须通过…项目边界、普通文件…校验"): in the working tree a regular file reached without
+    a symlink on the way (or gone: a deletion), and a regular file's mode in HEAD and in the
+    index. A symlink's diff prints the path it names (often a host path), a fifo would block a
+    read, a device is no project file: none is listed, none diffed."""
+    if not paths:
+        return set()
+    root = workspace.resolve()
+    plain = {path for path in paths if _plain_in_tree(root, path)}
+    for staged in (True, False):
+        raw = (
+            _run(
+                git,
+                "diff",
+                "--raw",
+                "-z",
+                "--no-renames",
+                "--ignore-submodules=all",
+                *(["--cached"] if staged else []),
+                "--",
+                *sorted(plain),
+                literal=True,
+            )
+            if plain
+            else ""
+        )
+        fields = raw.split("\0")
+        for header, path in zip(fields[0::2], fields[1::2], strict=False):
+            modes = header.lstrip(":").split(" ")[:2]
+            if any(mode not in _PLAIN_MODES for mode in modes):
+                plain.discard(path)
+    return plain
+
+
+def _plain_in_tree(root: Path, path: str) -> bool:
+    """A regular file below ``root`` reached without following a symlink, or nothing there."""
+    parts = path.split("/")
+    if path.endswith("/") or "" in parts or "." in parts or ".." in parts:
+        return False  # a directory git lists whole (a nested repository), or no plain path
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        for part in parts[:-1]:
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                return True  # its directory is gone: a deletion
+            except OSError:
+                return False  # a symlink (or a file) on the way
+            os.close(fd)
+            fd = child
+        try:
+            info = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return stat.S_ISREG(info.st_mode)
+    finally:
+        os.close(fd)
 
 
 def _generated(path: str) -> bool:
@@ -152,7 +229,7 @@ def inspect(ctx: ToolContext, limits: Bounds) -> dict[str, Any]:
             "max_chars": limits.max_chars,
         }
     failpoints.hit(FAILPOINT)
-    after = _status(ctx, git)
+    after = _status(ctx, git, check_files=False)
     if after.raw != before.raw or after.head != before.head:
         raise ToolError(
             "the working tree changed while it was reviewed (status, HEAD or branch moved between the"

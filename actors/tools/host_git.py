@@ -30,7 +30,8 @@ Running git inside the sandbox instead was the other choice; it was not taken be
 a commit must write ``.git``, which the sandbox keeps read-only, and the programs
 would still run there with write access to the repository they came from.
 
-Paths that hold secrets (the deny list's secret patterns, databases, corral's home,
+Paths that hold secrets (the deny list's secret patterns, databases, names that say
+they hold secrets, keys or a dump, another VCS's control directory, corral's home,
 other names of a secret file) are left out of status and diff: by their names, and
 by pathspec exclusion so their content never reaches the output.
 """
@@ -86,6 +87,42 @@ DATABASE_PATTERNS: tuple[str, ...] = (
     "*.sqlite-shm", "*.sqlite-journal", "*.mdb", "*.accdb", "*.dump",
 )  # fmt: skip
 _DATABASE_RE = re.compile("|".join(fnmatch.translate(pattern) for pattern in DATABASE_PATTERNS))
+
+#: Names that say what they hold (seed 004 V1.4: "密钥、凭据、数据库、dump … 不得出现在返回值或
+#: diff 中"): a secret word as a whole word of the name (``secrets.yaml``, ``client_secret.json``,
+#: ``db-dump.sql``), or a directory of that name, when the name is data, not code: ``tokenizer.py`` and
+#: ``password.py`` are a project's own modules, a review shows them. The sandbox's SECRET_PATTERNS
+#: (files no tool reads) stay narrower: hiding a file from a review costs nothing, refusing a read of
+#: ``passwords.txt`` could stop a task.
+SECRET_WORDS = ("secret", "secrets", "credential", "credentials", "password", "passwords", "passwd", "apikey",
+                "api_key", "api-key", "private_key", "private-key", "token", "tokens", "dump", "dumps")
+_SECRET_WORD_RE = re.compile(r"(?:^|[._-])(?:" + "|".join(re.escape(word) for word in SECRET_WORDS) + r")(?:[._-]|$)")
+#: Suffixes of code: a name with one is never hidden by its words alone.
+_CODE_SUFFIXES = frozenset({
+    "py", "pyi", "js", "mjs", "cjs", "ts", "tsx", "jsx", "go", "rs", "java", "kt", "c", "h", "cc", "cpp", "hpp",
+    "cs", "rb", "php", "swift", "m", "scala", "sh", "lua", "html", "css", "vue", "svelte", "md", "rst",
+})  # fmt: skip
+#: Key stores and their kin, whatever their name.
+KEY_STORE_PATTERNS: tuple[str, ...] = ("*.jks", "*.keystore", "*.kdbx", "*.ppk", "*.gpg", "*.htpasswd", ".htpasswd",
+                                       "*.rdb", "*.hprof")
+_KEY_STORE_RE = re.compile("|".join(fnmatch.translate(pattern) for pattern in KEY_STORE_PATTERNS))
+#: Other version-control systems' control directories (git's own is refused as a control path).
+VCS_DIRS = frozenset({".hg", ".svn", ".bzr", "_darcs", ".fossil", "CVS"})
+
+
+def secret_named(parts: Sequence[str]) -> bool:
+    """Whether a path (its parts) names secrets, keys, a dump or another VCS's control
+    directory, by its names alone (beyond the deny list's patterns and databases)."""
+    for index, part in enumerate(parts):
+        lowered = part.lower()
+        if part in VCS_DIRS or _KEY_STORE_RE.match(lowered):
+            return True
+        last = index == len(parts) - 1
+        if last and "." in lowered.lstrip(".") and lowered.rsplit(".", 1)[1] in _CODE_SUFFIXES:
+            continue
+        if _SECRET_WORD_RE.search(lowered):
+            return True
+    return False
 
 _FILTER_KEY = re.compile(r"^filter\.(?P<name>.+)\.(?:clean|smudge|process|required)$", re.DOTALL)
 
@@ -255,7 +292,8 @@ class SecretPaths:
     @staticmethod
     def _by_name(name: str) -> bool:
         parts = PurePosixPath(name.rstrip("/")).parts
-        return refusal(parts) is not None or any(_DATABASE_RE.match(part.lower()) for part in parts)
+        return (refusal(parts) is not None or any(_DATABASE_RE.match(part.lower()) for part in parts)
+                or secret_named(parts))
 
     @staticmethod
     def _in_home(root: Path, name: str, homes: Sequence[Path]) -> bool:
