@@ -105,6 +105,8 @@ async def test_secret_named_files_other_vcs_dirs_and_non_regular_paths_are_never
         (ws / name).parent.mkdir(parents=True, exist_ok=True)
         (ws / name).write_text("SECRET-VALUE\n")
     (ws / "game" / "tokenizer.py").write_text("# a module, not a secret\n")
+    for unportable in ("game/tab\tname.txt", "game/aux.txt", "game/trailing.", "game/a:b.txt", "game/back\\slash"):
+        (ws / unportable).write_text("NOT-PORTABLE\n")
     outside = tmp_path / "host-file.txt"
     outside.write_text("HOST-BYTES\n")
     (ws / "game" / "link.txt").symlink_to(outside)
@@ -122,7 +124,7 @@ async def test_secret_named_files_other_vcs_dirs_and_non_regular_paths_are_never
     assert out["diff_files"] == ["game/index.html"], out
     shown = repr(out)
     for hidden in ("secret", "SECRET", "api_key", "password", "credential", "dump", ".jks", ".hg", ".svn", "link",
-                   "pipe", "HOST", str(tmp_path)):
+                   "pipe", "HOST", "PORTABLE", "aux", "trailing", "a:b", "slash", str(tmp_path)):
         assert hidden not in shown, hidden
 
 

@@ -122,14 +122,15 @@ _PLAIN_MODES = frozenset({"000000", "100644", "100755"})
 
 def _plain_files(workspace: Path, git: HostGit, paths: list[str]) -> set[str]:
     """The paths that are plain files wherever the review could read them (seed 004 V1.4:
-    "所有路径必须通过…项目边界、普通文件…校验"): in the working tree a regular file reached without
-    a symlink on the way (or gone: a deletion), and a regular file's mode in HEAD and in the
-    index. A symlink's diff prints the path it names (often a host path), a fifo would block a
-    read, a device is no project file: none is listed, none diffed."""
+    "所有路径必须通过可移植路径、项目边界、普通文件…校验"): a portable name; in the working tree
+    a regular file reached without a symlink on the way (or gone: a deletion), and a regular
+    file's mode in HEAD and in the index. A symlink's diff prints the path it names (often a
+    host path), a fifo would block a read, a device is no project file: none is listed, none
+    diffed."""
     if not paths:
         return set()
     root = workspace.resolve()
-    plain = {path for path in paths if _plain_in_tree(root, path)}
+    plain = {path for path in paths if _portable(path) and _plain_in_tree(root, path)}
     for staged in (True, False):
         raw = (
             _run(
@@ -153,6 +154,22 @@ def _plain_files(workspace: Path, git: HostGit, paths: list[str]) -> set[str]:
             if any(mode not in _PLAIN_MODES for mode in modes):
                 plain.discard(path)
     return plain
+
+
+#: Names no portable file system takes: Windows' device names (with any extension).
+_DEVICE_NAMES = frozenset(
+    {"con", "prn", "aux", "nul", *(f"com{n}" for n in range(1, 10)), *(f"lpt{n}" for n in range(1, 10))}
+)
+_NOT_PORTABLE = frozenset('\\<>:"|?*')
+
+
+def _portable(path: str) -> bool:
+    """A path every file system can hold as it is (seed 004 V1.4 "可移植路径"): printable
+    characters, none Windows refuses, no part ending in a dot or a space, no device name."""
+    if not path.isprintable() or any(char in _NOT_PORTABLE for char in path):
+        return False
+    parts = path.rstrip("/").split("/")
+    return not any(part.endswith((".", " ")) or part.split(".")[0].lower() in _DEVICE_NAMES for part in parts)
 
 
 def _plain_in_tree(root: Path, path: str) -> bool:
