@@ -10,9 +10,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
+from corral.mailbox.protocol import ActionReceipts
 from corral.sandbox.bwrap import bwrap_available
+from corral.supervisor.errors import Refused
 from corral.supervisor.interactive import own_history
 from tests.harness import Daemon, ledger_rows, module_daemon, wait_run
 
@@ -92,6 +95,9 @@ def test_the_agent_reads_its_own_history_and_pages_its_earlier_commands(daemon: 
     assert [r["tool"] for r in listed] == ["command.output_read", "command.output_read"]
     assert [r["action_id"] for r in listed] == [a["action_id"] for a in second["actions"][1::-1]]
     assert own not in json.dumps(history["output"])
+    # Each bound to its run's session, with the mode it ran under (V1.6).
+    (run_row,) = ledger_rows(daemon.home, "SELECT session_id FROM runs WHERE run_id = ?", second["run"]["run_id"])
+    assert all(r["session_id"] == run_row["session_id"] and r["execution_mode"] == "auto" for r in listed), listed
     (earlier,) = commands["output"]["receipts"]
     assert earlier["action_id"] == source and earlier["run_id"] == first["run"]["run_id"]
     assert earlier["status"] == "failed" and SECRET not in json.dumps(commands)
@@ -150,30 +156,51 @@ def test_the_seeds_page_and_history_sizes_hold(daemon: Daemon) -> None:
     assert len(ten["output"]["receipts"]) == 6 and ten["output"]["more"] is False
 
 
+def _receipted(ledger: Any, run_id: str, n: int, tool: str, summaries: tuple[str, str, str | None]) -> str:
+    """A finished action ``n`` of ``run_id`` and its receipt, written straight to the
+    ledger (rows longer than any the supervisor writes), consistent with each other."""
+    from corral.supervisor.runs.action_state import action_id
+
+    the_id = action_id(run_id, 0, n)
+    with ledger.tx() as db:
+        db.execute(
+            "INSERT INTO actions (action_id, run_id, agent_id, loop_index, action_index, tool, input, fingerprint,"
+            " phase, rerunnable, policy, boot_id, created_at, updated_at)"
+            " VALUES (?, ?, 'writer', 0, ?, ?, '{}', ?, 'ok', 0, 'auto', 'b', ?, ?)",
+            (the_id, run_id, n, tool, f"{n:064x}", float(n), float(n)),
+        )
+        db.execute(
+            "INSERT INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
+            " result_summary, note, started_at, finished_at, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (the_id, run_id, "writer", f"{n:064x}", tool, "ok", *summaries, float(n), float(n) + 0.5, float(n)),
+        )
+    return the_id
+
+
 def test_the_history_keeps_to_7200_characters_of_detail_whole_and_without_absolute_paths(open_ledger: Any) -> None:
     """V1.6: "agent.action_history 结构化 detail 上限 7,200 字符；超预算时先移除可选字段，
     再删除完整最旧项，禁止用字符截断破坏 JSON，禁止清空 runId / actionFingerprint。
     上下文清洗覆盖 Unix、Windows 盘符 ... 绝对路径统一替换为 <absolute-path>"."""
+    from corral.supervisor.runs import run_store
+    from corral.supervisor.runs.run_feature import RunFeatures
+
     ledger = open_ledger()
     ledger.begin_boot("b", 1, 1)
-    run_id = "run-budget"
-    for n in range(10):
-        with ledger.tx() as db:
-            db.execute(
-                "INSERT INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
-                " result_summary, note, started_at, finished_at, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (f"act-{n:024x}", run_id, "writer", f"{n:064x}", "fs.read", "ok",
-                 "fs.read path=/home/ana/shop/src/app.py " + "i" * 160, r"read C:\\Users\\ana\\x.txt " + "r" * 170,
-                 "n" * 200, float(n), float(n) + 0.5, float(n)),
-            )
+    run_id = run_store.create_run(ledger, RunFeatures(), agent_id="writer", task="t", provider="scripted",
+                                  provider_config={})
+    ids = [
+        _receipted(ledger, run_id, n, "fs.read", ("fs.read path=/home/ana/shop/src/app.py " + "i" * 120,
+                                                  r"read C:\\Users\\ana\\x.txt " + "r" * 130, "n" * 200))
+        for n in range(10)
+    ]
     caller = {"agent_id": "writer", "run_id": run_id}
     reply = own_history.action_history(ledger, caller, "act-calling", {"limit": 10})
     receipts = reply["receipts"]
     assert len(json.dumps(receipts)) <= own_history.DETAIL_BUDGET == 7200
     assert reply["truncated"] is True
     # The ids and fingerprints never emptied, every receipt whole JSON, newest first.
-    assert [r["action_id"] for r in receipts] == [f"act-{n:024x}" for n in range(9, 9 - len(receipts), -1)]
+    assert [r["action_id"] for r in receipts] == ids[::-1][: len(receipts)]
     assert all(r["run_id"] == run_id and len(r["fingerprint"]) == 64 for r in receipts)
     # Optional fields went first, the oldest receipts' first: all ten stay, the newest
     # keeps its note, the oldest lost its own.
@@ -184,17 +211,10 @@ def test_the_history_keeps_to_7200_characters_of_detail_whole_and_without_absolu
     assert small["truncated"] is False and small["receipts"][0]["note"] == "n" * 200
     # Past what optional fields can give (required fields this long are not real,
     # but the rule holds), whole receipts go, the oldest first.
-    for n in range(10, 30):
-        with ledger.tx() as db:
-            db.execute(
-                "INSERT INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
-                " result_summary, note, started_at, finished_at, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (f"act-{n:024x}", run_id, "writer", f"{n:064x}", "x" * 2000, "ok", "", "", None, None, None, float(n)),
-            )
+    crowd = [_receipted(ledger, run_id, n, "x" * 2000, ("", "", None)) for n in range(10, 30)]
     crowded = own_history.action_history(ledger, caller, "act-calling", {"limit": 10})
     assert len(json.dumps(crowded["receipts"])) <= 7200 and crowded["truncated"] and crowded["more"]
-    assert [r["action_id"] for r in crowded["receipts"]] == [f"act-{n:024x}" for n in (29, 28, 27)]
+    assert [r["action_id"] for r in crowded["receipts"]] == crowd[:-4:-1]
     text = json.dumps(reply)
     assert "/home/ana" not in text and "Users" not in text and "<absolute-path>" in text
 
@@ -235,3 +255,113 @@ def test_a_steer_asks_the_model_to_review_its_unfinished_steps() -> None:
     (message,) = history_messages(({"role": "user", "text": "use blue, not red"},))
     assert "use blue, not red" in message["content"]
     assert "review the unfinished steps of your plan" in message["content"].lower()
+
+
+def _history_ledger(open_ledger: Any) -> tuple[Any, dict[str, Any], dict[str, str]]:
+    """A ledger holding one run of ``writer`` with three finished actions, made the
+    way the supervisor makes them: a read, an applied changeset and a failed one."""
+    from corral.supervisor.runs import action_store, run_store
+    from corral.supervisor.runs.run_feature import RunFeatures
+
+    features = RunFeatures()
+    ledger = open_ledger()
+    ledger.begin_boot("b", 1, 1)
+    run_id = run_store.create_run(ledger, features, agent_id="writer", task="t", provider="scripted",
+                                  provider_config={})
+    ids = {}
+    done = [
+        ("fs.read", {"path": "src/app.py"}, True, {"content": "print(1)"}, "read 8 bytes"),
+        ("project.changeset", {"changes": []}, True,
+         {"files": [{"path": "a.py", "diff": "+secret body"}, {"path": "b.py", "diff": "-x"}],
+          "checkpoint": "cp-0123456789abcdef0123", "revision": 3, "sources_changed": True},
+         "changeset of 2 files applied"),
+        ("project.changeset", {"changes": [1]}, False, {}, "stale content"),
+    ]
+    for index, (tool, tool_input, ok, output, summary) in enumerate(done):
+        row = action_store.prepare_action(ledger, run_id, 0, index, tool, tool_input, features,
+                                          rerunnable=False, policy="auto")
+        action_store.begin_action(ledger, row["action_id"], features)
+        action_store.finish_action(ledger, row["action_id"], ok, output, summary, None if ok else summary, features)
+        ids[tool if ok else "failed"] = row["action_id"]
+    (run,) = ledger.all("SELECT * FROM runs WHERE run_id = ?", run_id)
+    return ledger, dict(run), ids
+
+
+def test_each_receipt_is_checked_again_against_its_action_and_run_when_read(open_ledger: Any) -> None:
+    """V1.6: "agent.action_history 不能把 Agent DB 中已有 receipt 当成已经可信的展示 DTO。
+    读取时必须再次验证终态 status、actionId、64 位 fingerprint、executionMode、tool，并把
+    receipt 的 task / session 与同 run 的 task ledger 绑定": each receipt read names its
+    run's session and its execution mode, and a receipt that its action's record or its
+    run no longer bears out fails the read closed, naming the action and the field."""
+    ledger, run, ids = _history_ledger(open_ledger)
+    caller = {"agent_id": "writer", "run_id": run["run_id"]}
+    reply = own_history.action_history(ledger, caller, "act-calling", {"limit": 10})
+    receipts = {r["action_id"]: r for r in reply["receipts"]}
+    assert set(receipts) == set(ids.values())
+    for receipt in receipts.values():
+        assert receipt["session_id"] == run["session_id"] and receipt["execution_mode"] == "auto"
+        assert receipt["run_id"] == run["run_id"]
+
+    tampered = [
+        ("UPDATE receipts SET status = 'ok' WHERE action_id = ?", ids["failed"], "status"),
+        ("UPDATE receipts SET status = 'executing' WHERE action_id = ?", ids["failed"], "status"),
+        ("UPDATE receipts SET fingerprint = '" + "0" * 64 + "' WHERE action_id = ?", ids["fs.read"], "fingerprint"),
+        ("UPDATE receipts SET fingerprint = 'abc' WHERE action_id = ?", ids["fs.read"], "fingerprint"),
+        ("UPDATE receipts SET tool = 'fs.write' WHERE action_id = ?", ids["fs.read"], "tool"),
+        ("UPDATE actions SET action_index = 9 WHERE action_id = ?", ids["fs.read"], "action id"),
+        ("UPDATE actions SET policy = 'sideways' WHERE action_id = ?", ids["fs.read"], "execution mode"),
+        ("UPDATE actions SET agent_id = 'other' WHERE action_id = ?", ids["fs.read"], "agent"),
+    ]
+    for statement, action_id, field in tampered:
+        table = statement.split()[1]
+        (before,) = ledger.all(f"SELECT * FROM {table} WHERE action_id = ?", action_id)
+        with ledger.tx() as db:
+            db.execute(statement, (action_id,))
+        with pytest.raises(Refused) as refused:
+            own_history.action_history(ledger, caller, "act-calling", {"limit": 10})
+        assert refused.value.code == "receipt-invalid", refused.value
+        assert action_id in str(refused.value) and field in str(refused.value), (field, str(refused.value))
+        restored = dict(before)
+        with ledger.tx() as db:
+            columns = ", ".join(f"{name} = ?" for name in restored)
+            db.execute(f"UPDATE {table} SET {columns} WHERE action_id = ?", (*restored.values(), action_id))
+    assert len(own_history.action_history(ledger, caller, "act-calling", {"limit": 10})["receipts"]) == 3
+    # A receipt whose action is gone is no receipt of a ledger's action.
+    with ledger.tx() as db:
+        db.execute("UPDATE actions SET action_id = 'act-gone' WHERE action_id = ?", (ids["fs.read"],))
+    with pytest.raises(Refused, match="no action of the ledger") as gone:
+        own_history.action_history(ledger, caller, "act-calling", {"limit": 10})
+    assert ids["fs.read"] in str(gone.value)
+
+
+def test_a_changesets_receipt_carries_its_safe_detail_and_nothing_else_of_its_result(open_ledger: Any) -> None:
+    """V1.6: "safeDetail 必须按工具类型和字段名双重白名单抽取 ... 首版只保留 project.patchset 的
+    checkpointId / revision / changeCount / revisionAdvanced 等结构化字段"; "safeDetail 还要按
+    当前工具白名单重新解析，无法通过时只返回 detailUnavailable，不得回显伪造或旧版本遗留的
+    原始 detail"."""
+    ledger, run, ids = _history_ledger(open_ledger)
+    caller = {"agent_id": "writer", "run_id": run["run_id"]}
+
+    def read() -> dict[str, Any]:
+        reply = own_history.action_history(ledger, caller, "act-calling", {"limit": 10})
+        return {r["action_id"]: r for r in reply["receipts"]}
+
+    receipts = read()
+    applied = receipts[ids["project.changeset"]]
+    assert applied["detail"] == {"checkpoint_id": "cp-0123456789abcdef0123", "revision": 3, "change_count": 2,
+                                 "revision_advanced": True}
+    assert "detail_unavailable" not in applied and "secret body" not in json.dumps(receipts)
+    # The agent gets what the supervisor read, every field (the protocol's typed reply).
+    whole = own_history.action_history(ledger, caller, "act-calling", {"limit": 10})
+    assert msgspec.to_builtins(msgspec.convert(whole, ActionReceipts)) == whole
+    # A failed changeset has no safe detail to give: it says so.
+    assert receipts[ids["failed"]]["detail_unavailable"] is True and "detail" not in receipts[ids["failed"]]
+    # A read has no detail in the first version of the whitelist.
+    assert "detail" not in receipts[ids["fs.read"]] and "detail_unavailable" not in receipts[ids["fs.read"]]
+    # A result that no longer parses under the whitelist is never echoed.
+    forged = {"output": {"files": "all", "checkpoint": "/home/ana/.ssh/id_rsa", "revision": "3"}, "summary": "x"}
+    with ledger.tx() as db:
+        db.execute("UPDATE actions SET result = ? WHERE action_id = ?", (json.dumps(forged), ids["project.changeset"]))
+    applied = read()[ids["project.changeset"]]
+    assert applied["detail_unavailable"] is True and "detail" not in applied
+    assert "id_rsa" not in json.dumps(applied)

@@ -7,10 +7,14 @@ its ``sourceActionId`` so the model need not come here for it, and compaction
 keeps the newest answer in view. The supervisor decides all of it
 (supervisor/interactive/own_history.py).
 
-Newest first, at most ``limit`` (1-10, default 5), each with its run and action
-ids, tool, status, fingerprint, a summary of its call and of its result, and when
-it ran: never file contents, command output or secrets (receipts hold none, and
-the supervisor redacts them again); ``truncated`` when the budget left detail out.
+Newest first, at most ``limit`` (1-10, default 5), each with its run, session and
+action ids, tool, status, execution mode, fingerprint, a summary of its call and of
+its result, and when it ran; a ``project.changeset`` adds its safe detail
+(checkpoint, revision, change count) or ``detail_unavailable``: never file
+contents, command output or secrets (receipts hold none, and the supervisor
+redacts them again); ``truncated`` when the budget left detail out. The supervisor
+checks each receipt again against its action and its run as it reads it, and a
+receipt the ledger no longer bears out fails the read (``receipt-invalid``).
 Without ``run_id`` it reads the current run;
 ``run_id`` names another of the agent's own runs, or ``"all"`` for every one.
 The calling action is never listed, nor, unless ``tool`` names it, any other call

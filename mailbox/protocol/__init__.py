@@ -65,6 +65,7 @@ from corral.mailbox.protocol.people import (
     OwnReceipt,
     PeopleRequest,
     ReplyDelta,
+    SafeDetail,
 )
 from corral.mailbox.protocol.probes import BenchSink, BenchSinkCount, BenchSinkReset, ProbeRequest, SinkCount
 from corral.mailbox.protocol.project import (
@@ -222,6 +223,7 @@ __all__ = [
     "RunFail",
     "RunFinalize",
     "RunFinalized",
+    "SafeDetail",
     "SandboxGrant",
     "SealedValue",
     "SessionLaunched",

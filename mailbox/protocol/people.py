@@ -25,21 +25,39 @@ class InputRequest(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_d
     questions: list[dict[str, Any]]
 
 
+class SafeDetail(msgspec.Struct, kw_only=True):
+    """A ``project.changeset`` receipt's structured detail, whitelisted field by field
+    (seed 004 V1.6: "checkpointId / revision / changeCount / revisionAdvanced";
+    supervisor/interactive/receipt_read.py ``safe_detail``)."""
+
+    checkpoint_id: str
+    revision: int
+    change_count: int
+    revision_advanced: bool
+
+
 class OwnReceipt(msgspec.Struct, kw_only=True):
-    """One receipt of the agent's own, as the model reads it: redacted, no absolute
-    path (supervisor/interactive/own_history.py ``_cleaned``). The optional fields
-    are absent (``UNSET``), not null, once the detail budget left them out."""
+    """One receipt of the agent's own, as the model reads it: checked again against
+    its action and its run, redacted, no absolute path
+    (supervisor/interactive/own_history.py ``_cleaned``). The optional fields are
+    absent (``UNSET``), not null, once the detail budget left them out; ``detail``
+    only for a tool with a safe detail, ``detail_unavailable`` when its result does
+    not parse as one."""
 
     action_id: str
     run_id: str
+    session_id: str
     tool: str
     status: str
+    execution_mode: str
     fingerprint: str
     input_summary: str | UnsetType = UNSET
     result_summary: str | UnsetType = UNSET
     note: str | UnsetType | None = UNSET
     started_at: float | UnsetType | None = UNSET
     finished_at: float | None
+    detail: SafeDetail | UnsetType = UNSET
+    detail_unavailable: bool | UnsetType = UNSET
 
 
 class ActionReceipts(msgspec.Struct, kw_only=True):

@@ -23,6 +23,7 @@ from corral.actors.tools.fs import SOURCES_CHANGED
 from corral.core.path_scrub import scrub_paths
 from corral.core.redact import redact
 from corral.supervisor.errors import BadRequest, NotFound, Refused
+from corral.supervisor.interactive import receipt_read
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.action_state import TERMINAL as ACTION_TERMINAL
 
@@ -43,7 +44,7 @@ _RECEIPT_FIELDS = (
 #: never an id or a fingerprint ("禁止用字符截断破坏 JSON，禁止清空 runId /
 #: actionFingerprint").
 DETAIL_BUDGET = 7_200
-OPTIONAL_FIELDS = ("note", "started_at", "input_summary", "result_summary")
+OPTIONAL_FIELDS = ("note", "started_at", "detail", "input_summary", "result_summary")
 _TEXT_FIELDS = ("input_summary", "result_summary", "note")
 
 
@@ -82,13 +83,29 @@ def _within_budget(receipts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]
     return receipts, True
 
 
-def _cleaned(row: Any) -> dict[str, Any]:
-    """One receipt as the model reads it: redacted, its texts naming no absolute path
-    (V1.6: "绝对路径统一替换为 <absolute-path>")."""
+def _cleaned(row: Any, agent_id: str) -> dict[str, Any]:
+    """One receipt as the model reads it: checked again against its action and its
+    run (receipt_read.py; what fails, fails the read closed), bound to the run's
+    session, with the execution mode it ran under and its safe detail parsed again;
+    redacted, its texts naming no absolute path (V1.6: "绝对路径统一替换为
+    <absolute-path>")."""
+    wrong = receipt_read.problem(row, agent_id)
+    if wrong is not None:
+        raise Refused(
+            f"the receipt of action {row['action_id']} does not match the ledger ({wrong}): nothing is shown",
+            code="receipt-invalid",
+        )
     receipt: dict[str, Any] = redact({key: row[key] for key in _RECEIPT_FIELDS})
     for name in _TEXT_FIELDS:
         if isinstance(receipt.get(name), str):
             receipt[name] = scrub_paths(receipt[name])
+    receipt["session_id"] = row["u_session"]
+    receipt["execution_mode"] = row["a_policy"]
+    detail = receipt_read.safe_detail(row["tool"], row["a_result"])
+    if detail.fields is not None:
+        receipt["detail"] = detail.fields
+    if detail.unavailable:
+        receipt["detail_unavailable"] = True
     return receipt
 
 
@@ -114,44 +131,44 @@ def action_history(
     limit = filters.get("limit", DEFAULT_HISTORY)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_HISTORY:
         raise BadRequest(f"limit must be an integer within 1..{MAX_HISTORY}")
-    where = ["agent_id = ?", "action_id != ?"]
+    where = ["r.agent_id = ?", "r.action_id != ?"]
     args: list[Any] = [agent_id, action_id]
     run_id = filters.get("run_id")
     if run_id is None:
-        where.append("run_id = ?")
+        where.append("r.run_id = ?")
         args.append(caller["run_id"])
     elif run_id != ALL_RUNS:
         if not isinstance(run_id, str):
             raise BadRequest("run_id must be a run id, or 'all'")
-        where.append("run_id = ?")
+        where.append("r.run_id = ?")
         args.append(_own_run(ledger, agent_id, run_id))
     wanted = filters.get("action_id")
     if wanted is not None:
         if not isinstance(wanted, str) or len(wanted) > 100:
             raise BadRequest("action_id must be an action id")
-        where.append("action_id = ?")
+        where.append("r.action_id = ?")
         args.append(wanted)
     tool = filters.get("tool")
     if tool is None:
-        where.append("tool != ?")  # asking about asking: only when named
+        where.append("r.tool != ?")  # asking about asking: only when named
         args.append(HISTORY_TOOL)
     else:
         if not isinstance(tool, str) or not 1 <= len(tool) <= 100:
             raise BadRequest("tool must be a tool name")
-        where.append("tool = ?")
+        where.append("r.tool = ?")
         args.append(tool)
     status = filters.get("status")
     if status is not None:
         if status not in STATUSES:
             raise BadRequest(f"status must be one of: {', '.join(STATUSES)}")
-        where.append("status = ?")
+        where.append("r.status = ?")
         args.append(status)
     rows = ledger.all(
-        f"SELECT {', '.join(_RECEIPT_FIELDS)} FROM receipts WHERE {' AND '.join(where)}"
-        " ORDER BY receipt_id DESC LIMIT ?",
+        f"SELECT {receipt_read.COLUMNS} FROM {receipt_read.JOINS} WHERE {' AND '.join(where)}"
+        " ORDER BY r.receipt_id DESC LIMIT ?",
         *args, limit + 1,
     )
-    receipts, truncated = _within_budget([_cleaned(row) for row in rows[:limit]])
+    receipts, truncated = _within_budget([_cleaned(row, agent_id) for row in rows[:limit]])
     more = len(rows) > len(receipts)
     return {"agent_id": agent_id, "receipts": receipts, "more": more, "truncated": truncated}
 
