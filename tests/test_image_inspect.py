@@ -31,7 +31,7 @@ from corral.supervisor.spec.spec_base import SpecError
 from corral.supervisor.spec.spec_resolve import parse
 from fake_openai import FakeOpenAIServer, Reply, completion, tool_call
 from loopback_http import serve_in_thread
-from tests.harness import Daemon, ledger_rows, running, wait_run
+from tests.harness import Daemon, cli, ledger_rows, running, wait_run
 
 #: Random bytes behind real signatures: the type is judged by the first bytes only.
 PNG = b"\x89PNG\r\n\x1a\n" + os.urandom(3000)
@@ -114,6 +114,36 @@ def test_the_model_sees_the_images_and_the_ledger_holds_no_base64(swarm: tuple[D
         encoded = base64.b64encode(data)
         assert encoded[600:700] not in stored, "an image's base64 reached the home"
         assert data[200:300] not in stored, "an image's bytes reached the home"
+
+
+def test_a_searching_answers_citations_reach_no_store_and_no_transcript(
+    swarm: tuple[Daemon, FakeOpenAIServer],
+) -> None:
+    """Seed 004 V1.20: "公共 Agent DB 不保存 Provider 生成的 query、搜索结果、网页 URL、引用正文或网页指令，
+    conversation 只保存模型最终可见回复". A searching answer's ``url_citation`` annotations (URL,
+    title) and a gateway's own search fields are not stored; the reply the model wrote is. A strict
+    re-audit found ``corral transcript RUN --json`` printing the citation's URL and title."""
+    daemon, server = swarm
+    body = completion("Node 24 is the latest stable release.")
+    body["choices"][0]["message"]["annotations"] = [{"type": "url_citation", "url_citation": {
+        "url": "https://cited.example/page-CITED-URL", "title": "CITED-TITLE of a page", "start_index": 0,
+        "end_index": 7}}]
+    body["citations"] = ["https://cited.example/top-CITED-LIST"]
+    body["search_results"] = [{"title": "CITED-RESULT", "url": "https://cited.example/r", "snippet": "CITED-SNIP"}]
+    server.add(Reply(body=body))
+    run_id = daemon.call("run", agent_id="eyes", task="what is the newest node release?")["run_id"]
+    shown = wait_run(daemon, run_id, {"completed", "failed"})
+    assert shown["run"]["status"] == "completed", shown
+    assert shown["final_reply"] == "Node 24 is the latest stable release."
+    (turn,) = ledger_rows(daemon.home, "SELECT web_search, response FROM provider_requests WHERE run_id = ?", run_id)
+    assert turn["web_search"] == 1 and "Node 24" in turn["response"]
+    transcript = cli(daemon.home, "transcript", run_id, "--json")
+    assert transcript.returncode == 0, transcript.stderr
+    assert "Node 24" in transcript.stdout
+    stored = b"".join(path.read_bytes() for path in daemon.home.rglob("*") if path.is_file())
+    for where, text in (("the transcript", transcript.stdout.encode()), ("the home", stored)):
+        for trace in (b"CITED", b"cited.example", b"url_citation"):
+            assert trace not in text, (where, trace)
 
 
 def test_a_provider_without_vision_is_refused_and_does_not_search(swarm: tuple[Daemon, FakeOpenAIServer]) -> None:

@@ -58,6 +58,7 @@ from .openai_structured import (
 )
 from .plan_parse import envelope_schema, parse_chat_completion, tool_index, wire_tool_name
 from .reply_stream import FinalReplyDecoder, ReplyDeltas
+from .search_trace import without_search_trace
 
 DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024
 DEFAULT_TIMEOUT_S = 60.0
@@ -603,6 +604,8 @@ class OpenAIProvider:
         # refuses it, a final reply is stored filtered: supervisor/runs/response_secrets.py),
         # and a tool must get the arguments as the model wrote them (seed 004 V1.43).
         text = raw if 200 <= status < 300 else redact_text(raw)
+        if self.config.web_search and request.web_search and 200 <= status < 300:
+            text = without_search_trace(text)  # no cited URL, title or result is committed (seed 004 V1.20)
         if status in KEY_REFUSED:
             raise OpenAIHTTPError(status, f"HTTP {status} from {endpoint}: {self._key_refused()} ({summarize(text)})")
         if not 200 <= status < 300 and self.refused_format(text):
