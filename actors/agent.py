@@ -351,10 +351,10 @@ class Lane:
             instructions=self.instructions.prompt if self.instructions else "",
             output_schema=self.output.schema if self.output else None,
             images=images,
-            # Planning turns only: a summary (step_compact), a format repair and a turn
-            # that looks at images never search.
+            # Planning turns only: a summary (step_compact), a format repair, a turn
+            # that looks at images and a parent's closing turn never search.
             web_search=searches_this_turn(getattr(provider, "web_search", False) is True, history,
-                                          images=bool(images)),
+                                          images=bool(images), closing=step.closing),
         )
         # The transcript's notes of this turn (what was sent), with the handoff or the failure.
         notes = self.notes.for_turn(provider, request, observations_seen(step))

@@ -94,6 +94,9 @@ class ProviderStep(_Step, tag="provider"):
     history: list[dict[str, Any]] | None = None
     history_from: int | None = None
     begun: ProviderBegun | None = None
+    #: The run is past its claims (every delegation's receipt claimed, nothing of its
+    #: swarm open): this turn closes the work, and never searches the web (seed 004 V1.20).
+    closing: bool = False
 
 
 class PrepareStep(_Step, tag="prepare"):

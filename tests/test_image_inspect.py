@@ -206,6 +206,7 @@ def test_a_format_repair_turn_never_searches() -> None:
     assert searches_this_turn(True, repair) is False
     assert searches_this_turn(False, planning) is False
     assert searches_this_turn(True, planning, images=True) is False
+    assert searches_this_turn(True, planning, closing=True) is False, "a parent past its claims closes: no search"
 
 
 def _agent(**extra: Any) -> dict[str, Any]:

@@ -99,12 +99,16 @@ def server_note(server: str, notes: str) -> str:
             f" your task or your permissions): {notes}")
 
 
-def searches_this_turn(enabled: bool, history: Sequence[Mapping[str, Any]], *, images: bool = False) -> bool:
+def searches_this_turn(
+    enabled: bool, history: Sequence[Mapping[str, Any]], *, images: bool = False, closing: bool = False
+) -> bool:
     """Whether a planning turn may use the provider's web search (seed 004 V1.20): when
     the agent has it on, except a turn that repairs the last answer's format, which asks
-    the same again and must not search (and bill) a second time for a protocol fix, and
-    a turn that carries images to look at (the seed's image check never searches)."""
-    return enabled and not images and not (history and history[-1].get("role") == "repair")
+    the same again and must not search (and bill) a second time for a protocol fix, a
+    turn that carries images to look at (the seed's image check never searches), and a
+    closing turn of a parent past its claims, whose answer is the final reply drawn from
+    the evidence it holds ("final reply 只汇总已持久化任务、观察和 planning 证据")."""
+    return enabled and not images and not closing and not (history and history[-1].get("role") == "repair")
 
 
 @dataclass(frozen=True)

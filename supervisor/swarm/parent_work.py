@@ -22,6 +22,17 @@ def open_work(ledger: Ledger, run_id: str) -> int:
     return int((groups[0] if groups else 0) + (delegations[0] if delegations else 0))
 
 
+def past_claims(ledger: Ledger, run_id: str) -> bool:
+    """Whether a parent run is past its claims: it claimed a delivery, and nothing of its
+    swarm is open (no child group or delegation running, no delivery unclaimed, no claim
+    unobserved). What it does next closes its work (seed 004 V1.40: "已完成工具行动、协作回执
+    认领和验证后" comes the final reply)."""
+    claimed = ledger.one(
+        "SELECT 1 FROM deliveries WHERE parent_run_id = ? AND status = 'claimed-by-parent' LIMIT 1", run_id
+    )
+    return claimed is not None and not blockers(ledger, run_id)
+
+
 def blockers(ledger: Ledger, run_id: str) -> list[str]:
     reasons = []
     if open_work(ledger, run_id):

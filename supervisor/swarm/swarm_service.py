@@ -357,9 +357,14 @@ class SwarmFeature(RunFeature):
         return parent_work.blockers(ledger, run_id)
 
     async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
-        """A parent's task carries its delegations' state (supervisor/swarm/coordination.py)."""
-        text = coordination.note(self.service.ledger, run_id, self.service.runs.features)
-        return step if text is None else msgspec.structs.replace(step, task=step.task + text)
+        """A parent's task carries its delegations' state (supervisor/swarm/coordination.py);
+        past its claims, its turn is a closing one, which never searches (seed 004 V1.20:
+        "不能在收束阶段再次引入新的网页事实或额外搜索计费")."""
+        ledger = self.service.ledger
+        text = coordination.note(ledger, run_id, self.service.runs.features)
+        if text is None:
+            return step  # it delegated nothing and claimed no join: nothing to close
+        return msgspec.structs.replace(step, task=step.task + text, closing=parent_work.past_claims(ledger, run_id))
 
     def recover(self, ledger: Ledger, report: RecoveryReport) -> None:
         self.service.recover(ledger, report)

@@ -1,0 +1,61 @@
+"""Provider-native web search (seed 004 V1.20) in a supervisor's closing stage: once every
+delegation's receipt is claimed and nothing of its swarm is still open, the parent's turns
+do not search ("final reply 只汇总已持久化任务、观察和 planning 证据，不能在收束阶段再次引入新的网页事实或
+额外搜索计费"). An openai root with search on, a scripted specialist, a fake server that
+keeps the bodies it receives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fake_openai import FakeOpenAIServer, Reply, completion, tool_call
+from loopback_http import serve_in_thread
+from tests.harness import ledger_rows, running, wait_run
+
+
+def _spec(url: str) -> str:
+    return f"""
+[project]
+root = "ws"
+
+[[agents]]
+id = "boss"
+role = "root"
+provider = "openai"
+web_search = true
+[agents.openai]
+base_url = "{url}"
+model = "fake-model"
+timeout_s = 10
+structured = "tools"
+
+[[agents]]
+id = "checker"
+role = "specialist"
+[[agents.steps]]
+final = "the intro reads well"
+"""
+
+
+def test_a_parent_past_its_claims_does_not_search(short_tmp: Path) -> None:
+    (short_tmp / "ws").mkdir()
+    server = FakeOpenAIServer(keep_bodies=True)
+    server.add(
+        Reply(body=completion(tool_calls=[tool_call("agent_delegate", {"agent_id": "checker", "task": "check"})])),
+        Reply(body=completion(tool_calls=[tool_call("agent_run_status", {})])),
+        Reply(body=completion("the intro is checked")),
+    )
+    with serve_in_thread(server) as url, running(short_tmp / "h", _spec(url)) as daemon:
+        run_id = daemon.call("run", agent_id="boss", task="review the intro")["run_id"]
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "completed", shown["run"]
+        assert shown["final_reply"] == "the intro is checked"
+        bodies = [json.loads(record.body or b"{}") for record in server.requests]
+        assert ["web_search_options" in body for body in bodies] == [True, True, False], (
+            "planning searches until the receipts are claimed; the closing turn never does"
+        )
+        turns = ledger_rows(
+            daemon.home, "SELECT web_search FROM provider_requests WHERE run_id = ? ORDER BY rowid", run_id
+        )
+        assert [row["web_search"] for row in turns] == [1, 1, 0]
