@@ -614,6 +614,10 @@ class OpenAIProvider:
                                 f" json_object{refusal_hint(Structured.JSON_SCHEMA, text)}")
         if not 200 <= status < 300:
             hint = refusal_hint(self.config.way, text)
+            if self.config.web_search and request.web_search:
+                # A gateway may not offer the search (seed 004 V1.20): a clear failure, and the way out.
+                hint += " (this turn asked for the provider's web search: if the server does not offer it, set" \
+                        " web_search = false on this agent)"
             raise OpenAIHTTPError(status, f"HTTP {status} from {endpoint}: {summarize(text)}{hint}")
         meta = {
             "status": status,
