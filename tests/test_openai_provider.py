@@ -15,15 +15,11 @@ import pytest
 import trio
 
 from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, PlanError, RepairCategory, ToolSchema
+from corral.actors.providers.json_check import validate
 from corral.actors.providers.openai import TEXT_JSON_INSTRUCTION, OpenAIConfig, OpenAIProvider, build_chat_payload
-from corral.actors.providers.plan_parse import (
-    MAX_REPAIR_CHARS,
-    RepairCounter,
-    parse_chat_completion,
-    repair_message,
-    strip_reasoning,
-    validate,
-)
+from corral.actors.providers.plan_parse import parse_chat_completion
+from corral.actors.providers.repair import MAX_REPAIR_CHARS, RepairCounter, repair_message
+from corral.actors.providers.thinking import MALFORMED, stored
 from fake_openai import FakeOpenAIServer, Reply, completion, tool_call
 from tests.openai_provider_support import TOOLS, complete_once, make_provider, make_request, start
 
@@ -130,7 +126,7 @@ async def test_recorded_mode_wins_over_a_changed_config(nursery: trio.Nursery) -
     [
         (True, '<think>call read_file {"path": </think>The answer is 42.', "The answer is 42."),
         (False, '<thinking>{"final": "wrong"}</thinking>\n{"final": "right"}', "right"),
-        (False, 'I should answer.</think>{"final": "after orphan close"}', "after orphan close"),
+        (False, '<think>outer <think>inner</think></think>{"final": "after a nested block"}', "after a nested block"),
     ],
 )
 async def test_reasoning_blocks_are_stripped(
@@ -273,14 +269,15 @@ def test_payload_redacts_secrets_in_observations(decoy: str) -> None:
     [
         ("<think>a</think>answer", "answer"),
         ("<THINK>a</THINK> <reasoning>b</reasoning> answer", "answer"),
-        ("<think>never closed, out of tokens", ""),
-        ("thinking without the opening tag</think>answer", "answer"),
+        # Not closed, not opened: which text was thought cannot be told, none is kept (V1.43).
+        ("<think>never closed, out of tokens", MALFORMED),
+        ("thinking without the opening tag</think>answer", MALFORMED),
         ('<think type="x">a</think>{"final": "x"}', '{"final": "x"}'),
         ("no reasoning at all", "no reasoning at all"),
     ],
 )
 def test_strip_reasoning(text: str, stripped: str) -> None:
-    assert strip_reasoning(text) == stripped
+    assert stored(text) == stripped
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.actors.providers.thinking import MALFORMED
 from corral.core.secret_values import secret_values_in
 from corral.supervisor.runs import response_secrets
 from fake_openai import FakeOpenAIServer, Reply, completion, tool_call
@@ -202,8 +203,14 @@ def test_thinking_leaves_a_response_and_a_tool_calls_arguments_stay_as_written()
     assert response_secrets.without_thinking("<think>hm</think>final words") == "final words"
     # Left open after the answer (the model ran out of tokens mid-thought): the
     # thought is not stored either (V1.43: "未闭合或孤立 thinking wrapper 不保存 thinking 正文").
-    assert response_secrets.without_thinking("answer <think>unclosed thinking") == "answer"
-    assert response_secrets.without_thinking("answer <reasoning x='1'>half") == "answer"
+    assert response_secrets.without_thinking("answer <think>unclosed thinking") == MALFORMED
+    assert response_secrets.without_thinking("answer <reasoning x='1'>half") == MALFORMED
+    # Content parts: a reasoning part and a block inside a text part are not stored either.
+    parts = completion("x")
+    parts["choices"][0]["message"]["content"] = [
+        {"type": "reasoning", "text": "hidden part"}, {"type": "text", "text": "<think>hidden block</think>the answer"}]
+    kept = json.loads(response_secrets.without_thinking(json.dumps(parts)))["choices"][0]["message"]["content"]
+    assert kept == "the answer"
 
 
 def test_a_compaction_summary_is_stored_with_its_paths_filtered_too(short_tmp: Path) -> None:

@@ -155,3 +155,60 @@ def test_only_parts_marked_as_reasoning_leave_the_visible_text() -> None:
     ]
     body = {"choices": [{"message": {"role": "assistant", "content": parts}}]}
     assert parse_chat_completion(json.dumps(body), TOOLS).final_reply == "The answer is 42."
+
+
+PLAN_TEXT = '{"actions": [{"tool": "read_file", "input": {"path": "n.txt"}}]}'
+CALLS = [tool_call("read_file", {"reason": "see the notes", "input": {"path": "n.txt"}})]
+HIDDEN = "zq-hidden-thought"
+
+
+@pytest.mark.parametrize(
+    ("content", "calls", "text_json"),
+    [
+        # An orphan close (its opening tag in the chat template, or lost): "孤立 thinking wrapper".
+        (f"{HIDDEN} read it.</think>{PLAN_TEXT}", [], True),
+        (f"{HIDDEN} read it.</think>", CALLS, False),
+        (f"{HIDDEN}</think>The answer is 42.", [], False),
+        # Left open: "未闭合".
+        (f"{PLAN_TEXT} <think>{HIDDEN}", [], True),
+        (f"The answer is 42. <think>{HIDDEN}", [], False),
+        (f"<think>{HIDDEN}", CALLS, False),
+        # Closed by another name, or closed once too often: "错配".
+        (f"<think>{HIDDEN}</thinking>{PLAN_TEXT}", [], True),
+        (f"<think>{HIDDEN}</think></think>The answer is 42.", [], False),
+        (f"<think><reasoning>{HIDDEN}</think></reasoning>", CALLS, False),
+    ],
+)
+def test_an_unclosed_orphan_or_mismatched_thinking_tag_is_response_shape_and_is_stored_without_its_text(
+    content: str, calls: list[dict[str, Any]], text_json: bool
+) -> None:
+    """The seed (V1.33): "最终用户回复、legacy wrapper、未闭合 / 错配 thinking 标签仍按 response-shape
+    失败关闭"; (V1.43) "未闭合或孤立 thinking wrapper 不保存 thinking 正文，只保存严格无效元数据；重放
+    合成无正文协议标记并进入同一 repair，不能被清洗成可执行计划"."""
+    from corral.supervisor.runs.response_secrets import without_thinking
+
+    body = json.dumps(completion(content=content, tool_calls=calls or None))
+    with pytest.raises(PlanError) as caught:
+        parse_chat_completion(body, TOOLS, text_json=text_json)
+    assert caught.value.category is RepairCategory.RESPONSE_SHAPE
+    assert HIDDEN not in caught.value.detail
+    stored = without_thinking(body)
+    assert HIDDEN not in stored, "no thinking text is stored"
+    with pytest.raises(PlanError) as replayed:  # read again after a crash: the same repair
+        parse_chat_completion(stored, TOOLS, text_json=text_json)
+    assert replayed.value.category is RepairCategory.RESPONSE_SHAPE
+    if calls:
+        assert json.loads(stored)["choices"][0]["message"]["tool_calls"] == json.loads(body)["choices"][0][
+            "message"]["tool_calls"], "the function call envelope is kept whole"
+
+
+def test_complete_and_nested_thinking_blocks_are_dropped_whatever_their_case() -> None:
+    """The seed (V1.33): "可以移除完整、大小写不敏感且嵌套闭合的 <think>...</think> 块"."""
+    nested = f"<THINK>{HIDDEN} <think>inner</think> more</Think>"
+    plan = parse_chat_completion(json.dumps(completion(content=nested + PLAN_TEXT)), TOOLS, text_json=True)
+    assert [a.tool for a in plan.actions] == ["read_file"]
+    assert [(n.kind, n.count, n.chars, n.sha256) for n in plan.normalized] == [
+        ("complete-think-block", 1, len(nested), _sha(nested))
+    ]
+    reply = parse_chat_completion(json.dumps(completion(content=f"{nested} The answer is 42.")), TOOLS)
+    assert reply.final_reply == "The answer is 42."

@@ -14,7 +14,7 @@ from typing import Any
 from corral.core.redact import redact_text
 
 from .base import ImagePart, RepairCategory
-from .plan_parse import repair_message
+from .repair import repair_message
 
 #: Characters of one observation a provider sends (the ``local`` one sends fewer).
 MAX_OBSERVATION_CHARS = 8000

@@ -22,14 +22,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from corral.core.redact import redact_text
 
 # Relative: mypy cannot map the corral.actors package onto the actors/ folder.
-from . import plan_update
+from . import plan_update, thinking
 from .base import (
     MAX_ACTIONS_PER_PLAN,
     Normalization,
@@ -40,23 +39,9 @@ from .base import (
     ToolCall,
     ToolSchema,
 )
+from .json_check import json_type_name, short, validate
 
-#: Repair messages go back to the model and into the ledger: keep them small.
-MAX_REPAIR_CHARS = 500
 _MAX_DETAIL_CHARS = 300
-
-_REASONING_TAGS = ("think", "thinking", "reasoning")
-_TAG_ALT = "|".join(_REASONING_TAGS)
-_CLOSED_BLOCK = re.compile(rf"<({_TAG_ALT})\b[^>]*>.*?</\1\s*>", re.I | re.S)
-# Left open (the model ran out of tokens mid-thought, or the server cut it): the
-# rest of the text is reasoning; an answer is only what came before it.
-_UNTERMINATED = re.compile(rf"<({_TAG_ALT})\b[^>]*>(?:(?!</\1\s*>).)*\Z", re.I | re.S)
-# Some servers put the opening tag in the prompt template, so only the close shows.
-_ANY_TAG = re.compile(rf"</?(?:{_TAG_ALT})\b", re.I)
-_ORPHAN_CLOSE = re.compile(rf"^(?:(?!<(?:{_TAG_ALT})\b).)*?</(?:{_TAG_ALT})\s*>", re.I | re.S)
-#: A raw newline or tab inside a JSON string is not valid JSON, but it is what a
-#: model means: llama.cpp's json_object grammar lets them through, and the text is
-#: the model's own reply. Refusing it cost a repair turn for nothing.
 
 
 class _DuplicateKey(ValueError):
@@ -68,24 +53,19 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     for key, value in pairs:
         if key in seen:
-            raise _DuplicateKey(f"duplicate key {_short(key)!r}")
+            raise _DuplicateKey(f"duplicate key {short(key)!r}")
         seen[key] = value
     return seen
 
 
+#: A raw newline or tab inside a JSON string is not valid JSON, but it is what a
+#: model means: llama.cpp's json_object grammar lets them through, and the text is
+#: the model's own reply. Refusing it cost a repair turn for nothing.
 _LENIENT = json.JSONDecoder(strict=False, object_pairs_hook=_unique_keys)
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\r?\n?(.*?)```", re.S)
 
 # OpenAI restricts function names; corral tool names may use other characters.
 _WIRE_NAME_BAD = re.compile(r"[^A-Za-z0-9_-]")
-
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,),
-    "array": (list,),
-    "string": (str,),
-    "boolean": (bool,),
-    "null": (type(None),),
-}
 
 
 def _fail(category: RepairCategory, detail: str) -> PlanError:
@@ -95,32 +75,10 @@ def _fail(category: RepairCategory, detail: str) -> PlanError:
     return PlanError(category, detail)
 
 
-def _short(value: str, limit: int = 64) -> str:
-    return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
-# --- reasoning blocks -------------------------------------------------------------
 
-
-def strip_reasoning(text: str) -> str:
-    """Remove <think>/<thinking>/<reasoning> blocks, which are not part of the answer
-    and often contain half-formed JSON or tool names that would mislead the parser."""
-    return _without_reasoning(text)[0]
-
-
-def _without_reasoning(text: str) -> tuple[str, list[str], bool]:
-    """The text without its reasoning, and the complete blocks dropped (a closed one,
-    or one whose opening tag the template wrote). A block left open is dropped to
-    the end too but is not a complete one: nothing answers after it."""
-    blocks = [match.group(0) for match in _CLOSED_BLOCK.finditer(text)]
-    text = _CLOSED_BLOCK.sub("", text)
-    orphan = _ORPHAN_CLOSE.search(text)
-    if orphan is not None:
-        blocks.append(orphan.group(0))
-        text = text[: orphan.start()] + text[orphan.end() :]
-    left_open = _UNTERMINATED.search(text) is not None
-    text = _UNTERMINATED.sub("", text)
-    return text.strip(), blocks, left_open
+# --- what parsing drops ----------------------------------------------------------
 
 
 def _audit(kind: NormalizationKind, pieces: list[str]) -> tuple[Normalization, ...]:
@@ -165,89 +123,6 @@ def tool_index(tools: Iterable[ToolSchema]) -> dict[str, ToolSchema]:
             index.setdefault(alias, index[name])
             index.setdefault(wire_tool_name(alias), index[name])
     return index
-
-
-# --- schema validation ------------------------------------------------------------
-
-
-def _type_matches(value: Any, expected: str) -> bool:
-    # bool is an int subclass in Python but never a JSON number.
-    if expected == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if expected == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    types = _JSON_TYPES.get(expected)
-    return types is not None and isinstance(value, types)
-
-
-def _json_type_name(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    for name, types in (("number", (float,)), *_JSON_TYPES.items()):
-        if isinstance(value, types):
-            return name
-    return type(value).__name__
-
-
-def _check_type(value: Any, schema: Mapping[str, Any], path: str) -> str | None:
-    expected = schema.get("type")
-    if expected is None:
-        return None
-    options = [expected] if isinstance(expected, str) else list(expected)
-    if any(_type_matches(value, option) for option in options):
-        return None
-    return f"{path}: expected {'|'.join(options)}, got {_json_type_name(value)}"
-
-
-def _check_object(value: dict[str, Any], schema: Mapping[str, Any], path: str) -> str | None:
-    properties: Mapping[str, Any] = schema.get("properties", {})
-    for name in schema.get("required", ()):
-        if name not in value:
-            return f"{path}: missing required property {name!r}"
-    extra = schema.get("additionalProperties", True)
-    for name, item in value.items():
-        if name in properties:
-            problem = validate(item, properties[name], f"{path}.{name}")
-        elif extra is False:
-            problem = f"{path}: unexpected property {_short(name)!r}"
-        elif isinstance(extra, Mapping):
-            problem = validate(item, extra, f"{path}.{name}")
-        else:
-            problem = None
-        if problem:
-            return problem
-    return None
-
-
-def _check_array(value: list[Any], schema: Mapping[str, Any], path: str) -> str | None:
-    items = schema.get("items")
-    if not isinstance(items, Mapping):
-        return None
-    for i, item in enumerate(value):
-        problem = validate(item, items, f"{path}[{i}]")
-        if problem:
-            return problem
-    return None
-
-
-def validate(value: Any, schema: Mapping[str, Any], path: str = "$") -> str | None:
-    """Check ``value`` against the JSON Schema subset corral tools use (type,
-    properties, required, additionalProperties, enum, items). Returns the first
-    problem, or None. Unknown keywords are ignored rather than rejected so a richer
-    schema still validates its core."""
-    problem = _check_type(value, schema, path)
-    if problem:
-        return problem
-    if "enum" in schema and value not in schema["enum"]:
-        allowed = ", ".join(json.dumps(v) for v in schema["enum"])
-        return f"{path}: {_short(json.dumps(value, default=str))} is not one of {allowed}"
-    if isinstance(value, dict):
-        return _check_object(value, schema, path)
-    if isinstance(value, list):
-        return _check_array(value, schema, path)
-    return None
 
 
 # --- the function-argument envelope --------------------------------------------------
@@ -311,7 +186,7 @@ def _resolve_tool(name: Any, index: Mapping[str, ToolSchema]) -> ToolSchema:
     tool = index.get(name)
     if tool is None:
         known = ", ".join(sorted({t.name for t in index.values()})) or "none"
-        raise _fail(RepairCategory.UNKNOWN_FUNCTION, f"no tool {_short(name)!r}; known: {known}")
+        raise _fail(RepairCategory.UNKNOWN_FUNCTION, f"no tool {short(name)!r}; known: {known}")
     return tool
 
 
@@ -319,7 +194,7 @@ def _tool_call(tool: ToolSchema, arguments: Any, reason: str = "") -> ToolCall:
     if not isinstance(arguments, dict):
         raise _fail(
             RepairCategory.ARGUMENTS_SCHEMA,
-            f"input for {tool.name!r} must be a JSON object, got {_json_type_name(arguments)}",
+            f"input for {tool.name!r} must be a JSON object, got {json_type_name(arguments)}",
         )
     problem = validate(arguments, tool.input_schema)
     if problem:
@@ -345,7 +220,7 @@ def _decode_arguments(raw: Any, tool_name: str) -> Any:
         return _LENIENT.decode(raw)
     except (json.JSONDecodeError, _DuplicateKey) as exc:
         raise _fail(
-            RepairCategory.ARGUMENTS_JSON, f"arguments for {_short(tool_name)!r}: {exc}"
+            RepairCategory.ARGUMENTS_JSON, f"arguments for {short(tool_name)!r}: {exc}"
         ) from None
 
 
@@ -360,8 +235,9 @@ def _native_call(entry: Any, index: Mapping[str, ToolSchema]) -> ToolCall:
 
 def _plan_from_tool_calls(calls: list[Any], index: Mapping[str, ToolSchema], content: str) -> Plan:
     """The calls are the plan; text beside them is reasoning or commentary, dropped
-    and audited. A thinking block left open is no plan (seed 004 V1.33: "未闭合 /
-    错配 thinking 标签仍按 response-shape 失败关闭")."""
+    and audited. A thinking tag left open, orphaned or mismatched is no plan (seed 004
+    V1.33: "未闭合 / 错配 thinking 标签仍按 response-shape 失败关闭")."""
+    found = _thought_through(content)
     updates = [entry for entry in calls if _function_name(entry) == plan_update.FUNCTION]
     if len(updates) > 1:
         raise _fail(RepairCategory.BATCH_CONSTRAINT, f"{len(updates)} calls of {plan_update.FUNCTION}, at most one")
@@ -372,12 +248,21 @@ def _plan_from_tool_calls(calls: list[Any], index: Mapping[str, ToolSchema], con
         calls = [entry for entry in calls if entry is not updates[0]]
     _check_count(len(calls))
     actions = tuple(_native_call(entry, index) for entry in calls)
-    commentary, blocks, left_open = _without_reasoning(content)
-    if left_open or _ANY_TAG.search(commentary):
-        raise _fail(RepairCategory.RESPONSE_SHAPE, "a thinking block beside the calls is not closed")
-    normalized = _audit(NormalizationKind.COMPLETE_THINK_BLOCK, blocks)
+    commentary = found.answer
+    normalized = _audit(NormalizationKind.COMPLETE_THINK_BLOCK, list(found.blocks))
     normalized += _audit(NormalizationKind.PLANNER_COMMENTARY, [commentary] if commentary else [])
     return Plan(actions=actions, normalized=normalized, plan_update=update)
+
+
+def _thought_through(content: str) -> thinking.Thinking:
+    """``content`` without its complete thinking blocks; a malformed tag is a
+    ``response-shape`` repair, whatever else the answer holds (V1.43: "未闭合或孤立
+    thinking wrapper … 不能被清洗成可执行计划")."""
+    found = thinking.split(content)
+    if found.malformed:
+        raise _fail(RepairCategory.RESPONSE_SHAPE, "a thinking tag is not closed, not opened, or closed by another"
+                    " name: close every <think> you open, or leave thinking out of the answer")
+    return found
 
 
 def _function_name(entry: Any) -> Any:
@@ -426,10 +311,12 @@ def _plan_from_object(obj: dict[str, Any], index: Mapping[str, ToolSchema]) -> P
 
 #: The content parts that are visible text (seed 004 V1.33: "普通 text / output_text 继续进入
 #: 可见正文"); reasoning parts (reasoning, reasoning_content, analysis, thinking) never are.
-_VISIBLE_PARTS = ("text", "output_text")
+VISIBLE_PARTS = ("text", "output_text")
 
 
-def _content_text(content: Any) -> str:
+def visible_text(content: Any) -> str:
+    """A message's visible text; raises ``PlanError`` (response-shape) on anything
+    but text or a list of parts."""
     # Content may be a list of parts ({"type": "text", "text": ...}) on some servers.
     if content is None:
         return ""
@@ -439,7 +326,7 @@ def _content_text(content: Any) -> str:
         return "".join(
             part["text"]
             for part in content
-            if isinstance(part, dict) and part.get("type") in _VISIBLE_PARTS and isinstance(part.get("text"), str)
+            if isinstance(part, dict) and part.get("type") in VISIBLE_PARTS and isinstance(part.get("text"), str)
         )
     raise _fail(RepairCategory.RESPONSE_SHAPE, "message content is neither text nor a list of parts")
 
@@ -518,14 +405,12 @@ def _plan_from_reply_text(text: str, index: Mapping[str, ToolSchema]) -> Plan:
 
 
 def _plan_from_content(content: str, index: Mapping[str, ToolSchema], *, text_json: bool) -> Plan:
-    text, blocks, left_open = _without_reasoning(content)
+    found = _thought_through(content)
+    text = found.answer
     if not text:
         raise _fail(RepairCategory.RESPONSE_SHAPE, "no tool call and no reply text")
     plan = _plan_from_json_text(text, index) if text_json else _plan_from_reply_text(text, index)
-    if left_open and plan.actions:
-        # V1.43: an answer whose thinking was cut off is never cleaned into actions.
-        raise _fail(RepairCategory.RESPONSE_SHAPE, "a thinking block beside the plan is not closed")
-    normalized = _audit(NormalizationKind.COMPLETE_THINK_BLOCK, blocks)
+    normalized = _audit(NormalizationKind.COMPLETE_THINK_BLOCK, list(found.blocks))
     return Plan(plan.actions, plan.final_reply, normalized, plan.plan_update) if normalized else plan
 
 
@@ -544,7 +429,7 @@ def _first_message(body_text: str) -> dict[str, Any]:
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices:
         error = body.get("error")
-        hint = f" (server error: {_short(str(error), 160)})" if error else ""
+        hint = f" (server error: {short(str(error), 160)})" if error else ""
         raise _fail(RepairCategory.RESPONSE_SHAPE, f"response has no choices{hint}")
     choice = choices[0]
     message = choice.get("message") if isinstance(choice, dict) else None
@@ -580,82 +465,5 @@ def parse_chat_completion(
     message = _first_message(body_text)
     calls = _tool_calls_of(message)
     if calls:
-        return _plan_from_tool_calls(calls, index, _content_text(message.get("content")))
-    return _plan_from_content(_content_text(message.get("content")), index, text_json=text_json)
-
-
-# --- repair -----------------------------------------------------------------------
-
-_REPAIR_TEXT: dict[RepairCategory, str] = {
-    RepairCategory.RESPONSE_SHAPE: (
-        "Your answer was not a plan: give tool calls, or one final reply, in the expected shape."
-    ),
-    RepairCategory.CALL_IDENTITY: "A tool call named no function. Name one of the listed tools in each call.",
-    RepairCategory.UNKNOWN_FUNCTION: "You called a tool that does not exist. Use only the listed tools.",
-    RepairCategory.ARGUMENTS_JSON: (
-        "Your arguments were not valid JSON (or named a key twice). Send well-formed JSON only."
-    ),
-    RepairCategory.ARGUMENTS_SCHEMA: (
-        "Your arguments did not match the tool's input schema. Fix the fields and types."
-    ),
-    RepairCategory.BATCH_CONSTRAINT: (
-        f"Your actions together broke a rule of this turn (at most {MAX_ACTIONS_PER_PLAN}, or the one named)."
-    ),
-    RepairCategory.PLAN_SEMANTICS: "Your plan was refused for what it does. Do what the detail says first.",
-    RepairCategory.CATALOG_BINDING: "The tool catalogue is in conflict.",
-}
-
-
-def repair_message(category: RepairCategory, detail: str) -> dict[str, str]:
-    """A chat message asking the model to fix its last output; at most
-    MAX_REPAIR_CHARS of content, redacted, since the detail may quote model output."""
-    head = f"[corral repair: {category.value}] {_REPAIR_TEXT[category]} Problem: "
-    room = MAX_REPAIR_CHARS - len(head)
-    detail = " ".join(redact_text(detail).split())
-    if len(detail) > room:
-        detail = detail[: room - 1] + "…"
-    return {"role": "user", "content": head + detail}
-
-
-class RepairCounter:
-    """Repairs sent so far, per category.
-
-    The agent calls ``exhausted(max_repairs, category)`` when a parse fails: if True
-    the run fails, otherwise it calls ``record(category)`` and sends the repair. The
-    counts can be rebuilt from a run's history after a restart (``from_history``), so
-    a crash never grants a fresh repair budget.
-    """
-
-    def __init__(self, counts: Mapping[RepairCategory | str, int] | None = None) -> None:
-        self._counts: Counter[RepairCategory] = Counter()
-        for category, n in (counts or {}).items():
-            self._counts[RepairCategory(category)] += int(n)
-
-    @classmethod
-    def from_history(cls, history: Iterable[Mapping[str, Any]]) -> RepairCounter:
-        counter = cls()
-        for entry in history:
-            if entry.get("role") == "repair" and entry.get("category") is not None:
-                counter.record(RepairCategory(entry["category"]))
-        return counter
-
-    def record(self, category: RepairCategory) -> int:
-        self._counts[category] += 1
-        return self._counts[category]
-
-    def count(self, category: RepairCategory) -> int:
-        return self._counts[category]
-
-    @property
-    def total(self) -> int:
-        return sum(self._counts.values())
-
-    def exhausted(self, max_repairs: int, category: RepairCategory | None = None) -> bool:
-        """True when ``category`` (or, without one, any category) has used all of its
-        ``max_repairs`` repairs."""
-        if category is not None:
-            return self._counts[category] >= max_repairs
-        return any(n >= max_repairs for n in self._counts.values())
-
-    def as_dict(self) -> dict[str, int]:
-        return {category.value: n for category, n in sorted(self._counts.items()) if n}
+        return _plan_from_tool_calls(calls, index, visible_text(message.get("content")))
+    return _plan_from_content(visible_text(message.get("content")), index, text_json=text_json)

@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral.actors.providers.plan_parse import strip_reasoning
+from corral.actors.providers import thinking
+from corral.actors.providers.plan_parse import VISIBLE_PARTS, visible_text
 from corral.core.path_scrub import holds_host_path, names_absolute_path, scrub_paths
 from corral.core.redact import redact, redact_text
 from corral.core.secret_values import secret_values_in
@@ -111,14 +112,17 @@ def without_thinking(text: str) -> str:
     """A response with its thinking removed before anything of it is stored (V1.41:
     "响应落盘前会删除 thinking block"; V1.43: "去除 thinking 后的响应"): the
     ``<think>``/``<thinking>``/``<reasoning>`` blocks of a plain answer or of a Chat
-    Completions message's content, and the message's reasoning fields. The parser
-    drops the same blocks (actors/providers/plan_parse.py), so the plan read from
-    what is stored is the plan read from what came; a tool call's arguments are
-    left as the model wrote them."""
+    Completions message's content, and the message's reasoning fields. A content
+    whose thinking tags are malformed is stored as ``thinking.MALFORMED``, a marker
+    with none of its text (V1.43: "未闭合或孤立 thinking wrapper 不保存 thinking 正文"),
+    which the parser refuses as it refused the answer. The parser reads blocks as
+    this does (actors/providers/thinking.py), so the plan read from what is stored
+    is the plan read from what came; a tool call's arguments are left as the model
+    wrote them."""
     try:
         body = json.loads(text)
     except ValueError:
-        return strip_reasoning(text)
+        return thinking.stored(text)
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
         return text  # a JSON plan: its strings are content
     changed = False
@@ -131,8 +135,16 @@ def without_thinking(text: str) -> str:
                 del message[key]
                 changed = True
         content = message.get("content")
-        if isinstance(content, str) and strip_reasoning(content) != content.strip():
-            message["content"] = strip_reasoning(content)
+        if isinstance(content, list):
+            # Parts: the parser reads the visible ones joined (reasoning parts never
+            # are), and so is the content stored whenever it holds thinking.
+            text = visible_text(content)
+            if thinking.stored(text) != text.strip() or len(content) != sum(
+                    isinstance(part, dict) and part.get("type") in VISIBLE_PARTS for part in content):
+                message["content"] = thinking.stored(text)
+                changed = True
+        elif isinstance(content, str) and thinking.stored(content) != content.strip():
+            message["content"] = thinking.stored(content)
             changed = True
     return json.dumps(body, ensure_ascii=False) if changed else text
 
