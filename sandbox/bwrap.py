@@ -13,7 +13,6 @@ import dataclasses
 import enum
 import functools
 import os
-import shutil
 import stat
 import subprocess
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.sandbox.control_paths import ControlPathError, SandboxEntries, sandbox_entries
+from corral.sandbox.git_shapes import is_dotgit
 
 #: Host directories every sandbox sees read-only (when they exist on this host).
 SYSTEM_RO_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
@@ -46,6 +46,18 @@ ETC_EMPTIED: tuple[str, ...] = ("/etc/ssl/private", "/etc/pki/tls/private")
 SANDBOX_HOME = "/home/sandbox"
 SANDBOX_TMP = "/tmp"
 SANDBOX_HOSTNAME = "corral-sandbox"
+
+#: Where bubblewrap may come from (seed 004 V1.11: "bubblewrap 只允许从固定系统候选路径解析"):
+#: the distribution's paths, never the supervisor's PATH (which may start with a
+#: user-writable directory: ~/.cargo/bin, a pyenv shim...).
+BWRAP_CANDIDATES: tuple[str, ...] = ("/usr/bin/bwrap", "/bin/bwrap")
+
+#: Entries of the project root bound read-only at their own path when they exist
+#: (seed 004 V1.11: ".git / .agents / .codex / .hermes 存在时按原路径只读挂载"): git's
+#: control directory, and the directories an agent runtime reads as start-up context
+#: (corral reads project skills from .codex/skills and .agents/skills:
+#: actors/repo_skills.py), so a command cannot plant instructions for the next run.
+PROTECTED_ROOT_DIRS: tuple[str, ...] = (".git", ".agents", ".codex", ".hermes")
 
 
 class SandboxError(RuntimeError):
@@ -128,7 +140,7 @@ class SandboxProfile:
     project_root: Path
     rw: bool = True
     hide: tuple[str, ...] = (".corral",)
-    ro_subdirs: tuple[str, ...] = (".git",)
+    ro_subdirs: tuple[str, ...] = PROTECTED_ROOT_DIRS
     #: Absolute directories never visible inside, whatever their name or place: corral's
     #: home (the ledger, the endpoint file with its token, the sockets, the logs),
     #: in the project or in any other tree the sandbox sees (the virtualenv, /usr...).
@@ -225,8 +237,44 @@ class SandboxProfile:
         return dataclasses.replace(self, read_only=tuple(dict.fromkeys((*self.read_only, *paths))))
 
 
+def untrusted_reason(path: str) -> str | None:
+    """Why ``path`` may not be run as bubblewrap, or None when it may: it must resolve
+    to a regular executable file owned by root that no one but root can write (seed
+    004 V1.11: "文件必须是普通可执行文件且不能被当前普通用户写入"). Owned by another user, a
+    file is that user's to swap for anything."""
+    try:
+        real = os.path.realpath(path)
+        info = os.stat(real)
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{path} is not a regular file"
+    if not info.st_mode & stat.S_IXUSR or not os.access(real, os.X_OK):
+        return f"{path} is not executable"
+    if info.st_uid != 0:
+        return f"{path} is not owned by root (uid {info.st_uid})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by its group or by everyone (mode {stat.S_IMODE(info.st_mode):o})"
+    if os.geteuid() != 0 and os.access(real, os.W_OK):
+        return f"{path} is writable by the current user"
+    return None
+
+
 def find_bwrap(executable: str | None = None) -> str | None:
-    return shutil.which(executable or "bwrap")
+    """The first trusted bubblewrap among :data:`BWRAP_CANDIDATES` (or ``executable``
+    alone, a path a test names, held to the same checks), or None: never a lookup on
+    PATH."""
+    for candidate in (executable,) if executable else BWRAP_CANDIDATES:
+        if os.path.isabs(candidate) and untrusted_reason(candidate) is None:
+            return candidate
+    return None
+
+
+#: Every namespace new, and no nested user namespace inside (seed 004 V1.11: "禁用嵌套
+#: user namespace": a user namespace of its own would give the command every
+#: capability again in it). ``--disable-userns`` needs an explicit ``--unshare-user``
+#: and bubblewrap 0.8.0 or later; an older one fails the probe below: unavailable.
+NAMESPACE_FLAGS: tuple[str, ...] = ("--unshare-all", "--unshare-user", "--disable-userns")
 
 
 @functools.cache
@@ -236,7 +284,7 @@ def _probe(path: str) -> bool:
     # namespace flags every real launch uses.
     try:
         result = subprocess.run(
-            [path, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--", "true"],
+            [path, *NAMESPACE_FLAGS, "--die-with-parent", "--ro-bind", "/", "/", "--", "true"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -292,6 +340,21 @@ def _checked_entry(root: Path, name: str) -> Path | None:
     return path
 
 
+def _protected_entry(root: Path, name: str) -> Path | None:
+    """What to bind read-only for the root entry ``name``: the entry, or None when it
+    does not exist. ``.codex -> .agents`` (one skill directory under two names) is
+    protected at its target in the project; a target outside the project is not
+    bound into the sandbox at all, so there is nothing to write. git's entry (and a
+    link at the project itself) is refused as a symlink, as before."""
+    path = root / name
+    if not path.is_symlink() or is_dotgit(name):
+        return _checked_entry(root, name)
+    target = path.resolve()
+    if target == root:
+        raise SandboxProfileError(f"{path} is a symlink to the project root; refusing to sandbox around it")
+    return target if _is_under(target, root) and target.exists() else None
+
+
 def build_bwrap_argv(
     profile: SandboxProfile,
     target_argv: Sequence[str],
@@ -310,9 +373,16 @@ def build_bwrap_argv(
     cwd = Path(cwd).resolve()
     if not _is_under(cwd, root):
         raise SandboxProfileError(f"cwd {cwd} is outside the project root {root}")
-    executable = find_bwrap(profile.bwrap) or profile.bwrap or "bwrap"
+    executable = find_bwrap(profile.bwrap)
+    if executable is None:
+        # Never a bubblewrap found some other way (PATH, a relative name): fail closed.
+        raise SandboxUnavailable(
+            f"no trusted bubblewrap at {', '.join((profile.bwrap,) if profile.bwrap else BWRAP_CANDIDATES)}"
+            " (a regular executable owned by root and writable by no one else; install it: apt-get install -y"
+            " bubblewrap)"
+        )
 
-    argv = [executable, "--unshare-all"]
+    argv = [executable, *NAMESPACE_FLAGS]
     if profile.network:
         argv.append("--share-net")
     argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
@@ -358,7 +428,7 @@ def build_bwrap_argv(
         if hidden is not None:
             argv += ["--tmpfs", str(hidden), "--remount-ro", str(hidden)]
     for name in profile.ro_subdirs:
-        protected = _checked_entry(root, name)
+        protected = _protected_entry(root, name)
         if protected is not None:
             argv += ["--ro-bind", str(protected), str(protected)]
     argv += _control_mounts(profile)

@@ -20,7 +20,17 @@ import trio
 from corral.actors.one_shot_command import run_command
 from corral.actors.pty_session import PtySession
 from corral.actors.session_state import SessionState
-from corral.sandbox.bwrap import LaunchMode, Rlimits, SandboxProfile, SandboxProfileError, build_bwrap_argv
+from corral.sandbox.bwrap import (
+    BWRAP_CANDIDATES,
+    LaunchMode,
+    Rlimits,
+    SandboxProfile,
+    SandboxProfileError,
+    SandboxUnavailable,
+    build_bwrap_argv,
+    find_bwrap,
+    untrusted_reason,
+)
 from tests.launch_modes import BOTH_MODES, needs_bwrap
 
 # A fixture, imported so that pytest finds it in this module (see sandbox_project).
@@ -51,8 +61,9 @@ def test_profile_argv_isolates_everything(project: Path) -> None:
     sep = argv.index("--")
     options, target = argv[:sep], argv[sep + 1 :]
     assert target == ["true"]
-    for flag in ("--unshare-all", "--die-with-parent", "--new-session"):
+    for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"):
         assert flag in options
+    assert argv[0] in BWRAP_CANDIDATES
     assert "--share-net" not in options
     assert options[options.index("--cap-drop") + 1] == "ALL"
     assert (str(project), str(project)) in _pairs(options, "--bind")
@@ -71,6 +82,48 @@ def test_profile_argv_isolates_everything(project: Path) -> None:
     assert options[options.index("--chdir") + 1] == str(project / "src")
     # The project bind comes after the tmpfs /tmp, or a project under /tmp would vanish.
     assert options.index("--bind") > tmpfs_index(options, "/tmp")
+
+
+def test_bubblewrap_comes_only_from_fixed_trusted_system_paths(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, project: Path
+) -> None:
+    """Seed 004 V1.11: "bubblewrap 只允许从固定系统候选路径解析，文件必须是普通可执行文件且不能被
+    当前普通用户写入": a `bwrap` first on PATH is never run, and a file that is not a
+    regular executable owned by root and writable by no one else is refused."""
+    planted = short_tmp / "bin"
+    planted.mkdir()
+    fake = planted / "bwrap"
+    fake.write_text('#!/bin/sh\ntouch /tmp/corral-planted-bwrap-ran\nexec /usr/bin/env "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{planted}:{os.environ.get('PATH', '')}")
+    found = find_bwrap()
+    assert found is None or found in BWRAP_CANDIDATES
+    assert found != str(fake)
+    if found is not None:
+        assert build_bwrap_argv(SandboxProfile(project), ["true"], project)[0] == found
+
+    assert untrusted_reason(str(planted)) is not None  # a directory
+    fake.chmod(0o644)
+    assert "not executable" in str(untrusted_reason(str(fake)))
+    fake.chmod(0o775)
+    reason = untrusted_reason(str(fake))
+    assert reason is not None and ("writable" in reason or "not owned by root" in reason)
+    if os.geteuid() == 0:
+        fake.chmod(0o755)
+        os.chown(fake, 65534, 65534)
+        assert "not owned by root" in str(untrusted_reason(str(fake)))
+        os.chown(fake, 0, 0)
+        assert untrusted_reason(str(fake)) is None  # root's own, 0755: trusted by these rules
+    assert untrusted_reason(str(short_tmp / "missing")) is not None
+    link = short_tmp / "bwrap-link"
+    link.symlink_to(fake)
+    fake.chmod(0o777)
+    assert untrusted_reason(str(link)) is not None  # judged at its target
+    # A profile that names an untrusted file fails closed: no argv to run.
+    with pytest.raises(SandboxUnavailable):
+        build_bwrap_argv(SandboxProfile(project, bwrap=str(fake)), ["true"], project)
+    with pytest.raises(SandboxUnavailable):
+        build_bwrap_argv(SandboxProfile(project, bwrap="bwrap"), ["true"], project)  # a bare name: no PATH lookup
 
 
 def tmpfs_index(options: list[str], dest: str) -> int:

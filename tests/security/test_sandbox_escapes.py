@@ -178,6 +178,51 @@ def test_inside_bubblewrap_git_is_read_only_secrets_are_empty_and_the_home_is_go
 
 
 @needs_bwrap
+def test_inside_bubblewrap_the_agent_context_directories_are_read_only(repo: Path) -> None:
+    """Seed 004 V1.11: ".git / .agents / .codex / .hermes 存在时按原路径只读挂载" and the gate
+    ".git / .agent / .agents / .codex / .hermes 写入失败": corral reads project skills from
+    .codex/skills and .agents/skills as start-up context (actors/repo_skills.py), so a
+    command that could write there would plant instructions for the next run. A
+    root-level link (.hermes -> tools/hermes) is protected at its target."""
+    skill = "---\nname: build\ndescription: Build it\n---\nRun make.\n"
+    for name in (".codex", ".agents"):
+        (repo / name / "skills" / "build").mkdir(parents=True)
+        (repo / name / "skills" / "build" / "SKILL.md").write_text(skill)
+    (repo / "tools" / "hermes").mkdir(parents=True)
+    (repo / "tools" / "hermes" / "config.yaml").write_text("model: x\n")
+    (repo / ".hermes").symlink_to("tools/hermes")
+    before = _tree(repo)
+    result = _sandboxed(
+        SandboxProfile(project_root=repo),
+        "mkdir -p .codex/skills/evil && echo planted > .codex/skills/evil/SKILL.md;"
+        " echo planted >> .codex/skills/build/SKILL.md; echo planted > .agents/skills/x;"
+        " rm -f .agents/skills/build/SKILL.md; echo planted >> .hermes/config.yaml;"
+        " echo planted > tools/hermes/new.txt; echo ok > src/written.txt; echo finished",
+    )
+    assert "finished" in result.stdout, result.stderr  # the script ran to its end, sandboxed
+    assert (repo / "src" / "written.txt").read_text() == "ok\n"  # the project itself is writable
+    after = _tree(repo)
+    after.pop("src/written.txt")
+    assert after == before, "nothing under .codex, .agents or .hermes changed"
+
+
+@needs_bwrap
+def test_inside_bubblewrap_no_user_namespace_can_be_made(repo: Path) -> None:
+    """Seed 004 V1.11: "禁用嵌套 user namespace": inside, a user namespace of its own
+    would hand the command every capability again (mounts over the read-only binds)."""
+    unshare = subprocess.run(["sh", "-c", "command -v unshare"], capture_output=True, text=True, check=False)
+    if unshare.returncode != 0:
+        pytest.skip("no unshare(1) on this host to try with")
+    result = _sandboxed(
+        SandboxProfile(project_root=repo),
+        "unshare -U true; echo user=$?; unshare -Un true; echo usernet=$?; echo alive",
+    )
+    assert "alive" in result.stdout, result.stderr
+    assert "user=0" not in result.stdout and "usernet=0" not in result.stdout, result.stdout
+    assert "user=" in result.stdout and "usernet=" in result.stdout
+
+
+@needs_bwrap
 def test_etc_is_an_allow_list(repo: Path) -> None:
     profile = SandboxProfile(project_root=repo)
     probes = ["/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/ssh"]
