@@ -365,3 +365,48 @@ def test_a_changesets_receipt_carries_its_safe_detail_and_nothing_else_of_its_re
     applied = read()[ids["project.changeset"]]
     assert applied["detail_unavailable"] is True and "detail" not in applied
     assert "id_rsa" not in json.dumps(applied)
+
+
+def test_a_receipt_is_stored_naming_no_absolute_path(open_ledger: Any) -> None:
+    """V1.6: "safeDetail ... 不得写入 file.read 读取的源码、命令完整输出、diff 正文、消息 /
+    记忆 / 委派正文、密钥或绝对路径": a receipt is stored with its call's and its result's
+    summaries and its note path-filtered, not only cleaned when read."""
+    from corral.supervisor.runs import action_store, run_store
+    from corral.supervisor.runs.run_feature import RunFeatures
+
+    features = RunFeatures()
+    ledger = open_ledger()
+    ledger.begin_boot("b", 1, 1)
+    run_id = run_store.create_run(ledger, features, agent_id="writer", task="t", provider="scripted",
+                                  provider_config={})
+    row = action_store.prepare_action(ledger, run_id, 0, 0, "fs.read", {"path": "src/app.py"}, features,
+                                      rerunnable=False, policy="auto")
+    action_store.begin_action(ledger, row["action_id"], features)
+    why = "[Errno 2] No such file or directory: '/home/ana/shop/src/app.py' (C:\\Users\\ana\\x)"
+    action_store.finish_action(ledger, row["action_id"], False, {}, why, why, features)
+    (stored,) = ledger.all("SELECT input_summary, result_summary, note FROM receipts")
+    text = json.dumps(dict(stored))
+    assert "/home/ana" not in text and "Users" not in text and "<absolute-path>" in text, text
+
+
+def test_a_receipt_written_again_must_match_the_one_stored(open_ledger: Any) -> None:
+    """V1.6: "receipt 幂等 ... 命中旧记录后必须继续全等复核 taskId / sessionId /
+    actionFingerprint / tool / executionMode / status 和结果摘要，任何冲突都失败关闭": the
+    same receipt again is a no-op; one that differs from the stored receipt fails
+    closed and writes nothing."""
+    from corral.supervisor.errors import Conflict
+    from corral.supervisor.runs import action_store
+    from corral.supervisor.runs.run_feature import RunFeatures
+
+    ledger, _run, ids = _history_ledger(open_ledger)
+    the_id = ids["fs.read"]
+    assert action_store.write_receipt(ledger, the_id, RunFeatures()) is False  # the same: nothing to do
+    for column, value in (("status", "failed"), ("fingerprint", "0" * 64), ("result_summary", "forged"),
+                          ("run_id", "run-other")):
+        (before,) = ledger.all(f"SELECT {column} FROM receipts WHERE action_id = ?", the_id)
+        with ledger.tx() as db:
+            db.execute(f"UPDATE receipts SET {column} = ? WHERE action_id = ?", (value, the_id))
+        with pytest.raises(Conflict, match=column.replace("_", " ")):
+            action_store.write_receipt(ledger, the_id, RunFeatures())
+        with ledger.tx() as db:
+            db.execute(f"UPDATE receipts SET {column} = ? WHERE action_id = ?", (before[0], the_id))

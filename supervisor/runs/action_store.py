@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from corral.actors.action_receipt import echo_input as echo_input
 from corral.actors.action_receipt import input_summary as input_summary
+from corral.core.path_scrub import scrub_paths
 from corral.core.redact import bounded_traceback, redact, redact_text, summarize
 from corral.mailbox.protocol import Receipt
 from corral.mailbox.steps import Begin, Begun
@@ -408,24 +409,31 @@ def write_receipt(
         result_summary = result.get("summary") or row["error"] or row["reason"] or phase.value
         text = receipt_text(row, receipt)
         call = text.call
+        # The receipt names no absolute path (V1.6: "不得写入 ... 绝对路径"); the
+        # observation below keeps the call as the model wrote it, for the model.
+        stored = _StoredReceipt(
+            row["run_id"],
+            row["agent_id"],
+            row["fingerprint"],
+            row["tool"],
+            phase.value,
+            scrub_paths(summarize(result_summary, 200)),
+        )
         if not db.execute(
             "INSERT OR IGNORE INTO receipts (action_id, run_id, agent_id, fingerprint, tool, status, input_summary,"
             " result_summary, note, started_at, finished_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 the_id,
-                row["run_id"],
-                row["agent_id"],
-                row["fingerprint"],
-                row["tool"],
-                phase.value,
-                call,
-                summarize(result_summary, 200),
-                summarize(note, 200) if note else None,
+                *stored[:5],
+                scrub_paths(call),
+                stored.result_summary,
+                scrub_paths(summarize(note, 200)) if note else None,
                 row["executing_at"],
                 row["finished_at"],
                 _now(),
             ),
         ).rowcount:
+            _same_receipt(ledger, the_id, stored)
             return False  # it has its receipt already
         if repair:
             ledger.emit("receipt-written", the_id, run=row["run_id"], status=phase.value)
@@ -453,6 +461,31 @@ def write_receipt(
         for hook in features.on_receipt:
             hook(ledger, row)
     return True
+
+
+class _StoredReceipt(NamedTuple):
+    """What a receipt written again must match in the one stored (V1.6: "命中旧记录后
+    必须继续全等复核 ... actionFingerprint / tool / ... / status 和结果摘要")."""
+
+    run_id: str
+    agent_id: str
+    fingerprint: str
+    tool: str
+    status: str
+    result_summary: str
+
+
+def _same_receipt(ledger: Ledger, the_id: str, wanted: _StoredReceipt) -> None:
+    """Fail closed (``Conflict``, the transaction rolled back) when the receipt
+    stored for ``the_id`` is not the one about to be written."""
+    stored = ledger.one(f"SELECT {', '.join(_StoredReceipt._fields)} FROM receipts WHERE action_id = ?", the_id)
+    differ = [
+        name.replace("_", " ")
+        for name in _StoredReceipt._fields
+        if stored is None or stored[name] != getattr(wanted, name)
+    ]
+    if differ:
+        raise Conflict(f"action {the_id}: its stored receipt differs in {', '.join(differ)}; nothing is written")
 
 
 def actions_of(ledger: Ledger, run_id: str, loop_index: int) -> list[sqlite3.Row]:
