@@ -477,6 +477,15 @@ class PtySession:
 
     # -- public API -------------------------------------------------------------------
 
+    async def listening_ports(self) -> list[int]:
+        """The loopback ports the running session's processes listen on, where the
+        host's browser reaches them (``preview.validate``'s registry); none once it
+        is no longer running."""
+        proc = self._proc
+        if proc is None or self._state is not S.RUNNING:
+            return []
+        return await trio.to_thread.run_sync(proc.loopback_ports)
+
     def initial_cursor(self) -> str:
         return encode_cursor(self.process_id, 0)
 

@@ -268,6 +268,7 @@ async def _poll(session: PtySession, reporter: _Reporter, body: Mapping[str, Any
         "exit_code": result.exit_code,
         "more": end < session.output_bytes,
         "live": True,
+        "listening": await session.listening_ports(),
     }
 
 

@@ -18,6 +18,7 @@ import trio
 
 from .bwrap import LaunchMode
 from .guard_record import GuardRecord
+from .listening_ports import tree_loopback_ports
 from .trampoline import MSG_EXEC_FAILED
 from .tree_guard import GuardReport, Snapshot
 
@@ -203,6 +204,13 @@ class LaunchedProcess:
         if self._ns_init_fd is not None:
             pids.insert(0, self._pid_of(self._ns_init_fd))
         return pids
+
+    def loopback_ports(self) -> list[int]:
+        """The loopback ports the tree listens on where the host reaches them
+        (sandbox/listening_ports.py): the preview a session serves."""
+        if self._closed or self.target_exited():
+            return []
+        return tree_loopback_ports(self._popen.pid)
 
     @staticmethod
     def _pid_of(pidfd: int) -> int:

@@ -61,6 +61,13 @@ id = "writer"
   final = "each run brings its own script"
 """
 
+#: The main test's spec: the preview is the spec's page, its index (the run rewrites it
+#: between checks). The registry's other source, a dev server the run started, is
+#: tested without a browser (test_a_dev_servers_port_is_the_preview_and_two_are_none)
+#: and in the blocked path: a session's program as an unprivileged user is not what is
+#: tested here.
+MAIN_SPEC = SPEC.replace("/game.html", "/")
+
 CANVAS = '<canvas id="c" width="240" height="120"></canvas>'
 DRAW = ("const g = document.getElementById('c').getContext('2d');"
         " g.fillStyle = '#c33'; g.fillRect(10, 10, 80, 60); g.fillStyle = '#36c'; g.fillRect(120, 30, 60, 60);")
@@ -72,8 +79,8 @@ PAGES = {
 }
 #: A page that warns and asks for a file that is not there (a 404, which Chromium also
 #: logs as a console error): it passes only with fail_on_console_error = false.
-NOISY = (f"<!doctype html><title>noisy</title><p>Level 2</p>{CANVAS}<script>{DRAW}"
-         " console.warn('slow asset'); fetch('/missing.json').catch(() => {});</script>")
+NOISY = (f"<!doctype html><title>noisy</title><p>Level 2</p>{CANVAS}<img src='/missing.png' alt=''>"
+         f"<script>{DRAW} console.warn('slow asset');</script>")
 EMPTY = "<!doctype html><title>empty</title><body></body>"
 
 
@@ -97,11 +104,6 @@ def daemon() -> Iterator[Daemon]:
 
     with module_daemon(SPEC.replace("PORT", str(PORT)), prepare=pages) as running_daemon:
         yield running_daemon
-
-
-def _validate(page: str, port: int) -> dict[str, Any]:
-    return {"tool": "preview.validate",
-            "input": {"process_id": "${running.process_id}", "port": port, "path": f"/{page}"}}
 
 
 def _actions(daemon: Daemon, run_id: str) -> list[dict[str, Any]]:
@@ -171,36 +173,49 @@ def _corral(command: list[str], top: Path, *args: str, timeout: float = 180) -> 
                           cwd=top, env={**os.environ, "HOME": str(top)}, timeout=timeout, check=False)
 
 
-def _three_pages_script(port: int) -> list[dict[str, Any]]:
-    """The spec's preview (served by the test: a command sandbox is not what is
-    tested here), its three pages, then its own page and a port without a session."""
+def _dev_server(port: int) -> dict[str, Any]:
+    """The run's own dev server: a process session serving ``site/`` on 127.0.0.1."""
+    return {"tool": "process.start", "input": {
+        "program": "python3", "args": ["-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", "site"],
+        "timeout_s": 240}}
+
+
+def _check(html: str, **inputs: Any) -> dict[str, Any]:
+    """One step: the page becomes the preview's index, then the check, which names no
+    URL, port or path (the registry finds the preview)."""
+    return {"actions": [{"tool": "fs.write", "input": {"path": "site/index.html", "content": html}},
+                        {"tool": "preview.validate", "input": inputs}]}
+
+
+def _pages_script(port: int) -> list[dict[str, Any]]:
+    """The run checks its pages one by one through the preview registry; inputs the
+    seed does not have (a port, a URL) are refused."""
     return [
         # A change to the sources: the final reply now needs a passing preview.
         {"actions": [{"tool": "fs.write", "input": {"path": "site/notes.txt", "content": "level 1"}}]},
         {"final": "too early"},
-        {"actions": [{"tool": "preview.validate", "input": {"path": f"/{page}"}} for page in PAGES]},
-        {"actions": [{"tool": "preview.validate", "input": {}},
-                     {"tool": "preview.validate", "input": {"port": port}}]},
-        # The seed's inputs (V1.1 §3): expected text, console errors tolerated, the
-        # wait after load, and both viewports or none named.
-        {"actions": [
-            {"tool": "preview.validate", "input": {"path": "/noisy.html", "expected_text": ["Level 2"],
-                                                   "fail_on_console_error": False, "settle_ms": 0}},
-            {"tool": "preview.validate", "input": {"path": "/game.html", "expected_text": ["Level 1", "Level 9"]}},
-            {"tool": "preview.validate", "input": {"path": "/empty.html", "viewports": ["mobile", "desktop"]}},
-        ]},
-        {"actions": [
-            {"tool": "preview.validate", "input": {"path": "/noisy.html", "settle_ms": 100}},
-            {"tool": "preview.validate", "input": {"path": "/game.html", "viewports": ["desktop"]}},
-            {"tool": "preview.validate", "input": {"path": "/game.html", "viewports": ["desktop", "desktop"]}},
-        ]},
+        *(_check(PAGES[page]) for page in PAGES),
+        {"actions": [{"tool": "preview.validate", "input": {"port": port}},
+                     {"tool": "preview.validate", "input": {"url": f"http://127.0.0.1:{port}/"}}]},
+        # The seed's inputs (V1.1 §3), by its names: expectedText, failOnConsoleError,
+        # settleMs, and both viewports or none named.
+        _check(NOISY, expectedText=["Level 2"], failOnConsoleError=False, settleMs=0),
+        _check(PAGES["game.html"], expectedText=["Level 1", "Level 9"]),
+        _check(EMPTY, viewports=["mobile", "desktop"]),
+        _check(NOISY, settleMs=100),
+        {"actions": [{"tool": "preview.validate", "input": {"viewports": ["desktop"]}},
+                     {"tool": "preview.validate", "input": {"viewports": ["desktop", "desktop"]}}]},
+        _check(PAGES["game.html"]),  # the latest change is followed by a pass
+        {"actions": [{"tool": "preview.validate", "input": {}}]},  # read again: the spec's page
         {"final": "checked"},
     ]
 
 
 def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path, as_user: list[str] | None) -> None:
     """The passing path, in a sandboxed Chromium: as this user, or (as root) with
-    corral run by an unprivileged user, as a careful operator would run it."""
+    corral run by an unprivileged user, as a careful operator would run it. The
+    preview is the dev server the run started, found by the port its own processes
+    listen on (seed 004 V1.1 §3's registry), never named by the model."""
     short_tmp.chmod(0o755)  # the unprivileged user walks into it
     command = as_user
     if command is None:
@@ -209,10 +224,8 @@ def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path
     port = _free_port()
     site = short_tmp / "ws" / "site"
     site.mkdir(parents=True)
-    for name, html in {**PAGES, "noisy.html": NOISY, "empty.html": EMPTY}.items():
-        (site / name).write_text(html)
-    (short_tmp / "swarm.toml").write_text(SPEC.replace("PORT", str(port)))
-    (short_tmp / "script.json").write_text(json.dumps({"steps": _three_pages_script(port)}))
+    (short_tmp / "swarm.toml").write_text(MAIN_SPEC.replace("PORT", str(port)))
+    (short_tmp / "script.json").write_text(json.dumps({"steps": _pages_script(port)}))
     if os.geteuid() == 0:
         for path in [short_tmp, short_tmp / "ws", *(short_tmp / "ws").rglob("*"), short_tmp / "swarm.toml",
                      short_tmp / "script.json"]:
@@ -224,7 +237,7 @@ def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path
         assert up.returncode == 0, up.stderr[-2000:]
         try:
             ran = _corral(command, short_tmp, "run", "--agent", "writer", "--task", "check the preview", "--script",
-                          str(short_tmp / "script.json"), "--wait", "--json", "--timeout", "150", timeout=240)
+                          str(short_tmp / "script.json"), "--wait", "--json", "--timeout", "200", timeout=260)
         finally:
             down = _corral(command, short_tmp, "down")
         assert down.returncode == 0, down.stderr[-2000:]
@@ -236,23 +249,28 @@ def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path
     home = short_tmp / "home"
     run_id = shown["run"]["run_id"]
     checks = [row for row in _rows(home, run_id) if row["tool"] == "preview.validate"]
-    assert len(checks) == 11
-    _check_the_seeds_inputs_and_evidence(home, run_id, checks[5:])
-    checks = checks[:5]
-    spec_page, port_alone = (json.loads(row["result"])["output"] for row in checks[3:])
-    assert (spec_page["url"], spec_page["passed"]) == (f"http://127.0.0.1:{port}/game.html", True)
-    assert port_alone["code"] == "bad-input" and "goes with the process_id" in port_alone["error"], port_alone
+    assert len(checks) == 13
+    _check_the_seeds_inputs_and_evidence(home, run_id, checks[5:11])
+    for row in checks[11:]:
+        last = json.loads(row["result"])["output"]
+        assert last["passed"] is True and last["url"] == f"http://127.0.0.1:{port}/", last
+    errors = {row["action_id"]: row["error"] or "" for row in ledger_rows(
+        home, "SELECT action_id, error FROM actions WHERE run_id = ?", run_id)}
+    for row, name in zip(checks[3:5], ("port", "url"), strict=True):
+        assert row["phase"] == "failed" and name in errors[row["action_id"]], errors[row["action_id"]]
     checks = checks[:3]
     verdicts = {}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for page, row in zip(PAGES, checks, strict=True):
         output = json.loads(row["result"])["output"]
-        assert output["url"] == f"http://127.0.0.1:{port}/{page}" and output["browser_sandbox"] is True
+        assert output["url"] == f"http://127.0.0.1:{port}/" and output["browser_sandbox"] is True
+        assert output["preview"] == f"page http://127.0.0.1:{port}/"
         verdicts[page] = (output["passed"], {name: view["passed"] for name, view in output["viewports"].items()})
         evidence = home / output["evidence_dir"]
         # Bound to the revision it was taken on: evidence/<agent>/<run>/<revision>/<action>/.
-        assert output["revision"] == 1 and output["stale"] is None
-        assert evidence.relative_to(home).parts == ("evidence", "writer", run_id, "1", row["action_id"])
+        assert output["revision"] >= 1 and output["stale"] is None
+        assert evidence.relative_to(home).parts == ("evidence", "writer", run_id, str(output["revision"]),
+                                                    row["action_id"])
         assert output["inspect_paths"] == [f"evidence:{row['action_id']}/{name}.png" for name in ("desktop", "mobile")]
         for name, view in output["viewports"].items():
             png = (evidence / view["screenshot"]).read_bytes()
@@ -293,7 +311,7 @@ def _check_the_seeds_inputs_and_evidence(home: Path, run_id: str, checks: list[d
         assert view["console_warnings"] == 1 and view["console_errors"] >= 1 and view["failed_requests"] == 1
         assert view["expected_text_missing"] == []
     assert any("warning: slow asset" in text for text in noisy["messages"])
-    assert any("failed request" in text and "missing.json (HTTP 404)" in text for text in noisy["messages"])
+    assert any("failed request" in text and "missing.png (HTTP 404)" in text for text in noisy["messages"])
     # The same page with console errors failing (the default) fails.
     assert noisy_failing["passed"] is False
     assert all("console error" in " ".join(v["problems"]) for v in noisy_failing["viewports"].values())
@@ -404,7 +422,7 @@ def test_without_chromiums_sandbox_the_check_is_blocked_and_the_gate_stays_shut(
     steps = [
         {"actions": [{"tool": "fs.write", "input": {"path": "site/notes.txt", "content": "level 2"}}]},
         {"actions": [server]},
-        {"actions": [_validate("game.html", port), {"tool": "preview.validate", "input": {}}]},
+        {"actions": [{"tool": "preview.validate", "input": {}}, {"tool": "preview.validate", "input": {}}]},
         {"actions": [{"tool": "process.terminate", "input": {"process_id": "${running.process_id}"}}]},
         {"final": "checked"},
         {"final": "checked, really"},
@@ -438,14 +456,62 @@ def test_the_blocked_reason_names_what_the_host_lacks() -> None:
     assert "user namespaces" in as_user and "chrome-sandbox" in as_user and "root" not in as_user
 
 
-def test_only_a_running_session_of_the_run_is_a_preview(daemon: Daemon) -> None:
-    steps = [{"actions": [_validate("game.html", _free_port()) | {
-        "input": {"process_id": "proc-00000000000000000000", "port": 8000}}]}, {"final": "refused"}]
+def test_the_model_cannot_name_the_preview(daemon: Daemon) -> None:
+    """The seed (V1.1 §3): "工具不接受 URL…Runtime 只验证当前项目 PreviewRegistry 中的精确 loopback URL":
+    a process id, a port, a path or a URL is refused by the tool's schema, checking nothing."""
+    named = [{"process_id": "proc-00000000000000000000"}, {"port": 8000}, {"path": "/admin"},
+             {"url": "http://127.0.0.1:8000/"}]
+    steps = [{"actions": [{"tool": "preview.validate", "input": one}]} for one in named] + [{"final": "refused"}]
     run_id = daemon.call("run", agent_id="writer", task="no preview", script=json.dumps({"steps": steps}))["run_id"]
     wait_run(daemon, run_id, {"completed"}, timeout=60)
-    (row,) = _actions(daemon, run_id)
-    assert row["phase"] == "failed"
-    assert json.loads(row["result"])["output"]["code"] == "not-a-preview"
+    rows = ledger_rows(daemon.home, "SELECT action_id, phase, error FROM actions WHERE run_id = ?"
+                       " ORDER BY loop_index, action_index", run_id)
+    assert [row["phase"] for row in rows] == ["failed"] * 4
+    for row, one in zip(rows, named, strict=True):
+        assert next(iter(one)) in (row["error"] or ""), row["error"]
+    assert not (daemon.home / "evidence" / "writer" / run_id).exists()
+
+
+#: A dev server listening on ``argv[1]`` loopback ports (one line: a command argument
+#: holds no control character); it prints them once they listen.
+LISTEN = ("import socket, sys, time; socks = [socket.socket() for _ in range(int(sys.argv[1]))];"
+          " [(s.bind(('127.0.0.1', 0)), s.listen()) for s in socks];"
+          " print(' '.join(str(s.getsockname()[1]) for s in socks), flush=True); time.sleep(600)")
+
+
+def test_a_dev_servers_port_is_the_preview_and_two_are_none(daemon: Daemon) -> None:
+    """The registry (seed 004 V1.1 §3's PreviewRegistry): the newest running session of
+    the run that listens on one loopback port is the preview, before the spec's page;
+    one listening on two ports is refused by name (which one is the preview is not
+    known). The spec's page here is a port nobody serves, so a check that used it
+    would end ``not-ready``."""
+    port = _free_port()
+    poll = {"tool": "process.poll", "input": {"process_id": "${running.process_id}", "wait_ms": 10000}}
+    stop = {"tool": "process.terminate", "input": {"process_id": "${running.process_id}"}}
+    steps = [
+        {"actions": [{"tool": "process.start", "input": {"program": "python3", "args": ["-c", LISTEN, "2"],
+                                                         "timeout_s": 120}}]},
+        {"actions": [poll]},  # its output says both sockets listen
+        {"actions": [{"tool": "preview.validate", "input": {}}]},
+        {"actions": [stop]},
+        {"actions": [_dev_server(port)]},
+        {"actions": [poll]},  # "Serving HTTP on 127.0.0.1 port ..."
+        {"actions": [{"tool": "preview.validate", "input": {}}]},
+        {"actions": [stop]},
+        {"final": "checked"},
+        {"final": "checked, really"},
+    ]
+    run_id = daemon.call("run", agent_id="writer", task="two servers", script=json.dumps({"steps": steps}))["run_id"]
+    wait_run(daemon, run_id, {"completed", "failed", "needs-input"}, timeout=120)
+    rows = _actions(daemon, run_id)
+    polls = [json.loads(row["result"])["output"] for row in rows if row["tool"] == "process.poll"]
+    assert "Serving HTTP" in polls[1]["chunk"] and polls[1]["listening"] == [port], polls[1]
+    two, one = (json.loads(row["result"])["output"] for row in rows if row["tool"] == "preview.validate")
+    assert two["code"] == "not-a-preview" and "listens on several loopback ports" in two["error"], two
+    if one.get("code") == "blocked":  # no Chromium sandbox here: the registry answered first
+        assert "Chromium's sandbox is not available" in one["error"], one
+    else:
+        assert one["url"] == f"http://127.0.0.1:{port}/" and one["preview"].endswith(f" on port {port}"), one
 
 
 def test_a_url_is_made_on_loopback_and_judged_after_parsing() -> None:

@@ -1,17 +1,20 @@
 """``preview.validate`` (seed 004 V1.1 §3): the project's loopback preview, checked in
-a real browser. The preview is a process session this run started (a dev server:
-``process.start``), named by its process id and the port it serves; the URL is made
-here, on 127.0.0.1, and judged after parsing, never taken from the model whole.
+a real browser. The tool takes the seed's four inputs and no URL, port or path: the
+preview is the registry's (``_registry``): the newest running process session of this
+run (a dev server: ``process.start``) that listens on a loopback port the host's
+browser reaches (its processes' own sockets, read by the session's actor:
+sandbox/listening_ports.py), or else the spec's ``[project] preview_url``. The URL is
+made here, on 127.0.0.1, and judged after parsing.
 
 Desktop (1280x720) and mobile (390x844) each load the page in a fresh context that
 reaches only the preview's own origin (every other request and socket is aborted
-and counted), wait ``settle_ms`` (800) after load, and report the document's
+and counted), wait ``settleMs`` (800) after load, and report the document's
 ``readyState``, title, a visible-text summary, its DOM's characters, console errors
 and warnings, uncaught exceptions and failed requests. The check fails on a missing
-viewport, a document not complete, an empty body, an ``expected_text`` not visible,
-a missing or blank canvas, a console error (unless ``fail_on_console_error`` is
-false) or an uncaught exception. The project revision and the preview (its running
-session, or the spec's page) are read before and after: a drift voids the result.
+viewport, a document not complete, an empty body, an ``expectedText`` not visible,
+a missing or blank canvas, a console error (unless ``failOnConsoleError`` is
+false) or an uncaught exception. The project revision and the registry's preview (its
+running session and port, or the spec's page) are read before and after: a drift voids the result.
 Screenshots go to ``<home>/evidence/<agent>/<run>/<revision>/<action>/``; the
 receipt holds their names, sha256s and sizes, never their bytes. It changes nothing
 in the project (effect class ``read``), so recovery may run it again.
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Annotated, Any, Literal, NotRequired
+from typing import Annotated, Any, Literal, NamedTuple, NotRequired
 from urllib.parse import urlsplit
 
 import trio
@@ -59,19 +62,17 @@ MAX_SETTLE_MS = 10_000
 
 
 class PreviewArgs(TypedDict):
-    process_id: NotRequired[Annotated[str, Field(
-        description="the process session (process.start) serving the preview; omit it to check the spec's"
-        " [project] preview_url")]]
-    port: NotRequired[Annotated[int, Field(ge=1, le=65535, description="the port it serves on 127.0.0.1")]]
-    path: NotRequired[Annotated[str, Field(description="the page's path (default: / or the preview_url's)")]]
+    """The seed's inputs, by the seed's names, and nothing else (V1.1 §3: "工具不接受 URL、
+    脚本、请求头、Cookie 或浏览器 Profile"): the preview is found in the registry, never named."""
+
     viewports: NotRequired[Annotated[list[Literal["desktop", "mobile"]], Field(
         min_length=2, max_length=2, description="both, always: desktop and mobile")]]
-    expected_text: NotRequired[Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_EXPECTED_TEXT_CHARS)]],
-                                         Field(max_length=MAX_EXPECTED_TEXTS,
-                                               description="texts each viewport must show")]]
-    settle_ms: NotRequired[Annotated[int, Field(
+    expectedText: NotRequired[Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_EXPECTED_TEXT_CHARS)]],
+                                        Field(max_length=MAX_EXPECTED_TEXTS,
+                                              description="texts each viewport must show")]]
+    settleMs: NotRequired[Annotated[int, Field(
         ge=0, le=MAX_SETTLE_MS, description=f"wait after load (default {DEFAULT_SETTLE_MS})")]]
-    fail_on_console_error: NotRequired[Annotated[bool, Field(description="default true")]]
+    failOnConsoleError: NotRequired[Annotated[bool, Field(description="default true")]]
 
 
 def evidence_dir(home: Path, agent_id: str, run_id: str, revision: int, action_id: str) -> Path:
@@ -93,9 +94,9 @@ def check_options(tool_input: dict[str, Any]) -> CheckOptions:
     if viewports is not None and sorted(viewports) != sorted(VIEWPORTS):
         raise ToolError(f"viewports must be exactly {' and '.join(VIEWPORTS)} (not {viewports})", "bad-input")
     return CheckOptions(
-        expected_text=tuple(tool_input.get("expected_text", ())),
-        settle_ms=int(tool_input.get("settle_ms", DEFAULT_SETTLE_MS)),
-        fail_on_console_error=bool(tool_input.get("fail_on_console_error", True)),
+        expected_text=tuple(tool_input.get("expectedText", ())),
+        settle_ms=int(tool_input.get("settleMs", DEFAULT_SETTLE_MS)),
+        fail_on_console_error=bool(tool_input.get("failOnConsoleError", True)),
     )
 
 
@@ -118,19 +119,62 @@ def preview_url(port: int, path: str, origin: str | None = None) -> str:
     return url
 
 
-async def _spec_preview(ctx: ToolContext, path: str | None) -> str:
-    """The spec's ``[project] preview_url`` (with another path if one is given)."""
+def _spec_page(spec_url: str) -> str:
+    """The spec's ``[project] preview_url``, judged again as a loopback page."""
+    parts = urlsplit(spec_url)
+    own_path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return preview_url(int(parts.port or 0), own_path, origin_of(spec_url))
+
+
+class Found(NamedTuple):
+    """The one preview the registry holds: its exact URL and what it is."""
+
+    url: str
+    identity: str
+
+
+async def _listening(ctx: ToolContext, process_id: str) -> list[int]:
+    """The loopback ports a running session of this run listens on (none when it is
+    no longer running or its actor cannot answer)."""
     try:
-        answer = await ctx.ask(ProjectPreview())
+        state = await ctx.ask(SessionPoll(run_id=ctx.run_id, process_id=process_id, max_chars=1))
+    except RemoteError:
+        return []
+    return list(state.listening) if state.status == "running" else []
+
+
+async def _registry(ctx: ToolContext) -> Found | None:
+    """The project's preview (seed 004 V1.1 §3's PreviewRegistry): the newest running
+    session of this run that listens on a loopback port the browser reaches, else
+    the spec's ``preview_url``; None while a session runs that listens on nothing yet."""
+    try:
+        preview = await ctx.ask(ProjectPreview(run_id=ctx.run_id))
     except RemoteError as exc:
         raise ToolError(f"no preview: {exc.message}", "not-a-preview") from None
-    spec_url = answer.url
-    if spec_url is None:
-        raise ToolError("no preview to check: pass the process_id and port of the preview you started"
-                        " (process.start), or set [project] preview_url in the spec", "not-a-preview")
-    parts = urlsplit(spec_url)
-    own_path = path if path is not None else (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return preview_url(int(parts.port or 0), own_path, origin_of(spec_url))
+    for process_id in preview.sessions:
+        ports = await _listening(ctx, process_id)
+        if len(ports) > 1:
+            raise ToolError(f"process {process_id} listens on several loopback ports ({', '.join(map(str, ports))}):"
+                            " which one is the preview is not known; serve it on one port", "not-a-preview")
+        if ports:
+            return Found(preview_url(ports[0], "/"), f"session {process_id} on port {ports[0]}")
+    if preview.url is not None:
+        return Found(_spec_page(preview.url), f"page {preview.url}")
+    if preview.sessions:
+        return None  # a dev server that is still starting
+    raise ToolError("no preview to check: start the project's dev server with process.start (serving on"
+                    " 127.0.0.1), or set [project] preview_url in the spec", "not-a-preview")
+
+
+async def _find_preview(ctx: ToolContext) -> Found:
+    """The registry's preview, waiting a bounded time for a starting dev server to listen."""
+    deadline = trio.current_time() + READY_TIMEOUT_S
+    while (found := await _registry(ctx)) is None:
+        if trio.current_time() > deadline:
+            raise ToolError(f"no running process session of this run listens on a loopback port after"
+                            f" {READY_TIMEOUT_S:g}s: start the preview first", "not-ready")
+        await trio.sleep(0.1)
+    return found
 
 
 def _accepts(host: str, port: int) -> bool:
@@ -142,7 +186,7 @@ def _accepts(host: str, port: int) -> bool:
 
 
 async def _wait_ready(url: str) -> None:
-    """The dev server may still be starting: its port is polled until it accepts."""
+    """The spec's preview may still be starting: its port is polled until it accepts."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", int(parts.port or 0)
     deadline = trio.current_time() + READY_TIMEOUT_S
@@ -153,49 +197,32 @@ async def _wait_ready(url: str) -> None:
         await trio.sleep(0.1)
 
 
-async def _check_session(ctx: ToolContext, process_id: str) -> None:
-    """The session is this run's own (the supervisor checks) and still running."""
-    try:
-        state = await ctx.ask(SessionPoll(run_id=ctx.run_id, process_id=process_id, max_chars=1))
-    except RemoteError as exc:
-        raise ToolError(f"process {process_id[:64]!r}: {exc.message}", "not-a-preview") from None
-    if state.status != "running":
-        raise ToolError(f"process {process_id} is {state.status}, not running: start the preview first",
-                        "not-a-preview")
-
-
 async def _revision(ctx: ToolContext) -> int:
     """The project revision now (the supervisor's)."""
     return (await ctx.ask(ProjectVerification(run_id=ctx.run_id))).revision
 
 
-async def _preview_identity(ctx: ToolContext, tool_input: dict[str, Any]) -> str:
-    """What the preview is: the running session serving it, or the spec's page."""
-    if "process_id" in tool_input:
-        await _check_session(ctx, tool_input["process_id"])  # still this run's, still running
-        return f"session {tool_input['process_id']}"
-    return f"page {await _spec_preview(ctx, tool_input.get('path'))}"
-
-
-async def _drift(ctx: ToolContext, tool_input: dict[str, Any], revision: int, identity: str) -> str | None:
+async def _drift(ctx: ToolContext, revision: int, before: Found) -> str | None:
     """Why a check's evidence no longer speaks for the project (None: it still does):
     the revision or the preview moved while the browser looked (seed 004 V1.1 §3)."""
     now = await _revision(ctx)
     if now != revision:
         return f"the project revision moved from {revision} to {now} during the check"
     try:
-        after = await _preview_identity(ctx, tool_input)
+        after = await _registry(ctx)
     except ToolError as exc:
         return f"the preview changed during the check: {exc}"
-    return None if after == identity else f"the preview changed during the check ({identity} -> {after})"
+    if after is None or after != before:
+        return f"the preview changed during the check ({before.identity} -> {after.identity if after else 'none'})"
+    return None
 
 
 class PreviewValidate:
     schema = schema(
         "preview.validate",
-        "Check the project's preview (a process session of this run serving on 127.0.0.1:port, or the spec's"
-        " preview_url when no session is named) in Chromium:"
-        " desktop and mobile screenshots, console errors, a non-blank canvas; other origins are blocked."
+        "Check the project's preview in Chromium: the dev server this run started (process.start) listening on"
+        " 127.0.0.1, or else the spec's preview_url; it takes no URL or port."
+        " Desktop and mobile screenshots, console errors, a non-blank canvas; other origins are blocked."
         " Fails unless both viewports pass.",
         PreviewArgs,
         read_only=True,
@@ -204,17 +231,10 @@ class PreviewValidate:
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         options = check_options(tool_input)
-        if "process_id" in tool_input:
-            if "port" not in tool_input:
-                raise ToolError("a process session's preview needs its port", "bad-input")
-            url = preview_url(int(tool_input["port"]), tool_input.get("path", "/"))
-        elif "port" in tool_input:
-            raise ToolError("a port goes with the process_id of the session serving it", "bad-input")
-        else:
-            url = await _spec_preview(ctx, tool_input.get("path"))
         # Read before and after: evidence is only for the revision and preview it saw.
         revision = await _revision(ctx)
-        identity = await _preview_identity(ctx, tool_input)
+        found = await _find_preview(ctx)
+        url, identity = found
         await _wait_ready(url)
         out = evidence_dir(ctx.home, ctx.agent_id, ctx.run_id, revision, ctx.action_id)
         try:
@@ -223,7 +243,7 @@ class PreviewValidate:
             raise ToolError(str(exc), "blocked") from None
         # In a thread: a test's ``block`` here holds this check, not the agent's loop.
         await trio.to_thread.run_sync(failpoints.hit, "preview.after-check")
-        drift = await _drift(ctx, tool_input, revision, identity)
+        drift = await _drift(ctx, revision, found)
         viewports = {report.name: report.as_dict() for report in reports}
         passed = drift is None and all(view["passed"] for view in viewports.values())
         output = {

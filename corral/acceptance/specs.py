@@ -67,8 +67,8 @@ PREVIEW_PORT = 8765
 VERIFY_TASK = ("First change the project: fs.write site/version.txt with the content \"2\". Then call"
                " project.verify. Then start the preview: process.start with program \"python3\" and args"
                f" [\"-m\", \"http.server\", \"{PREVIEW_PORT}\", \"--bind\", \"127.0.0.1\", \"--directory\", \"site\"]."
-               f" Then call preview.validate with that process_id and port {PREVIEW_PORT}. Then reply with one"
-               " sentence.")
+               " Then call preview.validate with no arguments (it finds the preview you started)."
+               " Then reply with one sentence.")
 
 
 def verify_spec(provider: Provider, project: str) -> str:

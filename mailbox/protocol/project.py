@@ -58,9 +58,12 @@ class VerificationState(msgspec.Struct, kw_only=True):
 
 
 class Preview(msgspec.Struct, kw_only=True):
-    """``project.preview``'s reply: the spec's loopback preview page, or None."""
+    """``project.preview``'s reply: the spec's loopback preview page (or None), and
+    the process ids of the run's running sessions, newest first (the preview a run
+    started is one of them: ``session.poll`` names the ports each listens on)."""
 
     url: str | None
+    sessions: list[str] = msgspec.field(default_factory=list)
 
 
 class Revision(msgspec.Struct, kw_only=True):
@@ -103,9 +106,12 @@ class ProjectVerification(Request[VerificationState], frozen=True, forbid_unknow
 
 
 class ProjectPreview(Request[Preview], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """``project.preview``: the spec's loopback preview page (``url``, or None)."""
+    """``project.preview``: the preview registry of ``run_id`` (seed 004 V1.1 §3's
+    PreviewRegistry): the spec's loopback preview page and the run's running process
+    sessions, which may serve one."""
 
     METHOD: ClassVar[Method] = Method.PROJECT_PREVIEW
+    run_id: ToolId
 
 
 class ProjectRevisionAdvance(Request[Revision], frozen=True, forbid_unknown_fields=True, omit_defaults=True):

@@ -62,6 +62,9 @@ class SessionOutput(msgspec.Struct, kw_only=True):
     #: More output past ``next_cursor`` already.
     more: bool
     live: bool
+    #: The loopback ports the live session's processes listen on where the host
+    #: reaches them (``preview.validate`` checks only these: seed 004 V1.1 §3).
+    listening: list[int] = msgspec.field(default_factory=list)
 
 
 class StdinWritten(msgspec.Struct, kw_only=True):

@@ -45,6 +45,7 @@ from corral.supervisor.runs import action_store
 from corral.supervisor.runs.recovery import RecoveryReport
 from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_service import RunService
+from corral.supervisor.sessions import session_store
 from corral.supervisor.spec.spec_models import ProjectTable
 
 if TYPE_CHECKING:
@@ -75,8 +76,12 @@ class ProjectService:
         self.sandbox_of = sandbox_of
 
     async def preview(self, slot: ActorSlot, request: ProjectPreview) -> Preview:
-        """The spec's loopback preview page for ``preview.validate`` (checked at spec load)."""
-        return Preview(url=self.settings.preview_url)
+        """The preview registry for ``preview.validate``: the spec's loopback page
+        (checked at spec load) and the caller's run's running sessions, newest first."""
+        self.runs.run_of(slot, request.run_id)  # the caller's own run, or refused
+        sessions = [row["process_id"] for row in reversed(session_store.live_sessions(self.ledger, request.run_id))
+                    if row["state"] == "running"]
+        return Preview(url=self.settings.preview_url, sessions=sessions)
 
     def _verify_action(self, slot: ActorSlot, request: ProjectVerifyBegin | ProjectVerifyRecord) -> tuple[Any, Any]:
         action = self.runs.tool_action(slot, request.run_id, request.action_id, VERIFY_TOOL)
