@@ -10,7 +10,6 @@ serves fails type checking here (``assert_never``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, assert_never
 
 import msgspec
@@ -92,17 +91,16 @@ def _need(family: F | None, request: Request[Any]) -> F:
     return family
 
 
-#: A handler's answer: its method's reply record (``Request[R]``'s ``R``), or a
-#: map where the reply is not typed yet.
-Answer = msgspec.Struct | Mapping[str, Any]
+#: A handler's answer: its method's reply record (``Request[R]``'s ``R``); no
+#: method answers a map (tests/test_typed_replies.py).
+Answer = msgspec.Struct
 
 
 async def dispatch(sup: Supervisor, slot: ActorSlot, request: TypedRequest) -> dict[str, Any]:
     """The answer to one decoded request as the wire carries it (committed; the
     caller waits for the barrier): a reply record encoded once, here (the actor
-    checks it back into the same record, ``protocol.reply``); a map reply is
-    copied the same way, in the same one call. Bytes stay bytes (msgpack carries
-    them as they are)."""
+    checks it back into the same record, ``protocol.reply``). Bytes stay bytes
+    (msgpack carries them as they are)."""
     body: dict[str, Any] = msgspec.to_builtins(await _answer(sup, slot, request), builtin_types=_AS_IS)
     return body
 

@@ -12,7 +12,7 @@ directly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from corral.mailbox.protocol import (
@@ -29,15 +29,21 @@ if TYPE_CHECKING:
         BridgeReport,
         BridgeRunState,
         BridgeRunStatus,
+        Claimed,
         CommandLaunched,
         CommandSandbox,
         CommandSource,
         Compacted,
         ContextCompacted,
+        Contract,
+        Delegated,
+        Generation,
         GoalVerdict,
+        GroupSpawned,
         HistoryActions,
         HistoryCommand,
         InputRequest,
+        McpAnswer,
         McpCall,
         McpFailed,
         McpReady,
@@ -133,7 +139,7 @@ class ModelMethods(Protocol):
 
     async def failed(self, slot: ActorSlot, request: ModelFailed) -> Ack: ...
 
-    async def generate(self, slot: ActorSlot, request: ModelGenerate) -> dict[str, Any]: ...
+    async def generate(self, slot: ActorSlot, request: ModelGenerate) -> Generation: ...
 
 
 class McpMethods(Protocol):
@@ -143,7 +149,7 @@ class McpMethods(Protocol):
 
     async def failed(self, slot: ActorSlot, request: McpFailed) -> Ack: ...
 
-    async def call(self, slot: ActorSlot, request: McpCall) -> dict[str, Any]: ...
+    async def call(self, slot: ActorSlot, request: McpCall) -> McpAnswer: ...
 
 
 # -- long tasks (supervisor/longtask/) ---------------------------------------------
@@ -193,13 +199,13 @@ class ReplyStreamMethods(Protocol):
 class SwarmMethods(Protocol):
     """The swarm: spawns, delegations, claims, contracts (supervisor/swarm/swarm_service.py)."""
 
-    async def spawn(self, slot: ActorSlot, request: SwarmSpawn) -> dict[str, Any]: ...
+    async def spawn(self, slot: ActorSlot, request: SwarmSpawn) -> GroupSpawned: ...
 
-    async def delegate(self, slot: ActorSlot, request: SwarmDelegate) -> dict[str, Any]: ...
+    async def delegate(self, slot: ActorSlot, request: SwarmDelegate) -> Delegated: ...
 
-    async def claim(self, slot: ActorSlot, request: SwarmClaim) -> dict[str, Any]: ...
+    async def claim(self, slot: ActorSlot, request: SwarmClaim) -> Claimed: ...
 
-    async def contract(self, slot: ActorSlot, request: SwarmContract) -> dict[str, Any]: ...
+    async def contract(self, slot: ActorSlot, request: SwarmContract) -> Contract: ...
 
     async def child_result(self, slot: ActorSlot, request: RunChildResult) -> Ack: ...
 

@@ -9,8 +9,7 @@ request's ``REPLY`` (mailbox/protocol/ ``reply``). A reply of the wrong shape is
 and the lane fails its run over it and lives on.
 
 And, read from the source (``ast``): no actor-method handler in supervisor/ answers
-a map (``dict[str, Any]``) but those of the methods listed in ``MAP_REPLIES``,
-which only shrinks.
+a map (``dict[str, Any]``): ``MAP_REPLIES``, the methods that may, is empty.
 """
 
 from __future__ import annotations
@@ -31,10 +30,13 @@ from corral.mailbox.protocol import (
     ActionBegun,
     ActionFinish,
     BadReply,
+    ChatMessage,
     ClaimedRun,
     Code,
     GoalVerdict,
     HistoryActions,
+    McpCall,
+    ModelGenerate,
     NextStep,
     RunClaim,
     RunFail,
@@ -43,6 +45,10 @@ from corral.mailbox.protocol import (
     SessionStdin,
     SessionTerminate,
     Stepped,
+    SwarmClaim,
+    SwarmContract,
+    SwarmDelegate,
+    SwarmSpawn,
 )
 from corral.mailbox.steps import (
     BatchEntry,
@@ -115,6 +121,17 @@ MALFORMED = [
     ("action.begin", ActionBegin("r/0/0"), {"begin": "maybe", "phase": "executing"}, "$.begin"),
     ("action.begin", ActionBegin("r/0/0"), {"phase": "executing"}, "begin"),
     ("run.claim", RunClaim(), {"run": {"run_id": "r"}}, "$.run"),
+    ("swarm.spawn", SwarmSpawn(run_id="r", action_id="a", children=[]), {"group_id": "g", "children": [{}]},
+     "delegation_id"),
+    ("swarm.delegate", SwarmDelegate(run_id="r", action_id="a", agent_id="x", task="t"), {"delegation_id": "d"},
+     "run_id"),
+    ("swarm.claim", SwarmClaim(run_id="r", action_id="a"), {"claim_id": None, "claimed": [], "open": "2",
+                                                            "claimed_isolated_joins": []}, "$.open"),
+    ("swarm.contract", SwarmContract(run_id="r", delegation_id="d"), {"delegation_id": "d"}, "target_agent"),
+    ("mcp.call", McpCall(action_id="a", arguments={}), {"ok": "yes"}, "$.ok"),
+    ("mcp.call", McpCall(action_id="a", arguments={}), {"ok": True, "result": {"text": "x"}}, "is_error"),
+    ("model.generate", ModelGenerate(model="m", messages=[ChatMessage("hi")], schema={}, max_tokens=8),
+     {"id": "c", "object": "chat.completion", "model": "m", "choices": []}, "usage"),
 ]
 
 
@@ -150,19 +167,11 @@ def test_the_lane_fails_its_run_over_a_malformed_step_and_lives_on(tmp_path: Pat
 
 # -- the source ---------------------------------------------------------------------
 
-#: The methods whose handlers still answer a map (``dict[str, Any]``): a ledger view
-#: a tool hands on whole as its output (sessions', the swarm's,
-#: goal.verdict, history.actions), or another actor's answer relayed as it is
-#: (mcp.call, model.generate). It only shrinks; a method leaves it with its reply
-#: record (``Request[X]``) and handler.
-MAP_REPLIES = {
-    "McpCall",
-    "ModelGenerate",
-    "SwarmClaim",
-    "SwarmContract",
-    "SwarmDelegate",
-    "SwarmSpawn",
-}
+#: The methods whose handlers still answer a map (``dict[str, Any]``): none now
+#: (the last six, the swarm's views, mcp.call's and model.generate's relayed
+#: answers, have their reply records). It stays empty: a method answers its record
+#: (``Request[X]``), and its handler says so.
+MAP_REPLIES: set[str] = set()
 
 RECORDS = {kind.__name__: kind for kind in protocol._TYPED.values()}
 
@@ -249,6 +258,55 @@ VIEWS = [
         "process_id": "proc-1", "bytes_written": 2, "sha256": "ab", "eof": False, "complete": True,
         "status": "running",
     }),
+    (SwarmSpawn(run_id="r", action_id="a", children=[]), {
+        "group_id": "grp-1",
+        "children": [{"delegation_id": "dlg-1", "instance_id": "child-1", "run_id": "run-child-1",
+                      "template": "worker", "status": "running"}],
+    }),
+    (SwarmDelegate(run_id="r", action_id="a", agent_id="reviewer", task="t"), {
+        "delegation_id": "dlg-2", "run_id": "run-2", "target": "reviewer",
+    }),
+    (SwarmClaim(run_id="r", action_id="a"), {
+        "claim_id": "clm-1",
+        "claimed": [{"delivery_id": "dlv-1", "kind": "receipt", "status": "evidence-ready", "summary": "done",
+                     "output": {"files": 2}, "artifacts": [{"path": "a", "sha256": "f"}]}],
+        "open": 1,
+        "claimed_delegate_contracts": [{"delegation_id": "dlg-2", "target_agent": "reviewer", "repair_of": None,
+                                        "contract_status": "evidence-ready", "acceptance_criteria_count": 2,
+                                        "expected_artifacts_count": 0}],
+        "claimed_isolated_joins": [{"group_id": "grp-1", "delivery_id": "dlv-0", "claimed_by_action_id": "r/1/0",
+                                    "children": [{"instance_id": "child-1", "template": "worker", "status": "ok",
+                                                  "summary": "wrote a"}],
+                                    "more_children": 0, "note": "claimed already"}],
+    }),
+    # Nothing ready: no directory of contracts (absent, not empty: the same JSON as before).
+    (SwarmClaim(run_id="r", action_id="a"), {
+        "claim_id": None, "claimed": [], "open": 0, "claimed_isolated_joins": [],
+    }),
+    (SwarmContract(run_id="r", delegation_id="dlg-2"), {
+        "delegation_id": "dlg-2", "target_agent": "reviewer", "acceptance_criteria": ["tests pass"],
+        "expected_artifacts": ["review.md"], "repair_of": None, "repaired_by": None, "delivery_id": "dlv-1",
+        "delivery_status": "claimed-by-parent", "terminal_status": "completed", "contract_status": "needs-repair",
+        "delivery": {"status": "needs-repair", "missing_artifacts": ["review.md"], "output": None},
+    }),
+    (McpCall(action_id="a", arguments={"q": 1}), {
+        "ok": True,
+        "result": {"is_error": False, "text": "3 rows", "structured": {"rows": [1, 2, 3]},
+                   "other_content": [{"type": "image"}]},
+    }),
+    (McpCall(action_id="a", arguments={}), {
+        "ok": True,
+        "result": {"is_error": False, "text": "head", "structured": None, "other_content": []},
+        "sidecar": "/h/transcripts/r/a.mcp.json", "bytes": 900000, "truncated": True,
+    }),
+    (McpCall(action_id="a", arguments={}), {"ok": False, "code": "mcp-unavailable", "error": "not ready"}),
+    (ModelGenerate(model="m", messages=[ChatMessage("hi")], schema={}, max_tokens=8), {
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "{}"}, "logprobs": None,
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 30, "completion_tokens": 2},
+        "timings": {"model_ms": 12.5, "ttft_ms": 3.25, "tokens_per_s": 160.0},
+    }),
 ]
 
 
@@ -259,3 +317,12 @@ def test_a_view_reaches_the_model_as_the_same_json(request_: Any, view: dict[str
     answer = trio.run(_ctx(Channel({request_.METHOD.value: sent})).ask, request_)
     assert type(answer) is request_.REPLY
     assert msgspec.to_builtins(answer) == view
+
+
+def test_a_request_whose_reply_is_a_map_is_refused_as_it_is_made() -> None:
+    """No new method may answer a map again: ``Request[dict[str, Any]]`` is refused
+    when the class is made, before any handler could answer it."""
+    with pytest.raises(TypeError, match="a reply is a record"):
+
+        class MapReply(protocol.Request[dict[str, Any]], frozen=True):  # type: ignore[misc]
+            METHOD = protocol.Method.PING

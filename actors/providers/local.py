@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+import msgspec
+
 from corral.actors.providers.base import (
     ErrorKind,
     Plan,
@@ -222,8 +224,8 @@ class LocalProvider:
         except (ChannelClosed, DeadlineExceeded, MailboxFull) as exc:
             raise ProviderError(ErrorKind.TRANSIENT, f"local model {self.config.model}: {type(exc).__name__}") from None
         # Not redacted here: the supervisor's handoff decides (as the OpenAI provider's).
-        text = json.dumps(answer, ensure_ascii=False)
-        return ProviderResponse(text=text, meta=answer.get("timings", {}))
+        text = json.dumps(msgspec.to_builtins(answer), ensure_ascii=False)
+        return ProviderResponse(text=text, meta=msgspec.to_builtins(answer.timings))
 
     def prompt_text(self, request: ProviderRequest) -> str:
         """The system prompt ``complete`` sends for ``request`` (the run's transcript)."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from corral.actors.providers.base import ToolSchema
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult
 from corral.core.redact import summarize
@@ -37,21 +39,22 @@ class McpTool:
         answer = await ctx.ask(
             McpCall(action_id=ctx.action_id, arguments=tool_input), timeout=self.call_timeout_s + CALL_TIMEOUT_SLACK_S
         )
-        if not answer.get("ok"):
-            raise ToolError(str(answer.get("error", "the MCP call failed")), str(answer.get("code", "mcp-failed")))
-        result: dict[str, Any] = answer["result"]
-        output: dict[str, Any] = {"text": result.get("text", "")}
-        if result.get("structured") is not None:
-            output["structured"] = result["structured"]
-        if answer.get("sidecar"):
-            output["sidecar"] = answer["sidecar"]
-            output["bytes"] = answer.get("bytes")
+        result = answer.result
+        if not answer.ok or isinstance(result, msgspec.UnsetType):
+            error = answer.error if isinstance(answer.error, str) else "the MCP call failed"
+            raise ToolError(error, answer.code if isinstance(answer.code, str) else "mcp-failed")
+        output: dict[str, Any] = {"text": result.text}
+        if result.structured is not None:
+            output["structured"] = result.structured
+        if isinstance(answer.sidecar, str) and answer.sidecar:
+            output["sidecar"] = answer.sidecar
+            output["bytes"] = None if isinstance(answer.bytes, msgspec.UnsetType) else answer.bytes
             output["truncated"] = True
         name = self.schema.name
-        if result.get("is_error"):
+        if result.is_error:
             # The server's own word that the call failed: a failed action with its message.
-            return ToolResult(False, output, f"{name} failed: {summarize(result.get('text', ''), 150)}")
-        return ToolResult(True, output, f"{name}: {summarize(result.get('text', ''), 120) or 'ok'}")
+            return ToolResult(False, output, f"{name} failed: {summarize(result.text, 150)}")
+        return ToolResult(True, output, f"{name}: {summarize(result.text, 120) or 'ok'}")
 
 
 def mcp_tools(entries: list[dict[str, Any]] | None) -> dict[str, McpTool]:

@@ -73,8 +73,8 @@ class SpawnIsolated:
             join_mode=tool_input.get("join_mode", "all"),
         )
         reply = await ctx.ask(spawn)
-        names = ", ".join(child["instance_id"] for child in reply["children"])
-        return ToolResult(True, reply, f"spawned group {reply['group_id']} ({names})")
+        names = ", ".join(child.instance_id for child in reply.children)
+        return ToolResult(True, msgspec.to_builtins(reply), f"spawned group {reply.group_id} ({names})")
 
 
 class Delegate:
@@ -99,7 +99,7 @@ class Delegate:
                 repair_of=tool_input.get("repair_of"),
             )
         )
-        return ToolResult(True, reply, f"delegated {reply['delegation_id']} to {reply['target']}")
+        return ToolResult(True, msgspec.to_builtins(reply), f"delegated {reply.delegation_id} to {reply.target}")
 
 
 class RunStatus:
@@ -117,19 +117,19 @@ class RunStatus:
             contract = await ctx.ask(SwarmContract(run_id=ctx.run_id, delegation_id=tool_input["delegation_id"]))
             return ToolResult(
                 True,
-                contract,
-                f"contract of {contract['delegation_id']}: {contract['contract_status']},"
-                f" {len(contract['acceptance_criteria'])} criteria",
+                msgspec.to_builtins(contract),
+                f"contract of {contract.delegation_id}: {contract.contract_status},"
+                f" {len(contract.acceptance_criteria)} criteria",
             )
         claim = SwarmClaim(run_id=ctx.run_id, action_id=ctx.action_id, delivery_ids=tool_input.get("delivery_ids"))
         reply = await ctx.ask(claim)
-        kinds = [f"{d['kind']}:{d.get('status', 'joined')}" for d in reply["claimed"]]
-        earlier = reply.get("claimed_isolated_joins") or []
+        kinds = [f"{d['kind']}:{d.get('status', 'joined')}" for d in reply.claimed]
+        earlier = reply.claimed_isolated_joins
         # Seed 004 V1.9: a later query says which groups are settled, so a model that
         # lost the first answer to compaction does not poll for them again.
         settled = (
             (
-                f"; {len(earlier)} group(s) claimed earlier ({', '.join(j['group_id'] for j in earlier)}):"
+                f"; {len(earlier)} group(s) claimed earlier ({', '.join(j.group_id for j in earlier)}):"
                 " no need to query them again"
             )
             if earlier
@@ -137,8 +137,8 @@ class RunStatus:
         )
         return ToolResult(
             True,
-            reply,
-            f"claimed {len(reply['claimed'])} ({', '.join(kinds) or 'none'}), {reply['open']} still open{settled}",
+            msgspec.to_builtins(reply),
+            f"claimed {len(reply.claimed)} ({', '.join(kinds) or 'none'}), {reply.open} still open{settled}",
         )
 
 

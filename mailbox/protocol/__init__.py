@@ -43,18 +43,24 @@ from corral.mailbox.protocol.bridge import (
 )
 from corral.mailbox.protocol.longtask import Compacted, ContextCompacted, GoalVerdict, LongTaskRequest, Verdict
 from corral.mailbox.protocol.mcp import (
+    McpAnswer,
     McpCall,
     McpFailed,
     McpReady,
     McpRequest,
+    McpResult,
+    OtherContent,
 )
 from corral.mailbox.protocol.models import (
     ChatMessage,
+    Generation,
+    GenerationTimings,
     ModelFailed,
     ModelGenerate,
     ModelReady,
     ModelRequest,
     ReplyStream,
+    TokenUsage,
 )
 from corral.mailbox.protocol.people import (
     ActionReceipts,
@@ -134,7 +140,15 @@ from corral.mailbox.protocol.sessions import (
     StdinWritten,
 )
 from corral.mailbox.protocol.swarm import (
+    Claimed,
+    ClaimedJoin,
+    Contract,
+    ContractLine,
+    Delegated,
+    GroupSpawned,
+    JoinedChild,
     SpawnChild,
+    SpawnedChild,
     SwarmClaim,
     SwarmContract,
     SwarmDelegate,
@@ -169,6 +183,8 @@ __all__ = [
     "BridgeRunStatus",
     "ChatMessage",
     "Claim",
+    "Claimed",
+    "ClaimedJoin",
     "ClaimedRun",
     "Code",
     "CommandLaunched",
@@ -176,22 +192,32 @@ __all__ = [
     "CommandSource",
     "Compacted",
     "ContextCompacted",
+    "Contract",
+    "ContractLine",
     "Count",
+    "Delegated",
+    "Generation",
+    "GenerationTimings",
     "GoalVerdict",
+    "GroupSpawned",
     "HandedOff",
     "HistoryActions",
     "HistoryCommand",
     "Id",
     "InputRequest",
     "InvalidPlan",
+    "JoinedChild",
+    "McpAnswer",
     "McpCall",
     "McpFailed",
     "McpReady",
+    "McpResult",
     "Method",
     "ModelFailed",
     "ModelGenerate",
     "ModelReady",
     "NextStep",
+    "OtherContent",
     "OwnReceipt",
     "Ping",
     "PlanAnswer",
@@ -236,6 +262,7 @@ __all__ = [
     "SessionView",
     "SinkCount",
     "SpawnChild",
+    "SpawnedChild",
     "StdinWritten",
     "StepReply",
     "StepRequest",
@@ -244,6 +271,7 @@ __all__ = [
     "SwarmContract",
     "SwarmDelegate",
     "SwarmSpawn",
+    "TokenUsage",
     "TurnNote",
     "TypedRequest",
     "Verdict",
@@ -311,11 +339,9 @@ def encode(request: Request[Any]) -> dict[str, Any]:
 
 def reply(request: Request[R], answer: dict[str, Any]) -> R:
     """``request``'s reply off the wire, checked once as it arrives into its typed
-    record (``REPLY``; a reply still a map passes as is). Raises ``BadReply``,
-    naming the method and the field, for a reply of the wrong shape."""
+    record (``REPLY``). Raises ``BadReply``, naming the method and the field, for
+    a reply of the wrong shape."""
     kind = request.REPLY
-    if kind is None:
-        return cast(R, answer)
     try:
         return cast(R, msgspec.convert(answer, kind, strict=True))
     except msgspec.ValidationError as exc:

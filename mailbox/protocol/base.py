@@ -133,8 +133,9 @@ class Ack(msgspec.Struct, frozen=True):
 class Request(msgspec.Struct, Generic[R], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """One method's request; ``R`` is its reply. ``METHOD`` names it on the wire;
     ``REPLY`` is the record the reply is checked into as it arrives, read off
-    ``R`` itself (``Request[Claim]``: ``Claim``), so the two cannot differ; None
-    for a reply that is still a map (``dict[str, Any]``)."""
+    ``R`` itself (``Request[Claim]``: ``Claim``), so the two cannot differ. A reply
+    is a record (or a union of records: the step): a map (``dict[str, Any]``) is
+    refused as the class is made."""
 
     METHOD: ClassVar[Method]
     REPLY: ClassVar[Any] = None
@@ -144,4 +145,6 @@ class Request(msgspec.Struct, Generic[R], frozen=True, forbid_unknown_fields=Tru
         for base in getattr(cls, "__orig_bases__", ()):
             if get_origin(base) is Request:
                 (reply,) = get_args(base)
-                cls.REPLY = None if get_origin(reply) is dict else reply
+                if reply is dict or get_origin(reply) is dict:
+                    raise TypeError(f"{cls.__name__}: a reply is a record (a msgspec.Struct), not a map")
+                cls.REPLY = reply

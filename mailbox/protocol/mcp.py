@@ -6,12 +6,41 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from corral.mailbox.protocol.base import Ack, Id, Method, Request
 
 ServerId = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 
-Reply = dict[str, Any]
+
+class OtherContent(msgspec.Struct, kw_only=True):
+    """A content item of a result that is not text: only its kind is kept."""
+
+    type: str
+
+
+class McpResult(msgspec.Struct, kw_only=True):
+    """An MCP CallToolResult as plain JSON (actors/mcp_actor.py ``result_payload``):
+    its text joined, its structured content kept as the server gave it (any JSON)."""
+
+    is_error: bool
+    text: str
+    structured: Any
+    other_content: list[OtherContent]
+
+
+class McpAnswer(msgspec.Struct, kw_only=True):
+    """``mcp.call``'s reply: the server's result (inline, or a preview with the
+    ``sidecar`` file that holds it whole), or why the call failed cleanly (``code``,
+    ``error``). The fields a kind of answer lacks stay absent (``UNSET``)."""
+
+    ok: bool
+    result: McpResult | UnsetType = UNSET
+    sidecar: str | UnsetType = UNSET
+    bytes: int | UnsetType = UNSET
+    truncated: bool | UnsetType = UNSET
+    code: str | UnsetType = UNSET
+    error: str | UnsetType = UNSET
 
 
 class McpReady(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -37,7 +66,7 @@ class McpFailed(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defa
     stderr_tail: list[str] = msgspec.field(default_factory=list)
 
 
-class McpCall(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class McpCall(Request[McpAnswer], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``mcp.call``: one tools/call for an executing MCP tool action of the caller's run."""
 
     METHOD: ClassVar[Method] = Method.MCP_CALL

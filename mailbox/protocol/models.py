@@ -16,7 +16,31 @@ ModelId = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 MAX_MESSAGES = 400
 MAX_TOKENS = 32_768
 
-Reply = dict[str, Any]
+
+class TokenUsage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class GenerationTimings(msgspec.Struct, kw_only=True):
+    """What the generation took (llama.cpp server's ``timings``), in the provider's meta."""
+
+    model_ms: float
+    ttft_ms: float
+    tokens_per_s: float
+
+
+class Generation(msgspec.Struct, kw_only=True):
+    """``model.generate``'s reply: a Chat Completions body (actors/model_actor.py
+    ``generate``), committed whole as the provider's response. ``choices`` are
+    llama.cpp's own, relayed as it made them."""
+
+    id: str
+    object: str
+    model: str
+    choices: list[dict[str, Any]]
+    usage: TokenUsage
+    timings: GenerationTimings
 
 
 class ModelReady(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -50,7 +74,7 @@ class ReplyStream(msgspec.Struct, frozen=True):
     slot: str
 
 
-class ModelGenerate(Request[Reply], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ModelGenerate(Request[Generation], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """``model.generate``: one generation by a local model, relayed to its actor."""
 
     METHOD: ClassVar[Method] = Method.MODEL_GENERATE

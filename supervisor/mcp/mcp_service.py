@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import trio
 
 from corral.actors.tools.validation import validation_error
 from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
-from corral.mailbox.protocol import Ack, ActionPrepare, ClaimedRun, McpCall, McpFailed, McpReady
+from corral.mailbox.protocol import Ack, ActionPrepare, ClaimedRun, McpAnswer, McpCall, McpFailed, McpReady
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.mcp.mcp_catalog import CatalogTool, build_catalog, catalog_fingerprint, drift, pin, pinned
@@ -264,13 +265,15 @@ class McpService:
 
     # -- calls -------------------------------------------------------------------------
 
-    async def call(self, slot: ActorSlot, request: McpCall) -> dict[str, Any]:
-        """From the agent, after ``executing`` is committed: relay one tools/call."""
+    async def call(self, slot: ActorSlot, request: McpCall) -> McpAnswer:
+        """From the agent, after ``executing`` is committed: relay one tools/call;
+        the answer (the server actor's, or the relay's own failure) checked into
+        its reply record here, once."""
         action = action_store.get_action(self.ledger, request.action_id)
         self.runs.run_of(slot, action["run_id"])
         if action["phase"] != ActionPhase.EXECUTING:
             raise SupervisorError(f"action {request.action_id} is {action['phase']}, not executing", code="conflict")
-        return await self.relay(action, request.arguments)
+        return msgspec.convert(await self.relay(action, request.arguments), McpAnswer)
 
     async def relay(self, action: Any, arguments: dict[str, Any]) -> dict[str, Any]:
         tool = self._pinned_tool(action["run_id"], action["tool"])

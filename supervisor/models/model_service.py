@@ -17,11 +17,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import trio
 
 from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
-from corral.mailbox.protocol import Ack, Code, ModelFailed, ModelGenerate, ModelReady
+from corral.mailbox.protocol import Ack, Code, Generation, ModelFailed, ModelGenerate, ModelReady
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.models.model_spec import LocalModelSpec
@@ -127,8 +128,9 @@ class ModelService:
             body["stream"] = {"run_id": request.stream.run_id[:200], "slot": request.stream.slot[:300]}
         return self.models[request.model], body, request.timeout_s
 
-    async def generate(self, slot: ActorSlot, request: ModelGenerate) -> dict[str, Any]:
-        """From an agent's ``local`` provider: one generation, relayed to the model."""
+    async def generate(self, slot: ActorSlot, request: ModelGenerate) -> Generation:
+        """From an agent's ``local`` provider: one generation, relayed to the model,
+        its answer checked into the reply record here, once."""
         if slot.spec.template not in AGENT_TEMPLATES:
             raise BadRequest(f"actor {slot.id} ({slot.spec.template}) does not run a provider")
         state, body, timeout = self._checked_request(request)
@@ -138,7 +140,11 @@ class ModelService:
             raise SupervisorError(f"model {model} is {self.status_of(model)}: {why}", code=Code.MODEL_UNAVAILABLE)
         state.requests += 1
         try:
-            return await self.tree.request(state.spec.actor_id, body, timeout + RELAY_SLACK_S)
+            answer = await self.tree.request(state.spec.actor_id, body, timeout + RELAY_SLACK_S)
+            return msgspec.convert(answer, Generation)
+        except msgspec.ValidationError as exc:
+            # The model actor is this code too: a bug, named, and no generation to keep.
+            raise SupervisorError(f"the model's answer is malformed: {exc}", code=Code.MODEL_FAILED) from None
         except RemoteError as exc:
             if exc.code == "context-full":
                 raise SupervisorError(exc.message, code="context-full") from None

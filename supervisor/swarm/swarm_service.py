@@ -16,7 +16,18 @@ import msgspec
 import trio
 
 from corral.actors.tools.base import OUTCOME_UNKNOWN
-from corral.mailbox.protocol import Ack, RunChildResult, SwarmClaim, SwarmContract, SwarmDelegate, SwarmSpawn
+from corral.mailbox.protocol import (
+    Ack,
+    Claimed,
+    Contract,
+    Delegated,
+    GroupSpawned,
+    RunChildResult,
+    SwarmClaim,
+    SwarmContract,
+    SwarmDelegate,
+    SwarmSpawn,
+)
 from corral.mailbox.steps import CompactStep, ParkStep, ProviderStep
 from corral.supervisor.errors import BadRequest, Refused
 from corral.supervisor.ledger.port import Ledger
@@ -136,8 +147,10 @@ class SwarmService:
                 raise Refused(why, code=OUTCOME_UNKNOWN)
         return the_id
 
-    async def spawn(self, slot: ActorSlot, request: SwarmSpawn) -> dict[str, Any]:
+    async def spawn(self, slot: ActorSlot, request: SwarmSpawn) -> GroupSpawned:
         run = self._parent(slot, request.run_id)
+        # The stores keep their ledger views (maps); each is checked into its
+        # reply record here, once.
         view = children_store.spawn_group(
             self.ledger,
             self.spec,
@@ -149,10 +162,11 @@ class SwarmService:
             request.join_mode,
             self.features,
         )
-        for child in view["children"]:
-            await self.start_child(child["instance_id"])
+        spawned = msgspec.convert(view, GroupSpawned)
+        for child in spawned.children:
+            await self.start_child(child.instance_id)
         self._timeouts_changed.set()
-        return view
+        return spawned
 
     async def start_child(self, instance_id: str) -> None:
         slot = self.tree.slots.get(instance_id)
@@ -190,29 +204,32 @@ class SwarmService:
             return ()
         return provider_env(template.provider, template.provider_config) if template else ()
 
-    async def delegate(self, slot: ActorSlot, request: SwarmDelegate) -> dict[str, Any]:
+    async def delegate(self, slot: ActorSlot, request: SwarmDelegate) -> Delegated:
         run = self._parent(slot, request.run_id)
         # An optional field left out is absent, not None (None would fail its check).
         fields: dict[str, Any] = msgspec.to_builtins(request)
         for envelope_field in ("run_id", "action_id"):
             fields.pop(envelope_field)
         action_id = self._member(request.action_id, run)
-        reply = delegation_store.delegate(self.ledger, self.spec, run, action_id, fields, self.features)
-        await self.runs.wake(reply["target"])
+        reply = msgspec.convert(
+            delegation_store.delegate(self.ledger, self.spec, run, action_id, fields, self.features), Delegated
+        )
+        await self.runs.wake(reply.target)
         return reply
 
-    async def claim(self, slot: ActorSlot, request: SwarmClaim) -> dict[str, Any]:
+    async def claim(self, slot: ActorSlot, request: SwarmClaim) -> Claimed:
         run = self._parent(slot, request.run_id)
         action_id = self._action_id(request.action_id, run)
         gate = self.collaboration
         first = None if gate is None or run["kind"] != "root" else (
             lambda ready: gate.claim_check(run["run_id"], ready))
-        return claim_store.claim(self.ledger, run["run_id"], action_id, request.delivery_ids, first)
+        return msgspec.convert(claim_store.claim(self.ledger, run["run_id"], action_id, request.delivery_ids, first),
+                               Claimed)
 
-    async def contract(self, slot: ActorSlot, request: SwarmContract) -> dict[str, Any]:
+    async def contract(self, slot: ActorSlot, request: SwarmContract) -> Contract:
         """One claimed delegation's contract and receipt (``agent.run_status(delegation_id=...)``)."""
         run = self._parent(slot, request.run_id)
-        return delegation_store.contract(self.ledger, run["run_id"], request.delegation_id)
+        return msgspec.convert(delegation_store.contract(self.ledger, run["run_id"], request.delegation_id), Contract)
 
     async def child_result(self, slot: ActorSlot, request: RunChildResult) -> Ack:
         run = self._parent(slot, request.run_id)
