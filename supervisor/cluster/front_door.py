@@ -42,7 +42,7 @@ from corral.supervisor.ledger.ledger_pg_cluster import CLUSTER_SCHEMA, QUEUED, i
 from corral.supervisor.ledger.ledger_pg_wire import PostgresUnavailable, connect, redact_url
 from corral.supervisor.params import param_int, param_str, param_text
 from corral.supervisor.runs import run_store
-from corral.supervisor.runs.run_views import ELSEWHERE_POLL_S, wait_request
+from corral.supervisor.runs.run_views import ELSEWHERE_POLL_S, WaitRequest, wait_request
 
 _C = CLUSTER_SCHEMA
 #: At most this long in one ``wait`` call (the client asks again, as of a node).
@@ -224,7 +224,7 @@ class Door:
     def _wait(self, params: dict[str, Any]) -> dict[str, Any]:
         """Until every run of ``run_ids`` is done (or waits for a person, ``until =
         "settled"``), or ``wait_ms`` passed: the node's ``wait``, by reading."""
-        wanted, stop, wait_ms = wait_request(params, WAIT_MAX_RUNS)
+        wanted, stop, wait_ms = wait_request(WaitRequest.decode(params), WAIT_MAX_RUNS)
         deadline = time.monotonic() + min(wait_ms, MAX_WAIT_MS) / 1000
         while True:
             found = self._locked(lambda conn: run_queue.statuses(conn, wanted, ""))

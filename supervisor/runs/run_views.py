@@ -13,8 +13,9 @@ import functools
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
+import msgspec
 import trio
 
 from corral.actors.tools.base import Tool
@@ -34,19 +35,41 @@ LIST_TEXT_CHARS = 300
 WAIT_MAX_RUNS = 1000
 
 
-def wait_request(params: dict[str, Any], max_runs: int) -> tuple[list[str], frozenset[str], int]:
-    """A ``wait``'s request, checked (a node's and the cluster front door's): the run
-    ids (sorted, once each), the statuses that end the wait, and ``wait_ms``."""
-    run_ids = params.get("run_ids")
-    if not isinstance(run_ids, list) or not 1 <= len(run_ids) <= max_runs:
+#: The longest a ``wait`` may be asked to take (an hour); the node answers within 30 s.
+MAX_WAIT_MS = 3_600_000
+
+
+class WaitRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``wait`` call: the runs it waits for, the statuses that end it (``done``:
+    ended; ``settled``: ended or waiting for a person) and how long at most."""
+
+    run_ids: list[str]
+    until: Literal["done", "settled"] = "settled"
+    #: None (a JSON client's null) is the default, as it always was: no wait.
+    wait_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_WAIT_MS)] | None = 0
+
+    @classmethod
+    def decode(cls, params: Mapping[str, Any]) -> WaitRequest:
+        """The control call's parameters, their shape checked once: a
+        ``bad-request`` naming the parameter (msgspec's ``$.until``) otherwise.
+        Other parameters are left alone, as they always were."""
+        try:
+            return msgspec.convert(params, cls, strict=True)
+        except msgspec.ValidationError as exc:
+            raise BadRequest(f"wait: {exc}") from None
+
+
+def wait_request(request: WaitRequest, max_runs: int) -> tuple[list[str], frozenset[str], int]:
+    """A ``wait``'s request, checked for what its shape cannot say (a node's and the
+    cluster front door's own bound on the runs, each a run id): the run ids (sorted,
+    once each), the statuses that end the wait, and ``wait_ms``."""
+    run_ids = request.run_ids
+    if not 1 <= len(run_ids) <= max_runs:
         raise BadRequest(f"run_ids must be a list of 1 to {max_runs} run ids")
-    if not all(isinstance(run_id, str) and run_store.RUN_ID.match(run_id) for run_id in run_ids):
+    if not all(run_store.RUN_ID.match(run_id) for run_id in run_ids):
         raise BadRequest("run_ids holds something that is not a run id")
-    until = params.get("until", "settled")
-    if until not in ("done", "settled"):
-        raise BadRequest("until must be 'done' or 'settled'")
-    stop = frozenset(str(s) for s in (TERMINAL if until == "done" else TERMINAL | NEEDS_PERSON))
-    return sorted(set(run_ids)), stop, param_int(params, "wait_ms", 0, high=3_600_000)
+    stop = frozenset(str(s) for s in (TERMINAL if request.until == "done" else TERMINAL | NEEDS_PERSON))
+    return sorted(set(run_ids)), stop, request.wait_ms or 0
 
 
 class ShowElsewhere(Protocol):
@@ -197,7 +220,7 @@ class RunViews:
         waiting for a person (``"settled"``, the default), or ``wait_ms`` passed.
         It wakes on commits, in the supervisor: a client waits with one call and no
         ``show`` per event, so waiting takes no CPU from the runs it waits for."""
-        wanted, stop, wait_ms = wait_request(params, WAIT_MAX_RUNS)
+        wanted, stop, wait_ms = wait_request(WaitRequest.decode(params), WAIT_MAX_RUNS)
         marks = ",".join("?" * len(wanted))
 
         def statuses() -> dict[str, str]:
