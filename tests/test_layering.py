@@ -33,17 +33,22 @@ FEATURE_FOLDERS = (
 )
 
 
-def _imports(path: Path) -> Iterator[tuple[int, str]]:
+def _imports(path: Path, package: str | None = None) -> Iterator[tuple[int, str]]:
     """Every module ``path`` imports, anywhere in it, as a dotted name (``from a
-    import b`` yields ``a.b`` too: ``b`` may be a module)."""
+    import b`` yields ``a.b`` too: ``b`` may be a module). A relative import is
+    refused, or resolved against ``package`` (the one ``path`` is in) when given."""
     tree = ast.parse(path.read_text(), str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, f"{path}:{node.lineno}: corral imports absolutely"
+            assert node.level == 0 or package, f"{path}:{node.lineno}: corral imports absolutely"
             module = node.module or ""
+            if node.level:
+                assert package is not None
+                base = package.rsplit(".", node.level - 1)[0]
+                module = f"{base}.{module}" if module else base
             yield node.lineno, module
             for alias in node.names:
                 yield node.lineno, f"{module}.{alias.name}"
@@ -53,15 +58,50 @@ def _under(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
-def test_the_run_layer_imports_no_feature_folder() -> None:
+def _feature_imports(root: Path) -> list[str]:
+    """Each import of a feature folder in the run layer under ``root`` (its
+    sub-folders too), as ``path:line: module``."""
     features = [f"corral.supervisor.{folder}" for folder in FEATURE_FOLDERS]
-    found = [
-        f"{path.relative_to(ROOT)}:{line}: {name}"
-        for path in sorted((ROOT / "supervisor" / "runs").glob("*.py"))
-        for line, name in _imports(path)
-        if any(_under(name, feature) for feature in features)
+    return sorted(
+        {
+            f"{path.relative_to(root)}:{line}: {name}"
+            for path in sorted((root / "supervisor" / "runs").rglob("*.py"))
+            for line, name in _imports(path)
+            if any(_under(name, feature) for feature in features)
+        }
+    )
+
+
+def test_the_run_layer_imports_no_feature_folder() -> None:
+    found = _feature_imports(ROOT)
+    assert not found, "the run layer imports a feature folder:\n" + "\n".join(found)
+
+
+def test_the_check_finds_a_feature_import_however_it_is_written(tmp_path: Path) -> None:
+    """What the run layer once held (approval_view.py read mcp/'s catalog,
+    run_control.py longtask/'s goal store) is found, in a function, under
+    ``TYPE_CHECKING`` or in a sub-folder alike; what it stands on is not."""
+    runs = tmp_path / "supervisor" / "runs"
+    (runs / "deeper").mkdir(parents=True)
+    (runs / "approval_view.py").write_text(
+        "from corral.supervisor.mcp.mcp_catalog import pinned\nfrom corral.supervisor.ledger.port import Ledger\n"
+    )
+    (runs / "run_control.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    import corral.supervisor.models\n"
+        "def goal():\n"
+        "    from corral.supervisor import longtask\n"
+    )
+    (runs / "deeper" / "x.py").write_text("from corral.supervisor.swarm.claim_store import claim\n")
+    assert _feature_imports(tmp_path) == [
+        "supervisor/runs/approval_view.py:1: corral.supervisor.mcp.mcp_catalog",
+        "supervisor/runs/approval_view.py:1: corral.supervisor.mcp.mcp_catalog.pinned",
+        "supervisor/runs/deeper/x.py:1: corral.supervisor.swarm.claim_store",
+        "supervisor/runs/deeper/x.py:1: corral.supervisor.swarm.claim_store.claim",
+        "supervisor/runs/run_control.py:3: corral.supervisor.models",
+        "supervisor/runs/run_control.py:5: corral.supervisor.longtask",
     ]
-    assert not found, "the run layer imports a feature folder:\n" + "\n".join(sorted(set(found)))
 
 
 def test_the_feature_folders_listed_are_the_supervisors_own() -> None:
@@ -74,6 +114,55 @@ def test_the_fork_server_imports_no_actor_module() -> None:
     path = ROOT / "sandbox" / "forkserver.py"
     found = [f"{line}: {name}" for line, name in _imports(path) if _under(name, "corral.actors")]
     assert not found, "sandbox/forkserver.py imports the actors' side:\n" + "\n".join(found)
+
+
+#: The top-level folders the package ``corral`` maps (pyproject's package-dir);
+#: the rest of ``corral.*`` is under corral/.
+MAPPED = ("actors", "mailbox", "sandbox", "supervisor")
+
+
+def _source(module: str) -> Path | None:
+    """The file of a corral module, or None (not corral's, or a name imported from one)."""
+    parts = module.split(".")
+    if parts[0] != "corral" or len(parts) < 2:
+        return None
+    base = ROOT.joinpath(*parts[1:]) if parts[1] in MAPPED else ROOT.joinpath("corral", *parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _closure(module: str) -> dict[str, str]:
+    """Every corral module ``module`` imports, directly or through another, each
+    with the module that imports it first (a breadth-first walk of the source)."""
+    seen = {module: ""}
+    queue = [module]
+    while queue:
+        current = queue.pop(0)
+        path = _source(current)
+        if path is None:
+            continue
+        package = current if path.name == "__init__.py" else current.rpartition(".")[0]
+        for _, name in _imports(path, package):
+            if name not in seen and _source(name) is not None:
+                seen[name] = current
+                queue.append(name)
+    return seen
+
+
+def test_the_fork_server_reaches_no_actor_module_through_another() -> None:
+    """Not through mailbox/, core/ or sandbox/ either: what the fork server imports,
+    and all those import, holds nothing of actors/ (actors/runtime.py least of all)."""
+    closure = _closure("corral.sandbox.forkserver")
+    assert "corral.mailbox.actor_config" in closure  # the walk follows imports
+    found = [f"{name} (imported by {by})" for name, by in closure.items() if _under(name, "corral.actors")]
+    assert not found, "the fork server reaches the actors' side:\n" + "\n".join(found[:10])
+
+
+def test_the_walk_finds_an_actor_module_reached_through_another() -> None:
+    # corral.actors.agent imports actors/runtime.py: the walk must see it.
+    assert "corral.actors.runtime" in _closure("corral.actors.agent")
 
 
 def test_the_features_order_is_written_in_one_place() -> None:
