@@ -52,3 +52,16 @@ def test_a_bad_default_and_a_tool_named_default_are_refused() -> None:
         parse_spec({"policy": {"project.restore": "auto"}})
     with pytest.raises(ToolDeclarationError, match="default"):
         tool(name="default")(lambda: None)
+
+
+def test_the_action_history_takes_the_agent_audit_permission(tmp_path: Path) -> None:
+    """Seed 004 V1.6: "权限复用 agent.audit，默认 auto，仍可由项目或 per-Agent policy 改为
+    confirm 或 deny": a spec's or an agent's ``agent.audit`` key decides
+    ``agent.action_history``; its own key, when named, still wins."""
+    assert _core(tmp_path, {}).policy_for(_root(), "agent.action_history") == "auto"
+    project = _core(tmp_path, {"policy": {"agent.audit": "confirm"}})
+    assert project.policy_for(_root(), "agent.action_history") == "confirm"
+    assert project.policy_for(_root({"agent.audit": "deny"}), "agent.action_history") == "deny"
+    assert project.policy_for(_root(), "fs.read") == "auto"
+    named = _core(tmp_path, {"policy": {"agent.audit": "deny", "agent.action_history": "auto"}})
+    assert named.policy_for(_root(), "agent.action_history") == "auto"

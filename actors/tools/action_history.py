@@ -42,6 +42,9 @@ class ActionHistoryArgs(TypedDict):
 
 
 class ActionHistory:
+    #: Seed 004 V1.6: "权限复用 agent.audit，默认 auto，仍可由项目或 per-Agent policy 改为
+    #: confirm 或 deny": a spec's or an agent's ``agent.audit`` policy decides it.
+    permission = "agent.audit"
     schema = schema(
         "agent.action_history",
         "Receipts of your own finished actions, newest first (default: this run; run_id='all' for all your runs).",

@@ -141,9 +141,14 @@ class RunCore:
         else the strictest glob matching it, else the table's ``default``; past both,
         the tool's own default (``confirm`` for whatever writes or runs a command)."""
         options = run_store.run_options(run)
+        # The permission a tool shares (seed 004 V1.6: agent.action_history "权限复用
+        # agent.audit"), after the tool's own key.
+        permission = str(getattr(self.tools.get(tool), "permission", "") or "")
         for table in (options.get("policy", {}), self.spec.policy):
             if tool in table:
                 return str(table[tool])
+            if permission and permission in table:
+                return str(table[permission])
             matches = [mode for key, mode in table.items()
                        if key != POLICY_DEFAULT_KEY and fnmatch.fnmatchcase(tool, key)]
             if matches:

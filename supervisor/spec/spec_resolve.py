@@ -325,7 +325,10 @@ def _check_policy_keys(
 ) -> None:
     """A misspelled key must not fail open: every key names a known tool, a glob that
     matches one, or a tool of a declared MCP server (``mcp.<server>.<tool or glob>``)."""
-    known = sorted(tools)
+    # A tool's permission (``agent.action_history``'s ``agent.audit``, seed 004 V1.6) is
+    # a key too.
+    permissions = {getattr(tool, "permission", None) for tool in tools.values()}
+    known = sorted({*tools, *(str(name) for name in permissions if name)})
     for where, table in tables:
         for key in table:
             if key == POLICY_DEFAULT_KEY:
