@@ -21,6 +21,7 @@ from corral.mailbox.protocol import Receipt
 from corral.mailbox.steps import Begin, Begun
 from corral.supervisor.errors import Conflict, NotFound
 from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs import tool_boundary
 from corral.supervisor.runs.action_state import (
     TERMINAL as ACTION_TERMINAL,
 )
@@ -192,6 +193,17 @@ def begin_action(ledger: Ledger, the_id: str, features: RunFeatures, *, current:
     phase = ActionPhase(row["phase"])
     # Only an action bound to a goal can be stale (the goal feature's check): the
     # others pay nothing for it.
+    if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED) and row["policy"] != "deny":
+        # The run's tool bound again, at the boundary itself: an older build's pending
+        # or approved action outside it (a child's MCP call) never begins (V1.34,
+        # "approval 不能穿透"). The run's row is kept in memory (run_versions.py).
+        outside = tool_boundary.refusal(get_run(ledger, row["run_id"]), row["tool"])
+        if outside is not None:
+            ending = ActionPhase.FAILED if phase is ActionPhase.APPROVED else ActionPhase.DENIED
+            with ledger.tx():
+                move_action(ledger, the_id, ending, current=row, reason=outside, error=outside)
+                write_receipt(ledger, the_id, features)
+            return {"begin": Begin.SKIP, "phase": ending.value}
     if phase in (ActionPhase.PREPARED, ActionPhase.APPROVED) and row["goal_id"] is not None:
         blocked = _block_if_stale(ledger, row, phase, features)
         if blocked is not None:
@@ -202,13 +214,8 @@ def begin_action(ledger: Ledger, the_id: str, features: RunFeatures, *, current:
             return refused
     if phase is ActionPhase.PREPARED:
         if row["policy"] == "deny":
-            run = get_run(ledger, row["run_id"])
-            allowed = json.loads(run["options"]).get("allowed_tools")
-            why = (
-                f"{row['tool']} is not allowed in a {run['kind']} run"
-                if allowed is not None and row["tool"] not in allowed
-                else f"{row['tool']} is denied by policy"
-            )
+            why = tool_boundary.refusal(get_run(ledger, row["run_id"]), row["tool"]) or (
+                f"{row['tool']} is denied by policy")
             with ledger.tx():  # the terminal move and its receipt: one commit, one event
                 move_action(ledger, the_id, ActionPhase.DENIED, reason=why, error=why)
                 write_receipt(ledger, the_id, features)

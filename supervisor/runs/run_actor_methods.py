@@ -306,10 +306,9 @@ class RunActorMethods(RunCore):
         tool = self.tools.get(tool_name)
         if tool is None:
             raise BadRequest(f"unknown tool {tool_name!r}")
+        # A tool outside the run's bound (a child may not spawn or delegate) is ``deny``:
+        # refused, recorded, never run (policy_for; an MCP route prepares through it too).
         policy = self.policy_for(run, tool_name)
-        allowed = run_store.run_options(run).get("allowed_tools")
-        if allowed is not None and tool_name not in allowed:
-            policy = "deny"  # e.g. a child may not spawn or delegate: refused, recorded, never run
         problem = validation_error(tool_name, tool.schema.input_schema, tool_input, sealed=tool.schema.sealed)
         return self.prepare_checked(
             run, request.loop, request.index, tool_name, tool_input, rerunnable=rerunnable(tool), policy=policy,

@@ -23,7 +23,7 @@ from corral.mailbox.steps import ExecuteStep, ParseStep, PrepareStep, Step
 from corral.supervisor.errors import BadRequest, NotFound, Refused
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_int, param_str
-from corral.supervisor.runs import action_store, run_store, sealed_input
+from corral.supervisor.runs import action_store, run_store, sealed_input, tool_boundary
 from corral.supervisor.runs.action_state import ActionPhase, action_id, canonical_json
 from corral.supervisor.runs.recovery import RecoveryReport
 from corral.supervisor.runs.run_feature import RunFeatures
@@ -128,10 +128,12 @@ class RunCore:
         that matches (deny over confirm over auto), then the spec's, then the tool's
         own default (auto unless it says otherwise). A tool may also name run kinds
         it is always denied in, and a policy nothing lowers (project.git_commit:
-        never in a child or a delegation, always with a person's approval). The
+        never in a child or a delegation, always with a person's approval). A tool
+        outside the run's bound (tool_boundary.py: a child's MCP tool, say) is
+        ``deny``, whatever a table says, so no person is asked about it. The
         model's plan update is no tool: it never reaches a policy (seed 004 V1.17)."""
         found = self.tools.get(tool)
-        if run["kind"] in getattr(found, "denied_run_kinds", ()):
+        if run["kind"] in getattr(found, "denied_run_kinds", ()) or tool_boundary.refusal(run, tool) is not None:
             return "deny"
         return max(self._chosen_policy(run, tool), str(getattr(found, "min_policy", "auto")),
                    key=POLICY_STRICTNESS.index)

@@ -16,10 +16,9 @@ from corral.actors.tools.base import ToolError
 from corral.actors.tools.paths import check_relative, resolve_in_workspace
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs.tool_boundary import CHILD_TOOLS as CHILD_TOOLS
 from corral.supervisor.swarm.swarm_state import sha
 
-#: The tools of an isolated child's run (its template may narrow them further).
-CHILD_TOOLS = ["fs.read", "fs.write", "fs.patch", "fs.list", "effect.record", "effect.barrier"]
 #: The tools of a specialist's delegated run (its own allow list still holds). Unlike
 #: an isolated child it works in the project itself, so it may verify what it changed
 #: (seed 004 V1.28: evidence-ready needs a passed verification when one is required).

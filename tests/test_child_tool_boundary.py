@@ -1,0 +1,192 @@
+"""An isolated child may not use a tool outside its run's set, MCP tools included,
+whatever its template, the project's policy, the server's approval rule or a
+person says (seed 004 V1.34: "mcp.call 显示为 denied。动态 MCP function 最终归一为
+mcp.call 后同样拒绝。模板 Agent、项目 policy、legacy 空策略和用户 approval 都不能放宽
+这组边界").
+
+Live: a real stdio MCP server (tests/mcp_servers/lab_server.py) records every call
+it executes. The parent's own call shows the server does record; the child's never
+reaches it, is denied when prepared (never waiting for a person), and an approval
+given to an older build's pending call is refused again at execution."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.mailbox.steps import Begin
+from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
+from corral.supervisor.runs import action_store, run_store
+from corral.supervisor.runs.action_state import ActionPhase
+from corral.supervisor.runs.run_feature import RunFeatures
+from corral.supervisor.runs.run_state import RunStatus
+from tests.harness import Daemon, ledger_rows, wait_for, wait_run
+
+LAB = Path(__file__).parent / "mcp_servers" / "lab_server.py"
+NO_FEATURES = RunFeatures()
+
+
+def _spec(effects: Path, approval: str) -> str:
+    # Every knob that could widen the child's tools is set wide: the template's tool
+    # list and policy, the project's policy, the server's approval rule.
+    return f"""
+[project]
+root = "ws"
+[policy]
+"mcp.*" = "auto"
+"mcp.lab.send" = "auto"
+
+[[mcp_servers]]
+id = "lab"
+command = ["python", "{LAB}"]
+env = {{ LAB_EFFECTS = "{effects}" }}
+approval = "{approval}"
+call_timeout_s = 20
+
+[[templates]]
+id = "sneaky"
+tools = ["mcp.*", "fs.*"]
+  [templates.policy]
+  "mcp.lab.send" = "auto"
+  default = "auto"
+  [[templates.steps]]
+  actions = [{{ tool = "mcp.lab.send", input = {{ to = "child-was-here" }} }}]
+  [[templates.steps]]
+  final = "tried"
+
+[[agents]]
+id = "parent"
+  [agents.policy]
+  "mcp.lab.send" = "auto"
+  [[agents.steps]]
+  actions = [{{ tool = "mcp.lab.send", input = {{ to = "parent-was-here" }} }}]
+  [[agents.steps]]
+  actions = [{{ tool = "agent.spawn_isolated", input = {{ children = [
+      {{ template = "sneaky", task = "sneak", write_scopes = ["s"], expected_artifacts = ["s/out.md"] }} ] }} }}]
+  [[agents.steps]]
+  actions = [{{ tool = "agent.run_status", input = {{}} }}]
+  [[agents.steps]]
+  final = "joined"
+"""
+
+
+def _effects(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    return [json.loads(line)["to"] for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("approval", ["auto", "confirm"])
+def test_an_isolated_childs_mcp_call_is_denied_before_any_person_or_effect(short_tmp: Path, approval: str) -> None:
+    (short_tmp / "ws").mkdir()
+    effects = short_tmp / "lab.log"
+    spec = short_tmp / "spec.toml"
+    spec.write_text(_spec(effects, approval))
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="parent", task="fan out")["run_id"]
+        if approval == "confirm":  # the parent's own call waits for its person: approve it
+            (parked,) = wait_for(
+                "the parent's call parked",
+                lambda: ledger_rows(
+                    daemon.home,
+                    "SELECT action_id FROM actions WHERE run_id = ? AND phase = 'waiting-confirmation'",
+                    run_id,
+                ),
+            )
+            daemon.call("continue_action", action_id=parked["action_id"], decision="approve")
+        (found,) = wait_for(
+            "the child run", lambda: ledger_rows(daemon.home, "SELECT run_id FROM runs WHERE parent_run_id = ?", run_id)
+        )
+        child = str(found["run_id"])
+        wait_run(daemon, child, {"waiting-confirmation", "completed", "failed"})
+        actions = ledger_rows(
+            daemon.home,
+            "SELECT action_id, tool, phase, error FROM actions WHERE run_id = ? ORDER BY loop_index, action_index",
+            child,
+        )
+        assert [(a["tool"], a["phase"]) for a in actions] == [("mcp.lab.send", "denied")], actions
+        assert "not allowed in a child run" in str(actions[0]["error"]), actions
+        # Never parked for a person, never executing.
+        for kind in ("action-waiting-confirmation", "action-executing"):
+            assert (
+                ledger_rows(
+                    daemon.home, "SELECT 1 FROM events WHERE kind = ? AND subject = ?", kind, actions[0]["action_id"]
+                )
+                == []
+            ), kind
+        wait_run(daemon, run_id, {"completed", "failed"})
+        # The server does record calls (the parent's), and never saw the child's.
+        assert _effects(effects) == ["parent-was-here"]
+    finally:
+        daemon.shutdown()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"workspace": "/nowhere", "write_scopes": ["s"], "allowed_tools": ["fs.read", "mcp.lab.send"]},
+        {"workspace": "/nowhere", "write_scopes": ["s"]},
+    ],
+    ids=["widened-list", "legacy-no-list"],
+)
+def test_an_approved_child_mcp_call_of_an_older_build_is_refused_at_execution(
+    tmp_path: Path, options: dict[str, Any]
+) -> None:
+    """ "旧 pending / approved 动作 ... 真正进入执行器时仍会重新调用当前 ... 校验，approval
+    不能穿透": a child's MCP call an older build let wait for a person (its run's
+    stored list widened, or no list at all: a legacy run) and a person approved, fails
+    when it would begin; and a prepared one of such a run is denied, never executing."""
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    ledger.begin_boot("b1", 1, 1)
+    child = run_store.create_run(
+        ledger,
+        NO_FEATURES,
+        agent_id="c",
+        task="t",
+        provider="scripted",
+        provider_config={"script": {"steps": []}},
+        kind="child",
+        depth=1,
+        options=options,
+    )
+    run_store.set_run_status(ledger, child, RunStatus.RUNNING, NO_FEATURES, "claimed")
+    waiting = action_store.prepare_action(
+        ledger, child, 0, 0, "mcp.lab.send", {"to": "x"}, NO_FEATURES, rerunnable=False, policy="confirm"
+    )
+    # As an older build left it: waiting for a person (this build denies it at begin).
+    action_store.move_action(ledger, waiting["action_id"], ActionPhase.WAITING_CONFIRMATION)
+    action_store.move_action(ledger, waiting["action_id"], ActionPhase.APPROVED)
+    begun = action_store.begin_action(ledger, waiting["action_id"], NO_FEATURES)
+    assert begun["begin"] is Begin.SKIP and begun["phase"] == "failed", begun
+    row = action_store.get_action(ledger, waiting["action_id"])
+    assert row["phase"] == "failed" and "not allowed in a child run" in str(row["error"]), dict(row)
+
+    prepared = action_store.prepare_action(
+        ledger, child, 0, 1, "mcp.lab.send", {"to": "y"}, NO_FEATURES, rerunnable=False, policy="auto"
+    )
+    begun = action_store.begin_action(ledger, prepared["action_id"], NO_FEATURES)
+    assert begun["begin"] is Begin.SKIP and begun["phase"] == "denied", begun
+    assert ledger_rows_of(ledger, "SELECT 1 FROM events WHERE kind = 'action-executing'") == []
+
+
+def ledger_rows_of(ledger: SqliteLedger, sql: str) -> list[Any]:
+    return list(ledger.all(sql))
+
+
+def test_a_root_runs_mcp_call_is_not_touched_by_the_child_boundary(tmp_path: Path) -> None:
+    """The boundary is the child's: a root run's approved MCP call begins."""
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    ledger.begin_boot("b1", 1, 1)
+    root = run_store.create_run(
+        ledger, NO_FEATURES, agent_id="r", task="t", provider="scripted", provider_config={"script": {"steps": []}}
+    )
+    run_store.set_run_status(ledger, root, RunStatus.RUNNING, NO_FEATURES, "claimed")
+    row = action_store.prepare_action(
+        ledger, root, 0, 0, "mcp.lab.send", {"to": "x"}, NO_FEATURES, rerunnable=False, policy="auto"
+    )
+    assert action_store.begin_action(ledger, row["action_id"], NO_FEATURES)["begin"] is Begin.EXECUTE
