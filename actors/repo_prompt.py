@@ -84,26 +84,35 @@ def _skipped(context: RepoContext) -> list[str]:
         f"- {d.path}: {d.reason}" for d in context.documents_skipped[:20])]
 
 
+SKILLS_HEADING = "PROJECT SKILL CATALOG (UNTRUSTED DISCOVERY METADATA)"
+SKILLS_LEAD = "Skills of this project (knowledge, not tools or permissions):"
+
+
 def _skills(context: RepoContext) -> list[str]:
+    """The skill section, heading, rules and notes included, within MAX_SKILLS_BYTES
+    (seed 004 V1.25: "prompt 中 Skill metadata section 最大 4 KiB")."""
     catalog = context.catalog
     if not catalog.skills and not catalog.skipped:
         return []
+    notes: list[str] = []
+    if catalog.truncated:
+        notes.append("[... the catalog is incomplete: some entries passed its limits]")
+    if catalog.skipped:
+        notes.append(f"(skipped entries: {len(catalog.skipped)}; project.index says why)")
+    more = "[... {} more skills not shown: project.index lists them]"
+    # The fixed parts first; the entries get what is left, with room for the "more" line.
+    fixed = "\n\n".join([SKILLS_HEADING, SKILL_RULES, SKILLS_LEAD]) + "".join(f"\n{note}" for note in notes)
+    room = MAX_SKILLS_BYTES - len(fixed.encode()) - len(more.format(len(catalog.skills)).encode()) - 1
     lines: list[str] = []
-    used = 0
     for skill in catalog.skills:
         line = (f"- {skill.name}: {skill.description} (read {skill.path} with fs.read when a task needs it;"
                 f" sha256 {skill.sha256[:16]})")
-        used += len(line.encode()) + 1
-        if used > MAX_SKILLS_BYTES:
-            lines.append(f"[... {len(catalog.skills) - len(lines)} more skills not shown: project.index lists them]")
+        room -= len(line.encode()) + 1
+        if room < 0:
+            lines.append(more.format(len(catalog.skills) - len(lines)))
             break
         lines.append(line)
-    if catalog.truncated:
-        lines.append("[... the catalog is incomplete: some entries passed its limits]")
-    if catalog.skipped:
-        lines.append(f"(skipped entries: {len(catalog.skipped)}; project.index says why)")
-    return ["PROJECT SKILL CATALOG (UNTRUSTED DISCOVERY METADATA)", SKILL_RULES,
-            "Skills of this project (knowledge, not tools or permissions):\n" + "\n".join(lines)]
+    return [SKILLS_HEADING, SKILL_RULES, SKILLS_LEAD + "\n" + "\n".join(lines + notes)]
 
 
 def _layout(context: RepoContext) -> list[str]:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.core import nesting
+from corral.core.path_scrub import scrub_paths
 from corral.core.redact import redact_text
 
 ROOTS = (".codex/skills", ".agents/skills")
@@ -82,6 +83,10 @@ class Skill:
 class SkippedSkill:
     path: str
     reason: str
+    #: Left out for a budget or a failed read, not for what it holds: the catalog is
+    #: then incomplete (seed 004 V1.25: "预算或读取导致的省略必须使 repository context 标记
+    #: truncated=true"), where a bad name or bad YAML is simply not a skill.
+    truncates: bool = False
 
 
 @dataclass(frozen=True)
@@ -237,9 +242,9 @@ def _entry(root: Path, source: str, name: str, workspace_text: tuple[str, ...], 
     try:
         read = nesting.read_inside(root, path, MAX_SKILL_BYTES)
     except nesting.NotReadable as exc:
-        return SkippedSkill(path, str(exc))
+        return SkippedSkill(path, str(exc), truncates=True)
     if read.truncated:
-        return SkippedSkill(path, f"larger than {MAX_SKILL_BYTES // 1024} KiB")
+        return SkippedSkill(path, f"larger than {MAX_SKILL_BYTES // 1024} KiB", truncates=True)
     data = read.data
     body = split_front_matter(data)
     if isinstance(body, tuple):
@@ -247,12 +252,12 @@ def _entry(root: Path, source: str, name: str, workspace_text: tuple[str, ...], 
     spent = (f"the skills' front matter budget ({MAX_FRONT_MATTER_TOTAL // 1024} KiB,"
              f" {MAX_FRONT_MATTER_NODES_TOTAL} YAML nodes in all) was spent on the skills read before it")
     if not budget.spend(len(body.encode("utf-8", "surrogatepass")), None):
-        return SkippedSkill(path, spent)
+        return SkippedSkill(path, spent, truncates=True)
     scanned = memo.scan(body)
     if scanned.refused is not None:
         return SkippedSkill(path, scanned.refused)
     if not budget.spend(0, scanned.nodes):
-        return SkippedSkill(path, spent)
+        return SkippedSkill(path, spent, truncates=True)
     meta = memo.build(body)
     if isinstance(meta, str):
         return SkippedSkill(path, meta)
@@ -263,9 +268,9 @@ def _entry(root: Path, source: str, name: str, workspace_text: tuple[str, ...], 
         return SkippedSkill(path, "the front matter has no description")
     if declared != name:
         return SkippedSkill(path, f"the front matter's name {declared[:64]!r} is not the directory's {name!r}")
-    text = description
-    for where in workspace_text:  # no absolute path of this machine reaches the prompt
-        text = text.replace(where, "<workspace>")
+    # No absolute path of this machine reaches the prompt, the workspace's or any
+    # other ("描述清洗凭据和绝对路径"); credentials go in ``_one_line``.
+    text = scrub_paths(description, workspace_text)
     return Skill(name, _one_line(text, MAX_DESCRIPTION_BYTES), path, hashlib.sha256(data).hexdigest(), source)
 
 
@@ -294,6 +299,7 @@ def discover(root: Path, memo: FrontMatterMemo | None = None) -> SkillCatalog:
             found = _entry(root, source, name, (str(root),), budget, memo)
             if isinstance(found, SkippedSkill):
                 skipped.append(found)
+                truncated = truncated or found.truncates
             elif len(skills) >= MAX_SKILLS:
                 truncated = True
             else:

@@ -77,3 +77,52 @@ def test_a_run_gives_its_provider_the_repository_context(short_tmp: Path) -> Non
     text = seen.read_text()
     assert "Run make test before you finish" in text and "The launch is on Monday" in text
     assert "SECRET-BODY" not in text and "OUTSIDE" not in text
+
+
+def _skill(ws: Path, name: str, description: str, body: str = "Steps.\n") -> Path:
+    entry = ws / ".codex" / "skills" / name / "SKILL.md"
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    entry.write_text(f"---\nname: {name}\ndescription: {description}\n---\n{body}")
+    return entry
+
+
+def test_a_skills_description_reaches_the_prompt_without_a_path_of_this_machine(tmp_path: Path) -> None:
+    """Seed 004 V1.25: "描述清洗凭据和绝对路径": not only the workspace's own root."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _skill(ws, "keys", f"Rotate /home/alice/.ssh/id_rsa and /etc/shadow, C:\\Users\\bob\\x, {ws}/src, then"
+                       " docs/keys.md; token=ghp_abcdefghijklmnopqrstuvwxyz0123456789")
+    prompt = load(ws).prompt()
+    line = next(text for text in prompt.splitlines() if text.startswith("- keys:"))
+    for leaked in ("/home/alice", "/etc/shadow", "C:\\Users", str(ws), "ghp_abcdefghijklmnopqrstuvwxyz0123456789"):
+        assert leaked not in line, line
+    assert "docs/keys.md" in line and "<absolute-path>" in line, line
+
+
+def test_a_skill_left_out_for_its_size_or_an_unreadable_one_marks_the_context_truncated(tmp_path: Path) -> None:
+    """Seed 004 V1.25: "预算或读取导致的省略必须使 repository context 标记 truncated=true"; a skill
+    left out for its name or its YAML does not."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _skill(ws, "fine", "A fine skill")
+    _skill(ws, "Bad_Name", "not a valid name")
+    assert load(ws).catalog.truncated is False
+    _skill(ws, "huge", "Too big", body="x" * (130 * 1024))
+    catalog = load(ws).catalog
+    assert [skill.name for skill in catalog.skills] == ["fine"] and catalog.truncated is True
+    assert "the catalog is incomplete" in load(ws).prompt()
+
+
+def test_the_whole_skill_section_of_the_prompt_fits_4_kib(tmp_path: Path) -> None:
+    """Seed 004 V1.25: "prompt 中 Skill metadata section 最大 4 KiB": the section, heading and
+    rules included, not only its entry lines."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for n in range(40):
+        _skill(ws, f"skill-{n:02d}", f"Workflow number {n} " + "with a long description " * 6)
+    prompt = load(ws).prompt()
+    start = prompt.index("PROJECT SKILL CATALOG (UNTRUSTED DISCOVERY METADATA)")
+    end = prompt.find("\n\n", prompt.index("Skills of this project", start))
+    section = prompt[start:] if end == -1 else prompt[start:end]
+    assert "more skills not shown" in section
+    assert len(section.encode()) <= 4 * 1024, len(section.encode())
