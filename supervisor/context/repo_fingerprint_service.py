@@ -20,6 +20,12 @@ whose context moved since fails with the same observation, before it can begin.
 A plan without a stamp (a run with no workspace, a plan from before this check, an
 agent of another build) is not checked.
 
+Nor is a tool that reads only the ledger, never the project: the parent's claim of
+its delegations' receipts (``agent.run_status``) is bound by the delivery and claim
+journals, so a specialist's write to AGENTS.md under the parent's plan does not make
+it stale (seed 004 V1.16: "不受专业 Agent 写黑板或项目文件导致的全局 project revision /
+repository fingerprint 漂移误伤").
+
 The build runs on the supervisor's trio loop, and is kept cheap rather than moved to
 a worker thread: the guard is called synchronously inside the transaction that
 prepares the action (supervisor/runs/run_actor_methods.py ``prepare_checked``), so
@@ -45,6 +51,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from corral.actors import agent_instructions
 from corral.actors.project_context import ContextCache, RepoContext, changes
+from corral.actors.tools.swarm import RunStatus
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store
 from corral.supervisor.runs.action_state import ActionPhase
@@ -60,6 +67,9 @@ MAX_CACHED_WORKSPACES = 32
 #: Changes named in one observation.
 MAX_NAMED_CHANGES = 8
 
+
+#: Tools that read only the ledger, never the project: no context makes them stale.
+LEDGER_ONLY_TOOLS = frozenset({RunStatus.schema.name})
 
 #: Runs whose current plan's stamp is kept.
 MAX_PLANS_KEPT = 1024
@@ -161,6 +171,8 @@ class RepoFingerprintGuard(RunFeature):
         return known.stamp if the_action_id in known.action_ids else None
 
     def action_guard(self, run: Any, the_action_id: str, tool: str, tool_input: dict[str, Any]) -> tuple[str, str]:
+        if tool in LEDGER_ONLY_TOOLS:
+            return "continue", ""
         workspace = run_options(run).get("workspace")
         if not isinstance(workspace, str) or not workspace:
             return "continue", ""
