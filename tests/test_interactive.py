@@ -332,6 +332,37 @@ def test_children_refuse_steers_and_a_superseded_action_refuses_approval(tmp_pat
         ledger.close()
 
 
+def test_steers_apply_in_their_ledger_sequence_even_when_the_clock_steps_back(tmp_path: Path) -> None:
+    """Seed 004 V1.13: "sequence 在项目写锁内从 ledger 单调递增，不能使用时间戳". The wall clock
+    stepping back between two steers (their ``created_at`` reversed here, as a clock
+    set back would record them) does not reorder them: the ledger's sequence does."""
+    from corral.supervisor.interactive import steer_store
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
+    from corral.supervisor.runs import run_store
+
+    ledger = SqliteLedger(tmp_path / "l.db")
+    try:
+        config: dict[str, Any] = {"script": {"steps": []}}
+        root = run_store.create_run(ledger, NO_FEATURES,
+                                    agent_id="a", task="t", provider="scripted", provider_config=config)
+        run_store.set_run_status(ledger, root, run_store.RunStatus.RUNNING, NO_FEATURES)
+        for n, steer_id in enumerate(("s-first", "s-second", "s-third")):
+            steer_store.record_steer(ledger, root, f"instruction {n}", NO_FEATURES, steer_id=steer_id)
+        with ledger.tx() as db:  # the clock stepped back an hour before the second and third
+            db.execute("UPDATE steers SET created_at = created_at - 3600 WHERE steer_id != 's-first'")
+        assert [row["steer_id"] for row in steer_store.pending_steers(ledger, root)] == [
+            "s-first", "s-second", "s-third"]
+        assert [row["seq"] for row in ledger.all("SELECT seq FROM steers WHERE run_id = ? ORDER BY seq", root)] == [
+            1, 2, 3]
+        assert steer_store.apply_steers(ledger, root, NO_FEATURES) == 3
+        texts = [json.loads(row["data"])["text"] for row in ledger.all(
+            "SELECT data FROM observations WHERE run_id = ? ORDER BY seq", root)]
+        assert texts == ["instruction 0", "instruction 1", "instruction 2"]
+        assert [row["steer_id"] for row in steer_store.steers_of(ledger, root)] == ["s-first", "s-second", "s-third"]
+    finally:
+        ledger.close()
+
+
 # -- conversations ------------------------------------------------------------------------------
 
 

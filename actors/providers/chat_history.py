@@ -20,6 +20,13 @@ from .repair import repair_message
 MAX_OBSERVATION_CHARS = 8000
 
 
+#: How a steer reaches the model (seed 004 V1.13: a later instruction corrects the
+#: task, "但不能覆盖" the system rules, the policy, approvals or the sandbox).
+STEER_LEAD = ("New instruction from the user (it takes priority over the task and earlier instructions,"
+              " never over corral's rules, the policy, approvals or the sandbox): ")
+STEER_REVIEW = " Review the unfinished steps of your plan against it before you go on."
+
+
 def bounded(text: str, limit: int) -> str:
     """``text`` redacted and cut to ``limit`` characters, saying how much was cut."""
     text = redact_text(text)
@@ -135,8 +142,7 @@ def history_messages(
         elif entry.get("role") == "user":
             # A steer: the user's own words, mid-run; the plan made before it is gone.
             text = bounded(str(entry.get("text", "")), MAX_OBSERVATION_CHARS)
-            messages.append({"role": "user", "content": f"New instruction from the user (it takes priority): {text}"
-                             " Review the unfinished steps of your plan against it before you go on."})
+            messages.append({"role": "user", "content": STEER_LEAD + text + STEER_REVIEW})
         else:
             call = _call_message(entry) if echo_calls else None
             if call is not None:

@@ -120,10 +120,12 @@ def record_steer(
     steer_id = steer_id or f"str-{secrets.token_hex(8)}"
     status = RunStatus(run["status"])
     with ledger.tx() as db:
+        # The run's next sequence, taken in the recording transaction (the ledger's
+        # one writer for the run): the order steers apply in, never the wall clock.
         db.execute(
-            "INSERT INTO steers (steer_id, run_id, text, created_at, text_sha256, text_bytes)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (steer_id, run_id, redact_text(instruction), _now(), digest, len(instruction.encode())),
+            "INSERT INTO steers (steer_id, run_id, text, created_at, text_sha256, text_bytes, seq)"
+            " SELECT ?, ?, ?, ?, ?, ?, COALESCE(MAX(seq), 0) + 1 FROM steers WHERE run_id = ?",
+            (steer_id, run_id, redact_text(instruction), _now(), digest, len(instruction.encode()), run_id),
         )
         ledger.event("steer-recorded", run_id, steer=steer_id, sha256=digest, chars=len(instruction))
         open_question = db.execute(
@@ -140,7 +142,7 @@ def record_steer(
 
 def pending_steers(ledger: Ledger, run_id: str) -> list[Any]:
     return ledger.all(
-        "SELECT steer_id, text FROM steers WHERE run_id = ? AND applied_at IS NULL ORDER BY created_at, steer_id",
+        "SELECT steer_id, text FROM steers WHERE run_id = ? AND applied_at IS NULL ORDER BY seq",
         run_id,
     )
 
@@ -216,7 +218,7 @@ def steer_holds_provider(ledger: Ledger, run_id: str) -> str | None:
 def steers_of(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
     rows = ledger.all(
         "SELECT steer_id, text, text_sha256, created_at, applied_loop, applied_at FROM steers WHERE run_id = ?"
-        " ORDER BY created_at, steer_id",
+        " ORDER BY seq",
         run_id,
     )
     return [dict(row) for row in rows]

@@ -683,3 +683,17 @@ MIGRATIONS.append(
     );
     """
 )
+
+MIGRATIONS.append(
+    # A steer's place in its run: a sequence the ledger hands out in the recording
+    # transaction (seed 004 V1.13: "sequence 在项目写锁内从 ledger 单调递增，不能使用时间戳"), so a
+    # wall clock set back cannot reorder a run's steers. Older rows get theirs from the
+    # order they were applied in before (created_at, then steer_id).
+    """
+    ALTER TABLE steers ADD COLUMN seq INTEGER;
+    UPDATE steers SET seq = (SELECT COUNT(*) FROM steers AS earlier WHERE earlier.run_id = steers.run_id
+        AND (earlier.created_at < steers.created_at
+             OR (earlier.created_at = steers.created_at AND earlier.steer_id <= steers.steer_id)));
+    CREATE UNIQUE INDEX steers_sequence ON steers (run_id, seq);
+    """
+)
