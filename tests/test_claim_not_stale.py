@@ -4,7 +4,8 @@ delivery/claim journal 约束，不受专业 Agent 写黑板或项目文件导�
 repository fingerprint 漂移误伤").
 
 Live (the strict re-audit's trial): the parent's plan delegates, reads AGENTS.md
-(waiting for a person) and claims; the specialist rewrites AGENTS.md meanwhile. The
+(waiting for a person) and claims; the specialist rewrites AGENTS.md meanwhile
+(once approved). The
 read, planned on the old rules, fails as stale (it reads the project); the claim,
 which reads only the ledger, runs and claims the specialist's receipt."""
 
@@ -35,7 +36,7 @@ final = "boss done"
 id = "w"
 role = "specialist"
 [agents.policy]
-"fs.write" = "auto"
+"fs.write" = "confirm"
 [[agents.steps]]
 actions = [{ tool = "fs.write", input = { path = "AGENTS.md", content = "# rules v2" } }]
 [[agents.steps]]
@@ -63,6 +64,17 @@ def test_a_specialists_write_to_agents_md_does_not_make_the_parents_claim_stale(
             "the specialist's run",
             lambda: ledger_rows(daemon.home, "SELECT run_id FROM runs WHERE parent_run_id = ?", boss),
         )
+        # The specialist's write waits for its person too, so it lands only once the
+        # boss's read is parked (prepared and checked on the old rules), under load too.
+        (write,) = wait_for(
+            "the specialist's write parked",
+            lambda: ledger_rows(
+                daemon.home,
+                "SELECT action_id FROM actions WHERE run_id = ? AND phase = 'waiting-confirmation'",
+                worker["run_id"],
+            ),
+        )
+        daemon.call("continue_action", action_id=write["action_id"], decision="approve")
         wait_run(daemon, str(worker["run_id"]), {"completed", "failed"})
         assert (ws / "AGENTS.md").read_text() == "# rules v2"  # the context moved under the boss's plan
         daemon.call("continue_action", action_id=parked["action_id"], decision="approve")
