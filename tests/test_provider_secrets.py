@@ -452,3 +452,35 @@ def test_a_provider_failure_is_stored_without_the_providers_url(tmp_path: Path) 
             assert url_part not in stored, url_part
     finally:
         ledger.close()
+
+
+def test_a_plan_naming_the_runtimes_home_fails_its_handoff_closed(short_tmp: Path) -> None:
+    """V1.43: "命中 ... 配置痕迹 ... 时，handoff 写入失败并进入 reconciliation": a plan
+    that names the supervisor's home (its ledger, its spool, its keys: the runtime's
+    configuration, the seed's "正式配置路径"), in any field, a file's content too, is
+    refused before anything of it is stored."""
+    home = short_tmp / "h"
+    content = f"state = '{home.resolve()}/ledger.db'\n"
+    call = tool_call("fs.write", {"path": "notes.py", "content": content}, "call-1")
+    server = FakeOpenAIServer([Reply(body=completion(None, [call]))])
+    with serve_in_thread(server) as url:
+        daemon = Daemon(home, _spec(short_tmp, url), env={"OPENAI_API_KEY": DECOY_KEY})
+        try:
+            daemon.up()
+            run_id = daemon.call("run", agent_id="llm", task="note the state")["run_id"]
+            shown = wait_run(daemon, run_id, {"needs-reconciliation", "completed", "failed"})
+            assert shown["run"]["status"] == "needs-reconciliation", shown["run"]
+            assert "configuration" in shown["run"]["reason"] and str(home) not in shown["run"]["reason"]
+            assert ledger_rows(daemon.home, "SELECT response FROM provider_requests")[0]["response"] is None
+            assert ledger_rows(daemon.home, "SELECT * FROM actions") == []
+            assert not (short_tmp / "ws" / "notes.py").exists()
+        finally:
+            daemon.shutdown()
+    # The same check on its own: a plan that names no home is handed off as before.
+    plan = {"actions": [{"tool": "fs.write", "input": {"path": "a.py", "content": "x = 1"}}]}
+    traces = response_secrets.config_traces(str(home))
+    assert response_secrets.handoff_verdict(json.dumps(plan), json.dumps(plan), plan, traces).handling.value == "store"
+    beside = {"actions": [{"tool": "fs.write", "input": {"path": "a.py", "content": f"x = '{home}x/a'"}}]}
+    assert response_secrets.plan_verdict(json.dumps(beside), beside, False, traces).handling.value == "store"
+    named = {"actions": [{"tool": "fs.write", "input": {"path": "a.py", "content": f"x = '{home}'"}}]}
+    assert response_secrets.plan_verdict(json.dumps(named), named, False, traces).config is True

@@ -4,8 +4,9 @@
 - **Refuse** (V1.43: "命中 ... 敏感 key ... 或结构化可执行路径/命令参数中的项目及
   其它绝对路径时，handoff 写入失败并进入 reconciliation"): a tool plan, an invalid
   plan or a response not yet parsed that holds a secret *value*
-  (corral/core/secret_values.py), or a plan whose command names an absolute path
-  (:func:`command_paths`). Nothing of it is stored,
+  (corral/core/secret_values.py), a plan whose command names an absolute path
+  (:func:`command_paths`), or one that names the runtime's configuration, the
+  supervisor's home (:func:`config_traces`: "配置痕迹"). Nothing of it is stored,
   not even redacted, and no raw copy is kept: its request waits for a person.
 - **Filter** (V1.41: "响应落盘前会...依次过滤密钥、项目路径和其它绝对路径"): a
   text reply (a plan with a final reply and no action). Nothing acts on it, so it
@@ -23,6 +24,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +57,8 @@ class Verdict:
     #: Where a refused plan's commands named an absolute path (``command.exec
     #: args[0]``: the field, never the path).
     paths: tuple[str, ...] = ()
+    #: A refused response named the runtime's configuration (:func:`config_traces`).
+    config: bool = False
 
     def reason(self) -> str:
         held = []
@@ -62,6 +66,8 @@ class Verdict:
             held.append(f"a secret value ({', '.join(self.kinds)})")
         if self.paths:
             held.append(f"an absolute path in a command's arguments ({', '.join(self.paths)})")
+        if self.config:
+            held.append("a trace of the runtime's configuration (the supervisor's home)")
         return (
             f"the provider's response held {' and '.join(held)}; nothing of it was"
             " stored (seed 004 V1.43): a person reconciles the request, which is then sent again"
@@ -169,28 +175,48 @@ def filter_reply_plan(plan: Mapping[str, Any], project_roots: Sequence[str]) -> 
     return shown
 
 
-def handoff_verdict(text: str, shown: str, plan: object) -> Verdict:
+def config_traces(home: str) -> tuple[str, ...]:
+    """What of the runtime's own configuration a response must not name (V1.43:
+    "命中 ... 配置痕迹 ... 时，handoff 写入失败"): the supervisor's home, where its
+    ledger, its spool and its keys live (the seed's "正式配置路径"), as given and
+    resolved. A model has no business there; a plan that names it is refused in any
+    field, a file's content too, where a path elsewhere is only a command's concern."""
+    if not home:
+        return ()
+    return tuple(sorted({home.rstrip("/"), os.path.realpath(home)} - {"", "/"}))
+
+
+def _names_config(text: str, traces: Sequence[str]) -> bool:
+    """Whether ``text`` names one of ``traces`` as a whole path (``/srv/h`` is not in
+    ``/srv/hx``)."""
+    return any(re.search(re.escape(trace) + r"(?![\w.\-~])", text) for trace in traces if trace in text)
+
+
+def handoff_verdict(text: str, shown: str, plan: object, traces: Sequence[str] = ()) -> Verdict:
     """For a response ``text`` (``shown``: its redacted copy) and the plan the agent
-    parsed from it (None: not carried, so not known yet). A text reply is filtered
-    even when no secret is in it: its paths are (V1.41)."""
+    parsed from it (None: not carried, so not known yet); ``traces``: the runtime's
+    configuration (:func:`config_traces`). A text reply is filtered even when no
+    secret is in it: its paths are (V1.41), the home's among them."""
     if text_only(plan):
         return Verdict(Handling.FILTER)
     paths = command_paths(plan)
-    if shown == text and not paths:
+    config = _names_config(text, traces)
+    if shown == text and not paths and not config:
         return Verdict(Handling.STORE)
     kinds = secret_values_in(text) if shown != text else ()
-    return Verdict(Handling.REFUSE, kinds, paths) if kinds or paths else Verdict(Handling.STORE)
+    return Verdict(Handling.REFUSE, kinds, paths, config) if kinds or paths or config else Verdict(Handling.STORE)
 
 
-def plan_verdict(plan_json: str, plan: Mapping[str, object], changed: bool) -> Verdict:
+def plan_verdict(plan_json: str, plan: Mapping[str, object], changed: bool, traces: Sequence[str] = ()) -> Verdict:
     """For a plan about to commit (``plan_json``: its canonical JSON; ``changed``:
     redaction changes it). The response it came from passed ``handoff_verdict``; the
     plan is checked again because its arguments are decoded (an escape in the
-    response may spell a secret only once decoded)."""
+    response may spell a secret, or the home, only once decoded)."""
     if text_only(plan):
         return Verdict(Handling.FILTER)
     paths = command_paths(plan)
-    if not changed and not paths:
+    config = _names_config(plan_json, traces)
+    if not changed and not paths and not config:
         return Verdict(Handling.STORE)
     kinds = secret_values_in(plan_json) if changed else ()
-    return Verdict(Handling.REFUSE, kinds, paths) if kinds or paths else Verdict(Handling.STORE)
+    return Verdict(Handling.REFUSE, kinds, paths, config) if kinds or paths or config else Verdict(Handling.STORE)

@@ -10,7 +10,7 @@ action_store.py); the next step is read off the ledger (next_step.py).
 from __future__ import annotations
 
 import json
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 from corral.actors.providers.base import MAX_ACTIONS_PER_PLAN, MAX_RESPONSE_CHARS, RepairCategory
@@ -69,6 +69,11 @@ from corral.supervisor.tree.supervision_tree import ActorSlot
 
 
 class RunActorMethods(RunCore):
+    @cached_property
+    def config_traces(self) -> tuple[str, ...]:
+        """The runtime's configuration a provider's response must not name (V1.43)."""
+        return response_secrets.config_traces(str(self.home))
+
     async def claim(self, slot: ActorSlot, request: RunClaim) -> Claim:
         agent_id = slot.spec.params.get("agent_id", slot.id)
         run = run_store.claim_run(self.ledger, agent_id, self.features)
@@ -171,7 +176,7 @@ class RunActorMethods(RunCore):
         notes = notes_from(request.notes, slot_name)  # what the turn was sent, for its transcript
         text = response_secrets.without_thinking(request.text[:MAX_RESPONSE_CHARS])
         shown = redact_text(text)
-        verdict = response_secrets.handoff_verdict(text, shown, request.plan)
+        verdict = response_secrets.handoff_verdict(text, shown, request.plan, self.config_traces)
         if verdict.handling is Handling.REFUSE:
             # Before anything of it is stored, raw or redacted (seed 004 V1.43); the
             # carried plan is not committed (the request is no longer one to parse).
@@ -226,7 +231,7 @@ class RunActorMethods(RunCore):
             plan, sealed = sealed_input.seal_plan(self.spool, run["run_id"], loop, plan, self.tools)
             withheld = sealed_input.WITHHELD_RESPONSE if sealed else None
             shown = redact(plan)  # what the ledger keeps, computed once
-            verdict = response_secrets.plan_verdict(canonical_json(plan), plan, shown != plan)
+            verdict = response_secrets.plan_verdict(canonical_json(plan), plan, shown != plan, self.config_traces)
             if verdict.handling is Handling.REFUSE:
                 provider_store.secret_refused(self.ledger, run["run_id"], slot_name, verdict.reason(), self.features)
                 sealed_input.drop(self.spool, sealed_input.raw_name(run["run_id"], "response", slot_name))
