@@ -29,7 +29,11 @@ LAB = Path(__file__).parent / "mcp_servers" / "lab_server.py"
 NO_FEATURES = RunFeatures()
 
 
-def _spec(effects: Path, approval: str) -> str:
+SEND = '{ tool = "mcp.lab.send", input = { to = "child-was-here" } }'
+WRITE = '{ tool = "fs.write", input = { path = "s/out.md", content = "x" } }'
+
+
+def _spec(effects: Path, approval: str, child_actions: str = SEND) -> str:
     # Every knob that could widen the child's tools is set wide: the template's tool
     # list and policy, the project's policy, the server's approval rule.
     return f"""
@@ -53,7 +57,7 @@ tools = ["mcp.*", "fs.*"]
   "mcp.lab.send" = "auto"
   default = "auto"
   [[templates.steps]]
-  actions = [{{ tool = "mcp.lab.send", input = {{ to = "child-was-here" }} }}]
+  actions = [{child_actions}]
   [[templates.steps]]
   final = "tried"
 
@@ -121,6 +125,37 @@ def test_an_isolated_childs_mcp_call_is_denied_before_any_person_or_effect(short
             ), kind
         wait_run(daemon, run_id, {"completed", "failed"})
         # The server does record calls (the parent's), and never saw the child's.
+        assert _effects(effects) == ["parent-was-here"]
+    finally:
+        daemon.shutdown()
+
+
+@pytest.mark.parametrize("order", [[WRITE, SEND], [SEND, WRITE]], ids=["write-first", "send-first"])
+def test_a_child_plan_carrying_an_mcp_call_runs_none_of_its_actions(short_tmp: Path, order: list[str]) -> None:
+    """ "任一成员被拒绝时 ... 不创建 confirmation，也不执行同批其它成员": the in-scope
+    write planned with the child's MCP call is refused too, before or after it."""
+    (short_tmp / "ws").mkdir()
+    effects = short_tmp / "lab.log"
+    spec = short_tmp / "spec.toml"
+    spec.write_text(_spec(effects, "auto", ", ".join(order)))
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="parent", task="fan out")["run_id"]
+        (found,) = wait_for(
+            "the child run", lambda: ledger_rows(daemon.home, "SELECT run_id FROM runs WHERE parent_run_id = ?", run_id)
+        )
+        wait_run(daemon, str(found["run_id"]), {"waiting-confirmation", "completed", "failed"})
+        actions = ledger_rows(
+            daemon.home,
+            "SELECT action_id, tool, phase, error FROM actions WHERE run_id = ? ORDER BY loop_index, action_index",
+            found["run_id"],
+        )
+        assert [a["phase"] for a in actions] == ["denied", "denied"], actions
+        write = next(a for a in actions if a["tool"] == "fs.write")
+        assert "mcp.lab.send is not allowed in a child run" in str(write["error"]), write
+        assert not (short_tmp / "ws" / "s" / "out.md").exists()
+        wait_run(daemon, run_id, {"completed", "failed"})
         assert _effects(effects) == ["parent-was-here"]
     finally:
         daemon.shutdown()

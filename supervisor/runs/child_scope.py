@@ -19,6 +19,7 @@ from corral.actors.tools.paths import check_write_scope, resolve_in_workspace
 from corral.actors.tools.project import Changeset
 from corral.core.redact import REDACTED
 from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs import tool_boundary
 from corral.supervisor.runs.approval_diff import proposed_writes
 from corral.supervisor.runs.loop_plan_store import get_plan
 
@@ -43,8 +44,9 @@ def refused_write(tool: str, tool_input: dict[str, Any], workspace: Path, scopes
 def plan_refusal(ledger: Ledger, run: Any, loop: int, index: int, tool: str, tool_input: dict[str, Any]) -> str | None:
     """For action ``index`` of a ``child`` run's plan ``loop``, as it is prepared (its
     raw input in hand): why it may not run. Its own files first; then every other
-    write planned with it, so one member out of bounds refuses the whole plan before
-    any confirmation ("任一成员被拒绝时 ... 不创建 confirmation，也不执行同批其它成员")."""
+    write planned with it, and every tool planned with it (tool_boundary.py), so one
+    member out of bounds refuses the whole plan before any confirmation
+    ("任一成员被拒绝时 ... 不创建 confirmation，也不执行同批其它成员")."""
     scoped = _scoped(run)
     if scoped is None:
         return None
@@ -53,9 +55,13 @@ def plan_refusal(ledger: Ledger, run: Any, loop: int, index: int, tool: str, too
         return own
     plan = get_plan(ledger, run["run_id"], loop)
     for other, call in enumerate((plan or {}).get("actions") or []):
-        if other == index or not isinstance(call, dict) or not writes_files(str(call.get("tool"))):
+        if other == index or not isinstance(call, dict):
             continue
-        why = _refusal(str(call.get("tool")), call.get("input"), *scoped)
+        other_tool = str(call.get("tool"))
+        # A member the child may not use at all (an MCP call) refuses the plan too.
+        why = tool_boundary.refusal(run, other_tool)
+        if why is None and writes_files(other_tool):
+            why = _refusal(other_tool, call.get("input"), *scoped)
         if why is not None:
             return f"action {other} of the same plan may not run ({why}): nothing of that plan runs"
     return None
