@@ -14,7 +14,7 @@ from typing import Any
 
 from corral.actors.tools.git_exact_commit import StatusEntry, commit_snapshot_fingerprint
 from corral.sandbox.bwrap import bwrap_available
-from tests.harness import Daemon, ledger_rows, running, wait_run
+from tests.harness import Daemon, ledger_rows, running, wait_for, wait_run
 
 SANDBOX_TABLE = "" if bwrap_available() else '[sandbox]\nmode = "allow-unsandboxed"\n'
 SPEC = f"""
@@ -207,3 +207,61 @@ def test_an_agent_killed_after_the_branch_moved_leaves_the_commit_for_a_person(s
         assert commit[:12] in receipt["result_summary"]
         assert wait_run(daemon, run_id, {"completed", "failed"})["run"]["status"] == "completed"
         assert _git(ws, "rev-list", "--count", "HEAD").strip() == "2", "committed once"
+
+
+def test_a_command_or_process_started_after_the_verify_voids_it_even_when_its_agent_dies(short_tmp: Path) -> None:
+    """Seed 004 V1.11.1: "command.exec 只在 SANDBOX_READY 后推进 revision 和清除旧验证凭证" (and
+    "command.start 只在 sandbox-ready 后写 … commit record"), with V1.12's "验证后再次修改…不能
+    提交". The audit's live check: a verified change, then a command that appends to
+    the file and whose agent is SIGKILLed before its result is recorded (failpoint
+    ``command.after-exit``). Its outcome is unknown, a person reconciles it, and the
+    commit that follows must not pass on the verification made before the command:
+    the command made the next revision when its sandbox was ready, before it ran.
+    The same for a process session. A command known to have changed nothing still
+    made its revision, but its run finalizes without a verification."""
+    ws = short_tmp / "ws"
+    ws.mkdir()
+    _git(ws, "init", "-q", "-b", "main")
+    _git(ws, "config", "user.name", "Repo Owner")
+    _git(ws, "config", "user.email", "owner@example.invalid")
+    (ws / "app.py").write_text("v0\n")
+    _git(ws, "add", "app.py")
+    _git(ws, "commit", "-q", "-m", "start")
+    start = _git(ws, "rev-parse", "HEAD").strip()
+    spec = SPEC.replace("[policy]\n", '[policy]\n"command.exec" = "auto"\n"process.start" = "auto"\n')
+    sh = lambda tool, script: _act(tool, program="sh", args=["-c", script])  # noqa: E731
+    by_command, by_process = "good\nby-the-command\n", "good\nby-the-command\nby-the-process\n"
+    with running(short_tmp / "h", spec, env={"CORRAL_FAILPOINTS": "command.after-exit=kill@once"}) as daemon:
+        # 1. Verified, then a command whose agent dies once it exited: the commit after it is refused.
+        first = _run(daemon, "verify, then a command, then commit", _act("fs.write", path="app.py", content="good\n"),
+                     _act("project.verify"), sh("command.exec", "echo by-the-command >> app.py"),
+                     _commit(ws, "with the command's line", by_command), _act("project.verify"), "done")
+        shown = wait_run(daemon, first, {"needs-reconciliation", "completed", "failed"})
+        assert shown["run"]["status"] == "needs-reconciliation", shown["run"]
+        assert (ws / "app.py").read_text() == by_command  # the command did run
+        (command,) = [a for a in shown["actions"] if a["tool"] == "command.exec"]
+        assert command["phase"] == "needs-reconciliation"
+        tools = [r["tool"] for r in ledger_rows(daemon.home, "SELECT tool FROM project_revisions ORDER BY revision")]
+        assert tools == ["fs.write", "command.exec"], "the command's revision was made before it ran"
+        daemon.call("reconcile", action_id=command["action_id"], outcome="failed", note="its agent died")
+        why = _refused_commit(daemon, first)
+        assert "no passed verification on the current project revision" in why, why
+        assert _git(ws, "rev-parse", "HEAD").strip() == start, "nothing was committed"
+        verified = ledger_rows(daemon.home, "SELECT status, revision FROM project_verifications ORDER BY created_at")
+        assert [(v["status"], v["revision"]) for v in verified] == [("passed", 1), ("passed", 2)]
+
+        # 2. A process session started after this run's verify: the same.
+        second = _run(daemon, "verify, then a process, then commit", _act("project.verify"),
+                      sh("process.start", "echo by-the-process >> app.py"),
+                      _commit(ws, "with the process's line", by_process), _act("project.verify"), "done")
+        shown = wait_run(daemon, second, {"waiting-confirmation", "completed", "failed"})
+        wait_for("the process's write", lambda: (ws / "app.py").read_text() == by_process)
+        why = _refused_commit(daemon, second)
+        assert "no passed verification on the current project revision" in why, why
+        assert _git(ws, "rev-parse", "HEAD").strip() == start, "nothing was committed"
+
+        # 3. A command that changed nothing: a revision all the same, and no verification needed to finish.
+        third = _run(daemon, "only look", sh("command.exec", "cat app.py"), "looked")
+        assert wait_run(daemon, third, {"completed", "failed"})["run"]["status"] == "completed"
+        tools = [r["tool"] for r in ledger_rows(daemon.home, "SELECT tool FROM project_revisions ORDER BY revision")]
+        assert tools == ["fs.write", "command.exec", "process.start", "command.exec"]

@@ -30,6 +30,7 @@ from corral.actors.tools.base import ASKS_A_PERSON, Tool, ToolContext, ToolError
 from corral.actors.tools.fs import SOURCES_CHANGED
 from corral.actors.tools.paths import resolve_in_workspace
 from corral.actors.tools.source_fingerprint import fingerprint
+from corral.core import failpoints
 from corral.mailbox.errors import RemoteError
 from corral.mailbox.protocol import (
     DEFAULT_POLL_CHARS,
@@ -74,6 +75,8 @@ MAX_ARG_CHARS = 512
 MAX_ARGS_BYTES = 8 * 1024
 _PROGRAM = re.compile(r"[A-Za-z0-9._+-]{1,64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: A command ran to its end and its result is not recorded: what it did is unknown.
+AFTER_EXIT_FAILPOINT = "command.after-exit"
 
 class ProgramArgs(TypedDict):
     program: Annotated[str, Field(description="executable (looked up on PATH inside the sandbox)")]
@@ -344,6 +347,7 @@ class CommandExec:
 
         before = await trio.to_thread.run_sync(fingerprint, ctx.workspace, ctx.home)
         result = await run_sandboxed(argv, cwd, float(timeout_s), granted, transcript, launched)
+        failpoints.hit(AFTER_EXIT_FAILPOINT)
         after = await trio.to_thread.run_sync(fingerprint, ctx.workspace, ctx.home)
         output = {
             "action_id": ctx.action_id,
@@ -361,6 +365,9 @@ class CommandExec:
             "outputSha256": await trio.to_thread.run_sync(_sha256_of, transcript),
             # The output limit stopped the command: the transcript is not all it would have said.
             "captureTruncated": result.state.value == "output-limit-exceeded",
+            # Said either way: its revision was made when its sandbox was ready, and only
+            # an explicit false lets the final-reply gate pass it over (revision_store.py).
+            SOURCES_CHANGED: False,
         }
         ok = result.state.value == "exited" and result.exit_code == 0
         summary = (
@@ -368,7 +375,6 @@ class CommandExec:
             f" [launch={result.launch_mode.value}]"
         )
         if not before.same_as(after):
-            # A write like any other: its receipt makes the next project revision.
             output[SOURCES_CHANGED] = True
             output["sources_fingerprint_complete"] = before.complete and after.complete
             summary += "; it changed sources"

@@ -87,6 +87,8 @@ KNOWN: dict[str, str] = {
     " failure there)",
     "commit.after-ref": "agent: project.git_commit moved the branch and its safe fields are recorded; its index"
     " and result are not",
+    "command.after-exit": "agent: a command.exec's program exited (its sandbox was ready, its revision made);"
+    " its sources are not re-read nor its result recorded",
     "changeset.rollback": "agent: a failed changeset puts one file back (raise: that file cannot be put back)",
     "verify.after-record": "a project.verify's verification is recorded, its action not yet finished",
 }
@@ -105,7 +107,7 @@ BROKEN_BUILDS: dict[str, str] = {
 ACTOR_SIDE = frozenset(
     name
     for name in KNOWN
-    if name.split(".")[0] in ("agent", "provider", "session", "mcp", "model", "changeset", "link", "git")
+    if name.split(".")[0] in ("agent", "provider", "session", "mcp", "model", "changeset", "link", "git", "command")
 )
 
 

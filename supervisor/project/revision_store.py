@@ -10,17 +10,28 @@ run), and each partition is a schema with its own ``project_revisions``: an
 adopting node that runs an adopted partition on the same project root keeps two
 numbers for it. Nothing makes those one.
 
-How a write is known, one mechanism: a tool whose committed result changed the
-project's sources says so in its output, ``"sources_changed": true``
+How a write is known: a tool whose committed result changed the project's
+sources says so in its output, ``"sources_changed": true``
 (``corral.actors.tools.fs.SOURCES_CHANGED``). The file tools (``fs.write``,
-``fs.patch``) always do; ``command.exec`` and ``project.verify`` do when the
-source fingerprint taken before and after the command differs
-(actors/tools/source_fingerprint.py); ``project.changeset`` and any tool of
-one's own do the same. The receipt hook below reads the flag inside the receipt's
-transaction, so the write, its receipt and the revision it makes commit together,
-once per action. It counts a failed receipt too: a command that exited non-zero
-may still have edited a file. An action whose outcome was never reported (a crash,
-then a person's reconciliation) carries no output and makes no revision.
+``fs.patch``) always do; ``project.verify`` does when the source fingerprint
+taken before and after its commands differs (actors/tools/source_fingerprint.py);
+any tool of one's own does the same. The receipt hook below reads the flag inside
+the receipt's transaction, so the write, its receipt and the revision it makes
+commit together, once per action. It counts a failed receipt too: a command that
+exited non-zero may still have edited a file.
+
+Some actions make their revision before they write, and keep it whatever they
+come to: ``project.changeset`` after its checkpoint (seed 004 V1.3), and a
+``command.exec`` or a process session (``process.start``) when its sandbox is
+ready, in the launch record's commit, before the program runs (seed 004 V1.11.1:
+"command.exec 只在 SANDBOX_READY 后推进 revision 和清除旧验证凭证";
+supervisor/sessions/session_service.py). So a command whose outcome is never
+reported (a crash, then a person's reconciliation) has moved the revision all
+the same, and no verification made before it lets a commit or a final reply
+through. Its receipt keeps that one revision. A ``command.exec`` that says
+``"sources_changed": false`` (its fingerprint did not move) still made its
+revision, but the final-reply gate (``last_change_in_tree``) passes it over: a
+run that only looked does not need a verification to finish.
 """
 
 from __future__ import annotations
@@ -87,9 +98,42 @@ def record(ledger: Ledger, action: Any) -> int:
         return revision
 
 
+def unchanged_sources(result_json: str | None) -> bool:
+    """Whether an action's stored result says, explicitly, that it changed no sources
+    (``"sources_changed": false``). No result (still running, reconciled after a
+    crash), a failure without output, a result without the flag: not known."""
+    if not result_json or SOURCES_CHANGED not in result_json:
+        return False
+    try:
+        result = json.loads(result_json)
+    except ValueError:
+        return False
+    if not isinstance(result, dict):
+        return False
+    if result.get("truncated") is True and isinstance(result.get("preview"), str):
+        return f'"{SOURCES_CHANGED}":false' in result["preview"]  # see changed_sources
+    output = result.get("output")
+    return isinstance(output, dict) and output.get(SOURCES_CHANGED) is False
+
+
+#: The tool whose early revision (made at SANDBOX_READY) may turn out to have
+#: changed nothing: its result says so. A process session never says.
+_EARLY_REVISION_TOOL = "command.exec"
+
+
 def last_change_in_tree(ledger: Ledger, root_run_id: str) -> int | None:
-    """The latest revision made by the tree of runs whose root is ``root_run_id`` (a
-    root run, its children and delegations), or None if it changed no sources. A
-    run that is not a tree's root has no tree: None."""
-    row = ledger.one("SELECT MAX(revision) AS revision FROM project_revisions WHERE root_run_id = ?", root_run_id)
-    return int(row["revision"]) if row is not None and row["revision"] is not None else None
+    """The latest revision by which the tree of runs whose root is ``root_run_id`` (a
+    root run, its children and delegations) changed sources or may have, or None. A
+    ``command.exec`` whose result says it changed nothing is passed over. A run
+    that is not a tree's root has no tree: None."""
+    row = ledger.one("SELECT MAX(revision) AS revision FROM project_revisions WHERE root_run_id = ? AND tool != ?",
+                     root_run_id, _EARLY_REVISION_TOOL)
+    firm = int(row["revision"]) if row is not None and row["revision"] is not None else None
+    commands = ledger.all(
+        "SELECT r.revision, a.result FROM project_revisions r LEFT JOIN actions a ON a.action_id = r.action_id"
+        " WHERE r.root_run_id = ? AND r.tool = ? AND r.revision > ? ORDER BY r.revision DESC",
+        root_run_id, _EARLY_REVISION_TOOL, firm or 0)
+    for command in commands:
+        if not unchanged_sources(command["result"]):
+            return int(command["revision"])
+    return firm

@@ -62,6 +62,7 @@ from corral.sandbox.bwrap import LaunchMode
 from corral.supervisor.errors import BadRequest, Conflict, Refused, SupervisorError
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_str
+from corral.supervisor.project import revision_store
 from corral.supervisor.runs import action_store, run_store, sealed_input
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import TERMINAL as RUN_TERMINAL
@@ -443,7 +444,14 @@ class SessionService:
         action = self._executing_action(run, request.action_id, "command.exec")
         mode = _launch_mode(request.launch_mode)
         transcript = session_store.transcript_path(self.home, run["run_id"], action["action_id"])
-        session_store.record_command_launch(self.ledger, run["run_id"], action["action_id"], mode, transcript)
+        with self.ledger.tx():
+            session_store.record_command_launch(self.ledger, run["run_id"], action["action_id"], mode, transcript)
+            # Seed 004 V1.11.1: "command.exec 只在 SANDBOX_READY 后推进 revision 和清除旧验证凭证".
+            # In the launch record's commit, before COMMIT_EXEC: whatever the command
+            # does, and whether or not its outcome is ever reported (a crash, then a
+            # person's reconciliation), no verification made before it speaks for the
+            # tree after it. Its receipt keeps this one revision (revision_store.record).
+            revision_store.record(self.ledger, action)
         return Ack()
 
     def on_receipt(self, ledger: Ledger, action: Any) -> None:
@@ -470,7 +478,11 @@ class SessionService:
         run = run_store.get_run(self.ledger, row["run_id"])
         if RunStatus(run["status"]) in RUN_TERMINAL:
             raise Refused(f"run {run['run_id']} already ended; not launching")
-        session_store.record_launch(self.ledger, row, _launch_mode(request.launch_mode))
+        with self.ledger.tx():
+            session_store.record_launch(self.ledger, row, _launch_mode(request.launch_mode))
+            # As command.exec's (command_launched): a process may change sources at any
+            # time while it lives, and its start action reports none of it.
+            revision_store.record(self.ledger, action_store.get_action(self.ledger, row["start_action_id"]))
         self._notify()
         return Ack()
 
