@@ -316,3 +316,43 @@ def test_a_failed_run_keeps_its_last_plan_as_it_was_and_a_tool_result_moves_no_s
                                  {"step": "report", "status": "pending"}], "as the model left it"
     finally:
         daemon.shutdown()
+
+
+@pytest.mark.parametrize("structured", ["json_schema", "json_object"])
+def test_a_schema_the_server_enforces_requires_plan_update_and_lets_it_be_null(structured: str) -> None:
+    """The seed: "strict function schema 顶层固定为 thinkingSummary / planUpdate / plan / actions /
+    response，其中 planUpdate 是必填但可为 null 的字段"; "没有变化时传 null". A server that enforces
+    corral's plan schema lets the model keep a plan beside its actions or its final reply."""
+    import jsonschema
+
+    payload = build_chat_payload(OpenAIConfig(base_url="http://localhost/v1", model="m", structured=structured),
+                                 make_request())
+    fmt = payload["response_format"]
+    schema = fmt["json_schema"]["schema"] if structured == "json_schema" else fmt["schema"]
+    valid = jsonschema.Draft202012Validator(schema).is_valid
+    update = {"explanation": "read first", "steps": [{"step": "read", "status": "in_progress"}]}
+    act = [{"tool": "read_file", "input": {"path": "n.txt"}}]
+    assert valid({"actions": act, "planUpdate": update}) and valid({"actions": act, "planUpdate": None})
+    assert valid({"final": "done", "planUpdate": update}) and valid({"final": "done", "planUpdate": None})
+    assert not valid({"actions": act}) and not valid({"final": "done"}), "required, if only as null"
+    assert not valid({"final": "done", "planUpdate": {"explanation": "x", "steps": []}}), "1 to 8 steps"
+    assert not valid({"final": "done", "planUpdate": {"explanation": "x", "steps": [{"step": "a", "status": "done"}]}})
+    assert "planUpdate" in payload["messages"][0]["content"] and "null" in payload["messages"][0]["content"]
+    text = json.dumps({"actions": act, "planUpdate": None})
+    read = parse_chat_completion(json.dumps(completion(text)), TOOLS, text_json=True)
+    assert read.plan_update is None and [a.tool for a in read.actions] == ["read_file"]
+
+
+def test_plan_update_false_offers_no_plan_for_a_model_too_small_to_finish_one() -> None:
+    """``plan_update = false`` (tests/test_openai_structured.py's 135M model): no ``planUpdate``
+    in the schema or the prompt, no ``update_agent_plan`` among the functions."""
+    import jsonschema
+
+    config = OpenAIConfig(base_url="http://localhost/v1", model="m", plan_update=False)
+    payload = build_chat_payload(config, make_request())
+    assert jsonschema.Draft202012Validator(payload["response_format"]["json_schema"]["schema"]).is_valid(
+        {"final": "done"})
+    assert "planUpdate" not in json.dumps(payload)
+    native = build_chat_payload(OpenAIConfig(base_url="http://localhost/v1", model="m", structured="tools",
+                                             plan_update=False), make_request())
+    assert "update_agent_plan" not in json.dumps(native)

@@ -123,12 +123,16 @@ def plan_schema(
     optional: bool = False,
     max_items: int | None = DEFAULT_MAX_ITEMS,
     output: dict[str, Any] | None = None,
+    plan_update: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The schema of one answer: some tool calls (from ``tools``) and/or the final
     reply. With no tools the final reply is the only answer. A ``None`` bound
     leaves that length open (a server's model with a large budget). ``output``: the
     agent's typed output, which the final reply is instead of text (every field
-    offered, strings bounded, so the grammar can close)."""
+    offered, strings bounded, so the grammar can close). ``plan_update``: the
+    schema of the answer's ``planUpdate``, then required beside the actions or the
+    reply but null when the plan has not changed (seed 004 V1.17: "planUpdate 是必填
+    但可为 null 的字段")."""
     reply: dict[str, Any] = {"type": "string", "minLength": 1}
     if max_reply is not None:
         reply["maxLength"] = max_reply
@@ -141,7 +145,7 @@ def plan_schema(
         "additionalProperties": False,
     }
     if not tools:
-        return final
+        return _with_plan_update(final, plan_update)
     actions = {
         "type": "object",
         "properties": {
@@ -155,7 +159,20 @@ def plan_schema(
         "required": ["actions"],
         "additionalProperties": False,
     }
+    actions = _with_plan_update(actions, plan_update)
+    final = _with_plan_update(final, plan_update)
     return {"anyOf": [actions, final]} if allow_final else actions
+
+
+def _with_plan_update(branch: dict[str, Any], plan_update: dict[str, Any] | None) -> dict[str, Any]:
+    """``branch`` with ``planUpdate`` required and nullable, when there is one."""
+    if plan_update is None:
+        return branch
+    return {
+        **branch,
+        "properties": {**branch["properties"], "planUpdate": {"anyOf": [{"type": "null"}, plan_update]}},
+        "required": [*branch["required"], "planUpdate"],
+    }
 
 
 def tool_results(request: ProviderRequest) -> int:
@@ -183,6 +200,7 @@ def turn_schema(
     max_actions: int = 1,
     optional: bool = False,
     max_items: int | None = DEFAULT_MAX_ITEMS,
+    plan_update: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The schema of this turn's answer: the catalog's calls and/or the final reply.
     After ``max_tool_calls`` results only the final reply is left (so a run always
@@ -203,6 +221,7 @@ def turn_schema(
         optional=optional,
         max_items=max_items,
         output=request.output_schema,
+        plan_update=plan_update,
     )
 
 

@@ -72,12 +72,16 @@ _MAX_KEY_FILE_BYTES = 4096
 MODE_NATIVE = MODES[Structured.TOOLS]
 MODE_TEXT_JSON = MODES[Structured.NONE]
 
-TEXT_JSON_INSTRUCTION = (
+_TEXT_JSON_ANSWER = (
     'Answer with ONLY a JSON object, no prose: {"actions":[{"tool": "<name>", "input": {...}}]} '
-    f'with 1 to {MAX_ACTIONS_PER_PLAN} actions, or {{"final": "<your reply>"}} when the task '
-    'is done. Beside either, or alone, "planUpdate": {"explanation": "...", "steps": [{"step": "...", "status": '
+    f'with 1 to {MAX_ACTIONS_PER_PLAN} actions, or {{"final": "<your reply>"}} when the task is done.'
+)
+TEXT_JSON_INSTRUCTION = _TEXT_JSON_ANSWER + (
+    ' Beside either, "planUpdate": {"explanation": "...", "steps": [{"step": "...", "status": '
     '"pending|in_progress|completed"}]} keeps your plan (1 to 8 steps; the run cannot finish while one is not'
-    " completed)."
+    ' completed), or "planUpdate": null when it has not changed. Update it when you first break the task down,'
+    " when real progress changes it, after a steer (review the order of the unfinished steps) and with the final"
+    " reply."
 )
 
 
@@ -159,6 +163,8 @@ class OpenAIConfig:
     max_reply: int | None = None
     max_actions: int = MAX_ACTIONS_PER_PLAN
     max_tool_calls: int | None = None
+    #: Offer the plan update (seed 004 V1.17), as openai_structured.SchemaBounds says.
+    plan_update: bool = True
     temperature: float | None = None
     max_tokens: int | None = None
     #: Ask for server-sent events: a final reply's text then streams to the event
@@ -247,7 +253,8 @@ class OpenAIConfig:
 
     @property
     def bounds(self) -> SchemaBounds:
-        return SchemaBounds(self.max_string, self.max_reply, self.max_actions, self.max_tool_calls)
+        return SchemaBounds(self.max_string, self.max_reply, self.max_actions, self.max_tool_calls,
+                            self.plan_update)
 
     @property
     def uses_native_tools(self) -> bool:
@@ -350,7 +357,7 @@ UNTRUSTED_WEB = (
 )
 
 
-def system_prompt(request: ProviderRequest, *, native_tools: bool) -> str:
+def system_prompt(request: ProviderRequest, *, native_tools: bool, plan_update: bool = True) -> str:
     # The agent's own instructions lead, before corral's framing and the project context.
     lead = f"{_bounded(request.instructions, INSTRUCTIONS_CHARS)}\n\n" if request.instructions else ""
     intro = lead + (
@@ -375,13 +382,16 @@ def system_prompt(request: ProviderRequest, *, native_tools: bool) -> str:
         return (
             f"{intro} Call at most {MAX_ACTIONS_PER_PLAN} tools per turn. Every function takes"
             ' {"reason": "<why this call>", "input": {<the tool\'s input>}}: the input goes inside "input",'
-            " never at the top. Keep your plan with update_agent_plan (at most once per turn, beside the calls or"
-            " alone; it is no tool call). When the task is done, reply with your final answer as plain text and"
-            " call no tool."
+            " never at the top."
+            + (" Keep your plan with update_agent_plan (at most once per turn, beside the calls or alone; it is no"
+               " tool call): when you first break the task down, when real progress changes it, after a steer"
+               " (review the order of the unfinished steps) and with the final reply." if plan_update else "")
+            + " When the task is done, reply with your final answer as plain text and call no tool."
         )
     if not request.tools:
         return f'{intro} No tools are available. Answer with ONLY {{"final": "<your reply>"}}.'
-    return f"{intro}\nTools:\n{_tool_catalogue(request.tools)}\n{TEXT_JSON_INSTRUCTION}"
+    instruction = TEXT_JSON_INSTRUCTION if plan_update else _TEXT_JSON_ANSWER
+    return f"{intro}\nTools:\n{_tool_catalogue(request.tools)}\n{instruction}"
 
 
 def build_chat_payload(config: OpenAIConfig, request: ProviderRequest, way: Structured | None = None
@@ -393,7 +403,8 @@ def build_chat_payload(config: OpenAIConfig, request: ProviderRequest, way: Stru
     except ValueError as exc:
         raise OpenAIConfigError(f"tools cannot be offered to the model: {exc}") from None
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": system_prompt(request, native_tools=config.uses_native_tools)},
+        {"role": "system", "content": system_prompt(request, native_tools=config.uses_native_tools,
+                                                    plan_update=config.plan_update)},
         {"role": "user", "content": f"Task: {request.task}"},
         *history_messages(request.history, images=request.images if config.vision else ()),
     ]
@@ -410,7 +421,8 @@ def build_chat_payload(config: OpenAIConfig, request: ProviderRequest, way: Stru
         # Chat Completions' provider-native search (this provider speaks no Responses API).
         payload["web_search_options"] = {}
     if config.uses_native_tools and request.tools:
-        payload["tools"] = [tool_spec(tool) for tool in request.tools] + [PLAN_UPDATE_SPEC]
+        payload["tools"] = [tool_spec(tool) for tool in request.tools] + ([PLAN_UPDATE_SPEC] if config.plan_update
+                                                                          else [])
         payload["tool_choice"] = tool_choice(config.bounds, request)
     structured = response_format(way or config.way, request, config.bounds)
     if structured is not None:
@@ -654,7 +666,7 @@ class OpenAIProvider:
 
     def prompt_text(self, request: ProviderRequest) -> str:
         """The system prompt ``complete`` sends for ``request`` (the run's transcript)."""
-        return system_prompt(request, native_tools=self.config.uses_native_tools)
+        return system_prompt(request, native_tools=self.config.uses_native_tools, plan_update=self.config.plan_update)
 
     def parse(self, response: ProviderResponse, tools: tuple[ToolSchema, ...]) -> Plan:
         # The mode recorded with the response wins: after a restart with a changed

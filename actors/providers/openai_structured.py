@@ -24,6 +24,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from . import plan_update
 from .base import MAX_ACTIONS_PER_PLAN, ProviderRequest
 from .local_schema import tool_results, turn_schema
 
@@ -53,9 +54,16 @@ class SchemaBounds:
     max_reply: int | None = None
     max_actions: int = MAX_ACTIONS_PER_PLAN
     max_tool_calls: int | None = None
+    #: Offer the plan update (seed 004 V1.17: in the schema, required but nullable;
+    #: with native tools, ``update_agent_plan``). Off only for a model too small to
+    #: finish a plan it wrote: SmolLM2-135M through llama_cpp.server wrote four steps
+    #: on its first turn and its run failed with its final reply blocked on them.
+    plan_update: bool = True
 
     def check(self) -> None:
         """Raises ValueError naming the bad bound."""
+        if not isinstance(self.plan_update, bool):
+            raise ValueError(f"plan_update must be true or false, got {self.plan_update!r}")
         for name, value, low, high in (
             ("max_string", self.max_string, 1, 100_000),
             ("max_reply", self.max_reply, 1, 100_000),
@@ -100,7 +108,7 @@ def resolve(structured: Any, native_tools: Any) -> Structured:
 
 def answer_schema(request: ProviderRequest, bounds: SchemaBounds | None = None) -> dict[str, Any]:
     """This turn's plan schema for a server's model: every tool with its optional
-    fields, within ``bounds``, or the final reply."""
+    fields, within ``bounds``, or the final reply; ``planUpdate`` beside either."""
     bounds = bounds or SchemaBounds()
     return turn_schema(
         request,
@@ -110,6 +118,9 @@ def answer_schema(request: ProviderRequest, bounds: SchemaBounds | None = None) 
         max_actions=bounds.max_actions,
         optional=True,
         max_items=MAX_ITEMS,
+        # Required but nullable (seed 004 V1.17): a server that enforces the schema
+        # lets the model keep its plan beside its actions or its reply.
+        plan_update=plan_update.SCHEMA if bounds.plan_update else None,
     )
 
 
