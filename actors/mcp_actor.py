@@ -16,6 +16,10 @@ restart intensity.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import json
 import logging
 import os
 import re
@@ -103,13 +107,23 @@ async def open_session(
             from mcp.client.streamable_http import streamable_http_client
 
             headers = expand_all(server.get("headers", {}), server)
+            seen = pipes if pipes is not None else StdioPipes()
+
+            async def status(response: Any) -> None:
+                # The SDK turns a 401 into a bare "error response": keep the cause.
+                if response.status_code == 401:
+                    seen.unauthorized = True
+
             http = await stack.enter_async_context(
-                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
+                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0),
+                                   event_hooks={"response": [status]})
             )
             read, write = await stack.enter_async_context(streamable_http_client(server["url"], http_client=http))
         else:
             argv = server_argv(list(server["command"]))
-            env = expand_all(server.get("env", {}), server)
+            # The trusted PATH found at `corral up` (absolute entries outside the
+            # project), then the spec's env: nothing else of corral's environment.
+            env = {"PATH": str(server.get("path") or os.defpath), **expand_all(server.get("env", {}), server)}
             if tree is not None:
                 env[TAG_VAR] = tree.tag
             errlog = await stack.enter_async_context(_server_log(server.get("log")))
@@ -141,46 +155,100 @@ async def _server_log(log_path: str | None) -> AsyncIterator[Any]:
 
 
 def tool_entry(tool: Any) -> dict[str, Any]:
-    """The parts of an MCP tool the catalog keeps (all plain JSON)."""
+    """The parts of an MCP tool the catalog keeps and fingerprints, as the server
+    gave them (all plain JSON): the catalog judges them, whole
+    (supervisor/mcp/mcp_catalog.py refuses a bad one rather than mending it)."""
     annotations = tool.annotations
+    execution = getattr(tool, "execution", None)
     return {
         "name": tool.name,
-        "description": (tool.description or "")[:2000],
-        "input_schema": tool.input_schema if isinstance(tool.input_schema, dict) else {"type": "object"},
+        "description": tool.description or "",
+        "input_schema": tool.input_schema,
+        "output_schema": getattr(tool, "output_schema", None),
         "annotations": {
+            "title": getattr(annotations, "title", None),
             "read_only": getattr(annotations, "read_only_hint", None),
             "idempotent": getattr(annotations, "idempotent_hint", None),
             "destructive": getattr(annotations, "destructive_hint", None),
+            "open_world": getattr(annotations, "open_world_hint", None),
         },
+        "execution": None if execution is None else {"task_support": getattr(execution, "task_support", None)},
     }
 
 
+#: What one tools/list may hold before it is refused whole: a report of the catalog
+#: is one mailbox frame (1 MiB), and the catalog's own limits are far below these.
+MAX_LISTED_TOOLS = 1024
+MAX_LISTED_BYTES = 768 * 1024
+MAX_LIST_PAGES = 100
+MAX_LISTED_INSTRUCTIONS = 32_000
+
+
 async def list_all_tools(session: Any) -> list[dict[str, Any]]:
+    """Every tool of every page, or ``McpStartError`` past the bounds above (a
+    server that pages forever, or lists more than a run could ever be offered)."""
     tools: list[dict[str, Any]] = []
+    size = 0
     cursor = None
-    for _ in range(100):  # a server that pages forever is cut off
+    for _ in range(MAX_LIST_PAGES):
         if cursor:
             from mcp import types
 
             page = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor))
         else:
             page = await session.list_tools()
-        tools.extend(tool_entry(tool) for tool in page.tools)
+        for tool in page.tools:
+            entry = tool_entry(tool)
+            size += len(json.dumps(entry, default=str))
+            tools.append(entry)
+            if len(tools) > MAX_LISTED_TOOLS or size > MAX_LISTED_BYTES:
+                raise McpStartError(f"its tools/list passed {MAX_LISTED_TOOLS} tools or {MAX_LISTED_BYTES} bytes;"
+                                    " the catalog is refused")
         cursor = getattr(page, "next_cursor", None)
         if not cursor:
-            break
-    return tools
+            return tools
+    raise McpStartError(f"its tools/list went on past {MAX_LIST_PAGES} pages; the catalog is refused")
+
+
+def _content_facts(item: Any) -> dict[str, Any]:
+    """A non-text content block as metadata only: its type, MIME type, size and
+    SHA-256 (seed 004 V1.22: "image/audio/embedded resource 只给类型、MIME、大小和 SHA-256
+    元数据"); the bytes themselves never reach the ledger or a provider."""
+    facts: dict[str, Any] = {
+        "type": str(getattr(item, "type", "unknown")),
+        "mime_type": getattr(item, "mime_type", None),
+    }
+    raw: bytes | None = None
+    encoded = getattr(item, "data", None)
+    resource = getattr(item, "resource", None)
+    if resource is not None:
+        facts["mime_type"] = getattr(resource, "mime_type", None)
+        encoded = getattr(resource, "blob", None)
+        text = getattr(resource, "text", None)
+        raw = text.encode() if isinstance(text, str) else None
+    if isinstance(encoded, str):
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raw = encoded.encode()
+    if raw is None and getattr(item, "size", None) is not None:
+        facts["bytes"] = item.size  # a resource link: its size as the server gives it
+    if raw is not None:
+        facts["bytes"] = len(raw)
+        facts["sha256"] = hashlib.sha256(raw).hexdigest()
+    return facts
 
 
 def result_payload(result: Any) -> dict[str, Any]:
-    """An MCP CallToolResult as plain JSON: text joined, structured content kept."""
+    """An MCP CallToolResult as plain JSON: text joined, structured content kept,
+    any other block reduced to its facts."""
     texts: list[str] = []
     other: list[dict[str, Any]] = []
     for item in result.content or []:
         if getattr(item, "type", None) == "text":
             texts.append(item.text)
         else:
-            other.append({"type": getattr(item, "type", "unknown")})
+            other.append(_content_facts(item))
     return {
         "is_error": bool(result.is_error),
         "text": "\n".join(texts),
@@ -219,10 +287,13 @@ async def run(ctx: ActorContext) -> int:
                 session = await nursery.start(_hold_session, server, pipes)
                 init = session.initialize_result
                 tools = await list_all_tools(session)
+                instructions = getattr(init, "instructions", None) or ""
+                if len(instructions) > MAX_LISTED_INSTRUCTIONS:
+                    raise McpStartError(f"its instructions are {len(instructions)} characters; refused")
             ready = McpReady(
                 server=server_id,
                 tools=tools,
-                instructions=redact_text((getattr(init, "instructions", None) or "")[:8000]),
+                instructions=redact_text(instructions),
                 server_info={
                     "name": str(getattr(getattr(init, "server_info", None), "name", "") or ""),
                     "version": str(getattr(getattr(init, "server_info", None), "version", "") or ""),
@@ -240,6 +311,10 @@ async def run(ctx: ActorContext) -> int:
             raise
         if isinstance(cause, trio.TooSlowError) and not started:
             message = f"did not start within {startup_timeout:g} s"
+        elif pipes.unauthorized:
+            # Seed 004 V1.22: "OAuth 缺失时必须明确报'当前切片未支持'，不能静默降级成匿名连接".
+            message = ("the server answered 401 Unauthorized: it wants an authorization corral does not have"
+                       " (OAuth is not supported in this version; give a bearer token in `headers`)")
         else:
             message = f"{type(cause).__name__}: {cause}"
         tail = stderr_tail(log_path, log_start) if server.get("command") else []
@@ -349,7 +424,11 @@ async def _serve(ctx: ActorContext, session: Any, pipes: StdioPipes) -> int:
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(watch_broken)
-        await serve_requests(ctx, nursery, {"call": partial(_call, ctx, session, broken=broken, pipes=pipes)})
+        # One call at a time per server (seed 004 V1.22: "同一 server 的 catalog/call 串行，
+        # 不同 server 可并行"): each server has its own actor, so its own lock.
+        serial = trio.Lock()
+        await serve_requests(
+            ctx, nursery, {"call": partial(_call, ctx, session, broken=broken, pipes=pipes, serial=serial)})
         if ctx.shutdown.is_set():
             nursery.cancel_scope.cancel()
             return 0
@@ -360,7 +439,7 @@ async def _serve(ctx: ActorContext, session: Any, pipes: StdioPipes) -> int:
 
 
 async def _call(
-    ctx: ActorContext, session: Any, envelope: Envelope, broken: trio.Event, pipes: StdioPipes
+    ctx: ActorContext, session: Any, envelope: Envelope, broken: trio.Event, pipes: StdioPipes, serial: trio.Lock
 ) -> None:
     body = envelope.body
     timeout = float(body.get("timeout_s", 60.0))
@@ -371,10 +450,19 @@ async def _call(
         meta["corral/idempotency_key"] = str(body["idempotency_key"])
     failpoints.hit("mcp.before-call")
     _InFlight.count += 1
+    sent = False
     try:
+        # The timeout covers the wait for the server's earlier calls too, so the
+        # relay's deadline holds; a call still waiting then was never sent.
         with trio.fail_after(timeout):
-            result = await session.call_tool(str(body["tool"]), dict(body.get("arguments") or {}), meta=meta)
+            async with serial:
+                sent = True
+                result = await session.call_tool(str(body["tool"]), dict(body.get("arguments") or {}), meta=meta)
     except trio.TooSlowError:
+        if not sent:
+            await ctx.channel.reply_error(
+                envelope, "mcp-busy", f"the server's earlier calls took all of {timeout:g} s; this one was not sent")
+            return
         await ctx.channel.reply_error(envelope, "mcp-timeout", f"no result within {timeout:g} s")
         return
     except Exception as exc:

@@ -50,6 +50,8 @@ class StdioPipes:
     #: read stream closes; None while it has not.
     refused: str | None = None
     pid: int | None = None
+    #: An HTTP server answered 401 (it wants an authorization corral lacks).
+    unauthorized: bool = False
 
 
 @asynccontextmanager
@@ -59,8 +61,9 @@ async def stdio_pipes(
 ) -> AsyncIterator[tuple[Any, Any]]:
     """``(read_stream, write_stream)`` of a server started as ``argv``, with what
     else is known in ``pipes``; the streams carry the SDK's ``SessionMessage``
-    (and parse errors, as values)."""
-    from mcp.client.stdio import get_default_environment
+    (and parse errors, as values). ``env`` is the server's whole environment:
+    nothing of this process's is inherited (seed 004 V1.22: "清空继承环境，只注入
+    安全 PATH、配置中的 env"), not even the SDK's default HOME, SHELL, TERM or USER."""
     from mcp.shared.message import SessionMessage
 
     process = await trio.lowlevel.open_process(
@@ -68,7 +71,7 @@ async def stdio_pipes(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=errlog,
-        env=get_default_environment() | env,
+        env=env,
         cwd=Path(cwd) if cwd else None,
         start_new_session=True,
     )

@@ -152,6 +152,45 @@ def test_the_orchestration_allow_list(tool: str, allowed: bool) -> None:
     assert (refused is None) is allowed
 
 
+@pytest.mark.parametrize(("hints", "effect", "read_only"), [
+    ({"read_only": True, "destructive": False}, None, True),
+    ({"read_only": True, "destructive": None}, None, False),  # incomplete: fails closed
+    ({"read_only": True, "destructive": True}, None, False),
+    ({"read_only": None, "destructive": False}, None, False),
+    ({"read_only": True, "destructive": False}, "external", False),  # the user's spec says otherwise
+])
+def test_an_mcp_tool_declaring_read_only_and_not_destructive_is_a_read_after_delegation(
+    tmp_path: Path, hints: dict[str, Any], effect: str | None, read_only: bool
+) -> None:
+    """V1.32: "MCP 只有同时声明 readOnlyHint=true 与 destructiveHint=false 才视为只读，破坏性或注解不完整的
+    MCP 在首批原子预检和委派后执行阶段都失败关闭" (a strict re-audit found every MCP tool refused)."""
+    from corral.supervisor.context.collaboration_service import CollaborationService
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
+    from corral.supervisor.mcp.mcp_catalog import build_catalog, pin, read_only_tools
+    from corral.supervisor.mcp.mcp_spec import parse_server
+
+    server = parse_server("s", {"id": "docs", "command": ["x"], **({"effect": effect} if effect else {})})
+    entry = {"name": "search", "description": "", "input_schema": {"type": "object"}, "annotations": hints}
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    ledger.boot_id = "boot"
+    try:
+        pin(ledger, "run-1", "docs", build_catalog(server, [entry]))
+        reads = read_only_tools(ledger, "run-1")
+        assert ("mcp.docs.search" in reads) is read_only
+        after = collaboration.action_refusal(Policy(), "mcp.docs.search", delegated=True, reads=reads)
+        assert (after is None) is read_only
+        batch = collaboration.orchestration_refusal(Policy(), ["agent.delegate", "mcp.docs.search"], reads)
+        assert (batch is None) is read_only
+        # Before a wave the policy asks for, a read-only MCP tool is a read, not a wave to preflight.
+        plan = {"actions": [{"tool": "mcp.docs.search", "input": {}}]}
+        assert collaboration.needs_preflight(Policy(**MIXED), plan, reads) is not read_only
+        # A service reads the same from the run's pin.
+        service = CollaborationService(ledger, tmp_path / "project")
+        assert service.mcp_reads("run-1", ["mcp.docs.search"]) == reads
+    finally:
+        ledger.close()
+
+
 def _stored(policy: Policy, actions: list[dict[str, Any]], run_id: str = "run-1", loop: int = 0) -> dict[str, Any]:
     contract = collaboration.batch_contract(policy, actions)
     digest = collaboration.contract_fingerprint(contract)

@@ -7,6 +7,7 @@ Crash tests SIGKILL the real processes at named failpoints.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -237,6 +238,8 @@ max_restarts = 0
                 daemon.call("events", since=daemon.status()["cursor"], wait_ms=1000)
                 bad = _server(daemon, "badauth")
             assert bad["status"] != "ready" and bad["error"], bad
+            # V1.22: "OAuth 缺失时必须明确报'当前切片未支持'，不能静默降级成匿名连接".
+            assert "401" in bad["error"] and "OAuth is not supported" in bad["error"], bad
             daemon.shutdown()
             # The token reaches the server, never a persisted surface.
             for path in daemon.home.rglob("*"):
@@ -378,6 +381,92 @@ period_s = 60
         assert broken["status"] != "ready" and "start" in broken["error"], broken
         status = daemon.status()
         assert status["mcp"][0]["error"]
+
+
+def test_a_required_server_that_fails_stops_the_run_before_it_plans_and_an_optional_one_is_left_out(
+    project: Path,
+) -> None:
+    """V1.22: "required server 初始化或列目录失败时阻止 planning，optional server 只从当前目录移除并在
+    MCP 状态中报告安全错误摘要" (a strict re-audit found no required/optional setting). The optional
+    server's catalog is refused (a description past the limit: "目录超限失败关闭")."""
+    servers = _lab(effects=project / "lab.log", env=', LAB_LONG_DESCRIPTION = "1"') + """
+[[mcp_servers]]
+id = "must.have"
+command = ["python", "-c", "import sys; sys.exit(3)"]
+required = true
+startup_timeout_s = 5
+max_restarts = 0
+period_s = 60
+"""
+    with running(project / "home", _spec(servers, [{"final": "planned anyway"}])) as daemon:
+        lab = _wait_server(daemon, "lab", "failed")
+        assert "catalog is refused" in lab["error"] and "description" in lab["error"] and lab["tools"] == [], lab
+        assert lab["required"] is False and _server(daemon, "must.have")["required"] is True
+        run_id = _run(daemon)
+        shown = wait_run(daemon, run_id, {"completed", "failed"})
+        assert shown["run"]["status"] == "failed", shown
+        assert "cannot plan: the required MCP server 'must.have' is not usable" in shown["run"]["reason"], shown
+        # No provider turn was begun: the run never planned.
+        assert ledger_rows(daemon.home, "SELECT slot FROM provider_requests WHERE run_id = ?", run_id) == []
+        unavailable = {e["data"]["server"]: e["data"] for e in daemon.events()
+                       if e["kind"] == "mcp-server-unavailable" and e["subject"] == run_id}
+        assert unavailable["lab"]["required"] is False and "refused" in unavailable["lab"]["error"], unavailable
+        assert unavailable["must.have"]["required"] is True, unavailable
+        assert daemon.status()["mcp"][0]["error"]
+
+
+def test_a_stdio_server_gets_only_a_trusted_path_and_its_specs_env(project: Path) -> None:
+    """V1.22: "清空继承环境，只注入安全 PATH、配置中的 env" (a strict re-audit found HOME, SHELL, TERM
+    and USER kept from the SDK's default environment)."""
+    servers = _lab(effects=project / "lab.log", env=', LAB_GREETING = "hi"')
+    steps = [{"actions": [("mcp.lab.environ", {})]}, {"final": "done"}]
+    # What the SDK's default environment would pass on, were it there to take, and a
+    # PATH with a directory of the project and a relative entry first.
+    (project / "ws" / "bin").mkdir()
+    host = {"HOME": str(project), "SHELL": "/bin/sh", "TERM": "xterm", "USER": "someone", "LOGNAME": "someone",
+            "PATH": os.pathsep.join([str(project / "ws" / "bin"), ".", os.environ.get("PATH", os.defpath)])}
+    with running(project / "home", _spec(servers, steps), env=host) as daemon:
+        shown = wait_run(daemon, _run(daemon), {"completed", "failed"})
+        assert shown["run"]["status"] == "completed", shown
+        (row,) = ledger_rows(daemon.home, "SELECT result FROM actions WHERE tool = 'mcp.lab.environ'")
+        environ = json.loads(json.loads(row["result"])["output"]["text"])
+    # LC_CTYPE=C.UTF-8 is the interpreter's own (PEP 538 locale coercion, in the
+    # launcher and the server), never corral's: nothing else of its environment is there.
+    assert environ.pop("LC_CTYPE", "C.UTF-8") == "C.UTF-8"
+    assert set(environ) == {"PATH", "LAB_EFFECTS", "LAB_GREETING", "CORRAL_MCP_TREE"}, sorted(environ)
+    assert environ["LAB_GREETING"] == "hi"
+    entries = environ["PATH"].split(os.pathsep)
+    assert entries and all(Path(entry).is_absolute() for entry in entries), entries
+    assert not any(Path(entry).resolve().is_relative_to((project / "ws").resolve()) for entry in entries)
+
+
+def test_calls_to_one_server_are_serial_and_to_two_servers_may_overlap(project: Path) -> None:
+    """V1.22: "同一 server 的 catalog/call 串行，不同 server 可并行". The lab's ``nap``
+    sleeps without blocking the server, so only corral can keep two calls apart."""
+    import threading
+
+    effects = project / "lab.log"
+    servers = _lab(effects=effects) + _lab("other", effects=effects)
+    with running(project / "home", _spec(servers, [{"final": "done"}])) as daemon:
+        for server in ("lab", "other"):
+            _wait_server(daemon, server, "ready")
+
+        def call(server: str) -> None:
+            answer = daemon.call("mcp.call", server=server, tool="nap", arguments={"seconds": 0.5}, approve=True)
+            assert answer["ok"], answer
+
+        threads = [threading.Thread(target=call, args=(server,)) for server in ("lab", "lab", "lab", "other")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    naps = [line for line in _lines(effects) if line["label"] == "nap"]
+    assert len(naps) == 4, naps
+    by_pid: dict[int, list[tuple[float, float]]] = {}
+    for line in naps:
+        by_pid.setdefault(line["pid"], []).append((line["start"], line["end"]))
+    one = sorted(max(by_pid.values(), key=len))
+    assert len(one) == 3 and all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(one)), one
 
 
 # -- SIGKILL at named failpoints -------------------------------------------------------

@@ -17,7 +17,7 @@ later edits of the file do not change it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict
 from typing import Annotated, Any, Literal, Protocol
 
@@ -51,9 +51,10 @@ PRE_WAVE_TOOLS = READ_TOOLS | {"project.verify", "agent.run_status"}
 #: What a root may still do after it delegated, under orchestratorOnlyAfterDelegation:
 #: reads, checkpoint and diff reads, project.verify, watching and closing a process
 #: (process.poll / process.terminate), its plan, goal and questions, agent.run_status,
-#: new isolated checks and delegations (a repair among them). Everything else
-#: (file writes, changesets, restores, commits, commands, process starts and input,
-#: MCP tools) is refused.
+#: new isolated checks and delegations (a repair among them), and the MCP tools that
+#: declare themselves read-only (``reads``, below). Everything else (file writes,
+#: changesets, restores, commits, commands, process starts and input, any other MCP
+#: tool) is refused.
 ORCHESTRATION_TOOLS = PRE_WAVE_TOOLS | COLLABORATION_TOOLS | {
     "process.poll", "process.terminate", "goal.verdict", "user.input_request",
 }
@@ -83,7 +84,8 @@ class Policy:
     orchestratorOnlyAfterDelegation: StrictBool = Field(
         default=True, description="Once the root delegated or spawned, it only orchestrates: it reads, verifies,"
         " watches and stops processes, delegates, spawns children, checks runs, updates its plan or goal and asks"
-        " the user; file writes, commands, commits and MCP tools are refused.")
+        " the user; file writes, commands and commits are refused, and so are MCP tools except those whose"
+        " server declares them readOnlyHint and not destructiveHint.")
     minIsolatedGroupsBeforeClaim: StrictInt = Field(
         default=0, ge=0, le=16, description="The root's first claim waits until it has this many isolated groups"
         " and the claimed batch holds this many ready groups; a final reply needs as many groups.")
@@ -179,16 +181,18 @@ def wave_shortfalls(policy: Policy, actions: Sequence[Mapping[str, Any]]) -> lis
     return short
 
 
-def needs_preflight(policy: Policy, plan: Mapping[str, Any]) -> bool:
+def needs_preflight(policy: Policy, plan: Mapping[str, Any], reads: Collection[str] = ()) -> bool:
     """Whether an unbound root's plan is checked as its first wave: it starts a
     collaboration, or (the policy asking for a wave) it changes the project, runs
-    anything past reads, verification, claims and plan updates, or ends the run."""
+    anything past reads (``reads``: the run's read-only MCP tools), verification,
+    claims and plan updates, or ends the run."""
     actions = list(plan.get("actions") or [])
     if any(a.get("tool") in COLLABORATION_TOOLS for a in actions):
         return True
     if not wants_a_wave(policy):
         return False
-    return plan.get("final") is not None or any(a.get("tool") not in PRE_WAVE_TOOLS for a in actions)
+    return plan.get("final") is not None or any(
+        a.get("tool") not in PRE_WAVE_TOOLS and a.get("tool") not in reads for a in actions)
 
 
 def spawn_refusal(tools: Sequence[str]) -> str | None:
@@ -198,21 +202,25 @@ def spawn_refusal(tools: Sequence[str]) -> str | None:
     return None if spawns <= 1 else f"one agent.spawn_isolated per batch at most (this plan has {spawns})"
 
 
-def orchestration_refusal(policy: Policy, tools: Sequence[str]) -> str | None:
+def orchestration_refusal(policy: Policy, tools: Sequence[str], reads: Collection[str] = ()) -> str | None:
     """A collaboration batch that also asks for work the root may no longer do
-    (orchestratorOnlyAfterDelegation): refused whole, before anything is prepared."""
+    (orchestratorOnlyAfterDelegation): refused whole, before anything is prepared.
+    ``reads``: the run's MCP tools that count as read-only (seed 004 V1.32: "MCP 只有
+    同时声明 readOnlyHint=true 与 destructiveHint=false 才视为只读，破坏性或注解不完整的
+    MCP 在首批原子预检和委派后执行阶段都失败关闭")."""
     if not policy.orchestratorOnlyAfterDelegation or not COLLABORATION_TOOLS.intersection(tools):
         return None
-    barred = sorted({tool for tool in tools if tool not in ORCHESTRATION_TOOLS})
+    barred = sorted({tool for tool in tools if tool not in ORCHESTRATION_TOOLS and tool not in reads})
     if not barred:
         return None
     return (f"{', '.join(barred)}: a batch that delegates or spawns only orchestrates"
             " (orchestratorOnlyAfterDelegation); let the specialists do that work")
 
 
-def action_refusal(policy: Policy, tool: str, delegated: bool) -> str | None:
-    """One action of a root that already delegated or spawned: refused unless it orchestrates."""
-    if not delegated or not policy.orchestratorOnlyAfterDelegation or tool in ORCHESTRATION_TOOLS:
+def action_refusal(policy: Policy, tool: str, delegated: bool, reads: Collection[str] = ()) -> str | None:
+    """One action of a root that already delegated or spawned: refused unless it
+    orchestrates or is one of the run's read-only MCP tools (``reads``)."""
+    if not delegated or not policy.orchestratorOnlyAfterDelegation or tool in ORCHESTRATION_TOOLS or tool in reads:
         return None
     return f"{tool}: after its first delegation this root only orchestrates (orchestratorOnlyAfterDelegation)"
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from corral.supervisor.context import collaboration
 from corral.supervisor.context.collaboration import Policy
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.mcp.mcp_catalog import read_only_tools
 from corral.supervisor.runs.run_feature import RunFeature
 from corral.supervisor.runs.run_versions import ABSENT
 
@@ -124,6 +126,13 @@ class CollaborationService:
             return collaboration.from_snapshot(json.loads(bound["policy"])), True
         return self.live(), False
 
+    def mcp_reads(self, run_id: str, tools: Sequence[str]) -> frozenset[str]:
+        """The run's pinned MCP tools that count as read-only (V1.32), looked up only
+        when the plan names an MCP tool at all."""
+        if not any(tool.startswith("mcp.") for tool in tools):
+            return frozenset()
+        return read_only_tools(self.ledger, run_id)
+
     def delegated(self, run_id: str) -> bool:
         """Whether the root has a static delegation or an isolated group (durable facts)."""
         return self.ledger.one(
@@ -147,11 +156,12 @@ class CollaborationService:
         tools = [str(a.get("tool")) for a in actions]
         # A batch that starts a collaboration and also works alone is refused whole;
         # a later plan's barred action is denied by itself (``action_guard``).
-        refusal = collaboration.spawn_refusal(tools) or collaboration.orchestration_refusal(policy, tools)
+        reads = self.mcp_reads(run["run_id"], tools)
+        refusal = collaboration.spawn_refusal(tools) or collaboration.orchestration_refusal(policy, tools, reads)
         if refusal is not None:
             return refusal + ". Plan that batch again without it."
         if not bound:
-            if not collaboration.needs_preflight(policy, plan):
+            if not collaboration.needs_preflight(policy, plan, reads):
                 return None
             short = collaboration.wave_shortfalls(policy, actions) if collaboration.wants_a_wave(policy) else []
             if short:
@@ -239,7 +249,8 @@ class CollaborationService:
             return "continue", ""
         policy, bound = self.policy_for(run["run_id"])
         # Only a barred tool of a bound root pays for the look at its delegations.
-        why = collaboration.action_refusal(policy, tool, bound and self.delegated(run["run_id"]))
+        why = collaboration.action_refusal(policy, tool, bound and self.delegated(run["run_id"]),
+                                           self.mcp_reads(run["run_id"], [tool]))
         return ("continue", "") if why is None else ("block", why)
 
     # -- people ----------------------------------------------------------------------

@@ -25,18 +25,33 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
+from corral.actors.providers.plan_parse import wire_tool_name
 from corral.actors.tools.validation import validation_error
 from corral.core.redact import summarize
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
 from corral.mailbox.protocol import Ack, ActionPrepare, ClaimedRun, McpAnswer, McpCall, McpFailed, McpReady
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.mcp.mcp_catalog import CatalogTool, build_catalog, catalog_fingerprint, drift, pin, pinned
+from corral.supervisor.mcp.mcp_catalog import (
+    MAX_RUN_CATALOG_BYTES,
+    MAX_RUN_TOOLS,
+    CatalogRefused,
+    CatalogTool,
+    build_catalog,
+    catalog_bytes,
+    catalog_fingerprint,
+    check_instructions,
+    config_fingerprint,
+    drift,
+    pin,
+    pinned,
+    pinned_fingerprint,
+)
 from corral.supervisor.mcp.mcp_spec import McpServerSpec, split_tool_name
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.run_core import POLICY_STRICTNESS
-from corral.supervisor.runs.run_feature import RunFeature
+from corral.supervisor.runs.run_feature import ClaimRefused, RunFeature
 from corral.supervisor.runs.run_service import RunService
 from corral.supervisor.runs.run_state import RunStatus
 from corral.supervisor.service_part import ServicePart
@@ -69,7 +84,8 @@ class ServerState(ReportedReadiness):
     #: (redacted by its actor; kept in memory, shown with the error).
     log: str = ""
     stderr_tail: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
+    #: The catalog it reported was refused (CatalogRefused): the server offers nothing.
+    refused: bool = False
     #: The actor incarnation that reported the catalog: a restart must report again.
     incarnation: int = -1
     readies: int = 0
@@ -128,19 +144,36 @@ class McpService:
         slot = self._slot(server)
         if self.live_tools(server) is not None:
             return "ready"
+        if state.refused and state.ready_in(slot):
+            return "failed"
         if slot is None or slot.state in (ActorState.ESCALATED, ActorState.STOPPED):
             return "failed" if state.error else "stopped"
         return "starting" if not state.error else "restarting"
 
     async def ready(self, slot: ActorSlot, request: McpReady) -> Ack:
         state = self._own_server(slot, request.server)
-        tools, skipped = build_catalog(state.spec, request.tools)
-        fingerprint = catalog_fingerprint(tools)
+        state.incarnation, state.stderr_tail = slot.incarnation, []
+        server_info = {k: v[:200] for k, v in request.server_info.items()}
+        try:
+            check_instructions(request.instructions)
+            tools = build_catalog(state.spec, request.tools)
+        except CatalogRefused as exc:
+            # Offered in no part: the server is failed until it reports a usable one.
+            state.tools, state.fingerprint, state.refused = None, "", True
+            state.error = summarize(f"its catalog is refused: {exc}", 500)
+            state.failures += 1
+            with self.ledger.tx(fsync=False):
+                self.ledger.event("mcp-server-failed", state.spec.id, error=state.error, log=state.log)
+            log.error("mcp server %s: %s", state.spec.id, state.error)
+            state.notify()
+            return Ack()
+        fingerprint = catalog_fingerprint(tools, config=config_fingerprint(state.spec), server_info=server_info,
+                                          instructions=request.instructions)
         changed = bool(state.fingerprint) and fingerprint != state.fingerprint
-        state.tools, state.fingerprint, state.skipped = tools, fingerprint, skipped
-        state.instructions = request.instructions[:8000]
-        state.server_info = {k: v[:200] for k, v in request.server_info.items()}
-        state.incarnation, state.error, state.stderr_tail = slot.incarnation, "", []
+        state.tools, state.fingerprint, state.refused = tools, fingerprint, False
+        state.instructions = request.instructions
+        state.server_info = server_info
+        state.error = ""
         state.readies += 1
         with self.ledger.tx(fsync=False):
             self.ledger.event(
@@ -149,7 +182,6 @@ class McpService:
                 fingerprint=fingerprint,
                 tools=len(tools),
                 changed=changed,
-                skipped=len(skipped),
             )
         log.info("mcp server %s ready: %d tools, catalog %s", state.spec.id, len(tools), fingerprint[:12])
         state.notify()
@@ -181,24 +213,40 @@ class McpService:
     # -- a run's catalog ---------------------------------------------------------------
 
     async def run_catalog(self, run_id: str) -> list[CatalogTool]:
-        """Every MCP tool this run may see, pinning each server's catalog once."""
+        """Every MCP tool this run may see, pinning each server's catalog once.
+
+        A server that is down, whose catalog was refused, or whose tools would take
+        the run past its limits (MAX_RUN_TOOLS, MAX_RUN_CATALOG_BYTES) or give two
+        tools one public name, is left out when it is optional, and stops the run
+        before it plans (``RequiredServerDown``) when it is required (seed 004
+        V1.22: "required server 初始化或列目录失败时阻止 planning，optional server 只从当前
+        目录移除并在 MCP 状态中报告安全错误摘要")."""
         pins = dict(self._pins(run_id))
         deadline = trio.current_time() + CLAIM_WAIT_S
         out: list[CatalogTool] = []
+        names: set[str] = set()
+        size = 0
         for server in self.servers:
+            state = self.servers[server]
             if server not in pins:
-                live = await self._wait_ready(server, deadline)
-                if live is None:
-                    # A server that is down now is absent from this run; the run's
-                    # events say which and why.
-                    state = self.servers[server]
+                live = await self._wait_ready(
+                    server, max(deadline, trio.current_time() + state.spec.startup_timeout_s)
+                    if state.spec.required else deadline)
+                why = (state.error or self.server_status(server)) if live is None else _run_limits(live, names, size)
+                if live is None or why is not None:
+                    why = why or "not ready"
                     with self.ledger.tx(fsync=False):
-                        self.ledger.event("mcp-server-unavailable", run_id, server=server,
-                                          error=state.error or self.server_status(server), log=state.log)
+                        self.ledger.event("mcp-server-unavailable", run_id, server=server, error=why,
+                                          log=state.log, required=state.spec.required)
+                    if state.spec.required:
+                        raise RequiredServerDown(
+                            f"the required MCP server {server!r} is not usable: {summarize(why, 300)}")
                     continue
-                pins[server] = pin(self.ledger, run_id, server, live)
+                pins[server] = pin(self.ledger, run_id, server, live, state.fingerprint)
                 self._pin_cache[run_id] = pins
             out.extend(pins[server])
+            names.update(_public_names(pins[server]))
+            size += catalog_bytes(pins[server])
         return out
 
     async def add_catalog(self, run: ClaimedRun) -> None:
@@ -221,7 +269,7 @@ class McpService:
         return pins
 
     def _pinned_tool(self, run_id: str, full_name: str) -> CatalogTool:
-        parts = split_tool_name(full_name)
+        parts = split_tool_name(full_name, self.servers)
         if parts is None or parts[0] not in self.servers:
             raise NotFound(f"no MCP server for tool {full_name!r}")
         for tool in self._pins(run_id).get(parts[0], []):
@@ -232,7 +280,7 @@ class McpService:
     def prepare(self, slot: ActorSlot, request: ActionPrepare) -> Any:
         """A prepare route (RunService.prepare_call): an MCP tool's action, checked
         against the run's pinned catalog; None for any other tool."""
-        if split_tool_name(request.tool) is None:
+        if split_tool_name(request.tool, self.servers) is None:
             return None
         return self._prepare(slot, request, request.tool)
 
@@ -285,7 +333,7 @@ class McpService:
             live = await self._wait_ready(
                 tool.server, trio.current_time() + state.spec.startup_timeout_s, after=failed_incarnation
             )
-            why = drift(tool, live)
+            why = drift(tool, live, pinned_fingerprint(self.ledger, action["run_id"], tool.server), state.fingerprint)
             if why is not None and live is None and state.error:
                 why = f"{why}: {state.failure()}"
             if why is not None:
@@ -310,7 +358,7 @@ class McpService:
                     state.spec.call_timeout_s + RELAY_SLACK_S,
                 )
             except RemoteError as exc:
-                if exc.code in ("mcp-error", "result-too-large", "bad-request"):
+                if exc.code in ("mcp-error", "mcp-busy", "result-too-large", "bad-request"):
                     return {"ok": False, "code": exc.code, "error": exc.message}
                 unknown = f"{exc.code}: {exc.message}"
             except (ChannelClosed, DeadlineExceeded, MailboxFull, KeyError) as exc:
@@ -352,7 +400,7 @@ class McpService:
                     "log": state.log,
                     "stderr_tail": state.stderr_tail,
                     "calls": state.calls,
-                    "skipped": state.skipped,
+                    "required": state.spec.required,
                     "tools": [tool.as_dict() for tool in state.tools or []],
                 }
             )
@@ -363,6 +411,7 @@ class McpService:
             {
                 "id": server_id,
                 "status": self.server_status(server_id),
+                "required": state.spec.required,
                 "tools": len(state.tools or []),
                 "fingerprint": state.fingerprint[:16],
                 "error": state.failure(),
@@ -413,7 +462,7 @@ class McpService:
             kind="cli",
         )
         run_store.set_run_status(self.ledger, run_id, RunStatus.RUNNING, self.runs.features)
-        pin(self.ledger, run_id, server, live)
+        pin(self.ledger, run_id, server, live, self.servers[server].fingerprint)
         row = action_store.prepare_action(
             self.ledger,
             run_id,
@@ -442,18 +491,39 @@ class McpService:
         return {"run_id": run_id, "action_id": row["action_id"], **answer}
 
 
+class RequiredServerDown(ClaimRefused):
+    """A required server that a run cannot have: the run does not plan."""
+
+
+def _public_names(tools: list[CatalogTool]) -> set[str]:
+    """The names a tool is known by: its full name and the one a provider sees."""
+    return {name for tool in tools for name in (tool.full_name, wire_tool_name(tool.full_name))}
+
+
+def _run_limits(live: list[CatalogTool], names: set[str], size: int) -> str | None:
+    """Why a server's catalog cannot join what the run already has, or None."""
+    clash = sorted(_public_names(live) & names)
+    if clash:
+        return f"its tool {clash[0]!r} has the public name of another server's tool; its catalog is refused"
+    if len({tool.name for tool in live}) + len({n for n in names if n.startswith("mcp.")}) > MAX_RUN_TOOLS:
+        return f"its tools would take the run past {MAX_RUN_TOOLS} MCP tools; its catalog is refused"
+    if size + catalog_bytes(live) > MAX_RUN_CATALOG_BYTES:
+        return f"its catalog would take the run past {MAX_RUN_CATALOG_BYTES} bytes of MCP tools; refused"
+    return None
+
+
 class McpPins(RunFeature):
     """What an MCP tool's action shows a person (its effect class, from the run's
     pinned catalog), whether or not this spec starts MCP servers: an older run's
     actions keep theirs."""
 
     def tool_effect(self, ledger: Ledger, run_id: str, tool: str) -> str | None:
-        parts = split_tool_name(tool)
-        if parts is None:
+        if not tool.startswith("mcp."):
             return None
-        for pinned_tool in pinned(ledger, run_id).get(parts[0], []):
-            if pinned_tool.name == parts[1]:
-                return str(pinned_tool.effect)
+        for tools in pinned(ledger, run_id).values():
+            for pinned_tool in tools:
+                if pinned_tool.full_name == tool:
+                    return str(pinned_tool.effect)
         return None
 
 

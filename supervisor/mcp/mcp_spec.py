@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
@@ -36,6 +37,11 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
 _Entry = Annotated[StrictStr, Field(min_length=1, max_length=4096)]
 _Strings = Annotated[tuple[_Entry, ...], Field(max_length=256)]
 _Table = dict[Annotated[StrictStr, Field(max_length=256)], Annotated[StrictStr, Field(max_length=8192)]]
+#: Bounds of a command with its arguments, and of an env or headers table, in all
+#: (seed 004 V1.22: "命令、参数、env 名和值都受数量、字符和总字节上限约束"); each entry
+#: has its own bound above.
+MAX_TABLE_ENTRIES = 64
+MAX_TOTAL_BYTES = 64 * 1024
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: Headers the HTTP transport owns (hop-by-hop ones, Host, the body's length).
@@ -56,6 +62,8 @@ class McpToolSettings:
 
     effect: Effect | None = Field(default=None, description="This tool's effect class, over the server's `effect`.")
     approval: Approval | None = Field(default=None, description="This tool's approval, over the server's `approval`.")
+    enabled: StrictBool = Field(
+        default=True, description="`false`: never offered, whatever `allow` says (the last word on the tool).")
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -63,8 +71,16 @@ class McpServerSpec:
     """``[[mcp_servers]]``: an MCP server whose tools agents may call as
     ``mcp.<id>.<tool>``; one actor (``mcp-<id>``) in a group of its own (docs/mcp.md)."""
 
-    id: Annotated[StrictStr, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")] = Field(
-        description="The server's id: its tools are `mcp.<id>.<tool>`.")
+    id: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")] = Field(
+        description="The server's id, 1-64 ASCII letters, digits, dots, underscores or hyphens (seed 004 V1.22):"
+        " its tools are `mcp.<id>.<tool>`.")
+    enabled: StrictBool = Field(
+        default=True, description="`false`: the server is declared but not started, and offers no tool.")
+    required: StrictBool = Field(
+        default=False, description="`true`: a run cannot plan without it: when it fails to start or to list its"
+        " tools (or its catalog is refused), a run that would use it fails before its first provider turn, naming"
+        " the server and why. `false` (optional): such a server is left out of the run's catalog, and `corral"
+        " status` / `corral mcp list` say why.")
     command: _Strings = Field(
         default=(), description="A stdio server: the program and its arguments (or give `url`). The program is a"
         " bare name (`uvx`), found at `corral up` on the absolute PATH entries outside the project (its resolved"
@@ -113,7 +129,16 @@ class McpServerSpec:
     def _a_program(cls, command: tuple[str, ...]) -> tuple[str, ...]:
         if not command:
             raise problem("must name a program")
+        _total(sum(len(part.encode()) for part in command))
         return command
+
+    @field_validator("env", "headers")
+    @classmethod
+    def _bounded_table(cls, table: dict[str, str]) -> dict[str, str]:
+        if len(table) > MAX_TABLE_ENTRIES:
+            raise problem(f"{len(table)} entries; at most {MAX_TABLE_ENTRIES}")
+        _total(sum(len(name.encode()) + len(value.encode()) for name, value in table.items()))
+        return table
 
     @field_validator("url")
     @classmethod
@@ -169,8 +194,12 @@ class McpServerSpec:
         return tuple(sorted(names))
 
     def exposes(self, tool: str) -> bool:
+        """``allow``, then ``deny``, then the tool's own ``enabled`` (seed 004 V1.22:
+        "disabledTools 在 allowlist 后应用；tools.<toolName>.enabled=false 最终禁用")."""
         allowed = any(fnmatch.fnmatchcase(tool, pattern) for pattern in self.allow)
-        return allowed and not any(fnmatch.fnmatchcase(tool, pattern) for pattern in self.deny)
+        settings = self.tools.get(tool)
+        enabled = settings is None or settings.enabled
+        return allowed and enabled and not any(fnmatch.fnmatchcase(tool, pattern) for pattern in self.deny)
 
     def effect_of(self, tool: str, annotations: dict[str, Any]) -> str:
         """Per-tool spec, then the server's spec, then the tool's own hints."""
@@ -195,12 +224,13 @@ class McpServerSpec:
             return "auto" if effect == "read" else "confirm"
         return approval
 
-    def actor_params(self, credentials_file: Path) -> dict[str, Any]:
+    def actor_params(self, credentials_file: Path, path: str = "") -> dict[str, Any]:
         """What the actor needs: templates and where the credentials are, never an
-        expanded secret."""
+        expanded secret; ``path``: the trusted PATH a stdio server gets."""
         return {
             "server": {
                 "id": self.id,
+                "path": path,
                 "command": list(self.command),
                 "url": self.url,
                 "cwd": self.cwd,
@@ -210,6 +240,11 @@ class McpServerSpec:
                 "credentials_file": str(credentials_file),
             }
         }
+
+
+def _total(size: int) -> None:
+    if size > MAX_TOTAL_BYTES:
+        raise problem(f"{size} bytes in all; at most {MAX_TOTAL_BYTES}")
 
 
 _READER = Reader(McpServerSpec)
@@ -235,7 +270,13 @@ def resolve_servers(
         where = f"mcp_servers[{index}]"
         if server.id in seen:
             raise SpecError(f"{where}.id: duplicate server id {server.id!r}")
+        overlap = next((other for other in seen if _overlap(other, server.id)), None)
+        if overlap is not None:
+            raise SpecError(f"{where}.id: {server.id!r} and {overlap!r}: one, with a dot, begins the other, so"
+                            f" their tools could have the same name (mcp.a.b.c); rename one")
         seen.add(server.id)
+        if not server.enabled:
+            continue
         if server.command:
             program, *args = server.command
             run_as, real = _program(where, program, project_root, path_env)
@@ -243,6 +284,17 @@ def resolve_servers(
             server = dataclasses.replace(server, cwd=str(cwd), command=(run_as, *args))
         resolved.append(server)
     return tuple(resolved)
+
+
+def _overlap(one: str, other: str) -> bool:
+    return other.startswith(one + ".") or one.startswith(other + ".")
+
+
+def trusted_path(path_env: str, project_root: Path) -> str:
+    """The PATH a stdio server gets: the absolute entries of ``path_env`` that are
+    existing directories outside the project, in order (the ones its program was
+    looked for in)."""
+    return os.pathsep.join(entry for entry in path_env.split(os.pathsep) if _trusted_dir(entry, project_root))
 
 
 def _program(where: str, program: str, project_root: Path, path_env: str) -> tuple[str, Path]:
@@ -256,8 +308,7 @@ def _program(where: str, program: str, project_root: Path, path_env: str) -> tup
         )
     if program in ("python", "python3"):
         return program, Path(sys.executable).resolve()
-    trusted = [entry for entry in path_env.split(os.pathsep) if _trusted_dir(entry, project_root)]
-    found = shutil.which(program, path=os.pathsep.join(trusted))
+    found = shutil.which(program, path=trusted_path(path_env, project_root))
     if found is None:
         raise SpecError(
             f"{where}.command: no program {program!r} on a trusted PATH (the absolute PATH entries outside the"
@@ -324,11 +375,19 @@ def register_mcp_credentials(servers: tuple[McpServerSpec, ...]) -> None:
         register_secret(credentials.get(name) or "")
 
 
-def split_tool_name(name: str) -> tuple[str, str] | None:
-    """``mcp.<server>.<tool>`` -> (server, tool); None for any other name."""
+def split_tool_name(name: str, servers: Iterable[str] = ()) -> tuple[str, str] | None:
+    """``mcp.<server>.<tool>`` -> (server, tool); None for any other name. A server
+    id may hold dots: among ``servers`` the one the name begins with is it (the spec
+    refuses two ids of which one begins the other), and a name of none is None;
+    without them, the first dot ends it."""
     if not name.startswith("mcp."):
         return None
-    server, sep, tool = name[4:].partition(".")
+    rest = name[4:]
+    known = tuple(servers)
+    if known:
+        return next(((server, rest[len(server) + 1:]) for server in known
+                     if rest.startswith(server + ".") and len(rest) > len(server) + 1), None)
+    server, sep, tool = rest.partition(".")
     if not sep or not server or not tool:
         return None
     return server, tool

@@ -62,7 +62,7 @@ from corral.supervisor.runs.next_step import next_step
 from corral.supervisor.runs.receipt_check import check_receipt
 from corral.supervisor.runs.response_secrets import Handling
 from corral.supervisor.runs.run_core import POLICY_STRICTNESS, RunCore
-from corral.supervisor.runs.run_feature import PlanRefusal
+from corral.supervisor.runs.run_feature import ClaimRefused, PlanRefusal
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.transcript_store import notes_from
 from corral.supervisor.tree.supervision_tree import ActorSlot
@@ -112,8 +112,14 @@ class RunActorMethods(RunCore):
                 "agent.spawn_isolated/children/template": [t.id for t in self.spec.templates],
             },
         )
-        for hook in self.features.claim_hooks:
-            await hook(claimed)  # e.g. the MCP tools this run may call
+        try:
+            for hook in self.features.claim_hooks:
+                await hook(claimed)  # e.g. the MCP tools this run may call
+        except ClaimRefused as exc:
+            run_store.set_run_status(
+                self.ledger, run["run_id"], RunStatus.FAILED, self.features, f"cannot plan: {exc}"
+            )
+            return Claim(run=None)
         return Claim(run=claimed)
 
     async def next_step(self, slot: ActorSlot, request: NextStep, *, boundary: bool = True) -> Step:

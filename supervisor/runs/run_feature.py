@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from corral.supervisor.tree.supervision_tree import ActorSlot
 
 
+class ClaimRefused(Exception):
+    """A run that may not plan at all (a required MCP server it cannot have): its
+    claim fails it, before any provider turn, with this reason."""
+
+
 class PlanRefusal(NamedTuple):
     """A plan guard's refusal: one of seed 004's repair categories (V1.33) and the
     guard's own rule, which the refusal's event and observation name too (a bare
@@ -75,7 +80,8 @@ class RunFeature:
         """Just after a new run was written, with the options it was written with."""
 
     async def on_claim(self, claimed: ClaimedRun) -> None:
-        """Adds to the run an agent just claimed (an MCP catalog): mutates ``claimed``."""
+        """Adds to the run an agent just claimed (an MCP catalog): mutates ``claimed``;
+        raises ``ClaimRefused`` when the run cannot plan at all (then it fails, unplanned)."""
 
     # -- each step ----------------------------------------------------------------
 

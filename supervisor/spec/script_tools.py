@@ -78,5 +78,7 @@ def script_problem(
 
 
 def _mcp_server_declared(name: str, mcp_ids: Collection[str]) -> bool:
-    server, _, tool = name.removeprefix("mcp.").partition(".")
-    return name.startswith("mcp.") and server in mcp_ids and bool(tool)
+    from corral.supervisor.mcp.mcp_spec import split_tool_name
+
+    parts = split_tool_name(name, mcp_ids)
+    return parts is not None and parts[0] in mcp_ids

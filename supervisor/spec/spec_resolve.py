@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from corral.actors.tools.registry import all_tools, builtin_tools
 from corral.core.mcp_credentials import credentials_file
 from corral.supervisor.bridge import bridge_spec
-from corral.supervisor.mcp.mcp_spec import resolve_servers
+from corral.supervisor.mcp.mcp_spec import resolve_servers, split_tool_name, trusted_path
 from corral.supervisor.models.model_spec import ModelRegistry
 from corral.supervisor.spec.spec_base import Reader, SpecError, check_values, did_you_mean, spec_path
 from corral.supervisor.spec.spec_models import (
@@ -74,10 +74,12 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
         _check_parallel_reads(f"agents[{index}]", table.parallel_reads, tools)
     templates = _templates(doc, base, models)
     mcp_servers = resolve_servers(doc.mcp_servers, project_root, os.environ.get("PATH", ""))
+    server_path = trusted_path(os.environ.get("PATH", ""), project_root)
     for server in mcp_servers:
         # One group per server: a flapping server exhausts its own intensity only.
         tree.service(f"mcp_servers: actor id {server.actor_id!r} is already used", server.actor_id, "mcp",
-                     server.max_restarts, server.period_s, server.actor_params(credentials_file(os.environ)))
+                     server.max_restarts, server.period_s,
+                     server.actor_params(credentials_file(os.environ), server_path))
     for model in models.all():
         # A model that cannot load exhausts its own restart intensity, not the agents'.
         tree.service(f"models: actor id {model.actor_id!r} is already used", model.actor_id, "model",
@@ -95,7 +97,8 @@ def parse(data: dict[str, Any], source: str) -> SwarmSpec:
     policy_tables: list[tuple[str, Mapping[str, str]]] = [("policy", doc.policy)]
     policy_tables += [(f"agents[{i}].policy", agent.policy) for i, agent in enumerate(agents)]
     policy_tables += [(f"templates[{i}].policy", template.policy) for i, template in enumerate(templates)]
-    mcp_ids = {server.id for server in mcp_servers}
+    # A server declared with enabled = false still names its tools in policies.
+    mcp_ids = {server.id for server in doc.mcp_servers}
     _check_policy_keys(policy_tables, mcp_ids, tools)
     _check_mandatory_approval(policy_tables, tools)
     tool_lists = [(f"agents[{i}].tools", agent.tools) for i, agent in enumerate(agents)]
@@ -384,8 +387,8 @@ def _names_a_tool(key: str, known: list[str], mcp_ids: set[str]) -> bool:
     if is_glob and any(fnmatch.fnmatchcase(name, key) for name in known):
         return True
     if key.startswith("mcp."):
-        server = key[4:].partition(".")[0]
-        if server in mcp_ids and key.count(".") >= 2:
+        parts = split_tool_name(key, mcp_ids)
+        if parts is not None and parts[0] in mcp_ids:
             return True
         # ``mcp.*`` or ``mcp.g*``: some declared server's tools may match.
         return is_glob and any(fnmatch.fnmatchcase(f"mcp.{ident}.tool", key) for ident in mcp_ids)

@@ -115,6 +115,31 @@ def fail_politely() -> str:
     raise ValueError("the lab says no")
 
 
+@server.tool(annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False))
+async def nap(seconds: float = 0.3, ctx: Context | None = None) -> str:
+    """Sleeps without blocking the server (so two calls could overlap here), then
+    records when it started and ended."""
+    import anyio
+
+    start = time.time()
+    await anyio.sleep(seconds)
+    _record("nap", ctx, start=start, end=time.time())
+    return "rested"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False))
+def environ() -> str:
+    """The names and values of this server's environment, as JSON."""
+    return json.dumps(dict(os.environ), sort_keys=True)
+
+
+if os.environ.get("LAB_LONG_DESCRIPTION"):
+
+    @server.tool(description="d" * 5000)
+    def wordy() -> str:
+        return "a description past the catalog's limit"
+
+
 if SCHEMA_FILE and Path(SCHEMA_FILE).exists() and Path(SCHEMA_FILE).read_text().strip() == "v2":
 
     @server.tool(name="versioned")
