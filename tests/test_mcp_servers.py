@@ -469,6 +469,26 @@ def test_calls_to_one_server_are_serial_and_to_two_servers_may_overlap(project: 
     assert len(one) == 3 and all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(one)), one
 
 
+def test_an_image_in_a_result_reaches_the_model_as_its_type_mime_size_and_sha256(project: Path) -> None:
+    """V1.22: "模型 observation 只读取…text/structured content；image/audio/embedded resource 只给类型、
+    MIME、大小和 SHA-256 元数据，本切片不把任意 MCP 二进制转发给 Provider" (only the type was kept)."""
+    import base64
+    import hashlib
+
+    from tests.mcp_servers.lab_server import PICTURE
+
+    steps = [{"actions": [("mcp.lab.picture", {})]}, {"final": "done"}]
+    with running(project / "home", _spec(_lab(effects=project / "lab.log"), steps)) as daemon:
+        shown = wait_run(daemon, _run(daemon), {"completed", "failed"})
+        assert shown["run"]["status"] == "completed", shown
+        (row,) = ledger_rows(daemon.home, "SELECT result FROM actions WHERE tool = 'mcp.lab.picture'")
+    output = json.loads(row["result"])["output"]
+    assert output["text"] == "here it is"
+    assert output["other_content"] == [{"type": "image", "mime_type": "image/png", "bytes": len(PICTURE),
+                                        "sha256": hashlib.sha256(PICTURE).hexdigest()}], output
+    assert base64.b64encode(PICTURE).decode()[:40] not in row["result"]
+
+
 # -- SIGKILL at named failpoints -------------------------------------------------------
 
 

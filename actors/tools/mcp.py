@@ -46,6 +46,9 @@ class McpTool:
         output: dict[str, Any] = {"text": result.text}
         if result.structured is not None:
             output["structured"] = result.structured
+        if result.other_content:
+            # Images, audio, resources: their facts only, never their bytes.
+            output["other_content"] = msgspec.to_builtins(result.other_content)
         if isinstance(answer.sidecar, str) and answer.sidecar:
             output["sidecar"] = answer.sidecar
             output["bytes"] = None if isinstance(answer.bytes, msgspec.UnsetType) else answer.bytes

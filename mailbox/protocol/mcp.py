@@ -14,9 +14,13 @@ ServerId = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 
 
 class OtherContent(msgspec.Struct, kw_only=True):
-    """A content item of a result that is not text: only its kind is kept."""
+    """A content item of a result that is not text (an image, audio, a resource):
+    its facts only, never its bytes (seed 004 V1.22: "只给类型、MIME、大小和 SHA-256 元数据")."""
 
     type: str
+    mime_type: str | None = None
+    bytes: int | UnsetType = UNSET
+    sha256: str | UnsetType = UNSET
 
 
 class McpResult(msgspec.Struct, kw_only=True):

@@ -127,6 +127,18 @@ async def nap(seconds: float = 0.3, ctx: Context | None = None) -> str:
     return "rested"
 
 
+#: The bytes ``picture`` answers with, as an image block beside a line of text.
+PICTURE = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False), structured_output=False)
+def picture() -> Any:
+    """A line of text and a PNG image."""
+    from mcp.server.mcpserver import Image
+
+    return ["here it is", Image(data=PICTURE, format="png")]
+
+
 @server.tool(annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False))
 def environ() -> str:
     """The names and values of this server's environment, as JSON."""
