@@ -18,7 +18,7 @@ class OtherContent(msgspec.Struct, kw_only=True):
     its facts only, never its bytes (seed 004 V1.22: "只给类型、MIME、大小和 SHA-256 元数据")."""
 
     type: str
-    mime_type: str | None = None
+    mime_type: str | UnsetType | None = UNSET
     bytes: int | UnsetType = UNSET
     sha256: str | UnsetType = UNSET
 
