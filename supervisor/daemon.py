@@ -34,6 +34,7 @@ from corral.supervisor.context.collaboration_service import CollaborationService
 from corral.supervisor.errors import StorageFull, SupervisorError
 from corral.supervisor.home import home_dir as homes
 from corral.supervisor.home.home_files import HomeFiles, open_home
+from corral.supervisor.home.home_placement import project_root_in
 from corral.supervisor.intent import intent_service
 from corral.supervisor.intent.intent_service import IntentService
 from corral.supervisor.interactive import (
@@ -119,6 +120,7 @@ class Supervisor:
             placement or Placement(None),
             synchronous=spec.supervisor.synchronous,
             spec_path=spec.source if spec.source != "<embedded>" else None,
+            project=project_root_in(spec),
         )
         #: The features' parts in runs (supervisor/runs/run_feature.py): this
         #: supervisor's own, listed once by ``_assemble``. Handed to every run-layer

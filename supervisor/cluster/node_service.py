@@ -118,8 +118,11 @@ class NodeState:
 
 
 def open_ledger(
-    home: Path, placement: Placement, *, synchronous: str, spec_path: str | None
+    home: Path, placement: Placement, *, synchronous: str, spec_path: str | None, project: Path | None = None
 ) -> tuple[Ledger, NodeState | None]:
+    """This supervisor's ledger: its home's SQLite file, or its partition of the cluster's
+    database. ``project``: the root its agents work in, whose one revision the cluster's
+    partitions share (supervisor/project/revision_store.py)."""
     if placement.url is None:
         from corral.supervisor.home import home_dir as homes
 
@@ -138,7 +141,7 @@ def open_ledger(
     remember(home, placement, hold.partition)
     ledger = PostgresLedger(placement.url, hold.partition, epoch=hold.epoch, group_commit=synchronous == "full",
                             holder=placement.node, lease_s=placement.lease_s, lease_from=lease_from,
-                            cooperative=placement.concurrent)
+                            cooperative=placement.concurrent, project=None if project is None else str(project))
     log.info("ledger: %s (epoch %d, node %s)", ledger.where, hold.epoch, placement.node)
     return ledger, NodeState(placement, home, conn, hold, spec_path)
 

@@ -109,6 +109,7 @@ class PostgresLedger(PerRequest, Ledger):
         lease_s: float | None = None,
         lease_from: float | None = None,
         cooperative: bool = False,
+        project: str | None = None,
     ) -> None:
         # Before the port's own state: its transaction flags are per request here.
         self._pool = Pool(self._open_slot)
@@ -119,6 +120,9 @@ class PostgresLedger(PerRequest, Ledger):
         self.group_commit = group_commit
         self.url = url
         self.partition = partition
+        #: The project root this partition's runs work in (the key of its shared
+        #: revision, ``project_head``); None: none (a reader, a spec without files).
+        self.project = project
         self.schema = schema_of(partition)
         self.where = f"postgresql ledger {redact_url(url)} partition {partition}"
         self.epoch = epoch
@@ -575,6 +579,33 @@ class PostgresLedger(PerRequest, Ledger):
             ledger_pg_queue.take(self.db, run_id)  # this node takes it off the shared queue, or nothing
         self.db.send(f"INSERT INTO {CLUSTER_SCHEMA}.run_ids (run_id, partition, created_at)"
                      " VALUES (%s, %s, clock_timestamp())", (run_id, self.partition))
+
+    def project_head(self, *, at_least: int | None = None) -> int | None:
+        """The project root's one revision, shared by every partition (``corral_cluster.
+        project_heads``). Advancing locks its row until this transaction ends, so two
+        nodes' writes to one root get two numbers, in the order they commit; a node
+        fenced meanwhile rolls its number back with its write. Read past the read
+        cache: other partitions write it."""
+        import psycopg
+
+        if self.project is None:
+            return None
+        if at_least is not None:
+            row = self.db.send(
+                f"INSERT INTO {CLUSTER_SCHEMA}.project_heads AS head (project, revision) VALUES (%s, %s)"
+                " ON CONFLICT (project) DO UPDATE SET revision = GREATEST(head.revision + 1, EXCLUDED.revision)"
+                " RETURNING revision", (self.project, at_least)).fetchone()
+            return int(row[0])
+        if self.lost_since is not None:
+            raise self._unavailable()
+        with self._reading() as db:
+            try:
+                row = db.send(f"SELECT revision FROM {CLUSTER_SCHEMA}.project_heads WHERE project = %s",
+                              (self.project,)).fetchone()
+            except psycopg.Error as exc:
+                self._failed(exc, db)
+                raise
+        return int(row[0]) if row is not None else 0
 
     def run_elsewhere(self, run_id: str) -> dict[str, Any] | None:
         """Read from the partition that holds it (not through the read cache: it

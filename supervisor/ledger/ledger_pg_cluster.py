@@ -105,6 +105,16 @@ CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.requests (
     # Every run's id, cluster-wide: written in the run's creating transaction
     # (supervisor/ledger/ledger_pg.py ``claim_run_id``), fenced with it, so the
     # id is unique across partitions and a submit on any node finds the run.
+    # One project revision per project root for the whole cluster (seed 004 V1.1 §2: one
+    # execution owner per project, never one per home): every partition's write to a
+    # root advances its one number here, in the write's own fenced transaction
+    # (supervisor/project/revision_store.py, supervisor/ledger/ledger_pg.py ``project_head``).
+    f"""
+CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.project_heads (
+    project      TEXT PRIMARY KEY,
+    revision     BIGINT NOT NULL
+)
+""",
     f"""
 CREATE TABLE IF NOT EXISTS {CLUSTER_SCHEMA}.run_ids (
     run_id       TEXT PRIMARY KEY,

@@ -145,6 +145,14 @@ class Ledger:
         among every ledger sharing its database (``RunIdTaken`` at commit if
         another has it). One home is one ledger: its runs table's key is enough."""
 
+    def project_head(self, *, at_least: int | None = None) -> int | None:
+        """The project revision every ledger sharing this database keeps for this
+        ledger's project root; with ``at_least`` (in the open write transaction) the
+        next one, made now: one more than the last, and at least ``at_least``. None:
+        this ledger is its project's only one (a home: its ``project_revisions`` table
+        is the truth, and the project lock keeps other homes off the root)."""
+        return None
+
     def run_elsewhere(self, run_id: str) -> dict[str, Any] | None:
         """The run ``run_id`` another ledger sharing this database holds: its
         ``run_id``, ``agent_id``, ``status``, ``partition`` and its ``final_reply``

@@ -1,14 +1,17 @@
 """The project revision (seed 004 V1.2, V1.3): one number per project, one more for
 each committed write.
 
-One number per project needs one ledger per project root. With SQLite homes,
-``corral up`` takes the project's execution-owner lock (seed 004 V1.1 §2,
-supervisor/home/project_lock.py): a second home on the same root is refused, so
-no two homes keep their own revisions for the same files. The nodes of a
-PostgreSQL cluster take no such lock (their partition leases decide who drives a
-run), and each partition is a schema with its own ``project_revisions``: an
-adopting node that runs an adopted partition on the same project root keeps two
-numbers for it. Nothing makes those one.
+One number per project, however many supervisors work in it (seed 004 V1.1 §2:
+one execution owner per project, never one per home). With SQLite homes,
+``corral up`` takes the project's execution-owner lock
+(supervisor/home/project_lock.py): a second home on the same root is refused, so
+the home's own ``project_revisions`` is the project's only count. The nodes of a
+PostgreSQL cluster share one ledger and work in the same root side by side (their
+partition leases decide who drives a run): each partition lists the revisions its
+own actions made, and the number itself is the root's one head for the whole
+cluster (``Ledger.project_head``, ``corral_cluster.project_heads``), advanced in
+the write's own transaction. So a write on any node moves the revision every node
+reads, and a verification another node made on the older one is stale.
 
 How a write is known: a tool whose committed result changed the project's
 sources says so in its output, ``"sources_changed": true``
@@ -46,6 +49,13 @@ from corral.supervisor.ledger.port import Ledger
 
 def current(ledger: Ledger) -> int:
     """The project's revision now: 0 before any write."""
+    shared = ledger.project_head()
+    own = _own(ledger)
+    # Both: a partition may hold revisions from before the cluster kept one head.
+    return own if shared is None else max(shared, own)
+
+
+def _own(ledger: Ledger) -> int:
     row = ledger.one("SELECT MAX(revision) AS revision FROM project_revisions")
     return int(row["revision"]) if row is not None and row["revision"] is not None else 0
 
@@ -87,7 +97,9 @@ def record(ledger: Ledger, action: Any) -> int:
             return int(made["revision"])
         run = db.execute("SELECT root_run_id FROM runs WHERE run_id = ?", (action["run_id"],)).fetchone()
         root = run["root_run_id"] if run is not None else action["run_id"]
-        revision = current(ledger) + 1
+        own = _own(ledger) + 1
+        shared = ledger.project_head(at_least=own)
+        revision = own if shared is None else shared
         db.execute(
             "INSERT INTO project_revisions (revision, action_id, run_id, root_run_id, tool, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?)",
