@@ -89,14 +89,14 @@ def _placement(home: Path, spec: SwarmSpec, args: argparse.Namespace) -> ledger_
 
 def _project_lock(home: Path, spec: SwarmSpec, placement: ledger_spec.Placement) -> ProjectLock | None:
     """The lock that makes this supervisor the project's one owner (seed 004 V1.1 §2),
-    when agents work in a project and the ledger is this host's own (a cluster's
-    nodes share runs through their partition leases instead: project_lock.py). A
-    root that does not exist yet holds nothing to own: a spec whose agents never
+    when agents work in a project: a home's alone, or shared by the nodes of one
+    cluster, which are one owner (one ledger, one project revision: project_lock.py).
+    A root that does not exist yet holds nothing to own: a spec whose agents never
     touch files runs as it did before the lock."""
     root = project_root_in(spec)
-    if root is None or placement.url or not root.is_dir():
+    if root is None or not root.is_dir():
         return None
-    return ProjectLock(root, home)
+    return ProjectLock(root, home, cluster=placement.cluster)
 
 
 def _name_process() -> None:

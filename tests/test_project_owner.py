@@ -109,3 +109,62 @@ def test_an_owners_directory_others_can_write_is_refused(tmp_path: Path) -> None
         _open_owners(shared)
     shared.chmod(0o700)
     os.close(_open_owners(shared))
+
+
+def test_a_clusters_nodes_share_a_project_and_nobody_else_does(tmp_path: Path) -> None:
+    """The nodes of one PostgreSQL cluster work in one project root side by side (one
+    ledger, one revision: tests/test_cluster_project_revision.py); a home, or another
+    cluster, on that root is a second owner and is refused, and a cluster's node is
+    refused on a root a home owns (seed 004 V1.1 §2: "不同 AppData 启动的 Runner 不能同时接管同一项目").
+    A strict re-audit found cluster nodes taking no project lock at all."""
+    from corral.supervisor.home.project_lock import ProjectBusy, ProjectLock
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    node_a, node_b = ProjectLock(root, tmp_path / "a", cluster="c1"), ProjectLock(root, tmp_path / "b", cluster="c1")
+    node_a.acquire()
+    node_b.acquire()
+    with pytest.raises(ProjectBusy, match="cluster"):
+        ProjectLock(root, tmp_path / "home").acquire()
+    with pytest.raises(ProjectBusy, match="cluster"):
+        ProjectLock(root, tmp_path / "other", cluster="c2").acquire()
+    node_a.release()
+    with pytest.raises(ProjectBusy, match="cluster"):
+        ProjectLock(root, tmp_path / "home").acquire()  # node b still works there
+    node_b.release()
+    home = ProjectLock(root, tmp_path / "home")
+    home.acquire()
+    try:
+        with pytest.raises(ProjectBusy, match=str(tmp_path / "home")):
+            ProjectLock(root, tmp_path / "c", cluster="c1").acquire()
+    finally:
+        home.release()
+    again = ProjectLock(root, tmp_path / "other", cluster="c2")
+    again.acquire()  # everyone left: another cluster may come
+    again.release()
+
+
+def test_a_cluster_node_on_a_homes_project_is_refused_and_a_home_on_a_clusters(short_tmp: Path, pg_url: str) -> None:
+    """Live: a home runs on ``ws``; a PostgreSQL node started on the same root is refused,
+    naming the home. Then a node runs on ``ws2``; a home on it is refused, naming the cluster."""
+    from corral.supervisor.ledger.ledger_spec import URL_ENV
+
+    (short_tmp / "ws").mkdir()
+    (short_tmp / "ws2").mkdir()
+    spec = short_tmp / "node-spec.toml"
+    spec.write_text(agent_spec("ws", steps=FINAL))
+    node = Daemon(short_tmp / "node", spec, {URL_ENV: pg_url})
+    try:
+        with running(short_tmp / "owner", agent_spec("ws", steps=FINAL)):
+            refused = cli(node.home, "up", "--spec", str(spec), "--node", "n1", env=node.env)
+            if refused.returncode == 0:  # the defect: reap the second owner before failing
+                node.pids_seen.add(homes.read_endpoint(node.home).pid)
+            assert refused.returncode != 0 and not homes.is_locked(node.home), "a node started on a home's project"
+            assert f"home {short_tmp / 'owner'}" in refused.stderr + refused.stdout
+        spec.write_text(agent_spec("ws2", steps=FINAL))
+        started = cli(node.home, "up", "--spec", str(spec), "--node", "n1", env=node.env)
+        assert started.returncode == 0, started.stderr + started.stdout
+        node.pids_seen.add(homes.read_endpoint(node.home).pid)
+        assert "PostgreSQL cluster" in _refused(short_tmp / "home2", "ws2")
+    finally:
+        node.shutdown()

@@ -35,9 +35,16 @@ supervisors judge each other half-written, and a file found unlocked there can b
 removed (every opener of a lock file holds ``.acquire``), so the directory does not
 grow with every project ever run.
 
-A node of a PostgreSQL cluster takes no project lock: there the partition leases
-of the shared ledger decide who drives which run, and an adopting node runs the
-adopted partition's spec, on the same project root, beside its own.
+The nodes of one PostgreSQL cluster are one owner: they share one ledger and the
+project's one revision (supervisor/project/revision_store.py); their partition
+leases decide who drives which run, and an adopting node runs the adopted
+partition's spec on the same root beside its own. So each node locks a file of its
+own (named by the root, its cluster and its process), whose record names its cluster
+(a digest of the database's address), and the scan above also refuses a record of
+the same root: the nodes of one cluster pass each other's, a home or another
+cluster's node is refused while a node holds the root, and a node is refused on a
+root a home holds. Exclusive locks only: a supervisor of an older corral, whose scan
+takes a file it can lock shared for nobody's, never removes a held one.
 """
 
 from __future__ import annotations
@@ -79,9 +86,12 @@ class ProjectBusy(HomeBusy):
 class ProjectLock:
     """The exclusive lock on one project root, for one supervisor's life."""
 
-    def __init__(self, root: Path, home: Path) -> None:
+    def __init__(self, root: Path, home: Path, *, cluster: str | None = None) -> None:
         self.root = root
         self.home = home
+        #: The cluster this supervisor is a node of (its shared ledger's identity), or
+        #: None: a home, which owns the root alone.
+        self.cluster = cluster
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -97,7 +107,10 @@ class ProjectLock:
         finally:
             os.close(directory)
         ours = (info.st_dev, info.st_ino)
-        name = hashlib.sha256(f"{ours[0]}:{ours[1]}".encode()).hexdigest()[:32] + ".lock"
+        key = f"{ours[0]}:{ours[1]}"
+        if self.cluster is not None:
+            key += f":{self.cluster}:{os.getpid()}:{os.urandom(8).hex()}"  # a node's own file
+        name = hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock"
         owners = _open_owners(owners_dir())
         try:
             gate = os.open(_GATE, os.O_RDWR | os.O_CREAT | _OPEN, 0o600, dir_fd=owners)
@@ -116,11 +129,18 @@ class ProjectLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise ProjectBusy(_busy(_record(fd), self.root, "")) from None
-            _check_nesting(owners, name, self.root, ours)
+            _check_nesting(owners, name, self.root, ours, self.cluster)
         except BaseException:
             os.close(fd)
             raise
-        record = {"home": str(self.home), "pid": os.getpid(), "root": str(self.root), "dev": ours[0], "ino": ours[1]}
+        record = {
+            "home": str(self.home),
+            "pid": os.getpid(),
+            "root": str(self.root),
+            "dev": ours[0],
+            "ino": ours[1],
+            **({"cluster": self.cluster} if self.cluster is not None else {}),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
         return fd
@@ -154,9 +174,11 @@ def _open_owners(path: Path) -> int:
     return fd
 
 
-def _check_nesting(owners: int, own: str, root: Path, ours: tuple[int, int]) -> None:
-    """Raise ProjectBusy when a held lock's root contains ``root`` or lies inside it;
-    remove the lock files nobody holds (we hold the gate: nobody is opening them)."""
+def _check_nesting(owners: int, own: str, root: Path, ours: tuple[int, int], cluster: str | None = None) -> None:
+    """Raise ProjectBusy when a held lock's root is ``root`` (another node's file, or a
+    home's when we are a node), contains it or lies inside it, unless it is a node of
+    our own cluster; remove the lock files nobody holds (we hold the gate: nobody is
+    opening them)."""
     around = _ancestors(root)
     for name in os.listdir(owners):
         if name == own or not _LOCK_NAME.fullmatch(name):
@@ -171,7 +193,11 @@ def _check_nesting(owners: int, own: str, root: Path, ours: tuple[int, int]) -> 
                     os.unlink(name, dir_fd=owners)  # nobody's: a supervisor gone, or released
                 continue
             record = _record(fd)
+            if cluster is not None and record.get("cluster") == cluster:
+                continue  # our own cluster's node: the same owner
             where = _nesting(record, around, ours)
+            if where == "is":
+                raise ProjectBusy(_busy(record, root, ""))
             if where:
                 raise ProjectBusy(_busy(record, Path(str(record["root"])), f", which {where} the project {root}"))
         finally:
@@ -189,7 +215,7 @@ def _held(fd: int) -> bool:
 
 
 def _nesting(record: dict[str, Any], around: set[tuple[int, int]], ours: tuple[int, int]) -> str:
-    """'contains' or 'lies inside' (the held root against ours), or ''."""
+    """'is', 'contains' or 'lies inside' (the held root against ours), or ''."""
     theirs = record.get("root")
     if not isinstance(theirs, str) or not theirs:
         return ""
@@ -201,6 +227,8 @@ def _nesting(record: dict[str, Any], around: set[tuple[int, int]], ours: tuple[i
         now = None
     if identity == (None, None) and now is not None:
         identity = (now.st_dev, now.st_ino)  # a record without them: as its path names it now
+    if identity == ours:
+        return "is"
     if identity in around:
         return "contains"
     if now is not None and (now.st_dev, now.st_ino) == identity and ours in _ancestors(path):
@@ -229,6 +257,11 @@ def _record(fd: int) -> dict[str, Any]:
 
 def _busy(record: dict[str, Any], owned: Path, nested: str) -> str:
     owner = f" (home {record['home']}, pid {record['pid']})" if "home" in record and "pid" in record else ""
+    if record.get("cluster"):
+        owner = (
+            f" (a node of PostgreSQL cluster {str(record['cluster'])[:12]}: home {record.get('home')}, pid"
+            f" {record.get('pid')})"
+        )
     return (
         f"another supervisor{owner} owns the project {owned}{nested}: one supervisor drives a project, and"
         " everything inside it, at a time. Use that home (`corral --home HOME status`), or stop it"

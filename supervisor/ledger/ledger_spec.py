@@ -29,6 +29,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlsplit
 
 from corral.supervisor.ledger.ledger_pg_cluster import PARTITION_NAME, is_postgres_url
 from corral.supervisor.ledger.ledger_pg_wire import redact_url
@@ -98,6 +99,18 @@ class Placement:
     queue: QueueSettings | None = None
     #: Requests wait for the database side by side (supervisor/ledger/cooperative.py).
     concurrent: bool = False
+
+    @property
+    def cluster(self) -> str | None:
+        """The cluster this node belongs to, as a digest of its database's address
+        (host, port, database, socket directory; never the user or the password), or
+        None for a home. Its nodes share a project root (supervisor/home/project_lock.py)."""
+        if self.url is None:
+            return None
+        parts = urlsplit(self.url)
+        query = sorted((key, value) for key, value in parse_qsl(parts.query) if key in ("host", "port", "dbname"))
+        where = f"{parts.hostname or ''}:{parts.port or ''}{parts.path}?{query}"
+        return hashlib.sha256(where.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
