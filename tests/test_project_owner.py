@@ -168,3 +168,40 @@ def test_a_cluster_node_on_a_homes_project_is_refused_and_a_home_on_a_clusters(s
         assert "PostgreSQL cluster" in _refused(short_tmp / "home2", "ws2")
     finally:
         node.shutdown()
+
+
+def test_a_hard_linked_lock_file_is_refused_and_a_crashed_owners_record_is_recovered_from(tmp_path: Path) -> None:
+    """The seed: "项目 execution-owner 均拒绝符号链接、硬链接", and the owner's record is a
+    diagnostic: a torn one never blocks the lock's new holder, who notes whom it recovered
+    from only when the old record was whole ("仅在旧完整记录可信时写入 recoveredFromBootId")."""
+    import json
+
+    from corral.supervisor.home.project_lock import ProjectLock, owners_dir
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    first = ProjectLock(root, tmp_path / "crashed")
+    first.acquire()
+    assert first._fd is not None
+    lock_file = next(path for path in owners_dir().glob("*.lock")
+                     if os.fstat(first._fd).st_ino == path.stat().st_ino)
+    os.close(first._fd)  # as a SIGKILL would: the lock goes, the record stays
+    first._fd = None
+    second = ProjectLock(root, tmp_path / "next")
+    second.acquire()
+    record = json.loads(lock_file.read_text())
+    assert record["home"] == str(tmp_path / "next")
+    assert record["recovered_from"] == {"home": str(tmp_path / "crashed"), "pid": os.getpid()}
+    second.release()
+    lock_file.write_text('{"home": "torn')  # a torn record: no recovery noted, nothing blocked
+    third = ProjectLock(root, tmp_path / "third")
+    third.acquire()
+    assert "recovered_from" not in json.loads(lock_file.read_text())
+    third.release()
+    extra = lock_file.with_name(f"test-second-name-{os.getpid()}")  # a link stays on its file system
+    os.link(lock_file, extra)
+    try:
+        with pytest.raises(homes.HomeError, match="hard link"):
+            ProjectLock(root, tmp_path / "fourth").acquire()
+    finally:
+        extra.unlink()

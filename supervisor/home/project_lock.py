@@ -25,6 +25,13 @@ its own, and cleaners age files there. Only a user without a passwd home directo
 falls back to ``/tmp/corral-UID``. Either directory must be a real directory, owned by
 the user and writable by nobody else, or ``corral up`` refuses.
 
+A lock file with another name (a hard link) is refused, as a symlink is (``O_NOFOLLOW``):
+that name could be locked or replaced apart from this one. The record is a diagnostic,
+written after the lock is held, synced and read back: a torn or missing one never keeps
+the lock's holder out and never lets anyone in (only the ``flock`` decides), and a new
+holder notes the one it recovered from (``recovered_from``: home and pid) only when the
+old record is whole, as one a holder killed outright leaves (a clean release empties it).
+
 Nested roots have one owner too: one home on ``p`` and another on ``p/sub`` would
 both write ``p/sub/x``. So acquiring also reads the other records, and refuses when a
 held one's root contains ours or lies inside it (compared by device and inode where
@@ -53,6 +60,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import pwd
 import re
@@ -61,6 +69,8 @@ from pathlib import Path
 from typing import Any
 
 from corral.supervisor.home.home_dir import HomeBusy, HomeError
+
+log = logging.getLogger(__name__)
 
 #: A lock file's name: the hash of the root's device and inode.
 _LOCK_NAME = re.compile(r"[0-9a-f]{32}\.lock")
@@ -125,6 +135,9 @@ class ProjectLock:
     def _take(self, owners: int, name: str, ours: tuple[int, int]) -> int:
         fd = os.open(name, os.O_RDWR | os.O_CREAT | _OPEN, 0o600, dir_fd=owners)
         try:
+            if os.fstat(fd).st_nlink != 1:
+                # Another name of the file could be locked, emptied or replaced apart from this one.
+                raise HomeError(f"the project lock file {name} has another name (a hard link): remove both")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -133,6 +146,10 @@ class ProjectLock:
         except BaseException:
             os.close(fd)
             raise
+        # The last holder's record, left by a holder that died: noted only when whole
+        # (a torn one is no evidence of anyone); it never decides who holds the lock.
+        old = _record(fd)
+        recovered = {"home": old["home"], "pid": old["pid"]} if _whole(old) else None
         record = {
             "home": str(self.home),
             "pid": os.getpid(),
@@ -140,9 +157,14 @@ class ProjectLock:
             "dev": ours[0],
             "ino": ours[1],
             **({"cluster": self.cluster} if self.cluster is not None else {}),
+            **({"recovered_from": recovered} if recovered else {}),
         }
+        text = json.dumps(record).encode()
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
+        os.pwrite(fd, text, 0)
+        os.fsync(fd)
+        if os.pread(fd, len(text) + 1, 0) != text:
+            log.warning("the project owner record %s reads back otherwise; the lock holds all the same", name)
         return fd
 
     def release(self) -> None:
@@ -244,6 +266,17 @@ def _ancestors(path: Path) -> set[tuple[int, int]]:
             info = os.stat(parent)
             found.add((info.st_dev, info.st_ino))
     return found
+
+
+def _whole(record: dict[str, Any]) -> bool:
+    """A record with every field a holder writes, each of its type."""
+    return (
+        isinstance(record.get("home"), str)
+        and isinstance(record.get("pid"), int)
+        and isinstance(record.get("root"), str)
+        and isinstance(record.get("dev"), int)
+        and isinstance(record.get("ino"), int)
+    )
 
 
 def _record(fd: int) -> dict[str, Any]:
