@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +123,10 @@ class RequestRecord:
 
 # --- the fake server --------------------------------------------------------------
 
+#: A reply made when its request arrives, from the request's body: a scripted
+#: "model" that reads what it was sent (a cursor, a line number) and acts on it.
+Responder = Callable[[bytes], Reply]
+
 
 class FakeOpenAIServer:
     """Replays ``script`` in request order; after it runs out, ``default`` (or a 500
@@ -130,7 +134,7 @@ class FakeOpenAIServer:
 
     def __init__(
         self,
-        script: Iterable[Reply] = (),
+        script: Iterable[Reply | Responder] = (),
         *,
         default: Reply | None = None,
         expected_api_key: str | None = None,
@@ -152,7 +156,7 @@ class FakeOpenAIServer:
     def requests(self) -> list[RequestRecord]:
         return self.log.snapshot()
 
-    def add(self, *replies: Reply) -> None:
+    def add(self, *replies: Reply | Responder) -> None:
         with self._lock:
             self._script.extend(replies)
 
@@ -170,10 +174,11 @@ class FakeOpenAIServer:
             self.url = f"http://{LOOPBACK}:{port}{self._base_path}"
             task_status.started(self.url)
 
-    def _next_reply(self) -> Reply:
+    def _next_reply(self, body: bytes) -> Reply:
         with self._lock:
             if self._script:
-                return self._script.pop(0)
+                scripted = self._script.pop(0)
+                return scripted if isinstance(scripted, Reply) else scripted(body)
         return self._default or Reply(500, {"error": {"message": "fake server script exhausted"}})
 
     def _record(self, request: Request) -> RequestRecord:
@@ -222,7 +227,7 @@ class FakeOpenAIServer:
             await send_simple(stream, 401, {"error": {"message": "invalid api key"}})
             self._finish(record, "unauthorized")
         else:
-            await self._play(stream, self._next_reply(), record)
+            await self._play(stream, self._next_reply(request.body), record)
 
     async def _play(self, stream: trio.SocketStream, reply: Reply, record: RequestRecord) -> None:
         if reply.delay_ms:

@@ -81,7 +81,7 @@ def test_the_agent_reads_its_own_history_and_pages_its_earlier_commands(daemon: 
     _page, early, history, commands, recursive, *refused = [
         _result_or_error(daemon, a["action_id"]) for a in second["actions"]]
     first_page = json.loads(_result(daemon, second["actions"][0]["action_id"]))["output"]
-    assert first_page["run_id"] == first["run"]["run_id"] and first_page["lines"][0] == "line1"
+    assert first_page["run_id"] == first["run"]["run_id"] and first_page["lines"][0] == "1: line1"
     assert (first_page["startLine"], first_page["nextLine"], first_page["totalLines"]) == (1, 201, 301)
     assert first_page["hasMore"] is True and first_page["exitCode"] == 3 and first_page["captureTruncated"] is False
     assert first_page["outputSha256"] == out["outputSha256"]

@@ -28,6 +28,10 @@ STEPS = (
 )
 
 
+#: What a cut says, whether it cut a whole text or inside a diff's hunks (its fields whole).
+CUT = "the full output stays in the ledger"
+
+
 def test_the_view_keeps_recent_turns_cuts_big_outputs_and_plans_a_summary() -> None:
     observations = [(n, {"action_id": f"act-{n}", "tool": "fs.read", "status": "ok", "output": "x" * 400})
                     for n in range(1, 7)]
@@ -57,7 +61,7 @@ def test_the_latest_content_diff_is_kept_whole_and_never_folded_into_a_summary()
              for n in range(3, 9)]
     observations = [diff(1, "-old\n+older\n" * 300), diff(2, "-a\n+b\n" * 1000), *reads]
     seen = compaction.view(observations, None, 20)
-    assert "[cut:" in json.dumps(seen[0]["output"]) and seen[1] == observations[1][1], "the latest diff stays whole"
+    assert CUT in json.dumps(seen[0]["output"]) and seen[1] == observations[1][1], "the latest diff stays whole"
     todo = compaction.plan(observations, None, {"auto_compact": 100, "tool_output": 20})
     assert todo is not None and todo["to_seq"] == 4
     assert [entry["action_id"] for entry in todo["entries"]] == ["act-1", "act-3", "act-4"], "not in the summary"
@@ -67,8 +71,8 @@ def test_the_latest_content_diff_is_kept_whole_and_never_folded_into_a_summary()
     assert [entry.get("action_id") for entry in after[2:]] == ["act-5", "act-6", "act-7", "act-8"]
     huge = [diff(1, "+" + "y" * 40_000)]
     kept = compaction.view(huge, None, 20)[0]
-    assert 24_000 < len(json.dumps(kept["output"])) <= compaction.PROTECTED_DIFF_CHARS + 200
-    assert "[cut:" in json.dumps(kept["output"])
+    assert 24_000 < len(json.dumps(kept["output"])) <= compaction.PROTECTED_DIFF_CHARS + 300
+    assert CUT in json.dumps(kept["output"])
 
 
 def test_the_latest_action_history_is_kept_whole_beside_the_latest_diff() -> None:
@@ -90,7 +94,7 @@ def test_the_latest_action_history_is_kept_whole_beside_the_latest_diff() -> Non
     observations = [history(1), history(2), diff, history(4, "failed"), *polls]
     seen = compaction.view(observations, None, 20)
     assert seen[1] == observations[1][1], "the latest successful history stays whole"
-    assert "[cut:" in json.dumps(seen[0]["output"]) and "[cut:" in json.dumps(seen[3]["output"])
+    assert CUT in json.dumps(seen[0]["output"]) and CUT in json.dumps(seen[3]["output"])
     todo = compaction.plan(observations, None, {"auto_compact": 100, "tool_output": 20})
     assert todo is not None and todo["to_seq"] == 6
     folded_ids = [entry["action_id"] for entry in todo["entries"]]
@@ -242,7 +246,8 @@ def test_the_latest_git_diff_is_kept_whole_in_its_own_slot_beside_the_latest_con
                     _git_review(5, "-e\n+f\n" * 300, status="failed"), *reads]
     seen = compaction.view(observations, None, 20)
     assert seen[1] == content[1] and seen[2] == observations[2][1], "both diffs stay whole, each in its slot"
-    assert "[cut:" in json.dumps(seen[0]["output"]), "an older git diff is an ordinary observation"
+    older = json.dumps(seen[0]["output"])
+    assert CUT in older, "an older git diff is an ordinary observation"
     todo = compaction.plan(observations, None, {"auto_compact": 100, "tool_output": 20})
     assert todo is not None and todo["to_seq"] == 7
     folded_ids = [entry["action_id"] for entry in todo["entries"]]
@@ -254,7 +259,8 @@ def test_the_latest_git_diff_is_kept_whole_in_its_own_slot_beside_the_latest_con
     assert compaction.view(plain, None, 20)[1] == plain[1][1], "a project.git_diff is the newest git diff too"
     huge = [_git_review(1, "+" + "y" * 40_000)]
     kept = compaction.view(huge, None, 20)[0]
-    assert 24_000 < len(json.dumps(kept["output"])) <= compaction.PROTECTED_GIT_DIFF_CHARS + 200
+    # Its 24,256 characters of diff, and its fields whole beside them.
+    assert 24_000 < len(json.dumps(kept["output"])) <= compaction.PROTECTED_GIT_DIFF_CHARS + 400
 
 
 def test_the_memo_keeps_the_same_git_diff_slot_as_the_view() -> None:
@@ -273,6 +279,6 @@ def test_the_memo_keeps_the_same_git_diff_slot_as_the_view() -> None:
     memo.add_rows([{"seq": seq, "data": json.dumps(entry)} for seq, entry in observations])
     memo.extend_shown(False)
     assert memo.view() == compaction.view(observations, None, 20)
-    assert memo.view()[3] == observations[3][1] and "[cut:" in json.dumps(memo.view()[2]["output"])
+    assert memo.view()[3] == observations[3][1] and CUT in json.dumps(memo.view()[2]["output"])
     assert memo.tokens(compaction.estimate_tokens) == sum(
         compaction.estimate_tokens(entry) for entry in compaction.view(observations, None, 20))

@@ -430,7 +430,9 @@ def test_command_exec_captures_head_and_tail_and_pages_the_transcript(short_tmp:
         assert lines.count("oops") == 1
         assert [line for line in lines if line != "oops"][:100] == [f"line{i}" for i in range(1, 101)]
 
-        assert page["phase"] == "ok" and page["output"]["lines"] == lines[49:59]
+        # Each line with its stable number in the transcript (seed 004 V1.8).
+        numbered = [f"{n}: {line}" for n, line in enumerate(lines[49:59], start=50)]
+        assert page["phase"] == "ok" and page["output"]["lines"] == numbered
         assert page["output"]["nextLine"] == 60 and page["output"]["totalLines"] == 103
         assert page["output"]["hasMore"] is True and page["output"]["exitCode"] == 0
         assert page["output"]["outputSha256"] == out["outputSha256"] and out["sourceActionId"] == action_id

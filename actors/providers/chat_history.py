@@ -1,6 +1,9 @@
 """A run's history as chat messages: what every chat-completions provider sends
 after the system prompt and the task (``openai`` over HTTP, ``local`` to the
-model actor). Every text is redacted and bounded here, once.
+model actor). Every text is redacted and bounded here, once: a tool's output by
+its tool's budget (observation_budget.py: a diff, a poll page or an output page
+is cut inside its text, never on its cursor or line fields), anything else at
+``MAX_OBSERVATION_CHARS``.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from typing import Any
 from corral.core.redact import redact_text
 
 from .base import ImagePart, RepairCategory
+from .observation_budget import CONTEXT_BUNDLE_CHARS, DEFAULT_CHARS, budget_of, fit, newest_of_slots, render
 from .repair import repair_message
 
-#: Characters of one observation a provider sends (the ``local`` one sends fewer).
-MAX_OBSERVATION_CHARS = 8000
+#: Characters of one observation without a budget of its own (the ``local`` provider
+#: sends fewer).
+MAX_OBSERVATION_CHARS = DEFAULT_CHARS
 
 
 #: How a steer reaches the model (seed 004 V1.13: a later instruction corrects the
@@ -44,12 +49,26 @@ def _source(entry: Mapping[str, Any]) -> str:
     return f"sourceActionId {source}; " if isinstance(source, str) else ""
 
 
-def _observation_message(entry: Mapping[str, Any], limit: int = MAX_OBSERVATION_CHARS) -> dict[str, str]:
+def output_text(entry: Mapping[str, Any], cap: int | None = None, *, newest: bool = True) -> str:
+    """What the model reads of an observation's output, redacted: within its tool's
+    budget (``newest``: it is the newest of its protected slot), cut inside its
+    bulk text only; any other output cut at ``cap`` (else ``MAX_OBSERVATION_CHARS``).
+    ``cap`` bounds the bulk text of every tool too (a small model's context)."""
     output = entry.get("output")
-    text = output if isinstance(output, str) else json.dumps(output, default=str)
+    budget = budget_of(entry)
+    if budget is None or not isinstance(output, dict):
+        return bounded(render(output), cap or MAX_OBSERVATION_CHARS)
+    chars = budget.chars if newest or not budget.newest_only else MAX_OBSERVATION_CHARS
+    if cap is not None:
+        chars = min(chars, cap)
+    # The bundle's bound is the last resort: each budget is far inside it.
+    return bounded(render(fit(output, budget, chars)), CONTEXT_BUNDLE_CHARS)
+
+
+def _observation_message(entry: Mapping[str, Any], cap: int | None = None, newest: bool = True) -> dict[str, str]:
     call = entry.get("call") or f"tool {entry.get('tool', '?')}"
     head = f"Observation for action {entry.get('action_id', '?')} ({call}, status {entry.get('status', '?')}):"
-    return {"role": "user", "content": f"{head}\n{_source(entry)}{bounded(text, limit)}"}
+    return {"role": "user", "content": f"{head}\n{_source(entry)}{output_text(entry, cap, newest=newest)}"}
 
 
 def _repair_entry_message(entry: Mapping[str, Any]) -> dict[str, str]:
@@ -83,10 +102,9 @@ def _call_message(entry: Mapping[str, Any]) -> dict[str, str] | None:
     return {"role": "assistant", "content": json.dumps(plan, ensure_ascii=False)}
 
 
-def _tool_message(entry: Mapping[str, Any], limit: int) -> dict[str, str]:
+def _tool_message(entry: Mapping[str, Any], cap: int | None, newest: bool) -> dict[str, str]:
     """A result in the ``tool`` role, right after the call it answers."""
-    output = entry.get("output")
-    text = bounded(output if isinstance(output, str) else json.dumps(output, default=str), limit)
+    text = output_text(entry, cap, newest=newest)
     if entry.get("status") != "ok":
         text = f"{entry.get('status', 'failed')}: {_source(entry)}{entry.get('error') or text}"
     else:
@@ -115,7 +133,7 @@ def _with_images(message: dict[str, Any], images: tuple[ImagePart, ...]) -> dict
 
 def history_messages(
     history: tuple[dict[str, Any], ...],
-    observation_chars: int = MAX_OBSERVATION_CHARS,
+    observation_chars: int | None = None,
     *,
     echo_calls: bool = False,
     images: tuple[ImagePart, ...] = (),
@@ -125,12 +143,15 @@ def history_messages(
     ``tool`` message, for a model driven in-process that writes its plans as JSON
     text. Measured on Qwen2.5-Coder-0.5B: given results as user messages, with or
     without its own calls before them, it made the call it had just made again;
-    given its call and a ``tool`` result, it went on to the next step."""
+    given its call and a ``tool`` result, it went on to the next step.
+    ``observation_chars``: a cap on every observation (a small context), else each
+    tool's own budget (observation_budget.py)."""
     # Observations go in as user messages rather than role "tool": strict servers
     # reject tool messages without the assistant tool_calls message (and its ids)
     # before them, which the history does not keep.
     messages: list[dict[str, Any]] = []
-    for entry in history:
+    newest = newest_of_slots(history)
+    for index, entry in enumerate(history):
         if entry.get("role") == "repair":
             messages.append(_repair_entry_message(entry))
         elif entry.get("role") == "summary":
@@ -146,9 +167,9 @@ def history_messages(
         else:
             call = _call_message(entry) if echo_calls else None
             if call is not None:
-                messages += [call, _tool_message(entry, observation_chars)]
+                messages += [call, _tool_message(entry, observation_chars, index in newest)]
             else:
-                message: dict[str, Any] = _observation_message(entry, observation_chars)
+                message: dict[str, Any] = _observation_message(entry, observation_chars, index in newest)
                 mine = tuple(image for image in images if image.action_id == entry.get("action_id"))
                 messages.append(_with_images(message, mine) if mine else message)
     return messages

@@ -24,6 +24,7 @@ from pydantic import Field
 from typing_extensions import TypedDict
 
 from corral.actors.one_shot_command import CommandResult, StreamCapture, read_transcript_lines, run_command
+from corral.actors.providers.observation_budget import OUTPUT_PAGE_CHARS
 from corral.actors.session import private_dirs, sandbox_profile
 from corral.actors.session_state import BadSessionInput, SessionError
 from corral.actors.tools.base import ASKS_A_PERSON, Tool, ToolContext, ToolError, ToolResult, is_sealed, schema
@@ -65,8 +66,11 @@ MAX_LINE_CHARS = 500
 #: The seed's page (V1.8): 160 lines unless asked, at most 240.
 DEFAULT_PAGE_LINES = 160
 MAX_PAGE_LINES = 240
-#: A page of the transcript stops early rather than exceed this many characters.
-MAX_PAGE_CHARS = 32 * 1024
+#: A page of the transcript stops early rather than exceed this many characters (its
+#: numbered lines; the model is sent a page whole: providers/observation_budget.py).
+MAX_PAGE_CHARS = OUTPUT_PAGE_CHARS
+#: A line of a page is a bounded string (seed 004 V1.8: "lines 是带稳定行号的有界字符串").
+MAX_PAGE_LINE_CHARS = 2000
 _ACTION_ID = re.compile(r"^act-[0-9a-f]{24}$")
 #: The seed's command bounds (V1.11).
 MAX_PROGRAM_CHARS = 64
@@ -387,12 +391,20 @@ class CommandExec:
         return ToolResult(ok, output, summary)
 
 
+def numbered_line(number: int, line: str) -> str:
+    """A transcript line as a page shows it: its stable number in the transcript first
+    (``"129: text"``), so a reader knows where it is whatever was cut; bounded."""
+    if len(line) > MAX_PAGE_LINE_CHARS:
+        line = line[:MAX_PAGE_LINE_CHARS] + f" [… {len(line) - MAX_PAGE_LINE_CHARS} more characters of this line cut]"
+    return f"{number}: {line}"
+
+
 class CommandOutputRead:
     schema = schema(
         "command.output_read",
         "Page through the full sanitized transcript of one of your finished command.exec actions (this run or an"
         " earlier one): give the sourceActionId its result carries (do not call agent.action_history to find it);"
-        " follow nextLine while hasMore.",
+        " follow nextLine while hasMore. Each line starts with its line number (\"129: ...\").",
         OutputReadArgs,
         read_only=True,
     )
@@ -424,11 +436,12 @@ class CommandOutputRead:
             raise ToolError(str(exc), exc.code) from None
         lines: list[str] = []
         used = 0
-        for line in page.lines:
-            if lines and used + len(line) > MAX_PAGE_CHARS:
+        for number, line in enumerate(page.lines, start=page.start_line):
+            shown = numbered_line(number, line)
+            if lines and used + len(shown) > MAX_PAGE_CHARS:
                 break
-            lines.append(line[:MAX_PAGE_CHARS])
-            used += len(line)
+            lines.append(shown)
+            used += len(shown)
         following = page.start_line + len(lines)
         next_line = following if following <= page.total_lines else None
         # The seed's fields (V1.8), as the model reads them.

@@ -36,6 +36,7 @@ from corral.actors.tools import project_checkpoints as checkpoints
 from corral.actors.tools.base import ASKS_A_PERSON, ToolContext, ToolError, ToolResult, schema
 from corral.actors.tools.fs import SOURCES_CHANGED
 from corral.actors.tools.project_common import MAX_DIFF_CHARS, MAX_FILE_BYTES, sha256, target
+from corral.core.path_scrub import scrub_paths
 from corral.core.redact import redact_text
 from corral.mailbox.protocol import ProjectRevisionAdvance
 
@@ -159,9 +160,11 @@ def plan(ctx: ToolContext, changes: list[Change], prior: checkpoints.Checkpoint 
     return planned
 
 
-def _diff(item: apply.Planned, limit: int) -> str:
+def _diff(item: apply.Planned, limit: int, roots: tuple[str, ...]) -> str:
     def lines(data: bytes | None) -> list[str]:
-        return redact_text((data or b"").decode(errors="replace")).splitlines(keepends=True)
+        # As project.diff shows a diff: no secret, no absolute path (seed 004 V1.3).
+        text = redact_text((data or b"").decode(errors="replace"))
+        return scrub_paths(text, roots).splitlines(keepends=True)
 
     text = "".join(difflib.unified_diff(lines(item.before), lines(item.after), f"a/{item.raw}", f"b/{item.raw}"))
     return text if len(text) <= limit else text[:limit] + "\n[diff truncated]\n"
@@ -198,8 +201,9 @@ class Changeset:
         revision = (await ctx.ask(ProjectRevisionAdvance(run_id=ctx.run_id, action_id=ctx.action_id))).revision
         await trio.to_thread.run_sync(apply.write_plan, ctx, todo, cp_id)
         review = apply.describe(planned)
+        roots = (str(ctx.workspace), str(ctx.workspace.resolve()))
         for entry, item in zip(review, planned, strict=True):
-            entry["diff"] = _diff(item, MAX_DIFF_CHARS // len(planned))
+            entry["diff"] = _diff(item, MAX_DIFF_CHARS // len(planned), roots)
         counts = Counter(item.operation for item in planned)
         done = ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
         output = {"files": review, "checkpoint": checkpoint.id, "revision": revision, SOURCES_CHANGED: True}

@@ -11,7 +11,9 @@ left of ``max_chars``, shows no hunks and says so (``binary`` / ``truncated``);
 the whole result says ``truncated`` when anything was left out. The current files
 are read as fs.read reads them (confined after resolution, no symlink followed, no
 secret under another name: a refused file is shown as ``hidden``), both sides go
-through the one redaction path, and the files are hashed again after the diff: a
+through the one redaction path and the one path scrub (seed 004 V1.3: "进入 LLM
+observation 前统一做路径和凭据清洗": the project's root as ``<project>``, any other
+absolute path as ``<absolute-path>``), and the files are hashed again after the diff: a
 change in between fails the call rather than mixing two states.
 """
 
@@ -27,6 +29,7 @@ from typing_extensions import TypedDict
 from corral.actors.tools import project_apply as apply
 from corral.actors.tools import project_checkpoints as checkpoints
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
+from corral.core.path_scrub import scrub_paths
 from corral.core.redact import redact_text
 
 DEFAULT_FILES = 20
@@ -106,7 +109,12 @@ def _text(data: bytes | None) -> str | None:
         return None
 
 
-def _entry(item: _File, include: bool, budget: int) -> tuple[dict[str, Any], int]:
+def _clean(text: str, roots: tuple[str, ...]) -> list[str]:
+    """A side of a diff as the model may read it: no secret, no absolute path."""
+    return scrub_paths(redact_text(text), roots).splitlines(keepends=True)
+
+
+def _entry(item: _File, include: bool, budget: int, roots: tuple[str, ...]) -> tuple[dict[str, Any], int]:
     """The file's entry and the characters of budget it used."""
     entry: dict[str, Any] = {
         "path": item.path,
@@ -123,8 +131,7 @@ def _entry(item: _File, include: bool, budget: int) -> tuple[dict[str, Any], int
         entry["binary"] = True
         return entry, 0
     diff = "".join(difflib.unified_diff(
-        redact_text(before).splitlines(keepends=True), redact_text(after).splitlines(keepends=True),
-        f"a/{item.path}", f"b/{item.path}", n=CONTEXT_LINES))
+        _clean(before, roots), _clean(after, roots), f"a/{item.path}", f"b/{item.path}", n=CONTEXT_LINES))
     if len(diff) > budget:
         entry["truncated"] = True
         return entry, 0
@@ -162,8 +169,9 @@ class ProjectDiff:
                 if hidden or now != before:
                     changed.append(_File(path, before, now, hidden))
             files, budget = [], max_chars
+            roots = (str(ctx.workspace), str(ctx.workspace.resolve()))
             for item in changed[:max_files]:
-                entry, used = _entry(item, include, budget)
+                entry, used = _entry(item, include, budget, roots)
                 budget -= used
                 files.append(entry)
             for item in changed[:max_files]:  # the same state throughout, or no answer

@@ -33,6 +33,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from corral.actors.providers import observation_budget
+from corral.actors.providers.observation_budget import budget_of, fit
+
 #: The estimate: one token per 4 characters of the entry's JSON (English text and
 #: JSON average 3.5-4.5 characters per token with the usual BPE vocabularies).
 CHARS_PER_TOKEN = 4
@@ -43,7 +46,7 @@ KEEP_RECENT = 4
 
 
 #: What the protected latest content diff keeps (seed 004 V1.3: 24,256 characters).
-PROTECTED_DIFF_CHARS = 24_256
+PROTECTED_DIFF_CHARS = observation_budget.PROTECTED_DIFF_CHARS
 DIFF_TOOL = "project.diff"
 #: The protected latest history keeps what the tool gave (its receipts hold at most
 #: 7,200 characters of detail, V1.6), with room for its envelope: protection keeps
@@ -51,7 +54,7 @@ DIFF_TOOL = "project.diff"
 PROTECTED_HISTORY_CHARS = 8_192
 HISTORY_TOOL = "agent.action_history"
 #: The latest git diff keeps as much as the content diff (seed 004 V1.4: 24,256).
-PROTECTED_GIT_DIFF_CHARS = 24_256
+PROTECTED_GIT_DIFF_CHARS = observation_budget.PROTECTED_DIFF_CHARS
 GIT_DIFF_SLOT = "git-diff"
 #: Each protected tool's slot: the newest successful observation of each slot is kept.
 SLOTS = {DIFF_TOOL: DIFF_TOOL, HISTORY_TOOL: HISTORY_TOOL, "project.git_inspect": GIT_DIFF_SLOT,
@@ -78,10 +81,18 @@ def cut(entry: dict[str, Any], limit: int | None, count: Count = estimate_tokens
     tokens = count(entry["output"])
     if tokens <= limit:
         return entry
+    budget = budget_of(entry)
+    if budget is not None:
+        # A page or a diff is cut inside its text: its cursor and line fields stay.
+        return {**entry, "output": fit(entry["output"], budget, limit * CHARS_PER_TOKEN, _pointer(entry))}
     text = entry["output"] if isinstance(entry["output"], str) else json.dumps(entry["output"], sort_keys=True)
     where = entry.get("action_id", "?")
     return {**entry, "output": text[: limit * CHARS_PER_TOKEN]
             + f" ... [cut: {tokens} tokens; the full output stays in the ledger: corral show, action {where}]"}
+
+
+def _pointer(entry: dict[str, Any]) -> str:
+    return f"; the full output stays in the ledger: corral show, action {entry.get('action_id', '?')}"
 
 
 def slot_of(entry: dict[str, Any]) -> str | None:
@@ -111,8 +122,12 @@ def protected_seqs(observations: list[tuple[int, dict[str, Any]]]) -> set[int]:
 
 def kept_whole(entry: dict[str, Any]) -> dict[str, Any]:
     """A protected observation: as it is, or cut at its slot's ``PROTECTED_CHARS``."""
-    text = text_of(entry["output"])
     limit = PROTECTED_CHARS[SLOTS[entry["tool"]]]
+    budget = budget_of(entry)
+    if budget is not None:
+        # Its files, checksums and flags whole; only its hunks are cut (and say so).
+        return {**entry, "output": fit(entry["output"], budget, limit, _pointer(entry))}
+    text = text_of(entry["output"])
     if len(text) <= limit:
         return entry
     where = entry.get("action_id", "?")
