@@ -205,3 +205,19 @@ def test_a_hard_linked_lock_file_is_refused_and_a_crashed_owners_record_is_recov
             ProjectLock(root, tmp_path / "fourth").acquire()
     finally:
         extra.unlink()
+
+
+def test_the_owners_directory_is_opened_level_by_level_without_following_a_symlink(tmp_path: Path) -> None:
+    """The seed: "项目 execution-owner 均拒绝符号链接…Unix 通过 openat 逐级无跟随打开": below the
+    user's home (the passwd entry's, the one trusted start), no level may be a symlink."""
+    from corral.supervisor.home.project_lock import _open_owners
+
+    base = tmp_path / "home"
+    (base / "elsewhere").mkdir(parents=True)
+    (base / ".local").symlink_to(base / "elsewhere")
+    with pytest.raises(homes.HomeError, match="symlink"):
+        _open_owners(base / ".local" / "state" / "corral" / "project-owners", base)
+    assert not (base / "elsewhere" / "state").exists(), "nothing was made through the symlink"
+    (base / ".local").unlink()
+    os.close(_open_owners(base / ".local" / "state" / "corral" / "project-owners", base))
+    assert (base / ".local" / "state" / "corral" / "project-owners").is_dir()

@@ -57,6 +57,7 @@ takes a file it can lock shared for nobody's, never removes a held one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -81,12 +82,17 @@ _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
 
 def owners_dir() -> Path:
     """Where owner records live: from the user's passwd entry, never the environment."""
+    return _owners_place()[1]
+
+
+def _owners_place() -> tuple[Path, Path]:
+    """The trusted start (the passwd home, else ``/tmp``) and the owners' directory below it."""
     uid = os.getuid()
     with contextlib.suppress(KeyError):
         home = Path(pwd.getpwuid(uid).pw_dir)
         if home.is_absolute() and home.is_dir():
-            return home / ".local" / "state" / "corral" / "project-owners"
-    return Path(f"/tmp/corral-{uid}")
+            return home, home / ".local" / "state" / "corral" / "project-owners"
+    return Path("/tmp"), Path(f"/tmp/corral-{uid}")
 
 
 class ProjectBusy(HomeBusy):
@@ -121,7 +127,7 @@ class ProjectLock:
         if self.cluster is not None:
             key += f":{self.cluster}:{os.getpid()}:{os.urandom(8).hex()}"  # a node's own file
         name = hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock"
-        owners = _open_owners(owners_dir())
+        owners = _open_owners(*reversed(_owners_place()))
         try:
             gate = os.open(_GATE, os.O_RDWR | os.O_CREAT | _OPEN, 0o600, dir_fd=owners)
             try:
@@ -177,14 +183,29 @@ class ProjectLock:
         self._fd = None
 
 
-def _open_owners(path: Path) -> int:
-    """The owners' directory, opened: created 0700, and refused unless it is a real
-    directory of this user that nobody else can write."""
+def _open_owners(path: Path, start: Path | None = None) -> int:
+    """The owners' directory, opened: from ``start`` (trusted: the user's passwd home)
+    level by level, each made 0700 if missing and opened without following a symlink
+    (``openat`` with ``O_NOFOLLOW``: no level swapped for a link leads elsewhere); and
+    refused unless it is a real directory of this user that nobody else can write."""
+    start = start or path.parent
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _OPEN)
+        fd = os.open(start, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise HomeError(f"the project owners' directory {path} cannot be used: {exc.strerror}") from None
+    for part in path.relative_to(start).parts:
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o700, dir_fd=fd)
+            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | _OPEN, dir_fd=fd)
+        except OSError as exc:
+            os.close(fd)
+            why = {errno.ELOOP: "a symlink", errno.ENOTDIR: "not a directory (or a symlink)"}.get(
+                exc.errno or 0, exc.strerror or "unusable"
+            )
+            raise HomeError(f"the project owners' directory {path} cannot be used: {part} is {why}") from None
+        os.close(fd)
+        fd = child
     info = os.fstat(fd)
     if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         os.close(fd)
