@@ -92,16 +92,17 @@ def test_chat_in_a_terminal_turns_approvals_questions_and_a_restart(short_tmp: P
             child.expect("/history")
             child.sendline("hello there")
             child.expect(r"approve fs\.write\(.*hello\.txt\)\s+\[y/n\]")
-            # The turn is parked for a person: settled, and said so once.
-            parked = _report(child, outcome="waiting-for-person", run_status="waiting-confirmation",
-                             conversation_id=conversation, agent_id="project-supervisor", final_reply_chars=0)
-            assert parked["tasks"]["waiting_for_person"] == 1
+            # An approval is part of the turn: no report until it is decided (seed 004
+            # V1.15: a turn settles only when nothing is waiting-for-confirmation).
             child.sendline("/compact")
-            child.expect(r"\[compaction requested for run-[0-9a-f]+")
+            child.expect(r"\[compaction requested for (run-[0-9a-f]+)")
+            run_id = child.match.group(1)
             child.sendline("y")
             child.expect(r"\[approved act-")
+            assert "[turn.report]" not in child.before
             child.expect("agent> wrote hello.txt")
-            done = _report(child, outcome="settled", run_status="completed", run_id=parked["run_id"],
+            done = _report(child, outcome="settled", run_status="completed", run_id=run_id,
+                           conversation_id=conversation, agent_id="project-supervisor",
                            new_assistant_messages=1, final_reply_chars=len("wrote hello.txt"),
                            reconciliation_agents=0)
             assert done["runtimes"] == {"busy": 0, "idle": 1}
@@ -159,6 +160,60 @@ def test_chat_in_a_terminal_turns_approvals_questions_and_a_restart(short_tmp: P
         assert conversation in cli(daemon.home, "chat", "--list").stdout
 
 
+SWARM_SPEC = """
+name = "chat-swarm"
+[project]
+root = "ws"
+[[agents]]
+id = "project-supervisor"
+role = "root"
+  [[agents.steps]]
+  actions = [{ tool = "agent.delegate", input = { agent_id = "w", task = "write the notes" } }]
+  [[agents.steps]]
+  actions = [{ tool = "agent.run_status", input = {} }]
+  [[agents.steps]]
+  final = "summed up"
+[[agents]]
+id = "w"
+role = "specialist"
+  [[agents.steps]]
+  actions = [{ tool = "fs.write", input = { path = "notes.txt", content = "n" } }]
+  [[agents.steps]]
+  final = "w done"
+[policy]
+"fs.write" = "confirm"
+"""
+
+
+def test_a_specialists_approval_is_shown_and_decided_in_the_chat(short_tmp: Path) -> None:
+    """Seed 004 V1.15: "确认动作在终端显示 Agent、run、action、tool 和安全摘要，并接受 approve / reject…
+    不能要求回到开发窗口", and the delegation, its source and its receipt are shown ("委派来源、
+    父 Agent、delegationId…join / receipt 事件"). A strict re-audit saw a delegated
+    specialist's write wait while the chat said "nothing waits for approval"."""
+    (short_tmp / "ws").mkdir()
+    with running(short_tmp / "home", SWARM_SPEC) as daemon:
+        child = _spawn(daemon)
+        try:
+            child.sendline("write the notes, please")
+            child.expect(r"\[delegation (dlg-[0-9a-f-]+|[\w-]+) -> w \(parent run (run-[0-9a-f]+)\)\]")
+            delegation, parent = child.match.group(1), child.match.group(2)
+            child.expect(r"fs\.write .*run (run-[0-9a-f]+)\s+agent w")
+            specialist = child.match.group(1)
+            assert specialist != parent
+            child.expect(r"approve fs\.write\(.*notes\.txt\)\s+\[y/n\]")
+            child.sendline("y")
+            child.expect(r"\[approved act-")
+            assert "[turn.report]" not in child.before and "nothing waits for approval" not in child.before
+            child.expect(rf"\[delegation run {specialist} of w: completed\]")
+            child.expect(rf"\[receipt of delegation {delegation}: [\w-]+ -> parent run {parent}\]")
+            child.expect("agent> summed up")
+            report = _report(child, outcome="settled", run_status="completed", run_id=parent)
+            assert report["children"] == {"total": 1, "live": 0}
+        finally:
+            _close(child)
+    assert (short_tmp / "ws" / "notes.txt").read_text() == "n"
+
+
 def test_chat_json_prints_one_object_per_turn_event(short_tmp: Path) -> None:
     (short_tmp / "ws").mkdir()
     with running(short_tmp / "home", CHAT_SPEC) as daemon:
@@ -194,6 +249,9 @@ def test_the_turn_report_waits_for_children_and_receipts_and_names_reconciliatio
     moving = build("conv-1", root, [root, child], [("helper", "executing", "running")], None)
     assert not moving.settled and moving.report["runtimes"] == {"busy": 2, "idle": 0}
     assert moving.report["children"] == {"total": 1, "live": 1}
+    confirming = build("conv-1", root, [root, {**child, "status": "waiting-confirmation"}],
+                       [("helper", "waiting-confirmation", "waiting-confirmation")], None)
+    assert not confirming.settled  # an approval is decided within the turn
     asks = build("conv-1", root, [root, {**child, "status": "needs-input"}], [("helper", "executing", "needs-input")],
                  None)
     assert asks.settled and asks.report["outcome"] == "waiting-for-person"  # a question's action waits with it

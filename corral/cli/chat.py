@@ -56,6 +56,12 @@ _SHOWN = {
     "reply-delta",
     "reply-stream-restart",
     "steer-applied",
+    # The swarm under a turn: delegations, their receipts, children, joins and claims.
+    "delegated",
+    "delegation-receipt",
+    "group-spawned",
+    "child-finished",
+    "claim-committed",
 }
 RECONNECT_S = 0.5
 
@@ -98,8 +104,19 @@ class Chat:
     # -- the follower ------------------------------------------------------------------
 
     def my_runs(self) -> set[str]:
+        """The conversation's turns and every run under them (delegated specialists,
+        isolated children): their events and approvals are this chat's too."""
         shown = self.client.call("conversation.show", conversation_id=self.conversation_id)
-        return {turn["run_id"] for turn in shown["turns"] if turn.get("run_id")}
+        runs = {turn["run_id"] for turn in shown["turns"] if turn.get("run_id")}
+        return runs | {run["run_id"] for run in shown.get("tree", ())}
+
+    def tree_runs(self) -> list[str]:
+        """The live run and every run under the conversation's turns that may wait
+        for a person, the live run first."""
+        shown = self.client.call("conversation.show", conversation_id=self.conversation_id)
+        live = shown.get("live_run")
+        first = [live["run_id"]] if live else []
+        return first + [run["run_id"] for run in shown.get("tree", ()) if run["run_id"] not in first]
 
     def follow(self, cursor: int) -> None:
         """Print this conversation's events until told to stop, and each turn's
@@ -114,7 +131,10 @@ class Chat:
                     self.out("reconnected", "[reconnected]")
                     gone = False
                 for event in reply["events"]:
-                    if event["kind"] in _SHOWN and (event["subject"] in runs or event["data"].get("run") in runs):
+                    data = event["data"]
+                    if event["kind"] in _SHOWN and (
+                        event["subject"] in runs or data.get("run") in runs or data.get("parent_run") in runs
+                    ):
                         self.show_event(event)
                 cursor = reply["cursor"]
                 self.report_if_settled(cursor)
@@ -152,12 +172,31 @@ class Chat:
             self.out("tool-end", f"  < {kind[7:]}  ({subject})", action=subject, outcome=kind[7:])
         elif kind == "steer-applied":
             self.out("steer-applied", f"  [steer applied: {data.get('steer')}]", run=subject)
+        elif kind in ("delegated", "delegation-receipt", "group-spawned", "child-finished", "claim-committed"):
+            self.show_swarm(kind, subject, data)
         elif kind == "run-waiting-confirmation":
             self.show_approval(subject)
         elif kind == "run-needs-input":
             self.show_question(subject)
         elif kind.startswith("run-"):
             self.show_end(subject, kind[4:])
+
+    def show_swarm(self, kind: str, subject: str, data: dict[str, Any]) -> None:
+        """A delegation, its receipt, a group of children, a child's end or a claim:
+        identities and states only (no task or result text)."""
+        if kind == "delegated":
+            text = f"  [delegation {subject} -> {data.get('target')} (parent run {data.get('parent_run')})]"
+        elif kind == "delegation-receipt":
+            text = (f"  [receipt of delegation {data.get('delegation')}: {data.get('status')}"
+                    f" -> parent run {data.get('parent_run')}]")
+        elif kind == "group-spawned":
+            text = f"  [isolated children spawned: group {subject} (parent run {data.get('parent_run', '?')})]"
+        elif kind == "child-finished":
+            text = f"  [child {subject} finished: {data.get('status', '?')}]"
+        else:
+            text = f"  [receipts claimed: {subject}]"
+        self.out(kind, text, subject=subject, **{key: str(value) for key, value in data.items()
+                                                 if key in ("target", "parent_run", "delegation", "status")})
 
     def show_approval(self, run_id: str) -> None:
         """The approval view of each action of ``run_id`` waiting for approval (the one
@@ -188,6 +227,12 @@ class Chat:
 
     def show_end(self, run_id: str, status: str) -> None:
         shown = self.client.show(run_id).raw
+        run = shown["run"]
+        if run.get("kind") not in (None, "root"):
+            # A delegated specialist's or a child's run: its end, never a reply to the person.
+            self.out("run-end", f"  [{run['kind']} run {run_id} of {run.get('agent_id')}: {status}]", run=run_id,
+                     status=status, run_kind=run["kind"], agent=run.get("agent_id"))
+            return
         if self.streaming.pop(run_id, False) and not self.as_json:
             self.out("delta", "\n", run=run_id)  # end the streamed line
         if shown.get("final_reply") is not None:
@@ -250,11 +295,15 @@ class Chat:
         return True
 
     def decide(self, approve: bool) -> None:
-        live = self.live_run()
-        waiting = [
-            a for a in self.client.pending().raw["actions"]
-            if live is not None and a["run_id"] == live["run_id"] and a["phase"] == "waiting-confirmation"
-        ]
+        """Decide the first action waiting for approval in the live run or any run
+        under the conversation's turns (a delegated specialist's, a child's): the
+        person decides it here, never elsewhere (seed 004 V1.15)."""
+        order = {run_id: n for n, run_id in enumerate(self.tree_runs())}
+        waiting = sorted(
+            (a for a in self.client.pending().raw["actions"]
+             if a["run_id"] in order and a["phase"] == "waiting-confirmation"),
+            key=lambda a: order[a["run_id"]],
+        )
         if not waiting:
             self.out("error", "  nothing waits for approval")
             return
@@ -296,11 +345,26 @@ def _read_lines(chat: Chat) -> bool:
                 time.sleep(RECONNECT_S if attempt else 0)
 
 
+#: How often the end of input looks again whether the turn waits for an approval.
+SETTLE_LOOK_S = 1.0
+
+
 def _settle(chat: Chat, timeout: float = 600.0) -> None:
     """Input ended (a script's last line): wait for the open turn's report (the
     follower prints it once the turn settles), so the turn is shown whole before
-    the chat exits. No turn open: nothing to wait for."""
-    chat.turn.wait_closed(timeout)
+    the chat exits. No turn open: nothing to wait for. A turn that waits for an
+    approval cannot settle without the person, whose input has ended: say so and
+    leave, with no report (a report is never made up)."""
+    deadline = time.monotonic() + timeout
+    while not chat.turn.wait_closed(SETTLE_LOOK_S) and time.monotonic() < deadline:
+        runs = set(chat.tree_runs())
+        waiting = [a["action_id"] for a in chat.client.pending().raw["actions"]
+                   if a["run_id"] in runs and a["phase"] == "waiting-confirmation"]
+        if waiting:
+            chat.out("input-ended", f"[input ended while {', '.join(waiting)} waits for approval: decide it with"
+                     f" corral approve / corral deny, or corral chat --session {chat.conversation_id}]",
+                     actions=waiting)
+            return
 
 
 def _new_conversation(client: Client, agent: str | None) -> tuple[str, str]:

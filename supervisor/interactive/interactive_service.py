@@ -119,6 +119,13 @@ class InteractiveService:
             "conversation": dict(conversation),
             "turns": interactive.turns(self.ledger, conversation["conversation_id"]),
             "live_run": dict(live) if live is not None else None,
+            # Every run under the conversation's own turns (its delegations and
+            # isolated children): the chat shows their events and their approvals
+            # too (seed 004 V1.15: "按 Agent / run / event…委派来源、父 Agent、delegationId、动态 child").
+            "tree": [dict(row) for row in self.ledger.all(
+                "SELECT run_id, agent_id, parent_run_id, kind, status FROM runs WHERE root_run_id IN"
+                " (SELECT run_id FROM runs WHERE conversation_id = ?) ORDER BY created_at",
+                conversation["conversation_id"])],
         }
 
     async def conversation_list(self, params: dict[str, Any]) -> dict[str, Any]:

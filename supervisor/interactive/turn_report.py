@@ -66,8 +66,13 @@ def build(
     # A question's own action executes while its run waits for the answer.
     on_the_way = any(phase in ON_THE_WAY and status not in FOR_PERSON for _, phase, status in phases)
     moving = bool(moving_agents)
+    # An approval is part of the turn (seed 004 V1.15: a turn settles only when no
+    # runtime is "pending / running / waiting-for-confirmation / cancelling"): the
+    # person decides it in the chat, and the turn goes on to its one report. A
+    # question is where a turn may end (the answer is the next line).
+    confirming = any(status == RunStatus.WAITING_CONFIRMATION for status in statuses)
     # A run waiting for its children is still for a person when one of them asks.
-    settled = not on_the_way and (not moving or for_person or bool(reconciling))
+    settled = not on_the_way and not confirming and (not moving or for_person or bool(reconciling))
     if reconciling:
         outcome = "needs-reconciliation"
     elif for_person:
