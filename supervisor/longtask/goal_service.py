@@ -5,17 +5,22 @@ lifecycle for people: ``goal.status``, ``goal.pause``, ``goal.resume``,
 
 A pause interrupts the provider turn in flight the way a steer does
 (supervisor/interactive/steer_control.py); an edit bumps the goal's revision and
-reaches the run as a steer whose id names the revision, so an edit sent again
-after a crash records it once; a clear cancels the run.
+reaches the run as a steer whose id names the revision, recorded in the edit's
+own transaction (an edit the steer budget refuses is refused whole); a clear
+cancels the run. Every provider turn of a goal run carries the current goal from
+the goal store (goal_shape.durable_context), so compaction folding the edit's
+steer never leaves the model an older revision.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgspec
+
 from corral.mailbox.protocol import GoalVerdict, Verdict
+from corral.mailbox.steps import CompactStep, ProviderStep
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.interactive.steer_control import SteerControl
 from corral.supervisor.ledger.port import Ledger
@@ -91,21 +96,19 @@ class GoalService:
         return goal
 
     async def edit(self, params: dict[str, Any]) -> dict[str, Any]:
-        """A new goal text: the revision is committed first, then the text reaches the
-        run as a steer (its id derived from the goal and revision: sent again, it is
-        recorded once)."""
+        """A new goal text: the revision and its steer (the new goal, its id derived
+        from the goal and revision) commit in one transaction, or the edit is refused
+        whole; then the provider turn in flight is interrupted and the run woken (an
+        edit sent again, after a crash, wakes it too)."""
         run_id = param_str(params, "run_id", limit=64)
         if all(params.get(key) is None for key in ("text", "constraints", "verification")):
             raise BadRequest("an edit gives the goal's new text, constraints or verification")
         goal = goal_store.edit(self.ledger, run_id, params.get("text"), self.runs.features,
                                params.get("expected_revision"), constraints=params.get("constraints"),
                                verification=params.get("verification"))
-        steer_id = f"goal-{hashlib.sha256(goal['goal_id'].encode()).hexdigest()[:16]}-r{goal['revision']}"
-        if goal["revision"] > 1:
-            words = goal_shape.task_text(goal["text"], goal["constraints"], goal["verification"])
-            text = f"The goal was edited (revision {goal['revision']}); it is now: {words}"
-            steer = await self.steers.steer(run_id, text, steer_id)
-            goal = {**goal, "steer_id": steer["steer_id"]}
+        if goal["changed"]:
+            await self.steers.interrupt_in_flight(run_id)
+        await self.runs.wake_run(run_id)
         return goal
 
     async def clear(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -150,6 +153,20 @@ class GoalFeature(RunFeature):
             return {}
         text, constraints, verification = goal_shape.goal_param(params["goal"])
         return {"goal": {"text": text, "constraints": constraints, "verification": verification}}
+
+    async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
+        """Every provider turn of a goal run (its planning and its final reply) leads
+        with the current goal as the goal store holds it (seed 004 V1.18: "Goal 内容进入
+        每轮 planning/final reply 的显式'持久目标'上下文"). It is the task, which compaction
+        never folds; the revision-1 text the run started with gives way to it."""
+        ledger = self.service.ledger
+        goal = goal_store.goal_row(ledger, run_id)
+        if goal is None:
+            return step
+        first, _ = goal_store.first_task(ledger, run_id)
+        rest = step.task[len(first):] if first is not None and step.task.startswith(first) else step.task
+        context = goal_shape.durable_context(goal_store.view(goal))
+        return msgspec.structs.replace(step, task=context + ("\n\n" + rest.strip("\n") if rest.strip() else ""))
 
     def started(self, ledger: Ledger, run_id: str, options: Mapping[str, Any]) -> None:
         if "goal" in options:

@@ -74,6 +74,24 @@ def task_text(text: str, constraints: list[str], verification: list[str]) -> str
     return "\n\n".join(parts)
 
 
+def durable_context(goal: dict[str, Any]) -> str:
+    """The goal as every provider turn of its run reads it first (seed 004 V1.18: an
+    explicit durable-goal context): its identity and revision, the objective, the
+    constraints and the verification, from the goal store."""
+    lines = [f"DURABLE GOAL (goal {goal['goal_id']}, revision {goal['revision']}, {goal['status']}). This is the"
+             " current goal, read from corral's goal store for this turn; it supersedes any earlier revision"
+             " of it in the task or the history below.",
+             f"Objective: {goal['text']}"]
+    constraints, verification = goal["constraints"], goal["verification"]
+    lines.append("Constraints:" if constraints else "Constraints: none given.")
+    lines += [f"- {item}" for item in constraints]
+    lines.append("Verification (it is met when):" if verification
+                 else "Verification: none given; the objective itself is the standard.")
+    lines += [f"- {item}" for item in verification]
+    lines.append("Before your final reply, judge the current goal with goal.verdict (met, evidence).")
+    return "\n".join(lines)
+
+
 def fingerprint(goal_id: str, revision: int, text: str, constraints: list[str], verification: list[str]) -> str:
     body = {"goal_id": goal_id, "revision": revision, "text": text, "constraints": constraints,
             "verification": verification}

@@ -24,7 +24,8 @@ import json
 import time
 from typing import Any
 
-from corral.supervisor.errors import BadRequest, Conflict, NotFound
+from corral.supervisor.errors import BadRequest, Conflict, NotFound, SupervisorError
+from corral.supervisor.interactive import steer_store
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import goal_completion, goal_shape
 from corral.supervisor.longtask.goal_lifecycle import (
@@ -78,6 +79,18 @@ def goal_row(ledger: Ledger, run_id: str) -> Any:
              json.dumps(option.get("constraints") or []), json.dumps(option.get("verification") or [])),
         )
     return ledger.one("SELECT * FROM goals WHERE run_id = ?", run_id)
+
+
+def first_task(ledger: Ledger, run_id: str) -> tuple[str | None, Any]:
+    """The task a goal run started with when its goal gave it (revision 1 of the
+    goal, in words), else None; and the run's conversation."""
+    option, conversation_id = _goal_option(ledger, run_id)
+    if option is None:
+        return None, conversation_id
+    words = goal_shape.task_text(str(option["text"]), [str(item) for item in option.get("constraints") or []],
+                                 [str(item) for item in option.get("verification") or []])
+    task = ledger.one("SELECT task FROM runs WHERE run_id = ?", run_id)
+    return (words if task is not None and task["task"] == words else None), conversation_id
 
 
 def require_goal(ledger: Ledger, run_id: str) -> Any:
@@ -220,8 +233,10 @@ def edit(ledger: Ledger, run_id: str, text: Any, features: RunFeatures, expected
     In the transaction that bumps the revision, every action of the run that has not
     started (waiting for a person, approved, or prepared) was made for the old goal:
     it is blocked with a receipt the agent sees, never run, and the run plans again
-    (a finalization prepared for the old goal is voided). The caller then sends the
-    new goal to the run as a steer, whose id the revision names."""
+    (a finalization prepared for the old goal is voided). The new goal is recorded
+    as the run's steer (its id names the revision) in that same transaction: a
+    steer refused (the run's 16 KiB of steers) refuses the whole edit. The caller
+    then wakes the run."""
     goal = require_goal(ledger, run_id)
     if expected_revision is not None and (isinstance(expected_revision, bool)
                                           or not isinstance(expected_revision, int) or expected_revision < 1):
@@ -238,7 +253,9 @@ def edit(ledger: Ledger, run_id: str, text: Any, features: RunFeatures, expected
     same = (new_text, new_constraints, new_verification) == (
         goal["text"], goal_shape.stored_list(goal["constraints"]), goal_shape.stored_list(goal["verification"]))
     if same and expected_revision in (None, revision, revision - 1):
-        return {**view(goal), "changed": False, "blocked": []}  # a retry of an edit that applied
+        # A retry of an edit that applied (its steer committed with it).
+        steer = edit_steer_id(goal["goal_id"], revision) if revision > 1 else None
+        return {**view(goal), "changed": False, "blocked": [], "steer_id": steer}
     if GoalStatus(goal["status"]) not in EDITABLE:
         raise Conflict(f"the goal of run {run_id} is {goal['status']}; it can no longer be edited")
     if expected_revision is not None and expected_revision != revision:
@@ -265,7 +282,27 @@ def edit(ledger: Ledger, run_id: str, text: Any, features: RunFeatures, expected
         resolutions.reopen_run(ledger, run_id, features)  # nothing of the old goal waits for a person now
         ledger.event("goal-edited", run_id, goal=goal["goal_id"], revision=new_revision, blocked=len(blocked),
                      sha256=hashlib.sha256(words.encode()).hexdigest(), chars=len(words))
-    return {**view(goal_row(ledger, run_id)), "changed": True, "blocked": blocked}
+        # The run's re-planning signal commits with the revision, or neither does
+        # (seed 004 V1.18): never a revision the run was not told of.
+        steer = _edit_steer(ledger, goal["goal_id"], run_id, new_revision, words, features)
+    return {**view(goal_row(ledger, run_id)), "changed": True, "blocked": blocked, "steer_id": steer}
+
+
+def edit_steer_id(goal_id: str, revision: int) -> str:
+    """The id of the steer that tells the run of ``revision``: an edit sent again finds it."""
+    return f"goal-{hashlib.sha256(goal_id.encode()).hexdigest()[:16]}-r{revision}"
+
+
+def _edit_steer(ledger: Ledger, goal_id: str, run_id: str, revision: int, words: str, features: RunFeatures) -> str:
+    """Records the edit's steer in the caller's transaction; a refusal (the run's
+    steer budget, say) refuses the whole edit, so nothing of it commits."""
+    text = f"The goal was edited (revision {revision}); it is now: {words}"
+    try:
+        steer_store.record_steer(ledger, run_id, text, features, edit_steer_id(goal_id, revision))
+    except SupervisorError as exc:
+        raise Conflict(f"the goal edit was refused whole, nothing was changed (the goal stays at revision"
+                       f" {revision - 1}): {exc}") from None
+    return edit_steer_id(goal_id, revision)
 
 
 def _block_unstarted(ledger: Ledger, run_id: str, old: int, new: int, features: RunFeatures) -> list[str]:
