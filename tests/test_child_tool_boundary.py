@@ -23,7 +23,7 @@ from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import RunStatus
-from tests.harness import Daemon, ledger_rows, wait_for, wait_run
+from tests.harness import Daemon, cli, ledger_rows, wait_for, wait_run
 
 LAB = Path(__file__).parent / "mcp_servers" / "lab_server.py"
 NO_FEATURES = RunFeatures()
@@ -225,3 +225,48 @@ def test_a_root_runs_mcp_call_is_not_touched_by_the_child_boundary(tmp_path: Pat
         ledger, root, 0, 0, "mcp.lab.send", {"to": "x"}, NO_FEATURES, rerunnable=False, policy="auto"
     )
     assert action_store.begin_action(ledger, row["action_id"], NO_FEATURES)["begin"] is Begin.EXECUTE
+
+
+#: The seed's denied set for a child, in corral's names (its command.start and
+#: command.stdin are process.start and process.stdin; mcp.call is every MCP tool).
+SEED_DENIED = (
+    "project.verify",
+    "project.git_commit",
+    "command.exec",
+    "process.start",
+    "process.stdin",
+    "agent.delegate",
+    "agent.spawn_isolated",
+    "project.restore",
+    "mcp.*",
+)
+
+
+def test_a_childs_effective_policy_shows_the_denied_set(short_tmp: Path) -> None:
+    """ "有效策略快照把 project.verify ... 和 mcp.call 显示为 denied": ``corral show`` of
+    the child lists its effective policy, the template's and project's wide tables
+    notwithstanding; the parent's shows its own."""
+    (short_tmp / "ws").mkdir()
+    effects = short_tmp / "lab.log"
+    spec = short_tmp / "spec.toml"
+    spec.write_text(_spec(effects, "auto"))
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="parent", task="fan out")["run_id"]
+        (found,) = wait_for(
+            "the child run", lambda: ledger_rows(daemon.home, "SELECT run_id FROM runs WHERE parent_run_id = ?", run_id)
+        )
+        wait_run(daemon, str(found["run_id"]), {"completed", "failed"})
+        policy = daemon.call("show", run_id=found["run_id"])["policy"]
+        assert {tool: policy[tool] for tool in SEED_DENIED} == dict.fromkeys(SEED_DENIED, "deny"), policy
+        assert policy["fs.write"] == "auto" and policy["fs.read"] == "auto", policy  # the template's own table
+        shown = cli(daemon.home, "show", str(found["run_id"]))
+        assert shown.returncode == 0, shown.stderr
+        (line,) = [line for line in shown.stdout.splitlines() if line.strip().startswith("denied tools:")]
+        assert all(tool in line.split(": ", 1)[1].split(", ") for tool in SEED_DENIED), line
+        wait_run(daemon, run_id, {"completed", "failed"})
+        parents = daemon.call("show", run_id=run_id)["policy"]
+        assert parents["agent.spawn_isolated"] != "deny" and "mcp.*" not in parents, parents
+    finally:
+        daemon.shutdown()

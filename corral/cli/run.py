@@ -174,6 +174,9 @@ def print_run(shown: dict[str, Any]) -> None:
             print(f"  action {action['action_id']} ({action['tool']}) raised:")
             for line in str(action["traceback"]).splitlines():
                 print(f"    {line}")
+    denied = sorted(tool for tool, mode in (shown.get("policy") or {}).items() if mode == "deny")
+    if denied:  # the effective policy's refusals (a child's bound, seed 004 V1.34)
+        print(f"  denied tools: {', '.join(denied)}")
     intent = shown.get("intent") or {}
     if intent.get("status") == "bound":
         inherited = f", inherited from {intent['inherited_from']}" if intent.get("inherited_from") else ""

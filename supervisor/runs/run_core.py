@@ -138,6 +138,16 @@ class RunCore:
         return max(self._chosen_policy(run, tool), str(getattr(found, "min_policy", "auto")),
                    key=POLICY_STRICTNESS.index)
 
+    def effective_policy(self, run: Any) -> dict[str, str]:
+        """The run's policy for every tool now, as ``corral show`` lists it (seed 004
+        V1.34's "有效策略快照"): ``deny`` for a tool outside the run's bound or its
+        agent's ``tools`` list, and for every MCP tool when the bound holds none."""
+        shown = {
+            name: self.policy_for(run, name) if self.tool_allowed(run, name) else "deny" for name in sorted(self.tools)
+        }
+        shown.update(tool_boundary.mcp_row(run))
+        return shown
+
     def _chosen_policy(self, run: Any, tool: str) -> str:
         """The agent's table wins over the spec's. In each, a key naming the tool,
         else the strictest glob matching it, else the table's ``default``; past both,

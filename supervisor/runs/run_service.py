@@ -82,7 +82,15 @@ def install(sup: Supervisor, show_elsewhere: ShowElsewhere | None = None) -> tup
     ``show_elsewhere``: where ``show`` looks for a run this ledger does not hold
     (another partition of a cluster, supervisor/cluster/node_service.py)."""
     service = RunService(sup.ledger, sup.features, spec=sup.spec, home=sup.home, tree=sup.tree, boot_id=sup.boot_id)
-    views = RunViews(sup.ledger, sup.features, sup.next_commit, show_elsewhere, home=sup.home, tools=service.tools)
+    views = RunViews(
+        sup.ledger,
+        sup.features,
+        sup.next_commit,
+        show_elsewhere,
+        home=sup.home,
+        tools=service.tools,
+        policy=service.effective_policy,
+    )
     sup.features.idempotent_provider = is_idempotent
     sup.features.keep_raw_copy = service.keep_raw
     sup.tree.on_exit.append(service.on_actor_exit)

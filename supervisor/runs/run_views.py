@@ -173,6 +173,7 @@ class RunViews:
         *,
         home: Path | None = None,
         tools: Mapping[str, Tool] | None = None,
+        policy: Callable[[Any], Mapping[str, str]] | None = None,
     ) -> None:
         self.ledger = ledger
         self.features = features
@@ -184,6 +185,8 @@ class RunViews:
         self.home = home
         #: The tool catalog (effect classes, sealed fields); MCP tools come from the run's pins.
         self.tools: Mapping[str, Tool] = tools or {}
+        #: A run's effective policy per tool (RunCore.effective_policy); None: not shown.
+        self.policy = policy
         #: Run status changes so far (a status hook counts them): ``wait`` re-reads
         #: its runs only after a commit that moved some run, not after every commit.
         self.status_moves = 0
@@ -209,6 +212,7 @@ class RunViews:
             return shown
         return {
             **show_record(self.ledger, run),
+            **({"policy": self.policy(run)} if self.policy is not None else {}),
             **self.features.show(run_id),
         }
 

@@ -27,6 +27,9 @@ CHILD_TOOLS = ["fs.read", "fs.write", "fs.patch", "fs.list", "effect.record", "e
 _CHILD_TOOL_SET = frozenset(CHILD_TOOLS)
 #: The run kind of an isolated child (supervisor/swarm/children_store.py).
 CHILD_KIND = "child"
+#: Every MCP tool (``mcp.<server>.<tool>``), as an effective policy shows it: the
+#: seed's ``mcp.call``, to which its dynamic MCP functions normalize.
+MCP_TOOLS = "mcp.*"
 
 
 def run_tools(run: Any) -> frozenset[str] | None:
@@ -45,3 +48,12 @@ def refusal(run: Any, tool: str) -> str | None:
     if allowed is None or tool in allowed:
         return None
     return f"{tool} is not allowed in a {run['kind']} run"
+
+
+def mcp_row(run: Any) -> dict[str, str]:
+    """The effective policy's row for every MCP tool, when the run's bound holds none
+    (a child's: ``deny``); otherwise nothing, each server's own rule applies."""
+    allowed = run_tools(run)
+    if allowed is None or any(tool.startswith("mcp.") for tool in allowed):
+        return {}
+    return {MCP_TOOLS: "deny"}
