@@ -130,6 +130,8 @@ async def test_a_commit_holds_exactly_the_paths_on_the_expected_head(tmp_path: P
     assert _git(ws, "diff", "--cached", "--name-only").split() == []
     assert _git(ws, "diff", "--name-only").split() == ["b.py"]
     assert done.output["index_refreshed"] is True
+    # "成功 observation … 只保存 … 提交信息 SHA-256 和剩余变更计数": b.py is left, uncommitted.
+    assert done.output["remaining_changes"] == 1
 
 
 async def _commit_refused(ws: Path, tool_input: dict[str, Any], code: str, ctx: ToolContext | None = None) -> str:

@@ -261,9 +261,13 @@ class GitCommit:
             lambda: commit_exact(ctx.workspace, states, message, expected_head, lambda names: secrets.hidden(names),
                                  keep_moved))
         branch = done.branch.removeprefix("refs/heads/")
+        committed = {state.path for state in states}
         output = {"commit": done.commit, "parent": done.parent, "branch": branch,
                   "paths": [state.path for state in states],
                   "message_sha256": hashlib.sha256(message.encode()).hexdigest(),
+                  # The seed's "剩余变更计数" (V1.12): the snapshot's safe changes left
+                  # uncommitted (the snapshot is the tree the commit was made from).
+                  "remaining_changes": len({change.path for change in snap.changes} - committed),
                   "index_refreshed": done.index_refreshed}
         if not done.index_refreshed:
             output["note"] = ("the commit is made, but the index was locked: the committed paths may show as"
