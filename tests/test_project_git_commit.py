@@ -15,6 +15,7 @@ import pytest
 from corral.actors.tools import host_git
 from corral.actors.tools.base import ToolContext, ToolError
 from corral.actors.tools.project import GitCommit, GitSnapshot, GitStatus
+from corral.actors.tools.source_fingerprint import fingerprint
 from corral.mailbox.protocol import (
     Ack,
     ProjectCommitMoved,
@@ -43,7 +44,10 @@ def _ctx(ws: Path, *, verified: bool = True, child: bool = False) -> ToolContext
             moved.append(request)
             return Ack()
         assert isinstance(request, ProjectVerification), request
-        last = Verification(action_id="act-0", run_id="run-test00", revision=2, fingerprint="f",
+        # Verified on the tree as it is now (a write after the verification is tested
+        # end to end: tests/test_verified_commit.py).
+        now = fingerprint(ws, ws.parent / "home").digest
+        last = Verification(action_id="act-0", run_id="run-test00", revision=2, fingerprint=now,
                             status="passed" if verified else "failed", commands=1, output=[], created_at=0.0)
         return VerificationState(revision=2, verification=last, passed_on_current=verified, passed_by_run=verified)
 

@@ -13,6 +13,7 @@ import pytest
 
 from corral.actors.tools.base import ToolContext, ToolError
 from corral.actors.tools.project import Changeset, GitCommit, GitDiff, GitSnapshot, GitStatus
+from corral.actors.tools.source_fingerprint import fingerprint
 from corral.mailbox.protocol import ProjectCommitMoved, ProjectVerification, Request, reply
 from tests.harness import Daemon, agent_spec, wait_run
 
@@ -38,7 +39,8 @@ def _verified(ws: Path) -> ToolContext:
         if isinstance(request, ProjectCommitMoved):
             return reply(request, {})
         assert isinstance(request, ProjectVerification), request
-        last = {"action_id": "act-0", "run_id": "run-test00", "revision": 1, "fingerprint": "f", "status": "passed",
+        now = fingerprint(ws, ws.parent / "home").digest  # verified on the tree as it is now
+        last = {"action_id": "act-0", "run_id": "run-test00", "revision": 1, "fingerprint": now, "status": "passed",
                 "commands": 1, "output": [], "created_at": 0.0}
         return reply(request, {"revision": 1, "verification": last, "passed_on_current": True, "passed_by_run": True})
 

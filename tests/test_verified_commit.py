@@ -218,7 +218,9 @@ def test_a_command_or_process_started_after_the_verify_voids_it_even_when_its_ag
     commit that follows must not pass on the verification made before the command:
     the command made the next revision when its sandbox was ready, before it ran.
     The same for a process session. A command known to have changed nothing still
-    made its revision, but its run finalizes without a verification."""
+    made its revision, but its run finalizes without a verification. And a process
+    that writes after the verify (it started before it) leaves sources that are not
+    the verified ones: the commit compares the tree with the verification's."""
     ws = short_tmp / "ws"
     ws.mkdir()
     _git(ws, "init", "-q", "-b", "main")
@@ -265,3 +267,18 @@ def test_a_command_or_process_started_after_the_verify_voids_it_even_when_its_ag
         assert wait_run(daemon, third, {"completed", "failed"})["run"]["status"] == "completed"
         tools = [r["tool"] for r in ledger_rows(daemon.home, "SELECT tool FROM project_revisions ORDER BY revision")]
         assert tools == ["fs.write", "command.exec", "process.start", "command.exec"]
+
+        # 4. A process started before the verify writes after it (on a signal the test
+        #    gives once the commit waits): its revision came before the verify, so only
+        #    the tree itself tells that the verified sources are not the ones committed.
+        late = by_process + "late\n"
+        signal = ws / ".git" / "corral-test-go"  # outside the source fingerprint, readable inside
+        fourth = _run(daemon, "a process, verify, commit",
+                      sh("process.start", "until [ -e .git/corral-test-go ]; do sleep 0.05; done; echo late >> app.py"),
+                      _act("project.verify"), _commit(ws, "with the late line", late), _act("project.verify"), "done")
+        wait_run(daemon, fourth, {"waiting-confirmation", "completed", "failed"})
+        signal.touch()
+        wait_for("the late write", lambda: (ws / "app.py").read_text() == late)
+        why = _refused_commit(daemon, fourth)
+        assert "changed since" in why, why
+        assert _git(ws, "rev-parse", "HEAD").strip() == start, "nothing was committed"

@@ -58,6 +58,16 @@ async def require_verification(ctx: ToolContext) -> VerificationState:
                         " change of this run to commit; change the sources, then run project.verify",
                         "verification-required")
     if state.passed_by_run:
+        # "验证后再次修改…的工作树都不能提交": a write after the verification that made no
+        # revision (a process session started before it, an editor outside corral)
+        # shows only in the tree. The verification that speaks for this revision
+        # passed on the sources whose fingerprint it kept; the tree must still be that.
+        verified = state.verification
+        now = await trio.to_thread.run_sync(fingerprint, ctx.workspace, ctx.home)
+        if verified is None or not now.complete or now.digest != verified.fingerprint:
+            raise ToolError(f"the sources changed since revision {revision} was verified (something wrote after"
+                            " project.verify without a new revision: a process session, a program outside corral):"
+                            " run project.verify again", "verification-required")
         return state
     if state.passed_on_current:
         raise ToolError(f"revision {revision} was verified by another run, not this one: run project.verify in"
