@@ -23,6 +23,7 @@ from corral.actors.session_state import SessionState
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult
 from corral.actors.tools.process import CommandExec
 from corral.actors.tools.project import GitCommit, GitDiff, GitSnapshot, GitStatus
+from corral.actors.tools.source_fingerprint import fingerprint
 from corral.mailbox.protocol import CommandSandbox, ProjectCommitMoved, ProjectVerification, Request, reply
 from corral.sandbox.bwrap import LaunchMode, SandboxProfile
 from tests.launch_modes import needs_bwrap
@@ -250,7 +251,8 @@ def _tool_ctx(ws: Path) -> ToolContext:
         if isinstance(request, ProjectCommitMoved):
             return reply(request, {})
         assert isinstance(request, ProjectVerification), request
-        last = {"action_id": "act-0", "run_id": "run-t", "revision": 1, "fingerprint": "f", "status": "passed",
+        now = fingerprint(ws, ws.parent / "corral-home").digest  # verified on the tree as it is now
+        last = {"action_id": "act-0", "run_id": "run-t", "revision": 1, "fingerprint": now, "status": "passed",
                 "commands": 1, "output": [], "created_at": 0.0}
         return reply(request, {"revision": 1, "verification": last, "passed_on_current": True, "passed_by_run": True})
 

@@ -5,6 +5,7 @@ Real files and hard links on disk, the real tools, real git, a real supervisor."
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -28,17 +29,20 @@ GIT_CONFIG = b"[core]\n\trepositoryformatversion = 0\n"
 PAYLOAD = "#!/bin/sh\ntouch /tmp/corral-pwned\n"
 
 
-async def _revision_one(request: Any, timeout: float = 30.0) -> Any:
+async def _revision_one(request: Any, timeout: float = 30.0, *, root: Path) -> Any:
     """The supervisor's answers: a changeset's revision (project.revision.advance) and
     a passed verification (project.verification)."""
     from corral.actors.tools.base import ToolError
+    from corral.actors.tools.source_fingerprint import fingerprint
     from corral.mailbox.protocol import ProjectRevisionAdvance, ProjectVerification, reply
 
     # The answers as they come off the wire: checked into the method's reply record.
     if isinstance(request, ProjectVerification):
-        # A passed verification of this run on the current revision: the commit's
-        # path checks are what these tests are about (seed 004 V1.12 asks first).
-        last = {"action_id": "act-0", "run_id": "r", "revision": 1, "fingerprint": "f", "status": "passed",
+        # A passed verification of this run on the current revision, of the tree as it
+        # is now: the commit's path checks are what these tests are about (seed 004
+        # V1.12 asks first).
+        now = fingerprint(root, root.parent / "home").digest
+        last = {"action_id": "act-0", "run_id": "r", "revision": 1, "fingerprint": now, "status": "passed",
                 "commands": 1, "output": [], "created_at": 0.0}
         return reply(request, {"revision": 1, "verification": last, "passed_on_current": True,
                                "passed_by_run": True})
@@ -49,7 +53,7 @@ async def _revision_one(request: Any, timeout: float = 30.0) -> Any:
 
 def _ctx(root: Path) -> ToolContext:
     return ToolContext(agent_id="a", run_id="r", action_id="act-1", workspace=root, write_scopes=(".",),
-                       home=root.parent / "home", ask=_revision_one)
+                       home=root.parent / "home", ask=functools.partial(_revision_one, root=root))
 
 
 def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
