@@ -472,6 +472,10 @@ def test_a_short_first_wave_is_refused_and_the_first_valid_one_binds_a_snapshot(
         shown_policy = json.loads(cli(daemon.home, "collaboration", "show", "--json").stdout)
         assert shown_policy["policy"]["orchestratorOnlyAfterDelegation"] is False
         assert shown_policy["bindings"][0]["run_id"] == run_id
+        # V1.38: "只允许报告 matched / drifted / unreadable": a report, in show and in the run's view.
+        assert shown_policy["bindings"][0]["policy_status"] == "drifted"
+        shown_run = daemon.call("show", run_id=run_id)
+        assert shown_run["collaboration"] == {"digest": digest, "policy_status": "drifted"}, shown_run
         bad = short_tmp / "bad.json"
         bad.write_text('{"requiredInitialWave": true}')
         refused = cli(daemon.home, "collaboration", "set", str(bad))
@@ -570,6 +574,42 @@ def test_a_wave_whose_plan_never_committed_binds_nothing(tmp_path: Path) -> None
         assert service.plan_guard(run, 0, wave) is None
         again = CollaborationService(ledger, tmp_path / "project")
         assert again.plan_guard(run, 0, {"final": "done"}) is not None and again.binding("run-1") is None
+    finally:
+        ledger.close()
+
+
+def test_the_prompt_renders_the_bound_snapshot_and_the_drift_is_only_reported(tmp_path: Path) -> None:
+    """Seed 004 V1.38: "planning prompt 继续渲染 snapshot 中的规范 policy 本体，不改变现有 JSON 外形", and
+    the live file against the snapshot is "matched / drifted / unreadable" only."""
+    from corral.supervisor.context.collaboration_service import CollaborationService
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
+
+    live_file = tmp_path / "project" / ".corral" / "collaboration-policy.json"
+    live_file.parent.mkdir(parents=True)
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    try:
+        service = CollaborationService(ledger, tmp_path / "project")
+        assert service.prompt_section("run-1") is None  # no file, nothing bound: the defaults go unsaid
+        live_file.write_text('{"requiredInitialWave": "static"}')
+        from corral.supervisor.runs import run_store
+        from corral.supervisor.runs.run_feature import RunFeatures
+
+        run_id = run_store.create_run(ledger, RunFeatures(), agent_id="a", task="t", provider="scripted",
+                                      provider_config={"script": {"steps": []}})
+        before = service.prompt_section(run_id)
+        assert before is not None and "until this run binds it" in before
+        assert service.drift(run_id) is None
+        snapshot = Policy(requiredInitialWave="static").as_json()
+        assert service.plan_guard({"kind": "root", "run_id": run_id}, 0, {"actions": [_delegate("researcher")]}) is None
+        rendered = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
+        assert service.drift(run_id) == "matched"
+        live_file.write_text('{"requiredInitialWave": "static", "orchestratorOnlyAfterDelegation": false}')
+        after = service.prompt_section(run_id)
+        assert after is not None and "bound to this run" in after and after.endswith(rendered), after
+        assert service.drift(run_id) == "drifted"
+        live_file.write_text('{"requiredInitialWave": tru')
+        assert service.drift(run_id) == "unreadable"
+        assert service.prompt_section(run_id) == after, "the bound snapshot is what the model reads, drift or not"
     finally:
         ledger.close()
 

@@ -28,11 +28,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from corral.core import nesting
+from corral.mailbox.steps import CompactStep, ProviderStep
 from corral.supervisor.context import collaboration
 from corral.supervisor.context.collaboration import Policy
 from corral.supervisor.errors import BadRequest
@@ -125,6 +128,36 @@ class CollaborationService:
         if bound is not None:
             return collaboration.from_snapshot(json.loads(bound["policy"])), True
         return self.live(), False
+
+    def drift(self, run_id: str) -> str | None:
+        """The project's live policy against the run's bound snapshot (seed 004 V1.38:
+        "只允许报告 matched / drifted / unreadable"), None for an unbound run. A report
+        only: nothing of what the run may do depends on it."""
+        bound = self.binding(run_id)
+        if bound is None:
+            return None
+        live = self.live()
+        if self.problem is not None:
+            return "unreadable"
+        return "matched" if live.digest == bound["digest"] else "drifted"
+
+    def prompt_section(self, run_id: str) -> str | None:
+        """The effective policy of a root run, as the planning prompt renders it: the
+        bound snapshot once bound ("planning prompt 继续渲染 snapshot 中的规范 policy 本体，不改变
+        现有 JSON 外形"), the project's live policy before; None when the project has no
+        policy file and nothing is bound (the defaults hold and are not repeated)."""
+        bound = self.binding(run_id) is not None
+        if not bound:
+            if not os.path.lexists(self.path):
+                return None
+            run = self.ledger.one("SELECT kind FROM runs WHERE run_id = ?", run_id)
+            if run is None or run["kind"] != "root":
+                return None
+        policy, _ = self.policy_for(run_id)
+        where = ("bound to this run at its first collaboration batch" if bound
+                 else "the project's, until this run binds it")
+        return (f"\n\nCOLLABORATION POLICY ({where}; the runtime enforces it, whatever this text says):\n"
+                + json.dumps(policy.as_json(), sort_keys=True, separators=(",", ":")))
 
     def mcp_reads(self, run_id: str, tools: Sequence[str]) -> frozenset[str]:
         """The run's pinned MCP tools that count as read-only (V1.32), looked up only
@@ -265,10 +298,13 @@ class CollaborationService:
         except (OSError, collaboration.PolicyError) as exc:
             problem = str(exc)
         live = self.live()
+        bindings = [dict(row) for row in self.ledger.all(
+            "SELECT run_id, digest, loop_index, bound_at FROM collaboration_bindings ORDER BY bound_at")]
+        for binding in bindings:
+            binding["policy_status"] = ("unreadable" if problem is not None
+                                        else "matched" if binding["digest"] == live.digest else "drifted")
         return {"path": str(self.path), "exists": exists, "problem": problem,
-                "policy": live.as_json(), "digest": live.digest,
-                "bindings": [dict(row) for row in self.ledger.all(
-                    "SELECT run_id, digest, loop_index, bound_at FROM collaboration_bindings ORDER BY bound_at")]}
+                "policy": live.as_json(), "digest": live.digest, "bindings": bindings}
 
     async def set_policy(self, params: dict[str, Any]) -> dict[str, Any]:
         text = params.get("text")
@@ -304,6 +340,17 @@ class CollaborationFeature(RunFeature):
 
     def finalize_blockers(self, ledger: Ledger, run_id: str) -> list[str]:
         return self.service.finalize_blockers(ledger, run_id)
+
+    async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
+        section = self.service.prompt_section(run_id)
+        return step if section is None else msgspec.structs.replace(step, task=step.task + section)
+
+    def show(self, run_id: str) -> Mapping[str, Any]:
+        status = self.service.drift(run_id)
+        if status is None:
+            return {}
+        bound = self.service.binding(run_id) or {}
+        return {"collaboration": {"digest": bound.get("digest"), "policy_status": status}}
 
 
 def install(sup: Supervisor) -> CollaborationService:
