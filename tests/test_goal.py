@@ -159,12 +159,14 @@ def test_a_goal_pauses_across_restarts_with_zero_provider_calls_then_edits_resum
     from fake_openai import FakeOpenAIServer, Reply, completion
     from loopback_http import serve_in_thread
 
-    verdict = {"actions": [{"tool": "goal.verdict", "input": {"met": True, "evidence": "notes and summary"}}]}
+    verdict = {"actions": [{"tool": "goal.verdict", "input": {"met": True, "evidence": "notes and summary"}}],
+               "planUpdate": None}  # the json_schema way requires it (seed 004 V1.17), null when unchanged
     server = FakeOpenAIServer([
         Reply(hang=True),  # the goal run's first turn, in flight when the pause comes
-        Reply(body=completion('{"final": "other done"}')),  # a run of the same agent, after a restart
+        # A run of the same agent, after a restart.
+        Reply(body=completion('{"final": "other done", "planUpdate": null}')),
         Reply(body=completion(json.dumps(verdict))),
-        Reply(body=completion('{"final": "done"}')),
+        Reply(body=completion('{"final": "done", "planUpdate": null}')),
     ])
     (short_tmp / "ws").mkdir()
     env = {"OPENAI_API_KEY": "sk-test", "CORRAL_FAILPOINTS": "goal.after-pause-request=kill@once"}

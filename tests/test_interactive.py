@@ -427,7 +427,8 @@ def test_a_steer_interrupts_the_provider_turn_in_flight_and_a_kill_then_loses_no
     from fake_openai import FakeOpenAIServer, Reply, completion
     from loopback_http import serve_in_thread
 
-    server = FakeOpenAIServer([Reply(hang=True), Reply(body=completion('{"final": "steered reply"}'))])
+    steered = completion('{"final": "steered reply", "planUpdate": null}')
+    server = FakeOpenAIServer([Reply(hang=True), Reply(body=steered)])
     (short_tmp / "ws").mkdir()
     env = {"OPENAI_API_KEY": "sk-test", "CORRAL_FAILPOINTS": "steer.after-interrupt=kill@once"}
     with serve_in_thread(server) as url, running(short_tmp / "home", LLM_SPEC.replace("{url}", url), env) as daemon:

@@ -169,8 +169,8 @@ def test_the_demo_runs_against_an_openai_compatible_server(short_tmp: Path) -> N
     # The default way (structured = "json_schema"): the plan as JSON content.
     write = {"tool": "fs.write", "input": {"path": "summary/plan.md", "content": "plan"}}
     server = FakeOpenAIServer([
-        Reply(body=completion(json.dumps({"actions": [write]}))),
-        Reply(body=completion(json.dumps({"final": "The plan is in summary/plan.md."}))),
+        Reply(body=completion(json.dumps({"actions": [write], "planUpdate": None}))),  # required, null: V1.17
+        Reply(body=completion(json.dumps({"final": "The plan is in summary/plan.md.", "planUpdate": None}))),
     ])
     with serve_in_thread(server) as url:
         result = subprocess.run(

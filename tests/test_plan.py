@@ -356,3 +356,26 @@ def test_plan_update_false_offers_no_plan_for_a_model_too_small_to_finish_one() 
     native = build_chat_payload(OpenAIConfig(base_url="http://localhost/v1", model="m", structured="tools",
                                              plan_update=False), make_request())
     assert "update_agent_plan" not in json.dumps(native)
+
+
+def test_leaving_plan_update_out_under_a_schema_that_requires_it_is_a_protocol_error() -> None:
+    """The seed: "省略字段属于协议错误并进入既有格式修复或失败路径。只有兼容旧实现的文本 JSON 可以省略该字段":
+    under ``json_schema`` or ``json_object`` (the schema requires it) an answer without it is
+    repaired; plain text JSON (``none``) may leave it out."""
+    from corral.actors.providers.base import ProviderResponse
+    from corral.actors.providers.openai import OpenAIProvider
+
+    text = json.dumps(completion('{"actions": [{"tool": "read_file", "input": {"path": "n.txt"}}]}'))
+    for structured, mode in (("json_schema", "json-schema"), ("json_object", "json-object")):
+        provider = OpenAIProvider(OpenAIConfig(base_url="http://localhost/v1", model="m", structured=structured))
+        with pytest.raises(PlanError) as caught:
+            provider.parse(ProviderResponse(text, {"mode": mode}), TOOLS)
+        assert caught.value.category is RepairCategory.RESPONSE_SHAPE and "planUpdate" in caught.value.detail
+        answer = '{"planUpdate": null, "actions": [{"tool": "read_file", "input": {"path": "n"}}]}'
+        with_null = json.dumps(completion(answer))
+        assert [a.tool for a in provider.parse(ProviderResponse(with_null, {"mode": mode}), TOOLS).actions] == [
+            "read_file"]
+    plain = OpenAIProvider(OpenAIConfig(base_url="http://localhost/v1", model="m", structured="none"))
+    assert plain.parse(ProviderResponse(text, {"mode": "text-json"}), TOOLS).plan_update is None
+    small = OpenAIProvider(OpenAIConfig(base_url="http://localhost/v1", model="m", plan_update=False))
+    assert small.parse(ProviderResponse(text, {"mode": "json-schema"}), TOOLS).actions, "not offered, not required"

@@ -672,5 +672,7 @@ class OpenAIProvider:
         # The mode recorded with the response wins: after a restart with a changed
         # config, a committed response must still be read the way it was asked for.
         mode = response.meta.get("mode", self.mode)
-        # Every way but native tool calls answers with the plan as JSON text.
-        return parse_chat_completion(response.text, tools, text_json=mode != MODE_NATIVE)
+        # Every way but native tool calls answers with the plan as JSON text; the
+        # schema ways require its planUpdate (seed 004 V1.17: null when unchanged).
+        required = mode in (MODES[Structured.JSON_SCHEMA], MODES[Structured.JSON_OBJECT]) and self.config.plan_update
+        return parse_chat_completion(response.text, tools, text_json=mode != MODE_NATIVE, update_required=required)

@@ -279,12 +279,16 @@ def _plan_action(entry: Any, index: Mapping[str, ToolSchema]) -> ToolCall:
     return _tool_call(tool, entry.get("input", {}))
 
 
-def _plan_from_object(obj: dict[str, Any], index: Mapping[str, ToolSchema]) -> Plan:
+def _plan_from_object(obj: dict[str, Any], index: Mapping[str, ToolSchema], update_required: bool = False) -> Plan:
     """``{"actions": [...]}`` or ``{"final": ...}``, with ``planUpdate`` beside either
     or alone (then ``actions`` may be empty): seed 004 V1.17's answer, whose text-JSON
     form may leave the update out."""
     if "actions" in obj and "final" in obj:
         raise _fail(RepairCategory.RESPONSE_SHAPE, 'give either "actions" or "final", not both')
+    if update_required and plan_update.ANSWER_KEY not in obj:
+        # Seed 004 V1.17: "省略字段属于协议错误"; only plain text JSON may leave it out.
+        raise _fail(RepairCategory.RESPONSE_SHAPE, f'"{plan_update.ANSWER_KEY}" is required: null when the plan'
+                    " has not changed")
     update = checked_plan_update(obj.get(plan_update.ANSWER_KEY))
     if "final" in obj:
         final = obj["final"]
@@ -360,9 +364,9 @@ def _is_leaked_call(value: Any) -> bool:
     )
 
 
-def _plan_from_value(value: Any, index: Mapping[str, ToolSchema]) -> Plan | None:
+def _plan_from_value(value: Any, index: Mapping[str, ToolSchema], update_required: bool = False) -> Plan | None:
     if isinstance(value, dict) and ("actions" in value or "final" in value or plan_update.ANSWER_KEY in value):
-        return _plan_from_object(value, index)
+        return _plan_from_object(value, index, update_required)
     if _is_leaked_call(value):
         tool = _resolve_tool(value["name"], index)
         raw = value["arguments"] if "arguments" in value else value["parameters"]
@@ -375,11 +379,11 @@ def _plan_from_value(value: Any, index: Mapping[str, ToolSchema]) -> Plan | None
     return None
 
 
-def _plan_from_json_text(text: str, index: Mapping[str, ToolSchema]) -> Plan:
+def _plan_from_json_text(text: str, index: Mapping[str, ToolSchema], update_required: bool = False) -> Plan:
     candidate = _json_candidate(text)
     if candidate is None:
         raise _fail(RepairCategory.RESPONSE_SHAPE, "expected a JSON object, got prose")
-    plan = _plan_from_value(_decode_object(candidate), index)
+    plan = _plan_from_value(_decode_object(candidate), index, update_required)
     if plan is None:
         raise _fail(RepairCategory.RESPONSE_SHAPE, 'the JSON object needs "actions" or "final"')
     return plan
@@ -404,12 +408,14 @@ def _plan_from_reply_text(text: str, index: Mapping[str, ToolSchema]) -> Plan:
     return Plan(final_reply=text)
 
 
-def _plan_from_content(content: str, index: Mapping[str, ToolSchema], *, text_json: bool) -> Plan:
+def _plan_from_content(
+    content: str, index: Mapping[str, ToolSchema], *, text_json: bool, update_required: bool = False
+) -> Plan:
     found = _thought_through(content)
     text = found.answer
     if not text:
         raise _fail(RepairCategory.RESPONSE_SHAPE, "no tool call and no reply text")
-    plan = _plan_from_json_text(text, index) if text_json else _plan_from_reply_text(text, index)
+    plan = _plan_from_json_text(text, index, update_required) if text_json else _plan_from_reply_text(text, index)
     normalized = _audit(NormalizationKind.COMPLETE_THINK_BLOCK, list(found.blocks))
     return Plan(plan.actions, plan.final_reply, normalized, plan.plan_update) if normalized else plan
 
@@ -450,13 +456,15 @@ def _tool_calls_of(message: Mapping[str, Any]) -> list[Any]:
 
 
 def parse_chat_completion(
-    body_text: str, tools: Iterable[ToolSchema], *, text_json: bool = False
+    body_text: str, tools: Iterable[ToolSchema], *, text_json: bool = False, update_required: bool = False
 ) -> Plan:
     """Parse a Chat Completions response body into a plan; raises PlanError.
 
     ``text_json`` is True when the request asked for the text-JSON fallback: then
     the content must hold a JSON plan, whereas with native tool calls plain text is
     the final reply. Tool calls, when present, win over any content.
+    ``update_required``: a text-JSON answer must carry ``planUpdate`` (null or an
+    update), as the schema it was asked with requires (seed 004 V1.17).
     """
     try:
         index = tool_index(tools)
@@ -466,4 +474,5 @@ def parse_chat_completion(
     calls = _tool_calls_of(message)
     if calls:
         return _plan_from_tool_calls(calls, index, visible_text(message.get("content")))
-    return _plan_from_content(visible_text(message.get("content")), index, text_json=text_json)
+    return _plan_from_content(visible_text(message.get("content")), index, text_json=text_json,
+                              update_required=update_required)
