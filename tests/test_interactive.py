@@ -363,6 +363,38 @@ def test_steers_apply_in_their_ledger_sequence_even_when_the_clock_steps_back(tm
         ledger.close()
 
 
+def test_a_fork_is_refused_while_a_delegated_run_under_an_ended_turn_still_lives(tmp_path: Path) -> None:
+    """Seed 004 V1.14: a fork copies only what is persisted, so it waits while any run
+    of the conversation's swarm still moves: here the turn's root has ended but the
+    specialist it delegated to is still running. Once that run ends, the fork goes."""
+    from corral.supervisor.errors import SupervisorError
+    from corral.supervisor.interactive import interactive_store
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
+    from corral.supervisor.runs import run_store
+
+    ledger = SqliteLedger(tmp_path / "l.db")
+    try:
+        config: dict[str, Any] = {"script": {"steps": []}}
+        conversation = interactive_store.new_conversation(ledger, "boss")
+        root = run_store.create_run(ledger, NO_FEATURES, agent_id="boss", task="t", provider="scripted",
+                                    provider_config=config, conversation_id=conversation)
+        worker = run_store.create_run(ledger, NO_FEATURES, agent_id="w", task="t", provider="scripted",
+                                      provider_config=config, kind="delegation", parent_run_id=root,
+                                      root_run_id=root, depth=1)
+        run_store.set_run_status(ledger, root, run_store.RunStatus.RUNNING, NO_FEATURES)
+        run_store.set_run_status(ledger, root, run_store.RunStatus.COMPLETED, NO_FEATURES)
+        run_store.set_run_status(ledger, worker, run_store.RunStatus.RUNNING, NO_FEATURES)
+        assert interactive_store.fork_blockers(ledger, conversation) == [
+            f"run {root} has a live delegation run {worker} (running)"]
+        with pytest.raises(SupervisorError, match=f"live delegation run {worker}"):
+            interactive_store.fork(ledger, conversation)
+        run_store.set_run_status(ledger, worker, run_store.RunStatus.COMPLETED, NO_FEATURES)
+        forked = interactive_store.fork(ledger, conversation)
+        assert forked["forked_from"] == conversation
+    finally:
+        ledger.close()
+
+
 # -- conversations ------------------------------------------------------------------------------
 
 
