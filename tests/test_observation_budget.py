@@ -209,3 +209,20 @@ def test_a_page_line_carries_its_stable_number_and_is_bounded() -> None:
     assert long.startswith("7: " + "z" * MAX_PAGE_LINE_CHARS) and long.endswith(
         "[… 500 more characters of this line cut]"
     )
+
+
+def test_the_tools_tell_the_model_how_to_review_page_and_end() -> None:
+    """The seed's prompt rules, in the descriptions the model is given with each tool:
+    V1.3 "project.patchset 成功后使用其 checkpointId 调用 project.diff(includeContent=true)
+    审查整体变更，再执行验证型命令"; V1.8 "短命令摘要不足以定位失败时先调用
+    command.output_read，按 nextLine 继续分页，找到根错误后再修改；不得仅凭输出尾部猜测";
+    V1.10 "在收束前 poll 到终态或调用 terminate"."""
+    from corral.actors.tools.process import CommandOutputRead, ProcessPoll, ProcessStart
+    from corral.actors.tools.project_changeset import Changeset
+
+    review = Changeset.schema.description
+    assert "project.diff" in review and "include_content=true" in review and "before you run" in review
+    paging = CommandOutputRead.schema.description
+    assert "root error" in paging and "nextLine" in paging and "never guess from the tail" in paging
+    for description in (ProcessStart.schema.description, ProcessPoll.schema.description):
+        assert "before your final reply" in description.lower() and "process.terminate" in description

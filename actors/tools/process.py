@@ -163,7 +163,9 @@ class ProcessStart:
     default_policy = ASKS_A_PERSON
     schema = schema(
         "process.start",
-        "Start a long-running program on a terminal (120x30) in the sandbox; returns a process_id and a cursor.",
+        "Start a long-running program on a terminal (120x30) in the sandbox; returns a process_id and a cursor."
+        " Before your final reply, poll it until it has ended or stop it with process.terminate (the final reply"
+        " waits while it runs).",
         ProgramArgs,
         read_only=False,
     )
@@ -195,7 +197,8 @@ class ProcessPoll:
     schema = schema(
         "process.poll",
         "Read a process's output from a cursor (the same cursor always gives the same text); "
-        "wait_ms waits for new output.",
+        "wait_ms waits for new output. Pass next_cursor back as it is to read on. Before your final reply, poll"
+        " until its status is final or stop it with process.terminate.",
         PollArgs,
         read_only=True,
     )
@@ -404,7 +407,9 @@ class CommandOutputRead:
         "command.output_read",
         "Page through the full sanitized transcript of one of your finished command.exec actions (this run or an"
         " earlier one): give the sourceActionId its result carries (do not call agent.action_history to find it);"
-        " follow nextLine while hasMore. Each line starts with its line number (\"129: ...\").",
+        " follow nextLine while hasMore. Each line starts with its line number (\"129: ...\"). When a command's"
+        " short result does not show why it failed, page here to the root error before you change anything;"
+        " never guess from the tail alone.",
         OutputReadArgs,
         read_only=True,
     )

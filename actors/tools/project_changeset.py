@@ -178,7 +178,8 @@ class Changeset:
         " has an operation: create (content; the file must not exist), update (content with expected_sha256, or"
         " old_text/new_text with expected_replacements, the exact number of occurrences), delete"
         " (expected_sha256). Returns the review (a diff and hashes per file) and the checkpoint id, for"
-        " project.diff and project.restore.",
+        " project.diff and project.restore. After it succeeds, review the whole change with"
+        " project.diff(since_checkpoint=<its checkpoint>, include_content=true) before you run a verifying command.",
         ChangesetArgs,
         read_only=False,
         # Seed 004 V1.3: "Runner 在 executing 阶段退出仍不得自动重放，checkpoint 是人工核对和恢复依据":
