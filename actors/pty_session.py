@@ -168,6 +168,8 @@ class PtySession:
         self._state_lock = trio.Lock()
         self._stdin_lock = trio.Lock()
         self._line_dirty = False
+        #: The terminal's end-of-file was sent: stdin is closed for good.
+        self._stdin_eof = False
         self._changed = trio.Event()
         self._terminal = trio.Event()
         self._stops_send, self._stops_recv = trio.open_memory_channel[Stop](math.inf)
@@ -232,6 +234,16 @@ class PtySession:
     @property
     def output_bytes(self) -> int:
         return len(self._transcript)
+
+    @property
+    def output_sha256(self) -> str:
+        """The digest of the sanitized output so far (at most 256 KiB)."""
+        return hashlib.sha256(self._transcript).hexdigest()
+
+    @property
+    def stdin_open(self) -> bool:
+        """Whether a write to stdin can still reach the process."""
+        return self._state is S.RUNNING and self._master is not None and not self._stdin_eof
 
     def _notify(self) -> None:
         self._changed.set()
@@ -564,6 +576,8 @@ class PtySession:
                             break
                         raise
             sent = payload[:written]
+            if eof and written == len(payload):
+                self._stdin_eof = True
             if sent:
                 self._line_dirty = not (sent.endswith(b"\n") or (eof and written == len(payload)))
             return StdinReceipt(

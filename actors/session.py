@@ -31,7 +31,14 @@ import trio
 
 from corral.actors.pty_session import PtySession, StateChange
 from corral.actors.runtime import ActorContext, is_shutdown
-from corral.actors.session_state import BadSessionInput, SessionError, SessionState, decode_cursor, is_terminal
+from corral.actors.session_state import (
+    BadSessionInput,
+    SessionError,
+    SessionState,
+    decode_cursor,
+    is_terminal,
+    signal_of,
+)
 from corral.core import failpoints
 from corral.core.redact import summarize
 from corral.core.transitions import IllegalTransition
@@ -269,6 +276,12 @@ async def _poll(session: PtySession, reporter: _Reporter, body: Mapping[str, Any
         "more": end < session.output_bytes,
         "live": True,
         "listening": await session.listening_ports(),
+        # The seed's status facts (V1.10): counts and a digest, never more text.
+        "stdin_open": session.stdin_open,
+        "signal": signal_of(result.state, result.exit_code),
+        "output_bytes": session.output_bytes,
+        "output_sha256": session.output_sha256,
+        "needs_reconciliation": result.state is SessionState.NEEDS_RECONCILIATION,
     }
 
 

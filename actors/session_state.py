@@ -15,6 +15,7 @@ import base64
 import binascii
 import enum
 import secrets
+import signal
 from collections.abc import Mapping
 
 from corral.core.transitions import IllegalTransition
@@ -83,6 +84,19 @@ class BadSessionInput(SessionError, ValueError):
 
 def is_terminal(state: SessionState) -> bool:
     return state in TERMINAL_STATES
+
+
+def signal_of(state: SessionState, exit_code: int | None) -> str | None:
+    """The signal that ended a process, by name, else None (seed 004 V1.10: "未终态时
+    exitCode / signal 为空"). The exit code follows the shell's convention, the one
+    bwrap reports a signalled target by: 128+N for signal N (so a program that
+    itself exits 130 reads as SIGINT, as a shell would say)."""
+    if not is_terminal(state) or exit_code is None or not 128 < exit_code <= 128 + 64:
+        return None
+    try:
+        return signal.Signals(exit_code - 128).name
+    except ValueError:
+        return None
 
 
 def check_transition(old: SessionState, new: SessionState) -> None:

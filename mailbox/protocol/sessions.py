@@ -62,6 +62,15 @@ class SessionOutput(msgspec.Struct, kw_only=True):
     #: More output past ``next_cursor`` already.
     more: bool
     live: bool
+    #: The seed's status facts (V1.10: "stdinOpen / exitCode / signal / outputBytes /
+    #: outputSha256 / … / needsReconciliation"): whether stdin still reaches the
+    #: process; the signal that ended it (None before its end); the size and digest of
+    #: its sanitized output so far; whether its end needs a person.
+    stdin_open: bool = False
+    signal: str | None = None
+    output_bytes: int = 0
+    output_sha256: str = ""
+    needs_reconciliation: bool = False
     #: The loopback ports the live session's processes listen on where the host
     #: reaches them (``preview.validate`` checks only these: seed 004 V1.1 §3).
     listening: list[int] = msgspec.field(default_factory=list)

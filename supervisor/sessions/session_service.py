@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
-from corral.actors.session_state import MAX_STDIN_BYTES, TERMINAL_STATES, SessionState
+from corral.actors.session_state import MAX_STDIN_BYTES, TERMINAL_STATES, SessionState, signal_of
 from corral.actors.tools.base import ToolError
 from corral.actors.tools.paths import resolve_in_workspace
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
@@ -311,14 +311,20 @@ class SessionService:
             fresh = session_store.get_session(self.ledger, row["process_id"]) or row
             path = session_store.transcript_path(self.home, row["run_id"], row["process_id"])
             chunk, next_cursor, more = session_store.poll_transcript(path, row["process_id"], cursor, max_chars)
+            size, digest = session_store.transcript_facts(path)
+            state = SessionState(fresh["state"])
             return SessionOutput(
                 process_id=row["process_id"],
                 chunk=chunk,
                 next_cursor=next_cursor,
-                status=fresh["state"],
+                status=state.value,
                 exit_code=fresh["exit_code"],
                 more=more,
                 live=False,
+                signal=signal_of(state, fresh["exit_code"]),
+                output_bytes=size,
+                output_sha256=digest,
+                needs_reconciliation=state is SessionState.NEEDS_RECONCILIATION,
             )
         # The session actor's answer (actors/session.py ``_poll``), checked into the record.
         return msgspec.convert({"process_id": row["process_id"], **reply}, SessionOutput)

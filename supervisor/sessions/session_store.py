@@ -354,6 +354,15 @@ def poll_transcript(path: Path, process_id: str, cursor: str | None, max_chars: 
     return text, encode_cursor(process_id, end), end < len(data)
 
 
+def transcript_facts(path: Path) -> tuple[int, str]:
+    """The size and sha256 of a session's private transcript (its sanitized output)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
 # -- commands (command.exec runs in the agent; its launch record is kept here) ---------
 
 
