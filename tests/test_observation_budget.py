@@ -226,3 +226,21 @@ def test_the_tools_tell_the_model_how_to_review_page_and_end() -> None:
     assert "root error" in paging and "nextLine" in paging and "never guess from the tail" in paging
     for description in (ProcessStart.schema.description, ProcessPoll.schema.description):
         assert "before your final reply" in description.lower() and "process.terminate" in description
+
+
+def test_a_claim_reaches_the_model_whole_up_to_the_result_bound() -> None:
+    """A claim's deliveries (up to 48 KiB of the 64 KiB observation, seed 004 V1.35)
+    are marked observed once the observation is stored: the model must be sent them
+    all ("完整 observation 必须实际包含被标记 observed 的全部 delegationGroupId"), not 8,000
+    characters of them."""
+    from corral.actors.providers.observation_budget import CLAIM_RESULT_CHARS
+    from corral.supervisor.runs.run_store import MAX_RESULT_CHARS
+    from corral.supervisor.swarm.claim_store import CLAIM_OBSERVATION_CHARS
+
+    assert CLAIM_RESULT_CHARS == MAX_RESULT_CHARS
+    claimed = [{"delegation_group_id": f"grp-{n:02d}", "summary": f"child {n} found " + "x" * 1500} for n in range(28)]
+    output = {"claim_id": "clm-1", "claimed": claimed, "open": 0}
+    assert 40_000 < len(json.dumps(output)) < CLAIM_OBSERVATION_CHARS
+    entry = {"action_id": "act-status", "tool": "agent.run_status", "status": "ok", "output": output}
+    sent = _output(_observation(_body((entry,)), "act-status"))
+    assert [c["delegation_group_id"] for c in sent["claimed"]] == [f"grp-{n:02d}" for n in range(28)]

@@ -17,7 +17,15 @@ from typing import Any
 from corral.core.redact import redact_text
 
 from .base import ImagePart, RepairCategory
-from .observation_budget import CONTEXT_BUNDLE_CHARS, DEFAULT_CHARS, budget_of, fit, newest_of_slots, render
+from .observation_budget import (
+    CONTEXT_BUNDLE_CHARS,
+    DEFAULT_CHARS,
+    budget_of,
+    fit,
+    newest_of_slots,
+    render,
+    whole_text_chars,
+)
 from .repair import repair_message
 
 #: Characters of one observation without a budget of its own (the ``local`` provider
@@ -57,7 +65,8 @@ def output_text(entry: Mapping[str, Any], cap: int | None = None, *, newest: boo
     output = entry.get("output")
     budget = budget_of(entry)
     if budget is None or not isinstance(output, dict):
-        return bounded(render(output), cap or MAX_OBSERVATION_CHARS)
+        whole = whole_text_chars(entry)
+        return bounded(render(output), min(cap, whole) if cap else whole)
     chars = budget.chars if newest or not budget.newest_only else MAX_OBSERVATION_CHARS
     if cap is not None:
         chars = min(chars, cap)

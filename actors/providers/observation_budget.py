@@ -74,6 +74,21 @@ BUDGETS: Mapping[str, Budget] = {
 }
 
 
+#: A claim's observation (``agent.run_status``) is kept whole up to the supervisor's
+#: result bound, 64 KiB (supervisor/runs/run_store.py ``MAX_RESULT_CHARS``): its
+#: claimed deliveries fill up to 48 KiB of it, and a delivery the model is not sent
+#: is one it never sees (seed 004 V1.35: "完整 observation 必须实际包含被标记 observed 的全部
+#: delegationGroupId").
+CLAIM_RESULT_CHARS = 64 * 1024
+#: Tools whose whole output (no bulk field of its own) keeps more than ``DEFAULT_CHARS``.
+WHOLE_TEXT_CHARS: Mapping[str, int] = {"agent.run_status": CLAIM_RESULT_CHARS}
+
+
+def whole_text_chars(entry: Mapping[str, Any]) -> int:
+    """What an observation without a bulk field keeps of its whole text."""
+    return WHOLE_TEXT_CHARS.get(str(entry.get("tool", "")), DEFAULT_CHARS)
+
+
 def budget_of(entry: Mapping[str, Any]) -> Budget | None:
     """The budget of a successful observation whose output is structured, or None."""
     budget = BUDGETS.get(str(entry.get("tool", "")))
