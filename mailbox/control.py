@@ -11,6 +11,8 @@ import functools
 import hmac
 import logging
 import os
+import secrets
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,7 +20,9 @@ import anyio
 import pynng
 import trio
 
+from corral.core import failpoints
 from corral.core.errors import CorralError
+from corral.mailbox import port_fallback
 from corral.mailbox.addresses import bound_tcp_address
 from corral.mailbox.channel import HARD_FRAME_FACTOR
 from corral.mailbox.codec import DEFAULT_MAX_FRAME, decode, encode
@@ -30,6 +34,9 @@ log = logging.getLogger(__name__)
 Handler = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 #: Whether a request (method, params) waits: it goes to the long-poll pool.
 LongPollCheck = Callable[[str, dict[str, Any]], bool]
+
+#: Before the control socket binds (a test: ``raise`` stands for a kernel with no free ephemeral port).
+BIND_FAILPOINT = "control.bind-any"
 
 #: Long polls held at once by default: past the 900 a swarm's followers were seen to
 #: hold; each costs an nng context and a task, not a worker.
@@ -99,7 +106,7 @@ class ControlServer:
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         with pynng.Rep0() as socket:
             configure_socket(socket, self.max_frame)
-            socket.listen(self.listen_at)
+            self._listen(socket)
             address = self.address
             if address.startswith("tcp://") and address.endswith(":0"):
                 address = bound_tcp_address(socket.listeners[0])
@@ -107,6 +114,27 @@ class ControlServer:
                 for _ in range(self.idle_workers):
                     self._spawn(nursery, socket)
                 task_status.started(address)
+
+    def _listen(self, socket: pynng.Rep0) -> None:
+        """Listen where asked; a loopback ``:0`` that finds no free port (``AddrInUse``)
+        on Linux tries the high ports instead (mailbox/port_fallback.py, seed 004 V1.1
+        §2). Any other failure, and a fallback that finds nothing, fail closed."""
+        try:
+            failpoints.hit(BIND_FAILPOINT)  # a test: the kernel had no ephemeral port free
+            socket.listen(self.listen_at)
+            return
+        except (pynng.AddressInUse, failpoints.FailpointError):
+            host, _, port = self.listen_at.removeprefix("tcp://").rpartition(":")
+            if not self.listen_at.startswith("tcp://") or port != "0" or not sys.platform.startswith("linux"):
+                raise
+        for candidate in port_fallback.read_candidates(seed=secrets.randbelow(1 << 30)):
+            try:
+                socket.listen(f"tcp://{host}:{candidate}")
+            except pynng.AddressInUse:
+                continue  # taken: the next one
+            log.warning("control: no ephemeral loopback port was free; listening on %s:%d", host, candidate)
+            return
+        raise port_fallback.FallbackError("every candidate port in the high range is taken")
 
     def _spawn(self, nursery: trio.Nursery, socket: pynng.Rep0) -> None:
         self.workers += 1

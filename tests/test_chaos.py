@@ -31,7 +31,7 @@ def _every_failpoint_once(workdir: Path, skip: set[str]) -> None:
     scenario = dataclasses.replace(demo, spec_text=with_transport(demo.spec_text))  # CORRAL_TRANSPORT
     runner = Runner(scenario, seed=11, targets=("supervisor", "agents"), workdir=workdir, verbose=False)
     layers = ("session.", "mcp.", "model.", "steer.", "input.", "bridge.", "durable-plan.", "context.", "changeset.",
-              "verify.", "goal.", "queue.", "preview.", "git.", "command.")
+              "verify.", "goal.", "queue.", "preview.", "git.", "command.", "control.")
     names = [name for name in failpoints.KNOWN if not name.startswith(layers) and name not in skip]
     assert names, "the sample kills somewhere"
     for index, name in enumerate(names):

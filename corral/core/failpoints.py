@@ -40,6 +40,8 @@ KNOWN: dict[str, str] = {
     "action.after-executing": "supervisor: executing committed, agent not yet told",
     "queue.claiming": "cluster node: a queued run taken off the shared queue, its creation not yet committed",
     "agent.before-effect": "agent: executing acknowledged, side effect not started",
+    "control.bind-any": "supervisor: its control socket is about to bind a loopback port 0 (raise: no ephemeral port"
+    " was free, AddrInUse)",
     "git.inspect-read": "agent: a project.git_inspect read its status and diff, the status not yet re-read",
     "agent.after-effect": "agent: side effect done, terminal record not requested",
     "action.before-terminal": "supervisor: an action's outcome is in hand, its terminal phase not yet committed",
