@@ -12,6 +12,8 @@ own actions made. Real PostgreSQL, two partitions held as nodes hold them."""
 from __future__ import annotations
 
 import contextlib
+import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +22,7 @@ import pytest
 from corral.supervisor.cluster import cluster_tables as cluster
 from corral.supervisor.ledger.ledger_pg import PostgresLedger
 from corral.supervisor.ledger.ledger_pg_cluster import connect_cluster
-from corral.supervisor.project import revision_store, verification_store
+from corral.supervisor.project import preview_gate, revision_store, verification_store
 
 
 @pytest.fixture
@@ -57,3 +59,26 @@ def test_two_partitions_on_one_project_root_keep_one_revision(partitions: Any) -
     assert _write(a, "a2") == 3, "one action makes one revision, however often it is recorded"
     assert revision_store.current(other) == 0, "another project root counts its own"
     assert [row["revision"] for row in a.all("SELECT revision FROM project_revisions ORDER BY revision")] == [1, 3]
+
+
+def _preview(ledger: PostgresLedger, action_id: str, run_id: str, revision: int) -> None:
+    with ledger.tx() as db:
+        db.execute(
+            "INSERT INTO actions (action_id, run_id, agent_id, loop_index, action_index, tool, input, fingerprint,"
+            " phase, rerunnable, policy, result, boot_id, created_at, updated_at, finished_at)"
+            " VALUES (?, ?, 'writer', 0, 0, 'preview.validate', '{}', 'f', 'ok', 0, 'auto', ?, 'b', ?, ?, ?)",
+            (action_id, run_id, json.dumps({"output": {"passed": True, "revision": revision}}), time.time(),
+             time.time(), time.time()),
+        )
+
+
+def test_a_preview_speaks_for_the_revision_it_saw_on_every_node(partitions: Any) -> None:
+    """The preview gate (V1.1 §3) on a cluster: a preview passed on revision 1 stops
+    counting once another node writes revision 2 to the same root."""
+    a, b = partitions("node-a", "/srv/game"), partitions("node-b", "/srv/game")
+    revision_store.record(a, {"action_id": "a1", "run_id": "run-a", "tool": "fs.write"})
+    _preview(a, "a-preview", "run-a", 1)
+    assert preview_gate.missing_reason(a, "run-a") is None
+    revision_store.record(b, {"action_id": "b1", "run_id": "run-b", "tool": "fs.write"})
+    reason = preview_gate.missing_reason(a, "run-a")
+    assert reason is not None and "revision 2" in reason

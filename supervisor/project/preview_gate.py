@@ -4,11 +4,16 @@ the project's latest change (its current revision), beside the verification gate
 
 The browser check itself runs in the agent (actors/tools/preview.py); its receipt
 is an ordinary action row, so the gate reads ``actions``: a passed check is one
-that ended ``ok``, and "after the change" compares the supervisor's own clock on
-both rows (the revision's ``created_at``, the action's ``finished_at``).
+that ended ``ok``, and it speaks for the revision it read before and after its
+check (its output's ``revision``; a revision that moved meanwhile fails the check).
+"After the latest change" is that revision being the current one: the project's,
+which a cluster's nodes share (revision_store.py), so a change another node made
+after the check voids it too, where comparing this ledger's clocks would not.
 """
 
 from __future__ import annotations
+
+import json
 
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.project import revision_store
@@ -20,14 +25,23 @@ def missing_reason(ledger: Ledger, root_run_id: str) -> str | None:
     """Why the run may not finalize for want of a passed preview, or None."""
     if revision_store.last_change_in_tree(ledger, root_run_id) is None:
         return None
-    latest = ledger.one("SELECT revision, created_at FROM project_revisions ORDER BY revision DESC LIMIT 1")
-    if latest is None:
+    current = revision_store.current(ledger)
+    for row in ledger.all("SELECT result FROM actions WHERE tool = ? AND phase = 'ok'", PREVIEW_TOOL):
+        if _checked_revision(row["result"]) == current:
+            return None
+    return f"sources changed at revision {current}; run preview.validate (a passing check is required)"
+
+
+def _checked_revision(result: str | None) -> int | None:
+    """The revision a passed check saw, from its stored result (None: none readable)."""
+    try:
+        output = json.loads(result or "").get("output")
+    except (ValueError, AttributeError):
         return None
-    passed = ledger.one("SELECT 1 AS found FROM actions WHERE tool = ? AND phase = 'ok' AND finished_at >= ?"
-                        " LIMIT 1", PREVIEW_TOOL, latest["created_at"])
-    if passed is not None:
+    if not isinstance(output, dict) or output.get("passed") is not True:
         return None
-    return f"sources changed at revision {latest['revision']}; run preview.validate (a passing check is required)"
+    revision = output.get("revision")
+    return revision if isinstance(revision, int) and not isinstance(revision, bool) else None
 
 
 def final_blockers(ledger: Ledger, run_id: str) -> list[str]:
