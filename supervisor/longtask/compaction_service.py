@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from corral.mailbox.protocol import Compacted, ContextCompacted
-from corral.mailbox.steps import CompactStep, ProviderStep
+from corral.mailbox.steps import CompactStep, DoneStep, ProviderStep
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.longtask import compaction, compaction_memo
@@ -68,6 +68,15 @@ def _surely_within(ledger: Ledger, run_id: str, limits: dict[str, Any]) -> bool:
             and (not tool_output or int(row["widest"]) * _MAX_TOKENS_PER_CHAR <= tool_output))
 
 
+def over_limit_reason(tokens: int, limit: int) -> str:
+    """Why a turn still over the auto limit with nothing left to fold is not sent (seed
+    004 V1.21: "重建后仍超阈值或没有新的可压缩 prefix 时失败关闭并给出配置/新 Session 建议")."""
+    return (f"context over its limit: the next request is estimated at {tokens} tokens, past"
+            f" auto_compact_token_limit {limit}, and only the newest {compaction.KEEP_RECENT} observations"
+            " (never folded) follow the last summary; not sent. Raise the agent's auto_compact_token_limit"
+            " (and context_window), lower tool_output_token_limit, or start a new run")
+
+
 def _compact_step(step: ProviderStep, todo: dict[str, Any]) -> CompactStep:
     return CompactStep(loop=step.loop, from_seq=todo["from_seq"], to_seq=todo["to_seq"], entries=todo["entries"],
                        tokens_before=todo["tokens_before"])
@@ -84,7 +93,14 @@ class CompactionService:
         #: restart starts empty and reads each run once): compaction_memo.py.
         self._memos: dict[str, compaction_memo.RunMemo] = {}
 
-    async def shape_provider_step(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
+    def _fail_closed(self, run_id: str, tokens: int, limit: int) -> DoneStep:
+        """The run fails rather than send a request known to be over its limit."""
+        self.forget(run_id)
+        run_store.set_run_status(self.ledger, run_id, RunStatus.FAILED, self.runs.features,
+                                 over_limit_reason(tokens, limit))
+        return DoneStep(status=RunStatus.FAILED.value)
+
+    async def shape_provider_step(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep | DoneStep:
         """The provider's view of the run, or first a compaction when it is too long."""
         ledger = self.ledger
         limits = _limits(ledger, run_id)
@@ -115,20 +131,25 @@ class CompactionService:
         memo.extend_shown(by_model)
         count = memo.count(by_model)
         auto = limits.get("auto_compact")
-        if auto and memo.tokens(count) > auto:
+        tokens = memo.tokens(count)
+        if auto and tokens > auto:
             todo = compaction.plan(memo.observations, previous, limits, count=count)
-            if todo is not None:
-                return _compact_step(step, todo)
+            if todo is None:
+                return self._fail_closed(run_id, tokens, int(auto))
+            return _compact_step(step, todo)
         return msgspec.structs.replace(step, history=memo.view())
 
     async def _shape_afresh(self, run_id: str, step: ProviderStep, limits: dict[str, Any],
-                            previous: dict[str, Any] | None) -> ProviderStep | CompactStep:
+                            previous: dict[str, Any] | None) -> ProviderStep | CompactStep | DoneStep:
         observations = _observations(self.ledger, run_id)
         count = await self._counter(run_id, observations, previous)
         todo = compaction.plan(observations, previous, limits, requested=True, count=count)
         if todo is not None:
             return _compact_step(step, todo)
         view = compaction.view(observations, previous, limits.get("tool_output"), count)
+        tokens, auto = sum(count(entry) for entry in view), limits.get("auto_compact")
+        if auto and tokens > auto:
+            return self._fail_closed(run_id, tokens, int(auto))
         return msgspec.structs.replace(step, history=view)
 
     def forget(self, run_id: str) -> None:
@@ -257,7 +278,7 @@ class CompactionFeature(RunFeature):
     def __init__(self, service: CompactionService) -> None:
         self.service = service
 
-    async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
+    async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep | DoneStep:
         return await self.service.shape_provider_step(run_id, step)
 
     def show(self, run_id: str) -> Mapping[str, Any]:

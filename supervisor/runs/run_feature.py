@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from corral.mailbox.protocol import ActionPrepare, ClaimedRun
-    from corral.mailbox.steps import CompactStep, ParkStep, ProviderStep
+    from corral.mailbox.steps import CompactStep, DoneStep, ParkStep, ProviderStep
     from corral.supervisor.ledger.port import Ledger
     from corral.supervisor.runs.recovery import RecoveryReport
     from corral.supervisor.runs.run_state import RunStatus
@@ -98,8 +98,9 @@ class RunFeature:
         pausing): a reason, or None. A lost turn with a reason is interrupted."""
         return None
 
-    async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep:
-        """Shapes a provider step: its view of the history, or a compaction first."""
+    async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep | DoneStep:
+        """Shapes a provider step: its view of the history, or a compaction first (or
+        the run's end, when it failed closed: a request known to be over its limit)."""
         return step
 
     def plan_guard(self, run: Any, loop: int, plan: dict[str, Any]) -> str | PlanRefusal | None:
@@ -207,7 +208,7 @@ ClaimHook = Callable[["ClaimedRun"], Awaitable[None]]
 BoundaryCheck = Callable[["Ledger", str], None]
 LoopBlocker = Callable[["Ledger", str], "ParkStep | None"]
 RunCheck = Callable[["Ledger", str], "str | None"]
-ProviderShaper = Callable[[str, "ProviderStep"], Awaitable["ProviderStep | CompactStep"]]
+ProviderShaper = Callable[[str, "ProviderStep"], Awaitable["ProviderStep | CompactStep | DoneStep"]]
 PlanGuard = Callable[[Any, int, dict[str, Any]], "str | PlanRefusal | None"]
 PlanCommitting = Callable[["Ledger", str, int, dict[str, Any]], "PlanRefusal | None"]
 PrepareRoute = Callable[["ActorSlot", "ActionPrepare"], Any]

@@ -21,6 +21,7 @@ from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_output import output_of
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import create_run, get_run, set_run_status
+from corral.supervisor.spec.spec_models import DEFAULT_AUTO_COMPACT, DEFAULT_CONTEXT_WINDOW, DEFAULT_TOOL_OUTPUT
 from corral.supervisor.spec.swarm_spec import SwarmSpec
 from corral.supervisor.swarm.swarm_decisions import parent_view, plan_spawn
 from corral.supervisor.swarm.swarm_state import delegation_id_for, group_id_for, instance_id_for, sha
@@ -32,6 +33,10 @@ from corral.supervisor.swarm.work_contract import (
     revision,
     task_text,
 )
+
+#: The spec's token limits when an agent sets none (spec_models.AgentOptions.context_limits).
+_DEFAULT_CONTEXT = {"window": DEFAULT_CONTEXT_WINDOW, "auto_compact": DEFAULT_AUTO_COMPACT,
+                    "tool_output": DEFAULT_TOOL_OUTPUT}
 
 
 def spawn_group(
@@ -93,6 +98,10 @@ def spawn_group(
                     "policy": {**spec.policy, **template_spec.policy},
                     "effects_file": options.get("effects_file"),
                     "limits": options.get("limits", {}),
+                    # A template sets no token limits: its child keeps its parent's (the spec's
+                    # defaults for a parent from before them), so its turns compact and fail
+                    # closed as every run's do (seed 004 V1.21).
+                    "context": options.get("context") or _DEFAULT_CONTEXT,
                     "template": template_spec.id,
                     **template_spec.definition_options(),  # its template's instructions, not the parent's
                 },

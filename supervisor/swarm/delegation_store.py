@@ -117,6 +117,8 @@ def delegate(
                    "retry_base_s": target_spec.retry_base_s, "retry_cap_s": target_spec.retry_cap_s},
         # Whether its receipt is evidence-ready only after a passed project.verify.
         "require_verification": project_settings(spec.raw).verification_required,
+        # The specialist's own token limits (seed 004 V1.21): its turns compact and fail closed.
+        "context": target_spec.context_limits(),
         **target_spec.definition_options(),  # the specialist's own instructions
     }
     run_id = f"run-{delegation_id[4:16]}"
