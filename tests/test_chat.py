@@ -266,3 +266,43 @@ def test_the_turn_report_waits_for_children_and_receipts_and_names_reconciliatio
     jsonschema.Draft202012Validator(SCHEMA).validate(stuck.report)
     with pytest.raises(jsonschema.ValidationError):  # the schema admits nothing else (no text, no path)
         jsonschema.Draft202012Validator(SCHEMA).validate({**stuck.report, "reply": "ok"})
+
+
+PLAN_SPEC = """
+name = "chat"
+[project]
+root = "ws"
+[[agents]]
+id = "project-supervisor"
+  [[agents.steps]]
+  actions = [{ tool = "fs.list", input = { path = "." } }]
+  planUpdate = { explanation = "zq-internal why", steps = [
+    { step = "survey", status = "completed" }, { step = "write the draft", status = "in_progress" },
+    { step = "check it", status = "pending" }] }
+  [[agents.steps]]
+  final = "all done"
+  planUpdate = { explanation = "zq-internal done", steps = [
+    { step = "write the draft", status = "completed" }, { step = "check it", status = "completed" }] }
+"""
+
+
+def test_the_chat_shows_a_compact_plan_summary_and_nothing_internal(short_tmp: Path) -> None:
+    """Seed 004 V1.17: "正式用户的 Project Supervisor 聊天只展示紧凑摘要：已完成数/总数、当前步骤、等待对象、
+    下一步和当前专业 Agent 协作数量。不得展示 planRevision、内部 explanation、完整步骤列表"."""
+    (short_tmp / "ws").mkdir()
+    with running(short_tmp / "home", PLAN_SPEC) as daemon:
+        result = subprocess.run(
+            [sys.executable, "-m", "corral", "--home", str(daemon.home), "chat", "--json"],
+            input="write the notes\n", capture_output=True, text=True, timeout=TIMEOUT, check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    plans = [event for event in events if event["event"] == "plan"]
+    assert [(p["completed"], p["total"]) for p in plans] == [(1, 3), (3, 3)], plans
+    # The step by its title, or by its number when the plan moved on before the chat read it.
+    assert (plans[0]["current"], plans[0]["next"]) in (("write the draft", "check it"), ("step 2", "step 3"))
+    assert plans[1]["current"] is None and plans[1]["next"] is None
+    assert plans[0]["text"] == (f"  [plan: 1/3 completed; now: {plans[0]['current']}; next: {plans[0]['next']};"
+                                " specialists: 0]")
+    assert "zq-internal" not in result.stdout and "revision" not in json.dumps(plans), "no explanation, no revision"
+    assert "survey" not in json.dumps(plans), "no full step list"

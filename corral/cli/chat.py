@@ -56,6 +56,8 @@ _SHOWN = {
     "reply-delta",
     "reply-stream-restart",
     "steer-applied",
+    # The plan's compact summary (seed 004 V1.17), read from show when it changes.
+    "plan-updated",
     # The swarm under a turn: delegations, their receipts, children, joins and claims.
     "delegated",
     "delegation-receipt",
@@ -170,6 +172,8 @@ class Chat:
             self.out("tool-start", f"  > {data.get('tool', '?')}  ({subject})", action=subject, tool=data.get("tool"))
         elif kind in ("action-ok", "action-failed", "action-denied"):
             self.out("tool-end", f"  < {kind[7:]}  ({subject})", action=subject, outcome=kind[7:])
+        elif kind == "plan-updated":
+            self.show_plan(subject, data)
         elif kind == "steer-applied":
             self.out("steer-applied", f"  [steer applied: {data.get('steer')}]", run=subject)
         elif kind in ("delegated", "delegation-receipt", "group-spawned", "child-finished", "claim-committed"):
@@ -180,6 +184,33 @@ class Chat:
             self.show_question(subject)
         elif kind.startswith("run-"):
             self.show_end(subject, kind[4:])
+
+    def show_plan(self, run_id: str, data: dict[str, Any]) -> None:
+        """The plan's compact summary (seed 004 V1.17: "已完成数/总数、当前步骤、等待对象、下一步和
+        当前专业 Agent 协作数量"), from the event's counts: never its revision, its
+        explanation or the full list. A step is named by its title when the plan read
+        now is still the event's revision, else by its number."""
+        shown = self.client.show(run_id).raw
+        plan = shown.get("plan") or {}
+        steps = plan.get("steps") or [] if plan.get("revision") == data.get("revision") else []
+
+        def named(number: Any) -> str | None:
+            if not isinstance(number, int):
+                return None
+            return str(steps[number - 1]["step"]) if 0 < number <= len(steps) else f"step {number}"
+
+        current, upcoming = named(data.get("active")), named(data.get("next"))
+        waiting = {"waiting-confirmation": "your approval", "needs-input": "your answer"}.get(
+            str(shown.get("run", {}).get("status")))
+        delegations = (shown.get("swarm") or {}).get("delegations") or []
+        specialists = len({d.get("target_agent") for d in delegations if d.get("status") != "terminal"})
+        parts = [f"{data.get('completed')}/{data.get('steps')} completed"]
+        parts += [f"now: {current}"] if current else []
+        parts += [f"waiting for {waiting}"] if waiting else []
+        parts += [f"next: {upcoming}"] if upcoming else []
+        parts.append(f"specialists: {specialists}")
+        self.out("plan", f"  [plan: {'; '.join(parts)}]", run=run_id, completed=data.get("completed"),
+                 total=data.get("steps"), current=current, next=upcoming, waiting=waiting, specialists=specialists)
 
     def show_swarm(self, kind: str, subject: str, data: dict[str, Any]) -> None:
         """A delegation, its receipt, a group of children, a child's end or a claim:

@@ -161,7 +161,12 @@ def apply(ledger: Ledger, run_id: str, loop: int, explanation: Any, changes: Any
             (action_id, run_id, revision, json.dumps(result), now),
         )
         if not same:
-            ledger.event("plan-updated", run_id, revision=revision, unfinished=len(result["unfinished"]))
+            # Counts and step numbers only: the public record keeps no title (V1.17).
+            upcoming = next((n for n, step in enumerate(steps, 1) if step["status"] == StepStatus.PENDING), None)
+            active = result["active_index"]
+            ledger.event("plan-updated", run_id, revision=revision, unfinished=len(result["unfinished"]),
+                         steps=len(steps), completed=len(steps) - len(result["unfinished"]),
+                         active=None if active is None else active + 1, next=upcoming)
         add_observation(ledger, run_id, action_id, loop, {"role": "plan", **result})
     return result
 
