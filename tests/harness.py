@@ -386,3 +386,20 @@ def drive_to_end(daemon: Daemon, run_id: str, effects_path: Path, timeout: float
         cursor = daemon.call("events", timeout=remaining + 5, since=cursor, wait_ms=int(min(remaining, 2) * 1000))[
             "cursor"
         ]
+
+
+def retry_due_while_down(daemon: Daemon, run_id: str) -> None:
+    """The clock passes the run's pending provider retry_at while its supervisor is
+    down (killed here): the stored retry_at becomes a moment already past, and
+    nothing else changes. A test of what happens once a retry falls due uses this
+    rather than sleep out a real backoff; the next ``up`` finds the retry due."""
+    import sqlite3
+
+    daemon.kill_supervisor()
+    with contextlib.closing(sqlite3.connect(daemon.home / "ledger.db")) as db, db:
+        moved = db.execute(
+            "UPDATE provider_requests SET retry_at = ? WHERE rowid = (SELECT MAX(rowid) FROM provider_requests"
+            " WHERE run_id = ? AND status = 'failed' AND retry_at > ?)",
+            (time.time() - 1, run_id, time.time()),
+        ).rowcount
+    assert moved == 1, f"run {run_id} has no pending provider retry"

@@ -13,7 +13,7 @@ import pytest
 from fake_openai import FakeOpenAIServer, Reply, completion
 from fault_proxy import Fault, FaultProxy
 from loopback_http import serve_in_thread
-from tests.harness import Daemon, ledger_rows, wait_run, wait_supervisor_gone
+from tests.harness import Daemon, ledger_rows, retry_due_while_down, wait_run, wait_supervisor_gone
 
 DECOY_KEY = "sk-decoyKEY0123456789abcdefghijkl"
 
@@ -61,7 +61,8 @@ def test_supervisor_killed_during_backoff_keeps_attempt_and_retry_at(short_tmp: 
         proxy = FaultProxy(upstream, {1: Fault.drop()})
         with serve_in_thread(proxy) as url:
             # retry_at is an hour away: it never fires by itself during the test, so the
-            # SIGKILL and the restart race no timer; `resume` wakes the retry.
+            # SIGKILL and the restart race no timer; the clock then passes it while the
+            # supervisor is down (`resume` never sends a retry early).
             spec = openai_spec(short_tmp, url, retry_base_s=3600, retry_cap_s=86_400)
             daemon = Daemon(short_tmp / "h", spec, env={"OPENAI_API_KEY": DECOY_KEY})
             try:
@@ -77,14 +78,18 @@ def test_supervisor_killed_during_backoff_keeps_attempt_and_retry_at(short_tmp: 
                 after = daemon.call("pending")["provider_retries"]
                 assert after == before, "a restart never resets attempt or retry_at"
                 assert len(proxy.requests) == 1, "never sent before retry_at, across the restart"
-                woken_at = time.time()
-                daemon.call("resume", run_id=run_id)  # the explicit wake: the retry is due now
+                assert daemon.call("resume", run_id=run_id)["status"] == "waiting-for-provider-retry"
+                assert len(proxy.requests) == 1, "resume never sends a retry before its retry_at"
+                retry_due_while_down(daemon, run_id)
+                (due,) = ledger_rows(daemon.home, "SELECT retry_at FROM provider_requests WHERE slot = ?",
+                                     f"{run_id}:0")
+                daemon.up()
                 shown = wait_run(daemon, run_id, {"completed", "failed"})
                 assert shown["run"]["status"] == "completed"
                 assert shown["final_reply"] == "all done"
                 records = proxy.requests
                 assert len(records) == 2
-                assert records[1].arrived_wall >= woken_at, "sent once woken, not before"
+                assert records[1].arrived_wall >= due["retry_at"], "sent once due, not before"
                 assert len(server.requests) == 1, "the dropped request never reached the server"
                 assert [(r["slot"], r["attempt"], r["status"]) for r in shown["provider_requests"]] == [
                     (f"{run_id}:0", 0, "failed"),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import corral
-from tests.harness import Daemon, cli, ledger_rows, show, wait_run
+from tests.harness import Daemon, cli, ledger_rows, retry_due_while_down, show, wait_run
 from tests.userpkg import write_entry_point, write_package
 
 
@@ -44,7 +44,8 @@ def test_transient_errors_get_the_durable_retry_across_a_supervisor_sigkill(shor
     write_package(short_tmp)
     calls = short_tmp / "calls"  # outside the ledger: how often complete() really ran
     # Every retry_at is an hour away: no retry fires by itself while the test runs, so
-    # the SIGKILL and the restart never race a timer; `resume` wakes each retry.
+    # the SIGKILL and the restart never race a timer; the clock passes each retry_at
+    # while the supervisor is down (`resume` never sends a retry early).
     config = f'fail_first = 2, calls_file = "{calls}"'
     spec = _spec(short_tmp, "userpkg.llm:EchoLLM", config, retry_base_s=3600, retry_cap_s=86_400)
     daemon = Daemon(short_tmp / "h", spec)
@@ -61,10 +62,12 @@ def test_transient_errors_get_the_durable_retry_across_a_supervisor_sigkill(shor
         assert show(daemon, run_id)["run"]["status"] == "waiting-for-provider-retry"
         assert calls.read_text() == "1", "no retry before its retry_at, across the restart"
 
-        daemon.call("resume", run_id=run_id)  # the explicit wake: this retry is due now
+        retry_due_while_down(daemon, run_id)
+        daemon.up()
         wait_run(daemon, run_id, {"waiting-for-provider-retry"})  # its second transient failure
         assert calls.read_text() == "2"
-        daemon.call("resume", run_id=run_id)
+        retry_due_while_down(daemon, run_id)
+        daemon.up()
         shown = wait_run(daemon, run_id, {"completed", "failed"}, timeout=90)
         assert shown["run"]["status"] == "completed"
         assert shown["final_reply"] == "echo: flaky"

@@ -32,7 +32,7 @@ from typing import Any
 from corral.core.redact import redact_text
 from corral.supervisor.errors import BadRequest, Conflict
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.runs import action_store, run_store
+from corral.supervisor.runs import action_store, provider_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
@@ -136,6 +136,10 @@ def record_steer(
             # the steer is that person's word, so the run moves again (a paused
             # goal parks it again at its next boundary, with no provider call).
             run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, features, "steered")
+        if status is RunStatus.WAITING_FOR_PROVIDER_RETRY:
+            # The retry was for a request the steer makes stale: dropped now, the run
+            # plans again with the steer in a new loop (V1.39), not after the backoff.
+            provider_store.drop_retry(ledger, run_id, "steer", features)
     ledger.failpoint("steer.after-record")
     return {"steer_id": steer_id, "run_id": run_id, "status": status.value}
 

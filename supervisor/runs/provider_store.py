@@ -266,22 +266,35 @@ def interrupt_provider_request(ledger: Ledger, slot: str, run_id: str, idempoten
     return False
 
 
-def retry_provider_now(ledger: Ledger, run_id: str, features: RunFeatures) -> bool:
-    """An explicit wake of a run parked for a provider retry (``corral resume``): its
-    retry is due now rather than at the stored ``retry_at``. False (nothing changes)
-    when the run does not wait for one. Attempts still count against
-    ``max_provider_retries``."""
+def drop_retry(ledger: Ledger, run_id: str, why: str, features: RunFeatures) -> bool:
+    """A run waiting for its provider retry gives the retry up at once (seed 004
+    V1.39: "有效 steer 会删除旧 sidecar"; "steer 使用同一 run 的新 cursor 重新规划，不复用旧
+    attempt"): the pending retry is superseded (``retry-superseded``, naming ``why``)
+    and the run runs again, so its next boundary applies what superseded it (the
+    steer, in a new loop) instead of waiting out the backoff. False (nothing
+    changes) when the run waits for no retry. Inside the caller's transaction when
+    it has one."""
     with ledger.tx() as db:
         if RunStatus(get_run(ledger, run_id)["status"]) is not RunStatus.WAITING_FOR_PROVIDER_RETRY:
             return False
-        now = _now()
-        db.execute(
-            "UPDATE provider_requests SET retry_at = ? WHERE run_id = ? AND status = 'failed' AND retry_at > ?",
-            (now, run_id, now),
-        )
-        ledger.emit("provider-retry-woken", run_id)
-        set_run_status(ledger, run_id, RunStatus.RUNNING, features, "provider retry woken by resume")
+        row = db.execute(
+            "SELECT slot FROM provider_requests WHERE run_id = ? AND status = 'failed' AND retry_at IS NOT NULL"
+            " ORDER BY rowid DESC LIMIT 1",
+            (run_id,),
+        ).fetchone()
+        _supersede(ledger, db, run_id, row["slot"] if row is not None else None, (why,))
+        set_run_status(ledger, run_id, RunStatus.RUNNING, features, f"provider retry superseded: {why}")
     return True
+
+
+def _supersede(ledger: Ledger, db: Any, run_id: str, slot: str | None, changed: tuple[str, ...]) -> None:
+    """The retry of ``slot`` will never be sent: its retry_at is cleared and the
+    audit names only what changed (field names, never their values)."""
+    db.execute(
+        "UPDATE provider_requests SET retry_at = NULL WHERE run_id = ? AND status = 'failed' AND retry_at IS NOT NULL",
+        (run_id,),
+    )
+    ledger.emit("retry-superseded", run_id, slot=slot or "", changed=list(changed))
 
 
 def due_retries(ledger: Ledger) -> list[tuple[str, float]]:

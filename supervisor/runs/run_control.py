@@ -10,7 +10,7 @@ from typing import Any
 from corral.supervisor.errors import BadRequest, Refused
 from corral.supervisor.ledger.port import RunIdTaken
 from corral.supervisor.params import param_text
-from corral.supervisor.runs import action_store, provider_store, resolutions, run_store
+from corral.supervisor.runs import action_store, resolutions, run_store
 from corral.supervisor.runs.run_core import RunCore, _str
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.spec.swarm_spec import AgentSpec
@@ -146,9 +146,9 @@ class RunControlMethods(RunCore):
 
     async def resume(self, params: dict[str, Any]) -> dict[str, Any]:
         run_id = _str(params, "run_id")
-        # A run parked for a provider retry is woken now (the explicit wake an
-        # operator, or a test, uses instead of waiting for retry_at).
-        provider_store.retry_provider_now(self.ledger, run_id, self.features)
+        # A run parked for a provider retry stays parked: its retry is sent at its
+        # stored retry_at and never before (seed 004 V1.39: "重复 resume 或到期通知不能
+        # 制造第二个物理请求"); the retry timer wakes it.
         resolutions.reopen_run(self.ledger, run_id, self.features)
         await self.wake_run(run_id)
         return {"status": run_store.get_run(self.ledger, run_id)["status"]}

@@ -183,13 +183,19 @@ def set_run_status(
 
 
 def claim_run(ledger: Ledger, agent_id: str, features: RunFeatures) -> sqlite3.Row | None:
-    """The agent's lane: the oldest run it should work on now, moved to running."""
+    """The agent's lane: the oldest run it should work on now, moved to running.
+
+    A run waiting for its provider retry gives the lane up (other agents run on) but
+    keeps its place in its own agent's queue (seed 004 V1.39: "同 Agent 后续 pending
+    task 仍被该 running task 阻挡，保持 FIFO"): no pending run of that agent starts
+    before it ends."""
     row = ledger.one(
-        "SELECT * FROM runs WHERE agent_id = ? AND status IN ('running', 'pending')"
-        " ORDER BY CASE status WHEN 'running' THEN 0 ELSE 1 END, created_at LIMIT 1",
+        "SELECT * FROM runs WHERE agent_id = ? AND status IN ('running', 'pending', 'waiting-for-provider-retry')"
+        " ORDER BY CASE status WHEN 'running' THEN 0 WHEN 'waiting-for-provider-retry' THEN 1 ELSE 2 END,"
+        " created_at LIMIT 1",
         agent_id,
     )
-    if row is None:
+    if row is None or row["status"] == RunStatus.WAITING_FOR_PROVIDER_RETRY:
         return None
     if row["status"] == RunStatus.PENDING:
         set_run_status(ledger, row["run_id"], RunStatus.RUNNING, features)

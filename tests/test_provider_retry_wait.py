@@ -1,0 +1,165 @@
+"""A run waiting for its provider retry (seed 004 V1.39, V1.40), live: real
+supervisors, agents and an OpenAI-compatible server behind a fault proxy.
+
+- It holds its own agent's queue (FIFO per agent) and no other agent's.
+- A steer drops the pending retry at once: the run plans again with the steer.
+- ``corral resume`` never sends a retry before its ``retry_at``.
+
+A retry_at is an hour away in each of these tests, so no timer fires by itself
+while they run; where the retry must fall due, the clock passes ``retry_at`` while
+the supervisor is down (``retry_due_while_down``), never a sleep.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fake_openai import FakeOpenAIServer, Reply, completion
+from fault_proxy import Fault, FaultProxy
+from loopback_http import serve_in_thread
+from tests.harness import Daemon, ledger_rows, retry_due_while_down, show, wait_run
+
+KEY = "sk-decoyKEY0123456789abcdefghijkl"
+
+
+def _spec(tmp: Path, url: str, agents: tuple[str, ...] = ("llm",)) -> Path:
+    (tmp / "ws").mkdir(exist_ok=True)
+    blocks = "".join(
+        f"""
+[[agents]]
+id = "{agent}"
+provider = "openai"
+retry_base_s = 3600
+retry_cap_s = 86400
+[agents.openai]
+base_url = "{url}"
+model = "fake-model"
+timeout_s = 5
+structured = "tools"
+"""
+        for agent in agents
+    )
+    spec = tmp / "spec.toml"
+    spec.write_text(f'[project]\nroot = "ws"\n{blocks}')
+    return spec
+
+
+def _answer(body: bytes) -> Reply:
+    """A model that names the task it was given (its request says which run it is)."""
+    for task in ("first task", "second task", "other task"):
+        if task.encode() in body:
+            return Reply(body=completion(f"done: {task}"))
+    return Reply(body=completion("done: ?"))
+
+
+def _tasks(server: FakeOpenAIServer) -> list[str]:
+    """Which run each request the server got was for, in arrival order."""
+    named = []
+    for record in server.requests:
+        assert record.body is not None
+        named.append(next((t for t in ("first", "second", "other") if f"{t} task".encode() in record.body), "?"))
+    return named
+
+
+def test_a_run_waiting_for_its_retry_holds_its_agents_queue_and_no_other(short_tmp: Path) -> None:
+    # "waiting-for-provider-retry 释放当前执行 lane，因此其它 Agent 可继续并行；同 Agent 后续
+    # pending task 仍被该 running task 阻挡，保持 FIFO"
+    server = FakeOpenAIServer(default=None, keep_bodies=True)
+    server.add(*[_answer] * 3)
+    with serve_in_thread(server) as upstream:
+        proxy = FaultProxy(upstream, {1: Fault.drop()})
+        with serve_in_thread(proxy) as url:
+            daemon = Daemon(short_tmp / "h", _spec(short_tmp, url, ("llm", "other")), env={"OPENAI_API_KEY": KEY})
+            try:
+                daemon.up()
+                first = daemon.call("run", agent_id="llm", task="first task")["run_id"]
+                wait_run(daemon, first, {"waiting-for-provider-retry"})
+                second = daemon.call("run", agent_id="llm", task="second task")["run_id"]
+                other = daemon.call("run", agent_id="other", task="other task")["run_id"]
+                # Another agent runs while the first run waits: its lane was given up.
+                assert wait_run(daemon, other, {"completed", "failed"})["run"]["status"] == "completed"
+                assert show(daemon, first)["run"]["status"] == "waiting-for-provider-retry"
+                # The same agent's later run waits behind it, whatever the agent was told.
+                daemon.call("wake_pending")
+                assert show(daemon, second)["run"]["status"] == "pending"
+                assert _tasks(server) == ["other"]
+
+                retry_due_while_down(daemon, first)
+                daemon.up()
+                done = wait_run(daemon, second, {"completed", "failed"})
+                assert done["run"]["status"] == "completed"
+                assert done["final_reply"] == "done: second task"
+                shown = show(daemon, first)
+                assert shown["final_reply"] == "done: first task"
+                assert [(r["slot"], r["status"]) for r in shown["provider_requests"]] == [
+                    (f"{first}:0", "failed"),
+                    (f"{first}:0-transient-1", "completed"),
+                ]
+                # FIFO: the first run's retry and its end came before the second run's request.
+                assert _tasks(server) == ["other", "first", "second"]
+                (ended,) = ledger_rows(daemon.home, "SELECT ended_at FROM runs WHERE run_id = ?", first)
+                (began,) = ledger_rows(
+                    daemon.home, "SELECT MIN(started_at) AS at FROM provider_requests WHERE run_id = ?", second
+                )
+                assert began["at"] >= ended["ended_at"]
+            finally:
+                daemon.shutdown()
+
+
+def test_a_steer_drops_the_pending_retry_and_the_run_plans_again_at_once(short_tmp: Path) -> None:
+    # "cancel、终态、重试耗尽和有效 steer 会删除旧 sidecar；steer 使用同一 run 的新 cursor 重新规划，
+    # 不复用旧 attempt"
+    server = FakeOpenAIServer(
+        [lambda body: Reply(body=completion("steered" if b"answer in French" in body else "not steered"))],
+        keep_bodies=True,
+    )
+    with serve_in_thread(server) as upstream:
+        proxy = FaultProxy(upstream, {1: Fault.drop()})
+        with serve_in_thread(proxy) as url:
+            daemon = Daemon(short_tmp / "h", _spec(short_tmp, url), env={"OPENAI_API_KEY": KEY})
+            try:
+                daemon.up()
+                run_id = daemon.call("run", agent_id="llm", task="first task")["run_id"]
+                wait_run(daemon, run_id, {"waiting-for-provider-retry"})
+                assert daemon.call("pending")["provider_retries"][0]["retry_at"] > time.time() + 3000
+                daemon.call("steer", run_id=run_id, text="answer in French")
+                # Not an hour later: at once, in a new loop, a new request (attempt 0).
+                shown = wait_run(daemon, run_id, {"completed", "failed"})
+                assert shown["run"]["status"] == "completed"
+                assert shown["final_reply"] == "steered"
+                assert [(r["slot"], r["attempt"], r["status"]) for r in shown["provider_requests"]] == [
+                    (f"{run_id}:0", 0, "failed"),
+                    (f"{run_id}:1", 0, "completed"),
+                ]
+                assert daemon.call("pending")["provider_retries"] == []
+                superseded = [e for e in daemon.events() if e["kind"] == "retry-superseded"]
+                assert [(e["subject"], e["data"]["slot"], e["data"]["changed"]) for e in superseded] == [
+                    (run_id, f"{run_id}:0", ["steer"])
+                ]
+                assert len(proxy.requests) == 2 and len(server.requests) == 1
+            finally:
+                daemon.shutdown()
+
+
+def test_resume_never_sends_a_retry_before_its_retry_at(short_tmp: Path) -> None:
+    # "重启不得清零 attempt，也不得因进程启动提前发送 ... 重复 resume 或到期通知不能制造第二个物理请求"
+    server = FakeOpenAIServer([Reply(body=completion("all done"))])
+    with serve_in_thread(server) as upstream:
+        proxy = FaultProxy(upstream, {1: Fault.drop()})
+        with serve_in_thread(proxy) as url:
+            daemon = Daemon(short_tmp / "h", _spec(short_tmp, url), env={"OPENAI_API_KEY": KEY})
+            try:
+                daemon.up()
+                run_id = daemon.call("run", agent_id="llm", task="first task")["run_id"]
+                wait_run(daemon, run_id, {"waiting-for-provider-retry"})
+                before = daemon.call("pending")["provider_retries"]
+                for _ in range(2):
+                    assert daemon.call("resume", run_id=run_id)["status"] == "waiting-for-provider-retry"
+                assert daemon.call("pending")["provider_retries"] == before
+                assert show(daemon, run_id)["run"]["status"] == "waiting-for-provider-retry"
+                kinds = [e["kind"] for e in daemon.events()]
+                assert "provider-request-started" in kinds and kinds.count("provider-request-started") == 1
+                assert len(proxy.requests) == 1
+            finally:
+                daemon.shutdown()
