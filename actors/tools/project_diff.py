@@ -13,8 +13,9 @@ are read as fs.read reads them (confined after resolution, no symlink followed, 
 secret under another name: a refused file is shown as ``hidden``), both sides go
 through the one redaction path and the one path scrub (seed 004 V1.3: "进入 LLM
 observation 前统一做路径和凭据清洗": the project's root as ``<project>``, any other
-absolute path as ``<absolute-path>``), and the files are hashed again after the diff: a
-change in between fails the call rather than mixing two states.
+absolute path as ``<absolute-path>``), and after the hunks every file the checkpoints
+hold is read again, changed or not: a change in between fails the call rather than
+mixing two states.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing_extensions import TypedDict
 from corral.actors.tools import project_apply as apply
 from corral.actors.tools import project_checkpoints as checkpoints
 from corral.actors.tools.base import ToolContext, ToolError, ToolResult, schema
+from corral.core import failpoints
 from corral.core.path_scrub import scrub_paths
 from corral.core.redact import redact_text
 
@@ -37,6 +39,8 @@ MAX_FILES = 100
 #: The seed's public bound of max_chars (and its default).
 MAX_CHARS = 24_000
 CONTEXT_LINES = 3
+#: Held between the hunks and the second read (a test changes a file there).
+FAILPOINT = "changeset.diff-read"
 
 
 class DiffArgs(TypedDict):
@@ -79,16 +83,21 @@ def checkpoint_for(ctx: ToolContext, cp_id: str | None) -> checkpoints.Checkpoin
     return found
 
 
-def _baseline(ctx: ToolContext, since: checkpoints.Checkpoint) -> dict[str, bytes | None]:
-    """Each path's content at ``since``: its own record, else the first later one."""
-    recorded: dict[str, tuple[checkpoints.Checkpoint, str | None]] = {}
+def _recorded(ctx: ToolContext, since: checkpoints.Checkpoint) -> dict[str, str | None]:
+    """Each path's digest at ``since``: its own record, else the first later one."""
+    recorded: dict[str, str | None] = {}
     taken = checkpoints.of_run(ctx.home, since.run_id)
     later = [c for c in taken if (c.created_ns, c.id) > (since.created_ns, since.id)]
     for checkpoint in [since, *later]:
         for path, digest in checkpoint.files.items():
-            recorded.setdefault(path, (checkpoint, digest))
+            recorded.setdefault(path, digest)
+    return recorded
+
+
+def _baseline(ctx: ToolContext, since: checkpoints.Checkpoint) -> dict[str, bytes | None]:
+    """Each path's content at ``since``."""
     return {path: None if digest is None else checkpoints.blob(ctx.home, digest)
-            for path, (_, digest) in sorted(recorded.items())}
+            for path, digest in sorted(_recorded(ctx, since).items())}
 
 
 def _now(ctx: ToolContext, path: str) -> tuple[bytes | None, bool]:
@@ -164,8 +173,9 @@ class ProjectDiff:
         def work() -> dict[str, Any]:
             since = checkpoint_for(ctx, tool_input.get("since_checkpoint"))
             changed = []
+            read = {}
             for path, before in _baseline(ctx, since).items():
-                now, hidden = _now(ctx, path)
+                now, hidden = read[path] = _now(ctx, path)
                 if hidden or now != before:
                     changed.append(_File(path, before, now, hidden))
             files, budget = [], max_chars
@@ -174,9 +184,13 @@ class ProjectDiff:
                 entry, used = _entry(item, include, budget, roots)
                 budget -= used
                 files.append(entry)
-            for item in changed[:max_files]:  # the same state throughout, or no answer
-                if not item.hidden and _now(ctx, item.path) != (item.now, False):
-                    raise ToolError(f"{item.path} changed while the diff was made; ask again", "concurrent-change")
+            failpoints.hit(FAILPOINT)
+            # The whole path-level diff again, every file the checkpoints hold, changed
+            # or not (seed 004 V1.3: "生成 hunks 后重新计算路径级差异；前后快照不一致时整个结果失败"):
+            # the same state throughout, or no answer.
+            for path in _recorded(ctx, since).keys() | read.keys():
+                if read.get(path) != _now(ctx, path):
+                    raise ToolError(f"{path} changed while the diff was made; ask again", "concurrent-change")
             return {
                 "checkpoint": since.id,
                 "files": files,

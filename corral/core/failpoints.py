@@ -43,6 +43,7 @@ KNOWN: dict[str, str] = {
     "control.bind-any": "supervisor: its control socket is about to bind a loopback port 0 (raise: no ephemeral port"
     " was free, AddrInUse)",
     "git.inspect-read": "agent: a project.git_inspect read its status and diff, the status not yet re-read",
+    "changeset.diff-read": "agent: a project.diff made its hunks, the checkpoints' files not yet read again",
     "agent.after-effect": "agent: side effect done, terminal record not requested",
     "action.before-terminal": "supervisor: an action's outcome is in hand, its terminal phase not yet committed",
     "action.after-terminal": "supervisor: terminal phase committed (its receipt in the same commit)",
