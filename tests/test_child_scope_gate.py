@@ -179,3 +179,45 @@ def test_an_approval_does_not_pass_the_scope_check_at_execution(short_tmp: Path)
         assert not (short_tmp / "ws" / "s" / "out.md").exists()
     finally:
         daemon.shutdown()
+
+
+def _changeset(*paths: str) -> str:
+    changes = ", ".join(f'{{ path = "{path}", operation = "create", content = "x" }}' for path in paths)
+    return f'{{ tool = "project.changeset", input = {{ changes = [{changes}] }} }}'
+
+
+def test_a_child_keeps_its_changeset_inside_its_scopes_and_one_target_outside_refuses_it_whole(
+    short_tmp: Path,
+) -> None:
+    """"项目内容写入只保留 file.write / file.patch / file.delete / project.patchset ... patchset 中任一
+    目标越界时整组修改在 checkpoint、revision 和真实文件写入前失败": a child's changeset inside
+    its scopes is applied; one with a target outside them is denied when prepared, with no
+    checkpoint, no new revision and no file written, and never waits for a person."""
+    (short_tmp / "ws").mkdir()
+    spec = short_tmp / "spec.toml"
+    spec.write_text(
+        _child_spec(f"""  [templates.policy]
+  "project.changeset" = "auto"
+  [[templates.steps]]
+  actions = [{_changeset("s/a.md", "s/b.md")}]
+  [[templates.steps]]
+  actions = [{_changeset("s/c.md", "elsewhere/d.md")}]""")
+    )
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="parent", task="fan out")["run_id"]
+        _child, actions = _child_actions(daemon, run_id, {"waiting-confirmation", "completed", "failed"})
+        assert [(a["tool"], a["phase"]) for a in actions] == [
+            ("project.changeset", "ok"),
+            ("project.changeset", "denied"),
+        ], actions
+        assert "outside this agent's write scopes" in str(actions[1]["error"]), actions
+        assert _asked_a_person(daemon, [a["action_id"] for a in actions]) == []
+        assert sorted(p.name for p in (short_tmp / "ws" / "s").iterdir()) == ["a.md", "b.md"]
+        assert not (short_tmp / "ws" / "elsewhere").exists()
+        # One revision, the applied changeset's: the refused one made none.
+        revisions = ledger_rows(daemon.home, "SELECT action_id FROM project_revisions")
+        assert [r["action_id"] for r in revisions] == [actions[0]["action_id"]], revisions
+    finally:
+        daemon.shutdown()

@@ -18,12 +18,15 @@ from typing import Any
 
 from corral.supervisor.runs.run_store import run_options
 
+#: The file tools and effects, every delegated run's (a specialist's too).
+FILE_TOOLS = ["fs.read", "fs.write", "fs.patch", "fs.list", "effect.record", "effect.barrier"]
 #: The tools of an isolated child's run (its template may narrow them further): the
-#: file tools and effects. No command, verification, commit, delegation, spawn,
-#: restore or MCP tool: a child's writes are checked against its write scopes only
-#: where a tool names the files it writes, and a process it started could write
-#: anywhere in the project root (V1.34).
-CHILD_TOOLS = ["fs.read", "fs.write", "fs.patch", "fs.list", "effect.record", "effect.barrier"]
+#: file tools, effects and the atomic multi-file write (the seed's project.patchset,
+#: each target checked against the scopes before its checkpoint: child_scope.py). No
+#: command, verification, commit, delegation, spawn, restore or MCP tool: a child's
+#: writes are checked against its write scopes only where a tool names the files it
+#: writes, and a process it started could write anywhere in the project root (V1.34).
+CHILD_TOOLS = [*FILE_TOOLS, "project.changeset"]
 _CHILD_TOOL_SET = frozenset(CHILD_TOOLS)
 #: The run kind of an isolated child (supervisor/swarm/children_store.py).
 CHILD_KIND = "child"

@@ -17,12 +17,13 @@ from corral.actors.tools.paths import check_relative, resolve_in_workspace
 from corral.supervisor.errors import BadRequest
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.tool_boundary import CHILD_TOOLS as CHILD_TOOLS
+from corral.supervisor.runs.tool_boundary import FILE_TOOLS
 from corral.supervisor.swarm.swarm_state import sha
 
 #: The tools of a specialist's delegated run (its own allow list still holds). Unlike
 #: an isolated child it works in the project itself, so it may verify what it changed
 #: (seed 004 V1.28: evidence-ready needs a passed verification when one is required).
-SPECIALIST_TOOLS = [*CHILD_TOOLS, "project.verify"]
+SPECIALIST_TOOLS = [*FILE_TOOLS, "project.verify"]
 #: A delegation's acceptance criteria: 1 to 8 distinct items of bounded length (seed 004 V1.28).
 MAX_CRITERIA = 8
 MAX_CRITERION_CHARS = 500
