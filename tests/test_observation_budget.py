@@ -244,3 +244,17 @@ def test_a_claim_reaches_the_model_whole_up_to_the_result_bound() -> None:
     entry = {"action_id": "act-status", "tool": "agent.run_status", "status": "ok", "output": output}
     sent = _output(_observation(_body((entry,)), "act-status"))
     assert [c["delegation_group_id"] for c in sent["claimed"]] == [f"grp-{n:02d}" for n in range(28)]
+
+
+def test_an_undecodable_name_in_an_output_still_makes_a_request() -> None:
+    """A file name that is not UTF-8 is a lone surrogate once listed (Python's
+    surrogateescape): the request body is UTF-8, so it is sent escaped, never raised on."""
+    entry = {
+        "action_id": "act-list",
+        "tool": "fs.list",
+        "status": "ok",
+        "output": {"entries": ["ok.txt", "bad-\udcff.txt"]},
+    }
+    body = _body((entry,))
+    sent = json.dumps(body, ensure_ascii=False).encode()
+    assert b"ok.txt" in sent and b"bad-" in sent

@@ -195,5 +195,12 @@ def fit(output: dict[str, Any], budget: Budget, chars: int, note: str = "") -> d
 
 def render(output: Any) -> str:
     """An output as the model reads it: a text as it is, else compact JSON with its
-    characters as they are (a ``\\uXXXX`` escape would count six for one)."""
-    return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False, default=str)
+    characters as they are (a ``\\uXXXX`` escape would count six for one). A lone
+    surrogate (a file name that is not UTF-8, as Python lists it) is written as its
+    escape: the request body is UTF-8, which cannot hold one."""
+    text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False, default=str)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode(errors="backslashreplace").decode()
+    return text
