@@ -258,3 +258,24 @@ def test_an_undecodable_name_in_an_output_still_makes_a_request() -> None:
     body = _body((entry,))
     sent = json.dumps(body, ensure_ascii=False).encode()
     assert b"ok.txt" in sent and b"bad-" in sent
+
+
+def test_a_status_only_git_review_does_not_displace_the_newest_git_diff() -> None:
+    """As in the compaction's slots (V1.5: "两个独立保护槽"): a later review without a
+    diff leaves the earlier git diff the newest, kept at 24,256 characters."""
+    diff = "".join(f"+line {i} of the change\n" for i in range(700))
+    assert 10_000 < len(diff) < 24_000
+    review = {
+        "action_id": "act-git",
+        "tool": "project.git_inspect",
+        "status": "ok",
+        "output": {"head": "a" * 40, "diff": {"staged": "", "unstaged": diff}, "truncated": False},
+    }
+    status_only = {
+        "action_id": "act-status",
+        "tool": "project.git_inspect",
+        "status": "ok",
+        "output": {"head": "a" * 40, "unstaged": ["a.py"], "truncated": False},
+    }
+    sent = _output(_observation(_body((review, status_only)), "act-git"))
+    assert sent["diff"]["unstaged"] == diff and sent["truncated"] is False

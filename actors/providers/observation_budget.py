@@ -102,9 +102,15 @@ def newest_of_slots(history: tuple[Mapping[str, Any], ...]) -> set[int]:
     newest: dict[str, int] = {}
     for index, entry in enumerate(history):
         budget = budget_of(entry)
-        if budget is not None and budget.newest_only:
+        # A review without a diff (a status-only git review) holds nothing to keep and
+        # displaces nothing, as in the compaction's slots.
+        if budget is not None and budget.newest_only and _holds_text(entry["output"], budget):
             newest[budget.slot] = index
     return set(newest.values())
+
+
+def _holds_text(output: dict[str, Any], budget: Budget) -> bool:
+    return any(_places(output, path) for path in budget.texts)
 
 
 def _places(value: Any, path: tuple[str, ...]) -> list[tuple[dict[str, Any], str]]:
