@@ -64,11 +64,14 @@ def swarm_spec(provider: Provider, project: str) -> str:
 
 #: The preview's port: the task names it, as a person would.
 PREVIEW_PORT = 8765
-VERIFY_TASK = ("First change the project: fs.write site/version.txt with the content \"2\". Then call"
-               " project.verify. Then start the preview: process.start with program \"python3\" and args"
+#: The order: the preview's process first, since starting a process is a change of
+#: the project (seed 004 V1.11.1: a command moves the revision once its sandbox is
+#: ready), so the verification comes after it, and the check after both.
+VERIFY_TASK = ("First start the preview: process.start with program \"python3\" and args"
                f" [\"-m\", \"http.server\", \"{PREVIEW_PORT}\", \"--bind\", \"127.0.0.1\", \"--directory\", \"site\"]."
-               " Then call preview.validate with no arguments (it finds the preview you started)."
-               " Then reply with one sentence.")
+               " Then change the project: fs.write site/version.txt with the content \"2\". Then call"
+               " project.verify. Then call preview.validate with no arguments (it finds the preview you started)."
+               " Then stop the preview: process.terminate with its process_id. Then reply with one sentence.")
 
 
 def verify_spec(provider: Provider, project: str) -> str:
@@ -87,7 +90,7 @@ network = true
 {provider.models_table()}
 [[agents]]
 id = "verifier"
-tools = ["fs.write", "process.start", "preview.validate", "project.verify"]
+tools = ["fs.write", "process.start", "process.terminate", "preview.validate", "project.verify"]
 {provider.agent_table("agents", 4, optional_fields=True)}"""
 
 
