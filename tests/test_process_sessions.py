@@ -165,6 +165,8 @@ actions = [{{ tool = "process.poll", input = {{ process_id = {PID}, wait_ms = 20
 [[agents.steps]]
 actions = [{{ tool = "process.terminate", input = {{ process_id = {PID}, cursor = "${{running.cursor}}" }} }}]
 [[agents.steps]]
+actions = [{{ tool = "process.poll", input = {{ process_id = {PID}, cursor = "${{terminated.next_cursor}}" }} }}]
+[[agents.steps]]
 final = "done"
 """
 
@@ -188,11 +190,15 @@ def test_start_stdin_poll_natural_exit_and_terminate(short_tmp: Path) -> None:
         second_poll = daemon.call("pending")["actions"][0]["action_id"]
         assert second_poll != poll_id
         daemon.call("continue_action", action_id=second_poll, decision="approve")
+        # After the terminate, a poll from the cursor it gave back reads the tail.
+        wait_run(daemon, run_id, {"waiting-confirmation"})
+        tail_poll = daemon.call("pending")["actions"][0]["action_id"]
+        daemon.call("continue_action", action_id=tail_poll, decision="approve")
         shown = wait_run(daemon, run_id, {"completed", "failed"})
         assert shown["run"]["status"] == "completed" and shown["final_reply"] == "done"
 
-        start_a, stdin, poll, start_b, poll_b, term = outputs(shown, daemon)
-        assert [a["phase"] for a in (start_a, stdin, poll, start_b, poll_b, term)] == ["ok"] * 6
+        start_a, stdin, poll, start_b, poll_b, term, tail = outputs(shown, daemon)
+        assert [a["phase"] for a in (start_a, stdin, poll, start_b, poll_b, term, tail)] == ["ok"] * 7
         assert "waiting" in poll_b["output"]["chunk"] and poll_b["output"]["status"] == "running"
         assert start_a["output"]["status"] == "running" and start_a["output"]["launch_mode"] == MODE
         assert stdin["output"]["bytes_written"] == 7 and stdin["output"]["eof"] is True
@@ -200,8 +206,12 @@ def test_start_stdin_poll_natural_exit_and_terminate(short_tmp: Path) -> None:
         chunk = poll["output"]["chunk"]
         assert "ready" in chunk and "got:hello" in chunk and "eof-seen" in chunk
         assert poll["output"]["status"] == "exited" and poll["output"]["exit_code"] == 3
-        assert term["output"]["status"] == "terminated"
-        assert "waiting" in term["output"]["chunk"] and "stopping" in term["output"]["chunk"]
+        # Seed 004 V1.10: "terminate 只返回同一 cursor 的零消费状态元数据，不读取": it reads
+        # nothing and gives the cursor back; the poll from it has the whole tail.
+        assert term["output"]["status"] == "terminated" and "chunk" not in term["output"]
+        assert term["output"]["next_cursor"] == start_b["output"]["cursor"]
+        assert "waiting" in tail["output"]["chunk"] and "stopping" in tail["output"]["chunk"]
+        assert tail["output"]["status"] == "terminated" and tail["output"]["more"] is False
         assert start_a["output"]["process_id"] != start_b["output"]["process_id"]
 
         rows = sessions(daemon, run_id)

@@ -26,7 +26,7 @@ from typing_extensions import TypedDict
 from corral.actors.one_shot_command import CommandResult, StreamCapture, read_transcript_lines, run_command
 from corral.actors.providers.observation_budget import OUTPUT_PAGE_CHARS
 from corral.actors.session import private_dirs, sandbox_profile
-from corral.actors.session_state import BadSessionInput, SessionError
+from corral.actors.session_state import BadSessionInput, InvalidCursor, SessionError, decode_cursor
 from corral.actors.tools.base import ASKS_A_PERSON, Tool, ToolContext, ToolError, ToolResult, is_sealed, schema
 from corral.actors.tools.fs import SOURCES_CHANGED
 from corral.actors.tools.paths import resolve_in_workspace
@@ -250,20 +250,26 @@ class ProcessTerminate:
     default_policy = ASKS_A_PERSON
     schema = schema(
         "process.terminate",
-        "Stop a process: SIGTERM to its group, 800 ms grace, then SIGKILL; returns its final state "
-        "and the output from cursor on.",
+        "Stop a process: SIGTERM to its group, 800 ms grace, then SIGKILL; returns its final state and reads"
+        " nothing: give your last next_cursor, then read the rest with process.poll from the next_cursor it returns"
+        " (the same one).",
         TerminateArgs,
         read_only=False,
     )
 
     async def run(self, ctx: ToolContext, tool_input: dict[str, Any]) -> ToolResult:
         process_id = tool_input["process_id"]
+        given = tool_input.get("cursor")
+        if given is not None:
+            try:  # checked before the stop, so a bad cursor stops nothing
+                decode_cursor(given, process_id)
+            except InvalidCursor as exc:
+                raise ToolError(str(exc), "bad-input") from None
         reply = await ctx.ask(SessionTerminate(run_id=ctx.run_id, process_id=process_id), timeout=TERMINATE_TIMEOUT_S)
-        tail = await ctx.ask(
-            SessionPoll(run_id=ctx.run_id, process_id=process_id, cursor=tool_input.get("cursor")),
-            timeout=POLL_SLACK_S,
-        )
-        output = {**msgspec.to_builtins(reply), "chunk": tail.chunk, "next_cursor": tail.next_cursor, "more": tail.more}
+        # Seed 004 V1.10: "terminate 只返回同一 cursor 的零消费状态元数据，不读取、不跳过 PTY 字符；
+        # 终止后继续从该 cursor poll": the state, and the cursor it was given, unread.
+        cursor = given if given is not None else reply.cursor
+        output = {**msgspec.to_builtins(reply), "cursor": cursor, "next_cursor": cursor}
         status = reply.status
         code = reply.exit_code
         summary = f"{reply.process_id} {status}" + (f" (exit {code})" if code is not None else "")
