@@ -12,6 +12,9 @@ given to an older build's pending call is refused again at execution."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -270,3 +273,55 @@ def test_a_childs_effective_policy_shows_the_denied_set(short_tmp: Path) -> None
         assert parents["agent.spawn_isolated"] != "deny" and "mcp.*" not in parents, parents
     finally:
         daemon.shutdown()
+
+
+def test_a_child_may_check_the_projects_existing_preview(short_tmp: Path) -> None:
+    """ "preview.validate 继续只验证当前授权项目的精确既有 loopback 预览，不负责启动预览服务": a
+    child's check of the spec's preview page (served here by a real dev server it did
+    not start) runs, never refused by the child's bound; whether Chromium passes it or
+    is blocked for want of its sandbox (as root) is the tool's own verdict."""
+    (short_tmp / "ws" / "site").mkdir(parents=True)
+    (short_tmp / "ws" / "site" / "index.html").write_text("<html><body><p>hello</p></body></html>")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    spec = short_tmp / "spec.toml"
+    spec.write_text(
+        _spec(short_tmp / "lab.log", "auto", '{ tool = "preview.validate", input = {} }')
+        .replace('root = "ws"\n', f'root = "ws"\npreview_url = "http://127.0.0.1:{port}/index.html"\n', 1)
+        .replace('tools = ["mcp.*", "fs.*"]', 'tools = ["mcp.*", "fs.*", "preview.*"]', 1)
+    )
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "http.server",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            str(short_tmp / "ws" / "site"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="parent", task="fan out")["run_id"]
+        (found,) = wait_for(
+            "the child run", lambda: ledger_rows(daemon.home, "SELECT run_id FROM runs WHERE parent_run_id = ?", run_id)
+        )
+        wait_run(daemon, str(found["run_id"]), {"waiting-confirmation", "completed", "failed"})
+        (action,) = ledger_rows(
+            daemon.home, "SELECT action_id, phase, error FROM actions WHERE run_id = ?", found["run_id"]
+        )
+        assert "not allowed" not in str(action["error"]), dict(action)
+        assert action["phase"] == "ok" or "sandbox" in str(action["error"]).lower(), dict(action)
+        assert ledger_rows(
+            daemon.home, "SELECT 1 FROM events WHERE kind = 'action-executing' AND subject = ?", action["action_id"]
+        ), "the check ran"
+    finally:
+        daemon.shutdown()
+        server.terminate()
+        server.wait()

@@ -21,12 +21,15 @@ from corral.supervisor.runs.run_store import run_options
 #: The file tools and effects, every delegated run's (a specialist's too).
 FILE_TOOLS = ["fs.read", "fs.write", "fs.patch", "fs.list", "effect.record", "effect.barrier"]
 #: The tools of an isolated child's run (its template may narrow them further): the
-#: file tools, effects and the atomic multi-file write (the seed's project.patchset,
-#: each target checked against the scopes before its checkpoint: child_scope.py). No
-#: command, verification, commit, delegation, spawn, restore or MCP tool: a child's
-#: writes are checked against its write scopes only where a tool names the files it
-#: writes, and a process it started could write anywhere in the project root (V1.34).
-CHILD_TOOLS = [*FILE_TOOLS, "project.changeset"]
+#: file tools, effects, the atomic multi-file write (the seed's project.patchset,
+#: each target checked against the scopes before its checkpoint: child_scope.py) and
+#: the browser check of the project's existing preview (a child starts no preview:
+#: with no session of its own, preview.validate checks the spec's page; it writes
+#: nothing in the project). No command, verification, commit, delegation, spawn,
+#: restore or MCP tool: a child's writes are checked against its write scopes only
+#: where a tool names the files it writes, and a process it started could write
+#: anywhere in the project root (V1.34).
+CHILD_TOOLS = [*FILE_TOOLS, "project.changeset", "preview.validate"]
 _CHILD_TOOL_SET = frozenset(CHILD_TOOLS)
 #: The run kind of an isolated child (supervisor/swarm/children_store.py).
 CHILD_KIND = "child"
