@@ -193,3 +193,30 @@ def test_a_program_is_a_bare_name_on_a_trusted_path_and_cwd_an_absolute_director
     for table, message in cases:
         with pytest.raises(SpecError, match=message):
             servers(table)
+
+
+def test_a_path_entry_this_user_cannot_look_into_is_skipped_not_a_crash(tmp_path: Path) -> None:
+    """A PATH directory the user may not search (another user's home: /root/.cargo/bin
+    for an unprivileged user) is left out of the servers' PATH; it never fails
+    ``corral up`` (a strict re-audit saw a PermissionError there). As root, the check
+    runs without root's capabilities, where a directory's mode 0 holds for root too."""
+    import shutil
+    import subprocess
+
+    locked = tmp_path / "locked"
+    (locked / "bin").mkdir(parents=True)
+    locked.chmod(0)
+    probe = ("import sys; from pathlib import Path; from corral.supervisor.mcp.mcp_spec import trusted_path;"
+             " print(trusted_path(sys.argv[1], Path(sys.argv[2])))")
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("no setpriv(1): root's capabilities cannot be dropped here")
+        prefix = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--"]
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-c", probe, f"{locked / 'bin'}{os.pathsep}/usr/bin",
+                               str(tmp_path / "project")], capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        locked.chmod(0o700)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "/usr/bin"

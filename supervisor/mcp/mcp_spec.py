@@ -339,8 +339,11 @@ def _trusted_dir(entry: str, project_root: Path) -> bool:
     """A PATH entry corral searches: absolute, an existing directory, outside the project."""
     if not entry or not Path(entry).is_absolute():
         return False
-    real = Path(entry).resolve()
-    return real.is_dir() and not _inside(real, project_root)
+    try:
+        real = Path(entry).resolve()
+        return real.is_dir() and not _inside(real, project_root)
+    except OSError:
+        return False  # a directory this user cannot look into (another user's home): not searched
 
 
 def _inside(real: Path, root: Path) -> bool:
