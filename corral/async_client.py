@@ -31,6 +31,7 @@ from corral.core.errors import LedgerLost, RunTimeout
 from corral.core.procs import wait_exit
 from corral.mailbox.control import ControlError, SupervisorGone
 from corral.mailbox.errors import DeadlineExceeded
+from corral.question_text import stable_response_id
 from corral.supervisor.home import home_dir as homes
 
 if TYPE_CHECKING:  # the ledger and the run layer load only when a home is read without a supervisor
@@ -501,19 +502,23 @@ class AsyncClient:
         run_id: str,
         text: str | None = None,
         *,
-        request_id: str | None = None,
+        request_id: str,
         response_id: str | None = None,
         answers: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Answer the run's structured question (``user.input_request``): ``answers``
-        maps each question id to an option label (or free text where the agent
-        allows it); ``text`` alone answers a one-question request. ``request_id``
-        (default: the run's open request) and ``response_id`` (default: derived
-        from the answers) make it idempotent: the same response again returns the
-        same result; another one after the answer is refused."""
-        params: dict[str, Any] = {"run_id": run_id}
-        for key, value in (("text", text), ("request_id", request_id), ("response_id", response_id),
-                           ("answers", answers)):
+        """Answer the structured question ``request_id`` (``user.input_request``; the
+        ``req-...`` id ``pending()`` shows) of the run: ``answers`` maps each question
+        id to an option label (or free text); ``text`` alone answers a one-question
+        request. ``response_id`` (default: one derived from the request and the
+        answers, so the same call again is the same response) makes it idempotent:
+        the same response again returns the same result with ``repeated``; another
+        one after the answer is refused."""
+        params: dict[str, Any] = {
+            "run_id": run_id,
+            "request_id": request_id,
+            "response_id": response_id or stable_response_id(request_id, answers, text),
+        }
+        for key, value in (("text", text), ("answers", answers)):
             if value is not None:
                 params[key] = value
         result: dict[str, Any] = await self.call("answer", **params)
@@ -523,14 +528,21 @@ class AsyncClient:
         """A new conversation (chat session) with an agent; returns its id."""
         return str((await self.call("conversation.new", agent_id=agent_id))["conversation_id"])
 
-    async def send(self, conversation_id: str, text: str, *, goal: bool = False) -> dict[str, Any]:
-        """One chat line: answers the open question, steers the live run, or starts
-        the next turn. ``as`` in the reply says which. ``goal=True`` starts the next
-        turn as a goal run (seed 004 V1.18): the text is its goal, and a live run or
-        another live goal of the conversation refuses it."""
+    async def send(self, conversation_id: str, text: str, *, goal: bool = False,
+                   request_id: str | None = None, response_id: str | None = None) -> dict[str, Any]:
+        """One chat line: answers the question ``request_id`` (the one the caller
+        showed; the response id defaults to one derived from the request and the
+        line), steers the live run, or starts the next turn. ``as`` in the reply
+        says which; a line that names no request while the live run waits for an
+        answer is refused, naming the request. ``goal=True`` starts the next turn as
+        a goal run (seed 004 V1.18): the text is its goal, and a live run or another
+        live goal of the conversation refuses it."""
         params: dict[str, Any] = {"conversation_id": conversation_id, "text": text}
         if goal:
             params["goal"] = True
+        if request_id is not None:
+            params["request_id"] = request_id
+            params["response_id"] = response_id or stable_response_id(request_id, None, text)
         result: dict[str, Any] = await self.call("conversation.send", **params)
         return result
 

@@ -9,10 +9,20 @@ characters cannot move a terminal's cursor.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shlex
 from typing import Any
 
 from corral.approval_text import printable
+
+
+def stable_response_id(request_id: str, answers: dict[str, str] | None, text: str | None) -> str:
+    """A client's response id for an answer, derived from the request and what it
+    says: sending the same answer again is the same response (a repeat), and it
+    can never be taken for an answer to another request."""
+    body = json.dumps({"request": request_id, "answers": answers, "text": text}, sort_keys=True)
+    return "resp-" + hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
 def answer_command(request: dict[str, Any]) -> str:

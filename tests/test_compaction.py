@@ -178,7 +178,8 @@ def test_corral_compact_asks_for_a_compaction_now(short_tmp: Path) -> None:
 
         asked = cli(daemon.home, "compact", run_id, "--json")
         assert asked.returncode == 0 and json.loads(asked.stdout)["requested"] is True, asked.stderr
-        daemon.call("answer", run_id=run_id, text="yes")
+        (request,) = [q for q in daemon.call("pending")["questions"] if q["run_id"] == run_id]
+        daemon.call("answer", run_id=run_id, request_id=request["request_id"], response_id="resp-yes", text="yes")
         shown = wait_run(daemon, run_id, {"completed", "failed"})
         assert shown["run"]["status"] == "completed"
         assert len(shown["context"]["compactions"]) == 1, "the default limits are far: only the asked-for compaction"

@@ -243,7 +243,8 @@ def test_a_compaction_summary_is_stored_with_its_paths_filtered_too(short_tmp: P
             run_id = daemon.call("run", agent_id="llm", task="list, ask, then finish")["run_id"]
             wait_run(daemon, run_id, {"needs-input", "completed", "failed"})
             daemon.call("compact", run_id=run_id)
-            daemon.call("answer", run_id=run_id, text="yes")
+            (request,) = [q for q in daemon.call("pending")["questions"] if q["run_id"] == run_id]
+            daemon.call("answer", run_id=run_id, request_id=request["request_id"], response_id="resp-yes", text="yes")
             shown = wait_run(daemon, run_id, {"completed", "failed", "needs-reconciliation"})
             assert shown["run"]["status"] == "completed", shown["run"]
             (summary,) = [row["summary"] for row in ledger_rows(daemon.home, "SELECT summary FROM compactions")]

@@ -187,10 +187,10 @@ def test_a_structured_question_is_shown_answered_once_and_observed_once(daemon: 
     usage = cli(daemon.home, "answer", run_id)
     assert usage.returncode == 2 and "either TEXT" in usage.stderr
     base = {"run_id": run_id, "request_id": request_id}
-    assert "missing: finish" in _refused_call(daemon, "answer", **base, answers={"colour": "red"})
-    assert "2 questions" in _refused_call(daemon, "answer", run_id=run_id, text="blue")
+    assert "missing: finish" in _refused_call(daemon, "answer", **base, response_id="r0", answers={"colour": "red"})
+    assert "2 questions" in _refused_call(daemon, "answer", **base, response_id="r0", text="blue")
     assert "no request" in _refused_call(daemon, "answer", run_id=run_id, request_id="req-" + "0" * 24,
-                                         answers={"colour": "red", "finish": "matte"})
+                                         response_id="r0", answers={"colour": "red", "finish": "matte"})
     assert "response_id must be" in _refused_call(daemon, "answer", **base, response_id="a b",
                                                   answers={"colour": "red", "finish": "matte"})
     assert len(_provider_calls(daemon, run_id)) == parked_calls, "no provider call while it waits"
@@ -264,7 +264,8 @@ def test_a_fork_is_refused_while_its_conversation_has_a_live_run(daemon: Daemon)
     refusal = _refused(daemon, "fork", conversation)
     assert f"run {asked['run_id']} waits for the user's answer to request {request_id}" in refusal
     # The chat answers a one-question request with the line: a label or free text.
-    assert daemon.call("conversation.send", conversation_id=conversation, text="blue")["as"] == "answer"
+    assert daemon.call("conversation.send", conversation_id=conversation, text="blue",
+                       request_id=request_id, response_id="chat-fork")["as"] == "answer"
     wait_run(daemon, asked["run_id"], {"completed"})
 
     writing = json.dumps({"steps": [{"actions": [{"tool": "fs.write", "input": {"path": "a.md", "content": "a"}}]},
@@ -288,8 +289,9 @@ def test_free_text_is_always_allowed_and_no_spec_turns_it_off(daemon: Daemon, tm
 
     run_id = _run(daemon, _ask_script("plain", COLOUR), agent="plain")
     wait_run(daemon, run_id, {"needs-input"})
+    request_id = _request_of(daemon, run_id)["request_id"]
     assert _request_of(daemon, run_id)["free_text"] is True
-    assert cli(daemon.home, "answer", run_id, "teal").returncode == 0
+    assert cli(daemon.home, "answer", run_id, "teal", "--request", request_id).returncode == 0
     assert wait_run(daemon, run_id, {"completed", "failed"})["final_reply"] == "painted"
     assert _effects(daemon).count("paint-teal-plain") == 1
 
@@ -311,23 +313,26 @@ def test_a_steer_is_refused_while_a_question_waits_for_its_answer(daemon: Daemon
     assert f"waits for the answer to request {request_id}" in refused.stderr, refused.stderr
     assert "corral answer" in refused.stderr
     assert ledger_rows(daemon.home, "SELECT * FROM steers WHERE run_id = ?", run_id) == []
-    assert cli(daemon.home, "answer", run_id, "red").returncode == 0
+    assert cli(daemon.home, "answer", run_id, "red", "--request", request_id).returncode == 0
     assert wait_run(daemon, run_id, {"completed", "failed"})["final_reply"] == "painted"
 
 
 def test_free_text_where_the_spec_allows_it_and_a_cancel_closes_the_question(daemon: Daemon) -> None:
     run_id = _run(daemon, _ask_script("open", COLOUR), agent="open")
     wait_run(daemon, run_id, {"needs-input"})
+    request_id = _request_of(daemon, run_id)["request_id"]
     assert _request_of(daemon, run_id)["free_text"] is True
-    assert cli(daemon.home, "answer", run_id, "teal").returncode == 0
+    assert cli(daemon.home, "answer", run_id, "teal", "--request", request_id).returncode == 0
     assert wait_run(daemon, run_id, {"completed", "failed"})["final_reply"] == "painted"
     assert _effects(daemon).count("paint-teal-open") == 1
 
     cancelled = _run(daemon, _ask_script("cancel", COLOUR))
     wait_run(daemon, cancelled, {"needs-input"})
+    closed = _request_of(daemon, cancelled)["request_id"]
     daemon.call("cancel", run_id=cancelled)
     assert wait_run(daemon, cancelled, {"cancelled"})["actions"][0]["phase"] == "failed"
-    assert "cancelled and takes no answer" in _refused_call(daemon, "answer", run_id=cancelled, text="blue")
+    assert "cancelled and takes no answer" in _refused_call(daemon, "answer", run_id=cancelled, text="blue",
+                                                            request_id=closed, response_id="late")
     assert all(q["run_id"] != cancelled for q in daemon.call("pending")["questions"])
 
 

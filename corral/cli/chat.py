@@ -88,6 +88,10 @@ class Chat:
         #: Action id -> the fingerprint of the view shown for it: ``y`` approves that
         #: exactly (shared with the follower, which shows the prompts).
         self.shown: dict[str, str] = {}
+        #: ``"request"`` -> the request of the question shown last: a typed line
+        #: answers exactly it (seed 004 V1.23: an answer names its request), never a
+        #: later one (shared with the follower, which shows the questions).
+        self.asked: dict[str, str] = {}
         #: Whether a turn waits for its report (shared with the follower, which prints it).
         self.turn = chat_turns.TurnWatch()
 
@@ -253,11 +257,14 @@ class Chat:
         """The run's structured questions (corral/question_text.py); a typed line answers."""
         for request in self.client.pending().raw.get("questions", []):
             if request["run_id"] == run_id:
+                self.asked["request"] = str(request["request_id"])
                 lines = render_question(request)
                 self.out("question", "\n".join(["agent asks>", *lines[1:]]), request=request)
 
     def show_end(self, run_id: str, status: str) -> None:
         shown = self.client.show(run_id).raw
+        if shown["run"].get("kind") in (None, "root") and status in ("completed", "failed", "cancelled"):
+            self.asked.clear()  # the turn's run ended: nothing it asked takes a line now
         run = shown["run"]
         if run.get("kind") not in (None, "root"):
             # A delegated specialist's or a child's run: its end, never a reply to the person.
@@ -315,7 +322,22 @@ class Chat:
         elif text.startswith("/"):
             self.out("error", f"  unknown command {text.split()[0]}; /help lists them")
         else:
-            sent = self.client.send(self.conversation_id, text)
+            asked = self.asked.get("request")
+            try:
+                sent = self.client.send(self.conversation_id, text, request_id=asked)
+            except CorralError as exc:
+                if getattr(exc, "code", "") != "conflict":
+                    raise
+                if asked is not None:
+                    self.asked.clear()  # answered meanwhile (elsewhere): the next line is not an answer to it
+                    raise
+                # A question waits that this chat has not shown yet: show it; the next line answers it.
+                live = self.live_run()
+                if live is not None:
+                    self.show_question(live["run_id"])
+                raise
+            if sent["as"] == "answer":
+                self.asked.clear()  # answered: the next line is a steer or the next turn
             self.turn.open()  # after the send: the turn's run is there to be judged
             if sent["as"] == "steer":
                 self.out("steer", f"  [steer {sent['steer_id']} recorded for the live run]", **sent)
@@ -436,6 +458,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         follower = Chat(follower_client, conversation_id, as_json=args.json)
         follower.lock = chat.lock
         follower.shown = chat.shown
+        follower.asked = chat.asked
         follower.turn = chat.turn
         thread = threading.Thread(target=follower.follow, args=(cursor,), daemon=True)
         thread.start()

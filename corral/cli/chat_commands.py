@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from corral.approval_text import printable
+
 if TYPE_CHECKING:
     from corral.cli.chat import Chat
 
@@ -32,8 +34,13 @@ def status(chat: Chat, rest: str) -> None:
 
 def history(chat: Chat, rest: str) -> None:
     turns = chat.client.call("conversation.show", conversation_id=chat.conversation_id)["turns"]
-    lines = [f"  you> {t['task'].split('User: ')[-1][:300]}\n  agent> {t['reply'] or '(' + t['status'] + ')'}"
-             for t in turns]
+    lines = []
+    for t in turns:
+        lines.append(f"  you> {t['task'].split('User: ')[-1][:300]}")
+        # The turn's questions and their answers (seed 004 V1.23), model text shown printable.
+        lines += [f"  {'agent asks' if m['kind'] == 'question' else 'you answer'}> {printable(m['text'][:300])}"
+                  for m in t.get("messages") or []]
+        lines.append(f"  agent> {t['reply'] or '(' + t['status'] + ')'}")
     chat.out("history", "\n".join(lines) or "  (no turns yet)", turns=turns)
 
 

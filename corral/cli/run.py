@@ -23,6 +23,7 @@ from corral.cli.main import (
     say_where_read,
 )
 from corral.client_types import DONE, PARKED
+from corral.question_text import answer_command, render_question
 
 WAIT_DONE = set(DONE)
 WAIT_PARKED = set(PARKED)
@@ -348,10 +349,12 @@ def _answer_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_id", metavar="RUN")
     parser.add_argument("text", metavar="TEXT", nargs="?",
                         help="the answer to a one-question request (an option's label, or free text if allowed)")
-    parser.add_argument("--request", metavar="REQ", help="the request id (req-...) `corral pending` shows")
+    parser.add_argument("--request", metavar="REQ",
+                        help="the request id (req-...) `corral pending` shows; without it, at a terminal, the run's"
+                        " one open question is shown and you are asked to confirm")
     parser.add_argument("--response-id", metavar="ID",
                         help="your id for this response: sending it again changes nothing (default: one derived"
-                        " from the answers)")
+                        " from the request and the answers)")
     parser.add_argument("--answer", metavar="QID=LABEL", action="append", default=[],
                         help="the answer to question QID (repeat for each question)")
     json_arg(parser)
@@ -371,8 +374,8 @@ def _answers(pairs: list[str]) -> dict[str, str] | None:
     return answers
 
 
-@command("answer", "answer a run's structured question (user.input_request): --answer QID=LABEL per question;"
-         " once only")
+@command("answer", "answer a run's structured question (user.input_request): --request REQ, then"
+         " --answer QID=LABEL per question (or TEXT for one); once only")
 @arguments(_answer_args)
 def cmd_answer(args: argparse.Namespace) -> int:
     answers = _answers(args.answer)
@@ -380,7 +383,8 @@ def cmd_answer(args: argparse.Namespace) -> int:
         raise CliError("give either TEXT (a one-question request) or --answer QID=LABEL for each question",
                        EXIT_USAGE)
     with open_client(args) as client:
-        result = client.answer(args.run_id, args.text, request_id=args.request, response_id=args.response_id,
+        request_id = args.request or _named_request(client, args.run_id)
+        result = client.answer(args.run_id, args.text, request_id=request_id, response_id=args.response_id,
                                answers=answers)
     if args.json:
         emit_json(result)
@@ -389,6 +393,24 @@ def cmd_answer(args: argparse.Namespace) -> int:
         print(f"answered run {result['run_id']} request {result['request_id']}"
               f" (action {result['action_id']}, response {result['response_id']}){again}")
     return 0
+
+
+def _named_request(client: Any, run_id: str) -> str:
+    """The request an answer without ``--request`` is for: the run's one open
+    question, only once the person has seen it and said so at a terminal (seed 004
+    V1.23: an answer names its request; it is never matched to whatever is open, so
+    a repeated command cannot answer the next question). Else refused, naming it."""
+    asked = [q for q in client.pending().raw.get("questions", []) if q["run_id"] == run_id]
+    if not asked:
+        raise CliError(f"run {run_id} has no open question; name the request you answer: --request REQ")
+    if len(asked) > 1 or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        named = " or ".join(str(q["request_id"]) for q in asked)
+        raise CliError(f"name the request you answer: --request {named} (run {run_id} waits for it; `corral"
+                       f" pending` shows the question), e.g. {answer_command(asked[0])}", EXIT_USAGE)
+    print("\n".join(render_question(asked[0])))
+    if input(f"answer request {asked[0]['request_id']}? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise CliError("nothing was answered")
+    return str(asked[0]["request_id"])
 
 
 def _fork_args(parser: argparse.ArgumentParser) -> None:

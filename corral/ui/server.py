@@ -293,15 +293,18 @@ class Dashboard:
 
     async def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         """A structured request's answers (``request`` and ``answers``: question id to
-        label), or the ``text`` of a one-question request. The response id is derived
-        from the answers, so a second click sends the same response."""
+        label), or the ``text`` of a one-question request, with its ``request`` either
+        way. The response id is derived from the request and the answers, so a
+        second click sends the same response."""
         run_id, text = body.get("run"), body.get("text")
         if not isinstance(run_id, str) or not RUN_ID.match(run_id):
             raise BadInput("run must be a run id")
         request, answers = body.get("request"), body.get("answers")
-        if request is not None:
-            if not isinstance(request, str) or not REQUEST_ID.match(request):
-                raise BadInput("request must be a request id")
+        # The question shown names its request: an answer is never matched to
+        # whichever question is open now (seed 004 V1.23).
+        if not isinstance(request, str) or not REQUEST_ID.match(request):
+            raise BadInput("request must be the id of the request answered")
+        if answers is not None:
             if not isinstance(answers, dict) or not 1 <= len(answers) <= 3 or not all(
                 isinstance(key, str) and len(key) <= 40 and isinstance(value, str) and 1 <= len(value) <= 2000
                 for key, value in answers.items()
@@ -310,7 +313,7 @@ class Dashboard:
             return await self.client.answer(run_id, request_id=request, answers=answers)
         if not isinstance(text, str) or not 1 <= len(text) <= 4000:
             raise BadInput("text must be 1 to 4000 characters")
-        return await self.client.answer(run_id, text)
+        return await self.client.answer(run_id, text, request_id=request)
 
 
 def _action_id(body: dict[str, Any]) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from corral.supervisor.errors import BadRequest, SupervisorError
+from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
 from corral.supervisor.interactive import interactive_store as interactive
-from corral.supervisor.interactive import question_store, steer_store, turn_report
+from corral.supervisor.interactive import question_service, question_store, steer_store, turn_report
 from corral.supervisor.interactive.steer_control import SteerControl
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.params import param_text
@@ -53,14 +53,17 @@ class InteractiveService:
         if question is not None:
             raise SupervisorError(
                 f"run {run_id} waits for the answer to request {question['request_id']}; a steer is refused"
-                f" until it is answered: corral answer {run_id} TEXT (or --request {question['request_id']}"
+                f" until it is answered: corral answer {run_id} TEXT --request {question['request_id']} (or"
                 " --answer QID=ANSWER per question)", code="conflict")
         return await self.steers.steer(run_id, params.get("text"), steer_id)
 
     async def answer(self, params: dict[str, Any]) -> dict[str, Any]:
-        """A chat line to a run waiting for input: the answer to its one-question
-        request (question_store.py; ``corral answer`` names each question)."""
-        reply = question_store.answer(self.ledger, _run_id(params), self.runs.features, text=params.get("text"))
+        """A chat line that answers the one-question request the chat showed: it names
+        that request and carries the chat's stable response id (question_store.py;
+        ``corral answer`` names each question)."""
+        request_id, response_id = question_service.required_ids(params)
+        reply = question_store.answer(self.ledger, _run_id(params), self.runs.features, request_id=request_id,
+                                      response_id=response_id, text=params.get("text"))
         await self.runs.wake(reply["agent_id"])
         return reply
 
@@ -87,8 +90,8 @@ class InteractiveService:
         live = self.live_run(conversation["conversation_id"])
         # A run waiting for a person waits for an answer only if it asked a question:
         # a paused goal or missing completion evidence takes the line as a steer.
-        asks = live is not None and live["status"] == RunStatus.NEEDS_INPUT and (
-            question_store.open_question(self.ledger, live["run_id"]) is not None)
+        question = (question_store.open_question(self.ledger, live["run_id"])
+                    if live is not None and live["status"] == RunStatus.NEEDS_INPUT else None)
         as_goal = params.get("goal", False)
         if not isinstance(as_goal, bool):
             raise BadRequest("goal must be true or false")
@@ -96,8 +99,22 @@ class InteractiveService:
             raise SupervisorError(
                 f"run {live['run_id']} of this conversation is live ({live['status']}): a goal starts the next"
                 " turn; steer the live run, or /goal edit its goal", code="conflict")
-        if live is not None and asks:
-            return {"as": "answer", **await self.answer({"run_id": live["run_id"], "text": text})}
+        if params.get("request_id") is not None:
+            # The answer to the request the chat showed, sent again after it applied
+            # too (a repeat): never a steer, never the answer to a later question.
+            request_id = param_text(params, "request_id", None, limit=100)
+            asked = self.ledger.one(
+                "SELECT q.run_id FROM input_requests q JOIN runs r ON r.run_id = q.run_id"
+                " WHERE q.request_id = ? AND r.conversation_id = ?", request_id, conversation["conversation_id"])
+            if asked is None:
+                raise NotFound(f"conversation {conversation['conversation_id']} has no request {request_id!r}")
+            return {"as": "answer", **await self.answer({**params, "run_id": asked["run_id"], "text": text})}
+        if live is not None and question is not None:
+            raise SupervisorError(
+                f"run {live['run_id']} waits for the answer to request {question['request_id']}: send the line"
+                " naming that request (request_id) and a response_id, as the chat does once it has shown the"
+                f" question, or: corral answer {live['run_id']} --request {question['request_id']} TEXT",
+                code="conflict")
         if live is not None:
             return {"as": "steer", **await self.steer({"run_id": live["run_id"], "text": text})}
         task = interactive.conversation_task(self.ledger, conversation["conversation_id"], text)

@@ -5,7 +5,7 @@ nothing or all of it:
 
 * **Questions** to the user (``user.input_request``) live in question_store.py.
 * A **conversation** groups the runs of one chat: each new turn's run sees the
-  earlier turns (task and final reply). A fork copies nothing: it points at its
+  earlier turns (task, the questions asked and answered in it, final reply). A fork copies nothing: it points at its
   parent and the number of turns it inherits, so neither writes into the other.
 """
 
@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from corral.supervisor.errors import BadRequest, NotFound, SupervisorError
-from corral.supervisor.interactive import question_store
+from corral.supervisor.interactive import conversation_log, question_store
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
@@ -74,6 +74,8 @@ def turns(ledger: Ledger, conversation_id: str, limit: int | None = None) -> lis
             "status": run["status"],
             "reply": run["reply"],
             "created_at": run["created_at"],
+            # Its questions to the user and their answers (conversation_log.py).
+            "messages": conversation_log.messages_of(ledger, run["run_id"]),
         }
         for run in ledger.all(
             "SELECT r.run_id, r.task, r.status, r.created_at, p.text AS reply FROM runs r"
@@ -151,6 +153,9 @@ def conversation_task(ledger: Ledger, conversation_id: str, text: str) -> str:
     lines = ["Conversation so far:"]
     for turn in earlier:
         lines.append(f"User: {turn['task'].split('User: ')[-1][:2000]}")
+        for message in turn.get("messages") or []:
+            said = "You asked" if message["kind"] == "question" else "User answered"
+            lines.append(f"{said}: {str(message['text'])[:2000]}")
         lines.append(f"You: {str(turn['reply'])[:2000]}")
     lines.append(f"User: {text}")
     return "\n".join(lines)

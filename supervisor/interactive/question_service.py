@@ -27,10 +27,12 @@ class QuestionService:
         self.runs = runs
 
     async def answer(self, params: dict[str, Any]) -> dict[str, Any]:
-        """``corral answer RUN --request REQ --response-id ID --answer QID=LABEL ...``
-        (or ``corral answer RUN TEXT`` for a one-question request)."""
+        """``corral answer RUN --request REQ [--response-id ID] (--answer QID=LABEL ... | TEXT)``:
+        the request and the caller's stable response id are required (seed 004 V1.23:
+        "回答必须带 requestId、全量 answers map 和客户端稳定 responseId"), so the same answer
+        sent again is a repeat, never the answer to whatever question is open next."""
         run_id = param_text(params, "run_id", None, limit=300)
-        request_id = None if params.get("request_id") is None else param_text(params, "request_id", None, limit=100)
+        request_id, response_id = required_ids(params)
         if params.get("answers") is None and params.get("text") is None:
             raise BadRequest("give the answers (a map of question id to answer) or, for one question, its text")
         reply = questions.answer(
@@ -38,7 +40,7 @@ class QuestionService:
             run_id,
             self.runs.features,
             request_id=request_id,
-            response_id=params.get("response_id"),
+            response_id=response_id,
             answers=params.get("answers"),
             text=params.get("text"),
         )
@@ -51,6 +53,17 @@ class QuestionService:
         # Seed 004 V1.23: free input is always allowed (a spec saying otherwise is refused at load).
         questions.ask(self.ledger, run, request.action_id, request.questions, True, self.runs.features)
         return Ack()
+
+
+def required_ids(params: dict[str, Any]) -> tuple[str, Any]:
+    """An answer's ``request_id`` and ``response_id``, both required."""
+    if params.get("request_id") is None:
+        raise BadRequest("an answer names its request: request_id (the req-... id `corral pending` shows);"
+                         " it is never taken from whichever question is open now")
+    if params.get("response_id") is None:
+        raise BadRequest("an answer carries the caller's response_id, stable across retries (the same response"
+                         " sent again is then a repeat)")
+    return param_text(params, "request_id", None, limit=100), params["response_id"]
 
 
 class QuestionFeature(RunFeature):

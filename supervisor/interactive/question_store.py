@@ -1,13 +1,16 @@
 """Structured questions to the user in the ledger (``user.input_request``, seed 004 V1.23).
 
 * **Ask**: with its action executing, the tool records the request (its id derived
-  from the action, the checked questions, whether free text is allowed) and parks
-  the run in ``needs-input`` in one transaction: no provider call until the answer.
+  from the action, the checked questions, whether free text is allowed), appends
+  the question to the owning conversation and parks the run in ``needs-input`` in
+  one transaction: no provider call until the answer.
   A replay (the agent or the supervisor restarted) finds the same request.
-* **Answer**: names the request and a caller ``response_id``, and answers every
-  question by id. One transaction records the answers, finishes the question's
-  action with them as its output (so the model sees them once, as the tool's
-  observation) and resumes the run. Sending the same response again returns the
+* **Answer**: names the request and a caller ``response_id`` (both required: an
+  answer is never matched to whatever question is open now), and answers every
+  question by id. One transaction records the answers, appends them to the owning
+  conversation (conversation_log.py), finishes the question's action with them as
+  its output (so the model sees them once, as the tool's observation) and resumes
+  the run. Sending the same response again returns the
   same result and records nothing; another response after the answer is refused
   ("already answered").
 * **Close**: a run that ends first fails the question's action; a late answer is refused.
@@ -26,6 +29,7 @@ from typing import Any
 from corral.core import failpoints
 from corral.core.redact import redact, redact_text
 from corral.supervisor.errors import BadRequest, SupervisorError
+from corral.supervisor.interactive import conversation_log
 from corral.supervisor.interactive import question_shape as shape
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, run_store
@@ -80,6 +84,10 @@ def ask(
     """From the tool, with its action executing: record the request and park the run."""
     existing = ledger.one("SELECT * FROM input_requests WHERE action_id = ?", action_id)
     if existing is not None:
+        # A replay (the agent restarted): the create-once protocol again, which also
+        # puts back the conversation's question message should it be missing.
+        with ledger.tx():
+            conversation_log.append_question(ledger, run, existing["request_id"], _questions_of(existing)[0])
         return {"parked": existing["answer"] is None, "request_id": existing["request_id"]}
     if run["kind"] in NON_ASKING_KINDS:
         raise BadRequest(CHILD_REFUSAL)
@@ -103,6 +111,7 @@ def ask(
                                  f"asks {len(checked)} question(s): request {request_id}")
         ledger.event("input-requested", run["run_id"], action=action_id, request=request_id,
                      questions=len(checked), options=sum(len(q["options"]) for q in checked))
+        conversation_log.append_question(ledger, run, request_id, checked)
     ledger.failpoint("input.after-ask")
     return {"parked": True, "request_id": request_id}
 
@@ -113,19 +122,12 @@ def open_question(ledger: Ledger, run_id: str) -> Any:
     )
 
 
-def _request(ledger: Ledger, run_id: str, request_id: str | None) -> Any:
-    if request_id is not None:
-        row = ledger.one("SELECT * FROM input_requests WHERE request_id = ?", request_id)
-        if row is None or row["run_id"] != run_id:
-            raise SupervisorError(f"run {run_id} has no request {request_id!r}; see `corral pending`",
-                                  code="not-found")
-        return row
-    row = open_question(ledger, run_id)
-    if row is None:  # an answered request: its response may be sent again
-        row = ledger.one("SELECT * FROM input_requests WHERE run_id = ? ORDER BY created_at DESC LIMIT 1", run_id)
-    if row is None:
-        run = run_store.get_run(ledger, run_id)
-        raise SupervisorError(f"run {run_id} ({run['status']}) takes no answer: it asked no question", code="conflict")
+def _request(ledger: Ledger, run_id: str, request_id: str) -> Any:
+    """The request an answer names: never guessed from what is open now, so an
+    answer sent again can only be a repeat of itself (seed 004 V1.23)."""
+    row = ledger.one("SELECT * FROM input_requests WHERE request_id = ?", request_id)
+    if row is None or row["run_id"] != run_id:
+        raise SupervisorError(f"run {run_id} has no request {request_id!r}; see `corral pending`", code="not-found")
     return row
 
 
@@ -134,22 +136,22 @@ def answer(
     run_id: str,
     features: RunFeatures,
     *,
-    request_id: str | None = None,
-    response_id: Any = None,
+    request_id: str,
+    response_id: Any,
     answers: Any = None,
     text: Any = None,
 ) -> dict[str, Any]:
     """Record the answer once, finish the question's action with it, resume the run.
-    ``text`` (no ``answers``) answers a one-question request; without a
-    ``response_id`` one is derived from the answers, so a retry is the same response."""
+    ``text`` (no ``answers``) answers a one-question request. The caller's
+    ``response_id`` makes it idempotent: the same response again returns the same
+    result; another one after the answer is refused. In the same transaction the
+    answer joins the owning conversation as its user message (once)."""
     run = run_store.get_run(ledger, run_id)
     row = _request(ledger, run_id, request_id)
     questions, free_text = _questions_of(row)
     given = shape.simple_answers(questions, text) if answers is None else answers
     checked = shape.check_answers(questions, given, free_text)
     digest = shape.answers_digest(checked)
-    if response_id is None:
-        response_id = f"auto-{digest[:16]}"
     response_id = shape.check_response_id(response_id)
     result = {"run_id": run_id, "action_id": row["action_id"], "agent_id": run["agent_id"],
               "request_id": row["request_id"], "response_id": response_id}
@@ -180,6 +182,7 @@ def answer(
                                    f"answered {len(stored)} question(s) of {row['request_id']}", None, features)
         if RunStatus(run["status"]) is RunStatus.NEEDS_INPUT:
             run_store.set_run_status(ledger, run_id, RunStatus.RUNNING, features, "answered")
+        conversation_log.append_answer(ledger, run, row["request_id"], questions, stored)
         ledger.event("input-answered", run_id, action=row["action_id"], request=row["request_id"],
                      response=response_id, answers=len(stored), sha256=digest)
         failpoints.hit("input.mid-answer")  # inside the transaction: a kill here commits none of it

@@ -697,3 +697,23 @@ MIGRATIONS.append(
     CREATE UNIQUE INDEX steers_sequence ON steers (run_id, seq);
     """
 )
+
+MIGRATIONS.append(
+    # A structured question and its answer as messages of the owning conversation
+    # (seed 004 V1.23: "问题消息使用稳定 messageId 幂等追加到 owning Agent Session"), each with
+    # an id derived from its request, appended once in the ask's or the answer's
+    # transaction. A run without a conversation keeps its own (conversation_id NULL).
+    """
+    CREATE TABLE conversation_messages (
+        message_id       TEXT PRIMARY KEY,
+        conversation_id  TEXT,
+        run_id           TEXT NOT NULL,
+        request_id       TEXT NOT NULL,
+        role             TEXT NOT NULL,
+        kind             TEXT NOT NULL,
+        text             TEXT NOT NULL,
+        created_at       REAL NOT NULL
+    );
+    CREATE INDEX conversation_messages_by_run ON conversation_messages (run_id);
+    """
+)
