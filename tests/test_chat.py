@@ -91,7 +91,7 @@ def test_chat_in_a_terminal_turns_approvals_questions_and_a_restart(short_tmp: P
             child.sendline("/help")
             child.expect("/history")
             child.sendline("hello there")
-            child.expect(r"approve fs\.write\(.*hello\.txt\)\s+\[y/n\]")
+            child.expect(r"approve act-[0-9a-f]+: fs\.write\(.*hello\.txt\)\s+\[y/n\]")
             # An approval is part of the turn: no report until it is decided (seed 004
             # V1.15: a turn settles only when nothing is waiting-for-confirmation).
             child.sendline("/compact")
@@ -195,12 +195,12 @@ def test_a_specialists_approval_is_shown_and_decided_in_the_chat(short_tmp: Path
         child = _spawn(daemon)
         try:
             child.sendline("write the notes, please")
-            child.expect(r"\[delegation (dlg-[0-9a-f-]+|[\w-]+) -> w \(parent run (run-[0-9a-f]+)\)\]")
+            child.expect(r"\[delegation ([\w-]+) -> w \(parent project-supervisor, run (run-[0-9a-f]+)\)\]")
             delegation, parent = child.match.group(1), child.match.group(2)
             child.expect(r"fs\.write .*run (run-[0-9a-f]+)\s+agent w")
             specialist = child.match.group(1)
             assert specialist != parent
-            child.expect(r"approve fs\.write\(.*notes\.txt\)\s+\[y/n\]")
+            child.expect(r"approve act-[0-9a-f]+: fs\.write\(.*notes\.txt\)\s+\[y/n\]")
             child.sendline("y")
             child.expect(r"\[approved act-")
             assert "[turn.report]" not in child.before and "nothing waits for approval" not in child.before
@@ -212,6 +212,19 @@ def test_a_specialists_approval_is_shown_and_decided_in_the_chat(short_tmp: Path
         finally:
             _close(child)
     assert (short_tmp / "ws" / "notes.txt").read_text() == "n"
+
+
+def test_the_chat_says_plainly_when_a_run_or_an_action_needs_reconciliation(capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed 004 V1.15: "失败、取消和 reconciliation 要明确显示": the run's and the action's
+    ``needs-reconciliation`` each get their own line, naming what and how to decide it."""
+    from corral.cli.chat import Chat
+
+    chat = Chat(None, "conv-1", as_json=False)  # type: ignore[arg-type]  # no call is made for these events
+    chat.show_event({"kind": "action-needs-reconciliation", "subject": "act-1", "data": {"run": "run-1"}})
+    chat.show_event({"kind": "run-needs-reconciliation", "subject": "run-1", "data": {"reason": "outcome unknown"}})
+    shown = capsys.readouterr().out
+    assert "! act-1 needs reconciliation" in shown and "corral reconcile act-1" in shown
+    assert "! run run-1 needs reconciliation: outcome unknown" in shown
 
 
 def test_chat_json_prints_one_object_per_turn_event(short_tmp: Path) -> None:

@@ -53,6 +53,8 @@ _SHOWN = {
     "run-completed",
     "run-failed",
     "run-cancelled",
+    "run-needs-reconciliation",
+    "action-needs-reconciliation",
     "reply-delta",
     "reply-stream-restart",
     "steer-applied",
@@ -182,10 +184,17 @@ class Chat:
             self.out("steer-applied", f"  [steer applied: {data.get('steer')}]", run=subject)
         elif kind in ("delegated", "delegation-receipt", "group-spawned", "child-finished", "claim-committed"):
             self.show_swarm(kind, subject, data)
+        elif kind == "action-needs-reconciliation":
+            self.out("reconcile", f"  ! {subject} needs reconciliation: its outcome is unknown and it is never run"
+                     f" again by itself (corral reconcile {subject} ...)", action=subject)
         elif kind == "run-waiting-confirmation":
             self.show_approval(subject)
         elif kind == "run-needs-input":
             self.show_question(subject)
+        elif kind == "run-needs-reconciliation":
+            why = data.get("reason") or "an outcome is unknown"
+            self.out("reconcile", f"  ! run {subject} needs reconciliation: {why}"
+                     " (corral show / corral reconcile; nothing is retried)", run=subject)
         elif kind.startswith("run-"):
             self.show_end(subject, kind[4:])
 
@@ -216,11 +225,19 @@ class Chat:
         self.out("plan", f"  [plan: {'; '.join(parts)}]", run=run_id, completed=data.get("completed"),
                  total=data.get("steps"), current=current, next=upcoming, waiting=waiting, specialists=specialists)
 
+    def agent_of(self, run_id: str) -> str | None:
+        try:
+            return str(self.client.show(run_id).raw["run"]["agent_id"])
+        except CorralError:
+            return None
+
     def show_swarm(self, kind: str, subject: str, data: dict[str, Any]) -> None:
         """A delegation, its receipt, a group of children, a child's end or a claim:
         identities and states only (no task or result text)."""
         if kind == "delegated":
-            text = f"  [delegation {subject} -> {data.get('target')} (parent run {data.get('parent_run')})]"
+            parent = data.get("parent_run")
+            agent = self.agent_of(str(parent)) if parent else None
+            text = f"  [delegation {subject} -> {data.get('target')} (parent {agent or '?'}, run {parent})]"
         elif kind == "delegation-receipt":
             text = (f"  [receipt of delegation {data.get('delegation')}: {data.get('status')}"
                     f" -> parent run {data.get('parent_run')}]")
@@ -246,7 +263,7 @@ class Chat:
         self.shown[action["action_id"]] = view["fingerprint"]
         self.out(
             "approval",
-            "\n".join([*lines, f"  ? approve {action['input_summary']}  [y/n]"]),
+            "\n".join([*lines, f"  ? approve {action['action_id']}: {action['input_summary']}  [y/n]"]),
             action=action["action_id"],
             summary=action["input_summary"],
             fingerprint=view["fingerprint"],
