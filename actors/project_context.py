@@ -36,7 +36,7 @@ import rfc8785
 
 from corral.actors import repo_manifests, repo_walk
 from corral.actors.repo_skills import ROOTS as SKILL_ROOTS
-from corral.actors.repo_skills import FrontMatterMemo, Skill, SkillCatalog, discover
+from corral.actors.repo_skills import FrontMatterMemo, Skill, SkillCatalog, discover, skill_section
 from corral.core import nesting
 from corral.core.redact import redact_text
 
@@ -119,7 +119,8 @@ class RepoContext:
             # out: redaction depends on the secrets a process holds, the digest does not.
             "skills": [{"name": s.name, "path": s.path, "root": s.root, "sha256": s.sha256}
                        for s in self.catalog.skills],
-            "skills_truncated": self.catalog.truncated,
+            # Left out by a limit of the catalog or by the prompt's 4 KiB (V1.25).
+            "skills_truncated": self.catalog.truncated or skill_section(self.catalog).cut,
         }
 
     @property

@@ -126,3 +126,8 @@ def test_the_whole_skill_section_of_the_prompt_fits_4_kib(tmp_path: Path) -> Non
     section = prompt[start:] if end == -1 else prompt[start:end]
     assert "more skills not shown" in section
     assert len(section.encode()) <= 4 * 1024, len(section.encode())
+    # Leaving entries out for the 4 KiB is an omission by budget: the context says so.
+    context = load(ws)
+    assert context.catalog.truncated is False and context.governing()["skills_truncated"] is True
+    first = context.catalog.skills[0]
+    assert f"sha256 {first.sha256})" in section  # the whole digest, as the seed's contentSha256
