@@ -47,8 +47,10 @@ TERMINAL_STATES: frozenset[SessionState] = frozenset(
 
 #: The one transition table (the ledger can reuse it). Terminal states have none.
 TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = {
-    # Terminated straight from prepared: stopped before anything was launched.
-    S.PREPARED: frozenset({S.LAUNCHING, S.TERMINATED, S.FAILED}),
+    # Terminated straight from prepared: stopped before anything was launched. A
+    # prepared session an older boot left is checked by a person, not failed on the
+    # theory that it never spawned (seed 004 V1.10: "对旧 boot 的 prepared 也采取保守核对").
+    S.PREPARED: frozenset({S.LAUNCHING, S.TERMINATED, S.FAILED, S.NEEDS_RECONCILIATION}),
     S.LAUNCHING: frozenset({S.RUNNING, S.FAILED, S.NEEDS_RECONCILIATION}),
     S.RUNNING: frozenset(
         {S.TERMINATING, S.EXITED, S.OUTPUT_LIMIT_EXCEEDED, S.FAILED, S.NEEDS_RECONCILIATION}

@@ -332,12 +332,17 @@ def _wait_old_tree_gone(timeout: float = 15) -> None:
     assert psutil.wait_procs(live_descendants(), timeout=timeout)[1] == []
 
 
-@pytest.mark.parametrize("when", ["running", "launch"])
+@pytest.mark.parametrize("when", ["running", "launch", "prepared"])
 def test_supervisor_killed_with_a_session_only_reconciles(short_tmp: Path, when: str) -> None:
     daemon = _daemon(short_tmp, _spec(CRASH))
     launches = short_tmp / "ws" / "launches.log"
     try:
-        if when == "launch":
+        if when == "prepared":
+            # Seed 004 V1.10: "对旧 boot 的 prepared 也采取保守核对": recorded, never launched.
+            first = daemon.up(env={"CORRAL_FAILPOINTS": "session.after-prepared=kill@once"})
+            run_id = daemon.call("run", agent_id="writer", task="crash before the launch")["run_id"]
+            wait_supervisor_gone(daemon, first.pid, timeout=30)
+        elif when == "launch":
             # Inside the session actor: launched and committed, running not yet recorded.
             first = daemon.up(env={"CORRAL_FAILPOINTS": "session.after-launch=kill-supervisor@once"})
             run_id = daemon.call("run", agent_id="writer", task="crash at launch")["run_id"]
@@ -355,7 +360,7 @@ def test_supervisor_killed_with_a_session_only_reconciles(short_tmp: Path, when:
             assert psutil.wait_procs(targets, timeout=10)[1] == []
         _wait_old_tree_gone()
         count = len(launches.read_text().splitlines()) if launches.exists() else 0
-        assert count == 1 if when == "running" else count <= 1
+        assert count == {"running": 1, "prepared": 0}.get(when, count) and count <= 1
 
         second = daemon.up()
         assert second.boot_id != first.boot_id

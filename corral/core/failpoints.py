@@ -60,6 +60,7 @@ KNOWN: dict[str, str] = {
     "run.after-create": "supervisor: run committed, reply to the client not yet sent",
     "provider.before-handoff": "agent: provider response received, handoff not yet committed",
     "provider.after-handoff": "agent: provider response committed (with the plan parsed from it), reply not yet read",
+    "session.after-prepared": "supervisor: a session recorded prepared, its actor not yet started",
     "session.after-launch": "session: process launched, running not yet recorded",
     "preview.after-check": "agent: a preview check's browser evidence taken, the revision and preview not yet re-read",
     "link.before-dial": "actor: its link's address and secret in hand (any actor kind), not yet dialled",

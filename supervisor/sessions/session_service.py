@@ -41,6 +41,7 @@ import trio
 from corral.actors.session_state import MAX_STDIN_BYTES, TERMINAL_STATES, SessionState, signal_of
 from corral.actors.tools.base import ToolError
 from corral.actors.tools.paths import resolve_in_workspace
+from corral.core import failpoints
 from corral.mailbox.errors import ChannelClosed, DeadlineExceeded, MailboxFull, RemoteError
 from corral.mailbox.protocol import (
     Ack,
@@ -237,6 +238,7 @@ class SessionService:
             if full is not None:
                 raise Refused(full, code="session-capacity")
             session_store.insert_session(self.ledger, process_id, run, action["action_id"], argv, cwd_raw)
+            failpoints.hit("session.after-prepared")
             await self._launch_actor(
                 process_id,
                 {

@@ -257,25 +257,16 @@ def recover(ledger: Ledger, report: RecoveryReport, features: RunFeatures) -> No
     """Unfinished sessions of older boots: reconciliation only.
 
     Their processes died with the old supervisor; nothing is relaunched, reconnected
-    or signalled. A session still ``prepared`` was provably never launched (the
-    actor commits ``launching`` before it spawns anything), so it simply failed.
+    or signalled. A session still ``prepared`` waits for a person too: the actor
+    commits ``launching`` before it spawns anything, but the seed asks for the
+    conservative check all the same (004 V1.10: "对旧 boot 的 prepared 也采取保守核对，不用
+    '理论上尚未 spawn' 作为自动重试依据").
     """
     rows = ledger.all(
         f"SELECT process_id, state, boot_id FROM sessions WHERE boot_id != ? AND state IN ({_LIVE_SQL})",
         ledger.boot_id,
     )
     for row in rows:
-        if row["state"] == S.PREPARED:
-            move_session(
-                ledger,
-                row["process_id"],
-                S.FAILED,
-                features,
-                reason="never launched: the supervisor stopped before the launch",
-                code="supervisor-restarted",
-            )
-            report.notes.append(f"session {row['process_id']}: never launched, failed")
-            continue
         move_session(
             ledger,
             row["process_id"],
@@ -283,7 +274,7 @@ def recover(ledger: Ledger, report: RecoveryReport, features: RunFeatures) -> No
             features,
             reason=(
                 f"the supervisor (boot {row['boot_id']}) stopped while this session was {row['state']};"
-                " its process tree died with it and is not relaunched, reconnected or signalled"
+                " whatever it had started died with it and is not relaunched, reconnected or signalled"
             ),
             code="supervisor-restarted",
         )
