@@ -38,6 +38,7 @@ from corral.actors.providers.base import (
     searches_this_turn,
 )
 from corral.actors.providers.registry import make_provider
+from corral.actors.request_identity import request_identity
 from corral.actors.runtime import ActorContext, is_shutdown
 from corral.actors.tools.base import (
     Tool,
@@ -65,6 +66,7 @@ from corral.mailbox.protocol import (
     ProviderHandoff,
     ProviderInterrupted,
     Request,
+    RequestIdentity,
     RunChildResult,
     RunClaim,
     RunFail,
@@ -334,8 +336,6 @@ class Lane:
             await self.fail_run(recordable.text(f"the agent's instructions cannot be read: {exc}"))
             return
         begun = step.begun
-        if begun is None:  # else the lifecycle was begun with the last step's reply
-            begun = await self.ctx.ask(ProviderBegin(self.run_id, loop))
         history = self.provider_history(step)
         images = await self.images_for(provider, history)
         request = ProviderRequest(
@@ -345,7 +345,7 @@ class Lane:
             loop_index=loop,
             history=history,
             tools=self.offered,
-            slot=begun.slot,
+            slot=begun.slot if begun is not None else "",
             tool_notes=tuple(sorted(self.run.mcp_instructions.items())),
             project_context=context,
             instructions=self.instructions.prompt if self.instructions else "",
@@ -356,6 +356,13 @@ class Lane:
             web_search=searches_this_turn(getattr(provider, "web_search", False) is True, history,
                                           images=bool(images), closing=step.closing),
         )
+        identity = request_identity(request, self.run.provider, self.run.provider_config)
+        if begun is None:  # else the lifecycle was begun with the last step's reply
+            # Begun with what it will send: a due retry goes out only as the request
+            # that failed; a changed one is superseded (the supervisor refuses this
+            # begin and opens a new loop, so the next step plans afresh).
+            begun = await self.ctx.ask(ProviderBegin(self.run_id, loop, identity=identity))
+            request = dataclasses.replace(request, slot=begun.slot)
         # The transcript's notes of this turn (what was sent), with the handoff or the failure.
         notes = self.notes.for_turn(provider, request, observations_seen(step))
         interrupt = self.interrupts.open(begun.slot)
@@ -363,7 +370,7 @@ class Lane:
             with interrupt:
                 response = await provider.complete(request)
         except ProviderError as exc:
-            await self.provider_failed(begun.slot, exc.kind.value, recordable.text(str(exc)), notes)
+            await self.provider_failed(begun.slot, exc.kind.value, recordable.text(str(exc)), notes, identity)
             return
         except Exception as exc:  # a provider bug is a failed lifecycle, never a hang
             error = recordable.text(f"{type(exc).__name__}: {exc}")
@@ -417,8 +424,11 @@ class Lane:
         except Exception:  # a provider that cannot start sees nothing; its turn says why
             return False
 
-    async def provider_failed(self, slot: str, kind: str, error: str, notes: TurnNote) -> None:
-        failed = ProviderFailed(self.run_id, slot, kind, error, notes)
+    async def provider_failed(
+        self, slot: str, kind: str, error: str, notes: TurnNote, identity: RequestIdentity | None = None
+    ) -> None:
+        """``identity``: the failed request's, kept with its durable retry (a transient failure)."""
+        failed = ProviderFailed(self.run_id, slot, kind, error, notes, identity)
         if recordable.encoded_size(msgspec.to_builtins(failed)) > self.budget:
             failed = msgspec.structs.replace(failed, notes=TurnNotes.without_texts(notes))
         await self.ctx.ask(failed)

@@ -163,3 +163,72 @@ def test_resume_never_sends_a_retry_before_its_retry_at(short_tmp: Path) -> None
                 assert len(proxy.requests) == 1
             finally:
                 daemon.shutdown()
+
+
+def test_a_retry_whose_request_changed_is_superseded_and_a_new_request_is_sent(short_tmp: Path) -> None:
+    # V1.39 "到期后先重新校验…Provider 配置和重建请求指纹"; V1.40 "请求…任一稳定身份变化时，旧
+    # sidecar 删除并记录仅含字段名的 retry_superseded 审计，随后同一 run 回到新 planning；不得…继续旧
+    # attempt". AGENTS.md is edited during the wait: the old attempt never goes out with a new body.
+    server = FakeOpenAIServer(
+        [lambda body: Reply(body=completion("verbose" if b"Be verbose." in body else "brief"))], keep_bodies=True
+    )
+    with serve_in_thread(server) as upstream:
+        proxy = FaultProxy(upstream, {1: Fault.drop()})
+        with serve_in_thread(proxy) as url:
+            spec = _spec(short_tmp, url)
+            (short_tmp / "ws" / "AGENTS.md").write_text("# Rules\n\nBe brief.\n")
+            daemon = Daemon(short_tmp / "h", spec, env={"OPENAI_API_KEY": KEY})
+            try:
+                daemon.up()
+                run_id = daemon.call("run", agent_id="llm", task="first task")["run_id"]
+                wait_run(daemon, run_id, {"waiting-for-provider-retry"})
+                (kept,) = ledger_rows(
+                    daemon.home, "SELECT request_identity FROM provider_requests WHERE slot = ?", f"{run_id}:0"
+                )
+                assert "Be brief" not in kept["request_identity"], "digests only"
+                (short_tmp / "ws" / "AGENTS.md").write_text("# Rules\n\nBe verbose.\n")
+                retry_due_while_down(daemon, run_id)
+                daemon.up()
+                shown = wait_run(daemon, run_id, {"completed", "failed"})
+                assert shown["run"]["status"] == "completed"
+                assert shown["final_reply"] == "verbose"
+                # No -transient-1 lifecycle at all: a new loop, a new request, attempt 0.
+                assert [(r["slot"], r["attempt"], r["status"]) for r in shown["provider_requests"]] == [
+                    (f"{run_id}:0", 0, "failed"),
+                    (f"{run_id}:1", 0, "completed"),
+                ]
+                superseded = [e for e in daemon.events() if e["kind"] == "retry-superseded"]
+                assert [(e["subject"], e["data"]["slot"], e["data"]["changed"]) for e in superseded] == [
+                    (run_id, f"{run_id}:0", ["project_context"])
+                ]
+                assert len(proxy.requests) == 2 and len(server.requests) == 1
+            finally:
+                daemon.shutdown()
+
+
+def test_an_unchanged_request_is_retried_as_the_same_attempt_with_the_same_body(short_tmp: Path) -> None:
+    # "再沿原 Session/run/loop/attempt 发出一个物理请求" ... "失败与恢复两次 HTTP body 必须逐字节相同"
+    server = FakeOpenAIServer([Reply(body=completion("lost")), Reply(body=completion("all done"))], keep_bodies=True)
+    with serve_in_thread(server) as upstream:
+        proxy = FaultProxy(upstream, {1: Fault.drop("response")})  # the server sees both bodies
+        with serve_in_thread(proxy) as url:
+            spec = _spec(short_tmp, url)
+            (short_tmp / "ws" / "AGENTS.md").write_text("# Rules\n\nBe brief.\n")
+            daemon = Daemon(short_tmp / "h", spec, env={"OPENAI_API_KEY": KEY})
+            try:
+                daemon.up()
+                run_id = daemon.call("run", agent_id="llm", task="first task")["run_id"]
+                wait_run(daemon, run_id, {"waiting-for-provider-retry"})
+                retry_due_while_down(daemon, run_id)
+                daemon.up()  # a new supervisor and a new agent process rebuild the request
+                shown = wait_run(daemon, run_id, {"completed", "failed"})
+                assert shown["run"]["status"] == "completed"
+                assert [(r["slot"], r["attempt"], r["status"]) for r in shown["provider_requests"]] == [
+                    (f"{run_id}:0", 0, "failed"),
+                    (f"{run_id}:0-transient-1", 1, "completed"),
+                ]
+                assert [e for e in daemon.events() if e["kind"] == "retry-superseded"] == []
+                first, retry = (record.body for record in server.requests)
+                assert first is not None and first == retry, "the same request, byte for byte"
+            finally:
+                daemon.shutdown()

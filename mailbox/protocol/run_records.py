@@ -128,6 +128,24 @@ class TurnNote(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_def
     web_search: bool | None = None
 
 
+class RequestIdentity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A provider request's stable identity (seed 004 V1.39: "请求指纹只包含实际 Provider
+    请求的稳定语义"), one SHA-256 per part of what is sent (actors/request_identity.py):
+    kept with a failed request's durable retry and compared, part by part, when the
+    retry falls due. Digests only: never a prompt, a message or a setting's value."""
+
+    task: Sha256
+    history: Sha256
+    tools: Sha256
+    tool_notes: Sha256
+    project_context: Sha256
+    instructions: Sha256
+    output_schema: Sha256
+    images: Sha256
+    web_search: Sha256
+    provider: Sha256
+
+
 class InvalidPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Why a response's plan is invalid (the model may repair it, within the run's repairs)."""
 
@@ -272,6 +290,9 @@ class ProviderBegin(Request[ProviderBegun], frozen=True, forbid_unknown_fields=T
     METHOD: ClassVar[Method] = Method.PROVIDER_BEGIN
     run_id: Id
     loop: Index
+    #: The request about to be sent: a due retry is sent only when it is the request
+    #: that failed (supervisor/runs/retry_identity.py), else it is superseded.
+    identity: RequestIdentity | None = None
 
 
 class ProviderHandoff(Request[HandedOff], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -299,6 +320,8 @@ class ProviderFailed(Request[ProviderFailure], frozen=True, forbid_unknown_field
     kind: Kind
     error: str = ""
     notes: TurnNote | None = None
+    #: The failed request's identity, kept with its retry.
+    identity: RequestIdentity | None = None
 
 
 class ProviderInterrupted(Request[Ack], frozen=True, forbid_unknown_fields=True, omit_defaults=True):

@@ -717,3 +717,13 @@ MIGRATIONS.append(
     CREATE INDEX conversation_messages_by_run ON conversation_messages (run_id);
     """
 )
+
+MIGRATIONS.append(
+    # A failed provider request's identity (seed 004 V1.39, V1.40): one SHA-256 per
+    # part of what it sent (supervisor/runs/retry_identity.py), kept beside its
+    # durable retry and compared when the retry falls due. Digests only; NULL for a
+    # request recorded before this, or one lost in a crash (no identity to compare).
+    """
+    ALTER TABLE provider_requests ADD COLUMN request_identity TEXT;
+    """
+)

@@ -14,8 +14,10 @@ from typing import Any
 from corral.actors.providers.base import MAX_RESPONSE_CHARS
 from corral.core.path_scrub import scrub_urls
 from corral.core.redact import redact_text, summarize
+from corral.mailbox.protocol import RequestIdentity
 from corral.supervisor.errors import Conflict, NotFound, Refused
 from corral.supervisor.ledger.port import Ledger
+from corral.supervisor.runs import retry_identity
 from corral.supervisor.runs.run_feature import RunFeatures
 from corral.supervisor.runs.run_state import TERMINAL, RunStatus
 from corral.supervisor.runs.run_store import RunLimits, get_run, set_run_status
@@ -37,7 +39,36 @@ def requests_for(ledger: Ledger, run_id: str, loop_index: int) -> list[sqlite3.R
     )
 
 
-def begin_provider_request(ledger: Ledger, run_id: str, loop_index: int, features: RunFeatures) -> dict[str, Any]:
+def begin_provider_request(
+    ledger: Ledger, run_id: str, loop_index: int, features: RunFeatures, identity: RequestIdentity | None = None
+) -> dict[str, Any]:
+    """A provider request's lifecycle begins (its slot and attempt). ``identity``:
+    the request about to be sent. The retry of a failed request that kept its
+    identity is begun only with one, and only when it is the same request: a
+    changed one supersedes the retry (``retry-superseded``, naming the changed
+    parts), opens a new loop and is refused, so the next step plans afresh as a new
+    request."""
+    begun = _begin(ledger, run_id, loop_index, features, identity, defer=False)
+    assert begun is not None  # only a deferred begin is left undone
+    return begun
+
+
+def begin_unless_retry(ledger: Ledger, run_id: str, loop_index: int, features: RunFeatures) -> dict[str, Any] | None:
+    """As begin_provider_request, before the request is built (step_piggyback.py):
+    None, nothing begun, when it would be the retry of a request that kept its
+    identity; the agent begins that one itself, with the request it will send."""
+    return _begin(ledger, run_id, loop_index, features, None, defer=True)
+
+
+def _begin(
+    ledger: Ledger,
+    run_id: str,
+    loop_index: int,
+    features: RunFeatures,
+    identity: RequestIdentity | None,
+    *,
+    defer: bool,
+) -> dict[str, Any] | None:
     requests = requests_for(ledger, run_id, loop_index)
     latest = requests[-1] if requests else None
     if latest is not None and latest["status"] == "started":
@@ -47,6 +78,17 @@ def begin_provider_request(ledger: Ledger, run_id: str, loop_index: int, feature
     why = control_pending(ledger, run_id, features)  # a steer to apply first, a goal pausing: no request now
     if why is not None:
         raise Conflict(why)
+    kept = latest["request_identity"] if latest is not None and latest["status"] == "failed" else None
+    if latest is not None and kept is not None:
+        if identity is None:
+            if defer:
+                return None
+            raise Conflict(f"the retry of {latest['slot']} must be begun with the request it sends")
+        changed = retry_identity.changed_parts(kept, identity)
+        if changed:
+            _superseded_by_change(ledger, run_id, loop_index, latest["slot"], changed)
+            raise Conflict(f"the retry of {latest['slot']} is superseded ({', '.join(changed)} changed);"
+                           " plan again")
     slot, attempt = _next_request_slot(requests, run_id, loop_index)
     with ledger.tx() as db:
         db.execute(
@@ -155,9 +197,11 @@ def provider_failed(
     limits: RunLimits,
     features: RunFeatures,
     notes: TurnNotes | None = None,
+    identity: RequestIdentity | None = None,
 ) -> dict[str, Any]:
     """A failed lifecycle. Transient kinds schedule a durable retry; others fail the run.
-    ``notes``: what the turn was sent, for its transcript."""
+    ``notes``: what the turn was sent, for its transcript; ``identity``: the request's,
+    kept with its retry (compared when the retry falls due: begin_provider_request)."""
     notes = notes or TurnNotes()
     error = scrub_urls(error)  # the public row, event and reason name no provider URL
     with ledger.tx() as db:
@@ -174,9 +218,10 @@ def provider_failed(
         keep_texts(db, notes)
         db.execute(
             "UPDATE provider_requests SET status = 'failed', error_kind = ?, error = ?, retry_at = ?,"
-            " finished_at = ?, system_sha256 = ?, catalog_sha256 = ?, history_seq = ? WHERE slot = ?",
+            " finished_at = ?, system_sha256 = ?, catalog_sha256 = ?, history_seq = ?, request_identity = ?"
+            " WHERE slot = ?",
             (kind, summarize(error, 300), retry_at, _now(), notes.system_sha256, notes.catalog_sha256, notes.seen,
-             slot),
+             retry_identity.stored(identity) if retry else None, slot),
         )
         ledger.emit(
             "provider-request-failed",
@@ -285,6 +330,18 @@ def drop_retry(ledger: Ledger, run_id: str, why: str, features: RunFeatures) -> 
         _supersede(ledger, db, run_id, row["slot"] if row is not None else None, (why,))
         set_run_status(ledger, run_id, RunStatus.RUNNING, features, f"provider retry superseded: {why}")
     return True
+
+
+def _superseded_by_change(ledger: Ledger, run_id: str, loop_index: int, slot: str, changed: tuple[str, ...]) -> None:
+    """The due retry of ``slot`` is not the request the run would send now: it is
+    never sent, and the run plans again in a new loop (a new request, attempt 0)."""
+    with ledger.tx() as db:
+        _supersede(ledger, db, run_id, slot, changed)
+        db.execute(
+            "UPDATE runs SET loop_index = loop_index + 1, updated_at = ? WHERE run_id = ? AND loop_index = ?",
+            (_now(), run_id, loop_index),
+        )
+        ledger.emit("loop-advanced", run_id, loop=loop_index + 1, reason="retry-superseded")
 
 
 def _supersede(ledger: Ledger, db: Any, run_id: str, slot: str | None, changed: tuple[str, ...]) -> None:

@@ -169,7 +169,7 @@ class RunActorMethods(RunCore):
     async def provider_begin(self, slot: ActorSlot, request: ProviderBegin) -> ProviderBegun:
         run = self.run_of(slot, request.run_id)
         return ProviderBegun(**provider_store.begin_provider_request(self.ledger, run["run_id"], request.loop,
-                                                                     self.features))
+                                                                     self.features, request.identity))
 
     async def provider_handoff(self, slot: ActorSlot, request: ProviderHandoff) -> HandedOff:
         return self.provider_handoff_now(slot, request)
@@ -207,6 +207,7 @@ class RunActorMethods(RunCore):
             self.limits_for(run),
             self.features,
             notes_from(request.notes, request.slot),
+            request.identity,
         )
         self._retry_schedule_changed()
         return ProviderFailure(**result)

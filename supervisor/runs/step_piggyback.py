@@ -234,8 +234,9 @@ class StepPiggyback:
         else:
             step = await runs.next_step(slot, asked, boundary=boundary)
         if isinstance(step, ProviderStep):
-            lifecycle = provider_store.begin_provider_request(self.ledger, run_id, step.loop, runs.features)
-            step.begun = ProviderBegun(slot=lifecycle["slot"], attempt=lifecycle["attempt"])
+            lifecycle = provider_store.begin_unless_retry(self.ledger, run_id, step.loop, runs.features)
+            if lifecycle is not None:  # None: a due retry, begun by the agent with what it sends
+                step.begun = ProviderBegun(slot=lifecycle["slot"], attempt=lifecycle["attempt"])
             return step
         if not isinstance(step, PrepareStep | ExecuteStep):
             return step
