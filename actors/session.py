@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from corral.actors.session_state import (
     is_terminal,
     signal_of,
 )
+from corral.actors.tools.source_fingerprint import SourceFingerprint, fingerprint
 from corral.core import failpoints
 from corral.core.redact import summarize
 from corral.core.transitions import IllegalTransition
@@ -154,6 +156,30 @@ class _Reporter:
                 await self.terminal_reported.wait()
 
 
+@dataclass(frozen=True)
+class _SourceWatch:
+    """The project's sources as they were before the launch, to say in each poll
+    whether they have changed since (seed 004 V1.10 ``sourceChanged``), by the
+    fingerprint ``command.exec`` takes (actors/tools/source_fingerprint.py)."""
+
+    root: Path
+    home: Path
+    before: SourceFingerprint
+
+    async def changed(self) -> bool:
+        now = await trio.to_thread.run_sync(fingerprint, self.root, self.home)
+        return not self.before.same_as(now)
+
+
+async def _watch(params: Mapping[str, Any]) -> _SourceWatch | None:
+    """The watch of the project's sources, or None when the supervisor named no home."""
+    home = params.get("home")
+    if not isinstance(home, str):
+        return None
+    root = Path(str(params["project_root"]))
+    return _SourceWatch(root, Path(home), await trio.to_thread.run_sync(fingerprint, root, Path(home)))
+
+
 async def run(ctx: ActorContext) -> int:
     params = ctx.params
     process_id = str(params.get("process_id", ctx.actor_id))
@@ -170,6 +196,7 @@ async def run(ctx: ActorContext) -> int:
         )
         await _wait_for_shutdown(ctx)
         return 0
+    watch = await _watch(params)
     async with session:
         reporter.starting = True
         try:
@@ -181,7 +208,7 @@ async def run(ctx: ActorContext) -> int:
             await reporter.report_failure(exc)
         finally:
             reporter.starting = False
-        await _serve(ctx, session, reporter)
+        await _serve(ctx, session, reporter, watch)
         if not is_terminal(session.state):
             await session.terminate()
         await reporter.settled(session.state)
@@ -219,7 +246,7 @@ async def _wait_for_shutdown(ctx: ActorContext) -> None:
     ctx.shutdown.set()
 
 
-async def _serve(ctx: ActorContext, session: PtySession, reporter: _Reporter) -> None:
+async def _serve(ctx: ActorContext, session: PtySession, reporter: _Reporter, watch: _SourceWatch | None) -> None:
     """Answer requests (each in its own task: a waiting poll must not hold up a
     terminate) until shutdown or until the supervisor is gone."""
     async with trio.open_nursery() as nursery:
@@ -227,16 +254,18 @@ async def _serve(ctx: ActorContext, session: PtySession, reporter: _Reporter) ->
             if is_shutdown(envelope):
                 break
             if envelope.kind is Kind.REQUEST:
-                nursery.start_soon(_answer, ctx, session, reporter, envelope)
+                nursery.start_soon(_answer, ctx, session, reporter, envelope, watch)
         nursery.cancel_scope.cancel()
 
 
-async def _answer(ctx: ActorContext, session: PtySession, reporter: _Reporter, envelope: Envelope) -> None:
+async def _answer(
+    ctx: ActorContext, session: PtySession, reporter: _Reporter, envelope: Envelope, watch: _SourceWatch | None
+) -> None:
     body = envelope.body
     op = body.get("op")
     try:
         if op == "poll":
-            reply = await _poll(session, reporter, body)
+            reply = await _poll(session, reporter, body, watch)
         elif op == "stdin":
             reply = await _stdin(session, body)
         elif op == "terminate":
@@ -257,7 +286,9 @@ async def _answer(ctx: ActorContext, session: PtySession, reporter: _Reporter, e
         log.warning("%s: reply failed: %s", session.process_id, exc)
 
 
-async def _poll(session: PtySession, reporter: _Reporter, body: Mapping[str, Any]) -> dict[str, Any]:
+async def _poll(
+    session: PtySession, reporter: _Reporter, body: Mapping[str, Any], watch: _SourceWatch | None
+) -> dict[str, Any]:
     cursor = body.get("cursor")
     max_chars = body.get("max_chars", 8192)
     wait_ms = body.get("wait_ms", 0)
@@ -282,6 +313,7 @@ async def _poll(session: PtySession, reporter: _Reporter, body: Mapping[str, Any
         "output_bytes": session.output_bytes,
         "output_sha256": session.output_sha256,
         "needs_reconciliation": result.state is SessionState.NEEDS_RECONCILIATION,
+        "source_changed": None if watch is None else await watch.changed(),
     }
 
 

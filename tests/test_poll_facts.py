@@ -4,10 +4,11 @@ sourceChanged / needsReconciliation；未终态时 exitCode / signal 为空").
 
 A strict re-audit (aud1, 2026-12-07) found the poll returned only the process id, the
 chunk, the cursor, the status, the exit code, ``more`` and ``live``. Here a real
-supervisor runs a process on a terminal that waits for a line, then ends itself by
-SIGTERM: a poll while it waits says stdin is open and names no signal; a poll after
-its end says stdin is closed and names SIGTERM; each gives the size and digest of the
-output so far, which match the private transcript.
+supervisor runs a process on a terminal that waits for a line, writes a file of the
+project, then ends itself by SIGTERM: a poll while it waits says stdin is open,
+names no signal and sees the sources unchanged; a poll after its end says stdin is
+closed, names SIGTERM and sees the sources changed; each gives the size and digest
+of the output so far, which match the private transcript.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tests.harness import wait_run
 from tests.test_process_sessions import _daemon, _spec, outputs, session_in, wait_for
 
 PID = '"${running.process_id}"'
-SCRIPT = 'echo ready; read line; echo "got:$line"; kill -TERM $$'
+SCRIPT = 'echo ready; read line; echo "got:$line" > made.txt; echo "got:$line"; kill -TERM $$'
 START = f'{{ program = "sh", args = ["-c", {json.dumps(SCRIPT)}], timeout_s = 60 }}'
 STEPS = f"""
 [[agents.steps]]
@@ -60,7 +61,7 @@ def test_a_poll_says_whether_stdin_is_open_what_signal_ended_it_and_how_much_out
         live = waiting["output"]
         assert live["status"] == "running" and "ready" in live["chunk"]
         assert live["stdin_open"] is True and live["signal"] is None and live["exit_code"] is None
-        assert live["needs_reconciliation"] is False
+        assert live["needs_reconciliation"] is False and live["source_changed"] is False
         assert 0 < live["output_bytes"] < len(transcript)
         assert live["output_sha256"] == hashlib.sha256(transcript[: live["output_bytes"]]).hexdigest()
 
@@ -68,6 +69,8 @@ def test_a_poll_says_whether_stdin_is_open_what_signal_ended_it_and_how_much_out
         assert "got:go" in done["chunk"] and done["status"] == row["state"]
         assert done["stdin_open"] is False and done["signal"] == "SIGTERM" and done["exit_code"] == 143
         assert done["needs_reconciliation"] is False
+        # It wrote a file of the project after its line: the sources changed.
+        assert done["source_changed"] is True and (short_tmp / "ws" / "made.txt").read_text() == "got:go\n"
         assert done["output_bytes"] == len(transcript)
         assert done["output_sha256"] == hashlib.sha256(transcript).hexdigest()
     finally:

@@ -71,6 +71,9 @@ class SessionOutput(msgspec.Struct, kw_only=True):
     output_bytes: int = 0
     output_sha256: str = ""
     needs_reconciliation: bool = False
+    #: Whether the project's sources changed since the launch (None: not known, once
+    #: the session's actor is gone).
+    source_changed: bool | None = None
     #: The loopback ports the live session's processes listen on where the host
     #: reaches them (``preview.validate`` checks only these: seed 004 V1.1 §3).
     listening: list[int] = msgspec.field(default_factory=list)

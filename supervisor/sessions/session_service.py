@@ -250,6 +250,8 @@ class SessionService:
                     "project_root": str(workspace),
                     "sandbox": self._run_sandbox(run),
                     "transcript": str(session_store.transcript_path(self.home, run["run_id"], process_id)),
+                    # The source fingerprint skips the home (seed 004 V1.10 sourceChanged).
+                    "home": str(self.home),
                 },
             )
         # else: the same start action asked again (a lost reply): report, never relaunch.
