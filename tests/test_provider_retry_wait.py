@@ -12,6 +12,7 @@ the supervisor is down (``retry_due_while_down``), never a sleep.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -229,6 +230,46 @@ def test_an_unchanged_request_is_retried_as_the_same_attempt_with_the_same_body(
                 ]
                 assert [e for e in daemon.events() if e["kind"] == "retry-superseded"] == []
                 first, retry = (record.body for record in server.requests)
+                assert first is not None and first == retry, "the same request, byte for byte"
+            finally:
+                daemon.shutdown()
+
+
+def test_a_goal_paused_and_resumed_during_the_wait_keeps_the_same_request_and_attempt(short_tmp: Path) -> None:
+    # "Goal pause 保留 sidecar且零请求，resume 校验完整身份后恢复原等待态；即使暂停跨越秒级时间边界，也必须
+    # 保留相同 request fingerprint 和 -transient-N slot"
+    verdict = {"actions": [{"tool": "goal.verdict", "input": {"met": True, "evidence": "notes"}}], "planUpdate": None}
+    server = FakeOpenAIServer(
+        [
+            Reply(body=completion("lost")),
+            Reply(body=completion(json.dumps(verdict))),
+            Reply(body=completion('{"final": "done", "planUpdate": null}')),
+        ],
+        keep_bodies=True,
+    )
+    with serve_in_thread(server) as upstream:
+        proxy = FaultProxy(upstream, {1: Fault.drop("response")})  # the server sees both bodies
+        with serve_in_thread(proxy) as url:
+            spec = _spec(short_tmp, url)
+            spec.write_text(spec.read_text().replace('structured = "tools"\n', ""))
+            daemon = Daemon(short_tmp / "h", spec, env={"OPENAI_API_KEY": KEY})
+            try:
+                daemon.up()
+                run_id = daemon.call("run", agent_id="llm", goal="write the notes")["run_id"]
+                wait_run(daemon, run_id, {"waiting-for-provider-retry"})
+                before = daemon.call("pending")["provider_retries"]
+                daemon.call("goal.pause", run_id=run_id)
+                assert daemon.call("goal.resume", run_id=run_id)["status"] == "active"
+                assert daemon.call("pending")["provider_retries"] == before, "zero requests, the same wait"
+                assert len(proxy.requests) == 1
+                retry_due_while_down(daemon, run_id)
+                daemon.up()
+                shown = wait_run(daemon, run_id, {"completed", "failed", "needs-input"})
+                assert shown["run"]["status"] == "completed", shown["run"]
+                slots = [(r["slot"], r["attempt"], r["status"]) for r in shown["provider_requests"]]
+                assert slots[:2] == [(f"{run_id}:0", 0, "failed"), (f"{run_id}:0-transient-1", 1, "completed")]
+                assert [e for e in daemon.events() if e["kind"] == "retry-superseded"] == []
+                first, retry = (record.body for record in server.requests[:2])
                 assert first is not None and first == retry, "the same request, byte for byte"
             finally:
                 daemon.shutdown()
