@@ -82,6 +82,25 @@ PAGES = {
 NOISY = (f"<!doctype html><title>noisy</title><p>Level 2</p>{CANVAS}<img src='/missing.png' alt=''>"
          f"<script>{DRAW} console.warn('slow asset');</script>")
 EMPTY = "<!doctype html><title>empty</title><body></body>"
+#: A page whose image redirects to another loopback port: the redirect's target is
+#: another origin, blocked and fatal (seed 004 V1.1 §3: "跨 origin redirect target").
+REDIRECTS = (f"<!doctype html><title>redirects</title><p>Level 3</p>{CANVAS}<img src='/elsewhere.png' alt=''>"
+             f"<script>{DRAW}</script>")
+#: The test's dev server: the site's files, and ``/elsewhere.png`` redirecting to
+#: another loopback port (argv: port, directory, the other port).
+SERVER = (
+    "import functools, http.server, sys\n"
+    "class Handler(http.server.SimpleHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        if self.path == '/elsewhere.png':\n"
+    "            self.send_response(302)\n"
+    "            self.send_header('Location', f'http://127.0.0.1:{sys.argv[3]}/x.png')\n"
+    "            self.end_headers()\n"
+    "            return\n"
+    "        super().do_GET()\n"
+    "handler = functools.partial(Handler, directory=sys.argv[2])\n"
+    "http.server.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), handler).serve_forever()\n"
+)
 
 
 def _free_port() -> int:
@@ -205,6 +224,7 @@ def _pages_script(port: int) -> list[dict[str, Any]]:
         _check(NOISY, settleMs=100),
         {"actions": [{"tool": "preview.validate", "input": {"viewports": ["desktop"]}},
                      {"tool": "preview.validate", "input": {"viewports": ["desktop", "desktop"]}}]},
+        _check(REDIRECTS),
         _check(PAGES["game.html"]),  # the latest change is followed by a pass
         {"actions": [{"tool": "preview.validate", "input": {}}]},  # read again: the spec's page
         {"final": "checked"},
@@ -214,8 +234,9 @@ def _pages_script(port: int) -> list[dict[str, Any]]:
 def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path, as_user: list[str] | None) -> None:
     """The passing path, in a sandboxed Chromium: as this user, or (as root) with
     corral run by an unprivileged user, as a careful operator would run it. The
-    preview is the dev server the run started, found by the port its own processes
-    listen on (seed 004 V1.1 §3's registry), never named by the model."""
+    preview is the registry's: here the spec's page (the run starts no session), never
+    named by the model; a session's port as the preview is tested without a browser
+    (test_a_dev_servers_port_is_the_preview_and_two_are_none)."""
     short_tmp.chmod(0o755)  # the unprivileged user walks into it
     command = as_user
     if command is None:
@@ -230,8 +251,8 @@ def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path
         for path in [short_tmp, short_tmp / "ws", *(short_tmp / "ws").rglob("*"), short_tmp / "swarm.toml",
                      short_tmp / "script.json"]:
             os.chown(path, NOBODY, NOBODY)
-    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
-                               str(site)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(site), str(_free_port())],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         up = _corral(command, short_tmp, "up", "--spec", str(short_tmp / "swarm.toml"))
         assert up.returncode == 0, up.stderr[-2000:]
@@ -249,9 +270,13 @@ def test_three_preview_pages_get_their_verdicts_with_screenshots(short_tmp: Path
     home = short_tmp / "home"
     run_id = shown["run"]["run_id"]
     checks = [row for row in _rows(home, run_id) if row["tool"] == "preview.validate"]
-    assert len(checks) == 13
+    assert len(checks) == 14
     _check_the_seeds_inputs_and_evidence(home, run_id, checks[5:11])
-    for row in checks[11:]:
+    redirected = json.loads(checks[11]["result"])["output"]
+    assert redirected["passed"] is False and checks[11]["phase"] == "failed", redirected
+    for view in redirected["viewports"].values():
+        assert view["blocked_requests"] >= 1 and "request(s) to another origin blocked" in " ".join(view["problems"])
+    for row in checks[12:]:
         last = json.loads(row["result"])["output"]
         assert last["passed"] is True and last["url"] == f"http://127.0.0.1:{port}/", last
     errors = {row["action_id"]: row["error"] or "" for row in ledger_rows(
@@ -519,6 +544,13 @@ def test_a_url_is_made_on_loopback_and_judged_after_parsing() -> None:
     for bad in ("//evil.example/", "@evil.example/", "x", "/\\evil", "/a#b", "/\x00"):
         with pytest.raises(ToolError):
             preview_url(8080, bad)
+    # Exactly 127.0.0.1 (seed 004 V1.1 §3: "仅允许精确 http://127.0.0.1:<port>"), not another loopback address.
+    from corral.core.loopback_url import NotLoopback, loopback_page
+
+    assert loopback_page("http://127.0.0.1:8080/") == "http://127.0.0.1:8080/"
+    for other in ("http://127.0.0.2:8080/", "http://[::1]:8080/", "http://localhost:8080/"):
+        with pytest.raises(NotLoopback):
+            loopback_page(other)
 
 
 def test_one_viewport_only_or_a_uniform_canvas_fails() -> None:

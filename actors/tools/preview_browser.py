@@ -264,6 +264,16 @@ def _request_failed(report: ViewportReport, origin: tuple[str, str, int | None],
         _keep(report.failed_requests, f"{request.url} ({request.failure or 'failed'})")
 
 
+def _request(report: ViewportReport, origin: tuple[str, str, int | None], request: Any) -> None:
+    """Every request the page makes, redirects included: the route sees only the first
+    URL of a redirect chain, so a redirect to another origin is caught here and counted
+    as blocked, a fatal policy failure of the viewport (seed 004 V1.1 §3: "跨 origin
+    redirect target…必须在连接或握手前阻断并记为致命策略失败"); beneath this, the
+    unreachable proxy keeps its connection from being made."""
+    if request.redirected_from is not None and origin_of(request.url) != origin:
+        _keep(report.blocked, request.url)
+
+
 def _response(report: ViewportReport, response: Any) -> None:
     if response.status >= 400:
         _keep(report.failed_requests, f"{response.url} (HTTP {response.status})")
@@ -289,6 +299,7 @@ def _one_viewport(
         page = context.new_page()
         page.on("console", lambda msg: _console(report, msg))
         page.on("pageerror", lambda exc: _keep(report.page_errors, str(exc)))
+        page.on("request", lambda request: _request(report, origin, request))
         page.on("requestfailed", lambda request: _request_failed(report, origin, request))
         page.on("response", lambda response: _response(report, response))
         try:

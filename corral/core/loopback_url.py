@@ -19,6 +19,10 @@ class NotLoopback(ValueError):
     """The text is not a page of a loopback preview; the message says why."""
 
 
+#: The one host a preview may have.
+PREVIEW_HOST = ipaddress.ip_address("127.0.0.1")
+
+
 def loopback_page(url: str) -> str:
     """The URL, unchanged, if it is a page of a loopback http server; else NotLoopback."""
     if len(url) > MAX_URL_CHARS or not url.isprintable() or any(ch in url for ch in "\\# "):
@@ -30,9 +34,11 @@ def loopback_page(url: str) -> str:
         host = ipaddress.ip_address(parts.hostname or "")
         port = parts.port
     except ValueError:
-        raise NotLoopback("the host must be a loopback IP address (127.0.0.1 or [::1]) with a port") from None
-    if not host.is_loopback:
-        raise NotLoopback(f"{host} is not a loopback address")
+        raise NotLoopback("the host must be 127.0.0.1 with a port") from None
+    if host != PREVIEW_HOST:
+        # Seed 004 V1.1 §3: "仅允许精确 http://127.0.0.1:<port> 预览 origin": not another
+        # loopback address (127.0.0.2, [::1]), which the browser's exact bypass would not cover.
+        raise NotLoopback(f"{host} is not 127.0.0.1: a preview is served on exactly 127.0.0.1")
     if port is None:
         raise NotLoopback("the port must be given")
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
