@@ -356,11 +356,13 @@ class Lane:
             web_search=searches_this_turn(getattr(provider, "web_search", False) is True, history,
                                           images=bool(images), closing=step.closing),
         )
-        identity = request_identity(request, self.run.provider, self.run.provider_config)
+        # Hashed only when it is needed: a begin of the agent's own, or a failure.
+        identity: RequestIdentity | None = None
         if begun is None:  # else the lifecycle was begun with the last step's reply
             # Begun with what it will send: a due retry goes out only as the request
             # that failed; a changed one is superseded (the supervisor refuses this
             # begin and opens a new loop, so the next step plans afresh).
+            identity = request_identity(request, self.run.provider, self.run.provider_config)
             begun = await self.ctx.ask(ProviderBegin(self.run_id, loop, identity=identity))
             request = dataclasses.replace(request, slot=begun.slot)
         # The transcript's notes of this turn (what was sent), with the handoff or the failure.
@@ -370,6 +372,7 @@ class Lane:
             with interrupt:
                 response = await provider.complete(request)
         except ProviderError as exc:
+            identity = identity or request_identity(request, self.run.provider, self.run.provider_config)
             await self.provider_failed(begun.slot, exc.kind.value, recordable.text(str(exc)), notes, identity)
             return
         except Exception as exc:  # a provider bug is a failed lifecycle, never a hang
