@@ -509,16 +509,27 @@ class Lane:
 
     async def step_compact(self, step: CompactStep) -> None:
         """The run's older turns passed the agent's token limit: a summary of them
-        (supervisor/longtask/compaction.py), recorded once per covered range. Writing it has
-        no side effect, so a kill here only means asking again."""
-        summary = await self.summarize(step)
+        (supervisor/longtask/compaction.py), recorded once per covered range. Its request
+        has a provider lifecycle of its own, begun by the supervisor with this step
+        (``step.slot``, supervisor/longtask/compaction_requests.py): a failure is reported
+        on it (a transient one waits durably, as a planning turn's does), and a kill
+        leaves it started, for the orphan rule (never sent again blindly)."""
+        try:
+            summary = await self.summarize(step)
+        except ProviderError as exc:
+            assert step.slot is not None  # only a request with a lifecycle raises
+            await self.ctx.ask(ProviderFailed(self.run_id, step.slot, exc.kind.value, recordable.text(str(exc))))
+            return
         failpoints.hit("context.mid-compaction")
-        await self.step_ask(ContextCompacted(self.run_id, step.to_seq, summary))
+        await self.step_ask(ContextCompacted(self.run_id, step.to_seq, summary, slot=step.slot))
 
     async def summarize(self, step: CompactStep) -> str:
         """The model writes it: through its provider's ``summarize`` when it has one,
         else an ordinary request whose final reply is the summary. The runtime's
-        own digest stands in only when the model gives none."""
+        own digest stands in only when the model answered with no usable summary; a
+        request that failed raises its ``ProviderError`` (a provider's bug is a fatal
+        one) when it has a lifecycle to end, and a supervisor from before lifecycles
+        gets the digest."""
         entries = tuple(step.entries)
         provider = self.get_provider()
         own = getattr(provider, "summarize", None)
@@ -528,13 +539,22 @@ class Lane:
             else:
                 request = ProviderRequest(
                     run_id=self.run_id, agent_id=self.ctx.actor_id, task=SUMMARY_TASK, loop_index=step.loop,
-                    history=entries, tools=(), slot=f"{self.run_id}:compact:{step.to_seq}", tool_notes=(),
-                    instructions=self.instructions.prompt if self.instructions else "",
+                    history=entries, tools=(), slot=step.slot or f"{self.run_id}:compact:{step.to_seq}",
+                    tool_notes=(), instructions=self.instructions.prompt if self.instructions else "",
                 )
                 text = provider.parse(await provider.complete(request), ()).final_reply or ""
-        except (ProviderError, PlanError) as exc:
+        except PlanError as exc:
             log.warning("%s: the model wrote no summary (%s); the runtime's digest stands in", self.run_id, exc)
             text = ""
+        except ProviderError as exc:
+            if step.slot is not None:
+                raise
+            log.warning("%s: the model wrote no summary (%s); the runtime's digest stands in", self.run_id, exc)
+            text = ""
+        except Exception as exc:  # a provider bug fails its lifecycle, never the lane
+            if step.slot is None:
+                raise
+            raise ProviderError(ErrorKind.FATAL, f"{type(exc).__name__}: {exc}") from None
         try:
             recordable.check(text, "the summary")
         except recordable.NotRecordable as exc:

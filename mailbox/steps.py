@@ -145,6 +145,9 @@ class CompactStep(_Step, tag="compact"):
     to_seq: int
     entries: list[dict[str, Any]]
     tokens_before: int
+    #: The summary request's provider lifecycle, begun by the supervisor with this step
+    #: (supervisor/longtask/compaction_requests.py): the agent reports its end on this slot.
+    slot: str | None = None
 
 
 Step = DoneStep | ParkStep | FinalizeStep | ParseStep | ProviderStep | PrepareStep | ExecuteStep | CompactStep

@@ -5,6 +5,7 @@ from the ledger gives, turn after turn, while each turn reads only the new rows.
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -12,7 +13,7 @@ import pytest
 import trio
 
 from corral.mailbox.steps import CompactStep, ProviderStep
-from corral.supervisor.longtask import compaction
+from corral.supervisor.longtask import compaction, compaction_requests
 from corral.supervisor.longtask.compaction_service import (
     CompactionFeature,
     CompactionService,
@@ -105,7 +106,8 @@ def test_the_memo_gives_the_same_views_and_compactions_as_reading_everything(ope
                                   agent_id="a", task="t", provider="local" if local else "scripted",
                                   provider_config={"model": "m"}, options={"context": LIMITS})
     tokenizer = Tokenizer()
-    service = CompactionService(ledger, None, tokenizer if local else None)  # type: ignore[arg-type]
+    runs = SimpleNamespace(features=NO_FEATURES)  # what the service reads of the run layer
+    service = CompactionService(ledger, runs, tokenizer if local else None)  # type: ignore[arg-type]
     kinds: list[str] = []
     afresh_asked = [0]
 
@@ -119,6 +121,10 @@ def test_the_memo_gives_the_same_views_and_compactions_as_reading_everything(ope
             step = ProviderStep(loop=i)
             got = await service.shape_provider_step(run_id, step)
             want = await _afresh(ledger, run_id, step, tokenizer if local else None)
+            slot = got.slot if isinstance(got, CompactStep) else None
+            if isinstance(got, CompactStep):  # its request's lifecycle was begun (compaction_requests.py)
+                assert slot == f"{run_id}:compact-{got.to_seq}"
+                got = msgspec.structs.replace(got, slot=None)
             afresh_asked[0] += 2 * (i + 1)  # each observation's entry and its output
             assert got == want, f"turn {i}"
             kinds.append("bare" if isinstance(got, ProviderStep) and got.history is None else
@@ -129,6 +135,8 @@ def test_the_memo_gives_the_same_views_and_compactions_as_reading_everything(ope
                                " tokens_after, created_at) VALUES (?, 1, ?, ?, 0, 0, ?)",
                                (run_id, got.to_seq, f"summary up to {got.to_seq}", time.time()))
                     db.execute("DELETE FROM compaction_requests WHERE run_id = ?", (run_id,))
+                    assert slot is not None
+                    compaction_requests.complete(ledger, db, run_id, slot)
 
     trio.run(main)
     # The run went through every case: past the limits, cut, compacted several times.

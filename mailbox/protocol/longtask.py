@@ -30,6 +30,8 @@ class ContextCompacted(Request[Compacted], frozen=True, forbid_unknown_fields=Tr
     to_seq: Seq
     #: Checked by the handler (1 to MAX_SUMMARY_CHARS once stripped).
     summary: str
+    #: The summary request's lifecycle slot (``CompactStep.slot``): completed with the summary.
+    slot: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
     want_next: bool = False
     history_have: Count = 0
 

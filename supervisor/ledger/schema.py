@@ -727,3 +727,13 @@ MIGRATIONS.append(
     ALTER TABLE provider_requests ADD COLUMN request_identity TEXT;
     """
 )
+
+MIGRATIONS.append(
+    # What a provider request asks (seed 004 V1.21 "独立 requestKind=context-compaction"): a
+    # loop's planning turn ('tool-plan', every row before this) or the summary of a run's
+    # older turns ('context-compaction', supervisor/longtask/compaction_requests.py), which
+    # shares the lifecycle, the durable retry and the orphan rule but is no turn of its loop.
+    """
+    ALTER TABLE provider_requests ADD COLUMN request_kind TEXT NOT NULL DEFAULT 'tool-plan';
+    """
+)

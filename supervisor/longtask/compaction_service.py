@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from corral.mailbox.protocol import Compacted, ContextCompacted
-from corral.mailbox.steps import CompactStep, DoneStep, ProviderStep
+from corral.mailbox.steps import CompactStep, DoneStep, ParkStep, ProviderStep
 from corral.supervisor.errors import BadRequest, NotFound
 from corral.supervisor.ledger.port import Ledger
-from corral.supervisor.longtask import compaction, compaction_memo
+from corral.supervisor.longtask import compaction, compaction_memo, compaction_requests
 from corral.supervisor.models.model_service import MAX_COUNT_TEXTS, ModelService
 from corral.supervisor.params import param_str
 from corral.supervisor.runs import response_secrets, run_store
@@ -100,7 +100,18 @@ class CompactionService:
                                  over_limit_reason(tokens, limit))
         return DoneStep(status=RunStatus.FAILED.value)
 
-    async def shape_provider_step(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep | DoneStep:
+    def _begin_compaction(self, run_id: str, step: CompactStep) -> CompactStep | ParkStep:
+        """The summary request's lifecycle, begun before the agent sends it
+        (compaction_requests.py); the run parks when the last one was lost unsure."""
+        begun = compaction_requests.begin(self.ledger, run_id, step.loop, step.to_seq, self.runs.features)
+        if isinstance(begun, compaction_requests.Parked):
+            self.forget(run_id)
+            return ParkStep(status=RunStatus.NEEDS_RECONCILIATION.value)
+        return msgspec.structs.replace(step, slot=begun.slot)
+
+    async def shape_provider_step(
+        self, run_id: str, step: ProviderStep
+    ) -> ProviderStep | CompactStep | DoneStep | ParkStep:
         """The provider's view of the run, or first a compaction when it is too long."""
         ledger = self.ledger
         limits = _limits(ledger, run_id)
@@ -136,16 +147,16 @@ class CompactionService:
             todo = compaction.plan(memo.observations, previous, limits, count=count)
             if todo is None:
                 return self._fail_closed(run_id, tokens, int(auto))
-            return _compact_step(step, todo)
+            return self._begin_compaction(run_id, _compact_step(step, todo))
         return msgspec.structs.replace(step, history=memo.view())
 
     async def _shape_afresh(self, run_id: str, step: ProviderStep, limits: dict[str, Any],
-                            previous: dict[str, Any] | None) -> ProviderStep | CompactStep | DoneStep:
+                            previous: dict[str, Any] | None) -> ProviderStep | CompactStep | DoneStep | ParkStep:
         observations = _observations(self.ledger, run_id)
         count = await self._counter(run_id, observations, previous)
         todo = compaction.plan(observations, previous, limits, requested=True, count=count)
         if todo is not None:
-            return _compact_step(step, todo)
+            return self._begin_compaction(run_id, _compact_step(step, todo))
         view = compaction.view(observations, previous, limits.get("tool_output"), count)
         tokens, auto = sum(count(entry) for entry in view), limits.get("auto_compact")
         if auto and tokens > auto:
@@ -243,10 +254,15 @@ class CompactionService:
                     (run_id, to_seq, summary, before, after, time.time()),
                 )
                 db.execute("DELETE FROM compaction_requests WHERE run_id = ?", (run_id,))
+                if request.slot is not None:  # its request completes with the summary, in one commit
+                    compaction_requests.complete(ledger, db, run_id, request.slot)
                 ledger.event("context-compacted", run_id, from_seq=1, to_seq=to_seq, tokens_before=before,
                              tokens_after=after)
             self.forget(run_id)  # its key changed with the new row: what was kept is stale
             ledger.failpoint("context.after-compact")
+        elif request.slot is not None:
+            with ledger.tx() as db:  # the summary is stored already (a replay): only its request is left
+                compaction_requests.complete(ledger, db, run_id, request.slot)
         return Compacted(to_seq=to_seq)
 
     async def request(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -278,7 +294,7 @@ class CompactionFeature(RunFeature):
     def __init__(self, service: CompactionService) -> None:
         self.service = service
 
-    async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep | DoneStep:
+    async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep | DoneStep | ParkStep:
         return await self.service.shape_provider_step(run_id, step)
 
     def show(self, run_id: str) -> Mapping[str, Any]:

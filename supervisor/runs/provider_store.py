@@ -32,8 +32,11 @@ def _now() -> float:
 
 
 def requests_for(ledger: Ledger, run_id: str, loop_index: int) -> list[sqlite3.Row]:
+    """The loop's planning turns (a compaction request is no turn of its loop:
+    supervisor/longtask/compaction_requests.py)."""
     return ledger.all(
-        "SELECT rowid, * FROM provider_requests WHERE run_id = ? AND loop_index = ? ORDER BY rowid",
+        "SELECT rowid, * FROM provider_requests WHERE run_id = ? AND loop_index = ? AND request_kind = 'tool-plan'"
+        " ORDER BY rowid",
         run_id,
         loop_index,
     )

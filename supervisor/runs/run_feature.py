@@ -98,9 +98,12 @@ class RunFeature:
         pausing): a reason, or None. A lost turn with a reason is interrupted."""
         return None
 
-    async def shape_provider(self, run_id: str, step: ProviderStep) -> ProviderStep | CompactStep | DoneStep:
+    async def shape_provider(
+        self, run_id: str, step: ProviderStep
+    ) -> ProviderStep | CompactStep | DoneStep | ParkStep:
         """Shapes a provider step: its view of the history, or a compaction first (or
-        the run's end, when it failed closed: a request known to be over its limit)."""
+        the run's end, when it failed closed: a request known to be over its limit; or
+        a park, when a compaction request was lost unsure)."""
         return step
 
     def plan_guard(self, run: Any, loop: int, plan: dict[str, Any]) -> str | PlanRefusal | None:
@@ -208,7 +211,7 @@ ClaimHook = Callable[["ClaimedRun"], Awaitable[None]]
 BoundaryCheck = Callable[["Ledger", str], None]
 LoopBlocker = Callable[["Ledger", str], "ParkStep | None"]
 RunCheck = Callable[["Ledger", str], "str | None"]
-ProviderShaper = Callable[[str, "ProviderStep"], Awaitable["ProviderStep | CompactStep | DoneStep"]]
+ProviderShaper = Callable[[str, "ProviderStep"], Awaitable["ProviderStep | CompactStep | DoneStep | ParkStep"]]
 PlanGuard = Callable[[Any, int, dict[str, Any]], "str | PlanRefusal | None"]
 PlanCommitting = Callable[["Ledger", str, int, dict[str, Any]], "PlanRefusal | None"]
 PrepareRoute = Callable[["ActorSlot", "ActionPrepare"], Any]

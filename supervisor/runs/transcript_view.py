@@ -76,7 +76,11 @@ def control_params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _turns(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
-    requests = ledger.all("SELECT * FROM provider_requests WHERE run_id = ? ORDER BY rowid", run_id)
+    # The planning turns; a compaction's summary request is no turn (its row and the
+    # summary it stored are in ``corral show``: supervisor/longtask/compaction_requests.py).
+    requests = ledger.all(
+        "SELECT * FROM provider_requests WHERE run_id = ? AND request_kind = 'tool-plan' ORDER BY rowid", run_id
+    )
     observations = [(int(row["seq"]), row["source"], json.loads(row["data"])) for row in ledger.all(
         "SELECT seq, source, data FROM observations WHERE run_id = ? ORDER BY seq", run_id)]
     repairs = {source.partition(":")[2]: data for _, source, data in observations if source.startswith("repair:")}
