@@ -283,3 +283,42 @@ def test_the_memo_keeps_the_same_git_diff_slot_as_the_view() -> None:
     assert memo.view()[3] == observations[3][1] and CUT in json.dumps(memo.view()[2]["output"])
     assert memo.tokens(compaction.estimate_tokens) == sum(
         compaction.estimate_tokens(entry) for entry in compaction.view(observations, None, 20))
+
+
+def test_a_steer_is_never_folded_and_stays_in_its_order_after_a_summary() -> None:
+    """Seed 004 V1.13: the provider prompt renders the run's ordered steers ("单独渲染有序
+    '运行中用户追加指令'"), and V1.21: they are "永远不交给摘要模型改写". A summary covers the
+    turns around a steer, never the steer: it is not in what the summary model reads, and
+    the view shows it after the summary, in its order, in the memo as in the view."""
+    from corral.supervisor.longtask import compaction_memo
+
+    def steer(n: int, text: str) -> tuple[int, dict[str, Any]]:
+        return n, {"role": "user", "kind": "steer", "steer_id": f"str-{n}", "text": text}
+
+    reads = [(n, {"action_id": f"act-{n}", "tool": "fs.read", "status": "ok", "output": "x" * 400})
+             for n in (1, 2, 4, 5, 7, 8, 9, 10, 11, 12)]
+    observations = sorted([*reads, steer(3, "use tabs"), steer(6, "and name it v2")], key=lambda o: o[0])
+    limits = {"auto_compact": 100, "tool_output": 20}
+    todo = compaction.plan(observations, None, limits)
+    assert todo is not None and todo["to_seq"] >= 6  # the fold reaches past both steers
+    assert not any(entry.get("kind") == "steer" for entry in todo["entries"]), "no steer goes to the summary model"
+    folded = {"from_seq": 1, "to_seq": todo["to_seq"], "summary": "read files"}
+    after = compaction.view(observations, folded, 20)
+    assert after[0]["role"] == "summary"
+    assert [entry["text"] for entry in after if entry.get("kind") == "steer"] == ["use tabs", "and name it v2"]
+    memo = compaction_memo.RunMemo(compaction_memo.key_of(limits, folded, None), folded)
+    memo.add_rows([{"seq": seq, "data": json.dumps(entry)} for seq, entry in observations])
+    memo.extend_shown(False)
+    assert memo.view() == after
+    assert memo.tokens(compaction.estimate_tokens) == sum(compaction.estimate_tokens(entry) for entry in after)
+
+
+def test_a_steer_reaches_the_model_as_the_users_word_never_above_the_rules() -> None:
+    """Seed 004 V1.13: a later instruction corrects the task, "但不能覆盖" the system rules,
+    the policy, approvals or the sandbox: the steer says so where the model reads it."""
+    from corral.actors.providers.chat_history import history_messages
+
+    (message,) = history_messages(({"role": "user", "kind": "steer", "steer_id": "str-1", "text": "use tabs"},))
+    assert message["role"] == "user" and message["content"].endswith(
+        "use tabs Review the unfinished steps of your plan against it before you go on.")
+    assert "never over corral's rules, the policy, approvals or the sandbox" in message["content"]

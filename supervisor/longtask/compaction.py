@@ -110,6 +110,13 @@ def is_protectable(entry: dict[str, Any]) -> bool:
     return slot_of(entry) is not None
 
 
+def is_steer(entry: dict[str, Any]) -> bool:
+    """A person's instruction to the running run (seed 004 V1.13): never folded into a
+    summary, whatever the limits ("永远不交给摘要模型改写"); every steer stays, in its
+    order, where the model reads it."""
+    return entry.get("role") == "user" and entry.get("kind") == "steer"
+
+
 def protected_seqs(observations: list[tuple[int, dict[str, Any]]]) -> set[int]:
     """The seqs of the newest protectable observation of each slot."""
     newest: dict[str, int] = {}
@@ -144,7 +151,10 @@ def view(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, A
         after = int(compaction["to_seq"])
         entries.append({"role": "summary", "text": compaction["summary"],
                         "covers": [int(compaction["from_seq"]), after]})
-        entries.extend(kept_whole(entry) for seq, entry in observations if seq in protected and seq <= after)
+        # What the summary covers but never folds: the newest protected outputs and
+        # every steer, oldest first.
+        entries.extend(kept_whole(entry) if seq in protected else entry for seq, entry in observations
+                       if seq <= after and (seq in protected or is_steer(entry)))
     entries.extend(kept_whole(entry) if seq in protected else cut(entry, tool_output_limit, count)
                    for seq, entry in observations if seq > after)
     return entries
@@ -168,5 +178,5 @@ def plan(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, A
     covered = [entry for entry in seen if entry.get("role") == "summary"]
     protected = protected_seqs(observations)
     covered += [cut(entry, limits.get("tool_output"), count) for seq, entry in observations
-                if after < seq <= to_seq and seq not in protected]
+                if after < seq <= to_seq and seq not in protected and not is_steer(entry)]
     return {"from_seq": 1, "to_seq": to_seq, "entries": covered, "tokens_before": tokens}

@@ -70,6 +70,8 @@ class RunMemo:
     #: The newest protectable observation of each slot, by slot: its seq and entry
     #: (``compaction.protected_seqs``).
     protected: dict[str, Observation] = field(default_factory=dict)
+    #: Every steer, oldest first (``compaction.is_steer``: never folded).
+    steers: list[Observation] = field(default_factory=list)
 
     @property
     def after(self) -> int:
@@ -90,6 +92,8 @@ class RunMemo:
             slot = compaction.slot_of(entry)
             if slot is not None:
                 self.protected[slot] = (seq, entry)
+            elif compaction.is_steer(entry):
+                self.steers.append((seq, entry))
             self.text_total += len(texts_of(entry))
         self.observations.extend(new)
         if new:
@@ -136,6 +140,8 @@ class RunMemo:
             tokens += count(compaction.kept_whole(entry))
             if seq > self.after:
                 tokens -= self.shown_tokens[self._index(seq)]
+        if summary is not None:  # steers a summary covers are still shown whole
+            tokens += sum(count(entry) for seq, entry in self.steers if seq <= self.after)
         return tokens
 
     def view(self) -> list[dict[str, Any]]:
@@ -145,12 +151,16 @@ class RunMemo:
         if summary is not None:
             entries.append(summary)
         shown = list(self.shown)
-        # Oldest first, as ``compaction.view`` lists the ones a summary covers.
-        for seq, entry in sorted(self.protected.values(), key=lambda kept: kept[0]):
+        covered: list[tuple[int, dict[str, Any]]] = []
+        for seq, entry in self.protected.values():
             if seq > self.after:
                 shown[self._index(seq)] = compaction.kept_whole(entry)
             elif summary is not None:
-                entries.append(compaction.kept_whole(entry))
+                covered.append((seq, compaction.kept_whole(entry)))
+        if summary is not None:
+            covered += [(seq, entry) for seq, entry in self.steers if seq <= self.after]
+        # Oldest first, as ``compaction.view`` lists the ones a summary covers.
+        entries.extend(entry for _, entry in sorted(covered, key=lambda kept: kept[0]))
         entries.extend(shown)
         return entries
 
