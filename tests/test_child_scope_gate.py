@@ -4,11 +4,15 @@ write inside them still waits for the approval the policy asks for."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from corral.supervisor.runs.child_scope import refused_write
 from tests.harness import Daemon, ledger_rows, wait_for, wait_run
 
 SPEC = """
@@ -221,3 +225,112 @@ def test_a_child_keeps_its_changeset_inside_its_scopes_and_one_target_outside_re
         assert [r["action_id"] for r in revisions] == [actions[0]["action_id"]], revisions
     finally:
         daemon.shutdown()
+
+
+KEEP = "keep me\n"
+
+
+def _keep_sha() -> str:
+    return hashlib.sha256(KEEP.encode()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(
+            lambda: f'{{ path = "elsewhere/keep.md", operation = "delete", expected_sha256 = "{_keep_sha()}" }}',
+            id="delete",
+        ),
+        pytest.param(
+            lambda: '{ path = "elsewhere/keep.md", operation = "update", old_text = "keep", new_text = "lost" }',
+            id="edit",
+        ),
+    ],
+)
+def test_a_childs_out_of_scope_changeset_delete_or_edit_is_denied_without_waiting_for_a_person(
+    short_tmp: Path, change: Any
+) -> None:
+    """"每一个 create/update/delete 目标都必须 ... 完整落在该 child 的有效 writeScopes 内" and
+    "拒绝结果不进入 waiting-for-confirmation": every operation kind's target counts when the
+    action is prepared, not only a change that carries the whole ``content`` (the re-audit
+    saw a delete of ``elsewhere/keep.md`` wait for a person)."""
+    (short_tmp / "ws" / "elsewhere").mkdir(parents=True)
+    (short_tmp / "ws" / "elsewhere" / "keep.md").write_text(KEEP)
+    spec = short_tmp / "spec.toml"
+    # A policy that asks a person: the refusal must come before it.
+    spec.write_text(_child_spec(f"""  [templates.policy]
+  "project.changeset" = "confirm"
+  [[templates.steps]]
+  actions = [{{ tool = "project.changeset", input = {{ changes = [{change()}] }} }}]"""))
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="parent", task="fan out")["run_id"]
+        _child, actions = _child_actions(daemon, run_id, {"waiting-confirmation", "completed", "failed"})
+        assert [(a["tool"], a["phase"]) for a in actions] == [("project.changeset", "denied")], actions
+        assert "outside this agent's write scopes" in str(actions[0]["error"]), actions
+        assert _asked_a_person(daemon, [a["action_id"] for a in actions]) == []
+        assert (short_tmp / "ws" / "elsewhere" / "keep.md").read_text() == KEEP
+        assert ledger_rows(daemon.home, "SELECT action_id FROM project_revisions") == []
+    finally:
+        daemon.shutdown()
+
+
+def test_an_out_of_scope_changeset_edit_refuses_the_in_scope_write_planned_with_it(short_tmp: Path) -> None:
+    """"任一成员被拒绝时 ... 不创建 confirmation，也不执行同批其它成员": the re-audit's batch
+    [in-scope fs.write, out-of-scope changeset edit] ran the write and parked the edit."""
+    (short_tmp / "ws" / "elsewhere").mkdir(parents=True)
+    (short_tmp / "ws" / "elsewhere" / "keep.md").write_text(KEEP)
+    spec = short_tmp / "spec.toml"
+    spec.write_text(_child_spec("""  [templates.policy]
+  "fs.write" = "auto"
+  [[templates.steps]]
+  actions = [{ tool = "fs.write", input = { path = "s/a.md", content = "x" } },
+             { tool = "project.changeset", input = { changes = [
+                 { path = "elsewhere/keep.md", operation = "update", old_text = "keep", new_text = "lost" } ] } }]"""))
+    daemon = Daemon(short_tmp / "h", spec)
+    try:
+        daemon.up()
+        run_id = daemon.call("run", agent_id="parent", task="fan out")["run_id"]
+        _child, actions = _child_actions(daemon, run_id, {"waiting-confirmation", "completed", "failed"})
+        assert [(a["tool"], a["phase"]) for a in actions] == [
+            ("fs.write", "denied"), ("project.changeset", "denied")], actions
+        assert "elsewhere/keep.md" in str(actions[0]["error"]), actions
+        assert _asked_a_person(daemon, [a["action_id"] for a in actions]) == []
+        assert not (short_tmp / "ws" / "s" / "a.md").exists()
+        assert (short_tmp / "ws" / "elsewhere" / "keep.md").read_text() == KEEP
+    finally:
+        daemon.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("tool", "tool_input"),
+    [
+        ("fs.write", {"path": "elsewhere/x.md", "content": "x"}),
+        ("fs.patch", {"path": "elsewhere/x.md", "old_text": "a", "new_text": "b", "expected_sha256": "0" * 64}),
+        ("project.changeset", {"changes": [{"path": "elsewhere/x.md", "operation": "create", "content": "x"}]}),
+        ("project.changeset", {"changes": [{"path": "elsewhere/x.md", "content": "x"}]}),
+        ("project.changeset", {"changes": [{"path": "elsewhere/x.md", "operation": "update", "content": "x",
+                                            "expected_sha256": "0" * 64}]}),
+        ("project.changeset", {"changes": [{"path": "elsewhere/x.md", "operation": "update", "old_text": "a",
+                                            "new_text": "b"}]}),
+        ("project.changeset", {"changes": [{"path": "elsewhere/x.md", "operation": "delete",
+                                            "expected_sha256": "0" * 64}]}),
+        ("project.changeset", {"changes": [{"path": "s/in.md", "operation": "create", "content": "x"},
+                                           {"path": "elsewhere/x.md", "operation": "delete",
+                                            "expected_sha256": "0" * 64}]}),
+    ],
+)
+def test_every_target_of_every_operation_kind_is_judged_against_the_scopes(
+    tmp_path: Path, tool: str, tool_input: dict[str, Any]
+) -> None:
+    """The scope judgement sees every file a write tool names, whatever its operation."""
+    (tmp_path / "s").mkdir()
+    why = refused_write(tool, tool_input, tmp_path, ("s",))
+    assert why is not None and "outside this agent's write scopes" in why, why
+
+
+def test_targets_inside_the_scopes_are_not_refused(tmp_path: Path) -> None:
+    tool_input = {"changes": [{"path": "s/a.md", "operation": "delete", "expected_sha256": "0" * 64},
+                              {"path": "s/b.md", "operation": "update", "old_text": "a", "new_text": "b"}]}
+    assert refused_write("project.changeset", tool_input, tmp_path, ("s",)) is None

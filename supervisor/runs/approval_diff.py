@@ -107,6 +107,23 @@ def proposed_writes(tool: str, tool_input: Mapping[str, Any]) -> list[tuple[str,
     return []
 
 
+def write_targets(tool: str, tool_input: Mapping[str, Any]) -> list[str]:
+    """Every path the built-in file tools would write, whatever the operation: a
+    changeset's create, update (whole ``content`` or ``old_text``/``new_text``) and
+    delete alike. The scope check (child_scope.py) judges these, not
+    ``proposed_writes``, which lists only the files whose new bytes a diff can show."""
+    path = tool_input.get("path")
+    if tool in (FsWrite.schema.name, FsPatch.schema.name):
+        return [path] if isinstance(path, str) else []
+    if tool == Changeset.schema.name and isinstance(tool_input.get("changes"), list):
+        return [
+            change["path"]
+            for change in tool_input["changes"]
+            if isinstance(change, dict) and isinstance(change.get("path"), str)
+        ]
+    return []
+
+
 def _patched(old: bytes | None, tool_input: Mapping[str, Any]) -> bytes:
     """fs.patch's result, or the reason it would refuse (it reads, checks the hash,
     then replaces exactly one occurrence)."""

@@ -20,10 +20,10 @@ from corral.actors.tools.project import Changeset
 from corral.core.redact import REDACTED
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import tool_boundary
-from corral.supervisor.runs.approval_diff import proposed_writes
+from corral.supervisor.runs.approval_diff import write_targets
 from corral.supervisor.runs.loop_plan_store import get_plan
 
-#: The tools whose input names the files they write (approval_diff.proposed_writes).
+#: The tools whose input names the files they write (approval_diff.write_targets).
 _WRITING_TOOLS = frozenset({FsWrite.schema.name, FsPatch.schema.name, Changeset.schema.name})
 
 
@@ -32,8 +32,9 @@ def writes_files(tool: str) -> bool:
 
 
 def refused_write(tool: str, tool_input: dict[str, Any], workspace: Path, scopes: tuple[str, ...]) -> str | None:
-    """Why the tool would refuse one of the files it would write; None when it would not."""
-    for raw, _new_content in proposed_writes(tool, tool_input):
+    """Why the tool would refuse one of the files it would write (every target of
+    every operation: a delete or an edit as much as a create); None when it would not."""
+    for raw in write_targets(tool, tool_input):
         try:
             check_write_scope(workspace, resolve_in_workspace(workspace, raw), scopes, raw)
         except ToolError as exc:
@@ -91,7 +92,7 @@ def _scoped(run: Any) -> tuple[Path, tuple[str, ...]] | None:
 def _refusal(tool: str, tool_input: object, workspace: Path, scopes: tuple[str, ...]) -> str | None:
     if not isinstance(tool_input, dict):
         return None
-    for raw, _new_content in proposed_writes(tool, tool_input):
+    for raw in write_targets(tool, tool_input):
         if REDACTED in raw:  # a path redaction changed cannot be judged: refused
             return f"the path {raw!r} holds redacted text: it cannot be checked against this agent's write scopes"
     return refused_write(tool, tool_input, workspace, scopes)
