@@ -189,6 +189,13 @@ async def test_each_repair_category(
         (completion(tool_calls=[tool_call("read_file", '{"path": "a", "extra": {"k": 1, "k": 2}}')]), True),
         (completion(content='{"actions": [{"tool": "read_file", "input": {"path": "a", "path": "b"}}]}'), False),
         (completion(content='{"final": "one", "final": "two"}'), False),
+        # In native-tools mode too, a fenced JSON plan is a plan (never the final reply),
+        # so its repeated key is refused, top-level or nested (the strict re-audit saw
+        # such a plan delivered as the final reply).
+        (completion(content='Plan:\n```json\n{"actions": [{"tool": "read_file",'
+                            ' "input": {"path": "a", "path": "b"}}]}\n```'), True),
+        (completion(content='```json\n{"final": "one", "final": "two"}\n```'), True),
+        (completion(content='```\n{"name": "read_file", "arguments": {"path": "a", "path": "b"}}\n```'), True),
     ],
 )
 async def test_a_duplicate_key_anywhere_in_a_plan_is_refused(
@@ -199,6 +206,19 @@ async def test_a_duplicate_key_anywhere_in_a_plan_is_refused(
         make_provider("http://127.0.0.1:1", native_tools=native).parse(response, TOOLS)
     assert caught.value.category is RepairCategory.ARGUMENTS_JSON
     assert "duplicate key" in caught.value.detail
+
+
+async def test_a_fenced_json_example_that_is_no_plan_stays_the_final_reply(nursery: trio.Nursery) -> None:
+    """The boundary of the refusal above: a fenced block that is no plan is reply content
+    (an answer may show JSON), whatever keys it repeats."""
+    for text in (
+        'The config:\n```json\n{"port": 1, "port": 2}\n```',
+        # Repeats a key, then is no JSON at all: still reply content, and no traceback.
+        'Broken:\n```json\n{"final": 1, "final": 2} trailing\n```',
+    ):
+        response = await complete_once(nursery, Reply(body=completion(content=text)), native_tools=True)
+        plan = make_provider("http://127.0.0.1:1", native_tools=True).parse(response, TOOLS)
+        assert plan.final_reply == text and plan.actions == ()
 
 
 @pytest.mark.parametrize(

@@ -62,6 +62,9 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 #: model means: llama.cpp's json_object grammar lets them through, and the text is
 #: the model's own reply. Refusing it cost a repair turn for nothing.
 _LENIENT = json.JSONDecoder(strict=False, object_pairs_hook=_unique_keys)
+#: Last-one-wins decoding, used only to tell whether a fenced block that repeats a
+#: key is shaped as a plan (then it is refused, never delivered as a reply).
+_SHAPE_ONLY = json.JSONDecoder(strict=False)
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\r?\n?(.*?)```", re.S)
 
 # OpenAI restricts function names; corral tool names may use other characters.
@@ -364,8 +367,25 @@ def _is_leaked_call(value: Any) -> bool:
     )
 
 
+def _shape_of(candidate: str) -> Any:
+    """The value of a block that repeats a key, last one winning; None if it is no JSON."""
+    try:
+        return _SHAPE_ONLY.decode(candidate)
+    except json.JSONDecodeError:
+        return None
+
+
+def _plan_object(value: Any) -> bool:
+    return isinstance(value, dict) and ("actions" in value or "final" in value or plan_update.ANSWER_KEY in value)
+
+
+def _plan_shaped(value: Any) -> bool:
+    """Whether a decoded value is what ``_plan_from_value`` reads as a plan."""
+    return _plan_object(value) or _is_leaked_call(value)
+
+
 def _plan_from_value(value: Any, index: Mapping[str, ToolSchema], update_required: bool = False) -> Plan | None:
-    if isinstance(value, dict) and ("actions" in value or "final" in value or plan_update.ANSWER_KEY in value):
+    if _plan_object(value):
         return _plan_from_object(value, index, update_required)
     if _is_leaked_call(value):
         tool = _resolve_tool(value["name"], index)
@@ -400,7 +420,14 @@ def _plan_from_reply_text(text: str, index: Mapping[str, ToolSchema]) -> Plan:
     if fence:
         try:
             value = _LENIENT.decode(fence.group(1))
-        except (json.JSONDecodeError, _DuplicateKey):
+        except json.JSONDecodeError:
+            value = None
+        except _DuplicateKey as exc:
+            # Seed 004 V1.33 "拒绝…重复字段": a fenced plan that repeats a key is a plan
+            # the model meant but whose values are unknowable: refused as the whole-text
+            # one is. A fenced block shaped as no plan is reply content (an answer may show JSON).
+            if _plan_shaped(_shape_of(fence.group(1))):
+                raise _fail(RepairCategory.ARGUMENTS_JSON, f"plan is not valid JSON: {exc}") from None
             value = None
         plan = _plan_from_value(value, index)
         if plan is not None:
