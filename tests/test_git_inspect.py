@@ -190,6 +190,45 @@ async def test_a_tree_that_moves_between_the_reads_fails_the_whole_review(
     assert again["untracked"] == ["game/late.txt"], "a quiet tree gives its review"
 
 
+@pytest.mark.parametrize("change", ["rewrite", "restage"])
+async def test_a_listed_file_whose_content_moves_mid_review_fails_it_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """The same sentence, where the status text stays the same: an already modified file
+    rewritten (or its staged content replaced) between the diff and the second read.
+    A strict re-audit saw the review returned with a diff the file no longer held."""
+    import subprocess
+
+    ws = _repo(tmp_path)
+    (ws / "game" / "index.html").write_text("<p>new</p>\n")
+    if change == "restage":
+        subprocess.run(["git", "-C", str(ws), "add", "game/index.html"], check=True, capture_output=True)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv(failpoints.MARKER_DIR_ENV, str(marks))
+    failpoints.configure(f"{INSPECT_FAILPOINT}=block@once")
+    failed: list[ToolError] = []
+    try:
+
+        async def review() -> None:
+            with pytest.raises(ToolError) as refused:
+                await GitInspect().run(_ctx(ws), {})
+            failed.append(refused.value)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(review)
+            with trio.fail_after(60):
+                while not (marks / f"{INSPECT_FAILPOINT}.fired").exists():
+                    await trio.sleep(0.01)  # a wake-up on the marker the failpoint writes
+            (ws / "game" / "index.html").write_text("NEWER CONTENT\n")
+            if change == "restage":
+                subprocess.run(["git", "-C", str(ws), "add", "game/index.html"], check=True, capture_output=True)
+            failpoints.release_path(INSPECT_FAILPOINT, marks).touch()
+    finally:
+        failpoints.configure("")
+    assert failed and failed[0].code == "snapshot-drift", failed
+
+
 def test_a_contract_that_excludes_paths_blocks_the_review_as_it_blocks_a_git_diff(tmp_path: Path) -> None:
     """The review's diff could show an excluded file, as ``project.git_diff``'s could: under
     a scope with an exclude rule neither can be judged, so both are blocked (docs/intent.md)."""

@@ -217,10 +217,32 @@ def _diff(git: HostGit, paths: list[str], staged: bool) -> str:
     return _run(git, *_DIFF, *(["--cached"] if staged else []), "--", *paths, literal=True)
 
 
+Mark = tuple[int, int, int, int] | None
+
+
+def _marks(workspace: Path, paths: list[str]) -> dict[str, Mark]:
+    """What says a listed file (and the index) did not change: inode, size and the
+    modification and change times, never its content (an untracked file is never
+    read). A write, even one that keeps the status text, moves the change time."""
+    marks: dict[str, Mark] = {}
+    for path in [*paths, ".git/index"]:
+        try:
+            info = os.lstat(workspace / path)
+        except FileNotFoundError:
+            marks[path] = None
+            continue
+        marks[path] = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    return marks
+
+
 def inspect(ctx: ToolContext, limits: Bounds) -> dict[str, Any]:
-    """The review (blocking: git and file reads)."""
+    """The review (blocking: git and file reads). Its safe snapshot is the status, HEAD
+    and branch, and each listed path's marks, before and after: any difference fails
+    the whole review (seed 004 V1.4: "status 和 diff 前后的安全快照不一致时整次失败")."""
     git = HostGit(ctx.workspace)
     before = _status(ctx, git)
+    listed = sorted({*before.staged, *before.unstaged, *before.untracked})
+    marked = _marks(ctx.workspace, listed)
     truncated = any(len(paths) > MAX_LISTED for paths in (before.staged, before.unstaged, before.untracked))
     output: dict[str, Any] = {
         "head": before.head.commit,
@@ -247,10 +269,10 @@ def inspect(ctx: ToolContext, limits: Bounds) -> dict[str, Any]:
         }
     failpoints.hit(FAILPOINT)
     after = _status(ctx, git, check_files=False)
-    if after.raw != before.raw or after.head != before.head:
+    if after.raw != before.raw or after.head != before.head or _marks(ctx.workspace, listed) != marked:
         raise ToolError(
-            "the working tree changed while it was reviewed (status, HEAD or branch moved between the"
-            " reads): inspect it again",
+            "the working tree changed while it was reviewed (status, HEAD, branch or a listed file moved"
+            " between the reads): inspect it again",
             "snapshot-drift",
         )
     output["truncated"] = truncated
