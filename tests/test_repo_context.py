@@ -198,3 +198,17 @@ final = "not patched"
     assert stamps == [_sha("OLD RULE\n")[:16], _sha(new_rule)[:16]], "the next plan was made with the new text"
     patched = waiting["actions"][0]
     assert (patched["phase"], patched["attempts"]) == ("failed", 0) and "stale:" in patched["reason"]
+
+
+def test_every_document_shows_its_whole_sha256_and_both_boundaries_repeat_its_path_and_scope(tmp_path: Path) -> None:
+    """"列出每份文档的 scope、SHA-256 和截断状态，并在正文边界重复 path/scope": the whole
+    SHA-256 (not a prefix), and the end line of a reference as of an instruction."""
+    work = tmp_path / "work"
+    (work / "game").mkdir(parents=True)
+    texts = {"AGENTS.md": "Keep notes short.\n", "game/AGENTS.md": "Game rule.\n", "README.md": "About.\n"}
+    for path, text in texts.items():
+        (work / path).write_text(text)
+    prompt = LiveContext(work, with_layout=False).prompt()
+    for path, scope in (("AGENTS.md", "."), ("game/AGENTS.md", "game"), ("README.md", ".")):
+        assert f"=== begin {path} (scope {scope!r}, sha256 {_sha(texts[path])}, complete) ===" in prompt, prompt
+        assert f"=== end {path} (scope {scope!r}) ===" in prompt, prompt
