@@ -148,7 +148,9 @@ def _home_free(home: Path) -> Iterator[None]:
     """A shared flock on the home directory for one read (``is_locked`` probes the
     same way): a supervisor's ``HomeLock`` (exclusive) is refused while it is held,
     and retries for longer than a read takes. Raises ``HomeHeld`` if a supervisor
-    has it, ``NotRunning`` if there is no home."""
+    has it, ``NotRunning`` if there is no home; ``HomeError`` (read nothing) if the
+    home is not this user's alone."""
+    homes.check_home(home)
     try:
         fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -14,24 +15,16 @@ from typing import Any
 import psutil
 
 from corral import PROTOCOL_VERSION
-from corral.core.errors import CorralError
+from corral.supervisor.home.home_errors import HomeBusy, HomeError, NotRunning
 from corral.supervisor.home.home_files import HomeFiles
+from corral.supervisor.home.nofollow import open_levels
 
 ENDPOINT = "endpoint.json"
 LOCK = "supervisor.lock"
 LEDGER = "ledger.db"
 
 
-class HomeError(CorralError, RuntimeError):
-    """A home that cannot be used; the message says what to do."""
-
-
-class HomeBusy(HomeError):
-    pass
-
-
-class NotRunning(HomeError):
-    """No supervisor runs on this home (start one with ``corral up`` or ``Client.start``)."""
+__all__ = ["HomeBusy", "HomeError", "NotRunning"]  # re-exported: callers find them here
 
 
 def resolve_home(arg: str | os.PathLike[str] | None) -> Path:
@@ -40,19 +33,58 @@ def resolve_home(arg: str | os.PathLike[str] | None) -> Path:
 
 
 def ensure_home(path: Path) -> Path:
-    if path.is_symlink():
-        raise HomeError(f"home {path} is a symlink; refusing to follow it")
-    if path.exists() and not path.is_dir():
-        raise HomeError(f"home {path} exists and is not a directory")
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
-    if info.st_uid != os.getuid():
-        raise HomeError(f"home {path} belongs to uid {info.st_uid}, not to you")
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(path, 0o700)
-    for sub in ("s", "logs", "workspaces", "failpoints"):
-        (path / sub).mkdir(mode=0o700, exist_ok=True)
+    """The home for a supervisor to start on (``corral up``): made if missing, every
+    level opened without following a symlink (nofollow.py), refused unless it is this
+    user's, then made 0700 (the writer's entry; a read entry only verifies: check_home)."""
+    fd = _open_home(path, make=0o700)
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid():
+            raise HomeError(f"home {path} belongs to uid {info.st_uid}, not to you")
+        if stat.S_IMODE(info.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+        for sub in ("s", "logs", "workspaces", "failpoints"):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(sub, 0o700, dir_fd=fd)
+    finally:
+        os.close(fd)
     return path
+
+
+def check_home(path: Path) -> None:
+    """Every entry that reads a home verifies it first, and changes nothing (seed 004
+    V1.1 §2: "AppData 在 Unix 上必须由当前用户持有且权限为 0700…只读状态入口只能校验"):
+    a real directory (not a symlink), of this user, mode 0700. A home others can read
+    or write could hand a reader another supervisor's endpoint, or have given its
+    token away. A missing home passes: the caller says nothing runs. The levels above
+    it are the reader's own path to it (a reader may reach a home in another mount
+    namespace through ``/proc/PID/root``); the home itself is locked level by level
+    with no symlink (``HomeLock``), so a home reached through a link never runs."""
+    try:
+        info = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if stat.S_ISLNK(info.st_mode):
+        raise HomeError(f"home {path} is a symlink; refusing to follow it: give the real path")
+    if not stat.S_ISDIR(info.st_mode):
+        raise HomeError(f"home {path} exists and is not a directory")
+    if info.st_uid != os.getuid():
+        raise HomeError(
+            f"home {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}): nothing was read from"
+            " it. Use a home of your own (`--home`), or have its owner hand it over"
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if mode != 0o700:
+        raise HomeError(
+            f"home {path} has mode {mode:o}, not 700: other users could read its control token and ledger,"
+            f" so nothing was read from it. If you trust what is in it, fix it with `chmod 700 {path}`"
+        )
+
+
+def _open_home(path: Path, make: int | None) -> int:
+    """The home directory opened from ``/`` level by level, following no symlink."""
+    path = path.absolute()
+    return open_levels(path, Path(path.anchor), what="home", make=make)
 
 
 @dataclass(frozen=True)
@@ -85,7 +117,10 @@ class HomeLock:
         self.files: HomeFiles | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = _open_home(self.home, make=None)  # the lock on the directory its levels lead to, no link
+        except FileNotFoundError:
+            raise HomeError(f"home {self.home} does not exist") from None
         if not _take(fd):
             os.close(fd)
             raise HomeBusy(
@@ -160,6 +195,7 @@ def remove_endpoint(files: HomeFiles) -> None:
 
 
 def read_endpoint(home: Path) -> Endpoint:
+    check_home(home)  # the home before anything in it is trusted
     path = home / ENDPOINT
     try:
         info = path.stat()

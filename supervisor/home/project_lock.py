@@ -57,7 +57,6 @@ takes a file it can lock shared for nobody's, never removes a held one.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -70,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.supervisor.home.home_dir import HomeBusy, HomeError
+from corral.supervisor.home.nofollow import open_levels
 
 log = logging.getLogger(__name__)
 
@@ -186,26 +186,10 @@ class ProjectLock:
 def _open_owners(path: Path, start: Path | None = None) -> int:
     """The owners' directory, opened: from ``start`` (trusted: the user's passwd home)
     level by level, each made 0700 if missing and opened without following a symlink
-    (``openat`` with ``O_NOFOLLOW``: no level swapped for a link leads elsewhere); and
-    refused unless it is a real directory of this user that nobody else can write."""
-    start = start or path.parent
-    try:
-        fd = os.open(start, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise HomeError(f"the project owners' directory {path} cannot be used: {exc.strerror}") from None
-    for part in path.relative_to(start).parts:
-        try:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o700, dir_fd=fd)
-            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | _OPEN, dir_fd=fd)
-        except OSError as exc:
-            os.close(fd)
-            why = {errno.ELOOP: "a symlink", errno.ENOTDIR: "not a directory (or a symlink)"}.get(
-                exc.errno or 0, exc.strerror or "unusable"
-            )
-            raise HomeError(f"the project owners' directory {path} cannot be used: {part} is {why}") from None
-        os.close(fd)
-        fd = child
+    (nofollow.py, the home's own mechanism: no level swapped for a link leads
+    elsewhere); and refused unless it is a real directory of this user that nobody
+    else can write."""
+    fd = open_levels(path, start or path.parent, what="the project owners' directory", make=0o700)
     info = os.fstat(fd)
     if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         os.close(fd)
