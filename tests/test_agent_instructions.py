@@ -247,7 +247,9 @@ def test_compaction_never_drops_them(short_tmp: Path) -> None:
     steps = ('[[agents.steps]]\nactions = [{ tool = "fs.list", input = { path = "." } }]\n' * 14
              + '[[agents.steps]]\nfinal = "long task done"\n')
     # The newest 4 observations are never folded: the limit leaves room for them and a summary.
-    limits = 'instructions = "KEEP-THIS-ROLE"\nauto_compact_token_limit = 400\ntool_output_token_limit = 40'
+    # Its one tool offered: every request carries the tool schemas, and they count toward the limit.
+    limits = ('instructions = "KEEP-THIS-ROLE"\ntools = ["fs.list"]\nauto_compact_token_limit = 700'
+              '\ntool_output_token_limit = 40')
     with running(short_tmp / "h", agent_spec(steps=steps, policy=limits)) as daemon:
         run_id = daemon.call("run", agent_id="writer", task="a long task")["run_id"]
         assert wait_run(daemon, run_id, {"completed", "failed"}, timeout=120)["run"]["status"] == "completed"

@@ -15,7 +15,8 @@ from corral.supervisor.longtask import compaction
 from tests.harness import Daemon, agent_spec, ledger_rows, wait_run, wait_supervisor_gone
 
 LOOPS = 52
-LIMITS = "auto_compact_token_limit = 400\ntool_output_token_limit = 60"
+#: Its one tool offered: every request carries the tool schemas, and they count toward the limit.
+LIMITS = 'tools = ["fs.list"]\nauto_compact_token_limit = 700\ntool_output_token_limit = 60'
 #: A two-step plan under the seed's rules (V1.17): one step in progress, then both completed.
 _PLAN = ('explanation = "list, then report", steps = [{ step = "list the workspace", status = "in_progress" },'
          ' { step = "report", status = "pending" }]')

@@ -5,10 +5,17 @@ Session 建议，不能继续发送已知超限请求"), and delegated and isola
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
+import trio
+
+from corral.mailbox.steps import CompactStep, ProviderStep
 from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
+from corral.supervisor.longtask import compaction, compaction_service
+from corral.supervisor.longtask.compaction_service import CompactionService
 from corral.supervisor.runs import action_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
 from corral.supervisor.runs.run_feature import RunFeatures
@@ -82,3 +89,40 @@ def test_delegated_and_isolated_runs_carry_token_limits(tmp_path: Path) -> None:
     finally:
         ledger.close()
     assert contexts == [{"window": 16_000, "auto_compact": 12_000, "tool_output": 12_000}, boss]
+
+
+def test_the_estimate_counts_the_task_the_system_prompt_and_the_tool_schemas(tmp_path: Path) -> None:
+    """"按消息、multimodal 文本和 function schema 的规范序列化字符数做保守 token 估算": a run whose
+    observations alone are far below the auto limit compacts once what its turns carry
+    besides them (the system prompt and the tool catalog its last turn was sent) passes it."""
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    try:
+        ledger.begin_boot("b", 1, 1)
+        run_id = run_store.create_run(ledger, NO_FEATURES, agent_id="a", task="list the files", provider="scripted",
+                                      provider_config={}, options={"context": {"auto_compact": 1000,
+                                                                               "tool_output": 60}})
+        for seq in range(1, 9):
+            run_store.add_observation(ledger, run_id, f"s{seq}", seq, {"tool": "fs.list", "status": "ok",
+                                                                       "action_id": f"a{seq}", "output": [f"f{seq}"]})
+        system, catalog = "You are corral's agent. " * 150, json.dumps([{"name": "fs.list", "schema": "x" * 900}])
+        with ledger.tx() as db:
+            db.execute("INSERT INTO provider_requests (slot, run_id, loop_index, attempt, status, boot_id, started_at,"
+                       " system_sha256, catalog_sha256) VALUES (?, ?, 7, 0, 'completed', 'b', 0, ?, ?)",
+                       (f"{run_id}:7", run_id, _sha(system), _sha(catalog)))
+            for kind, text in (("system", system), ("catalog", catalog)):
+                db.execute("INSERT INTO transcript_blobs (sha256, kind, text, created_at) VALUES (?, ?, ?, 0)",
+                           (_sha(text), kind, text))
+        service = CompactionService(ledger, SimpleNamespace(features=NO_FEATURES), None)  # type: ignore[arg-type]
+        shaped = trio.run(service.shape_provider_step, run_id, ProviderStep(loop=8))
+        history = sum(compaction.estimate_tokens(entry) for _, entry in compaction_service._observations(ledger,
+                                                                                                      run_id))
+    finally:
+        ledger.close()
+    assert history < 1000 / 2, "the observations alone are far below the limit"
+    assert isinstance(shaped, CompactStep), "the system prompt and the tool schemas count too"
+    assert shaped.to_seq == 4 and shaped.tokens_before > 1000
+    assert shaped.tokens_before >= history + (len(system) + len(catalog)) // compaction.CHARS_PER_TOKEN
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

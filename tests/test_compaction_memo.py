@@ -19,6 +19,7 @@ from corral.supervisor.longtask.compaction_service import (
     CompactionService,
     _observations,
     _surely_within,
+    fixed_tokens,
     latest,
 )
 from corral.supervisor.runs import run_store
@@ -65,7 +66,8 @@ async def _afresh(ledger: Any, run_id: str, step: ProviderStep, models: Tokenize
     limits = LIMITS
     requested = ledger.one("SELECT 1 FROM compaction_requests WHERE run_id = ?", run_id) is not None
     previous = latest(ledger, run_id)
-    if previous is None and not requested and _surely_within(ledger, run_id, limits):
+    fixed = fixed_tokens(ledger, run_id)
+    if previous is None and not requested and _surely_within(ledger, run_id, limits, fixed):
         return step
     observations = _observations(ledger, run_id)
     count: compaction.Count = compaction.estimate_tokens
@@ -81,7 +83,7 @@ async def _afresh(ledger: Any, run_id: str, step: ProviderStep, models: Tokenize
             text = compaction.text_of(value)
             return known[text] if text in known else compaction.estimate_tokens(value)
 
-    todo = compaction.plan(observations, previous, limits, requested=requested, count=count)
+    todo = compaction.plan(observations, previous, limits, requested=requested, count=count, overhead=fixed)
     if todo is not None:
         return CompactStep(loop=step.loop, from_seq=todo["from_seq"], to_seq=todo["to_seq"], entries=todo["entries"],
                            tokens_before=todo["tokens_before"])

@@ -43,7 +43,8 @@ class Recording(ScriptedProvider):
                                   "history": json.dumps(list(request.history))}) + "\\n")
         return await super().complete(request)
 """
-LIMITS = "auto_compact_token_limit = 600\ntool_output_token_limit = 60"
+#: Only the tools it uses offered: every request carries their schemas, and they count toward the limit.
+LIMITS = 'tools = ["fs.write", "fs.list", "goal.verdict"]\nauto_compact_token_limit = 900\ntool_output_token_limit = 60'
 
 
 def _write(path: str) -> dict[str, Any]:

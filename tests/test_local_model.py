@@ -268,8 +268,10 @@ def _assert_transcript_shows_each_turn(daemon: Daemon, run_id: str) -> None:
 def test_a_real_model_plans_one_tool_call_and_one_final_reply(short_tmp: Path) -> None:
     # A token budget too, low enough that no bound from the characters alone settles it:
     # the second turn's view is counted by the model's tokenizer (one observation
-    # never compacts: the newest 4 stay as they are; the output is not cut).
-    budget = 'provider = "local"\nauto_compact_token_limit = 100\ntool_output_token_limit = 4000\n'
+    # never compacts: the newest 4 stay as they are; the output is not cut). It leaves
+    # room for what the turn carries besides (its prompt and tool schemas: about 300
+    # tokens), else the turn fails closed.
+    budget = 'provider = "local"\nauto_compact_token_limit = 600\ntool_output_token_limit = 4000\n'
     agent = AGENT.format(id="a", model="smollm2").replace('provider = "local"\n', budget)
     spec = _local_spec(short_tmp, agent)
     # A secret in a file the agent reads (the project's instructions, in its prompt).

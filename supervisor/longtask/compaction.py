@@ -161,12 +161,15 @@ def view(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, A
 
 
 def plan(observations: list[tuple[int, dict[str, Any]]], compaction: dict[str, Any] | None,
-         limits: dict[str, Any], *, requested: bool = False, count: Count = estimate_tokens) -> dict[str, Any] | None:
-    """What to compact now (None: nothing): the view passes the limit (or a person
+         limits: dict[str, Any], *, requested: bool = False, count: Count = estimate_tokens,
+         overhead: int = 0) -> dict[str, Any] | None:
+    """What to compact now (None: nothing): the request passes the limit (or a person
     asked), and more than ``KEEP_RECENT`` observations follow the last summary.
-    ``count`` is the model's own tokenizer when it has one, else the estimate."""
+    ``count`` is the model's own tokenizer when it has one, else the estimate;
+    ``overhead``: what every request carries besides the view (the task, the system
+    prompt, the tool schemas: compaction_service.fixed_tokens)."""
     seen = view(observations, compaction, limits.get("tool_output"), count)
-    tokens = sum(count(entry) for entry in seen)
+    tokens = sum(count(entry) for entry in seen) + overhead
     limit = limits.get("auto_compact")
     if not requested and (not limit or tokens <= limit):
         return None

@@ -56,15 +56,36 @@ def _limits(ledger: Ledger, run_id: str) -> dict[str, Any]:
 _MAX_TOKENS_PER_CHAR = 4
 
 
-def _surely_within(ledger: Ledger, run_id: str, limits: dict[str, Any]) -> bool:
-    """Whether the run's observations are within both limits on any tokenizer (one
-    aggregate read, so a short run under the default limits costs no count)."""
+def fixed_tokens(ledger: Ledger, run_id: str) -> int:
+    """What every request of the run carries besides its history, estimated (seed 004
+    V1.21: "按消息、multimodal 文本和 function schema 的规范序列化字符数做保守 token 估算"):
+    its task, and the system prompt and tool catalog (the function schemas) its latest
+    turn was sent, as the agent recorded them for the transcript (transcript_store.py).
+    Before a run's first turn only the task is known."""
+    run = ledger.one("SELECT task FROM runs WHERE run_id = ?", run_id)
+    tokens = compaction.estimate_tokens(run["task"]) if run is not None else 0
+    sent = ledger.one(
+        "SELECT system_sha256, catalog_sha256 FROM provider_requests WHERE run_id = ? AND request_kind = 'tool-plan'"
+        " AND (system_sha256 IS NOT NULL OR catalog_sha256 IS NOT NULL) ORDER BY rowid DESC LIMIT 1",
+        run_id,
+    )
+    if sent is not None:
+        for row in ledger.all("SELECT text FROM transcript_blobs WHERE sha256 IN (?, ?)",
+                              sent["system_sha256"] or "", sent["catalog_sha256"] or ""):
+            tokens += compaction.estimate_tokens(row["text"])
+    return tokens
+
+
+def _surely_within(ledger: Ledger, run_id: str, limits: dict[str, Any], fixed: int = 0) -> bool:
+    """Whether the run's observations, with ``fixed`` tokens beside them, are within
+    both limits on any tokenizer (one aggregate read, so a short run under the
+    default limits costs no count)."""
     row = ledger.one("SELECT COALESCE(SUM(LENGTH(data)), 0) AS total, COALESCE(MAX(LENGTH(data)), 0) AS widest"
                      " FROM observations WHERE run_id = ?", run_id)
     if row is None:
         return True
     auto, tool_output = limits.get("auto_compact"), limits.get("tool_output")
-    return ((not auto or int(row["total"]) * _MAX_TOKENS_PER_CHAR <= auto)
+    return ((not auto or int(row["total"]) * _MAX_TOKENS_PER_CHAR + fixed <= auto)
             and (not tool_output or int(row["widest"]) * _MAX_TOKENS_PER_CHAR <= tool_output))
 
 
@@ -124,12 +145,13 @@ class CompactionService:
             self.forget(run_id)
             return await self._shape_afresh(run_id, step, limits, previous)
         memo = self._memos.get(run_id)
-        if memo is None and previous is None and _surely_within(ledger, run_id, limits):
+        fixed = fixed_tokens(ledger, run_id)
+        if memo is None and previous is None and _surely_within(ledger, run_id, limits, fixed):
             return step  # far below both limits: nothing to fold or cut, no count needed
         model = self._local_model(run_id)
         key = compaction_memo.key_of(limits, previous, model)
         if memo is None or memo.key != key:
-            if memo is not None and previous is None and _surely_within(ledger, run_id, limits):
+            if memo is not None and previous is None and _surely_within(ledger, run_id, limits, fixed):
                 self.forget(run_id)  # the limits changed: checked again, as for a new memo
                 return step
             # Past the limits once, past them for good under the same key: observations
@@ -142,9 +164,9 @@ class CompactionService:
         memo.extend_shown(by_model)
         count = memo.count(by_model)
         auto = limits.get("auto_compact")
-        tokens = memo.tokens(count)
+        tokens = memo.tokens(count) + fixed
         if auto and tokens > auto:
-            todo = compaction.plan(memo.observations, previous, limits, count=count)
+            todo = compaction.plan(memo.observations, previous, limits, count=count, overhead=fixed)
             if todo is None:
                 return self._fail_closed(run_id, tokens, int(auto))
             return self._begin_compaction(run_id, _compact_step(step, todo))
@@ -154,11 +176,12 @@ class CompactionService:
                             previous: dict[str, Any] | None) -> ProviderStep | CompactStep | DoneStep | ParkStep:
         observations = _observations(self.ledger, run_id)
         count = await self._counter(run_id, observations, previous)
-        todo = compaction.plan(observations, previous, limits, requested=True, count=count)
+        fixed = fixed_tokens(self.ledger, run_id)
+        todo = compaction.plan(observations, previous, limits, requested=True, count=count, overhead=fixed)
         if todo is not None:
             return self._begin_compaction(run_id, _compact_step(step, todo))
         view = compaction.view(observations, previous, limits.get("tool_output"), count)
-        tokens, auto = sum(count(entry) for entry in view), limits.get("auto_compact")
+        tokens, auto = sum(count(entry) for entry in view) + fixed, limits.get("auto_compact")
         if auto and tokens > auto:
             return self._fail_closed(run_id, tokens, int(auto))
         return msgspec.structs.replace(step, history=view)
