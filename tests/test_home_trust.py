@@ -47,7 +47,7 @@ def _loosened(home: Path, mode: int | None = None, uid: int | None = None) -> It
 def _refused_reads(home: Path) -> list[str]:
     """Every read entry on ``home``: each must refuse, saying what is wrong and how to fix it."""
     errors = []
-    for args in (("status",), ("ping",), ("events",)):
+    for args in (("status",), ("ping",), ("events",), ("runs",)):
         done = cli(home, *args)
         assert done.returncode != 0, f"corral {args[0]} went ahead on an untrusted home: {done.stdout}"
         assert "Traceback" not in done.stderr, done.stderr
@@ -82,7 +82,7 @@ def test_a_stopped_home_others_can_read_is_refused_by_the_ledger_reads(short_tmp
     with _live(short_tmp / "h") as daemon:
         home = daemon.home
     os.chmod(home, 0o750)
-    for args in (("status",), ("events",)):
+    for args in (("status",), ("events",), ("runs",)):
         done = cli(home, *args)
         assert done.returncode != 0 and f"chmod 700 {home}" in done.stderr, (args, done.stdout, done.stderr)
     assert stat.S_IMODE(home.stat().st_mode) == 0o750
@@ -105,6 +105,10 @@ def test_a_home_below_a_symlinked_directory_is_refused_naming_it_and_nothing_is_
     with pytest.raises(homes.HomeError, match="symlev is a symlink"):
         homes.HomeLock(home).acquire()
     assert not (short_tmp / "real" / "h9").exists()
+    # A path whose text says one place and whose levels lead to another is refused too.
+    with pytest.raises(homes.HomeError, match=r"'\.\.'"):
+        homes.ensure_home(short_tmp / "real" / ".." / "h10")
+    assert not (short_tmp / "h10").exists()
 
 
 def test_a_home_that_is_a_symlink_is_refused_by_the_reads(short_tmp: Path) -> None:
