@@ -38,6 +38,7 @@ from corral.actors import repo_manifests, repo_walk
 from corral.actors.repo_skills import ROOTS as SKILL_ROOTS
 from corral.actors.repo_skills import FrontMatterMemo, Skill, SkillCatalog, discover, skill_section
 from corral.core import nesting
+from corral.core.path_scrub import scrub_paths
 from corral.core.redact import redact_text
 
 SCHEMA = "corral-repository-context-v3"
@@ -207,13 +208,14 @@ def file_key(root: Path, relative: str) -> FileKey | None:
     return (relative, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
 
 
-def _scrub(text: str, places: tuple[str, ...]) -> str:
-    for place in places:
-        text = text.replace(place, "<workspace>" if place == places[0] else "<home>")
-    return redact_text(text)
+def _scrub(text: str, root: Path) -> str:
+    """Secrets first, then paths (V1.41 "依次过滤密钥、项目路径和其它绝对路径"): the
+    workspace's root as ``<project>``, every other absolute path of this machine (the
+    home's too) as ``<absolute-path>`` (V1.24 "正文继续执行凭据和绝对路径清洗")."""
+    return scrub_paths(redact_text(text), (str(root),))
 
 
-def _document(root: Path, path: str, kind: str, scope: str, places: tuple[str, ...]) -> Document | SkippedDocument:
+def _document(root: Path, path: str, kind: str, scope: str) -> Document | SkippedDocument:
     """A regular file inside the workspace, reached without following a symlink at
     any level (nesting.read_inside): its head hashed, its text bounded."""
     try:
@@ -221,7 +223,7 @@ def _document(root: Path, path: str, kind: str, scope: str, places: tuple[str, .
     except nesting.NotReadable as exc:
         return SkippedDocument(path, str(exc))
     truncated = read.size > MAX_DOCUMENT_BYTES
-    text = _scrub(read.data[:MAX_DOCUMENT_BYTES].decode("utf-8", errors="replace"), places)
+    text = _scrub(read.data[:MAX_DOCUMENT_BYTES].decode("utf-8", errors="replace"), root)
     return Document(path, kind, scope, hashlib.sha256(read.data).hexdigest(), read.size, text, truncated)
 
 
@@ -233,7 +235,6 @@ def build(workspace: Path, home: Path | None = None, *, with_layout: bool = True
     if not root.is_dir():
         return RepoContext(), (), ()
     homes = (home,) if home is not None else ()
-    places = (str(root), *(str(h.resolve()) for h in homes))
     walk = repo_walk.walk(root, homes)
     documents: list[Document] = []
     skipped: list[SkippedDocument] = []
@@ -244,7 +245,7 @@ def build(workspace: Path, home: Path | None = None, *, with_layout: bool = True
         if total >= MAX_DOCUMENTS_TOTAL:
             cut = True
             break
-        found = _document(root, path, kind, scope, places)
+        found = _document(root, path, kind, scope)
         if isinstance(found, SkippedDocument):
             skipped.append(found)
         else:

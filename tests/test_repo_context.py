@@ -212,3 +212,20 @@ def test_every_document_shows_its_whole_sha256_and_both_boundaries_repeat_its_pa
     for path, scope in (("AGENTS.md", "."), ("game/AGENTS.md", "game"), ("README.md", ".")):
         assert f"=== begin {path} (scope {scope!r}, sha256 {_sha(texts[path])}, complete) ===" in prompt, prompt
         assert f"=== end {path} (scope {scope!r}) ===" in prompt, prompt
+
+
+def test_a_documents_body_reaches_the_prompt_with_no_absolute_path_of_this_machine(tmp_path: Path) -> None:
+    """"正文继续执行凭据和绝对路径清洗": not only the workspace's own root and the home
+    (the strict re-audit saw ``/etc/app/secret.conf`` reach the prompt as written)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "AGENTS.md").write_text(
+        "Read /home/alice/.config/app.toml and /etc/app/secret.conf, then C:\\Users\\bob\\notes;\n"
+        f"edit {work}/src/x.py and docs/guide.md; see https://example.com/a/b.\n"
+    )
+    (work / "README.md").write_text("Logs go to /var/log/app/run.log.\n")
+    prompt = LiveContext(work, with_layout=False).prompt()
+    for leaked in ("/home/alice", "/etc/app", "C:\\Users", str(work), "/var/log"):
+        assert leaked not in prompt, prompt
+    assert "<absolute-path>" in prompt and "src/x.py" in prompt and "docs/guide.md" in prompt, prompt
+    assert "https://example.com/a/b" in prompt, prompt
