@@ -395,6 +395,30 @@ def test_a_fork_is_refused_while_a_delegated_run_under_an_ended_turn_still_lives
         ledger.close()
 
 
+def test_a_steer_joins_its_conversation_once_so_later_turns_and_forks_see_it(tmp_path: Path) -> None:
+    """Seed 004 V1.13: the steer is persisted to the conversation with a deterministic
+    message id ("conversation 使用由完整身份派生的确定性 messageId"), exactly once: a strict
+    re-audit saw a steer typed in the chat applied to its run but missing from /history
+    and from the next turn's "Conversation so far"."""
+    from corral.supervisor.interactive import interactive_store, steer_store
+    from corral.supervisor.ledger.ledger_sqlite import SqliteLedger
+    from corral.supervisor.runs import run_store
+
+    ledger = SqliteLedger(tmp_path / "l.db")
+    try:
+        conversation = interactive_store.new_conversation(ledger, "a")
+        run_id = run_store.create_run(ledger, NO_FEATURES, agent_id="a", task="t", provider="scripted",
+                                      provider_config={"script": {"steps": []}}, conversation_id=conversation)
+        run_store.set_run_status(ledger, run_id, run_store.RunStatus.RUNNING, NO_FEATURES)
+        for _ in range(2):  # the same steer again (a retried CLI call): one message
+            steer_store.record_steer(ledger, run_id, "use tabs, not spaces", NO_FEATURES, steer_id="s-tabs")
+        (turn,) = interactive_store.turns(ledger, conversation)
+        assert [(m["message_id"], m["role"], m["kind"], m["text"]) for m in turn["messages"]] == [
+            ("msg-s-tabs-steer", "user", "steer", "use tabs, not spaces")]
+    finally:
+        ledger.close()
+
+
 # -- conversations ------------------------------------------------------------------------------
 
 

@@ -38,7 +38,8 @@ def history(chat: Chat, rest: str) -> None:
     for t in turns:
         lines.append(f"  you> {t['task'].split('User: ')[-1][:300]}")
         # The turn's questions and their answers (seed 004 V1.23), model text shown printable.
-        lines += [f"  {'agent asks' if m['kind'] == 'question' else 'you answer'}> {printable(m['text'][:300])}"
+        said = {"question": "agent asks", "steer": "you steer"}
+        lines += [f"  {said.get(m['kind'], 'you answer')}> {printable(m['text'][:300])}"
                   for m in t.get("messages") or []]
         lines.append(f"  agent> {t['reply'] or '(' + t['status'] + ')'}")
     chat.out("history", "\n".join(lines) or "  (no turns yet)", turns=turns)

@@ -1,4 +1,4 @@
-"""A structured question and its answer as messages of the owning conversation
+"""A structured question and its answer, and a person's steer, as messages of the owning conversation
 (seed 004 V1.23: "问题消息使用稳定 messageId 幂等追加到 owning Agent Session", then the
 answer "再幂等追加 user conversation").
 
@@ -59,6 +59,13 @@ def append_question(ledger: Ledger, run: Any, request_id: str, questions: list[d
 def append_answer(ledger: Ledger, run: Any, request_id: str, questions: list[dict[str, Any]],
                   answers: dict[str, str]) -> None:
     _append(ledger, run, request_id, "answer", "user", answer_text(questions, answers))
+
+
+def append_steer(ledger: Ledger, run: Any, steer_id: str, text: str) -> None:
+    """A person's steer of the running run, in the owning conversation once (seed 004
+    V1.13: "conversation 使用由完整身份派生的确定性 messageId", exactly once), in the
+    transaction that records the steer: later turns and forks see the correction."""
+    _append(ledger, run, steer_id, "steer", "user", text)
 
 
 def messages_of(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:

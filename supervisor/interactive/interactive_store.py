@@ -154,7 +154,7 @@ def conversation_task(ledger: Ledger, conversation_id: str, text: str) -> str:
     for turn in earlier:
         lines.append(f"User: {turn['task'].split('User: ')[-1][:2000]}")
         for message in turn.get("messages") or []:
-            said = "You asked" if message["kind"] == "question" else "User answered"
+            said = {"question": "You asked", "steer": "User added, mid-turn"}.get(message["kind"], "User answered")
             lines.append(f"{said}: {str(message['text'])[:2000]}")
         lines.append(f"You: {str(turn['reply'])[:2000]}")
     lines.append(f"User: {text}")

@@ -31,6 +31,7 @@ from typing import Any
 
 from corral.core.redact import redact_text
 from corral.supervisor.errors import BadRequest, Conflict
+from corral.supervisor.interactive import conversation_log
 from corral.supervisor.ledger.port import Ledger
 from corral.supervisor.runs import action_store, provider_store, run_store
 from corral.supervisor.runs.action_state import ActionPhase
@@ -128,6 +129,7 @@ def record_steer(
             (steer_id, run_id, redact_text(instruction), _now(), digest, len(instruction.encode()), run_id),
         )
         ledger.event("steer-recorded", run_id, steer=steer_id, sha256=digest, chars=len(instruction))
+        conversation_log.append_steer(ledger, run, steer_id, redact_text(instruction))
         open_question = db.execute(
             "SELECT 1 FROM input_requests WHERE run_id = ? AND answer IS NULL", (run_id,)
         ).fetchone()
