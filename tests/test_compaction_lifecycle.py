@@ -7,6 +7,7 @@ OpenAI-compatible fake server that reads what it is sent."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -130,5 +131,14 @@ def test_a_transient_compaction_failure_waits_durably_across_a_kill(short_tmp: P
                 (slot, 0, "failed"), (f"{slot}-transient-1", 1, "completed")]
             [compacted] = ledger_rows(daemon.home, "SELECT summary FROM compactions WHERE run_id = ?", run_id)
             assert compacted["summary"] == SUMMARY
+            # The run's view shows the context's numbers, never the summary ("/status…展示
+            # estimatedInputTokens / autoCompactTokenLimit / lastPromptTokens / lastCompletionTokens /
+            # compactionRevision / lastCompactedAt"); the fake model reports 1 and 1 token.
+            context = shown["context"]
+            assert context["auto_compact_token_limit"] == 6000 and context["compaction_revision"] == 1
+            assert 0 < context["estimated_input_tokens"] <= 6000
+            assert context["last_prompt_tokens"] == 1 and context["last_completion_tokens"] == 1
+            assert context["last_compacted_at"] == context["compactions"][-1]["created_at"]
+            assert SUMMARY not in json.dumps(context)
         finally:
             daemon.shutdown()

@@ -302,12 +302,45 @@ class CompactionService:
                 "note": "the run compacts before its next provider turn (if it has older turns to fold)"}
 
     def show_section(self, run_id: str) -> dict[str, Any]:
+        """The run's context as numbers only (seed 004 V1.21: "估算 token、最近真实 usage、阈值、
+        压缩次数和时间，不显示被压缩正文"): the next request's estimate (its view and what every
+        request carries), the auto limit, the latest planning answer's reported usage,
+        and the compactions."""
+        ledger = self.ledger
+        compactions = [
+            {k: row[k] for k in ("from_seq", "to_seq", "tokens_before", "tokens_after", "created_at")}
+            for row in ledger.all("SELECT * FROM compactions WHERE run_id = ? ORDER BY to_seq", run_id)
+        ]
+        limits = _limits(ledger, run_id)
+        seen = compaction.view(_observations(ledger, run_id), latest(ledger, run_id), limits.get("tool_output"))
+        answered = ledger.one(
+            "SELECT response FROM provider_requests WHERE run_id = ? AND request_kind = 'tool-plan'"
+            " AND response IS NOT NULL ORDER BY rowid DESC LIMIT 1",
+            run_id,
+        )
+        usage = _usage(answered["response"]) if answered is not None else {}
         return {
-            "compactions": [
-                {k: row[k] for k in ("from_seq", "to_seq", "tokens_before", "tokens_after", "created_at")}
-                for row in self.ledger.all("SELECT * FROM compactions WHERE run_id = ? ORDER BY to_seq", run_id)
-            ]
+            "estimated_input_tokens": sum(compaction.estimate_tokens(entry) for entry in seen)
+            + fixed_tokens(ledger, run_id),
+            "auto_compact_token_limit": limits.get("auto_compact"),
+            "last_prompt_tokens": usage.get("prompt_tokens"),
+            "last_completion_tokens": usage.get("completion_tokens"),
+            "compaction_revision": len(compactions),
+            "last_compacted_at": compactions[-1]["created_at"] if compactions else None,
+            "compactions": compactions,
         }
+
+
+def _usage(response: str) -> dict[str, int]:
+    """The token counts a Chat Completions answer reported (``usage``), if any."""
+    try:
+        body = json.loads(response)
+    except ValueError:
+        return {}
+    counts = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(counts, dict):
+        return {}
+    return {key: value for key, value in counts.items() if isinstance(value, int) and not isinstance(value, bool)}
 
 
 class CompactionFeature(RunFeature):
