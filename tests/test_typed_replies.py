@@ -253,6 +253,8 @@ VIEWS = [
     (SessionPoll(run_id="r", process_id="proc-1"), {
         "process_id": "proc-1", "chunk": "hi\n", "next_cursor": "c3", "status": "running", "exit_code": None,
         "more": False, "live": True, "listening": [4173],
+        "stdin_open": True, "signal": None, "output_bytes": 3, "output_sha256": "ab", "needs_reconciliation": False,
+        "source_changed": False,
     }),
     (SessionStdin(run_id="r", process_id="proc-1", data="x"), {
         "process_id": "proc-1", "bytes_written": 2, "sha256": "ab", "eof": False, "complete": True,

@@ -107,6 +107,9 @@ OPENAI_KEYS = {
     " `tool_choice = \"none\"`), so a run ends; 0 to 1000; unset: no limit.",
     "temperature": "Sampling temperature, 0 to 2; unset: the server's.",
     "max_tokens": "Tokens of one reply (a positive integer); unset: the server's.",
+    "plan_update": "Offer the model the durable plan update (seed 004 V1.17: `planUpdate` in the plan schema, the"
+    " `update_agent_plan` function): default true; false for a model too small to finish a plan it starts, which then"
+    " keeps none.",
     "reasoning_effort": "Not written here: the agent's `reasoning_effort` (above) is put here at load, and a key"
     " here is refused.",
     "stream": "Ask for server-sent events: a final reply's text streams to the event stream as it is"
