@@ -458,7 +458,7 @@ class ProjectTable:
         " `preview.validate` that passed after the project's latest change (docs/project-context.md).")
     preview_url: StrictStr | None = Field(
         default=None, description="The project's preview when it is not a process session of the run:"
-        " `http://127.0.0.1:PORT/path` (a loopback IP literal and a port). `preview.validate` checks this page"
+        " `http://127.0.0.1:PORT/path` (exactly 127.0.0.1, and a port). `preview.validate` checks this page"
         " when no running process session of the run listens on a loopback port.")
 
     @field_validator("preview_url")
