@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,14 +158,10 @@ async def test_past_max_files_or_max_chars_the_review_says_truncated(tmp_path: P
         assert refused.value.code == "bad-input"
 
 
-async def test_a_tree_that_moves_between_the_reads_fails_the_whole_review(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The seed: "status 和 diff 前后的安全快照不一致时整次失败，不得把并发混合状态作为完整审阅结果": the review
-    is held after its status and diff (failpoint), a file appears, and no review is given."""
-    ws = _repo(tmp_path)
-    (ws / "game" / "index.html").write_text("<p>new</p>\n")
-    marks = tmp_path / "marks"
+async def _review_held_while(ws: Path, marks: Path, monkeypatch: pytest.MonkeyPatch,
+                             meanwhile: Callable[[], None]) -> ToolError:
+    """Run a review held after its status and diff (failpoint ``INSPECT_FAILPOINT``),
+    do ``meanwhile`` to the tree while it waits, release it, and return how it failed."""
     marks.mkdir()
     monkeypatch.setenv(failpoints.MARKER_DIR_ENV, str(marks))
     failpoints.configure(f"{INSPECT_FAILPOINT}=block@once")
@@ -181,11 +178,24 @@ async def test_a_tree_that_moves_between_the_reads_fails_the_whole_review(
             with trio.fail_after(60):
                 while not (marks / f"{INSPECT_FAILPOINT}.fired").exists():
                     await trio.sleep(0.01)  # a wake-up on the marker the failpoint writes
-            (ws / "game" / "late.txt").write_text("a file that appears mid-review\n")
+            meanwhile()
             failpoints.release_path(INSPECT_FAILPOINT, marks).touch()
     finally:
         failpoints.configure("")
-    assert failed and failed[0].code == "snapshot-drift" and "changed while" in str(failed[0])
+    assert failed, "the held review gave a review"
+    return failed[0]
+
+
+async def test_a_tree_that_moves_between_the_reads_fails_the_whole_review(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seed: "status 和 diff 前后的安全快照不一致时整次失败，不得把并发混合状态作为完整审阅结果": the review
+    is held after its status and diff (failpoint), a file appears, and no review is given."""
+    ws = _repo(tmp_path)
+    (ws / "game" / "index.html").write_text("<p>new</p>\n")
+    refused = await _review_held_while(ws, tmp_path / "marks", monkeypatch, lambda: (
+        ws / "game" / "late.txt").write_text("a file that appears mid-review\n"))
+    assert refused.code == "snapshot-drift" and "changed while" in str(refused)
     again = (await GitInspect().run(_ctx(ws), {})).output
     assert again["untracked"] == ["game/late.txt"], "a quiet tree gives its review"
 
@@ -200,33 +210,15 @@ async def test_a_listed_file_whose_content_moves_mid_review_fails_it_too(
     import subprocess
 
     ws = _repo(tmp_path)
-    (ws / "game" / "index.html").write_text("<p>new</p>\n")
-    if change == "restage":
-        subprocess.run(["git", "-C", str(ws), "add", "game/index.html"], check=True, capture_output=True)
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    monkeypatch.setenv(failpoints.MARKER_DIR_ENV, str(marks))
-    failpoints.configure(f"{INSPECT_FAILPOINT}=block@once")
-    failed: list[ToolError] = []
-    try:
 
-        async def review() -> None:
-            with pytest.raises(ToolError) as refused:
-                await GitInspect().run(_ctx(ws), {})
-            failed.append(refused.value)
+    def edit(text: str) -> None:
+        (ws / "game" / "index.html").write_text(text)
+        if change == "restage":
+            subprocess.run(["git", "-C", str(ws), "add", "game/index.html"], check=True, capture_output=True)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(review)
-            with trio.fail_after(60):
-                while not (marks / f"{INSPECT_FAILPOINT}.fired").exists():
-                    await trio.sleep(0.01)  # a wake-up on the marker the failpoint writes
-            (ws / "game" / "index.html").write_text("NEWER CONTENT\n")
-            if change == "restage":
-                subprocess.run(["git", "-C", str(ws), "add", "game/index.html"], check=True, capture_output=True)
-            failpoints.release_path(INSPECT_FAILPOINT, marks).touch()
-    finally:
-        failpoints.configure("")
-    assert failed and failed[0].code == "snapshot-drift", failed
+    edit("<p>new</p>\n")
+    refused = await _review_held_while(ws, tmp_path / "marks", monkeypatch, lambda: edit("NEWER CONTENT\n"))
+    assert refused.code == "snapshot-drift", refused
 
 
 def test_a_contract_that_excludes_paths_blocks_the_review_as_it_blocks_a_git_diff(tmp_path: Path) -> None:

@@ -120,16 +120,17 @@ def record_steer(
                        " start a new run with the whole instruction")
     steer_id = steer_id or f"str-{secrets.token_hex(8)}"
     status = RunStatus(run["status"])
+    stored = redact_text(instruction)  # the one private copy: the steer's row and its conversation message
     with ledger.tx() as db:
         # The run's next sequence, taken in the recording transaction (the ledger's
         # one writer for the run): the order steers apply in, never the wall clock.
         db.execute(
             "INSERT INTO steers (steer_id, run_id, text, created_at, text_sha256, text_bytes, seq)"
             " SELECT ?, ?, ?, ?, ?, ?, COALESCE(MAX(seq), 0) + 1 FROM steers WHERE run_id = ?",
-            (steer_id, run_id, redact_text(instruction), _now(), digest, len(instruction.encode()), run_id),
+            (steer_id, run_id, stored, _now(), digest, len(instruction.encode()), run_id),
         )
         ledger.event("steer-recorded", run_id, steer=steer_id, sha256=digest, chars=len(instruction))
-        conversation_log.append_steer(ledger, run, steer_id, redact_text(instruction))
+        conversation_log.append_steer(ledger, run, steer_id, stored)
         open_question = db.execute(
             "SELECT 1 FROM input_requests WHERE run_id = ? AND answer IS NULL", (run_id,)
         ).fetchone()
